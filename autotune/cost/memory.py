@@ -1,0 +1,240 @@
+"""The per-GPU memory ledger of one training step, for the most loaded pipeline stage.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed-precision
+Adam keeps 2 bytes of 16-bit weights, 2 bytes of 16-bit gradients and K=12 bytes of fp32
+master weights, momentum and variance per parameter; ZeRO-1 partitions the K bytes over the
+Nd data-parallel ranks, ZeRO-2 the gradients too, ZeRO-3 the weights too. What each engine
+actually holds (measured on DeepSpeed 0.19.8, see ``tests/cost/test_ledger_vs_deepspeed.py``):
+
+  DeepSpeed ZeRO-0 (bf16/fp16): 2 + 2 + K, unpartitioned (FP16_UnfusedOptimizer keeps fp32 master).
+  DeepSpeed ZeRO-1/2: 2 + 2/Nd + K/Nd: stage_1_and_2.py reduces each gradient bucket into the
+      rank's partition at once, so even ZeRO-1 keeps only a gradient partition after backward.
+  DeepSpeed ZeRO-3: 2/Nd + 2/Nd + K/Nd, plus an eagerly allocated reduce bucket of
+      ``reduce_bucket_size`` elements and the gathered (live) parameters of the running layers.
+  Megatron-core (DDP + optimizer): 2 + 4 + K, gradients accumulated in an fp32 main-grad
+      buffer; with the distributed optimizer (zero_stage=1) 2 + 4 + K/Nd ("6 + 12/d" bytes in
+      Megatron's theoretical_memory_usage.py).
+
+Offload (ZeRO-Offload / ZeRO-Infinity): optimizer offload moves the K bytes and an fp32 copy
+of the gradient partition (4/Nd) to host memory (or NVMe); parameter offload (ZeRO-3) moves
+the 16-bit weight partition. Host bytes are reported per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.cost.activations import stage_activation_bytes
+from autotune.specs.hardware import GIB, ClusterSpec
+from autotune.specs.model import ModelSpec, ParamGroups
+from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
+
+__all__ = ["MemorySettings", "MemoryEstimate", "ModelStateBytes", "estimate_memory", "stage_param_groups",
+           "model_state_bytes"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemorySettings:
+    """Engine settings and overheads the ledger needs. Defaults are DeepSpeed's and Megatron's."""
+
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` (elements)."""
+    allgather_bucket_size: int = 500_000_000
+    """DeepSpeed ``zero_optimization.allgather_bucket_size`` (elements)."""
+    overlap_comm: bool | None = None
+    """DeepSpeed default: True for ZeRO-3, else False. With it, two reduce buckets are in use."""
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    cuda_context_bytes: int | None = None
+    """CUDA context, cuBLAS/cuDNN workspaces and NCCL communicator buffers. None: 1 GiB on a
+    GPU (a CUDA 12 context is ~0.5 GiB on H100, NCCL's buffers a few hundred MiB), 0 on ``cpu``."""
+    fragmentation_fraction: float = 0.05
+    """Allocator fragmentation as a fraction of all tensor bytes (PyTorch caching allocator;
+    typically 2-10%, worse with varying shapes)."""
+    offload_buffer_bytes: int = 5 * 100_000_000 * 2
+    """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelStateBytes:
+    """Bytes of weights, gradients and optimizer states one GPU's rank owns, by where they live."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    host_weights: float = 0.0
+    host_gradients: float = 0.0
+    host_optimizer_states: float = 0.0
+    nvme: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """Per-GPU memory of the most loaded pipeline stage, in bytes (the contract's ``memory`` block)."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    buffers: float
+    overhead: float
+    capacity: float
+    stage: int
+    """Index of the most loaded pipeline stage."""
+    host_per_node: float
+    """Host memory the offloaded states (and pinned buffers) take per node."""
+    nvme_per_node: float
+    host_capacity_per_node: float
+    activation_parts: dict[str, float] = field(default_factory=dict)
+    buffer_parts: dict[str, float] = field(default_factory=dict)
+    offloaded: ModelStateBytes | None = None
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers + self.overhead
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_per_node <= self.host_capacity_per_node
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+    def terms(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer_states": self.optimizer_states,
+                "activations": self.activations, "buffers": self.buffers, "overhead": self.overhead}
+
+    def to_dict(self) -> dict:
+        out = {k: int(round(v)) for k, v in self.terms().items()}
+        out.update(total=int(round(self.total)), capacity=int(self.capacity), fits=self.fits,
+                   host_per_node=int(round(self.host_per_node)), nvme_per_node=int(round(self.nvme_per_node)),
+                   stage=self.stage, fits_gpu=self.fits_gpu, fits_host=self.fits_host,
+                   activation_parts={k: int(round(v)) for k, v in self.activation_parts.items()},
+                   buffer_parts={k: int(round(v)) for k, v in self.buffer_parts.items()})
+        return out
+
+
+def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int) -> ParamGroups:
+    """Parameters of pipeline stage ``stage`` (layers split evenly, embedding first, output last)."""
+    per_stage = model.num_layers // plan.pp
+    return model.stage_params(stage * per_stage, per_stage, has_embedding=stage == 0, has_output=stage == plan.pp - 1)
+
+
+def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float) -> ModelStateBytes:
+    """Weights, gradients and optimizer states of one GPU (ZeRO paper Sec. 5; engine notes in the module doc).
+
+    ``dense_params`` are partitioned over dp*cp ranks, ``expert_params`` over dp*cp/ep ranks.
+    """
+    k = OPTIMIZER_STATE_BYTES[plan.optimizer]
+    n_dense = plan.zero_partitions
+    n_expert = max(1, plan.zero_partitions // plan.ep)
+    psi = dense_params + expert_params
+    # Parameters as seen by a partitioning of nd ranks (dense and expert partitioned separately).
+    psi_part = dense_params / n_dense + expert_params / n_expert
+    z = plan.zero_stage
+
+    if plan.framework == "megatron":
+        weights, grads = 2 * psi, 4 * psi
+        opt = k * (psi_part if z >= 1 else psi)
+        return ModelStateBytes(weights=weights, gradients=grads, optimizer_states=opt)
+
+    weights = 2 * (psi_part if z == 3 else psi)
+    grads = 2 * (psi_part if z >= 1 else psi)
+    opt = k * (psi_part if z >= 1 else psi)
+    host_w = host_g = host_o = nvme = 0.0
+    if plan.offload_optimizer != "none":
+        # ZeRO-Offload: fp32 gradient partition and optimizer states in host memory; the GPU keeps only
+        # the reduce buckets (counted under buffers).
+        host_g, grads = 4 * psi_part, 0.0
+        if plan.offload_optimizer == "nvme":
+            nvme, opt = opt, 0.0
+        else:
+            host_o, opt = opt, 0.0
+    if plan.offload_param != "none":
+        if plan.offload_param == "nvme":
+            nvme += weights
+        else:
+            host_w = weights
+        weights = 0.0
+    return ModelStateBytes(weights=weights, gradients=grads, optimizer_states=opt, host_weights=host_w,
+                           host_gradients=host_g, host_optimizer_states=host_o, nvme=nvme)
+
+
+def _buffer_bytes(model: ModelSpec, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings) -> dict[str, float]:
+    """Communication and engine buffers on one GPU (DeepSpeed buckets, ZeRO-3 live parameters, FP8 casts)."""
+    out: dict[str, float] = {}
+    psi = groups.per_gpu(plan.tp, plan.ep)
+    if plan.framework == "deepspeed" and plan.zero_stage in (1, 2):
+        # Gradients are copied into a reduce bucket before the reduce-scatter; capped by the model size.
+        overlap = settings.overlap_comm if settings.overlap_comm is not None else False
+        out["reduce_bucket"] = 2 * min(settings.reduce_bucket_size, psi) * (2 if overlap else 1)
+        out["allgather_bucket"] = 2 * min(settings.allgather_bucket_size, psi)
+    elif plan.framework == "deepspeed" and plan.zero_stage == 3:
+        out["reduce_bucket"] = 2 * settings.reduce_bucket_size  # allocated eagerly, whatever the model size
+        layer = max(model.layer_params(i).per_gpu(plan.tp, plan.ep) for i in range(model.num_layers))
+        out["live_parameters"] = 2 * min(settings.stage3_max_live_parameters, 2 * layer)
+        out["prefetch_bucket"] = 2 * min(settings.stage3_prefetch_bucket_size, layer)
+    if plan.precision == "fp8":
+        # Transformer Engine caches each GEMM weight in FP8, row- and column-wise (2 x 1 byte).
+        out["fp8_weight_cache"] = 2 * groups.tp_sharded / plan.tp + 2 * groups.expert / (plan.ep * plan.tp)
+    if "nvme" in (plan.offload_optimizer, plan.offload_param):
+        out["nvme_staging"] = float(settings.offload_buffer_bytes)
+    return out
+
+
+def _overhead_bytes(cluster: ClusterSpec, settings: MemorySettings, tensor_bytes: float) -> float:
+    context = settings.cuda_context_bytes
+    if context is None:
+        context = 0 if cluster.gpu.name == "cpu" else GIB
+    return context + settings.fragmentation_fraction * tensor_bytes
+
+
+def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                    settings: MemorySettings | None = None) -> MemoryEstimate:
+    """The per-GPU ledger of the most loaded pipeline stage (the first or the last).
+
+    The plan is assumed valid (see ``autotune.specs.rules``); every term is finite and >= 0.
+    """
+    settings = settings or MemorySettings()
+    candidates = []
+    for stage in sorted({0, plan.pp - 1}):
+        groups = stage_param_groups(model, plan, stage)
+        dense = groups.tp_sharded / plan.tp + groups.replicated
+        expert = groups.expert / (plan.ep * plan.tp)
+        states = model_state_bytes(plan, dense, expert)
+        activation_parts = stage_activation_bytes(model, plan, stage)
+        buffer_parts = _buffer_bytes(model, plan, groups, settings)
+        tensors = states.weights + states.gradients + states.optimizer_states + sum(activation_parts.values()) \
+            + sum(buffer_parts.values())
+        candidates.append((tensors, stage, states, activation_parts, buffer_parts))
+    tensors, stage, states, activation_parts, buffer_parts = max(candidates, key=lambda c: c[0])
+
+    # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).
+    host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states
+    if "nvme" in (plan.offload_optimizer, plan.offload_param):
+        host_per_gpu += settings.offload_buffer_bytes
+    return MemoryEstimate(
+        weights=states.weights,
+        gradients=states.gradients,
+        optimizer_states=states.optimizer_states,
+        activations=sum(activation_parts.values()),
+        buffers=sum(buffer_parts.values()),
+        overhead=_overhead_bytes(cluster, settings, tensors),
+        capacity=float(cluster.gpu.memory_bytes),
+        stage=stage,
+        host_per_node=host_per_gpu * cluster.gpus_per_node,
+        nvme_per_node=states.nvme * cluster.gpus_per_node,
+        host_capacity_per_node=float(cluster.host_memory_bytes_per_node),
+        activation_parts=activation_parts,
+        buffer_parts=buffer_parts,
+        offloaded=states,
+    )

@@ -1,0 +1,36 @@
+"""The README's main job: where Llama-3-70B's memory goes on 8 and on 64 H100s.
+
+Runs on any machine (no GPU, no server): it is the cost model, not a training run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autotune.cli import main as cli_main
+
+# Each line is an `autotune` command a user could type; the demo only runs them in order.
+DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
+    # 8 GPUs, one node: 1.1 TB of model states cannot fit 8 x 80 GB without offload ...
+    ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--tp", "8", "--zero", "1",
+     "--seq-len", "8192", "--global-batch", "64", "--recompute", "selective"),
+    # ... ZeRO-3 over 8 ranks with the optimizer in host memory does.
+    ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--zero", "3",
+     "--offload-optimizer", "cpu", "--seq-len", "8192", "--global-batch", "64", "--recompute", "full"),
+    # 64 GPUs: Megatron-style 3D parallelism (tp 8 x pp 2 x dp 4) with ZeRO-1.
+    ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "64", "--tp", "8", "--pp", "2",
+     "--zero", "1", "--micro-batch", "1", "--global-batch", "512", "--seq-len", "8192", "--recompute", "selective"),
+)
+
+
+def main() -> int:
+    status = 0
+    for command in DEMO_COMMANDS:
+        print("$ autotune " + " ".join(command))
+        status = max(status, cli_main(list(command)))
+        print()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Human-readable tables: the one place where units are formatted."""
+
+from __future__ import annotations
+
+from autotune.cost.memory import MemoryEstimate
+from autotune.specs.hardware import GIB, ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["gib", "format_params", "plan_summary", "memory_table"]
+
+_BAR_WIDTH = 30
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:,.2f}"
+
+
+def format_params(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def plan_summary(plan: ParallelPlan) -> str:
+    """One line: the parallel layout and the settings that change memory or time."""
+    parts = [f"tp{plan.tp}", f"pp{plan.pp}" + (f"x{plan.vpp}" if plan.vpp > 1 else ""), f"dp{plan.dp}"]
+    if plan.cp > 1:
+        parts.append(f"cp{plan.cp}")
+    if plan.ep > 1:
+        parts.append(f"ep{plan.ep}")
+    parts.append(f"zero{plan.zero_stage}" if plan.framework == "deepspeed"
+                 else ("dist-opt" if plan.zero_stage else "megatron"))
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if plan.offload_optimizer != "none":
+        parts.append(f"opt->{plan.offload_optimizer}")
+    if plan.offload_param != "none":
+        parts.append(f"param->{plan.offload_param}")
+    parts.append(f"mb{plan.micro_batch_size}x{plan.grad_accum_steps}")
+    if plan.recompute != "none":
+        parts.append(f"rc-{plan.recompute}")
+    parts.append(plan.precision)
+    return " ".join(parts)
+
+
+def _bar(fraction: float) -> str:
+    filled = max(0, min(_BAR_WIDTH, round(fraction * _BAR_WIDTH)))
+    return "#" * filled + "." * (_BAR_WIDTH - filled)
+
+
+def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, memory: MemoryEstimate) -> str:
+    """The ledger as a table in GiB with a percentage bar per term."""
+    title = (f"{model.name} ({format_params(model.num_params)} params) on {cluster.num_gpus} x {cluster.gpu.name}"
+             f", seq {plan.seq_len}, global batch {plan.global_batch_size}")
+    lines = [title, f"plan: {plan_summary(plan)}  ({plan.framework})",
+             f"per-GPU memory, pipeline stage {memory.stage} (the most loaded):", ""]
+    total = memory.total or 1.0
+    lines.append(f"  {'term':<17}{'GiB':>10}{'share':>8}  ")
+    for name, value in memory.terms().items():
+        lines.append(f"  {name.replace('_', ' '):<17}{gib(value):>10}{value / total:>8.1%}  {_bar(value / total)}")
+    lines.append(f"  {'total':<17}{gib(memory.total):>10}")
+    lines.append(f"  {'capacity':<17}{gib(memory.capacity):>10}{memory.total / memory.capacity:>8.1%}  "
+                 f"{_bar(memory.total / memory.capacity)}")
+    if memory.host_per_node or memory.nvme_per_node:
+        lines.append(f"  host per node    {gib(memory.host_per_node):>10}  of {gib(memory.host_capacity_per_node)} GiB")
+    if memory.nvme_per_node:
+        lines.append(f"  NVMe per node    {gib(memory.nvme_per_node):>10}")
+    lines.append("")
+    if memory.fits:
+        lines.append(f"fits: yes, {gib(memory.headroom)} GiB headroom per GPU")
+    else:
+        why = []
+        if not memory.fits_gpu:
+            why.append(f"needs {gib(memory.total)} GiB per GPU, has {gib(memory.capacity)}")
+        if not memory.fits_host:
+            why.append(f"needs {gib(memory.host_per_node)} GiB host memory per node, has "
+                       f"{gib(memory.host_capacity_per_node)}")
+        lines.append("fits: NO — " + "; ".join(why))
+    return "\n".join(lines)

@@ -1,0 +1,353 @@
+"""ModelSpec: the shape of a decoder-only transformer, and its exact parameter count.
+
+Parameter counts are exact for the architectures the presets cover (GPT-2/3, Megatron GPT,
+OPT, BLOOM, GPT-NeoX, Falcon, Llama 2/3, Mistral, Mixtral, Qwen2, DeepSeek-V3): every weight
+matrix, bias, norm, embedding and output layer is counted. Each parameter is also tagged by
+how tensor and expert parallelism split it (``ParamGroups``), which the memory ledger needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from autotune.errors import require_no_problems
+
+__all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
+
+Activation = Literal["gelu", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned", "rope", "alibi"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamGroups:
+    """Parameter counts by how model parallelism splits them.
+
+    ``tp_sharded`` is split across tensor-parallel ranks (column/row-parallel weights,
+    column-parallel biases, vocab-parallel embeddings); ``replicated`` is held whole by every
+    TP rank (norms, row-parallel biases, routers, learned position embeddings, MLA down
+    projections); ``expert`` is split across expert-parallel ranks and, with expert tensor
+    parallelism equal to TP (Megatron's default), across TP ranks too.
+    """
+
+    tp_sharded: int = 0
+    replicated: int = 0
+    expert: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.tp_sharded + self.replicated + self.expert
+
+    def __add__(self, other: ParamGroups) -> ParamGroups:
+        return ParamGroups(
+            tp_sharded=self.tp_sharded + other.tp_sharded,
+            replicated=self.replicated + other.replicated,
+            expert=self.expert + other.expert,
+        )
+
+    def scaled(self, k: int) -> ParamGroups:
+        return ParamGroups(tp_sharded=self.tp_sharded * k, replicated=self.replicated * k, expert=self.expert * k)
+
+    def per_gpu(self, tp: int, ep: int) -> float:
+        """Parameters one GPU holds of this group under tensor parallel ``tp`` and expert parallel ``ep``."""
+        return self.tp_sharded / tp + self.replicated + self.expert / (ep * tp)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward layers (Mixtral, DeepSeek-V3)."""
+
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Routed experts each token visits."""
+    expert_ffn_hidden_size: int
+    """FFN width of one routed expert."""
+    num_shared_experts: int = 0
+    """Experts every token visits (DeepSeek); each of width ``shared_expert_ffn_hidden_size``."""
+    shared_expert_ffn_hidden_size: int | None = None
+    """Width of one shared expert; defaults to ``expert_ffn_hidden_size``."""
+    num_dense_layers: int = 0
+    """Leading layers with a dense FFN of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
+    router_bias: bool = False
+    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``)."""
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+    def problems(self) -> list[str]:
+        out = []
+        for name in ("num_experts", "top_k", "expert_ffn_hidden_size"):
+            if getattr(self, name) < 1:
+                out.append(f"moe.{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k > self.num_experts:
+            out.append(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}): lower top_k")
+        if self.num_shared_experts < 0 or self.num_dense_layers < 0:
+            out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed Q and KV."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    """None: Q is a plain projection (DeepSeek-V2-Lite)."""
+
+    def problems(self) -> list[str]:
+        return [
+            f"mla.{n} must be >= 1, got {getattr(self, n)}"
+            for n in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+            if getattr(self, n) < 1
+        ] + (["mla.q_lora_rank must be >= 1 or absent"] if self.q_lora_rank is not None and self.q_lora_rank < 1 else [])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer. Validated on construction: every problem is reported at once."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    """Dense FFN width (for MoE models: the width of the leading dense layers, if any)."""
+    vocab_size: int
+    num_kv_heads: int | None = None
+    """Key/value heads; fewer than the attention heads is GQA, 1 is MQA. None: same as heads."""
+    head_dim: int | None = None
+    """Per-head width; None: hidden_size / num_attention_heads."""
+    activation: Activation = "gelu"
+    norm: Norm = "layernorm"
+    tied_embeddings: bool = False
+    position_embedding: PositionEmbedding = "learned"
+    max_position_embeddings: int = 2048
+    """Rows of the learned position table (counted only for ``learned``)."""
+    linear_bias: bool = False
+    """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
+    qkv_bias: bool = False
+    """Biases on the Q/K/V projections only (Qwen2)."""
+    embedding_norm: bool = False
+    """A norm right after the token embedding (BLOOM)."""
+    norms_per_layer: int = 2
+    """Falcon-7B's parallel block has one; standard pre-norm blocks two."""
+    dropout: float = 0.0
+    """Hidden and attention dropout probability (Megatron GPT: 0.1; Llama: 0)."""
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+
+    def __post_init__(self) -> None:
+        require_no_problems(self.problems(), subject=f"model '{self.name}'")
+
+    # ---- validation -------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
+                     "max_position_embeddings", "norms_per_layer"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "norms_per_layer" else 1):
+                out.append(f"{name} must be a positive integer, got {value!r}")
+        for name in ("num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                out.append(f"{name} must be a positive integer or absent, got {value!r}")
+        if out:
+            return out
+        if self.activation not in ("gelu", "swiglu"):
+            out.append(f"activation must be gelu or swiglu, got {self.activation!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            out.append(f"norm must be layernorm or rmsnorm, got {self.norm!r}")
+        if self.position_embedding not in ("learned", "rope", "alibi"):
+            out.append(f"position_embedding must be learned, rope or alibi, got {self.position_embedding!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
+            out.append(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads}): set head_dim explicitly or fix the head count"
+            )
+        if self.kv_heads > self.num_attention_heads or self.num_attention_heads % self.kv_heads:
+            out.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads "
+                f"({self.kv_heads}) for GQA/MQA"
+            )
+        if self.moe is not None:
+            out += self.moe.problems()
+            if self.moe.num_dense_layers > self.num_layers:
+                out.append(f"moe.num_dense_layers ({self.moe.num_dense_layers}) exceeds num_layers ({self.num_layers})")
+        if self.mla is not None:
+            out += self.mla.problems()
+        return out
+
+    # ---- derived shape ------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the concatenated query heads (= hidden_size for most models)."""
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the keys (and of the values) over all KV heads, as attention sees them."""
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+        return self.kv_heads * self.attention_head_dim
+
+    @property
+    def v_width(self) -> int:
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.v_head_dim
+        return self.kv_width
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index >= self.moe.num_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+
+    # ---- parameter counts ---------------------------------------------------------------
+    def _norm_params(self, width: int) -> int:
+        return width * (2 if self.norm == "layernorm" else 1)
+
+    def attention_params(self) -> ParamGroups:
+        """One attention block: projections, their biases; no norm."""
+        h = self.hidden_size
+        if self.mla is not None:
+            m, a = self.mla, self.num_attention_heads
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            replicated = h * (m.kv_lora_rank + m.qk_rope_head_dim) + self._norm_params(m.kv_lora_rank)
+            sharded = m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim) + a * m.v_head_dim * h
+            if m.q_lora_rank is None:
+                sharded += h * a * qk
+            else:
+                replicated += h * m.q_lora_rank + self._norm_params(m.q_lora_rank)
+                sharded += m.q_lora_rank * a * qk
+            return ParamGroups(tp_sharded=sharded, replicated=replicated)
+        qkv_out = self.q_width + 2 * self.kv_width
+        sharded = h * qkv_out + self.q_width * h
+        replicated = 0
+        if self.linear_bias or self.qkv_bias:
+            sharded += qkv_out  # column-parallel bias: split with its weight
+        if self.linear_bias:
+            replicated += h  # row-parallel output bias: replicated
+        return ParamGroups(tp_sharded=sharded, replicated=replicated)
+
+    def _mlp_matrix_params(self, width: int) -> tuple[int, int]:
+        """(weights+column biases, row bias) of one dense MLP of FFN width ``width``."""
+        h = self.hidden_size
+        n_in = 2 if self.activation == "swiglu" else 1  # SwiGLU: gate and up projections
+        weights = (n_in + 1) * h * width
+        col_bias = n_in * width if self.linear_bias else 0
+        row_bias = h if self.linear_bias else 0
+        return weights + col_bias, row_bias
+
+    def mlp_params(self, layer_index: int) -> ParamGroups:
+        """The feed-forward block of layer ``layer_index`` (dense or MoE), without its norm."""
+        if not self.is_moe_layer(layer_index):
+            sharded, row_bias = self._mlp_matrix_params(self.ffn_hidden_size)
+            return ParamGroups(tp_sharded=sharded, replicated=row_bias)
+        moe = self.moe
+        assert moe is not None
+        expert, expert_bias = self._mlp_matrix_params(moe.expert_ffn_hidden_size)
+        groups = ParamGroups(
+            expert=moe.num_experts * (expert + expert_bias),
+            replicated=moe.num_experts * self.hidden_size + (moe.num_experts if moe.router_bias else 0),
+        )
+        if moe.num_shared_experts:
+            shared, shared_bias = self._mlp_matrix_params(moe.shared_width)
+            groups = groups + ParamGroups(
+                tp_sharded=moe.num_shared_experts * shared, replicated=moe.num_shared_experts * shared_bias
+            )
+        return groups
+
+    def layer_params(self, layer_index: int) -> ParamGroups:
+        norms = ParamGroups(replicated=self.norms_per_layer * self._norm_params(self.hidden_size))
+        return self.attention_params() + self.mlp_params(layer_index) + norms
+
+    def embedding_params(self) -> ParamGroups:
+        """Input side: token embedding (vocab-parallel), learned positions, embedding norm."""
+        replicated = 0
+        if self.position_embedding == "learned":
+            replicated += self.max_position_embeddings * self.hidden_size
+        if self.embedding_norm:
+            replicated += self._norm_params(self.hidden_size)
+        return ParamGroups(tp_sharded=self.vocab_size * self.hidden_size, replicated=replicated)
+
+    def output_params(self) -> ParamGroups:
+        """Output side: final norm and (untied) output projection."""
+        head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        return ParamGroups(tp_sharded=head, replicated=self._norm_params(self.hidden_size))
+
+    @property
+    def num_params(self) -> int:
+        """Exact number of trainable parameters."""
+        layers = sum(self.layer_params(i).total for i in range(self.num_layers))
+        return layers + self.embedding_params().total + self.output_params().total
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token touches: for MoE, top-k routed plus shared experts; else num_params."""
+        if self.moe is None:
+            return self.num_params
+        expert, expert_bias = self._mlp_matrix_params(self.moe.expert_ffn_hidden_size)
+        inactive = (self.moe.num_experts - self.moe.top_k) * (expert + expert_bias)
+        return self.num_params - self.num_moe_layers * inactive
+
+    def stage_params(self, first_layer: int, num_layers: int, *, has_embedding: bool, has_output: bool) -> ParamGroups:
+        """Parameters of a pipeline stage holding layers [first_layer, first_layer + num_layers).
+
+        A tied model's last stage (pp > 1) keeps its own copy of the embedding as output layer,
+        as Megatron does.
+        """
+        total = ParamGroups()
+        for i in range(first_layer, first_layer + num_layers):
+            total = total + self.layer_params(i)
+        if has_embedding:
+            total = total + self.embedding_params()
+        if has_output:
+            total = total + self.output_params()
+            if self.tied_embeddings and not has_embedding:
+                total = total + ParamGroups(tp_sharded=self.vocab_size * self.hidden_size)
+        return total
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("moe", "mla")}
+        if self.moe is not None:
+            out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__}
+        if self.mla is not None:
+            out["mla"] = {f: getattr(self.mla, f) for f in self.mla.__dataclass_fields__}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSpec:
+        """Build from a plain mapping (a model YAML after schema validation)."""
+        data = dict(data)
+        moe = data.pop("moe", None)
+        mla = data.pop("mla", None)
+        return cls(
+            **data,
+            moe=MoESpec(**moe) if moe else None,
+            mla=MLASpec(**mla) if mla else None,
+        )
+

@@ -1,0 +1,158 @@
+"""ParallelPlan: one decision of how to train (the thing the planner enumerates).
+
+The plan holds only decisions. Facts that follow from them (world size, micro-batches,
+tokens per step) are one-line properties here and nowhere else. Whether a plan suits a model
+and a cluster is checked by :func:`autotune.specs.rules.plan_problems`, which reports every
+violated rule at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from autotune.errors import require_no_problems
+
+__all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "Framework", "Recompute", "Offload", "Optimizer"]
+
+Framework = Literal["deepspeed", "megatron"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "cpu", "nvme"]
+Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
+PlanPrecision = Literal["bf16", "fp16", "fp8"]
+
+# Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
+#   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
+#   sgd:       fp32 master 4 + momentum 4                                  = 8
+#   adafactor: fp32 master 4 + factored second moment (rows+cols, ~0/param) = 4
+#   adamw8bit: fp32 master 4 + 8-bit exp_avg 1 + 8-bit exp_avg_sq 1        = 6
+#              (Dettmers et al. 2022; block-wise quantisation statistics, 2 fp32 per 2048-block, ignored)
+OPTIMIZER_STATE_BYTES: dict[str, float] = {"adamw": 12.0, "sgd": 8.0, "adafactor": 4.0, "adamw8bit": 6.0}
+
+_CHOICES = {
+    "framework": ("deepspeed", "megatron"),
+    "recompute": ("none", "selective", "full"),
+    "offload_optimizer": ("none", "cpu", "nvme"),
+    "offload_param": ("none", "cpu", "nvme"),
+    "precision": ("bf16", "fp16", "fp8"),
+    "optimizer": tuple(OPTIMIZER_STATE_BYTES),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelPlan:
+    """How one training job is split and run. Sizes are per data-parallel replica unless noted."""
+
+    tp: int = 1
+    """Tensor-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    dp: int = 1
+    """Data-parallel replicas (ZeRO partitions over these)."""
+    cp: int = 1
+    """Context-parallel size (sequence split for attention, Megatron ring attention)."""
+    vpp: int = 1
+    """Virtual pipeline chunks per stage (interleaved 1F1B when > 1)."""
+    ep: int = 1
+    """Expert-parallel size (MoE only); carved out of dp x cp."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout split along the sequence over TP ranks."""
+    zero_stage: int = 0
+    """0-3. Under Megatron, stage 1 is the distributed optimizer."""
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    nvme_path: str | None = None
+    """Local NVMe folder for ``nvme`` offload."""
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    global_batch_size: int = 1
+    """Sequences per optimizer step over all replicas."""
+    seq_len: int = 2048
+    recompute: Recompute = "none"
+    recompute_num_layers: int | None = None
+    """With full recompute: layers per pipeline stage to recompute (Megatron's block method); None: all."""
+    precision: PlanPrecision = "bf16"
+    optimizer: Optimizer = "adamw"
+    framework: Framework = "deepspeed"
+    """Whose engine holds the model states: DeepSpeed ZeRO or Megatron-core DDP + distributed optimizer."""
+    flash_attention: bool = True
+    """Fused (flash) attention: no s^2 score tensors are kept for backward."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "grad_accum_steps",
+                     "global_batch_size", "seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                problems.append(f"{name} must be a positive integer, got {v!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            problems.append(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                problems.append(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.recompute_num_layers is not None and (
+            not isinstance(self.recompute_num_layers, int) or self.recompute_num_layers < 1
+        ):
+            problems.append(f"recompute_num_layers must be a positive integer or absent, got {self.recompute_num_layers!r}")
+        require_no_problems(problems, subject="plan")
+
+    # ---- derived facts (the one place) -------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs one model replica spans: tp x pp x cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches each pipeline runs per step (= gradient accumulation steps)."""
+        return self.grad_accum_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    @property
+    def interleaved(self) -> bool:
+        return self.pp > 1 and self.vpp > 1
+
+    @property
+    def zero_partitions(self) -> int:
+        """Ranks that partition ZeRO/distributed-optimizer state: dp x cp (Megatron shards over both)."""
+        return self.dp * self.cp
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_(self, **changes) -> ParallelPlan:
+        return replace(self, **changes)
+
+    @classmethod
+    def for_cluster(cls, *, num_gpus: int, global_batch_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
+                    micro_batch_size: int = 1, **rest) -> ParallelPlan:
+        """A plan with dp and gradient accumulation derived from the GPU count and global batch.
+
+        Raises InputError when they do not divide; the message says which sizes would.
+        """
+        problems = []
+        mp = tp * pp * cp
+        if mp < 1 or num_gpus % mp:
+            problems.append(
+                f"num_gpus ({num_gpus}) is not divisible by tp*pp*cp ({tp}*{pp}*{cp}={mp}): "
+                f"choose tp, pp, cp whose product divides {num_gpus}"
+            )
+            dp = 1
+        else:
+            dp = num_gpus // mp
+        per_step = micro_batch_size * dp
+        if not problems and global_batch_size % per_step:
+            problems.append(
+                f"global batch {global_batch_size} is not divisible by micro-batch x dp "
+                f"({micro_batch_size} x {dp} = {per_step}): use a global batch that is a multiple of {per_step}"
+            )
+        require_no_problems(problems, subject="plan")
+        return cls(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch_size=micro_batch_size,
+                   global_batch_size=global_batch_size, grad_accum_steps=global_batch_size // per_step, **rest)

@@ -1,0 +1,113 @@
+"""Rules a ParallelPlan must satisfy for a model and a cluster.
+
+Each rule is the one DeepSpeed 0.19.8 or Megatron-LM enforces (sources:
+``../shared/reference/deepspeed-megatron-surface.md``; line numbers are Megatron-LM's
+``arguments.py`` / DeepSpeed's files). :func:`plan_problems` returns every violation with the
+way out; it never raises, so the planner can count rejections by rule.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import require_no_problems
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["plan_problems", "validate_plan"]
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:
+    """Every rule the plan breaks, as (rule id, message naming the fix)."""
+    out: list[tuple[str, str]] = []
+
+    def bad(rule: str, message: str) -> None:
+        out.append((rule, message))
+
+    tp, pp, cp, dp, vpp, ep = plan.tp, plan.pp, plan.cp, plan.dp, plan.vpp, plan.ep
+    # Megatron arguments.py:433 "world size is not divisible by total_model_size".
+    if plan.world_size != cluster.num_gpus:
+        bad("world_size", f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {plan.world_size} but the cluster has "
+                          f"{cluster.num_gpus} GPUs: derive dp = num_gpus / (tp*pp*cp)")
+    # TransformerConfig: heads must be a multiple of TP; query groups a multiple or divisor of TP.
+    if model.num_attention_heads % tp:
+        bad("heads_tp", f"num_attention_heads ({model.num_attention_heads}) must be a multiple of tp ({tp}): "
+                        f"use tp in {{{_divisors(model.num_attention_heads)}}}")
+    if model.mla is None and model.kv_heads % tp and tp % model.kv_heads:
+        bad("kv_heads_tp", f"num_kv_heads ({model.kv_heads}) must be a multiple or a divisor of tp ({tp})")
+    # arguments.py:969/973/998: layers divisible by pp, and by the virtual stages.
+    if model.num_layers % pp:
+        bad("layers_pp", f"num_layers ({model.num_layers}) must be divisible by pp ({pp}): "
+                         f"use pp in {{{_divisors(model.num_layers)}}}")
+    elif vpp > 1 and (model.num_layers // pp) % vpp:
+        bad("layers_vpp", f"layers per stage ({model.num_layers // pp}) must be divisible by vpp ({vpp})")
+    # arguments.py:1003: the interleaved schedule needs more than one stage.
+    if vpp > 1 and pp < 2:
+        bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
+    if vpp > 1 and plan.framework == "deepspeed":
+        bad("vpp_deepspeed", "DeepSpeed's pipeline engine has no interleaved schedule: use framework megatron or vpp=1")
+    # Batch triple (DeepSpeed config.py:596-605; Megatron num_microbatches_calculator.py:381).
+    if plan.global_batch_size != plan.micro_batch_size * plan.grad_accum_steps * dp:
+        bad("batch_triple", f"global batch {plan.global_batch_size} != micro-batch {plan.micro_batch_size} x "
+                            f"grad accumulation {plan.grad_accum_steps} x dp {dp}: choose a global batch that is a "
+                            f"multiple of micro-batch x dp ({plan.micro_batch_size * dp})")
+    # Pipeline with 1F1B wants at least as many micro-batches as stages to fill the pipe; fewer is legal but wasteful,
+    # so it is a cost, not a rule. Interleaving needs num_microbatches % pp == 0 in Megatron.
+    if plan.interleaved and plan.num_microbatches % pp:
+        bad("interleave_microbatches", f"interleaved schedule needs micro-batches ({plan.num_microbatches}) divisible "
+                                       f"by pp ({pp}): change the global batch or micro-batch")
+    # arguments.py:1337 "seq-length should be a multiple of 2 * context-parallel-size".
+    if cp > 1 and plan.seq_len % (2 * cp):
+        bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
+    if plan.seq_len % (tp if plan.sequence_parallel else 1):
+        bad("seq_sp", f"seq_len ({plan.seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
+    # Expert parallelism (arguments.py:1656): experts divisible by ep; ep carved out of dp x cp.
+    if ep > 1:
+        if model.moe is None:
+            bad("ep_dense", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense: set ep=1")
+        elif model.moe.num_experts % ep:
+            bad("experts_ep", f"num_experts ({model.moe.num_experts}) must be divisible by ep ({ep})")
+        if (dp * cp) % ep:
+            bad("ep_dp", f"ep ({ep}) must divide dp*cp ({dp * cp}): expert parallelism is carved out of data parallelism")
+    # ZeRO. DeepSpeed pipe/engine.py:76 "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+    if plan.zero_stage >= 2 and pp > 1:
+        bad("zero_pp", f"ZeRO-{plan.zero_stage} is incompatible with pipeline parallelism (pp={pp}): "
+                       f"use ZeRO-0/1 with pp > 1, or pp=1 with ZeRO-2/3")
+    if plan.framework == "megatron" and plan.zero_stage >= 2:
+        bad("zero_megatron", f"Megatron-LM shards optimizer states only (distributed optimizer = ZeRO-1); "
+                             f"ZeRO-{plan.zero_stage} needs framework deepspeed")
+    if plan.offload_param != "none" and plan.zero_stage != 3:
+        bad("offload_param_zero3", f"parameter offload needs ZeRO-3 (got ZeRO-{plan.zero_stage}): set zero_stage=3 "
+                                   f"or offload_param=none")
+    if plan.offload_optimizer != "none" and plan.zero_stage == 0:
+        bad("offload_optimizer_zero", "optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3")
+    if (plan.offload_optimizer != "none" or plan.offload_param != "none") and plan.framework == "megatron":
+        bad("offload_megatron", "offload is a DeepSpeed feature: use framework deepspeed")
+    if "nvme" in (plan.offload_optimizer, plan.offload_param):
+        if not plan.nvme_path:
+            bad("nvme_path", "NVMe offload needs nvme_path (a local NVMe folder), DeepSpeed partition_parameters.py:1225")
+        if cluster.nvme_bandwidth_gb_per_s <= 0:
+            bad("nvme_cluster", "NVMe offload needs a cluster with NVMe (nvme_bandwidth_gb_per_s > 0)")
+    # Sequence parallelism: Megatron silently disables it at tp=1 (arguments.py:1436); we refuse instead.
+    if plan.sequence_parallel and tp == 1:
+        bad("sp_tp", "sequence parallelism needs tp > 1: disable it or raise tp")
+    # Precision.
+    if not cluster.gpu.supports(plan.precision) and cluster.gpu.name != "cpu":
+        have = ", ".join(sorted(cluster.gpu.peak_tflops))
+        bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (has {have}): pick one of those")
+    # Recompute (arguments.py:1427; TransformerConfig): layer count only with full recompute.
+    if plan.recompute_num_layers is not None:
+        if plan.recompute != "full":
+            bad("recompute_layers", "recompute_num_layers applies to full recompute only")
+        elif model.num_layers % pp == 0 and plan.recompute_num_layers > model.num_layers // pp:
+            bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
+                                    f"({model.num_layers // pp})")
+    return out
+
+
+def validate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> None:
+    """Raise InputError listing every rule the plan breaks."""
+    require_no_problems((msg for _, msg in plan_problems(model, cluster, plan)), subject="plan")
