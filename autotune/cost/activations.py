@@ -77,9 +77,9 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         latent = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
         attn += 2 * sb * latent * 2  # latent norms' inputs and the up-projections' inputs (replicated)
     attn += 2 * sb * (model.q_width + model.kv_width + model.v_width) / t
-    attn += 2 * sb * model.v_width / t  # attention output, saved by the kernel and by the output projection
+    attn += 2 * sb * model.attention_output_width / t  # attention output, saved by the kernel and the projection
     if lin != 2:
-        attn += lin * sb * model.v_width / t  # FP8 cast of the output projection's input
+        attn += lin * sb * model.attention_output_width / t  # FP8 cast of the output projection's input
     a = model.num_attention_heads
     if plan.flash_attention:
         core = 4 * sb * a / t  # fp32 log-sum-exp per head and token

@@ -215,6 +215,13 @@ class ModelSpec:
         return self.kv_width
 
     @property
+    def attention_output_width(self) -> int:
+        """Width of the attention output (the output projection's input): heads x value head dim."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.v_head_dim
+        return self.q_width
+
+    @property
     def is_moe(self) -> bool:
         return self.moe is not None
 

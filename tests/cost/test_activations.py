@@ -1,0 +1,104 @@
+"""Activation formulas against Korthikanti et al. 2022, Sec. 4 (hand-derived expectations)."""
+
+import pytest
+
+from autotune.cost.activations import layer_activations, microbatches_in_flight, stage_activation_bytes
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+# GPT-3 175B shape (Korthikanti Table 3): a=96, h=12288, s=2048.
+GPT = ModelSpec(name="gpt", num_layers=96, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=4 * 12288,
+                vocab_size=51200, dropout=0.1, linear_bias=True)
+S, B, H, A = 2048, 1, 12288, 96
+LN_STATS = 2 * 8 * S * B  # two LayerNorms x (mean + rstd) fp32 per token; Korthikanti folds these away
+
+
+def plan(**kw):
+    base = dict(seq_len=S, micro_batch_size=B, flash_attention=False)
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def test_no_parallelism_matches_korthikanti_eq1():
+    # Eq. 1: s*b*h*(34 + 5*a*s/h)
+    got = layer_activations(GPT, plan()).total
+    assert got == pytest.approx(S * B * H * (34 + 5 * A * S / H) + LN_STATS, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_parallel_matches_eq2(t):
+    # Eq. 2: s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    got = layer_activations(GPT, plan(tp=t)).total
+    assert got == pytest.approx(S * B * H * (10 + 24 / t + 5 * A * S / (H * t)) + LN_STATS, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_tensor_and_sequence_parallel_matches_eq4(t):
+    # Eq. 4: s*b*h/t*(34 + 5*a*s/h)
+    got = layer_activations(GPT, plan(tp=t, sequence_parallel=True)).total
+    assert got == pytest.approx(S * B * H / t * (34 + 5 * A * S / H) + LN_STATS / t, rel=1e-12)
+
+
+def test_selective_recompute_with_sp_is_34sbh_over_t():
+    # Eq. 6 (Sec. 5): selective recompute + SP keeps 34*s*b*h/t per layer.
+    t = 8
+    p = plan(tp=t, sequence_parallel=True, recompute="selective")
+    layer = layer_activations(GPT, p)
+    assert layer.total - layer.attention_core == pytest.approx(34 * S * B * H / t + LN_STATS / t, rel=1e-12)
+
+
+def test_full_recompute_keeps_layer_inputs_only():
+    p = plan(recompute="full", pp=1)
+    parts = stage_activation_bytes(GPT, p, 0)
+    assert parts["layers"] == pytest.approx(96 * 2 * S * B * H)
+    # plus one layer recomputed at a time during backward
+    assert parts["recompute_working_set"] == pytest.approx(layer_activations(GPT, p).total)
+
+
+def test_flash_attention_drops_the_s2_terms():
+    eager = layer_activations(GPT, plan())
+    flash = layer_activations(GPT, plan(flash_attention=True))
+    assert eager.total - flash.total == pytest.approx(5 * A * S * S * B - 4 * S * B * A)
+
+
+def test_gqa_and_swiglu_generalisation():
+    # Llama-3-70B layer: q 8192 wide, K and V 8 heads x 128 = 1024 wide, SwiGLU f = 28672, RMSNorm, no dropout.
+    llama = ModelSpec(name="l", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                      ffn_hidden_size=28672, vocab_size=128256, activation="swiglu", norm="rmsnorm",
+                      position_embedding="rope")
+    s, b, h, f, kv = 4096, 1, 8192, 28672, 1024
+    got = layer_activations(llama, ParallelPlan(seq_len=s, micro_batch_size=b)).total
+    expected = (2 * (2 * s * b * h + 4 * s * b)  # two RMSNorm inputs + fp32 rstd
+                + 2 * s * b * h                  # QKV input
+                + 2 * s * b * (h + 2 * kv)       # q, k, v
+                + 2 * s * b * h                  # attention output = output projection input
+                + 4 * s * b * 64                 # flash log-sum-exp, fp32 per head
+                + 2 * s * b * h                  # fc1 input
+                + 2 * s * b * 2 * f              # fused SwiGLU keeps [gate|up]
+                + 2 * s * b * f)                 # fc2 input
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_context_parallel_splits_the_sequence():
+    full = layer_activations(GPT, plan(flash_attention=True)).total
+    assert layer_activations(GPT, plan(flash_attention=True, cp=4, dp=1)).total == pytest.approx(full / 4)
+
+
+def test_in_flight_microbatches():
+    # 1F1B: first stage holds pp micro-batches; last stage one; interleaving adds (p-1)/(p*v).
+    p = ParallelPlan(pp=8, grad_accum_steps=64, global_batch_size=64)
+    assert microbatches_in_flight(p, 0) == 8
+    assert microbatches_in_flight(p, 7) == 1
+    assert microbatches_in_flight(p.with_(grad_accum_steps=3, global_batch_size=3), 0) == 3
+    assert microbatches_in_flight(p.with_(vpp=3), 0) == pytest.approx(8 * (1 + 7 / 24))
+
+
+def test_seed_hidden_state_numbers():
+    # Seed chapter §1.2: 70B, seq 4096, batch 1, d 8192: one layer's hidden state 1*4096*8192*2 B = 64 MiB;
+    # full recompute keeps exactly that per layer: 80 layers ~ 5 GiB.
+    llama = ModelSpec(name="l", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                      ffn_hidden_size=28672, vocab_size=128256, activation="swiglu", norm="rmsnorm",
+                      position_embedding="rope")
+    parts = stage_activation_bytes(llama, ParallelPlan(seq_len=4096, recompute="full"), 0)
+    assert parts["layers"] / 80 == 64 * 2**20
+    assert parts["layers"] / 2**30 == pytest.approx(5.0)
