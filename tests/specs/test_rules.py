@@ -1,0 +1,87 @@
+"""Plan rules: each rule fires on its own, and every violated rule is reported at once."""
+
+import pytest
+
+from autotune.api import make_plan
+from autotune.errors import InputError
+from autotune.specs.hardware import ClusterSpec, GPUSpec
+from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.rules import plan_problems
+
+GPU = GPUSpec(name="a100", memory_gib=80, peak_tflops={"bf16": 312, "fp16": 312}, hbm_bandwidth_gb_per_s=2039)
+CLUSTER = ClusterSpec(gpu=GPU, num_nodes=2, gpus_per_node=8, intra_node_bandwidth_gb_per_s=300,
+                      inter_node_bandwidth_gb_per_s=25)
+MODEL = ModelSpec(name="m", num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=4,
+                  ffn_hidden_size=8192, vocab_size=32000)
+MOE = ModelSpec(name="moe", num_layers=8, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=4096,
+                vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=2048))
+
+
+def rules(model=MODEL, **kw):
+    base = dict(dp=16, global_batch_size=16, grad_accum_steps=1, seq_len=2048)
+    base.update(kw)
+    return {rule for rule, _ in plan_problems(model, CLUSTER, ParallelPlan(**base))}
+
+
+def test_valid_plan_has_no_problems():
+    assert rules() == set()
+    assert rules(tp=2, pp=2, dp=4, grad_accum_steps=4, sequence_parallel=True) == set()
+
+
+@pytest.mark.parametrize("kw,rule", [
+    (dict(dp=8), "world_size"),
+    (dict(pp=5, dp=3), "world_size"),
+    (dict(pp=16, dp=1, global_batch_size=1), "layers_pp"),
+    (dict(pp=2, dp=8, vpp=5, framework="megatron", global_batch_size=16, grad_accum_steps=2), "layers_vpp"),
+    (dict(vpp=2), "vpp_needs_pp"),
+    (dict(global_batch_size=17), "batch_triple"),
+    (dict(cp=4, dp=4, seq_len=2052), "seq_cp"),
+    (dict(ep=2), "ep_dense"),
+    (dict(pp=2, dp=8, zero_stage=2, global_batch_size=16, grad_accum_steps=2), "zero_pp"),
+    (dict(zero_stage=2, framework="megatron"), "zero_megatron"),
+    (dict(zero_stage=2, offload_param="cpu"), "offload_param_zero3"),
+    (dict(offload_optimizer="cpu"), "offload_optimizer_zero"),
+    (dict(zero_stage=3, offload_optimizer="nvme"), "nvme_path"),
+    (dict(sequence_parallel=True), "sp_tp"),
+    (dict(precision="fp8"), "precision_gpu"),
+    (dict(recompute="selective", recompute_num_layers=2), "recompute_layers"),
+])
+def test_each_rule_fires(kw, rule):
+    assert rule in rules(**kw)
+
+
+def test_kv_heads_may_be_a_divisor_of_tp():
+    # 4 KV heads with tp=8: each KV head is replicated on 2 ranks (Megatron allows it); 3 KV heads would not be.
+    assert rules(tp=8, dp=2, global_batch_size=2) == set()
+    odd_kv = ModelSpec(name="kv3", num_layers=24, hidden_size=2304, num_attention_heads=24, num_kv_heads=3,
+                       ffn_hidden_size=8192, vocab_size=32000)
+    assert "kv_heads_tp" in rules(odd_kv, tp=2, dp=8, global_batch_size=8)
+
+
+def test_heads_not_multiple_of_tp():
+    odd = ModelSpec(name="odd", num_layers=24, hidden_size=1536, num_attention_heads=12, ffn_hidden_size=6144,
+                    vocab_size=32000)
+    assert "heads_tp" in rules(odd, tp=8, dp=2, global_batch_size=2)
+
+
+def test_experts_divisible_by_ep():
+    assert "experts_ep" in rules(MOE, ep=16)
+    assert rules(MOE, ep=8) == set()
+
+
+def test_every_violation_is_reported_at_once():
+    with pytest.raises(InputError) as err:
+        make_plan(MODEL, CLUSTER, tp=3, pp=5, global_batch_size=7, zero_stage=3, offload_param="nvme",
+                  precision="fp8")
+    text = str(err.value)
+    for needle in ("not divisible by tp*pp*cp", "multiple of tp (3)", "divisible by pp (5)", "nvme_path",
+                   "no fp8", "incompatible with pipeline"):
+        assert needle in text, needle
+    assert len(err.value.problems) >= 6
+
+
+def test_make_plan_derives_dp_and_accumulation():
+    plan = make_plan(MODEL, CLUSTER, tp=2, pp=2, global_batch_size=64, micro_batch_size=2)
+    assert (plan.dp, plan.grad_accum_steps, plan.sequence_parallel) == (4, 8, True)
+    assert plan.tokens_per_step == 64 * 2048
