@@ -29,7 +29,7 @@ from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
-__all__ = ["MemorySettings", "MemoryEstimate", "ModelStateBytes", "estimate_memory", "stage_param_groups",
+__all__ = ["MemorySettings", "MemoryEstimate", "ModelStateBytes", "estimate_memory", "stage_param_groups", "megatron_grad_bytes",
            "model_state_bytes"]
 
 
@@ -41,8 +41,6 @@ class MemorySettings:
     """DeepSpeed ``zero_optimization.reduce_bucket_size`` (elements)."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed ``zero_optimization.allgather_bucket_size`` (elements)."""
-    overlap_comm: bool | None = None
-    """DeepSpeed default: True for ZeRO-3, else False. With it, two reduce buckets are in use."""
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
     cuda_context_bytes: int | None = None
@@ -129,6 +127,12 @@ def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int) -> Para
     return model.stage_params(stage * per_stage, per_stage, has_embedding=stage == 0, has_output=stage == plan.pp - 1)
 
 
+def megatron_grad_bytes(plan: ParallelPlan) -> int:
+    """Megatron accumulates and reduces gradients in fp32 ``main_grad`` buffers with bf16 (arguments.py
+    forces ``accumulate_allreduce_grads_in_fp32`` for bf16), in 16 bits with fp16 by default."""
+    return 2 if plan.precision == "fp16" else 4
+
+
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float) -> ModelStateBytes:
     """Weights, gradients and optimizer states of one GPU (ZeRO paper Sec. 5; engine notes in the module doc).
 
@@ -143,7 +147,7 @@ def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: fl
     z = plan.zero_stage
 
     if plan.framework == "megatron":
-        weights, grads = 2 * psi, 4 * psi
+        weights, grads = 2 * psi, megatron_grad_bytes(plan) * psi
         opt = k * (psi_part if z >= 1 else psi)
         return ModelStateBytes(weights=weights, gradients=grads, optimizer_states=opt)
 
@@ -175,8 +179,8 @@ def _buffer_bytes(model: ModelSpec, plan: ParallelPlan, groups: ParamGroups, set
     psi = groups.per_gpu(plan.tp, plan.ep)
     if plan.framework == "deepspeed" and plan.zero_stage in (1, 2):
         # Gradients are copied into a reduce bucket before the reduce-scatter; capped by the model size.
-        overlap = settings.overlap_comm if settings.overlap_comm is not None else False
-        out["reduce_bucket"] = 2 * min(settings.reduce_bucket_size, psi) * (2 if overlap else 1)
+        # With overlap_comm two buckets are in flight (one filling, one reducing).
+        out["reduce_bucket"] = 2 * min(settings.reduce_bucket_size, psi) * (2 if plan.overlap_comm else 1)
         out["allgather_bucket"] = 2 * min(settings.allgather_bucket_size, psi)
     elif plan.framework == "deepspeed" and plan.zero_stage == 3:
         out["reduce_bucket"] = 2 * settings.reduce_bucket_size  # allocated eagerly, whatever the model size

@@ -77,6 +77,9 @@ class ParallelPlan:
     """Whose engine holds the model states: DeepSpeed ZeRO or Megatron-core DDP + distributed optimizer."""
     flash_attention: bool = True
     """Fused (flash) attention: no s^2 score tensors are kept for backward."""
+    overlap_comm: bool = True
+    """Overlap data-parallel gradient reduction (and parameter gathers) with compute: DeepSpeed
+    ``overlap_comm``, Megatron ``--overlap-grad-reduce --overlap-param-gather``."""
 
     def __post_init__(self) -> None:
         problems = []

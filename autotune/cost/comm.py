@@ -1,0 +1,65 @@
+"""Collective communication on a two-level network (NVLink-class in a node, IB-class across).
+
+Ring algorithms (Thakur et al. 2005; NCCL's bus-bandwidth convention): for a buffer of
+``M`` bytes over ``n`` ranks, all-gather and reduce-scatter move ``(n-1)/n * M`` bytes per
+rank in ``n-1`` steps, all-reduce twice that. Time = volume / bus bandwidth + steps x latency.
+
+Placement follows Megatron's rank order (tp innermost, then cp, then dp/ep, then pp): a
+group whose members are ``stride`` ranks apart stays inside a node when
+``size * stride <= gpus_per_node``; otherwise its ring crosses nodes and runs at the
+per-GPU inter-node bandwidth (one NIC per GPU, rail-optimised), the bottleneck link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.cost.efficiency import Efficiency
+from autotune.specs.hardware import GB, ClusterSpec
+
+__all__ = ["Link", "group_link", "all_reduce_s", "all_gather_s", "reduce_scatter_s", "all_to_all_s", "p2p_s"]
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Achievable bus bandwidth (bytes/s per GPU, one direction) and per-step latency of a group."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    crosses_nodes: bool
+
+
+def group_link(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -> Link:
+    """The link a group of ``size`` ranks, ``stride`` ranks apart, communicates over."""
+    if size <= 1 or size * stride <= cluster.gpus_per_node:
+        return Link(cluster.intra_node_bandwidth_gb_per_s * GB * eff.link_efficiency, eff.intra_node_latency_s, False)
+    return Link(cluster.inter_node_bandwidth_gb_per_s * GB * eff.link_efficiency, eff.inter_node_latency_s, True)
+
+
+def all_gather_s(num_bytes: float, n: int, link: Link) -> float:
+    """All-gather of a ``num_bytes`` result over ``n`` ranks (reduce-scatter costs the same)."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * num_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_reduce_s(num_bytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce = reduce-scatter + all-gather."""
+    return 2 * all_gather_s(num_bytes, n, link)
+
+
+def all_to_all_s(num_bytes: float, n: int, link: Link) -> float:
+    """All-to-all where each rank holds ``num_bytes`` and keeps 1/n of it."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * num_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+def p2p_s(num_bytes: float, link: Link) -> float:
+    """One point-to-point send (pipeline activations or their gradients)."""
+    if num_bytes <= 0:
+        return 0.0
+    return num_bytes / link.bandwidth_bytes_per_s + link.latency_s

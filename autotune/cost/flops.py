@@ -1,0 +1,95 @@
+"""Floating-point operations of one training step (a multiply-add counts 2).
+
+Per layer and token (forward), for a GEMM of [tokens x k] @ [k x n]: 2*k*n FLOPs per token.
+Attention scores and the weighted sum add 2*s*(q_width + out_width) per token, counted over
+the full s x s square, the convention of Narayanan et al. 2021 (Eq. 3) and Korthikanti et al.
+2022 (Eq. 7); a causal flash kernel executes half of it (``executed`` counts that).
+Backward costs twice the forward. Model FLOPs count forward + backward; hardware FLOPs add
+what recompute runs again (full: the layers' forward; selective: the attention core).
+
+Check (tests/cost/test_flops.py): for GPT with f = 4h, MHA, full recompute this reduces to
+Narayanan's F = 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)); without recompute to
+Korthikanti's model FLOPs 72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs.model import ModelSpec
+
+__all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerFlops:
+    """Forward FLOPs per token of one layer, by kind."""
+
+    gemm: float
+    """Weight GEMMs: QKV, output projection, MLP (or routed + shared experts, router)."""
+    attention: float
+    """Scores (Q K^T) and the weighted sum (P V), full square (s x s)."""
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention
+
+
+def _mlp_gemm_flops(model: ModelSpec, width: int) -> float:
+    matrices = 3 if model.activation == "swiglu" else 2
+    return 2.0 * matrices * model.hidden_size * width
+
+
+def layer_flops_per_token(model: ModelSpec, seq_len: int, layer_index: int = 0) -> LayerFlops:
+    h = model.hidden_size
+    if model.mla is not None:
+        m = model.mla
+        a = model.num_attention_heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = (2.0 * h * m.q_lora_rank + 2.0 * m.q_lora_rank * a * qk) if m.q_lora_rank else 2.0 * h * a * qk
+        kv = 2.0 * h * (m.kv_lora_rank + m.qk_rope_head_dim) + 2.0 * m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+        proj = q + kv + 2.0 * a * m.v_head_dim * h
+    else:
+        proj = 2.0 * h * (model.q_width + 2 * model.kv_width) + 2.0 * model.q_width * h
+    attention = 2.0 * seq_len * (model.q_width + model.attention_output_width)
+    if model.is_moe_layer(layer_index):
+        moe = model.moe
+        assert moe is not None
+        mlp = (moe.top_k * _mlp_gemm_flops(model, moe.expert_ffn_hidden_size)
+               + moe.num_shared_experts * _mlp_gemm_flops(model, moe.shared_width)
+               + 2.0 * h * moe.num_experts)
+    else:
+        mlp = _mlp_gemm_flops(model, model.ffn_hidden_size)
+    return LayerFlops(gemm=proj + mlp, attention=attention)
+
+
+def logits_flops_per_token(model: ModelSpec) -> float:
+    return 2.0 * model.hidden_size * model.vocab_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFlops:
+    """FLOPs of one optimizer step over the whole job."""
+
+    model: float
+    """Forward + backward (MFU convention)."""
+    hardware: float
+    """Model FLOPs plus recompute (HFU convention)."""
+
+
+def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
+    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``."""
+    gemm = attention = 0.0
+    for i in range(model.num_layers):
+        f = layer_flops_per_token(model, seq_len, i)
+        gemm += f.gemm
+        attention += f.attention
+    forward = (gemm + attention + logits_flops_per_token(model)) * tokens
+    model_flops = 3.0 * forward
+    if recompute == "full":
+        extra = (gemm + attention) * tokens
+    elif recompute == "selective":
+        extra = attention * tokens
+    else:
+        extra = 0.0
+    return StepFlops(model=model_flops, hardware=model_flops + extra)
