@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.cost.memory import MemoryEstimate, MemorySettings, estimate_memory
+from autotune.cost.step_time import StepTimeEstimate, TimeSettings, estimate_step_time
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -18,10 +19,15 @@ __all__ = ["Estimate", "make_plan", "estimate"]
 class Estimate:
     """One plan's prediction (the contract's ``estimate --json``)."""
 
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
     model: ModelSpec
     cluster: ClusterSpec
     plan: ParallelPlan
     memory: MemoryEstimate
+    time: StepTimeEstimate
 
     def to_dict(self) -> dict:
         return {
@@ -31,6 +37,7 @@ class Estimate:
                         "gpus_per_node": self.cluster.gpus_per_node},
             "plan": self.plan.to_dict(),
             "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
         }
 
 
@@ -68,7 +75,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     return plan
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-             settings: MemorySettings | None = None) -> Estimate:
-    """The memory ledger of one plan (step time joins it in the step-time model)."""
-    return Estimate(model=model, cluster=cluster, plan=plan, memory=estimate_memory(model, cluster, plan, settings))
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings | None = None,
+             time_settings: TimeSettings | None = None) -> Estimate:
+    """The memory ledger and step time of one (valid) plan."""
+    return Estimate(model=model, cluster=cluster, plan=plan, memory=estimate_memory(model, cluster, plan, settings),
+                    time=estimate_step_time(model, cluster, plan, time_settings))

@@ -18,6 +18,18 @@ GIB = 2**30
 GB = 1e9
 
 
+class _FrozenMapping(dict):
+    """A read-only, hashable dict, so specs holding one stay hashable (and cacheable)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def _readonly(self, *args, **kwargs):
+        raise TypeError("GPU peak table is read-only; build a new GPUSpec instead")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _readonly  # type: ignore[assignment]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSpec:
     """One accelerator's datasheet numbers (dense, no sparsity)."""
@@ -32,6 +44,7 @@ class GPUSpec:
     """Where the numbers come from (datasheet)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "peak_tflops", _FrozenMapping(self.peak_tflops))
         problems = []
         if not self.memory_gib > 0:
             problems.append(f"memory_gib must be > 0, got {self.memory_gib}")
