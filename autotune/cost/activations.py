@@ -27,6 +27,7 @@ split by tp only with sequence parallelism; all other terms are split by tp alwa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autotune.specs.model import ModelSpec
@@ -149,26 +150,55 @@ def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
     return held
 
 
+def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
+    """MoE layers among layer indices [start, stop) (MoE layers follow the leading dense ones)."""
+    if model.moe is None:
+        return 0
+    return max(0, stop - max(start, model.moe.num_dense_layers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[LayerActivations, LayerActivations]:
+    """(dense layer, MoE layer) activations; only the plan fields that matter vary between calls."""
+    dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1)
+    moe = layer_activations(model, plan, model.num_layers - 1) if model.is_moe else dense
+    return dense, moe
+
+
+def _activation_key(plan: ParallelPlan) -> ParallelPlan:
+    """The plan with every field activations do not depend on set to its default (a cache key)."""
+    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
+                        sequence_parallel=plan.sequence_parallel, precision=plan.precision,
+                        flash_attention=plan.flash_attention)
+
+
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part."""
     layers_per_stage = model.num_layers // plan.pp
     first = stage * layers_per_stage
     in_flight = microbatches_in_flight(plan, stage)
-    layers = [layer_activations(model, plan, i) for i in range(first, first + layers_per_stage)]
+    dense, moe = _layer_kinds(model, _activation_key(plan))
     t_seq = plan.tp if plan.sequence_parallel else 1
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
 
+    def full(start: int, stop: int) -> float:
+        n_moe = _moe_layers_in(model, start, stop)
+        return (stop - start - n_moe) * dense.total + n_moe * moe.total
+
+    stop = first + layers_per_stage
     if plan.recompute == "full":
-        n_recompute = plan.recompute_num_layers or layers_per_stage
-        n_recompute = min(n_recompute, layers_per_stage)
-        stored = sum(layer_input for _ in layers[:n_recompute]) + sum(x.total for x in layers[n_recompute:])
+        n_recompute = min(plan.recompute_num_layers or layers_per_stage, layers_per_stage)
+        stored = n_recompute * layer_input + full(first + n_recompute, stop)
         # While one recomputed layer runs backward, its full activations exist once (one micro-batch).
-        working = max((x.total for x in layers[:n_recompute]), default=0.0)
+        has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
+        has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
+        working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
     elif plan.recompute == "selective":
-        stored = sum(x.total - x.attention_core for x in layers)
-        working = max((x.attention_core for x in layers), default=0.0)
+        n_moe = _moe_layers_in(model, first, stop)
+        stored = full(first, stop) - (layers_per_stage - n_moe) * dense.attention_core - n_moe * moe.attention_core
+        working = dense.attention_core
     else:
-        stored = sum(x.total for x in layers)
+        stored = full(first, stop)
         working = 0.0
 
     parts = {"layers": stored * in_flight, "recompute_working_set": working}

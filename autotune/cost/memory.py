@@ -22,6 +22,7 @@ the 16-bit weight partition. Host bytes are reported per node.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
@@ -123,8 +124,18 @@ class MemoryEstimate:
 
 def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int) -> ParamGroups:
     """Parameters of pipeline stage ``stage`` (layers split evenly, embedding first, output last)."""
-    per_stage = model.num_layers // plan.pp
-    return model.stage_params(stage * per_stage, per_stage, has_embedding=stage == 0, has_output=stage == plan.pp - 1)
+    return _stage_param_groups(model, plan.pp, stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_param_groups(model: ModelSpec, pp: int, stage: int) -> ParamGroups:
+    per_stage = model.num_layers // pp
+    return model.stage_params(stage * per_stage, per_stage, has_embedding=stage == 0, has_output=stage == pp - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _largest_layer(model: ModelSpec) -> ParamGroups:
+    return max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total)
 
 
 def megatron_grad_bytes(plan: ParallelPlan) -> int:
@@ -184,7 +195,7 @@ def _buffer_bytes(model: ModelSpec, plan: ParallelPlan, groups: ParamGroups, set
         out["allgather_bucket"] = 2 * min(settings.allgather_bucket_size, psi)
     elif plan.framework == "deepspeed" and plan.zero_stage == 3:
         out["reduce_bucket"] = 2 * settings.reduce_bucket_size  # allocated eagerly, whatever the model size
-        layer = max(model.layer_params(i).per_gpu(plan.tp, plan.ep) for i in range(model.num_layers))
+        layer = _largest_layer(model).per_gpu(plan.tp, plan.ep)
         out["live_parameters"] = 2 * min(settings.stage3_max_live_parameters, 2 * layer)
         out["prefetch_bucket"] = 2 * min(settings.stage3_prefetch_bucket_size, layer)
     if plan.precision == "fp8":

@@ -12,6 +12,7 @@ plus memory-bound elementwise kernels at HBM speed (bytes counted below, not fit
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from autotune.cost import comm
@@ -81,6 +82,7 @@ def _gemm_s(flops: float, m: float, k: float, n: float, peak: float, eff: Effici
     return flops / (peak * gemm_efficiency(eff, m, k, n))
 
 
+@functools.lru_cache(maxsize=8192)
 def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency) -> _LayerTime:
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
@@ -150,11 +152,18 @@ def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_
 
 
 def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) of a pipeline stage."""
+    """(dense layers, MoE layers) of a pipeline stage (MoE layers follow the leading dense ones)."""
     per_stage = model.num_layers // plan.pp
     first = stage * per_stage
-    moe = sum(1 for i in range(first, first + per_stage) if model.is_moe_layer(i))
+    moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
+
+
+def _time_key(plan: ParallelPlan) -> ParallelPlan:
+    """The plan reduced to the fields one layer's time depends on (a cache key)."""
+    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
+                        ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
+                        flash_attention=plan.flash_attention)
 
 
 def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -166,8 +175,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     eff = settings.efficiency
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
-    dense_layer = _layer_time(model, cluster, plan, False, eff)
-    moe_layer = _layer_time(model, cluster, plan, True, eff) if model.is_moe else dense_layer
+    key = _time_key(plan)
+    dense_layer = _layer_time(model, cluster, key, False, eff)
+    moe_layer = _layer_time(model, cluster, key, True, eff) if model.is_moe else dense_layer
     hbm = cluster.gpu.hbm_bandwidth_gb_per_s * GB * eff.hbm_efficiency
     gemm_peak = _peak(cluster, plan.precision)
     attn_bwd = 2.5 if plan.flash_attention else 2.0  # flash backward recomputes the scores (5 vs 2 GEMMs)
