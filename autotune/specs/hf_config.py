@@ -1,0 +1,293 @@
+"""ModelSpec from a Hugging Face ``config.json``.
+
+Maps the field names of each supported ``model_type`` onto :class:`ModelSpec`, so that the
+parameter count of a loaded config equals that of the checkpoint (and of our preset for the
+same model). Where a field is absent, the default of the ``transformers`` config class applies;
+fields that fix a tensor's size and have no sensible default are required.
+
+Two simplifications, neither of which changes a parameter count:
+- ``ModelSpec.activation`` tells a gated MLP (``swiglu``: gate, up, down) from a plain one
+  (``gelu``: up, down). Llama-family configs are gated whatever their ``hidden_act``; GPT-2,
+  NeoX, BLOOM, Falcon and OPT are plain, OPT's ReLU included.
+- Rotary, ALiBi and sliding-window settings beyond the position-embedding kind are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError, suggest_names
+from autotune.specs.model import ModelSpec
+
+__all__ = ["model_from_hf_config", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "falcon",
+                         "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3")
+
+# transformers' defaults for max_position_embeddings (only learned tables use it for counting).
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "mixtral": 4096 * 32, "qwen2": 32768,
+                          "deepseek_v3": 4096, "gpt_neox": 2048, "falcon": 2048, "opt": 2048}
+
+
+class _Fields:
+    """Reads one config.json, recording every missing or ill-typed field instead of stopping at the first."""
+
+    def __init__(self, data: dict, model_type: str) -> None:
+        self.data, self.model_type = data, model_type
+        self.problems: list[str] = []
+
+    def _check_int(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problems.append(f"{key!r} must be an integer, got {value!r}")
+            return 1
+        return value
+
+    def need(self, *keys: str, what: str) -> int:
+        """A required integer field (the first of ``keys`` present); a placeholder 1 when missing."""
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self._check_int(key, self.data[key])
+        names = " or ".join(repr(k) for k in keys)
+        self.problems.append(f"missing {names} ({what}), required for model_type {self.model_type!r}")
+        return 1
+
+    def get_int(self, *keys: str, default: int | None) -> int | None:
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self._check_int(key, self.data[key])
+        return default
+
+    def get(self, key: str, default: Any) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def unsupported(self, text: str) -> None:
+        self.problems.append(f"{text} (model_type {self.model_type!r})")
+
+
+def _head_dim(f: _Fields, hidden: int, heads: int) -> int | None:
+    """An explicit head_dim only where it differs from hidden/heads (Mistral-Nemo: 128 with 5120/32)."""
+    head_dim = f.get_int("head_dim", default=None)
+    return None if head_dim is None or head_dim * heads == hidden else head_dim
+
+
+def _dropout(f: _Fields, *keys: str, default: float) -> float:
+    for key in keys:
+        value = f.data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return default
+
+
+def _llama_like(f: _Fields) -> dict:
+    """llama, mistral, mixtral, qwen2, deepseek_v3: pre-norm RMSNorm, gated MLP, rotary positions."""
+    mt = f.model_type
+    hidden = f.need("hidden_size", what="model width")
+    heads = f.need("num_attention_heads", what="attention heads")
+    ffn = f.need("intermediate_size", what="dense MLP width")
+    out = dict(
+        num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=f.get_int("num_key_value_heads", default=heads),
+        head_dim=_head_dim(f, hidden, heads), ffn_hidden_size=ffn,
+        vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=f.get_int("max_position_embeddings", default=_DEFAULT_MAX_POSITIONS[mt]),
+        tied_embeddings=bool(f.get("tie_word_embeddings", False)),
+        dropout=_dropout(f, "attention_dropout", default=0.0),
+    )
+    attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
+    if mt == "qwen2":
+        out["qkv_bias"] = True  # Qwen2Attention: q/k/v projections always carry a bias, o_proj none
+    elif attention_bias and mlp_bias:
+        out["linear_bias"] = True
+    elif attention_bias:
+        # q/k/v/o biases: counted as Q/K/V biases; the o_proj bias (hidden_size per layer) is left out.
+        out["qkv_bias"] = True
+    elif mlp_bias:
+        f.unsupported("mlp_bias without attention_bias is not modelled: set both or neither")
+    if mt == "mixtral":
+        out["moe"] = dict(num_experts=f.need("num_local_experts", what="experts per MoE layer"),
+                          top_k=f.need("num_experts_per_tok", what="experts per token"),
+                          expert_ffn_hidden_size=ffn)
+    if mt == "deepseek_v3":
+        _deepseek_v3(f, out)
+    return out
+
+
+def _deepseek_v3(f: _Fields, out: dict) -> None:
+    """MLA attention and DeepSeekMoE (shared + routed experts, leading dense layers)."""
+    if f.get("moe_layer_freq", 1) != 1:
+        f.unsupported(f"moe_layer_freq {f.get('moe_layer_freq', 1)} is not modelled (only 1: every layer after "
+                      "the first_k_dense_replace dense ones is MoE)")
+    if f.get("attention_bias", False):
+        f.unsupported("attention_bias with MLA is not modelled")
+    out.pop("qkv_bias", None)
+    out.pop("linear_bias", None)
+    out["num_kv_heads"] = out["num_attention_heads"]  # MLA: every head has its own K and V
+    out["head_dim"] = None
+    out["moe"] = dict(
+        num_experts=f.need("n_routed_experts", what="routed experts per MoE layer"),
+        top_k=f.need("num_experts_per_tok", what="routed experts per token"),
+        expert_ffn_hidden_size=f.need("moe_intermediate_size", what="routed expert width"),
+        num_shared_experts=f.get_int("n_shared_experts", default=1),
+        num_dense_layers=f.get_int("first_k_dense_replace", default=3),
+        router_bias=f.get("topk_method", "noaux_tc") == "noaux_tc",  # e_score_correction_bias
+    )
+    # q_lora_rank: null means a plain Q projection (DeepSeek-V2-Lite); absent means the class default.
+    q_lora = f.data["q_lora_rank"] if "q_lora_rank" in f.data else 1536
+    out["mla"] = dict(
+        kv_lora_rank=f.need("kv_lora_rank", what="compressed KV width"),
+        qk_nope_head_dim=f.need("qk_nope_head_dim", what="non-rotary Q/K head width"),
+        qk_rope_head_dim=f.need("qk_rope_head_dim", what="rotary Q/K head width"),
+        v_head_dim=f.need("v_head_dim", what="value head width"),
+        q_lora_rank=None if q_lora is None else f._check_int("q_lora_rank", q_lora),
+    )
+
+
+def _gpt2(f: _Fields) -> dict:
+    hidden = f.need("n_embd", "hidden_size", what="model width")
+    return dict(
+        num_layers=f.need("n_layer", "num_hidden_layers", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=f.need("n_head", "num_attention_heads", what="attention heads"),
+        ffn_hidden_size=f.get_int("n_inner", default=4 * hidden),  # n_inner null: 4 * n_embd
+        vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="gelu", norm="layernorm", position_embedding="learned",
+        max_position_embeddings=f.get_int("n_positions", "max_position_embeddings", default=1024),
+        linear_bias=True, tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        dropout=_dropout(f, "resid_pdrop", "attn_pdrop", default=0.1),
+    )
+
+
+def _gpt_neox(f: _Fields) -> dict:
+    """Parallel residual keeps two LayerNorms per layer (input and post-attention); untied by default."""
+    if not f.get("attention_bias", True):
+        f.unsupported("attention_bias false (bias-free attention, biased MLP) is not modelled")
+    return dict(
+        num_layers=f.need("num_hidden_layers", what="transformer layers"),
+        hidden_size=f.need("hidden_size", what="model width"),
+        num_attention_heads=f.need("num_attention_heads", what="attention heads"),
+        ffn_hidden_size=f.need("intermediate_size", what="MLP width"),
+        vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="gelu", norm="layernorm", position_embedding="rope",
+        max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
+        linear_bias=True, tied_embeddings=bool(f.get("tie_word_embeddings", False)),
+        dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
+    )
+
+
+def _bloom(f: _Fields) -> dict:
+    """ALiBi (no position table), LayerNorm after the embedding, biases everywhere, MLP 4h, tied."""
+    hidden = f.need("hidden_size", "n_embed", what="model width")
+    return dict(
+        num_layers=f.need("n_layer", "num_hidden_layers", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=f.need("n_head", "num_attention_heads", what="attention heads"),
+        ffn_hidden_size=4 * hidden, vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="gelu", norm="layernorm", position_embedding="alibi",
+        max_position_embeddings=f.get_int("seq_length", default=2048),  # BLOOM trained at 2048
+        linear_bias=True, embedding_norm=True, tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
+    )
+
+
+def _falcon(f: _Fields) -> dict:
+    """Falcon-7B (multi-query, one LayerNorm per parallel block) and the new decoder (40B/180B: GQA, two)."""
+    hidden = f.need("hidden_size", what="model width")
+    heads = f.need("num_attention_heads", "n_head", what="attention heads")
+    new_arch = f.model_type == "RefinedWeb" or bool(f.get("new_decoder_architecture", False))
+    if new_arch:
+        kv_heads = f.get_int("num_kv_heads", "n_head_kv", default=heads)
+        norms = f.get_int("num_ln_in_parallel_attn", default=2)  # ln_attn and ln_mlp
+    else:
+        kv_heads = 1 if f.get("multi_query", True) else heads
+        norms = 1 if f.get("parallel_attn", True) else 2
+    return dict(
+        num_layers=f.need("num_hidden_layers", "n_layer", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=kv_heads,
+        ffn_hidden_size=f.get_int("ffn_hidden_size", default=4 * hidden),
+        vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="gelu", norm="layernorm", position_embedding="alibi" if f.get("alibi", False) else "rope",
+        max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
+        linear_bias=bool(f.get("bias", False)), norms_per_layer=norms,
+        tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
+    )
+
+
+def _opt(f: _Fields) -> dict:
+    """Learned positions with an offset of 2 (max_position_embeddings + 2 rows), biases, tied, ReLU."""
+    hidden = f.need("hidden_size", what="model width")
+    if f.get_int("word_embed_proj_dim", default=hidden) != hidden:
+        f.unsupported(f"word_embed_proj_dim {f.get('word_embed_proj_dim', None)} differs from hidden_size {hidden} "
+                      "(OPT-350m's project_in/project_out) and is not modelled")
+    if not f.get("do_layer_norm_before", True) or not f.get("layer_norm_elementwise_affine", True):
+        f.unsupported("post-norm OPT (do_layer_norm_before false) or LayerNorms without weights are not modelled")
+    return dict(
+        num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=f.need("num_attention_heads", what="attention heads"),
+        ffn_hidden_size=f.need("ffn_dim", what="MLP width"), vocab_size=f.need("vocab_size", what="vocabulary size"),
+        activation="gelu", norm="layernorm", position_embedding="learned",
+        max_position_embeddings=f.get_int("max_position_embeddings", default=2048) + 2,
+        linear_bias=bool(f.get("enable_bias", True)), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
+        dropout=_dropout(f, "dropout", default=0.1),
+    )
+
+
+_FAMILIES = {"llama": _llama_like, "mistral": _llama_like, "mixtral": _llama_like, "qwen2": _llama_like,
+             "deepseek_v3": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
+             "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt}
+assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The parsed ``config.json`` at ``path`` (a file, or a folder holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    subject = f"Hugging Face config {str(p)!r}"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError([f"cannot read it: {err.strerror or err}"], subject=subject) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError([f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"],
+                         subject=subject) from None
+    if not isinstance(data, dict):
+        raise InputError([f"expected a JSON object, got {type(data).__name__}"], subject=subject)
+    return data
+
+
+def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = None) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json`` (path, folder, or parsed dict).
+
+    ``name`` defaults to the config's ``_name_or_path``, else the folder holding the file,
+    else the model_type. InputError names every missing field, or the supported model types.
+    """
+    if isinstance(path_or_dict, dict):
+        data, origin, folder_name = path_or_dict, "Hugging Face config", None
+    else:
+        p = Path(path_or_dict)
+        data = read_hf_config(p)
+        folder_name = (p if p.is_dir() else p.resolve().parent).name or None
+        origin = f"Hugging Face config {str(p)!r}"
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise InputError([f"no 'model_type' field: add the model's type (supported: {supported})"], subject=origin)
+    if model_type not in _FAMILIES:
+        hint = suggest_names(str(model_type), SUPPORTED_MODEL_TYPES)
+        raise InputError([f"model_type {model_type!r} is not supported{hint}; supported: {supported}. "
+                          "Describe the model in a model YAML (schemas/model.schema.json) instead"], subject=origin)
+    fields = _Fields(data, model_type)
+    kwargs = _FAMILIES[model_type](fields)
+    if fields.problems:
+        raise InputError(fields.problems, subject=origin)
+    kwargs.setdefault("num_kv_heads", kwargs["num_attention_heads"])  # explicit, as in the presets
+    kwargs["name"] = name or data.get("_name_or_path") or folder_name or model_type
+    try:
+        return ModelSpec.from_dict(kwargs)
+    except InputError as err:
+        raise InputError(err.problems, subject=origin) from None

@@ -1,0 +1,266 @@
+"""Model and cluster from what users type: preset names, files and flags.
+
+Files are checked against the JSON Schemas in ``schemas/`` (draft 2020-12, unknown keys
+rejected) and every problem is reported at once, each with its JSON path:
+
+- :func:`load_model`: a model preset name, a Hugging Face ``config.json`` (or a folder holding
+  one), or a model YAML (``schemas/model.schema.json``).
+- :func:`load_cluster`: a GPU preset (or inline GPU) plus GPU counts from flags, or a cluster
+  YAML (``schemas/cluster.schema.json``); fields left out take the GPU preset's defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from autotune import resources
+from autotune.errors import InputError, suggest_names
+from autotune.specs.hardware import ClusterSpec, GPUSpec
+from autotune.specs.hf_config import model_from_hf_config, read_hf_config
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import (
+    CLUSTER_DEFAULT_KEYS, cluster_defaults, gpu_preset_names, load_gpu_preset, load_model_preset, model_preset_names,
+)
+
+__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems"]
+
+_PRESETS_HELP = "`autotune estimate --help` lists the presets"
+_CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:]
+
+
+# ---- files and schemas -------------------------------------------------------------------
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
+
+
+def read_yaml(path: str | Path, *, subject: str) -> dict:
+    """The mapping in YAML (or JSON) file ``path``; InputError if unreadable, malformed or not a mapping."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError([f"cannot read {str(path)!r}: {err.strerror or err}"], subject=subject) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise InputError([f"not valid YAML: {problem}{where}"], subject=subject) from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise InputError([f"expected a mapping of keys to values, got {got}"], subject=subject)
+    return data
+
+
+def _json_type(value: Any) -> str:
+    for kind, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                       (list, "array"), (dict, "mapping"), (type(None), "null")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _branch_kind(branch: dict) -> str:
+    kind = branch.get("type")
+    if kind is None:
+        return "a mapping"
+    return {"string": "a name", "null": "null", "object": "a mapping"}.get(kind, f"a {kind}")
+
+
+def _render(err: jsonschema.ValidationError) -> list[str]:
+    """One line per problem, each starting with its JSON path."""
+    path, value, rule = err.json_path, err.instance, err.validator
+    if rule == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        out = []
+        for key in (k for k in value if k not in allowed):
+            hint = suggest_names(str(key), allowed) or f" (allowed: {', '.join(allowed)})"
+            out.append(f"{path}.{key}: unknown key{hint}")
+        return out
+    if rule == "required":
+        return [f"{path}: missing required key {k!r}" for k in err.validator_value if k not in value]
+    if rule in ("oneOf", "anyOf"):
+        by_branch: dict[int, list[jsonschema.ValidationError]] = {}
+        for sub in err.context or ():
+            by_branch.setdefault(sub.relative_schema_path[0], []).append(sub)
+        fitting = [errs for errs in by_branch.values()
+                   if not any(e.validator == "type" and e.json_path == path for e in errs)]
+        if len(fitting) == 1:  # the instance has the type of exactly one branch: explain that branch
+            return [line for e in fitting[0] for line in _render(e)]
+        kinds = " or ".join(_branch_kind(b) for b in err.validator_value)
+        return [f"{path}: expected {kinds}, got {_json_type(value)} {value!r}"]
+    if rule == "type":
+        return [f"{path}: expected {err.validator_value}, got {_json_type(value)} {value!r}"]
+    if rule == "enum":
+        return [f"{path}: must be one of {', '.join(map(str, err.validator_value))}; got {value!r}"]
+    bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+    if rule in bounds:
+        return [f"{path}: must be {bounds[rule]} {err.validator_value}, got {value!r}"]
+    if rule == "minProperties":
+        return [f"{path}: needs at least {err.validator_value} entr{'y' if err.validator_value == 1 else 'ies'}"]
+    if rule == "minLength":
+        return [f"{path}: must not be empty"]
+    return [f"{path}: {err.message}"]
+
+
+def schema_problems(instance: Any, schema_name: str) -> list[str]:
+    """Every way ``instance`` breaks schema ``schema_name``, one line each with its JSON path."""
+    validator = jsonschema.Draft202012Validator(resources.schema(schema_name))
+    errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
+    lines: list[str] = []
+    for err in errors:
+        lines += [line for line in _render(err) if line not in lines]
+    return lines
+
+
+# ---- models ------------------------------------------------------------------------------
+def model_from_mapping(data: dict, *, origin: str = "model") -> ModelSpec:
+    """A :class:`ModelSpec` from a model YAML's mapping, checked against ``model.schema.json``."""
+    problems = schema_problems(data, "model.schema.json")
+    if problems:
+        raise InputError(problems, subject=origin)
+    try:
+        return ModelSpec.from_dict({k: v for k, v in data.items() if k != "source"})
+    except InputError as err:
+        raise InputError(err.problems, subject=origin) from None
+
+
+def _looks_like_hf(path: Path, data: dict) -> bool:
+    return path.name == "config.json" or "model_type" in data or "architectures" in data
+
+
+def load_model(ref: str) -> ModelSpec:
+    """The model ``ref`` names: a preset, a Hugging Face config.json (or its folder), or a model YAML."""
+    ref = str(ref)
+    if ref in model_preset_names():
+        return load_model_preset(ref)
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return model_from_hf_config(path)
+        raise InputError([f"folder {ref!r} holds no config.json: give a Hugging Face config.json, a model YAML, "
+                          f"or a preset name ({_PRESETS_HELP})"], subject="--model")
+    if path.is_file():
+        origin = f"model file {ref!r}"
+        if path.suffix == ".json":
+            data = read_hf_config(path)
+            return model_from_hf_config(path) if _looks_like_hf(path, data) else model_from_mapping(data, origin=origin)
+        return model_from_mapping(read_yaml(path, subject=origin), origin=origin)
+    hint = suggest_names(ref, model_preset_names())
+    looks_like_path = "/" in ref or path.suffix in (".json", ".yaml", ".yml")
+    what = "no such file" if looks_like_path else "neither a model preset nor an existing file"
+    raise InputError([f"{ref!r}: {what}{hint}; {_PRESETS_HELP}, or give a Hugging Face config.json or a "
+                      "model YAML (schemas/model.schema.json)"], subject="--model")
+
+
+# ---- clusters ----------------------------------------------------------------------------
+def _uneven_gpus(num_gpus: int, gpus_per_node: int) -> str:
+    lower, upper = num_gpus // gpus_per_node * gpus_per_node, (num_gpus // gpus_per_node + 1) * gpus_per_node
+    divisors = [d for d in range(gpus_per_node - 1, 1, -1) if num_gpus % d == 0][:3]
+    fixes = [f"{lower} or {upper} GPUs ({lower // gpus_per_node} or {upper // gpus_per_node} full nodes)",
+             f"fewer than {gpus_per_node} for a single node"]
+    if divisors:
+        fixes.append(f"a gpus_per_node that divides {num_gpus} (e.g. {', '.join(map(str, divisors))})")
+    return f"num_gpus ({num_gpus}) is not a multiple of gpus_per_node ({gpus_per_node}): use {'; or '.join(fixes)}"
+
+
+def _node_layout(settings: dict, gpus_per_node: int | None, problems: list[str]) -> tuple[int, int]:
+    """(num_nodes, gpus_per_node) from num_gpus and/or num_nodes; appends to ``problems``."""
+    num_gpus, num_nodes = settings.get("num_gpus"), settings.get("num_nodes")
+    if gpus_per_node is None:
+        if num_gpus is not None and num_nodes is None:
+            return 1, num_gpus  # an inline GPU without gpus_per_node: one node of num_gpus
+        problems.append("missing gpus_per_node (an inline GPU has no preset default): give it")
+        return 1, 1
+    if num_gpus is None:
+        return num_nodes or 1, gpus_per_node
+    if num_nodes is not None:
+        if num_nodes * gpus_per_node != num_gpus:
+            problems.append(f"num_gpus ({num_gpus}) != num_nodes ({num_nodes}) x gpus_per_node ({gpus_per_node}): "
+                            "give one of num_gpus and num_nodes, or make them agree")
+        return num_nodes, gpus_per_node
+    if num_gpus < gpus_per_node:
+        return 1, num_gpus  # one partly used node
+    if num_gpus % gpus_per_node:
+        problems.append(_uneven_gpus(num_gpus, gpus_per_node))
+        return 1, gpus_per_node
+    return num_gpus // gpus_per_node, gpus_per_node
+
+
+def _resolve_gpu(gpu: Any, problems: list[str]) -> tuple[GPUSpec | None, dict]:
+    """(GPUSpec, its preset's cluster defaults) for a preset name or an inline mapping."""
+    try:
+        if isinstance(gpu, str):
+            return load_gpu_preset(gpu), cluster_defaults(gpu)
+        return GPUSpec(**gpu), {}
+    except InputError as err:
+        problems += list(err.problems)
+        return None, {}
+
+
+def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, gpus_per_node: int | None = None,
+                 cluster_path: str | None = None, **overrides: Any) -> ClusterSpec:
+    """A :class:`ClusterSpec` from flags, a cluster YAML, or both (flags win over the file).
+
+    ``gpu`` is a GPU preset name or an inline mapping (name, memory_gib, peak_tflops,
+    hbm_bandwidth_gb_per_s). ``num_gpus`` below ``gpus_per_node`` means one node of num_gpus
+    GPUs; otherwise it must be a multiple of ``gpus_per_node`` (default: the preset's).
+    ``overrides`` set other ClusterSpec fields (``intra_node_bandwidth_gb_per_s=...``); None
+    values are ignored, so a CLI can pass every flag.
+    """
+    subject = "cluster" if cluster_path is None else f"cluster file {str(cluster_path)!r}"
+    settings: dict = {} if cluster_path is None else read_yaml(cluster_path, subject=subject)
+    problems = [f"unknown cluster setting {k!r}"
+                f"{suggest_names(k, _CLUSTER_OVERRIDES) or ' (known: ' + ', '.join(_CLUSTER_OVERRIDES) + ')'}"
+                for k in overrides if k not in _CLUSTER_OVERRIDES]
+    flags = {"gpu": gpu, "num_gpus": num_gpus, "gpus_per_node": gpus_per_node,
+             **{k: v for k, v in overrides.items() if k in _CLUSTER_OVERRIDES}}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    if "num_gpus" in flags:
+        settings.pop("num_nodes", None)  # --num-gpus replaces the file's node count
+    settings.update(flags)
+    if "gpu" not in settings:
+        problems.append(f"no GPU given: pass a GPU preset ({', '.join(gpu_preset_names())}) or a cluster file "
+                        "with a gpu: entry")
+    shape_problems = [p for p in schema_problems(settings, "cluster.schema.json")
+                      if p != "$: missing required key 'gpu'"]
+    problems += shape_problems
+    if shape_problems or "gpu" not in settings:
+        raise InputError(problems, subject=subject)
+
+    gpu_spec, defaults = _resolve_gpu(settings["gpu"], problems)
+    num_nodes = per_node = 1
+    if gpu_spec is not None:
+        num_nodes, per_node = _node_layout(settings, settings.get("gpus_per_node", defaults.get("gpus_per_node")),
+                                           problems)
+    fields = {}
+    for key in CLUSTER_DEFAULT_KEYS[1:]:
+        value = settings.get(key, defaults.get(key))
+        if value is not None:
+            fields[key] = value
+        elif gpu_spec is not None and key in ("intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+            problems.append(f"missing {key} (an inline GPU has no preset default): give it, per GPU, one direction")
+    if problems:
+        raise InputError(problems, subject=subject)
+    name = settings.get("name") or (Path(cluster_path).stem if cluster_path else "")
+    try:
+        return ClusterSpec(gpu=gpu_spec, num_nodes=num_nodes, gpus_per_node=per_node, name=name, **fields)
+    except InputError as err:
+        raise InputError(err.problems, subject=subject) from None

@@ -1,0 +1,112 @@
+"""Model and GPU presets, read from the YAML files shipped in ``autotune/presets``.
+
+``autotune/presets/models/<name>.yaml`` holds one :class:`ModelSpec` each (its fields, plus a
+``source:`` line); ``autotune/presets/gpus.yaml`` holds, per GPU, the datasheet numbers
+(``gpu:``), the usual server around it (``cluster:``) and a ``source:``. Files are parsed once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+
+import yaml
+
+from autotune.errors import InputError, suggest_names
+from autotune.specs.hardware import GPUSpec
+from autotune.specs.model import ModelSpec
+
+__all__ = [
+    "model_preset_names", "load_model_preset", "model_preset_source",
+    "gpu_preset_names", "load_gpu_preset", "cluster_defaults", "CLUSTER_DEFAULT_KEYS",
+]
+
+CLUSTER_DEFAULT_KEYS = (
+    "gpus_per_node", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s", "pcie_bandwidth_gb_per_s",
+    "host_memory_gib_per_node", "nvme_bandwidth_gb_per_s", "nvme_capacity_gib_per_node",
+)
+_HELP = "`autotune estimate --help` lists the presets"
+
+
+def _presets_dir():
+    return importlib.resources.files("autotune.presets")
+
+
+def _unknown(kind: str, name: object, known: tuple[str, ...], *, list_all: bool) -> InputError:
+    prefixed = [k for k in known if k.startswith(str(name).lower())]  # "h100" -> the h100-* presets
+    hint = suggest_names(str(name), prefixed or known)
+    listing = f": {', '.join(known)}" if list_all else ""
+    return InputError([f"unknown {kind} preset {name!r}{hint}; {_HELP}{listing}"], subject=f"{kind} preset")
+
+
+# ---- models ------------------------------------------------------------------------------
+def _by_family_then_size(name: str) -> tuple[str, float]:
+    """llama2-7b < llama2-13b; megatron-gpt-529.6b < megatron-gpt-1t."""
+    match = re.search(r"(\d+(?:\.\d+)?)([bt])$", name)
+    if match is None:
+        return name, 0.0
+    return name[:match.start()], float(match[1]) * (1000.0 if match[2] == "t" else 1.0)
+
+
+@functools.cache
+def model_preset_names() -> tuple[str, ...]:
+    """Names of the model presets, by family, then size."""
+    folder = _presets_dir().joinpath("models")
+    names = (p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return tuple(sorted(names, key=_by_family_then_size))
+
+
+@functools.cache
+def _model_preset_data(name: str) -> dict:
+    if name not in model_preset_names():
+        raise _unknown("model", name, model_preset_names(), list_all=False)
+    text = _presets_dir().joinpath("models", f"{name}.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def model_preset_source(name: str) -> str:
+    """Where preset ``name``'s numbers come from."""
+    return _model_preset_data(name).get("source", "")
+
+
+@functools.cache
+def load_model_preset(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` of preset ``name``; InputError (nearest names suggested) if unknown."""
+    data = dict(_model_preset_data(name))
+    data.pop("source", None)
+    return ModelSpec.from_dict(data)
+
+
+# ---- GPUs --------------------------------------------------------------------------------
+@functools.cache
+def _gpu_presets() -> dict[str, dict]:
+    text = _presets_dir().joinpath("gpus.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+@functools.cache
+def gpu_preset_names() -> tuple[str, ...]:
+    """Names of the GPU presets, in file order (oldest GPU first)."""
+    return tuple(_gpu_presets())
+
+
+def _gpu_entry(name: str) -> dict:
+    if name not in _gpu_presets():
+        raise _unknown("gpu", name, gpu_preset_names(), list_all=True)
+    return _gpu_presets()[name]
+
+
+@functools.cache
+def load_gpu_preset(name: str) -> GPUSpec:
+    """The :class:`GPUSpec` of preset ``name``; InputError (nearest names suggested) if unknown."""
+    entry = _gpu_entry(name)
+    gpu = entry["gpu"]
+    return GPUSpec(name=name, memory_gib=gpu["memory_gib"], peak_tflops=dict(gpu["peak_tflops"]),
+                   hbm_bandwidth_gb_per_s=gpu["hbm_bandwidth_gb_per_s"], source=entry.get("source", ""))
+
+
+def cluster_defaults(gpu_name: str) -> dict:
+    """The usual server around GPU preset ``gpu_name``: the ClusterSpec fields in ``CLUSTER_DEFAULT_KEYS``."""
+    cluster = _gpu_entry(gpu_name)["cluster"]
+    return {k: cluster[k] for k in CLUSTER_DEFAULT_KEYS}

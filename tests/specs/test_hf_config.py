@@ -1,0 +1,162 @@
+"""Hugging Face config.json -> ModelSpec, against the presets and hand-derived counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import InputError
+from autotune.specs.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config, read_hf_config
+from autotune.specs.presets import load_model_preset, model_preset_names
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
+WITH_PRESET = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name in model_preset_names())
+
+
+def _config(name: str) -> dict:
+    return json.loads((FIXTURES / name / "config.json").read_text())
+
+
+def test_every_family_has_a_fixture():
+    types = {_config(p.name)["model_type"] for p in FIXTURES.iterdir() if p.is_dir()}
+    assert types == set(SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("name", WITH_PRESET)
+def test_fixture_equals_preset(name):
+    """The config of a checkpoint gives the preset of that model, field for field."""
+    loaded, preset = model_from_hf_config(FIXTURES / name), load_model_preset(name)
+    assert loaded.num_params == preset.num_params
+    assert loaded.num_active_params == preset.num_active_params
+    assert dataclasses.replace(loaded, name=preset.name) == preset
+
+
+def test_presets_with_hf_checkpoints_all_have_fixtures():
+    # Megatron GPT sizes, GPT-3 and its Korthikanti 22B sibling were never released as HF checkpoints.
+    released = {n for n in model_preset_names() if not n.startswith(("megatron-gpt-", "gpt3-"))}
+    assert released == set(WITH_PRESET)
+
+
+def test_gpt2():
+    small, xl = model_from_hf_config(FIXTURES / "gpt2"), model_from_hf_config(FIXTURES / "gpt2-xl")
+    # per layer 12h^2 + 13h; token table Vh; positions 1024h; final LayerNorm 2h; tied.
+    h = 768
+    assert small.num_params == 12 * (12 * h * h + 13 * h) + 50257 * h + 1024 * h + 2 * h == 124_439_808
+    h = 1600  # n_inner null: 4 * n_embd
+    assert xl.ffn_hidden_size == 4 * h
+    assert xl.num_params == 48 * (12 * h * h + 13 * h) + 50257 * h + 1024 * h + 2 * h == 1_557_611_200
+    assert small.tied_embeddings and small.linear_bias and small.position_embedding == "learned"
+
+
+def test_falcon_7b_both_formats():
+    new, old = model_from_hf_config(FIXTURES / "falcon-7b"), model_from_hf_config(FIXTURES / "falcon-7b-refinedwebmodel")
+    assert dataclasses.replace(old, name=new.name) == new
+    assert (new.kv_heads, new.norms_per_layer, new.linear_bias, new.tied_embeddings) == (1, 1, False, True)
+    # per layer: fused QKV h(h + 2*64) + dense h^2 + MLP 2 * h * 4h + one LayerNorm 2h; h = 4544
+    h, d = 4544, 64
+    per_layer = h * (h + 2 * d) + h * h + 2 * h * 4 * h + 2 * h
+    assert new.num_params == 32 * per_layer + 65024 * h + 2 * h == 6_921_720_704
+
+
+def test_falcon_new_decoder_both_formats():
+    new, old = model_from_hf_config(FIXTURES / "falcon-40b"), model_from_hf_config(FIXTURES / "falcon-40b-refinedweb")
+    assert dataclasses.replace(old, name=new.name) == new
+    assert (new.kv_heads, new.norms_per_layer) == (8, 2)  # GQA, ln_attn + ln_mlp
+    h, kv_width = 8192, 8 * 64
+    per_layer = h * (h + 2 * kv_width) + h * h + 2 * h * 4 * h + 2 * 2 * h
+    assert new.num_params == 60 * per_layer + 65024 * h + 2 * h
+    big = model_from_hf_config(FIXTURES / "falcon-180b")
+    assert big.num_params == pytest.approx(180e9, rel=0.01)  # TII: Falcon-180B
+
+
+def test_family_details():
+    bloom = model_from_hf_config(FIXTURES / "bloom-176b")
+    assert bloom.embedding_norm and bloom.position_embedding == "alibi" and bloom.ffn_hidden_size == 4 * 14336
+    neox = model_from_hf_config(FIXTURES / "gpt-neox-20b")
+    assert not neox.tied_embeddings and neox.linear_bias and neox.norms_per_layer == 2
+    opt = model_from_hf_config(FIXTURES / "opt-175b")
+    assert opt.max_position_embeddings == 2048 + 2 and opt.tied_embeddings and opt.activation == "gelu"
+    qwen = model_from_hf_config(FIXTURES / "qwen2.5-72b")
+    assert qwen.qkv_bias and not qwen.linear_bias
+    mixtral = model_from_hf_config(FIXTURES / "mixtral-8x7b")
+    assert mixtral.moe is not None and (mixtral.moe.num_experts, mixtral.moe.top_k) == (8, 2)
+
+
+def test_name_and_sources():
+    cfg = _config("llama3-8b")
+    assert model_from_hf_config(cfg).name == "meta-llama/Meta-Llama-3-8B"  # _name_or_path
+    assert model_from_hf_config(cfg, name="mine").name == "mine"
+    assert model_from_hf_config(FIXTURES / "gpt2" / "config.json").name == "gpt2"  # the folder
+    assert model_from_hf_config(FIXTURES / "gpt2") == model_from_hf_config(read_hf_config(FIXTURES / "gpt2"), name="gpt2")
+
+
+def test_explicit_head_dim_kept_only_when_it_differs():
+    cfg = _config("mistral-7b") | {"hidden_size": 5120, "num_attention_heads": 32, "head_dim": 128}  # Mistral-Nemo
+    assert model_from_hf_config(cfg).head_dim == 128
+    assert model_from_hf_config(_config("mistral-7b") | {"head_dim": 128}).head_dim is None  # 4096 / 32
+
+
+def test_missing_fields_are_each_named():
+    cfg = {k: v for k, v in _config("llama2-7b").items() if k not in ("hidden_size", "num_hidden_layers")}
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(cfg)
+    assert len(err.value.problems) == 2
+    text = str(err.value)
+    assert "'hidden_size'" in text and "'num_hidden_layers'" in text and "llama" in text
+
+
+def test_missing_moe_and_mla_fields_are_named():
+    cfg = {k: v for k, v in _config("deepseek-v3").items() if k not in ("n_routed_experts", "kv_lora_rank")}
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(cfg)
+    assert "'n_routed_experts'" in str(err.value) and "'kv_lora_rank'" in str(err.value)
+    cfg = {k: v for k, v in _config("gpt2").items() if k != "n_embd"}
+    with pytest.raises(InputError, match="'n_embd' or 'hidden_size'"):
+        model_from_hf_config(cfg)
+
+
+def test_wrong_types_are_named():
+    with pytest.raises(InputError, match="'intermediate_size' must be an integer, got '14336'"):
+        model_from_hf_config(_config("mistral-7b") | {"intermediate_size": "14336"})
+
+
+def test_unknown_model_type_lists_supported_types():
+    with pytest.raises(InputError) as err:
+        model_from_hf_config({"model_type": "gemma2", "hidden_size": 8})
+    text = str(err.value)
+    assert "gemma2" in text and all(t in text for t in SUPPORTED_MODEL_TYPES)
+    with pytest.raises(InputError, match="did you mean llama"):
+        model_from_hf_config({"model_type": "lama"})
+    with pytest.raises(InputError, match="no 'model_type'"):
+        model_from_hf_config({"hidden_size": 8})
+
+
+def test_unmodelled_variants_are_refused():
+    opt_350m = _config("opt-175b") | {"hidden_size": 1024, "word_embed_proj_dim": 512, "num_attention_heads": 16,
+                                      "ffn_dim": 4096, "num_hidden_layers": 24, "do_layer_norm_before": False}
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(opt_350m)
+    assert len(err.value.problems) == 2 and "word_embed_proj_dim" in str(err.value)
+
+
+def test_model_spec_problems_carry_the_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_config("llama2-7b") | {"num_attention_heads": 30}))
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(path)
+    assert str(path) in str(err.value) and "divisible" in str(err.value)
+
+
+def test_unreadable_or_malformed_file(tmp_path):
+    with pytest.raises(InputError, match="cannot read"):
+        model_from_hf_config(tmp_path / "missing.json")
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama",\n "hidden_size": }')
+    with pytest.raises(InputError, match="line 2 column"):
+        model_from_hf_config(tmp_path)
+    bad.write_text("[1, 2]")
+    with pytest.raises(InputError, match="JSON object"):
+        model_from_hf_config(bad)
