@@ -40,7 +40,7 @@ def _preset_epilog() -> str:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and cluster")
-    g.add_argument("--model", required=True, help="preset name, Hugging Face config.json, or model YAML")
+    g.add_argument("--model", help="preset name, Hugging Face config.json, or model YAML (required)")
     g.add_argument("--gpu", help="GPU preset name (see the list below)")
     g.add_argument("--num-gpus", type=_positive_int, help="total GPUs")
     g.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
@@ -85,19 +85,69 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(est)
     _add_plan_flags(est)
     est.set_defaults(handler=_cmd_estimate)
+
+    plan = sub.add_parser("plan", help="search every plan, rank the feasible ones", epilog=_preset_epilog(),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(plan)
+    g = plan.add_argument_group("constraints (default: search everything)")
+    for dim in ("tp", "pp", "vpp", "cp", "ep"):
+        g.add_argument(f"--{dim}", type=_positive_int, help=f"fix {dim}")
+    g.add_argument("--micro-batch", type=_positive_int, help="fix the micro-batch size")
+    g.add_argument("--max-tp", type=_positive_int, help="largest tp to try (default: GPUs per node)")
+    g.add_argument("--max-pp", type=_positive_int, help="largest pp to try")
+    g.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
+    g.add_argument("--precision", type=_str_list(("bf16", "fp16", "fp8")), help="allowed precisions, e.g. bf16,fp8 "
+                   "(default bf16, or fp16 without bf16)")
+    g.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"))
+    g.add_argument("--framework", type=_str_list(("megatron", "deepspeed")), default=("megatron", "deepspeed"))
+    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
+    g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity")
+    plan.add_argument("--top-k", type=_positive_int, default=10)
+    q = plan.add_argument_group("capacity questions")
+    q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model")
+    q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
+    q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU (default 0.2)")
+    plan.set_defaults(handler=_cmd_plan)
     return parser
 
 
-def _load_inputs(args: argparse.Namespace):
+def _int_list(choices):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not among {list(choices)}")
+        return values
+    return parse
+
+
+def _str_list(choices):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
+        return values
+    return parse
+
+
+def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
     """Model and cluster from the common flags; every problem of both reported at once."""
     from autotune.specs.loading import load_cluster, load_model
 
     problems: list[str] = []
     model = cluster = None
-    try:
-        model = load_model(args.model)
-    except InputError as err:
-        problems += list(err.problems)
+    if args.model is None:
+        if need_model:
+            problems.append("give --model (a preset name, a config.json or a model YAML)")
+    else:
+        try:
+            model = load_model(args.model)
+        except InputError as err:
+            problems += list(err.problems)
     if args.cluster is None and (args.gpu is None or args.num_gpus is None):
         problems.append("give --gpu and --num-gpus, or --cluster FILE")
     else:
@@ -134,6 +184,69 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(memory_table(model, cluster, plan, result.memory))
+    return EXIT_OK
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from autotune.report import format_params, plan_summary, plan_table
+    from autotune.search import capacity
+    from autotune.search.planner import search_plans
+    from autotune.search.space import SearchConstraints
+
+    model, cluster = _load_inputs(args, need_model=not args.max_model)
+    constraints = SearchConstraints(
+        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, micro_batch_size=args.micro_batch,
+        max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
+        recompute=args.recompute, frameworks=args.framework, allow_offload=args.offload,
+        min_headroom_gib=args.min_headroom_gib)
+    if args.max_model:
+        ans = capacity.max_model(cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                                 constraints=constraints, min_mfu=args.min_mfu)
+        out = {"largest": None if ans.largest is None else ans.largest.to_dict(),
+               "num_params": None if ans.largest is None else ans.largest.num_params,
+               "best": None if ans.best is None else ans.best.candidates[0].to_dict(),
+               "binding_limit": ans.binding_limit, "next_size": ans.next_size.to_dict(),
+               "next_size_best_mfu": ans.next_best_mfu}
+        if args.json:
+            print(json.dumps(out, indent=2))
+        elif ans.largest is None:
+            print(f"no Llama-shaped model trains on {cluster.num_gpus} x {cluster.gpu.name} at MFU >= {args.min_mfu:.0%}")
+        else:
+            best = ans.best.candidates[0]
+            print(f"largest Llama-shaped model on {cluster.num_gpus} x {cluster.gpu.name} at seq {args.seq_len}: "
+                  f"{format_params(ans.largest.num_params)} params (hidden {ans.largest.hidden_size}, "
+                  f"{ans.largest.num_layers} layers) with {plan_summary(best.plan)}, MFU {best.time.mfu:.1%}")
+            nxt = ("no plan fits in memory" if ans.binding_limit == "memory"
+                   else f"plans fit, but the best reaches only {ans.next_best_mfu:.1%} MFU")
+            print(f"binding limit: {ans.binding_limit} (the next size, {format_params(ans.next_size.num_params)}: {nxt})")
+        return EXIT_OK
+    if args.min_gpus:
+        ans = capacity.min_gpus(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                                constraints=constraints)
+        out = {"with_offload": ans.with_offload, "without_offload": ans.without_offload}
+        if args.json:
+            print(json.dumps(out, indent=2))
+        else:
+            print(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len, global_batch=None,
+                                              constraints=constraints).replace(" needs ", " trains on "))
+        return EXIT_OK
+    global_batch = args.global_batch or cluster.num_gpus
+    result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
+                          constraints=constraints, top_k=args.top_k)
+    if not result.num_feasible:
+        problems = [f"no plan of the {result.num_enumerated:,} enumerated is feasible: "
+                    + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())]
+        if set(result.rejections) <= {"batch_triple", "interleave_microbatches"}:
+            problems.append(f"global batch {global_batch} is not divisible by micro-batch x dp for any layout: "
+                            f"use a multiple of {cluster.num_gpus} (or of a divisor of it that tp*pp*cp leaves)")
+        else:
+            problems.append(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len,
+                                                        global_batch=args.global_batch, constraints=constraints))
+        raise InputError(problems, subject="request")
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(plan_table(result))
     return EXIT_OK
 
 

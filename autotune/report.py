@@ -30,8 +30,8 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append(f"cp{plan.cp}")
     if plan.ep > 1:
         parts.append(f"ep{plan.ep}")
-    parts.append(f"zero{plan.zero_stage}" if plan.framework == "deepspeed"
-                 else ("dist-opt" if plan.zero_stage else "megatron"))
+    parts.append(f"ds-zero{plan.zero_stage}" if plan.framework == "deepspeed"
+                 else ("mcore-distopt" if plan.zero_stage else "mcore-ddp"))
     if plan.sequence_parallel:
         parts.append("sp")
     if plan.offload_optimizer != "none":
@@ -78,4 +78,28 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
             why.append(f"needs {gib(memory.host_per_node)} GiB host memory per node, has "
                        f"{gib(memory.host_capacity_per_node)}")
         lines.append("fits: NO — " + "; ".join(why))
+    return "\n".join(lines)
+
+
+def plan_table(result) -> str:
+    """The planner's top K: plan, memory, step-time split, throughput, MFU; then what pruned the rest."""
+    cluster = result.cluster
+    lines = [f"{result.model.name} ({format_params(result.model.num_params)} params) on {cluster.num_gpus} x "
+             f"{cluster.gpu.name} ({cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''} of "
+             f"{cluster.gpus_per_node})", ""]
+    header = (f"{'#':>3}  {'plan':<48}{'mem GiB':>9}{'step s':>9}{'compute':>9}{'comm':>8}{'bubble':>8}"
+              f"{'other':>8}{'tokens/s':>12}{'MFU':>7}")
+    lines.append(header)
+    for i, est in enumerate(result.candidates, 1):
+        t, m = est.time, est.memory
+        other = t.offload_s + t.optimizer_s
+        lines.append(f"{i:>3}  {plan_summary(est.plan):<48}{m.total / GIB:>9.1f}"
+                     f"{t.step_time_s:>9.2f}{t.compute_s:>9.2f}{t.exposed_comm_s:>8.2f}{t.bubble_s:>8.2f}"
+                     f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{t.mfu:>7.1%}")
+    lines.append("")
+    if result.explanation:
+        lines.append("why #1: " + result.explanation)
+    pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
+    lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
+                 f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")
     return "\n".join(lines)

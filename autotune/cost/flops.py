@@ -14,6 +14,7 @@ Korthikanti's model FLOPs 72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L)).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autotune.specs.model import ModelSpec
@@ -77,13 +78,20 @@ class StepFlops:
     """Model FLOPs plus recompute (HFU convention)."""
 
 
-def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
-    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``."""
+@functools.lru_cache(maxsize=1024)
+def _model_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float]:
+    """(weight-GEMM, attention-core) forward FLOPs per token summed over all layers."""
     gemm = attention = 0.0
     for i in range(model.num_layers):
         f = layer_flops_per_token(model, seq_len, i)
         gemm += f.gemm
         attention += f.attention
+    return gemm, attention
+
+
+def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
+    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``."""
+    gemm, attention = _model_flops_per_token(model, seq_len)
     forward = (gemm + attention + logits_flops_per_token(model)) * tokens
     model_flops = 3.0 * forward
     if recompute == "full":

@@ -64,6 +64,10 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
     if plan.seq_len % (tp if plan.sequence_parallel else 1):
         bad("seq_sp", f"seq_len ({plan.seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
+    # Megatron's context parallelism (ring attention) has no DeepSpeed counterpart in the engines we emit for
+    # (DeepSpeed's own sequence parallelism is Ulysses all-to-all, a different scheme).
+    if cp > 1 and plan.framework == "deepspeed":
+        bad("cp_deepspeed", f"context parallelism (cp={cp}) is Megatron-LM's: use framework megatron or cp=1")
     # Expert parallelism (arguments.py:1656): experts divisible by ep; ep carved out of dp x cp.
     if ep > 1:
         if model.moe is None:

@@ -1,0 +1,149 @@
+"""Capacity questions over the planner: the fewest GPUs that train a model, the largest model a
+cluster trains, and what a failed request would need instead.
+
+Both searches assume monotonicity (more GPUs never make a model stop fitting; a larger model
+never starts fitting), which holds for the memory ledger since ZeRO/TP/PP shard states further
+as GPUs are added; each answer is then confirmed by a full search at that size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autotune.search.planner import SearchResult, search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+
+__all__ = ["MinGpusAnswer", "min_gpus", "MaxModelAnswer", "max_model", "llama_shaped", "infeasibility_hint"]
+
+
+def _cluster_with(cluster: ClusterSpec, num_gpus: int) -> ClusterSpec:
+    per_node = min(cluster.gpus_per_node, num_gpus)
+    return replace(cluster, num_nodes=max(1, num_gpus // per_node), gpus_per_node=per_node)
+
+
+def _gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """1, 2, 4, ... up to a node, then whole nodes."""
+    counts, v = [], 1
+    while v < gpus_per_node:
+        counts.append(v)
+        v *= 2
+    counts += list(range(gpus_per_node, max_gpus + 1, gpus_per_node))
+    return counts
+
+
+def _feasible(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch: int | None,
+              constraints: SearchConstraints) -> SearchResult:
+    # No global batch given: one micro-batch per replica is always divisible; use the GPU count as the batch.
+    gb = global_batch or cluster.num_gpus
+    return search_plans(model, cluster, seq_len=seq_len, global_batch_size=gb, constraints=constraints, top_k=1)
+
+
+def _smallest(model, cluster, seq_len, global_batch, constraints, max_gpus) -> tuple[int | None, SearchResult | None]:
+    counts = _gpu_counts(cluster.gpus_per_node, max_gpus)
+    lo, hi = 0, len(counts) - 1
+    top = _feasible(model, _cluster_with(cluster, counts[hi]), seq_len, global_batch, constraints)
+    if not top.num_feasible:
+        return None, None
+    best = (counts[hi], top)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        result = _feasible(model, _cluster_with(cluster, counts[mid]), seq_len, global_batch, constraints)
+        if result.num_feasible:
+            hi, best = mid, (counts[mid], result)
+        else:
+            lo = mid + 1
+    return best
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MinGpusAnswer:
+    with_offload: int | None
+    without_offload: int | None
+    best_with_offload: SearchResult | None
+    best_without_offload: SearchResult | None
+
+
+def min_gpus(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int | None = None,
+             constraints: SearchConstraints | None = None, max_gpus: int = 65536) -> MinGpusAnswer:
+    """Fewest GPUs of this kind that train ``model``, with and without offload."""
+    c = constraints or SearchConstraints()
+    n_off, r_off = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=True), max_gpus)
+    n_plain, r_plain = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=False), max_gpus)
+    return MinGpusAnswer(with_offload=n_off, without_offload=n_plain, best_with_offload=r_off,
+                         best_without_offload=r_plain)
+
+
+def infeasibility_hint(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int | None,
+                       constraints: SearchConstraints | None = None) -> str:
+    """What would make an infeasible request possible, e.g. 'needs at least 24 H100s with ZeRO-3 +
+    CPU optimizer offload, or 48 without offload'."""
+    ans = min_gpus(model, cluster, seq_len=seq_len, global_batch=None, constraints=constraints)
+    gpu = cluster.gpu.name
+    if ans.with_offload is None and ans.without_offload is None:
+        return f"{model.name} does not fit on any number of {gpu} GPUs up to 65536 at seq_len {seq_len}"
+    parts = []
+    if ans.with_offload is not None and (ans.without_offload is None or ans.with_offload < ans.without_offload):
+        from autotune.report import plan_summary
+
+        assert ans.best_with_offload is not None
+        parts.append(f"at least {ans.with_offload} x {gpu} with offload "
+                     f"({plan_summary(ans.best_with_offload.candidates[0].plan)})")
+    if ans.without_offload is not None:
+        parts.append(f"{'or ' if parts else 'at least '}{ans.without_offload} without offload")
+    hint = f"{model.name} at seq_len {seq_len} needs " + ", ".join(parts)
+    if global_batch:
+        hint += " (with a global batch those GPU counts divide)"
+    return hint
+
+
+def llama_shaped(hidden_size: int) -> ModelSpec:
+    """A Llama-3-shaped model of the given width: head dim 128, 8 KV heads, FFN ~3.5h (multiple of
+    256), layers ~ h / 102 (Llama-3 8B: 4096/32 = 128, 70B: 8192/80 = 102, 405B: 16384/126 = 130)."""
+    heads = hidden_size // 128
+    layers = max(2, round(hidden_size / 110))
+    ffn = int(round(3.5 * hidden_size / 256)) * 256
+    return ModelSpec(name=f"llama-shaped-h{hidden_size}", num_layers=layers, hidden_size=hidden_size,
+                     num_attention_heads=heads, num_kv_heads=min(8, heads), ffn_hidden_size=ffn, vocab_size=128256,
+                     activation="swiglu", norm="rmsnorm", position_embedding="rope")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MaxModelAnswer:
+    largest: ModelSpec | None
+    best: SearchResult | None
+    next_size: ModelSpec
+    binding_limit: str
+    """'memory': no plan of the next size fits; 'bandwidth': some fit, but communication or offload
+    keeps their best MFU under the threshold."""
+    next_best_mfu: float | None
+
+
+def max_model(cluster: ClusterSpec, *, seq_len: int, global_batch: int | None = None,
+              constraints: SearchConstraints | None = None, min_mfu: float = 0.2,
+              max_hidden: int = 65536) -> MaxModelAnswer:
+    """Largest Llama-shaped model the cluster trains at >= ``min_mfu``, and which limit binds beyond it."""
+    c = constraints or SearchConstraints()
+    widths = list(range(1024, max_hidden + 1, 1024))
+
+    def trainable(h: int) -> tuple[bool, SearchResult]:
+        result = _feasible(llama_shaped(h), cluster, seq_len, global_batch, c)
+        ok = bool(result.candidates) and result.candidates[0].time.mfu >= min_mfu
+        return ok, result
+
+    lo, hi = 0, len(widths) - 1
+    best: tuple[int, SearchResult] | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ok, result = trainable(widths[mid])
+        if ok:
+            best, lo = (widths[mid], result), mid + 1
+        else:
+            hi = mid - 1
+    next_index = min(lo, len(widths) - 1)
+    _, after = trainable(widths[next_index])
+    limit = "memory" if not after.num_feasible else "bandwidth"
+    next_mfu = after.candidates[0].time.mfu if after.candidates else None
+    return MaxModelAnswer(largest=llama_shaped(best[0]) if best else None, best=best[1] if best else None,
+                          next_size=llama_shaped(widths[next_index]), binding_limit=limit, next_best_mfu=next_mfu)

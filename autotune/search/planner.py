@@ -1,0 +1,166 @@
+"""The planner: enumerate every plan, reject invalid and non-fitting ones (counted by reason),
+rank the rest by predicted throughput (ties: memory headroom).
+
+Pruning keeps the search exact: for fixed other settings, activation memory grows with the
+micro-batch, so once a micro-batch does not fit, the larger ones are counted as not fitting
+without being estimated. Every plan that is ranked went through the same
+``estimate_memory`` / ``estimate_step_time`` as ``autotune estimate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from autotune.api import Estimate
+from autotune.cost.memory import MemorySettings, estimate_memory
+from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.errors import InputError
+from autotune.search.space import SearchConstraints, dimension_values
+from autotune.specs.hardware import GIB, ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.rules import plan_problems
+
+__all__ = ["SearchResult", "search_plans", "explain_winner"]
+
+# Rules that depend on the micro-batch or recompute setting (the rest are checked once per layout).
+_INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_layers"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    """The contract's ``plan --json``: ranked candidates and what pruned the rest."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    candidates: tuple[Estimate, ...]
+    num_enumerated: int
+    num_feasible: int
+    rejections: dict[str, int]
+    search_time_s: float
+    explanation: str = ""
+    ranked: tuple[Estimate, ...] = field(default=(), repr=False)
+    """Every feasible plan, best first (candidates are its first K)."""
+
+    def to_dict(self) -> dict:
+        return {"candidates": [c.to_dict() for c in self.candidates], "num_enumerated": self.num_enumerated,
+                "num_feasible": self.num_feasible, "rejections": dict(self.rejections),
+                "search_time_s": self.search_time_s, "explanation": self.explanation}
+
+
+def _rank_key(est: Estimate) -> tuple[float, float]:
+    return (est.time.tokens_per_s, est.memory.headroom)
+
+
+def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch_size: int,
+                 constraints: SearchConstraints | None = None, top_k: int = 10,
+                 memory_settings: MemorySettings | None = None,
+                 time_settings: TimeSettings | None = None) -> SearchResult:
+    """Search the whole plan space; raises nothing for infeasibility (see ``num_feasible``)."""
+    started = time.perf_counter()
+    c = constraints or SearchConstraints()
+    dims = dimension_values(model, cluster, seq_len, global_batch_size, c)
+    memory_settings = memory_settings or MemorySettings()
+    time_settings = time_settings or TimeSettings()
+    min_headroom = c.min_headroom_gib * GIB
+    n = cluster.num_gpus
+    rejections: Counter[str] = Counter()
+    feasible: list[Estimate] = []
+    enumerated = 0
+    inner = len(dims.recompute) * len(dims.micro_batch_sizes)
+
+    for framework in dims.frameworks:
+        for tp in dims.tp:
+            for cp in dims.cp:
+                for pp in dims.pp:
+                    if n % (tp * cp * pp):
+                        continue  # not a layout of this cluster: never generated
+                    dp = n // (tp * cp * pp)
+                    for vpp in dims.vpp:
+                        for ep in dims.ep:
+                            for zero in dims.zero_stages:
+                                for off_opt in dims.offload_optimizer:
+                                    for off_param in dims.offload_param:
+                                        for precision in dims.precisions:
+                                            base = dict(framework=framework, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
+                                                        ep=ep, zero_stage=zero, offload_optimizer=off_opt,
+                                                        offload_param=off_param, precision=precision,
+                                                        seq_len=seq_len, global_batch_size=global_batch_size,
+                                                        sequence_parallel=tp > 1)
+                                            enumerated += inner
+                                            # Layout rules once, on a representative of the inner loops.
+                                            probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(
+                                                1, global_batch_size // dp), **base)
+                                            outer = [r for r, _ in plan_problems(model, cluster, probe)
+                                                     if r not in _INNER_RULES]
+                                            if outer:
+                                                rejections[outer[0]] += inner
+                                                continue
+                                            _search_inner(model, cluster, base, dims, dp, global_batch_size,
+                                                          memory_settings, time_settings, min_headroom,
+                                                          rejections, feasible)
+    feasible.sort(key=_rank_key, reverse=True)
+    candidates = tuple(feasible[:top_k])
+    elapsed = time.perf_counter() - started
+    return SearchResult(model=model, cluster=cluster, candidates=candidates, num_enumerated=enumerated,
+                        num_feasible=len(feasible), rejections=dict(rejections.most_common()),
+                        search_time_s=elapsed, explanation=explain_winner(candidates), ranked=tuple(feasible))
+
+
+def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
+                  rejections, feasible) -> None:
+    for recompute in dims.recompute:
+        mbs = dims.micro_batch_sizes
+        for i, mb in enumerate(mbs):
+            if global_batch_size % (mb * dp):
+                rejections["batch_triple"] += 1
+                continue
+            plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
+                                recompute=recompute, **base)
+            problems = plan_problems(model, cluster, plan)
+            if problems:
+                rejections[problems[0][0]] += 1
+                continue
+            memory = estimate_memory(model, cluster, plan, memory_settings)
+            if not memory.fits or memory.headroom < min_headroom:
+                reason = ("host_memory" if memory.fits_gpu and not memory.fits_host
+                          else "gpu_memory" if not memory.fits_gpu else "headroom")
+                # Larger micro-batches only hold more activations: they do not fit either.
+                rest = len(mbs) - i
+                rejections[reason] += rest
+                break
+            step = estimate_step_time(model, cluster, plan, time_settings)
+            feasible.append(Estimate(model=model, cluster=cluster, plan=plan, memory=memory, time=step))
+
+
+def explain_winner(ranked: tuple[Estimate, ...]) -> str:
+    """One line on why the best plan beats the runner-up: the step-time terms that differ most."""
+    if not ranked:
+        return ""
+    if len(ranked) == 1:
+        return "only one plan fits"
+    from autotune.report import plan_summary
+
+    best, second = ranked[0], ranked[1]
+    gain = best.time.tokens_per_s / second.time.tokens_per_s - 1
+    terms = ("compute_s", "exposed_comm_s", "bubble_s", "offload_s", "optimizer_s")
+    diffs = sorted(((getattr(second.time, t) - getattr(best.time, t), t) for t in terms), key=lambda d: -abs(d[0]))
+    parts = []
+    for delta, term in diffs[:2]:
+        if abs(delta) < 1e-3 * best.time.step_time_s:
+            continue
+        name = term.removesuffix("_s").replace("_", " ")
+        parts.append(f"{name} {abs(delta):.3g} s {'lower' if delta > 0 else 'higher'}")
+    why = ", ".join(parts) if parts else "equal step time, more memory headroom"
+    return (f"{plan_summary(best.plan)} beats {plan_summary(second.plan)} by {gain:.1%} tokens/s: {why}"
+            f" (per step)")
+
+
+def require_feasible(result: SearchResult) -> None:
+    """Raise InputError when no plan is feasible (the CLI adds what would make one possible)."""
+    if not result.num_feasible:
+        reasons = ", ".join(f"{k}: {v}" for k, v in result.rejections.items())
+        raise InputError([f"no plan of the {result.num_enumerated} enumerated is feasible ({reasons})"],
+                         subject="search")

@@ -1,0 +1,92 @@
+"""The search space: which values each plan dimension may take for a model and a cluster.
+
+Dimensions: framework x tp x cp x pp x vpp x ep x ZeRO stage x optimizer offload x parameter
+offload x precision x recompute x micro-batch. Values that can never divide (tp not a power of
+two, pp not dividing the layers, tp*cp*pp not dividing the GPU count) are not generated;
+everything generated is judged by the plan rules, so rejections are counted by rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+
+__all__ = ["SearchConstraints", "dimension_values"]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchConstraints:
+    """What the user allows. None means 'search it'."""
+
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    vpp: int | None = None
+    micro_batch_size: int | None = None
+    max_tp: int | None = None
+    """Largest TP to try; default: GPUs per node (TP across nodes is rarely worth it)."""
+    max_pp: int | None = None
+    max_cp: int = 16
+    max_micro_batch_size: int = 16
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    precisions: tuple[str, ...] | None = None
+    """None: bf16 (fp16 on GPUs without bf16). FP8 changes numerics, so it is opt-in."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    frameworks: tuple[str, ...] = ("megatron", "deepspeed")
+    allow_offload: bool = True
+    min_headroom_gib: float = 0.0
+    """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
+
+
+@dataclass(frozen=True, slots=True)
+class DimensionValues:
+    frameworks: tuple[str, ...]
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    pp: tuple[int, ...]
+    vpp: tuple[int, ...]
+    ep: tuple[int, ...]
+    zero_stages: tuple[int, ...]
+    offload_optimizer: tuple[str, ...]
+    offload_param: tuple[str, ...]
+    precisions: tuple[str, ...]
+    recompute: tuple[str, ...]
+    micro_batch_sizes: tuple[int, ...]
+
+
+def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch: int,
+                     c: SearchConstraints) -> DimensionValues:
+    n = cluster.num_gpus
+    max_tp = c.max_tp or cluster.gpus_per_node
+    tps = (c.tp,) if c.tp else tuple(v for v in _powers_of_two(min(max_tp, n)) if model.num_attention_heads % v == 0)
+    max_cp = min(c.max_cp, seq_len // 2)
+    cps = (c.cp,) if c.cp else tuple(v for v in _powers_of_two(max_cp) if seq_len % (2 * v) == 0 or v == 1)
+    max_pp = c.max_pp or model.num_layers
+    pps = (c.pp,) if c.pp else tuple(v for v in range(1, min(max_pp, model.num_layers, n) + 1)
+                                     if model.num_layers % v == 0 and n % v == 0)
+    vpps = (c.vpp,) if c.vpp else (1, 2, 3, 4, 6, 8)
+    if c.ep:
+        eps = (c.ep,)
+    elif model.moe is not None:
+        eps = tuple(v for v in _powers_of_two(min(model.moe.num_experts, n)) if model.moe.num_experts % v == 0)
+    else:
+        eps = (1,)
+    offload = ("none", "cpu") if c.allow_offload else ("none",)
+    mbs = (c.micro_batch_size,) if c.micro_batch_size else tuple(
+        v for v in _powers_of_two(min(c.max_micro_batch_size, global_batch)))
+    precisions = c.precisions or (("bf16",) if cluster.gpu.supports("bf16") or cluster.gpu.name == "cpu"
+                                  else ("fp16",))
+    return DimensionValues(frameworks=c.frameworks, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
+                           zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
+                           precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs)
