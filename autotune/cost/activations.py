@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -174,8 +175,7 @@ def _activation_key(plan: ParallelPlan) -> ParallelPlan:
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part."""
-    layers_per_stage = model.num_layers // plan.pp
-    first = stage * layers_per_stage
+    first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage)
     in_flight = microbatches_in_flight(plan, stage)
     dense, moe = _layer_kinds(model, _activation_key(plan))
     t_seq = plan.tp if plan.sequence_parallel else 1

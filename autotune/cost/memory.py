@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
 from autotune.specs.hardware import GIB, ClusterSpec
+from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
@@ -129,8 +130,8 @@ def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int) -> Para
 
 @functools.lru_cache(maxsize=4096)
 def _stage_param_groups(model: ModelSpec, pp: int, stage: int) -> ParamGroups:
-    per_stage = model.num_layers // pp
-    return model.stage_params(stage * per_stage, per_stage, has_embedding=stage == 0, has_output=stage == pp - 1)
+    first, count = stage_layers(model.num_layers, pp, stage)
+    return model.stage_params(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -221,7 +222,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     candidates = []
-    for stage in sorted({0, plan.pp - 1}):
+    for stage in representative_stages(model.num_layers, plan.pp):
         groups = stage_param_groups(model, plan, stage)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)

@@ -20,6 +20,7 @@ from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, gemm_effici
 from autotune.cost.flops import logits_flops_per_token, step_flops
 from autotune.cost.memory import megatron_grad_bytes, stage_param_groups
 from autotune.specs.hardware import GB, ClusterSpec
+from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
@@ -153,8 +154,7 @@ def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_
 
 def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) of a pipeline stage (MoE layers follow the leading dense ones)."""
-    per_stage = model.num_layers // plan.pp
-    first = stage * per_stage
+    first, per_stage = stage_layers(model.num_layers, plan.pp, stage)
     moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
 
@@ -184,7 +184,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
-    for stage in sorted({0, plan.pp - 1}):
+    for stage in representative_stages(model.num_layers, plan.pp):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage)
         fwd = bwd = rec = tp_c = cp_c = moe_c = 0.0
         for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
@@ -217,7 +217,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        groups = [stage_param_groups(model, plan, s) for s in sorted({0, plan.pp - 1})]
+        groups = [stage_param_groups(model, plan, s) for s in representative_stages(model.num_layers, plan.pp)]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
         stage_params = (g.tp_sharded / t + g.replicated, g.expert / (t * plan.ep))
     dense_psi, expert_psi = stage_params

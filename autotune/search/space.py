@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 
 __all__ = ["SearchConstraints", "dimension_values"]
@@ -74,7 +75,7 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
     cps = (c.cp,) if c.cp else tuple(v for v in _powers_of_two(max_cp) if seq_len % (2 * v) == 0 or v == 1)
     max_pp = c.max_pp or model.num_layers
     pps = (c.pp,) if c.pp else tuple(v for v in range(1, min(max_pp, model.num_layers, n) + 1)
-                                     if model.num_layers % v == 0 and n % v == 0)
+                                     if pipeline_split(model.num_layers, v) is not None and n % v == 0)
     vpps = (c.vpp,) if c.vpp else (1, 2, 3, 4, 6, 8)
     if c.ep:
         eps = (c.ep,)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from autotune.errors import require_no_problems
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -38,12 +39,19 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
                         f"use tp in {{{_divisors(model.num_attention_heads)}}}")
     if model.mla is None and model.kv_heads % tp and tp % model.kv_heads:
         bad("kv_heads_tp", f"num_kv_heads ({model.kv_heads}) must be a multiple or a divisor of tp ({tp})")
-    # arguments.py:969/973/998: layers divisible by pp, and by the virtual stages.
-    if model.num_layers % pp:
-        bad("layers_pp", f"num_layers ({model.num_layers}) must be divisible by pp ({pp}): "
-                         f"use pp in {{{_divisors(model.num_layers)}}}")
+    # arguments.py:969/973/998: layers divisible by pp (or an uneven split with
+    # --decoder-first/last-pipeline-num-layers, see specs/layout.py), and by the virtual stages.
+    split = pipeline_split(model.num_layers, pp)
+    if split is None:
+        bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages, evenly or with "
+                         f"smaller first and last stages: use pp in {{{_divisors(model.num_layers)}}}")
+    elif vpp > 1 and model.num_layers % pp:
+        bad("layers_vpp", f"the interleaved schedule needs layers ({model.num_layers}) divisible by pp ({pp})")
     elif vpp > 1 and (model.num_layers // pp) % vpp:
         bad("layers_vpp", f"layers per stage ({model.num_layers // pp}) must be divisible by vpp ({vpp})")
+    if split is not None and split[0] != split[1] and plan.framework == "deepspeed":
+        bad("uneven_pp_deepspeed", f"{model.num_layers} layers over pp={pp} needs an uneven split, which DeepSpeed's "
+                                   f"PipelineModule (partition_method) does not express here: use framework megatron")
     # arguments.py:1003: the interleaved schedule needs more than one stage.
     if vpp > 1 and pp < 2:
         bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
@@ -106,9 +114,9 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     if plan.recompute_num_layers is not None:
         if plan.recompute != "full":
             bad("recompute_layers", "recompute_num_layers applies to full recompute only")
-        elif model.num_layers % pp == 0 and plan.recompute_num_layers > model.num_layers // pp:
+        elif split is not None and plan.recompute_num_layers > split[1]:
             bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
-                                    f"({model.num_layers // pp})")
+                                    f"({split[1]})")
     return out
 
 

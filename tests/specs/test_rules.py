@@ -75,7 +75,7 @@ def test_every_violation_is_reported_at_once():
         make_plan(MODEL, CLUSTER, tp=3, pp=5, global_batch_size=7, zero_stage=3, offload_param="nvme",
                   precision="fp8")
     text = str(err.value)
-    for needle in ("not divisible by tp*pp*cp", "multiple of tp (3)", "divisible by pp (5)", "nvme_path",
+    for needle in ("not divisible by tp*pp*cp", "multiple of tp (3)", "cannot be split over pp=5", "nvme_path",
                    "no fp8", "incompatible with pipeline"):
         assert needle in text, needle
     assert len(err.value.problems) >= 6
@@ -85,3 +85,14 @@ def test_make_plan_derives_dp_and_accumulation():
     plan = make_plan(MODEL, CLUSTER, tp=2, pp=2, global_batch_size=64, micro_batch_size=2)
     assert (plan.dp, plan.grad_accum_steps, plan.sequence_parallel) == (4, 8, True)
     assert plan.tokens_per_step == 64 * 2048
+
+
+def test_uneven_pipeline_split_as_llama3_405b():
+    # Llama 3 paper Sec. 3.3.2: 126 layers on 16 stages, one layer fewer on the first and last: 7 + 14 x 8 + 7.
+    from autotune.specs.layout import pipeline_split, stage_layers
+
+    assert pipeline_split(126, 16) == (7, 8, 7)
+    assert stage_layers(126, 16, 0) == (0, 7) and stage_layers(126, 16, 1) == (7, 8)
+    assert stage_layers(126, 16, 15) == (119, 7)
+    assert pipeline_split(24, 5) is None  # 5 + 5 + 5 leaves 9 for two end stages: no equal split
+    assert pipeline_split(80, 8) == (10, 10, 10)
