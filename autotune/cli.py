@@ -19,13 +19,20 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _positive_int(text: str) -> int:
+    """An integer; whether it is positive is checked with every other problem (see _flag_problems)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+
+
+_POSITIVE_FLAGS = ("num_gpus", "gpus_per_node", "seq_len", "global_batch", "tp", "pp", "vpp", "cp", "ep",
+                   "micro_batch", "recompute_num_layers", "top_k", "max_tp", "max_pp")
+
+
+def _flag_problems(args: argparse.Namespace) -> list[str]:
+    return [f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
+            for name in _POSITIVE_FLAGS if getattr(args, name, None) is not None and getattr(args, name) < 1]
 
 
 def _preset_epilog() -> str:
@@ -138,7 +145,7 @@ def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
     """Model and cluster from the common flags; every problem of both reported at once."""
     from autotune.specs.loading import load_cluster, load_model
 
-    problems: list[str] = []
+    problems: list[str] = _flag_problems(args)
     model = cluster = None
     if args.model is None:
         if need_model:
@@ -150,6 +157,14 @@ def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
             problems += list(err.problems)
     if args.cluster is None and (args.gpu is None or args.num_gpus is None):
         problems.append("give --gpu and --num-gpus, or --cluster FILE")
+    elif any(getattr(args, n) is not None and getattr(args, n) < 1 for n in ("num_gpus", "gpus_per_node")):
+        if args.gpu is not None:  # the counts are already reported; still check the GPU name
+            from autotune.specs.presets import load_gpu_preset
+
+            try:
+                load_gpu_preset(args.gpu)
+            except InputError as err:
+                problems += list(err.problems)
     else:
         try:
             cluster = load_cluster(gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,

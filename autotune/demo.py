@@ -1,4 +1,5 @@
-"""The README's main job: where Llama-3-70B's memory goes on 8 and on 64 H100s.
+"""The README's main job: where Llama-3-70B's memory goes on 8 and on 64 H100s, then the
+fastest plans for it on 128 H100s.
 
 Runs on any machine (no GPU, no server): it is the cost model, not a training run.
 """
@@ -20,6 +21,9 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
     # 64 GPUs: Megatron-style 3D parallelism (tp 8 x pp 2 x dp 4) with ZeRO-1.
     ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "64", "--tp", "8", "--pp", "2",
      "--zero", "1", "--micro-batch", "1", "--global-batch", "512", "--seq-len", "8192", "--recompute", "selective"),
+    # 128 GPUs: search every plan and rank the ones that fit.
+    ("plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "128", "--seq-len", "8192",
+     "--global-batch", "1024"),
 )
 
 
