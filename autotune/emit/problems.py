@@ -1,0 +1,31 @@
+"""A problem found in a config file: where, how bad, and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Problem", "Severity"]
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    path: str
+    """JSON path (``$.zero_optimization.stage``) or flag (``--async-save``) the problem is at."""
+    severity: Severity
+    message: str
+    fix: str
+    line: int | None = None
+    """1-based line in the file, when known."""
+    source: str = "autotune"
+    """Which check found it: 'schema', 'deepspeed' (DeepSpeed's own parser), 'rules', 'megatron'."""
+
+    def render(self) -> str:
+        where = f"{self.path}" + (f" (line {self.line})" if self.line else "")
+        return f"{self.severity}: {where}: {self.message} — fix: {self.fix}"
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "severity": self.severity, "message": self.message, "fix": self.fix,
+                "line": self.line, "source": self.source}
