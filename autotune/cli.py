@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
     q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU (default 0.2)")
     plan.set_defaults(handler=_cmd_plan)
+
+    from autotune.commands import recipes
+
+    recipes.register(sub)
     return parser
 
 

@@ -1,0 +1,54 @@
+"""`autotune recipes list | show NAME | regenerate [NAME...]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("recipes", help="ready recipes: list, show, regenerate")
+    p.add_argument("action", choices=("list", "show", "regenerate"))
+    p.add_argument("names", nargs="*", help="recipe names (show: one; regenerate: default all)")
+    p.add_argument("--json", action="store_true", help="print the machine-readable result only")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.errors import InputError
+    from autotune.recipebook import load_recipe, recipe_names, recipe_yaml, regenerate, write_recipe
+
+    if args.action == "list":
+        recipes = [load_recipe(n) for n in recipe_names()]
+        if args.json:
+            print(json.dumps([{"name": r.name, "description": r.description, "model": r.model,
+                               "cluster": r.cluster, "predicted": r.predicted} for r in recipes], indent=2))
+        else:
+            for r in recipes:
+                gpus = f"{r.cluster['num_gpus']} x {r.cluster['gpu']}"
+                print(f"{r.name:<26}{r.model:<14}{gpus:<22}{r.predicted['tokens_per_s']:>12,.0f} tok/s  "
+                      f"MFU {r.predicted['mfu']:.0%}  {r.description}")
+        return 0
+    if args.action == "show":
+        if len(args.names) != 1:
+            raise InputError(["`autotune recipes show` takes one recipe name"], subject="command")
+        recipe = load_recipe(args.names[0])
+        if args.json:
+            print(json.dumps({k: getattr(recipe, k) for k in ("name", "description", "model", "cluster", "seq_len",
+                                                                "global_batch", "search", "plan", "predicted", "emit")},
+                             indent=2))
+        else:
+            print(recipe_yaml(recipe), end="")
+        return 0
+    names = args.names or list(recipe_names())
+    for name in names:
+        recipe = load_recipe(name)
+        fresh = regenerate(recipe)
+        path = recipe.path or Path(name)
+        changed = recipe_yaml(fresh) != path.read_text(encoding="utf-8")
+        write_recipe(fresh, path)
+        print(f"{name}: {'updated' if changed else 'unchanged'} ({path})")
+    return 0
