@@ -12,7 +12,48 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.rules import plan_problems
 
-__all__ = ["Estimate", "make_plan", "estimate"]
+__all__ = ["Estimate", "make_plan", "estimate", "cluster_spec_dict", "estimate_from_dict"]
+
+
+def cluster_spec_dict(cluster: ClusterSpec) -> dict:
+    """The cluster as a cluster-YAML mapping (schemas/cluster.schema.json), GPU inline."""
+    gpu = cluster.gpu
+    return {"gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "peak_tflops": dict(gpu.peak_tflops),
+                    "hbm_bandwidth_gb_per_s": gpu.hbm_bandwidth_gb_per_s},
+            "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
+            "intra_node_bandwidth_gb_per_s": cluster.intra_node_bandwidth_gb_per_s,
+            "inter_node_bandwidth_gb_per_s": cluster.inter_node_bandwidth_gb_per_s,
+            "host_memory_gib_per_node": cluster.host_memory_gib_per_node,
+            "pcie_bandwidth_gb_per_s": cluster.pcie_bandwidth_gb_per_s,
+            "nvme_bandwidth_gb_per_s": cluster.nvme_bandwidth_gb_per_s,
+            "nvme_capacity_gib_per_node": cluster.nvme_capacity_gib_per_node}
+
+
+def estimate_from_dict(doc: dict) -> Estimate:
+    """Rebuild (and re-estimate) the plan of an ``estimate --json`` document or one ``plan --json`` candidate."""
+    from autotune.specs.loading import load_cluster, model_from_mapping
+
+    problems = [f"missing '{k}' block (give the output of `autotune estimate --json` or one candidate of "
+                f"`autotune plan --json`)" for k in ("model", "cluster", "plan") if k not in doc]
+    if not problems:
+        if "spec" not in doc["model"] or "spec" not in doc["cluster"]:
+            problems.append("the model and cluster blocks need their 'spec' (written by autotune 0.1+)")
+    if problems:
+        raise InputError(problems, subject="plan JSON")
+    model = model_from_mapping(doc["model"]["spec"], origin="plan JSON model")
+    spec = dict(doc["cluster"]["spec"])
+    gpu = spec.pop("gpu")
+    num_gpus = spec.pop("num_nodes") * spec["gpus_per_node"]
+    per_node = spec.pop("gpus_per_node")
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node, **spec)
+    try:
+        plan = ParallelPlan(**doc["plan"])
+    except TypeError as err:
+        raise InputError([f"plan block: {err}"], subject="plan JSON") from None
+    problems = [msg for _, msg in plan_problems(model, cluster, plan)]
+    if problems:
+        raise InputError(problems, subject="plan JSON")
+    return estimate(model, cluster, plan)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,9 +73,9 @@ class Estimate:
     def to_dict(self) -> dict:
         return {
             "model": {"name": self.model.name, "num_params": self.model.num_params,
-                      "num_active_params": self.model.num_active_params},
+                      "num_active_params": self.model.num_active_params, "spec": self.model.to_dict()},
             "cluster": {"gpu": self.cluster.gpu.name, "num_gpus": self.cluster.num_gpus,
-                        "gpus_per_node": self.cluster.gpus_per_node},
+                        "gpus_per_node": self.cluster.gpus_per_node, "spec": cluster_spec_dict(self.cluster)},
             "plan": self.plan.to_dict(),
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
