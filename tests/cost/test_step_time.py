@@ -1,0 +1,87 @@
+"""Step-time model: collective formulas, placement, bubble, and the direction of each effect."""
+
+import pytest
+
+from autotune.cost import comm
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY, gemm_efficiency
+from autotune.cost.step_time import estimate_step_time
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+from autotune.specs.plan import ParallelPlan
+
+H100 = load_cluster(gpu="h100-sxm-80gb", num_gpus=64, gpus_per_node=None, cluster_path=None)
+LLAMA70 = load_model_preset("llama3-70b")
+EFF = DEFAULT_EFFICIENCY
+
+
+def plan(**kw):
+    base = dict(tp=8, pp=1, dp=8, seq_len=4096, micro_batch_size=1, global_batch_size=64, grad_accum_steps=8,
+                sequence_parallel=True, framework="megatron", zero_stage=1)
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def test_ring_collectives():
+    link = comm.Link(100e9, 0.0, False)
+    # ring all-reduce of M bytes over n ranks: 2 (n-1)/n M / B
+    assert comm.all_reduce_s(8e9, 8, link) == pytest.approx(2 * 7 / 8 * 8e9 / 100e9)
+    assert comm.all_gather_s(8e9, 8, link) == pytest.approx(7 / 8 * 8e9 / 100e9)
+    assert comm.all_reduce_s(8e9, 1, link) == 0
+
+
+def test_group_placement_on_two_levels():
+    # tp=8 with stride 1 stays in a node of 8; dp=8 with stride 8 crosses nodes; tp=16 crosses.
+    assert not comm.group_link(H100, EFF, 8, 1).crosses_nodes
+    assert comm.group_link(H100, EFF, 8, 8).crosses_nodes
+    assert comm.group_link(H100, EFF, 16, 1).crosses_nodes
+    assert comm.group_link(H100, EFF, 8, 1).bandwidth_bytes_per_s == pytest.approx(450e9 * 0.8)
+    assert comm.group_link(H100, EFF, 8, 8).bandwidth_bytes_per_s == pytest.approx(50e9 * 0.8)
+
+
+def test_narrow_gemms_run_slower():
+    wide = gemm_efficiency(EFF, 8192, 8192, 8192)
+    narrow = gemm_efficiency(EFF, 8192, 8192, 8192 / 16)
+    assert narrow < wide < EFF.gemm_peak_fraction
+
+
+def test_bubble_is_p_minus_1_over_m_v():
+    # No tensor/context parallel traffic, so a micro-batch's time is its compute: bubble/compute = (p-1)/(v m).
+    p = plan(tp=1, pp=8, dp=8, sequence_parallel=False, global_batch_size=256, grad_accum_steps=32)
+    for vpp in (1, 2):
+        est = estimate_step_time(LLAMA70, H100, p.with_(vpp=vpp))
+        assert est.bubble_s / est.compute_s == pytest.approx(7 / (vpp * 32), rel=0.02)
+
+
+def test_fp8_speeds_up_gemms_only():
+    bf16 = estimate_step_time(LLAMA70, H100, plan())
+    fp8 = estimate_step_time(LLAMA70, H100, plan(precision="fp8"))
+    assert 1.2 < bf16.compute_s / fp8.compute_s < 2.0  # attention and elementwise stay 16-bit
+    assert fp8.model_tflops_per_gpu > bf16.model_tflops_per_gpu
+
+
+def test_tensor_parallel_across_nodes_costs_more():
+    inside = estimate_step_time(LLAMA70, H100, plan(tp=8, dp=8))
+    across = estimate_step_time(LLAMA70, H100, plan(tp=16, dp=4, global_batch_size=64, grad_accum_steps=16))
+    assert across.comm_parts_s["tp"] > 5 * inside.comm_parts_s["tp"] / 2
+
+
+def test_zero3_exposes_more_than_zero1_on_a_slow_network():
+    slow = load_cluster(gpu="h100-sxm-80gb", num_gpus=64, gpus_per_node=None, cluster_path=None,
+                        inter_node_bandwidth_gb_per_s=3)
+    z1 = estimate_step_time(LLAMA70, slow, plan(tp=8, framework="deepspeed", zero_stage=1, sequence_parallel=True))
+    z3 = estimate_step_time(LLAMA70, slow, plan(tp=8, framework="deepspeed", zero_stage=3, sequence_parallel=True))
+    assert z3.exposed_comm_s > z1.exposed_comm_s
+
+
+def test_offload_replaces_the_gpu_optimizer_step():
+    est = estimate_step_time(LLAMA70, H100, plan(tp=8, framework="deepspeed", zero_stage=2,
+                                                 offload_optimizer="cpu"))
+    assert est.offload_s > 0 and est.optimizer_s == 0
+    parts = est.compute_s + est.exposed_comm_s + est.bubble_s + est.offload_s + est.optimizer_s
+    assert est.step_time_s == pytest.approx(parts)
+
+
+def test_mfu_is_model_flops_over_peak():
+    est = estimate_step_time(LLAMA70, H100, plan())
+    assert est.mfu == pytest.approx(est.model_tflops_per_gpu / 989)
+    assert est.hfu >= est.mfu and est.tokens_per_s == pytest.approx(64 * 4096 / est.step_time_s)
