@@ -1,0 +1,379 @@
+"""A real decoder-only language model built from a :class:`~autotune.specs.model.ModelSpec`.
+
+Used to check the memory ledger against what autograd really keeps, and as the workload of
+profiling trials. The kernels mirror what Megatron-core / Transformer Engine run on GPUs, so the
+tensors autograd saves have the sizes the ledger assumes:
+
+- Q, K and V come from three projections (one weight each, same parameter count as a fused
+  QKV), so each of q, k, v is its own storage and attention keeps exactly q + k + v.
+- ``flash_attention=True`` calls ``scaled_dot_product_attention(is_causal=True)``; on CPU in
+  bf16 that is ``_scaled_dot_product_flash_attention_for_cpu``, which saves q, k, v, the output
+  and an fp32 logsumexp, with GQA handled natively (``enable_gqa``: K/V are not expanded).
+  The output comes back in [b, s, heads, d] memory order, so the output projection's input is a
+  view of it (no second copy).
+- ``flash_attention=False`` is the unfused path: softmax(Q K^T / sqrt(d) + causal mask) V,
+  keeping the bf16 probabilities (2 a s^2 b bytes); GQA expands K/V as Megatron's unfused
+  ``DotProductAttention`` does.
+- RMSNorm, SwiGLU, RoPE and dropout are custom autograd functions that save what the fused GPU
+  kernels save: RMSNorm its input and the fp32 rstd; SwiGLU only the fc1 output ([gate|up]);
+  RoPE nothing but the (buffer) cos/sin tables; dropout a 1-byte bool mask.
+- The loss casts the logits to fp32 and applies ``F.cross_entropy``, which keeps the fp32
+  log-softmax (4 s b V bytes), like Megatron's fp32 vocab cross entropy.
+
+MLA is not implemented. ALiBi is treated as "no positional parameters" (no bias is applied:
+flash kernels with ALiBi keep no extra activations, so memory is the same).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.specs.model import ModelSpec
+
+__all__ = ["build_model", "DecoderLM", "RMSNorm", "rms_norm", "swiglu", "apply_rope", "bool_dropout"]
+
+Recompute = Literal["none", "selective", "full"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused-kernel stand-ins: custom autograd functions that save what the GPU kernels save.
+# ---------------------------------------------------------------------------------------------
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the accumulation dtype: fp32 for half types, unchanged for fp32/fp64."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """y = x * rstd * w, computed in fp32; saves x (model dtype) and rstd (fp32, one per token)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = _acc(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * _acc(weight)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = _acc(x) * rstd
+        g = _acc(grad)
+        gw = g * _acc(weight)
+        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        grad_w = (g * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return _RMSNormFn.apply(x, weight, eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up over a fused [gate | up] input; saves only that input (Megatron bias_swiglu)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        gate, up = _acc(x).chunk(2, dim=-1)
+        g = _acc(grad)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        d_gate = g * up * sig * (1 + gate * (1 - sig))
+        d_up = g * silu
+        return torch.cat([d_gate, d_up], dim=-1).to(x.dtype)
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    return _SwiGLUFn.apply(x)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _rotate_half_transposed(y: torch.Tensor) -> torch.Tensor:
+    y1, y2 = y.chunk(2, dim=-1)
+    return torch.cat([y2, -y1], dim=-1)
+
+
+class _RoPEFn(torch.autograd.Function):
+    """x * cos + rotate_half(x) * sin on [b, s, heads, d]; linear, so nothing but cos/sin is kept."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # cos/sin are module buffers (constants): kept on ctx, not as saved activations.
+        ctx.cos, ctx.sin = cos, sin
+        xf = _acc(x)
+        return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        g = _acc(grad)
+        out = g * ctx.cos + _rotate_half_transposed(g * ctx.sin)
+        return out.to(grad.dtype), None, None
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, s, heads, d]; cos/sin: [s, d] (fp32)."""
+    s = x.shape[1]
+    return _RoPEFn.apply(x, cos[:s, None, :], sin[:s, None, :])
+
+
+class _DropoutFn(torch.autograd.Function):
+    """Inverted dropout keeping a 1-byte bool mask (as the CUDA kernel does; CPU's native one keeps
+    the mask in the input dtype)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        mask = torch.rand(x.shape, device=x.device) >= p
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(mask)
+        return x * mask * ctx.scale
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (mask,) = ctx.saved_tensors
+        return grad * mask * ctx.scale, None
+
+
+def bool_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    return _DropoutFn.apply(x, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------------------------
+def _norm(spec: ModelSpec, width: int) -> nn.Module:
+    return nn.LayerNorm(width, eps=1e-5) if spec.norm == "layernorm" else RMSNorm(width)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, *, flash: bool, selective: bool) -> None:
+        super().__init__()
+        h = spec.hidden_size
+        qkv_bias = spec.linear_bias or spec.qkv_bias
+        self.heads, self.kv_heads, self.head_dim = spec.num_attention_heads, spec.kv_heads, spec.attention_head_dim
+        self.q = nn.Linear(h, spec.q_width, bias=qkv_bias)
+        self.k = nn.Linear(h, spec.kv_width, bias=qkv_bias)
+        self.v = nn.Linear(h, spec.v_width, bias=qkv_bias)
+        self.o = nn.Linear(spec.q_width, h, bias=spec.linear_bias)
+        self.rope = spec.position_embedding == "rope"
+        self.flash, self.selective, self.p = flash, selective, spec.dropout
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q: [b, a, s, d], k/v: [b, kv, s, d] (strided views). Returns [b, a, s, d]."""
+        if self.flash:
+            # Attention-probability dropout is left out here: CPU sdpa with dropout_p > 0 falls back to
+            # the fp32 math kernel; GPU flash attention regenerates the mask from the RNG (0 bytes kept).
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        s = q.shape[2]
+        scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
+        probs = torch.softmax(scores + mask[:s, :s], dim=-1)
+        probs = bool_dropout(probs, self.p, self.training)
+        return torch.matmul(probs, v)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim)
+        k = self.k(x).view(b, s, self.kv_heads, self.head_dim)
+        v = self.v(x).view(b, s, self.kv_heads, -1)
+        if self.rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.selective:
+            o = checkpoint(self.core, q, k, v, mask, use_reentrant=False)
+        else:
+            o = self.core(q, k, v, mask)
+        # The CPU flash kernel returns [b, a, s, d] with [b, s, a, d] memory order: this is a view.
+        o = o.transpose(1, 2).reshape(b, s, -1)
+        return self.o(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int, activation: str, bias: bool) -> None:
+        super().__init__()
+        self.swiglu = activation == "swiglu"
+        self.fc1 = nn.Linear(hidden, (2 if self.swiglu else 1) * width, bias=bias)
+        self.fc2 = nn.Linear(width, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc1(x)
+        y = swiglu(y) if self.swiglu else F.gelu(y, approximate="tanh")
+        return self.fc2(y)
+
+
+class MoE(nn.Module):
+    """Dropless top-k MoE: fp32 router softmax over the selected logits, token permutation to the
+    experts, weighted combine; plus shared experts every token visits."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        h = spec.hidden_size
+        self.top_k, self.num_experts = moe.top_k, moe.num_experts
+        self.router = nn.Linear(h, moe.num_experts, bias=False)
+        # DeepSeek-V3's e_score_correction_bias: a parameter not trained by gradients.
+        self.router_bias = nn.Parameter(torch.zeros(moe.num_experts), requires_grad=False) if moe.router_bias else None
+        self.experts = nn.ModuleList(
+            MLP(h, moe.expert_ffn_hidden_size, spec.activation, spec.linear_bias) for _ in range(moe.num_experts)
+        )
+        self.shared = nn.ModuleList(
+            MLP(h, moe.shared_width, spec.activation, spec.linear_bias) for _ in range(moe.num_shared_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        t = x.reshape(-1, shape[-1])
+        logits = self.router(t).float()
+        choice = logits if self.router_bias is None else logits + self.router_bias.float()
+        idx = choice.topk(self.top_k, dim=-1).indices                     # [T, k]
+        weights = torch.softmax(logits.gather(-1, idx), dim=-1)           # fp32, renormalised over top-k
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token_idx = order // self.top_k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        x_perm = t.index_select(0, token_idx)
+        outs = [expert(chunk) for expert, chunk in zip(self.experts, x_perm.split(counts))]
+        y_perm = torch.cat(outs) * weights.reshape(-1)[order].to(x.dtype).unsqueeze(-1)
+        # Un-permute with a gather and a sum over the k copies: saves only the index (index_add would
+        # save the whole weighted expert output for its backward; Megatron's scatter_add does not).
+        inverse = torch.argsort(order)
+        out = y_perm.index_select(0, inverse).view(-1, self.top_k, shape[-1]).sum(1)
+        for expert in self.shared:
+            out = out + expert(t)
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, index: int, *, flash: bool, selective: bool) -> None:
+        super().__init__()
+        self.norms = spec.norms_per_layer
+        self.norm1 = _norm(spec, spec.hidden_size) if self.norms >= 1 else nn.Identity()
+        self.attn = Attention(spec, flash=flash, selective=selective)
+        self.norm2 = _norm(spec, spec.hidden_size) if self.norms >= 2 else None
+        self.mlp = MoE(spec) if spec.is_moe_layer(index) else MLP(
+            spec.hidden_size, spec.ffn_hidden_size, spec.activation, spec.linear_bias)
+        self.p = spec.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        if self.norm2 is not None:  # standard pre-norm block
+            x = x + bool_dropout(self.attn(self.norm1(x), cos, sin, mask), self.p, self.training)
+            return x + bool_dropout(self.mlp(self.norm2(x)), self.p, self.training)
+        y = self.norm1(x)  # parallel block (Falcon): one norm feeds attention and MLP
+        return x + bool_dropout(self.attn(y, cos, sin, mask), self.p, self.training) + bool_dropout(
+            self.mlp(y), self.p, self.training)
+
+
+def _rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin tables [seq_len, head_dim] for rotate-half (GPT-NeoX / Llama) RoPE."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, spec: ModelSpec, *, seq_len: int, recompute: Recompute = "none",
+                 flash_attention: bool = True) -> None:
+        super().__init__()
+        if spec.mla is not None:
+            raise NotImplementedError(f"model '{spec.name}': multi-head latent attention (MLA) is not implemented")
+        if recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+        if spec.position_embedding == "learned" and seq_len > spec.max_position_embeddings:
+            raise ValueError(f"seq_len {seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
+        self.spec, self.seq_len, self.recompute = spec, seq_len, recompute
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.pos = nn.Embedding(spec.max_position_embeddings, spec.hidden_size) \
+            if spec.position_embedding == "learned" else None
+        self.embed_norm = _norm(spec, spec.hidden_size) if spec.embedding_norm else None
+        self.layers = nn.ModuleList(
+            Block(spec, i, flash=flash_attention, selective=recompute == "selective") for i in range(spec.num_layers)
+        )
+        self.final_norm = _norm(spec, spec.hidden_size)
+        self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.position_embedding == "rope":
+            cos, sin = _rope_tables(seq_len, spec.attention_head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
+        if not flash_attention:
+            mask = torch.full((seq_len, seq_len), float("-inf")).triu(1)
+            self.register_buffer("causal_mask", mask, persistent=False)
+        else:
+            self.causal_mask = None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        for name, p in self.named_parameters():
+            if name.endswith("bias") or "router_bias" in name:
+                nn.init.zeros_(p)
+            elif p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                with torch.no_grad():
+                    p.normal_(0.0, 0.02, generator=gen)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        b, s = input_ids.shape
+        x = self.embed(input_ids)
+        if self.pos is not None:
+            x = x + self.pos.weight[:s]
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = bool_dropout(x, self.spec.dropout, self.training)
+        for layer in self.layers:
+            if self.recompute == "full":
+                x = checkpoint(layer, x, self.rope_cos, self.rope_sin, self.causal_mask, use_reentrant=False)
+            else:
+                x = layer(x, self.rope_cos, self.rope_sin, self.causal_mask)
+        x = self.final_norm(x)
+        weight = self.embed.weight if self.output is None else self.output.weight
+        logits = F.linear(x, weight)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def build_model(spec: ModelSpec, *, seq_len: int, recompute: Recompute = "none", flash_attention: bool = True,
+                dtype: torch.dtype = torch.bfloat16) -> DecoderLM:
+    """A decoder-only LM with exactly ``spec.num_params`` parameters; ``forward(input_ids, labels)`` gives
+    the mean cross-entropy. Buffers (RoPE tables, the unfused causal mask) follow ``dtype`` except the
+    fp32 RoPE tables."""
+    model = DecoderLM(spec, seq_len=seq_len, recompute=recompute, flash_attention=flash_attention)
+    model.to(dtype)
+    if model.rope_cos is not None:  # RoPE tables stay fp32 (the fused kernels compute in fp32)
+        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.attention_head_dim)
+    return model
