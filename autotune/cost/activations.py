@@ -86,8 +86,12 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
     if plan.flash_attention:
         core = 4 * sb * a / t  # fp32 log-sum-exp per head and token
     else:
-        # softmax output 2as^2b; with dropout also its 1-byte mask and the dropped-out copy (Korthikanti 5as^2b)
+        # softmax output 2as^2b; with dropout also its 1-byte mask and the dropped-out copy (Korthikanti 5as^2b);
+        # and grouped K and V expanded to every query head before the matmuls that save them (the
+        # expansion is inside the core that selective recompute reruns).
         core = (5 if model.dropout > 0 else 2) * a * s * s * b / t
+        core += 2 * sb * (max(model.kv_width, model.q_width) - model.kv_width
+                          + max(model.v_width, model.attention_output_width) - model.v_width) / t
     mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_seq, lin)
     return LayerActivations(norms=norms, attention=attn, attention_core=core, mlp=mlp, dropout_masks=dropout_masks)
 
@@ -126,14 +130,16 @@ def embedding_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
 
 
 def output_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Last stage, one micro-batch: final norm input, output-layer input, fp32 logits (4*s*b*V/t)."""
+    """Last stage, one micro-batch: final norm input, output-layer input, fp32 logits (4*s*b*V/t),
+    and the int64 labels the loss keeps."""
     sb = plan.seq_len / plan.cp * plan.micro_batch_size
     t_seq = plan.tp if plan.sequence_parallel else 1
     h = model.hidden_size
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
     head_input = _linear_input_bytes(plan) * sb * h / t_seq
     logits = 4 * sb * model.vocab_size / plan.tp
-    return norm + head_input + logits
+    labels = 8 * sb
+    return norm + head_input + logits + labels
 
 
 def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:

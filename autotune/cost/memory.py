@@ -23,6 +23,7 @@ the 16-bit weight partition. Host bytes are reported per node.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
@@ -55,6 +56,38 @@ class MemorySettings:
     """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _ds_zero12_grad_elements(model: ModelSpec, pp: int, stage: int, tp: int, nd: int) -> float:
+    """Gradient elements the most loaded rank of a DeepSpeed ZeRO-1/2 partitioning holds (dense params).
+
+    DeepSpeed 0.19.8 (stage_1_and_2.py, ``get_partition_info`` and ``grads_in_partition``) flattens the
+    parameters in module order, pads the total to a multiple of 2 * nd, gives each rank an equal slice,
+    and sizes a rank's gradient buffer by the *whole* element count of every parameter that starts in
+    its slice or straddles its start: a tensor crossing a slice boundary is held whole by both ranks.
+    """
+    first, count = stage_layers(model.num_layers, pp, stage)
+    tensors = [n / tp if kind == "tp_sharded" else float(n)
+               for n, kind in model.stage_tensors(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
+               if kind != "expert"]
+    total = sum(tensors)
+    if nd == 1:
+        return total
+    align = 2 * nd
+    part = math.ceil(total / align) * align / nd
+    held = [0.0] * nd
+    start = 0.0
+    for size in tensors:
+        end = start + size
+        owner = min(int(start // part), nd - 1)
+        held[owner] += size  # the rank whose slice the tensor starts in
+        r = owner + 1
+        while r < nd and r * part < end:  # ranks whose slice starts inside the tensor
+            held[r] += size
+            r += 1
+        start = end
+    return max(held)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelStateBytes:
     """Bytes of weights, gradients and optimizer states one GPU's rank owns, by where they live."""
@@ -65,7 +98,11 @@ class ModelStateBytes:
     host_weights: float = 0.0
     host_gradients: float = 0.0
     host_optimizer_states: float = 0.0
+    host_buffers: float = 0.0
+    """Pinned host staging DeepSpeed keeps for offload (ZeRO-1/2: a 16-bit copy of the partition)."""
     nvme: float = 0.0
+    step_transient: float = 0.0
+    """Extra bytes on the GPU while the optimizer steps (fp32 gradient copies); activations are freed then."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,10 +182,13 @@ def megatron_grad_bytes(plan: ParallelPlan) -> int:
     return 2 if plan.precision == "fp16" else 4
 
 
-def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float) -> ModelStateBytes:
+def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float,
+                      dense_grad_elements: float | None = None) -> ModelStateBytes:
     """Weights, gradients and optimizer states of one GPU (ZeRO paper Sec. 5; engine notes in the module doc).
 
     ``dense_params`` are partitioned over dp*cp ranks, ``expert_params`` over dp*cp/ep ranks.
+    ``dense_grad_elements``: the dense gradient elements a DeepSpeed ZeRO-1/2 rank holds, if known
+    (see ``_ds_zero12_grad_elements``); default: an exact 1/Nd share.
     """
     k = OPTIMIZER_STATE_BYTES[plan.optimizer]
     n_dense = plan.zero_partitions
@@ -165,12 +205,20 @@ def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: fl
 
     weights = 2 * (psi_part if z == 3 else psi)
     grads = 2 * (psi_part if z >= 1 else psi)
+    if z in (1, 2) and dense_grad_elements is not None:
+        grads = 2 * (dense_grad_elements + expert_params / n_expert)
     opt = k * (psi_part if z >= 1 else psi)
-    host_w = host_g = host_o = nvme = 0.0
+    # At the optimizer step DeepSpeed makes fp32 copies of the gradients it steps on (measured, 0.19.8):
+    # ZeRO-0 all of them (+4 B/param); ZeRO-1/2 the partition, replacing the 16-bit one; ZeRO-3 the partition.
+    transient = {0: 4 * psi, 1: 4 * psi_part - grads, 2: 4 * psi_part - grads, 3: 4 * psi_part}[z]
+    host_w = host_g = host_o = host_buf = nvme = 0.0
     if plan.offload_optimizer != "none":
         # ZeRO-Offload: fp32 gradient partition and optimizer states in host memory; the GPU keeps only
-        # the reduce buckets (counted under buffers).
-        host_g, grads = 4 * psi_part, 0.0
+        # the reduce buckets (counted under buffers). ZeRO-3 also keeps its 16-bit gradient partition on
+        # the host; ZeRO-1/2 a 16-bit copy of the weight partition for the all-gather (measured).
+        host_g, grads, transient = (6 if z == 3 else 4) * psi_part, 0.0, 0.0
+        if z in (1, 2):
+            host_buf = 2 * psi_part
         if plan.offload_optimizer == "nvme":
             nvme, opt = opt, 0.0
         else:
@@ -182,7 +230,8 @@ def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: fl
             host_w = weights
         weights = 0.0
     return ModelStateBytes(weights=weights, gradients=grads, optimizer_states=opt, host_weights=host_w,
-                           host_gradients=host_g, host_optimizer_states=host_o, nvme=nvme)
+                           host_gradients=host_g, host_optimizer_states=host_o, host_buffers=host_buf, nvme=nvme,
+                           step_transient=max(0.0, transient))
 
 
 def _buffer_bytes(model: ModelSpec, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings) -> dict[str, float]:
@@ -226,8 +275,14 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         groups = stage_param_groups(model, plan, stage)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)
-        states = model_state_bytes(plan, dense, expert)
+        grad_elements = None
+        if plan.framework == "deepspeed" and plan.zero_stage in (1, 2):
+            grad_elements = _ds_zero12_grad_elements(model, plan.pp, stage, plan.tp, plan.zero_partitions)
+        states = model_state_bytes(plan, dense, expert, grad_elements)
         activation_parts = stage_activation_bytes(model, plan, stage)
+        if states.step_transient > sum(activation_parts.values()):
+            # The optimizer step, not backward, is the peak: activations are gone, fp32 grads are not.
+            activation_parts = {"optimizer_step_fp32_gradients": states.step_transient}
         buffer_parts = _buffer_bytes(model, plan, groups, settings)
         tensors = states.weights + states.gradients + states.optimizer_states + sum(activation_parts.values()) \
             + sum(buffer_parts.values())
@@ -235,7 +290,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     tensors, stage, states, activation_parts, buffer_parts = max(candidates, key=lambda c: c[0])
 
     # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).
-    host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states
+    host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states + states.host_buffers
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         host_per_gpu += settings.offload_buffer_bytes
     return MemoryEstimate(

@@ -60,8 +60,30 @@ def test_cpu_offload_moves_states_to_host():
     assert s.optimizer_states == 0 and s.gradients == 0
     assert s.host_optimizer_states == pytest.approx(12 * PSI / 8)
     assert s.host_gradients == pytest.approx(4 * PSI / 8)  # fp32 gradient partition on the host
+    assert s.host_buffers == pytest.approx(2 * PSI / 8)  # ZeRO-1/2: 16-bit weight partition staged on the host
     p = model_state_bytes(ParallelPlan(dp=8, zero_stage=3, offload_optimizer="cpu", offload_param="cpu"), PSI, 0.0)
     assert p.weights == 0 and p.host_weights == pytest.approx(2 * PSI / 8)
+    assert p.host_gradients == pytest.approx(6 * PSI / 8)  # ZeRO-3 keeps fp32 and 16-bit partitions on the host
+
+
+def test_optimizer_step_transient():
+    # DeepSpeed makes fp32 gradient copies at the step: ZeRO-0 +4 B/param (20 B/param peak, measured),
+    # ZeRO-1/2 the fp32 partition replaces the 16-bit one, ZeRO-3 adds it; Megatron's are fp32 already.
+    assert model_state_bytes(ParallelPlan(dp=8), PSI, 0.0).step_transient == pytest.approx(4 * PSI)
+    assert model_state_bytes(ParallelPlan(dp=8, zero_stage=2), PSI, 0.0).step_transient == pytest.approx(2 * PSI / 8)
+    assert model_state_bytes(ParallelPlan(dp=8, zero_stage=3), PSI, 0.0).step_transient == pytest.approx(4 * PSI / 8)
+    assert model_state_bytes(ParallelPlan(dp=8, framework="megatron"), PSI, 0.0).step_transient == 0
+
+
+def test_deepspeed_zero12_rank_holds_straddling_tensors_whole():
+    from autotune.cost.memory import _ds_zero12_grad_elements
+    from autotune.specs.presets import load_model_preset
+
+    gpt = load_model_preset("tiny-gpt")
+    # Measured on DeepSpeed 0.19.8, 2 ranks: rank 0 holds 1,972,480 gradient elements (its 1,776,384-element
+    # slice plus the rest of layers.1.mlp.fc2.weight, which straddles the boundary); rank 1 holds 1,842,432.
+    assert _ds_zero12_grad_elements(gpt, 1, 0, 1, 2) == 1_972_480
+    assert _ds_zero12_grad_elements(gpt, 1, 0, 1, 1) == gpt.num_params
 
 
 def test_expert_params_partition_over_dp_over_ep():
@@ -104,4 +126,5 @@ def test_70b_on_8_gpus_needs_offload():
     offload = ParallelPlan(dp=8, zero_stage=3, offload_optimizer="cpu", seq_len=8192, recompute="full")
     est = estimate_memory(LLAMA70, CLUSTER, offload)
     assert est.fits
-    assert est.host_per_node == pytest.approx(8 * 16 * LLAMA70.num_params / 8, rel=1e-9)
+    # host per node: 8 GPUs x (fp32 + 16-bit gradient partitions 6 B + optimizer states 12 B) x Psi / 8
+    assert est.host_per_node == pytest.approx(8 * 18 * LLAMA70.num_params / 8, rel=1e-9)
