@@ -84,6 +84,10 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
             bad("experts_ep", f"num_experts ({model.moe.num_experts}) must be divisible by ep ({ep})")
         if (dp * cp) % ep:
             bad("ep_dp", f"ep ({ep}) must divide dp*cp ({dp * cp}): expert parallelism is carved out of data parallelism")
+        # Megatron-core (TransformerConfig): "When using expert parallelism and tensor parallelism,
+        # sequence parallelism must be used".
+        if tp > 1 and not plan.sequence_parallel and plan.framework == "megatron":
+            bad("ep_tp_sp", f"expert parallelism with tp={tp} needs sequence parallelism in Megatron-LM: enable it")
     # ZeRO. DeepSpeed pipe/engine.py:76 "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
     if plan.zero_stage >= 2 and pp > 1:
         bad("zero_pp", f"ZeRO-{plan.zero_stage} is incompatible with pipeline parallelism (pp={pp}): "

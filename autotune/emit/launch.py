@@ -1,0 +1,197 @@
+"""Launch scripts: torchrun (one node or c10d rendezvous), the deepspeed runner with a hostfile, SLURM.
+
+The templates in ``templates/`` hold no logic; every value is computed here, and every string a user
+supplies (host names, paths, script arguments, environment values) goes through ``shlex.quote``
+before it is substituted. Where a launcher re-parses a value with a shell we do not control, the value
+is checked instead:
+
+- the deepspeed runner writes ``--master_addr`` and the ``.deepspeed_env`` values unquoted (values with
+  odd characters in double quotes) into the command pdsh runs on every node (DeepSpeed 0.19.8
+  ``launcher/multinode_runner.py`` ``add_export`` and ``PDSHRunner.get_cmd``), so its host names must be
+  plain host names and its environment values free of ``"``, ``$``, backquote and backslash;
+- ``#SBATCH`` lines are read by sbatch, not bash, so their values must be plain words.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from collections.abc import Iterable, Mapping, Sequence
+
+from autotune.emit.options import EmitOptions, LaunchOptions
+from autotune.errors import InputError
+from autotune.report import plan_summary
+from autotune.resources import templates_dir
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["LAUNCHERS", "render_launch_scripts", "render_hostfile", "render_deepspeed_env"]
+
+LAUNCHERS = ("torchrun", "deepspeed", "slurm")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLAIN_HOST = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")  # names, IPv4, [IPv6]
+_SBATCH_WORD = re.compile(r"^[A-Za-z0-9_.:,+@%/-]+$")
+_DS_ENV_UNSAFE = re.compile(r'["$`\\\n\r\x00]')
+
+
+def _q(value: str) -> str:
+    return shlex.quote(str(value))
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a ``#`` comment line: control characters become spaces."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text)
+
+
+def _check_hosts(hosts: Sequence[str], master_addr: str | None, num_nodes: int) -> list[str]:
+    problems = []
+    for label, host in [*(("host", h) for h in hosts), *((("master_addr", master_addr),) if master_addr is not None
+                                                           else ())]:
+        if not host or not host.strip():
+            problems.append(f"{label} is empty: give a host name")
+        elif any(c in host for c in "\x00\n\r"):
+            problems.append(f"{label} {host!r} contains a NUL or line break: give a plain host name")
+    if hosts and len(hosts) != num_nodes:
+        problems.append(f"{len(hosts)} host name(s) given for a cluster of {num_nodes} node(s): give one per node")
+    return problems
+
+
+def _check_env(env: Mapping[str, str]) -> list[str]:
+    problems = []
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            problems.append(f"environment variable name {key!r} is not a shell identifier")
+        if "\x00" in str(value):
+            problems.append(f"environment variable {key} contains a NUL byte")
+    return problems
+
+
+def _format_args(args: Sequence[str]) -> str:
+    """Quoted arguments, one flag and its values per continued line (empty string for none)."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("-") or not lines:
+            lines.append([])
+        lines[-1].append(_q(arg))
+    return "".join(" \\\n    " + " ".join(line) for line in lines)
+
+
+def _exports(env: Mapping[str, str]) -> str:
+    if not env:
+        return "# (no environment variables)"
+    return "\n".join(f"export {key}={_q(value)}" for key, value in env.items())
+
+
+def _template(name: str) -> string.Template:
+    return string.Template((templates_dir() / name).read_text(encoding="utf-8"))
+
+
+def render_hostfile(hosts: Sequence[str], slots: int) -> str:
+    """A DeepSpeed hostfile: ``host slots=N`` per line (runner.py matches ``^(\\S+)\\s+slots=(\\d+)``)."""
+    return "".join(f"{host} slots={slots}\n" for host in hosts)
+
+
+def render_deepspeed_env(env: Mapping[str, str]) -> str:
+    """``.deepspeed_env``: ``KEY=VALUE`` lines the deepspeed runner exports on every node."""
+    return "".join(f"{key}={value}\n" for key, value in env.items())
+
+
+def _deepspeed_problems(hosts: Sequence[str], master_addr: str | None, env: Mapping[str, str]) -> list[str]:
+    problems = []
+    for host in [*hosts, *([master_addr] if master_addr else [])]:
+        if host and not _PLAIN_HOST.match(host):
+            problems.append(f"host {host!r}: the deepspeed runner passes host names unquoted to a remote shell "
+                            f"(pdsh); use letters, digits, '.', '-', '_' or an IP address (or the torchrun/SLURM "
+                            f"scripts, which quote it)")
+    for key, value in env.items():
+        if _DS_ENV_UNSAFE.search(str(value)):
+            problems.append(f"environment value of {key}: the deepspeed runner exports .deepspeed_env values in "
+                            f"double quotes on the remote shell, so '\"', '$', '`', '\\\\' and line breaks "
+                            f"cannot be passed safely; use the torchrun/SLURM scripts for this value")
+    return problems
+
+
+def _slurm_problems(lo: LaunchOptions) -> list[str]:
+    problems = []
+    for label, value in (("job_name", lo.job_name), ("slurm_time", lo.slurm_time),
+                         ("slurm_partition", lo.slurm_partition), ("slurm_account", lo.slurm_account)):
+        if value is not None and not _SBATCH_WORD.match(value):
+            problems.append(f"{label} {value!r}: #SBATCH values must be plain words (letters, digits, . _ - : , + @ /)")
+    return problems
+
+
+def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
+                          program_args: Sequence[str], env: Mapping[str, str], framework_entry: str,
+                          launchers: Iterable[str] = LAUNCHERS) -> dict[str, str]:
+    """File name -> content of the launch scripts for ``launchers`` (torchrun, deepspeed, slurm).
+
+    ``framework_entry`` is the training program (``pretrain_gpt.py`` or the user's ``train.py``);
+    ``program_args`` its arguments, followed by ``options.launch.script_args``; ``env`` is exported by
+    every script (and written to ``.deepspeed_env`` for the deepspeed runner's remote ranks).
+    InputError names every unusable value.
+    """
+    options = options or EmitOptions()
+    lo = options.launch
+    launchers = tuple(launchers)
+    unknown = [name for name in launchers if name not in LAUNCHERS]
+    hosts = tuple(lo.hosts)
+    problems = [f"unknown launcher {name!r} (known: {', '.join(LAUNCHERS)})" for name in unknown]
+    problems += _check_hosts(hosts, lo.master_addr, cluster.num_nodes)
+    problems += _check_env(env)
+    args = [*program_args, *lo.script_args]
+    if any("\x00" in a for a in [framework_entry, *args]):
+        problems.append("a program argument contains a NUL byte, which no process argument can hold")
+    if not framework_entry:
+        problems.append("framework_entry is empty: give the training script (pretrain_gpt.py, train.py)")
+    if "deepspeed" in launchers:
+        problems += _deepspeed_problems(hosts, lo.master_addr, env)
+    if "slurm" in launchers:
+        problems += _slurm_problems(lo)
+    if problems:
+        raise InputError(problems, subject="launch settings")
+
+    common = {
+        "header": _comment(f"autotune: {plan_summary(plan)} ({plan.framework}) on {cluster.num_nodes} x "
+                           f"{cluster.gpus_per_node} {cluster.gpu.name}"),
+        "exports": _exports(env),
+        "entry": _q(framework_entry),
+        "program_args": _format_args(args),
+        "nnodes": str(cluster.num_nodes),
+        "nproc_per_node": str(cluster.gpus_per_node),
+        "port": str(lo.master_port),
+    }
+    files: dict[str, str] = {}
+    if "torchrun" in launchers:
+        if cluster.num_nodes == 1:
+            files["launch_torchrun.sh"] = _template("torchrun_single.sh.tmpl").substitute(common)
+        else:
+            host = lo.master_addr or (hosts[0] if hosts else None)
+            # No host known: the user exports MASTER_ADDR (the first node) before running the script.
+            endpoint = (_q(f"{host}:{lo.master_port}") if host else
+                        f'"${{MASTER_ADDR:?export MASTER_ADDR=<first node>}}:{lo.master_port}"')
+            files["launch_torchrun.sh"] = _template("torchrun_multi.sh.tmpl").substitute(
+                common, rdzv_endpoint=endpoint, rdzv_id=_q(lo.job_name))
+    if "deepspeed" in launchers:
+        ds_args = []
+        if hosts or cluster.num_nodes == 1:
+            files["hostfile"] = render_hostfile(hosts or ("localhost",), cluster.gpus_per_node)
+            ds_args += ["--hostfile", '"$SCRIPT_DIR/hostfile"']
+        else:  # no host names: the runner's default hostfile location, overridable
+            ds_args += ["--hostfile", '"${DS_HOSTFILE:-/job/hostfile}"']
+        ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(cluster.gpus_per_node)]
+        if lo.master_addr or hosts:
+            ds_args += ["--master_addr", _q(lo.master_addr or hosts[0])]
+        # --no_local_rank: Megatron-LM's parser knows --local-rank, not the runner's --local_rank=N;
+        # ranks read LOCAL_RANK from the environment as under torchrun.
+        ds_args += ["--master_port", str(lo.master_port), "--no_local_rank"]
+        files["launch_deepspeed.sh"] = _template("deepspeed_launcher.sh.tmpl").substitute(
+            common, launcher_args=" ".join(ds_args))
+        files[".deepspeed_env"] = render_deepspeed_env(env)
+    if "slurm" in launchers:
+        optional = [f"#SBATCH --{flag}={value}" for flag, value in
+                    (("partition", lo.slurm_partition), ("account", lo.slurm_account)) if value]
+        files["launch_slurm.sbatch"] = _template("slurm.sbatch.tmpl").substitute(
+            common, job_name=lo.job_name, time_limit=lo.slurm_time, sbatch_optional="\n".join(optional))
+    return files

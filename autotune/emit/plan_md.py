@@ -1,0 +1,203 @@
+"""plan.md: the plan written for a person: what runs where, why, what it costs, and how to start it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from autotune.emit.precision import precision_summary
+from autotune.report import format_params, gib, memory_table, plan_summary
+from autotune.specs.layout import pipeline_split
+
+__all__ = ["plan_markdown", "plan_reasons"]
+
+# What each emitted file is for; launch scripts are the last step, everything else is read or edited first.
+_FILE_ROLES: dict[str, str] = {
+    "ds_config.json": "DeepSpeed config: the training script passes it to `deepspeed.initialize(config=...)`",
+    "megatron_args.txt": "Megatron-LM arguments, one flag per line",
+    "megatron_args.sh": "Megatron-LM arguments as a bash array",
+    "megatron_deepspeed_args.sh": "Megatron-DeepSpeed arguments as a bash array",
+    "ds_config_hf.json": "DeepSpeed config for the Hugging Face Trainer / Accelerate",
+    "accelerate_config.yaml": "Accelerate config (`accelerate launch --config_file accelerate_config.yaml`)",
+    "plan.json": "the plan and its estimate, machine-readable",
+    "te_fp8_recipe.py": "FP8 recipe: `from te_fp8_recipe import fp8_recipe, fp8_autocast` in the training script",
+    "hostfile": "DeepSpeed hostfile (`host slots=N`), read by launch_deepspeed.sh",
+    ".deepspeed_env": "environment the deepspeed runner exports on every node",
+    "plan.md": "this file",
+}
+_LAUNCH_ROLES: dict[str, str] = {
+    "launch_torchrun.sh": "`bash launch_torchrun.sh` on every node (torchrun)",
+    "launch_deepspeed.sh": "`bash launch_deepspeed.sh` on the first node (the deepspeed runner starts the rest over "
+                           "ssh)",
+    "launch_slurm.sbatch": "`sbatch launch_slurm.sbatch` (SLURM: srun runs torchrun once per node)",
+}
+
+
+def plan_reasons(estimate) -> list[tuple[str, str, str]]:
+    """(dimension, setting, why) for each dimension of the plan, from the model, cluster and plan facts."""
+    model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
+    rows: list[tuple[str, str, str]] = []
+    node = cluster.gpus_per_node
+    if plan.tp > 1:
+        where = "inside one node (NVLink)" if plan.tp <= node else f"across nodes ({plan.tp} > {node} GPUs per node)"
+        rows.append(("tensor parallel", str(plan.tp), f"each layer's matrices split {plan.tp} ways, {where}; "
+                     f"{model.num_attention_heads // plan.tp} attention heads per GPU"))
+    else:
+        rows.append(("tensor parallel", "1", "layers are not split: the per-GPU model states fit without it"))
+    split = pipeline_split(model.num_layers, plan.pp)
+    if plan.pp > 1 and split is not None:
+        layers = (f"{split[1]} layers per stage" if split[0] == split[1] == split[2]
+                  else f"{split[0]} + {plan.pp - 2} x {split[1]} + {split[2]} layers (lighter first and last stages)")
+        bubble = (plan.pp - 1) / (plan.vpp * plan.num_microbatches)
+        rows.append(("pipeline parallel", f"{plan.pp}" + (f" x {plan.vpp} virtual" if plan.vpp > 1 else ""),
+                     f"{layers}; bubble (pp-1)/(vpp*m) = {plan.pp - 1}/({plan.vpp}*{plan.num_microbatches}) = "
+                     f"{bubble:.1%} of the compute"))
+    else:
+        rows.append(("pipeline parallel", "1", "no pipeline: no bubble"))
+    rows.append(("data parallel", str(plan.dp), f"{plan.dp} replicas of the model; the rest of the "
+                 f"{cluster.num_gpus} GPUs after tp x pp x cp = {plan.model_parallel_size}"))
+    if plan.cp > 1:
+        rows.append(("context parallel", str(plan.cp), f"each sequence of {plan.seq_len} tokens split in {plan.cp} "
+                     f"({plan.seq_len // plan.cp} per GPU): attention activations shrink by {plan.cp}x"))
+    if model.moe is not None:
+        rows.append(("expert parallel", str(plan.ep), f"{model.moe.num_experts // plan.ep} of "
+                     f"{model.moe.num_experts} experts per GPU (top-{model.moe.top_k} routing, all-to-all)"))
+    if plan.tp > 1:
+        rows.append(("sequence parallel", "on" if plan.sequence_parallel else "off",
+                     "norm and dropout activations split over the TP ranks" if plan.sequence_parallel
+                     else "norm and dropout activations replicated on every TP rank"))
+    if plan.framework == "megatron":
+        zero = ("distributed optimizer: optimizer states sharded over the dp x cp ranks"
+                if plan.zero_stage else "plain data parallel: every replica keeps all optimizer states")
+    else:
+        zero = {0: "no sharding: every replica keeps all model states",
+                1: "optimizer states (and gradient partitions) sharded over the dp x cp ranks",
+                2: "optimizer states and gradients sharded over the dp x cp ranks",
+                3: "parameters, gradients and optimizer states sharded; layers gathered just in time"}[plan.zero_stage]
+    rows.append(("ZeRO", f"{plan.zero_stage} ({plan.framework})", zero))
+    if plan.offload_optimizer != "none" or plan.offload_param != "none":
+        rows.append(("offload", f"optimizer -> {plan.offload_optimizer}, params -> {plan.offload_param}",
+                     "model states moved off the GPU; costs host bandwidth every step"))
+    rows.append(("micro-batch", f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation",
+                 f"{plan.micro_batch_size} x {plan.grad_accum_steps} x dp {plan.dp} = global batch "
+                 f"{plan.global_batch_size} sequences ({plan.tokens_per_step:,} tokens per step)"))
+    recompute = {"none": "all activations kept for backward",
+                 "selective": "attention scores recomputed in backward (Korthikanti et al. 2022)",
+                 "full": "each layer's input kept, the layer recomputed in backward (about 1/3 more compute)"}
+    detail = recompute[plan.recompute]
+    if plan.recompute == "full" and plan.recompute_num_layers:
+        detail = f"{plan.recompute_num_layers} layers per stage recomputed (block method), the rest kept"
+    rows.append(("recompute", plan.recompute, detail))
+    prec = precision_summary(plan)
+    why = f"{prec['params_dtype']} weights and activations, fp32 master weights and optimizer states"
+    if prec["fp8"]:
+        why += (f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, delayed scaling over "
+                f"{prec['fp8']['amax_history_len']} steps)")
+    if prec["loss_scaling"]:
+        why += "; dynamic loss scaling"
+    rows.append(("precision", plan.precision, why))
+    rows.append(("attention", "flash" if plan.flash_attention else "unfused",
+                 "fused kernel: no s x s score matrices stored" if plan.flash_attention
+                 else "scores materialised (s x s per head)"))
+    rows.append(("overlap", "on" if plan.overlap_comm else "off",
+                 "gradient reduction (and parameter gathers) overlap the backward pass" if plan.overlap_comm
+                 else "gradient reduction after the backward pass"))
+    return rows
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _time_section(estimate) -> list[str]:
+    t = estimate.time
+    step = t.step_time_s or 1.0
+    parts = [("compute", t.compute_s), ("exposed communication", t.exposed_comm_s), ("pipeline bubble", t.bubble_s),
+             ("offload", t.offload_s), ("optimizer step", t.optimizer_s)]
+    lines = ["| part | seconds | share |", "|---|---:|---:|"]
+    for name, value in parts:
+        lines.append(f"| {name} | {value:.3f} | {value / step:.1%} |")
+    for kind, value in t.comm_parts_s.items():
+        if value:
+            lines.append(f"| &nbsp;&nbsp;comm: {kind} | {value:.3f} | {value / step:.1%} |")
+    lines.append(f"| **step** | **{t.step_time_s:.3f}** | |")
+    lines += ["", f"- throughput: {t.tokens_per_s:,.0f} tokens/s "
+                  f"({t.tokens_per_s / estimate.cluster.num_gpus:,.0f} per GPU)",
+              f"- model FLOPs: {t.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%} "
+              f"(hardware, with recompute: {t.hardware_tflops_per_gpu:.1f}, HFU {t.hfu:.1%})"]
+    return lines
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _measured_section(estimate, measured: Mapping) -> list[str]:
+    predicted = {**estimate.time.to_dict(), "peak_memory_bytes": estimate.memory.total}
+    lines = ["| quantity | predicted | measured | measured / predicted |", "|---|---:|---:|---:|"]
+    for key, value in measured.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            lines.append(f"| {_cell(key)} | | {_cell(value)} | |")
+            continue
+        pred = predicted.get(key)
+        if pred is None and "bytes" in key and "peak" in key:
+            pred = estimate.memory.total
+        fmt = (lambda v: f"{gib(v)} GiB") if "bytes" in key else _number
+        ratio = f"{value / pred:.2f}" if isinstance(pred, (int, float)) and pred else ""
+        lines.append(f"| {_cell(key)} | {fmt(pred) if isinstance(pred, (int, float)) else ''} | {fmt(value)} | "
+                     f"{ratio} |")
+    return lines
+
+
+def _run_section(files: Sequence[str]) -> list[str]:
+    if not files:
+        return ["(no files were written with this plan)"]
+    launch = [f for f in files if f.rsplit("/", 1)[-1] in _LAUNCH_ROLES]
+    other = [f for f in files if f not in launch and f.rsplit("/", 1)[-1] != "plan.md"]
+    lines, step = [], 1
+    if other:
+        lines.append(f"{step}. Read and adjust (data paths, tokenizer, checkpoint folder):")
+        for f in other:
+            role = _FILE_ROLES.get(f.rsplit("/", 1)[-1], "written for this plan")
+            lines.append(f"   - `{f}`: {role}")
+        step += 1
+    if launch:
+        lines.append(f"{step}. Start the job with one launcher:")
+        for f in launch:
+            lines.append(f"   - `{f}`: {_LAUNCH_ROLES[f.rsplit('/', 1)[-1]]}")
+        step += 1
+    lines.append(f"{step}. Check the first steps against the prediction above (step time, memory); "
+                 f"`autotune tune` measures it on the real hardware.")
+    return lines
+
+
+def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
+                  files: Sequence[str] = ()) -> str:
+    """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files."""
+    model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
+    gpu = cluster.gpu
+    out = [f"# Training plan: {model.name} on {cluster.num_gpus} x {gpu.name}", "",
+           f"`{plan_summary(plan)}` ({plan.framework})", "", "## Model and cluster", ""]
+    shape = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads} heads"
+             + (f" ({model.kv_heads} KV heads)" if model.kv_heads != model.num_attention_heads else "")
+             + f", FFN {model.ffn_hidden_size}, vocabulary {model.vocab_size:,}")
+    out.append(f"- model: **{model.name}**, {format_params(model.num_params)} parameters"
+               + (f" ({format_params(model.num_active_params)} active per token)" if model.moe else "")
+               + f"; {shape}")
+    if model.moe:
+        out.append(f"- mixture of experts: {model.moe.num_experts} experts, top-{model.moe.top_k}, expert FFN "
+                   f"{model.moe.expert_ffn_hidden_size}")
+    peak = ", ".join(f"{k} {v:,.0f}" for k, v in gpu.peak_tflops.items())
+    out.append(f"- cluster: {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {gpu.name} ({gpu.memory_gib:g} GiB, "
+               f"peak TFLOP/s {peak}); NVLink {cluster.intra_node_bandwidth_gb_per_s:g} GB/s, network "
+               f"{cluster.inter_node_bandwidth_gb_per_s:g} GB/s per GPU")
+    out.append(f"- batch: {plan.global_batch_size} sequences x {plan.seq_len} tokens = {plan.tokens_per_step:,} "
+               f"tokens per step")
+    out += ["", "## The plan and why", "", "| dimension | setting | why |", "|---|---|---|"]
+    out += [f"| {_cell(d)} | {_cell(s)} | {_cell(w)} |" for d, s, w in plan_reasons(estimate)]
+    out += ["", "## Memory per GPU", "", "```text", memory_table(model, cluster, plan, estimate.memory), "```", ""]
+    out += ["## Predicted step time", ""] + _time_section(estimate) + [""]
+    out += ["## Checkpoint policy", "", checkpoint_policy_text.strip() or "(no checkpoint policy was given)", ""]
+    if measured:
+        out += ["## Measured", ""] + _measured_section(estimate, measured) + [""]
+    out += ["## How to run", ""] + _run_section(files) + [""]
+    return "\n".join(out)

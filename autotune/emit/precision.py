@@ -1,0 +1,145 @@
+"""Mixed-precision settings: the one place the bf16 / fp16 / fp8 choices are made.
+
+Megatron-LM takes them as flags (:func:`megatron_precision_flags`); DeepSpeed has no FP8 key
+(``../shared/reference/deepspeed-megatron-surface.md`` §1: FP8 comes from Transformer Engine
+modules plus ``fp8_autocast`` in user code), so for DeepSpeed users we write a small module,
+``te_fp8_recipe.py`` (:func:`te_fp8_recipe_snippet`), that builds the same recipe.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import InputError
+from autotune.report import plan_summary
+from autotune.specs.plan import ParallelPlan
+
+__all__ = [
+    "FP8_FORMAT", "FP8_RECIPE", "FP8_AMAX_HISTORY_LEN", "FP8_AMAX_COMPUTE_ALGO",
+    "FP16_INITIAL_LOSS_SCALE", "FP16_MIN_LOSS_SCALE", "FP16_LOSS_SCALE_WINDOW", "FP16_HYSTERESIS",
+    "megatron_precision_flags", "precision_summary", "te_fp8_recipe_snippet",
+]
+
+# FP8 delayed scaling as NVIDIA's reference FP8 pretraining runs set it (Megatron-LM
+# examples/llama/train_llama3_8b_h100_fp8.sh: --fp8-format hybrid --fp8-amax-history-len 1024
+# --fp8-amax-compute-algo max). HYBRID = E4M3 in the forward pass, E5M2 for gradients.
+FP8_FORMAT = "hybrid"
+FP8_RECIPE = "delayed"
+FP8_AMAX_HISTORY_LEN = 1024
+FP8_AMAX_COMPUTE_ALGO = "max"
+
+# Dynamic fp16 loss scaling. Start at 2**16 (DeepSpeed's initial_scale_power 16) rather than
+# Megatron's 2**32 default, which skips ~16 overflowing steps before it settles; window,
+# hysteresis and minimum are Megatron's (and DeepSpeed's) defaults.
+FP16_INITIAL_LOSS_SCALE = 2.0**16
+FP16_MIN_LOSS_SCALE = 1.0
+FP16_LOSS_SCALE_WINDOW = 1000
+FP16_HYSTERESIS = 2
+
+
+def _fmt(x: float) -> str:
+    """A number as Megatron's argparse reads it: integers without a trailing ``.0``."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def megatron_precision_flags(plan: ParallelPlan) -> list[str]:
+    """Megatron-LM precision flags for the plan.
+
+    FP8 runs keep bf16 parameters and activations outside the FP8 GEMMs, hence ``--bf16`` too.
+    ``--fp8-param-gather`` (all-gather parameters in FP8) needs the distributed optimizer
+    (validate_args 1097), so only with ``zero_stage == 1``.
+    """
+    if plan.precision == "bf16":
+        return ["--bf16"]
+    if plan.precision == "fp16":
+        return ["--fp16", "--initial-loss-scale", _fmt(FP16_INITIAL_LOSS_SCALE),
+                "--min-loss-scale", _fmt(FP16_MIN_LOSS_SCALE), "--loss-scale-window", _fmt(FP16_LOSS_SCALE_WINDOW),
+                "--hysteresis", str(FP16_HYSTERESIS)]
+    flags = ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", FP8_RECIPE,
+             "--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN), "--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]
+    if plan.zero_stage == 1:
+        flags.append("--fp8-param-gather")
+    return flags
+
+
+def precision_summary(plan: ParallelPlan) -> dict:
+    """The precision settings chosen for the plan, as plain data (for plan.md and ``--json``)."""
+    fp8 = plan.precision == "fp8"
+    out: dict = {
+        "precision": plan.precision,
+        "params_dtype": "fp16" if plan.precision == "fp16" else "bf16",
+        "gemm_dtype": "fp8" if fp8 else plan.precision,
+        "master_weights_dtype": "fp32",
+        "optimizer_states_dtype": "fp32",
+        "loss_scaling": None,
+        "fp8": None,
+    }
+    if plan.precision == "fp16":
+        out["loss_scaling"] = {"dynamic": True, "initial": FP16_INITIAL_LOSS_SCALE, "min": FP16_MIN_LOSS_SCALE,
+                               "window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
+    if fp8:
+        out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": FP8_RECIPE,
+                      "amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
+                      "param_gather": plan.framework == "megatron" and plan.zero_stage == 1,
+                      "how": ("Megatron-LM flags" if plan.framework == "megatron"
+                              else "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script")}
+    return out
+
+
+_SNIPPET = '''"""FP8 recipe for NVIDIA Transformer Engine, written by autotune for plan: {summary}.
+
+DeepSpeed has no FP8 config key: FP8 comes from Transformer Engine layers (te.Linear,
+te.LayerNormMLP, te.TransformerLayer...) run under fp8_autocast. Use it in the training step:
+
+    from te_fp8_recipe import fp8_recipe, fp8_autocast
+
+    with fp8_autocast():
+        loss = model_engine(batch)
+    model_engine.backward(loss)
+
+Transformer Engine is imported lazily: this file imports without it, and fp8_recipe() /
+fp8_autocast() raise an ImportError saying what to install.
+"""
+
+FP8_FORMAT = "{format_upper}"  # HYBRID: E4M3 forward, E5M2 gradients
+AMAX_HISTORY_LEN = {history}
+AMAX_COMPUTE_ALGO = "{algo}"
+
+__all__ = ["fp8_recipe", "fp8_autocast", "FP8_FORMAT", "AMAX_HISTORY_LEN", "AMAX_COMPUTE_ALGO"]
+
+
+def _transformer_engine():
+    try:
+        import transformer_engine.pytorch as te
+        from transformer_engine.common import recipe
+    except ImportError as err:
+        raise ImportError(
+            "te_fp8_recipe needs NVIDIA Transformer Engine: pip install 'transformer-engine[pytorch]' "
+            "(FP8 GEMMs also need an FP8-capable GPU: Hopper, Ada or Blackwell)"
+        ) from err
+    return te, recipe
+
+
+def fp8_recipe():
+    """The DelayedScaling recipe autotune planned for."""
+    _, recipe = _transformer_engine()
+    return recipe.DelayedScaling(
+        fp8_format=getattr(recipe.Format, FP8_FORMAT),
+        amax_history_len=AMAX_HISTORY_LEN,
+        amax_compute_algo=AMAX_COMPUTE_ALGO,
+    )
+
+
+def fp8_autocast(enabled=True, **kwargs):
+    """transformer_engine.pytorch.fp8_autocast with this recipe (extra kwargs, e.g. fp8_group, pass through)."""
+    te, _ = _transformer_engine()
+    return te.fp8_autocast(enabled=enabled, fp8_recipe=fp8_recipe(), **kwargs)
+'''
+
+
+def te_fp8_recipe_snippet(plan: ParallelPlan) -> str:
+    """The text of ``te_fp8_recipe.py`` for an FP8 plan (valid Python; imports without Transformer Engine)."""
+    if plan.precision != "fp8":
+        raise InputError([f"the FP8 recipe applies to fp8 plans; this plan trains in {plan.precision}"],
+                         subject="precision")
+    summary = plan_summary(plan).replace('"', "'").replace("\n", " ")
+    return _SNIPPET.format(summary=summary, format_upper=FP8_FORMAT.upper(), history=FP8_AMAX_HISTORY_LEN,
+                           algo=FP8_AMAX_COMPUTE_ALGO)

@@ -1,0 +1,209 @@
+"""Launch scripts: valid bash, every user string quoted (run them against stand-in launchers that only
+record their arguments), host names checked where a launcher re-parses them with a shell."""
+
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+
+import pytest
+from deepspeed.launcher.runner import _parse_hostfile
+
+from autotune.emit.launch import render_launch_scripts
+from autotune.emit.options import EmitOptions, LaunchOptions
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.plan import ParallelPlan
+
+BASH = shutil.which("bash")
+pytestmark = pytest.mark.skipif(BASH is None, reason="bash is needed to check the scripts")
+
+SCRIPTS = ("launch_torchrun.sh", "launch_deepspeed.sh", "launch_slurm.sbatch")
+
+
+def cluster(num_gpus):
+    return load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
+
+
+PLAN = ParallelPlan(tp=8, dp=2, global_batch_size=2, framework="megatron")
+ARGS = ["--num-layers", "32", "--moe-layer-freq", "([0]*3+[1]*29)", "--bf16"]
+
+
+def render(num_gpus=16, launchers=("torchrun", "deepspeed", "slurm"), env=None, args=ARGS,
+           entry="pretrain_gpt.py", **launch):
+    return render_launch_scripts(cluster(num_gpus), PLAN, EmitOptions(launch=LaunchOptions(**launch)),
+                                 program_args=args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if env is None else env,
+                                 framework_entry=entry, launchers=launchers)
+
+
+def bash_syntax_ok(text, tmp_path):
+    path = tmp_path / f"script-{uuid.uuid4().hex}.sh"
+    path.write_text(text)
+    result = subprocess.run([BASH, "-n", str(path)], capture_output=True, text=True)
+    return result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("num_gpus,launch", [
+    (8, {}),
+    (16, {}),
+    (16, {"hosts": ("node1", "node2")}),
+    (32, {"master_addr": "10.0.0.1", "slurm_partition": "gpu", "slurm_account": "proj-42"}),
+])
+def test_every_script_passes_bash_n_and_starts_right(num_gpus, launch, tmp_path):
+    files = render(num_gpus, **launch)
+    for name in SCRIPTS:
+        text = files[name]
+        ok, err = bash_syntax_ok(text, tmp_path)
+        assert ok, f"{name}: {err}\n{text}"
+        assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+        assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    torchrun = files["launch_torchrun.sh"]
+    if num_gpus == 8:
+        assert "--standalone --nnodes 1 --nproc-per-node 8" in torchrun
+    else:
+        assert "--rdzv-backend c10d" in torchrun and f"--nnodes {num_gpus // 8}" in torchrun
+    slurm = files["launch_slurm.sbatch"]
+    assert "#SBATCH --ntasks-per-node=1" in slurm and "#SBATCH --gpus-per-node=8" in slurm
+    assert ("#SBATCH --partition=gpu" in slurm) == ("slurm_partition" in launch)
+    assert ("#SBATCH --account=proj-42" in slurm) == ("slurm_account" in launch)
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in slurm
+    # sbatch reads #SBATCH lines only before the first command.
+    assert slurm.index("set -euo pipefail") > slurm.rindex("#SBATCH")
+
+
+def test_hostfile_and_deepspeed_env_are_what_deepspeed_reads():
+    files = render(16, hosts=("node1", "node2"), env={"NCCL_SOCKET_IFNAME": "^docker0,lo", "NCCL_IB_HCA": "mlx5"})
+    assert dict(_parse_hostfile(files["hostfile"].splitlines())) == {"node1": 8, "node2": 8}
+    assert files[".deepspeed_env"] == "NCCL_SOCKET_IFNAME=^docker0,lo\nNCCL_IB_HCA=mlx5\n"
+    assert '--hostfile "$SCRIPT_DIR/hostfile"' in files["launch_deepspeed.sh"]
+    assert "--no_local_rank" in files["launch_deepspeed.sh"]
+    single = render(8)
+    assert dict(_parse_hostfile(single["hostfile"].splitlines())) == {"localhost": 8}
+
+
+# ---- quoting: run the scripts against stand-in launchers -----------------------------------------
+RECORDER = """#!/bin/sh
+for a in "$@"; do printf '%s\\0' "$a"; done > "$ARGV_OUT"
+env -0 > "$ENV_OUT"
+"""
+FAKES = {
+    "torchrun": RECORDER,
+    "deepspeed": RECORDER,
+    # srun: drop its own options, run the command.
+    "srun": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
+    "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
+}
+
+
+def run_with_fakes(tmp_path, name, text, extra_env=None):
+    """Run the script with stand-ins for the launchers; return (argv they got, their environment)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for fake, body in FAKES.items():
+        (bin_dir / fake).write_text(body)
+        (bin_dir / fake).chmod(stat.S_IRWXU)
+    script = tmp_path / name
+    script.write_text(text)
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "ARGV_OUT": str(tmp_path / "argv"),
+           "ENV_OUT": str(tmp_path / "env"), **(extra_env or {})}
+    result = subprocess.run([BASH, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv").read_bytes().split(b"\0")[:-1]
+    environ = dict(item.split(b"=", 1) for item in (tmp_path / "env").read_bytes().split(b"\0") if b"=" in item)
+    return [a.decode() for a in argv], {k.decode(): v.decode() for k, v in environ.items()}
+
+
+@pytest.fixture
+def pwned():
+    path = f"/tmp/pwned-{uuid.uuid4().hex}"
+    yield path
+    assert not os.path.exists(path), "a hostile string was executed"
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def hostile_strings(pwned):
+    return ["node1; rm -rf ~", f"$(touch {pwned})", "a'b\"c", f"`touch {pwned}`", f"x\\y\n$(touch {pwned})",
+            f"--flag=$(touch {pwned}) && touch {pwned}", "*", "~", "$HOME", "${PATH}"]
+
+
+def test_hostile_hosts_paths_and_args_stay_data(tmp_path, pwned):
+    hostile = hostile_strings(pwned)
+    entry = f"/opt/train dir/$(touch {pwned})/a'b\"c.py"
+    args = ["--save", hostile[0], "--data-path", *hostile[1:]]
+    env = {"HOSTILE_A": hostile[1], "HOSTILE_B": "a'b\"c; rm -rf ~", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    files = render(16, launchers=("torchrun", "slurm"), env=env, args=args, entry=entry,
+                   hosts=("node1; rm -rf ~", f"$(touch {pwned})"), job_name="run-1")
+    for name, text in files.items():
+        ok, err = bash_syntax_ok(text, tmp_path)
+        assert ok, f"{name}: {err}"
+
+    argv, environ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"])
+    assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "node1; rm -rf ~:29500", "--rdzv-id", "run-1", entry, *args]
+    assert environ["HOSTILE_A"] == env["HOSTILE_A"] and environ["HOSTILE_B"] == env["HOSTILE_B"]
+
+    slurm_env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node-[a-b]"}
+    argv, environ = run_with_fakes(tmp_path, "launch_slurm.sbatch", files["launch_slurm.sbatch"], slurm_env)
+    assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-id", "4242",
+                    "--rdzv-endpoint", "node-a:29500", entry, *args]
+    assert environ["HOSTILE_B"] == env["HOSTILE_B"]
+
+
+def test_hostile_master_addr_is_quoted(tmp_path, pwned):
+    files = render(16, launchers=("torchrun",), master_addr=f"a'b\"c $(touch {pwned})")
+    argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"])
+    assert argv[argv.index("--rdzv-endpoint") + 1] == f"a'b\"c $(touch {pwned}):29500"
+
+
+def test_deepspeed_script_quotes_paths_and_args(tmp_path, pwned):
+    hostile = hostile_strings(pwned)
+    entry = f"/opt/train dir/$(touch {pwned}).py"
+    files = render(16, launchers=("deepspeed",), args=hostile, entry=entry, hosts=("node1", "node2"),
+                   env={"NCCL_SOCKET_IFNAME": "^lo", "NCCL_DEBUG": "INFO"})
+    argv, environ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"])
+    assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--num_nodes", "2", "--num_gpus", "8",
+                    "--master_addr", "node1", "--master_port", "29500", "--no_local_rank", entry, *hostile]
+    assert environ["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env" and environ["NCCL_SOCKET_IFNAME"] == "^lo"
+
+
+def test_deepspeed_runner_refuses_what_its_remote_shell_would_run(pwned):
+    # The runner writes --master_addr and .deepspeed_env values unquoted into pdsh's remote command.
+    with pytest.raises(InputError, match="unquoted to a remote shell"):
+        render(16, hosts=("node1; rm -rf ~", "node2"))
+    with pytest.raises(InputError, match="unquoted to a remote shell"):
+        render(16, master_addr=f"$(touch {pwned})")
+    with pytest.raises(InputError, match="cannot be passed safely"):
+        render(16, env={"NCCL_DEBUG": f"$(touch {pwned})"})
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "node\x001", "node1\nrm -rf ~", "node1\r"])
+def test_empty_nul_and_newline_host_names_are_rejected(bad):
+    with pytest.raises(InputError, match="host"):
+        render(16, launchers=("torchrun",), hosts=(bad, "node2"))
+    with pytest.raises(InputError, match="master_addr"):
+        render(16, launchers=("torchrun",), master_addr=bad)
+
+
+def test_other_input_errors_name_every_problem():
+    with pytest.raises(InputError) as err:
+        render(16, launchers=("torchrun", "slurm", "mpirun"), hosts=("node1",), env={"BAD-NAME": "1"},
+               slurm_partition="gpu\n#SBATCH --account=theirs")
+    text = str(err.value)
+    for part in ("unknown launcher 'mpirun'", "1 host name(s) given for a cluster of 2", "BAD-NAME",
+                 "slurm_partition"):
+        assert part in text
+
+
+def test_multi_node_without_hosts_asks_for_master_addr(tmp_path):
+    files = render(16, launchers=("torchrun", "deepspeed"))
+    assert "hostfile" not in files and "${DS_HOSTFILE:-/job/hostfile}" in files["launch_deepspeed.sh"]
+    argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"], {"MASTER_ADDR": "10.1.1.1"})
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.1.1.1:29500"
+    script = tmp_path / "no_master.sh"
+    script.write_text(files["launch_torchrun.sh"])
+    result = subprocess.run([BASH, str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert result.returncode != 0 and "MASTER_ADDR" in result.stderr
