@@ -205,6 +205,8 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
         args.append("--swiglu")
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
     args += ["--position-embedding-type", "rope" if model.position_embedding == "rope" else "learned_absolute"]
+    if model.position_embedding == "rope":
+        args += ["--rotary-base", _num(model.rope_theta)]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not model.linear_bias:

@@ -94,6 +94,7 @@ def _llama_like(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=_DEFAULT_MAX_POSITIONS[mt]),
+        rope_theta=float(f.get("rope_theta", 10000.0)),
         tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "attention_dropout", default=0.0),
     )
@@ -172,6 +173,7 @@ def _gpt_neox(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="gelu", norm="layernorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
+        rope_theta=float(f.get("rotary_emb_base", 10000.0)),
         linear_bias=True, tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
     )
@@ -209,6 +211,7 @@ def _falcon(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="gelu", norm="layernorm", position_embedding="alibi" if f.get("alibi", False) else "rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
+        rope_theta=float(f.get("rope_theta", 10000.0)),
         linear_bias=bool(f.get("bias", False)), norms_per_layer=norms,
         tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),

@@ -129,6 +129,8 @@ class ModelSpec:
     position_embedding: PositionEmbedding = "learned"
     max_position_embeddings: int = 2048
     """Rows of the learned position table (counted only for ``learned``)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency (Llama 2: 10,000; Llama 3: 500,000; Mixtral, Qwen2.5: 1,000,000). Only with rope."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False
@@ -165,6 +167,8 @@ class ModelSpec:
             out.append(f"norm must be layernorm or rmsnorm, got {self.norm!r}")
         if self.position_embedding not in ("learned", "rope", "alibi"):
             out.append(f"position_embedding must be learned, rope or alibi, got {self.position_embedding!r}")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            out.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
         if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:

@@ -325,7 +325,7 @@ class DecoderLM(nn.Module):
         self.final_norm = _norm(spec, spec.hidden_size)
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.position_embedding == "rope":
-            cos, sin = _rope_tables(seq_len, spec.attention_head_dim)
+            cos, sin = _rope_tables(seq_len, spec.attention_head_dim, spec.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
@@ -375,5 +375,5 @@ def build_model(spec: ModelSpec, *, seq_len: int, recompute: Recompute = "none",
     model = DecoderLM(spec, seq_len=seq_len, recompute=recompute, flash_attention=flash_attention)
     model.to(dtype)
     if model.rope_cos is not None:  # RoPE tables stay fp32 (the fused kernels compute in fp32)
-        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.attention_head_dim)
+        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.attention_head_dim, spec.rope_theta)
     return model
