@@ -116,8 +116,39 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU (default 0.2)")
     plan.set_defaults(handler=_cmd_plan)
 
-    from autotune.commands import recipes
+    emit = sub.add_parser("emit", help="write ds_config.json, Megatron args, launch scripts, plan.md for a plan",
+                          epilog=_preset_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = emit.add_argument_group("the plan (one of)")
+    src.add_argument("--recipe", help="a recipe name (`autotune recipes list`) or recipe YAML")
+    src.add_argument("--plan-json", help="output of `autotune estimate --json` or `autotune plan --json`")
+    src.add_argument("--candidate", type=int, default=1, help="with a plan --json file: which candidate (default 1)")
+    _add_common(emit)
+    _add_plan_flags(emit)
+    out = emit.add_argument_group("output and job settings")
+    out.add_argument("--out", required=True, help="folder to create")
+    out.add_argument("--force", action="store_true", help="replace an existing folder")
+    out.add_argument("--lr", type=float, help="peak learning rate (default 3e-4)")
+    out.add_argument("--train-steps", type=int, help="optimizer steps (default 100000)")
+    out.add_argument("--warmup-steps", type=int, help="warm-up steps (default 2000)")
+    out.add_argument("--save-dir", help="checkpoint folder (default checkpoints)")
+    out.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage write bandwidth (default 5)")
+    out.add_argument("--gpu-mtbf-hours", type=float, help="mean time between failures of one GPU (default 50000)")
+    out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
+    out.add_argument("--save-interval", type=int, help="override the Young/Daly checkpoint interval (steps)")
+    out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
+    out.add_argument("--hosts", help="comma-separated host names, one per node")
+    out.add_argument("--master-addr")
+    out.add_argument("--master-port", type=int)
+    out.add_argument("--script", help="training script (default train.py; pretrain_gpt.py for Megatron-LM)")
+    out.add_argument("--slurm-partition")
+    out.add_argument("--slurm-account")
+    out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra NCCL_* setting for every rank (repeatable)")
+    emit.set_defaults(handler=_cmd_emit, recompute=None, zero=None)
 
+    from autotune.commands import recipes, validate
+
+    validate.register(sub)
     recipes.register(sub)
     return parser
 
@@ -180,10 +211,9 @@ def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
     return model, cluster
 
 
-def _cmd_estimate(args: argparse.Namespace) -> int:
+def _estimate_from_flags(args: argparse.Namespace):
     from autotune.api import estimate, make_plan
     from autotune.cost.memory import MemorySettings
-    from autotune.report import memory_table
 
     model, cluster = _load_inputs(args)
     plan = make_plan(
@@ -198,11 +228,108 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
         fragmentation_fraction=args.fragmentation,
     )
-    result = estimate(model, cluster, plan, settings)
+    return estimate(model, cluster, plan, settings)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from autotune.report import memory_table
+
+    result = _estimate_from_flags(args)
+    model, cluster, plan = result.model, result.cluster, result.plan
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(memory_table(model, cluster, plan, result.memory))
+    return EXIT_OK
+
+
+def _emit_options(args: argparse.Namespace, base: dict | None = None):
+    """EmitOptions from a recipe's emit block, overridden by flags."""
+    from dataclasses import replace
+
+    from autotune.emit.options import CheckpointOptions, EmitOptions, LaunchOptions, OptimizerOptions
+
+    base = base or {}
+    problems = []
+    try:
+        opt = OptimizerOptions(**base.get("optimizer", {}))
+        ckpt = CheckpointOptions(**base.get("checkpoint", {}))
+        launch = LaunchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in base.get("launch", {}).items()})
+    except TypeError as err:
+        raise InputError([f"recipe emit block: {err}"], subject="emit options") from None
+    pick = {k: v for k, v in (("lr", args.lr), ("train_steps", args.train_steps),
+                              ("warmup_steps", args.warmup_steps)) if v is not None}
+    opt = replace(opt, **pick)
+    if "lr" in pick and opt.min_lr > opt.lr:
+        opt = replace(opt, min_lr=opt.lr / 10)
+    pick = {k: v for k, v in (("save_dir", args.save_dir), ("storage_bandwidth_gb_per_s", args.storage_gb_per_s),
+                              ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("keep_last", args.keep_last),
+                              ("interval_steps", args.save_interval)) if v is not None}
+    if args.no_async_save:
+        pick["async_save"] = False
+    ckpt = replace(ckpt, **pick)
+    nccl = dict(launch.nccl_env)
+    for item in args.nccl_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            problems.append(f"--nccl-env {item!r}: expected KEY=VALUE")
+        else:
+            nccl[key] = value
+    pick = {k: v for k, v in (("master_addr", args.master_addr), ("master_port", args.master_port),
+                              ("script", args.script), ("slurm_partition", args.slurm_partition),
+                              ("slurm_account", args.slurm_account)) if v is not None}
+    if args.hosts:
+        pick["hosts"] = tuple(h.strip() for h in args.hosts.split(","))
+    launch = replace(launch, nccl_env=nccl, **pick)
+    if problems:
+        raise InputError(problems, subject="emit options")
+    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch,
+                       steps_per_print=base.get("steps_per_print", 10))
+
+
+def _cmd_emit(args: argparse.Namespace) -> int:
+    from autotune.api import estimate_from_dict
+    from autotune.emit.bundle import write_bundle
+
+    sources = [s for s in ("recipe", "plan_json", "model") if getattr(args, s)]
+    if len(sources) != 1:
+        raise InputError(["give exactly one of --recipe NAME, --plan-json FILE, or --model with the plan flags"],
+                         subject="emit")
+    emit_block: dict = {}
+    if args.recipe:
+        from autotune.recipebook import load_recipe, recipe_estimate
+
+        recipe = load_recipe(args.recipe)
+        est = recipe_estimate(recipe)
+        emit_block = recipe.emit
+    elif args.plan_json:
+        try:
+            with open(args.plan_json, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except OSError as err:
+            raise InputError([f"cannot read {args.plan_json}: {err.strerror}"], subject="plan JSON") from None
+        except json.JSONDecodeError as err:
+            raise InputError([f"{args.plan_json} is not JSON: {err}"], subject="plan JSON") from None
+        if "candidates" in doc:
+            if not 1 <= args.candidate <= len(doc["candidates"]):
+                raise InputError([f"--candidate {args.candidate}: the file has {len(doc['candidates'])} candidates"],
+                                 subject="plan JSON")
+            doc = doc["candidates"][args.candidate - 1]
+        est = estimate_from_dict(doc)
+    else:
+        args.recompute = args.recompute or "selective"
+        args.zero = 1 if args.zero is None else args.zero
+        est = _estimate_from_flags(args)
+    options = _emit_options(args, emit_block)
+    paths = write_bundle(est, args.out, options, force=args.force)
+    if args.json:
+        print(json.dumps({"out": args.out, "files": [str(p) for p in paths]}, indent=2))
+    else:
+        from autotune.report import plan_summary
+
+        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} ({est.plan.framework}) to {args.out}/:")
+        for p in paths:
+            print(f"  {p.name}")
     return EXIT_OK
 
 

@@ -1,5 +1,5 @@
 """The README's main job: where Llama-3-70B's memory goes on 8 and on 64 H100s, then the
-fastest plans for it on 128 H100s.
+fastest plans for it on 128 H100s, and the files that run the best one.
 
 Runs on any machine (no GPU, no server): it is the cost model, not a training run.
 """
@@ -24,6 +24,9 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
     # 128 GPUs: search every plan and rank the ones that fit.
     ("plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "128", "--seq-len", "8192",
      "--global-batch", "1024"),
+    # ... and write the winner's files (the recipe holds that same plan): ds_config.json or Megatron args,
+    # launch scripts for torchrun, the deepspeed launcher and SLURM, the checkpoint policy, plan.md.
+    ("emit", "--recipe", "llama3-70b-128xh100", "--out", "out/llama3-70b-128xh100", "--force"),
 )
 
 

@@ -1,0 +1,358 @@
+"""DeepSpeed 0.19.8 configs for a plan: plain JSON, the Hugging Face Trainer variant, accelerate's YAML.
+
+Every key written exists in DeepSpeed 0.19.8 (``../shared/reference/deepspeed_keys.yaml``) and none
+of the keys 0.19.8 rejects is written. Integers are written as ints (pydantic accepts ``5e8`` for an
+int field but rejects ``5.5``). The ZeRO bucket sizes are the :class:`MemorySettings` the memory
+ledger assumed, so the job runs with the buffers the estimate counted. Every config written here
+passes :func:`autotune.emit.validate.validate_deepspeed_config` (schema, DeepSpeed's own parser,
+cross-field rules) for the plan's world size; the tests check that for hundreds of planner plans.
+
+What DeepSpeed has no key for is said by :func:`deepspeed_config_notes`, for the caller to warn:
+FP8 (Transformer Engine's ``fp8_autocast`` in the model code; the config says bf16), and the
+optimizers DeepSpeed does not build (Adafactor, 8-bit AdamW: the config names AdamW).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+from autotune.cost.memory import MemorySettings
+from autotune.emit.options import EmitOptions
+from autotune.errors import InputError, suggest_names
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import pipeline_split
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["DEEPSPEED_VERSION", "HF_AUTO_PATHS", "deepspeed_config", "deepspeed_config_notes", "hf_deepspeed_config",
+           "accelerate_config_yaml", "deepspeed_config_for", "plan_from_deepspeed_config"]
+
+DEEPSPEED_VERSION = "0.19.8"
+"""The DeepSpeed release whose keys and rules the configs follow."""
+
+# Where the Hugging Face integration replaces "auto" (transformers integrations/deepspeed.py,
+# HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize). Everywhere else "auto"
+# reaches DeepSpeed: a top-level value raises TypeError, one inside a pydantic block is dropped to
+# DeepSpeed's default (config_utils.py:56).
+HF_AUTO_PATHS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled",
+    "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+})
+
+# DeepSpeed defaults the ledger does not model (zero/config.py:228, 251).
+_PARAM_PERSISTENCE_THRESHOLD = 100_000
+_MAX_REUSE_DISTANCE = 1_000_000_000
+# Optimizer NVMe swapping: one buffer per fp32 state tensor of Adam (master, exp_avg, exp_avg_sq, grad).
+_OPTIMIZER_NVME_BUFFER_COUNT = 4
+_PARAM_NVME_BUFFER_COUNT = 5
+# Dynamic fp16 loss scaling, DeepSpeed's documented defaults (precision_config.py:115-155).
+_FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                      "min_loss_scale": 1}
+_CHECKPOINT_BLOCK = {"tag_validation": "Warn", "load_universal": False, "use_node_local_storage": False}
+# Optimizers DeepSpeed cannot build from the config; they are written as AdamW (see deepspeed_config_notes).
+_NO_DEEPSPEED_OPTIMIZER = {"adafactor": "Adafactor", "adamw8bit": "8-bit AdamW (bitsandbytes)"}
+
+
+def _layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> int:
+    split = pipeline_split(model.num_layers, plan.pp)
+    return max(split) if split is not None else -(-model.num_layers // plan.pp)
+
+
+def _zero_block(plan: ParallelPlan, settings: MemorySettings) -> dict:
+    zero: dict = {
+        "stage": plan.zero_stage,
+        "contiguous_gradients": True,
+        "overlap_comm": plan.overlap_comm,
+        "reduce_bucket_size": int(settings.reduce_bucket_size),
+        "allgather_bucket_size": int(settings.allgather_bucket_size),
+    }
+    if plan.zero_stage == 3:
+        zero.update({
+            "stage3_prefetch_bucket_size": int(settings.stage3_prefetch_bucket_size),
+            "stage3_param_persistence_threshold": _PARAM_PERSISTENCE_THRESHOLD,
+            "stage3_max_live_parameters": int(settings.stage3_max_live_parameters),
+            "stage3_max_reuse_distance": _MAX_REUSE_DISTANCE,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        })
+    # The ledger's NVMe staging buffers are buffer_count x buffer_size x 2 bytes (memory.py).
+    param_buffer_size = max(1, int(settings.offload_buffer_bytes) // (_PARAM_NVME_BUFFER_COUNT * 2))
+    for name, device in (("offload_optimizer", plan.offload_optimizer), ("offload_param", plan.offload_param)):
+        if device == "none":
+            continue
+        if device == "nvme" and not plan.nvme_path:
+            raise InputError([f"{name}=nvme needs nvme_path (a local NVMe folder)"], subject="plan")
+        block: dict = {"device": device, "pin_memory": True}
+        if device == "nvme":
+            block["nvme_path"] = plan.nvme_path
+            if name == "offload_param":
+                block.update(buffer_count=_PARAM_NVME_BUFFER_COUNT, buffer_size=param_buffer_size)
+            else:
+                block["buffer_count"] = _OPTIMIZER_NVME_BUFFER_COUNT
+        zero[name] = block
+    return zero
+
+
+def _optimizer_block(plan: ParallelPlan, options: EmitOptions, *, auto: bool) -> dict:
+    o = options.optimizer
+    # HF fills lr/betas/eps/weight_decay from TrainingArguments and refuses concrete values that differ.
+    fill = (lambda v: "auto") if auto else (lambda v: v)
+    if plan.optimizer == "sgd":
+        # torch.optim.SGD (engine.py:2545); momentum: the first beta, as for Adam's first moment.
+        return {"type": "SGD",
+                "params": {"lr": fill(o.lr), "momentum": o.betas[0], "weight_decay": fill(o.weight_decay)}}
+    params = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
+    return {"type": "AdamW", "params": {k: fill(v) for k, v in params.items()}}
+
+
+def _scheduler_block(options: EmitOptions, *, auto: bool) -> dict:
+    o = options.optimizer
+    # WarmupCosineLR (lr_schedules.py:865): the peak is the optimizer lr; cos_min_ratio = min_lr / lr.
+    params: dict = {
+        "total_num_steps": int(o.train_steps),
+        "warmup_num_steps": max(1, int(o.warmup_steps)),  # must be a positive int (lr_schedules.py:874)
+        "warmup_min_ratio": 0.0,
+        "cos_min_ratio": o.min_lr / o.lr,
+        "warmup_type": "linear",
+    }
+    if auto:
+        params.update(total_num_steps="auto", warmup_num_steps="auto")
+    return {"type": "WarmupCosineLR", "params": params}
+
+
+def _precision_blocks(plan: ParallelPlan, *, auto: bool) -> dict:
+    if auto:  # the Trainer's --bf16 / --fp16 decide; the loss scaling is ours
+        return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", **_FP16_LOSS_SCALING}}
+    if plan.precision == "fp16":
+        return {"fp16": {"enabled": True, **_FP16_LOSS_SCALING}}
+    # bf16, and fp8: DeepSpeed has no fp8 key; the model runs bf16 outside Transformer Engine's fp8_autocast.
+    return {"bf16": {"enabled": True}}
+
+
+def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
+                     memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None) -> dict:
+    """The DeepSpeed 0.19.8 config (a JSON-ready dict) that runs ``plan``.
+
+    ``train_batch_size`` = global batch = micro-batch x accumulation x dp, where DeepSpeed's dp is
+    world / (tp x pp x cp). ``checkpoint_block`` entries extend or override the ``checkpoint`` block.
+    ``cluster`` is accepted for symmetry with the other emitters; nothing in the config depends on it.
+    """
+    del cluster  # the config is per rank; the launcher carries the cluster
+    return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
+                  auto=False)
+
+
+def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings: MemorySettings,
+           checkpoint_block: dict | None, *, auto: bool) -> dict:
+    full = plan.recompute == "full"
+    cfg: dict = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        "gradient_clipping": options.optimizer.grad_clip,
+        "steps_per_print": options.steps_per_print,
+        "wall_clock_breakdown": options.wall_clock_breakdown,
+        "zero_optimization": _zero_block(plan, settings),
+        **_precision_blocks(plan, auto=auto),
+        "optimizer": _optimizer_block(plan, options, auto=auto),
+        "scheduler": _scheduler_block(options, auto=auto),
+        "activation_checkpointing": {
+            # Partitioning splits each checkpoint over the TP ranks (Megatron-style mpu); no gain at tp=1.
+            "partition_activations": plan.tp > 1 and plan.recompute != "none",
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        },
+        "checkpoint": {**_CHECKPOINT_BLOCK, **copy.deepcopy(checkpoint_block or {})},
+    }
+    if full:  # checkpoints per forward pass of a stage (sizes the contiguous buffers)
+        per_stage = plan.recompute_num_layers or _layers_per_stage(model, plan)
+        cfg["activation_checkpointing"]["number_checkpoints"] = per_stage
+    if plan.optimizer == "sgd" and plan.zero_stage > 0:
+        # torch.optim.SGD is not in ZERO_SUPPORTED_OPTIMIZERS (zero/utils.py:45): engine.py:2298 asserts without this.
+        cfg["zero_allow_untested_optimizer"] = True
+    if plan.pp > 1:
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
+    if plan.tp > 1 and plan.framework == "deepspeed":
+        cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # AutoTP training (tensor_parallel/config.py:45)
+    if auto:
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping"):
+            cfg[key] = "auto"
+        zero = cfg["zero_optimization"]
+        for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+            if key in zero:
+                zero[key] = "auto"
+    return cfg
+
+
+def deepspeed_config_notes(plan: ParallelPlan) -> list[str]:
+    """What the config cannot say, for the caller to warn about (empty when it says everything)."""
+    notes = []
+    if plan.optimizer in _NO_DEEPSPEED_OPTIMIZER:
+        notes.append(f"DeepSpeed has no {_NO_DEEPSPEED_OPTIMIZER[plan.optimizer]} optimizer: the config names AdamW; "
+                     f"to train with {plan.optimizer}, pass the optimizer to deepspeed.initialize(optimizer=...) and "
+                     f"delete the config's optimizer block (the memory estimate assumed {plan.optimizer}'s states)")
+    if plan.precision == "fp8":
+        notes.append("DeepSpeed has no fp8 key: the config enables bf16; FP8 GEMMs come from Transformer Engine "
+                     "modules run under te.fp8_autocast in the model code (see the emitted TE recipe)")
+    return notes
+
+
+def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
+                        memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None) -> dict:
+    """The Hugging Face Trainer / accelerate variant: ``"auto"`` exactly where the integration fills it.
+
+    The batch sizes, clipping, optimizer hyper-parameters, scheduler steps and bf16/fp16 switches
+    come from ``TrainingArguments`` (accelerate's ``mixed_precision`` picks bf16 or fp16); the rest
+    is the plan's. The integration sizes the auto buckets from the model: reduce hidden^2 (under the
+    ledger's 5e8 while hidden < 22,360), ZeRO-3 prefetch 0.9 hidden^2 (over the ledger's 5e7 once
+    hidden > 7,450: for hidden 16,384 about 0.4 GB more per GPU than estimated).
+    """
+    del cluster
+    return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
+                  auto=True)
+
+
+def accelerate_config_yaml(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filename: str, *,
+                           options: EmitOptions | None = None) -> str:
+    """accelerate's config file (``accelerate launch --config_file``) running DeepSpeed with the JSON config.
+
+    With ``deepspeed_config_file`` set, accelerate takes ZeRO, offload, clipping and accumulation from
+    that file and refuses them here, so only the launch shape and the mixed precision are written.
+    """
+    launch = (options or EmitOptions()).launch
+    # fp8 runs bf16 outside Transformer Engine's autocast (see deepspeed_config_notes).
+    mixed = "fp16" if plan.precision == "fp16" else "bf16"
+    ds: dict = {"deepspeed_config_file": ds_config_filename, "zero3_init_flag": plan.zero_stage == 3}
+    if cluster.num_nodes > 1:
+        ds["deepspeed_multinode_launcher"] = "standard"
+    data: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": ds,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": mixed,
+        "num_machines": cluster.num_nodes,
+        "num_processes": cluster.num_gpus,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if cluster.num_nodes > 1:
+        if launch.master_addr:
+            data["main_process_ip"] = launch.master_addr
+        data["main_process_port"] = launch.master_port
+    header = (f"# accelerate launch --config_file THIS_FILE {launch.script}\n"
+              f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n")
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+# ---- the Python API for existing pipelines ----------------------------------------------------
+_PLAN_FLAG_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size"}
+_PLAN_FLAGS = frozenset(ParallelPlan.__dataclass_fields__) - {"dp", "grad_accum_steps", "global_batch_size", "seq_len"}
+
+
+def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 4096, global_batch: int | None = None,
+                         *, options: EmitOptions | None = None, **plan_flags) -> dict:
+    """The DeepSpeed config for ``model`` on ``num_gpus`` x ``gpu``.
+
+    No plan flags: the planner's best feasible DeepSpeed plan. With plan flags (``tp``, ``pp``,
+    ``zero_stage``/``zero``, ``micro_batch_size``/``micro_batch``, ``offload_optimizer``, ...): that
+    plan. ``global_batch`` None: one sequence per GPU (search) or micro-batch x dp (given plan).
+    Raises InputError when the plan is invalid or nothing fits, saying why.
+    """
+    from autotune.api import make_plan
+    from autotune.cost.memory import estimate_memory
+    from autotune.search.planner import search_plans
+    from autotune.search.space import SearchConstraints
+    from autotune.specs.loading import load_cluster, load_model
+
+    model_spec = load_model(model)
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
+    flags = {_PLAN_FLAG_ALIASES.get(k, k): v for k, v in plan_flags.items()}
+    unknown = [k for k in flags if k not in _PLAN_FLAGS]
+    if unknown:
+        raise InputError([f"unknown plan flag {k!r}{suggest_names(k, _PLAN_FLAGS)}" for k in unknown], subject="plan")
+    if not flags:
+        batch = global_batch or cluster.num_gpus
+        result = search_plans(model_spec, cluster, seq_len=seq_len, global_batch_size=batch,
+                              constraints=SearchConstraints(frameworks=("deepspeed",)), top_k=1)
+        if not result.num_feasible:
+            reasons = ", ".join(f"{k} {v}" for k, v in result.rejections.items())
+            raise InputError([f"no DeepSpeed plan for {model_spec.name} on {cluster.num_gpus} x {cluster.gpu.name} "
+                              f"at seq_len {seq_len}, global batch {batch} is feasible (rejected: {reasons})"],
+                             subject="request")
+        return deepspeed_config(model_spec, cluster, result.candidates[0].plan, options)
+    flags.setdefault("framework", "deepspeed")
+    plan = make_plan(model_spec, cluster, global_batch_size=global_batch, seq_len=seq_len, **flags)
+    memory = estimate_memory(model_spec, cluster, plan)
+    if not memory.fits:
+        gib = 2**30
+        why = (f"needs {memory.total / gib:.1f} GiB per GPU of {memory.capacity / gib:.1f} GiB" if not memory.fits_gpu
+               else f"needs {memory.host_per_node / gib:.0f} GiB host memory per node of "
+                    f"{memory.host_capacity_per_node / gib:.0f} GiB")
+        raise InputError([f"the plan does not fit: {why}; raise zero_stage, offload, recompute='full' or lower "
+                          f"micro_batch_size (or call without plan flags to search)"], subject="plan")
+    return deepspeed_config(model_spec, cluster, plan, options)
+
+
+def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
+                               cp: int = 1, seq_len: int = 4096, recompute: str | None = None
+                               ) -> tuple[ParallelPlan, MemorySettings]:
+    """The plan and ledger settings a DeepSpeed config implies on ``cluster``: :func:`deepspeed_config` inverted.
+
+    The config says ZeRO stage, batch sizes, offload, precision, optimizer and bucket sizes; the
+    caller says tp/pp/cp and seq_len, which a DeepSpeed config does not hold (AutoTP's autotp_size
+    is used when tp is 1). ``recompute`` None: full when the config configures activation
+    checkpoints (number_checkpoints, partitioned activations or a pipeline checkpoint interval),
+    else none. ``config`` must have no "auto" left. Raises InputError when the plan is invalid.
+    """
+    from autotune.api import make_plan
+
+    zero = config.get("zero_optimization")
+    zero = {"stage": 1} if zero is True else (zero if isinstance(zero, dict) else {})
+    stage = int(zero.get("stage", 0))
+    autotp = (config.get("tensor_parallel") or {}).get("autotp_size") or 0
+    tp = int(autotp) if tp == 1 and autotp > 1 else tp
+    checkpointing = config.get("activation_checkpointing") or {}
+    if recompute is None:
+        recompute = "full" if (checkpointing.get("number_checkpoints") or checkpointing.get("partition_activations")
+                               or (config.get("pipeline") or {}).get("activation_checkpoint_interval")) else "none"
+    devices, nvme_path = {}, None
+    for name in ("offload_optimizer", "offload_param"):
+        block = zero.get(name) or {}
+        devices[name] = block.get("device") or "none"
+        nvme_path = nvme_path or block.get("nvme_path")
+    micro = int(config.get("train_micro_batch_size_per_gpu") or 1)
+    accum = config.get("gradient_accumulation_steps")
+    batch = config.get("train_batch_size")
+    dp = cluster.num_gpus // max(1, tp * pp * cp)
+    batch = int(batch) if batch else micro * int(accum or 1) * dp
+    fp16 = (config.get("fp16") or {}).get("enabled") is True
+    opt_type = str((config.get("optimizer") or {}).get("type", "adamw")).lower()
+    param_block = zero.get("offload_param") or {}
+    settings = MemorySettings(
+        reduce_bucket_size=int(zero.get("reduce_bucket_size", 500_000_000)),
+        allgather_bucket_size=int(zero.get("allgather_bucket_size", 500_000_000)),
+        stage3_prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size",
+                                                                                         50_000_000))),
+        stage3_max_live_parameters=int(zero.get("stage3_max_live_parameters", zero.get("max_live_parameters",
+                                                                                       1_000_000_000))),
+        offload_buffer_bytes=2 * int(param_block.get("buffer_count", _PARAM_NVME_BUFFER_COUNT))
+        * int(param_block.get("buffer_size", 100_000_000)),
+    )
+    overlap = zero.get("overlap_comm")
+    plan = make_plan(model, cluster, global_batch_size=batch, tp=tp, pp=pp, cp=cp, micro_batch_size=micro,
+                     zero_stage=stage, offload_optimizer=devices["offload_optimizer"],
+                     offload_param=devices["offload_param"], nvme_path=nvme_path, seq_len=seq_len,
+                     recompute=recompute, precision="fp16" if fp16 else "bf16",
+                     optimizer="sgd" if opt_type == "sgd" else "adamw", framework="deepspeed",
+                     overlap_comm=stage == 3 if overlap is None else bool(overlap))
+    return plan, settings
