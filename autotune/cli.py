@@ -81,6 +81,20 @@ def _add_plan_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("memory settings")
     m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU (default 1 GiB; 0 on cpu)")
     m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction (default 0.05)")
+    _add_calibration(p)
+
+
+def _add_calibration(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", help="efficiency parameters fitted by `autotune tune` on this hardware "
+                   "(default: fitted on published Megatron-LM runs)")
+
+
+def _time_settings(args: argparse.Namespace):
+    from autotune.cost.efficiency import load_efficiency
+    from autotune.cost.step_time import TimeSettings
+
+    path = getattr(args, "calibration", None)
+    return TimeSettings(efficiency=load_efficiency(path)) if path else TimeSettings()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity")
     plan.add_argument("--top-k", type=_positive_int, default=10)
+    _add_calibration(plan)
     q = plan.add_argument_group("capacity questions")
     q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model")
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
@@ -228,7 +243,7 @@ def _estimate_from_flags(args: argparse.Namespace):
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
         fragmentation_fraction=args.fragmentation,
     )
-    return estimate(model, cluster, plan, settings)
+    return estimate(model, cluster, plan, settings, _time_settings(args))
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
@@ -378,6 +393,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     global_batch = args.global_batch or cluster.num_gpus
     result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
+                          time_settings=_time_settings(args),
                           constraints=constraints, top_k=args.top_k)
     if not result.num_feasible:
         problems = [f"no plan of the {result.num_enumerated:,} enumerated is feasible: "

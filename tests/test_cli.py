@@ -106,3 +106,20 @@ def test_console_script_runs_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "nope", "--gpu", "a100-80gb",
                            "--num-gpus", "8"], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nope" in proc.stderr
+
+
+def test_calibration_file_changes_the_prediction(tmp_path, capsys):
+    from autotune.cost.efficiency import DEFAULT_EFFICIENCY, save_efficiency
+
+    path = tmp_path / "cal.json"
+    save_efficiency(DEFAULT_EFFICIENCY.with_(gemm_peak_fraction=DEFAULT_EFFICIENCY.gemm_peak_fraction / 2), str(path))
+    base = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)["time"]["step_time_s"]
+    assert main(base + ["--calibration", str(path)]) == 0
+    slower = json.loads(capsys.readouterr().out)["time"]["step_time_s"]
+    assert slower > 1.3 * default  # half the GEMM efficiency: GEMMs dominate the step
+    path.write_text('{"gemm_peak_fraction": -1, "bogus": 1}')
+    assert main(base + ["--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "gemm_peak_fraction must be a positive number" in err
