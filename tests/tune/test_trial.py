@@ -1,0 +1,259 @@
+"""Profiling trials for real: tiny-gpt under DeepSpeed on 2 gloo ranks, a user's script, shell commands.
+
+Each DeepSpeed trial takes ~10-20 s on 2 cores (imports, deepspeed.initialize, a few bf16 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import load_model_preset
+from autotune.tune.trial import TrialResult, TrialSpec, Workload, run_trial, trial_ds_config
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model_preset("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster(gpu="cpu", num_gpus=2)
+
+
+def plan(**kw) -> ParallelPlan:
+    kw.setdefault("zero_stage", 1)
+    return ParallelPlan.for_cluster(num_gpus=2, global_batch_size=4, micro_batch_size=1, seq_len=SEQ, **kw)
+
+
+def spec(model, cluster, tmp_path, workload, **kw) -> TrialSpec:
+    kw.setdefault("steps", 3)
+    kw.setdefault("warmup_steps", 1)
+    kw.setdefault("timeout_s", 180.0)
+    return TrialSpec(model=model, cluster=cluster, plan=kw.pop("plan", None) or plan(), workload=workload,
+                     workdir=tmp_path / "trial", **kw)
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def assert_nothing_left(before: set[int]) -> None:
+    """No process started during the trial is still alive (children of ours or orphans of the trial)."""
+    me = psutil.Process()
+    kids = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    assert not kids, f"processes left behind: {[(p.pid, p.cmdline()) for p in kids]}"
+    new = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if p.pid in before:
+            continue
+        cmd = " ".join(p.info["cmdline"] or ())
+        if "workload_builtin" in cmd or "user_train.py" in cmd or "torch.distributed.run" in cmd:
+            new.append((p.pid, cmd))
+    assert not new, f"trial processes survived: {new}"
+
+
+@pytest.fixture
+def pids_before():
+    return {p.pid for p in psutil.process_iter()}
+
+
+# ---------------------------------------------------------------------------------------------
+# builtin workload
+
+
+def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
+    seen: list[tuple[int, float]] = []
+    s = spec(model, cluster, tmp_path, Workload(kind="builtin"))
+    t0 = time.monotonic()
+    r = run_trial(s, on_step=lambda i, t: seen.append((i, t)) and False)
+    wall = time.monotonic() - t0
+    assert r.status == "completed", r.reason
+    assert len(r.step_times_s) == 3 and all(t > 0 for t in r.step_times_s)
+    assert r.step_time_s is not None and r.step_time_s > 0
+    assert r.step_time_s == sorted(r.step_times_s)[1]  # median of 3
+    assert [i for i, _ in seen] == [1, 2, 3, 4]  # warm-up step 1 included
+    assert tuple(t for _, t in seen[1:]) == pytest.approx(r.step_times_s, rel=1e-4)
+    assert r.tokens_per_s == pytest.approx(4 * SEQ / r.step_time_s)
+    assert r.tflops_per_gpu is not None and r.tflops_per_gpu > 0
+    assert r.peak_memory_bytes is not None and r.peak_memory_bytes > 50 * 2**20
+    # the files of the trial
+    ds = json.loads((s.workdir / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 1 and ds["optimizer"]["params"]["torch_adam"] is True
+    assert ds["train_batch_size"] == 4 and ds["gradient_accumulation_steps"] == 2
+    attrs = json.loads((s.workdir / "result.json").read_text())
+    assert attrs == json.loads(json.dumps(r.to_attrs())) and attrs["status"] == "completed"
+    assert "RESULT " in r.log_path.read_text()
+    assert_nothing_left(pids_before)
+    print(f"\ncompleted ZeRO-1 trial: median step {r.step_time_s:.3f} s, {r.tokens_per_s:.0f} tokens/s, "
+          f"peak RSS {r.peak_memory_bytes / 2**20:.0f} MiB, wall {wall:.1f} s")
+
+
+def test_pruned_after_first_step(model, cluster, tmp_path, pids_before):
+    calls = []
+
+    def prune(i, t):
+        calls.append(i)
+        return True
+
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="builtin"), steps=20), on_step=prune)
+    assert r.status == "pruned", r.reason
+    assert calls == [1]
+    assert "RESULT " not in r.log_path.read_text()
+    assert_nothing_left(pids_before)
+
+
+def test_host_memory_limit_gives_oom(model, cluster, tmp_path, pids_before):
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="builtin"), host_memory_limit_bytes=200 * 10**6))
+    assert r.status == "oom", r.reason
+    assert "GiB" in r.reason and "limit" in r.reason
+    assert_nothing_left(pids_before)
+
+
+def test_pipeline_plan_is_a_clear_crash(model, cluster, tmp_path):
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="builtin"), plan=plan(pp=2, zero_stage=1)))
+    assert r.status == "crashed" and "not supported by the builtin workload yet" in r.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# script and command workloads
+
+
+def test_script_workload_uses_deepspeed_metric_file(model, cluster, tmp_path, pids_before):
+    w = Workload(kind="script", script=str(FIXTURES / "user_train.py"), script_args=("--seq-len", str(SEQ)))
+    s = spec(model, cluster, tmp_path, w)
+    cfg = trial_ds_config(s)
+    assert cfg["autotuning"]["start_profile_step"] == 2 and cfg["autotuning"]["end_profile_step"] == 4
+    r = run_trial(s)
+    assert r.status == "completed", r.reason
+    metrics = json.loads((s.workdir / "metrics.json").read_text())
+    assert r.step_time_s == pytest.approx(4 / metrics["throughput"])
+    assert r.step_time_s == pytest.approx(metrics["latency"] / 1e6, rel=1e-6)  # DeepSpeed's "ms" are microseconds
+    assert 0 < r.step_time_s < 10
+    assert r.tokens_per_s == pytest.approx(metrics["throughput"] * SEQ)
+    assert r.peak_memory_bytes and r.peak_memory_bytes > 0
+    assert_nothing_left(pids_before)
+
+
+def test_hung_command_is_killed(model, cluster, tmp_path):
+    s = spec(model, cluster, tmp_path, Workload(kind="command", command="echo started {nproc}; sleep 60 & wait"),
+             timeout_s=3.0)
+    t0 = time.monotonic()
+    r = run_trial(s)
+    assert r.status == "hung", r.reason
+    assert time.monotonic() - t0 < 15
+    assert "3 s timeout" in r.reason
+    assert "started 2" in r.log_path.read_text()
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_hung_group_is_gone(model, cluster, tmp_path, monkeypatch):
+    import subprocess
+
+    import autotune.tune.trial as trial_mod
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def spy(*a, **kw):
+        p = real_popen(*a, **kw)
+        started.append(p.pid)
+        return p
+
+    monkeypatch.setattr(trial_mod.subprocess, "Popen", spy)
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command="sleep 60"), timeout_s=3.0))
+    assert r.status == "hung"
+    assert started and not group_members(started[0])
+    assert not psutil.pid_exists(started[0]) or psutil.Process(started[0]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_crashed_command(model, cluster, tmp_path):
+    cmd = f"{sys.executable} -c \"import sys; print('boom'); sys.exit(3)\""
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd)))
+    assert r.status == "crashed" and r.returncode == 3
+    assert "exit code 3" in r.reason and "boom" in r.reason
+
+
+def test_command_metric_pattern(model, cluster, tmp_path):
+    cmd = "for t in 0.5 0.25 0.2 0.3; do echo \"iteration took $t s\"; done"
+    seen = []
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd,
+                                                          metric_pattern=r"took (?P<step_time_s>[0-9.]+) s")),
+                  on_step=lambda i, t: seen.append((i, t)) and False)
+    assert r.status == "completed", r.reason
+    assert seen == [(1, 0.5), (2, 0.25), (3, 0.2), (4, 0.3)]
+    assert r.step_times_s == (0.25, 0.2, 0.3) and r.step_time_s == 0.25
+    assert r.tokens_per_s == pytest.approx(4 * SEQ / 0.25)
+
+
+def test_memory_error_in_log_is_oom(model, cluster, tmp_path):
+    cmd = f"{sys.executable} -c \"raise MemoryError('no room')\""
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd)))
+    assert r.status == "oom" and "MemoryError" in r.reason
+
+
+def test_keyboard_interrupt_kills_the_job(model, cluster, tmp_path, pids_before):
+    def interrupt(i, t):
+        raise KeyboardInterrupt
+
+    cmd = "for i in 1 2 3; do echo \"took 0.1 s\"; done; sleep 60"
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd,
+                                                          metric_pattern=r"took (?P<step_time_s>[0-9.]+) s")),
+                  on_step=interrupt)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: nothing is launched
+
+
+def test_bad_input_raises_before_launching(model, cluster, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        run_trial(spec(model, cluster, tmp_path, Workload(kind="script", script=str(tmp_path / "missing.py"))))
+    assert not (tmp_path / "trial").exists()
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n")
+    with pytest.raises(InputError, match="does not compile"):
+        run_trial(spec(model, cluster, tmp_path, Workload(kind="script", script=str(bad))))
+
+    with pytest.raises(InputError, match="cluster has 4"):
+        run_trial(spec(model, load_cluster(gpu="cpu", num_gpus=4), tmp_path, Workload(kind="builtin")))
+
+    many = (os.cpu_count() or 1) * 4 * 2
+    with pytest.raises(InputError, match="this machine runs at most"):
+        run_trial(spec(model, load_cluster(gpu="cpu", num_gpus=many), tmp_path, Workload(kind="builtin"),
+                       plan=ParallelPlan.for_cluster(num_gpus=many, global_batch_size=many, seq_len=SEQ)))
+
+    with pytest.raises(InputError, match="named group"):
+        run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command="true", metric_pattern="x")))
+    assert not (tmp_path / "trial").exists()
+
+
+def test_to_attrs_is_json_safe(tmp_path):
+    r = TrialResult(status="crashed", reason="x", log_path=tmp_path / "l", step_time_s=float("nan"),
+                    step_times_s=(1.0, float("inf")))
+    attrs = r.to_attrs()
+    assert json.loads(json.dumps(attrs, allow_nan=False)) == attrs
+    assert attrs["step_time_s"] is None and attrs["step_times_s"] == [1.0, None]
