@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import cluster_defaults, load_gpu_preset
 
 __all__ = ["Measurement", "published_measurements", "predict", "prediction_errors", "fit_efficiency",
-           "reference_dir"]
+           "reference_dir", "coordinate_fit"]
 
 _GPU_NAMES = {"A100-SXM-80GB": "a100-80gb", "A100-SXM-40GB": "a100-40gb", "H100-SXM": "h100-sxm-80gb"}
 
@@ -174,25 +174,40 @@ def _loss(measurements: Sequence[Measurement], eff: Efficiency) -> float:
     return statistics.fmean(math.log(predict(m, eff)[0] / m.tflops_per_gpu) ** 2 for m in measurements)
 
 
-def fit_efficiency(measurements: Sequence[Measurement], start: Efficiency = DEFAULT_EFFICIENCY,
-                   fields: tuple[str, ...] = ("gemm_peak_fraction", "gemm_half_dim")) -> Efficiency:
-    """Least squares on log throughput over ``fields`` (coordinate search with shrinking steps)."""
+_FRACTIONS = frozenset({"gemm_peak_fraction", "hbm_efficiency", "link_efficiency"})
+"""Efficiency fields that are fractions of a datasheet number (at most 1)."""
+
+
+def coordinate_fit(loss: Callable[[Efficiency], float], start: Efficiency, fields: tuple[str, ...],
+                   max_rounds: int = 60) -> Efficiency:
+    """Minimise ``loss`` over ``fields`` of an Efficiency by coordinate search with shrinking steps.
+
+    Each field moves by +-25% of its start value; when no move helps, steps halve, until they are
+    below 0.1% of the value. Fractions stay in (0, 1], the rest positive. Shared by the published-run
+    fit below and by ``autotune tune``'s calibration on trial measurements.
+    """
     best = start
-    best_loss = _loss(measurements, best)
+    best_loss = loss(best)
     steps = {name: 0.25 * getattr(start, name) for name in fields}
-    for _ in range(60):
+    for _ in range(max_rounds):
         improved = False
         for name in fields:
             for sign in (1, -1):
                 value = getattr(best, name) + sign * steps[name]
-                if value <= 0 or (name == "gemm_peak_fraction" and value > 1):
+                if value <= 0 or (name in _FRACTIONS and value > 1):
                     continue
                 candidate = best.with_(**{name: value})
-                loss = _loss(measurements, candidate)
-                if loss < best_loss:
-                    best, best_loss, improved = candidate, loss, True
+                candidate_loss = loss(candidate)
+                if candidate_loss < best_loss:
+                    best, best_loss, improved = candidate, candidate_loss, True
         if not improved:
             steps = {k: v / 2 for k, v in steps.items()}
             if all(v < 1e-3 * max(getattr(best, k), 1e-9) for k, v in steps.items()):
                 break
     return best
+
+
+def fit_efficiency(measurements: Sequence[Measurement], start: Efficiency = DEFAULT_EFFICIENCY,
+                   fields: tuple[str, ...] = ("gemm_peak_fraction", "gemm_half_dim")) -> Efficiency:
+    """Least squares on log throughput over ``fields`` (coordinate search with shrinking steps)."""
+    return coordinate_fit(lambda eff: _loss(measurements, eff), start, fields)

@@ -161,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra NCCL_* setting for every rank (repeatable)")
     emit.set_defaults(handler=_cmd_emit, recompute=None, zero=None)
 
-    from autotune.commands import recipes, validate
+    from autotune.commands import recipes, tune, validate
 
     validate.register(sub)
     recipes.register(sub)
+    tune.register(sub)
     return parser
 
 

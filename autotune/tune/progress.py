@@ -1,0 +1,144 @@
+"""What a tuning study looks like while it runs and after: a status line, a table, two PNG plots.
+
+The status line goes to stderr on every event (a trial starts or ends): rewritten in place with
+``\\r`` when stderr is a terminal, one line per event otherwise (logs, CI). No curses.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["ProgressLine", "summary_table", "write_plots"]
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class ProgressLine:
+    """Callable passed to :func:`autotune.tune.study.tune` as ``progress``."""
+
+    def __init__(self, total_trials: int, stream=None) -> None:
+        self.total = total_trials
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.started = time.monotonic()
+        self._last_len = 0
+
+    def line(self, trials: list[FrozenTrial]) -> str:
+        done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        values = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+        best = f"{max(values):,.0f} tok/s" if values else "-"
+        elapsed = time.monotonic() - self.started
+        finished = len(done) + len(failed)
+        eta = "-"
+        if finished and finished < self.total:
+            eta = _fmt_s(elapsed / finished * (self.total - finished))
+        return (f"tune: {finished}/{self.total} finished ({len(done)} done, {len(failed)} failed), "
+                f"{len(running)} running, best {best}, elapsed {_fmt_s(elapsed)}, ETA {eta}")
+
+    def __call__(self, event: str, study, trial: FrozenTrial | None) -> None:
+        text = self.line(study.get_trials(deepcopy=False))
+        if self.tty:
+            pad = max(0, self._last_len - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self._last_len = len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._last_len:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _plan_text(t: FrozenTrial) -> str:
+    from autotune.report import plan_summary
+
+    plan = t.user_attrs.get("plan")
+    if not plan:
+        return "-"
+    try:
+        return plan_summary(ParallelPlan(**plan))
+    except Exception:  # noqa: BLE001 - a plan from another version of autotune: show it raw
+        return str(plan)
+
+
+def summary_table(trials: list[FrozenTrial]) -> str:
+    """One row per trial: plan, state, measured and predicted step time, tokens/s, reason."""
+    head = f"{'#':>4}  {'plan':<44}{'state':<12}{'step s':>9}{'pred s':>9}{'tokens/s':>11}  reason"
+    rows = [head, "-" * len(head)]
+    for t in sorted(trials, key=lambda t: t.number):
+        state = t.user_attrs.get("status") if t.state == TrialState.FAIL else t.state.name.lower()
+        meas = t.user_attrs.get("measurement") or {}
+        pred = (t.user_attrs.get("predicted") or {}).get("step_time_s")
+        step = meas.get("step_time_s")
+        tok = meas.get("tokens_per_s")
+        reason = "" if t.state == TrialState.COMPLETE else (t.user_attrs.get("reason") or "")
+        reason = reason.replace("\n", " ")[:90]
+        rows.append(f"{t.number:>4}  {_plan_text(t):<44}{state or 'fail':<12}"
+                    f"{'-' if step is None else f'{step:.4f}':>9}{'-' if pred is None else f'{pred:.4f}':>9}"
+                    f"{'-' if tok is None else f'{tok:,.0f}':>11}  {reason}")
+    return "\n".join(rows)
+
+
+def write_plots(trials: list[FrozenTrial], out_dir: str | Path, calibration=None) -> list[Path]:
+    """history.png (tokens/s per trial, best so far) and predicted_vs_measured.png; [] without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out = Path(out_dir)
+    paths = []
+    done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.value is not None),
+                  key=lambda t: t.number)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if done:
+        xs = [t.number for t in done]
+        ys = [t.value for t in done]
+        best, run = [], 0.0
+        for y in ys:
+            run = max(run, y)
+            best.append(run)
+        ax.plot(xs, ys, "o", label="trial")
+        ax.step(xs, best, where="post", label="best so far")
+    failed = [t.number for t in trials if t.state != TrialState.COMPLETE]
+    if failed:
+        ax.plot(failed, [0] * len(failed), "x", color="red", label="failed / pruned")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("optimisation history")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "history.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    if calibration is not None and calibration.rows:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        meas = [r[1] for r in calibration.rows]
+        ax.plot(meas, [r[2] for r in calibration.rows], "o", label="before calibration")
+        ax.plot(meas, [r[3] for r in calibration.rows], "s", label="after calibration")
+        lo, hi = min(meas + [r[2] for r in calibration.rows]), max(meas + [r[2] for r in calibration.rows])
+        ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured step time (s)")
+        ax.set_ylabel("predicted step time (s)")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / "predicted_vs_measured.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths

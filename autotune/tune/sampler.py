@@ -1,0 +1,129 @@
+"""Which plan the next trial measures: an Optuna sampler over the planner's feasible candidates.
+
+Written as an Optuna ``BaseSampler`` over one categorical parameter, ``plan_key`` (the JSON of
+a candidate plan, sorted keys), rather than as enqueue logic in the study, because the sampler
+is consulted inside ``study.ask()`` with the study's trials freshly read from storage. That is
+what makes it safe for several ``--worker`` processes sharing one study: every pick looks at
+the plans every worker has already claimed (RUNNING, COMPLETE, FAIL, PRUNED), and the
+planner's top-K "queue" is simply the first phase of the same rule, so no enqueued trial is
+ever left waiting for a plan another worker already took. The remaining race (two workers
+asking at the same instant) is settled by :func:`autotune.tune.study.claim_conflict`.
+
+The rule, in order:
+
+1. the planner's top-K (as the planner ranked them, best predicted first) not yet claimed;
+2. then the best *calibrated* prediction among the untried candidates, the cost model refitted
+   on every completed trial so far (:mod:`autotune.tune.calibrate`); every
+   ``explore_every``-th pick instead takes the best candidate with a micro-batch (else a ZeRO
+   stage, else a ZeRO/micro-batch/offload region) no trial has measured yet, so one wrong prior
+   cannot hide a region.
+
+A plan whose earlier trial was interrupted (the tuner was killed or Ctrl-C'd) is free again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["PARAM", "plan_key", "plan_region", "claimed_keys", "PlanSampler"]
+
+PARAM = "plan_key"
+"""The one Optuna parameter of a tuning study."""
+
+_RELEASED = ("interrupted", "duplicate")
+"""Trial statuses that do not hold their plan: it was never (fully) measured."""
+
+
+def plan_key(plan: ParallelPlan) -> str:
+    """A stable identity of a plan: its dict as JSON with sorted keys."""
+    return json.dumps(plan.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def plan_region(plan: ParallelPlan) -> tuple:
+    """The coarse region a plan belongs to, for exploration picks: (ZeRO stage, micro-batch, offload)."""
+    return (plan.zero_stage, plan.micro_batch_size, plan.offload_optimizer != "none" or plan.offload_param != "none")
+
+
+def trial_key(t: FrozenTrial) -> str | None:
+    return t.params.get(PARAM, t.user_attrs.get(PARAM))
+
+
+def claimed_keys(trials: Sequence[FrozenTrial], *, before: int | None = None) -> dict[str, int]:
+    """Plan key -> number of the first trial holding it (optionally only trials numbered below ``before``).
+
+    Held: RUNNING, COMPLETE, PRUNED, FAIL; a FAIL whose status is interrupted or duplicate
+    releases its plan.
+    """
+    out: dict[str, int] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if before is not None and t.number >= before:
+            continue
+        if t.state == TrialState.WAITING:
+            continue
+        if t.state == TrialState.FAIL and t.user_attrs.get("status") in _RELEASED:
+            continue
+        key = trial_key(t)
+        if key is not None and key not in out:
+            out[key] = t.number
+    return out
+
+
+class PlanSampler(BaseSampler):
+    """Planner top-K first, then calibrated best-predicted with periodic exploration.
+
+    ``planner_order``: every candidate key, best predicted first (the planner's ranking).
+    ``rank``: called with the study's completed trials, returns the candidate keys ordered by
+    the current (calibrated) prediction, best first; default: ``planner_order``.
+    """
+
+    def __init__(self, planner_order: Sequence[str], *, top_k: int, regions: dict[str, tuple],
+                 rank: Callable[[list[FrozenTrial]], list[str]] | None = None, explore_every: int = 4) -> None:
+        self._order = list(planner_order)
+        self._top = self._order[:top_k]
+        self._regions = regions
+        self._rank = rank or (lambda completed: list(self._order))
+        self._explore_every = explore_every
+
+    def infer_relative_search_space(self, study, trial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
+        return {}
+
+    def next_key(self, trials: Sequence[FrozenTrial]) -> str | None:
+        """The key the next trial should measure, or None when every candidate is claimed."""
+        taken = claimed_keys(trials)
+        for key in self._top:
+            if key not in taken:
+                return key
+        free = [k for k in self._rank([t for t in trials if t.state == TrialState.COMPLETE]) if k not in taken]
+        if not free:
+            return None
+        picks_after_top = sum(1 for k in taken if k not in self._top)
+        if self._explore_every and (picks_after_top + 1) % self._explore_every == 0:
+            seen = [self._regions[k] for k in taken if k in self._regions]
+            # A micro-batch no trial measured first, then an unmeasured ZeRO stage, then any new region.
+            for unseen in (lambda r: r[1] not in {s[1] for s in seen}, lambda r: r[0] not in {s[0] for s in seen},
+                           lambda r: r not in seen):
+                for key in free:
+                    if unseen(self._regions[key]):
+                        return key
+        return free[0]
+
+    def sample_independent(self, study, trial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        if param_name != PARAM or not isinstance(param_distribution, CategoricalDistribution):
+            return optuna.samplers.RandomSampler().sample_independent(study, trial, param_name, param_distribution)
+        trials = study.get_trials(deepcopy=False)
+        key = self.next_key([t for t in trials if t.number != trial.number])
+        # Nothing free (another worker took the last one): return a claimed key; the claim
+        # check gives the trial up as a duplicate and the study loop stops.
+        return key if key is not None else self._order[0]

@@ -1,0 +1,326 @@
+"""The tuning study: Optuna trials that measure the planner's candidates on real hardware.
+
+One Optuna study, one categorical parameter ``plan_key`` over the planner's feasible plans
+(sorted keys, so the distribution is identical across resumes and workers), picked by
+:class:`autotune.tune.sampler.PlanSampler` (planner top-K first, then calibrated best-predicted
+with exploration). Each trial claims its plan (``plan_key`` param + user attrs ``plan``,
+``predicted``, ``host``, ``pid``), runs :func:`autotune.tune.trial.run_trial`, and ends:
+
+* completed -> COMPLETE, objective tokens/s (maximize), user attr ``measurement``;
+* pruned (:class:`SlowStepPruner`) -> PRUNED;
+* oom / crashed / hung -> FAIL with ``status``, ``reason``, ``log_path``; the study goes on;
+* Ctrl-C -> FAIL ``interrupted`` (run_trial has killed the processes), then KeyboardInterrupt.
+
+``trials`` is the number of finished trials the study should hold in total (interrupted and
+duplicate trials do not count), so ``--resume`` and extra ``--worker`` processes complete the
+same budget. Trials left RUNNING by a tuner killed with SIGKILL become FAIL ``interrupted`` on
+``resume`` (all of them) or, for a worker, when their recorded process on this host is gone;
+their plans are free again.
+
+Test-only hook: ``AUTOTUNE_TUNE_TEST_OVERRIDES`` = JSON ``{"<trial number>": {"timeout_s": 1}}``
+replaces TrialSpec fields for those trial numbers (the integration test injects a hung trial
+and a host-memory OOM this way). Not for users.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+import psutil
+from optuna.distributions import CategoricalDistribution
+from optuna.pruners import BasePruner
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.api import Estimate
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.errors import InputError
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.tune import trial as trial_mod
+from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate, fit_step_times
+from autotune.tune.sampler import PARAM, PlanSampler, claimed_keys, plan_key, plan_region
+
+__all__ = ["SlowStepPruner", "TuneResult", "open_storage", "tune", "claim_conflict", "fail_stale_trials"]
+
+TEST_OVERRIDES_ENV = "AUTOTUNE_TUNE_TEST_OVERRIDES"
+
+
+class SlowStepPruner(BasePruner):
+    """Prune a trial whose median post-warm-up step time exceeds ``ratio`` x the best completed one.
+
+    Intermediate values are step times (lower is better) while the objective (tokens/s) is
+    maximised, so Optuna's own pruners, which compare in the study's direction, do not apply.
+    """
+
+    def __init__(self, ratio: float = 1.5, warmup_steps: int = 2) -> None:
+        self.ratio, self.warmup_steps = ratio, warmup_steps
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        measured = [v for step, v in trial.intermediate_values.items() if step > self.warmup_steps]
+        if not measured:
+            return False
+        best = [t.user_attrs.get("measurement", {}).get("step_time_s")
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        best = [b for b in best if b]
+        return bool(best) and statistics.median(measured) > self.ratio * min(best)
+
+
+@dataclass(kw_only=True)
+class TuneResult:
+    study_name: str
+    storage_url: str
+    best: FrozenTrial | None
+    best_estimate: Estimate | None
+    trials: list[FrozenTrial]
+    state_counts: dict[str, int]
+    failure_summary: str = ""
+    """When no trial completed: why (each failure's status and reason)."""
+    calibration: CalibrationReport | None = None
+    candidates: dict[str, Estimate] = field(default_factory=dict, repr=False)
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An Optuna storage for ``url``; InputError with a clear message when it cannot be opened.
+
+    Several workers opening a fresh PostgreSQL database at once race on creating Optuna's
+    tables (a unique-constraint error for the loser): that case is retried.
+    """
+    for attempt in range(5):
+        try:
+            if url.startswith("sqlite"):
+                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+            if "://" in url and not url.startswith(("http", "grpc")):
+                return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+            return optuna.storages.get_storage(url)
+        except Exception as err:  # SQLAlchemy OperationalError, ArgumentError, ImportError of the driver
+            text = str(err)
+            if attempt < 4 and ("duplicate key" in text or "already exists" in text or "UniqueViolation" in text):
+                time.sleep(0.5 + attempt)
+                continue
+            msg = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+            raise InputError([f"cannot open the storage {url!r}: {msg}"], subject="storage") from None
+    raise AssertionError("unreachable")
+
+
+def claim_conflict(study: optuna.Study, number: int, key: str) -> int | None:
+    """The number of an earlier trial that holds ``key`` (None when this trial's claim stands)."""
+    return claimed_keys(study.get_trials(deepcopy=False), before=number).get(key)
+
+
+def _mark_interrupted(study: optuna.Study, t: FrozenTrial, reason: str) -> None:
+    storage, tid = study._storage, t._trial_id
+    try:
+        storage.set_trial_user_attr(tid, "status", "interrupted")
+        storage.set_trial_user_attr(tid, "reason", reason)
+        storage.set_trial_state_values(tid, TrialState.FAIL)
+    except (RuntimeError, ValueError):
+        pass  # finished meanwhile (another worker got there first)
+
+
+def fail_stale_trials(study: optuna.Study, *, all_running: bool) -> list[int]:
+    """Mark trials left RUNNING by a dead tuner FAIL 'interrupted'; return their numbers."""
+    host = socket.gethostname()
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = t.user_attrs.get("pid")
+        dead_here = t.user_attrs.get("host") == host and (pid is None or not psutil.pid_exists(pid)
+                                                          or pid == os.getpid())
+        if all_running or dead_here:
+            _mark_interrupted(study, t, "interrupted: the tuner stopped while the trial ran (resumed later)")
+            out.append(t.number)
+    return out
+
+
+def _counted(t: FrozenTrial) -> bool:
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return t.state == TrialState.FAIL and t.user_attrs.get("status") not in ("interrupted", "duplicate")
+
+
+def _predicted(est: Estimate) -> dict:
+    return {"step_time_s": est.time.step_time_s, "tokens_per_s": est.time.tokens_per_s,
+            "peak_memory_bytes": est.memory.total}
+
+
+def _test_overrides() -> dict:
+    raw = os.environ.get(TEST_OVERRIDES_ENV)
+    return json.loads(raw) if raw else {}
+
+
+def _measurements(trials, candidates, model, cluster, num_layers) -> list[StepMeasurement]:
+    run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
+    out = []
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
+        est = candidates.get(t.params.get(PARAM))
+        step = t.user_attrs.get("measurement", {}).get("step_time_s")
+        if est is not None and step:
+            out.append(StepMeasurement(model=run_model, cluster=cluster, plan=est.plan, step_time_s=step,
+                                       label=f"#{t.number}"))
+    return out
+
+
+def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int,
+         constraints: SearchConstraints | None = None, workload: trial_mod.Workload, out_dir: str | Path,
+         trials: int = 8, timeout_s: float | None = None, trial_timeout_s: float = 300.0, top_k: int = 3,
+         steps: int = 6, warmup_steps: int = 2, storage_url: str | None = None, study_name: str = "autotune",
+         resume: bool = False, worker: bool = False, host_memory_limit_bytes: int | None = None,
+         num_layers: int | None = None, calibration_path: str | None = None,
+         start_efficiency: Efficiency = DEFAULT_EFFICIENCY, prune_ratio: float | None = 1.5,
+         progress: Callable[[str, optuna.Study, FrozenTrial | None], None] | None = None) -> TuneResult:
+    """Run (or continue) the study; see the module docstring. InputError before any trial on bad input.
+
+    ``prune_ratio``: trials whose step time exceeds this multiple of the best completed one are
+    pruned (None: never prune, e.g. to measure every plan).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
+    search = search_plans(model, cluster, seq_len=seq_len, global_batch_size=global_batch,
+                          constraints=constraints, top_k=max(top_k, 1),
+                          time_settings=TimeSettings(efficiency=start_efficiency))
+    if not search.ranked:
+        reasons = ", ".join(f"{k} {v}" for k, v in search.rejections.items())
+        raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
+                         subject="search")
+    candidates = {plan_key(e.plan): e for e in search.ranked}
+    order = list(candidates)
+    run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
+    settings_cache: dict = {}
+
+    def rank(completed: list[FrozenTrial]) -> list[str]:
+        ms = _measurements(completed, candidates, model, cluster, num_layers)
+        if not ms:
+            return order
+        sig = tuple((m.label, m.step_time_s) for m in ms)
+        if settings_cache.get("sig") != sig:
+            settings_cache["sig"], settings_cache["eff"] = sig, fit_step_times(ms, start_efficiency)
+        ts = TimeSettings(efficiency=settings_cache["eff"])
+        return sorted(order, key=lambda k: estimate_step_time(run_model, cluster, candidates[k].plan, ts).step_time_s)
+
+    sampler = PlanSampler(order, top_k=top_k, regions={k: plan_region(e.plan) for k, e in candidates.items()},
+                          rank=rank)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(storage_url)
+    exists = any(s.study_name == study_name for s in optuna.study.get_all_study_summaries(storage))
+    if exists and not (resume or worker):
+        raise InputError([f"study {study_name!r} already exists in {storage_url}: pass --resume to continue it, "
+                          "--worker to join it, or another --study-name"], subject="storage")
+    try:
+        study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize",
+                                    sampler=sampler,
+                                    pruner=(SlowStepPruner(prune_ratio, warmup_steps) if prune_ratio
+                                            else optuna.pruners.NopPruner()),
+                                    load_if_exists=True)
+    except Exception as err:
+        raise InputError([f"cannot create or load study {study_name!r} in {storage_url}: {err}"],
+                         subject="storage") from None
+    fail_stale_trials(study, all_running=resume and not worker)
+    dist = CategoricalDistribution(sorted(order))
+    overrides = _test_overrides()
+    started = time.monotonic()
+    host = socket.gethostname()
+    if progress:
+        progress("start", study, None)
+
+    while True:
+        all_trials = study.get_trials(deepcopy=False)
+        # Trials running elsewhere (other workers) count against the budget too; two workers
+        # asking in the same instant may overshoot it by one trial each.
+        if sum(_counted(t) or t.state == TrialState.RUNNING for t in all_trials) >= trials:
+            break
+        if timeout_s is not None and time.monotonic() - started >= timeout_s:
+            break
+        if sampler.next_key(all_trials) is None:
+            break
+        trial = study.ask({PARAM: dist})
+        key = trial.params[PARAM]
+        est = candidates[key]
+        trial.set_user_attr("plan", est.plan.to_dict())
+        trial.set_user_attr("predicted", _predicted(est))
+        trial.set_user_attr("host", host)
+        trial.set_user_attr("pid", os.getpid())
+        holder = claim_conflict(study, trial.number, key)
+        if holder is not None:
+            trial.set_user_attr("status", "duplicate")
+            trial.set_user_attr("reason", f"duplicate: trial {holder} already holds this plan (not run)")
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        if progress:
+            progress("trial_start", study, None)
+        spec = trial_mod.TrialSpec(model=model, cluster=cluster, plan=est.plan, workload=workload,
+                                   workdir=out / "trials" / f"{trial.number:04d}", steps=steps,
+                                   warmup_steps=warmup_steps, timeout_s=trial_timeout_s,
+                                   host_memory_limit_bytes=host_memory_limit_bytes, num_layers=num_layers)
+        if str(trial.number) in overrides:
+            spec = dataclasses.replace(spec, **overrides[str(trial.number)])
+
+        def on_step(i: int, seconds: float, _trial=trial) -> bool:
+            _trial.report(seconds, i)
+            return i > warmup_steps and _trial.should_prune()
+
+        try:
+            result = trial_mod.run_trial(spec, on_step=on_step)
+        except KeyboardInterrupt:
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("reason", "interrupted: Ctrl-C (trial processes killed; the study is resumable)")
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        except InputError as err:
+            trial.set_user_attr("status", "crashed")
+            trial.set_user_attr("reason", f"not launched: {err.render()}")
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        attrs = result.to_attrs()
+        for k in ("status", "reason", "log_path"):
+            trial.set_user_attr(k, attrs[k])
+        if result.status == "completed" and result.tokens_per_s:
+            trial.set_user_attr("measurement", {k: attrs[k] for k in ("step_time_s", "tokens_per_s",
+                                                                      "tflops_per_gpu", "peak_memory_bytes",
+                                                                      "step_times_s")})
+            study.tell(trial, result.tokens_per_s)
+        elif result.status == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            if result.status == "completed":
+                trial.set_user_attr("status", "crashed")
+                trial.set_user_attr("reason", "completed without a throughput measurement")
+            study.tell(trial, state=TrialState.FAIL)
+        if progress:
+            progress("trial_end", study, None)
+
+    return _result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency, calibration_path)
+
+
+def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path) -> TuneResult:
+    all_trials = study.get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in all_trials:
+        status = t.user_attrs.get("status") if t.state == TrialState.FAIL else t.state.name.lower()
+        counts[status or "fail"] = counts.get(status or "fail", 0) + 1
+    completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
+    best = max(completed, key=lambda t: t.value) if completed else None
+    summary = ""
+    if best is None:
+        lines = [f"trial {t.number}: {t.user_attrs.get('status', t.state.name.lower())}: "
+                 f"{t.user_attrs.get('reason', '')} (log {t.user_attrs.get('log_path', '-')})"
+                 for t in all_trials if t.state != TrialState.COMPLETE]
+        summary = "no trial completed:\n" + "\n".join(lines) if lines else "no trial ran"
+    ms = _measurements(all_trials, candidates, model, cluster, num_layers)
+    report = calibrate(ms, start, calibration_path) if ms else None
+    return TuneResult(study_name=study.study_name, storage_url=storage_url, best=best,
+                      best_estimate=candidates.get(best.params[PARAM]) if best else None, trials=all_trials,
+                      state_counts=counts, failure_summary=summary, calibration=report, candidates=candidates)

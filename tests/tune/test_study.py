@@ -1,0 +1,279 @@
+"""The tuning study without real trials: run_trial is replaced by a table keyed by plan.
+
+Space: tiny-gpt on 2 cpu ranks, seq 64, global batch 8, deepspeed, tp = pp = 1,
+ZeRO 0-3 x micro-batch 1,2,4 x recompute none/full x offload (what the planner keeps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+from autotune.errors import InputError
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.loading import load_cluster, load_model
+from autotune.tune import study as study_mod
+from autotune.tune import trial as trial_mod
+from autotune.tune.calibrate import FIT_FIELDS, StepMeasurement, calibrate, predict_step_time_s
+from autotune.tune.sampler import PARAM, PlanSampler, plan_key, plan_region
+
+MODEL = load_model("tiny-gpt")
+CLUSTER = load_cluster(gpu="cpu", num_gpus=2)
+CONSTRAINTS = SearchConstraints(tp=1, pp=1, frameworks=("deepspeed",), recompute=("none", "full"),
+                                max_micro_batch_size=4)
+SEQ, GB = 64, 8
+RANKED = search_plans(MODEL, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=CONSTRAINTS, top_k=3).ranked
+KEYS = [plan_key(e.plan) for e in RANKED]
+DIST = CategoricalDistribution(sorted(KEYS))
+
+
+def fake_step_time(plan) -> float:
+    # Deterministic "measurement": bigger micro-batches amortise, recompute costs 30%, offload 20%.
+    return 0.1 * (1 + 1 / plan.micro_batch_size) * (1.3 if plan.recompute == "full" else 1.0) * (
+        1.2 if plan.offload_optimizer != "none" else 1.0) * (1 + 0.05 * plan.zero_stage)
+
+
+class FakeRunner:
+    """run_trial stand-in: outcome by (zero, micro-batch, recompute, offload); records each call."""
+
+    def __init__(self, outcomes: dict | None = None, default: str = "completed") -> None:
+        self.outcomes = outcomes or {}
+        self.default = default
+        self.calls: list[str] = []
+
+    def __call__(self, spec, on_step=None):
+        p = spec.plan
+        self.calls.append(plan_key(p))
+        status = self.outcomes.get((p.zero_stage, p.micro_batch_size, p.recompute, p.offload_optimizer), self.default)
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        log = spec.workdir / "trial.log"
+        log.write_text(f"fake {status}\n")
+        t = fake_step_time(p)
+        if status == "pruned":
+            t *= 10
+        if on_step is not None:
+            for i in range(1, spec.warmup_steps + spec.steps + 1):
+                if on_step(i, t):
+                    return trial_mod.TrialResult(status="pruned", reason="pruned at step %d" % i, log_path=log)
+        if status == "completed" or status == "pruned":
+            tokens = p.global_batch_size * p.seq_len / t
+            return trial_mod.TrialResult(status="completed", reason="", log_path=log, step_time_s=t,
+                                         tokens_per_s=tokens, tflops_per_gpu=0.01, peak_memory_bytes=10**8,
+                                         step_times_s=(t,) * spec.steps, returncode=0)
+        reason = {"oom": "host memory 1.2 GiB over the limit 1.0 GiB", "crashed": "exit code 1: RuntimeError: boom",
+                  "hung": "no progress within the 1 s timeout; killed"}[status]
+        return trial_mod.TrialResult(status=status, reason=reason, log_path=log, returncode=1)
+
+
+def run(tmp_path: Path, monkeypatch, runner: FakeRunner, **kw):
+    monkeypatch.setattr(trial_mod, "run_trial", runner)
+    args = dict(seq_len=SEQ, global_batch=GB, constraints=CONSTRAINTS, workload=trial_mod.Workload(kind="builtin"),
+                out_dir=tmp_path / "out", trials=4, top_k=3, steps=2, warmup_steps=1)
+    args.update(kw)
+    return study_mod.tune(MODEL, CLUSTER, **args)
+
+
+def test_planner_top_k_first_in_planner_order(tmp_path, monkeypatch):
+    runner = FakeRunner()
+    run(tmp_path, monkeypatch, runner, trials=3, top_k=3)
+    assert runner.calls == KEYS[:3]
+
+
+def test_sampler_never_proposes_infeasible_or_duplicate(tmp_path, monkeypatch):
+    runner = FakeRunner()
+    # ask for more trials than candidates: the study stops when every plan is measured
+    result = run(tmp_path, monkeypatch, runner, trials=len(KEYS) + 5, top_k=2)
+    assert sorted(runner.calls) == sorted(KEYS)  # every feasible plan once, nothing else
+    assert len(set(runner.calls)) == len(runner.calls)
+    # the fake's slow plans (> 1.5x the best step time) are pruned, the rest complete
+    assert set(result.state_counts) <= {"complete", "pruned"}
+    assert sum(result.state_counts.values()) == len(KEYS)
+    assert result.best.value == max(t.value for t in result.trials if t.value is not None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(KEYS) - 1),
+                          st.sampled_from(["complete", "fail", "pruned", "running", "interrupted"])), max_size=40))
+def test_sampler_next_key_is_a_free_candidate(claims):
+    sampler = PlanSampler(KEYS, top_k=3, regions={k: plan_region(e.plan) for k, e in zip(KEYS, RANKED)})
+    state = {"complete": TrialState.COMPLETE, "fail": TrialState.FAIL, "pruned": TrialState.PRUNED,
+             "running": TrialState.RUNNING, "interrupted": TrialState.FAIL}
+    trials = []
+    for n, (i, kind) in enumerate(claims):
+        attrs = {"status": "interrupted"} if kind == "interrupted" else {}
+        trials.append(optuna.trial.FrozenTrial(
+            number=n, state=state[kind], value=1.0 if kind == "complete" else None, datetime_start=None,
+            datetime_complete=None, params={PARAM: KEYS[i]}, distributions={PARAM: DIST}, user_attrs=attrs,
+            system_attrs={}, intermediate_values={}, trial_id=n))
+    held = {KEYS[i] for i, kind in claims if kind != "interrupted"}
+    key = sampler.next_key(trials)
+    if len(held) == len(KEYS):
+        assert key is None
+    else:
+        assert key in KEYS and key not in held
+        untried_top = [k for k in KEYS[:3] if k not in held]
+        if untried_top:
+            assert key == untried_top[0]  # planner order first
+
+
+def test_every_failure_state_recorded_and_study_goes_on(tmp_path, monkeypatch):
+    plans = [e.plan for e in RANKED]
+    outcome_of = {}
+    for status, plan in zip(("oom", "crashed", "hung"), plans[:3]):
+        outcome_of[(plan.zero_stage, plan.micro_batch_size, plan.recompute, plan.offload_optimizer)] = status
+    runner = FakeRunner(outcome_of)
+    result = run(tmp_path, monkeypatch, runner, trials=6, top_k=3)
+    by_status = {t.user_attrs.get("status"): t for t in result.trials}
+    for status in ("oom", "crashed", "hung"):
+        t = by_status[status]
+        assert t.state == TrialState.FAIL
+        assert t.user_attrs["reason"]
+        assert Path(t.user_attrs["log_path"]).is_file()
+        assert t.user_attrs["plan"]
+    completed = [t for t in result.trials if t.state == TrialState.COMPLETE]
+    assert completed and all(t.number > 2 for t in completed)  # the study went on after three failures
+    for t in completed:
+        assert set(t.user_attrs["measurement"]) >= {"step_time_s", "tokens_per_s", "peak_memory_bytes"}
+        assert t.user_attrs["predicted"]["step_time_s"] > 0
+
+
+def test_slow_trial_is_pruned(tmp_path, monkeypatch):
+    slow = RANKED[1].plan
+    runner = FakeRunner({(slow.zero_stage, slow.micro_batch_size, slow.recompute, slow.offload_optimizer): "pruned"})
+    result = run(tmp_path, monkeypatch, runner, trials=3, top_k=3)
+    assert result.trials[1].state == TrialState.PRUNED
+    assert result.trials[1].intermediate_values  # reported step times
+
+
+def test_all_fail_says_why_and_cli_exits_1(tmp_path, monkeypatch, capsys):
+    runner = FakeRunner(default="crashed")
+    result = run(tmp_path, monkeypatch, runner, trials=3)
+    assert result.best is None
+    assert "no trial completed" in result.failure_summary and "RuntimeError: boom" in result.failure_summary
+
+    from autotune.cli import main
+
+    rc = main(["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
+               "--global-batch", "8", "--tp", "1", "--pp", "1", "--recompute", "none,full", "--max-micro-batch", "4",
+               "--trials", "2", "--out", str(tmp_path / "cli"), "--json"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom" in err
+    # the records are kept
+    s = optuna.load_study(study_name="autotune", storage=f"sqlite:///{tmp_path / 'cli' / 'study.db'}")
+    assert len(s.trials) == 2
+
+
+def test_resume_after_kill(tmp_path, monkeypatch):
+    runner = FakeRunner()
+    first = run(tmp_path, monkeypatch, runner, trials=2, top_k=3)
+    finished = {t.number: (t.params[PARAM], t.value) for t in first.trials}
+    # Simulate a tuner killed with SIGKILL mid-trial: a trial left RUNNING with the 3rd plan.
+    url = f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
+    s = optuna.load_study(study_name="autotune", storage=url)
+    t = s.ask({PARAM: CategoricalDistribution(sorted(KEYS))})
+    assert t.params[PARAM]  # whatever the default sampler drew; make it the next planned one:
+    s2 = optuna.load_study(study_name="autotune", storage=url)
+    stuck = s2._storage.get_trial(t._trial_id)
+    assert stuck.state == TrialState.RUNNING
+    s2._storage.set_trial_user_attr(t._trial_id, "host", "elsewhere")
+    s2._storage.set_trial_user_attr(t._trial_id, "pid", 1)
+    stuck_key = t.params[PARAM]
+
+    with pytest.raises(InputError):  # an existing study needs --resume or --worker
+        run(tmp_path, monkeypatch, FakeRunner(), trials=4)
+    runner2 = FakeRunner()
+    second = run(tmp_path, monkeypatch, runner2, trials=4, top_k=3, resume=True)
+    trials = {t.number: t for t in second.trials}
+    assert trials[t.number].state == TrialState.FAIL
+    assert trials[t.number].user_attrs["status"] == "interrupted"
+    for number, (key, value) in finished.items():  # nothing finished was lost or rerun
+        assert trials[number].params[PARAM] == key and trials[number].value == value
+        assert key not in runner2.calls
+    counted = [x for x in second.trials if x.user_attrs.get("status") != "interrupted"]
+    assert len(counted) == 4
+    assert len({x.params[PARAM] for x in counted}) == 4
+    assert stuck_key in KEYS  # the interrupted plan is free again (it may be picked)
+
+
+def test_claim_conflict_gives_up_later_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    s = optuna.create_study(storage=url, study_name="c", direction="maximize")
+    dist = {PARAM: CategoricalDistribution(sorted(KEYS))}
+    s.enqueue_trial({PARAM: KEYS[0]})
+    s.enqueue_trial({PARAM: KEYS[0]})
+    a, b = s.ask(dist), s.ask(dist)  # two workers that picked the same plan at the same instant
+    assert study_mod.claim_conflict(s, a.number, KEYS[0]) is None
+    assert study_mod.claim_conflict(s, b.number, KEYS[0]) == a.number
+
+
+def test_bad_storage_url_is_input_error(tmp_path):
+    with pytest.raises(InputError, match="cannot open the storage"):
+        study_mod.open_storage("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(InputError, match="cannot open the storage"):
+        study_mod.open_storage(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+
+
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    from autotune.cli import main
+
+    base = ["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--seq-len", "64", "--out", str(tmp_path / "o")]
+    assert main(base + ["--num-gpus", "2", "--workload", "script", "--script", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.py"
+    bad.write_text("def broken(:\n")
+    assert main(base + ["--num-gpus", "2", "--workload", "script", "--script", str(bad)]) == 2
+    assert "does not compile" in capsys.readouterr().err
+    assert main(base + ["--num-gpus", "100000"]) == 2
+    assert "CPU ranks" in capsys.readouterr().err
+    assert main(base + ["--num-gpus", "2", "--storage", "postgresql://x@127.0.0.1:1/db"]) == 2
+    assert "cannot open the storage" in capsys.readouterr().err
+
+
+def test_calibration_recovers_known_efficiency(tmp_path):
+    # Synthetic measurements from known parameters (hbm_efficiency kept at its default: on
+    # tiny-gpt memory-bound kernels are ~1% of a step, too little to identify it).
+    true = DEFAULT_EFFICIENCY.with_(gemm_peak_fraction=0.3, gemm_half_dim=150.0)
+    ms = []
+    for i, e in enumerate(RANKED):
+        probe = StepMeasurement(model=MODEL, cluster=CLUSTER, plan=e.plan, step_time_s=1.0)
+        ms.append(dataclasses.replace(probe, step_time_s=predict_step_time_s(probe, true), label=str(i)))
+    path = tmp_path / "cal.json"
+    report = calibrate(ms, DEFAULT_EFFICIENCY, str(path))
+    assert report.median_error_before > 0.5 and report.median_error_after < 0.02
+    for name in ("gemm_peak_fraction", "gemm_half_dim"):
+        assert math.isclose(getattr(report.after, name), getattr(true, name), rel_tol=0.10), name
+    from autotune.cost.efficiency import load_efficiency
+
+    assert load_efficiency(str(path)) == report.after  # estimate/plan can read it back
+    assert set(json.loads(path.read_text())) >= set(FIT_FIELDS)
+
+
+def test_ctrl_c_marks_trial_interrupted_and_study_resumes(tmp_path, monkeypatch):
+    class Interrupting(FakeRunner):
+        def __call__(self, spec, on_step=None):
+            if len(self.calls) == 1:  # second trial: Ctrl-C (run_trial has killed its processes)
+                self.calls.append(plan_key(spec.plan))
+                raise KeyboardInterrupt
+            return super().__call__(spec, on_step)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, monkeypatch, Interrupting(), trials=3)
+    url = f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
+    t1 = optuna.load_study(study_name="autotune", storage=url).trials[1]
+    assert t1.state == TrialState.FAIL and t1.user_attrs["status"] == "interrupted"
+    runner = FakeRunner()
+    result = run(tmp_path, monkeypatch, runner, trials=3, resume=True)
+    assert result.state_counts == {"complete": 3, "interrupted": 1}
+    assert t1.params[PARAM] in runner.calls  # the interrupted plan is measured again
