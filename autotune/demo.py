@@ -1,7 +1,9 @@
 """The README's main job: where Llama-3-70B's memory goes on 8 and on 64 H100s, then the
-fastest plans for it on 128 H100s, and the files that run the best one.
+fastest plans for it on 128 H100s, the files that run the best one, and a short real tuning study of
+a tiny model on this machine's CPU.
 
-Runs on any machine (no GPU, no server): it is the cost model, not a training run.
+Runs on any machine (no GPU, no server): the cost model for the large model, real DeepSpeed (gloo, CPU)
+for the tiny one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
     # ... and write the winner's files (the recipe holds that same plan): ds_config.json or Megatron args,
     # launch scripts for torchrun, the deepspeed launcher and SLURM, the checkpoint policy, plan.md.
     ("emit", "--recipe", "llama3-70b-128xh100", "--out", "out/llama3-70b-128xh100", "--force"),
+    # A short real study on this machine: tiny-gpt as 2 gloo ranks under DeepSpeed, 3 profiling trials in an
+    # SQLite study (resumable; rerunning the demo continues it), calibration, and the measured winner emitted.
+    ("tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
+     "--trials", "3", "--steps", "2", "--warmup-steps", "1", "--no-offload", "--framework", "deepspeed",
+     "--out", "out/tune-demo", "--resume"),
 )
 
 

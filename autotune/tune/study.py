@@ -186,6 +186,15 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     ``prune_ratio``: trials whose step time exceeds this multiple of the best completed one are
     pruned (None: never prune, e.g. to measure every plan).
     """
+    if workload.kind == "builtin":
+        # The builtin workload runs data parallelism with ZeRO/offload/recompute/micro-batch only (see
+        # workload_builtin.unsupported_reason): search only what it can measure.
+        c = constraints or SearchConstraints()
+        asked = {k: getattr(c, k) for k in ("tp", "pp", "cp") if getattr(c, k) not in (None, 1)}
+        if asked:
+            raise InputError([f"the builtin workload runs tp = pp = cp = 1 plans, not {asked}: drop the flag or use "
+                              "--workload script/command with your own training script"], subject="tune")
+        constraints = dataclasses.replace(c, tp=1, pp=1, cp=1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
