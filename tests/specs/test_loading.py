@@ -131,7 +131,7 @@ def test_fewer_gpus_than_a_node_is_one_node():
     cluster = load_cluster(gpu="a100-80gb", num_gpus=4)
     assert (cluster.num_nodes, cluster.gpus_per_node) == (1, 4)
     cpu = load_cluster(gpu="cpu", num_gpus=2)
-    assert (cpu.num_nodes, cpu.gpus_per_node, cpu.gpu.memory_gib) == (1, 2, 24)
+    assert (cpu.num_nodes, cpu.gpus_per_node, cpu.gpu.memory_gib) == (1, 2, 12)
 
 
 def test_uneven_gpu_counts_rejected_with_counts_that_work():

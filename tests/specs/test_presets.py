@@ -190,7 +190,7 @@ def test_gpu_datasheet_figures():
     v100 = load_gpu_preset("v100-32gb")
     assert not v100.supports("bf16") and not v100.supports("fp8") and v100.peak_tflops["fp16"] == 125
     cpu = load_gpu_preset("cpu")
-    assert cpu.memory_gib == 24 and cluster_defaults("cpu")["gpus_per_node"] == 2
+    assert cpu.memory_gib == 12 and cluster_defaults("cpu")["gpus_per_node"] == 2
     assert "nominal" in cpu.source.lower() and "calibrate" in cpu.source.lower()
 
 
