@@ -14,7 +14,7 @@ Two simplifications, neither of which changes a parameter count:
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,22 @@ class _Fields:
         return default
 
     def get(self, key: str, default: Any) -> Any:
+        """A field of the JSON type of ``default`` (bool, number or string); a problem, not a coercion, otherwise."""
         value = self.data.get(key)
-        return default if value is None else value
+        if value is None:
+            return default
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                self.problems.append(f"{key!r} must be true or false, got {value!r}")
+                return default
+        elif isinstance(default, int | float):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                self.problems.append(f"{key!r} must be a finite number, got {value!r}")
+                return default
+        elif isinstance(default, str) and not isinstance(value, str):
+            self.problems.append(f"{key!r} must be a string, got {value!r}")
+            return default
+        return value
 
     def unsupported(self, text: str) -> None:
         self.problems.append(f"{text} (model_type {self.model_type!r})")
@@ -75,9 +89,8 @@ def _head_dim(f: _Fields, hidden: int, heads: int) -> int | None:
 
 def _dropout(f: _Fields, *keys: str, default: float) -> float:
     for key in keys:
-        value = f.data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        if f.data.get(key) is not None:
+            return float(f.get(key, 0.0))
     return default
 
 
@@ -245,51 +258,55 @@ assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
 def read_hf_config(path: str | Path) -> dict:
     """The parsed ``config.json`` at ``path`` (a file, or a folder holding one)."""
+    from autotune.inputs import parse_json, read_text
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     subject = f"Hugging Face config {str(p)!r}"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError([f"cannot read it: {err.strerror or err}"], subject=subject) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError([f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"],
-                         subject=subject) from None
+    data = parse_json(read_text(p, subject="Hugging Face config"), subject=subject)
     if not isinstance(data, dict):
         raise InputError([f"expected a JSON object, got {type(data).__name__}"], subject=subject)
     return data
 
 
-def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = None) -> ModelSpec:
+def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = None, *,
+                         origin: str = "Hugging Face config") -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face ``config.json`` (path, folder, or parsed dict).
 
-    ``name`` defaults to the config's ``_name_or_path``, else the folder holding the file,
-    else the model_type. InputError names every missing field, or the supported model types.
+    ``name`` defaults to the config's ``_name_or_path`` (what ``from_pretrained`` was given), else
+    the model_type; never the folder the file sits in. InputError names every missing or ill-typed
+    field, or the supported model types.
     """
+    from autotune.inputs import nonfinite_problems
+    from autotune.specs.loading import model_limit_problems
+
     if isinstance(path_or_dict, dict):
-        data, origin, folder_name = path_or_dict, "Hugging Face config", None
+        data = path_or_dict
     else:
         p = Path(path_or_dict)
         data = read_hf_config(p)
-        folder_name = (p if p.is_dir() else p.resolve().parent).name or None
         origin = f"Hugging Face config {str(p)!r}"
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     model_type = data.get("model_type")
     if model_type is None:
         raise InputError([f"no 'model_type' field: add the model's type (supported: {supported})"], subject=origin)
+    if not isinstance(model_type, str):
+        raise InputError([f"'model_type' must be a string such as \"llama\", got {model_type!r}"], subject=origin)
     if model_type not in _FAMILIES:
         hint = suggest_names(str(model_type), SUPPORTED_MODEL_TYPES)
         raise InputError([f"model_type {model_type!r} is not supported{hint}; supported: {supported}. "
                           "Describe the model in a model YAML (schemas/model.schema.json) instead"], subject=origin)
     fields = _Fields(data, model_type)
     kwargs = _FAMILIES[model_type](fields)
-    if fields.problems:
-        raise InputError(fields.problems, subject=origin)
+    name_or_path = data.get("_name_or_path")
+    if name_or_path is not None and not isinstance(name_or_path, str):
+        fields.problems.append(f"'_name_or_path' must be a string, got {name_or_path!r}")
+    problems = fields.problems + nonfinite_problems(kwargs) + model_limit_problems(kwargs)
+    if problems:
+        raise InputError(problems, subject=origin)
     kwargs.setdefault("num_kv_heads", kwargs["num_attention_heads"])  # explicit, as in the presets
-    kwargs["name"] = name or data.get("_name_or_path") or folder_name or model_type
+    kwargs["name"] = name or (name_or_path or "").strip() or model_type
     try:
         return ModelSpec.from_dict(kwargs)
     except InputError as err:

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-from autotune import resources
-from autotune.errors import InputError, suggest_names
+from autotune import inputs, resources
+from autotune.errors import InputError, require_no_problems, suggest_names
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.hf_config import model_from_hf_config, read_hf_config
 from autotune.specs.model import ModelSpec
@@ -26,47 +25,86 @@ from autotune.specs.presets import (
     CLUSTER_DEFAULT_KEYS, cluster_defaults, gpu_preset_names, load_gpu_preset, load_model_preset, model_preset_names,
 )
 
-__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems"]
+__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems", "model_limit_problems",
+           "MODEL_LIMITS", "MAX_GPUS", "MAX_GPUS_PER_NODE"]
 
 _PRESETS_HELP = "`autotune estimate --help` lists the presets"
 _CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:]
 
 
 # ---- files and schemas -------------------------------------------------------------------
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
-
-
 def read_yaml(path: str | Path, *, subject: str) -> dict:
-    """The mapping in YAML (or JSON) file ``path``; InputError if unreadable, malformed or not a mapping."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError([f"cannot read {str(path)!r}: {err.strerror or err}"], subject=subject) from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise InputError([f"not valid YAML: {problem}{where}"], subject=subject) from None
+    """The mapping in YAML (or JSON) file ``path``; InputError if unreadable, malformed or not a mapping.
+
+    Read by :mod:`autotune.inputs` (regular files only, size and depth bounded, UTF-8); a NaN or
+    infinite number anywhere is a problem too.
+    """
+    data = inputs.parse_yaml(inputs.read_text(path, subject=subject), subject=subject)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError([f"expected a mapping of keys to values, got {got}"], subject=subject)
+    require_no_problems(inputs.nonfinite_problems(data), subject=subject)
     return data
+
+
+# The largest value of each size field we accept. Far above any model trained (Megatron's 1T GPT:
+# 128 layers, hidden 25,600, 160 heads; DeepSeek-V3: 256 routed experts; Llama 4 Scout: 10M-token
+# context), low enough that every loop and table sized by them stays small.
+MODEL_LIMITS = {
+    "num_layers": 4096, "hidden_size": 2**20, "num_attention_heads": 2**16, "num_kv_heads": 2**16,
+    "head_dim": 2**16, "ffn_hidden_size": 2**22, "vocab_size": 2**24, "max_position_embeddings": 2**27,
+    "norms_per_layer": 16, "moe.num_experts": 2**16, "moe.top_k": 2**16, "moe.expert_ffn_hidden_size": 2**22,
+    "moe.num_shared_experts": 2**10, "moe.shared_expert_ffn_hidden_size": 2**22, "moe.num_dense_layers": 4096,
+    "mla.kv_lora_rank": 2**20, "mla.qk_nope_head_dim": 2**16, "mla.qk_rope_head_dim": 2**16,
+    "mla.v_head_dim": 2**16, "mla.q_lora_rank": 2**20,
+}
+MAX_ROPE_THETA = 1e12  # Llama 3 uses 5e5, Qwen2.5 1e6
+# No cluster has a million GPUs (the largest reported training clusters hold ~100k); NVL576 racks
+# hold 576 GPUs per NVLink domain.
+MAX_GPUS = 2**20
+MAX_GPUS_PER_NODE = 1024
+MAX_BANDWIDTH_GB_PER_S = 1e6  # per GPU, one direction: NVLink 5 is 900
+MAX_MEMORY_GIB = 2**24  # 16 PiB: per GPU or per node
+
+
+def model_limit_problems(fields: dict) -> list[str]:
+    """Size fields above MODEL_LIMITS (and an absurd rope_theta), one line each."""
+    problems = []
+    for key, limit in MODEL_LIMITS.items():
+        block, _, name = key.rpartition(".")
+        holder = fields.get(block) if block else fields
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            problems.append(f"{key} ({value:,}) is above {limit:,}, the largest this tool accepts (far beyond any "
+                            "trained model): check the number")
+    theta = fields.get("rope_theta")
+    if isinstance(theta, int | float) and not isinstance(theta, bool) and theta > MAX_ROPE_THETA:
+        problems.append(f"rope_theta ({theta:g}) is above {MAX_ROPE_THETA:g}: check the number")
+    return problems
+
+
+def _cluster_limit_problems(settings: dict) -> list[str]:
+    problems = []
+    for key, limit in (("num_gpus", MAX_GPUS), ("num_nodes", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE)):
+        value = settings.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            problems.append(f"{key} ({value:,}) is above {limit:,}, the largest this tool accepts: check the number")
+    for key, value in settings.items():
+        limit = (MAX_BANDWIDTH_GB_PER_S if key.endswith("_gb_per_s") else
+                 MAX_MEMORY_GIB if key.endswith("_gib_per_node") else None)
+        if limit is not None and isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
+            problems.append(f"{key} ({value:g}) is above {limit:g}: check the unit (GB/s per GPU, GiB per node)")
+    gpu = settings.get("gpu")
+    if isinstance(gpu, dict):
+        checks = [("memory_gib", gpu.get("memory_gib"), MAX_MEMORY_GIB),
+                  ("hbm_bandwidth_gb_per_s", gpu.get("hbm_bandwidth_gb_per_s"), MAX_BANDWIDTH_GB_PER_S)]
+        tflops = gpu.get("peak_tflops")
+        if isinstance(tflops, dict):
+            checks += [(f"peak_tflops.{k}", v, 1e7) for k, v in tflops.items()]
+        for key, value, limit in checks:
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
+                problems.append(f"gpu.{key} ({value:g}) is above {limit:g}: check the unit")
+    return problems
 
 
 def _json_type(value: Any) -> str:
@@ -133,7 +171,8 @@ def schema_problems(instance: Any, schema_name: str) -> list[str]:
 # ---- models ------------------------------------------------------------------------------
 def model_from_mapping(data: dict, *, origin: str = "model") -> ModelSpec:
     """A :class:`ModelSpec` from a model YAML's mapping, checked against ``model.schema.json``."""
-    problems = schema_problems(data, "model.schema.json")
+    problems = inputs.nonfinite_problems(data) or schema_problems(data, "model.schema.json")
+    problems = problems or model_limit_problems(data)
     if problems:
         raise InputError(problems, subject=origin)
     try:
@@ -152,22 +191,39 @@ def load_model(ref: str) -> ModelSpec:
     if ref in model_preset_names():
         return load_model_preset(ref)
     path = Path(ref).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return model_from_hf_config(path)
-        raise InputError([f"folder {ref!r} holds no config.json: give a Hugging Face config.json, a model YAML, "
-                          f"or a preset name ({_PRESETS_HELP})"], subject="--model")
-    if path.is_file():
-        origin = f"model file {ref!r}"
-        if path.suffix == ".json":
-            data = read_hf_config(path)
-            return model_from_hf_config(path) if _looks_like_hf(path, data) else model_from_mapping(data, origin=origin)
-        return model_from_mapping(read_yaml(path, subject=origin), origin=origin)
-    hint = suggest_names(ref, model_preset_names())
-    looks_like_path = "/" in ref or path.suffix in (".json", ".yaml", ".yml")
-    what = "no such file" if looks_like_path else "neither a model preset nor an existing file"
-    raise InputError([f"{ref!r}: {what}{hint}; {_PRESETS_HELP}, or give a Hugging Face config.json or a "
-                      "model YAML (schemas/model.schema.json)"], subject="--model")
+    try:
+        is_dir = path.is_dir()
+        exists = is_dir or path.exists() or path.is_symlink()
+    except (OSError, ValueError) as err:  # a name too long, a NUL byte
+        raise InputError([f"{ref[:80]!r}: not a usable file name ({getattr(err, 'strerror', None) or err})"],
+                         subject="--model") from None
+    if is_dir:
+        if (path / "config.json").exists():
+            path = path / "config.json"
+        else:
+            raise InputError([f"folder {ref!r} holds no config.json: give a Hugging Face config.json, a model YAML, "
+                              f"or a preset name ({_PRESETS_HELP})"], subject="--model")
+    elif not exists:
+        hint = suggest_names(ref, model_preset_names())
+        looks_like_path = "/" in ref or path.suffix in (".json", ".yaml", ".yml")
+        what = "no such file" if looks_like_path else "neither a model preset nor an existing file"
+        raise InputError([f"{ref!r}: {what}{hint}; {_PRESETS_HELP}, or give a Hugging Face config.json or a "
+                          "model YAML (schemas/model.schema.json)"], subject="--model")
+    origin = f"model file {str(path)!r}"
+    text = inputs.read_text(path, subject="model file")
+    if path.suffix == ".json":
+        data = inputs.parse_json(text, subject=origin)
+        if not isinstance(data, dict):
+            raise InputError([f"expected a JSON object, got {_json_type(data)}"], subject=origin)
+        if _looks_like_hf(path, data):
+            return model_from_hf_config(data, origin=f"Hugging Face config {str(path)!r}")
+        return model_from_mapping(data, origin=origin)
+    data = inputs.parse_yaml(text, subject=origin)
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise InputError([f"expected a mapping of keys to values, got {got}"], subject=origin)
+    require_no_problems(inputs.nonfinite_problems(data), subject=origin)
+    return model_from_mapping(data, origin=origin)
 
 
 # ---- clusters ----------------------------------------------------------------------------
@@ -242,6 +298,9 @@ def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, 
     shape_problems = [p for p in schema_problems(settings, "cluster.schema.json")
                       if p != "$: missing required key 'gpu'"]
     problems += shape_problems
+    if not shape_problems:
+        shape_problems = inputs.nonfinite_problems(settings) + _cluster_limit_problems(settings)
+        problems += shape_problems
     if shape_problems or "gpu" not in settings:
         raise InputError(problems, subject=subject)
 

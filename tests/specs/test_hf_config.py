@@ -89,7 +89,7 @@ def test_name_and_sources():
     cfg = _config("llama3-8b")
     assert model_from_hf_config(cfg).name == "meta-llama/Meta-Llama-3-8B"  # _name_or_path
     assert model_from_hf_config(cfg, name="mine").name == "mine"
-    assert model_from_hf_config(FIXTURES / "gpt2" / "config.json").name == "gpt2"  # the folder
+    assert model_from_hf_config(FIXTURES / "gpt2" / "config.json").name == "gpt2"  # no _name_or_path: model_type
     assert model_from_hf_config(FIXTURES / "gpt2") == model_from_hf_config(read_hf_config(FIXTURES / "gpt2"), name="gpt2")
 
 
@@ -151,7 +151,7 @@ def test_model_spec_problems_carry_the_config(tmp_path):
 
 
 def test_unreadable_or_malformed_file(tmp_path):
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="missing.json.*no such file"):
         model_from_hf_config(tmp_path / "missing.json")
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "llama",\n "hidden_size": }')
@@ -160,3 +160,28 @@ def test_unreadable_or_malformed_file(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(InputError, match="JSON object"):
         model_from_hf_config(bad)
+
+
+def test_named_from_the_config_not_its_folder(tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    cfg = {k: v for k, v in _config("llama3-8b").items() if k != "_name_or_path"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert model_from_hf_config(folder).name == "llama"
+    (folder / "config.json").write_text(json.dumps(cfg | {"_name_or_path": "org/my-model"}))
+    assert model_from_hf_config(folder / "config.json").name == "org/my-model"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tie_word_embeddings": "no"}, "'tie_word_embeddings' must be true or false"),
+    ({"rope_theta": "abc"}, "'rope_theta' must be a finite number"),
+    ({"attention_bias": 1}, "'attention_bias' must be true or false"),
+    ({"attention_dropout": "0.1"}, "'attention_dropout' must be a finite number"),
+    ({"model_type": ["llama"]}, "'model_type' must be a string"),
+    ({"_name_or_path": 5}, "'_name_or_path' must be a string"),
+    ({"num_hidden_layers": 10**30}, "num_layers .* is above 4,096"),
+    ({"vocab_size": 10**12}, "vocab_size .* is above"),
+])
+def test_ill_typed_fields_are_problems_not_coerced(change, message):
+    with pytest.raises(InputError, match=message):
+        model_from_hf_config(_config("llama3-8b") | change)

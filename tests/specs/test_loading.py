@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,55 @@ def test_schemas_are_found():
     for name in ("model.schema.json", "cluster.schema.json"):
         assert resources.schema(name)["$schema"].endswith("2020-12/schema")
     assert schema_problems(TINY, "model.schema.json") == []
+
+
+# ---- hostile files: every file kind read as a regular, bounded, shallow UTF-8 file -------------
+def _hostile_files(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    (tmp_path / "folder.yaml").mkdir()
+    (tmp_path / "l.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    return {
+        "fifo": (str(fifo), "FIFO"),
+        "device": ("/dev/zero", "character device"),
+        "folder": (str(tmp_path / "folder.yaml"), "folder"),
+        "latin1": (str(tmp_path / "l.yaml"), "not UTF-8"),
+        "deep json": (_write(tmp_path, "d.json", "[" * 50_000 + "]" * 50_000), "nested more than"),
+        "deep yaml": (_write(tmp_path, "d.yaml", "[" * 50_000 + "]" * 50_000), "nested more than"),
+        "alias": (_write(tmp_path, "a.yaml", "a: &x [1, 2]\nb: *x\n"), "aliases"),
+        "complex key": (_write(tmp_path, "k.yaml", "? [a, b]\n: 1\n"), "plain value"),
+        "long name": ("x" * 300 + ".yaml", "not a usable file name|longer than"),
+        "nan json": (_write(tmp_path, "n.json", '{"num_layers": NaN}'), "not a JSON number"),
+    }
+
+
+def test_hostile_model_files_are_refused_by_name(tmp_path):
+    for what, (path, message) in _hostile_files(tmp_path).items():
+        with pytest.raises(InputError) as err:
+            load_model(path)
+        text = str(err.value)
+        assert re.search(message, text), (what, text)
+        assert path[:40] in text, (what, text)
+
+
+def test_hostile_cluster_files_are_refused(tmp_path):
+    for what, (path, message) in _hostile_files(tmp_path).items():
+        if what in ("long name", "nan json"):  # YAML reads NaN as a string: the schema rejects the key
+            continue
+        with pytest.raises(InputError, match=message):
+            load_cluster(cluster_path=path)
+
+
+def test_infinite_and_huge_cluster_numbers(tmp_path):
+    path = _write(tmp_path, "c.yaml", "gpu: h100-sxm-80gb\nnum_nodes: 2\ninter_node_bandwidth_gb_per_s: .inf\n")
+    assert "must be a finite number" in _problems(load_cluster, cluster_path=path)[0]
+    path = _write(tmp_path, "c.yaml", f"gpu: h100-sxm-80gb\nnum_nodes: {10**21}\n")
+    assert "is above 1,048,576" in _problems(load_cluster, cluster_path=path)[0]
+    assert "is above 1,048,576" in _problems(load_cluster, gpu="h100-sxm-80gb", num_gpus=10**12)[0]
+
+
+def test_huge_model_sizes_are_refused(tmp_path):
+    path = _write(tmp_path, "m.yaml", TINY | {"num_layers": 10**30})
+    assert "is above 4,096" in _problems(load_model, path)[0]
