@@ -1,0 +1,144 @@
+"""The argparse flag tables of Megatron-LM and Megatron-DeepSpeed, shipped as JSON facts.
+
+``megatron_flags.json``: NVIDIA/Megatron-LM ``megatron/training/arguments.py`` at d98e8a6 (its
+``parse_args``). ``megatron_deepspeed_flags.json``: deepspeedai/Megatron-DeepSpeed ``megatron/arguments.py``
+at 4efb479 plus ``deepspeed.add_config_arguments``, written by ``scripts/extract_flag_table.py``. Each
+record: the option strings, dest, default, type, choices, argparse action, nargs.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.resources
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "flag_table_source", "is_flag",
+           "MEGATRON_FLAGS_FILE", "MEGATRON_DEEPSPEED_FLAGS_FILE"]
+
+MEGATRON_FLAGS_FILE = "megatron_flags.json"
+MEGATRON_DEEPSPEED_FLAGS_FILE = "megatron_deepspeed_flags.json"
+_CHECKOUT_REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+_NUMBER = re.compile(r"^-\d|^-\.\d")
+
+
+def is_flag(token: str) -> bool:
+    """``--foo`` / ``-x``, not a negative number."""
+    return token.startswith("-") and len(token) > 1 and not _NUMBER.match(token)
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSpec:
+    """One Megatron-LM argparse option, as ``megatron_flags.json`` records it."""
+
+    names: tuple[str, ...]
+    dest: str
+    default: str
+    type: str
+    choices: tuple[str, ...] | None
+    action: str
+    nargs: str | None
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+    @property
+    def is_switch(self) -> bool:
+        """Takes no value (store_true / store_false / BooleanOptionalAction)."""
+        return self.action != "_StoreAction"
+
+    def value_problem(self, value: str) -> str | None:
+        """Why ``value`` is not accepted by this flag, or None."""
+        if self.type == "int":
+            try:
+                as_int = int(value)
+            except ValueError:
+                return f"expects an integer, got {value!r}"
+            if self.choices and str(as_int) not in self.choices:
+                return f"expects one of {', '.join(self.choices)}, got {value!r}"
+            return None
+        if self.type == "float":
+            try:
+                float(value)
+            except ValueError:
+                return f"expects a number, got {value!r}"
+            return None
+        if self.type == "moe_freq_type":
+            return None if _moe_freq_ok(value) else (
+                f"expects an integer N or a layer pattern such as '([0]*3+[1]*58)', got {value!r}")
+        if self.type == "enum_type_handler" and self.choices:
+            # Megatron parses these with Enum[name]; the table lists members as 'AttnBackend.flash'.
+            names = [c.rsplit(".", 1)[-1] for c in self.choices if "." in c]
+            if names and value not in names:
+                return f"expects one of {', '.join(names)}, got {value!r}"
+            return None
+        if self.choices and value not in self.choices:
+            return f"expects one of {', '.join(self.choices)}, got {value!r}"
+        return None
+
+
+def _moe_freq_ok(text: str) -> bool:
+    """Megatron's moe_freq_type: an int, or a list expression of 0/1 built with [], +, * and ints."""
+    try:
+        int(text)
+        return True
+    except ValueError:
+        pass
+
+    def ok(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, int) and not isinstance(node.value, bool)
+        if isinstance(node, ast.List):
+            return all(ok(e) for e in node.elts)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            return ok(node.left) and ok(node.right)
+        return False
+
+    try:
+        return "[" in text and ok(ast.parse(text, mode="eval").body)
+    except SyntaxError:
+        return False
+
+
+def _read_flags_json(filename: str) -> dict:
+    """A flag table: the copy shipped in this package, else the checkout's ``../shared/reference``."""
+    packaged = importlib.resources.files("autotune.emit") / filename
+    if packaged.is_file():
+        return json.loads(packaged.read_text(encoding="utf-8"))
+    if (_CHECKOUT_REFERENCE / filename).is_file():
+        return json.loads((_CHECKOUT_REFERENCE / filename).read_text(encoding="utf-8"))
+    raise FileNotFoundError(f"flag table {filename} not found in autotune.emit nor at {_CHECKOUT_REFERENCE}")
+
+
+def _table(filename: str) -> dict[str, FlagSpec]:
+    table: dict[str, FlagSpec] = {}
+    for entry in _read_flags_json(filename)["flags"]:
+        nargs = entry["nargs"]
+        spec = FlagSpec(names=tuple(entry["flags"]), dest=entry["dest"], default=str(entry["default"]),
+                        type=str(entry["type"]), choices=tuple(entry["choices"]) if entry["choices"] else None,
+                        action=entry["action"], nargs=None if nargs is None or nargs == "0" else str(nargs))
+        for name in spec.names:
+            table[name] = spec
+    return table
+
+
+@functools.cache
+def megatron_flag_table() -> dict[str, FlagSpec]:
+    """Every Megatron-LM option string (aliases included) -> its :class:`FlagSpec`."""
+    return _table(MEGATRON_FLAGS_FILE)
+
+
+@functools.cache
+def megatron_deepspeed_flag_table() -> dict[str, FlagSpec]:
+    """Every Megatron-DeepSpeed option string (with DeepSpeed's ``--deepspeed*`` options) -> its :class:`FlagSpec`."""
+    return _table(MEGATRON_DEEPSPEED_FLAGS_FILE)
+
+
+@functools.cache
+def flag_table_source(filename: str) -> str:
+    """Where a table's facts were read (its ``source`` field)."""
+    return str(_read_flags_json(filename)["source"])

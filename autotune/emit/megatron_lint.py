@@ -1,0 +1,194 @@
+"""Linting a Megatron-LM argument list: unknown flags (nearest flag, line), values, validate_args rules.
+
+Rules cite NVIDIA/Megatron-LM ``megatron/training/arguments.py`` at d98e8a6: "validate_args N" is that
+file's line N. Where Megatron-LM's own ``megatron.training`` is importable, its parser runs too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from autotune.emit.argv_lint import ParsedArgs, duplicate_problems, tokenize, value_problems
+from autotune.emit.megatron_flags import MEGATRON_FLAGS_FILE, megatron_flag_table
+from autotune.emit.problems import Problem, Severity
+
+__all__ = ["megatron_args_problems"]
+
+
+def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None) -> list[Problem]:
+    out: list[Problem] = []
+
+    def err(path: str, message: str, fix: str, severity: Severity = "error") -> None:
+        out.append(Problem(path=path, severity=severity, message=message, fix=fix, line=a.line(path),
+                           source="rules"))
+
+    tp = a.integer("--tensor-model-parallel-size") or 1
+    pp = a.integer("--pipeline-model-parallel-size") or 1
+    cp = a.integer("--context-parallel-size") or 1
+    ep = a.integer("--expert-model-parallel-size") or 1
+    mp = tp * pp * cp
+    dp = world_size // mp if world_size % mp == 0 else None
+    if dp is None:  # validate_args 433
+        err("--tensor-model-parallel-size", f"world size ({world_size}) is not divisible by total_model_size "
+            f"tp*pp*cp = {tp}*{pp}*{cp} = {mp}", f"choose tp, pp and cp whose product divides {world_size}")
+    heads = a.integer("--num-attention-heads")
+    if heads is not None and heads % tp:  # TransformerConfig
+        err("--num-attention-heads", f"num_attention_heads ({heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})", f"use a tp that divides {heads}")
+    groups = a.integer("--num-query-groups")
+    if a.has("--group-query-attention") and groups and groups % tp and tp % groups:
+        err("--num-query-groups", f"num_query_groups ({groups}) must be a multiple or a divisor of tp ({tp})",
+            "change tp or the query groups")
+    layers = a.integer("--num-layers")
+    first, last = a.integer("--decoder-first-pipeline-num-layers"), a.integer("--decoder-last-pipeline-num-layers")
+    per_stage = None
+    if layers is not None:
+        if first is None and last is None:
+            if layers % pp:  # validate_args 969
+                err("--pipeline-model-parallel-size", f"Number of layers should be divisible by the "
+                    f"pipeline-model-parallel size ({layers} layers, pp={pp})",
+                    "choose pp dividing the layers, or give --decoder-first/last-pipeline-num-layers")
+            else:
+                per_stage = layers // pp
+        else:
+            middle = pp - (first is not None) - (last is not None)
+            rest = layers - (first or 0) - (last or 0)
+            if rest < 0 or (middle > 0 and rest % middle) or (middle == 0 and rest):
+                err("--decoder-first-pipeline-num-layers", f"{layers} layers minus the first/last stage layers "
+                    f"({first}, {last}) do not split evenly over the other {middle} stage(s)",
+                    "adjust the first/last stage layer counts")
+    vpp_layers = a.integer("--num-layers-per-virtual-pipeline-stage")
+    vpp_stages = a.integer("--num-virtual-stages-per-pipeline-rank")
+    if sum(x is not None for x in (vpp_layers, vpp_stages, a.value("--pipeline-model-parallel-layout"))) > 1:
+        err("--num-layers-per-virtual-pipeline-stage", "give at most one of --num-layers-per-virtual-pipeline-stage, "
+            "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout (validate_args 933)",
+            "keep one")
+    if vpp_layers is not None or vpp_stages is not None:
+        flag = ("--num-layers-per-virtual-pipeline-stage" if vpp_layers is not None
+                else "--num-virtual-stages-per-pipeline-rank")
+        if per_stage is not None and (vpp_layers or vpp_stages) and per_stage % (vpp_layers or vpp_stages):  # 973/998
+            err(flag, f"number of layers per pipeline stage ({per_stage}) must be divisible by {flag[2:]} "
+                f"({vpp_layers or vpp_stages})", "pick a divisor of the layers per stage")
+        need = 2 if a.has("--no-overlap-p2p-communication") else 1
+        if pp <= need:  # 1003/1007
+            err(flag, f"the interleaved schedule needs pipeline-model-parallel size > {need} (got {pp})",
+                "raise pp or drop the virtual-pipeline flag")
+    mbs, gbs = a.integer("--micro-batch-size"), a.integer("--global-batch-size")
+    if mbs is None or mbs <= 0:  # 693
+        err("--micro-batch-size", "--micro-batch-size is required and must be > 0", "give --micro-batch-size N")
+    elif gbs is not None and dp and gbs % (mbs * dp):  # num_microbatches_calculator.py:381
+        err("--global-batch-size", f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times "
+            f"data parallel size ({dp})", f"use a multiple of {mbs * dp}")
+    if a.has("--step-batch-size-schedule") and a.has("--global-batch-size"):  # 700
+        err("--step-batch-size-schedule", "Cannot specify both --step-batch-size-schedule and --global-batch-size",
+            "drop one")
+    seq = a.integer("--seq-length")
+    if cp > 1 and seq is not None and seq % (2 * cp):  # 1337
+        err("--seq-length", f"seq-length ({seq}) should be a multiple of 2 * context-parallel-size ({2 * cp})",
+            f"use a multiple of {2 * cp}")
+    dist_opt = a.has("--use-distributed-optimizer")
+    if a.has("--overlap-param-gather"):  # 1027/1029
+        if not dist_opt:
+            err("--overlap-param-gather", "--overlap-param-gather only supported with distributed optimizer",
+                "add --use-distributed-optimizer or drop --overlap-param-gather")
+        if not a.has("--overlap-grad-reduce"):
+            err("--overlap-param-gather", "Must use --overlap-param-gather with --overlap-grad-reduce",
+                "add --overlap-grad-reduce")
+    if a.has("--fp8-param-gather") and not (dist_opt or a.has("--use-torch-fsdp2") or a.has("--use-megatron-fsdp")):
+        err("--fp8-param-gather", "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+            "megatron fsdp (validate_args 1097)", "add --use-distributed-optimizer")
+    if a.has("--bf16") and a.has("--fp16"):  # 1196
+        err("--fp16", "--fp16 and --bf16 are both given (Megatron fails a bare assert)", "keep one")
+    if a.has("--save") and not (a.integer("--save-interval") or 0) > 0:  # 1362
+        err("--save", "--save requires --save-interval > 0", "add --save-interval N")
+    granularity = a.value("--recompute-granularity")
+    if granularity == "selective" and a.has("--recompute-method"):  # 1427
+        err("--recompute-method", "recompute method is not yet supported for selective recomputing granularity",
+            "drop --recompute-method (and --recompute-num-layers) with selective recompute")
+    if granularity == "full" and (not a.has("--recompute-method") or a.integer("--recompute-num-layers") is None):
+        err("--recompute-granularity", "full recompute needs --recompute-method (uniform|block) and "
+            "--recompute-num-layers (TransformerConfig)", "add --recompute-method block --recompute-num-layers N")
+    if granularity is None and (a.has("--recompute-method") or a.has("--recompute-num-layers")):
+        err("--recompute-method", "--recompute-method/--recompute-num-layers without --recompute-granularity do "
+            "nothing", "add --recompute-granularity full", "warning")
+    if a.has("--sequence-parallel") and tp == 1:  # 1436
+        err("--sequence-parallel", "sequence parallelism with tensor-model-parallel size 1: Megatron silently "
+            "disables it", "drop --sequence-parallel or raise tp", "warning")
+    if a.has("--tp-comm-overlap") and not (a.has("--sequence-parallel") and tp > 1):  # 1442
+        err("--tp-comm-overlap", "Tensor parallel communication/GEMM overlap can happen only when sequence "
+            "parallelism is enabled", "add --sequence-parallel (with tp > 1)")
+    experts = a.integer("--num-experts")
+    if ep > 1:  # 1656/1658
+        if experts is None:
+            err("--expert-model-parallel-size", f"expert parallelism ({ep}) without --num-experts",
+                "give --num-experts")
+        elif experts % ep:
+            err("--expert-model-parallel-size", f"--num-experts ({experts}) must be divisible by "
+                f"expert-model-parallel size ({ep})", "pick an ep dividing the expert count")
+        if tp > 1 and not a.has("--sequence-parallel"):  # ModelParallelConfig.__post_init__ raises
+            err("--expert-model-parallel-size", "When using expert parallelism and tensor parallelism, sequence "
+                "parallelism must be used", "add --sequence-parallel")
+        etp = a.integer("--expert-tensor-parallel-size") or tp
+        if world_size % (etp * ep * pp):
+            err("--expert-model-parallel-size", f"world size ({world_size}) is not divisible by expert tensor x expert "
+                f"x pipeline parallel ({etp}*{ep}*{pp})", "choose ep so that etp*ep*pp divides the world size")
+    if a.has("--async-save") and not a.has("--use-persistent-ckpt-worker"):  # 1817
+        err("--async-save", "--async-save without --use-persistent-ckpt-worker: Megatron silently drops it and "
+            "every save blocks training", "add --use-persistent-ckpt-worker")
+    if env is not None and (tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":  # 1478
+        err("CUDA_DEVICE_MAX_CONNECTIONS", "tp or cp > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell "
+            "(Megatron raises on Ampere/Hopper)", "export CUDA_DEVICE_MAX_CONNECTIONS=1", "warning")
+    return out
+
+
+def _megatron_own_problems(argv: Sequence[str], world_size: int) -> list[Problem]:
+    """Megatron's own parse_args + validate_args, when ``megatron.training`` is importable.
+
+    Not exercised by this project's tests (Megatron-LM is not installed here). Megatron reads the
+    world size from ``WORLD_SIZE``; its assertions, argparse exits and errors become Problems.
+    """
+    try:
+        from megatron.training import arguments as mt  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    sys.argv = ["pretrain_gpt.py", *argv]
+    os.environ.update(WORLD_SIZE=str(world_size), RANK="0")
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            mt.validate_args(mt.parse_args())
+        return []
+    except SystemExit:
+        message = stderr.getvalue().strip().splitlines()[-1:] or ["Megatron's parser exited"]
+        return [Problem(path="argv", severity="error", message=message[0], fix="fix the arguments", source="megatron")]
+    except (AssertionError, ValueError, RuntimeError, TypeError) as exc:
+        return [Problem(path="argv", severity="error", message=f"Megatron validate_args: {exc}",
+                        fix="fix the arguments", source="megatron")]
+    finally:
+        sys.argv = saved_argv
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def megatron_args_problems(argv: Sequence[str], world_size: int, *, env: Mapping[str, str] | None = None,
+                           lines: Sequence[int] | None = None) -> list[Problem]:
+    """Every problem in a Megatron-LM argument list for ``world_size`` GPUs: unknown flags (nearest flag
+    suggested), values outside a flag's type, choices or sane range, and the validate_args rules. ``env``
+    (the job's exported variables), when given, is checked for CUDA_DEVICE_MAX_CONNECTIONS; ``lines[i]``
+    is ``argv[i]``'s line in its file (see :func:`autotune.emit.shell_args.parse_shell_args_with_lines`)."""
+    table = megatron_flag_table()
+    given, problems = tokenize(list(argv), table, engine="Megatron-LM", table_file=MEGATRON_FLAGS_FILE, lines=lines)
+    problems += duplicate_problems(given, table)
+    parsed = ParsedArgs(given, table)
+    problems += value_problems(parsed, table)
+    problems += _rule_problems(parsed, world_size, env)
+    problems += _megatron_own_problems(argv, world_size)
+    return problems

@@ -1,0 +1,130 @@
+"""Reading a DeepSpeed JSON config for the linter: the data, the line of every key, keys given twice.
+
+Also the small helpers every layer of :mod:`autotune.emit.validate` shares (JSON paths, lookups).
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from autotune.emit.problems import Problem
+from autotune.errors import InputError
+
+__all__ = ["Parts", "BATCH_KEYS", "json_path", "has_errors", "read_deepspeed_config", "line_of", "get", "is_int"]
+
+Parts = tuple  # a JSON path as keys and indices
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def json_path(parts: Parts) -> str:
+    """``$.zero_optimization.offload_param.device``, ``$.optimizer.params.betas[0]``."""
+    out = "$"
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) else f"[{p!r}]"
+    return out
+
+
+def has_errors(problems: list[Problem]) -> bool:
+    return any(p.severity == "error" for p in problems)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def _key_lines(text: str) -> tuple[dict[Parts, int], list[Parts]]:
+    """1-based line of every key (and array item) in valid JSON ``text``, and the keys given twice."""
+    newlines = [i for i, c in enumerate(text) if c == "\n"]
+    line = lambda i: 1 + bisect.bisect_left(newlines, i)  # noqa: E731
+    ws, decoder, lines, twice = re.compile(r"[ \t\n\r]*"), json.JSONDecoder(), {}, []
+
+    def value(i: int, parts: Parts) -> int:
+        i = ws.match(text, i).end()
+        if text[i] not in "{[":
+            return decoder.raw_decode(text, i)[1]
+        close, index = ("}" if text[i] == "{" else "]"), 0
+        i = ws.match(text, i + 1).end()
+        while text[i] != close:
+            if close == "}":
+                key, after = json.decoder.scanstring(text, i + 1)
+                child = parts + (key,)
+                if child in lines:
+                    twice.append(child)
+                lines[child] = line(i)
+                i = ws.match(text, after).end() + 1  # past ':'
+            else:
+                child, index = parts + (index,), index + 1
+                lines[child] = line(ws.match(text, i).end())
+            i = ws.match(text, value(i, child)).end()
+            if text[i] == ",":
+                i = ws.match(text, i + 1).end()
+        return i + 1
+
+    value(0, ())
+    return lines, twice
+
+
+def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[Parts, int], list[Problem]]:
+    """(config, line of each key, problems reading it). InputError when the file is unusable.
+
+    Malformed JSON is a problem at its line and column, not an exception; DeepSpeed itself reads
+    files with hjson (comments, unquoted keys), so hjson that is not JSON is checked on, with an error.
+    """
+    if isinstance(config, dict):
+        return copy.deepcopy(config), {}, []
+    path = Path(config)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = "not a text file" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+        raise InputError([f"cannot read {str(path)!r}: {reason}"], subject="DeepSpeed config") from None
+    if not text.strip().startswith("{"):
+        raise InputError([f"{str(path)!r} is not a DeepSpeed JSON config: "
+                          f"{'it is empty' if not text.strip() else 'it does not start with {'}"],
+                         subject="DeepSpeed config")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        problem = Problem(path="$", severity="error", line=err.lineno, source="json",
+                          message=f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
+                          fix="fix the JSON there (json.load-based launchers such as the HF Trainer and "
+                              "Megatron-DeepSpeed cannot read the file)")
+        import hjson  # DeepSpeed's own reader (runtime/config.py:441)
+
+        try:
+            data = json.loads(json.dumps(hjson.loads(text)))
+        except (hjson.HjsonDecodeError, ValueError, TypeError):
+            return None, {}, [problem]
+        return (data, {}, [problem]) if isinstance(data, dict) else (None, {}, [problem])
+    lines, twice = _key_lines(text)
+    problems = [Problem(path=json_path(p), severity="error", line=lines[p], source="json",
+                        message="key given twice: DeepSpeed's reader raises on duplicate keys (config_utils.py:205)",
+                        fix="keep one of them") for p in twice]
+    return data, lines, problems
+
+
+def line_of(lines: dict[Parts, int], parts: Parts) -> int | None:
+    while parts and parts not in lines:
+        parts = parts[:-1]
+    return lines.get(parts)
+
+
+def get(data: Any, parts: Parts, default: Any = None) -> Any:
+    for p in parts:
+        if isinstance(data, dict) and p in data:
+            data = data[p]
+        elif isinstance(data, list) and isinstance(p, int) and p < len(data):
+            data = data[p]
+        else:
+            return default
+    return data
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+
