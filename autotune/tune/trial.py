@@ -1,19 +1,22 @@
 """One profiling trial: launch a short training job for a plan, watch it, and say how it went.
 
 :func:`run_trial` validates the trial, writes the DeepSpeed config into the trial's folder, starts the
-job in its own session (``start_new_session=True``) with stdout and stderr in ``workdir/trial.log``,
-and watches it every ~0.2 s:
+job (:mod:`autotune.tune.launch`) with stdout and stderr in ``workdir/trial.log``, and watches it
+every ~0.2 s, reading the log as it grows (:mod:`autotune.tune.logs`):
 
 - each ``STEP i seconds`` line (the builtin workload) or each match of ``metric_pattern`` (a
   command workload) is passed to ``on_step(i, seconds)``; a True answer stops the job: "pruned";
+- the phase (launching, building op X, initialising the engine, step k/N with step times) is
+  passed to ``on_phase(text)`` when it changes; ``on_launch(record)`` gets the launched process
+  group (host, pid, pgid, start time) so a later ``--resume`` can end it;
 - the resident memory of the whole process tree (psutil, children recursive) over
   ``host_memory_limit_bytes`` stops the job: "oom";
 - past ``timeout_s`` the job is stopped (SIGTERM, SIGKILL 5 s later, to every process of the tree
   and of its process groups): "hung";
-- a ``RESULT {json}`` line (builtin), a DeepSpeed autotuning metric file (script) or the metric
-  lines (command) make it "completed", whatever the exit code (gloo jobs sometimes abort at exit);
-- otherwise a nonzero exit is "crashed" (the exit code and the log's last lines in ``reason``), or
-  "oom" when the log shows a MemoryError / "out of memory" / a SIGKILLed rank.
+- a DeepSpeed op build lock that no process holds (:mod:`autotune.tune.ops`) stops the job at once:
+  "crashed", the lock named in the reason (and cleared when it was ours) rather than a rank
+  sleeping on it until the timeout;
+- when the job ends, :func:`autotune.tune.judge.judge` gives the verdict.
 
 Step numbers ``i`` count from 1 and include the warm-up: steps ``1..warmup_steps`` are warm-up.
 
@@ -33,123 +36,34 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import re
 import shlex
-import signal
-import socket
-import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-import psutil
-
-from autotune.cost.flops import step_flops
 from autotune.emit.deepspeed import deepspeed_config
 from autotune.emit.options import EmitOptions
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.tune import ops
+from autotune.tune.judge import judge
+from autotune.tune.launch import Job, command_line, launch_record, trial_env, write_launch_record
+from autotune.tune.logs import LogReader, Phase, tail
+from autotune.tune.trialspec import (DS_CONFIG_NAME, LAUNCH_NAME, LOG_NAME, METRICS_NAME, RESULT_NAME, SPEC_NAME,
+                                     Status, TrialResult, TrialSpec, Workload)
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "run_trial", "trial_ds_config", "LOG_NAME", "DS_CONFIG_NAME",
-           "METRICS_NAME", "SPEC_NAME"]
-
-LOG_NAME = "trial.log"
-DS_CONFIG_NAME = "ds_config.json"
-METRICS_NAME = "metrics.json"
-SPEC_NAME = "trial_spec.json"
-RESULT_NAME = "result.json"
+           "METRICS_NAME", "SPEC_NAME", "LAUNCH_NAME"]
 
 POLL_S = 0.2
-KILL_GRACE_S = 5.0
-TAIL_LINES = 20
+LOCK_CHECK_S = 1.0
 _STEPS_PER_PRINT = 1_000_000
-
-Status = Literal["completed", "pruned", "oom", "crashed", "hung"]
 
 _STEP_RE = re.compile(r"^STEP (\d+) ([0-9.eE+-]+)\s*$")
 _RESULT_PREFIX = "RESULT "
 _OOM_RE = re.compile(r"MemoryError|out of memory|Signal 9 \(SIGKILL\)", re.IGNORECASE)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Workload:
-    """What a trial runs."""
-
-    kind: Literal["builtin", "script", "command"]
-    script: str | None = None
-    """script: the user's unchanged DeepSpeed script (it gets ``--deepspeed_config PATH``)."""
-    script_args: tuple[str, ...] = ()
-    command: str | None = None
-    """command: a template, e.g. ``torchrun --nproc_per_node {nproc} pretrain_gpt.py {megatron_args}``."""
-    metric_pattern: str | None = None
-    """command: regex with a named group ``step_time_s`` (or ``tokens_per_s``) matched on each log line."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrialSpec:
-    model: ModelSpec
-    cluster: ClusterSpec
-    plan: ParallelPlan
-    workload: Workload
-    workdir: Path
-    """This trial's folder: ds_config.json, trial.log, result.json."""
-    steps: int = 6
-    """Measured optimizer steps (after the warm-up)."""
-    warmup_steps: int = 2
-    timeout_s: float = 300.0
-    host_memory_limit_bytes: int | None = None
-    """The trial is stopped (status "oom") when its process tree's resident memory exceeds this."""
-    num_layers: int | None = None
-    """builtin: run this many layers instead of the model's, to keep trials short."""
-
-    @property
-    def trial_model(self) -> ModelSpec:
-        """The model the trial really runs (the layer count cut to ``num_layers`` for builtin runs)."""
-        if self.num_layers is not None and self.workload.kind == "builtin" and self.num_layers != self.model.num_layers:
-            return dataclasses.replace(self.model, num_layers=self.num_layers)
-        return self.model
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrialResult:
-    status: Status
-    reason: str
-    """A sentence: why (e.g. "exit code 1: RuntimeError: ... (last log lines)")."""
-    log_path: Path
-    step_time_s: float | None = None
-    """Median over the measured steps (after warm-up)."""
-    tokens_per_s: float | None = None
-    tflops_per_gpu: float | None = None
-    """Model FLOPs (recompute excluded) per step / step time / world size, in TFLOP/s."""
-    peak_memory_bytes: int | None = None
-    """CPU: peak RSS of the busiest rank; GPU: torch.cuda.max_memory_allocated of the busiest rank."""
-    step_times_s: tuple[float, ...] = ()
-    """Measured step times (warm-up excluded)."""
-    returncode: int | None = None
-
-    def to_attrs(self) -> dict:
-        """A JSON-safe dict (Optuna user attributes)."""
-        def num(x):
-            return x if x is None or math.isfinite(x) else None
-        return {
-            "status": self.status,
-            "reason": self.reason,
-            "log_path": str(self.log_path),
-            "step_time_s": num(self.step_time_s),
-            "tokens_per_s": num(self.tokens_per_s),
-            "tflops_per_gpu": num(self.tflops_per_gpu),
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "step_times_s": [num(t) for t in self.step_times_s],
-            "returncode": self.returncode,
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,187 +155,6 @@ def trial_ds_config(spec: TrialSpec) -> dict:
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
-
-
-def _command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
-    w, nproc = spec.workload, spec.plan.world_size
-    if w.kind == "builtin":
-        return _torchrun(nproc) + ["-m", "autotune.tune.workload_builtin", "--spec", str(spec.workdir / SPEC_NAME)]
-    if w.kind == "script":
-        return _torchrun(nproc) + [str(Path(w.script).resolve()), "--deepspeed_config", str(ds_path),
-                                   *w.script_args]
-    values = {"nproc": nproc, "ds_config": shlex.quote(str(ds_path)), "workdir": shlex.quote(str(spec.workdir))}
-    if "{megatron_args}" in w.command:
-        from autotune.emit.megatron import megatron_args
-        values["megatron_args"] = shlex.join(megatron_args(spec.model, spec.cluster, spec.plan))
-    try:
-        text = w.command.format(**values)
-    except (KeyError, IndexError, ValueError) as e:
-        raise InputError([f"command template {w.command!r} cannot be filled ({e!r}); the placeholders are "
-                          "{nproc}, {ds_config}, {workdir}, {megatron_args} (write {{ }} for braces)"],
-                         subject="trial") from None
-    return ["bash", "-c", text]
-
-
-# ---------------------------------------------------------------------------------------------
-# process control
-
-
-class _Job:
-    """A launched process, its session, and every descendant seen while it ran."""
-
-    def __init__(self, argv: list[str], log_path: Path, cwd: Path, env: dict[str, str]) -> None:
-        self.log_file = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=str(cwd), env=env, start_new_session=True)
-        self.pgid = self.proc.pid
-        self.known: dict[int, psutil.Process] = {}
-        with contextlib.suppress(psutil.Error):
-            self.known[self.proc.pid] = psutil.Process(self.proc.pid)
-        self.peak_tree_rss = 0
-        self.peak_proc_rss = 0
-
-    def tree(self) -> list[psutil.Process]:
-        """The live processes of the job: the root, its descendants, and any seen before (orphans)."""
-        with contextlib.suppress(psutil.Error):
-            root = self.known.get(self.proc.pid) or psutil.Process(self.proc.pid)
-            for p in root.children(recursive=True):
-                self.known.setdefault(p.pid, p)
-        live = []
-        for pid, p in list(self.known.items()):
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    live.append(p)
-            except psutil.Error:
-                pass
-        return live
-
-    def tree_rss(self) -> int:
-        """Resident bytes of the whole tree now; also records the largest single process (a rank)."""
-        total = 0
-        for p in self.tree():
-            with contextlib.suppress(psutil.Error):
-                rss = p.memory_info().rss
-                total += rss
-                if p.pid != self.proc.pid:
-                    self.peak_proc_rss = max(self.peak_proc_rss, rss)
-        self.peak_tree_rss = max(self.peak_tree_rss, total)
-        return total
-
-    def _group_members(self, pgids: set[int]) -> list[psutil.Process]:
-        out = []
-        for p in psutil.process_iter():
-            try:
-                if os.getpgid(p.pid) in pgids and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except (psutil.Error, OSError):
-                pass
-        return out
-
-    def survivors(self) -> list[psutil.Process]:
-        alive = {p.pid: p for p in self.tree()}
-        for p in self._group_members({self.pgid}):
-            alive.setdefault(p.pid, p)
-        return list(alive.values())
-
-    def kill(self) -> list[int]:
-        """SIGTERM every process of the job (and its process groups), SIGKILL what is left after the grace
-        period; returns the pids still alive afterwards (should be empty)."""
-        self.tree()  # record the descendants before the root goes and they are re-parented
-        procs = self.survivors()
-        groups = {self.pgid}
-        for p in procs:
-            with contextlib.suppress(OSError):
-                groups.add(os.getpgid(p.pid))
-        groups.discard(os.getpgrp())  # never our own group
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for g in groups:
-                with contextlib.suppress(OSError):
-                    os.killpg(g, sig)
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(sig)
-            deadline = time.monotonic() + (KILL_GRACE_S if sig == signal.SIGTERM else 2.0)
-            while time.monotonic() < deadline:
-                self._reap()
-                procs = [p for p in procs if _alive(p)] + [p for p in self._group_members(groups) if p not in procs]
-                if not procs:
-                    break
-                time.sleep(0.05)
-            if not procs:
-                break
-        self._reap()
-        return [p.pid for p in self.survivors()]
-
-    def _reap(self) -> None:
-        with contextlib.suppress(Exception):
-            self.proc.poll()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.log_file.close()
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-class _LogReader:
-    """Reads the lines a job has appended to its log so far (a partial last line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.f = open(path, "rb")
-        self.buf = b""
-
-    def new_lines(self) -> list[str]:
-        data = self.f.read()
-        if not data:
-            return []
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in lines]
-
-    def rest(self) -> list[str]:
-        lines = self.new_lines()
-        if self.buf:
-            lines.append(self.buf.decode("utf-8", "replace"))
-            self.buf = b""
-        return lines
-
-    def close(self) -> None:
-        self.f.close()
-
-
-def _tail(path: Path, n: int = TAIL_LINES) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln.strip()]
-    return "\n".join(lines[-n:])
-
-
-def _error_line(tail: str) -> str:
-    """The most telling line of a log tail: the last exception line, else the last line."""
-    lines = tail.splitlines()
-    for ln in reversed(lines):
-        if re.search(r"(Error|Exception|error:)", ln) and not ln.lstrip().startswith("File "):
-            return ln.strip()
-    return lines[-1].strip() if lines else ""
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -430,21 +163,26 @@ def _gib(n: float) -> str:
 # the trial
 
 
-def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = None) -> TrialResult:
-    """Run one profiling trial (see the module docstring). Raises InputError before launching anything
-    when the trial cannot run; every launched process is gone when this returns or raises."""
-    _validate(spec)
+def _prepare(spec: TrialSpec) -> tuple[TrialSpec, Path, Path, Path]:
     workdir = Path(spec.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     spec = dataclasses.replace(spec, workdir=workdir)
-    log_path = workdir / LOG_NAME
-    metrics_path = workdir / METRICS_NAME
-    for stale in (log_path, metrics_path, workdir / RESULT_NAME):
+    log_path, metrics_path = workdir / LOG_NAME, workdir / METRICS_NAME
+    for stale in (log_path, metrics_path, workdir / RESULT_NAME, workdir / LAUNCH_NAME):
         stale.unlink(missing_ok=True)
     ds_path = workdir / DS_CONFIG_NAME
     ds_path.write_text(json.dumps(trial_ds_config(spec), indent=2))
-    kind = spec.workload.kind
+    return spec, log_path, metrics_path, ds_path
 
+
+def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = None,
+              on_phase: Callable[[str], None] | None = None,
+              on_launch: Callable[[dict], None] | None = None) -> TrialResult:
+    """Run one profiling trial (see the module docstring). Raises InputError before launching anything
+    when the trial cannot run; every launched process is gone when this returns or raises."""
+    _validate(spec)
+    spec, log_path, metrics_path, ds_path = _prepare(spec)
+    workdir, kind = spec.workdir, spec.workload.kind
     if kind == "builtin":
         from autotune.tune.workload_builtin import unsupported_reason
         reason = unsupported_reason(spec.plan)
@@ -456,25 +194,36 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             "steps": spec.steps, "warmup_steps": spec.warmup_steps, "seed": 1234,
             "device": "cpu" if spec.cluster.gpu.name == "cpu" else "cuda"}, indent=2))
 
-    argv = _command_line(spec, ds_path)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
+    argv = command_line(spec, ds_path)
     repo_root = str(Path(__file__).resolve().parents[2])  # so `-m autotune...` imports this checkout
-    env["PYTHONPATH"] = repo_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = trial_env(repo_root)
+    ext_root = ops.extensions_root(env)
     log_path.write_text(f"# autotune trial: {shlex.join(argv)}\n")
     cwd = workdir if kind != "builtin" else Path(repo_root)
 
     pattern = re.compile(spec.workload.metric_pattern) if kind == "command" and spec.workload.metric_pattern else None
-    job = _Job(argv, log_path, cwd, env)
-    reader = _LogReader(log_path)
+    started_epoch = time.time()
+    job = Job(argv, log_path, cwd, env)
+    record = launch_record(job)
+    write_launch_record(workdir / LAUNCH_NAME, record)
+    if on_launch is not None:
+        on_launch(record)
+    reader = LogReader(log_path)
+    phase = Phase(spec.warmup_steps + spec.steps)
     steps: list[float] = []          # STEP times, or metric-line step times (warm-up included)
     tokens_metrics: list[float] = []  # command: tokens_per_s values
     result_json: dict | None = None
     oom_in_log = False
     start = time.monotonic()
+    next_lock_check = start + LOCK_CHECK_S
     stop: tuple[Status, str] | None = None
     seen_rss = 0
+
+    def show(text: str | None = None) -> None:
+        if text is not None:
+            phase.text = text
+        if on_phase is not None:
+            on_phase(phase.text)
 
     def handle(line: str) -> Status | None:
         nonlocal result_json, oom_in_log
@@ -484,6 +233,8 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             with contextlib.suppress(ValueError):
                 result_json = json.loads(line[len(_RESULT_PREFIX):])
             return None
+        if phase.feed(line):
+            show()
         t = None
         if kind == "builtin":
             m = _STEP_RE.match(line)
@@ -500,14 +251,26 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                     with contextlib.suppress(ValueError):
                         tok = float(g["tokens_per_s"])
                         tokens_metrics.append(tok)
-                        tokens_per_step = spec.plan.tokens_per_step
-                        t = tokens_per_step / tok if tok > 0 else None
+                        t = spec.plan.tokens_per_step / tok if tok > 0 else None
         if t is not None:
             steps.append(t)
+            phase.step(t)
+            show()
             if on_step is not None and on_step(len(steps), t):
                 return "pruned"
         return None
 
+    def check_locks() -> tuple[Status, str] | None:
+        building = ops.live_builds(ext_root, [p.pid for p in job.tree()])
+        if building and not phase.steps:
+            show(f"building op {', '.join(building)}")
+        for lock in ops.dead_locks(ext_root, ours_since=started_epoch):
+            ops.clear_lock(lock)
+            cleared = "cleared it; the next trial builds the op again" if lock.ours else "left it (not ours)"
+            return "crashed", f"{lock.describe()}: the ranks would wait on it forever; {cleared}"
+        return None
+
+    show()
     try:
         while True:
             rc = job.proc.poll()
@@ -523,12 +286,18 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                 break
             rss = job.tree_rss()
             seen_rss = max(seen_rss, rss)
+            now = time.monotonic()
             if spec.host_memory_limit_bytes is not None and rss > spec.host_memory_limit_bytes:
                 stop = ("oom", f"the trial's processes used {_gib(rss)} resident memory, over the "
                                f"{_gib(spec.host_memory_limit_bytes)} limit")
                 break
-            if time.monotonic() - start > spec.timeout_s:
-                stop = ("hung", f"no result within the {spec.timeout_s:g} s timeout")
+            if now >= next_lock_check and ext_root.is_dir():
+                next_lock_check = now + LOCK_CHECK_S
+                stop = check_locks()
+                if stop:
+                    break
+            if now - start > spec.timeout_s:
+                stop = ("hung", f"no result within the {spec.timeout_s:g} s timeout (phase: {phase.text})")
                 break
             time.sleep(POLL_S)
         if stop:
@@ -536,92 +305,28 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             status, reason = stop
             if left:
                 reason += f"; processes {left} survived SIGKILL"
-            tail = _tail(log_path, 5)
-            if status == "hung" and tail:
-                reason += f" (last log lines: {tail[-400:]!r})"
+            if status == "hung":
+                for lock in ops.dead_locks(ext_root, ours_since=started_epoch) if ext_root.is_dir() else []:
+                    ops.clear_lock(lock)  # a rank killed mid-build: its lock would block the next trial
+                    reason += f"; {lock.describe()}" + (" (cleared)" if lock.ours else "")
+                last = tail(log_path, 3)
+                if last:
+                    reason += f"; last log lines: {last[-300:]!r}"
+            reason += f"; log: {log_path}"
             return _finish(spec, TrialResult(status=status, reason=reason, log_path=log_path,
                                              step_times_s=tuple(steps[spec.warmup_steps:]),
-                                             peak_memory_bytes=job.peak_proc_rss or seen_rss or None, returncode=job.proc.poll()))
+                                             peak_memory_bytes=job.peak_proc_rss or seen_rss or None,
+                                             returncode=job.proc.poll()))
         rc = job.proc.wait()
         left = job.kill() if job.survivors() else []  # a rank the launcher left behind
-        return _finish(spec, _judge(spec, rc, log_path, metrics_path, steps, tokens_metrics, result_json,
-                                    oom_in_log, job.peak_proc_rss or seen_rss, left))
+        return _finish(spec, judge(spec, rc, log_path, metrics_path, steps, tokens_metrics, result_json,
+                                   oom_in_log, job.peak_proc_rss or seen_rss, left))
     finally:
-        # KeyboardInterrupt or any error: nothing of the trial may outlive run_trial
+        # KeyboardInterrupt, SIGTERM or any error: nothing of the trial may outlive run_trial
         if job.proc.poll() is None or job.survivors():
             job.kill()
         reader.close()
         job.close()
-
-
-def _metrics(spec: TrialSpec, step_time: float | None, tokens_per_s: float | None) -> dict:
-    out: dict = {"step_time_s": step_time, "tokens_per_s": tokens_per_s}
-    if step_time and step_time > 0:
-        if tokens_per_s is None:
-            out["tokens_per_s"] = spec.plan.tokens_per_step / step_time
-        flops = step_flops(spec.trial_model, spec.plan.seq_len, spec.plan.tokens_per_step, spec.plan.recompute).model
-        out["tflops_per_gpu"] = flops / step_time / spec.plan.world_size / 1e12
-    return out
-
-
-def _judge(spec: TrialSpec, rc: int, log_path: Path, metrics_path: Path, steps: list[float],
-           tokens_metrics: list[float], result_json: dict | None, oom_in_log: bool, seen_rss: int,
-           left: list[int]) -> TrialResult:
-    kind = spec.workload.kind
-    note = f" (exit code {rc}, ignored: the result was complete)" if rc else ""
-    if left:
-        note += f"; processes {left} survived SIGKILL"
-    if kind == "builtin" and result_json is not None:
-        measured = tuple(float(t) for t in result_json.get("measured_step_times_s") or ())
-        median = statistics.median(measured) if measured else None
-        peaks = [p for p in result_json.get("peak_memory_bytes_per_rank") or () if p is not None]
-        m = _metrics(spec, median, None)
-        return TrialResult(status="completed", reason=f"ran {len(measured)} measured steps{note}", log_path=log_path,
-                           step_times_s=measured, peak_memory_bytes=max(peaks) if peaks else None,
-                           returncode=rc, **m)
-    if kind == "script" and metrics_path.is_file():
-        try:
-            data = json.loads(metrics_path.read_text())
-            latency_ms = float(data["latency"])  # see below: really microseconds
-        except (ValueError, KeyError, TypeError) as e:
-            return TrialResult(status="crashed", reason=f"DeepSpeed's metric file {metrics_path} is unreadable: {e}",
-                               log_path=log_path, returncode=rc)
-        # DeepSpeed 0.19.8 names it ms but its timers' means are already ms x 1000 (timer.py get_mean),
-        # so "latency" is in microseconds per step; "throughput" = train_batch_size * 1e6 / latency is
-        # right in samples/s. The step time is taken from the throughput (unit-safe), else latency / 1e6.
-        throughput = float(data.get("throughput") or 0.0)
-        if throughput > 0:
-            step_time = spec.plan.global_batch_size / throughput
-        else:
-            step_time = latency_ms / 1e6
-        tokens = spec.plan.tokens_per_step / step_time if step_time > 0 else None
-        m = _metrics(spec, step_time, tokens)
-        return TrialResult(status="completed",
-                           reason=f"DeepSpeed autotuning measured steps {spec.warmup_steps + 1}.."
-                                  f"{spec.warmup_steps + spec.steps}{note}",
-                           log_path=log_path, step_times_s=(step_time,), peak_memory_bytes=seen_rss or None,
-                           returncode=rc, **m)
-    if kind == "command" and rc == 0 and (spec.workload.metric_pattern is None or len(steps) > spec.warmup_steps):
-        measured = tuple(steps[spec.warmup_steps:])
-        median = statistics.median(measured) if measured else None
-        tokens = statistics.median(tokens_metrics[spec.warmup_steps:]) if tokens_metrics[spec.warmup_steps:] else None
-        m = _metrics(spec, median, tokens) if median else {}
-        why = f"{len(measured)} measured steps from the log" if measured else "exit code 0 (no metric pattern)"
-        return TrialResult(status="completed", reason=why, log_path=log_path, step_times_s=measured,
-                           peak_memory_bytes=seen_rss or None, returncode=rc, **m)
-    tail = _tail(log_path)
-    if oom_in_log:
-        return TrialResult(status="oom", reason=f"out of memory (exit code {rc}): {_error_line(tail)}\n"
-                                                f"last log lines:\n{tail}", log_path=log_path, returncode=rc,
-                           peak_memory_bytes=seen_rss or None)
-    if rc == 0:
-        what = {"builtin": "no RESULT line", "script": f"no DeepSpeed metric file {metrics_path.name}",
-                "command": f"only {len(steps)} metric lines for {spec.warmup_steps} warm-up + {spec.steps} steps"}[kind]
-        reason = f"exit code 0 but {what}"
-    else:
-        reason = f"exit code {rc}: {_error_line(tail)}"
-    return TrialResult(status="crashed", reason=f"{reason}\nlast log lines:\n{tail}", log_path=log_path,
-                       returncode=rc, step_times_s=tuple(steps[spec.warmup_steps:]))
 
 
 def _finish(spec: TrialSpec, result: TrialResult) -> TrialResult:

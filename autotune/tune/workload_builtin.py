@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed.comm as dist
 
     cuda = spec.get("device", "cpu") == "cuda"
+    if os.environ.get("RANK", "0") == "0":
+        print("PHASE initialising the process group", flush=True)
     if cuda and not torch.cuda.is_available():
         raise SystemExit("the trial's cluster has GPUs but torch sees no CUDA device")
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(seed)
     model = build_model(model_spec, seq_len=plan.seq_len, recompute=plan.recompute,
                         flash_attention=plan.flash_attention, dtype=dtype)
+    if rank == 0:
+        print("PHASE initialising the engine", flush=True)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     if cuda:
         torch.cuda.reset_peak_memory_stats()

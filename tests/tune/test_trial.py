@@ -170,7 +170,7 @@ def test_hung_command_is_killed(model, cluster, tmp_path):
 def test_hung_group_is_gone(model, cluster, tmp_path, monkeypatch):
     import subprocess
 
-    import autotune.tune.trial as trial_mod
+    import autotune.tune.launch as launch_mod
 
     started = []
     real_popen = subprocess.Popen
@@ -180,7 +180,7 @@ def test_hung_group_is_gone(model, cluster, tmp_path, monkeypatch):
         started.append(p.pid)
         return p
 
-    monkeypatch.setattr(trial_mod.subprocess, "Popen", spy)
+    monkeypatch.setattr(launch_mod.subprocess, "Popen", spy)
     r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command="sleep 60"), timeout_s=3.0))
     assert r.status == "hung"
     assert started and not group_members(started[0])

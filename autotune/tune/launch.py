@@ -1,0 +1,236 @@
+"""Starting a trial's processes and ending every one of them.
+
+The job runs in its own session (``start_new_session=True``: its process group id is the root's
+pid), stdout and stderr into ``trial.log``. :class:`Job` remembers every descendant it has seen, so
+ranks re-parented after their launcher died are still found; :meth:`Job.kill` sends SIGTERM to all
+of them and their process groups, SIGKILL after a grace period.
+
+:func:`launch_record` is what the tuner stores for a running trial (host, pid, pgid, the root's
+start time); :func:`end_recorded` ends such a group later, from another tuner process (``--resume``
+after the first tuner was SIGKILLed), only when the recorded start time still matches, so a reused
+pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from autotune.errors import InputError
+from autotune.tune.trialspec import SPEC_NAME, TrialSpec
+
+__all__ = ["Job", "command_line", "trial_env", "launch_record", "end_recorded", "KILL_GRACE_S"]
+
+KILL_GRACE_S = 5.0
+START_TIME_SLACK_S = 0.05
+"""psutil's create_time comes from /proc's jiffies: equal starts may differ by a tick."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+
+
+def _launcher_prefix(spec: TrialSpec) -> list[str]:
+    """The argv that starts ``world_size`` ranks of a Python program (the program's argv follows)."""
+    if spec.launcher == "torchrun":
+        return _torchrun(spec.plan.world_size)
+    from autotune.tune import launchers  # --launcher deepspeed / slurm
+
+    return launchers.launch_argv(spec)
+
+
+def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
+    """The trial's argv: builtin workload / the user's script under the launcher, or the shell command."""
+    w, nproc = spec.workload, spec.plan.world_size
+    if w.kind == "builtin":
+        return _launcher_prefix(spec) + ["-m", "autotune.tune.workload_builtin", "--spec",
+                                         str(spec.workdir / SPEC_NAME)]
+    if w.kind == "script":
+        return _launcher_prefix(spec) + [str(Path(w.script).resolve()), "--deepspeed_config", str(ds_path),
+                                         *w.script_args]
+    values = {"nproc": nproc, "ds_config": shlex.quote(str(ds_path)), "workdir": shlex.quote(str(spec.workdir))}
+    if "{megatron_args}" in w.command:
+        from autotune.emit.megatron import megatron_args
+        values["megatron_args"] = shlex.join(megatron_args(spec.model, spec.cluster, spec.plan))
+    try:
+        text = w.command.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise InputError([f"command template {w.command!r} cannot be filled ({e!r}); the placeholders are "
+                          "{nproc}, {ds_config}, {workdir}, {megatron_args} (write {{ }} for braces)"],
+                         subject="trial") from None
+    return ["bash", "-c", text]
+
+
+def trial_env(repo_root: str) -> dict[str, str]:
+    """The environment of a trial: ours, unbuffered, one thread per rank unless told, this checkout importable."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = repo_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _group_members(pgids: set[int]) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) in pgids and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def _terminate(procs: list[psutil.Process], groups: set[int], reap=lambda: None) -> list[psutil.Process]:
+    """SIGTERM ``procs`` and ``groups``, SIGKILL what is left after the grace period; returns the survivors."""
+    groups = set(groups)
+    groups.discard(os.getpgrp())  # never our own group
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            with contextlib.suppress(OSError):
+                os.killpg(g, sig)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        deadline = time.monotonic() + (KILL_GRACE_S if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline:
+            reap()
+            procs = [p for p in procs if _alive(p)] + [p for p in _group_members(groups) if p not in procs]
+            if not procs:
+                return []
+            time.sleep(0.05)
+    reap()
+    return [p for p in procs if _alive(p)]
+
+
+class Job:
+    """A launched process, its session, and every descendant seen while it ran."""
+
+    def __init__(self, argv: list[str], log_path: Path, cwd: Path, env: dict[str, str]) -> None:
+        self.log_file = open(log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=str(cwd), env=env, start_new_session=True)
+        self.pgid = self.proc.pid
+        self.known: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            self.known[self.proc.pid] = psutil.Process(self.proc.pid)
+        self.peak_tree_rss = 0
+        self.peak_proc_rss = 0
+
+    def tree(self) -> list[psutil.Process]:
+        """The live processes of the job: the root, its descendants, and any seen before (orphans)."""
+        with contextlib.suppress(psutil.Error):
+            root = self.known.get(self.proc.pid) or psutil.Process(self.proc.pid)
+            for p in root.children(recursive=True):
+                self.known.setdefault(p.pid, p)
+        return [p for p in list(self.known.values()) if _alive(p)]
+
+    def tree_rss(self) -> int:
+        """Resident bytes of the whole tree now; also records the largest single process (a rank)."""
+        total = 0
+        for p in self.tree():
+            with contextlib.suppress(psutil.Error):
+                rss = p.memory_info().rss
+                total += rss
+                if p.pid != self.proc.pid:
+                    self.peak_proc_rss = max(self.peak_proc_rss, rss)
+        self.peak_tree_rss = max(self.peak_tree_rss, total)
+        return total
+
+    def survivors(self) -> list[psutil.Process]:
+        alive = {p.pid: p for p in self.tree()}
+        for p in _group_members({self.pgid}):
+            alive.setdefault(p.pid, p)
+        return list(alive.values())
+
+    def kill(self) -> list[int]:
+        """End every process of the job (and its process groups); returns the pids still alive (should be none)."""
+        self.tree()  # record the descendants before the root goes and they are re-parented
+        procs = self.survivors()
+        groups = {self.pgid}
+        for p in procs:
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(p.pid))
+        _terminate(procs, groups, self._reap)
+        return [p.pid for p in self.survivors()]
+
+    def _reap(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.poll()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.log_file.close()
+
+
+def launch_record(job: Job) -> dict:
+    """What identifies the job's processes later, from another process: host, pid, pgid, start time."""
+    start = None
+    with contextlib.suppress(psutil.Error):
+        start = psutil.Process(job.proc.pid).create_time()
+    return {"host": socket.gethostname(), "pid": job.proc.pid, "pgid": job.pgid, "start_time": start,
+            "tuner_pid": os.getpid()}
+
+
+def write_launch_record(path: Path, record: dict) -> None:
+    with contextlib.suppress(OSError):
+        path.write_text(json.dumps(record))
+
+
+def end_recorded(record: dict) -> list[int]:
+    """End the processes of a recorded job that a dead tuner left running; returns the pids ended.
+
+    Only on the recorded host; a process counts as the job's when it is in the recorded process
+    group (or is the recorded pid with the recorded start time) and started no earlier than the
+    recorded root: a process that holds a reused pid or group id but is older than the trial is
+    left alone.
+    """
+    if not isinstance(record, dict) or record.get("host") != socket.gethostname():
+        return []
+    pid, pgid, start = record.get("pid"), record.get("pgid"), record.get("start_time")
+    if not isinstance(pid, int) or not isinstance(pgid, int) or not isinstance(start, (int, float)):
+        return []
+    if pgid in (os.getpgrp(), 0, 1) or pid == os.getpid():
+        return []
+    with contextlib.suppress(psutil.Error):
+        if abs(psutil.Process(pgid).create_time() - start) > START_TIME_SLACK_S:
+            return []  # the group's id now leads another, unrelated group
+    candidates = _group_members({pgid})
+    with contextlib.suppress(psutil.Error):
+        if abs(psutil.Process(pid).create_time() - start) <= START_TIME_SLACK_S:
+            candidates.append(psutil.Process(pid))
+    ours = []
+    for p in candidates:
+        with contextlib.suppress(psutil.Error):
+            if p.create_time() >= start - START_TIME_SLACK_S and p.pid != os.getpid() and p not in ours:
+                ours.append(p)
+    if not ours:
+        return []
+    pids = [p.pid for p in ours]
+    # signal the processes one by one (not the group id: it may have been reused by now)
+    _terminate(ours, set())
+    return pids

@@ -1,0 +1,106 @@
+"""What a profiling trial is (:class:`TrialSpec`, :class:`Workload`) and what it gave (:class:`TrialResult`).
+
+Shared by the trial's three parts: :mod:`autotune.tune.launch` (starting and ending its processes),
+:mod:`autotune.tune.logs` (reading its log) and :mod:`autotune.tune.judge` (its verdict), which
+:mod:`autotune.tune.trial` runs together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["Workload", "TrialSpec", "TrialResult", "Status", "LOG_NAME", "DS_CONFIG_NAME", "METRICS_NAME",
+           "SPEC_NAME", "RESULT_NAME", "LAUNCH_NAME"]
+
+LOG_NAME = "trial.log"
+DS_CONFIG_NAME = "ds_config.json"
+METRICS_NAME = "metrics.json"
+SPEC_NAME = "trial_spec.json"
+RESULT_NAME = "result.json"
+LAUNCH_NAME = "launch.json"
+"""The launched process group (host, pid, pgid, start time): ``--resume`` ends it if a killed tuner left it."""
+
+Status = Literal["completed", "pruned", "oom", "crashed", "hung"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What a trial runs."""
+
+    kind: Literal["builtin", "script", "command"]
+    script: str | None = None
+    """script: the user's unchanged DeepSpeed script (it gets ``--deepspeed_config PATH``)."""
+    script_args: tuple[str, ...] = ()
+    command: str | None = None
+    """command: a template, e.g. ``torchrun --nproc_per_node {nproc} pretrain_gpt.py {megatron_args}``."""
+    metric_pattern: str | None = None
+    """command: regex with a named group ``step_time_s`` (or ``tokens_per_s``) matched on each log line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialSpec:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    workload: Workload
+    workdir: Path
+    """This trial's folder: ds_config.json, trial.log, result.json."""
+    steps: int = 6
+    """Measured optimizer steps (after the warm-up)."""
+    warmup_steps: int = 2
+    timeout_s: float = 300.0
+    host_memory_limit_bytes: int | None = None
+    """The trial is stopped (status "oom") when its process tree's resident memory exceeds this."""
+    num_layers: int | None = None
+    """builtin: run this many layers instead of the model's, to keep trials short."""
+    launcher: str = "torchrun"
+    """How the ranks are started: torchrun (this machine), deepspeed or slurm (:mod:`autotune.tune.launchers`)."""
+
+    @property
+    def trial_model(self) -> ModelSpec:
+        """The model the trial really runs (the layer count cut to ``num_layers`` for builtin runs)."""
+        if self.num_layers is not None and self.workload.kind == "builtin" and self.num_layers != self.model.num_layers:
+            return dataclasses.replace(self.model, num_layers=self.num_layers)
+        return self.model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialResult:
+    status: Status
+    reason: str
+    """A sentence: why (e.g. "exit code 1 (rank 1): AssertionError: ... (log: PATH)")."""
+    log_path: Path
+    step_time_s: float | None = None
+    """Median over the measured steps (after warm-up)."""
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    """Model FLOPs (recompute excluded) per step / step time / world size, in TFLOP/s."""
+    peak_memory_bytes: int | None = None
+    """CPU: peak RSS of the busiest rank; GPU: torch.cuda.max_memory_allocated of the busiest rank."""
+    step_times_s: tuple[float, ...] = ()
+    """Measured step times (warm-up excluded)."""
+    returncode: int | None = None
+
+    def to_attrs(self) -> dict:
+        """A JSON-safe dict (Optuna user attributes)."""
+        def num(x):
+            return x if x is None or math.isfinite(x) else None
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "log_path": str(self.log_path),
+            "step_time_s": num(self.step_time_s),
+            "tokens_per_s": num(self.tokens_per_s),
+            "tflops_per_gpu": num(self.tflops_per_gpu),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "step_times_s": [num(t) for t in self.step_times_s],
+            "returncode": self.returncode,
+        }
