@@ -1,16 +1,16 @@
-"""``autotune validate FILE``: lint a DeepSpeed JSON (and Megatron-LM arguments) for a world size.
+"""``autotune validate FILE...``: lint the files of a job (every file ``autotune emit`` writes) for a world size.
 
-Exit 0: no problems; 1: any problem (warnings included); 2: unusable input (the CLI's main turns
-the InputError into a message on stderr).
+Each file's kind comes from its name (``--kind`` overrides): a DeepSpeed JSON (``*_hf.json``: for the HF
+Trainer), Megatron-LM or Megatron-DeepSpeed arguments (a shell file; ``--deepspeed`` in it means the latter),
+an accelerate config YAML, a torchtitan TOML. Exit 0: no problems; 1: any problem (warnings included);
+2: unusable input (the CLI's main turns the InputError into a message on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-from pathlib import Path
 
 from autotune.errors import InputError
 
@@ -22,99 +22,137 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if not 1 <= value <= 2**20:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {2**20}, got {value}")
     return value
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("validate", help="lint a DeepSpeed config (and Megatron-LM arguments) for a world size",
-                              description="Check a DeepSpeed JSON against our schema, DeepSpeed's own parser and "
-                                          "cross-field rules for a world size; report every problem with its fix.")
-    p.add_argument("file", metavar="FILE", help="the DeepSpeed JSON config")
+    from autotune.emit.validate_files import FILE_KINDS
+
+    p = subparsers.add_parser("validate", help="lint a job's config files (DeepSpeed JSON, Megatron-LM / "
+                                               "Megatron-DeepSpeed arguments, accelerate YAML, torchtitan TOML)",
+                              description="Check each file against its engine's keys or flags, the engine's own "
+                                          "parser where it is installed, and cross-field rules for a world size; "
+                                          "report every problem with its line and fix.")
+    p.add_argument("files", metavar="FILE", nargs="+", help="the files to check (kind from the name; see --kind)")
+    p.add_argument("--kind", choices=FILE_KINDS, help="the kind of every FILE (default: from each file's name)")
     p.add_argument("--world-size", type=_positive_int,
-                   help="ranks of the job (default: train_batch_size / (micro-batch x accumulation) x tp x pp x cp)")
+                   help="ranks of the job (default: what a file states: accelerate num_processes, torchtitan "
+                        "degrees, else DeepSpeed's train_batch_size / (micro-batch x accumulation) x tp x pp x cp)")
     for dim in ("tp", "pp", "cp"):
-        p.add_argument(f"--{dim}", type=_positive_int, default=1, help=f"{dim} size of the job (default 1)")
-    p.add_argument("--hf", action="store_true", help="a Hugging Face Trainer / accelerate config: fill 'auto' first")
-    p.add_argument("--megatron-args", metavar="FILE", help="a file of Megatron-LM arguments to check as well")
-    m = p.add_argument_group("memory check (both --model and --gpu)")
+        p.add_argument(f"--{dim}", type=_positive_int,
+                       help=f"{dim} size of the job (default: from a Megatron / accelerate file given, else 1)")
+    p.add_argument("--hf", action="store_true",
+                   help="the DeepSpeed JSON is a Hugging Face Trainer config: fill 'auto' first (default for *_hf.json)")
+    p.add_argument("--megatron-args", metavar="FILE",
+                   help="a shell file of Megatron-LM or Megatron-DeepSpeed arguments to check as well")
+    m = p.add_argument_group("memory check of the DeepSpeed JSON (both --model and --gpu)")
     m.add_argument("--model", help="model preset, Hugging Face config.json or model YAML")
     m.add_argument("--gpu", help="GPU preset name")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
     m.add_argument("--seq-len", type=_positive_int, default=4096, help="sequence length (default 4096)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="activation recompute (default: full if the config configures activation checkpoints)")
-    p.add_argument("--json", action="store_true", help="print the problems as a JSON list only")
+    p.add_argument("--json", action="store_true", help="print the problems as a JSON list only (each with its file)")
     p.set_defaults(handler=run)
     return p
 
 
-def _world_size(args: argparse.Namespace) -> int:
-    """--world-size, else the one the config's batch triple implies (said on stderr)."""
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(path, kind) of every file to check."""
+    from autotune.emit.validate_files import file_kind, megatron_file_kind
+    from autotune.emit.shell_args import read_megatron_args_file
+
+    out = [(f, args.kind or file_kind(f)) for f in args.files]
+    if args.megatron_args:
+        out.append((args.megatron_args, megatron_file_kind(read_megatron_args_file(args.megatron_args))))
+    return out
+
+
+def _deepspeed_world_size(path: str, tp: int, pp: int, cp: int) -> int | None:
+    """The world size a DeepSpeed JSON's batch triple implies, or None."""
     from autotune.emit.validate import read_deepspeed_config
 
-    if args.world_size:
-        return args.world_size
-    data = read_deepspeed_config(args.file)[0] or {}
+    data = read_deepspeed_config(path)[0] or {}
     t, m, g = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                      "gradient_accumulation_steps"))
     block = data.get("tensor_parallel")
     autotp = block.get("autotp_size") if isinstance(block, dict) else 0
-    tp = autotp if args.tp == 1 and isinstance(autotp, int) and autotp > 1 else args.tp
+    tp = autotp if tp == 1 and isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1 else tp
     if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, m, g)) and t % (m * g) == 0:
-        world = t // (m * g) * tp * args.pp * args.cp
-        print(f"autotune validate: no --world-size: assuming {world} (train_batch_size / (micro-batch x "
-              f"accumulation) x tp x pp x cp)", file=sys.stderr)
-        return world
-    raise InputError(["give --world-size: the config's batch sizes do not say it"], subject="validate request")
+        return t // (m * g) * tp * pp * cp
+    return None
 
 
-def _megatron_problems(path: str, world_size: int) -> list:
-    try:
-        from autotune.emit import megatron
-    except ImportError as err:
-        raise InputError([f"--megatron-args needs autotune.emit.megatron, which is not available: {err}"],
-                         subject="validate request") from None
-    reader = getattr(megatron, "read_megatron_args_file_with_env", None)
-    if reader is not None:  # a shell file: continuations, arrays, a launch line, exports
-        argv, env = reader(path)
-        return megatron.megatron_args_problems(argv, world_size=world_size, env=env)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        argv = shlex.split(text.replace("\\\n", " "), comments=True)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError([f"cannot read --megatron-args {path!r}: {getattr(err, 'strerror', None) or err}"],
-                         subject="validate request") from None
-    return megatron.megatron_args_problems(argv, world_size=world_size)
+def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, int, int, int]:
+    """(world size, tp, pp, cp): the flags, else what the files state."""
+    from autotune.emit.validate_files import sizes_from_file
+
+    stated = [(path, sizes_from_file(path, kind)) for path, kind in inputs]
+    sizes = {}
+    for dim in ("tp", "pp", "cp"):
+        given = getattr(args, dim)
+        sizes[dim] = given or next((getattr(s, dim) for _, s in stated if getattr(s, dim)), 1)
+    world = args.world_size or next((s.world_size for _, s in stated if s.world_size), None)
+    if world and not args.world_size:
+        print(f"autotune validate: no --world-size: assuming {world} (as "
+              f"{next(p for p, s in stated if s.world_size == world)} states)", file=sys.stderr)
+    if world is None:
+        for path, kind in inputs:
+            if kind == "deepspeed":
+                world = _deepspeed_world_size(path, sizes["tp"], sizes["pp"], sizes["cp"])
+                if world:
+                    print(f"autotune validate: no --world-size: assuming {world} (train_batch_size / (micro-batch "
+                          f"x accumulation) x tp x pp x cp of {path})", file=sys.stderr)
+                    break
+    if not world:
+        raise InputError(["give --world-size: the files do not say it"], subject="validate request")
+    if world % (sizes["tp"] * sizes["pp"] * sizes["cp"]):
+        # Degrees read from a file that do not divide the world: that file's own check reports it.
+        sizes = {dim: getattr(args, dim) or 1 for dim in sizes}
+    return world, sizes["tp"], sizes["pp"], sizes["cp"]
+
+
+def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: list) -> list:
+    from autotune.emit.validate import has_errors, memory_problems
+    from autotune.specs.loading import load_cluster, load_model
+
+    model = load_model(args.model)
+    cluster = load_cluster(gpu=args.gpu, num_gpus=world, gpus_per_node=args.gpus_per_node)
+    if has_errors(problems):
+        print("autotune validate: memory check skipped: fix the errors first", file=sys.stderr)
+        return []
+    return memory_problems(path, model=model, cluster=cluster, tp=tp, pp=pp, cp=cp, seq_len=args.seq_len,
+                           recompute=args.recompute)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.emit.validate import has_errors, memory_problems, validate_deepspeed_config
+    from autotune.emit.validate_files import validate_file
 
-    world = _world_size(args)
-    problems = validate_deepspeed_config(args.file, world_size=world, tp=args.tp, pp=args.pp, cp=args.cp, hf=args.hf)
-    if args.megatron_args:
-        problems += _megatron_problems(args.megatron_args, world)
     if (args.model is None) != (args.gpu is None):
         raise InputError(["the memory check needs both --model and --gpu"], subject="validate request")
-    if args.model is not None:
-        from autotune.specs.loading import load_cluster, load_model
-
-        model = load_model(args.model)
-        cluster = load_cluster(gpu=args.gpu, num_gpus=world, gpus_per_node=args.gpus_per_node)
-        if has_errors(problems):
-            print("autotune validate: memory check skipped: fix the errors first", file=sys.stderr)
-        else:
-            problems += memory_problems(args.file, model=model, cluster=cluster, tp=args.tp, pp=args.pp, cp=args.cp,
-                                        seq_len=args.seq_len, recompute=args.recompute)
+    inputs = _inputs(args)
+    world, tp, pp, cp = _job(args, inputs)
+    found: list[tuple[str, object]] = []
+    for path, kind in inputs:
+        problems = validate_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
+                                 hf=True if args.hf and kind == "deepspeed" else None)
+        if args.model is not None and kind == "deepspeed":
+            problems += _memory(args, path, world, tp, pp, cp, problems)
+        found += [(path, p) for p in problems]
+    if args.model is not None and not any(kind == "deepspeed" for _, kind in inputs):
+        raise InputError(["the memory check (--model/--gpu) reads a DeepSpeed JSON: give one"],
+                         subject="validate request")
+    several = len(inputs) > 1
     if args.json:
-        print(json.dumps([p.to_dict() for p in problems], indent=2))
-    elif problems:
-        for p in problems:
-            print(p.render())
-        errors = sum(p.severity == "error" for p in problems)
-        print(f"{args.file}: {errors} error(s), {len(problems) - errors} warning(s) for world size {world}")
+        print(json.dumps([p.to_dict() | {"file": path} for path, p in found], indent=2))
+    elif found:
+        for path, p in found:
+            print(f"{path}: {p.render()}" if several else p.render())
+        errors = sum(p.severity == "error" for _, p in found)
+        names = ", ".join(path for path, _ in inputs)
+        print(f"{names}: {errors} error(s), {len(found) - errors} warning(s) for world size {world}")
     else:
-        print(f"{args.file}: no problems for world size {world}")
-    return 1 if problems else 0
+        print(f"{', '.join(path for path, _ in inputs)}: no problems for world size {world}")
+    return 1 if found else 0

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from autotune.emit.megatron_flags import is_flag
 from autotune.errors import InputError
+from autotune.inputs import read_text
 
-__all__ = ["parse_shell_args", "read_megatron_args_file", "read_megatron_args_file_with_env"]
+__all__ = ["parse_shell_args", "parse_shell_args_with_lines", "read_megatron_args_file",
+           "read_megatron_args_file_with_env", "read_megatron_args_file_with_lines", "MAX_ARGS_FILE_BYTES"]
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -40,50 +42,83 @@ def _until_control(tokens: list[str]) -> list[str]:
     return tokens
 
 
-def _logical_lines(text: str) -> list[str]:
-    lines, current = [], ""
-    for raw in text.splitlines():
+MAX_ARGS_FILE_BYTES = 1 << 20
+"""A Megatron argument file is a few KB; Megatron's own examples are under 10 KB."""
+MAX_LINE_CHARS = 1 << 16
+"""shlex is pure Python: a longer logical line is refused instead of tokenized for seconds."""
+
+
+def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
+    """(1-based first line, its physical lines) of each logical line (backslash continuations joined)."""
+    out: list[tuple[int, list[str]]] = []
+    current: list[str] = []
+    start = 1
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not current:
+            start = number
         if raw.endswith("\\") and not raw.lstrip().startswith("#"):
-            current += raw[:-1] + " "
+            current.append(raw[:-1])
             continue
-        lines.append(current + raw)
-        current = ""
+        current.append(raw)
+        out.append((start, current))
+        current = []
     if current:
-        lines.append(current)
-    return lines
+        out.append((start, current))
+    return out
 
 
-def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
-    """Arguments and exported variables of a shell file of Megatron arguments (no shell is run).
+def _split(start: int, parts: list[str]) -> tuple[list[str], list[int]]:
+    """Tokens of one logical line and each token's physical line (whole-line split if a quote spans lines)."""
+    if sum(len(p) for p in parts) > MAX_LINE_CHARS:
+        raise InputError([f"line {start} is longer than {MAX_LINE_CHARS} characters: not a Megatron arguments line"],
+                         subject="Megatron arguments file")
+    tokens: list[str] = []
+    lines: list[int] = []
+    try:
+        for offset, part in enumerate(parts):
+            got = shlex.split(part, comments=True)
+            tokens += got
+            lines += [start + offset] * len(got)
+        return tokens, lines
+    except ValueError:
+        pass
+    joined = " ".join(parts)
+    try:
+        tokens = shlex.split(joined, comments=True)
+    except ValueError:
+        tokens = joined.split()
+    return tokens, [start] * len(tokens)
 
-    Understood: ``--flag value`` lines with ``\\`` continuations; bash arrays ``ARGS=( ... )`` as in
-    Megatron's examples; a launch line (``torchrun ... pretrain_gpt.py ARGS``: the tokens after the
-    ``.py``); ``export X=Y``. Plain ``X=Y`` assignments substitute ``$X``/``${X}`` in later tokens;
-    array references (``${ARGS[@]}``) are skipped (their contents were read where defined). Comments and
-    other commands are ignored.
-    """
+
+def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[str, str]]:
+    """(arguments, each argument's 1-based line, exported variables) of a shell file of Megatron
+    arguments (no shell is run): see :func:`parse_shell_args`."""
     argv: list[str] = []
+    where: list[int] = []
     env: dict[str, str] = {}
     variables: dict[str, str] = {}
     arrays: set[str] = set()
     in_array = False
 
     def expand(token: str) -> str:
-        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), token)
+        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), token) if "$" in token \
+            else token
 
-    for line in _logical_lines(text):
-        try:
-            tokens = shlex.split(line, comments=True)
-        except ValueError:
-            tokens = line.split()
+    def take(tokens: list[str], lines: list[int]) -> None:
+        argv.extend(expand(t) for t in tokens)
+        where.extend(lines)
+
+    for start, parts in _logical_lines(text):
+        tokens, lines = _split(start, parts)
         if not tokens:
             continue
         if in_array:
             if ")" in tokens:
-                argv += [expand(t) for t in tokens[:tokens.index(")")]]
+                end = tokens.index(")")
+                take(tokens[:end], lines[:end])
                 in_array = False
             else:
-                argv += [expand(t) for t in tokens]
+                take(tokens, lines)
             continue
         if tokens[0] == "export":
             for item in tokens[1:]:
@@ -95,39 +130,58 @@ def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
         if m and m.group(2).startswith("("):
             arrays.add(m.group(1))
             body = [m.group(2)[1:]] + tokens[1:] if m.group(2) != "(" else tokens[1:]
-            body = [t for t in body if t]
-            if body and body[-1].endswith(")"):
-                body[-1] = body[-1][:-1]
-                argv += [expand(t) for t in body if t]
+            body_lines = lines if m.group(2) != "(" else lines[1:]
+            kept = [(t, n) for t, n in zip(body, body_lines) if t]
+            if kept and kept[-1][0].endswith(")"):
+                kept[-1] = (kept[-1][0][:-1], kept[-1][1])
+                kept = [(t, n) for t, n in kept if t]
             else:
-                argv += [expand(t) for t in body]
                 in_array = True
+            take([t for t, _ in kept], [n for _, n in kept])
             continue
         if m and len(tokens) == 1:
             variables[m.group(1)] = expand(m.group(2))
             continue
         if is_flag(tokens[0]):
-            rest = tokens
+            first = 0
         elif tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
             scripts = [i for i, t in enumerate(tokens) if t.endswith(".py")]
             if not scripts:
                 continue
-            rest = tokens[scripts[0] + 1:]
+            first = scripts[0] + 1
         else:
             continue
-        argv += [expand(t) for t in _until_control(rest) if not _is_array_ref(t, arrays)]
+        rest = _until_control(tokens[first:])
+        kept = [(t, n) for t, n in zip(rest, lines[first:]) if not _is_array_ref(t, arrays)]
+        take([t for t, _ in kept], [n for _, n in kept])
+    return argv, where, env
+
+
+def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
+    """Arguments and exported variables of a shell file of Megatron arguments (no shell is run).
+
+    Understood: ``--flag value`` lines with ``\\`` continuations; bash arrays ``ARGS=( ... )`` as in
+    Megatron's examples; a launch line (``torchrun ... pretrain_gpt.py ARGS``: the tokens after the
+    ``.py``); ``export X=Y``. Plain ``X=Y`` assignments substitute ``$X``/``${X}`` in later tokens;
+    array references (``${ARGS[@]}``) are skipped (their contents were read where defined). Comments and
+    other commands are ignored.
+    """
+    argv, _, env = parse_shell_args_with_lines(text)
     return argv, env
+
+
+def read_megatron_args_file_with_lines(path: str | Path) -> tuple[list[str], list[int], dict[str, str]]:
+    """(arguments, their lines, exported variables) of a shell file of at most 1 MiB."""
+    text = read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES)
+    return parse_shell_args_with_lines(text)
 
 
 def read_megatron_args_file_with_env(path: str | Path) -> tuple[list[str], dict[str, str]]:
     """(arguments, exported variables) of a shell file: see :func:`parse_shell_args`."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError([f"cannot read {str(path)!r}: {exc.strerror}"], subject="Megatron arguments file") from None
-    return parse_shell_args(text)
+    argv, _, env = read_megatron_args_file_with_lines(path)
+    return argv, env
 
 
 def read_megatron_args_file(path: str | Path) -> list[str]:
     """The Megatron arguments in a shell file (exports: :func:`read_megatron_args_file_with_env`)."""
-    return read_megatron_args_file_with_env(path)[0]
+    return read_megatron_args_file_with_lines(path)[0]

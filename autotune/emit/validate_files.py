@@ -1,0 +1,152 @@
+"""One entry point for every file ``autotune emit`` writes, and for users' own: which kind of file it is,
+and its problems for a job of ``world_size`` ranks.
+
+Kinds: ``deepspeed`` (a DeepSpeed JSON; ``*_hf.json``: a Hugging Face Trainer one, whose "auto" values are
+filled first), ``megatron`` (Megatron-LM arguments, a shell file), ``megatron-deepspeed`` (Megatron-DeepSpeed
+arguments: a shell file that passes ``--deepspeed``), ``accelerate`` (an accelerate config YAML) and
+``torchtitan`` (a torchtitan TOML job config), ``plan`` (autotune's own ``plan.json``: it must rebuild the plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.emit.problems import Problem
+from autotune.errors import InputError
+
+__all__ = ["FILE_KINDS", "JobSizes", "file_kind", "validate_file", "megatron_file_kind", "sizes_from_file"]
+
+FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan")
+_MDS_MARKERS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSizes:
+    """What a file says about the job it belongs to (None: it does not say)."""
+
+    world_size: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+
+
+def megatron_file_kind(argv: list[str]) -> str:
+    """``megatron-deepspeed`` when the arguments hand the job to DeepSpeed, else ``megatron``."""
+    return "megatron-deepspeed" if any(a.split("=", 1)[0] in _MDS_MARKERS for a in argv) else "megatron"
+
+
+def file_kind(path: str | Path) -> str:
+    """The kind of a file, from its name (and, for a shell file, its arguments)."""
+    name = Path(path).name.lower()
+    if name.endswith(".json"):
+        return "plan" if name == "plan.json" else "deepspeed"
+    if name.endswith((".yaml", ".yml")):
+        return "accelerate"
+    if name.endswith(".toml"):
+        return "torchtitan"
+    if name.endswith((".sh", ".bash", ".args", ".txt")) or "megatron" in name:
+        from autotune.emit.shell_args import read_megatron_args_file
+
+        return megatron_file_kind(read_megatron_args_file(path))
+    raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
+                      f"({', '.join(FILE_KINDS)})"], subject="validate request")
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
+    """The world size and degrees a file states (DeepSpeed's batch triple does not give tp/pp)."""
+    if kind in ("megatron", "megatron-deepspeed"):
+        from autotune.emit.shell_args import read_megatron_args_file
+
+        argv = read_megatron_args_file(path)
+        last: dict[str, str] = {}
+        for i, a in enumerate(argv):
+            name, eq, value = a.partition("=")
+            if eq:
+                last[name] = value
+            elif i + 1 < len(argv):
+                last[name] = argv[i + 1]
+        return JobSizes(tp=_int(last.get("--tensor-model-parallel-size")) or 1,
+                        pp=_int(last.get("--pipeline-model-parallel-size")) or 1,
+                        cp=_int(last.get("--context-parallel-size")) or 1)
+    if kind == "plan":
+        from autotune.inputs import read_json
+
+        doc = read_json(path, subject="plan JSON")
+        plan = doc.get("plan") if isinstance(doc, dict) else None
+        if isinstance(plan, dict):
+            sizes = {k: plan.get(k) if isinstance(plan.get(k), int) else None for k in ("tp", "pp", "cp", "dp")}
+            world = None if None in sizes.values() else sizes["tp"] * sizes["pp"] * sizes["cp"] * sizes["dp"]
+            return JobSizes(world_size=world, tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"])
+        return JobSizes()
+    if kind == "accelerate":
+        from autotune.emit.accelerate_lint import accelerate_job_sizes
+
+        return accelerate_job_sizes(path)
+    if kind == "torchtitan":
+        from autotune.emit.torchtitan_lint import torchtitan_job_sizes
+
+        return torchtitan_job_sizes(path)
+    return JobSizes()
+
+
+def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
+                  kind: str | None = None, hf: bool | None = None) -> list[Problem]:
+    """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable).
+
+    ``kind``: one of :data:`FILE_KINDS` (default: :func:`file_kind`). ``hf`` (DeepSpeed JSON only): fill
+    Hugging Face "auto" values first (default: for a file named ``*_hf.json``).
+    """
+    kind = kind or file_kind(path)
+    if kind == "deepspeed":
+        from autotune.emit.validate import validate_deepspeed_config
+
+        hf = Path(path).name.lower().endswith("_hf.json") if hf is None else hf
+        return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf)
+    if kind == "megatron":
+        from autotune.emit.megatron_lint import megatron_args_problems
+        from autotune.emit.shell_args import read_megatron_args_file_with_lines
+
+        argv, lines, env = read_megatron_args_file_with_lines(path)
+        return megatron_args_problems(argv, world_size, env=env, lines=lines)
+    if kind == "megatron-deepspeed":
+        from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
+        from autotune.emit.shell_args import read_megatron_args_file_with_lines
+
+        argv, lines, _ = read_megatron_args_file_with_lines(path)
+        return megatron_deepspeed_args_problems(argv, world_size, lines=lines)
+    if kind == "accelerate":
+        from autotune.emit.accelerate_lint import accelerate_config_problems
+
+        return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp)
+    if kind == "torchtitan":
+        from autotune.emit.torchtitan_lint import torchtitan_config_problems
+
+        return torchtitan_config_problems(path, world_size=world_size)
+    if kind == "plan":
+        return _plan_problems(path, world_size)
+    raise InputError([f"unknown file kind {kind!r}: use one of {', '.join(FILE_KINDS)}"], subject="validate request")
+
+
+def _plan_problems(path: str | Path, world_size: int) -> list[Problem]:
+    """autotune's ``plan.json``: it rebuilds its estimate (InputError naming what is wrong otherwise)."""
+    from autotune.api import estimate_from_dict
+    from autotune.inputs import read_json
+
+    doc = read_json(path, subject="plan JSON")
+    if not isinstance(doc, dict):
+        raise InputError(["not an autotune plan JSON: expected an object with model, cluster and plan"],
+                         subject=f"plan JSON {str(path)!r}")
+    est = estimate_from_dict(doc)
+    if est.plan.world_size != world_size:
+        return [Problem(path="$.plan", severity="error", source="rules",
+                        message=f"the plan spans {est.plan.world_size} ranks, the job {world_size}",
+                        fix=f"validate with --world-size {est.plan.world_size}, or emit a plan for {world_size}")]
+    return []
