@@ -124,7 +124,7 @@ def _validate(spec: TrialSpec) -> None:
         problems.append(f"the plan spans {plan.world_size} ranks (tp*pp*dp*cp) but the cluster has "
                         f"{cluster.num_gpus} GPUs")
     can, why = _machine_ranks(cluster)
-    if plan.world_size > can:
+    if plan.world_size > can and spec.launcher == "torchrun":  # others: checked by launchers.Launcher.problems
         problems.append(f"the trial needs {plan.world_size} ranks but this machine runs at most {can} ({why})")
     if problems:
         raise InputError(problems, subject="trial")
@@ -330,6 +330,9 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
 
 
 def _finish(spec: TrialSpec, result: TrialResult) -> TrialResult:
+    if spec.launcher != "torchrun":  # SLURM's word on how the step ended (time limit, scancel)
+        from autotune.tune import launchers
+        result = launchers.review(spec, result)
     with contextlib.suppress(OSError):
         (Path(spec.workdir) / RESULT_NAME).write_text(json.dumps(result.to_attrs(), indent=2))
     return result

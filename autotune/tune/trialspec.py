@@ -63,6 +63,12 @@ class TrialSpec:
     """builtin: run this many layers instead of the model's, to keep trials short."""
     launcher: str = "torchrun"
     """How the ranks are started: torchrun (this machine), deepspeed or slurm (:mod:`autotune.tune.launchers`)."""
+    hostfile: str | None = None
+    """deepspeed launcher: an MPI-style hostfile (``host slots=N``); None: this machine."""
+    include: str = ""
+    """deepspeed launcher: ``--include`` (DeepSpeed's ``NAME[:SLOT,...][@...]``)."""
+    exclude: str = ""
+    """deepspeed launcher: ``--exclude``."""
 
     @property
     def trial_model(self) -> ModelSpec:

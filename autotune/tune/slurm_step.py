@@ -1,0 +1,215 @@
+"""Runs one trial under SLURM and watches it: ``python -m autotune.tune.slurm_step PARAMS_JSON -- PROGRAM...``.
+
+The trial's runner starts this module as the trial's process (:class:`autotune.tune.launchers.Slurm`
+builds the call). It starts the ranks as one SLURM step:
+
+- inside an allocation (``mode`` "step"): ``srun --nodes N --ntasks T --ntasks-per-node P
+  --kill-on-bad-exit=1 --time M --output DIR/rank-%t.log ...``;
+- outside any (``mode`` "job"): ``sbatch --wait --parsable`` of a batch job running that ``srun``
+  (job output in ``DIR/job.log``; the trial folder must be on a filesystem the nodes share).
+
+Each task is one rank: a one-line shell maps SLURM's task variables to what torch.distributed reads
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR = the step's first node, MASTER_PORT)
+and execs the program. While the step runs, the tasks' own log files (SLURM writes them, ``%t`` is the
+task id) are copied line by line to stdout, i.e. into the trial's ``trial.log``, where the runner
+reads step times and errors as it does under torchrun. srun's per-task exit messages
+(``srun: error: NODE: task 1: Exited with exit code 1``) and slurmstepd's ``*** STEP ... CANCELLED AT
+... [DUE TO TIME LIMIT] ***`` give each task's state and how the step ended; both go to
+``DIR/slurm.json`` (read by :meth:`autotune.tune.launchers.Slurm.review`).
+
+SIGTERM / SIGINT / SIGHUP (the runner stopping the trial, Ctrl-C, ``--resume`` ending a dead tuner's
+trial): the step (``scancel JOB.STEP``, found by its unique name with ``squeue --steps``) or the job
+(``scancel JOBID``) is cancelled, so every rank on every node ends, then this exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["slurm_argv", "parse_srun_line", "RANK_ENV_SH", "main"]
+
+POLL_S = 0.2
+CANCEL_WAIT_S = 3.0
+RECORD_NAME = "slurm.json"  # = launchers.SLURM_RECORD_NAME (not imported: this runs before anything else)
+
+RANK_ENV_SH = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
+               'LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE%%(*}" GROUP_RANK="$SLURM_NODEID" '
+               'MASTER_ADDR="$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n 1)"; exec "$@"')
+"""One task = one rank: SLURM's task variables as torch.distributed's env:// names (torchrun sets the same)."""
+
+_TASK_MSG = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<state>.+?)\s*$")
+_CANCELLED = re.compile(r"\*\*\* (?P<what>STEP|JOB) (?P<id>\S+) ON \S+ CANCELLED AT \S+(?P<why> DUE TO TIME LIMIT)?")
+
+
+def _tasks(spec: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5] (srun's task ranges)."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit():
+            out += list(range(int(lo), int(hi) + 1)) if hi.isdigit() else [int(lo)]
+    return out
+
+
+def parse_srun_line(line: str) -> tuple[str, object] | None:
+    """('tasks', {task: state}) for srun's per-task exit message, ('ended', (how, line)) for a cancel."""
+    m = _TASK_MSG.search(line)
+    if m:
+        return "tasks", {t: m.group("state") for t in _tasks(m.group("tasks"))}
+    m = _CANCELLED.search(line)
+    if m:
+        return "ended", ("time limit" if m.group("why") else "cancelled", line.strip())
+    return None
+
+
+def _srun(p: dict, program: list[str]) -> list[str]:
+    workdir = Path(p["workdir"])
+    argv = ["srun", f"--job-name={p['name']}", f"--nodes={p['nodes']}", f"--ntasks={p['ntasks']}",
+            f"--ntasks-per-node={p['tasks_per_node']}", "--kill-on-bad-exit=1", f"--time={p['time_limit_min']}",
+            f"--output={workdir / 'rank-%t.log'}", "--input=none", f"--chdir={Path.cwd()}"]
+    if p.get("gpus_per_node"):
+        argv.append(f"--gpus-per-node={p['gpus_per_node']}")
+    if p.get("overlap"):
+        argv.append("--overlap")  # the tuner itself runs as a step of this allocation
+    return argv + ["bash", "-c", RANK_ENV_SH, "autotune-rank", *program]
+
+
+def slurm_argv(p: dict, program: list[str]) -> list[str]:
+    """The command that runs ``program`` as the trial's SLURM step (srun) or job (sbatch --wait)."""
+    step = _srun(p, program)
+    if p["mode"] == "step":
+        return step
+    workdir = Path(p["workdir"])
+    return ["sbatch", "--wait", "--parsable", f"--job-name={p['name']}", f"--nodes={p['nodes']}",
+            f"--ntasks={p['ntasks']}", f"--ntasks-per-node={p['tasks_per_node']}", f"--time={p['time_limit_min']}",
+            f"--output={workdir / 'job.log'}", f"--chdir={Path.cwd()}", "--wrap", shlex.join(step)]
+
+
+class _Follower:
+    """Copies the complete new lines of the tasks' log files (and the job's) to our stdout."""
+
+    def __init__(self, workdir: Path, names: list[str], out, on_line) -> None:
+        self.paths = [workdir / n for n in names]
+        self.pos = {p: 0 for p in self.paths}
+        self.buf = {p: b"" for p in self.paths}
+        self.out, self.on_line = out, on_line
+
+    def poll(self, final: bool = False) -> None:
+        for p in self.paths:
+            try:
+                with open(p, "rb") as f:
+                    f.seek(self.pos[p])
+                    data = f.read()
+            except OSError:
+                continue
+            self.pos[p] += len(data)
+            *lines, self.buf[p] = (self.buf[p] + data).split(b"\n")
+            if final and self.buf[p]:
+                lines.append(self.buf[p])
+                self.buf[p] = b""
+            for raw in lines:
+                text = raw.decode("utf-8", "replace")
+                self.on_line(text)
+                self.out.write(text + "\n")
+            self.out.flush()
+
+
+def _squeue_ids(name: str, steps: bool) -> list[str]:
+    argv = ["squeue", "--noheader", "--format=%i %j"] + (["--steps"] if steps else [])
+    if steps and os.environ.get("SLURM_JOB_ID"):
+        argv.append(f"--jobs={os.environ['SLURM_JOB_ID']}")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in out.splitlines() if len(line.split()) >= 2 and line.split()[1] == name]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m autotune.tune.slurm_step PARAMS_JSON -- PROGRAM...", file=sys.stderr)
+        return 2
+    p, program = json.loads(argv[0]), argv[2:]
+    workdir = Path(p["workdir"])
+    os.environ["MASTER_PORT"] = str(p["master_port"])  # srun and sbatch pass our environment to the tasks
+    record: dict = {"kind": p["mode"], "name": p["name"], "id": None, "time_limit_min": p["time_limit_min"],
+                    "tasks": {}, "ended": None, "line": "", "stopped_by_tuner": False}
+    record_path = workdir / RECORD_NAME
+    lock = threading.Lock()
+
+    def save() -> None:
+        with lock, contextlib.suppress(OSError):
+            record_path.write_text(json.dumps(record, indent=2))
+
+    def on_line(line: str) -> None:
+        hit = parse_srun_line(line)
+        if hit is None:
+            return
+        with lock:
+            if hit[0] == "tasks":
+                record["tasks"].update({str(t): s for t, s in hit[1].items()})  # type: ignore[union-attr]
+            elif record["ended"] is None:
+                record["ended"], record["line"] = hit[1]  # type: ignore[misc]
+                m = _CANCELLED.search(record["line"])
+                record["id"] = record["id"] or (m.group("id") if m else None)
+
+    cmd = slurm_argv(p, program)
+    print(f"# autotune slurm {p['mode']}: {shlex.join(cmd)}", flush=True)
+    for stale in workdir.glob("rank-*.log"):
+        stale.unlink(missing_ok=True)
+    (workdir / "job.log").unlink(missing_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def pump() -> None:  # srun's / sbatch's own messages: forwarded, and read for task states / the job id
+        assert child.stdout is not None
+        for raw in child.stdout:
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            if p["mode"] == "job" and record["id"] is None and text.strip().split(";")[0].isdigit():
+                record["id"] = text.strip().split(";")[0]
+            on_line(text)
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    names = [f"rank-{t}.log" for t in range(p["ntasks"])] + (["job.log"] if p["mode"] == "job" else [])
+    follower = _Follower(workdir, names, sys.stdout, on_line)
+    save()
+    while child.poll() is None and not stop.is_set():
+        follower.poll()
+        time.sleep(POLL_S)
+    if stop.is_set():
+        record["stopped_by_tuner"] = True
+        ids = [record["id"]] if p["mode"] == "job" and record["id"] else _squeue_ids(p["name"], p["mode"] == "step")
+        for job_or_step in ids:
+            subprocess.run(["scancel", job_or_step], capture_output=True, timeout=10)
+        print(f"# autotune slurm: stopped; scancel {' '.join(ids) or '(nothing queued yet)'}", flush=True)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if child.poll() is None:
+            child.kill()
+    rc = child.wait()
+    reader.join(timeout=2)
+    follower.poll(final=True)
+    save()
+    if record["ended"]:
+        print(f"error: SLURM {p['mode']} {record['id'] or p['name']} ended: {record['line']}", flush=True)
+    return rc if rc >= 0 else 128 - rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
