@@ -55,7 +55,7 @@ def _os_problem(err: OSError) -> str:
 
 def read_text(path: str | os.PathLike, *, subject: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of regular file ``path`` (a leading BOM dropped); InputError otherwise."""
-    name = f"{subject} {str(path)!r}"
+    name = _named(subject, path)
     if "\0" in str(path):
         raise InputError(["the file name contains a NUL byte"], subject=name)
     try:
@@ -88,6 +88,11 @@ def read_text(path: str | os.PathLike, *, subject: str, max_bytes: int = MAX_INP
     except UnicodeDecodeError as err:
         raise InputError([f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): save it as UTF-8"],
                          subject=name) from None
+
+
+def _named(subject: str, path: str | os.PathLike) -> str:
+    """``subject`` with the file's name, unless it already has it."""
+    return subject if str(path) in subject else f"{subject} {str(path)!r}"
 
 
 def depth_problem(data: Any, *, limit: int = MAX_DEPTH) -> str | None:
@@ -187,12 +192,12 @@ def parse_yaml(text: str, *, subject: str) -> Any:
 
 def read_json(path: str | os.PathLike, *, subject: str) -> Any:
     """:func:`read_text` then :func:`parse_json`, errors naming the file."""
-    return parse_json(read_text(path, subject=subject), subject=f"{subject} {str(path)!r}")
+    return parse_json(read_text(path, subject=subject), subject=_named(subject, path))
 
 
 def read_yaml_any(path: str | os.PathLike, *, subject: str) -> Any:
     """:func:`read_text` then :func:`parse_yaml`, errors naming the file."""
-    return parse_yaml(read_text(path, subject=subject), subject=f"{subject} {str(path)!r}")
+    return parse_yaml(read_text(path, subject=subject), subject=_named(subject, path))
 
 
 def nonfinite_problems(data: Any, where: str = "$") -> list[str]:

@@ -66,7 +66,7 @@ def load_recipe(ref: str) -> Recipe:
     if not path.is_file():
         raise InputError([f"unknown recipe {ref!r}{suggest_names(ref, recipe_names())}; `autotune recipes list` "
                           "shows them, or give a recipe YAML path"], subject="recipe")
-    return _from_mapping(read_yaml(path, subject=f"recipe {path}"), path)
+    return _from_mapping(read_yaml(path, subject="recipe"), path)
 
 
 def _constraints(search: dict) -> SearchConstraints:

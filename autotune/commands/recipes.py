@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 __all__ = ["register"]
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("recipes", help="ready recipes: list, show, regenerate")
-    p.add_argument("action", choices=("list", "show", "regenerate"))
+    p = subparsers.add_parser("recipes", help="ready recipes: list, show, regenerate",
+                              description="Ready plans (recipes/*.yaml). With no action: list them.")
+    p.add_argument("action", nargs="?", default="list", choices=("list", "show", "regenerate"),
+                   help="list (the default), show NAME, or regenerate [NAME...] with the current cost model")
     p.add_argument("names", nargs="*", help="recipe names (show: one; regenerate: default all)")
     p.add_argument("--json", action="store_true", help="print the machine-readable result only")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.commands import json_text
     from autotune.errors import InputError
     from autotune.recipebook import load_recipe, recipe_names, recipe_yaml, regenerate, write_recipe
 
     if args.action == "list":
+        if args.names:
+            raise InputError(["`autotune recipes list` takes no names (use `autotune recipes show NAME`)"],
+                             subject="command")
         recipes = [load_recipe(n) for n in recipe_names()]
         if args.json:
-            print(json.dumps([{"name": r.name, "description": r.description, "model": r.model,
-                               "cluster": r.cluster, "predicted": r.predicted} for r in recipes], indent=2))
+            print(json_text([{"name": r.name, "description": r.description, "model": r.model,
+                               "cluster": r.cluster, "predicted": r.predicted} for r in recipes]))
         else:
             for r in recipes:
                 gpus = f"{r.cluster['num_gpus']} x {r.cluster['gpu']}"
@@ -37,9 +42,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(["`autotune recipes show` takes one recipe name"], subject="command")
         recipe = load_recipe(args.names[0])
         if args.json:
-            print(json.dumps({k: getattr(recipe, k) for k in ("name", "description", "model", "cluster", "seq_len",
-                                                                "global_batch", "search", "plan", "predicted", "emit")},
-                             indent=2))
+            print(json_text({k: getattr(recipe, k) for k in ("name", "description", "model", "cluster", "seq_len",
+                                                                "global_batch", "search", "plan", "predicted", "emit")}))
         else:
             print(recipe_yaml(recipe), end="")
         return 0

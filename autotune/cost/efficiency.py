@@ -61,20 +61,24 @@ def gemm_efficiency(eff: Efficiency, m: float, k: float, n: float) -> float:
 
 def load_efficiency(path: str) -> Efficiency:
     """Read a calibration file written by :func:`save_efficiency` (or by ``autotune tune``)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
+    from autotune.inputs import read_json
+
+    if not os.path.lexists(path):
         raise InputError([f"calibration file {path} does not exist: run `autotune tune --calibration {path}` "
-                          "or drop the flag"], subject="calibration") from None
-    except json.JSONDecodeError as err:
-        raise InputError([f"calibration file {path} is not JSON ({err})"], subject="calibration") from None
+                          "or drop the flag"], subject="calibration")
+    data = read_json(path, subject="calibration file")  # a regular file, bounded, standard JSON
+    if not isinstance(data, dict):
+        raise InputError([f"{path}: expected a JSON object of efficiency parameters, got {type(data).__name__}"],
+                         subject="calibration")
     known = {f.name for f in fields(Efficiency)}
     unknown = sorted(set(data) - known)
     problems = [f"unknown key {k!r} in {path}" for k in unknown]
     for key, value in data.items():
-        if key in known and key != "fitted_on" and not (isinstance(value, (int, float)) and value > 0):
-            problems.append(f"{key} must be a positive number, got {value!r}")
+        if key == "fitted_on" and not isinstance(value, str):
+            problems.append(f"fitted_on must be a string, got {value!r}")
+        elif key in known and key != "fitted_on" and not (
+                isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e6):
+            problems.append(f"{key} must be a positive number below 1e6, got {value!r}")
     if problems:
         raise InputError(problems, subject="calibration")
     return Efficiency(**data)

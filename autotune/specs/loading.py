@@ -39,6 +39,7 @@ def read_yaml(path: str | Path, *, subject: str) -> dict:
     Read by :mod:`autotune.inputs` (regular files only, size and depth bounded, UTF-8); a NaN or
     infinite number anywhere is a problem too.
     """
+    subject = subject if str(path) in subject else f"{subject} {str(path)!r}"
     data = inputs.parse_yaml(inputs.read_text(path, subject=subject), subject=subject)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"

@@ -1,0 +1,232 @@
+"""`autotune emit`'s checks: the plan JSON, the recipe's emit block, the job strings and --out.
+
+Nothing here writes: :func:`autotune.emit.bundle.write_bundle` does, atomically. What is checked
+before it runs: every value of a recipe's ``emit:`` block has its field's type (no silent
+coercion: ``hosts: "ab"`` is not hosts ``a`` and ``b``), strings that reach a command line do not
+start with ``-`` (``--script=--help`` would launch ``torchrun ... --help``), and ``--out`` is a
+folder we may replace (not ``.``, not a folder above the current one, not a dangling link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+import typing
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError
+
+__all__ = ["emit_options", "read_plan_json", "out_problems", "clean_leftovers"]
+
+# Strings that end up as a command-line word or a host name.
+_COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
+                         "save_dir", "nvme_path")
+_LEFTOVER_AGE_S = 60.0  # younger temporary folders may belong to an emit still running
+
+
+def _type_problem(where: str, value: Any, hint: Any) -> str | None:
+    """Whether ``value`` (from YAML) has the dataclass field type ``hint``; no coercion."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else f"{where}: expected a number, got {value!r}"
+    if hint is int or hint is bool or hint is str:
+        ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+        name = {int: "an integer", bool: "true or false", str: "a string"}[hint]
+        return None if ok else f"{where}: expected {name}, got {value!r}"
+    if origin is tuple:
+        if not isinstance(value, list):
+            return f"{where}: expected a list, got {value!r}"
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            return f"{where}: expected a list of {len(items)}, got {len(value)} items"
+        for i, (item, item_hint) in enumerate(zip(value, items, strict=True)):
+            problem = _type_problem(f"{where}[{i}]", item, item_hint)
+            if problem:
+                return problem
+        return None
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return f"{where}: expected a mapping of names to strings, got {value!r}"
+        return None
+    return None
+
+
+def _typed_block(cls: type, block: Any, where: str, problems: list[str]) -> dict:
+    """The keyword arguments of ``cls`` from a recipe block, lists as tuples; problems appended."""
+    if not isinstance(block, dict):
+        problems.append(f"{where}: expected a mapping, got {block!r}")
+        return {}
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    out = {}
+    for key, value in block.items():
+        if key not in known:
+            problems.append(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+            continue
+        problem = _type_problem(f"{where}.{key}", value, hints[key])
+        if problem:
+            problems.append(problem)
+        else:
+            out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _dash_problems(where: str, values: dict) -> list[str]:
+    problems = []
+    for key in _COMMAND_LINE_STRINGS:
+        value = values.get(key)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, str) and (item.startswith("-") or not item.strip()):
+                problems.append(f"{where}{key} {item!r}: must not be empty or start with '-' (it would be read as "
+                                "an option); for a file, write ./" + item.lstrip())
+    return problems
+
+
+def emit_options(args: argparse.Namespace, base: Any = None):
+    """EmitOptions from a recipe's emit block, overridden by flags; every problem at once."""
+    from autotune.emit.options import CheckpointOptions, EmitOptions, LaunchOptions, OptimizerOptions
+
+    base = {} if base is None else base
+    problems: list[str] = []
+    if not isinstance(base, dict):
+        raise InputError([f"emit: expected a mapping, got {base!r}"], subject="recipe emit block")
+    unknown = sorted(set(base) - {"optimizer", "checkpoint", "launch", "steps_per_print"})
+    problems += [f"emit.{k}: unknown key" for k in unknown]
+    opt = _typed_block(OptimizerOptions, base.get("optimizer", {}), "emit.optimizer", problems)
+    ckpt = _typed_block(CheckpointOptions, base.get("checkpoint", {}), "emit.checkpoint", problems)
+    launch = _typed_block(LaunchOptions, base.get("launch", {}), "emit.launch", problems)
+    steps_per_print = base.get("steps_per_print", 10)
+    if isinstance(steps_per_print, bool) or not isinstance(steps_per_print, int):
+        problems.append(f"emit.steps_per_print: expected an integer, got {steps_per_print!r}")
+        steps_per_print = 10
+    problems += _dash_problems("emit.launch.", launch) + _dash_problems("emit.checkpoint.", ckpt)
+    flags = {k: v for k, v in (("lr", args.lr), ("train_steps", args.train_steps),
+                               ("warmup_steps", args.warmup_steps)) if v is not None}
+    opt = replace(OptimizerOptions(**opt), **flags) if not problems else OptimizerOptions()
+    if "lr" in flags and opt.min_lr > opt.lr:
+        opt = replace(opt, min_lr=opt.lr / 10)
+    flags = {k: v for k, v in (("save_dir", args.save_dir), ("storage_bandwidth_gb_per_s", args.storage_gb_per_s),
+                               ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("keep_last", args.keep_last),
+                               ("interval_steps", args.save_interval)) if v is not None}
+    if args.no_async_save:
+        flags["async_save"] = False
+    problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
+    ckpt = replace(CheckpointOptions(**ckpt), **flags) if not problems else CheckpointOptions()
+    nccl = dict(launch.get("nccl_env", {}))
+    for item in args.nccl_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not key.replace("_", "").isalnum():
+            problems.append(f"--nccl-env {item!r}: expected KEY=VALUE with KEY a variable name (NCCL_IB_HCA=mlx5)")
+        else:
+            nccl[key] = value
+    flags = {k: v for k, v in (("master_addr", args.master_addr), ("master_port", args.master_port),
+                               ("script", args.script), ("slurm_partition", args.slurm_partition),
+                               ("slurm_account", args.slurm_account)) if v is not None}
+    if args.hosts is not None:
+        flags["hosts"] = tuple(h.strip() for h in args.hosts.split(","))
+    problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
+    if problems:
+        raise InputError(problems, subject="emit options")
+    launch = replace(LaunchOptions(**launch), **{**flags, "nccl_env": nccl})
+    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print)
+
+
+def read_plan_json(path: str, candidate: int) -> dict:
+    """One estimate document from ``estimate --json`` or candidate ``candidate`` of ``plan --json``."""
+    from autotune.inputs import read_json
+
+    subject = f"plan JSON {path!r}"
+    doc = read_json(path, subject="plan JSON")
+    if isinstance(doc, dict) and "candidates" in doc:
+        candidates = doc["candidates"]
+        if not isinstance(candidates, list) or not candidates:
+            raise InputError(["'candidates' must be a non-empty list (the output of `autotune plan --json`)"],
+                             subject=subject)
+        if not 1 <= candidate <= len(candidates):
+            raise InputError([f"--candidate {candidate}: the file has {len(candidates)} candidates"], subject=subject)
+        doc, where = candidates[candidate - 1], f"candidates[{candidate - 1}]"
+    else:
+        where = "$"
+    if not isinstance(doc, dict):
+        raise InputError([f"{where}: expected an object (the output of `autotune estimate --json` or "
+                          f"`autotune plan --json`), got {type(doc).__name__}"], subject=subject)
+    problems = []
+    for block in ("model", "cluster", "plan"):
+        if not isinstance(doc.get(block), dict):
+            problems.append(f"{where}.{block}: expected an object, got {doc.get(block)!r}"[:200])
+    if not problems:
+        for block in ("model", "cluster"):
+            if not isinstance(doc[block].get("spec"), dict):
+                problems.append(f"{where}.{block}.spec: expected an object (written by autotune 0.1+)")
+    if not problems:
+        spec = doc["cluster"]["spec"]
+        if not isinstance(spec.get("gpu"), str | dict):
+            problems.append(f"{where}.cluster.spec.gpu: expected a GPU preset name or an inline GPU")
+        for key in ("num_nodes", "gpus_per_node"):
+            value = spec.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**20:
+                problems.append(f"{where}.cluster.spec.{key}: expected an integer in 1..1,048,576, got {value!r}")
+    if problems:
+        raise InputError(problems, subject=subject)
+    return doc
+
+
+def out_problems(out: str) -> list[str]:
+    """Why ``--out`` cannot be the job folder (before anything is written)."""
+    from autotune.inputs import path_problem
+
+    problem = path_problem(out, flag="--out")
+    if problem:
+        return [problem]
+    path = Path(out)
+    if not path.name or path.name in (".", ".."):
+        return [f"--out {out!r}: name a new folder (e.g. job/), not . or .."]
+    if path.is_symlink() and not path.exists():
+        return [f"--out {out!r} is a symbolic link to {os.readlink(path)!r}, which does not exist: remove the link "
+                "or give another folder"]
+    try:
+        target, here = path.resolve(), Path.cwd().resolve()
+    except (OSError, RuntimeError) as err:
+        return [f"--out {out!r}: {getattr(err, 'strerror', None) or err}"]
+    if target == here or target in here.parents:
+        return [f"--out {out!r} is the current folder or one above it: it cannot be replaced; give a new folder"]
+    return []
+
+
+def clean_leftovers(out: str) -> list[str]:
+    """Remove the temporary folders an interrupted emit left beside ``out``; lines saying what was done."""
+    path = Path(out)
+    parent = path.parent if str(path.parent) else Path(".")
+    notes = []
+    try:
+        found = [p for pattern in (f".{path.name}.tmp-*", f".{path.name}.old-*") for p in parent.glob(pattern)]
+    except OSError:
+        return notes
+    for leftover in sorted(found):
+        try:
+            if not leftover.is_dir() or leftover.is_symlink():
+                continue
+            if time.time() - leftover.stat().st_mtime < _LEFTOVER_AGE_S:
+                notes.append(f"{leftover}: a temporary folder of another emit (under a minute old), left alone")
+                continue
+            shutil.rmtree(leftover)
+            notes.append(f"removed {leftover}, left by an interrupted emit")
+        except OSError as err:
+            notes.append(f"{leftover}: left by an interrupted emit; cannot remove it ({err.strerror})")
+    return notes
+
+
+def report_leftovers(out: str) -> None:
+    for note in clean_leftovers(out):
+        print(f"autotune emit: {note}", file=sys.stderr)

@@ -1,0 +1,127 @@
+"""What the tables' notation means: the one place the plan notation, columns and rule ids are explained.
+
+``report`` prints :func:`plan_legend` under each plan and estimate table and :func:`rejection_legend`
+under the planner's "rejected:" line; the README's "Reading the output" section says the same
+(a test keeps them in step). Each engine says what its own sharding tag means
+(``Engine.sharding``), so new engines explain themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["NOTATION", "COLUMNS", "REJECTIONS", "plan_legend", "rejection_legend", "rule_meaning"]
+
+# Tokens of a plan summary (autotune.report.plan_summary), in the order they appear.
+NOTATION: dict[str, str] = {
+    "tpN": "tensor parallel: each layer's matrices split over N GPUs",
+    "ppN": "pipeline parallel: the layers split into N stages",
+    "ppNxV": "N stages of V virtual stages each (interleaved 1F1B schedule)",
+    "dpN": "data parallel: N replicas, each on its own micro-batches",
+    "cpN": "context parallel: the sequence split over N GPUs",
+    "epN": "expert parallel: the MoE experts split over N GPUs",
+    "sp": "sequence parallel: norms and dropout split along the sequence over the tp GPUs",
+    "opt->cpu|nvme": "optimizer states offloaded to host memory or NVMe",
+    "param->cpu|nvme": "parameters offloaded (ZeRO-3)",
+    "mbMxA": "micro-batch of M sequences, A of them (accumulation steps) per optimizer step",
+    "rc-selective|full": "activation recompute: attention only, or whole layers",
+    "bf16|fp16|fp8": "training precision",
+}
+# Columns of the plan table.
+COLUMNS: dict[str, str] = {
+    "mem GiB": "per-GPU memory of the most loaded pipeline stage",
+    "step s": "predicted optimizer-step time = compute + comm + bubble + other",
+    "compute": "GEMM and elementwise kernel time",
+    "comm": "communication not hidden behind compute",
+    "bubble": "pipeline fill and drain idle time",
+    "other": "offload transfers + the optimizer step",
+    "MFU": "model FLOPs per second / the GPUs' dense peak",
+}
+# Rejection reasons of `autotune plan` (rule ids of autotune/specs/rules.py, the memory checks of the
+# planner, and the engines' own rules, which are "<engine>:<dimension>").
+REJECTIONS: dict[str, str] = {
+    "world_size": "tp x pp x dp x cp differs from the GPU count",
+    "heads_tp": "attention heads not a multiple of tp",
+    "kv_heads_tp": "KV heads neither a multiple nor a divisor of tp",
+    "layers_pp": "more pipeline stages than layers",
+    "layers_vpp": "layers per stage not divisible by the virtual stages",
+    "vpp_needs_pp": "virtual stages without a pipeline",
+    "batch_triple": "global batch not a multiple of micro-batch x dp",
+    "interleave_microbatches": "interleaved schedule: micro-batches not a multiple of pp",
+    "seq_cp": "sequence length not a multiple of 2 x cp",
+    "seq_sp": "sequence length not divisible by tp under sequence parallelism",
+    "ep_dense": "expert parallelism on a dense model",
+    "experts_ep": "experts not divisible by ep",
+    "ep_dp": "ep does not divide dp x cp",
+    "ep_tp_sp": "Megatron: expert parallelism with tp needs sequence parallelism",
+    "nvme_path": "NVMe offload without an NVMe folder",
+    "nvme_cluster": "NVMe offload on a cluster without NVMe",
+    "sp_tp": "sequence parallelism with tp 1",
+    "precision_gpu": "the GPU has no tensor cores for this precision",
+    "recompute_layers": "recompute layer count without full recompute, or above the layers per stage",
+    "offload_param_zero3": "parameter offload needs ZeRO-3",
+    "offload_optimizer_zero": "optimizer offload needs ZeRO 1-3",
+    "gpu_memory": "does not fit in GPU memory",
+    "host_memory": "offloaded states do not fit in host memory",
+    "headroom": "fits, but with less than --min-headroom-gib to spare",
+}
+# Engine rule "<engine>:<dimension>": the engine cannot run that dimension of the plan.
+ENGINE_DIMENSIONS: dict[str, str] = {
+    "tp": "no tensor parallelism", "sequence_parallel": "no sequence parallelism", "pp": "no pipeline parallelism",
+    "tp_pp": "its tp does not compose with its pipeline", "vpp": "no interleaved schedule",
+    "layer_split": "cannot split the layers over the stages", "cp": "no context parallelism",
+    "ulysses_heads": "Ulysses needs heads divisible by cp", "ulysses_layout": "Ulysses layout not supported",
+    "ep": "no expert parallelism", "zero_stage": "no equivalent of this ZeRO stage",
+    "zero_pp": "this ZeRO stage does not run with a pipeline", "offload": "this offload is not supported",
+    "hybrid_no_shard": "hybrid sharding needs sharding", "precision": "this precision is not supported",
+}
+
+
+def rule_meaning(rule: str) -> str:
+    """One line for a rejection rule id; engine rules "<engine>:<dimension>" are explained by their parts."""
+    if rule in REJECTIONS:
+        return REJECTIONS[rule]
+    engine, sep, dim = rule.partition(":")
+    if sep:
+        return f"{engine} cannot run it: {ENGINE_DIMENSIONS.get(dim, dim.replace('_', ' '))}"
+    return rule.replace("_", " ")
+
+
+def _tokens(summaries: Iterable[str]) -> set[str]:
+    found = set()
+    for summary in summaries:
+        for word in summary.split():
+            shape = re.sub(r"\d+", "N", word)
+            if shape == "ppNxN":
+                found.add("ppNxV")
+            elif shape == "mbNxN":
+                found.add("mbMxA")
+            elif word.startswith(("opt->", "param->", "rc-")):
+                found.add({"opt": "opt->cpu|nvme", "par": "param->cpu|nvme", "rc-": "rc-selective|full"}[word[:3]])
+            elif word in ("bf16", "fp16", "fp8"):
+                found.add("bf16|fp16|fp8")
+            else:
+                found.add(shape)
+    return found
+
+
+def plan_legend(plans) -> str:
+    """'legend: ...' lines for the notation the given plans' summaries use, engine tags included."""
+    from autotune.engines import engine_for
+    from autotune.report import plan_summary
+
+    plans = list(plans)
+    used = _tokens(plan_summary(p) for p in plans)
+    parts = [f"{token} {text}" for token, text in NOTATION.items() if token in used]
+    tags = {}
+    for plan in plans:
+        engine = engine_for(plan)
+        tags.setdefault(engine.tag(plan), f"{getattr(engine, 'title', engine.name)}: {engine.sharding(plan)}")
+    parts += [f"{tag} {text}" for tag, text in tags.items()]
+    return "legend: " + "; ".join(parts)
+
+
+def rejection_legend(rules: Iterable[str]) -> str:
+    """'rules: id = meaning; ...' for the given rejection rule ids."""
+    return "rules: " + "; ".join(f"{rule} = {rule_meaning(rule)}" for rule in rules)
