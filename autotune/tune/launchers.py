@@ -43,7 +43,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.tune.trialspec import TrialResult, TrialSpec
 
 __all__ = ["LaunchSettings", "Launcher", "Torchrun", "DeepSpeedLauncher", "Slurm", "launcher_for", "launch_argv",
-           "review", "LAUNCHERS", "SLURM_RECORD_NAME"]
+           "review", "trial_fields", "LAUNCHERS", "SLURM_RECORD_NAME"]
 
 LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 SLURM_RECORD_NAME = "slurm.json"
@@ -360,6 +360,12 @@ def launcher_for(settings: LaunchSettings | str | None) -> Launcher:
 def _settings(spec: TrialSpec) -> LaunchSettings:
     return LaunchSettings(name=spec.launcher, hostfile=spec.hostfile, include=spec.include,  # type: ignore[arg-type]
                           exclude=spec.exclude)
+
+
+def trial_fields(settings: LaunchSettings | str | None) -> dict:
+    """The TrialSpec fields (launcher, hostfile, include, exclude) for the settings."""
+    s = launcher_for(settings).settings
+    return {"launcher": s.name, "hostfile": s.hostfile, "include": s.include, "exclude": s.exclude}
 
 
 def launch_argv(spec: TrialSpec) -> list[str]:
