@@ -1,11 +1,12 @@
 """What a tuning study looks like while it runs and after: a status line, a table, two PNG plots.
 
-The status line goes to stderr on every event (a trial starts or ends): rewritten in place with
+The status line goes to stderr on every event (a trial starts, changes phase or ends): rewritten in place with
 ``\\r`` when stderr is a terminal, one line per event otherwise (logs, CI). No curses.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ProgressLine", "summary_table", "write_plots"]
+__all__ = ["ProgressLine", "summary_table", "finalists_table", "write_plots"]
 
 
 def _fmt_s(seconds: float) -> str:
@@ -23,30 +24,70 @@ def _fmt_s(seconds: float) -> str:
 
 
 class ProgressLine:
-    """Callable passed to :func:`autotune.tune.study.tune` as ``progress``."""
+    """Callable passed to :func:`autotune.tune.study.tune` as ``progress(event, study, trial, detail)``.
 
-    def __init__(self, total_trials: int, stream=None) -> None:
+    Shows the running trial's phase (launching, building op X, initialising the engine, step k/N with
+    the last step times), what the tuner does between trials (building DeepSpeed ops, re-running the
+    finalists), and an ETA from the durations of the trials measured so far.
+    """
+
+    def __init__(self, total_trials: int, stream=None, finalist_runs: int = 0) -> None:
         self.total = total_trials
+        self.finalist_runs = finalist_runs
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = time.monotonic()
         self._last_len = 0
+        self.phase: tuple[int | None, str] | None = None
+        self.trial_started: float | None = None
+        self.durations: list[float] = []
+        self.note = ""
+        self.finalists_done = 0
+
+    def _eta(self, finished: int) -> str:
+        if not self.durations:
+            return "after the first trial"
+        per = statistics.median(self.durations)
+        left = max(0, self.total - finished) * per + max(0, self.finalist_runs - self.finalists_done) * per
+        if self.trial_started is not None:
+            left -= min(per, time.monotonic() - self.trial_started)
+        return _fmt_s(max(0.0, left))
 
     def line(self, trials: list[FrozenTrial]) -> str:
         done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-        failed = [t for t in trials if t.state == TrialState.FAIL]
-        running = [t for t in trials if t.state == TrialState.RUNNING]
+        failed = [t for t in trials if t.state == TrialState.FAIL
+                  and t.user_attrs.get("status") not in ("interrupted", "duplicate")]
         values = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
         best = f"{max(values):,.0f} tok/s" if values else "-"
-        elapsed = time.monotonic() - self.started
         finished = len(done) + len(failed)
-        eta = "-"
-        if finished and finished < self.total:
-            eta = _fmt_s(elapsed / finished * (self.total - finished))
-        return (f"tune: {finished}/{self.total} finished ({len(done)} done, {len(failed)} failed), "
-                f"{len(running)} running, best {best}, elapsed {_fmt_s(elapsed)}, ETA {eta}")
+        now = ""
+        if self.phase is not None:
+            number, text = self.phase
+            now = f"{'trial ' + str(number) if number is not None else 're-run'}: {text}, "
+        note = f"{self.note}; " if self.note else ""
+        return (f"tune: {finished}/{self.total} finished ({len(done)} done, {len(failed)} failed), {note}{now}"
+                f"best {best}, elapsed {_fmt_s(time.monotonic() - self.started)}, ETA {self._eta(finished)}")
 
-    def __call__(self, event: str, study, trial: FrozenTrial | None) -> None:
+    def __call__(self, event: str, study, trial: int | None = None, detail: str | None = None) -> None:
+        now = time.monotonic()
+        if event == "trial_start":
+            self.trial_started, self.phase, self.note = now, (trial, "launching"), ""
+        elif event == "phase":
+            self.phase = (trial, detail or "")
+            if trial is None and self.trial_started is None:
+                self.trial_started = now
+        elif event == "trial_end":
+            if self.trial_started is not None:
+                self.durations.append(now - self.trial_started)
+            self.trial_started, self.phase = None, None
+        elif event == "finalist":
+            if self.trial_started is not None:
+                self.durations.append(now - self.trial_started)
+                self.finalists_done += 1
+            self.trial_started, self.phase = now, (trial, "launching")
+            self.note = detail or ""
+        elif event == "ops":
+            self.note = detail or ""
         text = self.line(study.get_trials(deepcopy=False))
         if self.tty:
             pad = max(0, self._last_len - len(text))
@@ -89,6 +130,20 @@ def summary_table(trials: list[FrozenTrial]) -> str:
         rows.append(f"{t.number:>4}  {_plan_text(t):<44}{state or 'fail':<12}"
                     f"{'-' if step is None else f'{step:.4f}':>9}{'-' if pred is None else f'{pred:.4f}':>9}"
                     f"{'-' if tok is None else f'{tok:,.0f}':>11}  {reason}")
+    return "\n".join(rows)
+
+
+def finalists_table(finalists) -> str:
+    """The re-run finalists (:class:`autotune.tune.finalists.Finalist`), best median first, with their spread."""
+    head = f"{'#':>4}  {'plan':<44}{'trial tok/s':>12}{'re-runs tok/s':>24}{'median':>10}{'spread':>8}"
+    rows = [head, "-" * len(head)]
+    for f in finalists:
+        runs = ", ".join("-" if r is None else f"{r:,.0f}" for r in f.runs_tokens_per_s)
+        median = "-" if f.median is None else f"{f.median:,.0f}"
+        spread = "-" if f.spread is None else f"{f.spread:.1%}"
+        rows.append(f"{f.trial.number:>4}  {_plan_text(f.trial):<44}{f.trial.value or 0:>12,.0f}{runs:>24}"
+                    f"{median:>10}{spread:>8}")
+    rows.append("spread: (max - min) / median of the re-runs; the winner has the best median.")
     return "\n".join(rows)
 
 

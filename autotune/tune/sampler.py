@@ -1,8 +1,13 @@
 """Which plan the next trial measures: an Optuna sampler over the planner's feasible candidates.
 
-Written as an Optuna ``BaseSampler`` over one categorical parameter, ``plan_key`` (the JSON of
-a candidate plan, sorted keys), rather than as enqueue logic in the study, because the sampler
-is consulted inside ``study.ask()`` with the study's trials freshly read from storage. That is
+Written as an Optuna ``BaseSampler`` rather than as enqueue logic in the study, because the
+sampler is consulted inside ``study.ask()`` with the study's trials freshly read from storage.
+Each plan dimension (:data:`DIMENSIONS`: engine, tp, pp, vpp, cp, ZeRO stage, offload,
+micro-batch, recompute, precision) is its own categorical Optuna parameter, so
+optuna-dashboard's importance and slice views mean something; the sampler still picks whole
+feasible plans: ``sample_relative`` chooses one candidate and returns its values for every
+dimension, and records the candidate's identity (``plan_key``: the JSON of the plan, sorted
+keys) as a system attribute of the trial, since two plans may share every dimension's value. That is
 what makes it safe for several ``--worker`` processes sharing one study: every pick looks at
 the plans every worker has already claimed (RUNNING, COMPLETE, FAIL, PRUNED), and the
 planner's top-K "queue" is simply the first phase of the same rule, so no enqueued trial is
@@ -34,10 +39,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["PARAM", "plan_key", "plan_region", "claimed_keys", "PlanSampler"]
+__all__ = ["PARAM", "DIMENSIONS", "plan_key", "plan_region", "plan_params", "distributions", "claimed_keys",
+           "trial_key", "PlanSampler"]
 
 PARAM = "plan_key"
-"""The one Optuna parameter of a tuning study."""
+"""The trial's plan identity (system and user attribute; the parameter itself in studies of autotune <= 0.1)."""
+
+DIMENSIONS = ("engine", "tp", "pp", "vpp", "cp", "zero_stage", "offload", "micro_batch_size", "recompute",
+              "precision")
+"""The Optuna parameters of a tuning study, one per plan dimension."""
 
 _RELEASED = ("interrupted", "duplicate")
 """Trial statuses that do not hold their plan: it was never (fully) measured."""
@@ -53,8 +63,36 @@ def plan_region(plan: ParallelPlan) -> tuple:
     return (plan.zero_stage, plan.micro_batch_size, plan.offload_optimizer != "none" or plan.offload_param != "none")
 
 
+def _engine(plan: ParallelPlan) -> str:
+    return getattr(plan, "engine", None) or getattr(plan, "framework", "deepspeed")
+
+
+def _offload(plan: ParallelPlan) -> str:
+    parts = [f"{what}:{dev}" for what, dev in (("optimizer", plan.offload_optimizer), ("param", plan.offload_param))
+             if dev != "none"]
+    return "+".join(parts) or "none"
+
+
+def plan_params(plan: ParallelPlan) -> dict[str, Any]:
+    """The plan's value for every dimension of :data:`DIMENSIONS`."""
+    return {"engine": _engine(plan), "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp,
+            "zero_stage": plan.zero_stage, "offload": _offload(plan), "micro_batch_size": plan.micro_batch_size,
+            "recompute": plan.recompute, "precision": plan.precision}
+
+
+def distributions(plans: Sequence[ParallelPlan]) -> dict[str, CategoricalDistribution]:
+    """One categorical distribution per dimension over the values the candidates take (sorted: stable across
+    resumes and workers)."""
+    values: dict[str, set] = {d: set() for d in DIMENSIONS}
+    for plan in plans:
+        for d, v in plan_params(plan).items():
+            values[d].add(v)
+    return {d: CategoricalDistribution(sorted(vs, key=lambda v: (str(type(v)), v))) for d, vs in values.items()}
+
+
 def trial_key(t: FrozenTrial) -> str | None:
-    return t.params.get(PARAM, t.user_attrs.get(PARAM))
+    """The plan a trial holds: its system attribute, else user attribute, else (old studies) its parameter."""
+    return t.system_attrs.get(PARAM) or t.user_attrs.get(PARAM) or t.params.get(PARAM)
 
 
 def claimed_keys(trials: Sequence[FrozenTrial], *, before: int | None = None) -> dict[str, int]:
@@ -86,18 +124,36 @@ class PlanSampler(BaseSampler):
     """
 
     def __init__(self, planner_order: Sequence[str], *, top_k: int, regions: dict[str, tuple],
-                 rank: Callable[[list[FrozenTrial]], list[str]] | None = None, explore_every: int = 4) -> None:
+                 rank: Callable[[list[FrozenTrial]], list[str]] | None = None, explore_every: int = 4,
+                 plans: dict[str, ParallelPlan] | None = None) -> None:
         self._order = list(planner_order)
+        self._plans = plans or {}
+        self._dists = distributions(list(self._plans.values())) if self._plans else {}
         self._top = self._order[:top_k]
         self._regions = regions
         self._rank = rank or (lambda completed: list(self._order))
         self._explore_every = explore_every
 
+    @property
+    def search_space(self) -> dict[str, CategoricalDistribution]:
+        """What the study asks for (``study.ask(sampler.search_space)``)."""
+        return dict(self._dists)
+
     def infer_relative_search_space(self, study, trial) -> dict[str, BaseDistribution]:
-        return {}
+        return dict(self._dists)
 
     def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
-        return {}
+        """Pick the whole plan: the next free candidate's value for every dimension (its key recorded)."""
+        if not search_space or not self._plans:
+            return {}
+        trials = study.get_trials(deepcopy=False)
+        key = self.next_key([t for t in trials if t.number != trial.number])
+        # Nothing free (another worker took the last one): return a claimed key; the claim
+        # check gives the trial up as a duplicate and the study loop stops.
+        key = key if key is not None else self._order[0]
+        study._storage.set_trial_system_attr(trial._trial_id, PARAM, key)
+        values = plan_params(self._plans[key])
+        return {d: v for d, v in values.items() if d in search_space}
 
     def next_key(self, trials: Sequence[FrozenTrial]) -> str | None:
         """The key the next trial should measure, or None when every candidate is claimed."""
@@ -120,10 +176,5 @@ class PlanSampler(BaseSampler):
         return free[0]
 
     def sample_independent(self, study, trial, param_name: str, param_distribution: BaseDistribution) -> Any:
-        if param_name != PARAM or not isinstance(param_distribution, CategoricalDistribution):
-            return optuna.samplers.RandomSampler().sample_independent(study, trial, param_name, param_distribution)
-        trials = study.get_trials(deepcopy=False)
-        key = self.next_key([t for t in trials if t.number != trial.number])
-        # Nothing free (another worker took the last one): return a claimed key; the claim
-        # check gives the trial up as a duplicate and the study loop stops.
-        return key if key is not None else self._order[0]
+        # Every dimension comes from sample_relative; anything else a caller asks for is drawn at random.
+        return optuna.samplers.RandomSampler().sample_independent(study, trial, param_name, param_distribution)

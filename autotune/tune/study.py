@@ -1,21 +1,26 @@
 """The tuning study: Optuna trials that measure the planner's candidates on real hardware.
 
-One Optuna study, one categorical parameter ``plan_key`` over the planner's feasible plans
-(sorted keys, so the distribution is identical across resumes and workers), picked by
-:class:`autotune.tune.sampler.PlanSampler` (planner top-K first, then calibrated best-predicted
-with exploration). Each trial claims its plan (``plan_key`` param + user attrs ``plan``,
-``predicted``, ``host``, ``pid``), runs :func:`autotune.tune.trial.run_trial`, and ends:
+One Optuna study whose parameters are the plan dimensions (:data:`autotune.tune.sampler.DIMENSIONS`),
+each categorical over the values the planner's feasible candidates take; whole plans are picked
+by :class:`autotune.tune.sampler.PlanSampler` (planner top-K first, then calibrated best-predicted
+with exploration), the plan's identity kept in ``plan_key``. Before the first trial the DeepSpeed
+ops the plans need are built once (:mod:`autotune.tune.ops`), outside every trial's timeout. Each
+trial claims its plan (user attrs ``plan_key``, ``plan``, ``predicted``, ``host``, ``pid``, and
+``launch``: its process group), runs :func:`autotune.tune.trial.run_trial`, and ends:
 
 * completed -> COMPLETE, objective tokens/s (maximize), user attr ``measurement``;
 * pruned (:class:`SlowStepPruner`) -> PRUNED;
 * oom / crashed / hung -> FAIL with ``status``, ``reason``, ``log_path``; the study goes on;
-* Ctrl-C -> FAIL ``interrupted`` (run_trial has killed the processes), then KeyboardInterrupt.
+* Ctrl-C, SIGTERM, SIGHUP -> FAIL ``interrupted`` (run_trial has ended the processes), then the
+  KeyboardInterrupt goes on up.
 
 ``trials`` is the number of finished trials the study should hold in total (interrupted and
 duplicate trials do not count), so ``--resume`` and extra ``--worker`` processes complete the
-same budget. Trials left RUNNING by a tuner killed with SIGKILL become FAIL ``interrupted`` on
-``resume`` (all of them) or, for a worker, when their recorded process on this host is gone;
-their plans are free again.
+same budget. Trials left RUNNING by a tuner killed with SIGKILL have their processes ended and
+become FAIL ``interrupted`` on ``resume`` (all of them) or, for a worker, when their recorded
+tuner process on this host is gone (:func:`autotune.tune.storage.fail_stale_trials`); their plans
+are free again. Then the best ``finalists`` plans are re-run ``finalist_runs`` times each,
+interleaved, and the winner is chosen on the medians (:mod:`autotune.tune.finalists`).
 
 Test-only hook: ``AUTOTUNE_TUNE_TEST_OVERRIDES`` = JSON ``{"<trial number>": {"timeout_s": 1}}``
 replaces TrialSpec fields for those trial numbers (the integration test injects a hung trial
@@ -35,8 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-import psutil
-from optuna.distributions import CategoricalDistribution
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
@@ -48,13 +51,19 @@ from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.tune import ops
 from autotune.tune import trial as trial_mod
 from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate, fit_step_times
-from autotune.tune.sampler import PARAM, PlanSampler, claimed_keys, plan_key, plan_region
+from autotune.tune.finalists import Finalist, run_finalists
+from autotune.tune.launchers import LaunchSettings, trial_fields
+from autotune.tune.sampler import PARAM, PlanSampler, claimed_keys, plan_key, plan_region, trial_key
+from autotune.tune.storage import LAUNCH_ATTR, fail_stale_trials, open_storage, open_study
 
 __all__ = ["SlowStepPruner", "TuneResult", "open_storage", "tune", "claim_conflict", "fail_stale_trials"]
 
 TEST_OVERRIDES_ENV = "AUTOTUNE_TUNE_TEST_OVERRIDES"
+Progress = Callable[..., None]
+"""``progress(event, study, trial, detail=None)``; events: start, ops, trial_start, phase, trial_end, finalist."""
 
 
 class SlowStepPruner(BasePruner):
@@ -82,65 +91,22 @@ class TuneResult:
     study_name: str
     storage_url: str
     best: FrozenTrial | None
+    """The winner: the finalist with the best median re-run, else the best single measurement."""
     best_estimate: Estimate | None
     trials: list[FrozenTrial]
     state_counts: dict[str, int]
     failure_summary: str = ""
     """When no trial completed: why (each failure's status and reason)."""
     calibration: CalibrationReport | None = None
+    calibration_path: str | None = None
+    finalists: list[Finalist] = field(default_factory=list)
+    """The re-run finalists, best median first (empty: fewer than two completed plans, or disabled)."""
     candidates: dict[str, Estimate] = field(default_factory=dict, repr=False)
-
-
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An Optuna storage for ``url``; InputError with a clear message when it cannot be opened.
-
-    Several workers opening a fresh PostgreSQL database at once race on creating Optuna's
-    tables (a unique-constraint error for the loser): that case is retried.
-    """
-    for attempt in range(5):
-        try:
-            if url.startswith("sqlite"):
-                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-            if "://" in url and not url.startswith(("http", "grpc")):
-                return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-            return optuna.storages.get_storage(url)
-        except Exception as err:  # SQLAlchemy OperationalError, ArgumentError, ImportError of the driver
-            text = str(err)
-            if attempt < 4 and ("duplicate key" in text or "already exists" in text or "UniqueViolation" in text):
-                time.sleep(0.5 + attempt)
-                continue
-            msg = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-            raise InputError([f"cannot open the storage {url!r}: {msg}"], subject="storage") from None
-    raise AssertionError("unreachable")
 
 
 def claim_conflict(study: optuna.Study, number: int, key: str) -> int | None:
     """The number of an earlier trial that holds ``key`` (None when this trial's claim stands)."""
     return claimed_keys(study.get_trials(deepcopy=False), before=number).get(key)
-
-
-def _mark_interrupted(study: optuna.Study, t: FrozenTrial, reason: str) -> None:
-    storage, tid = study._storage, t._trial_id
-    try:
-        storage.set_trial_user_attr(tid, "status", "interrupted")
-        storage.set_trial_user_attr(tid, "reason", reason)
-        storage.set_trial_state_values(tid, TrialState.FAIL)
-    except (RuntimeError, ValueError):
-        pass  # finished meanwhile (another worker got there first)
-
-
-def fail_stale_trials(study: optuna.Study, *, all_running: bool) -> list[int]:
-    """Mark trials left RUNNING by a dead tuner FAIL 'interrupted'; return their numbers."""
-    host = socket.gethostname()
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = t.user_attrs.get("pid")
-        dead_here = t.user_attrs.get("host") == host and (pid is None or not psutil.pid_exists(pid)
-                                                          or pid == os.getpid())
-        if all_running or dead_here:
-            _mark_interrupted(study, t, "interrupted: the tuner stopped while the trial ran (resumed later)")
-            out.append(t.number)
-    return out
 
 
 def _counted(t: FrozenTrial) -> bool:
@@ -165,12 +131,29 @@ def _measurements(trials, candidates, model, cluster, num_layers) -> list[StepMe
     for t in trials:
         if t.state != TrialState.COMPLETE:
             continue
-        est = candidates.get(t.params.get(PARAM))
+        est = candidates.get(trial_key(t))
         step = t.user_attrs.get("measurement", {}).get("step_time_s")
         if est is not None and step:
             out.append(StepMeasurement(model=run_model, cluster=cluster, plan=est.plan, step_time_s=step,
                                        label=f"#{t.number}"))
     return out
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, result: trial_mod.TrialResult) -> None:
+    attrs = result.to_attrs()
+    for k in ("status", "reason", "log_path"):
+        trial.set_user_attr(k, attrs[k])
+    if result.status == "completed" and result.tokens_per_s:
+        trial.set_user_attr("measurement", {k: attrs[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu",
+                                                                  "peak_memory_bytes", "step_times_s")})
+        study.tell(trial, result.tokens_per_s)
+    elif result.status == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        if result.status == "completed":
+            trial.set_user_attr("status", "crashed")
+            trial.set_user_attr("reason", "completed without a throughput measurement")
+        study.tell(trial, state=TrialState.FAIL)
 
 
 def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int,
@@ -180,11 +163,14 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
          resume: bool = False, worker: bool = False, host_memory_limit_bytes: int | None = None,
          num_layers: int | None = None, calibration_path: str | None = None,
          start_efficiency: Efficiency = DEFAULT_EFFICIENCY, prune_ratio: float | None = 1.5,
-         progress: Callable[[str, optuna.Study, FrozenTrial | None], None] | None = None) -> TuneResult:
+         finalists: int = 3, finalist_runs: int = 2, launcher: str | LaunchSettings = "torchrun",
+         progress: Progress | None = None) -> TuneResult:
     """Run (or continue) the study; see the module docstring. InputError before any trial on bad input.
 
     ``prune_ratio``: trials whose step time exceeds this multiple of the best completed one are
-    pruned (None: never prune, e.g. to measure every plan).
+    pruned (None: never prune, e.g. to measure every plan). ``finalists`` (0 or 1: none) best plans
+    are re-run ``finalist_runs`` times each before the winner is declared (not by ``--worker``
+    processes: the tuner that owns the study does it). ``calibration_path``: default OUT/cal.json.
     """
     if workload.kind == "builtin":
         # The builtin workload runs data parallelism with ZeRO/offload/recompute/micro-batch only (see
@@ -196,8 +182,6 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                               "--workload script/command with your own training script"], subject="tune")
         constraints = dataclasses.replace(c, tp=1, pp=1, cp=1)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
     search = search_plans(model, cluster, seq_len=seq_len, global_batch_size=global_batch,
                           constraints=constraints, top_k=max(top_k, 1),
                           time_settings=TimeSettings(efficiency=start_efficiency))
@@ -205,6 +189,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         reasons = ", ".join(f"{k} {v}" for k, v in search.rejections.items())
         raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
                          subject="search")
+    out.mkdir(parents=True, exist_ok=True)
+    storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
+    calibration_path = calibration_path or str(out / "cal.json")
     candidates = {plan_key(e.plan): e for e in search.ranked}
     order = list(candidates)
     run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
@@ -221,29 +208,38 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         return sorted(order, key=lambda k: estimate_step_time(run_model, cluster, candidates[k].plan, ts).step_time_s)
 
     sampler = PlanSampler(order, top_k=top_k, regions={k: plan_region(e.plan) for k, e in candidates.items()},
-                          rank=rank)
+                          rank=rank, plans={k: e.plan for k, e in candidates.items()})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url)
-    exists = any(s.study_name == study_name for s in optuna.study.get_all_study_summaries(storage))
-    if exists and not (resume or worker):
-        raise InputError([f"study {study_name!r} already exists in {storage_url}: pass --resume to continue it, "
-                          "--worker to join it, or another --study-name"], subject="storage")
-    try:
-        study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize",
-                                    sampler=sampler,
-                                    pruner=(SlowStepPruner(prune_ratio, warmup_steps) if prune_ratio
-                                            else optuna.pruners.NopPruner()),
-                                    load_if_exists=True)
-    except Exception as err:
-        raise InputError([f"cannot create or load study {study_name!r} in {storage_url}: {err}"],
-                         subject="storage") from None
-    fail_stale_trials(study, all_running=resume and not worker)
-    dist = CategoricalDistribution(sorted(order))
+    pruner = SlowStepPruner(prune_ratio, warmup_steps) if prune_ratio else optuna.pruners.NopPruner()
+    study = open_study(storage, storage_url, study_name, sampler=sampler, pruner=pruner,
+                       must_be_new=not (resume or worker))
+    fail_stale_trials(study, all_running=resume and not worker, out_dir=out)
+    say = (lambda text: progress("ops", study, None, text)) if progress else (lambda text: None)
+    needed = ops.needed_ops([e.plan for e in search.ranked], cpu=cluster.gpu.name == "cpu") \
+        if workload.kind in ("builtin", "script") else []
+
+    def ensure_ops() -> None:
+        try:
+            ops.ensure_ops(needed, say=say)
+        except ops.OpsError as err:
+            raise InputError([f"{err} (before any trial: fix it and rerun with --resume)"], subject="ops") from None
+
+    ensure_ops()
     overrides = _test_overrides()
     started = time.monotonic()
     host = socket.gethostname()
     if progress:
         progress("start", study, None)
+
+    def spec_for(plan, workdir: Path, number: int | None) -> trial_mod.TrialSpec:
+        spec = trial_mod.TrialSpec(model=model, cluster=cluster, plan=plan, workload=workload, workdir=workdir,
+                                   steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s,
+                                   host_memory_limit_bytes=host_memory_limit_bytes, num_layers=num_layers,
+                                   **trial_fields(launcher))
+        if number is not None and str(number) in overrides:
+            spec = dataclasses.replace(spec, **overrides[str(number)])
+        return spec
 
     while True:
         all_trials = study.get_trials(deepcopy=False)
@@ -255,37 +251,38 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
             break
         if sampler.next_key(all_trials) is None:
             break
-        trial = study.ask({PARAM: dist})
-        key = trial.params[PARAM]
+        trial = study.ask(sampler.search_space)
+        key = study._storage.get_trial_system_attrs(trial._trial_id).get(PARAM)
         est = candidates[key]
-        trial.set_user_attr("plan", est.plan.to_dict())
-        trial.set_user_attr("predicted", _predicted(est))
-        trial.set_user_attr("host", host)
-        trial.set_user_attr("pid", os.getpid())
+        for name, value in (("plan_key", key), ("plan", est.plan.to_dict()), ("predicted", _predicted(est)),
+                            ("host", host), ("pid", os.getpid())):
+            trial.set_user_attr(name, value)
         holder = claim_conflict(study, trial.number, key)
         if holder is not None:
             trial.set_user_attr("status", "duplicate")
             trial.set_user_attr("reason", f"duplicate: trial {holder} already holds this plan (not run)")
             study.tell(trial, state=TrialState.FAIL)
             continue
+        ensure_ops()  # milliseconds when warm; rebuilds an op whose dead lock a trial cleared
         if progress:
-            progress("trial_start", study, None)
-        spec = trial_mod.TrialSpec(model=model, cluster=cluster, plan=est.plan, workload=workload,
-                                   workdir=out / "trials" / f"{trial.number:04d}", steps=steps,
-                                   warmup_steps=warmup_steps, timeout_s=trial_timeout_s,
-                                   host_memory_limit_bytes=host_memory_limit_bytes, num_layers=num_layers)
-        if str(trial.number) in overrides:
-            spec = dataclasses.replace(spec, **overrides[str(trial.number)])
+            progress("trial_start", study, trial.number)
+        spec = spec_for(est.plan, out / "trials" / f"{trial.number:04d}", trial.number)
 
         def on_step(i: int, seconds: float, _trial=trial) -> bool:
             _trial.report(seconds, i)
             return i > warmup_steps and _trial.should_prune()
 
+        def on_phase(text: str, _n=trial.number) -> None:
+            if progress:
+                progress("phase", study, _n, text)
+
         try:
-            result = trial_mod.run_trial(spec, on_step=on_step)
-        except KeyboardInterrupt:
+            result = trial_mod.run_trial(spec, on_step=on_step, on_phase=on_phase,
+                                         on_launch=lambda record, _t=trial: _t.set_user_attr(LAUNCH_ATTR, record))
+        except KeyboardInterrupt as err:
+            what = getattr(err, "what", "Ctrl-C")
             trial.set_user_attr("status", "interrupted")
-            trial.set_user_attr("reason", "interrupted: Ctrl-C (trial processes killed; the study is resumable)")
+            trial.set_user_attr("reason", f"interrupted: {what} (trial processes ended; the study is resumable)")
             study.tell(trial, state=TrialState.FAIL)
             raise
         except InputError as err:
@@ -293,28 +290,34 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
             trial.set_user_attr("reason", f"not launched: {err.render()}")
             study.tell(trial, state=TrialState.FAIL)
             raise
-        attrs = result.to_attrs()
-        for k in ("status", "reason", "log_path"):
-            trial.set_user_attr(k, attrs[k])
-        if result.status == "completed" and result.tokens_per_s:
-            trial.set_user_attr("measurement", {k: attrs[k] for k in ("step_time_s", "tokens_per_s",
-                                                                      "tflops_per_gpu", "peak_memory_bytes",
-                                                                      "step_times_s")})
-            study.tell(trial, result.tokens_per_s)
-        elif result.status == "pruned":
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            if result.status == "completed":
-                trial.set_user_attr("status", "crashed")
-                trial.set_user_attr("reason", "completed without a throughput measurement")
-            study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, result)
         if progress:
-            progress("trial_end", study, None)
+            progress("trial_end", study, trial.number)
 
-    return _result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency, calibration_path)
+    chosen: list[Finalist] = []
+    if not worker and finalists >= 2 and (timeout_s is None or time.monotonic() - started < timeout_s):
+        def measure(t: FrozenTrial, k: int) -> float | None:
+            spec = spec_for(candidates[trial_key(t)].plan, out / "trials" / f"{t.number:04d}" / f"rerun-{k + 1}",
+                            None)
+            ensure_ops()
+            def on_phase(text: str, _n=t.number) -> None:
+                if progress:
+                    progress("phase", study, _n, text)
+
+            res = trial_mod.run_trial(spec, on_phase=on_phase)
+            return res.tokens_per_s if res.status == "completed" else None
+
+        def on_run(count: int, total: int, t: FrozenTrial) -> None:
+            if progress:
+                progress("finalist", study, t.number, f"re-running the best plans alternately: {count}/{total}")
+
+        chosen = run_finalists(study, finalists, finalist_runs, measure, on_run)
+    return _result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency, calibration_path,
+                   chosen)
 
 
-def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path) -> TuneResult:
+def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path,
+            chosen: list[Finalist]) -> TuneResult:
     all_trials = study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in all_trials:
@@ -322,6 +325,8 @@ def _result(study, storage_url, candidates, model, cluster, num_layers, start, c
         counts[status or "fail"] = counts.get(status or "fail", 0) + 1
     completed = [t for t in all_trials if t.state == TrialState.COMPLETE]
     best = max(completed, key=lambda t: t.value) if completed else None
+    if chosen and chosen[0].median:
+        best = next((t for t in all_trials if t.number == chosen[0].trial.number), best)
     summary = ""
     if best is None:
         lines = [f"trial {t.number}: {t.user_attrs.get('status', t.state.name.lower())}: "
@@ -331,5 +336,7 @@ def _result(study, storage_url, candidates, model, cluster, num_layers, start, c
     ms = _measurements(all_trials, candidates, model, cluster, num_layers)
     report = calibrate(ms, start, calibration_path) if ms else None
     return TuneResult(study_name=study.study_name, storage_url=storage_url, best=best,
-                      best_estimate=candidates.get(best.params[PARAM]) if best else None, trials=all_trials,
-                      state_counts=counts, failure_summary=summary, calibration=report, candidates=candidates)
+                      best_estimate=candidates.get(trial_key(best)) if best else None, trials=all_trials,
+                      state_counts=counts, failure_summary=summary, calibration=report,
+                      calibration_path=calibration_path if report else None, finalists=chosen,
+                      candidates=candidates)
