@@ -46,8 +46,11 @@ def estimate_from_dict(doc: dict) -> Estimate:
     num_gpus = spec.pop("num_nodes") * spec["gpus_per_node"]
     per_node = spec.pop("gpus_per_node")
     cluster = load_cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node, **spec)
+    plan_doc = dict(doc["plan"])
+    if "framework" in plan_doc:  # files written before engines were first-class
+        plan_doc.setdefault("engine", plan_doc.pop("framework"))
     try:
-        plan = ParallelPlan(**doc["plan"])
+        plan = ParallelPlan(**plan_doc)
     except TypeError as err:
         raise InputError([f"plan block: {err}"], subject="plan JSON") from None
     problems = [msg for _, msg in plan_problems(model, cluster, plan)]
@@ -88,8 +91,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     """A plan for ``cluster`` with dp and gradient accumulation derived; InputError lists every problem.
 
     ``global_batch_size`` None means one micro-batch per data-parallel replica. ``sequence_parallel``
-    None means on whenever tp > 1 (Megatron's recommended setting).
+    None means on whenever tp > 1 and the engine has it (Megatron's recommended setting).
     """
+    from autotune.engines import engine_for, engines_that_run
+
     problems: list[str] = []
     mp = tp * pp * cp
     if mp >= 1 and cluster.num_gpus % mp == 0:
@@ -103,14 +108,22 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     per_step = micro_batch_size * dp
     accum = max(1, global_batch_size // per_step) if per_step > 0 else 1
     if sequence_parallel is None:
-        sequence_parallel = tp > 1
+        try:
+            sequence_parallel = tp > 1 and engine_for(rest.get("engine", "deepspeed")).support.sequence_parallel
+        except ValueError:
+            sequence_parallel = tp > 1  # the plan's own check names the unknown engine
     try:
         plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch_size=micro_batch_size,
                             global_batch_size=global_batch_size, grad_accum_steps=accum,
                             sequence_parallel=sequence_parallel, **rest)
     except InputError as err:
         raise InputError(problems + list(err.problems), subject="plan") from None
-    problems += [msg for rule, msg in plan_problems(model, cluster, plan) if not (problems and rule == "world_size")]
+    found = [(rule, msg) for rule, msg in plan_problems(model, cluster, plan) if not (problems and rule == "world_size")]
+    problems += [msg for _, msg in found]
+    if any(":" in rule or rule.startswith(("offload_", "ep_tp_sp")) for rule, _ in found):
+        others = [e for e in engines_that_run(model, cluster, plan) if e != plan.engine]
+        problems.append(f"engines that can run this plan as it is: {', '.join(others)}" if others else
+                        "no engine runs this plan as it is: change the plan as the messages say")
     if problems:
         raise InputError(problems, subject="plan")
     return plan

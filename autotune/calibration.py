@@ -91,7 +91,7 @@ def _candidates(model: ModelSpec, entry: dict, num_gpus: int) -> tuple[ParallelP
             plan = ParallelPlan(
                 tp=tp, pp=pp, vpp=vpp, dp=dp, micro_batch_size=mb, global_batch_size=gb,
                 grad_accum_steps=gb // (mb * dp), seq_len=model.max_position_embeddings, recompute=recompute,
-                sequence_parallel=bool(p.get("sequence_parallel")), precision="fp16", framework="megatron",
+                sequence_parallel=bool(p.get("sequence_parallel")), precision="fp16", engine="megatron",
                 zero_stage=0, flash_attention=False,
                 # 2021-22 Megatron: no overlap of the gradient all-reduce with backprop (Korthikanti Sec. 6.3).
                 overlap_comm=False)

@@ -7,32 +7,17 @@ result alone on stdout. Bad input: the problems on stderr, exit code 2, no trace
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from autotune.errors import InputError
+from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["main", "build_parser"]
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _positive_int(text: str) -> int:
-    """An integer; whether it is positive is checked with every other problem (see _flag_problems)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-
-
-_POSITIVE_FLAGS = ("num_gpus", "gpus_per_node", "seq_len", "global_batch", "tp", "pp", "vpp", "cp", "ep",
-                   "micro_batch", "recompute_num_layers", "top_k", "max_tp", "max_pp")
-
-
-def _flag_problems(args: argparse.Namespace) -> list[str]:
-    return [f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}"
-            for name in _POSITIVE_FLAGS if getattr(args, name, None) is not None and getattr(args, name) < 1]
+from autotune.commands import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, json_text  # noqa: E402
+from autotune.commands import flag_problems as _flag_problems  # noqa: E402
+from autotune.commands import positive_int as _positive_int  # noqa: E402
 
 
 def _preset_epilog() -> str:
@@ -59,28 +44,38 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_plan_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=_positive_int, default=1)
-    g.add_argument("--pp", type=_positive_int, default=1)
+    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel stages (default 1)")
     g.add_argument("--vpp", type=_positive_int, default=1, help="virtual stages per pipeline rank (interleaved)")
-    g.add_argument("--cp", type=_positive_int, default=1)
-    g.add_argument("--ep", type=_positive_int, default=1)
+    g.add_argument("--cp", type=_positive_int, default=1, help="context-parallel size: the sequence split (default 1)")
+    g.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel size, MoE models (default 1)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1, help="ZeRO stage (Megatron: 1 = distributed optimizer)")
-    g.add_argument("--micro-batch", type=_positive_int, default=1)
+    g.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward pass (default 1)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism (default: on when tp > 1)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="selective",
+                   help="activation recompute: none, selective (attention only) or full (default selective)")
     g.add_argument("--recompute-num-layers", type=_positive_int, help="full recompute: layers per stage to recompute")
-    g.add_argument("--precision", choices=("bf16", "fp16", "fp8"), default="bf16")
-    g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor", "adamw8bit"), default="adamw")
-    g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none")
-    g.add_argument("--offload-param", choices=("none", "cpu", "nvme"), default="none")
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp8"), default="bf16",
+                   help="training precision (default bf16)")
+    g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor", "adamw8bit"), default="adamw",
+                   help="optimizer, which sets the optimizer-state bytes (default adamw)")
+    g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none",
+                   help="ZeRO offload of the optimizer states (default none)")
+    g.add_argument("--offload-param", choices=("none", "cpu", "nvme"), default="none",
+                   help="ZeRO-3 offload of the parameters (default none)")
     g.add_argument("--nvme-path", help="local NVMe folder for nvme offload")
-    g.add_argument("--framework", choices=("deepspeed", "megatron"), default="deepspeed",
-                   help="engine holding the model states (default deepspeed)")
-    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--engine", "--framework", dest="engine", choices=ENGINE_NAMES, default="deepspeed",
+                   help="the engine that trains the plan (default deepspeed; --framework is an alias)")
+    g.add_argument("--dp-replicate", type=_positive_int, default=1,
+                   help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="flash attention: no seq x seq score matrix kept (default on)")
     m = p.add_argument_group("memory settings")
-    m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU (default 1 GiB; 0 on cpu)")
-    m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction (default 0.05)")
+    m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU, 0-1024 (default 1 GiB; "
+                   "0 on cpu)")
+    m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction, 0-0.9 "
+                   "(default 0.05)")
     _add_calibration(p)
 
 
@@ -98,8 +93,11 @@ def _time_settings(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
+
     parser = argparse.ArgumentParser(prog="autotune", description="Plan, estimate and tune large-model training "
                                      "on DeepSpeed and Megatron-LM.")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     est = sub.add_parser("estimate", help="memory ledger of one plan", epilog=_preset_epilog(),
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,16 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
     g.add_argument("--precision", type=_str_list(("bf16", "fp16", "fp8")), help="allowed precisions, e.g. bf16,fp8 "
                    "(default bf16, or fp16 without bf16)")
-    g.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"))
-    g.add_argument("--framework", type=_str_list(("megatron", "deepspeed")), default=("megatron", "deepspeed"))
+    g.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"),
+                   help="allowed recompute modes, e.g. none,selective (default all)")
+    g.add_argument("--engine", "--framework", dest="engine", type=_str_list(ENGINE_NAMES), default=ENGINE_NAMES,
+                   help=f"engines to rank plans across, e.g. fsdp,megatron (default all: {','.join(ENGINE_NAMES)}; "
+                        f"--framework is an alias)")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
-    g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity")
-    plan.add_argument("--top-k", type=_positive_int, default=10)
+    g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
+                   "0-1024 GiB (default 0)")
+    plan.add_argument("--top-k", type=_positive_int, default=10, help="plans to show, best first (default 10)")
     _add_calibration(plan)
     q = plan.add_argument_group("capacity questions")
     q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model")
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
-    q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU (default 0.2)")
+    q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU, 0-1 (default 0.2)")
     plan.set_defaults(handler=_cmd_plan)
 
     emit = sub.add_parser("emit", help="write ds_config.json, Megatron args, launch scripts, plan.md for a plan",
@@ -152,11 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--save-interval", type=int, help="override the Young/Daly checkpoint interval (steps)")
     out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
     out.add_argument("--hosts", help="comma-separated host names, one per node")
-    out.add_argument("--master-addr")
-    out.add_argument("--master-port", type=int)
-    out.add_argument("--script", help="training script (default train.py; pretrain_gpt.py for Megatron-LM)")
-    out.add_argument("--slurm-partition")
-    out.add_argument("--slurm-account")
+    out.add_argument("--master-addr", help="rendezvous host (default: the first host)")
+    out.add_argument("--master-port", type=int, help="rendezvous port (default 29500)")
+    out.add_argument("--script", help="your training script (default: the built-in `python -m autotune.train` for "
+                                      "deepspeed/fsdp/hf plans, pretrain_gpt.py for Megatron-LM)")
+    out.add_argument("--slurm-partition", help="SLURM partition for the sbatch script")
+    out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra NCCL_* setting for every rank (repeatable)")
     emit.set_defaults(handler=_cmd_emit, recompute=None, zero=None)
@@ -192,6 +195,13 @@ def _str_list(choices):
     return parse
 
 
+def _named_problems(err: InputError) -> list[str]:
+    """The problems of a file's InputError, each naming the file (its subject) when one does."""
+    if "'" not in err.subject:  # "--model", "cluster": the problems already say what they are about
+        return list(err.problems)
+    return [f"{err.subject}: {p}" for p in err.problems]
+
+
 def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
     """Model and cluster from the common flags; every problem of both reported at once."""
     from autotune.specs.loading import load_cluster, load_model
@@ -205,10 +215,10 @@ def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
         try:
             model = load_model(args.model)
         except InputError as err:
-            problems += list(err.problems)
+            problems += _named_problems(err)
     if args.cluster is None and (args.gpu is None or args.num_gpus is None):
         problems.append("give --gpu and --num-gpus, or --cluster FILE")
-    elif any(getattr(args, n) is not None and getattr(args, n) < 1 for n in ("num_gpus", "gpus_per_node")):
+    elif any(p.startswith(("--num-gpus ", "--gpus-per-node ")) for p in problems):
         if args.gpu is not None:  # the counts are already reported; still check the GPU name
             from autotune.specs.presets import load_gpu_preset
 
@@ -221,7 +231,7 @@ def _load_inputs(args: argparse.Namespace, *, need_model: bool = True):
             cluster = load_cluster(gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,
                                    cluster_path=args.cluster)
         except InputError as err:
-            problems += list(err.problems)
+            problems += _named_problems(err)
     if problems:
         raise InputError(problems, subject="input")
     return model, cluster
@@ -238,7 +248,7 @@ def _estimate_from_flags(args: argparse.Namespace):
         zero_stage=args.zero, seq_len=args.seq_len, recompute=args.recompute,
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
-        framework=args.framework, flash_attention=args.flash_attention,
+        engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
     )
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
@@ -250,67 +260,34 @@ def _estimate_from_flags(args: argparse.Namespace):
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from autotune.report import memory_table
 
+    from autotune.legend import plan_legend
+    from autotune.report import step_time_table
+
     result = _estimate_from_flags(args)
     model, cluster, plan = result.model, result.cluster, result.plan
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json_text(result.to_dict()))
     else:
         print(memory_table(model, cluster, plan, result.memory))
+        print()
+        print(step_time_table(result.time))
+        print()
+        print(plan_legend([plan]))
     return EXIT_OK
-
-
-def _emit_options(args: argparse.Namespace, base: dict | None = None):
-    """EmitOptions from a recipe's emit block, overridden by flags."""
-    from dataclasses import replace
-
-    from autotune.emit.options import CheckpointOptions, EmitOptions, LaunchOptions, OptimizerOptions
-
-    base = base or {}
-    problems = []
-    try:
-        opt = OptimizerOptions(**base.get("optimizer", {}))
-        ckpt = CheckpointOptions(**base.get("checkpoint", {}))
-        launch = LaunchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in base.get("launch", {}).items()})
-    except TypeError as err:
-        raise InputError([f"recipe emit block: {err}"], subject="emit options") from None
-    pick = {k: v for k, v in (("lr", args.lr), ("train_steps", args.train_steps),
-                              ("warmup_steps", args.warmup_steps)) if v is not None}
-    opt = replace(opt, **pick)
-    if "lr" in pick and opt.min_lr > opt.lr:
-        opt = replace(opt, min_lr=opt.lr / 10)
-    pick = {k: v for k, v in (("save_dir", args.save_dir), ("storage_bandwidth_gb_per_s", args.storage_gb_per_s),
-                              ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("keep_last", args.keep_last),
-                              ("interval_steps", args.save_interval)) if v is not None}
-    if args.no_async_save:
-        pick["async_save"] = False
-    ckpt = replace(ckpt, **pick)
-    nccl = dict(launch.nccl_env)
-    for item in args.nccl_env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            problems.append(f"--nccl-env {item!r}: expected KEY=VALUE")
-        else:
-            nccl[key] = value
-    pick = {k: v for k, v in (("master_addr", args.master_addr), ("master_port", args.master_port),
-                              ("script", args.script), ("slurm_partition", args.slurm_partition),
-                              ("slurm_account", args.slurm_account)) if v is not None}
-    if args.hosts:
-        pick["hosts"] = tuple(h.strip() for h in args.hosts.split(","))
-    launch = replace(launch, nccl_env=nccl, **pick)
-    if problems:
-        raise InputError(problems, subject="emit options")
-    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch,
-                       steps_per_print=base.get("steps_per_print", 10))
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
     from autotune.api import estimate_from_dict
+    from autotune.commands.emit import emit_options, out_problems, read_plan_json, report_leftovers
     from autotune.emit.bundle import write_bundle
 
     sources = [s for s in ("recipe", "plan_json", "model") if getattr(args, s)]
+    problems = _flag_problems(args) + out_problems(args.out)
     if len(sources) != 1:
-        raise InputError(["give exactly one of --recipe NAME, --plan-json FILE, or --model with the plan flags"],
-                         subject="emit")
+        problems.append("give exactly one of --recipe NAME, --plan-json FILE, or --model with the plan flags")
+    if problems:
+        raise InputError(problems, subject="emit request")
+    report_leftovers(args.out)
     emit_block: dict = {}
     if args.recipe:
         from autotune.recipebook import load_recipe, recipe_estimate
@@ -319,31 +296,23 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         est = recipe_estimate(recipe)
         emit_block = recipe.emit
     elif args.plan_json:
-        try:
-            with open(args.plan_json, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except OSError as err:
-            raise InputError([f"cannot read {args.plan_json}: {err.strerror}"], subject="plan JSON") from None
-        except json.JSONDecodeError as err:
-            raise InputError([f"{args.plan_json} is not JSON: {err}"], subject="plan JSON") from None
-        if "candidates" in doc:
-            if not 1 <= args.candidate <= len(doc["candidates"]):
-                raise InputError([f"--candidate {args.candidate}: the file has {len(doc['candidates'])} candidates"],
-                                 subject="plan JSON")
-            doc = doc["candidates"][args.candidate - 1]
-        est = estimate_from_dict(doc)
+        est = estimate_from_dict(read_plan_json(args.plan_json, args.candidate))
     else:
         args.recompute = args.recompute or "selective"
         args.zero = 1 if args.zero is None else args.zero
         est = _estimate_from_flags(args)
-    options = _emit_options(args, emit_block)
-    paths = write_bundle(est, args.out, options, force=args.force)
+    options = emit_options(args, emit_block)
+    try:
+        paths = write_bundle(est, args.out, options, force=args.force)
+    except OSError as err:
+        raise InputError([f"--out {args.out!r}: cannot write it ({err.strerror or err}); nothing was replaced"],
+                         subject="output folder") from None
     if args.json:
-        print(json.dumps({"out": args.out, "files": [str(p) for p in paths]}, indent=2))
+        print(json_text({"out": args.out, "files": [str(p) for p in paths]}))
     else:
         from autotune.report import plan_summary
 
-        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} ({est.plan.framework}) to {args.out}/:")
+        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} (engine {est.plan.engine}) to {args.out}/:")
         for p in paths:
             print(f"  {p.name}")
     return EXIT_OK
@@ -359,18 +328,29 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     constraints = SearchConstraints(
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
-        recompute=args.recompute, frameworks=args.framework, allow_offload=args.offload,
+        recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
         min_headroom_gib=args.min_headroom_gib)
+    progress = None
+    if args.max_model or args.min_gpus:
+        import time
+
+        started = time.monotonic()
+        what = "model sizes" if args.max_model else "GPU counts"
+        print(f"autotune plan: searching {what} (each a full plan search; this can take a minute) ...",
+              file=sys.stderr, flush=True)
+
+        def progress(line: str) -> None:
+            print(f"autotune plan: [{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
     if args.max_model:
         ans = capacity.max_model(cluster, seq_len=args.seq_len, global_batch=args.global_batch,
-                                 constraints=constraints, min_mfu=args.min_mfu)
+                                 constraints=constraints, min_mfu=args.min_mfu, progress=progress)
         out = {"largest": None if ans.largest is None else ans.largest.to_dict(),
                "num_params": None if ans.largest is None else ans.largest.num_params,
                "best": None if ans.best is None else ans.best.candidates[0].to_dict(),
                "binding_limit": ans.binding_limit, "next_size": ans.next_size.to_dict(),
                "next_size_best_mfu": ans.next_best_mfu}
         if args.json:
-            print(json.dumps(out, indent=2))
+            print(json_text(out))
         elif ans.largest is None:
             print(f"no Llama-shaped model trains on {cluster.num_gpus} x {cluster.gpu.name} at MFU >= {args.min_mfu:.0%}")
         else:
@@ -384,13 +364,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.min_gpus:
         ans = capacity.min_gpus(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch,
-                                constraints=constraints)
+                                constraints=constraints, progress=progress)
         out = {"with_offload": ans.with_offload, "without_offload": ans.without_offload}
         if args.json:
-            print(json.dumps(out, indent=2))
+            print(json_text(out))
         else:
             print(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len, global_batch=None,
-                                              constraints=constraints).replace(" needs ", " trains on "))
+                                              constraints=constraints,
+                                              answer=None if args.global_batch else ans).replace(" needs ", " trains on "))
         return EXIT_OK
     global_batch = args.global_batch or cluster.num_gpus
     result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
@@ -407,22 +388,25 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                                         global_batch=args.global_batch, constraints=constraints))
         raise InputError(problems, subject="request")
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json_text(result.to_dict()))
     else:
         print(plan_table(result))
     return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return args.handler(args)
     except InputError as err:
         print(f"autotune {args.command}: {err.render()}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("autotune: interrupted (Ctrl-C); nothing half-written was left behind", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
     # A short real study on this machine: tiny-gpt as 2 gloo ranks under DeepSpeed, 3 profiling trials in an
     # SQLite study (resumable; rerunning the demo continues it), calibration, and the measured winner emitted.
     ("tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
-     "--trials", "3", "--steps", "2", "--warmup-steps", "1", "--no-offload", "--framework", "deepspeed",
+     "--trials", "3", "--steps", "2", "--warmup-steps", "1", "--no-offload", "--engine", "deepspeed",
      "--out", "out/tune-demo", "--resume"),
 )
 

@@ -7,7 +7,7 @@ from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["gib", "format_params", "plan_summary", "memory_table"]
+__all__ = ["gib", "format_params", "plan_summary", "memory_table", "step_time_table", "plan_table"]
 
 _BAR_WIDTH = 30
 
@@ -30,8 +30,9 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append(f"cp{plan.cp}")
     if plan.ep > 1:
         parts.append(f"ep{plan.ep}")
-    parts.append(f"ds-zero{plan.zero_stage}" if plan.framework == "deepspeed"
-                 else ("mcore-distopt" if plan.zero_stage else "mcore-ddp"))
+    from autotune.engines import engine_for
+
+    parts.append(engine_for(plan).tag(plan))
     if plan.sequence_parallel:
         parts.append("sp")
     if plan.offload_optimizer != "none":
@@ -54,15 +55,15 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
     """The ledger as a table in GiB with a percentage bar per term."""
     title = (f"{model.name} ({format_params(model.num_params)} params) on {cluster.num_gpus} x {cluster.gpu.name}"
              f", seq {plan.seq_len}, global batch {plan.global_batch_size}")
-    lines = [title, f"plan: {plan_summary(plan)}  ({plan.framework})",
+    lines = [title, f"plan: {plan_summary(plan)}  (engine {plan.engine})",
              f"per-GPU memory, pipeline stage {memory.stage} (the most loaded):", ""]
     total = memory.total or 1.0
-    lines.append(f"  {'term':<17}{'GiB':>10}{'share':>8}  ")
+    lines.append(f"  {'term':<17}{'GiB':>10}{'share':>8}  (share: of the total; capacity row: total / capacity)")
     for name, value in memory.terms().items():
         lines.append(f"  {name.replace('_', ' '):<17}{gib(value):>10}{value / total:>8.1%}  {_bar(value / total)}")
     lines.append(f"  {'total':<17}{gib(memory.total):>10}")
-    lines.append(f"  {'capacity':<17}{gib(memory.capacity):>10}{memory.total / memory.capacity:>8.1%}  "
-                 f"{_bar(memory.total / memory.capacity)}")
+    used = memory.total / memory.capacity if memory.capacity else float("inf")
+    lines.append(f"  {'capacity':<17}{gib(memory.capacity):>10}{used:>8.1%}  {_bar(used)} used")
     if memory.host_per_node or memory.nvme_per_node:
         lines.append(f"  host per node    {gib(memory.host_per_node):>10}  of {gib(memory.host_capacity_per_node)} GiB")
     if memory.nvme_per_node:
@@ -78,6 +79,20 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
             why.append(f"needs {gib(memory.host_per_node)} GiB host memory per node, has "
                        f"{gib(memory.host_capacity_per_node)}")
         lines.append("fits: NO — " + "; ".join(why))
+    return "\n".join(lines)
+
+
+def step_time_table(time) -> str:
+    """The step-time breakdown of one plan (a StepTimeEstimate), seconds and share of the step."""
+    step = time.step_time_s or 1.0
+    terms = (("compute", time.compute_s), ("exposed comm", time.exposed_comm_s), ("pipeline bubble", time.bubble_s),
+             ("offload", time.offload_s), ("optimizer", time.optimizer_s))
+    lines = ["step time per optimizer step (share: of the step):", "",
+             f"  {'term':<17}{'s':>10}{'share':>8}"]
+    lines += [f"  {name:<17}{value:>10.3f}{value / step:>8.1%}  {_bar(value / step)}" for name, value in terms]
+    lines.append(f"  {'step':<17}{time.step_time_s:>10.3f}")
+    lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; MFU {time.mfu:.1%} (model FLOPs / dense peak), "
+                  f"HFU {time.hfu:.1%} (recompute counted)"]
     return "\n".join(lines)
 
 
@@ -102,4 +117,11 @@ def plan_table(result) -> str:
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
                  f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")
+    from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
+
+    lines.append("")
+    lines.append(plan_legend(est.plan for est in result.candidates))
+    lines.append(wrap("columns: " + "; ".join(f"{name} = {text}" for name, text in COLUMNS.items())))
+    if result.rejections:
+        lines.append(rejection_legend(result.rejections))
     return "\n".join(lines)

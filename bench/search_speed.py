@@ -2,7 +2,7 @@
 
     python bench/search_speed.py
 
-Every dimension is searched (framework, tp, cp, pp, vpp, ZeRO 0-3, optimizer and parameter
+Every dimension is searched (engine, tp, cp, pp, vpp, ZeRO 0-3, optimizer and parameter
 offload, bf16 and fp8, recompute none/selective/full, micro-batch 1-16). Target: < 2 s each
 on a 2-core machine. Each case runs three times in a fresh process state; the best and the
 median are printed (the first run includes filling the per-layer caches).

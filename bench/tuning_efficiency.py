@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     model = load_model("tiny-gpt")
     cluster = load_cluster(gpu="cpu", num_gpus=2)
-    constraints = SearchConstraints(tp=1, pp=1, frameworks=("deepspeed",), recompute=("none", "full"),
+    constraints = SearchConstraints(tp=1, pp=1, engines=("deepspeed",), recompute=("none", "full"),
                                     max_micro_batch_size=args.max_micro_batch)
     common = dict(seq_len=64, global_batch=16, constraints=constraints, workload=Workload(kind="builtin"),
                   steps=args.steps, warmup_steps=args.warmup_steps, num_layers=args.num_layers, trial_timeout_s=300)

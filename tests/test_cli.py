@@ -10,7 +10,7 @@ from autotune.cli import main
 
 ESTIMATE_70B = ["estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "64", "--tp", "8",
                 "--pp", "2", "--zero", "1", "--micro-batch", "1", "--global-batch", "512", "--seq-len", "8192",
-                "--recompute", "selective"]
+                "--recompute", "selective", "--engine", "megatron"]
 CONTRACT = {
     "model": {"name", "num_params"},
     "cluster": {"gpu", "num_gpus", "gpus_per_node"},
@@ -73,7 +73,7 @@ def test_every_problem_at_once_and_exit_2(capsys):
     code, out, err = run(["estimate", "--model", "llama3-70", "--gpu", "h100", "--num-gpus", "0",
                           "--micro-batch", "0"], capsys)
     assert code == 2 and out == ""
-    for needle in ("--num-gpus must be a positive integer", "--micro-batch", "did you mean llama3-70b",
+    for needle in ("--num-gpus must be >= 1 and <= 1,048,576", "--micro-batch", "did you mean llama3-70b",
                    "did you mean h100-pcie-80gb, h100-sxm-80gb"):
         assert needle in err
     assert "Traceback" not in err

@@ -55,7 +55,7 @@ def plan_kwargs(draw):
         precision=pick(draw, hostile, ["bf16", "fp16", "fp8"]),
         offload_optimizer=pick(draw, hostile, ["none", "none", "cpu"], ["nvme"]),
         offload_param=pick(draw, hostile, ["none", "none", "cpu"]),
-        framework=pick(draw, hostile, ["deepspeed", "deepspeed", "megatron"]),
+        engine=pick(draw, hostile, ["deepspeed", "megatron", "deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf"]),
         sequence_parallel=pick(draw, hostile, [None], [True, False]),
         flash_attention=draw(st.booleans()),
     )
@@ -101,4 +101,5 @@ def test_the_generator_exercises_both_outcomes():
         outcomes.append(_check(mkw, pkw, num_gpus))
 
     collect()
-    assert 0.1 < sum(outcomes) / len(outcomes) < 0.9, sum(outcomes) / len(outcomes)
+    # Five engines refuse more layouts than two did: about 1 in 12 random plans is accepted (both outcomes seen).
+    assert 0.05 < sum(outcomes) / len(outcomes) < 0.9, sum(outcomes) / len(outcomes)

@@ -1,7 +1,8 @@
 """`autotune tune`: an Optuna study of short profiling trials on this machine; the winner emitted.
 
 Exit codes: 0 a trial completed (winner in OUT/winner), 1 every trial failed (the reasons are
-printed, the study is kept), 2 bad input before any trial, 130 Ctrl-C (the study is resumable).
+printed, the study is kept), 2 bad input (every flag is checked before the study is created),
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (each ends every trial process; the study is resumable).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +20,7 @@ __all__ = ["register", "run"]
 
 def register(subparsers) -> None:
     from autotune.cli import _add_common, _int_list, _positive_int, _preset_epilog, _str_list
+    from autotune.specs.plan import ENGINE_NAMES
 
     p = subparsers.add_parser("tune", help="Optuna study of short profiling trials on real hardware",
                               epilog=_preset_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,12 +32,16 @@ def register(subparsers) -> None:
     s.add_argument("--max-micro-batch", type=_positive_int, default=16, help="largest micro-batch (default 16)")
     s.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
     s.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"))
-    s.add_argument("--framework", type=_str_list(("megatron", "deepspeed")), default=("deepspeed",),
-                   help="engines to try (default deepspeed: what the builtin workload runs)")
+    s.add_argument("--engine", "--framework", dest="engine", type=_str_list(ENGINE_NAMES), default=("deepspeed",),
+                   help="engines to try (default deepspeed; --framework is an alias)")
     s.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
     t = p.add_argument_group("study")
     t.add_argument("--trials", type=_positive_int, default=8, help="finished trials the study should hold (default 8)")
     t.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    t.add_argument("--finalists", type=int, default=3,
+                   help="re-run this many best plans before declaring the winner (default 3; 0: no re-runs)")
+    t.add_argument("--finalist-runs", type=int, default=2,
+                   help="re-runs of each finalist, interleaved; the winner has the best median (default 2)")
     t.add_argument("--top-k", type=_positive_int, default=3, help="planner's best plans measured first (default 3)")
     t.add_argument("--steps", type=_positive_int, default=6, help="measured steps per trial (default 6)")
     t.add_argument("--warmup-steps", type=int, default=2, help="unmeasured steps first (default 2)")
@@ -44,7 +52,8 @@ def register(subparsers) -> None:
     t.add_argument("--study-name", default="autotune")
     t.add_argument("--resume", action="store_true", help="continue the study (trials left running are failed)")
     t.add_argument("--worker", action="store_true", help="join a study other processes also run")
-    t.add_argument("--calibration", metavar="FILE", help="write the fitted efficiency here (estimate/plan read it)")
+    t.add_argument("--calibration", metavar="FILE",
+                   help="write the fitted efficiency here (default OUT/cal.json; estimate/plan --calibration read it)")
     t.add_argument("--out", default="out/tune", help="output folder (default out/tune)")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", choices=("builtin", "script", "command"), default="builtin")
@@ -52,6 +61,13 @@ def register(subparsers) -> None:
     w.add_argument("--command", dest="command_template", help="command template ({nproc}, {ds_config}, {workdir}, {megatron_args})")
     w.add_argument("--metric-pattern", help="regex with (?P<step_time_s>...) or (?P<tokens_per_s>...)")
     w.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
+    lg = p.add_argument_group("launcher (autotune/tune/launchers.py)")
+    lg.add_argument("--launcher", choices=("torchrun", "deepspeed", "slurm"), default="torchrun",
+                    help="how a trial's ranks start: torchrun on this machine (default), the DeepSpeed launcher "
+                         "(--hostfile), or SLURM (an srun step inside the allocation, else an sbatch job per trial)")
+    lg.add_argument("--hostfile", help="deepspeed: MPI-style hostfile ('HOST slots=N' lines)")
+    lg.add_argument("--include", default="", help="deepspeed: hosts/slots to use, e.g. 'node1:0,1@node2'")
+    lg.add_argument("--exclude", default="", help="deepspeed: hosts/slots to leave out")
     p.set_defaults(handler=run)
 
 
@@ -104,6 +120,87 @@ def _machine_problems(cluster) -> list[str]:
     return []
 
 
+# flag -> (smallest, largest, why the largest); the common flags are checked by autotune.commands.flag_problems
+_INT_FLAGS = {"trials": (1, 100_000, "more trials than any study runs"), "steps": (1, 100_000, "a trial is short"),
+              "max_micro_batch": (1, 2**24, "the largest batch accepted"), "finalists": (0, 100, ""),
+              "finalist_runs": (1, 100, "")}
+_FLOAT_FLAGS = {"timeout": (10**8, "three years"), "trial_timeout": (10**7, "115 days"),
+                "host_memory_limit_gib": (2.0**20, "a PiB")}
+
+
+def _tune_problems(args: argparse.Namespace, model) -> list[str]:
+    """Every tune flag that cannot work, found before the study is created (one line each)."""
+    from autotune.inputs import path_problem, range_problem
+
+    problems = []
+    for dest, (lo, hi, why) in _INT_FLAGS.items():
+        problems.append(range_problem(f"--{dest.replace('_', '-')}", getattr(args, dest), lo=lo, hi=hi, why_hi=why))
+    for dest, (hi, why) in _FLOAT_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            problems.append(range_problem(f"--{dest.replace('_', '-')}", value, lo=0, hi=hi, lo_open=True,
+                                          why_hi=why))
+    if args.finalists >= 2 and args.finalist_runs < 2:
+        problems.append(f"--finalist-runs must be >= 2 (a median of one run is one lucky measurement), got "
+                        f"{args.finalist_runs}; or --finalists 0 for no re-runs")
+    if args.num_layers is not None and model is not None:
+        problems.append(range_problem("--num-layers", args.num_layers, lo=1, hi=model.num_layers,
+                                      why_hi=f"{model.name} has {model.num_layers} layers; the flag cuts them"))
+    if args.metric_pattern is not None:
+        try:
+            rx = re.compile(args.metric_pattern)
+        except re.error as e:
+            problems.append(f"--metric-pattern {args.metric_pattern!r} is not a valid regex: {e}")
+        else:
+            if not {"step_time_s", "tokens_per_s"} & set(rx.groupindex):
+                problems.append(f"--metric-pattern {args.metric_pattern!r} needs a named group (?P<step_time_s>...) "
+                                "or (?P<tokens_per_s>...)")
+    problems.append(path_problem(args.out, flag="--out"))
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        problems.append(f"--out {args.out!r} is a file, not a folder: give a folder (it is created if missing)")
+    if args.calibration is not None:
+        problems.append(path_problem(args.calibration, flag="--calibration"))
+        cal, parent = Path(args.calibration), Path(args.calibration).parent
+        if cal.is_dir():
+            problems.append(f"--calibration {args.calibration!r} is a folder: give a file name, e.g. "
+                            f"{cal / 'cal.json'}")
+        elif not parent.is_dir():
+            problems.append(f"--calibration {args.calibration!r}: the folder {str(parent)!r} does not exist: "
+                            "create it or give another path")
+        elif not os.access(parent, os.W_OK):
+            problems.append(f"--calibration {args.calibration!r}: the folder {str(parent)!r} is not writable")
+    if args.resume and args.worker:
+        problems.append("give --resume or --worker, not both")
+    return [p for p in problems if p]
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM / SIGHUP, handled like Ctrl-C (every trial process ended, the study resumable)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.what = signum, signal.Signals(signum).name
+
+
+def _on_signal(signum, frame) -> None:
+    # Later signals must not interrupt the cleanup this one starts: record them only.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    raise _Stopped(signum)
+
+
+def _install() -> dict:
+    saved = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    saved.update({sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)})
+    return saved
+
+
+def _restore(handlers: dict) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune.cli import _load_inputs
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
@@ -112,24 +209,29 @@ def run(args: argparse.Namespace) -> int:
     from autotune.report import plan_summary
     from autotune.search.space import SearchConstraints
     from autotune.tune.calibrate import format_report
-    from autotune.tune.progress import ProgressLine, summary_table, write_plots
+    from autotune.tune.progress import ProgressLine, finalists_table, summary_table, write_plots
     from autotune.tune.study import tune
 
     model, cluster = _load_inputs(args)
     workload, problems = _workload(args)
-    problems += _machine_problems(cluster)
-    if args.warmup_steps < 0:
-        problems.append("--warmup-steps must be >= 0")
-    if args.resume and args.worker:
-        problems.append("give --resume or --worker, not both")
+    from autotune.tune.launchers import LaunchSettings, launcher_for
+
+    launch = LaunchSettings(name=args.launcher, hostfile=args.hostfile, include=args.include, exclude=args.exclude)
+    launcher = launcher_for(launch)
+    problems += launcher.problems(cluster, workload.kind)
+    if args.launcher == "torchrun":  # the other launchers place ranks on the hostfile's / allocation's nodes
+        problems += _machine_problems(cluster)
+    problems += _tune_problems(args, model)
     if problems:
         raise InputError(problems, subject="tune")
     constraints = SearchConstraints(tp=args.tp, pp=args.pp, cp=args.cp, micro_batch_size=args.micro_batch,
                                     max_micro_batch_size=args.max_micro_batch, zero_stages=args.zero,
-                                    recompute=args.recompute, frameworks=args.framework, allow_offload=args.offload)
+                                    recompute=args.recompute, engines=args.engine, allow_offload=args.offload)
     out = Path(args.out)
-    progress = ProgressLine(args.trials)
+    progress = ProgressLine(args.trials, finalist_runs=0 if args.worker or args.finalists < 2
+                            else args.finalists * args.finalist_runs)
     limit = int(args.host_memory_limit_gib * 2**30) if args.host_memory_limit_gib else None
+    handlers = _install()
     try:
         result = tune(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch or cluster.num_gpus,
                       constraints=constraints, workload=workload, out_dir=out, trials=args.trials,
@@ -137,20 +239,26 @@ def run(args: argparse.Namespace) -> int:
                       steps=args.steps, warmup_steps=args.warmup_steps, storage_url=args.storage,
                       study_name=args.study_name, resume=args.resume, worker=args.worker,
                       host_memory_limit_bytes=limit, num_layers=args.num_layers,
-                      calibration_path=args.calibration, start_efficiency=DEFAULT_EFFICIENCY, progress=progress)
-    except KeyboardInterrupt:
+                      calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
+                      finalists=args.finalists, finalist_runs=args.finalist_runs, progress=progress)
+    except KeyboardInterrupt as err:
         progress.close()
-        print("autotune tune: interrupted; the running trial was stopped and marked FAIL 'interrupted'. "
-              "Continue with --resume.", file=sys.stderr)
-        return 130
+        what = getattr(err, "what", "Ctrl-C")
+        print(f"autotune tune: interrupted ({what}); the running trial's processes were ended and it is marked FAIL "
+              "'interrupted'. Continue with --resume.", file=sys.stderr)
+        return 128 + getattr(err, "signum", signal.SIGINT)
+    finally:
+        _restore(handlers)
     progress.close()
     log = sys.stderr if args.json else sys.stdout
     print(summary_table(result.trials), file=log)
     plots = write_plots(result.trials, out, result.calibration)
+    if result.finalists:
+        print("\nfinalists, re-run alternately:\n" + finalists_table(result.finalists), file=log)
     if result.calibration is not None:
         print("\ncalibration (predicted vs measured step time):\n" + format_report(result.calibration), file=log)
-        if args.calibration:
-            print(f"calibration saved to {args.calibration}", file=log)
+        if result.calibration_path:
+            print(f"calibration saved to {result.calibration_path}", file=log)
     if result.best is None:
         print(f"autotune tune: {result.failure_summary}\n(study kept in {result.storage_url}, "
               f"name {result.study_name!r})", file=sys.stderr)
@@ -169,6 +277,10 @@ def run(args: argparse.Namespace) -> int:
                           "states": result.state_counts, "storage": result.storage_url,
                           "study_name": result.study_name, "winner_dir": str(winner),
                           "plots": [str(p) for p in plots],
+                          "finalists": [{"trial": f.trial.number, "trial_tokens_per_s": f.trial.value,
+                                         "rerun_tokens_per_s": list(f.runs_tokens_per_s), "median": f.median,
+                                         "spread": f.spread} for f in result.finalists],
+                          "calibration_path": result.calibration_path,
                           "calibration": result.calibration.to_dict() if result.calibration else None}, indent=2))
     else:
         print(f"\nbest: trial {best.number} {plan_summary(est.plan)}: {measurement['tokens_per_s']:,.0f} tokens/s, "

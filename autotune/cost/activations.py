@@ -181,7 +181,9 @@ def _activation_key(plan: ParallelPlan) -> ParallelPlan:
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part."""
-    first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage)
+    from autotune.cost.memory import split_scheme
+
+    first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
     in_flight = microbatches_in_flight(plan, stage)
     dense, moe = _layer_kinds(model, _activation_key(plan))
     t_seq = plan.tp if plan.sequence_parallel else 1

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, gemm_efficiency
 from autotune.cost.flops import logits_flops_per_token, step_flops
-from autotune.cost.memory import megatron_grad_bytes, stage_param_groups
+from autotune.cost.memory import split_scheme, stage_param_groups
+from autotune.engines import engine_for
 from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec
@@ -154,7 +155,7 @@ def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_
 
 def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) of a pipeline stage (MoE layers follow the leading dense ones)."""
-    first, per_stage = stage_layers(model.num_layers, plan.pp, stage)
+    first, per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
     moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
 
@@ -184,7 +185,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
-    for stage in representative_stages(model.num_layers, plan.pp):
+    for stage in representative_stages(model.num_layers, plan.pp, split_scheme(plan)):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage)
         fwd = bwd = rec = tp_c = cp_c = moe_c = 0.0
         for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
@@ -217,7 +218,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        groups = [stage_param_groups(model, plan, s) for s in representative_stages(model.num_layers, plan.pp)]
+        groups = [stage_param_groups(model, plan, s)
+                  for s in representative_stages(model.num_layers, plan.pp, split_scheme(plan))]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
         stage_params = (g.tp_sharded / t + g.replicated, g.expert / (t * plan.ep))
     dense_psi, expert_psi = stage_params
@@ -228,7 +230,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     n_ep_dp = max(1, n_dp // plan.ep)
     dp_link = comm.group_link(cluster, eff, n_dp, t)
     edp_link = comm.group_link(cluster, eff, n_ep_dp, t * plan.cp * plan.ep)
-    grad_bytes = megatron_grad_bytes(plan) if plan.framework == "megatron" else 2
+    grad_bytes = engine_for(plan).grad_reduce_bytes(plan)
 
     def reduce_scatter(bytes_per_param: float) -> float:
         return (comm.reduce_scatter_s(dense_psi * bytes_per_param, n_dp, dp_link)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -21,18 +20,17 @@ import yaml
 
 from autotune.api import Estimate
 from autotune.emit.checkpoint import CheckpointPolicy, checkpoint_policy
-from autotune.emit.deepspeed import accelerate_config_yaml, deepspeed_config, hf_deepspeed_config
 from autotune.emit.launch import render_launch_scripts
-from autotune.emit.megatron import megatron_args, megatron_deepspeed_args, megatron_env
+from autotune.emit.megatron import megatron_env
 from autotune.emit.options import EmitOptions
 from autotune.emit.plan_md import plan_markdown
 from autotune.emit.precision import te_fp8_recipe_snippet
 from autotune.emit.validate import has_errors, validate_deepspeed_config
+from autotune.engines import engine_for
+from autotune.engines.common import DS_CONFIG
 from autotune.errors import InputError
 
-__all__ = ["Bundle", "render_bundle", "write_bundle"]
-
-DS_CONFIG = "ds_config.json"
+__all__ = ["Bundle", "render_bundle", "write_bundle", "DS_CONFIG"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,22 +38,6 @@ class Bundle:
     files: dict[str, str]
     """File name -> content."""
     policy: CheckpointPolicy
-
-
-def _shell_array(name: str, argv: list[str], env: dict[str, str], comment: str) -> str:
-    lines = ["#!/usr/bin/env bash", f"# {comment}", "# Source it, then pass \"${%s[@]}\" to the program." % name]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines.append(f"{name}=(")
-    i = 0
-    while i < len(argv):
-        # one flag per line, with its values
-        j = i + 1
-        while j < len(argv) and not argv[j].startswith("--"):
-            j += 1
-        lines.append("  " + " ".join(shlex.quote(a) for a in argv[i:j]))
-        i = j
-    lines.append(")")
-    return "\n".join(lines) + "\n"
 
 
 def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured: dict | None = None) -> Bundle:
@@ -66,30 +48,15 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     files: dict[str, str] = {}
     env = megatron_env(plan, extra=options.launch.nccl_env)
 
-    if plan.framework == "megatron":
-        argv = megatron_args(model, cluster, plan, options, checkpoint_flags=policy.megatron_flags())
-        files["megatron_args.sh"] = _shell_array("MEGATRON_ARGS", argv, env,
-                                                 "Megatron-LM pretrain_gpt.py arguments written by autotune")
-        entry = "pretrain_gpt.py" if options.launch.script == "train.py" else options.launch.script
-        program_args = argv
-    else:
-        ds = deepspeed_config(model, cluster, plan, options, checkpoint_block=policy.ds_checkpoint_block())
-        files[DS_CONFIG] = json.dumps(ds, indent=2) + "\n"
-        files["ds_config_hf.json"] = json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n"
-        files["accelerate_config.yaml"] = accelerate_config_yaml(plan, cluster, "ds_config_hf.json")
-        if plan.tp > 1 or plan.pp > 1:
-            mds = megatron_deepspeed_args(model, cluster, plan, options, DS_CONFIG)
-            files["megatron_deepspeed_args.sh"] = _shell_array(
-                "MEGATRON_DEEPSPEED_ARGS", mds, env, "Megatron-DeepSpeed pretrain_gpt.py arguments written by autotune")
-        entry = options.launch.script
-        program_args = ["--deepspeed", "--deepspeed_config", DS_CONFIG]
+    engine_files = engine_for(plan).render_files(est, options, policy, env)
+    files.update(engine_files.files)
     if plan.precision == "fp8":
         files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan)
-    files.update(render_launch_scripts(cluster, plan, options, program_args=program_args, env=env,
-                                       framework_entry=entry))
+    files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
+                                       env=engine_files.env, entry=engine_files.entry))
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()}, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text(), measured=measured,
-                                     files=sorted(files))
+                                     files=sorted(files), user_script_needs=engine_files.user_script_needs)
     return Bundle(files=files, policy=policy)
 
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 from autotune.cost.memory import model_state_bytes, stage_param_groups
 from autotune.emit.options import CheckpointOptions
+from autotune.engines import engine_for
 from autotune.errors import InputError, require_no_problems
 from autotune.specs.hardware import GB, GIB
 from autotune.specs.layout import representative_stages
@@ -77,19 +78,17 @@ class CheckpointBytes:
 
 def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
     """What one save writes (see the module docstring for what is counted, per engine)."""
-    resident = plan.with_(offload_optimizer="none", offload_param="none")
-    if plan.framework == "megatron":  # fully parallel torch_dist save: every tensor once, spread like ZeRO-3
-        resident = resident.with_(framework="deepspeed", zero_stage=3)
-    weights_written = not (plan.framework == "deepspeed" and plan.zero_stage == 3)
+    engine = engine_for(plan)
+    resident, weights_written = engine.saved_states_plan(plan)
     per_rank = []
-    for stage in representative_stages(model.num_layers, plan.pp):
+    for stage in representative_stages(model.num_layers, plan.pp, engine.support.layer_split):
         groups = stage_param_groups(model, plan, stage)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)
         s = model_state_bytes(resident, dense, expert)
         per_rank.append((s.weights if weights_written else 0.0, s.optimizer_states))
     w_rank, o_rank = max(per_rank, key=sum)
-    whole = model_state_bytes(ParallelPlan(optimizer=plan.optimizer, precision=plan.precision),
+    whole = model_state_bytes(ParallelPlan(optimizer=plan.optimizer, precision=plan.precision, engine=plan.engine),
                               float(model.num_params), 0.0)  # one rank, nothing partitioned: 2 Psi and K Psi
     return CheckpointBytes(weight_bytes_per_rank=w_rank, optimizer_bytes_per_rank=o_rank,
                            weight_bytes_total=whole.weights if weights_written else 0.0,
@@ -128,7 +127,9 @@ def expected_loss_parts(*, interval_s: float, delta_s: float, mtbf_s: float, res
 class CheckpointPolicy:
     """When and how to save, and what it costs. Seconds, bytes (SI inside; GiB only in ``to_text``)."""
 
-    framework: str
+    engine: str
+    format: str
+    """How the engine saves: "deepspeed" (save_checkpoint tags), "torch_dist" (Megatron), "dcp" (torch DCP)."""
     save_dir: str
     zero_stage: int
     pp: int
@@ -210,7 +211,13 @@ class CheckpointPolicy:
 
     def resume_command_note(self) -> str:
         d = self.save_dir
-        if self.framework == "megatron":
+        if self.format == "dcp":
+            return (f"Resume: torch.distributed.checkpoint.load(state_dict, checkpoint_id='{d}/step-<N>') with the "
+                    f"model and optimizer state dicts from torch.distributed.checkpoint.state_dict."
+                    f"get_state_dict(model, optimizer); DCP reshards on load, so another mesh resumes from the same "
+                    f"folder (torchtitan: [checkpoint] enable=true, folder='{d}'). Keep the newest {self.keep_last} "
+                    f"step-* folders.")
+        if self.format == "torch_dist":
             return (f"Resume: relaunch with the same flags; `--load {d}` reads latest_checkpointed_iteration.txt "
                     f"and restores weights, optimizer, scheduler and iteration. torch_dist checkpoints reshard on "
                     f"load, so a different TP/PP/DP layout resumes from the same folder. Megatron keeps every "
@@ -269,7 +276,8 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
     storage_bytes_per_s = options.storage_bandwidth_gb_per_s * GB
     write_time_s = sizes.total / storage_bytes_per_s
     notes = []
-    async_save = options.async_save and plan.framework == "megatron"
+    fmt = engine_for(plan).checkpoint_format
+    async_save = options.async_save and fmt in ("torch_dist", "dcp")
     if options.async_save and not async_save:
         notes.append("Async save is off: DeepSpeed's default checkpoint engine (torch.save) writes synchronously, so "
                      "the whole write blocks. DeepSpeed 0.19.8's decoupled writer (checkpoint.writer.decoupled, a "
@@ -289,15 +297,15 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
             steps = max(steps, math.ceil(write_time_s / step_time_s))
     load_time_s = sizes.total / storage_bytes_per_s
     return CheckpointPolicy(
-        framework=plan.framework, save_dir=options.save_dir, zero_stage=plan.zero_stage, pp=plan.pp,
+        engine=plan.engine, format=fmt, save_dir=options.save_dir, zero_stage=plan.zero_stage, pp=plan.pp,
         num_gpus=plan.world_size, sizes=sizes, storage_bandwidth_gb_per_s=options.storage_bandwidth_gb_per_s,
         pcie_bandwidth_gb_per_s=cluster.pcie_bandwidth_gb_per_s, gpu_mtbf_hours=options.gpu_mtbf_hours,
         write_time_s=write_time_s, blocking_s=blocking_s,
         load_time_s=load_time_s, restart_s=relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
-        gather_16bit_weights_on_model_save=plan.framework == "deepspeed" and plan.zero_stage == 3,
-        parallel_write_pipeline_stage=plan.framework == "deepspeed" and plan.pp > 1, notes=tuple(notes))
+        gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
+        parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, notes=tuple(notes))
 
 
 def _fmt_bytes(b: float) -> str:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import copy
 
-import yaml
 
 from autotune.cost.memory import MemorySettings
 from autotune.emit.options import EmitOptions
+from autotune.engines import engine_for
 from autotune.errors import InputError, suggest_names
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split
@@ -177,7 +177,7 @@ def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings:
         cfg["zero_allow_untested_optimizer"] = True
     if plan.pp > 1:
         cfg["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
-    if plan.tp > 1 and plan.framework == "deepspeed":
+    if plan.tp > 1 and engine_for(plan).support.tp == "autotp":
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # AutoTP training (tensor_parallel/config.py:45)
     if auto:
         for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -218,44 +218,8 @@ def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
                   auto=True)
 
 
-def accelerate_config_yaml(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filename: str, *,
-                           options: EmitOptions | None = None) -> str:
-    """accelerate's config file (``accelerate launch --config_file``) running DeepSpeed with the JSON config.
-
-    With ``deepspeed_config_file`` set, accelerate takes ZeRO, offload, clipping and accumulation from
-    that file and refuses them here, so only the launch shape and the mixed precision are written.
-    """
-    launch = (options or EmitOptions()).launch
-    # fp8 runs bf16 outside Transformer Engine's autocast (see deepspeed_config_notes).
-    mixed = "fp16" if plan.precision == "fp16" else "bf16"
-    ds: dict = {"deepspeed_config_file": ds_config_filename, "zero3_init_flag": plan.zero_stage == 3}
-    if cluster.num_nodes > 1:
-        ds["deepspeed_multinode_launcher"] = "standard"
-    data: dict = {
-        "compute_environment": "LOCAL_MACHINE",
-        "debug": False,
-        "distributed_type": "DEEPSPEED",
-        "deepspeed_config": ds,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "mixed_precision": mixed,
-        "num_machines": cluster.num_nodes,
-        "num_processes": cluster.num_gpus,
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-    }
-    if cluster.num_nodes > 1:
-        if launch.master_addr:
-            data["main_process_ip"] = launch.master_addr
-        data["main_process_port"] = launch.master_port
-    header = (f"# accelerate launch --config_file THIS_FILE {launch.script}\n"
-              f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n")
-    return header + yaml.safe_dump(data, sort_keys=False)
-
-
 # ---- the Python API for existing pipelines ----------------------------------------------------
-_PLAN_FLAG_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size"}
+_PLAN_FLAG_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "framework": "engine"}
 _PLAN_FLAGS = frozenset(ParallelPlan.__dataclass_fields__) - {"dp", "grad_accum_steps", "global_batch_size", "seq_len"}
 
 
@@ -283,14 +247,14 @@ def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 409
     if not flags:
         batch = global_batch or cluster.num_gpus
         result = search_plans(model_spec, cluster, seq_len=seq_len, global_batch_size=batch,
-                              constraints=SearchConstraints(frameworks=("deepspeed",)), top_k=1)
+                              constraints=SearchConstraints(engines=("deepspeed",)), top_k=1)
         if not result.num_feasible:
             reasons = ", ".join(f"{k} {v}" for k, v in result.rejections.items())
             raise InputError([f"no DeepSpeed plan for {model_spec.name} on {cluster.num_gpus} x {cluster.gpu.name} "
                               f"at seq_len {seq_len}, global batch {batch} is feasible (rejected: {reasons})"],
                              subject="request")
         return deepspeed_config(model_spec, cluster, result.candidates[0].plan, options)
-    flags.setdefault("framework", "deepspeed")
+    flags.setdefault("engine", "deepspeed")
     plan = make_plan(model_spec, cluster, global_batch_size=global_batch, seq_len=seq_len, **flags)
     memory = estimate_memory(model_spec, cluster, plan)
     if not memory.fits:
@@ -353,6 +317,10 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
                      zero_stage=stage, offload_optimizer=devices["offload_optimizer"],
                      offload_param=devices["offload_param"], nvme_path=nvme_path, seq_len=seq_len,
                      recompute=recompute, precision="fp16" if fp16 else "bf16",
-                     optimizer="sgd" if opt_type == "sgd" else "adamw", framework="deepspeed",
+                     optimizer="sgd" if opt_type == "sgd" else "adamw", engine="deepspeed",
                      overlap_comm=stage == 3 if overlap is None else bool(overlap))
     return plan, settings
+
+
+# Moved to autotune.emit.accelerate (accelerate's own configs live there); kept for its importers.
+from autotune.emit.accelerate import accelerate_config_yaml  # noqa: E402

@@ -123,11 +123,11 @@ def _slurm_problems(lo: LaunchOptions) -> list[str]:
 
 
 def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
-                          program_args: Sequence[str], env: Mapping[str, str], framework_entry: str,
+                          program_args: Sequence[str], env: Mapping[str, str], entry: str | Sequence[str],
                           launchers: Iterable[str] = LAUNCHERS) -> dict[str, str]:
     """File name -> content of the launch scripts for ``launchers`` (torchrun, deepspeed, slurm).
 
-    ``framework_entry`` is the training program (``pretrain_gpt.py`` or the user's ``train.py``);
+    ``entry`` is the training program (``pretrain_gpt.py``, the user's ``train.py``, or ``-m autotune.train``);
     ``program_args`` its arguments, followed by ``options.launch.script_args``; ``env`` is exported by
     every script (and written to ``.deepspeed_env`` for the deepspeed runner's remote ranks).
     InputError names every unusable value.
@@ -141,10 +141,11 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
     problems += _check_hosts(hosts, lo.master_addr, cluster.num_nodes)
     problems += _check_env(env)
     args = [*program_args, *lo.script_args]
-    if any("\x00" in a for a in [framework_entry, *args]):
+    entry_argv = [entry] if isinstance(entry, str) else list(entry)
+    if any("\x00" in a for a in [*entry_argv, *args]):
         problems.append("a program argument contains a NUL byte, which no process argument can hold")
-    if not framework_entry:
-        problems.append("framework_entry is empty: give the training script (pretrain_gpt.py, train.py)")
+    if not entry_argv or not all(entry_argv):
+        problems.append("the training program is empty: give the training script (pretrain_gpt.py, train.py)")
     if "deepspeed" in launchers:
         problems += _deepspeed_problems(hosts, lo.master_addr, env)
     if "slurm" in launchers:
@@ -153,10 +154,10 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
         raise InputError(problems, subject="launch settings")
 
     common = {
-        "header": _comment(f"autotune: {plan_summary(plan)} ({plan.framework}) on {cluster.num_nodes} x "
+        "header": _comment(f"autotune: {plan_summary(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
                            f"{cluster.gpus_per_node} {cluster.gpu.name}"),
         "exports": _exports(env),
-        "entry": _q(framework_entry),
+        "entry": " ".join(_q(a) for a in entry_argv),
         "program_args": _format_args(args),
         "nnodes": str(cluster.num_nodes),
         "nproc_per_node": str(cluster.gpus_per_node),

@@ -48,8 +48,9 @@ class LaunchOptions:
     """Host names, one per node; empty: localhost for one node, SLURM's for sbatch."""
     master_addr: str | None = None
     master_port: int = 29500
-    script: str = "train.py"
-    """The training script (DeepSpeed) or pretrain_gpt.py (Megatron-LM)."""
+    script: str | None = None
+    """The user's training script; None: the engine's default (the built-in ``python -m autotune.train`` for
+    DeepSpeed, FSDP2 and HF; ``pretrain_gpt.py`` for Megatron-LM and Megatron-DeepSpeed)."""
     script_args: tuple[str, ...] = ()
     nccl_env: dict[str, str] = field(default_factory=dict)
     """Extra NCCL_* settings (documented options: NCCL_IB_HCA, NCCL_SOCKET_IFNAME, NCCL_IB_GID_INDEX...)."""

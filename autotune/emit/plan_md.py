@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from autotune.emit.precision import precision_summary
 from autotune.report import format_params, gib, memory_table, plan_summary
-from autotune.specs.layout import pipeline_split
+from autotune.engines import engine_for
+from autotune.specs.layout import layer_counts
 
 __all__ = ["plan_markdown", "plan_reasons"]
 
@@ -32,6 +33,17 @@ _LAUNCH_ROLES: dict[str, str] = {
 }
 
 
+
+def _runs(counts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(value, repeat) runs of a layer-count tuple: (7, 8, 8, 7) -> [(7, 1), (8, 2), (7, 1)]."""
+    out: list[tuple[int, int]] = []
+    for c in counts:
+        if out and out[-1][0] == c:
+            out[-1] = (c, out[-1][1] + 1)
+        else:
+            out.append((c, 1))
+    return out
+
 def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     """(dimension, setting, why) for each dimension of the plan, from the model, cluster and plan facts."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
@@ -43,10 +55,10 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                      f"{model.num_attention_heads // plan.tp} attention heads per GPU"))
     else:
         rows.append(("tensor parallel", "1", "layers are not split: the per-GPU model states fit without it"))
-    split = pipeline_split(model.num_layers, plan.pp)
-    if plan.pp > 1 and split is not None:
-        layers = (f"{split[1]} layers per stage" if split[0] == split[1] == split[2]
-                  else f"{split[0]} + {plan.pp - 2} x {split[1]} + {split[2]} layers (lighter first and last stages)")
+    counts = layer_counts(model.num_layers, plan.pp, engine_for(plan).support.layer_split)
+    if plan.pp > 1 and counts is not None:
+        layers = (f"{counts[0]} layers per stage" if len(set(counts)) == 1
+                  else " + ".join(f"{n} x {c}" if n > 1 else str(c) for c, n in _runs(counts)) + " layers")
         bubble = (plan.pp - 1) / (plan.vpp * plan.num_microbatches)
         rows.append(("pipeline parallel", f"{plan.pp}" + (f" x {plan.vpp} virtual" if plan.vpp > 1 else ""),
                      f"{layers}; bubble (pp-1)/(vpp*m) = {plan.pp - 1}/({plan.vpp}*{plan.num_microbatches}) = "
@@ -65,15 +77,7 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
         rows.append(("sequence parallel", "on" if plan.sequence_parallel else "off",
                      "norm and dropout activations split over the TP ranks" if plan.sequence_parallel
                      else "norm and dropout activations replicated on every TP rank"))
-    if plan.framework == "megatron":
-        zero = ("distributed optimizer: optimizer states sharded over the dp x cp ranks"
-                if plan.zero_stage else "plain data parallel: every replica keeps all optimizer states")
-    else:
-        zero = {0: "no sharding: every replica keeps all model states",
-                1: "optimizer states (and gradient partitions) sharded over the dp x cp ranks",
-                2: "optimizer states and gradients sharded over the dp x cp ranks",
-                3: "parameters, gradients and optimizer states sharded; layers gathered just in time"}[plan.zero_stage]
-    rows.append(("ZeRO", f"{plan.zero_stage} ({plan.framework})", zero))
+    rows.append(("ZeRO / sharding", f"{plan.zero_stage} ({engine_for(plan).tag(plan)})", engine_for(plan).sharding(plan)))
     if plan.offload_optimizer != "none" or plan.offload_param != "none":
         rows.append(("offload", f"optimizer -> {plan.offload_optimizer}, params -> {plan.offload_param}",
                      "model states moved off the GPU; costs host bandwidth every step"))
@@ -171,12 +175,12 @@ def _run_section(files: Sequence[str]) -> list[str]:
 
 
 def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
-                  files: Sequence[str] = ()) -> str:
+                  files: Sequence[str] = (), user_script_needs: Sequence[str] = ()) -> str:
     """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
     gpu = cluster.gpu
     out = [f"# Training plan: {model.name} on {cluster.num_gpus} x {gpu.name}", "",
-           f"`{plan_summary(plan)}` ({plan.framework})", "", "## Model and cluster", ""]
+           f"`{plan_summary(plan)}` (engine {engine_for(plan).title})", "", "## Model and cluster", ""]
     shape = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads} heads"
              + (f" ({model.kv_heads} KV heads)" if model.kv_heads != model.num_attention_heads else "")
              + f", FFN {model.ffn_hidden_size}, vocabulary {model.vocab_size:,}")
@@ -200,4 +204,11 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
     if measured:
         out += ["## Measured", ""] + _measured_section(estimate, measured) + [""]
     out += ["## How to run", ""] + _run_section(files) + [""]
+    if user_script_needs:
+        engine = engine_for(plan)
+        out += ["## Your own training script", "",
+                f"The launch scripts run autotune's built-in trainer (`python -m autotune.train --plan plan.json`), "
+                f"which implements this plan with {engine.title}'s own APIs on a model built from the spec. To train "
+                f"your own model instead (emit with `--script your_train.py`), the script must:", ""]
+        out += [f"- {need}" for need in user_script_needs] + [""]
     return "\n".join(out)

@@ -8,6 +8,7 @@ modules plus ``fp8_autocast`` in user code), so for DeepSpeed users we write a s
 
 from __future__ import annotations
 
+from autotune.engines import engine_for
 from autotune.errors import InputError
 from autotune.report import plan_summary
 from autotune.specs.plan import ParallelPlan
@@ -78,9 +79,8 @@ def precision_summary(plan: ParallelPlan) -> dict:
     if fp8:
         out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": FP8_RECIPE,
                       "amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
-                      "param_gather": plan.framework == "megatron" and plan.zero_stage == 1,
-                      "how": ("Megatron-LM flags" if plan.framework == "megatron"
-                              else "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script")}
+                      "param_gather": engine_for(plan).fp8_param_gather(plan),
+                      "how": engine_for(plan).fp8_how(plan)}
     return out
 
 

@@ -17,6 +17,7 @@ from autotune.api import Estimate
 from autotune.cost.memory import MemorySettings, estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.errors import InputError
+from autotune.engines import engine_for
 from autotune.search.space import SearchConstraints, dimension_values
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -71,7 +72,7 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
     enumerated = 0
     inner = len(dims.recompute) * len(dims.micro_batch_sizes)
 
-    for framework in dims.frameworks:
+    for engine in dims.engines:
         for tp in dims.tp:
             for cp in dims.cp:
                 for pp in dims.pp:
@@ -84,11 +85,11 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                                 for off_opt in dims.offload_optimizer:
                                     for off_param in dims.offload_param:
                                         for precision in dims.precisions:
-                                            base = dict(framework=framework, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
+                                            base = dict(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
                                                         ep=ep, zero_stage=zero, offload_optimizer=off_opt,
                                                         offload_param=off_param, precision=precision,
                                                         seq_len=seq_len, global_batch_size=global_batch_size,
-                                                        sequence_parallel=tp > 1)
+                                                        sequence_parallel=tp > 1 and engine_for(engine).support.sequence_parallel)
                                             enumerated += inner
                                             # Layout rules once, on a representative of the inner loops.
                                             probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(

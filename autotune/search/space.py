@@ -1,6 +1,6 @@
 """The search space: which values each plan dimension may take for a model and a cluster.
 
-Dimensions: framework x tp x cp x pp x vpp x ep x ZeRO stage x optimizer offload x parameter
+Dimensions: engine x tp x cp x pp x vpp x ep x ZeRO stage x optimizer offload x parameter
 offload x precision x recompute x micro-batch. Values that can never divide (tp not a power of
 two, pp not dividing the layers, tp*cp*pp not dividing the GPU count) are not generated;
 everything generated is judged by the plan rules, so rejections are counted by rule.
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import pipeline_split
+from autotune.engines import engine_for
+from autotune.specs.layout import layer_counts
 from autotune.specs.model import ModelSpec
 
 __all__ = ["SearchConstraints", "dimension_values"]
@@ -44,7 +45,8 @@ class SearchConstraints:
     precisions: tuple[str, ...] | None = None
     """None: bf16 (fp16 on GPUs without bf16). FP8 changes numerics, so it is opt-in."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
-    frameworks: tuple[str, ...] = ("megatron", "deepspeed")
+    engines: tuple[str, ...] = ("megatron", "deepspeed")
+    """Engines to rank plans across (``autotune.engines``)."""
     allow_offload: bool = True
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
@@ -52,7 +54,7 @@ class SearchConstraints:
 
 @dataclass(frozen=True, slots=True)
 class DimensionValues:
-    frameworks: tuple[str, ...]
+    engines: tuple[str, ...]
     tp: tuple[int, ...]
     cp: tuple[int, ...]
     pp: tuple[int, ...]
@@ -74,8 +76,9 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
     max_cp = min(c.max_cp, seq_len // 2)
     cps = (c.cp,) if c.cp else tuple(v for v in _powers_of_two(max_cp) if seq_len % (2 * v) == 0 or v == 1)
     max_pp = c.max_pp or model.num_layers
+    schemes = {engine_for(e).support.layer_split for e in c.engines}
     pps = (c.pp,) if c.pp else tuple(v for v in range(1, min(max_pp, model.num_layers, n) + 1)
-                                     if pipeline_split(model.num_layers, v) is not None and n % v == 0)
+                                     if n % v == 0 and any(layer_counts(model.num_layers, v, s) for s in schemes))
     vpps = (c.vpp,) if c.vpp else (1, 2, 3, 4, 6, 8)
     if c.ep:
         eps = (c.ep,)
@@ -88,6 +91,6 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
         v for v in _powers_of_two(min(c.max_micro_batch_size, global_batch)))
     precisions = c.precisions or (("bf16",) if cluster.gpu.supports("bf16") or cluster.gpu.name == "cpu"
                                   else ("fp16",))
-    return DimensionValues(frameworks=c.frameworks, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
+    return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs)

@@ -13,9 +13,11 @@ from typing import Literal
 
 from autotune.errors import require_no_problems
 
-__all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "Framework", "Recompute", "Offload", "Optimizer"]
+__all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer"]
 
-Framework = Literal["deepspeed", "megatron"]
+# The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
+ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
+EngineName = Literal["deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
@@ -30,7 +32,7 @@ PlanPrecision = Literal["bf16", "fp16", "fp8"]
 OPTIMIZER_STATE_BYTES: dict[str, float] = {"adamw": 12.0, "sgd": 8.0, "adafactor": 4.0, "adamw8bit": 6.0}
 
 _CHOICES = {
-    "framework": ("deepspeed", "megatron"),
+    "engine": ENGINE_NAMES,
     "recompute": ("none", "selective", "full"),
     "offload_optimizer": ("none", "cpu", "nvme"),
     "offload_param": ("none", "cpu", "nvme"),
@@ -73,8 +75,12 @@ class ParallelPlan:
     """With full recompute: layers per pipeline stage to recompute (Megatron's block method); None: all."""
     precision: PlanPrecision = "bf16"
     optimizer: Optimizer = "adamw"
-    framework: Framework = "deepspeed"
-    """Whose engine holds the model states: DeepSpeed ZeRO or Megatron-core DDP + distributed optimizer."""
+    engine: EngineName = "deepspeed"
+    """The engine that trains the plan (``autotune.engines``): it decides what tp, pp, cp and zero_stage mean
+    in practice (AutoTP or Megatron TP, Ulysses or ring CP, ZeRO or FSDP sharding)."""
+    dp_replicate: int = 1
+    """Hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks; model states are sharded within a
+    group of dp / dp_replicate ranks and replicated across groups. 1: shard over all dp ranks."""
     flash_attention: bool = True
     """Fused (flash) attention: no s^2 score tensors are kept for backward."""
     overlap_comm: bool = True
@@ -83,7 +89,7 @@ class ParallelPlan:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "micro_batch_size", "grad_accum_steps",
+        for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
                      "global_batch_size", "seq_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -97,6 +103,8 @@ class ParallelPlan:
             not isinstance(self.recompute_num_layers, int) or self.recompute_num_layers < 1
         ):
             problems.append(f"recompute_num_layers must be a positive integer or absent, got {self.recompute_num_layers!r}")
+        if not problems and self.dp % self.dp_replicate:
+            problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
 
     # ---- derived facts (the one place) -------------------------------------------------
@@ -124,8 +132,9 @@ class ParallelPlan:
 
     @property
     def zero_partitions(self) -> int:
-        """Ranks that partition ZeRO/distributed-optimizer state: dp x cp (Megatron shards over both)."""
-        return self.dp * self.cp
+        """Ranks that partition ZeRO / distributed-optimizer / FSDP state: dp x cp (Megatron shards over both),
+        within one replica group under hybrid sharding."""
+        return self.dp * self.cp // self.dp_replicate
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from autotune.errors import require_no_problems
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -41,22 +40,16 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("kv_heads_tp", f"num_kv_heads ({model.kv_heads}) must be a multiple or a divisor of tp ({tp})")
     # arguments.py:969/973/998: layers divisible by pp (or an uneven split with
     # --decoder-first/last-pipeline-num-layers, see specs/layout.py), and by the virtual stages.
-    split = pipeline_split(model.num_layers, pp)
-    if split is None:
-        bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages, evenly or with "
-                         f"smaller first and last stages: use pp in {{{_divisors(model.num_layers)}}}")
-    elif vpp > 1 and model.num_layers % pp:
+    if pp > model.num_layers:
+        bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
+                         f"{model.num_layers}")
+    if vpp > 1 and model.num_layers % pp:
         bad("layers_vpp", f"the interleaved schedule needs layers ({model.num_layers}) divisible by pp ({pp})")
     elif vpp > 1 and (model.num_layers // pp) % vpp:
         bad("layers_vpp", f"layers per stage ({model.num_layers // pp}) must be divisible by vpp ({vpp})")
-    if split is not None and split[0] != split[1] and plan.framework == "deepspeed":
-        bad("uneven_pp_deepspeed", f"{model.num_layers} layers over pp={pp} needs an uneven split, which DeepSpeed's "
-                                   f"PipelineModule (partition_method) does not express here: use framework megatron")
     # arguments.py:1003: the interleaved schedule needs more than one stage.
     if vpp > 1 and pp < 2:
         bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
-    if vpp > 1 and plan.framework == "deepspeed":
-        bad("vpp_deepspeed", "DeepSpeed's pipeline engine has no interleaved schedule: use framework megatron or vpp=1")
     # Batch triple (DeepSpeed config.py:596-605; Megatron num_microbatches_calculator.py:381).
     if plan.global_batch_size != plan.micro_batch_size * plan.grad_accum_steps * dp:
         bad("batch_triple", f"global batch {plan.global_batch_size} != micro-batch {plan.micro_batch_size} x "
@@ -72,10 +65,6 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
     if plan.seq_len % (tp if plan.sequence_parallel else 1):
         bad("seq_sp", f"seq_len ({plan.seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
-    # Megatron's context parallelism (ring attention) has no DeepSpeed counterpart in the engines we emit for
-    # (DeepSpeed's own sequence parallelism is Ulysses all-to-all, a different scheme).
-    if cp > 1 and plan.framework == "deepspeed":
-        bad("cp_deepspeed", f"context parallelism (cp={cp}) is Megatron-LM's: use framework megatron or cp=1")
     # Expert parallelism (arguments.py:1656): experts divisible by ep; ep carved out of dp x cp.
     if ep > 1:
         if model.moe is None:
@@ -84,24 +73,6 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
             bad("experts_ep", f"num_experts ({model.moe.num_experts}) must be divisible by ep ({ep})")
         if (dp * cp) % ep:
             bad("ep_dp", f"ep ({ep}) must divide dp*cp ({dp * cp}): expert parallelism is carved out of data parallelism")
-        # Megatron-core (TransformerConfig): "When using expert parallelism and tensor parallelism,
-        # sequence parallelism must be used".
-        if tp > 1 and not plan.sequence_parallel and plan.framework == "megatron":
-            bad("ep_tp_sp", f"expert parallelism with tp={tp} needs sequence parallelism in Megatron-LM: enable it")
-    # ZeRO. DeepSpeed pipe/engine.py:76 "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
-    if plan.zero_stage >= 2 and pp > 1:
-        bad("zero_pp", f"ZeRO-{plan.zero_stage} is incompatible with pipeline parallelism (pp={pp}): "
-                       f"use ZeRO-0/1 with pp > 1, or pp=1 with ZeRO-2/3")
-    if plan.framework == "megatron" and plan.zero_stage >= 2:
-        bad("zero_megatron", f"Megatron-LM shards optimizer states only (distributed optimizer = ZeRO-1); "
-                             f"ZeRO-{plan.zero_stage} needs framework deepspeed")
-    if plan.offload_param != "none" and plan.zero_stage != 3:
-        bad("offload_param_zero3", f"parameter offload needs ZeRO-3 (got ZeRO-{plan.zero_stage}): set zero_stage=3 "
-                                   f"or offload_param=none")
-    if plan.offload_optimizer != "none" and plan.zero_stage == 0:
-        bad("offload_optimizer_zero", "optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3")
-    if (plan.offload_optimizer != "none" or plan.offload_param != "none") and plan.framework == "megatron":
-        bad("offload_megatron", "offload is a DeepSpeed feature: use framework deepspeed")
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         if not plan.nvme_path:
             bad("nvme_path", "NVMe offload needs nvme_path (a local NVMe folder), DeepSpeed partition_parameters.py:1225")
@@ -118,12 +89,27 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     if plan.recompute_num_layers is not None:
         if plan.recompute != "full":
             bad("recompute_layers", "recompute_num_layers applies to full recompute only")
-        elif split is not None and plan.recompute_num_layers > split[1]:
+        elif plan.recompute_num_layers > -(-model.num_layers // pp):
             bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
-                                    f"({split[1]})")
+                                    f"({-(-model.num_layers // pp)} at most)")
+    # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
+    from autotune.engines import engine_for
+
+    out += [(r.id, r.render()) for r in engine_for(plan).plan_problems(model, cluster, plan)]
     return out
 
 
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> None:
-    """Raise InputError listing every rule the plan breaks."""
-    require_no_problems((msg for _, msg in plan_problems(model, cluster, plan)), subject="plan")
+    """Raise InputError listing every rule the plan breaks, and which engines would run it as it is."""
+    problems = plan_problems(model, cluster, plan)
+    if not problems:
+        return
+    messages = [msg for _, msg in problems]
+    engine_rules = [r for r, _ in problems if ":" in r or r.startswith(("offload_", "ep_tp_sp"))]
+    if engine_rules:
+        from autotune.engines import engines_that_run
+
+        others = [e for e in engines_that_run(model, cluster, plan) if e != plan.engine]
+        messages.append(f"engines that can run this plan as it is: {', '.join(others)}" if others else
+                        "no engine runs this plan as it is: change the plan as the messages say")
+    require_no_problems(messages, subject="plan")

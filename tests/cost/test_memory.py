@@ -43,8 +43,8 @@ def test_seed_numbers_70b():
 @pytest.mark.parametrize("d", [1, 8, 64])
 def test_megatron_distributed_optimizer_6_plus_12_over_d(d):
     # Megatron theoretical_memory_usage.py: 18 B/param without, 6 + 12/d with the distributed optimizer.
-    plain = model_state_bytes(ParallelPlan(dp=d, framework="megatron", zero_stage=0), PSI, 0.0)
-    dist = model_state_bytes(ParallelPlan(dp=d, framework="megatron", zero_stage=1), PSI, 0.0)
+    plain = model_state_bytes(ParallelPlan(dp=d, engine="megatron", zero_stage=0), PSI, 0.0)
+    dist = model_state_bytes(ParallelPlan(dp=d, engine="megatron", zero_stage=1), PSI, 0.0)
     assert (plain.weights + plain.gradients + plain.optimizer_states) / PSI == pytest.approx(18)
     assert (dist.weights + dist.gradients + dist.optimizer_states) / PSI == pytest.approx(6 + 12 / d)
 
@@ -72,11 +72,11 @@ def test_optimizer_step_transient():
     assert model_state_bytes(ParallelPlan(dp=8), PSI, 0.0).step_transient == pytest.approx(4 * PSI)
     assert model_state_bytes(ParallelPlan(dp=8, zero_stage=2), PSI, 0.0).step_transient == pytest.approx(2 * PSI / 8)
     assert model_state_bytes(ParallelPlan(dp=8, zero_stage=3), PSI, 0.0).step_transient == pytest.approx(4 * PSI / 8)
-    assert model_state_bytes(ParallelPlan(dp=8, framework="megatron"), PSI, 0.0).step_transient == 0
+    assert model_state_bytes(ParallelPlan(dp=8, engine="megatron"), PSI, 0.0).step_transient == 0
 
 
 def test_deepspeed_zero12_rank_holds_straddling_tensors_whole():
-    from autotune.cost.memory import _ds_zero12_grad_elements
+    from autotune.cost.model_states import ds_zero12_grad_elements as _ds_zero12_grad_elements
     from autotune.specs.presets import load_model_preset
 
     gpt = load_model_preset("tiny-gpt")

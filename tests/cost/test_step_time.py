@@ -16,7 +16,7 @@ EFF = DEFAULT_EFFICIENCY
 
 def plan(**kw):
     base = dict(tp=8, pp=1, dp=8, seq_len=4096, micro_batch_size=1, global_batch_size=64, grad_accum_steps=8,
-                sequence_parallel=True, framework="megatron", zero_stage=1)
+                sequence_parallel=True, engine="megatron", zero_stage=1)
     base.update(kw)
     return ParallelPlan(**base)
 
@@ -68,13 +68,13 @@ def test_tensor_parallel_across_nodes_costs_more():
 def test_zero3_exposes_more_than_zero1_on_a_slow_network():
     slow = load_cluster(gpu="h100-sxm-80gb", num_gpus=64, gpus_per_node=None, cluster_path=None,
                         inter_node_bandwidth_gb_per_s=3)
-    z1 = estimate_step_time(LLAMA70, slow, plan(tp=8, framework="deepspeed", zero_stage=1, sequence_parallel=True))
-    z3 = estimate_step_time(LLAMA70, slow, plan(tp=8, framework="deepspeed", zero_stage=3, sequence_parallel=True))
+    z1 = estimate_step_time(LLAMA70, slow, plan(tp=8, engine="deepspeed", zero_stage=1, sequence_parallel=True))
+    z3 = estimate_step_time(LLAMA70, slow, plan(tp=8, engine="deepspeed", zero_stage=3, sequence_parallel=True))
     assert z3.exposed_comm_s > z1.exposed_comm_s
 
 
 def test_offload_replaces_the_gpu_optimizer_step():
-    est = estimate_step_time(LLAMA70, H100, plan(tp=8, framework="deepspeed", zero_stage=2,
+    est = estimate_step_time(LLAMA70, H100, plan(tp=8, engine="deepspeed", zero_stage=2,
                                                  offload_optimizer="cpu"))
     assert est.offload_s > 0 and est.optimizer_s == 0
     parts = est.compute_s + est.exposed_comm_s + est.bubble_s + est.offload_s + est.optimizer_s

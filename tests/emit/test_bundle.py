@@ -19,12 +19,13 @@ def test_every_recipe_emits_files_that_reload(name, tmp_path):
     paths = write_bundle(est, tmp_path / "job", EmitOptions())
     names = {p.name for p in paths}
     assert {"plan.md", "plan.json", "launch_torchrun.sh", "launch_slurm.sbatch"} <= names
-    if est.plan.framework == "deepspeed":
-        assert {"ds_config.json", "ds_config_hf.json", "accelerate_config.yaml"} <= names
+    engine_files = {"deepspeed": {"ds_config.json"}, "hf": {"ds_config_hf.json", "accelerate_config.yaml"},
+                    "megatron": {"megatron_args.sh"}, "fsdp": set(),
+                    "megatron-deepspeed": {"ds_config.json", "megatron_deepspeed_args.sh"}}[est.plan.engine]
+    assert engine_files <= names
+    if "ds_config.json" in names:
         ds = json.loads((tmp_path / "job" / "ds_config.json").read_text())
         assert ds["train_batch_size"] == est.plan.global_batch_size
-    else:
-        assert "megatron_args.sh" in names
     for p in paths:
         if p.suffix in (".sh", ".sbatch"):
             assert subprocess.run(["bash", "-n", str(p)]).returncode == 0

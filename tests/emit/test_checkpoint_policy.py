@@ -74,7 +74,7 @@ def test_sizes_70b_deepspeed_zero3_has_no_16bit_weights():
 
 def test_sizes_megatron_fully_parallel_save_spreads_everything():
     # torch_dist fully parallel save: every tensor once over the 8 DP ranks: (2 + 12) * 8,623,235,072 / 8.
-    s = checkpoint_bytes(load_model_preset("llama2-70b"), _estimate(framework="megatron").plan)
+    s = checkpoint_bytes(load_model_preset("llama2-70b"), _estimate(engine="megatron").plan)
     assert s.per_rank == 14 * RANK_PARAMS / 8 == 15_090_661_376
     assert s.total == 14 * PSI
 
@@ -121,7 +121,7 @@ def test_job_mtbf_is_gpu_mtbf_over_gpus():
 
 
 def test_interval_override():
-    pol = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(interval_steps=500))
+    pol = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(interval_steps=500))
     assert pol.interval_steps == 500 and pol.interval_overridden
     flags = pol.megatron_flags()
     assert flags[flags.index("--save-interval") + 1] == "500"
@@ -140,8 +140,8 @@ def test_interval_is_at_least_one_step():
 
 
 def test_async_blocks_only_for_the_device_to_host_copy():
-    sync = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(async_save=False))
-    asyn = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(async_save=True))
+    sync = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(async_save=False))
+    asyn = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(async_save=True))
     # 965.7 GB at 5 GB/s = 193.1 s blocks without async; with it, 15.09 GB per rank over 50 GB/s PCIe = 0.30 s.
     assert sync.blocking_s == pytest.approx(965.673074688 / 5)
     assert asyn.blocking_s == pytest.approx(15.090661376 / 50)
@@ -160,13 +160,13 @@ def test_deepspeed_async_request_falls_back_to_synchronous():
 
 
 def test_megatron_flags():
-    pol = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(save_dir="/ckpt", async_save=True))
+    pol = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(save_dir="/ckpt", async_save=True))
     flags = pol.megatron_flags()
     assert flags[:8] == ["--save", "/ckpt", "--load", "/ckpt", "--save-interval", str(pol.interval_steps),
                          "--ckpt-format", "torch_dist"]
     # Megatron silently drops --async-save without the persistent worker (arguments.py:1817): both or neither.
     assert "--async-save" in flags and "--use-persistent-ckpt-worker" in flags
-    plain = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(async_save=False)).megatron_flags()
+    plain = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(async_save=False)).megatron_flags()
     assert "--async-save" not in plain and "--use-persistent-ckpt-worker" not in plain
     if (REFERENCE / "megatron_flags.json").exists():
         known = {f for entry in json.loads((REFERENCE / "megatron_flags.json").read_text())["flags"]
@@ -183,7 +183,7 @@ def _dotted(d, prefix=""):
 
 
 def test_ds_checkpoint_block_keys_exist_in_deepspeed_0_19_8():
-    pol = checkpoint_policy(_estimate(pp=2), CheckpointOptions())
+    pol = checkpoint_policy(_estimate(pp=2, engine="megatron-deepspeed"), CheckpointOptions())
     block = pol.ds_checkpoint_block()
     assert block["parallel_write"]["pipeline_stage"] is True  # pp > 1
     assert checkpoint_policy(_estimate(), CheckpointOptions()).ds_checkpoint_block()["parallel_write"] == {
@@ -202,7 +202,7 @@ def test_ds_checkpoint_block_keys_exist_in_deepspeed_0_19_8():
 def test_ds_blocks_parse_with_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    pol = checkpoint_policy(_estimate(pp=2), CheckpointOptions())  # ZeRO-1 (ZeRO-3 forbids pp > 1)
+    pol = checkpoint_policy(_estimate(pp=2, engine="megatron-deepspeed"), CheckpointOptions())  # ZeRO-1 (ZeRO-3 forbids pp > 1)
     zero = {"stage": 3, **checkpoint_policy(_estimate(zero_stage=3), CheckpointOptions()).ds_zero_options()}
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     cfg = DeepSpeedConfig({"train_batch_size": 1, "checkpoint": pol.ds_checkpoint_block(load_universal=True),
@@ -218,7 +218,7 @@ def test_resume_notes():
     ds = checkpoint_policy(_estimate(), CheckpointOptions(save_dir="/ck")).resume_command_note()
     assert "engine.load_checkpoint('/ck')" in ds and "latest" in ds and "ds_to_universal" in ds
     assert "load_universal: true" in ds
-    mg = checkpoint_policy(_estimate(framework="megatron"), CheckpointOptions(save_dir="/ck")).resume_command_note()
+    mg = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(save_dir="/ck")).resume_command_note()
     assert "--load /ck" in mg and "torch_dist" in mg
 
 

@@ -40,7 +40,7 @@ PER_SEARCH = 70  # evenly spaced over the ranked list, distinct configs only
 def _sample(model_name, gpu, num_gpus, seq_len, batch):
     model, cluster = load_model(model_name), load_cluster(gpu=gpu, num_gpus=num_gpus)
     ranked = search_plans(model, cluster, seq_len=seq_len, global_batch_size=batch,
-                          constraints=SearchConstraints(frameworks=("deepspeed",))).ranked
+                          constraints=SearchConstraints(engines=("deepspeed",))).ranked
     assert len(ranked) >= PER_SEARCH, f"{model_name}: only {len(ranked)} feasible plans"
     step = len(ranked) / PER_SEARCH
     return model, cluster, [ranked[int(i * step)].plan for i in range(PER_SEARCH)]
@@ -102,7 +102,7 @@ HAND_MADE = {
     "pp2-tp2-selective": dict(pp=2, tp=2, zero_stage=0, recompute="selective", sequence_parallel=True),
     "tp8-zero3-full-block": dict(tp=8, zero_stage=3, recompute="full", recompute_num_layers=4, sequence_parallel=True),
     "no-overlap": dict(zero_stage=2, overlap_comm=False, micro_batch_size=2, global_batch_size=32),
-    "megatron-deepspeed-tp2-pp2": dict(tp=2, pp=2, zero_stage=1, framework="megatron", sequence_parallel=True),
+    "megatron-deepspeed-tp2-pp2": dict(tp=2, pp=2, zero_stage=1, engine="megatron", sequence_parallel=True),
 }
 
 

@@ -26,7 +26,7 @@ def cluster(num_gpus):
     return load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
 
 
-PLAN = ParallelPlan(tp=8, dp=2, global_batch_size=2, framework="megatron")
+PLAN = ParallelPlan(tp=8, dp=2, global_batch_size=2, engine="megatron")
 ARGS = ["--num-layers", "32", "--moe-layer-freq", "([0]*3+[1]*29)", "--bf16"]
 
 
@@ -34,7 +34,7 @@ def render(num_gpus=16, launchers=("torchrun", "deepspeed", "slurm"), env=None, 
            entry="pretrain_gpt.py", **launch):
     return render_launch_scripts(cluster(num_gpus), PLAN, EmitOptions(launch=LaunchOptions(**launch)),
                                  program_args=args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if env is None else env,
-                                 framework_entry=entry, launchers=launchers)
+                                 entry=entry, launchers=launchers)
 
 
 def bash_syntax_ok(text, tmp_path):

@@ -31,23 +31,23 @@ def _setup(model, gpu, num_gpus, **plan):
 # (id, model, gpu, GPUs, plan): together they cover vpp, uneven pp, cp, MoE ep, MLA, fp8, fp16, full recompute.
 CASES = [
     ("llama3-8b-tp2-selective", "llama3-8b", "h100-sxm-80gb", 8,
-     dict(tp=2, global_batch_size=64, zero_stage=1, framework="megatron", recompute="selective")),
+     dict(tp=2, global_batch_size=64, zero_stage=1, engine="megatron", recompute="selective")),
     # 80 layers / pp 4 = 20 per stage = 2 virtual chunks of 10; dp 2, 16 = 1 x 8 x 2, 8 micro-batches % pp 4 = 0.
     ("llama3-70b-vpp", "llama3-70b", "h100-sxm-80gb", 64,
-     dict(tp=8, pp=4, vpp=2, global_batch_size=16, zero_stage=1, framework="megatron")),
+     dict(tp=8, pp=4, vpp=2, global_batch_size=16, zero_stage=1, engine="megatron")),
     # 126 layers on pp 16: 7 + 14 x 8 + 7 (Llama 3 paper); FP8; full recompute of 2 layers per stage.
     ("llama3-405b-uneven-fp8-block", "llama3-405b", "h100-sxm-80gb", 1024,
-     dict(tp=8, pp=16, global_batch_size=2048, zero_stage=1, framework="megatron", precision="fp8",
+     dict(tp=8, pp=16, global_batch_size=2048, zero_stage=1, engine="megatron", precision="fp8",
           recompute="full", recompute_num_layers=2)),
     ("llama3-8b-cp-fp16-full", "llama3-8b", "a100-80gb", 16,
-     dict(tp=2, pp=2, cp=2, global_batch_size=32, zero_stage=0, framework="megatron", precision="fp16",
+     dict(tp=2, pp=2, cp=2, global_batch_size=32, zero_stage=0, engine="megatron", precision="fp16",
           recompute="full", seq_len=8192)),
     ("mixtral-ep8", "mixtral-8x7b", "h100-sxm-80gb", 64,
-     dict(tp=1, pp=1, ep=8, global_batch_size=256, zero_stage=1, framework="megatron")),
+     dict(tp=1, pp=1, ep=8, global_batch_size=256, zero_stage=1, engine="megatron")),
     ("deepseek-v3-mla-ep64", "deepseek-v3", "h100-sxm-80gb", 2048,
-     dict(tp=2, pp=1, ep=64, global_batch_size=4096, zero_stage=1, framework="megatron", precision="fp8")),
+     dict(tp=2, pp=1, ep=64, global_batch_size=4096, zero_stage=1, engine="megatron", precision="fp8")),
     ("gpt3-175b-learned-bias", "gpt3-175b", "a100-80gb", 1024,
-     dict(tp=8, pp=8, global_batch_size=1024, zero_stage=0, framework="megatron", recompute="full")),
+     dict(tp=8, pp=8, global_batch_size=1024, zero_stage=0, engine="megatron", recompute="full")),
 ]
 
 
@@ -110,14 +110,14 @@ def test_plan_dimensions_become_their_flags():
 
 def test_fp8_param_gather_only_with_the_distributed_optimizer():
     m, c, plan = _setup("llama3-8b", "h100-sxm-80gb", 8, tp=2, global_batch_size=8, zero_stage=0,
-                        framework="megatron", precision="fp8")
+                        engine="megatron", precision="fp8")
     args = megatron_args(m, c, plan)
     assert "--fp8-format" in args and "--fp8-param-gather" not in args
     assert megatron_args_problems(args, 8) == []
 
 
 def test_checkpoint_flags_are_appended_and_data_args_replace_mock_data():
-    m, c, plan = _setup("llama3-8b", "h100-sxm-80gb", 8, tp=2, global_batch_size=8, framework="megatron")
+    m, c, plan = _setup("llama3-8b", "h100-sxm-80gb", 8, tp=2, global_batch_size=8, engine="megatron")
     ckpt = ["--save", "/ckpt", "--save-interval", "100", "--async-save", "--use-persistent-ckpt-worker"]
     data = ["--data-path", "/data/text_document", "--tokenizer-type", "HuggingFaceTokenizer",
             "--tokenizer-model", "meta-llama/Meta-Llama-3-8B"]
@@ -128,7 +128,7 @@ def test_checkpoint_flags_are_appended_and_data_args_replace_mock_data():
 
 def test_unrepresentable_plans_are_refused_with_every_reason():
     m, c, plan = _setup("llama3-8b", "h100-sxm-80gb", 8, tp=1, global_batch_size=8, zero_stage=3,
-                        framework="deepspeed", offload_optimizer="cpu")
+                        engine="deepspeed", offload_optimizer="cpu")
     with pytest.raises(InputError) as err:
         megatron_args(m, c, plan)
     text = str(err.value)
@@ -136,7 +136,7 @@ def test_unrepresentable_plans_are_refused_with_every_reason():
     bloom = load_model_preset("bloom-176b")
     with pytest.raises(InputError, match="ALiBi"):
         megatron_args(bloom, load_cluster(gpu="a100-80gb", num_gpus=8),
-                      ParallelPlan(tp=8, global_batch_size=1, framework="megatron"))
+                      ParallelPlan(tp=8, global_batch_size=1, engine="megatron"))
 
 
 @pytest.mark.parametrize("tp,cp", [(1, 1), (2, 1), (1, 2), (4, 2)])
@@ -158,7 +158,7 @@ def test_nccl_defaults_are_optional_and_extra_wins():
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_megatron_deepspeed_form(zero):
     m, c, plan = _setup("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=1, global_batch_size=64, zero_stage=zero,
-                        framework="deepspeed", recompute="full")
+                        engine="deepspeed", recompute="full")
     args = megatron_deepspeed_args(m, c, plan, EmitOptions(), "/run/ds_config.json")
     assert args[:5] == ["--deepspeed", "--deepspeed_config", "/run/ds_config.json", "--zero-stage", str(zero)]
     assert ("--no-pipeline-parallel" in args) == (zero >= 2)
@@ -405,7 +405,7 @@ def test_precision_summary_and_non_fp8_plans():
     assert precision_summary(ParallelPlan(precision="bf16"))["fp8"] is None
     fp16 = precision_summary(ParallelPlan(precision="fp16"))
     assert fp16["loss_scaling"]["dynamic"] and fp16["params_dtype"] == "fp16"
-    fp8 = precision_summary(ParallelPlan(precision="fp8", zero_stage=1, framework="megatron"))
+    fp8 = precision_summary(ParallelPlan(precision="fp8", zero_stage=1, engine="megatron"))
     assert fp8["fp8"]["format"] == "hybrid" and fp8["fp8"]["param_gather"] and fp8["params_dtype"] == "bf16"
     with pytest.raises(InputError, match="fp8 plans"):
         te_fp8_recipe_snippet(ParallelPlan(precision="bf16"))

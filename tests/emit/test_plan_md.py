@@ -19,7 +19,7 @@ def _estimate(model, gpu, num_gpus, **plan):
 def llama405():
     # 126 layers on pp 16: 7 + 14 x 8 + 7; 2048 = 1 x 256 x dp 8.
     return _estimate("llama3-405b", "h100-sxm-80gb", 1024, tp=8, pp=16, global_batch_size=2048, zero_stage=1,
-                     framework="megatron", precision="fp8", recompute="full")
+                     engine="megatron", precision="fp8", recompute="full")
 
 
 def test_sections_and_numbers(llama405):
@@ -42,7 +42,7 @@ def test_sections_and_numbers(llama405):
 
 def test_a_line_per_dimension(llama405):
     dims = [d for d, _, _ in plan_reasons(llama405)]
-    for d in ("tensor parallel", "pipeline parallel", "data parallel", "sequence parallel", "ZeRO", "micro-batch",
+    for d in ("tensor parallel", "pipeline parallel", "data parallel", "sequence parallel", "ZeRO / sharding", "micro-batch",
               "recompute", "precision", "attention", "overlap"):
         assert d in dims
     text = plan_markdown(llama405)
@@ -53,10 +53,10 @@ def test_a_line_per_dimension(llama405):
 
 def test_moe_and_context_parallel_rows():
     moe = _estimate("mixtral-8x7b", "h100-sxm-80gb", 64, tp=1, ep=8, global_batch_size=256, zero_stage=1,
-                    framework="megatron")
+                    engine="megatron")
     rows = {d: (s, w) for d, s, w in plan_reasons(moe)}
     assert rows["expert parallel"][0] == "8" and "1 of 8 experts per GPU" in rows["expert parallel"][1]
-    cp = _estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, cp=2, global_batch_size=32, framework="megatron",
+    cp = _estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, cp=2, global_batch_size=32, engine="megatron",
                    seq_len=8192)
     rows = {d: (s, w) for d, s, w in plan_reasons(cp)}
     assert "4096 per GPU" in rows["context parallel"][1]
@@ -81,6 +81,6 @@ def test_files_in_the_order_they_are_used(llama405):
 
 
 def test_user_text_cannot_break_the_table():
-    e = _estimate("llama3-8b", "h100-sxm-80gb", 8, tp=2, global_batch_size=8, framework="megatron")
+    e = _estimate("llama3-8b", "h100-sxm-80gb", 8, tp=2, global_batch_size=8, engine="megatron")
     text = plan_markdown(e, measured={"odd|key": 1.0})
     assert "odd\\|key" in text

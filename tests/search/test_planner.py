@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from autotune.engines import engine_for
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import estimate_step_time
 from autotune.search.planner import search_plans
@@ -26,16 +27,16 @@ def brute_force():
     feasible = {}
     enumerated = 0
     for fw, tp, cp, pp, vpp, ep, z, oo, op, prec, rc, mb in itertools.product(
-            d.frameworks, d.tp, d.cp, d.pp, d.vpp, d.ep, d.zero_stages, d.offload_optimizer, d.offload_param,
+            d.engines, d.tp, d.cp, d.pp, d.vpp, d.ep, d.zero_stages, d.offload_optimizer, d.offload_param,
             d.precisions, d.recompute, d.micro_batch_sizes):
         if CLUSTER.num_gpus % (tp * cp * pp):
             continue
         enumerated += 1
         dp = CLUSTER.num_gpus // (tp * cp * pp)
-        plan = ParallelPlan(framework=fw, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep, zero_stage=z,
+        plan = ParallelPlan(engine=fw, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep, zero_stage=z,
                             offload_optimizer=oo, offload_param=op, precision=prec, recompute=rc,
                             micro_batch_size=mb, grad_accum_steps=max(1, GB // (mb * dp)), global_batch_size=GB,
-                            seq_len=SEQ, sequence_parallel=tp > 1)
+                            seq_len=SEQ, sequence_parallel=tp > 1 and engine_for(fw).support.sequence_parallel)
         if plan_problems(MODEL, CLUSTER, plan) or not estimate_memory(MODEL, CLUSTER, plan).fits:
             continue
         feasible[plan] = estimate_step_time(MODEL, CLUSTER, plan).tokens_per_s
@@ -64,11 +65,11 @@ def test_ranked_by_throughput_then_headroom(result):
 
 def test_constraints_are_respected():
     res = search_plans(MODEL, CLUSTER, seq_len=SEQ, global_batch_size=GB, top_k=50,
-                       constraints=SearchConstraints(tp=2, zero_stages=(1,), frameworks=("megatron",),
+                       constraints=SearchConstraints(tp=2, zero_stages=(1,), engines=("megatron",),
                                                      min_headroom_gib=8.0, allow_offload=False))
     assert res.candidates
     for est in res.candidates:
-        assert est.plan.tp == 2 and est.plan.zero_stage == 1 and est.plan.framework == "megatron"
+        assert est.plan.tp == 2 and est.plan.zero_stage == 1 and est.plan.engine == "megatron"
         assert est.memory.headroom >= 8 * 2**30
         assert est.plan.offload_optimizer == "none"
 

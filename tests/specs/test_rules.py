@@ -26,20 +26,31 @@ def rules(model=MODEL, **kw):
 
 def test_valid_plan_has_no_problems():
     assert rules() == set()
-    assert rules(tp=2, pp=2, dp=4, grad_accum_steps=4, sequence_parallel=True) == set()
+    assert rules(tp=2, pp=2, dp=4, grad_accum_steps=4, sequence_parallel=True, engine="megatron") == set()
+    # The same layout under plain DeepSpeed: no Megatron SP, and AutoTP does not compose with PipelineModule.
+    assert rules(tp=2, pp=2, dp=4, grad_accum_steps=4, sequence_parallel=True) == {
+        "deepspeed:sequence_parallel", "deepspeed:tp_pp"}
 
 
 @pytest.mark.parametrize("kw,rule", [
     (dict(dp=8), "world_size"),
     (dict(pp=5, dp=3), "world_size"),
-    (dict(pp=16, dp=1, global_batch_size=1), "layers_pp"),
-    (dict(pp=2, dp=8, vpp=5, framework="megatron", global_batch_size=16, grad_accum_steps=2), "layers_vpp"),
+    (dict(pp=32, dp=1, global_batch_size=1), "world_size"),
+    (dict(pp=16, dp=1, global_batch_size=1, engine="megatron"), "megatron:layer_split"),
+    (dict(pp=2, dp=8, vpp=5, engine="megatron", global_batch_size=16, grad_accum_steps=2), "layers_vpp"),
     (dict(vpp=2), "vpp_needs_pp"),
     (dict(global_batch_size=17), "batch_triple"),
     (dict(cp=4, dp=4, seq_len=2052), "seq_cp"),
     (dict(ep=2), "ep_dense"),
-    (dict(pp=2, dp=8, zero_stage=2, global_batch_size=16, grad_accum_steps=2), "zero_pp"),
-    (dict(zero_stage=2, framework="megatron"), "zero_megatron"),
+    (dict(pp=2, dp=8, zero_stage=2, global_batch_size=16, grad_accum_steps=2), "deepspeed:zero_pp"),
+    (dict(zero_stage=2, engine="megatron"), "megatron:zero_stage"),
+    (dict(zero_stage=1, engine="fsdp"), "fsdp:zero_stage"),
+    (dict(tp=2, dp=8, engine="hf"), "hf:tp"),
+    (dict(cp=2, dp=8, engine="hf"), "hf:cp"),
+    (dict(cp=2, dp=8, tp=2, global_batch_size=8), "deepspeed:ulysses_layout"),
+    (dict(zero_stage=3, offload_param="cpu", engine="fsdp"), "fsdp:offload"),
+    (dict(zero_stage=1, offload_optimizer="cpu", engine="megatron"), "megatron:offload_optimizer"),
+    (dict(dp_replicate=2, zero_stage=3), "deepspeed:hybrid_shard"),
     (dict(zero_stage=2, offload_param="cpu"), "offload_param_zero3"),
     (dict(offload_optimizer="cpu"), "offload_optimizer_zero"),
     (dict(zero_stage=3, offload_optimizer="nvme"), "nvme_path"),
@@ -73,16 +84,17 @@ def test_experts_divisible_by_ep():
 def test_every_violation_is_reported_at_once():
     with pytest.raises(InputError) as err:
         make_plan(MODEL, CLUSTER, tp=3, pp=5, global_batch_size=7, zero_stage=3, offload_param="nvme",
-                  precision="fp8")
+                  precision="fp8", engine="megatron")
     text = str(err.value)
-    for needle in ("not divisible by tp*pp*cp", "multiple of tp (3)", "cannot be split over pp=5", "nvme_path",
-                   "no fp8", "incompatible with pipeline"):
+    for needle in ("not divisible by tp*pp*cp", "multiple of tp (3)", "cannot split 24 layers over pp=5",
+                   "nvme_path", "no fp8", "no ZeRO stage 3", "no parameter offload to nvme",
+                   "no engine runs this plan as it is"):
         assert needle in text, needle
     assert len(err.value.problems) >= 6
 
 
 def test_make_plan_derives_dp_and_accumulation():
-    plan = make_plan(MODEL, CLUSTER, tp=2, pp=2, global_batch_size=64, micro_batch_size=2)
+    plan = make_plan(MODEL, CLUSTER, tp=2, pp=2, global_batch_size=64, micro_batch_size=2, engine="megatron")
     assert (plan.dp, plan.grad_accum_steps, plan.sequence_parallel) == (4, 8, True)
     assert plan.tokens_per_step == 64 * 2048
 
@@ -96,3 +108,17 @@ def test_uneven_pipeline_split_as_llama3_405b():
     assert stage_layers(126, 16, 15) == (119, 7)
     assert pipeline_split(24, 5) is None  # 5 + 5 + 5 leaves 9 for two end stages: no equal split
     assert pipeline_split(80, 8) == (10, 10, 10)
+
+
+def test_deepspeed_pipeline_splits_unevenly_as_partition_uniform():
+    # BLOOM-176B ran 70 layers on 12 stages under Megatron-DeepSpeed; DeepSpeed's partition_uniform gives the
+    # first 70 % 12 = 10 stages one layer more: 10 x 6 + 2 x 5.
+    from autotune.specs.layout import layer_counts, stage_layers
+
+    assert layer_counts(70, 12, "uniform") == (6,) * 10 + (5, 5)
+    assert stage_layers(70, 12, 11, "uniform") == (65, 5)
+    assert layer_counts(24, 5, "uniform") == (5, 5, 5, 5, 4)
+    assert layer_counts(24, 5, "megatron") is None and layer_counts(24, 5, "any") == (5, 5, 5, 5, 4)
+    assert rules(pp=4, dp=4, global_batch_size=16, grad_accum_steps=4,
+                 model=ModelSpec(name="m70", num_layers=70, hidden_size=1024, num_attention_heads=16,
+                                 ffn_hidden_size=4096, vocab_size=32000)) == set()

@@ -26,11 +26,11 @@ from autotune.specs.loading import load_cluster, load_model
 from autotune.tune import study as study_mod
 from autotune.tune import trial as trial_mod
 from autotune.tune.calibrate import FIT_FIELDS, StepMeasurement, calibrate, predict_step_time_s
-from autotune.tune.sampler import PARAM, PlanSampler, plan_key, plan_region
+from autotune.tune.sampler import DIMENSIONS, PARAM, PlanSampler, plan_key, plan_region, trial_key
 
 MODEL = load_model("tiny-gpt")
 CLUSTER = load_cluster(gpu="cpu", num_gpus=2)
-CONSTRAINTS = SearchConstraints(tp=1, pp=1, frameworks=("deepspeed",), recompute=("none", "full"),
+CONSTRAINTS = SearchConstraints(tp=1, pp=1, cp=1, engines=("deepspeed",), recompute=("none", "full"),
                                 max_micro_batch_size=4)
 SEQ, GB = 64, 8
 RANKED = search_plans(MODEL, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=CONSTRAINTS, top_k=3).ranked
@@ -52,7 +52,7 @@ class FakeRunner:
         self.default = default
         self.calls: list[str] = []
 
-    def __call__(self, spec, on_step=None):
+    def __call__(self, spec, on_step=None, on_phase=None, on_launch=None):
         p = spec.plan
         self.calls.append(plan_key(p))
         status = self.outcomes.get((p.zero_stage, p.micro_batch_size, p.recompute, p.offload_optimizer), self.default)
@@ -79,7 +79,7 @@ class FakeRunner:
 def run(tmp_path: Path, monkeypatch, runner: FakeRunner, **kw):
     monkeypatch.setattr(trial_mod, "run_trial", runner)
     args = dict(seq_len=SEQ, global_batch=GB, constraints=CONSTRAINTS, workload=trial_mod.Workload(kind="builtin"),
-                out_dir=tmp_path / "out", trials=4, top_k=3, steps=2, warmup_steps=1)
+                out_dir=tmp_path / "out", trials=4, top_k=3, steps=2, warmup_steps=1, finalists=0)
     args.update(kw)
     return study_mod.tune(MODEL, CLUSTER, **args)
 
@@ -178,18 +178,18 @@ def test_all_fail_says_why_and_cli_exits_1(tmp_path, monkeypatch, capsys):
 def test_resume_after_kill(tmp_path, monkeypatch):
     runner = FakeRunner()
     first = run(tmp_path, monkeypatch, runner, trials=2, top_k=3)
-    finished = {t.number: (t.params[PARAM], t.value) for t in first.trials}
+    finished = {t.number: (trial_key(t), t.value) for t in first.trials}
     # Simulate a tuner killed with SIGKILL mid-trial: a trial left RUNNING with the 3rd plan.
     url = f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}"
     s = optuna.load_study(study_name="autotune", storage=url)
-    t = s.ask({PARAM: CategoricalDistribution(sorted(KEYS))})
-    assert t.params[PARAM]  # whatever the default sampler drew; make it the next planned one:
+    t = s.ask()
     s2 = optuna.load_study(study_name="autotune", storage=url)
     stuck = s2._storage.get_trial(t._trial_id)
     assert stuck.state == TrialState.RUNNING
+    s2._storage.set_trial_user_attr(t._trial_id, PARAM, KEYS[2])  # the next planned plan
     s2._storage.set_trial_user_attr(t._trial_id, "host", "elsewhere")
     s2._storage.set_trial_user_attr(t._trial_id, "pid", 1)
-    stuck_key = t.params[PARAM]
+    stuck_key = KEYS[2]
 
     with pytest.raises(InputError):  # an existing study needs --resume or --worker
         run(tmp_path, monkeypatch, FakeRunner(), trials=4)
@@ -199,11 +199,11 @@ def test_resume_after_kill(tmp_path, monkeypatch):
     assert trials[t.number].state == TrialState.FAIL
     assert trials[t.number].user_attrs["status"] == "interrupted"
     for number, (key, value) in finished.items():  # nothing finished was lost or rerun
-        assert trials[number].params[PARAM] == key and trials[number].value == value
+        assert trial_key(trials[number]) == key and trials[number].value == value
         assert key not in runner2.calls
     counted = [x for x in second.trials if x.user_attrs.get("status") != "interrupted"]
     assert len(counted) == 4
-    assert len({x.params[PARAM] for x in counted}) == 4
+    assert len({trial_key(x) for x in counted}) == 4
     assert stuck_key in KEYS  # the interrupted plan is free again (it may be picked)
 
 
@@ -262,11 +262,11 @@ def test_calibration_recovers_known_efficiency(tmp_path):
 
 def test_ctrl_c_marks_trial_interrupted_and_study_resumes(tmp_path, monkeypatch):
     class Interrupting(FakeRunner):
-        def __call__(self, spec, on_step=None):
+        def __call__(self, spec, on_step=None, **kw):
             if len(self.calls) == 1:  # second trial: Ctrl-C (run_trial has killed its processes)
                 self.calls.append(plan_key(spec.plan))
                 raise KeyboardInterrupt
-            return super().__call__(spec, on_step)
+            return super().__call__(spec, on_step, **kw)
 
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, monkeypatch, Interrupting(), trials=3)
@@ -276,4 +276,4 @@ def test_ctrl_c_marks_trial_interrupted_and_study_resumes(tmp_path, monkeypatch)
     runner = FakeRunner()
     result = run(tmp_path, monkeypatch, runner, trials=3, resume=True)
     assert result.state_counts == {"complete": 3, "interrupted": 1}
-    assert t1.params[PARAM] in runner.calls  # the interrupted plan is measured again
+    assert trial_key(t1) in runner.calls  # the interrupted plan is measured again

@@ -1,0 +1,140 @@
+"""DeepSpeed 0.19.8 on the user's own model: ZeRO 0-3 + offload, AutoTP, PipelineModule, Ulysses.
+
+What it runs and why not the rest:
+- ZeRO stages 0-3 with optimizer offload (stages 1-3) and parameter offload (stage 3), CPU or NVMe.
+- AutoTP (``"tensor_parallel": {"autotp_size": tp}``, deepspeed/runtime/tensor_parallel/config.py): tp ranks
+  share one batch. It does not compose with PipelineModule (DeepSpeed issues #7147, #7730).
+- PipelineModule: its own uneven split (``partition_method``, ds_utils.partition_uniform), ZeRO <= 1
+  (pipe/engine.py:76 "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), no interleaving.
+- Ulysses sequence parallelism (``sequence_parallel_size``): cp here is Ulysses' degree; attention heads are
+  scattered over it (all-to-all), so heads must divide; not with PipelineModule or AutoTP in this version.
+- No Megatron-style sequence parallelism (that is Megatron-LM's), no Megatron CP ring.
+"""
+
+from __future__ import annotations
+
+from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.common import DS_CONFIG, builtin_or_user_entry, deepspeed_json
+
+__all__ = ["DeepSpeedEngine"]
+
+
+class DeepSpeedEngine(Engine):
+    name = "deepspeed"
+    title = "DeepSpeed"
+    version = "DeepSpeed 0.19.8"
+    support = EngineSupport(tp="autotp", sequence_parallel=False, pp="deepspeed", vpp=False, layer_split="uniform",
+                            tp_with_pp=False, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
+                            zero_stages_with_pp=(0, 1), offload_optimizer=("none", "cpu", "nvme"),
+                            offload_param=("none", "cpu", "nvme"))
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
+                        cp_kind="ulysses")
+    checkpoint_format = "deepspeed"
+    workload = "builtin"
+    sources = {
+        "tp_pp": "DeepSpeed issues #7147, #7730: AutoTP inside PipelineModule is not supported",
+        "zero_pp": "deepspeed/runtime/pipe/engine.py:76",
+        "sequence_parallel": "DeepSpeed has Ulysses (sequence_parallel_size), not Megatron SP",
+        "vpp": "deepspeed/runtime/pipe/schedule.py: TrainSchedule is plain 1F1B",
+        "layer_split": "deepspeed/runtime/utils.py partition_uniform",
+        "ulysses_heads": "deepspeed/sequence/layer.py DistributedAttention (all-to-all over heads)",
+    }
+
+    def extra_problems(self, model, cluster, plan) -> list[Rule]:
+        return offload_rules(self, plan) + ulysses_rules(self, plan)
+
+    def model_states(self, model, plan, stage, dense_params, expert_params):
+        from autotune.cost.model_states import ds_zero12_grad_elements, zero_states
+
+        elements = None
+        if model is not None and plan.zero_stage in (1, 2):
+            elements = ds_zero12_grad_elements(model, plan.pp, stage, plan.tp, plan.zero_partitions,
+                                               self.support.layer_split)
+        return zero_states(plan, dense_params, expert_params, elements)
+
+    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+        return zero_buffers(model, plan, groups, settings)
+
+    def saved_states_plan(self, plan):
+        # ZeRO-3 writes fp32 partitions in the optimizer files; 16-bit weights only via save_16bit_model().
+        return plan.with_(offload_optimizer="none", offload_param="none"), plan.zero_stage != 3
+
+    def tag(self, plan) -> str:
+        return f"ds-zero{plan.zero_stage}"
+
+    def sharding(self, plan) -> str:
+        return ZERO_WORDS[plan.zero_stage]
+
+    def render_files(self, est, options, policy, env) -> EngineFiles:
+        files = {DS_CONFIG: deepspeed_json(est, options, policy.ds_checkpoint_block())}
+        entry, args = builtin_or_user_entry(options, ["--deepspeed-config", DS_CONFIG],
+                                            ["--deepspeed", "--deepspeed_config", DS_CONFIG])
+        return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="deepspeed",
+                           user_script_needs=user_script_needs(est.plan))
+
+
+ZERO_WORDS = {0: "no sharding: every replica keeps all model states",
+              1: "optimizer states (and gradient partitions) sharded over the dp x cp ranks",
+              2: "optimizer states and gradients sharded over the dp x cp ranks",
+              3: "parameters, gradients and optimizer states sharded; layers gathered just in time"}
+
+
+def user_script_needs(plan) -> tuple[str, ...]:
+    """What the user's own DeepSpeed script must do to run this plan with ds_config.json."""
+    out = ["call deepspeed.initialize(model=..., model_parameters=..., config='ds_config.json') and train with "
+           "engine.backward(loss); engine.step()"]
+    if plan.tp > 1:
+        out.append(f"AutoTP (tensor_parallel.autotp_size={plan.tp}): build the model as a Hugging Face transformers "
+                   f"model (or one with nn.Linear layers AutoTP recognises) and feed every rank of a TP group the "
+                   f"same batch")
+    if plan.pp > 1:
+        out.append(f"PipelineModule: express the model as a list of LayerSpec with num_stages={plan.pp} and "
+                   f"partition_method='type:<YourBlockClass>' (uneven splits as partition_uniform does them); train "
+                   f"with engine.train_batch(data_iter)")
+    if plan.cp > 1:
+        out.append(f"Ulysses: wrap the attention core in deepspeed.sequence.layer.DistributedAttention over a "
+                   f"sequence-parallel group of {plan.cp} ranks and feed each rank its sequence shard")
+    if plan.recompute != "none":
+        out.append("activation checkpointing: wrap each transformer block in deepspeed.checkpointing.checkpoint")
+    return tuple(out)
+
+
+def offload_rules(engine: Engine, plan) -> list[Rule]:
+    """ZeRO-Offload / ZeRO-Infinity rules (DeepSpeed runtime/zero/config.py, partition_parameters.py)."""
+    out = []
+    if plan.offload_param != "none" and plan.zero_stage != 3:
+        out.append(Rule(id="offload_param_zero3", source="deepspeed/runtime/zero/offload_config.py",
+                        message=f"{engine.title}: parameter offload needs ZeRO-3 (got ZeRO-{plan.zero_stage}): "
+                                f"set zero_stage=3 or offload_param=none"))
+    if plan.offload_optimizer != "none" and plan.zero_stage == 0:
+        out.append(Rule(id="offload_optimizer_zero", source="deepspeed/runtime/zero/offload_config.py",
+                        message=f"{engine.title}: optimizer offload (ZeRO-Offload) needs ZeRO stage 1, 2 or 3"))
+    return out
+
+
+def ulysses_rules(engine: Engine, plan) -> list[Rule]:
+    out = []
+    if plan.cp > 1 and (plan.pp > 1 or plan.tp > 1):
+        out.append(Rule(id=f"{engine.name}:ulysses_layout", source="deepspeed/sequence/layer.py (Ulysses)",
+                        message=f"{engine.title}: Ulysses sequence parallelism (cp={plan.cp}) runs with data "
+                                f"parallelism and ZeRO only, not with PipelineModule or AutoTP: set tp=pp=1"))
+    return out
+
+
+def zero_buffers(model, plan, groups, settings) -> dict[str, float]:
+    """DeepSpeed's buckets and ZeRO-3 live parameters on one GPU (elements x 2 bytes)."""
+    from autotune.cost.memory import largest_layer
+
+    out: dict[str, float] = {}
+    psi = groups.per_gpu(plan.tp, plan.ep)
+    if plan.zero_stage in (1, 2):
+        # Gradients are copied into a reduce bucket before the reduce-scatter; capped by the model size.
+        # With overlap_comm two buckets are in flight (one filling, one reducing).
+        out["reduce_bucket"] = 2 * min(settings.reduce_bucket_size, psi) * (2 if plan.overlap_comm else 1)
+        out["allgather_bucket"] = 2 * min(settings.allgather_bucket_size, psi)
+    elif plan.zero_stage == 3:
+        out["reduce_bucket"] = 2 * settings.reduce_bucket_size  # allocated eagerly, whatever the model size
+        layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
+        out["live_parameters"] = 2 * min(settings.stage3_max_live_parameters, 2 * layer)
+        out["prefetch_bucket"] = 2 * min(settings.stage3_prefetch_bucket_size, layer)
+    return out

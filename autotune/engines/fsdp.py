@@ -1,0 +1,104 @@
+"""PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) and torchtitan: the plan's sharding in PyTorch terms.
+
+zero_stage 3 = FULL_SHARD (``reshard_after_forward=True``), 2 = SHARD_GRAD_OP (``reshard_after_forward=False``),
+0 = no sharding (replicate / DDP); there is no optimizer-only sharding (ZeRO-1). ``dp_replicate > 1`` is HSDP
+(a replicate x shard mesh). TP is DTensor ``parallelize_module`` (Colwise/Rowwise, SequenceParallel norms),
+PP is ``torch.distributed.pipelining`` (1F1B, Interleaved1F1B with vpp > 1; stages split by module names, so
+uneven splits are fine), CP is ring attention (``context_parallel``), Float8 via torchao, offload via
+``CPUOffloadPolicy`` (parameters, gradients and optimizer states together, FULL_SHARD only).
+"""
+
+from __future__ import annotations
+
+from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.common import builtin_or_user_entry
+
+__all__ = ["FSDPEngine"]
+
+FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gradients and optimizer states",
+              2: "SHARD_GRAD_OP (reshard_after_forward=False): fp32 weights, gradients and optimizer states sharded; "
+                 "bf16 weights stay gathered from forward to backward",
+              3: "FULL_SHARD (reshard_after_forward=True): everything sharded; each block gathered for its forward "
+                 "and again for its backward"}
+
+
+class FSDPEngine(Engine):
+    name = "fsdp"
+    title = "PyTorch FSDP2 / torchtitan"
+    version = "torch 2.13 (fully_shard, DTensor, pipelining); torchtitan v0.2.x"
+    support = EngineSupport(tp="dtensor", sequence_parallel=True, pp="pipelining", vpp=True, layer_split="any",
+                            tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),
+                            offload_optimizer=("none", "cpu"), offload_param=("none", "cpu"), hybrid_shard=True,
+                            precisions=("bf16", "fp16", "fp8"))
+    comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring")
+    checkpoint_format = "dcp"
+    workload = "builtin"
+    sources = {"zero_stage": "FSDP2 fully_shard has no optimizer-only sharding: use zero_stage 2 or 3",
+               "offload_optimizer": "torch.distributed.fsdp.CPUOffloadPolicy",
+               "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy"}
+
+    def extra_problems(self, model, cluster, plan) -> list[Rule]:
+        out = []
+        if plan.offload_param != plan.offload_optimizer or (plan.offload_param != "none" and plan.zero_stage != 3):
+            out.append(Rule(id="fsdp:offload", source="torch.distributed.fsdp.CPUOffloadPolicy",
+                            message="FSDP2: CPUOffloadPolicy offloads parameters, gradients and optimizer states "
+                                    "together, under FULL_SHARD: set offload_param = offload_optimizer = cpu with "
+                                    "zero_stage 3, or neither"))
+        if plan.dp_replicate > 1 and plan.zero_stage == 0:
+            out.append(Rule(id="fsdp:hybrid_no_shard", source="torch.distributed.fsdp.fully_shard (2-D mesh)",
+                            message="FSDP2: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))
+        return out
+
+    def model_states(self, model, plan, stage, dense_params, expert_params):
+        from autotune.cost.model_states import fsdp2_states
+
+        return fsdp2_states(plan, dense_params, expert_params)
+
+    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+        from autotune.cost.memory import largest_layer
+
+        if plan.zero_stage == 0:
+            return {}
+        layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
+        if plan.zero_stage == 2:  # every block's bf16 parameters stay gathered between its forward and backward
+            return {"unsharded_params": 2 * groups.per_gpu(plan.tp, plan.ep)}
+        # FULL_SHARD: the running block and the prefetched next one, in bf16; the running block's unsharded
+        # bf16 gradient and its fp32 copy for the reduce-scatter (reduce_dtype fp32).
+        return {"unsharded_params": 2 * 2 * layer, "reduce_scatter_grads": (2 + 4) * layer}
+
+    def grad_reduce_bytes(self, plan) -> float:
+        return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default
+
+    def saved_states_plan(self, plan):
+        # DCP writes every tensor once (replicas deduplicated), spread over the ranks: the FULL_SHARD share.
+        return plan.with_(zero_stage=3, dp_replicate=1, offload_optimizer="none", offload_param="none"), True
+
+    def tag(self, plan) -> str:
+        base = {0: "fsdp-noshard", 2: "fsdp-grad-op", 3: "fsdp-full"}.get(plan.zero_stage, f"fsdp{plan.zero_stage}")
+        return base + (f"-hsdp{plan.dp_replicate}" if plan.dp_replicate > 1 else "")
+
+    def sharding(self, plan) -> str:
+        words = FSDP_WORDS.get(plan.zero_stage, "")
+        if plan.dp_replicate > 1:
+            words += f"; hybrid: sharded within groups of {plan.dp // plan.dp_replicate}, replicated {plan.dp_replicate}x"
+        return words
+
+    def fp8_how(self, plan) -> str:
+        return "torchao.float8 convert_to_float8_training (tensorwise scaling) on the linear layers"
+
+    def render_files(self, est, options, policy, env) -> EngineFiles:
+        entry, args = builtin_or_user_entry(options, [], [])
+        plan = est.plan
+        needs = [f"a 2-D DeviceMesh (dp_replicate={plan.dp_replicate}, dp_shard={plan.dp // plan.dp_replicate})"
+                 f" x cp {plan.cp} x tp {plan.tp} (torch.distributed.device_mesh.init_device_mesh)",
+                 "fully_shard(block, mesh=..., reshard_after_forward=%s, mp_policy=MixedPrecisionPolicy("
+                 "param_dtype=torch.bfloat16, reduce_dtype=torch.float32)) on every transformer block, then on the "
+                 "root" % (plan.zero_stage == 3)]
+        if plan.tp > 1:
+            needs.append("parallelize_module(block, tp_mesh, {ColwiseParallel for q/k/v/gate/up, RowwiseParallel for "
+                         "o/down, SequenceParallel for norms})")
+        if plan.pp > 1:
+            needs.append(f"torch.distributed.pipelining: PipelineStage per rank and Schedule"
+                         f"{'Interleaved1F1B' if plan.vpp > 1 else '1F1B'} with n_microbatches={plan.num_microbatches}")
+        return EngineFiles(files={}, entry=entry, program_args=args, env=env, launcher="torchrun",
+                           user_script_needs=tuple(needs))

@@ -1,0 +1,70 @@
+"""Hugging Face Trainer / accelerate driving DeepSpeed ZeRO: data parallelism with ZeRO 0-3 and offload.
+
+The Trainer fills the ``"auto"`` values of ``ds_config_hf.json`` from ``TrainingArguments``; accelerate takes
+a DeepSpeed config with concrete values (``accelerate_config.yaml`` + ``ds_config_accelerate.json``).
+Model parallelism (AutoTP, pipelines, Ulysses) is not driven through this path here: plans with tp, pp or
+cp > 1 run on the ``deepspeed`` engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.deepspeed import ZERO_WORDS, offload_rules, zero_buffers
+from autotune.engines.common import builtin_or_user_entry
+
+__all__ = ["HFEngine"]
+
+HF_DS_CONFIG = "ds_config_hf.json"
+
+
+class HFEngine(Engine):
+    name = "hf"
+    title = "Hugging Face Trainer / accelerate (DeepSpeed backend)"
+    version = "transformers 5.24 / accelerate 1.15 / DeepSpeed 0.19.8"
+    support = EngineSupport(tp=None, sequence_parallel=False, pp=None, vpp=False, layer_split="megatron",
+                            tp_with_pp=False, cp=None, ep=False, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(),
+                            offload_optimizer=("none", "cpu", "nvme"), offload_param=("none", "cpu", "nvme"),
+                            precisions=("bf16", "fp16"))
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule=None, cp_kind=None)
+    checkpoint_format = "deepspeed"
+    workload = "builtin"
+    sources = {"tp": "the HF path here is data-parallel ZeRO; use engine deepspeed for AutoTP",
+               "pp": "transformers Trainer has no pipeline schedule; use engine deepspeed or megatron",
+               "cp": "use engine deepspeed for Ulysses"}
+
+    def extra_problems(self, model, cluster, plan) -> list[Rule]:
+        return offload_rules(self, plan)
+
+    def model_states(self, model, plan, stage, dense_params, expert_params):
+        from autotune.engines import ENGINES
+
+        return ENGINES["deepspeed"].model_states(model, plan, stage, dense_params, expert_params)
+
+    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+        return zero_buffers(model, plan, groups, settings)
+
+    def saved_states_plan(self, plan):
+        return plan.with_(offload_optimizer="none", offload_param="none"), plan.zero_stage != 3
+
+    def tag(self, plan) -> str:
+        return f"hf-zero{plan.zero_stage}"
+
+    def sharding(self, plan) -> str:
+        return ZERO_WORDS[plan.zero_stage]
+
+    def render_files(self, est, options, policy, env) -> EngineFiles:
+        from autotune.emit.deepspeed import accelerate_config_yaml, hf_deepspeed_config
+
+        model, cluster, plan = est.model, est.cluster, est.plan
+        files = {HF_DS_CONFIG: json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n",
+                 "accelerate_config.yaml": accelerate_config_yaml(plan, cluster, HF_DS_CONFIG)}
+        entry, args = builtin_or_user_entry(options, ["--hf-config", HF_DS_CONFIG], [])
+        needs = ("TrainingArguments(deepspeed='ds_config_hf.json', "
+                 f"per_device_train_batch_size={plan.micro_batch_size}, "
+                 f"gradient_accumulation_steps={plan.grad_accum_steps}, "
+                 f"{'bf16' if plan.precision != 'fp16' else 'fp16'}=True"
+                 + (", gradient_checkpointing=True" if plan.recompute != "none" else "") + ")",)
+        return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
+                           user_script_needs=needs)

@@ -1,0 +1,73 @@
+"""Megatron-LM / Megatron-core: TP (+ SP), PP with uneven first/last stages and interleaving, CP ring, EP,
+DDP or the distributed optimizer (zero_stage 1). No ZeRO-2/3, no offload (those are DeepSpeed's)."""
+
+from __future__ import annotations
+
+from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.common import shell_array
+
+__all__ = ["MegatronEngine"]
+
+
+class MegatronEngine(Engine):
+    name = "megatron"
+    title = "Megatron-LM"
+    version = "Megatron-LM core_v0.16 (arguments.py)"
+    support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
+                            tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1))
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring")
+    checkpoint_format = "torch_dist"
+    workload = "command"
+    """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""
+    sources = {"zero_stage": "Megatron-LM shards optimizer states only (--use-distributed-optimizer = ZeRO-1)",
+               "offload_optimizer": "offload is DeepSpeed's: use engine deepspeed",
+               "offload_param": "offload is DeepSpeed's: use engine deepspeed",
+               "layer_split": "arguments.py:969 (--decoder-first/last-pipeline-num-layers)"}
+
+    def extra_problems(self, model, cluster, plan) -> list[Rule]:
+        out = []
+        # Megatron-core TransformerConfig: "When using expert parallelism and tensor parallelism,
+        # sequence parallelism must be used".
+        if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
+            out.append(Rule(id="ep_tp_sp", source="megatron/core/transformer/transformer_config.py",
+                            message=f"Megatron-LM: expert parallelism with tp={plan.tp} needs sequence "
+                                    f"parallelism: enable it"))
+        return out
+
+    def model_states(self, model, plan, stage, dense_params, expert_params):
+        from autotune.cost.model_states import megatron_states
+
+        return megatron_states(plan, dense_params, expert_params)
+
+    def grad_reduce_bytes(self, plan) -> float:
+        from autotune.cost.model_states import megatron_grad_bytes
+
+        return float(megatron_grad_bytes(plan))
+
+    def saved_states_plan(self, plan):
+        # Fully parallel torch_dist save: every tensor once, spread over all ranks as ZeRO-3 would hold it.
+        return plan.with_(engine="deepspeed", zero_stage=3, offload_optimizer="none", offload_param="none"), True
+
+    def tag(self, plan) -> str:
+        return "mcore-distopt" if plan.zero_stage else "mcore-ddp"
+
+    def sharding(self, plan) -> str:
+        return ("distributed optimizer: optimizer states sharded over the dp x cp ranks" if plan.zero_stage
+                else "plain data parallel: every replica keeps all optimizer states")
+
+    def fp8_how(self, plan) -> str:
+        return "Megatron-LM flags"
+
+    def fp8_param_gather(self, plan) -> bool:
+        return plan.zero_stage == 1
+
+    def render_files(self, est, options, policy, env) -> EngineFiles:
+        from autotune.emit.megatron import megatron_args
+
+        argv = megatron_args(est.model, est.cluster, est.plan, options, checkpoint_flags=policy.megatron_flags())
+        files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
+                                                 "Megatron-LM pretrain_gpt.py arguments written by autotune")}
+        entry = (options.launch.script or "pretrain_gpt.py",)
+        return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="torchrun",
+                           user_script_needs=("Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; "
+                                              "--mock-data unless --data-path is given",))

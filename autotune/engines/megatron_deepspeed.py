@@ -1,0 +1,65 @@
+"""Megatron-DeepSpeed (BLOOM, MT-NLG): Megatron TP (+ SP) inside DeepSpeed's PipelineModule, whose
+``partition_method='type:transformer'`` splits layers uniformly (uneven where they do not divide: BLOOM's
+70 layers on 12 stages), ZeRO-1 (BF16_Optimizer with bf16) over dp; ZeRO-2/3 only without a pipeline;
+DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism."""
+
+from __future__ import annotations
+
+from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
+from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
+
+__all__ = ["MegatronDeepSpeedEngine"]
+
+
+class MegatronDeepSpeedEngine(Engine):
+    name = "megatron-deepspeed"
+    title = "Megatron-DeepSpeed"
+    version = "Megatron-DeepSpeed (microsoft, 2024) on DeepSpeed 0.19.8"
+    support = EngineSupport(tp="megatron", sequence_parallel=True, pp="deepspeed", vpp=False, layer_split="uniform",
+                            tp_with_pp=True, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
+                            zero_stages_with_pp=(0, 1))
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
+                        cp_kind="ulysses")
+    checkpoint_format = "deepspeed"
+    workload = "command"
+    sources = {"zero_pp": "deepspeed/runtime/pipe/engine.py:76",
+               "vpp": "DeepSpeed's PipelineEngine TrainSchedule has no interleaving",
+               "layer_split": "megatron/model/gpt_model.py GPTModelPipe partition_method='type:transformer'"}
+
+    def extra_problems(self, model, cluster, plan) -> list[Rule]:
+        return [r for r in ulysses_rules(self, plan) if plan.pp > 1]  # Ulysses composes with Megatron TP here
+
+    def model_states(self, model, plan, stage, dense_params, expert_params):
+        from autotune.cost.model_states import bf16_optimizer_states, zero_states
+
+        if plan.precision != "fp16" and plan.zero_stage <= 1:  # bf16 (and fp8 outside TE) use BF16_Optimizer
+            return bf16_optimizer_states(plan, dense_params, expert_params)
+        return zero_states(plan, dense_params, expert_params)
+
+    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+        return zero_buffers(model, plan, groups, settings) if plan.zero_stage >= 2 else {}
+
+    def grad_reduce_bytes(self, plan) -> float:
+        return 2.0 if plan.precision == "fp16" else 4.0  # BF16_Optimizer reduces its fp32 accumulators
+
+    def saved_states_plan(self, plan):
+        return plan.with_(offload_optimizer="none", offload_param="none"), plan.zero_stage != 3
+
+    def tag(self, plan) -> str:
+        return "mds-bf16opt" if plan.precision != "fp16" and plan.zero_stage <= 1 else f"mds-zero{plan.zero_stage}"
+
+    def sharding(self, plan) -> str:
+        return ZERO_WORDS[plan.zero_stage]
+
+    def render_files(self, est, options, policy, env) -> EngineFiles:
+        from autotune.emit.megatron import megatron_deepspeed_args
+
+        argv = megatron_deepspeed_args(est.model, est.cluster, est.plan, options, DS_CONFIG)
+        files = {DS_CONFIG: deepspeed_json(est, options, policy.ds_checkpoint_block()),
+                 "megatron_deepspeed_args.sh": shell_array(
+                     "MEGATRON_DEEPSPEED_ARGS", argv, env, "Megatron-DeepSpeed pretrain_gpt.py arguments written by "
+                                                           "autotune")}
+        entry = (options.launch.script or "pretrain_gpt.py",)
+        return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="deepspeed",
+                           user_script_needs=("Megatron-DeepSpeed's pretrain_gpt.py (CUDA) with these arguments",))

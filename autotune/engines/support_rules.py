@@ -1,0 +1,67 @@
+"""The rules that follow from an engine's :class:`EngineSupport`: one per plan dimension it cannot run.
+
+Rule ids are ``<engine>:<dimension>`` (``deepspeed:sequence_parallel``), so the planner's rejection
+counts say which engine refused what. Each message carries the engine's source (its ``sources``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.engines.base import Rule
+from autotune.specs.layout import layer_counts
+
+if TYPE_CHECKING:
+    from autotune.engines.base import Engine
+    from autotune.specs.model import ModelSpec
+    from autotune.specs.plan import ParallelPlan
+
+__all__ = ["support_problems"]
+
+
+def support_problems(engine: Engine, model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    s, src = engine.support, getattr(engine, "sources", {})
+    out: list[Rule] = []
+
+    def bad(dim: str, message: str) -> None:
+        out.append(Rule(id=f"{engine.name}:{dim}", message=f"{engine.title}: {message}",
+                        source=src.get(dim, engine.version)))
+
+    if plan.tp > 1 and s.tp is None:
+        bad("tp", f"no tensor parallelism (tp={plan.tp}): set tp=1")
+    if plan.sequence_parallel and not s.sequence_parallel:
+        bad("sequence_parallel", "no Megatron-style sequence parallelism: disable it"
+            + (" (DeepSpeed's own sequence parallelism is Ulysses: use cp)" if s.cp == "ulysses" else ""))
+    if plan.pp > 1 and s.pp is None:
+        bad("pp", f"no pipeline parallelism (pp={plan.pp}): set pp=1")
+    if plan.pp > 1 and plan.tp > 1 and s.pp is not None and s.tp is not None and not s.tp_with_pp:
+        bad("tp_pp", f"its tensor parallelism ({s.tp}) does not compose with its pipeline engine ({s.pp}): "
+                     f"use tp=1 or pp=1")
+    if plan.vpp > 1 and not s.vpp:
+        bad("vpp", "no interleaved (virtual) pipeline schedule: set vpp=1")
+    if plan.pp > 1 and s.pp is not None and layer_counts(model.num_layers, plan.pp, s.layer_split) is None:
+        bad("layer_split", f"cannot split {model.num_layers} layers over pp={plan.pp} stages ({s.layer_split} split)")
+    if plan.cp > 1 and s.cp is None:
+        bad("cp", f"no context/sequence parallelism (cp={plan.cp}): set cp=1")
+    if plan.cp > 1 and s.cp == "ulysses" and model.num_attention_heads % (plan.cp * plan.tp):
+        bad("ulysses_heads", f"Ulysses scatters attention heads: num_attention_heads ({model.num_attention_heads}) "
+                             f"must be divisible by tp x cp ({plan.tp * plan.cp})")
+    if plan.ep > 1 and not s.ep:
+        bad("ep", f"no expert parallelism (ep={plan.ep}): set ep=1")
+    if plan.zero_stage not in s.zero_stages:
+        bad("zero_stage", f"no ZeRO stage {plan.zero_stage} equivalent: use one of "
+                          f"{', '.join(map(str, s.zero_stages))}")
+    elif plan.pp > 1 and plan.zero_stage not in s.zero_stages_with_pp:
+        bad("zero_pp", f"ZeRO stage {plan.zero_stage} does not run with pipeline parallelism (pp={plan.pp}): use "
+                       f"stage {' or '.join(map(str, s.zero_stages_with_pp))}, or pp=1")
+    if plan.offload_optimizer not in s.offload_optimizer:
+        bad("offload_optimizer", f"no optimizer offload to {plan.offload_optimizer}: use "
+                                 f"{' or '.join(s.offload_optimizer)}")
+    if plan.offload_param not in s.offload_param:
+        bad("offload_param", f"no parameter offload to {plan.offload_param}: use {' or '.join(s.offload_param)}")
+    if plan.dp_replicate > 1 and not s.hybrid_shard:
+        bad("hybrid_shard", f"no hybrid (replicate x shard) data parallelism (dp_replicate={plan.dp_replicate}): "
+                            f"set dp_replicate=1")
+    if plan.precision not in s.precisions:
+        bad("precision", f"no {plan.precision} training: use {' or '.join(s.precisions)}")
+    return out
