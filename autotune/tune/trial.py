@@ -264,10 +264,13 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
         building = ops.live_builds(ext_root, [p.pid for p in job.tree()])
         if building and not phase.steps:
             show(f"building op {', '.join(building)}")
+        # Only locks taken since this trial began: an older dead lock of an op the study needs was
+        # found before the study (ops.ensure_ops); one of an op it does not need blocks nobody.
         for lock in ops.dead_locks(ext_root, ours_since=started_epoch):
-            ops.clear_lock(lock)
-            cleared = "cleared it; the next trial builds the op again" if lock.ours else "left it (not ours)"
-            return "crashed", f"{lock.describe()}: the ranks would wait on it forever; {cleared}"
+            if lock.ours:
+                ops.clear_lock(lock)
+                return "crashed", (f"{lock.describe()}: the ranks would wait on it forever; cleared it, the next "
+                                   "trial builds the op again")
         return None
 
     show()
@@ -307,8 +310,9 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                 reason += f"; processes {left} survived SIGKILL"
             if status == "hung":
                 for lock in ops.dead_locks(ext_root, ours_since=started_epoch) if ext_root.is_dir() else []:
-                    ops.clear_lock(lock)  # a rank killed mid-build: its lock would block the next trial
-                    reason += f"; {lock.describe()}" + (" (cleared)" if lock.ours else "")
+                    if lock.ours:  # a rank killed mid-build: its lock would block the next trial
+                        ops.clear_lock(lock)
+                        reason += f"; {lock.describe()} (cleared)"
                 last = tail(log_path, 3)
                 if last:
                     reason += f"; last log lines: {last[-300:]!r}"

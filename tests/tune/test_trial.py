@@ -58,7 +58,13 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def assert_nothing_left(before: set[int]) -> None:
+class Before(set):
+    """The pids alive before the test, and the test's folder (other sessions' trials run on this machine too)."""
+
+    marker = ""
+
+
+def assert_nothing_left(before: Before) -> None:
     """No process started during the trial is still alive (children of ours or orphans of the trial)."""
     me = psutil.Process()
     kids = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
@@ -68,14 +74,16 @@ def assert_nothing_left(before: set[int]) -> None:
         if p.pid in before:
             continue
         cmd = " ".join(p.info["cmdline"] or ())
-        if "workload_builtin" in cmd or "user_train.py" in cmd or "torch.distributed.run" in cmd:
+        if before.marker in cmd and ("workload_builtin" in cmd or "_train.py" in cmd or "torch.distributed.run" in cmd):
             new.append((p.pid, cmd))
     assert not new, f"trial processes survived: {new}"
 
 
 @pytest.fixture
-def pids_before():
-    return {p.pid for p in psutil.process_iter()}
+def pids_before(tmp_path):
+    before = Before(p.pid for p in psutil.process_iter())
+    before.marker = str(tmp_path)
+    return before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,9 +92,12 @@ def pids_before():
 
 def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
     seen: list[tuple[int, float]] = []
+    phases: list[str] = []
+    launches: list[dict] = []
     s = spec(model, cluster, tmp_path, Workload(kind="builtin"))
     t0 = time.monotonic()
-    r = run_trial(s, on_step=lambda i, t: seen.append((i, t)) and False)
+    r = run_trial(s, on_step=lambda i, t: seen.append((i, t)) and False, on_phase=phases.append,
+                  on_launch=launches.append)
     wall = time.monotonic() - t0
     assert r.status == "completed", r.reason
     assert len(r.step_times_s) == 3 and all(t > 0 for t in r.step_times_s)
@@ -104,6 +115,13 @@ def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
     attrs = json.loads((s.workdir / "result.json").read_text())
     assert attrs == json.loads(json.dumps(r.to_attrs())) and attrs["status"] == "completed"
     assert "RESULT " in r.log_path.read_text()
+    # the phases the progress line shows, in order
+    assert phases[0] == "launching"
+    assert "initialising the engine" in phases
+    assert phases.index("initialising the engine") < phases.index(next(p for p in phases if p.startswith("step 1/4")))
+    assert phases[-1].startswith("step 4/4 (")
+    assert launches and launches[0]["pgid"] == launches[0]["pid"] and launches[0]["start_time"] > 0
+    assert json.loads((s.workdir / "launch.json").read_text()) == launches[0]
     assert_nothing_left(pids_before)
     print(f"\ncompleted ZeRO-1 trial: median step {r.step_time_s:.3f} s, {r.tokens_per_s:.0f} tokens/s, "
           f"peak RSS {r.peak_memory_bytes / 2**20:.0f} MiB, wall {wall:.1f} s")
@@ -153,6 +171,55 @@ def test_script_workload_uses_deepspeed_metric_file(model, cluster, tmp_path, pi
     assert r.tokens_per_s == pytest.approx(metrics["throughput"] * SEQ)
     assert r.peak_memory_bytes and r.peak_memory_bytes > 0
     assert_nothing_left(pids_before)
+
+
+def test_failing_rank_reason_is_its_exception(model, cluster, tmp_path, pids_before):
+    # torchrun's own traceback and ChildFailedError banner come last; the reason is rank 1's assert
+    w = Workload(kind="script", script=str(FIXTURES / "failing_train.py"))
+    r = run_trial(spec(model, cluster, tmp_path, w, timeout_s=120.0))
+    assert r.status == "crashed", r.reason
+    first = r.reason.splitlines()[0]
+    assert "AssertionError: loss scale collapsed to 0.0 on rank 1" in first
+    assert "(rank 1, exit code 1)" in first
+    assert f"log: {r.log_path}" in first
+    assert "ChildFailedError" in r.log_path.read_text() and "ChildFailedError" not in first
+    assert_nothing_left(pids_before)
+
+
+def test_dead_build_lock_stops_the_trial_at_once(model, cluster, tmp_path, monkeypatch):
+    # A rank killed mid-build leaves torch's lock behind; the next ranks would sleep on it until the timeout.
+    root = tmp_path / "ext"
+    (root / "old_op").mkdir(parents=True)
+    foreign = root / "old_op" / "lock"
+    foreign.touch()
+    old = time.time() - 3600
+    os.utime(foreign, (old, old))  # left an hour ago by someone else: reported, never removed
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    cmd = "mkdir -p {workdir}/../ext/fake_op && touch {workdir}/../ext/fake_op/lock && echo built && sleep 60"
+    t0 = time.monotonic()
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd), timeout_s=60.0))
+    assert time.monotonic() - t0 < 20
+    assert r.status == "crashed", r.reason
+    assert f"{root / 'fake_op' / 'lock'} has no live owner" in r.reason and "cleared it" in r.reason
+    assert not (root / "fake_op" / "lock").exists()
+    assert foreign.exists() and "old_op" not in r.reason
+    # the foreign one is what a study needing the op refuses to start on, naming it and the fix
+    from autotune.tune.ops import OpsError, dead_locks, ensure_ops
+
+    [lock] = dead_locks(root)
+    assert not lock.ours and f"rm {foreign}" in lock.why
+    with pytest.raises(OpsError, match="not created by autotune"):
+        ensure_ops(["old_op"], env={"TORCH_EXTENSIONS_DIR": str(root)})
+
+
+def test_warm_ops_check_takes_under_a_second():
+    from autotune.tune.ops import SHM_COMM, ensure_ops
+
+    ensure_ops([SHM_COMM])  # builds it on a fresh machine (~30-60 s), once
+    t0 = time.perf_counter()
+    state = ensure_ops([SHM_COMM])
+    assert time.perf_counter() - t0 < 1.0
+    assert state[SHM_COMM] in ("cached",) or state[SHM_COMM].startswith("incompatible")
 
 
 def test_hung_command_is_killed(model, cluster, tmp_path):
