@@ -1,6 +1,6 @@
 """Compare the step-time model with measurements, and fit its efficiency parameters to them.
 
-Measurements come from published runs (``../shared/reference/published_runs_dev.yaml``:
+Measurements come from published runs (``autotune/data/published_runs/published_runs_dev.yaml``:
 Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5) or from ``autotune tune``
 trials. A measurement is a plan with a measured throughput in a stated FLOP convention
 (model or hardware TFLOP/s per GPU); the fit minimises the squared log error over all of
@@ -50,9 +50,9 @@ class Measurement:
 
 
 def reference_dir() -> Path:
-    """The shared reference folder: $AUTOTUNE_REFERENCE_DIR, else ../shared/reference beside the checkout."""
+    """The published-runs folder: $AUTOTUNE_REFERENCE_DIR, else the copy shipped in autotune/data/published_runs."""
     env = os.environ.get("AUTOTUNE_REFERENCE_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "reference"
+    path = Path(env) if env else Path(__file__).resolve().parent / "data" / "published_runs"
     if not (path / "published_runs_dev.yaml").is_file():
         raise InputError([f"published runs not found in {path}: set AUTOTUNE_REFERENCE_DIR to the folder holding "
                           "published_runs_dev.yaml"], subject="reference data")

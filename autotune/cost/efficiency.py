@@ -17,7 +17,7 @@ collectives reach ``link_efficiency`` of the link bandwidth (nccl-tests bus band
 NVLink/IB is ~80% of line rate), with a per-hop ``latency_s``.
 
 The defaults below were fitted on the 19 end-to-end entries of
-``../shared/reference/published_runs_dev.yaml`` (Narayanan et al. 2021 Table 1 and
+``autotune/data/published_runs/published_runs_dev.yaml`` (Narayanan et al. 2021 Table 1 and
 Korthikanti et al. 2022 Table 5 and Sec. 6.3, A100-80GB) by ``bench/accuracy_published.py --fit``
 (least squares on log TFLOP/s; before the fit, with 0.668 / 68 guessed from cuBLAS numbers,
 the median error was 8.4% and the worst 15.8%).
