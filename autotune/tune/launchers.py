@@ -151,7 +151,9 @@ class DeepSpeedLauncher(Launcher):
 
     def _active(self, world_size: int) -> tuple[dict[str, list[int]] | None, list[str]]:
         """DeepSpeed's active resources {host: slots} for the settings, or None and the problems."""
-        from deepspeed.launcher.runner import _parse_hostfile, parse_inclusion_exclusion
+        # DeepSpeed's logger writes to the stdout it sees at import: keep --json's stdout clean
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.launcher.runner import _parse_hostfile, parse_inclusion_exclusion
 
         s = self.settings
         if s.hostfile:

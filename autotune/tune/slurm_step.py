@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
     workdir = Path(p["workdir"])
     os.environ["MASTER_PORT"] = str(p["master_port"])  # srun and sbatch pass our environment to the tasks
     record: dict = {"kind": p["mode"], "name": p["name"], "id": None, "time_limit_min": p["time_limit_min"],
+                    "allocation": os.environ.get("SLURM_JOB_ID") if p["mode"] == "step" else None,
                     "tasks": {}, "ended": None, "line": "", "stopped_by_tuner": False}
     record_path = workdir / RECORD_NAME
     lock = threading.Lock()
