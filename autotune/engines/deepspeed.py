@@ -31,6 +31,7 @@ class DeepSpeedEngine(Engine):
                         cp_kind="ulysses")
     checkpoint_format = "deepspeed"
     workload = "builtin"
+    trainer_module = "autotune.train.deepspeed"
     sources = {
         "tp_pp": "DeepSpeed issues #7147, #7730: AutoTP inside PipelineModule is not supported",
         "zero_pp": "deepspeed/runtime/pipe/engine.py:76",

@@ -30,6 +30,7 @@ class HFEngine(Engine):
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule=None, cp_kind=None)
     checkpoint_format = "deepspeed"
     workload = "builtin"
+    trainer_module = "autotune.train.hf"
     sources = {"tp": "the HF path here is data-parallel ZeRO; use engine deepspeed for AutoTP",
                "pp": "transformers Trainer has no pipeline schedule; use engine deepspeed or megatron",
                "cp": "use engine deepspeed for Ulysses"}

@@ -1,0 +1,150 @@
+"""The built-in training entry point: ``python -m autotune.train --plan plan.json``.
+
+It trains the plan's model (built from the ModelSpec in ``plan.json``) with the plan's engine's own
+APIs, on synthetic token batches, for ``--warmup-steps + --steps`` optimizer steps. The engine names
+its trainer module (:attr:`autotune.engines.base.Engine.trainer_module`); each trainer module has
+``main(est, args, rest) -> int`` and uses the helpers here, so every engine speaks one output protocol:
+
+- rank 0 prints ``PHASE <words>`` while starting, ``STEP <i> <seconds>`` after every optimizer step
+  (1-based, warm-up steps included) and finally one ``RESULT {json}`` line (step times, measured
+  post-warm-up ones, median, tokens/s, every rank's peak memory, losses), as
+  ``autotune.tune.workload_builtin`` does, so the tuner judges either the same way;
+- a plan the trainer cannot run prints ``UNSUPPORTED <reason>`` and exits 2 (no traceback);
+- teardown is clean (engine.destroy, barrier, destroy_process_group): gloo jobs that skip it sometimes
+  abort at exit (../shared/reference/cpu-feasibility.md, "Applies to all").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+__all__ = ["Unsupported", "StepLog", "rank0", "phase", "peak_memory_bytes", "pick_device", "token_batches",
+           "torch_dtype", "teardown"]
+
+
+class Unsupported(SystemExit):
+    """The trainer cannot run this plan: ``UNSUPPORTED <reason>`` on stdout and exit code 2."""
+
+    def __init__(self, reason: str) -> None:
+        print(f"UNSUPPORTED {reason}", flush=True)
+        print(f"autotune.train: {reason}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
+def rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def phase(words: str) -> None:
+    if rank0():
+        print(f"PHASE {words}", flush=True)
+
+
+def pick_device(name: str):
+    """``cpu``, ``cuda`` or ``auto`` (cuda when torch sees one) -> torch.device; sets this rank's GPU."""
+    import torch
+
+    cuda = name == "cuda" or (name == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise Unsupported("--device cuda: torch sees no CUDA device (use --device cpu)")
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def torch_dtype(plan):
+    import torch
+
+    return torch.float16 if plan.precision == "fp16" else torch.bfloat16  # fp8: bf16 outside TE's autocast
+
+
+def token_batches(vocab_size: int, micro_batch: int, seq_len: int, *, seed: int, stream: int, device):
+    """An endless iterator of (input_ids, labels) micro-batches; ``stream`` picks the data (same stream,
+    same batches: TP ranks of one group share a stream, DP replicas get their own)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 7919 * stream)
+    while True:
+        ids = torch.randint(0, vocab_size, (micro_batch, seq_len + 1), generator=gen)
+        yield ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)
+
+
+def peak_memory_bytes(device) -> tuple[int, str]:
+    """(this rank's peak memory, its kind): CUDA's max allocated, else the process's peak RSS (KiB on Linux)."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated()), "cuda_max_memory_allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak_rss"
+
+
+class StepLog:
+    """Times optimizer steps between barriers and prints the STEP / RESULT protocol on rank 0."""
+
+    def __init__(self, *, warmup: int, tokens_per_step: int, device, barrier) -> None:
+        self.warmup, self.tokens_per_step, self.device, self.barrier = warmup, tokens_per_step, device, barrier
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self._t0 = 0.0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def start(self) -> None:
+        self.barrier()
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self, loss) -> None:
+        self._sync()
+        self.barrier()
+        dt = time.perf_counter() - self._t0
+        self.step_times.append(dt)
+        self.losses.append(float(loss) if loss is not None else float("nan"))
+        if rank0():
+            print(f"STEP {len(self.step_times)} {dt:.6f}", flush=True)
+
+    def result(self, *, world_size: int, num_params: int, all_gather_object, extra: dict | None = None) -> dict:
+        """Gathers every rank's peak memory (collective: every rank calls it); rank 0 prints RESULT."""
+        peak, kind = peak_memory_bytes(self.device)
+        peaks: list = [None] * world_size
+        all_gather_object(peaks, peak)
+        measured = self.step_times[self.warmup:]
+        median = statistics.median(measured) if measured else None
+        out = {
+            "step_times_s": self.step_times,
+            "measured_step_times_s": measured,
+            "median_step_time_s": median,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_step / median if median else None,
+            "peak_memory_bytes_per_rank": peaks,
+            "peak_memory_kind": kind,
+            "losses": self.losses,
+            "world_size": world_size,
+            "num_params": num_params,
+            **(extra or {}),
+        }
+        if rank0():
+            print("RESULT " + json.dumps(out), flush=True)
+        return out
+
+
+def teardown(engine=None) -> None:
+    """engine.destroy() (when given), a barrier, destroy_process_group()."""
+    import torch.distributed as tdist
+
+    if engine is not None and hasattr(engine, "destroy"):
+        engine.destroy()
+    if tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()

@@ -1,0 +1,71 @@
+"""``python -m autotune.train --plan plan.json [--steps N] [--warmup-steps N] [--device D] [engine args]``.
+
+Reads ``plan.json`` (the estimate document ``autotune emit`` writes: model spec, cluster spec, plan),
+asks the plan's engine for its trainer module and runs it; see :mod:`autotune.train` for the output
+protocol. Works under torchrun (``torchrun ... -m autotune.train ...``) and the deepspeed runner
+(``deepspeed ... --module --no_local_rank autotune.train ...``). Bad input: a message naming the
+problem and the fix on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from autotune.errors import InputError
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m autotune.train",
+                                 description="Train a plan's model with its engine's own APIs (synthetic data).")
+    ap.add_argument("--plan", required=True, help="plan.json written by `autotune emit` (or `estimate --json`)")
+    ap.add_argument("--steps", type=int, default=5, help="measured optimizer steps (default 5)")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="optimizer steps before the measured ones (default 1)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: cuda when torch sees a GPU, else cpu (gloo)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def load_estimate(path: str):
+    from autotune.api import estimate_from_dict
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as err:
+        raise InputError([f"--plan {path!r}: {err.strerror or err}; give the plan.json of an emitted bundle"],
+                         subject="plan file") from None
+    except ValueError as err:
+        raise InputError([f"--plan {path!r} is not JSON ({err}); give the plan.json of an emitted bundle"],
+                         subject="plan file") from None
+    if not isinstance(doc, dict):
+        raise InputError([f"--plan {path!r}: expected a JSON object with model, cluster and plan blocks"],
+                         subject="plan file")
+    return estimate_from_dict(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    try:
+        if args.steps < 1 or args.warmup_steps < 0:
+            raise InputError(["--steps must be >= 1 and --warmup-steps >= 0"], subject="arguments")
+        est = load_estimate(args.plan)
+        from autotune.engines import engine_for
+
+        engine = engine_for(est.plan)
+        if not engine.trainer_module:
+            raise InputError([f"engine {engine.name} ({engine.title}) has no built-in trainer: launch its own "
+                              f"program with the bundle's arguments (see plan.md)"], subject="plan")
+        trainer = importlib.import_module(engine.trainer_module)
+    except InputError as err:
+        print(f"autotune.train: {err.render()}", file=sys.stderr, flush=True)
+        return 2
+    return int(trainer.main(est, args, rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
