@@ -1,0 +1,177 @@
+"""accelerate 1.15 config files for a plan: DeepSpeed (with its own concrete JSON) and FSDP2.
+
+``accelerate launch --config_file FILE script.py``. What accelerate 1.15 itself imposes (its code, cited):
+
+- With ``deepspeed_config_file``, the DeepSpeed block may hold nothing the JSON also says, and the file no
+  ``mixed_precision`` (``utils/dataclasses.py`` ``DeepSpeedPlugin._deepspeed_config_checks`` raises
+  ValueError): precision, ZeRO, offload, clipping and accumulation live in the JSON.
+- accelerate fills only batch sizes, clipping and bf16/fp16 "auto" values; optimizer and scheduler values
+  are the HF Trainer's to fill, so the JSON written for accelerate has every value concrete. A config with
+  an ``optimizer``/``scheduler`` block needs ``accelerate.utils.DummyOptim`` / ``DummyScheduler`` in the
+  script (``Accelerator._prepare_deepspeed``).
+- ``parallelism_config`` is accepted only with FSDP2 (``commands/launch.py``: "You cannot use
+  --use_parallelism_config without --use_fsdp and --fsdp_version=2"); its sizes multiply to the world size
+  (``ParallelismConfig._validate_accelerator``); TP/CP with pure replication is refused (``__post_init__``).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from autotune.emit.options import EmitOptions
+from autotune.errors import InputError
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "DEFAULT_LAYER_CLS", "accelerate_config_yaml",
+           "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml", "accelerate_notes"]
+
+ACCELERATE_VERSION = "1.15.0"
+ACCELERATE_DS_CONFIG = "ds_config_accelerate.json"
+DEFAULT_LAYER_CLS = "Block"
+"""The decoder block of autotune's built-in model (``autotune/workloads/transformer.py``); for a Hugging Face
+model pass its decoder layer class (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ...)."""
+
+
+def _launch_shape(cluster: ClusterSpec, options: EmitOptions) -> dict:
+    launch = options.launch
+    data: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False, "machine_rank": 0,
+                  "main_training_function": "main", "num_machines": cluster.num_nodes,
+                  "num_processes": cluster.num_gpus, "rdzv_backend": "static", "same_network": True,
+                  "use_cpu": False}
+    if cluster.num_nodes > 1:
+        if launch.master_addr:
+            data["main_process_ip"] = launch.master_addr
+        data["main_process_port"] = launch.master_port
+    return data
+
+
+def _header(cluster: ClusterSpec, options: EmitOptions, what: str) -> str:
+    script = options.launch.script or "train.py"
+    return (f"# accelerate {ACCELERATE_VERSION} config ({what}) written by autotune:\n"
+            f"#   accelerate launch --config_file THIS_FILE {script}\n"
+            f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n")
+
+
+def _deepspeed_block(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filename: str) -> dict:
+    ds: dict = {"deepspeed_config_file": ds_config_filename, "zero3_init_flag": plan.zero_stage == 3}
+    if cluster.num_nodes > 1:
+        ds["deepspeed_multinode_launcher"] = "standard"
+    return ds
+
+
+def _require_no_cp(plan: ParallelPlan) -> None:
+    if plan.cp > 1:
+        raise InputError([f"cp={plan.cp}: accelerate {ACCELERATE_VERSION} takes Ulysses sequence parallelism only "
+                          "from a ParallelismConfig built in the script (its launcher refuses parallelism_config "
+                          "without FSDP2): use cp=1 for an accelerate DeepSpeed config"],
+                         subject="accelerate DeepSpeed config")
+
+
+def accelerate_config_yaml(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filename: str, *,
+                           options: EmitOptions | None = None) -> str:
+    """accelerate's config running DeepSpeed with the JSON ``ds_config_filename`` (which must be concrete, e.g.
+    :func:`accelerate_deepspeed_config`): the launch shape only; no ``mixed_precision`` (see the module doc)."""
+    options = options or EmitOptions()
+    data = {**_launch_shape(cluster, options), "distributed_type": "DEEPSPEED",
+            "deepspeed_config": _deepspeed_block(plan, cluster, ds_config_filename)}
+    return _header(cluster, options, "DeepSpeed") + yaml.safe_dump(data, sort_keys=False)
+
+
+def accelerate_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                                options: EmitOptions | None = None) -> dict:
+    """The DeepSpeed JSON for accelerate: the plan's DeepSpeed config with every value concrete (batch triple,
+    precision, optimizer lr/betas/eps, scheduler steps): accelerate fills none of the optimizer's "auto"s."""
+    from autotune.emit.deepspeed import deepspeed_config
+
+    _require_no_cp(plan)
+    return deepspeed_config(model, cluster, plan, options)
+
+
+def accelerate_deepspeed_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                              options: EmitOptions | None = None, *,
+                              ds_config_filename: str = ACCELERATE_DS_CONFIG) -> str:
+    """accelerate's DeepSpeed config, pointing at ``ds_config_filename`` (write
+    :func:`accelerate_deepspeed_config` there)."""
+    del model
+    _require_no_cp(plan)
+    return accelerate_config_yaml(plan, cluster, ds_config_filename, options=options)
+
+
+def _mixed_precision(plan: ParallelPlan) -> str:
+    # FP8 GEMMs come from the model code (torchao / TE); accelerate's fp8 needs its own fp8_config recipe.
+    return "fp16" if plan.precision == "fp16" else "bf16"
+
+
+def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
+    problems = []
+    if plan.world_size != cluster.num_gpus:
+        problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
+    if plan.pp > 1:
+        problems.append(f"pp={plan.pp}: accelerate {ACCELERATE_VERSION} has no pipeline parallelism for FSDP2: "
+                        "use torchtitan (autotune.emit.torchtitan) or pp=1")
+    if plan.offload_optimizer != "none" and plan.offload_param == "none":
+        problems.append("FSDP2 offloads parameters, gradients and optimizer states together (fsdp_offload_params): "
+                        "set offload_param cpu as well, or no offload")
+    if "nvme" in (plan.offload_param, plan.offload_optimizer):
+        problems.append("FSDP2 offloads to CPU only (CPUOffloadPolicy): use cpu")
+    if plan.zero_stage not in (2, 3):
+        problems.append(f"zero_stage {plan.zero_stage}: accelerate's FSDP2 shards parameters and gradients "
+                        "(ZeRO-3: fsdp_reshard_after_forward true) or keeps the gathered parameters until backward "
+                        "(ZeRO-2: false); for plain data parallelism (0) use a MULTI_GPU accelerate config: use 2 or 3")
+    dp_shard = plan.dp // plan.dp_replicate
+    if (plan.tp > 1 or plan.dp_replicate > 1) and dp_shard == 1 and plan.cp == 1:
+        problems.append("FSDP2 under a parallelism_config shards over dp_shard x cp, here 1: accelerate raises "
+                        "'FSDP is enabled but the parallelism config has no dimension for FSDP to shard across' "
+                        "(ParallelismConfig._validate_accelerator): give FSDP dp ranks to shard over")
+    if (plan.tp > 1 or plan.cp > 1) and plan.dp_replicate > 1 and dp_shard == 1:
+        problems.append("accelerate's ParallelismConfig refuses TP/CP with pure replication (dp_replicate > 1, "
+                        "dp_shard 1): shard over dp instead")
+    return problems
+
+
+def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                         options: EmitOptions | None = None, *, layer_cls: str = DEFAULT_LAYER_CLS) -> str:
+    """accelerate's FSDP2 config for the plan: ``fully_shard`` per ``layer_cls`` block, reshard after forward at
+    ZeRO-3 (not at ZeRO-2), CPU offload, sharded checkpoints, activation checkpointing for full recompute,
+    the plan's precision; ``parallelism_config`` (dp replicate x dp shard x tp x cp) when tp, cp or hybrid
+    sharding is used. InputError for what accelerate's FSDP2 path cannot express (pp, optimizer-only offload)."""
+    options = options or EmitOptions()
+    problems = _fsdp_problems(plan, cluster)
+    if problems:
+        raise InputError(problems, subject="accelerate FSDP2 config")
+    del model
+    fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": layer_cls,
+            "fsdp_reshard_after_forward": plan.zero_stage == 3,
+            "fsdp_offload_params": plan.offload_param == "cpu",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_activation_checkpointing": plan.recompute == "full",
+            "fsdp_cpu_ram_efficient_loading": True}
+    data = {**_launch_shape(cluster, options), "distributed_type": "FSDP", "mixed_precision": _mixed_precision(plan),
+            "fsdp_config": fsdp}
+    if plan.tp > 1 or plan.cp > 1 or plan.dp_replicate > 1:
+        data["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": plan.dp_replicate,
+            "parallelism_config_dp_shard_size": plan.dp // plan.dp_replicate,
+            "parallelism_config_tp_size": plan.tp,
+            "parallelism_config_cp_size": plan.cp,
+        }
+    return _header(cluster, options, "FSDP2") + yaml.safe_dump(data, sort_keys=False)
+
+
+def accelerate_notes(plan: ParallelPlan) -> list[str]:
+    """What a user's script must do for the emitted accelerate configs (for plan.md)."""
+    notes = [f"accelerate_config.yaml (DeepSpeed) reads {ACCELERATE_DS_CONFIG}, whose optimizer and scheduler "
+             "blocks are concrete: build them in the script with accelerate.utils.DummyOptim(params) and "
+             "DummyScheduler(optimizer), and pass both to accelerator.prepare"]
+    if plan.tp > 1:
+        notes.append(f"accelerate_fsdp.yaml: tp={plan.tp} is applied by accelerate to a Hugging Face model loaded "
+                     "with tp_plan='auto' (accelerator.torch_device_mesh['tp'])")
+    if plan.cp > 1:
+        notes.append(f"accelerate_fsdp.yaml: cp={plan.cp} needs SDPA attention and the batches inside "
+                     "accelerator.maybe_context_parallel(...)")
+    if plan.recompute == "selective":
+        notes.append("selective recompute has no accelerate key: checkpoint the attention core in the model code")
+    return notes

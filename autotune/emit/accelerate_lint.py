@@ -1,0 +1,222 @@
+"""Linting an accelerate config YAML for a world size: unknown keys (nearest key, line), values, and the
+contradictions accelerate 1.15 raises on at launch or in its plugins.
+
+Keys: ``accelerate_keys.json`` (``scripts/extract_accelerate_keys.py``: ``ClusterConfig``'s fields, on which
+``from_yaml_file`` raises for any other top-level key, and the ``accelerate launch`` option groups that the
+nested blocks' keys are copied onto; a nested key not among them is dropped silently). Where accelerate is
+installed, its own loader (``ClusterConfig.from_yaml_file``) reads the file too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.emit.problems import Problem, Severity
+from autotune.errors import InputError
+from autotune.inputs import parse_yaml, read_text
+
+__all__ = ["accelerate_key_table", "accelerate_config_problems", "accelerate_job_sizes", "read_accelerate_config"]
+
+_KEYS_FILE = "accelerate_keys.json"
+# DeepSpeedPlugin._deepspeed_config_checks (accelerate/utils/dataclasses.py): with deepspeed_config_file these
+# may not come from the accelerate config; commands/launch.py adds mixed_precision whenever the file has one.
+_DS_FILE_EXCLUSIVE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                      "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                      "zero3_save_16bit_model")
+_BLOCK_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config", "MEGATRON_LM": "megatron_lm_config"}
+
+
+@functools.cache
+def accelerate_key_table() -> dict:
+    """``{"version", "source", "top": {key: {...}}, "blocks": {block: {key: {"type", "choices"}}}}``."""
+    return json.loads((importlib.resources.files("autotune.emit") / _KEYS_FILE).read_text(encoding="utf-8"))
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """1-based line of every mapping key, by its path (the text already parsed as YAML)."""
+    out: dict[tuple[str, ...], int] = {}
+    stack = [((), yaml.compose(text, Loader=yaml.SafeLoader))]
+    while stack:
+        parts, node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    out[parts + (key.value,)] = key.start_mark.line + 1
+                    stack.append((parts + (key.value,), value))
+    return out
+
+
+def read_accelerate_config(path: str | Path) -> tuple[dict, dict[tuple[str, ...], int]]:
+    """(config, line of each key); InputError when the file is not a YAML mapping."""
+    subject = f"accelerate config {str(path)!r}"
+    text = read_text(path, subject="accelerate config")
+    data = parse_yaml(text, subject=subject)
+    if not isinstance(data, dict):
+        raise InputError([f"expected a mapping of accelerate settings, got {type(data).__name__}"], subject=subject)
+    return data, _key_lines(text)
+
+
+def _near(key: str, known) -> str | None:
+    found = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6) if len(str(key)) <= 100 else []
+    return found[0] if found else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def accelerate_job_sizes(path: str | Path):
+    """The world size (num_processes) and tp/cp the config states."""
+    from autotune.emit.validate_files import JobSizes
+
+    data, _ = read_accelerate_config(path)
+    pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
+    world = _int(data.get("num_processes"))
+    return JobSizes(world_size=world if world and world > 0 else None,
+                    tp=_int(pc.get("parallelism_config_tp_size")), cp=_int(pc.get("parallelism_config_cp_size")))
+
+
+def _accelerate_own(path: str | Path) -> list[Problem]:
+    """accelerate's own loader, when accelerate is installed (it raises on unknown top-level keys)."""
+    try:
+        from accelerate.commands.config.config_args import load_config_from_file
+    except ImportError:
+        return []
+    try:
+        load_config_from_file(str(path))
+    except (ValueError, TypeError, KeyError) as err:
+        return [Problem(path="$", severity="error", source="accelerate", message=f"accelerate's loader: {err}",
+                        fix="fix the config as the message says")]
+    return []
+
+
+def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1, cp: int = 1) -> list[Problem]:
+    """Every problem of an accelerate config file for a job of ``world_size`` ranks (tp, cp: the plan's)."""
+    table = accelerate_key_table()
+    version = table["version"]
+    data, lines = read_accelerate_config(path)
+    out: list[Problem] = []
+
+    def bad(parts: tuple[str, ...], message: str, fix: str, severity: Severity = "error") -> None:
+        where = parts
+        while where and where not in lines:
+            where = where[:-1]
+        out.append(Problem(path="$." + ".".join(parts) if parts else "$", severity=severity, message=message,
+                           fix=fix, line=lines.get(where), source="rules"))
+
+    for key in data:
+        if key not in table["top"]:
+            near = _near(key, table["top"])
+            bad((str(key),), f"unknown key {key!r}: accelerate {version} refuses the file (ClusterConfig)",
+                f"did you mean {near!r}?" if near else "remove it")
+    for block, known in table["blocks"].items():
+        value = data.get(block)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            bad((block,), f"{block} must be a mapping, got {type(value).__name__}", "write key: value lines under it")
+            continue
+        for key, setting in value.items():
+            spec = known.get(key) or (known.get(f"fsdp_{key}") if block == "fsdp_config" else None)
+            if spec is None:
+                near = _near(key, known)
+                bad((block, str(key)), f"unknown key {key!r} in {block}: accelerate {version} launch drops it "
+                    "silently, so it has no effect", f"did you mean {near!r}? rename it" if near else "remove it",
+                    "warning")
+            elif spec.get("choices") and str(value[key]) not in spec["choices"]:
+                bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}",
+                    f"use one of {', '.join(spec['choices'])}")
+    for key in ("distributed_type", "mixed_precision"):
+        choices = table["top"][key].get("choices")
+        if key in data and data[key] is not None and choices and str(data[key]) not in choices:
+            bad((key,), f"{key} is {data[key]!r}, not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
+    _shape_problems(data, world_size, bad)
+    _engine_problems(data, tp, cp, world_size, bad)
+    if not any(p.severity == "error" for p in out):
+        out += _accelerate_own(path)
+    return out
+
+
+def _shape_problems(data: dict, world_size: int, bad) -> None:
+    machines, processes, rank = (data.get(k) for k in ("num_machines", "num_processes", "machine_rank"))
+    for key, value in (("num_machines", machines), ("num_processes", processes)):
+        if value is not None and not (_int(value) and value >= 1):
+            bad((key,), f"{key} must be a positive integer, got {value!r}", f"write {key}: N")
+    if _int(processes) and processes >= 1 and processes != world_size:
+        bad(("num_processes",), f"num_processes {processes} (all machines together) but the job has {world_size} "
+            "ranks", f"set num_processes: {world_size}")
+    if _int(machines) and _int(processes) and processes % machines:
+        bad(("num_processes",), f"num_processes {processes} does not split over {machines} machines",
+            f"use a multiple of {machines}")
+    if _int(rank) is not None and _int(machines) and not 0 <= rank < machines:
+        bad(("machine_rank",), f"machine_rank {rank} with {machines} machine(s)", f"use 0 to {machines - 1}")
+    if _int(machines) and machines > 1 and not data.get("main_process_ip"):
+        bad(("main_process_ip",), "several machines and no main_process_ip: the other machines cannot find rank 0",
+            "set main_process_ip to the first node's address", "warning")
+
+
+def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None:
+    kind = str(data.get("distributed_type"))
+    ds = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+    fsdp = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
+    pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
+    for block, owner in (("deepspeed_config", "DEEPSPEED"), ("fsdp_config", "FSDP")):
+        if data.get(block) and kind != owner:
+            bad((block,), f"{block} with distributed_type {kind}: accelerate ignores it",
+                f"set distributed_type: {owner}, or remove {block}", "warning")
+    if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
+        given = [k for k in _DS_FILE_EXCLUSIVE if k in ds] + (["mixed_precision"] if data.get("mixed_precision") is not None else [])
+        for key in given:
+            parts = ("mixed_precision",) if key == "mixed_precision" else ("deepspeed_config", key)
+            bad(parts, f"{key} next to deepspeed_config_file: accelerate raises 'When using deepspeed_config_file, "
+                "the following accelerate config variables will be ignored' (DeepSpeedPlugin)",
+                "delete it here; the DeepSpeed JSON says it (bf16/fp16, zero_optimization, gradient_* keys)")
+    if pc:
+        if kind != "FSDP" or str(fsdp.get("fsdp_version", 1)) != "2":
+            bad(("parallelism_config",), "parallelism_config needs FSDP2: accelerate launch raises 'You cannot use "
+                "--use_parallelism_config without --use_fsdp and --fsdp_version=2'",
+                "set distributed_type: FSDP and fsdp_config.fsdp_version: 2, or remove parallelism_config")
+        sizes = {k: pc.get(f"parallelism_config_{k}_size", 1) for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
+        if all(_int(v) and v >= 1 for v in sizes.values()):
+            total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"] * sizes["cp"] * sizes["sp"]
+            if total != world_size:
+                bad(("parallelism_config",), f"dp_replicate x dp_shard x tp x cp x sp = {total}, the job has "
+                    f"{world_size} ranks (ParallelismConfig total_size must equal num_processes)",
+                    "make the sizes multiply to the world size")
+            if (sizes["tp"] > 1 or sizes["cp"] > 1) and sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+                bad(("parallelism_config",), "TP/CP with pure replication (dp_replicate > 1, dp_shard 1): "
+                    "ParallelismConfig raises", "shard over dp instead (dp_shard > 1)")
+            if kind == "FSDP" and sizes["dp_shard"] == 1 and sizes["cp"] == 1:
+                bad(("parallelism_config",), "FSDP2 with dp_shard 1 and cp 1 has no dimension to shard across: "
+                    "accelerate raises (ParallelismConfig._validate_accelerator)",
+                    "give dp_shard (or cp) more than 1 rank")
+            if sizes["cp"] > 1 and sizes["sp"] > 1:
+                bad(("parallelism_config",), "cp and sp are mutually exclusive (ParallelismConfig raises)",
+                    "keep one of them")
+            for dim, want in (("tp", tp), ("cp", cp)):
+                if want > 1 and sizes[dim] != want:
+                    bad(("parallelism_config", f"parallelism_config_{dim}_size"),
+                        f"{dim} {sizes[dim]} here, the job's {dim} is {want}", f"set it to {want}")
+        else:
+            bad(("parallelism_config",), f"parallelism sizes must be positive integers, got {sizes}",
+                "write positive integers")
+    elif tp > 1 or cp > 1:
+        bad(("parallelism_config",), f"the job has tp {tp} / cp {cp} but the config no parallelism_config",
+            "add parallelism_config (FSDP2) with the job's sizes")
+    if kind == "FSDP" and str(fsdp.get("fsdp_version", 1)) == "2" and "fsdp_sharding_strategy" in fsdp:
+        bad(("fsdp_config", "fsdp_sharding_strategy"), "fsdp_sharding_strategy is FSDP1's; FSDP2 uses "
+            "fsdp_reshard_after_forward", "replace it by fsdp_reshard_after_forward: true (FULL_SHARD) or false",
+            "warning")
+    if kind == "FSDP" and fsdp.get("fsdp_auto_wrap_policy") == "TRANSFORMER_BASED_WRAP" \
+            and not fsdp.get("fsdp_transformer_layer_cls_to_wrap"):
+        bad(("fsdp_config", "fsdp_auto_wrap_policy"), "TRANSFORMER_BASED_WRAP without "
+            "fsdp_transformer_layer_cls_to_wrap: accelerate falls back to the model's _no_split_modules, which a "
+            "plain torch model lacks", "name the decoder block class in fsdp_transformer_layer_cls_to_wrap",
+            "warning")
