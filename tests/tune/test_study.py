@@ -277,3 +277,107 @@ def test_ctrl_c_marks_trial_interrupted_and_study_resumes(tmp_path, monkeypatch)
     result = run(tmp_path, monkeypatch, runner, trials=3, resume=True)
     assert result.state_counts == {"complete": 3, "interrupted": 1}
     assert trial_key(t1) in runner.calls  # the interrupted plan is measured again
+
+
+def test_each_dimension_is_an_optuna_parameter(tmp_path, monkeypatch):
+    result = run(tmp_path, monkeypatch, FakeRunner(), trials=6, top_k=3, prune_ratio=None)
+    done = [t for t in result.trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 6
+    for t in done:
+        assert set(t.params) == set(DIMENSIONS)
+        plan = next(e.plan for e in RANKED if plan_key(e.plan) == trial_key(t))
+        assert t.params["zero_stage"] == plan.zero_stage and t.params["micro_batch_size"] == plan.micro_batch_size
+        assert t.params["recompute"] == plan.recompute and t.params["engine"] == plan.engine
+        assert t.user_attrs[PARAM] == t.system_attrs[PARAM] == trial_key(t)
+    # what optuna-dashboard's importance view computes
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{(tmp_path / 'out' / 'study.db').resolve()}")
+    importances = optuna.importance.get_param_importances(
+        study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    assert set(importances) <= set(DIMENSIONS) and "micro_batch_size" in importances
+    assert result.calibration_path == str(tmp_path / "out" / "cal.json")
+    assert (tmp_path / "out" / "cal.json").is_file()  # written by default
+
+
+def test_finalists_rerun_alternately_and_winner_on_median(tmp_path, monkeypatch):
+    class Lucky(FakeRunner):
+        """The planner's first plan is measured 2x too fast once (a lucky trial); its re-runs are honest."""
+
+        def __call__(self, spec, on_step=None, **kw):
+            r = super().__call__(spec, on_step, **kw)
+            if self.calls.count(KEYS[0]) == 1 and plan_key(spec.plan) == KEYS[0] and r.tokens_per_s:
+                r = dataclasses.replace(r, tokens_per_s=r.tokens_per_s * 2, step_time_s=r.step_time_s / 2)
+            return r
+
+    runner = Lucky()
+    result = run(tmp_path, monkeypatch, runner, trials=4, top_k=4, prune_ratio=None, finalists=3, finalist_runs=2)
+    singles = sorted((t for t in result.trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value)
+    assert trial_key(singles[0]) == KEYS[0]  # the lucky measurement is the best single trial
+    finalist_keys = [trial_key(t) for t in singles[:3]]
+    assert runner.calls[4:] == finalist_keys * 2  # interleaved: A B C A B C
+    assert len(result.finalists) == 3
+    for f in result.finalists:
+        assert len(f.runs_tokens_per_s) == 2 and f.median == pytest.approx(f.measured[0])
+        assert f.spread == pytest.approx(0.0)
+    honest = {k: next(e.plan for e in RANKED if plan_key(e.plan) == k) for k in finalist_keys}
+    want = min(finalist_keys, key=lambda k: fake_step_time(honest[k]))
+    assert trial_key(result.best) == want  # the best median of honest re-runs, not the lucky single trial
+    # resumed: the re-runs are recorded in the study, not repeated
+    again = FakeRunner()
+    resumed = run(tmp_path, monkeypatch, again, trials=4, top_k=4, prune_ratio=None, finalists=3, finalist_runs=2,
+                  resume=True)
+    assert again.calls == [] and trial_key(resumed.best) == trial_key(result.best)
+
+
+def test_three_processes_open_one_new_sqlite_study(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    code = ("import sys, time; from autotune.tune.storage import open_storage, open_study; "
+            "t = float(sys.argv[2]); time.sleep(max(0, t - time.time())); s = open_storage(sys.argv[1]); "
+            "st = open_study(s, sys.argv[1], 'race', sampler=None, pruner=None, must_be_new=False); "
+            "st.enqueue_trial({}); print('ok', len(st.trials))")
+    start = str(__import__("time").time() + 4)  # after every interpreter has imported optuna
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, start], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "IntegrityError" not in err, err[-2000:]
+        assert out.startswith("ok")
+    assert len(optuna.load_study(study_name="race", storage=url).trials) == 3
+
+
+def test_postgresql_url_uses_the_installed_driver():
+    import importlib.util
+
+    from autotune.tune.storage import driver_url
+
+    url = driver_url("postgresql://u@127.0.0.1:5432/db")
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        assert url == "postgresql+psycopg2://u@127.0.0.1:5432/db"
+    assert driver_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert driver_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--trials", "0"], "--trials must be >= 1"), (["--trials", "-1"], "--trials must be >= 1"),
+    (["--timeout", "-1"], "--timeout must be > 0"), (["--steps", "0"], "--steps must be >= 1"),
+    (["--trial-timeout", "0"], "--trial-timeout must be > 0"), (["--num-layers", "0"], "--num-layers must be >= 1"),
+    (["--num-layers", str(10**12)], "tiny-gpt has 4 layers"),
+    (["--workload", "command", "--command", "true", "--metric-pattern", "(x"], "not a valid regex"),
+    (["--calibration", "/nope/dir/cal.json"], "'/nope/dir' does not exist"),
+    (["--max-micro-batch", "0"], "--max-micro-batch must be >= 1"),
+    (["--out", "FILE"], "is a file, not a folder"), (["--finalist-runs", "1"], "--finalist-runs must be >= 2"),
+])
+def test_every_tune_flag_checked_before_the_study(tmp_path, capsys, flags, says):
+    from autotune.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out = ["--out", str(tmp_path / "o")] if "--out" not in flags else []
+    flags = [str(afile) if f == "FILE" else f for f in flags]
+    rc = main(["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", *out, *flags])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()  # no study was created
