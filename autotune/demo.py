@@ -20,10 +20,12 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
     # ... ZeRO-3 over 8 ranks with the optimizer in host memory does.
     ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--zero", "3",
      "--offload-optimizer", "cpu", "--seq-len", "8192", "--global-batch", "64", "--recompute", "full"),
-    # 64 GPUs: Megatron-style 3D parallelism (tp 8 x pp 2 x dp 4) with ZeRO-1.
+    # 64 GPUs: Megatron-LM 3D parallelism (tp 8 x pp 2 x dp 4) with the distributed optimizer (ZeRO-1).
     ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "64", "--tp", "8", "--pp", "2",
-     "--zero", "1", "--micro-batch", "1", "--global-batch", "512", "--seq-len", "8192", "--recompute", "selective"),
-    # 128 GPUs: search every plan and rank the ones that fit.
+     "--zero", "1", "--micro-batch", "1", "--global-batch", "512", "--seq-len", "8192", "--recompute", "selective",
+     "--engine", "megatron"),
+    # 128 GPUs: search every plan of every engine (DeepSpeed, Megatron-LM, Megatron-DeepSpeed, FSDP2, HF) and rank
+    # the ones that fit; each candidate names its engine.
     ("plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "128", "--seq-len", "8192",
      "--global-batch", "1024"),
     # ... and write the winner's files (the recipe holds that same plan): ds_config.json or Megatron args,

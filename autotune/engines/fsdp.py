@@ -41,12 +41,12 @@ class FSDPEngine(Engine):
         out = []
         if plan.offload_param != plan.offload_optimizer or (plan.offload_param != "none" and plan.zero_stage != 3):
             out.append(Rule(id="fsdp:offload", source="torch.distributed.fsdp.CPUOffloadPolicy",
-                            message="FSDP2: CPUOffloadPolicy offloads parameters, gradients and optimizer states "
+                            message=f"{self.title}: CPUOffloadPolicy offloads parameters, gradients and optimizer states "
                                     "together, under FULL_SHARD: set offload_param = offload_optimizer = cpu with "
                                     "zero_stage 3, or neither"))
         if plan.dp_replicate > 1 and plan.zero_stage == 0:
             out.append(Rule(id="fsdp:hybrid_no_shard", source="torch.distributed.fsdp.fully_shard (2-D mesh)",
-                            message="FSDP2: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))
+                            message=f"{self.title}: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
