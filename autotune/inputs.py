@@ -23,6 +23,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ import yaml
 from autotune.errors import InputError
 
 __all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "read_json", "read_yaml_any",
-           "nonfinite_problems", "depth_problem", "range_problem", "path_problem"]
+           "nonfinite_problems", "depth_problem", "text_depth_problem", "range_problem",
+           "path_problem"]
 
 MAX_INPUT_BYTES = 16 * 2**20
 MAX_DEPTH = 32
@@ -105,6 +107,23 @@ def depth_problem(data: Any, *, limit: int = MAX_DEPTH) -> str | None:
                 return f"nested more than {limit} levels deep: not a file of this kind"
             items = value.values() if isinstance(value, dict) else value
             stack.extend((v, depth + 1) for v in items if isinstance(v, dict | list | tuple))
+    return None
+
+
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def text_depth_problem(text: str, *, limit: int = MAX_DEPTH) -> str | None:
+    """:func:`depth_problem` on JSON-like text before parsing it (brackets inside strings skipped)."""
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return f"nested more than {limit} levels deep: not a file of this kind"
+        elif token in "]}":
+            depth -= 1
     return None
 
 

@@ -9,9 +9,13 @@ under the planner's "rejected:" line; the README's "Reading the output" section 
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterable
 
-__all__ = ["NOTATION", "COLUMNS", "REJECTIONS", "plan_legend", "rejection_legend", "rule_meaning"]
+__all__ = ["NOTATION", "COLUMNS", "REJECTIONS", "plan_legend", "rejection_legend", "rule_meaning", "wrap"]
+
+WIDTH = 118
+MAX_RULES_SHOWN = 8
 
 # Tokens of a plan summary (autotune.report.plan_summary), in the order they appear.
 NOTATION: dict[str, str] = {
@@ -75,6 +79,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "ep": "no expert parallelism", "zero_stage": "no equivalent of this ZeRO stage",
     "zero_pp": "this ZeRO stage does not run with a pipeline", "offload": "this offload is not supported",
     "hybrid_no_shard": "hybrid sharding needs sharding", "precision": "this precision is not supported",
+    "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
 }
 
 
@@ -113,15 +118,24 @@ def plan_legend(plans) -> str:
 
     plans = list(plans)
     used = _tokens(plan_summary(p) for p in plans)
-    parts = [f"{token} {text}" for token, text in NOTATION.items() if token in used]
+    parts = [f"{token} = {text}" for token, text in NOTATION.items() if token in used]
     tags = {}
     for plan in plans:
         engine = engine_for(plan)
         tags.setdefault(engine.tag(plan), f"{getattr(engine, 'title', engine.name)}: {engine.sharding(plan)}")
-    parts += [f"{tag} {text}" for tag, text in tags.items()]
-    return "legend: " + "; ".join(parts)
+    parts += [f"{tag} = {text}" for tag, text in tags.items()]
+    return wrap("legend: " + "; ".join(parts))
 
 
 def rejection_legend(rules: Iterable[str]) -> str:
-    """'rules: id = meaning; ...' for the given rejection rule ids."""
-    return "rules: " + "; ".join(f"{rule} = {rule_meaning(rule)}" for rule in rules)
+    """'rules: id = meaning; ...' for the first MAX_RULES_SHOWN rejection rule ids (most frequent first)."""
+    rules = list(rules)
+    text = "; ".join(f"{rule} = {rule_meaning(rule)}" for rule in rules[:MAX_RULES_SHOWN])
+    if len(rules) > MAX_RULES_SHOWN:
+        text += f"; {len(rules) - MAX_RULES_SHOWN} more rules: see the README, 'Reading the output'"
+    return wrap("rules: " + text)
+
+
+def wrap(text: str) -> str:
+    """A legend paragraph wrapped to the tables' width, continuation lines indented."""
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))

@@ -78,11 +78,11 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
     if isinstance(config, dict):
         return copy.deepcopy(config), {}, []
     path = Path(config)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = "not a text file" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
-        raise InputError([f"cannot read {str(path)!r}: {reason}"], subject="DeepSpeed config") from None
+    from autotune.inputs import read_text, text_depth_problem
+
+    text = read_text(path, subject="DeepSpeed config")  # regular files only, bounded, UTF-8 (BOM dropped)
+    if text_depth_problem(text):
+        raise InputError([f"{str(path)!r}: {text_depth_problem(text)}"], subject="DeepSpeed config")
     if not text.strip().startswith("{"):
         raise InputError([f"{str(path)!r} is not a DeepSpeed JSON config: "
                           f"{'it is empty' if not text.strip() else 'it does not start with {'}"],

@@ -40,16 +40,21 @@ def _feasible(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch
     return search_plans(model, cluster, seq_len=seq_len, global_batch_size=gb, constraints=constraints, top_k=1)
 
 
-def _smallest(model, cluster, seq_len, global_batch, constraints, max_gpus) -> tuple[int | None, SearchResult | None]:
+def _smallest(model, cluster, seq_len, global_batch, constraints, max_gpus,
+              progress=None) -> tuple[int | None, SearchResult | None]:
     counts = _gpu_counts(cluster.gpus_per_node, max_gpus)
     lo, hi = 0, len(counts) - 1
     top = _feasible(model, _cluster_with(cluster, counts[hi]), seq_len, global_batch, constraints)
+    if progress is not None:
+        progress(f"{counts[hi]} GPUs: {'feasible' if top.num_feasible else 'infeasible'}")
     if not top.num_feasible:
         return None, None
     best = (counts[hi], top)
     while lo < hi:
         mid = (lo + hi) // 2
         result = _feasible(model, _cluster_with(cluster, counts[mid]), seq_len, global_batch, constraints)
+        if progress is not None:
+            progress(f"{counts[mid]} GPUs: {'feasible' if result.num_feasible else 'infeasible'}")
         if result.num_feasible:
             hi, best = mid, (counts[mid], result)
         else:
@@ -66,20 +71,26 @@ class MinGpusAnswer:
 
 
 def min_gpus(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int | None = None,
-             constraints: SearchConstraints | None = None, max_gpus: int = 65536) -> MinGpusAnswer:
-    """Fewest GPUs of this kind that train ``model``, with and without offload."""
+             constraints: SearchConstraints | None = None, max_gpus: int = 65536, progress=None) -> MinGpusAnswer:
+    """Fewest GPUs of this kind that train ``model``, with and without offload.
+
+    ``progress``, if given, is called with one line after each plan search (the CLI prints it on stderr).
+    """
     c = constraints or SearchConstraints()
-    n_off, r_off = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=True), max_gpus)
-    n_plain, r_plain = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=False), max_gpus)
+    say = None if progress is None else (lambda what: lambda line: progress(f"{what}: {line}"))
+    n_off, r_off = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=True), max_gpus,
+                             None if say is None else say("with offload"))
+    n_plain, r_plain = _smallest(model, cluster, seq_len, global_batch, replace(c, allow_offload=False), max_gpus,
+                                 None if say is None else say("without offload"))
     return MinGpusAnswer(with_offload=n_off, without_offload=n_plain, best_with_offload=r_off,
                          best_without_offload=r_plain)
 
 
 def infeasibility_hint(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int | None,
-                       constraints: SearchConstraints | None = None) -> str:
+                       constraints: SearchConstraints | None = None, answer: MinGpusAnswer | None = None) -> str:
     """What would make an infeasible request possible, e.g. 'needs at least 24 H100s with ZeRO-3 +
-    CPU optimizer offload, or 48 without offload'."""
-    ans = min_gpus(model, cluster, seq_len=seq_len, global_batch=None, constraints=constraints)
+    CPU optimizer offload, or 48 without offload'. ``answer``: a min_gpus answer already computed."""
+    ans = answer or min_gpus(model, cluster, seq_len=seq_len, global_batch=None, constraints=constraints)
     gpu = cluster.gpu.name
     if ans.with_offload is None and ans.without_offload is None:
         return f"{model.name} does not fit on any number of {gpu} GPUs up to 65536 at seq_len {seq_len}"
@@ -122,14 +133,19 @@ class MaxModelAnswer:
 
 def max_model(cluster: ClusterSpec, *, seq_len: int, global_batch: int | None = None,
               constraints: SearchConstraints | None = None, min_mfu: float = 0.2,
-              max_hidden: int = 65536) -> MaxModelAnswer:
-    """Largest Llama-shaped model the cluster trains at >= ``min_mfu``, and which limit binds beyond it."""
+              max_hidden: int = 65536, progress=None) -> MaxModelAnswer:
+    """Largest Llama-shaped model the cluster trains at >= ``min_mfu``, and which limit binds beyond it.
+
+    ``progress``, if given, is called with one line after each plan search.
+    """
     c = constraints or SearchConstraints()
     widths = list(range(1024, max_hidden + 1, 1024))
 
     def trainable(h: int) -> tuple[bool, SearchResult]:
         result = _feasible(llama_shaped(h), cluster, seq_len, global_batch, c)
         ok = bool(result.candidates) and result.candidates[0].time.mfu >= min_mfu
+        if progress is not None:
+            progress(f"hidden {h}: {'trains' if ok else 'does not train'} at MFU >= {min_mfu:.0%}")
         return ok, result
 
     lo, hi = 0, len(widths) - 1
