@@ -1,6 +1,21 @@
 """autotune: plan, estimate, tune and emit large-model training on DeepSpeed and Megatron-LM.
 
-The library API (the CLI is a thin layer over it)::
+API (``autotune.__all__``; the ``autotune`` command is a thin layer over it):
+
+- ``load_model(ref)``: a ModelSpec from a preset name, a Hugging Face config.json or a model YAML.
+- ``load_cluster(gpu=, num_gpus=, gpus_per_node=, cluster_path=)``: a ClusterSpec from a GPU preset or a file.
+- ``make_plan(model, cluster, tp=, pp=, ...)``: a ParallelPlan with dp and accumulation derived, rules checked.
+- ``estimate(model, cluster, plan)``: an Estimate: the per-GPU memory ledger and the step time.
+- ``search_plans(model, cluster, seq_len=, global_batch_size=, constraints=SearchConstraints(...))``:
+  every plan, the feasible ones ranked by predicted tokens/s.
+- ``write_bundle(estimate, out_dir)``: the job's files (DeepSpeed JSON or Megatron-LM arguments, launch
+  scripts, checkpoint policy, plan.md), written atomically.
+- ``deepspeed_config(model=, gpu=, num_gpus=, seq_len=)``: a config for ``deepspeed.initialize`` or
+  ``TrainingArguments(deepspeed=...)``.
+- Types: ``ModelSpec``, ``GPUSpec``, ``ClusterSpec``, ``ParallelPlan``, ``Estimate``, ``SearchConstraints``;
+  ``InputError`` (a ValueError listing every problem of bad input).
+
+Example::
 
     import autotune
     model = autotune.load_model("llama3-70b")
@@ -34,6 +49,10 @@ _EXPORTS = {
     "write_bundle": "autotune.emit.bundle",
 }
 __all__ = [*_EXPORTS, "deepspeed_config"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def __getattr__(name: str):

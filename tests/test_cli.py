@@ -123,3 +123,152 @@ def test_calibration_file_changes_the_prediction(tmp_path, capsys):
     assert main(base + ["--calibration", str(path)]) == 2
     err = capsys.readouterr().err
     assert "bogus" in err and "gemm_peak_fraction must be a positive number" in err
+
+
+def _all_parsers():
+    import argparse
+
+    from autotune.cli import build_parser
+
+    parser = build_parser()
+    yield "autotune", parser
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    yield from ((f"autotune {name}", p) for name, p in sub.choices.items())
+
+
+def test_every_flag_of_every_subcommand_has_help():
+    import argparse
+
+    missing = [f"{prog} {'/'.join(a.option_strings) or a.dest}" for prog, parser in _all_parsers()
+               for a in parser._actions
+               if not a.help and not isinstance(a, argparse._SubParsersAction)]
+    assert not missing, missing
+
+
+def test_version_and_recipes_without_an_action(capsys):
+    import autotune
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"autotune {autotune.__version__}"
+    code, out, err = run(["recipes"], capsys)
+    assert code == 0 and "cpu-demo" in out and err == ""
+
+
+def test_help_autotune_shows_the_api():
+    import pydoc
+
+    import autotune
+
+    text = pydoc.render_doc(autotune, renderer=pydoc.plaintext)
+    for name in ("load_model", "load_cluster", "make_plan", "estimate", "search_plans", "deepspeed_config",
+                 "write_bundle", "InputError"):
+        assert name in text, name
+    assert set(autotune.__all__) <= set(dir(autotune))
+
+
+def test_estimate_prints_the_step_time_breakdown_and_a_legend(capsys):
+    code, out, _ = run(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--tp", "2",
+                        "--pp", "2", "--engine", "megatron"], capsys)
+    assert code == 0
+    assert "step time per optimizer step" in out and "pipeline bubble" in out and "tokens/s" in out
+    assert "legend: " in out and "mcore-distopt = " in out and "mbMxA = " in out
+    assert "share: of the total" in out and " used" in out
+
+
+def test_plan_table_has_a_legend_and_rule_meanings(capsys):
+    code, out, _ = run(["plan", "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--top-k", "2"],
+                       capsys)
+    assert code == 0
+    assert "legend: " in out and "columns: " in out and "other = offload transfers" in out
+    assert "rules: " in out and "batch_triple" in out or "layers_vpp =" in out
+
+
+def test_json_output_is_standard_json(capsys, monkeypatch):
+    from autotune.cost import step_time
+
+    real = step_time.estimate_step_time
+
+    def infinite(*args, **kwargs):  # an unbounded time (a zero bandwidth) must not print Infinity
+        from dataclasses import replace
+
+        return replace(real(*args, **kwargs), offload_s=float("inf"))
+
+    monkeypatch.setattr("autotune.api.estimate_step_time", infinite)
+    code, out, _ = run(["estimate", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--json"], capsys)
+    assert code == 0 and "Infinity" not in out
+    assert json.loads(out)["time"]["offload_s"] is None
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--overhead-gib", "-100"], "--overhead-gib must be >= 0"),
+    (["--overhead-gib", "nan"], "--overhead-gib must be a finite number"),
+    (["--fragmentation", "1e12"], "--fragmentation must be >= 0 and <= 0.9"),
+    (["--num-gpus", str(10**12)], "<= 1,048,576"),
+    (["--seq-len", str(10**30)], "--seq-len must be"),
+])
+def test_numbers_are_checked_for_range_and_finiteness(argv, needle, capsys):
+    code, out, err = run(["estimate", "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", *argv],
+                         capsys)
+    assert code == 2 and out == "" and needle in err and "Traceback" not in err
+
+
+def test_plan_rejects_nonsense_thresholds(capsys):
+    base = ["plan", "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb", "--num-gpus", "8"]
+    for flag, value in (("--min-headroom-gib", "nan"), ("--min-mfu", "1.5"), ("--min-mfu", "-1")):
+        code, _, err = run(base + [flag, value], capsys)
+        assert code == 2 and flag in err, (flag, value, err)
+
+
+def test_ctrl_c_during_emit_exits_130_without_a_traceback(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("autotune.emit.bundle.write_bundle", interrupted)
+    code, out, err = run(["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "job")], capsys)
+    assert code == 130 and "interrupted" in err and "Traceback" not in err
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("recipe_emit, needle", [
+    ({"launch": {"master_port": "x"}}, "emit.launch.master_port: expected an integer"),
+    ({"launch": {"nccl_env": [1]}}, "emit.launch.nccl_env: expected a mapping"),
+    ({"launch": {"job_name": 5}}, "emit.launch.job_name: expected a string"),
+    ({"launch": {"hosts": "ab"}}, "emit.launch.hosts: expected a list"),
+    ({"launch": {"script_args": "--foo bar"}}, "emit.launch.script_args: expected a list"),
+    ({"launch": {"script": "--help"}}, "must not be empty or start with '-'"),
+    ({"optimizer": {"betas": ["a", "b"]}}, "emit.optimizer.betas[0]: expected a number"),
+])
+def test_recipe_emit_block_is_type_checked(recipe_emit, needle, tmp_path, capsys):
+    import yaml
+
+    from autotune import resources
+
+    recipe = yaml.safe_load((resources.recipes_dir() / "cpu-demo.yaml").read_text()) | {"emit": recipe_emit}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    code, _, err = run(["emit", "--recipe", str(path), "--out", str(tmp_path / "job")], capsys)
+    assert code == 2 and needle in err, err
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--script=--help"], "--script '--help': must not"),
+    (["--hosts=--help,node2"], "--hosts '--help': must not"),
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--nccl-env", "=1"], "--nccl-env '=1'"),
+])
+def test_emit_flags_starting_with_a_dash_or_not_finite(flags, needle, tmp_path, capsys):
+    code, _, err = run(["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "job"), *flags], capsys)
+    assert code == 2 and needle in err, err
+
+
+def test_emit_out_edge_cases(tmp_path, capsys, monkeypatch):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink(tmp_path / "gone", tmp_path / "link")
+    for out, needle in ((".", "not . or .."), ("link", "does not exist"), ("x" * 300, "this file system allows"),
+                        (str(tmp_path.parent), "one above it")):
+        code, _, err = run(["emit", "--recipe", "cpu-demo", "--out", out, "--force"], capsys)
+        assert code == 2 and needle in err, (out, err)
+    assert not list(tmp_path.glob(".*"))  # no ..old-XXXX or .tmp- folders left

@@ -31,7 +31,8 @@ def register(subparsers) -> None:
     s.add_argument("--micro-batch", type=_positive_int, help="fix the micro-batch size")
     s.add_argument("--max-micro-batch", type=_positive_int, default=16, help="largest micro-batch (default 16)")
     s.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
-    s.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"))
+    s.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"),
+                   help="allowed recompute modes, e.g. none,selective (default all)")
     s.add_argument("--engine", "--framework", dest="engine", type=_str_list(ENGINE_NAMES), default=("deepspeed",),
                    help="engines to try (default deepspeed; --framework is an alias)")
     s.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
@@ -49,14 +50,15 @@ def register(subparsers) -> None:
     t.add_argument("--host-memory-limit-gib", type=float, help="a trial is 'oom' past this resident memory")
     t.add_argument("--num-layers", type=_positive_int, help="builtin workload: run this many layers")
     t.add_argument("--storage", help="Optuna storage URL (default sqlite:///OUT/study.db)")
-    t.add_argument("--study-name", default="autotune")
+    t.add_argument("--study-name", default="autotune", help="the Optuna study's name in the storage (default autotune)")
     t.add_argument("--resume", action="store_true", help="continue the study (trials left running are failed)")
     t.add_argument("--worker", action="store_true", help="join a study other processes also run")
     t.add_argument("--calibration", metavar="FILE",
                    help="write the fitted efficiency here (default OUT/cal.json; estimate/plan --calibration read it)")
     t.add_argument("--out", default="out/tune", help="output folder (default out/tune)")
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", choices=("builtin", "script", "command"), default="builtin")
+    w.add_argument("--workload", choices=("builtin", "script", "command"), default="builtin",
+                   help="what a trial runs: the built-in transformer, your --script, or a --command (default builtin)")
     w.add_argument("--script", help="your DeepSpeed script (arguments after --)")
     w.add_argument("--command", dest="command_template", help="command template ({nproc}, {ds_config}, {workdir}, {megatron_args})")
     w.add_argument("--metric-pattern", help="regex with (?P<step_time_s>...) or (?P<tokens_per_s>...)")
