@@ -1,0 +1,195 @@
+"""Megatron-LM itself judges what we write: every emitted ``megatron_args.sh``, over a property test of many plans
+(tp / pp / vpp / cp / ep / distributed optimizer / recompute / precision, several presets and world sizes), passes
+Megatron-LM's own ``parse_args()`` + ``validate_args()`` (``../shared/oracles/megatron-lm/megatron_args_check.py``),
+and our linter agrees with Megatron-LM on arguments it rejects.
+
+The oracle lives beside the checkout (``../shared``); where it is absent these tests skip, saying so. One oracle
+process serves every example (its imports take ~7 s; each verdict then takes a fraction of a second).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune.api import estimate, make_plan
+from autotune.emit.bundle import render_bundle
+from autotune.emit.megatron import megatron_args_problems
+from autotune.emit.shell_args import parse_shell_args_with_lines
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+REPO = Path(__file__).resolve().parents[2]
+ORACLE = REPO.parent / "shared" / "oracles" / "megatron-lm" / "megatron_args_check.py"
+WORKER = Path(__file__).parent / "fixtures" / "megatron_oracle_worker.py"
+pytestmark = pytest.mark.skipif(not ORACLE.is_file(), reason=f"Megatron-LM oracle not found at {ORACLE} "
+                                                             "(../shared is beside the checkout in CI only)")
+
+
+class Oracle:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(ORACLE)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+        self.calls = 0
+
+    def verdict(self, world_size: int, *, argv=None, args_file=None) -> dict:
+        request = {"world_size": world_size} | ({"argv": list(argv)} if argv is not None else
+                                                {"args_file": str(args_file)})
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the oracle worker died"
+        self.calls += 1
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    o = Oracle()
+    yield o
+    o.close()
+
+
+# Presets with what varies: GQA + RoPE + SwiGLU (Llama 3), MoE (Mixtral), learned positions + biases (GPT-3),
+# tiny ones for odd sizes. Sizes are drawn so that most plans are valid; invalid ones are skipped by make_plan.
+PRESETS = ["llama3-8b", "llama3-70b", "mixtral-8x7b", "gpt3-175b", "tiny-llama", "tiny-gpt"]
+
+plans = st.fixed_dictionaries({
+    "model": st.sampled_from(PRESETS),
+    "tp": st.sampled_from([1, 2, 4]),
+    "pp": st.sampled_from([1, 2, 4]),
+    "vpp": st.sampled_from([1, 2]),
+    "cp": st.sampled_from([1, 2]),
+    "ep": st.sampled_from([1, 2, 4]),
+    "dp": st.sampled_from([1, 2, 4]),
+    "zero_stage": st.sampled_from([0, 1]),
+    "recompute": st.sampled_from(["none", "selective", "full"]),
+    "recompute_num_layers": st.sampled_from([None, 1]),
+    "precision": st.sampled_from(["bf16", "fp16", "fp8"]),
+    "micro_batch_size": st.sampled_from([1, 2]),
+    "accumulation": st.sampled_from([1, 4]),
+    "seq_len": st.sampled_from([1024, 4096]),
+})
+
+CHECKED: list[str] = []
+
+
+def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
+    model = load_model_preset(drawn["model"])
+    # Steer the draw to plans the engine runs (what it refuses is tested in tests/engines): MoE-only ep carved
+    # out of dp x cp, vpp only with layers per stage to interleave, seq_len within a learned position table.
+    if model.moe is None or (drawn["dp"] * drawn["cp"]) % drawn["ep"]:
+        drawn["ep"] = 1
+    if drawn["pp"] == 1 or model.num_layers % drawn["pp"] or (model.num_layers // drawn["pp"]) % drawn["vpp"]:
+        drawn["vpp"] = 1
+    if model.position_embedding == "learned":
+        drawn["seq_len"] = min(drawn["seq_len"], model.max_position_embeddings)
+    world = drawn["tp"] * drawn["pp"] * drawn["cp"] * drawn["dp"]
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=world)
+    kw = {k: drawn[k] for k in ("tp", "pp", "vpp", "cp", "ep", "zero_stage", "recompute", "precision",
+                                "micro_batch_size", "seq_len")}
+    kw["recompute_num_layers"] = drawn["recompute_num_layers"] if drawn["recompute"] == "full" else None
+    batch = drawn["micro_batch_size"] * drawn["dp"] * drawn["accumulation"] * drawn["pp"]
+    try:
+        plan = make_plan(model, cluster, global_batch_size=batch, engine="megatron", **kw)
+        files = render_bundle(estimate(model, cluster, plan)).files
+    except InputError:
+        return None  # a plan the engine refuses: nothing is emitted for it
+    path = tmp_dir / "megatron_args.sh"
+    path.write_text(files["megatron_args.sh"])
+    return path, world
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(drawn=plans)
+def test_every_emitted_megatron_args_file_passes_megatron_lm(oracle, tmp_path, drawn):
+    emitted = _emitted_args(tmp_path, drawn)
+    if emitted is None:
+        return
+    path, world = emitted
+    verdict = oracle.verdict(world, args_file=path)
+    assert verdict["ok"], f"Megatron-LM rejects what we emitted for {drawn}: {verdict}\n{path.read_text()}"
+    assert verdict["data_parallel_size"] == drawn["dp"]
+    argv, lines, env = parse_shell_args_with_lines(path.read_text())
+    ours = [p for p in megatron_args_problems(argv, world, env=env, lines=lines) if p.severity == "error"]
+    assert ours == [], f"our linter rejects what Megatron-LM accepts ({drawn}): {[p.render() for p in ours]}"
+    CHECKED.append(drawn["model"])
+
+
+def test_the_property_test_checked_enough_plans():
+    """The property test above must have judged real files, not only skipped refused plans."""
+    if not CHECKED:
+        pytest.skip("run together with test_every_emitted_megatron_args_file_passes_megatron_lm")
+    assert len(CHECKED) >= 20 and len(set(CHECKED)) >= 4, CHECKED
+
+
+BASE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "1024",
+        "--max-position-embeddings", "1024", "--micro-batch-size", "1", "--global-batch-size", "8",
+        "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--mock-data",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--lr", "1e-4", "--train-iters", "10", "--bf16"]
+
+
+def _with(**flags) -> list[str]:
+    """BASE with flags replaced (value None: removed; True: a switch added)."""
+    argv, names = list(BASE), {f"--{k.replace('_', '-')}": v for k, v in flags.items()}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in names:
+            i += 1 if i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    for name, value in names.items():
+        if value is True:
+            out.append(name)
+        elif value is not None:
+            out += [name, str(value)]
+    return out
+
+
+# Arguments Megatron-LM rejects (world size 8 unless said): our linter must reject each as well.
+REJECTED = [
+    ("tp-pp-do-not-divide-world", 12, _with()),
+    ("heads-not-divisible-by-tp", 8, _with(num_attention_heads=6, tensor_model_parallel_size=4,
+                                           pipeline_model_parallel_size=1)),
+    ("layers-not-divisible-by-pp", 8, _with(num_layers=9)),
+    ("fp16-and-bf16", 8, _with(fp16=True)),
+    ("overlap-param-gather-without-distributed-optimizer", 8, _with(overlap_param_gather=True,
+                                                                    overlap_grad_reduce=True)),
+    ("global-batch-not-divisible", 8, _with(global_batch_size=3)),
+    ("cp-seq-length", 8, _with(context_parallel_size=2, pipeline_model_parallel_size=1, seq_length=1030,
+                               max_position_embeddings=1030)),
+    ("selective-with-recompute-method", 8, _with(recompute_granularity="selective", recompute_method="uniform")),
+    ("tp-comm-overlap-without-sp", 8, _with(tp_comm_overlap=True)),
+    ("unknown-flag", 8, _with(num_layerz=8)),
+    ("bad-choice", 8, _with(recompute_granularity="most")),
+    ("not-an-integer", 8, _with(num_layers="eight")),
+    ("save-without-interval", 8, _with(save="ckpt")),
+    ("vpp-with-pp-1", 8, _with(pipeline_model_parallel_size=1, num_layers_per_virtual_pipeline_stage=2)),
+    ("experts-not-divisible-by-ep", 8, _with(num_experts=6, expert_model_parallel_size=4,
+                                             tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                                             moe_router_topk=2)),
+]
+
+
+@pytest.mark.parametrize("argv,world", [pytest.param(a, w, id=i) for i, w, a in REJECTED])
+def test_linter_agrees_with_megatron_on_rejected_arguments(oracle, argv, world):
+    verdict = oracle.verdict(world, argv=argv)
+    assert not verdict["ok"], f"Megatron-LM accepts {argv}: this case does not test a rejection"
+    ours = [p for p in megatron_args_problems(argv, world) if p.severity == "error"]
+    assert ours, f"Megatron-LM rejects it ({verdict['error']}) but our linter finds no error"
+
+
+def test_linter_agrees_with_megatron_on_the_accepted_base(oracle):
+    assert oracle.verdict(8, argv=BASE)["ok"]
+    assert [p for p in megatron_args_problems(BASE, 8) if p.severity == "error"] == []
