@@ -30,9 +30,15 @@ class FSDPEngine(Engine):
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),
                             offload_optimizer=("none", "cpu"), offload_param=("none", "cpu"), hybrid_shard=True,
                             precisions=("bf16", "fp16", "fp8"))
-    comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring")
+    comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring",
+                        # torch SDPA flash backend (FlashAttention-2); torchtitan Float8: torchao tensorwise with
+                        # enable_fsdp_float8_all_gather (torchtitan docs/float8.md); FSDP2 reduce-scatters per
+                        # micro-batch by default.
+                        attention_kernel="fa2", fp8_recipe="torchao-tensorwise", fp8_param_gather=True,
+                        grad_sync_every_microbatch=True)
     checkpoint_format = "dcp"
     workload = "builtin"
+    trainer_module = "autotune.train.fsdp"
     sources = {"zero_stage": "FSDP2 fully_shard has no optimizer-only sharding: use zero_stage 2 or 3",
                "offload_optimizer": "torch.distributed.fsdp.CPUOffloadPolicy",
                "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy"}

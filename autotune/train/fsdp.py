@@ -1,0 +1,192 @@
+"""The ``fsdp`` engine's built-in trainer: the plan with PyTorch's own APIs (torch 2.13).
+
+``python -m autotune.train --plan plan.json`` dispatches here for ``engine: fsdp`` plans. One device mesh
+``(pp, dp_replicate, dp_shard, tp)`` (``init_device_mesh``) carries every dimension:
+
+- data parallelism: FSDP2 ``fully_shard`` per block and on the root over ``dp_shard`` (zero_stage 3:
+  ``reshard_after_forward=True``; 2: ``False``), HSDP over the 2-D ``(dp_replicate, dp_shard)`` mesh when
+  ``dp_replicate > 1``; zero_stage 0 is the same call on a ``(dp, 1)`` mesh (replicate: DDP semantics);
+- ``MixedPrecisionPolicy(param_dtype=bf16 (fp16 for fp16 plans), reduce_dtype=fp32)``: fp32 sharded master
+  parameters, 16-bit compute. On CPU/gloo this runs as on GPUs (bf16 all-gathers, fp32 reduce-scatters);
+  fp16 runs without a loss scaler here (a few-step trial);
+- ``CPUOffloadPolicy`` with offload_param = offload_optimizer = cpu (parameters, gradients, optimizer step on
+  the host);
+- activation checkpointing: full (every block, or ``recompute_num_layers`` of each stage, via
+  ``checkpoint_wrapper``) or selective (the attention core, the model's own checkpoint);
+- tensor parallelism: DTensor ``parallelize_module`` (:mod:`autotune.train.fsdp_model`) on the ``tp`` mesh,
+  composed with FSDP2 (2-D); every TP rank of a data-parallel group draws the same batches;
+- pipeline parallelism: ``torch.distributed.pipelining`` (:mod:`autotune.train.pipelining`), 1F1B or
+  interleaved 1F1B with vpp > 1, the engine's (uneven) layer split.
+
+Refused with a reason (``UNSUPPORTED``, exit 2): cp > 1, ep > 1, fp8, adamw8bit, MLA, NVMe offload, and
+shapes the TP / pipeline split cannot take (:func:`unsupported_reason`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.train import StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype
+
+__all__ = ["main", "unsupported_reason", "CP_REFUSED"]
+
+# Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
+# around scaled_dot_product_attention raises "NotImplementedError: Operator
+# aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered".
+CP_REFUSED = ("context parallelism (cp > 1): torch 2.13's context_parallel has no ring-attention strategy for "
+              "the CPU attention kernel (aten._scaled_dot_product_flash_attention_for_cpu), and the built-in "
+              "trainer does not implement it on GPUs: use the emitted torchtitan config for cp > 1, or set cp=1")
+
+
+def unsupported_reason(model, plan, scheme: str = "any") -> str | None:
+    """Why this trainer cannot run ``plan`` (None when it can)."""
+    from autotune.train.pipelining import stage_problem
+
+    if plan.cp > 1:
+        return CP_REFUSED
+    if plan.ep > 1:
+        return "expert parallelism (ep > 1) is not implemented by the built-in FSDP trainer: set ep=1"
+    if plan.precision == "fp8":
+        return "fp8 needs torchao's float8 training on FP8 GPUs (H100 or newer): use bf16 for the built-in trainer"
+    if plan.optimizer == "adamw8bit":
+        return "adamw8bit needs bitsandbytes or torchao's 8-bit AdamW: use adamw, sgd or adafactor"
+    if model.mla is not None:
+        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
+    if "nvme" in (plan.offload_param, plan.offload_optimizer):
+        return "FSDP2 offloads to host memory only (CPUOffloadPolicy): use cpu offload"
+    if plan.tp > 1:
+        if model.moe is not None:
+            return "tensor parallelism of MoE layers is not implemented by the built-in FSDP trainer: set tp=1"
+        if plan.sequence_parallel:
+            return ("sequence parallelism is not implemented by the built-in FSDP trainer (DTensor TP without "
+                    "SequenceParallel norms): set sequence_parallel false (--no-sequence-parallel)")
+        for what, n in (("attention heads", model.num_attention_heads), ("KV heads", model.kv_heads),
+                        ("ffn_hidden_size", model.ffn_hidden_size), ("vocab_size", model.vocab_size)):
+            if n % plan.tp:
+                return f"DTensor TP splits the {what} ({n}) over tp={plan.tp}: choose a tp that divides it"
+    if plan.pp > 1:
+        return stage_problem(model, plan, scheme)
+    return None
+
+
+def _optimizer(name: str, params, lr: float):
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def build(est, device, seed: int):
+    """(mesh, this rank's stage modules, their virtual stage ids, number of stages) with TP, AC and FSDP2 applied."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autotune.engines import engine_for
+    from autotune.train.fsdp_model import StageModule, apply_ac, apply_fsdp, apply_tp
+    from autotune.train.pipelining import virtual_stages
+    from autotune.workloads.transformer import build_model
+
+    spec, plan = est.model, est.plan
+    dp_rep = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
+    mesh = init_device_mesh(device.type, (plan.pp, dp_rep, plan.dp // dp_rep, plan.tp),
+                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if dp_rep > 1 else mesh["dp_shard"]
+    torch.manual_seed(seed)
+    # fp32 parameters: FSDP2's sharded parameters are the master weights; MixedPrecisionPolicy casts for compute.
+    full = build_model(spec, seq_len=plan.seq_len, recompute=plan.recompute, flash_attention=plan.flash_attention,
+                       dtype=torch.float32)
+    stages = virtual_stages(spec.num_layers, plan.pp, plan.vpp, engine_for(plan).support.layer_split)
+    pp_rank = mesh["pp"].get_local_rank()
+    stage_ids = [pp_rank + i * plan.pp for i in range(plan.vpp)] if plan.pp > 1 else [0]
+    modules = []
+    for s in stage_ids:
+        first, count = stages[s]
+        m = StageModule(full, first, count, has_embedding=s == 0, has_head=s == len(stages) - 1)
+        if plan.tp > 1:
+            apply_tp(m, mesh["tp"], tied=spec.tied_embeddings)
+        apply_ac(m, plan.recompute, plan.recompute_num_layers)
+        if device.type == "cuda" and plan.offload_param == "none":
+            m.to(device)
+        apply_fsdp(m, dp_mesh, reshard_after_forward=plan.zero_stage == 3, param_dtype=torch_dtype(plan),
+                   offload=plan.offload_param == "cpu")
+        modules.append(m)
+    del full
+    return mesh, modules, stage_ids, len(stages)
+
+
+def main(est, args, rest: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autotune.train (fsdp)")
+    ap.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    extra = ap.parse_args(rest)
+    model_spec, plan = est.model, est.plan
+    from autotune.engines import engine_for
+
+    reason = unsupported_reason(model_spec, plan, engine_for(plan).support.layer_split)
+    if reason:
+        raise Unsupported(reason)
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.train.fsdp_model import lm_loss
+
+    phase("initialising the process group")
+    device = pick_device(args.device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        teardown()
+        raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size} "
+                          f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
+    phase("building the model (DTensor TP, activation checkpointing, fully_shard)")
+    mesh, modules, stage_ids, num_stages = build(est, device, args.seed)
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    optimizer = _optimizer(plan.optimizer, params, extra.lr)
+    schedule = None
+    if plan.pp > 1:
+        from autotune.train.pipelining import build_schedule
+
+        schedule = build_schedule(modules, stage_ids, num_stages, mesh["pp"].get_group(), device,
+                                  n_microbatches=plan.num_microbatches, loss_fn=lm_loss)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    dp_shard = mesh["dp_shard"].size()
+    stream = mesh["dp_replicate"].get_local_rank() * dp_shard + mesh["dp_shard"].get_local_rank()
+    batches = token_batches(model_spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=args.seed,
+                            stream=stream, device=device)
+    log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len, device=device,
+                  barrier=dist.barrier)
+    has_first, has_last = 0 in stage_ids, num_stages - 1 in stage_ids
+    for _ in range(args.warmup_steps + args.steps):
+        micro = [next(batches) for _ in range(plan.grad_accum_steps)]
+        log.start()
+        if schedule is None:
+            loss_sum = torch.zeros((), device=device)
+            for ids, labels in micro:
+                loss = lm_loss(modules[0](ids), labels) / plan.grad_accum_steps
+                loss.backward()
+                loss_sum += loss.detach()
+        else:  # the schedule splits the batch into n_microbatches and scales the gradients by 1/n
+            ids, labels = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+            losses: list = []
+            schedule.step(*((ids,) if has_first else ()), **({"target": labels, "losses": losses} if has_last
+                                                               else {}))
+            loss_sum = (torch.stack(losses).float().mean().detach() if has_last
+                        else torch.zeros((), device=device))
+            dist.all_reduce(loss_sum, group=mesh["pp"].get_group())  # only the last stage has the loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        log.stop(loss_sum.float())
+    log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
+               extra={"engine": "fsdp", "device": device.type, "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
+                      "reshard_after_forward": plan.zero_stage == 3, "param_dtype": str(torch_dtype(plan)),
+                      "reduce_dtype": "torch.float32", "cpu_offload": plan.offload_param == "cpu",
+                      "recompute": plan.recompute,
+                      "pipeline_schedule": None if schedule is None else type(schedule).__name__,
+                      "stage_ids": stage_ids})
+    teardown()
+    return 0

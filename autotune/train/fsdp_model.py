@@ -1,0 +1,140 @@
+"""The FSDP trainer's model: the project's transformer cut into stage modules, then TP, AC and FSDP2 applied.
+
+Order as torchtitan applies it (torchtitan v0.2 ``models/llama3/infra/parallelize.py``): DTensor tensor
+parallelism first, then activation checkpointing, then ``fully_shard`` per block and on the root, so each
+block's all-gather / reduce-scatter is its own.
+
+- :class:`StageModule` holds a contiguous run of the blocks of a
+  :class:`~autotune.workloads.transformer.DecoderLM` (plus the embedding on the first stage and the final
+  norm and output on the last), so the same module serves one pipeline stage or the whole model. Its
+  ``forward`` returns hidden states, or logits on the last stage; the loss is taken outside
+  (:func:`lm_loss`) as ``torch.distributed.pipelining`` needs.
+- :func:`apply_tp`: ``parallelize_module`` with ColwiseParallel for q/k/v and fc1, RowwiseParallel for o and fc2,
+  the vocabulary-sharded embedding (RowwiseParallel) and output (ColwiseParallel, logits gathered); the
+  per-rank head counts are divided by tp. SwiGLU's fused [gate | up] fc1 is re-ordered so each TP rank's
+  row block is its own [gate_r | up_r] (otherwise rank 0 would get all gates and rank 1 all ups).
+- :func:`apply_fsdp`: ``fully_shard`` with ``reshard_after_forward`` = (zero_stage == 3),
+  ``MixedPrecisionPolicy(param_dtype=bf16|fp16, reduce_dtype=fp32)`` and ``CPUOffloadPolicy`` when the plan
+  offloads. zero_stage 0 is FSDP2 on a (dp, 1) replicate x shard mesh: every replica holds whole states and
+  gradients are all-reduced, as DDP does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autotune.workloads.transformer import DecoderLM, bool_dropout
+
+__all__ = ["StageModule", "lm_loss", "apply_tp", "apply_ac", "apply_fsdp"]
+
+
+class StageModule(nn.Module):
+    """Blocks ``first .. first+count-1`` of ``full`` (and the embedding / head where this stage has them)."""
+
+    def __init__(self, full: DecoderLM, first: int, count: int, *, has_embedding: bool, has_head: bool) -> None:
+        super().__init__()
+        self.spec, self.has_embedding, self.has_head = full.spec, has_embedding, has_head
+        self.embed = full.embed if has_embedding or (has_head and full.output is None) else None
+        self.pos = full.pos if has_embedding else None
+        self.embed_norm = full.embed_norm if has_embedding else None
+        # ModuleDict keyed by the global layer index: checkpoints name a block the same way on every stage.
+        self.layers = nn.ModuleDict({str(i): full.layers[i] for i in range(first, first + count)})
+        self.final_norm = full.final_norm if has_head else None
+        self.output = full.output if has_head else None
+        for name in ("rope_cos", "rope_sin", "causal_mask"):
+            t = getattr(full, name)
+            if t is None:
+                setattr(self, name, None)
+            else:
+                self.register_buffer(name, t, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.has_embedding:
+            s = x.shape[1]
+            x = self.embed(x)
+            if self.pos is not None:
+                x = x + self.pos.weight[:s]
+            if self.embed_norm is not None:
+                x = self.embed_norm(x)
+            x = bool_dropout(x, self.spec.dropout, self.training)
+        for layer in self.layers.values():
+            x = layer(x, self.rope_cos, self.rope_sin, self.causal_mask)
+        if not self.has_head:
+            return x
+        x = self.final_norm(x)
+        if self.output is None:  # tied embeddings: the embedding's weight (gathered by the root's FSDP group)
+            return F.linear(x, self.embed.weight)
+        return self.output(x)
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over fp32 logits (as DecoderLM.forward computes it)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def _interleave_swiglu_rows(fc1: nn.Linear, tp: int) -> None:
+    """Re-order fc1's [gate | up] rows so that row block r (TP rank r's ColwiseParallel shard) is [gate_r | up_r]."""
+    rows = fc1.weight.shape[0]
+    half, chunk = rows // 2, rows // 2 // tp
+    order = []
+    for r in range(tp):
+        order += list(range(r * chunk, (r + 1) * chunk))
+        order += list(range(half + r * chunk, half + (r + 1) * chunk))
+    idx = torch.tensor(order)
+    with torch.no_grad():
+        fc1.weight.copy_(fc1.weight[idx])
+        if fc1.bias is not None:
+            fc1.bias.copy_(fc1.bias[idx])
+
+
+def apply_tp(stage: StageModule, tp_mesh, *, tied: bool) -> None:
+    """DTensor TP over ``tp_mesh`` (torch.distributed.tensor.parallel), no sequence parallelism."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    for block in stage.layers.values():
+        attn, mlp = block.attn, block.mlp
+        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+                "attn.o": RowwiseParallel(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+        if mlp.swiglu:
+            _interleave_swiglu_rows(mlp.fc1, tp)
+        parallelize_module(block, tp_mesh, plan)
+        attn.heads //= tp
+        attn.kv_heads //= tp
+    if tied:  # the head reuses the embedding's weight as a plain tensor: both stay replicated over tp
+        return
+    if stage.has_embedding:
+        parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                 output_layouts=Replicate()))
+    if stage.output is not None:
+        parallelize_module(stage.output, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+
+
+def apply_ac(stage: StageModule, recompute: str, num_layers: int | None) -> None:
+    """Full recompute: each block (or the first ``num_layers`` of the stage) wrapped in a non-reentrant
+    checkpoint; selective recompute is the model's own attention-core checkpoint (built in)."""
+    if recompute != "full":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for i, key in enumerate(list(stage.layers)):
+        if num_layers is None or i < num_layers:
+            stage.layers[key] = checkpoint_wrapper(stage.layers[key], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_fsdp(stage: StageModule, dp_mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype,
+               offload: bool) -> None:
+    """``fully_shard`` every block, then the stage itself (embedding, final norm, output: the root group)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
+    if offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    for block in stage.layers.values():
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+    # The root's parameters are used last in forward and first in backward: torchtitan keeps them gathered
+    # (reshard_after_forward=False on the root); we follow the plan's setting for fewer surprises in bytes.
+    fully_shard(stage, reshard_after_forward=reshard_after_forward, **kw)

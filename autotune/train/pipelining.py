@@ -1,0 +1,56 @@
+"""Pipeline parallelism for the FSDP trainer with ``torch.distributed.pipelining`` (torch 2.13).
+
+The layers are split over ``pp * vpp`` virtual stages as the engine splits them
+(:func:`autotune.specs.layout.layer_counts` with the fsdp engine's scheme, uneven allowed); virtual stage
+``s`` lives on pipeline rank ``s % pp`` (the loop placement ``ScheduleInterleaved1F1B`` expects), so rank 0
+holds the embedding and rank ``pp - 1`` the output. ``Schedule1F1B`` with one stage per rank,
+``ScheduleInterleaved1F1B`` with ``vpp > 1``; ``n_microbatches`` = the plan's gradient-accumulation steps.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.layout import layer_counts
+
+__all__ = ["virtual_stages", "stage_problem", "build_schedule"]
+
+
+def virtual_stages(num_layers: int, pp: int, vpp: int, scheme: str) -> list[tuple[int, int]]:
+    """(first layer, layer count) of every virtual stage, first to last."""
+    counts = layer_counts(num_layers, pp * vpp, scheme)
+    assert counts is not None, f"no {scheme} split of {num_layers} layers over {pp * vpp} stages"
+    out, first = [], 0
+    for c in counts:
+        out.append((first, c))
+        first += c
+    return out
+
+
+def stage_problem(model, plan, scheme: str) -> str | None:
+    """Why ``plan``'s pipeline cannot be built here (None when it can)."""
+    stages = plan.pp * plan.vpp
+    if model.tied_embeddings:
+        return ("tied embeddings with pp > 1: torch.distributed.pipelining stages own disjoint modules, so the "
+                "last stage's output layer cannot share the first stage's embedding; untie them or set pp=1")
+    if layer_counts(model.num_layers, stages, scheme) is None:
+        return f"{model.num_layers} layers cannot be split over pp x vpp = {stages} stages: lower pp or vpp"
+    n = plan.num_microbatches
+    rounds = max(1, n // plan.pp)
+    if plan.vpp > 1 and n % rounds:
+        return (f"ScheduleInterleaved1F1B needs the micro-batches ({n}) to be a multiple of its rounds "
+                f"(max(1, {n} // pp {plan.pp}) = {rounds}; torch/distributed/pipelining/schedules.py): "
+                f"use a multiple of pp micro-batches")
+    if plan.vpp == 1 and n < plan.pp:
+        return (f"Schedule1F1B needs at least as many micro-batches as stages ({n} < pp {plan.pp}; "
+                f"torch/distributed/pipelining/schedules.py): raise the global batch")
+    return None
+
+
+def build_schedule(stage_modules: list, stage_ids: list[int], num_stages: int, pp_group, device, *,
+                   n_microbatches: int, loss_fn):
+    """The schedule over this rank's stage modules (``stage_ids`` their virtual stage indices)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+    stages = [PipelineStage(m, s, num_stages, device, group=pp_group) for m, s in zip(stage_modules, stage_ids)]
+    if len(stages) == 1:
+        return Schedule1F1B(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
