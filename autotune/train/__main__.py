@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import dataclass
 
 from autotune.errors import InputError
 
@@ -30,9 +31,42 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def load_estimate(path: str):
-    from autotune.api import estimate_from_dict
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What a trainer needs from plan.json: the model, the cluster and the plan (no cost model run)."""
 
+    model: object
+    cluster: object
+    plan: object
+
+
+def job_from_dict(doc: dict) -> Job:
+    """The model, cluster and plan of an estimate document, checked by the plan rules (as estimate_from_dict
+    does it, without re-running the cost model, which training does not need)."""
+    from autotune.specs.loading import load_cluster, model_from_mapping
+    from autotune.specs.plan import ParallelPlan
+    from autotune.specs.rules import plan_problems
+
+    problems = [f"missing '{k}' block with its 'spec' (give the plan.json of an emitted bundle)"
+                for k in ("model", "cluster", "plan") if not isinstance(doc.get(k), dict)
+                or (k != "plan" and not isinstance(doc[k].get("spec"), dict))]
+    if problems:
+        raise InputError(problems, subject="plan JSON")
+    model = model_from_mapping(doc["model"]["spec"], origin="plan JSON model")
+    spec = dict(doc["cluster"]["spec"])
+    try:
+        gpu, nodes, per_node = spec.pop("gpu"), spec.pop("num_nodes"), spec.pop("gpus_per_node")
+        cluster = load_cluster(gpu=gpu, num_gpus=nodes * per_node, gpus_per_node=per_node, **spec)
+        plan = ParallelPlan(**doc["plan"])
+    except (KeyError, TypeError) as err:
+        raise InputError([f"cluster or plan block: {err}"], subject="plan JSON") from None
+    problems = [msg for _, msg in plan_problems(model, cluster, plan)]
+    if problems:
+        raise InputError(problems, subject="plan JSON")
+    return Job(model=model, cluster=cluster, plan=plan)
+
+
+def load_estimate(path: str) -> Job:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -45,7 +79,7 @@ def load_estimate(path: str):
     if not isinstance(doc, dict):
         raise InputError([f"--plan {path!r}: expected a JSON object with model, cluster and plan blocks"],
                          subject="plan file")
-    return estimate_from_dict(doc)
+    return job_from_dict(doc)
 
 
 def main(argv: list[str] | None = None) -> int:

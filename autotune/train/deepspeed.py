@@ -1,0 +1,139 @@
+"""The ``deepspeed`` engine's built-in trainer: the plan with DeepSpeed 0.19.8's own APIs.
+
+- ZeRO 0-3 (+ optimizer / parameter offload) from ``ds_config.json`` on the project's transformer
+  (:func:`autotune.workloads.transformer.build_model`) through ``deepspeed.initialize``;
+- AutoTP (``tensor_parallel.autotp_size`` = tp): a transformers Llama model of the spec's sizes
+  (:mod:`autotune.train.hf_models`), which ``deepspeed.initialize`` shards; every rank of a TP group
+  draws the same batches (DeepSpeed checks that on the first forward, engine.py
+  ``check_dataloader_inputs_same_across_ranks``);
+- PipelineModule for pp > 1 (:mod:`autotune.train.ds_pipe`): DeepSpeed's own uneven split;
+- Ulysses for cp > 1 (:mod:`autotune.train.ds_ulysses`): ``DistributedAttention`` over
+  DeepSpeed's sequence-parallel groups (``runtime/sequence_parallel/parallel_state_sp.py``).
+
+On CPU without optimizer offload, AdamW runs as ``torch.optim.AdamW`` (``torch_adam: true``): DeepSpeed's
+CPU FusedAdam is a 68 s JIT build (../shared/reference/cpu-feasibility.md 1(a)) computing the same update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autotune.train import StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype
+
+__all__ = ["main", "unsupported_reason"]
+
+
+def unsupported_reason(model, plan) -> str | None:
+    """Why this trainer cannot run ``plan`` (None when it can)."""
+    from autotune.train.hf_models import hf_model_problem
+
+    if plan.tp > 1 and (plan.pp > 1 or plan.cp > 1):
+        return "AutoTP runs with data parallelism and ZeRO only here (DeepSpeed issues #7147, #7730): set pp=cp=1"
+    if plan.pp > 1 and plan.cp > 1:
+        return "PipelineModule with Ulysses is not run by DeepSpeed 0.19.8 here: set cp=1 or pp=1"
+    if plan.tp > 1:
+        problem = hf_model_problem(model, llama_only=True)
+        if problem:
+            return f"AutoTP: {problem}"
+    if model.mla is not None:
+        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
+    if plan.cp > 1 and model.kv_heads % plan.cp:
+        return (f"Ulysses scatters attention heads over cp={plan.cp} ranks: {model.kv_heads} KV heads do not "
+                f"divide (deepspeed/sequence/layer.py)")
+    if plan.cp > 1 and plan.seq_len % plan.cp:
+        return f"Ulysses: seq_len {plan.seq_len} does not divide over cp={plan.cp} ranks"
+    return None
+
+
+def _config(path: str, plan, device) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as err:
+        raise Unsupported(f"--deepspeed-config {path!r} cannot be read as JSON: {err}") from None
+    opt = cfg.get("optimizer") or {}
+    if device.type == "cpu" and opt.get("type") in ("Adam", "AdamW") and plan.offload_optimizer == "none":
+        opt.setdefault("params", {})["torch_adam"] = True
+    return cfg
+
+
+def main(est, args, rest: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autotune.train (deepspeed)")
+    ap.add_argument("--deepspeed-config", required=True, help="ds_config.json of the bundle")
+    extra = ap.parse_args(rest)
+    model_spec, plan = est.model, est.plan
+    reason = unsupported_reason(model_spec, plan)
+    if reason:
+        raise Unsupported(reason)
+
+    import torch
+    import deepspeed
+    import deepspeed.comm as dist
+
+    phase("initialising the process group")
+    device = pick_device(args.device)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size} "
+                          f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
+    cfg = _config(extra.deepspeed_config, plan, device)
+    torch.manual_seed(args.seed)
+    dtype = torch_dtype(plan)
+    if plan.pp > 1:
+        from autotune.train.ds_pipe import train_pipeline
+
+        return train_pipeline(est, args, cfg, device, dtype)
+
+    mpu = None
+    if plan.cp > 1:
+        from autotune.train.ds_ulysses import ulysses_model
+
+        model, mpu, shard = ulysses_model(model_spec, plan, dtype)
+    elif plan.tp > 1:
+        from autotune.train.hf_models import build_hf_model
+
+        model = build_hf_model(model_spec, seq_len=plan.seq_len, dtype=dtype, recompute=plan.recompute)
+    else:
+        from autotune.workloads.transformer import build_model
+
+        model = build_model(model_spec, seq_len=plan.seq_len, recompute=plan.recompute,
+                            flash_attention=plan.flash_attention, dtype=dtype)
+    phase("initialising the engine")
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg, mpu=mpu)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    rank = dist.get_rank()
+    if plan.tp > 1:
+        from deepspeed.utils import groups
+
+        stream = groups.get_data_parallel_rank()  # one stream per TP group: same batches on its ranks
+        forward = lambda ids, labels: engine(input_ids=ids, labels=ids).loss  # noqa: E731 (HF shifts labels)
+    elif plan.cp > 1:
+        stream = rank // plan.cp  # parallel_state_sp: sequence-parallel groups are consecutive ranks
+        forward = lambda ids, labels: engine(*shard(ids, labels))  # noqa: E731
+    else:
+        stream = rank
+        forward = engine
+    batches = token_batches(model_spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=args.seed,
+                            stream=stream, device=device)
+    log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len, device=device,
+                  barrier=dist.barrier)
+    for _ in range(args.warmup_steps + args.steps):
+        micro = [next(batches) for _ in range(plan.grad_accum_steps)]
+        log.start()
+        boundaries, loss = [], None
+        for ids, labels in micro:
+            loss = forward(ids, labels)
+            engine.backward(loss)
+            boundaries.append(engine.is_gradient_accumulation_boundary())
+            engine.step()  # DeepSpeed updates the weights at the accumulation boundary only
+        assert boundaries[-1] and not any(boundaries[:-1]), f"accumulation boundaries off: {boundaries}"
+        log.stop(loss.detach().float() * (plan.cp if plan.cp > 1 else 1))
+    log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
+               extra={"engine": "deepspeed", "dp_world_size": engine.dp_world_size,
+                      "torch_adam": bool((cfg.get("optimizer") or {}).get("params", {}).get("torch_adam"))})
+    teardown(engine)
+    return 0

@@ -1,0 +1,67 @@
+"""Hugging Face transformers models built from a ModelSpec (for AutoTP and the HF Trainer).
+
+AutoTP shards the ``nn.Linear`` layers of models it recognises (deepspeed/module_inject/auto_tp.py:
+q/k/v/gate/up column-parallel, o_proj/down_proj row-parallel), so the AutoTP and HF trainers build a
+transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU) or ``GPT2LMHeadModel``
+(GPT-2-style specs: learned positions, LayerNorm, GeLU, biases, tied embeddings, HF trainer only) with
+the spec's sizes, so the parameter count is the spec's. Other architectures are refused by name.
+"""
+
+from __future__ import annotations
+
+__all__ = ["hf_model_problem", "build_hf_model"]
+
+
+def _family(spec) -> str | None:
+    if spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm:
+        return None
+    if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
+            and not spec.linear_bias):
+        return "llama"
+    if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation == "gelu"
+            and spec.linear_bias and spec.tied_embeddings and spec.kv_heads == spec.num_attention_heads
+            and spec.attention_head_dim * spec.num_attention_heads == spec.hidden_size):
+        return "gpt2"
+    return None
+
+
+def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
+    """Why no transformers model of the spec's architecture can be built here (None when one can)."""
+    family = _family(spec)
+    if family == "llama" or (family == "gpt2" and not llama_only):
+        return None
+    want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
+    if not llama_only:
+        want += " or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)"
+    return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
+
+
+def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
+    """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
+    import torch
+
+    family = _family(spec)
+    assert family is not None, hf_model_problem(spec)
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                          intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
+                          num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
+                          head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
+                          rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
+                          attention_dropout=spec.dropout, attn_implementation="sdpa")
+        model = LlamaForCausalLM(cfg)
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=spec.vocab_size, n_embd=spec.hidden_size, n_layer=spec.num_layers,
+                         n_head=spec.num_attention_heads, n_inner=spec.ffn_hidden_size,
+                         n_positions=spec.max_position_embeddings, resid_pdrop=spec.dropout,
+                         embd_pdrop=spec.dropout, attn_pdrop=spec.dropout, activation_function="gelu_new",
+                         bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+        model = GPT2LMHeadModel(cfg)
+    if recompute == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.to(dtype) if dtype is not None else model
