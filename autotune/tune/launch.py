@@ -29,7 +29,8 @@ import psutil
 from autotune.errors import InputError
 from autotune.tune.trialspec import SPEC_NAME, TrialSpec
 
-__all__ = ["Job", "command_line", "trial_env", "launch_record", "end_recorded", "KILL_GRACE_S"]
+__all__ = ["Job", "command_line", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
+           "end_recorded", "KILL_GRACE_S"]
 
 KILL_GRACE_S = 5.0
 START_TIME_SLACK_S = 0.05
@@ -188,12 +189,17 @@ class Job:
 
 
 def launch_record(job: Job) -> dict:
-    """What identifies the job's processes later, from another process: host, pid, pgid, start time."""
-    start = None
-    with contextlib.suppress(psutil.Error):
-        start = psutil.Process(job.proc.pid).create_time()
+    """What identifies the job's processes later, from another process: host, the root's pid, pgid and start
+    time, and every process of the tree seen so far with its start time and process group (torchrun starts
+    each rank in a session of its own: torch/distributed/elastic/multiprocessing/subprocess_handler)."""
+    procs, pgids = [], {job.pgid}
+    for p in job.tree():
+        with contextlib.suppress(psutil.Error, OSError):
+            procs.append([p.pid, p.create_time()])
+            pgids.add(os.getpgid(p.pid))
+    start = next((t for pid, t in procs if pid == job.proc.pid), None)
     return {"host": socket.gethostname(), "pid": job.proc.pid, "pgid": job.pgid, "start_time": start,
-            "tuner_pid": os.getpid()}
+            "tuner_pid": os.getpid(), "procs": sorted(procs), "pgids": sorted(pgids - {os.getpgrp()})}
 
 
 def write_launch_record(path: Path, record: dict) -> None:
@@ -201,36 +207,48 @@ def write_launch_record(path: Path, record: dict) -> None:
         path.write_text(json.dumps(record))
 
 
-def end_recorded(record: dict) -> list[int]:
-    """End the processes of a recorded job that a dead tuner left running; returns the pids ended.
+def _matches(pid: int, start: float) -> psutil.Process | None:
+    with contextlib.suppress(psutil.Error):
+        p = psutil.Process(pid)
+        if abs(p.create_time() - start) <= START_TIME_SLACK_S and _alive(p):
+            return p
+    return None
 
-    Only on the recorded host; a process counts as the job's when it is in the recorded process
-    group (or is the recorded pid with the recorded start time) and started no earlier than the
-    recorded root: a process that holds a reused pid or group id but is older than the trial is
-    left alone.
-    """
+
+def recorded_processes(record: dict) -> list[psutil.Process]:
+    """The live processes of a recorded job: each recorded process whose start time still matches, and the
+    members of its process groups started no earlier than the job (a group whose id now leads an unrelated,
+    older group is left alone)."""
     if not isinstance(record, dict) or record.get("host") != socket.gethostname():
         return []
-    pid, pgid, start = record.get("pid"), record.get("pgid"), record.get("start_time")
-    if not isinstance(pid, int) or not isinstance(pgid, int) or not isinstance(start, (int, float)):
+    start = record.get("start_time")
+    if not isinstance(start, (int, float)):
         return []
-    if pgid in (os.getpgrp(), 0, 1) or pid == os.getpid():
-        return []
-    with contextlib.suppress(psutil.Error):
-        if abs(psutil.Process(pgid).create_time() - start) > START_TIME_SLACK_S:
-            return []  # the group's id now leads another, unrelated group
-    candidates = _group_members({pgid})
-    with contextlib.suppress(psutil.Error):
-        if abs(psutil.Process(pid).create_time() - start) <= START_TIME_SLACK_S:
-            candidates.append(psutil.Process(pid))
-    ours = []
-    for p in candidates:
+    ours: dict[int, psutil.Process] = {}
+    for item in record.get("procs") or ([[record.get("pid"), start]] if isinstance(record.get("pid"), int) else []):
+        with contextlib.suppress(TypeError, ValueError):
+            if (p := _matches(int(item[0]), float(item[1]))) is not None:
+                ours[p.pid] = p
+    started = dict((int(pid), float(t)) for pid, t in record.get("procs") or [] if isinstance(pid, int))
+    for g in record.get("pgids") or [record.get("pgid")]:
+        if not isinstance(g, int) or g in (0, 1, os.getpgrp()):
+            continue
         with contextlib.suppress(psutil.Error):
-            if p.create_time() >= start - START_TIME_SLACK_S and p.pid != os.getpid() and p not in ours:
-                ours.append(p)
-    if not ours:
-        return []
-    pids = [p.pid for p in ours]
-    # signal the processes one by one (not the group id: it may have been reused by now)
-    _terminate(ours, set())
-    return pids
+            leader = psutil.Process(g)
+            if g in started and abs(leader.create_time() - started[g]) > START_TIME_SLACK_S:
+                continue  # the group's id now leads another, unrelated group
+        for p in _group_members({g}):
+            with contextlib.suppress(psutil.Error):
+                if p.create_time() >= start - START_TIME_SLACK_S:
+                    ours.setdefault(p.pid, p)
+    ours.pop(os.getpid(), None)
+    return list(ours.values())
+
+
+def end_recorded(record: dict) -> list[int]:
+    """End the processes of a recorded job that a dead tuner left running (see :func:`recorded_processes`);
+    returns the pids ended. Each is signalled by pid, not by group id (that may have been reused)."""
+    procs = recorded_processes(record)
+    if procs:
+        _terminate(procs, set())
+    return sorted(p.pid for p in procs)

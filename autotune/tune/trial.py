@@ -7,8 +7,9 @@ every ~0.2 s, reading the log as it grows (:mod:`autotune.tune.logs`):
 - each ``STEP i seconds`` line (the builtin workload) or each match of ``metric_pattern`` (a
   command workload) is passed to ``on_step(i, seconds)``; a True answer stops the job: "pruned";
 - the phase (launching, building op X, initialising the engine, step k/N with step times) is
-  passed to ``on_phase(text)`` when it changes; ``on_launch(record)`` gets the launched process
-  group (host, pid, pgid, start time) so a later ``--resume`` can end it;
+  passed to ``on_phase(text)`` when it changes; ``on_launch(record)`` gets the launched processes
+  (host, pids, process groups, start times; again whenever new ones appear) so that a later
+  ``--resume`` can end them;
 - the resident memory of the whole process tree (psutil, children recursive) over
   ``host_memory_limit_bytes`` stops the job: "oom";
 - past ``timeout_s`` the job is stopped (SIGTERM, SIGKILL 5 s later, to every process of the tree
@@ -294,9 +295,15 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                 stop = ("oom", f"the trial's processes used {_gib(rss)} resident memory, over the "
                                f"{_gib(spec.host_memory_limit_bytes)} limit")
                 break
-            if now >= next_lock_check and ext_root.is_dir():
+            if now >= next_lock_check:
                 next_lock_check = now + LOCK_CHECK_S
-                stop = check_locks()
+                fresh = launch_record(job)
+                if fresh["procs"] != record["procs"]:  # ranks started (each in a session of its own)
+                    record = fresh
+                    write_launch_record(workdir / LAUNCH_NAME, record)
+                    if on_launch is not None:
+                        on_launch(record)
+                stop = check_locks() if ext_root.is_dir() else None
                 if stop:
                     break
             if now - start > spec.timeout_s:
