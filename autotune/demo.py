@@ -39,9 +39,17 @@ DEMO_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; ``--no-tune`` skips the real tuning study (the fast mode the README test uses)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m autotune.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--no-tune", action="store_true", help="skip the tuning study (cost model only, seconds)")
+    args = parser.parse_args(argv)
     status = 0
     for command in DEMO_COMMANDS:
+        if args.no_tune and command[0] == "tune":
+            continue
         print("$ autotune " + " ".join(command))
         status = max(status, cli_main(list(command)))
         print()
