@@ -312,7 +312,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     else:
         from autotune.report import plan_summary
 
-        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} (engine {est.plan.engine}) to {args.out.rstrip("/") or "/"}/:")
+        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} (engine {est.plan.engine}) to {args.out.rstrip('/') or '/'}/:")
         for p in paths:
             print(f"  {p.name}")
     return EXIT_OK
