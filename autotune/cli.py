@@ -10,14 +10,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from autotune.commands import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, json_text
+from autotune.commands import flag_problems as _flag_problems
+from autotune.commands import positive_int as _positive_int
 from autotune.errors import InputError
 from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["main", "build_parser"]
-
-from autotune.commands import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, json_text  # noqa: E402
-from autotune.commands import flag_problems as _flag_problems  # noqa: E402
-from autotune.commands import positive_int as _positive_int  # noqa: E402
 
 
 def _preset_epilog() -> str:

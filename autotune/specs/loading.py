@@ -19,7 +19,7 @@ import jsonschema
 from autotune import inputs, resources
 from autotune.errors import InputError, require_no_problems, suggest_names
 from autotune.specs.hardware import ClusterSpec, GPUSpec
-from autotune.specs.hf_config import model_from_hf_config, read_hf_config
+from autotune.specs.hf_config import model_from_hf_config
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import (
     CLUSTER_DEFAULT_KEYS, cluster_defaults, gpu_preset_names, load_gpu_preset, load_model_preset, model_preset_names,
