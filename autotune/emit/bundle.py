@@ -53,7 +53,8 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     if plan.precision == "fp8":
         files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan)
     files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
-                                       env=engine_files.env, entry=engine_files.entry))
+                                       env=engine_files.env, entry=engine_files.entry,
+                                       bundle_files={*engine_files.files, "plan.json"}))
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()}, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text(), measured=measured,
                                      files=sorted(files), user_script_needs=engine_files.user_script_needs)

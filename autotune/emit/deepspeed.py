@@ -138,8 +138,9 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                      memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None) -> dict:
     """The DeepSpeed 0.19.8 config (a JSON-ready dict) that runs ``plan``.
 
-    ``train_batch_size`` = global batch = micro-batch x accumulation x dp, where DeepSpeed's dp is
-    world / (tp x pp x cp). ``checkpoint_block`` entries extend or override the ``checkpoint`` block.
+    ``train_batch_size`` = global batch = micro-batch x accumulation x dp, where dp is world / (tp x pp x cp);
+    AutoTP configs write it x tp (DeepSpeed 0.19.8 counts TP ranks in it, see below) and Ulysses ones say
+    ``sequence_parallel_size``. ``checkpoint_block`` entries extend or override the ``checkpoint`` block.
     ``cluster`` is accepted for symmetry with the other emitters; nothing in the config depends on it.
     """
     del cluster  # the config is per rank; the launcher carries the cluster
@@ -177,8 +178,18 @@ def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings:
         cfg["zero_allow_untested_optimizer"] = True
     if plan.pp > 1:
         cfg["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
-    if plan.tp > 1 and engine_for(plan).support.tp == "autotp":
+    support = engine_for(plan).support
+    if plan.tp > 1 and support.tp == "autotp":
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # AutoTP training (tensor_parallel/config.py:45)
+        # DeepSpeed 0.19.8 reads the batch sizes before AutoTP makes its groups, with no mpu, so it checks
+        # train_batch_size == micro x accumulation x the whole world, TP ranks included (runtime/config.py:466-471,
+        # 602), although TP ranks share their batch: train_batch_size is written as DeepSpeed counts it, global
+        # batch x tp (what engine.train_batch_size() reports); the sequences per step stay the plan's.
+        cfg["train_batch_size"] = plan.global_batch_size * plan.tp
+    if plan.cp > 1 and support.cp == "ulysses":
+        # Read when no mpu is passed (the HF zero.init case): DeepSpeed's dp world = world / sequence_parallel_size
+        # (runtime/config.py:468), so the batch check counts dp, not the Ulysses ranks.
+        cfg["sequence_parallel_size"] = plan.cp
     if auto:
         for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                     "gradient_clipping"):
@@ -299,6 +310,8 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
     batch = config.get("train_batch_size")
     dp = cluster.num_gpus // max(1, tp * pp * cp)
     batch = int(batch) if batch else micro * int(accum or 1) * dp
+    if autotp > 1 and tp == int(autotp) and batch == micro * int(accum or 1) * dp * tp:
+        batch //= tp  # written as DeepSpeed 0.19.8 counts it (TP ranks included); the sequences per step
     fp16 = (config.get("fp16") or {}).get("enabled") is True
     opt_type = str((config.get("optimizer") or {}).get("type", "adamw")).lower()
     param_block = zero.get("offload_param") or {}

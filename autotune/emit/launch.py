@@ -1,4 +1,13 @@
-"""Launch scripts: torchrun (one node or c10d rendezvous), the deepspeed runner with a hostfile, SLURM.
+"""Launch scripts: torchrun (one node or c10d rendezvous), the deepspeed runner, SLURM.
+
+Every script works from any folder: a program argument naming one of the bundle's own files
+(``plan.json``, ``ds_config.json``) is passed as ``"$SCRIPT_DIR/<name>"``, the script's folder (SLURM
+runs a spool copy of the script, so there it is ``$AUTOTUNE_BUNDLE_DIR`` or the submit folder, checked).
+The DeepSpeed runner (0.19.8 ``launcher/runner.py``): on one node ``--hostfile`` with ``localhost`` +
+``--no_ssh --node_rank 0 --master_addr 127.0.0.1`` (no ssh, and no reliance on ``/job/hostfile`` or on the
+accelerator's device count); on several nodes a hostfile from ``--hosts``, else a placeholder the script
+refuses to run with until it is filled in (or ``DS_HOSTFILE`` names one). ``-m module`` entries become the
+runner's ``--module module``.
 
 The templates in ``templates/`` hold no logic; every value is computed here, and every string a user
 supplies (host names, paths, script arguments, environment values) goes through ``shlex.quote``
@@ -17,7 +26,7 @@ from __future__ import annotations
 import re
 import shlex
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from autotune.emit.options import EmitOptions, LaunchOptions
 from autotune.errors import InputError
@@ -68,13 +77,14 @@ def _check_env(env: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def _format_args(args: Sequence[str]) -> str:
-    """Quoted arguments, one flag and its values per continued line (empty string for none)."""
+def _format_args(args: Sequence[str], bundle_files: Collection[str] = ()) -> str:
+    """Quoted arguments, one flag and its values per continued line (empty string for none); an argument
+    naming a bundle file becomes ``"$SCRIPT_DIR"/'<name>'``."""
     lines: list[list[str]] = []
     for arg in args:
         if arg.startswith("-") or not lines:
             lines.append([])
-        lines[-1].append(_q(arg))
+        lines[-1].append(f'"$SCRIPT_DIR"/{_q(arg)}' if arg in bundle_files else _q(arg))
     return "".join(" \\\n    " + " ".join(line) for line in lines)
 
 
@@ -124,7 +134,8 @@ def _slurm_problems(lo: LaunchOptions) -> list[str]:
 
 def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
                           program_args: Sequence[str], env: Mapping[str, str], entry: str | Sequence[str],
-                          launchers: Iterable[str] = LAUNCHERS) -> dict[str, str]:
+                          launchers: Iterable[str] = LAUNCHERS, bundle_files: Collection[str] = ()
+                          ) -> dict[str, str]:
     """File name -> content of the launch scripts for ``launchers`` (torchrun, deepspeed, slurm).
 
     ``entry`` is the training program (``pretrain_gpt.py``, the user's ``train.py``, or ``-m autotune.train``);
@@ -158,7 +169,8 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
                            f"{cluster.gpus_per_node} {cluster.gpu.name}"),
         "exports": _exports(env),
         "entry": " ".join(_q(a) for a in entry_argv),
-        "program_args": _format_args(args),
+        "program_args": _format_args(args, bundle_files),
+        "slurm_dir_check": _slurm_dir_check(bundle_files),
         "nnodes": str(cluster.num_nodes),
         "nproc_per_node": str(cluster.gpus_per_node),
         "port": str(lo.master_port),
@@ -175,24 +187,61 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
             files["launch_torchrun.sh"] = _template("torchrun_multi.sh.tmpl").substitute(
                 common, rdzv_endpoint=endpoint, rdzv_id=_q(lo.job_name))
     if "deepspeed" in launchers:
-        ds_args = []
-        if hosts or cluster.num_nodes == 1:
-            files["hostfile"] = render_hostfile(hosts or ("localhost",), cluster.gpus_per_node)
-            ds_args += ["--hostfile", '"$SCRIPT_DIR/hostfile"']
-        else:  # no host names: the runner's default hostfile location, overridable
-            ds_args += ["--hostfile", '"${DS_HOSTFILE:-/job/hostfile}"']
-        ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(cluster.gpus_per_node)]
-        if lo.master_addr or hosts:
-            ds_args += ["--master_addr", _q(lo.master_addr or hosts[0])]
-        # --no_local_rank: Megatron-LM's parser knows --local-rank, not the runner's --local_rank=N;
-        # ranks read LOCAL_RANK from the environment as under torchrun.
-        ds_args += ["--master_port", str(lo.master_port), "--no_local_rank"]
-        files["launch_deepspeed.sh"] = _template("deepspeed_launcher.sh.tmpl").substitute(
-            common, launcher_args=" ".join(ds_args))
-        files[".deepspeed_env"] = render_deepspeed_env(env)
+        files.update(_deepspeed_script(cluster, lo, hosts, entry_argv, env, common))
     if "slurm" in launchers:
         optional = [f"#SBATCH --{flag}={value}" for flag, value in
                     (("partition", lo.slurm_partition), ("account", lo.slurm_account)) if value]
         files["launch_slurm.sbatch"] = _template("slurm.sbatch.tmpl").substitute(
             common, job_name=lo.job_name, time_limit=lo.slurm_time, sbatch_optional="\n".join(optional))
+    return files
+
+
+def _slurm_dir_check(bundle_files: Collection[str]) -> str:
+    """Shell lines that stop a SLURM job whose bundle folder is not where SCRIPT_DIR points."""
+    if not bundle_files:
+        return ""
+    probe = sorted(bundle_files)[0]
+    return (f'[ -f "$SCRIPT_DIR"/{_q(probe)} ] || {{ echo "error: $SCRIPT_DIR has no {_comment(probe)}: submit '
+            f'from the bundle folder or export AUTOTUNE_BUNDLE_DIR=<the bundle folder>" >&2; exit 2; }}')
+
+
+PLACEHOLDER_HOST = "REPLACE-WITH-NODE"
+
+
+def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[str], entry_argv: list[str],
+                      env: Mapping[str, str], common: dict[str, str]) -> dict[str, str]:
+    """launch_deepspeed.sh, its hostfile and .deepspeed_env."""
+    files: dict[str, str] = {}
+    slots = cluster.gpus_per_node
+    check = ""
+    if cluster.num_nodes == 1:
+        # runner.py: --no_ssh needs --node_rank and --master_addr; the hostfile names this machine only.
+        files["hostfile"] = render_hostfile(("localhost",), slots)
+        ds_args = ["--hostfile", '"$SCRIPT_DIR/hostfile"', "--no_ssh", "--node_rank", "0",
+                   "--master_addr", _q(lo.master_addr or "127.0.0.1")]
+    else:
+        if hosts:
+            files["hostfile"] = render_hostfile(hosts, slots)
+        else:  # a placeholder the script refuses until it is filled in (or DS_HOSTFILE names a real one)
+            files["hostfile"] = render_hostfile([f"{PLACEHOLDER_HOST}-{i + 1}" for i in range(cluster.num_nodes)],
+                                                slots)
+        check = (f'HOSTFILE="${{DS_HOSTFILE:-$SCRIPT_DIR/hostfile}}"\n'
+                 f'if [ ! -f "$HOSTFILE" ] || grep -q {PLACEHOLDER_HOST} "$HOSTFILE"; then\n'
+                 f'    echo "error: $HOSTFILE must list the {cluster.num_nodes} nodes, one \'HOST slots={slots}\' '
+                 f'line each: edit it, export DS_HOSTFILE=<your hostfile>, or emit again with --hosts" >&2\n'
+                 f'    exit 2\nfi')
+        ds_args = ["--hostfile", '"$HOSTFILE"']
+        if lo.master_addr or hosts:
+            ds_args += ["--master_addr", _q(lo.master_addr or hosts[0])]
+    ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(slots), "--master_port", str(lo.master_port)]
+    # --no_local_rank: Megatron-LM's parser knows --local-rank, not the runner's --local_rank=N;
+    # ranks read LOCAL_RANK from the environment as under torchrun.
+    ds_args.append("--no_local_rank")
+    entry = list(entry_argv)
+    if entry[0] == "-m":  # the runner's flag for a module entry (runner.py --module; launch.py runs python -m)
+        entry[0] = "--module"
+    files["launch_deepspeed.sh"] = _template("deepspeed_launcher.sh.tmpl").substitute(
+        common, launcher_args=" ".join(ds_args), hostfile_check=check or "# one node: no ssh, no hostfile search",
+        entry=" ".join(_q(a) for a in entry))
+    files[".deepspeed_env"] = render_deepspeed_env(env)
     return files

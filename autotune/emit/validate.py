@@ -73,8 +73,11 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
     problems += auto_problems(found, hf, lines)
     checked = substitute(data, found, dp)
     problems += schema_problems(checked, lines)
-    problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=dp, lines=lines)
-    problems += deepspeed_problems(checked, dp, problems, lines)
+    # AutoTP: DeepSpeed 0.19.8 checks the batch sizes before it makes the TP groups, with no mpu, so its
+    # data-parallel count there includes the TP ranks (runtime/config.py:466-471).
+    batch_dp = dp * tp if tp > 1 and get(data, ("tensor_parallel", "autotp_size")) == tp else dp
+    problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines)
+    problems += deepspeed_problems(checked, batch_dp, problems, lines)
     return problems
 
 

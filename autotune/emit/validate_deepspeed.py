@@ -106,7 +106,10 @@ def deepspeed_problems(cfg: dict, dp: int, found: list[Problem], lines: dict) ->
     reported = {p.path for p in found if p.severity == "error"}
     for _ in range(16):
         saved = dist.get_world_size, dist.get_rank, logger.disabled
-        dist.get_world_size, dist.get_rank = (lambda group=None: dp), (lambda group=None: 0)
+        # With sequence_parallel_size (no mpu) DeepSpeed divides the world by it (runtime/config.py:468).
+        sp = work.get("sequence_parallel_size")
+        world = dp * sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else dp
+        dist.get_world_size, dist.get_rank = (lambda group=None: world), (lambda group=None: 0)
         logger.disabled = True  # DeepSpeed logs to stdout, which is --json's
         try:
             with contextlib.redirect_stdout(io.StringIO()):

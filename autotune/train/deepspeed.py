@@ -134,6 +134,8 @@ def main(est, args, rest: list[str]) -> int:
         log.stop(loss.detach().float() * (plan.cp if plan.cp > 1 else 1))
     log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
                extra={"engine": "deepspeed", "dp_world_size": engine.dp_world_size,
+                      "autotp_sharded_modules": sum(type(m).__module__.startswith("deepspeed.module_inject")
+                                                    for m in engine.module.modules()),
                       "torch_adam": bool((cfg.get("optimizer") or {}).get("params", {}).get("torch_adam"))})
     teardown(engine)
     return 0

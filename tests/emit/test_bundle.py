@@ -25,7 +25,8 @@ def test_every_recipe_emits_files_that_reload(name, tmp_path):
     assert engine_files <= names
     if "ds_config.json" in names:
         ds = json.loads((tmp_path / "job" / "ds_config.json").read_text())
-        assert ds["train_batch_size"] == est.plan.global_batch_size
+        autotp = (ds.get("tensor_parallel") or {}).get("autotp_size", 1)  # DeepSpeed counts AutoTP ranks
+        assert ds["train_batch_size"] == est.plan.global_batch_size * autotp
     for p in paths:
         if p.suffix in (".sh", ".sbatch"):
             assert subprocess.run(["bash", "-n", str(p)]).returncode == 0

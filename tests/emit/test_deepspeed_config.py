@@ -62,8 +62,10 @@ def _check(model, cluster, plan, cfg=None) -> list[str]:
     if json.loads(json.dumps(cfg)) != cfg:
         why.append("does not round-trip through JSON")
     why += [f"not an int: {v}" for v in _int_fields_are_ints(cfg)]
-    if cfg["train_batch_size"] != plan.micro_batch_size * plan.grad_accum_steps * plan.dp:
-        why.append("train_batch_size is not micro x accumulation x dp")
+    # AutoTP: DeepSpeed 0.19.8 counts the TP ranks in the batch check (runtime/config.py:466-471).
+    autotp = (cfg.get("tensor_parallel") or {}).get("autotp_size", 1)
+    if cfg["train_batch_size"] != plan.micro_batch_size * plan.grad_accum_steps * plan.dp * autotp:
+        why.append("train_batch_size is not micro x accumulation x dp (x autotp_size)")
     if "fp8" in json.dumps(cfg):
         why.append("an fp8 key")
     return why

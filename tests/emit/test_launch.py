@@ -31,10 +31,10 @@ ARGS = ["--num-layers", "32", "--moe-layer-freq", "([0]*3+[1]*29)", "--bf16"]
 
 
 def render(num_gpus=16, launchers=("torchrun", "deepspeed", "slurm"), env=None, args=ARGS,
-           entry="pretrain_gpt.py", **launch):
+           entry="pretrain_gpt.py", bundle_files=(), **launch):
     return render_launch_scripts(cluster(num_gpus), PLAN, EmitOptions(launch=LaunchOptions(**launch)),
                                  program_args=args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if env is None else env,
-                                 entry=entry, launchers=launchers)
+                                 entry=entry, launchers=launchers, bundle_files=bundle_files)
 
 
 def bash_syntax_ok(text, tmp_path):
@@ -76,10 +76,42 @@ def test_hostfile_and_deepspeed_env_are_what_deepspeed_reads():
     files = render(16, hosts=("node1", "node2"), env={"NCCL_SOCKET_IFNAME": "^docker0,lo", "NCCL_IB_HCA": "mlx5"})
     assert dict(_parse_hostfile(files["hostfile"].splitlines())) == {"node1": 8, "node2": 8}
     assert files[".deepspeed_env"] == "NCCL_SOCKET_IFNAME=^docker0,lo\nNCCL_IB_HCA=mlx5\n"
-    assert '--hostfile "$SCRIPT_DIR/hostfile"' in files["launch_deepspeed.sh"]
-    assert "--no_local_rank" in files["launch_deepspeed.sh"]
+    assert 'HOSTFILE="${DS_HOSTFILE:-$SCRIPT_DIR/hostfile}"' in files["launch_deepspeed.sh"]
+    assert "--no_local_rank" in files["launch_deepspeed.sh"] and "--no_ssh" not in files["launch_deepspeed.sh"]
     single = render(8)
     assert dict(_parse_hostfile(single["hostfile"].splitlines())) == {"localhost": 8}
+
+
+def test_one_node_deepspeed_runs_without_ssh_from_any_folder(tmp_path):
+    # runner.py: --no_ssh needs --node_rank and --master_addr; the hostfile names localhost only.
+    files = render(8, launchers=("deepspeed", "torchrun"), entry=("-m", "autotune.train"),
+                   args=["--plan", "plan.json", "--deepspeed-config", "ds_config.json", "--steps", "5"],
+                   bundle_files={"plan.json", "ds_config.json"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv, _ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"], cwd=elsewhere)
+    assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--no_ssh", "--node_rank", "0", "--master_addr",
+                    "127.0.0.1", "--num_nodes", "1", "--num_gpus", "8", "--master_port", "29500", "--no_local_rank",
+                    "--module", "autotune.train", "--plan", f"{tmp_path}/plan.json",
+                    "--deepspeed-config", f"{tmp_path}/ds_config.json", "--steps", "5"]
+    argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"], cwd=elsewhere)
+    assert argv[-8:] == ["-m", "autotune.train", "--plan", f"{tmp_path}/plan.json",
+                         "--deepspeed-config", f"{tmp_path}/ds_config.json", "--steps", "5"]
+
+
+def test_slurm_script_finds_its_bundle_folder(tmp_path):
+    files = render(16, launchers=("slurm",), entry=("-m", "autotune.train"), args=["--plan", "plan.json"],
+                   bundle_files={"plan.json"})
+    slurm_env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-[a-b]",
+                 "SLURM_SUBMIT_DIR": str(tmp_path)}
+    script = tmp_path / "launch_slurm.sbatch"
+    script.write_text(files["launch_slurm.sbatch"])
+    result = subprocess.run([BASH, str(script)], env={"PATH": os.environ["PATH"], **slurm_env}, capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "AUTOTUNE_BUNDLE_DIR" in result.stderr  # no plan.json there yet
+    (tmp_path / "plan.json").write_text("{}")
+    argv, _ = run_with_fakes(tmp_path, "launch_slurm.sbatch", files["launch_slurm.sbatch"], slurm_env)
+    assert argv[-3:] == ["autotune.train", "--plan", f"{tmp_path}/plan.json"]
 
 
 # ---- quoting: run the scripts against stand-in launchers -----------------------------------------
@@ -96,7 +128,7 @@ FAKES = {
 }
 
 
-def run_with_fakes(tmp_path, name, text, extra_env=None):
+def run_with_fakes(tmp_path, name, text, extra_env=None, cwd=None):
     """Run the script with stand-ins for the launchers; return (argv they got, their environment)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -109,7 +141,8 @@ def run_with_fakes(tmp_path, name, text, extra_env=None):
     home.mkdir(exist_ok=True)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "ARGV_OUT": str(tmp_path / "argv"),
            "ENV_OUT": str(tmp_path / "env"), **(extra_env or {})}
-    result = subprocess.run([BASH, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    result = subprocess.run([BASH, str(script)], env=env, capture_output=True, text=True, cwd=cwd or tmp_path,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     argv = (tmp_path / "argv").read_bytes().split(b"\0")[:-1]
     environ = dict(item.split(b"=", 1) for item in (tmp_path / "env").read_bytes().split(b"\0") if b"=" in item)
@@ -164,9 +197,10 @@ def test_deepspeed_script_quotes_paths_and_args(tmp_path, pwned):
     entry = f"/opt/train dir/$(touch {pwned}).py"
     files = render(16, launchers=("deepspeed",), args=hostile, entry=entry, hosts=("node1", "node2"),
                    env={"NCCL_SOCKET_IFNAME": "^lo", "NCCL_DEBUG": "INFO"})
+    (tmp_path / "hostfile").write_text(files["hostfile"])
     argv, environ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"])
-    assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--num_nodes", "2", "--num_gpus", "8",
-                    "--master_addr", "node1", "--master_port", "29500", "--no_local_rank", entry, *hostile]
+    assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--master_addr", "node1", "--num_nodes", "2",
+                    "--num_gpus", "8", "--master_port", "29500", "--no_local_rank", entry, *hostile]
     assert environ["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env" and environ["NCCL_SOCKET_IFNAME"] == "^lo"
 
 
@@ -198,9 +232,19 @@ def test_other_input_errors_name_every_problem():
         assert part in text
 
 
-def test_multi_node_without_hosts_asks_for_master_addr(tmp_path):
+def test_multi_node_without_hosts_asks_for_master_addr_and_a_hostfile(tmp_path):
     files = render(16, launchers=("torchrun", "deepspeed"))
-    assert "hostfile" not in files and "${DS_HOSTFILE:-/job/hostfile}" in files["launch_deepspeed.sh"]
+    # The placeholder hostfile parses, but the script refuses it until it names the nodes.
+    assert list(_parse_hostfile(files["hostfile"].splitlines())) == ["REPLACE-WITH-NODE-1", "REPLACE-WITH-NODE-2"]
+    (tmp_path / "hostfile").write_text(files["hostfile"])
+    script = tmp_path / "launch_deepspeed.sh"
+    script.write_text(files["launch_deepspeed.sh"])
+    result = subprocess.run([BASH, str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert result.returncode == 2 and "must list the 2 nodes" in result.stderr and "--hosts" in result.stderr
+    mine = tmp_path / "my_hostfile"
+    mine.write_text("n1 slots=8\nn2 slots=8\n")
+    argv, _ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"], {"DS_HOSTFILE": str(mine)})
+    assert argv[:2] == ["--hostfile", str(mine)]
     argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"], {"MASTER_ADDR": "10.1.1.1"})
     assert argv[argv.index("--rdzv-endpoint") + 1] == "10.1.1.1:29500"
     script = tmp_path / "no_master.sh"
