@@ -17,7 +17,7 @@ state and reason.
   ``ssh -o BatchMode=yes -o ConnectTimeout=3 HOST true``. The hostfile, the filters and the slot
   count are judged by DeepSpeed's own parsers (``_parse_hostfile``, ``parse_inclusion_exclusion``).
 - ``slurm``: each trial is an ``srun`` step inside the allocation the tuner runs in
-  (``SLURM_JOB_ID`` set), or an ``sbatch --wait`` job when there is none; see
+  (``SLURM_JOB_ID`` set), or an ``sbatch`` job when there is none; see
   :mod:`autotune.tune.slurm_step`, which supervises it (per-task logs ``rank-<t>.log``, task exit
   states, ``scancel`` when the trial is stopped).
 """
@@ -275,7 +275,7 @@ def slurm_job_name(workdir: Path) -> str:
 
 
 class Slurm(Launcher):
-    """``srun`` steps inside the allocation, or one ``sbatch --wait`` job per trial outside any."""
+    """``srun`` steps inside the allocation, or one ``sbatch`` job per trial outside any."""
 
     name = "slurm"
 

@@ -5,8 +5,9 @@ builds the call). It starts the ranks as one SLURM step:
 
 - inside an allocation (``mode`` "step"): ``srun --nodes N --ntasks T --ntasks-per-node P
   --kill-on-bad-exit=1 --time M --output DIR/rank-%t.log ...``;
-- outside any (``mode`` "job"): ``sbatch --wait --parsable`` of a batch job running that ``srun``
-  (job output in ``DIR/job.log``; the trial folder must be on a filesystem the nodes share).
+- outside any (``mode`` "job"): ``sbatch --parsable`` of a batch job running that ``srun``, then
+  ``scontrol show job`` every second until it ends (job output in ``DIR/job.log``; the trial folder must
+  be on a filesystem the nodes share).
 
 Each task is one rank: a one-line shell maps SLURM's task variables to what torch.distributed reads
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR = the step's first node, MASTER_PORT)
@@ -39,6 +40,10 @@ from pathlib import Path
 __all__ = ["slurm_argv", "parse_srun_line", "RANK_ENV_SH", "main"]
 
 POLL_S = 0.2
+JOB_POLL_S = 1.0
+ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE"}
+"""squeue(1) JOB STATE CODES that are final."""
 CANCEL_WAIT_S = 3.0
 RECORD_NAME = "slurm.json"  # = launchers.SLURM_RECORD_NAME (not imported: this runs before anything else)
 
@@ -85,12 +90,12 @@ def _srun(p: dict, program: list[str]) -> list[str]:
 
 
 def slurm_argv(p: dict, program: list[str]) -> list[str]:
-    """The command that runs ``program`` as the trial's SLURM step (srun) or job (sbatch --wait)."""
+    """The command that runs ``program`` as the trial's SLURM step (srun) or submits it as a job (sbatch)."""
     step = _srun(p, program)
     if p["mode"] == "step":
         return step
     workdir = Path(p["workdir"])
-    return ["sbatch", "--wait", "--parsable", f"--job-name={p['name']}", f"--nodes={p['nodes']}",
+    return ["sbatch", "--parsable", f"--job-name={p['name']}", f"--nodes={p['nodes']}",
             f"--ntasks={p['ntasks']}", f"--ntasks-per-node={p['tasks_per_node']}", f"--time={p['time_limit_min']}",
             f"--output={workdir / 'job.log'}", f"--chdir={Path.cwd()}", "--wrap", shlex.join(step)]
 
@@ -135,81 +140,131 @@ def _squeue_ids(name: str, steps: bool) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if len(line.split()) >= 2 and line.split()[1] == name]
 
 
+class _BatchJob:
+    """A submitted batch job, polled with ``scontrol show job`` (``sbatch --wait`` polls at 2, 4, 8, 16, 32 s
+    intervals: seen here, a 14 s job was noticed 28 s late)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.id, self.state, self.exit_code = job_id, "PENDING", "0:0"
+        self.next_poll = 0.0
+
+    def poll(self) -> int | None:
+        """The job's exit status once it has ended (None while it runs)."""
+        if time.monotonic() < self.next_poll:
+            return None
+        self.next_poll = time.monotonic() + JOB_POLL_S
+        try:
+            out = subprocess.run(["scontrol", "--oneliner", "show", "job", self.id], capture_output=True, text=True,
+                                 timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        if not fields:  # purged after MinJobAge: ended long ago, state unknown
+            return 1 if self.state not in ("COMPLETED",) else 0
+        self.state, self.exit_code = fields.get("JobState", self.state), fields.get("ExitCode", self.exit_code)
+        if self.state not in ENDED_STATES:
+            return None
+        code, _, sig = self.exit_code.partition(":")
+        rc = int(code) if code.isdigit() else 1
+        if not rc and sig.isdigit() and int(sig):
+            rc = 128 + int(sig)
+        return rc if rc or self.state == "COMPLETED" else 1
+
+
+class _Step:
+    """The srun step (or the sbatch submission): its output forwarded and read for task states."""
+
+    def __init__(self, cmd: list[str], on_text) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.thread = threading.Thread(target=self._pump, args=(on_text,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, on_text) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            on_text(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def finish(self) -> int:
+        rc = self.proc.wait()
+        self.thread.join(timeout=2)
+        return rc if rc >= 0 else 128 - rc
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m autotune.tune.slurm_step PARAMS_JSON -- PROGRAM...", file=sys.stderr)
         return 2
     p, program = json.loads(argv[0]), argv[2:]
-    workdir = Path(p["workdir"])
+    workdir, job_mode = Path(p["workdir"]), p["mode"] == "job"
     os.environ["MASTER_PORT"] = str(p["master_port"])  # srun and sbatch pass our environment to the tasks
     record: dict = {"kind": p["mode"], "name": p["name"], "id": None, "time_limit_min": p["time_limit_min"],
-                    "allocation": os.environ.get("SLURM_JOB_ID") if p["mode"] == "step" else None,
+                    "allocation": None if job_mode else os.environ.get("SLURM_JOB_ID"),
                     "tasks": {}, "ended": None, "line": "", "stopped_by_tuner": False}
-    record_path = workdir / RECORD_NAME
     lock = threading.Lock()
 
     def save() -> None:
         with lock, contextlib.suppress(OSError):
-            record_path.write_text(json.dumps(record, indent=2))
+            (workdir / RECORD_NAME).write_text(json.dumps(record, indent=2))
 
     def on_line(line: str) -> None:
         hit = parse_srun_line(line)
-        if hit is None:
-            return
         with lock:
-            if hit[0] == "tasks":
+            if hit is not None and hit[0] == "tasks":
                 record["tasks"].update({str(t): s for t, s in hit[1].items()})  # type: ignore[union-attr]
-            elif record["ended"] is None:
+            elif hit is not None and record["ended"] is None:
                 record["ended"], record["line"] = hit[1]  # type: ignore[misc]
-                m = _CANCELLED.search(record["line"])
-                record["id"] = record["id"] or (m.group("id") if m else None)
+
+    def on_text(line: str) -> None:  # srun's / sbatch's own output
+        if job_mode and record["id"] is None and line.strip().split(";")[0].isdigit():
+            record["id"] = line.strip().split(";")[0]
+        on_line(line)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
     cmd = slurm_argv(p, program)
     print(f"# autotune slurm {p['mode']}: {shlex.join(cmd)}", flush=True)
-    for stale in workdir.glob("rank-*.log"):
+    for stale in [*workdir.glob("rank-*.log"), workdir / "job.log"]:
         stale.unlink(missing_ok=True)
-    (workdir / "job.log").unlink(missing_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def pump() -> None:  # srun's / sbatch's own messages: forwarded, and read for task states / the job id
-        assert child.stdout is not None
-        for raw in child.stdout:
-            text = raw.decode("utf-8", "replace").rstrip("\n")
-            if p["mode"] == "job" and record["id"] is None and text.strip().split(";")[0].isdigit():
-                record["id"] = text.strip().split(";")[0]
-            on_line(text)
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    names = [f"rank-{t}.log" for t in range(p["ntasks"])] + (["job.log"] if p["mode"] == "job" else [])
+    step = _Step(cmd, on_text)
+    job: _BatchJob | None = None
+    if job_mode:  # sbatch returns once the job is queued
+        rc = step.finish()
+        if rc or record["id"] is None:
+            print(f"error: sbatch failed (exit code {rc})", flush=True)
+            return rc or 1
+        job = _BatchJob(record["id"])
+    names = [f"rank-{t}.log" for t in range(p["ntasks"])] + (["job.log"] if job_mode else [])
     follower = _Follower(workdir, names, sys.stdout, on_line)
     save()
-    while child.poll() is None and not stop.is_set():
+    rc = None
+    while rc is None and not stop.is_set():
         follower.poll()
+        rc = job.poll() if job is not None else step.proc.poll()
         time.sleep(POLL_S)
-    if stop.is_set():
+    if stop.is_set() and rc is None:
         record["stopped_by_tuner"] = True
-        ids = [record["id"]] if p["mode"] == "job" and record["id"] else _squeue_ids(p["name"], p["mode"] == "step")
+        ids = [job.id] if job is not None else _squeue_ids(p["name"], steps=True)
         for job_or_step in ids:
             subprocess.run(["scancel", job_or_step], capture_output=True, timeout=10)
         print(f"# autotune slurm: stopped; scancel {' '.join(ids) or '(nothing queued yet)'}", flush=True)
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while child.poll() is None and time.monotonic() < deadline:
+        while rc is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if child.poll() is None:
-            child.kill()
-    rc = child.wait()
-    reader.join(timeout=2)
+            rc = job.poll() if job is not None else step.proc.poll()
+        if job is None and step.proc.poll() is None:
+            step.proc.kill()
+    rc = step.finish() if job is None else (rc if rc is not None else 143)
     follower.poll(final=True)
+    if job is not None and record["ended"] is None and job.state in ("TIMEOUT", "CANCELLED"):
+        record["ended"] = "time limit" if job.state == "TIMEOUT" else "cancelled"
+        record["line"] = f"JobState={job.state} ExitCode={job.exit_code}"
     save()
     if record["ended"]:
         print(f"error: SLURM {p['mode']} {record['id'] or p['name']} ended: {record['line']}", flush=True)
-    return rc if rc >= 0 else 128 - rc
+    return rc
 
 
 if __name__ == "__main__":
