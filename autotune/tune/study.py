@@ -203,7 +203,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
             return order
         sig = tuple((m.label, m.step_time_s) for m in ms)
         if settings_cache.get("sig") != sig:
-            settings_cache["sig"], settings_cache["eff"] = sig, fit_step_times(ms, start_efficiency)
+            # warm start from the previous fit: one more measurement moves the optimum a little
+            warm = settings_cache.get("eff", start_efficiency) if len(ms) >= 3 else start_efficiency
+            settings_cache["sig"], settings_cache["eff"] = sig, fit_step_times(ms, warm)
         ts = TimeSettings(efficiency=settings_cache["eff"])
         return sorted(order, key=lambda k: estimate_step_time(run_model, cluster, candidates[k].plan, ts).step_time_s)
 
