@@ -157,6 +157,21 @@ def write_plots(trials: list[FrozenTrial], out_dir: str | Path, calibration=None
         return []
     out = Path(out_dir)
     paths = []
+    figures = [("history.png", history_figure(trials))]
+    if calibration is not None and calibration.rows:
+        figures.append(("predicted_vs_measured.png", calibration_figure(calibration)))
+    for name, fig in figures:
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def history_figure(trials: list[FrozenTrial]):
+    """tokens/s of each completed trial and the best so far; trials on integer ticks."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.value is not None),
                   key=lambda t: t.number)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -172,28 +187,45 @@ def write_plots(trials: list[FrozenTrial], out_dir: str | Path, calibration=None
     failed = [t.number for t in trials if t.state != TrialState.COMPLETE]
     if failed:
         ax.plot(failed, [0] * len(failed), "x", color="red", label="failed / pruned")
+    numbers = [t.number for t in trials]
+    if numbers:  # half a trial of margin: integer ticks always exist in the view
+        ax.set_xlim(min(numbers) - 0.5, max(numbers) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # trial numbers: 0, 1, 2, never 0.25
     ax.set_xlabel("trial")
     ax.set_ylabel("tokens/s")
     ax.set_title("optimisation history")
+    if done or failed:
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def calibration_figure(calibration):
+    """Predicted vs measured step time before and after calibration, on log axes with few, plain labels."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    meas = [r[1] for r in calibration.rows]
+    ax.plot(meas, [r[2] for r in calibration.rows], "o", label="before calibration")
+    ax.plot(meas, [r[3] for r in calibration.rows], "s", label="after calibration")
+    values = meas + [r[2] for r in calibration.rows] + [r[3] for r in calibration.rows]
+    lo, hi = min(values), max(values)
+    ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    # The same limits on both axes (the diagonal is y = x), wide enough to hold 1-2-5 ticks; over more than
+    # two decades only the powers of ten are labelled (1-2-5 labels would overlap).
+    limits = (lo / 2, hi * 2) if hi / lo < 10 else (lo / 1.3, hi * 1.3)
+    subs = (1.0, 2.0, 5.0) if limits[1] / limits[0] <= 100 else (1.0,)
+    ax.set_xlim(*limits)
+    ax.set_ylim(*limits)
+    for axis in (ax.xaxis, ax.yaxis):  # few plain labels: log minor labels overlap on narrow ranges
+        axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=8))
+        axis.set_major_formatter(StrMethodFormatter("{x:.3g}"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
     ax.legend()
     fig.tight_layout()
-    paths.append(out / "history.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-    if calibration is not None and calibration.rows:
-        fig, ax = plt.subplots(figsize=(5, 5))
-        meas = [r[1] for r in calibration.rows]
-        ax.plot(meas, [r[2] for r in calibration.rows], "o", label="before calibration")
-        ax.plot(meas, [r[3] for r in calibration.rows], "s", label="after calibration")
-        lo, hi = min(meas + [r[2] for r in calibration.rows]), max(meas + [r[2] for r in calibration.rows])
-        ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("measured step time (s)")
-        ax.set_ylabel("predicted step time (s)")
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "predicted_vs_measured.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-    return paths
+    return fig
