@@ -1,0 +1,157 @@
+"""A torchtitan TOML job config for an FSDP2 / HSDP / TP / PP / CP / EP / Float8 plan.
+
+For torchtitan v0.2.2 (pytorch/torchtitan at 73a0e69): the TOML job configs end with the v0.2.x releases
+(later torchtitan takes Python config modules). Section and field names are those of
+``torchtitan/config/job_config.py`` at that tag, shipped as ``torchtitan_keys.json``; every one written exists
+there (tests/emit/test_torchtitan.py, which also loads the file with torchtitan's own ConfigManager).
+
+Launch (torchtitan checkout): ``NGPU=8 CONFIG_FILE=job.toml ./run_train.sh``, or
+``torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file job.toml``.
+
+The mapping (torchtitan's own semantics, job_config.py):
+- dp = data_parallel_replicate_degree x data_parallel_shard_degree (HSDP when both > 1; ZeRO-0: pure
+  replication); ZeRO-3 = ``fsdp_reshard_after_forward = "always"``, ZeRO-2 = ``"never"``;
+- batch: without PP, ``local_batch_size`` is the micro-batch and torchtitan accumulates gradients up to
+  ``global_batch_size``; with PP, ``local_batch_size`` is a rank's whole batch, cut into micro-batches of
+  ``pipeline_parallel_microbatch_size``;
+- PP: ``1F1B``, or ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage`` = layers / (pp x vpp);
+- recompute full / selective (op-level SAC) / none; FP8 = the ``quantize.linear.float8`` converter
+  (tensorwise scaling, float8 all-gather under FSDP) with ``compile`` on, as torchtitan recommends.
+"""
+
+from __future__ import annotations
+
+from autotune.emit.options import EmitOptions
+from autotune.errors import InputError
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text"]
+
+TORCHTITAN_VERSION = "0.2.2"
+# Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py).
+TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+                      "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B")}
+
+
+def _problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, name: str | None) -> list[str]:
+    out = []
+    if name is None:
+        out.append(f"torchtitan builds its models from its registry (model name + flavor); {model.name} has no "
+                   f"flavor there that autotune knows: pass model_name= and flavor= (known: "
+                   f"{', '.join(sorted(TORCHTITAN_FLAVORS))})")
+    if plan.world_size != cluster.num_gpus:
+        out.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
+    if plan.precision == "fp16":
+        out.append("torchtitan's mixed_precision_param is bfloat16 or float32 (job_config.py Training): use bf16")
+    if plan.zero_stage == 1:
+        out.append("torchtitan shards with FSDP2 (ZeRO-2: reshard never, ZeRO-3: always) or replicates (ZeRO-0): "
+                   "it has no optimizer-only sharding; use zero_stage 0, 2 or 3")
+    if plan.zero_stage == 0 and plan.dp_replicate not in (1, plan.dp):
+        out.append("zero_stage 0 replicates over all dp ranks: dp_replicate must be dp (or 1)")
+    if plan.offload_optimizer != plan.offload_param or "nvme" in (plan.offload_param, plan.offload_optimizer):
+        out.append("torchtitan's enable_cpu_offload moves parameters, gradients and optimizer states together to "
+                   "CPU: offload both to cpu, or neither")
+    if plan.vpp > 1 and (model.num_layers % (plan.pp * plan.vpp)):
+        out.append(f"vpp={plan.vpp}: {model.num_layers} layers do not split into pp x vpp = {plan.pp * plan.vpp} "
+                   "stages of equal size (pipeline_parallel_layers_per_stage)")
+    return out
+
+
+def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
+                          *, model_name: str | None = None, flavor: str | None = None,
+                          hf_assets_path: str = "./assets/hf", dataset: str = "c4") -> dict:
+    """The job config as nested sections (``toml_text`` writes it). InputError naming every mismatch."""
+    options = options or EmitOptions()
+    known = TORCHTITAN_FLAVORS.get(model.name)
+    name, flavor = (model_name, flavor) if model_name and flavor else (known or (None, None))
+    problems = _problems(model, cluster, plan, name)
+    if problems:
+        raise InputError(problems, subject="torchtitan job config")
+    o = options.optimizer
+    replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
+    parallelism = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": plan.dp // replicate,
+        "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never",
+        "tensor_parallel_degree": plan.tp,
+        "pipeline_parallel_degree": plan.pp,
+        "context_parallel_degree": plan.cp,
+        "expert_parallel_degree": plan.ep,
+    }
+    if plan.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
+        parallelism["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
+        if plan.vpp > 1:
+            parallelism["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.vpp)
+    local = plan.micro_batch_size * (plan.grad_accum_steps if plan.pp > 1 else 1)
+    config: dict = {
+        "job": {"dump_folder": "./outputs", "description": f"autotune plan for {model.name} on {cluster.num_gpus} x "
+                                                           f"{cluster.gpu.name}"},
+        "metrics": {"log_freq": options.steps_per_print},
+        "model": {"name": name, "flavor": flavor, "hf_assets_path": hf_assets_path},
+        "optimizer": {"name": "AdamW", "lr": o.lr, "beta1": o.betas[0], "beta2": o.betas[1], "eps": o.eps,
+                      "weight_decay": o.weight_decay},
+        "lr_scheduler": {"warmup_steps": o.warmup_steps, "decay_type": "cosine",
+                         "min_lr_factor": o.min_lr / o.lr if o.lr else 0.0},
+        "training": {"dataset": dataset, "local_batch_size": local, "global_batch_size": plan.global_batch_size,
+                     "seq_len": plan.seq_len, "steps": o.train_steps, "max_norm": o.grad_clip,
+                     "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32",
+                     "enable_cpu_offload": plan.offload_param == "cpu"},
+        "parallelism": parallelism,
+        "activation_checkpoint": {"mode": plan.recompute} | ({"selective_ac_option": "op"}
+                                                             if plan.recompute == "selective" else {}),
+        "compile": {"enable": plan.precision == "fp8", "components": ["model", "loss"]},
+        "checkpoint": {"enable": True, "folder": options.checkpoint.save_dir,
+                       "interval": options.checkpoint.interval_steps or 500,
+                       "keep_latest_k": options.checkpoint.keep_last,
+                       "async_mode": "async" if options.checkpoint.async_save else "disabled"},
+    }
+    if plan.precision == "fp8":
+        config["model"]["converters"] = ["quantize.linear.float8"]
+        fsdp = plan.dp // replicate > 1
+        config["quantize"] = {"linear": {"float8": {"enable_fsdp_float8_all_gather": fsdp,
+                                                    "precompute_float8_dynamic_scale_for_fsdp": fsdp,
+                                                    "filter_fqns": ["output"]}}}
+    return config
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    text = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def toml_text(config: dict, header: str = "") -> str:
+    """TOML for nested sections of scalars and lists (tables nested as ``[a.b.c]``)."""
+    lines = [header.rstrip("\n")] if header else []
+
+    def table(path: list[str], body: dict) -> None:
+        scalars = {k: v for k, v in body.items() if not isinstance(v, dict)}
+        if scalars or not body:
+            lines.append("")
+            lines.append(f"[{'.'.join(path)}]")
+            lines.extend(f"{k} = {_value(v)}" for k, v in scalars.items())
+        for k, v in body.items():
+            if isinstance(v, dict):
+                table(path + [k], v)
+
+    for section, body in config.items():
+        table([section], body)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def torchtitan_toml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
+                    **kw) -> str:
+    """The TOML file (see :func:`torchtitan_job_config` for ``kw``)."""
+    config = torchtitan_job_config(model, cluster, plan, options, **kw)
+    header = (f"# torchtitan v{TORCHTITAN_VERSION} job config written by autotune (TOML job configs end with the "
+              f"v0.2.x releases).\n# NGPU={cluster.gpus_per_node} CONFIG_FILE=THIS_FILE ./run_train.sh   "
+              f"(in a torchtitan v{TORCHTITAN_VERSION} checkout; {cluster.num_nodes} node(s))\n")
+    return toml_text(config, header)
