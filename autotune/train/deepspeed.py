@@ -58,6 +58,13 @@ def _config(path: str, plan, device) -> dict:
     return cfg
 
 
+def _sequence_loss(loss, mpu, dist):
+    """The whole sequence's mean loss: the sum of the cp ranks' (mean / cp) losses."""
+    total = loss.detach().float().clone()
+    dist.all_reduce(total, group=mpu.get_sequence_parallel_group())
+    return total
+
+
 def main(est, args, rest: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m autotune.train (deepspeed)")
     ap.add_argument("--deepspeed-config", required=True, help="ds_config.json of the bundle")
@@ -131,9 +138,10 @@ def main(est, args, rest: list[str]) -> int:
             boundaries.append(engine.is_gradient_accumulation_boundary())
             engine.step()  # DeepSpeed updates the weights at the accumulation boundary only
         assert boundaries[-1] and not any(boundaries[:-1]), f"accumulation boundaries off: {boundaries}"
-        log.stop(loss.detach().float() * (plan.cp if plan.cp > 1 else 1))
+        log.stop(_sequence_loss(loss, mpu, dist) if plan.cp > 1 else loss.detach().float())
     log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
-               extra={"engine": "deepspeed", "dp_world_size": engine.dp_world_size,
+               extra={"engine": "deepspeed", "seq_dp_world_size": engine.seq_dp_world_size,
+                      "sequence_parallel_size": engine.sequence_parallel_size,
                       "autotp_sharded_modules": sum(type(m).__module__.startswith("deepspeed.module_inject")
                                                     for m in engine.module.modules()),
                       "torch_adam": bool((cfg.get("optimizer") or {}).get("params", {}).get("torch_adam"))})
