@@ -13,7 +13,10 @@ from __future__ import annotations
 from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
 from autotune.engines.common import builtin_or_user_entry
 
-__all__ = ["FSDPEngine"]
+__all__ = ["FSDPEngine", "TORCHTITAN_FILE", "ACCELERATE_FSDP_FILE"]
+
+TORCHTITAN_FILE = "torchtitan_job.toml"
+ACCELERATE_FSDP_FILE = "accelerate_fsdp.yaml"
 
 FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gradients and optimizer states",
               2: "SHARD_GRAD_OP (reshard_after_forward=False): fp32 weights, gradients and optimizer states sharded; "
@@ -94,17 +97,71 @@ class FSDPEngine(Engine):
 
     def render_files(self, est, options, policy, env) -> EngineFiles:
         entry, args = builtin_or_user_entry(options, [], [])
-        plan = est.plan
-        needs = [f"a 2-D DeviceMesh (dp_replicate={plan.dp_replicate}, dp_shard={plan.dp // plan.dp_replicate})"
-                 f" x cp {plan.cp} x tp {plan.tp} (torch.distributed.device_mesh.init_device_mesh)",
-                 "fully_shard(block, mesh=..., reshard_after_forward=%s, mp_policy=MixedPrecisionPolicy("
-                 "param_dtype=torch.bfloat16, reduce_dtype=torch.float32)) on every transformer block, then on the "
-                 "root" % (plan.zero_stage == 3)]
+        model, cluster, plan = est.model, est.cluster, est.plan
+        files, notes = _side_configs(model, cluster, plan, options)
+        mp = "torch.float16" if plan.precision == "fp16" else "torch.bfloat16"
+        replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
+        needs = [f"one DeviceMesh (torch.distributed.device_mesh.init_device_mesh) of shape (pp {plan.pp}, "
+                 f"dp_replicate {replicate}, dp_shard {plan.dp // replicate}, tp {plan.tp}) named "
+                 "('pp', 'dp_replicate', 'dp_shard', 'tp')",
+                 f"fully_shard(block, mesh=mesh[{_dp_dims(replicate)}], reshard_after_forward={plan.zero_stage == 3}, "
+                 f"mp_policy=MixedPrecisionPolicy(param_dtype={mp}, reduce_dtype=torch.float32)"
+                 + (", offload_policy=CPUOffloadPolicy()" if plan.offload_param == "cpu" else "")
+                 + ") on every transformer block, then the same call on the root module; parameters created in "
+                 "fp32 (they are the optimizer's master weights), the optimizer built after fully_shard",
+                 "every rank of one data-parallel group (the same dp_replicate and dp_shard coordinates) reads the "
+                 f"same batches; micro-batch {plan.micro_batch_size}, {plan.grad_accum_steps} micro-batch(es) per "
+                 "optimizer step"]
+        if plan.recompute == "full":
+            needs.append("checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT) on every block "
+                         + (f"(the first {plan.recompute_num_layers} of each stage) " if plan.recompute_num_layers
+                            else "") + "before fully_shard")
+        elif plan.recompute == "selective":
+            needs.append("torch.utils.checkpoint.checkpoint(attention_core, q, k, v, use_reentrant=False) inside "
+                         "each attention (selective recompute)")
         if plan.tp > 1:
-            needs.append("parallelize_module(block, tp_mesh, {ColwiseParallel for q/k/v/gate/up, RowwiseParallel for "
-                         "o/down, SequenceParallel for norms})")
+            needs.append("before fully_shard: parallelize_module(block, mesh['tp'], {q/k/v and fc1 (gate|up, "
+                         "interleaved per rank): ColwiseParallel(), o and fc2: RowwiseParallel()}), the embedding "
+                         "RowwiseParallel(input_layouts=Replicate()) and the output ColwiseParallel("
+                         "output_layouts=Replicate()); attention head counts divided by tp"
+                         + ("; SequenceParallel() norms with Shard(1) layouts between blocks"
+                            if plan.sequence_parallel else ""))
         if plan.pp > 1:
-            needs.append(f"torch.distributed.pipelining: PipelineStage per rank and Schedule"
-                         f"{'Interleaved1F1B' if plan.vpp > 1 else '1F1B'} with n_microbatches={plan.num_microbatches}")
-        return EngineFiles(files={}, entry=entry, program_args=args, env=env, launcher="torchrun",
-                           user_script_needs=tuple(needs))
+            needs.append(f"torch.distributed.pipelining: the layers split over pp x vpp = {plan.pp * plan.vpp} "
+                         f"stages as plan.json's layout says (stage s on pp rank s % {plan.pp}), one PipelineStage "
+                         f"per stage and Schedule{'Interleaved1F1B' if plan.vpp > 1 else '1F1B'}(stages, "
+                         f"n_microbatches={plan.num_microbatches}, loss_fn=...); schedule.step(inputs) on the first "
+                         "stage, step(target=labels, losses=[]) on the last")
+        if plan.cp > 1:
+            needs.append(f"context_parallel(mesh['cp'], buffers=[inputs, labels, rope tables], ...) around each "
+                         f"forward/backward (cp={plan.cp}; the built-in trainer refuses cp > 1)")
+        return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
+                           user_script_needs=tuple(needs + notes))
+
+
+def _dp_dims(replicate: int) -> str:
+    return "'dp_replicate', 'dp_shard'" if replicate > 1 else "'dp_shard'"
+
+
+def _side_configs(model, cluster, plan, options) -> tuple[dict[str, str], list[str]]:
+    """The torchtitan TOML and accelerate's FSDP2 YAML where they can express the plan; else a note why not."""
+    from autotune.errors import InputError
+
+    files: dict[str, str] = {}
+    notes: list[str] = []
+    try:
+        from autotune.emit.torchtitan import torchtitan_toml
+    except ImportError:  # the torchtitan emitter is optional (another module)
+        torchtitan_toml = None
+    try:
+        from autotune.emit.accelerate import accelerate_fsdp_yaml
+    except ImportError:
+        accelerate_fsdp_yaml = None
+    for name, render in ((TORCHTITAN_FILE, torchtitan_toml), (ACCELERATE_FSDP_FILE, accelerate_fsdp_yaml)):
+        if render is None:
+            continue
+        try:
+            files[name] = render(model, cluster, plan, options)
+        except InputError as err:
+            notes.append(f"{name} is not written: " + "; ".join(err.problems))
+    return files, notes
