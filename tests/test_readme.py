@@ -172,3 +172,13 @@ def test_every_flag_in_the_readme_exists(words):
     known = {s for a in sub.choices[words[1]]._actions for s in a.option_strings}
     flags = {w.strip("[]").split("=")[0] for w in words if w.strip("[]").startswith("--")}
     assert flags <= known, flags - known
+
+
+def test_the_readme_links_stay_inside_the_repository():
+    text = README.read_text(encoding="utf-8")
+    assert "../" not in text, "the README points outside the repository"
+    for target in re.findall(r"\]\(([^)#\s]+)\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), target
+    for path in re.findall(r"`((?:autotune|tests|bench|schemas|recipes|templates|docs|scripts)/[\w./-]+)`", text):
+        assert (ROOT / path).exists() or list(ROOT.glob(path)), path

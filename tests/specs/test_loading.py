@@ -19,7 +19,7 @@ HF = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,
         "vocab_size": 1000}
 
-# The cluster file of the user contract (shared/design/architecture.md).
+# The cluster file of the user contract (docs/architecture.md).
 CONTRACT_CLUSTER = """
 gpu: {name: h100-96gb-500w, memory_gib: 96, peak_tflops: {bf16: 800, fp16: 800, fp8: 1600},
       hbm_bandwidth_gb_per_s: 2400}
