@@ -25,6 +25,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
 from test_tune_integration import postgres_url  # noqa: F401 - the PostgreSQL fixture
 
 from autotune.cli import main
+from autotune.tune.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
@@ -128,7 +129,7 @@ def test_postgres_workers_one_per_slurm_job(tmp_path, slurm_cluster, postgres_ur
     for name, job in zip(("a", "b"), jobs):
         text = job.communicate(timeout=600)[0]
         assert job.returncode == 0, text + (tmp_path / f"{name}.log").read_text()[-3000:]
-    trials = optuna.load_study(study_name="shared", storage=postgres_url).get_trials()
+    trials = optuna.load_study(study_name="shared", storage=open_storage(postgres_url)).get_trials()
     counted = [t for t in trials if t.state != TrialState.RUNNING
                and t.user_attrs.get("status") not in ("interrupted", "duplicate")]
     assert 4 <= len(counted) <= 5  # the budget; two workers asking at the same instant may add one
