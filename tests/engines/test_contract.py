@@ -17,15 +17,12 @@ from autotune.engines import ENGINES, Engine, engine_for, engines_that_run
 from autotune.errors import InputError
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
-from autotune.specs.hardware import ClusterSpec, GPUSpec
+from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ENGINE_NAMES, ParallelPlan
 from autotune.specs.rules import plan_problems
 
-GPU = GPUSpec(name="h100", memory_gib=80, peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979},
-              hbm_bandwidth_gb_per_s=3350)
-CLUSTER = ClusterSpec(gpu=GPU, num_nodes=2, gpus_per_node=8, intra_node_bandwidth_gb_per_s=450,
-                      inter_node_bandwidth_gb_per_s=50)
+CLUSTER = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)  # a preset: it carries the kernel facts
 MODEL = ModelSpec(name="m", num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=8,
                   ffn_hidden_size=5632, vocab_size=32000, activation="swiglu", norm="rmsnorm",
                   position_embedding="rope")
