@@ -72,8 +72,8 @@ def _key_lines(text: str) -> tuple[dict[Parts, int], list[Parts]]:
 def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[Parts, int], list[Problem]]:
     """(config, line of each key, problems reading it). InputError when the file is unusable.
 
-    Malformed JSON is a problem at its line and column, not an exception; DeepSpeed itself reads
-    files with hjson (comments, unquoted keys), so hjson that is not JSON is checked on, with an error.
+    Not JSON (malformed, not an object, too deep) is unusable input: InputError naming the line and column.
+    NaN / Infinity are problems at their line, and left out of the data checked further.
     """
     if isinstance(config, dict):
         return copy.deepcopy(config), {}, []
@@ -88,24 +88,46 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
                           f"{'it is empty' if not text.strip() else 'it does not start with {'}"],
                          subject="DeepSpeed config")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=lambda name: _NonFinite(name))
     except json.JSONDecodeError as err:
-        problem = Problem(path="$", severity="error", line=err.lineno, source="json",
-                          message=f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
-                          fix="fix the JSON there (json.load-based launchers such as the HF Trainer and "
-                              "Megatron-DeepSpeed cannot read the file)")
-        import hjson  # DeepSpeed's own reader (runtime/config.py:441)
-
-        try:
-            data = json.loads(json.dumps(hjson.loads(text)))
-        except (hjson.HjsonDecodeError, ValueError, TypeError):
-            return None, {}, [problem]
-        return (data, {}, [problem]) if isinstance(data, dict) else (None, {}, [problem])
+        # DeepSpeed itself reads hjson (comments, trailing commas), but the HF Trainer, accelerate and
+        # Megatron-DeepSpeed json.load the file: not JSON is unusable input, as a list or an empty file is.
+        raise InputError([f"{str(path)!r} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}; "
+                          "fix the JSON there (json.load-based launchers such as the HF Trainer, accelerate and "
+                          "Megatron-DeepSpeed cannot read it)"], subject="DeepSpeed config") from None
+    except (RecursionError, ValueError) as err:  # too deep, or an integer of more than 4300 digits
+        raise InputError([f"{str(path)!r} is not a usable JSON config: {type(err).__name__}: {err}"],
+                         subject="DeepSpeed config") from None
+    if not isinstance(data, dict):
+        raise InputError([f"{str(path)!r} is not a DeepSpeed JSON config: it holds a {type(data).__name__}, not an "
+                          "object"], subject="DeepSpeed config")
     lines, twice = _key_lines(text)
     problems = [Problem(path=json_path(p), severity="error", line=lines[p], source="json",
                         message="key given twice: DeepSpeed's reader raises on duplicate keys (config_utils.py:205)",
                         fix="keep one of them") for p in twice]
+    for parts, name in _drop_non_finite(data):
+        problems.append(Problem(path=json_path(parts), severity="error", line=line_of(lines, parts), source="json",
+                                message=f"{name} is not JSON (Python's json module writes it, json.load-based "
+                                        "readers and DeepSpeed's hjson reader differ on it)",
+                                fix="write a finite number"))
     return data, lines, problems
+
+
+class _NonFinite(str):
+    """Where the file said NaN / Infinity / -Infinity (removed from the data after being reported)."""
+
+
+def _drop_non_finite(data: Any, parts: Parts = ()) -> list[tuple[Parts, str]]:
+    found: list[tuple[Parts, str]] = []
+    items = list(data.items()) if isinstance(data, dict) else list(enumerate(data)) if isinstance(data, list) else []
+    for key, value in items:
+        if isinstance(value, _NonFinite):
+            found.append((parts + (key,), str(value)))
+        elif isinstance(value, (dict, list)):
+            found += _drop_non_finite(value, parts + (key,))
+    for key in sorted((p[-1] for p, _ in found if p[:-1] == parts), key=str, reverse=True):
+        del data[key]
+    return found
 
 
 def line_of(lines: dict[Parts, int], parts: Parts) -> int | None:

@@ -4,6 +4,8 @@ offload prerequisites, removed keys, optimizer and scheduler names, AutoTP size.
 
 from __future__ import annotations
 
+import math
+
 from autotune.emit.deepspeed import DEEPSPEED_VERSION
 from autotune.emit.problems import Problem
 from autotune.emit.validate_deepspeed import removed_keys
@@ -64,6 +66,7 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
                            line=line_of(lines, parts), source="rules"))
 
     _batch_problems(cfg, dp, f"dp = world {world} / (tp {tp} x pp {pp} x cp {cp})", bad)
+    _value_problems(cfg, bad)
     zero = cfg.get("zero_optimization")
     if zero is True:
         bad(("zero_optimization",), "the boolean form is deprecated (it means ZeRO stage 1)",
@@ -143,3 +146,42 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
             "make tensor_parallel.autotp_size equal to the tensor-parallel size")
     return out
 
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _value_problems(cfg: dict, bad) -> None:
+    """Values DeepSpeed's parser passes on unchecked to torch, which fails late or trains nothing: the optimizer's
+    lr (finite, > 0), betas (two numbers in [0, 1): torch.optim.AdamW raises ValueError), eps (> 0), weight_decay
+    (>= 0), the scheduler's learning rates and step counts, gradient_clipping (>= 0)."""
+    params = get(cfg, ("optimizer", "params"))
+    if isinstance(params, dict):
+        where = ("optimizer", "params")
+        if "lr" in params and not (_number(params["lr"]) and params["lr"] > 0):
+            bad(where + ("lr",), f"lr must be a finite number > 0, got {params['lr']!r}: torch.optim raises "
+                                 "ValueError('Invalid learning rate') at deepspeed.initialize", "use e.g. 3e-4")
+        betas = params.get("betas")
+        if "betas" in params and not (isinstance(betas, list) and len(betas) == 2
+                                      and all(_number(b) and 0 <= b < 1 for b in betas)):
+            bad(where + ("betas",), f"betas must be two numbers in [0, 1), got {betas!r}: torch.optim.AdamW raises "
+                                    "ValueError('Invalid beta parameter')", "use [0.9, 0.95] or [0.9, 0.999]")
+        if "eps" in params and not (_number(params["eps"]) and params["eps"] > 0):
+            bad(where + ("eps",), f"eps must be a finite number > 0, got {params['eps']!r}", "use 1e-8")
+        if "weight_decay" in params and not (_number(params["weight_decay"]) and params["weight_decay"] >= 0):
+            bad(where + ("weight_decay",), f"weight_decay must be a finite number >= 0, got "
+                                           f"{params['weight_decay']!r}", "use 0.1 or 0.0")
+    sched = get(cfg, ("scheduler", "params"))
+    if isinstance(sched, dict):
+        for key, value in sched.items():
+            if key.endswith("_lr") and not (_number(value) and value >= 0):
+                bad(("scheduler", "params", key), f"{key} must be a finite number >= 0, got {value!r}",
+                    "use a learning rate such as 3e-4 (or 0 for a minimum)")
+            elif key.endswith(("_steps", "_num_steps")) and not (is_int(value) and value >= 0):
+                bad(("scheduler", "params", key), f"{key} must be a whole number of steps >= 0, got {value!r}",
+                    "use a step count")
+    clip = cfg.get("gradient_clipping")
+    if "gradient_clipping" in cfg and not (_number(clip) and clip >= 0):
+        bad(("gradient_clipping",), f"gradient_clipping must be a finite number >= 0, got {clip!r}",
+            "use 1.0 (0 turns clipping off)")

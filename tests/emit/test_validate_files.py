@@ -78,3 +78,25 @@ def test_plan_json_is_a_kind_of_its_own(mds_job, capsys):
     assert main(["validate", str(plan), "--world-size", "16", "--json"]) == 1
     (problem,) = json.loads(capsys.readouterr().out)
     assert problem["path"] == "$.plan" and "8 ranks" in problem["message"]
+
+
+def test_megatron_values_are_judged(tmp_path):
+    path = tmp_path / "megatron_args.sh"
+    path.write_text("MEGATRON_ARGS=(\n  --num-layers -1\n  --lr nan\n  --adam-beta2 1.5\n  --micro-batch-size 1\n)\n")
+    found = {(p.path, p.line) for p in validate_file(path, world_size=8) if p.severity == "error"}
+    assert found == {("--num-layers", 2), ("--lr", 3), ("--adam-beta2", 4)}
+
+
+def test_a_huge_megatron_args_file_is_refused_at_once(tmp_path, capsys):
+    import time
+
+    path = tmp_path / "megatron_args.sh"
+    path.write_text("--num-layers " + "9" * (8 << 20) + "\n")  # one 8 MB line
+    start = time.monotonic()
+    assert main(["validate", str(path), "--world-size", "8"]) == 2
+    assert time.monotonic() - start < 5  # read up to the 1 MiB limit, not tokenized
+    assert "larger than 1 MiB" in capsys.readouterr().err
+    # Under the size limit, a 200 KB line is refused by length, not shlex-split for seconds.
+    path.write_text("--num-layers " + "9" * 200_000 + "\n")
+    assert main(["validate", str(path), "--world-size", "8"]) == 2
+    assert "line 1 is longer than" in capsys.readouterr().err
