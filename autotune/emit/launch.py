@@ -35,7 +35,7 @@ from autotune.resources import templates_dir
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["LAUNCHERS", "render_launch_scripts", "render_hostfile", "render_deepspeed_env"]
+__all__ = ["LAUNCHERS", "render_launch_scripts", "render_accelerate_script", "render_hostfile", "render_deepspeed_env"]
 
 LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 
@@ -245,3 +245,32 @@ def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[s
         entry=" ".join(_q(a) for a in entry))
     files[".deepspeed_env"] = render_deepspeed_env(env)
     return files
+
+
+def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
+                             config_file: str, ds_config_file: str, program_args: Sequence[str],
+                             env: Mapping[str, str], entry: Sequence[str], bundle_files: Collection[str] = ()) -> str:
+    """launch_accelerate.sh: ``accelerate launch --config_file <config_file> ...`` of the entry (``-m module``
+    stays ``-m``: accelerate's launcher has it). Several nodes: run it on each with MACHINE_RANK exported."""
+    options = options or EmitOptions()
+    lo = options.launch
+    problems = _check_env(env) + _check_hosts(tuple(lo.hosts), lo.master_addr, cluster.num_nodes)
+    if not entry or not all(entry):
+        problems.append("the training program is empty: give the training script (train.py)")
+    if problems:
+        raise InputError(problems, subject="launch settings")
+    machine = f" \\\n    --num_machines {cluster.num_nodes} --num_processes {cluster.num_gpus}"
+    if cluster.num_nodes > 1:
+        machine += ' --machine_rank "${MACHINE_RANK:?export MACHINE_RANK=<this node index, 0 on the first>}"'
+        host = lo.master_addr or (lo.hosts[0] if lo.hosts else None)
+        machine += (f" --main_process_ip {_q(host)}" if host else
+                    ' --main_process_ip "${MASTER_ADDR:?export MASTER_ADDR=<first node>}"')
+        machine += f" --main_process_port {lo.master_port}"
+    usage = ("bash launch_accelerate.sh" if cluster.num_nodes == 1 else
+             f"MACHINE_RANK=<0..{cluster.num_nodes - 1}> bash launch_accelerate.sh on each node")
+    return _template("accelerate_launch.sh.tmpl").substitute(
+        header=_comment(f"autotune: {plan_summary(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
+                        f"{cluster.gpus_per_node} {cluster.gpu.name}"),
+        usage=usage, exports=_exports(env), config_file=_q(config_file), ds_config_file=_q(ds_config_file),
+        machine_args=machine, entry=" ".join(_q(a) for a in entry),
+        program_args=_format_args([*program_args, *lo.script_args], bundle_files))

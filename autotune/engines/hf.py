@@ -56,16 +56,33 @@ class HFEngine(Engine):
         return ZERO_WORDS[plan.zero_stage]
 
     def render_files(self, est, options, policy, env) -> EngineFiles:
-        from autotune.emit.deepspeed import accelerate_config_yaml, hf_deepspeed_config
+        from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, accelerate_deepspeed_config,
+                                              accelerate_deepspeed_yaml)
+        from autotune.emit.deepspeed import hf_deepspeed_config
+        from autotune.emit.launch import render_accelerate_script
 
         model, cluster, plan = est.model, est.cluster, est.plan
         files = {HF_DS_CONFIG: json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n",
-                 "accelerate_config.yaml": accelerate_config_yaml(plan, cluster, HF_DS_CONFIG)}
+                 ACCELERATE_DS_CONFIG: json.dumps(accelerate_deepspeed_config(model, cluster, plan, options),
+                                                  indent=2) + "\n",
+                 ACCELERATE_YAML: accelerate_deepspeed_yaml(model, cluster, plan, options)}
+        # torchrun / deepspeed / SLURM scripts: the HF Trainer with ds_config_hf.json; launch_accelerate.sh:
+        # accelerate with ds_config_accelerate.json. A user's script gets the same launchers, no extra arguments.
         entry, args = builtin_or_user_entry(options, ["--hf-config", HF_DS_CONFIG], [])
-        needs = ("TrainingArguments(deepspeed='ds_config_hf.json', "
+        acc_entry, acc_args = builtin_or_user_entry(options, ["--accelerate"], [])
+        files["launch_accelerate.sh"] = render_accelerate_script(
+            cluster, plan, options, config_file=ACCELERATE_YAML, ds_config_file=ACCELERATE_DS_CONFIG,
+            program_args=acc_args, env=env, entry=acc_entry, bundle_files={*files, "plan.json"})
+        needs = ("Trainer: TrainingArguments(deepspeed='ds_config_hf.json', "
                  f"per_device_train_batch_size={plan.micro_batch_size}, "
                  f"gradient_accumulation_steps={plan.grad_accum_steps}, "
                  f"{'bf16' if plan.precision != 'fp16' else 'fp16'}=True"
-                 + (", gradient_checkpointing=True" if plan.recompute != "none" else "") + ")",)
+                 + (", gradient_checkpointing=True" if plan.recompute == "full" else "") + ")",
+                 f"accelerate (launch_accelerate.sh, {ACCELERATE_DS_CONFIG}): optimizer = "
+                 "accelerate.utils.DummyOptim(model.parameters()), scheduler = DummyScheduler(optimizer), "
+                 "accelerator.prepare(model, optimizer, scheduler), and steps inside accelerator.accumulate(model)")
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=needs)
+
+
+ACCELERATE_YAML = "accelerate_config.yaml"
