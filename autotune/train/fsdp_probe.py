@@ -1,0 +1,142 @@
+"""What real FSDP2 holds on each rank, for the ledger test (tests/cost/test_ledger_vs_fsdp.py).
+
+Run under torchrun (2 gloo ranks)::
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 -m autotune.train.fsdp_probe --model tiny-llama --out probe.json
+
+For every config it builds the FSDP trainer's own model (:func:`autotune.train.fsdp.build`: fully_shard per
+block and root, MixedPrecisionPolicy bf16/fp32, CPUOffloadPolicy when offloading), takes one optimizer step so
+the optimizer states exist, then during the second step measures:
+
+- *params*: the storages of the parameters' local shards (``DTensor.to_local()``, FSDP2's padded sharded
+  data), unique by storage;
+- *grads*: the local shards of ``param.grad`` after backward (fp32: reduce_dtype), before the step;
+- *optimizer_states*: every tensor of ``optimizer.state`` (exp_avg, exp_avg_sq, step), local shards;
+- *saved activations* of the forward: tensors autograd packs for backward (``saved_tensors_hooks``), unique by
+  storage, leaving out parameters (FSDP2's unsharded parameters and views of them: the weights GEMMs keep)
+  and tensors alive before the forward (the batch), as ``autotune.workloads.measure`` does for DeepSpeed.
+
+Rank 0 writes ``{"world_size", "results": {config: {"per_rank": [...]}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+__all__ = ["PROBE_CONFIGS", "probe_plan", "main"]
+
+PROBE_CONFIGS = {
+    "zero3": {"zero_stage": 3},
+    "zero2": {"zero_stage": 2},
+    "zero0": {"zero_stage": 0},
+    "zero3-offload": {"zero_stage": 3, "offload_param": "cpu", "offload_optimizer": "cpu"},
+    "zero3-full-recompute": {"zero_stage": 3, "recompute": "full"},
+}
+MICRO_BATCH, SEQ_LEN = 2, 128
+
+
+def probe_plan(config: str, world_size: int):
+    from autotune.specs.plan import ParallelPlan
+
+    return ParallelPlan(engine="fsdp", dp=world_size, micro_batch_size=MICRO_BATCH, seq_len=SEQ_LEN,
+                        global_batch_size=MICRO_BATCH * world_size, **({"recompute": "none"} | PROBE_CONFIGS[config]))
+
+
+def _local(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = _local(t).untyped_storage()
+        if st.data_ptr():
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _is_param_like(t) -> bool:
+    """A parameter (FSDP2's unsharded parameter) or a view of one (the transposed weight addmm saves)."""
+    base = t._base if t._base is not None else t
+    return base.is_leaf and base.requires_grad
+
+
+def _measure(model_spec, plan, device) -> dict:
+    import torch
+
+    from autotune.train import token_batches
+    from autotune.train.fsdp import _optimizer, build
+    from autotune.train.fsdp_model import lm_loss
+
+    mesh, modules, _, _ = build(SimpleNamespace(model=model_spec, plan=plan), device, 1234)
+    model = modules[0]
+    optimizer = _optimizer(plan.optimizer, list(model.parameters()), 3e-4)
+    batches = token_batches(model_spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=1234,
+                            stream=mesh["dp_shard"].get_local_rank(), device=device)
+    ids, labels = next(batches)
+    lm_loss(model(ids), labels).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    ids, labels = next(batches)
+    before = {ids.untyped_storage().data_ptr(), labels.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() and st.data_ptr() not in before and not _is_param_like(t):
+            saved.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = lm_loss(model(ids), labels)
+    activations = sum(saved.values())
+    loss.backward()
+    params = list(model.parameters())
+    out = {"params": _bytes(params), "grads": _bytes(p.grad for p in params if p.grad is not None),
+           "optimizer_states": _bytes(v for s in optimizer.state.values() for v in s.values()
+                                      if isinstance(v, torch.Tensor)),
+           "saved_activations": activations,
+           "param_dtypes": sorted({str(_local(p).dtype) for p in params}),
+           "grad_dtypes": sorted({str(_local(p.grad).dtype) for p in params if p.grad is not None})}
+    optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="a model preset (tiny-gpt, tiny-llama)")
+    ap.add_argument("--configs", nargs="*", default=list(PROBE_CONFIGS), choices=list(PROBE_CONFIGS))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.specs.presets import load_model_preset
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    spec = load_model_preset(args.model)
+    results = {}
+    for name in args.configs:
+        row = _measure(spec, probe_plan(name, world), torch.device("cpu"))
+        per_rank: list = [None] * world
+        dist.all_gather_object(per_rank, row)
+        results[name] = {"per_rank": per_rank}
+    if dist.get_rank() == 0:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"model": args.model, "world_size": world, "micro_batch_size": MICRO_BATCH,
+                       "seq_len": SEQ_LEN, "results": results}, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
