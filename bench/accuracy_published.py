@@ -1,55 +1,102 @@
-"""Predicted vs published TFLOP/s per GPU for every entry of published_runs_dev.yaml.
+"""How far off the cost model is, family by family, on every published run (autotune/data/published_runs).
 
-    python bench/accuracy_published.py          # table with the shipped efficiency parameters
-    python bench/accuracy_published.py --fit    # refit the two fitted parameters, print before/after
+    python bench/accuracy_published.py          # tables with the shipped (fitted) parameters
+    python bench/accuracy_published.py --fit    # refit the shared parameters on all runs, print them
+
+Throughput: predicted vs published tokens/s per GPU (the fastest candidate that fits, where the source leaves
+a setting out). In-sample: the shipped parameters (fitted on every run). Leave-one-family-out (LOFO): each
+family predicted with parameters fitted on all the other families. Peak memory: the ledger's reserved
+(caching allocator) peak against torchtitan's allocator figures, its device total against nvidia-smi ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
+from collections import defaultdict
 from dataclasses import fields
 
-from autotune.calibration import fit_efficiency, predict, published_measurements
+from autotune.calibration import coordinate_fit
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autotune.cost.published_runs import predict_run, published_runs
 from autotune.report import plan_summary
 
+FIT_FIELDS = ("gemm_peak_fraction", "gemm_half_dim", "overlap_cost")
 
-def table(measured, eff: Efficiency) -> list[float]:
-    print(f"{'run':<42}{'kind':>9}{'published':>11}{'predicted':>11}{'error':>8}  plan chosen")
-    errors = []
-    for m in measured:
-        value, plan, _ = predict(m, eff)
-        err = value / m.tflops_per_gpu - 1
-        errors.append(err)
-        print(f"{m.run_id:<42}{m.kind:>9}{m.tflops_per_gpu:>11.1f}{value:>11.1f}{err:>+8.1%}  {plan_summary(plan)}")
-    abs_err = [abs(e) for e in errors]
-    print(f"\nentries {len(errors)}   median |error| {statistics.median(abs_err):.1%}   "
-          f"worst |error| {max(abs_err):.1%}   mean error {statistics.fmean(errors):+.1%}")
-    return errors
+
+def _loss(runs, eff: Efficiency) -> float:
+    return statistics.fmean(math.log(predict_run(r, eff)[0] / r.tokens_per_s_per_gpu) ** 2 for r in runs)
+
+
+def fit(runs, start: Efficiency = DEFAULT_EFFICIENCY, rounds: int = 25) -> Efficiency:
+    return coordinate_fit(lambda e: _loss(runs, e), start, FIT_FIELDS, max_rounds=rounds)
+
+
+def _stats(errors: list[float]) -> str:
+    if not errors:
+        return f"{'-':>7}{'-':>7}"
+    a = sorted(abs(e) for e in errors)
+    p90 = a[min(len(a) - 1, math.ceil(0.9 * len(a)) - 1)]
+    return f"{statistics.median(a):>7.1%}{p90:>7.1%}"
+
+
+def memory_error(run, mem) -> float | None:
+    if run.peak_memory_gib is None:
+        return None
+    pred = mem.reserved if run.memory_method == "allocator_reserved" else mem.total
+    return pred / (run.peak_memory_gib * 2**30) - 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fit", action="store_true", help="refit gemm_peak_fraction and gemm_half_dim")
+    parser.add_argument("--fit", action="store_true", help="refit " + ", ".join(FIT_FIELDS) + " on every run")
+    parser.add_argument("--runs", action="store_true", help="print every run, not only the family tables")
     args = parser.parse_args()
-    entries = published_measurements()
-    measured = [m for m, _, _ in entries if m is not None]
-    for m, rid, why in entries:
-        if m is None:
-            print(f"skipped {rid}: {why}")
-    print()
-    print("efficiency parameters (fitted: gemm_peak_fraction, gemm_half_dim; the rest are documented constants):")
+    runs = published_runs()
+    timed = [r for r in runs if not r.skipped and r.tokens_per_s_per_gpu]
+    for r in runs:
+        if r.skipped:
+            print(f"not estimated: {r.run_id}: {r.skipped}")
+    eff = fit(timed) if args.fit else DEFAULT_EFFICIENCY
+    print("\nshared parameters" + (" (refitted on all runs)" if args.fit else " (shipped)") + ":")
     for f in fields(Efficiency):
-        print(f"  {f.name:<22} {getattr(DEFAULT_EFFICIENCY, f.name)}")
-    print()
-    table(measured, DEFAULT_EFFICIENCY)
-    if args.fit:
-        fitted = fit_efficiency(measured)
-        print(f"\nrefitted on {len(measured)} entries: gemm_peak_fraction={fitted.gemm_peak_fraction:.4f} "
-              f"gemm_half_dim={fitted.gemm_half_dim:.2f}\n")
-        table(measured, fitted)
+        print(f"  {f.name:<20} {getattr(eff, f.name)}")
+    families = defaultdict(list)
+    for r in timed:
+        families[r.family].append(r)
+    lofo: dict[str, Efficiency] = {fam: fit([r for r in timed if r.family != fam], eff, rounds=6) for fam in families}
+
+    rows, ins_all, lofo_all, mem_all = [], [], [], []
+    for fam, members in families.items():
+        ins, out, mem = [], [], []
+        for r in members:
+            value, plan, est, memest = predict_run(r, eff)
+            ins.append(value / r.tokens_per_s_per_gpu - 1)
+            out.append(predict_run(r, lofo[fam])[0] / r.tokens_per_s_per_gpu - 1)
+            me = memory_error(r, memest)
+            if me is not None:
+                mem.append(me)
+            if args.runs:
+                print(f"  {r.run_id:<46}{r.tokens_per_s_per_gpu:>9.1f}{value:>9.1f}{ins[-1]:>+8.1%}{out[-1]:>+8.1%}"
+                      f"  {'' if me is None else f'mem {me:+.0%}'}  {plan_summary(plan)}")
+        gpus = sorted({r.cluster.gpu.name for r in members})
+        precs = sorted({r.precision.split(" ")[0] for r in members})
+        rows.append((fam, ",".join(gpus), members[0].engine, ",".join(precs), len(members), ins, out, mem))
+        ins_all += ins
+        lofo_all += out
+        mem_all += mem
+    print(f"\n{'family':<48}{'GPU':<24}{'engine':<19}{'prec':<10}{'runs':>5}"
+          f"{'in-sample med':>14}{'p90':>6}{'LOFO med':>9}{'p90':>6}{'mem med':>8}{'p90':>6}  (|error|)")
+    for fam, gpu, engine, prec, n, ins, out, mem in rows:
+        print(f"{fam[:47]:<48}{gpu[:23]:<24}{engine:<19}{prec:<10}{n:>5}{_stats(ins):>20}{_stats(out):>15}"
+              f"{_stats(mem):>14}")
+    print(f"{'all runs':<48}{'':<24}{'':<19}{'':<10}{len(ins_all):>5}{_stats(ins_all):>20}{_stats(lofo_all):>15}"
+          f"{_stats(mem_all):>14}")
+    print(f"\nruns: {len(runs)}, estimated with a throughput: {len(timed)}, with a published peak memory: "
+          f"{len(mem_all)}; targets: in-sample median <= 6%, LOFO median <= 10% and p90 <= 25%, memory median "
+          "<= 12%")
     return 0
 
 

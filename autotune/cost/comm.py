@@ -6,8 +6,11 @@ rank in ``n-1`` steps, all-reduce twice that. Time = volume / bus bandwidth + st
 
 Placement follows Megatron's rank order (tp innermost, then cp, then dp/ep, then pp): a
 group whose members are ``stride`` ranks apart stays inside a node when
-``size * stride <= gpus_per_node``; otherwise its ring crosses nodes and runs at the
-per-GPU inter-node bandwidth (one NIC per GPU, rail-optimised), the bottleneck link.
+``size * stride <= gpus_per_node``; otherwise it crosses nodes. Across nodes each GPU has its own NIC
+(rail-optimised); when ``g`` members share a node, NCCL moves only 1/g of the data per GPU over the
+NICs (the rest over NVLink), so the bus bandwidth is ``g x NIC`` (nccl-tests: 4 nodes of 8 x 50 GB/s
+B200 reach 377 GB/s, 8 H200 nodes' rings 365 GB/s), capped by the node's own bus bandwidth.
+Bus fractions and per-step latencies are the GPU's kernel facts (``gpus.yaml`` ``kernels:``).
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ class Link:
 
 def group_link(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -> Link:
     """The link a group of ``size`` ranks, ``stride`` ranks apart, communicates over."""
+    kf = cluster.gpu.kernel_facts()
+    intra = cluster.intra_node_bandwidth_gb_per_s * GB * kf.intra_node_bus_fraction * eff.link_efficiency
     if size <= 1 or size * stride <= cluster.gpus_per_node:
-        return Link(cluster.intra_node_bandwidth_gb_per_s * GB * eff.link_efficiency, eff.intra_node_latency_s, False)
-    return Link(cluster.inter_node_bandwidth_gb_per_s * GB * eff.link_efficiency, eff.inter_node_latency_s, True)
+        return Link(intra, kf.intra_node_latency_us * 1e-6, False)
+    per_node = max(1, min(size, cluster.gpus_per_node // max(1, stride)))
+    inter = cluster.inter_node_bandwidth_gb_per_s * GB * kf.inter_node_bus_fraction * eff.link_efficiency
+    return Link(min(intra, per_node * inter), kf.inter_node_latency_us * 1e-6, True)
 
 
 def all_gather_s(num_bytes: float, n: int, link: Link) -> float:

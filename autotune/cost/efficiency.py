@@ -1,27 +1,24 @@
-"""How close kernels get to the datasheet: the step-time model's only fitted parameters.
+"""The step-time model's fitted parameters: few, shared by every GPU, precision and engine.
 
-Two parameters are fitted (``bench/accuracy_published.py`` refits and prints them):
+What each GPU's kernels and links reach is data, not fitted: ``GPUSpec.kernel_facts()`` (``gpus.yaml``,
+measured GEMM, attention, HBM and NCCL figures with their sources; ``autotune.cost.kernels``). What is left
+to fit is what no kernel benchmark shows, three numbers for every GPU:
 
-* ``gemm_peak_fraction``: the fraction of dense peak a large, well-shaped GEMM reaches in a
-  full training step (cuBLAS on A100/H100 reaches 70-85% in isolation; launch gaps, kernel
-  tails and clock throttling lower it in a real step). Needed because datasheet peaks are not
-  reachable; one number per run would be a fudge factor, one per kernel class is physics.
-* ``gemm_half_dim``: the GEMM dimension at which efficiency halves, applied to each of
-  the three GEMM dimensions after tensor parallelism (``d / (d + half)``): narrow
-  matrices (small hidden size, high TP) run slower. Needed because it is what makes
-  TP = 8 on a 1.7B model a bad idea, which no single peak fraction can express.
+* ``gemm_peak_fraction``: the share of the isolated-kernel rate a kernel keeps inside a training step
+  (launch gaps, kernel tails, clocks under sustained load, data-loader and Python stalls).
+* ``gemm_half_dim``: the narrow-GEMM curve, as a multiple of the GPU's machine balance (peak FLOP/s over
+  HBM bytes/s): a GEMM dimension of ``gemm_half_dim x balance`` halves the rate (``autotune.cost.kernels``).
+* ``overlap_cost``: the share of a collective hidden behind compute that still costs compute time (NCCL
+  kernels take SMs and HBM bandwidth from the GEMMs they overlap).
 
-Everything else is a documented constant, not fitted: memory-bound (elementwise) kernels
-reach ``hbm_efficiency`` of the HBM bandwidth (STREAM-like kernels reach ~80-90%), NCCL
-collectives reach ``link_efficiency`` of the link bandwidth (nccl-tests bus bandwidth on
-NVLink/IB is ~80% of line rate), with a per-hop ``latency_s``.
+``hbm_efficiency`` and ``link_efficiency`` scale the kernel facts (1 = as measured); ``autotune tune``'s
+calibration on one machine fits them (and the three above) to that machine's trials.
 
-The defaults below were fitted on the 19 end-to-end entries of
-``autotune/data/published_runs/published_runs_dev.yaml`` (Narayanan et al. 2021 Table 1 and
-Korthikanti et al. 2022 Table 5 and Sec. 6.3, A100-80GB) by ``bench/accuracy_published.py --fit``
-(least squares on log TFLOP/s; before the fit, with 0.668 / 68 guessed from cuBLAS numbers,
-the median error was 8.4% and the worst 15.8%).
-A calibration file from ``autotune tune`` (same fields) replaces them for one machine.
+The defaults were fitted by ``python bench/accuracy_published.py --fit`` on every run with a throughput in
+``autotune/data/published_runs/`` (both files: A100 / H100 / H100-500W, bf16 / fp16 / FP8, Megatron-LM,
+Megatron-DeepSpeed, DeepSpeed ZeRO-3, FSDP / torchtitan / MosaicML; least squares on log tokens/s); the bench
+also prints the leave-one-family-out errors, where each family is predicted from parameters fitted on the
+others. A calibration file from ``autotune tune`` (same fields) replaces them for one machine.
 """
 
 from __future__ import annotations
@@ -38,13 +35,14 @@ __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficien
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Efficiency:
-    gemm_peak_fraction: float = 0.738
-    gemm_half_dim: float = 57.6
-    hbm_efficiency: float = 0.8
-    link_efficiency: float = 0.8
-    intra_node_latency_s: float = 3e-6
-    inter_node_latency_s: float = 8e-6
-    fitted_on: str = "published_runs_dev.yaml: Narayanan 2021 Table 1 (10 runs) + Korthikanti 2022 (9 runs)"
+    gemm_peak_fraction: float = 0.717
+    gemm_half_dim: float = 0.131
+    overlap_cost: float = 0.275
+    hbm_efficiency: float = 1.0
+    link_efficiency: float = 1.0
+    fitted_on: str = ("63 published runs with a throughput (autotune/data/published_runs, 12 families: A100 / H100 / "
+                      "H100-500W; Megatron-LM, Megatron-DeepSpeed, DeepSpeed ZeRO-3, FSDP / torchtitan / MPT; "
+                      "bf16, fp16, FP8)")
 
     def with_(self, **changes) -> Efficiency:
         return replace(self, **changes)
@@ -53,9 +51,17 @@ class Efficiency:
 DEFAULT_EFFICIENCY = Efficiency()
 
 
-def gemm_efficiency(eff: Efficiency, m: float, k: float, n: float) -> float:
-    """Fraction of peak for a [m x k] @ [k x n] GEMM (each dimension after parallel splits)."""
-    half = eff.gemm_half_dim
+_A100_BALANCE = 312e12 / 2039e9
+"""FLOP/byte of an A100-80GB (bf16 peak over HBM bandwidth): the balance ``gemm_efficiency`` assumes."""
+
+_RETIRED = frozenset({"intra_node_latency_s", "inter_node_latency_s"})
+"""Keys of older calibration files whose facts now live in the GPU presets (``kernels:``); read and ignored."""
+
+
+def gemm_efficiency(eff: Efficiency, m: float, k: float, n: float, balance: float = _A100_BALANCE) -> float:
+    """Share of the reachable GEMM rate for a [m x k] @ [k x n] GEMM (each dimension after parallel splits)
+    on a GPU of machine balance ``balance`` FLOP/byte."""
+    half = eff.gemm_half_dim * balance
     return eff.gemm_peak_fraction * (m / (m + half)) * (k / (k + half)) * (n / (n + half))
 
 
@@ -70,6 +76,7 @@ def load_efficiency(path: str) -> Efficiency:
     if not isinstance(data, dict):
         raise InputError([f"{path}: expected a JSON object of efficiency parameters, got {type(data).__name__}"],
                          subject="calibration")
+    data = {k: v for k, v in data.items() if k not in _RETIRED}
     known = {f.name for f in fields(Efficiency)}
     unknown = sorted(set(data) - known)
     problems = [f"unknown key {k!r} in {path}" for k in unknown]

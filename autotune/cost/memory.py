@@ -1,8 +1,19 @@
 """The per-GPU memory ledger of one training step, for the most loaded pipeline stage.
 
 Model states and engine buffers come from the plan's engine (``autotune/engines``, formulas in
-``autotune.cost.model_states``); activations from ``autotune.cost.activations``; the overhead (CUDA
-context, allocator fragmentation) is added last. Host memory is reported per node.
+``autotune.cost.model_states``); activations from ``autotune.cost.activations``. Three peaks, as the
+tools that report memory see them:
+
+* ``allocated``: bytes of live tensors at the peak (``torch.cuda.max_memory_allocated``): model states,
+  buffers and the larger of the backward peak (activations) and the optimizer-step peak (the fp32 gradient
+  copies some optimizers make while activations are freed; its own ``optimizer_step`` row, the bytes it
+  adds beyond the activations);
+* ``reserved``: what the caching allocator holds (``max_memory_reserved``, what torchtitan logs): allocated
+  plus fragmentation and segment rounding (``fragmentation_fraction``);
+* ``total``: the device total ``nvidia-smi`` shows, which ``fits`` is judged on: reserved plus the CUDA
+  context and NCCL's communicator buffers, outside the allocator. ``overhead`` is total minus allocated.
+
+Host memory is reported per node.
 """
 
 from __future__ import annotations
@@ -51,11 +62,14 @@ class MemorySettings:
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
     cuda_context_bytes: int | None = None
-    """CUDA context, cuBLAS/cuDNN workspaces and NCCL communicator buffers. None: 1 GiB on a
-    GPU (a CUDA 12 context is ~0.5 GiB on H100, NCCL's buffers a few hundred MiB), 0 on ``cpu``."""
+    """CUDA context and cuBLAS/cuDNN workspaces, outside the caching allocator. None: 0.75 GiB on a GPU
+    (a CUDA 12 context is ~0.5 GiB on H100, cuBLAS workspaces and kernels images the rest), 0 on ``cpu``."""
+    nccl_bytes_per_communicator: int | None = None
+    """NCCL buffers per process group of more than one rank. None: 256 MiB on a GPU (NCCL_BUFFSIZE 4 MiB
+    per channel and peer, 2 ring peers, up to 32 channels), 0 on ``cpu`` (gloo)."""
     fragmentation_fraction: float = 0.05
-    """Allocator fragmentation as a fraction of all tensor bytes (PyTorch caching allocator;
-    typically 2-10%, worse with varying shapes)."""
+    """Caching-allocator reserve beyond the allocated peak, as a fraction of it (fragmentation and 2 MiB /
+    20 MiB segment rounding; typically 2-10%, worse with varying shapes)."""
     offload_buffer_bytes: int = 5 * 100_000_000 * 2
     """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
 
@@ -68,8 +82,10 @@ class MemoryEstimate:
     gradients: float
     optimizer_states: float
     activations: float
+    """The backward peak's saved activations (and the transient of the largest op)."""
     buffers: float
     overhead: float
+    """Allocator reserve beyond allocated, CUDA context and NCCL buffers."""
     capacity: float
     stage: int
     """Index of the most loaded pipeline stage."""
@@ -80,10 +96,26 @@ class MemoryEstimate:
     activation_parts: dict[str, float] = field(default_factory=dict)
     buffer_parts: dict[str, float] = field(default_factory=dict)
     offloaded: ModelStateBytes | None = None
+    optimizer_step: float = 0.0
+    """What the optimizer step's peak (fp32 gradient copies, activations freed) adds beyond the activations."""
+    reserve: float = 0.0
+    """Caching-allocator bytes reserved beyond the allocated peak (part of ``overhead``)."""
+
+    @property
+    def allocated(self) -> float:
+        """Peak bytes of live tensors (``torch.cuda.max_memory_allocated``)."""
+        return (self.weights + self.gradients + self.optimizer_states + self.activations + self.optimizer_step
+                + self.buffers)
+
+    @property
+    def reserved(self) -> float:
+        """Peak bytes the caching allocator holds (``torch.cuda.max_memory_reserved``)."""
+        return self.allocated + self.reserve
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers + self.overhead
+        """The device total (``nvidia-smi``): reserved plus CUDA context and NCCL buffers."""
+        return self.allocated + self.overhead
 
     @property
     def fits_gpu(self) -> bool:
@@ -102,14 +134,21 @@ class MemoryEstimate:
         return self.capacity - self.total
 
     def terms(self) -> dict[str, float]:
-        return {"weights": self.weights, "gradients": self.gradients, "optimizer_states": self.optimizer_states,
-                "activations": self.activations, "buffers": self.buffers, "overhead": self.overhead}
+        out = {"weights": self.weights, "gradients": self.gradients, "optimizer_states": self.optimizer_states,
+               "activations": self.activations}
+        if self.optimizer_step:
+            out["optimizer_step"] = self.optimizer_step
+        out.update(buffers=self.buffers, overhead=self.overhead)
+        return out
 
     def to_dict(self) -> dict:
         out = {k: int(round(v)) for k, v in self.terms().items()}
         out.update(total=int(round(self.total)), capacity=int(self.capacity), fits=self.fits,
                    host_per_node=int(round(self.host_per_node)), nvme_per_node=int(round(self.nvme_per_node)),
                    stage=self.stage, fits_gpu=self.fits_gpu, fits_host=self.fits_host,
+                   optimizer_step=int(round(self.optimizer_step)), allocated=int(round(self.allocated)),
+                   reserved=int(round(self.reserved)), total_is="device total as nvidia-smi shows it: reserved "
+                   "(caching allocator) + CUDA context + NCCL buffers",
                    activation_parts={k: int(round(v)) for k, v in self.activation_parts.items()},
                    buffer_parts={k: int(round(v)) for k, v in self.buffer_parts.items()})
         return out
@@ -142,11 +181,17 @@ def _common_buffer_bytes(plan: ParallelPlan, groups: ParamGroups, settings: Memo
     return out
 
 
-def _overhead_bytes(cluster: ClusterSpec, settings: MemorySettings, tensor_bytes: float) -> float:
+def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings) -> float:
+    """CUDA context and NCCL buffers: device memory the caching allocator does not see."""
+    gpu = cluster.gpu.name != "cpu"
     context = settings.cuda_context_bytes
     if context is None:
-        context = 0 if cluster.gpu.name == "cpu" else GIB
-    return context + settings.fragmentation_fraction * tensor_bytes
+        context = 0.75 * GIB if gpu else 0
+    nccl = settings.nccl_bytes_per_communicator
+    if nccl is None:
+        nccl = 256 * 2**20 if gpu else 0
+    groups = sum(1 for size in (plan.tp, plan.pp, plan.cp, plan.dp, plan.ep) if size > 1)
+    return context + nccl * groups
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -166,14 +211,14 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         expert = groups.expert / (plan.ep * plan.tp)
         states = engine.model_states(model, plan, stage, dense, expert)
         activation_parts = stage_activation_bytes(model, plan, stage)
-        if states.step_transient > sum(activation_parts.values()):
-            # The optimizer step, not backward, is the peak: activations are gone, fp32 grads are not.
-            activation_parts = {"optimizer_step_fp32_gradients": states.step_transient}
+        # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
+        step_extra = max(0.0, states.step_transient - sum(activation_parts.values()))
         buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(plan, groups, settings)
         tensors = states.weights + states.gradients + states.optimizer_states + sum(activation_parts.values()) \
-            + sum(buffer_parts.values())
-        candidates.append((tensors, stage, states, activation_parts, buffer_parts))
-    tensors, stage, states, activation_parts, buffer_parts = max(candidates, key=lambda c: c[0])
+            + step_extra + sum(buffer_parts.values())
+        candidates.append((tensors, stage, states, activation_parts, buffer_parts, step_extra))
+    tensors, stage, states, activation_parts, buffer_parts, step_extra = max(candidates, key=lambda c: c[0])
+    reserve = settings.fragmentation_fraction * tensors
 
     # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).
     host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states + states.host_buffers
@@ -185,7 +230,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         optimizer_states=states.optimizer_states,
         activations=sum(activation_parts.values()),
         buffers=sum(buffer_parts.values()),
-        overhead=_overhead_bytes(cluster, settings, tensors),
+        overhead=reserve + _outside_allocator_bytes(cluster, plan, settings),
         capacity=float(cluster.gpu.memory_bytes),
         stage=stage,
         host_per_node=host_per_gpu * cluster.gpus_per_node,
@@ -194,4 +239,6 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         activation_parts=activation_parts,
         buffer_parts=buffer_parts,
         offloaded=states,
+        optimizer_step=step_extra,
+        reserve=reserve,
     )

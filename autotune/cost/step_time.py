@@ -6,8 +6,12 @@ a step runs ``m`` of them plus the 1F1B bubble of ``(pp-1)/vpp`` micro-batches (
 al. 2021, Sec. 2.2), plus the pipeline sends, the data-parallel gradient reduction that the
 last backward could not hide, the offload traffic and the optimizer update.
 
-Compute is GEMM FLOPs at a shape-dependent fraction of peak (``autotune.cost.efficiency``)
-plus memory-bound elementwise kernels at HBM speed (bytes counted below, not fitted).
+Compute is GEMM FLOPs at the GPU's measured, shape-dependent rate (``autotune.cost.kernels``), fused
+attention at its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes counted below).
+How communication overlaps is the engine's (``Engine.comm``): ZeRO-3 / FSDP gather each block's weights
+``prefetch_layers`` ahead (only what the running block cannot hide waits), gradients reduce per bucket or
+per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP. Hidden communication still
+costs ``overlap_cost`` of its time (NCCL kernels share the SMs and HBM).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import functools
 from dataclasses import dataclass, field
 
 from autotune.cost import comm
-from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, gemm_efficiency
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import logits_flops_per_token, step_flops
+from autotune.cost.kernels import FP8_RECIPES, Rates, rates
 from autotune.cost.memory import split_scheme, stage_param_groups
 from autotune.engines import engine_for
 from autotune.specs.hardware import GB, ClusterSpec
@@ -33,6 +38,22 @@ class TimeSettings:
     efficiency: Efficiency = DEFAULT_EFFICIENCY
     host_memory_bandwidth_gb_per_s_per_node: float = 200.0
     """Achievable DRAM bandwidth of a node's CPUs, which CPU Adam (memory-bound) shares."""
+    fp8_recipe: str | None = None
+    """FP8 scaling recipe (``autotune.cost.kernels.FP8_RECIPES``); None: the engine's default."""
+    tp_overlap: str | None = None
+    """"none", "userbuffers" or "async-tp"; None: the engine's default."""
+    torch_compile: bool = False
+    """torch.compile on (torchtitan ``--compile``): inductor fuses the elementwise chains (half the bytes)."""
+
+    def __post_init__(self) -> None:
+        from autotune.errors import require_no_problems
+
+        problems = []
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.tp_overlap not in (None, "none", "userbuffers", "async-tp"):
+            problems.append(f"tp_overlap must be none, userbuffers or async-tp, got {self.tp_overlap!r}")
+        require_no_problems(problems, subject="time settings")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,32 +94,27 @@ class _LayerTime:
     moe_comm_s: float
 
 
-def _peak(cluster: ClusterSpec, precision: str) -> float:
-    gpu = cluster.gpu
-    if gpu.supports(precision):
-        return gpu.peak_flops_per_s(precision)
-    return max(gpu.peak_tflops.values()) * 1e12
-
-
-def _gemm_s(flops: float, m: float, k: float, n: float, peak: float, eff: Efficiency) -> float:
-    return flops / (peak * gemm_efficiency(eff, m, k, n))
-
-
 @functools.lru_cache(maxsize=8192)
 def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
-                eff: Efficiency) -> _LayerTime:
+                eff: Efficiency, r: Rates, compiled: bool) -> _LayerTime:
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
-    gemm_peak = _peak(cluster, plan.precision)
-    bf16_peak = _peak(cluster, "fp16" if plan.precision == "fp16" else "bf16")
-    hbm = cluster.gpu.hbm_bandwidth_gb_per_s * GB * eff.hbm_efficiency
+    hbm = r.hbm
     t_seq = t if plan.sequence_parallel else 1
     n_in = 2 if model.activation == "swiglu" else 1
 
+    def _gemm_s(flops, m, k, n, peak, eff_):  # linear layers at the plan's precision, the router in 16-bit
+        del eff_
+        return r.linear_s(flops, m, k, n) if peak == "linear" else r.bf16_s(flops, m, k, n)
+
+    gemm_peak, bf16_peak = "linear", "bf16"
     qkv = model.q_width + 2 * model.kv_width
     gemm = _gemm_s(2 * tokens * h * qkv / t, tokens, h, qkv / t, gemm_peak, eff)
     gemm += _gemm_s(2 * tokens * model.attention_output_width * h / t, tokens, model.attention_output_width / t, h,
                     gemm_peak, eff)
+    # FP8: every linear GEMM casts its inputs (forward: activations; the weights once per micro-batch) and, in
+    # backward, its output gradients; widths summed over the layer's linear layers, per token.
+    cast_width = h + model.attention_output_width + qkv + h
     if moe_layer:
         moe = model.moe
         assert moe is not None
@@ -112,18 +128,22 @@ def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_
             fs = moe.shared_width
             gemm += _gemm_s(2 * tokens * h * (n_in + 1) * fs / t, tokens, h, fs / t, gemm_peak, eff)
         ffn_width = moe.top_k * f + moe.num_shared_experts * moe.shared_width
+        cast_width += moe.top_k * (h + f + n_in * f + h)
     else:
         f = model.ffn_hidden_size
         gemm += _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
         gemm += _gemm_s(2 * tokens * f * h / t, tokens, f / t, h, gemm_peak, eff)
         ffn_width = f
+        cast_width += h + f + n_in * f + h
 
-    # Attention core: the full-square FLOPs, of which a causal flash kernel executes half.
+    # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
+    # rate; unfused attention runs batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
     if plan.flash_attention:
-        core_flops /= 2
-    attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
+        attention = core_flops / 2 / r.attention
+    else:
+        attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 
     # Elementwise bytes per token, forward: norms (read+write 2h each), two bias-dropout-residual adds
     # (read 2 x 2h, write 2h), the activation (read fc1 out, write fc2 in), RoPE on q and k,
@@ -134,10 +154,12 @@ def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_
         width += 4 * (model.q_width + model.kv_width)
     if not plan.flash_attention:
         width += (9 if model.dropout > 0 else 4) * model.num_attention_heads * s
-    elementwise = tokens * (residual / t_seq + width / t) / hbm
+    elementwise = tokens * (residual / t_seq + width / t) / hbm * (0.5 if compiled else 1.0)
+    if r.cast_bytes:
+        elementwise += tokens * cast_width / t * r.cast_bytes / 2 / hbm  # forward half; backward adds the other
 
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
-    tp_link = comm.group_link(cluster, eff, t, 1)
+    tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
     tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
     # Context-parallel ring: cp-1 exchanges of this rank's K and V chunk.
     cp_comm = 0.0
@@ -174,20 +196,26 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     largest stage, if the caller already has them (the ledger does)."""
     settings = settings or TimeSettings()
     eff = settings.efficiency
+    engine = engine_for(plan)
+    sched = engine.comm
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = _time_key(plan)
-    dense_layer = _layer_time(model, cluster, key, False, eff)
-    moe_layer = _layer_time(model, cluster, key, True, eff) if model.is_moe else dense_layer
-    hbm = cluster.gpu.hbm_bandwidth_gb_per_s * GB * eff.hbm_efficiency
-    gemm_peak = _peak(cluster, plan.precision)
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
+    dense_layer = _layer_time(model, cluster, key, False, eff, r, settings.torch_compile)
+    moe_layer = _layer_time(model, cluster, key, True, eff, r, settings.torch_compile) if model.is_moe else dense_layer
+    hbm = r.hbm
     attn_bwd = 2.5 if plan.flash_attention else 2.0  # flash backward recomputes the scores (5 vs 2 GEMMs)
+    tp_overlap = settings.tp_overlap or sched.tp_overlap
+    hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
     for stage in representative_stages(model.num_layers, plan.pp, split_scheme(plan)):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage)
-        fwd = bwd = rec = tp_c = cp_c = moe_c = 0.0
+        n_layers = n_dense + n_moe
+        rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
+        fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = 0.0
         for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
             if not count:
                 continue
@@ -195,25 +223,31 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
             fwd += count * layer_fwd
             bwd += count * (2 * lt.gemm_s + attn_bwd * lt.attention_s + 2 * lt.elementwise_s)
             if plan.recompute == "full":
-                rec += count * layer_fwd
+                rec += count * layer_fwd * rec_share
             elif plan.recompute == "selective":
                 rec += count * lt.attention_s
-            recompute_tp = 1 if plan.recompute == "full" else 0
-            tp_c += count * lt.tp_comm_s * (2 + recompute_tp)
+            passes = 2 + (rec_share if plan.recompute == "full" else 0)
+            tp_total = lt.tp_comm_s * passes
+            if tp_overlap != "none" and t > 1:  # collectives chunked behind the GEMMs that need them
+                exposed = max(0.0, tp_total - lt.gemm_s * 3)
+                tp_hidden += count * (tp_total - exposed)
+                tp_total = exposed
+            tp_c += count * tp_total
             cp_c += count * max(0.0, 3 * lt.cp_comm_s - (1 + attn_bwd) * lt.attention_s)
-            moe_c += count * lt.moe_comm_s * (2 + recompute_tp)
+            moe_c += count * lt.moe_comm_s * passes
         if stage == plan.pp - 1:
             logits = logits_flops_per_token(model) * tokens / t
-            logits_s = _gemm_s(logits, tokens, model.hidden_size, model.vocab_size / t, gemm_peak, eff)
+            logits_s = r.bf16_s(logits, tokens, model.hidden_size, model.vocab_size / t)  # output layer: 16-bit
             ce_s = tokens * 26 * model.vocab_size / t / hbm  # fp32 cross-entropy: ~14V B forward, ~12V backward
             fwd += logits_s
             bwd += 2 * logits_s + ce_s
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
-            worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd)
+            worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd, n_layers, tp_hidden)
     assert worst is not None
-    compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb = worst
+    compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden = worst
+    hidden += tp_hidden
     m = plan.num_microbatches
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
@@ -225,33 +259,57 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     dense_psi, expert_psi = stage_params
     psi = dense_psi + expert_psi
 
-    # Data-parallel traffic (group dp*cp, members tp apart; experts dp*cp/ep).
-    n_dp = plan.dp * plan.cp
+    # Data-parallel traffic (group: the sharding group of dp*cp / dp_replicate ranks, members tp apart).
+    n_dp = plan.zero_partitions
     n_ep_dp = max(1, n_dp // plan.ep)
     dp_link = comm.group_link(cluster, eff, n_dp, t)
     edp_link = comm.group_link(cluster, eff, n_ep_dp, t * plan.cp * plan.ep)
-    grad_bytes = engine_for(plan).grad_reduce_bytes(plan)
+    grad_bytes = engine.grad_reduce_bytes(plan)
 
     def reduce_scatter(bytes_per_param: float) -> float:
         return (comm.reduce_scatter_s(dense_psi * bytes_per_param, n_dp, dp_link)
                 + comm.reduce_scatter_s(expert_psi * bytes_per_param, n_ep_dp, edp_link))
 
+    # Hybrid sharding: the replicas all-reduce their shards' gradients once per step.
+    replicate_s = 0.0
+    if plan.dp_replicate > 1 and plan.zero_stage >= 2:
+        rep_link = comm.group_link(cluster, eff, plan.dp_replicate, t * n_dp)
+        replicate_s = comm.all_reduce_s(psi / n_dp * grad_bytes, plan.dp_replicate, rep_link)
+
     zero3_exposed = 0.0
-    if plan.zero_stage == 0:
-        dp_comm = 2 * reduce_scatter(grad_bytes)  # all-reduce
-    elif plan.zero_stage == 1:
-        dp_comm = reduce_scatter(grad_bytes) + reduce_scatter(2)  # reduce-scatter grads, all-gather params
-    elif plan.zero_stage == 2:
-        dp_comm = m * reduce_scatter(2) + reduce_scatter(2)  # every micro-batch reduces into partitions
-    else:
-        # ZeRO-3: all-gather weights in forward and backward, reduce-scatter gradients, every micro-batch;
-        # prefetching overlaps them with that micro-batch's compute.
-        per_mb = 3 * reduce_scatter(2)
-        zero3_exposed = m * max(0.0, per_mb - (compute_mb if plan.overlap_comm else 0.0))
+    per_mb_sync = sched.grad_sync_every_microbatch or plan.zero_stage >= 2
+    if plan.zero_stage == 3 or (plan.zero_stage == 2 and sched.param_gather == "fsdp2"):
+        # Per-block gathers (16-bit, or FP8 with FP8 all-gather) ``prefetch_layers`` ahead: forward gathers every
+        # block, backward again under FULL_SHARD (reshard_after_forward), and reduce-scatters each block's grads.
+        gather_bytes = 1.0 if plan.precision == "fp8" and sched.fp8_param_gather else 2.0
+        per_layer_gather = reduce_scatter(gather_bytes) / max(1, n_layers)
+        per_layer_reduce = reduce_scatter(grad_bytes) / max(1, n_layers)
+        fwd_layer = fwd_mb / max(1, n_layers)
+        bwd_layer = (compute_mb - fwd_mb) / max(1, n_layers)
+        depth = max(1, sched.prefetch_layers)
+        bwd_gathers = 1 if plan.zero_stage == 3 else 0
+        fwd_wait = per_layer_gather + (n_layers - 1) * max(0.0, per_layer_gather - depth * fwd_layer)
+        bwd_work = bwd_gathers * per_layer_gather + per_layer_reduce
+        bwd_wait = per_layer_reduce + (n_layers - 1) * max(0.0, bwd_work - bwd_layer)
+        if not plan.overlap_comm:
+            fwd_wait = n_layers * per_layer_gather
+            bwd_wait = n_layers * bwd_work
+        zero3_exposed = m * (fwd_wait + bwd_wait)
+        hidden += n_layers * (per_layer_gather + bwd_work) - (fwd_wait + bwd_wait)
         dp_comm = 0.0
+    elif per_mb_sync:
+        per_mb = reduce_scatter(grad_bytes)  # every micro-batch reduces into the gradient shards
+        dp_comm = per_mb + (reduce_scatter(2) if plan.zero_stage else 0.0)
+        zero3_exposed = (m - 1) * max(0.0, per_mb - (compute_mb - fwd_mb if plan.overlap_comm else 0.0))
+    elif plan.zero_stage == 0:
+        dp_comm = 2 * reduce_scatter(grad_bytes)  # all-reduce
+    else:
+        dp_comm = reduce_scatter(grad_bytes) + reduce_scatter(2)  # reduce-scatter grads, all-gather params
     # With overlap, the reduction hides behind the last micro-batch's backward (and the gathers behind the next
     # forward); without, it all waits.
-    dp_exposed = max(0.0, dp_comm - (bwd_mb + fwd_mb if plan.overlap_comm else 0.0))
+    dp_window = (bwd_mb + fwd_mb) if plan.overlap_comm else 0.0
+    dp_exposed = max(0.0, dp_comm - dp_window) + replicate_s
+    hidden_dp = dp_comm - max(0.0, dp_comm - dp_window)
 
     # Pipeline: per micro-batch an activation send forward and a gradient send backward (1/t with SP's
     # scatter-gather), on the critical path through all stages.
@@ -283,13 +341,14 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         # Fused Adam on the GPU: read master, m, v, grad; write master, m, v, 16-bit weights.
         optimizer = psi_part * (k_bytes / 12 * 24 + grad_bytes + 2) / hbm
 
-    compute = m * compute_mb
+    contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
+    compute = m * compute_mb + contention
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
     flops = step_flops(model, plan.seq_len, tokens_step, plan.recompute)
     num_gpus = plan.world_size
-    peak = _peak(cluster, "fp16" if plan.precision == "fp16" else "bf16")
+    peak = _sixteen_peak(cluster, plan)
     model_tflops = flops.model / step / num_gpus / 1e12
     hardware_tflops = flops.hardware / step / num_gpus / 1e12
     return StepTimeEstimate(
@@ -299,3 +358,12 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         comm_parts_s={"tp": m * tp_c, "cp": m * cp_c, "moe": m * moe_c, "pp": pp_comm, "dp": dp_exposed,
                       "zero3": zero3_exposed},
     )
+
+
+def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """The datasheet 16-bit peak MFU is quoted against (FP8 runs too, as the sources quote them)."""
+    gpu = cluster.gpu
+    for prec in ("fp16" if plan.precision == "fp16" else "bf16", "fp16", "bf16"):
+        if gpu.supports(prec):
+            return gpu.peak_flops_per_s(prec)
+    return max(gpu.peak_tflops.values()) * 1e12

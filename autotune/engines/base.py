@@ -83,6 +83,21 @@ class CommSchedule:
     """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
     cp_kind: str | None
     """"ring" or "ulysses"."""
+    tp_overlap: str = "none"
+    """How TP collectives overlap GEMMs by default: "none", "userbuffers" (Megatron ``--tp-comm-overlap``, TE
+    userbuffers), "async-tp" (torch micro-pipelined TP, ``_micro_pipeline_tp``); a run may turn it on."""
+    prefetch_layers: int = 1
+    """ZeRO-3 / FSDP: blocks whose parameters are gathered ahead of the running one (the rest waits)."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel generation the engine runs: "fa2" (FlashAttention-2, torch SDPA's flash
+    backend), "fa3" (Hopper-class: FlashAttention-3 / cuDNN fused attention through Transformer Engine)."""
+    fp8_recipe: str = "te-delayed"
+    """Default FP8 recipe: "te-delayed", "te-current" (Transformer Engine), "torchao-tensorwise",
+    "torchao-rowwise" (torchao.float8)."""
+    fp8_param_gather: bool = False
+    """ZeRO-3 / FSDP gathers FP8 weights (torchao ``enable_fsdp_float8_all_gather``) instead of 16-bit ones."""
+    grad_sync_every_microbatch: bool = False
+    """Gradients reduced after every micro-batch (FSDP2, ZeRO-2/3 partitioned gradients), not once per step."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +132,8 @@ class Engine(ABC):
     trainer_module: ClassVar[str | None] = None
     """The module ``python -m autotune.train`` runs for this engine's plans (its ``main(est, args, rest)``);
     None where the workload is "command" (Megatron-LM, Megatron-DeepSpeed: their own pretrain_gpt.py)."""
+    trainer_takes_deepspeed_config: ClassVar[bool] = False
+    """The trainer needs ``--deepspeed-config ds_config.json`` (the tuner passes the trial's)."""
 
     # ---- rules -----------------------------------------------------------------------------
     def extra_problems(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Rule]:

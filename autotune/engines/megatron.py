@@ -15,7 +15,9 @@ class MegatronEngine(Engine):
     version = "Megatron-LM core_v0.16 (arguments.py)"
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1))
-    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring")
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
+                        # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
+                        attention_kernel="fa3", fp8_recipe="te-delayed")
     checkpoint_format = "torch_dist"
     workload = "command"
     """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""

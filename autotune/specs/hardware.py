@@ -11,7 +11,8 @@ from typing import Literal
 
 from autotune.errors import require_no_problems
 
-__all__ = ["GPUSpec", "ClusterSpec", "Precision", "GIB", "GB"]
+__all__ = ["GPUSpec", "ClusterSpec", "KernelFacts", "Precision", "GIB", "GB", "KERNEL_FACT_FIELDS",
+           "kernel_facts_from_dict"]
 
 Precision = Literal["bf16", "fp16", "fp8"]
 GIB = 2**30
@@ -31,6 +32,78 @@ class _FrozenMapping(dict):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KernelFacts:
+    """What real kernels and links reach on one GPU, as fractions of its datasheet numbers (measured, with
+    sources, in ``autotune/presets/gpus.yaml``; ``shared/reference/efficiency-facts.md`` collects them)."""
+
+    gemm_fraction: dict[str, float]
+    """Reachable fraction of dense peak for a large, well-shaped GEMM, per precision (cuBLAS, best shape)."""
+    attention_fraction: dict[str, float]
+    """Fraction of the 16-bit peak a causal attention kernel reaches, per kernel generation ("fa2", "fa3")."""
+    hbm_fraction: float
+    """Fraction of HBM bandwidth that memory-bound (elementwise, cast, reduction) kernels reach."""
+    intra_node_bus_fraction: float
+    """NCCL bus bandwidth of large collectives inside a node, as a fraction of the per-GPU link figure."""
+    inter_node_bus_fraction: float
+    intra_node_latency_us: float
+    """Per ring step latency inside a node (small messages are latency-bound)."""
+    inter_node_latency_us: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gemm_fraction", _FrozenMapping(self.gemm_fraction))
+        object.__setattr__(self, "attention_fraction", _FrozenMapping(self.attention_fraction))
+        problems = []
+        for name in ("gemm_fraction", "attention_fraction"):
+            table = getattr(self, name)
+            if not table or any(not (0 < v <= 1) for v in table.values()):
+                problems.append(f"kernels.{name} needs at least one entry, each in (0, 1], got {dict(table)}")
+        for name in ("hbm_fraction", "intra_node_bus_fraction", "inter_node_bus_fraction"):
+            if not 0 < getattr(self, name) <= 1.2:  # NVLS/SHARP all-reduce exceeds the ring figure (482 of 450)
+                problems.append(f"kernels.{name} must be in (0, 1.2], got {getattr(self, name)}")
+        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+            if not 0 <= getattr(self, name) < 1e4:
+                problems.append(f"kernels.{name} must be in [0, 1e4) us, got {getattr(self, name)}")
+        require_no_problems(problems, subject="gpu kernel facts")
+
+    def gemm(self, precision: str) -> float:
+        """Reachable GEMM fraction at ``precision`` (fp16 and bf16 share the tensor cores)."""
+        if precision in self.gemm_fraction:
+            return self.gemm_fraction[precision]
+        twin = {"fp16": "bf16", "bf16": "fp16"}.get(precision)
+        if twin in self.gemm_fraction:
+            return self.gemm_fraction[twin]
+        raise KeyError(precision)
+
+    def attention(self, kernel: str) -> tuple[str, float]:
+        """(kernel used, fraction): ``kernel`` if this GPU runs it, else the older generation it falls back to."""
+        for name in (kernel, "fa2", *self.attention_fraction):
+            if name in self.attention_fraction:
+                return name, self.attention_fraction[name]
+        raise KeyError(kernel)
+
+
+KERNEL_FACT_FIELDS = ("gemm_fraction", "attention_fraction", "hbm_fraction", "intra_node_bus_fraction",
+                      "inter_node_bus_fraction", "intra_node_latency_us", "inter_node_latency_us")
+
+
+def kernel_facts_from_dict(data: object, gpu_name: str, copy_from: str) -> KernelFacts:
+    """KernelFacts from a ``kernels:`` mapping; a clear error naming every missing field and a preset to copy."""
+    if not isinstance(data, dict):
+        require_no_problems([f"gpu '{gpu_name}' has no kernel facts (kernels: {', '.join(KERNEL_FACT_FIELDS)}): "
+                             f"the step-time model needs them and takes no other GPU's silently; copy the "
+                             f"kernels: block of preset '{copy_from}' from autotune/presets/gpus.yaml and adjust "
+                             f"it, or name the preset with kernels_like: {copy_from}"], subject=f"gpu '{gpu_name}'")
+    missing = [f for f in KERNEL_FACT_FIELDS if f not in data]
+    unknown = sorted(set(data) - set(KERNEL_FACT_FIELDS) - {"source"})
+    problems = [f"kernels: missing {', '.join(missing)} (copy them from preset '{copy_from}' in "
+                f"autotune/presets/gpus.yaml)"] if missing else []
+    problems += [f"kernels: unknown field {k!r} (known: {', '.join(KERNEL_FACT_FIELDS)})" for k in unknown]
+    require_no_problems(problems, subject=f"gpu '{gpu_name}'")
+    return KernelFacts(**{k: data[k] for k in (*KERNEL_FACT_FIELDS, "source") if k in data})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSpec:
     """One accelerator's datasheet numbers (dense, no sparsity)."""
 
@@ -42,9 +115,13 @@ class GPUSpec:
     hbm_bandwidth_gb_per_s: float
     source: str = ""
     """Where the numbers come from (datasheet)."""
+    kernels: KernelFacts | None = None
+    """What its kernels and links reach (presets carry them; an inline GPU must give them or name a preset)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_tflops", _FrozenMapping(self.peak_tflops))
+        if isinstance(self.kernels, dict):
+            object.__setattr__(self, "kernels", kernel_facts_from_dict(self.kernels, self.name, "h100-sxm-80gb"))
         problems = []
         if not self.memory_gib > 0:
             problems.append(f"memory_gib must be > 0, got {self.memory_gib}")
@@ -63,6 +140,22 @@ class GPUSpec:
 
     def peak_flops_per_s(self, precision: str) -> float:
         return self.peak_tflops[precision] * 1e12
+
+    def kernel_facts(self) -> KernelFacts:
+        """The kernel facts, or a clear error naming what is missing and a preset to copy them from."""
+        if self.kernels is None:
+            kernel_facts_from_dict(None, self.name, _nearest_preset(self))
+        assert self.kernels is not None
+        return self.kernels
+
+
+def _nearest_preset(gpu: GPUSpec) -> str:
+    """The GPU preset whose 16-bit peak is closest to ``gpu``'s (what to copy kernel facts from)."""
+    from autotune.specs.presets import gpu_preset_names, load_gpu_preset
+
+    peak = max(gpu.peak_tflops.values())
+    names = [n for n in gpu_preset_names() if n != "cpu" and n != gpu.name]
+    return min(names, key=lambda n: abs(max(load_gpu_preset(n).peak_tflops.values()) - peak), default="h100-sxm-80gb")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

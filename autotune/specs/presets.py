@@ -102,8 +102,12 @@ def load_gpu_preset(name: str) -> GPUSpec:
     """The :class:`GPUSpec` of preset ``name``; InputError (nearest names suggested) if unknown."""
     entry = _gpu_entry(name)
     gpu = entry["gpu"]
+    from autotune.specs.hardware import kernel_facts_from_dict
+
+    kernels = kernel_facts_from_dict(entry["kernels"], name, "h100-sxm-80gb") if "kernels" in entry else None
     return GPUSpec(name=name, memory_gib=gpu["memory_gib"], peak_tflops=dict(gpu["peak_tflops"]),
-                   hbm_bandwidth_gb_per_s=gpu["hbm_bandwidth_gb_per_s"], source=entry.get("source", ""))
+                   hbm_bandwidth_gb_per_s=gpu["hbm_bandwidth_gb_per_s"], source=entry.get("source", ""),
+                   kernels=kernels)
 
 
 def cluster_defaults(gpu_name: str) -> dict:

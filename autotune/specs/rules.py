@@ -43,7 +43,14 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     if pp > model.num_layers:
         bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
                          f"{model.num_layers}")
-    if vpp > 1 and model.num_layers % pp:
+    # torch.distributed.pipelining (layer split "any") builds its pp x vpp stages from module names, uneven too.
+    from autotune.engines import engine_for
+
+    free_split = engine_for(plan).support.layer_split == "any"
+    if vpp > 1 and free_split:
+        if model.num_layers < pp * vpp:
+            bad("layers_vpp", f"{pp} x {vpp} virtual stages need at least {pp * vpp} layers ({model.num_layers})")
+    elif vpp > 1 and model.num_layers % pp:
         bad("layers_vpp", f"the interleaved schedule needs layers ({model.num_layers}) divisible by pp ({pp})")
     elif vpp > 1 and (model.num_layers // pp) % vpp:
         bad("layers_vpp", f"layers per stage ({model.num_layers // pp}) must be divisible by vpp ({vpp})")

@@ -1,0 +1,99 @@
+"""Kernel rates of one GPU for one plan: GEMMs, attention, memory-bound kernels, FP8 casts.
+
+Each rate is a measured fact of the GPU (``GPUSpec.kernel_facts()``, from ``autotune/presets/gpus.yaml``) times
+the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.Efficiency`:
+
+* a GEMM of [m x k] @ [k x n] runs at ``peak(precision) x gemm_fraction(precision) x gemm_peak_fraction x
+  shape``, with ``shape = prod(d / (d + half))`` over the three dimensions and ``half = gemm_half_dim x
+  peak / HBM bandwidth`` (the GPU's machine balance in FLOP/byte: a GEMM with a dimension near it is
+  bandwidth-bound, so a faster GPU needs wider matrices; OpenXLA's sm_90 table shows 4096x4096x256 at half
+  the rate of 4096^3 on H100, tests/cost/test_kernels.py checks the curve against it);
+* causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the kernel the
+  plan's engine runs (FlashAttention-2 through torch SDPA, FA3-class cuDNN attention through Transformer
+  Engine on Hopper), falling back to the generation the GPU has;
+* memory-bound kernels at ``HBM x hbm_fraction x hbm_efficiency``.
+
+FP8 (``fp8_recipe``): only the linear layers' GEMMs run at the FP8 rate (its own reachable fraction); every FP8
+GEMM first casts its inputs (``FP8_CAST_BYTES``: bytes moved per element cast, by recipe) and attention, norms,
+the output layer and communication stay 16-bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.cost.efficiency import Efficiency
+from autotune.specs.hardware import GB, ClusterSpec
+
+__all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
+
+# Bytes of HBM traffic per element cast to FP8, per recipe (read 16-bit = 2, write FP8 = 1, amax pass = 2):
+#   te-delayed: amax from the history, fused into the cast kernel (TE delayed scaling): 2 + 1
+#   te-current: a separate amax reduction over the tensor, then the cast (TE Float8CurrentScaling): 2 + 2 + 1
+#   torchao-tensorwise: dynamic scaling, amax reduction then cast (torchao.float8 tensorwise): 2 + 2 + 1
+#   torchao-rowwise: per-row amax fused with the cast, but each tensor is cast along both axes (rowwise scales
+#       differ per axis; torchao float8 README: +10.1% vs +25.0% tensorwise on Llama3-8B): 2 x (2 + 1)
+FP8_CAST_BYTES = {"te-delayed": 3.0, "te-current": 5.0, "torchao-tensorwise": 5.0, "torchao-rowwise": 6.0}
+FP8_RECIPES = tuple(FP8_CAST_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Per-second rates of one GPU under one plan (FLOP/s, bytes/s) and the GEMM shape scale."""
+
+    linear_peak: float
+    """FLOP/s of a large linear-layer GEMM at the plan's precision (FP8 for fp8 plans)."""
+    linear_half: float
+    bf16_peak: float
+    """FLOP/s of a large 16-bit GEMM (output layer, router, unfused attention)."""
+    bf16_half: float
+    attention: float
+    """FLOP/s of the fused attention kernel (executed FLOPs)."""
+    attention_kernel: str
+    hbm: float
+    cast_bytes: float
+    """HBM bytes per element cast to FP8 (0 without FP8)."""
+
+    @staticmethod
+    def shape(half: float, m: float, k: float, n: float) -> float:
+        return (m / (m + half)) * (k / (k + half)) * (n / (n + half))
+
+    def linear_s(self, flops: float, m: float, k: float, n: float) -> float:
+        return flops / (self.linear_peak * self.shape(self.linear_half, m, k, n))
+
+    def bf16_s(self, flops: float, m: float, k: float, n: float) -> float:
+        return flops / (self.bf16_peak * self.shape(self.bf16_half, m, k, n))
+
+
+def _peak(cluster: ClusterSpec, precision: str) -> float:
+    gpu = cluster.gpu
+    if gpu.supports(precision):
+        return gpu.peak_flops_per_s(precision)
+    if precision == "bf16" and gpu.supports("fp16"):
+        return gpu.peak_flops_per_s("fp16")
+    return max(gpu.peak_tflops.values()) * 1e12
+
+
+def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kernel: str,
+          fp8_recipe: str | None) -> Rates:
+    """The rates of ``cluster``'s GPU for a plan of ``precision`` (``fp8_recipe`` for fp8 plans)."""
+    kf = cluster.gpu.kernel_facts()
+    hbm_raw = cluster.gpu.hbm_bandwidth_gb_per_s * GB
+    sixteen = "fp16" if precision == "fp16" else "bf16"
+    linear_prec = precision if cluster.gpu.supports(precision) else sixteen
+
+    def gemm_fraction(prec: str) -> float:
+        try:
+            return kf.gemm(prec)
+        except KeyError:
+            return max(kf.gemm_fraction.values())
+
+    bf16_peak = _peak(cluster, sixteen) * gemm_fraction(sixteen) * eff.gemm_peak_fraction
+    linear_peak = _peak(cluster, linear_prec) * gemm_fraction(linear_prec) * eff.gemm_peak_fraction
+    kernel, attn_fraction = kf.attention(attention_kernel)
+    fp8 = precision == "fp8" and cluster.gpu.supports("fp8")
+    return Rates(linear_peak=linear_peak, linear_half=eff.gemm_half_dim * _peak(cluster, linear_prec) / hbm_raw,
+                 bf16_peak=bf16_peak, bf16_half=eff.gemm_half_dim * _peak(cluster, sixteen) / hbm_raw,
+                 attention=_peak(cluster, sixteen) * attn_fraction * eff.gemm_peak_fraction, attention_kernel=kernel,
+                 hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
+                 cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0)

@@ -1,0 +1,368 @@
+"""Both published-runs files (``autotune/data/published_runs``) as plans of the engine each run ran on.
+
+Every run becomes a :class:`PublishedRun`: its family (source group), the model and cluster it ran, the plan
+candidates of its engine (one plan, or, where the source leaves a setting out: micro-batch, vpp, the tp x pp split
+of a model-parallel size, every valid choice of it; the prediction takes the fastest that fits, as the authors
+tuned theirs), the measured tokens/s per GPU and the published peak memory with how it was measured. A run that
+cannot be estimated says why (``skipped``); ``bench/accuracy_published.py`` and the golden tests read this.
+
+Field conventions are the files' own (their headers): free-text GPU names, fields with notes ("1 (BF16_Optimizer)"),
+``derived:`` arithmetic of the file's authors. Architecture facts a source leaves out come from the public
+configuration it names (``_ARCH``), each with its source; nothing here is fitted or per-run tuned.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import cluster_defaults, load_gpu_preset
+
+__all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of"]
+
+# (id prefix, family, engine) in match order. Engines: the software each source ran (issue 8 point 5).
+FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("narayanan21-t1", "Megatron-LM 2021 (Narayanan Table 1)", "megatron"),
+    ("narayanan21-t2-ptd", "Megatron-LM 2021 (Narayanan Table 2, PTD-P)", "megatron"),
+    ("narayanan21-t2-zero3", "DeepSpeed ZeRO-3 (Narayanan Table 2)", "deepspeed"),
+    ("korthikanti22", "Megatron-LM 2022 (Korthikanti, SP + selective)", "megatron"),
+    ("megatron-core-h100", "Megatron-core H100 (README scaling)", "megatron"),
+    ("llama3", "Llama 3 405B (Meta, FSDP + TP + PP)", "fsdp"),
+    ("bloom", "Megatron-DeepSpeed (BLOOM tr11)", "megatron-deepspeed"),
+    ("mtnlg", "Megatron-DeepSpeed (MT-NLG)", "megatron-deepspeed"),
+    ("palm-mfu-mtnlg", "Megatron-DeepSpeed (MT-NLG)", "megatron-deepspeed"),
+    ("palm-mfu-gopher", "Gopher (TPU, PaLM Table 3)", "none"),
+    ("zero-paper", "DeepSpeed ZeRO paper (V100)", "deepspeed"),
+    ("fsdp-paper", "PyTorch FSDP paper", "fsdp"),
+    ("torchtitan-a100", "torchtitan A100 (FSDP2)", "fsdp"),
+    ("torchtitan-h100", "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)", "fsdp"),
+    ("mpt", "MosaicML MPT (FSDP)", "fsdp"),
+    ("nemo", "NeMo / Megatron-Bridge FP8 (H100)", "megatron"),
+    ("bridge", "NeMo / Megatron-Bridge FP8 (H100)", "megatron"),
+)
+
+# Architecture facts the run's entry does not restate, from the public configuration it names.
+_ARCH: dict[str, dict] = {
+    # GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d_model 12288, 96 heads; GPT-2 BPE vocabulary
+    # 50257 padded to 51200 (Megatron's --make-vocab-size-divisible-by 128 x tp 8).
+    "GPT3-175B (NeMo recipe)": {"layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200},
+    # Megatron-LM README strong scaling: "GPT-3 175B architecture with 131,072 vocab".
+    "GPT-3 175B architecture with 131,072 vocab ('slightly more than 175B parameters')":
+        {"layers": 96, "hidden": 12288, "heads": 96},
+    # Llama 3 70B config.json (meta-llama/Meta-Llama-3-70B): vocab 128256.
+    "LLAMA3-70B": {"vocab": 128256},
+}
+# MT-NLG 530B (Smith et al. 2022, Table 1 / Sec. 2.4): the run entries give layers/hidden/heads; vocabulary the
+# GPT-2 BPE padded to 51200, as Megatron pads it; the PaLM MFU row is the same training (2240 GPUs, batch 1920).
+_MTNLG = {"layers": 105, "hidden": 20480, "heads": 128, "vocab": 51200, "seq_len": 2048}
+_MTNLG_PARALLEL = {"tp": 8, "pp": 35, "global_batch": 1920}  # Smith et al. 2022 Sec. 2.4 (the mtnlg entry)
+
+_GPU_PATTERNS = (  # (regex over the free-text GPU, preset)
+    (r"HBM2e|94-95GB|500W", "h100-sxm-96gb-500w"),  # torchtitan's Grand Teton H100s (power-limited HBM2e part)
+    (r"^H100", "h100-sxm-80gb"),
+    (r"^A100.*40GB", "a100-40gb"),
+    (r"^A100", "a100-80gb"),
+    (r"^V100", "v100-32gb"),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishedRun:
+    run_id: str
+    family: str
+    source: str
+    gpu_text: str
+    engine: str
+    precision: str
+    """The run's precision words ("bf16", "fp8 (torchao tensorwise)")."""
+    model: ModelSpec | None = None
+    cluster: ClusterSpec | None = None
+    candidates: tuple[ParallelPlan, ...] = ()
+    time_overrides: dict = field(default_factory=dict)
+    """TimeSettings fields the source states (fp8 recipe, TP comm overlap, torch.compile)."""
+    tokens_per_s_per_gpu: float | None = None
+    peak_memory_gib: float | None = None
+    memory_method: str = ""
+    """"allocator_reserved" (torch caching allocator, torchtitan) or "nvidia_smi" (device total)."""
+    skipped: str = ""
+    """Why the run is not estimated (empty: it is)."""
+
+
+def family_of(run_id: str) -> tuple[str, str]:
+    for prefix, family, engine in FAMILIES:
+        if run_id.startswith(prefix):
+            return family, engine
+    return "other", "none"
+
+
+def _lead_int(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    m = re.match(r"\s*(\d+)\b", str(value)) if value is not None else None
+    return int(m.group(1)) if m else None
+
+
+def _recompute(text: str | None, num_layers: int) -> tuple[str, int | None] | None:
+    t = str(text or "none").lower()
+    if t.startswith("selective (layer"):  # torchtitan layer SAC: every 2nd block checkpointed (ac_freq 2)
+        return "full", max(1, num_layers // 2)
+    for word in ("none", "selective", "full"):
+        if t.startswith(word):
+            return word, None
+    if "checkpointing" in t:
+        return "full", None
+    return None
+
+
+def _model(entry: dict, family: str) -> ModelSpec | None:
+    m = dict(entry.get("model", {}))
+    extra = _ARCH.get(str(m.get("arch")), {})
+    if family.endswith("(MT-NLG)"):
+        extra = _MTNLG
+    m = {**extra, **{k: v for k, v in m.items() if v is not None}}
+    seq = _lead_int(m.get("seq_len"))
+    if seq is None and family.startswith("torchtitan"):
+        seq = 8192  # "not stated (default 8192 in configs)": torchtitan's llama3 train_configs
+    padded = re.search(r"\((\d+) padded", str(m.get("vocab")))  # BLOOM: "250k (250880 padded in code)"
+    vocab = int(padded.group(1)) if padded else _lead_int(m.get("vocab"))
+    layers, hidden, heads = m.get("layers"), m.get("hidden"), m.get("heads")
+    if heads is None and str(m.get("arch", "")).startswith("MPT") and isinstance(hidden, int):
+        heads = hidden // 128  # "heads do not change the FLOP count" (the entry); mpt-30b.yaml: 56 = 7168 / 128
+    if not all(isinstance(v, int) for v in (layers, hidden, heads, seq)) or vocab is None:
+        return None
+    name = m.get("name") or entry["id"]
+    arch = str(m.get("arch", ""))
+    if arch.lower().startswith("llama") or "GQA" in arch:
+        # Llama 2/3: RoPE, RMSNorm, SwiGLU, untied embeddings, no biases (the public configs).
+        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         num_kv_heads=m.get("kv_heads") or heads, ffn_hidden_size=m["ffn_hidden"], vocab_size=vocab,
+                         activation="swiglu", norm="rmsnorm", position_embedding="rope", max_position_embeddings=seq)
+    if arch.startswith("MPT"):
+        # llm-foundry mpt-*.yaml: ALiBi, LayerNorm without bias, GeLU, no biases, tied embeddings, no dropout.
+        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads or hidden // 128,
+                         ffn_hidden_size=m.get("ffn_hidden", 4 * hidden), vocab_size=vocab, position_embedding="alibi",
+                         max_position_embeddings=seq, tied_embeddings=True)
+    if arch.startswith("BLOOM"):
+        # BLOOM (Megatron-DeepSpeed): ALiBi, embedding LayerNorm, biases, tied embeddings, GeLU, no dropout.
+        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         ffn_hidden_size=4 * hidden, vocab_size=vocab, position_embedding="alibi",
+                         max_position_embeddings=seq, linear_bias=True, tied_embeddings=True, embedding_norm=True)
+    # Megatron GPT of the papers: learned positions, LayerNorm, GeLU, biases, tied embeddings, dropout 0.1.
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     ffn_hidden_size=m.get("ffn_hidden", 4 * hidden), vocab_size=vocab, max_position_embeddings=seq,
+                     linear_bias=True, tied_embeddings=True, dropout=0.1)
+
+
+def _precision(entry: dict, family: str) -> tuple[str, str, dict]:
+    """(plan precision, words, TimeSettings overrides) of a run."""
+    words = str(entry.get("precision", "")).lower()
+    opts = str(entry.get("parallel", {}).get("optimizations", "")).lower()
+    over: dict = {}
+    if "compile" in opts:
+        over["torch_compile"] = True
+    if "async" in opts:
+        over["tp_overlap"] = "async-tp"
+    if "tp-comm-overlap" in str(entry.get("parallel", {}).get("comm_overlap", "")):
+        over["tp_overlap"] = "userbuffers"
+    if "float8" in words or "fp8" in words:
+        recipe = ("te-current" if "cs" in words.split("fp8")[-1] else "te-delayed") if "fp8" in words \
+            else "torchao-tensorwise"  # torchtitan's Float8: torchao dynamic tensorwise scaling
+        over["fp8_recipe"] = recipe
+        return "fp8", f"fp8 ({recipe})", over
+    if family.startswith("Megatron-LM 20") or "fp16" in words or "16-bit" in words:
+        return "fp16", "fp16", over  # 2021-22 Megatron on A100: fp16 mixed precision (Narayanan Sec. 5)
+    return "bf16", "bf16", over
+
+
+def _cluster(gpu_text: str, entry: dict) -> tuple[ClusterSpec | None, str]:
+    preset = next((p for rx, p in _GPU_PATTERNS if re.search(rx, gpu_text)), None)
+    if preset is None:
+        return None, f"GPU {gpu_text!r} has no preset (no engine here trains on it)"
+    hw = entry["hardware"]
+    num = _lead_int(hw.get("total_gpus"))
+    if num is None or not isinstance(hw.get("total_gpus"), int):
+        return None, f"GPU count {hw.get('total_gpus')!r} is not one number"
+    defaults = cluster_defaults(preset)
+    per_node = min(hw.get("gpus_per_node", defaults["gpus_per_node"]), num)
+    return ClusterSpec(gpu=load_gpu_preset(preset), num_nodes=max(1, num // per_node), gpus_per_node=per_node,
+                       **{k: v for k, v in defaults.items() if k != "gpus_per_node"}), ""
+
+
+def _splits(p: dict, num_gpus: int, model: ModelSpec) -> list[tuple[int, int, int]]:
+    """(tp, pp, cp) choices: the stated ones, or every split of a stated model-parallel size / of nothing."""
+    tp, pp, cp = _lead_int(p.get("tp")), _lead_int(p.get("pp")), _lead_int(p.get("cp")) or 1
+    mp = _lead_int(p.get("model_parallel_size_tp_x_pp"))
+    if tp is not None:
+        return [(tp, pp or 1, cp)]
+    tps = [t for t in (1, 2, 4, 8) if model.num_attention_heads % t == 0]
+    if mp is not None:
+        return [(t, mp // t, 1) for t in tps if mp % t == 0 and mp // t <= model.num_layers]
+    return [(t, q, 1) for t in tps for q in (1, 2, 4, 6, 8, 12, 16) if num_gpus % (t * q) == 0]
+
+
+def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str, precision: str
+                ) -> tuple[ParallelPlan, ...]:
+    from autotune.specs.rules import plan_problems
+
+    p = _parallel(entry)
+    num_gpus = cluster.num_gpus
+    rc = _recompute(p.get("recompute"), model.num_layers)
+    if rc is None:
+        return ()
+    zero = _lead_int(p.get("zero_stage"))
+    if engine == "fsdp":
+        # torchtitan / MPT: FULL_SHARD; Llama 3 "does not reshard after forward" (Herd of Models Sec. 3.3.2).
+        zero = 2 if entry["id"].startswith("llama3") else 3
+    elif engine == "megatron":
+        zero = 1 if entry["id"].startswith(("megatron-core", "nemo", "bridge")) else 0  # distributed optimizer
+    elif zero is None:
+        zero = 1 if engine == "megatron-deepspeed" else 0
+    # 2021-22 software: no fused (flash) attention kernel; Megatron-LM then did not overlap the gradient all-reduce
+    # with backprop (Korthikanti Sec. 6.3), nor does DeepSpeed's pipeline engine (it reduces after the last
+    # micro-batch, deepspeed/runtime/pipe/engine.py); ZeRO-3's gathers are prefetched.
+    old = entry["id"].startswith(("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg"))
+    overlap = not old or engine == "deepspeed"
+    out = []
+    for tp, pp, cp in _splits(p, num_gpus, model):
+        if num_gpus % (tp * pp * cp):
+            continue
+        dp = num_gpus // (tp * pp * cp)
+        gb = _lead_int(p.get("global_batch"))
+        for per_rank in ("local_batch", "batch_per_dp_rank_sequences", "micro_batch"):
+            if gb is None and _lead_int(p.get(per_rank)) is not None:
+                gb = _lead_int(p[per_rank]) * dp
+        if gb is None:
+            continue
+        mbs = [_lead_int(p["micro_batch"])] if _lead_int(p.get("micro_batch")) else [1, 2, 4, 8, 16]
+        vpps = [_lead_int(p["vpp"])] if _lead_int(p.get("vpp")) else [1, 2, 3, 4, 5, 6, 8]
+        if str(p.get("pipeline_schedule", "")).startswith("1F1B"):  # plain 1F1B: no virtual stages
+            vpps = [1]
+        for mb in mbs:
+            if gb % (mb * dp):
+                continue
+            for vpp in vpps:
+                if vpp > 1 and (pp == 1 or engine == "megatron-deepspeed"):
+                    continue
+                plan = ParallelPlan(
+                    tp=tp, pp=pp, cp=cp, vpp=vpp, dp=dp, micro_batch_size=mb, global_batch_size=gb,
+                    grad_accum_steps=gb // (mb * dp), seq_len=model.max_position_embeddings, recompute=rc[0],
+                    recompute_num_layers=rc[1], engine=engine, zero_stage=zero, precision=precision,
+                    sequence_parallel=bool(p.get("sequence_parallel")) or (tp > 1 and not old),
+                    flash_attention=not old, overlap_comm=overlap)
+                if not plan_problems(model, cluster, plan):
+                    out.append(plan)
+    return tuple(out)
+
+
+def _parallel(entry: dict) -> dict:
+    p = dict(entry.get("parallel", {}))
+    if family_of(entry["id"])[0].endswith("(MT-NLG)"):
+        p = {**_MTNLG_PARALLEL, **p}
+    return p
+
+
+def _throughput(entry: dict, model: ModelSpec, num_gpus: int) -> float | None:
+    """Measured tokens/s per GPU, from the most direct figure the entry has."""
+    from autotune.cost.flops import step_flops
+
+    m, d, p = entry.get("measured", {}), entry.get("derived", {}) or {}, _parallel(entry)
+    if isinstance(m.get("tokens_per_s_per_gpu"), int | float):
+        return float(m["tokens_per_s_per_gpu"])
+    if isinstance(m.get("tokens_per_s"), int | float):  # torchtitan asyncTP: "magnitude implies per GPU"
+        return float(m["tokens_per_s"])
+    if isinstance(m.get("tokens_per_s_total"), int | float):
+        return m["tokens_per_s_total"] / num_gpus
+    gb = _lead_int(p.get("global_batch"))
+    if isinstance(m.get("iteration_time_s"), int | float) and gb:
+        return gb * model.max_position_embeddings / m["iteration_time_s"] / num_gpus
+    if isinstance(d.get("tokens_per_s_per_gpu"), int | float):
+        return float(d["tokens_per_s_per_gpu"])
+    if isinstance(m.get("tflops_per_gpu"), int | float):
+        rc = _recompute(p.get("recompute"), model.num_layers)
+        kind = str(m.get("tflops_per_gpu_kind", "model"))
+        flops = step_flops(model, model.max_position_embeddings, 1.0, rc[0] if rc else "none")
+        return m["tflops_per_gpu"] * 1e12 / (flops.hardware if kind.startswith("hardware") else flops.model)
+    if isinstance(m.get("mfu"), int | float) and entry["hardware"].get("peak_tflops"):
+        per_token = step_flops(model, model.max_position_embeddings, 1.0, "none").model
+        return m["mfu"] / 100 * entry["hardware"]["peak_tflops"] * 1e12 / per_token
+    return None
+
+
+def _memory(entry: dict) -> tuple[float | None, str]:
+    m = entry.get("measured", {})
+    if isinstance(m.get("peak_memory_gib"), int | float):
+        return float(m["peak_memory_gib"]), "allocator_reserved"  # torchtitan logs torch max_memory_reserved
+    if isinstance(m.get("peak_memory_gb"), int | float):
+        return float(m["peak_memory_gb"]) * 1e9 / 2**30 * 1.0, "nvidia_smi"
+    return None, ""
+
+
+def _one(entry: dict) -> PublishedRun:
+    rid = entry["id"]
+    family, engine = family_of(rid)
+    src = entry.get("source", {})
+    source = f"{src.get('ref', '')}{', ' + str(src['loc']) if src.get('loc') else ''}"
+    gpu_text = str(entry.get("hardware", {}).get("gpu", ""))
+    precision, words, over = _precision(entry, family)
+    base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
+            "precision": words, "time_overrides": over}
+    if entry.get("measured", {}).get("scope") == "per_layer":
+        return PublishedRun(**base, skipped="single-layer timing (Korthikanti Table 4), not a training step")
+    if engine == "none":
+        return PublishedRun(**base, skipped="a TPU run (JAX/TF): no engine here trains on TPUs")
+    model = _model(entry, family)
+    if model is None:
+        return PublishedRun(**base, skipped="the source gives no single model configuration (layers/hidden/heads)")
+    cluster, why = _cluster(gpu_text, entry)
+    if cluster is None:
+        return PublishedRun(**base, model=model, skipped=why)
+    peak, method = _memory(entry)
+    tps = _throughput(entry, model, cluster.num_gpus)
+    cands = _candidates(entry, model, cluster, engine, precision)
+    skipped = "" if cands else "no plan of its engine expresses the stated configuration"
+    if not cands and _lead_int(_parallel(entry).get("global_batch")) is None \
+            and "local_batch" not in entry.get("parallel", {}):
+        skipped = "global batch not stated (and no per-rank batch to derive it)"
+    return PublishedRun(**base, model=model, cluster=cluster, candidates=cands, tokens_per_s_per_gpu=tps,
+                        peak_memory_gib=peak, memory_method=method, skipped=skipped)
+
+
+def published_runs(folder: Path | None = None) -> list[PublishedRun]:
+    """Every run of published_runs_dev.yaml and published_runs_more.yaml, in file order."""
+    from autotune.calibration import reference_dir
+
+    folder = folder or reference_dir()
+    out = []
+    for name in ("published_runs_dev.yaml", "published_runs_more.yaml"):
+        data = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
+        out += [_one(e) for e in data["runs"]]
+    return out
+
+
+def predict_run(run: PublishedRun, eff=None):
+    """(predicted tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) for the fastest candidate that fits
+    (or the fastest, if none fits: the run fitted, so the ledger is then too high)."""
+    from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+    from autotune.cost.memory import estimate_memory
+    from autotune.cost.step_time import TimeSettings, estimate_step_time
+
+    assert run.cluster is not None and run.model is not None and run.candidates
+    settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
+    best = None
+    for plan in run.candidates:
+        mem = estimate_memory(run.model, run.cluster, plan)
+        est = estimate_step_time(run.model, run.cluster, plan, settings)
+        key = (mem.fits, est.tokens_per_s)
+        if best is None or key > best[0]:
+            best = (key, plan, est, mem)
+    assert best is not None
+    _, plan, est, mem = best
+    return est.tokens_per_s / plan.world_size, plan, est, mem
