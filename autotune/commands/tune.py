@@ -39,6 +39,8 @@ def register(subparsers) -> None:
     t = p.add_argument_group("study")
     t.add_argument("--trials", type=_positive_int, default=8, help="finished trials the study should hold (default 8)")
     t.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    t.add_argument("--prune-ratio", type=float, default=1.5,
+                   help="stop a trial whose step time exceeds this multiple of the best one (default 1.5; 0: never)")
     t.add_argument("--finalists", type=int, default=3,
                    help="re-run this many best plans before declaring the winner (default 3; 0: no re-runs)")
     t.add_argument("--finalist-runs", type=int, default=2,
@@ -142,6 +144,9 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
         if value is not None:
             problems.append(range_problem(f"--{dest.replace('_', '-')}", value, lo=0, hi=hi, lo_open=True,
                                           why_hi=why))
+    if args.prune_ratio != 0:
+        problems.append(range_problem("--prune-ratio", args.prune_ratio, lo=1.0, hi=1000.0, lo_open=True,
+                                      why_hi="0 turns pruning off"))
     if args.finalists >= 2 and args.finalist_runs < 2:
         problems.append(f"--finalist-runs must be >= 2 (a median of one run is one lucky measurement), got "
                         f"{args.finalist_runs}; or --finalists 0 for no re-runs")
@@ -242,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
                       study_name=args.study_name, resume=args.resume, worker=args.worker,
                       host_memory_limit_bytes=limit, num_layers=args.num_layers,
                       calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
-                      finalists=args.finalists, finalist_runs=args.finalist_runs, progress=progress)
+                      finalists=args.finalists, finalist_runs=args.finalist_runs,
+                      prune_ratio=args.prune_ratio or None, progress=progress)
     except KeyboardInterrupt as err:
         progress.close()
         what = getattr(err, "what", "Ctrl-C")

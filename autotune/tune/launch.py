@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from autotune.errors import InputError
-from autotune.tune.trialspec import SPEC_NAME, TrialSpec
+from autotune.tune.trialspec import SPEC_NAME, TRAIN_PLAN_NAME, TrialSpec
 
 __all__ = ["Job", "command_line", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
            "end_recorded", "KILL_GRACE_S"]
@@ -61,6 +61,14 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
     """The trial's argv: builtin workload / the user's script under the launcher, or the shell command."""
     w, nproc = spec.workload, spec.plan.world_size
     if w.kind == "builtin":
+        if (spec.workdir / TRAIN_PLAN_NAME).is_file():  # the engine's trainer (autotune/train): tp, pp, cp, ...
+            from autotune.engines import engine_for
+
+            extra = ["--deepspeed-config", str(ds_path)] if engine_for(spec.plan).trainer_takes_deepspeed_config else []
+            return _launcher_prefix(spec) + [
+                "-m", "autotune.train", "--plan", str(spec.workdir / TRAIN_PLAN_NAME), "--steps", str(spec.steps),
+                "--warmup-steps", str(spec.warmup_steps), "--seed", "1234",
+                "--device", "cpu" if spec.cluster.gpu.name == "cpu" else "cuda", *extra]
         return _launcher_prefix(spec) + ["-m", "autotune.tune.workload_builtin", "--spec",
                                          str(spec.workdir / SPEC_NAME)]
     if w.kind == "script":

@@ -126,6 +126,11 @@ def first_error(path: Path) -> FailureInfo:
     except OSError:
         return FailureInfo(line="")
     rank, exitcode = _root_cause(lines)
+    for ln in lines:  # autotune.train's word for a plan its engine's trainer does not run
+        body = _RANK_PREFIX.sub("", ln)
+        if body.startswith("UNSUPPORTED "):
+            return FailureInfo(line=f"not supported by the built-in trainer: {body[len('UNSUPPORTED '):].strip()}",
+                               rank=rank, exitcode=exitcode)
     found = [(r, e) for r, e in _tracebacks(lines) if not any(x in e for x in _LAUNCHER_EXC)]
     pick = next(((r, e) for r, e in found if rank is not None and r == rank), None) or (found[0] if found else None)
     if pick is not None:

@@ -172,15 +172,6 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     are re-run ``finalist_runs`` times each before the winner is declared (not by ``--worker``
     processes: the tuner that owns the study does it). ``calibration_path``: default OUT/cal.json.
     """
-    if workload.kind == "builtin":
-        # The builtin workload runs data parallelism with ZeRO/offload/recompute/micro-batch only (see
-        # workload_builtin.unsupported_reason): search only what it can measure.
-        c = constraints or SearchConstraints()
-        asked = {k: getattr(c, k) for k in ("tp", "pp", "cp") if getattr(c, k) not in (None, 1)}
-        if asked:
-            raise InputError([f"the builtin workload runs tp = pp = cp = 1 plans, not {asked}: drop the flag or use "
-                              "--workload script/command with your own training script"], subject="tune")
-        constraints = dataclasses.replace(c, tp=1, pp=1, cp=1)
     out = Path(out_dir)
     search = search_plans(model, cluster, seq_len=seq_len, global_batch_size=global_batch,
                           constraints=constraints, top_k=max(top_k, 1),
@@ -189,10 +180,23 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         reasons = ", ".join(f"{k} {v}" for k, v in search.rejections.items())
         raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
                          subject="search")
+    ranked = list(search.ranked)
+    if workload.kind == "builtin":
+        # Measure only what the builtin workload runs: data parallelism here, tp / pp / cp and the other
+        # engines under their engine's trainer (python -m autotune.train), which names what it cannot run.
+        from autotune.tune.workload_builtin import trainer_problem
+
+        trial_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
+        why = {id(e): trainer_problem(trial_model, e.plan) for e in ranked}
+        if all(why.values()):
+            raise InputError([f"the builtin workload runs none of the {len(ranked)} feasible plans, e.g. "
+                              f"{next(iter(why.values()))}; use --workload script/command with your own training "
+                              "script"], subject="tune")
+        ranked = [e for e in ranked if not why[id(e)]]
     out.mkdir(parents=True, exist_ok=True)
     storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
     calibration_path = calibration_path or str(out / "cal.json")
-    candidates = {plan_key(e.plan): e for e in search.ranked}
+    candidates = {plan_key(e.plan): e for e in ranked}
     order = list(candidates)
     run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
     settings_cache: dict = {}
@@ -218,7 +222,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                        must_be_new=not (resume or worker))
     fail_stale_trials(study, all_running=resume and not worker, out_dir=out)
     say = (lambda text: progress("ops", study, None, text)) if progress else (lambda text: None)
-    needed = ops.needed_ops([e.plan for e in search.ranked], cpu=cluster.gpu.name == "cpu") \
+    needed = ops.needed_ops([e.plan for e in ranked], cpu=cluster.gpu.name == "cpu") \
         if workload.kind in ("builtin", "script") else []
 
     def ensure_ops() -> None:

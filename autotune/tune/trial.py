@@ -53,7 +53,7 @@ from autotune.tune.judge import judge
 from autotune.tune.launch import Job, command_line, launch_record, trial_env, write_launch_record
 from autotune.tune.logs import LogReader, Phase, tail
 from autotune.tune.trialspec import (DS_CONFIG_NAME, LAUNCH_NAME, LOG_NAME, METRICS_NAME, RESULT_NAME, SPEC_NAME,
-                                     Status, TrialResult, TrialSpec, Workload)
+                                     TRAIN_PLAN_NAME, Status, TrialResult, TrialSpec, Workload)
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "run_trial", "trial_ds_config", "LOG_NAME", "DS_CONFIG_NAME",
            "METRICS_NAME", "SPEC_NAME", "LAUNCH_NAME"]
@@ -169,7 +169,7 @@ def _prepare(spec: TrialSpec) -> tuple[TrialSpec, Path, Path, Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     spec = dataclasses.replace(spec, workdir=workdir)
     log_path, metrics_path = workdir / LOG_NAME, workdir / METRICS_NAME
-    for stale in (log_path, metrics_path, workdir / RESULT_NAME, workdir / LAUNCH_NAME):
+    for stale in (log_path, metrics_path, workdir / RESULT_NAME, workdir / LAUNCH_NAME, workdir / TRAIN_PLAN_NAME):
         stale.unlink(missing_ok=True)
     ds_path = workdir / DS_CONFIG_NAME
     ds_path.write_text(json.dumps(trial_ds_config(spec), indent=2))
@@ -185,11 +185,15 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
     spec, log_path, metrics_path, ds_path = _prepare(spec)
     workdir, kind = spec.workdir, spec.workload.kind
     if kind == "builtin":
-        from autotune.tune.workload_builtin import unsupported_reason
-        reason = unsupported_reason(spec.plan)
+        from autotune.tune.workload_builtin import trainer_problem, uses_trainer
+        reason = trainer_problem(spec.trial_model, spec.plan)
         if reason:
             log_path.write_text(f"not launched: {reason}\n")
             return _finish(spec, TrialResult(status="crashed", reason=f"not launched: {reason}", log_path=log_path))
+        if uses_trainer(spec.plan):  # tp / pp / cp / other engines: python -m autotune.train
+            from autotune.api import estimate
+            (workdir / TRAIN_PLAN_NAME).write_text(json.dumps(
+                estimate(spec.trial_model, spec.cluster, spec.plan).to_dict(), indent=2))
         (workdir / SPEC_NAME).write_text(json.dumps({
             "model": spec.trial_model.to_dict(), "plan": spec.plan.to_dict(), "ds_config_path": str(ds_path),
             "steps": spec.steps, "warmup_steps": spec.warmup_steps, "seed": 1234,

@@ -18,13 +18,15 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "Status", "LOG_NAME", "DS_CONFIG_NAME", "METRICS_NAME",
-           "SPEC_NAME", "RESULT_NAME", "LAUNCH_NAME"]
+           "SPEC_NAME", "RESULT_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME"]
 
 LOG_NAME = "trial.log"
 DS_CONFIG_NAME = "ds_config.json"
 METRICS_NAME = "metrics.json"
 SPEC_NAME = "trial_spec.json"
 RESULT_NAME = "result.json"
+TRAIN_PLAN_NAME = "plan.json"
+"""builtin plans run by ``python -m autotune.train`` (tp, pp, cp, other engines): the estimate document it reads."""
 LAUNCH_NAME = "launch.json"
 """The launched process group (host, pid, pgid, start time): ``--resume`` ends it if a killed tuner left it."""
 

@@ -32,8 +32,37 @@ UNSUPPORTED_TP = "tensor parallelism (tp > 1) is not supported by the builtin wo
 UNSUPPORTED_CP = "context parallelism (cp > 1) is not supported by the builtin workload yet"
 
 
+def trainer_problem(model, plan) -> str | None:
+    """Why neither this workload nor the engine's built-in trainer (``python -m autotune.train``) runs ``plan``.
+
+    Data-parallel DeepSpeed plans run here; tensor, pipeline and sequence parallelism (and the other
+    engines) run under the plan's engine's trainer (:mod:`autotune.train`), which says which plans it
+    cannot run (its ``unsupported_reason``).
+    """
+    import importlib
+
+    from autotune.engines import engine_for
+
+    if not uses_trainer(plan):
+        return None
+    engine = engine_for(plan)
+    if not engine.trainer_module:
+        return f"engine {engine.name} has no built-in trainer (it needs CUDA): use --workload command"
+    module = importlib.import_module(engine.trainer_module)
+    check = getattr(module, "unsupported_reason", None)
+    return check(model, plan) if check is not None else None
+
+
+def uses_trainer(plan) -> bool:
+    """True when the plan runs under ``python -m autotune.train`` rather than this module."""
+    from autotune.engines import engine_for
+
+    # this module runs DeepSpeed (the engine whose trainer takes a DeepSpeed config) data parallelism only
+    return unsupported_reason(plan) is not None or not engine_for(plan).trainer_takes_deepspeed_config
+
+
 def unsupported_reason(plan) -> str | None:
-    """Why the builtin workload cannot run ``plan`` (None when it can)."""
+    """Why this module's own loop cannot run ``plan`` (None when it can; see :func:`trainer_problem`)."""
     if plan.pp > 1:
         return UNSUPPORTED_PP
     if plan.tp > 1:

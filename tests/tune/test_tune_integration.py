@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
-        "--tp", "1", "--pp", "1", "--engine", "deepspeed", "--recompute", "none,full", "--max-micro-batch", "4",
+        "--tp", "1", "--pp", "1", "--cp", "1", "--engine", "deepspeed", "--recompute", "none,full", "--max-micro-batch", "4",
         "--num-layers", "2", "--trial-timeout", "180"]
 
 
@@ -259,3 +259,21 @@ def test_two_workers_share_a_postgres_study(tmp_path, postgres_url):
     assert len(set(keys)) == len(keys), "a plan ran twice"
     assert len({t.user_attrs["pid"] for t in counted}) == 2, "both workers ran trials"
     assert not any(t.state == TrialState.RUNNING for t in trials)
+
+
+def test_study_measures_tensor_and_pipeline_parallel_plans(tmp_path):
+    # tiny-llama (AutoTP builds a transformers Llama) on 2 gloo ranks: tp=2 (AutoTP), pp=2 (PipelineModule)
+    # and dp=2, every plan measured (no pruning), each under the engine's own trainer or the builtin loop
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "autotune", "tune", "--model", "tiny-llama", "--gpu", "cpu",
+                           "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8", "--micro-batch", "2",
+                           "--zero", "1", "--no-offload", "--recompute", "none", "--cp", "1", "--num-layers", "2",
+                           "--trials", "3", "--top-k", "3", "--steps", "2", "--warmup-steps", "1",
+                           "--prune-ratio", "0", "--finalists", "0", "--trial-timeout", "240", "--json",
+                           "--out", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = optuna.load_study(study_name="autotune", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+    measured = {(t.params["tp"], t.params["pp"]): t for t in trials if t.state == TrialState.COMPLETE}
+    assert {(2, 1), (1, 2)} <= set(measured), [(t.params, t.user_attrs.get("reason")) for t in trials]
+    for t in measured.values():
+        assert t.value > 0 and t.user_attrs["measurement"]["step_time_s"] > 0
