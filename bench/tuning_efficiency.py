@@ -4,7 +4,9 @@ Space (tiny-gpt, 2 cpu ranks, seq 64, global batch 16, deepspeed, tp = pp = 1):
 ZeRO 0-3 x micro-batch 1,2,4,8 x recompute none/full x offload none/cpu, the feasible ones.
 
 1. Exhaustive: every feasible plan measured once (one study that runs them all).
-2. Tuner: a fresh study with a budget of 30% of that count (planner top-3 first), repeated.
+2. Tuner: a fresh study with a budget of 30% of that count (planner top-3 first), then its
+   ``--finalists`` best plans re-run ``--finalist-runs`` times each, interleaved, the winner chosen on
+   the medians (the re-runs are counted and shown separately from the trials), repeated.
 
 For each repeat: the tuner's pick, its throughput as measured in the exhaustive pass divided by
 the exhaustive best (the same measurement of both, so run-to-run noise does not favour either),
@@ -13,7 +15,8 @@ differences under ~15% are noise (see ../shared/reference/cpu-feasibility.md): a
 that of the best is as good as the best here.
 
     python bench/tuning_efficiency.py [--repeats 3] [--budget 0.3] [--max-micro-batch 8]
-                                      [--num-layers 2] [--steps 3] [--out out/bench_tuning]
+                                      [--num-layers 2] [--steps 3] [--finalists 3] [--finalist-runs 2]
+                                      [--out out/bench_tuning]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from autotune.report import plan_summary  # noqa: E402
 from autotune.search.space import SearchConstraints  # noqa: E402
 from autotune.specs.loading import load_cluster, load_model  # noqa: E402
 from autotune.specs.plan import ParallelPlan  # noqa: E402
+from autotune.tune.sampler import trial_key  # noqa: E402
 from autotune.tune.study import tune  # noqa: E402
 from autotune.tune.trial import Workload  # noqa: E402
 
@@ -40,7 +44,7 @@ NOISE = 0.15
 
 
 def _measured(result) -> dict[str, float]:
-    return {t.params["plan_key"]: t.value for t in result.trials if t.state == TrialState.COMPLETE}
+    return {trial_key(t): t.value for t in result.trials if t.state == TrialState.COMPLETE}
 
 
 def main(argv=None) -> int:
@@ -51,12 +55,14 @@ def main(argv=None) -> int:
     ap.add_argument("--num-layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup-steps", type=int, default=1)
+    ap.add_argument("--finalists", type=int, default=3, help="tuner: best plans re-run before the winner (0: none)")
+    ap.add_argument("--finalist-runs", type=int, default=2)
     ap.add_argument("--out", default="out/bench_tuning")
     args = ap.parse_args(argv)
 
     model = load_model("tiny-gpt")
     cluster = load_cluster(gpu="cpu", num_gpus=2)
-    constraints = SearchConstraints(tp=1, pp=1, engines=("deepspeed",), recompute=("none", "full"),
+    constraints = SearchConstraints(tp=1, pp=1, cp=1, engines=("deepspeed",), recompute=("none", "full"),
                                     max_micro_batch_size=args.max_micro_batch)
     common = dict(seq_len=64, global_batch=16, constraints=constraints, workload=Workload(kind="builtin"),
                   steps=args.steps, warmup_steps=args.warmup_steps, num_layers=args.num_layers, trial_timeout_s=300)
@@ -64,8 +70,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     # Exhaustive pass (resumable: rerunning the bench continues it).
     exhaustive = tune(model, cluster, out_dir=out / "exhaustive", trials=10_000, top_k=0, resume=True,
-                      prune_ratio=None,
-                      **common)
+                      prune_ratio=None, finalists=0, **common)
     all_measured = _measured(exhaustive)
     num_plans = len(exhaustive.candidates)
     best_key = max(all_measured, key=all_measured.get)
@@ -80,20 +85,25 @@ def main(argv=None) -> int:
         folder = out / f"tuner_{r}"
         shutil.rmtree(folder, ignore_errors=True)
         t0 = time.monotonic()
-        res = tune(model, cluster, out_dir=folder, trials=budget, top_k=3, **common)
+        res = tune(model, cluster, out_dir=folder, trials=budget, top_k=3, finalists=args.finalists,
+                   finalist_runs=args.finalist_runs, **common)
         spent = sum(1 for t in res.trials if t.user_attrs.get("status") not in ("interrupted", "duplicate"))
+        reruns = sum(len(f.runs_tokens_per_s) for f in res.finalists)
         if res.best is None:
-            rows.append((r, "-", 0.0, 0.0, spent, time.monotonic() - t0))
+            rows.append((r, "-", 0.0, 0.0, spent, reruns, "-", time.monotonic() - t0))
             continue
-        key = res.best.params["plan_key"]
+        key = trial_key(res.best)
         same_run = all_measured.get(key, 0.0) / best
-        rows.append((r, plan_summary(res.best_estimate.plan), same_run, res.best.value / best, spent,
+        pick = next((f for f in res.finalists if f.key == key), None)
+        spread = f"{pick.spread:.0%}" if pick is not None and pick.spread is not None else "-"
+        rows.append((r, plan_summary(res.best_estimate.plan), same_run, res.best.value / best, spent, reruns, spread,
                      time.monotonic() - t0))
 
     print(f"\ntuner budget: {budget} of {num_plans} trials ({budget / num_plans:.0%})")
-    print(f"{'run':>3}  {'tuner pick':<44}{'pick/best (exh.)':>17}{'pick/best (own)':>16}{'trials':>8}{'time s':>8}")
-    for r, summary, frac_exh, frac_own, spent, secs in rows:
-        print(f"{r:>3}  {summary:<44}{frac_exh:>17.1%}{frac_own:>16.1%}{spent:>8}{secs:>8.0f}")
+    print(f"{'run':>3}  {'tuner pick':<44}{'pick/best (exh.)':>17}{'pick/best (own)':>16}{'trials':>8}"
+          f"{'re-runs':>8}{'spread':>8}{'time s':>8}")
+    for r, summary, frac_exh, frac_own, spent, reruns, spread, secs in rows:
+        print(f"{r:>3}  {summary:<44}{frac_exh:>17.1%}{frac_own:>16.1%}{spent:>8}{reruns:>8}{spread:>8}{secs:>8.0f}")
     fracs = [row[2] for row in rows]
     if fracs:
         print(f"\nmean pick/best {sum(fracs) / len(fracs):.1%}, worst {min(fracs):.1%}; target >= 95% with <= 30% "
