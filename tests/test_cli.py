@@ -272,3 +272,19 @@ def test_emit_out_edge_cases(tmp_path, capsys, monkeypatch):
         code, _, err = run(["emit", "--recipe", "cpu-demo", "--out", out, "--force"], capsys)
         assert code == 2 and needle in err, (out, err)
     assert not list(tmp_path.glob(".*"))  # no ..old-XXXX or .tmp- folders left
+
+
+def test_subcommands_never_import_the_cli_back():
+    import ast
+    from pathlib import Path
+
+    import autotune.commands
+
+    folder = Path(autotune.commands.__file__).parent
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert "autotune.cli" not in imported, path.name
+    cli = Path(autotune.commands.__file__).parent.parent / "cli.py"
+    assert len(cli.read_text(encoding="utf-8").splitlines()) < 80  # it only assembles the parser

@@ -1,5 +1,9 @@
 """The subcommands of ``autotune``, one module each, and what they share.
 
+Each module has ``register(subparsers)`` (its flags, every one with help) and ``run(args)``;
+``autotune.cli`` only assembles them. Shared here: the common flags (model and cluster, plan),
+reading the model and cluster they name, and the checks below. Nothing here imports ``autotune.cli``.
+
 Every number a flag takes is checked here for finiteness and range before anything uses it
 (:func:`flag_problems`), each bound named in the message; every problem is reported at once.
 """
@@ -11,10 +15,13 @@ import json
 import math
 from typing import Any
 
+from autotune.errors import InputError
 from autotune.specs.loading import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
+from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
-           "positive_int", "flag_problems", "json_text"]
+           "positive_int", "flag_problems", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
+           "add_plan_flags", "add_calibration", "load_inputs", "time_settings"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -97,3 +104,142 @@ def _finite(value: Any) -> Any:
 def json_text(doc: Any) -> str:
     """Standard JSON (RFC 8259): a NaN or infinite number (an unbounded time) is written as null."""
     return json.dumps(_finite(doc), indent=2, allow_nan=False)
+
+
+# ---- flags shared by several subcommands ------------------------------------------------
+def preset_epilog() -> str:
+    try:
+        from autotune.specs.presets import gpu_preset_names, model_preset_names
+
+        return ("model presets: " + ", ".join(model_preset_names()) + "\n\ngpu presets: "
+                + ", ".join(gpu_preset_names()))
+    except Exception:  # presets unreadable: --help must still work
+        return ""
+
+
+def int_list(choices):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not among {list(choices)}")
+        return values
+    return parse
+
+
+def str_list(choices):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
+        return values
+    return parse
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and cluster")
+    g.add_argument("--model", help="preset name, Hugging Face config.json, or model YAML (required)")
+    g.add_argument("--gpu", help="GPU preset name (see the list below)")
+    g.add_argument("--num-gpus", type=positive_int, help="total GPUs")
+    g.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default: the GPU preset's)")
+    g.add_argument("--cluster", help="cluster YAML (schemas/cluster.schema.json) instead of --gpu/--num-gpus")
+    g.add_argument("--seq-len", type=positive_int, default=4096, help="sequence length in tokens (default 4096)")
+    g.add_argument("--global-batch", type=positive_int, help="sequences per optimizer step (default: micro x dp)")
+    p.add_argument("--json", action="store_true", help="print the machine-readable result only")
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel stages (default 1)")
+    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank (interleaved)")
+    g.add_argument("--cp", type=positive_int, default=1, help="context-parallel size: the sequence split (default 1)")
+    g.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size, MoE models (default 1)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1, help="ZeRO stage (Megatron: 1 = distributed optimizer)")
+    g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per forward pass (default 1)")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron sequence parallelism (default: on when tp > 1)")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="selective",
+                   help="activation recompute: none, selective (attention only) or full (default selective)")
+    g.add_argument("--recompute-num-layers", type=positive_int, help="full recompute: layers per stage to recompute")
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp8"), default="bf16",
+                   help="training precision (default bf16)")
+    g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor", "adamw8bit"), default="adamw",
+                   help="optimizer, which sets the optimizer-state bytes (default adamw)")
+    g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none",
+                   help="ZeRO offload of the optimizer states (default none)")
+    g.add_argument("--offload-param", choices=("none", "cpu", "nvme"), default="none",
+                   help="ZeRO-3 offload of the parameters (default none)")
+    g.add_argument("--nvme-path", help="local NVMe folder for nvme offload")
+    g.add_argument("--engine", "--framework", dest="engine", choices=ENGINE_NAMES, default="deepspeed",
+                   help="the engine that trains the plan (default deepspeed; --framework is an alias)")
+    g.add_argument("--dp-replicate", type=positive_int, default=1,
+                   help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
+    g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="flash attention: no seq x seq score matrix kept (default on)")
+    m = p.add_argument_group("memory settings")
+    m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU, 0-1024 (default 1 GiB; "
+                   "0 on cpu)")
+    m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction, 0-0.9 "
+                   "(default 0.05)")
+    add_calibration(p)
+
+
+def add_calibration(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", help="efficiency parameters fitted by `autotune tune` on this hardware "
+                   "(default: fitted on published Megatron-LM runs)")
+
+
+# ---- what the common flags name ---------------------------------------------------------
+def named_problems(err: InputError) -> list[str]:
+    """The problems of a file's InputError, each naming the file (its subject) when one does."""
+    if "'" not in err.subject:  # "--model", "cluster": the problems already say what they are about
+        return list(err.problems)
+    return [f"{err.subject}: {p}" for p in err.problems]
+
+
+def load_inputs(args: argparse.Namespace, *, need_model: bool = True):
+    """Model and cluster from the common flags; every problem of both reported at once."""
+    from autotune.specs.loading import load_cluster, load_model
+
+    problems: list[str] = flag_problems(args)
+    model = cluster = None
+    if args.model is None:
+        if need_model:
+            problems.append("give --model (a preset name, a config.json or a model YAML)")
+    else:
+        try:
+            model = load_model(args.model)
+        except InputError as err:
+            problems += named_problems(err)
+    if args.cluster is None and (args.gpu is None or args.num_gpus is None):
+        problems.append("give --gpu and --num-gpus, or --cluster FILE")
+    elif any(p.startswith(("--num-gpus ", "--gpus-per-node ")) for p in problems):
+        if args.gpu is not None:  # the counts are already reported; still check the GPU name
+            from autotune.specs.presets import load_gpu_preset
+
+            try:
+                load_gpu_preset(args.gpu)
+            except InputError as err:
+                problems += list(err.problems)
+    else:
+        try:
+            cluster = load_cluster(gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,
+                                   cluster_path=args.cluster)
+        except InputError as err:
+            problems += named_problems(err)
+    if problems:
+        raise InputError(problems, subject="input")
+    return model, cluster
+
+
+def time_settings(args: argparse.Namespace):
+    from autotune.cost.efficiency import load_efficiency
+    from autotune.cost.step_time import TimeSettings
+
+    path = getattr(args, "calibration", None)
+    return TimeSettings(efficiency=load_efficiency(path)) if path else TimeSettings()

@@ -1,4 +1,5 @@
-"""`autotune emit`'s checks: the plan JSON, the recipe's emit block, the job strings and --out.
+"""`autotune emit`: the files a job runs with; its checks of the plan JSON, the recipe's emit block,
+the job strings and --out.
 
 Nothing here writes: :func:`autotune.emit.bundle.write_bundle` does, atomically. What is checked
 before it runs: every value of a recipe's ``emit:`` block has its field's type (no silent
@@ -19,9 +20,17 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.commands import (
+    EXIT_OK,
+    add_common,
+    add_plan_flags,
+    flag_problems,
+    json_text,
+    preset_epilog,
+)
 from autotune.errors import InputError
 
-__all__ = ["emit_options", "read_plan_json", "out_problems", "clean_leftovers"]
+__all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers"]
 
 # Strings that end up as a command-line word or a host name.
 _COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
@@ -95,7 +104,12 @@ def _dash_problems(where: str, values: dict) -> list[str]:
 
 def emit_options(args: argparse.Namespace, base: Any = None):
     """EmitOptions from a recipe's emit block, overridden by flags; every problem at once."""
-    from autotune.emit.options import CheckpointOptions, EmitOptions, LaunchOptions, OptimizerOptions
+    from autotune.emit.options import (
+        CheckpointOptions,
+        EmitOptions,
+        LaunchOptions,
+        OptimizerOptions,
+    )
 
     base = {} if base is None else base
     problems: list[str] = []
@@ -230,3 +244,78 @@ def clean_leftovers(out: str) -> list[str]:
 def report_leftovers(out: str) -> None:
     for note in clean_leftovers(out):
         print(f"autotune emit: {note}", file=sys.stderr)
+
+
+def register(sub) -> None:
+    emit = sub.add_parser("emit", help="write ds_config.json, Megatron args, launch scripts, plan.md for a plan",
+                          epilog=preset_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = emit.add_argument_group("the plan (one of)")
+    src.add_argument("--recipe", help="a recipe name (`autotune recipes list`) or recipe YAML")
+    src.add_argument("--plan-json", help="output of `autotune estimate --json` or `autotune plan --json`")
+    src.add_argument("--candidate", type=int, default=1, help="with a plan --json file: which candidate (default 1)")
+    add_common(emit)
+    add_plan_flags(emit)
+    out = emit.add_argument_group("output and job settings")
+    out.add_argument("--out", required=True, help="folder to create")
+    out.add_argument("--force", action="store_true", help="replace an existing folder")
+    out.add_argument("--lr", type=float, help="peak learning rate (default 3e-4)")
+    out.add_argument("--train-steps", type=int, help="optimizer steps (default 100000)")
+    out.add_argument("--warmup-steps", type=int, help="warm-up steps (default 2000)")
+    out.add_argument("--save-dir", help="checkpoint folder (default checkpoints)")
+    out.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage write bandwidth (default 5)")
+    out.add_argument("--gpu-mtbf-hours", type=float, help="mean time between failures of one GPU (default 50000)")
+    out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
+    out.add_argument("--save-interval", type=int, help="override the Young/Daly checkpoint interval (steps)")
+    out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
+    out.add_argument("--hosts", help="comma-separated host names, one per node")
+    out.add_argument("--master-addr", help="rendezvous host (default: the first host)")
+    out.add_argument("--master-port", type=int, help="rendezvous port (default 29500)")
+    out.add_argument("--script", help="your training script (default: the built-in `python -m autotune.train` for "
+                                      "deepspeed/fsdp/hf plans, pretrain_gpt.py for Megatron-LM)")
+    out.add_argument("--slurm-partition", help="SLURM partition for the sbatch script")
+    out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
+    out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra NCCL_* setting for every rank (repeatable)")
+    emit.set_defaults(handler=run, recompute=None, zero=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.api import estimate_from_dict
+    from autotune.commands.estimate import estimate_from_flags
+    from autotune.emit.bundle import write_bundle
+
+    sources = [s for s in ("recipe", "plan_json", "model") if getattr(args, s)]
+    problems = flag_problems(args) + out_problems(args.out)
+    if len(sources) != 1:
+        problems.append("give exactly one of --recipe NAME, --plan-json FILE, or --model with the plan flags")
+    if problems:
+        raise InputError(problems, subject="emit request")
+    report_leftovers(args.out)
+    emit_block: dict = {}
+    if args.recipe:
+        from autotune.recipebook import load_recipe, recipe_estimate
+
+        recipe = load_recipe(args.recipe)
+        est = recipe_estimate(recipe)
+        emit_block = recipe.emit
+    elif args.plan_json:
+        est = estimate_from_dict(read_plan_json(args.plan_json, args.candidate))
+    else:
+        args.recompute = args.recompute or "selective"
+        args.zero = 1 if args.zero is None else args.zero
+        est = estimate_from_flags(args)
+    options = emit_options(args, emit_block)
+    try:
+        paths = write_bundle(est, args.out, options, force=args.force)
+    except OSError as err:
+        raise InputError([f"--out {args.out!r}: cannot write it ({err.strerror or err}); nothing was replaced"],
+                         subject="output folder") from None
+    if args.json:
+        print(json_text({"out": args.out, "files": [str(p) for p in paths]}))
+    else:
+        from autotune.report import plan_summary
+
+        print(f"wrote {len(paths)} files for {plan_summary(est.plan)} (engine {est.plan.engine}) to {args.out.rstrip('/') or '/'}/:")
+        for p in paths:
+            print(f"  {p.name}")
+    return EXIT_OK

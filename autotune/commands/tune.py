@@ -19,7 +19,11 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers) -> None:
-    from autotune.cli import _add_common, _int_list, _positive_int, _preset_epilog, _str_list
+    from autotune.commands import add_common as _add_common
+    from autotune.commands import int_list as _int_list
+    from autotune.commands import positive_int as _positive_int
+    from autotune.commands import preset_epilog as _preset_epilog
+    from autotune.commands import str_list as _str_list
     from autotune.specs.plan import ENGINE_NAMES
 
     p = subparsers.add_parser("tune", help="Optuna study of short profiling trials on real hardware",
@@ -209,7 +213,7 @@ def _restore(handlers: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.cli import _load_inputs
+    from autotune.commands import load_inputs as _load_inputs
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
     from autotune.emit.bundle import write_bundle
     from autotune.errors import InputError

@@ -1,0 +1,64 @@
+"""`autotune estimate`: one plan's per-GPU memory ledger and step time."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.commands import (
+    EXIT_OK,
+    add_common,
+    add_plan_flags,
+    json_text,
+    load_inputs,
+    preset_epilog,
+    time_settings,
+)
+
+__all__ = ["register", "run", "estimate_from_flags"]
+
+
+def register(sub) -> None:
+    est = sub.add_parser("estimate", help="memory ledger and step time of one plan", epilog=preset_epilog(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(est)
+    add_plan_flags(est)
+    est.set_defaults(handler=run)
+
+
+def estimate_from_flags(args: argparse.Namespace):
+    from autotune.api import estimate, make_plan
+    from autotune.cost.memory import MemorySettings
+
+    model, cluster = load_inputs(args)
+    plan = make_plan(
+        model, cluster, global_batch_size=args.global_batch, tp=args.tp, pp=args.pp, cp=args.cp,
+        micro_batch_size=args.micro_batch, sequence_parallel=args.sequence_parallel, vpp=args.vpp, ep=args.ep,
+        zero_stage=args.zero, seq_len=args.seq_len, recompute=args.recompute,
+        recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
+        offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
+        engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
+    )
+    settings = MemorySettings(
+        cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
+        fragmentation_fraction=args.fragmentation,
+    )
+    return estimate(model, cluster, plan, settings, time_settings(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.legend import plan_legend
+    from autotune.report import memory_table, step_time_table
+
+    result = estimate_from_flags(args)
+    model, cluster, plan = result.model, result.cluster, result.plan
+    if args.json:
+        print(json_text(result.to_dict()))
+    else:
+        print(memory_table(model, cluster, plan, result.memory))
+        print()
+        print(step_time_table(result.time))
+        print()
+        print(plan_legend([plan]))
+    return EXIT_OK
+
+

@@ -1,0 +1,131 @@
+"""`autotune plan`: every plan ranked by predicted tokens/s; --min-gpus and --max-model capacity questions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.commands import (
+    EXIT_OK,
+    add_calibration,
+    add_common,
+    int_list,
+    json_text,
+    load_inputs,
+    positive_int,
+    preset_epilog,
+    str_list,
+    time_settings,
+)
+from autotune.errors import InputError
+from autotune.specs.plan import ENGINE_NAMES
+
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    plan = sub.add_parser("plan", help="search every plan, rank the feasible ones", epilog=preset_epilog(),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(plan)
+    g = plan.add_argument_group("constraints (default: search everything)")
+    for dim in ("tp", "pp", "vpp", "cp", "ep"):
+        g.add_argument(f"--{dim}", type=positive_int, help=f"fix {dim}")
+    g.add_argument("--micro-batch", type=positive_int, help="fix the micro-batch size")
+    g.add_argument("--max-tp", type=positive_int, help="largest tp to try (default: GPUs per node)")
+    g.add_argument("--max-pp", type=positive_int, help="largest pp to try")
+    g.add_argument("--zero", type=int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
+    g.add_argument("--precision", type=str_list(("bf16", "fp16", "fp8")), help="allowed precisions, e.g. bf16,fp8 "
+                   "(default bf16, or fp16 without bf16)")
+    g.add_argument("--recompute", type=str_list(("none", "selective", "full")), default=("none", "selective", "full"),
+                   help="allowed recompute modes, e.g. none,selective (default all)")
+    g.add_argument("--engine", "--framework", dest="engine", type=str_list(ENGINE_NAMES), default=ENGINE_NAMES,
+                   help=f"engines to rank plans across, e.g. fsdp,megatron (default all: {','.join(ENGINE_NAMES)}; "
+                        f"--framework is an alias)")
+    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
+    g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
+                   "0-1024 GiB (default 0)")
+    plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
+    add_calibration(plan)
+    q = plan.add_argument_group("capacity questions")
+    q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model")
+    q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
+    q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU, 0-1 (default 0.2)")
+    plan.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.report import format_params, plan_summary, plan_table
+    from autotune.search import capacity
+    from autotune.search.planner import search_plans
+    from autotune.search.space import SearchConstraints
+
+    model, cluster = load_inputs(args, need_model=not args.max_model)
+    constraints = SearchConstraints(
+        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, micro_batch_size=args.micro_batch,
+        max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
+        recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
+        min_headroom_gib=args.min_headroom_gib)
+    progress = None
+    if args.max_model or args.min_gpus:
+        import time
+
+        started = time.monotonic()
+        what = "model sizes" if args.max_model else "GPU counts"
+        print(f"autotune plan: searching {what} (each a full plan search; this can take a minute) ...",
+              file=sys.stderr, flush=True)
+
+        def progress(line: str) -> None:
+            print(f"autotune plan: [{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+    if args.max_model:
+        ans = capacity.max_model(cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                                 constraints=constraints, min_mfu=args.min_mfu, progress=progress)
+        out = {"largest": None if ans.largest is None else ans.largest.to_dict(),
+               "num_params": None if ans.largest is None else ans.largest.num_params,
+               "best": None if ans.best is None else ans.best.candidates[0].to_dict(),
+               "binding_limit": ans.binding_limit, "next_size": ans.next_size.to_dict(),
+               "next_size_best_mfu": ans.next_best_mfu}
+        if args.json:
+            print(json_text(out))
+        elif ans.largest is None:
+            print(f"no Llama-shaped model trains on {cluster.num_gpus} x {cluster.gpu.name} at MFU >= {args.min_mfu:.0%}")
+        else:
+            best = ans.best.candidates[0]
+            print(f"largest Llama-shaped model on {cluster.num_gpus} x {cluster.gpu.name} at seq {args.seq_len}: "
+                  f"{format_params(ans.largest.num_params)} params (hidden {ans.largest.hidden_size}, "
+                  f"{ans.largest.num_layers} layers) with {plan_summary(best.plan)}, MFU {best.time.mfu:.1%}")
+            nxt = ("no plan fits in memory" if ans.binding_limit == "memory"
+                   else f"plans fit, but the best reaches only {ans.next_best_mfu:.1%} MFU")
+            print(f"binding limit: {ans.binding_limit} (the next size, {format_params(ans.next_size.num_params)}: {nxt})")
+        return EXIT_OK
+    if args.min_gpus:
+        ans = capacity.min_gpus(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch,
+                                constraints=constraints, progress=progress)
+        out = {"with_offload": ans.with_offload, "without_offload": ans.without_offload}
+        if args.json:
+            print(json_text(out))
+        else:
+            print(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len, global_batch=None,
+                                              constraints=constraints,
+                                              answer=None if args.global_batch else ans).replace(" needs ", " trains on "))
+        return EXIT_OK
+    global_batch = args.global_batch or cluster.num_gpus
+    result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
+                          time_settings=time_settings(args),
+                          constraints=constraints, top_k=args.top_k)
+    if not result.num_feasible:
+        problems = [f"no plan of the {result.num_enumerated:,} enumerated is feasible: "
+                    + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())]
+        if set(result.rejections) <= {"batch_triple", "interleave_microbatches"}:
+            problems.append(f"global batch {global_batch} is not divisible by micro-batch x dp for any layout: "
+                            f"use a multiple of {cluster.num_gpus} (or of a divisor of it that tp*pp*cp leaves)")
+        else:
+            problems.append(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len,
+                                                        global_batch=args.global_batch, constraints=constraints))
+        raise InputError(problems, subject="request")
+    if args.json:
+        print(json_text(result.to_dict()))
+    else:
+        print(plan_table(result))
+    return EXIT_OK
+
+
