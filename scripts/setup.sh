@@ -82,6 +82,14 @@ if ! "$PYTHON" -c "import deepspeed" >/dev/null 2>&1; then
   pip install -c "$constraints" --no-build-isolation "deepspeed>=0.16"
 fi
 
+# torchtitan v0.2.2 (the last release with TOML job configs): only its config loader is used, by the tests that
+# load emitted torchtitan TOMLs with torchtitan's own ConfigManager. --no-deps: its full requirements
+# (torchdata, datasets) could swap the torch build; the loader needs tyro and tomli, its import triton.
+if ! "$PYTHON" -c "import torchtitan.config" >/dev/null 2>&1; then
+  pip install -c "$constraints" --no-deps "torchtitan==0.2.2" || echo "setup: torchtitan not installed (its tests skip)"
+  pip install -c "$constraints" tyro tomli "triton==3.9.0" || echo "setup: torchtitan's loader deps not installed"
+fi
+
 # Offline-friendly: with setuptools >= 70.1 here, build autotune with it instead of fetching one.
 isolation=()
 if "$PYTHON" -c "import sys, setuptools; sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" 2>/dev/null; then
