@@ -63,6 +63,10 @@ _ARCH: dict[str, dict] = {
 _MTNLG = {"layers": 105, "hidden": 20480, "heads": 128, "vocab": 51200, "seq_len": 2048}
 _MTNLG_PARALLEL = {"tp": 8, "pp": 35, "global_batch": 1920}  # Smith et al. 2022 Sec. 2.4 (the mtnlg entry)
 
+# Runs whose entry says their unstated settings are another run's ("config assumed identical to the dp8
+# selective run (2240 A100, 530B)", source.note of the first): the missing parallel fields are taken from it.
+_SAME_CONFIG_AS = {"korthikanti22-530b-dp8-full-recompute": "korthikanti22-530b-dp8-selective-sp"}
+
 _GPU_PATTERNS = (  # (regex over the free-text GPU, preset)
     (r"HBM2e|94-95GB|500W", "h100-sxm-96gb-500w"),  # torchtitan's Grand Teton H100s (power-limited HBM2e part)
     (r"^H100", "h100-sxm-80gb"),
@@ -343,7 +347,13 @@ def published_runs(folder: Path | None = None) -> list[PublishedRun]:
     out = []
     for name in ("published_runs_dev.yaml", "published_runs_more.yaml"):
         data = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
-        out += [_one(e) for e in data["runs"]]
+        by_id = {e["id"]: e for e in data["runs"]}
+        for entry in data["runs"]:
+            twin = by_id.get(_SAME_CONFIG_AS.get(entry["id"], ""))
+            if twin is not None:
+                parallel = {k: v for k, v in twin["parallel"].items() if k not in ("recompute", "sequence_parallel")}
+                entry = {**entry, "parallel": {**parallel, **entry["parallel"]}}
+            out.append(_one(entry))
     return out
 
 

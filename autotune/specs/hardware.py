@@ -153,9 +153,12 @@ def _nearest_preset(gpu: GPUSpec) -> str:
     """The GPU preset whose 16-bit peak is closest to ``gpu``'s (what to copy kernel facts from)."""
     from autotune.specs.presets import gpu_preset_names, load_gpu_preset
 
-    peak = max(gpu.peak_tflops.values())
+    def sixteen(table) -> float:
+        return max((v for k, v in table.items() if k in ("bf16", "fp16")), default=max(table.values()))
+
+    peak = sixteen(gpu.peak_tflops)
     names = [n for n in gpu_preset_names() if n != "cpu" and n != gpu.name]
-    return min(names, key=lambda n: abs(max(load_gpu_preset(n).peak_tflops.values()) - peak), default="h100-sxm-80gb")
+    return min(names, key=lambda n: abs(sixteen(load_gpu_preset(n).peak_tflops) - peak), default="h100-sxm-80gb")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -266,6 +266,10 @@ def _resolve_gpu(gpu: Any, problems: list[str]) -> tuple[GPUSpec | None, dict]:
     try:
         if isinstance(gpu, str):
             return load_gpu_preset(gpu), cluster_defaults(gpu)
+        gpu = dict(gpu)
+        like = gpu.pop("kernels_like", None)
+        if like is not None and "kernels" not in gpu:  # the named preset's kernel facts, chosen explicitly
+            gpu["kernels"] = load_gpu_preset(like).kernels
         return GPUSpec(**gpu), {}
     except InputError as err:
         problems += list(err.problems)

@@ -1,0 +1,92 @@
+"""Every published run (both files in autotune/data/published_runs) as a plan of the engine it ran on, and the
+step-time model's in-sample error per family (the bench prints the tables and the leave-one-family-out errors:
+``python bench/accuracy_published.py``)."""
+
+import statistics
+from collections import defaultdict
+
+import pytest
+
+from autotune.cost.published_runs import predict_run, published_runs
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import load_model_preset
+from autotune.specs.loading import load_cluster
+from autotune.specs.rules import plan_problems
+
+RUNS = published_runs()
+BY_ID = {r.run_id: r for r in RUNS}
+# What a run may be left out for: none of these is an engine limit.
+OUT_OF_SCOPE = ("single-layer timing", "a TPU run", "no single model configuration")
+
+# In-sample median |error| per family, as measured with the shipped parameters, plus about 3 points of slack.
+FAMILY_MEDIAN_TOLERANCE = {
+    "Megatron-LM 2021 (Narayanan Table 1)": 0.08,
+    "Megatron-LM 2022 (Korthikanti, SP + selective)": 0.15,
+    "DeepSpeed ZeRO-3 (Narayanan Table 2)": 0.35,
+    "Megatron-LM 2021 (Narayanan Table 2, PTD-P)": 0.13,
+    "Megatron-core H100 (README scaling)": 0.11,
+    "Llama 3 405B (Meta, FSDP + TP + PP)": 0.58,
+    "Megatron-DeepSpeed (BLOOM tr11)": 0.23,
+    "Megatron-DeepSpeed (MT-NLG)": 0.43,
+    "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": 0.12,
+    "torchtitan A100 (FSDP2)": 0.11,
+    "MosaicML MPT (FSDP)": 0.13,
+    "NeMo / Megatron-Bridge FP8 (H100)": 0.20,
+}
+
+
+def test_both_files_are_read_with_every_run_named():
+    assert len(RUNS) == 75 and len(BY_ID) == 75
+    assert all(r.source for r in RUNS)
+
+
+def test_no_run_is_inexpressible_on_its_engine():
+    inexpressible = [(r.run_id, r.engine, r.skipped) for r in RUNS
+                     if r.skipped and not any(why in r.skipped for why in OUT_OF_SCOPE)]
+    assert inexpressible == []
+
+
+@pytest.mark.parametrize("run_id, engine, layers, pp, tp", [
+    ("bloom-prequel-176b-tp4pp12dp8-mbs2-h128", "megatron-deepspeed", 70, 12, 4),
+    ("llama3-405b-8k-16384gpu", "fsdp", 126, 16, 8),
+    ("torchtitan-h100-l3-405b-512gpu-1f1b", "fsdp", 126, 8, 8),
+])
+def test_the_hard_layouts_are_plans_of_their_engine(run_id, engine, layers, pp, tp):
+    run = BY_ID[run_id]
+    assert run.candidates and run.model.num_layers == layers
+    assert all(p.engine == engine and p.pp == pp and p.tp == tp for p in run.candidates)
+    assert all(not plan_problems(run.model, run.cluster, p) for p in run.candidates)
+
+
+def test_llama3_126_layers_on_16_stages_with_tp8_and_cp16():
+    model = load_model_preset("llama3-405b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=2048, gpus_per_node=None, cluster_path=None)
+    plan = ParallelPlan(tp=8, pp=16, cp=16, dp=1, micro_batch_size=1, global_batch_size=16, grad_accum_steps=16,
+                        seq_len=131072, engine="fsdp", zero_stage=2, sequence_parallel=True, recompute="full")
+    assert plan_problems(model, cluster, plan) == []
+
+
+def test_every_run_with_a_throughput_is_estimated():
+    timed = [r for r in RUNS if r.tokens_per_s_per_gpu and not r.skipped]
+    assert len(timed) >= 64
+    assert all(predict_run(r)[0] > 0 for r in timed)
+
+
+@pytest.fixture(scope="module")
+def errors_by_family():
+    out = defaultdict(list)
+    for r in RUNS:
+        if r.tokens_per_s_per_gpu and not r.skipped:
+            out[r.family].append(predict_run(r)[0] / r.tokens_per_s_per_gpu - 1)
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MEDIAN_TOLERANCE))
+def test_family_in_sample_error(errors_by_family, family):
+    errors = errors_by_family[family]
+    assert errors, family
+    assert statistics.median(abs(e) for e in errors) <= FAMILY_MEDIAN_TOLERANCE[family], (family, errors)
+
+
+def test_every_family_has_a_tolerance(errors_by_family):
+    assert set(errors_by_family) == set(FAMILY_MEDIAN_TOLERANCE)
