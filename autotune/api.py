@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.cost.memory import MemoryEstimate, MemorySettings, estimate_memory
 from autotune.cost.step_time import StepTimeEstimate, TimeSettings, estimate_step_time
 from autotune.errors import InputError
-from autotune.specs.hardware import ClusterSpec
+from autotune.specs.hardware import KERNEL_FACT_FIELDS, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.rules import plan_problems
@@ -18,8 +19,15 @@ __all__ = ["Estimate", "make_plan", "estimate", "cluster_spec_dict", "estimate_f
 def cluster_spec_dict(cluster: ClusterSpec) -> dict:
     """The cluster as a cluster-YAML mapping (schemas/cluster.schema.json), GPU inline."""
     gpu = cluster.gpu
-    return {"gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "peak_tflops": dict(gpu.peak_tflops),
-                    "hbm_bandwidth_gb_per_s": gpu.hbm_bandwidth_gb_per_s},
+    gpu_doc = {"name": gpu.name, "memory_gib": gpu.memory_gib, "peak_tflops": dict(gpu.peak_tflops),
+               "hbm_bandwidth_gb_per_s": gpu.hbm_bandwidth_gb_per_s}
+    if gpu.kernels is not None:  # the kernel facts travel with the GPU, so a plan.json re-estimates the same
+        k = gpu.kernels
+        gpu_doc["kernels"] = {name: (dict(getattr(k, name)) if isinstance(getattr(k, name), Mapping)
+                                     else getattr(k, name)) for name in KERNEL_FACT_FIELDS}
+        if k.source:
+            gpu_doc["kernels"]["source"] = k.source
+    return {"gpu": gpu_doc,
             "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
             "intra_node_bandwidth_gb_per_s": cluster.intra_node_bandwidth_gb_per_s,
             "inter_node_bandwidth_gb_per_s": cluster.inter_node_bandwidth_gb_per_s,
