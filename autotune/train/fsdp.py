@@ -57,9 +57,11 @@ def unsupported_reason(model, plan, scheme: str = "any") -> str | None:
     if plan.tp > 1:
         if model.moe is not None:
             return "tensor parallelism of MoE layers is not implemented by the built-in FSDP trainer: set tp=1"
-        if plan.sequence_parallel:
-            return ("sequence parallelism is not implemented by the built-in FSDP trainer (DTensor TP without "
-                    "SequenceParallel norms): set sequence_parallel false (--no-sequence-parallel)")
+        if plan.sequence_parallel and (model.tied_embeddings or model.position_embedding == "learned"
+                                       or model.embedding_norm or model.norms_per_layer != 2):
+            return ("sequence parallelism in the built-in FSDP trainer follows torchtitan's Llama plan (untied "
+                    "embeddings, no learned positions, two norms per block): set sequence_parallel false "
+                    "(--no-sequence-parallel) for this model")
         for what, n in (("attention heads", model.num_attention_heads), ("KV heads", model.kv_heads),
                         ("ffn_hidden_size", model.ffn_hidden_size), ("vocab_size", model.vocab_size)):
             if n % plan.tp:
@@ -106,7 +108,7 @@ def build(est, device, seed: int):
         first, count = stages[s]
         m = StageModule(full, first, count, has_embedding=s == 0, has_head=s == len(stages) - 1)
         if plan.tp > 1:
-            apply_tp(m, mesh["tp"], tied=spec.tied_embeddings)
+            apply_tp(m, mesh["tp"], tied=spec.tied_embeddings, sequence_parallel=plan.sequence_parallel)
         apply_ac(m, plan.recompute, plan.recompute_num_layers)
         if device.type == "cuda" and plan.offload_param == "none":
             m.to(device)

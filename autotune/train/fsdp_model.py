@@ -89,16 +89,27 @@ def _interleave_swiglu_rows(fc1: nn.Linear, tp: int) -> None:
             fc1.bias.copy_(fc1.bias[idx])
 
 
-def apply_tp(stage: StageModule, tp_mesh, *, tied: bool) -> None:
-    """DTensor TP over ``tp_mesh`` (torch.distributed.tensor.parallel), no sequence parallelism."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool = False) -> None:
+    """DTensor TP over ``tp_mesh`` (torch.distributed.tensor.parallel). With ``sequence_parallel`` (torchtitan's
+    plan): norms are ``SequenceParallel`` (activations Shard(1) on the sequence between blocks), attention and
+    MLP inputs all-gathered by ``PrepareModuleInput``, o / fc2 reduce-scattered back to Shard(1)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
 
     tp = tp_mesh.size()
+    sp = sequence_parallel
+    row_out = {"output_layouts": Shard(1)} if sp else {}
     for block in stage.layers.values():
         attn, mlp = block.attn, block.mlp
         plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-                "attn.o": RowwiseParallel(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+                "attn.o": RowwiseParallel(**row_out), "mlp.fc1": ColwiseParallel(),
+                "mlp.fc2": RowwiseParallel(**row_out)}
+        if sp:
+            plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                     "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                                desired_input_layouts=(Replicate(), None, None, None)),
+                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
         if mlp.swiglu:
             _interleave_swiglu_rows(mlp.fc1, tp)
         parallelize_module(block, tp_mesh, plan)
@@ -108,9 +119,12 @@ def apply_tp(stage: StageModule, tp_mesh, *, tied: bool) -> None:
         return
     if stage.has_embedding:
         parallelize_module(stage.embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
-                                                                 output_layouts=Replicate()))
-    if stage.output is not None:
-        parallelize_module(stage.output, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+                                                                 output_layouts=Shard(1) if sp else Replicate()))
+    if stage.has_head:
+        if sp:
+            parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())
+        parallelize_module(stage.output, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                                                  output_layouts=Replicate()))
 
 
 def apply_ac(stage: StageModule, recompute: str, num_layers: int | None) -> None:

@@ -33,8 +33,8 @@ def _model_yaml(tmp: Path, layers: int) -> Path:
 def _emit(tmp: Path, layers: int, num_gpus: int, *flags: str) -> Path:
     out = tmp / "bundle"
     cmd = [sys.executable, "-m", "autotune", "emit", "--model", str(_model_yaml(tmp, layers)), "--gpu", "cpu",
-           "--num-gpus", str(num_gpus), "--gpus-per-node", str(num_gpus), "--engine", "fsdp", "--seq-len", "64", "--recompute", "none",
-           "--out", str(out), *flags]
+           "--num-gpus", str(num_gpus), "--gpus-per-node", str(num_gpus), "--engine", "fsdp", "--seq-len", "64",
+           "--recompute", "none", "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
@@ -75,8 +75,11 @@ CASES = {
     # name: (layers, ranks, emit flags, expected mesh (pp, dp_replicate, dp_shard, tp))
     "full-shard": (2, 2, ["--zero", "3"], (1, 1, 2, 1)),
     "hybrid-2x2": (2, 4, ["--zero", "3", "--dp-replicate", "2"], (1, 2, 2, 1)),
-    "fsdp-tp": (2, 4, ["--zero", "3", "--tp", "2", "--no-sequence-parallel"], (1, 1, 2, 2)),
+    "fsdp-tp-sp": (2, 4, ["--zero", "3", "--tp", "2", "--sequence-parallel"], (1, 1, 2, 2)),
+    "fsdp-tp": (2, 2, ["--zero", "3", "--tp", "2", "--no-sequence-parallel"], (1, 1, 1, 2)),
     "pipelining-1f1b-uneven": (3, 2, ["--zero", "2", "--pp", "2", "--global-batch", "2"], (2, 1, 1, 1)),
+    "pipelining-interleaved": (4, 2, ["--zero", "3", "--pp", "2", "--vpp", "2", "--global-batch", "2"],
+                               (2, 1, 1, 1)),
 }
 
 
@@ -92,7 +95,7 @@ def test_fsdp_bundle_trains_as_emitted(case, tmp_path):
     assert len(result["measured_step_times_s"]) == STEPS - 1 and result["tokens_per_s"] > 0
     assert result["losses"][0] == pytest.approx(_reference_first_loss(bundle), abs=5e-3)
     if case.startswith("pipelining"):
-        assert result["pipeline_schedule"] == "Schedule1F1B"
+        assert result["pipeline_schedule"] == ("ScheduleInterleaved1F1B" if "interleaved" in case else "Schedule1F1B")
     plan_md = (bundle / "plan.md").read_text()
     assert "fully_shard(block" in plan_md and "MixedPrecisionPolicy" in plan_md
 
