@@ -38,10 +38,12 @@ CP_REFUSED = ("context parallelism (cp > 1): torch 2.13's context_parallel has n
               "trainer does not implement it on GPUs: use the emitted torchtitan config for cp > 1, or set cp=1")
 
 
-def unsupported_reason(model, plan, scheme: str = "any") -> str | None:
-    """Why this trainer cannot run ``plan`` (None when it can)."""
+def unsupported_reason(model, plan, scheme: str | None = None) -> str | None:
+    """Why this trainer cannot run ``plan`` (None when it can); ``scheme``: the layer split (the engine's)."""
+    from autotune.engines import engine_for
     from autotune.train.pipelining import stage_problem
 
+    scheme = scheme or engine_for(plan).support.layer_split
     if plan.cp > 1:
         return CP_REFUSED
     if plan.ep > 1:
@@ -124,9 +126,7 @@ def main(est, args, rest: list[str]) -> int:
     ap.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
     extra = ap.parse_args(rest)
     model_spec, plan = est.model, est.plan
-    from autotune.engines import engine_for
-
-    reason = unsupported_reason(model_spec, plan, engine_for(plan).support.layer_split)
+    reason = unsupported_reason(model_spec, plan)
     if reason:
         raise Unsupported(reason)
 
