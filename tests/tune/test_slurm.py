@@ -119,7 +119,7 @@ def test_postgres_workers_one_per_slurm_job(tmp_path, slurm_cluster, postgres_ur
     every trial is an srun step (2 tasks) inside its worker's allocation and completes with a measurement."""
     jobs = []
     for name in ("a", "b"):
-        cmd = _tune("--trials", "4", "--top-k", "2", "--storage", postgres_url, "--study-name", "shared", "--worker",
+        cmd = _tune("--trials", "3", "--top-k", "2", "--storage", postgres_url, "--study-name", "shared", "--worker",
                     "--launcher", "slurm", "--out", str(tmp_path / name))
         script = f"{shlex.join(cmd)} > {shlex.quote(str(tmp_path / (name + '.out')))}"
         jobs.append(subprocess.Popen(["sbatch", "--wait", "--nodes=1", "--ntasks=2", f"--job-name=worker-{name}",
@@ -132,19 +132,21 @@ def test_postgres_workers_one_per_slurm_job(tmp_path, slurm_cluster, postgres_ur
     trials = optuna.load_study(study_name="shared", storage=open_storage(postgres_url)).get_trials()
     counted = [t for t in trials if t.state != TrialState.RUNNING
                and t.user_attrs.get("status") not in ("interrupted", "duplicate")]
-    assert 4 <= len(counted) <= 5  # the budget; two workers asking at the same instant may add one
+    assert 3 <= len(counted) <= 4  # the budget; two workers asking at the same instant may add one
     keys = [t.user_attrs.get("plan_key") or t.params.get("plan_key") for t in counted]
     assert len(set(keys)) == len(keys), "a plan ran twice"
     assert len({t.user_attrs["pid"] for t in counted}) == 2, "both workers ran trials"
     allocations = set()
-    for t in counted:
-        assert t.state == TrialState.COMPLETE, t.user_attrs.get("reason")
-        assert t.user_attrs["measurement"]["tokens_per_s"] > 0
+    for t in counted:  # a slow step may be pruned (the slow-step pruner), nothing fails
+        assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), t.user_attrs.get("reason")
         folder = Path(t.user_attrs["log_path"]).parent
         record = json.loads((folder / "slurm.json").read_text())
-        assert record["kind"] == "step" and record["tasks"] == {}  # no task failed
+        assert record["kind"] == "step"
         allocations.add(record["allocation"])
         assert "STEP " in (folder / "rank-0.log").read_text() and (folder / "rank-1.log").is_file()
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs["measurement"]["tokens_per_s"] > 0 and record["tasks"] == {}  # no task failed
+    assert any(t.state == TrialState.COMPLETE for t in counted)
     assert len(allocations) == 2, "each worker's trials ran in its own SLURM job"
 
 
