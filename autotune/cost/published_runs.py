@@ -224,7 +224,9 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
     zero = _lead_int(p.get("zero_stage"))
     if engine == "fsdp":
         # torchtitan / MPT: FULL_SHARD; Llama 3 "does not reshard after forward" (Herd of Models Sec. 3.3.2).
-        zero = 2 if entry["id"].startswith("llama3") else 3
+        # torchtitan's default reshard policy is `reshard_after_forward = not pp_enabled`
+        # (torchtitan/models/llama3/infra/parallelize.py): SHARD_GRAD_OP under pipelining.
+        zero = 2 if entry["id"].startswith("llama3") or _lead_int(p.get("pp", 1)) > 1 else 3
     elif engine == "megatron":
         zero = 1 if entry["id"].startswith(("megatron-core", "nemo", "bridge")) else 0  # distributed optimizer
     elif zero is None:
