@@ -116,9 +116,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 PARSERS = _parsers()
-# tune: flags that cannot start trials (no workload, storage or resume choices), on a GPU this machine lacks.
+# tune: flags that cannot start trials, on a GPU this machine lacks. Left out: the workload, storage, resume
+# and launcher choices (a launcher runs trials on other hosts, so this machine's GPU count does not stop it).
 TUNE_SKIP = {"--storage", "--resume", "--worker", "--workload", "--script", "--command", "--gpu", "--num-gpus",
-             "--cluster", "--out", "--calibration", "--study-name"}
+             "--cluster", "--out", "--calibration", "--study-name", "--launcher", "--hostfile", "--include",
+             "--exclude"}
 
 
 @st.composite
