@@ -160,8 +160,30 @@ def start_cluster() -> SlurmCluster:
         raise
 
 
+def _our_stepds(conf: Path) -> list[int]:
+    """slurmstepd processes of this cluster (their environment names our slurm.conf)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "comm").read_text().strip() != "slurmstepd":
+                continue
+            if f"SLURM_CONF={conf}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 def stop_cluster(cluster: SlurmCluster) -> None:
-    """SIGTERM each daemon by its pid (slurmd first), SIGKILL what is left after 10 s."""
+    """Cancel what is still queued, SIGTERM each daemon by its pid (slurmd first), SIGKILL what is left after
+    10 s, then end this cluster's slurmstepd processes (a step finishing while slurmd stops is orphaned)."""
+    if cluster.pids.get("slurmctld"):
+        cluster.run("scancel", "--full", "--user=root", check=False, timeout=20)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and cluster.run("squeue", "-h", check=False, timeout=20).stdout.strip():
+            time.sleep(0.5)
     for name in ("slurmd", "slurmctld", "munged"):
         pid = cluster.pids.get(name)
         if pid is None:
@@ -182,6 +204,11 @@ def stop_cluster(cluster: SlurmCluster) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    for pid in _our_stepds(cluster.conf):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
