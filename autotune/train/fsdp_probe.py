@@ -25,7 +25,7 @@ import argparse
 import json
 from types import SimpleNamespace
 
-__all__ = ["PROBE_CONFIGS", "probe_plan", "main"]
+__all__ = ["PROBE_CONFIGS", "probe_plan", "run_probe", "compare", "main"]
 
 PROBE_CONFIGS = {
     "zero3": {"zero_stage": 3},
@@ -105,6 +105,56 @@ def _measure(model_spec, plan, device) -> dict:
            "grad_dtypes": sorted({str(_local(p.grad).dtype) for p in params if p.grad is not None})}
     optimizer.zero_grad(set_to_none=True)
     return out
+
+
+def run_probe(model_name: str, out_dir, *, world_size: int = 2, timeout_s: float = 600) -> dict:
+    """Run this probe under torchrun on ``world_size`` gloo ranks; its JSON document."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(out_dir) / f"fsdp_memory_{model_name}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size), "-m",
+           "autotune.train.fsdp_probe", "--model", model_name, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if not out.is_file():
+        raise RuntimeError(f"FSDP probe for {model_name} wrote no result (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def compare(doc: dict) -> list[tuple[str, str, int, float]]:
+    """(config, category, measured bytes of the most loaded rank, ledger bytes) for every config and category:
+    params / grads / optimizer_states (``estimate_memory`` through the fsdp engine, host and device together:
+    on this machine both are RAM) and saved_activations (the ledger's stored activations, as
+    ``autotune.workloads.ledger_check.compare_activations`` counts them, CPU LayerNorm statistics made explicit)."""
+    from autotune.cost.activations import stage_activation_bytes
+    from autotune.cost.memory import estimate_memory
+    from autotune.specs.loading import load_cluster
+    from autotune.specs.presets import load_model_preset
+    from autotune.workloads.ledger_check import CPU_LAYERNORM_STAT_BYTES, GPU_LAYERNORM_STAT_BYTES
+
+    model, world = load_model_preset(doc["model"]), doc["world_size"]
+    cluster = load_cluster(gpu="cpu", num_gpus=world, gpus_per_node=world, cluster_path=None)
+    rows = []
+    for name, result in doc["results"].items():
+        plan = probe_plan(name, world)
+        s = estimate_memory(model, cluster, plan).offloaded
+        assert s is not None
+        ledger = {"params": s.weights + s.host_weights, "grads": s.gradients + s.host_gradients,
+                  "optimizer_states": s.optimizer_states + s.host_optimizer_states}
+        parts = stage_activation_bytes(model, plan, 0)
+        act = sum(v for k, v in parts.items() if k != "recompute_working_set")
+        if model.norm == "layernorm":
+            stored = 0 if plan.recompute == "full" else model.num_layers * model.norms_per_layer
+            act -= (stored + 1 + int(model.embedding_norm)) * plan.micro_batch_size * plan.seq_len * (
+                GPU_LAYERNORM_STAT_BYTES - CPU_LAYERNORM_STAT_BYTES)
+        ledger["saved_activations"] = act
+        for category, predicted in ledger.items():
+            rows.append((name, category, max(r[category] for r in result["per_rank"]), predicted))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
