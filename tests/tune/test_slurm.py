@@ -30,7 +30,7 @@ from autotune.tune.storage import open_storage
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
         "--tp", "1", "--pp", "1", "--recompute", "none", "--max-micro-batch", "4", "--num-layers", "2",
-        "--steps", "2", "--warmup-steps", "1", "--finalists", "0"]
+        "--steps", "2", "--warmup-steps", "1", "--finalists", "0", "--no-offload"]
 LONG = 100_000  # steps: a trial that runs until something ends it
 
 
