@@ -53,6 +53,18 @@ class FSDPEngine(Engine):
                             message=f"{self.title}: CPUOffloadPolicy offloads parameters, gradients and optimizer states "
                                     "together, under FULL_SHARD: set offload_param = offload_optimizer = cpu with "
                                     "zero_stage 3, or neither"))
+        n = plan.num_microbatches
+        if plan.pp > 1 and plan.vpp == 1 and n < plan.pp:
+            out.append(Rule(id="fsdp:pp_microbatches", source="torch/distributed/pipelining/schedules.py "
+                            "Schedule1F1B.__init__",
+                            message=f"torch.distributed.pipelining: Number of microbatches ({n}) must be greater "
+                                    f"than or equal to the number of stages ({plan.pp}): raise the global batch"))
+        if plan.pp > 1 and plan.vpp > 1 and n % max(1, n // plan.pp):
+            out.append(Rule(id="fsdp:interleaved_rounds", source="torch/distributed/pipelining/schedules.py "
+                            "ScheduleInterleaved1F1B.__init__",
+                            message=f"torch.distributed.pipelining: Interleaved 1F1B requires the number of "
+                                    f"microbatches ({n}) to be a multiple of the number of rounds "
+                                    f"({max(1, n // plan.pp)}): use a multiple of pp micro-batches"))
         if plan.dp_replicate > 1 and plan.zero_stage == 0:
             out.append(Rule(id="fsdp:hybrid_no_shard", source="torch.distributed.fsdp.fully_shard (2-D mesh)",
                             message=f"{self.title}: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))
