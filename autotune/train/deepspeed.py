@@ -46,12 +46,18 @@ def unsupported_reason(model, plan) -> str | None:
     return None
 
 
-def _config(path: str, plan, device) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as err:
-        raise Unsupported(f"--deepspeed-config {path!r} cannot be read as JSON: {err}") from None
+def _config(path: str | None, est, device) -> dict:
+    plan = est.plan
+    if path is None:
+        from autotune.emit.deepspeed import deepspeed_config
+
+        cfg = deepspeed_config(est.model, est.cluster, plan)
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as err:
+            raise Unsupported(f"--deepspeed-config {path!r} cannot be read as JSON: {err}") from None
     opt = cfg.get("optimizer") or {}
     if device.type == "cpu" and opt.get("type") in ("Adam", "AdamW") and plan.offload_optimizer == "none":
         opt.setdefault("params", {})["torch_adam"] = True
@@ -67,7 +73,8 @@ def _sequence_loss(loss, mpu, dist):
 
 def main(est, args, rest: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m autotune.train (deepspeed)")
-    ap.add_argument("--deepspeed-config", required=True, help="ds_config.json of the bundle")
+    ap.add_argument("--deepspeed-config", help="ds_config.json of the bundle (default: the plan's own, as emit "
+                                               "writes it with its default options)")
     extra = ap.parse_args(rest)
     model_spec, plan = est.model, est.plan
     reason = unsupported_reason(model_spec, plan)
@@ -85,7 +92,7 @@ def main(est, args, rest: list[str]) -> int:
     if world != plan.world_size:
         raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size} "
                           f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
-    cfg = _config(extra.deepspeed_config, plan, device)
+    cfg = _config(extra.deepspeed_config, est, device)
     torch.manual_seed(args.seed)
     dtype = torch_dtype(plan)
     if plan.pp > 1:

@@ -53,8 +53,9 @@ def _read(path: str) -> dict:
 
 def main(est, args, rest: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m autotune.train (hf)")
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--hf-config", help="ds_config_hf.json: train with the Hugging Face Trainer")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--hf-config", help="ds_config_hf.json: train with the Hugging Face Trainer (the default, "
+                                          "with the plan's own ds_config_hf as emit writes it when not given)")
     mode.add_argument("--accelerate", action="store_true",
                       help="train with accelerate (run under accelerate launch --config_file accelerate_config.yaml)")
     extra = ap.parse_args(rest)
@@ -91,7 +92,7 @@ class _Timer:
         return Callback()
 
 
-def _trainer(est, args, config_path: str) -> int:
+def _trainer(est, args, config_path: str | None) -> int:
     import torch
     import torch.distributed as tdist
     from transformers import Trainer, TrainingArguments
@@ -102,7 +103,12 @@ def _trainer(est, args, config_path: str) -> int:
     spec, plan = est.model, est.plan
     phase("initialising the process group")
     device = pick_device(args.device)
-    cfg = _read(config_path)
+    if config_path is None:
+        from autotune.emit.deepspeed import hf_deepspeed_config
+
+        cfg = hf_deepspeed_config(est.model, est.cluster, plan)
+    else:
+        cfg = _read(config_path)
     torch_adam = _torch_adam(cfg, plan, device)
     o = OptimizerOptions()
     steps = args.warmup_steps + args.steps
