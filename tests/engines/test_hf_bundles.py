@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.engines.test_deepspeed_bundles import _plan, emit, run_script
+from test_deepspeed_bundles import _plan, emit, run_script  # tests/engines is on sys.path (no __init__)
 
 
 def _reference_first_step(bundle) -> float:
