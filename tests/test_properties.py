@@ -10,6 +10,7 @@ from autotune.api import estimate, make_plan
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.presets import load_gpu_preset
 
 def pick(draw, hostile, valid, broken=()):
     """A valid value, or (in hostile examples, one time in three) a broken one."""
@@ -62,7 +63,7 @@ def plan_kwargs(draw):
 
 
 GPU = GPUSpec(name="h100", memory_gib=80, peak_tflops={"bf16": 989, "fp16": 989, "fp8": 1979},
-              hbm_bandwidth_gb_per_s=3350)
+              hbm_bandwidth_gb_per_s=3350, kernels=load_gpu_preset("h100-sxm-80gb").kernels)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

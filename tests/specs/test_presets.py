@@ -173,9 +173,9 @@ def test_gpu_preset_is_a_valid_inline_gpu_of_the_cluster_schema(name):
     from importlib.resources import files
 
     entry = yaml.safe_load(files("autotune.presets").joinpath("gpus.yaml").read_text())[name]
-    cluster = {"gpu": {"name": name, **entry["gpu"]}, "num_nodes": 1, **entry["cluster"]}
+    cluster = {"gpu": {"name": name, **entry["gpu"], "kernels": entry["kernels"]}, "num_nodes": 1, **entry["cluster"]}
     jsonschema.validate(cluster, resources.schema("cluster.schema.json"))
-    assert set(entry) == {"source", "gpu", "cluster"}
+    assert set(entry) == {"source", "gpu", "kernels", "cluster"}
 
 
 def test_gpu_datasheet_figures():
