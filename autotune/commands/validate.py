@@ -79,7 +79,8 @@ def _deepspeed_world_size(path: str, tp: int, pp: int, cp: int) -> int | None:
                                      "gradient_accumulation_steps"))
     block = data.get("tensor_parallel")
     autotp = block.get("autotp_size") if isinstance(block, dict) else 0
-    tp = autotp if tp == 1 and isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1 else tp
+    if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1:
+        tp = 1  # DeepSpeed 0.19.8 counts AutoTP ranks in train_batch_size already (runtime/config.py:466-471)
     if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, m, g)) and t % (m * g) == 0:
         return t // (m * g) * tp * pp * cp
     return None
