@@ -17,7 +17,8 @@ _FILE_ROLES: dict[str, str] = {
     "megatron_args.txt": "Megatron-LM arguments, one flag per line",
     "megatron_args.sh": "Megatron-LM arguments as a bash array",
     "megatron_deepspeed_args.sh": "Megatron-DeepSpeed arguments as a bash array",
-    "ds_config_hf.json": "DeepSpeed config for the Hugging Face Trainer / Accelerate",
+    "ds_config_hf.json": "DeepSpeed config for the Hugging Face Trainer (its \"auto\" values come from TrainingArguments)",
+    "ds_config_accelerate.json": "DeepSpeed config for accelerate (every value concrete), read by accelerate_config.yaml",
     "accelerate_config.yaml": "Accelerate config (`accelerate launch --config_file accelerate_config.yaml`)",
     "plan.json": "the plan and its estimate, machine-readable",
     "te_fp8_recipe.py": "FP8 recipe: `from te_fp8_recipe import fp8_recipe, fp8_autocast` in the training script",
@@ -27,8 +28,10 @@ _FILE_ROLES: dict[str, str] = {
 }
 _LAUNCH_ROLES: dict[str, str] = {
     "launch_torchrun.sh": "`bash launch_torchrun.sh` on every node (torchrun)",
-    "launch_deepspeed.sh": "`bash launch_deepspeed.sh` on the first node (the deepspeed runner starts the rest over "
-                           "ssh)",
+    "launch_deepspeed.sh": "`bash launch_deepspeed.sh` (one node: no ssh; several: on the first node, the deepspeed "
+                           "runner starts the rest over ssh)",
+    "launch_accelerate.sh": "`bash launch_accelerate.sh` (accelerate launch with accelerate_config.yaml; several nodes: "
+                            "on each, with MACHINE_RANK)",
     "launch_slurm.sbatch": "`sbatch launch_slurm.sbatch` (SLURM: srun runs torchrun once per node)",
 }
 

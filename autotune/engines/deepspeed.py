@@ -88,14 +88,18 @@ def user_script_needs(plan) -> tuple[str, ...]:
     if plan.tp > 1:
         out.append(f"AutoTP (tensor_parallel.autotp_size={plan.tp}): build the model as a Hugging Face transformers "
                    f"model (or one with nn.Linear layers AutoTP recognises) and feed every rank of a TP group the "
-                   f"same batch")
+                   f"same batch (deepspeed.utils.groups.get_data_parallel_rank() picks the data); ds_config.json's "
+                   f"train_batch_size is the global batch x {plan.tp}, as DeepSpeed 0.19.8 counts it")
     if plan.pp > 1:
         out.append(f"PipelineModule: express the model as a list of LayerSpec with num_stages={plan.pp} and "
                    f"partition_method='type:<YourBlockClass>' (uneven splits as partition_uniform does them); train "
                    f"with engine.train_batch(data_iter)")
     if plan.cp > 1:
-        out.append(f"Ulysses: wrap the attention core in deepspeed.sequence.layer.DistributedAttention over a "
-                   f"sequence-parallel group of {plan.cp} ranks and feed each rank its sequence shard")
+        out.append(f"Ulysses: make the groups with deepspeed.runtime.sequence_parallel.parallel_state_sp"
+                   f".initialize_sequence_parallel({plan.cp}) and pass that module as deepspeed.initialize(mpu=...) "
+                   f"(ZeRO then reduces over dp x cp), wrap the attention core in "
+                   f"deepspeed.sequence.layer.DistributedAttention over its group, feed each rank its seq_len/{plan.cp} "
+                   f"shard with RoPE positions offset, and divide each rank's loss by {plan.cp}")
     if plan.recompute != "none":
         out.append("activation checkpointing: wrap each transformer block in deepspeed.checkpointing.checkpoint")
     return tuple(out)
