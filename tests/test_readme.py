@@ -127,7 +127,7 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "llama3-70b-128xh100" in out
             elif argv[0] == "validate":
                 assert "no problems" in out
-    assert ran >= 9
+    assert ran >= 8  # estimate (with and without --json), plan x3, emit, recipes, validate
 
 
 def test_readme_tune_command(tmp_path, monkeypatch):
