@@ -47,8 +47,8 @@ def job_from_dict(doc: dict) -> Job:
     from autotune.specs.plan import ParallelPlan
     from autotune.specs.rules import plan_problems
 
-    problems = [f"missing '{k}' block with its 'spec' (give the plan.json of an emitted bundle)"
-                for k in ("model", "cluster", "plan") if not isinstance(doc.get(k), dict)
+    problems = [f"missing '{k}' block{'' if k == 'plan' else ' with its spec'} (give the plan.json of an emitted "
+                f"bundle)" for k in ("model", "cluster", "plan") if not isinstance(doc.get(k), dict)
                 or (k != "plan" and not isinstance(doc[k].get("spec"), dict))]
     if problems:
         raise InputError(problems, subject="plan JSON")
