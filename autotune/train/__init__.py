@@ -23,8 +23,17 @@ import statistics
 import sys
 import time
 
-__all__ = ["Unsupported", "StepLog", "rank0", "phase", "peak_memory_bytes", "pick_device", "token_batches",
-           "torch_dtype", "teardown"]
+__all__ = [
+    "StepLog",
+    "Unsupported",
+    "peak_memory_bytes",
+    "phase",
+    "pick_device",
+    "rank0",
+    "teardown",
+    "token_batches",
+    "torch_dtype",
+]
 
 
 class Unsupported(SystemExit):

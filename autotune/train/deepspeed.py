@@ -19,7 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.train import StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype
+from autotune.train import (
+    StepLog,
+    Unsupported,
+    phase,
+    pick_device,
+    teardown,
+    token_batches,
+    torch_dtype,
+)
 
 __all__ = ["main", "unsupported_reason"]
 
@@ -81,9 +89,9 @@ def main(est, args, rest: list[str]) -> int:
     if reason:
         raise Unsupported(reason)
 
-    import torch
     import deepspeed
     import deepspeed.comm as dist
+    import torch
 
     phase("initialising the process group")
     device = pick_device(args.device)
@@ -124,10 +132,10 @@ def main(est, args, rest: list[str]) -> int:
         from deepspeed.utils import groups
 
         stream = groups.get_data_parallel_rank()  # one stream per TP group: same batches on its ranks
-        forward = lambda ids, labels: engine(input_ids=ids, labels=ids).loss  # noqa: E731 (HF shifts labels)
+        forward = lambda ids, labels: engine(input_ids=ids, labels=ids).loss  # transformers shifts the labels
     elif plan.cp > 1:
         stream = rank // plan.cp  # parallel_state_sp: sequence-parallel groups are consecutive ranks
-        forward = lambda ids, labels: engine(*shard(ids, labels))  # noqa: E731
+        forward = lambda ids, labels: engine(*shard(ids, labels))
     else:
         stream = rank
         forward = engine

@@ -18,7 +18,7 @@ from torch import nn
 from autotune.train import StepLog, Unsupported, phase, teardown, token_batches
 from autotune.workloads.transformer import Block, _norm, _rope_tables, bool_dropout
 
-__all__ = ["train_pipeline", "pipeline_layers", "stage_block_counts"]
+__all__ = ["pipeline_layers", "stage_block_counts", "train_pipeline"]
 
 
 class EmbedPipe(nn.Module):

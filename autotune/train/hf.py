@@ -21,7 +21,13 @@ import argparse
 import json
 import tempfile
 
-from autotune.train import StepLog, Unsupported, phase, pick_device, teardown, torch_dtype
+from autotune.train import (
+    StepLog,
+    Unsupported,
+    phase,
+    pick_device,
+    teardown,
+)
 
 __all__ = ["main"]
 

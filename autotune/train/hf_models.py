@@ -9,7 +9,7 @@ the spec's sizes, so the parameter count is the spec's. Other architectures are 
 
 from __future__ import annotations
 
-__all__ = ["hf_model_problem", "build_hf_model"]
+__all__ = ["build_hf_model", "hf_model_problem"]
 
 
 def _family(spec) -> str | None:
@@ -38,7 +38,6 @@ def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
 
 def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
-    import torch
 
     family = _family(spec)
     assert family is not None, hf_model_problem(spec)

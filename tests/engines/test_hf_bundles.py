@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from test_deepspeed_bundles import _plan, emit, run_script  # tests/engines is on sys.path (no __init__)
+from test_deepspeed_bundles import (  # tests/engines is on sys.path (no __init__)
+    _plan,
+    emit,
+    run_script,
+)
 
 
 def _reference_first_step(bundle) -> float:
