@@ -22,7 +22,7 @@ from autotune.emit.precision import megatron_precision_flags
 from autotune.emit.shell_args import parse_shell_args, read_megatron_args_file, read_megatron_args_file_with_env
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import pipeline_split
+from autotune.specs.layout import layer_counts, pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -254,14 +254,12 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.zero_stage >= 2 and plan.pp > 1:
         problems.append(f"ZeRO-{plan.zero_stage} needs pp=1 (--no-pipeline-parallel), got pp={plan.pp}")
-    if plan.cp > 1:
-        problems.append("Megatron-DeepSpeed has no ring context parallelism (its --ds-sequence-parallel-size is "
-                        "Ulysses): use cp=1")
     if plan.vpp > 1:
         problems.append("DeepSpeed's pipeline engine has no interleaved schedule: use vpp=1")
-    split = pipeline_split(model.num_layers, plan.pp)
-    if split is None or split[0] != split[1]:
-        problems.append(f"{model.num_layers} layers do not split evenly over pp={plan.pp} stages")
+    # GPTModelPipe's PipelineModule(partition_method='type:transformer') splits layers as partition_uniform does:
+    # uneven counts are fine (BLOOM-176B: 70 layers on 12 stages).
+    if layer_counts(model.num_layers, plan.pp, "uniform") is None:
+        problems.append(f"{model.num_layers} layers cannot fill pp={plan.pp} stages: use pp <= {model.num_layers}")
     if model.mla is not None:
         problems.append(f"{model.name} uses multi-latent attention, which Megatron-DeepSpeed does not implement")
     if model.position_embedding == "learned" and plan.seq_len > model.max_position_embeddings:
@@ -275,6 +273,8 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     if plan.zero_stage == 3 and plan.offload_param != "none":
         args += ["--remote-device", plan.offload_param, "--use-pin-memory"]
     args += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    if plan.cp > 1:  # Megatron-DeepSpeed's sequence parallelism is DeepSpeed-Ulysses (arguments.py)
+        args += ["--ds-sequence-parallel-size", str(plan.cp)]
     if plan.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     args += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
