@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from autotune.emit.problems import Problem, Severity
+from autotune.emit.problems import Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import parse_yaml, read_text
 
@@ -105,11 +105,7 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
     out: list[Problem] = []
 
     def bad(parts: tuple[str, ...], message: str, fix: str, severity: Severity = "error") -> None:
-        where = parts
-        while where and where not in lines:
-            where = where[:-1]
-        out.append(Problem(path="$." + ".".join(parts) if parts else "$", severity=severity, message=message,
-                           fix=fix, line=lines.get(where), source="rules"))
+        out.append(problem_at(parts, lines, message=message, fix=fix, severity=severity))
 
     for key in data:
         if key not in table["top"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Problem", "Severity"]
+__all__ = ["Problem", "Severity", "problem_at"]
 
 Severity = Literal["error", "warning"]
 
@@ -29,3 +29,14 @@ class Problem:
     def to_dict(self) -> dict:
         return {"path": self.path, "severity": self.severity, "message": self.message, "fix": self.fix,
                 "line": self.line, "source": self.source}
+
+
+def problem_at(parts: tuple[str, ...], lines: dict, *, message: str, fix: str,
+               severity: Severity = "error", source: str = "rules") -> Problem:
+    """A problem at the key ``parts`` of a parsed file, with the line of the nearest enclosing key that has one
+    (``lines`` maps key tuples to 1-based lines, as the accelerate and torchtitan readers return them)."""
+    where = parts
+    while where and where not in lines:
+        where = where[:-1]
+    return Problem(path="$." + ".".join(parts) if parts else "$", severity=severity, message=message, fix=fix,
+                   line=lines.get(where), source=source)

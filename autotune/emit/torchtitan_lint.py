@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from autotune.emit.problems import Problem, Severity
+from autotune.emit.problems import Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import read_text
 
@@ -115,11 +115,7 @@ def torchtitan_config_problems(path: str | Path, *, world_size: int) -> list[Pro
     out: list[Problem] = []
 
     def bad(parts: tuple[str, ...], message: str, fix: str, severity: Severity = "error") -> None:
-        where = parts
-        while where and where not in lines:
-            where = where[:-1]
-        out.append(Problem(path="$." + ".".join(parts) if parts else "$", severity=severity, message=message,
-                           fix=fix, line=lines.get(where), source="rules"))
+        out.append(problem_at(parts, lines, message=message, fix=fix, severity=severity))
 
     def walk(node: dict, parts: tuple[str, ...]) -> None:
         known = _sections_at(parts) or {}

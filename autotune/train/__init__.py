@@ -24,6 +24,7 @@ import sys
 import time
 
 __all__ = [
+    "world_size_problem",
     "StepLog",
     "Unsupported",
     "peak_memory_bytes",
@@ -52,6 +53,14 @@ def rank0() -> bool:
 def phase(words: str) -> None:
     if rank0():
         print(f"PHASE {words}", flush=True)
+
+
+def world_size_problem(plan, world: int) -> str | None:
+    """Why ``world`` launched ranks cannot run ``plan`` (None when they can)."""
+    if world == plan.world_size:
+        return None
+    return (f"launched with {world} ranks; the plan needs {plan.world_size} "
+            f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
 
 
 def pick_device(name: str):

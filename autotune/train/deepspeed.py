@@ -22,6 +22,7 @@ import json
 from autotune.train import (
     StepLog,
     Unsupported,
+    world_size_problem,
     phase,
     pick_device,
     teardown,
@@ -97,9 +98,8 @@ def main(est, args, rest: list[str]) -> int:
     device = pick_device(args.device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     world = dist.get_world_size()
-    if world != plan.world_size:
-        raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size} "
-                          f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
+    if (why := world_size_problem(plan, world)) is not None:
+        raise Unsupported(why)
     cfg = _config(extra.deepspeed_config, est, device)
     torch.manual_seed(args.seed)
     dtype = torch_dtype(plan)

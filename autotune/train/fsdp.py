@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.train import StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype
+from autotune.train import (StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype,
+                            world_size_problem)
 
 __all__ = ["main", "unsupported_reason", "CP_REFUSED"]
 
@@ -139,10 +140,9 @@ def main(est, args, rest: list[str]) -> int:
     device = pick_device(args.device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     world = dist.get_world_size()
-    if world != plan.world_size:
+    if (why := world_size_problem(plan, world)) is not None:
         teardown()
-        raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size} "
-                          f"(tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp})")
+        raise Unsupported(why)
     phase("building the model (DTensor TP, activation checkpointing, fully_shard)")
     mesh, modules, stage_ids, num_stages = build(est, device, args.seed)
     params = [p for m in modules for p in m.parameters() if p.requires_grad]

@@ -24,6 +24,7 @@ import tempfile
 from autotune.train import (
     StepLog,
     Unsupported,
+    world_size_problem,
     phase,
     pick_device,
     teardown,
@@ -130,8 +131,8 @@ def _trainer(est, args, config_path: str | None) -> int:
         torch.manual_seed(args.seed)
         model = build_hf_model(spec, seq_len=plan.seq_len, dtype=None, recompute="none")
         world = tdist.get_world_size() if tdist.is_initialized() else 1
-        if world != plan.world_size:
-            raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size}")
+        if (why := world_size_problem(plan, world)) is not None:
+            raise Unsupported(why)
         data = _tokens(spec, plan, plan.global_batch_size * steps, args.seed)
         log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len,
                       device=device, barrier=tdist.barrier)
@@ -167,8 +168,8 @@ def _accelerate(est, args) -> int:
     cfg = plugin.deepspeed_config
     torch_adam = _torch_adam(cfg, plan, device)
     world = tdist.get_world_size()  # accelerate 1.15 counts processes on accelerators only (state.py)
-    if world != plan.world_size:
-        raise Unsupported(f"launched with {world} ranks; the plan needs {plan.world_size}")
+    if (why := world_size_problem(plan, world)) is not None:
+        raise Unsupported(why)
     torch.manual_seed(args.seed)
     model = build_hf_model(spec, seq_len=plan.seq_len, dtype=None, recompute=plan.recompute)
     steps = args.warmup_steps + args.steps
