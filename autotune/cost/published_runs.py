@@ -61,7 +61,11 @@ _ARCH: dict[str, dict] = {
 # MT-NLG 530B (Smith et al. 2022, Table 1 / Sec. 2.4): the run entries give layers/hidden/heads; vocabulary the
 # GPT-2 BPE padded to 51200, as Megatron pads it; the PaLM MFU row is the same training (2240 GPUs, batch 1920).
 _MTNLG = {"layers": 105, "hidden": 20480, "heads": 128, "vocab": 51200, "seq_len": 2048}
-_MTNLG_PARALLEL = {"tp": 8, "pp": 35, "global_batch": 1920}  # Smith et al. 2022 Sec. 2.4 (the mtnlg entry)
+# Smith et al. 2022 Sec. 2.4 (the mtnlg entry). Recompute: the section's 126 / 121 / 113 TFLOP/s for its 60.1 /
+# 50.2 / 44.4 s iterations on 2240 / 2800 / 3360 GPUs are Narayanan's Eq. 3 count, 96 B s l h^2 (1 + s/6h +
+# V/16lh), which includes the recomputed forward (1.70e22 FLOP / (2800 x 50.2 s) = 121 TFLOP/s): the run
+# checkpointed every layer's activations, as Megatron-DeepSpeed's --checkpoint-activations does.
+_MTNLG_PARALLEL = {"tp": 8, "pp": 35, "global_batch": 1920, "recompute": "full"}
 
 # Runs whose entry says their unstated settings are another run's ("config assumed identical to the dp8
 # selective run (2240 A100, 530B)", source.note of the first): the missing parallel fields are taken from it.
@@ -318,6 +322,12 @@ def _one(entry: dict) -> PublishedRun:
     source = f"{src.get('ref', '')}{', ' + str(src['loc']) if src.get('loc') else ''}"
     gpu_text = str(entry.get("hardware", {}).get("gpu", ""))
     precision, words, over = _precision(entry, family)
+    if rid.startswith(("narayanan21", "bloom", "mtnlg", "palm-mfu-mtnlg")):
+        # The 2021-22 code these ran reduced the TP input gradient synchronously in backward (Megatron-LM v2's
+        # mpu/mappings.py; the bigscience Megatron-DeepSpeed fork's megatron/mpu/layers.py has no async_op
+        # all-reduce); the async dgrad all-reduce behind the wgrad GEMM came with Megatron-LM's
+        # LinearWithGradAccumulationAndAsyncCommunication (used by Korthikanti 2022).
+        over["tp_backward_overlap"] = False
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
             "precision": words, "time_overrides": over}
     if entry.get("measured", {}).get("scope") == "per_layer":

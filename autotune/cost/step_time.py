@@ -16,13 +16,13 @@ costs ``overlap_cost`` of its time (NCCL kernels share the SMs and HBM).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import logits_flops_per_token, step_flops
-from autotune.cost.kernels import FP8_RECIPES, Rates, rates
+from autotune.cost.kernels import FP8_RECIPES, rates
+from autotune.cost.layer_time import layer_passes, layer_time, time_key
 from autotune.cost.memory import split_scheme, stage_param_groups
 from autotune.engines import engine_for
 from autotune.specs.hardware import GB, ClusterSpec
@@ -30,7 +30,7 @@ from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
-__all__ = ["TimeSettings", "StepTimeEstimate", "estimate_step_time"]
+__all__ = ["StepTimeEstimate", "TimeSettings", "estimate_step_time"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +42,9 @@ class TimeSettings:
     """FP8 scaling recipe (``autotune.cost.kernels.FP8_RECIPES``); None: the engine's default."""
     tp_overlap: str | None = None
     """"none", "userbuffers" or "async-tp"; None: the engine's default."""
+    tp_backward_overlap: bool | None = None
+    """The backward's TP collectives behind the weight-gradient GEMMs (``CommSchedule.tp_backward_overlap``);
+    None: the engine's default."""
     torch_compile: bool = False
     """torch.compile on (torchtitan ``--compile``): inductor fuses the elementwise chains (half the bytes)."""
 
@@ -82,111 +85,11 @@ class StepTimeEstimate:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class _LayerTime:
-    """Forward seconds of one layer for one micro-batch on one GPU, by part, and its TP/CP/MoE traffic."""
-
-    gemm_s: float
-    attention_s: float
-    elementwise_s: float
-    tp_comm_s: float
-    cp_comm_s: float
-    moe_comm_s: float
-
-
-@functools.lru_cache(maxsize=8192)
-def _layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
-                eff: Efficiency, r: Rates, compiled: bool) -> _LayerTime:
-    h, t, s = model.hidden_size, plan.tp, plan.seq_len
-    tokens = s * plan.micro_batch_size / plan.cp
-    hbm = r.hbm
-    t_seq = t if plan.sequence_parallel else 1
-    n_in = 2 if model.activation == "swiglu" else 1
-
-    def _gemm_s(flops, m, k, n, peak, eff_):  # linear layers at the plan's precision, the router in 16-bit
-        del eff_
-        return r.linear_s(flops, m, k, n) if peak == "linear" else r.bf16_s(flops, m, k, n)
-
-    gemm_peak, bf16_peak = "linear", "bf16"
-    qkv = model.q_width + 2 * model.kv_width
-    gemm = _gemm_s(2 * tokens * h * qkv / t, tokens, h, qkv / t, gemm_peak, eff)
-    gemm += _gemm_s(2 * tokens * model.attention_output_width * h / t, tokens, model.attention_output_width / t, h,
-                    gemm_peak, eff)
-    # FP8: every linear GEMM casts its inputs (forward: activations; the weights once per micro-batch) and, in
-    # backward, its output gradients; widths summed over the layer's linear layers, per token.
-    cast_width = h + model.attention_output_width + qkv + h
-    if moe_layer:
-        moe = model.moe
-        assert moe is not None
-        f = moe.expert_ffn_hidden_size
-        m_expert = tokens * moe.top_k * plan.ep / moe.num_experts
-        pairs = tokens * moe.top_k
-        gemm += _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
-        gemm += _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
-        gemm += _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
-        for _ in range(moe.num_shared_experts):
-            fs = moe.shared_width
-            gemm += _gemm_s(2 * tokens * h * (n_in + 1) * fs / t, tokens, h, fs / t, gemm_peak, eff)
-        ffn_width = moe.top_k * f + moe.num_shared_experts * moe.shared_width
-        cast_width += moe.top_k * (h + f + n_in * f + h)
-    else:
-        f = model.ffn_hidden_size
-        gemm += _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
-        gemm += _gemm_s(2 * tokens * f * h / t, tokens, f / t, h, gemm_peak, eff)
-        ffn_width = f
-        cast_width += h + f + n_in * f + h
-
-    # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
-    # rate; unfused attention runs batched GEMMs of head_dim depth.
-    head_dim = model.q_width / model.num_attention_heads
-    core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
-    if plan.flash_attention:
-        attention = core_flops / 2 / r.attention
-    else:
-        attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
-
-    # Elementwise bytes per token, forward: norms (read+write 2h each), two bias-dropout-residual adds
-    # (read 2 x 2h, write 2h), the activation (read fc1 out, write fc2 in), RoPE on q and k,
-    # and for unfused attention the scaled-masked softmax (+ dropout) over the s x s scores.
-    residual = model.norms_per_layer * 4 * h + 2 * 6 * h + (2 * h if model.dropout > 0 else 0)
-    width = ffn_width * (2 * n_in + 2)
-    if model.position_embedding == "rope":
-        width += 4 * (model.q_width + model.kv_width)
-    if not plan.flash_attention:
-        width += (9 if model.dropout > 0 else 4) * model.num_attention_heads * s
-    elementwise = tokens * (residual / t_seq + width / t) / hbm * (0.5 if compiled else 1.0)
-    if r.cast_bytes:
-        elementwise += tokens * cast_width / t * r.cast_bytes / 2 / hbm  # forward half; backward adds the other
-
-    # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
-    tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
-    tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
-    # Context-parallel ring: cp-1 exchanges of this rank's K and V chunk.
-    cp_comm = 0.0
-    if plan.cp > 1:
-        cp_link = comm.group_link(cluster, eff, plan.cp, t)
-        cp_comm = (plan.cp - 1) * comm.p2p_s(tokens * 2 * model.kv_width * 2 / t, cp_link)
-    moe_comm = 0.0
-    if moe_layer and plan.ep > 1:
-        moe = model.moe
-        assert moe is not None
-        ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
-        moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    return _LayerTime(gemm, attention, elementwise, tp_comm, cp_comm, moe_comm)
-
-
 def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) of a pipeline stage (MoE layers follow the leading dense ones)."""
     first, per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
     moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
-
-
-def _time_key(plan: ParallelPlan) -> ParallelPlan:
-    """The plan reduced to the fields one layer's time depends on (a cache key)."""
-    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
-                        ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
-                        flash_attention=plan.flash_attention)
 
 
 def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -200,13 +103,14 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     sched = engine.comm
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
-    key = _time_key(plan)
+    key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    dense_layer = _layer_time(model, cluster, key, False, eff, r, settings.torch_compile)
-    moe_layer = _layer_time(model, cluster, key, True, eff, r, settings.torch_compile) if model.is_moe else dense_layer
+    dense_layer = layer_time(model, cluster, key, False, eff, r, settings.torch_compile)
+    moe_layer = layer_time(model, cluster, key, True, eff, r, settings.torch_compile) if model.is_moe else dense_layer
     hbm = r.hbm
-    attn_bwd = 2.5 if plan.flash_attention else 2.0  # flash backward recomputes the scores (5 vs 2 GEMMs)
     tp_overlap = settings.tp_overlap or sched.tp_overlap
+    tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
+        else settings.tp_backward_overlap
     hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
@@ -219,22 +123,14 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
             if not count:
                 continue
-            layer_fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
-            fwd += count * layer_fwd
-            bwd += count * (2 * lt.gemm_s + attn_bwd * lt.attention_s + 2 * lt.elementwise_s)
-            if plan.recompute == "full":
-                rec += count * layer_fwd * rec_share
-            elif plan.recompute == "selective":
-                rec += count * lt.attention_s
-            passes = 2 + (rec_share if plan.recompute == "full" else 0)
-            tp_total = lt.tp_comm_s * passes
-            if tp_overlap != "none" and t > 1:  # collectives chunked behind the GEMMs that need them
-                exposed = max(0.0, tp_total - lt.gemm_s * 3)
-                tp_hidden += count * (tp_total - exposed)
-                tp_total = exposed
-            tp_c += count * tp_total
-            cp_c += count * max(0.0, 3 * lt.cp_comm_s - (1 + attn_bwd) * lt.attention_s)
-            moe_c += count * lt.moe_comm_s * passes
+            lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap)
+            fwd += count * lp.fwd_s
+            bwd += count * lp.bwd_s
+            rec += count * lp.recompute_s
+            tp_c += count * lp.tp_exposed_s
+            tp_hidden += count * lp.tp_hidden_s
+            cp_c += count * lp.cp_exposed_s
+            moe_c += count * lp.moe_s
         if stage == plan.pp - 1:
             logits = logits_flops_per_token(model) * tokens / t
             logits_s = r.bf16_s(logits, tokens, model.hidden_size, model.vocab_size / t)  # output layer: 16-bit
@@ -276,26 +172,47 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         rep_link = comm.group_link(cluster, eff, plan.dp_replicate, t * n_dp)
         replicate_s = comm.all_reduce_s(psi / n_dp * grad_bytes, plan.dp_replicate, rep_link)
 
+    # Gradients accumulated outside the GEMMs after every micro-batch's backward (memory-bound, on the critical path).
+    accumulate_s = psi * engine.grad_accumulate_bytes(plan) / hbm
+    compute_mb += accumulate_s
+    bwd_mb += accumulate_s
+
     zero3_exposed = 0.0
     per_mb_sync = sched.grad_sync_every_microbatch or plan.zero_stage >= 2
     if plan.zero_stage == 3 or (plan.zero_stage == 2 and sched.param_gather == "fsdp2"):
         # Per-block gathers (16-bit, or FP8 with FP8 all-gather) ``prefetch_layers`` ahead: forward gathers every
         # block, backward again under FULL_SHARD (reshard_after_forward), and reduce-scatters each block's grads.
+        # Each collective pays its ring latency: FSDP2 one flat all-gather per block; DeepSpeed one per submodule
+        # it fetches (the four Linear weights of a layer; biases and norms sit below
+        # stage3_param_persistence_threshold and stay gathered).
         gather_bytes = 1.0 if plan.precision == "fp8" and sched.fp8_param_gather else 2.0
-        per_layer_gather = reduce_scatter(gather_bytes) / max(1, n_layers)
-        per_layer_reduce = reduce_scatter(grad_bytes) / max(1, n_layers)
-        fwd_layer = fwd_mb / max(1, n_layers)
-        bwd_layer = (compute_mb - fwd_mb) / max(1, n_layers)
+        layers = max(1, n_layers)
+        latency = (n_dp - 1) * dp_link.latency_s * (n_dp > 1) + (n_ep_dp - 1) * edp_link.latency_s * (expert_psi > 0)
+        pieces = 1 if sched.param_gather == "fsdp2" else 4
+        per_layer_gather = (reduce_scatter(gather_bytes) - latency) / layers + pieces * latency
+        per_layer_reduce = (reduce_scatter(grad_bytes) - latency) / layers + pieces * latency
+        fwd_layer = fwd_mb / layers
+        bwd_layer = (compute_mb - fwd_mb) / layers
         depth = max(1, sched.prefetch_layers)
-        bwd_gathers = 1 if plan.zero_stage == 3 else 0
+        # Backward gathers: FULL_SHARD re-gathers each block; DeepSpeed's activation checkpointing re-runs the
+        # block's forward, whose pre-forward hooks fetch (and post-forward hooks release) the weights once more
+        # before the backward hooks fetch them again (FSDP2 unshards once for recompute and backward).
+        bwd_gathers = (1 if plan.zero_stage == 3 else 0) + (
+            1 if plan.zero_stage == 3 and plan.recompute == "full" and sched.param_gather != "fsdp2" else 0)
         fwd_wait = per_layer_gather + (n_layers - 1) * max(0.0, per_layer_gather - depth * fwd_layer)
         bwd_work = bwd_gathers * per_layer_gather + per_layer_reduce
         bwd_wait = per_layer_reduce + (n_layers - 1) * max(0.0, bwd_work - bwd_layer)
         if not plan.overlap_comm:
             fwd_wait = n_layers * per_layer_gather
             bwd_wait = n_layers * bwd_work
-        zero3_exposed = m * (fwd_wait + bwd_wait)
         hidden += n_layers * (per_layer_gather + bwd_work) - (fwd_wait + bwd_wait)
+        zero3_exposed = m * (fwd_wait + bwd_wait)
+        if plan.pp > 1 and sched.param_gather == "fsdp2" and plan.zero_stage == 2:
+            # torch.distributed.pipelining with FSDP2 (stage.py backward_maybe_with_nosync): every micro-batch but
+            # the last runs with set_reshard_after_backward(False) and set_requires_gradient_sync(False); the
+            # REDUCE_GRAD action after the stage's last backward reduce-scatters once. So one gather per step
+            # (behind the first forward) and one reduction, after all backward work, that waits.
+            zero3_exposed = fwd_wait + n_layers * per_layer_reduce
         dp_comm = 0.0
     elif per_mb_sync:
         per_mb = reduce_scatter(grad_bytes)  # every micro-batch reduces into the gradient shards
@@ -316,8 +233,12 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     pp_comm = 0.0
     if plan.pp > 1:
         pp_link = comm.group_link(cluster, eff, plan.pp, t * plan.cp * plan.dp)
-        act_bytes = tokens * model.hidden_size * 2 / (t if plan.sequence_parallel else 1)
-        pp_comm = (m + plan.pp - 1) * 2 * comm.p2p_s(act_bytes, pp_link)
+        act_bytes = tokens * model.hidden_size * 2
+        split = t if plan.sequence_parallel or sched.pp_scatter_gather else 1
+        send_s = comm.p2p_s(act_bytes / split, pp_link)
+        if sched.pp_scatter_gather and not plan.sequence_parallel and t > 1:
+            send_s += comm.all_gather_s(act_bytes, t, comm.group_link(cluster, eff, t, 1))  # rebuilt over NVLink
+        pp_comm = (m + plan.pp - 1) * 2 * send_s
 
     bubble = (plan.pp - 1) / plan.vpp * (compute_mb + comm_mb) if plan.pp > 1 else 0.0
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # typed data only; the engines import the cost model lazily
+    from autotune.cost.activations import ActivationFacts
     from autotune.cost.memory import MemorySettings, ModelStateBytes
     from autotune.emit.checkpoint import CheckpointPolicy
     from autotune.emit.options import EmitOptions
@@ -98,6 +99,12 @@ class CommSchedule:
     """ZeRO-3 / FSDP gathers FP8 weights (torchao ``enable_fsdp_float8_all_gather``) instead of 16-bit ones."""
     grad_sync_every_microbatch: bool = False
     """Gradients reduced after every micro-batch (FSDP2, ZeRO-2/3 partitioned gradients), not once per step."""
+    pp_scatter_gather: bool = False
+    """Pipeline sends split over the TP ranks: each sends 1/tp of the activation over its own NIC and the next
+    stage all-gathers it over NVLink (Narayanan et al. 2021 Sec. 4.1); otherwise every TP rank sends it whole."""
+    tp_backward_overlap: bool = False
+    """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
+    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,10 +166,29 @@ class Engine(ABC):
         del model, plan, groups, settings
         return {}
 
+    def activation_facts(self, plan: ParallelPlan) -> ActivationFacts:
+        """How this engine's code saves activations (``autotune.cost.activations.ActivationFacts``); default
+        Megatron-LM's (attention-core selective recompute, in-place vocab-parallel cross entropy)."""
+        from autotune.cost.activations import MEGATRON_FACTS
+
+        del plan
+        return MEGATRON_FACTS
+
+    def fp8_weight_cache_bytes(self, plan: ParallelPlan, groups: ParamGroups) -> float:
+        """FP8 copies of the GEMM weights kept across the step: Transformer Engine caches each weight in FP8,
+        row- and column-wise (2 x 1 byte; ``transformer_engine/pytorch/module/linear.py`` weight workspaces)."""
+        return 2 * groups.tp_sharded / plan.tp + 2 * groups.expert / (plan.ep * plan.tp)
+
     def grad_reduce_bytes(self, plan: ParallelPlan) -> float:
         """Bytes per gradient element in the data-parallel reduction (16-bit by default)."""
         del plan
         return 2.0
+
+    def grad_accumulate_bytes(self, plan: ParallelPlan) -> float:
+        """HBM bytes per local parameter that accumulating one micro-batch's gradients moves outside the GEMMs
+        (0: accumulated inside the weight-gradient GEMM or by the reduction itself)."""
+        del plan
+        return 0.0
 
     def saved_states_plan(self, plan: ParallelPlan) -> tuple[ParallelPlan, bool]:
         """(a plan whose model states are what one rank writes per checkpoint, whether 16-bit weights are

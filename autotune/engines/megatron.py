@@ -17,7 +17,13 @@ class MegatronEngine(Engine):
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
-                        attention_kernel="fa3", fp8_recipe="te-delayed")
+                        attention_kernel="fa3", fp8_recipe="te-delayed",
+                        # megatron/core/tensor_parallel/layers.py: the dgrad all-reduce / reduce-scatter is
+                        # issued async_op=True before the wgrad GEMM (CUDA_DEVICE_MAX_CONNECTIONS=1 orders them).
+                        tp_backward_overlap=True,
+                        # p2p_communication.py: tensors split across TP ranks for the pipeline send and
+                        # gathered on the receiver (the scatter/gather optimisation, Narayanan 2021 Sec. 4.1).
+                        pp_scatter_gather=True)
     checkpoint_format = "torch_dist"
     workload = "command"
     """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""

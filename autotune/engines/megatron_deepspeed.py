@@ -20,7 +20,10 @@ class MegatronDeepSpeedEngine(Engine):
                             tp_with_pp=True, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
                             zero_stages_with_pp=(0, 1))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
-                        cp_kind="ulysses")
+                        cp_kind="ulysses",
+                        # megatron/core/tensor_parallel/layers.py (microsoft fork): dgrad all-reduce async_op=True
+                        # before the wgrad GEMM, as Megatron-LM (the 2022 bigscience fork's mpu/layers.py had not).
+                        tp_backward_overlap=True)
     checkpoint_format = "deepspeed"
     workload = "command"
     sources = {"zero_pp": "deepspeed/runtime/pipe/engine.py:76",
@@ -42,6 +45,11 @@ class MegatronDeepSpeedEngine(Engine):
 
     def grad_reduce_bytes(self, plan) -> float:
         return 2.0 if plan.precision == "fp16" else 4.0  # BF16_Optimizer reduces its fp32 accumulators
+
+    def grad_accumulate_bytes(self, plan) -> float:
+        # deepspeed/runtime/pipe/engine.py _exec_backward_pass: with bf16, every micro-batch's backward ends with
+        # BF16_Optimizer.update_hp_grads (hp_grad.add_(lp.grad.to(fp32))): read 2 B + read 4 B + write 4 B.
+        return 10.0 if plan.precision != "fp16" and plan.zero_stage <= 1 else 0.0
 
     def saved_states_plan(self, plan):
         return plan.with_(offload_optimizer="none", offload_param="none"), plan.zero_stage != 3

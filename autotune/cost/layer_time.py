@@ -1,0 +1,184 @@
+"""One transformer layer's forward time on one GPU, by part, and its TP / CP / MoE traffic.
+
+``autotune.cost.step_time`` composes these into a step; :func:`layer_fwd_bwd_s` gives one layer's forward and
+backward seconds on their own (Korthikanti et al. 2022, Table 4, times exactly that).
+
+Compute is GEMM FLOPs at the GPU's measured, shape-dependent rate (``autotune.cost.kernels``), fused attention at
+its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes counted below).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from autotune.cost import comm
+from autotune.cost.efficiency import Efficiency
+from autotune.cost.kernels import Rates
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["BWD_ELEMENTWISE", "LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """Forward seconds of one layer for one micro-batch on one GPU, by part, and its TP/CP/MoE traffic."""
+
+    gemm_s: float
+    attention_s: float
+    elementwise_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    moe_comm_s: float
+
+
+@functools.lru_cache(maxsize=8192)
+def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
+                eff: Efficiency, r: Rates, compiled: bool) -> LayerTime:
+    h, t, s = model.hidden_size, plan.tp, plan.seq_len
+    tokens = s * plan.micro_batch_size / plan.cp
+    hbm = r.hbm
+    t_seq = t if plan.sequence_parallel else 1
+    n_in = 2 if model.activation == "swiglu" else 1
+
+    def _gemm_s(flops, m, k, n, peak, eff_):  # linear layers at the plan's precision, the router in 16-bit
+        del eff_
+        return r.linear_s(flops, m, k, n) if peak == "linear" else r.bf16_s(flops, m, k, n)
+
+    gemm_peak, bf16_peak = "linear", "bf16"
+    qkv = model.q_width + 2 * model.kv_width
+    gemm = _gemm_s(2 * tokens * h * qkv / t, tokens, h, qkv / t, gemm_peak, eff)
+    gemm += _gemm_s(2 * tokens * model.attention_output_width * h / t, tokens, model.attention_output_width / t, h,
+                    gemm_peak, eff)
+    # FP8: every linear GEMM casts its inputs (forward: activations; the weights once per micro-batch) and, in
+    # backward, its output gradients; widths summed over the layer's linear layers, per token.
+    cast_width = h + model.attention_output_width + qkv + h
+    if moe_layer:
+        moe = model.moe
+        assert moe is not None
+        f = moe.expert_ffn_hidden_size
+        m_expert = tokens * moe.top_k * plan.ep / moe.num_experts
+        pairs = tokens * moe.top_k
+        gemm += _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
+        gemm += _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
+        gemm += _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
+        for _ in range(moe.num_shared_experts):
+            fs = moe.shared_width
+            gemm += _gemm_s(2 * tokens * h * (n_in + 1) * fs / t, tokens, h, fs / t, gemm_peak, eff)
+        ffn_width = moe.top_k * f + moe.num_shared_experts * moe.shared_width
+        cast_width += moe.top_k * (h + f + n_in * f + h)
+    else:
+        f = model.ffn_hidden_size
+        gemm += _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
+        gemm += _gemm_s(2 * tokens * f * h / t, tokens, f / t, h, gemm_peak, eff)
+        ffn_width = f
+        cast_width += h + f + n_in * f + h
+
+    # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
+    # rate; unfused attention runs batched GEMMs of head_dim depth.
+    head_dim = model.q_width / model.num_attention_heads
+    core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
+    if plan.flash_attention:
+        attention = core_flops / 2 / r.attention
+    else:
+        attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
+
+    # Elementwise bytes per token, forward: norms (read+write 2h each), two bias-dropout-residual adds
+    # (read 2 x 2h, write 2h), the activation (read fc1 out, write fc2 in), RoPE on q and k,
+    # and for unfused attention the scaled-masked softmax (+ dropout) over the s x s scores.
+    residual = model.norms_per_layer * 4 * h + 2 * 6 * h + (2 * h if model.dropout > 0 else 0)
+    width = ffn_width * (2 * n_in + 2)
+    if model.position_embedding == "rope":
+        width += 4 * (model.q_width + model.kv_width)
+    if not plan.flash_attention:
+        width += (9 if model.dropout > 0 else 4) * model.num_attention_heads * s
+    elementwise = tokens * (residual / t_seq + width / t) / hbm * (0.5 if compiled else 1.0)
+    if r.cast_bytes:
+        elementwise += tokens * cast_width / t * r.cast_bytes / 2 / hbm  # forward half; backward adds the other
+
+    # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
+    tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
+    tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
+    # Context-parallel ring: cp-1 exchanges of this rank's K and V chunk.
+    cp_comm = 0.0
+    if plan.cp > 1:
+        cp_link = comm.group_link(cluster, eff, plan.cp, t)
+        cp_comm = (plan.cp - 1) * comm.p2p_s(tokens * 2 * model.kv_width * 2 / t, cp_link)
+    moe_comm = 0.0
+    if moe_layer and plan.ep > 1:
+        moe = model.moe
+        assert moe is not None
+        ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
+        moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
+    return LayerTime(gemm, attention, elementwise, tp_comm, cp_comm, moe_comm)
+
+
+def time_key(plan: ParallelPlan) -> ParallelPlan:
+    """The plan reduced to the fields one layer's time depends on (a cache key)."""
+    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
+                        ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
+                        flash_attention=plan.flash_attention)
+
+
+
+
+BWD_ELEMENTWISE = 1.5
+"""Backward bytes of the memory-bound kernels over their forward bytes: a norm, activation, softmax or
+bias-dropout-add backward reads its saved input and the output gradient and writes the input gradient
+(three tensors against the forward's two; dropout's backward reads the mask instead of drawing it)."""
+
+
+def attention_bwd_factor(plan: ParallelPlan) -> float:
+    """Backward over forward time of the attention core: the flash backward recomputes the scores (5 GEMMs
+    against the forward's 2, FlashAttention-2 paper Sec. 3.1.2); unfused attention runs 4 batched GEMMs for 2."""
+    return 2.5 if plan.flash_attention else 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPasses:
+    """One layer, one micro-batch: forward, backward, recompute seconds and the collectives on the critical path."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    tp_exposed_s: float
+    tp_hidden_s: float
+    cp_exposed_s: float
+    moe_s: float
+
+    @property
+    def tp_fwd_s(self) -> float:
+        return self.tp_exposed_s
+
+
+def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap: str,
+                 tp_backward_overlap: bool) -> LayerPasses:
+    """Forward, backward and recompute of one layer with its communication exposed as the engine schedules it.
+
+    TP collectives: two per pass (forward, recompute, backward). ``tp_overlap`` (userbuffers / async TP) chunks
+    every one of them behind the GEMMs that need them. ``tp_backward_overlap``: the backward's collective of the
+    input gradient runs asynchronously while the weight-gradient GEMM (as many FLOPs as the forward GEMM) computes
+    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``: ``all_reduce`` / ``_reduce_scatter_base`` with
+    ``async_op=True`` issued before the wgrad GEMM, megatron/core/tensor_parallel/layers.py); only what the wgrad
+    GEMM cannot cover waits.
+    """
+    attn_bwd = attention_bwd_factor(plan)
+    fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
+    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + BWD_ELEMENTWISE * lt.elementwise_s
+    full = plan.recompute == "full"
+    rec = fwd * rec_share if full else (lt.attention_s if plan.recompute == "selective" else 0.0)
+    fwd_passes = 1 + (rec_share if full else 0.0)
+    hidden = 0.0
+    if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
+        total = lt.tp_comm_s * (fwd_passes + 1)
+        exposed = max(0.0, total - lt.gemm_s * 3)
+        hidden = total - exposed
+    elif tp_backward_overlap and plan.tp > 1:
+        bwd_exposed = max(0.0, lt.tp_comm_s - lt.gemm_s)
+        exposed = lt.tp_comm_s * fwd_passes + bwd_exposed
+        hidden = lt.tp_comm_s - bwd_exposed
+    else:
+        exposed = lt.tp_comm_s * (fwd_passes + 1)
+    cp = max(0.0, 3 * lt.cp_comm_s - (1 + attn_bwd) * lt.attention_s)
+    return LayerPasses(fwd, bwd, rec, exposed, hidden, cp, lt.moe_comm_s * (fwd_passes + 1))
