@@ -23,6 +23,11 @@ Generalised here term by term, so that it holds for the kernels GPU frameworks r
   * Context parallelism splits the sequence: every term uses s/cp.
 Terms on the h-wide residual stream (norm inputs, QKV and fc1 inputs, dropout masks) are
 split by tp only with sequence parallelism; all other terms are split by tp always.
+
+Where engines' code differs, :class:`ActivationFacts` (``Engine.activation_facts``) says how: the selective
+recompute policy (attention core, Megatron; or torchtitan's op-level SAC), the bytes the loss backward adds
+beyond the saved fp32 log-probabilities, whether column-parallel linears save their sequence-gathered input
+(DTensor) or the SP shard (Megatron re-gathers it in backward), and what an FP8 linear saves.
 """
 
 from __future__ import annotations
@@ -34,8 +39,37 @@ from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["LayerActivations", "layer_activations", "embedding_activation_bytes", "output_activation_bytes",
+__all__ = ["ActivationFacts", "MEGATRON_FACTS", "LayerActivations", "layer_activations", "op_sac_layer_bytes",
+           "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
            "stage_activation_bytes", "microbatches_in_flight"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationFacts:
+    """How an engine's code saves activations, where engines differ (defaults: Megatron-LM / DeepSpeed)."""
+
+    selective: str = "attention-core"
+    """What ``recompute="selective"`` recomputes: "attention-core" (Korthikanti Sec. 5, Megatron
+    ``--recompute-granularity selective``) or "op-sac" (torchtitan ``selective_ac_option = 'op'``:
+    :func:`op_sac_layer_bytes`)."""
+    loss_backward_bytes_per_logit: float = 0.0
+    """Bytes per (token, vocab entry of this GPU) the loss backward allocates beyond the saved fp32 softmax /
+    log-probabilities, while every saved activation is still live. 0: Megatron's vocab-parallel cross entropy
+    writes the gradient into the saved softmax (tensor_parallel/cross_entropy.py, ``grad_input = softmax``).
+    8: aten ``log_softmax`` + ``nll_loss`` on fp32 logits (``nll_loss_backward`` allocates a zero fp32
+    gradient, ``_log_softmax_backward_data`` a second one; torchtitan train.py ``loss_fn``). 12: DTensor
+    ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``:
+    ``zeros_like(x)``, ``exp(x)``, their sum and its product with the output gradient)."""
+    gathered_linear_inputs: bool = False
+    """With sequence parallelism, column-parallel linears (QKV, fc1, output layer) save their all-gathered
+    input (DTensor ``ColwiseParallel`` after ``PrepareModuleInput`` to ``Replicate``), not the SP shard
+    (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` saves the shard and gathers it again)."""
+    fp8_input_bytes: int = 1
+    """Bytes per element an FP8 linear saves of its input: 1 (Transformer Engine saves the FP8 cast);
+    2 (torchao float8 ``matmul_with_hp_or_float8_args`` saves the high-precision input, casts in backward)."""
+
+
+MEGATRON_FACTS = ActivationFacts()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,26 +88,33 @@ class LayerActivations:
         return self.norms + self.attention + self.attention_core + self.mlp + self.dropout_masks
 
 
-def _linear_input_bytes(plan: ParallelPlan) -> int:
-    return 1 if plan.precision == "fp8" else 2
+def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> int:
+    return facts.fp8_input_bytes if plan.precision == "fp8" else 2
 
 
-def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0) -> LayerActivations:
+def _gathered_split(plan: ParallelPlan, facts: ActivationFacts) -> int:
+    """The split of a column-parallel linear's saved input: tp with Megatron SP, 1 where the gathered one is saved."""
+    return 1 if facts.gathered_linear_inputs or not plan.sequence_parallel else plan.tp
+
+
+def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0,
+                      facts: ActivationFacts = MEGATRON_FACTS) -> LayerActivations:
     """Activations one layer saves for backward with no recompute (Korthikanti Sec. 4.1, generalised)."""
     s = plan.seq_len / plan.cp
     b = plan.micro_batch_size
     h = model.hidden_size
     t = plan.tp
     t_seq = t if plan.sequence_parallel else 1  # split of residual-stream terms
+    t_in = _gathered_split(plan, facts)  # split of the QKV and fc1 inputs
     sb = s * b
-    lin = _linear_input_bytes(plan)
+    lin = _linear_input_bytes(plan, facts)
     stat_bytes = 8 if model.norm == "layernorm" else 4
 
     norms = model.norms_per_layer * (2 * sb * h + stat_bytes * sb) / t_seq
     dropout_masks = (2 * sb * h / t_seq) if model.dropout > 0 else 0.0
 
     # Attention block: QKV input, q/k/v, output (shared with the output projection's input).
-    attn = lin * sb * h / t_seq
+    attn = lin * sb * h / t_in
     if model.mla is not None:
         m = model.mla
         latent = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
@@ -92,7 +133,7 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         core = (5 if model.dropout > 0 else 2) * a * s * s * b / t
         core += 2 * sb * (max(model.kv_width, model.q_width) - model.kv_width
                           + max(model.v_width, model.attention_output_width) - model.v_width) / t
-    mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_seq, lin)
+    mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_in, lin)
     return LayerActivations(norms=norms, attention=attn, attention_core=core, mlp=mlp, dropout_masks=dropout_masks)
 
 
@@ -102,15 +143,15 @@ def _dense_mlp_bytes(model: ModelSpec, width: float, tokens: float, t: int, lin:
     return tokens * (2 * fc1_out + lin * width) / t
 
 
-def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int, sb: float, t: int, t_seq: int,
+def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int, sb: float, t: int, t_in: int,
                           lin: int) -> float:
     h = model.hidden_size
-    fc1_input = lin * sb * h / t_seq
+    fc1_input = lin * sb * h / t_in
     if not model.is_moe_layer(layer_index):
         return fc1_input + _dense_mlp_bytes(model, model.ffn_hidden_size, sb, t, lin)
     moe = model.moe
     assert moe is not None
-    routing = 4 * sb * moe.num_experts / t_seq  # fp32 routing probabilities
+    routing = 4 * sb * moe.num_experts / t_in  # fp32 routing probabilities
     pairs = sb * moe.top_k
     experts = _dense_mlp_bytes(model, moe.expert_ffn_hidden_size, pairs, t, lin) + pairs * (lin + 2) * h / t
     shared = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
@@ -129,17 +170,56 @@ def embedding_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
     return out
 
 
-def output_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
+def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
     """Last stage, one micro-batch: final norm input, output-layer input, fp32 logits (4*s*b*V/t),
     and the int64 labels the loss keeps."""
     sb = plan.seq_len / plan.cp * plan.micro_batch_size
     t_seq = plan.tp if plan.sequence_parallel else 1
     h = model.hidden_size
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
-    head_input = _linear_input_bytes(plan) * sb * h / t_seq
+    head_input = _linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
     logits = 4 * sb * model.vocab_size / plan.tp
     labels = 8 * sb
     return norm + head_input + logits + labels
+
+
+def loss_backward_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts) -> float:
+    """Bytes the loss backward allocates beyond the saved log-probabilities (``ActivationFacts``)."""
+    return facts.loss_backward_bytes_per_logit * plan.seq_len / plan.cp * plan.micro_batch_size \
+        * model.vocab_size / plan.tp
+
+
+def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
+    """Bytes one dense layer keeps under torchtitan's op-level selective activation checkpointing.
+
+    torchtitan ``_apply_ac_to_transformer_block`` (parallelize_llama.py, v0.1-v0.2): the block runs under
+    ``create_selective_checkpoint_contexts`` with a policy that saves the outputs of the ops in ``_save_list``
+    (``aten.mm``, the SDPA flash / efficient kernels, ``reduce_scatter_tensor``, ``abs``, ``max``) except every
+    second ``mm`` (a per-block counter), and recomputes every other op. Kept: the block input (the checkpoint's
+    argument), the 1st, 3rd, 5th... mm outputs in module order (wq, wk, wv, wo, w1, w3, w2: wq, wv, w1, w2),
+    the attention output and its fp32 log-sum-exp, and with SP the row-parallel reduce-scatter outputs. A
+    row-parallel mm's local output is the full-width partial sum. Under Float8 the linears run
+    ``aten._scaled_mm`` (not in the list, recomputed) and the ``abs`` of each cast input is saved instead, one
+    per distinct input (the block is compiled in every Float8 run: torch.compile's CSE shares wq/wk/wv's and
+    w1/w3's), in bf16. MoE layers are not covered (they keep the attention-core policy).
+    """
+    sb = plan.seq_len / plan.cp * plan.micro_batch_size
+    h, t = model.hidden_size, plan.tp
+    t_seq = t if plan.sequence_parallel else 1
+    f = model.ffn_hidden_size
+    out = 2 * sb * h / t_seq  # the checkpointed block input
+    out += 2 * sb * model.attention_output_width / t + 4 * sb * model.num_attention_heads / t  # SDPA out, LSE
+    if plan.precision == "fp8":
+        t_in = t_seq  # torchao Float8ColwiseParallel casts (and takes abs of) the SP shard before the gather
+        out += 2 * sb * (h / t_in + model.attention_output_width / t + h / t_in + f / t)
+    else:
+        mlp = [("col", f), ("col", f), ("row", h)] if model.activation == "swiglu" else [("col", f), ("row", h)]
+        mms = [("col", model.q_width), ("col", model.kv_width), ("col", model.v_width), ("row", h)] + mlp
+        for kind, width in mms[0::2]:
+            out += 2 * sb * (width / t if kind == "col" else width)
+    if plan.sequence_parallel and t > 1:
+        out += 2 * (2 * sb * h / t)  # reduce_scatter_tensor outputs of wo and w2
+    return out
 
 
 def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
@@ -179,13 +259,21 @@ def _activation_key(plan: ParallelPlan) -> ParallelPlan:
                         flash_attention=plan.flash_attention)
 
 
-def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> dict[str, float]:
-    """Activation bytes held at the peak by pipeline stage ``stage``, by part."""
+def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
+                           facts: ActivationFacts = MEGATRON_FACTS) -> dict[str, float]:
+    """Activation bytes held at the peak by pipeline stage ``stage``, by part.
+
+    ``recompute_working_set`` (one layer rerun in backward) and ``loss_backward`` (the loss's fp32 gradients,
+    first in backward) never coexist: ``loss_backward`` is only what the latter adds beyond the former."""
     from autotune.cost.memory import split_scheme
 
     first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
     in_flight = microbatches_in_flight(plan, stage)
-    dense, moe = _layer_kinds(model, _activation_key(plan))
+    if facts is MEGATRON_FACTS:
+        dense, moe = _layer_kinds(model, _activation_key(plan))
+    else:
+        dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1, facts)
+        moe = layer_activations(model, plan, model.num_layers - 1, facts) if model.is_moe else dense
     t_seq = plan.tp if plan.sequence_parallel else 1
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
 
@@ -201,6 +289,11 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> 
         has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
         has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
+    elif plan.recompute == "selective" and facts.selective == "op-sac":
+        n_moe = _moe_layers_in(model, first, stop)
+        stored = (layers_per_stage - n_moe) * op_sac_layer_bytes(model, plan, facts) \
+            + n_moe * (moe.total - moe.attention_core)
+        working = dense.total  # the recomputed ops of one layer, during its backward
     elif plan.recompute == "selective":
         n_moe = _moe_layers_in(model, first, stop)
         stored = full(first, stop) - (layers_per_stage - n_moe) * dense.attention_core - n_moe * moe.attention_core
@@ -213,5 +306,8 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> 
     if stage == 0:
         parts["embedding"] = embedding_activation_bytes(model, plan) * in_flight
     if stage == plan.pp - 1:
-        parts["output_and_loss"] = output_activation_bytes(model, plan)
+        parts["output_and_loss"] = output_activation_bytes(model, plan, facts)
+        extra = loss_backward_bytes(model, plan, facts) - working
+        if extra > 0:
+            parts["loss_backward"] = extra
     return parts

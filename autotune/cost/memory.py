@@ -18,6 +18,7 @@ Host memory is reported per node.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ class MemorySettings:
     fragmentation_fraction: float = 0.05
     """Caching-allocator reserve beyond the allocated peak, as a fraction of it (fragmentation and 2 MiB /
     20 MiB segment rounding; typically 2-10%, worse with varying shapes)."""
+    selective_policy: str | None = None
+    """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
+    ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
     offload_buffer_bytes: int = 5 * 100_000_000 * 2
     """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
 
@@ -170,12 +174,12 @@ def largest_layer(model: ModelSpec) -> ParamGroups:
     return max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total)
 
 
-def _common_buffer_bytes(plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings) -> dict[str, float]:
-    """Buffers whatever the engine: the FP8 weight cache and NVMe staging."""
+def _common_buffer_bytes(engine, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings
+                         ) -> dict[str, float]:
+    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one) and NVMe staging."""
     out: dict[str, float] = {}
-    if plan.precision == "fp8":
-        # Transformer Engine caches each GEMM weight in FP8, row- and column-wise (2 x 1 byte).
-        out["fp8_weight_cache"] = 2 * groups.tp_sharded / plan.tp + 2 * groups.expert / (plan.ep * plan.tp)
+    if plan.precision == "fp8" and (cache := engine.fp8_weight_cache_bytes(plan, groups)) > 0:
+        out["fp8_weight_cache"] = cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         out["nvme_staging"] = float(settings.offload_buffer_bytes)
     return out
@@ -204,16 +208,20 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
     settings = settings or MemorySettings()
     engine = engine_for(plan)
+    facts = engine.activation_facts(plan)
+    if settings.selective_policy is not None:
+        facts = dataclasses.replace(facts, selective=settings.selective_policy)
     candidates = []
     for stage in representative_stages(model.num_layers, plan.pp, engine.support.layer_split):
         groups = stage_param_groups(model, plan, stage)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)
         states = engine.model_states(model, plan, stage, dense, expert)
-        activation_parts = stage_activation_bytes(model, plan, stage)
+        activation_parts = stage_activation_bytes(model, plan, stage, facts)
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
         step_extra = max(0.0, states.step_transient - sum(activation_parts.values()))
-        buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(plan, groups, settings)
+        buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(engine, plan, groups,
+                                                                                             settings)
         tensors = states.weights + states.gradients + states.optimizer_states + sum(activation_parts.values()) \
             + step_extra + sum(buffer_parts.values())
         candidates.append((tensors, stage, states, activation_parts, buffer_parts, step_extra))

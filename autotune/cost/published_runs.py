@@ -93,6 +93,8 @@ class PublishedRun:
     cluster: ClusterSpec | None = None
     candidates: tuple[ParallelPlan, ...] = ()
     time_overrides: dict = field(default_factory=dict)
+    memory_overrides: dict = field(default_factory=dict)
+    """MemorySettings fields the run's code fixes (torchtitan's op-level selective checkpointing)."""
     """TimeSettings fields the source states (fp8 recipe, TP comm overlap, torch.compile)."""
     tokens_per_s_per_gpu: float | None = None
     peak_memory_gib: float | None = None
@@ -100,6 +102,8 @@ class PublishedRun:
     """"allocator_reserved" (torch caching allocator, torchtitan) or "nvidia_smi" (device total)."""
     skipped: str = ""
     """Why the run is not estimated (empty: it is)."""
+    layer_timing: bool = False
+    """The measurement is one layer's forward + backward (Korthikanti Table 4), as tokens/s per GPU of that layer."""
 
 
 def family_of(run_id: str) -> tuple[str, str]:
@@ -252,6 +256,8 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
         if gb is None:
             continue
         mbs = [_lead_int(p["micro_batch"])] if _lead_int(p.get("micro_batch")) else [1, 2, 4, 8, 16]
+        if entry["id"].startswith("torchtitan") and pp > 1 and len(mbs) > 1 and gb % (dp * pp) == 0:
+            mbs = [gb // (dp * pp)]  # torchtitan pipeline_llama.py: microbatches = ... or parallel_dims.pp
         vpps = [_lead_int(p["vpp"])] if _lead_int(p.get("vpp")) else [1, 2, 3, 4, 5, 6, 8]
         if str(p.get("pipeline_schedule", "")).startswith("1F1B"):  # plain 1F1B: no virtual stages
             vpps = [1]
@@ -329,26 +335,39 @@ def _one(entry: dict) -> PublishedRun:
         # LinearWithGradAccumulationAndAsyncCommunication (used by Korthikanti 2022).
         over["tp_backward_overlap"] = False
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
-            "precision": words, "time_overrides": over}
+            "precision": words, "time_overrides": over,
+            # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op'
+            "memory_overrides": {"selective_policy": "op-sac"} if family.startswith("torchtitan") else {}}
+    layer_ms = None
     if entry.get("measured", {}).get("scope") == "per_layer":
-        return PublishedRun(**base, skipped="single-layer timing (Korthikanti Table 4), not a training step")
+        # Korthikanti Table 4 times "one transformer layer of the 22B model" (Table 3: 48 layers; vocabulary
+        # 51200 as in every GPT run of the paper); compared like with like: the model's one-layer forward + backward.
+        layer_ms = entry["measured"]["fwd_plus_bwd_ms"]
+        entry = {**entry, "model": {"layers": 48, "vocab": 51200, **entry["model"]}}
     if engine == "none":
         return PublishedRun(**base, skipped="a TPU run (JAX/TF): no engine here trains on TPUs")
     model = _model(entry, family)
     if model is None:
-        return PublishedRun(**base, skipped="the source gives no single model configuration (layers/hidden/heads)")
+        m = entry.get("model", {})
+        why = (f"a headline over models of {m['params_b']}B parameters" if "-" in str(m.get("params_b", ""))
+               else f"only {m.get('params_b')}B parameters")
+        return PublishedRun(**base, skipped=f"the source gives no single model configuration: {why}, no "
+                                            "layers/hidden/heads (nor a stated parallel layout) in it or its tables")
     cluster, why = _cluster(gpu_text, entry)
     if cluster is None:
         return PublishedRun(**base, model=model, skipped=why)
     peak, method = _memory(entry)
     tps = _throughput(entry, model, cluster.num_gpus)
+    if layer_ms is not None:
+        tps = _lead_int(entry["parallel"]["micro_batch"]) * model.max_position_embeddings / (layer_ms / 1e3) \
+            / cluster.num_gpus
     cands = _candidates(entry, model, cluster, engine, precision)
     skipped = "" if cands else "no plan of its engine expresses the stated configuration"
     if not cands and _lead_int(_parallel(entry).get("global_batch")) is None \
             and "local_batch" not in entry.get("parallel", {}):
         skipped = "global batch not stated (and no per-rank batch to derive it)"
     return PublishedRun(**base, model=model, cluster=cluster, candidates=cands, tokens_per_s_per_gpu=tps,
-                        peak_memory_gib=peak, memory_method=method, skipped=skipped)
+                        peak_memory_gib=peak, memory_method=method, skipped=skipped, layer_timing=layer_ms is not None)
 
 
 def published_runs(folder: Path | None = None) -> list[PublishedRun]:
@@ -373,14 +392,20 @@ def predict_run(run: PublishedRun, eff=None):
     """(predicted tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) for the fastest candidate that fits
     (or the fastest, if none fits: the run fitted, so the ledger is then too high)."""
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-    from autotune.cost.memory import estimate_memory
-    from autotune.cost.step_time import TimeSettings, estimate_step_time
+    from autotune.cost.memory import MemorySettings, estimate_memory
+    from autotune.cost.step_time import TimeSettings, estimate_layer_time, estimate_step_time
 
     assert run.cluster is not None and run.model is not None and run.candidates
     settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
+    if run.layer_timing:
+        plan = run.candidates[0]
+        layer_s = sum(estimate_layer_time(run.model, run.cluster, plan, settings))
+        est = estimate_step_time(run.model, run.cluster, plan, settings)
+        mem = estimate_memory(run.model, run.cluster, plan)
+        return plan.micro_batch_size * plan.seq_len / layer_s / plan.world_size, plan, est, mem
     best = None
     for plan in run.candidates:
-        mem = estimate_memory(run.model, run.cluster, plan)
+        mem = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
         est = estimate_step_time(run.model, run.cluster, plan, settings)
         key = (mem.fits, est.tokens_per_s)
         if best is None or key > best[0]:

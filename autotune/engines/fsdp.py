@@ -75,17 +75,51 @@ class FSDPEngine(Engine):
 
         return fsdp2_states(plan, dense_params, expert_params)
 
+    def activation_facts(self, plan):
+        from autotune.cost.activations import ActivationFacts
+
+        # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;
+        # with TP torchtitan runs it under DTensor loss_parallel (vocab-sharded logits). Linears: DTensor
+        # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs.
+        return ActivationFacts(loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
+                               gathered_linear_inputs=True, fp8_input_bytes=2)
+
+    def fp8_weight_cache_bytes(self, plan, groups) -> float:
+        # torchao float8 casts the weight inside each GEMM's autograd function (dynamic tensorwise scaling):
+        # no FP8 copy outlives a layer; with FP8 all-gather the gathered weight is the FP8 one (buffers).
+        return 0.0
+
     def buffers(self, model, plan, groups, settings) -> dict[str, float]:
         from autotune.cost.memory import largest_layer
 
         if plan.zero_stage == 0:
             return {}
         layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
-        if plan.zero_stage == 2:  # every block's bf16 parameters stay gathered between its forward and backward
-            return {"unsharded_params": 2 * groups.per_gpu(plan.tp, plan.ep)}
-        # FULL_SHARD: the running block and the prefetched next one, in bf16; the running block's unsharded
-        # bf16 gradient and its fp32 copy for the reduce-scatter (reduce_dtype fp32).
-        return {"unsharded_params": 2 * 2 * layer, "reduce_scatter_grads": (2 + 4) * layer}
+        # Gathered block weights: bf16, or FP8 where torchao's enable_fsdp_float8_all_gather gathers the cast
+        # weight (torchao float8/fsdp_utils.py fsdp_pre_all_gather); the root (embedding, norm, output: not
+        # converted, torchtitan skips "output") stays bf16.
+        block_bytes = 1 if plan.precision == "fp8" and self.comm.fp8_param_gather else 2
+        root = (model.embedding_params() + model.output_params()).per_gpu(plan.tp, plan.ep) if plan.pp == 1 else 0.0
+        out: dict[str, float] = {}
+        if plan.zero_stage == 2:  # every block's parameters stay gathered between its forward and backward
+            stage_blocks = groups.per_gpu(plan.tp, plan.ep) - root
+            out["unsharded_params"] = block_bytes * stage_blocks + 2 * root
+        else:
+            # FULL_SHARD: the running block and the prefetched next one; the running block's unsharded bf16
+            # gradient and its fp32 copy for the reduce-scatter (reduce_dtype fp32). The root group is gathered
+            # from the start of backward to its end (the output layer's backward comes first) and, in the torch
+            # of torchtitan's published runs (2.6), from forward on (_fsdp_state.py _lazy_init: "For the root,
+            # do not reshard after forward").
+            out["unsharded_params"] = 2 * block_bytes * layer + 2 * root
+            out["reduce_scatter_grads"] = (2 + 4) * layer
+        if plan.pp > 1:
+            # torch.distributed.pipelining (stage.py backward_maybe_with_nosync) runs every micro-batch's backward
+            # with set_requires_gradient_sync(False) and reduce-scatters after the last: the stage's unsharded
+            # gradients live through the step, accumulated in reduce_dtype fp32 from the second micro-batch on
+            # (_fsdp_param.py to_accumulated_grad_if_needed), bf16 with a single micro-batch.
+            out.pop("reduce_scatter_grads", None)
+            out["unsharded_grads"] = (4 if plan.num_microbatches > 1 else 2) * groups.per_gpu(plan.tp, plan.ep)
+        return out
 
     def grad_reduce_bytes(self, plan) -> float:
         return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default
