@@ -1,0 +1,424 @@
+"""Side by side: DeepSpeed's own autotuner and ``autotune tune`` on one user script, this machine.
+
+The script is ``bench/ds_user_script.py`` (tiny-gpt, 4 layers x 256 wide, random tokens), run as
+``--ranks`` gloo CPU ranks; the space is the one DeepSpeed's autotuner searches: ZeRO stage 0-3 x
+micro-batch, the global batch fixed (``--global-batch``; micro-batch x accumulation x ranks), bf16,
+no offload, tp = pp = 1.
+
+1. DeepSpeed: ``deepspeed --autotuning tune --num_gpus R ds_user_script.py --deepspeed_config
+   ds_config.json`` in OUT/deepspeed/, the config's ``autotuning`` block in fast mode (micro-batch
+   only per ZeRO stage; deepspeed/autotuning/autotuner.py ``tune_space``) and its ZeRO stage a list
+   [0, 1, 2, 3]. ``--ds-micro-batches list`` (default) gives the micro-batches as a list, which
+   DeepSpeed then tries as given with accumulation = (largest / micro-batch), so every experiment has
+   the global batch fixed; ``auto`` lets it search them itself (capped by ``--max-micro-batch``; its
+   first experiments run other global batches). ``--ds-mode run`` also trains with the pick
+   afterwards, as ``deepspeed --autotuning run`` does (counted in its wall time). It needs
+   ``LOCAL_SIZE=R`` (the CPU accelerator's device count, deepspeed/accelerator/cpu_accelerator.py),
+   ``tabulate`` (an assert in Autotuner.__init__) and ``pdsh`` (each experiment's clean-up runs it,
+   deepspeed/autotuning/scheduler.py ``clean_up``). Its experiments are the folders of
+   OUT/deepspeed/autotuning_results/ (one is the model-info profile run); its pick is
+   ``ds_config_optimal.json`` there.
+2. autotune: ``python -m autotune tune --workload script --script ds_user_script.py`` on the same
+   space (``--model tiny-gpt --engine deepspeed --tp 1 --pp 1 --cp 1 --zero 0,1,2,3 --recompute none
+   --no-offload``), its trials and finalist re-runs counted.
+3. One harness re-measures both picks: the script under torchrun with each pick's config (``common``:
+   the user's config with the pick's ZeRO stage, micro-batch and accumulation, which is exactly
+   DeepSpeed's ds_config_optimal.json for its pick; ``own``: each tool's own file, autotune's being
+   winner/ds_config.json), alternating A B A B ..., ``--repeats`` times each; a run's throughput is
+   global batch x seq len / the median of its measured step times (rank 0's wall clock per
+   optimizer step, ``STEP_TIME`` lines).
+
+Both tools' own figures are shown as they wrote them (DeepSpeed's ``latency`` is its timers' mean x
+1000, so it reads in the millions; its throughput is samples/s, shown x seq len as tokens/s); the
+picks are compared only by the harness. The spread of a tool's runs is (max - min) / median; the
+noise is the larger of the two, and the target holds when autotune's median >= DeepSpeed's x (1 -
+noise) and autotune's wall time <= half of DeepSpeed's.
+
+Results are saved in OUT/results.json after each step: rerunning the same command skips what is
+done (a phase cut short is redone from its start; ``--fresh`` discards everything).
+
+    flock /tmp/bench.lock python bench/vs_deepspeed_autotuner.py [--out DIR] [--repeats 3] [--fresh]
+
+Exit codes: 0 table printed; 1 a tool or a harness run failed (its log named); 2 missing tools or
+bad flags; 130 interrupted (saved results kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "ds_user_script.py"
+MODEL = "tiny-gpt"  # what ds_user_script.py builds (autotune/presets/models/tiny-gpt.yaml)
+
+
+class Failed(Exception):
+    """A tool or a harness run did not give a result (exit 1)."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/vs_deepspeed", help="results folder (default out/vs_deepspeed)")
+    p.add_argument("--ranks", type=int, default=2, help="gloo CPU ranks (default 2)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per optimizer step (default 8)")
+    p.add_argument("--max-micro-batch", type=int, default=4, help="largest micro-batch per rank (default 4)")
+    p.add_argument("--zero", default="0,1,2,3", help="ZeRO stages searched by both, e.g. 0,2 (default 0,1,2,3)")
+    p.add_argument("--ds-micro-batches", choices=("list", "auto"), default="list",
+                   help="DeepSpeed's micro-batches: the divisors as a list, global batch fixed (default), "
+                        "or its own search")
+    p.add_argument("--ds-mode", choices=("tune", "run"), default="tune",
+                   help="deepspeed --autotuning MODE (default tune; run also trains with the pick afterwards)")
+    p.add_argument("--trials", type=int, default=5, help="autotune tune --trials (default 5)")
+    p.add_argument("--top-k", type=int, default=3, help="autotune tune --top-k (default 3)")
+    p.add_argument("--finalists", type=int, default=2, help="autotune tune --finalists (default 2)")
+    p.add_argument("--finalist-runs", type=int, default=2, help="autotune tune --finalist-runs (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="harness runs of each pick, alternating (default 3)")
+    p.add_argument("--steps", type=int, default=10, help="harness: measured optimizer steps per run (default 10)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="harness: unmeasured steps first (default 3)")
+    p.add_argument("--remeasure-config", choices=("common", "own"), default="common",
+                   help="harness configs: the user's config with each pick (default), or each tool's own file")
+    p.add_argument("--phase-timeout-min", type=float, default=60.0,
+                   help="a tool's run is stopped past this many minutes (default 60)")
+    p.add_argument("--fresh", action="store_true", help="discard the saved results in --out and start over")
+    args = p.parse_args(argv)
+    problems = [f"--{k.replace('_', '-')} must be >= {lo}, got {getattr(args, k)}" for k, lo in
+                (("ranks", 1), ("seq_len", 1), ("global_batch", 1), ("max_micro_batch", 1), ("trials", 1),
+                 ("top_k", 1), ("finalists", 0), ("finalist_runs", 1), ("repeats", 1), ("steps", 1),
+                 ("warmup_steps", 0), ("phase_timeout_min", 0.1)) if getattr(args, k) < lo]
+    try:
+        args.zero = tuple(sorted({int(z) for z in args.zero.split(",")}))
+    except ValueError:
+        args.zero = ()
+    if not args.zero or not set(args.zero) <= {0, 1, 2, 3}:
+        problems.append("--zero must be a comma-separated list of ZeRO stages 0-3, e.g. 0,1,2,3")
+    if args.seq_len > 512:
+        problems.append(f"--seq-len must be <= 512 (tiny-gpt's positions), got {args.seq_len}")
+    if args.global_batch % args.ranks:
+        problems.append(f"--global-batch {args.global_batch} is not a multiple of --ranks {args.ranks}")
+    elif not micro_batches(args):
+        problems.append(f"no micro-batch <= --max-micro-batch {args.max_micro_batch} divides the "
+                        f"{args.global_batch // args.ranks} sequences per rank")
+    if problems:
+        p.exit(2, "vs_deepspeed_autotuner: " + "\n  ".join(["bad flags:", *problems]) + "\n")
+    return args
+
+
+def micro_batches(args) -> list[int]:
+    per_rank = args.global_batch // args.ranks
+    return [m for m in range(1, min(args.max_micro_batch, per_rank) + 1) if per_rank % m == 0]
+
+
+def missing_tools() -> list[str]:
+    """What DeepSpeed's autotuner and the harness need that this machine lacks, with how to get it."""
+    out = []
+    if shutil.which("pdsh") is None:
+        out.append("pdsh (DeepSpeed's autotuner runs it after every experiment, even on one node): "
+                   "apt-get update && apt-get install -y pdsh")
+    try:
+        import tabulate  # noqa: F401  (DeepSpeed's Autotuner asserts it is importable)
+    except ImportError:
+        out.append("tabulate (DeepSpeed's autotuner refuses to start without it): "
+                   "pip install tabulate, or pip install -e '.[bench]'")
+    if shutil.which("deepspeed") is None:
+        out.append("the `deepspeed` launcher on PATH: pip install deepspeed (it ships the command)")
+    for module in ("deepspeed", "hjson"):  # found, not imported (importing deepspeed takes seconds)
+        if importlib.util.find_spec(module) is None:
+            out.append(f"the Python module {module} (DeepSpeed's autotuner): pip install deepspeed")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    e = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    e.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    e["PYTHONPATH"] = str(REPO) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
+def run(argv: list[str], log: Path, cwd: Path, timeout_s: float, extra_env: dict | None = None,
+        stdout: Path | None = None) -> tuple[int, float]:
+    """Run argv in a session of its own (ended whole on timeout or Ctrl-C); (exit code, wall seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as err, open(stdout or os.devnull, "w") as out:
+        err.write(f"# {' '.join(argv)}\n")
+        err.flush()
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=cwd, env={**env(), **(extra_env or {})}, stdout=out if stdout else err,
+                                stderr=err, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except BaseException:
+            with_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            with_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            with_group(proc.pid, signal.SIGKILL)  # a rank its launcher left behind
+    return rc, time.monotonic() - start
+
+
+def with_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def user_config(args) -> dict:
+    """The user's DeepSpeed config, as given to DeepSpeed's autotuner (lists: the values it searches)."""
+    mbs = micro_batches(args)
+    auto = {"enabled": True, "fast": True, "metric": "throughput", "start_profile_step": 3, "end_profile_step": 5,
+            "max_train_micro_batch_size_per_gpu": mbs[-1]}  # its defaults, written out (autotuning/constants.py)
+    cfg = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": 1}
+    if args.ds_micro_batches == "auto":
+        auto["max_train_batch_size"] = args.global_batch
+        cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    return {**cfg, "zero_optimization": {"stage": list(args.zero)}, "bf16": {"enabled": True},
+            # torch's AdamW, as autotune's trials use: neither side JIT-builds DeepSpeed's CPU Adam
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                      "weight_decay": 0.1, "torch_adam": True}},
+            "gradient_clipping": 1.0, "steps_per_print": 1_000_000, "autotuning": auto}
+
+
+def common_config(args, stage: int, mbs: int, gas: int) -> dict:
+    """The user's config with one pick: what DeepSpeed's fast mode runs for it (autotuner.py
+    run_tuning_micro_batch_sizes: the first value of each list, zero_optimization = {stage})."""
+    cfg = {k: v for k, v in user_config(args).items() if k != "autotuning"}
+    return {**cfg, "train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
+            "train_batch_size": mbs * gas * args.ranks, "zero_optimization": {"stage": stage}}
+
+
+def run_deepspeed(args, out: Path) -> dict:
+    work = out / "deepspeed"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "ds_config.json").write_text(json.dumps(user_config(args), indent=2))
+    argv = ["deepspeed", "--autotuning", args.ds_mode, "--num_gpus", str(args.ranks), "--master_port",
+            str(free_port()), str(SCRIPT), "--seq-len", str(args.seq_len), "--deepspeed_config", "ds_config.json"]
+    log = work / "autotuner.log"
+    print(f"[1/3] DeepSpeed's autotuner: {' '.join(argv)} (log: {log})", flush=True)
+    rc, wall = run(argv, log, work, args.phase_timeout_min * 60, {"LOCAL_SIZE": str(args.ranks)})
+    results = work / "autotuning_results"
+    optimal = results / "ds_config_optimal.json"
+    if not optimal.is_file():
+        raise Failed(f"DeepSpeed's autotuner (exit code {rc}) wrote no {optimal}; see {log} and the "
+                     f"stderr.log files under {results}")
+    pick = json.loads(optimal.read_text())
+    exps, best = [], None
+    for d in sorted(p for p in results.iterdir() if (p / "exp.json").is_file()):
+        m = json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").is_file() else None
+        exps.append({"name": d.name, "latency": m and m.get("latency"), "throughput": m and m.get("throughput")})
+    summary = (results / "summary.txt").read_text() if (results / "summary.txt").is_file() else ""
+    for e in exps:
+        if e["throughput"] and (best is None or e["throughput"] > best["throughput"]):
+            best = e
+    profile = sum(e["name"] == "profile_model_info" for e in exps)
+    return {"wall_s": wall, "exit_code": rc, "experiments": len(exps) - profile, "profile_runs": profile,
+            "summary": summary.strip(), "pick": {"zero": pick.get("zero_optimization", {}).get("stage", 0),
+                                                "mbs": pick["train_micro_batch_size_per_gpu"],
+                                                "gas": pick.get("gradient_accumulation_steps", 1)},
+            "own_config": str(optimal), "experiments_detail": exps,
+            "own": {"name": best and best["name"], "latency": best and best["latency"],
+                    "throughput_samples_per_s": best and best["throughput"],
+                    "tokens_per_s": best and best["throughput"] * args.seq_len}}
+
+
+def run_autotune(args, out: Path) -> dict:
+    work = out / "autotune"
+    shutil.rmtree(work, ignore_errors=True)
+    argv = [sys.executable, "-m", "autotune", "tune", "--model", MODEL, "--gpu", "cpu", "--num-gpus",
+            str(args.ranks), "--seq-len", str(args.seq_len), "--global-batch", str(args.global_batch),
+            "--tp", "1", "--pp", "1", "--cp", "1", "--zero", ",".join(map(str, args.zero)), "--max-micro-batch",
+            str(args.max_micro_batch), "--recompute", "none", "--no-offload", "--engine", "deepspeed",
+            "--workload", "script", "--script", str(SCRIPT), "--trials", str(args.trials), "--top-k",
+            str(args.top_k), "--finalists", str(args.finalists), "--finalist-runs", str(args.finalist_runs),
+            "--out", str(work), "--json", "--", "--seq-len", str(args.seq_len)]
+    log, answer = out / "autotune_tune.log", out / "autotune_tune.json"
+    print(f"[2/3] autotune: {' '.join(argv)} (log: {log})", flush=True)
+    rc, wall = run(argv, log, REPO, args.phase_timeout_min * 60, stdout=answer)
+    try:
+        doc = json.loads(answer.read_text())
+    except ValueError:
+        doc = {}
+    if rc != 0 or not doc.get("best"):
+        raise Failed(f"autotune tune exit code {rc}: {doc.get('reason') or 'no result'}; see {log}")
+    plan = doc["best"]["plan"]
+    reruns = sum(len(f["rerun_tokens_per_s"]) for f in doc.get("finalists", []))
+    return {"wall_s": wall, "exit_code": rc, "trials": sum(doc["states"].values()), "states": doc["states"],
+            "reruns": reruns, "experiments": sum(doc["states"].values()) + reruns,
+            "pick": {"zero": plan["zero_stage"], "mbs": plan["micro_batch_size"], "gas": plan["grad_accum_steps"]},
+            "own_config": str(work / "winner" / "ds_config.json"),
+            "own": {"tokens_per_s": doc["best"]["measurement"]["tokens_per_s"],
+                    "finalist_median": next((f["median"] for f in doc.get("finalists", [])
+                                             if f["trial"] == doc["best"]["trial"]), None)}}
+
+
+def harness_config(args, tool: dict) -> dict:
+    if args.remeasure_config == "own":
+        cfg = json.loads(Path(tool["own_config"]).read_text())
+        cfg.pop("autotuning", None)
+        return cfg
+    return common_config(args, tool["pick"]["zero"], tool["pick"]["mbs"], tool["pick"]["gas"])
+
+
+def remeasure(args, out: Path, name: str, tool: dict, i: int) -> dict:
+    work = out / "remeasure"
+    cfg = harness_config(args, tool)
+    path = work / f"{name}_ds_config.json"
+    work.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg, indent=2))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_addr",
+            "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), "--seq-len", str(args.seq_len),
+            "--max-steps", str(args.warmup_steps + args.steps), "--deepspeed_config", str(path)]
+    log = work / f"{name}_{i}.log"
+    rc, wall = run(argv, log, REPO, 600)
+    times = {}
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "STEP_TIME":
+            times[int(parts[1])] = float(parts[2])
+    measured = [t for s, t in sorted(times.items()) if s > args.warmup_steps]
+    if len(measured) < args.steps:
+        raise Failed(f"harness run {name} #{i} (exit code {rc}) printed {len(measured)} of {args.steps} measured "
+                     f"STEP_TIME lines; see {log}")
+    batch = cfg["train_micro_batch_size_per_gpu"] * cfg.get("gradient_accumulation_steps", 1) * args.ranks
+    step = statistics.median(measured)
+    return {"tool": name, "run": i, "step_s": step, "tokens_per_s": batch * args.seq_len / step, "wall_s": wall,
+            "log": str(log)}
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else 0.0
+
+
+def minutes(s: float) -> str:
+    return f"{int(s // 60)}m{s % 60:04.1f}s"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) if j == 0 else str(c).rjust(w) for j, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), "-" * len(line(header)), *map(line, rows)])
+
+
+def report(args, state: dict) -> str:
+    ds, at = state["deepspeed"], state["autotune"]
+    runs = {n: [r["tokens_per_s"] for r in state["remeasure"] if r["tool"] == n] for n in ("deepspeed", "autotune")}
+    med = {n: statistics.median(v) for n, v in runs.items()}
+    pick = lambda t: f"ZeRO-{t['pick']['zero']} mb{t['pick']['mbs']}x{t['pick']['gas']}"
+    ds_own = (f"{ds['own']['tokens_per_s']:,.0f} (latency {ds['own']['latency']:,.0f}, "
+              f"{ds['own']['throughput_samples_per_s']:.1f} samples/s)") if ds["own"]["tokens_per_s"] else "-"
+    rows = [["DeepSpeed autotuner", f"{ds['experiments']} + {ds['profile_runs']} profile", minutes(ds["wall_s"]),
+             pick(ds), ds_own, f"{med['deepspeed']:,.0f}", f"{spread(runs['deepspeed']):.1%}"],
+            ["autotune tune", f"{at['trials']} trials + {at['reruns']} re-runs", minutes(at["wall_s"]), pick(at),
+             f"{at['own']['tokens_per_s']:,.0f}", f"{med['autotune']:,.0f}", f"{spread(runs['autotune']):.1%}"]]
+    head = ["tool", "experiments", "wall", "pick", "own figure, tokens/s", f"re-measured tokens/s (median of "
+            f"{args.repeats})", "spread"]
+    ratio, wall_ratio = med["autotune"] / med["deepspeed"], at["wall_s"] / ds["wall_s"]
+    noise = max(spread(runs["deepspeed"]), spread(runs["autotune"]))
+    fast_ok, wall_ok = ratio >= 1 - noise, wall_ratio <= 0.5
+    lines = [table(rows, head), "",
+             f"space: ZeRO {','.join(map(str, args.zero))} x micro-batch {micro_batches(args)}, global batch "
+             f"{args.global_batch}, seq {args.seq_len}, {args.ranks} gloo ranks, bf16; DeepSpeed micro-batches: "
+             f"{args.ds_micro_batches}, --autotuning {args.ds_mode}; harness configs: {args.remeasure_config}, "
+             f"{args.warmup_steps} + {args.steps} steps per run, alternating",
+             f"throughput ratio autotune / DeepSpeed (harness medians): {ratio:.3f}; noise (largest spread): "
+             f"{noise:.1%}; wall-time ratio: {wall_ratio:.3f}",
+             f"target: pick at least as fast within noise: {'yes' if fast_ok else 'NO'} ({ratio:.3f} >= "
+             f"{1 - noise:.3f}); at most half the wall time: {'yes' if wall_ok else 'NO'} ({wall_ratio:.3f} <= 0.5)"
+             f" -> {'HOLDS' if fast_ok and wall_ok else 'MISSED'}",
+             "harness runs: " + ", ".join(f"{r['tool'][:2]}#{r['run']} {r['tokens_per_s']:,.0f}"
+                                          for r in state["remeasure"])]
+    return "\n".join(lines)
+
+
+def _on_term(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM / SIGHUP: end the running tool's session, keep the results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_term)
+    missing = missing_tools()
+    if missing:
+        print("vs_deepspeed_autotuner: missing, needed by DeepSpeed's autotuner:\n  " + "\n  ".join(missing),
+              file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        print(f"vs_deepspeed_autotuner: --out {args.out} is a file; give a folder", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "results.json"
+    settings = json.loads(json.dumps({k: v for k, v in vars(args).items()
+                                      if k not in ("out", "fresh", "phase_timeout_min")}))
+    state = json.loads(saved.read_text()) if saved.is_file() and not args.fresh else {}
+    if state and state.get("settings") != settings:
+        print(f"vs_deepspeed_autotuner: {saved} holds results made with other settings ({state.get('settings')}); "
+              "rerun with those, or give --fresh (discards them) or another --out", file=sys.stderr)
+        return 2
+    state = state or {"settings": settings, "remeasure": []}
+    save = lambda: saved.write_text(json.dumps(state, indent=2))
+    try:
+        for key, fn in (("deepspeed", run_deepspeed), ("autotune", run_autotune)):
+            if key in state:
+                print(f"{key}: saved result reused ({minutes(state[key]['wall_s'])}); --fresh to redo", flush=True)
+            else:
+                state[key] = fn(args, out)
+                save()
+        done = {(r["tool"], r["run"]) for r in state["remeasure"]}
+        print(f"[3/3] harness: both picks, alternating, {args.repeats} runs each (logs: {out / 'remeasure'})",
+              flush=True)
+        for i in range(args.repeats):
+            for name in ("deepspeed", "autotune"):
+                if (name, i) not in done:
+                    state["remeasure"].append(remeasure(args, out, name, state[name], i))
+                    save()
+                    r = state["remeasure"][-1]
+                    print(f"  {name} #{i}: {r['tokens_per_s']:,.0f} tokens/s (step {r['step_s']:.4f} s)", flush=True)
+    except Failed as e:
+        save()
+        print(f"vs_deepspeed_autotuner: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        save()
+        print(f"vs_deepspeed_autotuner: interrupted; finished steps are saved in {saved}, rerun to continue",
+              file=sys.stderr)
+        return 130
+    text = report(args, state)
+    (out / "table.txt").write_text(text + "\n")
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
