@@ -18,10 +18,11 @@ The rule, in order:
 
 1. the planner's top-K (as the planner ranked them, best predicted first) not yet claimed;
 2. then the best *calibrated* prediction among the untried candidates, the cost model refitted
-   on every completed trial so far (:mod:`autotune.tune.calibrate`); every
-   ``explore_every``-th pick instead takes the best candidate with a micro-batch (else a ZeRO
-   stage, else a ZeRO/micro-batch/offload region) no trial has measured yet, so one wrong prior
-   cannot hide a region.
+   on every completed trial so far (:class:`CalibratedRank`, :mod:`autotune.tune.calibrate`); the
+   first pick after the top-K and every ``explore_every``-th one after it instead take the best
+   candidate with a layout (tp, pp, cp; else a micro-batch, else a ZeRO stage, else a
+   ZeRO/micro-batch/offload region) no trial has measured yet, so one wrong prior cannot hide a
+   region.
 
 A plan whose earlier trial was interrupted (the tuner was killed or Ctrl-C'd) is free again.
 """
@@ -29,6 +30,7 @@ A plan whose earlier trial was interrupted (the tuner was killed or Ctrl-C'd) is
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["PARAM", "DIMENSIONS", "plan_key", "plan_region", "plan_params", "distributions", "claimed_keys",
-           "trial_key", "PlanSampler"]
+           "trial_key", "layout", "step_measurements", "CalibratedRank", "PlanSampler"]
 
 PARAM = "plan_key"
 """The trial's plan identity (system and user attribute; the parameter itself in studies of autotune <= 0.1)."""
@@ -59,8 +61,10 @@ def plan_key(plan: ParallelPlan) -> str:
 
 
 def plan_region(plan: ParallelPlan) -> tuple:
-    """The coarse region a plan belongs to, for exploration picks: (ZeRO stage, micro-batch, offload)."""
-    return (plan.zero_stage, plan.micro_batch_size, plan.offload_optimizer != "none" or plan.offload_param != "none")
+    """The coarse region a plan belongs to, for exploration picks: (ZeRO stage, micro-batch, offload, layout),
+    the layout being (tp, pp, cp)."""
+    return (plan.zero_stage, plan.micro_batch_size, plan.offload_optimizer != "none" or plan.offload_param != "none",
+            layout(plan))
 
 
 def _engine(plan: ParallelPlan) -> str:
@@ -115,6 +119,89 @@ def claimed_keys(trials: Sequence[FrozenTrial], *, before: int | None = None) ->
     return out
 
 
+def step_measurements(trials: Sequence[FrozenTrial], plans: dict[str, ParallelPlan], run_model, cluster) -> list:
+    """The completed trials as :class:`autotune.tune.calibrate.StepMeasurement` (plans known, a step time)."""
+    from autotune.tune.calibrate import StepMeasurement
+
+    out = []
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
+        plan = plans.get(trial_key(t))
+        step = t.user_attrs.get("measurement", {}).get("step_time_s")
+        if plan is not None and step:
+            out.append(StepMeasurement(model=run_model, cluster=cluster, plan=plan, step_time_s=step,
+                                       label=f"#{t.number}"))
+    return out
+
+
+def layout(plan: ParallelPlan) -> tuple[int, int, int]:
+    """(tp, pp, cp): how the plan splits the model."""
+    return (plan.tp, plan.pp, plan.cp)
+
+
+class CalibratedRank:
+    """``rank`` for :class:`PlanSampler`: every candidate key, fastest predicted step first.
+
+    The prediction: the cost model refitted (:func:`autotune.tune.calibrate.fit_step_times`) on the
+    completed trials of the most measured layout (tp, pp, cp), times a correction per layout: the
+    geometric mean of measured / predicted over that layout's measured plans (1 for a layout not
+    measured yet). A fit over every layout can only spread what a machine does to one layout and the
+    model does not predict over all plans (on the ``cpu`` preset tp = 2 is predicted as fast as
+    tp = 1 and measures ~3x slower: gloo all-reduces, 4 ranks on 2 cores): fitted on 3 tp = 1 plans
+    and one tp = 2 plan of such a machine it predicted the tp = 1 plans ~85% slow and ranked a tp = 2
+    plan first. With the correction, one tp = 2 trial puts the other tp = 2 plans right
+    (``tests/tune/test_sampler_layouts.py``).
+
+    ``run_model``: the model as the trials run it (cut to their layer count). The fit is cached on the
+    measurements it saw and warm-started from the previous one once there are three or more.
+    """
+
+    def __init__(self, plans: dict[str, ParallelPlan], order: Sequence[str], run_model, cluster, start) -> None:
+        self._plans, self._order = plans, list(order)
+        self._model, self._cluster, self._start = run_model, cluster, start
+        self._sig: tuple | None = None
+        self._eff = start
+
+    def efficiency(self, completed: Sequence[FrozenTrial]):
+        """The efficiency fitted on ``completed`` (the start one when none has a measurement)."""
+        from autotune.tune.calibrate import fit_step_times
+
+        ms = step_measurements(completed, self._plans, self._model, self._cluster)
+        if not ms:
+            return self._start
+        counts: dict[tuple, int] = {}
+        for m in ms:
+            counts[layout(m.plan)] = counts.get(layout(m.plan), 0) + 1
+        reference = max(counts, key=counts.get)  # the most measured layout (the first measured on a tie)
+        ms = [m for m in ms if layout(m.plan) == reference]
+        sig = tuple((m.label, m.step_time_s) for m in ms)
+        if sig != self._sig:
+            warm = self._eff if len(ms) >= 3 else self._start
+            self._sig, self._eff = sig, fit_step_times(ms, warm)
+        return self._eff
+
+    def predicted_step_time_s(self, completed: Sequence[FrozenTrial]) -> dict[str, float]:
+        from autotune.cost.step_time import TimeSettings, estimate_step_time
+
+        ts = TimeSettings(efficiency=self.efficiency(completed))
+        predicted = {k: estimate_step_time(self._model, self._cluster, self._plans[k], ts).step_time_s
+                     for k in self._order}
+        logs: dict[tuple, list[float]] = {}
+        for t in completed:
+            key, step = trial_key(t), t.user_attrs.get("measurement", {}).get("step_time_s")
+            if t.state == TrialState.COMPLETE and step and key in predicted:
+                logs.setdefault(layout(self._plans[key]), []).append(math.log(step / predicted[key]))
+        factor = {lay: math.exp(sum(v) / len(v)) for lay, v in logs.items()}
+        return {k: p * factor.get(layout(self._plans[k]), 1.0) for k, p in predicted.items()}
+
+    def __call__(self, completed: list[FrozenTrial]) -> list[str]:
+        if not step_measurements(completed, self._plans, self._model, self._cluster):
+            return list(self._order)
+        predicted = self.predicted_step_time_s(completed)
+        return sorted(self._order, key=predicted.__getitem__)
+
+
 class PlanSampler(BaseSampler):
     """Planner top-K first, then calibrated best-predicted with periodic exploration.
 
@@ -124,7 +211,7 @@ class PlanSampler(BaseSampler):
     """
 
     def __init__(self, planner_order: Sequence[str], *, top_k: int, regions: dict[str, tuple],
-                 rank: Callable[[list[FrozenTrial]], list[str]] | None = None, explore_every: int = 4,
+                 rank: Callable[[list[FrozenTrial]], list[str]] | None = None, explore_every: int = 3,
                  plans: dict[str, ParallelPlan] | None = None) -> None:
         self._order = list(planner_order)
         self._plans = plans or {}
@@ -142,17 +229,34 @@ class PlanSampler(BaseSampler):
     def infer_relative_search_space(self, study, trial) -> dict[str, BaseDistribution]:
         return dict(self._dists)
 
-    def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
-        """Pick the whole plan: the next free candidate's value for every dimension (its key recorded)."""
-        if not search_space or not self._plans:
-            return {}
+    def before_trial(self, study, trial) -> None:
+        """Pick the trial's plan as the trial is created (``study.ask``), its key recorded.
+
+        Here rather than in ``sample_relative`` alone: Optuna fills a parameter whose distribution
+        has one value without asking the sampler, so when every dimension is single-valued (one
+        candidate, or candidates that differ only outside :data:`DIMENSIONS`) ``sample_relative``
+        is never called.
+        """
+        if self._plans:
+            self._claim(study, trial)
+
+    def _claim(self, study, trial) -> str:
+        recorded = study._storage.get_trial_system_attrs(trial._trial_id).get(PARAM)
+        if recorded is not None:
+            return recorded
         trials = study.get_trials(deepcopy=False)
         key = self.next_key([t for t in trials if t.number != trial.number])
         # Nothing free (another worker took the last one): return a claimed key; the claim
         # check gives the trial up as a duplicate and the study loop stops.
         key = key if key is not None else self._order[0]
         study._storage.set_trial_system_attr(trial._trial_id, PARAM, key)
-        values = plan_params(self._plans[key])
+        return key
+
+    def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
+        """The whole plan: the claimed candidate's value for every dimension."""
+        if not search_space or not self._plans:
+            return {}
+        values = plan_params(self._plans[self._claim(study, trial)])
         return {d: v for d, v in values.items() if d in search_space}
 
     def next_key(self, trials: Sequence[FrozenTrial]) -> str | None:
@@ -165,10 +269,14 @@ class PlanSampler(BaseSampler):
         if not free:
             return None
         picks_after_top = sum(1 for k in taken if k not in self._top)
-        if self._explore_every and (picks_after_top + 1) % self._explore_every == 0:
+        if self._explore_every and picks_after_top % self._explore_every == 0:
             seen = [self._regions[k] for k in taken if k in self._regions]
-            # A micro-batch no trial measured first, then an unmeasured ZeRO stage, then any new region.
-            for unseen in (lambda r: r[1] not in {s[1] for s in seen}, lambda r: r[0] not in {s[0] for s in seen},
+            # A layout (tp, pp, cp) no trial measured first: it moves the step time most and the cost
+            # model's prior on it is the least trustworthy (on the cpu preset tp = 2 is predicted as
+            # fast as tp = 1 and measures ~3x slower); calibration needs one of each to fit the links.
+            # Then a micro-batch, then a ZeRO stage, then any new region.
+            for unseen in (lambda r: r[3:] and r[3] not in {s[3] for s in seen if s[3:]},
+                           lambda r: r[1] not in {s[1] for s in seen}, lambda r: r[0] not in {s[0] for s in seen},
                            lambda r: r not in seen):
                 for key in free:
                     if unseen(self._regions[key]):

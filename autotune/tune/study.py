@@ -45,7 +45,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.api import Estimate
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.cost.step_time import TimeSettings
 from autotune.errors import InputError
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
@@ -53,10 +53,11 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.tune import ops
 from autotune.tune import trial as trial_mod
-from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate, fit_step_times
+from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate
 from autotune.tune.finalists import Finalist, run_finalists
 from autotune.tune.launchers import LaunchSettings, trial_fields
-from autotune.tune.sampler import PARAM, PlanSampler, claimed_keys, plan_key, plan_region, trial_key
+from autotune.tune.sampler import (PARAM, CalibratedRank, PlanSampler, claimed_keys, plan_key, plan_region,
+                                   step_measurements, trial_key)
 from autotune.tune.storage import LAUNCH_ATTR, fail_stale_trials, open_storage, open_study
 
 __all__ = ["SlowStepPruner", "TuneResult", "open_storage", "tune", "claim_conflict", "fail_stale_trials"]
@@ -127,16 +128,7 @@ def _test_overrides() -> dict:
 
 def _measurements(trials, candidates, model, cluster, num_layers) -> list[StepMeasurement]:
     run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
-    out = []
-    for t in trials:
-        if t.state != TrialState.COMPLETE:
-            continue
-        est = candidates.get(trial_key(t))
-        step = t.user_attrs.get("measurement", {}).get("step_time_s")
-        if est is not None and step:
-            out.append(StepMeasurement(model=run_model, cluster=cluster, plan=est.plan, step_time_s=step,
-                                       label=f"#{t.number}"))
-    return out
+    return step_measurements(trials, {k: e.plan for k, e in candidates.items()}, run_model, cluster)
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, result: trial_mod.TrialResult) -> None:
@@ -199,20 +191,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     candidates = {plan_key(e.plan): e for e in ranked}
     order = list(candidates)
     run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
-    settings_cache: dict = {}
-
-    def rank(completed: list[FrozenTrial]) -> list[str]:
-        ms = _measurements(completed, candidates, model, cluster, num_layers)
-        if not ms:
-            return order
-        sig = tuple((m.label, m.step_time_s) for m in ms)
-        if settings_cache.get("sig") != sig:
-            # warm start from the previous fit: one more measurement moves the optimum a little
-            warm = settings_cache.get("eff", start_efficiency) if len(ms) >= 3 else start_efficiency
-            settings_cache["sig"], settings_cache["eff"] = sig, fit_step_times(ms, warm)
-        ts = TimeSettings(efficiency=settings_cache["eff"])
-        return sorted(order, key=lambda k: estimate_step_time(run_model, cluster, candidates[k].plan, ts).step_time_s)
-
+    rank = CalibratedRank({k: e.plan for k, e in candidates.items()}, order, run_model, cluster, start_efficiency)
     sampler = PlanSampler(order, top_k=top_k, regions={k: plan_region(e.plan) for k, e in candidates.items()},
                           rank=rank, plans={k: e.plan for k, e in candidates.items()})
     optuna.logging.set_verbosity(optuna.logging.WARNING)
