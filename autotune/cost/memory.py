@@ -68,9 +68,12 @@ class MemorySettings:
     nccl_bytes_per_communicator: int | None = None
     """NCCL buffers per process group of more than one rank. None: 256 MiB on a GPU (NCCL_BUFFSIZE 4 MiB
     per channel and peer, 2 ring peers, up to 32 channels), 0 on ``cpu`` (gloo)."""
-    fragmentation_fraction: float = 0.05
+    fragmentation_fraction: float = 0.10
     """Caching-allocator reserve beyond the allocated peak, as a fraction of it (fragmentation and 2 MiB /
-    20 MiB segment rounding; typically 2-10%, worse with varying shapes)."""
+    20 MiB segment rounding, blocks cached per stream). Fitted (``python bench/fit_fragmentation.py``: the
+    smallest median |error|) on the 13 published runs with a peak memory: 9 torchtitan H100 runs
+    (``max_memory_reserved``, Llama 3.1 8B / 70B / 405B, FSDP2 / TP / PP / CP, bf16 and Float8) and 4 BLOOM
+    tr11 runs (nvidia-smi, Megatron-DeepSpeed). The only fitted memory parameter."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""

@@ -119,7 +119,22 @@ class FSDPEngine(Engine):
             # (_fsdp_param.py to_accumulated_grad_if_needed), bf16 with a single micro-batch.
             out.pop("reduce_scatter_grads", None)
             out["unsharded_grads"] = (4 if plan.num_microbatches > 1 else 2) * groups.per_gpu(plan.tp, plan.ep)
-        return out
+        return out | self._pipeline_buffers(model, plan)
+
+    @staticmethod
+    def _pipeline_buffers(model, plan) -> dict[str, float]:
+        """torch.distributed.pipelining (stage.py): PipelineStage allocates a receive buffer per micro-batch and
+        stage for the input activation and one for the output gradient (``_prepare_forward_infra`` /
+        ``_prepare_backward_infra``, ``_make_tensor_from_meta`` per chunk), and keeps each in-flight micro-batch's
+        stage output for its backward (``fwd_cache``). One boundary tensor: the bf16 residual stream (SP shard)."""
+        if plan.pp == 1:
+            return {}
+        from autotune.cost.activations import microbatches_in_flight
+
+        boundary = 2 * plan.micro_batch_size * plan.seq_len / plan.cp * model.hidden_size / (
+            plan.tp if plan.sequence_parallel else 1)
+        count = 2 * plan.num_microbatches * plan.vpp + microbatches_in_flight(plan, 0)
+        return {"pipeline_buffers": count * boundary}
 
     def grad_reduce_bytes(self, plan) -> float:
         return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default
