@@ -264,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
     progress.close()
     log = sys.stderr if args.json else sys.stdout
     print(summary_table(result.trials), file=log)
+    if result.not_measured:
+        print(f"\nnot measured (never launched): {result.not_measured}", file=log)
     plots = write_plots(result.trials, out, result.calibration)
     if result.finalists:
         print("\nfinalists, re-run alternately:\n" + finalists_table(result.finalists), file=log)
@@ -292,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
                           "finalists": [{"trial": f.trial.number, "trial_tokens_per_s": f.trial.value,
                                          "rerun_tokens_per_s": list(f.runs_tokens_per_s), "median": f.median,
                                          "spread": f.spread} for f in result.finalists],
-                          "calibration_path": result.calibration_path,
+                          "calibration_path": result.calibration_path, "not_measured": result.not_measured,
                           "calibration": result.calibration.to_dict() if result.calibration else None}, indent=2))
     else:
         print(f"\nbest: trial {best.number} {plan_summary(est.plan)}: {measurement['tokens_per_s']:,.0f} tokens/s, "

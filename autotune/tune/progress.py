@@ -117,7 +117,8 @@ def _plan_text(t: FrozenTrial) -> str:
 
 def summary_table(trials: list[FrozenTrial]) -> str:
     """One row per trial: plan, state, measured and predicted step time, tokens/s, reason."""
-    head = f"{'#':>4}  {'plan':<44}{'state':<12}{'step s':>9}{'pred s':>9}{'tokens/s':>11}  reason"
+    w = max([44] + [len(_plan_text(t)) + 2 for t in trials])  # the longest plan still leaves a gap
+    head = f"{'#':>4}  {'plan':<{w}}{'state':<12}{'step s':>9}{'pred s':>9}{'tokens/s':>11}  reason"
     rows = [head, "-" * len(head)]
     for t in sorted(trials, key=lambda t: t.number):
         state = t.user_attrs.get("status") if t.state == TrialState.FAIL else t.state.name.lower()
@@ -127,7 +128,7 @@ def summary_table(trials: list[FrozenTrial]) -> str:
         tok = meas.get("tokens_per_s")
         reason = "" if t.state == TrialState.COMPLETE else (t.user_attrs.get("reason") or "")
         reason = reason.replace("\n", " ")[:90]
-        rows.append(f"{t.number:>4}  {_plan_text(t):<44}{state or 'fail':<12}"
+        rows.append(f"{t.number:>4}  {_plan_text(t):<{w}}{state or 'fail':<12}"
                     f"{'-' if step is None else f'{step:.4f}':>9}{'-' if pred is None else f'{pred:.4f}':>9}"
                     f"{'-' if tok is None else f'{tok:,.0f}':>11}  {reason}")
     return "\n".join(rows)
@@ -135,13 +136,14 @@ def summary_table(trials: list[FrozenTrial]) -> str:
 
 def finalists_table(finalists) -> str:
     """The re-run finalists (:class:`autotune.tune.finalists.Finalist`), best median first, with their spread."""
-    head = f"{'#':>4}  {'plan':<44}{'trial tok/s':>12}{'re-runs tok/s':>24}{'median':>10}{'spread':>8}"
+    w = max([44] + [len(_plan_text(f.trial)) + 2 for f in finalists])
+    head = f"{'#':>4}  {'plan':<{w}}{'trial tok/s':>12}{'re-runs tok/s':>24}{'median':>10}{'spread':>8}"
     rows = [head, "-" * len(head)]
     for f in finalists:
         runs = ", ".join("-" if r is None else f"{r:,.0f}" for r in f.runs_tokens_per_s)
         median = "-" if f.median is None else f"{f.median:,.0f}"
         spread = "-" if f.spread is None else f"{f.spread:.1%}"
-        rows.append(f"{f.trial.number:>4}  {_plan_text(f.trial):<44}{f.trial.value or 0:>12,.0f}{runs:>24}"
+        rows.append(f"{f.trial.number:>4}  {_plan_text(f.trial):<{w}}{f.trial.value or 0:>12,.0f}{runs:>24}"
                     f"{median:>10}{spread:>8}")
     rows.append("spread: (max - min) / median of the re-runs; the winner has the best median.")
     return "\n".join(rows)

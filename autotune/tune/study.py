@@ -103,6 +103,8 @@ class TuneResult:
     finalists: list[Finalist] = field(default_factory=list)
     """The re-run finalists, best median first (empty: fewer than two completed plans, or disabled)."""
     candidates: dict[str, Estimate] = field(default_factory=dict, repr=False)
+    not_measured: str = ""
+    """Feasible plans the workload cannot run (never launched), counted by reason; empty when none."""
 
 
 def claim_conflict(study: optuna.Study, number: int, key: str) -> int | None:
@@ -173,17 +175,32 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
                          subject="search")
     ranked = list(search.ranked)
-    if workload.kind == "builtin":
-        # Measure only what the builtin workload runs: data parallelism here, tp / pp / cp and the other
-        # engines under their engine's trainer (python -m autotune.train), which names what it cannot run.
-        from autotune.tune.workload_builtin import trainer_problem
+    skipped = ""
+    if workload.kind in ("builtin", "script"):
+        # Measure only what the workload runs. builtin: data parallelism in workload_builtin, tp / pp / cp and
+        # the other engines under their engine's trainer (python -m autotune.train), which names what it cannot
+        # run; Megatron plans never (their pretrain_gpt.py needs CUDA). script: the user's DeepSpeed script
+        # gets the plan as a DeepSpeed config, so only plans a DeepSpeed config expresses.
+        from autotune.engines import engine_for
+        from autotune.tune.workload_builtin import not_measured, trainer_problem
 
         trial_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
-        why = {id(e): trainer_problem(trial_model, e.plan) for e in ranked}
-        if all(why.values()):
-            raise InputError([f"the builtin workload runs none of the {len(ranked)} feasible plans, e.g. "
-                              f"{next(iter(why.values()))}; use --workload script/command with your own training "
-                              "script"], subject="tune")
+        if workload.kind == "builtin":
+            why = {id(e): trainer_problem(trial_model, e.plan, full_layers=model.num_layers) for e in ranked}
+        else:
+            why = {id(e): None if engine_for(e.plan).trainer_takes_deepspeed_config else
+                   f"engine {engine_for(e.plan).name}: --workload script runs a DeepSpeed script with the plan's "
+                   f"DeepSpeed config, which cannot express this engine's plans (use --engine deepspeed with a DeepSpeed "
+                   f"script; measure other engines with --workload builtin or command)" for e in ranked}
+        reasons = [r for r in why.values() if r]
+        if len(reasons) == len(ranked):
+            other = "" if workload.kind == "script" or all("--workload command" in r for r in reasons) else (
+                "; or measure your own program: --workload script (a DeepSpeed script) or --workload command")
+            raise InputError([f"the {workload.kind} workload runs none of the {len(ranked)} feasible plans "
+                              f"({not_measured(reasons)}){other}"], subject="tune")
+        if reasons:
+            skipped = (f"{len(reasons)} of the {len(ranked)} feasible plans are not measured by the {workload.kind} "
+                       f"workload ({not_measured(reasons)})")
         ranked = [e for e in ranked if not why[id(e)]]
     out.mkdir(parents=True, exist_ok=True)
     storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -297,8 +314,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                 progress("finalist", study, t.number, f"re-running the best plans alternately: {count}/{total}")
 
         chosen = run_finalists(study, finalists, finalist_runs, measure, on_run)
-    return _result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency, calibration_path,
-                   chosen)
+    return dataclasses.replace(_result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency,
+                                       calibration_path, chosen), not_measured=skipped)
 
 
 def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path,

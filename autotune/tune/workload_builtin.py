@@ -32,25 +32,46 @@ UNSUPPORTED_TP = "tensor parallelism (tp > 1) is not supported by the builtin wo
 UNSUPPORTED_CP = "context parallelism (cp > 1) is not supported by the builtin workload yet"
 
 
-def trainer_problem(model, plan) -> str | None:
+def trainer_problem(model, plan, *, full_layers: int | None = None) -> str | None:
     """Why neither this workload nor the engine's built-in trainer (``python -m autotune.train``) runs ``plan``.
 
     Data-parallel DeepSpeed plans run here; tensor, pipeline and sequence parallelism (and the other
     engines) run under the plan's engine's trainer (:mod:`autotune.train`), which says which plans it
-    cannot run (its ``unsupported_reason``).
+    cannot run (its ``unsupported_reason``). ``model`` is the model the trial runs; ``full_layers``: the
+    layer count it was cut from (``--num-layers``), so that a pipeline too deep for the cut says which
+    flag to raise.
     """
     import importlib
 
     from autotune.engines import engine_for
 
-    if not uses_trainer(plan):
-        return None
     engine = engine_for(plan)
     if not engine.trainer_module:
-        return f"engine {engine.name} has no built-in trainer (it needs CUDA): use --workload command"
+        return (f"engine {engine.name} ({engine.title}) has no built-in trainer: its own training program needs "
+                f"CUDA, so the tuner never launches its plans itself; measure them with --workload command "
+                f"--command TEMPLATE ({{megatron_args}} in the template becomes the plan's arguments) "
+                f"--metric-pattern REGEX")
+    stages = plan.pp * plan.vpp
+    if full_layers is not None and plan.pp > 1 and model.num_layers < stages <= full_layers:
+        return (f"--num-layers {model.num_layers} leaves fewer layers than the plan's pp x vpp = {stages} "
+                f"pipeline stages: give --num-layers {stages} or more")
+    if not uses_trainer(plan):
+        return None
     module = importlib.import_module(engine.trainer_module)
     check = getattr(module, "unsupported_reason", None)
     return check(model, plan) if check is not None else None
+
+
+def not_measured(reasons: list[str], limit: int = 3) -> str:
+    """The reasons plans are not measured, most frequent first, each with its count ("N plans: reason")."""
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{n} plan{'s' if n > 1 else ''}: {r}" for r, n in ranked[:limit]]
+    if len(ranked) > limit:
+        parts.append(f"{sum(n for _, n in ranked[limit:])} more for {len(ranked) - limit} other reasons")
+    return "; ".join(parts)
 
 
 def uses_trainer(plan) -> bool:
