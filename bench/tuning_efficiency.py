@@ -16,6 +16,10 @@ Two spaces (``--space``), each the feasible plans of the planner, seq 64, global
    ``--finalists`` best plans re-run ``--finalist-runs`` times each, interleaved, the winner chosen on
    the medians (the re-runs are counted and shown separately from the trials), repeated.
 
+3. Replay (``--replays``, no trials): the tuner's own sampler run many times on the exhaustive pass's
+   reference throughputs, each trial and re-run drawing log-normal noise of the measured size, so the
+   share of tuner runs that reach the target is a figure with more than 3 samples behind it.
+
 For each repeat: the tuner's pick, its reference throughput over the best reference throughput
 (both from the exhaustive pass: the same measurements of both, so the tuner's own lucky run does not
 count), its own trial's throughput over the best, and the trials spent. Resumable: rerunning the
@@ -23,13 +27,15 @@ same command continues the exhaustive pass, its re-runs and each repeat's study 
 repeats).
 
     flock /tmp/bench.lock python bench/tuning_efficiency.py --space tp-pp [--repeats 3] [--budget 0.3]
-          [--steps 3] [--finalists 3] [--finalist-runs 2] [--noise-plans 4] [--noise-runs 2] [--out DIR]
+          [--steps 3] [--finalists 3] [--finalist-runs 2] [--noise-plans 4] [--noise-runs 2] [--replays 100]
+          [--fresh] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -42,11 +48,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from optuna.trial import TrialState  # noqa: E402
 
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY  # noqa: E402
 from autotune.report import plan_summary  # noqa: E402
 from autotune.search.space import SearchConstraints  # noqa: E402
 from autotune.specs.loading import load_cluster, load_model  # noqa: E402
 from autotune.specs.plan import ParallelPlan  # noqa: E402
-from autotune.tune.sampler import trial_key  # noqa: E402
+from autotune.tune.sampler import PARAM, CalibratedRank, PlanSampler, plan_region, trial_key  # noqa: E402
 from autotune.tune.study import tune  # noqa: E402
 from autotune.tune.trial import Workload  # noqa: E402
 
@@ -80,6 +87,38 @@ def _runs(result) -> dict[str, list[float]]:
     return out
 
 
+def _replay(candidates, reference: dict[str, float], run_model, cluster, *, budget: int, finalists: int,
+            finalist_runs: int, sigma: float, seed: int) -> str | None:
+    """One simulated tuner run on the exhaustive pass's numbers: each trial and re-run of a plan measures its
+    reference throughput times log-normal noise of ``sigma``; the tuner's own sampler picks the plans
+    (planner top-3, then :class:`CalibratedRank` with exploration) and the winner is the best median
+    re-run of its ``finalists`` best. Only plans the exhaustive pass measured are offered."""
+    import random
+
+    import optuna
+
+    rng = random.Random(seed)
+    plans = {k: e.plan for k, e in candidates.items() if k in reference}
+    order = list(plans)
+    tokens = {k: p.global_batch_size * p.seq_len for k, p in plans.items()}
+    draw = lambda k: reference[k] * math.exp(rng.gauss(0.0, sigma))  # noqa: E731
+    sampler = PlanSampler(order, top_k=3, regions={k: plan_region(p) for k, p in plans.items()}, plans=plans,
+                          rank=CalibratedRank(plans, order, run_model, cluster, DEFAULT_EFFICIENCY))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    measured: dict[str, float] = {}
+    for _ in range(min(budget, len(plans))):
+        trial = study.ask(sampler.search_space)
+        key = study._storage.get_trial_system_attrs(trial._trial_id)[PARAM]
+        measured[key] = draw(key)
+        trial.set_user_attr("measurement", {"step_time_s": tokens[key] / measured[key]})
+        study.tell(trial, measured[key])
+    top = sorted(measured, key=measured.get, reverse=True)[:max(finalists, 1)]
+    if finalists < 2 or len(top) < 2:
+        return top[0]
+    return max(top, key=lambda k: statistics.median(draw(k) for _ in range(finalist_runs)))
+
+
 def _summary(key: str) -> str:
     return plan_summary(ParallelPlan(**json.loads(key)))
 
@@ -98,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--finalist-runs", type=int, default=2)
     ap.add_argument("--noise-plans", type=int, default=4, help="exhaustive pass: best plans re-measured (0: none)")
     ap.add_argument("--noise-runs", type=int, default=2)
+    ap.add_argument("--replays", type=int, default=100,
+                    help="simulated tuner runs on the exhaustive numbers with the measured noise (0: none)")
     ap.add_argument("--fresh", action="store_true", help="redo the tuner repeats (the exhaustive pass is kept)")
     ap.add_argument("--out", default=None, help="default out/bench_tuning (dp), out/bench_tuning_tp_pp (tp-pp)")
     args = ap.parse_args(argv)
@@ -146,6 +187,19 @@ def main(argv=None) -> int:
         print(f"best by {name}: " + ", ".join(f"{name}{v} {max(xs):,.0f}" for v, xs in sorted(by.items())))
 
     budget = max(1, int(args.budget * num_plans))  # at most the fraction: round down
+    if args.replays and noise:
+        # (max - min) of 3 normal draws is ~1.69 sigma on average
+        sigma = noise / 1.69 if max(len(v) for v in runs.values()) >= 3 else noise / 1.13
+        import dataclasses
+
+        run_model = dataclasses.replace(model, num_layers=space["num_layers"])
+        fracs = [reference[_replay(exhaustive.candidates, reference, run_model, cluster, budget=budget,
+                                   finalists=args.finalists, finalist_runs=args.finalist_runs, sigma=sigma,
+                                   seed=i)] / best for i in range(args.replays)]
+        print(f"\nreplay: {args.replays} simulated tuner runs (the tuner's sampler on the exhaustive references, "
+              f"log-normal noise sigma {sigma:.1%}, budget {budget}, {args.finalists} finalists x "
+              f"{args.finalist_runs}): pick/best mean {statistics.fmean(fracs):.1%}, worst {min(fracs):.1%}, "
+              f">= {TARGET:.0%} in {sum(f >= TARGET for f in fracs) / len(fracs):.0%} of them")
     rows = []
     for r in range(args.repeats):
         folder = out / f"tuner_{r}"
