@@ -35,7 +35,8 @@ noise is the larger of the two, and the target holds when autotune's median >= D
 noise) and autotune's wall time <= half of DeepSpeed's.
 
 Results are saved in OUT/results.json after each step: rerunning the same command skips what is
-done (a phase cut short is redone from its start; ``--fresh`` discards everything).
+done (a phase cut short is redone from its start; a larger ``--repeats`` adds harness runs to the
+saved ones; ``--fresh`` discards everything).
 
     flock /tmp/bench.lock python bench/vs_deepspeed_autotuner.py [--out DIR] [--repeats 3] [--fresh]
 
@@ -60,6 +61,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "ds_user_script.py"
+LABEL = {"deepspeed": "DS", "autotune": "at"}
 MODEL = "tiny-gpt"  # what ds_user_script.py builds (autotune/presets/models/tiny-gpt.yaml)
 
 
@@ -323,39 +325,47 @@ def minutes(s: float) -> str:
     return f"{int(s // 60)}m{s % 60:04.1f}s"
 
 
-def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) if j == 0 else str(c).rjust(w) for j, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(header), "-" * len(line(header)), *map(line, rows)])
+def table(rows: list[list[str]]) -> str:
+    """Rows of [label, DeepSpeed, autotune], left-aligned columns."""
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join([lines[0], "-" * max(map(len, lines)), *lines[1:]])
 
 
 def report(args, state: dict) -> str:
     ds, at = state["deepspeed"], state["autotune"]
     runs = {n: [r["tokens_per_s"] for r in state["remeasure"] if r["tool"] == n] for n in ("deepspeed", "autotune")}
     med = {n: statistics.median(v) for n, v in runs.items()}
-    pick = lambda t: f"ZeRO-{t['pick']['zero']} mb{t['pick']['mbs']}x{t['pick']['gas']}"
-    ds_own = (f"{ds['own']['tokens_per_s']:,.0f} (latency {ds['own']['latency']:,.0f}, "
-              f"{ds['own']['throughput_samples_per_s']:.1f} samples/s)") if ds["own"]["tokens_per_s"] else "-"
-    rows = [["DeepSpeed autotuner", f"{ds['experiments']} + {ds['profile_runs']} profile", minutes(ds["wall_s"]),
-             pick(ds), ds_own, f"{med['deepspeed']:,.0f}", f"{spread(runs['deepspeed']):.1%}"],
-            ["autotune tune", f"{at['trials']} trials + {at['reruns']} re-runs", minutes(at["wall_s"]), pick(at),
-             f"{at['own']['tokens_per_s']:,.0f}", f"{med['autotune']:,.0f}", f"{spread(runs['autotune']):.1%}"]]
-    head = ["tool", "experiments", "wall", "pick", "own figure, tokens/s", f"re-measured tokens/s (median of "
-            f"{args.repeats})", "spread"]
+    pick = lambda t: f"ZeRO-{t['pick']['zero']} micro-batch {t['pick']['mbs']} x accumulation {t['pick']['gas']}"
+    own = ds["own"]
+    rows = [["", "DeepSpeed autotuner", "autotune tune"],
+            ["experiments", f"{ds['experiments']} + {ds['profile_runs']} model-info profile",
+             f"{at['trials']} trials + {at['reruns']} finalist re-runs"],
+            ["wall time", minutes(ds["wall_s"]), minutes(at["wall_s"])],
+            ["pick", pick(ds), pick(at)],
+            ["its own figure, tokens/s", f"{own['tokens_per_s']:,.0f}" if own["tokens_per_s"] else "-",
+             f"{at['own']['tokens_per_s']:,.0f}"],
+            ["  as it wrote it", f"latency {own['latency']:,.0f}, throughput {own['throughput_samples_per_s']:.2f}"
+             if own["tokens_per_s"] else "-", "tokens/s of the winner's trial"],
+            [f"re-measured tokens/s, median of {len(runs['deepspeed'])}/{len(runs['autotune'])}",
+             f"{med['deepspeed']:,.0f}", f"{med['autotune']:,.0f}"],
+            ["spread, (max - min) / median", f"{spread(runs['deepspeed']):.1%}", f"{spread(runs['autotune']):.1%}"]]
     ratio, wall_ratio = med["autotune"] / med["deepspeed"], at["wall_s"] / ds["wall_s"]
+    paired = [a / d for d, a in zip(runs["deepspeed"], runs["autotune"])]  # run i of each: next to each other
     noise = max(spread(runs["deepspeed"]), spread(runs["autotune"]))
     fast_ok, wall_ok = ratio >= 1 - noise, wall_ratio <= 0.5
-    lines = [table(rows, head), "",
+    lines = [table(rows), "",
              f"space: ZeRO {','.join(map(str, args.zero))} x micro-batch {micro_batches(args)}, global batch "
              f"{args.global_batch}, seq {args.seq_len}, {args.ranks} gloo ranks, bf16; DeepSpeed micro-batches: "
              f"{args.ds_micro_batches}, --autotuning {args.ds_mode}; harness configs: {args.remeasure_config}, "
              f"{args.warmup_steps} + {args.steps} steps per run, alternating",
              f"throughput ratio autotune / DeepSpeed (harness medians): {ratio:.3f}; noise (largest spread): "
-             f"{noise:.1%}; wall-time ratio: {wall_ratio:.3f}",
+             f"{noise:.1%}; paired ratios (run i / run i): {', '.join(f'{r:.3f}' for r in paired)}, median "
+             f"{statistics.median(paired):.3f}; wall-time ratio: {wall_ratio:.3f}",
              f"target: pick at least as fast within noise: {'yes' if fast_ok else 'NO'} ({ratio:.3f} >= "
              f"{1 - noise:.3f}); at most half the wall time: {'yes' if wall_ok else 'NO'} ({wall_ratio:.3f} <= 0.5)"
              f" -> {'HOLDS' if fast_ok and wall_ok else 'MISSED'}",
-             "harness runs: " + ", ".join(f"{r['tool'][:2]}#{r['run']} {r['tokens_per_s']:,.0f}"
+             "harness runs (alternating): " + ", ".join(f"{LABEL[r['tool']]}#{r['run']} {r['tokens_per_s']:,.0f}"
                                           for r in state["remeasure"])]
     return "\n".join(lines)
 
@@ -380,7 +390,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "results.json"
     settings = json.loads(json.dumps({k: v for k, v in vars(args).items()
-                                      if k not in ("out", "fresh", "phase_timeout_min")}))
+                                      if k not in ("out", "fresh", "phase_timeout_min", "repeats")}))
     state = json.loads(saved.read_text()) if saved.is_file() and not args.fresh else {}
     if state and state.get("settings") != settings:
         print(f"vs_deepspeed_autotuner: {saved} holds results made with other settings ({state.get('settings')}); "
