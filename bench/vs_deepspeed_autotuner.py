@@ -1,6 +1,6 @@
 """Side by side: DeepSpeed's own autotuner and ``autotune tune`` on one user script, this machine.
 
-The script is ``bench/ds_user_script.py`` (tiny-gpt, 4 layers x 256 wide, random tokens), run as
+The script is ``bench/workloads/ds_user_script.py`` (tiny-gpt, 4 layers x 256 wide, random tokens), run as
 ``--ranks`` gloo CPU ranks; the space is the one DeepSpeed's autotuner searches: ZeRO stage 0-3 x
 micro-batch, the global batch fixed (``--global-batch``; micro-batch x accumulation x ranks), bf16,
 no offload, tp = pp = 1.
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "ds_user_script.py"
+SCRIPT = REPO / "bench" / "workloads" / "ds_user_script.py"  # not bench/*.py: `make bench` runs those
 LABEL = {"deepspeed": "DS", "autotune": "at"}
 MODEL = "tiny-gpt"  # what ds_user_script.py builds (autotune/presets/models/tiny-gpt.yaml)
 

@@ -81,3 +81,11 @@ def test_saved_results_of_other_settings_are_not_mixed_in(bench, tmp_path, capsy
     (tmp_path / "results.json").write_text(json.dumps({"settings": {"ranks": 4}, "remeasure": []}))
     assert bench.main(["--out", str(tmp_path)]) == 2
     assert "--fresh" in capsys.readouterr().err
+
+
+def test_user_script_takes_the_deepspeed_launchers_arguments():
+    script = BENCH.parent / "workloads" / "ds_user_script.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for flag in ("--deepspeed_config", "--local_rank", "--max-steps", "--seq-len"):
+        assert flag in proc.stdout

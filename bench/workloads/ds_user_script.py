@@ -14,7 +14,7 @@ FFN 1024, vocabulary 1024), trained on random tokens. Nothing in it knows about 
   ``STEP_TIME <i> <seconds>`` line per optimizer step (wall clock, all micro-batches of the step),
   which the bench's common harness reads.
 
-Run alone: ``torchrun --nproc_per_node 2 bench/ds_user_script.py --deepspeed_config ds.json``.
+Run alone: ``torchrun --nproc_per_node 2 bench/workloads/ds_user_script.py --deepspeed_config ds.json``.
 """
 
 import argparse
