@@ -141,6 +141,9 @@ class Engine(ABC):
     None where the workload is "command" (Megatron-LM, Megatron-DeepSpeed: their own pretrain_gpt.py)."""
     trainer_takes_deepspeed_config: ClassVar[bool] = False
     """The trainer needs ``--deepspeed-config ds_config.json`` (the tuner passes the trial's)."""
+    uses_deepspeed_ops: ClassVar[bool] = False
+    """Its trials run DeepSpeed, which JIT-builds ops (shm_comm on CPU, cpu_adam with optimizer offload) that the
+    tuner builds once before the first trial; False: no DeepSpeed in its trials, nothing to build."""
 
     # ---- rules -----------------------------------------------------------------------------
     def extra_problems(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Rule]:

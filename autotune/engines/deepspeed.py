@@ -33,6 +33,7 @@ class DeepSpeedEngine(Engine):
     workload = "builtin"
     trainer_module = "autotune.train.deepspeed"
     trainer_takes_deepspeed_config = True
+    uses_deepspeed_ops = True
     sources = {
         "tp_pp": "DeepSpeed issues #7147, #7730: AutoTP inside PipelineModule is not supported",
         "zero_pp": "deepspeed/runtime/pipe/engine.py:76",

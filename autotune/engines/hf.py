@@ -31,6 +31,7 @@ class HFEngine(Engine):
     checkpoint_format = "deepspeed"
     workload = "builtin"
     trainer_module = "autotune.train.hf"
+    uses_deepspeed_ops = True
     sources = {"tp": "the HF path here is data-parallel ZeRO; use engine deepspeed for AutoTP",
                "pp": "transformers Trainer has no pipeline schedule; use engine deepspeed or megatron",
                "cp": "use engine deepspeed for Ulysses"}

@@ -26,6 +26,7 @@ class MegatronDeepSpeedEngine(Engine):
                         tp_backward_overlap=True)
     checkpoint_format = "deepspeed"
     workload = "command"
+    uses_deepspeed_ops = True
     sources = {"zero_pp": "deepspeed/runtime/pipe/engine.py:76",
                "vpp": "DeepSpeed's PipelineEngine TrainSchedule has no interleaving",
                "layer_split": "megatron/model/gpt_model.py GPTModelPipe partition_method='type:transformer'"}

@@ -218,8 +218,11 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                        must_be_new=not (resume or worker))
     fail_stale_trials(study, all_running=resume and not worker, out_dir=out)
     say = (lambda text: progress("ops", study, None, text)) if progress else (lambda text: None)
-    needed = ops.needed_ops([e.plan for e in ranked], cpu=cluster.gpu.name == "cpu") \
-        if workload.kind in ("builtin", "script") else []
+    from autotune.engines import engine_for
+
+    ds_plans = [e.plan for e in ranked if engine_for(e.plan).uses_deepspeed_ops]  # FSDP trials build nothing
+    needed = ops.needed_ops(ds_plans, cpu=cluster.gpu.name == "cpu") \
+        if ds_plans and workload.kind in ("builtin", "script") else []
 
     def ensure_ops() -> None:
         try:

@@ -4,7 +4,7 @@ tiny-llama on 2 gloo ranks, seq 64, global batch 8, trials cut to few layers and
 pruning and no finalist re-runs (each trial measured once), so the study stays short:
 
 - FSDP2 (``--engine fsdp``, full shard, no offload, micro-batch 4, 2 layers): exactly three feasible
-  plans, all measured: full shard over dp 2, FSDP2 + DTensor TP (tp 2), ``torch.distributed.pipelining``
+  plans, all measured, no DeepSpeed op built first (FSDP trials run no DeepSpeed): full shard over dp 2, FSDP2 + DTensor TP (tp 2), ``torch.distributed.pipelining``
   1F1B (pp 2; the interleaved pp 2 x vpp 2 plans need 4 layers and are reported as not measured);
 - DeepSpeed-Ulysses (cp 2, ZeRO-1): the first trial's rank 1 fails on purpose (a ``sitecustomize``
   on PYTHONPATH raises in the trainer's main once), the next one is measured; the failed trial's reason
@@ -126,9 +126,11 @@ def _check_winner(doc: dict, out: Path, config_files: list[str]) -> dict:
 
 
 def test_fsdp_study_measures_full_shard_tp_and_pipelining(tmp_path):
-    out = tmp_path / "fsdp"
+    out, ext = tmp_path / "fsdp", tmp_path / "torch_extensions"
+    # a fresh extensions folder: FSDP trials run no DeepSpeed, so the study builds no DeepSpeed op first
     doc, done = _tune(out, "--engine", "fsdp", "--zero", "3", "--micro-batch", "4", "--cp", "1", "--num-layers", "2",
-                      "--trials", "3", "--top-k", "3")
+                      "--trials", "3", "--top-k", "3", env=_env(TORCH_EXTENSIONS_DIR=str(ext)))
+    assert "building DeepSpeed ops" not in done.stderr and not ext.exists()
     trials = _trials(out)
     assert all(t.state == TrialState.COMPLETE for t in trials), [(t.params, t.user_attrs.get("reason")) for t in trials]
     layouts = {(t.params["tp"], t.params["pp"], t.user_attrs["plan"]["dp"]): t for t in trials}
