@@ -352,7 +352,7 @@ def _one(entry: dict) -> PublishedRun:
         why = (f"a headline over models of {m['params_b']}B parameters" if "-" in str(m.get("params_b", ""))
                else f"only {m.get('params_b')}B parameters")
         return PublishedRun(**base, skipped=f"the source gives no single model configuration: {why}, no "
-                                            "layers/hidden/heads (nor a stated parallel layout) in it or its tables")
+                                            "layers/hidden/heads nor parallel layout in the entry")
     cluster, why = _cluster(gpu_text, entry)
     if cluster is None:
         return PublishedRun(**base, model=model, skipped=why)

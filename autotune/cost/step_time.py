@@ -281,6 +281,24 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     )
 
 
+def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                        settings: TimeSettings | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of one dense transformer layer for one micro-batch, as a layer-level timing
+    measures them: the forward with its TP collectives; the backward with the recompute (and its collectives)
+    the plan does, and the share of hidden communication that still costs compute (``overlap_cost``)."""
+    settings = settings or TimeSettings()
+    eff = settings.efficiency
+    sched = engine_for(plan).comm
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
+    lt = layer_time(model, cluster, time_key(plan), False, eff, r, settings.torch_compile)
+    tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
+    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd)
+    fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")
+    total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
+    total += eff.overlap_cost * lp.tp_hidden_s
+    return fwd, total - fwd
+
+
 def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
     """The datasheet 16-bit peak MFU is quoted against (FP8 runs too, as the sources quote them)."""
     gpu = cluster.gpu

@@ -1,49 +1,78 @@
-"""Golden test: the step-time model against published Megatron-LM runs (published_runs_dev.yaml).
+"""Golden test: the step-time model against every published run (autotune/data/published_runs), family by family.
 
-Predicted TFLOP/s per GPU, in the source's FLOP convention (Narayanan: hardware, with the
-recompute pass; Korthikanti: model), within 10% for the median entry and 20% for every entry.
-Where the source leaves the micro-batch or the interleaving depth out, the prediction takes the
-fastest valid choice that fits in memory (the authors tuned theirs).
+Predicted tokens/s per GPU (``autotune.cost.published_runs.predict_run``, the same path as
+``bench/accuracy_published.py``) against the published figure, with the shipped (fitted) parameters. Each family
+holds its in-sample median and worst |error| to what the model reaches today (a little headroom), so a change that
+makes any family worse fails here; the bench prints the leave-one-family-out figures.
 """
 
 import statistics
+from collections import defaultdict
 
 import pytest
 
-from autotune.calibration import prediction_errors, published_measurements
+from autotune.cost.published_runs import predict_run, published_runs
 
-ENTRIES = published_measurements()
-MEASURED = [m for m, _, _ in ENTRIES if m is not None]
+RUNS = published_runs()
+TIMED = [r for r in RUNS if not r.skipped and r.tokens_per_s_per_gpu]
 
-
-def test_every_end_to_end_entry_is_compared():
-    # 10 rows of Narayanan Table 1 and 9 end-to-end rows of Korthikanti; what is skipped says why.
-    assert len(MEASURED) == 19
-    skipped = {rid: why for m, rid, why in ENTRIES if m is None}
-    assert all(why for why in skipped.values())
-    assert all("t4" in rid or "microbatch-level" in rid or "dp8-full" in rid for rid in skipped)
+# family -> (median |error| bound, worst |error| bound), in-sample (python bench/accuracy_published.py --runs).
+TOLERANCE = {
+    "Megatron-LM 2021 (Narayanan Table 1)": (0.04, 0.09),
+    "Megatron-LM 2022 (Korthikanti, SP + selective)": (0.09, 0.17),
+    "DeepSpeed ZeRO-3 (Narayanan Table 2)": (0.32, 0.75),
+    "Megatron-LM 2021 (Narayanan Table 2, PTD-P)": (0.08, 0.09),
+    "Megatron-core H100 (README scaling)": (0.10, 0.13),
+    "Llama 3 405B (Meta, FSDP + TP + PP)": (0.25, 0.25),
+    "Megatron-DeepSpeed (BLOOM tr11)": (0.19, 0.38),
+    "Megatron-DeepSpeed (MT-NLG)": (0.05, 0.06),
+    "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": (0.08, 0.25),
+    "torchtitan A100 (FSDP2)": (0.09, 0.14),
+    "MosaicML MPT (FSDP)": (0.12, 0.20),
+    "NeMo / Megatron-Bridge FP8 (H100)": (0.13, 0.18),
+}
 
 
 @pytest.fixture(scope="module")
 def errors():
-    return prediction_errors(MEASURED)
+    out = defaultdict(list)
+    for r in TIMED:
+        out[r.family].append((r.run_id, predict_run(r)[0] / r.tokens_per_s_per_gpu - 1))
+    return out
 
 
-def test_median_error_within_10_percent(errors):
-    assert statistics.median(abs(e) for e in errors) <= 0.10
+def test_every_run_is_estimated_or_says_why_not():
+    # Korthikanti Table 4's single-layer timings are compared as one layer's forward + backward; what stays out is
+    # the TPU run and the three headline figures without one model configuration.
+    skipped = {r.run_id: r.skipped for r in RUNS if r.skipped}
+    assert all(skipped.values())
+    assert set(skipped) == {"palm-mfu-gopher-280b", "zero-paper-100b-class-400gpu", "zero-paper-turing-nlg-17b",
+                            "fsdp-paper-gpt175b-bs2"}
+    assert sum(r.layer_timing for r in TIMED) == 5
+    assert {r.family for r in TIMED} == set(TOLERANCE)
 
 
-@pytest.mark.parametrize("index", range(19))
-def test_each_entry_within_20_percent(errors, index):
-    assert abs(errors[index]) <= 0.20, (MEASURED[index].run_id, errors[index])
+@pytest.mark.parametrize("family", sorted(TOLERANCE))
+def test_family_within_its_tolerance(errors, family):
+    median_bound, worst_bound = TOLERANCE[family]
+    runs = errors[family]
+    assert statistics.median(abs(e) for _, e in runs) <= median_bound, runs
+    assert max(abs(e) for _, e in runs) <= worst_bound, runs
 
 
 def test_selective_recompute_beats_full_as_published():
     # Korthikanti Table 5: selective + SP is 29-32% faster than full recompute for every model size.
-    by_id = {m.run_id: m for m in MEASURED}
-    from autotune.calibration import predict
-
+    by_id = {r.run_id: r for r in TIMED}
     for size in ("22b", "175b", "530b", "1t"):
-        sel = predict(by_id[f"korthikanti22-t5-{size}-selective-sp"])[0]
-        full = predict(by_id[f"korthikanti22-t5-{size}-full-recompute"])[0]
+        sel = predict_run(by_id[f"korthikanti22-t5-{size}-selective-sp"])[0]
+        full = predict_run(by_id[f"korthikanti22-t5-{size}-full-recompute"])[0]
         assert 1.15 < sel / full < 1.45, (size, sel / full)
+
+
+def test_single_layer_timings_order_as_table_4():
+    # Korthikanti Table 4 (22B layer, tp 8): full recompute costs ~39% over none, selective ~7%, SP saves a little.
+    by_id = {r.run_id: predict_run(r)[0] for r in TIMED if r.layer_timing}
+    base = by_id["korthikanti22-t4-22b-layer-baseline-no-recompute"]
+    assert 1.25 < base / by_id["korthikanti22-t4-22b-layer-baseline-full-recompute"] < 1.5
+    assert 1.0 < base / by_id["korthikanti22-t4-22b-layer-selective-recompute"] < 1.12
+    assert by_id["korthikanti22-t4-22b-layer-sp-no-recompute"] > base
