@@ -23,7 +23,11 @@ Step numbers ``i`` count from 1 and include the warm-up: steps ``1..warmup_steps
 
 Workloads:
 
-- ``builtin``: :mod:`autotune.tune.workload_builtin` (the project's transformer under DeepSpeed).
+- ``builtin``: DeepSpeed data-parallel plans run :mod:`autotune.tune.workload_builtin` (the project's
+  transformer under DeepSpeed); every other plan (tp, pp, cp; the fsdp and hf engines) runs the plan's
+  engine's trainer, ``python -m autotune.train --plan WORKDIR/plan.json`` (:mod:`autotune.train`), under the
+  same launcher; both print the same PHASE / STEP / RESULT lines. A plan neither runs (a Megatron plan:
+  pretrain_gpt.py needs CUDA) is never launched: "crashed", "not launched: <why>".
 - ``script``: the user's unchanged DeepSpeed script, run as ``torchrun --nproc_per_node N SCRIPT
   --deepspeed_config PATH ARGS...``; the config carries DeepSpeed's ``autotuning`` block, so the
   engine times the measured steps, writes ``workdir/metrics.json`` and ends the process itself.
