@@ -2,7 +2,7 @@
 
 What each GPU's kernels and links reach is data, not fitted: ``GPUSpec.kernel_facts()`` (``gpus.yaml``,
 measured GEMM, attention, HBM and NCCL figures with their sources; ``autotune.cost.kernels``). What is left
-to fit is what no kernel benchmark shows, three numbers for every GPU:
+to fit is what no kernel benchmark shows, three numbers for every GPU (two refitted on the published runs):
 
 * ``gemm_peak_fraction``: the share of the isolated-kernel rate a kernel keeps inside a training step
   (launch gaps, kernel tails, clocks under sustained load, data-loader and Python stalls).
@@ -15,7 +15,8 @@ to fit is what no kernel benchmark shows, three numbers for every GPU:
 ``hbm_efficiency`` and ``link_efficiency`` scale the kernel facts (1 = as measured); ``autotune tune``'s
 calibration on one machine fits them (and the three above) to that machine's trials.
 
-The defaults were fitted by ``python bench/accuracy_published.py --fit`` on every run with a throughput in
+The defaults (gemm_peak_fraction 0.727, overlap_cost 0.355) were fitted by
+``python bench/accuracy_published.py --fit`` on every run with a throughput in
 ``autotune/data/published_runs/`` (both files: A100 / H100 / H100-500W, bf16 / fp16 / FP8, Megatron-LM,
 Megatron-DeepSpeed, DeepSpeed ZeRO-3, FSDP / torchtitan / MosaicML; least squares on log tokens/s); the bench
 also prints the leave-one-family-out errors, where each family is predicted from parameters fitted on the
@@ -36,9 +37,9 @@ __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficien
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Efficiency:
-    gemm_peak_fraction: float = 0.728
+    gemm_peak_fraction: float = 0.727
     gemm_half_dim: float = 0.131
-    overlap_cost: float = 0.364
+    overlap_cost: float = 0.355
     hbm_efficiency: float = 1.0
     link_efficiency: float = 1.0
     fitted_on: str = ("gemm_peak_fraction and overlap_cost: 69 published runs with a throughput (autotune/data/"

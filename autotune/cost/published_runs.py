@@ -334,6 +334,11 @@ def _one(entry: dict) -> PublishedRun:
         # all-reduce); the async dgrad all-reduce behind the wgrad GEMM came with Megatron-LM's
         # LinearWithGradAccumulationAndAsyncCommunication (used by Korthikanti 2022).
         over["tp_backward_overlap"] = False
+    if rid.startswith(("nemo", "bridge")):
+        # NeMo / Megatron-Bridge H100 performance recipes turn on TP comm overlap with userbuffers
+        # (Megatron-Bridge scripts/performance: COMM_OVERLAP_CONFIG_MAP["llama3_70b"]["h100"]["fp8"] =
+        # userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192; NeMo's gpt3_175b recipe: userbuffers_*_h12288_tp4).
+        over["tp_overlap"] = "userbuffers"
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
             "precision": words, "time_overrides": over,
             # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op'
@@ -393,7 +398,11 @@ def predict_run(run: PublishedRun, eff=None):
     (or the fastest, if none fits: the run fitted, so the ledger is then too high)."""
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
     from autotune.cost.memory import MemorySettings, estimate_memory
-    from autotune.cost.step_time import TimeSettings, estimate_layer_time, estimate_step_time
+    from autotune.cost.step_time import (
+        TimeSettings,
+        estimate_layer_time,
+        estimate_step_time,
+    )
 
     assert run.cluster is not None and run.model is not None and run.candidates
     settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)

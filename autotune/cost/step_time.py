@@ -10,8 +10,11 @@ Compute is GEMM FLOPs at the GPU's measured, shape-dependent rate (``autotune.co
 attention at its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes counted below).
 How communication overlaps is the engine's (``Engine.comm``): ZeRO-3 / FSDP gather each block's weights
 ``prefetch_layers`` ahead (only what the running block cannot hide waits), gradients reduce per bucket or
-per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP. Hidden communication still
-costs ``overlap_cost`` of its time (NCCL kernels share the SMs and HBM).
+per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP, and Megatron's backward TP
+collective runs behind the weight-gradient GEMM (``autotune.cost.layer_time.layer_passes``). Pipeline sends are
+split over the TP ranks where the engine does (Megatron's scatter/gather); gradients accumulated outside the
+GEMMs (DeepSpeed's BF16_Optimizer) cost HBM time every micro-batch. Hidden communication still costs
+``overlap_cost`` of its time (NCCL kernels share the SMs and HBM).
 """
 
 from __future__ import annotations
