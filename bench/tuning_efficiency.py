@@ -10,8 +10,10 @@ Two spaces (``--space``), each the feasible plans of the planner, seq 64, global
 
 1. Exhaustive: every feasible plan measured once (one study that runs them all), then its
    ``--noise-plans`` best plans re-run ``--noise-runs`` more times, interleaved (the study's finalist
-   re-runs). Each plan's reference throughput is the median of all its exhaustive-pass measurements;
-   the spread of the re-run plans ((max - min) / median) is the measured run-to-run noise.
+   re-runs). Each plan's reference throughput is its exhaustive trial's (one measurement per plan,
+   taken in one pass: the re-runs come later, when the shared machine may be busier, so mixing them in
+   would favour plans that were not re-run); the spread of the re-run plans over all their
+   measurements ((max - min) / median) is the measured run-to-run noise, drift of the machine included.
 2. Tuner: a fresh study with a budget of ``--budget`` x that count (planner top-3 first), then its
    ``--finalists`` best plans re-run ``--finalist-runs`` times each, interleaved, the winner chosen on
    the medians (the re-runs are counted and shown separately from the trials), repeated.
@@ -119,6 +121,20 @@ def _replay(candidates, reference: dict[str, float], run_model, cluster, *, budg
     return max(top, key=lambda k: statistics.median(draw(k) for _ in range(finalist_runs)))
 
 
+def _relative_noise(finalists) -> float | None:
+    """Median over the re-run plans of (max - min) / median of their re-runs, each re-run round (one run of
+    every plan, interleaved) first divided by that round's geometric mean: drift common to a round cancels."""
+    rounds = min((len(f.measured) for f in finalists), default=0)
+    if len(finalists) < 2 or rounds < 2:
+        return None
+    norm = {f.key: [] for f in finalists}
+    for k in range(rounds):
+        geo = math.exp(statistics.fmean(math.log(f.measured[k]) for f in finalists))
+        for f in finalists:
+            norm[f.key].append(f.measured[k] / geo)
+    return statistics.median((max(v) - min(v)) / statistics.median(v) for v in norm.values())
+
+
 def _summary(key: str) -> str:
     return plan_summary(ParallelPlan(**json.loads(key)))
 
@@ -159,16 +175,19 @@ def main(argv=None) -> int:
     if not runs:
         print(f"error: no exhaustive trial completed: {exhaustive.failure_summary}", file=sys.stderr)
         return 1
-    reference = {k: statistics.median(v) for k, v in runs.items()}
+    reference = {k: v[0] for k, v in runs.items()}  # the exhaustive trial (re-runs follow it in _runs)
     num_plans = len(exhaustive.candidates)
     best_key = max(reference, key=reference.get)
     best = reference[best_key]
     print(f"space {args.space}: {model.name}, {cluster.num_gpus} cpu ranks; {num_plans} feasible plans, "
           f"{len(runs)} measured, {time.monotonic() - started:.0f} s")
-    print(f"\nexhaustive pass, best {min(len(runs), 8)} plans (reference = median of the plan's measurements):")
+    print(f"\nexhaustive pass, best {min(len(runs), 8)} plans and the re-run ones (reference: the plan's trial, "
+          "then its re-runs):")
     print(f"{'plan':<44}{'measurements tokens/s':>34}{'reference':>11}{'/best':>7}{'spread':>8}")
     spreads = []
-    for key in sorted(reference, key=reference.get, reverse=True)[:8]:
+    shown = sorted(reference, key=reference.get, reverse=True)[:8]
+    shown += [f.key for f in exhaustive.finalists if f.key in reference and f.key not in shown]
+    for key in shown:  # the best 8, and every re-run plan
         ms = runs[key]
         spread = (max(ms) - min(ms)) / statistics.median(ms) if len(ms) >= 2 else None
         if spread is not None:
@@ -177,8 +196,13 @@ def main(argv=None) -> int:
               f"{reference[key] / best:>7.1%}{'-' if spread is None else f'{spread:.0%}':>8}")
     noise = statistics.median(spreads) if spreads else None
     if spreads:
-        print(f"run-to-run noise (re-measured plans, (max - min) / median): median {noise:.1%}, "
-              f"max {max(spreads):.1%} over {len(spreads)} plans")
+        print(f"run-to-run noise (re-measured plans, (max - min) / median of all their measurements, the "
+              f"machine's drift included): median {noise:.1%}, max {max(spreads):.1%} over {len(spreads)} plans")
+    relative = _relative_noise(exhaustive.finalists)
+    if relative is not None:
+        print(f"relative noise (each interleaved re-run round divided by its geometric mean over the plans, so "
+              f"load that slows every plan alike cancels): median {relative:.1%}")
+        noise = relative
     dims = {"tp": lambda p: p.tp, "pp": lambda p: p.pp}
     for name, get in dims.items():
         by = {}
@@ -188,8 +212,8 @@ def main(argv=None) -> int:
 
     budget = max(1, int(args.budget * num_plans))  # at most the fraction: round down
     if args.replays and noise:
-        # (max - min) of 3 normal draws is ~1.69 sigma on average
-        sigma = noise / 1.69 if max(len(v) for v in runs.values()) >= 3 else noise / 1.13
+        # (max - min) of n normal draws is ~1.13 sigma (n = 2) or ~1.69 sigma (n = 3) on average
+        sigma = noise / (1.13 if relative is not None and args.noise_runs == 2 else 1.69)
         import dataclasses
 
         run_model = dataclasses.replace(model, num_layers=space["num_layers"])
@@ -197,7 +221,7 @@ def main(argv=None) -> int:
                                    finalists=args.finalists, finalist_runs=args.finalist_runs, sigma=sigma,
                                    seed=i)] / best for i in range(args.replays)]
         print(f"\nreplay: {args.replays} simulated tuner runs (the tuner's sampler on the exhaustive references, "
-              f"log-normal noise sigma {sigma:.1%}, budget {budget}, {args.finalists} finalists x "
+              f"log-normal noise sigma {sigma:.1%} from the {'relative' if relative is not None else 'measured'} noise, budget {budget}, {args.finalists} finalists x "
               f"{args.finalist_runs}): pick/best mean {statistics.fmean(fracs):.1%}, worst {min(fracs):.1%}, "
               f">= {TARGET:.0%} in {sum(f >= TARGET for f in fracs) / len(fracs):.0%} of them")
     rows = []
