@@ -2,7 +2,7 @@
 
 Written as an Optuna ``BaseSampler`` rather than as enqueue logic in the study, because the
 sampler is consulted inside ``study.ask()`` with the study's trials freshly read from storage.
-Each plan dimension (:data:`DIMENSIONS`: engine, tp, pp, vpp, cp, ZeRO stage, offload,
+Each plan dimension (:data:`DIMENSIONS`: engine, tp, pp, vpp, cp, ZeRO stage, HSDP replicas, offload,
 micro-batch, recompute, precision) is its own categorical Optuna parameter, so
 optuna-dashboard's importance and slice views mean something; the sampler still picks whole
 feasible plans: ``sample_relative`` chooses one candidate and returns its values for every
@@ -42,13 +42,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["PARAM", "DIMENSIONS", "plan_key", "plan_region", "plan_params", "distributions", "claimed_keys",
-           "trial_key", "layout", "step_measurements", "CalibratedRank", "PlanSampler"]
+           "trial_key", "layout", "pruned_step_time_s", "step_measurements", "CalibratedRank", "PlanSampler"]
 
 PARAM = "plan_key"
 """The trial's plan identity (system and user attribute; the parameter itself in studies of autotune <= 0.1)."""
 
-DIMENSIONS = ("engine", "tp", "pp", "vpp", "cp", "zero_stage", "offload", "micro_batch_size", "recompute",
-              "precision")
+DIMENSIONS = ("engine", "tp", "pp", "vpp", "cp", "zero_stage", "dp_replicate", "offload", "micro_batch_size",
+              "recompute", "precision")
 """The Optuna parameters of a tuning study, one per plan dimension."""
 
 _RELEASED = ("interrupted", "duplicate")
@@ -80,7 +80,7 @@ def _offload(plan: ParallelPlan) -> str:
 def plan_params(plan: ParallelPlan) -> dict[str, Any]:
     """The plan's value for every dimension of :data:`DIMENSIONS`."""
     return {"engine": _engine(plan), "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp,
-            "zero_stage": plan.zero_stage, "offload": _offload(plan), "micro_batch_size": plan.micro_batch_size,
+            "zero_stage": plan.zero_stage, "dp_replicate": plan.dp_replicate, "offload": _offload(plan), "micro_batch_size": plan.micro_batch_size,
             "recompute": plan.recompute, "precision": plan.precision}
 
 
@@ -119,16 +119,30 @@ def claimed_keys(trials: Sequence[FrozenTrial], *, before: int | None = None) ->
     return out
 
 
-def step_measurements(trials: Sequence[FrozenTrial], plans: dict[str, ParallelPlan], run_model, cluster) -> list:
-    """The completed trials as :class:`autotune.tune.calibrate.StepMeasurement` (plans known, a step time)."""
+def pruned_step_time_s(t: FrozenTrial) -> float | None:
+    """A pruned trial's step time as far as it ran: the median of its reported step times after the first
+    (the first is warm-up), else the one it reported. A lower bound of its plan's step time (it was pruned
+    for being slow), better for ranking than no number: without it a pruned exploration trial of a slow
+    layout teaches the ranking nothing, and the next pick goes to the same slow layout."""
+    if t.state != TrialState.PRUNED or not t.intermediate_values:
+        return None
+    steps = [v for _, v in sorted(t.intermediate_values.items())]
+    steps = steps[1:] or steps
+    return sorted(steps)[len(steps) // 2]
+
+
+def step_measurements(trials: Sequence[FrozenTrial], plans: dict[str, ParallelPlan], run_model, cluster, *,
+                      pruned: bool = False) -> list:
+    """The completed trials as :class:`autotune.tune.calibrate.StepMeasurement` (plans known, a step time);
+    ``pruned``: the pruned ones too (:func:`pruned_step_time_s`)."""
     from autotune.tune.calibrate import StepMeasurement
 
     out = []
     for t in trials:
-        if t.state != TrialState.COMPLETE:
+        if t.state != TrialState.COMPLETE and not (pruned and t.state == TrialState.PRUNED):
             continue
         plan = plans.get(trial_key(t))
-        step = t.user_attrs.get("measurement", {}).get("step_time_s")
+        step = t.user_attrs.get("measurement", {}).get("step_time_s") or (pruned and pruned_step_time_s(t))
         if plan is not None and step:
             out.append(StepMeasurement(model=run_model, cluster=cluster, plan=plan, step_time_s=step,
                                        label=f"#{t.number}"))
@@ -167,7 +181,7 @@ class CalibratedRank:
         """The efficiency fitted on ``completed`` (the start one when none has a measurement)."""
         from autotune.tune.calibrate import fit_step_times
 
-        ms = step_measurements(completed, self._plans, self._model, self._cluster)
+        ms = step_measurements(completed, self._plans, self._model, self._cluster, pruned=True)
         if not ms:
             return self._start
         counts: dict[tuple, int] = {}
@@ -189,14 +203,16 @@ class CalibratedRank:
                      for k in self._order}
         logs: dict[tuple, list[float]] = {}
         for t in completed:
-            key, step = trial_key(t), t.user_attrs.get("measurement", {}).get("step_time_s")
-            if t.state == TrialState.COMPLETE and step and key in predicted:
+            key = trial_key(t)
+            step = t.user_attrs.get("measurement", {}).get("step_time_s") if t.state == TrialState.COMPLETE \
+                else pruned_step_time_s(t)
+            if step and key in predicted:
                 logs.setdefault(layout(self._plans[key]), []).append(math.log(step / predicted[key]))
         factor = {lay: math.exp(sum(v) / len(v)) for lay, v in logs.items()}
         return {k: p * factor.get(layout(self._plans[k]), 1.0) for k, p in predicted.items()}
 
     def __call__(self, completed: list[FrozenTrial]) -> list[str]:
-        if not step_measurements(completed, self._plans, self._model, self._cluster):
+        if not step_measurements(completed, self._plans, self._model, self._cluster, pruned=True):
             return list(self._order)
         predicted = self.predicted_step_time_s(completed)
         return sorted(self._order, key=predicted.__getitem__)
@@ -206,7 +222,7 @@ class PlanSampler(BaseSampler):
     """Planner top-K first, then calibrated best-predicted with periodic exploration.
 
     ``planner_order``: every candidate key, best predicted first (the planner's ranking).
-    ``rank``: called with the study's completed trials, returns the candidate keys ordered by
+    ``rank``: called with the study's completed and pruned trials, returns the candidate keys ordered by
     the current (calibrated) prediction, best first; default: ``planner_order``.
     """
 
@@ -265,7 +281,8 @@ class PlanSampler(BaseSampler):
         for key in self._top:
             if key not in taken:
                 return key
-        free = [k for k in self._rank([t for t in trials if t.state == TrialState.COMPLETE]) if k not in taken]
+        free = [k for k in self._rank([t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
+                if k not in taken]
         if not free:
             return None
         picks_after_top = sum(1 for k in taken if k not in self._top)

@@ -54,8 +54,9 @@ def machine(plans, *, gemm=0.28, link=1.0, tp_factor=1.0, pp_factor=1.0) -> dict
             * (pp_factor if p.pp > 1 else 1.0) for k, p in plans.items()}
 
 
-def replay(plans, step_s: dict[str, float], trials: int, top_k: int = 3) -> list[str]:
-    """The plans a study with this sampler measures, in order, when each measures ``step_s``."""
+def replay(plans, step_s: dict[str, float], trials: int, top_k: int = 3, prune=lambda plan: False) -> list[str]:
+    """The plans a study with this sampler measures, in order, when each measures ``step_s``; a plan
+    ``prune(plan)`` is pruned after two reported steps, as the tuner's SlowStepPruner does."""
     order = list(plans)  # the planner's ranking, best predicted first
     sampler = PlanSampler(order, top_k=top_k, regions={k: plan_region(p) for k, p in plans.items()},
                           rank=CalibratedRank(plans, order, RUN_MODEL, CLUSTER, DEFAULT_EFFICIENCY), plans=plans)
@@ -65,9 +66,14 @@ def replay(plans, step_s: dict[str, float], trials: int, top_k: int = 3) -> list
     for _ in range(trials):
         trial = study.ask(sampler.search_space)
         key = study._storage.get_trial_system_attrs(trial._trial_id)[PARAM]
+        tried.append(key)
+        if prune(plans[key]):
+            trial.report(step_s[key] * 1.3, 1)  # warm-up
+            trial.report(step_s[key], 2)
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
         trial.set_user_attr("measurement", {"step_time_s": step_s[key]})
         study.tell(trial, TOKENS_PER_STEP / step_s[key])
-        tried.append(key)
     return tried
 
 
@@ -123,3 +129,19 @@ def test_a_study_of_one_plan_still_records_which_plan(space):
     key = next(iter(space))
     tried = replay({key: space[key]}, {key: 0.1}, 1)
     assert tried == [key]
+
+
+def test_a_pruned_trial_still_teaches_the_ranking_its_layout(space):
+    # the exploration trial of tp = 2 is pruned (slow): the next picks must not go to tp = 2 again
+    step_s = machine(space, tp_factor=3.0, pp_factor=1.7)
+    tried = replay(space, step_s, int(BUDGET * len(space)), prune=lambda plan: plan.tp > 1)
+    assert sum(space[k].tp > 1 for k in tried) == 1
+    assert found_fraction(step_s, tried) >= 0.95
+    tp1 = [k for k, p in space.items() if p.tp == 1 and p.pp == 1]
+    tp2 = [k for k, p in space.items() if p.tp == 2]
+    pruned = optuna.trial.create_trial(state=TrialState.PRUNED, intermediate_values={1: step_s[tp2[0]] * 1.3,
+                                                                                     2: step_s[tp2[0]]},
+                                       system_attrs={PARAM: tp2[0]})
+    order = CalibratedRank(space, list(space), RUN_MODEL, CLUSTER, DEFAULT_EFFICIENCY)(
+        [*completed(space, step_s, tp1[:3]), pruned])
+    assert max(order.index(k) for k in tp1) < min(order.index(k) for k in tp2)
