@@ -14,7 +14,6 @@ import statistics
 import sys
 import time
 
-from autotune.cost import activations, flops, memory, step_time
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster
@@ -29,9 +28,17 @@ FULL_SPACE = SearchConstraints(precisions=("bf16", "fp8"), allow_offload=True)
 
 
 def clear_caches() -> None:
-    for fn in (activations._layer_kinds, flops._model_flops_per_token, memory._stage_param_groups,
-               memory._largest_layer, step_time._layer_time):
-        fn.cache_clear()
+    """Empty every functools cache of the cost model, so each timed search starts cold."""
+    import importlib
+    import pkgutil
+
+    import autotune.cost
+
+    for info in pkgutil.iter_modules(autotune.cost.__path__):
+        module = importlib.import_module(f"autotune.cost.{info.name}")
+        for obj in vars(module).values():
+            if callable(getattr(obj, "cache_clear", None)):
+                obj.cache_clear()
 
 
 def main() -> int:

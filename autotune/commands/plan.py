@@ -30,6 +30,8 @@ def register(sub) -> None:
     g = plan.add_argument_group("constraints (default: search everything)")
     for dim in ("tp", "pp", "vpp", "cp", "ep"):
         g.add_argument(f"--{dim}", type=positive_int, help=f"fix {dim}")
+    g.add_argument("--dp-replicate", type=positive_int,
+                   help="fix the hybrid-sharding (FSDP2 HSDP) replica groups (default: search 1 and whole-node shards)")
     g.add_argument("--micro-batch", type=positive_int, help="fix the micro-batch size")
     g.add_argument("--max-tp", type=positive_int, help="largest tp to try (default: GPUs per node)")
     g.add_argument("--max-pp", type=positive_int, help="largest pp to try")
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     model, cluster = load_inputs(args, need_model=not args.max_model)
     constraints = SearchConstraints(
-        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, micro_batch_size=args.micro_batch,
+        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
+        micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
         recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
         min_headroom_gib=args.min_headroom_gib)

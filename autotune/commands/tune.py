@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     s = p.add_argument_group("search space (default: everything the planner allows)")
     for dim in ("tp", "pp", "cp"):
         s.add_argument(f"--{dim}", type=_positive_int, help=f"fix {dim}")
+    s.add_argument("--dp-replicate", type=_positive_int,
+                   help="fix the hybrid-sharding (FSDP2 HSDP) replica groups (default: search 1 and whole-node shards)")
     s.add_argument("--micro-batch", type=_positive_int, help="fix the micro-batch size")
     s.add_argument("--max-micro-batch", type=_positive_int, default=16, help="largest micro-batch (default 16)")
     s.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
@@ -235,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     problems += _tune_problems(args, model)
     if problems:
         raise InputError(problems, subject="tune")
-    constraints = SearchConstraints(tp=args.tp, pp=args.pp, cp=args.cp, micro_batch_size=args.micro_batch,
+    constraints = SearchConstraints(tp=args.tp, pp=args.pp, cp=args.cp, dp_replicate=args.dp_replicate,
+                                    micro_batch_size=args.micro_batch,
                                     max_micro_batch_size=args.max_micro_batch, zero_stages=args.zero,
                                     recompute=args.recompute, engines=args.engine, allow_offload=args.offload)
     out = Path(args.out)

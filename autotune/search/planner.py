@@ -18,7 +18,7 @@ from autotune.cost.memory import MemorySettings, estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.errors import InputError
 from autotune.engines import engine_for
-from autotune.search.space import SearchConstraints, dimension_values
+from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -81,12 +81,14 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                     dp = n // (tp * cp * pp)
                     for vpp in dims.vpp:
                         for ep in dims.ep:
-                            for zero in dims.zero_stages:
+                            for zero, rep in ((z, r) for z in dims.zero_stages
+                                              for r in replica_counts(dims, engine, z, dp, tp, cp)):
                                 for off_opt in dims.offload_optimizer:
                                     for off_param in dims.offload_param:
                                         for precision in dims.precisions:
                                             base = dict(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
-                                                        ep=ep, zero_stage=zero, offload_optimizer=off_opt,
+                                                        ep=ep, zero_stage=zero, dp_replicate=rep,
+                                                        offload_optimizer=off_opt,
                                                         offload_param=off_param, precision=precision,
                                                         seq_len=seq_len, global_batch_size=global_batch_size,
                                                         sequence_parallel=tp > 1 and engine_for(engine).support.sequence_parallel)

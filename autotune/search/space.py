@@ -1,7 +1,7 @@
 """The search space: which values each plan dimension may take for a model and a cluster.
 
-Dimensions: engine x tp x cp x pp x vpp x ep x ZeRO stage x optimizer offload x parameter
-offload x precision x recompute x micro-batch. Values that can never divide (tp not a power of
+Dimensions: engine x tp x cp x pp x vpp x ep x ZeRO stage x hybrid-shard replicas x optimizer
+offload x parameter offload x precision x recompute x micro-batch. Values that can never divide (tp not a power of
 two, pp not dividing the layers, tp*cp*pp not dividing the GPU count) are not generated;
 everything generated is judged by the plan rules, so rejections are counted by rule.
 """
@@ -15,7 +15,7 @@ from autotune.engines import engine_for
 from autotune.specs.layout import layer_counts
 from autotune.specs.model import ModelSpec
 
-__all__ = ["SearchConstraints", "dimension_values"]
+__all__ = ["SearchConstraints", "dimension_values", "replica_counts"]
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -42,6 +42,9 @@ class SearchConstraints:
     max_cp: int = 16
     max_micro_batch_size: int = 16
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    dp_replicate: int | None = None
+    """Hybrid sharding (HSDP) replica groups; None: search 1 and every split whose shard group spans whole
+    nodes, for engines that shard hybrid (``EngineSupport.hybrid_shard``) at ZeRO stage 2/3."""
     precisions: tuple[str, ...] | None = None
     """None: bf16 (fp16 on GPUs without bf16). FP8 changes numerics, so it is opt-in."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
@@ -66,6 +69,25 @@ class DimensionValues:
     precisions: tuple[str, ...]
     recompute: tuple[str, ...]
     micro_batch_sizes: tuple[int, ...]
+    dp_replicate: int | None = None
+    gpus_per_node: int = 1
+
+
+def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
+    """The ``dp_replicate`` values to try for one layout: 1 (shard over every dp rank) and, where the engine
+    shards hybrid (FSDP2 HSDP: ``fully_shard`` on a 2-D ('dp_replicate', 'dp_shard') mesh) at stage 2/3, the
+    power-of-two replica counts whose shard group (dp / replicas x tp x cp ranks) still fills whole nodes:
+    the layout HSDP exists for (gathers on NVLink inside a node, one gradient all-reduce across nodes)."""
+    if dims.dp_replicate is not None:
+        return (dims.dp_replicate,)
+    if zero_stage < 2 or not engine_for(engine).support.hybrid_shard:
+        return (1,)
+    out, r = [1], 2
+    while r < dp:
+        if dp % r == 0 and (dp // r) * tp * cp >= dims.gpus_per_node:
+            out.append(r)
+        r *= 2
+    return tuple(out)
 
 
 def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch: int,
@@ -93,4 +115,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                                   else ("fp16",))
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
-                           precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs)
+                           precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
+                           dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node)
