@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", action="store_true", help="redo the tuner repeats (the exhaustive pass is kept)")
     ap.add_argument("--out", default=None, help="default out/bench_tuning (dp), out/bench_tuning_tp_pp (tp-pp)")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # each repeat's line reaches the log as it ends
     if not 0 < args.budget <= 1 or args.repeats < 1 or args.steps < 1:
         print("error: --budget must be in (0, 1], --repeats and --steps at least 1", file=sys.stderr)
         return 2
@@ -221,7 +222,8 @@ def main(argv=None) -> int:
                                    finalists=args.finalists, finalist_runs=args.finalist_runs, sigma=sigma,
                                    seed=i)] / best for i in range(args.replays)]
         print(f"\nreplay: {args.replays} simulated tuner runs (the tuner's sampler on the exhaustive references, "
-              f"log-normal noise sigma {sigma:.1%} from the {'relative' if relative is not None else 'measured'} noise, budget {budget}, {args.finalists} finalists x "
+              f"log-normal noise sigma {sigma:.1%} from the {'relative' if relative is not None else 'measured'} "
+              f"noise, budget {budget}, {args.finalists} finalists x "
               f"{args.finalist_runs}): pick/best mean {statistics.fmean(fracs):.1%}, worst {min(fracs):.1%}, "
               f">= {TARGET:.0%} in {sum(f >= TARGET for f in fracs) / len(fracs):.0%} of them")
     rows = []
@@ -245,6 +247,9 @@ def main(argv=None) -> int:
         own = (pick.median if pick is not None and pick.median else res.best.value) / best
         rows.append((r, _summary(key), reference.get(key, 0.0) / best, own, len(tried), reruns, spread,
                      tried_dims, time.monotonic() - t0))
+        print(f"repeat {r}: pick {rows[-1][1]}, {rows[-1][2]:.1%} of the best (exhaustive), tried "
+              + ", ".join(_summary(trial_key(t)) + ("" if t.state == TrialState.COMPLETE
+                                                    else f" ({t.state.name.lower()})") for t in tried))
 
     print(f"\ntuner budget: {budget} of {num_plans} trials ({budget / num_plans:.0%}), then {args.finalists} "
           f"finalists x {args.finalist_runs} re-runs")
@@ -255,7 +260,8 @@ def main(argv=None) -> int:
               f"{tried_dims:<16}{secs:>7.0f}")
     fracs = [row[2] for row in rows]
     hit = sum(f >= TARGET for f in fracs)
-    noise_text = f"the measured noise is {noise:.1%} (median spread)" if noise is not None else "noise not measured"
+    noise_text = (f"noise {noise:.1%} ({'relative' if relative is not None else 'median spread'}, see above)"
+                  if noise is not None else "noise not measured")
     print(f"\nmean pick/best {statistics.fmean(fracs):.1%}, worst {min(fracs):.1%}; {hit}/{len(fracs)} repeats at "
           f">= {TARGET:.0%} with {budget / num_plans:.0%} of the trials (target: <= {BUDGET_CAP:.0%}); {noise_text}")
     return 0
