@@ -67,10 +67,10 @@ def _state(ds_runs, at_runs, ds_wall, at_wall):
 
 def test_verdict_uses_the_measured_noise_and_the_wall_ratio(bench):
     args = bench.parse_args([])
-    # 5% slower but the runs spread 10%: within the noise; a third of the wall time
+    # paired ratios 0.95, 0.857, 1.042: median 0.95 >= 1 - (1.0421 - 0.8571) / 2 = 0.9075; a third of the wall time
     text = bench.report(args, _state([1000, 1050, 950], [950, 900, 990], 900.0, 300.0))
-    assert "-> HOLDS" in text and "noise (largest spread): 10.0%" in text
-    # 20% slower with 2% spreads: missed
+    assert "-> HOLDS" in text and "median 0.950" in text and "(paired median 0.950 >= 0.908)" in text
+    # paired ratios 0.8, 0.797, 0.803: median 0.8 < 1 - 0.003: missed
     assert "-> MISSED" in bench.report(args, _state([1000, 1010, 990], [800, 805, 795], 900.0, 300.0))
     # as fast, but 60% of the wall time: missed
     assert "-> MISSED" in bench.report(args, _state([1000, 1000, 1000], [1000, 1000, 1000], 900.0, 540.0))
