@@ -79,7 +79,9 @@ def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int,
     power-of-two replica counts whose shard group (dp / replicas x tp x cp ranks) still fills whole nodes:
     the layout HSDP exists for (gathers on NVLink inside a node, one gradient all-reduce across nodes)."""
     if dims.dp_replicate is not None:
-        return (dims.dp_replicate,)
+        # fixed: layouts it leaves no shard group of 2+ ranks in (dp not a multiple of 2 x replicas) are not generated
+        r = dims.dp_replicate
+        return (r,) if r == 1 or (dp % r == 0 and dp > r) else ()
     if zero_stage < 2 or not engine_for(engine).support.hybrid_shard:
         return (1,)
     out, r = [1], 2

@@ -48,6 +48,15 @@ def test_a_fixed_replica_count_is_the_only_one_searched():
     assert plans and {p.dp_replicate for p in plans} == {4}
 
 
+def test_a_fixed_replica_count_skips_layouts_it_does_not_divide():
+    c = SearchConstraints(tp=1, pp=1, recompute=("none",), engines=("fsdp",), dp_replicate=2, allow_offload=False)
+    cluster = load_cluster(gpu="cpu", num_gpus=4)
+    ranked = search_plans(load_model("tiny-llama"), cluster, seq_len=64, global_batch_size=8, constraints=c,
+                          top_k=100).ranked
+    # cp 1 (dp 4) plans only: with cp 2 or 4, dp (2 or 1) is not split into 2 replica groups of shards
+    assert ranked and all(e.plan.dp_replicate == 2 and e.plan.dp == 4 for e in ranked)
+
+
 def test_replicas_are_an_optuna_dimension_of_the_study():
     plans = [e.plan for e in _ranked(engines=("fsdp",))]
     assert "dp_replicate" in DIMENSIONS

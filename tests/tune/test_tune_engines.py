@@ -6,6 +6,8 @@ pruning and no finalist re-runs (each trial measured once), so the study stays s
 - FSDP2 (``--engine fsdp``, full shard, no offload, micro-batch 4, 2 layers): exactly three feasible
   plans, all measured, no DeepSpeed op built first (FSDP trials run no DeepSpeed): full shard over dp 2, FSDP2 + DTensor TP (tp 2), ``torch.distributed.pipelining``
   1F1B (pp 2; the interleaved pp 2 x vpp 2 plans need 4 layers and are reported as not measured);
+- HSDP (4 ranks, ``dp_replicate`` searched): full shard over dp 4 and hybrid 2 x 2, both measured, each
+  trainer's device mesh checked;
 - DeepSpeed-Ulysses (cp 2, ZeRO-1): the first trial's rank 1 fails on purpose (a ``sitecustomize``
   on PYTHONPATH raises in the trainer's main once), the next one is measured; the failed trial's reason
   is that rank's exception, not torchrun's banner;
@@ -146,6 +148,35 @@ def test_fsdp_study_measures_full_shard_tp_and_pipelining(tmp_path):
     cfg = yaml.safe_load((out / "winner" / "accelerate_fsdp.yaml").read_text())
     assert cfg["num_processes"] == 2 and plan["engine"] == "fsdp"
     assert (out / "cal.json").is_file()
+
+
+def test_hsdp_study_measures_hybrid_and_full_shard_on_four_ranks(tmp_path):
+    """dp_replicate is searched: on 4 ranks (the cpu preset's nodes of 2) full shard over 4 and HSDP 2 x 2."""
+    out = tmp_path / "hsdp"
+    doc, _ = _tune(out, "--num-gpus", "4", "--engine", "fsdp", "--zero", "3", "--micro-batch", "2", "--tp", "1",
+                   "--pp", "1", "--cp", "1", "--num-layers", "1", "--trials", "2", "--top-k", "2")
+    trials = _trials(out)
+    assert all(t.state == TrialState.COMPLETE for t in trials), [(t.params, t.user_attrs.get("reason")) for t in trials]
+    by_replicas = {t.params["dp_replicate"]: t for t in trials}
+    assert set(by_replicas) == {1, 2}
+    for replicas, t in by_replicas.items():
+        _check_measured(t, "fsdp")
+        assert t.user_attrs["plan"]["dp_replicate"] == replicas
+        result = next(line for line in Path(t.user_attrs["log_path"]).read_text().splitlines()
+                      if line.startswith("RESULT "))
+        mesh = json.loads(result[len("RESULT "):])["mesh"]  # the mesh FSDP2 was applied on
+        assert (mesh["dp_replicate"], mesh["dp_shard"]) == ((2, 2) if replicas == 2 else (1, 4)), mesh
+    from autotune.train.__main__ import load_estimate
+
+    winner = out / "winner"
+    assert load_estimate(str(winner / "plan.json")).plan.to_dict() == doc["best"]["plan"]
+    # the cpu preset's 4 ranks are 2 nodes of 2: validate accepts the files and warns that the second node needs
+    # rank 0's address (main_process_ip), which only the user knows
+    checked = subprocess.run([sys.executable, "-m", "autotune", "validate", str(winner / "accelerate_fsdp.yaml"),
+                              str(winner / "plan.json")], cwd=REPO, env=_env(), capture_output=True, text=True,
+                             timeout=120)
+    assert "0 error(s), 1 warning(s) for world size 4" in checked.stdout and "main_process_ip" in checked.stdout, \
+        checked.stdout + checked.stderr
 
 
 def test_ulysses_study_measures_cp2_and_names_a_failed_ranks_error(tmp_path):
