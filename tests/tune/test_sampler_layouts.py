@@ -145,3 +145,16 @@ def test_a_pruned_trial_still_teaches_the_ranking_its_layout(space):
     order = CalibratedRank(space, list(space), RUN_MODEL, CLUSTER, DEFAULT_EFFICIENCY)(
         [*completed(space, step_s, tp1[:3]), pruned])
     assert max(order.index(k) for k in tp1) < min(order.index(k) for k in tp2)
+
+
+def test_pruner_waits_for_two_measured_steps():
+    from autotune.tune.study import SlowStepPruner
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0,
+                                              user_attrs={"measurement": {"step_time_s": 0.1}}))
+    pruner = SlowStepPruner(ratio=1.5, warmup_steps=1)
+    one = optuna.trial.create_trial(state=TrialState.RUNNING, intermediate_values={1: 0.5, 2: 0.3})
+    assert not pruner.prune(study, one)  # one measured step at 3x: may be the machine, not the plan
+    two = optuna.trial.create_trial(state=TrialState.RUNNING, intermediate_values={1: 0.5, 2: 0.3, 3: 0.3})
+    assert pruner.prune(study, two)
