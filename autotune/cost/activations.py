@@ -223,18 +223,27 @@ def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFa
 
 
 def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
-    """Micro-batches whose activations a pipeline stage holds at its peak.
+    """Micro-batches' worth of a pipeline stage's layers whose activations the stage holds at its peak.
 
-    1F1B: stage i holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1). Interleaved: the
-    first stage holds pp * (1 + (pp-1)/(pp*vpp)) micro-batches' worth of its layers
-    (Korthikanti et al. 2022, Sec. 4.2.3). Without pipelining one micro-batch at a time.
+    The peak is the first steady-state forward: the warm-up forwards plus one. 1F1B: stage i warms up with
+    min(pp - i - 1, m) micro-batches, so holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1; Megatron-LM
+    schedules.py ``forward_backward_pipelining_without_interleaving``). Interleaved (vpp chunks of 1/vpp of the
+    stage's layers each): Megatron-LM ``forward_backward_pipelining_with_interleaving`` warms up with
+    ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them (and runs them
+    all when m == pp); torch.distributed.pipelining ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has
+    the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
+    2022 Sec. 4.2.3. Without pipelining one micro-batch at a time.
     """
     if plan.pp == 1:
         return 1.0
-    held = float(min(plan.pp - stage, plan.num_microbatches))
-    if plan.interleaved:
-        held *= 1 + (plan.pp - 1) / (plan.pp * plan.vpp)
-    return held
+    m = plan.num_microbatches
+    if not plan.interleaved:
+        return float(min(plan.pp - stage, m))
+    chunks = m * plan.vpp
+    warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp, chunks)
+    if m == plan.pp:  # Megatron: "all_warmup_microbatches"
+        warmup = chunks
+    return min(warmup + 1, chunks) / plan.vpp
 
 
 def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:

@@ -144,8 +144,14 @@ def megatron_states(plan: ParallelPlan, dense: float, expert: float) -> ModelSta
     """Megatron-core DDP + (distributed) optimizer: 2 + grad bytes + K (or K/Nd with zero_stage 1)."""
     k = OPTIMIZER_STATE_BYTES[plan.optimizer]
     psi = dense + expert
-    opt = k * (_partitioned(plan, dense, expert) if plan.zero_stage >= 1 else psi)
-    return ModelStateBytes(weights=2 * psi, gradients=megatron_grad_bytes(plan) * psi, optimizer_states=opt)
+    owned = _partitioned(plan, dense, expert) if plan.zero_stage >= 1 else psi
+    opt = k * owned
+    # At the step the optimizer's fp32 main params get fp32 gradients: optimizer.py (and distrib_optimizer.py,
+    # for the rank's shard) ``_copy_model_grads_to_main_grads``: ``main_param.grad = model_param.main_grad.float()``,
+    # a new 4-byte copy of 16-bit (fp16) grads, an alias of fp32 main grads (bf16); activations are freed then.
+    step = 4 * owned if megatron_grad_bytes(plan) == 2 else 0.0
+    return ModelStateBytes(weights=2 * psi, gradients=megatron_grad_bytes(plan) * psi, optimizer_states=opt,
+                           step_transient=step)
 
 
 def bf16_optimizer_states(plan: ParallelPlan, dense: float, expert: float) -> ModelStateBytes:

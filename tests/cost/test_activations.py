@@ -92,6 +92,14 @@ def test_in_flight_microbatches():
     assert microbatches_in_flight(p.with_(grad_accum_steps=3, global_batch_size=3), 0) == 3
     assert microbatches_in_flight(p.with_(vpp=3), 0) == pytest.approx(8 * (1 + 7 / 24))
 
+    # Megatron's interleaved warm-up, (pp - i - 1) * 2 + (vpp - 1) * pp chunk-micro-batches plus the first
+    # steady-state forward, in stage-micro-batches: the last stage holds (2*8 + 1) / 3, not ~1.3; with m == pp
+    # every micro-batch is in warm-up ("all_warmup_microbatches"), so the first stage holds all 8, not 10.3.
+    interleaved = p.with_(vpp=3, grad_accum_steps=16, global_batch_size=16)
+    assert microbatches_in_flight(interleaved, 7) == pytest.approx(17 / 3)
+    assert microbatches_in_flight(interleaved, 0) == pytest.approx((14 + 16 + 1) / 3)
+    assert microbatches_in_flight(p.with_(vpp=3, grad_accum_steps=8, global_batch_size=8), 0) == 8
+
 
 def test_seed_hidden_state_numbers():
     # Seed chapter §1.2: 70B, seq 4096, batch 1, d 8192: one layer's hidden state 1*4096*8192*2 B = 64 MiB;

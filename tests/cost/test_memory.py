@@ -49,6 +49,17 @@ def test_megatron_distributed_optimizer_6_plus_12_over_d(d):
     assert (dist.weights + dist.gradients + dist.optimizer_states) / PSI == pytest.approx(6 + 12 / d)
 
 
+
+@pytest.mark.parametrize("zero_stage,owned", [(0, 1.0), (1, 1 / 8)])
+def test_megatron_fp16_step_copies_grads_to_fp32(zero_stage, owned):
+    # optimizer.py / distrib_optimizer.py _copy_model_grads_to_main_grads: main_grad.float() is a new fp32
+    # copy of fp16 grads (of the rank's shard with the distributed optimizer), an alias of bf16's fp32 ones.
+    fp16 = model_state_bytes(ParallelPlan(dp=8, engine="megatron", zero_stage=zero_stage, precision="fp16"),
+                             PSI, 0.0)
+    bf16 = model_state_bytes(ParallelPlan(dp=8, engine="megatron", zero_stage=zero_stage), PSI, 0.0)
+    assert fp16.step_transient == pytest.approx(4 * PSI * owned)
+    assert bf16.step_transient == 0
+
 @pytest.mark.parametrize("optimizer,k", [("adamw", 12), ("sgd", 8), ("adafactor", 4), ("adamw8bit", 6)])
 def test_optimizer_state_bytes(optimizer, k):
     s = model_state_bytes(ParallelPlan(optimizer=optimizer), PSI, 0.0)
