@@ -20,7 +20,7 @@ from dataclasses import fields
 
 from autotune.calibration import coordinate_fit
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from autotune.cost.published_runs import predict_run, published_runs
+from autotune.cost.published_runs import plan_choice_note, predict_run, published_runs
 from autotune.report import plan_summary
 
 FIT_FIELDS = ("gemm_peak_fraction", "overlap_cost")
@@ -84,6 +84,8 @@ def main() -> int:
             if args.runs:
                 print(f"  {r.run_id:<46}{r.tokens_per_s_per_gpu:>9.1f}{value:>9.1f}{ins[-1]:>+8.1%}{out[-1]:>+8.1%}"
                       f"  {'' if me is None else f'mem {me:+.0%}'}  {plan_summary(plan)}")
+                if note := plan_choice_note(r, eff):
+                    print(f"  {'':<46}  plan chosen by the memory ledger: {note}")
         gpus = sorted({r.cluster.gpu.name for r in members})
         precs = sorted({r.precision.split(" ")[0] for r in members})
         rows.append((fam, ",".join(gpus), members[0].engine, ",".join(precs), len(members), ins, out, mem))

@@ -24,7 +24,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import cluster_defaults, load_gpu_preset
 
-__all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of"]
+__all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of", "predict_run", "plan_choice_note"]
 
 # (id prefix, family, engine) in match order. Engines: the software each source ran (issue 8 point 5).
 FAMILIES: tuple[tuple[str, str, str], ...] = (
@@ -393,32 +393,57 @@ def published_runs(folder: Path | None = None) -> list[PublishedRun]:
     return out
 
 
-def predict_run(run: PublishedRun, eff=None):
-    """(predicted tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) for the fastest candidate that fits
-    (or the fastest, if none fits: the run fitted, so the ledger is then too high)."""
+def _scored_candidates(run: PublishedRun, eff=None) -> list:
+    """(fits, tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) of every candidate of ``run``."""
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
     from autotune.cost.memory import MemorySettings, estimate_memory
-    from autotune.cost.step_time import (
-        TimeSettings,
-        estimate_layer_time,
-        estimate_step_time,
-    )
+    from autotune.cost.step_time import TimeSettings, estimate_step_time
+
+    settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
+    out = []
+    for plan in run.candidates:
+        mem = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
+        est = estimate_step_time(run.model, run.cluster, plan, settings)
+        out.append((mem.fits, est.tokens_per_s / plan.world_size, plan, est, mem))
+    return out
+
+
+def predict_run(run: PublishedRun, eff=None):
+    """(predicted tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) for the fastest candidate that fits
+    (or the fastest, if none fits: the run fitted, so the ledger is then too high; :func:`plan_choice_note`)."""
+    from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+    from autotune.cost.memory import estimate_memory
+    from autotune.cost.step_time import TimeSettings, estimate_layer_time, estimate_step_time
 
     assert run.cluster is not None and run.model is not None and run.candidates
-    settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
     if run.layer_timing:
+        settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
         plan = run.candidates[0]
         layer_s = sum(estimate_layer_time(run.model, run.cluster, plan, settings))
         est = estimate_step_time(run.model, run.cluster, plan, settings)
         mem = estimate_memory(run.model, run.cluster, plan)
         return plan.micro_batch_size * plan.seq_len / layer_s / plan.world_size, plan, est, mem
-    best = None
-    for plan in run.candidates:
-        mem = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
-        est = estimate_step_time(run.model, run.cluster, plan, settings)
-        key = (mem.fits, est.tokens_per_s)
-        if best is None or key > best[0]:
-            best = (key, plan, est, mem)
-    assert best is not None
-    _, plan, est, mem = best
-    return est.tokens_per_s / plan.world_size, plan, est, mem
+    _, value, plan, est, mem = max(_scored_candidates(run, eff), key=lambda c: (c[0], c[1]))
+    return value, plan, est, mem
+
+
+def plan_choice_note(run: PublishedRun, eff=None) -> str:
+    """Where the ledger, not the source, decided the plan: the chosen plan over capacity (no candidate fits), or
+    faster candidates rejected because the ledger says they do not fit. Empty when memory changed nothing."""
+    from autotune.specs.hardware import GIB
+    from autotune.report import plan_summary
+
+    if run.layer_timing or not run.candidates:
+        return ""
+    scored = _scored_candidates(run, eff)
+    fits, value, plan, _, mem = max(scored, key=lambda c: (c[0], c[1]))
+    if not fits:
+        return (f"ledger over capacity: {mem.total / GIB:.1f} of {mem.capacity / GIB:.1f} GiB, no candidate fits "
+                "(the run trained: the ledger is high)")
+    faster = sorted((c for c in scored if not c[0] and c[1] > value), key=lambda c: -c[1])
+    if not faster:
+        return ""
+    _, v, p, _, m = faster[0]
+    more = f" (+{len(faster) - 1} more)" if len(faster) > 1 else ""
+    return (f"faster {plan_summary(p)} ({v / value - 1:+.1%}) rejected: ledger {m.total / GIB:.1f} of "
+            f"{m.capacity / GIB:.1f} GiB{more}")

@@ -90,3 +90,21 @@ def test_family_in_sample_error(errors_by_family, family):
 
 def test_every_family_has_a_tolerance(errors_by_family):
     assert set(errors_by_family) == set(FAMILY_MEDIAN_TOLERANCE)
+
+
+def test_plan_choice_note_says_when_the_ledger_chose_the_plan():
+    import dataclasses
+
+    from autotune.cost.published_runs import plan_choice_note
+
+    # Korthikanti 1T: vpp is not in the source, so every vpp is a candidate; the note names any faster one the
+    # ledger rejected, and is empty exactly when the fastest candidate fits.
+    run = BY_ID["korthikanti22-t5-1t-selective-sp"]
+    note = plan_choice_note(run)
+    value, plan, _, mem = predict_run(run)
+    assert mem.fits
+    alone = [predict_run(dataclasses.replace(run, candidates=(p,))) for p in run.candidates if p != plan]
+    faster_rejected = any(not m.fits and v > value for v, _, _, m in alone)
+    assert bool(note) == faster_rejected
+    if note:
+        assert note.startswith("faster ") and "rejected: ledger" in note and "GiB" in note
