@@ -239,11 +239,28 @@ def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
     m = plan.num_microbatches
     if not plan.interleaved:
         return float(min(plan.pp - stage, m))
-    chunks = m * plan.vpp
+    return _interleaved_forwards_at_peak(plan, stage) / plan.vpp
+
+
+def _interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
+    """Chunk-micro-batch forwards stage ``stage`` has run, none backward yet, at its interleaved peak."""
+    chunks = plan.num_microbatches * plan.vpp
     warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp, chunks)
-    if m == plan.pp:  # Megatron: "all_warmup_microbatches"
+    if plan.num_microbatches == plan.pp:  # Megatron: "all_warmup_microbatches"
         warmup = chunks
-    return min(warmup + 1, chunks) / plan.vpp
+    return min(warmup + 1, chunks)
+
+
+def _first_chunk_in_flight(plan: ParallelPlan) -> float:
+    """Micro-batches of the first stage's first chunk (the one with the embedding) in flight at its peak.
+
+    Megatron ``get_model_chunk_id``: forward k runs chunk ``(k % (pp * vpp)) // pp``, so chunk 0 gets the first
+    pp of every pp*vpp forwards; without interleaving every in-flight micro-batch is chunk 0's."""
+    if not plan.interleaved or plan.pp == 1:
+        return microbatches_in_flight(plan, 0)
+    group = plan.pp * plan.vpp
+    forwards = _interleaved_forwards_at_peak(plan, 0)
+    return float(forwards // group * plan.pp + min(forwards % group, plan.pp))
 
 
 def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
@@ -313,7 +330,7 @@ def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
 
     parts = {"layers": stored * in_flight, "recompute_working_set": working}
     if stage == 0:
-        parts["embedding"] = embedding_activation_bytes(model, plan) * in_flight
+        parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)
     if stage == plan.pp - 1:
         parts["output_and_loss"] = output_activation_bytes(model, plan, facts)
         extra = loss_backward_bytes(model, plan, facts) - working

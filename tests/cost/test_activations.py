@@ -101,6 +101,16 @@ def test_in_flight_microbatches():
     assert microbatches_in_flight(p.with_(vpp=3, grad_accum_steps=8, global_batch_size=8), 0) == 8
 
 
+def test_interleaved_embedding_activations_follow_the_first_chunk():
+    # Megatron get_model_chunk_id: of the first stage's 31 forwards at its peak (pp 8, vpp 3, 16 micro-batches),
+    # chunk 0 (the embedding's) ran 8 + 7; the stage's layers hold 31 / 3 micro-batches' worth.
+    from autotune.cost.activations import embedding_activation_bytes
+
+    p = ParallelPlan(pp=8, vpp=3, grad_accum_steps=16, global_batch_size=16, seq_len=2048)
+    parts = stage_activation_bytes(GPT, p, 0)
+    assert parts["embedding"] == pytest.approx(15 * embedding_activation_bytes(GPT, p))
+
+
 def test_seed_hidden_state_numbers():
     # Seed chapter §1.2: 70B, seq 4096, batch 1, d 8192: one layer's hidden state 1*4096*8192*2 B = 64 MiB;
     # full recompute keeps exactly that per layer: 80 layers ~ 5 GiB.
