@@ -43,9 +43,31 @@ class MegatronEngine(Engine):
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
+        import dataclasses
+
+        from autotune.cost.memory import stage_param_groups
         from autotune.cost.model_states import megatron_states
 
-        return megatron_states(plan, dense_params, expert_params)
+        states = megatron_states(plan, dense_params, expert_params)
+        if plan.precision == "fp8" and self.fp8_param_gather(plan) and model is not None:
+            # --fp8-param-gather (emitted with the distributed optimizer): pretrain_gpt.py model_provider builds
+            # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its
+            # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2 (as the FP8 weight
+            # cache, tp-sharded parameters stand for the GEMM weights, embedding included).
+            groups = stage_param_groups(model, plan, stage)
+            states = dataclasses.replace(states, weights=states.weights - self._fp8_weights(plan, groups))
+        return states
+
+    @staticmethod
+    def _fp8_weights(plan, groups) -> float:
+        return groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.tp)
+
+    def fp8_weight_cache_bytes(self, plan, groups) -> float:
+        # With FP8 parameters the weight is itself the row-wise FP8 copy: only the column-wise (transposed) one
+        # for the backward GEMMs is cached beside it (TE Float8Tensor's transpose cache).
+        if self.fp8_param_gather(plan):
+            return self._fp8_weights(plan, groups)
+        return super().fp8_weight_cache_bytes(plan, groups)
 
     def grad_reduce_bytes(self, plan) -> float:
         from autotune.cost.model_states import megatron_grad_bytes
