@@ -144,9 +144,16 @@ def test_fsdp_study_measures_full_shard_tp_and_pipelining(tmp_path):
     # the pp 2 x vpp 2 plans need 4 layers: never launched, and the output says why
     assert "--num-layers 2 leaves fewer layers" in doc["not_measured"]
     assert "not measured (never launched)" in done.stderr
-    plan = _check_winner(doc, out, ["accelerate_fsdp.yaml"])
-    cfg = yaml.safe_load((out / "winner" / "accelerate_fsdp.yaml").read_text())
-    assert cfg["num_processes"] == 2 and plan["engine"] == "fsdp"
+    # which plan wins depends on this machine's measurement; accelerate's FSDP2 config expresses tp1/tp2 pp1 plans
+    # (and the winner's plan.md says why it is not written for pp2: accelerate has no FSDP2 pipelining)
+    pipelined = doc["best"]["plan"]["pp"] > 1
+    plan = _check_winner(doc, out, [] if pipelined else ["accelerate_fsdp.yaml"])
+    assert plan["engine"] == "fsdp"
+    if pipelined:
+        assert "accelerate_fsdp.yaml is not written: pp=2" in (out / "winner" / "plan.md").read_text()
+    else:
+        cfg = yaml.safe_load((out / "winner" / "accelerate_fsdp.yaml").read_text())
+        assert cfg["num_processes"] == 2
     assert (out / "cal.json").is_file()
 
 
