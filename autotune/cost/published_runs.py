@@ -67,6 +67,21 @@ _MTNLG = {"layers": 105, "hidden": 20480, "heads": 128, "vocab": 51200, "seq_len
 # checkpointed every layer's activations, as Megatron-DeepSpeed's --checkpoint-activations does.
 _MTNLG_PARALLEL = {"tp": 8, "pp": 35, "global_batch": 1920, "recompute": "full"}
 
+# Readings of an entry's free text that the field parsers cannot take, each with its reason (merged into the entry).
+_READINGS: dict[str, dict] = {
+    # PyTorch FSDP paper (Zhao et al. 2023) Sec. 5.4 / Fig. 7(b): "minGPT" 175B is the GPT-3 175B shape (Brown et
+    # al. 2020 Table 2.1: 96 layers, d_model 12288, 96 heads); plain FSDP FULL_SHARD (no TP/PP); the largest
+    # cluster of the "128-512" range, where memory pressure no longer slows batch 2 (the entry's note); "more
+    # than 186" TFLOP/s taken as 186. Its kind: with activation checkpointing, 186 TFLOP/s of model FLOPs would
+    # be 248 TFLOP/s executed, 92% of the A100's best measured GEMM rate (271, gpus.yaml), above any end-to-end
+    # A100 figure (FlashAttention-2 paper: 225 TFLOP/s without recompute); only the executed-FLOP reading is
+    # physical. minGPT's CausalSelfAttention is unfused (softmax over q @ k^T, mingpt/model.py).
+    "fsdp-paper-gpt175b-bs2": {"model": {"layers": 96, "hidden": 12288, "heads": 96},
+                               "hardware": {"total_gpus": 512}, "parallel": {"tp": 1, "pp": 1},
+                               "measured": {"tflops_per_gpu": 186, "tflops_per_gpu_kind": "hardware"}},
+}
+_UNFUSED_ATTENTION = ("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg", "fsdp-paper")
+
 # Runs whose entry says their unstated settings are another run's ("config assumed identical to the dp8
 # selective run (2240 A100, 530B)", source.note of the first): the missing parallel fields are taken from it.
 _SAME_CONFIG_AS = {"korthikanti22-530b-dp8-full-recompute": "korthikanti22-530b-dp8-selective-sp"}
@@ -272,7 +287,7 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
                     grad_accum_steps=gb // (mb * dp), seq_len=model.max_position_embeddings, recompute=rc[0],
                     recompute_num_layers=rc[1], engine=engine, zero_stage=zero, precision=precision,
                     sequence_parallel=bool(p.get("sequence_parallel")) or (tp > 1 and not old),
-                    flash_attention=not old, overlap_comm=overlap)
+                    flash_attention=not entry["id"].startswith(_UNFUSED_ATTENTION), overlap_comm=overlap)
                 if not plan_problems(model, cluster, plan):
                     out.append(plan)
     return tuple(out)
@@ -389,6 +404,8 @@ def published_runs(folder: Path | None = None) -> list[PublishedRun]:
             if twin is not None:
                 parallel = {k: v for k, v in twin["parallel"].items() if k not in ("recompute", "sequence_parallel")}
                 entry = {**entry, "parallel": {**parallel, **entry["parallel"]}}
+            reading = _READINGS.get(entry["id"], {})
+            entry = {**entry, **{k: {**entry.get(k, {}), **v} for k, v in reading.items()}}
             out.append(_one(entry))
     return out
 

@@ -262,8 +262,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         offload += m * 2 * (2 * psi_part) / pcie  # fetch the weight partition for forward and backward
     optimizer = 0.0
     if plan.offload_optimizer == "none":
-        # Fused Adam on the GPU: read master, m, v, grad; write master, m, v, 16-bit weights.
-        optimizer = psi_part * (k_bytes / 12 * 24 + grad_bytes + 2) / hbm
+        # Fused Adam on the GPU: read master, m, v, grad; write master, m, v, 16-bit weights; and the engine's
+        # passes around it (gradient norm, fp16 unscale, master-to-model copy).
+        optimizer = psi_part * (k_bytes / 12 * 24 + grad_bytes + 2 + engine.optimizer_pass_bytes(plan)) / hbm
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
     compute = m * compute_mb + contention

@@ -187,6 +187,15 @@ class Engine(ABC):
         del plan
         return 2.0
 
+    def optimizer_pass_bytes(self, plan: ParallelPlan) -> float:
+        """HBM bytes per local parameter that the optimizer step moves besides the fused Adam kernel: the
+        gradient-norm pass of gradient clipping (on by default: Megatron ``--clip-grad 1.0``, DeepSpeed
+        ``gradient_clipping``, torchtitan ``max_norm``) reads the fp32 gradients (4 B); with fp16 the loss-scale
+        unscale and inf/nan check reads and writes them (8 B, ``_amp_foreach_non_finite_check_and_unscale_``);
+        and the copy of the fp32 master weights into the 16-bit model weights re-reads the master (4 B; its 2 B
+        write is in the Adam term; Megatron ``_copy_main_params_to_model_params``, DeepSpeed's fp16 partition)."""
+        return 4.0 + 4.0 + (8.0 if plan.precision == "fp16" else 0.0)
+
     def grad_accumulate_bytes(self, plan: ParallelPlan) -> float:
         """HBM bytes per local parameter that accumulating one micro-batch's gradients moves outside the GEMMs
         (0: accumulated inside the weight-gradient GEMM or by the reduction itself)."""

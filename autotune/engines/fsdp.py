@@ -136,6 +136,11 @@ class FSDPEngine(Engine):
         count = 2 * plan.num_microbatches * plan.vpp + microbatches_in_flight(plan, 0)
         return {"pipeline_buffers": count * boundary}
 
+    def optimizer_pass_bytes(self, plan) -> float:
+        # The sharded fp32 parameters are the optimizer's own (MixedPrecisionPolicy casts them at the all-gather):
+        # no master-to-model copy; the gradient norm, and GradScaler's unscale with fp16.
+        return 4.0 + (8.0 if plan.precision == "fp16" else 0.0)
+
     def grad_reduce_bytes(self, plan) -> float:
         return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default
 

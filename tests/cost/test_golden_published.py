@@ -29,6 +29,7 @@ TOLERANCE = {
     "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": (0.08, 0.21),
     "torchtitan A100 (FSDP2)": (0.075, 0.115),
     "MosaicML MPT (FSDP)": (0.10, 0.20),
+    "PyTorch FSDP paper": (0.11, 0.11),
     "NeMo / Megatron-Bridge FP8 (H100)": (0.09, 0.125),
 }
 
@@ -42,12 +43,12 @@ def errors():
 
 
 def test_every_run_is_estimated_or_says_why_not():
-    # Korthikanti Table 4's single-layer timings are compared as one layer's forward + backward; what stays out is
-    # the TPU run and the three headline figures without one model configuration.
+    # Korthikanti Table 4's single-layer timings are compared as one layer's forward + backward, the FSDP paper's
+    # 175B as GPT-3's shape (published_runs._READINGS); what stays out is the TPU run and the two ZeRO-paper
+    # headline figures without one model configuration.
     skipped = {r.run_id: r.skipped for r in RUNS if r.skipped}
     assert all(skipped.values())
-    assert set(skipped) == {"palm-mfu-gopher-280b", "zero-paper-100b-class-400gpu", "zero-paper-turing-nlg-17b",
-                            "fsdp-paper-gpt175b-bs2"}
+    assert set(skipped) == {"palm-mfu-gopher-280b", "zero-paper-100b-class-400gpu", "zero-paper-turing-nlg-17b"}
     assert sum(r.layer_timing for r in TIMED) == 5
     assert {r.family for r in TIMED} == set(TOLERANCE)
 

@@ -32,6 +32,7 @@ FAMILY_MEDIAN_TOLERANCE = {
     "torchtitan A100 (FSDP2)": 0.11,
     "MosaicML MPT (FSDP)": 0.13,
     "NeMo / Megatron-Bridge FP8 (H100)": 0.20,
+    "PyTorch FSDP paper": 0.15,
 }
 
 
@@ -86,6 +87,21 @@ def test_family_in_sample_error(errors_by_family, family):
     errors = errors_by_family[family]
     assert errors, family
     assert statistics.median(abs(e) for e in errors) <= FAMILY_MEDIAN_TOLERANCE[family], (family, errors)
+
+
+def test_the_fsdp_papers_175b_is_read_as_gpt3_on_plain_fsdp():
+    # published_runs._READINGS: GPT-3 175B's shape, 512 GPUs, no TP/PP, minGPT's unfused attention, and 186
+    # TFLOP/s of executed FLOPs (with activation checkpointing: 4/3 of the model FLOPs per token).
+    from autotune.cost.flops import step_flops
+
+    run = BY_ID["fsdp-paper-gpt175b-bs2"]
+    m = run.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (96, 12288, 96, 50000)
+    assert run.cluster.num_gpus == 512 and run.candidates
+    assert all((p.tp, p.pp, p.dp, p.zero_stage, p.micro_batch_size, p.recompute, p.flash_attention)
+               == (1, 1, 512, 3, 2, "full", False) for p in run.candidates)
+    per_token = step_flops(m, 2048, 1.0, "full").hardware
+    assert run.tokens_per_s_per_gpu == pytest.approx(186e12 / per_token)
 
 
 def test_every_family_has_a_tolerance(errors_by_family):

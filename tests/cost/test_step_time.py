@@ -89,3 +89,21 @@ def test_mfu_is_model_flops_over_peak():
     est = estimate_step_time(LLAMA70, H100, plan())
     assert est.mfu == pytest.approx(est.model_tflops_per_gpu / 989)
     assert est.hfu >= est.mfu and est.tokens_per_s == pytest.approx(64 * 4096 / est.step_time_s)
+
+
+def test_optimizer_step_counts_the_passes_around_adam():
+    # Per local parameter: Adam 24 B (fp32 master, m, v read + written) + the gradient + the 16-bit weight write,
+    # plus the engine's passes: the gradient norm (4 B), the master re-read of the master-to-model copy (4 B,
+    # not under FSDP, whose sharded fp32 parameters are the optimizer's own) and fp16's unscale (8 B).
+    from autotune.engines import engine_for
+
+    mega = plan(tp=8, dp=8, zero_stage=0)
+    assert engine_for(mega).optimizer_pass_bytes(mega) == 8.0
+    assert engine_for(mega.with_(precision="fp16")).optimizer_pass_bytes(mega.with_(precision="fp16")) == 16.0
+    fsdp = plan(engine="fsdp", zero_stage=3, sequence_parallel=True)
+    assert engine_for(fsdp).optimizer_pass_bytes(fsdp) == 4.0
+    est = estimate_step_time(LLAMA70, H100, mega)
+    psi = LLAMA70.num_params / 8
+    hbm = H100.gpu.hbm_bandwidth_gb_per_s * 1e9 * H100.gpu.kernel_facts().hbm_fraction
+    grad = engine_for(mega).grad_reduce_bytes(mega)
+    assert est.optimizer_s == pytest.approx(psi * (24 + grad + 2 + 8) / hbm, rel=0.02)
