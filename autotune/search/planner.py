@@ -22,7 +22,7 @@ from autotune.search.space import SearchConstraints, dimension_values, replica_c
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.rules import plan_problems
+from autotune.specs.rules import inner_plan_problems, plan_problems
 
 __all__ = ["SearchResult", "search_plans", "explain_winner"]
 
@@ -122,7 +122,7 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                 continue
             plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
                                 recompute=recompute, **base)
-            problems = plan_problems(model, cluster, plan)
+            problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
             if problems:
                 rejections[problems[0][0]] += 1
                 continue

@@ -31,12 +31,16 @@ PlanPrecision = Literal["bf16", "fp16", "fp8"]
 #              (Dettmers et al. 2022; block-wise quantisation statistics, 2 fp32 per 2048-block, ignored)
 OPTIMIZER_STATE_BYTES: dict[str, float] = {"adamw": 12.0, "sgd": 8.0, "adafactor": 4.0, "adamw8bit": 6.0}
 
+_INT_ONLY = {int}
+_RECOMPUTES = ("none", "selective", "full")
+_OFFLOADS = ("none", "cpu", "nvme")
+_PRECISIONS = ("bf16", "fp16", "fp8")
 _CHOICES = {
     "engine": ENGINE_NAMES,
-    "recompute": ("none", "selective", "full"),
-    "offload_optimizer": ("none", "cpu", "nvme"),
-    "offload_param": ("none", "cpu", "nvme"),
-    "precision": ("bf16", "fp16", "fp8"),
+    "recompute": _RECOMPUTES,
+    "offload_optimizer": _OFFLOADS,
+    "offload_param": _OFFLOADS,
+    "precision": _PRECISIONS,
     "optimizer": tuple(OPTIMIZER_STATE_BYTES),
 }
 
@@ -88,6 +92,15 @@ class ParallelPlan:
     ``overlap_comm``, Megatron ``--overlap-grad-reduce --overlap-param-gather``."""
 
     def __post_init__(self) -> None:
+        # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
+        counts = (self.tp, self.pp, self.dp, self.cp, self.vpp, self.ep, self.dp_replicate, self.micro_batch_size,
+                  self.grad_accum_steps, self.global_batch_size, self.seq_len)
+        if (set(map(type, counts)) == _INT_ONLY and min(counts) >= 1 and self.zero_stage in (0, 1, 2, 3)
+                and self.engine in ENGINE_NAMES and self.recompute in _RECOMPUTES and self.precision in _PRECISIONS
+                and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
+                and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
+                and self.dp % self.dp_replicate == 0):
+            return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
                      "global_batch_size", "seq_len"):

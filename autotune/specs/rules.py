@@ -13,7 +13,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["plan_problems", "validate_plan"]
+__all__ = ["inner_plan_problems", "plan_problems", "validate_plan"]
 
 
 def _divisors(n: int) -> str:
@@ -57,16 +57,6 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     # arguments.py:1003: the interleaved schedule needs more than one stage.
     if vpp > 1 and pp < 2:
         bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
-    # Batch triple (DeepSpeed config.py:596-605; Megatron num_microbatches_calculator.py:381).
-    if plan.global_batch_size != plan.micro_batch_size * plan.grad_accum_steps * dp:
-        bad("batch_triple", f"global batch {plan.global_batch_size} != micro-batch {plan.micro_batch_size} x "
-                            f"grad accumulation {plan.grad_accum_steps} x dp {dp}: choose a global batch that is a "
-                            f"multiple of micro-batch x dp ({plan.micro_batch_size * dp})")
-    # Pipeline with 1F1B wants at least as many micro-batches as stages to fill the pipe; fewer is legal but wasteful,
-    # so it is a cost, not a rule. Interleaving needs num_microbatches % pp == 0 in Megatron.
-    if plan.interleaved and plan.num_microbatches % pp:
-        bad("interleave_microbatches", f"interleaved schedule needs micro-batches ({plan.num_microbatches}) divisible "
-                                       f"by pp ({pp}): change the global batch or micro-batch")
     # arguments.py:1337 "seq-length should be a multiple of 2 * context-parallel-size".
     if cp > 1 and plan.seq_len % (2 * cp):
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
@@ -92,6 +82,41 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     if not cluster.gpu.supports(plan.precision) and cluster.gpu.name != "cpu":
         have = ", ".join(sorted(cluster.gpu.peak_tflops))
         bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (has {have}): pick one of those")
+    _inner_core_problems(model, plan, bad)
+    # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
+    out += [(r.id, r.render()) for r in engine_for(plan).plan_problems(model, cluster, plan)]
+    return out
+
+
+def inner_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:
+    """:func:`plan_problems` for a plan whose other fields already passed: only the rules that read the
+    micro-batch, gradient accumulation or recompute (the generic ones, and the engine's ``extra_problems``; its
+    support rules read none of them). The planner's inner loop, where most plans are checked."""
+    out: list[tuple[str, str]] = []
+
+    def bad(rule: str, message: str) -> None:
+        out.append((rule, message))
+
+    _inner_core_problems(model, plan, bad)
+    from autotune.engines import engine_for
+
+    out += [(r.id, r.render()) for r in engine_for(plan).extra_problems(model, cluster, plan)]
+    return out
+
+
+def _inner_core_problems(model: ModelSpec, plan: ParallelPlan, bad) -> None:
+    """The generic rules over the fields the planner's inner loop varies (micro-batch, accumulation, recompute)."""
+    pp, dp = plan.pp, plan.dp
+    # Batch triple (DeepSpeed config.py:596-605; Megatron num_microbatches_calculator.py:381).
+    if plan.global_batch_size != plan.micro_batch_size * plan.grad_accum_steps * dp:
+        bad("batch_triple", f"global batch {plan.global_batch_size} != micro-batch {plan.micro_batch_size} x "
+                            f"grad accumulation {plan.grad_accum_steps} x dp {dp}: choose a global batch that is a "
+                            f"multiple of micro-batch x dp ({plan.micro_batch_size * dp})")
+    # Pipeline with 1F1B wants at least as many micro-batches as stages to fill the pipe; fewer is legal but wasteful,
+    # so it is a cost, not a rule. Interleaving needs num_microbatches % pp == 0 in Megatron.
+    if plan.interleaved and plan.num_microbatches % pp:
+        bad("interleave_microbatches", f"interleaved schedule needs micro-batches ({plan.num_microbatches}) divisible "
+                                       f"by pp ({pp}): change the global batch or micro-batch")
     # Recompute (arguments.py:1427; TransformerConfig): layer count only with full recompute.
     if plan.recompute_num_layers is not None:
         if plan.recompute != "full":
@@ -99,11 +124,6 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         elif plan.recompute_num_layers > -(-model.num_layers // pp):
             bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
                                     f"({-(-model.num_layers // pp)} at most)")
-    # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
-    from autotune.engines import engine_for
-
-    out += [(r.id, r.render()) for r in engine_for(plan).plan_problems(model, cluster, plan)]
-    return out
 
 
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> None:

@@ -80,3 +80,25 @@ def test_infeasible_space_reports_reasons():
     res = search_plans(big, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=SPACE)
     assert res.num_feasible == 0 and not res.candidates
     assert res.rejections.get("gpu_memory", 0) + res.rejections.get("host_memory", 0) > 0
+
+
+@pytest.mark.parametrize("gpu,num_gpus,model_name,batch", [("h100-sxm-80gb", 64, "llama3-70b", 128),
+                                                           ("a100-80gb", 16, "llama3-8b", 16)])
+def test_inner_rule_check_ranks_exactly_what_the_full_check_does(monkeypatch, gpu, num_gpus, model_name, batch):
+    # The inner loop checks only the rules that read micro-batch, accumulation and recompute; with every rule
+    # checked there instead, the search must find the same plans with the same rejection counts. Batch 16 on 16
+    # GPUs: pipelined FSDP plans whose larger micro-batches leave fewer micro-batches than stages (an engine rule
+    # of the inner loop, fsdp:pp_microbatches).
+    import autotune.search.planner as planner
+    from autotune.search.space import SearchConstraints
+    from autotune.specs.presets import load_model_preset
+    from autotune.specs.rules import plan_problems as full
+
+    model, cluster = load_model_preset(model_name), load_cluster(gpu=gpu, num_gpus=num_gpus)
+    space = SearchConstraints(precisions=("bf16", "fp8") if gpu.startswith("h100") else ("bf16",),
+                              allow_offload=True, engines=("megatron", "deepspeed", "megatron-deepspeed", "fsdp", "hf"))
+    fast = planner.search_plans(model, cluster, seq_len=4096, global_batch_size=batch, constraints=space)
+    monkeypatch.setattr(planner, "inner_plan_problems", full)
+    slow = planner.search_plans(model, cluster, seq_len=4096, global_batch_size=batch, constraints=space)
+    assert [e.plan for e in fast.ranked] == [e.plan for e in slow.ranked] and fast.num_feasible > 0
+    assert fast.rejections == slow.rejections
