@@ -28,6 +28,11 @@ __all__ = ["SearchResult", "search_plans", "explain_winner"]
 
 # Rules that depend on the micro-batch or recompute setting (the rest are checked once per layout).
 _INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_layers"})
+# Generic rules over the layout alone (engine, tp, cp, pp, vpp, ep), the first plan_problems checks: when a layout
+# breaks one, each of its ZeRO / replica / offload / precision variants breaks it first too, so they are counted
+# against it without being built.
+_LAYOUT_RULES = frozenset({"world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp",
+                           "seq_cp", "seq_sp", "ep_dense", "experts_ep", "ep_dp"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,10 +84,22 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                     if n % (tp * cp * pp):
                         continue  # not a layout of this cluster: never generated
                     dp = n // (tp * cp * pp)
+                    sp = tp > 1 and engine_for(engine).support.sequence_parallel
+                    per_variant = inner * len(dims.offload_optimizer) * len(dims.offload_param) * len(dims.precisions)
                     for vpp in dims.vpp:
                         for ep in dims.ep:
-                            for zero, rep in ((z, r) for z in dims.zero_stages
-                                              for r in replica_counts(dims, engine, z, dp, tp, cp)):
+                            variants = [(z, r) for z in dims.zero_stages
+                                        for r in replica_counts(dims, engine, z, dp, tp, cp)]
+                            layout = ParallelPlan(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep,
+                                                  seq_len=seq_len, global_batch_size=global_batch_size,
+                                                  sequence_parallel=sp, micro_batch_size=1,
+                                                  grad_accum_steps=max(1, global_batch_size // dp))
+                            broken = plan_problems(model, cluster, layout)
+                            if broken and broken[0][0] in _LAYOUT_RULES:
+                                enumerated += len(variants) * per_variant
+                                rejections[broken[0][0]] += len(variants) * per_variant
+                                continue
+                            for zero, rep in variants:
                                 for off_opt in dims.offload_optimizer:
                                     for off_param in dims.offload_param:
                                         for precision in dims.precisions:
@@ -91,7 +108,7 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                                                         offload_optimizer=off_opt,
                                                         offload_param=off_param, precision=precision,
                                                         seq_len=seq_len, global_batch_size=global_batch_size,
-                                                        sequence_parallel=tp > 1 and engine_for(engine).support.sequence_parallel)
+                                                        sequence_parallel=sp)
                                             enumerated += inner
                                             # Layout rules once, on a representative of the inner loops.
                                             probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(

@@ -84,9 +84,10 @@ def test_infeasible_space_reports_reasons():
 
 @pytest.mark.parametrize("gpu,num_gpus,model_name,batch", [("h100-sxm-80gb", 64, "llama3-70b", 128),
                                                            ("a100-80gb", 16, "llama3-8b", 16)])
-def test_inner_rule_check_ranks_exactly_what_the_full_check_does(monkeypatch, gpu, num_gpus, model_name, batch):
-    # The inner loop checks only the rules that read micro-batch, accumulation and recompute; with every rule
-    # checked there instead, the search must find the same plans with the same rejection counts. Batch 16 on 16
+def test_pruned_rule_checks_rank_exactly_what_the_full_check_does(monkeypatch, gpu, num_gpus, model_name, batch):
+    # The inner loop checks only the rules that read micro-batch, accumulation and recompute, and a layout that
+    # breaks a layout rule is counted without building its variants; with every rule checked on every plan
+    # instead, the search must find the same plans with the same rejection counts. Batch 16 on 16
     # GPUs: pipelined FSDP plans whose larger micro-batches leave fewer micro-batches than stages (an engine rule
     # of the inner loop, fsdp:pp_microbatches).
     import autotune.search.planner as planner
@@ -99,6 +100,8 @@ def test_inner_rule_check_ranks_exactly_what_the_full_check_does(monkeypatch, gp
                               allow_offload=True, engines=("megatron", "deepspeed", "megatron-deepspeed", "fsdp", "hf"))
     fast = planner.search_plans(model, cluster, seq_len=4096, global_batch_size=batch, constraints=space)
     monkeypatch.setattr(planner, "inner_plan_problems", full)
+    monkeypatch.setattr(planner, "_LAYOUT_RULES", frozenset())  # and every variant of a broken layout built
     slow = planner.search_plans(model, cluster, seq_len=4096, global_batch_size=batch, constraints=space)
     assert [e.plan for e in fast.ranked] == [e.plan for e in slow.ranked] and fast.num_feasible > 0
-    assert fast.rejections == slow.rejections
+    assert fast.rejections == slow.rejections and fast.num_enumerated == slow.num_enumerated
+    assert sum(fast.rejections.values()) + fast.num_feasible == fast.num_enumerated
