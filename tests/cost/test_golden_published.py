@@ -44,7 +44,7 @@ def errors():
 
 def test_every_run_is_estimated_or_says_why_not():
     # Korthikanti Table 4's single-layer timings are compared as one layer's forward + backward, the FSDP paper's
-    # 175B as GPT-3's shape (published_runs._READINGS); what stays out is the TPU run and the two ZeRO-paper
+    # 175B as GPT-3's shape (published_facts.READINGS); what stays out is the TPU run and the two ZeRO-paper
     # headline figures without one model configuration.
     skipped = {r.run_id: r.skipped for r in RUNS if r.skipped}
     assert all(skipped.values())

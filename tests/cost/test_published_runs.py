@@ -90,7 +90,7 @@ def test_family_in_sample_error(errors_by_family, family):
 
 
 def test_the_fsdp_papers_175b_is_read_as_gpt3_on_plain_fsdp():
-    # published_runs._READINGS: GPT-3 175B's shape, 512 GPUs, no TP/PP, minGPT's unfused attention, and 186
+    # published_facts.READINGS: GPT-3 175B's shape, 512 GPUs, no TP/PP, minGPT's unfused attention, and 186
     # TFLOP/s of executed FLOPs (with activation checkpointing: 4/3 of the model FLOPs per token).
     from autotune.cost.flops import step_flops
 
