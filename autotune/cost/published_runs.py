@@ -236,8 +236,10 @@ def _parallel(entry: dict) -> dict:
     return p
 
 
-def _throughput(entry: dict, model: ModelSpec, num_gpus: int) -> float | None:
-    """Measured tokens/s per GPU, from the most direct figure the entry has."""
+def _throughput(entry: dict, model: ModelSpec, num_gpus: int, preset_peak_tflops: float) -> float | None:
+    """Measured tokens/s per GPU, from the most direct figure the entry has (an MFU against the entry's peak, or
+    the GPU preset's datasheet 16-bit peak where the entry names none: the Megatron-LM README's MFUs are its
+    TFLOP/s over 989, the H100's)."""
     from autotune.cost.flops import step_flops
 
     m, d, p = entry.get("measured", {}), entry.get("derived", {}) or {}, _parallel(entry)
@@ -257,9 +259,9 @@ def _throughput(entry: dict, model: ModelSpec, num_gpus: int) -> float | None:
         kind = str(m.get("tflops_per_gpu_kind", "model"))
         flops = step_flops(model, model.max_position_embeddings, 1.0, rc[0] if rc else "none")
         return m["tflops_per_gpu"] * 1e12 / (flops.hardware if kind.startswith("hardware") else flops.model)
-    if isinstance(m.get("mfu"), int | float) and entry["hardware"].get("peak_tflops"):
+    if isinstance(m.get("mfu"), int | float):
         per_token = step_flops(model, model.max_position_embeddings, 1.0, "none").model
-        return m["mfu"] / 100 * entry["hardware"]["peak_tflops"] * 1e12 / per_token
+        return m["mfu"] / 100 * (entry["hardware"].get("peak_tflops") or preset_peak_tflops) * 1e12 / per_token
     return None
 
 
@@ -313,7 +315,8 @@ def _one(entry: dict) -> PublishedRun:
     if cluster is None:
         return PublishedRun(**base, model=model, skipped=why)
     peak, method = _memory(entry)
-    tps = _throughput(entry, model, cluster.num_gpus)
+    sixteen = cluster.gpu.peak_tflops.get("bf16") or cluster.gpu.peak_tflops.get("fp16", 0.0)
+    tps = _throughput(entry, model, cluster.num_gpus, sixteen)
     if layer_ms is not None:
         tps = _lead_int(entry["parallel"]["micro_batch"]) * model.max_position_embeddings / (layer_ms / 1e3) \
             / cluster.num_gpus

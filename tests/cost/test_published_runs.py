@@ -104,6 +104,17 @@ def test_the_fsdp_papers_175b_is_read_as_gpt3_on_plain_fsdp():
     assert run.tokens_per_s_per_gpu == pytest.approx(186e12 / per_token)
 
 
+def test_an_mfu_without_a_peak_is_read_against_the_gpu_presets_datasheet_peak():
+    # Megatron-LM README strong scaling: "MFU 47%" at 96 H100s, no peak in the entry; the README's MFUs are its
+    # TFLOP/s over 989 (the H100 preset's bf16 peak).
+    from autotune.cost.flops import step_flops
+
+    run = BY_ID["megatron-core-h100-strong-gpt3-96gpu"]
+    assert not run.skipped and run.candidates
+    per_token = step_flops(run.model, 4096, 1.0, "none").model
+    assert run.tokens_per_s_per_gpu == pytest.approx(0.47 * 989e12 / per_token)
+
+
 def test_every_family_has_a_tolerance(errors_by_family):
     assert set(errors_by_family) == set(FAMILY_MEDIAN_TOLERANCE)
 
