@@ -19,7 +19,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["BWD_ELEMENTWISE", "LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
+__all__ = ["LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -28,6 +28,9 @@ class LayerTime:
     gemm_s: float
     attention_s: float
     elementwise_s: float
+    elementwise_bwd_s: float
+    """The memory-bound kernels' backward (their gradients: more bytes than the forward for norms and
+    activations, fewer for dropout and residual adds)."""
     tp_comm_s: float
     cp_comm_s: float
     moe_comm_s: float
@@ -84,18 +87,39 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     else:
         attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 
-    # Elementwise bytes per token, forward: norms (read+write 2h each), two bias-dropout-residual adds
-    # (read 2 x 2h, write 2h), the activation (read fc1 out, write fc2 in), RoPE on q and k,
-    # and for unfused attention the scaled-masked softmax (+ dropout) over the s x s scores.
-    residual = model.norms_per_layer * 4 * h + 2 * 6 * h + (2 * h if model.dropout > 0 else 0)
-    width = ffn_width * (2 * n_in + 2)
+    # Elementwise bytes per token, forward and backward, kernel by kernel (16-bit tensors, 1-byte dropout masks):
+    # * norm: forward reads x, writes y (4 B per element); backward reads x and dy, writes dx (6 B).
+    # * bias-dropout-residual add, twice: forward reads x and the residual, writes the sum (6 B) and the mask (1 B);
+    #   backward reads dy and the mask, writes dx (5 B; the residual's gradient is dy itself); no dropout: the
+    #   add's backward is the identity. With biases, each bias gradient is a reduction over the tokens that reads
+    #   its output's gradient (2 B per element): the two row-parallel biases on the residual stream, the QKV and
+    #   fc1 biases on the tp-split widths.
+    # * activation: GeLU reads fc1's output, writes fc2's input (4 B per ffn element), backward reads input and
+    #   dy, writes dx (6 B); SwiGLU reads gate and up, writes their product (6 B), backward reads gate, up and dy,
+    #   writes both gradients (10 B).
+    # * RoPE on q and k: reads and writes each (4 B), the same backward.
+    # * unfused attention over the s x s scores: scaled-masked softmax 4 B forward, 6 B backward; its dropout
+    #   5 B forward (read, write, mask), 5 B backward (read dy and the mask, write dx).
+    dropout = model.dropout > 0
+    bias_grad = 2 * h if model.linear_bias else 0
+    res_fwd = model.norms_per_layer * 4 * h + 2 * (6 * h + (h if dropout else 0))
+    res_bwd = model.norms_per_layer * 6 * h + 2 * ((5 * h if dropout else 0) + bias_grad)
+    wide_fwd = ffn_width * (6 if n_in == 2 else 4)
+    wide_bwd = ffn_width * (10 if n_in == 2 else 6) + (2 * (qkv + n_in * ffn_width) if model.linear_bias else 0)
     if model.position_embedding == "rope":
-        width += 4 * (model.q_width + model.kv_width)
+        wide_fwd += 4 * (model.q_width + model.kv_width)
+        wide_bwd += 4 * (model.q_width + model.kv_width)
     if not plan.flash_attention:
-        width += (9 if model.dropout > 0 else 4) * model.num_attention_heads * s
-    elementwise = tokens * (residual / t_seq + width / t) / hbm * (0.5 if compiled else 1.0)
-    if r.cast_bytes:
-        elementwise += tokens * cast_width / t * r.cast_bytes / 2 / hbm  # forward half; backward adds the other
+        scores = model.num_attention_heads * s
+        wide_fwd += (9 if dropout else 4) * scores
+        wide_bwd += (11 if dropout else 6) * scores
+    fused = 0.5 if compiled else 1.0
+    elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm * fused
+    elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm * fused
+    if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
+        casts = tokens * cast_width / t * r.cast_bytes / 2 / hbm
+        elementwise += casts
+        elementwise_bwd += casts
 
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
@@ -111,7 +135,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
         moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    return LayerTime(gemm, attention, elementwise, tp_comm, cp_comm, moe_comm)
+    return LayerTime(gemm, attention, elementwise, elementwise_bwd, tp_comm, cp_comm, moe_comm)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -121,12 +145,6 @@ def time_key(plan: ParallelPlan) -> ParallelPlan:
                         flash_attention=plan.flash_attention)
 
 
-
-
-BWD_ELEMENTWISE = 1.5
-"""Backward bytes of the memory-bound kernels over their forward bytes: a norm, activation, softmax or
-bias-dropout-add backward reads its saved input and the output gradient and writes the input gradient
-(three tensors against the forward's two; dropout's backward reads the mask instead of drawing it)."""
 
 
 def attention_bwd_factor(plan: ParallelPlan) -> float:
@@ -165,7 +183,7 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     """
     attn_bwd = attention_bwd_factor(plan)
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
-    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + BWD_ELEMENTWISE * lt.elementwise_s
+    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s
     full = plan.recompute == "full"
     rec = fwd * rec_share if full else (lt.attention_s if plan.recompute == "selective" else 0.0)
     fwd_passes = 1 + (rec_share if full else 0.0)

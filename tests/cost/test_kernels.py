@@ -119,3 +119,38 @@ def test_optimizer_step_peak_is_its_own_row_not_activations():
     mem = estimate_memory(load_model_preset("llama3-70b"), one, plan)
     assert mem.activations < 20 * GIB
     assert mem.optimizer_step > 100 * GIB and "optimizer_step" in mem.terms()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_memory_bound_kernels_count_their_own_backward_bytes(family):
+    # Per token at tp 1, bytes the elementwise kernels move, forward and backward (layer_time's table):
+    # Llama (RMSNorm x2, no dropout, no biases, SwiGLU, RoPE, flash): norms 4h / 6h, residual adds 6h / 0,
+    #   SwiGLU 6f / 10f, RoPE 4(q + kv) both ways.
+    # GPT of the Megatron papers (LayerNorm x2, dropout, biases, GeLU, unfused attention): norms 4h / 6h,
+    #   bias-dropout-adds 7h / 5h + 2h bias gradient, GeLU 4f / 6f + the QKV and fc1 bias gradients 2(3h + f),
+    #   softmax + dropout over heads x s scores 9 / 11.
+    from autotune.cost.layer_time import layer_time, time_key
+    from autotune.specs.model import ModelSpec
+
+    cluster = load_cluster(gpu="a100-80gb", num_gpus=8)
+    h, f, s = 1024, 4096, 1024
+    if family == "llama":
+        model = ModelSpec(name="l", num_layers=2, hidden_size=h, num_attention_heads=8, num_kv_heads=2,
+                          ffn_hidden_size=f, vocab_size=32000, activation="swiglu", norm="rmsnorm",
+                          position_embedding="rope", max_position_embeddings=s)
+        kv = 2 * h // 8
+        fwd, bwd = 2 * 4 * h + 2 * 6 * h + 6 * f + 4 * (h + kv), 2 * 6 * h + 10 * f + 4 * (h + kv)
+        flash = True
+    else:
+        model = ModelSpec(name="g", num_layers=2, hidden_size=h, num_attention_heads=8, ffn_hidden_size=f,
+                          vocab_size=32000, max_position_embeddings=s, linear_bias=True, dropout=0.1)
+        scores = 8 * s
+        fwd = 2 * 4 * h + 2 * 7 * h + 4 * f + 9 * scores
+        bwd = 2 * 6 * h + 2 * (5 * h + 2 * h) + 6 * f + 2 * (3 * h + f) + 11 * scores
+        flash = False
+    plan = ParallelPlan(tp=1, dp=8, seq_len=s, micro_batch_size=1, global_batch_size=8, engine="megatron",
+                        flash_attention=flash, precision="bf16")
+    r = rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
+    lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, False)
+    assert lt.elementwise_s * r.hbm / s == pytest.approx(fwd)
+    assert lt.elementwise_bwd_s * r.hbm / s == pytest.approx(bwd)
