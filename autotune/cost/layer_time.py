@@ -19,7 +19,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
+__all__ = ["EAGER_BYTES", "LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -36,9 +36,25 @@ class LayerTime:
     moe_comm_s: float
 
 
+EAGER_BYTES: dict[str, tuple[int, int]] = {
+    # (forward, backward) HBM bytes per element of the composite ops as PyTorch modules run them op by op
+    # (torchtitan d4c86e3 models/norms.py RMSNorm, models/llama/model.py FeedForward and apply_rotary_emb;
+    # transformers' LlamaRMSNorm / LlamaMLP / apply_rotary_pos_emb are the same chains), 16-bit activations:
+    # RMSNorm: x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2 = 36; autograd back
+    #   through them (weight product and its reduction 10, to-float 6, the rsqrt product and its reduction 20,
+    #   mean's expand 4, pow 12, the two gradient paths summed 12, to-bf16 6) = 70.
+    # SwiGLU: silu 2+2, * up 2+2+2 = 10; backward: both products' gradients 6+6, silu's 6 = 18.
+    # RoPE (complex): x.float() 2+4, complex product 4+4, type_as 4+2 = 20; backward the same chain = 20.
+    # One kernel per op (Megatron / Transformer Engine fused kernels, or torch.compile): 4 / 6, 6 / 10, 4 / 4.
+    "rmsnorm": (36, 70), "swiglu": (10, 18), "rope": (20, 20),
+}
+
+
 @functools.lru_cache(maxsize=8192)
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
-                eff: Efficiency, r: Rates, compiled: bool) -> LayerTime:
+                eff: Efficiency, r: Rates, kernels: str = "fused") -> LayerTime:
+    """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE, or torch.compile) or
+    "eager" (PyTorch modules op by op: torchtitan and transformers without compile, ``EAGER_BYTES``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
     hbm = r.hbm
@@ -100,22 +116,26 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # * RoPE on q and k: reads and writes each (4 B), the same backward.
     # * unfused attention over the s x s scores: scaled-masked softmax 4 B forward, 6 B backward; its dropout
     #   5 B forward (read, write, mask), 5 B backward (read dy and the mask, write dx).
+    # ``kernels="eager"``: the composite ops run op by op (EAGER_BYTES); "fused" as above.
+    eager = kernels == "eager"
     dropout = model.dropout > 0
     bias_grad = 2 * h if model.linear_bias else 0
-    res_fwd = model.norms_per_layer * 4 * h + 2 * (6 * h + (h if dropout else 0))
-    res_bwd = model.norms_per_layer * 6 * h + 2 * ((5 * h if dropout else 0) + bias_grad)
-    wide_fwd = ffn_width * (6 if n_in == 2 else 4)
-    wide_bwd = ffn_width * (10 if n_in == 2 else 6) + (2 * (qkv + n_in * ffn_width) if model.linear_bias else 0)
+    norm_fwd, norm_bwd = EAGER_BYTES["rmsnorm"] if eager and model.norm == "rmsnorm" else (4, 6)
+    swiglu_fwd, swiglu_bwd = EAGER_BYTES["swiglu"] if eager else (6, 10)
+    rope_fwd, rope_bwd = EAGER_BYTES["rope"] if eager else (4, 4)
+    res_fwd = model.norms_per_layer * norm_fwd * h + 2 * (6 * h + (h if dropout else 0))
+    res_bwd = model.norms_per_layer * norm_bwd * h + 2 * ((5 * h if dropout else 0) + bias_grad)
+    wide_fwd = ffn_width * (swiglu_fwd if n_in == 2 else 4)
+    wide_bwd = ffn_width * (swiglu_bwd if n_in == 2 else 6) + (2 * (qkv + n_in * ffn_width) if model.linear_bias else 0)
     if model.position_embedding == "rope":
-        wide_fwd += 4 * (model.q_width + model.kv_width)
-        wide_bwd += 4 * (model.q_width + model.kv_width)
+        wide_fwd += rope_fwd * (model.q_width + model.kv_width)
+        wide_bwd += rope_bwd * (model.q_width + model.kv_width)
     if not plan.flash_attention:
         scores = model.num_attention_heads * s
         wide_fwd += (9 if dropout else 4) * scores
         wide_bwd += (11 if dropout else 6) * scores
-    fused = 0.5 if compiled else 1.0
-    elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm * fused
-    elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm * fused
+    elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm
+    elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
     if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
         casts = tokens * cast_width / t * r.cast_bytes / 2 / hbm
         elementwise += casts

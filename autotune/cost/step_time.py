@@ -49,7 +49,8 @@ class TimeSettings:
     """The backward's TP collectives behind the weight-gradient GEMMs (``CommSchedule.tp_backward_overlap``);
     None: the engine's default."""
     torch_compile: bool = False
-    """torch.compile on (torchtitan ``--compile``): inductor fuses the elementwise chains (half the bytes)."""
+    """torch.compile on (torchtitan ``--compile``): inductor fuses each elementwise chain into one kernel (the
+    fused bytes of ``autotune.cost.layer_time``, not the engine's eager ones)."""
 
     def __post_init__(self) -> None:
         from autotune.errors import require_no_problems
@@ -108,8 +109,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    dense_layer = layer_time(model, cluster, key, False, eff, r, settings.torch_compile)
-    moe_layer = layer_time(model, cluster, key, True, eff, r, settings.torch_compile) if model.is_moe else dense_layer
+    kernels = "fused" if settings.torch_compile else sched.elementwise_kernels
+    dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
+    moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
     tp_overlap = settings.tp_overlap or sched.tp_overlap
     tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
@@ -294,7 +296,8 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     eff = settings.efficiency
     sched = engine_for(plan).comm
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    lt = layer_time(model, cluster, time_key(plan), False, eff, r, settings.torch_compile)
+    lt = layer_time(model, cluster, time_key(plan), False, eff, r,
+                    "fused" if settings.torch_compile else sched.elementwise_kernels)
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd)
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")

@@ -105,6 +105,10 @@ class CommSchedule:
     tp_backward_overlap: bool = False
     """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
     (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
+    elementwise_kernels: str = "fused"
+    """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
+    or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without
+    torch.compile; ``autotune.cost.layer_time.EAGER_BYTES``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

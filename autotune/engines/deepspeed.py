@@ -27,8 +27,9 @@ class DeepSpeedEngine(Engine):
                             tp_with_pp=False, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
                             zero_stages_with_pp=(0, 1), offload_optimizer=("none", "cpu", "nvme"),
                             offload_param=("none", "cpu", "nvme"))
+    # DeepSpeed trains the user's PyTorch model (transformers' or their own modules): op by op, no fused kernels.
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
-                        cp_kind="ulysses")
+                        cp_kind="ulysses", elementwise_kernels="eager")
     checkpoint_format = "deepspeed"
     workload = "builtin"
     trainer_module = "autotune.train.deepspeed"

@@ -38,7 +38,10 @@ class FSDPEngine(Engine):
                         # enable_fsdp_float8_all_gather (torchtitan docs/float8.md); FSDP2 reduce-scatters per
                         # micro-batch by default.
                         attention_kernel="fa2", fp8_recipe="torchao-tensorwise", fp8_param_gather=True,
-                        grad_sync_every_microbatch=True)
+                        grad_sync_every_microbatch=True,
+                        # torchtitan's modules (RMSNorm, FeedForward, apply_rotary_emb) run op by op unless
+                        # torch.compile is on (TimeSettings.torch_compile).
+                        elementwise_kernels="eager")
     checkpoint_format = "dcp"
     workload = "builtin"
     trainer_module = "autotune.train.fsdp"

@@ -27,7 +27,9 @@ class HFEngine(Engine):
                             tp_with_pp=False, cp=None, ep=False, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(),
                             offload_optimizer=("none", "cpu", "nvme"), offload_param=("none", "cpu", "nvme"),
                             precisions=("bf16", "fp16"))
-    comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule=None, cp_kind=None)
+    # transformers' modules (LlamaRMSNorm, LlamaMLP, apply_rotary_pos_emb) run op by op without torch.compile.
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule=None, cp_kind=None,
+                        elementwise_kernels="eager")
     checkpoint_format = "deepspeed"
     workload = "builtin"
     trainer_module = "autotune.train.hf"

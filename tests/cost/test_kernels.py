@@ -121,7 +121,7 @@ def test_optimizer_step_peak_is_its_own_row_not_activations():
     assert mem.optimizer_step > 100 * GIB and "optimizer_step" in mem.terms()
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt"])
+@pytest.mark.parametrize("family", ["llama", "llama-eager", "gpt"])
 def test_memory_bound_kernels_count_their_own_backward_bytes(family):
     # Per token at tp 1, bytes the elementwise kernels move, forward and backward (layer_time's table):
     # Llama (RMSNorm x2, no dropout, no biases, SwiGLU, RoPE, flash): norms 4h / 6h, residual adds 6h / 0,
@@ -134,12 +134,15 @@ def test_memory_bound_kernels_count_their_own_backward_bytes(family):
 
     cluster = load_cluster(gpu="a100-80gb", num_gpus=8)
     h, f, s = 1024, 4096, 1024
-    if family == "llama":
+    kernels = "eager" if family.endswith("eager") else "fused"
+    if family.startswith("llama"):
         model = ModelSpec(name="l", num_layers=2, hidden_size=h, num_attention_heads=8, num_kv_heads=2,
                           ffn_hidden_size=f, vocab_size=32000, activation="swiglu", norm="rmsnorm",
                           position_embedding="rope", max_position_embeddings=s)
         kv = 2 * h // 8
         fwd, bwd = 2 * 4 * h + 2 * 6 * h + 6 * f + 4 * (h + kv), 2 * 6 * h + 10 * f + 4 * (h + kv)
+        if kernels == "eager":  # torchtitan's / transformers' RMSNorm, SwiGLU and complex RoPE op by op
+            fwd, bwd = 2 * 36 * h + 2 * 6 * h + 10 * f + 20 * (h + kv), 2 * 70 * h + 18 * f + 20 * (h + kv)
         flash = True
     else:
         model = ModelSpec(name="g", num_layers=2, hidden_size=h, num_attention_heads=8, ffn_hidden_size=f,
@@ -151,6 +154,21 @@ def test_memory_bound_kernels_count_their_own_backward_bytes(family):
     plan = ParallelPlan(tp=1, dp=8, seq_len=s, micro_batch_size=1, global_batch_size=8, engine="megatron",
                         flash_attention=flash, precision="bf16")
     r = rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
-    lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, False)
+    lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, kernels)
     assert lt.elementwise_s * r.hbm / s == pytest.approx(fwd)
     assert lt.elementwise_bwd_s * r.hbm / s == pytest.approx(bwd)
+
+
+def test_torch_compile_fuses_what_torchtitan_runs_op_by_op():
+    # FSDP2 / torchtitan: eager RMSNorm / SwiGLU / RoPE chains unless torch.compile; Megatron's kernels are fused.
+    from autotune.engines import engine_for
+
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    model = load_model_preset("llama3-8b")
+    plan = ParallelPlan(tp=1, dp=8, seq_len=8192, micro_batch_size=1, global_batch_size=8, engine="fsdp",
+                        zero_stage=3)
+    assert engine_for(plan).comm.elementwise_kernels == "eager"
+    assert engine_for(plan.with_(engine="megatron", zero_stage=1)).comm.elementwise_kernels == "fused"
+    eager = estimate_step_time(model, cluster, plan)
+    compiled = estimate_step_time(model, cluster, plan, TimeSettings(torch_compile=True))
+    assert 1.03 < eager.step_time_s / compiled.step_time_s < 1.3
