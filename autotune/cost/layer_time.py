@@ -19,7 +19,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["EAGER_BYTES", "LayerTime", "attention_bwd_factor", "layer_time", "time_key"]
+__all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor", "layer_time", "time_key"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -48,6 +48,15 @@ EAGER_BYTES: dict[str, tuple[int, int]] = {
     # One kernel per op (Megatron / Transformer Engine fused kernels, or torch.compile): 4 / 6, 6 / 10, 4 / 4.
     "rmsnorm": (36, 70), "swiglu": (10, 18), "rope": (20, 20),
 }
+ELEMENTWISE_KERNELS = ("fused", "eager")
+
+
+def elementwise_kernels(engine_kernels: str, torch_compile: bool) -> str:
+    """How a plan's memory-bound kernels run: fused under torch.compile, else as the engine runs them."""
+    if engine_kernels not in ELEMENTWISE_KERNELS:
+        raise ValueError(f"CommSchedule.elementwise_kernels must be one of {ELEMENTWISE_KERNELS}, got "
+                         f"{engine_kernels!r}")
+    return "fused" if torch_compile else engine_kernels
 
 
 @functools.lru_cache(maxsize=8192)

@@ -25,7 +25,7 @@ from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
-from autotune.cost.layer_time import layer_passes, layer_time, time_key
+from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.cost.memory import split_scheme, stage_param_groups
 from autotune.engines import engine_for
 from autotune.specs.hardware import GB, ClusterSpec
@@ -109,7 +109,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    kernels = "fused" if settings.torch_compile else sched.elementwise_kernels
+    kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
@@ -297,7 +297,7 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     sched = engine_for(plan).comm
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
-                    "fused" if settings.torch_compile else sched.elementwise_kernels)
+                    elementwise_kernels(sched.elementwise_kernels, settings.torch_compile))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd)
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")

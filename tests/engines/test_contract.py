@@ -131,6 +131,18 @@ def test_ledger_and_step_time_are_finite_and_positive(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_engine_says_how_its_memory_bound_kernels_run(name):
+    # Fused (one kernel per op) or eager (op by op); torch.compile fuses either.
+    from autotune.cost.layer_time import ELEMENTWISE_KERNELS, elementwise_kernels
+
+    kernels = engine_for(plain_plan(name)).comm.elementwise_kernels
+    assert kernels in ELEMENTWISE_KERNELS
+    assert elementwise_kernels(kernels, torch_compile=True) == "fused"
+    with pytest.raises(ValueError, match="elementwise_kernels must be one of"):
+        elementwise_kernels("eagr", torch_compile=False)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_sharding_shrinks_model_states(name):
     engine = ENGINES[name]
     stages = sorted(engine.support.zero_stages)
