@@ -31,6 +31,9 @@ class LayerTime:
     elementwise_bwd_s: float
     """The memory-bound kernels' backward (their gradients: more bytes than the forward for norms and
     activations, fewer for dropout and residual adds)."""
+    scores_s: float
+    """The part of ``elementwise_s`` over the s x s attention scores (unfused attention's softmax and dropout; 0
+    with a flash kernel): selective recompute runs it again with the core's GEMMs."""
     tp_comm_s: float
     cp_comm_s: float
     moe_comm_s: float
@@ -139,10 +142,13 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     if model.position_embedding == "rope":
         wide_fwd += rope_fwd * (model.q_width + model.kv_width)
         wide_bwd += rope_bwd * (model.q_width + model.kv_width)
+    scores_fwd = 0.0
     if not plan.flash_attention:
         scores = model.num_attention_heads * s
-        wide_fwd += (9 if dropout else 4) * scores
+        scores_fwd = (9 if dropout else 4) * scores
+        wide_fwd += scores_fwd
         wide_bwd += (11 if dropout else 6) * scores
+    scores_s = tokens * scores_fwd / t / hbm
     elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
     if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
@@ -164,7 +170,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
         moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    return LayerTime(gemm, attention, elementwise, elementwise_bwd, tp_comm, cp_comm, moe_comm)
+    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, tp_comm, cp_comm, moe_comm)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -214,7 +220,9 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
     bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s
     full = plan.recompute == "full"
-    rec = fwd * rec_share if full else (lt.attention_s if plan.recompute == "selective" else 0.0)
+    # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core: its GEMMs (or the flash
+    # kernel) and, unfused, the softmax and dropout over the scores.
+    rec = fwd * rec_share if full else (lt.attention_s + lt.scores_s if plan.recompute == "selective" else 0.0)
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
     if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them

@@ -21,6 +21,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("mtnlg", "Megatron-DeepSpeed (MT-NLG)", "megatron-deepspeed"),
     ("palm-mfu-mtnlg", "Megatron-DeepSpeed (MT-NLG)", "megatron-deepspeed"),
     ("palm-mfu-gopher", "Gopher (TPU, PaLM Table 3)", "none"),
+    # Turing-NLG: Megatron-LM's model code (tensor slicing) under DeepSpeed's ZeRO engine, the pairing the
+    # Megatron-DeepSpeed engine runs today (DeepSpeedExamples' Megatron-LM of 2020 was its predecessor).
+    ("zero-paper-turing-nlg", "Turing-NLG 17B (ZeRO paper, V100)", "megatron-deepspeed"),
     ("zero-paper", "DeepSpeed ZeRO paper (V100)", "deepspeed"),
     ("fsdp-paper", "PyTorch FSDP paper", "fsdp"),
     ("torchtitan-a100", "torchtitan A100 (FSDP2)", "fsdp"),
@@ -62,8 +65,27 @@ READINGS: dict[str, dict] = {
     "fsdp-paper-gpt175b-bs2": {"model": {"layers": 96, "hidden": 12288, "heads": 96},
                                "hardware": {"total_gpus": 512}, "parallel": {"tp": 1, "pp": 1},
                                "measured": {"tflops_per_gpu": 186, "tflops_per_gpu_kind": "hardware"}},
+    # Turing-NLG 17B (ZeRO paper Sec. 10.6; its 41.4 TFLOP/s per GPU): the Microsoft Research blog "Turing-NLG: A
+    # 17-billion-parameter language model by Microsoft" (2020-02-10) gives 78 Transformer layers, hidden 4256, 28
+    # heads, tensor slicing across 4 V100s with Megatron-LM, NVIDIA DGX-2 nodes (16 GPUs), 256 GPUs and a batch
+    # of 512 (12 l h^2 + V h = 17.2B with V = 50257, as DeepSpeed's docs/_tutorials/large-models-w-deepspeed.md
+    # counts it). Precision: the ZeRO paper's mixed-precision fp16 Adam (Sec. 3.1). Recompute: ZeRO-R's
+    # (partitioned) activation checkpointing, every layer as Megatron-LM's --checkpoint-activations. Not in any
+    # source here: the sequence length, taken as 1024, the GPT-2 / Megatron-LM 8.3B context the blog compares
+    # with (a 4% effect on the FLOPs per token at h = 4256); the vocabulary, GPT-2's BPE padded by Megatron to a
+    # multiple of 128 x tp (50688); the micro-batch, every divisor of the 8 sequences per data-parallel rank.
+    # Its 41.4 TFLOP/s is read as model FLOPs (the files' convention). DeepSpeed's later Megatron example counts
+    # 8 x parameters per token, the recomputed forward included (DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3
+    # megatron/utils.py flops_calculator); that reading gives 291 tokens/s per GPU, 41% under the model, where
+    # the same V100 facts time NVIDIA's own V100 runs 6-16% slow (tests/cost/test_v100_facts.py): not taken.
+    "zero-paper-turing-nlg-17b": {"model": {"layers": 78, "hidden": 4256, "heads": 28, "vocab": 50688,
+                                            "seq_len": 1024},
+                                  "hardware": {"total_gpus": 256, "gpus_per_node": 16},
+                                  "parallel": {"tp": 4, "pp": 1, "global_batch": 512, "zero_stage": 2,
+                                               "recompute": "activation checkpointing"},
+                                  "precision": "fp16 mixed precision"},
 }
-UNFUSED_ATTENTION = ("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg", "fsdp-paper")
+UNFUSED_ATTENTION = ("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg", "fsdp-paper", "zero-paper")
 
 # Runs whose entry says their unstated settings are another run's ("config assumed identical to the dp8
 # selective run (2240 A100, 530B)", source.note of the first): the missing parallel fields are taken from it.

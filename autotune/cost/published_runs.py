@@ -21,7 +21,14 @@ from pathlib import Path
 import yaml
 
 from autotune.cost.published_facts import (
-    ARCH, FAMILIES, GPU_PATTERNS, MTNLG, MTNLG_PARALLEL, READINGS, SAME_CONFIG_AS, UNFUSED_ATTENTION,
+    ARCH,
+    FAMILIES,
+    GPU_PATTERNS,
+    MTNLG,
+    MTNLG_PARALLEL,
+    READINGS,
+    SAME_CONFIG_AS,
+    UNFUSED_ATTENTION,
 )
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -190,10 +197,11 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
         zero = 1 if entry["id"].startswith(("megatron-core", "nemo", "bridge")) else 0  # distributed optimizer
     elif zero is None:
         zero = 1 if engine == "megatron-deepspeed" else 0
-    # 2021-22 software: no fused (flash) attention kernel; Megatron-LM then did not overlap the gradient all-reduce
+    # 2020-22 software: no fused (flash) attention kernel; Megatron-LM then did not overlap the gradient all-reduce
     # with backprop (Korthikanti Sec. 6.3), nor does DeepSpeed's pipeline engine (it reduces after the last
-    # micro-batch, deepspeed/runtime/pipe/engine.py); ZeRO-3's gathers are prefetched.
-    old = entry["id"].startswith(("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg"))
+    # micro-batch, deepspeed/runtime/pipe/engine.py), nor ZeRO-2 at its default overlap_comm false (DeepSpeedExamples
+    # Megatron-LM/scripts/ds_zero2_config.json of 2020: "stage": 2 and nothing else); ZeRO-3's gathers are prefetched.
+    old = entry["id"].startswith(("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg", "zero-paper"))
     overlap = not old or engine == "deepspeed"
     out = []
     for tp, pp, cp in _splits(p, num_gpus, model):
@@ -281,7 +289,7 @@ def _one(entry: dict) -> PublishedRun:
     source = f"{src.get('ref', '')}{', ' + str(src['loc']) if src.get('loc') else ''}"
     gpu_text = str(entry.get("hardware", {}).get("gpu", ""))
     precision, words, over = _precision(entry, family)
-    if rid.startswith(("narayanan21", "bloom", "mtnlg", "palm-mfu-mtnlg")):
+    if rid.startswith(("narayanan21", "bloom", "mtnlg", "palm-mfu-mtnlg", "zero-paper")):
         # The 2021-22 code these ran reduced the TP input gradient synchronously in backward (Megatron-LM v2's
         # mpu/mappings.py; the bigscience Megatron-DeepSpeed fork's megatron/mpu/layers.py has no async_op
         # all-reduce); the async dgrad all-reduce behind the wgrad GEMM came with Megatron-LM's
@@ -344,7 +352,8 @@ def published_runs(folder: Path | None = None) -> list[PublishedRun]:
                 parallel = {k: v for k, v in twin["parallel"].items() if k not in ("recompute", "sequence_parallel")}
                 entry = {**entry, "parallel": {**parallel, **entry["parallel"]}}
             reading = READINGS.get(entry["id"], {})
-            entry = {**entry, **{k: {**entry.get(k, {}), **v} for k, v in reading.items()}}
+            entry = {**entry, **{k: {**entry.get(k, {}), **v} if isinstance(v, dict) else v
+                                 for k, v in reading.items()}}
             out.append(_one(entry))
     return out
 

@@ -184,7 +184,10 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     zero3_exposed = 0.0
     per_mb_sync = sched.grad_sync_every_microbatch or plan.zero_stage >= 2
-    if plan.zero_stage == 3 or (plan.zero_stage == 2 and sched.param_gather == "fsdp2"):
+    per_block = plan.zero_stage == 3 or (plan.zero_stage == 2 and sched.param_gather == "fsdp2")
+    # ZeRO-1/2: the updated 16-bit weights are all-gathered after the optimizer step.
+    param_gather = reduce_scatter(2) if plan.zero_stage in (1, 2) and not per_block else 0.0
+    if per_block:
         # Per-block gathers (16-bit, or FP8 with FP8 all-gather) ``prefetch_layers`` ahead: forward gathers every
         # block, backward again under FULL_SHARD (reshard_after_forward), and reduce-scatters each block's grads.
         # Each collective pays its ring latency: FSDP2 one flat all-gather per block; DeepSpeed one per submodule
@@ -221,17 +224,19 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         dp_comm = 0.0
     elif per_mb_sync:
         per_mb = reduce_scatter(grad_bytes)  # every micro-batch reduces into the gradient shards
-        dp_comm = per_mb + (reduce_scatter(2) if plan.zero_stage else 0.0)
+        dp_comm = per_mb + param_gather
         zero3_exposed = (m - 1) * max(0.0, per_mb - (compute_mb - fwd_mb if plan.overlap_comm else 0.0))
     elif plan.zero_stage == 0:
         dp_comm = 2 * reduce_scatter(grad_bytes)  # all-reduce
     else:
-        dp_comm = reduce_scatter(grad_bytes) + reduce_scatter(2)  # reduce-scatter grads, all-gather params
+        dp_comm = reduce_scatter(grad_bytes) + param_gather  # reduce-scatter grads, all-gather params
     # With overlap, the reduction hides behind the last micro-batch's backward (and the gathers behind the next
-    # forward); without, it all waits.
+    # forward, where the engine overlaps them: CommSchedule.param_gather_overlap); without, it all waits.
+    waits = 0.0 if sched.param_gather_overlap else param_gather
+    windowed = dp_comm - waits
     dp_window = (bwd_mb + fwd_mb) if plan.overlap_comm else 0.0
-    dp_exposed = max(0.0, dp_comm - dp_window) + replicate_s
-    hidden_dp = dp_comm - max(0.0, dp_comm - dp_window)
+    dp_exposed = max(0.0, windowed - dp_window) + waits + replicate_s
+    hidden_dp = windowed - max(0.0, windowed - dp_window)
 
     # Pipeline: per micro-batch an activation send forward and a gradient send backward (1/t with SP's
     # scatter-gather), on the critical path through all stages.

@@ -105,6 +105,11 @@ class CommSchedule:
     tp_backward_overlap: bool = False
     """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
     (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
+    param_gather_overlap: bool = False
+    """ZeRO-1/2 / distributed optimizer: the all-gather of the updated 16-bit weights after the optimizer step runs
+    behind the next forward (Megatron ``--overlap-param-gather``, emitted with overlap_comm). False: it runs inside
+    the optimizer step and waits (DeepSpeed ``all_gather_dp_groups`` at the end of ``step()`` in
+    runtime/zero/stage_1_and_2.py and runtime/bf16_optimizer.py)."""
     elementwise_kernels: str = "fused"
     """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
     or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without

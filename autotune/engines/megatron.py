@@ -23,7 +23,10 @@ class MegatronEngine(Engine):
                         tp_backward_overlap=True,
                         # p2p_communication.py: tensors split across TP ranks for the pipeline send and
                         # gathered on the receiver (the scatter/gather optimisation, Narayanan 2021 Sec. 4.1).
-                        pp_scatter_gather=True)
+                        pp_scatter_gather=True,
+                        # --overlap-param-gather (emitted with --overlap-grad-reduce and the distributed optimizer):
+                        # the updated weights' all-gather runs bucket by bucket behind the next forward.
+                        param_gather_overlap=True)
     checkpoint_format = "torch_dist"
     workload = "command"
     """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""

@@ -25,7 +25,8 @@ TOLERANCE = {
     "Megatron-core H100 (README scaling)": (0.095, 0.115),
     "Llama 3 405B (Meta, FSDP + TP + PP)": (0.22, 0.22),
     "Megatron-DeepSpeed (BLOOM tr11)": (0.17, 0.37),
-    "Megatron-DeepSpeed (MT-NLG)": (0.03, 0.04),
+    "Megatron-DeepSpeed (MT-NLG)": (0.035, 0.04),
+    "Turing-NLG 17B (ZeRO paper, V100)": (0.04, 0.04),
     "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": (0.07, 0.22),
     "torchtitan A100 (FSDP2)": (0.09, 0.14),
     "MosaicML MPT (FSDP)": (0.10, 0.20),
@@ -48,9 +49,13 @@ def test_every_run_is_estimated_or_says_why_not():
     # headline figures without one model configuration.
     skipped = {r.run_id: r.skipped for r in RUNS if r.skipped}
     assert all(skipped.values())
-    assert set(skipped) == {"palm-mfu-gopher-280b", "zero-paper-100b-class-400gpu", "zero-paper-turing-nlg-17b"}
+    assert set(skipped) == {"palm-mfu-gopher-280b", "zero-paper-100b-class-400gpu"}
     assert sum(r.layer_timing for r in TIMED) == 5
     assert {r.family for r in TIMED} == set(TOLERANCE)
+
+
+def test_every_family_has_a_tolerance(errors):
+    assert set(errors) == set(TOLERANCE)
 
 
 @pytest.mark.parametrize("family", sorted(TOLERANCE))
@@ -77,3 +82,16 @@ def test_single_layer_timings_order_as_table_4():
     assert 1.25 < base / by_id["korthikanti22-t4-22b-layer-baseline-full-recompute"] < 1.5
     assert 1.0 < base / by_id["korthikanti22-t4-22b-layer-selective-recompute"] < 1.12
     assert by_id["korthikanti22-t4-22b-layer-sp-no-recompute"] > base
+
+
+def test_selective_recompute_costs_what_table_4_measured():
+    # Korthikanti Table 4: selective recompute reruns QK^T, softmax, dropout and the product with V; unfused, the
+    # softmax and dropout over the s x s scores are memory-bound kernels as long as the GEMMs: the 22B layer runs
+    # 6.6% slower than without recompute (52244.9 / 48995.2 tokens/s), with SP 6.8% (53894.7 / 50443.3).
+    # Counting only the core's GEMMs gave 1.6%.
+    runs = {r.run_id: r for r in TIMED if r.layer_timing}
+    for none, sel in (("baseline-no-recompute", "selective-recompute"), ("sp-no-recompute", "selective-plus-sp")):
+        a, b = runs[f"korthikanti22-t4-22b-layer-{none}"], runs[f"korthikanti22-t4-22b-layer-{sel}"]
+        published = a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu
+        predicted = predict_run(a)[0] / predict_run(b)[0]
+        assert abs(predicted - published) < 0.03, (sel, predicted, published)

@@ -157,6 +157,12 @@ def test_memory_bound_kernels_count_their_own_backward_bytes(family):
     lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, kernels)
     assert lt.elementwise_s * r.hbm / s == pytest.approx(fwd)
     assert lt.elementwise_bwd_s * r.hbm / s == pytest.approx(bwd)
+    # The score kernels are their own part: selective recompute reruns them with the attention core.
+    from autotune.cost.layer_time import layer_passes
+
+    assert lt.scores_s * r.hbm / s == pytest.approx(0 if flash else 9 * scores)
+    rerun = layer_passes(lt, plan.with_(recompute="selective"), 0.0, "none", True).recompute_s
+    assert rerun == pytest.approx(lt.attention_s + lt.scores_s)
 
 
 def test_torch_compile_fuses_what_torchtitan_runs_op_by_op():

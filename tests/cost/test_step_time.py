@@ -107,3 +107,24 @@ def test_optimizer_step_counts_the_passes_around_adam():
     hbm = H100.gpu.hbm_bandwidth_gb_per_s * 1e9 * H100.gpu.kernel_facts().hbm_fraction
     grad = engine_for(mega).grad_reduce_bytes(mega)
     assert est.optimizer_s == pytest.approx(psi * (24 + grad + 2 + 8) / hbm, rel=0.02)
+
+
+@pytest.mark.parametrize("engine,zero_stage", [("deepspeed", 1), ("deepspeed", 2), ("megatron-deepspeed", 1)])
+def test_deepspeed_waits_for_the_weight_all_gather_megatron_hides_it(engine, zero_stage, monkeypatch):
+    # ZeRO-1/2 all-gather the updated 16-bit weights after the step: DeepSpeed inside step() (all_gather_dp_groups),
+    # Megatron's distributed optimizer behind the next forward with --overlap-param-gather.
+    from dataclasses import replace
+
+    from autotune.engines import engine_for
+
+    p = plan(tp=8, dp=8, engine=engine, zero_stage=zero_stage, micro_batch_size=4, global_batch_size=256)
+    engine_cls = type(engine_for(p))
+    assert not engine_cls.comm.param_gather_overlap
+    assert type(engine_for(plan(engine="megatron", zero_stage=1))).comm.param_gather_overlap
+    waits = estimate_step_time(LLAMA70, H100, p)
+    monkeypatch.setattr(engine_cls, "comm", replace(engine_cls.comm, param_gather_overlap=True))
+    hidden = estimate_step_time(LLAMA70, H100, p)
+    psi = LLAMA70.num_params / 8
+    link = comm.group_link(H100, EFF, 8, 8)
+    gather = comm.reduce_scatter_s(psi * 2, 8, link)  # an all-gather moves what a reduce-scatter does
+    assert waits.comm_parts_s["dp"] - hidden.comm_parts_s["dp"] == pytest.approx(gather, rel=0.05)
