@@ -15,7 +15,7 @@ to fit is what no kernel benchmark shows, three numbers for every GPU (two refit
 ``hbm_efficiency`` and ``link_efficiency`` scale the kernel facts (1 = as measured); ``autotune tune``'s
 calibration on one machine fits them (and the three above) to that machine's trials.
 
-The defaults (gemm_peak_fraction 0.7286, overlap_cost 0.2977) were fitted by
+The defaults (gemm_peak_fraction 0.7300, overlap_cost 0.2695) were fitted by
 ``python bench/accuracy_published.py --fit`` on every run with a throughput in
 ``autotune/data/published_runs/`` (both files: V100 / A100 / H100 / H100-500W, bf16 / fp16 / FP8, Megatron-LM,
 Megatron-DeepSpeed, DeepSpeed ZeRO-3, FSDP / torchtitan / MosaicML; least squares on log tokens/s); the bench
@@ -37,9 +37,9 @@ __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficien
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Efficiency:
-    gemm_peak_fraction: float = 0.7286
+    gemm_peak_fraction: float = 0.7300
     gemm_half_dim: float = 0.131
-    overlap_cost: float = 0.2977
+    overlap_cost: float = 0.2695
     hbm_efficiency: float = 1.0
     link_efficiency: float = 1.0
     fitted_on: str = ("gemm_peak_fraction and overlap_cost: 72 published runs with a throughput (autotune/data/"

@@ -34,6 +34,8 @@ class LayerTime:
     scores_s: float
     """The part of ``elementwise_s`` over the s x s attention scores (unfused attention's softmax and dropout; 0
     with a flash kernel): selective recompute runs it again with the core's GEMMs."""
+    op_sac_recompute_s: float
+    """What torchtitan's op-level selective checkpointing reruns in backward (``op_sac_recompute``)."""
     tp_comm_s: float
     cp_comm_s: float
     moe_comm_s: float
@@ -150,11 +152,24 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         wide_bwd += (11 if dropout else 6) * scores
     scores_s = tokens * scores_fwd / t / hbm
     elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm
+    # torchtitan op-level SAC (models/llama3/infra/parallelize.py _custom_policy, as activations.op_sac_layer_bytes
+    # keeps): the outputs of aten.mm are saved except every second one (wq, wk, wv, wo, w1, w3, w2: wk, wo and w3
+    # rerun), SDPA's are saved, every other op reruns (norms, activation, RoPE, adds); under Float8 the linears
+    # run aten._scaled_mm, not in the save list, so all of them rerun with their casts.
+    if plan.precision == "fp8":
+        rerun_gemms = gemm
+    else:
+        rerun_gemms = _gemm_s(2 * tokens * h * model.kv_width / t, tokens, h, model.kv_width / t, gemm_peak, eff)
+        rerun_gemms += _gemm_s(2 * tokens * model.attention_output_width * h / t, tokens,
+                               model.attention_output_width / t, h, gemm_peak, eff)
+        if n_in == 2 and not moe_layer:
+            rerun_gemms += _gemm_s(2 * tokens * h * f / t, tokens, h, f / t, gemm_peak, eff)
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
     if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
         casts = tokens * cast_width / t * r.cast_bytes / 2 / hbm
         elementwise += casts
         elementwise_bwd += casts
+    op_sac = rerun_gemms + elementwise - scores_s
 
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
@@ -170,7 +185,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
         moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, tp_comm, cp_comm, moe_comm)
+    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -206,7 +221,7 @@ class LayerPasses:
 
 
 def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap: str,
-                 tp_backward_overlap: bool) -> LayerPasses:
+                 tp_backward_overlap: bool, selective: str = "attention-core") -> LayerPasses:
     """Forward, backward and recompute of one layer with its communication exposed as the engine schedules it.
 
     TP collectives: two per pass (forward, recompute, backward). ``tp_overlap`` (userbuffers / async TP) chunks
@@ -221,8 +236,13 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s
     full = plan.recompute == "full"
     # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core: its GEMMs (or the flash
-    # kernel) and, unfused, the softmax and dropout over the scores.
-    rec = fwd * rec_share if full else (lt.attention_s + lt.scores_s if plan.recompute == "selective" else 0.0)
+    # kernel) and, unfused, the softmax and dropout over the scores; torchtitan's op-level SAC ("op-sac") what
+    # LayerTime.op_sac_recompute_s counts.
+    rec = 0.0
+    if full:
+        rec = fwd * rec_share
+    elif plan.recompute == "selective":
+        rec = lt.op_sac_recompute_s if selective == "op-sac" else lt.attention_s + lt.scores_s
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
     if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them

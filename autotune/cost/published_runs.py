@@ -217,6 +217,10 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
         mbs = [_lead_int(p["micro_batch"])] if _lead_int(p.get("micro_batch")) else [1, 2, 4, 8, 16]
         if entry["id"].startswith("torchtitan") and pp > 1 and len(mbs) > 1 and gb % (dp * pp) == 0:
             mbs = [gb // (dp * pp)]  # torchtitan pipeline_llama.py: microbatches = ... or parallel_dims.pp
+        elif entry["id"].startswith("torchtitan") and len(mbs) > 1 and _lead_int(p.get("local_batch")):
+            # torchtitan without PP: training.local_batch_size is each rank's whole batch (global_batch_size
+            # defaults to local x dp, so gradient_accumulation_steps = 1).
+            mbs = [_lead_int(p["local_batch"])]
         vpps = [_lead_int(p["vpp"])] if _lead_int(p.get("vpp")) else [1, 2, 3, 4, 5, 6, 8]
         if str(p.get("pipeline_schedule", "")).startswith("1F1B"):  # plain 1F1B: no virtual stages
             vpps = [1]
@@ -301,7 +305,8 @@ def _one(entry: dict) -> PublishedRun:
         # userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192; NeMo's gpt3_175b recipe: userbuffers_*_h12288_tp4).
         over["tp_overlap"] = "userbuffers"
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
-            "precision": words, "time_overrides": over,
+            "precision": words, "time_overrides": over | ({"selective_policy": "op-sac"}
+                                                           if family.startswith("torchtitan") else {}),
             # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op'
             "memory_overrides": {"selective_policy": "op-sac"} if family.startswith("torchtitan") else {}}
     layer_ms = None

@@ -48,6 +48,9 @@ class TimeSettings:
     tp_backward_overlap: bool | None = None
     """The backward's TP collectives behind the weight-gradient GEMMs (``CommSchedule.tp_backward_overlap``);
     None: the engine's default."""
+    selective_policy: str | None = None
+    """What selective recompute reruns, as ``MemorySettings.selective_policy`` keeps ("attention-core",
+    "op-sac"); None: the engine's own (``Engine.activation_facts``)."""
     torch_compile: bool = False
     """torch.compile on (torchtitan ``--compile``): inductor fuses each elementwise chain into one kernel (the
     fused bytes of ``autotune.cost.layer_time``, not the engine's eager ones)."""
@@ -58,6 +61,8 @@ class TimeSettings:
         problems = []
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.selective_policy not in (None, "attention-core", "op-sac"):
+            problems.append(f"selective_policy must be attention-core or op-sac, got {self.selective_policy!r}")
         if self.tp_overlap not in (None, "none", "userbuffers", "async-tp"):
             problems.append(f"tp_overlap must be none, userbuffers or async-tp, got {self.tp_overlap!r}")
         require_no_problems(problems, subject="time settings")
@@ -110,6 +115,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile)
+    selective = "attention-core" if plan.recompute != "selective" else \
+        settings.selective_policy or engine.activation_facts(plan).selective
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
@@ -128,7 +135,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
             if not count:
                 continue
-            lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap)
+            # torchtitan's op-level SAC covers dense blocks; MoE layers keep the attention-core policy.
+            lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap,
+                              selective if lt is dense_layer else "attention-core")
             fwd += count * lp.fwd_s
             bwd += count * lp.bwd_s
             rec += count * lp.recompute_s
@@ -304,7 +313,8 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, settings.torch_compile))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
-    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd)
+    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd,
+                      settings.selective_policy or engine_for(plan).activation_facts(plan).selective)
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
     total += eff.overlap_cost * lp.tp_hidden_s

@@ -178,3 +178,26 @@ def test_torch_compile_fuses_what_torchtitan_runs_op_by_op():
     eager = estimate_step_time(model, cluster, plan)
     compiled = estimate_step_time(model, cluster, plan, TimeSettings(torch_compile=True))
     assert 1.03 < eager.step_time_s / compiled.step_time_s < 1.3
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_op_level_sac_reruns_every_second_mm_and_every_cheap_op(precision):
+    # torchtitan's op SAC (models/llama3/infra/parallelize.py): mm outputs saved except every second one (wk, wo,
+    # w3 rerun of wq, wk, wv, wo, w1, w3, w2), SDPA saved, every other op rerun; Float8's aten._scaled_mm is not in
+    # the save list, so every linear reruns. Megatron's selective reruns only the attention core.
+    from autotune.cost.layer_time import layer_passes, layer_time, time_key
+
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    model = load_model_preset("llama3-8b")
+    plan = ParallelPlan(tp=1, dp=8, seq_len=8192, micro_batch_size=1, global_batch_size=8, engine="fsdp",
+                        zero_stage=3, recompute="selective", precision=precision)
+    r = rates(cluster, precision, DEFAULT_EFFICIENCY, "fa2", "torchao-tensorwise")
+    lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, "eager")
+    op_sac = layer_passes(lt, plan, 0.0, "none", False, "op-sac").recompute_s
+    core = layer_passes(lt, plan, 0.0, "none", False).recompute_s
+    assert core == pytest.approx(lt.attention_s)
+    h, kv, f = model.hidden_size, model.kv_width, model.ffn_hidden_size
+    linear = h * (model.q_width + 2 * kv) + model.attention_output_width * h + 3 * h * f
+    share = 1.0 if precision == "fp8" else (h * kv + model.attention_output_width * h + h * f) / linear
+    # The rerun GEMMs are those FLOPs at about the layer's GEMM rate (the three are not the same shape).
+    assert op_sac - lt.elementwise_s == pytest.approx(share * lt.gemm_s, rel=0.03)
