@@ -271,18 +271,21 @@ def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[LayerActivations, LayerActivations]:
-    """(dense layer, MoE layer) activations; only the plan fields that matter vary between calls."""
+def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerActivations]:
+    """(dense layer, MoE layer) activations of the plan fields in ``key`` (``_activation_key``), the others at
+    their defaults: only the fields that matter vary between calls."""
+    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention = key
+    plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
+                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention)
     dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1)
     moe = layer_activations(model, plan, model.num_layers - 1) if model.is_moe else dense
     return dense, moe
 
 
-def _activation_key(plan: ParallelPlan) -> ParallelPlan:
-    """The plan with every field activations do not depend on set to its default (a cache key)."""
-    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
-                        sequence_parallel=plan.sequence_parallel, precision=plan.precision,
-                        flash_attention=plan.flash_attention)
+def _activation_key(plan: ParallelPlan) -> tuple:
+    """The plan fields activations depend on (a cache key; building a plan per call costs its validation)."""
+    return (plan.seq_len, plan.cp, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.precision,
+            plan.flash_attention)
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,

@@ -36,9 +36,14 @@ __all__ = ["MemorySettings", "MemoryEstimate", "ModelStateBytes", "estimate_memo
 
 def split_scheme(plan: ParallelPlan) -> str:
     """How the plan's engine splits layers over pipeline stages (``autotune.specs.layout``)."""
+    return _engine_split_scheme(plan.engine)
+
+
+@functools.lru_cache(maxsize=64)
+def _engine_split_scheme(engine: str) -> str:
     from autotune.engines import engine_for
 
-    return engine_for(plan).support.layer_split
+    return engine_for(engine).support.layer_split
 
 
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float, *,
