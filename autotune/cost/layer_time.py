@@ -35,7 +35,9 @@ class LayerTime:
     """The part of ``elementwise_s`` over the s x s attention scores (unfused attention's softmax and dropout; 0
     with a flash kernel): selective recompute runs it again with the core's GEMMs."""
     op_sac_recompute_s: float
-    """What torchtitan's op-level selective checkpointing reruns in backward (``op_sac_recompute``)."""
+    """What torchtitan's op-level selective checkpointing reruns in backward: the mm outputs its policy does not
+    save, and every memory-bound kernel (``layer_time`` says which; ``activations.op_sac_layer_bytes`` what it
+    keeps)."""
     tp_comm_s: float
     cp_comm_s: float
     moe_comm_s: float

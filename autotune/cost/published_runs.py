@@ -21,14 +21,7 @@ from pathlib import Path
 import yaml
 
 from autotune.cost.published_facts import (
-    ARCH,
-    FAMILIES,
-    GPU_PATTERNS,
-    MTNLG,
-    MTNLG_PARALLEL,
-    READINGS,
-    SAME_CONFIG_AS,
-    UNFUSED_ATTENTION,
+    ARCH, FAMILIES, GPU_PATTERNS, MTNLG, MTNLG_PARALLEL, READINGS, SAME_CONFIG_AS, UNFUSED_ATTENTION,
 )
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
