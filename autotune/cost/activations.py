@@ -39,7 +39,7 @@ from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ActivationFacts", "MEGATRON_FACTS", "LayerActivations", "layer_activations", "op_sac_layer_bytes",
+__all__ = ["ActivationFacts", "MEGATRON_FACTS", "LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
            "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
            "stage_activation_bytes", "microbatches_in_flight"]
 
@@ -189,6 +189,18 @@ def loss_backward_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
         * model.vocab_size / plan.tp
 
 
+def block_mms(model: ModelSpec) -> list[tuple[str, int, int]]:
+    """A dense block's ``aten.mm`` calls in module order, as torchtitan's op-level SAC counts them: (tp kind, input
+    width, output width) of wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or fc1, fc2. The policy saves the 1st, 3rd,
+    5th... outputs (``[0::2]``) and reruns the others (``[1::2]``)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    attention = [("col", h, model.q_width), ("col", h, model.kv_width), ("col", h, model.v_width),
+                 ("row", model.attention_output_width, h)]
+    mlp = [("col", h, f), ("col", h, f), ("row", f, h)] if model.activation == "swiglu" else \
+        [("col", h, f), ("row", f, h)]
+    return attention + mlp
+
+
 def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
     """Bytes one dense layer keeps under torchtitan's op-level selective activation checkpointing.
 
@@ -213,9 +225,7 @@ def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFa
         t_in = t_seq  # torchao Float8ColwiseParallel casts (and takes abs of) the SP shard before the gather
         out += 2 * sb * (h / t_in + model.attention_output_width / t + h / t_in + f / t)
     else:
-        mlp = [("col", f), ("col", f), ("row", h)] if model.activation == "swiglu" else [("col", f), ("row", h)]
-        mms = [("col", model.q_width), ("col", model.kv_width), ("col", model.v_width), ("row", h)] + mlp
-        for kind, width in mms[0::2]:
+        for kind, _, width in block_mms(model)[0::2]:
             out += 2 * sb * (width / t if kind == "col" else width)
     if plan.sequence_parallel and t > 1:
         out += 2 * (2 * sb * h / t)  # reduce_scatter_tensor outputs of wo and w2

@@ -297,11 +297,10 @@ def _one(entry: dict) -> PublishedRun:
         # (Megatron-Bridge scripts/performance: COMM_OVERLAP_CONFIG_MAP["llama3_70b"]["h100"]["fp8"] =
         # userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192; NeMo's gpt3_175b recipe: userbuffers_*_h12288_tp4).
         over["tp_overlap"] = "userbuffers"
+    # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op', for memory and time.
+    sac = {"selective_policy": "op-sac"} if family.startswith("torchtitan") else {}
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
-            "precision": words, "time_overrides": over | ({"selective_policy": "op-sac"}
-                                                           if family.startswith("torchtitan") else {}),
-            # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op'
-            "memory_overrides": {"selective_policy": "op-sac"} if family.startswith("torchtitan") else {}}
+            "precision": words, "time_overrides": over | sac, "memory_overrides": sac}
     layer_ms = None
     if entry.get("measured", {}).get("scope") == "per_layer":
         # Korthikanti Table 4 times "one transformer layer of the 22B model" (Table 3: 48 layers; vocabulary

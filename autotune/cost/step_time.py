@@ -115,8 +115,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile)
-    selective = "attention-core" if plan.recompute != "selective" else \
-        settings.selective_policy or engine.activation_facts(plan).selective
+    selective = _selective_policy(plan, settings)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
@@ -313,12 +312,18 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, settings.torch_compile))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
-    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd,
-                      settings.selective_policy or engine_for(plan).activation_facts(plan).selective)
+    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd, _selective_policy(plan, settings))
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
     total += eff.overlap_cost * lp.tp_hidden_s
     return fwd, total - fwd
+
+
+def _selective_policy(plan: ParallelPlan, settings: TimeSettings) -> str:
+    """What the plan's selective recompute reruns: the run's stated policy, else its engine's (as the ledger)."""
+    if plan.recompute != "selective":
+        return "attention-core"
+    return settings.selective_policy or engine_for(plan).activation_facts(plan).selective
 
 
 def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:

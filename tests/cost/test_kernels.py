@@ -201,3 +201,21 @@ def test_op_level_sac_reruns_every_second_mm_and_every_cheap_op(precision):
     share = 1.0 if precision == "fp8" else (h * kv + model.attention_output_width * h + h * f) / linear
     # The rerun GEMMs are those FLOPs at about the layer's GEMM rate (the three are not the same shape).
     assert op_sac - lt.elementwise_s == pytest.approx(share * lt.gemm_s, rel=0.03)
+
+
+
+def test_op_level_sac_reruns_fc2_of_a_gelu_block():
+    # GeLU MLP: wq, wk, wv, wo, fc1, fc2 in module order, so wk, wo and fc2 rerun (activations.block_mms[1::2]).
+    from autotune.cost.layer_time import layer_passes, layer_time, time_key
+    from autotune.specs.model import ModelSpec
+
+    cluster = load_cluster(gpu="a100-80gb", num_gpus=8)
+    h, f = 2048, 8192
+    model = ModelSpec(name="g", num_layers=2, hidden_size=h, num_attention_heads=16, ffn_hidden_size=f,
+                      vocab_size=32000, max_position_embeddings=4096)
+    plan = ParallelPlan(tp=1, dp=8, seq_len=4096, micro_batch_size=1, global_batch_size=8, engine="fsdp",
+                        zero_stage=3, recompute="selective", precision="bf16")
+    r = rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
+    lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, "fused")
+    rerun = layer_passes(lt, plan, 0.0, "none", False, "op-sac").recompute_s - lt.elementwise_s
+    assert rerun == pytest.approx((h * h + h * h + f * h) / (4 * h * h + 2 * h * f) * lt.gemm_s, rel=0.03)
