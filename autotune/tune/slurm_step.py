@@ -247,8 +247,13 @@ def main(argv: list[str]) -> int:
     if stop.is_set() and rc is None:
         record["stopped_by_tuner"] = True
         ids = [job.id] if job is not None else _squeue_ids(p["name"], steps=True)
-        for job_or_step in ids:
-            subprocess.run(["scancel", job_or_step], capture_output=True, timeout=10)
+        # Each scancel in its own session: the tuner SIGKILLs this process group KILL_GRACE_S after its SIGTERM,
+        # and a slow slurmctld (a loaded machine) must not lose the cancel with it.
+        cancels = [subprocess.Popen(["scancel", job_or_step], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True) for job_or_step in ids]
+        for cancel in cancels:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                cancel.wait(timeout=10)
         print(f"# autotune slurm: stopped; scancel {' '.join(ids) or '(nothing queued yet)'}", flush=True)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while rc is None and time.monotonic() < deadline:
