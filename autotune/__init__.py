@@ -46,7 +46,7 @@ _EXPORTS = {
     "Estimate": "autotune.api",
     "search_plans": "autotune.search.planner",
     "SearchConstraints": "autotune.search.space",
-    "write_bundle": "autotune.emit.bundle",
+    "write_bundle": "autotune.bundle.writer",
 }
 __all__ = [*_EXPORTS, "deepspeed_config"]
 
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str):
     if name == "deepspeed_config":
-        from autotune.emit.deepspeed import deepspeed_config_for
+        from autotune.api import deepspeed_config_for
 
         return deepspeed_config_for
     if name in _EXPORTS:

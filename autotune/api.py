@@ -1,96 +1,26 @@
-"""The library API the CLI (and users' pipelines) call: build a plan, estimate it."""
+"""The library API the CLI (and users' pipelines) call: build a plan, estimate it, and DeepSpeed configs for
+existing pipelines (the best plan's, or the plan a config implies). The facade over the layers below it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-from autotune.cost.memory import MemoryEstimate, MemorySettings, estimate_memory
-from autotune.cost.step_time import StepTimeEstimate, TimeSettings, estimate_step_time
-from autotune.errors import InputError
-from autotune.specs.hardware import KERNEL_FACT_FIELDS, ClusterSpec
+from autotune.cost.estimate import Estimate, cluster_spec_dict, estimate, estimate_from_dict
+from autotune.cost.memory import estimate_memory
+from autotune.emit.deepspeed import PARAM_NVME_BUFFER_COUNT
+from autotune.emit.options import EmitOptions
+from autotune.engines import ENGINES, engine_for
+from autotune.engines.common import engine_deepspeed_config
+from autotune.errors import InputError, suggest_names
+from autotune.rules import engines_that_run, plan_problems
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.rules import plan_problems
+from autotune.specs.settings import MemorySettings
 
-__all__ = ["Estimate", "make_plan", "estimate", "cluster_spec_dict", "estimate_from_dict"]
-
-
-def cluster_spec_dict(cluster: ClusterSpec) -> dict:
-    """The cluster as a cluster-YAML mapping (schemas/cluster.schema.json), GPU inline."""
-    gpu = cluster.gpu
-    gpu_doc = {"name": gpu.name, "memory_gib": gpu.memory_gib, "peak_tflops": dict(gpu.peak_tflops),
-               "hbm_bandwidth_gb_per_s": gpu.hbm_bandwidth_gb_per_s}
-    if gpu.kernels is not None:  # the kernel facts travel with the GPU, so a plan.json re-estimates the same
-        k = gpu.kernels
-        gpu_doc["kernels"] = {name: (dict(getattr(k, name)) if isinstance(getattr(k, name), Mapping)
-                                     else getattr(k, name)) for name in KERNEL_FACT_FIELDS}
-        if k.source:
-            gpu_doc["kernels"]["source"] = k.source
-    return {"gpu": gpu_doc,
-            "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
-            "intra_node_bandwidth_gb_per_s": cluster.intra_node_bandwidth_gb_per_s,
-            "inter_node_bandwidth_gb_per_s": cluster.inter_node_bandwidth_gb_per_s,
-            "host_memory_gib_per_node": cluster.host_memory_gib_per_node,
-            "pcie_bandwidth_gb_per_s": cluster.pcie_bandwidth_gb_per_s,
-            "nvme_bandwidth_gb_per_s": cluster.nvme_bandwidth_gb_per_s,
-            "nvme_capacity_gib_per_node": cluster.nvme_capacity_gib_per_node}
-
-
-def estimate_from_dict(doc: dict) -> Estimate:
-    """Rebuild (and re-estimate) the plan of an ``estimate --json`` document or one ``plan --json`` candidate."""
-    from autotune.specs.loading import load_cluster, model_from_mapping
-
-    problems = [f"missing '{k}' block (give the output of `autotune estimate --json` or one candidate of "
-                f"`autotune plan --json`)" for k in ("model", "cluster", "plan") if k not in doc]
-    if not problems:
-        if "spec" not in doc["model"] or "spec" not in doc["cluster"]:
-            problems.append("the model and cluster blocks need their 'spec' (written by autotune 0.1+)")
-    if problems:
-        raise InputError(problems, subject="plan JSON")
-    model = model_from_mapping(doc["model"]["spec"], origin="plan JSON model")
-    spec = dict(doc["cluster"]["spec"])
-    gpu = spec.pop("gpu")
-    num_gpus = spec.pop("num_nodes") * spec["gpus_per_node"]
-    per_node = spec.pop("gpus_per_node")
-    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node, **spec)
-    plan_doc = dict(doc["plan"])
-    if "framework" in plan_doc:  # files written before engines were first-class
-        plan_doc.setdefault("engine", plan_doc.pop("framework"))
-    try:
-        plan = ParallelPlan(**plan_doc)
-    except TypeError as err:
-        raise InputError([f"plan block: {err}"], subject="plan JSON") from None
-    problems = [msg for _, msg in plan_problems(model, cluster, plan)]
-    if problems:
-        raise InputError(problems, subject="plan JSON")
-    return estimate(model, cluster, plan)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """One plan's prediction (the contract's ``estimate --json``)."""
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.fits
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    plan: ParallelPlan
-    memory: MemoryEstimate
-    time: StepTimeEstimate
-
-    def to_dict(self) -> dict:
-        return {
-            "model": {"name": self.model.name, "num_params": self.model.num_params,
-                      "num_active_params": self.model.num_active_params, "spec": self.model.to_dict()},
-            "cluster": {"gpu": self.cluster.gpu.name, "num_gpus": self.cluster.num_gpus,
-                        "gpus_per_node": self.cluster.gpus_per_node, "spec": cluster_spec_dict(self.cluster)},
-            "plan": self.plan.to_dict(),
-            "memory": self.memory.to_dict(),
-            "time": self.time.to_dict(),
-        }
+__all__ = ["Estimate", "make_plan", "estimate", "cluster_spec_dict", "estimate_from_dict", "deepspeed_config_for",
+           "plan_from_deepspeed_config"]
 
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int | None = None, tp: int = 1,
@@ -101,8 +31,6 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     ``global_batch_size`` None means one micro-batch per data-parallel replica. ``sequence_parallel``
     None means on whenever tp > 1 and the engine has it (Megatron's recommended setting).
     """
-    from autotune.engines import engine_for, engines_that_run
-
     problems: list[str] = []
     mp = tp * pp * cp
     if mp >= 1 and cluster.num_gpus % mp == 0:
@@ -137,8 +65,100 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     return plan
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings | None = None,
-             time_settings: TimeSettings | None = None) -> Estimate:
-    """The memory ledger and step time of one (valid) plan."""
-    return Estimate(model=model, cluster=cluster, plan=plan, memory=estimate_memory(model, cluster, plan, settings),
-                    time=estimate_step_time(model, cluster, plan, time_settings))
+# ---- DeepSpeed configs for existing pipelines -----------------------------------------------------
+_DEEPSPEED = ENGINES["deepspeed"]
+_PLAN_FLAG_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "framework": "engine"}
+_PLAN_FLAGS = frozenset(ParallelPlan.__dataclass_fields__) - {"dp", "grad_accum_steps", "global_batch_size", "seq_len"}
+
+
+def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 4096, global_batch: int | None = None,
+                         *, options: EmitOptions | None = None, **plan_flags) -> dict:
+    """The DeepSpeed config for ``model`` on ``num_gpus`` x ``gpu``.
+
+    No plan flags: the planner's best feasible DeepSpeed plan. With plan flags (``tp``, ``pp``,
+    ``zero_stage``/``zero``, ``micro_batch_size``/``micro_batch``, ``offload_optimizer``, ...): that
+    plan. ``global_batch`` None: one sequence per GPU (search) or micro-batch x dp (given plan).
+    Raises InputError when the plan is invalid or nothing fits, saying why.
+    """
+    model_spec = load_model(model)
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
+    flags = {_PLAN_FLAG_ALIASES.get(k, k): v for k, v in plan_flags.items()}
+    unknown = [k for k in flags if k not in _PLAN_FLAGS]
+    if unknown:
+        raise InputError([f"unknown plan flag {k!r}{suggest_names(k, _PLAN_FLAGS)}" for k in unknown], subject="plan")
+    if not flags:
+        batch = global_batch or cluster.num_gpus
+        result = search_plans(model_spec, cluster, seq_len=seq_len, global_batch_size=batch,
+                              constraints=SearchConstraints(engines=("deepspeed",)), top_k=1)
+        if not result.num_feasible:
+            reasons = ", ".join(f"{k} {v}" for k, v in result.rejections.items())
+            raise InputError([f"no DeepSpeed plan for {model_spec.name} on {cluster.num_gpus} x {cluster.gpu.name} "
+                              f"at seq_len {seq_len}, global batch {batch} is feasible (rejected: {reasons})"],
+                             subject="request")
+        return engine_deepspeed_config(_DEEPSPEED.support, model_spec, cluster, result.candidates[0].plan, options)
+    flags.setdefault("engine", "deepspeed")
+    plan = make_plan(model_spec, cluster, global_batch_size=global_batch, seq_len=seq_len, **flags)
+    memory = estimate_memory(model_spec, cluster, plan)
+    if not memory.fits:
+        gib = 2**30
+        why = (f"needs {memory.total / gib:.1f} GiB per GPU of {memory.capacity / gib:.1f} GiB" if not memory.fits_gpu
+               else f"needs {memory.host_per_node / gib:.0f} GiB host memory per node of "
+                    f"{memory.host_capacity_per_node / gib:.0f} GiB")
+        raise InputError([f"the plan does not fit: {why}; raise zero_stage, offload, recompute='full' or lower "
+                          f"micro_batch_size (or call without plan flags to search)"], subject="plan")
+    return engine_deepspeed_config(engine_for(plan).support, model_spec, cluster, plan, options)
+
+
+def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
+                               cp: int = 1, seq_len: int = 4096, recompute: str | None = None
+                               ) -> tuple[ParallelPlan, MemorySettings]:
+    """The plan and ledger settings a DeepSpeed config implies on ``cluster``: :func:`deepspeed_config` inverted.
+
+    The config says ZeRO stage, batch sizes, offload, precision, optimizer and bucket sizes; the
+    caller says tp/pp/cp and seq_len, which a DeepSpeed config does not hold (AutoTP's autotp_size
+    is used when tp is 1). ``recompute`` None: full when the config configures activation
+    checkpoints (number_checkpoints, partitioned activations or a pipeline checkpoint interval),
+    else none. ``config`` must have no "auto" left. Raises InputError when the plan is invalid.
+    """
+    zero = config.get("zero_optimization")
+    zero = {"stage": 1} if zero is True else (zero if isinstance(zero, dict) else {})
+    stage = int(zero.get("stage", 0))
+    autotp = (config.get("tensor_parallel") or {}).get("autotp_size") or 0
+    tp = int(autotp) if tp == 1 and autotp > 1 else tp
+    checkpointing = config.get("activation_checkpointing") or {}
+    if recompute is None:
+        recompute = "full" if (checkpointing.get("number_checkpoints") or checkpointing.get("partition_activations")
+                               or (config.get("pipeline") or {}).get("activation_checkpoint_interval")) else "none"
+    devices, nvme_path = {}, None
+    for name in ("offload_optimizer", "offload_param"):
+        block = zero.get(name) or {}
+        devices[name] = block.get("device") or "none"
+        nvme_path = nvme_path or block.get("nvme_path")
+    micro = int(config.get("train_micro_batch_size_per_gpu") or 1)
+    accum = config.get("gradient_accumulation_steps")
+    batch = config.get("train_batch_size")
+    dp = cluster.num_gpus // max(1, tp * pp * cp)
+    batch = int(batch) if batch else micro * int(accum or 1) * dp
+    if autotp > 1 and tp == int(autotp) and batch == micro * int(accum or 1) * dp * tp:
+        batch //= tp  # written as DeepSpeed 0.19.8 counts it (TP ranks included); the sequences per step
+    fp16 = (config.get("fp16") or {}).get("enabled") is True
+    opt_type = str((config.get("optimizer") or {}).get("type", "adamw")).lower()
+    param_block = zero.get("offload_param") or {}
+    settings = MemorySettings(
+        reduce_bucket_size=int(zero.get("reduce_bucket_size", 500_000_000)),
+        allgather_bucket_size=int(zero.get("allgather_bucket_size", 500_000_000)),
+        stage3_prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size",
+                                                                                         50_000_000))),
+        stage3_max_live_parameters=int(zero.get("stage3_max_live_parameters", zero.get("max_live_parameters",
+                                                                                       1_000_000_000))),
+        offload_buffer_bytes=2 * int(param_block.get("buffer_count", PARAM_NVME_BUFFER_COUNT))
+        * int(param_block.get("buffer_size", 100_000_000)),
+    )
+    overlap = zero.get("overlap_comm")
+    plan = make_plan(model, cluster, global_batch_size=batch, tp=tp, pp=pp, cp=cp, micro_batch_size=micro,
+                     zero_stage=stage, offload_optimizer=devices["offload_optimizer"],
+                     offload_param=devices["offload_param"], nvme_path=nvme_path, seq_len=seq_len,
+                     recompute=recompute, precision="fp16" if fp16 else "bf16",
+                     optimizer="sgd" if opt_type == "sgd" else "adamw", engine="deepspeed",
+                     overlap_comm=stage == 3 if overlap is None else bool(overlap))
+    return plan, settings

@@ -32,7 +32,7 @@ import yaml
 
 from autotune.errors import InputError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "read_json", "read_yaml_any",
+__all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "read_json",
            "nonfinite_problems", "depth_problem", "text_depth_problem", "range_problem",
            "path_problem"]
 
@@ -212,11 +212,6 @@ def parse_yaml(text: str, *, subject: str) -> Any:
 def read_json(path: str | os.PathLike, *, subject: str) -> Any:
     """:func:`read_text` then :func:`parse_json`, errors naming the file."""
     return parse_json(read_text(path, subject=subject), subject=_named(subject, path))
-
-
-def read_yaml_any(path: str | os.PathLike, *, subject: str) -> Any:
-    """:func:`read_text` then :func:`parse_yaml`, errors naming the file."""
-    return parse_yaml(read_text(path, subject=subject), subject=_named(subject, path))
 
 
 def nonfinite_problems(data: Any, where: str = "$") -> list[str]:

@@ -12,12 +12,15 @@ import re
 import textwrap
 from collections.abc import Iterable
 
+from autotune.engines import engine_for
+from autotune.specs.notation import plan_notation
+
 __all__ = ["NOTATION", "COLUMNS", "REJECTIONS", "plan_legend", "rejection_legend", "rule_meaning", "wrap"]
 
 WIDTH = 118
 MAX_RULES_SHOWN = 8
 
-# Tokens of a plan summary (autotune.report.plan_summary), in the order they appear.
+# Tokens of a plan summary (autotune.specs.notation.plan_notation), in the order they appear.
 NOTATION: dict[str, str] = {
     "tpN": "tensor parallel: each layer's matrices split over N GPUs",
     "ppN": "pipeline parallel: the layers split into N stages",
@@ -42,7 +45,7 @@ COLUMNS: dict[str, str] = {
     "other": "offload transfers + the optimizer step",
     "MFU": "model FLOPs per second / the GPUs' dense peak",
 }
-# Rejection reasons of `autotune plan` (rule ids of autotune/specs/rules.py, the memory checks of the
+# Rejection reasons of `autotune plan` (rule ids of autotune/rules.py, the memory checks of the
 # planner, and the engines' own rules, which are "<engine>:<dimension>").
 REJECTIONS: dict[str, str] = {
     "world_size": "tp x pp x dp x cp differs from the GPU count",
@@ -113,11 +116,8 @@ def _tokens(summaries: Iterable[str]) -> set[str]:
 
 def plan_legend(plans) -> str:
     """'legend: ...' lines for the notation the given plans' summaries use, engine tags included."""
-    from autotune.engines import engine_for
-    from autotune.report import plan_summary
-
     plans = list(plans)
-    used = _tokens(plan_summary(p) for p in plans)
+    used = _tokens(plan_notation(p, engine_for(p).tag(p)) for p in plans)
     parts = [f"{token} = {text}" for token, text in NOTATION.items() if token in used]
     tags = {}
     for plan in plans:

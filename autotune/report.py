@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from autotune.cost.memory import MemoryEstimate
+from autotune.engines import engine_for
+from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["gib", "format_params", "plan_summary", "memory_table", "step_time_table", "plan_table"]
@@ -24,26 +27,8 @@ def format_params(n: float) -> str:
 
 
 def plan_summary(plan: ParallelPlan) -> str:
-    """One line: the parallel layout and the settings that change memory or time."""
-    parts = [f"tp{plan.tp}", f"pp{plan.pp}" + (f"x{plan.vpp}" if plan.vpp > 1 else ""), f"dp{plan.dp}"]
-    if plan.cp > 1:
-        parts.append(f"cp{plan.cp}")
-    if plan.ep > 1:
-        parts.append(f"ep{plan.ep}")
-    from autotune.engines import engine_for
-
-    parts.append(engine_for(plan).tag(plan))
-    if plan.sequence_parallel:
-        parts.append("sp")
-    if plan.offload_optimizer != "none":
-        parts.append(f"opt->{plan.offload_optimizer}")
-    if plan.offload_param != "none":
-        parts.append(f"param->{plan.offload_param}")
-    parts.append(f"mb{plan.micro_batch_size}x{plan.grad_accum_steps}")
-    if plan.recompute != "none":
-        parts.append(f"rc-{plan.recompute}")
-    parts.append(plan.precision)
-    return " ".join(parts)
+    """The plan's one-line notation (``autotune.specs.notation``) with its engine's sharding tag."""
+    return plan_notation(plan, engine_for(plan).tag(plan))
 
 
 def _bar(fraction: float) -> str:
@@ -117,7 +102,6 @@ def plan_table(result) -> str:
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
                  f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")
-    from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
 
     lines.append("")
     lines.append(plan_legend(est.plan for est in result.candidates))

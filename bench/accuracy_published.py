@@ -18,8 +18,7 @@ import sys
 from collections import defaultdict
 from dataclasses import fields
 
-from autotune.calibration import coordinate_fit
-from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, coordinate_fit
 from autotune.cost.published_runs import plan_choice_note, predict_run, published_runs
 from autotune.report import plan_summary
 

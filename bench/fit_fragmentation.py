@@ -15,8 +15,9 @@ import math
 import statistics
 import sys
 
-from autotune.cost.memory import MemorySettings, estimate_memory
+from autotune.cost.memory import estimate_memory
 from autotune.cost.published_runs import predict_run, published_runs
+from autotune.specs.settings import MemorySettings
 
 GIB = 2**30
 

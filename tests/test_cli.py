@@ -224,7 +224,7 @@ def test_ctrl_c_during_emit_exits_130_without_a_traceback(tmp_path, capsys, monk
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("autotune.emit.bundle.write_bundle", interrupted)
+    monkeypatch.setattr("autotune.bundle.writer.write_bundle", interrupted)
     code, out, err = run(["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "job")], capsys)
     assert code == 130 and "interrupted" in err and "Traceback" not in err
     assert not (tmp_path / "job").exists()

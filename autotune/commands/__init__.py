@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.specs.loading import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
+from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
 from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",

@@ -1,7 +1,7 @@
 """`autotune emit`: the files a job runs with; its checks of the plan JSON, the recipe's emit block,
 the job strings and --out.
 
-Nothing here writes: :func:`autotune.emit.bundle.write_bundle` does, atomically. What is checked
+Nothing here writes: :func:`autotune.bundle.writer.write_bundle` does, atomically. What is checked
 before it runs: every value of a recipe's ``emit:`` block has its field's type (no silent
 coercion: ``hosts: "ab"`` is not hosts ``a`` and ``b``), strings that reach a command line do not
 start with ``-`` (``--script=--help`` would launch ``torchrun ... --help``), and ``--out`` is a
@@ -281,8 +281,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.api import estimate_from_dict
+    from autotune.bundle.writer import write_bundle
     from autotune.commands.estimate import estimate_from_flags
-    from autotune.emit.bundle import write_bundle
 
     sources = [s for s in ("recipe", "plan_json", "model") if getattr(args, s)]
     problems = flag_problems(args) + out_problems(args.out)

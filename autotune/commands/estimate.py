@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 def estimate_from_flags(args: argparse.Namespace):
     from autotune.api import estimate, make_plan
-    from autotune.cost.memory import MemorySettings
+    from autotune.specs.settings import MemorySettings
 
     model, cluster = load_inputs(args)
     plan = make_plan(

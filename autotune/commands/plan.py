@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from autotune.commands import (
     EXIT_OK,
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
         recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
         min_headroom_gib=args.min_headroom_gib)
-    progress = None
+    progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:
         import time
 
@@ -77,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"autotune plan: searching {what} (each a full plan search; this can take a minute) ...",
               file=sys.stderr, flush=True)
 
-        def progress(line: str) -> None:
+        def print_progress(line: str) -> None:
             print(f"autotune plan: [{time.monotonic() - started:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+        progress = print_progress
     if args.max_model:
         ans = capacity.max_model(cluster, seq_len=args.seq_len, global_batch=args.global_batch,
                                  constraints=constraints, min_mfu=args.min_mfu, progress=progress)

@@ -215,9 +215,9 @@ def _restore(handlers: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.bundle.writer import write_bundle
     from autotune.commands import load_inputs as _load_inputs
     from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-    from autotune.emit.bundle import write_bundle
     from autotune.errors import InputError
     from autotune.report import plan_summary
     from autotune.search.space import SearchConstraints

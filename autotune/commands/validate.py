@@ -61,8 +61,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(path, kind) of every file to check."""
-    from autotune.emit.validate_files import file_kind, megatron_file_kind
     from autotune.emit.shell_args import read_megatron_args_file
+    from autotune.emit.validate_files import file_kind, megatron_file_kind
 
     out = [(f, args.kind or file_kind(f)) for f in args.files]
     if args.megatron_args:
@@ -116,7 +116,8 @@ def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, 
 
 
 def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: list) -> list:
-    from autotune.emit.validate import has_errors, memory_problems
+    from autotune.emit.validate import has_errors
+    from autotune.lint import memory_problems
     from autotune.specs.loading import load_cluster, load_model
 
     model = load_model(args.model)
@@ -129,7 +130,7 @@ def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: li
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.emit.validate_files import validate_file
+    from autotune.lint import lint_file
 
     if (args.model is None) != (args.gpu is None):
         raise InputError(["the memory check needs both --model and --gpu"], subject="validate request")
@@ -137,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     world, tp, pp, cp = _job(args, inputs)
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
-        problems = validate_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
-                                 hf=True if args.hf and kind == "deepspeed" else None)
+        problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
+                             hf=True if args.hf and kind == "deepspeed" else None)
         if args.model is not None and kind == "deepspeed":
             problems += _memory(args, path, world, tp, pp, cp, problems)
         found += [(path, p) for p in problems]

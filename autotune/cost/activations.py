@@ -35,41 +35,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autotune.specs.layout import stage_layers
+from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
+from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ActivationFacts", "MEGATRON_FACTS", "LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
+__all__ = ["LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
            "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
-           "stage_activation_bytes", "microbatches_in_flight"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActivationFacts:
-    """How an engine's code saves activations, where engines differ (defaults: Megatron-LM / DeepSpeed)."""
-
-    selective: str = "attention-core"
-    """What ``recompute="selective"`` recomputes: "attention-core" (Korthikanti Sec. 5, Megatron
-    ``--recompute-granularity selective``) or "op-sac" (torchtitan ``selective_ac_option = 'op'``:
-    :func:`op_sac_layer_bytes`)."""
-    loss_backward_bytes_per_logit: float = 0.0
-    """Bytes per (token, vocab entry of this GPU) the loss backward allocates beyond the saved fp32 softmax /
-    log-probabilities, while every saved activation is still live. 0: Megatron's vocab-parallel cross entropy
-    writes the gradient into the saved softmax (tensor_parallel/cross_entropy.py, ``grad_input = softmax``).
-    8: aten ``log_softmax`` + ``nll_loss`` on fp32 logits (``nll_loss_backward`` allocates a zero fp32
-    gradient, ``_log_softmax_backward_data`` a second one; torchtitan train.py ``loss_fn``). 12: DTensor
-    ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``:
-    ``zeros_like(x)``, ``exp(x)``, their sum and its product with the output gradient)."""
-    gathered_linear_inputs: bool = False
-    """With sequence parallelism, column-parallel linears (QKV, fc1, output layer) save their all-gathered
-    input (DTensor ``ColwiseParallel`` after ``PrepareModuleInput`` to ``Replicate``), not the SP shard
-    (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` saves the shard and gathers it again)."""
-    fp8_input_bytes: int = 1
-    """Bytes per element an FP8 linear saves of its input: 1 (Transformer Engine saves the FP8 cast);
-    2 (torchao float8 ``matmul_with_hp_or_float8_args`` saves the high-precision input, casts in backward)."""
-
-
-MEGATRON_FACTS = ActivationFacts()
+           "stage_activation_bytes"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,35 +205,6 @@ def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFa
     return out
 
 
-def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
-    """Micro-batches' worth of a pipeline stage's layers whose activations the stage holds at its peak.
-
-    The peak is the first steady-state forward: the warm-up forwards plus one. 1F1B: stage i warms up with
-    min(pp - i - 1, m) micro-batches, so holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1; Megatron-LM
-    schedules.py ``forward_backward_pipelining_without_interleaving``). Interleaved (vpp chunks of 1/vpp of the
-    stage's layers each): Megatron-LM ``forward_backward_pipelining_with_interleaving`` warms up with
-    ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them (and runs them
-    all when m == pp); torch.distributed.pipelining ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has
-    the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
-    2022 Sec. 4.2.3. Without pipelining one micro-batch at a time.
-    """
-    if plan.pp == 1:
-        return 1.0
-    m = plan.num_microbatches
-    if not plan.interleaved:
-        return float(min(plan.pp - stage, m))
-    return _interleaved_forwards_at_peak(plan, stage) / plan.vpp
-
-
-def _interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
-    """Chunk-micro-batch forwards stage ``stage`` has run, none backward yet, at its interleaved peak."""
-    chunks = plan.num_microbatches * plan.vpp
-    warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp, chunks)
-    if plan.num_microbatches == plan.pp:  # Megatron: "all_warmup_microbatches"
-        warmup = chunks
-    return min(warmup + 1, chunks)
-
-
 def _first_chunk_in_flight(plan: ParallelPlan) -> float:
     """Micro-batches of the first stage's first chunk (the one with the embedding) in flight at its peak.
 
@@ -269,7 +213,7 @@ def _first_chunk_in_flight(plan: ParallelPlan) -> float:
     if not plan.interleaved or plan.pp == 1:
         return microbatches_in_flight(plan, 0)
     group = plan.pp * plan.vpp
-    forwards = _interleaved_forwards_at_peak(plan, 0)
+    forwards = interleaved_forwards_at_peak(plan, 0)
     return float(forwards // group * plan.pp + min(forwards % group, plan.pp))
 
 
@@ -299,14 +243,13 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
-                           facts: ActivationFacts = MEGATRON_FACTS) -> dict[str, float]:
+                           facts: ActivationFacts = MEGATRON_FACTS, scheme: str = "megatron") -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part.
 
     ``recompute_working_set`` (one layer rerun in backward) and ``loss_backward`` (the loss's fp32 gradients,
-    first in backward) never coexist: ``loss_backward`` is only what the latter adds beyond the former."""
-    from autotune.cost.memory import split_scheme
-
-    first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
+    first in backward) never coexist: ``loss_backward`` is only what the latter adds beyond the former.
+    ``scheme``: how the engine splits layers over stages (``autotune.specs.layout``)."""
+    first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage, scheme)
     in_flight = microbatches_in_flight(plan, stage)
     if facts is MEGATRON_FACTS:
         dense, moe = _layer_kinds(model, _activation_key(plan))

@@ -28,11 +28,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 
 from autotune.errors import InputError
+from autotune.inputs import read_json
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficiency", "save_efficiency"]
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficiency", "save_efficiency", "coordinate_fit"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +72,6 @@ def gemm_efficiency(eff: Efficiency, m: float, k: float, n: float, balance: floa
 
 def load_efficiency(path: str) -> Efficiency:
     """Read a calibration file written by :func:`save_efficiency` (or by ``autotune tune``)."""
-    from autotune.inputs import read_json
-
     if not os.path.lexists(path):
         raise InputError([f"calibration file {path} does not exist: run `autotune tune --calibration {path}` "
                           "or drop the flag"], subject="calibration")
@@ -106,3 +106,36 @@ def save_efficiency(eff: Efficiency, path: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+_FRACTIONS = frozenset({"gemm_peak_fraction", "hbm_efficiency", "link_efficiency"})
+"""Efficiency fields that are fractions of a datasheet number (at most 1)."""
+
+
+def coordinate_fit(loss: Callable[[Efficiency], float], start: Efficiency, fields: tuple[str, ...],
+                   max_rounds: int = 60) -> Efficiency:
+    """Minimise ``loss`` over ``fields`` of an Efficiency by coordinate search with shrinking steps.
+
+    Each field moves by +-25% of its start value; when no move helps, steps halve, until they are
+    below 0.1% of the value. Fractions stay in (0, 1], the rest positive. Used by the published-run
+    fit (``bench/accuracy_published.py --fit``) and by ``autotune tune``'s calibration on trial measurements.
+    """
+    best = start
+    best_loss = loss(best)
+    steps = {name: 0.25 * getattr(start, name) for name in fields}
+    for _ in range(max_rounds):
+        improved = False
+        for name in fields:
+            for sign in (1, -1):
+                value = getattr(best, name) + sign * steps[name]
+                if value <= 0 or (name in _FRACTIONS and value > 1):
+                    continue
+                candidate = best.with_(**{name: value})
+                candidate_loss = loss(candidate)
+                if candidate_loss < best_loss:
+                    best, best_loss, improved = candidate, candidate_loss, True
+        if not improved:
+            steps = {k: v / 2 for k, v in steps.items()}
+            if all(v < 1e-3 * max(getattr(best, k), 1e-9) for k, v in steps.items()):
+                break
+    return best

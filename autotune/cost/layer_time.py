@@ -216,10 +216,6 @@ class LayerPasses:
     cp_exposed_s: float
     moe_s: float
 
-    @property
-    def tp_fwd_s(self) -> float:
-        return self.tp_exposed_s
-
 
 def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap: str,
                  tp_backward_overlap: bool, selective: str = "attention-core") -> LayerPasses:

@@ -1,7 +1,7 @@
 """The per-GPU memory ledger of one training step, for the most loaded pipeline stage.
 
 Model states and engine buffers come from the plan's engine (``autotune/engines``, formulas in
-``autotune.cost.model_states``); activations from ``autotune.cost.activations``. Three peaks, as the
+``autotune.engines.states``); activations from ``autotune.cost.activations``. Three peaks, as the
 tools that report memory see them:
 
 * ``allocated``: bytes of live tensors at the peak (``torch.cuda.max_memory_allocated``): model states,
@@ -19,31 +19,18 @@ Host memory is reported per node.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
-from autotune.cost.model_states import ModelStateBytes, megatron_grad_bytes
+from autotune.engines import Engine, engine_for
+from autotune.engines.states import ModelStateBytes
 from autotune.specs.hardware import GIB, ClusterSpec
-from autotune.specs.layout import representative_stages, stage_layers
+from autotune.specs.layout import representative_stages, stage_param_groups
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
-__all__ = ["MemorySettings", "MemoryEstimate", "ModelStateBytes", "estimate_memory", "stage_param_groups",
-           "megatron_grad_bytes", "model_state_bytes", "split_scheme", "largest_layer"]
-
-
-def split_scheme(plan: ParallelPlan) -> str:
-    """How the plan's engine splits layers over pipeline stages (``autotune.specs.layout``)."""
-    return _engine_split_scheme(plan.engine)
-
-
-@functools.lru_cache(maxsize=64)
-def _engine_split_scheme(engine: str) -> str:
-    from autotune.engines import engine_for
-
-    return engine_for(engine).support.layer_split
+__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes"]
 
 
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float, *,
@@ -52,38 +39,7 @@ def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: fl
 
     ``dense_params`` are partitioned over dp*cp ranks, ``expert_params`` over dp*cp/ep ranks. With
     ``model`` the engine may use the exact tensor layout of ``stage`` (DeepSpeed ZeRO-1/2 slices)."""
-    from autotune.engines import engine_for
-
     return engine_for(plan).model_states(model, plan, stage, dense_params, expert_params)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemorySettings:
-    """Engine settings and overheads the ledger needs. Defaults are DeepSpeed's and Megatron's."""
-
-    reduce_bucket_size: int = 500_000_000
-    """DeepSpeed ``zero_optimization.reduce_bucket_size`` (elements)."""
-    allgather_bucket_size: int = 500_000_000
-    """DeepSpeed ``zero_optimization.allgather_bucket_size`` (elements)."""
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    cuda_context_bytes: int | None = None
-    """CUDA context and cuBLAS/cuDNN workspaces, outside the caching allocator. None: 0.75 GiB on a GPU
-    (a CUDA 12 context is ~0.5 GiB on H100, cuBLAS workspaces and kernels images the rest), 0 on ``cpu``."""
-    nccl_bytes_per_communicator: int | None = None
-    """NCCL buffers per process group of more than one rank. None: 256 MiB on a GPU (NCCL_BUFFSIZE 4 MiB
-    per channel and peer, 2 ring peers, up to 32 channels), 0 on ``cpu`` (gloo)."""
-    fragmentation_fraction: float = 0.10
-    """Caching-allocator reserve beyond the allocated peak, as a fraction of it (fragmentation and 2 MiB /
-    20 MiB segment rounding, blocks cached per stream). Fitted (``python bench/fit_fragmentation.py``: the
-    smallest median |error|) on the 13 published runs with a peak memory: 9 torchtitan H100 runs
-    (``max_memory_reserved``, Llama 3.1 8B / 70B / 405B, FSDP2 / TP / PP / CP, bf16 and Float8) and 4 BLOOM
-    tr11 runs (nvidia-smi, Megatron-DeepSpeed). The only fitted memory parameter."""
-    selective_policy: str | None = None
-    """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
-    ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
-    offload_buffer_bytes: int = 5 * 100_000_000 * 2
-    """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,23 +122,7 @@ class MemoryEstimate:
         return out
 
 
-def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int) -> ParamGroups:
-    """Parameters of pipeline stage ``stage`` (layers split as the engine does, embedding first, output last)."""
-    return _stage_param_groups(model, plan.pp, stage, split_scheme(plan))
-
-
-@functools.lru_cache(maxsize=4096)
-def _stage_param_groups(model: ModelSpec, pp: int, stage: int, scheme: str = "megatron") -> ParamGroups:
-    first, count = stage_layers(model.num_layers, pp, stage, scheme)
-    return model.stage_params(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
-
-
-@functools.lru_cache(maxsize=256)
-def largest_layer(model: ModelSpec) -> ParamGroups:
-    return max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total)
-
-
-def _common_buffer_bytes(engine, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings
+def _common_buffer_bytes(engine: Engine, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings
                          ) -> dict[str, float]:
     """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one) and NVMe staging."""
     out: dict[str, float] = {}
@@ -210,22 +150,22 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                     settings: MemorySettings | None = None) -> MemoryEstimate:
     """The per-GPU ledger of the most loaded pipeline stage (the first or the last).
 
-    The plan is assumed valid (see ``autotune.specs.rules``); every term is finite and >= 0.
+    The plan is assumed valid (see ``autotune.rules``); every term is finite and >= 0. The plan's engine is
+    looked up once here and asked for its model states, buffers and activation facts.
     """
-    from autotune.engines import engine_for
-
     settings = settings or MemorySettings()
     engine = engine_for(plan)
     facts = engine.activation_facts(plan)
     if settings.selective_policy is not None:
         facts = dataclasses.replace(facts, selective=settings.selective_policy)
     candidates = []
-    for stage in representative_stages(model.num_layers, plan.pp, engine.support.layer_split):
-        groups = stage_param_groups(model, plan, stage)
+    scheme = engine.support.layer_split
+    for stage in representative_stages(model.num_layers, plan.pp, scheme):
+        groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)
         states = engine.model_states(model, plan, stage, dense, expert)
-        activation_parts = stage_activation_bytes(model, plan, stage, facts)
+        activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
         step_extra = max(0.0, states.step_transient - sum(activation_parts.values()))
         buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(engine, plan, groups,

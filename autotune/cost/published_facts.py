@@ -6,7 +6,12 @@ presets the free-text GPU names map to. Each with its source; nothing here is fi
 
 from __future__ import annotations
 
-__all__ = ["FAMILIES", "ARCH", "MTNLG", "MTNLG_PARALLEL", "READINGS", "UNFUSED_ATTENTION", "SAME_CONFIG_AS",
+import os
+from pathlib import Path
+
+from autotune.errors import InputError
+
+__all__ = ["reference_dir", "FAMILIES", "ARCH", "MTNLG", "MTNLG_PARALLEL", "READINGS", "UNFUSED_ATTENTION", "SAME_CONFIG_AS",
            "GPU_PATTERNS"]
 
 # (id prefix, family, engine) in match order. Engines: the software each source ran (issue 8 point 5).
@@ -98,3 +103,13 @@ GPU_PATTERNS = (  # (regex over the free-text GPU, preset)
     (r"^A100", "a100-80gb"),
     (r"^V100", "v100-32gb"),
 )
+
+
+def reference_dir() -> Path:
+    """The published-runs folder: $AUTOTUNE_REFERENCE_DIR, else the copy shipped in autotune/data/published_runs."""
+    env = os.environ.get("AUTOTUNE_REFERENCE_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "data" / "published_runs"
+    if not (path / "published_runs_dev.yaml").is_file():
+        raise InputError([f"published runs not found in {path}: set AUTOTUNE_REFERENCE_DIR to the folder holding "
+                          "published_runs_dev.yaml"], subject="reference data")
+    return path

@@ -20,13 +20,29 @@ from pathlib import Path
 
 import yaml
 
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+from autotune.cost.flops import step_flops
+from autotune.cost.memory import estimate_memory
 from autotune.cost.published_facts import (
-    ARCH, FAMILIES, GPU_PATTERNS, MTNLG, MTNLG_PARALLEL, READINGS, SAME_CONFIG_AS, UNFUSED_ATTENTION,
+    ARCH,
+    FAMILIES,
+    GPU_PATTERNS,
+    MTNLG,
+    MTNLG_PARALLEL,
+    READINGS,
+    SAME_CONFIG_AS,
+    UNFUSED_ATTENTION,
+    reference_dir,
 )
-from autotune.specs.hardware import ClusterSpec
+from autotune.cost.step_time import TimeSettings, estimate_layer_time, estimate_step_time
+from autotune.engines import engine_for
+from autotune.rules import plan_problems
+from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import cluster_defaults, load_gpu_preset
+from autotune.specs.settings import MemorySettings
 
 __all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of", "predict_run", "plan_choice_note"]
 
@@ -173,8 +189,6 @@ def _splits(p: dict, num_gpus: int, model: ModelSpec) -> list[tuple[int, int, in
 
 def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str, precision: str
                 ) -> tuple[ParallelPlan, ...]:
-    from autotune.specs.rules import plan_problems
-
     p = _parallel(entry)
     num_gpus = cluster.num_gpus
     rc = _recompute(p.get("recompute"), model.num_layers)
@@ -245,8 +259,6 @@ def _throughput(entry: dict, model: ModelSpec, num_gpus: int, preset_peak_tflops
     """Measured tokens/s per GPU, from the most direct figure the entry has (an MFU against the entry's peak, or
     the GPU preset's datasheet 16-bit peak where the entry names none: the Megatron-LM README's MFUs are its
     TFLOP/s over 989, the H100's)."""
-    from autotune.cost.flops import step_flops
-
     m, d, p = entry.get("measured", {}), entry.get("derived", {}) or {}, _parallel(entry)
     if isinstance(m.get("tokens_per_s_per_gpu"), int | float):
         return float(m["tokens_per_s_per_gpu"])
@@ -336,8 +348,6 @@ def _one(entry: dict) -> PublishedRun:
 
 def published_runs(folder: Path | None = None) -> list[PublishedRun]:
     """Every run of published_runs_dev.yaml and published_runs_more.yaml, in file order."""
-    from autotune.calibration import reference_dir
-
     folder = folder or reference_dir()
     out = []
     for name in ("published_runs_dev.yaml", "published_runs_more.yaml"):
@@ -357,10 +367,6 @@ def published_runs(folder: Path | None = None) -> list[PublishedRun]:
 
 def _scored_candidates(run: PublishedRun, eff=None) -> list:
     """(fits, tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) of every candidate of ``run``."""
-    from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-    from autotune.cost.memory import MemorySettings, estimate_memory
-    from autotune.cost.step_time import TimeSettings, estimate_step_time
-
     settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
     out = []
     for plan in run.candidates:
@@ -373,10 +379,6 @@ def _scored_candidates(run: PublishedRun, eff=None) -> list:
 def predict_run(run: PublishedRun, eff=None):
     """(predicted tokens/s per GPU, plan, StepTimeEstimate, MemoryEstimate) for the fastest candidate that fits
     (or the fastest, if none fits: the run fitted, so the ledger is then too high; :func:`plan_choice_note`)."""
-    from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-    from autotune.cost.memory import estimate_memory
-    from autotune.cost.step_time import TimeSettings, estimate_layer_time, estimate_step_time
-
     assert run.cluster is not None and run.model is not None and run.candidates
     if run.layer_timing:
         settings = TimeSettings(efficiency=eff or DEFAULT_EFFICIENCY, **run.time_overrides)
@@ -392,9 +394,6 @@ def predict_run(run: PublishedRun, eff=None):
 def plan_choice_note(run: PublishedRun, eff=None) -> str:
     """Where the ledger, not the source, decided the plan: the chosen plan over capacity (no candidate fits), or
     faster candidates rejected because the ledger says they do not fit. Empty when memory changed nothing."""
-    from autotune.specs.hardware import GIB
-    from autotune.report import plan_summary
-
     if run.layer_timing or not run.candidates:
         return ""
     scored = _scored_candidates(run, eff)
@@ -407,5 +406,5 @@ def plan_choice_note(run: PublishedRun, eff=None) -> str:
         return ""
     _, v, p, _, m = faster[0]
     more = f" (+{len(faster) - 1} more)" if len(faster) > 1 else ""
-    return (f"faster {plan_summary(p)} ({v / value - 1:+.1%}) rejected: ledger {m.total / GIB:.1f} of "
-            f"{m.capacity / GIB:.1f} GiB{more}")
+    return (f"faster {plan_notation(p, engine_for(p).tag(p))} ({v / value - 1:+.1%}) rejected: ledger "
+            f"{m.total / GIB:.1f} of {m.capacity / GIB:.1f} GiB{more}")

@@ -26,10 +26,10 @@ from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
-from autotune.cost.memory import split_scheme, stage_param_groups
-from autotune.engines import engine_for
+from autotune.engines import Engine, engine_for
+from autotune.errors import require_no_problems
 from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.layout import representative_stages, stage_layers
+from autotune.specs.layout import representative_stages, stage_layers, stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
@@ -56,8 +56,6 @@ class TimeSettings:
     fused bytes of ``autotune.cost.layer_time``, not the engine's eager ones)."""
 
     def __post_init__(self) -> None:
-        from autotune.errors import require_no_problems
-
         problems = []
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
@@ -94,9 +92,9 @@ class StepTimeEstimate:
         return out
 
 
-def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) of a pipeline stage (MoE layers follow the leading dense ones)."""
-    first, per_stage = stage_layers(model.num_layers, plan.pp, stage, split_scheme(plan))
+def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str) -> tuple[int, int]:
+    """(dense layers, MoE layers) of a pipeline stage split by ``scheme`` (MoE layers follow the dense ones)."""
+    first, per_stage = stage_layers(model.num_layers, plan.pp, stage, scheme)
     moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
 
@@ -110,12 +108,13 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     eff = settings.efficiency
     engine = engine_for(plan)
     sched = engine.comm
+    scheme = engine.support.layer_split
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile)
-    selective = _selective_policy(plan, settings)
+    selective = _selective_policy(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
@@ -126,8 +125,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
-    for stage in representative_stages(model.num_layers, plan.pp, split_scheme(plan)):
-        n_dense, n_moe = _stage_layer_counts(model, plan, stage)
+    for stage in representative_stages(model.num_layers, plan.pp, scheme):
+        n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
         n_layers = n_dense + n_moe
         rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
         fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = 0.0
@@ -161,8 +160,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        groups = [stage_param_groups(model, plan, s)
-                  for s in representative_stages(model.num_layers, plan.pp, split_scheme(plan))]
+        groups = [stage_param_groups(model, plan, s, scheme)
+                  for s in representative_stages(model.num_layers, plan.pp, scheme)]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
         stage_params = (g.tp_sharded / t + g.replicated, g.expert / (t * plan.ep))
     dense_psi, expert_psi = stage_params
@@ -307,23 +306,24 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     the plan does, and the share of hidden communication that still costs compute (``overlap_cost``)."""
     settings = settings or TimeSettings()
     eff = settings.efficiency
-    sched = engine_for(plan).comm
+    engine = engine_for(plan)
+    sched = engine.comm
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, settings.torch_compile))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
-    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd, _selective_policy(plan, settings))
+    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd, _selective_policy(plan, settings, engine))
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
     total += eff.overlap_cost * lp.tp_hidden_s
     return fwd, total - fwd
 
 
-def _selective_policy(plan: ParallelPlan, settings: TimeSettings) -> str:
+def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine) -> str:
     """What the plan's selective recompute reruns: the run's stated policy, else its engine's (as the ledger)."""
     if plan.recompute != "selective":
         return "attention-core"
-    return settings.selective_policy or engine_for(plan).activation_facts(plan).selective
+    return settings.selective_policy or engine.activation_facts(plan).selective
 
 
 def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:

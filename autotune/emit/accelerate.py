@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import yaml
 
+from autotune.emit.deepspeed import deepspeed_config
 from autotune.emit.options import EmitOptions
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
@@ -25,7 +26,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "DEFAULT_LAYER_CLS", "accelerate_config_yaml",
-           "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml", "accelerate_notes"]
+           "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml"]
 
 ACCELERATE_VERSION = "1.15.0"
 ACCELERATE_DS_CONFIG = "ds_config_accelerate.json"
@@ -83,8 +84,6 @@ def accelerate_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: Pa
                                 options: EmitOptions | None = None) -> dict:
     """The DeepSpeed JSON for accelerate: the plan's DeepSpeed config with every value concrete (batch triple,
     precision, optimizer lr/betas/eps, scheduler steps): accelerate fills none of the optimizer's "auto"s."""
-    from autotune.emit.deepspeed import deepspeed_config
-
     _require_no_cp(plan)
     return deepspeed_config(model, cluster, plan, options)
 
@@ -160,18 +159,3 @@ def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelP
         }
     return _header(cluster, options, "FSDP2") + yaml.safe_dump(data, sort_keys=False)
 
-
-def accelerate_notes(plan: ParallelPlan) -> list[str]:
-    """What a user's script must do for the emitted accelerate configs (for plan.md)."""
-    notes = [f"accelerate_config.yaml (DeepSpeed) reads {ACCELERATE_DS_CONFIG}, whose optimizer and scheduler "
-             "blocks are concrete: build them in the script with accelerate.utils.DummyOptim(params) and "
-             "DummyScheduler(optimizer), and pass both to accelerator.prepare"]
-    if plan.tp > 1:
-        notes.append(f"accelerate_fsdp.yaml: tp={plan.tp} is applied by accelerate to a Hugging Face model loaded "
-                     "with tp_plan='auto' (accelerator.torch_device_mesh['tp'])")
-    if plan.cp > 1:
-        notes.append(f"accelerate_fsdp.yaml: cp={plan.cp} needs SDPA attention and the batches inside "
-                     "accelerator.maybe_context_parallel(...)")
-    if plan.recompute == "selective":
-        notes.append("selective recompute has no accelerate key: checkpoint the attention core in the model code")
-    return notes

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from autotune.emit.problems import Problem, Severity, problem_at
+from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import parse_yaml, read_text
 
@@ -74,8 +74,6 @@ def _int(value: Any) -> int | None:
 
 def accelerate_job_sizes(path: str | Path):
     """The world size (num_processes) and tp/cp the config states."""
-    from autotune.emit.validate_files import JobSizes
-
     data, _ = read_accelerate_config(path)
     pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     world = _int(data.get("num_processes"))

@@ -1,203 +1,51 @@
-"""Checkpoint policy: what one save of a plan weighs, how long it stalls training, how often to save.
+"""Checkpoint settings as the engines' files write them, and pruning old checkpoint tags.
 
-Why it matters: at scale a job fails every few hours. Llama 3 405B saw 419 unexpected
-interruptions in 54 days on 16,384 H100s, one every ~3.1 h (Llama 3 paper, Dubey et al. 2024,
-Sec. 3.3.4, Table 5); OPT-175B's hardware failures caused at least 35 manual restarts and the
-cycling of over 100 hosts in two months on 992 A100s (Zhang et al. 2022, Sec. 2.5, and the
-metaseq OPT-175B logbook). 419 failures x 16,384 GPUs over 1,296 h is ~51,000 GPU-hours per
-failure, the source of ``CheckpointOptions.gpu_mtbf_hours = 50,000``: a 1,024-GPU job then
-fails every ~49 h, a 16,384-GPU job every ~3 h.
-
-What a checkpoint holds (and what is counted here), Psi = parameters, K = optimizer bytes per
-parameter with the fp32 master weights (``OPTIMIZER_STATE_BYTES``, 12 for AdamW):
-
-- DeepSpeed ZeRO-0/1/2 (``save_checkpoint``): data-parallel rank 0 of each model-parallel rank
-  writes the 16-bit module weights (``mp_rank_XX_model_states.pt``, 2 Psi in all); the fp32 master
-  weights and Adam moments are written once, partitioned (``zero_pp_rank_D_mp_rank_XX_optim_states.pt``,
-  K Psi in all; ZeRO-0 keeps them whole in rank 0's model-states file). Total (2 + K) Psi.
-- DeepSpeed ZeRO-3: each rank writes only its fp32/optimizer partition (K Psi in all); the
-  16-bit weights are not written (the model-states files hold empty placeholders) and are rebuilt
-  from the fp32 master on load. Total K Psi. ``stage3_gather_16bit_weights_on_model_save``
-  additionally lets ``engine.save_16bit_model()`` write a consolidated 2 Psi model for inference;
-  that export is not part of the periodic checkpoint and is not counted.
-- Megatron ``--ckpt-format torch_dist``: the 16-bit weights and the fp32 master + optimizer states,
-  each tensor written once, (2 + K) Psi; the fully parallel save (on by default) spreads the
-  replicated tensors over the data-parallel ranks, so each rank writes ZeRO-3's share.
-
-Not counted: RNG/scheduler/client state (kilobytes), pickle headers, the per-TP-rank copies of
-replicated norms that DeepSpeed writes (< 0.1% of a large model), the pipeline's second copy of
-tied embeddings. Per-rank bytes are those of the rank that writes the most (the most loaded
-pipeline stage, data-parallel rank 0), taken from the memory ledger's
-:func:`~autotune.cost.memory.model_state_bytes` with offload undone (where states live does not
-change what is saved).
+What to save and how often is decided by the checkpoint cost model (``autotune.cost.checkpoint``); this
+module only says how DeepSpeed's ``checkpoint`` block and Megatron-LM's flags spell it, and keeps the
+newest ``keep_last`` tags on disk (:func:`prune_old_tags`, called by the training scripts).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from autotune.cost.memory import model_state_bytes, stage_param_groups
-from autotune.emit.options import CheckpointOptions
-from autotune.engines import engine_for
-from autotune.errors import InputError, require_no_problems
-from autotune.specs.hardware import GB, GIB
-from autotune.specs.layout import representative_stages
-from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.errors import InputError
 
-__all__ = ["CheckpointBytes", "CheckpointPolicy", "checkpoint_bytes", "checkpoint_policy", "young_daly_interval_s",
-           "expected_loss_parts", "prune_old_tags", "DEFAULT_RELAUNCH_S"]
-
-DEFAULT_RELAUNCH_S = 300.0
-"""Seconds from a failure to training again, checkpoint read excluded: detection, scheduler requeue,
-process start, NCCL init. An assumption of the right order (minutes at scale), not a measurement."""
+__all__ = ["CheckpointSettings", "prune_old_tags"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointBytes:
-    """Bytes of one checkpoint: the rank that writes the most, and the whole job."""
+class CheckpointSettings:
+    """Where, how often and how a plan saves (``autotune.cost.checkpoint.CheckpointPolicy.files()``)."""
 
-    weight_bytes_per_rank: float
-    optimizer_bytes_per_rank: float
-    """fp32 master weights plus optimizer states."""
-    weight_bytes_total: float
-    optimizer_bytes_total: float
-
-    @property
-    def per_rank(self) -> float:
-        return self.weight_bytes_per_rank + self.optimizer_bytes_per_rank
-
-    @property
-    def total(self) -> float:
-        return self.weight_bytes_total + self.optimizer_bytes_total
-
-
-def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
-    """What one save writes (see the module docstring for what is counted, per engine)."""
-    engine = engine_for(plan)
-    resident, weights_written = engine.saved_states_plan(plan)
-    per_rank = []
-    for stage in representative_stages(model.num_layers, plan.pp, engine.support.layer_split):
-        groups = stage_param_groups(model, plan, stage)
-        dense = groups.tp_sharded / plan.tp + groups.replicated
-        expert = groups.expert / (plan.ep * plan.tp)
-        s = model_state_bytes(resident, dense, expert)
-        per_rank.append((s.weights if weights_written else 0.0, s.optimizer_states))
-    w_rank, o_rank = max(per_rank, key=sum)
-    whole = model_state_bytes(ParallelPlan(optimizer=plan.optimizer, precision=plan.precision, engine=plan.engine),
-                              float(model.num_params), 0.0)  # one rank, nothing partitioned: 2 Psi and K Psi
-    return CheckpointBytes(weight_bytes_per_rank=w_rank, optimizer_bytes_per_rank=o_rank,
-                           weight_bytes_total=whole.weights if weights_written else 0.0,
-                           optimizer_bytes_total=whole.optimizer_states)
-
-
-def young_daly_interval_s(delta_s: float, mtbf_s: float) -> float:
-    """Compute time between checkpoints that minimises lost time, for a checkpoint costing ``delta_s``.
-
-    Daly (2006), "A higher order estimate of the optimum checkpoint interval for restart dumps",
-    first-order form: tau = sqrt(2 delta M) - delta for delta < 2M, else M; Young (1974) is
-    sqrt(2 delta M). Assumes exponentially distributed failures with mean M (the job's MTBF).
-    """
-    assert delta_s >= 0 and mtbf_s > 0
-    if delta_s >= 2 * mtbf_s:
-        return mtbf_s
-    return math.sqrt(2 * delta_s * mtbf_s) - delta_s
-
-
-def expected_loss_parts(*, interval_s: float, delta_s: float, mtbf_s: float, restart_s: float,
-                        durable_lag_s: float = 0.0) -> dict[str, float]:
-    """Expected fraction of wall time lost, by cause (first order in 1/M, Young/Daly's model).
-
-    checkpoint: delta/tau, the blocking cost paid every interval. rework: a failure lands uniformly
-    in a cycle of tau + delta and loses the work since the last *durable* checkpoint, on average
-    (tau + delta)/2, plus ``durable_lag_s`` when an asynchronous write is still in flight (the
-    previous checkpoint is then the one to fall back to: + write time); per failure, so / M.
-    restart: relaunch and checkpoint read, per failure, / M.
-    """
-    return {"checkpoint": delta_s / interval_s,
-            "rework": ((interval_s + delta_s) / 2 + durable_lag_s) / mtbf_s,
-            "restart": restart_s / mtbf_s}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointPolicy:
-    """When and how to save, and what it costs. Seconds, bytes (SI inside; GiB only in ``to_text``)."""
-
-    engine: str
-    format: str
-    """How the engine saves: "deepspeed" (save_checkpoint tags), "torch_dist" (Megatron), "dcp" (torch DCP)."""
     save_dir: str
-    zero_stage: int
-    pp: int
-    num_gpus: int
-    sizes: CheckpointBytes
-    storage_bandwidth_gb_per_s: float
-    pcie_bandwidth_gb_per_s: float
-    gpu_mtbf_hours: float
-    write_time_s: float
-    """Total bytes over the storage's aggregate write bandwidth."""
-    blocking_s: float
-    """Training stall per save (Daly's delta): the device-to-host copy with async save, else the write."""
-    load_time_s: float
-    """Reading the checkpoint back at the same aggregate bandwidth."""
-    restart_s: float
-    """Relaunch plus load, per failure."""
-    job_mtbf_s: float
-    optimal_interval_s: float
-    """Young/Daly optimum before rounding to steps."""
-    step_time_s: float
     interval_steps: int
-    interval_overridden: bool
-    keep_last: int
     async_save: bool
-    """Effective: True only where the engine saves asynchronously (Megatron); see ``notes``."""
-    gather_16bit_weights_on_model_save: bool
-    """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
-    parallel_write_pipeline_stage: bool
-    """DeepSpeed pipeline engine: spread each stage's layer files over its data-parallel ranks."""
+    """True only where the engine saves asynchronously (Megatron torch_dist, torch DCP)."""
     tag_validation: str = "Fail"
     """Abort a save whose tag differs across ranks (a mixed checkpoint cannot be resumed)."""
-    notes: tuple[str, ...] = ()
+    parallel_write_pipeline_stage: bool = False
+    """DeepSpeed pipeline engine: spread each stage's layer files over its data-parallel ranks."""
+    gather_16bit_weights_on_model_save: bool = False
+    """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
 
-    # ---- derived ---------------------------------------------------------------------------
-    @property
-    def interval_s(self) -> float:
-        return self.interval_steps * self.step_time_s
-
-    @property
-    def loss_parts(self) -> dict[str, float]:
-        return expected_loss_parts(interval_s=self.interval_s, delta_s=self.blocking_s, mtbf_s=self.job_mtbf_s,
-                                   restart_s=self.restart_s,
-                                   durable_lag_s=self.write_time_s if self.async_save else 0.0)
-
-    @property
-    def expected_loss_fraction(self) -> float:
-        return sum(self.loss_parts.values())
-
-    @property
-    def storage_bytes(self) -> float:
-        """Disk the kept checkpoints take."""
-        return self.keep_last * self.sizes.total
-
-    # ---- what the emitters write -------------------------------------------------------------
     def ds_checkpoint_block(self, *, load_universal: bool = False) -> dict:
         """The ds_config ``checkpoint`` block (DeepSpeed 0.19.8 keys, runtime/config.py:387-406, 549-553).
 
         ``load_universal``: resume from a universal checkpoint (after ``ds_to_universal``; see
-        :meth:`resume_command_note`), which loads into a different parallel layout.
+        ``CheckpointPolicy.resume_command_note``), which loads into a different parallel layout.
         """
         return {"tag_validation": self.tag_validation, "load_universal": load_universal,
                 "use_node_local_storage": False,  # a shared file system: any node can resume any rank
                 "parallel_write": {"pipeline_stage": self.parallel_write_pipeline_stage}}
 
     def ds_zero_options(self) -> dict:
-        """Keys this policy adds to ``zero_optimization``."""
-        if self.zero_stage == 3:
-            return {"stage3_gather_16bit_weights_on_model_save": self.gather_16bit_weights_on_model_save}
+        """Keys these settings add to ``zero_optimization`` (ZeRO-3 only)."""
+        if self.gather_16bit_weights_on_model_save:
+            return {"stage3_gather_16bit_weights_on_model_save": True}
         return {}
 
     def megatron_flags(self) -> list[str]:
@@ -208,115 +56,6 @@ class CheckpointPolicy:
         if self.async_save:
             flags += ["--async-save", "--use-persistent-ckpt-worker"]
         return flags
-
-    def resume_command_note(self) -> str:
-        d = self.save_dir
-        if self.format == "dcp":
-            return (f"Resume: torch.distributed.checkpoint.load(state_dict, checkpoint_id='{d}/step-<N>') with the "
-                    f"model and optimizer state dicts from torch.distributed.checkpoint.state_dict."
-                    f"get_state_dict(model, optimizer); DCP reshards on load, so another mesh resumes from the same "
-                    f"folder (torchtitan: [checkpoint] enable=true, folder='{d}'). Keep the newest {self.keep_last} "
-                    f"step-* folders.")
-        if self.format == "torch_dist":
-            return (f"Resume: relaunch with the same flags; `--load {d}` reads latest_checkpointed_iteration.txt "
-                    f"and restores weights, optimizer, scheduler and iteration. torch_dist checkpoints reshard on "
-                    f"load, so a different TP/PP/DP layout resumes from the same folder. Megatron keeps every "
-                    f"save: delete all but the newest {self.keep_last} iter_* folders "
-                    f"(autotune.emit.checkpoint.prune_old_tags).")
-        return (f"Resume: build the engine as before, then `load_path, client_state = engine.load_checkpoint('{d}')` "
-                f"(no tag: the one named in {d}/latest) and continue from client_state['step'] (pass it to "
-                f"save_checkpoint(..., client_state={{'step': step}})). After each save, rank 0 keeps the newest "
-                f"{self.keep_last} tags (autotune.emit.checkpoint.prune_old_tags). To resume on a different parallel "
-                f"layout: `python -m deepspeed.checkpoint.ds_to_universal --input_folder {d}/<tag> "
-                f"--output_folder {d}/<tag>_universal` (writes {d}/latest_universal), then set "
-                f"checkpoint.load_universal: true. zero_to_fp32.py in {d} rebuilds fp32 weights offline.")
-
-    def to_text(self) -> str:
-        """A short paragraph for plan.md."""
-        s = self.sizes
-        opt = "fp32 master weights and optimizer states"
-        content = (f"{_fmt_bytes(s.weight_bytes_total)} of 16-bit weights + {_fmt_bytes(s.optimizer_bytes_total)} of "
-                   f"{opt}" if s.weight_bytes_total else f"{opt} only: ZeRO-3 rebuilds the 16-bit weights on load")
-        if self.async_save:
-            stall = (f"asynchronous save blocks training only for the {_fmt_s(self.blocking_s)} device-to-host copy of "
-                     f"the largest rank's {_fmt_bytes(s.per_rank)} at {self.pcie_bandwidth_gb_per_s:g} GB/s")
-        else:
-            stall = f"the save blocks training for all of it (largest rank: {_fmt_bytes(s.per_rank)})"
-        interval = (f"every {self.interval_steps:,} steps ({self.interval_s / 60:,.1f} min"
-                    + (", set by hand" if self.interval_overridden
-                       else f"; Young/Daly optimum {self.optimal_interval_s / 60:,.1f} min") + ")")
-        text = (f"Checkpoints: {_fmt_bytes(s.total)} per save ({content}). Writing takes {_fmt_s(self.write_time_s)} "
-                f"at {self.storage_bandwidth_gb_per_s:g} GB/s aggregate; {stall}. {self.num_gpus:,} GPUs at "
-                f"{self.gpu_mtbf_hours:,.0f} h MTBF each fail every {self.job_mtbf_s / 3600:,.1f} h, so save "
-                f"{interval} and keep the last {self.keep_last} ({_fmt_bytes(self.storage_bytes)} of storage). "
-                f"Expected time lost to saving, rework and restarts: {100 * self.expected_loss_fraction:.2f}%.")
-        return " ".join([text, *self.notes])
-
-    def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "notes"}
-        out.update(sizes={**asdict(self.sizes), "per_rank": self.sizes.per_rank, "total": self.sizes.total},
-                   interval_s=self.interval_s, expected_loss_fraction=self.expected_loss_fraction,
-                   loss_parts=self.loss_parts, storage_bytes=self.storage_bytes, notes=list(self.notes))
-        return out
-
-
-def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float = DEFAULT_RELAUNCH_S) -> CheckpointPolicy:
-    """The checkpoint policy of one estimated plan (``estimate``: :class:`autotune.api.Estimate`)."""
-    plan, cluster = estimate.plan, estimate.cluster
-    step_time_s = estimate.time.step_time_s
-    problems = [] if step_time_s > 0 else [f"step time must be > 0 to size a checkpoint interval, got {step_time_s}"]
-    if not (options.storage_bandwidth_gb_per_s > 0 and options.gpu_mtbf_hours > 0):
-        problems.append("storage_bandwidth_gb_per_s and gpu_mtbf_hours must be > 0, got "
-                        f"{options.storage_bandwidth_gb_per_s} and {options.gpu_mtbf_hours}")
-    if options.keep_last < 1 or (options.interval_steps is not None and options.interval_steps < 1):
-        problems.append(f"keep_last and interval_steps must be >= 1, got {options.keep_last} and "
-                        f"{options.interval_steps}")
-    require_no_problems(problems, subject="checkpoint policy")
-    sizes = checkpoint_bytes(estimate.model, plan)
-    storage_bytes_per_s = options.storage_bandwidth_gb_per_s * GB
-    write_time_s = sizes.total / storage_bytes_per_s
-    notes = []
-    fmt = engine_for(plan).checkpoint_format
-    async_save = options.async_save and fmt in ("torch_dist", "dcp")
-    if options.async_save and not async_save:
-        notes.append("Async save is off: DeepSpeed's default checkpoint engine (torch.save) writes synchronously, so "
-                     "the whole write blocks. DeepSpeed 0.19.8's decoupled writer (checkpoint.writer.decoupled, a "
-                     "background process) is not emitted: untested here.")
-    # Async: only the snapshot into host memory stalls training (PCIe, per GPU, in parallel).
-    blocking_s = sizes.per_rank / (cluster.pcie_bandwidth_gb_per_s * GB) if async_save else write_time_s
-    job_mtbf_s = options.gpu_mtbf_hours * 3600 / plan.world_size
-    optimal_s = young_daly_interval_s(blocking_s, job_mtbf_s)
-    if options.interval_steps is not None:
-        steps = options.interval_steps
-        if async_save and steps * step_time_s < write_time_s:
-            notes.append(f"The interval ({steps * step_time_s:,.0f} s) is shorter than one write "
-                         f"({write_time_s:,.0f} s): each save waits for the previous one.")
-    else:
-        steps = max(1, round(optimal_s / step_time_s))
-        if async_save:  # a new async save waits for the previous write to finish: never save faster than that
-            steps = max(steps, math.ceil(write_time_s / step_time_s))
-    load_time_s = sizes.total / storage_bytes_per_s
-    return CheckpointPolicy(
-        engine=plan.engine, format=fmt, save_dir=options.save_dir, zero_stage=plan.zero_stage, pp=plan.pp,
-        num_gpus=plan.world_size, sizes=sizes, storage_bandwidth_gb_per_s=options.storage_bandwidth_gb_per_s,
-        pcie_bandwidth_gb_per_s=cluster.pcie_bandwidth_gb_per_s, gpu_mtbf_hours=options.gpu_mtbf_hours,
-        write_time_s=write_time_s, blocking_s=blocking_s,
-        load_time_s=load_time_s, restart_s=relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
-        optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
-        interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
-        gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
-        parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, notes=tuple(notes))
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20)):
-        if b >= size:
-            return f"{b / size:,.1f} {unit}"
-    return f"{b / 2**10:,.1f} KiB"
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
 # ---- keep_last ------------------------------------------------------------------------------

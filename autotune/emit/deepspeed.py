@@ -1,7 +1,7 @@
 """DeepSpeed 0.19.8 configs for a plan: plain JSON, the Hugging Face Trainer variant, accelerate's YAML.
 
-Every key written exists in DeepSpeed 0.19.8 (``../shared/reference/deepspeed_keys.yaml``) and none
-of the keys 0.19.8 rejects is written. Integers are written as ints (pydantic accepts ``5e8`` for an
+Every key written exists in DeepSpeed 0.19.8 (its pydantic config models under ``deepspeed/runtime``, the
+keys ``schemas/deepspeed_config.schema.json`` lists) and none of the keys 0.19.8 rejects is written. Integers are written as ints (pydantic accepts ``5e8`` for an
 int field but rejects ``5.5``). The ZeRO bucket sizes are the :class:`MemorySettings` the memory
 ledger assumed, so the job runs with the buffers the estimate counted. Every config written here
 passes :func:`autotune.emit.validate.validate_deepspeed_config` (schema, DeepSpeed's own parser,
@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import copy
 
-
-from autotune.cost.memory import MemorySettings
 from autotune.emit.options import EmitOptions
-from autotune.engines import engine_for
-from autotune.errors import InputError, suggest_names
+from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
-__all__ = ["DEEPSPEED_VERSION", "HF_AUTO_PATHS", "deepspeed_config", "deepspeed_config_notes", "hf_deepspeed_config",
-           "accelerate_config_yaml", "deepspeed_config_for", "plan_from_deepspeed_config"]
+__all__ = ["DEEPSPEED_VERSION", "HF_AUTO_PATHS", "PARAM_NVME_BUFFER_COUNT", "deepspeed_config",
+           "deepspeed_config_notes", "hf_deepspeed_config"]
 
 DEEPSPEED_VERSION = "0.19.8"
 """The DeepSpeed release whose keys and rules the configs follow."""
@@ -50,7 +48,7 @@ _PARAM_PERSISTENCE_THRESHOLD = 100_000
 _MAX_REUSE_DISTANCE = 1_000_000_000
 # Optimizer NVMe swapping: one buffer per fp32 state tensor of Adam (master, exp_avg, exp_avg_sq, grad).
 _OPTIMIZER_NVME_BUFFER_COUNT = 4
-_PARAM_NVME_BUFFER_COUNT = 5
+PARAM_NVME_BUFFER_COUNT = 5
 # Dynamic fp16 loss scaling, DeepSpeed's documented defaults (precision_config.py:115-155).
 _FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                       "min_loss_scale": 1}
@@ -81,7 +79,7 @@ def _zero_block(plan: ParallelPlan, settings: MemorySettings) -> dict:
             "stage3_gather_16bit_weights_on_model_save": True,
         })
     # The ledger's NVMe staging buffers are buffer_count x buffer_size x 2 bytes (memory.py).
-    param_buffer_size = max(1, int(settings.offload_buffer_bytes) // (_PARAM_NVME_BUFFER_COUNT * 2))
+    param_buffer_size = max(1, int(settings.offload_buffer_bytes) // (PARAM_NVME_BUFFER_COUNT * 2))
     for name, device in (("offload_optimizer", plan.offload_optimizer), ("offload_param", plan.offload_param)):
         if device == "none":
             continue
@@ -91,7 +89,7 @@ def _zero_block(plan: ParallelPlan, settings: MemorySettings) -> dict:
         if device == "nvme":
             block["nvme_path"] = plan.nvme_path
             if name == "offload_param":
-                block.update(buffer_count=_PARAM_NVME_BUFFER_COUNT, buffer_size=param_buffer_size)
+                block.update(buffer_count=PARAM_NVME_BUFFER_COUNT, buffer_size=param_buffer_size)
             else:
                 block["buffer_count"] = _OPTIMIZER_NVME_BUFFER_COUNT
         zero[name] = block
@@ -135,21 +133,25 @@ def _precision_blocks(plan: ParallelPlan, *, auto: bool) -> dict:
 
 
 def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
-                     memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None) -> dict:
+                     memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None,
+                     autotp: bool = True, ulysses: bool = True) -> dict:
     """The DeepSpeed 0.19.8 config (a JSON-ready dict) that runs ``plan``.
 
     ``train_batch_size`` = global batch = micro-batch x accumulation x dp, where dp is world / (tp x pp x cp);
     AutoTP configs write it x tp (DeepSpeed 0.19.8 counts TP ranks in it, see below) and Ulysses ones say
     ``sequence_parallel_size``. ``checkpoint_block`` entries extend or override the ``checkpoint`` block.
+    ``autotp``: tp > 1 is DeepSpeed's AutoTP (``tensor_parallel.autotp_size``), not TP done outside DeepSpeed
+    (Megatron-DeepSpeed's); ``ulysses``: cp > 1 is DeepSpeed-Ulysses (``sequence_parallel_size``). The caller's
+    engine says which (``autotune.engines.common.engine_deepspeed_config``).
     ``cluster`` is accepted for symmetry with the other emitters; nothing in the config depends on it.
     """
     del cluster  # the config is per rank; the launcher carries the cluster
     return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
-                  auto=False)
+                  auto=False, autotp=autotp, ulysses=ulysses)
 
 
 def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings: MemorySettings,
-           checkpoint_block: dict | None, *, auto: bool) -> dict:
+           checkpoint_block: dict | None, *, auto: bool, autotp: bool = True, ulysses: bool = True) -> dict:
     full = plan.recompute == "full"
     cfg: dict = {
         "train_batch_size": plan.global_batch_size,
@@ -178,15 +180,14 @@ def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings:
         cfg["zero_allow_untested_optimizer"] = True
     if plan.pp > 1:
         cfg["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
-    support = engine_for(plan).support
-    if plan.tp > 1 and support.tp == "autotp":
+    if plan.tp > 1 and autotp:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}  # AutoTP training (tensor_parallel/config.py:45)
         # DeepSpeed 0.19.8 reads the batch sizes before AutoTP makes its groups, with no mpu, so it checks
         # train_batch_size == micro x accumulation x the whole world, TP ranks included (runtime/config.py:466-471,
         # 602), although TP ranks share their batch: train_batch_size is written as DeepSpeed counts it, global
         # batch x tp (what engine.train_batch_size() reports); the sequences per step stay the plan's.
         cfg["train_batch_size"] = plan.global_batch_size * plan.tp
-    if plan.cp > 1 and support.cp == "ulysses":
+    if plan.cp > 1 and ulysses:
         # Read when no mpu is passed (the HF zero.init case): DeepSpeed's dp world = world / sequence_parallel_size
         # (runtime/config.py:468), so the batch check counts dp, not the Ulysses ranks.
         cfg["sequence_parallel_size"] = plan.cp
@@ -227,113 +228,3 @@ def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     del cluster
     return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
                   auto=True)
-
-
-# ---- the Python API for existing pipelines ----------------------------------------------------
-_PLAN_FLAG_ALIASES = {"zero": "zero_stage", "micro_batch": "micro_batch_size", "framework": "engine"}
-_PLAN_FLAGS = frozenset(ParallelPlan.__dataclass_fields__) - {"dp", "grad_accum_steps", "global_batch_size", "seq_len"}
-
-
-def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 4096, global_batch: int | None = None,
-                         *, options: EmitOptions | None = None, **plan_flags) -> dict:
-    """The DeepSpeed config for ``model`` on ``num_gpus`` x ``gpu``.
-
-    No plan flags: the planner's best feasible DeepSpeed plan. With plan flags (``tp``, ``pp``,
-    ``zero_stage``/``zero``, ``micro_batch_size``/``micro_batch``, ``offload_optimizer``, ...): that
-    plan. ``global_batch`` None: one sequence per GPU (search) or micro-batch x dp (given plan).
-    Raises InputError when the plan is invalid or nothing fits, saying why.
-    """
-    from autotune.api import make_plan
-    from autotune.cost.memory import estimate_memory
-    from autotune.search.planner import search_plans
-    from autotune.search.space import SearchConstraints
-    from autotune.specs.loading import load_cluster, load_model
-
-    model_spec = load_model(model)
-    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
-    flags = {_PLAN_FLAG_ALIASES.get(k, k): v for k, v in plan_flags.items()}
-    unknown = [k for k in flags if k not in _PLAN_FLAGS]
-    if unknown:
-        raise InputError([f"unknown plan flag {k!r}{suggest_names(k, _PLAN_FLAGS)}" for k in unknown], subject="plan")
-    if not flags:
-        batch = global_batch or cluster.num_gpus
-        result = search_plans(model_spec, cluster, seq_len=seq_len, global_batch_size=batch,
-                              constraints=SearchConstraints(engines=("deepspeed",)), top_k=1)
-        if not result.num_feasible:
-            reasons = ", ".join(f"{k} {v}" for k, v in result.rejections.items())
-            raise InputError([f"no DeepSpeed plan for {model_spec.name} on {cluster.num_gpus} x {cluster.gpu.name} "
-                              f"at seq_len {seq_len}, global batch {batch} is feasible (rejected: {reasons})"],
-                             subject="request")
-        return deepspeed_config(model_spec, cluster, result.candidates[0].plan, options)
-    flags.setdefault("engine", "deepspeed")
-    plan = make_plan(model_spec, cluster, global_batch_size=global_batch, seq_len=seq_len, **flags)
-    memory = estimate_memory(model_spec, cluster, plan)
-    if not memory.fits:
-        gib = 2**30
-        why = (f"needs {memory.total / gib:.1f} GiB per GPU of {memory.capacity / gib:.1f} GiB" if not memory.fits_gpu
-               else f"needs {memory.host_per_node / gib:.0f} GiB host memory per node of "
-                    f"{memory.host_capacity_per_node / gib:.0f} GiB")
-        raise InputError([f"the plan does not fit: {why}; raise zero_stage, offload, recompute='full' or lower "
-                          f"micro_batch_size (or call without plan flags to search)"], subject="plan")
-    return deepspeed_config(model_spec, cluster, plan, options)
-
-
-def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
-                               cp: int = 1, seq_len: int = 4096, recompute: str | None = None
-                               ) -> tuple[ParallelPlan, MemorySettings]:
-    """The plan and ledger settings a DeepSpeed config implies on ``cluster``: :func:`deepspeed_config` inverted.
-
-    The config says ZeRO stage, batch sizes, offload, precision, optimizer and bucket sizes; the
-    caller says tp/pp/cp and seq_len, which a DeepSpeed config does not hold (AutoTP's autotp_size
-    is used when tp is 1). ``recompute`` None: full when the config configures activation
-    checkpoints (number_checkpoints, partitioned activations or a pipeline checkpoint interval),
-    else none. ``config`` must have no "auto" left. Raises InputError when the plan is invalid.
-    """
-    from autotune.api import make_plan
-
-    zero = config.get("zero_optimization")
-    zero = {"stage": 1} if zero is True else (zero if isinstance(zero, dict) else {})
-    stage = int(zero.get("stage", 0))
-    autotp = (config.get("tensor_parallel") or {}).get("autotp_size") or 0
-    tp = int(autotp) if tp == 1 and autotp > 1 else tp
-    checkpointing = config.get("activation_checkpointing") or {}
-    if recompute is None:
-        recompute = "full" if (checkpointing.get("number_checkpoints") or checkpointing.get("partition_activations")
-                               or (config.get("pipeline") or {}).get("activation_checkpoint_interval")) else "none"
-    devices, nvme_path = {}, None
-    for name in ("offload_optimizer", "offload_param"):
-        block = zero.get(name) or {}
-        devices[name] = block.get("device") or "none"
-        nvme_path = nvme_path or block.get("nvme_path")
-    micro = int(config.get("train_micro_batch_size_per_gpu") or 1)
-    accum = config.get("gradient_accumulation_steps")
-    batch = config.get("train_batch_size")
-    dp = cluster.num_gpus // max(1, tp * pp * cp)
-    batch = int(batch) if batch else micro * int(accum or 1) * dp
-    if autotp > 1 and tp == int(autotp) and batch == micro * int(accum or 1) * dp * tp:
-        batch //= tp  # written as DeepSpeed 0.19.8 counts it (TP ranks included); the sequences per step
-    fp16 = (config.get("fp16") or {}).get("enabled") is True
-    opt_type = str((config.get("optimizer") or {}).get("type", "adamw")).lower()
-    param_block = zero.get("offload_param") or {}
-    settings = MemorySettings(
-        reduce_bucket_size=int(zero.get("reduce_bucket_size", 500_000_000)),
-        allgather_bucket_size=int(zero.get("allgather_bucket_size", 500_000_000)),
-        stage3_prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size",
-                                                                                         50_000_000))),
-        stage3_max_live_parameters=int(zero.get("stage3_max_live_parameters", zero.get("max_live_parameters",
-                                                                                       1_000_000_000))),
-        offload_buffer_bytes=2 * int(param_block.get("buffer_count", _PARAM_NVME_BUFFER_COUNT))
-        * int(param_block.get("buffer_size", 100_000_000)),
-    )
-    overlap = zero.get("overlap_comm")
-    plan = make_plan(model, cluster, global_batch_size=batch, tp=tp, pp=pp, cp=cp, micro_batch_size=micro,
-                     zero_stage=stage, offload_optimizer=devices["offload_optimizer"],
-                     offload_param=devices["offload_param"], nvme_path=nvme_path, seq_len=seq_len,
-                     recompute=recompute, precision="fp16" if fp16 else "bf16",
-                     optimizer="sgd" if opt_type == "sgd" else "adamw", engine="deepspeed",
-                     overlap_comm=stage == 3 if overlap is None else bool(overlap))
-    return plan, settings
-
-
-# Moved to autotune.emit.accelerate (accelerate's own configs live there); kept for its importers.
-from autotune.emit.accelerate import accelerate_config_yaml  # noqa: E402

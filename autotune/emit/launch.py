@@ -30,9 +30,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from autotune.emit.options import EmitOptions, LaunchOptions
 from autotune.errors import InputError
-from autotune.report import plan_summary
 from autotune.resources import templates_dir
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["LAUNCHERS", "render_launch_scripts", "render_accelerate_script", "render_hostfile", "render_deepspeed_env"]
@@ -134,13 +134,14 @@ def _slurm_problems(lo: LaunchOptions) -> list[str]:
 
 def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
                           program_args: Sequence[str], env: Mapping[str, str], entry: str | Sequence[str],
-                          launchers: Iterable[str] = LAUNCHERS, bundle_files: Collection[str] = ()
-                          ) -> dict[str, str]:
+                          launchers: Iterable[str] = LAUNCHERS, bundle_files: Collection[str] = (),
+                          summary: str | None = None) -> dict[str, str]:
     """File name -> content of the launch scripts for ``launchers`` (torchrun, deepspeed, slurm).
 
     ``entry`` is the training program (``pretrain_gpt.py``, the user's ``train.py``, or ``-m autotune.train``);
     ``program_args`` its arguments, followed by ``options.launch.script_args``; ``env`` is exported by
-    every script (and written to ``.deepspeed_env`` for the deepspeed runner's remote ranks).
+    every script (and written to ``.deepspeed_env`` for the deepspeed runner's remote ranks); ``summary`` is
+    the plan's line in the header (default: its notation without the engine's sharding tag).
     InputError names every unusable value.
     """
     options = options or EmitOptions()
@@ -165,8 +166,8 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
         raise InputError(problems, subject="launch settings")
 
     common = {
-        "header": _comment(f"autotune: {plan_summary(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
-                           f"{cluster.gpus_per_node} {cluster.gpu.name}"),
+        "header": _comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on "
+                           f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}"),
         "exports": _exports(env),
         "entry": " ".join(_q(a) for a in entry_argv),
         "program_args": _format_args(args, bundle_files),
@@ -249,7 +250,8 @@ def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[s
 
 def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None, *,
                              config_file: str, ds_config_file: str, program_args: Sequence[str],
-                             env: Mapping[str, str], entry: Sequence[str], bundle_files: Collection[str] = ()) -> str:
+                             env: Mapping[str, str], entry: Sequence[str], bundle_files: Collection[str] = (),
+                             summary: str | None = None) -> str:
     """launch_accelerate.sh: ``accelerate launch --config_file <config_file> ...`` of the entry (``-m module``
     stays ``-m``: accelerate's launcher has it). Several nodes: run it on each with MACHINE_RANK exported."""
     options = options or EmitOptions()
@@ -269,7 +271,7 @@ def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: 
     usage = ("bash launch_accelerate.sh" if cluster.num_nodes == 1 else
              f"MACHINE_RANK=<0..{cluster.num_nodes - 1}> bash launch_accelerate.sh on each node")
     return _template("accelerate_launch.sh.tmpl").substitute(
-        header=_comment(f"autotune: {plan_summary(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
+        header=_comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
                         f"{cluster.gpus_per_node} {cluster.gpu.name}"),
         usage=usage, exports=_exports(env), config_file=_q(config_file), ds_config_file=_q(ds_config_file),
         machine_args=machine, entry=" ".join(_q(a) for a in entry),

@@ -1,6 +1,6 @@
 """Megatron-LM arguments for a plan, and the Megatron-DeepSpeed form.
 
-Sources (``../shared/reference/deepspeed-megatron-surface.md``): Megatron-LM ``NVIDIA/Megatron-LM@d98e8a6``
+Sources: Megatron-LM ``NVIDIA/Megatron-LM@d98e8a6``
 ``megatron/training/arguments.py`` (its argparse flags are ``megatron_flags.json``, the source of truth
 for which flags exist; "validate_args N" below is that file's line N); Megatron-DeepSpeed
 ``deepspeedai/Megatron-DeepSpeed`` ``megatron/arguments.py`` (its flags: ``megatron_deepspeed_flags.json``).
@@ -187,12 +187,14 @@ def _mock_data_flags(model: ModelSpec) -> list[str]:
 
 
 def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
-                  checkpoint_flags: list[str] | None = None, *, data_args: Sequence[str] | None = None) -> list[str]:
+                  checkpoint_flags: list[str] | None = None, *, data_args: Sequence[str] | None = None,
+                  fp8_param_gather: bool = False) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the plan (InputError naming every mismatch).
 
     ``data_args`` default to synthetic data (``--mock-data`` with Megatron's NullTokenizer) so the
     job runs as is; pass ``--data-path ... --tokenizer-type ... --tokenizer-model ...`` for real data.
-    ``checkpoint_flags`` (from the checkpoint policy) are appended as given.
+    ``checkpoint_flags`` (from the checkpoint policy) are appended as given. ``fp8_param_gather``: the engine
+    gathers FP8 parameters (``--fp8-param-gather``, ``MegatronEngine.fp8_param_gather``).
     """
     options = options or EmitOptions()
     problems: list[str] = []
@@ -202,7 +204,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += _parallel_flags(model, plan, problems)
     args += _recompute_flags(plan)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
-    args += megatron_precision_flags(plan)
+    args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)
     args += ["--transformer-impl", "transformer_engine",
              "--attention-backend", "flash" if plan.flash_attention else "unfused"]
     args += _optimizer_flags(plan, options, problems)

@@ -14,14 +14,12 @@ import importlib.resources
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "flag_table_source", "is_flag",
+__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "is_flag",
            "MEGATRON_FLAGS_FILE", "MEGATRON_DEEPSPEED_FLAGS_FILE"]
 
 MEGATRON_FLAGS_FILE = "megatron_flags.json"
 MEGATRON_DEEPSPEED_FLAGS_FILE = "megatron_deepspeed_flags.json"
-_CHECKOUT_REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 _NUMBER = re.compile(r"^-\d|^-\.\d")
 
 
@@ -105,13 +103,9 @@ def _moe_freq_ok(text: str) -> bool:
 
 
 def _read_flags_json(filename: str) -> dict:
-    """A flag table: the copy shipped in this package, else the checkout's ``../shared/reference``."""
+    """A flag table shipped in this package (``autotune/emit/*.json``)."""
     packaged = importlib.resources.files("autotune.emit") / filename
-    if packaged.is_file():
-        return json.loads(packaged.read_text(encoding="utf-8"))
-    if (_CHECKOUT_REFERENCE / filename).is_file():
-        return json.loads((_CHECKOUT_REFERENCE / filename).read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"flag table {filename} not found in autotune.emit nor at {_CHECKOUT_REFERENCE}")
+    return json.loads(packaged.read_text(encoding="utf-8"))
 
 
 def _table(filename: str) -> dict[str, FlagSpec]:
@@ -137,8 +131,3 @@ def megatron_deepspeed_flag_table() -> dict[str, FlagSpec]:
     """Every Megatron-DeepSpeed option string (with DeepSpeed's ``--deepspeed*`` options) -> its :class:`FlagSpec`."""
     return _table(MEGATRON_DEEPSPEED_FLAGS_FILE)
 
-
-@functools.cache
-def flag_table_source(filename: str) -> str:
-    """Where a table's facts were read (its ``source`` field)."""
-    return str(_read_flags_json(filename)["source"])

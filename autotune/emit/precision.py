@@ -1,22 +1,23 @@
 """Mixed-precision settings: the one place the bf16 / fp16 / fp8 choices are made.
 
-Megatron-LM takes them as flags (:func:`megatron_precision_flags`); DeepSpeed has no FP8 key
-(``../shared/reference/deepspeed-megatron-surface.md`` §1: FP8 comes from Transformer Engine
-modules plus ``fp8_autocast`` in user code), so for DeepSpeed users we write a small module,
-``te_fp8_recipe.py`` (:func:`te_fp8_recipe_snippet`), that builds the same recipe.
+Megatron-LM takes them as flags (:func:`megatron_precision_flags`); DeepSpeed has no FP8 key (its config
+has ``fp16`` and ``bf16`` blocks only, ``deepspeed/runtime/precision_config.py``: FP8 comes from Transformer
+Engine modules plus ``fp8_autocast`` in user code), so for DeepSpeed users we write a small module,
+``te_fp8_recipe.py`` (:func:`te_fp8_recipe_snippet`), that builds the same recipe. What the engine does with
+FP8 (whether it gathers FP8 parameters, how the model gets FP8 GEMMs) is the engine's to say: the callers
+pass its words in.
 """
 
 from __future__ import annotations
 
-from autotune.engines import engine_for
 from autotune.errors import InputError
-from autotune.report import plan_summary
+from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
 __all__ = [
     "FP8_FORMAT", "FP8_RECIPE", "FP8_AMAX_HISTORY_LEN", "FP8_AMAX_COMPUTE_ALGO",
     "FP16_INITIAL_LOSS_SCALE", "FP16_MIN_LOSS_SCALE", "FP16_LOSS_SCALE_WINDOW", "FP16_HYSTERESIS",
-    "megatron_precision_flags", "precision_summary", "te_fp8_recipe_snippet",
+    "megatron_precision_flags", "precision_summary", "te_fp8_recipe_snippet", "DEFAULT_FP8_HOW",
 ]
 
 # FP8 delayed scaling as NVIDIA's reference FP8 pretraining runs set it (Megatron-LM
@@ -41,12 +42,12 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def megatron_precision_flags(plan: ParallelPlan) -> list[str]:
+def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = False) -> list[str]:
     """Megatron-LM precision flags for the plan.
 
     FP8 runs keep bf16 parameters and activations outside the FP8 GEMMs, hence ``--bf16`` too.
-    ``--fp8-param-gather`` (all-gather parameters in FP8) needs the distributed optimizer
-    (validate_args 1097), so only with ``zero_stage == 1``.
+    ``fp8_param_gather``: write ``--fp8-param-gather`` (all-gather parameters in FP8), which needs the
+    distributed optimizer (validate_args 1097): the engine decides (``MegatronEngine.fp8_param_gather``).
     """
     if plan.precision == "bf16":
         return ["--bf16"]
@@ -56,13 +57,17 @@ def megatron_precision_flags(plan: ParallelPlan) -> list[str]:
                 "--hysteresis", str(FP16_HYSTERESIS)]
     flags = ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", FP8_RECIPE,
              "--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN), "--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]
-    if plan.zero_stage == 1:
+    if fp8_param_gather:
         flags.append("--fp8-param-gather")
     return flags
 
 
-def precision_summary(plan: ParallelPlan) -> dict:
-    """The precision settings chosen for the plan, as plain data (for plan.md and ``--json``)."""
+DEFAULT_FP8_HOW = "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script"
+
+
+def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8_how: str = DEFAULT_FP8_HOW) -> dict:
+    """The precision settings chosen for the plan, as plain data (for plan.md and ``--json``); ``fp8_param_gather``
+    and ``fp8_how`` are the engine's (``Engine.fp8_param_gather``, ``Engine.fp8_how``)."""
     fp8 = plan.precision == "fp8"
     out: dict = {
         "precision": plan.precision,
@@ -79,8 +84,7 @@ def precision_summary(plan: ParallelPlan) -> dict:
     if fp8:
         out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": FP8_RECIPE,
                       "amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
-                      "param_gather": engine_for(plan).fp8_param_gather(plan),
-                      "how": engine_for(plan).fp8_how(plan)}
+                      "param_gather": fp8_param_gather, "how": fp8_how}
     return out
 
 
@@ -135,11 +139,12 @@ def fp8_autocast(enabled=True, **kwargs):
 '''
 
 
-def te_fp8_recipe_snippet(plan: ParallelPlan) -> str:
-    """The text of ``te_fp8_recipe.py`` for an FP8 plan (valid Python; imports without Transformer Engine)."""
+def te_fp8_recipe_snippet(plan: ParallelPlan, summary: str | None = None) -> str:
+    """The text of ``te_fp8_recipe.py`` for an FP8 plan (valid Python; imports without Transformer Engine);
+    ``summary``: the plan's line in its docstring (default: its notation without the engine's tag)."""
     if plan.precision != "fp8":
         raise InputError([f"the FP8 recipe applies to fp8 plans; this plan trains in {plan.precision}"],
                          subject="precision")
-    summary = plan_summary(plan).replace('"', "'").replace("\n", " ")
+    summary = (summary or plan_notation(plan)).replace('"', "'").replace("\n", " ")
     return _SNIPPET.format(summary=summary, format_upper=FP8_FORMAT.upper(), history=FP8_AMAX_HISTORY_LEN,
                            algo=FP8_AMAX_COMPUTE_ALGO)

@@ -1,11 +1,11 @@
-"""A problem found in a config file: where, how bad, and the fix."""
+"""A problem found in a config file: where, how bad, and the fix; and what a file says of its job's sizes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Problem", "Severity", "problem_at"]
+__all__ = ["Problem", "Severity", "problem_at", "JobSizes"]
 
 Severity = Literal["error", "warning"]
 
@@ -40,3 +40,13 @@ def problem_at(parts: tuple[str, ...], lines: dict, *, message: str, fix: str,
         where = where[:-1]
     return Problem(path="$." + ".".join(parts) if parts else "$", severity=severity, message=message, fix=fix,
                    line=lines.get(where), source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSizes:
+    """What a file says about the job it belongs to (None: it does not say)."""
+
+    world_size: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None

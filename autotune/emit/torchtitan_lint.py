@@ -14,11 +14,12 @@ import functools
 import importlib.resources
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from autotune.emit.problems import Problem, Severity, problem_at
+import tomllib
+
+from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import read_text
 
@@ -79,8 +80,6 @@ def _int(v: Any) -> int | None:
 
 
 def torchtitan_job_sizes(path: str | Path):
-    from autotune.emit.validate_files import JobSizes
-
     data, _ = read_torchtitan_config(path)
     p = data.get("parallelism") if isinstance(data.get("parallelism"), dict) else {}
     degrees = [_int(p.get(k, d)) for k, d in (("data_parallel_replicate_degree", 1), ("data_parallel_shard_degree", -1),

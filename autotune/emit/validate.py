@@ -27,7 +27,7 @@ from autotune.emit.validate_rules import rule_problems
 from autotune.emit.validate_schema import auto_problems, autos, schema_problems, substitute
 from autotune.errors import InputError
 
-__all__ = ["validate_deepspeed_config", "memory_problems", "read_deepspeed_config", "resolved_config", "has_errors",
+__all__ = ["validate_deepspeed_config", "read_deepspeed_config", "resolved_config", "has_errors",
            "json_path"]
 
 
@@ -79,44 +79,3 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
     problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines)
     problems += deepspeed_problems(checked, batch_dp, problems, lines)
     return problems
-
-
-def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, pp: int = 1, cp: int = 1,
-                    seq_len: int = 4096, recompute: str | None = None) -> list[Problem]:
-    """Whether the plan the config implies fits ``cluster``'s GPUs (and hosts), by the memory ledger.
-
-    The world size is the cluster's GPU count. Call it on a config without errors (see
-    :func:`validate_deepspeed_config`); "auto" values are resolved as for ``hf=True``.
-    """
-    from autotune.cost.memory import estimate_memory
-    from autotune.emit.deepspeed import plan_from_deepspeed_config
-    from autotune.report import gib
-
-    data, _, read_problems = read_deepspeed_config(config)
-    if data is None:
-        return read_problems
-    data = resolved_config(data, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp)
-    try:
-        plan, settings = plan_from_deepspeed_config(data, model, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq_len,
-                                                    recompute=recompute)
-    except InputError as err:
-        return [Problem(path="$", severity="error", source="memory", message=f"the plan this config implies for "
-                        f"{model.name} is invalid: {p}",
-                        fix="change the config, or the --tp/--pp/--cp/--gpu it is checked for") for p in err.problems]
-    mem = estimate_memory(model, cluster, plan, settings)
-    where = f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}, seq_len {seq_len}, recompute {plan.recompute}"
-    out = []
-    if not mem.fits_gpu:
-        terms = ", ".join(f"{k} {gib(v)}" for k, v in mem.terms().items() if v)
-        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
-                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU "
-                                   f"(pipeline stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
-                           fix="raise the ZeRO stage, offload the optimizer (or parameters), recompute activations "
-                               "(--recompute full), or lower train_micro_batch_size_per_gpu; `autotune plan` "
-                               "searches them all"))
-    if not mem.fits_host:
-        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
-                           message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
-                                   f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
-                           fix="offload to nvme, or spread over more nodes"))
-    return out

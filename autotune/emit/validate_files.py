@@ -9,26 +9,22 @@ arguments: a shell file that passes ``--deepspeed``), ``accelerate`` (an acceler
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.emit.problems import Problem
+from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
+from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
+from autotune.emit.megatron_lint import megatron_args_problems
+from autotune.emit.problems import JobSizes, Problem
+from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines
+from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
+from autotune.emit.validate import validate_deepspeed_config
 from autotune.errors import InputError
+from autotune.inputs import read_json
 
 __all__ = ["FILE_KINDS", "JobSizes", "file_kind", "validate_file", "megatron_file_kind", "sizes_from_file"]
 
 FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan")
 _MDS_MARKERS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel")
-
-
-@dataclass(frozen=True, slots=True)
-class JobSizes:
-    """What a file says about the job it belongs to (None: it does not say)."""
-
-    world_size: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    cp: int | None = None
 
 
 def megatron_file_kind(argv: list[str]) -> str:
@@ -46,8 +42,6 @@ def file_kind(path: str | Path) -> str:
     if name.endswith(".toml"):
         return "torchtitan"
     if name.endswith((".sh", ".bash", ".args", ".txt")) or "megatron" in name:
-        from autotune.emit.shell_args import read_megatron_args_file
-
         return megatron_file_kind(read_megatron_args_file(path))
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
                       f"({', '.join(FILE_KINDS)})"], subject="validate request")
@@ -63,8 +57,6 @@ def _int(text: str | None) -> int | None:
 def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
     """The world size and degrees a file states (DeepSpeed's batch triple does not give tp/pp)."""
     if kind in ("megatron", "megatron-deepspeed"):
-        from autotune.emit.shell_args import read_megatron_args_file
-
         argv = read_megatron_args_file(path)
         last: dict[str, str] = {}
         for i, a in enumerate(argv):
@@ -77,8 +69,6 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
                         pp=_int(last.get("--pipeline-model-parallel-size")) or 1,
                         cp=_int(last.get("--context-parallel-size")) or 1)
     if kind == "plan":
-        from autotune.inputs import read_json
-
         doc = read_json(path, subject="plan JSON")
         plan = doc.get("plan") if isinstance(doc, dict) else None
         if isinstance(plan, dict):
@@ -87,12 +77,8 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
             return JobSizes(world_size=world, tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"])
         return JobSizes()
     if kind == "accelerate":
-        from autotune.emit.accelerate_lint import accelerate_job_sizes
-
         return accelerate_job_sizes(path)
     if kind == "torchtitan":
-        from autotune.emit.torchtitan_lint import torchtitan_job_sizes
-
         return torchtitan_job_sizes(path)
     return JobSizes()
 
@@ -106,47 +92,19 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
     """
     kind = kind or file_kind(path)
     if kind == "deepspeed":
-        from autotune.emit.validate import validate_deepspeed_config
-
         hf = Path(path).name.lower().endswith("_hf.json") if hf is None else hf
         return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf)
     if kind == "megatron":
-        from autotune.emit.megatron_lint import megatron_args_problems
-        from autotune.emit.shell_args import read_megatron_args_file_with_lines
-
         argv, lines, env = read_megatron_args_file_with_lines(path)
         return megatron_args_problems(argv, world_size, env=env, lines=lines)
     if kind == "megatron-deepspeed":
-        from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
-        from autotune.emit.shell_args import read_megatron_args_file_with_lines
-
         argv, lines, _ = read_megatron_args_file_with_lines(path)
         return megatron_deepspeed_args_problems(argv, world_size, lines=lines)
     if kind == "accelerate":
-        from autotune.emit.accelerate_lint import accelerate_config_problems
-
         return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp)
     if kind == "torchtitan":
-        from autotune.emit.torchtitan_lint import torchtitan_config_problems
-
         return torchtitan_config_problems(path, world_size=world_size)
     if kind == "plan":
-        return _plan_problems(path, world_size)
+        raise InputError(["an autotune plan.json is checked by rebuilding its estimate: use autotune.lint.lint_file "
+                          "(what `autotune validate` runs)"], subject="validate request")
     raise InputError([f"unknown file kind {kind!r}: use one of {', '.join(FILE_KINDS)}"], subject="validate request")
-
-
-def _plan_problems(path: str | Path, world_size: int) -> list[Problem]:
-    """autotune's ``plan.json``: it rebuilds its estimate (InputError naming what is wrong otherwise)."""
-    from autotune.api import estimate_from_dict
-    from autotune.inputs import read_json
-
-    doc = read_json(path, subject="plan JSON")
-    if not isinstance(doc, dict):
-        raise InputError(["not an autotune plan JSON: expected an object with model, cluster and plan"],
-                         subject=f"plan JSON {str(path)!r}")
-    est = estimate_from_dict(doc)
-    if est.plan.world_size != world_size:
-        return [Problem(path="$.plan", severity="error", source="rules",
-                        message=f"the plan spans {est.plan.world_size} ranks, the job {world_size}",
-                        fix=f"validate with --world-size {est.plan.world_size}, or emit a plan for {world_size}")]
-    return []

@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.emit.problems import Problem
 from autotune.errors import InputError
+from autotune.inputs import read_text, text_depth_problem
 
 __all__ = ["Parts", "BATCH_KEYS", "json_path", "has_errors", "read_deepspeed_config", "line_of", "get", "is_int"]
 
@@ -78,7 +79,6 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
     if isinstance(config, dict):
         return copy.deepcopy(config), {}, []
     path = Path(config)
-    from autotune.inputs import read_text, text_depth_problem
 
     text = read_text(path, subject="DeepSpeed config")  # regular files only, bounded, UTF-8 (BOM dropped)
     if text_depth_problem(text):

@@ -6,22 +6,18 @@ Hugging Face Trainer / accelerate), each behind :class:`~autotune.engines.base.E
 
 from __future__ import annotations
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.base import Engine
 from autotune.engines.deepspeed import DeepSpeedEngine
+from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.fsdp import FSDPEngine
 from autotune.engines.hf import HFEngine
 from autotune.engines.megatron import MegatronEngine
 from autotune.engines.megatron_deepspeed import MegatronDeepSpeedEngine
 
-__all__ = ["ENGINES", "engine_for", "engine_names", "Engine", "EngineSupport", "CommSchedule", "EngineFiles",
-           "Rule", "engines_that_run"]
+__all__ = ["ENGINES", "engine_for", "Engine", "EngineSupport", "CommSchedule", "EngineFiles", "Rule"]
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (DeepSpeedEngine(), MegatronEngine(), MegatronDeepSpeedEngine(),
                                                     FSDPEngine(), HFEngine())}
-
-
-def engine_names() -> tuple[str, ...]:
-    return tuple(ENGINES)
 
 
 def engine_for(plan_or_name) -> Engine:
@@ -31,10 +27,3 @@ def engine_for(plan_or_name) -> Engine:
         return ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})") from None
-
-
-def engines_that_run(model, cluster, plan) -> list[str]:
-    """Names of the engines whose rules accept ``plan`` as it is (for 'which engines can run it')."""
-    from autotune.specs.rules import plan_problems
-
-    return [name for name in ENGINES if not plan_problems(model, cluster, plan.with_(engine=name))]

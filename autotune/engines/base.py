@@ -13,122 +13,22 @@ Every engine passes one contract suite: ``tests/engines/test_contract.py``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-if TYPE_CHECKING:  # typed data only; the engines import the cost model lazily
-    from autotune.cost.activations import ActivationFacts
-    from autotune.cost.memory import MemorySettings, ModelStateBytes
-    from autotune.emit.checkpoint import CheckpointPolicy
+from autotune.emit.precision import DEFAULT_FP8_HOW
+from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.support_rules import support_problems
+
+if TYPE_CHECKING:  # typed data only: specs, the run's settings and the file formats beneath the engines
+    from autotune.emit.checkpoint import CheckpointSettings
     from autotune.emit.options import EmitOptions
-    from autotune.api import Estimate
+    from autotune.engines.states import ModelStateBytes
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec, ParamGroups
     from autotune.specs.plan import ParallelPlan
+    from autotune.specs.settings import MemorySettings
 
-__all__ = ["Engine", "EngineSupport", "CommSchedule", "EngineFiles", "Rule"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rule:
-    """One refusal: which rule, the engine's own words for it, where the engine enforces it."""
-
-    id: str
-    message: str
-    source: str
-
-    def render(self) -> str:
-        return f"{self.message} ({self.source})"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineSupport:
-    """The plan dimensions an engine runs, and how it realises each one (None: not supported)."""
-
-    tp: str | None
-    """How tensor parallelism is done: "megatron" (column/row-parallel layers), "autotp", "dtensor"."""
-    sequence_parallel: bool
-    """Megatron-style sequence parallelism over the TP ranks (norms and dropout split along the sequence)."""
-    pp: str | None
-    """The pipeline engine: "megatron" (1F1B, interleaved), "deepspeed" (PipelineModule, 1F1B),
-    "pipelining" (torch.distributed.pipelining)."""
-    vpp: bool
-    """Interleaved (virtual) pipeline stages."""
-    layer_split: str
-    """How uneven layer counts are split over stages: see ``autotune.specs.layout``."""
-    tp_with_pp: bool
-    cp: str | None
-    """Context parallelism: "ring" (Megatron CP / torch ring attention) or "ulysses" (DeepSpeed all-to-all)."""
-    ep: bool
-    zero_stages: tuple[int, ...]
-    """0-3 as this engine understands them (see :meth:`Engine.sharding`)."""
-    zero_stages_with_pp: tuple[int, ...]
-    offload_optimizer: tuple[str, ...] = ("none",)
-    offload_param: tuple[str, ...] = ("none",)
-    hybrid_shard: bool = False
-    """A replicate x shard data-parallel mesh (FSDP2 HSDP)."""
-    precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommSchedule:
-    """How an engine schedules its communication (what overlaps with compute, what is exposed)."""
-
-    dp_overlap: str
-    """Gradient reduction: "bucketed" (DeepSpeed overlap_comm / Megatron overlap-grad-reduce, hidden behind
-    backward except the last bucket) or "per_layer" (FSDP2: reduce-scatter per wrapped block)."""
-    param_gather: str
-    """ZeRO-3 / FSDP parameter all-gathers: "prefetch" (DeepSpeed stage3_prefetch_bucket_size, one layer ahead),
-    "fsdp2" (fully_shard implicit prefetch of the next block), "none"."""
-    pipeline_schedule: str | None
-    """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
-    cp_kind: str | None
-    """"ring" or "ulysses"."""
-    tp_overlap: str = "none"
-    """How TP collectives overlap GEMMs by default: "none", "userbuffers" (Megatron ``--tp-comm-overlap``, TE
-    userbuffers), "async-tp" (torch micro-pipelined TP, ``_micro_pipeline_tp``); a run may turn it on."""
-    prefetch_layers: int = 1
-    """ZeRO-3 / FSDP: blocks whose parameters are gathered ahead of the running one (the rest waits)."""
-    attention_kernel: str = "fa2"
-    """The fused attention kernel generation the engine runs: "fa2" (FlashAttention-2, torch SDPA's flash
-    backend), "fa3" (Hopper-class: FlashAttention-3 / cuDNN fused attention through Transformer Engine)."""
-    fp8_recipe: str = "te-delayed"
-    """Default FP8 recipe: "te-delayed", "te-current" (Transformer Engine), "torchao-tensorwise",
-    "torchao-rowwise" (torchao.float8)."""
-    fp8_param_gather: bool = False
-    """ZeRO-3 / FSDP gathers FP8 weights (torchao ``enable_fsdp_float8_all_gather``) instead of 16-bit ones."""
-    grad_sync_every_microbatch: bool = False
-    """Gradients reduced after every micro-batch (FSDP2, ZeRO-2/3 partitioned gradients), not once per step."""
-    pp_scatter_gather: bool = False
-    """Pipeline sends split over the TP ranks: each sends 1/tp of the activation over its own NIC and the next
-    stage all-gathers it over NVLink (Narayanan et al. 2021 Sec. 4.1); otherwise every TP rank sends it whole."""
-    tp_backward_overlap: bool = False
-    """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
-    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
-    param_gather_overlap: bool = False
-    """ZeRO-1/2 / distributed optimizer: the all-gather of the updated 16-bit weights after the optimizer step runs
-    behind the next forward (Megatron ``--overlap-param-gather``, emitted with overlap_comm). False: it runs inside
-    the optimizer step and waits (DeepSpeed ``all_gather_dp_groups`` at the end of ``step()`` in
-    runtime/zero/stage_1_and_2.py and runtime/bf16_optimizer.py)."""
-    elementwise_kernels: str = "fused"
-    """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
-    or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without
-    torch.compile; ``autotune.cost.layer_time.EAGER_BYTES``)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineFiles:
-    """What an engine writes for a plan, and how the launch scripts start it."""
-
-    files: dict[str, str]
-    entry: str
-    """The training program (a script path, or ``-m module``)."""
-    program_args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    launcher: str = "torchrun"
-    """"torchrun" or "deepspeed": which launcher the emitted scripts use."""
-    user_script_needs: tuple[str, ...] = ()
-    """What a user's own training script must provide to reproduce the plan (for plan.md)."""
+__all__ = ["Engine"]
 
 
 class Engine(ABC):
@@ -161,9 +61,8 @@ class Engine(ABC):
         return []
 
     def plan_problems(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Rule]:
-        """Every engine rule the plan breaks (the generic rules live in ``autotune.specs.rules``)."""
-        from autotune.engines.support_rules import support_problems
-
+        """Every engine rule the plan breaks: what :attr:`support` refuses (``autotune.engines.support_rules``)
+        and :meth:`extra_problems` (the generic rules live in ``autotune.rules``)."""
         return support_problems(self, model, plan) + self.extra_problems(model, cluster, plan)
 
     # ---- memory ----------------------------------------------------------------------------
@@ -179,10 +78,8 @@ class Engine(ABC):
         return {}
 
     def activation_facts(self, plan: ParallelPlan) -> ActivationFacts:
-        """How this engine's code saves activations (``autotune.cost.activations.ActivationFacts``); default
-        Megatron-LM's (attention-core selective recompute, in-place vocab-parallel cross entropy)."""
-        from autotune.cost.activations import MEGATRON_FACTS
-
+        """How this engine's code saves activations (:class:`ActivationFacts`); default Megatron-LM's
+        (attention-core selective recompute, in-place vocab-parallel cross entropy)."""
         del plan
         return MEGATRON_FACTS
 
@@ -227,7 +124,7 @@ class Engine(ABC):
 
     def fp8_how(self, plan: ParallelPlan) -> str:
         del plan
-        return "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script"
+        return DEFAULT_FP8_HOW
 
     def fp8_param_gather(self, plan: ParallelPlan) -> bool:
         del plan
@@ -235,9 +132,10 @@ class Engine(ABC):
 
     # ---- files -----------------------------------------------------------------------------
     @abstractmethod
-    def render_files(self, est: Estimate, options: EmitOptions, policy: CheckpointPolicy,
-                     env: dict[str, str]) -> EngineFiles:
-        """The engine's own files for the plan (launch scripts, plan.json and plan.md are added by the bundle)."""
+    def render_files(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions,
+                     checkpoint: CheckpointSettings, env: dict[str, str]) -> EngineFiles:
+        """The engine's own files for the plan, written through the format writers of ``autotune.emit`` (launch
+        scripts, plan.json and plan.md are added by the bundle)."""
 
     def __repr__(self) -> str:
         return f"<engine {self.name}>"

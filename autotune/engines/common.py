@@ -1,16 +1,20 @@
-"""Pieces several engines share: the built-in training entry point and the DeepSpeed-engine files."""
+"""Pieces several engines share: the built-in training entry point, bash argument arrays, and the DeepSpeed
+config of a plan as an engine that runs DeepSpeed writes it (what its TP and CP are in DeepSpeed's terms)."""
 
 from __future__ import annotations
 
 import json
 import shlex
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from autotune.api import Estimate
-    from autotune.emit.options import EmitOptions
+from autotune.emit.deepspeed import deepspeed_config
+from autotune.emit.options import EmitOptions
+from autotune.engines.facts import EngineSupport
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
 
-__all__ = ["BUILTIN_ENTRY", "PLAN_FILE", "DS_CONFIG", "builtin_or_user_entry", "shell_array", "deepspeed_json"]
+__all__ = ["BUILTIN_ENTRY", "PLAN_FILE", "DS_CONFIG", "builtin_or_user_entry", "shell_array",
+           "engine_deepspeed_config", "deepspeed_json"]
 
 BUILTIN_ENTRY = ("-m", "autotune.train")
 """The built-in training program: trains the plan's model (built from its ModelSpec) with the engine's own APIs."""
@@ -43,8 +47,16 @@ def shell_array(name: str, argv: list[str], env: dict[str, str], comment: str) -
     return "\n".join(lines) + "\n"
 
 
-def deepspeed_json(est: Estimate, options: EmitOptions, checkpoint_block: dict | None) -> str:
-    from autotune.emit.deepspeed import deepspeed_config
+def engine_deepspeed_config(support: EngineSupport, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                            options: EmitOptions | None = None, *, checkpoint_block: dict | None = None) -> dict:
+    """The DeepSpeed config of ``plan`` for an engine that runs DeepSpeed: TP is DeepSpeed's AutoTP only where
+    the engine does TP that way (Megatron-DeepSpeed's TP is Megatron's own), CP is Ulysses where the engine's is."""
+    return deepspeed_config(model, cluster, plan, options, checkpoint_block=checkpoint_block,
+                            autotp=support.tp == "autotp", ulysses=support.cp == "ulysses")
 
-    cfg = deepspeed_config(est.model, est.cluster, est.plan, options, checkpoint_block=checkpoint_block)
+
+def deepspeed_json(support: EngineSupport, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                   options: EmitOptions, checkpoint_block: dict | None) -> str:
+    """:func:`engine_deepspeed_config` as the JSON file text."""
+    cfg = engine_deepspeed_config(support, model, cluster, plan, options, checkpoint_block=checkpoint_block)
     return json.dumps(cfg, indent=2) + "\n"

@@ -13,8 +13,11 @@ What it runs and why not the rest:
 
 from __future__ import annotations
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, builtin_or_user_entry, deepspeed_json
+from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.states import ds_zero12_grad_elements, zero_states
+from autotune.specs.layout import largest_layer
 
 __all__ = ["DeepSpeedEngine"]
 
@@ -48,8 +51,6 @@ class DeepSpeedEngine(Engine):
         return offload_rules(self, plan) + ulysses_rules(self, plan)
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
-        from autotune.cost.model_states import ds_zero12_grad_elements, zero_states
-
         elements = None
         if model is not None and plan.zero_stage in (1, 2):
             elements = ds_zero12_grad_elements(model, plan.pp, stage, plan.tp, plan.zero_partitions,
@@ -69,12 +70,12 @@ class DeepSpeedEngine(Engine):
     def sharding(self, plan) -> str:
         return ZERO_WORDS[plan.zero_stage]
 
-    def render_files(self, est, options, policy, env) -> EngineFiles:
-        files = {DS_CONFIG: deepspeed_json(est, options, policy.ds_checkpoint_block())}
+    def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        files = {DS_CONFIG: deepspeed_json(self.support, model, cluster, plan, options, checkpoint.ds_checkpoint_block())}
         entry, args = builtin_or_user_entry(options, ["--deepspeed-config", DS_CONFIG],
                                             ["--deepspeed", "--deepspeed_config", DS_CONFIG])
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="deepspeed",
-                           user_script_needs=user_script_needs(est.plan))
+                           user_script_needs=user_script_needs(plan))
 
 
 ZERO_WORDS = {0: "no sharding: every replica keeps all model states",
@@ -131,8 +132,6 @@ def ulysses_rules(engine: Engine, plan) -> list[Rule]:
 
 def zero_buffers(model, plan, groups, settings) -> dict[str, float]:
     """DeepSpeed's buckets and ZeRO-3 live parameters on one GPU (elements x 2 bytes)."""
-    from autotune.cost.memory import largest_layer
-
     out: dict[str, float] = {}
     psi = groups.per_gpu(plan.tp, plan.ep)
     if plan.zero_stage in (1, 2):

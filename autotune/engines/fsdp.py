@@ -10,8 +10,14 @@ uneven splits are fine), CP is ring attention (``context_parallel``), Float8 via
 
 from __future__ import annotations
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.emit.accelerate import accelerate_fsdp_yaml
+from autotune.emit.torchtitan import torchtitan_toml
+from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
+from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.states import fsdp2_states
+from autotune.errors import InputError
+from autotune.specs.layout import largest_layer, microbatches_in_flight
 
 __all__ = ["FSDPEngine", "TORCHTITAN_FILE", "ACCELERATE_FSDP_FILE"]
 
@@ -74,13 +80,9 @@ class FSDPEngine(Engine):
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
-        from autotune.cost.model_states import fsdp2_states
-
         return fsdp2_states(plan, dense_params, expert_params)
 
     def activation_facts(self, plan):
-        from autotune.cost.activations import ActivationFacts
-
         # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;
         # with TP torchtitan runs it under DTensor loss_parallel (vocab-sharded logits). Linears: DTensor
         # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs.
@@ -93,8 +95,6 @@ class FSDPEngine(Engine):
         return 0.0
 
     def buffers(self, model, plan, groups, settings) -> dict[str, float]:
-        from autotune.cost.memory import largest_layer
-
         if plan.zero_stage == 0:
             return {}
         layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
@@ -132,7 +132,6 @@ class FSDPEngine(Engine):
         stage output for its backward (``fwd_cache``). One boundary tensor: the bf16 residual stream (SP shard)."""
         if plan.pp == 1:
             return {}
-        from autotune.cost.activations import microbatches_in_flight
 
         boundary = 2 * plan.micro_batch_size * plan.seq_len / plan.cp * model.hidden_size / (
             plan.tp if plan.sequence_parallel else 1)
@@ -164,9 +163,9 @@ class FSDPEngine(Engine):
     def fp8_how(self, plan) -> str:
         return "torchao.float8 convert_to_float8_training (tensorwise scaling) on the linear layers"
 
-    def render_files(self, est, options, policy, env) -> EngineFiles:
+    def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        del checkpoint  # the built-in trainer and torchtitan take no checkpoint settings from the bundle
         entry, args = builtin_or_user_entry(options, [], [])
-        model, cluster, plan = est.model, est.cluster, est.plan
         files, notes = _side_configs(model, cluster, plan, options)
         mp = "torch.float16" if plan.precision == "fp16" else "torch.bfloat16"
         replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
@@ -214,21 +213,9 @@ def _dp_dims(replicate: int) -> str:
 
 def _side_configs(model, cluster, plan, options) -> tuple[dict[str, str], list[str]]:
     """The torchtitan TOML and accelerate's FSDP2 YAML where they can express the plan; else a note why not."""
-    from autotune.errors import InputError
-
     files: dict[str, str] = {}
     notes: list[str] = []
-    try:
-        from autotune.emit.torchtitan import torchtitan_toml
-    except ImportError:  # the torchtitan emitter is optional (another module)
-        torchtitan_toml = None
-    try:
-        from autotune.emit.accelerate import accelerate_fsdp_yaml
-    except ImportError:
-        accelerate_fsdp_yaml = None
     for name, render in ((TORCHTITAN_FILE, torchtitan_toml), (ACCELERATE_FSDP_FILE, accelerate_fsdp_yaml)):
-        if render is None:
-            continue
         try:
             files[name] = render(model, cluster, plan, options)
         except InputError as err:

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import json
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
-from autotune.engines.deepspeed import ZERO_WORDS, offload_rules, zero_buffers
+from autotune.emit.accelerate import ACCELERATE_DS_CONFIG, accelerate_deepspeed_config, accelerate_deepspeed_yaml
+from autotune.emit.deepspeed import hf_deepspeed_config
+from autotune.emit.launch import render_accelerate_script
+from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
+from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
+from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.specs.notation import plan_notation
 
 __all__ = ["HFEngine"]
 
@@ -42,9 +47,7 @@ class HFEngine(Engine):
         return offload_rules(self, plan)
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
-        from autotune.engines import ENGINES
-
-        return ENGINES["deepspeed"].model_states(model, plan, stage, dense_params, expert_params)
+        return DeepSpeedEngine().model_states(model, plan, stage, dense_params, expert_params)
 
     def buffers(self, model, plan, groups, settings) -> dict[str, float]:
         return zero_buffers(model, plan, groups, settings)
@@ -58,13 +61,8 @@ class HFEngine(Engine):
     def sharding(self, plan) -> str:
         return ZERO_WORDS[plan.zero_stage]
 
-    def render_files(self, est, options, policy, env) -> EngineFiles:
-        from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, accelerate_deepspeed_config,
-                                              accelerate_deepspeed_yaml)
-        from autotune.emit.deepspeed import hf_deepspeed_config
-        from autotune.emit.launch import render_accelerate_script
-
-        model, cluster, plan = est.model, est.cluster, est.plan
+    def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        del checkpoint  # Trainer and accelerate take their save settings from the user's TrainingArguments
         files = {HF_DS_CONFIG: json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n",
                  ACCELERATE_DS_CONFIG: json.dumps(accelerate_deepspeed_config(model, cluster, plan, options),
                                                   indent=2) + "\n",
@@ -75,7 +73,8 @@ class HFEngine(Engine):
         acc_entry, acc_args = builtin_or_user_entry(options, ["--accelerate"], [])
         files["launch_accelerate.sh"] = render_accelerate_script(
             cluster, plan, options, config_file=ACCELERATE_YAML, ds_config_file=ACCELERATE_DS_CONFIG,
-            program_args=acc_args, env=env, entry=acc_entry, bundle_files={*files, "plan.json"})
+            program_args=acc_args, env=env, entry=acc_entry, bundle_files={*files, "plan.json"},
+            summary=plan_notation(plan, self.tag(plan)))
         needs = ("Trainer: TrainingArguments(deepspeed='ds_config_hf.json', "
                  f"per_device_train_batch_size={plan.micro_batch_size}, "
                  f"gradient_accumulation_steps={plan.grad_accum_steps}, "

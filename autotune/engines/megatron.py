@@ -3,8 +3,12 @@ DDP or the distributed optimizer (zero_stage 1). No ZeRO-2/3, no offload (those 
 
 from __future__ import annotations
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.emit.megatron import megatron_args
+from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
+from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.states import megatron_grad_bytes, megatron_states
+from autotune.specs.layout import stage_param_groups
 
 __all__ = ["MegatronEngine"]
 
@@ -48,16 +52,13 @@ class MegatronEngine(Engine):
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses
 
-        from autotune.cost.memory import stage_param_groups
-        from autotune.cost.model_states import megatron_states
-
         states = megatron_states(plan, dense_params, expert_params)
         if plan.precision == "fp8" and self.fp8_param_gather(plan) and model is not None:
             # --fp8-param-gather (emitted with the distributed optimizer): pretrain_gpt.py model_provider builds
             # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its
             # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2 (as the FP8 weight
             # cache, tp-sharded parameters stand for the GEMM weights, embedding included).
-            groups = stage_param_groups(model, plan, stage)
+            groups = stage_param_groups(model, plan, stage, self.support.layer_split)
             states = dataclasses.replace(states, weights=states.weights - self._fp8_weights(plan, groups))
         return states
 
@@ -73,8 +74,6 @@ class MegatronEngine(Engine):
         return super().fp8_weight_cache_bytes(plan, groups)
 
     def grad_reduce_bytes(self, plan) -> float:
-        from autotune.cost.model_states import megatron_grad_bytes
-
         return float(megatron_grad_bytes(plan))
 
     def saved_states_plan(self, plan):
@@ -94,10 +93,9 @@ class MegatronEngine(Engine):
     def fp8_param_gather(self, plan) -> bool:
         return plan.zero_stage == 1
 
-    def render_files(self, est, options, policy, env) -> EngineFiles:
-        from autotune.emit.megatron import megatron_args
-
-        argv = megatron_args(est.model, est.cluster, est.plan, options, checkpoint_flags=policy.megatron_flags())
+    def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        argv = megatron_args(model, cluster, plan, options, checkpoint_flags=checkpoint.megatron_flags(),
+                             fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
                                                  "Megatron-LM pretrain_gpt.py arguments written by autotune")}
         entry = (options.launch.script or "pretrain_gpt.py",)

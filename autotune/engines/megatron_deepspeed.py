@@ -5,9 +5,12 @@ DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism.
 
 from __future__ import annotations
 
-from autotune.engines.base import CommSchedule, Engine, EngineFiles, EngineSupport, Rule
+from autotune.emit.megatron import megatron_deepspeed_args
+from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
+from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.states import bf16_optimizer_states, zero_states
 
 __all__ = ["MegatronDeepSpeedEngine"]
 
@@ -35,8 +38,6 @@ class MegatronDeepSpeedEngine(Engine):
         return [r for r in ulysses_rules(self, plan) if plan.pp > 1]  # Ulysses composes with Megatron TP here
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
-        from autotune.cost.model_states import bf16_optimizer_states, zero_states
-
         if plan.precision != "fp16" and plan.zero_stage <= 1:  # bf16 (and fp8 outside TE) use BF16_Optimizer
             return bf16_optimizer_states(plan, dense_params, expert_params)
         return zero_states(plan, dense_params, expert_params)
@@ -61,11 +62,10 @@ class MegatronDeepSpeedEngine(Engine):
     def sharding(self, plan) -> str:
         return ZERO_WORDS[plan.zero_stage]
 
-    def render_files(self, est, options, policy, env) -> EngineFiles:
-        from autotune.emit.megatron import megatron_deepspeed_args
-
-        argv = megatron_deepspeed_args(est.model, est.cluster, est.plan, options, DS_CONFIG)
-        files = {DS_CONFIG: deepspeed_json(est, options, policy.ds_checkpoint_block()),
+    def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        argv = megatron_deepspeed_args(model, cluster, plan, options, DS_CONFIG)
+        files = {DS_CONFIG: deepspeed_json(self.support, model, cluster, plan, options,
+                                           checkpoint.ds_checkpoint_block()),
                  "megatron_deepspeed_args.sh": shell_array(
                      "MEGATRON_DEEPSPEED_ARGS", argv, env, "Megatron-DeepSpeed pretrain_gpt.py arguments written by "
                                                            "autotune")}

@@ -6,20 +6,28 @@ counts say which engine refused what. Each message carries the engine's source (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from autotune.engines.base import Rule
+from autotune.engines.facts import EngineSupport, Rule
 from autotune.specs.layout import layer_counts
 
 if TYPE_CHECKING:
-    from autotune.engines.base import Engine
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["support_problems"]
 
 
-def support_problems(engine: Engine, model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+class DeclaresSupport(Protocol):
+    """What the rules read of an engine (``autotune.engines.base.Engine`` has it all)."""
+
+    name: str
+    title: str
+    version: str
+    support: EngineSupport
+
+
+def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     s, src = engine.support, getattr(engine, "sources", {})
     out: list[Rule] = []
 

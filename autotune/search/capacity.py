@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autotune.report import plan_summary
 from autotune.search.planner import SearchResult, search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
@@ -96,8 +97,6 @@ def infeasibility_hint(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, 
         return f"{model.name} does not fit on any number of {gpu} GPUs up to 65536 at seq_len {seq_len}"
     parts = []
     if ans.with_offload is not None and (ans.without_offload is None or ans.with_offload < ans.without_offload):
-        from autotune.report import plan_summary
-
         assert ans.best_with_offload is not None
         parts.append(f"at least {ans.with_offload} x {gpu} with offload "
                      f"({plan_summary(ans.best_with_offload.candidates[0].plan)})")

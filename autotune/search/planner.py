@@ -13,16 +13,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from autotune.api import Estimate
-from autotune.cost.memory import MemorySettings, estimate_memory
+from autotune.cost.estimate import Estimate
+from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
-from autotune.errors import InputError
 from autotune.engines import engine_for
+from autotune.report import plan_summary
+from autotune.rules import inner_plan_problems, plan_problems
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.rules import inner_plan_problems, plan_problems
+from autotune.specs.settings import MemorySettings
 
 __all__ = ["SearchResult", "search_plans", "explain_winner"]
 
@@ -161,7 +162,6 @@ def explain_winner(ranked: tuple[Estimate, ...]) -> str:
         return ""
     if len(ranked) == 1:
         return "only one plan fits"
-    from autotune.report import plan_summary
 
     best, second = ranked[0], ranked[1]
     gain = best.time.tokens_per_s / second.time.tokens_per_s - 1
@@ -177,10 +177,3 @@ def explain_winner(ranked: tuple[Estimate, ...]) -> str:
     return (f"{plan_summary(best.plan)} beats {plan_summary(second.plan)} by {gain:.1%} tokens/s: {why}"
             f" (per step)")
 
-
-def require_feasible(result: SearchResult) -> None:
-    """Raise InputError when no plan is feasible (the CLI adds what would make one possible)."""
-    if not result.num_feasible:
-        reasons = ", ".join(f"{k}: {v}" for k, v in result.rejections.items())
-        raise InputError([f"no plan of the {result.num_enumerated} enumerated is feasible ({reasons})"],
-                         subject="search")

@@ -34,7 +34,7 @@ class _FrozenMapping(dict):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KernelFacts:
     """What real kernels and links reach on one GPU, as fractions of its datasheet numbers (measured, with
-    sources, in ``autotune/presets/gpus.yaml``; ``shared/reference/efficiency-facts.md`` collects them)."""
+    sources, in ``autotune/presets/gpus.yaml``)."""
 
     gemm_fraction: dict[str, float]
     """Reachable fraction of dense peak for a large, well-shaped GEMM, per precision (cuBLAS, best shape)."""
@@ -117,6 +117,8 @@ class GPUSpec:
     """Where the numbers come from (datasheet)."""
     kernels: KernelFacts | None = None
     """What its kernels and links reach (presets carry them; an inline GPU must give them or name a preset)."""
+    kernels_hint: str = field(default="h100-sxm-80gb", compare=False, repr=False)
+    """The preset whose kernel facts an error without them suggests copying (the loader sets the nearest one)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_tflops", _FrozenMapping(self.peak_tflops))
@@ -144,21 +146,9 @@ class GPUSpec:
     def kernel_facts(self) -> KernelFacts:
         """The kernel facts, or a clear error naming what is missing and a preset to copy them from."""
         if self.kernels is None:
-            kernel_facts_from_dict(None, self.name, _nearest_preset(self))
+            kernel_facts_from_dict(None, self.name, self.kernels_hint)
         assert self.kernels is not None
         return self.kernels
-
-
-def _nearest_preset(gpu: GPUSpec) -> str:
-    """The GPU preset whose 16-bit peak is closest to ``gpu``'s (what to copy kernel facts from)."""
-    from autotune.specs.presets import gpu_preset_names, load_gpu_preset
-
-    def sixteen(table) -> float:
-        return max((v for k, v in table.items() if k in ("bf16", "fp16")), default=max(table.values()))
-
-    peak = sixteen(gpu.peak_tflops)
-    names = [n for n in gpu_preset_names() if n != "cpu" and n != gpu.name]
-    return min(names, key=lambda n: abs(sixteen(load_gpu_preset(n).peak_tflops) - peak), default="h100-sxm-80gb")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

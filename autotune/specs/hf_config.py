@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest_names
+from autotune.inputs import nonfinite_problems, parse_json, read_text
+from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
 
 __all__ = ["model_from_hf_config", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
@@ -258,8 +260,6 @@ assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
 def read_hf_config(path: str | Path) -> dict:
     """The parsed ``config.json`` at ``path`` (a file, or a folder holding one)."""
-    from autotune.inputs import parse_json, read_text
-
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -278,9 +278,6 @@ def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = Non
     the model_type; never the folder the file sits in. InputError names every missing or ill-typed
     field, or the supported model types.
     """
-    from autotune.inputs import nonfinite_problems
-    from autotune.specs.loading import model_limit_problems
-
     if isinstance(path_or_dict, dict):
         data = path_or_dict
     else:

@@ -17,8 +17,14 @@ Two schemes, as the engines do it:
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
-__all__ = ["SPLIT_SCHEMES", "layer_counts", "pipeline_split", "stage_layers", "representative_stages"]
+if TYPE_CHECKING:
+    from autotune.specs.model import ModelSpec, ParamGroups
+    from autotune.specs.plan import ParallelPlan
+
+__all__ = ["SPLIT_SCHEMES", "layer_counts", "pipeline_split", "stage_layers", "representative_stages",
+           "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak"]
 
 SPLIT_SCHEMES = ("megatron", "uniform", "any")
 
@@ -83,3 +89,50 @@ def representative_stages(num_layers: int, pp: int, scheme: str = "megatron") ->
                 seen.add(counts[s])
                 stages.add(s)
     return tuple(sorted(stages))
+
+
+def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str = "megatron") -> ParamGroups:
+    """Parameters of pipeline stage ``stage``: its layers as ``scheme`` splits them (the engine's
+    ``support.layer_split``), the embedding on the first stage, the output layer on the last."""
+    return _stage_param_groups(model, plan.pp, stage, scheme)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_param_groups(model: ModelSpec, pp: int, stage: int, scheme: str = "megatron") -> ParamGroups:
+    first, count = stage_layers(model.num_layers, pp, stage, scheme)
+    return model.stage_params(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def largest_layer(model: ModelSpec) -> ParamGroups:
+    """The transformer layer with the most parameters (what ZeRO-3 / FSDP gather at once)."""
+    return max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total)
+
+
+def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
+    """Micro-batches' worth of a pipeline stage's layers whose activations the stage holds at its peak.
+
+    The peak is the first steady-state forward: the warm-up forwards plus one. 1F1B: stage i warms up with
+    min(pp - i - 1, m) micro-batches, so holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1; Megatron-LM
+    schedules.py ``forward_backward_pipelining_without_interleaving``). Interleaved (vpp chunks of 1/vpp of the
+    stage's layers each): Megatron-LM ``forward_backward_pipelining_with_interleaving`` warms up with
+    ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them (and runs them
+    all when m == pp); torch.distributed.pipelining ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has
+    the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
+    2022 Sec. 4.2.3. Without pipelining one micro-batch at a time.
+    """
+    if plan.pp == 1:
+        return 1.0
+    m = plan.num_microbatches
+    if not plan.interleaved:
+        return float(min(plan.pp - stage, m))
+    return interleaved_forwards_at_peak(plan, stage) / plan.vpp
+
+
+def interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
+    """Chunk-micro-batch forwards stage ``stage`` has run, none backward yet, at its interleaved peak."""
+    chunks = plan.num_microbatches * plan.vpp
+    warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp, chunks)
+    if plan.num_microbatches == plan.pp:  # Megatron: "all_warmup_microbatches"
+        warmup = chunks
+    return min(warmup + 1, chunks)

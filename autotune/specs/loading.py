@@ -20,13 +20,25 @@ from autotune import inputs, resources
 from autotune.errors import InputError, require_no_problems, suggest_names
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.hf_config import model_from_hf_config
+from autotune.specs.limits import (
+    MAX_BANDWIDTH_GB_PER_S,
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_GIB,
+    model_limit_problems,
+)
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import (
-    CLUSTER_DEFAULT_KEYS, cluster_defaults, gpu_preset_names, load_gpu_preset, load_model_preset, model_preset_names,
+    CLUSTER_DEFAULT_KEYS,
+    cluster_defaults,
+    gpu_preset_names,
+    load_gpu_preset,
+    load_model_preset,
+    model_preset_names,
+    nearest_gpu_preset,
 )
 
-__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems", "model_limit_problems",
-           "MODEL_LIMITS", "MAX_GPUS", "MAX_GPUS_PER_NODE"]
+__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems"]
 
 _PRESETS_HELP = "`autotune estimate --help` lists the presets"
 _CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:]
@@ -46,42 +58,6 @@ def read_yaml(path: str | Path, *, subject: str) -> dict:
         raise InputError([f"expected a mapping of keys to values, got {got}"], subject=subject)
     require_no_problems(inputs.nonfinite_problems(data), subject=subject)
     return data
-
-
-# The largest value of each size field we accept. Far above any model trained (Megatron's 1T GPT:
-# 128 layers, hidden 25,600, 160 heads; DeepSeek-V3: 256 routed experts; Llama 4 Scout: 10M-token
-# context), low enough that every loop and table sized by them stays small.
-MODEL_LIMITS = {
-    "num_layers": 4096, "hidden_size": 2**20, "num_attention_heads": 2**16, "num_kv_heads": 2**16,
-    "head_dim": 2**16, "ffn_hidden_size": 2**22, "vocab_size": 2**24, "max_position_embeddings": 2**27,
-    "norms_per_layer": 16, "moe.num_experts": 2**16, "moe.top_k": 2**16, "moe.expert_ffn_hidden_size": 2**22,
-    "moe.num_shared_experts": 2**10, "moe.shared_expert_ffn_hidden_size": 2**22, "moe.num_dense_layers": 4096,
-    "mla.kv_lora_rank": 2**20, "mla.qk_nope_head_dim": 2**16, "mla.qk_rope_head_dim": 2**16,
-    "mla.v_head_dim": 2**16, "mla.q_lora_rank": 2**20,
-}
-MAX_ROPE_THETA = 1e12  # Llama 3 uses 5e5, Qwen2.5 1e6
-# No cluster has a million GPUs (the largest reported training clusters hold ~100k); NVL576 racks
-# hold 576 GPUs per NVLink domain.
-MAX_GPUS = 2**20
-MAX_GPUS_PER_NODE = 1024
-MAX_BANDWIDTH_GB_PER_S = 1e6  # per GPU, one direction: NVLink 5 is 900
-MAX_MEMORY_GIB = 2**24  # 16 PiB: per GPU or per node
-
-
-def model_limit_problems(fields: dict) -> list[str]:
-    """Size fields above MODEL_LIMITS (and an absurd rope_theta), one line each."""
-    problems = []
-    for key, limit in MODEL_LIMITS.items():
-        block, _, name = key.rpartition(".")
-        holder = fields.get(block) if block else fields
-        value = holder.get(name) if isinstance(holder, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-            problems.append(f"{key} ({value:,}) is above {limit:,}, the largest this tool accepts (far beyond any "
-                            "trained model): check the number")
-    theta = fields.get("rope_theta")
-    if isinstance(theta, int | float) and not isinstance(theta, bool) and theta > MAX_ROPE_THETA:
-        problems.append(f"rope_theta ({theta:g}) is above {MAX_ROPE_THETA:g}: check the number")
-    return problems
 
 
 def _cluster_limit_problems(settings: dict) -> list[str]:
@@ -270,6 +246,9 @@ def _resolve_gpu(gpu: Any, problems: list[str]) -> tuple[GPUSpec | None, dict]:
         like = gpu.pop("kernels_like", None)
         if like is not None and "kernels" not in gpu:  # the named preset's kernel facts, chosen explicitly
             gpu["kernels"] = load_gpu_preset(like).kernels
+        elif "kernels" not in gpu and isinstance(peaks := gpu.get("peak_tflops"), dict) and peaks and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in peaks.values()):
+            gpu["kernels_hint"] = nearest_gpu_preset(gpu["peak_tflops"], exclude=str(gpu.get("name", "")))
         return GPUSpec(**gpu), {}
     except InputError as err:
         problems += list(err.problems)

@@ -2,7 +2,7 @@
 
 The plan holds only decisions. Facts that follow from them (world size, micro-batches,
 tokens per step) are one-line properties here and nowhere else. Whether a plan suits a model
-and a cluster is checked by :func:`autotune.specs.rules.plan_problems`, which reports every
+and a cluster is checked by :func:`autotune.rules.plan_problems`, which reports every
 violated rule at once.
 """
 
@@ -154,30 +154,3 @@ class ParallelPlan:
 
     def with_(self, **changes) -> ParallelPlan:
         return replace(self, **changes)
-
-    @classmethod
-    def for_cluster(cls, *, num_gpus: int, global_batch_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
-                    micro_batch_size: int = 1, **rest) -> ParallelPlan:
-        """A plan with dp and gradient accumulation derived from the GPU count and global batch.
-
-        Raises InputError when they do not divide; the message says which sizes would.
-        """
-        problems = []
-        mp = tp * pp * cp
-        if mp < 1 or num_gpus % mp:
-            problems.append(
-                f"num_gpus ({num_gpus}) is not divisible by tp*pp*cp ({tp}*{pp}*{cp}={mp}): "
-                f"choose tp, pp, cp whose product divides {num_gpus}"
-            )
-            dp = 1
-        else:
-            dp = num_gpus // mp
-        per_step = micro_batch_size * dp
-        if not problems and global_batch_size % per_step:
-            problems.append(
-                f"global batch {global_batch_size} is not divisible by micro-batch x dp "
-                f"({micro_batch_size} x {dp} = {per_step}): use a global batch that is a multiple of {per_step}"
-            )
-        require_no_problems(problems, subject="plan")
-        return cls(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch_size=micro_batch_size,
-                   global_batch_size=global_batch_size, grad_accum_steps=global_batch_size // per_step, **rest)

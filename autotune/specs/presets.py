@@ -14,12 +14,12 @@ import re
 import yaml
 
 from autotune.errors import InputError, suggest_names
-from autotune.specs.hardware import GPUSpec
+from autotune.specs.hardware import GPUSpec, kernel_facts_from_dict
 from autotune.specs.model import ModelSpec
 
 __all__ = [
     "model_preset_names", "load_model_preset", "model_preset_source",
-    "gpu_preset_names", "load_gpu_preset", "cluster_defaults", "CLUSTER_DEFAULT_KEYS",
+    "gpu_preset_names", "load_gpu_preset", "cluster_defaults", "CLUSTER_DEFAULT_KEYS", "nearest_gpu_preset",
 ]
 
 CLUSTER_DEFAULT_KEYS = (
@@ -102,7 +102,6 @@ def load_gpu_preset(name: str) -> GPUSpec:
     """The :class:`GPUSpec` of preset ``name``; InputError (nearest names suggested) if unknown."""
     entry = _gpu_entry(name)
     gpu = entry["gpu"]
-    from autotune.specs.hardware import kernel_facts_from_dict
 
     kernels = kernel_facts_from_dict(entry["kernels"], name, "h100-sxm-80gb") if "kernels" in entry else None
     return GPUSpec(name=name, memory_gib=gpu["memory_gib"], peak_tflops=dict(gpu["peak_tflops"]),
@@ -114,3 +113,13 @@ def cluster_defaults(gpu_name: str) -> dict:
     """The usual server around GPU preset ``gpu_name``: the ClusterSpec fields in ``CLUSTER_DEFAULT_KEYS``."""
     cluster = _gpu_entry(gpu_name)["cluster"]
     return {k: cluster[k] for k in CLUSTER_DEFAULT_KEYS}
+
+
+def nearest_gpu_preset(peak_tflops: dict[str, float], exclude: str = "") -> str:
+    """The GPU preset whose 16-bit peak is closest to ``peak_tflops``' (what to copy kernel facts from)."""
+    def sixteen(table) -> float:
+        return max((v for k, v in table.items() if k in ("bf16", "fp16")), default=max(table.values()))
+
+    peak = sixteen(peak_tflops)
+    names = [n for n in gpu_preset_names() if n != "cpu" and n != exclude]
+    return min(names, key=lambda n: abs(sixteen(load_gpu_preset(n).peak_tflops) - peak), default="h100-sxm-80gb")

@@ -2,7 +2,7 @@
 
 Least squares on log step time (so a 2x error counts the same on a fast and a slow plan) over
 ``gemm_peak_fraction``, ``gemm_half_dim`` and ``hbm_efficiency``, by the same coordinate search
-as the published-run fit (:func:`autotune.calibration.coordinate_fit`). Link efficiency and
+as the published-run fit (:func:`autotune.cost.efficiency.coordinate_fit`). Link efficiency and
 latencies are kept: on the ``cpu`` preset the link bandwidth is a fixed nominal value, and a
 handful of single-node trials cannot separate it from compute. With fewer than three
 measurements only ``gemm_peak_fraction`` is fitted (one number per measurement at most).
@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autotune.calibration import coordinate_fit
+from autotune.cost.efficiency import coordinate_fit
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, save_efficiency
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.hardware import ClusterSpec

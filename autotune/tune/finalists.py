@@ -1,7 +1,7 @@
 """A winner that is not one lucky measurement: the best few plans re-run alternately, chosen on medians.
 
 On 2 CPU cores one trial's throughput varies by ~6-10% run to run and differences under ~15% are
-not resolvable (``../shared/reference/cpu-feasibility.md``, "Timing noise"), and the best of many
+not resolvable (measured here: ``bench/tuning_efficiency.py`` prints the repeats' spread), and the best of many
 single measurements is biased upwards (the plan that got lucky wins). So after the study, the
 ``n`` best completed plans are re-run ``runs`` times each, interleaved (A B C A B C: drift in the
 machine's speed hits every finalist alike), and the winner is the finalist with the highest

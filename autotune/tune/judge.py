@@ -1,8 +1,8 @@
 """A finished trial's verdict: completed (with its measurement), oom or crashed, and why.
 
 - a ``RESULT {json}`` line (builtin), a DeepSpeed autotuning metric file (script) or enough metric
-  lines (command) make it "completed", whatever the exit code (gloo jobs sometimes abort at exit:
-  ``../shared/reference/cpu-feasibility.md``, "Applies to all");
+  lines (command) make it "completed", whatever the exit code (gloo jobs that skip
+  ``destroy_process_group`` sometimes abort at exit, after their last line);
 - otherwise "oom" when the log shows a MemoryError / "out of memory" / a SIGKILLed rank, else
   "crashed"; the reason names the failing rank's first exception (:func:`autotune.tune.logs.first_error`)
   and the log's path.

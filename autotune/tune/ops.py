@@ -3,7 +3,7 @@
 DeepSpeed 0.19.8 compiles some of its C++ ops on first use (``OpBuilder.jit_load`` ->
 ``torch.utils.cpp_extension.load``) into ``TORCH_EXTENSIONS_DIR/<op name>`` (default
 ``~/.cache/torch_extensions/py<ver>_<cpu|cuXY>``). On CPU, measured here
-(``../shared/reference/cpu-feasibility.md``): ``cpu_adam`` (ZeRO optimizer offload) 59.5 s cold,
+on this project's 2-core CPU machine: ``cpu_adam`` (ZeRO optimizer offload) 59.5 s cold,
 CPU ``fused_adam`` 68 s (trials avoid it: ``torch_adam``), and ``deepspeed_shm_comm``, which
 ``deepspeed.comm``'s TorchBackend loads in every ``init_distributed`` on the CPU accelerator
 (deepspeed/comm/torch.py ``build_shm_op``). Built inside a trial, that time counts against the

@@ -14,7 +14,7 @@ Step ``n`` (1-based) is the n-th optimizer step; its batch is drawn from a gener
 uses (``engine.get_lr()`` before ``engine.step()``, a WarmupLR ramp, so it changes every step)
 and the forward loss are recorded. The ``checkpoint`` block (and ZeRO-3's
 ``stage3_gather_16bit_weights_on_model_save``) come from ``--checkpoint-block`` /
-``--zero-options`` as JSON, normally :class:`autotune.emit.checkpoint.CheckpointPolicy`'s.
+``--zero-options`` as JSON, normally :class:`autotune.emit.checkpoint.CheckpointSettings`'s.
 Rank 0 prints one ``RESULT {json}`` line. AdamW runs with ``torch_adam: true`` (no JIT build).
 """
 

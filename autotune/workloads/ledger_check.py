@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from autotune.cost.activations import stage_activation_bytes
-from autotune.cost.memory import MemorySettings, estimate_memory
+from autotune.cost.memory import estimate_memory
+from autotune.specs.settings import MemorySettings
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan

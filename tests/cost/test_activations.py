@@ -2,7 +2,8 @@
 
 import pytest
 
-from autotune.cost.activations import layer_activations, microbatches_in_flight, stage_activation_bytes
+from autotune.cost.activations import layer_activations, stage_activation_bytes
+from autotune.specs.layout import microbatches_in_flight
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 

@@ -12,13 +12,20 @@ import statistics
 
 import pytest
 
-from autotune.cost.activations import (MEGATRON_FACTS, ActivationFacts, layer_activations, loss_backward_bytes,
-                                       op_sac_layer_bytes, stage_activation_bytes)
-from autotune.cost.memory import MemorySettings, estimate_memory, stage_param_groups
+from autotune.cost.activations import (
+    layer_activations,
+    loss_backward_bytes,
+    op_sac_layer_bytes,
+    stage_activation_bytes,
+)
+from autotune.cost.memory import estimate_memory
 from autotune.cost.published_runs import predict_run, published_runs
 from autotune.engines import engine_for
+from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
+from autotune.specs.layout import stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
 GIB = 2**30
 # family prefix -> (max median |error|, max |error| of any run)
@@ -110,7 +117,7 @@ def test_fsdp_pipelining_holds_unsharded_fp32_grads_and_fp8_gathered_weights():
     plan = ParallelPlan(engine="fsdp", tp=1, pp=8, dp=8, zero_stage=2, micro_batch_size=1, global_batch_size=64,
                         grad_accum_steps=8, seq_len=8192, recompute="full", precision="fp8")
     mem = estimate_memory(LLAMA8, cluster, plan)
-    groups = stage_param_groups(LLAMA8, plan, mem.stage)
+    groups = stage_param_groups(LLAMA8, plan, mem.stage, engine_for(plan).support.layer_split)
     params = groups.per_gpu(1, 1)
     # stage.py backward_maybe_with_nosync + _fsdp_param.py to_accumulated_grad_if_needed: fp32, whole stage
     assert mem.buffer_parts["unsharded_grads"] == pytest.approx(4 * params)
@@ -161,7 +168,7 @@ def test_megatron_fp8_param_gather_keeps_one_byte_weights_and_their_transpose():
                         grad_accum_steps=8, seq_len=8192, precision="fp8", sequence_parallel=True)
     ddp = estimate_memory(LLAMA8, cluster, plan)
     dist = estimate_memory(LLAMA8, cluster, plan.with_(zero_stage=1))
-    groups = stage_param_groups(LLAMA8, plan, ddp.stage)
+    groups = stage_param_groups(LLAMA8, plan, ddp.stage, engine_for(plan).support.layer_split)
     gemm = groups.tp_sharded / plan.tp
     assert ddp.weights - dist.weights == pytest.approx(gemm)
     assert ddp.buffer_parts["fp8_weight_cache"] == pytest.approx(2 * gemm)

@@ -2,10 +2,11 @@
 
 import pytest
 
-from autotune.cost.memory import MemorySettings, estimate_memory, model_state_bytes
+from autotune.cost.memory import estimate_memory, model_state_bytes
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
 PSI = 7.5e9  # ZeRO paper Fig. 1: 7.5B parameters, Nd = 64, K = 12
 GB = 1e9
@@ -87,7 +88,7 @@ def test_optimizer_step_transient():
 
 
 def test_deepspeed_zero12_rank_holds_straddling_tensors_whole():
-    from autotune.cost.model_states import ds_zero12_grad_elements as _ds_zero12_grad_elements
+    from autotune.engines.states import ds_zero12_grad_elements as _ds_zero12_grad_elements
     from autotune.specs.presets import load_model_preset
 
     gpt = load_model_preset("tiny-gpt")

@@ -6,10 +6,10 @@ step-time model's in-sample error per family (the bench prints the tables and th
 import pytest
 
 from autotune.cost.published_runs import predict_run, published_runs
+from autotune.rules import plan_problems
+from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
-from autotune.specs.loading import load_cluster
-from autotune.specs.rules import plan_problems
 
 RUNS = published_runs()
 BY_ID = {r.run_id: r for r in RUNS}

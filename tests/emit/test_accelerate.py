@@ -14,11 +14,13 @@ import yaml
 
 from autotune.api import make_plan
 from autotune.emit.accelerate import (
-    ACCELERATE_DS_CONFIG, accelerate_config_yaml, accelerate_deepspeed_config, accelerate_deepspeed_yaml,
+    ACCELERATE_DS_CONFIG,
+    accelerate_config_yaml,
+    accelerate_deepspeed_config,
+    accelerate_deepspeed_yaml,
     accelerate_fsdp_yaml,
 )
 from autotune.emit.accelerate_lint import accelerate_config_problems
-from autotune.emit.deepspeed import accelerate_config_yaml as reexported
 from autotune.emit.validate_files import validate_file
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster, load_model
@@ -55,8 +57,7 @@ def _launch(config: Path, cwd: Path) -> dict:
     return results[0]
 
 
-def test_the_old_function_is_reexported_and_writes_no_mixed_precision():
-    assert reexported is accelerate_config_yaml
+def test_the_launch_config_writes_no_mixed_precision():
     cluster, plan = _plan(engine="hf", zero_stage=2)
     assert "mixed_precision" not in yaml.safe_load(accelerate_config_yaml(plan, cluster, "ds.json"))
 

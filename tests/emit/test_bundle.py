@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from autotune.api import estimate_from_dict
+from autotune.bundle.writer import render_bundle, write_bundle
 from autotune.cli import main
-from autotune.emit.bundle import render_bundle, write_bundle
 from autotune.emit.options import EmitOptions, LaunchOptions
 from autotune.errors import InputError
 from autotune.recipebook import load_recipe, recipe_estimate, recipe_names

@@ -10,14 +10,13 @@ import pytest
 import yaml
 
 from autotune.api import estimate, make_plan
-from autotune.emit.checkpoint import (
+from autotune.cost.checkpoint import (
     DEFAULT_RELAUNCH_S,
     checkpoint_bytes,
     checkpoint_policy,
-    expected_loss_parts,
-    prune_old_tags,
     young_daly_interval_s,
 )
+from autotune.emit.checkpoint import prune_old_tags
 from autotune.emit.options import CheckpointOptions
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
@@ -123,7 +122,7 @@ def test_job_mtbf_is_gpu_mtbf_over_gpus():
 def test_interval_override():
     pol = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(interval_steps=500))
     assert pol.interval_steps == 500 and pol.interval_overridden
-    flags = pol.megatron_flags()
+    flags = pol.files().megatron_flags()
     assert flags[flags.index("--save-interval") + 1] == "500"
     assert "set by hand" in pol.to_text()
 
@@ -161,12 +160,12 @@ def test_deepspeed_async_request_falls_back_to_synchronous():
 
 def test_megatron_flags():
     pol = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(save_dir="/ckpt", async_save=True))
-    flags = pol.megatron_flags()
+    flags = pol.files().megatron_flags()
     assert flags[:8] == ["--save", "/ckpt", "--load", "/ckpt", "--save-interval", str(pol.interval_steps),
                          "--ckpt-format", "torch_dist"]
     # Megatron silently drops --async-save without the persistent worker (arguments.py:1817): both or neither.
     assert "--async-save" in flags and "--use-persistent-ckpt-worker" in flags
-    plain = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(async_save=False)).megatron_flags()
+    plain = checkpoint_policy(_estimate(engine="megatron"), CheckpointOptions(async_save=False)).files().megatron_flags()
     assert "--async-save" not in plain and "--use-persistent-ckpt-worker" not in plain
     if (REFERENCE / "megatron_flags.json").exists():
         known = {f for entry in json.loads((REFERENCE / "megatron_flags.json").read_text())["flags"]
@@ -184,11 +183,11 @@ def _dotted(d, prefix=""):
 
 def test_ds_checkpoint_block_keys_exist_in_deepspeed_0_19_8():
     pol = checkpoint_policy(_estimate(pp=2, engine="megatron-deepspeed"), CheckpointOptions())
-    block = pol.ds_checkpoint_block()
+    block = pol.files().ds_checkpoint_block()
     assert block["parallel_write"]["pipeline_stage"] is True  # pp > 1
-    assert checkpoint_policy(_estimate(), CheckpointOptions()).ds_checkpoint_block()["parallel_write"] == {
+    assert checkpoint_policy(_estimate(), CheckpointOptions()).files().ds_checkpoint_block()["parallel_write"] == {
         "pipeline_stage": False}
-    assert pol.ds_checkpoint_block(load_universal=True)["load_universal"] is True
+    assert pol.files().ds_checkpoint_block(load_universal=True)["load_universal"] is True
     paths = {f"checkpoint.{p}" for p in _dotted(block)}
     assert paths == {"checkpoint.tag_validation", "checkpoint.load_universal", "checkpoint.use_node_local_storage",
                      "checkpoint.parallel_write.pipeline_stage"}
@@ -203,15 +202,15 @@ def test_ds_blocks_parse_with_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
     pol = checkpoint_policy(_estimate(pp=2, engine="megatron-deepspeed"), CheckpointOptions())  # ZeRO-1 (ZeRO-3 forbids pp > 1)
-    zero = {"stage": 3, **checkpoint_policy(_estimate(zero_stage=3), CheckpointOptions()).ds_zero_options()}
+    zero = {"stage": 3, **checkpoint_policy(_estimate(zero_stage=3), CheckpointOptions()).files().ds_zero_options()}
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
-    cfg = DeepSpeedConfig({"train_batch_size": 1, "checkpoint": pol.ds_checkpoint_block(load_universal=True),
+    cfg = DeepSpeedConfig({"train_batch_size": 1, "checkpoint": pol.files().ds_checkpoint_block(load_universal=True),
                            "zero_optimization": zero})  # zero_optimization rejects unknown keys
     assert cfg.checkpoint_tag_validation_enabled and cfg.checkpoint_tag_validation_fail
     assert cfg.load_universal_checkpoint is True and cfg.use_node_local_storage is False
     assert cfg.checkpoint_parallel_write_pipeline is True
     assert cfg.zero_config.gather_16bit_weights_on_model_save is True
-    assert checkpoint_policy(_estimate(), CheckpointOptions()).ds_zero_options() == {}
+    assert checkpoint_policy(_estimate(), CheckpointOptions()).files().ds_zero_options() == {}
 
 
 def test_resume_notes():

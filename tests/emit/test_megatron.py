@@ -10,12 +10,20 @@ import pytest
 
 from autotune.api import make_plan
 from autotune.emit.megatron import (
-    MEGATRON_DEEPSPEED_FLAGS, MEGATRON_NCCL_DEFAULTS, megatron_args, megatron_args_problems,
-    megatron_deepspeed_args, megatron_env, megatron_flag_table, parse_shell_args, read_megatron_args_file,
+    MEGATRON_DEEPSPEED_FLAGS,
+    MEGATRON_NCCL_DEFAULTS,
+    megatron_args,
+    megatron_args_problems,
+    megatron_deepspeed_args,
+    megatron_env,
+    megatron_flag_table,
+    parse_shell_args,
+    read_megatron_args_file,
     read_megatron_args_file_with_env,
 )
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import precision_summary, te_fp8_recipe_snippet
+from autotune.engines import engine_for
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
@@ -80,7 +88,7 @@ def test_every_emitted_flag_exists_with_a_valid_value(case):
 
 def test_plan_dimensions_become_their_flags():
     m, c, plan = _setup(*CASES[2][1:4], **CASES[2][4])
-    args = megatron_args(m, c, plan)
+    args = megatron_args(m, c, plan, fp8_param_gather=engine_for(plan).fp8_param_gather(plan))  # the engine says
     joined = " ".join(args)
     assert "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7" in joined
     assert "--recompute-granularity full --recompute-method block --recompute-num-layers 2" in joined
@@ -405,7 +413,9 @@ def test_precision_summary_and_non_fp8_plans():
     assert precision_summary(ParallelPlan(precision="bf16"))["fp8"] is None
     fp16 = precision_summary(ParallelPlan(precision="fp16"))
     assert fp16["loss_scaling"]["dynamic"] and fp16["params_dtype"] == "fp16"
-    fp8 = precision_summary(ParallelPlan(precision="fp8", zero_stage=1, engine="megatron"))
+    fp8_plan = ParallelPlan(precision="fp8", zero_stage=1, engine="megatron")
+    megatron = engine_for(fp8_plan)
+    fp8 = precision_summary(fp8_plan, fp8_param_gather=megatron.fp8_param_gather(fp8_plan), fp8_how=megatron.fp8_how(fp8_plan))
     assert fp8["fp8"]["format"] == "hybrid" and fp8["fp8"]["param_gather"] and fp8["params_dtype"] == "bf16"
     with pytest.raises(InputError, match="fp8 plans"):
         te_fp8_recipe_snippet(ParallelPlan(precision="bf16"))

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.api import estimate, make_plan
-from autotune.emit.bundle import render_bundle
+from autotune.bundle.writer import render_bundle
 from autotune.emit.megatron import megatron_args_problems
 from autotune.emit.shell_args import parse_shell_args_with_lines
 from autotune.errors import InputError

@@ -3,7 +3,7 @@
 import pytest
 
 from autotune.api import estimate, make_plan
-from autotune.emit.plan_md import plan_markdown, plan_reasons
+from autotune.bundle.plan_md import plan_markdown, plan_reasons
 from autotune.report import memory_table
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset

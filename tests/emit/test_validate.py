@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from autotune.commands import validate as validate_command
+from autotune.api import make_plan
 from autotune.emit.deepspeed import deepspeed_config
 from autotune.emit.validate import has_errors, validate_deepspeed_config
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster, load_model
-from autotune.specs.plan import ParallelPlan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL = load_model("llama3-8b")
 CLUSTER = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
 # ZeRO-2, micro-batch 2 x accumulation 4 x dp 8 = 64 sequences.
-PLAN = ParallelPlan.for_cluster(num_gpus=8, global_batch_size=64, micro_batch_size=2, zero_stage=2, seq_len=4096)
+PLAN = make_plan(MODEL, CLUSTER, global_batch_size=64, micro_batch_size=2, zero_stage=2, seq_len=4096)
 BASE = deepspeed_config(MODEL, CLUSTER, PLAN)
 
 

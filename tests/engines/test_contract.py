@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from autotune.api import estimate, estimate_from_dict, make_plan
-from autotune.emit.bundle import render_bundle, write_bundle
+from autotune.bundle.writer import render_bundle, write_bundle
 from autotune.emit.options import EmitOptions
-from autotune.engines import ENGINES, Engine, engine_for, engines_that_run
+from autotune.engines import ENGINES, Engine, engine_for
 from autotune.errors import InputError
+from autotune.rules import engines_that_run, plan_problems
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ENGINE_NAMES, ParallelPlan
-from autotune.specs.rules import plan_problems
 
 CLUSTER = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)  # a preset: it carries the kernel facts
 MODEL = ModelSpec(name="m", num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=8,

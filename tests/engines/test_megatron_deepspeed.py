@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autotune.api import estimate, make_plan
-from autotune.emit.bundle import write_bundle
+from autotune.bundle.writer import write_bundle
 from autotune.specs.loading import load_cluster, load_model
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autotune.api import estimate, make_plan
-from autotune.emit.checkpoint import checkpoint_policy
+from autotune.cost.checkpoint import checkpoint_policy
 from autotune.emit.options import CheckpointOptions
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import cluster_defaults, load_gpu_preset
@@ -51,8 +51,8 @@ def runs(tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("ckpt"))
     policy = _policy(ckpt, zero_stage=3)
     common = ["--ckpt-dir", ckpt, "--steps", "6", "--zero-stage", "3", "--dtype", "bf16",
-              "--checkpoint-block", json.dumps(policy.ds_checkpoint_block()),
-              "--zero-options", json.dumps(policy.ds_zero_options())]
+              "--checkpoint-block", json.dumps(policy.files().ds_checkpoint_block()),
+              "--zero-options", json.dumps(policy.files().ds_zero_options())]
     a = _torchrun("--mode", "train", "--save-steps", "2", "3", "4", "--keep-last", str(KEEP_LAST),
                   "--export-16bit", *common)
     b = _torchrun("--mode", "resume", *common)
@@ -76,7 +76,7 @@ def test_resume_reproduces_steps_5_and_6(runs):
 def test_learning_rate_changes_every_step(runs):
     lrs = [r["lr"] for r in runs["a"]["records"]]
     assert all(x < y for x, y in zip(lrs[1:], lrs[2:])), lrs  # warmup ramp from step 2 on
-    assert runs["a"]["ds_config"]["checkpoint"] == runs["policy"].ds_checkpoint_block()
+    assert runs["a"]["ds_config"]["checkpoint"] == runs["policy"].files().ds_checkpoint_block()
 
 
 def test_every_rank_wrote_its_partition(runs):
@@ -118,7 +118,7 @@ def test_size_model_matches_zero1_files(tmp_path):
     # ZeRO-1: rank 0 also writes the 16-bit weights (mp_rank_00_model_states.pt): 2 + 12 B/param.
     policy = _policy(str(tmp_path), zero_stage=1)
     a = _torchrun("--mode", "train", "--ckpt-dir", str(tmp_path), "--steps", "1", "--save-steps", "1",
-                  "--zero-stage", "1", "--checkpoint-block", json.dumps(policy.ds_checkpoint_block()))
+                  "--zero-stage", "1", "--checkpoint-block", json.dumps(policy.files().ds_checkpoint_block()))
     files = a["folders"]["global_step1"]
     assert policy.sizes.weight_bytes_total == 2 * TINY.num_params
     assert files["mp_rank_00_model_states.pt"] == pytest.approx(policy.sizes.weight_bytes_total, rel=0.05)

@@ -4,15 +4,15 @@ import itertools
 
 import pytest
 
-from autotune.engines import engine_for
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import estimate_step_time
+from autotune.engines import engine_for
+from autotune.rules import plan_problems
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints, dimension_values
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.rules import plan_problems
 
 MODEL = ModelSpec(name="m", num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=4,
                   ffn_hidden_size=5632, vocab_size=32000, activation="swiglu", norm="rmsnorm",
@@ -91,9 +91,9 @@ def test_pruned_rule_checks_rank_exactly_what_the_full_check_does(monkeypatch, g
     # GPUs: pipelined FSDP plans whose larger micro-batches leave fewer micro-batches than stages (an engine rule
     # of the inner loop, fsdp:pp_microbatches).
     import autotune.search.planner as planner
+    from autotune.rules import plan_problems as full
     from autotune.search.space import SearchConstraints
     from autotune.specs.presets import load_model_preset
-    from autotune.specs.rules import plan_problems as full
 
     model, cluster = load_model_preset(model_name), load_cluster(gpu=gpu, num_gpus=num_gpus)
     space = SearchConstraints(precisions=("bf16", "fp8") if gpu.startswith("h100") else ("bf16",),

@@ -4,10 +4,10 @@ import pytest
 
 from autotune.api import make_plan
 from autotune.errors import InputError
+from autotune.rules import plan_problems
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.rules import plan_problems
 
 GPU = GPUSpec(name="a100", memory_gib=80, peak_tflops={"bf16": 312, "fp16": 312}, hbm_bandwidth_gb_per_s=2039)
 CLUSTER = ClusterSpec(gpu=GPU, num_nodes=2, gpus_per_node=8, intra_node_bandwidth_gb_per_s=300,

@@ -18,17 +18,18 @@ from pathlib import Path
 
 import yaml
 
-from autotune.api import Estimate
-from autotune.emit.checkpoint import CheckpointPolicy, checkpoint_policy
+from autotune.bundle.plan_md import plan_markdown
+from autotune.cost.checkpoint import CheckpointPolicy, checkpoint_policy
+from autotune.cost.estimate import Estimate
 from autotune.emit.launch import render_launch_scripts
 from autotune.emit.megatron import megatron_env
 from autotune.emit.options import EmitOptions
-from autotune.emit.plan_md import plan_markdown
 from autotune.emit.precision import te_fp8_recipe_snippet
 from autotune.emit.validate import has_errors, validate_deepspeed_config
 from autotune.engines import engine_for
 from autotune.engines.common import DS_CONFIG
 from autotune.errors import InputError
+from autotune.report import plan_summary
 
 __all__ = ["Bundle", "render_bundle", "write_bundle", "DS_CONFIG"]
 
@@ -48,13 +49,15 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     files: dict[str, str] = {}
     env = megatron_env(plan, extra=options.launch.nccl_env)
 
-    engine_files = engine_for(plan).render_files(est, options, policy, env)
+    engine = engine_for(plan)
+    engine_files = engine.render_files(model, cluster, plan, options, policy.files(), env)
     files.update(engine_files.files)
+    summary = plan_summary(plan)
     if plan.precision == "fp8":
-        files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan)
+        files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan, summary)
     files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
                                        env=engine_files.env, entry=engine_files.entry,
-                                       bundle_files={*engine_files.files, "plan.json"}))
+                                       bundle_files={*engine_files.files, "plan.json"}, summary=summary))
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()}, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text(), measured=measured,
                                      files=sorted(files), user_script_needs=engine_files.user_script_needs)

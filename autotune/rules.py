@@ -1,19 +1,20 @@
 """Rules a ParallelPlan must satisfy for a model and a cluster.
 
-Each rule is the one DeepSpeed 0.19.8 or Megatron-LM enforces (sources:
-``../shared/reference/deepspeed-megatron-surface.md``; line numbers are Megatron-LM's
-``arguments.py`` / DeepSpeed's files). :func:`plan_problems` returns every violation with the
-way out; it never raises, so the planner can count rejections by rule.
+Each generic rule is the one DeepSpeed 0.19.8 or Megatron-LM enforces (line numbers are Megatron-LM's
+``megatron/training/arguments.py`` and DeepSpeed's files, as cited at each rule); the plan's engine adds its
+own (``autotune.engines``: what it supports, and its ``extra_problems``). :func:`plan_problems` returns every
+violation with the way out; it never raises, so the planner can count rejections by rule.
+:func:`engines_that_run` says which engines would take a plan as it is.
 """
 
 from __future__ import annotations
 
-from autotune.errors import require_no_problems
+from autotune.engines import ENGINES, engine_for
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["inner_plan_problems", "plan_problems", "validate_plan"]
+__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run"]
 
 
 def _divisors(n: int) -> str:
@@ -28,6 +29,7 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         out.append((rule, message))
 
     tp, pp, cp, dp, vpp, ep = plan.tp, plan.pp, plan.cp, plan.dp, plan.vpp, plan.ep
+    engine = engine_for(plan)
     # Megatron arguments.py:433 "world size is not divisible by total_model_size".
     if plan.world_size != cluster.num_gpus:
         bad("world_size", f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {plan.world_size} but the cluster has "
@@ -44,9 +46,7 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
                          f"{model.num_layers}")
     # torch.distributed.pipelining (layer split "any") builds its pp x vpp stages from module names, uneven too.
-    from autotune.engines import engine_for
-
-    free_split = engine_for(plan).support.layer_split == "any"
+    free_split = engine.support.layer_split == "any"
     if vpp > 1 and free_split:
         if model.num_layers < pp * vpp:
             bad("layers_vpp", f"{pp} x {vpp} virtual stages need at least {pp * vpp} layers ({model.num_layers})")
@@ -84,7 +84,7 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (has {have}): pick one of those")
     _inner_core_problems(model, plan, bad)
     # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
-    out += [(r.id, r.render()) for r in engine_for(plan).plan_problems(model, cluster, plan)]
+    out += [(r.id, r.render()) for r in engine.plan_problems(model, cluster, plan)]
     return out
 
 
@@ -98,8 +98,6 @@ def inner_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
         out.append((rule, message))
 
     _inner_core_problems(model, plan, bad)
-    from autotune.engines import engine_for
-
     out += [(r.id, r.render()) for r in engine_for(plan).extra_problems(model, cluster, plan)]
     return out
 
@@ -126,17 +124,6 @@ def _inner_core_problems(model: ModelSpec, plan: ParallelPlan, bad) -> None:
                                     f"({-(-model.num_layers // pp)} at most)")
 
 
-def validate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> None:
-    """Raise InputError listing every rule the plan breaks, and which engines would run it as it is."""
-    problems = plan_problems(model, cluster, plan)
-    if not problems:
-        return
-    messages = [msg for _, msg in problems]
-    engine_rules = [r for r, _ in problems if ":" in r or r.startswith(("offload_", "ep_tp_sp"))]
-    if engine_rules:
-        from autotune.engines import engines_that_run
-
-        others = [e for e in engines_that_run(model, cluster, plan) if e != plan.engine]
-        messages.append(f"engines that can run this plan as it is: {', '.join(others)}" if others else
-                        "no engine runs this plan as it is: change the plan as the messages say")
-    require_no_problems(messages, subject="plan")
+def engines_that_run(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[str]:
+    """Names of the engines whose rules accept ``plan`` as it is (for 'which engines can run it')."""
+    return [name for name in ENGINES if not plan_problems(model, cluster, plan.with_(engine=name))]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autotune.emit.precision import precision_summary
-from autotune.report import format_params, gib, memory_table, plan_summary
 from autotune.engines import engine_for
+from autotune.report import format_params, gib, memory_table, plan_summary
 from autotune.specs.layout import layer_counts
 
 __all__ = ["plan_markdown", "plan_reasons"]
@@ -94,7 +94,8 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     if plan.recompute == "full" and plan.recompute_num_layers:
         detail = f"{plan.recompute_num_layers} layers per stage recomputed (block method), the rest kept"
     rows.append(("recompute", plan.recompute, detail))
-    prec = precision_summary(plan)
+    engine = engine_for(plan)
+    prec = precision_summary(plan, fp8_param_gather=engine.fp8_param_gather(plan), fp8_how=engine.fp8_how(plan))
     why = f"{prec['params_dtype']} weights and activations, fp32 master weights and optimizer states"
     if prec["fp8"]:
         why += (f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, delayed scaling over "

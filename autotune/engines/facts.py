@@ -1,0 +1,143 @@
+"""What an engine declares about itself, as plain data: the plan dimensions it runs (:class:`EngineSupport`),
+how it schedules communication (:class:`CommSchedule`), how its code saves activations
+(:class:`ActivationFacts`), a rule it enforces (:class:`Rule`) and the files it writes (:class:`EngineFiles`).
+
+The engine ABC (``autotune.engines.base``) and the support rules read these; so do the cost model, the
+planner and the bundle above the engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EngineFiles"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """One refusal: which rule, the engine's own words for it, where the engine enforces it."""
+
+    id: str
+    message: str
+    source: str
+
+    def render(self) -> str:
+        return f"{self.message} ({self.source})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSupport:
+    """The plan dimensions an engine runs, and how it realises each one (None: not supported)."""
+
+    tp: str | None
+    """How tensor parallelism is done: "megatron" (column/row-parallel layers), "autotp", "dtensor"."""
+    sequence_parallel: bool
+    """Megatron-style sequence parallelism over the TP ranks (norms and dropout split along the sequence)."""
+    pp: str | None
+    """The pipeline engine: "megatron" (1F1B, interleaved), "deepspeed" (PipelineModule, 1F1B),
+    "pipelining" (torch.distributed.pipelining)."""
+    vpp: bool
+    """Interleaved (virtual) pipeline stages."""
+    layer_split: str
+    """How uneven layer counts are split over stages: see ``autotune.specs.layout``."""
+    tp_with_pp: bool
+    cp: str | None
+    """Context parallelism: "ring" (Megatron CP / torch ring attention) or "ulysses" (DeepSpeed all-to-all)."""
+    ep: bool
+    zero_stages: tuple[int, ...]
+    """0-3 as this engine understands them (see :meth:`Engine.sharding`)."""
+    zero_stages_with_pp: tuple[int, ...]
+    offload_optimizer: tuple[str, ...] = ("none",)
+    offload_param: tuple[str, ...] = ("none",)
+    hybrid_shard: bool = False
+    """A replicate x shard data-parallel mesh (FSDP2 HSDP)."""
+    precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommSchedule:
+    """How an engine schedules its communication (what overlaps with compute, what is exposed)."""
+
+    dp_overlap: str
+    """Gradient reduction: "bucketed" (DeepSpeed overlap_comm / Megatron overlap-grad-reduce, hidden behind
+    backward except the last bucket) or "per_layer" (FSDP2: reduce-scatter per wrapped block)."""
+    param_gather: str
+    """ZeRO-3 / FSDP parameter all-gathers: "prefetch" (DeepSpeed stage3_prefetch_bucket_size, one layer ahead),
+    "fsdp2" (fully_shard implicit prefetch of the next block), "none"."""
+    pipeline_schedule: str | None
+    """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
+    cp_kind: str | None
+    """"ring" or "ulysses"."""
+    tp_overlap: str = "none"
+    """How TP collectives overlap GEMMs by default: "none", "userbuffers" (Megatron ``--tp-comm-overlap``, TE
+    userbuffers), "async-tp" (torch micro-pipelined TP, ``_micro_pipeline_tp``); a run may turn it on."""
+    prefetch_layers: int = 1
+    """ZeRO-3 / FSDP: blocks whose parameters are gathered ahead of the running one (the rest waits)."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel generation the engine runs: "fa2" (FlashAttention-2, torch SDPA's flash
+    backend), "fa3" (Hopper-class: FlashAttention-3 / cuDNN fused attention through Transformer Engine)."""
+    fp8_recipe: str = "te-delayed"
+    """Default FP8 recipe: "te-delayed", "te-current" (Transformer Engine), "torchao-tensorwise",
+    "torchao-rowwise" (torchao.float8)."""
+    fp8_param_gather: bool = False
+    """ZeRO-3 / FSDP gathers FP8 weights (torchao ``enable_fsdp_float8_all_gather``) instead of 16-bit ones."""
+    grad_sync_every_microbatch: bool = False
+    """Gradients reduced after every micro-batch (FSDP2, ZeRO-2/3 partitioned gradients), not once per step."""
+    pp_scatter_gather: bool = False
+    """Pipeline sends split over the TP ranks: each sends 1/tp of the activation over its own NIC and the next
+    stage all-gathers it over NVLink (Narayanan et al. 2021 Sec. 4.1); otherwise every TP rank sends it whole."""
+    tp_backward_overlap: bool = False
+    """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
+    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
+    param_gather_overlap: bool = False
+    """ZeRO-1/2 / distributed optimizer: the all-gather of the updated 16-bit weights after the optimizer step runs
+    behind the next forward (Megatron ``--overlap-param-gather``, emitted with overlap_comm). False: it runs inside
+    the optimizer step and waits (DeepSpeed ``all_gather_dp_groups`` at the end of ``step()`` in
+    runtime/zero/stage_1_and_2.py and runtime/bf16_optimizer.py)."""
+    elementwise_kernels: str = "fused"
+    """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
+    or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without
+    torch.compile; ``autotune.cost.layer_time.EAGER_BYTES``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationFacts:
+    """How an engine's code saves activations, where engines differ (defaults: Megatron-LM / DeepSpeed)."""
+
+    selective: str = "attention-core"
+    """What ``recompute="selective"`` recomputes: "attention-core" (Korthikanti Sec. 5, Megatron
+    ``--recompute-granularity selective``) or "op-sac" (torchtitan ``selective_ac_option = 'op'``:
+    ``autotune.cost.activations.op_sac_layer_bytes``)."""
+    loss_backward_bytes_per_logit: float = 0.0
+    """Bytes per (token, vocab entry of this GPU) the loss backward allocates beyond the saved fp32 softmax /
+    log-probabilities, while every saved activation is still live. 0: Megatron's vocab-parallel cross entropy
+    writes the gradient into the saved softmax (tensor_parallel/cross_entropy.py, ``grad_input = softmax``).
+    8: aten ``log_softmax`` + ``nll_loss`` on fp32 logits (``nll_loss_backward`` allocates a zero fp32
+    gradient, ``_log_softmax_backward_data`` a second one; torchtitan train.py ``loss_fn``). 12: DTensor
+    ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``:
+    ``zeros_like(x)``, ``exp(x)``, their sum and its product with the output gradient)."""
+    gathered_linear_inputs: bool = False
+    """With sequence parallelism, column-parallel linears (QKV, fc1, output layer) save their all-gathered
+    input (DTensor ``ColwiseParallel`` after ``PrepareModuleInput`` to ``Replicate``), not the SP shard
+    (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` saves the shard and gathers it again)."""
+    fp8_input_bytes: int = 1
+    """Bytes per element an FP8 linear saves of its input: 1 (Transformer Engine saves the FP8 cast);
+    2 (torchao float8 ``matmul_with_hp_or_float8_args`` saves the high-precision input, casts in backward)."""
+
+
+MEGATRON_FACTS = ActivationFacts()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFiles:
+    """What an engine writes for a plan, and how the launch scripts start it."""
+
+    files: dict[str, str]
+    entry: str
+    """The training program (a script path, or ``-m module``)."""
+    program_args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    launcher: str = "torchrun"
+    """"torchrun" or "deepspeed": which launcher the emitted scripts use."""
+    user_script_needs: tuple[str, ...] = ()
+    """What a user's own training script must provide to reproduce the plan (for plan.md)."""

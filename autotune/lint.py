@@ -1,0 +1,80 @@
+"""Lints that need the cost model, above the file-format linters of ``autotune.emit``: whether the plan a
+DeepSpeed config implies fits the GPUs (:func:`memory_problems`), and :func:`lint_file`, which checks an
+autotune ``plan.json`` by rebuilding its estimate and hands every other kind of file to
+``autotune.emit.validate_files.validate_file``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.api import estimate_from_dict, plan_from_deepspeed_config
+from autotune.cost.memory import estimate_memory
+from autotune.emit.problems import Problem
+from autotune.emit.validate import read_deepspeed_config, resolved_config
+from autotune.emit.validate_files import file_kind, validate_file
+from autotune.errors import InputError
+from autotune.inputs import read_json
+from autotune.report import gib
+
+__all__ = ["lint_file", "memory_problems"]
+
+
+def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
+              kind: str | None = None, hf: bool | None = None) -> list[Problem]:
+    """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable); ``kind``
+    and ``hf`` as for ``autotune.emit.validate_files.validate_file``, plus "plan" (autotune's plan.json)."""
+    if (kind or file_kind(path)) == "plan":
+        return _plan_problems(path, world_size)
+    return validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf)
+
+
+def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, pp: int = 1, cp: int = 1,
+                    seq_len: int = 4096, recompute: str | None = None) -> list[Problem]:
+    """Whether the plan the config implies fits ``cluster``'s GPUs (and hosts), by the memory ledger.
+
+    The world size is the cluster's GPU count. Call it on a config without errors (see
+    :func:`validate_deepspeed_config`); "auto" values are resolved as for ``hf=True``.
+    """
+    data, _, read_problems = read_deepspeed_config(config)
+    if data is None:
+        return read_problems
+    data = resolved_config(data, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp)
+    try:
+        plan, settings = plan_from_deepspeed_config(data, model, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq_len,
+                                                    recompute=recompute)
+    except InputError as err:
+        return [Problem(path="$", severity="error", source="memory", message=f"the plan this config implies for "
+                        f"{model.name} is invalid: {p}",
+                        fix="change the config, or the --tp/--pp/--cp/--gpu it is checked for") for p in err.problems]
+    mem = estimate_memory(model, cluster, plan, settings)
+    where = f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}, seq_len {seq_len}, recompute {plan.recompute}"
+    out = []
+    if not mem.fits_gpu:
+        terms = ", ".join(f"{k} {gib(v)}" for k, v in mem.terms().items() if v)
+        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
+                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU "
+                                   f"(pipeline stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
+                           fix="raise the ZeRO stage, offload the optimizer (or parameters), recompute activations "
+                               "(--recompute full), or lower train_micro_batch_size_per_gpu; `autotune plan` "
+                               "searches them all"))
+    if not mem.fits_host:
+        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
+                           message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
+                                   f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
+                           fix="offload to nvme, or spread over more nodes"))
+    return out
+
+
+def _plan_problems(path: str | Path, world_size: int) -> list[Problem]:
+    """autotune's ``plan.json``: it rebuilds its estimate (InputError naming what is wrong otherwise)."""
+    doc = read_json(path, subject="plan JSON")
+    if not isinstance(doc, dict):
+        raise InputError(["not an autotune plan JSON: expected an object with model, cluster and plan"],
+                         subject=f"plan JSON {str(path)!r}")
+    est = estimate_from_dict(doc)
+    if est.plan.world_size != world_size:
+        return [Problem(path="$.plan", severity="error", source="rules",
+                        message=f"the plan spans {est.plan.world_size} ranks, the job {world_size}",
+                        fix=f"validate with --world-size {est.plan.world_size}, or emit a plan for {world_size}")]
+    return []

@@ -1,0 +1,34 @@
+"""The one-line plan notation of tables, logs and file headers: ``tp8 pp4x2 dp16 cp2 ep8 mcore-distopt sp
+mb1x32 rc-selective bf16``.
+
+Pure: the engine's sharding tag (``mcore-distopt``, ``ds-zero3``, ``fsdp-full``) is passed in by whoever
+knows the engine (``autotune.report.plan_summary`` asks the plan's engine for it).
+"""
+
+from __future__ import annotations
+
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["plan_notation"]
+
+
+def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
+    """One line: the parallel layout and the settings that change memory or time (no tag: no sharding word)."""
+    parts = [f"tp{plan.tp}", f"pp{plan.pp}" + (f"x{plan.vpp}" if plan.vpp > 1 else ""), f"dp{plan.dp}"]
+    if plan.cp > 1:
+        parts.append(f"cp{plan.cp}")
+    if plan.ep > 1:
+        parts.append(f"ep{plan.ep}")
+    if sharding_tag:
+        parts.append(sharding_tag)
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if plan.offload_optimizer != "none":
+        parts.append(f"opt->{plan.offload_optimizer}")
+    if plan.offload_param != "none":
+        parts.append(f"param->{plan.offload_param}")
+    parts.append(f"mb{plan.micro_batch_size}x{plan.grad_accum_steps}")
+    if plan.recompute != "none":
+        parts.append(f"rc-{plan.recompute}")
+    parts.append(plan.precision)
+    return " ".join(parts)

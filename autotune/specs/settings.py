@@ -1,0 +1,41 @@
+"""The knobs of a run that change its memory: engine bucket sizes, the CUDA context, NCCL buffers, the
+allocator's fragmentation reserve, the selective-recompute policy, NVMe offload buffers.
+
+Typed data only: the ledger (``autotune.cost.memory``) reads it, the engines size their buffers from it and
+the DeepSpeed writer writes its bucket sizes from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MemorySettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemorySettings:
+    """Engine settings and overheads the ledger needs. Defaults are DeepSpeed's and Megatron's."""
+
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` (elements)."""
+    allgather_bucket_size: int = 500_000_000
+    """DeepSpeed ``zero_optimization.allgather_bucket_size`` (elements)."""
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    cuda_context_bytes: int | None = None
+    """CUDA context and cuBLAS/cuDNN workspaces, outside the caching allocator. None: 0.75 GiB on a GPU
+    (a CUDA 12 context is ~0.5 GiB on H100, cuBLAS workspaces and kernels images the rest), 0 on ``cpu``."""
+    nccl_bytes_per_communicator: int | None = None
+    """NCCL buffers per process group of more than one rank. None: 256 MiB on a GPU (NCCL_BUFFSIZE 4 MiB
+    per channel and peer, 2 ring peers, up to 32 channels), 0 on ``cpu`` (gloo)."""
+    fragmentation_fraction: float = 0.10
+    """Caching-allocator reserve beyond the allocated peak, as a fraction of it (fragmentation and 2 MiB /
+    20 MiB segment rounding, blocks cached per stream). Fitted (``python bench/fit_fragmentation.py``: the
+    smallest median |error|) on the 13 published runs with a peak memory: 9 torchtitan H100 runs
+    (``max_memory_reserved``, Llama 3.1 8B / 70B / 405B, FSDP2 / TP / PP / CP, bf16 and Float8) and 4 BLOOM
+    tr11 runs (nvidia-smi, Megatron-DeepSpeed). The only fitted memory parameter."""
+    selective_policy: str | None = None
+    """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
+    ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
+    offload_buffer_bytes: int = 5 * 100_000_000 * 2
+    """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
