@@ -1,14 +1,21 @@
 """Reading a shell file of Megatron arguments without running a shell.
 
-Understood: ``--flag value`` lines with ``\\`` continuations, bash arrays (``ARGS=( ... )``, the form of
-Megatron's examples and of ``autotune emit``), a launch line (``torchrun ... pretrain_gpt.py ARGS``), ``export``
-and plain assignments. Everything else is ignored.
+The file is split into words as bash does (quotes, ``\\`` continuations, comments, ``$VAR`` / ``${VAR}`` /
+``${VAR:-default}`` and ``${ARRAY[@]}`` expansions, word splitting of unquoted expansions), with the variables and
+arrays (``ARGS=( ... )``, ``ARGS+=( ... )``) the file sets before the point of use. Nothing is run: command
+substitutions (``$(...)``) stay as written. Of an ``if``, the branch a test of known words selects is read
+(``[ "$X" = 1 ]``, ``[[ "$DTYPE" == "fp8" ]]``, ``-z`` / ``-n``); with an unknown test, the first branch.
+
+The arguments are those given to the training script on a launch line (``torchrun ${DISTRIBUTED_ARGS[@]}
+pretrain_gpt.py ${GPT_ARGS[@]}``: the words after ``pretrain_gpt.py``, never the launcher's own
+``--nproc_per_node`` / ``--master_addr``). A file with no launch line (``autotune emit``'s ``megatron_args.sh``,
+a bare list of flags) gives the contents of its arrays and its ``--flag value`` lines, in order.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.emit.megatron_flags import is_flag
@@ -18,153 +25,440 @@ from autotune.inputs import read_text
 __all__ = ["parse_shell_args", "parse_shell_args_with_lines", "read_megatron_args_file",
            "read_megatron_args_file_with_env", "read_megatron_args_file_with_lines", "MAX_ARGS_FILE_BYTES"]
 
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-_ARRAY_REF = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}?$")
-_LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "srun")
-
-
-_SHELL_CONTROL = re.compile(r"^(\|\|?|&&?|;|\d*[<>].*)$")
-
-
-def _is_array_ref(token: str, arrays: set[str]) -> bool:
-    if token in ("$@", "$*"):
-        return True
-    m = _ARRAY_REF.match(token)
-    return bool(m) and (m.group(2) is not None or m.group(1) in arrays)
-
-
-def _until_control(tokens: list[str]) -> list[str]:
-    """Tokens up to the first pipe, list operator or redirection (``| tee log``, ``2>&1``, ``&& echo``)."""
-    for i, token in enumerate(tokens):
-        if _SHELL_CONTROL.match(token):
-            return tokens[:i]
-    return tokens
-
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
+_ASSIGN_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BRACED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*])\])?(?:(:?[-=])(.*))?$", re.S)
+_LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "exec", "nohup")
+_BLANKS = " \t\n"
 
 MAX_ARGS_FILE_BYTES = 1 << 20
 """A Megatron argument file is a few KB; Megatron's own examples are under 10 KB."""
 MAX_LINE_CHARS = 1 << 16
-"""shlex is pure Python: a longer logical line is refused instead of tokenized for seconds."""
+"""A longer physical line is refused: no Megatron arguments file has one."""
+
+Value = tuple[str, tuple[int, ...]]
+"""A word or a variable's value: its text and the 1-based file line of each character."""
 
 
-def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
-    """(1-based first line, its physical lines) of each logical line (backslash continuations joined)."""
-    out: list[tuple[int, list[str]]] = []
-    current: list[str] = []
-    start = 1
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not current:
-            start = number
-        if raw.endswith("\\") and not raw.lstrip().startswith("#"):
-            current.append(raw[:-1])
-            continue
-        current.append(raw)
-        out.append((start, current))
-        current = []
-    if current:
-        out.append((start, current))
+@dataclass
+class _State:
+    variables: dict[str, Value] = field(default_factory=dict)
+    arrays: dict[str, list[Value]] = field(default_factory=dict)
+
+
+class _Words:
+    """The words of one simple command as they are built (word splitting of unquoted expansions included)."""
+
+    def __init__(self) -> None:
+        self.words: list[Value] = []
+        self.chars: list[str] = []
+        self.lines: list[int] = []
+        self.started = False
+
+    def add(self, text: str, lines: tuple[int, ...] | list[int], *, split: bool) -> None:
+        split = split and not _ASSIGN_PREFIX.match("".join(self.chars))  # bash does not split assignments
+        for ch, line in zip(text, lines):
+            if split and ch in _BLANKS:
+                self.end()
+            else:
+                self.chars.append(ch)
+                self.lines.append(line)
+                self.started = True
+
+    def end(self) -> None:
+        if self.started:
+            self.words.append(("".join(self.chars), tuple(self.lines)))
+        self.chars, self.lines, self.started = [], [], False
+
+
+class _Reader:
+    """bash's word splitting of a file, one simple command at a time (expansions use the variables set so far)."""
+
+    def __init__(self, text: str, state: _State) -> None:
+        self.text = text
+        self.state = state
+        self.i = 0
+        self.line = 1
+
+    # ---- characters ------------------------------------------------------------------------------
+    def _peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.text[j] if j < len(self.text) else ""
+
+    def _next(self) -> str:
+        ch = self.text[self.i]
+        self.i += 1
+        if ch == "\n":
+            self.line += 1
+        return ch
+
+    def _balanced(self, open_: str, close: str) -> str:
+        """The raw text up to the ``close`` matching an already consumed ``open_`` (quotes skipped), consumed."""
+        depth, out, quote = 1, [], ""
+        while self.i < len(self.text):
+            ch = self._next()
+            out.append(ch)
+            if quote:
+                if ch == "\\" and quote == '"' and self.i < len(self.text):
+                    out.append(self._next())
+                elif ch == quote:
+                    quote = ""
+            elif ch in "'\"":
+                quote = ch
+            elif ch == "\\" and self.i < len(self.text):
+                out.append(self._next())
+            elif ch == open_:
+                depth += 1
+            elif ch == close:
+                depth -= 1
+                if depth == 0:
+                    return "".join(out[:-1])
+        return "".join(out)
+
+    # ---- expansions ------------------------------------------------------------------------------
+    def _expand(self, words: _Words, quoted: bool) -> bool:
+        """Expand the ``$`` at the cursor into ``words``; False (nothing consumed) when it is a literal ``$``.
+        Returns True when a quoted ``"${A[@]}"`` made its own words (so an empty array makes none)."""
+        line = self.line
+        nxt = self._peek(1)
+        if nxt == "(":
+            self.i += 2
+            inner = self._balanced("(", ")")
+            raw = "$(" + inner + ")"
+            words.add(raw, [line] * len(raw), split=False)
+            return False
+        if nxt == "{":
+            self.i += 2
+            inner = self._balanced("{", "}")
+            return self._braced(words, inner, quoted, line)
+        if nxt in ("@", "*"):
+            self.i += 2
+            return True  # the script's own arguments: none when the file is read ("$@" makes no word)
+        m = _NAME.match(self.text, self.i + 1)
+        if not m:
+            return False
+        self.i = m.end()
+        self._scalar(words, m.group(0), "$" + m.group(0), quoted, line)
+        return False
+
+    def _scalar(self, words: _Words, name: str, raw: str, quoted: bool, line: int) -> None:
+        value = self.state.variables.get(name)
+        if value is None and name in self.state.arrays:
+            first = self.state.arrays[name][:1]
+            value = first[0] if first else ("", ())
+        if value is None:
+            words.add(raw, [line] * len(raw), split=False)  # unknown: kept as written
+        else:
+            words.add(*value, split=not quoted)
+
+    def _braced(self, words: _Words, inner: str, quoted: bool, line: int) -> bool:
+        m = _BRACED.match(inner)
+        raw = "${" + inner + "}"
+        if not m:
+            words.add(raw, [line] * len(raw), split=False)
+            return False
+        name, at, op, default = m.groups()
+        if at:
+            elements = self.state.arrays.get(name)
+            if elements is None:
+                elements = [self.state.variables[name]] if name in self.state.variables else None
+            if elements is None:
+                words.add(raw, [line] * len(raw), split=False)
+                return False
+            for n, element in enumerate(elements):
+                if n:
+                    words.end()
+                    words.started = quoted
+                words.add(*element, split=not quoted)
+                if quoted:
+                    words.started = True
+            return quoted
+        if op:
+            value = self.state.variables.get(name)
+            if value is None or (op.startswith(":") and not value[0]):
+                text = default.replace('"', "").replace("'", "")
+                text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
+                              lambda v: self.state.variables.get(v.group(1), (v.group(0),))[0], text)
+                words.add(text, [line] * len(text), split=not quoted)
+                return False
+            words.add(*value, split=not quoted)
+            return False
+        self._scalar(words, name, raw, quoted, line)
+        return False
+
+    # ---- words -----------------------------------------------------------------------------------
+    def command(self) -> list[Value | str] | None:
+        """The next simple command: its words, with ``"("`` / ``")"`` markers for array parentheses and the
+        control operator (``|``, ``||``, ``&&``, ``;``) that ends it early, as a string. None at the end of the file."""
+        if self.i >= len(self.text):
+            return None
+        words = _Words()
+        out: list[Value | str] = []
+        depth = 0
+        skip_next = False  # the target of a redirection
+
+        def end_word() -> None:
+            nonlocal skip_next
+            before = len(words.words)
+            words.end()
+            if skip_next and len(words.words) > before:
+                words.words.pop()
+                skip_next = False
+            out.extend(words.words)
+            words.words.clear()
+
+        while self.i < len(self.text):
+            ch = self._peek()
+            if ch == "\\":
+                if self._peek(1) == "\n":
+                    self.i += 1
+                    self._next()
+                    continue
+                line = self.line
+                self.i += 1
+                if self.i < len(self.text):
+                    words.add(self._next(), [line], split=False)
+                continue
+            if ch == "\n":
+                self._next()
+                if depth > 0:
+                    end_word()
+                    continue
+                break
+            if ch in " \t\r":
+                self.i += 1
+                end_word()
+                continue
+            if ch == "#" and not words.started:
+                while self.i < len(self.text) and self._peek() != "\n":
+                    self.i += 1
+                continue
+            if ch == "'":
+                line = self.line
+                self.i += 1
+                start = self.i
+                while self.i < len(self.text) and self._peek() != "'":
+                    self._next()
+                body = self.text[start:self.i]
+                self.i += 1
+                words.started = True
+                words.add(body, _char_lines(body, line), split=False)
+                continue
+            if ch == '"':
+                self.i += 1
+                self._double_quoted(words)
+                continue
+            if ch == "$":
+                before = self.i
+                self._expand(words, quoted=False)
+                if self.i == before:  # a literal $
+                    words.add(self._next(), [self.line], split=False)
+                continue
+            if ch in "()":
+                self.i += 1
+                end_word()
+                out.append(ch)
+                depth += 1 if ch == "(" else -1
+                continue
+            if ch in ";|&":
+                end_word()
+                start = self.i
+                while self._peek() in (";", "|", "&") and self._peek():
+                    self.i += 1
+                if depth > 0:
+                    continue
+                out.append(self.text[start:self.i])
+                break
+            if ch == "<" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=$", "".join(words.chars)) and \
+                    ">" in self.text[self.i:self.text.find("\n", self.i) % (len(self.text) + 1)]:
+                # X=<Specify path>: a placeholder of Megatron's older examples, read as one word (blanks as _)
+                line = self.line
+                end = self.text.index(">", self.i) + 1
+                placeholder = re.sub(r"\s", "_", self.text[self.i:end])
+                words.add(placeholder, [line] * len(placeholder), split=False)
+                self.i = end
+                continue
+            if ch in "<>":
+                if words.chars and all(c.isdigit() for c in words.chars):
+                    words.chars, words.lines, words.started = [], [], False
+                else:
+                    end_word()
+                while self._peek() in ("<", ">", "&") and self._peek():
+                    self.i += 1
+                skip_next = True
+                if self._peek().isdigit() or self._peek() == "-":  # 2>&1, >&-
+                    while self._peek().isdigit() or self._peek() == "-":
+                        self.i += 1
+                    skip_next = False
+                continue
+            words.add(self._next(), [self.line], split=False)
+        end_word()
+        return out
+
+    def _double_quoted(self, words: _Words) -> None:
+        made_words = False
+        while self.i < len(self.text):
+            ch = self._peek()
+            if ch == '"':
+                self.i += 1
+                break
+            if ch == "\\" and self._peek(1) in ('"', "\\", "$", "`", "\n"):
+                self.i += 1
+                line = self.line
+                escaped = self._next()
+                if escaped != "\n":
+                    words.add(escaped, [line], split=False)
+                continue
+            if ch == "$":
+                before = self.i
+                made_words = self._expand(words, quoted=True) or made_words
+                if self.i == before:
+                    words.add(self._next(), [self.line], split=False)
+                continue
+            line = self.line
+            words.add(self._next(), [line], split=False)
+        if not made_words:
+            words.started = True
+
+
+def _char_lines(text: str, first: int) -> list[int]:
+    out, line = [], first
+    for ch in text:
+        out.append(line)
+        if ch == "\n":
+            line += 1
     return out
 
 
-def _split(start: int, parts: list[str]) -> tuple[list[str], list[int]]:
-    """Tokens of one logical line and each token's physical line (whole-line split if a quote spans lines)."""
-    if sum(len(p) for p in parts) > MAX_LINE_CHARS:
-        raise InputError([f"line {start} is longer than {MAX_LINE_CHARS} characters: not a Megatron arguments line"],
-                         subject="Megatron arguments file")
-    tokens: list[str] = []
-    lines: list[int] = []
-    try:
-        for offset, part in enumerate(parts):
-            got = shlex.split(part, comments=True)
-            tokens += got
-            lines += [start + offset] * len(got)
-        return tokens, lines
-    except ValueError:
-        pass
-    joined = " ".join(parts)
-    try:
-        tokens = shlex.split(joined, comments=True)
-    except ValueError:
-        tokens = joined.split()
-    return tokens, [start] * len(tokens)
+def _check_lengths(text: str) -> None:
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if len(raw) > MAX_LINE_CHARS:
+            raise InputError([f"line {number} is longer than {MAX_LINE_CHARS} characters: not a Megatron arguments "
+                              "line"], subject="Megatron arguments file")
+
+
+def _is_launch(words: list[Value]) -> int | None:
+    """The index of the training script on a launch line (``torchrun ... pretrain_gpt.py``, ``uv run python -m
+    torch.distributed.run ... pretrain_gpt.py``, ``$LAUNCHER pretrain_gpt.py``), or None."""
+    script = next((i for i, (w, _) in enumerate(words) if w.endswith(".py")), None)
+    if script is None:
+        return None
+    first = words[0][0]
+    before = {w.rsplit("/", 1)[-1] for w, _ in words[:script]}
+    return script if script == 0 or first.startswith("$") or before & set(_LAUNCHERS) else None
+
+
+def _test(words: list[str], operator: str) -> bool | None:
+    """The value of ``[ A = B ]`` / ``[[ A == B ]]`` / ``!=`` / ``-z A`` / ``-n A`` with every word known
+    (followed by ``operator``), or None: unknown."""
+    if len(words) < 2 or (words[0], words[-1]) not in (("[", "]"), ("[[", "]]")):
+        return None
+    inner = words[1:-1]
+    negate = bool(inner) and inner[0] == "!"
+    inner = inner[1:] if negate else inner
+    if any("$" in w or "`" in w for w in inner):
+        return None
+    if len(inner) == 3 and inner[1] in ("=", "==", "!="):
+        value = (inner[0] == inner[2]) == (inner[1] != "!=")
+    elif len(inner) == 2 and inner[0] in ("-z", "-n"):
+        value = (inner[1] == "") == (inner[0] == "-z")
+    elif len(inner) == 1 and inner[0] in ("-z", "-n"):
+        value = inner[0] == "-n"
+    else:
+        return None
+    value = value != negate
+    if (value and operator == "&&") or (not value and operator == "||"):
+        return None  # decided by the next test
+    return value
 
 
 def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[str, str]]:
     """(arguments, each argument's 1-based line, exported variables) of a shell file of Megatron
     arguments (no shell is run): see :func:`parse_shell_args`."""
-    argv: list[str] = []
-    where: list[int] = []
+    _check_lengths(text)
+    state = _State()
     env: dict[str, str] = {}
-    variables: dict[str, str] = {}
-    arrays: set[str] = set()
-    in_array = False
-
-    def expand(token: str) -> str:
-        return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), token) if "$" in token \
-            else token
-
-    def take(tokens: list[str], lines: list[int]) -> None:
-        argv.extend(expand(t) for t in tokens)
-        where.extend(lines)
-
-    for start, parts in _logical_lines(text):
-        tokens, lines = _split(start, parts)
-        if not tokens:
+    launched: list[Value] = []   # the words after the training script on launch lines
+    listed: list[Value] = []     # array contents and --flag lines, for a file with no launch line
+    has_launch = False
+    branches: list[list[bool]] = []  # per open `if`: [this branch is read, a branch was read]
+    reader = _Reader(text, state)
+    while (tokens := reader.command()) is not None:
+        words = [t for t in tokens if not isinstance(t, str)]
+        while words and words[0][0] in ("then", "do", "{", "}", "done", "!"):
+            words = words[1:]
+        if not words:
             continue
-        if in_array:
-            if ")" in tokens:
-                end = tokens.index(")")
-                take(tokens[:end], lines[:end])
-                in_array = False
+        head = words[0][0]
+        operator = tokens[-1] if tokens and isinstance(tokens[-1], str) and tokens[-1] not in "()" else ""
+        if head in ("if", "elif"):
+            # A condition with known words is evaluated; an unknown one reads the first branch not yet excluded.
+            value = _test([w for w, _ in words[1:]], operator)
+            if head == "if" or not branches:
+                branches.append([value is not False, value is not False])
             else:
-                take(tokens, lines)
+                done = branches[-1][1]
+                branches[-1] = [not done and value is not False, done or value is not False]
             continue
-        if tokens[0] == "export":
-            for item in tokens[1:]:
-                m = _ASSIGN.match(item)
+        if head == "else":
+            if branches:
+                branches[-1] = [not branches[-1][1], True]
+            continue
+        if head == "fi":
+            if branches:
+                branches.pop()
+            continue
+        if not all(read for read, _ in branches):
+            continue
+        if head == "export":
+            for word, lines in words[1:]:
+                m = _ASSIGN.match(word)
                 if m:
-                    env[m.group(1)] = variables[m.group(1)] = expand(m.group(2))
+                    state.variables[m.group(1)] = (m.group(3), lines[len(word) - len(m.group(3)):])
+                    env[m.group(1)] = m.group(3)
+                elif word in state.variables:
+                    env[word] = state.variables[word][0]
             continue
-        m = _ASSIGN.match(tokens[0])
-        if m and m.group(2).startswith("("):
-            arrays.add(m.group(1))
-            body = [m.group(2)[1:]] + tokens[1:] if m.group(2) != "(" else tokens[1:]
-            body_lines = lines if m.group(2) != "(" else lines[1:]
-            kept = [(t, n) for t, n in zip(body, body_lines) if t]
-            if kept and kept[-1][0].endswith(")"):
-                kept[-1] = (kept[-1][0][:-1], kept[-1][1])
-                kept = [(t, n) for t, n in kept if t]
+        m = _ASSIGN.match(head)
+        if m and "(" in tokens and not m.group(3) and tokens.index("(") == tokens.index(words[0]) + 1:
+            opened = tokens.index("(")
+            closed = tokens.index(")") if ")" in tokens else len(tokens)
+            elements = [t for t in tokens[opened + 1:closed] if not isinstance(t, str)]
+            if m.group(2):
+                state.arrays.setdefault(m.group(1), []).extend(elements)
             else:
-                in_array = True
-            take([t for t, _ in kept], [n for _, n in kept])
+                state.arrays[m.group(1)] = list(elements)
+            listed.extend(elements)
             continue
-        if m and len(tokens) == 1:
-            variables[m.group(1)] = expand(m.group(2))
+        while words and (m := _ASSIGN.match(words[0][0])):
+            word, lines = words[0]
+            value = (m.group(3), lines[len(word) - len(m.group(3)):])
+            if m.group(2) and m.group(1) in state.variables:
+                old = state.variables[m.group(1)]
+                value = (old[0] + value[0], old[1] + value[1])
+            state.variables[m.group(1)] = value
+            words = words[1:]
+        if not words:
             continue
-        if is_flag(tokens[0]):
-            first = 0
-        elif tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
-            scripts = [i for i, t in enumerate(tokens) if t.endswith(".py")]
-            if not scripts:
-                continue
-            first = scripts[0] + 1
-        else:
+        if is_flag(words[0][0]):
+            listed.extend(words)
             continue
-        rest = _until_control(tokens[first:])
-        kept = [(t, n) for t, n in zip(rest, lines[first:]) if not _is_array_ref(t, arrays)]
-        take([t for t, _ in kept], [n for _, n in kept])
-    return argv, where, env
+        script = _is_launch(words)
+        if script is not None:
+            has_launch = True
+            launched.extend(words[script + 1:])
+    kept = launched if has_launch else listed
+    return [w for w, _ in kept], [lines[0] if lines else 0 for _, lines in kept], env
 
 
 def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
     """Arguments and exported variables of a shell file of Megatron arguments (no shell is run).
 
-    Understood: ``--flag value`` lines with ``\\`` continuations; bash arrays ``ARGS=( ... )`` as in
-    Megatron's examples; a launch line (``torchrun ... pretrain_gpt.py ARGS``: the tokens after the
-    ``.py``); ``export X=Y``. Plain ``X=Y`` assignments substitute ``$X``/``${X}`` in later tokens;
-    array references (``${ARGS[@]}``) are skipped (their contents were read where defined). Comments and
-    other commands are ignored.
+    Words are split as bash splits them (a quoted ``"--num-layers 96 --hidden-size 12288"`` variable expanded
+    unquoted gives four words). With a launch line (``torchrun ... pretrain_gpt.py ARGS``), the arguments
+    are the words after the training script; without one, the contents of the file's arrays and its
+    ``--flag value`` lines. ``export X=Y`` sets the environment returned.
     """
     argv, _, env = parse_shell_args_with_lines(text)
     return argv, env
