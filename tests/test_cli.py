@@ -194,7 +194,7 @@ def test_json_output_is_standard_json(capsys, monkeypatch):
 
         return replace(real(*args, **kwargs), offload_s=float("inf"))
 
-    monkeypatch.setattr("autotune.api.estimate_step_time", infinite)
+    monkeypatch.setattr("autotune.cost.estimate.estimate_step_time", infinite)
     code, out, _ = run(["estimate", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--json"], capsys)
     assert code == 0 and "Infinity" not in out
     assert json.loads(out)["time"]["offload_s"] is None
