@@ -1,15 +1,25 @@
-"""The built-in training entry point: ``python -m autotune.train --plan plan.json``.
+"""The built-in trainers: ``python -m autotune.train --plan plan.json`` trains a plan with its engine's APIs.
+
+This is what a plan *runs*, in both places that run one: the launch scripts ``autotune emit`` writes for
+DeepSpeed, FSDP2 and HF bundles, and every ``--workload builtin`` trial of ``autotune tune``
+(:mod:`autotune.tune.trial` launches ``python -m autotune.train --plan WORKDIR/plan.json --steps N
+--warmup-steps W --device D [--deepspeed-config WORKDIR/ds_config.json]``). The model they train and the
+measurement helpers beside it live in :mod:`autotune.workloads` (the project's transformer, memory probes,
+ledger checks); the tuner that launches and judges trials is :mod:`autotune.tune`.
 
 It trains the plan's model (built from the ModelSpec in ``plan.json``) with the plan's engine's own
 APIs, on synthetic token batches, for ``--warmup-steps + --steps`` optimizer steps. The engine names
-its trainer module (:attr:`autotune.engines.base.Engine.trainer_module`); each trainer module has
-``main(est, args, rest) -> int`` and uses the helpers here, so every engine speaks one output protocol:
+its trainer module (:attr:`autotune.engines.base.Engine.trainer_module`: ``autotune.train.deepspeed``,
+``autotune.train.fsdp``, ``autotune.train.hf``); each trainer module has ``main(est, args, rest) -> int``
+and ``unsupported_reason(model, plan)``, and uses the helpers here, so every engine speaks one output
+protocol, which the tuner reads (:mod:`autotune.tune.logs`, :mod:`autotune.tune.judge`):
 
 - rank 0 prints ``PHASE <words>`` while starting, ``STEP <i> <seconds>`` after every optimizer step
-  (1-based, warm-up steps included) and finally one ``RESULT {json}`` line (step times, measured
-  post-warm-up ones, median, tokens/s, every rank's peak memory, losses), as
-  ``autotune.tune.workload_builtin`` does, so the tuner judges either the same way;
+  (1-based, warm-up steps included; timed by wall clock between two barriers) and finally one
+  ``RESULT {json}`` line (step times, measured post-warm-up ones, median, tokens/s, every rank's peak
+  memory, losses);
 - a plan the trainer cannot run prints ``UNSUPPORTED <reason>`` and exits 2 (no traceback);
+  :func:`plan_problem` says the same without starting any process (the tuner never launches such a plan);
 - teardown is clean (engine.destroy, barrier, destroy_process_group): gloo jobs that skip it sometimes
   abort at exit (../shared/reference/cpu-feasibility.md, "Applies to all").
 """
@@ -24,6 +34,7 @@ import sys
 import time
 
 __all__ = [
+    "plan_problem",
     "world_size_problem",
     "StepLog",
     "Unsupported",
@@ -53,6 +64,33 @@ def rank0() -> bool:
 def phase(words: str) -> None:
     if rank0():
         print(f"PHASE {words}", flush=True)
+
+
+def plan_problem(model, plan, *, full_layers: int | None = None) -> str | None:
+    """Why ``python -m autotune.train`` cannot run ``plan`` on ``model`` (None when it can), decided without
+    starting a process: the plan's engine has no built-in trainer (Megatron-LM's pretrain_gpt.py needs CUDA),
+    the model has fewer layers than the plan has pipeline stages, or the engine's trainer refuses the plan
+    (its ``unsupported_reason``, the check its ``main`` makes before printing ``UNSUPPORTED``).
+
+    ``full_layers``: the layer count ``model`` was cut from (the tuner's ``--num-layers``), so that a
+    pipeline too deep for the cut says which flag to raise.
+    """
+    import importlib
+
+    from autotune.engines import engine_for
+
+    engine = engine_for(plan)
+    if not engine.trainer_module:
+        return (f"engine {engine.name} ({engine.title}) has no built-in trainer: its own training program needs "
+                f"CUDA, so the tuner never launches its plans itself; measure them with --workload command "
+                f"--command TEMPLATE ({{megatron_args}} in the template becomes the plan's arguments) "
+                f"--metric-pattern REGEX")
+    stages = plan.pp * plan.vpp
+    if full_layers is not None and plan.pp > 1 and model.num_layers < stages <= full_layers:
+        return (f"--num-layers {model.num_layers} leaves fewer layers than the plan's pp x vpp = {stages} "
+                f"pipeline stages: give --num-layers {stages} or more")
+    check = getattr(importlib.import_module(engine.trainer_module), "unsupported_reason", None)
+    return check(model, plan) if check is not None else None
 
 
 def world_size_problem(plan, world: int) -> str | None:

@@ -1,5 +1,11 @@
 """The ``deepspeed`` engine's built-in trainer: the plan with DeepSpeed 0.19.8's own APIs.
 
+The one built-in DeepSpeed trainer: emitted DeepSpeed bundles launch it (``python -m autotune.train
+--plan plan.json``) and so does every ``--workload builtin`` trial of a DeepSpeed plan, data parallel or
+not, with ``--deepspeed-config`` naming the trial's own DeepSpeed config (the tuner's, e.g. its bucket
+sizes); without that flag the plan's config is made as ``autotune emit`` writes it. Output protocol,
+per-rank peak memory and teardown: :mod:`autotune.train`.
+
 - ZeRO 0-3 (+ optimizer / parameter offload) from ``ds_config.json`` on the project's transformer
   (:func:`autotune.workloads.transformer.build_model`) through ``deepspeed.initialize``;
 - AutoTP (``tensor_parallel.autotp_size`` = tp): a transformers Llama model of the spec's sizes

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from autotune.errors import InputError
-from autotune.tune.trialspec import SPEC_NAME, TRAIN_PLAN_NAME, TrialSpec
+from autotune.tune.trialspec import TRAIN_PLAN_NAME, TrialSpec
 
 __all__ = ["Job", "command_line", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
            "end_recorded", "KILL_GRACE_S"]
@@ -58,19 +58,22 @@ def _launcher_prefix(spec: TrialSpec) -> list[str]:
 
 
 def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
-    """The trial's argv: builtin workload / the user's script under the launcher, or the shell command."""
+    """The trial's argv: the engine's built-in trainer (builtin) or the user's script under the launcher, or
+    the shell command (command).
+
+    builtin: ``python -m autotune.train --plan WORKDIR/plan.json ...`` (run_trial writes plan.json), the
+    entry point the emitted launch scripts use, with ``--deepspeed-config`` the trial's ``ds_path`` where the
+    engine's trainer takes a DeepSpeed config.
+    """
     w, nproc = spec.workload, spec.plan.world_size
     if w.kind == "builtin":
-        if (spec.workdir / TRAIN_PLAN_NAME).is_file():  # the engine's trainer (autotune/train): tp, pp, cp, ...
-            from autotune.engines import engine_for
+        from autotune.engines import engine_for
 
-            extra = ["--deepspeed-config", str(ds_path)] if engine_for(spec.plan).trainer_takes_deepspeed_config else []
-            return _launcher_prefix(spec) + [
-                "-m", "autotune.train", "--plan", str(spec.workdir / TRAIN_PLAN_NAME), "--steps", str(spec.steps),
-                "--warmup-steps", str(spec.warmup_steps), "--seed", "1234",
-                "--device", "cpu" if spec.cluster.gpu.name == "cpu" else "cuda", *extra]
-        return _launcher_prefix(spec) + ["-m", "autotune.tune.workload_builtin", "--spec",
-                                         str(spec.workdir / SPEC_NAME)]
+        extra = ["--deepspeed-config", str(ds_path)] if engine_for(spec.plan).trainer_takes_deepspeed_config else []
+        return _launcher_prefix(spec) + [
+            "-m", "autotune.train", "--plan", str(Path(spec.workdir) / TRAIN_PLAN_NAME), "--steps", str(spec.steps),
+            "--warmup-steps", str(spec.warmup_steps), "--seed", "1234",
+            "--device", "cpu" if spec.cluster.gpu.name == "cpu" else "cuda", *extra]
     if w.kind == "script":
         return _launcher_prefix(spec) + [str(Path(w.script).resolve()), "--deepspeed_config", str(ds_path),
                                          *w.script_args]

@@ -17,7 +17,8 @@ __all__ = ["LogReader", "tail", "first_error", "FailureInfo", "Phase", "PHASE_PR
 
 TAIL_LINES = 20
 PHASE_PREFIX = "PHASE "
-"""The builtin workload prints ``PHASE <words>`` when it enters a phase (e.g. ``PHASE initialising the engine``)."""
+"""The built-in trainer (:mod:`autotune.train`) prints ``PHASE <words>`` when it enters a phase
+(e.g. ``PHASE initialising the engine``)."""
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Failure)|AssertionError|"

@@ -121,6 +121,18 @@ def _counted(t: FrozenTrial) -> bool:
     return t.state == TrialState.FAIL and t.user_attrs.get("status") not in ("interrupted", "duplicate")
 
 
+def _by_reason(reasons: list[str], limit: int = 3) -> str:
+    """Why plans are not measured, most frequent reason first, each with its count ("N plans: reason")."""
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{n} plan{'s' if n > 1 else ''}: {r}" for r, n in ranked[:limit]]
+    if len(ranked) > limit:
+        parts.append(f"{sum(n for _, n in ranked[limit:])} more for {len(ranked) - limit} other reasons")
+    return "; ".join(parts)
+
+
 def _predicted(est: Estimate) -> dict:
     return {"step_time_s": est.time.step_time_s, "tokens_per_s": est.time.tokens_per_s,
             "peak_memory_bytes": est.memory.total}
@@ -180,16 +192,16 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     ranked = list(search.ranked)
     skipped = ""
     if workload.kind in ("builtin", "script"):
-        # Measure only what the workload runs. builtin: data parallelism in workload_builtin, tp / pp / cp and
-        # the other engines under their engine's trainer (python -m autotune.train), which names what it cannot
-        # run; Megatron plans never (their pretrain_gpt.py needs CUDA). script: the user's DeepSpeed script
-        # gets the plan as a DeepSpeed config, so only plans a DeepSpeed config expresses.
+        # Measure only what the workload runs. builtin: every plan under its engine's trainer (python -m
+        # autotune.train), which names what it cannot run (autotune.train.plan_problem); Megatron plans never
+        # (their pretrain_gpt.py needs CUDA). script: the user's DeepSpeed script gets the plan as a DeepSpeed
+        # config, so only plans a DeepSpeed config expresses.
         from autotune.engines import engine_for
-        from autotune.tune.workload_builtin import not_measured, trainer_problem
+        from autotune.train import plan_problem
 
         trial_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
         if workload.kind == "builtin":
-            why = {id(e): trainer_problem(trial_model, e.plan, full_layers=model.num_layers) for e in ranked}
+            why = {id(e): plan_problem(trial_model, e.plan, full_layers=model.num_layers) for e in ranked}
         else:
             why = {id(e): None if engine_for(e.plan).trainer_takes_deepspeed_config else
                    f"engine {engine_for(e.plan).name}: --workload script runs a DeepSpeed script with the plan's "
@@ -200,10 +212,10 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
             other = "" if workload.kind == "script" or all("--workload command" in r for r in reasons) else (
                 "; or measure your own program: --workload script (a DeepSpeed script) or --workload command")
             raise InputError([f"the {workload.kind} workload runs none of the {len(ranked)} feasible plans "
-                              f"({not_measured(reasons)}){other}"], subject="tune")
+                              f"({_by_reason(reasons)}){other}"], subject="tune")
         if reasons:
             skipped = (f"{len(reasons)} of the {len(ranked)} feasible plans are not measured by the {workload.kind} "
-                       f"workload ({not_measured(reasons)})")
+                       f"workload ({_by_reason(reasons)})")
         ranked = [e for e in ranked if not why[id(e)]]
     out.mkdir(parents=True, exist_ok=True)
     storage_url = storage_url or f"sqlite:///{(out / 'study.db').resolve()}"

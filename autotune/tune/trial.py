@@ -4,7 +4,7 @@
 job (:mod:`autotune.tune.launch`) with stdout and stderr in ``workdir/trial.log``, and watches it
 every ~0.2 s, reading the log as it grows (:mod:`autotune.tune.logs`):
 
-- each ``STEP i seconds`` line (the builtin workload) or each match of ``metric_pattern`` (a
+- each ``STEP i seconds`` line (the builtin trainer) or each match of ``metric_pattern`` (a
   command workload) is passed to ``on_step(i, seconds)``; a True answer stops the job: "pruned";
 - the phase (launching, building op X, initialising the engine, step k/N with step times) is
   passed to ``on_phase(text)`` when it changes; ``on_launch(record)`` gets the launched processes
@@ -23,11 +23,13 @@ Step numbers ``i`` count from 1 and include the warm-up: steps ``1..warmup_steps
 
 Workloads:
 
-- ``builtin``: DeepSpeed data-parallel plans run :mod:`autotune.tune.workload_builtin` (the project's
-  transformer under DeepSpeed); every other plan (tp, pp, cp; the fsdp and hf engines) runs the plan's
-  engine's trainer, ``python -m autotune.train --plan WORKDIR/plan.json`` (:mod:`autotune.train`), under the
-  same launcher; both print the same PHASE / STEP / RESULT lines. A plan neither runs (a Megatron plan:
-  pretrain_gpt.py needs CUDA) is never launched: "crashed", "not launched: <why>".
+- ``builtin``: every plan runs its engine's built-in trainer (:mod:`autotune.train`, the program the
+  emitted launch scripts run) under the launcher: ``python -m autotune.train --plan WORKDIR/plan.json
+  --steps N --warmup-steps W --seed 1234 --device cpu|cuda``, plus ``--deepspeed-config
+  WORKDIR/ds_config.json`` (the trial's own config) for engines whose trainer takes one; it prints the
+  PHASE / STEP / RESULT lines. A plan it cannot run (:func:`autotune.train.plan_problem`: a Megatron plan,
+  whose pretrain_gpt.py needs CUDA, or one the engine's trainer refuses) is never launched: "crashed",
+  "not launched: <why>".
 - ``script``: the user's unchanged DeepSpeed script, run as ``torchrun --nproc_per_node N SCRIPT
   --deepspeed_config PATH ARGS...``; the config carries DeepSpeed's ``autotuning`` block, so the
   engine times the measured steps, writes ``workdir/metrics.json`` and ends the process itself.
@@ -56,11 +58,11 @@ from autotune.tune import ops
 from autotune.tune.judge import judge
 from autotune.tune.launch import Job, command_line, launch_record, trial_env, write_launch_record
 from autotune.tune.logs import LogReader, Phase, tail
-from autotune.tune.trialspec import (DS_CONFIG_NAME, LAUNCH_NAME, LOG_NAME, METRICS_NAME, RESULT_NAME, SPEC_NAME,
+from autotune.tune.trialspec import (DS_CONFIG_NAME, LAUNCH_NAME, LOG_NAME, METRICS_NAME, RESULT_NAME,
                                      TRAIN_PLAN_NAME, Status, TrialResult, TrialSpec, Workload)
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "run_trial", "trial_ds_config", "LOG_NAME", "DS_CONFIG_NAME",
-           "METRICS_NAME", "SPEC_NAME", "LAUNCH_NAME"]
+           "METRICS_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME"]
 
 POLL_S = 0.2
 LOCK_CHECK_S = 1.0
@@ -188,20 +190,15 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
     _validate(spec)
     spec, log_path, metrics_path, ds_path = _prepare(spec)
     workdir, kind = spec.workdir, spec.workload.kind
-    if kind == "builtin":
-        from autotune.tune.workload_builtin import trainer_problem, uses_trainer
-        reason = trainer_problem(spec.trial_model, spec.plan)
+    if kind == "builtin":  # python -m autotune.train --plan WORKDIR/plan.json: the engine's trainer
+        from autotune.train import plan_problem
+        reason = plan_problem(spec.trial_model, spec.plan, full_layers=spec.model.num_layers)
         if reason:
             log_path.write_text(f"not launched: {reason}\n")
             return _finish(spec, TrialResult(status="crashed", reason=f"not launched: {reason}", log_path=log_path))
-        if uses_trainer(spec.plan):  # tp / pp / cp / other engines: python -m autotune.train
-            from autotune.api import estimate
-            (workdir / TRAIN_PLAN_NAME).write_text(json.dumps(
-                estimate(spec.trial_model, spec.cluster, spec.plan).to_dict(), indent=2))
-        (workdir / SPEC_NAME).write_text(json.dumps({
-            "model": spec.trial_model.to_dict(), "plan": spec.plan.to_dict(), "ds_config_path": str(ds_path),
-            "steps": spec.steps, "warmup_steps": spec.warmup_steps, "seed": 1234,
-            "device": "cpu" if spec.cluster.gpu.name == "cpu" else "cuda"}, indent=2))
+        from autotune.api import estimate
+        (workdir / TRAIN_PLAN_NAME).write_text(json.dumps(
+            estimate(spec.trial_model, spec.cluster, spec.plan).to_dict(), indent=2))
 
     argv = command_line(spec, ds_path)
     repo_root = str(Path(__file__).resolve().parents[2])  # so `-m autotune...` imports this checkout

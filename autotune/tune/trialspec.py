@@ -18,15 +18,14 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "Status", "LOG_NAME", "DS_CONFIG_NAME", "METRICS_NAME",
-           "SPEC_NAME", "RESULT_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME"]
+           "RESULT_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME"]
 
 LOG_NAME = "trial.log"
 DS_CONFIG_NAME = "ds_config.json"
 METRICS_NAME = "metrics.json"
-SPEC_NAME = "trial_spec.json"
 RESULT_NAME = "result.json"
 TRAIN_PLAN_NAME = "plan.json"
-"""builtin plans run by ``python -m autotune.train`` (tp, pp, cp, other engines): the estimate document it reads."""
+"""builtin trials: the estimate document ``python -m autotune.train --plan`` reads (the trial's model and plan)."""
 LAUNCH_NAME = "launch.json"
 """The launched process group (host, pid, pgid, start time): ``--resume`` ends it if a killed tuner left it."""
 
@@ -35,7 +34,9 @@ Status = Literal["completed", "pruned", "oom", "crashed", "hung"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
-    """What a trial runs."""
+    """What a trial runs: ``builtin``, the plan's engine's built-in trainer (``python -m autotune.train``,
+    :mod:`autotune.train`, on the model :mod:`autotune.workloads` builds); ``script``, the user's DeepSpeed
+    script; ``command``, a shell command template."""
 
     kind: Literal["builtin", "script", "command"]
     script: str | None = None

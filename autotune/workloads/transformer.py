@@ -1,7 +1,8 @@
 """A real decoder-only language model built from a :class:`~autotune.specs.model.ModelSpec`.
 
-Used to check the memory ledger against what autograd really keeps, and as the workload of
-profiling trials. The kernels mirror what Megatron-core / Transformer Engine run on GPUs, so the
+Used to check the memory ledger against what autograd really keeps, and as the model the built-in
+trainers (:mod:`autotune.train`: emitted bundles and builtin profiling trials) train. The kernels
+mirror what Megatron-core / Transformer Engine run on GPUs, so the
 tensors autograd saves have the sizes the ledger assumes:
 
 - Q, K and V come from three projections (one weight each, same parameter count as a fused

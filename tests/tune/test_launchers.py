@@ -22,8 +22,8 @@ from autotune.tune.trialspec import TrialResult, TrialSpec, Workload
 
 def _spec(tmp_path: Path, num_gpus: int = 2, gpu: str = "cpu", **kw) -> TrialSpec:
     cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
-    plan = ParallelPlan.for_cluster(num_gpus=num_gpus, global_batch_size=num_gpus * 2, micro_batch_size=1,
-                                    seq_len=64, zero_stage=1)
+    plan = ParallelPlan(dp=num_gpus, global_batch_size=num_gpus * 2, micro_batch_size=1, grad_accum_steps=2,
+                        seq_len=64, zero_stage=1)
     return TrialSpec(model=load_model_preset("tiny-gpt"), cluster=cluster, plan=plan,
                      workload=Workload(kind="builtin"), workdir=tmp_path / "0007", **kw)
 
@@ -37,11 +37,11 @@ def test_torchrun_prefix_is_what_trials_always_ran(tmp_path):
 
 def test_deepspeed_prefix_parsed_by_deepspeed(tmp_path):
     spec = _spec(tmp_path, launcher="deepspeed")
-    argv = launchers.launch_argv(spec) + ["-m", "autotune.tune.workload_builtin", "--spec", "x.json"]
+    argv = launchers.launch_argv(spec) + ["-m", "autotune.train", "--plan", "plan.json"]
     assert argv[:2] == ["env", "LOCAL_SIZE=2"]  # the CPU accelerator's device count
     args = deepspeed_parse_args(argv[argv.index("deepspeed.launcher.runner") + 1:])
     assert (args.num_nodes, args.num_gpus, args.no_python, args.no_local_rank) == (1, 2, True, True)
-    assert args.user_script == sys.executable and args.user_args[:2] == ["-m", "autotune.tune.workload_builtin"]
+    assert args.user_script == sys.executable and args.user_args[:2] == ["-m", "autotune.train"]
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=4\n")

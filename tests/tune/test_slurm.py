@@ -47,11 +47,11 @@ def _env(cluster, **extra) -> dict:
 
 
 def _ranks_of(out: Path) -> list[psutil.Process]:
-    """Rank processes still running a trial of ``out`` (their argv names the trial's spec file)."""
+    """Rank processes still running a trial of ``out`` (their argv names the trial's plan.json)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "workload_builtin" in cmd and str(out) in cmd:
+        if "autotune.train" in cmd and str(out) in cmd:
             found.append(p)
     return found
 

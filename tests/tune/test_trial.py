@@ -36,7 +36,8 @@ def cluster():
 
 def plan(**kw) -> ParallelPlan:
     kw.setdefault("zero_stage", 1)
-    return ParallelPlan.for_cluster(num_gpus=2, global_batch_size=4, micro_batch_size=1, seq_len=SEQ, **kw)
+    dp = 2 // (kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1))
+    return ParallelPlan(dp=dp, global_batch_size=4, micro_batch_size=1, grad_accum_steps=4 // dp, seq_len=SEQ, **kw)
 
 
 def spec(model, cluster, tmp_path, workload, **kw) -> TrialSpec:
@@ -74,7 +75,7 @@ def assert_nothing_left(before: Before) -> None:
         if p.pid in before:
             continue
         cmd = " ".join(p.info["cmdline"] or ())
-        if before.marker in cmd and ("workload_builtin" in cmd or "_train.py" in cmd or "torch.distributed.run" in cmd):
+        if before.marker in cmd and ("autotune.train" in cmd or "_train.py" in cmd or "torch.distributed.run" in cmd):
             new.append((p.pid, cmd))
     assert not new, f"trial processes survived: {new}"
 
@@ -87,7 +88,7 @@ def pids_before(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# builtin workload
+# builtin workload: the engine's trainer, python -m autotune.train --plan WORKDIR/plan.json
 
 
 def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
@@ -326,7 +327,7 @@ def test_bad_input_raises_before_launching(model, cluster, tmp_path):
     many = (os.cpu_count() or 1) * 4 * 2
     with pytest.raises(InputError, match="this machine runs at most"):
         run_trial(spec(model, load_cluster(gpu="cpu", num_gpus=many), tmp_path, Workload(kind="builtin"),
-                       plan=ParallelPlan.for_cluster(num_gpus=many, global_batch_size=many, seq_len=SEQ)))
+                       plan=ParallelPlan(dp=many, global_batch_size=many, seq_len=SEQ)))
 
     with pytest.raises(InputError, match="named group"):
         run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command="true", metric_pattern="x")))
