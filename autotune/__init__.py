@@ -1,4 +1,5 @@
-"""autotune: plan, estimate, tune and emit large-model training on DeepSpeed and Megatron-LM.
+"""autotune: plan, estimate, tune and emit large-model training on DeepSpeed, Megatron-LM, Megatron-DeepSpeed,
+PyTorch FSDP2 / torchtitan and Hugging Face Trainer / accelerate.
 
 API (``autotune.__all__``; the ``autotune`` command is a thin layer over it):
 

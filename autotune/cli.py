@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune import __version__
     from autotune.commands import emit, estimate, plan, recipes, tune, validate
 
-    parser = argparse.ArgumentParser(prog="autotune", description="Plan, estimate and tune large-model training "
-                                     "on DeepSpeed and Megatron-LM.")
+    parser = argparse.ArgumentParser(prog="autotune", description="Plan, estimate and tune large-model training on "
+                                     "DeepSpeed, Megatron-LM / Megatron-core, Megatron-DeepSpeed, PyTorch FSDP2 / "
+                                     "torchtitan and Hugging Face Trainer / accelerate.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (estimate, plan, emit, validate, recipes, tune):

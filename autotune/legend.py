@@ -2,7 +2,7 @@
 
 ``report`` prints :func:`plan_legend` under each plan and estimate table and :func:`rejection_legend`
 under the planner's "rejected:" line; the README's "Reading the output" section says the same
-(a test keeps them in step). Each engine says what its own sharding tag means
+(a test keeps them in step). ``python -m autotune.legend`` prints every rule id and what it means. Each engine says what its own sharding tag means
 (``Engine.sharding``), so new engines explain themselves.
 """
 
@@ -58,6 +58,7 @@ REJECTIONS: dict[str, str] = {
     "interleave_microbatches": "interleaved schedule: micro-batches not a multiple of pp",
     "seq_cp": "sequence length not a multiple of 2 x cp",
     "seq_sp": "sequence length not divisible by tp under sequence parallelism",
+    "seq_positions": "sequence longer than the model's learned position table",
     "ep_dense": "expert parallelism on a dense model",
     "experts_ep": "experts not divisible by ep",
     "ep_dp": "ep does not divide dp x cp",
@@ -81,8 +82,10 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "ulysses_heads": "Ulysses needs heads divisible by cp", "ulysses_layout": "Ulysses layout not supported",
     "ep": "no expert parallelism", "zero_stage": "no equivalent of this ZeRO stage",
     "zero_pp": "this ZeRO stage does not run with a pipeline", "offload": "this offload is not supported",
-    "hybrid_no_shard": "hybrid sharding needs sharding", "precision": "this precision is not supported",
+    "hybrid_no_shard": "hybrid sharding needs sharding", "hybrid_shard": "no hybrid sharding", "precision": "this precision is not supported",
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
+    "pp_microbatches": "fewer micro-batches than pipeline stages",
+    "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 
 
@@ -132,10 +135,26 @@ def rejection_legend(rules: Iterable[str]) -> str:
     rules = list(rules)
     text = "; ".join(f"{rule} = {rule_meaning(rule)}" for rule in rules[:MAX_RULES_SHOWN])
     if len(rules) > MAX_RULES_SHOWN:
-        text += f"; {len(rules) - MAX_RULES_SHOWN} more rules: see the README, 'Reading the output'"
+        text += f"; {len(rules) - MAX_RULES_SHOWN} more rules: `python -m autotune.legend` explains every rule"
     return wrap("rules: " + text)
 
 
 def wrap(text: str) -> str:
     """A legend paragraph wrapped to the tables' width, continuation lines indented."""
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+
+
+def all_rules_text() -> str:
+    """Every rejection rule id with its meaning, one per line (what ``python -m autotune.legend`` prints)."""
+    lines = ["Rules that reject a plan (autotune/rules.py, the planner's memory checks, the engines' own rules):", ""]
+    width = max(map(len, REJECTIONS))
+    lines += [f"  {rule:<{width}}  {meaning}" for rule, meaning in REJECTIONS.items()]
+    lines += ["", "Engine rules are <engine>:<dimension>: that engine cannot run that part of the plan:", ""]
+    width = max(map(len, ENGINE_DIMENSIONS))
+    lines += [f"  {dim:<{width}}  {meaning}" for dim, meaning in ENGINE_DIMENSIONS.items()]
+    lines += ["", "The engines' own words and sources for each: docs/engines.md (python -m autotune.engines.matrix)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(all_rules_text())

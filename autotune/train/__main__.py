@@ -45,7 +45,7 @@ def job_from_dict(doc: dict) -> Job:
     does it, without re-running the cost model, which training does not need)."""
     from autotune.specs.loading import load_cluster, model_from_mapping
     from autotune.specs.plan import ParallelPlan
-    from autotune.specs.rules import plan_problems
+    from autotune.rules import plan_problems
 
     problems = [f"missing '{k}' block{'' if k == 'plan' else ' with its spec'} (give the plan.json of an emitted "
                 f"bundle)" for k in ("model", "cluster", "plan") if not isinstance(doc.get(k), dict)
