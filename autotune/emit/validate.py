@@ -49,10 +49,19 @@ def _effective_tp(data: dict, tp: int) -> int:
     return int(autotp) if tp == 1 and is_int(autotp) and autotp > 1 else tp
 
 
+def _batch_data_parallel(data: dict, dp: int, tp: int) -> int:
+    """The data-parallel count DeepSpeed checks the batch triple with: with AutoTP, DeepSpeed 0.19.8 checks the
+    batch sizes before it makes the TP groups, with no mpu, so that count includes the TP ranks
+    (runtime/config.py:466-471); the HF integration fills "auto" as micro x accumulation x all ranks, the same."""
+    return dp * tp if tp > 1 and get(data, ("tensor_parallel", "autotp_size")) == tp else dp
+
+
 def resolved_config(data: dict, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
     """``data`` with each Hugging Face "auto" replaced as the integration would (batch sizes for the world size)."""
-    dp = _data_parallel_size(world_size, _effective_tp(data, tp), pp, cp)
-    return substitute(data, autos(data, resources.schema("deepspeed_config.schema.json")), dp)
+    tp = _effective_tp(data, tp)
+    dp = _data_parallel_size(world_size, tp, pp, cp)
+    return substitute(data, autos(data, resources.schema("deepspeed_config.schema.json")),
+                      _batch_data_parallel(data, dp, tp))
 
 
 def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
@@ -71,11 +80,10 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
     dp = _data_parallel_size(world_size, tp, pp, cp)
     found = autos(data, resources.schema("deepspeed_config.schema.json"))
     problems += auto_problems(found, hf, lines)
-    checked = substitute(data, found, dp)
+    # AutoTP: the batch triple counts the TP ranks too, in DeepSpeed's check and in the HF "auto" fill.
+    batch_dp = _batch_data_parallel(data, dp, tp)
+    checked = substitute(data, found, batch_dp)
     problems += schema_problems(checked, lines)
-    # AutoTP: DeepSpeed 0.19.8 checks the batch sizes before it makes the TP groups, with no mpu, so its
-    # data-parallel count there includes the TP ranks (runtime/config.py:466-471).
-    batch_dp = dp * tp if tp > 1 and get(data, ("tensor_parallel", "autotp_size")) == tp else dp
     problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines)
     problems += deepspeed_problems(checked, batch_dp, problems, lines)
     return problems

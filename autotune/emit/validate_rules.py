@@ -65,7 +65,12 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
         out.append(Problem(path=json_path(parts), severity=severity, message=message, fix=fix,
                            line=line_of(lines, parts), source="rules"))
 
-    _batch_problems(cfg, dp, f"dp = world {world} / (tp {tp} x pp {pp} x cp {cp})", bad)
+    if dp * pp * cp == world and tp > 1:  # AutoTP: DeepSpeed 0.19.8 counts the TP ranks in the batch triple
+        sizes = (f"with AutoTP DeepSpeed counts the tp ranks too: dp = world {world} / (pp {pp} x cp {cp}), "
+                 f"not / tp {tp} (runtime/config.py:466-471)")
+    else:
+        sizes = f"dp = world {world} / (tp {tp} x pp {pp} x cp {cp})"
+    _batch_problems(cfg, dp, sizes, bad)
     _value_problems(cfg, bad)
     zero = cfg.get("zero_optimization")
     if zero is True:
@@ -148,25 +153,42 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
 
 
 
+def _is_number_text(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _value_problems(cfg: dict, bad) -> None:
     """Values DeepSpeed's parser passes on unchecked to torch, which fails late or trains nothing: the optimizer's
-    lr (finite, > 0), betas (two numbers in [0, 1): torch.optim.AdamW raises ValueError), eps (> 0), weight_decay
-    (>= 0), the scheduler's learning rates and step counts, gradient_clipping (>= 0)."""
+    lr (finite, > 0; a string is a TypeError in torch), betas (two numbers in [0, 1): torch.optim.AdamW raises
+    ValueError, TypeError for a string), eps (> 0), weight_decay (>= 0), the scheduler's learning rates and step counts, gradient_clipping (>= 0)."""
     params = get(cfg, ("optimizer", "params"))
     if isinstance(params, dict):
         where = ("optimizer", "params")
-        if "lr" in params and not (_number(params["lr"]) and params["lr"] > 0):
-            bad(where + ("lr",), f"lr must be a finite number > 0, got {params['lr']!r}: torch.optim raises "
-                                 "ValueError('Invalid learning rate') at deepspeed.initialize", "use e.g. 3e-4")
+        lr = params.get("lr")
+        if "lr" in params and not (_number(lr) and lr > 0):
+            if isinstance(lr, str):  # torch compares 0.0 <= lr first: a string fails with TypeError, not ValueError
+                bad(where + ("lr",), f"lr must be a number, got the string {lr!r}: torch.optim raises TypeError "
+                                     "('<=' not supported between instances of 'float' and 'str') at "
+                                     "deepspeed.initialize", f"write it without quotes, e.g. {lr.strip() or '3e-4'}"
+                    if _is_number_text(lr) else "use e.g. 3e-4")
+            else:
+                bad(where + ("lr",), f"lr must be a finite number > 0, got {lr!r}: torch.optim raises "
+                                     "ValueError('Invalid learning rate') at deepspeed.initialize", "use e.g. 3e-4")
         betas = params.get("betas")
         if "betas" in params and not (isinstance(betas, list) and len(betas) == 2
                                       and all(_number(b) and 0 <= b < 1 for b in betas)):
+            error = ("TypeError ('<=' not supported between instances of 'float' and 'str')"
+                     if isinstance(betas, list) and any(isinstance(b, str) for b in betas)
+                     else "ValueError('Invalid beta parameter')")
             bad(where + ("betas",), f"betas must be two numbers in [0, 1), got {betas!r}: torch.optim.AdamW raises "
-                                    "ValueError('Invalid beta parameter')", "use [0.9, 0.95] or [0.9, 0.999]")
+                                    f"{error}", "use [0.9, 0.95] or [0.9, 0.999]")
         if "eps" in params and not (_number(params["eps"]) and params["eps"] > 0):
             bad(where + ("eps",), f"eps must be a finite number > 0, got {params['eps']!r}", "use 1e-8")
         if "weight_decay" in params and not (_number(params["weight_decay"]) and params["weight_decay"] >= 0):
