@@ -78,10 +78,19 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     # Sequence parallelism: Megatron silently disables it at tp=1 (arguments.py:1436); we refuse instead.
     if plan.sequence_parallel and tp == 1:
         bad("sp_tp", "sequence parallelism needs tp > 1: disable it or raise tp")
-    # Precision.
-    if not cluster.gpu.supports(plan.precision) and cluster.gpu.name != "cpu":
-        have = ", ".join(sorted(cluster.gpu.peak_tflops))
-        bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (has {have}): pick one of those")
+    # A learned position table has one row per position: a longer sequence indexes past it (an index error in
+    # the embedding lookup). RoPE and ALiBi compute positions, so they are left to the user.
+    if model.position_embedding == "learned" and plan.seq_len > model.max_position_embeddings:
+        bad("seq_positions", f"seq_len ({plan.seq_len}) exceeds {model.name}'s learned position table "
+                             f"(max_position_embeddings {model.max_position_embeddings}): use seq_len <= "
+                             f"{model.max_position_embeddings} (--seq-len), or a model with a larger "
+                             f"max_position_embeddings or RoPE positions")
+    # Precision. The cpu preset runs bf16/fp16 trials on gloo (autocast on the CPU); it has no fp8 kernels.
+    cpu_autocast = cluster.gpu.name == "cpu" and plan.precision in ("bf16", "fp16")
+    if not cpu_autocast and not cluster.gpu.supports(plan.precision):
+        have = ", ".join(sorted(p for p in cluster.gpu.peak_tflops if p in ("bf16", "fp16", "fp8"))) or "none"
+        bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (training precisions it "
+                             f"has: {have}): pick one of those (--precision)")
     _inner_core_problems(model, plan, bad)
     # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
     out += [(r.id, r.render()) for r in engine.plan_problems(model, cluster, plan)]
