@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import shlex
 import string
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from autotune.emit.options import EmitOptions, LaunchOptions
@@ -40,6 +41,11 @@ __all__ = ["LAUNCHERS", "render_launch_scripts", "render_accelerate_script", "re
 LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names the launch scripts may export (--nccl-env, emit.launch.nccl_env, LaunchOptions.nccl_env, and what autotune
+# writes itself: CUDA_DEVICE_MAX_CONNECTIONS, NCCL_*, TORCH_NCCL_*): the communication libraries (NCCL, gloo,
+# libfabric for EFA, UCX, NVSHMEM), CUDA, PyTorch (TORCH_NCCL_*, PYTORCH_CUDA_ALLOC_CONF), Transformer Engine and
+# OpenMP. Anything else (PATH, LD_PRELOAD, PYTHONPATH, HOME) would break or hijack every rank.
+_ENV_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "NVTE_", "GLOO_", "OMP_", "FI_", "UCX_", "NVSHMEM_")
 _PLAIN_HOST = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")  # names, IPv4, [IPv6]
 _SBATCH_WORD = re.compile(r"^[A-Za-z0-9_.:,+@%/-]+$")
 _DS_ENV_UNSAFE = re.compile(r'["$`\\\n\r\x00]')
@@ -64,6 +70,13 @@ def _check_hosts(hosts: Sequence[str], master_addr: str | None, num_nodes: int) 
             problems.append(f"{label} {host!r} contains a NUL or line break: give a plain host name")
     if hosts and len(hosts) != num_nodes:
         problems.append(f"{len(hosts)} host name(s) given for a cluster of {num_nodes} node(s): give one per node")
+    # One node per host: DeepSpeed 0.19.8 launcher/runner.py _parse_hostfile raises "Hostfile contains multiple
+    # entries for <host>", and two torchrun nodes on one host would both claim its GPUs. Host names ignore case.
+    counts = Counter(h.strip().lower() for h in hosts if h and h.strip())
+    repeated = [h for h, n in counts.items() if n > 1]
+    if repeated:
+        problems.append(f"host {', '.join(repr(h) for h in repeated[:5])} given more than once: give each node's "
+                        f"own host name, {num_nodes} different hosts (DeepSpeed's runner refuses a repeated host)")
     return problems
 
 
@@ -72,6 +85,11 @@ def _check_env(env: Mapping[str, str]) -> list[str]:
     for key, value in env.items():
         if not _ENV_NAME.match(key):
             problems.append(f"environment variable name {key!r} is not a shell identifier")
+        elif not key.startswith(_ENV_PREFIXES):
+            problems.append(f"environment variable {key}: the launch scripts export only communication and runtime "
+                            f"settings, names starting with {', '.join(p + '*' for p in _ENV_PREFIXES)} (PATH, "
+                            f"LD_*, PYTHON*, HOME and the like would break or hijack every rank): drop {key}, or "
+                            f"set it in the job's environment yourself")
         if "\x00" in str(value):
             problems.append(f"environment variable {key} contains a NUL byte")
     return problems

@@ -167,7 +167,7 @@ def test_hostile_hosts_paths_and_args_stay_data(tmp_path, pwned):
     hostile = hostile_strings(pwned)
     entry = f"/opt/train dir/$(touch {pwned})/a'b\"c.py"
     args = ["--save", hostile[0], "--data-path", *hostile[1:]]
-    env = {"HOSTILE_A": hostile[1], "HOSTILE_B": "a'b\"c; rm -rf ~", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    env = {"NCCL_HOSTILE_A": hostile[1], "NCCL_HOSTILE_B": "a'b\"c; rm -rf ~", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     files = render(16, launchers=("torchrun", "slurm"), env=env, args=args, entry=entry,
                    hosts=("node1; rm -rf ~", f"$(touch {pwned})"), job_name="run-1")
     for name, text in files.items():
@@ -177,13 +177,13 @@ def test_hostile_hosts_paths_and_args_stay_data(tmp_path, pwned):
     argv, environ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"])
     assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", "node1; rm -rf ~:29500", "--rdzv-id", "run-1", entry, *args]
-    assert environ["HOSTILE_A"] == env["HOSTILE_A"] and environ["HOSTILE_B"] == env["HOSTILE_B"]
+    assert environ["NCCL_HOSTILE_A"] == env["NCCL_HOSTILE_A"] and environ["NCCL_HOSTILE_B"] == env["NCCL_HOSTILE_B"]
 
     slurm_env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node-[a-b]"}
     argv, environ = run_with_fakes(tmp_path, "launch_slurm.sbatch", files["launch_slurm.sbatch"], slurm_env)
     assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-id", "4242",
                     "--rdzv-endpoint", "node-a:29500", entry, *args]
-    assert environ["HOSTILE_B"] == env["HOSTILE_B"]
+    assert environ["NCCL_HOSTILE_B"] == env["NCCL_HOSTILE_B"]
 
 
 def test_hostile_master_addr_is_quoted(tmp_path, pwned):
