@@ -18,6 +18,7 @@ import yaml
 from autotune import resources
 from autotune.api import Estimate, estimate
 from autotune.errors import InputError, require_no_problems, suggest_names
+from autotune.rules import plan_problems
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster, load_model, read_yaml, schema_problems
@@ -105,10 +106,29 @@ def regenerate(recipe: Recipe) -> Recipe:
 
 
 def recipe_estimate(recipe: Recipe) -> Estimate:
-    """The recipe's plan, estimated with the current cost model."""
+    """The recipe's plan, estimated with the current cost model. InputError when the plan disagrees with the
+    recipe's inputs (seq_len, global_batch) or breaks a plan rule on its cluster: the recipe's problem, each
+    named, with the way to fix it."""
     model = load_model(recipe.model)
     cluster = _cluster(recipe.cluster)
-    return estimate(model, cluster, ParallelPlan(**recipe.plan))
+    ref = str(recipe.path) if recipe.path else recipe.name
+    problems = []
+    for key, plan_key in (("seq_len", "seq_len"), ("global_batch", "global_batch_size")):
+        mine, theirs = getattr(recipe, key), recipe.plan.get(plan_key)
+        if theirs != mine:
+            problems.append(f"{key} is {mine} but plan.{plan_key} is {theirs}: the plan must be made for the "
+                            f"recipe's {key}")
+    try:
+        plan = ParallelPlan(**recipe.plan)
+    except InputError as err:
+        problems += [f"plan: {p}" for p in err.problems]
+    else:
+        problems += [f"plan: {msg}" for _, msg in plan_problems(model, cluster, plan)]
+    if problems:
+        problems.append(f"fix the recipe's plan block to match its inputs, or recompute plan and predicted from "
+                        f"them: autotune recipes regenerate {ref}")
+        raise InputError(problems, subject=f"recipe {ref}")
+    return estimate(model, cluster, plan)
 
 
 def recipe_yaml(recipe: Recipe) -> str:
