@@ -134,12 +134,14 @@ def _machine_problems(cluster) -> list[str]:
 _INT_FLAGS = {"trials": (1, 100_000, "more trials than any study runs"), "steps": (1, 100_000, "a trial is short"),
               "max_micro_batch": (1, 2**24, "the largest batch accepted"), "finalists": (0, 100, ""),
               "finalist_runs": (1, 100, "")}
+_WARMUP_PER_STEP, _MAX_WARMUP = 100, 10_000  # --warmup-steps at most 100 x --steps and at most 10,000
 _FLOAT_FLAGS = {"timeout": (10**8, "three years"), "trial_timeout": (10**7, "115 days"),
                 "host_memory_limit_gib": (2.0**20, "a PiB")}
 
 
 def _tune_problems(args: argparse.Namespace, model) -> list[str]:
     """Every tune flag that cannot work, found before the study is created (one line each)."""
+    from autotune.commands import MAX_STEPS
     from autotune.inputs import path_problem, range_problem
 
     problems = []
@@ -153,6 +155,16 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
     if args.prune_ratio != 0:
         problems.append(range_problem("--prune-ratio", args.prune_ratio, lo=1.0, hi=1000.0, lo_open=True,
                                       why_hi="0 turns pruning off"))
+    # Warm-up steps run unmeasured before each trial's measured ones: a few settle the allocator and the kernels.
+    # (--warmup-steps below 0 or above 10^10 is reported with the common flags.)
+    warmup, steps = args.warmup_steps, args.steps
+    if isinstance(warmup, int) and isinstance(steps, int) and steps >= 1 and 0 <= warmup <= MAX_STEPS:
+        limit = min(_WARMUP_PER_STEP * steps, _MAX_WARMUP)
+        if warmup > limit:
+            problems.append(f"--warmup-steps {warmup:,} with --steps {steps:,}: warm-up must be at most "
+                            f"{_WARMUP_PER_STEP} x --steps and at most {_MAX_WARMUP:,} (here {limit:,}), since every "
+                            f"trial runs its warm-up unmeasured before the measured steps; use --warmup-steps "
+                            f"{min(2, limit)} (a few settle the allocator and kernels) or raise --steps")
     if args.finalists >= 2 and args.finalist_runs < 2:
         problems.append(f"--finalist-runs must be >= 2 (a median of one run is one lucky measurement), got "
                         f"{args.finalist_runs}; or --finalists 0 for no re-runs")
