@@ -86,8 +86,16 @@ def test_impossible_request_says_what_would_work(capsys):
     assert "no plan of the" in err and "needs at least" in err and "without offload" in err
 
 
+def test_min_gpus_takes_no_gpu_count(capsys):
+    code, _, err = run(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--min-gpus"],
+                       capsys)
+    assert code == 2 and "drop --num-gpus" in err
+    code, _, err = run(["plan", "--model", "llama3-70b", "--min-gpus"], capsys)
+    assert code == 2 and "give --gpu (or --cluster FILE)" in err and "--num-gpus" not in err
+
+
 def test_min_gpus_and_max_model(capsys):
-    code, out, _ = run(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8",
+    code, out, _ = run(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb",
                         "--seq-len", "4096", "--min-gpus", "--json"], capsys)
     assert code == 0
     doc = json.loads(out)

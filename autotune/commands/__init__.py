@@ -202,8 +202,9 @@ def named_problems(err: InputError) -> list[str]:
     return [f"{err.subject}: {p}" for p in err.problems]
 
 
-def load_inputs(args: argparse.Namespace, *, need_model: bool = True):
-    """Model and cluster from the common flags; every problem of both reported at once."""
+def load_inputs(args: argparse.Namespace, *, need_model: bool = True, need_num_gpus: bool = True):
+    """Model and cluster from the common flags; every problem of both reported at once. ``need_num_gpus`` False:
+    the cluster is a template (its GPU and node size) and ``--gpu`` alone gives one node of it."""
     from autotune.specs.loading import load_cluster, load_model
 
     problems: list[str] = flag_problems(args)
@@ -216,8 +217,9 @@ def load_inputs(args: argparse.Namespace, *, need_model: bool = True):
             model = load_model(args.model)
         except InputError as err:
             problems += named_problems(err)
-    if args.cluster is None and (args.gpu is None or args.num_gpus is None):
-        problems.append("give --gpu and --num-gpus, or --cluster FILE")
+    if args.cluster is None and (args.gpu is None or (args.num_gpus is None and need_num_gpus)):
+        problems.append("give --gpu and --num-gpus, or --cluster FILE" if need_num_gpus else
+                        "give --gpu (or --cluster FILE)")
     elif any(p.startswith(("--num-gpus ", "--gpus-per-node ")) for p in problems):
         if args.gpu is not None:  # the counts are already reported; still check the GPU name
             from autotune.specs.presets import load_gpu_preset

@@ -50,7 +50,7 @@ def register(sub) -> None:
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
     add_calibration(plan)
     q = plan.add_argument_group("capacity questions")
-    q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model")
+    q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model (no --num-gpus: it is the answer)")
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
     q.add_argument("--min-mfu", type=float, default=0.2, help="--max-model: slowest acceptable MFU, 0-1 (default 0.2)")
     plan.set_defaults(handler=run)
@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
 
-    model, cluster = load_inputs(args, need_model=not args.max_model)
+    if args.min_gpus and args.num_gpus is not None:
+        raise InputError(["--min-gpus searches the GPU count itself: drop --num-gpus (--gpus-per-node sets the node "
+                          "size)"], subject="plan request")
+    model, cluster = load_inputs(args, need_model=not args.max_model, need_num_gpus=not args.min_gpus)
     constraints = SearchConstraints(
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch,
