@@ -78,11 +78,17 @@ def _int(value: Any) -> int | None:
 
 
 def accelerate_job_sizes(path: str | Path):
-    """The world size (num_processes) and tp/cp the config states."""
-    data, _ = read_accelerate_config(path)
+    """The world size (num_processes) and tp/cp the config states; InputError when num_processes is there but
+    not a process count (accelerate launch cannot start 0 processes)."""
+    data, lines = read_accelerate_config(path)
     pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     world = _int(data.get("num_processes"))
-    return JobSizes(world_size=world if world and world > 0 else None,
+    if data.get("num_processes") is not None and not (world and world >= 1):
+        line = lines.get(("num_processes",))
+        raise InputError([f"num_processes{f' (line {line})' if line else ''} must be an integer >= 1 (the processes "
+                          f"of all machines together: the world size), got {data['num_processes']!r}: write "
+                          f"num_processes: N with N the job's GPU count"], subject=f"accelerate config {str(path)!r}")
+    return JobSizes(world_size=world,
                     tp=_int(pc.get("parallelism_config_tp_size")), cp=_int(pc.get("parallelism_config_cp_size")))
 
 
@@ -122,13 +128,13 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
         if not isinstance(value, dict):
             bad((block,), f"{block} must be a mapping, got {type(value).__name__}", "write key: value lines under it")
             continue
+        known = {**known, **_READ_BESIDE_OPTIONS.get(block, {})}
         for key, setting in value.items():
             spec = known.get(key) or (known.get(f"fsdp_{key}") if block == "fsdp_config" else None)
             if spec is None:
                 near = _near(key, known)
                 bad((block, str(key)), f"unknown key {key!r} in {block}: accelerate {version} launch drops it "
                     "silently, so it has no effect", f"did you mean {near!r}? rename it" if near else "remove it",
-        known = {**known, **_READ_BESIDE_OPTIONS.get(block, {})}
                     "warning")
             elif spec.get("choices") and str(value[key]) not in spec["choices"]:
                 bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}",
