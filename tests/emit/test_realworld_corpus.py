@@ -1,0 +1,106 @@
+"""`autotune validate` on real-world configs (tests/fixtures/realworld, sources in its SOURCES.md): every
+published, correct file passes; every broken variant gets its named problem. Issue 21: launcher arguments read as
+Megatron's, quoted argument strings, AutoTP batch counts, accelerate's own FSDP templates, a string lr."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.emit.shell_args import parse_shell_args
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld"
+
+# file: (the job's flags, warnings the engine itself prints for the file, so expected here)
+GOOD = {
+    "megatron_gpt3_175b_distributed.sh": (["--world-size", "128"], []),
+    "megatron_llama3_8b_h100_fp8.sh": (["--world-size", "8"], ["--sequence-parallel"]),  # Megatron warns too
+    "megatron_pretrain_gpt_distributed_with_mp.sh": (["--world-size", "8"], []),
+    "megatron_pretrain_gpt.sh": (["--world-size", "1"], []),
+    "dse_hf_integration_autotp_ds_config.json": (["--hf", "--world-size", "4"], []),
+    "dse_autotuning_ds_config_z2.json": (["--hf", "--world-size", "8"], []),
+    "dse_autotuning_ds_config_z3.json": (["--hf", "--world-size", "8"], []),
+    "hf_ds_config_zero2.json": (["--hf", "--world-size", "8"], []),
+    "accelerate_deepspeed.yaml": ([], []),
+    "accelerate_fsdp.yaml": ([], []),
+    "accelerate_multi_gpu.yaml": ([], []),
+    "accelerate_tp_hsdp.yaml": ([], []),
+    "accelerate_cp.yaml": ([], []),
+    "accelerate_latest_fsdp.yaml": ([], []),
+    "torchtitan_llama3_8b.toml": (["--world-size", "8"], []),
+    "torchtitan_llama3_70b.toml": (["--world-size", "64"], []),
+}
+
+# file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
+BAD = {
+    "megatron_gpt3_175b_distributed_head.sh": (["--world-size", "128"], [
+        ("--step-batch-size-schedule", "Cannot specify both --step-batch-size-schedule and --global-batch-size"),
+        ("2.4B:320", "unexpected argument '2.4B:320'")]),
+    "megatron_gpt3_175b_typo.sh": (["--world-size", "128"], [("--num-layer", "unrecognized argument --num-layer")]),
+    "megatron_pretrain_gpt_mp_tp3.sh": (["--world-size", "8"], [
+        ("--tensor-model-parallel-size", "not divisible by total_model_size tp*pp*cp = 3*2*1")]),
+    "dse_autotp_batch_per_dp_only.json": (["--world-size", "8"], [
+        ("$.train_batch_size", "with AutoTP DeepSpeed counts the tp ranks too"),
+        ("$.gradient_clipping", "'auto' is filled in only by the Hugging Face Trainer")]),
+    "hf_ds_config_zero2_lr_string.json": (["--hf", "--world-size", "8"], [
+        ("$.optimizer.params.lr", "torch.optim raises TypeError")]),
+    "hf_ds_config_zero2_plain.json": (["--world-size", "8"], [
+        ("$.train_batch_size", "'auto' is filled in only by the Hugging Face Trainer")]),
+    "accelerate_fsdp_typo.yaml": ([], [("$.fsdp_config.fsdp_sharding_stratgy", "unknown key 'fsdp_sharding_stratgy'")]),
+    "accelerate_tp_hsdp_sizes.yaml": ([], [("$.parallelism_config", "dp_replicate x dp_shard x tp x cp x sp = 16")]),
+    "torchtitan_llama3_8b_tp3.toml": (["--world-size", "8"], [("$.parallelism", "8 is not divisible")]),
+}
+
+
+def _validate(path: Path, flags: list[str], capsys) -> tuple[int, list[dict]]:
+    code = main(["validate", str(path), *flags, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_the_corpus_is_complete():
+    assert sorted(p.name for p in (CORPUS / "good").iterdir()) == sorted(GOOD)
+    assert sorted(p.name for p in (CORPUS / "bad").iterdir()) == sorted(BAD)
+    sources = (CORPUS / "SOURCES.md").read_text()
+    assert all(f"| {name} |" in sources for name in [*GOOD, *BAD])
+
+
+@pytest.mark.parametrize("name", sorted(GOOD))
+def test_a_published_config_passes(name, capsys):
+    flags, warnings = GOOD[name]
+    code, problems = _validate(CORPUS / "good" / name, flags, capsys)
+    assert [p for p in problems if p["severity"] == "error"] == []
+    assert sorted(p["path"] for p in problems) == sorted(warnings), problems
+    assert code == (1 if warnings else 0)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_broken_config_gets_its_problem(name, capsys):
+    flags, expected = BAD[name]
+    code, problems = _validate(CORPUS / "bad" / name, flags, capsys)
+    assert code == 1
+    for path, words in expected:
+        assert any(p["path"] == path and words in p["message"] for p in problems), (path, words, problems)
+
+
+# ---- the reader's cases, each of which read wrong before ----------------------------------------
+def test_launcher_arguments_are_not_megatron_arguments():
+    text = ("DISTRIBUTED_ARGS=(\n  --nproc_per_node 8\n  --master_addr localhost\n)\n"
+            "MODEL=( --num-layers 2 )\ntorchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL[@]} --bf16\n")
+    assert parse_shell_args(text)[0] == ["--num-layers", "2", "--bf16"]
+
+
+def test_a_quoted_argument_string_is_split_as_bash_splits_it():
+    text = 'GPT_ARGS="\n    --num-layers 24 \\\n    --hidden-size 1024\n"\ntorchrun pretrain_gpt.py $GPT_ARGS --fp16\n'
+    assert parse_shell_args(text)[0] == ["--num-layers", "24", "--hidden-size", "1024", "--fp16"]
+    # Quoted, the same expansion is one word, as bash passes it.
+    assert parse_shell_args('A="--lr 1"\npython pretrain_gpt.py "$A"\n')[0] == ["--lr 1"]
+
+
+def test_an_if_reads_the_branch_its_known_test_selects():
+    text = ('MODE=real\nARGS=()\nif [[ "$MODE" == "mock" ]]; then\n  ARGS+=( --mock-data )\nelse\n'
+            '  ARGS+=( "--data-path /d" )\nfi\nDEF=${1:-"/ckpt"}\ntorchrun pretrain_gpt.py ${ARGS[@]} --save "$DEF"\n')
+    assert parse_shell_args(text)[0] == ["--data-path", "/d", "--save", "/ckpt"]
