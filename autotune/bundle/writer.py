@@ -4,14 +4,31 @@ The folder is built under a temporary name beside the target, every file is relo
 YAML parsed, shell scripts checked with ``bash -n``, Python compiled, the DeepSpeed config
 validated by our schema and DeepSpeed's own parser), and only then renamed into place. A failure
 at any point leaves no half-written folder; an existing folder is replaced only with ``force``.
+
+Replacing (``force``) never leaves the target missing and never deletes a file the user added:
+
+- on Linux the new folder and the old one swap names in one step (``renameat2`` with
+  ``RENAME_EXCHANGE``); the new files first take an aside name ``.NAME.old-XXXX/NAME`` and the
+  swap leaves the previous folder there. Where the exchange is not available (another OS, a file
+  system without it) the previous folder is renamed aside, then the new one in: a kill between the
+  two leaves the target missing, the previous folder intact in the aside copy;
+- the aside copy is removed only when every entry of it is a file emit writes (this bundle's files
+  and those the previous ``plan.md`` lists); otherwise it is kept and ``notes`` says where, and so
+  does every later ``autotune emit`` of the same folder
+  (:func:`autotune.commands.emit.clean_leftovers`), which never deletes an aside copy.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +106,102 @@ def _check_file(path: Path, est: Estimate) -> list[str]:
     return []
 
 
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+@functools.cache
+def _libc_renameat2():
+    """The C library's ``renameat2`` (glibc 2.28+), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    func.restype = ctypes.c_int
+    return func
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """``renameat2(src, dst, flags)``; False where the C library, the kernel or the file system lacks it."""
+    func = _libc_renameat2()
+    if func is None:
+        return False
+    if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+_LISTED_FILE = re.compile(r"^\s*- `([^`/]+)`:", re.MULTILINE)
+
+
+def _not_ours(folder: Path, names: set[str]) -> list[str]:
+    """Entries of ``folder`` emit did not write: not in ``names`` nor listed by the folder's plan.md, or not a
+    regular file (a folder, a link)."""
+    listed = set(names) | {"plan.md"}
+    try:
+        listed |= set(_LISTED_FILE.findall((folder / "plan.md").read_text(encoding="utf-8", errors="replace")))
+    except OSError:
+        pass
+    out = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name not in listed or not entry.is_file(follow_symlinks=False):
+                out.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+    return sorted(out)
+
+
+def _replace(tmp: Path, out: Path, parent: Path, names: set[str], notes: list[str]) -> None:
+    """Put the finished folder ``tmp`` in place of the existing folder ``out``; the previous one is removed only
+    when it holds nothing but files emit writes, else kept aside (a line in ``notes`` says where)."""
+    aside_dir = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.old-"))
+    aside = aside_dir / out.name
+    os.rename(tmp, aside)  # the new files, under the aside name until the swap
+    try:
+        swapped = _renameat2(aside, out, _RENAME_EXCHANGE)
+    except BaseException:
+        shutil.rmtree(aside_dir, ignore_errors=True)  # not swapped: the aside copy holds only the new files
+        raise
+    if not swapped:
+        # No exchange here: the previous folder aside, then the new one in. A kill between the two leaves
+        # ``out`` missing and the previous folder whole at ``previous``; the next emit says where it is.
+        previous_dir = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.old-"))
+        try:
+            os.rename(out, previous_dir / out.name)
+        except BaseException:
+            shutil.rmtree(aside_dir, ignore_errors=True)
+            os.rmdir(previous_dir)
+            raise
+        os.rename(aside, out)
+        os.rmdir(aside_dir)
+        aside_dir, aside = previous_dir, previous_dir / out.name
+    try:
+        extra = _not_ours(aside, names)
+    except OSError as err:
+        extra = [f"(its entries cannot be listed: {err.strerror or err})"]
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        notes.append(f"{out} held {len(extra)} file(s) emit does not write ({shown}): the previous folder is kept "
+                     f"at {aside}; take what you need from it, then remove {aside_dir}")
+    else:
+        shutil.rmtree(aside_dir, ignore_errors=True)
+
+
 def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None = None, *, force: bool = False,
-                 measured: dict | None = None) -> list[Path]:
-    """Write the plan's files into ``out_dir`` atomically; returns the written paths."""
+                 measured: dict | None = None, notes: list[str] | None = None) -> list[Path]:
+    """Write the plan's files into ``out_dir`` atomically; returns the written paths.
+
+    ``notes`` (when given) gets a line for what the user should know: a replaced folder kept aside because it
+    held files emit does not write.
+    """
+    notes = [] if notes is None else notes
     out = Path(out_dir)
     if out.exists() and not force:
         raise InputError([f"{out} already exists: choose another --out or pass --force to replace it"],
@@ -120,12 +230,9 @@ def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None
         if problems:
             raise InputError(problems, subject="emitted files (a bug: please report it)")
         if out.exists():
-            old = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+            _replace(tmp, out, parent, set(bundle.files), notes)
+        elif not _renameat2(tmp, out, _RENAME_NOREPLACE):  # an ``out`` made meanwhile is not replaced
+            os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -30,8 +30,7 @@ from autotune.commands import (
 )
 from autotune.errors import InputError
 
-__all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers",
-           "unfit_problems"]
+__all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers"]
 
 # Strings that end up as a command-line word or a host name.
 _COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
@@ -220,7 +219,12 @@ def out_problems(out: str) -> list[str]:
 
 
 def clean_leftovers(out: str) -> list[str]:
-    """Remove the temporary folders an interrupted emit left beside ``out``; lines saying what was done."""
+    """Remove the temporary folders an interrupted emit left beside ``out``; lines saying what was done.
+
+    ``.NAME.tmp-*`` holds only files emit wrote: removed once a minute old. ``.NAME.old-*`` is an aside copy of
+    a replaced folder (``emit --force``), which may hold the user's own files: never removed, only named,
+    with the way to put it back when ``out`` is missing.
+    """
     path = Path(out)
     parent = path.parent if str(path.parent) else Path(".")
     notes = []
@@ -231,6 +235,14 @@ def clean_leftovers(out: str) -> list[str]:
     for leftover in sorted(found):
         try:
             if not leftover.is_dir() or leftover.is_symlink():
+                continue
+            if leftover.name.startswith(f".{path.name}.old-"):
+                inside = leftover / path.name
+                back = (f"; {out} itself is missing: `mv {inside} {out}` puts it back"
+                        if inside.is_dir() and not os.path.lexists(path) else "")
+                notes.append(f"kept {inside if inside.is_dir() else leftover}: an earlier `emit --force` set the "
+                             f"previous {path.name} aside there (or, if it stopped before the swap, the files it was "
+                             f"writing){back}; emit never deletes it: take what you need, then remove {leftover}")
                 continue
             if time.time() - leftover.stat().st_mtime < _LEFTOVER_AGE_S:
                 notes.append(f"{leftover}: a temporary folder of another emit (under a minute old), left alone")
@@ -245,25 +257,6 @@ def clean_leftovers(out: str) -> list[str]:
 def report_leftovers(out: str) -> None:
     for note in clean_leftovers(out):
         print(f"autotune emit: {note}", file=sys.stderr)
-
-
-def unfit_problems(est) -> list[str]:
-    """Why the plan does not fit (the ledger's total against the capacity) and the way out."""
-    from autotune.report import gib
-
-    mem, plan = est.memory, est.plan
-    why = []
-    if not mem.fits_gpu:
-        why.append(f"the memory ledger needs {gib(mem.total)} GiB per GPU (pipeline stage {mem.stage}) but "
-                   f"{est.cluster.gpu.name} has {gib(mem.capacity)} GiB")
-    if not mem.fits_host:
-        why.append(f"the offloaded states need {gib(mem.host_per_node)} GiB host memory per node but a node has "
-                   f"{gib(mem.host_capacity_per_node)} GiB")
-    return ["the plan does not fit: " + "; ".join(why),
-            f"`autotune plan` with the same model and cluster lists plans that fit; or raise --zero (now "
-            f"{plan.zero_stage}), offload (--offload-optimizer cpu), recompute (--recompute full) or lower "
-            f"--micro-batch (now {plan.micro_batch_size}) (a recipe or plan JSON: those fields of its plan); "
-            f"--allow-unfit writes the files anyway"]
 
 
 def register(sub) -> None:
@@ -296,8 +289,6 @@ def register(sub) -> None:
     out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra NCCL_* setting for every rank (repeatable)")
-    out.add_argument("--allow-unfit", action="store_true",
-                     help="write the files even when the memory ledger says the plan does not fit (plan.md says so)")
     emit.set_defaults(handler=run, recompute=None, zero=None)
 
 
@@ -327,13 +318,14 @@ def run(args: argparse.Namespace) -> int:
         args.zero = 1 if args.zero is None else args.zero
         est = estimate_from_flags(args)
     options = emit_options(args, emit_block)
-    if not est.memory.fits and not args.allow_unfit:
-        raise InputError(unfit_problems(est), subject="plan")
+    notes: list[str] = []
     try:
-        paths = write_bundle(est, args.out, options, force=args.force)
+        paths = write_bundle(est, args.out, options, force=args.force, notes=notes)
     except OSError as err:
         raise InputError([f"--out {args.out!r}: cannot write it ({err.strerror or err}); nothing was replaced"],
                          subject="output folder") from None
+    for note in notes:
+        print(f"autotune emit: {note}", file=sys.stderr)
     if args.json:
         print(json_text({"out": args.out, "files": [str(p) for p in paths]}))
     else:

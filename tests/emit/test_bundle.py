@@ -1,6 +1,7 @@
 """`autotune emit`: every file for a plan, written atomically, each reloading."""
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -43,8 +44,15 @@ def test_existing_folder_needs_force_and_nothing_half_written(tmp_path):
     with pytest.raises(InputError, match="--force"):
         write_bundle(est, out)
     (out / "marker").write_text("old")
-    write_bundle(est, out, force=True)
+    notes = []
+    write_bundle(est, out, force=True, notes=notes)
     assert not (out / "marker").exists()
+    # a file emit does not write is never deleted: the previous folder is kept aside, and the notes say where
+    (kept,) = tmp_path.glob(".job.old-*/job/marker")
+    assert kept.read_text() == "old" and str(kept.parent) in notes[0]
+    shutil.rmtree(kept.parent.parent)
+    write_bundle(est, out, force=True, notes=notes)  # only emit's own files: replaced, nothing kept
+    assert len(notes) == 1
     # a failure while rendering leaves neither the target nor a temporary folder behind
     bad = EmitOptions(launch=LaunchOptions(hosts=("node1", "bad\nhost")))
     with pytest.raises(InputError):

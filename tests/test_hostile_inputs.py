@@ -1,0 +1,117 @@
+"""Issue 21, the contract against hostile inputs: bad input gets a clear error naming the problem and the way out
+(exit 2), never a traceback or a hang, and nothing the user has is lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(argv, capsys, *needles):
+    code, out, err = run(argv, capsys)
+    assert code == 2, (argv, code, err)
+    assert "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+# ---- emit --force: the previous folder is never lost ----------------------------------------------------------
+
+def _emit(out: Path, capsys, *extra):
+    code, _, err = run(["emit", "--recipe", "cpu-demo", "--out", str(out), *extra], capsys)
+    assert code == 0, err
+    return err
+
+
+def test_force_keeps_a_folder_holding_the_users_files_aside_and_says_where(tmp_path, capsys):
+    job = tmp_path / "job"
+    _emit(job, capsys)
+    (job / "notes.txt").write_text("mine")
+    err = _emit(job, capsys, "--force")
+    assert not (job / "notes.txt").exists() and (job / "plan.json").exists()
+    (kept,) = tmp_path.glob(".job.old-*/job/notes.txt")
+    assert kept.read_text() == "mine"
+    assert "notes.txt" in err and str(kept.parent) in err
+    # the next emit names the aside copy again and never deletes it
+    err = _emit(job, capsys, "--force")
+    assert kept.exists() and f"kept {kept.parent}" in err
+    # a folder holding only emit's own files is replaced without a copy left behind
+    for old in tmp_path.glob(".job.old-*"):
+        import shutil
+
+        shutil.rmtree(old)
+    _emit(job, capsys, "--force")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]
+
+
+_KILLED_EMIT = """
+import os, sys
+from pathlib import Path
+import autotune.bundle.writer as writer
+mode, out = sys.argv[1], Path(sys.argv[2])
+real_rename = os.rename
+if mode == "no-exchange":
+    # a system without renameat2: the previous folder aside, then the new one in; killed between the two
+    writer._renameat2 = lambda src, dst, flags: False
+    def rename(src, dst):
+        if Path(dst) == out:
+            os._exit(9)
+        real_rename(src, dst)
+    os.rename = rename
+else:
+    # killed after the new files took their aside name, before the swap
+    def exchange(src, dst, flags):
+        os._exit(9)
+    writer._renameat2 = exchange
+from autotune.cli import main
+sys.exit(main(["emit", "--recipe", "cpu-demo", "--out", str(out), "--force"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["no-exchange", "exchange"])
+def test_a_kill_inside_emit_force_loses_nothing_and_the_next_emit_says_where_it_is(mode, tmp_path, capsys):
+    job = tmp_path / "job"
+    _emit(job, capsys)
+    (job / "notes.txt").write_text("mine")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_KILLED_EMIT), mode, str(job)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 9, proc.stderr
+    if mode == "exchange":
+        assert (job / "notes.txt").read_text() == "mine"  # the swap never happened: the folder is as it was
+    else:
+        assert not job.exists()  # the one step without a target folder ...
+        (kept,) = tmp_path.glob(".job.old-*/job/notes.txt")  # ... and the previous folder whole beside it
+        assert kept.read_text() == "mine"
+    err = _emit(job, capsys, "--force")
+    (kept,) = tmp_path.glob(".job.old-*/job/notes.txt")  # set aside by the kill, or by this emit's swap
+    assert kept.read_text() == "mine" and str(kept.parent) in err
+    assert "never deletes it" in err or "emit does not write (notes.txt)" in err
+    if mode == "no-exchange":
+        assert f"`mv {kept.parent} {job}` puts it back" in err
+    assert (job / "plan.json").exists() and not (job / "notes.txt").exists()
+
+
+def test_the_next_emit_after_a_kill_says_how_to_put_the_folder_back(tmp_path, capsys):
+    job = tmp_path / "job"
+    _emit(job, capsys)
+    (job / "notes.txt").write_text("mine")
+    aside = tmp_path / ".job.old-abc123"
+    aside.mkdir()
+    os.rename(job, aside / "job")  # as a kill between the two renames leaves it
+    err = _emit(job, capsys)
+    assert f"mv {aside / 'job'} {job}" in err and (aside / "job" / "notes.txt").read_text() == "mine"
