@@ -19,6 +19,11 @@ is checked instead:
   ``launcher/multinode_runner.py`` ``add_export`` and ``PDSHRunner.get_cmd``), so its host names must be
   plain host names and its environment values free of ``"``, ``$``, backquote and backslash;
 - ``#SBATCH`` lines are read by sbatch, not bash, so their values must be plain words.
+
+The rendezvous port is ``"${MASTER_PORT:-<master_port>}"`` in every script that names one (the deepspeed runner's
+``--master_port``, torchrun's c10d endpoint, accelerate's ``--main_process_port``): ``MASTER_PORT`` in the
+environment overrides the emitted default (29500), and each script's header says so. One-node torchrun runs
+``--standalone``, which picks a free port itself.
 """
 
 from __future__ import annotations
@@ -192,17 +197,19 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
         "slurm_dir_check": _slurm_dir_check(bundle_files),
         "nnodes": str(cluster.num_nodes),
         "nproc_per_node": str(cluster.gpus_per_node),
-        "port": str(lo.master_port),
+        "port": _port(lo),
+        "port_note": _port_note(lo),
     }
     files: dict[str, str] = {}
     if "torchrun" in launchers:
         if cluster.num_nodes == 1:
-            files["launch_torchrun.sh"] = _template("torchrun_single.sh.tmpl").substitute(common)
+            files["launch_torchrun.sh"] = _template("torchrun_single.sh.tmpl").substitute(
+                common, port_note=_port_note(lo, standalone=True))
         else:
             host = lo.master_addr or (hosts[0] if hosts else None)
             # No host known: the user exports MASTER_ADDR (the first node) before running the script.
-            endpoint = (_q(f"{host}:{lo.master_port}") if host else
-                        f'"${{MASTER_ADDR:?export MASTER_ADDR=<first node>}}:{lo.master_port}"')
+            endpoint = (_q(f"{host}:") + f'"{_port(lo)}"' if host else
+                        f'"${{MASTER_ADDR:?export MASTER_ADDR=<first node>}}:{_port(lo)}"')
             files["launch_torchrun.sh"] = _template("torchrun_multi.sh.tmpl").substitute(
                 common, rdzv_endpoint=endpoint, rdzv_id=_q(lo.job_name))
     if "deepspeed" in launchers:
@@ -213,6 +220,20 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
         files["launch_slurm.sbatch"] = _template("slurm.sbatch.tmpl").substitute(
             common, job_name=lo.job_name, time_limit=lo.slurm_time, sbatch_optional="\n".join(optional))
     return files
+
+
+def _port(lo: LaunchOptions) -> str:
+    """The rendezvous port as the scripts read it (inside double quotes): ``MASTER_PORT`` from the environment,
+    else the emitted one, so two jobs (or two test runs) on one machine need not collide on 29500."""
+    return f"${{MASTER_PORT:-{lo.master_port}}}"
+
+
+def _port_note(lo: LaunchOptions, *, standalone: bool = False) -> str:
+    """The header line that says which port a script uses and how to change it."""
+    if standalone:
+        return "Port: torchrun --standalone picks a free one itself."
+    return (f"Port: $MASTER_PORT if set in the environment, else {lo.master_port} "
+            f"(export MASTER_PORT=<a free port> first when {lo.master_port} is taken).")
 
 
 def _slurm_dir_check(bundle_files: Collection[str]) -> str:
@@ -252,7 +273,7 @@ def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[s
         ds_args = ["--hostfile", '"$HOSTFILE"']
         if lo.master_addr or hosts:
             ds_args += ["--master_addr", _q(lo.master_addr or hosts[0])]
-    ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(slots), "--master_port", str(lo.master_port)]
+    ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(slots), "--master_port", f'"{_port(lo)}"']
     # --no_local_rank: Megatron-LM's parser knows --local-rank, not the runner's --local_rank=N;
     # ranks read LOCAL_RANK from the environment as under torchrun.
     ds_args.append("--no_local_rank")
@@ -279,18 +300,19 @@ def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: 
         problems.append("the training program is empty: give the training script (train.py)")
     if problems:
         raise InputError(problems, subject="launch settings")
-    machine = f" \\\n    --num_machines {cluster.num_nodes} --num_processes {cluster.num_gpus}"
+    machine = (f" \\\n    --num_machines {cluster.num_nodes} --num_processes {cluster.num_gpus}"
+               f' --main_process_port "{_port(lo)}"')
     if cluster.num_nodes > 1:
         machine += ' --machine_rank "${MACHINE_RANK:?export MACHINE_RANK=<this node index, 0 on the first>}"'
         host = lo.master_addr or (lo.hosts[0] if lo.hosts else None)
         machine += (f" --main_process_ip {_q(host)}" if host else
                     ' --main_process_ip "${MASTER_ADDR:?export MASTER_ADDR=<first node>}"')
-        machine += f" --main_process_port {lo.master_port}"
     usage = ("bash launch_accelerate.sh" if cluster.num_nodes == 1 else
              f"MACHINE_RANK=<0..{cluster.num_nodes - 1}> bash launch_accelerate.sh on each node")
     return _template("accelerate_launch.sh.tmpl").substitute(
         header=_comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
                         f"{cluster.gpus_per_node} {cluster.gpu.name}"),
-        usage=usage, exports=_exports(env), config_file=_q(config_file), ds_config_file=_q(ds_config_file),
+        usage=usage, port_note=_port_note(lo), exports=_exports(env), config_file=_q(config_file),
+        ds_config_file=_q(ds_config_file),
         machine_args=machine, entry=" ".join(_q(a) for a in entry),
         program_args=_format_args([*program_args, *lo.script_args], bundle_files))

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from deepspeed.launcher.runner import _parse_hostfile
 
-from autotune.emit.launch import render_launch_scripts
+from autotune.emit.launch import render_accelerate_script, render_launch_scripts
 from autotune.emit.options import EmitOptions, LaunchOptions
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
@@ -20,6 +20,7 @@ BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash is needed to check the scripts")
 
 SCRIPTS = ("launch_torchrun.sh", "launch_deepspeed.sh", "launch_slurm.sbatch")
+DEFAULT_PORT = LaunchOptions().master_port  # 29500: the scripts' port when MASTER_PORT is unset
 
 
 def cluster(num_gpus):
@@ -91,7 +92,7 @@ def test_one_node_deepspeed_runs_without_ssh_from_any_folder(tmp_path):
     elsewhere.mkdir()
     argv, _ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"], cwd=elsewhere)
     assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--no_ssh", "--node_rank", "0", "--master_addr",
-                    "127.0.0.1", "--num_nodes", "1", "--num_gpus", "8", "--master_port", "29500", "--no_local_rank",
+                    "127.0.0.1", "--num_nodes", "1", "--num_gpus", "8", "--master_port", str(DEFAULT_PORT), "--no_local_rank",
                     "--module", "autotune.train", "--plan", f"{tmp_path}/plan.json",
                     "--deepspeed-config", f"{tmp_path}/ds_config.json", "--steps", "5"]
     argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"], cwd=elsewhere)
@@ -122,6 +123,7 @@ env -0 > "$ENV_OUT"
 FAKES = {
     "torchrun": RECORDER,
     "deepspeed": RECORDER,
+    "accelerate": RECORDER,
     # srun: drop its own options, run the command.
     "srun": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
     "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
@@ -176,20 +178,20 @@ def test_hostile_hosts_paths_and_args_stay_data(tmp_path, pwned):
 
     argv, environ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"])
     assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", "node1; rm -rf ~:29500", "--rdzv-id", "run-1", entry, *args]
+                    "--rdzv-endpoint", f"node1; rm -rf ~:{DEFAULT_PORT}", "--rdzv-id", "run-1", entry, *args]
     assert environ["NCCL_HOSTILE_A"] == env["NCCL_HOSTILE_A"] and environ["NCCL_HOSTILE_B"] == env["NCCL_HOSTILE_B"]
 
     slurm_env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node-[a-b]"}
     argv, environ = run_with_fakes(tmp_path, "launch_slurm.sbatch", files["launch_slurm.sbatch"], slurm_env)
     assert argv == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-id", "4242",
-                    "--rdzv-endpoint", "node-a:29500", entry, *args]
+                    "--rdzv-endpoint", f"node-a:{DEFAULT_PORT}", entry, *args]
     assert environ["NCCL_HOSTILE_B"] == env["NCCL_HOSTILE_B"]
 
 
 def test_hostile_master_addr_is_quoted(tmp_path, pwned):
     files = render(16, launchers=("torchrun",), master_addr=f"a'b\"c $(touch {pwned})")
     argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"])
-    assert argv[argv.index("--rdzv-endpoint") + 1] == f"a'b\"c $(touch {pwned}):29500"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == f"a'b\"c $(touch {pwned}):{DEFAULT_PORT}"
 
 
 def test_deepspeed_script_quotes_paths_and_args(tmp_path, pwned):
@@ -200,7 +202,7 @@ def test_deepspeed_script_quotes_paths_and_args(tmp_path, pwned):
     (tmp_path / "hostfile").write_text(files["hostfile"])
     argv, environ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"])
     assert argv == ["--hostfile", f"{tmp_path}/hostfile", "--master_addr", "node1", "--num_nodes", "2",
-                    "--num_gpus", "8", "--master_port", "29500", "--no_local_rank", entry, *hostile]
+                    "--num_gpus", "8", "--master_port", str(DEFAULT_PORT), "--no_local_rank", entry, *hostile]
     assert environ["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env" and environ["NCCL_SOCKET_IFNAME"] == "^lo"
 
 
@@ -246,8 +248,39 @@ def test_multi_node_without_hosts_asks_for_master_addr_and_a_hostfile(tmp_path):
     argv, _ = run_with_fakes(tmp_path, "launch_deepspeed.sh", files["launch_deepspeed.sh"], {"DS_HOSTFILE": str(mine)})
     assert argv[:2] == ["--hostfile", str(mine)]
     argv, _ = run_with_fakes(tmp_path, "launch_torchrun.sh", files["launch_torchrun.sh"], {"MASTER_ADDR": "10.1.1.1"})
-    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.1.1.1:29500"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == f"10.1.1.1:{DEFAULT_PORT}"
     script = tmp_path / "no_master.sh"
     script.write_text(files["launch_torchrun.sh"])
     result = subprocess.run([BASH, str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert result.returncode != 0 and "MASTER_ADDR" in result.stderr
+
+
+def _port_of(argv):
+    for flag in ("--master_port", "--main_process_port"):
+        if flag in argv:
+            return argv[argv.index(flag) + 1]
+    return argv[argv.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1]
+
+
+@pytest.mark.parametrize("num_gpus", [8, 16])
+def test_every_script_takes_master_port_from_the_environment(num_gpus, tmp_path, free_port):
+    # Two jobs (or two test runs) on one machine must not both need 29500: MASTER_PORT overrides the default,
+    # unset it is the default, and the header says so.
+    files = render(num_gpus, hosts=("node1", "node2") if num_gpus == 16 else ())
+    files["launch_accelerate.sh"] = render_accelerate_script(
+        cluster(num_gpus), PLAN, EmitOptions(launch=LaunchOptions(master_addr="10.0.0.1")), config_file="a.yaml",
+        ds_config_file="ds.json", program_args=[], env={}, entry=["train.py"])
+    slurm_env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node-[a-b]"}
+    scripts = ["launch_deepspeed.sh", "launch_slurm.sbatch", "launch_accelerate.sh"]
+    scripts += ["launch_torchrun.sh"] if num_gpus == 16 else []
+    for name in scripts:
+        (tmp_path / "hostfile").write_text(files["hostfile"])
+        extra = {**slurm_env, "MACHINE_RANK": "0"}
+        argv, _ = run_with_fakes(tmp_path, name, files[name], {**extra, "MASTER_PORT": str(free_port)})
+        assert _port_of(argv) == str(free_port), name
+        argv, _ = run_with_fakes(tmp_path, name, files[name], extra)
+        assert _port_of(argv) == str(DEFAULT_PORT), name
+        assert f"# Port: $MASTER_PORT if set in the environment, else {DEFAULT_PORT}" in files[name], name
+    if num_gpus == 8:  # one node: torchrun --standalone finds a free port itself
+        assert "--standalone" in files["launch_torchrun.sh"] and "--rdzv-endpoint" not in files["launch_torchrun.sh"]
+        assert "# Port: torchrun --standalone picks a free one itself." in files["launch_torchrun.sh"]
