@@ -215,22 +215,90 @@ def ensure_ops(names: list[str], *, env: dict | None = None, timeout_s: float = 
             todo.append(lk.path.parent.name)  # the killed build may have left a half-written .so
     if not todo:
         return state
-    say(f"building DeepSpeed ops {', '.join(todo)} once, before the first trial (first use on this machine; "
-        "~60 s each on 2 CPU cores; not counted in any trial's timeout)")
     t0 = time.monotonic()
-    argv = [sys.executable, "-m", "autotune.tune.ops", *todo]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("OP "):
-            _, name, verdict = line.split(" ", 2)
-            results[name] = verdict
-    if proc.returncode or set(results) != set(todo):
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise OpsError(f"building DeepSpeed ops {', '.join(todo)} failed (exit code {proc.returncode}): {last}")
-    say(f"built DeepSpeed ops {', '.join(todo)} in {time.monotonic() - t0:.0f} s")
+    results = _run_builder(todo, env=env, timeout_s=timeout_s, say=say)
+    say(f"built DeepSpeed's {_names(todo)} op{'s' if len(todo) > 1 else ''} in {_elapsed(time.monotonic() - t0)}")
     state.update(results)
     return state
+
+
+REPORT_EVERY_S = 15.0
+# Cold JIT builds measured on this project's 2-core machine: cpu_adam 59.5 s idle, shm_comm 320 s under other
+# engineers' test runs. The range below is per op; a busier or smaller machine takes longer.
+BUILD_MINUTES = (1, 6)
+
+
+def _names(todo: list[str]) -> str:
+    return " and ".join(n.removeprefix("deepspeed_") for n in todo)
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+def build_estimate(n_ops: int = 1) -> str:
+    """An honest range for ``n_ops`` cold builds on this machine: cores and the current load average."""
+    cores = os.cpu_count() or 1
+    low, high = BUILD_MINUTES[0] * n_ops, BUILD_MINUTES[1] * n_ops
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    busy = f", longer under load (load average now {load:.1f} on {cores} cores)" if load >= cores * 0.75 else \
+        ", longer under load"
+    return f"about {low}-{high} minutes on {cores} core{'s' if cores > 1 else ''}{busy}"
+
+
+def _builder_argv(todo: list[str]) -> list[str]:
+    return [sys.executable, "-m", "autotune.tune.ops", *todo]
+
+
+def _run_builder(todo: list[str], *, env: dict | None, timeout_s: float,
+                 say: Callable[[str], None]) -> dict[str, str]:
+    """Build ``todo`` in a child process, saying every ``REPORT_EVERY_S`` which op it is on and for how long."""
+    import tempfile
+    import threading
+
+    what = f"DeepSpeed's {_names(todo)} op{'s' if len(todo) > 1 else ''}"
+    say(f"building {what} once (first use on this machine; not counted in any trial's timeout): "
+        f"{build_estimate(len(todo))}")
+    t0 = time.monotonic()
+    results: dict[str, str] = {}
+    argv = _builder_argv(todo)
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("OP "):
+                    _, name, verdict = line.rstrip("\n").split(" ", 2)
+                    results[name] = verdict
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while True:
+            try:
+                proc.wait(timeout=REPORT_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - t0
+                if elapsed > timeout_s:
+                    proc.kill()  # our own builder; its lock is recognised as ours and cleared next time
+                    proc.wait()
+                    raise OpsError(f"building {what} took over {_elapsed(timeout_s)}: stopped; the machine may be "
+                                   f"overloaded, retry when it is quieter") from None
+                current = next((n for n in todo if n not in results), todo[-1])
+                say(f"building DeepSpeed's {current.removeprefix('deepspeed_')} op once "
+                    f"({len(results) + 1} of {len(todo)}): {build_estimate()}; elapsed {_elapsed(elapsed)}")
+        reader.join(timeout=5)
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode or set(results) != set(todo):
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise OpsError(f"building DeepSpeed ops {', '.join(todo)} failed (exit code {proc.returncode}): {last}")
+    return results
 
 
 def _build(names: list[str]) -> int:
