@@ -52,6 +52,8 @@ def _os_problem(err: OSError) -> str:
         return "permission denied (make it readable)"
     if err.errno == errno.ELOOP:
         return "too many levels of symbolic links"
+    if err.errno == errno.ENOTDIR:
+        return "a part of the path before the file name is a file, not a folder: check the path"
     return f"cannot read it: {err.strerror or err}"
 
 
@@ -93,8 +95,12 @@ def read_text(path: str | os.PathLike, *, subject: str, max_bytes: int = MAX_INP
 
 
 def _named(subject: str, path: str | os.PathLike) -> str:
-    """``subject`` with the file's name, unless it already has it."""
-    return subject if str(path) in subject else f"{subject} {str(path)!r}"
+    """``subject`` with the file's name, unless it already has it (a name of thousands of characters cut)."""
+    name = str(path)
+    if name in subject:
+        return subject
+    shown = repr(name) if len(name) <= 200 else f"{name[:80]!r}...{name[-40:]!r} ({len(name):,} characters)"
+    return f"{subject} {shown}"
 
 
 def depth_problem(data: Any, *, limit: int = MAX_DEPTH) -> str | None:

@@ -60,14 +60,26 @@ def _from_mapping(data: dict, path: Path | None) -> Recipe:
 
 
 def load_recipe(ref: str) -> Recipe:
-    """A recipe by name (``recipes/NAME.yaml``) or by path."""
-    path = Path(ref)
-    if not path.is_file():
+    """A recipe by name (``recipes/NAME.yaml``) or by path.
+
+    A path that exists (or cannot be looked at: a name too long, a path through a file, a folder we may not
+    enter) is read as the recipe file, regular files only (:func:`autotune.inputs.read_text`), so each of those
+    is an InputError naming the problem, never a traceback; anything else is a recipe name.
+    """
+    try:
+        os.stat(ref)
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    except (OSError, ValueError):  # ENAMETOOLONG, ENOTDIR, EACCES, ELOOP, a NUL byte: the reader names it
+        exists = True
+    if exists:
+        return _from_mapping(read_yaml(ref, subject="recipe"), Path(ref))
+    if ref in recipe_names():
         path = _recipes_dir() / f"{ref}.yaml"
-    if not path.is_file():
-        raise InputError([f"unknown recipe {ref!r}{suggest_names(ref, recipe_names())}; `autotune recipes list` "
-                          "shows them, or give a recipe YAML path"], subject="recipe")
-    return _from_mapping(read_yaml(path, subject="recipe"), path)
+        return _from_mapping(read_yaml(path, subject="recipe"), path)
+    raise InputError([f"unknown recipe {ref!r}{suggest_names(ref, recipe_names())}; `autotune recipes list` "
+                      "shows them, or give a recipe YAML path"], subject="recipe")
 
 
 def _constraints(search: dict) -> SearchConstraints:

@@ -115,3 +115,39 @@ def test_the_next_emit_after_a_kill_says_how_to_put_the_folder_back(tmp_path, ca
     os.rename(job, aside / "job")  # as a kill between the two renames leaves it
     err = _emit(job, capsys)
     assert f"mv {aside / 'job'} {job}" in err and (aside / "job" / "notes.txt").read_text() == "mine"
+
+
+# ---- recipe paths that cannot be read ------------------------------------------------------------------------
+
+def test_recipe_path_too_long_or_through_a_file_or_a_fifo_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    cases = (("a" * 300, "longer than the file system allows"),
+             ("/".join(["a" * 200] * 30), "longer than the file system allows"),
+             ("afile/x.yaml", "is a file, not a folder"),
+             ("fifo.yaml", "FIFO"),
+             (str(tmp_path), "folder"))
+    for ref in cases:
+        for argv in (["emit", "--recipe", ref[0], "--out", "job"], ["recipes", "show", ref[0]]):
+            refused(argv, capsys, ref[1], "recipe")
+    assert not (tmp_path / "job").exists()
+
+
+def test_recipe_in_a_folder_we_may_not_enter_is_named(tmp_path, capsys, monkeypatch):
+    # Tests run as root, who may enter any folder: the kernel's answer for a user who may not is simulated.
+    import errno
+
+    locked = str(tmp_path / "locked")
+    real_stat, real_open = os.stat, os.open
+
+    def denied(real):
+        def call(path, *args, **kwargs):
+            if str(path).startswith(locked):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "stat", denied(real_stat))
+    monkeypatch.setattr(os, "open", denied(real_open))
+    refused(["recipes", "show", f"{locked}/r.yaml"], capsys, "permission denied", "locked/r.yaml")
