@@ -31,3 +31,65 @@ def test_a_build_past_its_timeout_is_stopped_and_named(tmp_path, monkeypatch):
     monkeypatch.setattr(ops, "REPORT_EVERY_S", 0.2)
     with pytest.raises(ops.OpsError, match="cpu_adam op took over"):
         ops.ensure_ops(["cpu_adam"], env={"TORCH_EXTENSIONS_DIR": str(tmp_path)}, timeout_s=0.5)
+
+
+def _study(finished: int, finalist_runs_done: int = 0):
+    import datetime as dt
+
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    study = optuna.create_study(direction="maximize")
+    start = dt.datetime(2025, 1, 1)
+    for i in range(finished):
+        trial = create_trial(value=1000.0 + i, state=TrialState.COMPLETE)
+        trial.datetime_start, trial.datetime_complete = start, start + dt.timedelta(seconds=40)
+        study.add_trial(trial)
+    if finalist_runs_done:
+        study.set_user_attr("finalists", {"runs": {"a": [1.0] * (finalist_runs_done // 2 + finalist_runs_done % 2),
+                                                   "b": [1.0] * (finalist_runs_done // 2)}})
+    return study
+
+
+def test_a_resumed_finished_study_promises_no_eta():
+    import io
+
+    from autotune.tune.progress import ProgressLine
+
+    out = io.StringIO()
+    progress = ProgressLine(3, stream=out, finalist_runs=4)
+    progress("start", _study(3, finalist_runs_done=4))
+    assert "ETA none, nothing left to run" in out.getvalue() and "after the first trial" not in out.getvalue()
+    # Resumed with work left: the earlier trials' durations give the ETA (1 trial + 4 re-runs of ~40 s).
+    out = io.StringIO()
+    ProgressLine(3, stream=out, finalist_runs=4)("start", _study(2))
+    assert "ETA 3m20s" in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    ProgressLine(3, stream=out)("start", _study(0))
+    assert "ETA after the first trial" in out.getvalue()
+
+
+def test_cpu_figures_are_real_numbers_and_say_the_peak_is_nominal(capsys):
+    from autotune.cli import main
+    from autotune.report import flop_rate, peak_text
+    from autotune.specs.loading import load_cluster
+
+    assert main(["estimate", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--gpus-per-node", "2",
+                 "--seq-len", "64", "--global-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    assert " 0.0 TFLOP/s" not in out and "GFLOP/s per GPU" in out
+    assert "nominal 50 GFLOP/s peak" in out and "no datasheet peak" in out
+    assert peak_text(load_cluster(gpu="cpu", num_gpus=2).gpu).startswith("cpu: no datasheet peak; nominal bf16 50 GF")
+    assert peak_text(load_cluster(gpu="h100-sxm-80gb", num_gpus=8).gpu).startswith("peak ")
+    assert (flop_rate(989.4), flop_rate(0.0339), flop_rate(0.05)) == ("989 TFLOP/s", "33.9 GFLOP/s", "50 GFLOP/s")
+
+
+def test_recipes_list_says_its_numbers_are_predicted(capsys):
+    from autotune.cli import main
+
+    assert main(["recipes", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "predicted" in lines[0]
+    row = next(ln for ln in lines if ln.startswith("cpu-demo "))
+    assert "tok/s pred." in row and "%*" in row
+    assert any("not a measurement" in ln for ln in lines) and any("no datasheet peak" in ln for ln in lines)

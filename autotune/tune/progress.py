@@ -14,6 +14,7 @@ from pathlib import Path
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.specs.plan import ParallelPlan
+from autotune.tune.finalists import ATTR as FINALISTS_ATTR
 
 __all__ = ["ProgressLine", "summary_table", "finalists_table", "write_plots"]
 
@@ -44,11 +45,18 @@ class ProgressLine:
         self.note = ""
         self.finalists_done = 0
 
-    def _eta(self, finished: int) -> str:
-        if not self.durations:
+    def _eta(self, finished: int, trials: list[FrozenTrial] = ()) -> str:
+        trials_left = max(0, self.total - finished)
+        runs_left = max(0, self.finalist_runs - self.finalists_done)
+        if not trials_left and not runs_left and self.trial_started is None:
+            return "none, nothing left to run"
+        # This session's trials first; a resumed study's earlier trials (their stored start and end) until then.
+        durations = self.durations or [t.duration.total_seconds() for t in trials if t.duration is not None
+                                       and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        if not durations:
             return "after the first trial"
-        per = statistics.median(self.durations)
-        left = max(0, self.total - finished) * per + max(0, self.finalist_runs - self.finalists_done) * per
+        per = statistics.median(durations)
+        left = trials_left * per + runs_left * per
         if self.trial_started is not None:
             left -= min(per, time.monotonic() - self.trial_started)
         return _fmt_s(max(0.0, left))
@@ -66,7 +74,7 @@ class ProgressLine:
             now = f"{'trial ' + str(number) if number is not None else 're-run'}: {text}, "
         note = f"{self.note}; " if self.note else ""
         return (f"tune: {finished}/{self.total} finished ({len(done)} done, {len(failed)} failed), {note}{now}"
-                f"best {best}, elapsed {_fmt_s(time.monotonic() - self.started)}, ETA {self._eta(finished)}")
+                f"best {best}, elapsed {_fmt_s(time.monotonic() - self.started)}, ETA {self._eta(finished, trials)}")
 
     def __call__(self, event: str, study, trial: int | None = None, detail: str | None = None) -> None:
         now = time.monotonic()
@@ -88,6 +96,8 @@ class ProgressLine:
             self.note = detail or ""
         elif event == "ops":
             self.note = detail or ""
+        if not self.finalists_done and self.finalist_runs:
+            self.finalists_done = min(self.finalist_runs, _stored_finalist_runs(study))  # a resumed study's
         text = self.line(study.get_trials(deepcopy=False))
         if self.tty:
             pad = max(0, self._last_len - len(text))
@@ -101,6 +111,15 @@ class ProgressLine:
         if self.tty and self._last_len:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _stored_finalist_runs(study) -> int:
+    """Finalist re-runs a resumed study already holds (autotune.tune.finalists keeps them in the study)."""
+    try:
+        record = study.user_attrs.get(FINALISTS_ATTR) or {}
+        return sum(len(v) for v in (record.get("runs") or {}).values())
+    except Exception:  # noqa: BLE001 - a progress line never stops a study
+        return 0
 
 
 def _plan_text(t: FrozenTrial) -> str:
