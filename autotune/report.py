@@ -10,7 +10,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["gib", "format_params", "plan_summary", "memory_table", "step_time_table", "plan_table"]
+__all__ = ["gib", "format_params", "flop_rate", "peak_text", "plan_summary", "memory_table", "step_time_table",
+           "plan_table"]
 
 _BAR_WIDTH = 30
 
@@ -24,6 +25,28 @@ def format_params(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(int(n))
+
+
+NOMINAL_PEAK_TFLOPS = 1.0
+"""Below this a peak is no accelerator's datasheet (the smallest are tens of TFLOP/s): the ``cpu`` preset's
+round placeholder (autotune/presets/gpus.yaml), which MFU is then relative to."""
+
+
+def flop_rate(tflops: float) -> str:
+    """A FLOP rate with a unit that keeps its digits: ``989 TFLOP/s``, ``33.9 GFLOP/s`` (a CPU), ``120 MFLOP/s``."""
+    for unit, scale in (("TFLOP/s", 1.0), ("GFLOP/s", 1e-3), ("MFLOP/s", 1e-6)):
+        if tflops >= scale:
+            value = tflops / scale
+            return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+    return f"{tflops * 1e12:,.0f} FLOP/s"
+
+
+def peak_text(gpu) -> str:
+    """A GPUSpec's dense peaks per precision, in units that keep their digits; a CPU's says it is nominal."""
+    peaks = ", ".join(f"{k} {flop_rate(v)}" for k, v in gpu.peak_tflops.items())
+    if max(gpu.peak_tflops.values()) < NOMINAL_PEAK_TFLOPS:
+        return f"{gpu.name}: no datasheet peak; nominal {peaks}"
+    return f"peak {peaks}"
 
 
 def plan_summary(plan: ParallelPlan) -> str:
@@ -76,8 +99,11 @@ def step_time_table(time) -> str:
              f"  {'term':<17}{'s':>10}{'share':>8}"]
     lines += [f"  {name:<17}{value:>10.3f}{value / step:>8.1%}  {_bar(value / step)}" for name, value in terms]
     lines.append(f"  {'step':<17}{time.step_time_s:>10.3f}")
-    lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; MFU {time.mfu:.1%} (model FLOPs / dense peak), "
-                  f"HFU {time.hfu:.1%} (recompute counted)"]
+    peak = time.model_tflops_per_gpu / time.mfu if time.mfu > 0 else 0.0
+    of_peak = (f"of a nominal {flop_rate(peak)} peak: a CPU has no datasheet peak, so MFU is only as good as the "
+               f"preset's placeholder" if 0 < peak < NOMINAL_PEAK_TFLOPS else f"of the {flop_rate(peak)} dense peak")
+    lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; model FLOPs {flop_rate(time.model_tflops_per_gpu)} "
+                  f"per GPU", f"MFU {time.mfu:.1%} ({of_peak}), HFU {time.hfu:.1%} (recompute counted)"]
     return "\n".join(lines)
 
 

@@ -32,10 +32,15 @@ def run(args: argparse.Namespace) -> int:
             print(json_text([{"name": r.name, "description": r.description, "model": r.model,
                                "cluster": r.cluster, "predicted": r.predicted} for r in recipes]))
         else:
+            print(f"{'recipe':<26}{'model':<14}{'GPUs':<22}{'predicted':>22}  {'MFU':>4}  description")
             for r in recipes:
                 gpus = f"{r.cluster['num_gpus']} x {r.cluster['gpu']}"
-                print(f"{r.name:<26}{r.model:<14}{gpus:<22}{r.predicted['tokens_per_s']:>12,.0f} tok/s  "
-                      f"MFU {r.predicted['mfu']:.0%}  {r.description}")
+                nominal = "*" if r.cluster["gpu"] == "cpu" else " "
+                print(f"{r.name:<26}{r.model:<14}{gpus:<22}{r.predicted['tokens_per_s']:>12,.0f} tok/s pred."
+                      f"  {r.predicted['mfu']:>4.0%}{nominal} {r.description}")
+            print("\npredicted: the cost model's tokens/s and MFU for the recipe's plan, not a measurement "
+                  "(`autotune tune` measures;\n`autotune recipes show NAME` gives the plan). "
+                  "* MFU of the cpu preset's nominal peak: a CPU has no datasheet peak.")
         return 0
     if args.action == "show":
         if len(args.names) != 1:
