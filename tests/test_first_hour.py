@@ -93,3 +93,25 @@ def test_recipes_list_says_its_numbers_are_predicted(capsys):
     row = next(ln for ln in lines if ln.startswith("cpu-demo "))
     assert "tok/s pred." in row and "%*" in row
     assert any("not a measurement" in ln for ln in lines) and any("no datasheet peak" in ln for ln in lines)
+
+
+def test_the_demo_says_what_each_step_shows_before_it_runs():
+    import contextlib
+    import io
+
+    from autotune import demo
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert demo.main(["--no-tune"]) == 0
+    lines = out.getvalue().splitlines()
+    commands = [i for i, ln in enumerate(lines) if ln.startswith("$ autotune ")]
+    assert len(commands) == len(demo.DEMO_STEPS) - 1  # --no-tune: the study is skipped
+    for n, i in enumerate(commands, 1):
+        head = next(j for j in range(i, -1, -1) if lines[j].startswith("# Step "))
+        assert lines[head].startswith(f"# Step {n} of {len(commands)}. ") and all(
+            lines[j].startswith("# ") for j in range(head, i)), lines[head:i + 1]
+    first = " ".join(ln[2:] for ln in lines[:commands[0]])
+    assert "Llama-3-70B on 8 H100: does not fit, on purpose" in first
+    # The result the narration announces follows it.
+    assert "fits: NO" in "\n".join(lines[commands[0]:commands[1]])
