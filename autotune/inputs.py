@@ -1,7 +1,7 @@
 """Reading what users hand us: regular files only, bounded, UTF-8, shallow, finite.
 
 Every file input of the tool (model, cluster, recipe, plan JSON, calibration, ...) goes through
-:func:`read_text`, then :func:`parse_json` or :func:`parse_yaml`. Each failure is an
+:func:`read_text`, then :func:`parse_json`, :func:`parse_yaml` or :func:`parse_toml`. Each failure is an
 :class:`~autotune.errors.InputError` naming the file and the fix, never a traceback or a hang:
 
 - only regular files are read: a FIFO would block ``open()`` forever, a device (``/dev/zero``)
@@ -11,7 +11,9 @@ Every file input of the tool (model, cluster, recipe, plan JSON, calibration, ..
   many candidates, is a few hundred KB);
 - bytes that are not UTF-8 are reported with their offset;
 - nesting deeper than :data:`MAX_DEPTH` is refused before anything recurses on it (our deepest
-  format, a DeepSpeed config, nests 4 levels);
+  format, a DeepSpeed config, nests 4 levels; TOML, whose standard-library parser recurses, is refused
+  when it recurses too deep);
+- an integer of more than 4300 digits (Python's limit on converting text to an integer) is refused;
 - YAML anchors/aliases (which let a 1 KB file expand to gigabytes), non-scalar mapping keys
   (``? [a, b]``) and keys given twice are refused; JSON ``NaN``/``Infinity`` are refused, and
   :func:`nonfinite_problems` finds YAML's ``.inf``/``.nan``.
@@ -25,6 +27,7 @@ import math
 import os
 import re
 import stat
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ import yaml
 
 from autotune.errors import InputError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "read_json",
+__all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "parse_toml", "read_json",
            "nonfinite_problems", "depth_problem", "text_depth_problem", "range_problem",
            "path_problem"]
 
@@ -210,6 +213,25 @@ def parse_yaml(text: str, *, subject: str) -> Any:
         raise InputError([f"not valid YAML: {problem}{where}"], subject=subject) from None
     except (ValueError, OverflowError, RecursionError) as err:  # e.g. an impossible date 2024-13-45
         raise InputError([f"not valid YAML: {err}"], subject=subject) from None
+    if problem:
+        raise InputError([problem], subject=subject)
+    return data
+
+
+def parse_toml(text: str, *, subject: str) -> dict:
+    """The table of a TOML document; InputError if malformed, nested too deep, or an integer too long."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError([f"not valid TOML: {err}"], subject=subject) from None
+    except RecursionError:  # tomllib recurses on nested arrays and inline tables
+        raise InputError([f"nested more than {MAX_DEPTH} levels deep: not a file of this kind"],
+                         subject=subject) from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        problem = ("an integer of more than 4,300 digits: not a value of this kind" if "digits" in str(err)
+                   else f"not valid TOML: {err}")
+        raise InputError([problem], subject=subject) from None
+    problem = depth_problem(data)
     if problem:
         raise InputError([problem], subject=subject)
     return data

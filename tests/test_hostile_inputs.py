@@ -151,3 +151,34 @@ def test_recipe_in_a_folder_we_may_not_enter_is_named(tmp_path, capsys, monkeypa
     monkeypatch.setattr(os, "stat", denied(real_stat))
     monkeypatch.setattr(os, "open", denied(real_open))
     refused(["recipes", "show", f"{locked}/r.yaml"], capsys, "permission denied", "locked/r.yaml")
+
+
+# ---- TOML: too long an integer, nested too deep, what torchtitan's own loader raises --------------------------
+
+@pytest.mark.parametrize("body, needle", [
+    ("[parallelism]\ntensor_parallel_degree = " + "9" * 5000 + "\n", "an integer of more than 4,300 digits"),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 32 levels deep"),
+    ("x = " + "{a=" * 5000 + "}" * 5000 + "\n", "nested more than 32 levels deep"),
+    ("x = " + "[" * 40 + "]" * 40 + "\n", "nested more than 32 levels deep"),
+])
+def test_torchtitan_toml_too_long_an_integer_or_too_deep(body, needle, tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text(body)
+    refused(["validate", str(path), "--world-size", "8"], capsys, needle, "torchtitan config")
+
+
+def test_what_torchtitans_own_loader_raises_is_a_problem_not_a_traceback(tmp_path, capsys):
+    # torchtitan's ConfigManager asserts (validation steps) and overflows (a path given as a huge integer)
+    pytest.importorskip("torchtitan.config")
+    import re
+
+    good = Path(__file__).parent / "fixtures" / "realworld" / "good" / "torchtitan_llama3_8b.toml"
+    text = good.read_text()
+    for pattern, value in ((r"^steps = 1200.*$", "steps = -" + "9" * 400),
+                           (r"^hf_assets_path = .*$", "hf_assets_path = 1" + "0" * 400)):
+        bad, n = re.subn(pattern, value, text, count=1, flags=re.MULTILINE)
+        assert n == 1
+        path = tmp_path / "job.toml"
+        path.write_text(bad)
+        code, out, err = run(["validate", str(path), "--world-size", "8"], capsys)
+        assert code == 1 and "Traceback" not in err and "torchtitan's ConfigManager raised" in out + err, out + err

@@ -17,11 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
-from autotune.errors import InputError
-from autotune.inputs import read_text
+from autotune.inputs import parse_toml, read_text
 
 __all__ = ["torchtitan_key_table", "torchtitan_config_problems", "torchtitan_job_sizes", "read_torchtitan_config",
            "PIPELINE_SCHEDULES"]
@@ -58,10 +55,8 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 def read_torchtitan_config(path: str | Path) -> tuple[dict, dict[tuple[str, ...], int]]:
     """(config, line of each key); InputError for a file that is not TOML."""
     text = read_text(path, subject="torchtitan config")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise InputError([f"not valid TOML: {err}"], subject=f"torchtitan config {str(path)!r}") from None
+    # not TOML, nested too deep for tomllib's recursion, an integer of more than 4300 digits: InputError
+    data = parse_toml(text, subject=f"torchtitan config {str(path)!r}")
     return data, _key_lines(text)
 
 
@@ -105,6 +100,9 @@ def _torchtitan_own(path: str | Path) -> list[Problem]:
     except SystemExit as err:
         return [Problem(path="$", severity="error", source="torchtitan", fix="fix the config",
                         message=f"torchtitan's ConfigManager exited ({err.code}): a value of the wrong type")]
+    except Exception as err:  # noqa: BLE001 - its checks assert, and a huge number overflows inside it
+        return [Problem(path="$", severity="error", source="torchtitan", fix="fix the config as the message says",
+                        message=f"torchtitan's ConfigManager raised {type(err).__name__}: {str(err)[:300]}")]
     return []
 
 
