@@ -160,7 +160,7 @@ def test_recipe_in_a_folder_we_may_not_enter_is_named(tmp_path, capsys, monkeypa
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 32 levels deep"),
     ("x = " + "{a=" * 5000 + "}" * 5000 + "\n", "nested more than 32 levels deep"),
     ("x = " + "[" * 40 + "]" * 40 + "\n", "nested more than 32 levels deep"),
-])
+], ids=["5000-digit-int", "5000-deep-arrays", "5000-deep-tables", "40-deep-arrays"])
 def test_torchtitan_toml_too_long_an_integer_or_too_deep(body, needle, tmp_path, capsys):
     path = tmp_path / "job.toml"
     path.write_text(body)
@@ -182,3 +182,49 @@ def test_what_torchtitans_own_loader_raises_is_a_problem_not_a_traceback(tmp_pat
         path.write_text(bad)
         code, out, err = run(["validate", str(path), "--world-size", "8"], capsys)
         assert code == 1 and "Traceback" not in err and "torchtitan's ConfigManager raised" in out + err, out + err
+
+
+# ---- DeepSpeed JSON numbers no reader can hold ----------------------------------------------------------------
+
+_DS = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+       "zero_optimization": {"stage": 1, "reduce_bucket_size": 500000000},
+       "optimizer": {"type": "AdamW", "params": {"lr": 0.0003}}}
+
+
+@pytest.mark.parametrize("where, literal, needle", [
+    (("train_micro_batch_size_per_gpu",), "-1e400", "beyond the largest 64-bit float"),
+    (("gradient_accumulation_steps",), "1e400", "beyond the largest 64-bit float"),
+    (("zero_optimization", "reduce_bucket_size"), "1e400", "beyond the largest 64-bit float"),
+    (("gradient_clipping",), "1" + "0" * 400, "beyond a 64-bit integer"),
+    (("optimizer", "params", "lr"), "-1" + "0" * 400, "beyond a 64-bit integer"),
+    (("train_micro_batch_size_per_gpu",), "1" + "0" * 400, "beyond a 64-bit integer"),
+], ids=["micro-batch--1e400", "accumulation-1e400", "bucket-1e400", "clipping-1e400-int", "lr--1e400-int",
+        "micro-batch-1e400-int"])
+def test_deepspeed_numbers_beyond_64_bits_are_named_at_their_key(where, literal, needle, tmp_path, capsys):
+    import copy
+    import json
+
+    data = copy.deepcopy(_DS)
+    node = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = "@@"
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(data, indent=2).replace('"@@"', literal))
+    code, out, err = run(["validate", str(path), "--world-size", "8"], capsys)
+    assert code == 1 and "Traceback" not in err, err
+    assert f"$.{'.'.join(where)}" in out and needle in out, out
+
+
+def test_deepspeed_integer_of_more_than_4300_digits_is_unusable_input(tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_batch_size": 1' + "0" * 5000 + "}")
+    refused(["validate", str(path), "--world-size", "8"], capsys, "an integer of more than 4,300 digits")
+
+
+def test_a_config_given_as_a_dict_with_an_infinite_or_huge_number_is_checked_not_a_traceback():
+    from autotune.emit.validate import validate_deepspeed_config
+
+    for value in (float("inf"), 10**400):
+        problems = validate_deepspeed_config(_DS | {"train_batch_size": value}, world_size=8)
+        assert any(p.path == "$.train_batch_size" and p.severity == "error" for p in problems), problems

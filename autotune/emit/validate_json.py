@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import copy
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,13 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
     """(config, line of each key, problems reading it). InputError when the file is unusable.
 
     Not JSON (malformed, not an object, too deep) is unusable input: InputError naming the line and column.
-    NaN / Infinity are problems at their line, and left out of the data checked further.
+    NaN / Infinity, a number too large for a 64-bit float (``1e400`` reads as infinity) and an integer beyond a
+    64-bit one are problems at their line, and left out of the data checked further.
     """
     if isinstance(config, dict):
-        return copy.deepcopy(config), {}, []
+        data = _mark_unusable(copy.deepcopy(config))
+        return data, {}, [Problem(path=json_path(parts), severity="error", source="json", message=value.message(),
+                                  fix=value.fix) for parts, value in _drop_non_finite(data)]
     path = Path(config)
 
     text = read_text(path, subject="DeepSpeed config")  # regular files only, bounded, UTF-8 (BOM dropped)
@@ -88,7 +92,7 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
                           f"{'it is empty' if not text.strip() else 'it does not start with {'}"],
                          subject="DeepSpeed config")
     try:
-        data = json.loads(text, parse_constant=lambda name: _NonFinite(name))
+        data = json.loads(text, parse_constant=_NonFinite, parse_float=_float, parse_int=_int)
     except json.JSONDecodeError as err:
         # DeepSpeed itself reads hjson (comments, trailing commas), but the HF Trainer, accelerate and
         # Megatron-DeepSpeed json.load the file: not JSON is unusable input, as a list or an empty file is.
@@ -96,7 +100,8 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
                           "fix the JSON there (json.load-based launchers such as the HF Trainer, accelerate and "
                           "Megatron-DeepSpeed cannot read it)"], subject="DeepSpeed config") from None
     except (RecursionError, ValueError) as err:  # too deep, or an integer of more than 4300 digits
-        raise InputError([f"{str(path)!r} is not a usable JSON config: {type(err).__name__}: {err}"],
+        why = ("an integer of more than 4,300 digits" if "digits" in str(err) else f"{type(err).__name__}: {err}")
+        raise InputError([f"{str(path)!r} is not a usable JSON config: {why}; write a number DeepSpeed can hold"],
                          subject="DeepSpeed config") from None
     if not isinstance(data, dict):
         raise InputError([f"{str(path)!r} is not a DeepSpeed JSON config: it holds a {type(data).__name__}, not an "
@@ -105,27 +110,73 @@ def read_deepspeed_config(config: dict | str | Path) -> tuple[dict | None, dict[
     problems = [Problem(path=json_path(p), severity="error", line=lines[p], source="json",
                         message="key given twice: DeepSpeed's reader raises on duplicate keys (config_utils.py:205)",
                         fix="keep one of them") for p in twice]
-    for parts, name in _drop_non_finite(data):
+    for parts, value in _drop_non_finite(data):
         problems.append(Problem(path=json_path(parts), severity="error", line=line_of(lines, parts), source="json",
-                                message=f"{name} is not JSON (Python's json module writes it, json.load-based "
-                                        "readers and DeepSpeed's hjson reader differ on it)",
-                                fix="write a finite number"))
+                                message=value.message(), fix=value.fix))
     return data, lines, problems
 
 
 class _NonFinite(str):
     """Where the file said NaN / Infinity / -Infinity (removed from the data after being reported)."""
 
+    fix = "write a finite number"
 
-def _drop_non_finite(data: Any, parts: Parts = ()) -> list[tuple[Parts, str]]:
-    found: list[tuple[Parts, str]] = []
+    def message(self) -> str:
+        return (f"{self} is not JSON (Python's json module writes it, json.load-based readers and DeepSpeed's hjson "
+                "reader differ on it)")
+
+
+class _OutOfRange(_NonFinite):
+    """A number no reader can hold: a float beyond 1.8e308 (``1e400`` reads as infinity), an integer beyond
+    a 64-bit one (DeepSpeed, torch and NCCL hold counts and sizes in 64 bits); reported, then removed."""
+
+    fix = "write a number DeepSpeed can hold"
+
+    def message(self) -> str:
+        shown = self if len(self) <= 24 else f"{self[:12]}...{self[-4:]} ({len(self)} characters)"
+        if any(c in self for c in ".eE"):
+            return f"{shown} is beyond the largest 64-bit float (1.8e308): json.load reads it as infinity"
+        return f"{shown} is beyond a 64-bit integer (+-9.2e18): DeepSpeed and torch cannot hold it"
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _float(text: str) -> float | _OutOfRange:
+    value = float(text)
+    return value if math.isfinite(value) else _OutOfRange(text)
+
+
+def _int(text: str) -> int | _OutOfRange:
+    value = int(text)
+    return value if -_INT64_MAX - 1 <= value <= _INT64_MAX else _OutOfRange(text)
+
+
+def _mark_unusable(data: Any) -> Any:
+    """A config given as a dict: its NaN / infinite floats and integers beyond 64 bits marked, as the file reader
+    marks them."""
+    if isinstance(data, dict | list):
+        for key, value in list(data.items()) if isinstance(data, dict) else list(enumerate(data)):
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = _NonFinite({"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(value)])
+            elif isinstance(value, int) and not isinstance(value, bool) and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+                data[key] = _OutOfRange(str(value) if value.bit_length() < 14000 else f"{'-' * (value < 0)}1e4000")
+            else:
+                _mark_unusable(value)
+    return data
+
+
+def _drop_non_finite(data: Any, parts: Parts = ()) -> list[tuple[Parts, _NonFinite]]:
+    found: list[tuple[Parts, _NonFinite]] = []
     items = list(data.items()) if isinstance(data, dict) else list(enumerate(data)) if isinstance(data, list) else []
     for key, value in items:
         if isinstance(value, _NonFinite):
-            found.append((parts + (key,), str(value)))
+            found.append((parts + (key,), value))
         elif isinstance(value, (dict, list)):
             found += _drop_non_finite(value, parts + (key,))
-    for key in sorted((p[-1] for p, _ in found if p[:-1] == parts), key=str, reverse=True):
+    # last first, list indices as numbers (a string order would delete [10] after [2] had shifted it)
+    for key in sorted((p[-1] for p, _ in found if p[:-1] == parts),
+                      key=lambda k: (0, k, "") if isinstance(k, int) else (1, 0, str(k)), reverse=True):
         del data[key]
     return found
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 from typing import Any
 
 import jsonschema
@@ -122,6 +123,7 @@ def _schema_error(err: jsonschema.ValidationError) -> list[tuple[Parts, str, str
     if rule == "type":
         want = err.validator_value
         fix = (f"write an integer, e.g. {round(value)}" if "integer" in want and isinstance(value, float)
+               and math.isfinite(value)
                else f"write a {' or '.join(want) if isinstance(want, list) else want}")
         return [(parts, f"expected {want}, got {type(value).__name__} {value!r}", fix)]
     if rule in ("enum", "const"):
