@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from autotune.cost.memory import MemoryEstimate
 from autotune.engines import engine_for
 from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
@@ -55,6 +57,8 @@ def plan_summary(plan: ParallelPlan) -> str:
 
 
 def _bar(fraction: float) -> str:
+    if not math.isfinite(fraction):  # a zero or infinite total upstream: no bar rather than a traceback
+        return "?" * _BAR_WIDTH
     filled = max(0, min(_BAR_WIDTH, round(fraction * _BAR_WIDTH)))
     return "#" * filled + "." * (_BAR_WIDTH - filled)
 

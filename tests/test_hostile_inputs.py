@@ -228,3 +228,36 @@ def test_a_config_given_as_a_dict_with_an_infinite_or_huge_number_is_checked_not
     for value in (float("inf"), 10**400):
         problems = validate_deepspeed_config(_DS | {"train_batch_size": value}, world_size=8)
         assert any(p.path == "$.train_batch_size" and p.severity == "error" for p in problems), problems
+
+
+# ---- calibration values outside a physically meaningful range -------------------------------------------------
+
+_ESTIMATE = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--tp", "2", "--zero",
+             "1", "--micro-batch", "1", "--global-batch", "64", "--seq-len", "4096"]
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("gemm_peak_fraction", "4.9e-324", "gemm_peak_fraction must be a positive number from 0.001 to 1"),
+    ("hbm_efficiency", "4.9e-324", "hbm_efficiency must be a positive number from 0.001 to 1"),
+    ("link_efficiency", "4.9e-324", "link_efficiency must be a positive number from 0.001 to 1"),
+    ("gemm_peak_fraction", "999999", "gemm_peak_fraction must be a positive number from 0.001 to 1 (a fraction of the datasheet GEMM rate; below 0.1% is not a measurement), got 999999"),
+    ("gemm_half_dim", "1e6", "gemm_half_dim must be a number from 0 to 10,000"),
+    ("overlap_cost", "1.5", "overlap_cost must be a number from 0 to 1"),
+    ("overlap_cost", "-0.1", "overlap_cost must be a number from 0 to 1"),
+])
+def test_calibration_values_outside_their_physical_range_are_refused(key, value, needle, tmp_path, capsys):
+    path = tmp_path / "cal.json"
+    path.write_text(f'{{"{key}": {value}}}')
+    refused([*_ESTIMATE, "--calibration", str(path)], capsys, needle, "drop --calibration")
+
+
+def test_calibration_values_a_tuning_study_writes_still_load(tmp_path, capsys):
+    from autotune.cost.efficiency import BOUNDS, DEFAULT_EFFICIENCY, load_efficiency, save_efficiency
+
+    for changes in ({"gemm_peak_fraction": 1.0, "gemm_half_dim": 150.0}, {"hbm_efficiency": 0.25, "overlap_cost": 0.0},
+                    {name: lo for name, (lo, _, _) in BOUNDS.items()}, {name: hi for name, (_, hi, _) in BOUNDS.items()}):
+        path = tmp_path / "cal.json"
+        save_efficiency(DEFAULT_EFFICIENCY.with_(**changes), str(path))
+        assert load_efficiency(str(path)) == DEFAULT_EFFICIENCY.with_(**changes)
+    code, out, err = run([*_ESTIMATE, "--calibration", str(path)], capsys)
+    assert code == 0 and "Traceback" not in err, err

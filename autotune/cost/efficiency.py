@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 
 from autotune.errors import InputError
-from autotune.inputs import read_json
+from autotune.inputs import range_problem, read_json
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "gemm_efficiency", "load_efficiency", "save_efficiency", "coordinate_fit"]
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "BOUNDS", "gemm_efficiency", "load_efficiency", "save_efficiency",
+           "coordinate_fit"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +71,18 @@ def gemm_efficiency(eff: Efficiency, m: float, k: float, n: float, balance: floa
     return eff.gemm_peak_fraction * (m / (m + half)) * (k / (k + half)) * (n / (n + half))
 
 
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    "gemm_peak_fraction": (1e-3, 1.0, "a fraction of the datasheet GEMM rate; below 0.1% is not a measurement"),
+    "hbm_efficiency": (1e-3, 1.0, "a fraction of the datasheet HBM bandwidth; below 0.1% is not a measurement"),
+    "link_efficiency": (1e-3, 1.0, "a fraction of the datasheet link bandwidth; below 0.1% is not a measurement"),
+    "gemm_half_dim": (0.0, 1e4, "the GEMM dimension of half efficiency over the GPU's FLOP/byte balance; 0.131 "
+                                "fitted, 10,000 would put it in the millions"),
+    "overlap_cost": (0.0, 1.0, "the share of hidden communication time that still costs compute; 0.27 fitted"),
+}
+"""The physically meaningful range of each number of a calibration file, inclusive, and what it is: a value
+outside it is refused by :func:`load_efficiency` (4.9e-324 as a fraction made a step time of infinity, then NaN)."""
+
+
 def load_efficiency(path: str) -> Efficiency:
     """Read a calibration file written by :func:`save_efficiency` (or by ``autotune tune``)."""
     if not os.path.lexists(path):
@@ -86,10 +99,15 @@ def load_efficiency(path: str) -> Efficiency:
     for key, value in data.items():
         if key == "fitted_on" and not isinstance(value, str):
             problems.append(f"fitted_on must be a string, got {value!r}")
-        elif key in known and key != "fitted_on" and not (
-                isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e6):
-            problems.append(f"{key} must be a positive number below 1e6, got {value!r}")
+        elif key in BOUNDS:
+            lo, hi, what = BOUNDS[key]
+            if range_problem(key, value, lo=lo, hi=hi):  # not a finite number in [lo, hi]
+                kind = "a positive number" if lo > 0 else "a number"
+                got = f"{value:g}" if isinstance(value, float) else repr(value)
+                problems.append(f"{key} must be {kind} from {lo:g} to {hi:,g} ({what}), got {got}")
     if problems:
+        problems.append(f"fix those values in {path} (or delete the file and run `autotune tune` again), or drop "
+                        "--calibration to use the defaults")
         raise InputError(problems, subject="calibration")
     return Efficiency(**data)
 
@@ -117,7 +135,7 @@ def coordinate_fit(loss: Callable[[Efficiency], float], start: Efficiency, field
     """Minimise ``loss`` over ``fields`` of an Efficiency by coordinate search with shrinking steps.
 
     Each field moves by +-25% of its start value; when no move helps, steps halve, until they are
-    below 0.1% of the value. Fractions stay in (0, 1], the rest positive. Used by the published-run
+    below 0.1% of the value. Fractions stay in (0, 1], the rest positive, each within :data:`BOUNDS`. Used by the published-run
     fit (``bench/accuracy_published.py --fit``) and by ``autotune tune``'s calibration on trial measurements.
     """
     best = start
@@ -128,8 +146,9 @@ def coordinate_fit(loss: Callable[[Efficiency], float], start: Efficiency, field
         for name in fields:
             for sign in (1, -1):
                 value = getattr(best, name) + sign * steps[name]
-                if value <= 0 or (name in _FRACTIONS and value > 1):
-                    continue
+                lo, hi, _ = BOUNDS.get(name, (0.0, float("inf"), ""))
+                if value <= 0 or not lo <= value <= hi or (name in _FRACTIONS and value > 1):
+                    continue  # what load_efficiency would refuse is never the fit
                 candidate = best.with_(**{name: value})
                 candidate_loss = loss(candidate)
                 if candidate_loss < best_loss:
