@@ -185,8 +185,9 @@ def test_estimate_prints_the_step_time_breakdown_and_a_legend(capsys):
 
 
 def test_plan_table_has_a_legend_and_rule_meanings(capsys):
-    code, out, _ = run(["plan", "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--top-k", "2"],
-                       capsys)
+    # tiny-gpt's learned position table has 512 rows: the default --seq-len 4096 is refused (seq_positions).
+    code, out, _ = run(["plan", "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--seq-len", "512",
+                        "--top-k", "2"], capsys)
     assert code == 0
     assert "legend: " in out and "columns: " in out and "other = offload transfers" in out
     assert "rules: " in out and "batch_triple" in out or "layers_vpp =" in out
@@ -203,7 +204,8 @@ def test_json_output_is_standard_json(capsys, monkeypatch):
         return replace(real(*args, **kwargs), offload_s=float("inf"))
 
     monkeypatch.setattr("autotune.cost.estimate.estimate_step_time", infinite)
-    code, out, _ = run(["estimate", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--json"], capsys)
+    code, out, _ = run(["estimate", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
+                        "--json"], capsys)
     assert code == 0 and "Infinity" not in out
     assert json.loads(out)["time"]["offload_s"] is None
 
