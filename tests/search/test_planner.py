@@ -75,8 +75,9 @@ def test_constraints_are_respected():
 
 
 def test_infeasible_space_reports_reasons():
+    # RoPE like MODEL: with the default learned table (2,048 rows) every plan at SEQ would break seq_positions first.
     big = ModelSpec(name="big", num_layers=96, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=49152,
-                    vocab_size=51200)
+                    vocab_size=51200, position_embedding="rope")
     res = search_plans(big, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=SPACE)
     assert res.num_feasible == 0 and not res.candidates
     assert res.rejections.get("gpu_memory", 0) + res.rejections.get("host_memory", 0) > 0
