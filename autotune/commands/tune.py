@@ -8,11 +8,13 @@ printed, the study is kept), 2 bad input (every flag is checked before the study
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["register", "run"]
@@ -180,9 +182,7 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
             if not {"step_time_s", "tokens_per_s"} & set(rx.groupindex):
                 problems.append(f"--metric-pattern {args.metric_pattern!r} needs a named group (?P<step_time_s>...) "
                                 "or (?P<tokens_per_s>...)")
-    problems.append(path_problem(args.out, flag="--out"))
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        problems.append(f"--out {args.out!r} is a file, not a folder: give a folder (it is created if missing)")
+    problems.append(path_problem(args.out, flag="--out") or out_folder_problem(args.out))
     if args.calibration is not None:
         problems.append(path_problem(args.calibration, flag="--calibration"))
         cal, parent = Path(args.calibration), Path(args.calibration).parent
@@ -205,6 +205,26 @@ class _Stopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum, self.what = signum, signal.Signals(signum).name
+
+
+def out_folder_problem(out: str) -> str | None:
+    """Why ``--out`` cannot hold the study (None when it can): it is created if missing, then must be a folder
+    this process can write in (a file, /proc, a symbolic-link loop or a read-only file system cannot)."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".autotune-write-check-"):
+            pass
+    except FileExistsError:
+        return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
+    except OSError as err:
+        why = err.strerror or str(err)
+        hint = " (a read-only file system)" if err.errno == errno.EROFS else ""
+        return (f"--out {out[:80]!r}{'...' if len(out) > 80 else ''} cannot hold the study: {why}{hint}; give a "
+                "folder you can write in")
+    return None
 
 
 def _on_signal(signum, frame) -> None:
@@ -257,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine(args.trials, finalist_runs=0 if args.worker or args.finalists < 2
                             else args.finalists * args.finalist_runs)
     limit = int(args.host_memory_limit_gib * 2**30) if args.host_memory_limit_gib else None
+    from optuna.exceptions import StorageInternalError
+
     handlers = _install()
     try:
         result = tune(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch or cluster.num_gpus,
@@ -268,6 +290,14 @@ def run(args: argparse.Namespace) -> int:
                       calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
                       finalists=args.finalists, finalist_runs=args.finalist_runs,
                       prune_ratio=args.prune_ratio or None, progress=progress)
+    except StorageInternalError as err:
+        progress.close()
+        cause = err.__cause__ or err.__context__ or err
+        print(f"autotune tune: the study's storage could not be written ({type(cause).__name__}: "
+              f"{str(cause).splitlines()[0][:300] if str(cause) else 'no detail'}). A full disk or a read-only "
+              f"folder does this: free space (`df -h {out}`) or give another --storage / --out. The trials stored "
+              "so far are kept; continue with --resume.", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:
         progress.close()
         what = getattr(err, "what", "Ctrl-C")

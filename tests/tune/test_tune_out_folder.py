@@ -1,0 +1,67 @@
+"""`tune --out` that cannot hold a study, and a storage that cannot be written, are named: exit 2 (or 1 for the
+storage, which is the machine's problem, not the request's) with the way out, never a traceback (issue 21)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from autotune.cli import main
+
+TINY = ["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "256", "--trials", "1",
+        "--steps", "1", "--warmup-steps", "0"]
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def _loop(tmp_path):
+    a, b = tmp_path / "loop_a", tmp_path / "loop_b"
+    os.symlink(b, a)
+    os.symlink(a, b)
+    return str(a / "study")
+
+
+@pytest.mark.parametrize("make_out, needle", [
+    (lambda tmp: "/proc/autotune-tune-test", "cannot hold the study: No such file or directory"),
+    (lambda tmp: str(tmp / ("a" * 300)), "a name of 300 bytes"),
+    (_loop, "cannot hold the study: Too many levels of symbolic links"),
+    (lambda tmp: (tmp / "a_file").write_text("x") and str(tmp / "a_file"), "is a file, not a folder"),
+], ids=["proc", "too-long", "symlink-loop", "a-file"])
+def test_an_out_folder_that_cannot_hold_the_study_is_named(tmp_path, capsys, make_out, needle):
+    code, out, err = _run([*TINY, "--out", make_out(tmp_path)], capsys)
+    assert code == 2 and needle in err and out == ""
+
+
+def test_a_read_only_out_folder_is_named(tmp_path, capsys, monkeypatch):
+    import autotune.commands.tune as command
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(command.tempfile, "NamedTemporaryFile", read_only)
+    code, _, err = _run([*TINY, "--out", str(tmp_path / "ro")], capsys)
+    assert code == 2 and "Read-only file system (a read-only file system)" in err and "give a folder" in err
+
+
+def test_a_storage_that_cannot_be_written_says_what_to_do(tmp_path, capsys, monkeypatch):
+    from optuna.exceptions import StorageInternalError
+
+    import autotune.tune.study as study
+
+    def full_disk(*args, **kwargs):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as cause:
+            raise StorageInternalError("An exception is raised during the commit.") from cause
+
+    monkeypatch.setattr(study, "tune", full_disk)
+    code, _, err = _run([*TINY, "--out", str(tmp_path / "study"), "--resume"], capsys)
+    assert code == 1
+    assert "No space left on device" in err and "full disk" in err and "--resume" in err
