@@ -112,6 +112,12 @@ def load_efficiency(path: str) -> Efficiency:
     return Efficiency(**data)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_efficiency(eff: Efficiency, path: str) -> None:
     """Write atomically (temp file + rename): a crash never leaves half a calibration."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -119,6 +125,7 @@ def save_efficiency(eff: Efficiency, path: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(asdict(eff), fh, indent=2)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a calibration is shared like any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
