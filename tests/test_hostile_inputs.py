@@ -261,3 +261,36 @@ def test_calibration_values_a_tuning_study_writes_still_load(tmp_path, capsys):
         assert load_efficiency(str(path)) == DEFAULT_EFFICIENCY.with_(**changes)
     code, out, err = run([*_ESTIMATE, "--calibration", str(path)], capsys)
     assert code == 0 and "Traceback" not in err, err
+
+
+# ---- hostfiles: bounded, regular files only, slot counts a machine can have -----------------------------------
+
+def _tune(tmp_path, hostfile):
+    return ["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "4",
+            "--trials", "1", "--out", str(tmp_path / "tune"), "--launcher", "deepspeed", "--hostfile", str(hostfile)]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("localhost slots=99999999999999999999\n", "slots=999999999999... (20 digits): more slots than a machine has"),
+    ("localhost slots=1000000000\n", "localhost slots=1000000000: more slots than a machine has"),
+    ("".join(f"node{i} slots=4096\n" for i in range(300)), "1,228,800 slots in all"),
+    ("localhost slots=2\n" + "#" * (2 * 2**20) + "\n", "larger than 1 MiB"),
+], ids=["20-digit-slots", "a-billion-slots", "too-many-in-all", "2-MiB"])
+def test_hostfile_slot_counts_and_size_are_bounded(body, needle, tmp_path, capsys):
+    path = tmp_path / "hostfile"
+    path.write_text(body)
+    refused(_tune(tmp_path, path), capsys, needle, f"--hostfile {path}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_dev_zero_as_hostfile_is_refused_without_hanging(special, tmp_path):
+    path = tmp_path / "hostfile"
+    if special == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path(special)
+    proc = subprocess.run([sys.executable, "-m", "autotune", *_tune(tmp_path, path)], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("FIFO" if special == "fifo" else "character device") in proc.stderr and f"--hostfile {path}" in proc.stderr

@@ -157,12 +157,31 @@ class DeepSpeedLauncher(Launcher):
 
         s = self.settings
         if s.hostfile:
+            from deepspeed.launcher.runner import logger as runner_logger
+
+            from autotune.errors import InputError
+            from autotune.inputs import read_text
+
+            max_slots, max_total = 4096, 2**20  # per host (no machine has more); in all (--num-gpus' own limit)
+            try:  # a regular file only and at most 1 MiB: a FIFO would block, /dev/zero would never end
+                text = read_text(s.hostfile, subject=f"--hostfile {s.hostfile}", max_bytes=2**20)
+            except InputError as e:
+                return None, [f"--hostfile {s.hostfile}: {p}" for p in e.problems]
+            runner_logger.disabled = True  # it logs the whole file on a bad line; the problem below names the line
             try:
-                pool = _parse_hostfile(Path(s.hostfile).read_text().splitlines())
-            except OSError as e:
-                return None, [f"--hostfile {s.hostfile}: cannot be read ({e.strerror or e})"]
+                pool = _parse_hostfile(text.splitlines())
             except ValueError as e:
-                return None, [f"--hostfile {s.hostfile}: {e} (lines are 'HOST slots=N')"]
+                return None, [f"--hostfile {s.hostfile}: {str(e)[:300]} (lines are 'HOST slots=N')"]
+            finally:
+                runner_logger.disabled = False
+            big = [f"{host} slots={n}" if n < 10**12 else f"{host} slots={str(n)[:12]}... ({len(str(n))} digits)"
+                   for host, n in pool.items() if n > max_slots]
+            if big:
+                return None, [f"--hostfile {s.hostfile}: {', '.join(big[:3])}: more slots than a machine has (at most "
+                              f"{max_slots:,} a host); give each host its number of GPUs"]
+            if sum(pool.values()) > max_total:
+                return None, [f"--hostfile {s.hostfile}: {sum(pool.values()):,} slots in all, more than {max_total:,}; "
+                              "give each host its number of GPUs"]
         else:
             pool = {"localhost": world_size}
         try:
