@@ -152,8 +152,34 @@ def emit_options(args: argparse.Namespace, base: Any = None):
     problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
     if problems:
         raise InputError(problems, subject="emit options")
+    if "script" in flags:
+        # The launch scripts run from any folder: a script named relative to this one must not depend on where.
+        flags["script"] = os.path.abspath(os.path.expanduser(flags["script"]))
+    if getattr(args, "wrap_class", None) is not None:
+        flags["wrap_class"] = args.wrap_class
     launch = replace(LaunchOptions(**launch), **{**flags, "nccl_env": nccl})
     return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print)
+
+
+def hf_wrap_class(model_ref: str | None) -> str | None:
+    """The decoder layer class transformers builds for ``--model`` when it is a Hugging Face config.json (or its
+    folder), for accelerate's FSDP2 wrap; None for presets, model YAMLs and architectures not known here."""
+    from autotune.emit.accelerate import hf_decoder_layer
+    from autotune.specs.hf_config import read_hf_config
+    from autotune.specs.presets import model_preset_names
+
+    if not model_ref or model_ref in model_preset_names():
+        return None
+    path = Path(model_ref).expanduser()
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if path.suffix != ".json" or not path.is_file():
+            return None
+        data = read_hf_config(path)
+    except (OSError, ValueError, InputError):
+        return None
+    return hf_decoder_layer(data) if "model_type" in data else None
 
 
 def read_plan_json(path: str, candidate: int) -> dict:
@@ -283,8 +309,12 @@ def register(sub) -> None:
     out.add_argument("--hosts", help="comma-separated host names, one per node")
     out.add_argument("--master-addr", help="rendezvous host (default: the first host)")
     out.add_argument("--master-port", type=int, help="rendezvous port (default 29500)")
-    out.add_argument("--script", help="your training script (default: the built-in `python -m autotune.train` for "
-                                      "deepspeed/fsdp/hf plans, pretrain_gpt.py for Megatron-LM)")
+    out.add_argument("--script", help="your training script, stored as an absolute path (default: the built-in "
+                                      "`python -m autotune.train` for deepspeed/fsdp/hf plans, pretrain_gpt.py "
+                                      "for Megatron-LM: emit with --script /path/to/Megatron-LM/pretrain_gpt.py)")
+    out.add_argument("--wrap-class", help="your model's transformer block class for accelerate's FSDP2 wrap "
+                                          "(accelerate_fsdp.yaml; default: the decoder layer of a Hugging Face "
+                                          "config.json's architecture, else the built-in model's Block)")
     out.add_argument("--slurm-partition", help="SLURM partition for the sbatch script")
     out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
@@ -318,6 +348,10 @@ def run(args: argparse.Namespace) -> int:
         args.zero = 1 if args.zero is None else args.zero
         est = estimate_from_flags(args)
     options = emit_options(args, emit_block)
+    if options.launch.wrap_class is None and args.model:
+        wrap = hf_wrap_class(args.model)
+        if wrap:
+            options = replace(options, launch=replace(options.launch, wrap_class=wrap))
     notes: list[str] = []
     try:
         paths = write_bundle(est, args.out, options, force=args.force, notes=notes)

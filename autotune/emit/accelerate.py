@@ -25,14 +25,29 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "DEFAULT_LAYER_CLS", "accelerate_config_yaml",
-           "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml"]
+__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "DEFAULT_LAYER_CLS", "HF_DECODER_LAYERS",
+           "accelerate_config_yaml", "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml",
+           "hf_decoder_layer"]
 
 ACCELERATE_VERSION = "1.15.0"
 ACCELERATE_DS_CONFIG = "ds_config_accelerate.json"
 DEFAULT_LAYER_CLS = "Block"
 """The decoder block of autotune's built-in model (``autotune/workloads/transformer.py``); for a Hugging Face
 model pass its decoder layer class (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ...)."""
+
+HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
+                     "qwen2": "Qwen2DecoderLayer", "gpt2": "GPT2Block", "gpt_neox": "GPTNeoXLayer",
+                     "bloom": "BloomBlock", "falcon": "FalconDecoderLayer", "opt": "OPTDecoderLayer",
+                     "deepseek_v3": "DeepseekV3DecoderLayer"}
+"""A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.24 builds for it (its
+``*ForCausalLM._no_split_modules``, the class accelerate wraps when no class is named)."""
+
+
+def hf_decoder_layer(config: dict) -> str | None:
+    """The decoder layer class of a parsed Hugging Face ``config.json`` (:data:`HF_DECODER_LAYERS` by its
+    ``model_type``); None when transformers has no class for it here (remote code: name it with --wrap-class)."""
+    model_type = config.get("model_type")
+    return HF_DECODER_LAYERS.get(model_type) if isinstance(model_type, str) else None
 
 
 def _launch_shape(cluster: ClusterSpec, options: EmitOptions) -> dict:
@@ -48,10 +63,20 @@ def _launch_shape(cluster: ClusterSpec, options: EmitOptions) -> dict:
     return data
 
 
-def _header(cluster: ClusterSpec, options: EmitOptions, what: str) -> str:
+def _header(cluster: ClusterSpec, options: EmitOptions, what: str, ds_config_filename: str | None = None) -> str:
     script = options.launch.script or "train.py"
-    return (f"# accelerate {ACCELERATE_VERSION} config ({what}) written by autotune:\n"
-            f"#   accelerate launch --config_file THIS_FILE {script}\n"
+    if ds_config_filename is None:
+        how = f"#   accelerate launch --config_file THIS_FILE {script}\n"
+    else:
+        # accelerate 1.15 copies deepspeed_config_file unchanged into ACCELERATE_DEEPSPEED_CONFIG_FILE
+        # (commands/launch.py, utils/launch.py) and the ranks open it from their working folder
+        # (utils/deepspeed.py HfDeepSpeedConfig: os.path.exists): the path is not resolved from this file's folder.
+        how = (f"#   from this file's folder: accelerate launch --config_file THIS_FILE {script}\n"
+               f"#   from any folder: accelerate launch --config_file DIR/THIS_FILE --deepspeed_config_file "
+               f"DIR/{ds_config_filename} {script}\n"
+               f"#   (deepspeed_config_file below is opened from the folder accelerate runs in, not from this "
+               f"file's; launch_accelerate.sh passes both paths)\n")
+    return (f"# accelerate {ACCELERATE_VERSION} config ({what}) written by autotune:\n" + how +
             f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n")
 
 
@@ -77,7 +102,7 @@ def accelerate_config_yaml(plan: ParallelPlan, cluster: ClusterSpec, ds_config_f
     options = options or EmitOptions()
     data = {**_launch_shape(cluster, options), "distributed_type": "DEEPSPEED",
             "deepspeed_config": _deepspeed_block(plan, cluster, ds_config_filename)}
-    return _header(cluster, options, "DeepSpeed") + yaml.safe_dump(data, sort_keys=False)
+    return _header(cluster, options, "DeepSpeed", ds_config_filename) + yaml.safe_dump(data, sort_keys=False)
 
 
 def accelerate_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -131,8 +156,9 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
 
 
 def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                         options: EmitOptions | None = None, *, layer_cls: str = DEFAULT_LAYER_CLS) -> str:
-    """accelerate's FSDP2 config for the plan: ``fully_shard`` per ``layer_cls`` block, reshard after forward at
+                         options: EmitOptions | None = None, *, layer_cls: str | None = None) -> str:
+    """accelerate's FSDP2 config for the plan: ``fully_shard`` per ``layer_cls`` block (None:
+    ``options.launch.wrap_class``, else the built-in model's :data:`DEFAULT_LAYER_CLS`), reshard after forward at
     ZeRO-3 (not at ZeRO-2), CPU offload, sharded checkpoints, activation checkpointing for full recompute,
     the plan's precision; ``parallelism_config`` (dp replicate x dp shard x tp x cp) when tp, cp or hybrid
     sharding is used. InputError for what accelerate's FSDP2 path cannot express (pp, optimizer-only offload)."""
@@ -141,6 +167,7 @@ def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelP
     if problems:
         raise InputError(problems, subject="accelerate FSDP2 config")
     del model
+    layer_cls = layer_cls or options.launch.wrap_class or DEFAULT_LAYER_CLS
     fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_transformer_layer_cls_to_wrap": layer_cls,
             "fsdp_reshard_after_forward": plan.zero_stage == 3,
@@ -157,5 +184,9 @@ def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelP
             "parallelism_config_tp_size": plan.tp,
             "parallelism_config_cp_size": plan.cp,
         }
-    return _header(cluster, options, "FSDP2") + yaml.safe_dump(data, sort_keys=False)
+    note = ""
+    if layer_cls == DEFAULT_LAYER_CLS and options.launch.script:
+        note = (f"# fsdp_transformer_layer_cls_to_wrap {DEFAULT_LAYER_CLS} is autotune's built-in model's block: name "
+                f"your model's block class here (or emit with --wrap-class YourBlock)\n")
+    return _header(cluster, options, "FSDP2") + note + yaml.safe_dump(data, sort_keys=False)
 

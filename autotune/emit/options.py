@@ -52,6 +52,11 @@ class LaunchOptions:
     """The user's training script; None: the engine's default (the built-in ``python -m autotune.train`` for
     DeepSpeed, FSDP2 and HF; ``pretrain_gpt.py`` for Megatron-LM and Megatron-DeepSpeed)."""
     script_args: tuple[str, ...] = ()
+    wrap_class: str | None = None
+    """The model's transformer block class for accelerate's FSDP2 auto-wrap (``fsdp_transformer_layer_cls_to_wrap``:
+    ``LlamaDecoderLayer``, your own ``MyBlock``; several comma-separated). None: the built-in model's ``Block``,
+    or, when the model came from a Hugging Face config.json, the decoder layer transformers names for its
+    architecture (``emit --wrap-class`` sets it)."""
     nccl_env: dict[str, str] = field(default_factory=dict)
     """Extra NCCL_* settings (documented options: NCCL_IB_HCA, NCCL_SOCKET_IFNAME, NCCL_IB_GID_INDEX...)."""
     slurm_partition: str | None = None
@@ -82,6 +87,9 @@ class EmitOptions:
             problems.append(f"checkpoint interval must be >= 1 step, got {c.interval_steps}")
         if not 1 <= lo.master_port <= 65535:
             problems.append(f"master_port must be in 1..65535, got {lo.master_port}")
+        if lo.wrap_class is not None and not all(part.strip().isidentifier() for part in lo.wrap_class.split(",")):
+            problems.append(f"wrap_class {lo.wrap_class!r}: expected a Python class name (LlamaDecoderLayer), or "
+                            "several separated by commas")
         if self.steps_per_print < 1:
             problems.append(f"steps_per_print must be >= 1, got {self.steps_per_print}")
         require_no_problems(problems, subject="emit options")

@@ -10,7 +10,7 @@ uneven splits are fine), CP is ring attention (``context_parallel``), Float8 via
 
 from __future__ import annotations
 
-from autotune.emit.accelerate import accelerate_fsdp_yaml
+from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_toml
 from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
@@ -203,6 +203,14 @@ class FSDPEngine(Engine):
         if plan.cp > 1:
             needs.append(f"context_parallel(mesh['cp'], buffers=[inputs, labels, rope tables], ...) around each "
                          f"forward/backward (cp={plan.cp}; the built-in trainer refuses cp > 1)")
+        if ACCELERATE_FSDP_FILE in files:
+            wrap = options.launch.wrap_class or DEFAULT_LAYER_CLS
+            needs.append(f"or with accelerate (accelerate launch --config_file <bundle>/{ACCELERATE_FSDP_FILE} "
+                         f"your_train.py): accelerator.prepare(model, optimizer) does the fully_shard calls on every "
+                         f"module of class {wrap} (fsdp_transformer_layer_cls_to_wrap"
+                         + (", autotune's built-in model's block" if wrap == DEFAULT_LAYER_CLS else "")
+                         + "): emit with --wrap-class YourBlockClass (or edit that line) so it names your model's "
+                         "transformer block")
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=tuple(needs + notes))
 
