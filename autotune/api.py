@@ -79,6 +79,17 @@ def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 409
     ``zero_stage``/``zero``, ``micro_batch_size``/``micro_batch``, ``offload_optimizer``, ...): that
     plan. ``global_batch`` None: one sequence per GPU (search) or micro-batch x dp (given plan).
     Raises InputError when the plan is invalid or nothing fits, saying why.
+
+    The config is for ``deepspeed.initialize(model=..., model_parameters=..., config=cfg)`` (or, written to a
+    file, for ``--deepspeed_config FILE`` read by ``deepspeed.add_config_arguments`` and
+    ``deepspeed.initialize(args=args, ...)``: not both). It says nothing about how the model is built, so a
+    plan with ``pp`` > 1 (the search may pick one) trains only when the model given to ``deepspeed.initialize``
+    is a ``deepspeed.pipe.PipelineModule`` with ``num_stages=pp`` (then ``engine.train_batch()``); a plan with
+    ``tp`` > 1 (``tensor_parallel.autotp_size``) needs a model DeepSpeed's AutoTP can shard (a transformers
+    model, or one whose printed class names include ``...Model`` and whose blocks sit in an ``nn.ModuleList``
+    with ``o_proj`` / ``out_proj`` / ``down_proj`` output projections; ``autotune emit`` writes the full list
+    into plan.md). For a plain ``nn.Module`` give the plan yourself with ``tp=1, pp=1`` (plan flags turn the search
+    off; ``zero_stage``, ``micro_batch_size``, ... as you choose).
     """
     model_spec = load_model(model)
     cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)

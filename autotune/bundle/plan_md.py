@@ -13,13 +13,21 @@ __all__ = ["plan_markdown", "plan_reasons"]
 
 # What each emitted file is for; launch scripts are the last step, everything else is read or edited first.
 _FILE_ROLES: dict[str, str] = {
-    "ds_config.json": "DeepSpeed config: the training script passes it to `deepspeed.initialize(config=...)`",
+    "ds_config.json": "DeepSpeed config: the launch scripts pass its path (`\"$SCRIPT_DIR\"/ds_config.json`) to the "
+                      "training program",
     "megatron_args.txt": "Megatron-LM arguments, one flag per line",
     "megatron_args.sh": "Megatron-LM arguments as a bash array",
     "megatron_deepspeed_args.sh": "Megatron-DeepSpeed arguments as a bash array",
     "ds_config_hf.json": "DeepSpeed config for the Hugging Face Trainer (its \"auto\" values come from TrainingArguments)",
     "ds_config_accelerate.json": "DeepSpeed config for accelerate (every value concrete), read by accelerate_config.yaml",
-    "accelerate_config.yaml": "Accelerate config (`accelerate launch --config_file accelerate_config.yaml`)",
+    "accelerate_config.yaml": "Accelerate config; its `deepspeed_config_file` is opened from the folder accelerate "
+                              "runs in (accelerate 1.15 does not resolve it from the YAML's folder): "
+                              "launch_accelerate.sh passes both paths and runs from any folder; by hand, run "
+                              "`accelerate launch --config_file accelerate_config.yaml /abs/path/train.py` in this "
+                              "folder",
+    "accelerate_fsdp.yaml": "Accelerate FSDP2 config (`accelerate launch --config_file <bundle>/accelerate_fsdp.yaml "
+                            "train.py`); `fsdp_transformer_layer_cls_to_wrap` must name your model's transformer "
+                            "block class (`emit --wrap-class`)",
     "plan.json": "the plan and its estimate, machine-readable",
     "te_fp8_recipe.py": "FP8 recipe: `from te_fp8_recipe import fp8_recipe, fp8_autocast` in the training script",
     "hostfile": "DeepSpeed hostfile (`host slots=N`), read by launch_deepspeed.sh",
@@ -33,6 +41,11 @@ _LAUNCH_ROLES: dict[str, str] = {
     "launch_accelerate.sh": "`bash launch_accelerate.sh` (accelerate launch with accelerate_config.yaml; several nodes: "
                             "on each, with MACHINE_RANK)",
     "launch_slurm.sbatch": "`sbatch launch_slurm.sbatch` (SLURM: srun runs torchrun once per node)",
+}
+# Engines whose files run the user's checkout of another project's training program, not autotune's trainer.
+_PROGRAMS: dict[str, tuple[str, str]] = {
+    "megatron": ("Megatron-LM", "https://github.com/NVIDIA/Megatron-LM"),
+    "megatron-deepspeed": ("Megatron-DeepSpeed", "https://github.com/deepspeedai/Megatron-DeepSpeed"),
 }
 
 
@@ -209,10 +222,27 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
         out += ["## Measured", ""] + _measured_section(estimate, measured) + [""]
     out += ["## How to run", ""] + _run_section(files) + [""]
     if user_script_needs:
-        engine = engine_for(plan)
-        out += ["## Your own training script", "",
-                f"The launch scripts run autotune's built-in trainer (`python -m autotune.train --plan plan.json`), "
-                f"which implements this plan with {engine.title}'s own APIs on a model built from the spec. To train "
-                f"your own model instead (emit with `--script your_train.py`), the script must:", ""]
-        out += [f"- {need}" for need in user_script_needs] + [""]
+        out += _script_section(engine_for(plan), user_script_needs)
     return "\n".join(out)
+
+
+def _script_section(engine, user_script_needs: Sequence[str]) -> list[str]:
+    """What the launch scripts run for this engine, and what the user's own script must do."""
+    if engine.workload == "command":
+        project, url = _PROGRAMS.get(engine.name, (engine.title, "the project's repository"))
+        lines = ["## The training program", "",
+                 f"These files do not run autotune's built-in trainer: the launch scripts run {project}'s "
+                 f"`pretrain_gpt.py` with the arguments above. It comes from a {project} checkout "
+                 f"(`git clone {url}`). Emitted with `--script /path/to/{project}/pretrain_gpt.py` (a relative path is "
+                 f"made absolute when emit reads it), the launch scripts run from any folder; emitted without "
+                 f"`--script`, they run `pretrain_gpt.py` relative to the folder they are started in, so start them "
+                 f"from the checkout: `cd /path/to/{project} && bash /path/to/this/folder/launch_<launcher>.sh`. "
+                 f"It needs:", ""]
+    else:
+        lines = ["## Your own training script", "",
+                 f"Emitted without `--script`, the launch scripts run autotune's built-in trainer (`python -m "
+                 f"autotune.train --plan plan.json`), which implements this plan with {engine.title}'s own APIs on "
+                 f"a model built from the spec. Emitted with `--script your_train.py` (a relative path is made "
+                 f"absolute when emit reads it, so the launch scripts run from any folder), they run your script "
+                 f"instead, which must:", ""]
+    return lines + [f"- {need}" for need in user_script_needs] + [""]

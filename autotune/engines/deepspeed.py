@@ -85,18 +85,43 @@ ZERO_WORDS = {0: "no sharding: every replica keeps all model states",
 
 
 def user_script_needs(plan) -> tuple[str, ...]:
-    """What the user's own DeepSpeed script must do to run this plan with ds_config.json."""
-    out = ["call deepspeed.initialize(model=..., model_parameters=..., config='ds_config.json') and train with "
-           "engine.backward(loss); engine.step()"]
+    """What the user's own DeepSpeed script must do to run this plan with ds_config.json, as the launch scripts
+    call it: ``your_train.py --deepspeed --deepspeed_config <bundle>/ds_config.json`` (then ``script_args``)."""
+    out = ["read the command line the launch scripts give it, "
+           "`--deepspeed --deepspeed_config <bundle>/ds_config.json` (then your own arguments): "
+           "parser = argparse.ArgumentParser(); deepspeed.add_config_arguments(parser); args = parser.parse_args(); "
+           "ranks find RANK, LOCAL_RANK and WORLD_SIZE in the environment (no --local_rank argument is passed)",
+           "engine, optimizer, _, scheduler = deepspeed.initialize(args=args, model=model, "
+           "model_parameters=model.parameters()): ds_config.json (named by args.deepspeed_config) sets the "
+           "optimizer, learning-rate schedule, precision, batch sizes and ZeRO stage, so build no optimizer of your "
+           "own and feed inputs of the engine's dtype",
+           f"each rank reads its own micro-batches of {plan.micro_batch_size} sequences "
+           f"(engine.train_micro_batch_size_per_gpu()), e.g. a DistributedSampler or a stream seeded by "
+           f"deepspeed.comm.get_rank(); per micro-batch: loss = engine(...); engine.backward(loss); engine.step() "
+           f"(the engine steps the optimizer every {plan.grad_accum_steps} micro-batch(es), "
+           f"gradient_accumulation_steps)"]
     if plan.tp > 1:
-        out.append(f"AutoTP (tensor_parallel.autotp_size={plan.tp}): build the model as a Hugging Face transformers "
-                   f"model (or one with nn.Linear layers AutoTP recognises) and feed every rank of a TP group the "
+        out.append(f"AutoTP (tensor_parallel.autotp_size={plan.tp}): deepspeed.initialize shards the model itself, "
+                   f"from ds_config's tensor_parallel.partition_config if you add one, else from a transformers "
+                   f"model's tp_plan, else by DeepSpeed 0.19.8's parser (deepspeed/module_inject/auto_tp.py "
+                   f"AutoTP.supported and tp_parser), which needs (1) str(model) to show a class named ...Model or "
+                   f"...Stack: the model's own class (class MyModel(nn.Module)) or a child printed as "
+                   f"'(name): XModel(', the part before 'Model' not deberta, flaubert, fsmt, gpt2, led, longformer, "
+                   f"xlm or xlnet; and (2) the transformer blocks in an nn.ModuleList, each with its output "
+                   f"projections as nn.Linear named o_proj, out_proj or down_proj (at any depth in the block; or a "
+                   f"Linear just before a LayerNorm): those become row-parallel (all-reduce), every other nn.Linear "
+                   f"of the block column-parallel; otherwise it stops with 'Not able to determine model policy "
+                   f"automatically. Please provide policy.'. Attention must reshape with the local head count "
+                   f"(q.view(b, s, -1, head_dim): each rank holds heads/{plan.tp}); feed every rank of a TP group the "
                    f"same batch (deepspeed.utils.groups.get_data_parallel_rank() picks the data); ds_config.json's "
                    f"train_batch_size is the global batch x {plan.tp}, as DeepSpeed 0.19.8 counts it")
     if plan.pp > 1:
-        out.append(f"PipelineModule: express the model as a list of LayerSpec with num_stages={plan.pp} and "
+        out.append(f"pp={plan.pp} needs a deepspeed.pipe.PipelineModule as the model given to deepspeed.initialize "
+                   f"(a plain nn.Module does not pipeline, and DeepSpeed's batch check then fails): the model as a "
+                   f"list of LayerSpec with num_stages={plan.pp}, loss_fn=..., and "
                    f"partition_method='type:<YourBlockClass>' (uneven splits as partition_uniform does them); train "
-                   f"with engine.train_batch(data_iter)")
+                   f"with engine.train_batch(data_iter), which runs all {plan.grad_accum_steps} micro-batch(es) of a "
+                   f"step, instead of engine.backward / engine.step")
     if plan.cp > 1:
         out.append(f"Ulysses: make the groups with deepspeed.runtime.sequence_parallel.parallel_state_sp"
                    f".initialize_sequence_parallel({plan.cp}) and pass that module as deepspeed.initialize(mpu=...) "

@@ -75,14 +75,23 @@ class HFEngine(Engine):
             cluster, plan, options, config_file=ACCELERATE_YAML, ds_config_file=ACCELERATE_DS_CONFIG,
             program_args=acc_args, env=env, entry=acc_entry, bundle_files={*files, "plan.json"},
             summary=plan_notation(plan, self.tag(plan)))
-        needs = ("Trainer: TrainingArguments(deepspeed='ds_config_hf.json', "
+        cpu = cluster.gpu.name == "cpu"
+        needs = (f"Trainer: TrainingArguments(deepspeed='<bundle>/{HF_DS_CONFIG}' (its absolute path: the launch "
+                 f"scripts pass your script no arguments, and a relative name is opened from the folder it runs in), "
                  f"per_device_train_batch_size={plan.micro_batch_size}, "
                  f"gradient_accumulation_steps={plan.grad_accum_steps}, "
                  f"{'bf16' if plan.precision != 'fp16' else 'fp16'}=True"
-                 + (", gradient_checkpointing=True" if plan.recompute == "full" else "") + ")",
+                 + (", gradient_checkpointing=True" if plan.recompute == "full" else "")
+                 + (", use_cpu=True, ddp_backend='gloo'" if cpu else "") + ")"
+                 + ("; on this CPU-only cluster TrainingArguments needs use_cpu=True (without it transformers "
+                    "raises \"Your setup doesn't support bf16/gpu. You need to assign use_cpu if you want to train "
+                    "the model on CPU.\") and ddp_backend='gloo', as autotune.train.hf passes them" if cpu else ""),
                  f"accelerate (launch_accelerate.sh, {ACCELERATE_DS_CONFIG}): optimizer = "
                  "accelerate.utils.DummyOptim(model.parameters()), scheduler = DummyScheduler(optimizer), "
-                 "accelerator.prepare(model, optimizer, scheduler), and steps inside accelerator.accumulate(model)")
+                 "accelerator.prepare(model, optimizer, scheduler), and steps inside accelerator.accumulate(model); "
+                 f"{ACCELERATE_YAML}'s deepspeed_config_file is opened from the folder accelerate runs in: start "
+                 f"launch_accelerate.sh (it passes both paths, from any folder), or run accelerate launch "
+                 f"--config_file {ACCELERATE_YAML} from the bundle folder")
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=needs)
 
