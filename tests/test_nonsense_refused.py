@@ -183,7 +183,7 @@ def test_tune_refuses_an_absurd_warm_up(tmp_path, capsys):
                         "--steps", "1", "--warmup-steps", "1000000", "--out", str(out_dir)], capsys)
     assert code == 2
     assert "--warmup-steps 1,000,000 with --steps 1" in err and "100 x --steps" in err and "10,000" in err
-    assert not out_dir.exists()
+    assert not (out_dir / "trials").exists()  # refused before any trial
 
 
 # ---- 8. accelerate num_processes 0 ----------------------------------------------------------------------------
