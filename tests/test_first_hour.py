@@ -115,3 +115,17 @@ def test_the_demo_says_what_each_step_shows_before_it_runs():
     assert "Llama-3-70B on 8 H100: does not fit, on purpose" in first
     # The result the narration announces follows it.
     assert "fits: NO" in "\n".join(lines[commands[0]:commands[1]])
+
+
+def test_the_readme_says_how_long_each_quick_start_command_takes_and_what_it_prints():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    demo = re.search(r"^- `make demo`: (.*?)(?=^- |\Z)", quick, flags=re.S | re.M)
+    test = re.search(r"^- `make test`: (.*?)(?=^- |\Z)", quick, flags=re.S | re.M)
+    assert demo and test, quick
+    assert re.search(r"\d+(\.\d+)? minutes", demo.group(1)) and re.search(r"\d+ minutes", test.group(1))
+    assert "fits: NO" in demo.group(1) and "on purpose" in demo.group(1) and "winner written" in demo.group(1)
+    assert "passed" in test.group(1)
