@@ -30,7 +30,8 @@ from autotune.commands import (
 )
 from autotune.errors import InputError
 
-__all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers"]
+__all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers",
+           "unfit_problems"]
 
 # Strings that end up as a command-line word or a host name.
 _COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
@@ -285,6 +286,25 @@ def report_leftovers(out: str) -> None:
         print(f"autotune emit: {note}", file=sys.stderr)
 
 
+def unfit_problems(est) -> list[str]:
+    """Why the plan does not fit (the ledger's total against the capacity) and the way out."""
+    from autotune.report import gib
+
+    mem, plan = est.memory, est.plan
+    why = []
+    if not mem.fits_gpu:
+        why.append(f"the memory ledger needs {gib(mem.total)} GiB per GPU (pipeline stage {mem.stage}) but "
+                   f"{est.cluster.gpu.name} has {gib(mem.capacity)} GiB")
+    if not mem.fits_host:
+        why.append(f"the offloaded states need {gib(mem.host_per_node)} GiB host memory per node but a node has "
+                   f"{gib(mem.host_capacity_per_node)} GiB")
+    return ["the plan does not fit: " + "; ".join(why),
+            f"`autotune plan` with the same model and cluster lists plans that fit; or raise --zero (now "
+            f"{plan.zero_stage}), offload (--offload-optimizer cpu), recompute (--recompute full) or lower "
+            f"--micro-batch (now {plan.micro_batch_size}) (a recipe or plan JSON: those fields of its plan); "
+            f"--allow-unfit writes the files anyway"]
+
+
 def register(sub) -> None:
     emit = sub.add_parser("emit", help="write ds_config.json, Megatron args, launch scripts, plan.md for a plan",
                           epilog=preset_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -319,6 +339,8 @@ def register(sub) -> None:
     out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra NCCL_* setting for every rank (repeatable)")
+    out.add_argument("--allow-unfit", action="store_true",
+                     help="write the files even when the memory ledger says the plan does not fit (plan.md says so)")
     emit.set_defaults(handler=run, recompute=None, zero=None)
 
 
@@ -352,6 +374,8 @@ def run(args: argparse.Namespace) -> int:
         wrap = hf_wrap_class(args.model)
         if wrap:
             options = replace(options, launch=replace(options.launch, wrap_class=wrap))
+    if not est.memory.fits and not args.allow_unfit:
+        raise InputError(unfit_problems(est), subject="plan")
     notes: list[str] = []
     try:
         paths = write_bundle(est, args.out, options, force=args.force, notes=notes)
