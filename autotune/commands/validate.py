@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from autotune.errors import InputError
 
@@ -59,12 +60,22 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+_NOT_CONFIGS = {".md": "notes", ".py": "a Python module", ".log": "a log", ".png": "a plot", ".db": "a study"}
+"""What a job folder holds beside its configs, by suffix: skipped when several files are given (``job/*``)."""
+
+
 def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(path, kind) of every file to check."""
     from autotune.emit.shell_args import read_megatron_args_file
     from autotune.emit.validate_files import file_kind, megatron_file_kind
 
-    out = [(f, args.kind or file_kind(f)) for f in args.files]
+    files = list(args.files)
+    if args.kind is None and len(files) > 1:  # a job folder's notes (job/*): said, not checked
+        notes = [f for f in files if Path(f).suffix.lower() in _NOT_CONFIGS]
+        for f in notes:
+            print(f"autotune validate: skipped {f}: {_NOT_CONFIGS[Path(f).suffix.lower()]}, not a config", file=sys.stderr)
+        files = [f for f in files if f not in notes]
+    out = [(f, args.kind or file_kind(f)) for f in files]
     if args.megatron_args:
         out.append((args.megatron_args, megatron_file_kind(read_megatron_args_file(args.megatron_args))))
     return out

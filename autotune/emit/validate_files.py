@@ -4,7 +4,9 @@ and its problems for a job of ``world_size`` ranks.
 Kinds: ``deepspeed`` (a DeepSpeed JSON; ``*_hf.json``: a Hugging Face Trainer one, whose "auto" values are
 filled first), ``megatron`` (Megatron-LM arguments, a shell file), ``megatron-deepspeed`` (Megatron-DeepSpeed
 arguments: a shell file that passes ``--deepspeed``), ``accelerate`` (an accelerate config YAML) and
-``torchtitan`` (a torchtitan TOML job config), ``plan`` (autotune's own ``plan.json``: it must rebuild the plan).
+``torchtitan`` (a torchtitan TOML job config), ``plan`` (autotune's own ``plan.json``: it must rebuild the plan),
+``hostfile`` (DeepSpeed's ``HOST slots=N`` lines) and ``launch`` (a shell or ``.sbatch`` file that starts a program
+with no Megatron argument in it: autotune's DeepSpeed / FSDP / HF launch scripts, a user's launcher).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
+from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
+from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.problems import JobSizes, Problem
@@ -23,7 +27,7 @@ from autotune.inputs import read_json
 
 __all__ = ["FILE_KINDS", "JobSizes", "file_kind", "validate_file", "megatron_file_kind", "sizes_from_file"]
 
-FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan")
+FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan", "hostfile", "launch")
 _MDS_MARKERS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel")
 
 
@@ -35,14 +39,19 @@ def megatron_file_kind(argv: list[str]) -> str:
 def file_kind(path: str | Path) -> str:
     """The kind of a file, from its name (and, for a shell file, its arguments)."""
     name = Path(path).name.lower()
+    if name == "hostfile" or name.endswith(".hostfile"):
+        return "hostfile"
     if name.endswith(".json"):
         return "plan" if name == "plan.json" else "deepspeed"
     if name.endswith((".yaml", ".yml")):
         return "accelerate"
     if name.endswith(".toml"):
         return "torchtitan"
-    if name.endswith((".sh", ".bash", ".args", ".txt")) or "megatron" in name:
-        return megatron_file_kind(read_megatron_args_file(path))
+    if name.endswith((".sh", ".bash", ".sbatch", ".args", ".txt")) or "megatron" in name:
+        argv = read_megatron_args_file(path)
+        if name.endswith((".sh", ".bash", ".sbatch")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
+            return "launch"  # it starts a program whose arguments are not Megatron's (or live in another file)
+        return megatron_file_kind(argv)
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
                       f"({', '.join(FILE_KINDS)})"], subject="validate request")
 
@@ -78,6 +87,8 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
         return JobSizes()
     if kind == "accelerate":
         return accelerate_job_sizes(path)
+    if kind == "hostfile":
+        return hostfile_job_sizes(path)
     if kind == "torchtitan":
         return torchtitan_job_sizes(path)
     return JobSizes()
@@ -104,6 +115,10 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
         return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp)
     if kind == "torchtitan":
         return torchtitan_config_problems(path, world_size=world_size)
+    if kind == "hostfile":
+        return hostfile_problems(path, world_size=world_size)
+    if kind == "launch":
+        return launch_script_problems(path)
     if kind == "plan":
         raise InputError(["an autotune plan.json is checked by rebuilding its estimate: use autotune.lint.lint_file "
                           "(what `autotune validate` runs)"], subject="validate request")
