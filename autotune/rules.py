@@ -14,7 +14,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run"]
+__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems"]
 
 
 def _divisors(n: int) -> str:
@@ -78,13 +78,8 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     # Sequence parallelism: Megatron silently disables it at tp=1 (arguments.py:1436); we refuse instead.
     if plan.sequence_parallel and tp == 1:
         bad("sp_tp", "sequence parallelism needs tp > 1: disable it or raise tp")
-    # A learned position table has one row per position: a longer sequence indexes past it (an index error in
-    # the embedding lookup). RoPE and ALiBi compute positions, so they are left to the user.
-    if model.position_embedding == "learned" and plan.seq_len > model.max_position_embeddings:
-        bad("seq_positions", f"seq_len ({plan.seq_len}) exceeds {model.name}'s learned position table "
-                             f"(max_position_embeddings {model.max_position_embeddings}): use seq_len <= "
-                             f"{model.max_position_embeddings} (--seq-len), or a model with a larger "
-                             f"max_position_embeddings or RoPE positions")
+    for rule, message in sequence_problems(model, plan.seq_len):
+        bad(rule, message)
     # Precision. The cpu preset runs bf16/fp16 trials on gloo (autocast on the CPU); it has no fp8 kernels.
     cpu_autocast = cluster.gpu.name == "cpu" and plan.precision in ("bf16", "fp16")
     if not cpu_autocast and not cluster.gpu.supports(plan.precision):
@@ -131,6 +126,18 @@ def _inner_core_problems(model: ModelSpec, plan: ParallelPlan, bad) -> None:
         elif plan.recompute_num_layers > -(-model.num_layers // pp):
             bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
                                     f"({-(-model.num_layers // pp)} at most)")
+
+
+def sequence_problems(model: ModelSpec, seq_len: int) -> list[tuple[str, str]]:
+    """The rules no layout can satisfy for ``seq_len``: a learned position table has one row per position, so a
+    longer sequence indexes past it (an index error in the embedding lookup). RoPE and ALiBi compute positions,
+    so they are left to the user. The planner's caller checks these once, before searching any layout."""
+    if model.position_embedding == "learned" and seq_len > model.max_position_embeddings:
+        return [("seq_positions", f"seq_len ({seq_len}) exceeds {model.name}'s learned position table "
+                                  f"(max_position_embeddings {model.max_position_embeddings}): use seq_len <= "
+                                  f"{model.max_position_embeddings} (--seq-len), or a model with a larger "
+                                  f"max_position_embeddings or RoPE positions")]
+    return []
 
 
 def engines_that_run(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[str]:

@@ -37,6 +37,15 @@ def test_seq_len_beyond_the_learned_position_table_is_refused(capsys):
         make_plan(load_model("tiny-gpt"), load_cluster(gpu="h100-sxm-80gb", num_gpus=8), seq_len=4096)
 
 
+@pytest.mark.parametrize("command", [["plan", "--num-gpus", "8"], ["tune", "--num-gpus", "8"]])
+def test_plan_and_tune_say_no_layout_helps_a_sequence_past_the_table(command, tmp_path, capsys):
+    # Checked once before searching: the planner used to say "does not fit on any number of GPUs".
+    out_dir = ["--out", str(tmp_path / "t")] if command[0] == "tune" else []
+    code, out, err = run([command[0], "--model", "tiny-gpt", *H100, *command[1:], "--seq-len", "4096", *out_dir],
+                         capsys)
+    assert code == 2 and "max_position_embeddings 512" in err and "does not fit" not in err
+
+
 def test_seq_len_within_the_table_and_rope_models_are_accepted(capsys):
     assert run(["estimate", "--model", "tiny-gpt", *H100, "--num-gpus", "8", "--seq-len", "512"], capsys)[0] == 0
     # RoPE computes positions: a longer context than the config's max_position_embeddings (8,192) is the user's call.

@@ -58,6 +58,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.report import format_params, plan_summary, plan_table
+    from autotune.rules import sequence_problems
     from autotune.search import capacity
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(["--min-gpus searches the GPU count itself: drop --num-gpus (--gpus-per-node sets the node "
                           "size)"], subject="plan request")
     model, cluster = load_inputs(args, need_model=not args.max_model, need_num_gpus=not args.min_gpus)
+    if model is not None and (unrunnable := sequence_problems(model, args.seq_len)):  # no layout can help
+        raise InputError([message for _, message in unrunnable], subject="plan request")
     constraints = SearchConstraints(
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch,

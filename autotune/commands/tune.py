@@ -145,8 +145,9 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
     """Every tune flag that cannot work, found before the study is created (one line each)."""
     from autotune.commands import MAX_STEPS
     from autotune.inputs import path_problem, range_problem
+    from autotune.rules import sequence_problems
 
-    problems = []
+    problems = [message for _, message in sequence_problems(model, args.seq_len)] if model is not None else []
     for dest, (lo, hi, why) in _INT_FLAGS.items():
         problems.append(range_problem(f"--{dest.replace('_', '-')}", getattr(args, dest), lo=lo, hi=hi, why_hi=why))
     for dest, (hi, why) in _FLOAT_FLAGS.items():
