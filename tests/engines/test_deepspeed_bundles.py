@@ -16,10 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
 
 from autotune.resources import data_path
 
 STEPS = 6  # the dispatcher's defaults: 1 warm-up step + 5 measured
+
+# Every bundle runs on a free port (MASTER_PORT), with the scripts' default port held busy meanwhile, as on a
+# shared CI machine; DeepSpeed's ops are built before any run, so no run's timeout covers a build.
+pytestmark = pytest.mark.usefixtures("default_port_taken", "deepspeed_ops")
 
 
 def _model_yaml(tmp: Path, layers: int) -> Path:
@@ -41,7 +46,7 @@ def emit(tmp: Path, layers: int, num_gpus: int, engine: str, *flags: str) -> Pat
 
 
 def run_script(bundle: Path, script: str, cwd: Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(pick_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
     proc = subprocess.run(["bash", str(bundle / script)], cwd=cwd, capture_output=True, text=True, timeout=400,
                           env=env)
@@ -98,6 +103,7 @@ def reference_loss_hf(bundle: Path) -> float:
         return float(model(input_ids=ids, labels=ids).loss)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,script", [(2, "launch_deepspeed.sh"), (3, "launch_torchrun.sh")])
 def test_zero_bundle_trains_as_emitted(tmp_path, stage, script):
     # ZeRO-2 through the deepspeed runner (one node: --no_ssh, no ssh at all), ZeRO-3 through torchrun.
@@ -107,6 +113,7 @@ def test_zero_bundle_trains_as_emitted(tmp_path, stage, script):
     assert all(5 < loss < 8 for loss in result["losses"])  # ln(1024) = 6.93 at the start
 
 
+@pytest.mark.slow
 def test_autotp_bundle_shards_and_matches_one_process(tmp_path):
     bundle = emit(tmp_path, 2, 2, "deepspeed", "--tp", "2", "--zero", "1", "--micro-batch", "2")
     ds = json.loads((bundle / "ds_config.json").read_text())
@@ -117,6 +124,7 @@ def test_autotp_bundle_shards_and_matches_one_process(tmp_path):
     assert result["losses"][0] == pytest.approx(reference_loss_hf(bundle), rel=2e-3)
 
 
+@pytest.mark.slow
 def test_pipeline_bundle_splits_unevenly_as_planned(tmp_path):
     from autotune.specs.layout import layer_counts
 
@@ -126,6 +134,7 @@ def test_pipeline_bundle_splits_unevenly_as_planned(tmp_path):
     assert all(5 < loss < 8 for loss in result["losses"])
 
 
+@pytest.mark.slow
 def test_ulysses_bundle_matches_one_process(tmp_path):
     bundle = emit(tmp_path, 2, 2, "deepspeed", "--cp", "2", "--zero", "2", "--global-batch", "1")
     assert json.loads((bundle / "ds_config.json").read_text())["sequence_parallel_size"] == 2
@@ -134,6 +143,7 @@ def test_ulysses_bundle_matches_one_process(tmp_path):
     assert result["losses"][0] == pytest.approx(reference_loss_builtin(bundle), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_megatron_deepspeed_bundle_scripts_parse_and_validate(tmp_path):
     bundle = emit(tmp_path, 4, 4, "megatron-deepspeed", "--tp", "2", "--pp", "2", "--zero", "1")
     for script in bundle.glob("launch_*"):

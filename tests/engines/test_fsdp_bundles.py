@@ -83,6 +83,8 @@ CASES = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("default_port_taken")  # one-node torchrun runs --standalone: a free port, never 29500
 @pytest.mark.parametrize("case", list(CASES))
 def test_fsdp_bundle_trains_as_emitted(case, tmp_path):
     layers, ranks, flags, mesh = CASES[case]

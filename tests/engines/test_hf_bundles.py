@@ -17,6 +17,9 @@ from test_deepspeed_bundles import (  # tests/engines is on sys.path (no __init_
     run_script,
 )
 
+# run_script passes a free MASTER_PORT; the default port is held busy meanwhile; the ops are built first.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("default_port_taken", "deepspeed_ops")]
+
 
 def _reference_first_step(bundle) -> float:
     """Mean loss of the first optimizer step's micro-batches on rank 0 (what both trainers draw first)."""

@@ -1,0 +1,62 @@
+"""Shared fixtures for tests that start processes.
+
+- ``free_port``: a TCP port nobody listens on (bound to port 0 and read back). Every test that starts a
+  rendezvous passes one (``MASTER_PORT`` for the emitted scripts, ``PET_MASTER_PORT`` for ``torchrun``,
+  ``--master_port`` for the deepspeed runner); none relies on 29500 being free (tests/test_no_fixed_ports.py).
+- ``default_port_taken``: holds the emitted scripts' default port (29500) busy, as on a shared CI machine, so
+  a test that forgot to pass a free port fails at once with EADDRINUSE instead of sometimes.
+- ``deepspeed_ops``: DeepSpeed's JIT-built CPU ops (shm_comm, cpu_adam) built once per session, before any
+  test's own timeout starts (autotune/tune/ops.py); a probe's timeout then covers the probe only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from autotune.emit.options import LaunchOptions
+
+DEFAULT_PORT = LaunchOptions().master_port  # what the emitted scripts use when MASTER_PORT is unset
+
+# As the Makefile exports it: one build folder for the ops, whether pytest runs under make or not.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+
+
+def pick_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts processes (ranks, launchers, op builds); minutes on 2 cores")
+
+
+@pytest.fixture
+def free_port() -> int:
+    return pick_free_port()
+
+
+@pytest.fixture(scope="module")
+def default_port_taken():
+    """Listen on the default port for the module's tests (or find it already taken: just as good)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(OSError):
+            sock.bind(("0.0.0.0", DEFAULT_PORT))  # noqa: S104 - a test holding the port, never serving
+            sock.listen(1)
+        yield DEFAULT_PORT
+    finally:
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def deepspeed_ops():
+    """Build DeepSpeed's CPU ops once (a warm cache is recognised in milliseconds); returns their state."""
+    from autotune.tune.ops import CPU_ADAM, SHM_COMM, ensure_ops
+
+    return ensure_ops([SHM_COMM, CPU_ADAM], env=dict(os.environ), timeout_s=3600, say=print)
