@@ -84,6 +84,15 @@ def test_cpu_figures_are_real_numbers_and_say_the_peak_is_nominal(capsys):
     assert (flop_rate(989.4), flop_rate(0.0339), flop_rate(0.05)) == ("989 TFLOP/s", "33.9 GFLOP/s", "50 GFLOP/s")
 
 
+def test_plan_md_cpu_figures_keep_their_digits(tmp_path, capsys):
+    from autotune.cli import main
+
+    assert main(["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "job")]) == 0
+    text = (tmp_path / "job" / "plan.md").read_text()
+    assert "TFLOP/s bf16 0" not in text and " 0.0 TFLOP/s" not in text
+    assert "GFLOP/s per GPU" in text and "cpu: no datasheet peak; nominal bf16 50 GFLOP/s" in text
+
+
 def test_recipes_list_says_its_numbers_are_predicted(capsys):
     from autotune.cli import main
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.emit.precision import precision_summary
 from autotune.engines import engine_for
-from autotune.report import format_params, gib, memory_table, plan_summary
+from autotune.report import flop_rate, format_params, gib, memory_table, peak_text, plan_summary
 from autotune.specs.layout import layer_counts
 
 __all__ = ["plan_markdown", "plan_reasons"]
@@ -143,8 +143,9 @@ def _time_section(estimate) -> list[str]:
     lines.append(f"| **step** | **{t.step_time_s:.3f}** | |")
     lines += ["", f"- throughput: {t.tokens_per_s:,.0f} tokens/s "
                   f"({t.tokens_per_s / estimate.cluster.num_gpus:,.0f} per GPU)",
-              f"- model FLOPs: {t.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%} "
-              f"(hardware, with recompute: {t.hardware_tflops_per_gpu:.1f}, HFU {t.hfu:.1%})"]
+              f"- model FLOPs: {flop_rate(t.model_tflops_per_gpu)} per GPU, MFU {t.mfu:.1%} "
+              f"(hardware, with recompute: {flop_rate(t.hardware_tflops_per_gpu)}, HFU {t.hfu:.1%}; "
+              f"{peak_text(estimate.cluster.gpu)})"]
     return lines
 
 
@@ -207,9 +208,8 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
     if model.moe:
         out.append(f"- mixture of experts: {model.moe.num_experts} experts, top-{model.moe.top_k}, expert FFN "
                    f"{model.moe.expert_ffn_hidden_size}")
-    peak = ", ".join(f"{k} {v:,.0f}" for k, v in gpu.peak_tflops.items())
     out.append(f"- cluster: {cluster.num_nodes} node(s) x {cluster.gpus_per_node} {gpu.name} ({gpu.memory_gib:g} GiB, "
-               f"peak TFLOP/s {peak}); NVLink {cluster.intra_node_bandwidth_gb_per_s:g} GB/s, network "
+               f"{peak_text(gpu)}); NVLink {cluster.intra_node_bandwidth_gb_per_s:g} GB/s, network "
                f"{cluster.inter_node_bandwidth_gb_per_s:g} GB/s per GPU")
     out.append(f"- batch: {plan.global_batch_size} sequences x {plan.seq_len} tokens = {plan.tokens_per_step:,} "
                f"tokens per step")

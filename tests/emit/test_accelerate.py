@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.emit.accelerate import (
@@ -50,7 +51,7 @@ def _launch(config: Path, cwd: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
     proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                           "--num_processes", "2", str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True,
+                           "--num_processes", "2", "--main_process_port", str(pick_free_port()), str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
     assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
