@@ -70,6 +70,18 @@ def _text(doc) -> str:
     return json.dumps(doc)
 
 
+# The kinds issue 21's campaign found tracebacks with: numbers no reader holds, nesting a parser recurses on,
+# hostfiles with absurd slot counts or repeated hosts, calibrations at the edge of the float range.
+HUGE_AND_DEEP = [
+    "x = 1" + "0" * 4300 + "\n",                                    # TOML: past Python's int-string limit
+    "x = " + "[" * 5000 + "]" * 5000 + "\n",                       # TOML: deep arrays
+    "[job]\ndump_folder = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
+    '{"train_batch_size": 1e400, "train_micro_batch_size_per_gpu": 1}',     # JSON: infinity as a number
+    '{"train_batch_size": ' + "9" * 5000 + "}",                           # JSON: past the int-string limit
+    '{"gemm_peak_fraction": 4.9e-324}', '{"gemm_peak_fraction": 999999}', '{"overlap_cost": -0.0}',
+    "n1 slots=99999999999999999999\n", "n1 slots=8\nn1 slots=8\n", "n1 slots=0\n", "slots=8\n",
+]
+
 file_contents = st.one_of(
     st.builds(_text, mutated(TINY_MODEL)),
     st.builds(_text, mutated(HF)),
@@ -83,6 +95,7 @@ file_contents = st.one_of(
                      '{"model": {}, "cluster": {}, "plan": {}}']),
     st.builds(_text, json_values),
     st.binary(max_size=64).map(lambda b: b.decode("latin-1")),
+    st.sampled_from(HUGE_AND_DEEP),
 )
 
 NUMBERS = ["0", "-1", "1", "2", "3", "8", "64", "nan", "inf", "-inf", "1e308", "1" + "0" * 30, "abc", "", "1.5",
@@ -105,7 +118,8 @@ def value_for(draw, action: argparse.Action, files: list[str]) -> str:
     kinds = [st.sampled_from(NUMBERS), st.sampled_from(files), st.text(max_size=10),
              st.sampled_from(["tiny-gpt", "tiny-llama", "llama3-8b", "h100-sxm-80gb", "cpu", "cpu-demo", "-x",
                               "--help", "a,b", "bf16,fp8", "1,3", "x=y", "NCCL_A=1", "/dev/null", "/dev/zero",
-                              "/nonexistent/x.yaml", "x" * 300])]
+                              "/nonexistent/x.yaml", "x" * 300, "/proc/autotune-x", "/dev/zero/x",
+                              "/".join(["deep"] * 60) + "/x.json", files[0] + "/through-a-file.json"])]
     return draw(st.one_of(*kinds))
 
 
@@ -127,7 +141,7 @@ TUNE_SKIP = {"--storage", "--resume", "--worker", "--workload", "--script", "--c
 def argv_for(draw, command: str, folder: Path) -> list[str]:
     files = []
     for i in range(draw(st.integers(1, 3))):
-        path = folder / f"f{i}{draw(st.sampled_from(['.json', '.yaml', '.yml', '', '.sh']))}"
+        path = folder / f"f{i}{draw(st.sampled_from(['.json', '.yaml', '.yml', '', '.sh', '.toml', '.hostfile']))}"
         path.write_bytes(draw(file_contents).encode("utf-8", "surrogatepass"))
         files.append(str(path))
     options = [a for a in PARSERS[command]._actions if a.option_strings and a.dest not in ("help",)]
@@ -227,7 +241,8 @@ def test_any_arguments_and_files_give_a_clean_exit(command, tmp_path_factory):
 
 
 def test_special_files_and_outputs(tmp_path):
-    """The cases random lists rarely hit: a FIFO, a dangling --out link, --out ., a leftover temp folder."""
+    """The cases random lists rarely hit: a FIFO (as a model, a cluster, a plan, a hostfile), /dev/zero as a
+    hostfile, a dangling --out link, --out ., --out under /proc or too long, a leftover temp folder."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     os.symlink(tmp_path / "missing", tmp_path / "dangling")
@@ -240,10 +255,14 @@ def test_special_files_and_outputs(tmp_path):
              ["emit", "--recipe", "cpu-demo", "--out", ".", "--force"],
              ["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "dangling"), "--force"],
              ["validate", str(fifo)], ["recipes", "show", str(fifo)]]
+    tune = ["tune", "--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "256"]
+    cases += [[*tune, "--out", str(tmp_path / "t"), "--launcher", "deepspeed", "--hostfile", hostfile]
+              for hostfile in (str(fifo), "/dev/zero")]
+    cases += [[*tune, "--out", out] for out in ("/proc/autotune-fuzz", str(tmp_path / ("o" * 300)))]
     for argv in cases:
         code, _, err = _run(argv)
         assert code == 2 and "Traceback" not in err, (argv, err)
-        assert "FIFO" in err or "--out" in err or "fifo" in err, (argv, err)
+        assert any(word in err for word in ("FIFO", "--out", "fifo", "character device")), (argv, err)
     code, out, err = _run(["emit", "--recipe", "cpu-demo", "--out", str(tmp_path / "job")])
     assert code == 0, err
     assert "removed" in err and not leftover.exists()
