@@ -138,3 +138,61 @@ def test_the_readme_says_how_long_each_quick_start_command_takes_and_what_it_pri
     assert re.search(r"\d+(\.\d+)? minutes", demo.group(1)) and re.search(r"\d+ minutes", test.group(1))
     assert "fits: NO" in demo.group(1) and "on purpose" in demo.group(1) and "winner written" in demo.group(1)
     assert "passed" in test.group(1)
+
+
+# A stand-in builder that records itself as autotune's builder does, then waits on torch's baton as
+# torch.utils.file_baton.FileBaton.wait does: polls until the lock file is gone.
+_WAITING_BUILDER = """
+import json, os, socket, sys, time, psutil
+op_dir = sys.argv[1]
+me = psutil.Process()
+open(os.path.join(op_dir, f"autotune-builder-{me.pid}.json"), "w").write(json.dumps(
+    {"pid": me.pid, "start_time": me.create_time(), "host": socket.gethostname(), "op": "cpu_adam"}))
+while os.path.exists(os.path.join(op_dir, "lock")):
+    time.sleep(0.05)
+print("OP cpu_adam built", flush=True)
+"""
+
+
+def _dead_holder(op_dir, monkeypatch, *, ours: bool):
+    """A lock left by a build that was killed: nobody holds it open; with ``ours``, autotune's record of the
+    killed builder (a pid that is gone, started before the lock was made) is beside it."""
+    import json
+    import socket
+
+    op_dir.mkdir(parents=True)
+    if ours:
+        (op_dir / "autotune-builder-999999.json").write_text(json.dumps(
+            {"pid": 999999, "start_time": 1.0, "host": socket.gethostname(), "op": "cpu_adam"}))
+    monkeypatch.setattr(ops, "_builder_argv", lambda todo: [sys.executable, "-c", _WAITING_BUILDER, str(op_dir)])
+    monkeypatch.setattr(ops, "REPORT_EVERY_S", 0.2)
+
+    def lock_appears_once_the_build_starts(todo, **kwargs):
+        (op_dir / "lock").touch()  # made by the other builder, which then died holding it
+        return real(todo, **kwargs)
+
+    real = ops._run_builder
+    monkeypatch.setattr(ops, "_run_builder", lock_appears_once_the_build_starts)
+
+
+def test_a_lock_whose_builder_died_while_ours_waits_is_cleared_and_the_build_goes_on(tmp_path, monkeypatch):
+    # issue 21: the waiting builder's own record made the dead lock look alive; the build slept until its timeout.
+    root = tmp_path / "ext"
+    _dead_holder(root / "cpu_adam", monkeypatch, ours=True)
+    said: list[str] = []
+    state = ops.ensure_ops(["cpu_adam"], env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=30, say=said.append)
+    assert state == {"cpu_adam": "built"}
+    assert any("clearing" in s and "pid 999999, is gone" in s for s in said), said
+    assert not (root / "cpu_adam" / "lock").exists()
+
+
+def test_a_dead_lock_of_someone_elses_stops_the_waiting_build_at_once(tmp_path, monkeypatch):
+    import time
+
+    root = tmp_path / "ext"
+    _dead_holder(root / "cpu_adam", monkeypatch, ours=False)
+    t0 = time.monotonic()
+    with pytest.raises(ops.OpsError, match="waits on a lock nobody holds.*not created by autotune"):
+        ops.ensure_ops(["cpu_adam"], env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=60)
+    assert time.monotonic() - t0 < 10
+    assert (root / "cpu_adam" / "lock").exists()  # never removed: not ours

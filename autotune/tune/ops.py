@@ -12,14 +12,17 @@ later rank sleeps forever (torch's ``FileBaton.wait`` polls for the file to vani
 
 So :func:`ensure_ops` builds what a study's plans need in a separate process before the first
 trial. A warm machine (every needed ``.so`` present, no lock) is recognised without importing
-torch or DeepSpeed, in milliseconds. The builder records itself (pid, start time, host) in
-``<op dir>/autotune-builder.json`` before it builds.
+torch or DeepSpeed, in milliseconds. Each builder records itself (pid, start time, host) in
+``<op dir>/autotune-builder-<pid>.json`` before it builds: one record per builder, so a builder that starts
+while another holds the lock (and waits for it) never overwrites the record of the one that holds it.
 
 A lock is *live* while a process holds it open (torch keeps the ``O_EXCL`` descriptor open until
 it releases the baton; found through ``/proc/<pid>/fd``). A lock nobody holds is dead. It is
-*ours* when our builder record names a process that is gone, or when it was created while one of
-our trials ran and that trial is over: only those are cleared. Anyone else's dead lock is
-reported with its path, for the user to remove.
+*ours* when one of our builder records names a process that is gone and that started before the lock
+was made, or when it was created while one of our trials ran and that trial is over: only those are
+cleared. Anyone else's dead lock is reported with its path, for the user to remove. A lock that dies
+while our builder waits on it is noticed within ``2 x REPORT_EVERY_S``: ours is cleared and the build goes
+on; anyone else's stops the build with its path (never a wait until the timeout).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ import psutil
 __all__ = ["needed_ops", "extensions_root", "ensure_ops", "dead_locks", "DeadLock", "clear_lock", "live_builds",
            "OpsError"]
 
-OWNER_NAME = "autotune-builder.json"
+OWNER_PREFIX = "autotune-builder"
+"""``<op dir>/autotune-builder-<pid>.json``: one record per builder (``autotune-builder.json``: older ones)."""
 MANIFEST_NAME = "autotune-ops.json"
 CPU_ADAM, SHM_COMM = "cpu_adam", "deepspeed_shm_comm"
 _BUILDERS = {CPU_ADAM: "CPUAdamBuilder", SHM_COMM: "ShareMemCommBuilder", "fused_adam": "FusedAdamBuilder"}
@@ -161,16 +165,25 @@ def dead_locks(root: Path, *, ours_since: float | None = None, ours_pids: Iterab
             created = lock.stat().st_mtime
         except OSError:
             continue  # released meanwhile
-        record = {}
-        with contextlib.suppress(OSError, ValueError):
-            record = json.loads((lock.parent / OWNER_NAME).read_text())
-        if record.get("host") == socket.gethostname() and _process_gone(record) and \
-                float(record.get("start_time", 1e18)) <= created + 1:
-            out.append(DeadLock(lock, True, f"its builder, autotune's pid {record.get('pid')}, is gone"))
+        gone = [r for r in _records(lock.parent) if r.get("host") == socket.gethostname() and _process_gone(r)
+                and float(r.get("start_time", 1e18)) <= created + 1]
+        if gone:
+            out.append(DeadLock(lock, True, f"its builder, autotune's pid {gone[0].get('pid')}, is gone"))
         elif ours_since is not None and created >= ours_since - 1 and not any(psutil.pid_exists(p) for p in ours_pids):
             out.append(DeadLock(lock, True, "created by a trial of this study whose processes are gone"))
         else:
             out.append(DeadLock(lock, False, f"not created by autotune; if no build is running, remove it: rm {lock}"))
+    return out
+
+
+def _records(op_dir: Path) -> list[dict]:
+    """Every builder record in an op's folder (a record that cannot be read is skipped)."""
+    out = []
+    for path in sorted(op_dir.glob(f"{OWNER_PREFIX}*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text())
+            if isinstance(record, dict):
+                out.append(record)
     return out
 
 
@@ -216,7 +229,7 @@ def ensure_ops(names: list[str], *, env: dict | None = None, timeout_s: float = 
     if not todo:
         return state
     t0 = time.monotonic()
-    results = _run_builder(todo, env=env, timeout_s=timeout_s, say=say)
+    results = _run_builder(todo, env=env, timeout_s=timeout_s, say=say, root=root)
     say(f"built DeepSpeed's {_names(todo)} op{'s' if len(todo) > 1 else ''} in {_elapsed(time.monotonic() - t0)}")
     state.update(results)
     return state
@@ -255,8 +268,10 @@ def _builder_argv(todo: list[str]) -> list[str]:
 
 
 def _run_builder(todo: list[str], *, env: dict | None, timeout_s: float,
-                 say: Callable[[str], None]) -> dict[str, str]:
-    """Build ``todo`` in a child process, saying every ``REPORT_EVERY_S`` which op it is on and for how long."""
+                 say: Callable[[str], None], root: Path | None = None) -> dict[str, str]:
+    """Build ``todo`` in a child process, saying every ``REPORT_EVERY_S`` which op it is on and for how long, and
+    watching the ops' locks (under ``root``): a lock nobody holds twice in a row is cleared when ours, else the
+    build stops naming it."""
     import tempfile
     import threading
 
@@ -266,6 +281,7 @@ def _run_builder(todo: list[str], *, env: dict | None, timeout_s: float,
     t0 = time.monotonic()
     results: dict[str, str] = {}
     argv = _builder_argv(todo)
+    dead_seen: set[Path] = set()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
 
@@ -289,6 +305,18 @@ def _run_builder(todo: list[str], *, env: dict | None, timeout_s: float,
                     proc.wait()
                     raise OpsError(f"building {what} took over {_elapsed(timeout_s)}: stopped; the machine may be "
                                    f"overloaded, retry when it is quieter") from None
+                dead = [lk for lk in dead_locks(root) if lk.path.parent.name in todo] if root is not None else []
+                for lk in dead:
+                    if lk.path not in dead_seen:
+                        continue  # seen once: a holder may have closed it a moment ago; judge at the next look
+                    if lk.ours:
+                        say(f"clearing {lk.describe()}: the build waiting on it goes on")
+                        clear_lock(lk)
+                    else:
+                        proc.kill()
+                        proc.wait()
+                        raise OpsError(f"building {what} waits on a lock nobody holds: {lk.describe()}") from None
+                dead_seen = {lk.path for lk in dead}
                 current = next((n for n in todo if n not in results), todo[-1])
                 say(f"building DeepSpeed's {current.removeprefix('deepspeed_')} op once "
                     f"({len(results) + 1} of {len(todo)}): {build_estimate()}; elapsed {_elapsed(elapsed)}")
@@ -315,9 +343,11 @@ def _build(names: list[str]) -> int:
             verdicts[name] = f"incompatible: {get_accelerator()._name} accelerator has no compatible {name}"
         else:
             build_dir = Path(_get_build_directory(name, False))  # creates it
-            (build_dir / OWNER_NAME).write_text(json.dumps({"pid": me.pid, "start_time": me.create_time(),
-                                                            "host": socket.gethostname(), "op": name}))
+            record = build_dir / f"{OWNER_PREFIX}-{me.pid}.json"
+            record.write_text(json.dumps({"pid": me.pid, "start_time": me.create_time(), "host": socket.gethostname(),
+                                          "op": name}))
             builder.load(verbose=False)
+            record.unlink(missing_ok=True)  # built: the record only matters while a build may die holding the lock
             verdicts[name] = "built"
         print(f"OP {name} {verdicts[name]}", flush=True)
     root = extensions_root()
