@@ -8,6 +8,7 @@ printed, the study is kept), 2 bad input (every flag is checked before the study
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -212,8 +213,12 @@ def out_folder_problem(out: str) -> str | None:
     """Why ``--out`` cannot hold the study (None when it can): it is created if missing, then must be a folder
     this process can write in (a file, /proc, a symbolic-link loop or a read-only file system cannot)."""
     path = Path(out)
+    made: list[Path] = []  # the folders this check creates, removed again after it (the study makes them)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        for folder in [*reversed(path.parents), path]:
+            if not os.path.lexists(folder):
+                folder.mkdir()
+                made.append(folder)
         if not path.is_dir():
             return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
         with tempfile.NamedTemporaryFile(dir=path, prefix=".autotune-write-check-"):
@@ -225,6 +230,10 @@ def out_folder_problem(out: str) -> str | None:
         hint = " (a read-only file system)" if err.errno == errno.EROFS else ""
         return (f"--out {out[:80]!r}{'...' if len(out) > 80 else ''} cannot hold the study: {why}{hint}; give a "
                 "folder you can write in")
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return None
 
 

@@ -65,3 +65,10 @@ def test_a_storage_that_cannot_be_written_says_what_to_do(tmp_path, capsys, monk
     code, _, err = _run([*TINY, "--out", str(tmp_path / "study"), "--resume"], capsys)
     assert code == 1
     assert "No space left on device" in err and "full disk" in err and "--resume" in err
+
+
+def test_a_refused_request_leaves_no_folder_behind(tmp_path, capsys):
+    out = tmp_path / "new" / "study"
+    code, _, err = _run([*TINY, "--steps", "1", "--warmup-steps", "1000000", "--out", str(out)], capsys)
+    assert code == 2 and "--warmup-steps" in err
+    assert not (tmp_path / "new").exists()
