@@ -1,6 +1,8 @@
 """Launch scripts: torchrun (one node or c10d rendezvous), the deepspeed runner, SLURM.
 
-Every script works from any folder: a program argument naming one of the bundle's own files
+Every script finds the bundle's own files from any folder (a relative training program, as Megatron-LM's
+``pretrain_gpt.py`` without ``--script``, is the one thing its header says to run beside): a program argument
+naming one of the bundle's own files
 (``plan.json``, ``ds_config.json``) is passed as ``"$SCRIPT_DIR/<name>"``, the script's folder (SLURM
 runs a spool copy of the script, so there it is ``$AUTOTUNE_BUNDLE_DIR`` or the submit folder, checked).
 The DeepSpeed runner (0.19.8 ``launcher/runner.py``): on one node ``--hostfile`` with ``localhost`` +
@@ -117,6 +119,15 @@ def _exports(env: Mapping[str, str]) -> str:
     return "\n".join(f"export {key}={_q(value)}" for key, value in env.items())
 
 
+def where_to_run(entry_argv: Sequence[str]) -> str:
+    """Where a launch script may be started: anywhere when its program is a module (``-m ...``) or an absolute
+    path; from the folder that holds a relative program (``pretrain_gpt.py`` of a Megatron-LM checkout)."""
+    program = entry_argv[0] if entry_argv else ""
+    if program == "-m" or program.startswith("/"):
+        return "from any folder"
+    return f"from the folder that holds {program}: a relative path, so cd there first or emit with --script /abs/path"
+
+
 def _template(name: str) -> string.Template:
     return string.Template((templates_dir() / name).read_text(encoding="utf-8"))
 
@@ -189,6 +200,7 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
         raise InputError(problems, subject="launch settings")
 
     common = {
+        "where": where_to_run(entry_argv),
         "header": _comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on "
                            f"{cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}"),
         "exports": _exports(env),
@@ -312,7 +324,8 @@ def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: 
     return _template("accelerate_launch.sh.tmpl").substitute(
         header=_comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
                         f"{cluster.gpus_per_node} {cluster.gpu.name}"),
-        usage=usage, port_note=_port_note(lo), exports=_exports(env), config_file=_q(config_file),
+        usage=usage, where=where_to_run(list(entry)), port_note=_port_note(lo), exports=_exports(env),
+        config_file=_q(config_file),
         ds_config_file=_q(ds_config_file),
         machine_args=machine, entry=" ".join(_q(a) for a in entry),
         program_args=_format_args([*program_args, *lo.script_args], bundle_files))

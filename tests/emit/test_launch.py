@@ -284,3 +284,14 @@ def test_every_script_takes_master_port_from_the_environment(num_gpus, tmp_path,
     if num_gpus == 8:  # one node: torchrun --standalone finds a free port itself
         assert "--standalone" in files["launch_torchrun.sh"] and "--rdzv-endpoint" not in files["launch_torchrun.sh"]
         assert "# Port: torchrun --standalone picks a free one itself." in files["launch_torchrun.sh"]
+
+
+def test_a_relative_program_says_where_to_run_the_script():
+    relative = render(entry="pretrain_gpt.py", launchers=("torchrun", "deepspeed"))
+    for name in ("launch_torchrun.sh", "launch_deepspeed.sh"):
+        header = "".join(relative[name].splitlines(keepends=True)[:4])
+        assert "from the folder that holds pretrain_gpt.py" in header and "from any folder" not in header
+    anywhere = render(entry=["-m", "autotune.train"], launchers=("torchrun",))
+    assert "from any folder" in anywhere["launch_torchrun.sh"]
+    assert "from any folder" in render(entry="/opt/Megatron-LM/pretrain_gpt.py", launchers=("torchrun",))[
+        "launch_torchrun.sh"]
