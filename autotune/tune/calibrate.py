@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autotune.cost.efficiency import coordinate_fit
+from autotune.cost.efficiency import BOUNDS, coordinate_fit
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency, save_efficiency
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.hardware import ClusterSpec
@@ -77,9 +77,10 @@ def _levenberg_marquardt(measurements: Sequence[StepMeasurement], start: Efficie
 
     def eff_at(x) -> Efficiency:
         values = {f: float(math.exp(v)) for f, v in zip(fields, x)}
-        for f in ("gemm_peak_fraction", "hbm_efficiency"):
-            if f in values:
-                values[f] = min(values[f], 1.0)
+        for f, v in values.items():  # within what a calibration file may hold (load_efficiency refuses the rest)
+            if f in BOUNDS:
+                lo, hi, _ = BOUNDS[f]
+                values[f] = min(max(v, lo if lo > 0 else 1e-9), hi)
         return start.with_(**values)
 
     x = np.array([math.log(getattr(start, f)) for f in fields])

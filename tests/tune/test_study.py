@@ -381,3 +381,21 @@ def test_every_tune_flag_checked_before_the_study(tmp_path, capsys, flags, says)
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()  # no study was created
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e6], ids=["impossibly-fast", "impossibly-slow"])
+def test_a_degenerate_calibration_stays_within_what_a_calibration_file_may_hold(tmp_path, scale):
+    # Measurements a million times off the model push the fit to the edge of the range; what it writes must
+    # still load (load_efficiency refuses values outside cost.efficiency.BOUNDS; the fit used to clip at e^30).
+    from autotune.cost.efficiency import BOUNDS, load_efficiency
+
+    ms = []
+    for i, e in enumerate(RANKED[:4]):
+        probe = StepMeasurement(model=MODEL, cluster=CLUSTER, plan=e.plan, step_time_s=1.0)
+        ms.append(dataclasses.replace(probe, step_time_s=predict_step_time_s(probe, DEFAULT_EFFICIENCY) * scale,
+                                      label=str(i)))
+    path = tmp_path / "cal.json"
+    report = calibrate(ms, DEFAULT_EFFICIENCY, str(path))
+    for name, (lo, hi, _) in BOUNDS.items():
+        assert lo <= getattr(report.after, name) <= hi, name
+    assert load_efficiency(str(path)) == report.after
