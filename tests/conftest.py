@@ -55,8 +55,19 @@ def default_port_taken():
 
 
 @pytest.fixture(scope="session")
-def deepspeed_ops():
-    """Build DeepSpeed's CPU ops once (a warm cache is recognised in milliseconds); returns their state."""
+def deepspeed_ops(request):
+    """Build DeepSpeed's CPU ops once (a warm cache is recognised in milliseconds); returns their state. A cold
+    build takes minutes: what it is doing is written to the terminal as it goes, past pytest's output capture."""
     from autotune.tune.ops import CPU_ADAM, SHM_COMM, ensure_ops
 
-    return ensure_ops([SHM_COMM, CPU_ADAM], env=dict(os.environ), timeout_s=3600, say=print)
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+
+    def say(line: str) -> None:
+        if reporter is None or capture is None:
+            print(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"[tests] {line}")
+
+    return ensure_ops([SHM_COMM, CPU_ADAM], env=dict(os.environ), timeout_s=3600, say=say)
