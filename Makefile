@@ -1,10 +1,11 @@
 # make demo: the main job (installs first). make test: the test suite (installs first).
+# make test-fast: the tests not marked slow (no processes, training, op builds, SLURM, PostgreSQL).
 PYTHON ?= python
 export PYTHON
 # DeepSpeed JIT-builds its CPU Adam here once (~60 s); a stable folder means once, not per shell.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/torch_extensions
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +17,12 @@ demo: setup
 test: setup
 	@rc=0; $(PYTHON) -m pytest -q tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	exit $$rc
+
+# The quick loop: every test but those marked slow (pyproject.toml [tool.pytest.ini_options] markers).
+test-fast: setup
+	@rc=0; $(PYTHON) -m pytest -q -m "not slow" tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; fi; \
 	exit $$rc
 
 bench: setup

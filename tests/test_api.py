@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import autotune
 
 
@@ -14,6 +16,7 @@ def test_deepspeed_config_for_an_existing_pipeline():
     assert cfg["zero_optimization"]["stage"] in (0, 1, 2, 3)
 
 
+@pytest.mark.slow
 def test_exports_resolve_and_import_is_light():
     for name in autotune.__all__:
         assert getattr(autotune, name) is not None

@@ -110,6 +110,7 @@ def test_min_gpus_and_max_model(capsys):
     assert 1e9 < doc["num_params"] < doc["next_size"]["num_layers"] * 1e12
 
 
+@pytest.mark.slow
 def test_console_script_runs_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "nope", "--gpu", "a100-80gb",
                            "--num-gpus", "8"], capture_output=True, text=True)

@@ -11,6 +11,7 @@ import pytest
 from autotune.tune import ops
 
 
+@pytest.mark.slow
 def test_a_long_op_build_says_what_it_builds_and_for_how_long(tmp_path, monkeypatch):
     # A stand-in builder that takes ~1.2 s; reports every 0.3 s instead of every 15 s.
     script = "import sys, time; time.sleep(1.2); [print('OP', n, 'built', flush=True) for n in sys.argv[1:]]"
@@ -26,6 +27,7 @@ def test_a_long_op_build_says_what_it_builds_and_for_how_long(tmp_path, monkeypa
     assert said[-1].startswith("built DeepSpeed's shm_comm op in ")
 
 
+@pytest.mark.slow
 def test_a_build_past_its_timeout_is_stopped_and_named(tmp_path, monkeypatch):
     monkeypatch.setattr(ops, "_builder_argv", lambda todo: [sys.executable, "-c", "import time; time.sleep(30)"])
     monkeypatch.setattr(ops, "REPORT_EVERY_S", 0.2)
@@ -175,6 +177,7 @@ def _dead_holder(op_dir, monkeypatch, *, ours: bool):
     monkeypatch.setattr(ops, "_run_builder", lock_appears_once_the_build_starts)
 
 
+@pytest.mark.slow
 def test_a_lock_whose_builder_died_while_ours_waits_is_cleared_and_the_build_goes_on(tmp_path, monkeypatch):
     # issue 21: the waiting builder's own record made the dead lock look alive; the build slept until its timeout.
     root = tmp_path / "ext"
@@ -186,6 +189,7 @@ def test_a_lock_whose_builder_died_while_ours_waits_is_cleared_and_the_build_goe
     assert not (root / "cpu_adam" / "lock").exists()
 
 
+@pytest.mark.slow
 def test_a_dead_lock_of_someone_elses_stops_the_waiting_build_at_once(tmp_path, monkeypatch):
     import time
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # git clone + a pytest subprocess
 ROOT = Path(__file__).resolve().parent.parent
 FAST_TESTS = [
     "tests/specs/test_loading.py",

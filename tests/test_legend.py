@@ -49,6 +49,7 @@ def test_more_rules_than_shown_point_to_the_full_list():
     assert "4 more rules: `python -m autotune.legend` explains every rule" in line.replace("\n  ", " ")
 
 
+@pytest.mark.slow
 def test_python_m_autotune_legend_prints_every_rule():
     out = subprocess.run([sys.executable, "-m", "autotune.legend"], capture_output=True, text=True, timeout=60,
                          check=True).stdout

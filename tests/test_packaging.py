@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds the wheel, pip-installs it into virtualenvs
 REPO = Path(__file__).resolve().parent.parent
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "out", "*.db"

@@ -130,6 +130,7 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
     assert ran >= 8  # estimate (with and without --json), plan x3, emit, recipes, validate
 
 
+@pytest.mark.slow
 def test_readme_tune_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (words,) = [w for w in commands() if w[:2] == ["autotune", "tune"]]

@@ -14,6 +14,7 @@ import pytest
 
 from autotune.train.fsdp_probe import PROBE_CONFIGS, compare, run_probe
 
+pytestmark = pytest.mark.slow  # the FSDP2 probe runs on 2 torchrun ranks
 MODELS = ("tiny-gpt", "tiny-llama")
 
 

@@ -96,6 +96,7 @@ def test_deepspeed_config_passes_accelerates_plugin_checks(tmp_path, monkeypatch
     assert found == {("$.mixed_precision", "error")}
 
 
+@pytest.mark.slow
 def test_accelerate_launch_trains_with_the_deepspeed_config(tmp_path):
     # ZeRO-2 with the optimizer offloaded: DeepSpeedCPUAdam (the build cached in TORCH_EXTENSIONS_DIR).
     cluster, plan = _plan(engine="hf", zero_stage=2, offload_optimizer="cpu")
@@ -127,6 +128,7 @@ def test_fsdp2_yaml_loads_with_accelerates_loader(tmp_path):
     assert validate_file(path, world_size=8, tp=2) == []
 
 
+@pytest.mark.slow
 def test_accelerate_launch_turns_the_fsdp2_yaml_into_the_plans_settings(tmp_path):
     """On CPU accelerate 1.15 does not shard (FSDP is engaged on accelerators only), but its launcher reads the
     file and its FSDP plugin and ParallelismConfig validate and hold every setting; the script still trains."""

@@ -29,6 +29,7 @@ ORACLE = REPO.parent / "shared" / "oracles" / "megatron-lm" / "megatron_args_che
 WORKER = Path(__file__).parent / "fixtures" / "megatron_oracle_worker.py"
 pytestmark = pytest.mark.skipif(not ORACLE.is_file(), reason=f"Megatron-LM oracle not found at {ORACLE} "
                                                              "(../shared is beside the checkout in CI only)")
+pytestmark = [pytestmark, pytest.mark.slow]  # the Megatron-LM oracle is a process of its own
 
 
 class Oracle:

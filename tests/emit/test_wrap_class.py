@@ -62,6 +62,7 @@ def test_wrap_class_must_be_class_names():
     assert EmitOptions(launch=LaunchOptions(wrap_class="ABlock,BBlock")).launch.wrap_class == "ABlock,BBlock"
 
 
+@pytest.mark.slow
 def test_emit_wrap_class_flag(tmp_path):
     bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
                    "--global-batch", "4", "--wrap-class", "PairBlock", "--script", "train.py")
@@ -70,12 +71,14 @@ def test_emit_wrap_class_flag(tmp_path):
 
 
 @pytest.mark.parametrize("fixture,layer", [("llama3-8b", "LlamaDecoderLayer"), ("qwen2.5-72b", "Qwen2DecoderLayer")])
+@pytest.mark.slow
 def test_emit_defaults_the_wrap_class_from_a_hf_config(tmp_path, fixture, layer):
     bundle = _emit(tmp_path, "--model", str(HF / fixture / "config.json"), "--gpu", "h100-sxm-80gb", "--num-gpus",
                    "64", "--seq-len", "4096", "--global-batch", "64", "--recompute", "full")
     assert _wrapped(bundle) == layer
 
 
+@pytest.mark.slow
 def test_emit_presets_keep_the_builtin_block(tmp_path):
     bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
                    "--global-batch", "4")

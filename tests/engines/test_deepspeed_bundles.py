@@ -157,6 +157,7 @@ def test_megatron_deepspeed_bundle_scripts_parse_and_validate(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_entry_point_refuses_bad_input_without_a_traceback(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "autotune.train", "--plan", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=120)

@@ -102,6 +102,7 @@ def test_fsdp_bundle_trains_as_emitted(case, tmp_path):
     assert "fully_shard(block" in plan_md and "MixedPrecisionPolicy" in plan_md
 
 
+@pytest.mark.slow
 def test_context_parallel_is_refused_with_its_reason(tmp_path):
     bundle = _emit(tmp_path, 2, 2, "--zero", "3", "--cp", "2")
     proc = subprocess.run([sys.executable, "-m", "autotune.train", "--plan", str(bundle / "plan.json")],

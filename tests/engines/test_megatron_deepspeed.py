@@ -10,6 +10,9 @@ from autotune.bundle.writer import write_bundle
 from autotune.specs.loading import load_cluster, load_model
 
 
+pytestmark = pytest.mark.slow  # runs `autotune validate` in a subprocess
+
+
 @pytest.mark.parametrize("preset,num_gpus,plan_kw,flag", [
     # 36 layers on 8 stages: partition_uniform gives 4 stages of 5 and 4 of 4 (no Megatron-LM-style equal ends).
     ("megatron-gpt-7.5b", 64, dict(tp=2, pp=8, recompute="full", global_batch_size=512, seq_len=2048),

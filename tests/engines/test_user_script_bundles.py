@@ -118,6 +118,7 @@ def test_user_deepspeed_script_from_plan_md_trains_from_another_folder(tmp_path)
     assert all(w == "2" and 2.0 < float(loss) < 8.0 for _, w, _, loss in steps)  # ln(97) = 4.57 at the start
 
 
+@pytest.mark.slow
 def test_relative_script_is_stored_absolute(tmp_path):
     user = tmp_path / "user"
     user.mkdir()
@@ -129,6 +130,7 @@ def test_relative_script_is_stored_absolute(tmp_path):
         assert not re.search(r"^\s+sub/train\.py", text, re.M), name
 
 
+@pytest.mark.slow
 def test_plan_md_user_script_needs_match_the_launcher(tmp_path):
     bundle = _emit(tmp_path, tmp_path, "--engine", "deepspeed", "--zero", "1", "--micro-batch", "2")
     md = (bundle / "plan.md").read_text()
@@ -137,6 +139,7 @@ def test_plan_md_user_script_needs_match_the_launcher(tmp_path):
     assert "--deepspeed-config" in launch  # the built-in trainer's flag; a user script gets DeepSpeed's own
 
 
+@pytest.mark.slow
 def test_autotp_and_pipeline_needs_say_the_rules(tmp_path):
     md = (_emit(tmp_path, tmp_path, "--engine", "deepspeed", "--tp", "2", "--zero", "1", "--micro-batch", "2")
           / "plan.md").read_text()
@@ -162,6 +165,7 @@ def test_deepspeed_config_for_docstring_names_pipeline_module():
     ("megatron", "Megatron-LM", "https://github.com/NVIDIA/Megatron-LM"),
     ("megatron-deepspeed", "Megatron-DeepSpeed", "https://github.com/deepspeedai/Megatron-DeepSpeed"),
 ])
+@pytest.mark.slow
 def test_megatron_plan_md_says_what_runs_and_where_it_comes_from(tmp_path, engine, project, url):
     md = (_emit(tmp_path, tmp_path, "--engine", engine, "--tp", "2") / "plan.md").read_text()
     assert "autotune's built-in trainer (`python -m" not in md
@@ -170,6 +174,7 @@ def test_megatron_plan_md_says_what_runs_and_where_it_comes_from(tmp_path, engin
     assert f"cd /path/to/{project}" in section  # where to start the scripts when emitted without --script
 
 
+@pytest.mark.slow
 def test_hf_plan_md_says_use_cpu_on_a_cpu_cluster(tmp_path):
     md = (_emit(tmp_path, tmp_path, "--engine", "hf", "--zero", "2", "--micro-batch", "2") / "plan.md").read_text()
     needs = _script_section(md)

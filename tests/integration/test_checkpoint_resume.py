@@ -23,6 +23,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import cluster_defaults, load_gpu_preset
 from autotune.workloads.ds_checkpoint_resume import MICRO_BATCH, SEQ_LEN, TINY
 
+pytestmark = pytest.mark.slow  # DeepSpeed trains and resumes on 2 torchrun ranks
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 KEEP_LAST = 2

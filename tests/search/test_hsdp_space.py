@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from autotune.engines import engine_for
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
@@ -64,6 +66,7 @@ def test_replicas_are_an_optuna_dimension_of_the_study():
     assert list(distributions(plans)["dp_replicate"].choices) == [1, 2, 4, 8]
 
 
+@pytest.mark.slow
 def test_plan_cli_fixes_the_replicas():
     out = subprocess.run([sys.executable, "-m", "autotune", "plan", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb",
                           "--num-gpus", "16", "--seq-len", "4096", "--global-batch", "64", "--engine", "fsdp",

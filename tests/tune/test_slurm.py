@@ -69,6 +69,7 @@ def _wait_running(cluster, out: Path, trial: int, timeout_s: float = 240) -> str
     pytest.fail(f"trial {trial} did not start a step within {timeout_s:g} s\n{cluster.log_tail()}")
 
 
+@pytest.mark.slow
 def test_time_limit_scancel_and_ctrl_c_one_sbatch_job_per_trial(tmp_path, slurm_cluster):  # noqa: F811
     """Outside any allocation each trial is an `sbatch --wait` job: trial 0 runs past its SLURM time limit
     (trial timeout 110 s -> --time 1 min: SLURM ends it after 60-90 s, before the tuner's own 110 s clock),
@@ -119,6 +120,7 @@ def test_time_limit_scancel_and_ctrl_c_one_sbatch_job_per_trial(tmp_path, slurm_
     assert not [t for t in trials if t.state == TrialState.RUNNING]
 
 
+@pytest.mark.slow
 def test_postgres_workers_one_per_slurm_job(tmp_path, slurm_cluster, postgres_url):  # noqa: F811
     """Two tuner workers, each the batch script of its own 2-task SLURM job, share one PostgreSQL study;
     every trial is an srun step (2 tasks) inside its worker's allocation and completes with a measurement."""
@@ -155,6 +157,7 @@ def test_postgres_workers_one_per_slurm_job(tmp_path, slurm_cluster, postgres_ur
     assert len(allocations) == 2, "each worker's trials ran in its own SLURM job"
 
 
+@pytest.mark.slow
 def test_deepspeed_launcher_one_node_without_ssh(tmp_path, monkeypatch):
     """A hostfile naming only this machine: DeepSpeed's runner with --no_ssh (ssh is never tried)."""
     hostfile = tmp_path / "hostfile"

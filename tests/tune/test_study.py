@@ -328,6 +328,7 @@ def test_finalists_rerun_alternately_and_winner_on_median(tmp_path, monkeypatch)
     assert again.calls == [] and trial_key(resumed.best) == trial_key(result.best)
 
 
+@pytest.mark.slow
 def test_three_processes_open_one_new_sqlite_study(tmp_path):
     import subprocess
     import sys

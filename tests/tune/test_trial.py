@@ -91,6 +91,7 @@ def pids_before(tmp_path):
 # builtin workload: the engine's trainer, python -m autotune.train --plan WORKDIR/plan.json
 
 
+@pytest.mark.slow
 def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
     seen: list[tuple[int, float]] = []
     phases: list[str] = []
@@ -130,6 +131,7 @@ def test_completed_zero1_trial(model, cluster, tmp_path, pids_before):
           f"peak RSS {r.peak_memory_bytes / 2**20:.0f} MiB, wall {wall:.1f} s")
 
 
+@pytest.mark.slow
 def test_pruned_after_first_step(model, cluster, tmp_path, pids_before):
     calls = []
 
@@ -144,6 +146,7 @@ def test_pruned_after_first_step(model, cluster, tmp_path, pids_before):
     assert_nothing_left(pids_before)
 
 
+@pytest.mark.slow
 def test_host_memory_limit_gives_oom(model, cluster, tmp_path, pids_before):
     r = run_trial(spec(model, cluster, tmp_path, Workload(kind="builtin"), host_memory_limit_bytes=200 * 10**6))
     assert r.status == "oom", r.reason
@@ -151,6 +154,7 @@ def test_host_memory_limit_gives_oom(model, cluster, tmp_path, pids_before):
     assert_nothing_left(pids_before)
 
 
+@pytest.mark.slow
 def test_pipeline_plan_runs_under_the_engines_trainer(model, cluster, tmp_path, pids_before):
     # pp = 2: DeepSpeed's PipelineModule through python -m autotune.train, judged like any builtin trial
     phases: list[str] = []
@@ -173,6 +177,7 @@ def test_plan_the_trainer_cannot_run_is_a_clear_crash(model, cluster, tmp_path):
 # script and command workloads
 
 
+@pytest.mark.slow
 def test_script_workload_uses_deepspeed_metric_file(model, cluster, tmp_path, pids_before):
     w = Workload(kind="script", script=str(FIXTURES / "user_train.py"), script_args=("--seq-len", str(SEQ)))
     s = spec(model, cluster, tmp_path, w)
@@ -189,6 +194,7 @@ def test_script_workload_uses_deepspeed_metric_file(model, cluster, tmp_path, pi
     assert_nothing_left(pids_before)
 
 
+@pytest.mark.slow
 def test_failing_rank_reason_is_its_exception(model, cluster, tmp_path, pids_before):
     # torchrun's own traceback and ChildFailedError banner come last; the reason is rank 1's assert
     w = Workload(kind="script", script=str(FIXTURES / "failing_train.py"))
@@ -202,6 +208,7 @@ def test_failing_rank_reason_is_its_exception(model, cluster, tmp_path, pids_bef
     assert_nothing_left(pids_before)
 
 
+@pytest.mark.slow
 def test_dead_build_lock_stops_the_trial_at_once(model, cluster, tmp_path, monkeypatch):
     # A rank killed mid-build leaves torch's lock behind; the next ranks would sleep on it until the timeout.
     root = tmp_path / "ext"
@@ -228,6 +235,7 @@ def test_dead_build_lock_stops_the_trial_at_once(model, cluster, tmp_path, monke
         ensure_ops(["old_op"], env={"TORCH_EXTENSIONS_DIR": str(root)})
 
 
+@pytest.mark.slow
 def test_warm_ops_check_takes_under_a_second():
     from autotune.tune.ops import SHM_COMM, ensure_ops
 
@@ -238,6 +246,7 @@ def test_warm_ops_check_takes_under_a_second():
     assert state[SHM_COMM] in ("cached",) or state[SHM_COMM].startswith("incompatible")
 
 
+@pytest.mark.slow
 def test_hung_command_is_killed(model, cluster, tmp_path):
     s = spec(model, cluster, tmp_path, Workload(kind="command", command="echo started {nproc}; sleep 60 & wait"),
              timeout_s=3.0)
@@ -250,6 +259,7 @@ def test_hung_command_is_killed(model, cluster, tmp_path):
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_hung_group_is_gone(model, cluster, tmp_path, monkeypatch):
     import subprocess
 
@@ -270,6 +280,7 @@ def test_hung_group_is_gone(model, cluster, tmp_path, monkeypatch):
     assert not psutil.pid_exists(started[0]) or psutil.Process(started[0]).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_crashed_command(model, cluster, tmp_path):
     cmd = f"{sys.executable} -c \"import sys; print('boom'); sys.exit(3)\""
     r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd)))
@@ -277,6 +288,7 @@ def test_crashed_command(model, cluster, tmp_path):
     assert "exit code 3" in r.reason and "boom" in r.reason
 
 
+@pytest.mark.slow
 def test_command_metric_pattern(model, cluster, tmp_path):
     cmd = "for t in 0.5 0.25 0.2 0.3; do echo \"iteration took $t s\"; done"
     seen = []
@@ -289,12 +301,14 @@ def test_command_metric_pattern(model, cluster, tmp_path):
     assert r.tokens_per_s == pytest.approx(4 * SEQ / 0.25)
 
 
+@pytest.mark.slow
 def test_memory_error_in_log_is_oom(model, cluster, tmp_path):
     cmd = f"{sys.executable} -c \"raise MemoryError('no room')\""
     r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd)))
     assert r.status == "oom" and "MemoryError" in r.reason
 
 
+@pytest.mark.slow
 def test_keyboard_interrupt_kills_the_job(model, cluster, tmp_path, pids_before):
     def interrupt(i, t):
         raise KeyboardInterrupt

@@ -27,9 +27,11 @@ import textwrap
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
+pytestmark = pytest.mark.slow  # runs `autotune tune` (torchrun trials) in subprocesses
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--model", "tiny-llama", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
         "--no-offload", "--recompute", "none", "--steps", "2", "--warmup-steps", "1", "--prune-ratio", "0",

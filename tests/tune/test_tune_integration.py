@@ -27,6 +27,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+pytestmark = pytest.mark.slow  # runs `autotune tune` (torchrun trials, PostgreSQL) in subprocesses
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--model", "tiny-gpt", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--global-batch", "8",
         "--tp", "1", "--pp", "1", "--cp", "1", "--engine", "deepspeed", "--recompute", "none,full", "--max-micro-batch", "4",

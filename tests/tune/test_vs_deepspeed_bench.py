@@ -20,6 +20,7 @@ def bench():
     return mod
 
 
+@pytest.mark.slow
 def test_help_names_the_tools_and_the_target():
     proc = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
@@ -83,6 +84,7 @@ def test_saved_results_of_other_settings_are_not_mixed_in(bench, tmp_path, capsy
     assert "--fresh" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_user_script_takes_the_deepspeed_launchers_arguments():
     script = BENCH.parent / "workloads" / "ds_user_script.py"
     proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)

@@ -72,6 +72,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_deepspeed_probe_single_rank(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     out = tmp_path / "probe.json"
