@@ -1,8 +1,9 @@
 # make demo: the main job (installs first). make test: the test suite (installs first).
-# make test-fast: the tests not marked slow (no processes, training, op builds, SLURM, PostgreSQL).
+# make test-fast: the tests not marked slow (no processes, training, op builds, SLURM, PostgreSQL, long searches).
 PYTHON ?= python
 export PYTHON
-# DeepSpeed JIT-builds its CPU Adam here once (~60 s); a stable folder means once, not per shell.
+# DeepSpeed JIT-builds its CPU ops here once (about 1-6 minutes each on 2 cores, longer under load); a stable
+# folder means once, not per shell.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/torch_extensions
 
 .PHONY: setup demo test test-fast bench clean

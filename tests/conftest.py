@@ -32,10 +32,6 @@ def pick_free_port() -> int:
         return s.getsockname()[1]
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: starts processes (ranks, launchers, op builds); minutes on 2 cores")
-
-
 @pytest.fixture
 def free_port() -> int:
     return pick_free_port()

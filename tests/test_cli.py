@@ -79,6 +79,7 @@ def test_every_problem_at_once_and_exit_2(capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # half a minute of plan searches
 def test_impossible_request_says_what_would_work(capsys):
     code, out, err = run(["plan", "--model", "llama3-405b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8",
                           "--seq-len", "8192"], capsys)
@@ -94,6 +95,7 @@ def test_min_gpus_takes_no_gpu_count(capsys):
     assert code == 2 and "give --gpu (or --cluster FILE)" in err and "--num-gpus" not in err
 
 
+@pytest.mark.slow  # about a minute of plan searches (--min-gpus, --max-model)
 def test_min_gpus_and_max_model(capsys):
     code, out, _ = run(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb",
                         "--seq-len", "4096", "--min-gpus", "--json"], capsys)

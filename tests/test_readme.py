@@ -99,6 +99,7 @@ def test_make_demo_and_make_test():
     assert "fits: NO" in text and "fits: yes" in text and "wrote " in text
 
 
+@pytest.mark.slow  # every README command, plan searches included
 def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ran = 0

@@ -78,6 +78,8 @@ class FakeRunner:
 
 def run(tmp_path: Path, monkeypatch, runner: FakeRunner, **kw):
     monkeypatch.setattr(trial_mod, "run_trial", runner)
+    # The fake runner starts no DeepSpeed: no op to build (a fresh machine would JIT-build two for minutes).
+    monkeypatch.setattr(study_mod.ops, "ensure_ops", lambda names, **_: {name: "cached" for name in names})
     args = dict(seq_len=SEQ, global_batch=GB, constraints=CONSTRAINTS, workload=trial_mod.Workload(kind="builtin"),
                 out_dir=tmp_path / "out", trials=4, top_k=3, steps=2, warmup_steps=1, finalists=0)
     args.update(kw)
@@ -90,6 +92,7 @@ def test_planner_top_k_first_in_planner_order(tmp_path, monkeypatch):
     assert runner.calls == KEYS[:3]
 
 
+@pytest.mark.slow  # 13 s: every feasible plan through the sampler
 def test_sampler_never_proposes_infeasible_or_duplicate(tmp_path, monkeypatch):
     runner = FakeRunner()
     # ask for more trials than candidates: the study stops when every plan is measured
