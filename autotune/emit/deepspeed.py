@@ -143,11 +143,16 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     ``autotp``: tp > 1 is DeepSpeed's AutoTP (``tensor_parallel.autotp_size``), not TP done outside DeepSpeed
     (Megatron-DeepSpeed's); ``ulysses``: cp > 1 is DeepSpeed-Ulysses (``sequence_parallel_size``). The caller's
     engine says which (``autotune.engines.common.engine_deepspeed_config``).
-    ``cluster`` is accepted for symmetry with the other emitters; nothing in the config depends on it.
+    On the ``cpu`` cluster AdamW runs as ``torch.optim.AdamW`` (``torch_adam``), not DeepSpeed's CPU FusedAdam,
+    which a user's script would otherwise JIT-build for minutes on its first step.
     """
-    del cluster  # the config is per rank; the launcher carries the cluster
-    return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
-                  auto=False, autotp=autotp, ulysses=ulysses)
+    cfg = _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
+                 auto=False, autotp=autotp, ulysses=ulysses)
+    if cluster.gpu.name == "cpu" and cfg["optimizer"]["type"] == "AdamW" and plan.offload_optimizer == "none":
+        # DeepSpeed's CPU FusedAdam is a JIT build of minutes on first use (tune/ops.py); torch.optim.AdamW computes
+        # the same update (DeepSpeed 0.19.8 ops/adam: torch_adam selects it).
+        cfg["optimizer"]["params"]["torch_adam"] = True
+    return cfg
 
 
 def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings: MemorySettings,

@@ -259,3 +259,15 @@ def test_nvme_offload_without_path_is_refused():
     plan = make_plan(model, cluster, zero_stage=3, offload_param="none")
     with pytest.raises(InputError, match="nvme_path"):
         deepspeed_config(model, cluster, plan.with_(offload_optimizer="nvme"))
+
+
+def test_a_cpu_cluster_config_runs_torch_adamw_not_a_jit_built_fused_adam():
+    # A user's script with the emitted config on CPU used to JIT-build DeepSpeed's CPU FusedAdam (minutes) on its
+    # first step; the built-in trainer set torch_adam itself. ZeRO-Offload keeps DeepSpeedCPUAdam (cpu_adam).
+    model, cpu = load_model("tiny-gpt"), load_cluster(gpu="cpu", num_gpus=2)
+    plan = make_plan(model, cpu, seq_len=256, zero_stage=1)
+    assert deepspeed_config(model, cpu, plan)["optimizer"]["params"]["torch_adam"] is True
+    offload = make_plan(model, cpu, seq_len=256, zero_stage=1, offload_optimizer="cpu")
+    assert "torch_adam" not in deepspeed_config(model, cpu, offload)["optimizer"]["params"]
+    gpu_model, h100 = load_model("llama3-8b"), load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    assert "torch_adam" not in deepspeed_config(gpu_model, h100, make_plan(gpu_model, h100))["optimizer"]["params"]
