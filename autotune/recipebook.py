@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from autotune import resources
 from autotune.api import Estimate, estimate
 from autotune.errors import InputError, require_no_problems, suggest_names
+from autotune.resources import recipes_dir
 from autotune.rules import plan_problems
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
@@ -45,7 +45,7 @@ class Recipe:
 
 
 def _recipes_dir() -> Path:
-    return Path(str(resources.recipes_dir()))
+    return Path(str(recipes_dir()))
 
 
 def recipe_names() -> tuple[str, ...]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune import resources
 from autotune.emit.problems import Problem
 from autotune.emit.validate_deepspeed import deepspeed_problems
 from autotune.emit.validate_json import get, has_errors, is_int, json_path, read_deepspeed_config
 from autotune.emit.validate_rules import rule_problems
 from autotune.emit.validate_schema import auto_problems, autos, schema_problems, substitute
 from autotune.errors import InputError
+from autotune.resources import schema as shipped_schema
 
 __all__ = ["validate_deepspeed_config", "read_deepspeed_config", "resolved_config", "has_errors",
            "json_path"]
@@ -60,7 +60,7 @@ def resolved_config(data: dict, *, world_size: int, tp: int = 1, pp: int = 1, cp
     """``data`` with each Hugging Face "auto" replaced as the integration would (batch sizes for the world size)."""
     tp = _effective_tp(data, tp)
     dp = _data_parallel_size(world_size, tp, pp, cp)
-    return substitute(data, autos(data, resources.schema("deepspeed_config.schema.json")),
+    return substitute(data, autos(data, shipped_schema("deepspeed_config.schema.json")),
                       _batch_data_parallel(data, dp, tp))
 
 
@@ -78,7 +78,7 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
         return problems
     tp = _effective_tp(data, tp)
     dp = _data_parallel_size(world_size, tp, pp, cp)
-    found = autos(data, resources.schema("deepspeed_config.schema.json"))
+    found = autos(data, shipped_schema("deepspeed_config.schema.json"))
     problems += auto_problems(found, hf, lines)
     # AutoTP: the batch triple counts the TP ranks too, in DeepSpeed's check and in the HF "auto" fill.
     batch_dp = _batch_data_parallel(data, dp, tp)

@@ -11,10 +11,10 @@ from typing import Any
 
 import jsonschema
 
-from autotune import resources
 from autotune.emit.deepspeed import DEEPSPEED_VERSION, HF_AUTO_PATHS
 from autotune.emit.problems import Problem
 from autotune.emit.validate_json import BATCH_KEYS, Parts, get, is_int, json_path, line_of
+from autotune.resources import schema as shipped_schema
 
 __all__ = ["autos", "auto_problems", "substitute", "schema_problems", "close_key"]
 
@@ -161,7 +161,7 @@ def _walk_known_keys(schema: dict, data: Any, parts: Parts, lines: dict, out: li
 
 
 def schema_problems(data: dict, lines: dict) -> list[Problem]:
-    schema = resources.schema("deepspeed_config.schema.json")
+    schema = shipped_schema("deepspeed_config.schema.json")
     validator = jsonschema.Draft202012Validator(schema)
     out: list[Problem] = []
     for err in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):

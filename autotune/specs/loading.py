@@ -16,8 +16,9 @@ from typing import Any
 
 import jsonschema
 
-from autotune import inputs, resources
 from autotune.errors import InputError, require_no_problems, suggest_names
+from autotune.inputs import nonfinite_problems, parse_json, parse_yaml, read_text
+from autotune.resources import schema as shipped_schema
 from autotune.specs.hardware import ClusterSpec, GPUSpec
 from autotune.specs.hf_config import model_from_hf_config
 from autotune.specs.limits import (
@@ -52,11 +53,11 @@ def read_yaml(path: str | Path, *, subject: str) -> dict:
     infinite number anywhere is a problem too.
     """
     subject = subject if str(path) in subject else f"{subject} {str(path)!r}"
-    data = inputs.parse_yaml(inputs.read_text(path, subject=subject), subject=subject)
+    data = parse_yaml(read_text(path, subject=subject), subject=subject)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError([f"expected a mapping of keys to values, got {got}"], subject=subject)
-    require_no_problems(inputs.nonfinite_problems(data), subject=subject)
+    require_no_problems(nonfinite_problems(data), subject=subject)
     return data
 
 
@@ -137,7 +138,7 @@ def _render(err: jsonschema.ValidationError) -> list[str]:
 
 def schema_problems(instance: Any, schema_name: str) -> list[str]:
     """Every way ``instance`` breaks schema ``schema_name``, one line each with its JSON path."""
-    validator = jsonschema.Draft202012Validator(resources.schema(schema_name))
+    validator = jsonschema.Draft202012Validator(shipped_schema(schema_name))
     errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     lines: list[str] = []
     for err in errors:
@@ -148,7 +149,7 @@ def schema_problems(instance: Any, schema_name: str) -> list[str]:
 # ---- models ------------------------------------------------------------------------------
 def model_from_mapping(data: dict, *, origin: str = "model") -> ModelSpec:
     """A :class:`ModelSpec` from a model YAML's mapping, checked against ``model.schema.json``."""
-    problems = inputs.nonfinite_problems(data) or schema_problems(data, "model.schema.json")
+    problems = nonfinite_problems(data) or schema_problems(data, "model.schema.json")
     problems = problems or model_limit_problems(data)
     if problems:
         raise InputError(problems, subject=origin)
@@ -187,19 +188,19 @@ def load_model(ref: str) -> ModelSpec:
         raise InputError([f"{ref!r}: {what}{hint}; {_PRESETS_HELP}, or give a Hugging Face config.json or a "
                           "model YAML (schemas/model.schema.json)"], subject="--model")
     origin = f"model file {str(path)!r}"
-    text = inputs.read_text(path, subject="model file")
+    text = read_text(path, subject="model file")
     if path.suffix == ".json":
-        data = inputs.parse_json(text, subject=origin)
+        data = parse_json(text, subject=origin)
         if not isinstance(data, dict):
             raise InputError([f"expected a JSON object, got {_json_type(data)}"], subject=origin)
         if _looks_like_hf(path, data):
             return model_from_hf_config(data, origin=f"Hugging Face config {str(path)!r}")
         return model_from_mapping(data, origin=origin)
-    data = inputs.parse_yaml(text, subject=origin)
+    data = parse_yaml(text, subject=origin)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
         raise InputError([f"expected a mapping of keys to values, got {got}"], subject=origin)
-    require_no_problems(inputs.nonfinite_problems(data), subject=origin)
+    require_no_problems(nonfinite_problems(data), subject=origin)
     return model_from_mapping(data, origin=origin)
 
 
@@ -283,7 +284,7 @@ def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, 
                       if p != "$: missing required key 'gpu'"]
     problems += shape_problems
     if not shape_problems:
-        shape_problems = inputs.nonfinite_problems(settings) + _cluster_limit_problems(settings)
+        shape_problems = nonfinite_problems(settings) + _cluster_limit_problems(settings)
         problems += shape_problems
     if shape_problems or "gpu" not in settings:
         raise InputError(problems, subject=subject)
