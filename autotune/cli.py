@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from autotune.commands import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from autotune.commands import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, HelpParser
 from autotune.errors import InputError
 
 __all__ = ["main", "build_parser"]
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune import __version__
     from autotune.commands import emit, estimate, plan, recipes, tune, validate
 
-    parser = argparse.ArgumentParser(prog="autotune", description="Plan, estimate and tune large-model training on "
+    parser = HelpParser(prog="autotune", description="Plan, estimate and tune large-model training on "
                                      "DeepSpeed, Megatron-LM / Megatron-core, Megatron-DeepSpeed, PyTorch FSDP2 / "
                                      "torchtitan and Hugging Face Trainer / accelerate.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")

@@ -20,7 +20,7 @@ from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
 from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
-           "positive_int", "flag_problems", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
+           "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
            "add_plan_flags", "add_calibration", "load_inputs", "time_settings"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -107,7 +107,60 @@ def json_text(doc: Any) -> str:
 
 
 # ---- flags shared by several subcommands ------------------------------------------------
-def preset_epilog() -> str:
+class _PresetEpilog(str):
+    """Stands for the preset list in a parser's epilog until its help is shown (reading the presets' YAML
+    costs a tenth of a second that a command which prints no help does not need)."""
+
+
+class HelpParser(argparse.ArgumentParser):
+    """An ArgumentParser that reads what its help lists (the presets, choices given as :class:`LazyChoices`)
+    only when it formats the help."""
+
+    def format_help(self) -> str:
+        if isinstance(self.epilog, _PresetEpilog):
+            self.epilog = _preset_list()
+        return super().format_help()
+
+
+class LazyChoices:
+    """A flag's choices imported from ``module.name`` on first use (a check or the help), not at start-up."""
+
+    def attach(self, action: argparse.Action) -> argparse.Action:
+        """Make these the choices (and the help's metavar) of a flag already added: argparse formats the choices
+        of a flag as it is added, which would import them at start-up."""
+        action.choices = action.metavar = self
+        return action
+
+    def __init__(self, module: str, name: str) -> None:
+        self._where = (module, name)
+        self._values: tuple | None = None
+
+    def _get(self) -> tuple:
+        if self._values is None:
+            import importlib
+
+            module, name = self._where
+            self._values = tuple(getattr(importlib.import_module(module), name))
+        return self._values
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __getitem__(self, index):
+        return self._get()[index]
+
+    def __str__(self) -> str:
+        """What the help shows for the flag's value, ``{a,b,c}`` as argparse writes choices (see :meth:`attach`)."""
+        return "{" + ",".join(str(v) for v in self._get()) + "}"
+
+
+def _preset_list() -> str:
     try:
         from autotune.specs.presets import gpu_preset_names, model_preset_names
 
@@ -115,6 +168,11 @@ def preset_epilog() -> str:
                 + ", ".join(gpu_preset_names()))
     except Exception:  # presets unreadable: --help must still work
         return ""
+
+
+def preset_epilog() -> str:
+    """The epilog listing the model and GPU presets; read when the help is shown (see :class:`HelpParser`)."""
+    return _PresetEpilog()
 
 
 def int_list(choices):

@@ -29,7 +29,7 @@ def _positive_int(text: str) -> int:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from autotune.emit.validate_files import FILE_KINDS
+    from autotune.commands import LazyChoices
 
     p = subparsers.add_parser("validate", help="lint a job's config files (DeepSpeed JSON, Megatron-LM / "
                                                "Megatron-DeepSpeed arguments, accelerate YAML, torchtitan TOML)",
@@ -37,7 +37,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                                           "parser where it is installed, and cross-field rules for a world size; "
                                           "report every problem with its line and fix.")
     p.add_argument("files", metavar="FILE", nargs="+", help="the files to check (kind from the name; see --kind)")
-    p.add_argument("--kind", choices=FILE_KINDS, help="the kind of every FILE (default: from each file's name)")
+    LazyChoices("autotune.emit.validate_files", "FILE_KINDS").attach(
+        p.add_argument("--kind", help="the kind of every FILE (default: from each file's name)"))
     p.add_argument("--world-size", type=_positive_int,
                    help="ranks of the job (default: what a file states: accelerate num_processes, torchtitan "
                         "degrees, else DeepSpeed's train_batch_size / (micro-batch x accumulation) x tp x pp x cp)")
