@@ -33,6 +33,7 @@ beyond the saved fp32 log-probabilities, whether column-parallel linears save th
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
@@ -242,8 +243,29 @@ def _activation_key(plan: ParallelPlan) -> tuple:
             plan.flash_attention)
 
 
+# Every plan field the activations read (here and in the layout functions they call): plans that agree on these
+# (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
+_STAGE_ACTIVATION_FIELDS = operator.attrgetter(
+    "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
+    "grad_accum_steps", "recompute", "recompute_num_layers")
+_stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
+
+
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
                            facts: ActivationFacts = MEGATRON_FACTS, scheme: str = "megatron") -> dict[str, float]:
+    """Activation bytes held at the peak by pipeline stage ``stage``, by part (:func:`_stage_activation_bytes`,
+    cached: the planner asks the same of every ZeRO stage, replica count and offload of a layout)."""
+    key = (id(model), facts, stage, scheme, _STAGE_ACTIVATION_FIELDS(plan))  # ModelSpec hashes slowly: its id
+    hit = _stage_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_stage_cache) > 65536:
+            _stage_cache.clear()
+        hit = _stage_cache[key] = (model, _stage_activation_bytes(model, plan, stage, facts, scheme))
+    return dict(hit[1])
+
+
+def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, facts: ActivationFacts,
+                            scheme: str) -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part.
 
     ``recompute_working_set`` (one layer rerun in backward) and ``loss_backward`` (the loss's fp32 gradients,

@@ -19,6 +19,7 @@ Host memory is reported per node.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
@@ -146,6 +147,25 @@ def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings:
     return context + nccl * groups
 
 
+# Every plan field but the ones the micro-batch loop varies, which no engine's model states read (the planner asks
+# for the states of each micro-batch size and recompute mode of a layout).
+_STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
+    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers")))
+_states_cache: dict[tuple, tuple[ModelSpec, ModelStateBytes]] = {}
+
+
+def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, dense: float,
+                  expert: float) -> ModelStateBytes:
+    """``engine.model_states``, cached over the plan fields it reads (``_STATE_FIELDS``)."""
+    key = (id(model), stage, dense, expert, _STATE_FIELDS(plan))  # ModelSpec hashes slowly: its id
+    hit = _states_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_states_cache) > 65536:
+            _states_cache.clear()
+        hit = _states_cache[key] = (model, engine.model_states(model, plan, stage, dense, expert))
+    return hit[1]
+
+
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                     settings: MemorySettings | None = None) -> MemoryEstimate:
     """The per-GPU ledger of the most loaded pipeline stage (the first or the last).
@@ -164,7 +184,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.tp)
-        states = engine.model_states(model, plan, stage, dense, expert)
+        states = _model_states(engine, model, plan, stage, dense, expert)
         activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
         step_extra = max(0.0, states.step_transient - sum(activation_parts.values()))

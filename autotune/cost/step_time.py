@@ -19,6 +19,7 @@ GEMMs (DeepSpeed's BF16_Optimizer) cost HBM time every micro-batch. Hidden commu
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from autotune.cost import comm
@@ -99,14 +100,29 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
     return per_stage - moe, moe
 
 
-def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                       settings: TimeSettings | None = None, *, stage_params: tuple[float, float] | None = None
-                       ) -> StepTimeEstimate:
-    """Step time of a valid plan. ``stage_params``: (dense, expert) parameters per GPU of the
-    largest stage, if the caller already has them (the ledger does)."""
-    settings = settings or TimeSettings()
+# Every plan field the critical stage's per-micro-batch time reads (``time_key``, the rates, the stage split and
+# the recompute): plans that differ in ZeRO stage, replicas, offload or dp share it.
+_STAGE_TIME_FIELDS = operator.attrgetter("engine", "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
+                                         "precision", "flash_attention", "pp", "recompute", "recompute_num_layers")
+_stage_time_cache: dict[tuple, tuple] = {}
+
+
+def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: TimeSettings,
+                    engine: Engine) -> tuple[float, tuple]:
+    """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden)
+    seconds), cached over the plan fields they read (``_STAGE_TIME_FIELDS``)."""
+    key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan))  # ids: the specs hash slowly
+    hit = _stage_time_cache.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
+        if len(_stage_time_cache) > 65536:
+            _stage_time_cache.clear()
+        hit = _stage_time_cache[key] = (model, cluster, settings, _slowest_stage(model, cluster, plan, settings, engine))
+    return hit[3]
+
+
+def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: TimeSettings,
+                   engine: Engine) -> tuple[float, tuple]:
     eff = settings.efficiency
-    engine = engine_for(plan)
     sched = engine.comm
     scheme = engine.support.layer_split
     t = plan.tp
@@ -121,7 +137,6 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     tp_overlap = settings.tp_overlap or sched.tp_overlap
     tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
         else settings.tp_backward_overlap
-    hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
@@ -153,6 +168,24 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         comm_mb = tp_c + cp_c + moe_c
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
             worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd, n_layers, tp_hidden)
+    assert worst is not None
+    return hbm, worst
+
+
+def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                       settings: TimeSettings | None = None, *, stage_params: tuple[float, float] | None = None
+                       ) -> StepTimeEstimate:
+    """Step time of a valid plan. ``stage_params``: (dense, expert) parameters per GPU of the
+    largest stage, if the caller already has them (the ledger does)."""
+    settings = settings or TimeSettings()
+    eff = settings.efficiency
+    engine = engine_for(plan)
+    sched = engine.comm
+    scheme = engine.support.layer_split
+    t = plan.tp
+    tokens = plan.seq_len * plan.micro_batch_size / plan.cp
+    hbm, worst = _critical_stage(model, cluster, plan, settings, engine)
+    hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
     assert worst is not None
     compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden = worst
     hidden += tp_hidden
