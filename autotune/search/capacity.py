@@ -43,23 +43,34 @@ def _feasible(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch
 
 def _smallest(model, cluster, seq_len, global_batch, constraints, max_gpus,
               progress=None) -> tuple[int | None, SearchResult | None]:
+    """The fewest GPU counts' first feasible one, searched from below: counts at indices 0, 1, 3, 7, ... until
+    one is feasible (the last count if none before it is), then a binary search between it and the infeasible
+    count before. Small clusters are quick to search, so the answer costs about what a search at twice its size
+    does, not a search at ``max_gpus`` (65,536 GPUs: minutes)."""
     counts = _gpu_counts(cluster.gpus_per_node, max_gpus)
-    lo, hi = 0, len(counts) - 1
-    top = _feasible(model, _cluster_with(cluster, counts[hi]), seq_len, global_batch, constraints)
-    if progress is not None:
-        progress(f"{counts[hi]} GPUs: {'feasible' if top.num_feasible else 'infeasible'}")
-    if not top.num_feasible:
-        return None, None
-    best = (counts[hi], top)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        result = _feasible(model, _cluster_with(cluster, counts[mid]), seq_len, global_batch, constraints)
+
+    def search(i: int) -> SearchResult:
+        result = _feasible(model, _cluster_with(cluster, counts[i]), seq_len, global_batch, constraints)
         if progress is not None:
-            progress(f"{counts[mid]} GPUs: {'feasible' if result.num_feasible else 'infeasible'}")
+            progress(f"{counts[i]} GPUs: {'feasible' if result.num_feasible else 'infeasible'}")
+        return result
+
+    lo, i = -1, 0  # counts[lo] is infeasible (-1: none tried yet)
+    while True:
+        result = search(i)
+        if result.num_feasible:
+            break
+        if i == len(counts) - 1:
+            return None, None
+        lo, i = i, min(2 * i + 1, len(counts) - 1)
+    hi, best = i, (counts[i], result)
+    while hi - lo > 1:  # counts[lo] infeasible, counts[hi] feasible
+        mid = (lo + hi) // 2
+        result = search(mid)
         if result.num_feasible:
             hi, best = mid, (counts[mid], result)
         else:
-            lo = mid + 1
+            lo = mid
     return best
 
 
@@ -140,11 +151,16 @@ def max_model(cluster: ClusterSpec, *, seq_len: int, global_batch: int | None = 
     c = constraints or SearchConstraints()
     widths = list(range(1024, max_hidden + 1, 1024))
 
+    searched: dict[int, tuple[bool, SearchResult]] = {}
+
     def trainable(h: int) -> tuple[bool, SearchResult]:
+        if h in searched:  # the size after the largest is usually the binary search's last probe
+            return searched[h]
         result = _feasible(llama_shaped(h), cluster, seq_len, global_batch, c)
         ok = bool(result.candidates) and result.candidates[0].time.mfu >= min_mfu
         if progress is not None:
             progress(f"hidden {h}: {'trains' if ok else 'does not train'} at MFU >= {min_mfu:.0%}")
+        searched[h] = ok, result
         return ok, result
 
     lo, hi = 0, len(widths) - 1
