@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CASE = "@CASE@"  # the case's own folder, in arguments and pre-commands
-KINDS = ("traceback", "hang", "data loss", "nonsense accepted", "false alarm", "bad exit code", "clean")
+KINDS = ("traceback", "hang", "data loss", "nonsense accepted", "false alarm", "bad exit code", "clean",
+         "not measured")
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -429,11 +430,12 @@ def dataloss_cases(seed: int) -> list[Case]:
     or not at all ('none'); then emitted again. The runner checks that notes.txt ('mine') is still somewhere."""
     rng = random.Random(seed + 1)
     out = []
-    for mode in ["rename", "rename", "none"] + ["kill"] * 4:
+    for mode in ["rename", "rename-noexchange", "none"] + ["kill"] * 4:
         delay = round(rng.uniform(0.5, 3.0), 2) if mode == "kill" else 0
         out.append(Case(0, f"dataloss:{mode}", ["emit", "--recipe", "cpu-demo", "--out", f"{CASE}/job", "--force"],
                         pre=[["emit", "--recipe", "cpu-demo", "--out", f"{CASE}/job"],
-                             ["@write", f"{CASE}/job/notes.txt", "mine"], ["@killed-emit", mode, str(delay)]],
+                             ["@write", f"{CASE}/job/notes.txt", "mine"], ["@killed-emit", mode, str(delay)],
+                             ["@age", ".job.*"]],
                         expect="dataloss"))
     return out
 
@@ -480,12 +482,13 @@ def _problems_json(out: str):
 def classify(case: Case, result: dict) -> tuple[str, str]:
     """(kind, one line saying why) for a case's result: {"status", "code", "out", "err", "error", "lost"}."""
     status, code = result.get("status"), result.get("code")
+    if status == "setup":  # a step before the case failed: nothing measured
+        return "not measured", _last_line(result.get("error", ""))
     text = (result.get("out") or "") + (result.get("err") or "")
     if status == "exception":
-        return "traceback", result.get("error", "")[-300:]
+        return "traceback", _last_line(result.get("error", ""))
     if TRACEBACK in text:
-        tail = text[text.rindex(TRACEBACK):].strip().splitlines()
-        return "traceback", (tail[-1] if tail else "")[:300]
+        return "traceback", _last_line(text[text.rindex(TRACEBACK):])
     if status in ("hang", "died", "memory"):
         return "hang", result.get("error", status)[:300]
     if case.expect == "dataloss":

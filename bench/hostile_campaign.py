@@ -56,7 +56,19 @@ class StudyStarted(BaseException):
     """tune reached its study: every check passed."""
 
 
-KILLED_EMIT = r"""
+ISOLATE = r"""
+import sys
+# The repo's editable install maps autotune.templates / .schemas / .recipes to ITS checkout's folders: without
+# it, the checkout under test reads its own (autotune.resources falls back to the folders next to the package).
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
+                    and not type(f).__module__.startswith("__editable__")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+sys.path_importer_cache.clear()
+"""
+
+
+KILLED_EMIT = ISOLATE + r"""
 import os, sys
 from pathlib import Path
 mode, out = sys.argv[1], Path(sys.argv[2])
@@ -148,6 +160,9 @@ def _pre(cli, step: list[str], folder: str, limit: float) -> None:
         os.symlink(step[1], step[2])
     elif step[0] == "@write":
         Path(step[1]).write_text(step[2])
+    elif step[0] == "@age":  # what an emit left beside the folder, an hour old: the user comes back later
+        for path in Path(folder).glob(step[1]):
+            os.utime(path, (time.time() - 3600,) * 2, follow_symlinks=False)
     elif step[0] == "@killed-emit":
         mode, delay = step[1], float(step[2])
         proc = subprocess.Popen([sys.executable, "-c", KILLED_EMIT, mode, f"{folder}/job"], cwd=folder,
@@ -174,9 +189,11 @@ def worker_main() -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)  # a case that reads stdin reads nothing, not the protocol
     os.dup2(devnull, 1)
+    exec(ISOLATE, {})
     import autotune
     import autotune.cli as cli
     import autotune.tune.study
+    from autotune import resources
 
     def no_study(*args, **kwargs):
         raise StudyStarted()
@@ -187,14 +204,21 @@ def worker_main() -> int:
         proto_out.write(json.dumps(doc) + "\n")
         proto_out.flush()
 
-    send({"hello": autotune.__file__, "spec": parser_spec(cli.build_parser)})
+    data = [str(resources.package_dir(name)) for name in ("templates", "schemas", "recipes")]
+    send({"hello": autotune.__file__, "data": data, "spec": parser_spec(cli.build_parser)})
     for line in proto_in:
         req = json.loads(line)
         folder = req["cwd"]
         os.chdir(folder)
         limit = req.get("limit", CASE_LIMIT_S)
-        for step in req["pre"]:
-            _pre(cli, [a.replace(CASE, folder) for a in step], folder, limit)
+        try:
+            for step in req["pre"]:
+                _pre(cli, [a.replace(CASE, folder) for a in step], folder, limit)
+        except Exception:  # noqa: BLE001 - the case cannot be set up on this checkout
+            import traceback
+
+            send({"status": "setup", "error": traceback.format_exc()})
+            continue
         os.chdir(folder)
         result = _call(cli, [a.replace(CASE, folder) for a in req["argv"]], limit)
         if req["expect"] == "dataloss" and not _user_file_kept(folder):
@@ -223,9 +247,9 @@ class Worker:
         hello = self._read(180)
         if hello is None or not hello.get("hello"):
             raise RuntimeError(f"the worker for {self.checkout} did not start (see {self.scratch / 'worker.log'})")
-        where = Path(hello["hello"]).resolve()
-        if not where.is_relative_to(self.checkout.resolve()):
-            raise RuntimeError(f"the worker for {self.checkout} imported autotune from {where}")
+        for where in [hello["hello"], *hello["data"]]:
+            if not Path(where).resolve().is_relative_to(self.checkout.resolve()):
+                raise RuntimeError(f"the worker for {self.checkout} reads autotune from {where}")
         self.spec = hello["spec"]
 
     def _read(self, timeout: float) -> dict | None:
