@@ -95,7 +95,6 @@ def test_min_gpus_takes_no_gpu_count(capsys):
     assert code == 2 and "give --gpu (or --cluster FILE)" in err and "--num-gpus" not in err
 
 
-@pytest.mark.slow  # about a minute of plan searches (--min-gpus, --max-model)
 def test_min_gpus_and_max_model(capsys):
     code, out, _ = run(["plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb",
                         "--seq-len", "4096", "--min-gpus", "--json"], capsys)

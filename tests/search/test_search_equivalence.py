@@ -15,7 +15,11 @@ def test_fixture_covers_every_case():
     assert set(GOLDEN) == set(CASES)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The searches of a million plans and more take 5-15 s each: `make test` runs them, `make test-fast` the rest.
+HEAVY = {"llama3-405b/16384 h100 all engines", "llama3-70b/64 h100 all engines", "mixtral-8x7b/16 h100 all engines"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in sorted(CASES)])
 def test_search_unchanged(name):
     got, want = digest(run_case(name)), GOLDEN[name]
     assert got["num_enumerated"] == want["num_enumerated"]
