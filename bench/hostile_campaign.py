@@ -336,6 +336,26 @@ def _short(arg: str) -> str:
     return arg if len(arg) <= 120 else f"{arg[:40]}...({len(arg)} chars)"
 
 
+def _family(case: Case) -> str:
+    return case.family.split(":")[0] if case.family.startswith("fuzz") else case.family
+
+
+def _by_family(cases: list[Case], labels: list[str], results: dict[str, list]) -> str:
+    """The cases that are not clean on some checkout, counted per family and kind."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for label in labels:
+        for case, (kind, _, _) in zip(cases, results[label]):
+            if kind != "clean":
+                counts.setdefault((_family(case), kind), dict.fromkeys(labels, 0))[label] += 1
+    if not counts:
+        return ""
+    width = max(len(f"{f} / {k}") for f, k in counts) + 2
+    lines = [f"{'family / kind':<{width}}" + "".join(f"{label:>16}" for label in labels)]
+    for (family, kind), row in sorted(counts.items(), key=lambda item: (KINDS.index(item[0][1]), item[0][0])):
+        lines.append(f"{f'{family} / {kind}':<{width}}" + "".join(f"{row[label]:>16}" for label in labels))
+    return "\n".join(lines)
+
+
 def _table(labels: list[str], results: dict[str, list], n: int) -> str:
     width = max(len(k) for k in KINDS) + 2
     lines = [f"{'kind':<{width}}" + "".join(f"{label:>16}" for label in labels)]
@@ -353,7 +373,8 @@ def _examples(cases: list[Case], rows: list, per_kind: int = 4) -> dict[str, lis
             continue
         if len(ex.setdefault(kind, [])) < per_kind:
             ex[kind].append({"id": case.id, "family": case.family, "argv": [_short(a) for a in case.argv],
-                             "why": why, "shell": _short(case.shell())})
+                             "why": why,
+                             "shell": Case(0, "", [_short(a) for a in case.argv]).shell()})
     return ex
 
 
@@ -409,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         labels = list(checkouts)
         print(_table(labels, results, len(cases)))
         print("seconds" + " " * (max(len(k) for k in KINDS) - 5) + "".join(f"{times[label]:>16}" for label in labels))
+        families = _by_family(cases, labels, results)
+        if families:
+            print("\n" + families)
         examples = {label: _examples(cases, results[label]) for label in labels}
         for label in labels:
             for kind, items in examples[label].items():
