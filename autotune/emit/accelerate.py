@@ -25,7 +25,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "DEFAULT_LAYER_CLS", "HF_DECODER_LAYERS",
+__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "CPU_FSDP_PROBLEM", "DEFAULT_LAYER_CLS", "HF_DECODER_LAYERS",
            "accelerate_config_yaml", "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml",
            "hf_decoder_layer"]
 
@@ -128,8 +128,19 @@ def _mixed_precision(plan: ParallelPlan) -> str:
     return "fp16" if plan.precision == "fp16" else "bf16"
 
 
+# accelerate 1.15 state.py: PartialState sets DistributedType.FSDP only over a multi-accelerator type (MULTI_GPU,
+# MULTI_NPU, MULTI_XPU, ...); on a CPU-only machine, use_cpu true or false, each launched process reports
+# DistributedType.NO and num_processes 1 (measured here with 2 processes): same batches, nothing sharded.
+CPU_FSDP_PROBLEM = (f"accelerate {ACCELERATE_VERSION} runs FSDP on GPUs (accelerators) only: on CPU every launched "
+                    "process trains alone on the whole model (DistributedType.NO, num_processes 1, the same batches, "
+                    "nothing sharded)")
+
+
 def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     problems = []
+    if cluster.gpu.name == "cpu":
+        problems.append(CPU_FSDP_PROBLEM + ": launch with launch_torchrun.sh (fully_shard in your script, as plan.md "
+                        "says), or emit for the GPU cluster")
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.pp > 1:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune.emit.accelerate import CPU_FSDP_PROBLEM
 from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import parse_yaml, read_text
@@ -177,6 +178,9 @@ def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None
         if data.get(block) and kind != owner:
             bad((block,), f"{block} with distributed_type {kind}: accelerate ignores it",
                 f"set distributed_type: {owner}, or remove {block}", "warning")
+    if kind == "FSDP" and data.get("use_cpu") is True:
+        bad(("use_cpu",), f"use_cpu true with distributed_type FSDP: {CPU_FSDP_PROBLEM}",
+            "on GPUs set use_cpu: false; on CPU launch with torchrun and call torch's fully_shard in the script")
     if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
         given = [k for k in _DS_FILE_EXCLUSIVE if k in ds] + (["mixed_precision"] if data.get("mixed_precision") is not None else [])
         for key in given:

@@ -130,9 +130,10 @@ def test_fsdp2_yaml_loads_with_accelerates_loader(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_launch_turns_the_fsdp2_yaml_into_the_plans_settings(tmp_path):
-    """On CPU accelerate 1.15 does not shard (FSDP is engaged on accelerators only), but its launcher reads the
-    file and its FSDP plugin and ParallelismConfig validate and hold every setting; the script still trains."""
-    cluster, plan = _plan(engine="fsdp", zero_stage=3, recompute="full", offload_param="cpu",
+    """A file for 2 GPUs, launched here on CPU: accelerate 1.15 does not shard there (FSDP is engaged on
+    accelerators only, so autotune writes no such file for a cpu cluster), but its launcher reads the file and its
+    FSDP plugin and ParallelismConfig validate and hold every setting; the script still trains."""
+    cluster, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, recompute="full", offload_param="cpu",
                           offload_optimizer="cpu")
     path = tmp_path / "accelerate_fsdp.yaml"
     path.write_text(accelerate_fsdp_yaml(MODEL, cluster, plan))
@@ -145,7 +146,8 @@ def test_accelerate_launch_turns_the_fsdp2_yaml_into_the_plans_settings(tmp_path
 
 
 def test_fsdp2_refuses_what_accelerate_cannot_run():
-    cluster, plan = _plan(num_gpus=4, engine="fsdp", zero_stage=3, tp=2, dp_replicate=2, global_batch_size=4)
+    cluster, plan = _plan(num_gpus=4, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, dp_replicate=2,
+                          global_batch_size=4)
     with pytest.raises(InputError, match="no dimension for FSDP to shard"):
         accelerate_fsdp_yaml(MODEL, cluster, plan)
     # The engine refuses it too (make_plan); built directly, the emitter still says why.
@@ -155,8 +157,25 @@ def test_fsdp2_refuses_what_accelerate_cannot_run():
         accelerate_fsdp_yaml(MODEL, load_cluster(gpu="cpu", num_gpus=2), plan)
 
 
-def test_linter_unknown_keys_with_nearest_key_and_line(tmp_path):
+def test_no_fsdp2_yaml_for_a_cpu_cluster_and_the_linter_refuses_use_cpu_with_fsdp(tmp_path):
+    """Measured with accelerate 1.15 on this machine: an FSDP YAML launched with 2 processes on CPU (use_cpu
+    true or false) gives each process DistributedType.NO and num_processes 1: the same batches, nothing sharded."""
     cluster, plan = _plan(engine="fsdp", zero_stage=3)
+    with pytest.raises(InputError, match="FSDP on GPUs") as err:
+        accelerate_fsdp_yaml(MODEL, cluster, plan)
+    assert "launch_torchrun.sh" in str(err.value)
+    gpus, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3)
+    path = tmp_path / "accelerate_fsdp.yaml"
+    path.write_text(accelerate_fsdp_yaml(MODEL, gpus, plan))
+    assert accelerate_config_problems(path, world_size=2) == []
+    path.write_text(path.read_text().replace("use_cpu: false", "use_cpu: true"))
+    found = {(p.path, p.severity): p for p in accelerate_config_problems(path, world_size=2)}
+    assert list(found) == [("$.use_cpu", "error")]
+    assert "every launched process trains alone" in found[("$.use_cpu", "error")].message
+
+
+def test_linter_unknown_keys_with_nearest_key_and_line(tmp_path):
+    cluster, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3)
     text = accelerate_fsdp_yaml(MODEL, cluster, plan).replace("fsdp_reshard_after_forward", "fsdp_reshard_after_foward")
     text += "num_proceses: 2\n"
     path = tmp_path / "a.yaml"

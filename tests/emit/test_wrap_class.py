@@ -28,7 +28,7 @@ MODEL = load_model("tiny-llama")
 
 
 def _fsdp_plan():
-    cluster = load_cluster(gpu="cpu", num_gpus=2)
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=2)
     return cluster, make_plan(MODEL, cluster, seq_len=64, global_batch_size=4, engine="fsdp", zero_stage=3)
 
 
@@ -64,7 +64,7 @@ def test_wrap_class_must_be_class_names():
 
 @pytest.mark.slow
 def test_emit_wrap_class_flag(tmp_path):
-    bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
+    bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "h100-sxm-80gb", "--num-gpus", "2", "--seq-len", "64",
                    "--global-batch", "4", "--wrap-class", "PairBlock", "--script", "train.py")
     assert _wrapped(bundle) == "PairBlock"
     assert "PairBlock" in (bundle / "plan.md").read_text()
@@ -80,7 +80,7 @@ def test_emit_defaults_the_wrap_class_from_a_hf_config(tmp_path, fixture, layer)
 
 @pytest.mark.slow
 def test_emit_presets_keep_the_builtin_block(tmp_path):
-    bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64",
+    bundle = _emit(tmp_path, "--model", "tiny-llama", "--gpu", "h100-sxm-80gb", "--num-gpus", "2", "--seq-len", "64",
                    "--global-batch", "4")
     assert _wrapped(bundle) == DEFAULT_LAYER_CLS
 
