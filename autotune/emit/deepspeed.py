@@ -148,6 +148,10 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     cfg = _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
                  auto=False, autotp=autotp, ulysses=ulysses)
+    return _torch_adam_on_cpu(cfg, cluster, plan)
+
+
+def _torch_adam_on_cpu(cfg: dict, cluster: ClusterSpec, plan: ParallelPlan) -> dict:
     if cluster.gpu.name == "cpu" and cfg["optimizer"]["type"] == "AdamW" and plan.offload_optimizer == "none":
         # DeepSpeed's CPU FusedAdam is a JIT build of minutes on first use (tune/ops.py); torch.optim.AdamW computes
         # the same update (DeepSpeed 0.19.8 ops/adam: torch_adam selects it).
@@ -226,10 +230,11 @@ def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
 
     The batch sizes, clipping, optimizer hyper-parameters, scheduler steps and bf16/fp16 switches
     come from ``TrainingArguments`` (accelerate's ``mixed_precision`` picks bf16 or fp16); the rest
-    is the plan's. The integration sizes the auto buckets from the model: reduce hidden^2 (under the
+    is the plan's (on the ``cpu`` cluster AdamW as ``torch_adam``, as :func:`deepspeed_config`). The integration
+    sizes the auto buckets from the model: reduce hidden^2 (under the
     ledger's 5e8 while hidden < 22,360), ZeRO-3 prefetch 0.9 hidden^2 (over the ledger's 5e7 once
     hidden > 7,450: for hidden 16,384 about 0.4 GB more per GPU than estimated).
     """
-    del cluster
-    return _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
-                  auto=True)
+    cfg = _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
+                 auto=True)
+    return _torch_adam_on_cpu(cfg, cluster, plan)

@@ -169,17 +169,19 @@ class FSDPEngine(Engine):
         files, notes = _side_configs(model, cluster, plan, options)
         mp = "torch.float16" if plan.precision == "fp16" else "torch.bfloat16"
         replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
-        needs = [f"one DeviceMesh (torch.distributed.device_mesh.init_device_mesh) of shape (pp {plan.pp}, "
-                 f"dp_replicate {replicate}, dp_shard {plan.dp // replicate}, tp {plan.tp}) named "
-                 "('pp', 'dp_replicate', 'dp_shard', 'tp')",
+        device = "cpu" if cluster.gpu.name == "cpu" else "cuda"
+        needs = [f"one DeviceMesh: torch.distributed.device_mesh.init_device_mesh({device!r}, ({plan.pp}, {replicate}, "
+                 f"{plan.dp // replicate}, {plan.tp}), mesh_dim_names=('pp', 'dp_replicate', 'dp_shard', 'tp')) "
+                 "(it starts the process group from torchrun's variables"
+                 + (", gloo on CPU" if device == "cpu" else ", NCCL; torch.cuda.set_device(LOCAL_RANK) first") + ")",
                  f"fully_shard(block, mesh=mesh[{_dp_dims(replicate)}], reshard_after_forward={plan.zero_stage == 3}, "
                  f"mp_policy=MixedPrecisionPolicy(param_dtype={mp}, reduce_dtype=torch.float32)"
                  + (", offload_policy=CPUOffloadPolicy()" if plan.offload_param == "cpu" else "")
                  + ") on every transformer block, then the same call on the root module; parameters created in "
                  "fp32 (they are the optimizer's master weights), the optimizer built after fully_shard",
-                 "every rank of one data-parallel group (the same dp_replicate and dp_shard coordinates) reads the "
-                 f"same batches; micro-batch {plan.micro_batch_size}, {plan.grad_accum_steps} micro-batch(es) per "
-                 "optimizer step"]
+                 f"each of the {plan.dp} data-parallel ranks (dp_replicate x dp_shard coordinates) reads its own "
+                 "batches; ranks that differ only in their tp or pp coordinate read the same ones; micro-batch "
+                 f"{plan.micro_batch_size}, {plan.grad_accum_steps} micro-batch(es) per optimizer step"]
         if plan.recompute == "full":
             needs.append("checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT) on every block "
                          + (f"(the first {plan.recompute_num_layers} of each stage) " if plan.recompute_num_layers

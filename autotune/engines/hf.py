@@ -91,7 +91,12 @@ class HFEngine(Engine):
                  "accelerator.prepare(model, optimizer, scheduler), and steps inside accelerator.accumulate(model); "
                  f"{ACCELERATE_YAML}'s deepspeed_config_file is opened from the folder accelerate runs in: start "
                  f"launch_accelerate.sh (it passes both paths, from any folder), or run accelerate launch "
-                 f"--config_file {ACCELERATE_YAML} from the bundle folder")
+                 f"--config_file {ACCELERATE_YAML} from the bundle folder"
+                 + ("; on this CPU-only cluster accelerate 1.15 reports num_processes 1 and process_index 0 on "
+                    "every rank (it counts processes on accelerators only) while DeepSpeed's group spans all "
+                    f"{plan.world_size} ranks: split the data by torch.distributed.get_rank() and get_world_size() "
+                    "(a DataLoader passed to accelerator.prepare would give every rank the same batches)"
+                    if cpu else ""))
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=needs)
 
