@@ -276,6 +276,12 @@ class Worker:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            pipe.close()
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
 
     def restart(self) -> None:
         self.stop()
@@ -287,14 +293,16 @@ class Worker:
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
-            result = self._read(limit * (1 + len(case.pre)) + 30)
+            wait = limit * (1 + len(case.pre)) + 30
+            result = self._read(wait)
         except BrokenPipeError:
             result = None
         if result is None:
+            time.sleep(0.2)
             died = self.proc.poll() is not None
             self.restart()
             return {"status": "died" if died else "hang",
-                    "error": "the worker died" if died else f"the worker gave no answer within {limit + 30:.0f} s"}
+                    "error": "the worker died" if died else f"the worker gave no answer within {wait:.0f} s"}
         if result["status"] in ("hang", "memory"):
             self.restart()  # a clean state for the next case
         return result
@@ -318,13 +326,13 @@ def run_campaign(cases: list[Case], checkout: Path, scratch: Path, *, limit: flo
             if progress and (i + 1) % 100 == 0:
                 progress(f"{label}: {i + 1}/{len(cases)} cases, {time.monotonic() - started:.0f} s")
     finally:
-        worker.stop()
+        worker.close()
     return out
 
 
 def worker_spec(checkout: Path, scratch: Path) -> dict:
     worker = Worker(checkout, scratch)
-    worker.stop()
+    worker.close()
     return worker.spec
 
 
@@ -424,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         results, times = {}, {}
         for label, path in checkouts.items():
             started = time.monotonic()
-            results[label] = run_campaign(cases, path, tmp / label.split()[0] / "cases", limit=args.limit,
+            results[label] = run_campaign(cases, path, tmp / "runs" / label.split()[0], limit=args.limit,
                                           label=label, progress=say)
             times[label] = round(time.monotonic() - started, 1)
         labels = list(checkouts)
@@ -439,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n{label}: {kind} (first {len(items)})")
                 for item in items:
                     print(f"  #{item['id']} [{item['family']}] {item['shell']}\n      -> {item['why']}")
+        print(f"\none case's files and command: python bench/hostile_campaign.py --cases {args.cases} --seed {args.seed} "
+              "--write-case ID DIR")
         if args.json:
             doc = {"seed": args.seed, "cases": len(cases), "seconds": times,
                    "counts": {label: {kind: sum(1 for k, _, _ in results[label] if k == kind) for kind in KINDS}
