@@ -403,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main()
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+
+    def interrupted(signum, frame):  # noqa: ARG001 - SIGTERM / SIGHUP as Ctrl-C: the worktrees are removed
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="hostile-campaign-"))
     worktrees: list[Path] = []
     try:
@@ -461,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                                 for i, c in enumerate(cases)]}
             Path(args.json).write_text(json.dumps(doc, indent=1))
         return 0
+    except KeyboardInterrupt:
+        say("hostile campaign: interrupted; worktrees and workers removed")
+        return 130
     finally:
         for path in worktrees:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
