@@ -119,6 +119,8 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "trains on at least" in out and "autotune plan: [" in err  # progress on stderr
             elif argv[0] == "plan" and "--max-model" in argv:
                 assert "largest Llama-shaped model" in out
+            elif argv[0] == "plan" and "goodput" in argv:
+                assert "goodput" in out and "step-time #" in out and "(#5 by step time)" in out
             elif argv[0] == "plan":
                 assert "tokens/s" in out and "legend:" in out and "rules:" in out
             elif argv[0] == "emit":
@@ -128,7 +130,7 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "llama3-70b-128xh100" in out
             elif argv[0] == "validate":
                 assert "no problems" in out
-    assert ran >= 8  # estimate (with and without --json), plan x3, emit, recipes, validate
+    assert ran >= 9  # estimate (with and without --json), plan x4, emit, recipes, validate
 
 
 @pytest.mark.slow

@@ -56,6 +56,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "lr": (0.0, 10.0, True, "far above any stable learning rate"),
     "storage_gb_per_s": (0.0, 1e6, True, "1 PB/s"),
     "gpu_mtbf_hours": (0.0, 1e8, True, "11,000 years"),
+    "restart_s": (0.0, 604_800.0, False, "a week"),
 }
 
 
@@ -245,6 +246,31 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction, 0-0.9 "
                    "(default 0.05)")
     add_calibration(p)
+
+
+def add_goodput(p: argparse.ArgumentParser) -> None:
+    """Failure and checkpoint inputs of the goodput figures (``autotune.cost.goodput``)."""
+    g = p.add_argument_group("goodput: failures, restarts and checkpoints")
+    g.add_argument("--gpu-mtbf-hours", type=float, help="mean time between unexpected failures of one GPU with its "
+                   "share of host and network; the job's MTBF is this over the GPU count (default 50000: Llama 3's "
+                   "419 in 54 days on 16,384 GPUs)")
+    g.add_argument("--restart-s", type=float, help="seconds from a failure to training again, checkpoint read "
+                   "excluded: detection, requeue, process start, process-group init (default 300, assumed)")
+    g.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage bandwidth, all writers together "
+                   "(default 5)")
+    g.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes (default: asynchronous "
+                   "where the engine saves so: Megatron torch_dist, torch DCP)")
+
+
+def goodput_inputs(args: argparse.Namespace):
+    """(CheckpointOptions, relaunch seconds) from :func:`add_goodput`'s flags (ranges: :func:`flag_problems`)."""
+    from autotune.cost.checkpoint import DEFAULT_RELAUNCH_S
+    from autotune.emit.options import CheckpointOptions
+
+    given = {k: v for k, v in (("gpu_mtbf_hours", args.gpu_mtbf_hours),
+                               ("storage_bandwidth_gb_per_s", args.storage_gb_per_s)) if v is not None}
+    options = CheckpointOptions(**given, async_save=not args.no_async_save)
+    return options, DEFAULT_RELAUNCH_S if args.restart_s is None else args.restart_s
 
 
 def add_calibration(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,9 @@ import argparse
 from autotune.commands import (
     EXIT_OK,
     add_common,
+    add_goodput,
     add_plan_flags,
+    goodput_inputs,
     json_text,
     load_inputs,
     preset_epilog,
@@ -22,6 +24,7 @@ def register(sub) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(est)
     add_plan_flags(est)
+    add_goodput(est)
     est.set_defaults(handler=run)
 
 
@@ -49,14 +52,19 @@ def run(args: argparse.Namespace) -> int:
     from autotune.legend import plan_legend
     from autotune.report import memory_table, step_time_table
 
+    from autotune.cost.goodput import goodput
+
     result = estimate_from_flags(args)
     model, cluster, plan = result.model, result.cluster, result.plan
+    options, relaunch_s = goodput_inputs(args)
+    kept = goodput(result, options, relaunch_s=relaunch_s)
     if args.json:
-        print(json_text(result.to_dict()))
+        print(json_text({**result.to_dict(), "goodput": kept.to_dict()}))
     else:
         print(memory_table(model, cluster, plan, result.memory))
         print()
         print(step_time_table(result.time))
+        print(kept.summary())
         print()
         print(plan_legend([plan]))
     return EXIT_OK

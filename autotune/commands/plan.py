@@ -10,6 +10,8 @@ from autotune.commands import (
     EXIT_OK,
     add_calibration,
     add_common,
+    add_goodput,
+    goodput_inputs,
     int_list,
     json_text,
     load_inputs,
@@ -48,6 +50,10 @@ def register(sub) -> None:
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
+    plan.add_argument("--objective", choices=("step-time", "goodput"), default="step-time",
+                      help="rank by predicted tokens/s (step-time, the default) or by goodput: tokens/s x the share "
+                           "of wall time that trains after checkpoint stalls, rework and restarts")
+    add_goodput(plan)
     add_calibration(plan)
     q = plan.add_argument_group("capacity questions")
     q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model (no --num-gpus: it is the answer)")
@@ -134,7 +140,13 @@ def run(args: argparse.Namespace) -> int:
             problems.append(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len,
                                                         global_batch=args.global_batch, constraints=constraints))
         raise InputError(problems, subject="request")
-    if args.json:
+    if args.objective == "goodput":
+        from autotune.search.goodput_rank import rank_by_goodput
+
+        options, relaunch_s = goodput_inputs(args)
+        ranking = rank_by_goodput(result, top_k=args.top_k, options=options, relaunch_s=relaunch_s)
+        print(json_text(ranking.to_dict()) if args.json else ranking.to_text())
+    elif args.json:
         print(json_text(result.to_dict()))
     else:
         print(plan_table(result))

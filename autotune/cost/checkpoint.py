@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from autotune.cost.availability import PLANNED_GPU_HOURS, availability_optimal_interval_s, wall_time_fractions
 from autotune.cost.memory import model_state_bytes
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.options import CheckpointOptions
@@ -146,8 +147,12 @@ class CheckpointPolicy:
     restart_s: float
     """Relaunch plus load, per failure."""
     job_mtbf_s: float
+    planned_interval_s: float
+    """Mean time between planned interruptions of the job (each costs a restart, no rework)."""
+    relaunch_s: float
+    """Detection, requeue, process start and process-group init per restart (load excluded)."""
     optimal_interval_s: float
-    """Young/Daly optimum before rounding to steps."""
+    """Availability optimum (autotune.cost.availability) before rounding to steps."""
     step_time_s: float
     interval_steps: int
     interval_overridden: bool
@@ -168,14 +173,21 @@ class CheckpointPolicy:
         return self.interval_steps * self.step_time_s
 
     @property
+    def wall_fractions(self) -> dict[str, float]:
+        """Fractions of wall time: train, checkpoint, rework, restart, planned (autotune.cost.availability)."""
+        return wall_time_fractions(interval_s=self.interval_s, delta_s=self.blocking_s, mtbf_s=self.job_mtbf_s,
+                                   restart_s=self.restart_s, lag_s=self.write_time_s if self.async_save else 0.0,
+                                   planned_s=self.planned_interval_s,
+                                   planned_restart_s=self.relaunch_s + self.load_time_s)
+
+    @property
     def loss_parts(self) -> dict[str, float]:
-        return expected_loss_parts(interval_s=self.interval_s, delta_s=self.blocking_s, mtbf_s=self.job_mtbf_s,
-                                   restart_s=self.restart_s,
-                                   durable_lag_s=self.write_time_s if self.async_save else 0.0)
+        """Fractions of wall time not training, by cause."""
+        return {k: v for k, v in self.wall_fractions.items() if k != "train"}
 
     @property
     def expected_loss_fraction(self) -> float:
-        return sum(self.loss_parts.values())
+        return 1.0 - self.wall_fractions["train"]
 
     @property
     def storage_bytes(self) -> float:
@@ -225,19 +237,21 @@ class CheckpointPolicy:
             stall = f"the save blocks training for all of it (largest rank: {_fmt_bytes(s.per_rank)})"
         interval = (f"every {self.interval_steps:,} steps ({self.interval_s / 60:,.1f} min"
                     + (", set by hand" if self.interval_overridden
-                       else f"; Young/Daly optimum {self.optimal_interval_s / 60:,.1f} min") + ")")
+                       else f"; availability optimum {self.optimal_interval_s / 60:,.1f} min") + ")")
         text = (f"Checkpoints: {_fmt_bytes(s.total)} per save ({content}). Writing takes {_fmt_s(self.write_time_s)} "
                 f"at {self.storage_bandwidth_gb_per_s:g} GB/s aggregate; {stall}. {self.num_gpus:,} GPUs at "
                 f"{self.gpu_mtbf_hours:,.0f} h MTBF each fail every {self.job_mtbf_s / 3600:,.1f} h, so save "
                 f"{interval} and keep the last {self.keep_last} ({_fmt_bytes(self.storage_bytes)} of storage). "
-                f"Expected time lost to saving, rework and restarts: {100 * self.expected_loss_fraction:.2f}%.")
+                f"Expected time lost to saving, rework and restarts (planned ones too, every "
+                f"{self.planned_interval_s / 3600:,.0f} h): {100 * self.expected_loss_fraction:.2f}%.")
         return " ".join([text, *self.notes])
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "notes"}
         out.update(sizes={**asdict(self.sizes), "per_rank": self.sizes.per_rank, "total": self.sizes.total},
                    interval_s=self.interval_s, expected_loss_fraction=self.expected_loss_fraction,
-                   loss_parts=self.loss_parts, storage_bytes=self.storage_bytes, notes=list(self.notes))
+                   loss_parts=self.loss_parts, wall_fractions=self.wall_fractions, storage_bytes=self.storage_bytes,
+                   notes=list(self.notes))
         return out
 
 
@@ -266,7 +280,11 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
     # Async: only the snapshot into host memory stalls training (PCIe, per GPU, in parallel).
     blocking_s = sizes.per_rank / (cluster.pcie_bandwidth_gb_per_s * GB) if async_save else write_time_s
     job_mtbf_s = options.gpu_mtbf_hours * 3600 / plan.world_size
-    optimal_s = young_daly_interval_s(blocking_s, job_mtbf_s)
+    planned_s = PLANNED_GPU_HOURS * 3600 / plan.world_size
+    load_time_s = sizes.total / storage_bytes_per_s
+    optimal_s = availability_optimal_interval_s(
+        delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=relaunch_s + load_time_s,
+        lag_s=write_time_s if async_save else 0.0, planned_s=planned_s, planned_restart_s=relaunch_s + load_time_s)
     if options.interval_steps is not None:
         steps = options.interval_steps
         if async_save and steps * step_time_s < write_time_s:
@@ -276,13 +294,13 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
         steps = max(1, round(optimal_s / step_time_s))
         if async_save:  # a new async save waits for the previous write to finish: never save faster than that
             steps = max(steps, math.ceil(write_time_s / step_time_s))
-    load_time_s = sizes.total / storage_bytes_per_s
     return CheckpointPolicy(
         engine=plan.engine, format=fmt, save_dir=options.save_dir, zero_stage=plan.zero_stage, pp=plan.pp,
         num_gpus=plan.world_size, sizes=sizes, storage_bandwidth_gb_per_s=options.storage_bandwidth_gb_per_s,
         pcie_bandwidth_gb_per_s=cluster.pcie_bandwidth_gb_per_s, gpu_mtbf_hours=options.gpu_mtbf_hours,
         write_time_s=write_time_s, blocking_s=blocking_s,
         load_time_s=load_time_s, restart_s=relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
+        planned_interval_s=planned_s, relaunch_s=relaunch_s,
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
         gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
