@@ -100,28 +100,9 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                                 enumerated += len(variants) * per_variant
                                 rejections[broken[0][0]] += len(variants) * per_variant
                                 continue
-                            for zero, rep in variants:
-                                for off_opt in dims.offload_optimizer:
-                                    for off_param in dims.offload_param:
-                                        for precision in dims.precisions:
-                                            base = dict(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
-                                                        ep=ep, zero_stage=zero, dp_replicate=rep,
-                                                        offload_optimizer=off_opt,
-                                                        offload_param=off_param, precision=precision,
-                                                        seq_len=seq_len, global_batch_size=global_batch_size,
-                                                        sequence_parallel=sp)
-                                            enumerated += inner
-                                            # Layout rules once, on a representative of the inner loops.
-                                            probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(
-                                                1, global_batch_size // dp), **base)
-                                            outer = [r for r, _ in plan_problems(model, cluster, probe)
-                                                     if r not in _INNER_RULES]
-                                            if outer:
-                                                rejections[outer[0]] += inner
-                                                continue
-                                            _search_inner(model, cluster, base, dims, dp, global_batch_size,
-                                                          memory_settings, time_settings, min_headroom,
-                                                          rejections, feasible)
+                            _search_variants(model, cluster, layout, variants, dims, memory_settings,
+                                             time_settings, min_headroom, rejections, feasible)
+                            enumerated += len(variants) * per_variant
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started
@@ -130,14 +111,61 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
                         search_time_s=elapsed, explanation=explain_winner(candidates), ranked=tuple(feasible))
 
 
+def _search_variants(model, cluster, layout, variants, dims, memory_settings, time_settings, min_headroom,
+                     rejections, feasible) -> None:
+    """Every ZeRO stage / replica count / offload / precision variant of one layout that passed the layout rules.
+
+    Two shortcuts, both exact. The rules other than the inner ones read the replica count only as
+    ``dp_replicate > 1`` (``support_problems``' hybrid_shard, fsdp's hybrid_no_shard), so a variant's first rule
+    is looked up by that. And a plan's memory grows with its replica count, all else equal (smaller shard groups
+    hold more of the model states; activations, buffers and the allocator's outside bytes do not read it:
+    tests/search/test_replica_monotonicity), so where a replica count did not fit in GPU memory at a recompute
+    mode and micro-batch, the larger counts of the same variant are counted as not fitting there without being
+    estimated (replica counts ascend, ``replica_counts``)."""
+    global_batch_size, dp = layout.global_batch_size, layout.dp
+    inner = len(dims.recompute) * len(dims.micro_batch_sizes)
+    outer_rule: dict[tuple, str | None] = {}
+    gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
+    base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
+                       ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
+                       sequence_parallel=layout.sequence_parallel)
+    for zero, rep in variants:
+        for off_opt in dims.offload_optimizer:
+            for off_param in dims.offload_param:
+                for precision in dims.precisions:
+                    base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
+                                offload_param=off_param, precision=precision)
+                    key = (zero, rep > 1, off_opt, off_param, precision)
+                    if key not in outer_rule:
+                        # Layout rules once, on a representative of the inner loops.
+                        probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
+                                             **base)
+                        outer = [r for r, _ in plan_problems(model, cluster, probe) if r not in _INNER_RULES]
+                        outer_rule[key] = outer[0] if outer else None
+                    if outer_rule[key] is not None:
+                        rejections[outer_rule[key]] += inner
+                        continue
+                    _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
+                                  time_settings, min_headroom, rejections, feasible,
+                                  gpu_full_at, (zero, off_opt, off_param, precision))
+
+
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible) -> None:
+                  rejections, feasible, gpu_full_at, variant) -> None:
+    rep = base["dp_replicate"]
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
+        known = gpu_full_at.get((*variant, recompute))
+        full_from = known[0] if known is not None and known[1] < rep else len(mbs)
         for i, mb in enumerate(mbs):
             if global_batch_size % (mb * dp):
                 rejections["batch_triple"] += 1
                 continue
+            if i >= full_from:
+                # A smaller replica count reached the memory estimate here (its rules passed, as they do here)
+                # and did not fit in GPU memory: this one holds more.
+                rejections["gpu_memory"] += len(mbs) - i
+                break
             plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
                                 recompute=recompute, **base)
             problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
@@ -148,6 +176,8 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if not memory.fits or memory.headroom < min_headroom:
                 reason = ("host_memory" if memory.fits_gpu and not memory.fits_host
                           else "gpu_memory" if not memory.fits_gpu else "headroom")
+                if not memory.fits_gpu and (known is None or i < known[0]):
+                    gpu_full_at[(*variant, recompute)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
                 rest = len(mbs) - i
                 rejections[reason] += rest
