@@ -28,11 +28,22 @@ _FILE_ROLES: dict[str, str] = {
     "accelerate_fsdp.yaml": "Accelerate FSDP2 config (`accelerate launch --config_file <bundle>/accelerate_fsdp.yaml "
                             "train.py`); `fsdp_transformer_layer_cls_to_wrap` must name your model's transformer "
                             "block class (`emit --wrap-class`)",
+    "torchtitan_plan.py": "torchtitan 0.3 config module: `plan()` returns the `Trainer.Config` of this plan "
+                          "(torchtitan's own recipe for the model, with the plan's parallelism, batch, activation "
+                          "checkpointing, compile, Float8 converters and checkpoint settings); with torchtitan 0.3 "
+                          "installed, on every node: `PYTHONPATH=<bundle> torchrun --nnodes N --nproc_per_node G "
+                          "-m torchtitan.train --module torchtitan_plan --config plan` (the module's docstring has "
+                          "the line for this cluster; `--section.key` flags override it)",
+    "torchtitan_job.toml": "torchtitan 0.2.x TOML job config (`emit --torchtitan-version 0.2`): in a torchtitan "
+                           "0.2.2 checkout, `NGPU=G CONFIG_FILE=<bundle>/torchtitan_job.toml ./run_train.sh`; "
+                           "torchtitan 0.3 has no TOML jobs (use torchtitan_plan.py)",
     "plan.json": "the plan and its estimate, machine-readable",
     "te_fp8_recipe.py": "FP8 recipe: `from te_fp8_recipe import fp8_recipe, fp8_autocast` in the training script",
     "hostfile": "DeepSpeed hostfile (`host slots=N`), read by launch_deepspeed.sh",
     ".deepspeed_env": "environment the deepspeed runner exports on every node",
     "plan.md": "this file",
+    "resume_fallback.sh": "after losing a node: converts the checkpoint where the format needs it, then starts "
+                          "fallback/launch_torchrun.sh (see the fallback plan above)",
 }
 _LAUNCH_ROLES: dict[str, str] = {
     "launch_torchrun.sh": "`bash launch_torchrun.sh` on every node (torchrun)",
@@ -193,7 +204,8 @@ def _run_section(files: Sequence[str]) -> list[str]:
 
 
 def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
-                  files: Sequence[str] = (), user_script_needs: Sequence[str] = ()) -> str:
+                  files: Sequence[str] = (), user_script_needs: Sequence[str] = (),
+                  fallback_lines: Sequence[str] = ()) -> str:
     """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
     gpu = cluster.gpu
@@ -218,6 +230,7 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
     out += ["", "## Memory per GPU", "", "```text", memory_table(model, cluster, plan, estimate.memory), "```", ""]
     out += ["## Predicted step time", ""] + _time_section(estimate) + [""]
     out += ["## Checkpoint policy", "", checkpoint_policy_text.strip() or "(no checkpoint policy was given)", ""]
+    out += list(fallback_lines)
     if measured:
         out += ["## Measured", ""] + _measured_section(estimate, measured) + [""]
     out += ["## How to run", ""] + _run_section(files) + [""]

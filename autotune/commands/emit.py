@@ -27,6 +27,7 @@ from autotune.commands import (
     flag_problems,
     json_text,
     preset_epilog,
+    time_settings,
 )
 from autotune.errors import InputError
 
@@ -159,7 +160,8 @@ def emit_options(args: argparse.Namespace, base: Any = None):
     if getattr(args, "wrap_class", None) is not None:
         flags["wrap_class"] = args.wrap_class
     launch = replace(LaunchOptions(**launch), **{**flags, "nccl_env": nccl})
-    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print)
+    versions = {"torchtitan_version": args.torchtitan_version} if getattr(args, "torchtitan_version", None) else {}
+    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print, **versions)
 
 
 def hf_wrap_class(model_ref: str | None) -> str | None:
@@ -335,10 +337,15 @@ def register(sub) -> None:
     out.add_argument("--wrap-class", help="your model's transformer block class for accelerate's FSDP2 wrap "
                                           "(accelerate_fsdp.yaml; default: the decoder layer of a Hugging Face "
                                           "config.json's architecture, else the built-in model's Block)")
+    out.add_argument("--torchtitan-version", choices=("0.2", "0.3"),
+                     help="torchtitan release of an fsdp plan's torchtitan file (default 0.3, the newest modelled: "
+                          "torchtitan_plan.py, a config module for --module/--config; 0.2: torchtitan_job.toml)")
     out.add_argument("--slurm-partition", help="SLURM partition for the sbatch script")
     out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
                      help="extra NCCL_* setting for every rank (repeatable)")
+    out.add_argument("--lost-gpus", type=int, help="GPUs lost for the fallback plan written under fallback/ "
+                     "(default: one node; 0: no fallback plan)")
     out.add_argument("--allow-unfit", action="store_true",
                      help="write the files even when the memory ledger says the plan does not fit (plan.md says so)")
     emit.set_defaults(handler=run, recompute=None, zero=None)
@@ -377,8 +384,13 @@ def run(args: argparse.Namespace) -> int:
     if not est.memory.fits and not args.allow_unfit:
         raise InputError(unfit_problems(est), subject="plan")
     notes: list[str] = []
+    fallback = None
+    if args.lost_gpus != 0:
+        from autotune.search.fallback import fallback_plan
+
+        fallback = fallback_plan(est, lost_gpus=args.lost_gpus, time_settings=time_settings(args))
     try:
-        paths = write_bundle(est, args.out, options, force=args.force, notes=notes)
+        paths = write_bundle(est, args.out, options, force=args.force, notes=notes, fallback=fallback)
     except OSError as err:
         raise InputError([f"--out {args.out!r}: cannot write it ({err.strerror or err}); nothing was replaced"],
                          subject="output folder") from None
@@ -391,5 +403,5 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"wrote {len(paths)} files for {plan_summary(est.plan)} (engine {est.plan.engine}) to {args.out.rstrip('/') or '/'}/:")
         for p in paths:
-            print(f"  {p.name}")
+            print(f"  {p.relative_to(args.out)}")
     return EXIT_OK

@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 from autotune.errors import require_no_problems
 
-__all__ = ["EmitOptions", "CheckpointOptions", "LaunchOptions", "OptimizerOptions"]
+__all__ = ["EmitOptions", "CheckpointOptions", "LaunchOptions", "OptimizerOptions", "TORCHTITAN_VERSIONS"]
+
+TORCHTITAN_VERSIONS = ("0.2", "0.3")
+"""torchtitan releases the fsdp engine writes files for, oldest first (the last is the default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +75,9 @@ class EmitOptions:
     launch: LaunchOptions = LaunchOptions()
     steps_per_print: int = 10
     wall_clock_breakdown: bool = False
+    torchtitan_version: str = "0.3"
+    """The torchtitan release the fsdp engine's torchtitan file is for: "0.3" (the newest modelled) writes a
+    Python config module (torchtitan_plan.py), "0.2" the v0.2.x TOML job config (torchtitan_job.toml)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -90,6 +96,9 @@ class EmitOptions:
         if lo.wrap_class is not None and not all(part.strip().isidentifier() for part in lo.wrap_class.split(",")):
             problems.append(f"wrap_class {lo.wrap_class!r}: expected a Python class name (LlamaDecoderLayer), or "
                             "several separated by commas")
+        if self.torchtitan_version not in TORCHTITAN_VERSIONS:
+            problems.append(f"torchtitan_version {self.torchtitan_version!r}: autotune writes for torchtitan "
+                            f"{' or '.join(TORCHTITAN_VERSIONS)} (0.3: a Python config module, 0.2: a TOML job config)")
         if self.steps_per_print < 1:
             problems.append(f"steps_per_print must be >= 1, got {self.steps_per_print}")
         require_no_problems(problems, subject="emit options")

@@ -27,7 +27,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text"]
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
+           "torchtitan_plan_problems"]
 
 TORCHTITAN_VERSION = "0.2.2"
 # Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py).
@@ -35,7 +36,9 @@ TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "7
                       "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B")}
 
 
-def _problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, name: str | None) -> list[str]:
+def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                             name: str | None) -> list[str]:
+    """What a torchtitan config cannot say of the plan (every version autotune writes for)."""
     out = []
     if name is None:
         out.append(f"torchtitan builds its models from its registry (model name + flavor); {model.name} has no "
@@ -66,7 +69,7 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
     options = options or EmitOptions()
     known = TORCHTITAN_FLAVORS.get(model.name)
     name, flavor = (model_name, flavor) if model_name and flavor else (known or (None, None))
-    problems = _problems(model, cluster, plan, name)
+    problems = torchtitan_plan_problems(model, cluster, plan, name)
     if problems:
         raise InputError(problems, subject="torchtitan job config")
     o = options.optimizer
@@ -84,7 +87,11 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
         if plan.vpp > 1:
+            # torchtitan counts the embedding and the output as one layer each unless told 0 (stages =
+            # ceil((layers + first_less + last_less) / layers_per_stage), pipeline_parallel.py): 0 keeps pp x vpp.
             parallelism["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.vpp)
+            parallelism["pipeline_parallel_first_stage_less_layers"] = 0
+            parallelism["pipeline_parallel_last_stage_less_layers"] = 0
     local = plan.micro_batch_size * (plan.grad_accum_steps if plan.pp > 1 else 1)
     config: dict = {
         "job": {"dump_folder": "./outputs", "description": f"autotune plan for {model.name} on {cluster.num_gpus} x "

@@ -4,7 +4,8 @@ values outside a field's choices, and torchtitan's own parallel-degree rules.
 Sections and fields: ``torchtitan_keys.json`` (torchtitan v0.2.2 ``job_config.py``; its ConfigManager raises
 ``Invalid field names`` on anything else). Degrees: ``torchtitan/distributed/parallel_dims.py`` ``_validate``
 (dp_replicate x dp_shard x cp x tp x pp must equal WORLD_SIZE; dp_shard -1 takes the ranks left; ETP = TP or
-1). Where torchtitan is importable, its ConfigManager loads the file too.
+1). Where torchtitan is importable, its ConfigManager loads the file too; where the installed torchtitan is 0.3 or
+later (no TOML job configs), the problem is the version, and the report says so.
 """
 
 from __future__ import annotations
@@ -87,14 +88,41 @@ def torchtitan_job_sizes(path: str | Path):
                     cp=_int(p.get("context_parallel_degree")))
 
 
+def _version_problem(path: str | Path, installed: str) -> Problem:
+    return Problem(path="$", severity="error", source="torchtitan version",
+                   message=f"{Path(path).name} is a torchtitan 0.2.x TOML job config, but the installed torchtitan is "
+                           f"{installed}: torchtitan 0.3 has no TOML job configs (it runs `-m torchtitan.train "
+                           "--module M --config FN`, FN returning a Trainer.Config), so it cannot load this file "
+                           "whatever it holds",
+                   fix="emit with --torchtitan-version 0.3 for a config module (torchtitan_plan.py), or run this "
+                       "TOML with torchtitan 0.2.2 installed (pip install torchtitan==0.2.2)")
+
+
+def _installed_version() -> str:
+    try:
+        import torchtitan
+    except Exception:  # noqa: BLE001 - absent or broken: the caller's import tells
+        return ""
+    return str(getattr(torchtitan, "__version__", ""))
+
+
 def _torchtitan_own(path: str | Path) -> list[Problem]:
     try:
         from torchtitan.config import ConfigManager
     except Exception:  # noqa: BLE001 - torchtitan absent or not importable on this torch: our table still applies
         return []
+    installed = _installed_version()
+    parts = re.match(r"(\d+)\.(\d+)", installed)
+    if parts and (int(parts[1]), int(parts[2])) >= (0, 3):
+        return [_version_problem(path, installed)]
     try:
         ConfigManager().parse_args(["--job.config_file", str(path)])
-    except (ValueError, TypeError) as err:
+    except ValueError as err:
+        if "--module is required" in str(err):  # a source checkout of 0.3 or later whose version reads 0.0.0
+            return [_version_problem(path, installed or "a version without TOML job configs")]
+        return [Problem(path="$", severity="error", source="torchtitan", message=f"torchtitan's ConfigManager: {err}",
+                        fix="fix the config as the message says")]
+    except TypeError as err:
         return [Problem(path="$", severity="error", source="torchtitan", message=f"torchtitan's ConfigManager: {err}",
                         fix="fix the config as the message says")]
     except SystemExit as err:

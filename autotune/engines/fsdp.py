@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_toml
+from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
+from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
@@ -19,7 +21,7 @@ from autotune.engines.states import fsdp2_states
 from autotune.errors import InputError
 from autotune.specs.layout import largest_layer, microbatches_in_flight
 
-__all__ = ["FSDPEngine", "TORCHTITAN_FILE", "ACCELERATE_FSDP_FILE"]
+__all__ = ["FSDPEngine", "TORCHTITAN_FILE", "TORCHTITAN_MODULE_FILE", "ACCELERATE_FSDP_FILE"]
 
 TORCHTITAN_FILE = "torchtitan_job.toml"
 ACCELERATE_FSDP_FILE = "accelerate_fsdp.yaml"
@@ -222,10 +224,13 @@ def _dp_dims(replicate: int) -> str:
 
 
 def _side_configs(model, cluster, plan, options) -> tuple[dict[str, str], list[str]]:
-    """The torchtitan TOML and accelerate's FSDP2 YAML where they can express the plan; else a note why not."""
+    """The torchtitan file of ``options.torchtitan_version`` (0.3: a Python config module, 0.2: the TOML) and
+    accelerate's FSDP2 YAML where they can express the plan; else a note why not."""
     files: dict[str, str] = {}
     notes: list[str] = []
-    for name, render in ((TORCHTITAN_FILE, torchtitan_toml), (ACCELERATE_FSDP_FILE, accelerate_fsdp_yaml)):
+    titan = (TORCHTITAN_FILE, torchtitan_toml) if options.torchtitan_version == "0.2" else (
+        TORCHTITAN_MODULE_FILE, torchtitan_module)
+    for name, render in (titan, (ACCELERATE_FSDP_FILE, accelerate_fsdp_yaml)):
         try:
             files[name] = render(model, cluster, plan, options)
         except InputError as err:

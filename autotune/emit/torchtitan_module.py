@@ -1,0 +1,188 @@
+"""A torchtitan 0.3 config module for an FSDP2 / HSDP / TP / PP / CP / EP / Float8 plan.
+
+torchtitan 0.3.0 has no TOML job configs: ``python -m torchtitan.train --module M --config FN`` imports ``M``
+(a name outside its model list is imported as given, after trying ``M.config_registry``: so the bundle folder
+must be on the import path) and calls ``FN()``, which returns a ``Trainer.Config``; ``--section.key`` flags
+override it (torchtitan/config/manager.py ``ConfigManager._load_config``). Float8 converters live in
+``model_spec`` (built by the model's ``model_registry``), which no flag reaches.
+
+The module written here starts from torchtitan's own recipe for the model (``llama3_8b()``, ...: tokenizer
+path, dataset, loss) and replaces, with ``dataclasses.replace`` (so ``Trainer.Config.__post_init__``
+checks the result), what the plan fixes: ``model_spec`` (Float8 converters for fp8 plans, none otherwise),
+``parallelism``, ``training`` (batch, sequence, mixed precision, offload), ``activation_checkpoint``
+(``FullAC`` / op-level ``SelectiveAC`` / None), ``compile``, ``optimizer``, ``lr_scheduler``, ``metrics.log_freq``
+and ``checkpoint``. The values are those of the v0.2 TOML (autotune/emit/torchtitan.py): the same mapping,
+in 0.3's names. Names checked against torchtitan 0.3.0 (tests/emit/test_torchtitan03.py loads the module
+with its ConfigManager).
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+
+from autotune.emit.options import EmitOptions
+from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_plan_problems
+from autotune.errors import InputError
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import layer_counts
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["TORCHTITAN_03_VERSION", "TORCHTITAN_03_RECIPES", "MODULE_FILE", "CONFIG_FUNCTION",
+           "torchtitan_module", "torchtitan_run_line"]
+
+TORCHTITAN_03_VERSION = "0.3.0"
+MODULE_FILE = "torchtitan_plan.py"
+CONFIG_FUNCTION = "plan"
+# Our presets -> (torchtitan model package, its recipe function, model_registry flavor, extra model_registry
+# arguments as the recipe passes them, Float8 filter_fqns, MoE), from torchtitan 0.3.0 models/*/config_registry.py.
+TORCHTITAN_03_RECIPES = {
+    "llama3-8b": ("llama3", "llama3_8b", "8B", "", ["lm_head"], False),
+    "llama3-70b": ("llama3", "llama3_70b", "70B", "", ["lm_head"], False),
+    "llama3-405b": ("llama3", "llama3_405b", "405B", "", ["lm_head"], False),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B", ', attn_backend="flex"', ["lm_head", "router.gate"],
+                    True),
+}
+_PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                     "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                     "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")
+_TRAINING_KEYS = ("local_batch_size", "global_batch_size", "seq_len", "steps", "max_norm", "mixed_precision_param",
+                  "mixed_precision_reduce", "enable_cpu_offload")
+
+
+def _problems_03(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    out = []
+    if model.name not in TORCHTITAN_03_RECIPES:
+        out.append(f"torchtitan 0.3 builds models from its recipes; {model.name} has none that autotune knows "
+                   f"(known: {', '.join(sorted(TORCHTITAN_03_RECIPES))}): emit with --torchtitan-version 0.2 "
+                   "for a TOML, or write the module by hand")
+    layers_per_stage = -(-model.num_layers // plan.pp)
+    if plan.recompute == "full" and plan.recompute_num_layers not in (None, layers_per_stage):
+        out.append(f"torchtitan 0.3's FullAC checkpoints every block (distributed/activation_checkpoint.py "
+                   f"FullAC): recompute_num_layers {plan.recompute_num_layers} of {layers_per_stage} per stage "
+                   "cannot be said; recompute all layers")
+    replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
+    dense = plan.dp // replicate * plan.cp * plan.tp
+    if plan.ep > 1 and dense % plan.ep:
+        out.append(f"torchtitan 0.3 borrows the expert-parallel ranks from dp_shard x cp x tp = {dense} "
+                   f"(config/configs.py expert_parallel_degree): ep {plan.ep} does not divide it")
+    return out
+
+
+def torchtitan_run_line(cluster: ClusterSpec, *, bundle: str = "<bundle>") -> str:
+    """The torchrun command that runs the module (torchtitan 0.3 installed; ``bundle``: the bundle folder)."""
+    nodes = "--nnodes 1" if cluster.num_nodes == 1 else (
+        f"--nnodes {cluster.num_nodes} --rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:$MASTER_PORT")
+    return (f"PYTHONPATH={bundle}:$PYTHONPATH torchrun {nodes} --nproc_per_node {cluster.gpus_per_node} "
+            f"-m torchtitan.train --module {MODULE_FILE[:-3]} --config {CONFIG_FUNCTION}")
+
+
+def _kwargs(values: dict, indent: str) -> str:
+    return "".join(f"\n{indent}{k}={v!r}," for k, v in values.items())
+
+
+def _docstring(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, parallelism: dict, recipe_fn: str) -> str:
+    dp_note = ("ZeRO-3: reshard after forward" if plan.zero_stage == 3 else
+               "ZeRO-2: kept gathered until backward" if plan.zero_stage == 2 else "ZeRO-0: replicated")
+    fill = functools.partial(textwrap.fill, width=100)
+    paragraphs = [
+        f"torchtitan {TORCHTITAN_03_VERSION} config module written by autotune: {model.name} on {cluster.num_gpus} x "
+        f"{cluster.gpu.name} ({cluster.num_nodes} node(s)).",
+        f"Plan: tp {plan.tp}, pp {plan.pp}" + (f" x vpp {plan.vpp}" if plan.vpp > 1 else "") + f", cp {plan.cp}, "
+        f"dp {plan.dp} (replicate {parallelism['data_parallel_replicate_degree']} x shard "
+        f"{parallelism['data_parallel_shard_degree']}; {dp_note}), ep {plan.ep}; micro-batch {plan.micro_batch_size}, "
+        f"{plan.grad_accum_steps} micro-batch(es) per step, global batch {plan.global_batch_size} x {plan.seq_len} "
+        f"tokens; {plan.precision}; recompute {plan.recompute}.",
+        f"torchtitan's own {recipe_fn}() recipe (tokenizer, dataset, loss) with the plan on top. Run it with "
+        f"torchtitan {TORCHTITAN_03_VERSION} installed and this folder (<bundle>) on the import path (torchtitan "
+        "imports --module by its name), on every node"
+        + (" (MASTER_ADDR / MASTER_PORT: the first node's address and a free port)" if cluster.num_nodes > 1
+           else "") + ":",
+    ]
+    return ("\n\n".join(fill(p) for p in paragraphs) + f"\n\n    {torchtitan_run_line(cluster)}\n\n"
+            + fill("--section.key flags (--training.steps 10) still override what this module returns.") + "\n")
+
+
+_STAGES_HELPER = '''
+
+def _stages(layers_per_stage: list[int]) -> list[list[str]]:
+    """Module names of each pipeline stage, first to last (stage s runs on pp rank s % pp)."""
+    out, first = [], 0
+    for count in layers_per_stage:
+        out.append([f"layers.{i}" for i in range(first, first + count)])
+        first += count
+    out[0].insert(0, "tok_embeddings")
+    out[-1] += ["norm", "lm_head"]
+    return out
+'''
+
+
+def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                      options: EmitOptions | None = None) -> str:
+    """The text of ``torchtitan_plan.py``. InputError naming every part of the plan it cannot say."""
+    options = options or EmitOptions()
+    recipe = TORCHTITAN_03_RECIPES.get(model.name)
+    problems = torchtitan_plan_problems(model, cluster, plan, recipe and model.name) + _problems_03(model, plan)
+    if problems:
+        raise InputError(problems, subject="torchtitan 0.3 config module")
+    package, recipe_fn, flavor, registry_args, fp8_filter, moe = recipe
+    config = torchtitan_job_config(model, cluster, plan, options)
+    parallelism = {k: config["parallelism"][k] for k in _PARALLELISM_KEYS if k in config["parallelism"]}
+    parallelism["enable_sequence_parallel"] = plan.sequence_parallel
+    stages = ""
+    if plan.pp > 1:
+        # The plan's own split (autotune.specs.layout, the engine's scheme), as module names per stage.
+        counts = layer_counts(model.num_layers, plan.pp * plan.vpp, "any")
+        stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
+    training = {k: config["training"][k] for k in _TRAINING_KEYS}
+    if plan.pp > 1:
+        training["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with pipeline parallelism
+    fp8 = plan.precision == "fp8"
+    compile_on = config["compile"]["enable"]
+    converters = ""
+    if fp8:
+        converters = (f",\n            converters=[\n                Float8LinearConverter.Config(filter_fqns={fp8_filter!r}, "
+                      f"model_compile_enabled={compile_on!r}),"
+                      + (f"\n                Float8GroupedExpertsConverter.Config(model_compile_enabled={compile_on!r}),"
+                         if moe else "") + "\n            ]")
+    ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}.get(plan.recompute, "None")
+    opt, sched, ckpt = config["optimizer"], config["lr_scheduler"], config["checkpoint"]
+    quant = ["Float8LinearConverter"] + (["Float8GroupedExpertsConverter"] if moe else [])
+    imports = "\n".join([
+        "from dataclasses import replace", "",
+        "from torchtitan.components.checkpoint import CheckpointManager",
+        "from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw",
+        *(["from torchtitan.components.quantization import " + ", ".join(quant)] if fp8 else []),
+        "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+        f"from torchtitan.models.{package} import model_registry",
+        f"from torchtitan.models.{package}.config_registry import {recipe_fn}",
+        "from torchtitan.trainer import Trainer"])
+    return f'''"""{_docstring(model, cluster, plan, parallelism, recipe_fn)}"""
+
+{imports}
+
+__all__ = ["{CONFIG_FUNCTION}"]
+{_STAGES_HELPER if stages else ""}
+
+def {CONFIG_FUNCTION}() -> Trainer.Config:
+    base = {recipe_fn}()
+    return replace(
+        base,
+        model_spec=model_registry({flavor!r}{registry_args}{converters}),
+        parallelism=ParallelismConfig({_kwargs(parallelism, " " * 12)}{stages}
+        ),
+        training=TrainingConfig({_kwargs(training, " " * 12)}
+        ),
+        activation_checkpoint={ac},
+        compile=CompileConfig(enable={compile_on!r}, components={config["compile"]["components"]!r}),
+        optimizer=default_adamw(lr={opt["lr"]!r}, betas=({opt["beta1"]!r}, {opt["beta2"]!r}), eps={opt["eps"]!r},
+                                weight_decay={opt["weight_decay"]!r}),
+        lr_scheduler=LRSchedulersContainer.Config({_kwargs(sched, " " * 12)}
+        ),
+        metrics=replace(base.metrics, log_freq={config["metrics"]["log_freq"]!r}),
+        checkpoint=CheckpointManager.Config({_kwargs(ckpt, " " * 12)}
+        ),
+    )
+'''
