@@ -32,8 +32,22 @@ class Link:
     crosses_nodes: bool
 
 
+_link_cache: dict[tuple, tuple[ClusterSpec, Efficiency, Link]] = {}
+
+
 def group_link(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -> Link:
-    """The link a group of ``size`` ranks, ``stride`` ranks apart, communicates over."""
+    """The link a group of ``size`` ranks, ``stride`` ranks apart, communicates over (cached: the planner asks
+    for the same few groups of every plan)."""
+    key = (id(cluster), id(eff), size, stride)  # ids: the specs hash slowly (and are frozen)
+    hit = _link_cache.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not eff:
+        if len(_link_cache) > 4096:
+            _link_cache.clear()
+        hit = _link_cache[key] = (cluster, eff, _group_link(cluster, eff, size, stride))
+    return hit[2]
+
+
+def _group_link(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -> Link:
     kf = cluster.gpu.kernel_facts()
     intra = cluster.intra_node_bandwidth_gb_per_s * GB * kf.intra_node_bus_fraction * eff.link_efficiency
     if size <= 1 or size * stride <= cluster.gpus_per_node:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from autotune.cost.flops import logits_flops_per_token, step_flops
+from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.engines import Engine, engine_for
@@ -193,10 +193,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        groups = [stage_param_groups(model, plan, s, scheme)
-                  for s in representative_stages(model.num_layers, plan.pp, scheme)]
-        g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
-        stage_params = (g.tp_sharded / t + g.replicated, g.expert / (t * plan.ep))
+        stage_params = _largest_stage_params(model, plan, scheme)
     dense_psi, expert_psi = stage_params
     psi = dense_psi + expert_psi
 
@@ -318,7 +315,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
-    flops = step_flops(model, plan.seq_len, tokens_step, plan.recompute)
+    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute)
     num_gpus = plan.world_size
     peak = _sixteen_peak(cluster, plan)
     model_tflops = flops.model / step / num_gpus / 1e12
@@ -359,8 +356,49 @@ def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine
     return settings.selective_policy or engine.activation_facts(plan).selective
 
 
+# Pure functions of a few plan fields that every plan of a search asks again, cached by the specs' ids (they are
+# frozen and hash slowly); each entry keeps its specs so a reused id cannot match.
+_largest_cache: dict[tuple, tuple[ModelSpec, tuple[float, float]]] = {}
+_flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
+_peak_cache: dict[tuple, tuple[ClusterSpec, float]] = {}
+
+
+def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> tuple[float, float]:
+    """(dense, expert) parameters per GPU of the stage holding the most (dense over tp, experts over tp*ep)."""
+    key = (id(model), plan.pp, plan.tp, plan.ep, scheme)
+    hit = _largest_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_largest_cache) > 4096:
+            _largest_cache.clear()
+        groups = [stage_param_groups(model, plan, s, scheme)
+                  for s in representative_stages(model.num_layers, plan.pp, scheme)]
+        g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
+        hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.tp * plan.ep)))
+    return hit[1]
+
+
+def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
+    key = (id(model), seq_len, tokens, recompute)
+    hit = _flops_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_flops_cache) > 4096:
+            _flops_cache.clear()
+        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute))
+    return hit[1]
+
+
 def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
     """The datasheet 16-bit peak MFU is quoted against (FP8 runs too, as the sources quote them)."""
+    key = (id(cluster), plan.precision == "fp16")
+    hit = _peak_cache.get(key)
+    if hit is None or hit[0] is not cluster:
+        if len(_peak_cache) > 4096:
+            _peak_cache.clear()
+        hit = _peak_cache[key] = (cluster, _uncached_sixteen_peak(cluster, plan))
+    return hit[1]
+
+
+def _uncached_sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
     gpu = cluster.gpu
     for prec in ("fp16" if plan.precision == "fp16" else "bf16", "fp16", "bf16"):
         if gpu.supports(prec):

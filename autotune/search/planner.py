@@ -35,6 +35,8 @@ _INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_
 _LAYOUT_RULES = frozenset({"world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp",
                            "seq_cp", "seq_sp", "ep_dense", "experts_ep", "ep_dp"})
 
+_UNCHECKED = object()  # an inner rule cache miss (None: checked, no rule broken)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchResult:
@@ -117,7 +119,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
 
     Two shortcuts, both exact. The rules other than the inner ones read the replica count only as
     ``dp_replicate > 1`` (``support_problems``' hybrid_shard, fsdp's hybrid_no_shard), so a variant's first rule
-    is looked up by that. And a plan's memory grows with its replica count, all else equal (smaller shard groups
+    is looked up by that, and so is the first inner rule of each recompute mode and micro-batch. And a plan's memory grows with its replica count, all else equal (smaller shard groups
     hold more of the model states; activations, buffers and the allocator's outside bytes do not read it:
     tests/search/test_replica_monotonicity), so where a replica count did not fit in GPU memory at a recompute
     mode and micro-batch, the larger counts of the same variant are counted as not fitting there without being
@@ -125,6 +127,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     global_batch_size, dp = layout.global_batch_size, layout.dp
     inner = len(dims.recompute) * len(dims.micro_batch_sizes)
     outer_rule: dict[tuple, str | None] = {}
+    inner_rule: dict[tuple, str | None] = {}  # the same, with the recompute mode and micro-batch
     gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
@@ -147,11 +150,11 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                         continue
                     _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
-                                  gpu_full_at, (zero, off_opt, off_param, precision))
+                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
 
 
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible, gpu_full_at, variant) -> None:
+                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
     rep = base["dp_replicate"]
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
@@ -166,12 +169,19 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                 # and did not fit in GPU memory: this one holds more.
                 rejections["gpu_memory"] += len(mbs) - i
                 break
+            rule_key = (rules_key, recompute, mb)
+            rule = inner_rule.get(rule_key, _UNCHECKED)
+            if rule is not None and rule is not _UNCHECKED:
+                rejections[rule] += 1
+                continue
             plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
                                 recompute=recompute, **base)
-            problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
-            if problems:
-                rejections[problems[0][0]] += 1
-                continue
+            if rule is _UNCHECKED:
+                problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
+                inner_rule[rule_key] = problems[0][0] if problems else None
+                if problems:
+                    rejections[problems[0][0]] += 1
+                    continue
             memory = estimate_memory(model, cluster, plan, memory_settings)
             if not memory.fits or memory.headroom < min_headroom:
                 reason = ("host_memory" if memory.fits_gpu and not memory.fits_host
