@@ -30,11 +30,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
+from autotune.bundle.fallback_files import FALLBACK_DIR, fallback_files, fallback_section
 from autotune.bundle.plan_md import plan_markdown
 from autotune.cost.checkpoint import CheckpointPolicy, checkpoint_policy
 from autotune.cost.estimate import Estimate
@@ -47,6 +48,7 @@ from autotune.engines import engine_for
 from autotune.engines.common import DS_CONFIG
 from autotune.errors import InputError
 from autotune.report import plan_summary
+from autotune.search.fallback import Fallback
 
 __all__ = ["Bundle", "render_bundle", "write_bundle", "DS_CONFIG"]
 
@@ -58,8 +60,11 @@ class Bundle:
     policy: CheckpointPolicy
 
 
-def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured: dict | None = None) -> Bundle:
-    """Every file for the plan, as text (nothing written yet)."""
+def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured: dict | None = None,
+                  fallback: Fallback | None = None, load_universal: bool = False) -> Bundle:
+    """Every file for the plan, as text (nothing written yet). ``fallback``: the plan to resume on after losing
+    GPUs, written under ``fallback/`` with ``resume_fallback.sh``; ``load_universal``: this plan resumes a DeepSpeed
+    universal checkpoint (it is such a fallback)."""
     options = options or EmitOptions()
     model, cluster, plan = est.model, est.cluster, est.plan
     policy = checkpoint_policy(est, options.checkpoint)
@@ -67,7 +72,7 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     env = megatron_env(plan, extra=options.launch.nccl_env)
 
     engine = engine_for(plan)
-    engine_files = engine.render_files(model, cluster, plan, options, policy.files(), env)
+    engine_files = engine.render_files(model, cluster, plan, options, policy.files(load_universal=load_universal), env)
     files.update(engine_files.files)
     summary = plan_summary(plan)
     if plan.precision == "fp8":
@@ -75,14 +80,23 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
                                        env=engine_files.env, entry=engine_files.entry,
                                        bundle_files={*engine_files.files, "plan.json"}, summary=summary))
-    files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()}, indent=2) + "\n"
+    if fallback is not None:
+        # Which node is lost is not known here: the fallback's files name no hosts (placeholders to edit).
+        remaining = replace(options, launch=replace(options.launch, hosts=(), master_addr=None))
+        files.update(fallback_files(fallback, est, policy.save_dir,
+                                    lambda other, universal: render_bundle(other, remaining,
+                                                                           load_universal=universal).files))
+    extra = {} if fallback is None else {"fallback": fallback.to_dict()}
+    files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()} | extra, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text(), measured=measured,
-                                     files=sorted(files), user_script_needs=engine_files.user_script_needs)
+                                     files=sorted(f for f in files if "/" not in f),
+                                     user_script_needs=engine_files.user_script_needs,
+                                     fallback_lines=fallback_section(fallback, est))
     return Bundle(files=files, policy=policy)
 
 
 def _check_file(path: Path, est: Estimate) -> list[str]:
-    """Reload one written file; the problems found (empty when it loads)."""
+    """Reload one written file (``est``: the plan it was written for); the problems found (empty when it loads)."""
     name = path.name
     text = path.read_text(encoding="utf-8")
     try:
@@ -95,7 +109,7 @@ def _check_file(path: Path, est: Estimate) -> list[str]:
         elif name.endswith((".sh", ".sbatch")):
             proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
             if proc.returncode:
-                return [f"{name} is not valid bash: {proc.stderr.strip()}"]
+                return [f"{path.parent.name}/{name} is not valid bash: {proc.stderr.strip()}"]
     except (ValueError, SyntaxError, yaml.YAMLError) as err:
         return [f"{name} does not reload: {err}"]
     if name == DS_CONFIG:
@@ -153,7 +167,10 @@ def _not_ours(folder: Path, names: set[str]) -> list[str]:
     out = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name not in listed or not entry.is_file(follow_symlinks=False):
+            inside = {n.split("/", 1)[1] for n in names if n.startswith(entry.name + "/")}
+            if inside and entry.is_dir(follow_symlinks=False):  # a folder emit writes (fallback/): its own files
+                out += [f"{entry.name}/{x}" for x in _not_ours(Path(entry.path), inside)]
+            elif entry.name not in listed or not entry.is_file(follow_symlinks=False):
                 out.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
     return sorted(out)
 
@@ -195,7 +212,8 @@ def _replace(tmp: Path, out: Path, parent: Path, names: set[str], notes: list[st
 
 
 def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None = None, *, force: bool = False,
-                 measured: dict | None = None, notes: list[str] | None = None) -> list[Path]:
+                 measured: dict | None = None, notes: list[str] | None = None,
+                 fallback: Fallback | None = None) -> list[Path]:
     """Write the plan's files into ``out_dir`` atomically; returns the written paths.
 
     ``notes`` (when given) gets a line for what the user should know: a replaced folder kept aside because it
@@ -217,16 +235,20 @@ def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None
     if not os.access(parent, os.W_OK):
         raise InputError([f"cannot write into {parent}: not writable; choose another --out"],
                          subject="output folder")
-    bundle = render_bundle(est, options, measured=measured)
+    bundle = render_bundle(est, options, measured=measured, fallback=fallback)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-"))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the job's folder is an ordinary one
         for name, text in bundle.files.items():
             path = tmp / name
+            if "/" in name:
+                path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             if name.endswith((".sh", ".sbatch")):
                 path.chmod(0o755)
-        problems = [p for name in bundle.files for p in _check_file(tmp / name, est)]
+        owner = {FALLBACK_DIR: fallback.estimate} if fallback is not None and fallback.estimate else {}
+        problems = [p for name in bundle.files
+                    for p in _check_file(tmp / name, owner.get(name.split("/", 1)[0], est) if "/" in name else est)]
         if problems:
             raise InputError(problems, subject="emitted files (a bug: please report it)")
         if out.exists():

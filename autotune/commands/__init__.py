@@ -44,7 +44,7 @@ INT_RANGES: dict[str, tuple[int, int, str]] = {
     "max_tp": (1, MAX_GPUS, "the largest cluster"), "max_pp": (1, MODEL_LIMITS["num_layers"], "the most layers"),
     "candidate": (1, 10**6, "more than any plan --json holds"),
     "train_steps": (1, MAX_STEPS, ""), "warmup_steps": (0, MAX_STEPS, ""),
-    "keep_last": (1, 10**6, ""), "save_interval": (1, MAX_STEPS, ""),
+    "keep_last": (1, 10**6, ""), "save_interval": (1, MAX_STEPS, ""), "lost_gpus": (0, MAX_GPUS, "the largest cluster"),
     "master_port": (1, 65535, "the largest TCP port"),
 }
 # flag -> (smallest, largest, smallest excluded, why the largest).

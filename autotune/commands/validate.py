@@ -75,7 +75,11 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
         notes = [f for f in files if Path(f).suffix.lower() in _NOT_CONFIGS]
         for f in notes:
             print(f"autotune validate: skipped {f}: {_NOT_CONFIGS[Path(f).suffix.lower()]}, not a config", file=sys.stderr)
-        files = [f for f in files if f not in notes]
+        folders = [f for f in files if Path(f).is_dir()]  # job/fallback/: another plan, another world size
+        for f in folders:
+            print(f"autotune validate: skipped {f}: a folder (its files are another job's: autotune validate "
+                  f"{f.rstrip('/')}/*)", file=sys.stderr)
+        files = [f for f in files if f not in notes and f not in folders]
     out = [(f, args.kind or file_kind(f)) for f in files]
     if args.megatron_args:
         out.append((args.megatron_args, megatron_file_kind(read_megatron_args_file(args.megatron_args))))

@@ -195,9 +195,11 @@ class CheckpointPolicy:
         return self.keep_last * self.sizes.total
 
     # ---- what the writers are told -----------------------------------------------------------
-    def files(self) -> CheckpointSettings:
-        """The settings the engine's files carry (the DeepSpeed ``checkpoint`` block, Megatron's flags)."""
+    def files(self, *, load_universal: bool = False) -> CheckpointSettings:
+        """The settings the engine's files carry (the DeepSpeed ``checkpoint`` block, Megatron's flags);
+        ``load_universal``: a DeepSpeed job that resumes another layout's checkpoint after ``ds_to_universal``."""
         return CheckpointSettings(save_dir=self.save_dir, interval_steps=self.interval_steps,
+                                  load_universal=load_universal,
                                   async_save=self.async_save, tag_validation=self.tag_validation,
                                   parallel_write_pipeline_stage=self.parallel_write_pipeline_stage,
                                   gather_16bit_weights_on_model_save=self.gather_16bit_weights_on_model_save)

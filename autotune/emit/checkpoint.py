@@ -31,6 +31,8 @@ class CheckpointSettings:
     """DeepSpeed pipeline engine: spread each stage's layer files over its data-parallel ranks."""
     gather_16bit_weights_on_model_save: bool = False
     """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
+    load_universal: bool = False
+    """DeepSpeed: resume from a universal checkpoint (a fallback plan resuming another layout's saves)."""
 
     def ds_checkpoint_block(self, *, load_universal: bool = False) -> dict:
         """The ds_config ``checkpoint`` block (DeepSpeed 0.19.8 keys, runtime/config.py:387-406, 549-553).
@@ -38,7 +40,7 @@ class CheckpointSettings:
         ``load_universal``: resume from a universal checkpoint (after ``ds_to_universal``; see
         ``CheckpointPolicy.resume_command_note``), which loads into a different parallel layout.
         """
-        return {"tag_validation": self.tag_validation, "load_universal": load_universal,
+        return {"tag_validation": self.tag_validation, "load_universal": load_universal or self.load_universal,
                 "use_node_local_storage": False,  # a shared file system: any node can resume any rank
                 "parallel_write": {"pipeline_stage": self.parallel_write_pipeline_stage}}
 

@@ -1,0 +1,83 @@
+"""The fallback plan: the best plan on the GPUs left after losing some (one node by default) that the chosen
+plan's checkpoint can be resumed into, and the conversion step that takes.
+
+Same engine, model, sequence length, global batch, precision and optimizer (the run continues: its data
+order and numerics stay), any parallel layout: each engine's checkpoint format resumes into another layout
+(sources in :data:`RESHARD`). None when no plan fits on what is left, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autotune.cost.estimate import Estimate
+from autotune.cost.memory import estimate_memory
+from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.engines import engine_for
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+
+__all__ = ["Fallback", "RESHARD", "fallback_plan"]
+
+RESHARD = {
+    # DeepSpeed 0.19: deepspeed/checkpoint/ds_to_universal.py turns a ZeRO checkpoint into per-parameter fp32 /
+    # optimizer fragments that load into another DP/TP/PP layout with checkpoint.load_universal (runtime/engine.py
+    # load_checkpoint -> load_universal_checkpoint); DeepSpeed's "Universal Checkpointing" tutorial.
+    "deepspeed": ("convert first: python -m deepspeed.checkpoint.ds_to_universal --input_folder SAVE/TAG "
+                  "--output_folder SAVE/TAG_universal (it writes SAVE/latest_universal), then load it with "
+                  "checkpoint.load_universal: true"),
+    # torch.distributed.checkpoint: a save records each tensor's global shape and shards; load_state_dict reads
+    # them into whatever sharding the new state dict has ("resharding on load", torch DCP docs).
+    "dcp": "no conversion: torch.distributed.checkpoint reshards on load into the new mesh",
+    # Megatron-core dist_checkpointing (--ckpt-format torch_dist) saves sharded tensors with their global layout
+    # and loads them into another TP/PP/DP layout (Megatron-LM docs, "Distributed checkpointing").
+    "torch_dist": "no conversion: Megatron's torch_dist checkpoint loads into another TP/PP/DP layout (--load SAVE)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fallback:
+    """The plan to resume on after losing ``lost_gpus`` GPUs; ``estimate`` None when none fits (``reason``)."""
+
+    lost_gpus: int
+    num_gpus: int
+    estimate: Estimate | None
+    conversion: str
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"lost_gpus": self.lost_gpus, "num_gpus": self.num_gpus, "conversion": self.conversion,
+                "reason": self.reason, "plan": None if self.estimate is None else self.estimate.plan.to_dict(),
+                "tokens_per_s": None if self.estimate is None else self.estimate.time.tokens_per_s}
+
+
+def fallback_plan(est: Estimate, *, lost_gpus: int | None = None,
+                  time_settings: TimeSettings | None = None) -> Fallback:
+    """The best plan of ``est``'s engine on ``est.cluster`` less ``lost_gpus`` (default: one node)."""
+    cluster, plan = est.cluster, est.plan
+    lost = cluster.gpus_per_node if lost_gpus is None else lost_gpus
+    left = cluster.num_gpus - lost
+    conversion = RESHARD[engine_for(plan).checkpoint_format]
+    if lost < 1 or left < 1 or left % cluster.gpus_per_node and left > cluster.gpus_per_node:
+        why = (f"{cluster.num_gpus} GPUs less {lost} leave {max(left, 0)}: "
+               + ("nothing to resume on" if left < 1 else f"not whole nodes of {cluster.gpus_per_node}"))
+        return Fallback(lost_gpus=lost, num_gpus=max(left, 0), estimate=None, conversion=conversion, reason=why)
+    if left < cluster.gpus_per_node:
+        smaller = replace(cluster, num_nodes=1, gpus_per_node=left)
+    else:
+        smaller = replace(cluster, num_nodes=left // cluster.gpus_per_node)
+    constraints = SearchConstraints(engines=(plan.engine,), precisions=(plan.precision,),
+                                    max_tp=max(plan.tp, smaller.gpus_per_node))
+    result = search_plans(est.model, smaller, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
+                          constraints=constraints, top_k=1, time_settings=time_settings)
+    if not result.candidates:
+        rejected = ", ".join(f"{k} {v:,}" for k, v in list(result.rejections.items())[:3])
+        return Fallback(lost_gpus=lost, num_gpus=left, estimate=None, conversion=conversion,
+                        reason=f"no {plan.engine} plan of global batch {plan.global_batch_size} fits on {left} GPUs "
+                               f"({rejected})")
+    best = result.candidates[0]
+    if best.plan.optimizer != plan.optimizer:  # the planner searches AdamW: the same layout with the run's optimizer
+        same = best.plan.with_(optimizer=plan.optimizer)
+        best = Estimate(model=est.model, cluster=smaller, plan=same, memory=estimate_memory(est.model, smaller, same),
+                        time=estimate_step_time(est.model, smaller, same, time_settings))
+    return Fallback(lost_gpus=lost, num_gpus=left, estimate=best, conversion=conversion)
