@@ -15,7 +15,8 @@ and ``unsupported_reason(model, plan)``, and uses the helpers here, so every eng
 protocol, which the tuner reads (:mod:`autotune.tune.logs`, :mod:`autotune.tune.judge`):
 
 - rank 0 prints ``PHASE <words>`` while starting, ``STEP <i> <seconds>`` after every optimizer step
-  (1-based, warm-up steps included; timed by wall clock between two barriers) and finally one
+  (1-based, warm-up steps included; timed by wall clock between two barriers; a resumed run goes on from
+  its checkpoint's step), ``LOSS <i> <loss> <lr>`` after it, and finally one
   ``RESULT {json}`` line (step times, measured post-warm-up ones, median, tokens/s, every rank's peak
   memory, losses);
 - a plan the trainer cannot run prints ``UNSUPPORTED <reason>`` and exits 2 (no traceback);
@@ -121,12 +122,15 @@ def torch_dtype(plan):
     return torch.float16 if plan.precision == "fp16" else torch.bfloat16  # fp8: bf16 outside TE's autocast
 
 
-def token_batches(vocab_size: int, micro_batch: int, seq_len: int, *, seed: int, stream: int, device):
+def token_batches(vocab_size: int, micro_batch: int, seq_len: int, *, seed: int, stream: int, device, skip: int = 0):
     """An endless iterator of (input_ids, labels) micro-batches; ``stream`` picks the data (same stream,
-    same batches: TP ranks of one group share a stream, DP replicas get their own)."""
+    same batches: TP ranks of one group share a stream, DP replicas get their own). ``skip``: micro-batches
+    of the stream already trained on (a resumed run's data position), drawn and dropped."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 7919 * stream)
+    for _ in range(skip):
+        torch.randint(0, vocab_size, (micro_batch, seq_len + 1), generator=gen)
     while True:
         ids = torch.randint(0, vocab_size, (micro_batch, seq_len + 1), generator=gen)
         yield ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)
@@ -144,10 +148,15 @@ def peak_memory_bytes(device) -> tuple[int, str]:
 class StepLog:
     """Times optimizer steps between barriers and prints the STEP / RESULT protocol on rank 0."""
 
-    def __init__(self, *, warmup: int, tokens_per_step: int, device, barrier) -> None:
-        self.warmup, self.tokens_per_step, self.device, self.barrier = warmup, tokens_per_step, device, barrier
+    def __init__(self, *, warmup: int, tokens_per_step: int, device, barrier, first_step: int = 0) -> None:
+        """``first_step``: steps already trained (a resumed run): the STEP lines go on from there, and warm-up
+        steps before it are not repeated."""
+        self.first_step = first_step
+        self.warmup = max(0, warmup - first_step)
+        self.tokens_per_step, self.device, self.barrier = tokens_per_step, device, barrier
         self.step_times: list[float] = []
         self.losses: list[float] = []
+        self.lrs: list[float | None] = []
         self._t0 = 0.0
 
     def _sync(self) -> None:
@@ -161,14 +170,19 @@ class StepLog:
         self._sync()
         self._t0 = time.perf_counter()
 
-    def stop(self, loss) -> None:
+    def stop(self, loss, lr: float | None = None) -> None:
+        """After a step: its time (``STEP i seconds``), then ``LOSS i loss lr`` (rank 0's loss, the learning
+        rate the step's update used; full precision) on rank 0."""
         self._sync()
         self.barrier()
         dt = time.perf_counter() - self._t0
         self.step_times.append(dt)
         self.losses.append(float(loss) if loss is not None else float("nan"))
+        self.lrs.append(None if lr is None else float(lr))
         if rank0():
-            print(f"STEP {len(self.step_times)} {dt:.6f}", flush=True)
+            step = self.first_step + len(self.step_times)
+            print(f"STEP {step} {dt:.6f}", flush=True)
+            print(f"LOSS {step} {self.losses[-1]!r} {self.lrs[-1]!r}", flush=True)
 
     def result(self, *, world_size: int, num_params: int, all_gather_object, extra: dict | None = None) -> dict:
         """Gathers every rank's peak memory (collective: every rank calls it); rank 0 prints RESULT."""
@@ -186,6 +200,8 @@ class StepLog:
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_kind": kind,
             "losses": self.losses,
+            "lrs": self.lrs,
+            "first_step": self.first_step,
             "world_size": world_size,
             "num_params": num_params,
             **(extra or {}),

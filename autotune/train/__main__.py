@@ -5,6 +5,10 @@ asks the plan's engine for its trainer module and runs it; see :mod:`autotune.tr
 protocol. Works under torchrun (``torchrun ... -m autotune.train ...``) and the deepspeed runner
 (``deepspeed ... --module --no_local_rank autotune.train ...``). Bad input: a message naming the
 problem and the fix on stderr, exit code 2.
+
+``AUTOTUNE_TRAIN_ARGS`` (environment): more arguments, split as the shell would and appended to the command
+line (so they win), for launch scripts that pass none of their own: ``AUTOTUNE_TRAIN_ARGS="--steps 20
+--save-interval 5" bash launch_torchrun.sh``. Checkpoint flags: :mod:`autotune.train.checkpointing`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -83,6 +89,7 @@ def load_estimate(path: str) -> Job:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv) + shlex.split(os.environ.get("AUTOTUNE_TRAIN_ARGS", ""))
     args, rest = parser().parse_known_args(argv)
     try:
         if args.steps < 1 or args.warmup_steps < 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from autotune.train import checkpointing
 from autotune.train import (
     StepLog,
     Unsupported,
@@ -90,7 +91,12 @@ def main(est, args, rest: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m autotune.train (deepspeed)")
     ap.add_argument("--deepspeed-config", help="ds_config.json of the bundle (default: the plan's own, as emit "
                                                "writes it with its default options)")
+    checkpointing.add_arguments(ap)
     extra = ap.parse_args(rest)
+    try:
+        policy = checkpointing.policy_for(args.plan, extra)
+    except ValueError as err:
+        raise Unsupported(f"checkpoint policy: {err}") from None
     model_spec, plan = est.model, est.plan
     reason = unsupported_reason(model_spec, plan)
     if reason:
@@ -111,6 +117,9 @@ def main(est, args, rest: list[str]) -> int:
     dtype = torch_dtype(plan)
     if plan.pp > 1:
         from autotune.train.ds_pipe import train_pipeline
+
+        if policy is not None:
+            phase("no checkpoints: the built-in PipelineModule trainer does not save them yet")
 
         return train_pipeline(est, args, cfg, device, dtype)
 
@@ -145,21 +154,29 @@ def main(est, args, rest: list[str]) -> int:
     else:
         stream = rank
         forward = engine
+    ckpt = checkpointing.DeepSpeedCheckpointer(policy, engine, dist, cfg)
+    start, data = ckpt.resume()
+    drawn = int(data.get("micro_batches_per_stream", 0))
     batches = token_batches(model_spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=args.seed,
-                            stream=stream, device=device)
+                            stream=stream, device=device, skip=drawn)
     log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len, device=device,
-                  barrier=dist.barrier)
-    for _ in range(args.warmup_steps + args.steps):
+                  barrier=dist.barrier, first_step=start)
+    for step in range(start + 1, args.warmup_steps + args.steps + 1):
         micro = [next(batches) for _ in range(plan.grad_accum_steps)]
         log.start()
-        boundaries, loss = [], None
+        boundaries, loss, lr = [], None, None
         for ids, labels in micro:
             loss = forward(ids, labels)
             engine.backward(loss)
             boundaries.append(engine.is_gradient_accumulation_boundary())
+            if boundaries[-1]:
+                lr = engine.get_lr()[0]  # the rate this step's update uses (the scheduler steps after it)
             engine.step()  # DeepSpeed updates the weights at the accumulation boundary only
         assert boundaries[-1] and not any(boundaries[:-1]), f"accumulation boundaries off: {boundaries}"
-        log.stop(_sequence_loss(loss, mpu, dist) if plan.cp > 1 else loss.detach().float())
+        log.stop(_sequence_loss(loss, mpu, dist) if plan.cp > 1 else loss.detach().float(), lr=lr)
+        drawn += plan.grad_accum_steps
+        ckpt.after_step(step, {"micro_batches_per_stream": drawn, "world_size": world})
+        checkpointing.hold(step, extra, ckpt)
     log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
                extra={"engine": "deepspeed", "seq_dp_world_size": engine.seq_dp_world_size,
                       "sequence_parallel_size": engine.sequence_parallel_size,

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.train import (StepLog, Unsupported, phase, pick_device, teardown, token_batches, torch_dtype,
-                            world_size_problem)
+from autotune.train import (StepLog, Unsupported, checkpointing, phase, pick_device, teardown, token_batches,
+                            torch_dtype, world_size_problem)
 
 __all__ = ["main", "unsupported_reason", "CP_REFUSED"]
 
@@ -84,6 +84,24 @@ def _optimizer(name: str, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
+def _scheduler(optimizer, extra):
+    """DeepSpeed's WarmupCosineLR as the DeepSpeed bundles write it (autotune.emit.deepspeed): the learning rate
+    of step s (1-based) is lr * (s - 1) / warmup during the warm-up, then a cosine to min_lr at train_steps."""
+    import math
+
+    import torch
+
+    warm, total, floor = extra.lr_warmup_steps, extra.lr_decay_steps, extra.min_lr / extra.lr
+
+    def factor(i: int) -> float:
+        if i < warm:
+            return i / warm
+        done = min(1.0, (i - warm) / max(1, total - warm))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def build(est, device, seed: int):
     """(mesh, this rank's stage modules, their virtual stage ids, number of stages) with TP, AC and FSDP2 applied."""
     import torch
@@ -123,9 +141,24 @@ def build(est, device, seed: int):
 
 
 def main(est, args, rest: list[str]) -> int:
+    from autotune.emit.options import OptimizerOptions
+
     ap = argparse.ArgumentParser(prog="python -m autotune.train (fsdp)")
-    ap.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    opt = OptimizerOptions()
+    ap.add_argument("--lr", type=float, default=opt.lr, help=f"peak learning rate (default {opt.lr:g})")
+    ap.add_argument("--min-lr", type=float, default=opt.min_lr, help=f"final learning rate (default {opt.min_lr:g})")
+    ap.add_argument("--lr-warmup-steps", type=int, default=opt.warmup_steps,
+                    help=f"linear warm-up steps (default {opt.warmup_steps})")
+    ap.add_argument("--lr-decay-steps", type=int, default=opt.train_steps,
+                    help=f"step where the cosine reaches --min-lr (default {opt.train_steps})")
+    checkpointing.add_arguments(ap)
     extra = ap.parse_args(rest)
+    try:
+        policy = checkpointing.policy_for(args.plan, extra)
+    except ValueError as err:
+        raise Unsupported(f"checkpoint policy: {err}") from None
+    if not (extra.lr > 0 and 0 <= extra.min_lr <= extra.lr and 0 <= extra.lr_warmup_steps <= extra.lr_decay_steps):
+        raise Unsupported("need --lr > 0, 0 <= --min-lr <= --lr and 0 <= --lr-warmup-steps <= --lr-decay-steps")
     model_spec, plan = est.model, est.plan
     reason = unsupported_reason(model_spec, plan)
     if reason:
@@ -147,6 +180,13 @@ def main(est, args, rest: list[str]) -> int:
     mesh, modules, stage_ids, num_stages = build(est, device, args.seed)
     params = [p for m in modules for p in m.parameters() if p.requires_grad]
     optimizer = _optimizer(plan.optimizer, params, extra.lr)
+    scheduler = _scheduler(optimizer, extra)
+    if policy is not None and plan.pp > 1:
+        phase("no checkpoints: the built-in trainer saves pipeline stages (pp > 1) not yet")
+        policy = None
+    ckpt = checkpointing.DcpCheckpointer(policy, modules[0], optimizer, scheduler, dist)
+    start, data = ckpt.resume()
+    drawn = int(data.get("micro_batches_per_stream", 0))
     schedule = None
     if plan.pp > 1:
         from autotune.train.pipelining import build_schedule
@@ -159,11 +199,11 @@ def main(est, args, rest: list[str]) -> int:
     dp_shard = mesh["dp_shard"].size()
     stream = mesh["dp_replicate"].get_local_rank() * dp_shard + mesh["dp_shard"].get_local_rank()
     batches = token_batches(model_spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=args.seed,
-                            stream=stream, device=device)
+                            stream=stream, device=device, skip=drawn)
     log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len, device=device,
-                  barrier=dist.barrier)
+                  barrier=dist.barrier, first_step=start)
     has_first, has_last = 0 in stage_ids, num_stages - 1 in stage_ids
-    for _ in range(args.warmup_steps + args.steps):
+    for step in range(start + 1, args.warmup_steps + args.steps + 1):
         micro = [next(batches) for _ in range(plan.grad_accum_steps)]
         log.start()
         if schedule is None:
@@ -180,9 +220,15 @@ def main(est, args, rest: list[str]) -> int:
             loss_sum = (torch.stack(losses).float().mean().detach() if has_last
                         else torch.zeros((), device=device))
             dist.all_reduce(loss_sum, group=mesh["pp"].get_group())  # only the last stage has the loss
+        lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        log.stop(loss_sum.float())
+        log.stop(loss_sum.float(), lr=lr)
+        drawn += plan.grad_accum_steps
+        ckpt.after_step(step, {"micro_batches_per_stream": drawn, "world_size": world})
+        checkpointing.hold(step, extra, ckpt)
+    ckpt.wait()
     log.result(world_size=world, num_params=model_spec.num_params, all_gather_object=dist.all_gather_object,
                extra={"engine": "fsdp", "device": device.type, "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
                       "reshard_after_forward": plan.zero_stage == 3, "param_dtype": str(torch_dtype(plan)),
