@@ -262,15 +262,16 @@ def add_goodput(p: argparse.ArgumentParser) -> None:
                    "where the engine saves so: Megatron torch_dist, torch DCP)")
 
 
-def goodput_inputs(args: argparse.Namespace):
-    """(CheckpointOptions, relaunch seconds) from :func:`add_goodput`'s flags (ranges: :func:`flag_problems`)."""
-    from autotune.cost.checkpoint import DEFAULT_RELAUNCH_S
+def goodput_inputs(args: argparse.Namespace, cluster):
+    """CheckpointOptions from :func:`add_goodput`'s flags, else the cluster file's figures, else the defaults
+    (ranges: :func:`flag_problems`)."""
+    from autotune.cost.checkpoint import options_for_cluster
     from autotune.emit.options import CheckpointOptions
 
-    given = {k: v for k, v in (("gpu_mtbf_hours", args.gpu_mtbf_hours),
+    given = {k: v for k, v in (("gpu_mtbf_hours", args.gpu_mtbf_hours), ("relaunch_s", args.restart_s),
                                ("storage_bandwidth_gb_per_s", args.storage_gb_per_s)) if v is not None}
     options = CheckpointOptions(**given, async_save=not args.no_async_save)
-    return options, DEFAULT_RELAUNCH_S if args.restart_s is None else args.restart_s
+    return options_for_cluster(options, cluster, explicit=set(given))
 
 
 def add_calibration(p: argparse.ArgumentParser) -> None:

@@ -134,7 +134,8 @@ def emit_options(args: argparse.Namespace, base: Any = None):
         opt = replace(opt, min_lr=opt.lr / 10)
     flags = {k: v for k, v in (("save_dir", args.save_dir), ("storage_bandwidth_gb_per_s", args.storage_gb_per_s),
                                ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("keep_last", args.keep_last),
-                               ("interval_steps", args.save_interval)) if v is not None}
+                               ("interval_steps", args.save_interval), ("relaunch_s", args.restart_s))
+             if v is not None}
     if args.no_async_save:
         flags["async_save"] = False
     problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
@@ -323,8 +324,12 @@ def register(sub) -> None:
     out.add_argument("--train-steps", type=int, help="optimizer steps (default 100000)")
     out.add_argument("--warmup-steps", type=int, help="warm-up steps (default 2000)")
     out.add_argument("--save-dir", help="checkpoint folder (default checkpoints)")
-    out.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage write bandwidth (default 5)")
-    out.add_argument("--gpu-mtbf-hours", type=float, help="mean time between failures of one GPU (default 50000)")
+    out.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage write bandwidth (default: the "
+                     "cluster file's, else 5)")
+    out.add_argument("--gpu-mtbf-hours", type=float, help="mean time between failures of one GPU (default: the "
+                     "cluster file's, else 50000)")
+    out.add_argument("--restart-s", type=float, help="seconds from a failure to training again, checkpoint read "
+                     "excluded (default: the cluster file's, else 300)")
     out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
     out.add_argument("--save-interval", type=int, help="override the Young/Daly checkpoint interval (steps)")
     out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
@@ -381,6 +386,12 @@ def run(args: argparse.Namespace) -> int:
         wrap = hf_wrap_class(args.model)
         if wrap:
             options = replace(options, launch=replace(options.launch, wrap_class=wrap))
+    from autotune.cost.checkpoint import options_for_cluster
+
+    explicit = set(emit_block.get("checkpoint") or {}) | {k for k, v in (
+        ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("relaunch_s", args.restart_s),
+        ("storage_bandwidth_gb_per_s", args.storage_gb_per_s)) if v is not None}
+    options = replace(options, checkpoint=options_for_cluster(options.checkpoint, est.cluster, explicit=explicit))
     if not est.memory.fits and not args.allow_unfit:
         raise InputError(unfit_problems(est), subject="plan")
     notes: list[str] = []

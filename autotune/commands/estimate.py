@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = estimate_from_flags(args)
     model, cluster, plan = result.model, result.cluster, result.plan
-    options, relaunch_s = goodput_inputs(args)
-    kept = goodput(result, options, relaunch_s=relaunch_s)
+    kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict()}))
     else:

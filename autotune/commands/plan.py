@@ -143,8 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if args.objective == "goodput":
         from autotune.search.goodput_rank import rank_by_goodput
 
-        options, relaunch_s = goodput_inputs(args)
-        ranking = rank_by_goodput(result, top_k=args.top_k, options=options, relaunch_s=relaunch_s)
+        ranking = rank_by_goodput(result, top_k=args.top_k, options=goodput_inputs(args, cluster))
         print(json_text(ranking.to_dict()) if args.json else ranking.to_text())
     elif args.json:
         print(json_text(result.to_dict()))

@@ -35,7 +35,7 @@ change what is saved).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from autotune.cost.availability import PLANNED_GPU_HOURS, availability_optimal_interval_s, wall_time_fractions
 from autotune.cost.memory import model_state_bytes
@@ -49,11 +49,20 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CheckpointBytes", "CheckpointPolicy", "checkpoint_bytes", "checkpoint_policy", "young_daly_interval_s",
-           "expected_loss_parts", "DEFAULT_RELAUNCH_S"]
+           "expected_loss_parts", "DEFAULT_RELAUNCH_S", "options_for_cluster"]
 
-DEFAULT_RELAUNCH_S = 300.0
-"""Seconds from a failure to training again, checkpoint read excluded: detection, scheduler requeue,
-process start, NCCL init. An assumption of the right order (minutes at scale), not a measurement."""
+DEFAULT_RELAUNCH_S = CheckpointOptions().relaunch_s
+"""Seconds from a failure to training again, checkpoint read excluded (``CheckpointOptions.relaunch_s``)."""
+
+
+def options_for_cluster(options: CheckpointOptions, cluster, *, explicit: frozenset[str] | set[str] = frozenset()
+                        ) -> CheckpointOptions:
+    """``options`` with the cluster file's failure and storage figures (``ClusterSpec.gpu_mtbf_hours``,
+    ``restart_s``, ``storage_bandwidth_gb_per_s``) where the cluster gives one and ``explicit`` (the option names a
+    flag or a recipe set) does not name it: flags > cluster file > defaults."""
+    given = {"gpu_mtbf_hours": cluster.gpu_mtbf_hours, "relaunch_s": cluster.restart_s,
+             "storage_bandwidth_gb_per_s": cluster.storage_bandwidth_gb_per_s}
+    return replace(options, **{k: v for k, v in given.items() if v is not None and k not in explicit})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,8 +266,10 @@ class CheckpointPolicy:
         return out
 
 
-def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float = DEFAULT_RELAUNCH_S) -> CheckpointPolicy:
-    """The checkpoint policy of one estimated plan (``estimate``: :class:`autotune.api.Estimate`)."""
+def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float | None = None) -> CheckpointPolicy:
+    """The checkpoint policy of one estimated plan (``estimate``: :class:`autotune.api.Estimate`); ``relaunch_s``
+    (default ``options.relaunch_s``) overrides the options' restart time."""
+    relaunch_s = options.relaunch_s if relaunch_s is None else relaunch_s
     plan, cluster = estimate.plan, estimate.cluster
     step_time_s = estimate.time.step_time_s
     problems = [] if step_time_s > 0 else [f"step time must be > 0 to size a checkpoint interval, got {step_time_s}"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.cost.checkpoint import DEFAULT_RELAUNCH_S, CheckpointPolicy, checkpoint_policy
+from autotune.cost.checkpoint import CheckpointPolicy, checkpoint_policy
 from autotune.emit.options import CheckpointOptions
 
 __all__ = ["Goodput", "goodput"]
@@ -53,8 +53,7 @@ class Goodput:
                 "checkpoint_bytes": p.sizes.total}
 
 
-def goodput(estimate, options: CheckpointOptions | None = None, *,
-            relaunch_s: float = DEFAULT_RELAUNCH_S) -> Goodput:
+def goodput(estimate, options: CheckpointOptions | None = None, *, relaunch_s: float | None = None) -> Goodput:
     """The goodput of one estimated plan (``estimate``: :class:`autotune.cost.estimate.Estimate`)."""
     policy = checkpoint_policy(estimate, options or CheckpointOptions(), relaunch_s=relaunch_s)
     return Goodput(tokens_per_s=estimate.time.tokens_per_s, fractions=policy.wall_fractions, policy=policy)

@@ -37,6 +37,9 @@ class CheckpointOptions:
     """Mean time between failures of one GPU (with its share of node, NIC, switch). The job's MTBF is
     this over the GPU count: 1,024 GPUs fail about every 49 hours, 16,384 every 3 (Llama 3: 419
     interruptions in 54 days on 16,384 GPUs, i.e. one every ~3.1 hours)."""
+    relaunch_s: float = 300.0
+    """Seconds from a failure to training again, checkpoint read excluded: detection, scheduler requeue, process
+    start, process-group init. An assumption of the right order (minutes at scale), not a measurement."""
     keep_last: int = 3
     async_save: bool = True
     interval_steps: int | None = None
@@ -87,8 +90,8 @@ class EmitOptions:
         if o.warmup_steps < 0 or o.train_steps < 1 or o.warmup_steps > o.train_steps:
             problems.append(f"need 0 <= warmup_steps <= train_steps and train_steps >= 1 "
                             f"(got {o.warmup_steps}, {o.train_steps})")
-        if not c.storage_bandwidth_gb_per_s > 0 or not c.gpu_mtbf_hours > 0 or c.keep_last < 1:
-            problems.append("checkpoint storage bandwidth and GPU MTBF must be > 0 and keep_last >= 1")
+        if not c.storage_bandwidth_gb_per_s > 0 or not c.gpu_mtbf_hours > 0 or c.keep_last < 1 or not c.relaunch_s >= 0:
+            problems.append("checkpoint storage bandwidth and GPU MTBF must be > 0, relaunch_s >= 0 and keep_last >= 1")
         if c.interval_steps is not None and c.interval_steps < 1:
             problems.append(f"checkpoint interval must be >= 1 step, got {c.interval_steps}")
         if not 1 <= lo.master_port <= 65535:

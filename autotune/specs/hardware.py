@@ -6,6 +6,8 @@ files and flags). Memory capacities are GiB (2**30 B) as ``nvidia-smi`` reports 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -168,6 +170,13 @@ class ClusterSpec:
     nvme_bandwidth_gb_per_s: float = 0.0
     """Aggregate NVMe read/write per node; 0 means no NVMe for offload."""
     nvme_capacity_gib_per_node: float = 0.0
+    gpu_mtbf_hours: float | None = None
+    """Mean time between unexpected failures of one GPU with its share of host and network; None: the
+    checkpoint policy's default (``autotune.emit.options.CheckpointOptions``)."""
+    restart_s: float | None = None
+    """Seconds from a failure to training again, checkpoint read excluded; None: the policy's default."""
+    storage_bandwidth_gb_per_s: float | None = None
+    """Checkpoint storage bandwidth, all writers together; None: the policy's default."""
     name: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -183,6 +192,10 @@ class ClusterSpec:
         for n in ("nvme_bandwidth_gb_per_s", "nvme_capacity_gib_per_node"):
             if getattr(self, n) < 0:
                 problems.append(f"{n} must be >= 0, got {getattr(self, n)}")
+        for n, least in (("gpu_mtbf_hours", 0.0), ("restart_s", None), ("storage_bandwidth_gb_per_s", 0.0)):
+            v = getattr(self, n)
+            if v is not None and not (math.isfinite(v) and (v > least if least is not None else v >= 0)):
+                problems.append(f"{n} must be a finite number {'> 0' if least is not None else '>= 0'}, got {v}")
         require_no_problems(problems, subject="cluster")
 
     @property

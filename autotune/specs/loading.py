@@ -39,10 +39,12 @@ from autotune.specs.presets import (
     nearest_gpu_preset,
 )
 
-__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems"]
+__all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems", "RELIABILITY_KEYS"]
 
 _PRESETS_HELP = "`autotune estimate --help` lists the presets"
-_CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:]
+RELIABILITY_KEYS = ("gpu_mtbf_hours", "restart_s", "storage_bandwidth_gb_per_s")
+"""Failure and checkpoint-storage figures a cluster file may give (the goodput and checkpoint policy read them)."""
+_CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:] + RELIABILITY_KEYS
 
 
 # ---- files and schemas -------------------------------------------------------------------
@@ -303,6 +305,7 @@ def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, 
             problems.append(f"missing {key} (an inline GPU has no preset default): give it, per GPU, one direction")
     if problems:
         raise InputError(problems, subject=subject)
+    fields.update({key: settings[key] for key in RELIABILITY_KEYS if settings.get(key) is not None})
     name = settings.get("name") or (Path(cluster_path).stem if cluster_path else "")
     try:
         return ClusterSpec(gpu=gpu_spec, num_nodes=num_nodes, gpus_per_node=per_node, name=name, **fields)

@@ -120,3 +120,36 @@ def test_bad_goodput_input_is_named_with_exit_2(flags, needle, capsys):
     assert raised.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_the_cluster_file_gives_failure_and_storage_figures_and_flags_win(tmp_path, capsys):
+    import json
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("gpu: h100-sxm-80gb\nnum_nodes: 2\ngpu_mtbf_hours: 5000\nrestart_s: 1200\n"
+                       "storage_bandwidth_gb_per_s: 40\n")
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", str(cluster), "--zero", "3", "--json"]
+    assert main(argv) == 0
+    kept = json.loads(capsys.readouterr().out)["goodput"]
+    assert kept["job_mtbf_s"] == pytest.approx(5000 * 3600 / 16)
+    assert kept["restart_s"] == pytest.approx(1200 + kept["write_time_s"])  # relaunch + reading it back
+    assert kept["write_time_s"] == pytest.approx(kept["checkpoint_bytes"] / 40e9)
+    assert main([*argv, "--restart-s", "10", "--gpu-mtbf-hours", "80000"]) == 0
+    kept = json.loads(capsys.readouterr().out)["goodput"]
+    assert kept["restart_s"] == pytest.approx(10 + kept["write_time_s"])
+    assert kept["job_mtbf_s"] == pytest.approx(80_000 * 3600 / 16)
+    out = tmp_path / "job"
+    assert main(["emit", "--model", "llama3-8b", "--cluster", str(cluster), "--zero", "3", "--out", str(out)]) == 0
+    policy = json.loads((out / "plan.json").read_text())["checkpoint"]
+    assert (policy["gpu_mtbf_hours"], policy["relaunch_s"], policy["storage_bandwidth_gb_per_s"]) == (5000, 1200, 40)
+
+
+@pytest.mark.parametrize("line,needle", [("restart_s: -3", "restart_s: must be >= 0"),
+                                         ("gpu_mtbf_hours: 0", "gpu_mtbf_hours: must be > 0"),
+                                         ("storage_bandwidth_gb_per_s: .nan", "storage_bandwidth_gb_per_s")])
+def test_bad_cluster_figures_are_named(line, needle, tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"gpu: h100-sxm-80gb\nnum_nodes: 1\n{line}\n")
+    with pytest.raises(SystemExit) as raised:
+        raise SystemExit(main(["estimate", "--model", "llama3-8b", "--cluster", str(cluster)]))
+    assert raised.value.code == 2 and needle in capsys.readouterr().err
