@@ -10,6 +10,8 @@ uneven splits are fine), CP is ring attention (``context_parallel``), Float8 via
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
@@ -166,9 +168,11 @@ class FSDPEngine(Engine):
         return "torchao.float8 convert_to_float8_training (tensorwise scaling) on the linear layers"
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        del checkpoint  # the built-in trainer and torchtitan take no checkpoint settings from the bundle
         entry, args = builtin_or_user_entry(options, [], [])
-        files, notes = _side_configs(model, cluster, plan, options)
+        # torchtitan's [checkpoint] saves at the policy's interval (the built-in trainer reads checkpoint_policy.json)
+        saving = replace(options.checkpoint, interval_steps=checkpoint.interval_steps,
+                         async_save=checkpoint.async_save, save_dir=checkpoint.save_dir)
+        files, notes = _side_configs(model, cluster, plan, replace(options, checkpoint=saving))
         mp = "torch.float16" if plan.precision == "fp16" else "torch.bfloat16"
         replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
         device = "cpu" if cluster.gpu.name == "cpu" else "cuda"

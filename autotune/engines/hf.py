@@ -62,7 +62,6 @@ class HFEngine(Engine):
         return ZERO_WORDS[plan.zero_stage]
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        del checkpoint  # Trainer and accelerate take their save settings from the user's TrainingArguments
         files = {HF_DS_CONFIG: json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n",
                  ACCELERATE_DS_CONFIG: json.dumps(accelerate_deepspeed_config(model, cluster, plan, options),
                                                   indent=2) + "\n",
@@ -82,13 +81,19 @@ class HFEngine(Engine):
                  f"gradient_accumulation_steps={plan.grad_accum_steps}, "
                  f"{'bf16' if plan.precision != 'fp16' else 'fp16'}=True"
                  + (", gradient_checkpointing=True" if plan.recompute == "full" else "")
+                 + f", save_strategy='steps', save_steps={checkpoint.interval_steps}, "
+                   f"save_total_limit={options.checkpoint.keep_last}, output_dir='{checkpoint.save_dir}'"
                  + (", use_cpu=True, ddp_backend='gloo'" if cpu else "") + ")"
                  + ("; on this CPU-only cluster TrainingArguments needs use_cpu=True (without it transformers "
                     "raises \"Your setup doesn't support bf16/gpu. You need to assign use_cpu if you want to train "
-                    "the model on CPU.\") and ddp_backend='gloo', as autotune.train.hf passes them" if cpu else ""),
+                    "the model on CPU.\") and ddp_backend='gloo', as autotune.train.hf passes them" if cpu else "")
+                 + "; save_steps is the checkpoint policy's interval (see Checkpoint policy); each save holds the "
+                   "optimizer, LR scheduler and RNG states: resume with trainer.train(resume_from_checkpoint=True)",
                  f"accelerate (launch_accelerate.sh, {ACCELERATE_DS_CONFIG}): optimizer = "
                  "accelerate.utils.DummyOptim(model.parameters()), scheduler = DummyScheduler(optimizer), "
                  "accelerator.prepare(model, optimizer, scheduler), and steps inside accelerator.accumulate(model); "
+                 f"every {checkpoint.interval_steps} steps accelerator.save_state('{checkpoint.save_dir}/step-N') "
+                 "(model, optimizer, LR scheduler, RNG), accelerator.load_state(...) of the newest to resume; "
                  f"{ACCELERATE_YAML}'s deepspeed_config_file is opened from the folder accelerate runs in: start "
                  f"launch_accelerate.sh (it passes both paths, from any folder), or run accelerate launch "
                  f"--config_file {ACCELERATE_YAML} from the bundle folder"
