@@ -1,8 +1,9 @@
 """Checkpoints of the built-in trainers, as the bundle's checkpoint policy says (issue 19).
 
 The policy is the ``checkpoint`` block of ``plan.json`` (``CheckpointPolicy.to_dict``; a
-``checkpoint_policy.json`` beside plan.json wins when there is one): ``save_dir`` (relative paths are
-relative to the bundle, the folder of plan.json), ``interval_steps``, ``keep_last``, ``async_save`` and
+``checkpoint_policy.json`` beside plan.json wins when there is one): ``save_dir`` (a relative path is
+relative to the bundle, the folder of plan.json; for the fallback plan in a bundle's ``fallback/`` folder,
+relative to the bundle, whose checkpoints it resumes), ``interval_steps``, ``keep_last``, ``async_save`` and
 ``format``. A plan.json without one (the tuner's trials) saves nothing unless ``--save-dir`` or
 ``--save-interval`` asks. Flags override the policy: ``--save-dir``, ``--save-interval``, ``--keep-last``,
 ``--no-save``; ``--hold-after-step N`` makes every rank wait, after step N and its save have completed,
@@ -80,6 +81,8 @@ def policy_for(plan_path: str, extra) -> CheckpointPolicy | None:
     if not doc and extra.save_dir is None and extra.save_interval is None:
         return None
     bundle = os.path.dirname(os.path.abspath(plan_path))
+    if os.path.basename(bundle) == "fallback" and os.path.isfile(os.path.join(bundle, "..", "plan.json")):
+        bundle = os.path.dirname(bundle)  # a bundle's fallback plan resumes the bundle's own checkpoints
     save_dir = os.path.join(bundle, extra.save_dir or doc.get("save_dir") or "checkpoints")
     interval = extra.save_interval if extra.save_interval is not None else int(doc.get("interval_steps") or 0)
     keep = extra.keep_last if extra.keep_last is not None else int(doc.get("keep_last") or 3)
