@@ -166,6 +166,33 @@ def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: i
     return hit[1]
 
 
+# Every plan field but the replica count: hybrid sharding changes only which ranks hold the model states (the
+# engine reads it through ``zero_partitions``); a stage's parameters, activations and buffers are the same for
+# every replica count (tests/search/test_replica_monotonicity), so the planner's replica counts of a plan share them.
+_PARTS_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name != "dp_replicate"))
+_parts_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
+
+
+def _stage_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, facts, scheme: str,
+                 settings: MemorySettings) -> tuple:
+    """(dense, expert parameters per GPU, activation parts, their sum, buffer parts, their sum) of ``stage``."""
+    key = (id(model), id(settings), stage, _PARTS_FIELDS(plan))  # the specs hash slowly: their ids
+    hit = _parts_cache.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not settings:
+        if len(_parts_cache) > 65536:
+            _parts_cache.clear()
+        groups = stage_param_groups(model, plan, stage, scheme)
+        dense = groups.tp_sharded / plan.tp + groups.replicated
+        expert = groups.expert / (plan.ep * plan.tp)
+        activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
+        buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(engine, plan, groups,
+                                                                                             settings)
+        parts = (dense, expert, activation_parts, sum(activation_parts.values()), buffer_parts,
+                 sum(buffer_parts.values()))
+        hit = _parts_cache[key] = (model, settings, parts)
+    return hit[2]
+
+
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                     settings: MemorySettings | None = None) -> MemoryEstimate:
     """The per-GPU ledger of the most loaded pipeline stage (the first or the last).
@@ -181,19 +208,15 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     candidates = []
     scheme = engine.support.layer_split
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
-        groups = stage_param_groups(model, plan, stage, scheme)
-        dense = groups.tp_sharded / plan.tp + groups.replicated
-        expert = groups.expert / (plan.ep * plan.tp)
+        dense, expert, activation_parts, activations, buffer_parts, buffers = _stage_parts(
+            engine, model, plan, stage, facts, scheme, settings)
         states = _model_states(engine, model, plan, stage, dense, expert)
-        activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
-        step_extra = max(0.0, states.step_transient - sum(activation_parts.values()))
-        buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(engine, plan, groups,
-                                                                                             settings)
-        tensors = states.weights + states.gradients + states.optimizer_states + sum(activation_parts.values()) \
-            + step_extra + sum(buffer_parts.values())
-        candidates.append((tensors, stage, states, activation_parts, buffer_parts, step_extra))
-    tensors, stage, states, activation_parts, buffer_parts, step_extra = max(candidates, key=lambda c: c[0])
+        step_extra = max(0.0, states.step_transient - activations)
+        tensors = states.weights + states.gradients + states.optimizer_states + activations + step_extra + buffers
+        candidates.append((tensors, stage, states, activation_parts, activations, buffer_parts, buffers, step_extra))
+    tensors, stage, states, activation_parts, activations, buffer_parts, buffers, step_extra = max(
+        candidates, key=lambda c: c[0])
     reserve = settings.fragmentation_fraction * tensors
 
     # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).
@@ -204,16 +227,16 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         weights=states.weights,
         gradients=states.gradients,
         optimizer_states=states.optimizer_states,
-        activations=sum(activation_parts.values()),
-        buffers=sum(buffer_parts.values()),
+        activations=activations,
+        buffers=buffers,
         overhead=reserve + _outside_allocator_bytes(cluster, plan, settings),
         capacity=float(cluster.gpu.memory_bytes),
         stage=stage,
         host_per_node=host_per_gpu * cluster.gpus_per_node,
         nvme_per_node=states.nvme * cluster.gpus_per_node,
         host_capacity_per_node=float(cluster.host_memory_bytes_per_node),
-        activation_parts=activation_parts,
-        buffer_parts=buffer_parts,
+        activation_parts=dict(activation_parts),
+        buffer_parts=dict(buffer_parts),
         offloaded=states,
         optimizer_step=step_extra,
         reserve=reserve,
