@@ -167,7 +167,10 @@ class CheckpointPolicy:
     interval_overridden: bool
     keep_last: int
     async_save: bool
-    """Effective: True only where the engine saves asynchronously (Megatron); see ``notes``."""
+    """Effective: True only where the engine saves asynchronously (Megatron torch_dist, torch DCP) and the staging
+    fits in host memory; see ``notes``."""
+    staging_host_bytes_per_node: float
+    """Pinned host memory an asynchronous save stages per node (every local rank's shard); 0 when saves block."""
     gather_16bit_weights_on_model_save: bool
     """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
     parallel_write_pipeline_stage: bool
@@ -243,7 +246,8 @@ class CheckpointPolicy:
                    f"{opt}" if s.weight_bytes_total else f"{opt} only: ZeRO-3 rebuilds the 16-bit weights on load")
         if self.async_save:
             stall = (f"asynchronous save blocks training only for the {_fmt_s(self.blocking_s)} device-to-host copy of "
-                     f"the largest rank's {_fmt_bytes(s.per_rank)} at {self.pcie_bandwidth_gb_per_s:g} GB/s")
+                     f"the largest rank's {_fmt_bytes(s.per_rank)} at {self.pcie_bandwidth_gb_per_s:g} GB/s, into "
+                     f"{_fmt_bytes(self.staging_host_bytes_per_node)} of pinned host memory per node")
         else:
             stall = f"the save blocks training for all of it (largest rank: {_fmt_bytes(s.per_rank)})"
         interval = (f"every {self.interval_steps:,} steps ({self.interval_s / 60:,.1f} min"
@@ -290,6 +294,17 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
         notes.append("Async save is off: DeepSpeed's default checkpoint engine (torch.save) writes synchronously, so "
                      "the whole write blocks. DeepSpeed 0.19.8's decoupled writer (checkpoint.writer.decoupled, a "
                      "background process) is not emitted: untested here.")
+    # Async: each rank copies its shard into pinned host memory (torch DCP async_save with pinned memory,
+    # torchtitan's async_with_pinned_mem; Megatron's async save likewise stages on the host) and persists it in
+    # the background. That staging must fit beside what offload already keeps on the host, else a blocking save.
+    staging = cluster.gpus_per_node * sizes.per_rank
+    host_free = estimate.memory.host_capacity_per_node - estimate.memory.host_per_node
+    if async_save and staging > host_free:
+        async_save = False
+        notes.append(f"Async save is off: staging each rank's shard in pinned host memory needs "
+                     f"{_fmt_bytes(staging)} per node and {_fmt_bytes(max(host_free, 0.0))} is free beside the "
+                     f"offloaded states; saves block instead (more host memory, fewer GPUs per node, or ZeRO-3 / "
+                     f"more sharding make the shards smaller).")
     # Async: only the snapshot into host memory stalls training (PCIe, per GPU, in parallel).
     blocking_s = sizes.per_rank / (cluster.pcie_bandwidth_gb_per_s * GB) if async_save else write_time_s
     job_mtbf_s = options.gpu_mtbf_hours * 3600 / plan.world_size
@@ -316,6 +331,7 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
         planned_interval_s=planned_s, relaunch_s=relaunch_s,
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
+        staging_host_bytes_per_node=staging if async_save else 0.0,
         gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
         parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, notes=tuple(notes))
 

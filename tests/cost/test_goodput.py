@@ -153,3 +153,17 @@ def test_bad_cluster_figures_are_named(line, needle, tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
         raise SystemExit(main(["estimate", "--model", "llama3-8b", "--cluster", str(cluster)]))
     assert raised.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_async_staging_must_fit_in_host_memory_else_saves_block():
+    model = load_model("llama3-8b")
+    roomy = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    tight = load_cluster(gpu="h100-sxm-80gb", num_gpus=8, host_memory_gib_per_node=64)
+    plan = make_plan(model, roomy, seq_len=4096, global_batch_size=8, engine="megatron", zero_stage=1)
+    staged = goodput(estimate(model, roomy, plan)).policy
+    # 8 ranks x (2 + 12) B x 8.03e9 params / 8 (distributed optimizer; 16-bit weights whole per rank) staged
+    assert staged.async_save and staged.staging_host_bytes_per_node == pytest.approx(8 * staged.sizes.per_rank)
+    assert staged.staging_host_bytes_per_node > 64 * 2**30
+    blocked = goodput(estimate(model, tight, plan)).policy
+    assert not blocked.async_save and blocked.blocking_s == pytest.approx(blocked.write_time_s)
+    assert blocked.staging_host_bytes_per_node == 0 and any("pinned host memory" in n for n in blocked.notes)
