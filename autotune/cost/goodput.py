@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from autotune.cost.checkpoint import CheckpointPolicy, checkpoint_policy
 from autotune.emit.options import CheckpointOptions
+from autotune.engines import engine_for
 
 __all__ = ["Goodput", "goodput"]
 
@@ -27,6 +28,19 @@ class Goodput:
     fractions: dict[str, float]
     """Of wall time: train, checkpoint, rework, restart, planned (sum 1)."""
     policy: CheckpointPolicy
+    replica_groups: int = 1
+    """HSDP replica groups (``dp_replicate``): with torchft's fault-tolerant HSDP a failure stops one group and the
+    others train on (not emitted by autotune; the figure says what it would bound)."""
+
+    @property
+    def blast_radius_gpus(self) -> int:
+        """GPUs one failure stops: every GPU of a synchronous job."""
+        return self.policy.num_gpus
+
+    @property
+    def torchft_blast_radius_gpus(self) -> int | None:
+        """GPUs one failure would stop under torchft's fault-tolerant HSDP (one replica group); None without HSDP."""
+        return self.policy.num_gpus // self.replica_groups if self.replica_groups > 1 else None
 
     @property
     def goodput_tokens_per_s(self) -> float:
@@ -42,7 +56,10 @@ class Goodput:
                 f"lost: saving {100 * f['checkpoint']:.2f}%, rework {100 * f['rework']:.2f}%, restarts "
                 f"{100 * (f['restart'] + f['planned']):.2f}%); job MTBF {p.job_mtbf_s / 3600:,.1f} h, save every "
                 f"{p.interval_steps:,} steps ({p.interval_s / 60:,.1f} min), "
-                f"{'async' if p.async_save else 'blocking'} save {p.blocking_s:,.2g} s, restart {p.restart_s:,.0f} s")
+                f"{'async' if p.async_save else 'blocking'} save {p.blocking_s:,.2g} s, restart {p.restart_s:,.0f} s; "
+                f"a failure stops all {self.blast_radius_gpus:,} GPUs"
+                + (f" (torchft's fault-tolerant HSDP would stop one replica group of "
+                   f"{self.torchft_blast_radius_gpus:,})" if self.torchft_blast_radius_gpus else ""))
 
     def to_dict(self) -> dict:
         p = self.policy
@@ -50,10 +67,13 @@ class Goodput:
                 "fractions": dict(self.fractions), "job_mtbf_s": p.job_mtbf_s, "interval_steps": p.interval_steps,
                 "interval_s": p.interval_s, "optimal_interval_s": p.optimal_interval_s, "blocking_s": p.blocking_s,
                 "write_time_s": p.write_time_s, "restart_s": p.restart_s, "async_save": p.async_save,
-                "checkpoint_bytes": p.sizes.total}
+                "checkpoint_bytes": p.sizes.total, "blast_radius_gpus": self.blast_radius_gpus,
+                "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 
 
 def goodput(estimate, options: CheckpointOptions | None = None, *, relaunch_s: float | None = None) -> Goodput:
     """The goodput of one estimated plan (``estimate``: :class:`autotune.cost.estimate.Estimate`)."""
     policy = checkpoint_policy(estimate, options or CheckpointOptions(), relaunch_s=relaunch_s)
-    return Goodput(tokens_per_s=estimate.time.tokens_per_s, fractions=policy.wall_fractions, policy=policy)
+    hybrid = engine_for(estimate.plan).support.hybrid_shard and estimate.plan.zero_stage in (2, 3)
+    return Goodput(tokens_per_s=estimate.time.tokens_per_s, fractions=policy.wall_fractions, policy=policy,
+                   replica_groups=estimate.plan.dp_replicate if hybrid else 1)

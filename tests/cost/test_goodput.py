@@ -167,3 +167,14 @@ def test_async_staging_must_fit_in_host_memory_else_saves_block():
     blocked = goodput(estimate(model, tight, plan)).policy
     assert not blocked.async_save and blocked.blocking_s == pytest.approx(blocked.write_time_s)
     assert blocked.staging_host_bytes_per_node == 0 and any("pinned host memory" in n for n in blocked.notes)
+
+
+def test_a_failure_stops_every_gpu_and_torchft_would_bound_it_to_a_replica_group():
+    model, cluster = load_model("llama3-8b"), load_cluster(gpu="h100-sxm-80gb", num_gpus=32)
+    hsdp = make_plan(model, cluster, seq_len=4096, global_batch_size=32, engine="fsdp", zero_stage=3, dp_replicate=4)
+    kept = goodput(estimate(model, cluster, hsdp))
+    assert (kept.blast_radius_gpus, kept.torchft_blast_radius_gpus) == (32, 8)
+    assert "one replica group of 8" in kept.summary()
+    ddp = goodput(estimate(model, cluster, make_plan(model, cluster, seq_len=4096, global_batch_size=32,
+                                                     engine="megatron", zero_stage=1)))
+    assert ddp.torchft_blast_radius_gpus is None and ddp.to_dict()["blast_radius_gpus"] == 32
