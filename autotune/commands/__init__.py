@@ -18,6 +18,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
 from autotune.specs.plan import ENGINE_NAMES
+from autotune.specs.settings import MemorySettings
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
@@ -243,8 +244,9 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("memory settings")
     m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU, 0-1024 (default 1 GiB; "
                    "0 on cpu)")
-    m.add_argument("--fragmentation", type=float, default=0.05, help="allocator fragmentation fraction, 0-0.9 "
-                   "(default 0.05)")
+    m.add_argument("--fragmentation", type=float, help="caching-allocator reserve beyond the allocated peak, a "
+                   f"fraction 0-0.9 (default {MemorySettings().fragmentation_fraction:g}, fitted by "
+                   "bench/fit_fragmentation.py)")
     add_calibration(p)
 
 

@@ -43,7 +43,7 @@ def estimate_from_flags(args: argparse.Namespace):
     )
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
-        fragmentation_fraction=args.fragmentation,
+        **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}),
     )
     return estimate(model, cluster, plan, settings, time_settings(args))
 
