@@ -12,9 +12,7 @@ rejected) and every problem is reported at once, each with its JSON path:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InputError, require_no_problems, suggest_names
 from autotune.inputs import nonfinite_problems, parse_json, parse_yaml, read_text
@@ -38,6 +36,9 @@ from autotune.specs.presets import (
     model_preset_names,
     nearest_gpu_preset,
 )
+
+if TYPE_CHECKING:
+    import jsonschema
 
 __all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems", "RELIABILITY_KEYS"]
 
@@ -140,6 +141,8 @@ def _render(err: jsonschema.ValidationError) -> list[str]:
 
 def schema_problems(instance: Any, schema_name: str) -> list[str]:
     """Every way ``instance`` breaks schema ``schema_name``, one line each with its JSON path."""
+    import jsonschema  # here, not at load: importing it takes ~0.1 s that preset-only commands do not need
+
     validator = jsonschema.Draft202012Validator(shipped_schema(schema_name))
     errors = sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path])
     lines: list[str] = []
@@ -258,6 +261,15 @@ def _resolve_gpu(gpu: Any, problems: list[str]) -> tuple[GPUSpec | None, dict]:
         return None, {}
 
 
+def _plain_cluster_flags(settings: dict) -> bool:
+    """Only a GPU preset name and GPU counts, of the types ``cluster.schema.json`` asks (a non-empty string,
+    integers >= 1): the schema check finds nothing there, so it is skipped (importing jsonschema alone takes
+    ~0.1 s of a preset-only ``estimate``)."""
+    counts = [settings[k] for k in ("num_gpus", "gpus_per_node") if k in settings]
+    return (set(settings) <= {"gpu", "num_gpus", "gpus_per_node"} and isinstance(settings.get("gpu", "x"), str)
+            and settings.get("gpu", "x") != "" and all(type(v) is int and v >= 1 for v in counts))
+
+
 def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, gpus_per_node: int | None = None,
                  cluster_path: str | None = None, **overrides: Any) -> ClusterSpec:
     """A :class:`ClusterSpec` from flags, a cluster YAML, or both (flags win over the file).
@@ -282,8 +294,8 @@ def load_cluster(*, gpu: str | dict | None = None, num_gpus: int | None = None, 
     if "gpu" not in settings:
         problems.append(f"no GPU given: pass a GPU preset ({', '.join(gpu_preset_names())}) or a cluster file "
                         "with a gpu: entry")
-    shape_problems = [p for p in schema_problems(settings, "cluster.schema.json")
-                      if p != "$: missing required key 'gpu'"]
+    shape_problems = [] if _plain_cluster_flags(settings) else [
+        p for p in schema_problems(settings, "cluster.schema.json") if p != "$: missing required key 'gpu'"]
     problems += shape_problems
     if not shape_problems:
         shape_problems = nonfinite_problems(settings) + _cluster_limit_problems(settings)
