@@ -39,7 +39,9 @@ def _resume_script(fallback: Fallback, est: Estimate, save_dir: str, universal: 
              "fallback/launch_slurm.sbatch after the conversion). SAVE_DIR: the folder the job saved into.",
              "set -euo pipefail",
              'SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-             f'SAVE="${{SAVE_DIR:-{shlex.quote(save_dir)}}}"']
+             f'SAVE="${{SAVE_DIR:-{shlex.quote(save_dir)}}}"',
+             "# A relative folder is the built-in trainer's, under this bundle; else the folder the job ran in.",
+             'case "$SAVE" in /*) ;; *) if [ -d "$SCRIPT_DIR/$SAVE" ]; then SAVE="$SCRIPT_DIR/$SAVE"; fi ;; esac']
     if universal:
         lines += ['if [ ! -f "$SAVE/latest" ]; then',
                   '    echo "resume_fallback.sh: no $SAVE/latest: nothing saved yet (set SAVE_DIR)" >&2; exit 2',

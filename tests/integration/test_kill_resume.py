@@ -87,12 +87,13 @@ def _kill_all(proc: subprocess.Popen) -> None:
             pass
 
 
-def run(bundle: Path, engine: str, train_args: str, *, kill_on_hold: bool = False) -> dict:
-    """Start the bundle's launch script; the LOSS / CHECKPOINT / RESUMED / RESULT lines of rank 0, parsed."""
+def run(bundle: Path, engine: str, train_args: str, *, kill_on_hold: bool = False, script: str | None = None) -> dict:
+    """Start the bundle's launch script (or ``script``); the LOSS / CHECKPOINT / RESUMED / RESULT lines of rank 0,
+    parsed."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(pick_free_port()), AUTOTUNE_TRAIN_ARGS=train_args)
     err = (bundle / "stderr.txt").open("a")
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", str(bundle / SCRIPT[engine])], stdout=subprocess.PIPE, stderr=err, text=True,
+    proc = subprocess.Popen(["bash", str(bundle / (script or SCRIPT[engine]))], stdout=subprocess.PIPE, stderr=err, text=True,
                             env=env, cwd=bundle.parent, start_new_session=True)
     out: dict = {"steps": {}, "checkpoints": [], "resumed": None, "result": None, "held": False, "lines": []}
     try:
@@ -225,3 +226,24 @@ def test_async_save_blocks_less(tmp_path):
                                        for n, v in out.items()))
     assert med["async blocked_s"] < med["sync blocked_s"]
     assert med["async blocked_s"] < med["async total_s"]
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_the_bundles_fallback_resumes_the_checkpoint_on_fewer_ranks(engine, tmp_path):
+    """The bundle as emitted for 4 ranks, with the fallback for losing 2 of them: resume_fallback.sh runs the
+    conversion the format needs (DeepSpeed: ds_to_universal; DCP: none) and the fallback's own launcher, which
+    resumes the 4-rank run's step-4 checkpoint on 2 ranks with the same global batch (micro-batches accumulated)."""
+    bundle = _emit(tmp_path, "job", engine, 4, "--global-batch", "8", "--save-interval", "4", "--lost-gpus", "2")
+    fallback = json.loads((bundle / "fallback" / "plan.json").read_text())["plan"]
+    assert (fallback["dp"] * fallback["tp"] * fallback["pp"], fallback["global_batch_size"]) == (2, 8)
+    big = run(bundle, engine, _args(engine).replace(f"--steps {STEPS - 1}", "--steps 5"))
+    assert [c["step"] for c in big["checkpoints"]] == [4]
+    small = run(bundle, engine, _args(engine).replace(f"--steps {STEPS - 1}", "--steps 5"), script="resume_fallback.sh")
+    print(f"\n{engine} fallback 4 -> 2 ranks: {big['wall_s']} s, then {small['wall_s']} s; step 5 "
+          f"{big['steps'][5]} vs {small['steps'][5]}")
+    assert small["resumed"]["step"] == 4 and sorted(small["steps"]) == [5, 6]
+    if engine == "deepspeed":
+        assert small["resumed"]["universal"] is True
+    assert [small["steps"][s][1] for s in (5, 6)] == [big["steps"][s][1] for s in (5, 6)]  # the schedule goes on
+    # Step 5 is the restored weights on the same 8 sequences, split into other micro-batches: close, not equal.
+    assert small["steps"][5][0] == pytest.approx(big["steps"][5][0], abs=0.02)
