@@ -88,11 +88,26 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                                                            load_universal=universal).files))
     extra = {} if fallback is None else {"fallback": fallback.to_dict()}
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()} | extra, indent=2) + "\n"
-    files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text(), measured=measured,
+    files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text() + _builtin_saving(est, options),
+                                     measured=measured,
                                      files=sorted(f for f in files if "/" not in f),
                                      user_script_needs=engine_files.user_script_needs,
                                      fallback_lines=fallback_section(fallback, est))
     return Bundle(files=files, policy=policy)
+
+
+def _builtin_saving(est: Estimate, options: EmitOptions) -> str:
+    """What the built-in trainer does with the policy (autotune/train/checkpointing.py), where it runs."""
+    plan = est.plan
+    if options.launch.script is not None or plan.engine not in ("deepspeed", "fsdp"):
+        return ""
+    if plan.pp > 1:
+        return " The built-in trainer does not save pipelined runs (pp > 1) yet: it says so when it starts."
+    where = "the newest `step-N` folder marked `autotune_complete`" if plan.engine == "fsdp" else "`latest`"
+    return (" The built-in trainer saves at this interval into the folder above (relative to this bundle) and keeps "
+            "the newest ones; starting the same launch script again resumes from the last complete checkpoint ("
+            f"{where}) with the same learning rate and data order. Extra trainer flags: "
+            "`AUTOTUNE_TRAIN_ARGS=\"--steps N\" bash launch_torchrun.sh`.")
 
 
 def _check_file(path: Path, est: Estimate) -> list[str]:
