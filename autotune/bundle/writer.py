@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -86,7 +86,8 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
         files.update(fallback_files(fallback, est, policy.save_dir,
                                     lambda other, universal: render_bundle(other, remaining,
                                                                            load_universal=universal).files))
-    extra = {} if fallback is None else {"fallback": fallback.to_dict()}
+    # The optimizer settings emit was given: the FSDP2 built-in trainer's learning-rate schedule reads them.
+    extra = {"optimizer": asdict(options.optimizer)} | ({} if fallback is None else {"fallback": fallback.to_dict()})
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()} | extra, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text() + _builtin_saving(est, options),
                                      measured=measured,

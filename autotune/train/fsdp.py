@@ -25,6 +25,7 @@ shapes the TP / pipeline split cannot take (:func:`unsupported_reason`).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from autotune.train import (StepLog, Unsupported, checkpointing, phase, pick_device, teardown, token_batches,
                             torch_dtype, world_size_problem)
@@ -140,11 +141,28 @@ def build(est, device, seed: int):
     return mesh, modules, stage_ids, len(stages)
 
 
+def _emitted_optimizer(plan_path: str, options_type):
+    """The optimizer settings emit wrote into plan.json (``--lr``, ``--warmup-steps``, ``--train-steps``), else
+    the defaults: this trainer's schedule flags start from them."""
+    import dataclasses
+    import json
+
+    try:
+        given = json.loads(Path(plan_path).read_text(encoding="utf-8")).get("optimizer") or {}
+    except (OSError, ValueError, AttributeError):
+        given = {}
+    known = {f.name for f in dataclasses.fields(options_type)}
+    try:
+        return options_type(**{k: v for k, v in given.items() if k in known})
+    except (TypeError, ValueError):
+        return options_type()
+
+
 def main(est, args, rest: list[str]) -> int:
     from autotune.emit.options import OptimizerOptions
 
     ap = argparse.ArgumentParser(prog="python -m autotune.train (fsdp)")
-    opt = OptimizerOptions()
+    opt = _emitted_optimizer(args.plan, OptimizerOptions)
     ap.add_argument("--lr", type=float, default=opt.lr, help=f"peak learning rate (default {opt.lr:g})")
     ap.add_argument("--min-lr", type=float, default=opt.min_lr, help=f"final learning rate (default {opt.min_lr:g})")
     ap.add_argument("--lr-warmup-steps", type=int, default=opt.warmup_steps,

@@ -42,3 +42,14 @@ def test_megatron_saves_at_the_policys_interval(tmp_path):
     args = (out / "megatron_args.sh").read_text()
     assert f"--save-interval {policy['interval_steps']}" in args.replace("\n", " ").replace("  ", " ") or \
         re.search(rf"--save-interval\s+{policy['interval_steps']}\b", args)
+
+
+def test_the_fsdp2_trainer_starts_from_the_emitted_learning_rate_schedule(tmp_path):
+    from autotune.emit.options import OptimizerOptions
+    from autotune.train.fsdp import _emitted_optimizer
+
+    out, _ = _emit(tmp_path, "--engine", "fsdp", "--zero", "3", "--lr", "0.01", "--warmup-steps", "3",
+                   "--train-steps", "20")
+    opt = _emitted_optimizer(str(out / "plan.json"), OptimizerOptions)
+    assert (opt.lr, opt.warmup_steps, opt.train_steps) == (0.01, 3, 20)
+    assert _emitted_optimizer(str(tmp_path / "missing.json"), OptimizerOptions) == OptimizerOptions()
