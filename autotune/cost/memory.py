@@ -155,9 +155,9 @@ _states_cache: dict[tuple, tuple[ModelSpec, ModelStateBytes]] = {}
 
 
 def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, dense: float,
-                  expert: float) -> ModelStateBytes:
-    """``engine.model_states``, cached over the plan fields it reads (``_STATE_FIELDS``)."""
-    key = (id(model), stage, dense, expert, _STATE_FIELDS(plan))  # ModelSpec hashes slowly: its id
+                  expert: float, state_fields: tuple) -> ModelStateBytes:
+    """``engine.model_states``, cached over the plan fields it reads (``state_fields``: ``_STATE_FIELDS(plan)``)."""
+    key = (id(model), stage, dense, expert, state_fields)  # ModelSpec hashes slowly: its id
     hit = _states_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_states_cache) > 65536:
@@ -173,23 +173,27 @@ _PARTS_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(Paralle
 _parts_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
 
 
-def _stage_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, facts, scheme: str,
-                 settings: MemorySettings) -> tuple:
-    """(dense, expert parameters per GPU, activation parts, their sum, buffer parts, their sum) of ``stage``."""
-    key = (id(model), id(settings), stage, _PARTS_FIELDS(plan))  # the specs hash slowly: their ids
+def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings) -> tuple:
+    """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
+    their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS``."""
+    key = (id(model), id(settings), _PARTS_FIELDS(plan))  # the specs hash slowly: their ids
     hit = _parts_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
             _parts_cache.clear()
-        groups = stage_param_groups(model, plan, stage, scheme)
-        dense = groups.tp_sharded / plan.tp + groups.replicated
-        expert = groups.expert / (plan.ep * plan.tp)
-        activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
-        buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(engine, plan, groups,
-                                                                                             settings)
-        parts = (dense, expert, activation_parts, sum(activation_parts.values()), buffer_parts,
-                 sum(buffer_parts.values()))
-        hit = _parts_cache[key] = (model, settings, parts)
+        facts = engine.activation_facts(plan)
+        if settings.selective_policy is not None:
+            facts = dataclasses.replace(facts, selective=settings.selective_policy)
+        scheme = engine.support.layer_split
+        out = []
+        for stage in representative_stages(model.num_layers, plan.pp, scheme):
+            groups = stage_param_groups(model, plan, stage, scheme)
+            activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
+            buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
+                engine, plan, groups, settings)
+            out.append((stage, groups.tp_sharded / plan.tp + groups.replicated, groups.expert / (plan.ep * plan.tp),
+                        activation_parts, sum(activation_parts.values()), buffer_parts, sum(buffer_parts.values())))
+        hit = _parts_cache[key] = (model, settings, tuple(out))
     return hit[2]
 
 
@@ -202,15 +206,11 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    facts = engine.activation_facts(plan)
-    if settings.selective_policy is not None:
-        facts = dataclasses.replace(facts, selective=settings.selective_policy)
+    state_fields = _STATE_FIELDS(plan)
     candidates = []
-    scheme = engine.support.layer_split
-    for stage in representative_stages(model.num_layers, plan.pp, scheme):
-        dense, expert, activation_parts, activations, buffer_parts, buffers = _stage_parts(
-            engine, model, plan, stage, facts, scheme, settings)
-        states = _model_states(engine, model, plan, stage, dense, expert)
+    for stage, dense, expert, activation_parts, activations, buffer_parts, buffers in _stages_parts(
+            engine, model, plan, settings):
+        states = _model_states(engine, model, plan, stage, dense, expert, state_fields)
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
         step_extra = max(0.0, states.step_transient - activations)
         tensors = states.weights + states.gradients + states.optimizer_states + activations + step_extra + buffers
