@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LLAMA3_UNEXPECTED", "PLANNED_GPU_HOURS", "availability_optimal_interval_s", "wall_time_fractions"]
+__all__ = ["LLAMA3_UNEXPECTED", "PLANNED_GPU_HOURS", "availability_optimal_interval_s", "expected_detection_s",
+           "wall_time_fractions"]
 
 PLANNED_GPU_HOURS = 16_384 * 54 * 24 / 47
 """GPU-hours per planned interruption (Llama 3: 47 in 54 days on 16,384 GPUs); assumed to scale with the GPU
@@ -47,6 +48,20 @@ LLAMA3_UNEXPECTED = {  # Llama 3 Table 5: the 419 unexpected interruptions by ro
     "power supply": 3, "server chassis": 2, "IO expansion board": 2, "dependency": 2, "CPU": 2,
     "system memory": 2,
 }
+
+
+HANG_SHARE = LLAMA3_UNEXPECTED["NCCL watchdog timeouts"] / sum(LLAMA3_UNEXPECTED.values())
+"""Failures that hang the job rather than end a process (Llama 3: 7 of 419 were NCCL watchdog timeouts)."""
+WATCHDOG_TIMEOUT_S = 600.0
+"""torch.distributed's default NCCL process-group timeout (10 minutes): how long a hang takes to be seen."""
+CRASH_DETECTION_S = 5.0
+"""A process that dies is seen by torchrun's elastic agent at its next monitor poll (seconds) and its peers'
+collectives fail with it; assumed 5 s."""
+
+
+def expected_detection_s(*, watchdog_timeout_s: float = WATCHDOG_TIMEOUT_S) -> float:
+    """Mean seconds from a failure to the job knowing it: crashes at once, hangs after the watchdog timeout."""
+    return (1 - HANG_SHARE) * CRASH_DETECTION_S + HANG_SHARE * watchdog_timeout_s
 
 
 def availability_optimal_interval_s(*, delta_s: float, mtbf_s: float, restart_s: float, lag_s: float = 0.0,

@@ -37,7 +37,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from autotune.cost.availability import PLANNED_GPU_HOURS, availability_optimal_interval_s, wall_time_fractions
+from autotune.cost.availability import (
+    PLANNED_GPU_HOURS,
+    availability_optimal_interval_s,
+    expected_detection_s,
+    wall_time_fractions,
+)
 from autotune.cost.memory import model_state_bytes
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.options import CheckpointOptions
@@ -154,12 +159,14 @@ class CheckpointPolicy:
     load_time_s: float
     """Reading the checkpoint back at the same aggregate bandwidth."""
     restart_s: float
-    """Relaunch plus load, per failure."""
+    """Detection, relaunch and load, per failure."""
     job_mtbf_s: float
     planned_interval_s: float
     """Mean time between planned interruptions of the job (each costs a restart, no rework)."""
     relaunch_s: float
-    """Detection, requeue, process start and process-group init per restart (load excluded)."""
+    """Requeue, process start and process-group init per restart (detection and load excluded)."""
+    detection_s: float
+    """Mean time from a failure to the job knowing it (autotune.cost.availability.expected_detection_s)."""
     optimal_interval_s: float
     """Availability optimum (autotune.cost.availability) before rounding to steps."""
     step_time_s: float
@@ -310,8 +317,9 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
     job_mtbf_s = options.gpu_mtbf_hours * 3600 / plan.world_size
     planned_s = PLANNED_GPU_HOURS * 3600 / plan.world_size
     load_time_s = sizes.total / storage_bytes_per_s
+    detection_s = expected_detection_s()
     optimal_s = availability_optimal_interval_s(
-        delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=relaunch_s + load_time_s,
+        delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=detection_s + relaunch_s + load_time_s,
         lag_s=write_time_s if async_save else 0.0, planned_s=planned_s, planned_restart_s=relaunch_s + load_time_s)
     if options.interval_steps is not None:
         steps = options.interval_steps
@@ -327,8 +335,8 @@ def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float
         num_gpus=plan.world_size, sizes=sizes, storage_bandwidth_gb_per_s=options.storage_bandwidth_gb_per_s,
         pcie_bandwidth_gb_per_s=cluster.pcie_bandwidth_gb_per_s, gpu_mtbf_hours=options.gpu_mtbf_hours,
         write_time_s=write_time_s, blocking_s=blocking_s,
-        load_time_s=load_time_s, restart_s=relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
-        planned_interval_s=planned_s, relaunch_s=relaunch_s,
+        load_time_s=load_time_s, restart_s=detection_s + relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
+        planned_interval_s=planned_s, relaunch_s=relaunch_s, detection_s=detection_s,
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
         staging_host_bytes_per_node=staging if async_save else 0.0,

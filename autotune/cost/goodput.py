@@ -66,7 +66,7 @@ class Goodput:
         return {"goodput_tokens_per_s": self.goodput_tokens_per_s, "tokens_per_s": self.tokens_per_s,
                 "fractions": dict(self.fractions), "job_mtbf_s": p.job_mtbf_s, "interval_steps": p.interval_steps,
                 "interval_s": p.interval_s, "optimal_interval_s": p.optimal_interval_s, "blocking_s": p.blocking_s,
-                "write_time_s": p.write_time_s, "restart_s": p.restart_s, "async_save": p.async_save,
+                "write_time_s": p.write_time_s, "restart_s": p.restart_s, "detection_s": p.detection_s, "async_save": p.async_save,
                 "checkpoint_bytes": p.sizes.total, "blast_radius_gpus": self.blast_radius_gpus,
                 "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 

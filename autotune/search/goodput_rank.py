@@ -66,8 +66,8 @@ class GoodputRanking:
         p = self.step_time_winner.policy
         lines += ["", "why #1: " + self.explanation(),
                   f"failures: the job fails every {p.job_mtbf_s / 3600:,.1f} h (--gpu-mtbf-hours {p.gpu_mtbf_hours:,.0f} "
-                  f"over {p.num_gpus:,} GPUs); a restart takes {p.relaunch_s:,.0f} s + the checkpoint read "
-                  f"(--restart-s); storage {p.storage_bandwidth_gb_per_s:g} GB/s (--storage-gb-per-s)",
+                  f"over {p.num_gpus:,} GPUs); a restart takes {p.detection_s:,.0f} s to detect (mean), "
+                  f"{p.relaunch_s:,.0f} s to relaunch (--restart-s) and the checkpoint read; storage {p.storage_bandwidth_gb_per_s:g} GB/s (--storage-gb-per-s)",
                   f"searched {r.num_enumerated:,} plans: {r.num_feasible:,} feasible, the goodput of {self.evaluated:,} "
                   "computed (no other can reach the top: goodput <= tokens/s)"]
         return "\n".join(lines)

@@ -103,22 +103,27 @@ def test_policy_interval_and_expected_loss_hand_derived():
     assert pol.write_time_s == pytest.approx(60.0)
     assert pol.blocking_s == pytest.approx(60.0)  # synchronous: the whole write blocks
     assert pol.job_mtbf_s == pytest.approx(36_000.0)
-    # Availability optimum: tau = sqrt(delta^2 + 2 delta a M), a = 1 + R/M + R/P, R = 300 s relaunch + 60 s read,
-    # P = Llama 3's 47 planned interruptions in 54 days on 16,384 GPUs, scaled to 64 GPUs.
-    restart, planned = DEFAULT_RELAUNCH_S + 60, 16_384 * 54 * 24 / 47 * 3600 / 64
-    a = 1 + restart / 36_000 + restart / planned
-    assert pol.optimal_interval_s == pytest.approx(math.sqrt(60**2 + 2 * 60 * a * 36_000))  # 2,089.7 s
+    # Availability optimum: tau = sqrt(delta^2 + 2 delta a M), a = 1 + R/M + R'/P; a failure's restart R = detection
+    # (412 of Llama 3's 419 failures crash, seen in ~5 s; 7 hang until the 600 s NCCL watchdog: 14.9 s) + 300 s
+    # relaunch + 60 s read; a planned one's R' = 300 + 60 s (no detection); P = Llama 3's 47 planned
+    # interruptions in 54 days on 16,384 GPUs, scaled to 64 GPUs.
+    detection = (412 * 5 + 7 * 600) / 419
+    restart, planned_restart = detection + DEFAULT_RELAUNCH_S + 60, DEFAULT_RELAUNCH_S + 60
+    planned = 16_384 * 54 * 24 / 47 * 3600 / 64
+    a = 1 + restart / 36_000 + planned_restart / planned
+    assert pol.detection_s == pytest.approx(detection) and pol.restart_s == pytest.approx(restart)
+    assert pol.optimal_interval_s == pytest.approx(math.sqrt(60**2 + 2 * 60 * a * 36_000))  # 2,093.9 s
     assert pol.optimal_interval_s > young_daly_interval_s(60.0, 36_000.0)  # 2,018.5 s: a restart costs more
     assert pol.interval_steps == 209  # round(2,089.7 s / 10 s)
     assert pol.interval_s == pytest.approx(2090.0)
     # Wall time per cycle of c = 2,090 + 60 s: c + c/M (c/2 + R) + c/P R; each part a share of it.
     c = 2150.0
-    wall = c + c / 36_000 * (c / 2 + restart) + c / planned * restart
+    wall = c + c / 36_000 * (c / 2 + restart) + c / planned * planned_restart
     parts = pol.loss_parts
     assert parts["checkpoint"] == pytest.approx(60 / wall)
     assert parts["rework"] == pytest.approx(c / 36_000 * c / 2 / wall)
     assert parts["restart"] == pytest.approx(c / 36_000 * restart / wall)
-    assert parts["planned"] == pytest.approx(c / planned * restart / wall)
+    assert parts["planned"] == pytest.approx(c / planned * planned_restart / wall)
     assert pol.expected_loss_fraction == pytest.approx(1 - 2090 / wall)  # 7.0%
 
 
