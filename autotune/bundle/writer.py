@@ -99,12 +99,13 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
 
 def _builtin_saving(est: Estimate, options: EmitOptions) -> str:
     """What the built-in trainer does with the policy (autotune/train/checkpointing.py), where it runs."""
-    plan = est.plan
-    if options.launch.script is not None or plan.engine not in ("deepspeed", "fsdp"):
+    plan, engine = est.plan, engine_for(est.plan)
+    if options.launch.script is not None or not engine.trainer_saves:
         return ""
     if plan.pp > 1:
         return " The built-in trainer does not save pipelined runs (pp > 1) yet: it says so when it starts."
-    where = "the newest `step-N` folder marked `autotune_complete`" if plan.engine == "fsdp" else "`latest`"
+    where = ("the newest `step-N` folder marked `autotune_complete`" if engine.checkpoint_format == "dcp"
+             else "`latest`")
     return (" The built-in trainer saves at this interval into the folder above (relative to this bundle) and keeps "
             "the newest ones; starting the same launch script again resumes from the last complete checkpoint ("
             f"{where}) with the same learning rate and data order. Extra trainer flags: "

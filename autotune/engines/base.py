@@ -45,6 +45,8 @@ class Engine(ABC):
     """"deepspeed" (engine.save_checkpoint tags), "torch_dist" (Megatron distributed), "dcp" (torch DCP)."""
     workload: ClassVar[str]
     """The trial workload: "builtin" (``python -m autotune.train``) or "command" (needs CUDA: Megatron-LM)."""
+    trainer_saves: ClassVar[bool] = False
+    """The built-in trainer saves and resumes checkpoints as the bundle's policy says (autotune/train/checkpointing)."""
     trainer_module: ClassVar[str | None] = None
     """The module ``python -m autotune.train`` runs for this engine's plans (its ``main(est, args, rest)``);
     None where the workload is "command" (Megatron-LM, Megatron-DeepSpeed: their own pretrain_gpt.py)."""

@@ -34,6 +34,7 @@ class DeepSpeedEngine(Engine):
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
                         cp_kind="ulysses", elementwise_kernels="eager")
     checkpoint_format = "deepspeed"
+    trainer_saves = True
     workload = "builtin"
     trainer_module = "autotune.train.deepspeed"
     trainer_takes_deepspeed_config = True

@@ -53,6 +53,7 @@ class FSDPEngine(Engine):
                         # torch.compile is on (TimeSettings.torch_compile).
                         elementwise_kernels="eager")
     checkpoint_format = "dcp"
+    trainer_saves = True
     workload = "builtin"
     trainer_module = "autotune.train.fsdp"
     sources = {"zero_stage": "FSDP2 fully_shard has no optimizer-only sharding: use zero_stage 2 or 3",

@@ -53,3 +53,13 @@ def test_the_fsdp2_trainer_starts_from_the_emitted_learning_rate_schedule(tmp_pa
     opt = _emitted_optimizer(str(out / "plan.json"), OptimizerOptions)
     assert (opt.lr, opt.warmup_steps, opt.train_steps) == (0.01, 3, 20)
     assert _emitted_optimizer(str(tmp_path / "missing.json"), OptimizerOptions) == OptimizerOptions()
+
+
+@pytest.mark.parametrize("engine,flags,says", [("fsdp", ("--zero", "3"), "`step-N` folder marked `autotune_complete`"),
+                                               ("deepspeed", ("--zero", "1"), "last complete checkpoint (`latest`)"),
+                                               ("megatron", ("--zero", "1", "--tp", "2"), None)])
+def test_plan_md_says_how_the_built_in_trainer_saves_and_resumes(tmp_path, engine, flags, says):
+    out, _ = _emit(tmp_path, "--engine", engine, *flags)
+    md = (out / "plan.md").read_text()
+    assert ("The built-in trainer saves at this interval" in md) == (says is not None)
+    assert says is None or says in md
