@@ -15,6 +15,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -38,17 +39,16 @@ def _alarm(signum, frame):  # noqa: ARG001
     raise Hang()
 
 
-# ---- file contents --------------------------------------------------------------------------
-TINY_MODEL = {"name": "t", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128,
-              "vocab_size": 256}
-HF = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
-      "num_hidden_layers": 2, "vocab_size": 256}
-CLUSTER = "gpu: h100-sxm-80gb\nnum_nodes: 1\ngpus_per_node: 8\n"
-CALIBRATION = {"gemm_peak_fraction": 0.7, "gemm_half_dim": 50.0}
-DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-             "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
-HOSTILE_VALUES = [None, True, -1, 0, 10**30, 1e308, "abc", "-x", "", [], {}, ["llama"], "no", 0.5, "--help",
-                  "a" * 1000, "\u202e", "$(touch /tmp/pwned)"]
+# ---- file contents: the valid documents and hostile values bench/hostile_campaign.py draws from too ---------
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from campaign_cases import (  # noqa: E402
+    CALIBRATION,
+    CLUSTER,
+    DS_CONFIG,
+    HF,
+    HOSTILE_VALUES,
+    TINY_MODEL,
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=False, allow_infinity=False)
