@@ -14,7 +14,7 @@ does not answer within the limit + 30 s is killed with its process group and sta
 hung. ``tune`` never starts a study: ``autotune.tune.study.tune`` is replaced by a function that stops the case
 (the case then "reached the study": clean for fuzz, nonsense accepted for an input that must be refused).
 
-The cases (bench/campaign_cases.py): the refusals issue 21 lists under "nonsense accepted" (with variants), the
+The cases (bench/campaign_cases.py, bench/campaign_targeted.py): the refusals issue 21 lists under "nonsense accepted" (with variants), the
 correct real-world files it lists under "false alarms" (the after checkout's tests/fixtures/realworld for both
 checkouts), special files (FIFOs, /dev/zero, long and looping paths), emit --force killed inside its swap (data
 loss), and fuzz of every subcommand built from the after checkout's own argparse parser (tests/test_fuzz_cli.py's
