@@ -144,7 +144,8 @@ def test_user_hf_trainer_script_from_plan_md_trains_from_another_folder(tmp_path
     config_name = _said(section, r"TrainingArguments\(deepspeed='<bundle>/(\w+\.json)' \(its absolute path").group(1)
     micro = _said(section, r"per_device_train_batch_size=(\d+)").group(1)
     accum = _said(section, r"gradient_accumulation_steps=(\d+)").group(1)
-    _said(section, r"bf16=True, use_cpu=True, ddp_backend='gloo'\)")
+    saving = _said(section, r"save_strategy='steps', save_steps=(\d+), save_total_limit=(\d+), output_dir=")
+    _said(section, r"use_cpu=True, ddp_backend='gloo'\)")
     (tmp_path / "user_trainer.py").write_text(textwrap.dedent(f'''\
         import torch
         import torch.distributed as dist
@@ -164,7 +165,8 @@ def test_user_hf_trainer_script_from_plan_md_trains_from_another_folder(tmp_path
         args = TrainingArguments(output_dir={str(tmp_path / "trainer_out")!r},
                                  deepspeed={str(bundle / config_name)!r}, per_device_train_batch_size={micro},
                                  gradient_accumulation_steps={accum}, bf16=True, use_cpu=True, ddp_backend='gloo',
-                                 max_steps=2, logging_steps=1, save_strategy="no", report_to=[])
+                                 save_strategy='steps', save_steps={saving.group(1)}, save_total_limit={saving.group(2)},
+                                 max_steps=2, logging_steps=1, report_to=[])
         trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
         result = trainer.train()
         zero = trainer.accelerator.deepspeed_config["zero_optimization"]["stage"]
