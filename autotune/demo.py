@@ -35,7 +35,8 @@ DEMO_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("plan", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "128", "--seq-len", "8192",
       "--global-batch", "1024")),
     ("The winner's files (the llama3-70b-128xh100 recipe holds that same plan): ds_config.json or Megatron "
-     "arguments, launch scripts for torchrun, the deepspeed launcher and SLURM, the checkpoint policy, plan.md.",
+     "arguments, launch scripts for torchrun, the deepspeed launcher and SLURM, the checkpoint policy, plan.md, and "
+     "under fallback/ the plan to resume on if a node is lost (resume_fallback.sh).",
      ("emit", "--recipe", "llama3-70b-128xh100", "--out", "out/llama3-70b-128xh100", "--force")),
     ("A real tuning study on this machine: tiny-gpt as 2 gloo ranks under DeepSpeed, 3 profiling trials in an "
      "SQLite study, then the best plans re-run, calibration, and the measured winner's files. About 5 minutes on "
