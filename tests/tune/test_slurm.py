@@ -84,7 +84,7 @@ def test_time_limit_scancel_and_ctrl_c_one_sbatch_job_per_trial(tmp_path, slurm_
         slurm_cluster.run("scancel", _wait_running(slurm_cluster, out, 1, timeout_s=400))
         job2 = _wait_running(slurm_cluster, out, 2)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130, (tmp_path / "tune.log").read_text()[-3000:]
+        assert proc.wait(timeout=180) == 130, (tmp_path / "tune.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
