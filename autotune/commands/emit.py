@@ -331,7 +331,7 @@ def register(sub) -> None:
     out.add_argument("--restart-s", type=float, help="seconds from a failure to training again, checkpoint read "
                      "excluded (default: the cluster file's, else 300)")
     out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
-    out.add_argument("--save-interval", type=int, help="override the Young/Daly checkpoint interval (steps)")
+    out.add_argument("--save-interval", type=int, help="override the availability-optimal checkpoint interval (steps)")
     out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
     out.add_argument("--hosts", help="comma-separated host names, one per node")
     out.add_argument("--master-addr", help="rendezvous host (default: the first host)")

@@ -54,7 +54,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CheckpointBytes", "CheckpointPolicy", "checkpoint_bytes", "checkpoint_policy", "young_daly_interval_s",
-           "expected_loss_parts", "DEFAULT_RELAUNCH_S", "options_for_cluster"]
+           "DEFAULT_RELAUNCH_S", "options_for_cluster"]
 
 DEFAULT_RELAUNCH_S = CheckpointOptions().relaunch_s
 """Seconds from a failure to training again, checkpoint read excluded (``CheckpointOptions.relaunch_s``)."""
@@ -120,21 +120,6 @@ def young_daly_interval_s(delta_s: float, mtbf_s: float) -> float:
     if delta_s >= 2 * mtbf_s:
         return mtbf_s
     return math.sqrt(2 * delta_s * mtbf_s) - delta_s
-
-
-def expected_loss_parts(*, interval_s: float, delta_s: float, mtbf_s: float, restart_s: float,
-                        durable_lag_s: float = 0.0) -> dict[str, float]:
-    """Expected fraction of wall time lost, by cause (first order in 1/M, Young/Daly's model).
-
-    checkpoint: delta/tau, the blocking cost paid every interval. rework: a failure lands uniformly
-    in a cycle of tau + delta and loses the work since the last *durable* checkpoint, on average
-    (tau + delta)/2, plus ``durable_lag_s`` when an asynchronous write is still in flight (the
-    previous checkpoint is then the one to fall back to: + write time); per failure, so / M.
-    restart: relaunch and checkpoint read, per failure, / M.
-    """
-    return {"checkpoint": delta_s / interval_s,
-            "rework": ((interval_s + delta_s) / 2 + durable_lag_s) / mtbf_s,
-            "restart": restart_s / mtbf_s}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,10 +262,9 @@ class CheckpointPolicy:
         return out
 
 
-def checkpoint_policy(estimate, options: CheckpointOptions, *, relaunch_s: float | None = None) -> CheckpointPolicy:
-    """The checkpoint policy of one estimated plan (``estimate``: :class:`autotune.api.Estimate`); ``relaunch_s``
-    (default ``options.relaunch_s``) overrides the options' restart time."""
-    relaunch_s = options.relaunch_s if relaunch_s is None else relaunch_s
+def checkpoint_policy(estimate, options: CheckpointOptions) -> CheckpointPolicy:
+    """The checkpoint policy of one estimated plan (``estimate``: :class:`autotune.api.Estimate`)."""
+    relaunch_s = options.relaunch_s
     plan, cluster = estimate.plan, estimate.cluster
     step_time_s = estimate.time.step_time_s
     problems = [] if step_time_s > 0 else [f"step time must be > 0 to size a checkpoint interval, got {step_time_s}"]

@@ -71,9 +71,9 @@ class Goodput:
                 "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 
 
-def goodput(estimate, options: CheckpointOptions | None = None, *, relaunch_s: float | None = None) -> Goodput:
+def goodput(estimate, options: CheckpointOptions | None = None) -> Goodput:
     """The goodput of one estimated plan (``estimate``: :class:`autotune.cost.estimate.Estimate`)."""
-    policy = checkpoint_policy(estimate, options or CheckpointOptions(), relaunch_s=relaunch_s)
+    policy = checkpoint_policy(estimate, options or CheckpointOptions())
     hybrid = engine_for(estimate.plan).support.hybrid_shard and estimate.plan.zero_stage in (2, 3)
     return Goodput(tokens_per_s=estimate.time.tokens_per_s, fractions=policy.wall_fractions, policy=policy,
                    replica_groups=estimate.plan.dp_replicate if hybrid else 1)

@@ -94,25 +94,24 @@ def _losses(g: Goodput) -> str:
     return f"{save}, rework {100 * f['rework']:.1f}%, restarts {100 * (f['restart'] + f['planned']):.1f}%"
 
 
-def rank_by_goodput(search: SearchResult, *, top_k: int = 10, options: CheckpointOptions | None = None,
-                    relaunch_s: float | None = None) -> GoodputRanking:
+def rank_by_goodput(search: SearchResult, *, top_k: int = 10, options: CheckpointOptions | None = None
+                    ) -> GoodputRanking:
     """Re-rank ``search.ranked`` (every feasible plan, fastest first) by goodput; ValueError when it is empty."""
     if not search.ranked:
         raise ValueError("no feasible plan to rank")
-    kwargs = {} if relaunch_s is None else {"relaunch_s": relaunch_s}
     heap: list[tuple[float, int, Goodput]] = []  # the best K so far, smallest goodput first
     evaluated = 0
     for place, est in enumerate(search.ranked, 1):
         if len(heap) == top_k and est.time.tokens_per_s <= heap[0][0]:
             break  # goodput <= tokens/s, and tokens/s only falls from here
-        g = goodput(est, options, **kwargs)
+        g = goodput(est, options)
         evaluated += 1
         item = (g.goodput_tokens_per_s, -place, g)
         if len(heap) < top_k:
             heapq.heappush(heap, item)
         elif item[:2] > heap[0][:2]:
             heapq.heapreplace(heap, item)
-    winner = goodput(search.ranked[0], options, **kwargs)
+    winner = goodput(search.ranked[0], options)
     ordered = sorted(heap, key=lambda item: item[:2], reverse=True)
     top = tuple((search.ranked[-neg - 1], g, -neg) for _, neg, g in ordered)
     return GoodputRanking(search=search, top=top, evaluated=evaluated, step_time_winner=winner)
