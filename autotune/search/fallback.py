@@ -58,7 +58,7 @@ def fallback_plan(est: Estimate, *, lost_gpus: int | None = None,
     lost = cluster.gpus_per_node if lost_gpus is None else lost_gpus
     left = cluster.num_gpus - lost
     conversion = RESHARD[engine_for(plan).checkpoint_format]
-    if lost < 1 or left < 1 or left % cluster.gpus_per_node and left > cluster.gpus_per_node:
+    if lost < 1 or left < 1 or (left % cluster.gpus_per_node and left > cluster.gpus_per_node):
         why = (f"{cluster.num_gpus} GPUs less {lost} leave {max(left, 0)}: "
                + ("nothing to resume on" if left < 1 else f"not whole nodes of {cluster.gpus_per_node}"))
         return Fallback(lost_gpus=lost, num_gpus=max(left, 0), estimate=None, conversion=conversion, reason=why)
