@@ -20,7 +20,8 @@ reads step times and errors as it does under torchrun. srun's per-task exit mess
 
 SIGTERM / SIGINT / SIGHUP (the runner stopping the trial, Ctrl-C, ``--resume`` ending a dead tuner's
 trial): the step (``scancel JOB.STEP``, found by its unique name with ``squeue --steps``) or the job
-(``scancel JOBID``) is cancelled, so every rank on every node ends, then this exits.
+(``scancel JOBID``) is cancelled by :mod:`autotune.tune.slurm_cancel`, started at once in a session of its own
+and retrying until SLURM lists it as ended, so every rank on every node ends; then this exits.
 """
 
 from __future__ import annotations
@@ -129,17 +130,6 @@ class _Follower:
             self.out.flush()
 
 
-def _squeue_ids(name: str, steps: bool) -> list[str]:
-    argv = ["squeue", "--noheader", "--format=%i %j"] + (["--steps"] if steps else [])
-    if steps and os.environ.get("SLURM_JOB_ID"):
-        argv.append(f"--jobs={os.environ['SLURM_JOB_ID']}")
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.split()[0] for line in out.splitlines() if len(line.split()) >= 2 and line.split()[1] == name]
-
-
 class _BatchJob:
     """A submitted batch job, polled with ``scontrol show job`` (``sbatch --wait`` polls at 2, 4, 8, 16, 32 s
     intervals: seen here, a 14 s job was noticed 28 s late)."""
@@ -226,8 +216,25 @@ def main(argv: list[str]) -> int:
     for stale in [*workdir.glob("rank-*.log"), workdir / "job.log"]:
         stale.unlink(missing_ok=True)
     stop = threading.Event()
+    cancels: list[subprocess.Popen] = []
+
+    def start_cancel() -> None:
+        """The canceller, in a session of its own, at once: the tuner SIGKILLs our process group a few seconds
+        after its SIGTERM, and it retries scancel until SLURM says the job (or step) has ended."""
+        if cancels or (job_mode and record["id"] is None):
+            return
+        alloc = [record["allocation"]] if record["allocation"] else []
+        what = ["job", record["id"]] if job_mode else ["step", p["name"], *alloc]
+        cancels.append(subprocess.Popen([sys.executable, "-m", "autotune.tune.slurm_cancel", *what],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        stdin=subprocess.DEVNULL, start_new_session=True))
+
+    def on_stop(*_) -> None:
+        stop.set()
+        start_cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_stop)
     step = _Step(cmd, on_text)
     job: _BatchJob | None = None
     if job_mode:  # sbatch returns once the job is queued
@@ -236,6 +243,8 @@ def main(argv: list[str]) -> int:
             print(f"error: sbatch failed (exit code {rc})", flush=True)
             return rc or 1
         job = _BatchJob(record["id"])
+        if stop.is_set():  # stopped while sbatch was submitting: the id is known only now
+            start_cancel()
     names = [f"rank-{t}.log" for t in range(p["ntasks"])] + (["job.log"] if job_mode else [])
     follower = _Follower(workdir, names, sys.stdout, on_line)
     save()
@@ -246,15 +255,9 @@ def main(argv: list[str]) -> int:
         time.sleep(POLL_S)
     if stop.is_set() and rc is None:
         record["stopped_by_tuner"] = True
-        ids = [job.id] if job is not None else _squeue_ids(p["name"], steps=True)
-        # Each scancel in its own session: the tuner SIGKILLs this process group KILL_GRACE_S after its SIGTERM,
-        # and a slow slurmctld (a loaded machine) must not lose the cancel with it.
-        cancels = [subprocess.Popen(["scancel", job_or_step], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True) for job_or_step in ids]
-        for cancel in cancels:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                cancel.wait(timeout=10)
-        print(f"# autotune slurm: stopped; scancel {' '.join(ids) or '(nothing queued yet)'}", flush=True)
+        start_cancel()
+        print(f"# autotune slurm: stopped; scancel {record['id'] if job_mode else p['name']} (retried until SLURM "
+              "lists it as ended)", flush=True)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while rc is None and time.monotonic() < deadline:
             time.sleep(0.1)
