@@ -1,0 +1,309 @@
+"""NVIDIA's own Blackwell recipes (bench/data/nvidia_recipes_blackwell.csv, Megatron-Bridge performance summary):
+how far off the cost model is on them, and where NVIDIA's plan ranks in the planner's search.
+
+    python bench/accuracy_nvidia_recipes.py              # both tables, every row
+    python bench/accuracy_nvidia_recipes.py --limit 5    # the first 5 rows of the file only
+    python bench/accuracy_nvidia_recipes.py --rows       # also print every row of both tables
+
+Accuracy: each row NVIDIA's plan (their tp/pp/cp/vp/ep/mbs/gbs/seq/precision, Megatron engine, distributed optimizer)
+goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code,
+default settings: nothing fitted here). The table does not state activation recompute: each mode is estimated and
+the fastest that fits is taken (as bench/accuracy_published.py takes the fastest candidate where a source leaves a
+setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
+whether the ledger says the plan fits. MXFP8 / FP8-CS / FP8-MX rows run as ``--precision fp8`` (the engine's default
+FP8 recipe: the command has no flag for the scaling granularity). Rows the tool cannot express are listed with the
+reason (the tool's own error message where it gives one) and counted.
+
+Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
+batch and sequence length (``search_plans``, the command's code path and default search space); NVIDIA's plan's rank
+= 1 + the feasible searched plans predicted faster than it; the predicted gain of the planner's top plan over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.cli import build_parser
+from autotune.commands.estimate import estimate_from_flags
+from autotune.errors import InputError
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.presets import model_preset_names
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy_published import _stats  # noqa: E402  (median / p90 of |error|, the published-runs bench's columns)
+
+DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
+
+SYSTEM_PRESETS = {"DGX-B200": "b200", "DGX-B300": "b300", "DGX-GB200": "gb200", "DGX-GB300": "gb300"}
+"""The table's system names and the GPU presets of autotune/presets/gpus.yaml."""
+
+MODEL_PRESETS = {
+    "LLAMA3_8B": ("llama3-8b",),
+    "LLAMA3_70B": ("llama3-70b",),
+    "LLAMA3.1_405B": ("llama3.1-405b", "llama3-405b"),  # 405B exists only as Llama 3.1 (the preset's source)
+    "DeepSeekV3": ("deepseek-v3",),
+    "Qwen3_30B_a3B": ("qwen3-30b-a3b",),
+    "Qwen3_235B_a22B": ("qwen3-235b-a22b",),
+    "GPT OSS 120B": ("gpt-oss-120b",),
+    "Kimi_K2": ("kimi-k2", "kimi-k2-base", "kimi-k2-instruct"),
+}
+"""Family (the table's model name without its parenthesised variant) -> preset names to look for, first found wins.
+Presets are looked up when the bench runs: a family whose preset is not there yet is reported as such."""
+
+NOT_MODELLED = {
+    "Nemotron_3": "hybrid Mamba-Transformer (Mamba-2 and attention layers): ModelSpec has transformer layers only",
+    "DeepSeekV4": "DeepSeek-V4: its attention and MoE variants have no model spec here",
+}
+
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recompute modes tried for NVIDIA's plan (the table does not say which the recipe used)."""
+
+VARIANT_NOTES = {
+    "tokendrop": "token-dropping MoE run as dropless (no capacity factor in ModelSpec)",
+    "w/ MTP": "the multi-token-prediction module is not in the deepseek-v3 preset",
+}
+
+
+def load_rows(path: Path = DATA) -> list[dict]:
+    """The CSV's rows (lines starting with # are comments), in file order."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def family_of(model: str) -> tuple[str, str]:
+    """("LLAMA3_70B", "") or ("DeepSeekV3", "tokendrop") from the table's model name."""
+    base, _, variant = model.partition("(")
+    return base.strip(), variant.rstrip(")").strip()
+
+
+def count(value: str, default: int = 1) -> int:
+    """An integer column; empty and "n/a" are the default (not used)."""
+    v = str(value).strip()
+    return default if v in ("", "n/a") else int(v)
+
+
+def precision_of(text: str) -> tuple[str | None, str]:
+    """(--precision value or None, why not) of the table's precision column."""
+    t = text.upper()
+    if t.startswith("BF16"):
+        return "bf16", ""
+    if "FP4" in t:
+        return None, f"{text}: the tool's precisions are bf16, fp16 and fp8 (no FP4 GEMMs)"
+    if "FP8" in t or t.startswith("NOT STATED"):  # the 25.09 table: both columns are FP8 granularities
+        return "fp8", ""
+    return None, f"precision {text!r} not understood"
+
+
+def model_preset(family: str) -> tuple[str | None, str]:
+    """(preset name, why none) of a family; presets are looked up now."""
+    for prefix, why in NOT_MODELLED.items():
+        if family.startswith(prefix):
+            return None, why
+    names = MODEL_PRESETS.get(family)
+    if names is None:
+        return None, f"no preset maps to {family!r}"
+    found = [n for n in names if n in model_preset_names()]
+    return (found[0], "") if found else (None, f"no model preset {' / '.join(names)} yet")
+
+
+@dataclass
+class Case:
+    row: dict
+    family: str
+    gpu: str
+    argv: list[str] = field(default_factory=list)
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    measured: float = 0.0
+    predicted: float | None = None
+    fits: bool | None = None
+    result: object = None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None else self.predicted / self.measured - 1
+
+
+def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 1) -> tuple[list[str], list[str]]:
+    """`autotune estimate` arguments of NVIDIA's plan, and notes on how the row was read."""
+    gpus, notes = count(row["gpus"]), []
+    argv = ["estimate", "--model", preset, "--gpu", gpu, "--num-gpus", str(gpus), "--engine", "megatron",
+            "--zero", str(zero), "--seq-len", row["seq"], "--global-batch", row["gbs"], "--micro-batch", row["mbs"],
+            "--tp", str(count(row["tp"])), "--pp", str(count(row["pp"])), "--cp", str(count(row["cp"])),
+            "--vpp", str(count(row["vp"])), "--ep", str(count(row["ep"])), "--precision", precision]
+    if gpu in ("gb200", "gb300") and gpus > 72 and gpus % 72:
+        # NVL72 racks: a job of 128 / 256 GPUs is read as NVLink domains of 64 GPUs (of each rack's 72).
+        argv += ["--gpus-per-node", "64"]
+        notes.append("NVLink domains of 64")
+    return argv, notes
+
+
+def run_estimate(argv: list[str]):
+    """The command's own parsing and estimate; InputError as the tool reports it."""
+    args = build_parser().parse_args(argv)
+    return estimate_from_flags(args)
+
+
+def express(row: dict) -> Case:
+    """The row as a Case: its estimate arguments, or the reason it cannot be expressed."""
+    family, variant = family_of(row["model"])
+    case = Case(row=row, family=family, gpu=SYSTEM_PRESETS.get(row["system"], ""),
+                measured=float(row["tokens_per_s_per_gpu"]))
+    if variant in VARIANT_NOTES:
+        case.notes.append(VARIANT_NOTES[variant])
+    if not case.gpu:
+        case.reason = f"system {row['system']!r} has no GPU preset"
+        return case
+    if row["task"].startswith("LoRA"):
+        case.reason = "LoRA fine-tuning: frozen base weights and adapters are not modelled (the ledger trains all)"
+        return case
+    preset, why = model_preset(family)
+    precision, why_p = precision_of(row["precision"])
+    if preset is None or precision is None:
+        case.reason = why or why_p
+        return case
+    if count(row["fsdp"], 0) > 0:
+        # Megatron-FSDP shards parameters, gradients and optimizer states (ZeRO-3-like): ask the tool for it.
+        argv, _ = estimate_argv(row, preset, case.gpu, precision, zero=3)
+        try:
+            run_estimate(argv)
+            case.reason = f"Megatron-FSDP (fsdp={row['fsdp']}) is not modelled as such"
+        except InputError as err:
+            case.reason = f"Megatron-FSDP (fsdp={row['fsdp']}) as megatron --zero 3: {one_line(err)}"
+        return case
+    case.argv, notes = estimate_argv(row, preset, case.gpu, precision)
+    case.notes += notes
+    return case
+
+
+def one_line(err: InputError) -> str:
+    return err.render().replace("\n  - ", " | ")
+
+
+def estimate_case(case: Case) -> None:
+    """NVIDIA's plan at each recompute mode (the table does not state it); the fastest that fits is taken, as the
+    published-runs bench takes the fastest candidate where a source leaves a setting out (NVIDIA tuned theirs)."""
+    found = []
+    for mode in RECOMPUTE:
+        try:
+            found.append(run_estimate([*case.argv, "--recompute", mode]))
+        except InputError as err:
+            case.reason = case.reason or f"autotune estimate: {one_line(err)}"
+    if not found:
+        return
+    case.reason = ""
+    case.result = max(found, key=lambda r: (r.memory.fits, r.time.tokens_per_s))
+    case.predicted = case.result.time.tokens_per_s / case.result.cluster.num_gpus
+    case.fits = case.result.memory.fits
+    case.notes.insert(0, f"rc-{case.result.plan.recompute}")
+
+
+def label(row: dict) -> str:
+    lay = "".join(f"{k}{row[k]}" for k in ("tp", "pp", "cp", "vp", "ep") if count(row[k]) > 1)
+    return (f"{row['container']:<9}{row['model'][:26]:<27}{row['system'][4:]:<6}{row['gpus']:>4} "
+            f"{row['precision'][:10]:<11}gbs{row['gbs']:<6}mb{row['mbs']:<2}s{row['seq']:<5} {lay or 'dp'}")
+
+
+def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
+    done = [c for c in cases if c.predicted is not None]
+    print(f"ACCURACY: predicted vs measured tokens/s per GPU ({len(done)} estimated, "
+          f"{len(cases) - len(done)} not expressible, of {len(cases)} rows)")
+    if show_rows:
+        print(f"\n{'row':<84}{'measured':>9}{'pred':>9}{'error':>8}  fits")
+        for c in done:
+            print(f"{label(c.row):<84}{c.measured:>9.0f}{c.predicted:>9.0f}{c.error:>+8.1%}  "
+                  f"{'yes' if c.fits else 'NO'}{'  (' + '; '.join(c.notes) + ')' if c.notes else ''}")
+    groups: dict[str, list[float]] = defaultdict(list)
+    for c in done:
+        groups[f"family {c.family}"].append(c.error)
+        groups[f"gpu {c.gpu}"].append(c.error)
+        groups[f"family {c.family} on {c.gpu}"].append(c.error)
+    print(f"\n{'group':<44}{'rows':>5}{'med':>7}{'p90':>7}  |error|{'':>4}{'bias':>7}{'fit':>6}")
+    for key in sorted(groups, key=lambda k: (k.startswith("gpu"), k)):
+        errs = groups[key]
+        fits = sum(c.fits for c in done if key in (f"family {c.family}", f"gpu {c.gpu}",
+                                                    f"family {c.family} on {c.gpu}"))
+        print(f"{key:<44}{len(errs):>5}{_stats(errs)}{'':>11}{statistics.median(errs):>+7.1%}{fits:>4}/{len(errs)}")
+    errs = [c.error for c in done]
+    print(f"{'all estimated rows':<44}{len(errs):>5}{_stats(errs)}{'':>11}"
+          f"{statistics.median(errs) if errs else 0:>+7.1%}{sum(c.fits for c in done):>4}/{len(errs)}")
+    reasons: dict[str, list[Case]] = defaultdict(list)
+    for c in cases:
+        if c.predicted is None:
+            reasons[c.reason].append(c)
+    print(f"\nnot expressible: {sum(map(len, reasons.values()))} rows")
+    for why, members in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+        names = sorted({m.row["model"] for m in members})
+        print(f"  {len(members):>3}  {', '.join(names)}: {why}")
+    return {"estimated": len(done), "unsupported": len(cases) - len(done), "errors": errs}
+
+
+def plan_quality_table(cases: list[Case], show_rows: bool) -> dict:
+    done = [c for c in cases if c.predicted is not None]
+    searches: dict[tuple, object] = {}
+    ranks, gains = [], []
+    print(f"\nPLAN QUALITY: NVIDIA's plan in `autotune plan --engine megatron` on the same model / GPUs / global batch "
+          f"/ seq / precision ({len(done)} rows)")
+    if show_rows:
+        print(f"\n{'row':<84}{'rank':>6}{'of':>7}{'gain':>8}  top plan")
+    for c in done:
+        est = c.result
+        plan = est.plan
+        key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
+               plan.global_batch_size, plan.seq_len, plan.precision)
+        if key not in searches:
+            searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
+                                         global_batch_size=plan.global_batch_size, top_k=10,
+                                         constraints=SearchConstraints(engines=("megatron",),
+                                                                       precisions=(plan.precision,)))
+        found = searches[key]
+        nv = est.time.tokens_per_s
+        faster = sum(1 for e in found.ranked if e.time.tokens_per_s > nv * (1 + 1e-9))
+        rank = faster + 1 if c.fits else None
+        gain = found.ranked[0].time.tokens_per_s / nv - 1 if found.ranked else None
+        ranks.append(rank)
+        if gain is not None:
+            gains.append(gain)
+        if show_rows:
+            from autotune.report import plan_summary
+
+            top = plan_summary(found.ranked[0].plan) if found.ranked else "(nothing feasible)"
+            shown = f"{rank}" if rank is not None else f"({faster + 1})"
+            print(f"{label(c.row):<84}{shown:>6}{found.num_feasible:>7}"
+                  f"{'' if gain is None else f'{gain:+.1%}':>8}  {top}")
+    top10 = sum(1 for r in ranks if r is not None and r <= 10)
+    unfit = sum(1 for r in ranks if r is None)
+    med_gain = statistics.median(gains) if gains else math.nan
+    print(f"\nNVIDIA's plan in the planner's top 10: {top10}/{len(ranks)} rows "
+          f"({top10 / len(ranks) if ranks else 0:.0%}); not feasible by the ledger (unranked, rank in brackets): "
+          f"{unfit}; searches: {len(searches)}")
+    print(f"median predicted gain of the planner's top plan over NVIDIA's: {med_gain:+.1%}"
+          + (f" (p90 {sorted(gains)[min(len(gains) - 1, math.ceil(0.9 * len(gains)) - 1)]:+.1%})" if gains else ""))
+    return {"ranks": ranks, "gains": gains, "top10": top10}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, help="only the first N rows of the file")
+    parser.add_argument("--rows", action="store_true", help="print every row of both tables, not only the summaries")
+    args = parser.parse_args(argv)
+    rows = load_rows()[: args.limit]
+    cases = [express(r) for r in rows]
+    for c in cases:
+        if not c.reason:
+            estimate_case(c)
+    accuracy_table(cases, args.rows)
+    plan_quality_table(cases, args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
