@@ -3,7 +3,7 @@ how far off the cost model is on them, and where NVIDIA's plan ranks in the plan
 
     python bench/accuracy_nvidia_recipes.py              # both tables, every row
     python bench/accuracy_nvidia_recipes.py --limit 5    # the first 5 rows of the file only
-    python bench/accuracy_nvidia_recipes.py --rows       # also print every row of both tables
+    python bench/accuracy_nvidia_recipes.py --model LLAMA3 --rows   # Llama 3 rows only, each row of both tables
 
 Accuracy: each row NVIDIA's plan (their tp/pp/cp/vp/ep/mbs/gbs/seq/precision, Megatron engine, distributed optimizer)
 goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code,
@@ -38,7 +38,9 @@ from autotune.search.space import SearchConstraints
 from autotune.specs.presets import model_preset_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_published import _stats  # noqa: E402  (median / p90 of |error|, the published-runs bench's columns)
+from accuracy_published import (
+    _stats,  # median / p90 of |error|, the published-runs bench's columns
+)
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
 
@@ -293,9 +295,10 @@ def plan_quality_table(cases: list[Case], show_rows: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, help="only the first N rows of the file")
+    parser.add_argument("--model", help="only rows whose model name contains this text (e.g. LLAMA3)")
     parser.add_argument("--rows", action="store_true", help="print every row of both tables, not only the summaries")
     args = parser.parse_args(argv)
-    rows = load_rows()[: args.limit]
+    rows = [r for r in load_rows() if args.model is None or args.model.lower() in r["model"].lower()][: args.limit]
     cases = [express(r) for r in rows]
     for c in cases:
         if not c.reason:

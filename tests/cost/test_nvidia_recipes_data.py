@@ -1,0 +1,138 @@
+"""bench/data/nvidia_recipes_blackwell.csv (NVIDIA's Megatron-Bridge performance summary on Blackwell) is well formed,
+and bench/accuracy_nvidia_recipes.py estimates what it can express and gives a reason for the rest."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from autotune.specs.presets import gpu_preset_names, load_gpu_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import accuracy_nvidia_recipes as bench
+
+ROWS = bench.load_rows()
+SOURCE = re.compile(r"^NVIDIA-NeMo/Megatron-Bridge@[0-9a-f]{12}:docs/performance-summary(-archive)?\.md#L\d+$")
+COUNTS = ("gpus", "gbs", "mbs", "seq", "tp", "pp", "cp", "vp", "ep")
+
+
+def test_the_file_says_where_it_came_from_and_every_row_has_a_source():
+    head = bench.DATA.read_text(encoding="utf-8").splitlines()[:3]
+    assert all(line.startswith("#") for line in head) and "Megatron-Bridge" in head[1]
+    assert len(ROWS) == 240
+    assert all(SOURCE.match(r["source"]) for r in ROWS), [r["source"] for r in ROWS if not SOURCE.match(r["source"])]
+    assert len({r["source"] for r in ROWS}) == len(ROWS)  # one table line per row
+
+
+def test_numbers_parse_and_the_layout_divides_the_gpus_and_the_batch():
+    for r in ROWS:
+        n = {k: bench.count(r[k]) for k in COUNTS}
+        assert all(v >= 1 for v in n.values()), r["source"]
+        assert bench.count(r["fsdp"], 0) in (0, 64), r["source"]
+        assert float(r["tokens_per_s_per_gpu"]) > 0 and float(r["model_tflops_per_gpu"]) > 0, r["source"]
+        mp = n["tp"] * n["pp"] * n["cp"]
+        assert n["gpus"] % mp == 0, r["source"]
+        assert n["gbs"] % (n["mbs"] * (n["gpus"] // mp)) == 0, r["source"]
+        assert n["seq"] in (4096, 8192), r["source"]
+
+
+def test_throughput_and_tflops_columns_agree_row_by_row():
+    # Model TFLOP/s over tokens/s is the FLOPs per token of one model at one sequence length: a typo in either
+    # column shows as an outlier. NVIDIA's GPT-OSS FLOP count changed with container 26.06 (27.2 -> 32.6 GFLOP).
+    per_token = defaultdict(list)
+    for r in ROWS:
+        era = r["container"] >= "26.06" if r["model"].startswith("GPT OSS") else True
+        per_token[(r["model"], r["seq"], r["task"], era)].append(
+            float(r["model_tflops_per_gpu"]) * 1e3 / float(r["tokens_per_s_per_gpu"]))
+    for key, values in per_token.items():
+        assert max(values) / min(values) < 1.04, (key, min(values), max(values))
+
+
+def test_every_system_maps_to_a_gpu_preset_with_its_datasheet_peaks():
+    assert {r["system"] for r in ROWS} == set(bench.SYSTEM_PRESETS)
+    assert set(bench.SYSTEM_PRESETS.values()) <= set(gpu_preset_names())
+    # Dense peaks of the datasheets (sparse figures halved): B200 / B300 2250 bf16, GB200 / GB300 2500.
+    for name, bf16 in (("b200", 2250), ("b300", 2250), ("gb200", 2500), ("gb300", 2500)):
+        gpu = load_gpu_preset(name)
+        assert gpu.peak_tflops["bf16"] == bf16 and gpu.peak_tflops["fp8"] == 2 * bf16
+        assert gpu.hbm_bandwidth_gb_per_s == 8000 and gpu.memory_gib > 170
+
+
+@pytest.fixture(scope="module")
+def cases():
+    out = [bench.express(r) for r in ROWS]
+    for c in out:
+        if not c.reason:
+            bench.estimate_case(c)
+    return out
+
+
+def _dense_llama(c) -> bool:
+    r = c.row
+    return (r["model"].startswith("LLAMA3") and "FP4" not in r["precision"] and not r["task"].startswith("LoRA")
+            and bench.count(r["fsdp"], 0) == 0)
+
+
+def test_each_expressible_llama3_row_gets_a_finite_estimate(cases):
+    llama = [c for c in cases if _dense_llama(c)]
+    assert len(llama) >= 20
+    estimated = [c for c in llama if c.predicted is not None]
+    for c in estimated:
+        assert math.isfinite(c.predicted) and c.predicted > 0 and isinstance(c.fits, bool), c.row["source"]
+        assert c.result.plan.engine == "megatron" and c.result.plan.zero_stage == 1
+        assert (c.result.plan.tp, c.result.plan.pp, c.result.plan.micro_batch_size) == (
+            bench.count(c.row["tp"]), bench.count(c.row["pp"]), bench.count(c.row["mbs"]))
+        assert abs(c.error) < 1.0, (c.row["source"], c.error)  # within a factor of two of the measurement
+    # Llama 3 8B and 70B are estimated on all three kinds of node; a dense Llama row the tool cannot express
+    # is a layout it rejects, with its own message.
+    assert {c.gpu for c in estimated} >= {"b200", "gb200", "gb300"}
+    assert {c.row["model"] for c in estimated} >= {"LLAMA3_8B", "LLAMA3_70B"}
+    for c in llama:
+        assert c.predicted is not None or c.reason.startswith("autotune estimate: invalid plan"), c.reason
+
+
+def test_every_row_not_estimated_carries_its_reason(cases):
+    skipped = [c for c in cases if c.predicted is None]
+    assert skipped and all(c.reason.strip() for c in skipped)
+    by_model = {c.row["model"]: c.reason for c in skipped}
+    assert "Mamba" in by_model["Nemotron_3_Super"]
+    assert any("NVFP4" in c.reason for c in skipped if c.row["precision"] == "NVFP4")
+    fsdp = [c for c in cases if bench.count(c.row["fsdp"], 0) > 0]
+    assert fsdp and all("Megatron-FSDP" in c.reason and "ZeRO stage 3" in c.reason for c in fsdp)
+    # Estimated rows carry no reason; every row is one or the other.
+    assert all(not c.reason for c in cases if c.predicted is not None)
+
+
+def test_nvl72_jobs_over_one_rack_are_read_as_64_gpu_nvlink_domains():
+    row = next(r for r in ROWS if r["system"] == "DGX-GB200" and r["gpus"] == "256" and r["model"] == "DeepSeekV3")
+    argv, notes = bench.estimate_argv(row, "deepseek-v3", "gb200", "fp8")
+    assert argv[argv.index("--gpus-per-node") + 1] == "64" and notes
+    small = next(r for r in ROWS if r["system"] == "DGX-GB200" and r["gpus"] == "64")
+    assert "--gpus-per-node" not in bench.estimate_argv(small, "llama3-70b", "gb200", "fp8")[0]
+
+
+def test_the_bench_prints_both_tables_on_a_subset(capsys):
+    assert bench.main(["--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "ACCURACY" in out and "of 5 rows" in out and "not expressible:" in out
+    assert "PLAN QUALITY" in out and "top 10" in out and "median predicted gain" in out
+
+
+def test_plan_quality_ranks_the_llama3_8b_rows(capsys):
+    rows = [r for r in ROWS if r["model"] == "LLAMA3_8B"]
+    cases = [bench.express(r) for r in rows]
+    for c in cases:
+        bench.estimate_case(c)
+    summary = bench.plan_quality_table(cases, show_rows=True)
+    out = capsys.readouterr().out
+    assert len(summary["ranks"]) == len(rows) == 5
+    assert all(r is not None and r >= 1 for r in summary["ranks"])
+    assert all(g >= 0 for g in summary["gains"])  # the search's top plan is never predicted slower than NVIDIA's
+    assert "LLAMA3_8B" in out
