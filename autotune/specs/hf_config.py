@@ -9,84 +9,37 @@ Two simplifications, neither of which changes a parameter count:
 - ``ModelSpec.activation`` tells a gated MLP (``swiglu``: gate, up, down) from a plain one
   (``gelu``: up, down). Llama-family configs are gated whatever their ``hidden_act``; GPT-2,
   NeoX, BLOOM, Falcon and OPT are plain, OPT's ReLU included.
-- Rotary, ALiBi and sliding-window settings beyond the position-embedding kind are ignored.
+- Rotary and ALiBi settings beyond the position-embedding kind are ignored; for the families read
+  by ``hf_readers_dense`` and ``hf_readers_moe`` (qwen3, qwen3_moe, gpt_oss, llama4, gemma2,
+  gemma3, glm4_moe, olmo2, phi3) sliding-window and chunked-attention layers are carried.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import InputError, suggest_names
 from autotune.inputs import nonfinite_problems, parse_json, read_text
+from autotune.specs.hf_fields import Fields as _Fields
+from autotune.specs.hf_fields import head_dim_or_none
+from autotune.specs.hf_readers_dense import DENSE_READERS
+from autotune.specs.hf_readers_moe import MOE_READERS
 from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
 
 __all__ = ["model_from_hf_config", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "falcon",
-                         "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3")
+                         "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3", "kimi_k2",
+                         *DENSE_READERS, *MOE_READERS)
 
 # transformers' defaults for max_position_embeddings (only learned tables use it for counting).
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "mixtral": 4096 * 32, "qwen2": 32768,
-                          "deepseek_v3": 4096, "gpt_neox": 2048, "falcon": 2048, "opt": 2048}
-
-
-class _Fields:
-    """Reads one config.json, recording every missing or ill-typed field instead of stopping at the first."""
-
-    def __init__(self, data: dict, model_type: str) -> None:
-        self.data, self.model_type = data, model_type
-        self.problems: list[str] = []
-
-    def _check_int(self, key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.problems.append(f"{key!r} must be an integer, got {value!r}")
-            return 1
-        return value
-
-    def need(self, *keys: str, what: str) -> int:
-        """A required integer field (the first of ``keys`` present); a placeholder 1 when missing."""
-        for key in keys:
-            if self.data.get(key) is not None:
-                return self._check_int(key, self.data[key])
-        names = " or ".join(repr(k) for k in keys)
-        self.problems.append(f"missing {names} ({what}), required for model_type {self.model_type!r}")
-        return 1
-
-    def get_int(self, *keys: str, default: int | None) -> int | None:
-        for key in keys:
-            if self.data.get(key) is not None:
-                return self._check_int(key, self.data[key])
-        return default
-
-    def get(self, key: str, default: Any) -> Any:
-        """A field of the JSON type of ``default`` (bool, number or string); a problem, not a coercion, otherwise."""
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                self.problems.append(f"{key!r} must be true or false, got {value!r}")
-                return default
-        elif isinstance(default, int | float):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                self.problems.append(f"{key!r} must be a finite number, got {value!r}")
-                return default
-        elif isinstance(default, str) and not isinstance(value, str):
-            self.problems.append(f"{key!r} must be a string, got {value!r}")
-            return default
-        return value
-
-    def unsupported(self, text: str) -> None:
-        self.problems.append(f"{text} (model_type {self.model_type!r})")
+                          "deepseek_v3": 4096, "kimi_k2": 4096, "gpt_neox": 2048, "falcon": 2048, "opt": 2048}
 
 
 def _head_dim(f: _Fields, hidden: int, heads: int) -> int | None:
-    """An explicit head_dim only where it differs from hidden/heads (Mistral-Nemo: 128 with 5120/32)."""
-    head_dim = f.get_int("head_dim", default=None)
-    return None if head_dim is None or head_dim * heads == hidden else head_dim
+    return head_dim_or_none(f.get_int("head_dim", default=None), hidden, heads)
 
 
 def _dropout(f: _Fields, *keys: str, default: float) -> float:
@@ -127,13 +80,16 @@ def _llama_like(f: _Fields) -> dict:
         out["moe"] = dict(num_experts=f.need("num_local_experts", what="experts per MoE layer"),
                           top_k=f.need("num_experts_per_tok", what="experts per token"),
                           expert_ffn_hidden_size=ffn)
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v3", "kimi_k2"):
         _deepseek_v3(f, out)
     return out
 
 
 def _deepseek_v3(f: _Fields, out: dict) -> None:
-    """MLA attention and DeepSeekMoE (shared + routed experts, leading dense layers)."""
+    """MLA attention and DeepSeekMoE (shared + routed experts, leading dense layers), and the
+    multi-token-prediction modules (num_nextn_predict_layers: DeepSeek-V3 1, Kimi-K2 0; not built by
+    transformers, so carried beside the parameter count). Kimi-K2 is this architecture: its
+    config.json names DeepseekV3ForCausalLM (model_type deepseek_v3 or kimi_k2)."""
     if f.get("moe_layer_freq", 1) != 1:
         f.unsupported(f"moe_layer_freq {f.get('moe_layer_freq', 1)} is not modelled (only 1: every layer after "
                       "the first_k_dense_replace dense ones is MoE)")
@@ -151,6 +107,9 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
         num_dense_layers=f.get_int("first_k_dense_replace", default=3),
         router_bias=f.get("topk_method", "noaux_tc") == "noaux_tc",  # e_score_correction_bias
     )
+    mtp = f.get_int("num_nextn_predict_layers", default=1)  # DeepseekV3Config's default
+    if mtp:
+        out["num_mtp_layers"] = mtp
     # q_lora_rank: null means a plain Q projection (DeepSeek-V2-Lite); absent means the class default.
     q_lora = f.data["q_lora_rank"] if "q_lora_rank" in f.data else 1536
     out["mla"] = dict(
@@ -253,9 +212,18 @@ def _opt(f: _Fields) -> dict:
 
 
 _FAMILIES = {"llama": _llama_like, "mistral": _llama_like, "mixtral": _llama_like, "qwen2": _llama_like,
-             "deepseek_v3": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
-             "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt}
+             "deepseek_v3": _llama_like, "kimi_k2": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
+             "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt, **DENSE_READERS, **MOE_READERS}
 assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
+
+
+MODEL_YAML_FIELDS = (
+    "name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size (required); num_kv_heads, "
+    "head_dim, activation (swiglu or gelu), norm (rmsnorm or layernorm), tied_embeddings, position_embedding, "
+    "linear_bias, qkv_bias, qk_norm, sliding_window, sliding_window_layers; for MoE a moe: block (num_experts, "
+    "top_k, expert_ffn_hidden_size, num_shared_experts, num_dense_layers, moe_layer_step). "
+    "autotune/presets/models/llama3-8b.yaml is an example; schemas/model.schema.json lists every field; "
+    "pass the file as --model FILE.yaml")
 
 
 def read_hf_config(path: str | Path) -> dict:
@@ -293,7 +261,7 @@ def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = Non
     if model_type not in _FAMILIES:
         hint = suggest_names(str(model_type), SUPPORTED_MODEL_TYPES)
         raise InputError([f"model_type {model_type!r} is not supported{hint}; supported: {supported}. "
-                          "Describe the model in a model YAML (schemas/model.schema.json) instead"], subject=origin)
+                          f"Describe the model in a model YAML instead: {MODEL_YAML_FIELDS}"], subject=origin)
     fields = _Fields(data, model_type)
     kwargs = _FAMILIES[model_type](fields)
     name_or_path = data.get("_name_or_path")

@@ -18,6 +18,12 @@ __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
+QKNorm = Literal["head", "full"]
+
+# Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
+# serialises (and counts) as before.
+_LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
+                 "chunked_attention": False, "num_mtp_layers": 0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +77,10 @@ class MoESpec:
     num_dense_layers: int = 0
     """Leading layers with a dense FFN of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
     router_bias: bool = False
-    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``)."""
+    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``, GPT-OSS's router bias)."""
+    moe_layer_step: int = 1
+    """After the dense layers, layer ``i`` is MoE when ``(i + 1) % moe_layer_step == 0`` (Llama 4 Maverick: 2,
+    dense and MoE layers alternate; Qwen3-MoE's decoder_sparse_step). 1: every layer after the dense ones."""
 
     @property
     def shared_width(self) -> int:
@@ -86,6 +95,8 @@ class MoESpec:
             out.append(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}): lower top_k")
         if self.num_shared_experts < 0 or self.num_dense_layers < 0:
             out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
+        if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or self.moe_layer_step < 1:
+            out.append(f"moe.moe_layer_step must be a positive integer, got {self.moe_layer_step!r}")
         return out
 
 
@@ -141,6 +152,21 @@ class ModelSpec:
     """Falcon-7B's parallel block has one; standard pre-norm blocks two."""
     dropout: float = 0.0
     """Hidden and attention dropout probability (Megatron GPT: 0.1; Llama: 0)."""
+    qk_norm: QKNorm | None = None
+    """A norm on queries and keys before attention: ``head`` (one weight of head_dim each for Q and K, shared by
+    the heads: Qwen3, Gemma 3, GLM-4.5) or ``full`` (over the whole Q and K widths: OLMo 2). None: no weights."""
+    attention_sinks: bool = False
+    """A learned sink logit per attention head and layer (GPT-OSS)."""
+    sliding_window: int | None = None
+    """Tokens a local-attention layer sees (its window, or its chunk with ``chunked_attention``); None: all global."""
+    sliding_window_layers: tuple[int, ...] | None = None
+    """Indices of the local-attention layers (Gemma 2, GPT-OSS: every other one; Gemma 3: five of six; Llama 4:
+    three of four); None with a ``sliding_window``: every layer."""
+    chunked_attention: bool = False
+    """Local layers attend within fixed chunks of ``sliding_window`` tokens, not a sliding window (Llama 4)."""
+    num_mtp_layers: int = 0
+    """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
+    checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
     moe: MoESpec | None = None
     mla: MLASpec | None = None
 
@@ -187,6 +213,26 @@ class ModelSpec:
                 out.append(f"moe.num_dense_layers ({self.moe.num_dense_layers}) exceeds num_layers ({self.num_layers})")
         if self.mla is not None:
             out += self.mla.problems()
+        return out + self._later_problems()
+
+    def _later_problems(self) -> list[str]:
+        out: list[str] = []
+        if self.qk_norm not in (None, "head", "full"):
+            out.append(f"qk_norm must be head, full or absent, got {self.qk_norm!r}")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
+                                                or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            out.append(f"sliding_window must be a positive integer or absent, got {self.sliding_window!r}")
+        layers = self.sliding_window_layers
+        if layers is not None:
+            if self.sliding_window is None:
+                out.append("sliding_window_layers needs a sliding_window (the local layers' window in tokens)")
+            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_layers]
+            if bad:
+                out.append(f"sliding_window_layers must be layer indices in [0, {self.num_layers}), got {bad[:5]}")
+        if self.chunked_attention and self.sliding_window is None:
+            out.append("chunked_attention needs a sliding_window (the chunk size in tokens)")
+        if isinstance(self.num_mtp_layers, bool) or not isinstance(self.num_mtp_layers, int) or self.num_mtp_layers < 0:
+            out.append(f"num_mtp_layers must be an integer >= 0, got {self.num_mtp_layers!r}")
         return out
 
     # ---- derived shape ------------------------------------------------------------------
@@ -230,11 +276,22 @@ class ModelSpec:
         return self.moe is not None
 
     def is_moe_layer(self, index: int) -> bool:
-        return self.moe is not None and index >= self.moe.num_dense_layers
+        moe = self.moe
+        return moe is not None and index >= moe.num_dense_layers and (index + 1) % moe.moe_layer_step == 0
 
     @property
     def num_moe_layers(self) -> int:
-        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+        if self.moe is None:
+            return 0
+        if self.moe.moe_layer_step == 1:
+            return self.num_layers - self.moe.num_dense_layers
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def is_local_attention_layer(self, index: int) -> bool:
+        """Whether layer ``index`` attends within ``sliding_window`` tokens (sliding or chunked)."""
+        if self.sliding_window is None:
+            return False
+        return self.sliding_window_layers is None or index in self.sliding_window_layers
 
     # ---- parameter counts ---------------------------------------------------------------
     def _norm_params(self, width: int) -> int:
@@ -261,6 +318,16 @@ class ModelSpec:
             sharded += qkv_out  # column-parallel bias: split with its weight
         if self.linear_bias:
             replicated += h  # row-parallel output bias: replicated
+        return ParamGroups(tp_sharded=sharded, replicated=replicated) + self._attention_extras()
+
+    def _attention_extras(self) -> ParamGroups:
+        """Q/K norms and attention sinks: with TP, per-head weights split with the heads, shared ones replicated."""
+        sharded = self.num_attention_heads if self.attention_sinks else 0
+        replicated = 0
+        if self.qk_norm == "head":
+            replicated += 2 * self._norm_params(self.attention_head_dim)
+        elif self.qk_norm == "full":
+            sharded += self._norm_params(self.q_width) + self._norm_params(self.kv_width)
         return ParamGroups(tp_sharded=sharded, replicated=replicated)
 
     def _mlp_matrix_params(self, width: int) -> tuple[int, int]:
@@ -314,6 +381,16 @@ class ModelSpec:
         """Exact number of trainable parameters."""
         layers = sum(self.layer_params(i).total for i in range(self.num_layers))
         return layers + self.embedding_params().total + self.output_params().total
+
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction modules (not in :attr:`num_params`). Each (DeepSeek-V3's
+        layout): norms of the hidden state and of the next token's embedding, a 2h -> h projection, one more
+        layer like the last, and its output norm; embedding and output head are the main model's."""
+        if not self.num_mtp_layers:
+            return 0
+        h = self.hidden_size
+        one = 3 * self._norm_params(h) + 2 * h * h + self.layer_params(self.num_layers - 1).total
+        return self.num_mtp_layers * one
 
     @property
     def num_active_params(self) -> int:
@@ -372,6 +449,8 @@ class ModelSpec:
             out.append((self.q_width * h, "tp_sharded"))
             if self.linear_bias:
                 out.append((h, "replicated"))
+            extras = self._attention_extras()
+            out += [(n, kind) for n, kind in ((extras.replicated, "replicated"), (extras.tp_sharded, "tp_sharded")) if n]
         out += self._norm_tensors(h)
         if not self.is_moe_layer(layer_index):
             return out + self._mlp_tensors(self.ffn_hidden_size, "tp_sharded")
@@ -407,9 +486,13 @@ class ModelSpec:
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:
-        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("moe", "mla")}
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__
+               if f not in ("moe", "mla") and not (f in _LATER_FIELDS and getattr(self, f) == _LATER_FIELDS[f])}
+        if self.sliding_window_layers is not None:
+            out["sliding_window_layers"] = list(self.sliding_window_layers)
         if self.moe is not None:
-            out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__}
+            out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__
+                          if not (f == "moe_layer_step" and self.moe.moe_layer_step == 1)}
         if self.mla is not None:
             out["mla"] = {f: getattr(self.mla, f) for f in self.mla.__dataclass_fields__}
         return out
@@ -420,6 +503,8 @@ class ModelSpec:
         data = dict(data)
         moe = data.pop("moe", None)
         mla = data.pop("mla", None)
+        if isinstance(data.get("sliding_window_layers"), list):
+            data["sliding_window_layers"] = tuple(data["sliding_window_layers"])
         return cls(
             **data,
             moe=MoESpec(**moe) if moe else None,

@@ -125,9 +125,9 @@ def test_wrong_types_are_named():
 
 def test_unknown_model_type_lists_supported_types():
     with pytest.raises(InputError) as err:
-        model_from_hf_config({"model_type": "gemma2", "hidden_size": 8})
+        model_from_hf_config({"model_type": "mamba2", "hidden_size": 8})
     text = str(err.value)
-    assert "gemma2" in text and all(t in text for t in SUPPORTED_MODEL_TYPES)
+    assert "mamba2" in text and all(t in text for t in SUPPORTED_MODEL_TYPES)
     with pytest.raises(InputError, match="did you mean llama"):
         model_from_hf_config({"model_type": "lama"})
     with pytest.raises(InputError, match="no 'model_type'"):

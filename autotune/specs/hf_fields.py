@@ -1,0 +1,115 @@
+"""Reading one Hugging Face ``config.json``: typed fields, every problem recorded, transformers' defaults.
+
+:class:`Fields` records each missing or ill-typed field instead of stopping at the first, so the
+readers (``hf_config``, ``hf_readers_dense``, ``hf_readers_moe``) report everything at once.
+:func:`transformers_view` normalises a config through ``transformers``' own config class when that
+package is installed (an optional dependency): derived fields such as ``layer_types`` and the
+class defaults then come from the class itself; without it the readers' own defaults, copied from
+the ``transformers`` 5.24 config classes, apply.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["Fields", "transformers_view", "head_dim_or_none", "local_layers"]
+
+class Fields:
+    """Reads one config.json, recording every missing or ill-typed field instead of stopping at the first."""
+
+    def __init__(self, data: dict, model_type: str) -> None:
+        self.data, self.model_type = data, model_type
+        self.problems: list[str] = []
+
+    def _check_int(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problems.append(f"{key!r} must be an integer, got {value!r}")
+            return 1
+        return value
+
+    def need(self, *keys: str, what: str) -> int:
+        """A required integer field (the first of ``keys`` present); a placeholder 1 when missing."""
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self._check_int(key, self.data[key])
+        names = " or ".join(repr(k) for k in keys)
+        self.problems.append(f"missing {names} ({what}), required for model_type {self.model_type!r}")
+        return 1
+
+    def get_int(self, *keys: str, default: int | None) -> int | None:
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self._check_int(key, self.data[key])
+        return default
+
+    def get(self, key: str, default: Any) -> Any:
+        """A field of the JSON type of ``default`` (bool, number or string); a problem, not a coercion, otherwise."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                self.problems.append(f"{key!r} must be true or false, got {value!r}")
+                return default
+        elif isinstance(default, int | float):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                self.problems.append(f"{key!r} must be a finite number, got {value!r}")
+                return default
+        elif isinstance(default, str) and not isinstance(value, str):
+            self.problems.append(f"{key!r} must be a string, got {value!r}")
+            return default
+        return value
+
+    def unsupported(self, text: str) -> None:
+        self.problems.append(f"{text} (model_type {self.model_type!r})")
+
+    def required(self, raw: dict, *keys: str) -> None:
+        """Shape fields the config itself must give (not left to a class default)."""
+        for key in keys:
+            if raw.get(key) is None:
+                self.problems.append(f"missing {key!r}, required for model_type {self.model_type!r}")
+
+
+USE_TRANSFORMERS = True
+"""Normalise through transformers' config classes when importable (tests turn it off to check the fallbacks)."""
+
+_BOOKKEEPING = ("model_type", "architectures", "auto_map", "transformers_version", "_name_or_path", "torch_dtype",
+                "dtype", "quantization_config")
+
+
+def transformers_view(data: dict, model_type: str) -> dict | None:
+    """``data`` as transformers' config class for ``model_type`` reads it (its ``to_dict()``, defaults and
+    derived fields filled in); None when transformers is missing, lacks the type or refuses the values
+    (then the readers' own checks and defaults apply, and name any problem)."""
+    if not USE_TRANSFORMERS:
+        return None
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    kwargs = {k: v for k, v in data.items() if k not in _BOOKKEEPING}
+    try:
+        return AutoConfig.for_model(model_type, **kwargs).to_dict()
+    except Exception:  # noqa: BLE001 (any refusal: our own checks report the field)
+        return None
+
+
+def head_dim_or_none(head_dim: int | None, hidden: int, heads: int) -> int | None:
+    """An explicit head_dim only where it differs from hidden/heads (Mistral-Nemo: 128 with 5120/32)."""
+    return None if head_dim is None or head_dim * heads == hidden else head_dim
+
+
+def local_layers(f: Fields, num_layers: int, fallback: list[int]) -> list[int]:
+    """Indices of the sliding-window or chunked-attention layers: from ``layer_types`` when the config
+    (or transformers) gives it, else ``fallback`` (the class's own rule)."""
+    types = f.data.get("layer_types")
+    if types is None:
+        return fallback
+    if not isinstance(types, list) or len(types) != num_layers or not all(isinstance(t, str) for t in types):
+        f.problems.append(f"'layer_types' must list one attention type per layer ({num_layers}), got {types!r}")
+        return fallback
+    unknown = sorted({t for t in types} - {"full_attention", "sliding_attention", "chunked_attention"})
+    if unknown:
+        f.unsupported(f"layer_types {unknown} are not modelled (full_attention, sliding_attention, chunked_attention)")
+    return [i for i, t in enumerate(types) if t in ("sliding_attention", "chunked_attention")]

@@ -1,0 +1,153 @@
+"""config.json readers for the dense decoders of 2024-26: qwen3, gemma2, gemma3 (and gemma3_text), olmo2, phi3.
+
+Each reader maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments. Defaults are
+those of the ``transformers`` 5.24 config class of the type (cited per reader); when ``transformers``
+is installed the config is first normalised through that class (``hf_fields.transformers_view``).
+:func:`decoder_base` is the part every pre-norm, rotary, gated-MLP decoder here shares; the MoE
+readers (``hf_readers_moe``) build on it too.
+
+Parameter-free details are not carried: Gemma's logit soft-capping and embedding scale, Llama 4's
+weightless L2 Q/K norm, partial rotary factors, rope scaling.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.hf_fields import Fields, head_dim_or_none, local_layers, transformers_view
+
+__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "refuse_output_bias"]
+
+_SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+
+
+def normalised(f: Fields, model_type: str, required: tuple[str, ...] = _SHAPE) -> Fields:
+    """``f`` read through transformers' config class for ``model_type`` where it can be (sharing ``f``'s
+    problem list); shape fields in ``required`` must then be in the config itself, not class defaults."""
+    view = transformers_view(f.data, model_type)
+    if view is None:
+        return f
+    f.required(f.data, *required)
+    g = Fields(view, f.model_type)
+    g.problems = f.problems
+    return g
+
+
+def rope_theta(f: Fields, default: float) -> float:
+    """``rope_theta`` at the top level (config.json files) or in ``rope_parameters`` (transformers 5), where
+    Gemma 3 nests one per attention type: the global layers' is taken."""
+    if f.data.get("rope_theta") is not None:
+        return float(f.get("rope_theta", default))
+    params = f.data.get("rope_parameters")
+    if isinstance(params, dict):
+        params = params.get("full_attention", params)
+        theta = params.get("rope_theta") if isinstance(params, dict) else None
+        if isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0:
+            return float(theta)
+    return default
+
+
+def refuse_output_bias(f: Fields) -> None:
+    """Where ``attention_bias`` puts a bias on q, k, v *and* o: ModelSpec has Q/K/V-only or all-linear biases."""
+    if f.get("attention_bias", False):
+        f.unsupported("attention_bias true (q/k/v/o biases without MLP biases) is not modelled")
+
+
+def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_positions: int,
+                 theta: float, tied: bool, vocab: int | None = None) -> dict:
+    """Pre-norm RMSNorm decoder with rotary positions and a gated MLP of ``intermediate_size``.
+
+    ``kv_heads``/``head_dim``: the class defaults (None: the head count / hidden_size over heads)."""
+    hidden = f.need("hidden_size", what="model width")
+    heads = f.need("num_attention_heads", what="attention heads")
+    vocab_size = f.need("vocab_size", what="vocabulary size") if vocab is None else f.get_int("vocab_size",
+                                                                                             default=vocab)
+    return dict(
+        num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=f.get_int("num_key_value_heads", default=kv_heads or heads),
+        head_dim=head_dim_or_none(f.get_int("head_dim", default=head_dim), hidden, heads),
+        ffn_hidden_size=f.need("intermediate_size", what="MLP width"), vocab_size=vocab_size,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=f.get_int("max_position_embeddings", default=max_positions),
+        rope_theta=rope_theta(f, theta), tied_embeddings=bool(f.get("tie_word_embeddings", tied)),
+        dropout=float(f.get("attention_dropout", 0.0)),
+    )
+
+
+def set_local_attention(out: dict, f: Fields, window: int | None, fallback: list[int], *,
+                        chunked: bool = False) -> None:
+    """Fill sliding_window / sliding_window_layers (None: every layer) from layer_types or ``fallback``."""
+    layers = local_layers(f, out["num_layers"], fallback)
+    if window is None or not layers:
+        return
+    out["sliding_window"] = window
+    out["sliding_window_layers"] = None if len(layers) == out["num_layers"] else tuple(layers)
+    if chunked:
+        out["chunked_attention"] = True
+
+
+def _qwen3(f: Fields) -> dict:
+    """Qwen3Config: head_dim 128, RMSNorm on each Q and K head; sliding window only with use_sliding_window,
+    on the layers from max_window_layers (28) on."""
+    f = normalised(f, "qwen3")
+    refuse_output_bias(f)
+    out = decoder_base(f, kv_heads=None, head_dim=128, max_positions=32768, theta=10000.0, tied=False)
+    out["qk_norm"] = "head"
+    window = f.get_int("sliding_window", default=4096) if f.get("use_sliding_window", False) else None
+    first = f.get_int("max_window_layers", default=28)
+    set_local_attention(out, f, window, [i for i in range(out["num_layers"]) if i >= first])
+    return out
+
+
+def _gemma(f: Fields, model_type: str) -> dict:
+    """Gemma2Config / Gemma3TextConfig: head_dim 256, 4 KV heads, tied embeddings, four RMSNorms per layer
+    (before and after attention and MLP); sliding window 4096 on every other layer (Gemma 2) or on five
+    layers of six (Gemma 3: sliding_window_pattern 6), Gemma 3 adds per-head Q/K RMSNorms."""
+    gemma3 = model_type == "gemma3_text"
+    required = tuple(k for k in _SHAPE if not (gemma3 and k == "vocab_size"))  # Gemma 3 text_configs omit it
+    f = normalised(f, model_type, required)
+    refuse_output_bias(f)
+    out = decoder_base(f, kv_heads=4, head_dim=256, max_positions=131072 if gemma3 else 8192, theta=10000.0,
+                       tied=True, vocab=262208 if gemma3 else None)
+    out["norms_per_layer"] = 4
+    if gemma3:
+        out["qk_norm"] = "head"
+    every = f.get_int("sliding_window_pattern", default=6) if gemma3 else 2
+    fallback = [i for i in range(out["num_layers"]) if (i + 1) % every]
+    set_local_attention(out, f, f.get_int("sliding_window", default=4096), fallback)
+    return out
+
+
+def _olmo2(f: Fields) -> dict:
+    """Olmo2Config: norms after attention and MLP (not before: still two per layer), RMSNorm over the whole
+    Q and K widths."""
+    f = normalised(f, "olmo2")
+    refuse_output_bias(f)
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    out["qk_norm"] = "full"
+    return out
+
+
+def _phi3(f: Fields) -> dict:
+    """Phi3Config: fused qkv_proj and gate_up_proj (the same weights as split ones), a sliding window on every
+    layer when set (Phi-3-mini: 2047)."""
+    f = normalised(f, "phi3")
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=4096, theta=10000.0, tied=False)
+    set_local_attention(out, f, f.get_int("sliding_window", default=None), list(range(out["num_layers"])))
+    return out
+
+
+def text_config(f: Fields, text_type: str) -> Fields:
+    """The language model's fields of a multimodal config (``text_config``), sharing ``f``'s problems."""
+    text = f.data.get("text_config")
+    if not isinstance(text, dict):
+        f.problems.append(f"missing 'text_config' (the language model's fields), required for model_type "
+                          f"{f.model_type!r}; or give the {text_type!r} config itself")
+        text = {}
+    g = Fields(dict(text, model_type=text_type), text_type)
+    g.problems = f.problems
+    return g
+
+
+DENSE_READERS = {
+    "qwen3": _qwen3, "gemma2": lambda f: _gemma(f, "gemma2"), "gemma3_text": lambda f: _gemma(f, "gemma3_text"),
+    "gemma3": lambda f: _gemma(text_config(f, "gemma3_text"), "gemma3_text"), "olmo2": _olmo2, "phi3": _phi3,
+}
