@@ -24,9 +24,11 @@ from autotune.commands import (
     EXIT_OK,
     add_common,
     add_plan_flags,
+    add_reliability_flags,
     flag_problems,
     json_text,
     preset_epilog,
+    reliability_flags,
     time_settings,
 )
 from autotune.errors import InputError
@@ -132,10 +134,8 @@ def emit_options(args: argparse.Namespace, base: Any = None):
     opt = replace(OptimizerOptions(**opt), **flags) if not problems else OptimizerOptions()
     if "lr" in flags and opt.min_lr > opt.lr:
         opt = replace(opt, min_lr=opt.lr / 10)
-    flags = {k: v for k, v in (("save_dir", args.save_dir), ("storage_bandwidth_gb_per_s", args.storage_gb_per_s),
-                               ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("keep_last", args.keep_last),
-                               ("interval_steps", args.save_interval), ("relaunch_s", args.restart_s))
-             if v is not None}
+    flags = {k: v for k, v in (("save_dir", args.save_dir), ("keep_last", args.keep_last),
+                               ("interval_steps", args.save_interval)) if v is not None} | reliability_flags(args)
     if args.no_async_save:
         flags["async_save"] = False
     problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
@@ -324,12 +324,7 @@ def register(sub) -> None:
     out.add_argument("--train-steps", type=int, help="optimizer steps (default 100000)")
     out.add_argument("--warmup-steps", type=int, help="warm-up steps (default 2000)")
     out.add_argument("--save-dir", help="checkpoint folder (default checkpoints)")
-    out.add_argument("--storage-gb-per-s", type=float, help="checkpoint storage write bandwidth (default: the "
-                     "cluster file's, else 5)")
-    out.add_argument("--gpu-mtbf-hours", type=float, help="mean time between failures of one GPU (default: the "
-                     "cluster file's, else 50000)")
-    out.add_argument("--restart-s", type=float, help="seconds from a failure to training again, checkpoint read "
-                     "excluded (default: the cluster file's, else 300)")
+    add_reliability_flags(out)
     out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
     out.add_argument("--save-interval", type=int, help="override the availability-optimal checkpoint interval (steps)")
     out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")
@@ -388,9 +383,7 @@ def run(args: argparse.Namespace) -> int:
             options = replace(options, launch=replace(options.launch, wrap_class=wrap))
     from autotune.cost.checkpoint import options_for_cluster
 
-    explicit = set(emit_block.get("checkpoint") or {}) | {k for k, v in (
-        ("gpu_mtbf_hours", args.gpu_mtbf_hours), ("relaunch_s", args.restart_s),
-        ("storage_bandwidth_gb_per_s", args.storage_gb_per_s)) if v is not None}
+    explicit = set(emit_block.get("checkpoint") or {}) | set(reliability_flags(args))
     options = replace(options, checkpoint=options_for_cluster(options.checkpoint, est.cluster, explicit=explicit))
     if not est.memory.fits and not args.allow_unfit:
         raise InputError(unfit_problems(est), subject="plan")

@@ -43,6 +43,7 @@ from autotune.cost.availability import (
     expected_detection_s,
     wall_time_fractions,
 )
+from autotune.cost.checkpoint_tiers import LocalTier, local_tier_for, rendezvous_s
 from autotune.cost.memory import model_state_bytes
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.options import CheckpointOptions
@@ -63,11 +64,14 @@ DEFAULT_RELAUNCH_S = CheckpointOptions().relaunch_s
 def options_for_cluster(options: CheckpointOptions, cluster, *, explicit: frozenset[str] | set[str] = frozenset()
                         ) -> CheckpointOptions:
     """``options`` with the cluster file's failure and storage figures (``ClusterSpec.gpu_mtbf_hours``,
-    ``restart_s``, ``storage_bandwidth_gb_per_s``) where the cluster gives one and ``explicit`` (the option names a
+    ``restart_s``, ``storage_bandwidth_gb_per_s``, ``checkpoint_tier``, ``local_storage_bandwidth_gb_per_s``) where
+    the cluster gives one and ``explicit`` (the option names a
     flag or a recipe set) does not name it: flags > cluster file > defaults."""
     given = {"gpu_mtbf_hours": cluster.gpu_mtbf_hours, "relaunch_s": cluster.restart_s,
-             "storage_bandwidth_gb_per_s": cluster.storage_bandwidth_gb_per_s}
-    return replace(options, **{k: v for k, v in given.items() if v is not None and k not in explicit})
+             "storage_bandwidth_gb_per_s": cluster.storage_bandwidth_gb_per_s, "tier": cluster.checkpoint_tier,
+             "local_storage_bandwidth_gb_per_s": cluster.local_storage_bandwidth_gb_per_s}
+    taken = {k: v for k, v in given.items() if v is not None and k not in explicit}
+    return replace(options, **taken, **({"tier_required": False} if "tier" in taken else {}))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +153,9 @@ class CheckpointPolicy:
     planned_interval_s: float
     """Mean time between planned interruptions of the job (each costs a restart, no rework)."""
     relaunch_s: float
-    """Requeue, process start and process-group init per restart (detection and load excluded)."""
+    """Requeue, node replacement, process start per restart (detection, rendezvous and load excluded)."""
+    rendezvous_s: float
+    """Every rank joining the job's TCPStore, growing with the rank count (autotune.cost.checkpoint_tiers)."""
     detection_s: float
     """Mean time from a failure to the job knowing it (autotune.cost.availability.expected_detection_s)."""
     optimal_interval_s: float
@@ -169,6 +175,13 @@ class CheckpointPolicy:
     """DeepSpeed pipeline engine: spread each stage's layer files over its data-parallel ranks."""
     tag_validation: str = "Fail"
     """Abort a save whose tag differs across ranks (a mixed checkpoint cannot be resumed)."""
+    tier: str = "shared"
+    local: LocalTier | None = None
+    """Tier "local": its save and load figures; ``interval_steps``, ``blocking_s`` and ``load_time_s`` are then
+    the node-local saves', and the durable saves to the shared tier come every ``durable_interval_steps``."""
+    local_dir: str = ""
+    durable_interval_steps: int | None = None
+    durable_blocking_s: float = 0.0
     notes: tuple[str, ...] = ()
 
     # ---- derived ---------------------------------------------------------------------------
@@ -177,12 +190,25 @@ class CheckpointPolicy:
         return self.interval_steps * self.step_time_s
 
     @property
+    def lag_s(self) -> float:
+        """How long after a save it becomes the one a restart resumes from (the background write)."""
+        if not self.async_save:
+            return 0.0
+        return self.local.persist_s if self.local is not None else self.write_time_s
+
+    @property
     def wall_fractions(self) -> dict[str, float]:
-        """Fractions of wall time: train, checkpoint, rework, restart, planned (autotune.cost.availability)."""
-        return wall_time_fractions(interval_s=self.interval_s, delta_s=self.blocking_s, mtbf_s=self.job_mtbf_s,
-                                   restart_s=self.restart_s, lag_s=self.write_time_s if self.async_save else 0.0,
-                                   planned_s=self.planned_interval_s,
-                                   planned_restart_s=self.relaunch_s + self.load_time_s)
+        """Fractions of wall time: train, checkpoint, rework, restart, planned (autotune.cost.availability); with
+        the local tier, the durable saves' stall is added to checkpoint."""
+        out = wall_time_fractions(interval_s=self.interval_s, delta_s=self.blocking_s, mtbf_s=self.job_mtbf_s,
+                                  restart_s=self.restart_s, lag_s=self.lag_s, planned_s=self.planned_interval_s,
+                                  planned_restart_s=self.relaunch_s + self.rendezvous_s + self.load_time_s)
+        if self.durable_interval_steps is None:
+            return out
+        extra = out["train"] * self.durable_blocking_s / (self.durable_interval_steps * self.step_time_s)
+        out = {k: v / (1 + extra) for k, v in out.items()}
+        out["checkpoint"] += extra / (1 + extra)
+        return out
 
     @property
     def loss_parts(self) -> dict[str, float]:
@@ -202,8 +228,12 @@ class CheckpointPolicy:
     def files(self, *, load_universal: bool = False) -> CheckpointSettings:
         """The settings the engine's files carry (the DeepSpeed ``checkpoint`` block, Megatron's flags);
         ``load_universal``: a DeepSpeed job that resumes another layout's checkpoint after ``ds_to_universal``."""
-        return CheckpointSettings(save_dir=self.save_dir, interval_steps=self.interval_steps,
-                                  load_universal=load_universal,
+        local = self.local is not None
+        return CheckpointSettings(save_dir=self.save_dir, load_universal=load_universal,
+                                  interval_steps=self.durable_interval_steps if local else self.interval_steps,
+                                  local_interval_steps=self.interval_steps if local else None,
+                                  local_dir=self.local_dir, local_replication_jump=self.local.replication_jump if local
+                                  else 0,
                                   async_save=self.async_save, tag_validation=self.tag_validation,
                                   parallel_write_pipeline_stage=self.parallel_write_pipeline_stage,
                                   gather_16bit_weights_on_model_save=self.gather_16bit_weights_on_model_save)
@@ -250,7 +280,18 @@ class CheckpointPolicy:
                 f"{self.gpu_mtbf_hours:,.0f} h MTBF each fail every {self.job_mtbf_s / 3600:,.1f} h, so save "
                 f"{interval} and keep the last {self.keep_last} ({_fmt_bytes(self.storage_bytes)} of storage). "
                 f"Expected time lost to saving, rework and restarts (planned ones too, every "
-                f"{self.planned_interval_s / 3600:,.0f} h): {100 * self.expected_loss_fraction:.2f}%.")
+                f"{self.planned_interval_s / 3600:,.0f} h): {100 * self.expected_loss_fraction:.2f}%. A restart "
+                f"takes {_fmt_s(self.restart_s)}: detection {_fmt_s(self.detection_s)}, relaunch "
+                f"{_fmt_s(self.relaunch_s)}, rendezvous of {self.num_gpus:,} ranks {_fmt_s(self.rendezvous_s)}, "
+                f"checkpoint read {_fmt_s(self.load_time_s)}.")
+        if self.local is not None:
+            lt = self.local
+            text += (f" Tier local: each node writes its {_fmt_bytes(lt.node_bytes)} to {self.local_dir} in "
+                     f"{_fmt_s(lt.write_s)} and sends a replica to the node {lt.replication_jump} ranks on in "
+                     f"{_fmt_s(lt.replicate_s)} (Megatron-LM --non-persistent-ckpt-type local --replication; needs "
+                     f"nvidia-resiliency-ext >= 0.6.0 installed); the interval above is the local saves', durable saves to "
+                     f"{self.save_dir} come every {self.durable_interval_steps:,} steps, and a restart reads "
+                     f"locally.")
         return " ".join([text, *self.notes])
 
     def to_dict(self) -> dict:
@@ -302,30 +343,57 @@ def checkpoint_policy(estimate, options: CheckpointOptions) -> CheckpointPolicy:
     planned_s = PLANNED_GPU_HOURS * 3600 / plan.world_size
     load_time_s = sizes.total / storage_bytes_per_s
     detection_s = expected_detection_s()
+    rendezvous = rendezvous_s(plan.world_size)
+    before_load_s = detection_s + relaunch_s + rendezvous
     optimal_s = availability_optimal_interval_s(
-        delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=detection_s + relaunch_s + load_time_s,
-        lag_s=write_time_s if async_save else 0.0, planned_s=planned_s, planned_restart_s=relaunch_s + load_time_s)
-    if options.interval_steps is not None:
-        steps = options.interval_steps
-        if async_save and steps * step_time_s < write_time_s:
-            notes.append(f"The interval ({steps * step_time_s:,.0f} s) is shorter than one write "
-                         f"({write_time_s:,.0f} s): each save waits for the previous one.")
-    else:
-        steps = max(1, round(optimal_s / step_time_s))
-        if async_save:  # a new async save waits for the previous write to finish: never save faster than that
-            steps = max(steps, math.ceil(write_time_s / step_time_s))
+        delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=before_load_s + load_time_s,
+        lag_s=write_time_s if async_save else 0.0, planned_s=planned_s,
+        planned_restart_s=relaunch_s + rendezvous + load_time_s)
+    steps = _interval_steps(options.interval_steps if options.tier == "shared" else None, optimal_s, step_time_s,
+                            write_time_s if async_save else 0.0)
+    if options.interval_steps is not None and async_save and steps * step_time_s < write_time_s:
+        notes.append(f"The interval ({steps * step_time_s:,.0f} s) is shorter than one write "
+                     f"({write_time_s:,.0f} s): each save waits for the previous one.")
+    local = None
+    durable = {}
+    if options.tier == "local":
+        local = local_tier_for(options, estimate, sizes.per_rank)
+    if isinstance(local, str):
+        notes.append(local)
+        local = None
+    if local is not None:
+        durable = {"durable_interval_steps": steps, "durable_blocking_s": blocking_s}
+        if not async_save:
+            blocking_s = local.persist_s
+        load_time_s = local.load_s
+        optimal_s = availability_optimal_interval_s(
+            delta_s=blocking_s, mtbf_s=job_mtbf_s, restart_s=before_load_s + load_time_s,
+            lag_s=local.persist_s if async_save else 0.0, planned_s=planned_s,
+            planned_restart_s=relaunch_s + rendezvous + load_time_s)
+        steps = min(steps, _interval_steps(options.interval_steps, optimal_s, step_time_s,
+                                           local.persist_s if async_save else 0.0))
     return CheckpointPolicy(
         engine=plan.engine, format=fmt, save_dir=options.save_dir, zero_stage=plan.zero_stage, pp=plan.pp,
         num_gpus=plan.world_size, sizes=sizes, storage_bandwidth_gb_per_s=options.storage_bandwidth_gb_per_s,
         pcie_bandwidth_gb_per_s=cluster.pcie_bandwidth_gb_per_s, gpu_mtbf_hours=options.gpu_mtbf_hours,
         write_time_s=write_time_s, blocking_s=blocking_s,
-        load_time_s=load_time_s, restart_s=detection_s + relaunch_s + load_time_s, job_mtbf_s=job_mtbf_s,
-        planned_interval_s=planned_s, relaunch_s=relaunch_s, detection_s=detection_s,
+        load_time_s=load_time_s, restart_s=before_load_s + load_time_s, job_mtbf_s=job_mtbf_s,
+        planned_interval_s=planned_s, relaunch_s=relaunch_s, rendezvous_s=rendezvous, detection_s=detection_s,
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
         staging_host_bytes_per_node=staging if async_save else 0.0,
         gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
-        parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, notes=tuple(notes))
+        parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, local=local,
+        tier="shared" if local is None else "local",
+        local_dir=options.local_dir if local is not None else "", **durable, notes=tuple(notes))
+
+
+def _interval_steps(given: int | None, optimal_s: float, step_time_s: float, lag_s: float) -> int:
+    """Steps between saves: ``given``, else the optimum rounded to steps and never shorter than an asynchronous
+    save's background write (a new save waits for the previous one)."""
+    if given is not None:
+        return given
+    return max(1, round(optimal_s / step_time_s), math.ceil(lag_s / step_time_s))
 
 
 def _fmt_bytes(b: float) -> str:

@@ -56,7 +56,9 @@ class Goodput:
                 f"lost: saving {100 * f['checkpoint']:.2f}%, rework {100 * f['rework']:.2f}%, restarts "
                 f"{100 * (f['restart'] + f['planned']):.2f}%); job MTBF {p.job_mtbf_s / 3600:,.1f} h, save every "
                 f"{p.interval_steps:,} steps ({p.interval_s / 60:,.1f} min), "
-                f"{'async' if p.async_save else 'blocking'} save {p.blocking_s:,.2g} s, restart {p.restart_s:,.0f} s; "
+                f"{'async' if p.async_save else 'blocking'} save {p.blocking_s:,.2g} s"
+                + (f" to node-local storage (durable every {p.durable_interval_steps:,} steps)" if p.local else "")
+                + f", restart {p.restart_s:,.0f} s; "
                 f"a failure stops all {self.blast_radius_gpus:,} GPUs"
                 + (f" (torchft's fault-tolerant HSDP would stop one replica group of "
                    f"{self.torchft_blast_radius_gpus:,})" if self.torchft_blast_radius_gpus else ""))
@@ -66,7 +68,9 @@ class Goodput:
         return {"goodput_tokens_per_s": self.goodput_tokens_per_s, "tokens_per_s": self.tokens_per_s,
                 "fractions": dict(self.fractions), "job_mtbf_s": p.job_mtbf_s, "interval_steps": p.interval_steps,
                 "interval_s": p.interval_s, "optimal_interval_s": p.optimal_interval_s, "blocking_s": p.blocking_s,
-                "write_time_s": p.write_time_s, "restart_s": p.restart_s, "detection_s": p.detection_s, "async_save": p.async_save,
+                "write_time_s": p.write_time_s, "restart_s": p.restart_s, "detection_s": p.detection_s,
+                "rendezvous_s": p.rendezvous_s, "load_time_s": p.load_time_s, "async_save": p.async_save,
+                "checkpoint_tier": p.tier, "durable_interval_steps": p.durable_interval_steps,
                 "checkpoint_bytes": p.sizes.total, "blast_radius_gpus": self.blast_radius_gpus,
                 "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 

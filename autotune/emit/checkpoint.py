@@ -33,6 +33,11 @@ class CheckpointSettings:
     """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
     load_universal: bool = False
     """DeepSpeed: resume from a universal checkpoint (a fallback plan resuming another layout's saves)."""
+    local_interval_steps: int | None = None
+    """Tier "local": steps between node-local saves (``interval_steps`` is then the durable saves' interval)."""
+    local_dir: str = ""
+    local_replication_jump: int = 0
+    """Rank spacing of a rank's replica: the ranks of one node, so the replica lives on another node."""
 
     def ds_checkpoint_block(self, *, load_universal: bool = False) -> dict:
         """The ds_config ``checkpoint`` block (DeepSpeed 0.19.8 keys, runtime/config.py:387-406, 549-553).
@@ -57,6 +62,12 @@ class CheckpointSettings:
                  "--ckpt-format", "torch_dist"]
         if self.async_save:
             flags += ["--async-save", "--use-persistent-ckpt-worker"]
+        if self.local_interval_steps is not None:
+            # Node-local saves with a replica on the next node (megatron/training/arguments.py validate_args: local
+            # needs --non-persistent-local-ckpt-dir, --replication needs --replication-jump and type local).
+            flags += ["--non-persistent-ckpt-type", "local", "--non-persistent-local-ckpt-dir", self.local_dir,
+                      "--non-persistent-save-interval", str(self.local_interval_steps), "--replication",
+                      "--replication-jump", str(self.local_replication_jump), "--replication-factor", "2"]
         return flags
 
 

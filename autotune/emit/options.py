@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 
 from autotune.errors import require_no_problems
 
-__all__ = ["EmitOptions", "CheckpointOptions", "LaunchOptions", "OptimizerOptions", "TORCHTITAN_VERSIONS"]
+__all__ = ["EmitOptions", "CheckpointOptions", "LaunchOptions", "OptimizerOptions", "TORCHTITAN_VERSIONS", "CHECKPOINT_TIERS"]
 
 TORCHTITAN_VERSIONS = ("0.2", "0.3")
+CHECKPOINT_TIERS = ("shared", "local")
+"""Checkpoint storage tiers (``autotune.cost.checkpoint_tiers``)."""
 """torchtitan releases the fsdp engine writes files for, oldest first (the last is the default)."""
 
 
@@ -38,12 +40,25 @@ class CheckpointOptions:
     this over the GPU count: 1,024 GPUs fail about every 49 hours, 16,384 every 3 (Llama 3: 419
     interruptions in 54 days on 16,384 GPUs, i.e. one every ~3.1 hours)."""
     relaunch_s: float = 300.0
-    """Seconds from a failure to training again, checkpoint read excluded: detection, scheduler requeue, process
-    start, process-group init. An assumption of the right order (minutes at scale), not a measurement."""
+    """Seconds from a failure to training again, checkpoint read and rendezvous excluded: scheduler requeue, node
+    replacement, process start and imports. An assumption of the right order (minutes at scale), not a
+    measurement. The rendezvous, which grows with the rank count, is added by the cost model
+    (``autotune.cost.checkpoint_tiers.rendezvous_s``)."""
+    tier: str = "shared"
+    """Where saves go: "shared" (a parallel file system, every save durable) or "local" (node-local storage with a
+    replica on a peer node, frequent saves, durable saves to the shared tier less often; Megatron-LM only)."""
+    tier_required: bool = True
+    """False where the tier came from the cluster file (what the cluster offers): a plan that cannot use the local
+    tier then saves to the shared one, saying why, instead of being an error."""
+    local_storage_bandwidth_gb_per_s: float = 10.0
+    """Write/read bandwidth of one node's local storage (tier "local"). Assumed: a DGX H100 holds 8 x 3.84 TB NVMe
+    U.2 data drives in RAID 0 (NVIDIA DGX H100 datasheet); 10 GB/s leaves room for the file system."""
+    local_dir: str = "/raid/autotune-local-checkpoints"
+    """Node-local folder of the local tier (DGX OS mounts the NVMe RAID at /raid)."""
     keep_last: int = 3
     async_save: bool = True
     interval_steps: int | None = None
-    """Override the computed Young/Daly interval."""
+    """Override the computed availability-optimal interval (of the local tier's saves when tier is "local")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +107,12 @@ class EmitOptions:
                             f"(got {o.warmup_steps}, {o.train_steps})")
         if not c.storage_bandwidth_gb_per_s > 0 or not c.gpu_mtbf_hours > 0 or c.keep_last < 1 or not c.relaunch_s >= 0:
             problems.append("checkpoint storage bandwidth and GPU MTBF must be > 0, relaunch_s >= 0 and keep_last >= 1")
+        if c.tier not in CHECKPOINT_TIERS:
+            problems.append(f"checkpoint tier {c.tier!r}: expected one of {', '.join(CHECKPOINT_TIERS)} (shared: a "
+                            "parallel file system; local: node-local storage with a peer replica)")
+        if not c.local_storage_bandwidth_gb_per_s > 0 or c.local_storage_bandwidth_gb_per_s == float("inf"):
+            problems.append(f"local_storage_bandwidth_gb_per_s must be a finite number > 0, got "
+                            f"{c.local_storage_bandwidth_gb_per_s}")
         if c.interval_steps is not None and c.interval_steps < 1:
             problems.append(f"checkpoint interval must be >= 1 step, got {c.interval_steps}")
         if not 1 <= lo.master_port <= 65535:

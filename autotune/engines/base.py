@@ -45,6 +45,9 @@ class Engine(ABC):
     """"deepspeed" (engine.save_checkpoint tags), "torch_dist" (Megatron distributed), "dcp" (torch DCP)."""
     workload: ClassVar[str]
     """The trial workload: "builtin" (``python -m autotune.train``) or "command" (needs CUDA: Megatron-LM)."""
+    checkpoint_tiers: ClassVar[tuple[str, ...]] = ("shared",)
+    """Checkpoint storage tiers its files can use (autotune.cost.checkpoint_tiers): "shared" (a parallel file
+    system), "local" (node-local storage with a replica on a peer node)."""
     trainer_saves: ClassVar[bool] = False
     """The built-in trainer saves and resumes checkpoints as the bundle's policy says (autotune/train/checkpointing)."""
     trainer_module: ClassVar[str | None] = None

@@ -32,6 +32,8 @@ class MegatronEngine(Engine):
                         # the updated weights' all-gather runs bucket by bucket behind the next forward.
                         param_gather_overlap=True)
     checkpoint_format = "torch_dist"
+    # --non-persistent-ckpt-type local + --replication (arguments.py validate_args; nvidia-resiliency-ext)
+    checkpoint_tiers = ("shared", "local")
     workload = "command"
     """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""
     sources = {"zero_stage": "Megatron-LM shards optimizer states only (--use-distributed-optimizer = ZeRO-1)",

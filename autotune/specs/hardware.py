@@ -177,6 +177,10 @@ class ClusterSpec:
     """Seconds from a failure to training again, checkpoint read excluded; None: the policy's default."""
     storage_bandwidth_gb_per_s: float | None = None
     """Checkpoint storage bandwidth, all writers together; None: the policy's default."""
+    checkpoint_tier: str | None = None
+    """Where checkpoints go: "shared" or "local" (autotune.cost.checkpoint_tiers); None: the policy's default."""
+    local_storage_bandwidth_gb_per_s: float | None = None
+    """One node's local checkpoint storage bandwidth (tier "local"); None: the policy's default."""
     name: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -192,7 +196,10 @@ class ClusterSpec:
         for n in ("nvme_bandwidth_gb_per_s", "nvme_capacity_gib_per_node"):
             if getattr(self, n) < 0:
                 problems.append(f"{n} must be >= 0, got {getattr(self, n)}")
-        for n, least in (("gpu_mtbf_hours", 0.0), ("restart_s", None), ("storage_bandwidth_gb_per_s", 0.0)):
+        if self.checkpoint_tier not in (None, "shared", "local"):
+            problems.append(f"checkpoint_tier must be shared or local, got {self.checkpoint_tier!r}")
+        for n, least in (("gpu_mtbf_hours", 0.0), ("restart_s", None), ("storage_bandwidth_gb_per_s", 0.0),
+                         ("local_storage_bandwidth_gb_per_s", 0.0)):
             v = getattr(self, n)
             if v is not None and not (math.isfinite(v) and (v > least if least is not None else v >= 0)):
                 problems.append(f"{n} must be a finite number {'> 0' if least is not None else '>= 0'}, got {v}")

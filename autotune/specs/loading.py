@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["load_model", "load_cluster", "model_from_mapping", "read_yaml", "schema_problems", "RELIABILITY_KEYS"]
 
 _PRESETS_HELP = "`autotune estimate --help` lists the presets"
-RELIABILITY_KEYS = ("gpu_mtbf_hours", "restart_s", "storage_bandwidth_gb_per_s")
+RELIABILITY_KEYS = ("gpu_mtbf_hours", "restart_s", "storage_bandwidth_gb_per_s", "checkpoint_tier",
+                    "local_storage_bandwidth_gb_per_s")
 """Failure and checkpoint-storage figures a cluster file may give (the goodput and checkpoint policy read them)."""
 _CLUSTER_OVERRIDES = ("name", "num_nodes") + CLUSTER_DEFAULT_KEYS[1:] + RELIABILITY_KEYS
 

@@ -133,11 +133,14 @@ def test_the_cluster_file_gives_failure_and_storage_figures_and_flags_win(tmp_pa
     kept = json.loads(capsys.readouterr().out)["goodput"]
     assert kept["job_mtbf_s"] == pytest.approx(5000 * 3600 / 16)
     detection = (412 * 5 + 7 * 600) / 419  # Llama 3: 412 crashes seen at once, 7 hangs after the NCCL watchdog
-    assert kept["restart_s"] == pytest.approx(detection + 1200 + kept["write_time_s"])  # + relaunch + read back
+    rendezvous = 100 * 16 / 98_304  # PyTorch's TCPStore: 100 s at 98,304 ranks, linear in the rank count
+    assert kept["rendezvous_s"] == pytest.approx(rendezvous)
+    # + relaunch + rendezvous + read back
+    assert kept["restart_s"] == pytest.approx(detection + 1200 + rendezvous + kept["write_time_s"])
     assert kept["write_time_s"] == pytest.approx(kept["checkpoint_bytes"] / 40e9)
     assert main([*argv, "--restart-s", "10", "--gpu-mtbf-hours", "80000"]) == 0
     kept = json.loads(capsys.readouterr().out)["goodput"]
-    assert kept["restart_s"] == pytest.approx(detection + 10 + kept["write_time_s"])
+    assert kept["restart_s"] == pytest.approx(detection + 10 + rendezvous + kept["write_time_s"])
     assert kept["job_mtbf_s"] == pytest.approx(80_000 * 3600 / 16)
     out = tmp_path / "job"
     assert main(["emit", "--model", "llama3-8b", "--cluster", str(cluster), "--zero", "3", "--out", str(out)]) == 0

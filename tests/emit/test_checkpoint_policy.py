@@ -105,13 +105,17 @@ def test_policy_interval_and_expected_loss_hand_derived():
     assert pol.job_mtbf_s == pytest.approx(36_000.0)
     # Availability optimum: tau = sqrt(delta^2 + 2 delta a M), a = 1 + R/M + R'/P; a failure's restart R = detection
     # (412 of Llama 3's 419 failures crash, seen in ~5 s; 7 hang until the 600 s NCCL watchdog: 14.9 s) + 300 s
-    # relaunch + 60 s read; a planned one's R' = 300 + 60 s (no detection); P = Llama 3's 47 planned
-    # interruptions in 54 days on 16,384 GPUs, scaled to 64 GPUs.
+    # relaunch + the rendezvous of 64 ranks (PyTorch's TCPStore: 100 s at 98,304 ranks, linear) + 60 s read; a
+    # planned one's R' = 300 + rendezvous + 60 s (no detection); P = Llama 3's 47 planned interruptions in 54 days on
+    # 16,384 GPUs, scaled to 64 GPUs.
     detection = (412 * 5 + 7 * 600) / 419
-    restart, planned_restart = detection + DEFAULT_RELAUNCH_S + 60, DEFAULT_RELAUNCH_S + 60
+    rendezvous = 100 * 64 / 98_304
+    restart = detection + DEFAULT_RELAUNCH_S + rendezvous + 60
+    planned_restart = DEFAULT_RELAUNCH_S + rendezvous + 60
     planned = 16_384 * 54 * 24 / 47 * 3600 / 64
     a = 1 + restart / 36_000 + planned_restart / planned
     assert pol.detection_s == pytest.approx(detection) and pol.restart_s == pytest.approx(restart)
+    assert pol.rendezvous_s == pytest.approx(rendezvous)
     assert pol.optimal_interval_s == pytest.approx(math.sqrt(60**2 + 2 * 60 * a * 36_000))  # 2,093.9 s
     assert pol.optimal_interval_s > young_daly_interval_s(60.0, 36_000.0)  # 2,018.5 s: a restart costs more
     assert pol.interval_steps == 209  # round(2,089.7 s / 10 s)
