@@ -74,7 +74,9 @@ def fallback_section(fallback: Fallback | None, est: Estimate) -> list[str]:
             f"{fb.cluster.gpu.memory_gib:g}; same model, global batch, sequence length and precision, so the run "
             f"continues where its last checkpoint left it.",
             "",
-            f"Resuming this plan's checkpoint there: {fallback.conversion}. `{RESUME_SCRIPT}` does it and starts "
+            f"Resuming this plan's checkpoint there: {fallback.conversion}"
+            + (f" (about {fallback.conversion_s / 60:,.1f} min on one node)" if fallback.conversion_s else "")
+            + f"; reading it back takes about {fallback.load_s / 60:,.1f} min. `{RESUME_SCRIPT}` does it and starts "
             f"`{FALLBACK_DIR}/launch_torchrun.sh`; `{FALLBACK_DIR}/` holds the fallback's own files (its plan.md, "
             "configs and launchers for the remaining nodes: edit its hostfile / host names).",
             ""]

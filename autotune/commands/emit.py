@@ -392,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
     if args.lost_gpus != 0:
         from autotune.search.fallback import fallback_plan
 
-        fallback = fallback_plan(est, lost_gpus=args.lost_gpus, time_settings=time_settings(args))
+        fallback = fallback_plan(est, lost_gpus=args.lost_gpus, time_settings=time_settings(args),
+                                 storage_bandwidth_gb_per_s=options.checkpoint.storage_bandwidth_gb_per_s)
     try:
         paths = write_bundle(est, args.out, options, force=args.force, notes=notes, fallback=fallback)
     except OSError as err:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autotune.cost.checkpoint import checkpoint_bytes
 from autotune.cost.estimate import Estimate
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.emit.options import CheckpointOptions
 from autotune.engines import engine_for
+from autotune.specs.hardware import GB
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 
-__all__ = ["Fallback", "RESHARD", "fallback_plan"]
+__all__ = ["Fallback", "RESHARD", "fallback_plan", "switch_times"]
 
 RESHARD = {
     # DeepSpeed 0.19: deepspeed/checkpoint/ds_to_universal.py turns a ZeRO checkpoint into per-parameter fp32 /
@@ -43,16 +46,37 @@ class Fallback:
     num_gpus: int
     estimate: Estimate | None
     conversion: str
+    conversion_s: float = 0.0
+    """Converting the checkpoint for the new layout (DeepSpeed's ds_to_universal: one node reads the checkpoint
+    and writes it again; 0 where the format reshards on load)."""
+    load_s: float = 0.0
+    """Reading the checkpoint into the fallback plan at the storage's aggregate bandwidth."""
     reason: str = ""
 
     def to_dict(self) -> dict:
         return {"lost_gpus": self.lost_gpus, "num_gpus": self.num_gpus, "conversion": self.conversion,
+                "conversion_s": self.conversion_s, "load_s": self.load_s,
                 "reason": self.reason, "plan": None if self.estimate is None else self.estimate.plan.to_dict(),
                 "tokens_per_s": None if self.estimate is None else self.estimate.time.tokens_per_s}
 
 
-def fallback_plan(est: Estimate, *, lost_gpus: int | None = None,
-                  time_settings: TimeSettings | None = None) -> Fallback:
+def switch_times(est: Estimate, storage_bandwidth_gb_per_s: float) -> tuple[float, float]:
+    """(conversion, load) seconds to resume ``est``'s checkpoint in another layout.
+
+    DeepSpeed's ds_to_universal runs on one machine (its --num_extract_workers / --num_merge_workers are
+    processes of that machine): it reads every fragment and writes the universal checkpoint, about the same
+    bytes again, through one node's network links or the storage's bandwidth, whichever is smaller. DCP and
+    torch_dist reshard while loading: no conversion."""
+    total = checkpoint_bytes(est.model, est.plan).total
+    aggregate = storage_bandwidth_gb_per_s * GB
+    if engine_for(est.plan).checkpoint_format != "deepspeed":
+        return 0.0, total / aggregate
+    one_node = min(aggregate, est.cluster.gpus_per_node * est.cluster.inter_node_bandwidth_gb_per_s * GB)
+    return 2 * total / one_node, total / aggregate
+
+
+def fallback_plan(est: Estimate, *, lost_gpus: int | None = None, time_settings: TimeSettings | None = None,
+                  storage_bandwidth_gb_per_s: float = CheckpointOptions().storage_bandwidth_gb_per_s) -> Fallback:
     """The best plan of ``est``'s engine on ``est.cluster`` less ``lost_gpus`` (default: one node)."""
     cluster, plan = est.cluster, est.plan
     lost = cluster.gpus_per_node if lost_gpus is None else lost_gpus
@@ -80,4 +104,6 @@ def fallback_plan(est: Estimate, *, lost_gpus: int | None = None,
         same = best.plan.with_(optimizer=plan.optimizer)
         best = Estimate(model=est.model, cluster=smaller, plan=same, memory=estimate_memory(est.model, smaller, same),
                         time=estimate_step_time(est.model, smaller, same, time_settings))
-    return Fallback(lost_gpus=lost, num_gpus=left, estimate=best, conversion=conversion)
+    conversion_s, load_s = switch_times(est, storage_bandwidth_gb_per_s)
+    return Fallback(lost_gpus=lost, num_gpus=left, estimate=best, conversion=conversion, conversion_s=conversion_s,
+                    load_s=load_s)

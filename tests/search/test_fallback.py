@@ -85,3 +85,24 @@ def test_emit_writes_the_fallback_unless_told_not_to(tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
         raise SystemExit(main([*base, "--out", str(tmp_path / "c"), "--lost-gpus", "-1"]))
     assert raised.value.code == 2 and "--lost-gpus" in capsys.readouterr().err
+
+
+def test_switch_times_conversion_for_deepspeed_only():
+    """ds_to_universal reads and writes the checkpoint once through one node; DCP / torch_dist reshard on load."""
+    from autotune.cost.checkpoint import checkpoint_bytes
+    from autotune.search.fallback import switch_times
+
+    est = _estimate()
+    total = checkpoint_bytes(est.model, est.plan).total
+    one_node = min(5e9, est.cluster.gpus_per_node * est.cluster.inter_node_bandwidth_gb_per_s * 1e9)
+    assert switch_times(est, 5.0) == pytest.approx((2 * total / one_node, total / 5e9))
+    fb = fallback_plan(est, storage_bandwidth_gb_per_s=5.0)
+    assert (fb.conversion_s, fb.load_s) == pytest.approx(switch_times(est, 5.0))
+    fsdp = _estimate("fsdp", zero_stage=3)
+    conversion, load = switch_times(fsdp, 5.0)
+    assert conversion == 0 and load == pytest.approx(checkpoint_bytes(fsdp.model, fsdp.plan).total / 5e9)
+    # Faster storage: the conversion is bounded by one node's links, the load by the storage.
+    fast = switch_times(est, 10_000.0)
+    assert fast[0] == pytest.approx(2 * total / (est.cluster.gpus_per_node * est.cluster.inter_node_bandwidth_gb_per_s
+                                                 * 1e9))
+    assert fast[1] == pytest.approx(total / 1e13)
