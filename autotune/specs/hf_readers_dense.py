@@ -105,7 +105,8 @@ def _gemma(f: Fields, model_type: str) -> dict:
     required = tuple(k for k in _SHAPE if not (gemma3 and k == "vocab_size"))  # Gemma 3 text_configs omit it
     f = normalised(f, model_type, required)
     refuse_output_bias(f)
-    out = decoder_base(f, kv_heads=4, head_dim=256, max_positions=131072 if gemma3 else 8192, theta=10000.0,
+    out = decoder_base(f, kv_heads=4, head_dim=256, max_positions=131072 if gemma3 else 8192,
+                       theta=1000000.0 if gemma3 else 10000.0,
                        tied=True, vocab=262208 if gemma3 else None)
     out["norms_per_layer"] = 4
     if gemma3:

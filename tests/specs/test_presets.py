@@ -46,6 +46,17 @@ PUBLISHED = [
     ("gpt-neox-20b", 20.55 * B, None),  # Black et al. 2022 (arXiv:2204.06745): 20,554,567,680
     ("opt-175b", 175.0 * B, None),  # Zhang et al. 2022 (arXiv:2205.01068), Table 1: 175B
     ("deepseek-v3", 671.0 * B, 37.0 * B),  # DeepSeek-AI 2024 (arXiv:2412.19437): 671B total, 37B activated
+    ("qwen3-8b", 8.2 * B, None),  # Qwen/Qwen3-8B model card: 8.2B
+    ("qwen3-30b-a3b", 30.5 * B, 3.3 * B),  # Qwen/Qwen3-30B-A3B model card: 30.5B total, 3.3B activated
+    ("qwen3-235b-a22b", 235.0 * B, 22.0 * B),  # Qwen/Qwen3-235B-A22B model card: 235B total, 22B activated
+    ("gpt-oss-120b", 116.83 * B, 5.13 * B),  # OpenAI gpt-oss-120b & gpt-oss-20b model card (2025)
+    ("gpt-oss-20b", 20.91 * B, 3.61 * B),  # the same card: 20.91B total, 3.61B active
+    ("llama4-scout", 109.0 * B, 17.0 * B),  # Meta Llama 4 model card: Scout 17B active, 109B total
+    ("llama4-maverick", 400.0 * B, 17.0 * B),  # the same card: Maverick 17B active, 400B total
+    ("gemma3-27b", 27.0 * B, None),  # Gemma 3 technical report (arXiv:2503.19786): 27B
+    ("glm-4.5", 355.0 * B, 32.0 * B),  # zai-org/GLM-4.5 model card (arXiv:2508.06471): 355B total, 32B active
+    ("kimi-k2", 1000.0 * B, 32.0 * B),  # moonshotai/Kimi-K2-Instruct model card: 1T total, 32B activated
+    ("phi3-mini", 3.8 * B, None),  # Abdin et al. 2024 (arXiv:2404.14219): phi-3-mini 3.8B
 ]
 # Figures printed with two significant digits carry their rounding; 1% is tighter than that:
 TOLERANCE = {
@@ -53,11 +64,28 @@ TOLERANCE = {
     "megatron-gpt-1.7b": 0.05 * B,
     # "3.6B" is 3.562B (formula: the same): -1.05%, within 0.05B.
     "megatron-gpt-3.6b": 0.05 * B,
+    # "109B" counts the vision encoder the preset leaves out: the language model is 107.77B (-1.1%).
+    "llama4-scout": 1.5 * B,
+    # "1T" is printed to one digit: 1026.4B (+2.6%) is within its 0.05T.
+    "kimi-k2": 50.0 * B,
 }
 ACTIVE_TOLERANCE = {
     # "37B": 37.55B counting the input embedding (0.93B) as Mixtral's 12.9B does (+1.5%); DeepSeek seems to
     # leave it out (36.63B, -1.0%). Either is within the print's 0.5B.
     "deepseek-v3": 0.6 * B,
+    # gpt-oss: OpenAI's active counts leave out the input embedding (201088 x 2880 = 0.58B): 5.71B and 4.19B with
+    # it, 5.13B and 3.61B without.
+    "gpt-oss-120b": 0.6 * B,
+    "gpt-oss-20b": 0.6 * B,
+    # "32B": 33.63B with the input embedding and output head (0.78B each), 32.08B without both.
+    "glm-4.5": 1.7 * B,
+    # "32B": 32.86B with the input embedding (1.17B), 31.69B without; printed to two digits.
+    "kimi-k2": 0.9 * B,
+    # "3.3B" is printed to two digits: 3.353B (+1.6%).
+    "qwen3-30b-a3b": 0.06 * B,
+    # "17B" is printed to two digits: 17.17B (Scout) and 17.18B (Maverick), +1.0% and +1.1%.
+    "llama4-scout": 0.5 * B,
+    "llama4-maverick": 0.5 * B,
 }
 
 
