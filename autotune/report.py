@@ -63,8 +63,11 @@ def _bar(fraction: float) -> str:
     return "#" * filled + "." * (_BAR_WIDTH - filled)
 
 
-def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, memory: MemoryEstimate) -> str:
-    """The ledger as a table in GiB with a percentage bar per term."""
+def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, memory: MemoryEstimate, *,
+                 save_staging_per_node: float = 0.0) -> str:
+    """The ledger as a table in GiB with a percentage bar per term; ``save_staging_per_node``: the pinned host
+    memory an asynchronous checkpoint save stages per node (``CheckpointPolicy.staging_host_bytes_per_node``),
+    shown as its own host row."""
     title = (f"{model.name} ({format_params(model.num_params)} params) on {cluster.num_gpus} x {cluster.gpu.name}"
              f", seq {plan.seq_len}, global batch {plan.global_batch_size}")
     lines = [title, f"plan: {plan_summary(plan)}  (engine {plan.engine})",
@@ -78,6 +81,10 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
     lines.append(f"  {'capacity':<17}{gib(memory.capacity):>10}{used:>8.1%}  {_bar(used)} used")
     if memory.host_per_node or memory.nvme_per_node:
         lines.append(f"  host per node    {gib(memory.host_per_node):>10}  of {gib(memory.host_capacity_per_node)} GiB")
+    if save_staging_per_node:
+        at_save = memory.host_per_node + save_staging_per_node
+        lines.append(f"  host at a save   {gib(at_save):>10}  of {gib(memory.host_capacity_per_node)} GiB "
+                     f"(+{gib(save_staging_per_node)} GiB pinned checkpoint staging, async save)")
     if memory.nvme_per_node:
         lines.append(f"  NVMe per node    {gib(memory.nvme_per_node):>10}")
     lines.append("")

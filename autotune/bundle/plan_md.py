@@ -205,8 +205,9 @@ def _run_section(files: Sequence[str]) -> list[str]:
 
 def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
                   files: Sequence[str] = (), user_script_needs: Sequence[str] = (),
-                  fallback_lines: Sequence[str] = ()) -> str:
-    """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files."""
+                  fallback_lines: Sequence[str] = (), save_staging_per_node: float = 0.0) -> str:
+    """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files;
+    ``save_staging_per_node``: the host memory an asynchronous save pins per node (a row of the ledger)."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
     gpu = cluster.gpu
     out = [f"# Training plan: {model.name} on {cluster.num_gpus} x {gpu.name}", "",
@@ -227,7 +228,9 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
                f"tokens per step")
     out += ["", "## The plan and why", "", "| dimension | setting | why |", "|---|---|---|"]
     out += [f"| {_cell(d)} | {_cell(s)} | {_cell(w)} |" for d, s, w in plan_reasons(estimate)]
-    out += ["", "## Memory per GPU", "", "```text", memory_table(model, cluster, plan, estimate.memory), "```", ""]
+    out += ["", "## Memory per GPU", "", "```text", memory_table(model, cluster, plan, estimate.memory,
+                                                                 save_staging_per_node=save_staging_per_node),
+            "```", ""]
     out += ["## Predicted step time", ""] + _time_section(estimate) + [""]
     out += ["## Checkpoint policy", "", checkpoint_policy_text.strip() or "(no checkpoint policy was given)", ""]
     out += list(fallback_lines)

@@ -93,7 +93,8 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      measured=measured,
                                      files=sorted(f for f in files if "/" not in f),
                                      user_script_needs=engine_files.user_script_needs,
-                                     fallback_lines=fallback_section(fallback, est))
+                                     fallback_lines=fallback_section(fallback, est),
+                                     save_staging_per_node=policy.staging_host_bytes_per_node)
     return Bundle(files=files, policy=policy)
 
 

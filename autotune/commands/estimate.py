@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict()}))
     else:
-        print(memory_table(model, cluster, plan, result.memory))
+        print(memory_table(model, cluster, plan, result.memory,
+                           save_staging_per_node=kept.policy.staging_host_bytes_per_node))
         print()
         print(step_time_table(result.time))
         print(kept.summary())

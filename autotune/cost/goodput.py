@@ -71,6 +71,7 @@ class Goodput:
                 "write_time_s": p.write_time_s, "restart_s": p.restart_s, "detection_s": p.detection_s,
                 "rendezvous_s": p.rendezvous_s, "load_time_s": p.load_time_s, "async_save": p.async_save,
                 "checkpoint_tier": p.tier, "durable_interval_steps": p.durable_interval_steps,
+                "staging_host_bytes_per_node": p.staging_host_bytes_per_node,
                 "checkpoint_bytes": p.sizes.total, "blast_radius_gpus": self.blast_radius_gpus,
                 "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 

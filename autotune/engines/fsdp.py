@@ -180,7 +180,9 @@ class FSDPEngine(Engine):
         needs = [f"one DeviceMesh: torch.distributed.device_mesh.init_device_mesh({device!r}, ({plan.pp}, {replicate}, "
                  f"{plan.dp // replicate}, {plan.tp}), mesh_dim_names=('pp', 'dp_replicate', 'dp_shard', 'tp')) "
                  "(it starts the process group from torchrun's variables"
-                 + (", gloo on CPU" if device == "cpu" else ", NCCL; torch.cuda.set_device(LOCAL_RANK) first") + ")",
+                 + (", gloo on CPU" if device == "cpu" else ", NCCL; torch.cuda.set_device(LOCAL_RANK) first: a rank "
+                    "left on GPU 0 puts its CUDA context there, and at each DCP save its buffers too, +11 GB on GPU 0 "
+                    "with 8 GPUs per node in PyTorch issue 151030") + ")",
                  f"fully_shard(block, mesh=mesh[{_dp_dims(replicate)}], reshard_after_forward={plan.zero_stage == 3}, "
                  f"mp_policy=MixedPrecisionPolicy(param_dtype={mp}, reduce_dtype=torch.float32)"
                  + (", offload_policy=CPUOffloadPolicy()" if plan.offload_param == "cpu" else "")

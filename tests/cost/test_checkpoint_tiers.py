@@ -191,3 +191,22 @@ def test_emitted_local_tier_flags_pass_megatron_lm(tmp_path):
 
     accepted = verdict(str(_nvrx_path()))
     assert accepted["ok"], accepted
+
+
+def test_the_ledger_shows_host_memory_at_a_save(capsys):
+    """An asynchronous save stages every local rank's shard in pinned host memory: its own host row."""
+    base = ["estimate", "--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--num-gpus", "64", "--tp", "8", "--pp", "2",
+            "--global-batch", "512", "--seq-len", "8192", "--engine", "megatron"]
+    assert main([*base, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    staging = doc["goodput"]["staging_host_bytes_per_node"]
+    est = _megatron_70b(64)
+    pol = checkpoint_policy(estimate(est.model, est.cluster, make_plan(est.model, est.cluster, engine="megatron", tp=8,
+                                                                       pp=2, global_batch_size=512, seq_len=8192)),
+                            CheckpointOptions())
+    assert staging == pytest.approx(8 * pol.sizes.per_rank) and staging > 0
+    assert main(base) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "host at a save" in line)
+    assert f"+{staging / 2**30:,.2f} GiB pinned checkpoint staging" in row
+    assert main([*base, "--no-async-save"]) == 0
+    assert "host at a save" not in capsys.readouterr().out  # a blocking save stages nothing
