@@ -4,6 +4,11 @@ DDP or the distributed optimizer (zero_stage 1). No ZeRO-2/3, no offload (those 
 from __future__ import annotations
 
 from autotune.emit.megatron import megatron_args
+from autotune.emit.megatron_bridge import (
+    bridge_files,
+    bridge_model_problems,
+    bridge_recipe,
+)
 from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
@@ -100,7 +105,17 @@ class MegatronEngine(Engine):
                              fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
                                                  "Megatron-LM pretrain_gpt.py arguments written by autotune")}
+        needs = ["Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; --mock-data unless --data-path is given"]
+        # The same plan for Megatron-Bridge users: overrides of Bridge's recipe (InputError for what it cannot take;
+        # a model Bridge has no recipe for and its generic GPT recipe cannot build gets none, and a note).
+        unbuildable = bridge_model_problems(model)
+        if unbuildable:
+            needs.append("no Megatron-Bridge files: " + "; ".join(unbuildable))
+        else:
+            files.update(bridge_files(model, cluster, plan, options, checkpoint,
+                                      fp8_param_gather=self.fp8_param_gather(plan)))
+            needs.append(f"or Megatron-Bridge 0.6: scripts/training/run_recipe.py --recipe {bridge_recipe(model).name} "
+                         f"with bridge_overrides.args (bridge_overrides.yaml: the same settings as a config file)")
         entry = (options.launch.script or "pretrain_gpt.py",)
         return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="torchrun",
-                           user_script_needs=("Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; "
-                                              "--mock-data unless --data-path is given",))
+                           user_script_needs=tuple(needs))

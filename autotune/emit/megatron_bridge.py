@@ -1,0 +1,407 @@
+"""Megatron-Bridge overrides for a plan: ``bridge_overrides.yaml`` and ``bridge_overrides.args``.
+
+Megatron-Bridge (NVIDIA-NeMo/Megatron-Bridge 0.6, with megatron-core 0.19) configures a run as a recipe function
+that returns a ``ConfigContainer``, then overrides it. Both files here override the same keys with the same values:
+
+- ``bridge_overrides.yaml`` is merged as a YAML file: ``process_config_with_overrides(cfg, config_filepath=...)``
+  (``src/megatron/bridge/training/utils/omegaconf_utils.py``: ``OmegaConf.merge`` of the file over the container
+  turned into a DictConfig, then written back field by field), as the ``--config-file`` of Bridge's tutorial
+  scripts (``tutorials/recipes/llama/02_pretrain_with_yaml.py``) does;
+- ``bridge_overrides.args`` lists the same settings as Hydra-style ``key=value`` overrides, one a line: the
+  trailing arguments of ``scripts/training/run_recipe.py`` (0.6 has no ``--config-file`` there; its
+  ``recipe_runner.apply_cli_overrides`` hands them to the same ``process_config_with_overrides``).
+
+Sources (every key is a field of these dataclasses; tests/emit/test_megatron_bridge.py applies both files with
+Bridge's own helpers and runs its ``runtime_config_update``/``validate``):
+NVIDIA-NeMo/Megatron-Bridge@51885cf132b2814188b6855c25a8588254274c2a (v0.6.0) ``scripts/training/run_recipe.py``,
+``scripts/training/recipe_runner.py``; r0.6.0@6124fbe38a68eea9c4f4be3aa5e084bd5d461d98
+``src/megatron/bridge/training/config.py`` (ConfigContainer, CheckpointConfig, TrainingConfig),
+``training/comm_overlap.py`` (CommOverlapConfig), ``training/mixed_precision.py`` (MixedPrecisionConfig),
+``recipes/llama/h100/llama3.py``, ``recipes/llama/h100/llama2.py``, ``recipes/gpt/h100/vanilla_gpt.py``;
+megatron-core 0.19 ``OptimizerConfig``, ``DistributedDataParallelConfig``, ``TransformerConfig``.
+
+What depends on the plan is reset, not left to the recipe: the 70B recipe's ``comm_overlap`` carries a
+TP-4-tuned userbuffers layout (``userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192``); Bridge 0.6 has none for
+other layouts of that width, and Megatron-LM's arguments of the same plan (``megatron_args.sh``) do not enable
+userbuffer overlap, so ``tp_comm_overlap`` is off and its layout null. VPP is null without interleaving, the
+recompute fields null without recompute, the pipeline layout and uneven-stage counts set from the plan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from autotune.emit.checkpoint import CheckpointSettings
+from autotune.emit.options import EmitOptions
+from autotune.emit.precision import (
+    FP8_AMAX_COMPUTE_ALGO,
+    FP8_AMAX_HISTORY_LEN,
+    FP8_FORMAT,
+    FP8_RECIPE,
+    FP16_HYSTERESIS,
+    FP16_INITIAL_LOSS_SCALE,
+    FP16_LOSS_SCALE_WINDOW,
+    FP16_MIN_LOSS_SCALE,
+)
+from autotune.errors import InputError
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import pipeline_split
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = [
+    "BRIDGE_ARGS",
+    "BRIDGE_VERSION",
+    "BRIDGE_YAML",
+    "BridgeRecipe",
+    "bridge_files",
+    "bridge_hydra_args",
+    "bridge_model_problems",
+    "bridge_overrides",
+    "bridge_recipe",
+]
+
+BRIDGE_VERSION = "Megatron-Bridge 0.6 (megatron-bridge 0.6.2, megatron-core 0.19.2)"
+BRIDGE_YAML = "bridge_overrides.yaml"
+BRIDGE_ARGS = "bridge_overrides.args"
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeRecipe:
+    name: str
+    """The recipe function (run_recipe.py ``--recipe``), exported by ``megatron.bridge.recipes``."""
+    module: str
+    hf_model: str | None
+    """The Hugging Face config the recipe builds its model from (``AutoBridge.from_hf_pretrained``); None: the
+    generic GPT recipe, whose model shape the overrides set."""
+    precision_is_named: bool
+    """The recipe's ``mixed_precision`` is a registered recipe name (``recipes/common.py _pretrain_common``:
+    "bf16_mixed"), not a MixedPrecisionConfig: only another name replaces it."""
+    comm_overlap: bool
+    """The recipe sets a CommOverlapConfig (else ``comm_overlap`` is None, which no override can fill)."""
+
+
+# Model presets whose shape is the Hugging Face config the library recipe loads (their H100 pretraining recipes).
+_R = "megatron.bridge.recipes"
+_LLAMA_H100 = f"{_R}.llama.h100"
+RECIPES: dict[str, BridgeRecipe] = {
+    "llama3-8b": BridgeRecipe("llama3_8b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                              "meta-llama/Meta-Llama-3-8B", precision_is_named=True, comm_overlap=False),
+    "llama3-70b": BridgeRecipe("llama3_70b_pretrain_32gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                               "meta-llama/Meta-Llama-3-70B", precision_is_named=False, comm_overlap=True),
+    "llama3-405b": BridgeRecipe("llama31_405b_pretrain_256gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                                "meta-llama/Meta-Llama-3.1-405B", precision_is_named=False, comm_overlap=True),
+    "llama2-7b": BridgeRecipe("llama2_7b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama2",
+                              "meta-llama/Llama-2-7b-hf", precision_is_named=True, comm_overlap=True),
+    # Read from the recipes' source (precision and comm_overlap as each sets them); not built by the tests,
+    # which build the llama3 and generic recipes only.
+    "qwen2.5-72b": BridgeRecipe("qwen25_72b_pretrain_32gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen2",
+                                "Qwen/Qwen2.5-72B", precision_is_named=True, comm_overlap=False),
+    "qwen3-8b": BridgeRecipe("qwen3_8b_pretrain_4gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3", "Qwen/Qwen3-8B",
+                             precision_is_named=True, comm_overlap=False),
+    "qwen3-30b-a3b": BridgeRecipe("qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
+                                  "Qwen/Qwen3-30B-A3B", precision_is_named=False, comm_overlap=True),
+    "qwen3-235b-a22b": BridgeRecipe("qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
+                                    "Qwen/Qwen3-235B-A22B", precision_is_named=True, comm_overlap=False),
+    "deepseek-v3": BridgeRecipe("deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config",
+                                f"{_R}.deepseek.h100.deepseek_v3", "deepseek-ai/DeepSeek-V3",
+                                precision_is_named=False, comm_overlap=True),
+    "kimi-k2": BridgeRecipe("kimi_k2_pretrain_512gpu_h100_bf16_config", f"{_R}.kimi.h100.kimi_k2",
+                            "moonshotai/Kimi-K2-Instruct", precision_is_named=False, comm_overlap=True),
+    "gpt-oss-20b": BridgeRecipe("gpt_oss_20b_pretrain_16gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
+                                "openai/gpt-oss-20b", precision_is_named=True, comm_overlap=False),
+    "gpt-oss-120b": BridgeRecipe("gpt_oss_120b_pretrain_64gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
+                                 "openai/gpt-oss-120b", precision_is_named=True, comm_overlap=False),
+}
+# vanilla_gpt: a bare GPTModelProvider with Megatron-LM's pretrain_gpt.py defaults, mixed_precision "bf16_mixed".
+GENERIC = BridgeRecipe("vanilla_gpt_pretrain_1gpu_h100_bf16_config", "megatron.bridge.recipes.gpt.h100.vanilla_gpt",
+                       None, precision_is_named=True, comm_overlap=False)
+
+
+def bridge_model_problems(model: ModelSpec) -> list[str]:
+    """Why Bridge 0.6 cannot build the model (no recipe for it, and features the generic GPT recipe lacks); empty
+    when it can."""
+    if bridge_recipe(model).hf_model is not None:
+        return []
+    return [f"model: {model.name} has {why}; Megatron-Bridge 0.6 has no recipe for {model.name}"
+            for why in _unexpressible(model)]
+
+
+def bridge_recipe(model: ModelSpec) -> BridgeRecipe:
+    """The base recipe for the model: its family's library recipe where Bridge 0.6 has one, else the generic GPT."""
+    return RECIPES.get(model.name, GENERIC)
+
+
+def _unexpressible(model: ModelSpec) -> list[str]:
+    """Model features the generic GPT recipe's GPTModelProvider has no override for."""
+    why = []
+    if model.mla is not None:
+        why.append("multi-latent attention (the generic recipe builds a GPTModelProvider; MLA needs Bridge's "
+                   "MLAModelProvider, a DeepSeek/Kimi recipe)")
+    if model.position_embedding == "alibi":
+        why.append("ALiBi position embeddings (model.position_embedding_type: learned_absolute, rope, yarn, "
+                   "mrope, relative, none)")
+    if model.norms_per_layer != 2:
+        why.append(f"{model.norms_per_layer} norm(s) per layer (a parallel block)")
+    if model.embedding_norm:
+        why.append("an embedding norm")
+    if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
+        why.append("sliding-window, chunked or sink attention")
+    if model.qk_norm is not None:
+        why.append("QK norm")
+    if model.num_mtp_layers:
+        why.append("multi-token prediction layers")
+    return why
+
+
+def _shape(model: ModelSpec) -> dict:
+    """The model shape as GPTModelProvider / TransformerConfig fields (the generic recipe only)."""
+    out: dict = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                 "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+                 "num_query_groups": model.kv_heads,
+                 "kv_channels": model.head_dim or model.hidden_size // model.num_attention_heads,
+                 "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+                 # activation_func is restored from its name (omegaconf_utils _SERIALIZABLE_CALLABLE_FIELDS).
+                 "activation_func": "silu" if model.activation == "swiglu" else "gelu",
+                 "gated_linear_unit": model.activation == "swiglu",
+                 "position_embedding_type": "rope" if model.position_embedding == "rope" else "learned_absolute",
+                 "rotary_base": model.rope_theta,
+                 "share_embeddings_and_output_weights": model.tied_embeddings,
+                 "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
+                 "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
+                 "vocab_size": model.vocab_size}
+    if model.moe is not None:
+        moe = model.moe
+        out |= {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.top_k,
+                "moe_ffn_hidden_size": moe.expert_ffn_hidden_size, "moe_grouped_gemm": True,
+                "moe_shared_expert_intermediate_size": (moe.num_shared_experts * moe.shared_width
+                                                        if moe.num_shared_experts else None),
+                "moe_layer_freq": [0] * moe.num_dense_layers + [1] * model.num_moe_layers
+                if moe.num_dense_layers else 1}
+        if moe.router_bias:
+            out |= {"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid"}
+    return out
+
+
+def _recompute(plan: ParallelPlan) -> dict:
+    # TransformerConfig: granularity "full"/"selective", method "uniform"/"block"; the same choices as
+    # megatron_args' --recompute-* flags (autotune.emit.megatron._recompute_flags).
+    off = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+           "recompute_modules": None}
+    if plan.recompute == "selective":
+        return off | {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if plan.recompute == "full":
+        if plan.recompute_num_layers is None:
+            return off | {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        return off | {"recompute_granularity": "full", "recompute_method": "block",
+                      "recompute_num_layers": plan.recompute_num_layers}
+    return off
+
+
+def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict:
+    out: dict = {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
+                 "virtual_pipeline_model_parallel_size": plan.vpp if plan.interleaved else None,
+                 "context_parallel_size": plan.cp, "sequence_parallel": plan.sequence_parallel and plan.tp > 1,
+                 "expert_model_parallel_size": plan.ep, "expert_tensor_parallel_size": None,
+                 "pipeline_model_parallel_layout": None, "account_for_embedding_in_pipeline_split": False,
+                 "account_for_loss_in_pipeline_split": False,
+                 "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
+    split = pipeline_split(model.num_layers, plan.pp)
+    if split is None:
+        problems.append(f"model.pipeline_model_parallel_size: {model.num_layers} layers cannot be split over "
+                        f"pp={plan.pp} stages")
+    elif split[0] != split[1] or split[2] != split[1]:
+        out |= {"num_layers_in_first_pipeline_stage": split[0], "num_layers_in_last_pipeline_stage": split[2]}
+    if plan.interleaved and (model.num_layers % plan.pp or (model.num_layers // plan.pp) % plan.vpp):
+        problems.append(f"model.virtual_pipeline_model_parallel_size: vpp={plan.vpp} needs the layers per stage "
+                        f"({model.num_layers}/{plan.pp}) divisible by vpp")
+    if model.moe is not None:
+        out["moe_token_dispatcher_type"] = "alltoall"
+    return out
+
+
+def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool):
+    """``mixed_precision``: field by field over the recipe's MixedPrecisionConfig; the generic recipe holds a
+    registered name, which only another name replaces (training/mixed_precision.py ``@register``)."""
+    if recipe.precision_is_named:
+        # bf16_with_fp8_delayed_scaling_mixed (hybrid, delayed, amax history 1024, max: autotune's FP8 recipe) also
+        # gathers FP8 parameters; Bridge 0.6 accepts that without the distributed optimizer too (fewer weight bytes
+        # than a DDP plan's estimate assumes, not more).
+        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
+                "fp8": "bf16_with_fp8_delayed_scaling_mixed"}[plan.precision]
+    fp16 = plan.precision == "fp16"
+    dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
+    out: dict = {"bf16": not fp16, "fp16": fp16, "params_dtype": dtype, "pipeline_dtype": dtype,
+                 "grad_reduce_in_fp32": not fp16,  # Megatron's fp32 main_grad with bf16 (engines.states)
+                 "fp8": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
+                 "fp8_dot_product_attention": False, "fp8_multi_head_attention": False, "fp4": None}
+    if fp16:
+        out |= {"initial_loss_scale": FP16_INITIAL_LOSS_SCALE, "min_loss_scale": FP16_MIN_LOSS_SCALE,
+                "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
+    if plan.precision == "fp8":
+        out |= {"fp8": FP8_FORMAT, "fp8_recipe": FP8_RECIPE, "fp8_margin": 0,
+                "fp8_amax_history_len": FP8_AMAX_HISTORY_LEN, "fp8_amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
+                "fp8_param_gather": fp8_param_gather}
+    return out
+
+
+def _optimizer(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> tuple[dict, dict]:
+    o = options.optimizer
+    distributed = plan.zero_stage == 1
+    opt: dict = {"lr": o.lr, "min_lr": o.min_lr, "weight_decay": o.weight_decay, "clip_grad": o.grad_clip,
+                 "use_distributed_optimizer": distributed,
+                 # Bridge syncs it with ddp.overlap_param_gather (utils/common_utils.py), set both alike
+                 "overlap_param_gather": distributed and plan.overlap_comm}
+    if plan.optimizer == "adamw":  # megatron-core's "adam" is AdamW (decoupled weight decay)
+        opt |= {"optimizer": "adam", "adam_beta1": o.betas[0], "adam_beta2": o.betas[1], "adam_eps": o.eps}
+    elif plan.optimizer == "sgd":
+        opt |= {"optimizer": "sgd"}
+    else:
+        problems.append(f"optimizer.optimizer: megatron-core has no {plan.optimizer} optimizer (adam, sgd, muon, "
+                        f"lion, soap): use adamw or sgd")
+    sched = {"lr_decay_style": "cosine", "lr_warmup_iters": o.warmup_steps, "lr_warmup_fraction": None,
+             "lr_decay_iters": o.train_steps}
+    return opt, sched
+
+
+def _checkpoint(ckpt: CheckpointSettings) -> dict:
+    # Bridge's CheckpointConfig spells Megatron-LM's --save/--load/--save-interval/--ckpt-format/--async-save.
+    out: dict = {"save": ckpt.save_dir, "load": ckpt.save_dir, "save_interval": ckpt.interval_steps,
+                 "ckpt_format": "torch_dist", "async_save": ckpt.async_save,
+                 "use_persistent_ckpt_worker": ckpt.async_save}
+    if ckpt.local_interval_steps is not None:
+        out |= {"non_persistent_ckpt_type": "local", "non_persistent_local_ckpt_dir": ckpt.local_dir,
+                "non_persistent_save_interval": ckpt.local_interval_steps, "replication": True,
+                "replication_jump": ckpt.local_replication_jump, "replication_factor": 2}
+    return out
+
+
+def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None,
+                     checkpoint: CheckpointSettings, *, fp8_param_gather: bool = False) -> dict:
+    """The ConfigContainer overrides for the plan, section by section (InputError naming every setting Bridge
+    cannot take). ``fp8_param_gather``: the engine's choice (as for megatron_args)."""
+    options = options or EmitOptions()
+    recipe = bridge_recipe(model)
+    problems: list[str] = []
+    if plan.world_size != cluster.num_gpus:
+        problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
+    problems += bridge_model_problems(model)
+    if plan.zero_stage >= 2 or plan.offload_optimizer != "none" or plan.offload_param != "none":
+        problems.append(f"ddp.use_distributed_optimizer: Bridge's Megatron path shards optimizer states only "
+                        f"(ZeRO-1); zero_stage={plan.zero_stage} / offload has no Bridge setting")
+    if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
+        problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
+    model_keys = (_shape(model) if recipe.hf_model is None else {}) | _parallel(model, plan, problems)
+    model_keys |= {"seq_length": plan.seq_len} | _recompute(plan)
+    learned = model.position_embedding == "learned"
+    if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
+        problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "
+                        f"({model.max_position_embeddings} rows)")
+    optimizer, scheduler = _optimizer(plan, options, problems)
+    precision = _precision(plan, recipe, fp8_param_gather)
+    overlap = plan.overlap_comm
+    param_gather = overlap and plan.zero_stage == 1  # Megatron: param gather overlap needs the distributed optimizer
+    out = {
+        "model": model_keys,
+        "train": {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
+                  "train_iters": options.optimizer.train_steps},
+        "dataset": {"seq_length": plan.seq_len},
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "ddp": {"use_distributed_optimizer": plan.zero_stage == 1, "overlap_grad_reduce": overlap,
+                "overlap_param_gather": param_gather, "grad_reduce_in_fp32": plan.precision != "fp16",
+                "use_megatron_fsdp": False},
+        # CommOverlapConfig's own values win over ddp/optimizer at setup (comm_overlap.py _override_user_cfgs).
+        "comm_overlap": {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None,
+                         "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
+        if recipe.comm_overlap else None,
+        "mixed_precision": precision,
+        "checkpoint": _checkpoint(checkpoint),
+        "logger": {"log_interval": options.steps_per_print},
+    }
+    if out["comm_overlap"] is None:  # the recipe has none: no TP userbuffers; ddp's own overlap flags apply
+        del out["comm_overlap"]
+    if recipe.precision_is_named:
+        out["ddp"].pop("grad_reduce_in_fp32")  # the named precision recipe sets it
+    if problems:
+        raise InputError(problems, subject="Megatron-Bridge overrides")
+    return out
+
+
+def _flatten(tree: Mapping, prefix: str = "") -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+_PLAIN = re.compile(r"[A-Za-z_./-][A-Za-z0-9_./-]*\Z")
+
+
+def _hydra_value(value: object) -> str:
+    """A value in Hydra's override grammar: null, true/false, numbers, [lists], plain or quoted strings."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in ("null", "true", "false", "nan", "inf"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def bridge_hydra_args(overrides: Mapping) -> list[str]:
+    """The overrides as Hydra-style ``key=value`` arguments (run_recipe.py's trailing arguments)."""
+    return [f"{key}={_hydra_value(value)}" for key, value in _flatten(overrides)]
+
+
+def _launch_line(cluster: ClusterSpec, recipe: BridgeRecipe, port: int) -> str:
+    nodes, per_node = cluster.num_nodes, cluster.gpus_per_node
+    rdzv = ("" if nodes == 1 else
+            f" --rdzv-backend c10d --rdzv-endpoint \"$MASTER_ADDR:{port}\" --node-rank \"$NODE_RANK\"")
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} scripts/training/run_recipe.py "
+            f"--recipe {recipe.name} --mode pretrain \"${{BRIDGE_ARGS[@]}}\"")
+
+
+def bridge_files(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None,
+                 checkpoint: CheckpointSettings, *, fp8_param_gather: bool = False) -> dict[str, str]:
+    """``bridge_overrides.yaml`` and ``bridge_overrides.args`` for the plan."""
+    overrides = bridge_overrides(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
+    recipe = bridge_recipe(model)
+    base = (f"{recipe.name} ({recipe.module}; its model is the Hugging Face config {recipe.hf_model})"
+            if recipe.hf_model else
+            f"{recipe.name} ({recipe.module}; Bridge 0.6 has no {model.name} recipe: the generic GPT recipe, "
+            f"with the model shape set below)")
+    launch = _launch_line(cluster, recipe, (options or EmitOptions()).launch.master_port)
+    head = [f"Megatron-Bridge ConfigContainer overrides written by autotune for {BRIDGE_VERSION}.",
+            f"Base recipe: {base}.",
+            ("Every value that depends on the plan is set here, including what the recipe tuned for its own "
+             "layout (TP comm-overlap userbuffers, VPP, recompute).")]
+    yaml_head = head + [
+        "Apply it over the recipe with Bridge's helper (what --config-file does in its tutorial scripts):",
+        "  from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides",
+        f"  cfg = process_config_with_overrides({recipe.name}(), config_filepath=\"{BRIDGE_YAML}\")",
+        f"or launch run_recipe.py with the same settings as arguments ({BRIDGE_ARGS})."]
+    yaml_text = "".join(f"# {line}\n" for line in yaml_head)
+    yaml_text += yaml.safe_dump(overrides, sort_keys=False, default_flow_style=False, width=1000)
+    args_head = head + [
+        "One Hydra-style override a line: the trailing KEY=VALUE arguments of Bridge's scripts/training/run_recipe.py",
+        "(the same settings as bridge_overrides.yaml). From a Megatron-Bridge 0.6 checkout, on every node:",
+        f"  mapfile -t BRIDGE_ARGS < <(grep -v '^#' {BRIDGE_ARGS})",
+        f"  {launch}"]
+    args_text = "".join(f"# {line}\n" for line in args_head) + "".join(f"{a}\n" for a in bridge_hydra_args(overrides))
+    return {BRIDGE_YAML: yaml_text, BRIDGE_ARGS: args_text}
+

@@ -1,0 +1,368 @@
+"""Megatron-Bridge overrides (bridge_overrides.yaml / bridge_overrides.args), checked by Bridge's own code.
+
+Each case's files are applied, in a subprocess, to the base recipe's ConfigContainer by megatron-bridge 0.6.2's
+``process_config_with_overrides`` (the YAML as a config file, the args as Hydra overrides, as run_recipe.py passes
+them); then Bridge's ``runtime_config_update`` (what run_recipe.py --dry-run and training run: mixed precision and
+comm-overlap setup, then ``ConfigContainer.validate()``) runs with WORLD_SIZE set to the plan's GPU count. The
+resulting config must hold the plan's values, both forms must give the same config, and no key may be one Bridge
+skips (its merge only logs a warning for an unknown YAML key: every leaf is looked up on the container here).
+
+Tooling: megatron-bridge 0.6.2, megatron-core 0.19.2 and what ``megatron.bridge.recipes`` imports beyond this
+environment, pinned, are pip-installed with ``--no-deps --ignore-requires-python --target`` into
+~/.cache/autotune-test-tools/megatron-bridge-0.6 (AUTOTUNE_TEST_TOOLS moves the cache) under a file lock and an atomic
+rename; no PyPI: the tests skip, saying so. Bridge 0.6 declares Python >= 3.12; its source parses under 3.11 (no
+PEP 695 syntax); megatron-core 0.19.2 imports ``typing.override`` (3.12), given from typing_extensions in the probe.
+
+Stand-ins (a module folder the test writes, first on the probe's path; nothing in the user's install):
+Transformer Engine, apex, HF ``datasets``, ``diffusers``, ``modelopt``, ``megatron.energon``, tensorboard and
+protobuf are imported at module level by Bridge's package (model bridges, data loaders, the checkpoint and logging
+modules) but nothing builds a config with them; they are replaced by empty modules whose attributes are inert
+classes. With TE stood in, Bridge's comm-overlap setup sees TE as present (as on a GPU node). The recipes' Hugging
+Face configs (``AutoBridge.from_hf_pretrained``, gated Meta repos) come from a local hub cache written from the
+model presets (HF_HUB_OFFLINE=1). No GPU code runs: ``validate()`` itself needs none.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.api import make_plan
+from autotune.emit.checkpoint import CheckpointSettings
+from autotune.emit.megatron_bridge import (
+    BRIDGE_ARGS,
+    BRIDGE_YAML,
+    bridge_files,
+    bridge_recipe,
+)
+from autotune.emit.options import EmitOptions
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("AUTOTUNE_TEST_TOOLS", Path.home() / ".cache" / "autotune-test-tools"))
+TOOLS = CACHE / "megatron-bridge-0.6"
+# Bridge and core; what `import megatron.bridge.recipes` needs that this environment lacks or has at versions
+# Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx).
+PACKAGES = ["megatron-bridge==0.6.2", "megatron-core==0.19.2", "omegaconf==2.3.0", "hydra-core==1.3.8",
+            "antlr4-python3-runtime==4.9.3", "transformers==5.12.1", "tokenizers==0.22.2",
+            "huggingface-hub==1.33.0", "httpx==0.29.0", "httpcore==1.0.9"]
+
+
+def bridge_path() -> Path:
+    """The folder holding megatron-bridge 0.6 (installed on first use); pytest.skip when pip cannot get it."""
+    if (TOOLS / ".complete").exists():
+        return TOOLS
+    TOOLS.parent.mkdir(parents=True, exist_ok=True)
+    with open(TOOLS.parent / "megatron-bridge-0.6.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (TOOLS / ".complete").exists():
+            return TOOLS
+        staging = TOOLS.parent / f"megatron-bridge-0.6.partial-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                              "--ignore-requires-python", "--disable-pip-version-check", "--target", str(staging),
+                              *PACKAGES], capture_output=True, text=True, timeout=900, check=False)
+        if run.returncode:
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = " ".join((run.stderr or run.stdout).strip().splitlines()[-2:])[:300]
+            pytest.skip(f"pip could not install megatron-bridge 0.6.2 into {TOOLS} (PyPI unreachable?): {tail}")
+        (staging / ".complete").write_text("\n".join(PACKAGES) + "\n")
+        shutil.rmtree(TOOLS, ignore_errors=True)
+        os.rename(staging, TOOLS)
+    return TOOLS
+
+
+# Imported by Bridge's package at module level, not used to build or validate a config (see the docstring).
+STANDIN = r'''
+import abc, importlib.abc, importlib.machinery, sys, types
+PREFIXES = ("transformer_engine", "apex", "datasets", "diffusers", "modelopt", "megatron.energon", "tensorboard",
+            "google")
+VERSIONS = {"transformer_engine": "2.14.0", "tensorboard": "2.19.0"}
+
+class _Meta(abc.ABCMeta):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Meta(name, (_Inert,), {})
+
+class _Inert(metaclass=_Meta):
+    def __init__(self, *args, **kwargs): pass
+    def __call__(self, *args, **kwargs): return None
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Meta(name, (_Inert,), {})
+
+def _module_getattr(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Meta(name, (_Inert,), {})
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if any(fullname == p or fullname.startswith(p + ".") for p in PREFIXES):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__version__ = VERSIONS.get(spec.name.split(".")[0], "0.0.0")
+        module.__getattr__ = _module_getattr
+        return module
+    def exec_module(self, module): pass
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+PROBE = r"""
+import importlib, json, logging, os, sys, typing
+import typing_extensions
+typing.override = typing_extensions.override  # megatron-core 0.19.2 megatron/training/models/gpt.py (Python 3.12)
+import autotune_standins  # noqa: F401
+from omegaconf import OmegaConf
+from megatron.bridge.training.config import runtime_config_update
+from megatron.bridge.training.utils.omegaconf_utils import create_omegaconf_dict_config, process_config_with_overrides
+import megatron.bridge
+
+skipped = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        text = record.getMessage()
+        if "not found in config object" in text or "Could not" in text or "Failed to" in text:
+            skipped.append(text)
+logging.getLogger("megatron.bridge.training.utils.omegaconf_utils").addHandler(Catch())
+
+def leaves(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from leaves(value, prefix + key + ".")
+        else:
+            yield prefix + key
+
+def build(recipe, **how):
+    module, name = recipe
+    cfg = getattr(importlib.import_module(module), name)()
+    return process_config_with_overrides(cfg, **how)
+
+def dump(cfg):
+    return OmegaConf.to_yaml(create_omegaconf_dict_config(cfg)[0])
+
+out = {"version": megatron.bridge.__version__}
+for folder, recipe, world in json.loads(sys.argv[1]):
+    overrides = OmegaConf.to_container(OmegaConf.load(os.path.join(folder, "bridge_overrides.yaml")))
+    args = [l.strip() for l in open(os.path.join(folder, "bridge_overrides.args")) if l.strip() and l[0] != "#"]
+    base = getattr(importlib.import_module(recipe[0]), recipe[1])()
+    overlap = base.comm_overlap
+    before = {"tp_comm_overlap_cfg": overlap is not None and overlap.tp_comm_overlap_cfg is not None,
+              "vpp": base.model.virtual_pipeline_model_parallel_size}
+    missing = []
+    for path in leaves(overrides):
+        node = base
+        for part in path.split("."):
+            if not hasattr(node, part):
+                missing.append(path)
+                break
+            node = getattr(node, part)
+    del skipped[:]
+    a = build(recipe, config_filepath=os.path.join(folder, "bridge_overrides.yaml"))
+    b = build(recipe, cli_overrides=args)
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+    runtime_config_update(a)
+    runtime_config_update(b)
+    m, mp, ck = a.model, a.mixed_precision, a.checkpoint
+    out[folder] = {
+        "before": before, "missing": missing, "skipped": list(skipped), "same": dump(a) == dump(b),
+        "parallel": [m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                     m.virtual_pipeline_model_parallel_size, m.context_parallel_size, m.expert_model_parallel_size,
+                     m.sequence_parallel, a.data_parallel_size],
+        "batch": [a.train.micro_batch_size, a.train.global_batch_size, m.seq_length, a.dataset.seq_length],
+        "recompute": [m.recompute_granularity, m.recompute_method, m.recompute_num_layers, m.recompute_modules],
+        "tp_comm_overlap": [m.tp_comm_overlap, a.comm_overlap and a.comm_overlap.tp_comm_overlap_cfg],
+        "precision": [m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_amax_history_len, m.fp8_amax_compute_algo,
+                      a.ddp.fp8_param_gather, str(m.params_dtype)],
+        "ddp": [a.ddp.use_distributed_optimizer, a.optimizer.use_distributed_optimizer, a.ddp.overlap_grad_reduce,
+                a.ddp.overlap_param_gather, a.ddp.grad_reduce_in_fp32],
+        "optimizer": [a.optimizer.optimizer, a.optimizer.lr, a.optimizer.min_lr, a.optimizer.adam_beta1,
+                      a.optimizer.adam_beta2, a.optimizer.adam_eps, a.optimizer.weight_decay, a.optimizer.clip_grad,
+                      a.scheduler.lr_warmup_iters, a.scheduler.lr_decay_style, a.train.train_iters],
+        "checkpoint": [ck.save, ck.load, ck.save_interval, ck.async_save, ck.ckpt_format],
+        "shape": [m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
+                  m.num_moe_experts, m.moe_router_topk, m.moe_token_dispatcher_type, m.normalization,
+                  getattr(m.activation_func, "__name__", str(m.activation_func)), m.gated_linear_unit],
+    }
+    # Bridge's validation does refuse a plan it cannot run: a global batch no data-parallel split divides.
+    if recipe[1].startswith("llama3_70b"):
+        bad = build(recipe, cli_overrides=args + ["train.global_batch_size=3"])
+        try:
+            runtime_config_update(bad)
+            out["refused"] = None
+        except Exception as err:
+            out["refused"] = f"{type(err).__name__}: {err}"[:300]
+print("PROBE-RESULT " + json.dumps(out, default=str))
+"""
+
+# (id, model, GPUs, plan)
+CASES = [
+    ("70b-tp8-pp4-vpp", "llama3-70b", 64, dict(tp=8, pp=4, vpp=2, sequence_parallel=True, zero_stage=1,
+                                               global_batch_size=128)),
+    ("8b-full-recompute", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, recompute="full",
+                                                recompute_num_layers=4)),
+    ("mixtral-ep", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1, global_batch_size=128,
+                                            recompute="selective")),
+    ("8b-fp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                     precision="fp8")),
+]
+CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
+
+
+def _plan(model: str, num_gpus: int, kw: dict):
+    m = load_model_preset(model)
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
+    return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
+
+
+def _files(m, cluster, plan):
+    return bridge_files(m, cluster, plan, EmitOptions(), CKPT, fp8_param_gather=plan.zero_stage == 1)
+
+
+def _hf_cache(root: Path) -> Path:
+    """A hub cache holding the config.json of each recipe model, written from its preset."""
+    for name in ("llama3-70b", "llama3-8b"):
+        m = load_model_preset(name)
+        repo = bridge_recipe(m).hf_model
+        snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / ("0" * 40)
+        snap.mkdir(parents=True)
+        (snap.parents[1] / "refs").mkdir()
+        (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+        (snap / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": m.hidden_size,
+            "intermediate_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
+            "num_hidden_layers": m.num_layers, "num_key_value_heads": m.kv_heads, "vocab_size": m.vocab_size,
+            "rope_theta": m.rope_theta, "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": m.tied_embeddings, "dtype": "bfloat16", "hidden_act": "silu",
+            "bos_token_id": 128000, "eos_token_id": 128001}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    """What Bridge built from each case's files (one subprocess for all)."""
+    tools = bridge_path()
+    root = tmp_path_factory.mktemp("bridge")
+    (root / "standins").mkdir()
+    (root / "standins" / "autotune_standins.py").write_text(STANDIN)
+    hub = _hf_cache(root / "hub")
+    jobs, cases = [], {}
+    for case, model, num_gpus, kw in CASES:
+        m, cluster, plan = _plan(model, num_gpus, kw)
+        folder = root / case
+        folder.mkdir()
+        for name, text in _files(m, cluster, plan).items():
+            (folder / name).write_text(text)
+        recipe = bridge_recipe(m)
+        jobs.append([str(folder), [recipe.module, recipe.name], num_gpus])
+        cases[case] = (str(folder), m, plan)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "standins"), str(tools)]),
+           "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(jobs)], capture_output=True, text=True, env=env,
+                         cwd=root, timeout=900, check=False)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
+    assert run.returncode == 0 and lines, (run.stdout[-2000:] + run.stderr[-4000:])
+    data = json.loads(lines[-1].split(" ", 1)[1])
+    assert data["version"] == "0.6.2"
+    return data, {case: (data[folder], m, plan) for case, (folder, m, plan) in cases.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_bridge_applies_and_validates_the_plan(applied, case):
+    got, m, plan = applied[1][case]
+    assert got["missing"] == [] and got["skipped"] == [], (got["missing"], got["skipped"])
+    assert got["same"], "bridge_overrides.yaml and bridge_overrides.args gave different configs"
+    dp = plan.world_size // (plan.tp * plan.pp * plan.cp)
+    assert got["parallel"] == [plan.tp, plan.pp, plan.vpp if plan.vpp > 1 else None, plan.cp, plan.ep,
+                               plan.sequence_parallel, dp]
+    assert got["batch"] == [plan.micro_batch_size, plan.global_batch_size, plan.seq_len, plan.seq_len]
+    expected_recompute = {"none": [None, None, None, None],
+                          "full": ["full", "block", plan.recompute_num_layers, None],
+                          "selective": ["selective", None, None, ["core_attn"]]}[plan.recompute]
+    if plan.recompute == "none":  # megatron-core's TransformerConfig fills recompute_modules with its default
+        assert got["recompute"][:3] == expected_recompute[:3]
+    else:
+        assert got["recompute"][:3] == expected_recompute[:3]
+        if plan.recompute == "selective":
+            assert got["recompute"][3] == ["core_attn"]
+    assert got["tp_comm_overlap"] == [False, None]
+    fp8 = plan.precision == "fp8"
+    assert got["precision"] == [True, False, "hybrid" if fp8 else None, "delayed" if fp8 else got["precision"][3],
+                                1024 if fp8 else got["precision"][4], "max" if fp8 else got["precision"][5],
+                                fp8 and plan.zero_stage == 1, "torch.bfloat16"]
+    assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,
+                                                       True]
+    o = EmitOptions().optimizer
+    assert got["optimizer"] == ["adam", o.lr, o.min_lr, o.betas[0], o.betas[1], o.eps, o.weight_decay, o.grad_clip,
+                                o.warmup_steps, "cosine", o.train_steps]
+    assert got["checkpoint"] == [CKPT.save_dir, CKPT.save_dir, CKPT.interval_steps, True, "torch_dist"]
+    moe = m.moe
+    assert got["shape"][:5] == [m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.kv_heads]
+    assert got["shape"][5:8] == ([moe.num_experts, moe.top_k, "alltoall"] if moe else [None, got["shape"][6],
+                                                                                       got["shape"][7]])
+    assert got["shape"][8:] == ["RMSNorm", "silu", True]
+
+
+@pytest.mark.slow
+def test_the_tp4_recipe_is_reset_and_bridge_refuses_what_it_cannot_run(applied):
+    data, cases = applied
+    got = cases["70b-tp8-pp4-vpp"][0]
+    # The 70B recipe carries TP-4 userbuffers and VPP 5: after the overrides the TP-8 plan has neither.
+    assert got["before"] == {"tp_comm_overlap_cfg": True, "vpp": 5}
+    assert got["parallel"][:3] == [8, 4, 2] and got["tp_comm_overlap"] == [False, None]
+    assert cases["8b-full-recompute"][0]["parallel"][2] is None  # VPP null without interleaving
+    assert data["refused"] and "global_batch_size" in data["refused"].replace(" ", "_").lower() or \
+        "divisible" in (data["refused"] or ""), data["refused"]
+
+
+def test_files_name_the_base_recipe_and_agree():
+    m, cluster, plan = _plan(*CASES[0][1:])
+    files = _files(m, cluster, plan)
+    text, args = files[BRIDGE_YAML], files[BRIDGE_ARGS]
+    assert "llama3_70b_pretrain_32gpu_h100_bf16_config" in text.split("\n", 2)[1]
+    assert "--recipe llama3_70b_pretrain_32gpu_h100_bf16_config" in args and "run_recipe.py" in args
+    tree = yaml.safe_load(text)
+    assert tree["comm_overlap"]["tp_comm_overlap_cfg"] is None and tree["model"]["tensor_model_parallel_size"] == 8
+    lines = [line for line in args.splitlines() if not line.startswith("#")]
+    assert "comm_overlap.tp_comm_overlap_cfg=null" in lines and "model.virtual_pipeline_model_parallel_size=2" in lines
+    assert "checkpoint.ckpt_format=torch_dist" in lines and "checkpoint.async_save=true" in lines
+    mixtral = _files(*_plan(*CASES[2][1:]))
+    assert "vanilla_gpt_pretrain_1gpu_h100_bf16_config" in mixtral[BRIDGE_YAML].split("\n", 2)[1]
+
+
+def test_plans_bridge_cannot_express_name_the_setting():
+    # No Bridge 0.6 recipe for Llama 4 and its chunked attention has no GPTModelProvider override: the emitter
+    # refuses, naming it; the Megatron engine writes megatron_args.sh without Bridge files and says why.
+    from autotune.engines import engine_for
+
+    m = load_model_preset("llama4-scout")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
+    plan = make_plan(m, cluster, engine="megatron", tp=4, ep=8, sequence_parallel=True, zero_stage=1,
+                     global_batch_size=64, seq_len=4096)
+    with pytest.raises(InputError, match="chunked") as err:
+        _files(m, cluster, plan)
+    assert "Megatron-Bridge" in str(err.value) and "llama4-scout" in str(err.value)
+    files = engine_for("megatron").render_files(m, cluster, plan, EmitOptions(), CKPT, {})
+    assert "megatron_args.sh" in files.files and BRIDGE_YAML not in files.files
+    assert any(n.startswith("no Megatron-Bridge files") and "chunked" in n for n in files.user_script_needs)
+    # A setting Megatron-LM takes but Bridge's optimizer does not spell is named too.
+    m8, c8, p8 = _plan("llama3-8b", 8, dict(zero_stage=1, global_batch_size=64))
+    with pytest.raises(InputError, match="optimizer.optimizer"):
+        _files(m8, c8, p8.with_(optimizer="adafactor"))
