@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Fields", "transformers_view", "head_dim_or_none", "local_layers"]
+from autotune.specs.limits import MODEL_LIMITS
+
+__all__ = ["Fields", "head_dim_or_none", "layer_indices", "local_layers", "transformers_view"]
 
 class Fields:
     """Reads one config.json, recording every missing or ill-typed field instead of stopping at the first."""
@@ -64,6 +66,14 @@ class Fields:
     def unsupported(self, text: str) -> None:
         self.problems.append(f"{text} (model_type {self.model_type!r})")
 
+    def positive(self, key: str, default: int) -> int:
+        """An integer field that must be >= 1 (a layer interval): a problem and ``default`` otherwise."""
+        value = self.get_int(key, default=default)
+        if value is None or value < 1:
+            self.problems.append(f"{key!r} must be a positive integer, got {value!r}")
+            return default
+        return value
+
     def required(self, raw: dict, *keys: str) -> None:
         """Shape fields the config itself must give (not left to a class default)."""
         for key in keys:
@@ -89,6 +99,9 @@ def transformers_view(data: dict, model_type: str) -> dict | None:
     except ImportError:
         return None
     kwargs = {k: v for k, v in data.items() if k not in _BOOKKEEPING}
+    layers = kwargs.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > MODEL_LIMITS["num_layers"]:
+        return None  # the class would build per-layer lists of that length; our limit check names the value
     try:
         return AutoConfig.for_model(model_type, **kwargs).to_dict()
     except Exception:  # noqa: BLE001 (any refusal: our own checks report the field)
@@ -98,6 +111,12 @@ def transformers_view(data: dict, model_type: str) -> dict | None:
 def head_dim_or_none(head_dim: int | None, hidden: int, heads: int) -> int | None:
     """An explicit head_dim only where it differs from hidden/heads (Mistral-Nemo: 128 with 5120/32)."""
     return None if head_dim is None or head_dim * heads == hidden else head_dim
+
+
+def layer_indices(num_layers: int) -> range:
+    """The layers to build per-layer patterns over: a count above the limit (refused later, with its value
+    named) gives none rather than a list that size."""
+    return range(num_layers if num_layers <= MODEL_LIMITS["num_layers"] else 0)
 
 
 def local_layers(f: Fields, num_layers: int, fallback: list[int]) -> list[int]:

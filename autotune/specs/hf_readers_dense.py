@@ -12,7 +12,13 @@ weightless L2 Q/K norm, partial rotary factors, rope scaling.
 
 from __future__ import annotations
 
-from autotune.specs.hf_fields import Fields, head_dim_or_none, local_layers, transformers_view
+from autotune.specs.hf_fields import (
+    Fields,
+    head_dim_or_none,
+    layer_indices,
+    local_layers,
+    transformers_view,
+)
 
 __all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "refuse_output_bias"]
 
@@ -93,7 +99,7 @@ def _qwen3(f: Fields) -> dict:
     out["qk_norm"] = "head"
     window = f.get_int("sliding_window", default=4096) if f.get("use_sliding_window", False) else None
     first = f.get_int("max_window_layers", default=28)
-    set_local_attention(out, f, window, [i for i in range(out["num_layers"]) if i >= first])
+    set_local_attention(out, f, window, [i for i in layer_indices(out["num_layers"]) if i >= first])
     return out
 
 
@@ -111,8 +117,8 @@ def _gemma(f: Fields, model_type: str) -> dict:
     out["norms_per_layer"] = 4
     if gemma3:
         out["qk_norm"] = "head"
-    every = f.get_int("sliding_window_pattern", default=6) if gemma3 else 2
-    fallback = [i for i in range(out["num_layers"]) if (i + 1) % every]
+    every = f.positive("sliding_window_pattern", 6) if gemma3 else 2
+    fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % every]
     set_local_attention(out, f, f.get_int("sliding_window", default=4096), fallback)
     return out
 
@@ -132,7 +138,7 @@ def _phi3(f: Fields) -> dict:
     layer when set (Phi-3-mini: 2047)."""
     f = normalised(f, "phi3")
     out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=4096, theta=10000.0, tied=False)
-    set_local_attention(out, f, f.get_int("sliding_window", default=None), list(range(out["num_layers"])))
+    set_local_attention(out, f, f.get_int("sliding_window", default=None), list(layer_indices(out["num_layers"])))
     return out
 
 

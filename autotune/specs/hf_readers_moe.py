@@ -8,9 +8,14 @@ Kimi-K2 (MLA) are read by ``hf_config``.
 
 from __future__ import annotations
 
-from autotune.specs.hf_fields import Fields
-from autotune.specs.hf_readers_dense import decoder_base, normalised, refuse_output_bias, set_local_attention, \
-    text_config
+from autotune.specs.hf_fields import Fields, layer_indices
+from autotune.specs.hf_readers_dense import (
+    decoder_base,
+    normalised,
+    refuse_output_bias,
+    set_local_attention,
+    text_config,
+)
 
 __all__ = ["MOE_READERS"]
 
@@ -31,7 +36,7 @@ def _qwen3_moe(f: Fields) -> dict:
     if num_experts:
         out["moe"] = dict(num_experts=num_experts, top_k=f.get_int("num_experts_per_tok", default=8),
                           expert_ffn_hidden_size=f.need("moe_intermediate_size", what="expert width"),
-                          num_dense_layers=len(dense), moe_layer_step=f.get_int("decoder_sparse_step", default=1))
+                          num_dense_layers=len(dense), moe_layer_step=f.positive("decoder_sparse_step", 1))
     return out
 
 
@@ -47,7 +52,7 @@ def _gpt_oss(f: Fields) -> dict:
     top_k = f.get_int("num_experts_per_tok", "experts_per_token", default=4)
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", "num_experts", default=128), top_k=top_k,
                       expert_ffn_hidden_size=out["ffn_hidden_size"], router_bias=True)
-    fallback = [i for i in range(out["num_layers"]) if (i + 1) % 2]
+    fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % 2]
     set_local_attention(out, f, f.get_int("sliding_window", default=128), fallback)
     return out
 
@@ -62,15 +67,15 @@ def _llama4_text(f: Fields) -> dict:
     out = decoder_base(f, kv_heads=8, head_dim=128, max_positions=131072, theta=500000.0, tied=False)
     layers, expert_width = out["num_layers"], out["ffn_hidden_size"]
     out["ffn_hidden_size"] = f.get_int("intermediate_size_mlp", default=16384)
-    step = f.get_int("interleave_moe_layer_step", default=1)
+    step = f.positive("interleave_moe_layer_step", 1)
     moe_layers = f.data.get("moe_layers")
-    if moe_layers is not None and moe_layers != list(range(step - 1, layers, step)):
+    if moe_layers is not None and moe_layers != list(layer_indices(layers))[step - 1::step]:
         f.unsupported(f"moe_layers {moe_layers!r} is not modelled (only every interleave_moe_layer_step-th layer)")
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", default=16),
                       top_k=f.get_int("num_experts_per_tok", default=1), expert_ffn_hidden_size=expert_width,
-                      num_shared_experts=1, moe_layer_step=step if step >= 1 else 1)
-    every = f.get_int("no_rope_layer_interval", default=4)
-    fallback = [i for i in range(layers) if (i + 1) % every]
+                      num_shared_experts=1, moe_layer_step=step)
+    every = f.positive("no_rope_layer_interval", 4)
+    fallback = [i for i in layer_indices(layers) if (i + 1) % every]
     set_local_attention(out, f, f.get_int("attention_chunk_size", default=8192), fallback, chunked=True)
     return out
 

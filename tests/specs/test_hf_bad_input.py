@@ -12,7 +12,11 @@ import pytest
 from autotune import resources
 from autotune.errors import InputError
 from autotune.specs import hf_fields
-from autotune.specs.hf_config import MODEL_YAML_FIELDS, SUPPORTED_MODEL_TYPES, model_from_hf_config
+from autotune.specs.hf_config import (
+    MODEL_YAML_FIELDS,
+    SUPPORTED_MODEL_TYPES,
+    model_from_hf_config,
+)
 from autotune.specs.loading import load_model
 
 
