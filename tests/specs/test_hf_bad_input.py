@@ -79,3 +79,13 @@ def test_unmodelled_variants_of_new_types_are_refused():
     with pytest.raises(InputError, match="text_config"):
         model_from_hf_config({"model_type": "llama4"})
     assert "kimi_k2" in SUPPORTED_MODEL_TYPES
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "llama4_text", "qwen3"])
+def test_absurd_layer_count_is_refused_not_built(model_type):
+    """Per-layer patterns (sliding layers, MoE layers) are not built for a count above the limit."""
+    cfg = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 10**12, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100, "use_sliding_window": True,
+           "sliding_window": 16}
+    with pytest.raises(InputError, match="num_layers"):
+        model_from_hf_config(cfg)
