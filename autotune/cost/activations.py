@@ -219,9 +219,11 @@ def _first_chunk_in_flight(plan: ParallelPlan) -> float:
 
 
 def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
-    """MoE layers among layer indices [start, stop) (MoE layers follow the leading dense ones)."""
+    """MoE layers among layer indices [start, stop) (after the leading dense ones, every moe_layer_step-th)."""
     if model.moe is None:
         return 0
+    if model.moe.moe_layer_step != 1:  # Llama 4 Maverick: dense and MoE layers alternate
+        return sum(model.is_moe_layer(i) for i in range(start, stop))
     return max(0, stop - max(start, model.moe.num_dense_layers))
 
 

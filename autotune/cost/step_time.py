@@ -96,7 +96,10 @@ class StepTimeEstimate:
 def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str) -> tuple[int, int]:
     """(dense layers, MoE layers) of a pipeline stage split by ``scheme`` (MoE layers follow the dense ones)."""
     first, per_stage = stage_layers(model.num_layers, plan.pp, stage, scheme)
-    moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
+    if model.moe is not None and model.moe.moe_layer_step != 1:  # dense and MoE layers interleaved (Llama 4)
+        moe = sum(model.is_moe_layer(i) for i in range(first, first + per_stage))
+    else:
+        moe = 0 if model.moe is None else max(0, first + per_stage - max(first, model.moe.num_dense_layers))
     return per_stage - moe, moe
 
 

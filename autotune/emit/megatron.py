@@ -48,8 +48,11 @@ def _num(x: float) -> str:
 
 
 def _moe_layer_pattern(model: ModelSpec) -> str:
-    """Megatron's --moe-layer-freq list expression: leading dense layers, then MoE layers."""
+    """Megatron's --moe-layer-freq list expression: leading dense layers, then MoE layers; with a
+    moe_layer_step above 1 (Llama 4 Maverick: dense and MoE layers alternate), the per-layer list."""
     assert model.moe is not None
+    if model.moe.moe_layer_step != 1:
+        return "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers)) + "]"
     dense, moe = model.moe.num_dense_layers, model.num_moe_layers
     return f"([0]*{dense}+[1]*{moe})"
 
@@ -108,7 +111,7 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
                  "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm"]
         if moe.num_shared_experts:
             args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
-        if moe.num_dense_layers:
+        if moe.num_dense_layers or moe.moe_layer_step != 1:
             args += ["--moe-layer-freq", _moe_layer_pattern(model)]
         if moe.router_bias:
             # Aux-loss-free balancing (DeepSeek-V3, arXiv:2412.19437 §2.1.2) scores experts with a sigmoid.
