@@ -52,6 +52,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import load_model_preset
 
 __all__ = [
     "BRIDGE_ARGS",
@@ -132,8 +133,15 @@ def bridge_model_problems(model: ModelSpec) -> list[str]:
 
 
 def bridge_recipe(model: ModelSpec) -> BridgeRecipe:
-    """The base recipe for the model: its family's library recipe where Bridge 0.6 has one, else the generic GPT."""
-    return RECIPES.get(model.name, GENERIC)
+    """The base recipe for the model: its family's library recipe where Bridge 0.6 has one (for the preset itself:
+    a model named like a preset but shaped otherwise is not the recipe's), else the generic GPT recipe."""
+    recipe = RECIPES.get(model.name)
+    if recipe is None:
+        return GENERIC
+    try:
+        return recipe if load_model_preset(model.name) == model else GENERIC
+    except InputError:
+        return GENERIC
 
 
 def _unexpressible(model: ModelSpec) -> list[str]:
@@ -146,7 +154,7 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("ALiBi position embeddings (model.position_embedding_type: learned_absolute, rope, yarn, "
                    "mrope, relative, none)")
     if model.norms_per_layer != 2:
-        why.append(f"{model.norms_per_layer} norm(s) per layer (a parallel block)")
+        why.append(f"{model.norms_per_layer} norm(s) per layer (GPTModelProvider's layer is pre-norm with two)")
     if model.embedding_norm:
         why.append("an embedding norm")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:

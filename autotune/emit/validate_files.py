@@ -5,7 +5,8 @@ Kinds: ``deepspeed`` (a DeepSpeed JSON; ``*_hf.json``: a Hugging Face Trainer on
 filled first), ``megatron`` (Megatron-LM arguments, a shell file), ``megatron-deepspeed`` (Megatron-DeepSpeed
 arguments: a shell file that passes ``--deepspeed``), ``accelerate`` (an accelerate config YAML) and
 ``torchtitan`` (a torchtitan TOML job config), ``plan`` (autotune's own ``plan.json``: it must rebuild the plan),
-``hostfile`` (DeepSpeed's ``HOST slots=N`` lines) and ``launch`` (a shell or ``.sbatch`` file that starts a program
+``hostfile`` (DeepSpeed's ``HOST slots=N`` lines), ``megatron-bridge`` (``bridge_overrides.yaml`` / ``.args``:
+Megatron-Bridge ConfigContainer overrides) and ``launch`` (a shell or ``.sbatch`` file that starts a program
 with no Megatron argument in it: autotune's DeepSpeed / FSDP / HF launch scripts, a user's launcher).
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
+from autotune.emit.megatron_bridge_lint import bridge_job_sizes, bridge_overrides_problems
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
@@ -27,7 +29,8 @@ from autotune.inputs import read_json
 
 __all__ = ["FILE_KINDS", "JobSizes", "file_kind", "validate_file", "megatron_file_kind", "sizes_from_file"]
 
-FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan", "hostfile", "launch")
+FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan", "hostfile", "launch",
+              "megatron-bridge")
 _MDS_MARKERS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel")
 
 
@@ -41,6 +44,8 @@ def file_kind(path: str | Path) -> str:
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
         return "hostfile"
+    if name.startswith("bridge_overrides"):
+        return "megatron-bridge"
     if name.endswith(".json"):
         return "plan" if name == "plan.json" else "deepspeed"
     if name.endswith((".yaml", ".yml")):
@@ -91,6 +96,8 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
         return hostfile_job_sizes(path)
     if kind == "torchtitan":
         return torchtitan_job_sizes(path)
+    if kind == "megatron-bridge":
+        return bridge_job_sizes(path)
     return JobSizes()
 
 
@@ -119,6 +126,8 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
         return hostfile_problems(path, world_size=world_size)
     if kind == "launch":
         return launch_script_problems(path)
+    if kind == "megatron-bridge":
+        return bridge_overrides_problems(path, world_size=world_size)
     if kind == "plan":
         raise InputError(["an autotune plan.json is checked by rebuilding its estimate: use autotune.lint.lint_file "
                           "(what `autotune validate` runs)"], subject="validate request")

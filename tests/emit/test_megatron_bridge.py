@@ -350,6 +350,12 @@ def test_files_name_the_base_recipe_and_agree():
     assert "checkpoint.ckpt_format=torch_dist" in lines and "checkpoint.async_save=true" in lines
     mixtral = _files(*_plan(*CASES[2][1:]))
     assert "vanilla_gpt_pretrain_1gpu_h100_bf16_config" in mixtral[BRIDGE_YAML].split("\n", 2)[1]
+    assert yaml.safe_load(mixtral[BRIDGE_YAML])["model"]["num_moe_experts"] == 8
+    # A model named like a preset but shaped otherwise gets the generic recipe and its own shape.
+    import dataclasses
+
+    other = dataclasses.replace(m, num_layers=40)
+    assert bridge_recipe(other).hf_model is None and bridge_recipe(m).hf_model == "meta-llama/Meta-Llama-3-70B"
 
 
 def test_plans_bridge_cannot_express_name_the_setting():
@@ -371,3 +377,20 @@ def test_plans_bridge_cannot_express_name_the_setting():
     m8, c8, p8 = _plan("llama3-8b", 8, dict(zero_stage=1, global_batch_size=64))
     with pytest.raises(InputError, match="optimizer.optimizer"):
         _files(m8, c8, p8.with_(optimizer="adafactor"))
+
+
+def test_validate_reads_both_files(tmp_path):
+    from autotune.emit.validate_files import file_kind, sizes_from_file, validate_file
+
+    m, cluster, plan = _plan(*CASES[0][1:])
+    for name, text in _files(m, cluster, plan).items():
+        (tmp_path / name).write_text(text)
+        assert file_kind(tmp_path / name) == "megatron-bridge"
+        assert validate_file(tmp_path / name, world_size=64) == []
+        sizes = sizes_from_file(tmp_path / name, "megatron-bridge")
+        assert (sizes.tp, sizes.pp, sizes.cp) == (8, 4, 1)
+        assert validate_file(tmp_path / name, world_size=48)  # tp x pp = 32 does not divide 48
+    bad = tmp_path / "bridge_overrides_bad.args"
+    bad.write_text("train.global_batch_size=3\ntrain.micro_batch_size=1\nmodle.tensor_model_parallel_size=2\n")
+    found = {p.path for p in validate_file(bad, world_size=8)}
+    assert found == {"$.modle", "$.train.global_batch_size"}

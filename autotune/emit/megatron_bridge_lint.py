@@ -1,0 +1,88 @@
+"""``autotune validate`` for Megatron-Bridge overrides (``bridge_overrides.yaml`` / ``bridge_overrides.args``).
+
+Without Bridge installed only what the file itself says is checked: it reads (YAML, or Hydra-style ``key=value``
+lines), its sections are ConfigContainer's (Megatron-Bridge 0.6 ``training/config.py``; an unknown one is skipped
+by Bridge's YAML merge with only a log line), its model-parallel sizes divide the world size and the global batch
+splits over the data-parallel ranks. Bridge's own validation of the files runs in tests/emit/test_megatron_bridge.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from autotune.emit.problems import JobSizes, Problem
+
+__all__ = ["CONFIG_CONTAINER_SECTIONS", "read_bridge_overrides", "bridge_overrides_problems", "bridge_job_sizes"]
+
+# dataclasses.fields(ConfigContainer) in megatron-bridge 0.6.2 (the underscore-prefixed internal one left out).
+CONFIG_CONTAINER_SECTIONS = frozenset((
+    "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
+    "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
+    "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart"))
+
+
+def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
+    """The overrides as a nested dict (a YAML mapping, or ``key=value`` lines nested at the dots)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        if Path(path).suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            data = {}
+            for line in text.splitlines():
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                key, eq, value = line.lstrip("+~").partition("=")
+                if not eq:
+                    return {}, [Problem(path=line, severity="error", source="megatron-bridge",
+                                        message="not a KEY=VALUE override", fix="write one key=value a line")]
+                node = data
+                *parents, leaf = key.split(".")
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = yaml.safe_load(value) if value else None
+    except (yaml.YAMLError, AttributeError, TypeError) as err:
+        return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=f"does not read: {err}",
+                            fix="rewrite the file (autotune emit writes it)")]
+    if not isinstance(data, dict):
+        return {}, [Problem(path="$", severity="error", source="megatron-bridge", message="not a mapping",
+                            fix="give ConfigContainer sections (model:, train:, ...)")]
+    return data, []
+
+
+def _int(section: object, key: str, default: int = 1) -> int:
+    value = section.get(key) if isinstance(section, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def bridge_job_sizes(path: str | Path) -> JobSizes:
+    data, _ = read_bridge_overrides(path)
+    model = data.get("model")
+    return JobSizes(tp=_int(model, "tensor_model_parallel_size"), pp=_int(model, "pipeline_model_parallel_size"),
+                    cp=_int(model, "context_parallel_size"))
+
+
+def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Problem]:
+    data, problems = read_bridge_overrides(path)
+    for key in data:
+        if key not in CONFIG_CONTAINER_SECTIONS:
+            problems.append(Problem(path=f"$.{key}", severity="error", source="megatron-bridge",
+                                    message=f"{key!r} is not a ConfigContainer section (Megatron-Bridge 0.6 skips it)",
+                                    fix=f"use one of {', '.join(sorted(CONFIG_CONTAINER_SECTIONS))}"))
+    sizes = bridge_job_sizes(path) if not problems else JobSizes()
+    model_parallel = (sizes.tp or 1) * (sizes.pp or 1) * (sizes.cp or 1)
+    if world_size % model_parallel:
+        problems.append(Problem(path="$.model", severity="error", source="megatron-bridge",
+                                message=f"tp x pp x cp = {model_parallel} does not divide the world size {world_size}",
+                                fix="change the parallel sizes or the GPU count"))
+    train = data.get("train")
+    mbs, gbs = _int(train, "micro_batch_size", 0), _int(train, "global_batch_size", 0)
+    dp = world_size // model_parallel if not world_size % model_parallel else 0
+    if mbs and gbs and dp and gbs % (mbs * dp):
+        problems.append(Problem(path="$.train.global_batch_size", severity="error", source="megatron-bridge",
+                                message=f"global batch {gbs} is not a multiple of micro batch {mbs} x data "
+                                        f"parallel {dp}", fix="change train.global_batch_size"))
+    return problems
