@@ -31,11 +31,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import yaml
 
 from autotune.emit.checkpoint import CheckpointSettings
+from autotune.emit.megatron_bridge_recipes import (
+    BridgeRecipe,
+    bridge_model_problems,
+    bridge_recipe,
+)
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
@@ -52,7 +56,6 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.presets import load_model_preset
 
 __all__ = [
     "BRIDGE_ARGS",
@@ -69,101 +72,6 @@ __all__ = [
 BRIDGE_VERSION = "Megatron-Bridge 0.6 (megatron-bridge 0.6.2, megatron-core 0.19.2)"
 BRIDGE_YAML = "bridge_overrides.yaml"
 BRIDGE_ARGS = "bridge_overrides.args"
-
-
-@dataclass(frozen=True, slots=True)
-class BridgeRecipe:
-    name: str
-    """The recipe function (run_recipe.py ``--recipe``), exported by ``megatron.bridge.recipes``."""
-    module: str
-    hf_model: str | None
-    """The Hugging Face config the recipe builds its model from (``AutoBridge.from_hf_pretrained``); None: the
-    generic GPT recipe, whose model shape the overrides set."""
-    precision_is_named: bool
-    """The recipe's ``mixed_precision`` is a registered recipe name (``recipes/common.py _pretrain_common``:
-    "bf16_mixed"), not a MixedPrecisionConfig: only another name replaces it."""
-    comm_overlap: bool
-    """The recipe sets a CommOverlapConfig (else ``comm_overlap`` is None, which no override can fill)."""
-
-
-# Model presets whose shape is the Hugging Face config the library recipe loads (their H100 pretraining recipes).
-_R = "megatron.bridge.recipes"
-_LLAMA_H100 = f"{_R}.llama.h100"
-RECIPES: dict[str, BridgeRecipe] = {
-    "llama3-8b": BridgeRecipe("llama3_8b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
-                              "meta-llama/Meta-Llama-3-8B", precision_is_named=True, comm_overlap=False),
-    "llama3-70b": BridgeRecipe("llama3_70b_pretrain_32gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
-                               "meta-llama/Meta-Llama-3-70B", precision_is_named=False, comm_overlap=True),
-    "llama3-405b": BridgeRecipe("llama31_405b_pretrain_256gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
-                                "meta-llama/Meta-Llama-3.1-405B", precision_is_named=False, comm_overlap=True),
-    "llama2-7b": BridgeRecipe("llama2_7b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama2",
-                              "meta-llama/Llama-2-7b-hf", precision_is_named=True, comm_overlap=True),
-    # Read from the recipes' source (precision and comm_overlap as each sets them); not built by the tests,
-    # which build the llama3 and generic recipes only.
-    "qwen2.5-72b": BridgeRecipe("qwen25_72b_pretrain_32gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen2",
-                                "Qwen/Qwen2.5-72B", precision_is_named=True, comm_overlap=False),
-    "qwen3-8b": BridgeRecipe("qwen3_8b_pretrain_4gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3", "Qwen/Qwen3-8B",
-                             precision_is_named=True, comm_overlap=False),
-    "qwen3-30b-a3b": BridgeRecipe("qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
-                                  "Qwen/Qwen3-30B-A3B", precision_is_named=False, comm_overlap=True),
-    "qwen3-235b-a22b": BridgeRecipe("qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
-                                    "Qwen/Qwen3-235B-A22B", precision_is_named=True, comm_overlap=False),
-    "deepseek-v3": BridgeRecipe("deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config",
-                                f"{_R}.deepseek.h100.deepseek_v3", "deepseek-ai/DeepSeek-V3",
-                                precision_is_named=False, comm_overlap=True),
-    "kimi-k2": BridgeRecipe("kimi_k2_pretrain_512gpu_h100_bf16_config", f"{_R}.kimi.h100.kimi_k2",
-                            "moonshotai/Kimi-K2-Instruct", precision_is_named=False, comm_overlap=True),
-    "gpt-oss-20b": BridgeRecipe("gpt_oss_20b_pretrain_16gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
-                                "openai/gpt-oss-20b", precision_is_named=True, comm_overlap=False),
-    "gpt-oss-120b": BridgeRecipe("gpt_oss_120b_pretrain_64gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
-                                 "openai/gpt-oss-120b", precision_is_named=True, comm_overlap=False),
-}
-# vanilla_gpt: a bare GPTModelProvider with Megatron-LM's pretrain_gpt.py defaults, mixed_precision "bf16_mixed".
-GENERIC = BridgeRecipe("vanilla_gpt_pretrain_1gpu_h100_bf16_config", "megatron.bridge.recipes.gpt.h100.vanilla_gpt",
-                       None, precision_is_named=True, comm_overlap=False)
-
-
-def bridge_model_problems(model: ModelSpec) -> list[str]:
-    """Why Bridge 0.6 cannot build the model (no recipe for it, and features the generic GPT recipe lacks); empty
-    when it can."""
-    if bridge_recipe(model).hf_model is not None:
-        return []
-    return [f"model: {model.name} has {why}; Megatron-Bridge 0.6 has no recipe for {model.name}"
-            for why in _unexpressible(model)]
-
-
-def bridge_recipe(model: ModelSpec) -> BridgeRecipe:
-    """The base recipe for the model: its family's library recipe where Bridge 0.6 has one (for the preset itself:
-    a model named like a preset but shaped otherwise is not the recipe's), else the generic GPT recipe."""
-    recipe = RECIPES.get(model.name)
-    if recipe is None:
-        return GENERIC
-    try:
-        return recipe if load_model_preset(model.name) == model else GENERIC
-    except InputError:
-        return GENERIC
-
-
-def _unexpressible(model: ModelSpec) -> list[str]:
-    """Model features the generic GPT recipe's GPTModelProvider has no override for."""
-    why = []
-    if model.mla is not None:
-        why.append("multi-latent attention (the generic recipe builds a GPTModelProvider; MLA needs Bridge's "
-                   "MLAModelProvider, a DeepSeek/Kimi recipe)")
-    if model.position_embedding == "alibi":
-        why.append("ALiBi position embeddings (model.position_embedding_type: learned_absolute, rope, yarn, "
-                   "mrope, relative, none)")
-    if model.norms_per_layer != 2:
-        why.append(f"{model.norms_per_layer} norm(s) per layer (GPTModelProvider's layer is pre-norm with two)")
-    if model.embedding_norm:
-        why.append("an embedding norm")
-    if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
-        why.append("sliding-window, chunked or sink attention")
-    if model.qk_norm is not None:
-        why.append("QK norm")
-    if model.num_mtp_layers:
-        why.append("multi-token prediction layers")
-    return why
 
 
 def _shape(model: ModelSpec) -> dict:
@@ -408,7 +316,7 @@ def bridge_files(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, opt
     args_head = head + [
         "One Hydra-style override a line: the trailing KEY=VALUE arguments of Bridge's scripts/training/run_recipe.py",
         "(the same settings as bridge_overrides.yaml). From a Megatron-Bridge 0.6 checkout, on every node:",
-        f"  mapfile -t BRIDGE_ARGS < <(grep -v '^#' {BRIDGE_ARGS})",
+        f"  mapfile -t BRIDGE_ARGS < <(grep -v '^#' /path/to/this/folder/{BRIDGE_ARGS})",
         f"  {launch}"]
     args_text = "".join(f"# {line}\n" for line in args_head) + "".join(f"{a}\n" for a in bridge_hydra_args(overrides))
     return {BRIDGE_YAML: yaml_text, BRIDGE_ARGS: args_text}

@@ -1,0 +1,113 @@
+"""Megatron-Bridge 0.6 base recipes: which recipe function a model's overrides start from.
+
+A model preset whose shape is the Hugging Face config a Bridge library recipe loads gets that recipe (its H100
+pretraining recipe, ``megatron.bridge.recipes``); any other model gets the generic GPT recipe (``vanilla_gpt``), whose
+model shape the overrides set, unless it has a feature that recipe's GPTModelProvider cannot take.
+Sources: NVIDIA-NeMo/Megatron-Bridge@6124fbe38a68eea9c4f4be3aa5e084bd5d461d98 (r0.6.0)
+``src/megatron/bridge/recipes/{llama,qwen,deepseek,kimi,gpt_oss,gpt}/h100/*.py``, ``recipes/common.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.errors import InputError
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model_preset
+
+__all__ = ["BridgeRecipe", "RECIPES", "GENERIC", "bridge_recipe", "bridge_model_problems"]
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeRecipe:
+    name: str
+    """The recipe function (run_recipe.py ``--recipe``), exported by ``megatron.bridge.recipes``."""
+    module: str
+    hf_model: str | None
+    """The Hugging Face config the recipe builds its model from (``AutoBridge.from_hf_pretrained``); None: the
+    generic GPT recipe, whose model shape the overrides set."""
+    precision_is_named: bool
+    """The recipe's ``mixed_precision`` is a registered recipe name (``recipes/common.py _pretrain_common``:
+    "bf16_mixed"), not a MixedPrecisionConfig: only another name replaces it."""
+    comm_overlap: bool
+    """The recipe sets a CommOverlapConfig (else ``comm_overlap`` is None, which no override can fill)."""
+
+
+# Model presets whose shape is the Hugging Face config the library recipe loads (their H100 pretraining recipes).
+_R = "megatron.bridge.recipes"
+_LLAMA_H100 = f"{_R}.llama.h100"
+RECIPES: dict[str, BridgeRecipe] = {
+    "llama3-8b": BridgeRecipe("llama3_8b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                              "meta-llama/Meta-Llama-3-8B", precision_is_named=True, comm_overlap=False),
+    "llama3-70b": BridgeRecipe("llama3_70b_pretrain_32gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                               "meta-llama/Meta-Llama-3-70B", precision_is_named=False, comm_overlap=True),
+    "llama3-405b": BridgeRecipe("llama31_405b_pretrain_256gpu_h100_bf16_config", f"{_LLAMA_H100}.llama3",
+                                "meta-llama/Meta-Llama-3.1-405B", precision_is_named=False, comm_overlap=True),
+    "llama2-7b": BridgeRecipe("llama2_7b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama2",
+                              "meta-llama/Llama-2-7b-hf", precision_is_named=True, comm_overlap=True),
+    # Read from the recipes' source (precision and comm_overlap as each sets them); not built by the tests,
+    # which build the llama3 and generic recipes only.
+    "qwen2.5-72b": BridgeRecipe("qwen25_72b_pretrain_32gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen2",
+                                "Qwen/Qwen2.5-72B", precision_is_named=True, comm_overlap=False),
+    "qwen3-8b": BridgeRecipe("qwen3_8b_pretrain_4gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3", "Qwen/Qwen3-8B",
+                             precision_is_named=True, comm_overlap=False),
+    "qwen3-30b-a3b": BridgeRecipe("qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
+                                  "Qwen/Qwen3-30B-A3B", precision_is_named=False, comm_overlap=True),
+    "qwen3-235b-a22b": BridgeRecipe("qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3_moe",
+                                    "Qwen/Qwen3-235B-A22B", precision_is_named=True, comm_overlap=False),
+    "deepseek-v3": BridgeRecipe("deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config",
+                                f"{_R}.deepseek.h100.deepseek_v3", "deepseek-ai/DeepSeek-V3",
+                                precision_is_named=False, comm_overlap=True),
+    "kimi-k2": BridgeRecipe("kimi_k2_pretrain_512gpu_h100_bf16_config", f"{_R}.kimi.h100.kimi_k2",
+                            "moonshotai/Kimi-K2-Instruct", precision_is_named=False, comm_overlap=True),
+    "gpt-oss-20b": BridgeRecipe("gpt_oss_20b_pretrain_16gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
+                                "openai/gpt-oss-20b", precision_is_named=True, comm_overlap=False),
+    "gpt-oss-120b": BridgeRecipe("gpt_oss_120b_pretrain_64gpu_h100_bf16_config", f"{_R}.gpt_oss.h100.gpt_oss",
+                                 "openai/gpt-oss-120b", precision_is_named=True, comm_overlap=False),
+}
+# vanilla_gpt: a bare GPTModelProvider with Megatron-LM's pretrain_gpt.py defaults, mixed_precision "bf16_mixed".
+GENERIC = BridgeRecipe("vanilla_gpt_pretrain_1gpu_h100_bf16_config", "megatron.bridge.recipes.gpt.h100.vanilla_gpt",
+                       None, precision_is_named=True, comm_overlap=False)
+
+
+def bridge_model_problems(model: ModelSpec) -> list[str]:
+    """Why Bridge 0.6 cannot build the model (no recipe for it, and features the generic GPT recipe lacks); empty
+    when it can."""
+    if bridge_recipe(model).hf_model is not None:
+        return []
+    return [f"model: {model.name} has {why}; Megatron-Bridge 0.6 has no recipe for {model.name}"
+            for why in _unexpressible(model)]
+
+
+def bridge_recipe(model: ModelSpec) -> BridgeRecipe:
+    """The base recipe for the model: its family's library recipe where Bridge 0.6 has one (for the preset itself:
+    a model named like a preset but shaped otherwise is not the recipe's), else the generic GPT recipe."""
+    recipe = RECIPES.get(model.name)
+    if recipe is None:
+        return GENERIC
+    try:
+        return recipe if load_model_preset(model.name) == model else GENERIC
+    except InputError:
+        return GENERIC
+
+
+def _unexpressible(model: ModelSpec) -> list[str]:
+    """Model features the generic GPT recipe's GPTModelProvider has no override for."""
+    why = []
+    if model.mla is not None:
+        why.append("multi-latent attention (the generic recipe builds a GPTModelProvider; MLA needs Bridge's "
+                   "MLAModelProvider, a DeepSeek/Kimi recipe)")
+    if model.position_embedding == "alibi":
+        why.append("ALiBi position embeddings (model.position_embedding_type: learned_absolute, rope, yarn, "
+                   "mrope, relative, none)")
+    if model.norms_per_layer != 2:
+        why.append(f"{model.norms_per_layer} norm(s) per layer (GPTModelProvider's layer is pre-norm with two)")
+    if model.embedding_norm:
+        why.append("an embedding norm")
+    if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
+        why.append("sliding-window, chunked or sink attention")
+    if model.qk_norm is not None:
+        why.append("QK norm")
+    if model.num_mtp_layers:
+        why.append("multi-token prediction layers")
+    return why
