@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from autotune.cost.memory import MemoryEstimate
+from autotune.cost.uncertainty import uncertainty_of
 from autotune.engines import engine_for
 from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -125,14 +126,16 @@ def plan_table(result) -> str:
              f"{cluster.gpu.name} ({cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''} of "
              f"{cluster.gpus_per_node})", ""]
     header = (f"{'#':>3}  {'engine':<20}{'plan':<48}{'mem GiB':>9}{'step s':>9}{'compute':>9}{'comm':>8}{'bubble':>8}"
-              f"{'other':>8}{'tokens/s':>12}{'MFU':>7}")
+              f"{'other':>8}{'tokens/s':>12}{'±':>7}{'MFU':>7}")
     lines.append(header)
     for i, est in enumerate(result.candidates, 1):
         t, m = est.time, est.memory
         other = t.offload_s + t.optimizer_s
-        lines.append(f"{i:>3}  {est.plan.engine:<20}{plan_summary(est.plan):<48}{m.total / GIB:>9.1f}"
+        tie = "=" if 1 < i <= getattr(result, "tied", 1) else " "  # tied with #1 (autotune.search.ties)
+        lines.append(f"{i:>3}{tie} {est.plan.engine:<20}{plan_summary(est.plan):<48}{m.total / GIB:>9.1f}"
                      f"{t.step_time_s:>9.2f}{t.compute_s:>9.2f}{t.exposed_comm_s:>8.2f}{t.bubble_s:>8.2f}"
-                     f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{t.mfu:>7.1%}")
+                     f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{uncertainty_of(est.plan, est.cluster).relative:>7.1%}"
+                     f"{t.mfu:>7.1%}")
     lines.append("")
     if result.explanation:
         lines.append("why #1: " + result.explanation)

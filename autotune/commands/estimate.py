@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
                            save_staging_per_node=kept.policy.staging_host_bytes_per_node))
         print()
         print(step_time_table(result.time))
+        u = result.uncertainty
+        low, high = u.bounds(result.time.tokens_per_s)
+        print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
         print(kept.summary())
         print()
         print(plan_legend([plan]))

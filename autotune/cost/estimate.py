@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from autotune.cost.memory import MemoryEstimate, estimate_memory
 from autotune.cost.step_time import StepTimeEstimate, TimeSettings, estimate_step_time
+from autotune.cost.uncertainty import Uncertainty, uncertainty_of
 from autotune.errors import InputError
 from autotune.rules import plan_problems
 from autotune.specs.hardware import KERNEL_FACT_FIELDS, ClusterSpec
@@ -92,7 +93,13 @@ class Estimate:
             "plan": self.plan.to_dict(),
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
+            "uncertainty": self.uncertainty.to_dict(),
         }
+
+    @property
+    def uncertainty(self) -> Uncertainty:
+        """The interval of the step time and throughput (autotune.cost.uncertainty)."""
+        return uncertainty_of(self.plan, self.cluster)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings | None = None,

@@ -13,15 +13,17 @@ import gc
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.cost.estimate import Estimate
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.cost.uncertainty import Uncertainty
 from autotune.engines import engine_for
 from autotune.report import plan_summary
 from autotune.rules import inner_plan_problems, plan_problems
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
+from autotune.search.ties import rank_with_ties
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -53,12 +55,26 @@ class SearchResult:
     search_time_s: float
     explanation: str = ""
     ranked: tuple[Estimate, ...] = field(default=(), repr=False)
-    """Every feasible plan, best first (candidates are its first K)."""
+    """Every feasible plan, fastest first by prediction (what the goodput ranking walks)."""
+    decided: tuple[Estimate, ...] = field(default=(), repr=False)
+    """Every feasible plan in the planner's order: ``ranked`` with tied plans regrouped simplest first
+    (autotune.search.ties); the candidates are its first K. Empty: the same as ``ranked`` (``ties=False``)."""
+    tied: int = 1
+    """Plans tied with the first: within each other's error of the fastest (autotune.search.ties); 1 when the
+    search ranked by predicted speed alone (``ties=False``)."""
+    uncertainty: Uncertainty | None = None
+    """The fastest plan's interval (autotune.cost.uncertainty), the tie rule's width."""
+
+    @property
+    def in_order(self) -> tuple[Estimate, ...]:
+        """Every feasible plan in the planner's order (``decided``, or ``ranked`` without ties)."""
+        return self.decided or self.ranked
 
     def to_dict(self) -> dict:
         return {"candidates": [c.to_dict() for c in self.candidates], "num_enumerated": self.num_enumerated,
                 "num_feasible": self.num_feasible, "rejections": dict(self.rejections),
-                "search_time_s": self.search_time_s, "explanation": self.explanation}
+                "search_time_s": self.search_time_s, "explanation": self.explanation, "tied_with_first": self.tied,
+                "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict()}
 
 
 def _rank_key(est: Estimate) -> tuple[float, float]:
@@ -68,11 +84,21 @@ def _rank_key(est: Estimate) -> tuple[float, float]:
 def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch_size: int,
                  constraints: SearchConstraints | None = None, top_k: int = 10,
                  memory_settings: MemorySettings | None = None,
-                 time_settings: TimeSettings | None = None) -> SearchResult:
-    """Search the whole plan space; raises nothing for infeasibility (see ``num_feasible``)."""
+                 time_settings: TimeSettings | None = None, ties: bool = True) -> SearchResult:
+    """Search the whole plan space; raises nothing for infeasibility (see ``num_feasible``). ``ties``: plans within
+    each other's error are ties, ranked simplest first (autotune.search.ties); False: by predicted speed alone."""
     with _no_cycle_collection():
-        return _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k, memory_settings,
-                             time_settings)
+        result = _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k, memory_settings,
+                               time_settings)
+    if not ties or not result.ranked:
+        return result
+    tie = rank_with_ties(result.ranked)
+    candidates = tie.ranked[:top_k]
+    why = tie.explanation()
+    if tie.ranked[0] is tie.fastest:
+        why = "; ".join(part for part in (explain_winner(candidates), why) if part)
+    return replace(result, candidates=candidates, decided=tie.ranked, explanation=why, tied=tie.leading_group,
+                   uncertainty=tie.uncertainty)
 
 
 @contextmanager

@@ -189,7 +189,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         reasons = ", ".join(f"{k} {v}" for k, v in search.rejections.items())
         raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
                          subject="search")
-    ranked = list(search.ranked)
+    ranked = list(search.in_order)
     skipped = ""
     if workload.kind in ("builtin", "script"):
         # Measure only what the workload runs. builtin: every plan under its engine's trainer (python -m
@@ -224,6 +224,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     order = list(candidates)
     run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
     rank = CalibratedRank({k: e.plan for k, e in candidates.items()}, order, run_model, cluster, start_efficiency)
+    # Plans tied with the first within the model's error (autotune.search.ties) are measured before the sampler
+    # explores: as many as the trials allow.
+    top_k = max(top_k, min(search.tied, trials))
     sampler = PlanSampler(order, top_k=top_k, regions={k: plan_region(e.plan) for k, e in candidates.items()},
                           rank=rank, plans={k: e.plan for k, e in candidates.items()})
     optuna.logging.set_verbosity(optuna.logging.WARNING)

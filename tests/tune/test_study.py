@@ -33,7 +33,7 @@ CLUSTER = load_cluster(gpu="cpu", num_gpus=2)
 CONSTRAINTS = SearchConstraints(tp=1, pp=1, cp=1, engines=("deepspeed",), recompute=("none", "full"),
                                 max_micro_batch_size=4)
 SEQ, GB = 64, 8
-RANKED = search_plans(MODEL, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=CONSTRAINTS, top_k=3).ranked
+RANKED = search_plans(MODEL, CLUSTER, seq_len=SEQ, global_batch_size=GB, constraints=CONSTRAINTS, top_k=3).in_order
 KEYS = [plan_key(e.plan) for e in RANKED]
 DIST = CategoricalDistribution(sorted(KEYS))
 
@@ -278,7 +278,10 @@ def test_ctrl_c_marks_trial_interrupted_and_study_resumes(tmp_path, monkeypatch)
     assert t1.state == TrialState.FAIL and t1.user_attrs["status"] == "interrupted"
     runner = FakeRunner()
     result = run(tmp_path, monkeypatch, runner, trials=3, resume=True)
-    assert result.state_counts == {"complete": 3, "interrupted": 1}
+    # Three trials end (the fake runner's slow plans are pruned: which ones run depends on the planner's order) and
+    # the interrupted one stays recorded as such.
+    assert result.state_counts["interrupted"] == 1 and set(result.state_counts) <= {"complete", "pruned", "interrupted"}
+    assert result.state_counts.get("complete", 0) + result.state_counts.get("pruned", 0) == 3
     assert trial_key(t1) in runner.calls  # the interrupted plan is measured again
 
 

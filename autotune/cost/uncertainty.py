@@ -1,0 +1,109 @@
+"""How far an estimate can be trusted: an interval from the model's own out-of-sample errors.
+
+Every published run the cost model is checked on (autotune/data/published_runs) was also predicted with the
+shared parameters fitted on the *other* families only (leave-one-family-out, ``bench/accuracy_published.py``).
+Those signed errors, with what kind of plan each run was, are shipped in ``autotune/data/uncertainty_runs.json``
+(written by ``bench/uncertainty_table.py --write``; a test checks it still matches the runs).
+
+For a plan, the runs most like it are found by what drives the model's error: the engine (4 points), the GPU
+generation (2), the precision (1), and one point each for tensor, pipeline and context parallelism, ZeRO-3 /
+FSDP sharding and offload agreeing. The runs at the best score, widened one score level at a time until at least
+:data:`MIN_RUNS` are in, give the interval: the median of their absolute errors (a 50% interval: about half of
+such runs came out closer than this). The planner treats plans within each other's intervals as ties
+(:mod:`autotune.search.ties`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autotune.resources import data_path
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE"]
+
+RUNS_FILE = "data/uncertainty_runs.json"
+MIN_RUNS = 6
+WEIGHTS = {"engine": 4, "generation": 2, "precision": 1, "tp": 1, "pp": 1, "cp": 1, "sharded": 1, "offload": 1}
+_GENERATIONS = (("v100", "volta"), ("a100", "ampere"), ("a10", "ampere"), ("h100", "hopper"), ("h200", "hopper"),
+                ("gh200", "hopper"), ("b200", "blackwell"), ("b300", "blackwell"), ("gb200", "blackwell"),
+                ("gb300", "blackwell"), ("mi300", "cdna3"), ("mi250", "cdna2"), ("l40", "ada"), ("cpu", "cpu"))
+
+
+def gpu_generation(name: str, peak_bf16_tflops: float | None = None) -> str:
+    """The architecture generation of a GPU preset name; an inline GPU by its 16-bit peak."""
+    low = name.lower()
+    for prefix, generation in _GENERATIONS:
+        if low.startswith(prefix):
+            return generation
+    if peak_bf16_tflops is None:
+        return "other"
+    # An inline GPU: the generation whose presets' dense 16-bit peaks bracket it (V100 125, A100 312, H100 989,
+    # B200 2,250 TFLOP/s).
+    return ("volta" if peak_bf16_tflops < 200 else "ampere" if peak_bf16_tflops < 600
+            else "hopper" if peak_bf16_tflops < 1600 else "blackwell")
+
+
+def plan_kind(plan: ParallelPlan, cluster: ClusterSpec) -> dict:
+    """What of a plan the interval is looked up by."""
+    peak = cluster.gpu.peak_tflops.get("bf16") or cluster.gpu.peak_tflops.get("fp16")
+    return {"engine": plan.engine, "generation": gpu_generation(cluster.gpu.name, peak),
+            "precision": plan.precision, "tp": plan.tp > 1, "pp": plan.pp > 1, "cp": plan.cp > 1,
+            "sharded": plan.zero_stage >= 3,
+            "offload": plan.offload_optimizer != "none" or plan.offload_param != "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class Uncertainty:
+    """The relative half-width of a throughput (or step-time) estimate, and what it rests on."""
+
+    relative: float
+    """Median |leave-one-family-out error| of the runs nearest the plan."""
+    runs: int
+    families: tuple[str, ...]
+    score: int
+    """How alike those runs are to the plan (of :data:`WEIGHTS`' total)."""
+
+    def bounds(self, value: float) -> tuple[float, float]:
+        return value * (1 - self.relative), value * (1 + self.relative)
+
+    def basis(self) -> str:
+        shown = ", ".join(self.families[:3]) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
+        return (f"median leave-one-family-out error of the {self.runs} published runs most like this plan "
+                f"({shown})")
+
+    def to_dict(self) -> dict:
+        return {"relative": self.relative, "runs": self.runs, "families": list(self.families),
+                "similarity": self.score, "of": sum(WEIGHTS.values()), "basis": self.basis()}
+
+
+@lru_cache(maxsize=1)
+def _records() -> tuple[dict, ...]:
+    return tuple(json.loads(data_path("autotune", RUNS_FILE).read_text(encoding="utf-8"))["runs"])
+
+
+def _score(kind: dict, record: dict) -> int:
+    return sum(w for key, w in WEIGHTS.items() if record[key] == kind[key])
+
+
+@lru_cache(maxsize=4096)
+def _lookup(key: tuple) -> Uncertainty:
+    kind = dict(key)
+    scored = sorted(((_score(kind, r), r) for r in _records()), key=lambda s: -s[0])
+    best = scored[0][0]
+    floor = best
+    while sum(1 for s, _ in scored if s >= floor) < MIN_RUNS and floor > 0:
+        floor -= 1
+    chosen = [r for s, r in scored if s >= floor]
+    families = tuple(dict.fromkeys(r["family"] for r in chosen))
+    return Uncertainty(relative=statistics.median(abs(r["lofo_error"]) for r in chosen), runs=len(chosen),
+                       families=families, score=floor)
+
+
+def uncertainty_of(plan: ParallelPlan, cluster: ClusterSpec) -> Uncertainty:
+    """The interval of ``plan``'s throughput on ``cluster`` (cached by the plan's kind)."""
+    return _lookup(tuple(sorted(plan_kind(plan, cluster).items())))

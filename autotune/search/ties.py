@@ -1,0 +1,88 @@
+"""Plans the model cannot tell apart are ties, and a tie goes to the simpler plan.
+
+The cost model's error on runs like a plan is several percent (:mod:`autotune.cost.uncertainty`); ranking by a
+0.06% difference in predicted speed picks at random between plans the model cannot separate, and a random pick
+is often the fragile one (ZeRO-3 with CPU optimizer offload ahead of ZeRO-1, whose first run JIT-builds the CPU
+Adam for 20 minutes). So, over the plans ranked by predicted speed: the fastest one left leads a tie group of
+every plan left whose prediction lies within its interval while its own lies within theirs; a group is ordered
+simplest first (:func:`simplicity`: no offload before offload, a lower ZeRO stage, fewer parallel dimensions, no
+context parallelism), then by predicted speed; then the next group. ``autotune tune`` measures the first group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.cost.estimate import Estimate
+from autotune.cost.uncertainty import Uncertainty, uncertainty_of
+from autotune.report import plan_summary
+
+__all__ = ["TieRanking", "rank_with_ties", "simplicity", "TIE_WINDOW"]
+
+TIE_WINDOW = 2000
+"""Plans (fastest first) regrouped; the slower rest keep their order (none of them ties the leaders)."""
+
+
+def simplicity(est: Estimate) -> tuple:
+    """Smaller is simpler: offloads, ZeRO stage, parallel dimensions in use, context parallelism."""
+    p = est.plan
+    offloads = (p.offload_optimizer != "none") + (p.offload_param != "none")
+    dims = sum(d > 1 for d in (p.tp, p.pp, p.cp, p.ep)) + (p.vpp > 1)
+    return offloads, p.zero_stage, dims, p.cp > 1
+
+
+@dataclass(frozen=True, slots=True)
+class TieRanking:
+    ranked: tuple[Estimate, ...]
+    """Every plan in tie order."""
+    leading_group: int
+    """Plans in the first tie group (the first ``leading_group`` of ``ranked``)."""
+    fastest: Estimate | None
+    """The fastest plan by prediction alone (the first of the input)."""
+    uncertainty: Uncertainty | None
+    """The interval of the fastest plan (the leading group's)."""
+
+    def explanation(self) -> str:
+        if not self.ranked or self.uncertainty is None or self.fastest is None:
+            return ""
+        u, first = self.uncertainty, self.ranked[0]
+        head = (f"{self.leading_group} plan{'s' if self.leading_group != 1 else ''} within the model's "
+                f"±{u.relative:.1%} of the fastest ({u.basis()})")
+        if self.leading_group == 1:
+            return f"no other plan within the model's ±{u.relative:.1%} of the fastest ({u.basis()})"
+        if first is self.fastest:
+            return f"{head}: the fastest is also the simplest of them; `autotune tune` measures them"
+        gain = self.fastest.time.tokens_per_s / first.time.tokens_per_s - 1
+        return (f"{head}: ranked simplest first (no offload, lower ZeRO stage, fewer parallel dimensions, no CP), "
+                f"so #1 is {plan_summary(first.plan)}; by prediction alone {plan_summary(self.fastest.plan)} would "
+                f"lead by {gain:+.1%}, within the error; `autotune tune` measures the tied plans")
+
+
+def rank_with_ties(by_speed: Sequence[Estimate]) -> TieRanking:
+    """``by_speed`` (fastest first) regrouped into tie groups, each simplest first."""
+    if not by_speed:
+        return TieRanking(ranked=(), leading_group=0, fastest=None, uncertainty=None)
+    window = by_speed[:TIE_WINDOW]
+    speed = [e.time.tokens_per_s for e in window]
+    error = [uncertainty_of(e.plan, e.cluster).relative for e in window]
+    left = list(range(len(window)))  # indices still ungrouped, fastest first
+    out: list[Estimate] = []
+    leading = 0
+    while left:
+        lead = left[0]
+        floor = speed[lead] * (1 - error[lead])
+        group, rest = [], []
+        for pos, i in enumerate(left):
+            if speed[i] < floor:  # fastest first: no later plan is within the leader's interval either
+                rest += left[pos:]
+                break
+            # Each within the other's interval: the leader's prediction within this plan's too.
+            (group if speed[lead] - speed[i] <= error[i] * speed[i] else rest).append(i)
+        left = rest
+        members = sorted((window[i] for i in group), key=lambda e: (simplicity(e), -e.time.tokens_per_s))
+        leading = leading or len(members)
+        out += members
+    fastest = by_speed[0]
+    return TieRanking(ranked=(*out, *by_speed[TIE_WINDOW:]), leading_group=leading, fastest=fastest,
+                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster))
