@@ -96,8 +96,10 @@ def _shape(model: ModelSpec) -> dict:
                 "moe_ffn_hidden_size": moe.expert_ffn_hidden_size, "moe_grouped_gemm": True,
                 "moe_shared_expert_intermediate_size": (moe.num_shared_experts * moe.shared_width
                                                         if moe.num_shared_experts else None),
-                "moe_layer_freq": [0] * moe.num_dense_layers + [1] * model.num_moe_layers
-                if moe.num_dense_layers else 1}
+                # TransformerConfig.moe_layer_freq: 1 (every layer) or the per-layer 0/1 list (dense prefix,
+                # interleaved dense/MoE layers: ModelSpec.is_moe_layer, as megatron_args' --moe-layer-freq)
+                "moe_layer_freq": [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+                if moe.num_dense_layers or moe.moe_layer_step != 1 else 1}
         if moe.router_bias:
             out |= {"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid"}
     return out
