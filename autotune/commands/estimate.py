@@ -25,6 +25,9 @@ def register(sub) -> None:
     add_common(est)
     add_plan_flags(est)
     add_goodput(est)
+    from autotune.commands.from_job import add_from
+
+    add_from(est, "estimate")
     est.set_defaults(handler=run)
 
 
@@ -36,7 +39,7 @@ def estimate_from_flags(args: argparse.Namespace):
     plan = make_plan(
         model, cluster, global_batch_size=args.global_batch, tp=args.tp, pp=args.pp, cp=args.cp,
         micro_batch_size=args.micro_batch, sequence_parallel=args.sequence_parallel, vpp=args.vpp, ep=args.ep,
-        zero_stage=args.zero, seq_len=args.seq_len, recompute=args.recompute,
+        zero_stage=args.zero, seq_len=4096 if args.seq_len is None else args.seq_len, recompute=args.recompute,
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
@@ -54,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
 
     from autotune.cost.goodput import goodput
 
-    result = estimate_from_flags(args)
+    if getattr(args, "from_files", None):
+        from autotune.commands.from_job import estimate_from_job
+
+        result = estimate_from_job(args)
+    else:
+        result = estimate_from_flags(args)
     model, cluster, plan = result.model, result.cluster, result.plan
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:

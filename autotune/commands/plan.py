@@ -55,6 +55,9 @@ def register(sub) -> None:
                            "of wall time that trains after checkpoint stalls, rework and restarts")
     add_goodput(plan)
     add_calibration(plan)
+    from autotune.commands.from_job import add_from
+
+    add_from(plan, "rank the alternatives to")
     q = plan.add_argument_group("capacity questions")
     q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model (no --num-gpus: it is the answer)")
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
@@ -69,6 +72,15 @@ def run(args: argparse.Namespace) -> int:
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
 
+    if args.from_files:
+        if args.min_gpus or args.max_model:
+            raise InputError(["--from ranks the alternatives to a job: drop --min-gpus / --max-model"],
+                             subject="plan request")
+        from autotune.commands.from_job import plan_from_job
+
+        return plan_from_job(args)
+    if args.seq_len is None:
+        args.seq_len = 4096
     if args.min_gpus and args.num_gpus is not None:
         raise InputError(["--min-gpus searches the GPU count itself: drop --num-gpus (--gpus-per-node sets the node "
                           "size)"], subject="plan request")

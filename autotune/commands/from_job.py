@@ -1,0 +1,121 @@
+"""``estimate --from`` / ``plan --from``: the job a user already has (``autotune.job_files``), its ledger and step
+time, and the planner's alternatives with what changes and the predicted gain."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.commands import EXIT_OK, flag_problems, json_text, time_settings
+from autotune.errors import InputError
+from autotune.specs.plan import ENGINE_NAMES
+
+__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff"]
+
+# The plan fields a change of layout shows, in the order the diff lists them.
+_DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
+                "zero_stage", "sequence_parallel", "recompute", "recompute_num_layers", "precision",
+                "offload_optimizer", "offload_param")
+
+
+def add_from(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
+                   help=f"{what} the job these files state: ds_config.json (+ --model, --num-gpus, --tp/--pp), "
+                        "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), a "
+                        "torchtitan TOML, an accelerate YAML, plan.json; flags fill what the files do not state")
+    p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
+
+
+def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp: int = 1):
+    from autotune.job_files import read_job
+
+    problems = flag_problems(args)
+    if problems:
+        raise InputError(problems, subject="input")
+    job = read_job(args.from_files, model=args.model, gpu=args.gpu, num_gpus=args.num_gpus,
+                   gpus_per_node=args.gpus_per_node, cluster_path=args.cluster, seq_len=args.seq_len,
+                   global_batch=args.global_batch, tp=tp, pp=pp, cp=cp)
+    if not args.json:
+        read = ", ".join(f"{path} ({kind})" for path, kind in job.kinds)
+        print(f"autotune {args.command}: read {read}", file=sys.stderr)
+        for note in job.notes:
+            print(f"autotune {args.command}: {note}", file=sys.stderr)
+    return job
+
+
+def estimate_from_job(args: argparse.Namespace):
+    """The Estimate of the job ``--from`` states (tp/pp/cp flags: for a DeepSpeed JSON, which does not hold them)."""
+    from autotune.cost.estimate import estimate
+
+    job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp)
+    return estimate(job.model, job.cluster, job.plan, job.settings, time_settings(args))
+
+
+def _key(plan) -> tuple:
+    return (plan.engine,) + tuple(getattr(plan, f) for f in _DIFF_FIELDS)
+
+
+def plan_diff(current, other) -> dict[str, tuple]:
+    """{field: (current, other)} for each plan field that differs."""
+    return {f: (getattr(current, f), getattr(other, f)) for f in _DIFF_FIELDS
+            if getattr(current, f) != getattr(other, f)}
+
+
+def plan_from_job(args: argparse.Namespace) -> int:
+    """Rank the alternatives to the job ``--from`` states: same engine, model, global batch, sequence length and
+    precision (unless --engine / --precision say otherwise); the current job's rank, the diff, the gain."""
+    from autotune.cost.estimate import estimate
+    from autotune.report import plan_summary, plan_table
+    from autotune.search.planner import search_plans
+    from autotune.search.space import SearchConstraints
+
+    job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
+    plan = job.plan
+    current = estimate(job.model, job.cluster, plan, job.settings, time_settings(args))
+    engines = (plan.engine,) if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
+    constraints = SearchConstraints(
+        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
+        micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
+        precisions=args.precision or (plan.precision,), recompute=args.recompute, engines=engines,
+        allow_offload=args.offload, min_headroom_gib=args.min_headroom_gib)
+    result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
+                          time_settings=time_settings(args), constraints=constraints, top_k=args.top_k)
+    order = result.in_order
+    rank = next((i for i, est in enumerate(order, 1) if _key(est.plan) == _key(plan)), None)
+    best = order[0] if order else None
+    diff = plan_diff(plan, best.plan) if best is not None else {}
+    cur_tps, u_cur = current.time.tokens_per_s, current.uncertainty
+    gain = best.time.tokens_per_s / cur_tps - 1 if best is not None and cur_tps > 0 else None
+    spread = max(u_cur.relative, best.uncertainty.relative) if best is not None else u_cur.relative
+    tied = best is not None and (not diff or (rank is not None and rank <= result.tied) or
+                                 (gain is not None and abs(gain) <= spread))
+    if args.json:
+        print(json_text({"current": current.to_dict(), "current_fits": current.memory.fits, "current_rank": rank,
+                         "diff": {k: list(v) for k, v in diff.items()}, "gain": gain, "gain_uncertainty": spread,
+                         "tied": tied, "search": result.to_dict()}))
+        return EXIT_OK
+    fit = "fits" if current.memory.fits else "does NOT fit in memory"
+    low, high = u_cur.bounds(cur_tps)
+    print(f"current job: {plan.engine} {plan_summary(plan)}: {cur_tps:,.0f} tokens/s ±{u_cur.relative:.1%} "
+          f"({low:,.0f}-{high:,.0f}), MFU {current.time.mfu:.1%}, {fit}")
+    if rank is not None:
+        print(f"its rank among the {result.num_feasible:,} feasible plans: #{rank}")
+    else:
+        print(f"it is not among the {result.num_feasible:,} feasible plans searched "
+              f"({'it does not fit' if not current.memory.fits else 'outside the search space or its limits'})")
+    print()
+    if not order:
+        raise InputError([f"no plan of the {result.num_enumerated:,} enumerated is feasible: "
+                          + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="request")
+    print(plan_table(result))
+    print()
+    if not diff:
+        print("the planner's first plan is the current job's: keep it")
+    else:
+        changes = ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items())
+        print(f"#1 vs the current job: {changes}")
+        verdict = ("a tie: within the prediction's uncertainty, the simpler plan is ranked first" if tied
+                   else "beyond the uncertainty")
+        print(f"predicted gain: {gain:+.1%} tokens/s ±{spread:.1%} ({verdict})" if gain is not None else
+              "predicted gain: unknown")
+    return EXIT_OK

@@ -1,0 +1,356 @@
+"""Plans from the files of a job a user already runs: ``autotune estimate --from`` / ``plan --from``.
+
+Each file's kind is told as ``autotune validate`` tells it (:func:`autotune.emit.validate_files.file_kind`); the
+readers below turn what the files state into the model, cluster and :class:`ParallelPlan` of the job:
+
+- ``deepspeed`` (ds_config.json): ZeRO stage, batch sizes, offload, precision (via
+  :func:`autotune.api.plan_from_deepspeed_config`); the model, world size, tp/pp/cp and seq_len come from flags.
+- ``megatron`` / ``megatron-deepspeed`` (argument scripts: ``megatron_args.sh``, a ``torchrun ... pretrain_gpt.py
+  --flag ...`` command line): the model shape, parallel sizes, batch, seq_len, precision, recompute and the
+  distributed optimizer; the world size from ``--nnodes`` x ``--nproc-per-node`` of the launch line.
+- ``torchtitan`` (a 0.2 TOML job config): [parallelism] degrees, [training] batch and seq_len,
+  [activation_checkpoint] mode, the model from its [model] name and flavor.
+- ``accelerate`` (an accelerate YAML): num_processes, FSDP (reshard, offload, checkpointing) or the DeepSpeed
+  config it names.
+- ``plan`` (autotune's own plan.json), ``hostfile`` and ``launch`` (a launch script: the world size only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.api import make_plan, plan_from_deepspeed_config
+from autotune.cost.estimate import estimate_from_dict
+from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState
+from autotune.emit.shell_args import read_megatron_args_file
+from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
+from autotune.emit.validate_files import FILE_KINDS, file_kind
+from autotune.errors import InputError
+from autotune.inputs import read_json, read_text
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.loading import load_cluster, load_model
+from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
+
+__all__ = ["JobFiles", "READABLE_KINDS", "read_job"]
+
+READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "torchtitan", "accelerate", "plan", "hostfile",
+                  "launch")
+_SUBJECT = "--from files"
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The job the files state: its model, cluster, plan and ledger settings, and what was read from where."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+    settings: MemorySettings | None = None
+    kinds: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    """The last value of each ``--flag`` (argparse keeps the last); a switch maps to None."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(argv):
+        if not a.startswith("--"):
+            continue
+        name, eq, value = a.partition("=")
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        out[name.replace("_", "-")] = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else None)
+    return out
+
+
+def _int(text, what: str, path: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number (a shell expansion autotune does not "
+                          f"run?): give it as a number"], subject=_SUBJECT) from None
+
+
+def _launch_sizes(path: str) -> tuple[int | None, int | None]:
+    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), else (None, None)."""
+    state = ShellState()
+    reader = BashReader(read_text(path, subject="launch script", max_bytes=1 << 20), state)
+    while (tokens := reader.command()) is not None:
+        words = [t for t in tokens if not isinstance(t, str)]
+        if not words:
+            continue
+        m = ASSIGN.match(words[0][0])
+        if m and "(" in tokens and not m.group(3):
+            opened = tokens.index("(")
+            closed = tokens.index(")") if ")" in tokens else len(tokens)
+            elements = [t for t in tokens[opened + 1:closed] if not isinstance(t, str)]
+            state.arrays.setdefault(m.group(1), []) if m.group(2) else state.arrays.__setitem__(m.group(1), [])
+            state.arrays[m.group(1)].extend(elements)
+            continue
+        while words and (m := ASSIGN.match(words[0][0])):
+            state.variables[m.group(1)] = (m.group(3), words[0][1][len(words[0][0]) - len(m.group(3)):])
+            words = words[1:]
+        texts = [w for w, _ in words]
+        script = next((i for i, w in enumerate(texts) if w.endswith(".py")), None)
+        names = {w.rsplit("/", 1)[-1] for w in texts[:script or 0]}
+        if script is None or not names & {"torchrun", "deepspeed", "torch.distributed.run", "launch"}:
+            continue
+        f = _flags(texts[:script])
+        nodes = f.get("--nnodes") or f.get("--num-nodes")
+        per_node = f.get("--nproc-per-node") or f.get("--num-gpus")
+        nodes = nodes.split(":")[-1] if nodes else "1"
+        return _int(nodes, "the launcher's --nnodes", path), _int(per_node, "the launcher's --nproc-per-node", path)
+    return None, None
+
+
+# ---- the model --------------------------------------------------------------------------
+def _preset_like(spec: ModelSpec) -> ModelSpec | None:
+    """The model preset with the shape the file states (its vocabulary and details), if one has it."""
+    from autotune.specs.presets import load_model_preset, model_preset_names
+
+    key = (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.kv_heads, spec.ffn_hidden_size,
+           spec.moe.num_experts if spec.moe else 0)
+    for name in model_preset_names():
+        p = load_model_preset(name)
+        if (p.num_layers, p.hidden_size, p.num_attention_heads, p.kv_heads, p.ffn_hidden_size,
+                p.moe.num_experts if p.moe else 0) == key and p.mla is None:
+            return p
+    return None
+
+
+def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
+    def n(flag: str) -> int | None:
+        return _int(f.get(flag), flag, path)
+
+    layers, hidden, heads = n("--num-layers"), n("--hidden-size"), n("--num-attention-heads")
+    if layers is None or hidden is None or heads is None:
+        return None
+    groups = n("--num-query-groups") if "--group-query-attention" in f else n("--num-key-value-heads")
+    vocab = n("--vocab-size")
+    if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer":
+        vocab += 1  # Megatron's NullTokenizer adds one EOD token
+    experts = n("--num-experts")
+    moe = None if not experts else MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2,
+                                           expert_ffn_hidden_size=n("--moe-ffn-hidden-size") or n("--ffn-hidden-size"))
+    rope = (f.get("--position-embedding-type") == "rope" or "--use-rotary-position-embeddings" in f)
+    spec = ModelSpec(
+        name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
+        head_dim=n("--kv-channels"), activation="swiglu" if "--swiglu" in f else "gelu",
+        norm="rmsnorm" if str(f.get("--normalization", "")).lower() == "rmsnorm" else "layernorm",
+        tied_embeddings="--untie-embeddings-and-output-weights" not in f,
+        position_embedding="rope" if rope else "learned",
+        max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
+        rope_theta=float(f.get("--rotary-base") or 10000), linear_bias="--disable-bias-linear" not in f,
+        qkv_bias="--add-qkv-bias" in f, moe=moe)
+    preset = _preset_like(spec)
+    if preset is not None:
+        notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
+        return preset
+    if vocab is None:
+        raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
+                          f"read): give --model (a preset, config.json or model YAML) or --vocab-size in the file"],
+                         subject=_SUBJECT)
+    return spec
+
+
+def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str]) -> dict:
+    """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file states."""
+    f = _flags(read_megatron_args_file(path))
+
+    def n(flag: str) -> int | None:
+        return _int(f.get(flag), flag, path)
+
+    model = model or _megatron_model(f, path, notes)
+    out: dict = {"model": model, "tp": n("--tensor-model-parallel-size") or 1,
+                 "pp": n("--pipeline-model-parallel-size") or 1, "cp": n("--context-parallel-size") or 1,
+                 "ep": n("--expert-model-parallel-size") or 1, "micro_batch_size": n("--micro-batch-size") or 1,
+                 "global_batch_size": n("--global-batch-size"), "seq_len": n("--seq-length"),
+                 "sequence_parallel": "--sequence-parallel" in f}
+    vpp = n("--num-virtual-stages-per-pipeline-rank")
+    per_chunk = n("--num-layers-per-virtual-pipeline-stage")
+    if vpp is None and per_chunk and model is not None:
+        vpp = max(1, model.num_layers // out["pp"] // per_chunk)
+    out["vpp"] = vpp or 1
+    out["precision"] = "fp8" if "--fp8-format" in f or "--fp8" in f else "fp16" if "--fp16" in f else "bf16"
+    if "--fp16" not in f and "--bf16" not in f and out["precision"] == "bf16":
+        notes.append(f"{path}: neither --bf16 nor --fp16 (Megatron trains in fp32): estimated as bf16")
+    granularity = f.get("--recompute-granularity") or ("selective" if "--recompute-activations" in f else None)
+    out["recompute"] = granularity or "none"
+    if granularity == "full" and f.get("--recompute-method") == "block":
+        out["recompute_num_layers"] = n("--recompute-num-layers")
+    out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
+    out["flash_attention"] = f.get("--attention-backend") != "unfused"
+    if kind == "megatron":
+        out["engine"] = "megatron"
+        out["zero_stage"] = 1 if "--use-distributed-optimizer" in f else 0
+        out["overlap_comm"] = "--overlap-grad-reduce" in f
+    else:
+        out["engine"] = "megatron-deepspeed"
+        zero = (ds or {}).get("zero_optimization") or {}
+        out["zero_stage"] = n("--zero-stage") if "--zero-stage" in f else int(zero.get("stage", 0))
+        for name in ("offload_optimizer", "offload_param"):
+            out[name] = (zero.get(name) or {}).get("device") or "none"
+    return out
+
+
+def _torchtitan(path: str, notes: list[str]) -> tuple[dict, int | None]:
+    from autotune.emit.torchtitan_lint import read_torchtitan_config, torchtitan_job_sizes
+
+    data, _ = read_torchtitan_config(path)
+
+    def section(name: str) -> dict:
+        return data.get(name) if isinstance(data.get(name), dict) else {}
+
+    p, t, m = section("parallelism"), section("training"), section("model")
+    flavor = (m.get("name"), m.get("flavor"))
+    preset = next((name for name, nf in TORCHTITAN_FLAVORS.items() if nf == flavor), None)
+    replicate, shard = int(p.get("data_parallel_replicate_degree", 1)), int(p.get("data_parallel_shard_degree", -1))
+    reshard = p.get("fsdp_reshard_after_forward", "default")
+    stage = 0 if shard == 1 else 2 if reshard == "never" else 3
+    local = int(t.get("local_batch_size", 8))
+    pp = int(p.get("pipeline_parallel_degree", 1))
+    micro = int(p.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
+    mode = section("activation_checkpoint").get("mode", "selective")
+    out = {"model": load_model(preset) if preset else None, "tp": int(p.get("tensor_parallel_degree", 1)), "pp": pp,
+           "cp": int(p.get("context_parallel_degree", 1)), "ep": int(p.get("expert_parallel_degree", 1)),
+           "micro_batch_size": micro, "global_batch_size": t.get("global_batch_size") if
+           isinstance(t.get("global_batch_size"), int) and t.get("global_batch_size") > 0 else None,
+           "seq_len": t.get("seq_len"), "recompute": mode if mode in ("none", "selective", "full") else "none",
+           "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
+           "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
+           "precision": "fp8" if "float8" in str(m.get("converters", "")) else "bf16"}
+    if preset is None:
+        notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
+    return out, torchtitan_job_sizes(path).world_size
+
+
+def _accelerate(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
+    from autotune.emit.accelerate_lint import read_accelerate_config
+
+    data, _ = read_accelerate_config(path)
+    world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else None
+    kind = str(data.get("distributed_type", "")).upper()
+    mixed = str(data.get("mixed_precision", "bf16"))
+    out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16"}
+    if kind == "DEEPSPEED":
+        block = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+        file = block.get("deepspeed_config_file")
+        if not file:
+            raise InputError([f"{path}: a DeepSpeed accelerate config without deepspeed_config_file: give the "
+                              f"ds_config.json too (--from {path} ds_config.json)"], subject=_SUBJECT)
+        ds_path = Path(path).parent / file if not Path(file).is_absolute() else Path(file)
+        return out, world, read_json(ds_path, subject="DeepSpeed config")
+    if kind != "FSDP":
+        raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP and DeepSpeed "
+                          f"accelerate configs"], subject=_SUBJECT)
+    f = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
+    par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
+    reshard = f.get("fsdp_reshard_after_forward", True)
+    out |= {"engine": "fsdp", "zero_stage": 3 if reshard in (True, "FULL_SHARD") else 2,
+            "offload_param": "cpu" if f.get("fsdp_offload_params") else "none",
+            "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
+            "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
+            "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
+    notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
+    return out, world, None
+
+
+def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
+             gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
+             global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1) -> JobFiles:
+    """The job ``paths`` state; flags fill what the files do not (and say the model, GPU and world size where
+    the files do not). InputError names every missing field with the flag that supplies it."""
+    missing = [f"{p}: no such file" for p in paths if not Path(p).is_file()]
+    if missing:
+        raise InputError(missing, subject=_SUBJECT)
+    kinds, unread = [], []
+    for p in paths:
+        try:
+            kinds.append((str(p), file_kind(p)))
+        except InputError:
+            unread.append(f"{p}: cannot tell its kind from its name; --from {supported_kinds()}")
+    unread += [f"{p}: a {k} file; --from {supported_kinds()}" for p, k in kinds if k not in READABLE_KINDS]
+    if unread:
+        raise InputError(unread, subject=_SUBJECT)
+    notes: list[str] = []
+    if any(k == "plan" for _, k in kinds):
+        est = estimate_from_dict(read_json(next(p for p, k in kinds if k == "plan"), subject="plan JSON"))
+        return JobFiles(est.model, est.cluster, est.plan, None, tuple(kinds), ())
+    model_spec = load_model(model) if model else None
+    world = per_node = None
+    ds: dict | None = None
+    fields: dict = {}
+    for path, kind in kinds:
+        if kind == "deepspeed":
+            ds = read_json(path, subject="DeepSpeed config")
+        elif kind == "accelerate":
+            got, w, ds_doc = _accelerate(path, notes)
+            fields |= got
+            world, ds = world or w, ds_doc or ds
+        elif kind == "hostfile":
+            from autotune.emit.launch_lint import hostfile_job_sizes
+
+            world = world or hostfile_job_sizes(path).world_size
+    for path, kind in kinds:
+        if kind in ("megatron", "megatron-deepspeed", "launch"):
+            nodes, procs = _launch_sizes(path)
+            if procs:
+                world, per_node = world or (nodes or 1) * procs, per_node or procs
+        if kind in ("megatron", "megatron-deepspeed"):
+            fields |= _megatron(path, kind, ds, model_spec, notes)
+        elif kind == "torchtitan":
+            got, w = _torchtitan(path, notes)
+            fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
+            world = world or w
+    model_spec = model_spec or fields.pop("model", None)
+    fields.pop("model", None)
+    problems = []
+    if model_spec is None:
+        problems.append(f"the model: {', '.join(p for p, _ in kinds)} do not state it: give --model (a preset, a "
+                        f"config.json or a model YAML)")
+    if num_gpus is not None and world is not None and num_gpus != world:
+        problems.append(f"the world size: --num-gpus {num_gpus} but the files state {world} GPUs: drop --num-gpus or "
+                        f"make them agree")
+    num_gpus = num_gpus or world
+    if cluster_path is None and (gpu is None or num_gpus is None):
+        problems += (["the GPU: give --gpu (a GPU preset) or --cluster FILE"] if gpu is None else []) + (
+            [f"the world size: {', '.join(p for p, _ in kinds)} do not state it (no launch line with --nnodes / "
+             f"--nproc-per-node): give --num-gpus N or --cluster FILE"] if num_gpus is None else [])
+    if problems:
+        raise InputError(problems, subject=_SUBJECT)
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node or per_node,
+                           cluster_path=cluster_path)
+    seq = seq_len or fields.pop("seq_len", None) or 4096
+    fields.pop("seq_len", None)
+    batch = global_batch or fields.pop("global_batch_size", None)
+    fields.pop("global_batch_size", None)
+    settings = None
+    if "engine" not in fields:  # DeepSpeed alone (or accelerate + DeepSpeed)
+        if ds is None:
+            raise InputError(["the plan: the files hold no DeepSpeed config, Megatron arguments or torchtitan "
+                              "config: add one to --from"], subject=_SUBJECT)
+        if any(v == "auto" for v in json.dumps(ds).split('"')):
+            raise InputError(['the DeepSpeed config has "auto" values (a Hugging Face one): give the numbers'],
+                             subject=_SUBJECT)
+        plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq)
+        if global_batch:
+            plan = make_plan(model_spec, cluster, global_batch_size=global_batch, tp=plan.tp, pp=plan.pp, cp=plan.cp,
+                             **{k: getattr(plan, k) for k in ("micro_batch_size", "zero_stage", "offload_optimizer",
+                                                              "offload_param", "nvme_path", "seq_len", "recompute",
+                                                              "precision", "optimizer", "engine", "overlap_comm")})
+    else:
+        plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, **fields)
+    return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
+
+
+def supported_kinds() -> str:
+    """The kinds ``--from`` reads (and what tells them), and the ones ``validate`` knows that it does not."""
+    return (f"reads {', '.join(READABLE_KINDS)} files (ds_config *.json, Megatron argument *.sh / *.args, torchtitan "
+            f"*.toml, accelerate *.yaml, plan.json, hostfile); not "
+            f"{', '.join(k for k in FILE_KINDS if k not in READABLE_KINDS)}")
