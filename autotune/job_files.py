@@ -76,6 +76,14 @@ def _int(text, what: str, path: str) -> int | None:
                           f"run?): give it as a number"], subject=_SUBJECT) from None
 
 
+def _float(text, what: str, path: str) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number: give it as a number"],
+                         subject=_SUBJECT) from None
+
+
 def _launch_sizes(path: str) -> tuple[int | None, int | None]:
     """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), else (None, None)."""
     state = ShellState()
@@ -109,18 +117,24 @@ def _launch_sizes(path: str) -> tuple[int | None, int | None]:
 
 
 # ---- the model --------------------------------------------------------------------------
-def _preset_like(spec: ModelSpec) -> ModelSpec | None:
-    """The model preset with the shape the file states (its vocabulary and details), if one has it."""
+def _preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: str) -> ModelSpec | None:
+    """The model preset with the shape the file states, if one has it; of several, the one that also has the file's
+    vocabulary, RoPE base and position table, and whose name the tokenizer's names (``hint``)."""
+    import re
+
     from autotune.specs.presets import load_model_preset, model_preset_names
 
-    key = (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.kv_heads, spec.ffn_hidden_size,
-           spec.moe.num_experts if spec.moe else 0)
-    for name in model_preset_names():
-        p = load_model_preset(name)
-        if (p.num_layers, p.hidden_size, p.num_attention_heads, p.kv_heads, p.ffn_hidden_size,
-                p.moe.num_experts if p.moe else 0) == key and p.mla is None:
-            return p
-    return None
+    def shape(m: ModelSpec) -> tuple:
+        return (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.ffn_hidden_size,
+                m.moe.num_experts if m.moe else 0, m.mla is None)
+
+    def plain(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    found = [p for p in map(load_model_preset, model_preset_names()) if shape(p) == shape(spec)]
+    score = [(p.vocab_size == vocab, p.rope_theta == rope, plain(p.name) in plain(hint),
+              p.max_position_embeddings == spec.max_position_embeddings) for p in found]
+    return max(zip(score, range(len(found)), found))[2] if found else None
 
 
 def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
@@ -146,9 +160,10 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         tied_embeddings="--untie-embeddings-and-output-weights" not in f,
         position_embedding="rope" if rope else "learned",
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
-        rope_theta=float(f.get("--rotary-base") or 10000), linear_bias="--disable-bias-linear" not in f,
+        rope_theta=_float(f.get("--rotary-base"), "--rotary-base", path) or 10000.0, linear_bias="--disable-bias-linear" not in f,
         qkv_bias="--add-qkv-bias" in f, moe=moe)
-    preset = _preset_like(spec)
+    rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
+    preset = _preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
         return preset
@@ -261,11 +276,30 @@ def _accelerate(path: str, notes: list[str]) -> tuple[dict, int | None, dict | N
     return out, world, None
 
 
+def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
+    """DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x dp: name the world size it
+    is written for."""
+    batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                "gradient_accumulation_steps"))
+    if not all(isinstance(v, int) and v > 0 for v in (batch, micro, accum)) or world % mp:
+        return
+    dp = world // mp
+    autotp = (ds.get("tensor_parallel") or {}).get("autotp_size") or 1
+    if batch not in (micro * accum * dp, micro * accum * dp * autotp):
+        fits = f": it is written for dp {batch // (micro * accum)} (--num-gpus {batch // (micro * accum) * mp})" if (
+            batch % (micro * accum) == 0) else ""
+        raise InputError([f"the DeepSpeed config's train_batch_size ({batch}) is not train_micro_batch_size_per_gpu "
+                          f"({micro}) x gradient_accumulation_steps ({accum}) x dp ({dp} = {world} GPUs / tp*pp*cp "
+                          f"{mp}), which DeepSpeed refuses{fits}"], subject=_SUBJECT)
+
+
 def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
              gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
-             global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1) -> JobFiles:
+             global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
+             recompute: str | None = None) -> JobFiles:
     """The job ``paths`` state; flags fill what the files do not (and say the model, GPU and world size where
-    the files do not). InputError names every missing field with the flag that supplies it."""
+    the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
+    DeepSpeed config, which does not hold them). InputError names every missing field with the flag that supplies it."""
     missing = [f"{p}: no such file" for p in paths if not Path(p).is_file()]
     if missing:
         raise InputError(missing, subject=_SUBJECT)
@@ -284,6 +318,7 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
         return JobFiles(est.model, est.cluster, est.plan, None, tuple(kinds), ())
     model_spec = load_model(model) if model else None
     world = per_node = None
+    problems: list[str] = []
     ds: dict | None = None
     fields: dict = {}
     for path, kind in kinds:
@@ -303,16 +338,19 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
             if procs:
                 world, per_node = world or (nodes or 1) * procs, per_node or procs
         if kind in ("megatron", "megatron-deepspeed"):
-            fields |= _megatron(path, kind, ds, model_spec, notes)
+            try:
+                fields |= _megatron(path, kind, ds, model_spec, notes)
+            except InputError as err:  # reported with the missing world size and GPU, all at once
+                problems += err.problems
         elif kind == "torchtitan":
             got, w = _torchtitan(path, notes)
             fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
             world = world or w
     model_spec = model_spec or fields.pop("model", None)
     fields.pop("model", None)
-    problems = []
-    if model_spec is None:
-        problems.append(f"the model: {', '.join(p for p, _ in kinds)} do not state it: give --model (a preset, a "
+    named = ", ".join(p for p, _ in kinds) + (" does" if len(kinds) == 1 else " do")
+    if model_spec is None and not problems:
+        problems.append(f"the model: {named} not state it: give --model (a preset, a "
                         f"config.json or a model YAML)")
     if num_gpus is not None and world is not None and num_gpus != world:
         problems.append(f"the world size: --num-gpus {num_gpus} but the files state {world} GPUs: drop --num-gpus or "
@@ -320,7 +358,7 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
     num_gpus = num_gpus or world
     if cluster_path is None and (gpu is None or num_gpus is None):
         problems += (["the GPU: give --gpu (a GPU preset) or --cluster FILE"] if gpu is None else []) + (
-            [f"the world size: {', '.join(p for p, _ in kinds)} do not state it (no launch line with --nnodes / "
+            [f"the world size: {named} not state it (no launch line with --nnodes / "
              f"--nproc-per-node): give --num-gpus N or --cluster FILE"] if num_gpus is None else [])
     if problems:
         raise InputError(problems, subject=_SUBJECT)
@@ -338,7 +376,9 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
         if any(v == "auto" for v in json.dumps(ds).split('"')):
             raise InputError(['the DeepSpeed config has "auto" values (a Hugging Face one): give the numbers'],
                              subject=_SUBJECT)
-        plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq)
+        _check_batch_triple(ds, cluster.num_gpus, tp * pp * cp)
+        plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,
+                                                    recompute=recompute)
         if global_batch:
             plan = make_plan(model_spec, cluster, global_batch_size=global_batch, tp=plan.tp, pp=plan.pp, cp=plan.cp,
                              **{k: getattr(plan, k) for k in ("micro_batch_size", "zero_stage", "offload_optimizer",

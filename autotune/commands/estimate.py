@@ -27,7 +27,7 @@ def register(sub) -> None:
     add_goodput(est)
     from autotune.commands.from_job import add_from
 
-    add_from(est, "estimate")
+    add_from(est, "estimate", recompute_default=True)
     est.set_defaults(handler=run)
 
 
@@ -39,7 +39,9 @@ def estimate_from_flags(args: argparse.Namespace):
     plan = make_plan(
         model, cluster, global_batch_size=args.global_batch, tp=args.tp, pp=args.pp, cp=args.cp,
         micro_batch_size=args.micro_batch, sequence_parallel=args.sequence_parallel, vpp=args.vpp, ep=args.ep,
-        zero_stage=args.zero, seq_len=4096 if args.seq_len is None else args.seq_len, recompute=args.recompute,
+        **({} if getattr(args, "etp", None) is None else {"etp": args.etp}),
+        zero_stage=args.zero, seq_len=4096 if args.seq_len is None else args.seq_len,
+        recompute=args.recompute or "selective",
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,

@@ -18,15 +18,18 @@ _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batc
                 "offload_optimizer", "offload_param")
 
 
-def add_from(p: argparse.ArgumentParser, what: str) -> None:
+def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool = False) -> None:
     p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
                    help=f"{what} the job these files state: ds_config.json (+ --model, --num-gpus, --tp/--pp), "
                         "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), a "
                         "torchtitan TOML, an accelerate YAML, plan.json; flags fill what the files do not state")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
+    if recompute_default:
+        p.set_defaults(recompute=None)  # --from a DeepSpeed config: its activation_checkpointing unless given
 
 
-def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp: int = 1):
+def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp: int = 1,
+                       recompute: str | None = None):
     from autotune.job_files import read_job
 
     problems = flag_problems(args)
@@ -34,7 +37,7 @@ def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp
         raise InputError(problems, subject="input")
     job = read_job(args.from_files, model=args.model, gpu=args.gpu, num_gpus=args.num_gpus,
                    gpus_per_node=args.gpus_per_node, cluster_path=args.cluster, seq_len=args.seq_len,
-                   global_batch=args.global_batch, tp=tp, pp=pp, cp=cp)
+                   global_batch=args.global_batch, tp=tp, pp=pp, cp=cp, recompute=recompute)
     if not args.json:
         read = ", ".join(f"{path} ({kind})" for path, kind in job.kinds)
         print(f"autotune {args.command}: read {read}", file=sys.stderr)
@@ -47,7 +50,7 @@ def estimate_from_job(args: argparse.Namespace):
     """The Estimate of the job ``--from`` states (tp/pp/cp flags: for a DeepSpeed JSON, which does not hold them)."""
     from autotune.cost.estimate import estimate
 
-    job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp)
+    job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute)
     return estimate(job.model, job.cluster, job.plan, job.settings, time_settings(args))
 
 

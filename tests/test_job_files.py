@@ -1,0 +1,201 @@
+"""``estimate --from`` / ``plan --from``: the plan a job's own files state (autotune.job_files), read back field by
+field; a round trip through ``autotune emit``; the alternatives ``plan --from`` ranks; bad inputs exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.job_files import read_job
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "examples" / "jobs"
+GPU = ["--gpu", "h100-sxm-80gb"]
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def fields(plan) -> dict:
+    return {k: getattr(plan, k) for k in ("engine", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
+                                         "global_batch_size", "grad_accum_steps", "seq_len", "precision",
+                                         "recompute", "recompute_num_layers", "zero_stage", "sequence_parallel")}
+
+
+# ---- each file kind, read back to the plan it states --------------------------------------------------------
+def test_megatron_script_with_torchrun_launch_line():
+    job = read_job([str(JOBS / "megatron_args_llama3_70b.sh")], gpu="h100-sxm-80gb")
+    assert job.model.name == "llama3-70b"  # the shape, rope base and tokenizer name pick the preset
+    assert job.cluster.num_gpus == 64 and job.cluster.gpus_per_node == 8  # --nnodes 8 x --nproc_per_node 8
+    assert fields(job.plan) == dict(engine="megatron", tp=8, pp=4, vpp=4, dp=2, cp=1, ep=1, micro_batch_size=1,
+                                    global_batch_size=512, grad_accum_steps=256, seq_len=8192, precision="bf16",
+                                    recompute="selective", recompute_num_layers=None, zero_stage=1,
+                                    sequence_parallel=True)
+    assert job.plan.overlap_comm
+
+
+USER_SCRIPT = r"""#!/bin/bash
+NNODES=2
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPT="--num-layers 32 --hidden-size 4096 --num-attention-heads 32 \
+     --ffn-hidden-size 14336 --group-query-attention --num-query-groups 8 --swiglu"
+torchrun --nnodes=$NNODES --nproc-per-node=8 --rdzv-backend c10d \
+    /opt/Megatron-LM/pretrain_gpt.py $GPT \
+    --seq-length=16384 --max-position-embeddings 16384 \
+    --position-embedding-type rope --rotary-base 500000 --normalization RMSNorm \
+    --micro-batch-size 1 --global-batch-size '64' \
+    --tensor-model-parallel-size 2 --context-parallel-size "2" --sequence-parallel \
+    --recompute-granularity full --recompute-method block --recompute-num-layers 4 \
+    --bf16 --fp8-format hybrid --fp8-amax-history-len 1024 \
+    --tokenizer-type NullTokenizer --vocab-size 128255 --mock-data
+"""
+
+
+def test_users_pretrain_gpt_command_line(tmp_path):
+    path = tmp_path / "train_llama.sh"
+    path.write_text(USER_SCRIPT)
+    job = read_job([str(path)], gpu="h100-sxm-80gb")
+    assert job.model.name == "llama3-8b" and job.model.vocab_size == 128256
+    assert job.cluster.num_gpus == 16
+    assert fields(job.plan) == dict(engine="megatron", tp=2, pp=1, vpp=1, dp=4, cp=2, ep=1, micro_batch_size=1,
+                                    global_batch_size=64, grad_accum_steps=16, seq_len=16384, precision="fp8",
+                                    recompute="full", recompute_num_layers=4, zero_stage=0,
+                                    sequence_parallel=True)
+
+
+def test_deepspeed_json_with_model_and_world_size():
+    job = read_job([str(JOBS / "ds_config_zero3.json")], model="llama3-8b", gpu="h100-sxm-80gb", num_gpus=32,
+                   seq_len=4096)
+    assert fields(job.plan) == dict(engine="deepspeed", tp=1, pp=1, vpp=1, dp=32, cp=1, ep=1, micro_batch_size=2,
+                                    global_batch_size=256, grad_accum_steps=4, seq_len=4096, precision="bf16",
+                                    recompute="full", recompute_num_layers=None, zero_stage=3,
+                                    sequence_parallel=False)
+    assert job.settings.reduce_bucket_size == 50_000_000
+
+
+def test_torchtitan_toml():
+    job = read_job([str(JOBS / "torchtitan_llama3_8b.toml")], gpu="h100-sxm-80gb")
+    assert job.model.name == "llama3-8b" and job.cluster.num_gpus == 16
+    assert fields(job.plan) == dict(engine="fsdp", tp=2, pp=1, vpp=1, dp=8, cp=1, ep=1, micro_batch_size=2,
+                                    global_batch_size=64, grad_accum_steps=4, seq_len=8192, precision="bf16",
+                                    recompute="full", recompute_num_layers=None, zero_stage=3,
+                                    sequence_parallel=True)
+
+
+# ---- a round trip: emit a plan, read its files back -------------------------------------------------------
+BASE = ["--model", "llama3-8b", *GPU, "--num-gpus", "16", "--seq-len", "2048", "--global-batch", "64"]
+ROUND_TRIPS = {
+    "megatron": (["--engine", "megatron", "--tp", "2", "--pp", "2", "--zero", "1", "--recompute", "selective"],
+                 ["megatron_args.sh", "launch_torchrun.sh"], []),
+    "deepspeed": (["--engine", "deepspeed", "--zero", "3", "--micro-batch", "2", "--recompute", "full"],
+                  ["ds_config.json"], ["--model", "llama3-8b", "--num-gpus", "16", "--recompute", "full",
+                                     "--seq-len", "2048"]),  # what a DeepSpeed config does not hold
+    "fsdp": (["--engine", "fsdp", "--tp", "2", "--zero", "3", "--recompute", "full", "--torchtitan-version", "0.2"],
+             ["torchtitan_job.toml"], []),
+    "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
+                           ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
+}
+
+
+@pytest.mark.parametrize("engine", sorted(ROUND_TRIPS))
+def test_emitted_files_estimate_to_the_same_plan_and_step_time(engine, tmp_path, capsys):
+    plan_flags, files, extra = ROUND_TRIPS[engine]
+    estimate_flags = [f for f in plan_flags if f not in ("--torchtitan-version", "0.2")]
+    code, out, err = run(["estimate", *BASE, *estimate_flags, "--json"], capsys)
+    assert code == 0, err
+    before = json.loads(out)
+    code, _, err = run(["emit", *BASE, *plan_flags, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    code, out, err = run(["estimate", "--from", *(tmp_path / "job" / f for f in files), *GPU, *extra, "--json"],
+                         capsys)
+    assert code == 0, err
+    after = json.loads(out)
+    assert after["plan"] == before["plan"]
+    assert after["time"]["step_time_s"] == pytest.approx(before["time"]["step_time_s"], rel=1e-9)
+    assert after["memory"]["total"] == pytest.approx(before["memory"]["total"], rel=1e-9)
+
+
+def test_plan_json_reads_back(tmp_path, capsys):
+    code, _, err = run(["emit", *BASE, "--engine", "megatron", "--tp", "2", "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    code, out, err = run(["estimate", "--from", tmp_path / "job" / "plan.json", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["plan"]["tp"] == 2
+
+
+# ---- plan --from: the current job ranked, the diff, the gain ----------------------------------------------
+def test_plan_from_shows_the_current_job_and_a_better_or_tied_plan(capsys):
+    argv = ["plan", "--from", JOBS / "megatron_args_llama3_70b.sh", *GPU, "--top-k", "5"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert "current job: megatron tp8 pp4x4 dp2" in out and "its rank among the" in out
+    assert "#1 vs the current job:" in out and "predicted gain:" in out and "±" in out
+    assert "legend:" in out and "rules:" in out
+    code, out, err = run([*argv, "--json"], capsys)
+    doc = json.loads(out)
+    assert all(c["plan"]["engine"] == "megatron" for c in doc["search"]["candidates"])  # the job's engine
+    assert all(c["plan"]["global_batch_size"] == 512 and c["plan"]["seq_len"] == 8192
+               for c in doc["search"]["candidates"])
+    assert doc["current_rank"] is not None and doc["diff"]
+    assert doc["gain"] >= 0 or doc["tied"]
+    assert doc["gain_uncertainty"] > 0
+
+
+def test_plan_from_the_best_plan_is_kept(tmp_path, capsys):
+    code, out, _ = run(["plan", *BASE, "--engine", "megatron", "--json", "--top-k", "1"], capsys)
+    best = json.loads(out)["candidates"][0]["plan"]
+    flags = ["--tp", best["tp"], "--pp", best["pp"], "--vpp", best["vpp"], "--cp", best["cp"], "--zero",
+             best["zero_stage"], "--micro-batch", best["micro_batch_size"], "--recompute", best["recompute"]]
+    code, _, err = run(["emit", *BASE, "--engine", "megatron", *flags, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    code, out, err = run(["plan", "--from", tmp_path / "job" / "megatron_args.sh", *GPU, "--num-gpus", "16"],
+                         capsys)
+    assert code == 0, err
+    assert "its rank among the" in out and ": #1\n" in out and "keep it" in out
+
+
+# ---- bad inputs: exit 2, the missing field and the flag that supplies it -----------------------------------
+@pytest.mark.parametrize("argv, needles", [
+    (["estimate", "--from", JOBS / "ds_config_zero3.json", *GPU], ["the model", "--model", "the world size",
+                                                                    "--num-gpus"]),
+    (["plan", "--from", JOBS / "megatron_args_llama3_70b.sh"], ["the GPU", "--gpu"]),
+    (["estimate", "--from", JOBS / "ds_config_zero3.json", "--model", "llama3-8b", "--num-gpus", "16", *GPU],
+     ["train_batch_size (256)", "--num-gpus 32"]),
+    (["estimate", "--from", JOBS / "megatron_args_llama3_70b.sh", "--num-gpus", "32", *GPU],
+     ["--num-gpus 32 but the files state 64"]),
+    (["estimate", "--from", JOBS / "nothing_here.json", *GPU], ["no such file"]),
+])
+def test_bad_inputs_exit_2_naming_the_field(argv, needles, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_megatron_args_without_a_launch_line_need_the_world_size(tmp_path, capsys):
+    path = tmp_path / "megatron_args.sh"
+    path.write_text("ARGS=(\n  --num-layers 30 --hidden-size 4096 --num-attention-heads 32\n"
+                    "  --tensor-model-parallel-size 2 --seq-length 4096\n)\n")
+    code, _, err = run(["estimate", "--from", path, *GPU], capsys)
+    assert code == 2 and "the world size" in err and "--num-gpus N" in err
+    code, _, err = run(["estimate", "--from", path, *GPU, "--num-gpus", "8"], capsys)
+    assert code == 2 and "vocabulary size" in err and "--model" in err  # no preset has this shape
+    code, out, err = run(["estimate", "--from", path, *GPU, "--num-gpus", "8", "--model", "llama2-7b"], capsys)
+    assert code == 0 and "tp2 pp1 dp4" in out, err
+
+
+def test_unknown_kinds_say_which_are_supported(tmp_path, capsys):
+    cfg = tmp_path / "job.cfg"
+    cfg.write_text("x = 1\n")
+    bridge = tmp_path / "bridge_overrides.yaml"
+    bridge.write_text("model:\n  tensor_model_parallel_size: 2\n")
+    for path in (cfg, bridge):
+        code, _, err = run(["plan", "--from", path, *GPU, "--num-gpus", "8"], capsys)
+        assert code == 2 and "--from reads deepspeed, megatron" in err and "torchtitan" in err, err
