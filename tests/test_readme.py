@@ -102,6 +102,7 @@ def test_make_demo_and_make_test():
 @pytest.mark.slow  # every README command, plan searches included
 def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the example job files `plan --from` reads
     ran = 0
     for words in commands():
         if words[0] != "autotune" or words[1] == "tune":
