@@ -23,12 +23,16 @@ from pathlib import Path
 
 from autotune.api import make_plan, plan_from_deepspeed_config
 from autotune.cost.estimate import estimate_from_dict
-from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState
+from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
+from autotune.emit.job_args import flags_of as _flags
+from autotune.emit.job_args import launch_sizes as _launch_sizes
+from autotune.emit.job_args import number as _float
+from autotune.emit.job_args import whole as _int
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
 from autotune.emit.validate_files import FILE_KINDS, file_kind
 from autotune.errors import InputError
-from autotune.inputs import read_json, read_text
+from autotune.inputs import read_json
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.model import ModelSpec, MoESpec
@@ -39,7 +43,7 @@ __all__ = ["JobFiles", "READABLE_KINDS", "read_job"]
 
 READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "torchtitan", "accelerate", "plan", "hostfile",
                   "launch")
-_SUBJECT = "--from files"
+_MAX_TOKENS = 2**24  # sequences or tokens: the longest contexts and largest batches trained are below
 
 
 @dataclass(frozen=True)
@@ -52,68 +56,6 @@ class JobFiles:
     settings: MemorySettings | None = None
     kinds: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
-
-
-def _flags(argv: list[str]) -> dict[str, str | None]:
-    """The last value of each ``--flag`` (argparse keeps the last); a switch maps to None."""
-    out: dict[str, str | None] = {}
-    for i, a in enumerate(argv):
-        if not a.startswith("--"):
-            continue
-        name, eq, value = a.partition("=")
-        nxt = argv[i + 1] if i + 1 < len(argv) else None
-        out[name.replace("_", "-")] = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else None)
-    return out
-
-
-def _int(text, what: str, path: str) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number (a shell expansion autotune does not "
-                          f"run?): give it as a number"], subject=_SUBJECT) from None
-
-
-def _float(text, what: str, path: str) -> float | None:
-    try:
-        return None if text is None else float(text)
-    except ValueError:
-        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number: give it as a number"],
-                         subject=_SUBJECT) from None
-
-
-def _launch_sizes(path: str) -> tuple[int | None, int | None]:
-    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), else (None, None)."""
-    state = ShellState()
-    reader = BashReader(read_text(path, subject="launch script", max_bytes=1 << 20), state)
-    while (tokens := reader.command()) is not None:
-        words = [t for t in tokens if not isinstance(t, str)]
-        if not words:
-            continue
-        m = ASSIGN.match(words[0][0])
-        if m and "(" in tokens and not m.group(3):
-            opened = tokens.index("(")
-            closed = tokens.index(")") if ")" in tokens else len(tokens)
-            elements = [t for t in tokens[opened + 1:closed] if not isinstance(t, str)]
-            state.arrays.setdefault(m.group(1), []) if m.group(2) else state.arrays.__setitem__(m.group(1), [])
-            state.arrays[m.group(1)].extend(elements)
-            continue
-        while words and (m := ASSIGN.match(words[0][0])):
-            state.variables[m.group(1)] = (m.group(3), words[0][1][len(words[0][0]) - len(m.group(3)):])
-            words = words[1:]
-        texts = [w for w, _ in words]
-        script = next((i for i, w in enumerate(texts) if w.endswith(".py")), None)
-        names = {w.rsplit("/", 1)[-1] for w in texts[:script or 0]}
-        if script is None or not names & {"torchrun", "deepspeed", "torch.distributed.run", "launch"}:
-            continue
-        f = _flags(texts[:script])
-        nodes = f.get("--nnodes") or f.get("--num-nodes")
-        per_node = f.get("--nproc-per-node") or f.get("--num-gpus")
-        nodes = nodes.split(":")[-1] if nodes else "1"
-        return _int(nodes, "the launcher's --nnodes", path), _int(per_node, "the launcher's --nproc-per-node", path)
-    return None, None
 
 
 # ---- the model --------------------------------------------------------------------------
@@ -281,7 +223,7 @@ def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
     is written for."""
     batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                                 "gradient_accumulation_steps"))
-    if not all(isinstance(v, int) and v > 0 for v in (batch, micro, accum)) or world % mp:
+    if not all(isinstance(v, int) and v > 0 for v in (batch, micro, accum)) or mp < 1 or world % mp:
         return
     dp = world // mp
     autotp = (ds.get("tensor_parallel") or {}).get("autotp_size") or 1
@@ -293,7 +235,7 @@ def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
                           f"{mp}), which DeepSpeed refuses{fits}"], subject=_SUBJECT)
 
 
-def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
+def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
              gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
              global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
              recompute: str | None = None) -> JobFiles:
@@ -324,6 +266,8 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
     for path, kind in kinds:
         if kind == "deepspeed":
             ds = read_json(path, subject="DeepSpeed config")
+            if not isinstance(ds, dict):
+                raise InputError([f"{path}: a DeepSpeed config is a JSON object"], subject=_SUBJECT)
         elif kind == "accelerate":
             got, w, ds_doc = _accelerate(path, notes)
             fields |= got
@@ -387,6 +331,26 @@ def read_job(paths: list[str], *, model: str | None = None, gpu: str | None = No
     else:
         plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, **fields)
     return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
+
+
+def read_job(paths: list[str], **flags) -> JobFiles:
+    """The job the files ``paths`` state (flags: :func:`_read_job`'s). InputError names every missing field with the
+    flag that supplies it, and a file whose values are not what its kind holds."""
+    try:
+        job = _read_job(paths, **flags)
+    except InputError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as err:
+        raise InputError([f"{', '.join(map(str, paths))}: a value is not what this kind of file holds ({err}); "
+                          f"`autotune validate FILE` names each problem"], subject=_SUBJECT) from None
+    p = job.plan
+    problems = [f"{name} {value:,} (from the files) is beyond {limit:,}, {why}" for name, value, limit, why in (
+        ("seq_len", p.seq_len, _MAX_TOKENS, "longer than any context trained"),
+        ("global batch", p.global_batch_size, _MAX_TOKENS, "larger than any batch trained"),
+        ("micro-batch", p.micro_batch_size, _MAX_TOKENS, "larger than any batch trained")) if value > limit]
+    if problems:
+        raise InputError(problems, subject=_SUBJECT)
+    return job
 
 
 def supported_kinds() -> str:

@@ -1,0 +1,75 @@
+"""What a job's shell files say as ``--flag value`` words, and the world size of their launch line (``torchrun
+--nnodes N --nproc-per-node G ... pretrain_gpt.py``, the DeepSpeed launcher's ``--num_nodes`` / ``--num_gpus``):
+for ``autotune.job_files`` (``estimate --from`` / ``plan --from``). Nothing is run."""
+
+from __future__ import annotations
+
+from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState
+from autotune.errors import InputError
+from autotune.inputs import read_text
+
+__all__ = ["FROM_SUBJECT", "flags_of", "whole", "number", "launch_sizes"]
+
+FROM_SUBJECT = "--from files"
+
+
+def flags_of(argv: list[str]) -> dict[str, str | None]:
+    """The last value of each ``--flag`` (argparse keeps the last); a switch maps to None."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(argv):
+        if not a.startswith("--"):
+            continue
+        name, eq, value = a.partition("=")
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        out[name.replace("_", "-")] = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else None)
+    return out
+
+
+def whole(text, what: str, path: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number (a shell expansion autotune does not "
+                          f"run?): give it as a number"], subject=FROM_SUBJECT) from None
+
+
+def number(text, what: str, path: str) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        raise InputError([f"{path}: {what} is {str(text)[:40]!r}, not a number: give it as a number"],
+                         subject=FROM_SUBJECT) from None
+
+
+def launch_sizes(path: str) -> tuple[int | None, int | None]:
+    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), else (None, None)."""
+    state = ShellState()
+    reader = BashReader(read_text(path, subject="launch script", max_bytes=1 << 20), state)
+    while (tokens := reader.command()) is not None:
+        words = [t for t in tokens if not isinstance(t, str)]
+        if not words:
+            continue
+        m = ASSIGN.match(words[0][0])
+        if m and "(" in tokens and not m.group(3):
+            opened = tokens.index("(")
+            closed = tokens.index(")") if ")" in tokens else len(tokens)
+            elements = [t for t in tokens[opened + 1:closed] if not isinstance(t, str)]
+            state.arrays.setdefault(m.group(1), []) if m.group(2) else state.arrays.__setitem__(m.group(1), [])
+            state.arrays[m.group(1)].extend(elements)
+            continue
+        while words and (m := ASSIGN.match(words[0][0])):
+            state.variables[m.group(1)] = (m.group(3), words[0][1][len(words[0][0]) - len(m.group(3)):])
+            words = words[1:]
+        texts = [w for w, _ in words]
+        script = next((i for i, w in enumerate(texts) if w.endswith(".py")), None)
+        names = {w.rsplit("/", 1)[-1] for w in texts[:script or 0]}
+        if script is None or not names & {"torchrun", "deepspeed", "torch.distributed.run", "launch"}:
+            continue
+        f = flags_of(texts[:script])
+        nodes = f.get("--nnodes") or f.get("--num-nodes")
+        per_node = f.get("--nproc-per-node") or f.get("--num-gpus")
+        nodes = nodes.split(":")[-1] if nodes else "1"
+        return whole(nodes, "the launcher's --nnodes", path), whole(per_node, "the launcher's --nproc-per-node", path)
+    return None, None
