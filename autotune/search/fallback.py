@@ -38,6 +38,16 @@ RESHARD = {
 }
 
 
+RESUMES_INTO = {
+    # A universal checkpoint loads into a ZeRO optimizer (stages 1-3: deepspeed/runtime/zero/stage_1_and_2.py and
+    # stage3.py load the universal fragments); ZeRO-0's fp16/bf16 optimizer (runtime/fp16/unfused_optimizer.py
+    # load_state_dict) expects its own keys and fails on one (seen with DeepSpeed 0.19.8 here: 'NoneType' object is
+    # not subscriptable at state_dict['dynamic_loss_scale']).
+    "deepspeed": {"zero_stages": (1, 2, 3)},
+}
+"""SearchConstraints fields a checkpoint format limits the fallback plan to (formats not listed: none)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fallback:
     """The plan to resume on after losing ``lost_gpus`` GPUs; ``estimate`` None when none fits (``reason``)."""
@@ -91,7 +101,8 @@ def fallback_plan(est: Estimate, *, lost_gpus: int | None = None, time_settings:
     else:
         smaller = replace(cluster, num_nodes=left // cluster.gpus_per_node)
     constraints = SearchConstraints(engines=(plan.engine,), precisions=(plan.precision,),
-                                    max_tp=max(plan.tp, smaller.gpus_per_node))
+                                    max_tp=max(plan.tp, smaller.gpus_per_node),
+                                    **RESUMES_INTO.get(engine_for(plan).checkpoint_format, {}))
     result = search_plans(est.model, smaller, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           constraints=constraints, top_k=1, time_settings=time_settings)
     if not result.candidates:

@@ -180,17 +180,27 @@ class _AppState:
     def __init__(self, model, optimizer, scheduler, meta: dict) -> None:
         self.model, self.optimizer, self.scheduler, self.meta = model, optimizer, scheduler, meta
 
+    @staticmethod
+    def _options():
+        # Flattened optimizer state: each parameter's hyperparameters (lr, betas...) stored under its own FQN, not
+        # as per-rank param_groups lists, which a pipeline stage cannot match with another stage's (torchtitan
+        # saves optimizers this way too).
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
     def state_dict(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         meta = {**self.meta, "scheduler": self.scheduler.state_dict()}
         return {"model": model_sd, "optim": optim_sd, "meta": json.dumps(meta)}
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                       options=self._options())
         meta = json.loads(sd["meta"])
         self.scheduler.load_state_dict(meta.pop("scheduler"))
         self.meta.clear()

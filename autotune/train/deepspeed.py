@@ -118,10 +118,7 @@ def main(est, args, rest: list[str]) -> int:
     if plan.pp > 1:
         from autotune.train.ds_pipe import train_pipeline
 
-        if policy is not None:
-            phase("no checkpoints: the built-in PipelineModule trainer does not save them yet")
-
-        return train_pipeline(est, args, cfg, device, dtype)
+        return train_pipeline(est, args, cfg, device, dtype, policy, extra)
 
     mpu = None
     if plan.cp > 1:

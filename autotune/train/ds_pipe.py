@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.train import StepLog, Unsupported, phase, teardown, token_batches
+from autotune.train import StepLog, Unsupported, checkpointing, phase, teardown, token_batches
 from autotune.workloads.transformer import Block, _norm, _rope_tables, bool_dropout
 
 __all__ = ["pipeline_layers", "stage_block_counts", "train_pipeline"]
@@ -105,7 +105,9 @@ def stage_block_counts(module) -> list[int]:
     return [sum(is_block[parts[s]:parts[s + 1]]) for s in range(len(parts) - 1)]
 
 
-def train_pipeline(est, args, cfg: dict, device, dtype) -> int:
+def train_pipeline(est, args, cfg: dict, device, dtype, policy=None, extra=None) -> int:
+    """Train ``est``'s plan as a PipelineModule; ``policy`` (autotune.train.checkpointing): save and resume as the
+    bundle says (``engine.save_checkpoint`` writes each stage's layer files; resume skips the batches drawn)."""
     import deepspeed
     import deepspeed.comm as dist
     from deepspeed.pipe import PipelineModule
@@ -129,14 +131,22 @@ def train_pipeline(est, args, cfg: dict, device, dtype) -> int:
                                                                            if p.requires_grad], config=cfg)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    ckpt = checkpointing.DeepSpeedCheckpointer(policy, engine, dist, cfg)
+    start, data = ckpt.resume()
+    drawn = int(data.get("micro_batches_per_stream", 0))
     batches = token_batches(spec.vocab_size, plan.micro_batch_size, plan.seq_len, seed=args.seed,
-                            stream=engine.grid.get_data_parallel_id(), device=device)
+                            stream=engine.grid.get_data_parallel_id(), device=device, skip=drawn)
     log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len, device=device,
-                  barrier=dist.barrier)
-    for _ in range(args.warmup_steps + args.steps):
+                  barrier=dist.barrier, first_step=start)
+    for step in range(start + 1, args.warmup_steps + args.steps + 1):
         log.start()
+        lr = engine.get_lr()[0]  # the rate this step's update uses (the scheduler steps after it)
         loss = engine.train_batch(data_iter=batches)  # grad_accum_steps micro-batches through 1F1B, one update
-        log.stop(loss.detach().float())
+        log.stop(loss.detach().float(), lr=lr)
+        drawn += plan.grad_accum_steps
+        ckpt.after_step(step, {"micro_batches_per_stream": drawn, "world_size": dist.get_world_size()})
+        if extra is not None:
+            checkpointing.hold(step, extra, ckpt)
     log.result(world_size=dist.get_world_size(), num_params=spec.num_params, all_gather_object=dist.all_gather_object,
                extra={"engine": "deepspeed", "pipeline_stage_layers": counts,
                       "dp_world_size": engine.grid.get_data_parallel_world_size(),

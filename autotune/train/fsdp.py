@@ -199,8 +199,10 @@ def main(est, args, rest: list[str]) -> int:
     params = [p for m in modules for p in m.parameters() if p.requires_grad]
     optimizer = _optimizer(plan.optimizer, params, extra.lr)
     scheduler = _scheduler(optimizer, extra)
-    if policy is not None and plan.pp > 1:
-        phase("no checkpoints: the built-in trainer saves pipeline stages (pp > 1) not yet")
+    if policy is not None and len(modules) > 1:
+        # One stage per rank saves under the global layer names (StageModule): DCP writes each stage's own
+        # tensors. Several virtual stages per rank would need one state dict over all of them.
+        phase("no checkpoints: the built-in trainer saves interleaved pipeline stages (vpp > 1) not yet")
         policy = None
     ckpt = checkpointing.DcpCheckpointer(policy, modules[0], optimizer, scheduler, dist)
     start, data = ckpt.resume()

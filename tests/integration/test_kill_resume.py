@@ -131,11 +131,16 @@ def _args(engine: str, *more: str) -> str:
     return " ".join([f"--steps {STEPS - 1}", *([FSDP_LR] if engine == "fsdp" else []), *more])
 
 
-@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
-def test_killed_run_resumes_the_same_curve(engine, tmp_path):
-    whole = run(_emit(tmp_path, "whole", engine, 2, "--global-batch", "4", "--save-interval", "100"), engine,
+@pytest.mark.parametrize("engine,layout", [("deepspeed", ()), ("fsdp", ()), ("deepspeed", ("--pp", "2")),
+                                           ("fsdp", ("--pp", "2"))],
+                         ids=["deepspeed", "fsdp", "deepspeed-pp2", "fsdp-pp2"])
+def test_killed_run_resumes_the_same_curve(engine, layout, tmp_path):
+    """(pp2: DeepSpeed's PipelineModule, or torch pipelining of FSDP2 stages, on 2 stages, each saving its own
+    layers.)"""
+    whole = run(_emit(tmp_path, "whole", engine, 2, "--global-batch", "4", "--save-interval", "100", *layout), engine,
                 _args(engine))
-    bundle = _emit(tmp_path, "killed", engine, 2, "--global-batch", "4", "--save-interval", "2", "--keep-last", "2")
+    bundle = _emit(tmp_path, "killed", engine, 2, "--global-batch", "4", "--save-interval", "2", "--keep-last", "2",
+                   *layout)
     killed = run(bundle, engine, _args(engine, "--hold-after-step 5"), kill_on_hold=True)
     resumed = run(bundle, engine, _args(engine))
     print(f"\n{engine}: uninterrupted {whole['wall_s']} s, killed {killed['wall_s']} s, resumed {resumed['wall_s']} s")

@@ -32,9 +32,11 @@ def test_the_fallback_is_the_best_plan_of_the_engine_on_one_node_less():
     assert plan.world_size == 8 and fb.estimate.fits
     smaller = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
     best = search_plans(est.model, smaller, seq_len=4096, global_batch_size=64, top_k=1,
-                        constraints=SearchConstraints(engines=("deepspeed",), precisions=("bf16",))).candidates[0]
+                        constraints=SearchConstraints(engines=("deepspeed",), precisions=("bf16",),
+                                                      zero_stages=(1, 2, 3))).candidates[0]
     assert fb.estimate.time.tokens_per_s == pytest.approx(best.time.tokens_per_s)
     assert "ds_to_universal" in fb.conversion
+    assert plan.zero_stage >= 1  # a universal checkpoint loads into a ZeRO optimizer only (RESUMES_INTO)
 
 
 @pytest.mark.parametrize("lost,needle", [(16, "nothing to resume on"), (4, "not whole nodes")])
