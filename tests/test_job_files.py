@@ -199,3 +199,14 @@ def test_unknown_kinds_say_which_are_supported(tmp_path, capsys):
     for path in (cfg, bridge):
         code, _, err = run(["plan", "--from", path, *GPU, "--num-gpus", "8"], capsys)
         assert code == 2 and "--from reads deepspeed, megatron" in err and "torchtitan" in err, err
+
+
+def test_emit_from_writes_the_jobs_own_plan(tmp_path, capsys):
+    code, _, err = run(["emit", "--from", JOBS / "ds_config_zero3.json", "--model", "llama3-8b", *GPU, "--num-gpus",
+                        "32", "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    plan = json.loads((tmp_path / "job" / "plan.json").read_text())["plan"]
+    assert (plan["zero_stage"], plan["micro_batch_size"], plan["global_batch_size"], plan["dp"]) == (3, 2, 256, 32)
+    code, _, err = run(["emit", "--from", JOBS / "ds_config_zero3.json", "--recipe", "cpu-demo", "--out",
+                        tmp_path / "other"], capsys)
+    assert code == 2 and "exactly one of" in err

@@ -348,6 +348,9 @@ def register(sub) -> None:
                      "(default: one node; 0: no fallback plan)")
     out.add_argument("--allow-unfit", action="store_true",
                      help="write the files even when the memory ledger says the plan does not fit (plan.md says so)")
+    from autotune.commands.from_job import add_from
+
+    add_from(emit, "write the files of")
     emit.set_defaults(handler=run, recompute=None, zero=None)
 
 
@@ -356,10 +359,11 @@ def run(args: argparse.Namespace) -> int:
     from autotune.bundle.writer import write_bundle
     from autotune.commands.estimate import estimate_from_flags
 
-    sources = [s for s in ("recipe", "plan_json", "model") if getattr(args, s)]
+    sources = [s for s in ("recipe", "plan_json", "from_files" if args.from_files else "model") if getattr(args, s)]
     problems = flag_problems(args) + out_problems(args.out)
     if len(sources) != 1:
-        problems.append("give exactly one of --recipe NAME, --plan-json FILE, or --model with the plan flags")
+        problems.append("give exactly one of --recipe NAME, --plan-json FILE, --from FILE..., or --model with the plan "
+                        "flags")
     if problems:
         raise InputError(problems, subject="emit request")
     report_leftovers(args.out)
@@ -372,6 +376,10 @@ def run(args: argparse.Namespace) -> int:
         emit_block = recipe.emit
     elif args.plan_json:
         est = estimate_from_dict(read_plan_json(args.plan_json, args.candidate))
+    elif args.from_files:
+        from autotune.commands.from_job import estimate_from_job
+
+        est = estimate_from_job(args)
     else:
         args.recompute = args.recompute or "selective"
         args.zero = 1 if args.zero is None else args.zero
