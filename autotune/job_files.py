@@ -280,7 +280,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         if kind in ("megatron", "megatron-deepspeed", "launch"):
             nodes, procs = _launch_sizes(path)
             if procs:
-                world, per_node = world or (nodes or 1) * procs, per_node or procs
+                world, per_node = world or (nodes * procs if nodes else None), per_node or procs
         if kind in ("megatron", "megatron-deepspeed"):
             try:
                 fields |= _megatron(path, kind, ds, model_spec, notes)
@@ -302,7 +302,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     num_gpus = num_gpus or world
     if cluster_path is None and (gpu is None or num_gpus is None):
         problems += (["the GPU: give --gpu (a GPU preset) or --cluster FILE"] if gpu is None else []) + (
-            [f"the world size: {named} not state it (no launch line with --nnodes / "
+            [f"the world size: {named} not state it (no launch line with numeric --nnodes / "
              f"--nproc-per-node): give --num-gpus N or --cluster FILE"] if num_gpus is None else [])
     if problems:
         raise InputError(problems, subject=_SUBJECT)

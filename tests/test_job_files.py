@@ -210,3 +210,25 @@ def test_emit_from_writes_the_jobs_own_plan(tmp_path, capsys):
     code, _, err = run(["emit", "--from", JOBS / "ds_config_zero3.json", "--recipe", "cpu-demo", "--out",
                         tmp_path / "other"], capsys)
     assert code == 2 and "exactly one of" in err
+
+
+def test_launch_scripts_and_accelerate_configs(tmp_path, capsys):
+    code, _, err = run(["emit", *BASE, "--engine", "deepspeed", "--tp", "2", "--zero", "2", "--out", tmp_path / "ds"],
+                       capsys)
+    assert code == 0, err
+    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--tp", "2", "--zero", "3", "--out", tmp_path / "fsdp"],
+                       capsys)
+    assert code == 0, err
+    ds = str(tmp_path / "ds" / "ds_config.json")
+    for launcher in ("launch_deepspeed.sh", "launch_torchrun.sh"):  # --num_nodes 2 --num_gpus 8 / --nnodes --nproc
+        job = read_job([str(tmp_path / "ds" / launcher), ds], model="llama3-8b", gpu="h100-sxm-80gb", tp=2)
+        assert job.cluster.num_gpus == 16 and (job.plan.tp, job.plan.dp, job.plan.zero_stage) == (2, 8, 2)
+    with pytest.raises(ValueError, match="the world size.*--num-gpus N"):  # $SLURM_NNODES: known at run time only
+        read_job([str(tmp_path / "ds" / "launch_slurm.sbatch"), ds], model="llama3-8b", gpu="h100-sxm-80gb", tp=2)
+    job = read_job([str(tmp_path / "fsdp" / "accelerate_fsdp.yaml")], model="llama3-8b", gpu="h100-sxm-80gb",
+                   global_batch=64, seq_len=2048)
+    assert job.cluster.num_gpus == 16  # num_processes
+    assert fields(job.plan) | {"sequence_parallel": None} == dict(
+        engine="fsdp", tp=2, pp=1, vpp=1, dp=8, cp=1, ep=1, micro_batch_size=1, global_batch_size=64,
+        grad_accum_steps=8, seq_len=2048, precision="bf16", recompute="none", recompute_num_layers=None,
+        zero_stage=3, sequence_parallel=None)

@@ -11,6 +11,7 @@ from autotune.inputs import read_text
 __all__ = ["FROM_SUBJECT", "flags_of", "whole", "number", "launch_sizes"]
 
 FROM_SUBJECT = "--from files"
+_LAUNCHERS = ("torchrun", "deepspeed", "torch.distributed.run", "torch.distributed.launch")
 
 
 def flags_of(argv: list[str]) -> dict[str, str | None]:
@@ -44,7 +45,8 @@ def number(text, what: str, path: str) -> float | None:
 
 
 def launch_sizes(path: str) -> tuple[int | None, int | None]:
-    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), else (None, None)."""
+    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), each None where the line
+    does not state it as a number (or there is no launch line)."""
     state = ShellState()
     reader = BashReader(read_text(path, subject="launch script", max_bytes=1 << 20), state)
     while (tokens := reader.command()) is not None:
@@ -63,13 +65,15 @@ def launch_sizes(path: str) -> tuple[int | None, int | None]:
             state.variables[m.group(1)] = (m.group(3), words[0][1][len(words[0][0]) - len(m.group(3)):])
             words = words[1:]
         texts = [w for w, _ in words]
-        script = next((i for i, w in enumerate(texts) if w.endswith(".py")), None)
-        names = {w.rsplit("/", 1)[-1] for w in texts[:script or 0]}
-        if script is None or not names & {"torchrun", "deepspeed", "torch.distributed.run", "launch"}:
+        launcher = next((i for i, w in enumerate(texts) if w.rsplit("/", 1)[-1] in _LAUNCHERS), None)
+        if launcher is None:
             continue
-        f = flags_of(texts[:script])
-        nodes = f.get("--nnodes") or f.get("--num-nodes")
+        end = next((i for i, w in enumerate(texts) if i > launcher and (w.endswith(".py") or w in ("-m", "--module"))),
+                   len(texts))
+        f = flags_of(texts[launcher + 1:end])
+        nodes = str(f.get("--nnodes") or f.get("--num-nodes") or ("1" if "--nnodes" not in f and "--num-nodes" not in f
+                                                                  else "")).split(":")[-1]
         per_node = f.get("--nproc-per-node") or f.get("--num-gpus")
-        nodes = nodes.split(":")[-1] if nodes else "1"
-        return whole(nodes, "the launcher's --nnodes", path), whole(per_node, "the launcher's --nproc-per-node", path)
+        # A size the shell computes at run time ($SLURM_NNODES, $(nvidia-smi ...)) is not stated: the flags say it.
+        return (int(nodes) if nodes.isdigit() else None), (int(per_node) if per_node and per_node.isdigit() else None)
     return None, None
