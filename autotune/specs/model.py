@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.errors import require_no_problems
+from autotune.specs.model_parts import MLASpec, MoESpec, ParamGroups
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 
@@ -27,99 +28,6 @@ QKNorm = Literal["head", "full"]
 # serialises (and counts) as before.
 _LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamGroups:
-    """Parameter counts by how model parallelism splits them.
-
-    ``tp_sharded`` is split across tensor-parallel ranks (column/row-parallel weights,
-    column-parallel biases, vocab-parallel embeddings); ``replicated`` is held whole by every
-    TP rank (norms, row-parallel biases, routers, learned position embeddings, MLA down
-    projections); ``expert`` is split across expert-parallel ranks and, with expert tensor
-    parallelism equal to TP (Megatron's default), across TP ranks too.
-    """
-
-    tp_sharded: int = 0
-    replicated: int = 0
-    expert: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.tp_sharded + self.replicated + self.expert
-
-    def __add__(self, other: ParamGroups) -> ParamGroups:
-        return ParamGroups(
-            tp_sharded=self.tp_sharded + other.tp_sharded,
-            replicated=self.replicated + other.replicated,
-            expert=self.expert + other.expert,
-        )
-
-    def scaled(self, k: int) -> ParamGroups:
-        return ParamGroups(tp_sharded=self.tp_sharded * k, replicated=self.replicated * k, expert=self.expert * k)
-
-    def per_gpu(self, tp: int, ep: int) -> float:
-        """Parameters one GPU holds of this group under tensor parallel ``tp`` and expert parallel ``ep``."""
-        return self.tp_sharded / tp + self.replicated + self.expert / (ep * tp)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MoESpec:
-    """Mixture-of-experts feed-forward layers (Mixtral, DeepSeek-V3)."""
-
-    num_experts: int
-    """Routed experts per MoE layer."""
-    top_k: int
-    """Routed experts each token visits."""
-    expert_ffn_hidden_size: int
-    """FFN width of one routed expert."""
-    num_shared_experts: int = 0
-    """Experts every token visits (DeepSeek); each of width ``shared_expert_ffn_hidden_size``."""
-    shared_expert_ffn_hidden_size: int | None = None
-    """Width of one shared expert; defaults to ``expert_ffn_hidden_size``."""
-    num_dense_layers: int = 0
-    """Leading layers with a dense FFN of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
-    router_bias: bool = False
-    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``, GPT-OSS's router bias)."""
-    moe_layer_step: int = 1
-    """After the dense layers, layer ``i`` is MoE when ``(i + 1) % moe_layer_step == 0`` (Llama 4 Maverick: 2,
-    dense and MoE layers alternate; Qwen3-MoE's decoder_sparse_step). 1: every layer after the dense ones."""
-
-    @property
-    def shared_width(self) -> int:
-        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
-
-    def problems(self) -> list[str]:
-        out = []
-        for name in ("num_experts", "top_k", "expert_ffn_hidden_size"):
-            if getattr(self, name) < 1:
-                out.append(f"moe.{name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k > self.num_experts:
-            out.append(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}): lower top_k")
-        if self.num_shared_experts < 0 or self.num_dense_layers < 0:
-            out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
-        if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or self.moe_layer_step < 1:
-            out.append(f"moe.moe_layer_step must be a positive integer, got {self.moe_layer_step!r}")
-        return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MLASpec:
-    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed Q and KV."""
-
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-    """None: Q is a plain projection (DeepSeek-V2-Lite)."""
-
-    def problems(self) -> list[str]:
-        return [
-            f"mla.{n} must be >= 1, got {getattr(self, n)}"
-            for n in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-            if getattr(self, n) < 1
-        ] + (["mla.q_lora_rank must be >= 1 or absent"] if self.q_lora_rank is not None and self.q_lora_rank < 1 else [])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
