@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from autotune.engines import ENGINES, engine_for
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import pipeline_split, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -21,8 +22,11 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:
-    """Every rule the plan breaks, as (rule id, message naming the fix)."""
+def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
+                  uneven_layouts: bool = True) -> list[tuple[str, str]]:
+    """Every rule the plan breaks, as (rule id, message naming the fix). ``uneven_layouts=False``: the planner's
+    default search space, which keeps to the classic Megatron splits (``layout.classic_megatron_split``) and
+    refuses the rest by the rules that refused them before Megatron-core's uneven layouts were modelled."""
     out: list[tuple[str, str]] = []
 
     def bad(rule: str, message: str) -> None:
@@ -45,15 +49,11 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
     if pp > model.num_layers:
         bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
                          f"{model.num_layers}")
-    # torch.distributed.pipelining (layer split "any") builds its pp x vpp stages from module names, uneven too.
-    free_split = engine.support.layer_split == "any"
-    if vpp > 1 and free_split:
-        if model.num_layers < pp * vpp:
-            bad("layers_vpp", f"{pp} x {vpp} virtual stages need at least {pp * vpp} layers ({model.num_layers})")
-    elif vpp > 1 and model.num_layers % pp:
-        bad("layers_vpp", f"the interleaved schedule needs layers ({model.num_layers}) divisible by pp ({pp})")
-    elif vpp > 1 and (model.num_layers // pp) % vpp:
-        bad("layers_vpp", f"layers per stage ({model.num_layers // pp}) must be divisible by vpp ({vpp})")
+    scheme = engine.support.layer_split
+    if vpp > 1:
+        judged = scheme if uneven_layouts or scheme == "any" else "classic"
+        for rule, message in _interleave_problems(model.num_layers, pp, vpp, judged):
+            bad(rule, message)
     # arguments.py:1003: the interleaved schedule needs more than one stage.
     if vpp > 1 and pp < 2:
         bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
@@ -62,14 +62,21 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
     if plan.seq_len % (tp if plan.sequence_parallel else 1):
         bad("seq_sp", f"seq_len ({plan.seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
-    # Expert parallelism (arguments.py:1656): experts divisible by ep; ep carved out of dp x cp.
-    if ep > 1:
+    # Expert parallelism (arguments.py:1656): experts divisible by ep. The expert grid is tp_e x ep x dp_e x pp over
+    # the same ranks (parallel folding): world size divisible by etp x ep x pp, megatron/core/parallel_state.py:881,
+    # i.e. etp x ep divides tp x dp x cp (with etp = tp, the default: ep divides dp x cp).
+    if ep > 1 or plan.etp is not None:
         if model.moe is None:
-            bad("ep_dense", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense: set ep=1")
+            bad("ep_dense", f"ep={ep} needs a mixture-of-experts model; {model.name} is dense: set ep=1"
+                + (" and leave etp unset" if plan.etp is not None else ""))
         elif model.moe.num_experts % ep:
             bad("experts_ep", f"num_experts ({model.moe.num_experts}) must be divisible by ep ({ep})")
-        if (dp * cp) % ep:
-            bad("ep_dp", f"ep ({ep}) must divide dp*cp ({dp * cp}): expert parallelism is carved out of data parallelism")
+        etp, folded = plan.expert_tp, tp * dp * cp
+        if folded % (etp * ep):
+            fits = [e for e in range(1, tp + 1) if tp % e == 0 and folded % (e * ep) == 0]
+            bad("ep_dp", f"etp x ep ({etp} x {ep}) must divide tp x dp x cp ({folded}): the expert groups are carved "
+                         f"out of the tp x dp x cp ranks (megatron/core/parallel_state.py:881)"
+                + (f"; use etp={fits[-1]} (parallel folding, --etp)" if fits and plan.etp is None else ""))
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         if not plan.nvme_path:
             bad("nvme_path", "NVMe offload needs nvme_path (a local NVMe folder), DeepSpeed partition_parameters.py:1225")
@@ -88,8 +95,13 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) ->
                              f"has: {have}): pick one of those (--precision)")
     _inner_core_problems(model, plan, bad)
     # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
-    out += [(r.id, r.render()) for r in engine.plan_problems(model, cluster, plan)]
-    return out
+    engine_rules = [(r.id, r.render()) for r in engine.plan_problems(model, cluster, plan)]
+    layer_split = f"{engine.name}:layer_split"
+    if (not uneven_layouts and scheme == "megatron" and engine.support.pp is not None and pp > 1
+            and pipeline_split(model.num_layers, pp) is None and all(r != layer_split for r, _ in engine_rules)):
+        why = f"{model.num_layers} layers over pp={pp} stages: not a split the planner searches by default (opt-in)"
+        engine_rules.insert(0, (layer_split, why))
+    return out + engine_rules
 
 
 def inner_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:
@@ -126,6 +138,37 @@ def _inner_core_problems(model: ModelSpec, plan: ParallelPlan, bad) -> None:
         elif plan.recompute_num_layers > -(-model.num_layers // pp):
             bad("recompute_layers", f"recompute_num_layers ({plan.recompute_num_layers}) exceeds the layers per stage "
                                     f"({-(-model.num_layers // pp)} at most)")
+
+
+def _interleave_problems(num_layers: int, pp: int, vpp: int, scheme: str) -> list[tuple[str, str]]:
+    """Whether the pp x vpp virtual stages can hold the layers, as the engine's split scheme places them."""
+    stages = pp * vpp
+    if scheme == "any":  # torch.distributed.pipelining builds its pp x vpp stages from module names, uneven too
+        if num_layers < stages:
+            return [("layers_vpp", f"{pp} x {vpp} virtual stages need at least {stages} layers ({num_layers})")]
+        return []
+    if scheme == "megatron":
+        # Megatron-core: any split whose chunks are not empty, through --pipeline-model-parallel-layout where
+        # the even, --account-for-embedding/loss-in-pipeline-split or first/last flags do not give it
+        # (transformer_config.py:2241-2290; layout.virtual_layout).
+        if virtual_layout(num_layers, pp, vpp) is not None:
+            return []
+        ok = [v for v in range(vpp - 1, 0, -1) if virtual_layout(num_layers, pp, v) is not None]
+        return [("layers_vpp", f"the interleaved schedule needs a layer (or the embedding / loss) in each of the pp x "
+                               f"vpp = {pp} x {vpp} = {stages} virtual stages, and {num_layers} layers leave some empty "
+                               f"(megatron/core/transformer/transformer_block.py:191-201): "
+                               + (f"use vpp={ok[0]}" if ok else "set vpp=1"))]
+    if scheme == "classic":  # the planner's default space: the rule as it was (layers, then layers per stage)
+        if num_layers % pp:
+            return [("layers_vpp", f"the interleaved schedule needs layers ({num_layers}) divisible by pp ({pp})")]
+        if (num_layers // pp) % vpp:
+            return [("layers_vpp", f"layers per stage ({num_layers // pp}) must be divisible by vpp ({vpp})")]
+        return []
+    if num_layers % stages:
+        divisors = [v for v in range(vpp - 1, 0, -1) if num_layers % (pp * v) == 0]
+        return [("layers_vpp", f"the interleaved schedule needs layers ({num_layers}) divisible by pp x vpp "
+                               f"({pp} x {vpp} = {stages}): " + (f"use vpp={divisors[0]}" if divisors else "set vpp=1"))]
+    return []
 
 
 def sequence_problems(model: ModelSpec, seq_len: int) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ def estimate_from_flags(args: argparse.Namespace):
     plan = make_plan(
         model, cluster, global_batch_size=args.global_batch, tp=args.tp, pp=args.pp, cp=args.cp,
         micro_batch_size=args.micro_batch, sequence_parallel=args.sequence_parallel, vpp=args.vpp, ep=args.ep,
+        **({} if getattr(args, "etp", None) is None else {"etp": args.etp}),
         zero_stage=args.zero, seq_len=4096 if args.seq_len is None else args.seq_len,
         recompute=args.recompute or "selective",
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,

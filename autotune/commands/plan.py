@@ -38,6 +38,9 @@ def register(sub) -> None:
     g.add_argument("--micro-batch", type=positive_int, help="fix the micro-batch size")
     g.add_argument("--max-tp", type=positive_int, help="largest tp to try (default: GPUs per node)")
     g.add_argument("--max-pp", type=positive_int, help="largest pp to try")
+    g.add_argument("--uneven-layouts", action="store_true",
+                   help="also search the pipeline splits only Megatron-core's uneven layouts run (embedding / loss "
+                        "as a stage slot, asymmetric first/last stages, --pipeline-model-parallel-layout)")
     g.add_argument("--zero", type=int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
     g.add_argument("--precision", type=str_list(("bf16", "fp16", "fp8")), help="allowed precisions, e.g. bf16,fp8 "
                    "(default bf16, or fp16 without bf16)")
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
         recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
-        min_headroom_gib=args.min_headroom_gib)
+        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts)
     progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:
         import time

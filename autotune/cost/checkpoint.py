@@ -102,7 +102,7 @@ def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
         groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated
-        expert = groups.expert / (plan.ep * plan.tp)
+        expert = groups.expert / (plan.ep * plan.expert_tp)
         s = model_state_bytes(resident, dense, expert)
         per_rank.append((s.weights if weights_written else 0.0, s.optimizer_states))
     w_rank, o_rank = max(per_rank, key=sum)

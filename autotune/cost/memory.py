@@ -191,7 +191,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
                 engine, plan, groups, settings)
-            out.append((stage, groups.tp_sharded / plan.tp + groups.replicated, groups.expert / (plan.ep * plan.tp),
+            out.append((stage, groups.tp_sharded / plan.tp + groups.replicated, groups.expert / (plan.ep * plan.expert_tp),
                         activation_parts, sum(activation_parts.values()), buffer_parts, sum(buffer_parts.values())))
         hit = _parts_cache[key] = (model, settings, tuple(out))
     return hit[2]

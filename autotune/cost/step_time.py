@@ -202,7 +202,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     # Data-parallel traffic (group: the sharding group of dp*cp / dp_replicate ranks, members tp apart).
     n_dp = plan.zero_partitions
-    n_ep_dp = max(1, n_dp // plan.ep)
+    n_ep_dp = plan.expert_zero_partitions  # world / (etp x ep x pp), parallel_state.py:880
     dp_link = comm.group_link(cluster, eff, n_dp, t)
     edp_link = comm.group_link(cluster, eff, n_ep_dp, t * plan.cp * plan.ep)
     grad_bytes = engine.grad_reduce_bytes(plan)
@@ -368,7 +368,7 @@ _peak_cache: dict[tuple, tuple[ClusterSpec, float]] = {}
 
 def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> tuple[float, float]:
     """(dense, expert) parameters per GPU of the stage holding the most (dense over tp, experts over tp*ep)."""
-    key = (id(model), plan.pp, plan.tp, plan.ep, scheme)
+    key = (id(model), plan.pp, plan.tp, plan.ep, plan.expert_tp, scheme)
     hit = _largest_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_largest_cache) > 4096:
@@ -376,7 +376,7 @@ def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> 
         groups = [stage_param_groups(model, plan, s, scheme)
                   for s in representative_stages(model.num_layers, plan.pp, scheme)]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
-        hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.tp * plan.ep)))
+        hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.expert_tp * plan.ep)))
     return hit[1]
 
 

@@ -16,13 +16,14 @@ from collections.abc import Mapping, Sequence
 
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
+from autotune.emit.megatron_layout import megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import megatron_precision_flags
 from autotune.emit.shell_args import parse_shell_args, read_megatron_args_file, read_megatron_args_file_with_env
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import layer_counts, pipeline_split
+from autotune.specs.layout import layer_counts
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -121,23 +122,21 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
 
 def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
-    split = pipeline_split(model.num_layers, plan.pp)
+    # The split the cost model assumed, in the flags that make Megatron-core build it (emit/megatron_layout.py).
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp)
     if split is None:
-        problems.append(f"{model.num_layers} layers cannot be split over pp={plan.pp} stages")
-    elif split[0] != split[1] or split[2] != split[1]:
-        args += ["--decoder-first-pipeline-num-layers", str(split[0]),
-                 "--decoder-last-pipeline-num-layers", str(split[2])]
-    if plan.vpp > 1:
-        per_stage = model.num_layers // plan.pp
-        if model.num_layers % plan.pp or per_stage % plan.vpp:
-            problems.append(f"vpp={plan.vpp} needs layers per stage ({model.num_layers}/{plan.pp}) divisible by vpp")
-        args += ["--num-layers-per-virtual-pipeline-stage", str(max(1, per_stage // plan.vpp))]
+        problems.append(f"{model.num_layers} layers cannot be split over pp x vpp = {plan.pp} x {plan.vpp} "
+                        f"(virtual) stages without an empty one")
+    else:
+        args += split_flags(split)
     if plan.sequence_parallel and plan.tp > 1:  # Megatron silently drops it at tp=1 (validate_args 1436)
         args.append("--sequence-parallel")
     if plan.cp > 1:
         args += ["--context-parallel-size", str(plan.cp)]
     if plan.ep > 1:
         args += ["--expert-model-parallel-size", str(plan.ep), "--moe-token-dispatcher-type", "alltoall"]
+    if plan.etp is not None and model.moe is not None:  # parallel folding; default etp = tp (arguments.py:587)
+        args += ["--expert-tensor-parallel-size", str(plan.etp)]
         if plan.tp > 1 and not plan.sequence_parallel:  # Megatron's ModelParallelConfig raises ValueError
             problems.append("expert parallelism with tp > 1 needs sequence parallelism in Megatron-LM: "
                             "set sequence_parallel")

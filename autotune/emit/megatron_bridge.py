@@ -40,6 +40,7 @@ from autotune.emit.megatron_bridge_recipes import (
     bridge_model_problems,
     bridge_recipe,
 )
+from autotune.emit.megatron_layout import megatron_split
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
@@ -53,7 +54,6 @@ from autotune.emit.precision import (
 )
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -128,15 +128,18 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict
                  "pipeline_model_parallel_layout": None, "account_for_embedding_in_pipeline_split": False,
                  "account_for_loss_in_pipeline_split": False,
                  "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
-    split = pipeline_split(model.num_layers, plan.pp)
+    # The split megatron_args writes, as TransformerConfig fields (emit/megatron_layout.py; the layout as its string,
+    # which TransformerConfig parses, transformer_config.py:2262).
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp)
     if split is None:
-        problems.append(f"model.pipeline_model_parallel_size: {model.num_layers} layers cannot be split over "
-                        f"pp={plan.pp} stages")
-    elif split[0] != split[1] or split[2] != split[1]:
-        out |= {"num_layers_in_first_pipeline_stage": split[0], "num_layers_in_last_pipeline_stage": split[2]}
-    if plan.interleaved and (model.num_layers % plan.pp or (model.num_layers // plan.pp) % plan.vpp):
-        problems.append(f"model.virtual_pipeline_model_parallel_size: vpp={plan.vpp} needs the layers per stage "
-                        f"({model.num_layers}/{plan.pp}) divisible by vpp")
+        problems.append(f"model.pipeline_model_parallel_size: {model.num_layers} layers cannot be split over pp x vpp "
+                        f"= {plan.pp} x {plan.vpp} (virtual) stages without an empty one")
+    else:
+        out |= {"num_layers_in_first_pipeline_stage": split.first, "num_layers_in_last_pipeline_stage": split.last,
+                "account_for_embedding_in_pipeline_split": split.account_embedding,
+                "account_for_loss_in_pipeline_split": split.account_loss, "pipeline_model_parallel_layout": split.layout}
+    if model.moe is not None and plan.etp is not None:
+        out["expert_tensor_parallel_size"] = plan.etp
     if model.moe is not None:
         out["moe_token_dispatcher_type"] = "alltoall"
     return out

@@ -46,7 +46,10 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
     layers = a.integer("--num-layers")
     first, last = a.integer("--decoder-first-pipeline-num-layers"), a.integer("--decoder-last-pipeline-num-layers")
     per_stage = None
-    if layers is not None:
+    layout = a.value("--pipeline-model-parallel-layout")
+    if layers is not None and layout is None:  # a layout spells the stages out (validate_args 941)
+        # The embedding / loss take a layer's slot each in the split (validate_args 962-967, 991-995).
+        layers += a.has("--account-for-embedding-in-pipeline-split") + a.has("--account-for-loss-in-pipeline-split")
         if first is None and last is None:
             if layers % pp:  # validate_args 969
                 err("--pipeline-model-parallel-size", f"Number of layers should be divisible by the "

@@ -44,7 +44,8 @@ class MegatronEngine(Engine):
     sources = {"zero_stage": "Megatron-LM shards optimizer states only (--use-distributed-optimizer = ZeRO-1)",
                "offload_optimizer": "offload is DeepSpeed's: use engine deepspeed",
                "offload_param": "offload is DeepSpeed's: use engine deepspeed",
-               "layer_split": "arguments.py:969 (--decoder-first/last-pipeline-num-layers)"}
+               "layer_split": "arguments.py:969 (--decoder-first/last-pipeline-num-layers); "
+                              "megatron/core/transformer/transformer_block.py:76 get_num_layers_to_build"}
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []
@@ -71,7 +72,7 @@ class MegatronEngine(Engine):
 
     @staticmethod
     def _fp8_weights(plan, groups) -> float:
-        return groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.tp)
+        return groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.expert_tp)
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
         # With FP8 parameters the weight is itself the row-wise FP8 copy: only the column-wise (transposed) one

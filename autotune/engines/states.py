@@ -91,7 +91,7 @@ def ds_zero12_grad_elements(model: ModelSpec, pp: int, stage: int, tp: int, nd: 
 
 def _partitioned(plan: ParallelPlan, dense: float, expert: float) -> float:
     """Parameters as seen by one rank of the ZeRO partitioning (dense over dp*cp, experts over dp*cp/ep)."""
-    return dense / plan.zero_partitions + expert / max(1, plan.zero_partitions // plan.ep)
+    return dense / plan.zero_partitions + expert / plan.expert_zero_partitions
 
 
 def zero_states(plan: ParallelPlan, dense: float, expert: float,
@@ -106,7 +106,7 @@ def zero_states(plan: ParallelPlan, dense: float, expert: float,
     weights = 2 * (psi_part if z == 3 else psi)
     grads = 2 * (psi_part if z >= 1 else psi)
     if z in (1, 2) and dense_grad_elements is not None:
-        grads = 2 * (dense_grad_elements + expert / max(1, plan.zero_partitions // plan.ep))
+        grads = 2 * (dense_grad_elements + expert / plan.expert_zero_partitions)
     opt = k * (psi_part if z >= 1 else psi)
     # At the optimizer step DeepSpeed makes fp32 copies of the gradients it steps on (measured, 0.19.8):
     # ZeRO-0 all of them (+4 B/param); ZeRO-1/2 the partition, replacing the 16-bit one; ZeRO-3 the partition.

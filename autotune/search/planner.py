@@ -146,7 +146,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                                   seq_len=seq_len, global_batch_size=global_batch_size,
                                                   sequence_parallel=sp, micro_batch_size=1,
                                                   grad_accum_steps=max(1, global_batch_size // dp))
-                            broken = plan_problems(model, cluster, layout)
+                            broken = plan_problems(model, cluster, layout, uneven_layouts=dims.uneven_layouts)
                             if broken and broken[0][0] in _LAYOUT_RULES:
                                 enumerated += len(variants) * per_variant
                                 rejections[broken[0][0]] += len(variants) * per_variant
@@ -192,7 +192,8 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                         # Layout rules once, on a representative of the inner loops.
                         probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
                                              **base)
-                        outer = [r for r, _ in plan_problems(model, cluster, probe) if r not in _INNER_RULES]
+                        outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
+                                 if r not in _INNER_RULES]
                         outer_rule[key] = outer[0] if outer else None
                     if outer_rule[key] is not None:
                         rejections[outer_rule[key]] += inner

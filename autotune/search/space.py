@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from autotune.specs.hardware import ClusterSpec
 from autotune.engines import engine_for
-from autotune.specs.layout import layer_counts
+from autotune.specs.layout import layer_counts, pipeline_split
 from autotune.specs.model import ModelSpec
 
 __all__ = ["SearchConstraints", "dimension_values", "replica_counts"]
@@ -50,6 +50,11 @@ class SearchConstraints:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     engines: tuple[str, ...] = ("megatron", "deepspeed")
     """Engines to rank plans across (``autotune.engines``)."""
+    uneven_layouts: bool = False
+    """Also search the pipeline splits only Megatron-core's uneven layouts run (``--account-for-embedding/loss-
+    in-pipeline-split``, asymmetric first/last stages, ``--pipeline-model-parallel-layout``; specs/layout.py).
+    Off by default: the default space keeps to even splits, the halved first/last split, and layers divisible
+    by pp x vpp under interleaving."""
     allow_offload: bool = True
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
@@ -71,6 +76,7 @@ class DimensionValues:
     micro_batch_sizes: tuple[int, ...]
     dp_replicate: int | None = None
     gpus_per_node: int = 1
+    uneven_layouts: bool = False
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -92,6 +98,12 @@ def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int,
     return tuple(out)
 
 
+def _splits(num_layers: int, pp: int, scheme: str, c: SearchConstraints) -> bool:
+    if scheme == "megatron" and not c.uneven_layouts:
+        return pipeline_split(num_layers, pp) is not None
+    return layer_counts(num_layers, pp, scheme) is not None
+
+
 def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, global_batch: int,
                      c: SearchConstraints) -> DimensionValues:
     n = cluster.num_gpus
@@ -102,7 +114,7 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
     max_pp = c.max_pp or model.num_layers
     schemes = {engine_for(e).support.layer_split for e in c.engines}
     pps = (c.pp,) if c.pp else tuple(v for v in range(1, min(max_pp, model.num_layers, n) + 1)
-                                     if n % v == 0 and any(layer_counts(model.num_layers, v, s) for s in schemes))
+                                     if n % v == 0 and any(_splits(model.num_layers, v, s, c) for s in schemes))
     vpps = (c.vpp,) if c.vpp else (1, 2, 3, 4, 6, 8)
     if c.ep:
         eps = (c.ep,)
@@ -118,4 +130,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
-                           dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node)
+                           dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
+                           uneven_layouts=c.uneven_layouts)

@@ -7,6 +7,10 @@ Two schemes, as the engines do it:
   stage gets ceil(L/pp) layers and the first and last stages the remainder, halved (the two
   stages that also hold the embedding and the output layer get fewer transformer layers).
   Llama 3 405B: 126 layers on pp = 16 is 7 + 14 x 8 + 7 (Llama 3 paper, Sec. 3.3.2).
+  Where neither exists, Megatron-core's slot split: the embedding and the loss each take a layer's
+  slot, L + 2 slots over pp stages, the first stages one slot more (DeepSeek-V3: 61 layers on pp = 16
+  is 3 + 14 x 4 + 2, as NVIDIA's ``--pipeline-model-parallel-layout``). With interleaving
+  (:func:`virtual_layout`) each stage's slots go to its vpp chunks as evenly as possible.
 - ``uniform``: DeepSpeed's ``PipelineModule(partition_method="uniform"|"type:<layer>")`` through
   ``deepspeed.runtime.utils.partition_uniform``: chunk = L // pp, and the first L % pp stages get
   one layer more. BLOOM-176B: 70 layers on pp = 12 is 10 x 6 + 2 x 5.
@@ -23,7 +27,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec, ParamGroups
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["SPLIT_SCHEMES", "layer_counts", "pipeline_split", "stage_layers", "representative_stages",
+__all__ = ["SPLIT_SCHEMES", "layer_counts", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
            "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak"]
 
 SPLIT_SCHEMES = ("megatron", "uniform", "any")
@@ -46,6 +50,46 @@ def pipeline_split(num_layers: int, pp: int) -> tuple[int, int, int] | None:
     return (ends // 2, middle, ends // 2)
 
 
+def _slot_split(num_layers: int, pp: int) -> tuple[int, ...] | None:
+    # Megatron-core's --account-for-embedding/loss-in-pipeline-split idea (transformer_block.py:148-159, 188-201):
+    # the embedding and the loss are a layer's slot each; the first (L + 2) % pp stages get one slot more.
+    base, extra = divmod(num_layers + 2, pp)
+    slots = [base + (1 if i < extra else 0) for i in range(pp)]
+    slots[0] -= 1
+    slots[-1] -= 1
+    return tuple(slots) if min(slots) >= 1 else None
+
+
+def classic_megatron_split(num_layers: int, pp: int, vpp: int = 1) -> bool:
+    """The splits the planner searches by default: even, or uneven first/last halved without interleaving; with
+    interleaving, layers divisible by pp x vpp (Megatron's --num-layers-per-virtual-pipeline-stage alone)."""
+    if vpp > 1:
+        return num_layers % (pp * vpp) == 0
+    return pipeline_split(num_layers, pp) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def virtual_layout(num_layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """Transformer layers of each of the pp x vpp virtual stages in model order (index chunk * pp + stage, as
+    Megatron-core's PipelineParallelLayerLayout orders them, pipeline_parallel_layer_layout.py:48-54), or None
+    when a chunk would hold nothing (no layer, no embedding, no loss). Stage s's slots (its layers, plus the
+    embedding on stage 0 and the loss on the last) go to its chunks evenly, the earlier chunks one more."""
+    counts = layer_counts(num_layers, pp, "megatron")
+    if counts is None:
+        return None
+    out = [0] * (pp * vpp)
+    for s, n in enumerate(counts):
+        slots = n + (s == 0) + (s == pp - 1)
+        if slots < vpp:
+            return None
+        base, extra = divmod(slots, vpp)
+        for c in range(vpp):
+            out[c * pp + s] = base + (1 if c < extra else 0)
+    out[0] -= 1  # the embedding's slot
+    out[-1] -= 1  # the loss's slot
+    return tuple(out)
+
+
 def _uniform(num_layers: int, pp: int) -> tuple[int, ...] | None:
     # deepspeed/runtime/utils.py partition_uniform: the first `residual` parts get chunk + 1 items.
     if num_layers < pp:
@@ -65,7 +109,7 @@ def layer_counts(num_layers: int, pp: int, scheme: str = "megatron") -> tuple[in
             first, middle, last = split
             return (num_layers,) if pp == 1 else (first, *([middle] * (pp - 2)), last)
         if scheme == "megatron":
-            return None
+            return _slot_split(num_layers, pp) if 1 < pp <= num_layers else None
     return _uniform(num_layers, pp)
 
 

@@ -8,7 +8,7 @@ violated rule at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from autotune.errors import require_no_problems
@@ -60,7 +60,10 @@ class ParallelPlan:
     vpp: int = 1
     """Virtual pipeline chunks per stage (interleaved 1F1B when > 1)."""
     ep: int = 1
-    """Expert-parallel size (MoE only); carved out of dp x cp."""
+    """Expert-parallel size (MoE only); carved out of dp x cp, or out of tp x dp x cp with ``etp``."""
+    etp: int | None = field(default=None, repr=False)
+    """Expert-tensor-parallel size (Megatron-core parallel folding, ``--expert-tensor-parallel-size``): the
+    expert layers' own TP; None: the dense tp (Megatron's default, arguments.py:587)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout split along the sequence over TP ranks."""
     zero_stage: int = 0
@@ -99,7 +102,7 @@ class ParallelPlan:
                 and self.engine in ENGINE_NAMES and self.recompute in _RECOMPUTES and self.precision in _PRECISIONS
                 and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
-                and self.dp % self.dp_replicate == 0):
+                and self.etp is None and self.dp % self.dp_replicate == 0):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -116,6 +119,8 @@ class ParallelPlan:
             not isinstance(self.recompute_num_layers, int) or self.recompute_num_layers < 1
         ):
             problems.append(f"recompute_num_layers must be a positive integer or absent, got {self.recompute_num_layers!r}")
+        if self.etp is not None and (not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 1):
+            problems.append(f"etp must be a positive integer or absent, got {self.etp!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -129,6 +134,17 @@ class ParallelPlan:
     def model_parallel_size(self) -> int:
         """GPUs one model replica spans: tp x pp x cp."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel size of the expert layers: etp, else tp."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_zero_partitions(self) -> int:
+        """Ranks that shard one expert's optimizer states: the expert data-parallel size, world / (etp x ep x pp)
+        (megatron/core/parallel_state.py:880), within one replica group."""
+        return max(1, self.zero_partitions * self.tp // (self.ep * self.expert_tp))
 
     @property
     def num_microbatches(self) -> int:
@@ -150,7 +166,10 @@ class ParallelPlan:
         return self.dp * self.cp // self.dp_replicate
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.etp is None:  # Megatron's default (etp = tp): left out, so plans without folding read as before
+            del out["etp"]
+        return out
 
     def with_(self, **changes) -> ParallelPlan:
         return replace(self, **changes)

@@ -37,7 +37,9 @@ def brute_force():
                             offload_optimizer=oo, offload_param=op, precision=prec, recompute=rc,
                             micro_batch_size=mb, grad_accum_steps=max(1, GB // (mb * dp)), global_batch_size=GB,
                             seq_len=SEQ, sequence_parallel=tp > 1 and engine_for(fw).support.sequence_parallel)
-        if plan_problems(MODEL, CLUSTER, plan) or not estimate_memory(MODEL, CLUSTER, plan).fits:
+        # The default space keeps to the classic Megatron splits (uneven layouts are opt-in: SearchConstraints).
+        if (plan_problems(MODEL, CLUSTER, plan, uneven_layouts=SPACE.uneven_layouts)
+                or not estimate_memory(MODEL, CLUSTER, plan).fits):
             continue
         feasible[plan] = estimate_step_time(MODEL, CLUSTER, plan).tokens_per_s
     return enumerated, feasible

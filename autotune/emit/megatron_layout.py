@@ -1,0 +1,106 @@
+"""The Megatron-LM flags that make Megatron-core build autotune's pipeline split (``specs.layout.virtual_layout``).
+
+Megatron-core places transformer layers on the pp x vpp virtual stages in one of four ways; for each plan the first
+whose placement equals ours is written:
+
+1. even: ``--num-layers-per-virtual-pipeline-stage L / (pp x vpp)`` under interleaving (arguments.py:953-975);
+2. (without interleaving first) ``--decoder-first/last-pipeline-num-layers``: the middle stages share the rest
+   evenly, with interleaving each stage's layers over its chunks (transformer_block.py:103-146,
+   transformer_config.py:2294-2360; with vpp it needs ``--num-virtual-stages-per-pipeline-rank``, arguments.py:955);
+3. ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``: the embedding and the
+   loss take a layer's slot on the first / last virtual stage (arguments.py:962-967, transformer_block.py:148-201);
+4. otherwise ``--pipeline-model-parallel-layout``, the stages spelled out ("Et|tt|...|ttL"; E embedding, t a layer,
+   L the loss, stages in model order: pipeline_parallel_layer_layout.py:48-54, 281-320). It replaces the vpp flags
+   (arguments.py:929-952).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs.layout import virtual_layout
+
+__all__ = ["MegatronSplit", "megatron_split"]
+
+
+@dataclass(frozen=True)
+class MegatronSplit:
+    kind: str
+    """"even", "first_last", "account" or "layout"."""
+    first: int | None = None
+    last: int | None = None
+    account_embedding: bool = False
+    account_loss: bool = False
+    layers_per_virtual_stage: int | None = None
+    virtual_stages: int | None = None
+    """--num-virtual-stages-per-pipeline-rank (first/last with interleaving)."""
+    layout: str | None = None
+
+
+def _chunks(per_stage: list[int], pp: int, vpp: int) -> tuple[int, ...] | None:
+    out = [0] * (pp * vpp)
+    for s, n in enumerate(per_stage):
+        if n % vpp:
+            return None
+        for c in range(vpp):
+            out[c * pp + s] = n // vpp
+    return tuple(out)
+
+
+def _first_last(num_layers: int, pp: int, vpp: int, target: tuple[int, ...]) -> MegatronSplit | None:
+    per = [sum(target[c * pp + s] for c in range(vpp)) for s in range(pp)]
+    first, last, middle = per[0], per[-1], per[1:-1]
+    if pp < 2 or len(set(middle)) > 1 or _chunks(per, pp, vpp) != target:
+        return None
+    return MegatronSplit("first_last", first=first, last=last, virtual_stages=vpp if vpp > 1 else None)
+
+
+def _account(num_layers: int, pp: int, vpp: int, target: tuple[int, ...], emb: bool, loss: bool):
+    slots = num_layers + emb + loss
+    if slots % (pp * vpp):
+        return None
+    implied = [slots // (pp * vpp)] * (pp * vpp)
+    implied[0] -= emb
+    implied[-1] -= loss
+    if tuple(implied) != target:
+        return None
+    return MegatronSplit("account", account_embedding=emb, account_loss=loss,
+                         layers_per_virtual_stage=slots // (pp * vpp) if vpp > 1 else None)
+
+
+def megatron_split(num_layers: int, pp: int, vpp: int) -> MegatronSplit | None:
+    """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none."""
+    target = virtual_layout(num_layers, pp, vpp)
+    if target is None:
+        return None
+    if pp == 1 or num_layers % (pp * vpp) == 0:
+        return MegatronSplit("even", layers_per_virtual_stage=num_layers // (pp * vpp) if vpp > 1 else None)
+    if vpp == 1 and (found := _first_last(num_layers, pp, vpp, target)):
+        return found
+    for emb, loss in ((True, True), (False, True), (True, False)):
+        if found := _account(num_layers, pp, vpp, target, emb, loss):
+            return found
+    if found := _first_last(num_layers, pp, vpp, target):
+        return found
+    stages = ["t" * n for n in target]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return MegatronSplit("layout", layout="|".join(stages))
+
+
+def split_flags(split: MegatronSplit) -> list[str]:
+    """Megatron-LM arguments of ``split``."""
+    args: list[str] = []
+    if split.first is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(split.first),
+                 "--decoder-last-pipeline-num-layers", str(split.last)]
+    if split.account_embedding:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if split.account_loss:
+        args.append("--account-for-loss-in-pipeline-split")
+    if split.layers_per_virtual_stage is not None:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(split.layers_per_virtual_stage)]
+    if split.virtual_stages is not None:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(split.virtual_stages)]
+    if split.layout is not None:
+        args += ["--pipeline-model-parallel-layout", split.layout]
+    return args
