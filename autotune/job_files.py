@@ -94,6 +94,7 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     moe = None if not experts else MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2,
                                            expert_ffn_hidden_size=n("--moe-ffn-hidden-size") or n("--ffn-hidden-size"))
     rope = (f.get("--position-embedding-type") == "rope" or "--use-rotary-position-embeddings" in f)
+    rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
     spec = ModelSpec(
         name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
@@ -102,9 +103,8 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         tied_embeddings="--untie-embeddings-and-output-weights" not in f,
         position_embedding="rope" if rope else "learned",
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
-        rope_theta=_float(f.get("--rotary-base"), "--rotary-base", path) or 10000.0, linear_bias="--disable-bias-linear" not in f,
+        rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
         qkv_bias="--add-qkv-bias" in f, moe=moe)
-    rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
     preset = _preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
