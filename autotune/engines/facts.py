@@ -51,6 +51,8 @@ class EngineSupport:
     offload_param: tuple[str, ...] = ("none",)
     hybrid_shard: bool = False
     """A replicate x shard data-parallel mesh (FSDP2 HSDP)."""
+    etp: bool = False
+    """Expert tensor parallelism of its own (Megatron-core parallel folding, --expert-tensor-parallel-size)."""
     precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
 
 

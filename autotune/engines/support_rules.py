@@ -56,6 +56,9 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
                              f"must be divisible by tp x cp ({plan.tp * plan.cp})")
     if plan.ep > 1 and not s.ep:
         bad("ep", f"no expert parallelism (ep={plan.ep}): set ep=1")
+    if plan.etp is not None and plan.etp != plan.tp and not s.etp:
+        bad("etp", f"no expert tensor parallelism of its own (etp={plan.etp}, parallel folding is Megatron-core's): "
+                   f"leave etp unset")
     if plan.zero_stage not in s.zero_stages:
         bad("zero_stage", f"no ZeRO stage {plan.zero_stage} equivalent: use one of "
                           f"{', '.join(map(str, s.zero_stages))}")

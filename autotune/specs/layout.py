@@ -72,8 +72,11 @@ def classic_megatron_split(num_layers: int, pp: int, vpp: int = 1) -> bool:
 def virtual_layout(num_layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
     """Transformer layers of each of the pp x vpp virtual stages in model order (index chunk * pp + stage, as
     Megatron-core's PipelineParallelLayerLayout orders them, pipeline_parallel_layer_layout.py:48-54), or None
-    when a chunk would hold nothing (no layer, no embedding, no loss). Stage s's slots (its layers, plus the
-    embedding on stage 0 and the loss on the last) go to its chunks evenly, the earlier chunks one more."""
+    when a chunk would hold nothing (no layer, no embedding, no loss). Layers divisible by pp x vpp: the same count
+    on every chunk; else stage s's slots (its layers, plus the embedding on stage 0 and the loss on the last) go to
+    its chunks evenly, the earlier chunks one more."""
+    if num_layers % (pp * vpp) == 0:  # even: --num-layers-per-virtual-pipeline-stage alone
+        return (num_layers // (pp * vpp),) * (pp * vpp)
     counts = layer_counts(num_layers, pp, "megatron")
     if counts is None:
         return None
