@@ -15,6 +15,7 @@ _DIMENSIONS = (
     ("tp with pp", lambda s: "yes" if s.tp and s.pp and s.tp_with_pp else "no"),
     ("context parallel", lambda s: s.cp or "no"),
     ("expert parallel", lambda s: "yes" if s.ep else "no"),
+    ("expert tensor parallel (folding)", lambda s: "yes" if s.etp else "no"),
     ("ZeRO / sharding stages", lambda s: ", ".join(map(str, s.zero_stages))),
     ("stages with pp", lambda s: ", ".join(map(str, s.zero_stages_with_pp)) if s.pp else "-"),
     ("optimizer offload", lambda s: ", ".join(x for x in s.offload_optimizer if x != "none") or "no"),
