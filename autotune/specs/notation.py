@@ -19,6 +19,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append(f"cp{plan.cp}")
     if plan.ep > 1:
         parts.append(f"ep{plan.ep}")
+    if plan.etp is not None:
+        parts.append(f"etp{plan.etp}")
     if sharding_tag:
         parts.append(sharding_tag)
     if plan.sequence_parallel:
