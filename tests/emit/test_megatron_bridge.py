@@ -198,6 +198,8 @@ for folder, recipe, world in json.loads(sys.argv[1]):
         "checkpoint": [ck.save, ck.load, ck.save_interval, ck.async_save, ck.ckpt_format],
         "local": [ck.non_persistent_ckpt_type, ck.non_persistent_local_ckpt_dir, ck.non_persistent_save_interval,
                   ck.replication, ck.replication_jump, ck.replication_factor],
+        "layout": [str(m.pipeline_model_parallel_layout) if m.pipeline_model_parallel_layout is not None else None,
+                   m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage],
         "shape": [m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
                   m.num_moe_experts, m.moe_router_topk, m.moe_token_dispatcher_type, m.normalization,
                   getattr(m.activation_func, "__name__", str(m.activation_func)), m.gated_linear_unit],
@@ -223,6 +225,8 @@ CASES = [
                                             recompute="selective")),
     ("8b-fp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
                                      precision="fp8")),
+    ("70b-uneven-layout", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
+                                                 global_batch_size=64)),
     ("70b-fp8-ddp", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=0, global_batch_size=64,
                                            precision="fp8", recompute="selective")),
 ]
@@ -305,6 +309,10 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
                                 "full": ["full", "block", plan.recompute_num_layers, ["core_attn"]],
                                 "selective": ["selective", None, None, ["core_attn"]]}[plan.recompute]
     assert got["tp_comm_overlap"] == [False, None]
+    if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
+        assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
+    else:
+        assert got["layout"] == [None, None, None]
     fp8 = plan.precision == "fp8"
     assert got["precision"] == [True, False, "hybrid" if fp8 else None, "delayed" if fp8 else got["precision"][3],
                                 1024 if fp8 else got["precision"][4], "max" if fp8 else got["precision"][5],
