@@ -18,6 +18,7 @@ readers below turn what the files state into the model, cluster and :class:`Para
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,8 +133,16 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     vpp = n("--num-virtual-stages-per-pipeline-rank")
     per_chunk = n("--num-layers-per-virtual-pipeline-stage")
     if vpp is None and per_chunk and model is not None:
-        vpp = max(1, model.num_layers // out["pp"] // per_chunk)
+        # The embedding / loss take a layer's slot each in the split (arguments.py:962-967).
+        slots = (model.num_layers + ("--account-for-embedding-in-pipeline-split" in f)
+                 + ("--account-for-loss-in-pipeline-split" in f))
+        vpp = max(1, slots // out["pp"] // per_chunk)
+    layout = f.get("--pipeline-model-parallel-layout")
+    if vpp is None and isinstance(layout, str):  # its stages / pp (arguments.py:941-950)
+        vpp = max(1, _layout_stages(layout) // out["pp"])
     out["vpp"] = vpp or 1
+    if n("--expert-tensor-parallel-size") is not None:  # parallel folding; unset: etp = tp (arguments.py:587)
+        out["etp"] = n("--expert-tensor-parallel-size")
     out["precision"] = "fp8" if "--fp8-format" in f or "--fp8" in f else "fp16" if "--fp16" in f else "bf16"
     if "--fp16" not in f and "--bf16" not in f and out["precision"] == "bf16":
         notes.append(f"{path}: neither --bf16 nor --fp16 (Megatron trains in fp32): estimated as bf16")
@@ -185,6 +194,15 @@ def _torchtitan(path: str, notes: list[str]) -> tuple[dict, int | None]:
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, torchtitan_job_sizes(path).world_size
+
+
+def _layout_stages(layout: str) -> int:
+    """Virtual stages of a --pipeline-model-parallel-layout string: "(...)*n" and "x*n" repeat, "|" separates,
+    commas are cosmetic (megatron/core/transformer/pipeline_parallel_layer_layout.py:281-320)."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return text.count("|") + 1
 
 
 def _accelerate(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
