@@ -11,16 +11,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tooling import tool_folder  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.cli import main
@@ -35,7 +33,6 @@ from autotune.specs.presets import load_model_preset
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLE = REPO.parent / "shared" / "oracles" / "megatron-lm" / "megatron_args_check.py"
-TOOLS = Path(os.environ.get("AUTOTUNE_TEST_TOOLS", Path.home() / ".cache" / "autotune-test-tools")) / "nvrx-0.4.1"
 
 
 def _cluster_file(tmp_path: Path, text: str = "") -> Path:
@@ -143,25 +140,7 @@ def test_bad_tier_figures_in_the_cluster_file_exit_2(tmp_path, capsys, line, nee
 
 def _nvrx_path() -> Path:
     """nvidia-resiliency-ext 0.4.1 (Megatron-LM's local checkpoint manager) installed into the test tooling."""
-    if (TOOLS / ".complete").exists():
-        return TOOLS
-    TOOLS.parent.mkdir(parents=True, exist_ok=True)
-    with open(TOOLS.parent / "nvrx-0.4.1.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (TOOLS / ".complete").exists():
-            return TOOLS
-        staging = TOOLS.parent / f"nvrx-0.4.1.partial-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                              "--disable-pip-version-check", "--target", str(staging), "nvidia-resiliency-ext==0.4.1"],
-                             capture_output=True, text=True, timeout=900)
-        if run.returncode:
-            shutil.rmtree(staging, ignore_errors=True)
-            pytest.skip(f"pip could not install nvidia-resiliency-ext 0.4.1: {(run.stderr or run.stdout)[-300:]}")
-        (staging / ".complete").write_text("nvidia-resiliency-ext==0.4.1\n")
-        shutil.rmtree(TOOLS, ignore_errors=True)
-        os.rename(staging, TOOLS)
-    return TOOLS
+    return tool_folder("nvrx-0.4.1", ["nvidia-resiliency-ext==0.4.1"])
 
 
 @pytest.mark.slow

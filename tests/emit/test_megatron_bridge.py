@@ -24,16 +24,15 @@ model presets (HF_HUB_OFFLINE=1). No GPU code runs: ``validate()`` itself needs 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tooling import tool_folder  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.emit.checkpoint import CheckpointSettings
@@ -49,8 +48,6 @@ from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("AUTOTUNE_TEST_TOOLS", Path.home() / ".cache" / "autotune-test-tools"))
-TOOLS = CACHE / "megatron-bridge-0.6"
 # Bridge and core; what `import megatron.bridge.recipes` needs that this environment lacks or has at versions
 # Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx).
 PACKAGES = ["megatron-bridge==0.6.2", "megatron-core==0.19.2", "omegaconf==2.3.0", "hydra-core==1.3.8",
@@ -60,26 +57,7 @@ PACKAGES = ["megatron-bridge==0.6.2", "megatron-core==0.19.2", "omegaconf==2.3.0
 
 def bridge_path() -> Path:
     """The folder holding megatron-bridge 0.6 (installed on first use); pytest.skip when pip cannot get it."""
-    if (TOOLS / ".complete").exists():
-        return TOOLS
-    TOOLS.parent.mkdir(parents=True, exist_ok=True)
-    with open(TOOLS.parent / "megatron-bridge-0.6.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (TOOLS / ".complete").exists():
-            return TOOLS
-        staging = TOOLS.parent / f"megatron-bridge-0.6.partial-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                              "--ignore-requires-python", "--disable-pip-version-check", "--target", str(staging),
-                              *PACKAGES], capture_output=True, text=True, timeout=900, check=False)
-        if run.returncode:
-            shutil.rmtree(staging, ignore_errors=True)
-            tail = " ".join((run.stderr or run.stdout).strip().splitlines()[-2:])[:300]
-            pytest.skip(f"pip could not install megatron-bridge 0.6.2 into {TOOLS} (PyPI unreachable?): {tail}")
-        (staging / ".complete").write_text("\n".join(PACKAGES) + "\n")
-        shutil.rmtree(TOOLS, ignore_errors=True)
-        os.rename(staging, TOOLS)
-    return TOOLS
+    return tool_folder("megatron-bridge-0.6", PACKAGES, ignore_requires_python=True)
 
 
 # Imported by Bridge's package at module level, not used to build or validate a config (see the docstring).

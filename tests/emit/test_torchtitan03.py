@@ -11,16 +11,15 @@ under a file lock and an atomic rename; no PyPI: the tests skip, saying so.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tooling import tool_folder  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.emit.options import EmitOptions
@@ -32,7 +31,6 @@ from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = Path(os.environ.get("AUTOTUNE_TEST_TOOLS", Path.home() / ".cache" / "autotune-test-tools")) / "torchtitan-0.3.0"
 # (pip requirement, module it provides): torchtitan 0.3.0, and what `from torchtitan.trainer import Trainer` and the
 # model recipes import that this environment may lack (torchao: Float8Linear for the fp8 converters).
 PACKAGES = [("torchtitan==0.3.0", None), ("spmd_types==0.2.3", None), ("torchdata==0.11.0", "torchdata"),
@@ -51,26 +49,7 @@ def _missing(module: str | None) -> bool:
 
 def torchtitan03_path() -> Path:
     """The folder holding torchtitan 0.3.0 (installed on first use); pytest.skip when pip cannot get it."""
-    if (TOOLS / ".complete").exists():
-        return TOOLS
-    TOOLS.parent.mkdir(parents=True, exist_ok=True)
-    with open(TOOLS.parent / "torchtitan-0.3.0.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time; the others find it complete
-        if (TOOLS / ".complete").exists():
-            return TOOLS
-        staging = TOOLS.parent / f"torchtitan-0.3.0.partial-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        wanted = [req for req, module in PACKAGES if _missing(module)]
-        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                              "--target", str(staging), *wanted], capture_output=True, text=True, timeout=900)
-        if run.returncode:
-            shutil.rmtree(staging, ignore_errors=True)
-            tail = " ".join((run.stderr or run.stdout).strip().splitlines()[-2:])[:300]
-            pytest.skip(f"pip could not install torchtitan 0.3.0 into {TOOLS} (PyPI unreachable?): {tail}")
-        (staging / ".complete").write_text("\n".join(wanted) + "\n")
-        shutil.rmtree(TOOLS, ignore_errors=True)
-        os.rename(staging, TOOLS)  # atomic: a reader sees no folder or a complete one
-    return TOOLS
+    return tool_folder("torchtitan-0.3.0", [req for req, module in PACKAGES if _missing(module)])
 
 
 # (id, model, GPUs, plan): FSDP only, FSDP + TP, PP interleaved with full AC, Float8 with selective AC, HSDP, DDP.
