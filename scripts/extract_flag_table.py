@@ -7,10 +7,22 @@ rest of its repository stubbed out, ``parse_args()`` is called, and the parser i
 (flags, dest, default, type, choices, action, nargs), the format of ``megatron_flags.json``.
 
     python scripts/extract_flag_table.py arguments.py --source "deepspeedai/Megatron-DeepSpeed@<commit> ..." --out out.json
+
+``--tree DIR`` (the per-release Megatron-core tables ``autotune/emit/megatron_flags_core_v0.*.json``): DIR holds a
+whole ``megatron/`` package (``git archive core_v0.16.1 megatron | tar -x -C DIR``, or an installed
+megatron-core wheel, which ships ``megatron/training``); its own ``megatron.training.arguments`` is imported
+with its real ``megatron.core`` (arguments.py >= 0.16 builds flags from ``TransformerConfig``'s fields, which
+stubs cannot stand in for), only ``triton`` stubbed (absent without a GPU), and the parser is captured as above.
+
+    python scripts/extract_flag_table.py --tree DIR --source "NVIDIA/Megatron-LM@core_v0.16.1 (55ac708)" --out out.json
 """
 
 import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
 import json
+import os
 import sys
 import types
 from unittest import mock
@@ -31,18 +43,63 @@ def _record(action: argparse.Action) -> dict:
             "action": type(action).__name__, "nargs": None if action.nargs is None else str(action.nargs)}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("arguments_py")
-    p.add_argument("--source", required=True, help="where the file comes from (repository@commit path)")
-    p.add_argument("--out", required=True, help="the JSON file to write (stdout is DeepSpeed's log)")
-    opts = p.parse_args()
+class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports the named top-level packages (triton: GPU-only) as MagicMock modules."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = mock.MagicMock(name=spec.name)
+        module.__path__, module.__spec__, module.__version__ = [], spec, "3.4.0"
+        return module
+
+    def exec_module(self, module):
+        del module
+
+
+def _tree_parse_args(tree: str):
+    """``megatron.training.arguments.parse_args`` of the ``megatron/`` package under ``tree``."""
+    sys.path.insert(0, tree)
+    import torch  # noqa: F401 - imported before the triton stand-in: torch probes for the real triton
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    sys.meta_path.insert(0, _InertFinder(("triton",)))
+    import typing
+    if not hasattr(typing, "override"):  # megatron-core >= 0.19 imports typing.override (Python 3.12)
+        import typing_extensions
+        typing.override = typing_extensions.override
+    arguments = importlib.import_module("megatron.training.arguments")
+    if not arguments.__file__.startswith(os.path.abspath(tree)):
+        raise SystemExit(f"imported {arguments.__file__}, not the tree {tree}")
+    return arguments.parse_args
+
+
+def _stubbed_parse_args(path: str):
     for name in ("megatron", "megatron.global_vars", "tools", "tools.retro", "tools.retro.utils",
                  "megatron.core", "megatron.core.transformer"):
         sys.modules.setdefault(name, mock.MagicMock(name=name))
     namespace = types.ModuleType("arguments_under_test")
-    code = compile(open(opts.arguments_py, encoding="utf-8").read(), opts.arguments_py, "exec")
+    code = compile(open(path, encoding="utf-8").read(), path, "exec")
     exec(code, namespace.__dict__)  # noqa: S102 - the upstream file, to read the parser it builds
+    return namespace.parse_args
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("arguments_py", nargs="?", help="a megatron/arguments.py run with its imports stubbed")
+    p.add_argument("--tree", help="a folder holding a whole megatron/ package, imported for real")
+    p.add_argument("--source", required=True, help="where the file comes from (repository@commit path)")
+    p.add_argument("--out", required=True, help="the JSON file to write (stdout is DeepSpeed's log)")
+    opts = p.parse_args()
+    if bool(opts.tree) == bool(opts.arguments_py):
+        p.error("give either arguments_py or --tree")
+    parse_args = _tree_parse_args(opts.tree) if opts.tree else _stubbed_parse_args(opts.arguments_py)
 
     def capture(self, *a, **k):
         raise _Captured(self)
@@ -50,7 +107,7 @@ def main() -> int:
     with mock.patch.object(argparse.ArgumentParser, "parse_args", capture), \
             mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture):
         try:
-            namespace.parse_args()
+            parse_args()
         except _Captured as got:
             parser = got.parser
     flags = [_record(a) for a in parser._actions if a.option_strings and a.dest != "help"]
