@@ -156,6 +156,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out["engine"] = "megatron"
         out["zero_stage"] = 1 if "--use-distributed-optimizer" in f else 0
         out["overlap_comm"] = "--overlap-grad-reduce" in f
+        if "--grad-reduce-in-bf16" in f and out["precision"] != "fp16":  # bf16 main_grad (arguments.py)
+            out["grad_dtype"] = "bf16"
     else:
         out["engine"] = "megatron-deepspeed"
         zero = (ds or {}).get("zero_optimization") or {}

@@ -11,7 +11,7 @@ default settings: nothing fitted here). The table does not state activation reco
 the fastest that fits is taken (as bench/accuracy_published.py takes the fastest candidate where a source leaves a
 setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
 whether the ledger says the plan fits. MXFP8 / FP8-CS / FP8-MX rows run as ``--precision fp8`` (the engine's default
-FP8 recipe: the command has no flag for the scaling granularity). Rows the tool cannot express are listed with the
+FP8 recipe: the command has no flag for the scaling granularity), and every row with ``--grad-dtype bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
@@ -64,6 +64,11 @@ NOT_MODELLED = {
     "Nemotron_3": "hybrid Mamba-Transformer (Mamba-2 and attention layers): ModelSpec has transformer layers only",
     "DeepSeekV4": "DeepSeek-V4: its attention and MoE variants have no model spec here",
 }
+
+GRAD_DTYPE = "bf16"
+"""The recipes reduce gradients in bf16: Megatron-Bridge perf_recipes/_common.py ``_benchmark_common`` sets
+``ddp.grad_reduce_in_fp32 = False`` (and ``_perf_precision`` the precision config's), as
+scripts/performance/utils/precision.py ``get_precision_config`` did for the earlier containers."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recompute modes tried for NVIDIA's plan (the table does not say which the recipe used)."""
@@ -140,7 +145,8 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
     argv = ["estimate", "--model", preset, "--gpu", gpu, "--num-gpus", str(gpus), "--engine", "megatron",
             "--zero", str(zero), "--seq-len", row["seq"], "--global-batch", row["gbs"], "--micro-batch", row["mbs"],
             "--tp", str(count(row["tp"])), "--pp", str(count(row["pp"])), "--cp", str(count(row["cp"])),
-            "--vpp", str(count(row["vp"])), "--ep", str(count(row["ep"])), "--precision", precision]
+            "--vpp", str(count(row["vp"])), "--ep", str(count(row["ep"])), "--precision", precision,
+            "--grad-dtype", GRAD_DTYPE]
     if gpu in ("gb200", "gb300") and gpus > 72 and gpus % 72:
         # NVL72 racks: a job of 128 / 256 GPUs is read as NVLink domains of 64 GPUs (of each rack's 72).
         argv += ["--gpus-per-node", "64"]
@@ -265,7 +271,8 @@ def plan_quality_table(cases: list[Case], show_rows: bool) -> dict:
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
                                          global_batch_size=plan.global_batch_size, top_k=10,
                                          constraints=SearchConstraints(engines=("megatron",),
-                                                                       precisions=(plan.precision,)))
+                                                                       precisions=(plan.precision,),
+                                                                       grad_dtype=GRAD_DTYPE))
         found = searches[key]
         nv = est.time.tokens_per_s
         faster = sum(1 for e in found.ranked if e.time.tokens_per_s > nv * (1 + 1e-9))

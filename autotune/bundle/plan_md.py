@@ -133,6 +133,9 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     rows.append(("overlap", "on" if plan.overlap_comm else "off",
                  "gradient reduction (and parameter gathers) overlap the backward pass" if plan.overlap_comm
                  else "gradient reduction after the backward pass"))
+    if plan.grad_dtype is not None:
+        rows.append(("gradients", plan.grad_dtype, f"accumulated and reduced in {plan.grad_dtype} (half the "
+                     "gradient buffer and reduction bytes of fp32 main grads, at bf16's accumulation precision)"))
     return rows
 
 

@@ -22,7 +22,7 @@ from autotune.specs.settings import MemorySettings
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
-           "add_plan_flags", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
+           "add_plan_flags", "add_grad_dtype", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
            "reliability_flags", "goodput_inputs"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -243,6 +243,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="the engine that trains the plan (default deepspeed; --framework is an alias)")
     g.add_argument("--dp-replicate", type=positive_int, default=1,
                    help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
+    add_grad_dtype(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="flash attention: no seq x seq score matrix kept (default on)")
     m = p.add_argument_group("memory settings")
@@ -252,6 +253,12 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    f"fraction 0-0.9 (default {MemorySettings().fragmentation_fraction:g}, fitted by "
                    "bench/fit_fragmentation.py)")
     add_calibration(p)
+
+
+def add_grad_dtype(g) -> None:
+    """``--grad-dtype`` (``ParallelPlan.grad_dtype``), for one plan and for the planner's search alike."""
+    g.add_argument("--grad-dtype", choices=("bf16",), default=None,
+                   help="dtype gradients are accumulated and reduced in: bf16 = Megatron --grad-reduce-in-bf16, as NVIDIA's Megatron-Bridge benchmark recipes run (half the gradient buffer and reduction bytes); default: the engine's own (Megatron: fp32 main grads with bf16 / fp8)")
 
 
 def add_goodput(p: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ def estimate_from_flags(args: argparse.Namespace):
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
+        grad_dtype=getattr(args, "grad_dtype", None),
     )
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),

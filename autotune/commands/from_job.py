@@ -80,7 +80,8 @@ def plan_from_job(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
         precisions=args.precision or (plan.precision,), recompute=args.recompute, engines=engines,
-        allow_offload=args.offload, min_headroom_gib=args.min_headroom_gib)
+        allow_offload=args.offload, min_headroom_gib=args.min_headroom_gib,
+        grad_dtype=args.grad_dtype or plan.grad_dtype)
     result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           time_settings=time_settings(args), constraints=constraints, top_k=args.top_k)
     order = result.in_order

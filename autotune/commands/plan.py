@@ -10,6 +10,7 @@ from autotune.commands import (
     EXIT_OK,
     add_calibration,
     add_common,
+    add_grad_dtype,
     add_goodput,
     goodput_inputs,
     int_list,
@@ -25,6 +26,17 @@ from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["register", "run"]
 
+
+
+def grad_dtype_engines(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--engine``, narrowed to the engines that model ``--grad-dtype`` when the engines were left to the default
+    (an engine named with --engine that does not model it is refused plan by plan, with the rule's reason)."""
+    engines = tuple(args.engine)
+    if args.grad_dtype is None or engines != tuple(ENGINE_NAMES):
+        return engines
+    from autotune.engines import engine_for
+
+    return tuple(e for e in engines if args.grad_dtype in engine_for(e).support.grad_dtypes)
 
 def register(sub) -> None:
     plan = sub.add_parser("plan", help="search every plan, rank the feasible ones", epilog=preset_epilog(),
@@ -50,6 +62,7 @@ def register(sub) -> None:
                    help=f"engines to rank plans across, e.g. fsdp,megatron (default all: {','.join(ENGINE_NAMES)}; "
                         f"--framework is an alias)")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
+    add_grad_dtype(g)
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
@@ -94,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
-        recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
-        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts)
+        recompute=args.recompute, engines=grad_dtype_engines(args), allow_offload=args.offload,
+        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, grad_dtype=args.grad_dtype)
     progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:
         import time

@@ -146,6 +146,8 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
     distributed_optimizer = plan.zero_stage == 1
     if distributed_optimizer:
         args.append("--use-distributed-optimizer")
+    if plan.grad_dtype == "bf16":  # arguments.py: turns accumulate_allreduce_grads_in_fp32 off (bf16 main_grad)
+        args.append("--grad-reduce-in-bf16")
     if plan.overlap_comm:
         args.append("--overlap-grad-reduce")
         if distributed_optimizer:  # validate_args 1027: param gather only with the distributed optimizer

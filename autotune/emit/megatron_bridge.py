@@ -62,6 +62,7 @@ __all__ = [
     "BRIDGE_VERSION",
     "BRIDGE_YAML",
     "BridgeRecipe",
+    "bridge_plan_problems",
     "bridge_files",
     "bridge_hydra_args",
     "bridge_model_problems",
@@ -145,6 +146,18 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict
     return out
 
 
+def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """What of ``plan`` the overrides of ``model``'s recipe cannot express (the Megatron engine then writes
+    megatron_args.sh alone, with these as its note)."""
+    recipe = bridge_recipe(model)
+    if plan.grad_dtype == "bf16" and recipe.precision_is_named:
+        return [f"mixed_precision: {recipe.name} holds a registered precision name, whose MixedPrecisionConfig "
+                "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
+                "update_config_with_precision_overrides) and which only another name replaces: bf16 gradients "
+                "need megatron_args.sh, or drop --grad-dtype"]
+    return []
+
+
 def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool):
     """``mixed_precision``: field by field over the recipe's MixedPrecisionConfig; the generic recipe holds a
     registered name, which only another name replaces (training/mixed_precision.py ``@register``)."""
@@ -157,7 +170,8 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
     fp16 = plan.precision == "fp16"
     dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
     out: dict = {"bf16": not fp16, "fp16": fp16, "params_dtype": dtype, "pipeline_dtype": dtype,
-                 "grad_reduce_in_fp32": not fp16,  # Megatron's fp32 main_grad with bf16 (engines.states)
+                 # Megatron's fp32 main_grad with bf16 unless the plan reduces in bf16 (engines.states)
+                 "grad_reduce_in_fp32": not fp16 and plan.grad_dtype != "bf16",
                  "fp8": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
                  "fp8_dot_product_attention": False, "fp8_multi_head_attention": False, "fp4": None}
     if fp16:
@@ -234,7 +248,8 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         "optimizer": optimizer,
         "scheduler": scheduler,
         "ddp": {"use_distributed_optimizer": plan.zero_stage == 1, "overlap_grad_reduce": overlap,
-                "overlap_param_gather": param_gather, "grad_reduce_in_fp32": plan.precision != "fp16",
+                "overlap_param_gather": param_gather,
+                "grad_reduce_in_fp32": plan.precision != "fp16" and plan.grad_dtype != "bf16",
                 "use_megatron_fsdp": False},
         # CommOverlapConfig's own values win over ddp/optimizer at setup (comm_overlap.py _override_user_cfgs).
         "comm_overlap": {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None,
@@ -248,6 +263,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         del out["comm_overlap"]
     if recipe.precision_is_named:
         out["ddp"].pop("grad_reduce_in_fp32")  # the named precision recipe sets it
+        problems += bridge_plan_problems(model, plan)
     if problems:
         raise InputError(problems, subject="Megatron-Bridge overrides")
     return out

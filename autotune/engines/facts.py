@@ -54,6 +54,8 @@ class EngineSupport:
     etp: bool = False
     """Expert tensor parallelism of its own (Megatron-core parallel folding, --expert-tensor-parallel-size)."""
     precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
+    grad_dtypes: tuple[str, ...] = ()
+    """Gradient dtypes other than the engine's default it runs and autotune models (``ParallelPlan.grad_dtype``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

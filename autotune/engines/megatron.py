@@ -7,6 +7,7 @@ from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_bridge import (
     bridge_files,
     bridge_model_problems,
+    bridge_plan_problems,
     bridge_recipe,
 )
 from autotune.engines.base import Engine
@@ -24,7 +25,7 @@ class MegatronEngine(Engine):
     version = "Megatron-LM core_v0.16 (arguments.py)"
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
-                            etp=True)
+                            etp=True, grad_dtypes=("bf16",))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",
@@ -110,7 +111,7 @@ class MegatronEngine(Engine):
         needs = ["Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; --mock-data unless --data-path is given"]
         # The same plan for Megatron-Bridge users: overrides of Bridge's recipe (InputError for what it cannot take;
         # a model Bridge has no recipe for and its generic GPT recipe cannot build gets none, and a note).
-        unbuildable = bridge_model_problems(model)
+        unbuildable = bridge_model_problems(model) or bridge_plan_problems(model, plan)
         if unbuildable:
             needs.append("no Megatron-Bridge files: " + "; ".join(unbuildable))
         else:

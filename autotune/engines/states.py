@@ -136,8 +136,10 @@ def zero_states(plan: ParallelPlan, dense: float, expert: float,
 
 def megatron_grad_bytes(plan: ParallelPlan) -> int:
     """Megatron accumulates and reduces gradients in fp32 ``main_grad`` buffers with bf16 (arguments.py
-    forces ``accumulate_allreduce_grads_in_fp32`` for bf16), in 16 bits with fp16 by default."""
-    return 2 if plan.precision == "fp16" else 4
+    forces ``accumulate_allreduce_grads_in_fp32`` for bf16), in 16 bits with fp16 by default, and in bf16 with
+    ``--grad-reduce-in-bf16`` (arguments.py: it turns ``accumulate_allreduce_grads_in_fp32`` off; the DDP's
+    ``grad_reduce_in_fp32`` False: ``main_grad`` buffers of the parameters' dtype)."""
+    return 2 if plan.precision == "fp16" or plan.grad_dtype == "bf16" else 4
 
 
 def megatron_states(plan: ParallelPlan, dense: float, expert: float) -> ModelStateBytes:

@@ -75,4 +75,10 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
                             f"set dp_replicate=1")
     if plan.precision not in s.precisions:
         bad("precision", f"no {plan.precision} training: use {' or '.join(s.precisions)}")
+    if plan.grad_dtype is not None and plan.grad_dtype not in s.grad_dtypes:
+        bad("grad_dtype", f"{plan.grad_dtype} gradients are not modelled for this engine: leave the gradient dtype "
+                          f"to the engine (drop --grad-dtype)")
+    elif plan.grad_dtype == "bf16" and plan.precision == "fp16":
+        bad("grad_dtype", "bf16 gradients with fp16 training: fp16 runs reduce fp16 gradients; use --precision "
+                          "bf16 or fp8, or drop --grad-dtype")
     return out

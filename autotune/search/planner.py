@@ -180,7 +180,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
-                       sequence_parallel=layout.sequence_parallel)
+                       sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype)
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:

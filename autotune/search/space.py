@@ -56,6 +56,8 @@ class SearchConstraints:
     Off by default: the default space keeps to even splits, the halved first/last split, and layers divisible
     by pp x vpp under interleaving."""
     allow_offload: bool = True
+    grad_dtype: str | None = None
+    """Every plan's ``grad_dtype`` (None: each engine's default); engines that do not model it reject the plans."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -77,6 +79,7 @@ class DimensionValues:
     dp_replicate: int | None = None
     gpus_per_node: int = 1
     uneven_layouts: bool = False
+    grad_dtype: str | None = None
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -131,4 +134,4 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
-                           uneven_layouts=c.uneven_layouts)
+                           uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype)

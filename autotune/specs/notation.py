@@ -33,4 +33,6 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
     if plan.recompute != "none":
         parts.append(f"rc-{plan.recompute}")
     parts.append(plan.precision)
+    if plan.grad_dtype is not None:
+        parts.append(f"grads-{plan.grad_dtype}")
     return " ".join(parts)

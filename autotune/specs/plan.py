@@ -22,6 +22,7 @@ Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
 PlanPrecision = Literal["bf16", "fp16", "fp8"]
+GradDtype = Literal["bf16"]
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -90,6 +91,12 @@ class ParallelPlan:
     group of dp / dp_replicate ranks and replicated across groups. 1: shard over all dp ranks."""
     flash_attention: bool = True
     """Fused (flash) attention: no s^2 score tensors are kept for backward."""
+    grad_dtype: GradDtype | None = None
+    """The dtype gradients are accumulated and reduced in. None: the engine's default (Megatron: fp32
+    ``main_grad`` buffers with bf16 / FP8, arguments.py sets ``accumulate_allreduce_grads_in_fp32``). "bf16":
+    Megatron ``--grad-reduce-in-bf16`` (Bridge ``ddp.grad_reduce_in_fp32: false``), as NVIDIA's Megatron-Bridge
+    benchmark recipes run (perf_recipes/_common.py ``_benchmark_common``): half the gradient buffer and half the
+    data-parallel reduction bytes, at bf16's accumulation precision. Engines that do not model it refuse it."""
     overlap_comm: bool = True
     """Overlap data-parallel gradient reduction (and parameter gathers) with compute: DeepSpeed
     ``overlap_comm``, Megatron ``--overlap-grad-reduce --overlap-param-gather``."""
@@ -102,7 +109,7 @@ class ParallelPlan:
                 and self.engine in ENGINE_NAMES and self.recompute in _RECOMPUTES and self.precision in _PRECISIONS
                 and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
-                and self.etp is None and self.dp % self.dp_replicate == 0):
+                and self.etp is None and self.grad_dtype is None and self.dp % self.dp_replicate == 0):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -121,6 +128,8 @@ class ParallelPlan:
             problems.append(f"recompute_num_layers must be a positive integer or absent, got {self.recompute_num_layers!r}")
         if self.etp is not None and (not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 1):
             problems.append(f"etp must be a positive integer or absent, got {self.etp!r}")
+        if self.grad_dtype not in (None, "bf16"):
+            problems.append(f"grad_dtype must be bf16 or absent (the engine's default), got {self.grad_dtype!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -169,6 +178,8 @@ class ParallelPlan:
         out = asdict(self)
         if self.etp is None:  # Megatron's default (etp = tp): left out, so plans without folding read as before
             del out["etp"]
+        if self.grad_dtype is None:  # the engine's default: left out, as etp
+            del out["grad_dtype"]
         return out
 
     def with_(self, **changes) -> ParallelPlan:

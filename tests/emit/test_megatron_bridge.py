@@ -207,6 +207,9 @@ CASES = [
                                                  global_batch_size=64)),
     ("70b-fp8-ddp", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=0, global_batch_size=64,
                                            precision="fp8", recompute="selective")),
+    # bf16 gradients (Megatron --grad-reduce-in-bf16), as NVIDIA's benchmark recipes run
+    ("70b-bf16-grads", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                              grad_dtype="bf16")),
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -296,7 +299,7 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
                                 1024 if fp8 else got["precision"][4], "max" if fp8 else got["precision"][5],
                                 fp8 and plan.zero_stage == 1, "torch.bfloat16"]
     assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,
-                                                       True]
+                                                       plan.grad_dtype is None]  # after the precision's setup
     o = EmitOptions().optimizer
     assert got["optimizer"] == ["adam", o.lr, o.min_lr, o.betas[0], o.betas[1], o.eps, o.weight_decay, o.grad_clip,
                                 o.warmup_steps, "cosine", o.train_steps]

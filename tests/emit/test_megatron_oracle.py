@@ -1,5 +1,5 @@
 """Megatron-LM itself judges what we write: every emitted ``megatron_args.sh``, over a property test of many plans
-(tp / pp / vpp / cp / ep / distributed optimizer / recompute / precision, several presets and world sizes), passes
+(tp / pp / vpp / cp / ep / distributed optimizer / recompute / precision / bf16 gradients, several presets and world sizes), passes
 Megatron-LM's own ``parse_args()`` + ``validate_args()`` (``../shared/oracles/megatron-lm/megatron_args_check.py``),
 and our linter agrees with Megatron-LM on arguments it rejects.
 
@@ -76,6 +76,7 @@ plans = st.fixed_dictionaries({
     "recompute": st.sampled_from(["none", "selective", "full"]),
     "recompute_num_layers": st.sampled_from([None, 1]),
     "precision": st.sampled_from(["bf16", "fp16", "fp8"]),
+    "grad_dtype": st.sampled_from([None, "bf16"]),  # --grad-reduce-in-bf16
     "micro_batch_size": st.sampled_from([1, 2]),
     "accumulation": st.sampled_from([1, 4]),
     "seq_len": st.sampled_from([1024, 4096]),
@@ -99,6 +100,7 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
     kw = {k: drawn[k] for k in ("tp", "pp", "vpp", "cp", "ep", "zero_stage", "recompute", "precision",
                                 "micro_batch_size", "seq_len")}
     kw["recompute_num_layers"] = drawn["recompute_num_layers"] if drawn["recompute"] == "full" else None
+    kw["grad_dtype"] = drawn["grad_dtype"] if drawn["precision"] != "fp16" else None
     batch = drawn["micro_batch_size"] * drawn["dp"] * drawn["accumulation"] * drawn["pp"]
     try:
         plan = make_plan(model, cluster, global_batch_size=batch, engine="megatron", **kw)
