@@ -33,7 +33,7 @@ def is_flag(token: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class FlagSpec:
-    """One Megatron-LM argparse option, as ``megatron_flags.json`` records it."""
+    """One Megatron-LM argparse option, as a ``megatron_flags_core_v0.*.json`` table records it."""
 
     names: tuple[str, ...]
     dest: str
