@@ -102,17 +102,22 @@ def version_problems(argv: Sequence[str], release: str, *, installed: str | None
 
 
 def missing_flag_rules(argv: Sequence[str], release: str) -> list[str]:
-    """The emitted flags ``release``'s parser lacks: one message each with its rule and source, for an
-    InputError (a setting this Megatron-core release cannot run)."""
+    """The emitted flags ``release``'s parser lacks or whose value it refuses (a choice it does not have): one
+    message each with its rule and source, for an InputError (a setting this Megatron-core release cannot run)."""
+    from autotune.emit.argv_lint import tokenize
+
     table = megatron_flag_table(release)
-    out = []
+    source = f"megatron/training/arguments.py of {release}, {megatron_flags_file(release)}"
+    _, found = tokenize(list(argv), table, engine=f"Megatron-core {release}", table_file=megatron_flags_file(release))
+    out = [f"{p.message}: Megatron-core {release}'s parser refuses it (source: {source}); use another --engine-version "
+           f"or a plan without this setting" for p in found if not p.message.startswith("unrecognized argument")]
     for _, name in _flag_names(argv):
         if name in table:
             continue
         others = releases_with_flag(name)
         has = f"Megatron-core {releases_text(others)} has it" if others else "no modelled release has it"
         out.append(f"{name}: the plan needs it, but Megatron-core {release}'s parser has no such flag "
-                   f"(source: megatron/training/arguments.py of {release}, {megatron_flags_file(release)}); {has}: "
+                   f"(source: {source}); {has}: "
                    f"use --engine-version megatron={others[-1] if others else MEGATRON_CORE_RELEASES[-1]}, or a plan "
                    f"without this setting")
     return out

@@ -70,6 +70,8 @@ def test_a_flag_the_release_lacks_is_refused_at_emit_with_the_releases_that_have
     rules = missing_flag_rules(["--tensor-model-parallel-size", "2", "--moe-ncclep-static-shape"], "0.16")
     assert len(rules) == 1 and "--moe-ncclep-static-shape" in rules[0]
     assert "Megatron-core 0.19 has it" in rules[0] and "megatron_flags_core_v0.16.json" in rules[0]
+    bad_choice = missing_flag_rules(["--attention-backend", "no-such-backend"], "0.19")
+    assert len(bad_choice) == 1 and "--attention-backend" in bad_choice[0] and "0.19's parser refuses" in bad_choice[0]
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
