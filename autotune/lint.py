@@ -21,12 +21,14 @@ __all__ = ["lint_file", "memory_problems"]
 
 
 def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
-              kind: str | None = None, hf: bool | None = None) -> list[Problem]:
+              kind: str | None = None, hf: bool | None = None,
+              engine_versions: dict[str, str] | None = None) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable); ``kind``
     and ``hf`` as for ``autotune.emit.validate_files.validate_file``, plus "plan" (autotune's plan.json)."""
     if (kind or file_kind(path)) == "plan":
         return _plan_problems(path, world_size)
-    return validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf)
+    return validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
+                         engine_versions=engine_versions)
 
 
 def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, pp: int = 1, cp: int = 1,

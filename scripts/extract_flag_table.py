@@ -4,7 +4,7 @@
 Used for ``autotune/emit/megatron_deepspeed_flags.json``: the file is executed with its imports of the
 rest of its repository stubbed out, ``parse_args()`` is called, and the parser it built (including
 ``deepspeed.add_config_arguments``) is captured just before it parses; every option becomes one record
-(flags, dest, default, type, choices, action, nargs), the format of ``megatron_flags.json``.
+(flags, dest, default, type, choices, action, nargs), the format of ``megatron_flags_core_v0.*.json``.
 
     python scripts/extract_flag_table.py arguments.py --source "deepspeedai/Megatron-DeepSpeed@<commit> ..." --out out.json
 

@@ -31,6 +31,7 @@ from autotune.commands import (
     reliability_flags,
     time_settings,
 )
+from autotune.commands.engine_version import add_engine_version
 from autotune.errors import InputError
 
 __all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", "clean_leftovers",
@@ -161,8 +162,7 @@ def emit_options(args: argparse.Namespace, base: Any = None):
     if getattr(args, "wrap_class", None) is not None:
         flags["wrap_class"] = args.wrap_class
     launch = replace(LaunchOptions(**launch), **{**flags, "nccl_env": nccl})
-    versions = {"torchtitan_version": args.torchtitan_version} if getattr(args, "torchtitan_version", None) else {}
-    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print, **versions)
+    return EmitOptions(optimizer=opt, checkpoint=ckpt, launch=launch, steps_per_print=steps_per_print)
 
 
 def hf_wrap_class(model_ref: str | None) -> str | None:
@@ -338,8 +338,9 @@ def register(sub) -> None:
                                           "(accelerate_fsdp.yaml; default: the decoder layer of a Hugging Face "
                                           "config.json's architecture, else the built-in model's Block)")
     out.add_argument("--torchtitan-version", choices=("0.2", "0.3"),
-                     help="torchtitan release of an fsdp plan's torchtitan file (default 0.3, the newest modelled: "
+                     help="= --engine-version fsdp=V: torchtitan release of an fsdp plan's torchtitan file (0.3: "
                           "torchtitan_plan.py, a config module for --module/--config; 0.2: torchtitan_job.toml)")
+    add_engine_version(out)
     out.add_argument("--slurm-partition", help="SLURM partition for the sbatch script")
     out.add_argument("--slurm-account", help="SLURM account for the sbatch script")
     out.add_argument("--nccl-env", action="append", default=[], metavar="KEY=VALUE",
@@ -357,6 +358,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.api import estimate_from_dict
     from autotune.bundle.writer import write_bundle
+    from autotune.commands.engine_version import engine_releases, options_for_versions, print_versions
     from autotune.commands.estimate import estimate_from_flags
 
     sources = [s for s in ("recipe", "plan_json", "from_files" if args.from_files else "model") if getattr(args, s)]
@@ -384,7 +386,9 @@ def run(args: argparse.Namespace) -> int:
         args.recompute = args.recompute or "selective"
         args.zero = 1 if args.zero is None else args.zero
         est = estimate_from_flags(args)
-    options = emit_options(args, emit_block)
+    releases = engine_releases(args, [est.plan.engine])
+    print_versions(releases, command="emit")
+    options = options_for_versions(emit_options(args, emit_block), releases)
     if options.launch.wrap_class is None and args.model:
         wrap = hf_wrap_class(args.model)
         if wrap:

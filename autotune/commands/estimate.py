@@ -15,6 +15,7 @@ from autotune.commands import (
     preset_epilog,
     time_settings,
 )
+from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions
 
 __all__ = ["register", "run", "estimate_from_flags"]
 
@@ -28,6 +29,7 @@ def register(sub) -> None:
     from autotune.commands.from_job import add_from
 
     add_from(est, "estimate", recompute_default=True)
+    add_engine_version(est)
     est.set_defaults(handler=run)
 
 
@@ -67,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = estimate_from_flags(args)
     model, cluster, plan = result.model, result.cluster, result.plan
+    releases = engine_releases(args, [plan.engine])
+    if args.engine_version:
+        print_versions(releases, command="estimate")
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict()}))

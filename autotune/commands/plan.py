@@ -21,6 +21,7 @@ from autotune.commands import (
     str_list,
     time_settings,
 )
+from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions
 from autotune.errors import InputError
 from autotune.specs.plan import ENGINE_NAMES
 
@@ -74,6 +75,7 @@ def register(sub) -> None:
     from autotune.commands.from_job import add_from
 
     add_from(plan, "rank the alternatives to")
+    add_engine_version(plan)
     q = plan.add_argument_group("capacity questions")
     q.add_argument("--min-gpus", action="store_true", help="the fewest GPUs of --gpu that train --model (no --num-gpus: it is the answer)")
     q.add_argument("--max-model", action="store_true", help="the largest Llama-shaped model this cluster trains")
@@ -88,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
 
+    if args.engine_version:  # before any search: an unmodelled release is exit 2 at once
+        print_versions(engine_releases(args, args.engine), command="plan")
     if args.from_files:
         if args.min_gpus or args.max_model:
             raise InputError(["--from ranks the alternatives to a job: drop --min-gpus / --max-model"],

@@ -56,6 +56,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--seq-len", type=_positive_int, default=4096, help="sequence length (default 4096)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="activation recompute (default: full if the config configures activation checkpoints)")
+    p.add_argument("--engine-version", metavar="ENGINE=VERSION",
+                   help="check against this engine release, e.g. megatron=0.16 (Megatron-core's flag table of that "
+                        "release) or fsdp=0.3 (torchtitan); default: the installed release where modelled, else the "
+                        "release the file is for, else the newest modelled")
     p.add_argument("--json", action="store_true", help="print the problems as a JSON list only (each with its file)")
     p.set_defaults(handler=run)
     return p
@@ -145,17 +149,32 @@ def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: li
                            recompute=args.recompute)
 
 
+_KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
+                "megatron-deepspeed": "megatron-deepspeed"}
+"""The engine whose release a file kind's check follows (a bare --engine-version applies when only one is given)."""
+
+
+def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> dict[str, str]:
+    """--engine-version as {engine: release}: ENGINE=VERSION, or a bare VERSION when the files are of one engine."""
+    from autotune.engine_versions import parse_engine_version_flag
+    from autotune.engines import ENGINES
+
+    engines = list(dict.fromkeys(_KIND_ENGINE[kind] for _, kind in inputs if kind in _KIND_ENGINE))
+    return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune.lint import lint_file
 
     if (args.model is None) != (args.gpu is None):
         raise InputError(["the memory check needs both --model and --gpu"], subject="validate request")
     inputs = _inputs(args)
+    asked = _asked_versions(args, inputs)
     world, tp, pp, cp = _job(args, inputs)
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
         problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
-                             hf=True if args.hf and kind == "deepspeed" else None)
+                             hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
         if args.model is not None and kind == "deepspeed":
             problems += _memory(args, path, world, tp, pp, cp, problems)
         found += [(path, p) for p in problems]

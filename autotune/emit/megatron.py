@@ -1,12 +1,14 @@
 """Megatron-LM arguments for a plan, and the Megatron-DeepSpeed form.
 
 Sources: Megatron-LM ``NVIDIA/Megatron-LM@d98e8a6``
-``megatron/training/arguments.py`` (its argparse flags are ``megatron_flags.json``, the source of truth
-for which flags exist; "validate_args N" below is that file's line N); Megatron-DeepSpeed
-``deepspeedai/Megatron-DeepSpeed`` ``megatron/arguments.py`` (its flags: ``megatron_deepspeed_flags.json``).
+``megatron/training/arguments.py`` ("validate_args N" below is that file's line N); which flags exist is the
+flag table of the Megatron-core release in use (``megatron_flags_core_v0.NN.json``, one per modelled release,
+``options.megatron_version``); Megatron-DeepSpeed ``deepspeedai/Megatron-DeepSpeed`` ``megatron/arguments.py``
+(its flags: ``megatron_deepspeed_flags.json``).
 
-Every flag :func:`megatron_args` writes exists in ``megatron_flags.json``, every flag of
-:func:`megatron_deepspeed_args` in ``megatron_deepspeed_flags.json`` (tests/emit/test_megatron.py).
+Every flag :func:`megatron_args` writes exists in the table of the release in use (else an InputError naming the
+flag and the releases that have it), every flag of :func:`megatron_deepspeed_args` in
+``megatron_deepspeed_flags.json`` (tests/emit/test_megatron.py).
 The flag tables, the linters and the shell reader live in their own modules and are re-exported here.
 """
 
@@ -18,6 +20,7 @@ from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_proble
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.emit.megatron_layout import megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
+from autotune.emit.megatron_versions import missing_flag_rules
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import megatron_precision_flags
 from autotune.emit.shell_args import parse_shell_args, read_megatron_args_file, read_megatron_args_file_with_env
@@ -215,8 +218,9 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += ["--log-interval", str(options.steps_per_print)]
     args += list(_mock_data_flags(model) if data_args is None else data_args)
     args += list(checkpoint_flags or ())
+    problems += missing_flag_rules(args, options.megatron_version)
     if problems:
-        raise InputError(problems, subject="Megatron-LM arguments")
+        raise InputError(problems, subject=f"Megatron-LM arguments (Megatron-core {options.megatron_version})")
     return args
 
 

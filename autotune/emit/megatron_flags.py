@@ -1,9 +1,11 @@
-"""The argparse flag tables of Megatron-LM and Megatron-DeepSpeed, shipped as JSON facts.
+"""The argparse flag tables of Megatron-core (one per modelled release) and Megatron-DeepSpeed, shipped as JSON facts.
 
-``megatron_flags.json``: NVIDIA/Megatron-LM ``megatron/training/arguments.py`` at d98e8a6 (its
-``parse_args``). ``megatron_deepspeed_flags.json``: deepspeedai/Megatron-DeepSpeed ``megatron/arguments.py``
-at 4efb479 plus ``deepspeed.add_config_arguments``, written by ``scripts/extract_flag_table.py``. Each
-record: the option strings, dest, default, type, choices, argparse action, nargs.
+``megatron_flags_core_v0.NN.json``: ``megatron/training/arguments.py``'s parser (``parse_args``) of each modelled
+Megatron-core release: NVIDIA/Megatron-LM tags core_v0.16.1, core_v0.17.1, core_v0.18.2, and the megatron-core
+0.19.2 wheel (its arguments.py is core_v0.19.0's); each file names its source. ``megatron_deepspeed_flags.json``:
+deepspeedai/Megatron-DeepSpeed ``megatron/arguments.py`` at 4efb479 plus ``deepspeed.add_config_arguments``. All
+written by ``scripts/extract_flag_table.py``. Each record: the option strings, dest, default, type, choices,
+argparse action, nargs.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "is_flag",
-           "MEGATRON_FLAGS_FILE", "MEGATRON_DEEPSPEED_FLAGS_FILE"]
+__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "is_flag", "megatron_flags_file",
+           "megatron_table_source", "releases_with_flag", "MEGATRON_CORE_RELEASES", "MEGATRON_DEEPSPEED_FLAGS_FILE"]
 
-MEGATRON_FLAGS_FILE = "megatron_flags.json"
+MEGATRON_CORE_RELEASES = ("0.16", "0.17", "0.18", "0.19")
+"""The Megatron-core releases with a flag table here, oldest first (the newest is the default)."""
 MEGATRON_DEEPSPEED_FLAGS_FILE = "megatron_deepspeed_flags.json"
 _NUMBER = re.compile(r"^-\d|^-\.\d")
 
@@ -30,7 +33,7 @@ def is_flag(token: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class FlagSpec:
-    """One Megatron-LM argparse option, as ``megatron_flags.json`` records it."""
+    """One Megatron-LM argparse option, as a ``megatron_flags_core_v0.*.json`` table records it."""
 
     names: tuple[str, ...]
     dest: str
@@ -120,10 +123,30 @@ def _table(filename: str) -> dict[str, FlagSpec]:
     return table
 
 
+def megatron_flags_file(release: str | None = None) -> str:
+    """The packaged flag table of a Megatron-core release ("0.19"; None: the newest)."""
+    release = release or MEGATRON_CORE_RELEASES[-1]
+    if release not in MEGATRON_CORE_RELEASES:
+        raise ValueError(f"no Megatron-core {release} flag table (tables: {', '.join(MEGATRON_CORE_RELEASES)})")
+    return f"megatron_flags_core_v{release}.json"
+
+
 @functools.cache
-def megatron_flag_table() -> dict[str, FlagSpec]:
-    """Every Megatron-LM option string (aliases included) -> its :class:`FlagSpec`."""
-    return _table(MEGATRON_FLAGS_FILE)
+def megatron_flag_table(release: str | None = None) -> dict[str, FlagSpec]:
+    """Every option string (aliases included) of a Megatron-core release's parser -> its :class:`FlagSpec`
+    (None: the newest release modelled)."""
+    return _table(megatron_flags_file(release))
+
+
+@functools.cache
+def megatron_table_source(release: str | None = None) -> str:
+    """Where a release's table comes from (repository and commit, or package version), as its file says."""
+    return str(_read_flags_json(megatron_flags_file(release))["source"])
+
+
+def releases_with_flag(flag: str) -> tuple[str, ...]:
+    """The modelled Megatron-core releases whose parser has ``flag`` (oldest first)."""
+    return tuple(r for r in MEGATRON_CORE_RELEASES if flag in megatron_flag_table(r))
 
 
 @functools.cache

@@ -1,7 +1,9 @@
 """Linting a Megatron-LM argument list: unknown flags (nearest flag, line), values, validate_args rules.
 
 Rules cite NVIDIA/Megatron-LM ``megatron/training/arguments.py`` at d98e8a6: "validate_args N" is that
-file's line N. Where Megatron-LM's own ``megatron.training`` is importable, its parser runs too.
+file's line N. Flags are checked against the flag table of the Megatron-core release in use; a flag only another
+modelled release has is a version mismatch (``autotune.emit.megatron_versions``). Where Megatron-LM's own
+``megatron.training`` is importable and is the release in use, its parser runs too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from autotune.emit.argv_lint import ParsedArgs, duplicate_problems, tokenize, value_problems
-from autotune.emit.megatron_flags import MEGATRON_FLAGS_FILE, megatron_flag_table
+from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES, megatron_flag_table, megatron_flags_file
+from autotune.emit.megatron_versions import version_problems
 from autotune.emit.problems import Problem, Severity
 
 __all__ = ["megatron_args_problems"]
@@ -182,16 +185,24 @@ def _megatron_own_problems(argv: Sequence[str], world_size: int) -> list[Problem
 
 
 def megatron_args_problems(argv: Sequence[str], world_size: int, *, env: Mapping[str, str] | None = None,
-                           lines: Sequence[int] | None = None) -> list[Problem]:
+                           lines: Sequence[int] | None = None, release: str | None = None,
+                           installed: str | None = None, declared: str | None = None) -> list[Problem]:
     """Every problem in a Megatron-LM argument list for ``world_size`` GPUs: unknown flags (nearest flag
     suggested), values outside a flag's type, choices or sane range, and the validate_args rules. ``env``
     (the job's exported variables), when given, is checked for CUDA_DEVICE_MAX_CONNECTIONS; ``lines[i]``
-    is ``argv[i]``'s line in its file (see :func:`autotune.emit.shell_args.parse_shell_args_with_lines`)."""
-    table = megatron_flag_table()
-    given, problems = tokenize(list(argv), table, engine="Megatron-LM", table_file=MEGATRON_FLAGS_FILE, lines=lines)
+    is ``argv[i]``'s line in its file (see :func:`autotune.emit.shell_args.parse_shell_args_with_lines`).
+    ``release``: the Megatron-core release in use (default the newest modelled), whose flag table applies;
+    ``installed`` (the installed megatron-core) and ``declared`` (the release the file names) word mismatches."""
+    release = release or MEGATRON_CORE_RELEASES[-1]
+    table = megatron_flag_table(release)
+    mismatched, covered = version_problems(argv, release, installed=installed, declared=declared, lines=lines)
+    given, problems = tokenize(list(argv), table, engine=f"Megatron-core {release}",
+                               table_file=megatron_flags_file(release), lines=lines)
+    problems = mismatched + [p for p in problems if p.path not in covered]
     problems += duplicate_problems(given, table)
     parsed = ParsedArgs(given, table)
     problems += value_problems(parsed, table)
     problems += _rule_problems(parsed, world_size, env)
-    problems += _megatron_own_problems(argv, world_size)
+    if installed is None or installed.startswith(release + "."):  # the installed parser is the release in use
+        problems += _megatron_own_problems(argv, world_size)
     return problems

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.errors import require_no_problems
 
 __all__ = ["EmitOptions", "CheckpointOptions", "LaunchOptions", "OptimizerOptions", "TORCHTITAN_VERSIONS", "CHECKPOINT_TIERS"]
 
 TORCHTITAN_VERSIONS = ("0.2", "0.3")
+"""torchtitan releases the fsdp engine writes files for, oldest first (the last is the default)."""
 CHECKPOINT_TIERS = ("shared", "local")
 """Checkpoint storage tiers (``autotune.cost.checkpoint_tiers``)."""
-"""torchtitan releases the fsdp engine writes files for, oldest first (the last is the default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +97,8 @@ class EmitOptions:
     torchtitan_version: str = "0.3"
     """The torchtitan release the fsdp engine's torchtitan file is for: "0.3" (the newest modelled) writes a
     Python config module (torchtitan_plan.py), "0.2" the v0.2.x TOML job config (torchtitan_job.toml)."""
+    megatron_version: str = MEGATRON_CORE_RELEASES[-1]
+    """The Megatron-core release megatron_args.sh is for: its flags must be in that release's flag table."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -123,6 +126,9 @@ class EmitOptions:
         if self.torchtitan_version not in TORCHTITAN_VERSIONS:
             problems.append(f"torchtitan_version {self.torchtitan_version!r}: autotune writes for torchtitan "
                             f"{' or '.join(TORCHTITAN_VERSIONS)} (0.3: a Python config module, 0.2: a TOML job config)")
+        if self.megatron_version not in MEGATRON_CORE_RELEASES:
+            problems.append(f"megatron_version {self.megatron_version!r}: autotune models Megatron-core "
+                            f"{', '.join(MEGATRON_CORE_RELEASES)}")
         if self.steps_per_print < 1:
             problems.append(f"steps_per_print must be >= 1, got {self.steps_per_print}")
         require_no_problems(problems, subject="emit options")

@@ -88,14 +88,16 @@ def torchtitan_job_sizes(path: str | Path):
                     cp=_int(p.get("context_parallel_degree")))
 
 
-def _version_problem(path: str | Path, installed: str) -> Problem:
+def _version_problem(path: str | Path, installed: str, in_use: str | None = None) -> Problem:
+    in_use = in_use or installed
     return Problem(path="$", severity="error", source="torchtitan version",
-                   message=f"{Path(path).name} is a torchtitan 0.2.x TOML job config, but the installed torchtitan is "
-                           f"{installed}: torchtitan 0.3 has no TOML job configs (it runs `-m torchtitan.train "
-                           "--module M --config FN`, FN returning a Trainer.Config), so it cannot load this file "
-                           "whatever it holds",
-                   fix="emit with --torchtitan-version 0.3 for a config module (torchtitan_plan.py), or run this "
-                       "TOML with torchtitan 0.2.2 installed (pip install torchtitan==0.2.2)")
+                   message=f"version mismatch: this file ({Path(path).name}) is for torchtitan 0.2 (a 0.2.x TOML job "
+                           f"config); the version in use is torchtitan {in_use} (installed: {installed or 'none'}): "
+                           "torchtitan 0.3 has no TOML job configs (it runs `-m torchtitan.train --module M --config "
+                           "FN`, FN returning a Trainer.Config), so it cannot load this file whatever it holds",
+                   fix="emit with --engine-version fsdp=0.3 (or --torchtitan-version 0.3) for a config module "
+                       "(torchtitan_plan.py), or run this TOML with torchtitan 0.2.2 installed (pip install "
+                       "torchtitan==0.2.2; validate with --engine-version fsdp=0.2)")
 
 
 def _installed_version() -> str:
@@ -134,8 +136,11 @@ def _torchtitan_own(path: str | Path) -> list[Problem]:
     return []
 
 
-def torchtitan_config_problems(path: str | Path, *, world_size: int) -> list[Problem]:
-    """Every problem of a torchtitan TOML job config for ``world_size`` ranks."""
+def torchtitan_config_problems(path: str | Path, *, world_size: int, release: str | None = None) -> list[Problem]:
+    """Every problem of a torchtitan TOML job config for ``world_size`` ranks; ``release``: the torchtitan release
+    asked for (``--engine-version fsdp=R``), 0.3 being a version mismatch for any TOML."""
+    if release is not None and release != "0.2":
+        return [_version_problem(path, _installed_version(), release)]
     data, lines = read_torchtitan_config(path)
     out: list[Problem] = []
 

@@ -12,6 +12,7 @@ with no Megatron argument in it: autotune's DeepSpeed / FSDP / HF launch scripts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
@@ -20,6 +21,7 @@ from autotune.emit.megatron_bridge_lint import bridge_job_sizes, bridge_override
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
+from autotune.emit.megatron_versions import header_release, release_in_use
 from autotune.emit.problems import JobSizes, Problem
 from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
@@ -102,26 +104,33 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
 
 
 def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
-                  kind: str | None = None, hf: bool | None = None) -> list[Problem]:
+                  kind: str | None = None, hf: bool | None = None,
+                  engine_versions: Mapping[str, str] | None = None) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable).
 
     ``kind``: one of :data:`FILE_KINDS` (default: :func:`file_kind`). ``hf`` (DeepSpeed JSON only): fill
-    Hugging Face "auto" values first (default: for a file named ``*_hf.json``).
+    Hugging Face "auto" values first (default: for a file named ``*_hf.json``). ``engine_versions``: the releases
+    asked for by engine ({"megatron": "0.16", "fsdp": "0.3"}); a Megatron file is checked against the flag table of
+    the release in use (:func:`autotune.emit.megatron_versions.release_in_use`).
     """
+    asked = dict(engine_versions or {})
     kind = kind or file_kind(path)
     if kind == "deepspeed":
         hf = Path(path).name.lower().endswith("_hf.json") if hf is None else hf
         return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf)
     if kind == "megatron":
         argv, lines, env = read_megatron_args_file_with_lines(path)
-        return megatron_args_problems(argv, world_size, env=env, lines=lines)
+        declared = header_release(Path(path).read_text(encoding="utf-8", errors="replace"))
+        release, installed = release_in_use(asked.get("megatron"), declared)
+        return megatron_args_problems(argv, world_size, env=env, lines=lines, release=release, installed=installed,
+                                      declared=declared)
     if kind == "megatron-deepspeed":
         argv, lines, _ = read_megatron_args_file_with_lines(path)
         return megatron_deepspeed_args_problems(argv, world_size, lines=lines)
     if kind == "accelerate":
         return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp)
     if kind == "torchtitan":
-        return torchtitan_config_problems(path, world_size=world_size)
+        return torchtitan_config_problems(path, world_size=world_size, release=asked.get("fsdp"))
     if kind == "hostfile":
         return hostfile_problems(path, world_size=world_size)
     if kind == "launch":

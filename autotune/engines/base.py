@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from autotune.emit.precision import DEFAULT_FP8_HOW
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
+from autotune.engine_versions import EngineVersions
 
 if TYPE_CHECKING:  # typed data only: specs, the run's settings and the file formats beneath the engines
     from autotune.emit.checkpoint import CheckpointSettings
@@ -38,7 +39,10 @@ class Engine(ABC):
     """The plan's ``engine`` value."""
     title: ClassVar[str]
     version: ClassVar[str]
-    """The version whose rules and defaults are modelled."""
+    """The versions whose rules and defaults are modelled, in words."""
+    versions: ClassVar[EngineVersions]
+    """The releases modelled, as data (``autotune.engine_versions``): which package, which releases (the newest
+    last, the default where the package is not installed), and companion packages."""
     support: ClassVar[EngineSupport]
     comm: ClassVar[CommSchedule]
     checkpoint_format: ClassVar[str]

@@ -17,6 +17,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, builtin_or_user_entry, deepspeed_json
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import ds_zero12_grad_elements, zero_states
+from autotune.engine_versions import EngineVersions
 from autotune.specs.layout import largest_layer
 
 __all__ = ["DeepSpeedEngine"]
@@ -26,6 +27,7 @@ class DeepSpeedEngine(Engine):
     name = "deepspeed"
     title = "DeepSpeed"
     version = "DeepSpeed 0.19.8"
+    versions = EngineVersions("deepspeed", "DeepSpeed", ("0.19",))
     support = EngineSupport(tp="autotp", sequence_parallel=False, pp="deepspeed", vpp=False, layer_split="uniform",
                             tp_with_pp=False, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
                             zero_stages_with_pp=(0, 1), offload_optimizer=("none", "cpu", "nvme"),

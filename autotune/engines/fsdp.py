@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
@@ -20,6 +21,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import fsdp2_states
+from autotune.engine_versions import EngineVersions
 from autotune.errors import InputError
 from autotune.specs.layout import largest_layer, microbatches_in_flight
 
@@ -38,7 +40,9 @@ FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gra
 class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
-    version = "torch 2.13 (fully_shard, DTensor, pipelining); torchtitan v0.2.x"
+    version = "torch 2.13 (fully_shard, DTensor, pipelining)"
+    versions = EngineVersions("torchtitan", "torchtitan", TORCHTITAN_VERSIONS, companions=(("accelerate", "1.15"),))
+    """0.3: a Python config module (torchtitan_plan.py); 0.2: the v0.2.x TOML job config."""
     support = EngineSupport(tp="dtensor", sequence_parallel=True, pp="pipelining", vpp=True, layer_split="any",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),
                             offload_optimizer=("none", "cpu"), offload_param=("none", "cpu"), hybrid_shard=True,

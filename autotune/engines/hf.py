@@ -17,6 +17,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engine_versions import EngineVersions
 from autotune.specs.notation import plan_notation
 
 __all__ = ["HFEngine"]
@@ -28,6 +29,8 @@ class HFEngine(Engine):
     name = "hf"
     title = "Hugging Face Trainer / accelerate (DeepSpeed backend)"
     version = "transformers 5.24 / accelerate 1.15 / DeepSpeed 0.19.8"
+    versions = EngineVersions("transformers", "transformers", ("5",),
+                              companions=(("accelerate", "1.15"), ("deepspeed", "0.19")))
     support = EngineSupport(tp=None, sequence_parallel=False, pp=None, vpp=False, layer_split="megatron",
                             tp_with_pp=False, cp=None, ep=False, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(),
                             offload_optimizer=("none", "cpu", "nvme"), offload_param=("none", "cpu", "nvme"),

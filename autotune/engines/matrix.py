@@ -41,8 +41,9 @@ def support_markdown() -> str:
              "", "| | " + " | ".join(f"`{e.name}`" for e in engines) + " |",
              "|---|" + "---|" * len(engines)]
     lines += [f"| {dim} | " + " | ".join(cells) + " |" for dim, cells in support_rows()]
-    lines += ["", "Versions modelled:", ""]
-    lines += [f"- `{e.name}` ({e.title}): {e.version}" for e in engines]
+    lines += ["", "Versions modelled (`--engine-version`; default: the installed release where modelled, else the "
+                  "newest):", ""]
+    lines += [f"- `{e.name}` ({e.title}): {e.versions.describe()}; {e.version}" for e in engines]
     lines += ["", "Why each refusal, in the engine's words (rule id: source):", ""]
     for e in engines:
         for dim, source in sorted(getattr(e, "sources", {}).items()):

@@ -4,6 +4,8 @@ DDP or the distributed optimizer (zero_stage 1). No ZeRO-2/3, no offload (those 
 from __future__ import annotations
 
 from autotune.emit.megatron import megatron_args
+from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
+from autotune.emit.megatron_versions import HEADER
 from autotune.emit.megatron_bridge import (
     bridge_files,
     bridge_model_problems,
@@ -14,6 +16,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import megatron_grad_bytes, megatron_states
+from autotune.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
 
 __all__ = ["MegatronEngine"]
@@ -22,7 +25,8 @@ __all__ = ["MegatronEngine"]
 class MegatronEngine(Engine):
     name = "megatron"
     title = "Megatron-LM"
-    version = "Megatron-LM core_v0.16 (arguments.py)"
+    version = "a flag table per release from its megatron/training/arguments.py"
+    versions = EngineVersions("megatron-core", "Megatron-core", MEGATRON_CORE_RELEASES)
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
                             etp=True, grad_dtypes=("bf16",))
@@ -107,7 +111,7 @@ class MegatronEngine(Engine):
         argv = megatron_args(model, cluster, plan, options, checkpoint_flags=checkpoint.megatron_flags(),
                              fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
-                                                 "Megatron-LM pretrain_gpt.py arguments written by autotune")}
+                                                 HEADER.format(release=options.megatron_version))}
         needs = ["Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; --mock-data unless --data-path is given"]
         # The same plan for Megatron-Bridge users: overrides of Bridge's recipe (InputError for what it cannot take;
         # a model Bridge has no recipe for and its generic GPT recipe cannot build gets none, and a note).

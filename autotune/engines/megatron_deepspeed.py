@@ -11,6 +11,7 @@ from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import bf16_optimizer_states, zero_states
+from autotune.engine_versions import EngineVersions
 
 __all__ = ["MegatronDeepSpeedEngine"]
 
@@ -19,6 +20,8 @@ class MegatronDeepSpeedEngine(Engine):
     name = "megatron-deepspeed"
     title = "Megatron-DeepSpeed"
     version = "Megatron-DeepSpeed (microsoft, 2024) on DeepSpeed 0.19.8"
+    versions = EngineVersions("deepspeed", "DeepSpeed", ("0.19",))
+    """Megatron-DeepSpeed has no releases on PyPI: the DeepSpeed under it is the version that counts."""
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="deepspeed", vpp=False, layer_split="uniform",
                             tp_with_pp=True, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
                             zero_stages_with_pp=(0, 1))

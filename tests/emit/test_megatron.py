@@ -60,7 +60,7 @@ CASES = [
 
 
 def _check_flags_exist(args):
-    """Every --flag is in megatron_flags.json, takes the right number of values, and each value is valid."""
+    """Every --flag is in the newest Megatron-core flag table, takes the right number of values, each valid."""
     table = megatron_flag_table()
     i = 0
     while i < len(args):

@@ -1,0 +1,62 @@
+"""``--engine-version``: which release of each engine's package a command models (``autotune.engine_versions``).
+
+``--engine-version 0.18`` when one engine is in play, ``--engine-version megatron=0.18,fsdp=0.2`` for several.
+Unset: the installed release where the package is installed and modelled, else the newest modelled. emit's older
+``--torchtitan-version V`` is ``--engine-version fsdp=V``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autotune.engine_versions import parse_engine_version_flag, resolve_version
+from autotune.errors import InputError
+
+__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions"]
+
+
+def add_engine_version(p) -> None:
+    p.add_argument("--engine-version", metavar="[ENGINE=]VERSION",
+                   help="the engine release to model, e.g. 0.18 (one engine) or megatron=0.18,fsdp=0.2: Megatron-core "
+                        "0.16-0.19 (its flag table), torchtitan 0.2 (TOML) / 0.3 (config module), DeepSpeed 0.19, "
+                        "transformers 5.x (default: the installed release where modelled, else the newest)")
+
+
+def engine_releases(args: argparse.Namespace, engines: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """{engine: (release, why)} for ``engines`` from ``--engine-version`` (and emit's ``--torchtitan-version``)."""
+    from autotune.engines import ENGINES
+
+    declared = {name: engine.versions for name, engine in ENGINES.items()}
+    in_play = list(dict.fromkeys(engines))
+    asked = parse_engine_version_flag(getattr(args, "engine_version", None), in_play, declared)
+    titan = getattr(args, "torchtitan_version", None)
+    if titan is not None:
+        if asked.get("fsdp", titan) != titan:
+            raise InputError([f"--torchtitan-version {titan} and --engine-version fsdp={asked['fsdp']} disagree: "
+                              "give one (--torchtitan-version V is --engine-version fsdp=V)"],
+                             subject="--engine-version")
+        asked["fsdp"] = titan
+    return {name: resolve_version(declared[name], asked.get(name), engine=name) for name in in_play}
+
+
+def print_versions(releases: dict[str, tuple[str, str]], *, command: str) -> None:
+    """One stderr line naming the release modelled for each engine and why."""
+    from autotune.engines import ENGINES
+
+    if releases:
+        said = "; ".join(f"{name}: {ENGINES[name].versions.label} {ENGINES[name].versions.shown(release)} ({why})"
+                         for name, (release, why) in releases.items())
+        print(f"autotune {command}: engine versions modelled: {said}", file=sys.stderr)
+
+
+def options_for_versions(options, releases: dict[str, tuple[str, str]]):
+    """EmitOptions with the file formats of the releases in use (torchtitan TOML vs module, Megatron flag table)."""
+    changes = {}
+    if "fsdp" in releases:
+        changes["torchtitan_version"] = releases["fsdp"][0]
+    if "megatron" in releases:
+        changes["megatron_version"] = releases["megatron"][0]
+    return replace(options, **changes) if changes else options
