@@ -33,7 +33,7 @@ from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
 from autotune.emit.validate_files import FILE_KINDS, file_kind
 from autotune.errors import InputError
-from autotune.inputs import read_json
+from autotune.inputs import _os_problem, read_json
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.model import ModelSpec, MoESpec
@@ -262,7 +262,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     """The job ``paths`` state; flags fill what the files do not (and say the model, GPU and world size where
     the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
     DeepSpeed config, which does not hold them). InputError names every missing field with the flag that supplies it."""
-    missing = [f"{p}: no such file" for p in paths if not Path(p).is_file()]
+    missing = [f"{p}: {why}" for p in paths if (why := _not_a_file(p))]
     if missing:
         raise InputError(missing, subject=_SUBJECT)
     kinds, unread = [], []
@@ -351,6 +351,15 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     else:
         plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, **fields)
     return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why ``path`` is not a readable file (None: it is one); never raises (a name too long for the file system
+    is an OSError that Path.is_file passes on)."""
+    try:
+        return None if Path(path).is_file() else "no such file"
+    except OSError as err:
+        return _os_problem(err)
 
 
 def read_job(paths: list[str], **flags) -> JobFiles:

@@ -35,6 +35,7 @@ NOTATION: dict[str, str] = {
     "mbMxA": "micro-batch of M sequences, A of them (accumulation steps) per optimizer step",
     "rc-selective|full": "activation recompute: attention only, or whole layers",
     "bf16|fp16|fp8": "training precision",
+    "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -88,6 +89,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "hybrid_no_shard": "hybrid sharding needs sharding", "hybrid_shard": "no hybrid sharding", "precision": "this precision is not supported",
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
+    "grad_dtype": "this gradient dtype is not modelled (or not with this precision)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 

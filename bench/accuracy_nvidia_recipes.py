@@ -220,6 +220,23 @@ def label(row: dict) -> str:
             f"{row['precision'][:10]:<11}gbs{row['gbs']:<6}mb{row['mbs']:<2}s{row['seq']:<5} {lay or 'dp'}")
 
 
+def _container(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def newest_container_rows(cases: list[Case]) -> list[Case]:
+    """Of the rows that ran one configuration (model with its variant, system, GPUs, precision, batch, sequence and
+    plan) in several containers, the newest container's: the software closest to the releases autotune models."""
+    newest: dict[tuple, Case] = {}
+    for c in cases:
+        r = c.row
+        key = tuple(r[k] for k in ("model", "system", "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp",
+                                   "cp", "vp", "ep"))
+        if key not in newest or _container(r["container"]) > _container(newest[key].row["container"]):
+            newest[key] = c
+    return list(newest.values())
+
+
 def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
     done = [c for c in cases if c.predicted is not None]
     print(f"ACCURACY: predicted vs measured tokens/s per GPU ({len(done)} estimated, "
@@ -243,6 +260,15 @@ def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
     errs = [c.error for c in done]
     print(f"{'all estimated rows':<44}{len(errs):>5}{_stats(errs)}{'':>11}"
           f"{statistics.median(errs) if errs else 0:>+7.1%}{sum(c.fits for c in done):>4}/{len(errs)}")
+    newest = newest_container_rows(done)
+    print(f"\nthe newest container of each configuration (same model / system / GPUs / precision / batch / plan: "
+          f"{len(newest)} rows; older containers ran the same plan on older software)")
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for c in newest:
+        by_family[f"family {c.family}"].append(c.error)
+    by_family["all newest rows"] = [c.error for c in newest]
+    for key, errs_new in by_family.items():
+        print(f"{key:<44}{len(errs_new):>5}{_stats(errs_new)}{'':>11}{statistics.median(errs_new):>+7.1%}")
     reasons: dict[str, list[Case]] = defaultdict(list)
     for c in cases:
         if c.predicted is None:

@@ -67,6 +67,24 @@ def elementwise_kernels(engine_kernels: str, torch_compile: bool) -> str:
     return "fused" if torch_compile else engine_kernels
 
 
+def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int, int]]:
+    """The attention block's linear layers as (kind, in width, out width, tp split): "col" (column-parallel, the
+    output split), "row" (row-parallel, the input split) or "dup" (duplicated on every TP rank, split 1).
+    MLA (DeepSeek-V2/V3) projects through its low-rank latents, as flops.layer_flops_per_token counts: the Q and
+    KV down-projections are duplicated over TP (megatron/core/transformer/multi_latent_attention.py: TELinear
+    ``parallel_mode='duplicated'``), the up-projections column-parallel, the output row-parallel."""
+    h = model.hidden_size
+    if model.mla is None:
+        return [("col", h, model.q_width + 2 * model.kv_width, t), ("row", model.attention_output_width, h, t)]
+    m, a = model.mla, model.num_attention_heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    q = ([("dup", h, m.q_lora_rank, 1), ("col", m.q_lora_rank, a * qk, t)] if m.q_lora_rank
+         else [("col", h, a * qk, t)])
+    return q + [("dup", h, m.kv_lora_rank + m.qk_rope_head_dim, 1),
+                ("col", m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), t),
+                ("row", a * m.v_head_dim, h, t)]
+
+
 @functools.lru_cache(maxsize=8192)
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency, r: Rates, kernels: str = "fused") -> LayerTime:
@@ -84,12 +102,12 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
 
     gemm_peak, bf16_peak = "linear", "bf16"
     qkv = model.q_width + 2 * model.kv_width
-    gemm = _gemm_s(2 * tokens * h * qkv / t, tokens, h, qkv / t, gemm_peak, eff)
-    gemm += _gemm_s(2 * tokens * model.attention_output_width * h / t, tokens, model.attention_output_width / t, h,
-                    gemm_peak, eff)
+    projections = attention_projections(model, t)
+    gemm = sum(_gemm_s(2 * tokens * k * n / split, tokens, k / split if kind == "row" else k,
+                       n / split if kind != "row" else n, gemm_peak, eff) for kind, k, n, split in projections)
     # FP8: every linear GEMM casts its inputs (forward: activations; the weights once per micro-batch) and, in
     # backward, its output gradients; widths summed over the layer's linear layers, per token.
-    cast_width = h + model.attention_output_width + qkv + h
+    cast_width = sum(k + n for _, k, n, _ in projections)
     if moe_layer:
         moe = model.moe
         assert moe is not None

@@ -91,7 +91,7 @@ class ParallelPlan:
     group of dp / dp_replicate ranks and replicated across groups. 1: shard over all dp ranks."""
     flash_attention: bool = True
     """Fused (flash) attention: no s^2 score tensors are kept for backward."""
-    grad_dtype: GradDtype | None = None
+    grad_dtype: GradDtype | None = field(default=None, repr=False)
     """The dtype gradients are accumulated and reduced in. None: the engine's default (Megatron: fp32
     ``main_grad`` buffers with bf16 / FP8, arguments.py sets ``accumulate_allreduce_grads_in_fp32``). "bf16":
     Megatron ``--grad-reduce-in-bf16`` (Bridge ``ddp.grad_reduce_in_fp32: false``), as NVIDIA's Megatron-Bridge
