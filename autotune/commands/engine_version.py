@@ -1,4 +1,4 @@
-"""``--engine-version``: which release of each engine's package a command models (``autotune.engine_versions``).
+"""``--engine-version``: which release of each engine's package a command models (``autotune.specs.engine_versions``).
 
 ``--engine-version 0.18`` when one engine is in play, ``--engine-version megatron=0.18,fsdp=0.2`` for several.
 Unset: the installed release where the package is installed and modelled, else the newest modelled. emit's older
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autotune.engine_versions import parse_engine_version_flag, resolve_version
+from autotune.specs.engine_versions import parse_engine_version_flag, resolve_version
 from autotune.errors import InputError
 
 __all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions"]

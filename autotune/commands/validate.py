@@ -156,7 +156,7 @@ _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deep
 
 def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> dict[str, str]:
     """--engine-version as {engine: release}: ENGINE=VERSION, or a bare VERSION when the files are of one engine."""
-    from autotune.engine_versions import parse_engine_version_flag
+    from autotune.specs.engine_versions import parse_engine_version_flag
     from autotune.engines import ENGINES
 
     engines = list(dict.fromkeys(_KIND_ENGINE[kind] for _, kind in inputs if kind in _KIND_ENGINE))

@@ -46,7 +46,7 @@ def releases_text(releases: Sequence[str]) -> str:
 def release_in_use(asked: str | None, declared: str | None) -> tuple[str, str | None]:
     """(the Megatron-core release whose table applies, the installed megatron-core version or None): the release
     asked for; else the installed one where modelled; else the one the file says it is for; else the newest."""
-    from autotune.engine_versions import installed_version
+    from autotune.specs.engine_versions import installed_version
 
     installed = installed_version("megatron-core")
     if asked is not None:

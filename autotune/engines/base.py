@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from autotune.emit.precision import DEFAULT_FP8_HOW
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 
 if TYPE_CHECKING:  # typed data only: specs, the run's settings and the file formats beneath the engines
     from autotune.emit.checkpoint import CheckpointSettings
@@ -41,7 +41,7 @@ class Engine(ABC):
     version: ClassVar[str]
     """The versions whose rules and defaults are modelled, in words."""
     versions: ClassVar[EngineVersions]
-    """The releases modelled, as data (``autotune.engine_versions``): which package, which releases (the newest
+    """The releases modelled, as data (``autotune.specs.engine_versions``): which package, which releases (the newest
     last, the default where the package is not installed), and companion packages."""
     support: ClassVar[EngineSupport]
     comm: ClassVar[CommSchedule]

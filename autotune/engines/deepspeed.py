@@ -17,7 +17,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, builtin_or_user_entry, deepspeed_json
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import ds_zero12_grad_elements, zero_states
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import largest_layer
 
 __all__ = ["DeepSpeedEngine"]

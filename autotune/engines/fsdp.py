@@ -21,7 +21,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import fsdp2_states
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 from autotune.errors import InputError
 from autotune.specs.layout import largest_layer, microbatches_in_flight
 

@@ -17,7 +17,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.notation import plan_notation
 
 __all__ = ["HFEngine"]

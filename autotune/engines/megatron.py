@@ -16,7 +16,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import megatron_grad_bytes, megatron_states
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
 
 __all__ = ["MegatronEngine"]

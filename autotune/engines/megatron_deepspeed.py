@@ -11,7 +11,7 @@ from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import bf16_optimizer_states, zero_states
-from autotune.engine_versions import EngineVersions
+from autotune.specs.engine_versions import EngineVersions
 
 __all__ = ["MegatronDeepSpeedEngine"]
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import autotune.engine_versions as ev
-from autotune.engine_versions import nearest_release, parse_engine_version_flag, release_of, resolve_version
+import autotune.specs.engine_versions as ev
+from autotune.specs.engine_versions import nearest_release, parse_engine_version_flag, release_of, resolve_version
 from autotune.engines import ENGINES
 from autotune.errors import InputError
 
