@@ -11,6 +11,11 @@ group whose members are ``stride`` ranks apart stays inside a node when
 NICs (the rest over NVLink), so the bus bandwidth is ``g x NIC`` (nccl-tests: 4 nodes of 8 x 50 GB/s
 B200 reach 377 GB/s, 8 H200 nodes' rings 365 GB/s), capped by the node's own bus bandwidth.
 Bus fractions and per-step latencies are the GPU's kernel facts (``gpus.yaml`` ``kernels:``).
+
+That aggregate holds for the ring collectives only. An all-to-all (MoE token dispatch, Ulysses) sends each peer
+its own share: the share for the ``g - 1`` peers in the node moves over NVLink, the share for the ``n - g`` peers
+on other nodes through the GPU's own NIC, both at once, so the NIC bounds it at ``(n - g)/n x M / NIC``. A
+point-to-point send (pipeline stages, the context-parallel ring) that crosses nodes has one NIC too.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
     crosses_nodes: bool
+    nic_bytes_per_s: float = 0.0
+    """One GPU's NIC (achievable, one direction); 0 inside a node."""
+    nvlink_bytes_per_s: float = 0.0
+    """One GPU's NVLink-class bus bandwidth (achievable); 0: ``bandwidth_bytes_per_s``."""
+    ranks_per_node: int = 0
+    """Members of the group in one node; 0: all of them (a group inside a node)."""
 
 
 _link_cache: dict[tuple, tuple[ClusterSpec, Efficiency, Link]] = {}
@@ -54,7 +65,8 @@ def _group_link(cluster: ClusterSpec, eff: Efficiency, size: int, stride: int) -
         return Link(intra, kf.intra_node_latency_us * 1e-6, False)
     per_node = max(1, min(size, cluster.gpus_per_node // max(1, stride)))
     inter = cluster.inter_node_bandwidth_gb_per_s * GB * kf.inter_node_bus_fraction * eff.link_efficiency
-    return Link(min(intra, per_node * inter), kf.inter_node_latency_us * 1e-6, True)
+    return Link(min(intra, per_node * inter), kf.inter_node_latency_us * 1e-6, True, nic_bytes_per_s=inter,
+                nvlink_bytes_per_s=intra, ranks_per_node=per_node)
 
 
 def all_gather_s(num_bytes: float, n: int, link: Link) -> float:
@@ -73,14 +85,22 @@ def all_reduce_s(num_bytes: float, n: int, link: Link) -> float:
 
 
 def all_to_all_s(num_bytes: float, n: int, link: Link) -> float:
-    """All-to-all where each rank holds ``num_bytes`` and keeps 1/n of it."""
+    """All-to-all where each rank holds ``num_bytes`` and keeps 1/n of it: across nodes the NVLink share and the
+    NIC share move at once, the slower bounds it (module docstring)."""
     if n <= 1 or num_bytes <= 0:
         return 0.0
-    return (n - 1) / n * num_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+    steps = (n - 1) * link.latency_s
+    if not link.crosses_nodes or link.nic_bytes_per_s <= 0:
+        return (n - 1) / n * num_bytes / link.bandwidth_bytes_per_s + steps
+    local = max(1, min(n, link.ranks_per_node))
+    nvlink = (local - 1) / n * num_bytes / (link.nvlink_bytes_per_s or link.bandwidth_bytes_per_s)
+    return max(nvlink, (n - local) / n * num_bytes / link.nic_bytes_per_s) + steps
 
 
 def p2p_s(num_bytes: float, link: Link) -> float:
     """One point-to-point send (pipeline activations or their gradients)."""
     if num_bytes <= 0:
         return 0.0
-    return num_bytes / link.bandwidth_bytes_per_s + link.latency_s
+    one_link = min(link.bandwidth_bytes_per_s, link.nic_bytes_per_s) if link.crosses_nodes and \
+        link.nic_bytes_per_s > 0 else link.bandwidth_bytes_per_s
+    return num_bytes / one_link + link.latency_s

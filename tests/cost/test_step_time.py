@@ -42,6 +42,22 @@ def test_group_placement_on_two_levels():
         min(450e9 * kf.intra_node_bus_fraction, 8 * 50e9 * kf.inter_node_bus_fraction))
 
 
+def test_all_to_all_and_sends_across_nodes_go_through_one_nic():
+    # 16 ranks, 8 per node: of each rank's M bytes, 7/16 go to NVLink peers and 8/16 through its own NIC, at once;
+    # the ring bus bandwidth (8 NICs' worth) would have been 8x too fast for the NIC share.
+    kf = H100.gpu.kernel_facts()
+    nvlink, nic = 450e9 * kf.intra_node_bus_fraction, 50e9 * kf.inter_node_bus_fraction
+    link = comm.group_link(H100, EFF, 16, 1)
+    m = 1e9
+    steps = 15 * link.latency_s
+    assert comm.all_to_all_s(m, 16, link) == pytest.approx(max(7 / 16 * m / nvlink, 8 / 16 * m / nic) + steps)
+    inside = comm.group_link(H100, EFF, 8, 1)
+    assert comm.all_to_all_s(m, 8, inside) == pytest.approx(7 / 8 * m / nvlink + 7 * inside.latency_s)
+    # a point-to-point send that crosses nodes has one NIC, one inside a node NVLink
+    assert comm.p2p_s(m, link) == pytest.approx(m / nic + link.latency_s)
+    assert comm.p2p_s(m, inside) == pytest.approx(m / nvlink + inside.latency_s)
+
+
 def test_narrow_gemms_run_slower():
     wide = gemm_efficiency(EFF, 8192, 8192, 8192)
     narrow = gemm_efficiency(EFF, 8192, 8192, 8192 / 16)
