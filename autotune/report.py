@@ -14,7 +14,7 @@ from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["gib", "format_params", "flop_rate", "peak_text", "plan_summary", "memory_table", "step_time_table",
-           "plan_table"]
+           "plan_table", "assumed_settings"]
 
 _BAR_WIDTH = 30
 
@@ -149,3 +149,34 @@ def plan_table(result) -> str:
     if result.rejections:
         lines.append(rejection_legend(result.rejections))
     return "\n".join(lines)
+
+
+def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
+    """The run settings a plan's step time assumed: its engine's defaults (``Engine.comm``, the engine's gradient
+    bytes) unless ``settings`` (a TimeSettings) or the plan say otherwise: what `estimate` names under its table."""
+    engine = engine_for(plan)
+    c = engine.comm
+    grads = engine.grad_reduce_bytes(plan)
+    out = [f"gradients reduced in {'fp32' if grads >= 4 else '16 bits'}"
+           + (" (--grad-dtype bf16)" if plan.grad_dtype == "bf16" else "")]
+    if plan.precision == "fp8":
+        out.append(f"FP8 recipe {settings.fp8_recipe or c.fp8_recipe}"
+                   + (", FP8 weight all-gather" if c.fp8_param_gather and plan.zero_stage >= 2 else ""))
+    if plan.tp > 1:
+        overlap = settings.tp_overlap or c.tp_overlap
+        backward = c.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
+        out.append(f"TP communication overlap: {overlap}" + (", backward input-gradient collective behind the "
+                                                              "weight-gradient GEMM" if backward else ""))
+    out.append(f"attention kernel {c.attention_kernel}")
+    compiled = settings.torch_compile or engine.compiles(plan)
+    out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels))
+    if plan.world_size > plan.model_parallel_size:
+        reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
+        out.append(f"data-parallel gradient reduction {reduce}"
+                   + ("; updated weights gathered behind the next forward" if c.param_gather_overlap
+                      and plan.overlap_comm and plan.zero_stage in (1, 2) else ""))
+    if plan.pp > 1:
+        out.append(f"pipeline schedule {'interleaved 1F1B' if plan.vpp > 1 else c.pipeline_schedule}")
+    if plan.cp > 1:
+        out.append(f"context parallelism: {c.cp_kind}")
+    return out

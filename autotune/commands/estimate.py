@@ -58,7 +58,7 @@ def estimate_from_flags(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from autotune.legend import plan_legend
-    from autotune.report import memory_table, step_time_table
+    from autotune.report import assumed_settings, memory_table, step_time_table
 
     from autotune.cost.goodput import goodput
 
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         print_versions(releases, command="estimate")
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
-        print(json_text({**result.to_dict(), "goodput": kept.to_dict()}))
+        print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
+                         "assumed_settings": assumed_settings(plan, time_settings(args))}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
                            save_staging_per_node=kept.policy.staging_host_bytes_per_node))
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         u = result.uncertainty
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
+        print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args))))
         print(kept.summary())
         print()
         print(plan_legend([plan]))

@@ -132,7 +132,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile)
+    kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile or engine.compiles(plan))
     selective = _selective_policy(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
@@ -343,7 +343,7 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     sched = engine.comm
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
-                    elementwise_kernels(sched.elementwise_kernels, settings.torch_compile))
+                    elementwise_kernels(sched.elementwise_kernels, settings.torch_compile or engine.compiles(plan)))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd, _selective_policy(plan, settings, engine))
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")

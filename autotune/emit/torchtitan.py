@@ -27,13 +27,20 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
+__all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
            "torchtitan_plan_problems"]
 
 TORCHTITAN_VERSION = "0.2.2"
 # Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py).
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                       "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B")}
+
+
+def torchtitan_compiles(plan: ParallelPlan) -> bool:
+    """Whether the torchtitan files autotune writes turn ``compile`` on: with Float8, as torchtitan recommends
+    (docs/float8.md: the casts fuse into the surrounding ops only under torch.compile). The cost model asks the
+    FSDP engine, which answers with this, so the estimate is the estimate of the files."""
+    return plan.precision == "fp8"
 
 
 def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -109,7 +116,7 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         "parallelism": parallelism,
         "activation_checkpoint": {"mode": plan.recompute} | ({"selective_ac_option": "op"}
                                                              if plan.recompute == "selective" else {}),
-        "compile": {"enable": plan.precision == "fp8", "components": ["model", "loss"]},
+        "compile": {"enable": torchtitan_compiles(plan), "components": ["model", "loss"]},
         "checkpoint": {"enable": True, "folder": options.checkpoint.save_dir,
                        "interval": options.checkpoint.interval_steps or 500,
                        "keep_latest_k": options.checkpoint.keep_last,

@@ -111,6 +111,12 @@ class Engine(ABC):
         write is in the Adam term; Megatron ``_copy_main_params_to_model_params``, DeepSpeed's fp16 partition)."""
         return 4.0 + 4.0 + (8.0 if plan.precision == "fp16" else 0.0)
 
+    def compiles(self, plan: ParallelPlan) -> bool:
+        """Whether the files this engine writes for ``plan`` run it under torch.compile (its memory-bound kernels
+        then fused, ``autotune.cost.layer_time.elementwise_kernels``). The cost model asks this, not a default."""
+        del plan
+        return False
+
     def grad_accumulate_bytes(self, plan: ParallelPlan) -> float:
         """HBM bytes per local parameter that accumulating one micro-batch's gradients moves outside the GEMMs
         (0: accumulated inside the weight-gradient GEMM or by the reduction itself)."""

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
-from autotune.emit.torchtitan import torchtitan_toml
+from autotune.emit.torchtitan import torchtitan_compiles, torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.base import Engine
@@ -151,6 +151,9 @@ class FSDPEngine(Engine):
         # The sharded fp32 parameters are the optimizer's own (MixedPrecisionPolicy casts them at the all-gather):
         # no master-to-model copy; the gradient norm, and GradScaler's unscale with fp16.
         return 4.0 + (8.0 if plan.precision == "fp16" else 0.0)
+
+    def compiles(self, plan) -> bool:
+        return torchtitan_compiles(plan)  # the torchtitan files' compile.enable
 
     def grad_reduce_bytes(self, plan) -> float:
         return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default
