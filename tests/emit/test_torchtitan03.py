@@ -181,7 +181,8 @@ def test_validate_names_the_version_when_torchtitan_03_is_installed(tmp_path):
                          capture_output=True, text=True, env=env, timeout=600)
     text = run.stdout + run.stderr
     assert run.returncode == 1, text
-    assert "torchtitan is 0.3.0" in text and "no TOML job configs" in text and "--torchtitan-version 0.3" in text
+    assert "version mismatch" in text and "is for torchtitan 0.2" in text and "(installed: 0.3.0)" in text
+    assert "no TOML job configs" in text and "--engine-version fsdp=0.3" in text
     assert "fix the config" not in text
 
 
