@@ -51,7 +51,17 @@ def estimate_from_job(args: argparse.Namespace):
     from autotune.cost.estimate import estimate
 
     job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute)
-    return estimate(job.model, job.cluster, job.plan, job.settings, time_settings(args))
+    plan = job.plan
+    if getattr(args, "grad_dtype", None) and args.grad_dtype != plan.grad_dtype:
+        # --grad-dtype with --from: the job with that gradient dtype, if its engine runs it
+        from autotune.rules import plan_problems
+
+        plan = plan.with_(grad_dtype=args.grad_dtype)
+        refused = [message for rule, message in plan_problems(job.model, job.cluster, plan)
+                   if rule.endswith(":grad_dtype")]
+        if refused:
+            raise InputError(refused, subject="--grad-dtype")
+    return estimate(job.model, job.cluster, plan, job.settings, time_settings(args))
 
 
 def _key(plan) -> tuple:

@@ -175,3 +175,18 @@ def test_the_nvidia_bench_estimates_with_bf16_gradients():
     row = nv.load_rows()[0]
     argv, _ = nv.estimate_argv(row, "llama3-70b", "gb200", "fp8")
     assert argv[argv.index("--grad-dtype") + 1] == "bf16" == nv.GRAD_DTYPE
+
+
+def test_from_with_grad_dtype_estimates_the_job_with_it_or_refuses(tmp_path, capsys):
+    code, _, err = _run(["emit", *EST[1:], "--engine", "megatron", "--tp", "2", "--out", tmp_path / "mg"], capsys)
+    assert code == 0, err
+    mg = [tmp_path / "mg" / "megatron_args.sh", tmp_path / "mg" / "launch_torchrun.sh"]
+    code, out, err = _run(["estimate", "--from", *mg, "--gpu", "h100-sxm-80gb", "--grad-dtype", "bf16", "--json"],
+                          capsys)
+    assert code == 0, err
+    assert json.loads(out)["plan"]["grad_dtype"] == "bf16"
+    code, _, err = _run(["emit", *EST[1:], "--engine", "deepspeed", "--out", tmp_path / "ds"], capsys)
+    assert code == 0, err
+    code, _, err = _run(["estimate", "--from", tmp_path / "ds" / "ds_config.json", "--model", "llama3-8b",
+                         "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--grad-dtype", "bf16"], capsys)
+    assert code == 2 and "bf16 gradients are not modelled" in err and "Traceback" not in err
