@@ -7,6 +7,9 @@
   a test that forgot to pass a free port fails at once with EADDRINUSE instead of sometimes.
 - ``deepspeed_ops``: DeepSpeed's JIT-built CPU ops (shm_comm, cpu_adam) built once per session, before any
   test's own timeout starts (autotune/tune/ops.py); a probe's timeout then covers the probe only.
+- ``no_shm_leftovers`` (autouse): after each test, the /dev/shm segments DeepSpeed's CPU all-reduce left
+  behind (autotune/tune/shm_leftovers.py) are removed, whoever started DeepSpeed (a trial, an emitted launch
+  script, a test's own run): without it a full run leaves gigabytes of RAM in /dev/shm.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ def pick_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leftovers():
+    yield
+    from autotune.tune.shm_leftovers import remove_leftovers
+
+    remove_leftovers()
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ from autotune.emit.deepspeed import deepspeed_config
 from autotune.emit.options import EmitOptions
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.tune import ops
+from autotune.tune import ops, shm_leftovers
 from autotune.tune.judge import judge
 from autotune.tune.launch import Job, command_line, launch_record, trial_env, write_launch_record
 from autotune.tune.logs import LogReader, Phase, tail
@@ -343,6 +343,7 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             job.kill()
         reader.close()
         job.close()
+        shm_leftovers.remove_leftovers()  # DeepSpeed's CPU all-reduce never unlinks its /dev/shm segments
 
 
 def _finish(spec: TrialSpec, result: TrialResult) -> TrialResult:

@@ -25,6 +25,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
 from test_tune_integration import postgres_url  # noqa: F401 - the PostgreSQL fixture
 
 from autotune.cli import main
+from autotune.tune import shm_leftovers
 from autotune.tune.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,6 +169,7 @@ def test_deepspeed_launcher_one_node_without_ssh(tmp_path, monkeypatch):
     (shim / "ssh").chmod(0o755)
     env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO))
+    shm_before = set(os.listdir(shm_leftovers.SHM_DIR)) if shm_leftovers.SHM_DIR.is_dir() else set()
     done = subprocess.run(_tune("--trials", "1", "--top-k", "1", "--launcher", "deepspeed", "--hostfile",
                                 str(hostfile), "--out", str(tmp_path / "out"), "--json"),
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -176,6 +178,10 @@ def test_deepspeed_launcher_one_node_without_ssh(tmp_path, monkeypatch):
     log = (tmp_path / "out" / "trials" / "0000" / "trial.log").read_text()
     assert "deepspeed.launcher.runner" in log.splitlines()[0] and "--no_ssh" in log.splitlines()[0]
     assert "ssh was called" not in log
+    # DeepSpeed's runner sets LOCAL_SIZE, so each rank made a /dev/shm all-reduce segment and unlinked none
+    assert "deepspeed_shm_comm_op built successfully" in log
+    made = set(os.listdir(shm_leftovers.SHM_DIR)) - shm_before if shm_leftovers.SHM_DIR.is_dir() else set()
+    assert not [n for n in made if n.startswith(shm_leftovers.PREFIX)], "the trial's segments were left in /dev/shm"
 
 
 def test_bad_launcher_input_exits_2_before_any_trial(tmp_path, monkeypatch, capsys):
