@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.api import make_plan, plan_from_deepspeed_config
 from autotune.cost.estimate import estimate_from_dict
+from autotune.cost.run_settings import without_defaults
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
@@ -144,6 +145,18 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     if n("--expert-tensor-parallel-size") is not None:  # parallel folding; unset: etp = tp (arguments.py:587)
         out["etp"] = n("--expert-tensor-parallel-size")
     out["precision"] = "fp8" if "--fp8-format" in f or "--fp8" in f else "fp16" if "--fp16" in f else "bf16"
+    recipe = f.get("--fp8-recipe")
+    if out["precision"] == "fp8" and isinstance(recipe, str):
+        from autotune.emit.precision import MEGATRON_FP8_RECIPES
+
+        ours = {name: plan_name for plan_name, name in MEGATRON_FP8_RECIPES.items()}
+        if recipe in ours:
+            out["fp8_recipe"] = ours[recipe]
+        else:
+            notes.append(f"{path}: --fp8-recipe {recipe} is not modelled: estimated as the engine's default "
+                         f"(delayed scaling)")
+    if "--tp-comm-overlap" in f:
+        out["tp_overlap"] = "userbuffers"
     if "--fp16" not in f and "--bf16" not in f and out["precision"] == "bf16":
         notes.append(f"{path}: neither --bf16 nor --fp16 (Megatron trains in fp32): estimated as bf16")
     granularity = f.get("--recompute-granularity") or ("selective" if "--recompute-activations" in f else None)
@@ -193,6 +206,17 @@ def _torchtitan(path: str, notes: list[str]) -> tuple[dict, int | None]:
            "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
            "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
            "precision": "fp8" if "float8" in str(m.get("converters", "")) else "bf16"}
+    compile_on = section("compile").get("enable")
+    if isinstance(compile_on, bool):
+        out["torch_compile"] = compile_on
+    if p.get("enable_async_tensor_parallel") is True and out["tp"] > 1:
+        out["tp_overlap"] = "async-tp"
+    float8 = ((section("quantize").get("linear") or {}).get("float8") or {}) if out["precision"] == "fp8" else {}
+    recipe = float8.get("recipe_name") if isinstance(float8, dict) else None
+    if recipe == "rowwise":
+        out["fp8_recipe"] = "torchao-rowwise"
+    elif recipe is not None:
+        notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, torchtitan_job_sizes(path).world_size
@@ -234,6 +258,9 @@ def _accelerate(path: str, notes: list[str]) -> tuple[dict, int | None, dict | N
             "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
             "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
+    dynamo = data.get("dynamo_config") if isinstance(data.get("dynamo_config"), dict) else {}
+    if "dynamo_backend" in dynamo:  # accelerate compiles the prepared model unless the backend is NO
+        out["torch_compile"] = str(dynamo["dynamo_backend"]).upper() != "NO"
     notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
     return out, world, None
 
@@ -367,6 +394,7 @@ def read_job(paths: list[str], **flags) -> JobFiles:
     flag that supplies it, and a file whose values are not what its kind holds."""
     try:
         job = _read_job(paths, **flags)
+        job = replace(job, plan=without_defaults(job.plan))  # settings the files state that the engine has anyway
     except InputError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as err:

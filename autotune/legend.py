@@ -13,7 +13,8 @@ import textwrap
 from collections.abc import Iterable
 
 from autotune.engines import engine_for
-from autotune.specs.notation import plan_notation
+from autotune.specs.notation import TP_OVERLAP_WORDS, plan_notation
+from autotune.specs.plan import FP8_RECIPES
 
 __all__ = ["NOTATION", "COLUMNS", "REJECTIONS", "plan_legend", "rejection_legend", "rule_meaning", "wrap"]
 
@@ -36,6 +37,10 @@ NOTATION: dict[str, str] = {
     "rc-selective|full": "activation recompute: attention only, or whole layers",
     "bf16|fp16|fp8": "training precision",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
+    "te-delayed|te-current|torchao-tensorwise|torchao-rowwise": "FP8 scaling recipe (--fp8-recipe)",
+    "tp-userbuffers|async-tp|tp-no-overlap": "TP collectives overlapped with the GEMMs by Megatron's userbuffers or "
+                                             "torch async TP, or not (--tp-overlap)",
+    "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -90,6 +95,9 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
     "grad_dtype": "this gradient dtype is not modelled (or not with this precision)",
+    "fp8_recipe": "this FP8 recipe is not one the engine runs",
+    "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
+    "torch_compile": "its files cannot turn torch.compile on",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 
@@ -117,6 +125,12 @@ def _tokens(summaries: Iterable[str]) -> set[str]:
                 found.add({"opt": "opt->cpu|nvme", "par": "param->cpu|nvme", "rc-": "rc-selective|full"}[word[:3]])
             elif word in ("bf16", "fp16", "fp8"):
                 found.add("bf16|fp16|fp8")
+            elif word in FP8_RECIPES:
+                found.add("te-delayed|te-current|torchao-tensorwise|torchao-rowwise")
+            elif word in TP_OVERLAP_WORDS.values():
+                found.add("tp-userbuffers|async-tp|tp-no-overlap")
+            elif word in ("compiled", "eager"):
+                found.add("compiled|eager")
             else:
                 found.add(shape)
     return found

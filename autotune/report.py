@@ -153,23 +153,32 @@ def plan_table(result) -> str:
 
 def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     """The run settings a plan's step time assumed: its engine's defaults (``Engine.comm``, the engine's gradient
-    bytes) unless ``settings`` (a TimeSettings) or the plan say otherwise: what `estimate` names under its table."""
+    bytes) unless ``settings`` (a TimeSettings) or the plan say otherwise (``autotune.cost.run_settings``, which
+    the cost model reads too): what `estimate` names under its table. A setting the plan fixed names its flag."""
+    from autotune.cost import run_settings
+
     engine = engine_for(plan)
     c = engine.comm
     grads = engine.grad_reduce_bytes(plan)
+
+    def asked(name: str, flag: str) -> str:
+        return f" ({flag})" if getattr(plan, name) is not None else ""
+
     out = [f"gradients reduced in {'fp32' if grads >= 4 else '16 bits'}"
            + (" (--grad-dtype bf16)" if plan.grad_dtype == "bf16" else "")]
     if plan.precision == "fp8":
-        out.append(f"FP8 recipe {settings.fp8_recipe or c.fp8_recipe}"
-                   + (", FP8 weight all-gather" if c.fp8_param_gather and plan.zero_stage >= 2 else ""))
+        out.append(f"FP8 recipe {run_settings.fp8_recipe(plan, settings, engine)}"
+                   + asked("fp8_recipe", "--fp8-recipe")
+                   + (", FP8 weight all-gather" if engine.fp8_param_gather(plan) and plan.zero_stage >= 2 else ""))
     if plan.tp > 1:
-        overlap = settings.tp_overlap or c.tp_overlap
+        overlap = run_settings.tp_overlap(plan, settings, engine)
         backward = c.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
-        out.append(f"TP communication overlap: {overlap}" + (", backward input-gradient collective behind the "
-                                                              "weight-gradient GEMM" if backward else ""))
+        out.append(f"TP communication overlap: {overlap}" + asked("tp_overlap", "--tp-overlap")
+                   + (", backward input-gradient collective behind the weight-gradient GEMM" if backward else ""))
     out.append(f"attention kernel {c.attention_kernel}")
-    compiled = settings.torch_compile or engine.compiles(plan)
-    out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels))
+    compiled = run_settings.compiled(plan, settings, engine)
+    out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels)
+               + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

@@ -119,11 +119,14 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
         detail = f"{plan.recompute_num_layers} layers per stage recomputed (block method), the rest kept"
     rows.append(("recompute", plan.recompute, detail))
     engine = engine_for(plan)
-    prec = precision_summary(plan, fp8_param_gather=engine.fp8_param_gather(plan), fp8_how=engine.fp8_how(plan))
+    prec = precision_summary(plan, fp8_param_gather=engine.fp8_param_gather(plan), fp8_how=engine.fp8_how(plan),
+                             fp8_recipe=plan.fp8_recipe or engine.comm.fp8_recipe)
     why = f"{prec['params_dtype']} weights and activations, fp32 master weights and optimizer states"
     if prec["fp8"]:
-        why += (f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, delayed scaling over "
-                f"{prec['fp8']['amax_history_len']} steps)")
+        scaling = {"te-delayed": f"delayed scaling over {prec['fp8'].get('amax_history_len')} steps",
+                   "te-current": "current (per-tensor) scaling", "torchao-tensorwise": "torchao tensorwise scaling",
+                   "torchao-rowwise": "torchao rowwise scaling"}[prec["fp8"]["recipe"]]
+        why += f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, {scaling})"
     if prec["loss_scaling"]:
         why += "; dynamic loss scaling"
     rows.append(("precision", plan.precision, why))
@@ -133,6 +136,16 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     rows.append(("overlap", "on" if plan.overlap_comm else "off",
                  "gradient reduction (and parameter gathers) overlap the backward pass" if plan.overlap_comm
                  else "gradient reduction after the backward pass"))
+    if plan.tp_overlap is not None and plan.tp > 1:
+        rows.append(("TP overlap", plan.tp_overlap, {
+            "none": "TP collectives wait for the GEMMs around them",
+            "userbuffers": "TP collectives chunked behind the GEMMs (Megatron --tp-comm-overlap, TE userbuffers)",
+            "async-tp": "TP collectives micro-pipelined with the GEMMs (torch async TP, under torch.compile)"}[
+                plan.tp_overlap]))
+    if plan.torch_compile is not None:
+        rows.append(("torch.compile", "on" if plan.torch_compile else "off",
+                     "norms, activations and RoPE fused into one kernel each" if plan.torch_compile
+                     else "eager: each elementwise op its own kernel"))
     if plan.grad_dtype is not None:
         rows.append(("gradients", plan.grad_dtype, f"accumulated and reduced in {plan.grad_dtype} (half the "
                      "gradient buffer and reduction bytes of fp32 main grads, at bf16's accumulation precision)"))

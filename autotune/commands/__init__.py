@@ -17,12 +17,12 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
-from autotune.specs.plan import ENGINE_NAMES
+from autotune.specs.plan import ENGINE_NAMES, FP8_RECIPES, RUN_SETTINGS, TP_OVERLAPS
 from autotune.specs.settings import MemorySettings
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
-           "add_plan_flags", "add_grad_dtype", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
+           "add_plan_flags", "add_run_settings", "run_setting_args", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
            "reliability_flags", "goodput_inputs"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -243,7 +243,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="the engine that trains the plan (default deepspeed; --framework is an alias)")
     g.add_argument("--dp-replicate", type=positive_int, default=1,
                    help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
-    add_grad_dtype(g)
+    add_run_settings(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="flash attention: no seq x seq score matrix kept (default on)")
     m = p.add_argument_group("memory settings")
@@ -255,10 +255,28 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     add_calibration(p)
 
 
-def add_grad_dtype(g) -> None:
-    """``--grad-dtype`` (``ParallelPlan.grad_dtype``), for one plan and for the planner's search alike."""
+def add_run_settings(g) -> None:
+    """The run settings of ``ParallelPlan.RUN_SETTINGS`` (--grad-dtype, --fp8-recipe, --tp-overlap, --compile), for
+    one plan and for the planner's search alike; each defaults to the engine's own (None)."""
     g.add_argument("--grad-dtype", choices=("bf16",), default=None,
                    help="dtype gradients are accumulated and reduced in: bf16 = Megatron --grad-reduce-in-bf16, as NVIDIA's Megatron-Bridge benchmark recipes run (half the gradient buffer and reduction bytes); default: the engine's own (Megatron: fp32 main grads with bf16 / fp8)")
+    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                   help="FP8 scaling recipe of fp8 plans: te-delayed / te-current = Megatron --fp8-recipe delayed / "
+                        "tensorwise; torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: "
+                        "no FP8 all-gather); default: the engine's own (Megatron te-delayed, torchtitan "
+                        "torchao-tensorwise)")
+    g.add_argument("--tp-overlap", choices=TP_OVERLAPS, default=None,
+                   help="TP communication overlap where tp > 1: userbuffers = Megatron --tp-comm-overlap (needs "
+                        "sequence parallelism), async-tp = torchtitan enable_async_tensor_parallel (compiles); "
+                        "default: the engine's own (none)")
+    g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
+                        "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")
+
+
+def run_setting_args(args: argparse.Namespace) -> dict:
+    """The run settings the command line fixed (``ParallelPlan`` field -> value), the rest left to the engine."""
+    return {name: getattr(args, name) for name in RUN_SETTINGS if getattr(args, name, None) is not None}
 
 
 def add_goodput(p: argparse.ArgumentParser) -> None:

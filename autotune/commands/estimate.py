@@ -13,6 +13,7 @@ from autotune.commands import (
     json_text,
     load_inputs,
     preset_epilog,
+    run_setting_args,
     time_settings,
 )
 from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions
@@ -47,7 +48,7 @@ def estimate_from_flags(args: argparse.Namespace):
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
-        grad_dtype=getattr(args, "grad_dtype", None),
+        **run_setting_args(args),
     )
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),

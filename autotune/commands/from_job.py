@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autotune.commands import EXIT_OK, flag_problems, json_text, time_settings
+from autotune.commands import EXIT_OK, flag_problems, json_text, run_setting_args, time_settings
 from autotune.errors import InputError
-from autotune.specs.plan import ENGINE_NAMES
+from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
 __all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
                 "zero_stage", "sequence_parallel", "recompute", "recompute_num_layers", "precision",
-                "offload_optimizer", "offload_param")
+                "offload_optimizer", "offload_param", *RUN_SETTINGS)
 
 
 def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool = False) -> None:
@@ -52,15 +52,20 @@ def estimate_from_job(args: argparse.Namespace):
 
     job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute)
     plan = job.plan
-    if getattr(args, "grad_dtype", None) and args.grad_dtype != plan.grad_dtype:
-        # --grad-dtype with --from: the job with that gradient dtype, if its engine runs it
+    asked = {k: v for k, v in run_setting_args(args).items() if v != getattr(plan, k)}
+    if asked:
+        # --grad-dtype / --fp8-recipe / --tp-overlap / --compile with --from: the job with those settings, where its
+        # engine runs them
         from autotune.rules import plan_problems
 
-        plan = plan.with_(grad_dtype=args.grad_dtype)
+        try:
+            plan = plan.with_(**asked)
+        except InputError as e:
+            raise InputError(e.problems, subject="run settings with --from") from None
         refused = [message for rule, message in plan_problems(job.model, job.cluster, plan)
-                   if rule.endswith(":grad_dtype")]
+                   if rule.split(":")[-1] in asked]
         if refused:
-            raise InputError(refused, subject="--grad-dtype")
+            raise InputError(refused, subject="run settings with --from")
     return estimate(job.model, job.cluster, plan, job.settings, time_settings(args))
 
 
@@ -91,7 +96,8 @@ def plan_from_job(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
         precisions=args.precision or (plan.precision,), recompute=args.recompute, engines=engines,
         allow_offload=args.offload, min_headroom_gib=args.min_headroom_gib,
-        grad_dtype=args.grad_dtype or plan.grad_dtype)
+        **({name: getattr(plan, name) for name in RUN_SETTINGS if getattr(plan, name) is not None}
+           | run_setting_args(args)))
     result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           time_settings=time_settings(args), constraints=constraints, top_k=args.top_k)
     order = result.in_order

@@ -10,14 +10,15 @@ from autotune.commands import (
     EXIT_OK,
     add_calibration,
     add_common,
-    add_grad_dtype,
     add_goodput,
+    add_run_settings,
     goodput_inputs,
     int_list,
     json_text,
     load_inputs,
     positive_int,
     preset_epilog,
+    run_setting_args,
     str_list,
     time_settings,
 )
@@ -29,15 +30,24 @@ __all__ = ["register", "run"]
 
 
 
-def grad_dtype_engines(args: argparse.Namespace) -> tuple[str, ...]:
-    """``--engine``, narrowed to the engines that model ``--grad-dtype`` when the engines were left to the default
-    (an engine named with --engine that does not model it is refused plan by plan, with the rule's reason)."""
+def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--engine``, narrowed to the engines that run every asked run setting (--grad-dtype, --fp8-recipe,
+    --tp-overlap, --compile) when the engines were left to the default (an engine named with --engine that does
+    not run one is refused plan by plan, with the rule's reason)."""
     engines = tuple(args.engine)
-    if args.grad_dtype is None or engines != tuple(ENGINE_NAMES):
+    asked = run_setting_args(args)
+    if not asked or engines != tuple(ENGINE_NAMES):
         return engines
     from autotune.engines import engine_for
 
-    return tuple(e for e in engines if args.grad_dtype in engine_for(e).support.grad_dtypes)
+    def runs(name: str) -> bool:
+        s = engine_for(name).support
+        return (asked.get("grad_dtype") in (None, *s.grad_dtypes)
+                and asked.get("fp8_recipe") in (None, *s.fp8_recipes)
+                and asked.get("tp_overlap") in (None, *s.tp_overlaps)
+                and (not asked.get("torch_compile") or s.torch_compile))
+
+    return tuple(e for e in engines if runs(e))
 
 def register(sub) -> None:
     plan = sub.add_parser("plan", help="search every plan, rank the feasible ones", epilog=preset_epilog(),
@@ -63,7 +73,7 @@ def register(sub) -> None:
                    help=f"engines to rank plans across, e.g. fsdp,megatron (default all: {','.join(ENGINE_NAMES)}; "
                         f"--framework is an alias)")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
-    add_grad_dtype(g)
+    add_run_settings(g)
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
@@ -111,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
-        recompute=args.recompute, engines=grad_dtype_engines(args), allow_offload=args.offload,
-        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, grad_dtype=args.grad_dtype)
+        recompute=args.recompute, engines=run_setting_engines(args), allow_offload=args.offload,
+        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, **run_setting_args(args))
     progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:
         import time

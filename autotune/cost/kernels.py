@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from autotune.cost.efficiency import Efficiency
 from autotune.specs.hardware import GB, ClusterSpec
+from autotune.specs.plan import FP8_RECIPES
 
 __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
 
@@ -34,7 +35,8 @@ __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
 #   torchao-rowwise: per-row amax fused with the cast, but each tensor is cast along both axes (rowwise scales
 #       differ per axis; torchao float8 README: +10.1% vs +25.0% tensorwise on Llama3-8B): 2 x (2 + 1)
 FP8_CAST_BYTES = {"te-delayed": 3.0, "te-current": 5.0, "torchao-tensorwise": 5.0, "torchao-rowwise": 6.0}
-FP8_RECIPES = tuple(FP8_CAST_BYTES)
+if tuple(FP8_CAST_BYTES) != FP8_RECIPES:  # the plan's names (autotune.specs.plan) and their costs, one list
+    raise AssertionError(f"FP8_CAST_BYTES {tuple(FP8_CAST_BYTES)} != the plan's FP8_RECIPES {FP8_RECIPES}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-from autotune.cost import comm
+from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
@@ -105,7 +105,8 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 
 # Every plan field the critical stage's per-micro-batch time reads (``time_key``, the rates, the stage split and
 # the recompute): plans that differ in ZeRO stage, replicas, offload or dp share it.
-_STAGE_TIME_FIELDS = operator.attrgetter("engine", "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
+_STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
+                                         "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers")
 _stage_time_cache: dict[tuple, tuple] = {}
 
@@ -131,13 +132,13 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
-    kernels = elementwise_kernels(sched.elementwise_kernels, settings.torch_compile or engine.compiles(plan))
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
+    kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
-    tp_overlap = settings.tp_overlap or sched.tp_overlap
+    tp_overlap = run_settings.tp_overlap(plan, settings, engine)
     tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
         else settings.tp_backward_overlap
 
@@ -233,7 +234,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         # Each collective pays its ring latency: FSDP2 one flat all-gather per block; DeepSpeed one per submodule
         # it fetches (the four Linear weights of a layer; biases and norms sit below
         # stage3_param_persistence_threshold and stay gathered).
-        gather_bytes = 1.0 if plan.precision == "fp8" and sched.fp8_param_gather else 2.0
+        gather_bytes = 1.0 if plan.precision == "fp8" and engine.fp8_param_gather(plan) else 2.0
         layers = max(1, n_layers)
         latency = (n_dp - 1) * dp_link.latency_s * (n_dp > 1) + (n_ep_dp - 1) * edp_link.latency_s * (expert_psi > 0)
         pieces = 1 if sched.param_gather == "fsdp2" else 4
@@ -341,12 +342,13 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     eff = settings.efficiency
     engine = engine_for(plan)
     sched = engine.comm
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, settings.fp8_recipe or sched.fp8_recipe)
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
-                    elementwise_kernels(sched.elementwise_kernels, settings.torch_compile or engine.compiles(plan)))
+                    elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
-    lp = layer_passes(lt, plan, 1.0, settings.tp_overlap or sched.tp_overlap, tp_bwd, _selective_policy(plan, settings, engine))
-    fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and (settings.tp_overlap or sched.tp_overlap) == "none")
+    overlap = run_settings.tp_overlap(plan, settings, engine)
+    lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine))
+    fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and overlap == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
     total += eff.overlap_cost * lp.tp_hidden_s
     return fwd, total - fwd

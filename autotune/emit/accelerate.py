@@ -20,6 +20,7 @@ import yaml
 
 from autotune.emit.deepspeed import deepspeed_config
 from autotune.emit.options import EmitOptions
+from autotune.emit.torchtitan import torchtitan_compiles
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -151,6 +152,9 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
                         "set offload_param cpu as well, or no offload")
     if "nvme" in (plan.offload_param, plan.offload_optimizer):
         problems.append("FSDP2 offloads to CPU only (CPUOffloadPolicy): use cpu")
+    if plan.tp_overlap == "async-tp":
+        problems.append(f"accelerate {ACCELERATE_VERSION} has no async tensor parallelism: use torchtitan's file, or "
+                        "drop --tp-overlap")
     if plan.zero_stage not in (2, 3):
         problems.append(f"zero_stage {plan.zero_stage}: accelerate's FSDP2 shards parameters and gradients "
                         "(ZeRO-3: fsdp_reshard_after_forward true) or keeps the gathered parameters until backward "
@@ -188,6 +192,8 @@ def accelerate_fsdp_yaml(model: ModelSpec, cluster: ClusterSpec, plan: ParallelP
             "fsdp_cpu_ram_efficient_loading": True}
     data = {**_launch_shape(cluster, options), "distributed_type": "FSDP", "mixed_precision": _mixed_precision(plan),
             "fsdp_config": fsdp}
+    if torchtitan_compiles(plan):  # as the FSDP engine's files compile (the cost model asks the same function)
+        data["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     if plan.tp > 1 or plan.cp > 1 or plan.dp_replicate > 1:
         data["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": plan.dp_replicate,

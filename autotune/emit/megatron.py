@@ -134,6 +134,8 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
         args += split_flags(split)
     if plan.sequence_parallel and plan.tp > 1:  # Megatron silently drops it at tp=1 (validate_args 1436)
         args.append("--sequence-parallel")
+    if plan.tp_overlap == "userbuffers":  # TE userbuffers; the support rules ask for tp > 1 and sequence parallel
+        args.append("--tp-comm-overlap")
     if plan.cp > 1:
         args += ["--context-parallel-size", str(plan.cp)]
     if plan.ep > 1:

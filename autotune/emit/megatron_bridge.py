@@ -22,8 +22,9 @@ megatron-core 0.19 ``OptimizerConfig``, ``DistributedDataParallelConfig``, ``Tra
 
 What depends on the plan is reset, not left to the recipe: the 70B recipe's ``comm_overlap`` carries a
 TP-4-tuned userbuffers layout (``userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192``); Bridge 0.6 has none for
-other layouts of that width, and Megatron-LM's arguments of the same plan (``megatron_args.sh``) do not enable
-userbuffer overlap, so ``tp_comm_overlap`` is off and its layout null. VPP is null without interleaving, the
+other layouts of that width, so ``tp_comm_overlap`` is off and its layout null unless the plan asks for userbuffers
+(``ParallelPlan.tp_overlap``, as ``megatron_args.sh`` then writes ``--tp-comm-overlap``): on, with TE's default
+layout (comm_overlap.py: "No overlap config provided"). VPP is null without interleaving, the
 recompute fields null without recompute, the pipeline layout and uneven-stage counts set from the plan.
 """
 
@@ -46,11 +47,11 @@ from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
     FP8_AMAX_HISTORY_LEN,
     FP8_FORMAT,
-    FP8_RECIPE,
     FP16_HYSTERESIS,
     FP16_INITIAL_LOSS_SCALE,
     FP16_LOSS_SCALE_WINDOW,
     FP16_MIN_LOSS_SCALE,
+    MEGATRON_FP8_RECIPES,
 )
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
@@ -155,6 +156,10 @@ def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
                 "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
                 "update_config_with_precision_overrides) and which only another name replaces: bf16 gradients "
                 "need megatron_args.sh, or drop --grad-dtype"]
+    if plan.tp_overlap == "userbuffers" and not recipe.comm_overlap:
+        return [f"comm_overlap: {recipe.name} sets no CommOverlapConfig, and TP userbuffers are turned on there "
+                "(comm_overlap.tp_comm_overlap): --tp-overlap userbuffers needs megatron_args.sh "
+                "(--tp-comm-overlap), or drop --tp-overlap"]
     return []
 
 
@@ -165,8 +170,9 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
         # bf16_with_fp8_delayed_scaling_mixed (hybrid, delayed, amax history 1024, max: autotune's FP8 recipe) also
         # gathers FP8 parameters; Bridge 0.6 accepts that without the distributed optimizer too (fewer weight bytes
         # than a DDP plan's estimate assumes, not more).
-        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
-                "fp8": "bf16_with_fp8_delayed_scaling_mixed"}[plan.precision]
+        fp8 = ("bf16_with_fp8_current_scaling_mixed" if plan.fp8_recipe == "te-current"
+               else "bf16_with_fp8_delayed_scaling_mixed")
+        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8}[plan.precision]
     fp16 = plan.precision == "fp16"
     dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
     out: dict = {"bf16": not fp16, "fp16": fp16, "params_dtype": dtype, "pipeline_dtype": dtype,
@@ -178,9 +184,10 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
         out |= {"initial_loss_scale": FP16_INITIAL_LOSS_SCALE, "min_loss_scale": FP16_MIN_LOSS_SCALE,
                 "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
     if plan.precision == "fp8":
-        out |= {"fp8": FP8_FORMAT, "fp8_recipe": FP8_RECIPE, "fp8_margin": 0,
-                "fp8_amax_history_len": FP8_AMAX_HISTORY_LEN, "fp8_amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
-                "fp8_param_gather": fp8_param_gather}
+        recipe_name = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
+        out |= {"fp8": FP8_FORMAT, "fp8_recipe": recipe_name, "fp8_margin": 0, "fp8_param_gather": fp8_param_gather}
+        if recipe_name == "delayed":
+            out |= {"fp8_amax_history_len": FP8_AMAX_HISTORY_LEN, "fp8_amax_compute_algo": FP8_AMAX_COMPUTE_ALGO}
     return out
 
 
@@ -252,7 +259,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 "grad_reduce_in_fp32": plan.precision != "fp16" and plan.grad_dtype != "bf16",
                 "use_megatron_fsdp": False},
         # CommOverlapConfig's own values win over ddp/optimizer at setup (comm_overlap.py _override_user_cfgs).
-        "comm_overlap": {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None,
+        "comm_overlap": {"tp_comm_overlap": plan.tp_overlap == "userbuffers", "tp_comm_overlap_cfg": None,
                          "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
         if recipe.comm_overlap else None,
         "mixed_precision": precision,

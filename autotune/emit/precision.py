@@ -25,6 +25,10 @@ __all__ = [
 # --fp8-amax-compute-algo max). HYBRID = E4M3 in the forward pass, E5M2 for gradients.
 FP8_FORMAT = "hybrid"
 FP8_RECIPE = "delayed"
+# The plan's Transformer Engine recipes (ParallelPlan.fp8_recipe) as Megatron-core names them (--fp8-recipe choices
+# tensorwise, delayed, mxfp8, blockwise, custom in megatron/training/arguments.py; "tensorwise" is TE's
+# Float8CurrentScaling, megatron/core/fp8_utils.py).
+MEGATRON_FP8_RECIPES = {"te-delayed": "delayed", "te-current": "tensorwise"}
 FP8_AMAX_HISTORY_LEN = 1024
 FP8_AMAX_COMPUTE_ALGO = "max"
 
@@ -55,8 +59,10 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
         return ["--fp16", "--initial-loss-scale", _fmt(FP16_INITIAL_LOSS_SCALE),
                 "--min-loss-scale", _fmt(FP16_MIN_LOSS_SCALE), "--loss-scale-window", _fmt(FP16_LOSS_SCALE_WINDOW),
                 "--hysteresis", str(FP16_HYSTERESIS)]
-    flags = ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", FP8_RECIPE,
-             "--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN), "--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]
+    recipe = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
+    flags = ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", recipe]
+    if recipe == "delayed":  # the amax history is delayed scaling's; current scaling takes each tensor's own amax
+        flags += ["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN), "--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]
     if fp8_param_gather:
         flags.append("--fp8-param-gather")
     return flags
@@ -65,9 +71,11 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
 DEFAULT_FP8_HOW = "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script"
 
 
-def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8_how: str = DEFAULT_FP8_HOW) -> dict:
-    """The precision settings chosen for the plan, as plain data (for plan.md and ``--json``); ``fp8_param_gather``
-    and ``fp8_how`` are the engine's (``Engine.fp8_param_gather``, ``Engine.fp8_how``)."""
+def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8_how: str = DEFAULT_FP8_HOW,
+                      fp8_recipe: str = "te-delayed") -> dict:
+    """The precision settings chosen for the plan, as plain data (for plan.md and ``--json``); ``fp8_param_gather``,
+    ``fp8_how`` and ``fp8_recipe`` (the plan's, else the engine's default) are the engine's
+    (``Engine.fp8_param_gather``, ``Engine.fp8_how``, ``Engine.comm``)."""
     fp8 = plan.precision == "fp8"
     out: dict = {
         "precision": plan.precision,
@@ -82,9 +90,10 @@ def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8
         out["loss_scaling"] = {"dynamic": True, "initial": FP16_INITIAL_LOSS_SCALE, "min": FP16_MIN_LOSS_SCALE,
                                "window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
     if fp8:
-        out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": FP8_RECIPE,
-                      "amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO,
+        out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": fp8_recipe,
                       "param_gather": fp8_param_gather, "how": fp8_how}
+        if fp8_recipe == "te-delayed":
+            out["fp8"] |= {"amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO}
     return out
 
 

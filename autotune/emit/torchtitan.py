@@ -39,8 +39,12 @@ TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "7
 def torchtitan_compiles(plan: ParallelPlan) -> bool:
     """Whether the torchtitan files autotune writes turn ``compile`` on: with Float8, as torchtitan recommends
     (docs/float8.md: the casts fuse into the surrounding ops only under torch.compile). The cost model asks the
-    FSDP engine, which answers with this, so the estimate is the estimate of the files."""
-    return plan.precision == "fp8"
+    FSDP engine, which answers with this, so the estimate is the estimate of the files. Async TP needs it
+    (torchtitan distributed/tensor_parallel.py: "Async TP requires 'model' in --compile.components and
+    --compile.enable"). The plan's own ``torch_compile`` wins where it is set."""
+    if plan.torch_compile is not None:
+        return plan.torch_compile
+    return plan.precision == "fp8" or plan.tp_overlap == "async-tp"
 
 
 def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -99,6 +103,8 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
             parallelism["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.vpp)
             parallelism["pipeline_parallel_first_stage_less_layers"] = 0
             parallelism["pipeline_parallel_last_stage_less_layers"] = 0
+    if plan.tp_overlap == "async-tp":  # needs compile (torchtitan_compiles turns it on)
+        parallelism["enable_async_tensor_parallel"] = True
     local = plan.micro_batch_size * (plan.grad_accum_steps if plan.pp > 1 else 1)
     config: dict = {
         "job": {"dump_folder": "./outputs", "description": f"autotune plan for {model.name} on {cluster.num_gpus} x "
@@ -124,9 +130,13 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
     }
     if plan.precision == "fp8":
         config["model"]["converters"] = ["quantize.linear.float8"]
-        fsdp = plan.dp // replicate > 1
+        # The default (tensorwise) recipe gathers FP8 weights under FSDP; a recipe_name refuses that
+        # (components/quantization/float8.py asserts enable_fsdp_float8_all_gather off with a recipe_name).
+        rowwise = plan.fp8_recipe == "torchao-rowwise"
+        fsdp = plan.dp // replicate > 1 and not rowwise
         config["quantize"] = {"linear": {"float8": {"enable_fsdp_float8_all_gather": fsdp,
                                                     "precompute_float8_dynamic_scale_for_fsdp": fsdp,
+                                                    **({"recipe_name": "rowwise"} if rowwise else {}),
                                                     "filter_fqns": ["output"]}}}
     return config
 

@@ -67,6 +67,13 @@ def _problems_03(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if plan.ep > 1 and dense % plan.ep:
         out.append(f"torchtitan 0.3 borrows the expert-parallel ranks from dp_shard x cp x tp = {dense} "
                    f"(config/configs.py expert_parallel_degree): ep {plan.ep} does not divide it")
+    if plan.tp_overlap == "async-tp":
+        out.append("torchtitan 0.3 has no async tensor parallelism (ParallelismConfig has no "
+                   "enable_async_tensor_parallel): emit with --engine-version fsdp=0.2, or drop --tp-overlap")
+    if plan.precision == "fp8" and plan.fp8_recipe == "torchao-tensorwise":
+        out.append("torchtitan 0.3's Float8LinearConverter runs rowwise recipes only (components/quantization/"
+                   "float8.py recipe_name: rowwise, rowwise_with_gw_hp): use --fp8-recipe torchao-rowwise, or emit "
+                   "with --engine-version fsdp=0.2")
     return out
 
 
@@ -142,8 +149,8 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     compile_on = config["compile"]["enable"]
     converters = ""
     if fp8:
-        converters = (f",\n            converters=[\n                Float8LinearConverter.Config(filter_fqns={fp8_filter!r}, "
-                      f"model_compile_enabled={compile_on!r}),"
+        converters = (f",\n            converters=[\n                Float8LinearConverter.Config(recipe_name='rowwise', "
+                      f"filter_fqns={fp8_filter!r}, model_compile_enabled={compile_on!r}),"
                       + (f"\n                Float8GroupedExpertsConverter.Config(model_compile_enabled={compile_on!r}),"
                          if moe else "") + "\n            ]")
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}.get(plan.recompute, "None")

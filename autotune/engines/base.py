@@ -113,9 +113,10 @@ class Engine(ABC):
 
     def compiles(self, plan: ParallelPlan) -> bool:
         """Whether the files this engine writes for ``plan`` run it under torch.compile (its memory-bound kernels
-        then fused, ``autotune.cost.layer_time.elementwise_kernels``). The cost model asks this, not a default."""
-        del plan
-        return False
+        then fused, ``autotune.cost.layer_time.elementwise_kernels``). The cost model asks this, not a default.
+        Default: as the plan says (``ParallelPlan.torch_compile``; the support rules refuse it where the engine's
+        files cannot turn compile on)."""
+        return bool(plan.torch_compile)
 
     def grad_accumulate_bytes(self, plan: ParallelPlan) -> float:
         """HBM bytes per local parameter that accumulating one micro-batch's gradients moves outside the GEMMs

@@ -56,6 +56,12 @@ class EngineSupport:
     precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
     grad_dtypes: tuple[str, ...] = ()
     """Gradient dtypes other than the engine's default it runs and autotune models (``ParallelPlan.grad_dtype``)."""
+    fp8_recipes: tuple[str, ...] = ()
+    """FP8 scaling recipes a plan may ask of it (``ParallelPlan.fp8_recipe``); its default is ``CommSchedule``'s."""
+    tp_overlaps: tuple[str, ...] = ("none",)
+    """TP communication overlaps a plan may ask of it (``ParallelPlan.tp_overlap``)."""
+    torch_compile: bool = False
+    """Its files can turn torch.compile on (``ParallelPlan.torch_compile``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,7 +46,10 @@ class FSDPEngine(Engine):
     support = EngineSupport(tp="dtensor", sequence_parallel=True, pp="pipelining", vpp=True, layer_split="any",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),
                             offload_optimizer=("none", "cpu"), offload_param=("none", "cpu"), hybrid_shard=True,
-                            precisions=("bf16", "fp16", "fp8"))
+                            precisions=("bf16", "fp16", "fp8"),
+                            # quantize.linear.float8.recipe_name; parallelism.enable_async_tensor_parallel; compile
+                            fp8_recipes=("torchao-tensorwise", "torchao-rowwise"), tp_overlaps=("none", "async-tp"),
+                            torch_compile=True)
     comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring",
                         # torch SDPA flash backend (FlashAttention-2); torchtitan Float8: torchao tensorwise with
                         # enable_fsdp_float8_all_gather (torchtitan docs/float8.md); FSDP2 reduce-scatters per
@@ -110,7 +113,7 @@ class FSDPEngine(Engine):
         # Gathered block weights: bf16, or FP8 where torchao's enable_fsdp_float8_all_gather gathers the cast
         # weight (torchao float8/fsdp_utils.py fsdp_pre_all_gather); the root (embedding, norm, output: not
         # converted, torchtitan skips "output") stays bf16.
-        block_bytes = 1 if plan.precision == "fp8" and self.comm.fp8_param_gather else 2
+        block_bytes = 1 if self.fp8_param_gather(plan) else 2
         root = (model.embedding_params() + model.output_params()).per_gpu(plan.tp, plan.ep) if plan.pp == 1 else 0.0
         out: dict[str, float] = {}
         if plan.zero_stage == 2:  # every block's parameters stay gathered between its forward and backward
@@ -154,6 +157,12 @@ class FSDPEngine(Engine):
 
     def compiles(self, plan) -> bool:
         return torchtitan_compiles(plan)  # the torchtitan files' compile.enable
+
+    def fp8_param_gather(self, plan) -> bool:
+        # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
+        # only the default tensorwise recipe gathers FP8 weights.
+        recipe = plan.fp8_recipe or self.comm.fp8_recipe
+        return plan.precision == "fp8" and self.comm.fp8_param_gather and recipe == "torchao-tensorwise"
 
     def grad_reduce_bytes(self, plan) -> float:
         return 4.0  # MixedPrecisionPolicy(reduce_dtype=torch.float32), torchtitan's default

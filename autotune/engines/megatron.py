@@ -29,7 +29,9 @@ class MegatronEngine(Engine):
     versions = EngineVersions("megatron-core", "Megatron-core", MEGATRON_CORE_RELEASES)
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
-                            etp=True, grad_dtypes=("bf16",))
+                            etp=True, grad_dtypes=("bf16",),
+                            # --fp8-recipe delayed / tensorwise; --tp-comm-overlap (TE userbuffers)
+                            fp8_recipes=("te-delayed", "te-current"), tp_overlaps=("none", "userbuffers"))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",

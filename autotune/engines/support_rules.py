@@ -81,4 +81,26 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
     elif plan.grad_dtype == "bf16" and plan.precision == "fp16":
         bad("grad_dtype", "bf16 gradients with fp16 training: fp16 runs reduce fp16 gradients; use --precision "
                           "bf16 or fp8, or drop --grad-dtype")
+    _run_setting_rules(s, plan, bad)
     return out
+
+
+def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
+    """The FP8 recipe, TP overlap and torch.compile a plan asks for (None: the engine's default, always run)."""
+    if plan.fp8_recipe is not None and plan.fp8_recipe not in s.fp8_recipes:
+        bad("fp8_recipe", f"no {plan.fp8_recipe} FP8 recipe: "
+            + (f"use {' or '.join(s.fp8_recipes)}, or " if s.fp8_recipes else "")
+            + "leave the recipe to the engine (drop --fp8-recipe)")
+    overlap = plan.tp_overlap
+    if overlap is not None and overlap not in s.tp_overlaps:
+        bad("tp_overlap", f"no {overlap} TP communication overlap: use {' or '.join(s.tp_overlaps)} (--tp-overlap)")
+    elif overlap not in (None, "none") and plan.tp == 1:
+        bad("tp_overlap", f"{overlap} overlaps tensor-parallel collectives, and tp=1 has none: drop --tp-overlap")
+    elif overlap == "userbuffers" and not plan.sequence_parallel:
+        bad("tp_overlap", "--tp-comm-overlap needs sequence parallelism (Megatron-LM arguments.py; Megatron-Bridge "
+                          "comm_overlap.py turns it off without): add --sequence-parallel or drop --tp-overlap")
+    elif overlap == "async-tp" and plan.torch_compile is False:
+        bad("tp_overlap", "async TP needs torch.compile (torchtitan distributed/tensor_parallel.py: \"Async TP "
+                          "requires 'model' in --compile.components and --compile.enable\"): drop --no-compile")
+    if plan.torch_compile and not s.torch_compile:
+        bad("torch_compile", "its files cannot turn torch.compile on: drop --compile")

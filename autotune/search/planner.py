@@ -180,13 +180,16 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
-                       sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype)
+                       sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype,
+                       torch_compile=dims.torch_compile,
+                       tp_overlap=dims.tp_overlap if layout.tp > 1 else None)  # tp=1 has no TP collectives
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
                 for precision in dims.precisions:
                     base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
-                                offload_param=off_param, precision=precision)
+                                offload_param=off_param, precision=precision,
+                                fp8_recipe=dims.fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
                     if key not in outer_rule:
                         # Layout rules once, on a representative of the inner loops.

@@ -58,6 +58,12 @@ class SearchConstraints:
     allow_offload: bool = True
     grad_dtype: str | None = None
     """Every plan's ``grad_dtype`` (None: each engine's default); engines that do not model it reject the plans."""
+    fp8_recipe: str | None = None
+    """Every FP8 plan's ``fp8_recipe`` (None: each engine's default)."""
+    tp_overlap: str | None = None
+    """Every plan's ``tp_overlap`` where tp > 1 (None: each engine's default)."""
+    torch_compile: bool | None = None
+    """Every plan's ``torch_compile`` (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -80,6 +86,9 @@ class DimensionValues:
     gpus_per_node: int = 1
     uneven_layouts: bool = False
     grad_dtype: str | None = None
+    fp8_recipe: str | None = None
+    tp_overlap: str | None = None
+    torch_compile: bool | None = None
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -134,4 +143,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
-                           uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype)
+                           uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype,
+                           fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["plan_notation"]
+__all__ = ["plan_notation", "TP_OVERLAP_WORDS"]
+
+TP_OVERLAP_WORDS = {"none": "tp-no-overlap", "userbuffers": "tp-userbuffers", "async-tp": "async-tp"}
 
 
 def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
@@ -35,4 +37,10 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
     parts.append(plan.precision)
     if plan.grad_dtype is not None:
         parts.append(f"grads-{plan.grad_dtype}")
+    if plan.fp8_recipe is not None:
+        parts.append(plan.fp8_recipe)
+    if plan.tp_overlap is not None:
+        parts.append(TP_OVERLAP_WORDS[plan.tp_overlap])
+    if plan.torch_compile is not None:
+        parts.append("compiled" if plan.torch_compile else "eager")
     return " ".join(parts)

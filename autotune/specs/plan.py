@@ -13,7 +13,8 @@ from typing import Literal
 
 from autotune.errors import require_no_problems
 
-__all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer"]
+__all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
+           "FP8_RECIPES", "TP_OVERLAPS", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -23,6 +24,18 @@ Offload = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
 PlanPrecision = Literal["bf16", "fp16", "fp8"]
 GradDtype = Literal["bf16"]
+# FP8 scaling recipes (the cost of each: autotune.cost.kernels.FP8_CAST_BYTES). te-delayed: Transformer Engine
+# DelayedScaling (Megatron --fp8-recipe delayed); te-current: TE Float8CurrentScaling (Megatron --fp8-recipe
+# tensorwise); torchao-tensorwise / torchao-rowwise: torchao.float8 (torchtitan quantize.linear.float8).
+FP8_RECIPES = ("te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise")
+Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise"]
+# How TP collectives overlap the GEMMs: none; userbuffers (Megatron --tp-comm-overlap, Transformer Engine
+# userbuffers); async-tp (torch micro-pipelined TP, torchtitan parallelism.enable_async_tensor_parallel).
+TP_OVERLAPS = ("none", "userbuffers", "async-tp")
+TpOverlap = Literal["none", "userbuffers", "async-tp"]
+# The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
+# run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
+RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -100,6 +113,14 @@ class ParallelPlan:
     overlap_comm: bool = True
     """Overlap data-parallel gradient reduction (and parameter gathers) with compute: DeepSpeed
     ``overlap_comm``, Megatron ``--overlap-grad-reduce --overlap-param-gather``."""
+    fp8_recipe: Fp8Recipe | None = field(default=None, repr=False)
+    """FP8 plans: the scaling recipe (:data:`FP8_RECIPES`). None: the engine's default (Megatron: TE delayed
+    scaling; torchtitan: torchao tensorwise with FP8 all-gather)."""
+    tp_overlap: TpOverlap | None = field(default=None, repr=False)
+    """How TP collectives overlap the GEMMs (:data:`TP_OVERLAPS`). None: the engine's default (none)."""
+    torch_compile: bool | None = field(default=None, repr=False)
+    """torch.compile of the model (torchtitan ``compile.enable``). None: the engine's default (torchtitan's files
+    compile FP8 and async-TP plans, ``autotune.emit.torchtitan.torchtitan_compiles``)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -109,7 +130,8 @@ class ParallelPlan:
                 and self.engine in ENGINE_NAMES and self.recompute in _RECOMPUTES and self.precision in _PRECISIONS
                 and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
-                and self.etp is None and self.grad_dtype is None and self.dp % self.dp_replicate == 0):
+                and self.etp is None and self.grad_dtype is None and self.fp8_recipe is None
+                and self.tp_overlap is None and self.torch_compile is None and self.dp % self.dp_replicate == 0):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -130,6 +152,19 @@ class ParallelPlan:
             problems.append(f"etp must be a positive integer or absent, got {self.etp!r}")
         if self.grad_dtype not in (None, "bf16"):
             problems.append(f"grad_dtype must be bf16 or absent (the engine's default), got {self.grad_dtype!r}")
+        if self.fp8_recipe is not None:
+            if self.fp8_recipe not in FP8_RECIPES:
+                problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)} or absent (the engine's "
+                                f"default), got {self.fp8_recipe!r}")
+            elif self.precision != "fp8":
+                problems.append(f"fp8_recipe ({self.fp8_recipe}) is for fp8 plans, and this one trains in "
+                                f"{self.precision}: drop the recipe or use precision fp8")
+        if self.tp_overlap not in (None, *TP_OVERLAPS):
+            problems.append(f"tp_overlap must be one of {', '.join(TP_OVERLAPS)} or absent (the engine's default), "
+                            f"got {self.tp_overlap!r}")
+        if not (self.torch_compile is None or isinstance(self.torch_compile, bool)):
+            problems.append(f"torch_compile must be true, false or absent (the engine's default), "
+                            f"got {self.torch_compile!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -178,8 +213,9 @@ class ParallelPlan:
         out = asdict(self)
         if self.etp is None:  # Megatron's default (etp = tp): left out, so plans without folding read as before
             del out["etp"]
-        if self.grad_dtype is None:  # the engine's default: left out, as etp
-            del out["grad_dtype"]
+        for name in RUN_SETTINGS:  # the engine's default: left out, as etp
+            if out[name] is None:
+                del out[name]
         return out
 
     def with_(self, **changes) -> ParallelPlan:

@@ -210,6 +210,10 @@ CASES = [
     # bf16 gradients (Megatron --grad-reduce-in-bf16), as NVIDIA's benchmark recipes run
     ("70b-bf16-grads", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
                                               grad_dtype="bf16")),
+    # run settings: TE current scaling (--fp8-recipe tensorwise) and TP userbuffers (--tp-comm-overlap)
+    ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=64, precision="fp8",
+                                                           fp8_recipe="te-current", tp_overlap="userbuffers")),
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -289,14 +293,16 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["recompute"] == {"none": [None, None, None, ["core_attn"]],
                                 "full": ["full", "block", plan.recompute_num_layers, ["core_attn"]],
                                 "selective": ["selective", None, None, ["core_attn"]]}[plan.recompute]
-    assert got["tp_comm_overlap"] == [False, None]
+    assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
     if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
         assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
     else:
         assert got["layout"] == [None, None, None]
     fp8 = plan.precision == "fp8"
-    assert got["precision"] == [True, False, "hybrid" if fp8 else None, "delayed" if fp8 else got["precision"][3],
-                                1024 if fp8 else got["precision"][4], "max" if fp8 else got["precision"][5],
+    delayed = fp8 and plan.fp8_recipe in (None, "te-delayed")
+    recipe = {"te-current": "tensorwise"}.get(plan.fp8_recipe, "delayed")
+    assert got["precision"] == [True, False, "hybrid" if fp8 else None, recipe if fp8 else got["precision"][3],
+                                1024 if delayed else got["precision"][4], "max" if delayed else got["precision"][5],
                                 fp8 and plan.zero_stage == 1, "torch.bfloat16"]
     assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,
                                                        plan.grad_dtype is None]  # after the precision's setup

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autotune.api import estimate, make_plan
@@ -77,6 +77,8 @@ plans = st.fixed_dictionaries({
     "recompute_num_layers": st.sampled_from([None, 1]),
     "precision": st.sampled_from(["bf16", "fp16", "fp8"]),
     "grad_dtype": st.sampled_from([None, "bf16"]),  # --grad-reduce-in-bf16
+    "fp8_recipe": st.sampled_from([None, "te-delayed", "te-current"]),  # --fp8-recipe delayed / tensorwise
+    "tp_overlap": st.sampled_from([None, "none", "userbuffers"]),  # --tp-comm-overlap
     "micro_batch_size": st.sampled_from([1, 2]),
     "accumulation": st.sampled_from([1, 4]),
     "seq_len": st.sampled_from([1024, 4096]),
@@ -101,6 +103,8 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
                                 "micro_batch_size", "seq_len")}
     kw["recompute_num_layers"] = drawn["recompute_num_layers"] if drawn["recompute"] == "full" else None
     kw["grad_dtype"] = drawn["grad_dtype"] if drawn["precision"] != "fp16" else None
+    kw["fp8_recipe"] = drawn["fp8_recipe"] if drawn["precision"] == "fp8" else None
+    kw["tp_overlap"] = drawn["tp_overlap"] if drawn["tp"] > 1 else None
     batch = drawn["micro_batch_size"] * drawn["dp"] * drawn["accumulation"] * drawn["pp"]
     try:
         plan = make_plan(model, cluster, global_batch_size=batch, engine="megatron", **kw)
@@ -115,6 +119,10 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
 @settings(max_examples=30, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(drawn=plans)
+@example(drawn={"model": "llama3-8b", "tp": 2, "pp": 2, "vpp": 1, "cp": 1, "ep": 1, "dp": 2, "zero_stage": 1,
+                "recompute": "selective", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
+                "fp8_recipe": "te-current", "tp_overlap": "userbuffers", "micro_batch_size": 1, "accumulation": 4,
+                "seq_len": 4096})  # the run settings at their non-default values, always checked
 def test_every_emitted_megatron_args_file_passes_megatron_lm(oracle, tmp_path, drawn):
     emitted = _emitted_args(tmp_path, drawn)
     if emitted is None:

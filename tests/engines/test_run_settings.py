@@ -1,0 +1,188 @@
+"""Run settings as part of the plan (``ParallelPlan.RUN_SETTINGS``: gradient dtype, FP8 recipe, TP overlap,
+torch.compile): every value an engine declares it runs (``EngineSupport``) is emitted into the engine's own file,
+read back from it by ``autotune.job_files`` (what ``estimate --from`` reads), and gives the same settings and the
+same estimate; a value other than the engine's default changes the estimate (the cost model reads it); a value the
+engine does not run is refused with the rule, in the library and on the command line (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.cli import main
+from autotune.cost import run_settings
+from autotune.cost.step_time import TimeSettings
+from autotune.emit.options import EmitOptions
+from autotune.engines import ENGINES, engine_for
+from autotune.errors import InputError
+from autotune.job_files import read_job
+from autotune.rules import plan_problems
+from autotune.specs.loading import load_cluster
+from autotune.specs.notation import plan_notation
+from autotune.specs.plan import RUN_SETTINGS, ParallelPlan
+from autotune.specs.presets import load_model_preset
+
+GPU = "h100-sxm-80gb"
+MODEL = load_model_preset("llama3-8b")
+CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
+# The file of each engine that states the whole plan, read back as `estimate --from` reads it (torchtitan's TOML:
+# the 0.2 format, which job_files reads; the 0.3 module is Python).
+READ_BACK = {"megatron": ("megatron_args.sh", "launch_torchrun.sh"), "fsdp": ("torchtitan_job.toml",)}
+
+
+def _choices(engine: str) -> dict[str, tuple]:
+    s = engine_for(engine).support
+    return {"grad_dtype": s.grad_dtypes, "fp8_recipe": s.fp8_recipes,
+            "tp_overlap": s.tp_overlaps if len(s.tp_overlaps) > 1 else (),  # "none" alone: no choice
+            "torch_compile": (True, False) if s.torch_compile else ()}
+
+
+CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
+
+
+def _plan(engine: str, **setting) -> ParallelPlan:
+    fp8 = "fp8_recipe" in setting
+    return make_plan(MODEL, CLUSTER, global_batch_size=64, tp=2, sequence_parallel=True, seq_len=4096,
+                     engine=engine, zero_stage=3 if engine == "fsdp" else 1, precision="fp8" if fp8 else "bf16",
+                     **setting)
+
+
+def _effective(plan: ParallelPlan) -> tuple:
+    engine, ts = engine_for(plan), TimeSettings()
+    return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
+            else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine))
+
+
+def test_every_engine_with_a_choice_has_a_file_read_back():
+    assert {e for e, _, _ in CASES} == set(READ_BACK) and {n for _, n, _ in CASES} == set(RUN_SETTINGS)
+
+
+@pytest.mark.parametrize(("engine", "name", "value"), CASES, ids=[f"{e}-{n}-{v}" for e, n, v in CASES])
+def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, value):
+    plan = _plan(engine, **{name: value})
+    assert not plan_problems(MODEL, CLUSTER, plan)
+    est = estimate(MODEL, CLUSTER, plan)
+    files = render_bundle(est, EmitOptions(torchtitan_version="0.2")).files
+    for file in READ_BACK[engine]:
+        (tmp_path / file).write_text(files[file])
+    job = read_job([str(tmp_path / f) for f in READ_BACK[engine]], gpu=GPU)
+    back = job.plan
+    assert _effective(back) == _effective(plan)
+    again = estimate(job.model, job.cluster, back, job.settings)
+    assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
+    assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
+    default = _plan(engine, **({"fp8_recipe": None} if name == "fp8_recipe" else {}))
+    if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
+        assert estimate(MODEL, CLUSTER, default).time.step_time_s != pytest.approx(est.time.step_time_s, rel=1e-6)
+        assert getattr(back, name) == value  # and the plan read back says it
+    else:  # what the engine does anyway reads back unset: the plan the files were written for
+        assert getattr(back, name) is None
+    assert name not in ParallelPlan().to_dict() and plan.to_dict()[name] == value
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e not in READ_BACK])
+def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
+    for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True)):
+        plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
+                            precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value})
+        rules = [rule for rule, _ in plan_problems(MODEL, CLUSTER, plan)]
+        assert f"{engine}:{name}" in rules, rules
+
+
+def test_layout_rules_of_the_overlaps():
+    def refused(match: str, **kw) -> None:
+        with pytest.raises(InputError, match=match):  # make_plan lists every rule the plan breaks
+            make_plan(MODEL, CLUSTER, global_batch_size=64, seq_len=4096, **kw)
+
+    refused("no async-tp TP communication overlap", engine="megatron", tp=2, sequence_parallel=True, zero_stage=1,
+            tp_overlap="async-tp")  # torchtitan's, not Megatron's
+    refused("--tp-comm-overlap needs sequence parallelism", engine="megatron", tp=2, sequence_parallel=False,
+            zero_stage=1, tp_overlap="userbuffers")
+    refused("async TP needs torch.compile", engine="fsdp", tp=2, zero_stage=3, tp_overlap="async-tp",
+            torch_compile=False)
+    refused("tp=1 has none", engine="megatron", tp=1, zero_stage=1, tp_overlap="userbuffers")
+
+
+def test_a_recipe_on_a_16_bit_plan_and_unknown_values_are_refused():
+    with pytest.raises(InputError, match="fp8_recipe .* is for fp8 plans"):
+        ParallelPlan(fp8_recipe="te-current")
+    with pytest.raises(InputError, match="tp_overlap must be one of"):
+        ParallelPlan(tp_overlap="nccl")
+    with pytest.raises(InputError, match="torch_compile must be"):
+        ParallelPlan(torch_compile="yes")
+
+
+def test_rowwise_float8_gathers_16_bit_weights_and_torchtitan_says_so():
+    tensorwise = _plan("fsdp", fp8_recipe="torchao-tensorwise")
+    rowwise = _plan("fsdp", fp8_recipe="torchao-rowwise")
+    fsdp = engine_for(tensorwise)
+    assert fsdp.fp8_param_gather(tensorwise) and not fsdp.fp8_param_gather(rowwise)
+    a, b = estimate(MODEL, CLUSTER, tensorwise), estimate(MODEL, CLUSTER, rowwise)
+    assert b.memory.buffer_parts["unsharded_params"] > a.memory.buffer_parts["unsharded_params"]
+    toml = render_bundle(b, EmitOptions(torchtitan_version="0.2")).files["torchtitan_job.toml"]
+    assert 'recipe_name = "rowwise"' in toml and "enable_fsdp_float8_all_gather = false" in toml
+
+
+def test_torchtitan_03_refuses_what_it_cannot_run_and_writes_rowwise():
+    async_tp = estimate(MODEL, CLUSTER, _plan("fsdp", tp_overlap="async-tp"))
+    files = render_bundle(async_tp, EmitOptions(torchtitan_version="0.3")).files
+    assert "torchtitan_plan.py" not in files and "no async tensor parallelism" in files["plan.md"]
+    rowwise = render_bundle(estimate(MODEL, CLUSTER, _plan("fsdp", fp8_recipe="torchao-rowwise")),
+                            EmitOptions(torchtitan_version="0.3")).files["torchtitan_plan.py"]
+    assert "recipe_name='rowwise'" in rowwise
+
+
+def _cli(argv, capsys):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+EST = ["estimate", "--model", "llama3-8b", "--gpu", GPU, "--num-gpus", "16", "--global-batch", "64", "--tp", "2"]
+
+
+def test_cli_flags_reach_the_plan_the_estimate_and_the_files(tmp_path, capsys):
+    flags = ["--engine", "megatron", "--precision", "fp8", "--fp8-recipe", "te-current", "--tp-overlap", "userbuffers"]
+    code, out, err = _cli([*EST, *flags, "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plan"]["fp8_recipe"] == "te-current" and data["plan"]["tp_overlap"] == "userbuffers"
+    assert any("FP8 recipe te-current (--fp8-recipe)" in s for s in data["assumed_settings"])
+    code, _, err = _cli(["emit", *EST[1:], *flags, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    args = (tmp_path / "job" / "megatron_args.sh").read_text()
+    assert "--fp8-recipe tensorwise" in args and "--tp-comm-overlap" in args
+    code, back, err = _cli(["estimate", "--from", tmp_path / "job" / "megatron_args.sh",
+                            tmp_path / "job" / "launch_torchrun.sh", "--gpu", GPU, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(back)["time"]["step_time_s"] == pytest.approx(data["time"]["step_time_s"], rel=1e-9)
+
+
+def test_cli_refuses_a_setting_the_engine_does_not_run_with_exit_2(capsys):
+    code, _, err = _cli([*EST, "--engine", "deepspeed", "--compile"], capsys)
+    assert code == 2 and "torch.compile" in err and "Traceback" not in err
+    code, _, err = _cli([*EST, "--fp8-recipe", "te-current"], capsys)  # a bf16 plan
+    assert code == 2 and "is for fp8 plans" in err
+
+
+def test_plan_searches_with_the_settings_on_the_engines_that_run_them(capsys):
+    code, out, err = _cli(["plan", "--model", "llama3-8b", "--gpu", GPU, "--num-gpus", "16", "--global-batch", "64",
+                           "--seq-len", "4096", "--tp-overlap", "async-tp", "--top-k", "3", "--json"], capsys)
+    assert code == 0, err
+    plans = [p["plan"] for p in json.loads(out)["candidates"]]
+    assert plans and all(p["engine"] == "fsdp" for p in plans)
+    assert all(p.get("tp_overlap") == ("async-tp" if p["tp"] > 1 else None) for p in plans)
+
+
+def test_notation_names_each_setting_and_the_legend_explains_it():
+    from autotune.legend import plan_legend
+
+    plan = _plan("fsdp", fp8_recipe="torchao-rowwise").with_(tp_overlap="async-tp", torch_compile=True)
+    words = plan_notation(plan).split()
+    assert {"torchao-rowwise", "async-tp", "compiled"} <= set(words)
+    legend = " ".join(plan_legend([plan]).split())
+    assert "FP8 scaling recipe" in legend and "torch async TP" in legend and "torch.compile" in legend
