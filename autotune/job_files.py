@@ -43,8 +43,8 @@ from autotune.specs.settings import MemorySettings
 
 __all__ = ["JobFiles", "READABLE_KINDS", "read_job"]
 
-READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "torchtitan", "accelerate", "plan", "hostfile",
-                  "launch")
+READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "megatron-bridge", "torchtitan", "accelerate", "plan",
+                  "hostfile", "launch")
 _MAX_TOKENS = 2**24  # sequences or tokens: the longest contexts and largest batches trained are below
 
 
@@ -333,6 +333,11 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                 fields |= _megatron(path, kind, ds, model_spec, notes)
             except InputError as err:  # reported with the missing world size and GPU, all at once
                 problems += err.problems
+        elif kind == "megatron-bridge":
+            from autotune.job_bridge import bridge_fields
+
+            got = bridge_fields(path, notes)
+            fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
         elif kind == "torchtitan":
             got, w = _torchtitan(path, notes)
             fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
@@ -413,5 +418,5 @@ def read_job(paths: list[str], **flags) -> JobFiles:
 def supported_kinds() -> str:
     """The kinds ``--from`` reads (and what tells them), and the ones ``validate`` knows that it does not."""
     return (f"reads {', '.join(READABLE_KINDS)} files (ds_config *.json, Megatron argument *.sh / *.args, torchtitan "
-            f"*.toml, accelerate *.yaml, plan.json, hostfile); not "
+            f"*.toml, accelerate *.yaml, Megatron-Bridge bridge_overrides.yaml / .args, plan.json, hostfile); not "
             f"{', '.join(k for k in FILE_KINDS if k not in READABLE_KINDS)}")

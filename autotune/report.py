@@ -125,14 +125,15 @@ def plan_table(result) -> str:
     lines = [f"{result.model.name} ({format_params(result.model.num_params)} params) on {cluster.num_gpus} x "
              f"{cluster.gpu.name} ({cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''} of "
              f"{cluster.gpus_per_node})", ""]
-    header = (f"{'#':>3}  {'engine':<20}{'plan':<48}{'mem GiB':>9}{'step s':>9}{'compute':>9}{'comm':>8}{'bubble':>8}"
+    width = max([48, *(len(plan_summary(est.plan)) + 2 for est in result.candidates)])  # long run-setting words
+    header = (f"{'#':>3}  {'engine':<20}{'plan':<{width}}{'mem GiB':>9}{'step s':>9}{'compute':>9}{'comm':>8}{'bubble':>8}"
               f"{'other':>8}{'tokens/s':>12}{'±':>7}{'MFU':>7}")
     lines.append(header)
     for i, est in enumerate(result.candidates, 1):
         t, m = est.time, est.memory
         other = t.offload_s + t.optimizer_s
         tie = "=" if 1 < i <= getattr(result, "tied", 1) else " "  # tied with #1 (autotune.search.ties)
-        lines.append(f"{i:>3}{tie} {est.plan.engine:<20}{plan_summary(est.plan):<48}{m.total / GIB:>9.1f}"
+        lines.append(f"{i:>3}{tie} {est.plan.engine:<20}{plan_summary(est.plan):<{width}}{m.total / GIB:>9.1f}"
                      f"{t.step_time_s:>9.2f}{t.compute_s:>9.2f}{t.exposed_comm_s:>8.2f}{t.bubble_s:>8.2f}"
                      f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{uncertainty_of(est.plan, est.cluster).relative:>7.1%}"
                      f"{t.mfu:>7.1%}")

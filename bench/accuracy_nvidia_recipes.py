@@ -10,8 +10,10 @@ goes through `autotune estimate` itself (its argument parser and ``estimate_from
 default settings: nothing fitted here). The table does not state activation recompute: each mode is estimated and
 the fastest that fits is taken (as bench/accuracy_published.py takes the fastest candidate where a source leaves a
 setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
-whether the ledger says the plan fits. MXFP8 / FP8-CS / FP8-MX rows run as ``--precision fp8`` (the engine's default
-FP8 recipe: the command has no flag for the scaling granularity), and every row with ``--grad-dtype bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
+whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
+Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX / FP8 rows as ``--precision fp8`` with the
+engine's default recipe (block-scaled MXFP8 is not a recipe the cost model has), and every row with ``--grad-dtype bf16``
+(GRAD_DTYPE). Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
@@ -147,6 +149,9 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
             "--tp", str(count(row["tp"])), "--pp", str(count(row["pp"])), "--cp", str(count(row["cp"])),
             "--vpp", str(count(row["vp"])), "--ep", str(count(row["ep"])), "--precision", precision,
             "--grad-dtype", GRAD_DTYPE]
+    if precision == "fp8" and row["precision"].upper().startswith("FP8-CS"):  # FP8 current scaling
+        argv += ["--fp8-recipe", "te-current"]
+        notes.append("FP8 current scaling")
     if gpu in ("gb200", "gb300") and gpus > 72 and gpus % 72:
         # NVL72 racks: a job of 128 / 256 GPUs is read as NVLink domains of 64 GPUs (of each rack's 72).
         argv += ["--gpus-per-node", "64"]
@@ -292,13 +297,14 @@ def plan_quality_table(cases: list[Case], show_rows: bool) -> dict:
         est = c.result
         plan = est.plan
         key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
-               plan.global_batch_size, plan.seq_len, plan.precision)
+               plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe)
         if key not in searches:
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
                                          global_batch_size=plan.global_batch_size, top_k=10,
                                          constraints=SearchConstraints(engines=("megatron",),
                                                                        precisions=(plan.precision,),
-                                                                       grad_dtype=GRAD_DTYPE))
+                                                                       grad_dtype=GRAD_DTYPE,
+                                                                       fp8_recipe=plan.fp8_recipe))
         found = searches[key]
         nv = est.time.tokens_per_s
         faster = sum(1 for e in found.ranked if e.time.tokens_per_s > nv * (1 + 1e-9))

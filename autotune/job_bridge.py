@@ -1,0 +1,99 @@
+"""The plan a Megatron-Bridge override file states (``bridge_overrides.yaml``, or Hydra-style ``key=value`` lines),
+for ``estimate --from`` / ``plan --from`` (``autotune.job_files``).
+
+Overrides sit on a base recipe (a ``ConfigContainer`` function): the parallel sizes, batch, sequence, recompute,
+distributed optimizer, precision and run settings are read from the ``model``, ``train``, ``dataset``, ``ddp``,
+``comm_overlap`` and ``mixed_precision`` sections; what the file leaves unsaid is Megatron-core's default (tp 1,
+no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
+"Base recipe:" line autotune writes at its top), else ``--model``. The world size is not in the file:
+``--num-gpus`` or a launch script beside it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from autotune.emit.megatron_bridge_lint import read_bridge_overrides
+from autotune.emit.megatron_bridge_recipes import RECIPES
+from autotune.emit.precision import MEGATRON_FP8_RECIPES
+from autotune.errors import InputError
+from autotune.specs.presets import load_model_preset
+
+__all__ = ["bridge_fields"]
+
+_BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
+# Bridge's registered precision names (training/mixed_precision.py @register) -> (precision, fp8_recipe).
+_NAMED = {"bf16_mixed": ("bf16", None), "fp16_mixed": ("fp16", None),
+          "bf16_with_fp8_delayed_scaling_mixed": ("fp8", "te-delayed"),
+          "bf16_with_fp8_current_scaling_mixed": ("fp8", "te-current")}
+
+
+def _section(data: dict, name: str) -> dict:
+    value = data.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _size(section: dict, key: str, path: str, default: int | None = 1) -> int | None:
+    value = section.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError([f"{path}: {key} must be a positive integer, got {value!r}"], subject="job files")
+    return value
+
+
+def _precision(mp: object, path: str, notes: list[str]) -> tuple[str, str | None]:
+    if isinstance(mp, str):
+        if mp in _NAMED:
+            return _NAMED[mp]
+        notes.append(f"{path}: mixed_precision {mp!r} is not modelled: estimated as bf16")
+        return "bf16", None
+    if not isinstance(mp, dict):
+        return "bf16", None
+    if mp.get("fp8"):
+        recipe = mp.get("fp8_recipe")
+        ours = {name: plan_name for plan_name, name in MEGATRON_FP8_RECIPES.items()}
+        if recipe is not None and recipe not in ours:
+            notes.append(f"{path}: fp8_recipe {recipe!r} is not modelled: estimated as delayed scaling")
+        return "fp8", ours.get(recipe)
+    return ("fp16", None) if mp.get("fp16") else ("bf16", None)
+
+
+def bridge_fields(path: str, notes: list[str]) -> dict:
+    """The plan fields (and the model, where the base recipe names one) of a Bridge override file."""
+    data, problems = read_bridge_overrides(path)
+    if problems:
+        raise InputError([f"{path}: {p.message}; {p.fix}" for p in problems], subject="job files")
+    m, t, ddp = _section(data, "model"), _section(data, "train"), _section(data, "ddp")
+    out: dict = {"engine": "megatron", "tp": _size(m, "tensor_model_parallel_size", path),
+                 "pp": _size(m, "pipeline_model_parallel_size", path),
+                 "vpp": _size(m, "virtual_pipeline_model_parallel_size", path),
+                 "cp": _size(m, "context_parallel_size", path), "ep": _size(m, "expert_model_parallel_size", path),
+                 "sequence_parallel": bool(m.get("sequence_parallel")),
+                 "micro_batch_size": _size(t, "micro_batch_size", path),
+                 "global_batch_size": _size(t, "global_batch_size", path, None),
+                 "seq_len": _size(_section(data, "dataset"), "seq_length", path, None) or _size(m, "seq_length", path,
+                                                                                                None),
+                 "zero_stage": 1 if ddp.get("use_distributed_optimizer") else 0,
+                 "overlap_comm": bool(ddp.get("overlap_grad_reduce", False))}
+    if (etp := _size(m, "expert_tensor_parallel_size", path, None)) is not None:
+        out["etp"] = etp
+    granularity = m.get("recompute_granularity")
+    out["recompute"] = granularity if granularity in ("selective", "full") else "none"
+    if granularity == "full" and m.get("recompute_method") == "block":
+        out["recompute_num_layers"] = _size(m, "recompute_num_layers", path, None)
+    precision, recipe = _precision(data.get("mixed_precision"), path, notes)
+    out["precision"] = precision
+    if recipe is not None:
+        out["fp8_recipe"] = recipe
+    mp = _section(data, "mixed_precision")
+    if precision != "fp16" and (ddp.get("grad_reduce_in_fp32") is False or mp.get("grad_reduce_in_fp32") is False):
+        out["grad_dtype"] = "bf16"
+    if _section(data, "comm_overlap").get("tp_comm_overlap") is True:
+        out["tp_overlap"] = "userbuffers"
+    base = _BASE.search(Path(path).read_text(encoding="utf-8"))
+    preset = next((name for name, r in RECIPES.items() if base and r.name == base.group(1)), None)
+    if preset is not None:
+        out["model"] = load_model_preset(preset)
+    return out

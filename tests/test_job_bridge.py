@@ -1,0 +1,86 @@
+"""`estimate --from bridge_overrides.yaml` (and the Hydra-style .args): the plan a Megatron-Bridge override file states
+(autotune/job_bridge.py). The files autotune emits read back to the plan they were written for, with the same
+estimate; a file that does not determine the job says which flag supplies what is missing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.cli import main
+from autotune.errors import InputError
+from autotune.job_files import read_job
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+GPU = "h100-sxm-80gb"
+# (model, GPUs, plan): a library recipe with a MixedPrecisionConfig (70B), one with a registered precision name (8B),
+# the run settings at non-default values, full recompute by blocks, a MoE model on the generic recipe.
+CASES = {
+    "70b-vpp": ("llama3-70b", 64, dict(tp=8, pp=4, vpp=2, sequence_parallel=True, zero_stage=1, global_batch_size=128)),
+    "70b-fp8-current-userbuffers-bf16-grads": ("llama3-70b", 64, dict(
+        tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64, precision="fp8",
+        fp8_recipe="te-current", tp_overlap="userbuffers", grad_dtype="bf16")),
+    "8b-fp8-named": ("llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                           precision="fp8")),
+    "8b-full-block": ("llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, recompute="full",
+                                           recompute_num_layers=4)),
+    "mixtral-ep-generic": ("mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                    global_batch_size=128, recompute="selective")),
+}
+
+
+def _bundle(case: str):
+    name, gpus, kw = CASES[case]
+    model, cluster = load_model_preset(name), load_cluster(gpu=GPU, num_gpus=gpus)
+    plan = make_plan(model, cluster, engine="megatron", seq_len=4096, **kw)
+    est = estimate(model, cluster, plan)
+    return est, render_bundle(est).files
+
+
+@pytest.mark.parametrize("suffix", ["yaml", "args"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_emitted_overrides_read_back_to_the_same_plan_and_estimate(tmp_path, case, suffix):
+    est, files = _bundle(case)
+    path = tmp_path / f"bridge_overrides.{suffix}"
+    path.write_text(files[path.name])
+    generic = case.endswith("generic")  # the generic GPT recipe: the model is not named by the file
+    job = read_job([str(path)], gpu=GPU, num_gpus=est.cluster.num_gpus,
+                   **({"model": CASES[case][0]} if generic else {}))
+    assert job.plan == est.plan
+    again = estimate(job.model, job.cluster, job.plan, job.settings)
+    assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
+    assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
+
+
+def test_the_generic_recipe_and_the_world_size_are_asked_for_by_flag(tmp_path):
+    _, files = _bundle("mixtral-ep-generic")
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text(files[path.name])
+    with pytest.raises(InputError) as err:
+        read_job([str(path)], gpu=GPU)
+    text = " ".join(err.value.problems)
+    assert "--model" in text and "--num-gpus" in text
+
+
+def test_cli_estimate_from_the_overrides_matches_the_plan(tmp_path, capsys):
+    est, files = _bundle("70b-fp8-current-userbuffers-bf16-grads")
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text(files[path.name])
+    code = main(["estimate", "--from", str(path), "--gpu", GPU, "--num-gpus", "64", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    data = json.loads(out.out)
+    assert data["time"]["step_time_s"] == pytest.approx(est.time.step_time_s, rel=1e-9)
+    assert data["plan"]["fp8_recipe"] == "te-current" and data["plan"]["tp_overlap"] == "userbuffers"
+
+
+def test_a_bad_value_is_exit_2_naming_the_key(tmp_path, capsys):
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text("# Base recipe: llama3_8b_pretrain_2gpu_h100_bf16_config\nmodel:\n  tensor_model_parallel_size: -2\n")
+    code = main(["estimate", "--from", str(path), "--gpu", GPU, "--num-gpus", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "tensor_model_parallel_size must be a positive integer" in err and "Traceback" not in err
