@@ -31,10 +31,11 @@ from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
 from autotune.emit.shell_args import read_megatron_args_file
-from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
 from autotune.emit.validate_files import FILE_KINDS, file_kind
 from autotune.errors import InputError
 from autotune.inputs import _os_problem, read_json
+from autotune.job_fsdp import accelerate_fields as _accelerate
+from autotune.job_fsdp import torchtitan_fields as _torchtitan
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.model import ModelSpec, MoESpec
@@ -43,8 +44,8 @@ from autotune.specs.settings import MemorySettings
 
 __all__ = ["JobFiles", "READABLE_KINDS", "read_job"]
 
-READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "megatron-bridge", "torchtitan", "accelerate", "plan",
-                  "hostfile", "launch")
+READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "megatron-bridge", "torchtitan", "torchtitan-module",
+                  "accelerate", "plan", "hostfile", "launch")
 _MAX_TOKENS = 2**24  # sequences or tokens: the longest contexts and largest batches trained are below
 
 
@@ -180,48 +181,6 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     return out
 
 
-def _torchtitan(path: str, notes: list[str]) -> tuple[dict, int | None]:
-    from autotune.emit.torchtitan_lint import read_torchtitan_config, torchtitan_job_sizes
-
-    data, _ = read_torchtitan_config(path)
-
-    def section(name: str) -> dict:
-        return data.get(name) if isinstance(data.get(name), dict) else {}
-
-    p, t, m = section("parallelism"), section("training"), section("model")
-    flavor = (m.get("name"), m.get("flavor"))
-    preset = next((name for name, nf in TORCHTITAN_FLAVORS.items() if nf == flavor), None)
-    replicate, shard = int(p.get("data_parallel_replicate_degree", 1)), int(p.get("data_parallel_shard_degree", -1))
-    reshard = p.get("fsdp_reshard_after_forward", "default")
-    stage = 0 if shard == 1 else 2 if reshard == "never" else 3
-    local = int(t.get("local_batch_size", 8))
-    pp = int(p.get("pipeline_parallel_degree", 1))
-    micro = int(p.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
-    mode = section("activation_checkpoint").get("mode", "selective")
-    out = {"model": load_model(preset) if preset else None, "tp": int(p.get("tensor_parallel_degree", 1)), "pp": pp,
-           "cp": int(p.get("context_parallel_degree", 1)), "ep": int(p.get("expert_parallel_degree", 1)),
-           "micro_batch_size": micro, "global_batch_size": t.get("global_batch_size") if
-           isinstance(t.get("global_batch_size"), int) and t.get("global_batch_size") > 0 else None,
-           "seq_len": t.get("seq_len"), "recompute": mode if mode in ("none", "selective", "full") else "none",
-           "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
-           "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
-           "precision": "fp8" if "float8" in str(m.get("converters", "")) else "bf16"}
-    compile_on = section("compile").get("enable")
-    if isinstance(compile_on, bool):
-        out["torch_compile"] = compile_on
-    if p.get("enable_async_tensor_parallel") is True and out["tp"] > 1:
-        out["tp_overlap"] = "async-tp"
-    float8 = ((section("quantize").get("linear") or {}).get("float8") or {}) if out["precision"] == "fp8" else {}
-    recipe = float8.get("recipe_name") if isinstance(float8, dict) else None
-    if recipe == "rowwise":
-        out["fp8_recipe"] = "torchao-rowwise"
-    elif recipe is not None:
-        notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
-    if preset is None:
-        notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
-    return out, torchtitan_job_sizes(path).world_size
-
-
 def _layout_stages(layout: str) -> int:
     """Virtual stages of a --pipeline-model-parallel-layout string: "(...)*n" and "x*n" repeat, "|" separates,
     commas are cosmetic (megatron/core/transformer/pipeline_parallel_layer_layout.py:281-320)."""
@@ -229,40 +188,6 @@ def _layout_stages(layout: str) -> int:
     text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
     text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
     return text.count("|") + 1
-
-
-def _accelerate(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
-    from autotune.emit.accelerate_lint import read_accelerate_config
-
-    data, _ = read_accelerate_config(path)
-    world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else None
-    kind = str(data.get("distributed_type", "")).upper()
-    mixed = str(data.get("mixed_precision", "bf16"))
-    out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16"}
-    if kind == "DEEPSPEED":
-        block = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
-        file = block.get("deepspeed_config_file")
-        if not file:
-            raise InputError([f"{path}: a DeepSpeed accelerate config without deepspeed_config_file: give the "
-                              f"ds_config.json too (--from {path} ds_config.json)"], subject=_SUBJECT)
-        ds_path = Path(path).parent / file if not Path(file).is_absolute() else Path(file)
-        return out, world, read_json(ds_path, subject="DeepSpeed config")
-    if kind != "FSDP":
-        raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP and DeepSpeed "
-                          f"accelerate configs"], subject=_SUBJECT)
-    f = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
-    par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
-    reshard = f.get("fsdp_reshard_after_forward", True)
-    out |= {"engine": "fsdp", "zero_stage": 3 if reshard in (True, "FULL_SHARD") else 2,
-            "offload_param": "cpu" if f.get("fsdp_offload_params") else "none",
-            "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
-            "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
-            "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
-    dynamo = data.get("dynamo_config") if isinstance(data.get("dynamo_config"), dict) else {}
-    if "dynamo_backend" in dynamo:  # accelerate compiles the prepared model unless the backend is NO
-        out["torch_compile"] = str(dynamo["dynamo_backend"]).upper() != "NO"
-    notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
-    return out, world, None
 
 
 def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
@@ -338,7 +263,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
 
             got = bridge_fields(path, notes)
             fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
-        elif kind == "torchtitan":
+        elif kind in ("torchtitan", "torchtitan-module"):
             got, w = _torchtitan(path, notes)
             fields |= {k: v for k, v in got.items() if not (k == "model" and model_spec)}
             world = world or w

@@ -21,8 +21,9 @@ _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batc
 def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool = False) -> None:
     p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
                    help=f"{what} the job these files state: ds_config.json (+ --model, --num-gpus, --tp/--pp), "
-                        "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), a "
-                        "torchtitan TOML, an accelerate YAML, plan.json; flags fill what the files do not state")
+                        "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), "
+                        "Megatron-Bridge overrides (bridge_overrides.yaml / .args, + --num-gpus), a torchtitan TOML or "
+                        "0.3 config module (*.py), an accelerate YAML, plan.json; flags fill what the files do not state")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
     if recompute_default:
         p.set_defaults(recompute=None)  # --from a DeepSpeed config: its activation_checkpointing unless given

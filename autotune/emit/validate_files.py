@@ -25,6 +25,7 @@ from autotune.emit.megatron_versions import header_release, release_in_use
 from autotune.emit.problems import JobSizes, Problem
 from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
+from autotune.emit.torchtitan_module_read import torchtitan_module_problems, torchtitan_module_sizes
 from autotune.emit.validate import validate_deepspeed_config
 from autotune.errors import InputError
 from autotune.inputs import read_json
@@ -32,7 +33,7 @@ from autotune.inputs import read_json
 __all__ = ["FILE_KINDS", "JobSizes", "file_kind", "validate_file", "megatron_file_kind", "sizes_from_file"]
 
 FILE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "accelerate", "torchtitan", "plan", "hostfile", "launch",
-              "megatron-bridge")
+              "megatron-bridge", "torchtitan-module")
 _MDS_MARKERS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage", "--no-pipeline-parallel")
 
 
@@ -54,6 +55,8 @@ def file_kind(path: str | Path) -> str:
         return "accelerate"
     if name.endswith(".toml"):
         return "torchtitan"
+    if name.endswith(".py"):
+        return "torchtitan-module"  # a torchtitan 0.3 config module (torchtitan_plan.py)
     if name.endswith((".sh", ".bash", ".sbatch", ".args", ".txt")) or "megatron" in name:
         argv = read_megatron_args_file(path)
         if name.endswith((".sh", ".bash", ".sbatch")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
@@ -100,6 +103,8 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
         return torchtitan_job_sizes(path)
     if kind == "megatron-bridge":
         return bridge_job_sizes(path)
+    if kind == "torchtitan-module":
+        return torchtitan_module_sizes(path)
     return JobSizes()
 
 
@@ -137,6 +142,8 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
         return launch_script_problems(path)
     if kind == "megatron-bridge":
         return bridge_overrides_problems(path, world_size=world_size)
+    if kind == "torchtitan-module":
+        return torchtitan_module_problems(path, world_size=world_size)
     if kind == "plan":
         raise InputError(["an autotune plan.json is checked by rebuilding its estimate: use autotune.lint.lint_file "
                           "(what `autotune validate` runs)"], subject="validate request")

@@ -1,0 +1,119 @@
+"""The plan fields the FSDP2 front ends' files state, for ``autotune.job_files`` (``estimate --from``): a torchtitan
+0.2 TOML job config or 0.3 config module (read as the TOML's sections, ``autotune.emit.torchtitan_module_read``),
+and an accelerate config (FSDP2, or DeepSpeed with its JSON beside it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
+from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
+from autotune.emit.validate_files import file_kind
+from autotune.errors import InputError
+from autotune.inputs import read_json
+from autotune.specs.loading import load_model
+
+__all__ = ["torchtitan_fields", "accelerate_fields"]
+
+
+def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
+    """The plan fields a torchtitan 0.2 TOML or 0.3 config module states (the module read as the TOML's sections)."""
+    from autotune.emit.torchtitan_lint import (
+        read_torchtitan_config,
+        torchtitan_job_sizes,
+    )
+
+    if file_kind(path) == "torchtitan-module":
+        from autotune.emit.torchtitan_module import TORCHTITAN_03_RECIPES
+        from autotune.emit.torchtitan_module_read import (
+            read_torchtitan_module,
+            torchtitan_module_sizes,
+        )
+
+        data = read_torchtitan_module(path)
+        preset = next((n for n, r in TORCHTITAN_03_RECIPES.items() if r[1] == data["recipe"]), None)
+        if preset in TORCHTITAN_FLAVORS:
+            data["model"]["name"], data["model"]["flavor"] = TORCHTITAN_FLAVORS[preset]
+        world = torchtitan_module_sizes(path).world_size
+        if data["unread"]:
+            notes.append(f"{path}: not literal values, left at torchtitan's defaults (give them as numbers, or flags): "
+                         f"{', '.join(data['unread'])}")
+    else:
+        data, _ = read_torchtitan_config(path)
+        world = torchtitan_job_sizes(path).world_size
+
+    def section(name: str) -> dict:
+        return data.get(name) if isinstance(data.get(name), dict) else {}
+
+    p, t, m = section("parallelism"), section("training"), section("model")
+    flavor = (m.get("name"), m.get("flavor"))
+    preset = next((name for name, nf in TORCHTITAN_FLAVORS.items() if nf == flavor), None)
+    replicate, shard = int(p.get("data_parallel_replicate_degree", 1)), int(p.get("data_parallel_shard_degree", -1))
+    reshard = p.get("fsdp_reshard_after_forward", "default")
+    stage = 0 if shard == 1 else 2 if reshard == "never" else 3
+    local = int(t.get("local_batch_size", 8))
+    pp = int(p.get("pipeline_parallel_degree", 1))
+    micro = int(p.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
+    mode = section("activation_checkpoint").get("mode", "selective")
+    out = {"model": load_model(preset) if preset else None, "tp": int(p.get("tensor_parallel_degree", 1)), "pp": pp,
+           "cp": int(p.get("context_parallel_degree", 1)), "ep": int(p.get("expert_parallel_degree", 1)),
+           "micro_batch_size": micro, "global_batch_size": t.get("global_batch_size") if
+           isinstance(t.get("global_batch_size"), int) and t.get("global_batch_size") > 0 else None,
+           "seq_len": t.get("seq_len"), "recompute": mode if mode in ("none", "selective", "full") else "none",
+           "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
+           "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
+           "precision": "fp8" if "float8" in str(m.get("converters", "")) else "bf16"}
+    compile_on = section("compile").get("enable")
+    if isinstance(compile_on, bool):
+        out["torch_compile"] = compile_on
+    if p.get("enable_async_tensor_parallel") is True and out["tp"] > 1:
+        out["tp_overlap"] = "async-tp"
+    float8 = ((section("quantize").get("linear") or {}).get("float8") or {}) if out["precision"] == "fp8" else {}
+    recipe = float8.get("recipe_name") if isinstance(float8, dict) else None
+    if recipe == "rowwise":
+        out["fp8_recipe"] = "torchao-rowwise"
+    elif recipe is not None:
+        notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
+    parts, per_stage = data.get("model_parts"), p.get("pipeline_parallel_layers_per_stage")
+    if pp > 1 and isinstance(parts, int) and parts % pp == 0:  # the 0.3 module's stage lists
+        out["vpp"] = parts // pp
+    elif pp > 1 and isinstance(per_stage, int) and per_stage > 0 and out["model"] is not None:
+        out["vpp"] = max(1, out["model"].num_layers // (pp * per_stage))
+    if preset is None:
+        notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
+    return out, world
+
+
+def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
+    from autotune.emit.accelerate_lint import read_accelerate_config
+
+    data, _ = read_accelerate_config(path)
+    world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else None
+    kind = str(data.get("distributed_type", "")).upper()
+    mixed = str(data.get("mixed_precision", "bf16"))
+    out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16"}
+    if kind == "DEEPSPEED":
+        block = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+        file = block.get("deepspeed_config_file")
+        if not file:
+            raise InputError([f"{path}: a DeepSpeed accelerate config without deepspeed_config_file: give the "
+                              f"ds_config.json too (--from {path} ds_config.json)"], subject=_SUBJECT)
+        ds_path = Path(path).parent / file if not Path(file).is_absolute() else Path(file)
+        return out, world, read_json(ds_path, subject="DeepSpeed config")
+    if kind != "FSDP":
+        raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP and DeepSpeed "
+                          f"accelerate configs"], subject=_SUBJECT)
+    f = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
+    par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
+    reshard = f.get("fsdp_reshard_after_forward", True)
+    out |= {"engine": "fsdp", "zero_stage": 3 if reshard in (True, "FULL_SHARD") else 2,
+            "offload_param": "cpu" if f.get("fsdp_offload_params") else "none",
+            "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
+            "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
+            "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
+    dynamo = data.get("dynamo_config") if isinstance(data.get("dynamo_config"), dict) else {}
+    if "dynamo_backend" in dynamo:  # accelerate compiles the prepared model unless the backend is NO
+        out["torch_compile"] = str(dynamo["dynamo_backend"]).upper() != "NO"
+    notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
+    return out, world, None
