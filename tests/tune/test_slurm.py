@@ -79,8 +79,11 @@ def test_time_limit_scancel_and_ctrl_c_one_sbatch_job_per_trial(tmp_path, slurm_
     overrides = json.dumps({"0": {"timeout_s": 110, "steps": LONG}, "1": {"steps": LONG}, "2": {"steps": LONG}})
     env = _env(slurm_cluster, AUTOTUNE_TUNE_TEST_OVERRIDES=overrides)
     log = open(tmp_path / "tune.log", "w")
+    # As a terminal's foreground job: SIGINT at its default, whatever this test inherited (a shell's background job,
+    # as CI may start the suite, ignores SIGINT, and a Python started so never raises KeyboardInterrupt).
     proc = subprocess.Popen(_tune("--trials", "3", "--top-k", "3", "--launcher", "slurm", "--out", str(out)),
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         slurm_cluster.run("scancel", _wait_running(slurm_cluster, out, 1, timeout_s=400))
         job2 = _wait_running(slurm_cluster, out, 2)
