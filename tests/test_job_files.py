@@ -234,3 +234,19 @@ def test_launch_scripts_and_accelerate_configs(tmp_path, capsys):
         engine="fsdp", tp=2, pp=1, vpp=1, dp=8, cp=1, ep=1, micro_batch_size=1, global_batch_size=64,
         grad_accum_steps=8, seq_len=2048, precision="bf16", recompute="none", recompute_num_layers=None,
         zero_stage=3, sequence_parallel=None)
+
+
+def test_emit_best_writes_the_first_alternative_plan_from_ranks(tmp_path, capsys):
+    code, _, err = run(["emit", *BASE, "--engine", "megatron", "--tp", "2", "--zero", "1", "--out", tmp_path / "job"],
+                       capsys)
+    assert code == 0, err
+    files = [tmp_path / "job" / "megatron_args.sh", tmp_path / "job" / "launch_torchrun.sh"]
+    code, out, err = run(["plan", "--from", *files, *GPU, "--top-k", "1", "--json"], capsys)
+    assert code == 0, err
+    first = json.loads(out)["search"]["candidates"][0]["plan"]
+    code, _, err = run(["emit", "--from", *files, *GPU, "--best", "--out", tmp_path / "best"], capsys)
+    assert code == 0, err
+    assert "--best writes megatron" in err and "over the job's" in err
+    assert json.loads((tmp_path / "best" / "plan.json").read_text())["plan"] == first
+    code, _, err = run(["emit", *BASE, "--best", "--out", tmp_path / "x"], capsys)  # no job to improve on
+    assert code == 2 and "give the job's files with --from" in err

@@ -352,7 +352,27 @@ def register(sub) -> None:
     from autotune.commands.from_job import add_from
 
     add_from(emit, "write the files of")
+    emit.add_argument("--best", action="store_true",
+                      help="with --from: write the planner's first alternative to that job (as `plan --from` ranks "
+                           "them: same engine, model, batch, sequence, precision and run settings), not the job itself")
     emit.set_defaults(handler=run, recompute=None, zero=None)
+
+
+def _best_alternative(args: argparse.Namespace):
+    """The Estimate of the planner's #1 alternative to the job ``--from`` states (``plan --from``'s first row)."""
+    from autotune.commands.from_job import alternatives, read_job_from_args
+    from autotune.report import plan_summary
+
+    job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
+    current, result = alternatives(job, time_settings(args), top_k=1)
+    if not result.in_order:
+        raise InputError([f"no alternative of the {result.num_enumerated:,} plans searched is feasible: "
+                          + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="emit --best")
+    best = result.in_order[0]
+    gain = best.time.tokens_per_s / current.time.tokens_per_s - 1 if current.time.tokens_per_s > 0 else 0.0
+    print(f"autotune emit: --best writes {best.plan.engine} {plan_summary(best.plan)} (predicted {gain:+.1%} tokens/s "
+          f"±{best.uncertainty.relative:.1%} over the job's {plan_summary(job.plan)})", file=sys.stderr)
+    return best
 
 
 def run(args: argparse.Namespace) -> int:
@@ -366,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
     if len(sources) != 1:
         problems.append("give exactly one of --recipe NAME, --plan-json FILE, --from FILE..., or --model with the plan "
                         "flags")
+    if args.best and not args.from_files:
+        problems.append("--best writes the best alternative to a job: give the job's files with --from")
     if problems:
         raise InputError(problems, subject="emit request")
     report_leftovers(args.out)
@@ -378,6 +400,8 @@ def run(args: argparse.Namespace) -> int:
         emit_block = recipe.emit
     elif args.plan_json:
         est = estimate_from_dict(read_plan_json(args.plan_json, args.candidate))
+    elif args.from_files and args.best:
+        est = _best_alternative(args)
     elif args.from_files:
         from autotune.commands.from_job import estimate_from_job
 

@@ -10,7 +10,7 @@ from autotune.commands import EXIT_OK, flag_problems, json_text, run_setting_arg
 from autotune.errors import InputError
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
-__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff"]
+__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff", "alternatives"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -80,27 +80,39 @@ def plan_diff(current, other) -> dict[str, tuple]:
             if getattr(current, f) != getattr(other, f)}
 
 
-def plan_from_job(args: argparse.Namespace) -> int:
-    """Rank the alternatives to the job ``--from`` states: same engine, model, global batch, sequence length and
-    precision (unless --engine / --precision say otherwise); the current job's rank, the diff, the gain."""
+def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, **limits):
+    """(the job's Estimate, the planner's search of its alternatives): the same engine, model, global batch,
+    sequence length, precision and run settings as the job, unless ``limits`` (SearchConstraints fields) or
+    ``asked`` (run settings from the command line) say otherwise."""
     from autotune.cost.estimate import estimate
-    from autotune.report import plan_summary, plan_table
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
 
+    plan = job.plan
+    current = estimate(job.model, job.cluster, plan, job.settings, settings)
+    kept = {name: getattr(plan, name) for name in RUN_SETTINGS if getattr(plan, name) is not None}
+    limits = {"engines": (plan.engine,), "precisions": (plan.precision,)} | {
+        k: v for k, v in limits.items() if v is not None}
+    constraints = SearchConstraints(**limits, **(kept | (asked or {})))
+    result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
+                          time_settings=settings, constraints=constraints, top_k=top_k)
+    return current, result
+
+
+def plan_from_job(args: argparse.Namespace) -> int:
+    """Rank the alternatives to the job ``--from`` states: same engine, model, global batch, sequence length and
+    precision (unless --engine / --precision say otherwise); the current job's rank, the diff, the gain."""
+    from autotune.report import plan_summary, plan_table
+
     job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
     plan = job.plan
-    current = estimate(job.model, job.cluster, plan, job.settings, time_settings(args))
-    engines = (plan.engine,) if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
-    constraints = SearchConstraints(
+    engines = None if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
+    current, result = alternatives(
+        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args),
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
-        precisions=args.precision or (plan.precision,), recompute=args.recompute, engines=engines,
-        allow_offload=args.offload, min_headroom_gib=args.min_headroom_gib,
-        **({name: getattr(plan, name) for name in RUN_SETTINGS if getattr(plan, name) is not None}
-           | run_setting_args(args)))
-    result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
-                          time_settings=time_settings(args), constraints=constraints, top_k=args.top_k)
+        precisions=args.precision, recompute=args.recompute, engines=engines, allow_offload=args.offload,
+        min_headroom_gib=args.min_headroom_gib)
     order = result.in_order
     rank = next((i for i, est in enumerate(order, 1) if _key(est.plan) == _key(plan)), None)
     best = order[0] if order else None
