@@ -80,6 +80,8 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         out["vpp"] = parts // pp
     elif pp > 1 and isinstance(per_stage, int) and per_stage > 0 and out["model"] is not None:
         out["vpp"] = max(1, out["model"].num_layers // (pp * per_stage))
+    if isinstance(data.get("loss_chunks"), int) and data["loss_chunks"] > 1:  # the 0.3 module's loss
+        out["loss_chunks"] = data["loss_chunks"]
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, world

@@ -41,6 +41,7 @@ NOTATION: dict[str, str] = {
     "tp-userbuffers|async-tp|tp-no-overlap": "TP collectives overlapped with the GEMMs by Megatron's userbuffers or "
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
+    "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -98,6 +99,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "fp8_recipe": "this FP8 recipe is not one the engine runs",
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
     "torch_compile": "its files cannot turn torch.compile on",
+    "loss_chunks": "its files cannot chunk the loss",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 

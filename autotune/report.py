@@ -180,6 +180,8 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     compiled = run_settings.compiled(plan, settings, engine)
     out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels)
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
+    if (plan.loss_chunks or 1) > 1:
+        out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

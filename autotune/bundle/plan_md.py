@@ -146,6 +146,9 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
         rows.append(("torch.compile", "on" if plan.torch_compile else "off",
                      "norms, activations and RoPE fused into one kernel each" if plan.torch_compile
                      else "eager: each elementwise op its own kernel"))
+    if (plan.loss_chunks or 1) > 1:
+        rows.append(("loss chunks", str(plan.loss_chunks), "output layer and loss run chunk by chunk along the "
+                     f"sequence, each chunk's backward at once: 1/{plan.loss_chunks} of the fp32 logits live at a time"))
     if plan.grad_dtype is not None:
         rows.append(("gradients", plan.grad_dtype, f"accumulated and reduced in {plan.grad_dtype} (half the "
                      "gradient buffer and reduction bytes of fp32 main grads, at bf16's accumulation precision)"))

@@ -269,6 +269,10 @@ def add_run_settings(g) -> None:
                    help="TP communication overlap where tp > 1: userbuffers = Megatron --tp-comm-overlap (needs "
                         "sequence parallelism), async-tp = torchtitan enable_async_tensor_parallel (compiles); "
                         "default: the engine's own (none)")
+    g.add_argument("--loss-chunks", type=positive_int, default=None, metavar="N",
+                   help="compute the output layer and loss in N chunks of the sequence, each chunk's backward at once "
+                        "(torchtitan 0.3 ChunkedLossWrapper; its recipes use 8): 1/N of the fp32 logits in memory; "
+                        "default: the engine's own (unchunked)")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

@@ -45,7 +45,8 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
         return (asked.get("grad_dtype") in (None, *s.grad_dtypes)
                 and asked.get("fp8_recipe") in (None, *s.fp8_recipes)
                 and asked.get("tp_overlap") in (None, *s.tp_overlaps)
-                and (not asked.get("torch_compile") or s.torch_compile))
+                and (not asked.get("torch_compile") or s.torch_compile)
+                and (asked.get("loss_chunks", 1) == 1 or s.loss_chunks))
 
     return tuple(e for e in engines if runs(e))
 

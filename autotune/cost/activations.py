@@ -146,21 +146,29 @@ def embedding_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
 
 def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
     """Last stage, one micro-batch: final norm input, output-layer input, fp32 logits (4*s*b*V/t),
-    and the int64 labels the loss keeps."""
+    and the int64 labels the loss keeps.
+
+    Chunked loss (``plan.loss_chunks`` = n, torchtitan 0.3 ``ChunkedLossWrapper``, components/loss.py): the output
+    layer and the loss run chunk by chunk along the sequence, each chunk's backward at once, so one chunk's logits
+    (1/n) live at a time, and the hidden states' gradient is accumulated into an fp32 buffer of the whole
+    sequence (``GradAccumulator(..., dtype=torch.float32)``)."""
     sb = plan.seq_len / plan.cp * plan.micro_batch_size
     t_seq = plan.tp if plan.sequence_parallel else 1
     h = model.hidden_size
+    chunks = plan.loss_chunks or 1
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
     head_input = _linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
-    logits = 4 * sb * model.vocab_size / plan.tp
+    logits = 4 * sb * model.vocab_size / plan.tp / chunks
+    accumulator = 4 * sb * h / _gathered_split(plan, facts) if chunks > 1 else 0.0
     labels = 8 * sb
-    return norm + head_input + logits + labels
+    return norm + head_input + logits + accumulator + labels
 
 
 def loss_backward_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts) -> float:
-    """Bytes the loss backward allocates beyond the saved log-probabilities (``ActivationFacts``)."""
+    """Bytes the loss backward allocates beyond the saved log-probabilities (``ActivationFacts``); one chunk's
+    with a chunked loss."""
     return facts.loss_backward_bytes_per_logit * plan.seq_len / plan.cp * plan.micro_batch_size \
-        * model.vocab_size / plan.tp
+        * model.vocab_size / plan.tp / (plan.loss_chunks or 1)
 
 
 def block_mms(model: ModelSpec) -> list[tuple[str, int, int]]:
@@ -249,7 +257,7 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
-    "grad_accum_steps", "recompute", "recompute_num_layers")
+    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks")
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 

@@ -46,6 +46,8 @@ def without_defaults(plan: ParallelPlan) -> ParallelPlan:
     from autotune.engines import engine_for
 
     engine, none = engine_for(plan), None
+    if plan.loss_chunks == 1:  # unchunked, as every engine's default
+        plan = plan.with_(loss_chunks=None)
     for name, effective in (("fp8_recipe", fp8_recipe), ("tp_overlap", tp_overlap), ("torch_compile", compiled)):
         if getattr(plan, name) is not None:
             unset = plan.with_(**{name: None})

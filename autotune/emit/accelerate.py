@@ -152,6 +152,9 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
                         "set offload_param cpu as well, or no offload")
     if "nvme" in (plan.offload_param, plan.offload_optimizer):
         problems.append("FSDP2 offloads to CPU only (CPUOffloadPolicy): use cpu")
+    if (plan.loss_chunks or 1) > 1:
+        problems.append("the loss is the training script's own under accelerate: chunk it there, or drop "
+                        "--loss-chunks")
     if plan.tp_overlap == "async-tp":
         problems.append(f"accelerate {ACCELERATE_VERSION} has no async tensor parallelism: use torchtitan's file, or "
                         "drop --tp-overlap")

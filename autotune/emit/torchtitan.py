@@ -75,12 +75,17 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
 
 def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
                           *, model_name: str | None = None, flavor: str | None = None,
-                          hf_assets_path: str = "./assets/hf", dataset: str = "c4") -> dict:
-    """The job config as nested sections (``toml_text`` writes it). InputError naming every mismatch."""
+                          hf_assets_path: str = "./assets/hf", dataset: str = "c4", chunked_loss: bool = False) -> dict:
+    """The job config as nested sections (``toml_text`` writes it). InputError naming every mismatch.
+    ``chunked_loss``: the caller writes a chunked loss (the 0.3 module); the TOML cannot."""
     options = options or EmitOptions()
     known = TORCHTITAN_FLAVORS.get(model.name)
     name, flavor = (model_name, flavor) if model_name and flavor else (known or (None, None))
     problems = torchtitan_plan_problems(model, cluster, plan, name)
+    if (plan.loss_chunks or 1) > 1 and not chunked_loss:
+        problems.append(f"loss_chunks {plan.loss_chunks}: torchtitan 0.2's TOML computes the loss over the whole "
+                        "sequence (ChunkedLossWrapper came with 0.3): emit with --engine-version fsdp=0.3, or drop "
+                        "--loss-chunks")
     if problems:
         raise InputError(problems, subject="torchtitan job config")
     o = options.optimizer

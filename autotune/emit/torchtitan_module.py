@@ -134,7 +134,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if problems:
         raise InputError(problems, subject="torchtitan 0.3 config module")
     package, recipe_fn, flavor, registry_args, fp8_filter, moe = recipe
-    config = torchtitan_job_config(model, cluster, plan, options)
+    config = torchtitan_job_config(model, cluster, plan, options, chunked_loss=True)
     parallelism = {k: config["parallelism"][k] for k in _PARALLELISM_KEYS if k in config["parallelism"]}
     parallelism["enable_sequence_parallel"] = plan.sequence_parallel
     stages = ""
@@ -154,6 +154,9 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
                       + (f"\n                Float8GroupedExpertsConverter.Config(model_compile_enabled={compile_on!r}),"
                          if moe else "") + "\n            ]")
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}.get(plan.recompute, "None")
+    # The recipe's loss is ChunkedLossWrapper (8 chunks); the plan's count, or its inner loss unchunked.
+    chunks = plan.loss_chunks or 1
+    loss = f"replace(base.loss, num_chunks={chunks})" if chunks > 1 else "base.loss.loss_fn"
     opt, sched, ckpt = config["optimizer"], config["lr_scheduler"], config["checkpoint"]
     quant = ["Float8LinearConverter"] + (["Float8GroupedExpertsConverter"] if moe else [])
     imports = "\n".join([
@@ -182,6 +185,7 @@ def {CONFIG_FUNCTION}() -> Trainer.Config:
         ),
         training=TrainingConfig({_kwargs(training, " " * 12)}
         ),
+        loss={loss},
         activation_checkpoint={ac},
         compile=CompileConfig(enable={compile_on!r}, components={config["compile"]["components"]!r}),
         optimizer=default_adamw(lr={opt["lr"]!r}, betas=({opt["beta1"]!r}, {opt["beta2"]!r}), eps={opt["eps"]!r},

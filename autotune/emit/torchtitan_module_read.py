@@ -21,6 +21,21 @@ from autotune.errors import InputError
 __all__ = ["read_torchtitan_module", "torchtitan_module_sizes", "torchtitan_module_problems"]
 
 _SECTIONS = {"ParallelismConfig": "parallelism", "TrainingConfig": "training", "CompileConfig": "compile"}
+RECIPE_LOSS_CHUNKS = 8
+"""torchtitan 0.3's recipes (models/*/config_registry.py) set ``loss=ChunkedLossWrapper.Config(...)``, whose
+``num_chunks`` defaults to 8 (components/loss.py): a module that keeps the recipe's loss chunks it 8 ways."""
+
+
+def _loss_chunks(value: ast.AST, unread: list[str]) -> int:
+    """Chunks of a ``loss=`` value: ``replace(base.loss, num_chunks=N)`` / ``ChunkedLossWrapper.Config(num_chunks=N)``
+    N (8 unsaid); ``base.loss`` 8; any other loss (``base.loss.loss_fn``, ``CrossEntropyLoss.Config(...)``) 1."""
+    if isinstance(value, ast.Call):
+        name = _name(value.func)
+        if name == "replace" or name.endswith("ChunkedLossWrapper.Config"):
+            n = _literals(value, unread).get("num_chunks", RECIPE_LOSS_CHUNKS)
+            return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else RECIPE_LOSS_CHUNKS
+        return 1
+    return RECIPE_LOSS_CHUNKS if _name(value).endswith("base.loss") and not _name(value).endswith("loss_fn") else 1
 
 
 def _name(node: ast.AST) -> str:
@@ -55,10 +70,13 @@ def read_torchtitan_module(path: str | Path) -> dict:
                           "module is Python (autotune emit --engine-version fsdp=0.3 writes one)"],
                          subject="torchtitan config module") from None
     data: dict = {"parallelism": {}, "training": {}, "compile": {}, "activation_checkpoint": {"mode": "none"},
-                  "model": {}, "recipe": None, "model_parts": None, "unread": []}
+                  "model": {}, "recipe": None, "model_parts": None, "unread": [],
+                  "loss_chunks": RECIPE_LOSS_CHUNKS}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(".config_registry"):
             data["recipe"] = next((a.name for a in node.names), None)
+        if isinstance(node, ast.keyword) and node.arg == "loss":
+            data["loss_chunks"] = _loss_chunks(node.value, data["unread"])
         if isinstance(node, ast.keyword) and node.arg == "activation_checkpoint":
             kind = _name(node.value.func) if isinstance(node.value, ast.Call) else ""
             data["activation_checkpoint"]["mode"] = ("full" if kind.startswith("FullAC") else

@@ -62,6 +62,8 @@ class EngineSupport:
     """TP communication overlaps a plan may ask of it (``ParallelPlan.tp_overlap``)."""
     torch_compile: bool = False
     """Its files can turn torch.compile on (``ParallelPlan.torch_compile``)."""
+    loss_chunks: bool = False
+    """Its files can compute the output layer and loss in chunks (``ParallelPlan.loss_chunks``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,7 +49,7 @@ class FSDPEngine(Engine):
                             precisions=("bf16", "fp16", "fp8"),
                             # quantize.linear.float8.recipe_name; parallelism.enable_async_tensor_parallel; compile
                             fp8_recipes=("torchao-tensorwise", "torchao-rowwise"), tp_overlaps=("none", "async-tp"),
-                            torch_compile=True)
+                            torch_compile=True, loss_chunks=True)  # torchtitan 0.3 ChunkedLossWrapper
     comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring",
                         # torch SDPA flash backend (FlashAttention-2); torchtitan Float8: torchao tensorwise with
                         # enable_fsdp_float8_all_gather (torchtitan docs/float8.md); FSDP2 reduce-scatters per

@@ -104,3 +104,5 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
                           "requires 'model' in --compile.components and --compile.enable\"): drop --no-compile")
     if plan.torch_compile and not s.torch_compile:
         bad("torch_compile", "its files cannot turn torch.compile on: drop --compile")
+    if plan.loss_chunks is not None and plan.loss_chunks > 1 and not s.loss_chunks:
+        bad("loss_chunks", "its files compute the loss over the whole sequence at once: drop --loss-chunks")

@@ -181,7 +181,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
                        sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype,
-                       torch_compile=dims.torch_compile,
+                       torch_compile=dims.torch_compile, loss_chunks=dims.loss_chunks,
                        tp_overlap=dims.tp_overlap if layout.tp > 1 else None)  # tp=1 has no TP collectives
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:

@@ -64,6 +64,8 @@ class SearchConstraints:
     """Every plan's ``tp_overlap`` where tp > 1 (None: each engine's default)."""
     torch_compile: bool | None = None
     """Every plan's ``torch_compile`` (None: each engine's default)."""
+    loss_chunks: int | None = None
+    """Every plan's ``loss_chunks`` (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -89,6 +91,7 @@ class DimensionValues:
     fp8_recipe: str | None = None
     tp_overlap: str | None = None
     torch_compile: bool | None = None
+    loss_chunks: int | None = None
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -144,4 +147,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
                            uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype,
-                           fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile)
+                           fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile,
+                           loss_chunks=c.loss_chunks)

@@ -43,4 +43,6 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append(TP_OVERLAP_WORDS[plan.tp_overlap])
     if plan.torch_compile is not None:
         parts.append("compiled" if plan.torch_compile else "eager")
+    if plan.loss_chunks is not None:
+        parts.append(f"loss-chunks{plan.loss_chunks}")
     return " ".join(parts)

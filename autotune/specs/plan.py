@@ -35,7 +35,7 @@ TP_OVERLAPS = ("none", "userbuffers", "async-tp")
 TpOverlap = Literal["none", "userbuffers", "async-tp"]
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
-RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile")
+RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -121,6 +121,10 @@ class ParallelPlan:
     torch_compile: bool | None = field(default=None, repr=False)
     """torch.compile of the model (torchtitan ``compile.enable``). None: the engine's default (torchtitan's files
     compile FP8 and async-TP plans, ``autotune.emit.torchtitan.torchtitan_compiles``)."""
+    loss_chunks: int | None = field(default=None, repr=False)
+    """The output layer and loss computed in this many chunks of the sequence, each chunk's backward at once
+    (torchtitan 0.3 ``ChunkedLossWrapper``, 8 in its recipes): 1/n of the fp32 logits live at a time. None: the
+    engine's default (unchunked)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -131,7 +135,8 @@ class ParallelPlan:
                 and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
                 and self.etp is None and self.grad_dtype is None and self.fp8_recipe is None
-                and self.tp_overlap is None and self.torch_compile is None and self.dp % self.dp_replicate == 0):
+                and self.tp_overlap is None and self.torch_compile is None and self.loss_chunks is None
+                and self.dp % self.dp_replicate == 0):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -162,6 +167,11 @@ class ParallelPlan:
         if self.tp_overlap not in (None, *TP_OVERLAPS):
             problems.append(f"tp_overlap must be one of {', '.join(TP_OVERLAPS)} or absent (the engine's default), "
                             f"got {self.tp_overlap!r}")
+        longest = self.seq_len if isinstance(self.seq_len, int) else 2**31
+        if self.loss_chunks is not None and (not isinstance(self.loss_chunks, int) or isinstance(self.loss_chunks, bool)
+                                             or not 1 <= self.loss_chunks <= longest):
+            problems.append(f"loss_chunks must be an integer from 1 to the sequence length ({self.seq_len}) or absent "
+                            f"(the engine's default), got {self.loss_chunks!r}")
         if not (self.torch_compile is None or isinstance(self.torch_compile, bool)):
             problems.append(f"torch_compile must be true, false or absent (the engine's default), "
                             f"got {self.torch_compile!r}")

@@ -29,16 +29,22 @@ from autotune.specs.presets import load_model_preset
 GPU = "h100-sxm-80gb"
 MODEL = load_model_preset("llama3-8b")
 CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
-# The file of each engine that states the whole plan, read back as `estimate --from` reads it (torchtitan's TOML:
-# the 0.2 format, which job_files reads; the 0.3 module is Python).
+# The file of each engine that states the whole plan, read back as `estimate --from` reads it: torchtitan's 0.2 TOML
+# (it has async TP and tensorwise Float8, which 0.3 has not), its 0.3 module for the chunked loss (which 0.2 has not).
 READ_BACK = {"megatron": ("megatron_args.sh", "launch_torchrun.sh"), "fsdp": ("torchtitan_job.toml",)}
+READ_BACK_03 = ("torchtitan_plan.py",)
+
+
+def _files(engine: str, name: str) -> tuple[tuple[str, ...], str]:
+    """(the files to read back, the torchtitan release they are written for)."""
+    return (READ_BACK_03, "0.3") if engine == "fsdp" and name == "loss_chunks" else (READ_BACK[engine], "0.2")
 
 
 def _choices(engine: str) -> dict[str, tuple]:
     s = engine_for(engine).support
     return {"grad_dtype": s.grad_dtypes, "fp8_recipe": s.fp8_recipes,
             "tp_overlap": s.tp_overlaps if len(s.tp_overlaps) > 1 else (),  # "none" alone: no choice
-            "torch_compile": (True, False) if s.torch_compile else ()}
+            "torch_compile": (True, False) if s.torch_compile else (), "loss_chunks": (1, 8) if s.loss_chunks else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -54,7 +60,8 @@ def _plan(engine: str, **setting) -> ParallelPlan:
 def _effective(plan: ParallelPlan) -> tuple:
     engine, ts = engine_for(plan), TimeSettings()
     return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
-            else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine))
+            else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
+            plan.loss_chunks or 1)
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -66,10 +73,11 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     plan = _plan(engine, **{name: value})
     assert not plan_problems(MODEL, CLUSTER, plan)
     est = estimate(MODEL, CLUSTER, plan)
-    files = render_bundle(est, EmitOptions(torchtitan_version="0.2")).files
-    for file in READ_BACK[engine]:
+    names, release = _files(engine, name)
+    files = render_bundle(est, EmitOptions(torchtitan_version=release)).files
+    for file in names:
         (tmp_path / file).write_text(files[file])
-    job = read_job([str(tmp_path / f) for f in READ_BACK[engine]], gpu=GPU)
+    job = read_job([str(tmp_path / f) for f in names], gpu=GPU)
     back = job.plan
     assert _effective(back) == _effective(plan)
     again = estimate(job.model, job.cluster, back, job.settings)
@@ -77,7 +85,9 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
     default = _plan(engine, **({"fp8_recipe": None} if name == "fp8_recipe" else {}))
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
-        assert estimate(MODEL, CLUSTER, default).time.step_time_s != pytest.approx(est.time.step_time_s, rel=1e-6)
+        before = estimate(MODEL, CLUSTER, default)
+        assert (before.time.step_time_s, before.memory.total) != pytest.approx(
+            (est.time.step_time_s, est.memory.total), rel=1e-6)
         assert getattr(back, name) == value  # and the plan read back says it
     else:  # what the engine does anyway reads back unset: the plan the files were written for
         assert getattr(back, name) is None
@@ -86,7 +96,8 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 
 @pytest.mark.parametrize("engine", [e for e in ENGINES if e not in READ_BACK])
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
-    for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True)):
+    for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
+                        ("loss_chunks", 8)):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value})
         rules = [rule for rule, _ in plan_problems(MODEL, CLUSTER, plan)]
@@ -186,3 +197,27 @@ def test_notation_names_each_setting_and_the_legend_explains_it():
     assert {"torchao-rowwise", "async-tp", "compiled"} <= set(words)
     legend = " ".join(plan_legend([plan]).split())
     assert "FP8 scaling recipe" in legend and "torch async TP" in legend and "torch.compile" in legend
+
+
+def test_chunked_loss_keeps_one_chunk_of_logits_and_torchtitan_03_says_it():
+    unchunked, chunked = _plan("fsdp"), _plan("fsdp", loss_chunks=8)
+    a, b = estimate(MODEL, CLUSTER, unchunked).memory, estimate(MODEL, CLUSTER, chunked).memory
+    # fp32 logits of one micro-batch: 4 B x 4096 tokens x 128,256 vocabulary / tp 2 = 1.05 GB; 7/8 of it goes, an fp32
+    # gradient buffer of the output layer's input comes (4 B x 4096 x 4096: torchtitan's output layer takes the
+    # sequence gathered, ColwiseParallel after Replicate)
+    logits = 4 * 4096 * MODEL.vocab_size / 2
+    saved = a.activation_parts["output_and_loss"] - b.activation_parts["output_and_loss"]
+    assert saved == pytest.approx(logits * 7 / 8 - 4 * 4096 * 4096, rel=1e-9)
+    module = render_bundle(estimate(MODEL, CLUSTER, chunked), EmitOptions(torchtitan_version="0.3")).files
+    assert "loss=replace(base.loss, num_chunks=8)" in module["torchtitan_plan.py"]
+    plain = render_bundle(estimate(MODEL, CLUSTER, unchunked), EmitOptions(torchtitan_version="0.3")).files
+    assert "loss=base.loss.loss_fn" in plain["torchtitan_plan.py"]  # the recipe's 8 chunks undone: as estimated
+    toml = render_bundle(estimate(MODEL, CLUSTER, chunked), EmitOptions(torchtitan_version="0.2")).files
+    assert "torchtitan_job.toml" not in toml and "ChunkedLossWrapper came with 0.3" in toml["plan.md"]
+
+
+def test_a_module_that_keeps_its_recipes_loss_reads_as_8_chunks(tmp_path):
+    path = tmp_path / "torchtitan_plan.py"
+    text = render_bundle(estimate(MODEL, CLUSTER, _plan("fsdp")), EmitOptions(torchtitan_version="0.3")).files[path.name]
+    path.write_text(text.replace("        loss=base.loss.loss_fn,\n", ""))  # as a hand-written module would
+    assert read_job([str(path)], gpu=GPU).plan.loss_chunks == 8
