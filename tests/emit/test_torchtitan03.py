@@ -62,6 +62,10 @@ CASES = [
     ("pp-1f1b", "llama3-405b", 256, dict(zero_stage=3, tp=8, pp=16, global_batch_size=256, recompute="full")),
     ("fp8", "llama3-8b", 16, dict(zero_stage=3, global_batch_size=64, precision="fp8", recompute="selective")),
     ("hsdp-zero2-none", "llama3-8b", 16, dict(zero_stage=2, dp_replicate=2, global_batch_size=64, recompute="none")),
+    # the recipes' chunked loss (ChunkedLossWrapper, 8 chunks) as a plan setting, with the rowwise Float8 recipe
+    ("chunked-loss-rowwise", "llama3-8b", 16, dict(zero_stage=3, global_batch_size=64, precision="fp8",
+                                                   fp8_recipe="torchao-rowwise", loss_chunks=8,
+                                                   recompute="selective")),
 ]
 
 
@@ -162,6 +166,9 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
     assert got["checkpoint"] == [True, o.checkpoint.save_dir, 500, o.checkpoint.keep_last, "async"]
     assert got["log_freq"] == o.steps_per_print and got["layers"] == m.num_layers
     assert got["compile"] == [plan.precision == "fp8", ["model", "loss"]]
+    # the loss the estimate assumed: the plan's chunks, else the recipe's inner loss unchunked
+    assert got["loss"] == (["ChunkedLossWrapper.Config", plan.loss_chunks] if (plan.loss_chunks or 1) > 1
+                           else ["CrossEntropyLoss.Config", None]), got["loss"]
     if plan.precision == "fp8":  # the linears of every block in float8, the output layer (lm_head) not
         assert got["float8"] and all(f.startswith("layers.*.") for f in got["float8"]), got["float8"]
         assert {"attention", "feed_forward"} <= {f.split(".")[2] for f in got["float8"]}, got["float8"]
