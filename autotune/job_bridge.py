@@ -12,12 +12,12 @@ no recompute, ...). The model is the base recipe's where the file names a librar
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from autotune.emit.megatron_bridge_lint import read_bridge_overrides
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
+from autotune.inputs import read_text
 from autotune.specs.presets import load_model_preset
 
 __all__ = ["bridge_fields"]
@@ -92,7 +92,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["grad_dtype"] = "bf16"
     if _section(data, "comm_overlap").get("tp_comm_overlap") is True:
         out["tp_overlap"] = "userbuffers"
-    base = _BASE.search(Path(path).read_text(encoding="utf-8"))
+    base = _BASE.search(read_text(path, subject="Megatron-Bridge overrides"))
     preset = next((name for name, r in RECIPES.items() if base and r.name == base.group(1)), None)
     if preset is not None:
         out["model"] = load_model_preset(preset)

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from autotune.emit.problems import JobSizes, Problem
+from autotune.inputs import read_text
 
 __all__ = ["CONFIG_CONTAINER_SECTIONS", "read_bridge_overrides", "bridge_overrides_problems", "bridge_job_sizes"]
 
@@ -25,7 +26,7 @@ CONFIG_CONTAINER_SECTIONS = frozenset((
 
 def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     """The overrides as a nested dict (a YAML mapping, or ``key=value`` lines nested at the dots)."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_text(path, subject="Megatron-Bridge overrides")  # a regular file, bounded
     try:
         if Path(path).suffix.lower() in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.emit.problems import JobSizes, Problem
 from autotune.errors import InputError
+from autotune.inputs import read_text
 
 __all__ = ["read_torchtitan_module", "torchtitan_module_sizes", "torchtitan_module_problems"]
 
@@ -62,7 +63,7 @@ def read_torchtitan_module(path: str | Path) -> dict:
     """The module's settings as the 0.2 TOML sections, plus ``recipe`` (the recipe function's name) and
     ``model_parts`` (how many stage lists ``module_fqns_per_model_part`` gives, when it is a literal or ``_stages``
     of one) and ``unread`` (keywords whose values are not literals). InputError for a file that is not Python."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, subject="torchtitan config module")  # a regular file, bounded
     try:
         tree = ast.parse(text, filename=str(path))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
