@@ -29,6 +29,7 @@ from autotune.commands import (
     json_text,
     preset_epilog,
     reliability_flags,
+    run_setting_args,
     time_settings,
 )
 from autotune.commands.engine_version import add_engine_version
@@ -364,7 +365,7 @@ def _best_alternative(args: argparse.Namespace):
     from autotune.report import plan_summary
 
     job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
-    current, result = alternatives(job, time_settings(args), top_k=1)
+    current, result = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args))
     if not result.in_order:
         raise InputError([f"no alternative of the {result.num_enumerated:,} plans searched is feasible: "
                           + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="emit --best")
