@@ -221,3 +221,15 @@ def test_a_module_that_keeps_its_recipes_loss_reads_as_8_chunks(tmp_path):
     text = render_bundle(estimate(MODEL, CLUSTER, _plan("fsdp")), EmitOptions(torchtitan_version="0.3")).files[path.name]
     path.write_text(text.replace("        loss=base.loss.loss_fn,\n", ""))  # as a hand-written module would
     assert read_job([str(path)], gpu=GPU).plan.loss_chunks == 8
+
+
+def test_accelerate_compiles_what_the_estimate_compiles_and_its_loader_reads_it(tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    for compiled in (True, False):
+        est = estimate(MODEL, CLUSTER, _plan("fsdp", torch_compile=compiled))
+        path = tmp_path / f"accelerate_fsdp_{compiled}.yaml"
+        path.write_text(render_bundle(est).files["accelerate_fsdp.yaml"])
+        loaded = config_args.load_config_from_file(str(path))  # accelerate 1.15's own loader
+        assert loaded.dynamo_config.get("dynamo_backend") == ("INDUCTOR" if compiled else None)
+        back = read_job([str(path)], model="llama3-8b", gpu=GPU, global_batch=64, seq_len=4096)
+        assert run_settings.compiled(back.plan, None, engine_for(back.plan)) is compiled
