@@ -15,7 +15,7 @@ from dataclasses import replace
 from autotune.specs.engine_versions import parse_engine_version_flag, resolve_version
 from autotune.errors import InputError
 
-__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions"]
+__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions", "release_run_settings"]
 
 
 def add_engine_version(p) -> None:
@@ -60,3 +60,22 @@ def options_for_versions(options, releases: dict[str, tuple[str, str]]):
     if "megatron" in releases:
         changes["megatron_version"] = releases["megatron"][0]
     return replace(options, **changes) if changes else options
+
+
+def release_run_settings(args: argparse.Namespace, engine: str, precisions: Sequence[str], *,
+                         command: str) -> dict[str, object]:
+    """The run settings of a plan the command line builds for ``engine``: the release's own defaults
+    (``Engine.release_defaults``: torchtitan 0.3's chunked loss and rowwise Float8) under the flags given, said on
+    stderr when one is taken. ``precisions``: the plan's (``fp8_recipe`` only where FP8 is among them)."""
+    from autotune.commands import run_setting_args
+    from autotune.engines import ENGINES
+
+    asked = run_setting_args(args)
+    release = engine_releases(args, [engine])[engine][0]
+    taken = {k: v for k, v in ENGINES[engine].release_defaults(release).items()
+             if k not in asked and (k != "fp8_recipe" or "fp8" in precisions)}
+    if taken and not getattr(args, "json", False):
+        flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items())
+        print(f"autotune {command}: {ENGINES[engine].versions.label} {release} runs {flags} unless told otherwise: "
+              "estimated so", file=sys.stderr)
+    return taken | asked

@@ -13,10 +13,9 @@ from autotune.commands import (
     json_text,
     load_inputs,
     preset_epilog,
-    run_setting_args,
     time_settings,
 )
-from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions
+from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions, release_run_settings
 
 __all__ = ["register", "run", "estimate_from_flags"]
 
@@ -48,7 +47,7 @@ def estimate_from_flags(args: argparse.Namespace):
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
-        **run_setting_args(args),
+        **release_run_settings(args, args.engine, (args.precision,), command=args.command),
     )
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),

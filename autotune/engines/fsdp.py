@@ -158,6 +158,12 @@ class FSDPEngine(Engine):
     def compiles(self, plan) -> bool:
         return torchtitan_compiles(plan)  # the torchtitan files' compile.enable
 
+    def release_defaults(self, release: str) -> dict[str, object]:
+        # torchtitan 0.3's recipes (models/*/config_registry.py) compute the loss with ChunkedLossWrapper, 8 chunks
+        # (components/loss.py), and its Float8LinearConverter runs rowwise recipes only (components/quantization/
+        # float8.py); 0.2.x: unchunked, tensorwise with FP8 all-gather (the modelled defaults).
+        return {"loss_chunks": 8, "fp8_recipe": "torchao-rowwise"} if release == "0.3" else {}
+
     def fp8_param_gather(self, plan) -> bool:
         # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
         # only the default tensorwise recipe gathers FP8 weights.

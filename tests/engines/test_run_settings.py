@@ -233,3 +233,31 @@ def test_accelerate_compiles_what_the_estimate_compiles_and_its_loader_reads_it(
         assert loaded.dynamo_config.get("dynamo_backend") == ("INDUCTOR" if compiled else None)
         back = read_job([str(path)], model="llama3-8b", gpu=GPU, global_batch=64, seq_len=4096)
         assert run_settings.compiled(back.plan, None, engine_for(back.plan)) is compiled
+
+
+EST_FSDP = ["estimate", "--model", "llama3-8b", "--gpu", GPU, "--num-gpus", "8", "--engine", "fsdp", "--zero", "3",
+            "--global-batch", "8", "--seq-len", "8192", "--precision", "fp8"]
+
+
+def test_the_torchtitan_release_sets_its_own_defaults_and_the_files_match(tmp_path, capsys):
+    """torchtitan 0.3 chunks the loss 8 ways and has only rowwise Float8: a plan the command line builds for 0.3
+    takes both unless told otherwise (and says so), and the module written for it is what was estimated."""
+    code, out, err = _cli([*EST_FSDP, "--engine-version", "fsdp=0.3", "--json"], capsys)
+    assert code == 0, err
+    v03 = json.loads(out)
+    assert v03["plan"]["loss_chunks"] == 8 and v03["plan"]["fp8_recipe"] == "torchao-rowwise"
+    code, out, err = _cli([*EST_FSDP, "--engine-version", "fsdp=0.2", "--json"], capsys)
+    v02 = json.loads(out)
+    assert code == 0 and "loss_chunks" not in v02["plan"] and "fp8_recipe" not in v02["plan"]
+    assert v03["memory"]["total"] < v02["memory"]["total"] - 8 * 2**30  # 1/8 of the fp32 logits and loss buffers
+    code, out, err = _cli([*EST_FSDP, "--engine-version", "fsdp=0.3", "--loss-chunks", "2"], capsys)
+    assert code == 0 and "runs --fp8-recipe torchao-rowwise unless told otherwise" in err
+    assert "--loss-chunks 8" not in err  # the flag given wins and is not said as a default
+    code, _, err = _cli(["emit", *EST_FSDP[1:], "--engine-version", "fsdp=0.3", "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    written = json.loads((tmp_path / "job" / "plan.json").read_text())
+    assert written["plan"] == v03["plan"]
+    assert written["time"]["step_time_s"] == pytest.approx(v03["time"]["step_time_s"], rel=1e-9)
+    module = (tmp_path / "job" / "torchtitan_plan.py").read_text()
+    assert "num_chunks=8" in module and "recipe_name='rowwise'" in module
+    assert read_job([str(tmp_path / "job" / "torchtitan_plan.py")], gpu=GPU).plan == ParallelPlan(**v03["plan"])
