@@ -84,3 +84,18 @@ def test_a_bad_value_is_exit_2_naming_the_key(tmp_path, capsys):
     code = main(["estimate", "--from", str(path), "--gpu", GPU, "--num-gpus", "8"])
     err = capsys.readouterr().err
     assert code == 2 and "tensor_model_parallel_size must be a positive integer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("model", "why"), [("  tensor_model_parallel_size: 1\n  sequence_parallel: true\n", "< 2"),
+                                            ("  tensor_model_parallel_size: 2\n  sequence_parallel: false\n",
+                                             "sequence_parallel is not true")])
+def test_validate_warns_of_tp_overlap_bridge_turns_off(tmp_path, capsys, model, why):
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text(f"model:\n{model}comm_overlap:\n  tp_comm_overlap: true\n")
+    assert main(["validate", str(path), "--world-size", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "warning: $.comm_overlap.tp_comm_overlap" in out and why in out and "0 error(s)" in out
+    # what autotune emits with --tp-overlap userbuffers is clean
+    _, files = _bundle("70b-fp8-current-userbuffers-bf16-grads")
+    path.write_text(files["bridge_overrides.yaml"])
+    assert main(["validate", str(path), "--world-size", "64"]) == 0, capsys.readouterr().out

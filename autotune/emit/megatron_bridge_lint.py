@@ -86,4 +86,23 @@ def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Prob
         problems.append(Problem(path="$.train.global_batch_size", severity="error", source="megatron-bridge",
                                 message=f"global batch {gbs} is not a multiple of micro batch {mbs} x data "
                                         f"parallel {dp}", fix="change train.global_batch_size"))
-    return problems
+    return problems + _tp_overlap_problems(data)
+
+
+def _tp_overlap_problems(data: dict) -> list[Problem]:
+    """TP userbuffers that Bridge turns off at setup, with only a log line (training/comm_overlap.py
+    ``_get_model_comm_overlap_cfgs``: "Disabling tensor parallel communication overlap due to TP size < 2" /
+    "sequence_parallel=False"): the job then runs without the overlap its author meant to have."""
+    overlap = data.get("comm_overlap")
+    if not isinstance(overlap, dict) or overlap.get("tp_comm_overlap") is not True:
+        return []
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    why = ("tensor_model_parallel_size < 2" if _int(model, "tensor_model_parallel_size") < 2
+           else "sequence_parallel is not true" if model.get("sequence_parallel") is not True else None)
+    if why is None:
+        return []
+    return [Problem(path="$.comm_overlap.tp_comm_overlap", severity="warning", source="megatron-bridge",
+                    message=f"TP communication overlap with {why}: Bridge turns it off at setup (comm_overlap.py), "
+                            "and the run has no overlap",
+                    fix="set model.sequence_parallel: true with tensor_model_parallel_size >= 2, or drop "
+                        "tp_comm_overlap")]
