@@ -16,6 +16,7 @@ the launch record the trial stored: host, pgid, pid, start time; checked by star
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import importlib.util
 import json
@@ -152,6 +153,10 @@ def _launch_record(t: FrozenTrial, out_dir: Path | None) -> dict | None:
     return None
 
 
+CLAIM_GRACE_S = 300.0
+"""A RUNNING trial of this host with no tuner pid is stale only once older than this (a worker may be claiming it)."""
+
+
 def fail_stale_trials(study: optuna.Study, *, all_running: bool, out_dir: str | Path | None = None) -> list[int]:
     """End the processes of trials left RUNNING by a dead tuner, then mark the trials FAIL 'interrupted'.
 
@@ -161,10 +166,15 @@ def fail_stale_trials(study: optuna.Study, *, all_running: bool, out_dir: str | 
     host = socket.gethostname()
     out = Path(out_dir) if out_dir is not None else None
     marked = []
+    now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
-        dead_here = t.user_attrs.get("host") == host and (pid is None or not psutil.pid_exists(pid)
-                                                          or pid == os.getpid())
+        # No pid yet: a trial another worker is claiming this instant (its attributes are written one by one),
+        # unless it is older than any claim takes: then its tuner died before writing it.
+        unclaimed_long = pid is None and t.datetime_start is not None and \
+            (now - t.datetime_start).total_seconds() > CLAIM_GRACE_S
+        dead_here = t.user_attrs.get("host") == host and (unclaimed_long or (pid is not None and (
+            not psutil.pid_exists(pid) or pid == os.getpid())))
         if not (all_running or dead_here):
             continue
         ended = []

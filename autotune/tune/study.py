@@ -277,8 +277,10 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         trial = study.ask(sampler.search_space)
         key = study._storage.get_trial_system_attrs(trial._trial_id).get(PARAM)
         est = candidates[key]
+        # pid before host: another worker starting up (fail_stale_trials) takes a trial of this host with no pid
+        # for one whose tuner died before writing it; written in this order, a trial being claimed has no host yet.
         for name, value in (("plan_key", key), ("plan", est.plan.to_dict()), ("predicted", _predicted(est)),
-                            ("host", host), ("pid", os.getpid())):
+                            ("pid", os.getpid()), ("host", host)):
             trial.set_user_attr(name, value)
         holder = claim_conflict(study, trial.number, key)
         if holder is not None:

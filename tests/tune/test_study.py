@@ -221,6 +221,34 @@ def test_claim_conflict_gives_up_later_trial(tmp_path):
     assert study_mod.claim_conflict(s, b.number, KEYS[0]) == a.number
 
 
+def test_a_worker_starting_up_leaves_a_trial_being_claimed_alone(tmp_path, monkeypatch):
+    """A worker's start-up cleanup (fail_stale_trials) ran while another worker on this host was writing its new
+    trial's attributes one by one; it took the trial, host written and pid not yet, for one whose tuner had died,
+    and failed it under the live worker (UpdateFinishedTrialError in CI's PostgreSQL + SLURM test)."""
+    import socket
+
+    from autotune.tune import storage
+
+    s = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s", direction="maximize")
+    claiming, dead, gone_before_pid = s.ask(), s.ask(), s.ask()
+    s._storage.set_trial_user_attr(claiming._trial_id, "host", socket.gethostname())  # pid not written yet
+    s._storage.set_trial_user_attr(dead._trial_id, "host", socket.gethostname())
+    s._storage.set_trial_user_attr(dead._trial_id, "pid", 2**22 + 12345)  # no such process
+    assert storage.fail_stale_trials(s, all_running=False) == [dead.number]
+    assert s._storage.get_trial(claiming._trial_id).state == TrialState.RUNNING
+    # a trial with no pid long after it started: its tuner died before writing it
+    monkeypatch.setattr(storage, "CLAIM_GRACE_S", -1.0)
+    s._storage.set_trial_user_attr(gone_before_pid._trial_id, "host", socket.gethostname())
+    assert set(storage.fail_stale_trials(s, all_running=False)) == {claiming.number, gone_before_pid.number}
+    # the tuner writes its pid before its host, so a trial being claimed has no host of this machine yet
+    written: list[str] = []
+    real = optuna.trial.Trial.set_user_attr
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr",
+                        lambda self, key, value: (written.append(key), real(self, key, value))[1])
+    run(tmp_path / "t", monkeypatch, FakeRunner(), trials=1, top_k=1)
+    assert written.index("pid") < written.index("host"), written
+
+
 def test_bad_storage_url_is_input_error(tmp_path):
     with pytest.raises(InputError, match="cannot open the storage"):
         study_mod.open_storage("postgresql://nobody@127.0.0.1:1/none")
