@@ -93,6 +93,11 @@ class Launcher(abc.ABC):
         """The trial's result with what the launcher knows about how it ended (default: unchanged)."""
         return result
 
+    def after_stop(self, spec: TrialSpec) -> None:
+        """Called once the tuner has ended a trial's local processes early (stop, timeout, Ctrl-C): end what the
+        launcher started elsewhere (default: nothing; its processes were all local)."""
+        del spec
+
 
 def _python() -> list[str]:
     return [sys.executable]
@@ -340,6 +345,17 @@ class Slurm(Launcher):
         return _python() + ["-m", "autotune.tune.slurm_step", json.dumps(params, sort_keys=True), "--",
                             sys.executable]
 
+    def after_stop(self, spec: TrialSpec) -> None:
+        """The trial's supervisor cancels its job or step when stopped, but a supervisor SIGKILLed while ``sbatch``
+        was still submitting (slower than the tuner's kill grace on a busy slurmctld) never learned the job id, and
+        the job ran on. So the tuner starts a canceller of its own, in a session of its own (it outlives a Ctrl-C'd
+        tuner), that finds the trial's job or step by its unique name and retries until SLURM says it ended."""
+        name = slurm_job_name(spec.workdir)
+        what = ["step", name, os.environ["SLURM_JOB_ID"]] if self.in_allocation() else ["named", name]
+        with contextlib.suppress(OSError):
+            subprocess.Popen([sys.executable, "-m", "autotune.tune.slurm_cancel", *what], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
     def review(self, spec: TrialSpec, result: TrialResult) -> TrialResult:
         """SLURM's word on a failed step: its time limit makes the trial "hung", a cancel names the cancel."""
         try:
@@ -392,6 +408,11 @@ def trial_fields(settings: LaunchSettings | str | None) -> dict:
 def launch_argv(spec: TrialSpec) -> list[str]:
     """The argv prefix that starts the trial's ranks under ``spec.launcher``."""
     return launcher_for(_settings(spec)).prefix(spec)
+
+
+def after_stop(spec: TrialSpec) -> None:
+    """What the launcher ends elsewhere once the tuner stopped the trial early (``Launcher.after_stop``)."""
+    launcher_for(_settings(spec)).after_stop(spec)
 
 
 def review(spec: TrialSpec, result: TrialResult) -> TrialResult:

@@ -1,6 +1,7 @@
 """Cancels a trial's SLURM job or step until SLURM says it took.
 
-``python -m autotune.tune.slurm_cancel job JOBID`` or ``python -m autotune.tune.slurm_cancel step NAME [ALLOCATION]``.
+``python -m autotune.tune.slurm_cancel job JOBID``, ``... step NAME [ALLOCATION]`` or ``... named NAME`` (every job
+of that name: the tuner's own last word on a trial it stopped, for a job whose id its supervisor never learned).
 
 :mod:`autotune.tune.slurm_step` starts this in a session of its own the moment the trial is stopped (the
 tuner's Ctrl-C, its timeout, ``--resume``). A single ``scancel`` was not enough on a loaded machine:
@@ -57,6 +58,29 @@ def step_ids(name: str, allocation: str | None) -> list[str] | None:
     return [row[0] for row in (line.split() for line in done.stdout.splitlines()) if len(row) >= 2 and row[1] == name]
 
 
+def job_ids(name: str) -> list[str] | None:
+    """The ids of the jobs named ``name`` (None when squeue does not answer)."""
+    done = _run(["squeue", "--noheader", "--format=%i %j", f"--name={name}"])
+    if done is None or done.returncode != 0:
+        return None
+    return [row[0] for row in (line.split() for line in done.stdout.splitlines()) if len(row) >= 2 and row[1] == name]
+
+
+def cancel_named(name: str, deadline: float) -> bool:
+    """Cancel every job named ``name`` until none runs; watched at least STEP_WATCH_S (an ``sbatch`` killed with
+    its supervisor may have been accepted a moment later)."""
+    watch_until = time.monotonic() + STEP_WATCH_S
+    while time.monotonic() < deadline:
+        ids = job_ids(name)
+        live = [job_id for job_id in ids or [] if not job_done(job_id)]
+        if ids is not None and not live and time.monotonic() >= watch_until:
+            return True
+        for job_id in live:
+            _run(["scancel", job_id])
+        time.sleep(PAUSE_S)
+    return False
+
+
 def cancel_job(job_id: str, deadline: float) -> bool:
     while time.monotonic() < deadline:
         _run(["scancel", job_id])
@@ -84,7 +108,10 @@ def main(argv: list[str]) -> int:
         return 0 if cancel_job(argv[1], deadline) else 1
     if len(argv) in (2, 3) and argv[0] == "step":
         return 0 if cancel_step(argv[1], argv[2] if len(argv) == 3 else None, deadline) else 1
-    print("usage: python -m autotune.tune.slurm_cancel job JOBID | step NAME [ALLOCATION]", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "named":
+        return 0 if cancel_named(argv[1], deadline) else 1
+    print("usage: python -m autotune.tune.slurm_cancel job JOBID | step NAME [ALLOCATION] | named NAME",
+          file=sys.stderr)
     return 2
 
 

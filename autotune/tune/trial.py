@@ -210,10 +210,18 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
     pattern = re.compile(spec.workload.metric_pattern) if kind == "command" and spec.workload.metric_pattern else None
     started_epoch = time.time()
     job = Job(argv, log_path, cwd, env)
-    record = launch_record(job)
-    write_launch_record(workdir / LAUNCH_NAME, record)
-    if on_launch is not None:
-        on_launch(record)
+    try:
+        record = launch_record(job)
+        write_launch_record(workdir / LAUNCH_NAME, record)
+        if on_launch is not None:
+            on_launch(record)  # the study's storage: a Ctrl-C often lands in this write
+    except BaseException:
+        # Before the trial loop's own cleanup is in place (seen in CI: Ctrl-C during on_launch left the SLURM
+        # supervisor, and its job, running until the job's time limit): nothing of the trial may outlive it.
+        job.kill()
+        job.close()
+        _after_stop(spec)
+        raise
     reader = LogReader(log_path)
     phase = Phase(spec.warmup_steps + spec.steps)
     steps: list[float] = []          # STEP times, or metric-line step times (warm-up included)
@@ -279,8 +287,8 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                                    "trial builds the op again")
         return None
 
-    show()
     try:
+        show()
         while True:
             rc = job.proc.poll()
             for line in reader.new_lines():
@@ -317,6 +325,7 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             time.sleep(POLL_S)
         if stop:
             left = job.kill()
+            _after_stop(spec)
             status, reason = stop
             if left:
                 reason += f"; processes {left} survived SIGKILL"
@@ -341,9 +350,16 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
         # KeyboardInterrupt, SIGTERM or any error: nothing of the trial may outlive run_trial
         if job.proc.poll() is None or job.survivors():
             job.kill()
+            _after_stop(spec)
         reader.close()
         job.close()
         shm_leftovers.remove_leftovers()  # DeepSpeed's CPU all-reduce never unlinks its /dev/shm segments
+
+
+def _after_stop(spec: TrialSpec) -> None:
+    if spec.launcher != "torchrun":  # what the launcher started elsewhere (a SLURM job whose id was never learned)
+        from autotune.tune import launchers
+        launchers.after_stop(spec)
 
 
 def _finish(spec: TrialSpec, result: TrialResult) -> TrialResult:

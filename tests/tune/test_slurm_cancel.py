@@ -32,8 +32,8 @@ def _state(cluster, job_id: str) -> str:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv).get("JobState", "")
 
 
-def _submit_sleeper(cluster, tmp_path: Path) -> str:
-    job_id = cluster.run("sbatch", "--parsable", "--job-name=autotune-cancel-test", "--nodes=1", "--ntasks=1",
+def _submit_sleeper(cluster, tmp_path: Path, name: str = "autotune-cancel-test") -> str:
+    job_id = cluster.run("sbatch", "--parsable", f"--job-name={name}", "--nodes=1", "--ntasks=1",
                          f"--output={tmp_path / 'job.log'}", f"--chdir={tmp_path}", "--wrap", "sleep 600"
                          ).stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
@@ -66,6 +66,31 @@ def test_cancel_outlasts_a_frozen_slurmctld(tmp_path, slurm_cluster):  # noqa: F
     assert single_failed, "a single scancel reached a frozen slurmctld: this test no longer shows the retry"
     assert canceller.wait(timeout=180) == 0, canceller.stdout.read() if canceller.stdout else ""
     assert _state(slurm_cluster, job_id) in ("CANCELLED", "COMPLETING"), slurm_cluster.log_tail()
+
+
+@pytest.mark.slow
+def test_the_tuner_cancels_a_job_its_supervisor_never_learned_the_id_of(tmp_path, slurm_cluster, monkeypatch):  # noqa: F811
+    """A trial's supervisor SIGKILLed while ``sbatch --wait`` was submitting (slower than the tuner's kill grace on a
+    busy slurmctld) leaves a job nobody knows the id of; after stopping a trial the tuner cancels the trial's job by
+    its unique name (``Slurm.after_stop`` -> ``slurm_cancel named``). Seen in CI: the job still RUNNING after Ctrl-C."""
+    from autotune.specs.loading import load_cluster
+    from autotune.specs.plan import ParallelPlan
+    from autotune.specs.presets import load_model_preset
+    from autotune.tune import launchers
+    from autotune.tune.trial import TrialSpec, Workload
+
+    spec = TrialSpec(model=load_model_preset("tiny-gpt"), cluster=load_cluster(gpu="cpu", num_gpus=2),
+                     plan=ParallelPlan(dp=2, global_batch_size=2, seq_len=64), workload=Workload(kind="builtin"),
+                     workdir=tmp_path / "trials" / "0002", launcher="slurm")
+    job_id = _submit_sleeper(slurm_cluster, tmp_path, launchers.slurm_job_name(spec.workdir))  # as if sbatch got it in
+    for key, value in _env(slurm_cluster).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # outside an allocation: one sbatch job per trial
+    launchers.after_stop(spec)
+    deadline = time.monotonic() + 120
+    while _state(slurm_cluster, job_id) not in ("CANCELLED", "COMPLETING"):
+        assert time.monotonic() < deadline, f"job {job_id}: {_state(slurm_cluster, job_id)}\n{slurm_cluster.log_tail()}"
+        time.sleep(0.5)
 
 
 def test_bad_arguments_exit_2():

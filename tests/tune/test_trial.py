@@ -321,6 +321,24 @@ def test_keyboard_interrupt_kills_the_job(model, cluster, tmp_path, pids_before)
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
+def test_keyboard_interrupt_while_the_launch_is_recorded_kills_the_job(model, cluster, tmp_path, monkeypatch):
+    """Ctrl-C landing in on_launch (the study's storage write, before the trial loop): seen in CI, the launched
+    processes (there a SLURM supervisor and its job) ran on; now they are ended and the launcher told."""
+    from autotune.tune import trial as trial_module
+
+    told = []
+    monkeypatch.setattr(trial_module, "_after_stop", lambda s: told.append(s.workdir))
+
+    def interrupt(record):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command="sleep 60")), on_launch=interrupt)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    assert told, "the launcher was not asked to end what it started elsewhere"
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: nothing is launched
 
