@@ -65,10 +65,9 @@ def _bar(fraction: float) -> str:
 
 
 def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, memory: MemoryEstimate, *,
-                 save_staging_per_node: float = 0.0) -> str:
-    """The ledger as a table in GiB with a percentage bar per term; ``save_staging_per_node``: the pinned host
-    memory an asynchronous checkpoint save stages per node (``CheckpointPolicy.staging_host_bytes_per_node``),
-    shown as its own host row."""
+                 host_at_save: tuple[float, str] = (0.0, "")) -> str:
+    """The ledger as a table in GiB with a percentage bar per term; ``host_at_save``: the host memory a checkpoint
+    save adds on a node and what it is (``CheckpointPolicy.host_at_save``), shown as its own host row."""
     title = (f"{model.name} ({format_params(model.num_params)} params) on {cluster.num_gpus} x {cluster.gpu.name}"
              f", seq {plan.seq_len}, global batch {plan.global_batch_size}")
     lines = [title, f"plan: {plan_summary(plan)}  (engine {plan.engine})",
@@ -82,10 +81,10 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
     lines.append(f"  {'capacity':<17}{gib(memory.capacity):>10}{used:>8.1%}  {_bar(used)} used")
     if memory.host_per_node or memory.nvme_per_node:
         lines.append(f"  host per node    {gib(memory.host_per_node):>10}  of {gib(memory.host_capacity_per_node)} GiB")
-    if save_staging_per_node:
-        at_save = memory.host_per_node + save_staging_per_node
-        lines.append(f"  host at a save   {gib(at_save):>10}  of {gib(memory.host_capacity_per_node)} GiB "
-                     f"(+{gib(save_staging_per_node)} GiB pinned checkpoint staging, async save)")
+    if host_at_save[0]:
+        extra, what = host_at_save
+        lines.append(f"  host at a save   {gib(memory.host_per_node + extra):>10}  of "
+                     f"{gib(memory.host_capacity_per_node)} GiB (+{gib(extra)} GiB {what})")
     if memory.nvme_per_node:
         lines.append(f"  NVMe per node    {gib(memory.nvme_per_node):>10}")
     lines.append("")

@@ -224,9 +224,9 @@ def _run_section(files: Sequence[str]) -> list[str]:
 
 def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
                   files: Sequence[str] = (), user_script_needs: Sequence[str] = (),
-                  fallback_lines: Sequence[str] = (), save_staging_per_node: float = 0.0) -> str:
+                  fallback_lines: Sequence[str] = (), host_at_save: tuple[float, str] = (0.0, "")) -> str:
     """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files;
-    ``save_staging_per_node``: the host memory an asynchronous save pins per node (a row of the ledger)."""
+    ``host_at_save``: the host memory a save adds on a node, and what it is (a row of the ledger)."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
     gpu = cluster.gpu
     out = [f"# Training plan: {model.name} on {cluster.num_gpus} x {gpu.name}", "",
@@ -248,7 +248,7 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
     out += ["", "## The plan and why", "", "| dimension | setting | why |", "|---|---|---|"]
     out += [f"| {_cell(d)} | {_cell(s)} | {_cell(w)} |" for d, s, w in plan_reasons(estimate)]
     out += ["", "## Memory per GPU", "", "```text", memory_table(model, cluster, plan, estimate.memory,
-                                                                 save_staging_per_node=save_staging_per_node),
+                                                                 host_at_save=host_at_save),
             "```", ""]
     out += ["## Predicted step time", ""] + _time_section(estimate) + [""]
     out += ["## Checkpoint policy", "", checkpoint_policy_text.strip() or "(no checkpoint policy was given)", ""]

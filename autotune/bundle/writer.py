@@ -94,7 +94,7 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      files=sorted(f for f in files if "/" not in f),
                                      user_script_needs=engine_files.user_script_needs,
                                      fallback_lines=fallback_section(fallback, est),
-                                     save_staging_per_node=policy.staging_host_bytes_per_node)
+                                     host_at_save=policy.host_at_save)
     return Bundle(files=files, policy=policy)
 
 

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                          "assumed_settings": assumed_settings(plan, time_settings(args))}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
-                           save_staging_per_node=kept.policy.staging_host_bytes_per_node))
+                           host_at_save=kept.policy.host_at_save))
         print()
         print(step_time_table(result.time))
         u = result.uncertainty
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
         print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args))))
         print(kept.summary())
+        if kept.policy.save_memory_note:
+            print(f"checkpoint: {kept.policy.save_memory_note}")
         print()
         print(plan_legend([plan]))
     return EXIT_OK

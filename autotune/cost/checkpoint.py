@@ -19,7 +19,9 @@ parameter with the fp32 master weights (``OPTIMIZER_STATE_BYTES``, 12 for AdamW)
   16-bit weights are not written (the model-states files hold empty placeholders) and are rebuilt
   from the fp32 master on load. Total K Psi. ``stage3_gather_16bit_weights_on_model_save``
   additionally lets ``engine.save_16bit_model()`` write a consolidated 2 Psi model for inference;
-  that export is not part of the periodic checkpoint and is not counted.
+  that export is not part of a DeepSpeed job's periodic checkpoint and is not counted there.
+- The Hugging Face Trainer (engine ``hf``) also writes that consolidated 2 Psi model at every save, from
+  rank 0: :mod:`autotune.cost.consolidated_save`.
 - Megatron ``--ckpt-format torch_dist``: the 16-bit weights and the fp32 master + optimizer states,
   each tensor written once, (2 + K) Psi; the fully parallel save (on by default) spreads the
   replicated tensors over the data-parallel ranks, so each rank writes ZeRO-3's share.
@@ -43,16 +45,14 @@ from autotune.cost.availability import (
     expected_detection_s,
     wall_time_fractions,
 )
+from autotune.cost.checkpoint_sizes import CheckpointBytes, checkpoint_bytes
 from autotune.cost.checkpoint_tiers import LocalTier, local_tier_for, rendezvous_s
-from autotune.cost.memory import model_state_bytes
+from autotune.cost.consolidated_save import consolidated_save
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.options import CheckpointOptions
 from autotune.engines import engine_for
 from autotune.errors import require_no_problems
 from autotune.specs.hardware import GB, GIB
-from autotune.specs.layout import representative_stages, stage_param_groups
-from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CheckpointBytes", "CheckpointPolicy", "checkpoint_bytes", "checkpoint_policy", "young_daly_interval_s",
            "DEFAULT_RELAUNCH_S", "options_for_cluster"]
@@ -72,45 +72,6 @@ def options_for_cluster(options: CheckpointOptions, cluster, *, explicit: frozen
              "local_storage_bandwidth_gb_per_s": cluster.local_storage_bandwidth_gb_per_s}
     taken = {k: v for k, v in given.items() if v is not None and k not in explicit}
     return replace(options, **taken, **({"tier_required": False} if "tier" in taken else {}))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointBytes:
-    """Bytes of one checkpoint: the rank that writes the most, and the whole job."""
-
-    weight_bytes_per_rank: float
-    optimizer_bytes_per_rank: float
-    """fp32 master weights plus optimizer states."""
-    weight_bytes_total: float
-    optimizer_bytes_total: float
-
-    @property
-    def per_rank(self) -> float:
-        return self.weight_bytes_per_rank + self.optimizer_bytes_per_rank
-
-    @property
-    def total(self) -> float:
-        return self.weight_bytes_total + self.optimizer_bytes_total
-
-
-def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
-    """What one save writes (see the module docstring for what is counted, per engine)."""
-    engine = engine_for(plan)
-    resident, weights_written = engine.saved_states_plan(plan)
-    per_rank = []
-    scheme = engine.support.layer_split
-    for stage in representative_stages(model.num_layers, plan.pp, scheme):
-        groups = stage_param_groups(model, plan, stage, scheme)
-        dense = groups.tp_sharded / plan.tp + groups.replicated
-        expert = groups.expert / (plan.ep * plan.expert_tp)
-        s = model_state_bytes(resident, dense, expert)
-        per_rank.append((s.weights if weights_written else 0.0, s.optimizer_states))
-    w_rank, o_rank = max(per_rank, key=sum)
-    whole = model_state_bytes(ParallelPlan(optimizer=plan.optimizer, precision=plan.precision, engine=plan.engine),
-                              float(model.num_params), 0.0)  # one rank, nothing partitioned: 2 Psi and K Psi
-    return CheckpointBytes(weight_bytes_per_rank=w_rank, optimizer_bytes_per_rank=o_rank,
-                           weight_bytes_total=whole.weights if weights_written else 0.0,
-                           optimizer_bytes_total=whole.optimizer_states)
 
 
 def young_daly_interval_s(delta_s: float, mtbf_s: float) -> float:
@@ -170,7 +131,8 @@ class CheckpointPolicy:
     staging_host_bytes_per_node: float
     """Pinned host memory an asynchronous save stages per node (every local rank's shard); 0 when saves block."""
     gather_16bit_weights_on_model_save: bool
-    """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference)."""
+    """ZeRO-3: let ``engine.save_16bit_model()`` write a consolidated 16-bit model (for inference); the Hugging Face
+    Trainer calls it at every save (off when node 0's host memory cannot hold the model: see ``notes``)."""
     parallel_write_pipeline_stage: bool
     """DeepSpeed pipeline engine: spread each stage's layer files over its data-parallel ranks."""
     tag_validation: str = "Fail"
@@ -182,12 +144,27 @@ class CheckpointPolicy:
     local_dir: str = ""
     durable_interval_steps: int | None = None
     durable_blocking_s: float = 0.0
+    consolidation_s: float = 0.0
+    """Part of ``blocking_s``: gathering the whole 16-bit model to rank 0 and rank 0 writing it (engine ``hf``)."""
+    consolidation_host_bytes: float = 0.0
+    """Host memory node 0 holds while rank 0 writes the consolidated model (engine ``hf``); 0 when it writes none."""
+    save_memory_note: str = ""
+    """What a save's host memory changed or risks (also in ``notes``); ``estimate`` prints it."""
     notes: tuple[str, ...] = ()
 
     # ---- derived ---------------------------------------------------------------------------
     @property
     def interval_s(self) -> float:
         return self.interval_steps * self.step_time_s
+
+    @property
+    def host_at_save(self) -> tuple[float, str]:
+        """The most host memory a save adds on one node, and what it is (a row of the memory ledger)."""
+        if self.consolidation_host_bytes > self.staging_host_bytes_per_node:
+            return self.consolidation_host_bytes, "on node 0: the 16-bit model rank 0 writes, Hugging Face Trainer"
+        if self.staging_host_bytes_per_node:
+            return self.staging_host_bytes_per_node, "pinned checkpoint staging, async save"
+        return 0.0, ""
 
     @property
     def lag_s(self) -> float:
@@ -221,8 +198,8 @@ class CheckpointPolicy:
 
     @property
     def storage_bytes(self) -> float:
-        """Disk the kept checkpoints take."""
-        return self.keep_last * self.sizes.total
+        """Disk the kept checkpoints take (with the consolidated model rank 0 writes beside each)."""
+        return self.keep_last * (self.sizes.total + self.sizes.consolidated_bytes)
 
     # ---- what the writers are told -----------------------------------------------------------
     def files(self, *, load_universal: bool = False) -> CheckpointSettings:
@@ -272,6 +249,10 @@ class CheckpointPolicy:
                      f"{_fmt_bytes(self.staging_host_bytes_per_node)} of pinned host memory per node")
         else:
             stall = f"the save blocks training for all of it (largest rank: {_fmt_bytes(s.per_rank)})"
+        if s.consolidated_bytes:
+            stall += (f"; the Hugging Face Trainer also writes the whole {_fmt_bytes(s.consolidated_bytes)} 16-bit "
+                      f"model from rank 0 at each save ({_fmt_s(self.consolidation_s)} of the stall, "
+                      f"{_fmt_bytes(self.consolidation_host_bytes)} of node 0's host memory)")
         interval = (f"every {self.interval_steps:,} steps ({self.interval_s / 60:,.1f} min"
                     + (", set by hand" if self.interval_overridden
                        else f"; availability optimum {self.optimal_interval_s / 60:,.1f} min") + ")")
@@ -339,6 +320,18 @@ def checkpoint_policy(estimate, options: CheckpointOptions) -> CheckpointPolicy:
                      f"more sharding make the shards smaller).")
     # Async: only the snapshot into host memory stalls training (PCIe, per GPU, in parallel).
     blocking_s = sizes.per_rank / (cluster.pcie_bandwidth_gb_per_s * GB) if async_save else write_time_s
+    gather_16bit = fmt == "deepspeed" and plan.zero_stage == 3
+    consolidation = consolidated_save(
+        sizes.consolidated_bytes, zero3=plan.zero_stage == 3, host_free=host_free,
+        link_gb_per_s=cluster.inter_node_bandwidth_gb_per_s if plan.world_size > cluster.gpus_per_node
+        else cluster.intra_node_bandwidth_gb_per_s,
+        writer_gb_per_s=min(options.storage_bandwidth_gb_per_s, cluster.inter_node_bandwidth_gb_per_s))
+    if consolidation.note:
+        notes.append(consolidation.note)
+    if sizes.consolidated_bytes and not consolidation.written:
+        sizes, gather_16bit = replace(sizes, consolidated_bytes=0.0), False
+    write_time_s += consolidation.write_s
+    blocking_s += consolidation.stall_s
     job_mtbf_s = options.gpu_mtbf_hours * 3600 / plan.world_size
     planned_s = PLANNED_GPU_HOURS * 3600 / plan.world_size
     load_time_s = sizes.total / storage_bytes_per_s
@@ -382,7 +375,8 @@ def checkpoint_policy(estimate, options: CheckpointOptions) -> CheckpointPolicy:
         optimal_interval_s=optimal_s, step_time_s=step_time_s, interval_steps=steps,
         interval_overridden=options.interval_steps is not None, keep_last=options.keep_last, async_save=async_save,
         staging_host_bytes_per_node=staging if async_save else 0.0,
-        gather_16bit_weights_on_model_save=fmt == "deepspeed" and plan.zero_stage == 3,
+        gather_16bit_weights_on_model_save=gather_16bit, consolidation_s=consolidation.stall_s,
+        consolidation_host_bytes=consolidation.host_bytes, save_memory_note=consolidation.note,
         parallel_write_pipeline_stage=fmt == "deepspeed" and plan.pp > 1, local=local,
         tier="shared" if local is None else "local",
         local_dir=options.local_dir if local is not None else "", **durable, notes=tuple(notes))

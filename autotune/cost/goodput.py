@@ -72,7 +72,9 @@ class Goodput:
                 "rendezvous_s": p.rendezvous_s, "load_time_s": p.load_time_s, "async_save": p.async_save,
                 "checkpoint_tier": p.tier, "durable_interval_steps": p.durable_interval_steps,
                 "staging_host_bytes_per_node": p.staging_host_bytes_per_node,
-                "checkpoint_bytes": p.sizes.total, "blast_radius_gpus": self.blast_radius_gpus,
+                "consolidation_s": p.consolidation_s, "consolidation_host_bytes": p.consolidation_host_bytes,
+                "gather_16bit_weights_on_model_save": p.gather_16bit_weights_on_model_save,
+                "checkpoint_bytes": p.sizes.total, "checkpoint_notes": list(p.notes), "blast_radius_gpus": self.blast_radius_gpus,
                 "torchft_blast_radius_gpus": self.torchft_blast_radius_gpus}
 
 

@@ -62,7 +62,7 @@ def _layers_per_stage(model: ModelSpec, plan: ParallelPlan) -> int:
     return max(split) if split is not None else -(-model.num_layers // plan.pp)
 
 
-def _zero_block(plan: ParallelPlan, settings: MemorySettings) -> dict:
+def _zero_block(plan: ParallelPlan, settings: MemorySettings, *, gather_16bit: bool = True) -> dict:
     zero: dict = {
         "stage": plan.zero_stage,
         "contiguous_gradients": True,
@@ -76,7 +76,7 @@ def _zero_block(plan: ParallelPlan, settings: MemorySettings) -> dict:
             "stage3_param_persistence_threshold": _PARAM_PERSISTENCE_THRESHOLD,
             "stage3_max_live_parameters": int(settings.stage3_max_live_parameters),
             "stage3_max_reuse_distance": _MAX_REUSE_DISTANCE,
-            "stage3_gather_16bit_weights_on_model_save": True,
+            "stage3_gather_16bit_weights_on_model_save": gather_16bit,
         })
     # The ledger's NVMe staging buffers are buffer_count x buffer_size x 2 bytes (memory.py).
     param_buffer_size = max(1, int(settings.offload_buffer_bytes) // (PARAM_NVME_BUFFER_COUNT * 2))
@@ -160,7 +160,8 @@ def _torch_adam_on_cpu(cfg: dict, cluster: ClusterSpec, plan: ParallelPlan) -> d
 
 
 def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings: MemorySettings,
-           checkpoint_block: dict | None, *, auto: bool, autotp: bool = True, ulysses: bool = True) -> dict:
+           checkpoint_block: dict | None, *, auto: bool, autotp: bool = True, ulysses: bool = True,
+           gather_16bit: bool = True) -> dict:
     full = plan.recompute == "full"
     cfg: dict = {
         "train_batch_size": plan.global_batch_size,
@@ -169,7 +170,7 @@ def _build(model: ModelSpec, plan: ParallelPlan, options: EmitOptions, settings:
         "gradient_clipping": options.optimizer.grad_clip,
         "steps_per_print": options.steps_per_print,
         "wall_clock_breakdown": options.wall_clock_breakdown,
-        "zero_optimization": _zero_block(plan, settings),
+        "zero_optimization": _zero_block(plan, settings, gather_16bit=gather_16bit),
         **_precision_blocks(plan, auto=auto),
         "optimizer": _optimizer_block(plan, options, auto=auto),
         "scheduler": _scheduler_block(options, auto=auto),
@@ -225,7 +226,8 @@ def deepspeed_config_notes(plan: ParallelPlan) -> list[str]:
 
 
 def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
-                        memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None) -> dict:
+                        memory_settings: MemorySettings | None = None, *, checkpoint_block: dict | None = None,
+                        gather_16bit: bool = True) -> dict:
     """The Hugging Face Trainer / accelerate variant: ``"auto"`` exactly where the integration fills it.
 
     The batch sizes, clipping, optimizer hyper-parameters, scheduler steps and bf16/fp16 switches
@@ -233,8 +235,10 @@ def hf_deepspeed_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     is the plan's (on the ``cpu`` cluster AdamW as ``torch_adam``, as :func:`deepspeed_config`). The integration
     sizes the auto buckets from the model: reduce hidden^2 (under the
     ledger's 5e8 while hidden < 22,360), ZeRO-3 prefetch 0.9 hidden^2 (over the ledger's 5e7 once
-    hidden > 7,450: for hidden 16,384 about 0.4 GB more per GPU than estimated).
+    hidden > 7,450: for hidden 16,384 about 0.4 GB more per GPU than estimated). ``gather_16bit``: ZeRO-3's
+    ``stage3_gather_16bit_weights_on_model_save``, which makes the Trainer gather the whole model to rank 0 at
+    every save (``CheckpointPolicy.gather_16bit_weights_on_model_save`` says whether node 0 can hold it).
     """
     cfg = _build(model, plan, options or EmitOptions(), memory_settings or MemorySettings(), checkpoint_block,
-                 auto=True)
+                 auto=True, gather_16bit=gather_16bit)
     return _torch_adam_on_cpu(cfg, cluster, plan)

@@ -52,6 +52,9 @@ class Engine(ABC):
     checkpoint_tiers: ClassVar[tuple[str, ...]] = ("shared",)
     """Checkpoint storage tiers its files can use (autotune.cost.checkpoint_tiers): "shared" (a parallel file
     system), "local" (node-local storage with a replica on a peer node)."""
+    consolidates_weights_at_save: ClassVar[bool] = False
+    """Every periodic save also writes the whole 16-bit model from rank 0 (the Hugging Face Trainer's ``save_model``
+    at each ``save_steps``), beside the engine's sharded checkpoint (autotune.cost.checkpoint)."""
     trainer_saves: ClassVar[bool] = False
     """The built-in trainer saves and resumes checkpoints as the bundle's policy says (autotune/train/checkpointing)."""
     trainer_module: ClassVar[str | None] = None

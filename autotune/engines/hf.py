@@ -39,6 +39,12 @@ class HFEngine(Engine):
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule=None, cp_kind=None,
                         elementwise_kernels="eager")
     checkpoint_format = "deepspeed"
+    # transformers 5.24 trainer.py: _save_checkpoint calls save_model at every save, which takes
+    # accelerator.get_state_dict(deepspeed engine) (ZeRO-3: DeepSpeed's _zero3_consolidated_16bit_state_dict, each
+    # module's parameters gathered in turn and copied to rank 0's host memory; it raises, and the Trainer saves
+    # the sharded checkpoint alone, when stage3_gather_16bit_weights_on_model_save is false) and writes it as
+    # safetensors from the main process; then _save_optimizer_and_scheduler calls engine.save_checkpoint.
+    consolidates_weights_at_save = True
     workload = "builtin"
     trainer_module = "autotune.train.hf"
     uses_deepspeed_ops = True
@@ -65,7 +71,9 @@ class HFEngine(Engine):
         return ZERO_WORDS[plan.zero_stage]
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        files = {HF_DS_CONFIG: json.dumps(hf_deepspeed_config(model, cluster, plan, options), indent=2) + "\n",
+        hf_config = hf_deepspeed_config(model, cluster, plan, options,
+                                        gather_16bit=checkpoint.gather_16bit_weights_on_model_save)
+        files = {HF_DS_CONFIG: json.dumps(hf_config, indent=2) + "\n",
                  ACCELERATE_DS_CONFIG: json.dumps(accelerate_deepspeed_config(model, cluster, plan, options),
                                                   indent=2) + "\n",
                  ACCELERATE_YAML: accelerate_deepspeed_yaml(model, cluster, plan, options)}
