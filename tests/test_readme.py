@@ -120,6 +120,9 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "trains on at least" in out and "autotune plan: [" in err  # progress on stderr
             elif argv[0] == "plan" and "--max-model" in argv:
                 assert "largest Llama-shaped model" in out
+            elif argv[0] == "plan" and "goodput" in argv and "16384" in argv:  # the promise of its comment
+                assert "0 of the goodput top 10 are outside the step-time top 10" in out
+                assert re.search(r"fails every 3\.1 h", out) and re.search(r"7[67]\.\d% of wall time training", out)
             elif argv[0] == "plan" and "goodput" in argv:
                 assert "goodput" in out and "step-time #" in out and "(#5 by step time)" in out
             elif argv[0] == "plan":
@@ -131,7 +134,7 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "llama3-70b-128xh100" in out
             elif argv[0] == "validate":
                 assert "no problems" in out
-    assert ran >= 9  # estimate (with and without --json), plan x4, emit, recipes, validate
+    assert ran >= 10  # estimate (with and without --json), plan x5, emit, recipes, validate
 
 
 @pytest.mark.slow
