@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
 __all__ = ["LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
            "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
@@ -62,8 +62,14 @@ class LayerActivations:
         return self.norms + self.attention + self.attention_core + self.mlp + self.dropout_masks
 
 
-def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> int:
-    return facts.fp8_input_bytes if plan.precision == "fp8" else 2
+def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
+    """Bytes per element a linear saves of its input. A Transformer Engine block-scaled recipe keeps the column-wise
+    FP8 copy and its scales (module/linear.py @d0067d0 lines 600-616: "Discard row-wise data since it is not needed
+    in backward pass"; scale bytes: ``FP8_BLOCK_SCALE_BYTES``)."""
+    if plan.precision != "fp8":
+        return 2
+    scales = FP8_BLOCK_SCALE_BYTES.get(plan.fp8_recipe or "", (0.0, 0.0))[0] if facts.fp8_input_bytes == 1 else 0.0
+    return facts.fp8_input_bytes + scales
 
 
 def _gathered_split(plan: ParallelPlan, facts: ActivationFacts) -> int:
@@ -239,9 +245,10 @@ def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
 def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerActivations]:
     """(dense layer, MoE layer) activations of the plan fields in ``key`` (``_activation_key``), the others at
     their defaults: only the fields that matter vary between calls."""
-    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention = key
+    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe = key
     plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
-                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention)
+                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
+                        fp8_recipe=fp8_recipe)
     dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1)
     moe = layer_activations(model, plan, model.num_layers - 1) if model.is_moe else dense
     return dense, moe
@@ -250,14 +257,14 @@ def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerA
 def _activation_key(plan: ParallelPlan) -> tuple:
     """The plan fields activations depend on (a cache key; building a plan per call costs its validation)."""
     return (plan.seq_len, plan.cp, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.precision,
-            plan.flash_attention)
+            plan.flash_attention, plan.fp8_recipe)
 
 
 # Every plan field the activations read (here and in the layout functions they call): plans that agree on these
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
-    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks")
+    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe")
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 

@@ -27,8 +27,10 @@ FP8_FORMAT = "hybrid"
 FP8_RECIPE = "delayed"
 # The plan's Transformer Engine recipes (ParallelPlan.fp8_recipe) as Megatron-core names them (--fp8-recipe choices
 # tensorwise, delayed, mxfp8, blockwise, custom in megatron/training/arguments.py; "tensorwise" is TE's
-# Float8CurrentScaling, megatron/core/fp8_utils.py).
-MEGATRON_FP8_RECIPES = {"te-delayed": "delayed", "te-current": "tensorwise"}
+# Float8CurrentScaling, "blockwise" Float8BlockScaling, "mxfp8" MXFP8BlockScaling: megatron/core/fp8_utils.py
+# get_fp8_recipe in megatron-core 0.19.2).
+MEGATRON_FP8_RECIPES = {"te-delayed": "delayed", "te-current": "tensorwise", "te-blockwise": "blockwise",
+                        "te-mxfp8": "mxfp8"}
 FP8_AMAX_HISTORY_LEN = 1024
 FP8_AMAX_COMPUTE_ALGO = "max"
 
