@@ -46,7 +46,7 @@ from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
     FP8_AMAX_HISTORY_LEN,
-    FP8_FORMAT,
+    fp8_format,
     FP16_HYSTERESIS,
     FP16_INITIAL_LOSS_SCALE,
     FP16_LOSS_SCALE_WINDOW,
@@ -198,7 +198,12 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
                 "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
     if plan.precision == "fp8":
         recipe_name = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
-        out |= {"fp8": FP8_FORMAT, "fp8_recipe": recipe_name, "fp8_margin": 0, "fp8_param_gather": fp8_param_gather}
+        out |= {"fp8": fp8_format(plan.fp8_recipe), "fp8_recipe": recipe_name, "fp8_margin": 0,
+                "fp8_param_gather": fp8_param_gather}
+        if recipe_name == "mxfp8" and fp8_param_gather:
+            # Bridge 0.6.2 ConfigContainer.validate (training/config.py): "When fp8_param_gather=True and
+            # fp8_recipe='mxfp8', reuse_grad_buf_for_mxfp8_param_ag must be set to True" (as bf16_with_mxfp8_mixed)
+            out["reuse_grad_buf_for_mxfp8_param_ag"] = True
         if recipe_name == "delayed":
             out |= {"fp8_amax_history_len": FP8_AMAX_HISTORY_LEN, "fp8_amax_compute_algo": FP8_AMAX_COMPUTE_ALGO}
     return out
