@@ -209,7 +209,15 @@ def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFa
     f = model.ffn_hidden_size
     out = 2 * sb * h / t_seq  # the checkpointed block input
     out += 2 * sb * model.attention_output_width / t + 4 * sb * model.num_attention_heads / t  # SDPA out, LSE
-    if plan.precision == "fp8":
+    if plan.precision == "fp8" and facts.selective == "op-sac-0.3":
+        # torchtitan 0.3.0 (PyPI wheel) distributed/activation_checkpoint.py: _get_default_save_ops (line 31) adds
+        # torch's get_default_op_list().compute_intensive_ops (lines 87-90), which hold aten._scaled_mm
+        # (torch/_functorch/partitioners.py get_default_op_list), and aten.max; SelectiveAC's every-second rule
+        # (line 271) covers mm_ops = (aten.mm, aten.linear) only (line 241), so every Float8 GEMM's bf16 output is
+        # kept. 0.2.2's _op_sac_save_list (models/llama3/infra/parallelize.py lines 36-51) had no _scaled_mm: rerun.
+        # The amax outputs are one number per tensor or row: left out.
+        out += sum(2 * sb * (width / t if kind == "col" else width) for kind, _, width in block_mms(model))
+    elif plan.precision == "fp8":
         t_in = t_seq  # torchao Float8ColwiseParallel casts (and takes abs of) the SP shard before the gather
         out += 2 * sb * (h / t_in + model.attention_output_width / t + h / t_in + f / t)
     else:
@@ -310,7 +318,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
         has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
-    elif plan.recompute == "selective" and facts.selective == "op-sac":
+    elif plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
         n_moe = _moe_layers_in(model, first, stop)
         stored = (layers_per_stage - n_moe) * op_sac_layer_bytes(model, plan, facts) \
             + n_moe * (moe.total - moe.attention_core)

@@ -157,6 +157,13 @@ class Engine(ABC):
         del release
         return {}
 
+    def release_cost_settings(self, release: str) -> dict[str, object]:
+        """What a release's code does that no plan field says and the cost model must know: fields of
+        ``MemorySettings`` / ``TimeSettings`` (``selective_policy``: what its selective recompute keeps). The command
+        line passes them with a plan it builds for that release, and ``--from`` with a file of that release."""
+        del release
+        return {}
+
     def fp8_param_gather(self, plan: ParallelPlan) -> bool:
         del plan
         return False

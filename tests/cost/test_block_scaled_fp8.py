@@ -103,3 +103,12 @@ def test_megatron_files_say_the_recipe_and_bridge_names_it():
     assert "--fp8-recipe mxfp8" in args and "--fp8-format e4m3" in args
     assert "mixed_precision=bf16_with_mxfp8_mixed" in files["bridge_overrides.args"]
     assert "MXFP8 block scaling" in files["plan.md"]
+
+
+def test_bridge_files_are_withheld_where_the_registered_name_gathers_16_bit_weights():
+    from autotune.emit.megatron_bridge import bridge_plan_problems
+
+    _, plan = _plan("h100-sxm-80gb", "te-blockwise")  # distributed optimizer: FP8 parameters estimated
+    assert "fp8_param_gather false" in " ".join(bridge_plan_problems(MODEL, plan))  # llama3-8b: a named precision
+    assert not bridge_plan_problems(MODEL, plan.with_(zero_stage=0))
+    assert not bridge_plan_problems(load_model_preset("llama3-70b"), plan)  # field by field: fp8_param_gather true

@@ -215,16 +215,12 @@ CASES = [
     ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
                                                            global_batch_size=64, precision="fp8",
                                                            fp8_recipe="te-current", tp_overlap="userbuffers")),
-    # block-scaled recipes: the 8B recipe holds a registered name (bf16_with_fp8_subchannel_scaling_mixed with DDP,
-    # bf16_with_mxfp8_mixed), the 70B recipe takes them field by field (fp8_recipe blockwise / mxfp8)
-    ("8b-fp8-blockwise-ddp", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=0, global_batch_size=64,
-                                                   precision="fp8", fp8_recipe="te-blockwise")),
-    ("8b-mxfp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                       precision="fp8", fp8_recipe="te-mxfp8")),
-    ("70b-fp8-blockwise", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
-                                                 global_batch_size=64, precision="fp8", fp8_recipe="te-blockwise")),
-    ("70b-mxfp8", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                         precision="fp8", fp8_recipe="te-mxfp8")),
+    # block-scaled recipes: 8B's recipe holds a registered name (bf16_with_fp8_subchannel_scaling_mixed, DDP here;
+    # bf16_with_mxfp8_mixed), 70B's takes them field by field (fp8_recipe blockwise / mxfp8)
+    *[(f"{m[7:]}-{r[3:]}", m, n, dict(tp=t, pp=p, sequence_parallel=True, zero_stage=z, global_batch_size=64,
+                                      precision="fp8", fp8_recipe=r))
+      for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
+                               ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
