@@ -307,6 +307,11 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                                                               "precision", "optimizer", "engine", "overlap_comm")})
     else:
         plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, **fields)
+        if any(kind == "torchtitan-module" for _, kind in kinds):  # a torchtitan 0.3 module: that release's code
+            from autotune.engines import engine_for
+
+            cost = engine_for(plan).release_cost_settings("0.3")
+            settings = MemorySettings(**cost) if cost else None
     return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
 
 

@@ -37,7 +37,7 @@ NOTATION: dict[str, str] = {
     "rc-selective|full": "activation recompute: attention only, or whole layers",
     "bf16|fp16|fp8": "training precision",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
-    "te-delayed|te-current|torchao-tensorwise|torchao-rowwise": "FP8 scaling recipe (--fp8-recipe)",
+    "|".join(FP8_RECIPES): "FP8 scaling recipe (--fp8-recipe)",
     "tp-userbuffers|async-tp|tp-no-overlap": "TP collectives overlapped with the GEMMs by Megatron's userbuffers or "
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
@@ -77,6 +77,7 @@ REJECTIONS: dict[str, str] = {
     "nvme_cluster": "NVMe offload on a cluster without NVMe",
     "sp_tp": "sequence parallelism with tp 1",
     "precision_gpu": "the GPU has no tensor cores for this precision",
+    "fp8_recipe_gpu": "this FP8 recipe needs another GPU generation (MXFP8: Blackwell; blockwise: Hopper or later)",
     "recompute_layers": "recompute layer count without full recompute, or above the layers per stage",
     "offload_param_zero3": "parameter offload needs ZeRO-3",
     "offload_optimizer_zero": "optimizer offload needs ZeRO 1-3",
@@ -128,7 +129,7 @@ def _tokens(summaries: Iterable[str]) -> set[str]:
             elif word in ("bf16", "fp16", "fp8"):
                 found.add("bf16|fp16|fp8")
             elif word in FP8_RECIPES:
-                found.add("te-delayed|te-current|torchao-tensorwise|torchao-rowwise")
+                found.add("|".join(FP8_RECIPES))
             elif word in TP_OVERLAP_WORDS.values():
                 found.add("tp-userbuffers|async-tp|tp-no-overlap")
             elif word in ("compiled", "eager"):

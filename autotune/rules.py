@@ -13,7 +13,7 @@ from autotune.engines import ENGINES, engine_for
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split, virtual_layout
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FP8_RECIPE_CAPABILITY, ParallelPlan
 
 __all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems"]
 
@@ -93,6 +93,7 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         have = ", ".join(sorted(p for p in cluster.gpu.peak_tflops if p in ("bf16", "fp16", "fp8"))) or "none"
         bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (training precisions it "
                              f"has: {have}): pick one of those (--precision)")
+    _fp8_recipe_gpu(cluster, plan, bad)
     _inner_core_problems(model, plan, bad)
     # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
     engine_rules = [(r.id, r.render()) for r in engine.plan_problems(model, cluster, plan)]
@@ -102,6 +103,24 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         why = f"{model.num_layers} layers over pp={pp} stages: not a split the planner searches by default (opt-in)"
         engine_rules.insert(0, (layer_split, why))
     return out + engine_rules
+
+
+def _fp8_recipe_gpu(cluster: ClusterSpec, plan: ParallelPlan, bad) -> None:
+    """A block-scaled Transformer Engine recipe on a GPU generation TE runs it on (``FP8_RECIPE_CAPABILITY``)."""
+    need = FP8_RECIPE_CAPABILITY.get(plan.fp8_recipe or "") if plan.precision == "fp8" else None
+    if need is None or cluster.gpu.name == "cpu":
+        return
+    (least, below), cc = need, cluster.gpu.capability
+    words = {"te-mxfp8": "MXFP8 needs compute capability 10.x (Blackwell B200 / GB200 / B300 / GB300)",
+             "te-blockwise": "blockwise FP8 needs compute capability 9.0 or later (Hopper, Blackwell) and CUDA 12.9"}
+    source = ("TransformerEngine pytorch/quantization.py " + ("_compute_mxfp8_support" if plan.fp8_recipe == "te-mxfp8"
+                                                              else "_compute_fp8_block_scaling_support"))
+    if cc is None:
+        bad("fp8_recipe_gpu", f"{words[plan.fp8_recipe]} ({source}), and {cluster.gpu.name} states none: give the GPU's "
+                              "compute_capability in the cluster file, or another --fp8-recipe")
+    elif cc < least or (below is not None and cc >= below):
+        bad("fp8_recipe_gpu", f"{words[plan.fp8_recipe]} ({source}); {cluster.gpu.name} is "
+                              f"{cluster.gpu.compute_capability}: use --fp8-recipe te-current or te-delayed")
 
 
 def inner_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:

@@ -11,9 +11,10 @@ default settings: nothing fitted here). The table does not state activation reco
 the fastest that fits is taken (as bench/accuracy_published.py takes the fastest candidate where a source leaves a
 setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
 whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
-Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX / FP8 rows as ``--precision fp8`` with the
-engine's default recipe (block-scaled MXFP8 is not a recipe the cost model has), and every row with ``--grad-dtype bf16``
-(GRAD_DTYPE). Rows the tool cannot express are listed with the
+Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX rows as ``--fp8-recipe te-mxfp8``
+(Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);
+FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; every row with ``--grad-dtype
+bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
@@ -152,6 +153,9 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
     if precision == "fp8" and row["precision"].upper().startswith("FP8-CS"):  # FP8 current scaling
         argv += ["--fp8-recipe", "te-current"]
         notes.append("FP8 current scaling")
+    elif precision == "fp8" and row["precision"].upper() in ("MXFP8", "FP8-MX"):  # MX block scaling (Blackwell)
+        argv += ["--fp8-recipe", "te-mxfp8"]
+        notes.append("MXFP8")
     if gpu in ("gb200", "gb300") and gpus > 72 and gpus % 72:
         # NVL72 racks: a job of 128 / 256 GPUs is read as NVLink domains of 64 GPUs (of each rack's 72).
         argv += ["--gpus-per-node", "64"]

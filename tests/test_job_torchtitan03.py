@@ -11,10 +11,13 @@ import pytest
 from autotune.api import estimate, make_plan
 from autotune.bundle.writer import render_bundle
 from autotune.cli import main
+from autotune.cost.step_time import TimeSettings
 from autotune.emit.options import EmitOptions
+from autotune.engines import engine_for
 from autotune.job_files import read_job
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
+from autotune.specs.settings import MemorySettings
 
 GPU = "h100-sxm-80gb"
 MODEL, CLUSTER = load_model_preset("llama3-8b"), load_cluster(gpu=GPU, num_gpus=16)
@@ -27,9 +30,13 @@ CASES = {
 }
 
 
+# What torchtitan 0.3's code does that the plan does not say (its SelectiveAC save set): the estimate of its module.
+RELEASE = engine_for("fsdp").release_cost_settings("0.3")
+
+
 def _module(tmp_path, case: str):
     plan = make_plan(MODEL, CLUSTER, global_batch_size=64, seq_len=4096, engine="fsdp", **CASES[case])
-    est = estimate(MODEL, CLUSTER, plan)
+    est = estimate(MODEL, CLUSTER, plan, MemorySettings(**RELEASE), TimeSettings(**RELEASE))
     path = tmp_path / "torchtitan_plan.py"
     path.write_text(render_bundle(est, EmitOptions(torchtitan_version="0.3")).files[path.name])
     return est, path
@@ -40,7 +47,8 @@ def test_emitted_module_reads_back_to_the_same_plan_and_estimate(tmp_path, case)
     est, path = _module(tmp_path, case)
     job = read_job([str(path)], gpu=GPU)
     assert job.plan == est.plan and job.cluster.num_gpus == 16 and job.model == MODEL
-    again = estimate(job.model, job.cluster, job.plan, job.settings)
+    assert job.settings.selective_policy == RELEASE["selective_policy"]  # read as that release's module
+    again = estimate(job.model, job.cluster, job.plan, job.settings, TimeSettings(**RELEASE))
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
 

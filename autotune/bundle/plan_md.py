@@ -125,7 +125,9 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     if prec["fp8"]:
         scaling = {"te-delayed": f"delayed scaling over {prec['fp8'].get('amax_history_len')} steps",
                    "te-current": "current (per-tensor) scaling", "torchao-tensorwise": "torchao tensorwise scaling",
-                   "torchao-rowwise": "torchao rowwise scaling"}[prec["fp8"]["recipe"]]
+                   "torchao-rowwise": "torchao rowwise scaling",
+                   "te-blockwise": "blockwise scaling (1x128 blocks, 128x128 for weights; Hopper or later)",
+                   "te-mxfp8": "MXFP8 block scaling (32-element blocks, E8M0 scales; Blackwell)"}[prec["fp8"]["recipe"]]
         why += f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, {scaling})"
     if prec["loss_scaling"]:
         why += "; dynamic loss scaling"

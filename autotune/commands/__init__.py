@@ -261,8 +261,9 @@ def add_run_settings(g) -> None:
     g.add_argument("--grad-dtype", choices=("bf16",), default=None,
                    help="dtype gradients are accumulated and reduced in: bf16 = Megatron --grad-reduce-in-bf16, as NVIDIA's Megatron-Bridge benchmark recipes run (half the gradient buffer and reduction bytes); default: the engine's own (Megatron: fp32 main grads with bf16 / fp8)")
     g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
-                   help="FP8 scaling recipe of fp8 plans: te-delayed / te-current = Megatron --fp8-recipe delayed / "
-                        "tensorwise; torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: "
+                   help="FP8 scaling recipe of fp8 plans: te-delayed / te-current / te-blockwise / te-mxfp8 = "
+                        "Megatron --fp8-recipe delayed / tensorwise / blockwise (Hopper or later) / mxfp8 (Blackwell); "
+                        "torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: "
                         "no FP8 all-gather); default: the engine's own (Megatron te-delayed, torchtitan "
                         "torchao-tensorwise)")
     g.add_argument("--tp-overlap", choices=TP_OVERLAPS, default=None,

@@ -15,7 +15,8 @@ from dataclasses import replace
 from autotune.specs.engine_versions import parse_engine_version_flag, resolve_version
 from autotune.errors import InputError
 
-__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions", "release_run_settings"]
+__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions", "release_run_settings",
+           "release_cost_settings"]
 
 
 def add_engine_version(p) -> None:
@@ -79,3 +80,11 @@ def release_run_settings(args: argparse.Namespace, engine: str, precisions: Sequ
         print(f"autotune {command}: {ENGINES[engine].versions.label} {release} runs {flags} unless told otherwise: "
               "estimated so", file=sys.stderr)
     return taken | asked
+
+
+def release_cost_settings(args: argparse.Namespace, engine: str) -> dict[str, object]:
+    """The cost-model settings of ``engine``'s release in use (``Engine.release_cost_settings``: torchtitan 0.3's
+    selective-recompute save set), for both ``MemorySettings`` and ``TimeSettings``."""
+    from autotune.engines import ENGINES
+
+    return ENGINES[engine].release_cost_settings(engine_releases(args, [engine])[engine][0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from autotune.commands import (
     EXIT_OK,
@@ -15,7 +16,13 @@ from autotune.commands import (
     preset_epilog,
     time_settings,
 )
-from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions, release_run_settings
+from autotune.commands.engine_version import (
+    add_engine_version,
+    engine_releases,
+    print_versions,
+    release_cost_settings,
+    release_run_settings,
+)
 
 __all__ = ["register", "run", "estimate_from_flags"]
 
@@ -49,11 +56,13 @@ def estimate_from_flags(args: argparse.Namespace):
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
         **release_run_settings(args, args.engine, (args.precision,), command=args.command),
     )
+    # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
+    cost = release_cost_settings(args, args.engine)
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
-        **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}),
+        **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}), **cost,
     )
-    return estimate(model, cluster, plan, settings, time_settings(args))
+    return estimate(model, cluster, plan, settings, replace(time_settings(args), **cost))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from autotune.commands import EXIT_OK, flag_problems, json_text, run_setting_args, time_settings
 from autotune.errors import InputError
@@ -67,7 +68,9 @@ def estimate_from_job(args: argparse.Namespace):
                    if rule.split(":")[-1] in asked]
         if refused:
             raise InputError(refused, subject="run settings with --from")
-    return estimate(job.model, job.cluster, plan, job.settings, time_settings(args))
+    policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
+    ts = time_settings(args)
+    return estimate(job.model, job.cluster, plan, job.settings, replace(ts, selective_policy=policy) if policy else ts)
 
 
 def _key(plan) -> tuple:

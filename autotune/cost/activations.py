@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
 __all__ = ["LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
            "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
@@ -62,8 +62,14 @@ class LayerActivations:
         return self.norms + self.attention + self.attention_core + self.mlp + self.dropout_masks
 
 
-def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> int:
-    return facts.fp8_input_bytes if plan.precision == "fp8" else 2
+def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
+    """Bytes per element a linear saves of its input. A Transformer Engine block-scaled recipe keeps the column-wise
+    FP8 copy and its scales (module/linear.py @d0067d0 lines 600-616: "Discard row-wise data since it is not needed
+    in backward pass"; scale bytes: ``FP8_BLOCK_SCALE_BYTES``)."""
+    if plan.precision != "fp8":
+        return 2
+    scales = FP8_BLOCK_SCALE_BYTES.get(plan.fp8_recipe or "", (0.0, 0.0))[0] if facts.fp8_input_bytes == 1 else 0.0
+    return facts.fp8_input_bytes + scales
 
 
 def _gathered_split(plan: ParallelPlan, facts: ActivationFacts) -> int:
@@ -203,7 +209,15 @@ def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFa
     f = model.ffn_hidden_size
     out = 2 * sb * h / t_seq  # the checkpointed block input
     out += 2 * sb * model.attention_output_width / t + 4 * sb * model.num_attention_heads / t  # SDPA out, LSE
-    if plan.precision == "fp8":
+    if plan.precision == "fp8" and facts.selective == "op-sac-0.3":
+        # torchtitan 0.3.0 (PyPI wheel) distributed/activation_checkpoint.py: _get_default_save_ops (line 31) adds
+        # torch's get_default_op_list().compute_intensive_ops (lines 87-90), which hold aten._scaled_mm
+        # (torch/_functorch/partitioners.py get_default_op_list), and aten.max; SelectiveAC's every-second rule
+        # (line 271) covers mm_ops = (aten.mm, aten.linear) only (line 241), so every Float8 GEMM's bf16 output is
+        # kept. 0.2.2's _op_sac_save_list (models/llama3/infra/parallelize.py lines 36-51) had no _scaled_mm: rerun.
+        # The amax outputs are one number per tensor or row: left out.
+        out += sum(2 * sb * (width / t if kind == "col" else width) for kind, _, width in block_mms(model))
+    elif plan.precision == "fp8":
         t_in = t_seq  # torchao Float8ColwiseParallel casts (and takes abs of) the SP shard before the gather
         out += 2 * sb * (h / t_in + model.attention_output_width / t + h / t_in + f / t)
     else:
@@ -239,9 +253,10 @@ def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
 def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerActivations]:
     """(dense layer, MoE layer) activations of the plan fields in ``key`` (``_activation_key``), the others at
     their defaults: only the fields that matter vary between calls."""
-    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention = key
+    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe = key
     plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
-                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention)
+                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
+                        fp8_recipe=fp8_recipe)
     dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1)
     moe = layer_activations(model, plan, model.num_layers - 1) if model.is_moe else dense
     return dense, moe
@@ -250,14 +265,14 @@ def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerA
 def _activation_key(plan: ParallelPlan) -> tuple:
     """The plan fields activations depend on (a cache key; building a plan per call costs its validation)."""
     return (plan.seq_len, plan.cp, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.precision,
-            plan.flash_attention)
+            plan.flash_attention, plan.fp8_recipe)
 
 
 # Every plan field the activations read (here and in the layout functions they call): plans that agree on these
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
-    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks")
+    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe")
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 
@@ -303,7 +318,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
         has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
-    elif plan.recompute == "selective" and facts.selective == "op-sac":
+    elif plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
         n_moe = _moe_layers_in(model, first, stop)
         stored = (layers_per_stage - n_moe) * op_sac_layer_bytes(model, plan, facts) \
             + n_moe * (moe.total - moe.attention_core)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from autotune.cost.efficiency import Efficiency
 from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.plan import FP8_RECIPES
+from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, FP8_RECIPES
 
 __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
 
@@ -34,7 +34,17 @@ __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
 #   torchao-tensorwise: dynamic scaling, amax reduction then cast (torchao.float8 tensorwise): 2 + 2 + 1
 #   torchao-rowwise: per-row amax fused with the cast, but each tensor is cast along both axes (rowwise scales
 #       differ per axis; torchao float8 README: +10.1% vs +25.0% tensorwise on Llama3-8B): 2 x (2 + 1)
-FP8_CAST_BYTES = {"te-delayed": 3.0, "te-current": 5.0, "torchao-tensorwise": 5.0, "torchao-rowwise": 6.0}
+#   te-blockwise / te-mxfp8: one kernel reads the 16-bit tensor once, takes each block's amax in registers and
+#       writes a row-wise and a column-wise FP8 copy with their scales (TE MXFP8BlockScaling / Float8BlockScaling:
+#       "both versions are computed from the high precision input"; scale bytes: specs.plan.FP8_BLOCK_SCALE_BYTES,
+#       the 1-D blocks of activations and gradients): 2 + 2 x (1 + scale)
+# Their GEMMs run at the GPU's FP8 peak: Blackwell's fifth-generation tensor cores take the MX block scales in the
+# MMA (NVIDIA DGX B200 datasheet: 72 PFLOPS "FP8 and FP6" for 8 GPUs with sparsity, one figure for FP8 and the
+# MX formats; B200 = 4.5 PFLOPS dense FP8, autotune/presets/gpus.yaml); Hopper's block-scaled FP8 GEMM applies the
+# scales per 128-wide K block in the accumulator (TE forces use_split_accumulator for Float8BlockScaling): no
+# published rate beside the FP8 peak, so the FP8 rate too (an assumption).
+FP8_CAST_BYTES = {"te-delayed": 3.0, "te-current": 5.0, "torchao-tensorwise": 5.0, "torchao-rowwise": 6.0,
+                  **{r: 2.0 + 2 * (1.0 + act) for r, (act, _) in FP8_BLOCK_SCALE_BYTES.items()}}
 if tuple(FP8_CAST_BYTES) != FP8_RECIPES:  # the plan's names (autotune.specs.plan) and their costs, one list
     raise AssertionError(f"FP8_CAST_BYTES {tuple(FP8_CAST_BYTES)} != the plan's FP8_RECIPES {FP8_RECIPES}")
 

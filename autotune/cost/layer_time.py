@@ -258,6 +258,8 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         rec = fwd * rec_share
     elif plan.recompute == "selective":
         rec = lt.op_sac_recompute_s if selective == "op-sac" else lt.attention_s + lt.scores_s
+        if selective == "op-sac-0.3":  # torchtitan 0.3 keeps every Float8 GEMM's output: only bf16 mm's rerun
+            rec = lt.op_sac_recompute_s - (lt.gemm_s if plan.precision == "fp8" else 0.0)
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
     if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them

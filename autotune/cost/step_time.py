@@ -28,6 +28,7 @@ from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.engines import Engine, engine_for
+from autotune.engines.facts import SELECTIVE_POLICIES as POLICIES
 from autotune.errors import require_no_problems
 from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_layers, stage_param_groups
@@ -50,8 +51,7 @@ class TimeSettings:
     """The backward's TP collectives behind the weight-gradient GEMMs (``CommSchedule.tp_backward_overlap``);
     None: the engine's default."""
     selective_policy: str | None = None
-    """What selective recompute reruns, as ``MemorySettings.selective_policy`` keeps ("attention-core",
-    "op-sac"); None: the engine's own (``Engine.activation_facts``)."""
+    """What selective recompute reruns (``engines.facts.SELECTIVE_POLICIES``); None: the engine's own."""
     torch_compile: bool = False
     """torch.compile on (torchtitan ``--compile``): inductor fuses each elementwise chain into one kernel (the
     fused bytes of ``autotune.cost.layer_time``, not the engine's eager ones)."""
@@ -60,8 +60,8 @@ class TimeSettings:
         problems = []
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
-        if self.selective_policy not in (None, "attention-core", "op-sac"):
-            problems.append(f"selective_policy must be attention-core or op-sac, got {self.selective_policy!r}")
+        if self.selective_policy not in (None, *POLICIES):
+            problems.append(f"selective_policy must be one of {', '.join(POLICIES)}, got {self.selective_policy!r}")
         if self.tp_overlap not in (None, "none", "userbuffers", "async-tp"):
             problems.append(f"tp_overlap must be none, userbuffers or async-tp, got {self.tp_overlap!r}")
         require_no_problems(problems, subject="time settings")

@@ -46,7 +46,7 @@ from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
     FP8_AMAX_HISTORY_LEN,
-    FP8_FORMAT,
+    fp8_format,
     FP16_HYSTERESIS,
     FP16_INITIAL_LOSS_SCALE,
     FP16_LOSS_SCALE_WINDOW,
@@ -156,11 +156,25 @@ def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
                 "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
                 "update_config_with_precision_overrides) and which only another name replaces: bf16 gradients "
                 "need megatron_args.sh, or drop --grad-dtype"]
+    if plan.precision == "fp8" and plan.fp8_recipe == "te-blockwise" and plan.zero_stage == 1 \
+            and recipe.precision_is_named:
+        return [f"mixed_precision: {recipe.name} holds a registered precision name, and blockwise FP8's "
+                "(bf16_with_fp8_subchannel_scaling_mixed, training/mixed_precision.py) gathers 16-bit parameters "
+                "(fp8_param_gather false) where the distributed optimizer's plan holds FP8 ones: blockwise FP8 with "
+                "the distributed optimizer needs megatron_args.sh (--fp8-param-gather), or use --zero 0"]
     if plan.tp_overlap == "userbuffers" and not recipe.comm_overlap:
         return [f"comm_overlap: {recipe.name} sets no CommOverlapConfig, and TP userbuffers are turned on there "
                 "(comm_overlap.tp_comm_overlap): --tp-overlap userbuffers needs megatron_args.sh "
                 "(--tp-comm-overlap), or drop --tp-overlap"]
     return []
+
+
+# The registered precision name of each FP8 recipe (Megatron-Bridge 0.6.2 training/mixed_precision.py @register:
+# bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed
+# = fp8_recipe "blockwise" with fp8_param_gather False, bf16_with_mxfp8_mixed = "mxfp8" with fp8_param_gather True).
+BRIDGE_FP8_NAMES = {"te-delayed": "bf16_with_fp8_delayed_scaling_mixed",
+                    "te-current": "bf16_with_fp8_current_scaling_mixed",
+                    "te-blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "te-mxfp8": "bf16_with_mxfp8_mixed"}
 
 
 def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool):
@@ -170,8 +184,7 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
         # bf16_with_fp8_delayed_scaling_mixed (hybrid, delayed, amax history 1024, max: autotune's FP8 recipe) also
         # gathers FP8 parameters; Bridge 0.6 accepts that without the distributed optimizer too (fewer weight bytes
         # than a DDP plan's estimate assumes, not more).
-        fp8 = ("bf16_with_fp8_current_scaling_mixed" if plan.fp8_recipe == "te-current"
-               else "bf16_with_fp8_delayed_scaling_mixed")
+        fp8 = BRIDGE_FP8_NAMES[plan.fp8_recipe or "te-delayed"]
         return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8}[plan.precision]
     fp16 = plan.precision == "fp16"
     dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
@@ -185,7 +198,12 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
                 "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
     if plan.precision == "fp8":
         recipe_name = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
-        out |= {"fp8": FP8_FORMAT, "fp8_recipe": recipe_name, "fp8_margin": 0, "fp8_param_gather": fp8_param_gather}
+        out |= {"fp8": fp8_format(plan.fp8_recipe), "fp8_recipe": recipe_name, "fp8_margin": 0,
+                "fp8_param_gather": fp8_param_gather}
+        if recipe_name == "mxfp8" and fp8_param_gather:
+            # Bridge 0.6.2 ConfigContainer.validate (training/config.py): "When fp8_param_gather=True and
+            # fp8_recipe='mxfp8', reuse_grad_buf_for_mxfp8_param_ag must be set to True" (as bf16_with_mxfp8_mixed)
+            out["reuse_grad_buf_for_mxfp8_param_ag"] = True
         if recipe_name == "delayed":
             out |= {"fp8_amax_history_len": FP8_AMAX_HISTORY_LEN, "fp8_amax_compute_algo": FP8_AMAX_COMPUTE_ALGO}
     return out

@@ -17,7 +17,7 @@ from autotune.specs.plan import ParallelPlan
 __all__ = [
     "FP8_FORMAT", "FP8_RECIPE", "FP8_AMAX_HISTORY_LEN", "FP8_AMAX_COMPUTE_ALGO",
     "FP16_INITIAL_LOSS_SCALE", "FP16_MIN_LOSS_SCALE", "FP16_LOSS_SCALE_WINDOW", "FP16_HYSTERESIS",
-    "megatron_precision_flags", "precision_summary", "te_fp8_recipe_snippet", "DEFAULT_FP8_HOW",
+    "megatron_precision_flags", "precision_summary", "fp8_format", "te_fp8_recipe_snippet", "DEFAULT_FP8_HOW",
 ]
 
 # FP8 delayed scaling as NVIDIA's reference FP8 pretraining runs set it (Megatron-LM
@@ -27,9 +27,19 @@ FP8_FORMAT = "hybrid"
 FP8_RECIPE = "delayed"
 # The plan's Transformer Engine recipes (ParallelPlan.fp8_recipe) as Megatron-core names them (--fp8-recipe choices
 # tensorwise, delayed, mxfp8, blockwise, custom in megatron/training/arguments.py; "tensorwise" is TE's
-# Float8CurrentScaling, megatron/core/fp8_utils.py).
-MEGATRON_FP8_RECIPES = {"te-delayed": "delayed", "te-current": "tensorwise"}
+# Float8CurrentScaling, "blockwise" Float8BlockScaling, "mxfp8" MXFP8BlockScaling: megatron/core/fp8_utils.py
+# get_fp8_recipe in megatron-core 0.19.2).
+MEGATRON_FP8_RECIPES = {"te-delayed": "delayed", "te-current": "tensorwise", "te-blockwise": "blockwise",
+                        "te-mxfp8": "mxfp8"}
 FP8_AMAX_HISTORY_LEN = 1024
+
+
+def fp8_format(recipe: str | None) -> str:
+    """The --fp8-format of a recipe: MXFP8 runs E4M3 for gradients too (TransformerEngine common/recipe/__init__.py
+    MXFP8BlockScaling ``fp8_format = Format.E4M3``; Megatron-Bridge 0.6.2 bf16_with_mxfp8_mixed ``fp8 = "e4m3"``),
+    the others HYBRID."""
+    return "e4m3" if recipe == "te-mxfp8" else FP8_FORMAT
+
 FP8_AMAX_COMPUTE_ALGO = "max"
 
 # Dynamic fp16 loss scaling. Start at 2**16 (DeepSpeed's initial_scale_power 16) rather than
@@ -60,11 +70,14 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
                 "--min-loss-scale", _fmt(FP16_MIN_LOSS_SCALE), "--loss-scale-window", _fmt(FP16_LOSS_SCALE_WINDOW),
                 "--hysteresis", str(FP16_HYSTERESIS)]
     recipe = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
-    flags = ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", recipe]
+    flags = ["--bf16", "--fp8-format", fp8_format(plan.fp8_recipe), "--fp8-recipe", recipe]
     if recipe == "delayed":  # the amax history is delayed scaling's; current scaling takes each tensor's own amax
         flags += ["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN), "--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]
     if fp8_param_gather:
         flags.append("--fp8-param-gather")
+        if recipe == "mxfp8":  # the MXFP8 weights' all-gather through the gradient buffer, as Megatron-Bridge's
+            # bf16_with_mxfp8_mixed sets it (and its ConfigContainer.validate requires with FP8 parameters)
+            flags.append("--reuse-grad-buf-for-mxfp8-param-ag")
     return flags
 
 
@@ -90,7 +103,8 @@ def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8
         out["loss_scaling"] = {"dynamic": True, "initial": FP16_INITIAL_LOSS_SCALE, "min": FP16_MIN_LOSS_SCALE,
                                "window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
     if fp8:
-        out["fp8"] = {"format": FP8_FORMAT, "forward": "e4m3", "backward": "e5m2", "recipe": fp8_recipe,
+        out["fp8"] = {"format": fp8_format(fp8_recipe), "forward": "e4m3",
+                      "backward": "e4m3" if fp8_format(fp8_recipe) == "e4m3" else "e5m2", "recipe": fp8_recipe,
                       "param_gather": fp8_param_gather, "how": fp8_how}
         if fp8_recipe == "te-delayed":
             out["fp8"] |= {"amax_history_len": FP8_AMAX_HISTORY_LEN, "amax_compute_algo": FP8_AMAX_COMPUTE_ALGO}

@@ -19,6 +19,7 @@ from autotune.emit.precision import DEFAULT_FP8_HOW
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
 from autotune.specs.engine_versions import EngineVersions
+from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES
 
 if TYPE_CHECKING:  # typed data only: specs, the run's settings and the file formats beneath the engines
     from autotune.emit.checkpoint import CheckpointSettings
@@ -97,8 +98,14 @@ class Engine(ABC):
 
     def fp8_weight_cache_bytes(self, plan: ParallelPlan, groups: ParamGroups) -> float:
         """FP8 copies of the GEMM weights kept across the step: Transformer Engine caches each weight in FP8,
-        row- and column-wise (2 x 1 byte; ``transformer_engine/pytorch/module/linear.py`` weight workspaces)."""
-        return 2 * groups.tp_sharded / plan.tp + 2 * groups.expert / (plan.ep * plan.tp)
+        row- and column-wise (2 x 1 byte; ``transformer_engine/pytorch/module/linear.py`` weight workspaces), each
+        with its block scales under a block-scaled recipe (:meth:`fp8_weight_bytes`)."""
+        return 2 * self.fp8_weight_bytes(plan) * (groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.tp))
+
+    def fp8_weight_bytes(self, plan: ParallelPlan) -> float:
+        """Bytes per element of one FP8 copy of a weight: 1, plus its scales under a block-scaled recipe
+        (``autotune.specs.plan.FP8_BLOCK_SCALE_BYTES``: 1/32 B with MXFP8, 4 B per 128 x 128 block with blockwise)."""
+        return 1.0 + FP8_BLOCK_SCALE_BYTES.get(plan.fp8_recipe or self.comm.fp8_recipe, (0.0, 0.0))[1]
 
     def grad_reduce_bytes(self, plan: ParallelPlan) -> float:
         """Bytes per gradient element in the data-parallel reduction (16-bit by default)."""
@@ -150,6 +157,13 @@ class Engine(ABC):
         they differ from the engine's modelled default: the command line fills them into a plan it builds for that
         release, so its estimate is the estimate of the files written for it. ``fp8_recipe`` applies to FP8
         plans only."""
+        del release
+        return {}
+
+    def release_cost_settings(self, release: str) -> dict[str, object]:
+        """What a release's code does that no plan field says and the cost model must know: fields of
+        ``MemorySettings`` / ``TimeSettings`` (``selective_policy``: what its selective recompute keeps). The command
+        line passes them with a plan it builds for that release, and ``--from`` with a file of that release."""
         del release
         return {}
 

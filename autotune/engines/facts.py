@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EngineFiles"]
+__all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EngineFiles",
+           "SELECTIVE_POLICIES"]
+
+# What selective recompute keeps (ActivationFacts.selective): Megatron's attention core; torchtitan's op-level SAC
+# as 0.2.x saves (models/llama3/infra/parallelize.py _op_sac_save_list) or as 0.3 saves (its default save set adds
+# aten._scaled_mm: every Float8 GEMM output kept).
+SELECTIVE_POLICIES = ("attention-core", "op-sac", "op-sac-0.3")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,8 +124,9 @@ class ActivationFacts:
 
     selective: str = "attention-core"
     """What ``recompute="selective"`` recomputes: "attention-core" (Korthikanti Sec. 5, Megatron
-    ``--recompute-granularity selective``) or "op-sac" (torchtitan ``selective_ac_option = 'op'``:
-    ``autotune.cost.activations.op_sac_layer_bytes``)."""
+    ``--recompute-granularity selective``), "op-sac" (torchtitan 0.2 ``selective_ac_option = 'op'``:
+    ``autotune.cost.activations.op_sac_layer_bytes``) or "op-sac-0.3" (torchtitan 0.3 ``SelectiveAC``, whose save
+    set keeps the Float8 GEMMs' outputs)."""
     loss_backward_bytes_per_logit: float = 0.0
     """Bytes per (token, vocab entry of this GPU) the loss backward allocates beyond the saved fp32 softmax /
     log-probabilities, while every saved activation is still live. 0: Megatron's vocab-parallel cross entropy

@@ -164,6 +164,11 @@ class FSDPEngine(Engine):
         # float8.py); 0.2.x: unchunked, tensorwise with FP8 all-gather (the modelled defaults).
         return {"loss_chunks": 8, "fp8_recipe": "torchao-rowwise"} if release == "0.3" else {}
 
+    def release_cost_settings(self, release: str) -> dict[str, object]:
+        # torchtitan 0.3's module selects SelectiveAC (distributed/activation_checkpoint.py), per-op SAC whose save
+        # set keeps Float8 GEMM outputs ("op-sac-0.3"); 0.2.x plans are estimated as the built-in trainer runs them.
+        return {"selective_policy": "op-sac-0.3"} if release == "0.3" else {}
+
     def fp8_param_gather(self, plan) -> bool:
         # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
         # only the default tensorwise recipe gathers FP8 weights.

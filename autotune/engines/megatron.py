@@ -30,8 +30,11 @@ class MegatronEngine(Engine):
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
                             etp=True, grad_dtypes=("bf16",),
-                            # --fp8-recipe delayed / tensorwise; --tp-comm-overlap (TE userbuffers)
-                            fp8_recipes=("te-delayed", "te-current"), tp_overlaps=("none", "userbuffers"))
+                            # --fp8-recipe delayed / tensorwise / blockwise / mxfp8 (the choices of every modelled
+                            # release's flag table, emit/megatron_flags_core_v0.*.json); --tp-comm-overlap (TE
+                            # userbuffers)
+                            fp8_recipes=("te-delayed", "te-current", "te-blockwise", "te-mxfp8"),
+                            tp_overlaps=("none", "userbuffers"))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",
@@ -74,8 +77,10 @@ class MegatronEngine(Engine):
             # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its
             # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2 (as the FP8 weight
             # cache, tp-sharded parameters stand for the GEMM weights, embedding included).
+            # Block-scaled recipes keep the scales beside the FP8 data (MXFP8Tensor / Float8BlockwiseQTensor).
             groups = stage_param_groups(model, plan, stage, self.support.layer_split)
-            states = dataclasses.replace(states, weights=states.weights - self._fp8_weights(plan, groups))
+            saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups)
+            states = dataclasses.replace(states, weights=states.weights - saved)
         return states
 
     @staticmethod
@@ -84,9 +89,10 @@ class MegatronEngine(Engine):
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
         # With FP8 parameters the weight is itself the row-wise FP8 copy: only the column-wise (transposed) one
-        # for the backward GEMMs is cached beside it (TE Float8Tensor's transpose cache).
+        # for the backward GEMMs is cached beside it (TE Float8Tensor's transpose cache; MXFP8 / blockwise tensors
+        # hold their column-wise data and scales the same way).
         if self.fp8_param_gather(plan):
-            return self._fp8_weights(plan, groups)
+            return self.fp8_weight_bytes(plan) * self._fp8_weights(plan, groups)
         return super().fp8_weight_cache_bytes(plan, groups)
 
     def grad_reduce_bytes(self, plan) -> float:

@@ -7,6 +7,7 @@ files and flags). Memory capacities are GiB (2**30 B) as ``nvidia-smi`` reports 
 from __future__ import annotations
 
 import math
+import re
 
 from dataclasses import dataclass, field
 from typing import Literal
@@ -119,6 +120,9 @@ class GPUSpec:
     """Where the numbers come from (datasheet)."""
     kernels: KernelFacts | None = None
     """What its kernels and links reach (presets carry them; an inline GPU must give them or name a preset)."""
+    compute_capability: str | None = None
+    """NVIDIA CUDA compute capability, "major.minor" ("9.0" Hopper, "10.0" Blackwell); None: not an NVIDIA GPU, or
+    not stated (rules that need a generation then refuse what they cannot check)."""
     kernels_hint: str = field(default="h100-sxm-80gb", compare=False, repr=False)
     """The preset whose kernel facts an error without them suggests copying (the loader sets the nearest one)."""
 
@@ -133,11 +137,22 @@ class GPUSpec:
             problems.append(f"peak_tflops needs at least one precision with a value > 0, got {self.peak_tflops}")
         if not self.hbm_bandwidth_gb_per_s > 0:
             problems.append(f"hbm_bandwidth_gb_per_s must be > 0, got {self.hbm_bandwidth_gb_per_s}")
+        cc = self.compute_capability
+        if cc is not None and not (isinstance(cc, str) and re.fullmatch(r"\d{1,2}\.\d", cc)):
+            problems.append(f"compute_capability must be a string \"major.minor\" such as \"9.0\", got {cc!r}")
         require_no_problems(problems, subject=f"gpu '{self.name}'")
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """:attr:`compute_capability` as (major, minor), None where unstated."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_tflops

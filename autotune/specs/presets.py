@@ -116,7 +116,7 @@ def load_gpu_preset(name: str) -> GPUSpec:
     kernels = kernel_facts_from_dict(entry["kernels"], name, "h100-sxm-80gb") if "kernels" in entry else None
     return GPUSpec(name=name, memory_gib=gpu["memory_gib"], peak_tflops=dict(gpu["peak_tflops"]),
                    hbm_bandwidth_gb_per_s=gpu["hbm_bandwidth_gb_per_s"], source=entry.get("source", ""),
-                   kernels=kernels)
+                   kernels=kernels, compute_capability=gpu.get("compute_capability"))
 
 
 def cluster_defaults(gpu_name: str) -> dict:

@@ -43,6 +43,7 @@ from autotune.emit.megatron_bridge import (
     bridge_recipe,
 )
 from autotune.emit.options import EmitOptions
+from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
@@ -214,6 +215,12 @@ CASES = [
     ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
                                                            global_batch_size=64, precision="fp8",
                                                            fp8_recipe="te-current", tp_overlap="userbuffers")),
+    # block-scaled recipes: 8B's recipe holds a registered name (bf16_with_fp8_subchannel_scaling_mixed, DDP here;
+    # bf16_with_mxfp8_mixed), 70B's takes them field by field (fp8_recipe blockwise / mxfp8)
+    *[(f"{m[7:]}-{r[3:]}", m, n, dict(tp=t, pp=p, sequence_parallel=True, zero_stage=z, global_batch_size=64,
+                                      precision="fp8", fp8_recipe=r))
+      for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
+                               ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -223,7 +230,8 @@ LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save
 
 def _plan(model: str, num_gpus: int, kw: dict):
     m = load_model_preset(model)
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
+    gpu = "b200" if kw.get("fp8_recipe") == "te-mxfp8" else "h100-sxm-80gb"  # MXFP8: Blackwell only
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
     return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
 
 
@@ -300,8 +308,9 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
         assert got["layout"] == [None, None, None]
     fp8 = plan.precision == "fp8"
     delayed = fp8 and plan.fp8_recipe in (None, "te-delayed")
-    recipe = {"te-current": "tensorwise"}.get(plan.fp8_recipe, "delayed")
-    assert got["precision"] == [True, False, "hybrid" if fp8 else None, recipe if fp8 else got["precision"][3],
+    recipe = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
+    fmt = "e4m3" if plan.fp8_recipe == "te-mxfp8" else "hybrid"  # Bridge's bf16_with_mxfp8_mixed, TE's MXFP8 default
+    assert got["precision"] == [True, False, fmt if fp8 else None, recipe if fp8 else got["precision"][3],
                                 1024 if delayed else got["precision"][4], "max" if delayed else got["precision"][5],
                                 fp8 and plan.zero_stage == 1, "torch.bfloat16"]
     assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,

@@ -77,7 +77,8 @@ plans = st.fixed_dictionaries({
     "recompute_num_layers": st.sampled_from([None, 1]),
     "precision": st.sampled_from(["bf16", "fp16", "fp8"]),
     "grad_dtype": st.sampled_from([None, "bf16"]),  # --grad-reduce-in-bf16
-    "fp8_recipe": st.sampled_from([None, "te-delayed", "te-current"]),  # --fp8-recipe delayed / tensorwise
+    # --fp8-recipe delayed / tensorwise / blockwise / mxfp8 (MXFP8 plans drawn on B200: Blackwell only)
+    "fp8_recipe": st.sampled_from([None, "te-delayed", "te-current", "te-blockwise", "te-mxfp8"]),
     "tp_overlap": st.sampled_from([None, "none", "userbuffers"]),  # --tp-comm-overlap
     "micro_batch_size": st.sampled_from([1, 2]),
     "accumulation": st.sampled_from([1, 4]),
@@ -98,7 +99,7 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
     if model.position_embedding == "learned":
         drawn["seq_len"] = min(drawn["seq_len"], model.max_position_embeddings)
     world = drawn["tp"] * drawn["pp"] * drawn["cp"] * drawn["dp"]
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=world)
+    cluster = load_cluster(gpu="b200" if drawn["fp8_recipe"] == "te-mxfp8" else "h100-sxm-80gb", num_gpus=world)
     kw = {k: drawn[k] for k in ("tp", "pp", "vpp", "cp", "ep", "zero_stage", "recompute", "precision",
                                 "micro_batch_size", "seq_len")}
     kw["recompute_num_layers"] = drawn["recompute_num_layers"] if drawn["recompute"] == "full" else None
@@ -123,6 +124,14 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
                 "recompute": "selective", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
                 "fp8_recipe": "te-current", "tp_overlap": "userbuffers", "micro_batch_size": 1, "accumulation": 4,
                 "seq_len": 4096})  # the run settings at their non-default values, always checked
+@example(drawn={"model": "llama3-8b", "tp": 2, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": 4, "zero_stage": 1,
+                "recompute": "none", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
+                "fp8_recipe": "te-mxfp8", "tp_overlap": None, "micro_batch_size": 1, "accumulation": 2,
+                "seq_len": 4096})  # MXFP8 (--fp8-recipe mxfp8) with FP8 parameters, on Blackwell
+@example(drawn={"model": "llama3-8b", "tp": 2, "pp": 2, "vpp": 1, "cp": 1, "ep": 1, "dp": 2, "zero_stage": 0,
+                "recompute": "selective", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
+                "fp8_recipe": "te-blockwise", "tp_overlap": None, "micro_batch_size": 1, "accumulation": 4,
+                "seq_len": 4096})  # blockwise FP8 (--fp8-recipe blockwise), on Hopper
 def test_every_emitted_megatron_args_file_passes_megatron_lm(oracle, tmp_path, drawn):
     emitted = _emitted_args(tmp_path, drawn)
     if emitted is None:

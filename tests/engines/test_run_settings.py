@@ -48,13 +48,20 @@ def _choices(engine: str) -> dict[str, tuple]:
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
+# MXFP8 runs on Blackwell only (TransformerEngine pytorch/quantization.py _compute_mxfp8_support): its cases on B200.
+BLACKWELL = "b200"
+CLUSTERS = {GPU: CLUSTER, BLACKWELL: load_cluster(gpu=BLACKWELL, num_gpus=16)}
+
+
+def _gpu(**setting) -> str:
+    return BLACKWELL if setting.get("fp8_recipe") == "te-mxfp8" else GPU
 
 
 def _plan(engine: str, **setting) -> ParallelPlan:
     fp8 = "fp8_recipe" in setting
-    return make_plan(MODEL, CLUSTER, global_batch_size=64, tp=2, sequence_parallel=True, seq_len=4096,
-                     engine=engine, zero_stage=3 if engine == "fsdp" else 1, precision="fp8" if fp8 else "bf16",
-                     **setting)
+    return make_plan(MODEL, CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
+                     seq_len=4096, engine=engine, zero_stage=3 if engine == "fsdp" else 1,
+                     precision="fp8" if fp8 else "bf16", **setting)
 
 
 def _effective(plan: ParallelPlan) -> tuple:
@@ -71,13 +78,15 @@ def test_every_engine_with_a_choice_has_a_file_read_back():
 @pytest.mark.parametrize(("engine", "name", "value"), CASES, ids=[f"{e}-{n}-{v}" for e, n, v in CASES])
 def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, value):
     plan = _plan(engine, **{name: value})
-    assert not plan_problems(MODEL, CLUSTER, plan)
-    est = estimate(MODEL, CLUSTER, plan)
+    gpu = _gpu(**{name: value})
+    cluster = CLUSTERS[gpu]
+    assert not plan_problems(MODEL, cluster, plan)
+    est = estimate(MODEL, cluster, plan)
     names, release = _files(engine, name)
     files = render_bundle(est, EmitOptions(torchtitan_version=release)).files
     for file in names:
         (tmp_path / file).write_text(files[file])
-    job = read_job([str(tmp_path / f) for f in names], gpu=GPU)
+    job = read_job([str(tmp_path / f) for f in names], gpu=gpu)
     back = job.plan
     assert _effective(back) == _effective(plan)
     again = estimate(job.model, job.cluster, back, job.settings)
@@ -85,7 +94,7 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
     default = _plan(engine, **({"fp8_recipe": None} if name == "fp8_recipe" else {}))
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
-        before = estimate(MODEL, CLUSTER, default)
+        before = estimate(MODEL, cluster, default)
         assert (before.time.step_time_s, before.memory.total) != pytest.approx(
             (est.time.step_time_s, est.memory.total), rel=1e-6)
         assert getattr(back, name) == value  # and the plan read back says it
