@@ -83,6 +83,9 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     out["recompute"] = granularity if granularity in ("selective", "full") else "none"
     if granularity == "full" and m.get("recompute_method") == "block":
         out["recompute_num_layers"] = _size(m, "recompute_num_layers", path, None)
+    modules = m.get("recompute_modules")  # null: ["core_attn"] (TransformerConfig)
+    if granularity == "selective" and isinstance(modules, list) and modules:
+        out["recompute_modules"] = tuple(str(x) for x in modules)
     precision, recipe = _precision(data.get("mixed_precision"), path, notes)
     out["precision"] = precision
     if recipe is not None:

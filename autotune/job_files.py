@@ -121,7 +121,8 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
 
 def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str]) -> dict:
     """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file states."""
-    f = _flags(read_megatron_args_file(path))
+    argv = read_megatron_args_file(path)
+    f = _flags(argv)
 
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
@@ -164,6 +165,9 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     out["recompute"] = granularity or "none"
     if granularity == "full" and f.get("--recompute-method") == "block":
         out["recompute_num_layers"] = n("--recompute-num-layers")
+    modules = _values(argv, "--recompute-modules")  # nargs "+"; unset: ["core_attn"] (TransformerConfig)
+    if granularity == "selective" and modules:
+        out["recompute_modules"] = tuple(modules)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"
     if kind == "megatron":
@@ -179,6 +183,21 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         for name in ("offload_optimizer", "offload_param"):
             out[name] = (zero.get(name) or {}).get("device") or "none"
     return out
+
+
+def _values(argv: list[str], flag: str) -> list[str]:
+    """The values of the last ``flag`` of an ``nargs="+"`` option: the words up to the next ``--flag``."""
+    where = [i for i, a in enumerate(argv) if a == flag or a.startswith(flag + "=")]
+    if not where:
+        return []
+    i = where[-1]
+    head = argv[i].partition("=")[2]
+    rest = []
+    for a in argv[i + 1:]:
+        if a.startswith("--"):
+            break
+        rest.append(a)
+    return ([head] if head else []) + rest
 
 
 def _layout_stages(layout: str) -> int:

@@ -35,6 +35,7 @@ NOTATION: dict[str, str] = {
     "param->cpu|nvme": "parameters offloaded (ZeRO-3)",
     "mbMxA": "micro-batch of M sequences, A of them (accumulation steps) per optimizer step",
     "rc-selective|full": "activation recompute: attention only, or whole layers",
+    "rc:M+M": "what selective recompute reruns: Megatron's recompute modules (--recompute-modules)",
     "bf16|fp16|fp8": "training precision",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
     "te-delayed|te-current|torchao-tensorwise|torchao-rowwise": "FP8 scaling recipe (--fp8-recipe)",
@@ -100,6 +101,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
     "torch_compile": "its files cannot turn torch.compile on",
     "loss_chunks": "its files cannot chunk the loss",
+    "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 

@@ -182,6 +182,9 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
+    if plan.recompute == "selective" and engine.activation_facts(plan).selective == "attention-core":
+        out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))
+                   + asked("recompute_modules", "--recompute-modules"))
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

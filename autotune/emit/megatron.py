@@ -163,8 +163,9 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
 
 
 def _recompute_flags(plan: ParallelPlan) -> list[str]:
-    if plan.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+    if plan.recompute == "selective":  # --recompute-modules: nargs "+", unset = ["core_attn"] (TransformerConfig)
+        modules = ["--recompute-modules", *plan.recompute_modules] if plan.recompute_modules else []
+        return ["--recompute-granularity", "selective", *modules]
     if plan.recompute == "full":
         if plan.recompute_num_layers is None:  # every layer: uniform chunks of one layer
             return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]

@@ -113,7 +113,8 @@ def _recompute(plan: ParallelPlan) -> dict:
     off = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
            "recompute_modules": None}
     if plan.recompute == "selective":
-        return off | {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+        return off | {"recompute_granularity": "selective",
+                      "recompute_modules": list(plan.recompute_modules or ("core_attn",))}
     if plan.recompute == "full":
         if plan.recompute_num_layers is None:
             return off | {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}

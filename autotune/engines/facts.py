@@ -64,6 +64,9 @@ class EngineSupport:
     """Its files can turn torch.compile on (``ParallelPlan.torch_compile``)."""
     loss_chunks: bool = False
     """Its files can compute the output layer and loss in chunks (``ParallelPlan.loss_chunks``)."""
+    recompute_modules: tuple[str, ...] = ()
+    """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
+    ``--recompute-modules``); its default is the attention core."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,9 +15,11 @@ from autotune.emit.megatron_bridge import (
 from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.megatron_rules import recompute_module_rules
 from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
+from autotune.specs.plan import RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
 
@@ -31,7 +33,8 @@ class MegatronEngine(Engine):
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
                             etp=True, grad_dtypes=("bf16",),
                             # --fp8-recipe delayed / tensorwise; --tp-comm-overlap (TE userbuffers)
-                            fp8_recipes=("te-delayed", "te-current"), tp_overlaps=("none", "userbuffers"))
+                            fp8_recipes=("te-delayed", "te-current"), tp_overlaps=("none", "userbuffers"),
+                            recompute_modules=RECOMPUTE_MODULES)  # --recompute-modules
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",
@@ -63,7 +66,7 @@ class MegatronEngine(Engine):
             out.append(Rule(id="ep_tp_sp", source="megatron/core/transformer/transformer_config.py",
                             message=f"Megatron-LM: expert parallelism with tp={plan.tp} needs sequence "
                                     f"parallelism: enable it"))
-        return out
+        return out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

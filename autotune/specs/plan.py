@@ -14,7 +14,7 @@ from typing import Literal
 from autotune.errors import require_no_problems
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
-           "FP8_RECIPES", "TP_OVERLAPS", "RUN_SETTINGS"]
+           "FP8_RECIPES", "TP_OVERLAPS", "RECOMPUTE_MODULES", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -33,9 +33,13 @@ Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-r
 # userbuffers); async-tp (torch micro-pipelined TP, torchtitan parallelism.enable_async_tensor_parallel).
 TP_OVERLAPS = ("none", "userbuffers", "async-tp")
 TpOverlap = Literal["none", "userbuffers", "async-tp"]
+# What Megatron-core's selective recompute can rerun (``--recompute-modules``; megatron-core 0.19.2
+# transformer_config.py:546-563 names them, :1766-1782 checks them; "gdn_norm_out", the Gated DeltaNet output norm,
+# is not modelled). Kept in this order in a plan, so that the same set reads back equal.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
-RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks")
+RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -125,6 +129,10 @@ class ParallelPlan:
     """The output layer and loss computed in this many chunks of the sequence, each chunk's backward at once
     (torchtitan 0.3 ``ChunkedLossWrapper``, 8 in its recipes): 1/n of the fp32 logits live at a time. None: the
     engine's default (unchunked)."""
+    recompute_modules: tuple[str, ...] | None = field(default=None, repr=False)
+    """With ``recompute="selective"``: the modules recomputed in backward (:data:`RECOMPUTE_MODULES`, Megatron
+    ``--recompute-modules``). None: the engine's default (Megatron-core: ``["core_attn"]``, transformer_config.py:1763
+    of megatron-core 0.19.2)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -136,7 +144,7 @@ class ParallelPlan:
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
                 and self.etp is None and self.grad_dtype is None and self.fp8_recipe is None
                 and self.tp_overlap is None and self.torch_compile is None and self.loss_chunks is None
-                and self.dp % self.dp_replicate == 0):
+                and self.recompute_modules is None and self.dp % self.dp_replicate == 0):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -175,9 +183,29 @@ class ParallelPlan:
         if not (self.torch_compile is None or isinstance(self.torch_compile, bool)):
             problems.append(f"torch_compile must be true, false or absent (the engine's default), "
                             f"got {self.torch_compile!r}")
+        problems += self._recompute_module_problems()
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
+
+    def _recompute_module_problems(self) -> list[str]:
+        """Checks ``recompute_modules`` and stores it as a tuple in :data:`RECOMPUTE_MODULES` order (a plan read
+        from JSON holds a list)."""
+        modules = self.recompute_modules
+        if modules is None:
+            return []
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules:
+            return [f"recompute_modules must be a non-empty list of {', '.join(RECOMPUTE_MODULES)} or absent (the "
+                    f"engine's default), got {modules!r}"]
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            return [f"recompute_modules: {', '.join(map(repr, unknown))} is not one of {', '.join(RECOMPUTE_MODULES)}"]
+        object.__setattr__(self, "recompute_modules", tuple(m for m in RECOMPUTE_MODULES if m in modules))
+        if self.recompute != "selective":
+            return [f"recompute_modules ({' '.join(self.recompute_modules)}) says what selective recompute reruns, "
+                    f"and this plan's recompute is {self.recompute}: use --recompute selective or drop "
+                    f"--recompute-modules"]
+        return []
 
     # ---- derived facts (the one place) -------------------------------------------------
     @property

@@ -214,6 +214,10 @@ CASES = [
     ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
                                                            global_batch_size=64, precision="fp8",
                                                            fp8_recipe="te-current", tp_overlap="userbuffers")),
+    # Megatron-core's selective recompute modules (model.recompute_modules)
+    ("mixtral-recompute-modules", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=128, recompute="selective",
+                                                           recompute_modules=("core_attn", "moe_act", "layernorm"))),
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -292,7 +296,8 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     # megatron-core's TransformerConfig fills recompute_modules with its default ["core_attn"] when left null
     assert got["recompute"] == {"none": [None, None, None, ["core_attn"]],
                                 "full": ["full", "block", plan.recompute_num_layers, ["core_attn"]],
-                                "selective": ["selective", None, None, ["core_attn"]]}[plan.recompute]
+                                "selective": ["selective", None, None,
+                                              list(plan.recompute_modules or ("core_attn",))]}[plan.recompute]
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
     if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
         assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
