@@ -168,6 +168,7 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     modules = _values(argv, "--recompute-modules")  # nargs "+"; unset: ["core_attn"] (TransformerConfig)
     if granularity == "selective" and modules:
         out["recompute_modules"] = tuple(modules)
+    out |= _cuda_graph(f, argv, path, notes)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"
     if kind == "megatron":
@@ -183,6 +184,26 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         for name in ("offload_optimizer", "offload_param"):
             out[name] = (zero.get(name) or {}).get("device") or "none"
     return out
+
+
+def _cuda_graph(f: dict, argv: list[str], path: str, notes: list[str]) -> dict:
+    """cuda_graph (and its scope) of Megatron arguments: --cuda-graph-impl, or the deprecated --enable-cuda-graph /
+    --external-cuda-graph (arguments.py:593-613 of megatron-core 0.19.2: local / transformer_engine)."""
+    from autotune.specs.plan import CUDA_GRAPH_SCOPES
+
+    impl = f.get("--cuda-graph-impl") or ("local" if "--enable-cuda-graph" in f else
+                                          "transformer_engine" if "--external-cuda-graph" in f else None)
+    if impl in (None, "none"):
+        return {}
+    if impl not in ("local", "transformer_engine"):
+        notes.append(f"{path}: --cuda-graph-impl {impl} is not modelled: estimated without CUDA graphs")
+        return {}
+    scope = [s for s in _values(argv, "--cuda-graph-modules") or _values(argv, "--cuda-graph-scope") if s != "full"]
+    other = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
+    if other:
+        notes.append(f"{path}: CUDA graph parts {' '.join(other)} are not modelled: estimated without them")
+    kept = tuple(s for s in scope if s in CUDA_GRAPH_SCOPES)
+    return {"cuda_graph": impl, **({"cuda_graph_scope": kept} if kept else {})}
 
 
 def _values(argv: list[str], flag: str) -> list[str]:

@@ -43,6 +43,8 @@ NOTATION: dict[str, str] = {
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
+    "cg-local|cg-te[:P+P]|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or Transformer "
+                                           "Engine, or none (--cuda-graph, --cuda-graph-scope)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -101,6 +103,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
     "torch_compile": "its files cannot turn torch.compile on",
     "loss_chunks": "its files cannot chunk the loss",
+    "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }

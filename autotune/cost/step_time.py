@@ -26,6 +26,7 @@ from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
+from autotune.cost.launch import launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.engines import Engine, engine_for
 from autotune.errors import require_no_problems
@@ -108,7 +109,7 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
-                                         "recompute_modules")
+                                         "recompute_modules", "cuda_graph", "cuda_graph_scope")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -151,14 +152,17 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         n_layers = n_dense + n_moe
         rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
         fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = 0.0
-        for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
+        for count, lt, is_moe in ((n_dense, dense_layer, False), (n_moe, moe_layer, True)):
             if not count:
                 continue
             # torchtitan's op-level SAC covers dense blocks; MoE layers keep the attention-core policy.
             lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap,
                               selective if lt is dense_layer else "attention-core", modules)
-            fwd += count * lp.fwd_s
-            bwd += count * lp.bwd_s
+            # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
+            wait_f, wait_b = launch_exposed_s(model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s,
+                                              sched.kernel_launch_s)
+            fwd += count * (lp.fwd_s + wait_f)
+            bwd += count * (lp.bwd_s + wait_b)
             rec += count * lp.recompute_s
             tp_c += count * lp.tp_exposed_s
             tp_hidden += count * lp.tp_hidden_s

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["recompute_module_rules"]
+__all__ = ["recompute_module_rules", "cuda_graph_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -52,4 +52,36 @@ def recompute_module_rules(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str
     if plan.precision == "fp8" and fp8_recipe == "te-delayed" and {"moe_act", "layernorm"} & set(modules):
         bad("Delayed scaling does not support moe_act and layernorm recompute for fp8: use --fp8-recipe te-current "
             "or drop them", f"{_SRC}:1820-1826")
+    return out
+
+
+def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-core refuses of per-layer CUDA graphs (``plan.cuda_graph``, ``plan.cuda_graph_scope``)."""
+    if plan.cuda_graph in (None, "none"):
+        return []
+    scope = plan.cuda_graph_scope  # None: the whole layer
+    out: list[Rule] = []
+
+    def bad(message: str, line: str) -> None:
+        out.append(Rule(id="megatron:cuda_graph", message=f"Megatron-LM: {message}", source=f"{_SRC}:{line}"))
+
+    if plan.recompute == "full":
+        bad("full recompute is only supported with full iteration CUDA graph: use --recompute selective or none, or "
+            "drop --cuda-graph", "2520-2524")
+    if scope and "moe_router" in scope and model.moe is None:
+        bad(f"moe cuda graph is only supported for MoE ({model.name} has no MoE layer): drop moe_router from "
+            "--cuda-graph-scope", "2492-2496")
+    if scope and "mlp" in scope and not any(not model.is_moe_layer(i) for i in range(model.num_layers)):
+        bad(f"mlp cuda graph is only supported for dense layers, and every layer of {model.name} is an MoE layer: "
+            "use moe_router", "2497-2503")
+    modules = (plan.recompute_modules or ("core_attn",)) if plan.recompute == "selective" else ()
+    graphs_attention = scope is None or "attn" in scope
+    if model.dropout > 0 and "core_attn" in modules and graphs_attention:
+        bad("attention dropout is not supported with graphed attention recomputation: leave attention out of "
+            "--cuda-graph-scope, or recompute no core_attn", "2541-2547")
+    if model.dropout > 0 and "mlp" in modules and (scope is None or "mlp" in scope):
+        bad("hidden dropout is not supported with graphed MLP recomputation", "2548-2563")
+    if plan.cuda_graph == "transformer_engine" and "moe" in modules and scope and "moe_router" in scope:
+        bad("moe recompute is not supported with moe_router CUDA graph with --cuda-graph-impl transformer_engine",
+            "2527-2535")
     return out

@@ -106,6 +106,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
         bad("torch_compile", "its files cannot turn torch.compile on: drop --compile")
     if plan.loss_chunks is not None and plan.loss_chunks > 1 and not s.loss_chunks:
         bad("loss_chunks", "its files compute the loss over the whole sequence at once: drop --loss-chunks")
+    if plan.cuda_graph is not None and plan.cuda_graph not in s.cuda_graphs:
+        bad("cuda_graph", f"its files cannot capture {plan.cuda_graph} CUDA graphs: "
+            + (f"use {' or '.join(s.cuda_graphs)}, or " if len(s.cuda_graphs) > 1 else "") + "drop --cuda-graph")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

@@ -47,4 +47,7 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append("compiled" if plan.torch_compile else "eager")
     if plan.loss_chunks is not None:
         parts.append(f"loss-chunks{plan.loss_chunks}")
+    if plan.cuda_graph is not None:
+        parts.append({"none": "no-cuda-graphs", "local": "cg-local", "transformer_engine": "cg-te"}[plan.cuda_graph]
+                     + (":" + "+".join(plan.cuda_graph_scope) if plan.cuda_graph_scope else ""))
     return " ".join(parts)

@@ -1,6 +1,6 @@
 """Megatron-core 0.19.2 itself judges the run settings written into ``megatron_args.sh``: its ``parse_args()``,
 ``validate_args()`` and the ``TransformerConfig`` built from the arguments (``core_transformer_config_from_args``,
-whose ``__post_init__`` checks the recompute modules) accept every file autotune writes for them, and refuse what
+whose ``__post_init__`` checks the recompute modules and the CUDA graph scopes) accept every file autotune writes for them, and refuse what
 autotune's own rules refuse (tests/emit/fixtures/megatron_core_config_probe.py; the megatron-core wheel of the test
 tooling, tests/emit/test_megatron_bridge.py, ships ``megatron.training``).
 """
@@ -38,6 +38,12 @@ ACCEPTED = [
                                                     recompute_modules=("mla_up_proj", "moe", "mlp"))),
     ("dsv3-shared", "deepseek-v3", 64, dict(tp=2, ep=8, sequence_parallel=True, recompute="selective",
                                             recompute_modules=("core_attn", "shared_experts"))),
+    ("llama-te-graphs-attn", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="selective",
+                                                   cuda_graph="transformer_engine", cuda_graph_scope=("attn",))),
+    ("llama-local-graphs", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, cuda_graph="local")),
+    ("mixtral-te-graphs-router", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                          cuda_graph="transformer_engine",
+                                                          cuda_graph_scope=("attn", "moe_router"))),
 ]
 # (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
 REFUSED = [
@@ -47,6 +53,9 @@ REFUSED = [
     ("delayed-fp8-moe-act", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, precision="fp8",
                                                      recompute="selective", recompute_modules=("moe_act",)),
      ("--recompute-granularity selective", "--recompute-granularity selective --recompute-modules moe_act")),
+    ("graphs-with-full-recompute", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="full",
+                                                         cuda_graph="transformer_engine"),
+     ("--recompute-granularity full", "--cuda-graph-impl transformer_engine --recompute-granularity full")),
 ]
 
 
@@ -72,7 +81,7 @@ def verdicts(tmp_path_factory):
         m, c, plan = _plan(model, gpus, kw)
         jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
     for case, model, gpus, kw, (old, new) in REFUSED:
-        base = {k: v for k, v in kw.items() if k != "recompute_modules"} | {"fp8_recipe": None}
+        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph")} | {"fp8_recipe": None}
         m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
         assert old in text, (case, text)
@@ -90,8 +99,13 @@ def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
     kw = next(c[3] for c in ACCEPTED if c[0] == case)
     got = verdicts[case]
     assert got["ok"], got
-    assert got["config"]["recompute_granularity"] == "selective"
-    assert sorted(got["config"]["recompute_modules"]) == sorted(kw["recompute_modules"])
+    config = got["config"]
+    if kw.get("recompute") == "selective":
+        assert config["recompute_granularity"] == "selective"
+        assert sorted(config["recompute_modules"]) == sorted(kw.get("recompute_modules", ("core_attn",)))
+    assert config["cuda_graph_impl"] == kw.get("cuda_graph", "none")
+    if "cuda_graph" in kw:  # the parts captured (CudaGraphModule members); none listed: the whole layer
+        assert sorted(m.split(".")[-1] for m in config["cuda_graph_modules"]) == sorted(kw.get("cuda_graph_scope", ()))
 
 
 @pytest.mark.parametrize("case", [c[0] for c in REFUSED])
@@ -101,3 +115,5 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
     assert not got["ok"] and got["stage"] == "TransformerConfig", got
     with pytest.raises(InputError, match="recompute"):
         _plan(model, gpus, kw)
+    if "cuda_graph" in kw:
+        assert "full recompute is only supported with full iteration CUDA graph" in got["error"]

@@ -92,3 +92,59 @@ def test_modules_need_selective_recompute_and_other_engines_refuse_them():
         ParallelPlan(recompute="selective", recompute_modules=("attention",))
     assert ParallelPlan(recompute="selective", recompute_modules=["mlp", "core_attn"]).recompute_modules == (
         "core_attn", "mlp")  # a plan.json list, in the one order
+
+
+def _llama_tp8(seq_len: int, **kw) -> ParallelPlan:
+    return make_plan(LLAMA, C64, engine="megatron", global_batch_size=64, tp=8, sequence_parallel=True, zero_stage=1,
+                     seq_len=seq_len, recompute="none", **kw)
+
+
+def test_cuda_graphs_hide_the_launches_small_work_waits_for_and_keep_static_buffers():
+    # seq 256 over tp 8: a layer's forward GEMMs take less time than the host needs to launch its ~15 kernels
+    eager, graphed = estimate(LLAMA, C64, _llama_tp8(256)), estimate(LLAMA, C64, _llama_tp8(256, cuda_graph="local"))
+    assert graphed.time.compute_s < eager.time.compute_s
+    # seq 4096: the GPU work hides the launches; the graphs cost only their static input / output buffers
+    eager, graphed = (estimate(LLAMA, C64, _llama_tp8(4096, **kw)) for kw in ({}, {"cuda_graph": "transformer_engine"}))
+    assert graphed.time.step_time_s == pytest.approx(eager.time.step_time_s, rel=1e-12)
+    layer_input = 2 * 4096 * LLAMA.hidden_size / 8  # 16-bit, sequence-parallel over tp 8
+    # 4 buffers per graphed part (attention, MLP) of each layer, one micro-batch in flight (pp 1)
+    assert graphed.memory.buffer_parts["cuda_graphs"] == pytest.approx(4 * layer_input * 2 * LLAMA.num_layers)
+    assert graphed.memory.total > eager.memory.total
+
+
+@pytest.mark.parametrize(("model", "kw", "why"), [
+    ("llama3-8b", dict(recompute="full", cuda_graph="transformer_engine"), "full recompute is only supported"),
+    ("llama3-8b", dict(cuda_graph="local", cuda_graph_scope=("moe_router",)), "only supported for MoE"),
+    ("qwen3-30b-a3b", dict(cuda_graph="local", cuda_graph_scope=("mlp",)), "every layer of"),
+])
+def test_cuda_graphs_megatron_refuses_are_refused_with_the_rule(model, kw, why):
+    m = load_model_preset(model)
+    plan = ParallelPlan(engine="megatron", tp=2, dp=8, ep=8 if m.moe else 1, sequence_parallel=True, zero_stage=1,
+                        global_batch_size=64, grad_accum_steps=8, seq_len=4096, **kw)
+    problems = plan_problems(m, C16, plan)
+    assert any(rule == "megatron:cuda_graph" and why in text for rule, text in problems), problems
+
+
+def test_bridge_takes_te_graphs_and_leaves_local_ones_to_megatron_args():
+    te = render_bundle(estimate(LLAMA, C64, _llama_tp8(4096, cuda_graph="transformer_engine",
+                                                       cuda_graph_scope=("attn",)))).files
+    assert "model.cuda_graph_impl=transformer_engine" in te["bridge_overrides.args"]
+    assert "model.cuda_graph_modules=[attn]" in te["bridge_overrides.args"]
+    local = render_bundle(estimate(LLAMA, C64, _llama_tp8(4096, cuda_graph="local"))).files
+    assert "bridge_overrides.yaml" not in local and "--cuda-graph-impl local" in local["megatron_args.sh"]
+    assert "full iterations only" in local["plan.md"]
+
+
+@pytest.mark.parametrize(("release", "flag"), [("0.16", "--cuda-graph-scope"), ("0.17", "--cuda-graph-scope"),
+                                               ("0.18", "--cuda-graph-modules"), ("0.19", "--cuda-graph-modules")])
+def test_the_graph_scope_flag_follows_the_release(tmp_path, release, flag):
+    from autotune.emit.megatron import megatron_args
+    from autotune.emit.options import EmitOptions
+
+    plan = _llama_tp8(4096, cuda_graph="transformer_engine", cuda_graph_scope=("attn",))
+    argv = megatron_args(LLAMA, C64, plan, EmitOptions(megatron_version=release))
+    assert argv[argv.index(flag) + 1] == "attn" and argv[argv.index("--cuda-graph-impl") + 1] == "transformer_engine"
+    path = tmp_path / "megatron_args.sh"
+    path.write_text("MEGATRON_ARGS=(\n  " + " ".join(argv) + "\n)\n")
+    back = read_job([str(path)], gpu=GPU, num_gpus=64, model="llama3-8b").plan
+    assert (back.cuda_graph, back.cuda_graph_scope) == ("transformer_engine", ("attn",))
