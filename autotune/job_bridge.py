@@ -84,6 +84,15 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     out["recompute"] = granularity if granularity in ("selective", "full") else "none"
     if granularity == "full" and m.get("recompute_method") == "block":
         out["recompute_num_layers"] = _size(m, "recompute_num_layers", path, None)
+    modules = m.get("recompute_modules")  # null: ["core_attn"] (TransformerConfig)
+    if granularity == "selective" and isinstance(modules, list) and modules:
+        out["recompute_modules"] = tuple(str(x) for x in modules)
+    impl = m.get("cuda_graph_impl")
+    if impl in ("local", "transformer_engine"):  # cuda_graph_modules: [] or "full" = the whole layer
+        out["cuda_graph"] = impl
+        scope = m.get("cuda_graph_modules") or m.get("cuda_graph_scope")
+        if isinstance(scope, list) and scope and "full" not in scope:
+            out["cuda_graph_scope"] = tuple(str(x) for x in scope)
     precision, recipe = _precision(data.get("mixed_precision"), path, notes)
     out["precision"] = precision
     if recipe is not None:

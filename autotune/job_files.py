@@ -121,7 +121,8 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
 
 def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str]) -> dict:
     """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file states."""
-    f = _flags(read_megatron_args_file(path))
+    argv = read_megatron_args_file(path)
+    f = _flags(argv)
 
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
@@ -164,6 +165,10 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     out["recompute"] = granularity or "none"
     if granularity == "full" and f.get("--recompute-method") == "block":
         out["recompute_num_layers"] = n("--recompute-num-layers")
+    modules = _values(argv, "--recompute-modules")  # nargs "+"; unset: ["core_attn"] (TransformerConfig)
+    if granularity == "selective" and modules:
+        out["recompute_modules"] = tuple(modules)
+    out |= _cuda_graph(f, argv, path, notes)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"
     if kind == "megatron":
@@ -179,6 +184,41 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         for name in ("offload_optimizer", "offload_param"):
             out[name] = (zero.get(name) or {}).get("device") or "none"
     return out
+
+
+def _cuda_graph(f: dict, argv: list[str], path: str, notes: list[str]) -> dict:
+    """cuda_graph (and its scope) of Megatron arguments: --cuda-graph-impl, or the deprecated --enable-cuda-graph /
+    --external-cuda-graph (arguments.py:593-613 of megatron-core 0.19.2: local / transformer_engine)."""
+    from autotune.specs.plan import CUDA_GRAPH_SCOPES
+
+    impl = f.get("--cuda-graph-impl") or ("local" if "--enable-cuda-graph" in f else
+                                          "transformer_engine" if "--external-cuda-graph" in f else None)
+    if impl in (None, "none"):
+        return {}
+    if impl not in ("local", "transformer_engine"):
+        notes.append(f"{path}: --cuda-graph-impl {impl} is not modelled: estimated without CUDA graphs")
+        return {}
+    scope = [s for s in _values(argv, "--cuda-graph-modules") or _values(argv, "--cuda-graph-scope") if s != "full"]
+    other = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
+    if other:
+        notes.append(f"{path}: CUDA graph parts {' '.join(other)} are not modelled: estimated without them")
+    kept = tuple(s for s in scope if s in CUDA_GRAPH_SCOPES)
+    return {"cuda_graph": impl, **({"cuda_graph_scope": kept} if kept else {})}
+
+
+def _values(argv: list[str], flag: str) -> list[str]:
+    """The values of the last ``flag`` of an ``nargs="+"`` option: the words up to the next ``--flag``."""
+    where = [i for i, a in enumerate(argv) if a == flag or a.startswith(flag + "=")]
+    if not where:
+        return []
+    i = where[-1]
+    head = argv[i].partition("=")[2]
+    rest = []
+    for a in argv[i + 1:]:
+        if a.startswith("--"):
+            break
+        rest.append(a)
+    return ([head] if head else []) + rest
 
 
 def _layout_stages(layout: str) -> int:

@@ -35,6 +35,7 @@ NOTATION: dict[str, str] = {
     "param->cpu|nvme": "parameters offloaded (ZeRO-3)",
     "mbMxA": "micro-batch of M sequences, A of them (accumulation steps) per optimizer step",
     "rc-selective|full": "activation recompute: attention only, or whole layers",
+    "rc:M+M": "what selective recompute reruns: Megatron's recompute modules (--recompute-modules)",
     "bf16|fp16|fp8": "training precision",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
     "|".join(FP8_RECIPES): "FP8 scaling recipe (--fp8-recipe)",
@@ -42,6 +43,8 @@ NOTATION: dict[str, str] = {
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
+    "cg-local|cg-te[:P+P]|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or Transformer "
+                                           "Engine, or none (--cuda-graph, --cuda-graph-scope)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -101,6 +104,8 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
     "torch_compile": "its files cannot turn torch.compile on",
     "loss_chunks": "its files cannot chunk the loss",
+    "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
+    "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 

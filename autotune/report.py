@@ -181,6 +181,14 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
+    if c.kernel_launch_s > 0:
+        out.append(f"kernel launches {c.kernel_launch_s * 1e6:g} us each, " + (
+            f"CUDA graphs {plan.cuda_graph} over " + (" ".join(plan.cuda_graph_scope) if plan.cuda_graph_scope
+                                                     else "each layer") + " (--cuda-graph)"
+            if plan.cuda_graph not in (None, "none") else "no CUDA graphs"))
+    if plan.recompute == "selective" and engine.activation_facts(plan).selective == "attention-core":
+        out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))
+                   + asked("recompute_modules", "--recompute-modules"))
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

@@ -151,6 +151,14 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
     if (plan.loss_chunks or 1) > 1:
         rows.append(("loss chunks", str(plan.loss_chunks), "output layer and loss run chunk by chunk along the "
                      f"sequence, each chunk's backward at once: 1/{plan.loss_chunks} of the fp32 logits live at a time"))
+    if plan.cuda_graph is not None:
+        rows.append(("CUDA graphs", plan.cuda_graph + (f" ({' '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope
+                                                       else ""),
+                     "no graphs: every kernel launched by the host" if plan.cuda_graph == "none" else
+                     "each layer's captured parts launched as one graph (less host launch time, static graph buffers)"))
+    if plan.recompute_modules is not None:
+        rows.append(("recompute modules", " ".join(plan.recompute_modules), "what selective recompute reruns in "
+                     "backward instead of keeping its activations (Megatron --recompute-modules)"))
     if plan.grad_dtype is not None:
         rows.append(("gradients", plan.grad_dtype, f"accumulated and reduced in {plan.grad_dtype} (half the "
                      "gradient buffer and reduction bytes of fp32 main grads, at bf16's accumulation precision)"))

@@ -17,7 +17,15 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
-from autotune.specs.plan import ENGINE_NAMES, FP8_RECIPES, RUN_SETTINGS, TP_OVERLAPS
+from autotune.specs.plan import (
+    CUDA_GRAPH_SCOPES,
+    CUDA_GRAPHS,
+    ENGINE_NAMES,
+    FP8_RECIPES,
+    RECOMPUTE_MODULES,
+    RUN_SETTINGS,
+    TP_OVERLAPS,
+)
 from autotune.specs.settings import MemorySettings
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
@@ -274,6 +282,15 @@ def add_run_settings(g) -> None:
                    help="compute the output layer and loss in N chunks of the sequence, each chunk's backward at once "
                         "(torchtitan 0.3 ChunkedLossWrapper; its recipes use 8): 1/N of the fp32 logits in memory; "
                         "default: the engine's own (unchunked)")
+    g.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None, metavar="MODULE",
+                   help="with --recompute selective, what it reruns in backward (Megatron --recompute-modules: "
+                        f"{', '.join(RECOMPUTE_MODULES)}); default: the engine's own (Megatron: core_attn)")
+    g.add_argument("--cuda-graph", choices=CUDA_GRAPHS, default=None,
+                   help="CUDA graphs of the training layers (Megatron --cuda-graph-impl): one launch per captured part "
+                        "instead of one per kernel; default: the engine's own (none)")
+    g.add_argument("--cuda-graph-scope", nargs="+", choices=CUDA_GRAPH_SCOPES, default=None, metavar="PART",
+                   help="with --cuda-graph, the parts of each layer captured (Megatron --cuda-graph-modules / "
+                        f"--cuda-graph-scope: {', '.join(CUDA_GRAPH_SCOPES)}); default: the whole layer")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")
@@ -281,7 +298,8 @@ def add_run_settings(g) -> None:
 
 def run_setting_args(args: argparse.Namespace) -> dict:
     """The run settings the command line fixed (``ParallelPlan`` field -> value), the rest left to the engine."""
-    return {name: getattr(args, name) for name in RUN_SETTINGS if getattr(args, name, None) is not None}
+    return {name: tuple(value) if isinstance(value, list) else value for name in RUN_SETTINGS
+            if (value := getattr(args, name, None)) is not None}
 
 
 def add_goodput(p: argparse.ArgumentParser) -> None:

@@ -46,7 +46,9 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
                 and asked.get("fp8_recipe") in (None, *s.fp8_recipes)
                 and asked.get("tp_overlap") in (None, *s.tp_overlaps)
                 and (not asked.get("torch_compile") or s.torch_compile)
-                and (asked.get("loss_chunks", 1) == 1 or s.loss_chunks))
+                and (asked.get("loss_chunks", 1) == 1 or s.loss_chunks)
+                and set(asked.get("recompute_modules", ())) <= set(s.recompute_modules)
+                and asked.get("cuda_graph") in (None, *s.cuda_graphs))
 
     return tuple(e for e in engines if runs(e))
 
@@ -123,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         return plan_from_job(args)
     if args.seq_len is None:
         args.seq_len = 4096
+    if args.recompute_modules and "selective" not in args.recompute:
+        raise InputError([f"--recompute-modules says what selective recompute reruns, and --recompute "
+                          f"{','.join(args.recompute)} searches no selective plan: add selective to --recompute or "
+                          f"drop --recompute-modules"], subject="plan request")
     if args.min_gpus and args.num_gpus is not None:
         raise InputError(["--min-gpus searches the GPU count itself: drop --num-gpus (--gpus-per-node sets the node "
                           "size)"], subject="plan request")

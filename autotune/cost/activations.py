@@ -41,7 +41,7 @@ from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
-__all__ = ["LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes",
+__all__ = ["LayerActivations", "layer_activations", "block_mms", "op_sac_layer_bytes", "recompute_module_bytes",
            "loss_backward_bytes", "embedding_activation_bytes", "output_activation_bytes",
            "stage_activation_bytes"]
 
@@ -136,6 +136,48 @@ def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int
     experts = _dense_mlp_bytes(model, moe.expert_ffn_hidden_size, pairs, t, lin) + pairs * (lin + 2) * h / t
     shared = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
     return fc1_input + routing + experts + shared
+
+
+def recompute_module_bytes(model: ModelSpec, plan: ParallelPlan, layer: LayerActivations, moe_layer: bool,
+                           facts: ActivationFacts = MEGATRON_FACTS) -> dict[str, float]:
+    """Bytes one layer no longer keeps for backward when Megatron's selective recompute reruns each module
+    (``ParallelPlan.recompute_modules``; megatron-core 0.19.2 transformer_config.py:546-563), by module; absent: the
+    module is not in this layer. Normal checkpointing keeps the module's input and drops what it saves inside;
+    output-discarding checkpointing drops the module's output, which the next module saved.
+      core_attn: the attention core's saved tensors (flash: the fp32 log-sum-exp; unfused: Korthikanti's 5as^2b).
+      mla_up_proj: q, k, v after MLA's up-projections and RoPE (output-discarding), the core's saved inputs.
+      layernorm: the output of a norm that is not fused into the next linear (output-discarding), which that linear
+        saved: MLA's input norm, MoE layers' pre-MLP norm (Transformer Engine fuses the others into linear_qkv /
+        linear_fc1, gpt_layer_specs.py:313-336, and transformer_layer.py:452-507 skips them).
+      mlp: a dense MLP's saved tensors except its input (fc1 output, activation output).
+      moe: the whole MoE block's but its input (routing probabilities, per routed pair the permuted input, fc1
+        output, activation output and unpermuted output; shared experts).
+      moe_act: the experts' activation output (fc2's saved input; output-discarding, experts.py:268-274).
+      shared_experts: the shared experts' saved tensors except their input."""
+    s = plan.seq_len / plan.cp
+    sb, t, h = s * plan.micro_batch_size, plan.tp, model.hidden_size
+    lin = _linear_input_bytes(plan, facts)
+    norm_output = lin * sb * h / _gathered_split(plan, facts)
+    out = {"core_attn": layer.attention_core}
+    if model.mla is not None:
+        out["mla_up_proj"] = 2 * sb * (model.q_width + model.kv_width + model.v_width) / t
+    if model.mla is not None or moe_layer:
+        out["layernorm"] = norm_output * ((model.mla is not None) + moe_layer)
+    if not moe_layer:
+        out["mlp"] = _dense_mlp_bytes(model, model.ffn_hidden_size, sb, t, lin)
+        return out
+    moe = model.moe
+    assert moe is not None
+    out["moe"] = layer.mlp - norm_output
+    out["moe_act"] = sb * moe.top_k * lin * moe.expert_ffn_hidden_size / t
+    if moe.num_shared_experts:
+        out["shared_experts"] = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
+    return out
+
+
+def recomputed(modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules whose savings (and recompute time) count: "moe" reruns the whole MoE block, moe_act and shared_experts within it."""
+    return tuple(m for m in modules if "moe" not in modules or m not in ("moe_act", "shared_experts"))
 
 
 def embedding_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -272,7 +314,7 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
-    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe")
+    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules")
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 
@@ -324,9 +366,14 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
             + n_moe * (moe.total - moe.attention_core)
         working = dense.total  # the recomputed ops of one layer, during its backward
     elif plan.recompute == "selective":
+        # Megatron's modules (default: the attention core); one layer's recomputed module lives during its backward.
         n_moe = _moe_layers_in(model, first, stop)
-        stored = full(first, stop) - (layers_per_stage - n_moe) * dense.attention_core - n_moe * moe.attention_core
-        working = dense.attention_core
+        modules = recomputed(plan.recompute_modules or ("core_attn",))
+        stored, working = full(first, stop), 0.0
+        for count, layer, is_moe in ((layers_per_stage - n_moe, dense, False), (n_moe, moe, True)):
+            dropped = recompute_module_bytes(model, plan, layer, is_moe, facts) if count else {}
+            stored -= count * sum(dropped.get(m, 0.0) for m in modules)
+            working = max([working, *(dropped.get(m, 0.0) for m in modules)])
     else:
         stored = full(first, stop)
         working = 0.0

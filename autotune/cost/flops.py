@@ -5,7 +5,7 @@ Attention scores and the weighted sum add 2*s*(q_width + out_width) per token, c
 the full s x s square, the convention of Narayanan et al. 2021 (Eq. 3) and Korthikanti et al.
 2022 (Eq. 7); a causal flash kernel executes half of it (``executed`` counts that).
 Backward costs twice the forward. Model FLOPs count forward + backward; hardware FLOPs add
-what recompute runs again (full: the layers' forward; selective: the attention core).
+what recompute runs again (full: the layers' forward; selective: the attention core, or Megatron's modules).
 
 Check (tests/cost/test_flops.py): for GPT with f = 4h, MHA, full recompute this reduces to
 Narayanan's F = 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)); without recompute to
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops"]
+__all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops",
+           "recompute_flops_per_token"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,15 +90,42 @@ def _model_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float
     return gemm, attention
 
 
-def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
-    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``."""
+@functools.lru_cache(maxsize=1024)
+def recompute_flops_per_token(model: ModelSpec, seq_len: int, modules: tuple[str, ...]) -> float:
+    """Forward FLOPs per token that Megatron's selective recompute reruns, summed over all layers, by module
+    (``ParallelPlan.recompute_modules``): core_attn the attention core (Korthikanti et al. 2022 Sec. 4.2); mlp the
+    dense MLPs' GEMMs; moe the MoE blocks' (routed and shared experts, router); shared_experts the shared experts';
+    mla_up_proj MLA's up-projections; layernorm and moe_act rerun memory-bound kernels only (no GEMM FLOPs)."""
+    h, out = model.hidden_size, 0.0
+    for i in range(model.num_layers):
+        f = layer_flops_per_token(model, seq_len, i)
+        out += f.attention if "core_attn" in modules else 0.0
+        if not model.is_moe_layer(i):
+            out += _mlp_gemm_flops(model, model.ffn_hidden_size) if "mlp" in modules else 0.0
+        elif "moe" in modules:
+            moe = model.moe
+            out += (moe.top_k * _mlp_gemm_flops(model, moe.expert_ffn_hidden_size) + 2.0 * h * moe.num_experts
+                    + moe.num_shared_experts * _mlp_gemm_flops(model, moe.shared_width))
+        elif "shared_experts" in modules:
+            out += model.moe.num_shared_experts * _mlp_gemm_flops(model, model.moe.shared_width)
+        if "mla_up_proj" in modules and model.mla is not None:
+            m, a = model.mla, model.num_attention_heads
+            out += 2.0 * (m.q_lora_rank or 0) * a * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+            out += 2.0 * m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+    return out
+
+
+def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str,
+               modules: tuple[str, ...] = ("core_attn",)) -> StepFlops:
+    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``; ``modules``: what selective
+    recompute reruns (:func:`recompute_flops_per_token`)."""
     gemm, attention = _model_flops_per_token(model, seq_len)
     forward = (gemm + attention + logits_flops_per_token(model)) * tokens
     model_flops = 3.0 * forward
     if recompute == "full":
         extra = (gemm + attention) * tokens
     elif recompute == "selective":
-        extra = attention * tokens
+        extra = recompute_flops_per_token(model, seq_len, modules) * tokens
     else:
         extra = 0.0
     return StepFlops(model=model_flops, hardware=model_flops + extra)

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.cost import comm
-from autotune.cost.activations import block_mms
+from autotune.cost.activations import block_mms, recomputed
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.kernels import Rates
 from autotune.specs.hardware import ClusterSpec
@@ -42,6 +42,8 @@ class LayerTime:
     tp_comm_s: float
     cp_comm_s: float
     moe_comm_s: float
+    module_recompute_s: tuple[tuple[str, float], ...] = ()
+    """(module, seconds) of what each of Megatron's selective recompute modules reruns (``recompute_modules``)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -108,26 +110,37 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # FP8: every linear GEMM casts its inputs (forward: activations; the weights once per micro-batch) and, in
     # backward, its output gradients; widths summed over the layer's linear layers, per token.
     cast_width = sum(k + n for _, k, n, _ in projections)
+    # MLA's up-projections (the "col" ones that do not read the hidden state): what mla_up_proj recompute reruns.
+    up_gemm = sum(_gemm_s(2 * tokens * k * n / split, tokens, k, n / split, gemm_peak, eff)
+                  for kind, k, n, split in projections if kind == "col" and k != h) if model.mla else 0.0
+    router = shared = 0.0
     if moe_layer:
         moe = model.moe
         assert moe is not None
         f = moe.expert_ffn_hidden_size
         m_expert = tokens * moe.top_k * plan.ep / moe.num_experts
         pairs = tokens * moe.top_k
-        gemm += _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
-        gemm += _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
-        gemm += _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
+        fc1 = _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
+        fc2 = _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
+        router = _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
+        gemm = gemm + fc1 + fc2 + router  # in this order (the search's golden step times)
         for _ in range(moe.num_shared_experts):
             fs = moe.shared_width
-            gemm += _gemm_s(2 * tokens * h * (n_in + 1) * fs / t, tokens, h, fs / t, gemm_peak, eff)
-        ffn_width = moe.top_k * f + moe.num_shared_experts * moe.shared_width
+            one = _gemm_s(2 * tokens * h * (n_in + 1) * fs / t, tokens, h, fs / t, gemm_peak, eff)
+            gemm += one
+            shared += one
+        mlp = fc1 + fc2
+        routed_width, shared_width = moe.top_k * f, moe.num_shared_experts * moe.shared_width
         cast_width += moe.top_k * (h + f + n_in * f + h)
     else:
         f = model.ffn_hidden_size
-        gemm += _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
-        gemm += _gemm_s(2 * tokens * f * h / t, tokens, f / t, h, gemm_peak, eff)
-        ffn_width = f
+        fc1 = _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
+        fc2 = _gemm_s(2 * tokens * f * h / t, tokens, f / t, h, gemm_peak, eff)
+        gemm = gemm + fc1 + fc2
+        mlp = fc1 + fc2
+        routed_width, shared_width = f, 0
         cast_width += h + f + n_in * f + h
+    ffn_width = routed_width + shared_width
 
     # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
     # rate; unfused attention runs batched GEMMs of head_dim depth.
@@ -189,6 +202,19 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         elementwise += casts
         elementwise_bwd += casts
     op_sac = rerun_gemms + elementwise - scores_s
+    # Megatron's selective recompute modules (activations.recompute_module_bytes says what each drops): the forward
+    # kernels each reruns in backward. The MoE block's all-to-alls rerun too (layer_passes adds them).
+    act = tokens * (swiglu_fwd if n_in == 2 else 4) / t / hbm  # per ffn element
+    rope = tokens * rope_fwd * (model.q_width + model.kv_width) / t / hbm if model.position_embedding == "rope" else 0.0
+    modules = {"core_attn": attention + scores_s,
+               "layernorm": tokens * norm_fwd * h / t_seq / hbm * ((model.mla is not None) + moe_layer)}
+    if model.mla is not None:
+        modules["mla_up_proj"] = up_gemm + rope
+    if moe_layer:
+        modules.update(moe=mlp + router + shared + act * ffn_width, moe_act=act * routed_width,
+                       shared_experts=shared + act * shared_width)
+    else:
+        modules["mlp"] = mlp + act * routed_width
 
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
@@ -204,7 +230,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
         moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm)
+    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm,
+                     tuple(modules.items()))
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -236,7 +263,8 @@ class LayerPasses:
 
 
 def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap: str,
-                 tp_backward_overlap: bool, selective: str = "attention-core") -> LayerPasses:
+                 tp_backward_overlap: bool, selective: str = "attention-core",
+                 modules: tuple[str, ...] = ("core_attn",)) -> LayerPasses:
     """Forward, backward and recompute of one layer with its communication exposed as the engine schedules it.
 
     TP collectives: two per pass (forward, recompute, backward). ``tp_overlap`` (userbuffers / async TP) chunks
@@ -244,22 +272,28 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     input gradient runs asynchronously while the weight-gradient GEMM (as many FLOPs as the forward GEMM) computes
     (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``: ``all_reduce`` / ``_reduce_scatter_base`` with
     ``async_op=True`` issued before the wgrad GEMM, megatron/core/tensor_parallel/layers.py); only what the wgrad
-    GEMM cannot cover waits.
+    GEMM cannot cover waits. ``modules``: what Megatron's selective recompute reruns (``recompute_modules``;
+    LayerTime.module_recompute_s); "moe" reruns the MoE block's dispatch and combine all-to-alls as well.
     """
     attn_bwd = attention_bwd_factor(plan)
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
     bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s
     full = plan.recompute == "full"
-    # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core: its GEMMs (or the flash
-    # kernel) and, unfused, the softmax and dropout over the scores; torchtitan's op-level SAC ("op-sac") what
-    # LayerTime.op_sac_recompute_s counts.
-    rec = 0.0
+    # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core by default: its GEMMs (or the
+    # flash kernel) and, unfused, the softmax and dropout over the scores; Megatron's other modules what
+    # LayerTime.module_recompute_s counts; torchtitan's op-level SAC ("op-sac") LayerTime.op_sac_recompute_s.
+    rec = moe_reruns = 0.0
     if full:
         rec = fwd * rec_share
+    elif plan.recompute == "selective" and selective == "op-sac":
+        rec = lt.op_sac_recompute_s
+    elif plan.recompute == "selective" and selective == "op-sac-0.3":
+        # torchtitan 0.3 keeps every Float8 GEMM's output: only the bf16 mm's rerun
+        rec = lt.op_sac_recompute_s - (lt.gemm_s if plan.precision == "fp8" else 0.0)
     elif plan.recompute == "selective":
-        rec = lt.op_sac_recompute_s if selective == "op-sac" else lt.attention_s + lt.scores_s
-        if selective == "op-sac-0.3":  # torchtitan 0.3 keeps every Float8 GEMM's output: only bf16 mm's rerun
-            rec = lt.op_sac_recompute_s - (lt.gemm_s if plan.precision == "fp8" else 0.0)
+        rerun = recomputed(modules)
+        rec = sum(seconds for name, seconds in lt.module_recompute_s if name in rerun)
+        moe_reruns = 1.0 if "moe" in rerun else 0.0
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
     if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
@@ -273,4 +307,4 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     else:
         exposed = lt.tp_comm_s * (fwd_passes + 1)
     cp = max(0.0, 3 * lt.cp_comm_s - (1 + attn_bwd) * lt.attention_s)
-    return LayerPasses(fwd, bwd, rec, exposed, hidden, cp, lt.moe_comm_s * (fwd_passes + 1))
+    return LayerPasses(fwd, bwd, rec, exposed, hidden, cp, lt.moe_comm_s * (fwd_passes + 1 + moe_reruns))

@@ -23,6 +23,7 @@ import operator
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import stage_activation_bytes
+from autotune.cost.launch import cuda_graph_static_bytes
 from autotune.engines import Engine, engine_for
 from autotune.engines.states import ModelStateBytes
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -123,10 +124,13 @@ class MemoryEstimate:
         return out
 
 
-def _common_buffer_bytes(engine: Engine, plan: ParallelPlan, groups: ParamGroups, settings: MemorySettings
-                         ) -> dict[str, float]:
-    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one) and NVMe staging."""
+def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
+                         settings: MemorySettings) -> dict[str, float]:
+    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one), NVMe staging and the static
+    buffers of CUDA graphs (``autotune.cost.launch``)."""
     out: dict[str, float] = {}
+    if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
+        out["cuda_graphs"] = graphs
     if plan.precision == "fp8" and (cache := engine.fp8_weight_cache_bytes(plan, groups)) > 0:
         out["fp8_weight_cache"] = cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
@@ -190,7 +194,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
             groups = stage_param_groups(model, plan, stage, scheme)
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
-                engine, plan, groups, settings)
+                engine, model, plan, stage, groups, settings)
             out.append((stage, groups.tp_sharded / plan.tp + groups.replicated, groups.expert / (plan.ep * plan.expert_tp),
                         activation_parts, sum(activation_parts.values()), buffer_parts, sum(buffer_parts.values())))
         hit = _parts_cache[key] = (model, settings, tuple(out))

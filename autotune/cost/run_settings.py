@@ -21,7 +21,11 @@ class TimeSettings(Protocol):
     tp_overlap: str | None
     torch_compile: bool
 
-__all__ = ["fp8_recipe", "tp_overlap", "compiled"]
+__all__ = ["fp8_recipe", "tp_overlap", "compiled", "recompute_modules", "DEFAULT_RECOMPUTE_MODULES"]
+
+# What Megatron-core's selective recompute reruns unless told (transformer_config.py:1763 of megatron-core 0.19.2), as
+# Korthikanti et al. 2022 Sec. 4.2 recompute the attention core: the cost model's "attention-core" policy.
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
 def fp8_recipe(plan: ParallelPlan, settings: TimeSettings | None, engine: Engine) -> str:
@@ -39,6 +43,11 @@ def compiled(plan: ParallelPlan, settings: TimeSettings | None, engine: Engine) 
     return bool(settings and settings.torch_compile) or engine.compiles(plan)
 
 
+def recompute_modules(plan: ParallelPlan) -> tuple[str, ...]:
+    """What the plan's selective recompute reruns (the attention-core policy's modules)."""
+    return plan.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+
+
 def without_defaults(plan: ParallelPlan) -> ParallelPlan:
     """``plan`` with each FP8 recipe / TP overlap / compile setting that is what its engine does anyway left unset:
     a job's files state some of them always (Megatron ``--fp8-recipe delayed``, torchtitan ``compile.enable``), and
@@ -48,6 +57,10 @@ def without_defaults(plan: ParallelPlan) -> ParallelPlan:
     engine, none = engine_for(plan), None
     if plan.loss_chunks == 1:  # unchunked, as every engine's default
         plan = plan.with_(loss_chunks=None)
+    if plan.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
+        plan = plan.with_(recompute_modules=None)
+    if plan.cuda_graph == "none":  # no engine graphs by default
+        plan = plan.with_(cuda_graph=None)
     for name, effective in (("fp8_recipe", fp8_recipe), ("tp_overlap", tp_overlap), ("torch_compile", compiled)):
         if getattr(plan, name) is not None:
             unset = plan.with_(**{name: None})

@@ -26,6 +26,7 @@ from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
+from autotune.cost.launch import launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import SELECTIVE_POLICIES as POLICIES
@@ -107,7 +108,8 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 # the recompute): plans that differ in ZeRO stage, replicas, offload or dp share it.
 _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
-                                         "precision", "flash_attention", "pp", "recompute", "recompute_num_layers")
+                                         "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
+                                         "recompute_modules", "cuda_graph", "cuda_graph_scope")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -135,6 +137,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
     kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
+    modules = run_settings.recompute_modules(plan)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
     hbm = r.hbm
@@ -149,14 +152,17 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         n_layers = n_dense + n_moe
         rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
         fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = 0.0
-        for count, lt in ((n_dense, dense_layer), (n_moe, moe_layer)):
+        for count, lt, is_moe in ((n_dense, dense_layer, False), (n_moe, moe_layer, True)):
             if not count:
                 continue
             # torchtitan's op-level SAC covers dense blocks; MoE layers keep the attention-core policy.
             lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap,
-                              selective if lt is dense_layer else "attention-core")
-            fwd += count * lp.fwd_s
-            bwd += count * lp.bwd_s
+                              selective if lt is dense_layer else "attention-core", modules)
+            # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
+            wait_f, wait_b = launch_exposed_s(model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s,
+                                              sched.kernel_launch_s)
+            fwd += count * (lp.fwd_s + wait_f)
+            bwd += count * (lp.bwd_s + wait_b)
             rec += count * lp.recompute_s
             tp_c += count * lp.tp_exposed_s
             tp_hidden += count * lp.tp_hidden_s
@@ -319,7 +325,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
-    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute)
+    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan))
     num_gpus = plan.world_size
     peak = _sixteen_peak(cluster, plan)
     model_tflops = flops.model / step / num_gpus / 1e12
@@ -347,7 +353,8 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
                     elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     overlap = run_settings.tp_overlap(plan, settings, engine)
-    lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine))
+    lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine),
+                      run_settings.recompute_modules(plan))
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and overlap == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
     total += eff.overlap_cost * lp.tp_hidden_s
@@ -382,13 +389,13 @@ def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> 
     return hit[1]
 
 
-def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str) -> StepFlops:
-    key = (id(model), seq_len, tokens, recompute)
+def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...]) -> StepFlops:
+    key = (id(model), seq_len, tokens, recompute, modules)
     hit = _flops_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_flops_cache) > 4096:
             _flops_cache.clear()
-        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute))
+        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules))
     return hit[1]
 
 

@@ -163,14 +163,27 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
 
 
 def _recompute_flags(plan: ParallelPlan) -> list[str]:
-    if plan.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+    if plan.recompute == "selective":  # --recompute-modules: nargs "+", unset = ["core_attn"] (TransformerConfig)
+        modules = ["--recompute-modules", *plan.recompute_modules] if plan.recompute_modules else []
+        return ["--recompute-granularity", "selective", *modules]
     if plan.recompute == "full":
         if plan.recompute_num_layers is None:  # every layer: uniform chunks of one layer
             return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         return ["--recompute-granularity", "full", "--recompute-method", "block",
                 "--recompute-num-layers", str(plan.recompute_num_layers)]
     return []
+
+
+def _cuda_graph_flags(plan: ParallelPlan, release: str) -> list[str]:
+    """--cuda-graph-impl, and the captured parts: --cuda-graph-modules from core 0.18 (its --cuda-graph-scope is then
+    a hidden, deprecated alias, arguments.py:1966 of 0.19.2), --cuda-graph-scope before; unset: the whole layer."""
+    if plan.cuda_graph in (None, "none"):
+        return []
+    args = ["--cuda-graph-impl", plan.cuda_graph]
+    if plan.cuda_graph_scope:
+        flag = "--cuda-graph-modules" if "--cuda-graph-modules" in megatron_flag_table(release) else "--cuda-graph-scope"
+        args += [flag, *plan.cuda_graph_scope]
+    return args
 
 
 def _optimizer_flags(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> list[str]:
@@ -212,6 +225,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args = _shape_flags(model, plan, problems)
     args += _parallel_flags(model, plan, problems)
     args += _recompute_flags(plan)
+    args += _cuda_graph_flags(plan, options.megatron_version)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)
     args += ["--transformer-impl", "transformer_engine",

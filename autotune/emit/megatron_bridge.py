@@ -113,13 +113,27 @@ def _recompute(plan: ParallelPlan) -> dict:
     off = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
            "recompute_modules": None}
     if plan.recompute == "selective":
-        return off | {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+        return off | {"recompute_granularity": "selective",
+                      "recompute_modules": list(plan.recompute_modules or ("core_attn",))}
     if plan.recompute == "full":
         if plan.recompute_num_layers is None:
             return off | {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
         return off | {"recompute_granularity": "full", "recompute_method": "block",
                       "recompute_num_layers": plan.recompute_num_layers}
     return off
+
+
+def _cuda_graph(plan: ParallelPlan) -> dict:
+    """TransformerConfig cuda_graph_impl / cuda_graph_modules (megatron-core 0.19.2; an empty list: the whole layer),
+    with the deprecated cuda_graph_scope the recipes set ("full") cleared, as both may not be set
+    (transformer_config.py:2380); graphs need Transformer Engine's RNG tracker (Bridge models/gpt_provider.py:233,
+    training/config.py:1276 sets rng.te_rng_tracker from it)."""
+    if plan.cuda_graph is None:
+        return {}
+    if plan.cuda_graph == "none":
+        return {"cuda_graph_impl": "none"}
+    return {"cuda_graph_impl": plan.cuda_graph, "cuda_graph_scope": None,
+            "cuda_graph_modules": list(plan.cuda_graph_scope or ()), "use_te_rng_tracker": True}
 
 
 def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict:
@@ -162,6 +176,10 @@ def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
                 "(bf16_with_fp8_subchannel_scaling_mixed, training/mixed_precision.py) gathers 16-bit parameters "
                 "(fp8_param_gather false) where the distributed optimizer's plan holds FP8 ones: blockwise FP8 with "
                 "the distributed optimizer needs megatron_args.sh (--fp8-param-gather), or use --zero 0"]
+    if plan.cuda_graph == "local":
+        return ["model.cuda_graph_impl: Megatron-Bridge 0.6 runs local CUDA graphs for full iterations only "
+                "(utils/cuda_graph.py validate_cuda_graph_configuration): per-layer local graphs need "
+                "megatron_args.sh, or use --cuda-graph transformer_engine"]
     if plan.tp_overlap == "userbuffers" and not recipe.comm_overlap:
         return [f"comm_overlap: {recipe.name} sets no CommOverlapConfig, and TP userbuffers are turned on there "
                 "(comm_overlap.tp_comm_overlap): --tp-overlap userbuffers needs megatron_args.sh "
@@ -256,7 +274,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
         problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
     model_keys = (_shape(model) if recipe.hf_model is None else {}) | _parallel(model, plan, problems)
-    model_keys |= {"seq_length": plan.seq_len} | _recompute(plan)
+    model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan)
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "

@@ -11,12 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EngineFiles",
-           "SELECTIVE_POLICIES"]
+           "SELECTIVE_POLICIES", "KERNEL_LAUNCH_S"]
 
 # What selective recompute keeps (ActivationFacts.selective): Megatron's attention core; torchtitan's op-level SAC
 # as 0.2.x saves (models/llama3/infra/parallelize.py _op_sac_save_list) or as 0.3 saves (its default save set adds
 # aten._scaled_mm: every Float8 GEMM output kept).
 SELECTIVE_POLICIES = ("attention-core", "op-sac", "op-sac-0.3")
+
+# Host time per kernel launch when a stream of short kernels is issued back to back without a CUDA graph: 3.8 us per
+# kernel for a 2.9 us kernel (NVIDIA Technical Blog, A. Gray, "Getting Started with CUDA Graphs", 2019,
+# developer.nvidia.com/blog/cuda-graphs/: the launches, not the kernels, set the pace). A floor: PyTorch's per-op
+# dispatch on top of it is not counted.
+KERNEL_LAUNCH_S = 3.8e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +76,11 @@ class EngineSupport:
     """Its files can turn torch.compile on (``ParallelPlan.torch_compile``)."""
     loss_chunks: bool = False
     """Its files can compute the output layer and loss in chunks (``ParallelPlan.loss_chunks``)."""
+    cuda_graphs: tuple[str, ...] = ("none",)
+    """CUDA graph implementations a plan may ask of it (``ParallelPlan.cuda_graph``, Megatron ``--cuda-graph-impl``)."""
+    recompute_modules: tuple[str, ...] = ()
+    """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
+    ``--recompute-modules``); its default is the attention core."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +123,9 @@ class CommSchedule:
     behind the next forward (Megatron ``--overlap-param-gather``, emitted with overlap_comm). False: it runs inside
     the optimizer step and waits (DeepSpeed ``all_gather_dp_groups`` at the end of ``step()`` in
     runtime/zero/stage_1_and_2.py and runtime/bf16_optimizer.py)."""
+    kernel_launch_s: float = 0.0
+    """Host seconds to issue one kernel (``autotune.cost.launch``): a layer waits for its launches where they take
+    longer than its GPU work, unless a CUDA graph issues them at once. 0: not modelled for the engine."""
     elementwise_kernels: str = "fused"
     """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
     or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without

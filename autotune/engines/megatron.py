@@ -14,10 +14,12 @@ from autotune.emit.megatron_bridge import (
 )
 from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
-from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.facts import KERNEL_LAUNCH_S, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.megatron_rules import cuda_graph_rules, recompute_module_rules
 from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
+from autotune.specs.plan import CUDA_GRAPHS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
 
@@ -34,7 +36,9 @@ class MegatronEngine(Engine):
                             # release's flag table, emit/megatron_flags_core_v0.*.json); --tp-comm-overlap (TE
                             # userbuffers)
                             fp8_recipes=("te-delayed", "te-current", "te-blockwise", "te-mxfp8"),
-                            tp_overlaps=("none", "userbuffers"))
+                            tp_overlaps=("none", "userbuffers"),
+                            recompute_modules=RECOMPUTE_MODULES,  # --recompute-modules
+                            cuda_graphs=CUDA_GRAPHS)  # --cuda-graph-impl
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",
@@ -46,7 +50,9 @@ class MegatronEngine(Engine):
                         pp_scatter_gather=True,
                         # --overlap-param-gather (emitted with --overlap-grad-reduce and the distributed optimizer):
                         # the updated weights' all-gather runs bucket by bucket behind the next forward.
-                        param_gather_overlap=True)
+                        param_gather_overlap=True,
+                        # cost/launch.py: the host issues each kernel (CUDA graphs issue a captured part at once)
+                        kernel_launch_s=KERNEL_LAUNCH_S)
     checkpoint_format = "torch_dist"
     # --non-persistent-ckpt-type local + --replication (arguments.py validate_args; nvidia-resiliency-ext)
     checkpoint_tiers = ("shared", "local")
@@ -66,7 +72,8 @@ class MegatronEngine(Engine):
             out.append(Rule(id="ep_tp_sp", source="megatron/core/transformer/transformer_config.py",
                             message=f"Megatron-LM: expert parallelism with tp={plan.tp} needs sequence "
                                     f"parallelism: enable it"))
-        return out
+        return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
+                + cuda_graph_rules(model, plan))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

@@ -182,6 +182,8 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
                        sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype,
                        torch_compile=dims.torch_compile, loss_chunks=dims.loss_chunks,
+                       recompute_modules=dims.recompute_modules,  # with it, dims.recompute is ("selective",)
+                       cuda_graph=dims.cuda_graph, cuda_graph_scope=dims.cuda_graph_scope,
                        tp_overlap=dims.tp_overlap if layout.tp > 1 else None)  # tp=1 has no TP collectives
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
@@ -194,6 +196,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                     if key not in outer_rule:
                         # Layout rules once, on a representative of the inner loops.
                         probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
+                                             recompute=dims.recompute[0] if dims.recompute_modules else "none",
                                              **base)
                         outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
                                  if r not in _INNER_RULES]

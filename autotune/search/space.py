@@ -66,6 +66,13 @@ class SearchConstraints:
     """Every plan's ``torch_compile`` (None: each engine's default)."""
     loss_chunks: int | None = None
     """Every plan's ``loss_chunks`` (None: each engine's default)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """What every plan's selective recompute reruns (None: each engine's default); given, only selective recompute is
+    searched."""
+    cuda_graph: str | None = None
+    """Every plan's CUDA graphs (None: each engine's default)."""
+    cuda_graph_scope: tuple[str, ...] | None = None
+    """What every plan's CUDA graphs capture (None: the whole layer)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -92,6 +99,9 @@ class DimensionValues:
     tp_overlap: str | None = None
     torch_compile: bool | None = None
     loss_chunks: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
+    cuda_graph: str | None = None
+    cuda_graph_scope: tuple[str, ...] | None = None
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -144,8 +154,10 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                                   else ("fp16",))
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
-                           precisions=precisions, recompute=c.recompute, micro_batch_sizes=mbs,
+                           precisions=precisions, micro_batch_sizes=mbs,
+                           recompute=("selective",) if c.recompute_modules else c.recompute,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
                            uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype,
                            fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile,
-                           loss_chunks=c.loss_chunks)
+                           loss_chunks=c.loss_chunks, recompute_modules=c.recompute_modules,
+                           cuda_graph=c.cuda_graph, cuda_graph_scope=c.cuda_graph_scope)

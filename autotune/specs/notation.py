@@ -34,6 +34,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
     parts.append(f"mb{plan.micro_batch_size}x{plan.grad_accum_steps}")
     if plan.recompute != "none":
         parts.append(f"rc-{plan.recompute}")
+    if plan.recompute_modules is not None:
+        parts.append("rc:" + "+".join(plan.recompute_modules))
     parts.append(plan.precision)
     if plan.grad_dtype is not None:
         parts.append(f"grads-{plan.grad_dtype}")
@@ -45,4 +47,7 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append("compiled" if plan.torch_compile else "eager")
     if plan.loss_chunks is not None:
         parts.append(f"loss-chunks{plan.loss_chunks}")
+    if plan.cuda_graph is not None:
+        parts.append({"none": "no-cuda-graphs", "local": "cg-local", "transformer_engine": "cg-te"}[plan.cuda_graph]
+                     + (":" + "+".join(plan.cuda_graph_scope) if plan.cuda_graph_scope else ""))
     return " ".join(parts)

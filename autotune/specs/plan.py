@@ -14,7 +14,8 @@ from typing import Literal
 from autotune.errors import require_no_problems
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
-           "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RUN_SETTINGS"]
+           "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -50,9 +51,21 @@ FP8_RECIPE_CAPABILITY: dict[str, tuple[tuple[int, int], tuple[int, int] | None]]
 # userbuffers); async-tp (torch micro-pipelined TP, torchtitan parallelism.enable_async_tensor_parallel).
 TP_OVERLAPS = ("none", "userbuffers", "async-tp")
 TpOverlap = Literal["none", "userbuffers", "async-tp"]
+# What Megatron-core's selective recompute can rerun (``--recompute-modules``; megatron-core 0.19.2
+# transformer_config.py:546-563 names them, :1766-1782 checks them; "gdn_norm_out", the Gated DeltaNet output norm,
+# is not modelled). Kept in this order in a plan, so that the same set reads back equal.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# CUDA graphs of Megatron-core's training layers (--cuda-graph-impl; arguments.py of core_v0.16.1 .. 0.19.2): "local"
+# (Megatron's CudaGraphManager) or "transformer_engine" (TE make_graphed_callables), per layer, over the scope's parts
+# (--cuda-graph-scope in 0.16 / 0.17, --cuda-graph-modules from 0.18; enums.py CudaGraphScope / CudaGraphModule):
+# "attn", "mlp" (dense layers), "moe_router" (the MoE block up to its router); None: the whole layer. "moe" (drop-and-
+# pad MoE only) and "moe_preprocess" are not modelled, nor "full_iteration".
+CUDA_GRAPHS = ("none", "local", "transformer_engine")
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
-RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks")
+RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
+                "cuda_graph", "cuda_graph_scope")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -142,6 +155,15 @@ class ParallelPlan:
     """The output layer and loss computed in this many chunks of the sequence, each chunk's backward at once
     (torchtitan 0.3 ``ChunkedLossWrapper``, 8 in its recipes): 1/n of the fp32 logits live at a time. None: the
     engine's default (unchunked)."""
+    recompute_modules: tuple[str, ...] | None = field(default=None, repr=False)
+    """With ``recompute="selective"``: the modules recomputed in backward (:data:`RECOMPUTE_MODULES`, Megatron
+    ``--recompute-modules``). None: the engine's default (Megatron-core: ``["core_attn"]``, transformer_config.py:1763
+    of megatron-core 0.19.2)."""
+    cuda_graph: str | None = field(default=None, repr=False)
+    """CUDA graphs of the training layers (:data:`CUDA_GRAPHS`, Megatron ``--cuda-graph-impl``): one graph launch
+    replaces each captured part's kernel launches. None: the engine's default (none)."""
+    cuda_graph_scope: tuple[str, ...] | None = field(default=None, repr=False)
+    """With CUDA graphs: the parts of each layer captured (:data:`CUDA_GRAPH_SCOPES`); None: the whole layer."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -153,6 +175,7 @@ class ParallelPlan:
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
                 and self.etp is None and self.grad_dtype is None and self.fp8_recipe is None
                 and self.tp_overlap is None and self.torch_compile is None and self.loss_chunks is None
+                and self.recompute_modules is None and self.cuda_graph is None and self.cuda_graph_scope is None
                 and self.dp % self.dp_replicate == 0):
             return
         problems = []
@@ -192,9 +215,46 @@ class ParallelPlan:
         if not (self.torch_compile is None or isinstance(self.torch_compile, bool)):
             problems.append(f"torch_compile must be true, false or absent (the engine's default), "
                             f"got {self.torch_compile!r}")
+        problems += self._recompute_module_problems() + self._cuda_graph_problems()
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
+
+    def _recompute_module_problems(self) -> list[str]:
+        """Checks ``recompute_modules`` and stores it as a tuple in :data:`RECOMPUTE_MODULES` order (a plan read
+        from JSON holds a list)."""
+        modules = self.recompute_modules
+        if modules is None:
+            return []
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules:
+            return [f"recompute_modules must be a non-empty list of {', '.join(RECOMPUTE_MODULES)} or absent (the "
+                    f"engine's default), got {modules!r}"]
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            return [f"recompute_modules: {', '.join(map(repr, unknown))} is not one of {', '.join(RECOMPUTE_MODULES)}"]
+        object.__setattr__(self, "recompute_modules", tuple(m for m in RECOMPUTE_MODULES if m in modules))
+        if self.recompute != "selective":
+            return [f"recompute_modules ({' '.join(self.recompute_modules)}) says what selective recompute reruns, "
+                    f"and this plan's recompute is {self.recompute}: use --recompute selective or drop "
+                    f"--recompute-modules"]
+        return []
+
+    def _cuda_graph_problems(self) -> list[str]:
+        if self.cuda_graph not in (None, *CUDA_GRAPHS):
+            return [f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)} or absent (the engine's default), "
+                    f"got {self.cuda_graph!r}"]
+        scope = self.cuda_graph_scope
+        if scope is None:
+            return []
+        if isinstance(scope, str) or not isinstance(scope, (list, tuple)) or not scope or any(
+                m not in CUDA_GRAPH_SCOPES for m in scope):
+            return [f"cuda_graph_scope must be a non-empty list of {', '.join(CUDA_GRAPH_SCOPES)} or absent (the "
+                    f"whole layer), got {scope!r}"]
+        object.__setattr__(self, "cuda_graph_scope", tuple(m for m in CUDA_GRAPH_SCOPES if m in scope))
+        if self.cuda_graph in (None, "none"):
+            return ["cuda_graph_scope says what CUDA graphs capture, and this plan has none: add --cuda-graph local "
+                    "or transformer_engine, or drop --cuda-graph-scope"]
+        return []
 
     # ---- derived facts (the one place) -------------------------------------------------
     @property

@@ -167,6 +167,8 @@ for folder, recipe, world in json.loads(sys.argv[1]):
         "batch": [a.train.micro_batch_size, a.train.global_batch_size, m.seq_length, a.dataset.seq_length],
         "recompute": [m.recompute_granularity, m.recompute_method, m.recompute_num_layers, m.recompute_modules],
         "tp_comm_overlap": [m.tp_comm_overlap, a.comm_overlap and a.comm_overlap.tp_comm_overlap_cfg],
+        "graphs": [m.cuda_graph_impl, sorted(str(x).split(".")[-1] for x in m.cuda_graph_modules or []),
+                   bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
         "precision": [m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_amax_history_len, m.fp8_amax_compute_algo,
                       a.ddp.fp8_param_gather, str(m.params_dtype)],
         "ddp": [a.ddp.use_distributed_optimizer, a.optimizer.use_distributed_optimizer, a.ddp.overlap_grad_reduce,
@@ -221,6 +223,13 @@ CASES = [
                                       precision="fp8", fp8_recipe=r))
       for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
                                ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
+    # Megatron-core's selective recompute modules (model.recompute_modules)
+    ("mixtral-recompute-modules", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=128, recompute="selective",
+                                                           recompute_modules=("core_attn", "moe_act", "layernorm"))),
+    # Transformer Engine CUDA graphs of the attention (model.cuda_graph_impl / cuda_graph_modules)
+    ("8b-te-graphs", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="transformer_engine",
+                                          cuda_graph_scope=("attn",))),
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -300,8 +309,12 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     # megatron-core's TransformerConfig fills recompute_modules with its default ["core_attn"] when left null
     assert got["recompute"] == {"none": [None, None, None, ["core_attn"]],
                                 "full": ["full", "block", plan.recompute_num_layers, ["core_attn"]],
-                                "selective": ["selective", None, None, ["core_attn"]]}[plan.recompute]
+                                "selective": ["selective", None, None,
+                                              list(plan.recompute_modules or ("core_attn",))]}[plan.recompute]
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
+    graphs = plan.cuda_graph not in (None, "none")
+    assert got["graphs"][:2] == [plan.cuda_graph or "none", sorted(plan.cuda_graph_scope or ())]
+    assert got["graphs"][2:] == ([True, True] if graphs else got["graphs"][2:])
     if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
         assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
     else:

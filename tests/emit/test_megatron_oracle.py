@@ -80,6 +80,7 @@ plans = st.fixed_dictionaries({
     # --fp8-recipe delayed / tensorwise / blockwise / mxfp8 (MXFP8 plans drawn on B200: Blackwell only)
     "fp8_recipe": st.sampled_from([None, "te-delayed", "te-current", "te-blockwise", "te-mxfp8"]),
     "tp_overlap": st.sampled_from([None, "none", "userbuffers"]),  # --tp-comm-overlap
+    "recompute_modules": st.sampled_from([None, ("core_attn", "mlp"), ("moe_act",)]),  # --recompute-modules
     "micro_batch_size": st.sampled_from([1, 2]),
     "accumulation": st.sampled_from([1, 4]),
     "seq_len": st.sampled_from([1024, 4096]),
@@ -106,6 +107,7 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
     kw["grad_dtype"] = drawn["grad_dtype"] if drawn["precision"] != "fp16" else None
     kw["fp8_recipe"] = drawn["fp8_recipe"] if drawn["precision"] == "fp8" else None
     kw["tp_overlap"] = drawn["tp_overlap"] if drawn["tp"] > 1 else None
+    kw["recompute_modules"] = drawn.get("recompute_modules") if drawn["recompute"] == "selective" else None
     batch = drawn["micro_batch_size"] * drawn["dp"] * drawn["accumulation"] * drawn["pp"]
     try:
         plan = make_plan(model, cluster, global_batch_size=batch, engine="megatron", **kw)
@@ -123,7 +125,7 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
 @example(drawn={"model": "llama3-8b", "tp": 2, "pp": 2, "vpp": 1, "cp": 1, "ep": 1, "dp": 2, "zero_stage": 1,
                 "recompute": "selective", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
                 "fp8_recipe": "te-current", "tp_overlap": "userbuffers", "micro_batch_size": 1, "accumulation": 4,
-                "seq_len": 4096})  # the run settings at their non-default values, always checked
+                "seq_len": 4096, "recompute_modules": ("core_attn", "mlp")})  # the run settings at their non-default values
 @example(drawn={"model": "llama3-8b", "tp": 2, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": 4, "zero_stage": 1,
                 "recompute": "none", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
                 "fp8_recipe": "te-mxfp8", "tp_overlap": None, "micro_batch_size": 1, "accumulation": 2,

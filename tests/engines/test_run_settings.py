@@ -44,7 +44,11 @@ def _choices(engine: str) -> dict[str, tuple]:
     s = engine_for(engine).support
     return {"grad_dtype": s.grad_dtypes, "fp8_recipe": s.fp8_recipes,
             "tp_overlap": s.tp_overlaps if len(s.tp_overlaps) > 1 else (),  # "none" alone: no choice
-            "torch_compile": (True, False) if s.torch_compile else (), "loss_chunks": (1, 8) if s.loss_chunks else ()}
+            "torch_compile": (True, False) if s.torch_compile else (), "loss_chunks": (1, 8) if s.loss_chunks else (),
+            # the default, and modules a dense Llama has (the MoE and MLA ones: test_recompute_modules_of_moe_and_mla)
+            "recompute_modules": (("core_attn",), ("mlp",), ("core_attn", "mlp")) if s.recompute_modules else (),
+            "cuda_graph": s.cuda_graphs if len(s.cuda_graphs) > 1 else (),
+            "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -59,16 +63,21 @@ def _gpu(**setting) -> str:
 
 def _plan(engine: str, **setting) -> ParallelPlan:
     fp8 = "fp8_recipe" in setting
+    selective = "recompute_modules" in setting  # what selective recompute reruns
+    if "cuda_graph_scope" in setting:  # what the graphs capture
+        setting = {"cuda_graph": "transformer_engine", **setting}
     return make_plan(MODEL, CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
                      seq_len=4096, engine=engine, zero_stage=3 if engine == "fsdp" else 1,
-                     precision="fp8" if fp8 else "bf16", **setting)
+                     precision="fp8" if fp8 else "bf16", **({"recompute": "selective"} if selective else {}),
+                     **setting)
 
 
 def _effective(plan: ParallelPlan) -> tuple:
     engine, ts = engine_for(plan), TimeSettings()
     return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
-            plan.loss_chunks or 1)
+            plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
+            plan.cuda_graph_scope)
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -92,7 +101,9 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     again = estimate(job.model, job.cluster, back, job.settings)
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
-    default = _plan(engine, **({"fp8_recipe": None} if name == "fp8_recipe" else {}))
+    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules") else {}))
+    if name == "cuda_graph_scope":  # against the same graphs over the whole layer
+        default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
         before = estimate(MODEL, cluster, default)
         assert (before.time.step_time_s, before.memory.total) != pytest.approx(
@@ -106,9 +117,10 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 @pytest.mark.parametrize("engine", [e for e in ENGINES if e not in READ_BACK])
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
-                        ("loss_chunks", 8)):
+                        ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine")):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
-                            precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value})
+                            precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
+                            recompute="selective" if name == "recompute_modules" else "none")
         rules = [rule for rule, _ in plan_problems(MODEL, CLUSTER, plan)]
         assert f"{engine}:{name}" in rules, rules
 

@@ -1,0 +1,86 @@
+"""Host launch overhead and CUDA graphs.
+
+The host issues every kernel; it runs ahead of the GPU while a layer's GPU work takes longer than its launches, and
+the GPU waits for it when it does not (small per-GPU work: small micro-batches, wide tensor or expert parallelism,
+small experts). A layer pass then takes ``max(GPU time, kernels x launch time)``. A CUDA graph issues the kernels of
+a captured part at once (one graph launch: ``cudaGraphLaunch``), so only the kernels outside the captured parts are
+issued one by one (Megatron ``--cuda-graph-impl local|transformer_engine``, per layer, ``--cuda-graph-scope`` /
+``--cuda-graph-modules`` the parts). The launch time per kernel is the engine's (``CommSchedule.kernel_launch_s``).
+
+Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec runs them (megatron-core 0.19.2
+``gpt_layer_specs.py``, ``transformer_layer.py``; fused kernels counted once): (GEMMs, other kernels) per part,
+  attn: QKV and output projection GEMMs; input norm, RoPE, fused attention, bias-dropout-add.
+  mlp (dense): fc1 and fc2 GEMMs; pre-MLP norm, activation, bias-dropout-add.
+  moe_router: the router GEMM; pre-MLP norm, softmax and top-k, auxiliary loss (2).
+  moe_rest (never captured: token counts per expert change every step): the grouped fc1 and fc2 GEMMs; permute (2),
+    dispatch all-to-alls (token counts, tokens), activation, combine all-to-all, unpermute (2), bias-dropout-add;
+    per shared expert its two GEMMs and activation.
+  FP8 adds a cast per GEMM input; tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
+  weight gradients) per forward GEMM and one kernel per other kernel.
+
+Memory: each captured part keeps static input and output buffers for its forward and backward graphs (4 tensors of
+the layer's input size) per micro-batch in flight; what runs inside a graph allocates from the graph's pool as it
+would from the caching allocator.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.layout import microbatches_in_flight, stage_layers
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["layer_kernels", "graphed_parts", "launch_exposed_s", "cuda_graph_static_bytes"]
+
+
+def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict[str, tuple[int, int]]:
+    """(GEMMs, other kernels) of one layer's forward, by part (the module docstring counts them)."""
+    fp8 = plan.precision == "fp8"
+    tp = 2 if plan.tp > 1 else 0
+
+    def part(gemms: int, others: int) -> tuple[int, int]:
+        return gemms, others + (gemms if fp8 else 0) + (tp if gemms else 0)
+
+    out = {"attn": part(2, 4)}
+    if not moe_layer:
+        out["mlp"] = part(2, 3)
+        return out
+    moe = model.moe
+    assert moe is not None
+    out["moe_router"] = part(1, 4)
+    out["moe_rest"] = part(2 + 2 * moe.num_shared_experts, 9 + moe.num_shared_experts)
+    return out
+
+
+def graphed_parts(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tuple[str, ...]:
+    """The parts of a layer its CUDA graphs capture (none without graphs; the whole layer: all but moe_rest)."""
+    if plan.cuda_graph in (None, "none"):
+        return ()
+    parts = layer_kernels(model, plan, moe_layer)
+    scope = plan.cuda_graph_scope
+    return tuple(p for p in parts if p != "moe_rest" and (scope is None or p in scope))
+
+
+def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_s: float, bwd_s: float,
+                     launch_s: float) -> tuple[float, float]:
+    """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
+    ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass."""
+    if launch_s <= 0:
+        return 0.0, 0.0
+    graphed = graphed_parts(model, plan, moe_layer)
+    fwd = bwd = 0
+    for name, (gemms, others) in layer_kernels(model, plan, moe_layer).items():
+        fwd += 1 if name in graphed else gemms + others
+        bwd += 1 if name in graphed else 2 * gemms + others
+    return max(0.0, fwd * launch_s - fwd_s), max(0.0, bwd * launch_s - bwd_s)
+
+
+def cuda_graph_static_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str) -> float:
+    """Bytes the captured graphs of pipeline stage ``stage`` keep: per captured part of each layer, per micro-batch
+    in flight, its forward and backward graphs' static input and output buffers (the layer input's size each)."""
+    if plan.cuda_graph in (None, "none"):
+        return 0.0
+    first, count = stage_layers(model.num_layers, plan.pp, stage, scheme)
+    t_seq = plan.tp if plan.sequence_parallel else 1
+    layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
+    parts = sum(len(graphed_parts(model, plan, model.is_moe_layer(i))) for i in range(first, first + count))
+    return 4 * layer_input * parts * microbatches_in_flight(plan, stage)

@@ -1,0 +1,119 @@
+"""Megatron-core 0.19.2 itself judges the run settings written into ``megatron_args.sh``: its ``parse_args()``,
+``validate_args()`` and the ``TransformerConfig`` built from the arguments (``core_transformer_config_from_args``,
+whose ``__post_init__`` checks the recompute modules and the CUDA graph scopes) accept every file autotune writes for them, and refuse what
+autotune's own rules refuse (tests/emit/fixtures/megatron_core_config_probe.py; the megatron-core wheel of the test
+tooling, tests/emit/test_megatron_bridge.py, ships ``megatron.training``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.emit.shell_args import parse_shell_args
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+pytestmark = pytest.mark.slow  # one process of megatron-core imports (~10 s)
+PROBE = Path(__file__).parent / "fixtures" / "megatron_core_config_probe.py"
+GPU = "h100-sxm-80gb"
+
+# (id, model, GPUs, plan) that autotune runs: megatron-core must accept each file as written.
+ACCEPTED = [
+    ("llama-mlp", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="selective",
+                                        recompute_modules=("core_attn", "mlp"))),
+    ("mixtral-moe-act-layernorm", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, recompute="selective",
+                                                         recompute_modules=("core_attn", "moe_act", "layernorm"))),
+    ("mixtral-fp8-current-moe-act", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, precision="fp8",
+                                                           fp8_recipe="te-current", recompute="selective",
+                                                           recompute_modules=("moe_act",))),
+    ("dsv3-mla-shared-moe", "deepseek-v3", 64, dict(tp=2, ep=8, sequence_parallel=True, recompute="selective",
+                                                    recompute_modules=("mla_up_proj", "moe", "mlp"))),
+    ("dsv3-shared", "deepseek-v3", 64, dict(tp=2, ep=8, sequence_parallel=True, recompute="selective",
+                                            recompute_modules=("core_attn", "shared_experts"))),
+    ("llama-te-graphs-attn", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="selective",
+                                                   cuda_graph="transformer_engine", cuda_graph_scope=("attn",))),
+    ("llama-local-graphs", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, cuda_graph="local")),
+    ("mixtral-te-graphs-router", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                          cuda_graph="transformer_engine",
+                                                          cuda_graph_scope=("attn", "moe_router"))),
+]
+# (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
+REFUSED = [
+    ("mla-up-proj-without-mla", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, recompute="selective",
+                                                         recompute_modules=("mla_up_proj",)),
+     ("--recompute-granularity selective", "--recompute-granularity selective --recompute-modules mla_up_proj")),
+    ("delayed-fp8-moe-act", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, precision="fp8",
+                                                     recompute="selective", recompute_modules=("moe_act",)),
+     ("--recompute-granularity selective", "--recompute-granularity selective --recompute-modules moe_act")),
+    ("graphs-with-full-recompute", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="full",
+                                                         cuda_graph="transformer_engine"),
+     ("--recompute-granularity full", "--cuda-graph-impl transformer_engine --recompute-granularity full")),
+]
+
+
+def _plan(model: str, gpus: int, kw: dict):
+    m, c = load_model_preset(model), load_cluster(gpu=GPU, num_gpus=gpus)
+    return m, c, make_plan(m, c, engine="megatron", zero_stage=1, global_batch_size=4 * gpus, seq_len=4096, **kw)
+
+
+def _argv(text: str) -> list[str]:
+    return parse_shell_args(text)[0]
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_megatron_bridge import bridge_path  # installs the megatron-core 0.19.2 wheel (or skips, saying why)
+
+    root = tmp_path_factory.mktemp("core019")
+    (root / "tree").mkdir()
+    (root / "tree" / "megatron").symlink_to(bridge_path() / "megatron")
+    jobs = []
+    for case, model, gpus, kw in ACCEPTED:
+        m, c, plan = _plan(model, gpus, kw)
+        jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
+    for case, model, gpus, kw, (old, new) in REFUSED:
+        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph")} | {"fp8_recipe": None}
+        m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
+        text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
+        assert old in text, (case, text)
+        jobs.append((gpus, _argv(text.replace(old, new))))
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    run = subprocess.run([sys.executable, str(PROBE), str(root / "tree"), str(root / "jobs.json")], capture_output=True,
+                         text=True, timeout=900, check=False)
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert run.returncode == 0 and len(lines) == len(jobs), run.stdout[-2000:] + run.stderr[-4000:]
+    return dict(zip([c[0] for c in ACCEPTED] + [c[0] for c in REFUSED], lines))
+
+
+@pytest.mark.parametrize("case", [c[0] for c in ACCEPTED])
+def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
+    kw = next(c[3] for c in ACCEPTED if c[0] == case)
+    got = verdicts[case]
+    assert got["ok"], got
+    config = got["config"]
+    if kw.get("recompute") == "selective":
+        assert config["recompute_granularity"] == "selective"
+        assert sorted(config["recompute_modules"]) == sorted(kw.get("recompute_modules", ("core_attn",)))
+    assert config["cuda_graph_impl"] == kw.get("cuda_graph", "none")
+    if "cuda_graph" in kw:  # the parts captured (CudaGraphModule members); none listed: the whole layer
+        assert sorted(m.split(".")[-1] for m in config["cuda_graph_modules"]) == sorted(kw.get("cuda_graph_scope", ()))
+
+
+@pytest.mark.parametrize("case", [c[0] for c in REFUSED])
+def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
+    _, model, gpus, kw, _ = next(c for c in REFUSED if c[0] == case)
+    got = verdicts[case]
+    assert not got["ok"] and got["stage"] == "TransformerConfig", got
+    with pytest.raises(InputError, match="recompute"):
+        _plan(model, gpus, kw)
+    if "cuda_graph" in kw:
+        assert "full recompute is only supported with full iteration CUDA graph" in got["error"]
