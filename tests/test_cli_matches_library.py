@@ -10,7 +10,6 @@ import pytest
 from autotune.api import estimate, make_plan
 from autotune.cli import main
 from autotune.specs.loading import load_cluster, load_model
-from autotune.specs.settings import MemorySettings
 
 
 @pytest.mark.parametrize("engine,flags,kw", [

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 pytestmark = pytest.mark.slow  # runs `autotune tune` (torchrun trials) in subprocesses
