@@ -164,6 +164,9 @@ class FSDPEngine(Engine):
         # float8.py); 0.2.x: unchunked, tensorwise with FP8 all-gather (the modelled defaults).
         return {"loss_chunks": 8, "fp8_recipe": "torchao-rowwise"} if release == "0.3" else {}
 
+    def release_written(self, options) -> str:
+        return options.torchtitan_version  # 0.3: the config module, 0.2: the TOML (render_files)
+
     def fp8_param_gather(self, plan) -> bool:
         # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
         # only the default tensorwise recipe gathers FP8 weights.
