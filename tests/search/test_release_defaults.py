@@ -49,3 +49,22 @@ def test_a_setting_the_constraints_fix_wins_over_the_release():
     result = _ranked(engine_versions={"fsdp": "0.3"}, loss_chunks=1)
     assert {chunks for _, chunks, _ in _settings(result, "fsdp")} == {1}
     assert result.release_defaults["fsdp"]["settings"] == {"fp8_recipe": "torchao-rowwise"}
+
+
+BASE = dict(tp=1, pp=1, dp=8, global_batch_size=8, micro_batch_size=1, grad_accum_steps=1, seq_len=4096)
+
+
+@pytest.mark.parametrize("bad", [dict(loss_chunks=0), dict(loss_chunks=True), dict(loss_chunks=4097),
+                                 dict(fp8_recipe="torchao-rowwise"), dict(precision="fp8", fp8_recipe="rowwise"),
+                                 dict(torch_compile=1), dict(tp_overlap="ring"), dict(grad_dtype="fp32")])
+def test_the_plans_fast_check_of_set_run_settings_still_refuses_a_bad_one(bad):
+    """ParallelPlan's fast path takes valid run settings (the release defaults are in every plan a search builds);
+    each invalid one still goes to the full check, which names it."""
+    from autotune.errors import InputError
+    from autotune.specs.plan import ParallelPlan
+
+    with pytest.raises(InputError, match=next(iter(bad)) if "fp8_recipe" not in bad else "fp8_recipe"):
+        ParallelPlan(**{**BASE, **bad})
+    good = ParallelPlan(**BASE, precision="fp8", fp8_recipe="torchao-rowwise", loss_chunks=4096, torch_compile=False,
+                        tp_overlap="none", grad_dtype="bf16")
+    assert good.loss_chunks == 4096
