@@ -80,7 +80,8 @@ class GoodputRanking:
                                for est, g, place in self.top],
                 "step_time_winner_goodput": self.step_time_winner.to_dict(),
                 "num_enumerated": self.search.num_enumerated, "num_feasible": self.search.num_feasible,
-                "rejections": dict(self.search.rejections), "release_defaults": self.search.release_defaults}
+                "rejections": dict(self.search.rejections), "engine_versions": self.search.engine_versions,
+                "release_defaults": self.search.release_defaults}
 
 
 def _duration(seconds: float) -> str:
