@@ -139,6 +139,8 @@ def plan_table(result) -> str:
     lines.append("")
     if result.explanation:
         lines.append("why #1: " + result.explanation)
+    if said := release_defaults_line(getattr(result, "release_defaults", None)):
+        lines.append(said)
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
                  f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")
@@ -149,6 +151,23 @@ def plan_table(result) -> str:
     if result.rejections:
         lines.append(rejection_legend(result.rejections))
     return "\n".join(lines)
+
+
+def release_defaults_line(taken: dict | None) -> str:
+    """What a search gave each engine's plans from its release's own defaults (``SearchResult.release_defaults``),
+    in flags: ``release defaults: fsdp (torchtitan 0.3) --loss-chunks 8 ...``; "" when it gave none."""
+    if not taken:
+        return ""
+    from autotune.engines import ENGINES
+
+    parts = []
+    for engine, took in taken.items():
+        versions = ENGINES[engine].versions
+        flags = ", ".join(f"--{name.replace('_', '-')} {value}" + (" (FP8 plans)" if name == "fp8_recipe" else "")
+                          for name, value in took["settings"].items())
+        parts.append(f"{engine} ({versions.label} {versions.shown(took['release'])}): {flags}")
+    return ("release defaults, each in its engine's plans only (a flag given wins): " + "; ".join(parts)
+            + " (--engine-version picks the release)")
 
 
 def assumed_settings(plan: ParallelPlan, settings) -> list[str]:

@@ -49,8 +49,9 @@ from autotune.engines.common import DS_CONFIG
 from autotune.errors import InputError
 from autotune.report import plan_summary
 from autotune.search.fallback import Fallback
+from autotune.specs.plan import ParallelPlan
 
-__all__ = ["Bundle", "render_bundle", "write_bundle", "DS_CONFIG"]
+__all__ = ["Bundle", "render_bundle", "write_bundle", "engine_version_record", "DS_CONFIG"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,8 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                     lambda other, universal: render_bundle(other, remaining,
                                                                            load_universal=universal).files))
     # The optimizer settings emit was given: the FSDP2 built-in trainer's learning-rate schedule reads them.
-    extra = {"optimizer": asdict(options.optimizer)} | ({} if fallback is None else {"fallback": fallback.to_dict()})
+    extra = {"optimizer": asdict(options.optimizer), "engine_version": engine_version_record(plan, options)} | (
+        {} if fallback is None else {"fallback": fallback.to_dict()})
     files["plan.json"] = json.dumps(est.to_dict() | {"checkpoint": policy.to_dict()} | extra, indent=2) + "\n"
     files["plan.md"] = plan_markdown(est, checkpoint_policy_text=policy.to_text() + _builtin_saving(est, options),
                                      measured=measured,
@@ -96,6 +98,13 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      fallback_lines=fallback_section(fallback, est),
                                      host_at_save=policy.host_at_save)
     return Bundle(files=files, policy=policy)
+
+
+def engine_version_record(plan: ParallelPlan, options: EmitOptions) -> dict[str, str]:
+    """plan.json's ``engine_version``: the release of the engine's package the files are written for
+    (``Engine.release_written``); `emit --plan-json` of the file writes for it again unless told otherwise."""
+    engine = engine_for(plan)
+    return {"engine": engine.name, "package": engine.versions.package, "release": engine.release_written(options)}
 
 
 def _builtin_saving(est: Estimate, options: EmitOptions) -> str:

@@ -200,7 +200,10 @@ def read_plan_json(path: str, candidate: int) -> dict:
                              subject=subject)
         if not 1 <= candidate <= len(candidates):
             raise InputError([f"--candidate {candidate}: the file has {len(candidates)} candidates"], subject=subject)
+        versions = doc.get("engine_versions")  # the releases the search modelled: written for them
         doc, where = candidates[candidate - 1], f"candidates[{candidate - 1}]"
+        if isinstance(doc, dict) and isinstance(versions, dict):
+            doc = {**doc, "engine_versions": versions}
     else:
         where = "$"
     if not isinstance(doc, dict):
@@ -379,7 +382,8 @@ def _best_alternative(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from autotune.api import estimate_from_dict
     from autotune.bundle.writer import write_bundle
-    from autotune.commands.engine_version import engine_releases, options_for_versions, print_versions
+    from autotune.commands.engine_version import (engine_releases, options_for_versions, print_versions,
+                                                  recorded_releases)
     from autotune.commands.estimate import estimate_from_flags
 
     sources = [s for s in ("recipe", "plan_json", "from_files" if args.from_files else "model") if getattr(args, s)]
@@ -393,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(problems, subject="emit request")
     report_leftovers(args.out)
     emit_block: dict = {}
+    recorded: dict[str, str] = {}  # the releases a --plan-json was made for
     if args.recipe:
         from autotune.recipebook import load_recipe, recipe_estimate
 
@@ -400,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
         est = recipe_estimate(recipe)
         emit_block = recipe.emit
     elif args.plan_json:
-        est = estimate_from_dict(read_plan_json(args.plan_json, args.candidate))
+        doc = read_plan_json(args.plan_json, args.candidate)
+        est, recorded = estimate_from_dict(doc), recorded_releases(doc)
     elif args.from_files and args.best:
         est = _best_alternative(args)
     elif args.from_files:
@@ -411,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         args.recompute = args.recompute or "selective"
         args.zero = 1 if args.zero is None else args.zero
         est = estimate_from_flags(args)
-    releases = engine_releases(args, [est.plan.engine])
+    releases = engine_releases(args, [est.plan.engine], recorded=recorded)
     print_versions(releases, command="emit")
     options = options_for_versions(emit_options(args, emit_block), releases)
     if options.launch.wrap_class is None and args.model:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from autotune.specs.engine_versions import parse_engine_version_flag, resolve_version
 from autotune.errors import InputError
 
-__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions", "release_run_settings",
-           "release_cost_settings"]
+__all__ = ["add_engine_version", "engine_releases", "options_for_versions", "print_versions", "recorded_releases",
+           "release_cost_settings", "release_run_settings", "search_releases"]
 
 
 def add_engine_version(p) -> None:
@@ -26,8 +26,10 @@ def add_engine_version(p) -> None:
                         "transformers 5.x (default: the installed release where modelled, else the newest)")
 
 
-def engine_releases(args: argparse.Namespace, engines: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """{engine: (release, why)} for ``engines`` from ``--engine-version`` (and emit's ``--torchtitan-version``)."""
+def engine_releases(args: argparse.Namespace, engines: Sequence[str], *,
+                    recorded: Mapping[str, str] | None = None) -> dict[str, tuple[str, str]]:
+    """{engine: (release, why)} for ``engines`` from ``--engine-version`` (and emit's ``--torchtitan-version``);
+    ``recorded``: the releases a plan JSON was made for (``recorded_releases``), where the flags name none."""
     from autotune.engines import ENGINES
 
     declared = {name: engine.versions for name, engine in ENGINES.items()}
@@ -40,7 +42,32 @@ def engine_releases(args: argparse.Namespace, engines: Sequence[str]) -> dict[st
                               "give one (--torchtitan-version V is --engine-version fsdp=V)"],
                              subject="--engine-version")
         asked["fsdp"] = titan
-    return {name: resolve_version(declared[name], asked.get(name), engine=name) for name in in_play}
+    kept = {name: release for name, release in (recorded or {}).items()
+            if name in in_play and name not in asked and release in declared[name].modelled}
+    return {name: (kept[name], "as the plan JSON records") if name in kept else
+            resolve_version(declared[name], asked.get(name), engine=name) for name in in_play}
+
+
+def recorded_releases(doc: Mapping) -> dict[str, str]:
+    """The releases a plan JSON was made for: ``plan --json``'s ``engine_versions``, a bundle plan.json's
+    ``engine_version``; {} where it names none (written before they were recorded)."""
+    one = doc.get("engine_version")
+    out = dict(doc.get("engine_versions") or {})
+    if isinstance(one, Mapping) and isinstance(one.get("engine"), str):
+        out[one["engine"]] = one.get("release")
+    return {k: v for k, v in out.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def search_releases(args: argparse.Namespace, engines: Sequence[str]) -> dict[str, str]:
+    """{engine: release} for a search (``SearchConstraints.engine_versions``: each engine's plans get its release's
+    own defaults): every engine in play where ``--engine-version`` is given, else those whose modelled releases
+    have defaults of their own (``Engine.release_defaults``); the others' packages are not looked up (milliseconds
+    each), their plans are the same under every release."""
+    from autotune.engines import ENGINES
+
+    if not getattr(args, "engine_version", None):
+        engines = [e for e in engines if any(ENGINES[e].release_defaults(r) for r in ENGINES[e].versions.modelled)]
+    return {name: release for name, (release, _) in engine_releases(args, engines).items()}
 
 
 def print_versions(releases: dict[str, tuple[str, str]], *, command: str) -> None:

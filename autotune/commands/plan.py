@@ -22,12 +22,11 @@ from autotune.commands import (
     str_list,
     time_settings,
 )
-from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions
+from autotune.commands.engine_version import add_engine_version, engine_releases, print_versions, search_releases
 from autotune.errors import InputError
 from autotune.specs.plan import ENGINE_NAMES
 
 __all__ = ["register", "run"]
-
 
 
 def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
@@ -51,16 +50,6 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
                 and asked.get("cuda_graph") in (None, *s.cuda_graphs))
 
     return tuple(e for e in engines if runs(e))
-
-def _run_settings(args: argparse.Namespace) -> dict:
-    """The asked run settings; for a search of one engine, under its release's own defaults (torchtitan 0.3's
-    chunked loss and rowwise Float8: ``release_run_settings``). Across engines a release's defaults would refuse
-    the other engines' plans: the flags alone."""
-    if tuple(args.engine) != ("fsdp",):
-        return run_setting_args(args)
-    from autotune.commands.engine_version import release_run_settings
-
-    return release_run_settings(args, "fsdp", args.precision or ("bf16",), command="plan")
 
 
 def register(sub) -> None:
@@ -140,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch,
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
         recompute=args.recompute, engines=run_setting_engines(args), allow_offload=args.offload,
-        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, **_run_settings(args))
+        min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, **run_setting_args(args),
+        engine_versions=search_releases(args, args.engine))  # each engine's plans: its release's defaults
     progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:
         import time

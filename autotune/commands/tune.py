@@ -81,6 +81,9 @@ def register(subparsers) -> None:
     lg.add_argument("--hostfile", help="deepspeed: MPI-style hostfile ('HOST slots=N' lines)")
     lg.add_argument("--include", default="", help="deepspeed: hosts/slots to use, e.g. 'node1:0,1@node2'")
     lg.add_argument("--exclude", default="", help="deepspeed: hosts/slots to leave out")
+    from autotune.commands.engine_version import add_engine_version
+
+    add_engine_version(p)  # the candidates' release defaults, the trials' and the winner's files
     p.set_defaults(handler=run)
 
 
@@ -279,10 +282,17 @@ def run(args: argparse.Namespace) -> int:
     problems += _tune_problems(args, model)
     if problems:
         raise InputError(problems, subject="tune")
+    from autotune.commands.engine_version import engine_releases, options_for_versions, print_versions
+    from autotune.emit.options import EmitOptions
+
+    releases = engine_releases(args, args.engine)  # an unmodelled release: exit 2, naming the modelled ones
+    print_versions(releases, command="tune")
+    files = options_for_versions(EmitOptions(), releases)  # torchtitan TOML / module, Megatron flag table
     constraints = SearchConstraints(tp=args.tp, pp=args.pp, cp=args.cp, dp_replicate=args.dp_replicate,
                                     micro_batch_size=args.micro_batch,
                                     max_micro_batch_size=args.max_micro_batch, zero_stages=args.zero,
-                                    recompute=args.recompute, engines=args.engine, allow_offload=args.offload)
+                                    recompute=args.recompute, engines=args.engine, allow_offload=args.offload,
+                                    engine_versions={e: release for e, (release, _) in releases.items()})
     out = Path(args.out)
     progress = ProgressLine(args.trials, finalist_runs=0 if args.worker or args.finalists < 2
                             else args.finalists * args.finalist_runs)
@@ -299,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
                       host_memory_limit_bytes=limit, num_layers=args.num_layers,
                       calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
                       finalists=args.finalists, finalist_runs=args.finalist_runs,
-                      prune_ratio=args.prune_ratio or None, progress=progress)
+                      prune_ratio=args.prune_ratio or None, progress=progress, emit_options=files)
     except StorageInternalError as err:
         progress.close()
         cause = err.__cause__ or err.__context__ or err
@@ -338,13 +348,14 @@ def run(args: argparse.Namespace) -> int:
     best, est = result.best, result.best_estimate
     measurement = best.user_attrs["measurement"]
     winner = out / "winner"
-    write_bundle(est, winner, force=True,
+    write_bundle(est, winner, files, force=True,
                  measured={k: v for k, v in measurement.items() if k != "step_times_s" and v is not None})
     if args.json:
         print(json.dumps({"best": {"trial": best.number, "plan": best.user_attrs["plan"],
                                    "measurement": measurement, "predicted": best.user_attrs.get("predicted")},
                           "states": result.state_counts, "storage": result.storage_url,
                           "study_name": result.study_name, "winner_dir": str(winner),
+                          "engine_versions": dict(constraints.engine_versions),
                           "plots": [str(p) for p in plots],
                           "finalists": [{"trial": f.trial.number, "trial_tokens_per_s": f.trial.value,
                                          "rerun_tokens_per_s": list(f.runs_tokens_per_s), "median": f.median,

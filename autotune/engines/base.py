@@ -167,6 +167,12 @@ class Engine(ABC):
         del release
         return {}
 
+    def release_written(self, options: EmitOptions) -> str:
+        """The release of the engine's package its files are written for (plan.json records it): the emit option
+        of an engine whose file format or flag table differs by release, else the one modelled."""
+        del options
+        return self.versions.newest
+
     def fp8_param_gather(self, plan: ParallelPlan) -> bool:
         del plan
         return False

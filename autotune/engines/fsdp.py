@@ -169,6 +169,9 @@ class FSDPEngine(Engine):
         # set keeps Float8 GEMM outputs ("op-sac-0.3"); 0.2.x plans are estimated as the built-in trainer runs them.
         return {"selective_policy": "op-sac-0.3"} if release == "0.3" else {}
 
+    def release_written(self, options) -> str:
+        return options.torchtitan_version  # 0.3: the config module, 0.2: the TOML (render_files)
+
     def fp8_param_gather(self, plan) -> bool:
         # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
         # only the default tensorwise recipe gathers FP8 weights.

@@ -116,6 +116,9 @@ class MegatronEngine(Engine):
         return ("distributed optimizer: optimizer states sharded over the dp x cp ranks" if plan.zero_stage
                 else "plain data parallel: every replica keeps all optimizer states")
 
+    def release_written(self, options) -> str:
+        return options.megatron_version  # the flag table megatron_args.sh is checked against
+
     def fp8_how(self, plan) -> str:
         return "Megatron-LM flags"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from autotune.cost.estimate import Estimate
 from autotune.cost.goodput import Goodput, goodput
 from autotune.emit.options import CheckpointOptions
-from autotune.report import plan_summary
+from autotune.report import plan_summary, release_defaults_line
 from autotune.search.planner import SearchResult
 
 __all__ = ["GoodputRanking", "rank_by_goodput"]
@@ -70,6 +70,8 @@ class GoodputRanking:
                   f"{p.relaunch_s:,.0f} s to relaunch (--restart-s) and the checkpoint read; storage {p.storage_bandwidth_gb_per_s:g} GB/s (--storage-gb-per-s)",
                   f"searched {r.num_enumerated:,} plans: {r.num_feasible:,} feasible, the goodput of {self.evaluated:,} "
                   "computed (no other can reach the top: goodput <= tokens/s)"]
+        if said := release_defaults_line(r.release_defaults):
+            lines.insert(-1, said)
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -78,7 +80,8 @@ class GoodputRanking:
                                for est, g, place in self.top],
                 "step_time_winner_goodput": self.step_time_winner.to_dict(),
                 "num_enumerated": self.search.num_enumerated, "num_feasible": self.search.num_feasible,
-                "rejections": dict(self.search.rejections)}
+                "rejections": dict(self.search.rejections), "engine_versions": self.search.engine_versions,
+                "release_defaults": self.search.release_defaults}
 
 
 def _duration(seconds: float) -> str:

@@ -64,6 +64,11 @@ class SearchResult:
     search ranked by predicted speed alone (``ties=False``)."""
     uncertainty: Uncertainty | None = None
     """The fastest plan's interval (autotune.cost.uncertainty), the tie rule's width."""
+    engine_versions: dict[str, str] = field(default_factory=dict)
+    """{engine: release} the search modelled (``SearchConstraints.engine_versions`` of the engines searched)."""
+    release_defaults: dict[str, dict] = field(default_factory=dict)
+    """{engine: {"release": R, "settings": {setting: value}}}: the run settings the engine's release ran in its
+    plans unless told otherwise (``Engine.release_defaults``; ``SearchConstraints.engine_versions``)."""
 
     @property
     def in_order(self) -> tuple[Estimate, ...]:
@@ -74,7 +79,8 @@ class SearchResult:
         return {"candidates": [c.to_dict() for c in self.candidates], "num_enumerated": self.num_enumerated,
                 "num_feasible": self.num_feasible, "rejections": dict(self.rejections),
                 "search_time_s": self.search_time_s, "explanation": self.explanation, "tied_with_first": self.tied,
-                "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict()}
+                "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict(),
+                "engine_versions": self.engine_versions, "release_defaults": self.release_defaults}
 
 
 def _rank_key(est: Estimate) -> tuple[float, float]:
@@ -159,7 +165,10 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     elapsed = time.perf_counter() - started
     return SearchResult(model=model, cluster=cluster, candidates=candidates, num_enumerated=enumerated,
                         num_feasible=len(feasible), rejections=dict(rejections.most_common()),
-                        search_time_s=elapsed, explanation=explain_winner(candidates), ranked=tuple(feasible))
+                        search_time_s=elapsed, explanation=explain_winner(candidates), ranked=tuple(feasible),
+                        engine_versions={e: r for e, r in c.engine_versions.items() if e in c.engines},
+                        release_defaults={engine: {"release": c.engine_versions[engine], "settings": dict(taken)}
+                                          for engine, taken in dims.release_defaults.items()})
 
 
 def _search_variants(model, cluster, layout, variants, dims, memory_settings, time_settings, min_headroom,
@@ -178,25 +187,27 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     outer_rule: dict[tuple, str | None] = {}
     inner_rule: dict[tuple, str | None] = {}  # the same, with the recompute mode and micro-batch
     gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
+    settings = dims.run_settings[layout.engine]  # the engine's own: its release's defaults under the asked
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
-                       sequence_parallel=layout.sequence_parallel, grad_dtype=dims.grad_dtype,
-                       torch_compile=dims.torch_compile, loss_chunks=dims.loss_chunks,
-                       recompute_modules=dims.recompute_modules,  # with it, dims.recompute is ("selective",)
-                       cuda_graph=dims.cuda_graph, cuda_graph_scope=dims.cuda_graph_scope,
-                       tp_overlap=dims.tp_overlap if layout.tp > 1 else None)  # tp=1 has no TP collectives
+                       sequence_parallel=layout.sequence_parallel, grad_dtype=settings["grad_dtype"],
+                       torch_compile=settings["torch_compile"], loss_chunks=settings["loss_chunks"],
+                       recompute_modules=settings["recompute_modules"],  # with it, dims.recompute is ("selective",)
+                       cuda_graph=settings["cuda_graph"], cuda_graph_scope=settings["cuda_graph_scope"],
+                       tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None)  # tp=1 has no TP collectives
+    fp8_recipe = settings["fp8_recipe"]
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
                 for precision in dims.precisions:
                     base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
                                 offload_param=off_param, precision=precision,
-                                fp8_recipe=dims.fp8_recipe if precision == "fp8" else None)
+                                fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
                     if key not in outer_rule:
                         # Layout rules once, on a representative of the inner loops.
                         probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
-                                             recompute=dims.recompute[0] if dims.recompute_modules else "none",
+                                             recompute=dims.recompute[0] if settings["recompute_modules"] else "none",
                                              **base)
                         outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
                                  if r not in _INNER_RULES]

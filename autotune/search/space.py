@@ -8,14 +8,16 @@ everything generated is judged by the plan rules, so rejections are counted by r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from autotune.specs.hardware import ClusterSpec
 from autotune.engines import engine_for
 from autotune.specs.layout import layer_counts, pipeline_split
 from autotune.specs.model import ModelSpec
+from autotune.specs.plan import RUN_SETTINGS
 
-__all__ = ["SearchConstraints", "dimension_values", "replica_counts"]
+__all__ = ["SearchConstraints", "dimension_values", "release_defaults_taken", "replica_counts"]
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -73,6 +75,10 @@ class SearchConstraints:
     """Every plan's CUDA graphs (None: each engine's default)."""
     cuda_graph_scope: tuple[str, ...] | None = None
     """What every plan's CUDA graphs capture (None: the whole layer)."""
+    engine_versions: Mapping[str, str] = field(default_factory=dict)
+    """{engine: the release of its package modelled} (``Engine.versions``, ``--engine-version``). An engine named here
+    runs its release's own defaults (``Engine.release_defaults``: torchtitan 0.3's 8-chunk loss and rowwise Float8)
+    in its plans only, for every run setting above left None; an engine not named, the modelled defaults."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -97,11 +103,25 @@ class DimensionValues:
     grad_dtype: str | None = None
     fp8_recipe: str | None = None
     tp_overlap: str | None = None
-    torch_compile: bool | None = None
-    loss_chunks: int | None = None
-    recompute_modules: tuple[str, ...] | None = None
-    cuda_graph: str | None = None
-    cuda_graph_scope: tuple[str, ...] | None = None
+    run_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    """{engine: its plans' run settings (``RUN_SETTINGS``)}: the constraints' values, else its release's defaults."""
+    release_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    """{engine: the run settings its release's defaults gave its plans} (engines that took none left out)."""
+
+
+def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...]) -> dict[str, dict[str, object]]:
+    """{engine: its release's defaults the search gives its plans}: those the constraints leave None, ``fp8_recipe``
+    only where FP8 is searched (``Engine.release_defaults``). Engines without a release, or whose release has no
+    defaults of its own, are left out."""
+    out = {}
+    for engine in c.engines:
+        release = c.engine_versions.get(engine)
+        taken = {} if release is None else {
+            name: value for name, value in engine_for(engine).release_defaults(release).items()
+            if getattr(c, name) is None and (name != "fp8_recipe" or "fp8" in precisions)}
+        if taken:
+            out[engine] = taken
+    return out
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -152,12 +172,12 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
         v for v in _powers_of_two(min(c.max_micro_batch_size, global_batch)))
     precisions = c.precisions or (("bf16",) if cluster.gpu.supports("bf16") or cluster.gpu.name == "cpu"
                                   else ("fp16",))
+    asked = {name: getattr(c, name) for name in RUN_SETTINGS}
+    taken = release_defaults_taken(c, precisions)
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, micro_batch_sizes=mbs,
                            recompute=("selective",) if c.recompute_modules else c.recompute,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
-                           uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype,
-                           fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile,
-                           loss_chunks=c.loss_chunks, recompute_modules=c.recompute_modules,
-                           cuda_graph=c.cuda_graph, cuda_graph_scope=c.cuda_graph_scope)
+                           uneven_layouts=c.uneven_layouts,
+                           run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken)

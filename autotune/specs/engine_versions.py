@@ -73,8 +73,43 @@ def _numeric(version: str) -> tuple[int, ...] | None:
     return tuple(parts) or None
 
 
+_ASK_METADATA = object()  # _dist_info_version cannot tell: importlib.metadata decides
+
+
+def _dist_info_version(package: str):
+    """The version in the name of ``package``'s ``NAME-VERSION.dist-info`` folder in the first folder of sys.path that
+    has one (where importlib.metadata looks: the first found wins), None where no folder has one; _ASK_METADATA
+    where an ``.egg-info`` / ``.egg`` of it comes first (its version is inside). A folder listing per sys.path entry
+    (~1 ms) instead of importing importlib.metadata and the email parser it reads METADATA with (~20-30 ms of
+    every plan / estimate / emit)."""
+    import os
+    import re
+    import sys
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "_", name).lower()  # PEP 503 names, as importlib.metadata compares them
+
+    want = normal(package)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip file, a missing folder
+            continue
+        for name in names:
+            stem, dot, kind = name.rpartition(".")
+            if kind not in ("dist-info", "egg-info", "egg") or not dot:
+                continue
+            dist, _, version = stem.partition("-")
+            if normal(dist) == want:
+                return version if kind == "dist-info" and version else _ASK_METADATA
+    return None
+
+
 def installed_version(package: str) -> str | None:
     """The installed release of a pip distribution, or None where it is not installed."""
+    quick = _dist_info_version(package)
+    if quick is not _ASK_METADATA:
+        return quick
     import importlib.metadata  # here, not at import: 18 ms of every command's start-up otherwise
 
     try:

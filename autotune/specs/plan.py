@@ -76,6 +76,7 @@ RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss
 OPTIMIZER_STATE_BYTES: dict[str, float] = {"adamw": 12.0, "sgd": 8.0, "adafactor": 4.0, "adamw8bit": 6.0}
 
 _INT_ONLY = {int}
+_TP_OVERLAP_VALUES = (None, *TP_OVERLAPS)
 _RECOMPUTES = ("none", "selective", "full")
 _OFFLOADS = ("none", "cpu", "nvme")
 _PRECISIONS = ("bf16", "fp16", "fp8")
@@ -173,10 +174,10 @@ class ParallelPlan:
                 and self.engine in ENGINE_NAMES and self.recompute in _RECOMPUTES and self.precision in _PRECISIONS
                 and self.offload_optimizer in _OFFLOADS and self.offload_param in _OFFLOADS
                 and self.optimizer in OPTIMIZER_STATE_BYTES and self.recompute_num_layers is None
-                and self.etp is None and self.grad_dtype is None and self.fp8_recipe is None
-                and self.tp_overlap is None and self.torch_compile is None and self.loss_chunks is None
-                and self.recompute_modules is None and self.cuda_graph is None and self.cuda_graph_scope is None
-                and self.dp % self.dp_replicate == 0):
+                and self.etp is None and self.dp % self.dp_replicate == 0
+                and (self.grad_dtype is None and self.fp8_recipe is None and self.tp_overlap is None
+                     and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
+                     and self.cuda_graph is None and self.cuda_graph_scope is None or self._run_settings_valid())):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -255,6 +256,17 @@ class ParallelPlan:
             return ["cuda_graph_scope says what CUDA graphs capture, and this plan has none: add --cuda-graph local "
                     "or transformer_engine, or drop --cuda-graph-scope"]
         return []
+
+    def _run_settings_valid(self) -> bool:
+        """The fast path's check of run settings that are set (a search of an engine release with defaults of its
+        own builds every plan with them): each valid, as the full check below has it."""
+        chunks, compiled = self.loss_chunks, self.torch_compile
+        if self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None:
+            return False  # the full check validates them and stores them as ordered tuples
+        return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
+                and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
+                and (compiled is None or type(compiled) is bool)
+                and (chunks is None or (type(chunks) is int and 1 <= chunks <= self.seq_len)))
 
     # ---- derived facts (the one place) -------------------------------------------------
     @property

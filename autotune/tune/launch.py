@@ -80,7 +80,7 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
     values = {"nproc": nproc, "ds_config": shlex.quote(str(ds_path)), "workdir": shlex.quote(str(spec.workdir))}
     if "{megatron_args}" in w.command:
         from autotune.emit.megatron import megatron_args
-        values["megatron_args"] = shlex.join(megatron_args(spec.model, spec.cluster, spec.plan))
+        values["megatron_args"] = shlex.join(megatron_args(spec.model, spec.cluster, spec.plan, spec.emit_options))
     try:
         text = w.command.format(**values)
     except (KeyError, IndexError, ValueError) as e:

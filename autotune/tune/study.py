@@ -46,6 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.api import Estimate
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.step_time import TimeSettings
+from autotune.emit.options import EmitOptions
 from autotune.errors import InputError
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
@@ -173,13 +174,15 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
          num_layers: int | None = None, calibration_path: str | None = None,
          start_efficiency: Efficiency = DEFAULT_EFFICIENCY, prune_ratio: float | None = 1.5,
          finalists: int = 3, finalist_runs: int = 2, launcher: str | LaunchSettings = "torchrun",
-         progress: Progress | None = None) -> TuneResult:
+         progress: Progress | None = None, emit_options: EmitOptions | None = None) -> TuneResult:
     """Run (or continue) the study; see the module docstring. InputError before any trial on bad input.
 
     ``prune_ratio``: trials whose step time exceeds this multiple of the best completed one are
     pruned (None: never prune, e.g. to measure every plan). ``finalists`` (0 or 1: none) best plans
     are re-run ``finalist_runs`` times each before the winner is declared (not by ``--worker``
     processes: the tuner that owns the study does it). ``calibration_path``: default OUT/cal.json.
+    ``constraints.engine_versions``: the engine releases tuned (their defaults in the plans, held by the study: a
+    resume or worker asking others is refused); ``emit_options``: their file formats, for the trials' files.
     """
     out = Path(out_dir)
     search = search_plans(model, cluster, seq_len=seq_len, global_batch_size=global_batch,
@@ -234,6 +237,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     pruner = SlowStepPruner(prune_ratio, warmup_steps) if prune_ratio else optuna.pruners.NopPruner()
     study = open_study(storage, storage_url, study_name, sampler=sampler, pruner=pruner,
                        must_be_new=not (resume or worker))
+    _same_releases(study, dict((constraints or SearchConstraints()).engine_versions))
     fail_stale_trials(study, all_running=resume and not worker, out_dir=out)
     say = (lambda text: progress("ops", study, None, text)) if progress else (lambda text: None)
     from autotune.engines import engine_for
@@ -259,7 +263,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         spec = trial_mod.TrialSpec(model=model, cluster=cluster, plan=plan, workload=workload, workdir=workdir,
                                    steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s,
                                    host_memory_limit_bytes=host_memory_limit_bytes, num_layers=num_layers,
-                                   **trial_fields(launcher))
+                                   emit_options=emit_options, **trial_fields(launcher))
         if number is not None and str(number) in overrides:
             spec = dataclasses.replace(spec, **overrides[str(number)])
         return spec
@@ -339,6 +343,20 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         chosen = run_finalists(study, finalists, finalist_runs, measure, on_run)
     return dataclasses.replace(_result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency,
                                        calibration_path, chosen), not_measured=skipped)
+
+
+def _same_releases(study: optuna.Study, versions: dict[str, str]) -> None:
+    """The engine releases a study tunes (user attribute ``engine_versions``, set by its first tuner): a ``--resume``
+    or ``--worker`` asking for other ones would mix plans of two releases (other defaults, other files)."""
+    held = study.user_attrs.get("engine_versions")
+    if held is None:
+        study.set_user_attr("engine_versions", versions)
+    elif held != versions:
+        said = ",".join(f"{e}={r}" for e, r in held.items())
+        raise InputError([f"study {study.study_name!r} tunes the engine releases {said or '(none named)'}, this run "
+                          f"asks {','.join(f'{e}={r}' for e, r in versions.items()) or '(none named)'}: continue it "
+                          f"with {f'--engine-version {said}' if said else 'the releases it was started with'}, or start "
+                          "another (--study-name / --out)"], subject="--engine-version")
 
 
 def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path,

@@ -197,8 +197,10 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             log_path.write_text(f"not launched: {reason}\n")
             return _finish(spec, TrialResult(status="crashed", reason=f"not launched: {reason}", log_path=log_path))
         from autotune.api import estimate
+        from autotune.bundle.writer import engine_version_record
         (workdir / TRAIN_PLAN_NAME).write_text(json.dumps(
-            estimate(spec.trial_model, spec.cluster, spec.plan).to_dict(), indent=2))
+            estimate(spec.trial_model, spec.cluster, spec.plan).to_dict()
+            | {"engine_version": engine_version_record(spec.plan, spec.emit_options or EmitOptions())}, indent=2))
 
     argv = command_line(spec, ds_path)
     repo_root = str(Path(__file__).resolve().parents[2])  # so `-m autotune...` imports this checkout

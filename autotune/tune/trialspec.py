@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from autotune.emit.options import EmitOptions
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -72,6 +73,9 @@ class TrialSpec:
     """deepspeed launcher: ``--include`` (DeepSpeed's ``NAME[:SLOT,...][@...]``)."""
     exclude: str = ""
     """deepspeed launcher: ``--exclude``."""
+    emit_options: EmitOptions | None = None
+    """The engine releases' file formats (``EmitOptions.megatron_version`` / ``torchtitan_version``): a command
+    workload's ``{megatron_args}`` follow that release's flag table, plan.json records it; None: the newest."""
 
     @property
     def trial_model(self) -> ModelSpec:

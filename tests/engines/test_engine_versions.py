@@ -113,3 +113,17 @@ def test_a_toml_under_torchtitan_0_3_is_a_version_mismatch(tmp_path):
     assert run.returncode == 1, run.stderr
     assert "version mismatch" in run.stdout and "is for torchtitan 0.2" in run.stdout
     assert "the version in use is torchtitan 0.3 (installed: " in run.stdout and "fix the config" not in run.stdout
+
+
+@pytest.mark.parametrize("package", ["torch", "deepspeed", "torchtitan", "megatron-core", "transformers", "PyYAML",
+                                     "typing_extensions", "no-such-package-autotune"])
+def test_the_installed_version_is_what_importlib_metadata_says(package):
+    """installed_version reads the .dist-info folder's name (no importlib.metadata import on every command): the same
+    answer, installed or not."""
+    import importlib.metadata
+
+    try:
+        expected = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        expected = None
+    assert ev.installed_version(package) == expected

@@ -282,3 +282,42 @@ def test_the_torchtitan_release_sets_its_own_defaults_and_the_files_match(tmp_pa
     module = (tmp_path / "job" / "torchtitan_plan.py").read_text()
     assert "num_chunks=8" in module and "recipe_name='rowwise'" in module
     assert read_job([str(tmp_path / "job" / "torchtitan_plan.py")], gpu=GPU).plan == ParallelPlan(**v03["plan"])
+
+
+PLAN_BOTH = ["plan", "--model", "llama3-8b", "--gpu", GPU, "--num-gpus", "8", "--global-batch", "8", "--seq-len", "8192",
+             "--precision", "fp8", "--engine", "fsdp,megatron", "--engine-version", "fsdp=0.3,megatron=0.19"]
+
+
+def test_a_ranking_across_engines_runs_each_engines_release_defaults_and_the_files_match(tmp_path, capsys):
+    """A plan across engines gives torchtitan 0.3's defaults to the fsdp plans only (the Megatron plans keep their
+    own), says so, lets a flag given win; the fsdp plan it ranks, emitted from the plan JSON (which records the
+    releases: no flag needed), is the plan estimated, in the 0.3 module."""
+    code, text, err = _cli([*PLAN_BOTH, "--top-k", "400", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(text)
+    fsdp = [(i, c) for i, c in enumerate(doc["candidates"], 1) if c["plan"]["engine"] == "fsdp"]
+    megatron = [c for c in doc["candidates"] if c["plan"]["engine"] == "megatron"]
+    assert fsdp and megatron
+    assert all(c["plan"]["loss_chunks"] == 8 and c["plan"]["fp8_recipe"] == "torchao-rowwise" for _, c in fsdp)
+    assert all("loss_chunks" not in c["plan"] and "fp8_recipe" not in c["plan"] for c in megatron)
+    assert doc["release_defaults"] == {"fsdp": {"release": "0.3",
+                                                "settings": {"loss_chunks": 8, "fp8_recipe": "torchao-rowwise"}}}
+    assert doc["engine_versions"] == {"fsdp": "0.3", "megatron": "0.19"}
+    code, table, _ = _cli([*PLAN_BOTH, "--top-k", "3"], capsys)
+    assert code == 0 and "fsdp (torchtitan 0.3): --loss-chunks 8, --fp8-recipe torchao-rowwise" in table
+    code, told, _ = _cli([*PLAN_BOTH, "--top-k", "400", "--loss-chunks", "1", "--json"], capsys)
+    told = json.loads(told)
+    assert {c["plan"].get("loss_chunks") for c in told["candidates"] if c["plan"]["engine"] == "fsdp"} == {1}
+    assert told["release_defaults"]["fsdp"]["settings"] == {"fp8_recipe": "torchao-rowwise"}
+    index, chosen = fsdp[0]
+    (tmp_path / "plan.json").write_text(text)
+    code, _, err = _cli(["emit", "--plan-json", tmp_path / "plan.json", "--candidate", index, "--out", tmp_path / "job"],
+                        capsys)
+    assert code == 0 and "torchtitan 0.3 (as the plan JSON records)" in err, err
+    written = json.loads((tmp_path / "job" / "plan.json").read_text())
+    assert written["plan"] == chosen["plan"] and written["engine_version"]["release"] == "0.3"
+    assert written["time"]["step_time_s"] == pytest.approx(chosen["time"]["step_time_s"], rel=1e-9)
+    assert written["memory"]["total"] == pytest.approx(chosen["memory"]["total"], rel=1e-9)
+    module = tmp_path / "job" / "torchtitan_plan.py"
+    assert "num_chunks=8" in module.read_text() and "recipe_name='rowwise'" in module.read_text()
+    assert read_job([str(module)], gpu=GPU).plan == ParallelPlan(**chosen["plan"])
