@@ -272,7 +272,8 @@ def add_run_settings(g) -> None:
                    help="FP8 scaling recipe of fp8 plans: te-delayed / te-current / te-blockwise / te-mxfp8 = "
                         "Megatron --fp8-recipe delayed / tensorwise / blockwise (Hopper or later) / mxfp8 (Blackwell); "
                         "torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: "
-                        "no FP8 all-gather); default: the engine's own (Megatron te-delayed, torchtitan "
+                        "no FP8 all-gather); torchao-mxfp8 = torchtitan quantize.linear.mx / MXFP8LinearConverter "
+                        "(Blackwell; bf16 all-gather); default: the engine's own (Megatron te-delayed, torchtitan "
                         "torchao-tensorwise)")
     g.add_argument("--tp-overlap", choices=TP_OVERLAPS, default=None,
                    help="TP communication overlap where tp > 1: userbuffers = Megatron --tp-comm-overlap (needs "
