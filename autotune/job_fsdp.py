@@ -63,18 +63,27 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
            "seq_len": t.get("seq_len"), "recompute": mode if mode in ("none", "selective", "full") else "none",
            "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
            "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
-           "precision": "fp8" if "float8" in str(m.get("converters", "")) else "bf16"}
+           "precision": "fp8" if _converter(m, ("float8", "quantize.linear.mx")) else "bf16"}
     compile_on = section("compile").get("enable")
     if isinstance(compile_on, bool):
         out["torch_compile"] = compile_on
     if p.get("enable_async_tensor_parallel") is True and out["tp"] > 1:
         out["tp_overlap"] = "async-tp"
-    float8 = ((section("quantize").get("linear") or {}).get("float8") or {}) if out["precision"] == "fp8" else {}
-    recipe = float8.get("recipe_name") if isinstance(float8, dict) else None
-    if recipe == "rowwise":
-        out["fp8_recipe"] = "torchao-rowwise"
-    elif recipe is not None:
-        notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
+    linear = (section("quantize").get("linear") or {}) if out["precision"] == "fp8" else {}
+    linear = linear if isinstance(linear, dict) else {}
+    if _converter(m, ("quantize.linear.mx",)):
+        mx = linear.get("mx") if isinstance(linear.get("mx"), dict) else {}
+        recipe = mx.get("recipe_name", "mxfp8_cublas")  # job_config.py MXLinear.recipe_name default
+        out["fp8_recipe"] = "torchao-mxfp8"
+        if recipe not in ("mxfp8_cublas", "mxfp8_cublas_rceil"):  # torchao MXLinearRecipeName's MXFP8 GEMM recipes
+            notes.append(f"{path}: mx recipe_name {recipe!r} is not modelled: estimated as mxfp8_cublas")
+    else:
+        float8 = linear.get("float8") if isinstance(linear.get("float8"), dict) else {}
+        recipe = float8.get("recipe_name")
+        if recipe == "rowwise":
+            out["fp8_recipe"] = "torchao-rowwise"
+        elif recipe is not None:
+            notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
     parts, per_stage = data.get("model_parts"), p.get("pipeline_parallel_layers_per_stage")
     if pp > 1 and isinstance(parts, int) and parts % pp == 0:  # the 0.3 module's stage lists
         out["vpp"] = parts // pp
@@ -85,6 +94,14 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, world
+
+
+def _converter(model: dict, names: tuple[str, ...]) -> bool:
+    """Whether a converter of ``model.converters`` (a list, or torchtitan's comma-separated string form) contains one
+    of ``names``."""
+    given = model.get("converters", [])
+    given = given.split(",") if isinstance(given, str) else given if isinstance(given, list) else []
+    return any(name in str(c) for c in given for name in names)
 
 
 def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:

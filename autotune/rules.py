@@ -111,16 +111,21 @@ def _fp8_recipe_gpu(cluster: ClusterSpec, plan: ParallelPlan, bad) -> None:
     if need is None or cluster.gpu.name == "cpu":
         return
     (least, below), cc = need, cluster.gpu.capability
-    words = {"te-mxfp8": "MXFP8 needs compute capability 10.x (Blackwell B200 / GB200 / B300 / GB300)",
-             "te-blockwise": "blockwise FP8 needs compute capability 9.0 or later (Hopper, Blackwell) and CUDA 12.9"}
-    source = ("TransformerEngine pytorch/quantization.py " + ("_compute_mxfp8_support" if plan.fp8_recipe == "te-mxfp8"
-                                                              else "_compute_fp8_block_scaling_support"))
+    words, source = {
+        "te-mxfp8": ("MXFP8 needs compute capability 10.x (Blackwell B200 / GB200 / B300 / GB300)",
+                     "TransformerEngine pytorch/quantization.py _compute_mxfp8_support"),
+        "te-blockwise": ("blockwise FP8 needs compute capability 9.0 or later (Hopper, Blackwell) and CUDA 12.9",
+                         "TransformerEngine pytorch/quantization.py _compute_fp8_block_scaling_support"),
+        "torchao-mxfp8": ("MXFP8 needs compute capability 10.0 or later (Blackwell B200 / GB200 / B300 / GB300)",
+                          "torchtitan components/quantization/mx.py: \"MXFP8 is only supported on SM100 or later\"")}[
+        plan.fp8_recipe]
+    other = "torchao-rowwise or torchao-tensorwise" if plan.fp8_recipe.startswith("torchao") else "te-current or te-delayed"
     if cc is None:
-        bad("fp8_recipe_gpu", f"{words[plan.fp8_recipe]} ({source}), and {cluster.gpu.name} states none: give the GPU's "
+        bad("fp8_recipe_gpu", f"{words} ({source}), and {cluster.gpu.name} states none: give the GPU's "
                               "compute_capability in the cluster file, or another --fp8-recipe")
     elif cc < least or (below is not None and cc >= below):
-        bad("fp8_recipe_gpu", f"{words[plan.fp8_recipe]} ({source}); {cluster.gpu.name} is "
-                              f"{cluster.gpu.compute_capability}: use --fp8-recipe te-current or te-delayed")
+        bad("fp8_recipe_gpu", f"{words} ({source}); {cluster.gpu.name} is "
+                              f"{cluster.gpu.compute_capability}: use --fp8-recipe {other}")
 
 
 def inner_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:

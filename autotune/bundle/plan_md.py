@@ -127,8 +127,11 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                    "te-current": "current (per-tensor) scaling", "torchao-tensorwise": "torchao tensorwise scaling",
                    "torchao-rowwise": "torchao rowwise scaling",
                    "te-blockwise": "blockwise scaling (1x128 blocks, 128x128 for weights; Hopper or later)",
-                   "te-mxfp8": "MXFP8 block scaling (32-element blocks, E8M0 scales; Blackwell)"}[prec["fp8"]["recipe"]]
-        why += f"; FP8 GEMMs ({prec['fp8']['format']}: e4m3 forward, e5m2 backward, {scaling})"
+                   "te-mxfp8": "MXFP8 block scaling (32-element blocks, E8M0 scales; Blackwell)",
+                   "torchao-mxfp8": "torchao MXFP8 (32-element blocks, E8M0 scales; Blackwell; 16-bit weight "
+                                    "all-gather)"}[prec["fp8"]["recipe"]]
+        why += (f"; FP8 GEMMs ({prec['fp8']['format']}: {prec['fp8']['forward']} forward, {prec['fp8']['backward']} "
+                f"backward, {scaling})")
     if prec["loss_scaling"]:
         why += "; dynamic loss scaling"
     rows.append(("precision", plan.precision, why))

@@ -271,9 +271,9 @@ def add_run_settings(g) -> None:
     g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
                    help="FP8 scaling recipe of fp8 plans: te-delayed / te-current / te-blockwise / te-mxfp8 = "
                         "Megatron --fp8-recipe delayed / tensorwise / blockwise (Hopper or later) / mxfp8 (Blackwell); "
-                        "torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: "
-                        "no FP8 all-gather); default: the engine's own (Megatron te-delayed, torchtitan "
-                        "torchao-tensorwise)")
+                        "torchao-tensorwise / torchao-rowwise = torchtitan quantize.linear.float8 (rowwise: no FP8 "
+                        "all-gather); torchao-mxfp8 = torchtitan quantize.linear.mx / MXFP8LinearConverter (Blackwell; "
+                        "bf16 all-gather); default: the engine's own (Megatron te-delayed, torchtitan torchao-tensorwise)")
     g.add_argument("--tp-overlap", choices=TP_OVERLAPS, default=None,
                    help="TP communication overlap where tp > 1: userbuffers = Megatron --tp-comm-overlap (needs "
                         "sequence parallelism), async-tp = torchtitan enable_async_tensor_parallel (compiles); "

@@ -43,8 +43,14 @@ __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
 # MX formats; B200 = 4.5 PFLOPS dense FP8, autotune/presets/gpus.yaml); Hopper's block-scaled FP8 GEMM applies the
 # scales per 128-wide K block in the accumulator (TE forces use_split_accumulator for Float8BlockScaling): no
 # published rate beside the FP8 peak, so the FP8 rate too (an assumption).
+#   torchao-mxfp8: torchao's MX linear casts each GEMM operand once per axis it is needed along, each cast reading the
+#       16-bit source (torchao v0.16.0 prototype/mx_formats/mx_linear.py mx_mm: input, weight and grad_output each
+#       through MXTensor.to_mx along dim 0 and _to_mxfp8_dim1_kernel_wrapper along dim 1; v0.18.0
+#       moe_training/mxfp8_linear.py the same): 2 x (2 + 1 + scale)
+_MX_ACT_SCALE = FP8_BLOCK_SCALE_BYTES["torchao-mxfp8"][0]
 FP8_CAST_BYTES = {"te-delayed": 3.0, "te-current": 5.0, "torchao-tensorwise": 5.0, "torchao-rowwise": 6.0,
-                  **{r: 2.0 + 2 * (1.0 + act) for r, (act, _) in FP8_BLOCK_SCALE_BYTES.items()}}
+                  **{r: 2.0 + 2 * (1.0 + act) for r, (act, _) in FP8_BLOCK_SCALE_BYTES.items() if r.startswith("te-")},
+                  "torchao-mxfp8": 2 * (2.0 + 1.0 + _MX_ACT_SCALE)}
 if tuple(FP8_CAST_BYTES) != FP8_RECIPES:  # the plan's names (autotune.specs.plan) and their costs, one list
     raise AssertionError(f"FP8_CAST_BYTES {tuple(FP8_CAST_BYTES)} != the plan's FP8_RECIPES {FP8_RECIPES}")
 

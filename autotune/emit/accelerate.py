@@ -158,6 +158,12 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     if plan.tp_overlap == "async-tp":
         problems.append(f"accelerate {ACCELERATE_VERSION} has no async tensor parallelism: use torchtitan's file, or "
                         "drop --tp-overlap")
+    if plan.precision == "fp8" and plan.fp8_recipe == "torchao-mxfp8":
+        problems.append(f"accelerate {ACCELERATE_VERSION} cannot say torchao MXFP8: its torchao backend converts with "
+                        "torchao.float8 (AORecipeKwargs.config is a Float8LinearConfig; utils/ao.py "
+                        "convert_model_to_fp8_ao calls convert_to_float8_training) and its MXFP8 is Transformer "
+                        "Engine's (TERecipeKwargs.use_mxfp8_block_scaling, --fp8-recipe te-mxfp8 on Megatron): use "
+                        "torchtitan's file, or --fp8-recipe torchao-rowwise / torchao-tensorwise")
     if plan.zero_stage not in (2, 3):
         problems.append(f"zero_stage {plan.zero_stage}: accelerate's FSDP2 shards parameters and gradients "
                         "(ZeRO-3: fsdp_reshard_after_forward true) or keeps the gathered parameters until backward "

@@ -36,9 +36,10 @@ FP8_AMAX_HISTORY_LEN = 1024
 
 def fp8_format(recipe: str | None) -> str:
     """The --fp8-format of a recipe: MXFP8 runs E4M3 for gradients too (TransformerEngine common/recipe/__init__.py
-    MXFP8BlockScaling ``fp8_format = Format.E4M3``; Megatron-Bridge 0.6.2 bf16_with_mxfp8_mixed ``fp8 = "e4m3"``),
-    the others HYBRID."""
-    return "e4m3" if recipe == "te-mxfp8" else FP8_FORMAT
+    MXFP8BlockScaling ``fp8_format = Format.E4M3``; Megatron-Bridge 0.6.2 bf16_with_mxfp8_mixed ``fp8 = "e4m3"``;
+    torchao's MX linear casts inputs, weights and gradients to float8_e4m3fn: v0.18.0 prototype/moe_training/
+    mxfp8_linear.py:61-63), the others HYBRID."""
+    return "e4m3" if recipe in ("te-mxfp8", "torchao-mxfp8") else FP8_FORMAT
 
 FP8_AMAX_COMPUTE_ALGO = "max"
 

@@ -16,7 +16,8 @@ The mapping (torchtitan's own semantics, job_config.py):
   ``pipeline_parallel_microbatch_size``;
 - PP: ``1F1B``, or ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage`` = layers / (pp x vpp);
 - recompute full / selective (op-level SAC) / none; FP8 = the ``quantize.linear.float8`` converter
-  (tensorwise scaling, float8 all-gather under FSDP) with ``compile`` on, as torchtitan recommends.
+  (tensorwise scaling, float8 all-gather under FSDP) with ``compile`` on, as torchtitan recommends, or the
+  ``quantize.linear.mx`` converter for MXFP8 (``torchao-mxfp8``; eager with TP, which 0.2.2 refuses to compile).
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def torchtitan_compiles(plan: ParallelPlan) -> bool:
     (docs/float8.md: the casts fuse into the surrounding ops only under torch.compile). The cost model asks the
     FSDP engine, which answers with this, so the estimate is the estimate of the files. Async TP needs it
     (torchtitan distributed/tensor_parallel.py: "Async TP requires 'model' in --compile.components and
-    --compile.enable"). The plan's own ``torch_compile`` wins where it is set."""
+    --compile.enable"). The plan's own ``torch_compile`` wins where it is set. MXFP8 with TP runs eager: torchtitan
+    v0.2.2 refuses the two with compile ("TP not yet supported with torch.compile for mxfp8",
+    components/quantization/mx.py:46-52)."""
     if plan.torch_compile is not None:
         return plan.torch_compile
+    if plan.precision == "fp8" and plan.fp8_recipe == "torchao-mxfp8" and plan.tp > 1:
+        return False
     return plan.precision == "fp8" or plan.tp_overlap == "async-tp"
 
 
@@ -75,9 +80,11 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
 
 def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,
                           *, model_name: str | None = None, flavor: str | None = None,
-                          hf_assets_path: str = "./assets/hf", dataset: str = "c4", chunked_loss: bool = False) -> dict:
+                          hf_assets_path: str = "./assets/hf", dataset: str = "c4", chunked_loss: bool = False,
+                          release: str = "0.2") -> dict:
     """The job config as nested sections (``toml_text`` writes it). InputError naming every mismatch.
-    ``chunked_loss``: the caller writes a chunked loss (the 0.3 module); the TOML cannot."""
+    ``chunked_loss``: the caller writes a chunked loss (the 0.3 module); the TOML cannot. ``release``: the
+    torchtitan release whose rules apply (the 0.3 module passes "0.3")."""
     options = options or EmitOptions()
     known = TORCHTITAN_FLAVORS.get(model.name)
     name, flavor = (model_name, flavor) if model_name and flavor else (known or (None, None))
@@ -86,6 +93,11 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         problems.append(f"loss_chunks {plan.loss_chunks}: torchtitan 0.2's TOML computes the loss over the whole "
                         "sequence (ChunkedLossWrapper came with 0.3): emit with --engine-version fsdp=0.3, or drop "
                         "--loss-chunks")
+    mx = plan.precision == "fp8" and plan.fp8_recipe == "torchao-mxfp8"
+    if mx and plan.tp > 1 and torchtitan_compiles(plan) and release == "0.2":
+        problems.append("torchao-mxfp8 with tp > 1 under torch.compile: torchtitan 0.2's MXLinearConverter asserts "
+                        "\"TP not yet supported with torch.compile for mxfp8\" (components/quantization/mx.py:46-52): "
+                        "drop --compile (MXFP8 with TP runs eager there), or emit with --engine-version fsdp=0.3")
     if problems:
         raise InputError(problems, subject="torchtitan job config")
     o = options.optimizer
@@ -133,7 +145,18 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                        "keep_latest_k": options.checkpoint.keep_last,
                        "async_mode": "async" if options.checkpoint.async_save else "disabled"},
     }
-    if plan.precision == "fp8":
+    if mx:
+        # torchtitan v0.2.2 docs/mxfp8.md (its example TOML): the MX linear converter with the cuBLAS recipe and the
+        # CUDA dim-1 cast kernel ("CUDA is recommended for best performance", job_config.py MXLinear), the output
+        # layer left in bf16 (MXLinear.filter_fqns default); MoE experts through quantize.grouped_mm.mx, the router
+        # gate left out. No FP8 all-gather option: MX weights are gathered in bf16 (docs/mxfp8.md:179).
+        moe = model.is_moe
+        config["model"]["converters"] = ["quantize.linear.mx"] + (["quantize.grouped_mm.mx"] if moe else [])
+        config["quantize"] = {"linear": {"mx": {"recipe_name": "mxfp8_cublas", "mxfp8_dim1_cast_kernel_choice": "cuda",
+                                                "filter_fqns": ["output"] + (["router.gate"] if moe else [])}}}
+        if moe:
+            config["quantize"]["grouped_mm"] = {"mx": {"recipe_name": "mxfp8", "fqns": ["experts"]}}
+    elif plan.precision == "fp8":
         config["model"]["converters"] = ["quantize.linear.float8"]
         # The default (tensorwise) recipe gathers FP8 weights under FSDP; a recipe_name refuses that
         # (components/quantization/float8.py asserts enable_fsdp_float8_all_gather off with a recipe_name).

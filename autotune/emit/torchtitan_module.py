@@ -8,7 +8,7 @@ override it (torchtitan/config/manager.py ``ConfigManager._load_config``). Float
 
 The module written here starts from torchtitan's own recipe for the model (``llama3_8b()``, ...: tokenizer
 path, dataset, loss) and replaces, with ``dataclasses.replace`` (so ``Trainer.Config.__post_init__``
-checks the result), what the plan fixes: ``model_spec`` (Float8 converters for fp8 plans, none otherwise),
+checks the result), what the plan fixes: ``model_spec`` (Float8 or MXFP8 converters for fp8 plans, none otherwise),
 ``parallelism``, ``training`` (batch, sequence, mixed precision, offload), ``activation_checkpoint``
 (``FullAC`` / op-level ``SelectiveAC`` / None), ``compile``, ``optimizer``, ``lr_scheduler``, ``metrics.log_freq``
 and ``checkpoint``. The values are those of the v0.2 TOML (autotune/emit/torchtitan.py): the same mapping,
@@ -44,6 +44,11 @@ TORCHTITAN_03_RECIPES = {
     "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B", ', attn_backend="flex"', ["lm_head", "router.gate"],
                     True),
 }
+# What MXFP8LinearConverter converts (its ``fqns``: an include list, substring match; empty converts every Linear, the
+# output layer too: torchtitan 0.3.0 components/quantization/mx.py:53-60, 79-83): the block linears, lm_head and the
+# MoE router gate left in bf16 as the 0.2 TOML and the cost model have them (deepseek_v3/config_registry.py:84-99
+# names attention, shared_experts, feed_forward the same way).
+MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention", "shared_experts", "feed_forward"]}
 _PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                      "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                      "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")
@@ -134,7 +139,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if problems:
         raise InputError(problems, subject="torchtitan 0.3 config module")
     package, recipe_fn, flavor, registry_args, fp8_filter, moe = recipe
-    config = torchtitan_job_config(model, cluster, plan, options, chunked_loss=True)
+    config = torchtitan_job_config(model, cluster, plan, options, chunked_loss=True, release="0.3")
     parallelism = {k: config["parallelism"][k] for k in _PARALLELISM_KEYS if k in config["parallelism"]}
     parallelism["enable_sequence_parallel"] = plan.sequence_parallel
     stages = ""
@@ -146,9 +151,16 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if plan.pp > 1:
         training["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with pipeline parallelism
     fp8 = plan.precision == "fp8"
+    mx = fp8 and plan.fp8_recipe == "torchao-mxfp8"
     compile_on = config["compile"]["enable"]
     converters = ""
-    if fp8:
+    if mx:
+        # pad_multiple 128: "required by the CuTeDSL quantization kernel on sm_100" (deepseek_v3/config_registry.py:86-88)
+        converters = (f",\n            converters=[\n                MXFP8LinearConverter.Config(fqns={MX_FQNS[package]!r}, "
+                      f"model_compile_enabled={compile_on!r}),"
+                      + (f"\n                MXFP8GroupedExpertsConverter.Config(model_compile_enabled={compile_on!r}, "
+                         "pad_multiple=128)," if moe else "") + "\n            ]")
+    elif fp8:
         converters = (f",\n            converters=[\n                Float8LinearConverter.Config(recipe_name='rowwise', "
                       f"filter_fqns={fp8_filter!r}, model_compile_enabled={compile_on!r}),"
                       + (f"\n                Float8GroupedExpertsConverter.Config(model_compile_enabled={compile_on!r}),"
@@ -158,7 +170,8 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     chunks = plan.loss_chunks or 1
     loss = f"replace(base.loss, num_chunks={chunks})" if chunks > 1 else "base.loss.loss_fn"
     opt, sched, ckpt = config["optimizer"], config["lr_scheduler"], config["checkpoint"]
-    quant = ["Float8LinearConverter"] + (["Float8GroupedExpertsConverter"] if moe else [])
+    kind = "MXFP8" if mx else "Float8"
+    quant = [f"{kind}LinearConverter"] + ([f"{kind}GroupedExpertsConverter"] if moe else [])
     imports = "\n".join([
         "from dataclasses import replace", "",
         "from torchtitan.components.checkpoint import CheckpointManager",

@@ -3,7 +3,8 @@ running it: its Python is parsed (``ast``), never imported, so a module whose im
 user's own code still reads.
 
 What is read are the literal keyword arguments of the config classes autotune writes and torchtitan's own recipes
-use (``ParallelismConfig``, ``TrainingConfig``, ``CompileConfig``, ``Float8LinearConverter.Config``), the
+use (``ParallelismConfig``, ``TrainingConfig``, ``CompileConfig``, ``Float8LinearConverter.Config``,
+``MXFP8LinearConverter.Config``), the
 activation checkpointing (``FullAC.Config()`` / ``SelectiveAC.Config()`` / None), the recipe function imported from
 ``torchtitan.models.<family>.config_registry`` and the stage list (``module_fqns_per_model_part``). They come back in
 the shape of the 0.2 TOML sections (``parallelism``, ``training``, ...), so one reader (``autotune.job_files``)
@@ -98,6 +99,11 @@ def read_torchtitan_module(path: str | Path) -> dict:
             data["model"]["converters"] = ["quantize.linear.float8"]
             # 0.3's converter is rowwise unless told rowwise_with_gw_hp (components/quantization/float8.py)
             data["quantize"] = {"linear": {"float8": {"recipe_name": _literals(node).get("recipe_name", "rowwise")}}}
+        elif name.endswith("MXFP8LinearConverter.Config"):
+            # 0.3's MX converter has no recipe name: torchao's MXFP8Linear (components/quantization/mx.py), read
+            # as the 0.2 TOML's quantize.linear.mx with its cuBLAS recipe
+            data["model"]["converters"] = ["quantize.linear.mx"]
+            data["quantize"] = {"linear": {"mx": {"recipe_name": "mxfp8_cublas"}}}
     return data
 
 

@@ -47,8 +47,10 @@ class FSDPEngine(Engine):
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),
                             offload_optimizer=("none", "cpu"), offload_param=("none", "cpu"), hybrid_shard=True,
                             precisions=("bf16", "fp16", "fp8"),
-                            # quantize.linear.float8.recipe_name; parallelism.enable_async_tensor_parallel; compile
-                            fp8_recipes=("torchao-tensorwise", "torchao-rowwise"), tp_overlaps=("none", "async-tp"),
+                            # quantize.linear.float8.recipe_name, quantize.linear.mx (0.3: Float8LinearConverter,
+                            # MXFP8LinearConverter); parallelism.enable_async_tensor_parallel; compile
+                            fp8_recipes=("torchao-tensorwise", "torchao-rowwise", "torchao-mxfp8"),
+                            tp_overlaps=("none", "async-tp"),
                             torch_compile=True, loss_chunks=True)  # torchtitan 0.3 ChunkedLossWrapper
     comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring",
                         # torch SDPA flash backend (FlashAttention-2); torchtitan Float8: torchao tensorwise with
@@ -97,7 +99,9 @@ class FSDPEngine(Engine):
     def activation_facts(self, plan):
         # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;
         # with TP torchtitan runs it under DTensor loss_parallel (vocab-sharded logits). Linears: DTensor
-        # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs.
+        # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs; so does its MX
+        # linear (mx_mm ``ctx.save_for_backward(input_hp, weight_hp)``: torchao v0.16.0 prototype/mx_formats/
+        # mx_linear.py:53, v0.18.0 prototype/moe_training/mxfp8_linear.py:108), which re-casts them in backward.
         return ActivationFacts(loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
                                gathered_linear_inputs=True, fp8_input_bytes=2)
 
@@ -174,7 +178,10 @@ class FSDPEngine(Engine):
 
     def fp8_param_gather(self, plan) -> bool:
         # torchtitan refuses enable_fsdp_float8_all_gather with a recipe_name (components/quantization/float8.py):
-        # only the default tensorwise recipe gathers FP8 weights.
+        # only the default tensorwise recipe gathers FP8 weights. MXFP8 gathers 16-bit weights: torchao's MX linear
+        # keeps a plain nn.Linear weight and quantises it inside the GEMM's autograd function (torchao v0.16.0
+        # prototype/mx_formats/mx_linear.py MXLinear.forward -> mx_mm), and "All distributed communication for MXFP8
+        # training is currently done in high precision" (torchtitan v0.2.2 docs/mxfp8.md:179).
         recipe = plan.fp8_recipe or self.comm.fp8_recipe
         return plan.precision == "fp8" and self.comm.fp8_param_gather and recipe == "torchao-tensorwise"
 
@@ -196,7 +203,12 @@ class FSDPEngine(Engine):
         return words
 
     def fp8_how(self, plan) -> str:
-        return "torchao.float8 convert_to_float8_training (tensorwise scaling) on the linear layers"
+        recipe = plan.fp8_recipe or self.comm.fp8_recipe
+        if recipe == "torchao-mxfp8":
+            return ("torchao MX linear layers (MXFP8: E4M3 in blocks of 32 with E8M0 scales; torchtitan "
+                    "quantize.linear.mx / MXFP8LinearConverter) in place of the block linears")
+        return (f"torchao.float8 convert_to_float8_training ({'rowwise' if recipe == 'torchao-rowwise' else 'tensorwise'}"
+                " scaling) on the linear layers")
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
         entry, args = builtin_or_user_entry(options, [], [])

@@ -29,9 +29,12 @@ GradDtype = Literal["bf16"]
 # DelayedScaling (Megatron --fp8-recipe delayed); te-current: TE Float8CurrentScaling (Megatron --fp8-recipe
 # tensorwise); te-blockwise: TE Float8BlockScaling (Megatron --fp8-recipe blockwise; Megatron-core fp8_utils.py
 # get_fp8_recipe); te-mxfp8: TE MXFP8BlockScaling (Megatron --fp8-recipe mxfp8); torchao-tensorwise /
-# torchao-rowwise: torchao.float8 (torchtitan quantize.linear.float8).
-FP8_RECIPES = ("te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8")
-Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8"]
+# torchao-rowwise: torchao.float8 (torchtitan quantize.linear.float8); torchao-mxfp8: torchao's MX linear (torchtitan
+# 0.2 quantize.linear.mx, 0.3 MXFP8LinearConverter).
+FP8_RECIPES = ("te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8",
+               "torchao-mxfp8")
+Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8",
+                    "torchao-mxfp8"]
 # Block-scaled recipes: bytes of scale per FP8 element, (activations and gradients, weights). TransformerEngine
 # @d0067d0 common/recipe/__init__.py: MXFP8BlockScaling scales "each group of 32 consecutive values" by an E8M0
 # (1-byte) factor, weights too unless enable_2d_quantization (default False): 1/32 B each; Float8BlockScaling keeps
@@ -39,14 +42,19 @@ Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-r
 # grad_block_scaling_dim = 1, block_len = 128 in pytorch/tensor/float8_blockwise_tensor.py) and 2-D 128 x 128
 # blocks for weights (w_block_scaling_dim = 2): 4/128 and 4/16384 B. Both recipes quantise every tensor along
 # both axes from the 16-bit source ("both versions are computed from the high precision input", the same
-# docstrings): a row-wise and a column-wise FP8 copy, each with its own scales.
+# docstrings): a row-wise and a column-wise FP8 copy, each with its own scales. torchao's MX linear: blocks of 32
+# (block_size = 32) with an E8M0 scale each for inputs, weights and gradients alike (torchao v0.16.0
+# prototype/mx_formats/config.py MXLinearConfig; v0.18.0 prototype/moe_training/mxfp8_linear.py
+# _to_mxfp8_then_scaled_mm, the class torchtitan 0.3 converts to): 1/32 B each.
 FP8_BLOCK_SCALE_BYTES: dict[str, tuple[float, float]] = {"te-blockwise": (4 / 128, 4 / (128 * 128)),
-                                                        "te-mxfp8": (1 / 32, 1 / 32)}
+                                                        "te-mxfp8": (1 / 32, 1 / 32), "torchao-mxfp8": (1 / 32, 1 / 32)}
 # The least CUDA compute capability each Transformer Engine block-scaled recipe runs on, and the first it no longer
 # runs on (TransformerEngine @d0067d0 pytorch/quantization.py _compute_mxfp8_support: 10.0 or higher, "not supported
-# on 12.0+ architectures yet"; _compute_fp8_block_scaling_support: 9.0 or higher, with CUDA >= 12.9).
+# on 12.0+ architectures yet"; _compute_fp8_block_scaling_support: 9.0 or higher, with CUDA >= 12.9); torchtitan's
+# MX converters ask for 10.0 or higher and name no upper bound (torchtitan v0.2.2 components/quantization/mx.py:42-44
+# ``has_cuda_capability(10, 0)``, its ROCm gfx950 alternative not modelled; 0.3.0 mx.py:70-71).
 FP8_RECIPE_CAPABILITY: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
-    "te-mxfp8": ((10, 0), (12, 0)), "te-blockwise": ((9, 0), None)}
+    "te-mxfp8": ((10, 0), (12, 0)), "te-blockwise": ((9, 0), None), "torchao-mxfp8": ((10, 0), None)}
 # How TP collectives overlap the GEMMs: none; userbuffers (Megatron --tp-comm-overlap, Transformer Engine
 # userbuffers); async-tp (torch micro-pipelined TP, torchtitan parallelism.enable_async_tensor_parallel).
 TP_OVERLAPS = ("none", "userbuffers", "async-tp")

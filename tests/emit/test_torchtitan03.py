@@ -23,6 +23,7 @@ from tooling import tool_folder  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.emit.options import EmitOptions
+from autotune.emit.torchtitan import torchtitan_compiles
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.fsdp import _side_configs
 from autotune.errors import InputError
@@ -66,23 +67,30 @@ CASES = [
     ("chunked-loss-rowwise", "llama3-8b", 16, dict(zero_stage=3, global_batch_size=64, precision="fp8",
                                                    fp8_recipe="torchao-rowwise", loss_chunks=8,
                                                    recompute="selective")),
+    # MXFP8 on Blackwell, TP under torch.compile (0.3's MXFP8LinearConverter takes the two together; 0.2.2 refused it)
+    ("mxfp8-tp-compiled", "llama3-8b", 16, dict(zero_stage=3, tp=2, sequence_parallel=True, global_batch_size=64,
+                                                precision="fp8", fp8_recipe="torchao-mxfp8", torch_compile=True,
+                                                recompute="selective")),
 ]
 
 
 def _plan(model: str, num_gpus: int, kw: dict):
     m = load_model_preset(model)
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
+    gpu = "b200" if kw.get("fp8_recipe") == "torchao-mxfp8" else "h100-sxm-80gb"  # MXFP8: compute capability 10.0+
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
     return m, cluster, make_plan(m, cluster, engine="fsdp", **{"seq_len": 4096, **kw})
 
 
 # Runs under torchtitan 0.3.0: loads each folder's torchtitan_plan.py the way `-m torchtitan.train` does, and prints
-# what the Trainer.Config holds. No GPU here: the Float8 converters' hardware check is told SM90 (an H100).
+# what the Trainer.Config holds. No GPU here: the Float8 and MXFP8 converters' hardware checks are told yes (an H100
+# for Float8, a B200 for MXFP8).
 PROBE = r"""
 import dataclasses, json, re, sys
-import torchtitan, torchtitan.components.quantization.float8 as f8
+import torchtitan, torchtitan.components.quantization.float8 as f8, torchtitan.components.quantization.mx as mx
 from torchtitan.config import ConfigManager
 from torchtitan.distributed.parallel_dims import ParallelDims
 f8.has_cuda_capability = lambda major, minor: True
+mx.has_cuda_capability = lambda major, minor: True
 out = {"version": torchtitan.__version__}
 for folder, world, extra in json.loads(sys.argv[1]):
     sys.path.insert(0, folder)
@@ -100,6 +108,8 @@ for folder, world, extra in json.loads(sys.argv[1]):
         "compile": [cfg.compile.enable, list(cfg.compile.components)],
         "float8": sorted({re.sub(r"^layers\.\d+\.", "layers.*.", fqn)
                           for fqn, *_ in model.traverse(f8.Float8Linear.Config)}),
+        "mxfp8": sorted({re.sub(r"^layers\.\d+\.", "layers.*.", fqn)
+                         for fqn, *_ in model.traverse(mx.MXFP8Linear.Config)}),
         "layers": len(model.layers),
         "checkpoint": [ckpt.enable, ckpt.folder, ckpt.interval, ckpt.keep_latest_k, ckpt.async_mode],
         "optimizer": {k: list(v) if isinstance(v, tuple) else v
@@ -165,15 +175,18 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
     assert got["lr_scheduler"] == [o.optimizer.warmup_steps, "cosine", o.optimizer.min_lr / o.optimizer.lr]
     assert got["checkpoint"] == [True, o.checkpoint.save_dir, 500, o.checkpoint.keep_last, "async"]
     assert got["log_freq"] == o.steps_per_print and got["layers"] == m.num_layers
-    assert got["compile"] == [plan.precision == "fp8", ["model", "loss"]]
+    assert got["compile"] == [torchtitan_compiles(plan), ["model", "loss"]]
     # the loss the estimate assumed: the plan's chunks, else the recipe's inner loss unchunked
     assert got["loss"] == (["ChunkedLossWrapper.Config", plan.loss_chunks] if (plan.loss_chunks or 1) > 1
                            else ["CrossEntropyLoss.Config", None]), got["loss"]
-    if plan.precision == "fp8":  # the linears of every block in float8, the output layer (lm_head) not
-        assert got["float8"] and all(f.startswith("layers.*.") for f in got["float8"]), got["float8"]
-        assert {"attention", "feed_forward"} <= {f.split(".")[2] for f in got["float8"]}, got["float8"]
+    mx = plan.fp8_recipe == "torchao-mxfp8"
+    if plan.precision == "fp8":  # the linears of every block in float8 / MXFP8, the output layer (lm_head) not
+        quantised = got["mxfp8" if mx else "float8"]
+        assert quantised and all(f.startswith("layers.*.") for f in quantised), quantised
+        assert {"attention", "feed_forward"} <= {f.split(".")[2] for f in quantised}, quantised
+        assert got["float8" if mx else "mxfp8"] == []
     else:
-        assert got["float8"] == []
+        assert got["float8"] == [] and got["mxfp8"] == []
 
 
 @pytest.mark.slow

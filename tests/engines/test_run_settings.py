@@ -52,13 +52,14 @@ def _choices(engine: str) -> dict[str, tuple]:
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
-# MXFP8 runs on Blackwell only (TransformerEngine pytorch/quantization.py _compute_mxfp8_support): its cases on B200.
+# MXFP8 runs on Blackwell only (TransformerEngine pytorch/quantization.py _compute_mxfp8_support; torchtitan
+# components/quantization/mx.py): its cases (te-mxfp8, torchao-mxfp8) on B200.
 BLACKWELL = "b200"
 CLUSTERS = {GPU: CLUSTER, BLACKWELL: load_cluster(gpu=BLACKWELL, num_gpus=16)}
 
 
 def _gpu(**setting) -> str:
-    return BLACKWELL if setting.get("fp8_recipe") == "te-mxfp8" else GPU
+    return BLACKWELL if setting.get("fp8_recipe") in ("te-mxfp8", "torchao-mxfp8") else GPU
 
 
 def _plan(engine: str, **setting) -> ParallelPlan:
