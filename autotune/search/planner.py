@@ -184,6 +184,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        torch_compile=dims.torch_compile, loss_chunks=dims.loss_chunks,
                        recompute_modules=dims.recompute_modules,  # with it, dims.recompute is ("selective",)
                        cuda_graph=dims.cuda_graph, cuda_graph_scope=dims.cuda_graph_scope,
+                       ep_overlap=dims.ep_overlap if layout.ep > 1 else None,  # ep=1 has no all-to-alls
                        tp_overlap=dims.tp_overlap if layout.tp > 1 else None)  # tp=1 has no TP collectives
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:

@@ -73,6 +73,8 @@ class SearchConstraints:
     """Every plan's CUDA graphs (None: each engine's default)."""
     cuda_graph_scope: tuple[str, ...] | None = None
     """What every plan's CUDA graphs capture (None: the whole layer)."""
+    ep_overlap: str | None = None
+    """Every plan's expert-parallel all-to-all overlap where ep > 1 (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 
@@ -102,6 +104,7 @@ class DimensionValues:
     recompute_modules: tuple[str, ...] | None = None
     cuda_graph: str | None = None
     cuda_graph_scope: tuple[str, ...] | None = None
+    ep_overlap: str | None = None
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -160,4 +163,4 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            uneven_layouts=c.uneven_layouts, grad_dtype=c.grad_dtype,
                            fp8_recipe=c.fp8_recipe, tp_overlap=c.tp_overlap, torch_compile=c.torch_compile,
                            loss_chunks=c.loss_chunks, recompute_modules=c.recompute_modules,
-                           cuda_graph=c.cuda_graph, cuda_graph_scope=c.cuda_graph_scope)
+                           cuda_graph=c.cuda_graph, cuda_graph_scope=c.cuda_graph_scope, ep_overlap=c.ep_overlap)
