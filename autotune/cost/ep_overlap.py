@@ -32,7 +32,7 @@ from autotune.specs.plan import ParallelPlan
 if TYPE_CHECKING:
     from autotune.cost.layer_time import LayerTime
 
-__all__ = ["paired_layers_s", "paired_exposed_s", "paired_share"]
+__all__ = ["paired_exposed_s", "paired_layers_s", "paired_share"]
 
 
 def paired_layers_s(layers: int, fwd: tuple[float, float], bwd: tuple[float, float, float, float],
