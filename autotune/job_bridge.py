@@ -104,6 +104,12 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["tp_overlap"] = "userbuffers"
     base = _BASE.search(read_text(path, subject="Megatron-Bridge overrides"))
     preset = next((name for name, r in RECIPES.items() if base and r.name == base.group(1)), None)
+    # With a CommOverlapConfig (the file's, or its recipe's) its values, False unless set, replace the model's at
+    # setup (Bridge 0.6.2 training/comm_overlap.py:438-439, _override_user_cfgs)
+    co = _section(data, "comm_overlap")
+    ep = co if co or (preset is not None and RECIPES[preset].comm_overlap) else m
+    if ep.get("overlap_moe_expert_parallel_comm") is True:
+        out["ep_overlap"] = "a2a-delay-wgrad" if ep.get("delay_wgrad_compute") is True else "a2a"
     if preset is not None:
         out["model"] = load_model_preset(preset)
     return out

@@ -177,6 +177,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out["overlap_comm"] = "--overlap-grad-reduce" in f
         if "--grad-reduce-in-bf16" in f and out["precision"] != "fp16":  # bf16 main_grad (arguments.py)
             out["grad_dtype"] = "bf16"
+        if "--overlap-moe-expert-parallel-comm" in f:  # --delay-wgrad-compute needs it (transformer_config.py:2749)
+            out["ep_overlap"] = "a2a-delay-wgrad" if "--delay-wgrad-compute" in f else "a2a"
     else:
         out["engine"] = "megatron-deepspeed"
         zero = (ds or {}).get("zero_optimization") or {}

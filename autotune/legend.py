@@ -45,6 +45,9 @@ NOTATION: dict[str, str] = {
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
     "cg-local|cg-te[:P+P]|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or Transformer "
                                            "Engine, or none (--cuda-graph, --cuda-graph-scope)",
+    "ep-overlap[+dw]|no-ep-overlap": "MoE all-to-alls behind another micro-batch's compute (Megatron "
+                                     "--overlap-moe-expert-parallel-comm; +dw: --delay-wgrad-compute), or not "
+                                     "(--ep-overlap)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -105,6 +108,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "torch_compile": "its files cannot turn torch.compile on",
     "loss_chunks": "its files cannot chunk the loss",
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
+    "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }

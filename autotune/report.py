@@ -205,6 +205,11 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
             f"CUDA graphs {plan.cuda_graph} over " + (" ".join(plan.cuda_graph_scope) if plan.cuda_graph_scope
                                                      else "each layer") + " (--cuda-graph)"
             if plan.cuda_graph not in (None, "none") else "no CUDA graphs"))
+    if plan.ep > 1:
+        out.append("MoE all-to-alls " + ({"a2a": "behind another micro-batch's compute in 1F1B pairs",
+                                          "a2a-delay-wgrad": "behind another micro-batch's compute in 1F1B pairs, "
+                                          "weight gradients delayed"}.get(plan.ep_overlap, "waited for"))
+                   + asked("ep_overlap", "--ep-overlap"))
     if plan.recompute == "selective" and engine.activation_facts(plan).selective == "attention-core":
         out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))
                    + asked("recompute_modules", "--recompute-modules"))

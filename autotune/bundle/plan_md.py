@@ -159,6 +159,12 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                                                        else ""),
                      "no graphs: every kernel launched by the host" if plan.cuda_graph == "none" else
                      "each layer's captured parts launched as one graph (less host launch time, static graph buffers)"))
+    if plan.ep_overlap is not None:
+        rows.append(("EP overlap", plan.ep_overlap, "MoE all-to-alls wait for the experts' input and output"
+                     if plan.ep_overlap == "none" else "each MoE layer's dispatch and combine all-to-alls run beside "
+                     "another micro-batch's compute in 1F1B pairs (Megatron --overlap-moe-expert-parallel-comm"
+                     + (", --delay-wgrad-compute: weight gradients after the data gradients)"
+                        if plan.ep_overlap == "a2a-delay-wgrad" else ")")))
     if plan.recompute_modules is not None:
         rows.append(("recompute modules", " ".join(plan.recompute_modules), "what selective recompute reruns in "
                      "backward instead of keeping its activations (Megatron --recompute-modules)"))

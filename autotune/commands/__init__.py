@@ -21,6 +21,7 @@ from autotune.specs.plan import (
     CUDA_GRAPH_SCOPES,
     CUDA_GRAPHS,
     ENGINE_NAMES,
+    EP_OVERLAPS,
     FP8_RECIPES,
     RECOMPUTE_MODULES,
     RUN_SETTINGS,
@@ -291,6 +292,10 @@ def add_run_settings(g) -> None:
     g.add_argument("--cuda-graph-scope", nargs="+", choices=CUDA_GRAPH_SCOPES, default=None, metavar="PART",
                    help="with --cuda-graph, the parts of each layer captured (Megatron --cuda-graph-modules / "
                         f"--cuda-graph-scope: {', '.join(CUDA_GRAPH_SCOPES)}); default: the whole layer")
+    g.add_argument("--ep-overlap", choices=EP_OVERLAPS, default=None,
+                   help="where ep > 1: the MoE all-to-alls behind another micro-batch's compute (Megatron "
+                        "--overlap-moe-expert-parallel-comm; a2a-delay-wgrad adds --delay-wgrad-compute); needs "
+                        "--vpp with pp > 1; default: the engine's own (none)")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

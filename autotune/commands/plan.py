@@ -47,7 +47,8 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
                 and (not asked.get("torch_compile") or s.torch_compile)
                 and (asked.get("loss_chunks", 1) == 1 or s.loss_chunks)
                 and set(asked.get("recompute_modules", ())) <= set(s.recompute_modules)
-                and asked.get("cuda_graph") in (None, *s.cuda_graphs))
+                and asked.get("cuda_graph") in (None, *s.cuda_graphs)
+                and asked.get("ep_overlap") in (None, *s.ep_overlaps))
 
     return tuple(e for e in engines if runs(e))
 

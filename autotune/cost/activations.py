@@ -314,7 +314,8 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
-    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules")
+    "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
+    "ep_overlap")  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 

@@ -44,6 +44,9 @@ class LayerTime:
     moe_comm_s: float
     module_recompute_s: tuple[tuple[str, float], ...] = ()
     """(module, seconds) of what each of Megatron's selective recompute modules reruns (``recompute_modules``)."""
+    experts_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The routed experts of an MoE layer: (fc1 + fc2 GEMMs, activation forward, activation backward) seconds, what
+    Megatron's EP overlap schedule runs as the layer's "mlp" node (``autotune.cost.ep_overlap``)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -230,8 +233,10 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
         moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
+    experts = ((mlp, act * routed_width, act * routed_width * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
+               if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm,
-                     tuple(modules.items()))
+                     tuple(modules.items()), experts)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:

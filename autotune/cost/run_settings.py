@@ -61,6 +61,8 @@ def without_defaults(plan: ParallelPlan) -> ParallelPlan:
         plan = plan.with_(recompute_modules=None)
     if plan.cuda_graph == "none":  # no engine graphs by default
         plan = plan.with_(cuda_graph=None)
+    if plan.ep_overlap == "none":  # no engine overlaps the all-to-alls by default
+        plan = plan.with_(ep_overlap=None)
     for name, effective in (("fp8_recipe", fp8_recipe), ("tp_overlap", tp_overlap), ("torch_compile", compiled)):
         if getattr(plan, name) is not None:
             unset = plan.with_(**{name: None})

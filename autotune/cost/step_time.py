@@ -1,7 +1,8 @@
 """Step time of one plan: compute, exposed communication, pipeline bubble, offload, optimizer.
 
 The slowest pipeline stage sets the pace. One micro-batch on one stage takes
-``t_mb = compute + TP collectives + exposed CP ring + MoE all-to-all + exposed ZeRO-3 gathers``;
+``t_mb = compute + TP collectives + exposed CP ring + MoE all-to-all + exposed ZeRO-3 gathers`` (the all-to-all
+less what the EP overlap hides behind another micro-batch: ``autotune.cost.ep_overlap``);
 a step runs ``m`` of them plus the 1F1B bubble of ``(pp-1)/vpp`` micro-batches (Narayanan et
 al. 2021, Sec. 2.2), plus the pipeline sends, the data-parallel gradient reduction that the
 last backward could not hide, the offload traffic and the optimizer update.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autotune.cost.ep_overlap import paired_exposed_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.launch import launch_exposed_s
@@ -109,14 +111,15 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
-                                         "recompute_modules", "cuda_graph", "cuda_graph_scope")
+                                         "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
 def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: TimeSettings,
                     engine: Engine) -> tuple[float, tuple]:
-    """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden)
-    seconds), cached over the plan fields they read (``_STAGE_TIME_FIELDS``)."""
+    """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden,
+    moe exposed when paired: ``autotune.cost.ep_overlap``) seconds), cached over the plan fields they read
+    (``_STAGE_TIME_FIELDS``)."""
     key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan))  # ids: the specs hash slowly
     hit = _stage_time_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
@@ -151,7 +154,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
         n_layers = n_dense + n_moe
         rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
-        fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = 0.0
+        fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = moe_paired = 0.0
         for count, lt, is_moe in ((n_dense, dense_layer, False), (n_moe, moe_layer, True)):
             if not count:
                 continue
@@ -168,6 +171,11 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             tp_hidden += count * lp.tp_hidden_s
             cp_c += count * lp.cp_exposed_s
             moe_c += count * lp.moe_s
+            if is_moe and plan.ep_overlapped and lt.moe_comm_s > 0:
+                moe_paired += paired_exposed_s(lt, count, lp.fwd_s + wait_f, lp.bwd_s + wait_b + lp.recompute_s,
+                                               plan.ep_overlap == "a2a-delay-wgrad")
+            else:
+                moe_paired += count * lp.moe_s
         if stage == plan.pp - 1:
             logits = logits_flops_per_token(model) * tokens / t
             logits_s = r.bf16_s(logits, tokens, model.hidden_size, model.vocab_size / t)  # output layer: 16-bit
@@ -177,7 +185,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
-            worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd, n_layers, tp_hidden)
+            worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd, n_layers, tp_hidden, moe_paired)
     assert worst is not None
     return hbm, worst
 
@@ -197,8 +205,13 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     hbm, worst = _critical_stage(model, cluster, plan, settings, engine)
     hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
     assert worst is not None
-    compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden = worst
+    compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden, moe_paired = worst
     hidden += tp_hidden
+    if (share := paired_share(plan)) > 0:  # paired micro-batches hide their all-to-alls behind the other's compute
+        paired_c = share * moe_paired + (1 - share) * moe_c
+        hidden += moe_c - paired_c
+        comm_mb += paired_c - moe_c
+        moe_c = paired_c
     m = plan.num_microbatches
 
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.

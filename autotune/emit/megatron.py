@@ -186,6 +186,15 @@ def _cuda_graph_flags(plan: ParallelPlan, release: str) -> list[str]:
     return args
 
 
+def _ep_overlap_flags(plan: ParallelPlan) -> list[str]:
+    """The EP all-to-all overlap (core_v0.16 .. 0.19 arguments.py, store_true each: emit/megatron_flags_core_v0.*.json);
+    --delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (transformer_config.py:2749-2752 of 0.19.2)."""
+    if not plan.ep_overlapped:
+        return []
+    return ["--overlap-moe-expert-parallel-comm"] + (["--delay-wgrad-compute"] if plan.ep_overlap == "a2a-delay-wgrad"
+                                                     else [])
+
+
 def _optimizer_flags(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> list[str]:
     o = options.optimizer
     if plan.optimizer == "adamw":
@@ -226,6 +235,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += _parallel_flags(model, plan, problems)
     args += _recompute_flags(plan)
     args += _cuda_graph_flags(plan, options.megatron_version)
+    args += _ep_overlap_flags(plan)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)
     args += ["--transformer-impl", "transformer_engine",

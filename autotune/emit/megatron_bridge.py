@@ -136,6 +136,16 @@ def _cuda_graph(plan: ParallelPlan) -> dict:
             "cuda_graph_modules": list(plan.cuda_graph_scope or ()), "use_te_rng_tracker": True}
 
 
+def _ep_overlap(plan: ParallelPlan) -> dict:
+    """TransformerConfig overlap_moe_expert_parallel_comm / delay_wgrad_compute (model_parallel_config.py:343-349 of
+    megatron-core 0.19.2); a recipe's CommOverlapConfig writes its own values (False unless set) over them at setup
+    (Bridge 0.6.2 training/comm_overlap.py:438-439, _override_user_cfgs), so they go there too."""
+    if plan.ep_overlap is None:
+        return {}
+    return {"overlap_moe_expert_parallel_comm": plan.ep_overlapped,
+            "delay_wgrad_compute": plan.ep_overlap == "a2a-delay-wgrad"}
+
+
 def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict:
     out: dict = {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
                  "virtual_pipeline_model_parallel_size": plan.vpp if plan.interleaved else None,
@@ -274,7 +284,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
         problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
     model_keys = (_shape(model) if recipe.hf_model is None else {}) | _parallel(model, plan, problems)
-    model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan)
+    model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "
@@ -296,7 +306,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 "use_megatron_fsdp": False},
         # CommOverlapConfig's own values win over ddp/optimizer at setup (comm_overlap.py _override_user_cfgs).
         "comm_overlap": {"tp_comm_overlap": plan.tp_overlap == "userbuffers", "tp_comm_overlap_cfg": None,
-                         "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
+                         "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather} | _ep_overlap(plan)
         if recipe.comm_overlap else None,
         "mixed_precision": precision,
         "checkpoint": _checkpoint(checkpoint),

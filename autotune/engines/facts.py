@@ -78,6 +78,9 @@ class EngineSupport:
     """Its files can compute the output layer and loss in chunks (``ParallelPlan.loss_chunks``)."""
     cuda_graphs: tuple[str, ...] = ("none",)
     """CUDA graph implementations a plan may ask of it (``ParallelPlan.cuda_graph``, Megatron ``--cuda-graph-impl``)."""
+    ep_overlaps: tuple[str, ...] = ("none",)
+    """Expert-parallel all-to-all overlaps a plan may ask of it (``ParallelPlan.ep_overlap``, Megatron
+    ``--overlap-moe-expert-parallel-comm``)."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""

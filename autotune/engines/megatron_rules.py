@@ -1,7 +1,8 @@
 """Megatron-core's own refusals of the run settings a plan asks of it, where they depend on the model (the rules
 every engine shares are ``support_rules``'). Sources: megatron-core 0.19.2 ``megatron/core/transformer/
 transformer_config.py`` (TransformerConfig.__post_init__), ``megatron/core/models/gpt/gpt_layer_specs.py`` and
-``megatron/core/transformer/transformer_layer.py``; line numbers are that release's.
+``megatron/core/transformer/transformer_layer.py``, ``megatron/training/arguments.py``; line numbers are that
+release's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["recompute_module_rules", "cuda_graph_rules"]
+__all__ = ["recompute_module_rules", "cuda_graph_rules", "ep_overlap_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -84,4 +85,55 @@ def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.cuda_graph == "transformer_engine" and "moe" in modules and scope and "moe_router" in scope:
         bad("moe recompute is not supported with moe_router CUDA graph with --cuda-graph-impl transformer_engine",
             "2527-2535")
+    return out
+
+
+def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-core refuses of the expert-parallel all-to-all overlap (``plan.ep_overlap``:
+    --overlap-moe-expert-parallel-comm, with --delay-wgrad-compute). Always met by what autotune writes, so not
+    rules: the alltoall dispatcher (written with ep > 1, :2683-2686), bf16 or fp16 (FP8 plans train on --bf16,
+    :2701-2704), no --moe-shared-expert-overlap (never written, :2706-2708), torch >= 2.6 (:2671)."""
+    if not plan.ep_overlapped:
+        return []
+    out: list[Rule] = []
+
+    def bad(message: str, source: str) -> None:
+        out.append(Rule(id="megatron:ep_overlap", message=f"Megatron-LM: {message}", source=source))
+
+    if plan.ep <= 1 or model.moe is None:
+        bad("overlap_moe_expert_parallel_comm is only supported with expert model parallelism: use --ep > 1 on an "
+            "MoE model, or drop --ep-overlap", f"{_SRC}:2680-2682")
+    if plan.pp > 1 and not plan.interleaved:
+        bad("if enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
+            "pipeline_model_parallel_size > 1: add --vpp 2 or more, or drop --ep-overlap", f"{_SRC}:2674-2678")
+    if plan.recompute == "full":
+        bad("disable full recomputation when enabling overlap_moe_expert_parallel_comm (nor a recompute method or "
+            "layer count): use --recompute selective or none", f"{_SRC}:2688-2696")
+    if plan.recompute == "selective" and "moe" in (plan.recompute_modules or ()):
+        bad("disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm: recompute moe_act "
+            "instead", f"{_SRC}:2697-2699")
+    if model.num_mtp_layers > 1:
+        bad(f"MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm ({model.name} has "
+            f"{model.num_mtp_layers})", f"{_SRC}:2709-2713")
+    scope = plan.cuda_graph_scope
+    if plan.cuda_graph == "transformer_engine" and scope is None:
+        bad("EP overlap must be disabled when CUDA graph captures the whole MLP/MoE part: name the parts "
+            "(--cuda-graph-scope attn moe_router)", "megatron-core 0.19.2 megatron/core/transformer/"
+            "transformer_layer.py:1255-1264")
+    elif plan.cuda_graph == "transformer_engine" and "mlp" in scope:
+        bad("CUDA graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm: drop mlp from "
+            "--cuda-graph-scope", f"{_SRC}:2738-2746")
+    if plan.cuda_graph == "local":
+        # The overlap schedule calls each layer's parts itself and replays only Transformer Engine graphs (the
+        # layer's cuda_graphs list, models/gpt/fine_grained_callables.py:73-80); local graphs live in the layer's
+        # CudaGraphManager (transformer/module.py:173-179), which that path never calls: they would not run.
+        bad("the EP overlap schedule replays Transformer Engine layer graphs only: use --cuda-graph "
+            "transformer_engine, or drop one", "megatron-core 0.19.2 megatron/core/models/gpt/"
+            "fine_grained_callables.py:73-80")
+    attn_bias = model.linear_bias or model.qkv_bias
+    if (plan.ep_overlap == "a2a-delay-wgrad" and plan.overlap_comm and plan.cuda_graph == "transformer_engine"
+            and scope and "attn" in scope and attn_bias):
+        bad(f"CUDA graph with delay_wgrad_compute doesn't support attn bias for now ({model.name} has attention "
+            "biases): drop attn from --cuda-graph-scope, or use --ep-overlap a2a",
+            "megatron-core 0.19.2 megatron/training/arguments.py:1822-1846")
     return out

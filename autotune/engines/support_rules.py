@@ -86,7 +86,7 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
 
 
 def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
-    """The FP8 recipe, TP overlap, torch.compile, loss chunks and recompute modules a plan asks for (None: the engine's default, always run)."""
+    """The FP8 recipe, TP overlap, torch.compile, loss chunks, CUDA graphs, EP overlap and recompute modules a plan asks for (None: the engine's default, always run)."""
     if plan.fp8_recipe is not None and plan.fp8_recipe not in s.fp8_recipes:
         bad("fp8_recipe", f"no {plan.fp8_recipe} FP8 recipe: "
             + (f"use {' or '.join(s.fp8_recipes)}, or " if s.fp8_recipes else "")
@@ -109,6 +109,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if plan.cuda_graph is not None and plan.cuda_graph not in s.cuda_graphs:
         bad("cuda_graph", f"its files cannot capture {plan.cuda_graph} CUDA graphs: "
             + (f"use {' or '.join(s.cuda_graphs)}, or " if len(s.cuda_graphs) > 1 else "") + "drop --cuda-graph")
+    if plan.ep_overlap is not None and plan.ep_overlap not in s.ep_overlaps:
+        bad("ep_overlap", f"its files cannot overlap the expert-parallel all-to-alls ({plan.ep_overlap}): "
+            + (f"use {' or '.join(s.ep_overlaps)}, or " if len(s.ep_overlaps) > 1 else "") + "drop --ep-overlap")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

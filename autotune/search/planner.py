@@ -194,6 +194,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        torch_compile=settings["torch_compile"], loss_chunks=settings["loss_chunks"],
                        recompute_modules=settings["recompute_modules"],  # with it, dims.recompute is ("selective",)
                        cuda_graph=settings["cuda_graph"], cuda_graph_scope=settings["cuda_graph_scope"],
+                       ep_overlap=settings["ep_overlap"] if layout.ep > 1 else None,  # ep=1 has no all-to-alls
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None)  # tp=1 has no TP collectives
     fp8_recipe = settings["fp8_recipe"]
     for zero, rep in variants:

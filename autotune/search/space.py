@@ -79,6 +79,8 @@ class SearchConstraints:
     """{engine: the release of its package modelled} (``Engine.versions``, ``--engine-version``). An engine named here
     runs its release's own defaults (``Engine.release_defaults``: torchtitan 0.3's 8-chunk loss and rowwise Float8)
     in its plans only, for every run setting above left None; an engine not named, the modelled defaults."""
+    ep_overlap: str | None = None
+    """Every plan's expert-parallel all-to-all overlap where ep > 1 (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 

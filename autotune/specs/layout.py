@@ -179,7 +179,8 @@ def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
 def interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
     """Chunk-micro-batch forwards stage ``stage`` has run, none backward yet, at its interleaved peak."""
     chunks = plan.num_microbatches * plan.vpp
-    warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp, chunks)
+    # One forward more with the EP all-to-all overlap (megatron-core 0.19.2 pipeline_parallel/schedules.py:939-943)
+    warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + plan.ep_overlapped, chunks)
     if plan.num_microbatches == plan.pp:  # Megatron: "all_warmup_microbatches"
         warmup = chunks
     return min(warmup + 1, chunks)

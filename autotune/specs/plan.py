@@ -15,7 +15,7 @@ from autotune.errors import require_no_problems
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
-           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "RUN_SETTINGS"]
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -70,10 +70,16 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # pad MoE only) and "moe_preprocess" are not modelled, nor "full_iteration".
 CUDA_GRAPHS = ("none", "local", "transformer_engine")
 CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
+# Expert-parallel all-to-all overlap (Megatron-core's 1F1B batch-level overlap: one micro-batch's forward runs layer by
+# layer beside another's backward, each one's dispatch / combine all-to-alls behind the other's compute): "a2a" =
+# --overlap-moe-expert-parallel-comm; "a2a-delay-wgrad" adds --delay-wgrad-compute (the weight-gradient GEMMs run
+# apart, after the data gradients, so the backward all-to-alls start sooner). Both flags in core_v0.16 .. 0.19's
+# arguments.py (autotune/emit/megatron_flags_core_v0.*.json); model_parallel_config.py:343-349 of 0.19.2.
+EP_OVERLAPS = ("none", "a2a", "a2a-delay-wgrad")
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
-                "cuda_graph", "cuda_graph_scope")
+                "cuda_graph", "cuda_graph_scope", "ep_overlap")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -173,6 +179,9 @@ class ParallelPlan:
     replaces each captured part's kernel launches. None: the engine's default (none)."""
     cuda_graph_scope: tuple[str, ...] | None = field(default=None, repr=False)
     """With CUDA graphs: the parts of each layer captured (:data:`CUDA_GRAPH_SCOPES`); None: the whole layer."""
+    ep_overlap: str | None = field(default=None, repr=False)
+    """Expert-parallel all-to-all overlap (:data:`EP_OVERLAPS`, Megatron ``--overlap-moe-expert-parallel-comm``
+    [``--delay-wgrad-compute``]). None: the engine's default (none)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -185,7 +194,8 @@ class ParallelPlan:
                 and self.etp is None and self.dp % self.dp_replicate == 0
                 and (self.grad_dtype is None and self.fp8_recipe is None and self.tp_overlap is None
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
-                     and self.cuda_graph is None and self.cuda_graph_scope is None or self._run_settings_valid())):
+                     and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
+                     or self._run_settings_valid())):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -225,6 +235,9 @@ class ParallelPlan:
             problems.append(f"torch_compile must be true, false or absent (the engine's default), "
                             f"got {self.torch_compile!r}")
         problems += self._recompute_module_problems() + self._cuda_graph_problems()
+        if self.ep_overlap not in (None, *EP_OVERLAPS):
+            problems.append(f"ep_overlap must be one of {', '.join(EP_OVERLAPS)} or absent (the engine's default), "
+                            f"got {self.ep_overlap!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -269,7 +282,8 @@ class ParallelPlan:
         """The fast path's check of run settings that are set (a search of an engine release with defaults of its
         own builds every plan with them): each valid, as the full check below has it."""
         chunks, compiled = self.loss_chunks, self.torch_compile
-        if self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None:
+        if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
+                or self.ep_overlap is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
@@ -305,6 +319,11 @@ class ParallelPlan:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
+
+    @property
+    def ep_overlapped(self) -> bool:
+        """The expert-parallel all-to-alls run behind another micro-batch's compute (``ep_overlap``)."""
+        return self.ep_overlap not in (None, "none")
 
     @property
     def interleaved(self) -> bool:

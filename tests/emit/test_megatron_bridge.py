@@ -169,6 +169,7 @@ for folder, recipe, world in json.loads(sys.argv[1]):
         "tp_comm_overlap": [m.tp_comm_overlap, a.comm_overlap and a.comm_overlap.tp_comm_overlap_cfg],
         "graphs": [m.cuda_graph_impl, sorted(str(x).split(".")[-1] for x in m.cuda_graph_modules or []),
                    bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
+        "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
         "precision": [m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_amax_history_len, m.fp8_amax_compute_algo,
                       a.ddp.fp8_param_gather, str(m.params_dtype)],
         "ddp": [a.ddp.use_distributed_optimizer, a.optimizer.use_distributed_optimizer, a.ddp.overlap_grad_reduce,
@@ -230,6 +231,10 @@ CASES = [
     # Transformer Engine CUDA graphs of the attention (model.cuda_graph_impl / cuda_graph_modules)
     ("8b-te-graphs", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="transformer_engine",
                                           cuda_graph_scope=("attn",))),
+    # the EP all-to-alls behind the other micro-batch's compute (model.overlap_moe_expert_parallel_comm,
+    # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
+    ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                    global_batch_size=128, ep_overlap="a2a-delay-wgrad")),
 ]
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
@@ -312,6 +317,7 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
                                 "selective": ["selective", None, None,
                                               list(plan.recompute_modules or ("core_attn",))]}[plan.recompute]
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
+    assert got["ep_overlap"] == [plan.ep_overlapped, plan.ep_overlap == "a2a-delay-wgrad"]
     graphs = plan.cuda_graph not in (None, "none")
     assert got["graphs"][:2] == [plan.cuda_graph or "none", sorted(plan.cuda_graph_scope or ())]
     assert got["graphs"][2:] == ([True, True] if graphs else got["graphs"][2:])

@@ -1,6 +1,6 @@
 """Megatron-core 0.19.2 itself judges the run settings written into ``megatron_args.sh``: its ``parse_args()``,
 ``validate_args()`` and the ``TransformerConfig`` built from the arguments (``core_transformer_config_from_args``,
-whose ``__post_init__`` checks the recompute modules and the CUDA graph scopes) accept every file autotune writes for them, and refuse what
+whose ``__post_init__`` checks the recompute modules, the CUDA graph scopes and the EP overlap) accept every file autotune writes for them, and refuse what
 autotune's own rules refuse (tests/emit/fixtures/megatron_core_config_probe.py; the megatron-core wheel of the test
 tooling, tests/emit/test_megatron_bridge.py, ships ``megatron.training``).
 """
@@ -44,6 +44,11 @@ ACCEPTED = [
     ("mixtral-te-graphs-router", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True,
                                                           cuda_graph="transformer_engine",
                                                           cuda_graph_scope=("attn", "moe_router"))),
+    ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, ep_overlap="a2a")),
+    ("qwen-ep-overlap-vpp-dw-graphs", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, pp=2, vpp=2, sequence_parallel=True,
+                                                                ep_overlap="a2a-delay-wgrad",
+                                                                cuda_graph="transformer_engine",
+                                                                cuda_graph_scope=("attn", "moe_router"))),
 ]
 # (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
 REFUSED = [
@@ -56,6 +61,12 @@ REFUSED = [
     ("graphs-with-full-recompute", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="full",
                                                          cuda_graph="transformer_engine"),
      ("--recompute-granularity full", "--cuda-graph-impl transformer_engine --recompute-granularity full")),
+    ("ep-overlap-with-full-recompute", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, recompute="full",
+                                                                ep_overlap="a2a"),
+     ("--recompute-granularity full", "--overlap-moe-expert-parallel-comm --recompute-granularity full")),
+    ("ep-overlap-pp-without-vpp", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, pp=2, sequence_parallel=True,
+                                                            ep_overlap="a2a"),
+     ("--pipeline-model-parallel-size 2", "--overlap-moe-expert-parallel-comm --pipeline-model-parallel-size 2")),
 ]
 
 
@@ -81,7 +92,8 @@ def verdicts(tmp_path_factory):
         m, c, plan = _plan(model, gpus, kw)
         jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
     for case, model, gpus, kw, (old, new) in REFUSED:
-        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph")} | {"fp8_recipe": None}
+        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph", "ep_overlap")} | {
+            "fp8_recipe": None}
         m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
         assert old in text, (case, text)
@@ -106,6 +118,8 @@ def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
     assert config["cuda_graph_impl"] == kw.get("cuda_graph", "none")
     if "cuda_graph" in kw:  # the parts captured (CudaGraphModule members); none listed: the whole layer
         assert sorted(m.split(".")[-1] for m in config["cuda_graph_modules"]) == sorted(kw.get("cuda_graph_scope", ()))
+    assert config["overlap_moe_expert_parallel_comm"] == ("ep_overlap" in kw)
+    assert config["delay_wgrad_compute"] == (kw.get("ep_overlap") == "a2a-delay-wgrad")
 
 
 @pytest.mark.parametrize("case", [c[0] for c in REFUSED])
@@ -113,7 +127,9 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
     _, model, gpus, kw, _ = next(c for c in REFUSED if c[0] == case)
     got = verdicts[case]
     assert not got["ok"] and got["stage"] == "TransformerConfig", got
-    with pytest.raises(InputError, match="recompute"):
+    with pytest.raises(InputError, match="recompute" if "ep_overlap" not in kw else "EP A2A overlap|recomputation"):
         _plan(model, gpus, kw)
+    if "ep_overlap" in kw:  # the same requirement, in megatron-core's words
+        assert "EP A2A overlap" in got["error"] or "full recomputation" in got["error"], got
     if "cuda_graph" in kw:
         assert "full recompute is only supported with full iteration CUDA graph" in got["error"]

@@ -28,6 +28,7 @@ from autotune.specs.presets import load_model_preset
 
 GPU = "h100-sxm-80gb"
 MODEL = load_model_preset("llama3-8b")
+MOE = load_model_preset("qwen3-30b-a3b")  # the settings only MoE models have (ep_overlap), with ep 8
 CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
 # The file of each engine that states the whole plan, read back as `estimate --from` reads it: torchtitan's 0.2 TOML
 # (it has async TP and tensorwise Float8, which 0.3 has not), its 0.3 module for the chunked loss (which 0.2 has not).
@@ -48,7 +49,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             # the default, and modules a dense Llama has (the MoE and MLA ones: test_recompute_modules_of_moe_and_mla)
             "recompute_modules": (("core_attn",), ("mlp",), ("core_attn", "mlp")) if s.recompute_modules else (),
             "cuda_graph": s.cuda_graphs if len(s.cuda_graphs) > 1 else (),
-            "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else ()}
+            "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else (),
+            "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -62,15 +64,20 @@ def _gpu(**setting) -> str:
     return BLACKWELL if setting.get("fp8_recipe") in ("te-mxfp8", "torchao-mxfp8") else GPU
 
 
+def _model(**setting):
+    return MOE if "ep_overlap" in setting else MODEL
+
+
 def _plan(engine: str, **setting) -> ParallelPlan:
+    moe = {"ep": 8} if "ep_overlap" in setting else {}
     fp8 = "fp8_recipe" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
     if "cuda_graph_scope" in setting:  # what the graphs capture
         setting = {"cuda_graph": "transformer_engine", **setting}
-    return make_plan(MODEL, CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
+    return make_plan(_model(**setting), CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
                      seq_len=4096, engine=engine, zero_stage=3 if engine == "fsdp" else 1,
                      precision="fp8" if fp8 else "bf16", **({"recompute": "selective"} if selective else {}),
-                     **setting)
+                     **moe, **setting)
 
 
 def _effective(plan: ParallelPlan) -> tuple:
@@ -78,7 +85,7 @@ def _effective(plan: ParallelPlan) -> tuple:
     return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
-            plan.cuda_graph_scope)
+            plan.cuda_graph_scope, plan.ep_overlap or "none")
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -89,9 +96,9 @@ def test_every_engine_with_a_choice_has_a_file_read_back():
 def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, value):
     plan = _plan(engine, **{name: value})
     gpu = _gpu(**{name: value})
-    cluster = CLUSTERS[gpu]
-    assert not plan_problems(MODEL, cluster, plan)
-    est = estimate(MODEL, cluster, plan)
+    cluster, model = CLUSTERS[gpu], _model(**{name: value})
+    assert not plan_problems(model, cluster, plan)
+    est = estimate(model, cluster, plan)
     names, release = _files(engine, name)
     files = render_bundle(est, EmitOptions(torchtitan_version=release)).files
     for file in names:
@@ -102,11 +109,11 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     again = estimate(job.model, job.cluster, back, job.settings)
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
-    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules") else {}))
+    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", "ep_overlap") else {}))
     if name == "cuda_graph_scope":  # against the same graphs over the whole layer
         default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
-        before = estimate(MODEL, cluster, default)
+        before = estimate(model, cluster, default)
         assert (before.time.step_time_s, before.memory.total) != pytest.approx(
             (est.time.step_time_s, est.memory.total), rel=1e-6)
         assert getattr(back, name) == value  # and the plan read back says it
@@ -118,7 +125,8 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 @pytest.mark.parametrize("engine", [e for e in ENGINES if e not in READ_BACK])
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
-                        ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine")):
+                        ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
+                        ("ep_overlap", "a2a")):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
