@@ -31,8 +31,8 @@ __all__ = ["register", "run"]
 
 def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
     """``--engine``, narrowed to the engines that run every asked run setting (--grad-dtype, --fp8-recipe,
-    --tp-overlap, --compile) when the engines were left to the default (an engine named with --engine that does
-    not run one is refused plan by plan, with the rule's reason)."""
+    --tp-overlap, --compile, ...: ``EngineSupport.runs``) when the engines were left to the default (an engine
+    named with --engine that does not run one is refused plan by plan, with the rule's reason)."""
     engines = tuple(args.engine)
     asked = run_setting_args(args)
     if not asked or engines != tuple(ENGINE_NAMES):
@@ -40,15 +40,8 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
     from autotune.engines import engine_for
 
     def runs(name: str) -> bool:
-        s = engine_for(name).support
-        return (asked.get("grad_dtype") in (None, *s.grad_dtypes)
-                and asked.get("fp8_recipe") in (None, *s.fp8_recipes)
-                and asked.get("tp_overlap") in (None, *s.tp_overlaps)
-                and (not asked.get("torch_compile") or s.torch_compile)
-                and (asked.get("loss_chunks", 1) == 1 or s.loss_chunks)
-                and set(asked.get("recompute_modules", ())) <= set(s.recompute_modules)
-                and asked.get("cuda_graph") in (None, *s.cuda_graphs)
-                and asked.get("ep_overlap") in (None, *s.ep_overlaps))
+        support = engine_for(name).support
+        return all(support.runs(setting, value) for setting, value in asked.items())
 
     return tuple(e for e in engines if runs(e))
 

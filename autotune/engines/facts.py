@@ -85,6 +85,18 @@ class EngineSupport:
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
 
+    def runs(self, name: str, value: object) -> bool:
+        """Whether its files can run the run setting ``name`` (one of ``ParallelPlan``'s ``RUN_SETTINGS``) at
+        ``value``; None, the engine's default, always runs. The one place that reads the fields above for it."""
+        if value is None:
+            return True
+        return {"grad_dtype": lambda: value in self.grad_dtypes, "fp8_recipe": lambda: value in self.fp8_recipes,
+                "tp_overlap": lambda: value in self.tp_overlaps,
+                "torch_compile": lambda: not value or self.torch_compile,
+                "loss_chunks": lambda: value == 1 or self.loss_chunks, "cuda_graph": lambda: value in self.cuda_graphs,
+                "cuda_graph_scope": lambda: len(self.cuda_graphs) > 1, "ep_overlap": lambda: value in self.ep_overlaps,
+                "recompute_modules": lambda: set(value) <= set(self.recompute_modules)}[name]()
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommSchedule:

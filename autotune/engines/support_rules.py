@@ -75,7 +75,7 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
                             f"set dp_replicate=1")
     if plan.precision not in s.precisions:
         bad("precision", f"no {plan.precision} training: use {' or '.join(s.precisions)}")
-    if plan.grad_dtype is not None and plan.grad_dtype not in s.grad_dtypes:
+    if not s.runs("grad_dtype", plan.grad_dtype):
         bad("grad_dtype", f"{plan.grad_dtype} gradients are not modelled for this engine: leave the gradient dtype "
                           f"to the engine (drop --grad-dtype)")
     elif plan.grad_dtype == "bf16" and plan.precision == "fp16":
@@ -86,13 +86,14 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
 
 
 def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
-    """The FP8 recipe, TP overlap, torch.compile, loss chunks, CUDA graphs, EP overlap and recompute modules a plan asks for (None: the engine's default, always run)."""
-    if plan.fp8_recipe is not None and plan.fp8_recipe not in s.fp8_recipes:
+    """The FP8 recipe, TP overlap, torch.compile, loss chunks, CUDA graphs, EP overlap and recompute modules a plan
+    asks for (None: the engine's default, always runs; ``EngineSupport.runs`` says which values the engine runs)."""
+    if not s.runs("fp8_recipe", plan.fp8_recipe):
         bad("fp8_recipe", f"no {plan.fp8_recipe} FP8 recipe: "
             + (f"use {' or '.join(s.fp8_recipes)}, or " if s.fp8_recipes else "")
             + "leave the recipe to the engine (drop --fp8-recipe)")
     overlap = plan.tp_overlap
-    if overlap is not None and overlap not in s.tp_overlaps:
+    if not s.runs("tp_overlap", overlap):
         bad("tp_overlap", f"no {overlap} TP communication overlap: use {' or '.join(s.tp_overlaps)} (--tp-overlap)")
     elif overlap not in (None, "none") and plan.tp == 1:
         bad("tp_overlap", f"{overlap} overlaps tensor-parallel collectives, and tp=1 has none: drop --tp-overlap")
@@ -102,14 +103,14 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     elif overlap == "async-tp" and plan.torch_compile is False:
         bad("tp_overlap", "async TP needs torch.compile (torchtitan distributed/tensor_parallel.py: \"Async TP "
                           "requires 'model' in --compile.components and --compile.enable\"): drop --no-compile")
-    if plan.torch_compile and not s.torch_compile:
+    if not s.runs("torch_compile", plan.torch_compile):
         bad("torch_compile", "its files cannot turn torch.compile on: drop --compile")
-    if plan.loss_chunks is not None and plan.loss_chunks > 1 and not s.loss_chunks:
+    if not s.runs("loss_chunks", plan.loss_chunks):
         bad("loss_chunks", "its files compute the loss over the whole sequence at once: drop --loss-chunks")
-    if plan.cuda_graph is not None and plan.cuda_graph not in s.cuda_graphs:
+    if not s.runs("cuda_graph", plan.cuda_graph):
         bad("cuda_graph", f"its files cannot capture {plan.cuda_graph} CUDA graphs: "
             + (f"use {' or '.join(s.cuda_graphs)}, or " if len(s.cuda_graphs) > 1 else "") + "drop --cuda-graph")
-    if plan.ep_overlap is not None and plan.ep_overlap not in s.ep_overlaps:
+    if not s.runs("ep_overlap", plan.ep_overlap):
         bad("ep_overlap", f"its files cannot overlap the expert-parallel all-to-alls ({plan.ep_overlap}): "
             + (f"use {' or '.join(s.ep_overlaps)}, or " if len(s.ep_overlaps) > 1 else "") + "drop --ep-overlap")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
