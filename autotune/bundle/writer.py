@@ -15,7 +15,7 @@ Replacing (``force``) never leaves the target missing and never deletes a file t
 - the aside copy is removed only when every entry of it is a file emit writes (this bundle's files
   and those the previous ``plan.md`` lists); otherwise it is kept and ``notes`` says where, and so
   does every later ``autotune emit`` of the same folder
-  (:func:`autotune.commands.emit.clean_leftovers`), which never deletes an aside copy.
+  (:func:`autotune.commands.emit_out.clean_leftovers`), which never deletes an aside copy.
 """
 
 from __future__ import annotations
