@@ -27,7 +27,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import ipaddress
 import json
 import math
 import os
@@ -40,6 +39,9 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from autotune.specs.hardware import ClusterSpec
+from autotune.tune.hosts import is_local as _is_local
+from autotune.tune.hosts import resolve as _resolve
+from autotune.tune.hosts import ssh_problem as _ssh_problem
 from autotune.tune.trialspec import TrialResult, TrialSpec
 
 __all__ = ["LaunchSettings", "Launcher", "Torchrun", "DeepSpeedLauncher", "Slurm", "launcher_for", "launch_argv",
@@ -49,7 +51,6 @@ LAUNCHERS = ("torchrun", "deepspeed", "slurm")
 SLURM_RECORD_NAME = "slurm.json"
 """Written by :mod:`autotune.tune.slurm_step` into the trial's folder: job/step ids, per-task states, how it ended."""
 
-SSH_TIMEOUT_S = 3
 SLURM_ENFORCE_SLACK_S = 30.0
 """slurmctld checks time limits every 30 s (PERIODIC_TIMEOUT); seen here: a 1-minute step ended at 73 s."""
 
@@ -120,33 +121,6 @@ class Torchrun(Launcher):
 
 
 # --------------------------------------------------------------------------------------------- DeepSpeed
-
-
-def _local_addresses() -> set[str]:
-    import psutil
-
-    out = {"127.0.0.1", "::1"}
-    with contextlib.suppress(Exception):
-        for addrs in psutil.net_if_addrs().values():
-            out.update(a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
-    return out
-
-
-def _resolve(host: str) -> set[str] | None:
-    """The addresses ``host`` resolves to (None: it does not resolve)."""
-    try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except (socket.gaierror, UnicodeError, OSError):
-        return None
-
-
-def _is_local(addresses: set[str]) -> bool:
-    local = _local_addresses()
-    for a in addresses:
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(a).is_loopback or a in local:
-                return True
-    return False
 
 
 class DeepSpeedLauncher(Launcher):
@@ -257,22 +231,6 @@ class DeepSpeedLauncher(Launcher):
         # --no_local_rank: ranks read LOCAL_RANK from the environment, as under torchrun.
         argv += ["--master_port", str(_free_port()), "--no_python", "--no_local_rank", sys.executable]
         return env + argv
-
-
-def _ssh_problem(host: str) -> str:
-    """Why ``ssh -o BatchMode=yes HOST true`` fails ('' when it works)."""
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}", host, "true"]
-    if shutil.which("ssh") is None:
-        return "ssh is not installed"
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 7,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return f"no answer within {SSH_TIMEOUT_S + 7} s"
-    if proc.returncode == 0:
-        return ""
-    last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-    return last
 
 
 # --------------------------------------------------------------------------------------------- SLURM
