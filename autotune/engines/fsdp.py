@@ -98,7 +98,9 @@ class FSDPEngine(Engine):
         # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;
         # with TP torchtitan runs it under DTensor loss_parallel (vocab-sharded logits). Linears: DTensor
         # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs.
-        return ActivationFacts(loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
+        # Selective recompute: torchtitan's op-level SAC (the emitted TOML's selective_ac_option = "op", and the
+        # built-in trainer's apply_ac); torchtitan 0.3's save set through release_cost_settings.
+        return ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
                                gathered_linear_inputs=True, fp8_input_bytes=2)
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
@@ -223,8 +225,11 @@ class FSDPEngine(Engine):
                          + (f"(the first {plan.recompute_num_layers} of each stage) " if plan.recompute_num_layers
                             else "") + "before fully_shard")
         elif plan.recompute == "selective":
-            needs.append("torch.utils.checkpoint.checkpoint(attention_core, q, k, v, use_reentrant=False) inside "
-                         "each attention (selective recompute)")
+            needs.append("op-level selective activation checkpointing on every block before fully_shard (torchtitan "
+                         "selective_ac_option = 'op'): checkpoint_wrapper(block, context_fn=...) with "
+                         "create_selective_checkpoint_contexts(policy) saving the outputs of aten.mm (all but every "
+                         "second mm of the block), the SDPA kernels, reduce_scatter_tensor and max; gate and up "
+                         "projections as two mms")
         if plan.tp > 1:
             needs.append("before fully_shard: parallelize_module(block, mesh['tp'], {q/k/v and fc1 (gate|up, "
                          "interleaved per rank): ColwiseParallel(), o and fc2: RowwiseParallel()}), the embedding "
