@@ -41,7 +41,7 @@ from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
-__all__ = ["LayerActivations", "layer_activations", "block_linears", "block_mms", "block_addmms",
+__all__ = ["LayerActivations", "layer_activations", "block_linears", "block_mms",
            "op_sac_layer_bytes", "recompute_module_bytes", "loss_backward_bytes", "embedding_activation_bytes",
            "output_activation_bytes", "stage_activation_bytes"]
 
@@ -233,17 +233,11 @@ def block_linears(model: ModelSpec) -> list[tuple[str, int, int, bool]]:
 
 
 def block_mms(model: ModelSpec) -> list[tuple[str, int, int]]:
-    """A dense block's ``aten.mm`` calls in module order, as torchtitan's op-level SAC counts them: (tp kind, input
-    width, output width) of the bias-free linears of :func:`block_linears`. A linear with a bias runs
-    ``aten.addmm`` instead (``F.linear`` on a 3-D input with a bias: addmm on the flattened input; seen in torch
-    2.13's dispatch, tests/cost/test_op_sac.py), which is not in the save list and not counted: it reruns. The
-    policy saves the 1st, 3rd, 5th... mm outputs (``[0::2]``) and reruns the others (``[1::2]``)."""
+    """A dense block's ``aten.mm`` calls in module order, as torchtitan's op-level SAC counts them: the bias-free
+    linears of :func:`block_linears` (a 3-D ``F.linear`` with a bias runs ``aten.addmm``, seen in torch 2.13's
+    dispatch, tests/cost/test_op_sac.py: not in the save list, not counted, rerun). The policy saves the 1st, 3rd,
+    5th... mm outputs (``[0::2]``) and reruns the others (``[1::2]``)."""
     return [(kind, k, n) for kind, k, n, biased in block_linears(model) if not biased]
-
-
-def block_addmms(model: ModelSpec) -> list[tuple[str, int, int]]:
-    """The block's linears with a bias (``aten.addmm``): op-level SAC reruns every one of them."""
-    return [(kind, k, n) for kind, k, n, biased in block_linears(model) if biased]
 
 
 def op_sac_layer_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
