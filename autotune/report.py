@@ -186,9 +186,13 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
             f"CUDA graphs {plan.cuda_graph} over " + (" ".join(plan.cuda_graph_scope) if plan.cuda_graph_scope
                                                      else "each layer") + " (--cuda-graph)"
             if plan.cuda_graph not in (None, "none") else "no CUDA graphs"))
-    if plan.recompute == "selective" and engine.activation_facts(plan).selective == "attention-core":
+    policy = getattr(settings, "selective_policy", None) or engine.activation_facts(plan).selective
+    if plan.recompute == "selective" and policy == "attention-core":
         out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))
                    + asked("recompute_modules", "--recompute-modules"))
+    elif plan.recompute == "selective":
+        out.append("selective recompute is torchtitan's op-level SAC: every second mm of a block and its other "
+                   "non-attention ops rerun" + (", Float8 GEMM outputs kept (0.3)" if policy == "op-sac-0.3" else ""))
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

@@ -19,7 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.cost.activations import block_linears, block_mms, stage_activation_bytes
 from autotune.cost.memory import estimate_memory
+from autotune.cost.step_time import TimeSettings
 from autotune.engines import engine_for
+from autotune.report import assumed_settings
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
@@ -121,3 +123,12 @@ def test_the_fsdp_engine_estimates_op_sac_and_its_03_release_its_own():
     total = {p: estimate_memory(model, cluster, plan, MemorySettings(selective_policy=p)).total
              for p in (None, "op-sac", "attention-core")}
     assert total[None] == total["op-sac"] < total["attention-core"]
+
+
+def test_the_estimate_names_the_policy_it_assumed():
+    plan = ParallelPlan(engine="fsdp", dp=8, seq_len=4096, global_batch_size=8, recompute="selective")
+    assert any("op-level SAC" in s and "Float8" not in s for s in assumed_settings(plan, TimeSettings()))
+    assert any("Float8 GEMM outputs kept" in s
+               for s in assumed_settings(plan, TimeSettings(selective_policy="op-sac-0.3")))
+    megatron = assumed_settings(plan.with_(engine="megatron"), TimeSettings())
+    assert any(s.startswith("selective recompute reruns core_attn") for s in megatron)
