@@ -210,9 +210,13 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                                           "a2a-delay-wgrad": "behind another micro-batch's compute in 1F1B pairs, "
                                           "weight gradients delayed"}.get(plan.ep_overlap, "waited for"))
                    + asked("ep_overlap", "--ep-overlap"))
-    if plan.recompute == "selective" and engine.activation_facts(plan).selective == "attention-core":
+    policy = getattr(settings, "selective_policy", None) or engine.activation_facts(plan).selective
+    if plan.recompute == "selective" and policy == "attention-core":
         out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))
                    + asked("recompute_modules", "--recompute-modules"))
+    elif plan.recompute == "selective":
+        out.append("selective recompute is torchtitan's op-level SAC: every second mm of a block and its other "
+                   "non-attention ops rerun" + (", Float8 GEMM outputs kept (0.3)" if policy == "op-sac-0.3" else ""))
     if plan.world_size > plan.model_parallel_size:
         reduce = "overlapped with backward" if plan.overlap_comm else "after backward"
         out.append(f"data-parallel gradient reduction {reduce}"

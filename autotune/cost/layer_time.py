@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.cost import comm
-from autotune.cost.activations import block_mms, recomputed
+from autotune.cost.activations import block_linears, block_mms, recomputed
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.kernels import Rates
 from autotune.specs.hardware import ClusterSpec
@@ -191,14 +191,15 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     elementwise = tokens * (res_fwd / t_seq + wide_fwd / t) / hbm
     # torchtitan op-level SAC (models/llama3/infra/parallelize.py _custom_policy, as activations.op_sac_layer_bytes
     # keeps): the outputs of aten.mm are saved except every second one (activations.block_mms[1::2] rerun: wk, wo
-    # and w3, or fc2), SDPA's are saved, every other op reruns (norms, activation, RoPE, adds); under Float8 the
-    # linears run aten._scaled_mm, not in the save list, so all of them rerun with their casts. Dense blocks only.
+    # and w3, or fc2; linears with a bias run aten.addmm and all rerun), SDPA's are saved, every other op
+    # reruns (norms, activation, RoPE, adds); under Float8 the linears run aten._scaled_mm, not in the save list, so
+    # all of them rerun with their casts. Dense blocks only.
     if plan.precision == "fp8":
         rerun_gemms = gemm
     else:
+        rerun = block_mms(model)[1::2] + [(kind, k, n) for kind, k, n, biased in block_linears(model) if biased]
         rerun_gemms = sum(_gemm_s(2 * tokens * k * n / t, tokens, k, n / t, gemm_peak, eff) if kind == "col" else
-                          _gemm_s(2 * tokens * k * n / t, tokens, k / t, n, gemm_peak, eff)
-                          for kind, k, n in block_mms(model)[1::2])
+                          _gemm_s(2 * tokens * k * n / t, tokens, k / t, n, gemm_peak, eff) for kind, k, n in rerun)
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
     if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
         casts = tokens * cast_width / t * r.cast_bytes / 2 / hbm

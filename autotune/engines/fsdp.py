@@ -102,7 +102,9 @@ class FSDPEngine(Engine):
         # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs; so does its MX
         # linear (mx_mm ``ctx.save_for_backward(input_hp, weight_hp)``: torchao v0.16.0 prototype/mx_formats/
         # mx_linear.py:53, v0.18.0 prototype/moe_training/mxfp8_linear.py:108), which re-casts them in backward.
-        return ActivationFacts(loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
+        # Selective recompute: torchtitan's op-level SAC (the emitted TOML's selective_ac_option = "op", and the
+        # built-in trainer's apply_ac); torchtitan 0.3's save set through release_cost_settings.
+        return ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
                                gathered_linear_inputs=True, fp8_input_bytes=2)
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
@@ -238,8 +240,11 @@ class FSDPEngine(Engine):
                          + (f"(the first {plan.recompute_num_layers} of each stage) " if plan.recompute_num_layers
                             else "") + "before fully_shard")
         elif plan.recompute == "selective":
-            needs.append("torch.utils.checkpoint.checkpoint(attention_core, q, k, v, use_reentrant=False) inside "
-                         "each attention (selective recompute)")
+            needs.append("op-level selective activation checkpointing on every block before fully_shard (torchtitan "
+                         "selective_ac_option = 'op'): checkpoint_wrapper(block, context_fn=...) with "
+                         "create_selective_checkpoint_contexts(policy) saving the outputs of aten.mm (all but every "
+                         "second mm of the block), the SDPA kernels, reduce_scatter_tensor and max; gate and up "
+                         "projections as two mms")
         if plan.tp > 1:
             needs.append("before fully_shard: parallelize_module(block, mesh['tp'], {q/k/v and fc1 (gate|up, "
                          "interleaved per rank): ColwiseParallel(), o and fc2: RowwiseParallel()}), the embedding "

@@ -12,7 +12,8 @@
 - ``CPUOffloadPolicy`` with offload_param = offload_optimizer = cpu (parameters, gradients, optimizer step on
   the host);
 - activation checkpointing: full (every block, or ``recompute_num_layers`` of each stage, via
-  ``checkpoint_wrapper``) or selective (the attention core, the model's own checkpoint);
+  ``checkpoint_wrapper``) or selective: torchtitan 0.2.2's op-level SAC on every block, what the emitted torchtitan
+  files run (``selective_ac_option = "op"``; :func:`autotune.train.fsdp_model.apply_ac`);
 - tensor parallelism: DTensor ``parallelize_module`` (:mod:`autotune.train.fsdp_model`) on the ``tp`` mesh,
   composed with FSDP2 (2-D); every TP rank of a data-parallel group draws the same batches;
 - pipeline parallelism: ``torch.distributed.pipelining`` (:mod:`autotune.train.pipelining`), 1F1B or
@@ -120,7 +121,8 @@ def build(est, device, seed: int):
     dp_mesh = mesh["dp_replicate", "dp_shard"] if dp_rep > 1 else mesh["dp_shard"]
     torch.manual_seed(seed)
     # fp32 parameters: FSDP2's sharded parameters are the master weights; MixedPrecisionPolicy casts for compute.
-    full = build_model(spec, seq_len=plan.seq_len, recompute=plan.recompute, flash_attention=plan.flash_attention,
+    # No recompute of the model's own: apply_ac wraps the blocks (full: checkpoint_wrapper; selective: op-level SAC).
+    full = build_model(spec, seq_len=plan.seq_len, recompute="none", flash_attention=plan.flash_attention,
                        dtype=torch.float32)
     stages = virtual_stages(spec.num_layers, plan.pp, plan.vpp, engine_for(plan).support.layer_split)
     pp_rank = mesh["pp"].get_local_rank()

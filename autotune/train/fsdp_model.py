@@ -27,7 +27,8 @@ from torch import nn
 
 from autotune.workloads.transformer import DecoderLM, bool_dropout
 
-__all__ = ["StageModule", "lm_loss", "apply_tp", "apply_ac", "apply_fsdp"]
+__all__ = ["StageModule", "lm_loss", "apply_tp", "apply_ac", "apply_fsdp", "op_sac_save_ops",
+           "op_sac_context_fn"]
 
 
 class StageModule(nn.Module):
@@ -127,16 +128,105 @@ def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool
                                                                   output_layouts=Replicate()))
 
 
+def op_sac_save_ops() -> set:
+    """The ops whose outputs torchtitan 0.2.2's op-level SAC keeps (``_op_sac_save_list``,
+    torchtitan/models/llama3/infra/parallelize.py lines 36-51 at tag v0.2.2): ``aten.mm``, the SDPA kernels
+    (efficient, flash, cudnn, math, fused-overrideable), ``_c10d_functional.reduce_scatter_tensor``, ``aten.max``,
+    flex attention, varlen attention and inductor-compiled code (the last three where this torch has them).
+    Added here: ``aten._scaled_dot_product_flash_attention_for_cpu``, the kernel SDPA runs on CPU, so a CPU run
+    keeps the attention output and log-sum-exp as a GPU run keeps its flash kernel's."""
+    import torch
+
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+           aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+           aten._scaled_dot_product_attention_math.default,
+           aten._scaled_dot_product_fused_attention_overrideable.default,
+           torch.ops._c10d_functional.reduce_scatter_tensor.default, aten.max.default,
+           aten._scaled_dot_product_flash_attention_for_cpu.default}
+    hops = torch._higher_order_ops
+    ops |= {op for op in (getattr(hops, "flex_attention", None), getattr(hops, "inductor_compiled_code", None))
+            if op is not None}
+    if hasattr(torch.ops, "torch_attn") and hasattr(torch.ops.torch_attn, "_varlen_attn"):
+        ops.add(torch.ops.torch_attn._varlen_attn.default)
+    return ops
+
+
+def op_sac_context_fn(save_ops: set):
+    """``context_fn`` for ``torch.utils.checkpoint``: torchtitan 0.2.2's op-level SAC policy
+    (torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``, lines 98-128 at v0.2.2): a fresh per-call
+    count of ``aten.mm`` (forward and recompute counted apart, ``ctx.is_recompute``); an op in ``save_ops`` is
+    MUST_SAVE except every second mm (the 2nd, 4th, ... of the block), every other op PREFER_RECOMPUTE; a
+    device-to-host ``_to_copy`` is always saved. (torchtitan's per-FQN forced-recompute mm shapes are empty by
+    default and left out.)"""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    mm = torch.ops.aten.mm.default
+
+    def context_fn():
+        counts: defaultdict = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            if (func == torch.ops.aten._to_copy.default and "cuda" in str(args[0].device)
+                    and str(kwargs.get("device", "")) == "cpu"):
+                return CheckpointPolicy.MUST_SAVE
+            key = "recompute" if ctx.is_recompute else "forward"
+            if func == mm:
+                counts[key] += 1
+            save = func in save_ops and not (func == mm and counts[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+class _GateThenUp(nn.Linear):
+    """SwiGLU's fused [gate | up] fc1 run as two GEMMs, gate then up, as torchtitan's Llama ``FeedForward`` runs
+    ``w1`` and ``w3`` (two ``nn.Linear``; torchtitan/models/llama3/model/model.py), so op-level SAC's mm count
+    (every second mm recomputed) meets the same sequence: wq, wk, wv, wo, w1, w3, w2. Same parameters and result.
+    Under TP (``ColwiseParallel``) the local weight rows are this rank's [gate_r | up_r]
+    (:func:`_interleave_swiglu_rows`): the GEMMs run on the local shards and the output is this rank's Shard(-1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Shard
+
+        w, b, mesh = self.weight, self.bias, None
+        if isinstance(w, DTensor):
+            mesh = w.device_mesh
+            x = x.to_local(grad_placements=(Partial(),))  # replicated input: its gradient is a partial sum
+            w, b = w.to_local(), None if b is None else b.to_local()
+        half = w.shape[0] // 2
+        gate = F.linear(x, w[:half], None if b is None else b[:half])
+        up = F.linear(x, w[half:], None if b is None else b[half:])
+        y = torch.cat([gate, up], dim=-1)
+        return y if mesh is None else DTensor.from_local(y, mesh, (Shard(-1),), run_check=False)
+
+
 def apply_ac(stage: StageModule, recompute: str, num_layers: int | None) -> None:
-    """Full recompute: each block (or the first ``num_layers`` of the stage) wrapped in a non-reentrant
-    checkpoint; selective recompute is the model's own attention-core checkpoint (built in)."""
-    if recompute != "full":
+    """Full recompute: each block (or the first ``num_layers`` of the stage) wrapped in a non-reentrant checkpoint
+    (``checkpoint_wrapper``). Selective: torchtitan 0.2.2's op-level SAC (``selective_ac_option = "op"``, the
+    torchtitan files autotune emits) on every block: ``checkpoint_wrapper(block, context_fn=...)`` with
+    :func:`op_sac_context_fn` over :func:`op_sac_save_ops`; build the model without its own attention-core
+    checkpoint (``recompute="none"``)."""
+    if recompute not in ("full", "selective"):
         return
+    from functools import partial
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
+    wrap = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    if recompute == "selective":
+        wrap = partial(wrap, context_fn=op_sac_context_fn(op_sac_save_ops()))
+        for block in stage.layers.values():
+            if getattr(block.mlp, "swiglu", False):
+                block.mlp.fc1.__class__ = _GateThenUp
     for i, key in enumerate(list(stage.layers)):
-        if num_layers is None or i < num_layers:
-            stage.layers[key] = checkpoint_wrapper(stage.layers[key], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if recompute == "selective" or num_layers is None or i < num_layers:
+            stage.layers[key] = wrap(stage.layers[key])
 
 
 def apply_fsdp(stage: StageModule, dp_mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype,

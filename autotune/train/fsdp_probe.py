@@ -14,7 +14,10 @@ the optimizer states exist, then during the second step measures:
 - *optimizer_states*: every tensor of ``optimizer.state`` (exp_avg, exp_avg_sq, step), local shards;
 - *saved activations* of the forward: tensors autograd packs for backward (``saved_tensors_hooks``), unique by
   storage, leaving out parameters (FSDP2's unsharded parameters and views of them: the weights GEMMs keep)
-  and tensors alive before the forward (the batch), as ``autotune.workloads.measure`` does for DeepSpeed.
+  and tensors alive before the forward (the batch, the model's buffers), as ``autotune.workloads.measure`` does
+  for DeepSpeed; plus what a checkpointed block keeps that those hooks do not see (inside a checkpoint region
+  its own hooks pack): storages that ops output while a block's own forward runs and that are still alive, with
+  their size, after the forward (op-level SAC's cache of the saved ops' outputs; none for full recompute).
 
 Rank 0 writes ``{"world_size", "results": {config: {"per_rank": [...]}}}``.
 """
@@ -33,6 +36,7 @@ PROBE_CONFIGS = {
     "zero0": {"zero_stage": 0},
     "zero3-offload": {"zero_stage": 3, "offload_param": "cpu", "offload_optimizer": "cpu"},
     "zero3-full-recompute": {"zero_stage": 3, "recompute": "full"},
+    "zero3-op-sac": {"zero_stage": 3, "recompute": "selective"},
 }
 MICRO_BATCH, SEQ_LEN = 2, 128
 
@@ -65,6 +69,58 @@ def _is_param_like(t) -> bool:
     return base.is_leaf and base.requires_grad
 
 
+def _block_outputs_mode():
+    """A ``TorchDispatchMode`` that weakly records the storage of every op output while a block's own forward runs
+    (``inside`` > 0: :func:`_block_hooks`); ``alive()`` after the forward says which are still held."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Mode(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside, self.refs = 0, {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if self.inside and not getattr(func, "is_view", False):  # a view (of a weight, say) is no new storage
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        ref = StorageWeakRef(_local(t).untyped_storage())
+                        self.refs.setdefault(ref.cdata, ref)
+            return out
+
+        def alive(self) -> dict[int, int]:
+            """data_ptr -> bytes now of the recorded storages still alive (0-byte ones left out)."""
+            found = {}
+            for ref in self.refs.values():
+                if not ref.expired():
+                    st = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+                    if st.data_ptr() and st.nbytes():
+                        found[st.data_ptr()] = st.nbytes()
+            return found
+
+    return Mode()
+
+
+def _block_hooks(model, mode) -> list:
+    """Forward pre/post hooks on each block's own module (inside checkpoint_wrapper and fully_shard, so FSDP2's
+    gathers and reshards stay outside) that count ``mode.inside`` up and down."""
+    handles = []
+    for block in model.layers.values():
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+
+        def pre(module, args):
+            mode.inside += 1
+
+        def post(module, args, out):
+            mode.inside -= 1
+
+        handles += [inner.register_forward_pre_hook(pre), inner.register_forward_hook(post)]
+    return handles
+
+
 def _measure(model_spec, plan, device) -> dict:
     import torch
 
@@ -83,7 +139,8 @@ def _measure(model_spec, plan, device) -> dict:
     optimizer.zero_grad(set_to_none=True)
 
     ids, labels = next(batches)
-    before = {ids.untyped_storage().data_ptr(), labels.untyped_storage().data_ptr()}
+    # alive before the forward: the batch and the model's buffers (RoPE tables: a checkpoint saves them as inputs)
+    before = {t.untyped_storage().data_ptr() for t in (ids, labels, *model.buffers())}
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -92,15 +149,22 @@ def _measure(model_spec, plan, device) -> dict:
             saved.setdefault(st.data_ptr(), st.nbytes())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    mode = _block_outputs_mode()
+    hooks = _block_hooks(model, mode)
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = lm_loss(model(ids), labels)
-    activations = sum(saved.values())
+    for h in hooks:
+        h.remove()
+    kept = mode.alive()
+    for ptr in (*before, loss.untyped_storage().data_ptr()):
+        kept.pop(ptr, None)
+    activations = sum((kept | saved).values())
     loss.backward()
     params = list(model.parameters())
     out = {"params": _bytes(params), "grads": _bytes(p.grad for p in params if p.grad is not None),
            "optimizer_states": _bytes(v for s in optimizer.state.values() for v in s.values()
                                       if isinstance(v, torch.Tensor)),
-           "saved_activations": activations,
+           "saved_activations": activations, "block_kept_unseen": sum(v for k, v in kept.items() if k not in saved),
            "param_dtypes": sorted({str(_local(p).dtype) for p in params}),
            "grad_dtypes": sorted({str(_local(p.grad).dtype) for p in params if p.grad is not None})}
     optimizer.zero_grad(set_to_none=True)
@@ -129,9 +193,11 @@ def compare(doc: dict) -> list[tuple[str, str, int, float]]:
     """(config, category, measured bytes of the most loaded rank, ledger bytes) for every config and category:
     params / grads / optimizer_states (``estimate_memory`` through the fsdp engine, host and device together:
     on this machine both are RAM) and saved_activations (the ledger's stored activations, as
-    ``autotune.workloads.ledger_check.compare_activations`` counts them, CPU LayerNorm statistics made explicit)."""
+    ``autotune.workloads.ledger_check.compare_activations`` counts them, with the fsdp engine's activation facts:
+    selective is op-level SAC; CPU LayerNorm statistics made explicit)."""
     from autotune.cost.activations import stage_activation_bytes
     from autotune.cost.memory import estimate_memory
+    from autotune.engines import engine_for
     from autotune.specs.loading import load_cluster
     from autotune.specs.presets import load_model_preset
     from autotune.workloads.ledger_check import CPU_LAYERNORM_STAT_BYTES, GPU_LAYERNORM_STAT_BYTES
@@ -145,10 +211,12 @@ def compare(doc: dict) -> list[tuple[str, str, int, float]]:
         assert s is not None
         ledger = {"params": s.weights + s.host_weights, "grads": s.gradients + s.host_gradients,
                   "optimizer_states": s.optimizer_states + s.host_optimizer_states}
-        parts = stage_activation_bytes(model, plan, 0)
-        act = sum(v for k, v in parts.items() if k != "recompute_working_set")
-        if model.norm == "layernorm":
-            stored = 0 if plan.recompute == "full" else model.num_layers * model.norms_per_layer
+        parts = stage_activation_bytes(model, plan, 0, engine_for(plan).activation_facts(plan),
+                                       engine_for(plan).support.layer_split)
+        # what the forward leaves saved: the recompute working set and the loss's gradients come in backward
+        act = sum(v for k, v in parts.items() if k not in ("recompute_working_set", "loss_backward"))
+        if model.norm == "layernorm":  # blocks under full recompute or op-level SAC keep no norm statistics
+            stored = model.num_layers * model.norms_per_layer if plan.recompute == "none" else 0
             act -= (stored + 1 + int(model.embedding_norm)) * plan.micro_batch_size * plan.seq_len * (
                 GPU_LAYERNORM_STAT_BYTES - CPU_LAYERNORM_STAT_BYTES)
         ledger["saved_activations"] = act

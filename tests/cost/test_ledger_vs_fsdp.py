@@ -5,7 +5,7 @@ MixedPrecisionPolicy bf16 params / fp32 reduce, CPUOffloadPolicy when offloading
 DTensor shards of the parameters and gradients, the optimizer state and the saved activations of the most
 loaded rank. The ledger (``estimate_memory`` through the fsdp engine, ``fsdp2_states``) must match the model
 states within 2% and the saved activations within 10%, for a GPT-style (tied, LayerNorm) and a Llama-style
-model (the table: ``python bench/fsdp_ledger.py``).
+model, with no recompute, full recompute and op-level SAC (the table: ``python bench/fsdp_ledger.py``).
 """
 
 from __future__ import annotations
@@ -49,3 +49,8 @@ def test_fsdp2_shards_as_measured(probe):
     assert res["zero3"]["optimizer_states"] == pytest.approx(res["zero0"]["optimizer_states"] / 2, rel=1e-3)
     # full recompute keeps only the block inputs
     assert res["zero3-full-recompute"]["saved_activations"] < res["zero3"]["saved_activations"] / 2
+    # op-level SAC keeps more than that and less than no recompute; what it keeps beyond the block inputs sits in
+    # SAC's cache, outside the saved-tensor hooks (the probe's block_kept_unseen), none of it without recompute
+    sac, full, none = res["zero3-op-sac"], res["zero3-full-recompute"], res["zero3"]
+    assert full["saved_activations"] < sac["saved_activations"] < none["saved_activations"]
+    assert sac["block_kept_unseen"] > 0 and none["block_kept_unseen"] == 0

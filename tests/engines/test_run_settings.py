@@ -279,7 +279,10 @@ def test_the_torchtitan_release_sets_its_own_defaults_and_the_files_match(tmp_pa
     code, out, err = _cli([*EST_FSDP, "--engine-version", "fsdp=0.2", "--json"], capsys)
     v02 = json.loads(out)
     assert code == 0 and "loss_chunks" not in v02["plan"] and "fp8_recipe" not in v02["plan"]
-    assert v03["memory"]["total"] < v02["memory"]["total"] - 8 * 2**30  # 1/8 of the fp32 logits and loss buffers
+    # 1/8 of the fp32 logits and loss buffers (the layers differ too: 0.3's SelectiveAC keeps the Float8 GEMMs' outputs)
+    loss = [sum(v["memory"]["activation_parts"].get(k, 0) for k in ("output_and_loss", "loss_backward"))
+            for v in (v03, v02)]
+    assert loss[0] < loss[1] - 8 * 2**30
     code, out, err = _cli([*EST_FSDP, "--engine-version", "fsdp=0.3", "--loss-chunks", "2"], capsys)
     assert code == 0 and "runs --fp8-recipe torchao-rowwise unless told otherwise" in err
     assert "--loss-chunks 8" not in err  # the flag given wins and is not said as a default
