@@ -34,7 +34,8 @@ NOTATION: dict[str, str] = {
     "opt->cpu|nvme": "optimizer states offloaded to host memory or NVMe",
     "param->cpu|nvme": "parameters offloaded (ZeRO-3)",
     "mbMxA": "micro-batch of M sequences, A of them (accumulation steps) per optimizer step",
-    "rc-selective|full": "activation recompute: attention only, or whole layers",
+    "rc-selective|full": ("activation recompute: part of each layer (Megatron: the attention core, or "
+                          "--recompute-modules; FSDP2: torchtitan's op-level SAC), or whole layers"),
     "rc:M+M": "what selective recompute reruns: Megatron's recompute modules (--recompute-modules)",
     "bf16|fp16|fp8": "training precision",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",

@@ -237,7 +237,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism (default: on when tp > 1)")
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="selective",
-                   help="activation recompute: none, selective (attention only) or full (default selective)")
+                   help="activation recompute: none, selective (Megatron: the attention core or "
+                        "--recompute-modules; FSDP2: torchtitan's op-level SAC) or full (default selective)")
     g.add_argument("--recompute-num-layers", type=positive_int, help="full recompute: layers per stage to recompute")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp8"), default="bf16",
                    help="training precision (default bf16)")
