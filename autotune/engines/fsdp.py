@@ -37,6 +37,11 @@ FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gra
                  "and again for its backward"}
 
 
+# FSDPEngine.activation_facts: the same two objects for every plan (a cache key of the ledger's).
+_FACTS = ActivationFacts(loss_backward_bytes_per_logit=8.0, gathered_linear_inputs=True, fp8_input_bytes=2)
+_TP_FACTS = ActivationFacts(loss_backward_bytes_per_logit=12.0, gathered_linear_inputs=True, fp8_input_bytes=2)
+
+
 class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
@@ -98,8 +103,7 @@ class FSDPEngine(Engine):
         # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;
         # with TP torchtitan runs it under DTensor loss_parallel (vocab-sharded logits). Linears: DTensor
         # ColwiseParallel saves its gathered input. Float8: torchao saves the high-precision inputs.
-        return ActivationFacts(loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
-                               gathered_linear_inputs=True, fp8_input_bytes=2)
+        return _TP_FACTS if plan.tp > 1 else _FACTS
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
         # torchao float8 casts the weight inside each GEMM's autograd function (dynamic tensorwise scaling):
