@@ -15,7 +15,11 @@ from autotune.specs.layout import pipeline_split, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_RECIPE_CAPABILITY, ParallelPlan
 
-__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems"]
+__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems", "GENERIC_PREFIX_RULES"]
+
+# The generic rules after the NVMe ones and before the engine's that read nothing but the layout, the precision and
+# the run settings (see plan_problems).
+GENERIC_PREFIX_RULES = frozenset({"sp_tp", "seq_positions", "precision_gpu", "fp8_recipe_gpu"})
 
 
 def _divisors(n: int) -> str:
@@ -26,7 +30,11 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   uneven_layouts: bool = True) -> list[tuple[str, str]]:
     """Every rule the plan breaks, as (rule id, message naming the fix). ``uneven_layouts=False``: the planner's
     default search space, which keeps to the classic Megatron splits (``layout.classic_megatron_split``) and
-    refuses the rest by the rules that refused them before Megatron-core's uneven layouts were modelled."""
+    refuses the rest by the rules that refused them before Megatron-core's uneven layouts were modelled.
+
+    The order is the planner's to rely on (``autotune.search.planner._probe_rule``): the layout rules, the NVMe
+    ones, then rules that read the layout, the precision and the run settings only (``GENERIC_PREFIX_RULES``), the
+    inner ones (micro-batch, accumulation, recompute), then the engine's (``support_rules.LAYOUT_DIMS`` first)."""
     out: list[tuple[str, str]] = []
 
     def bad(rule: str, message: str) -> None:

@@ -21,7 +21,8 @@ from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.cost.uncertainty import Uncertainty
 from autotune.engines import engine_for
 from autotune.report import plan_summary
-from autotune.rules import inner_plan_problems, plan_problems
+from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
+from autotune.rules import GENERIC_PREFIX_RULES, inner_plan_problems, plan_problems
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -39,7 +40,12 @@ _INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_
 _LAYOUT_RULES = frozenset({"world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp",
                            "seq_cp", "seq_sp", "ep_dense", "experts_ep", "ep_dp"})
 
-_UNCHECKED = object()  # an inner rule cache miss (None: checked, no rule broken)
+# Rules a variant's probe may break before the engine's variant rules, reading only the layout, the precision and the
+# run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
+_PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
+
+_UNCHECKED = object()
+_VERIFY_SHORTCUTS = False  # tests: check every shortcut answer of _probe_rule against the probe's plan_problems  # an inner rule cache miss (None: checked, no rule broken)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +146,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     feasible: list[Estimate] = []
     enumerated = 0
     inner = len(dims.recompute) * len(dims.micro_batch_sizes)
+    variant_rules: dict[tuple, str | None] = {}  # _probe_rule's, over every layout
 
     for engine in dims.engines:
         for tp in dims.tp:
@@ -164,7 +171,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                 rejections[broken[0][0]] += len(variants) * per_variant
                                 continue
                             _search_variants(model, cluster, layout, variants, dims, memory_settings,
-                                             time_settings, min_headroom, rejections, feasible)
+                                             time_settings, min_headroom, rejections, feasible, variant_rules)
                             enumerated += len(variants) * per_variant
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
@@ -178,7 +185,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
 
 
 def _search_variants(model, cluster, layout, variants, dims, memory_settings, time_settings, min_headroom,
-                     rejections, feasible) -> None:
+                     rejections, feasible, variant_rules) -> None:
     """Every ZeRO stage / replica count / offload / precision variant of one layout that passed the layout rules.
 
     Two shortcuts, both exact. The rules other than the inner ones read the replica count only as
@@ -202,6 +209,10 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        cuda_graph=settings["cuda_graph"], cuda_graph_scope=settings["cuda_graph_scope"],
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None)  # tp=1 has no TP collectives
     fp8_recipe = settings["fp8_recipe"]
+    # The first rule a variant's probe breaks, where it follows from the rules already seen (``_probe_rule``):
+    # {precision: this layout's prefix rule (None: none breaks)}.
+    prefix: dict[str, str | None] = {}
+    shortcut = "nvme" not in (*dims.offload_optimizer, *dims.offload_param)  # NVMe rules come before the prefix
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
@@ -211,19 +222,49 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                                 fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
                     if key not in outer_rule:
-                        # Layout rules once, on a representative of the inner loops.
-                        probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
-                                             recompute=dims.recompute[0] if settings["recompute_modules"] else "none",
-                                             **base)
-                        outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
-                                 if r not in _INNER_RULES]
-                        outer_rule[key] = outer[0] if outer else None
+                        outer_rule[key] = _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules,
+                                                      shortcut)
                     if outer_rule[key] is not None:
                         rejections[outer_rule[key]] += inner
                         continue
                     _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
                                   gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
+
+
+def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut) -> str | None:
+    """The first rule, other than the inner ones, that a variant of a layout breaks (None: none), as ``plan_problems``
+    finds it on a representative plan (the probe) of the variant's inner loops.
+
+    Two shortcuts, exact by ``plan_problems``' order (see there): the layout rules never break here (the layout passed
+    them), so a probe's first rule is its prefix rule if one breaks (``GENERIC_PREFIX_RULES`` and the engine's
+    ``LAYOUT_DIMS``: they read the layout, the precision and the engine's run settings, so every variant of the
+    layout at that precision breaks the same one first), else its first ``VARIANT_DIMS`` rule if one breaks (they
+    read the engine, the ZeRO stage, pp > 1, the offloads, dp_replicate > 1, the precision and the gradient dtype,
+    so every layout with the same breaks the same one), else whatever the rest of the rules say. A probe is built
+    and checked only where the rules seen so far do not tell."""
+    engine, precision = base["engine"], base["precision"]
+    known = prefix.get(precision, _UNCHECKED) if shortcut else _UNCHECKED
+    vkey = (engine, base["zero_stage"], base["pp"] > 1, base["offload_optimizer"], base["offload_param"],
+            base["dp_replicate"] > 1, precision, base["grad_dtype"])
+    told = known if known is not _UNCHECKED and known is not None else (
+        variant_rules.get(vkey) if known is None else None)  # no prefix rule: a variant rule seen elsewhere
+    if told is not None and not _VERIFY_SHORTCUTS:
+        return told
+    probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, base["global_batch_size"] // base["dp"]),
+                         recompute=dims.recompute[0] if settings["recompute_modules"] else "none", **base)
+    outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
+             if r not in _INNER_RULES]
+    first = outer[0] if outer else None
+    if told is not None:
+        assert first == told, f"probe shortcut said {told}, the rules {first}: {probe}"
+    if shortcut:
+        engine_dim = first[len(engine) + 1:] if first and first.startswith(engine + ":") else None
+        is_prefix = first in _PREFIX_RULES or engine_dim in LAYOUT_DIMS
+        prefix[precision] = first if is_prefix else None
+        if not is_prefix:
+            variant_rules[vkey] = first if engine_dim in VARIANT_DIMS else None
+    return first
 
 
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
