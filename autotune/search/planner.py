@@ -22,7 +22,8 @@ from autotune.cost.uncertainty import Uncertainty
 from autotune.engines import engine_for
 from autotune.report import plan_summary
 from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
-from autotune.rules import GENERIC_PREFIX_RULES, inner_plan_problems, plan_problems
+from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner_plan_problems, plan_problems,
+                            vpp_problems)
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -36,10 +37,11 @@ __all__ = ["SearchResult", "search_plans", "explain_winner"]
 _INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_layers"})
 # Generic rules over the layout alone (engine, tp, cp, pp, vpp, ep), the first plan_problems checks: when a layout
 # breaks one, each of its ZeRO / replica / offload / precision variants breaks it first too, so they are counted
-# against it without being built.
-_LAYOUT_RULES = frozenset({"world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp",
-                           "seq_cp", "seq_sp", "ep_dense", "experts_ep", "ep_dp"})
-
+# against it without being built. Only the VPP_RULES among them read vpp: a layout's first one follows from a
+# layout that differs in vpp alone (its first other layout rule) and the vpp rules (_search_plans).
+_LAYOUT_RULES = frozenset(LAYOUT_RULES)
+_NOT_VPP_RULES = _LAYOUT_RULES - frozenset(VPP_RULES)
+_BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 # Rules a variant's probe may break before the engine's variant rules, reading only the layout, the precision and the
 # run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
@@ -149,6 +151,8 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     variant_rules: dict[tuple, str | None] = {}  # _probe_rule's, over every layout
 
     for engine in dims.engines:
+        scheme = engine_for(engine).support.layer_split
+        other_rule: dict[tuple, str | None] = {}  # (tp, cp, pp, ep) -> its first layout rule not on vpp (None: none)
         for tp in dims.tp:
             for cp in dims.cp:
                 for pp in dims.pp:
@@ -161,18 +165,18 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                         for ep in dims.ep:
                             variants = [(z, r) for z in dims.zero_stages
                                         for r in replica_counts(dims, engine, z, dp, tp, cp)]
-                            layout = ParallelPlan(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep,
-                                                  seq_len=seq_len, global_batch_size=global_batch_size,
-                                                  sequence_parallel=sp, micro_batch_size=1,
-                                                  grad_accum_steps=max(1, global_batch_size // dp))
-                            broken = plan_problems(model, cluster, layout, uneven_layouts=dims.uneven_layouts)
-                            if broken and broken[0][0] in _LAYOUT_RULES:
-                                enumerated += len(variants) * per_variant
-                                rejections[broken[0][0]] += len(variants) * per_variant
-                                continue
-                            _search_variants(model, cluster, layout, variants, dims, memory_settings,
-                                             time_settings, min_headroom, rejections, feasible, variant_rules)
                             enumerated += len(variants) * per_variant
+                            shape = (engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp)
+                            checked = (tp, cp, pp, ep) in other_rule and not _VERIFY_SHORTCUTS
+                            layout = None if checked else _layout_plan(*shape)
+                            first = _layout_rule(model, cluster, layout, (tp, cp, pp, ep), vpp, scheme, dims,
+                                                 other_rule)
+                            if first is not None:
+                                rejections[first] += len(variants) * per_variant
+                                continue
+                            _search_variants(model, cluster, layout or _layout_plan(*shape), variants, dims,
+                                             memory_settings, time_settings, min_headroom, rejections, feasible,
+                                             variant_rules)
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started
@@ -182,6 +186,33 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                         engine_versions={e: r for e, r in c.engine_versions.items() if e in c.engines},
                         release_defaults={engine: {"release": c.engine_versions[engine], "settings": dict(taken)}
                                           for engine, taken in dims.release_defaults.items()})
+
+
+def _layout_plan(engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp) -> ParallelPlan:
+    """The plan a layout's rules are checked on: ZeRO stage 0, no offload, micro-batch 1 (the rules read none)."""
+    return ParallelPlan(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep, seq_len=seq_len,
+                        global_batch_size=global_batch_size, sequence_parallel=sp, micro_batch_size=1,
+                        grad_accum_steps=max(1, global_batch_size // dp))
+
+
+def _layout_rule(model, cluster, layout, group, vpp, scheme, dims, other_rule) -> str | None:
+    """The first layout rule (``LAYOUT_RULES``) a layout breaks, None: none. Its first rule that does not read vpp is
+    the same for every vpp of the layout (``other_rule``, by (tp, cp, pp, ep): ``plan_problems`` lists every rule a
+    plan breaks, so one check of one of them tells); those before the vpp rules come first, then the vpp rules
+    (``vpp_problems``, checked alone), then the rest. ``layout``: the plan, where it is to be checked in full."""
+    other = other_rule.get(group, _UNCHECKED)
+    told = _UNCHECKED
+    if other is not _UNCHECKED:
+        on_vpp = () if other in _BEFORE_VPP_RULES else vpp_problems(model.num_layers, group[2], vpp, scheme,
+                                                                    dims.uneven_layouts)
+        told = on_vpp[0][0] if on_vpp else other
+        if not _VERIFY_SHORTCUTS:
+            return told
+    broken = [r for r, _ in plan_problems(model, cluster, layout, uneven_layouts=dims.uneven_layouts)]
+    first = broken[0] if broken and broken[0] in _LAYOUT_RULES else None
+    assert told is _UNCHECKED or told == first, f"layout shortcut said {told}, the rules {first}: {layout}"
+    other_rule[group] = next((r for r in broken if r in _NOT_VPP_RULES), None)
+    return first
 
 
 def _search_variants(model, cluster, layout, variants, dims, memory_settings, time_settings, min_headroom,
