@@ -213,6 +213,29 @@ def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
 # every replica count (tests/search/test_replica_monotonicity), so the planner's replica counts of a plan share them.
 _PARTS_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name != "dp_replicate"))
 _parts_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
+# The same less the recompute settings, which no engine's buffers read (nor ``_common_buffer_bytes``:
+# tests/cost/test_memory_caches.py): the planner's recompute modes of a plan share its buffers.
+_BUFFER_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
+    "dp_replicate", "recompute", "recompute_num_layers", "recompute_modules")))
+_buffers_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
+
+
+def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
+                    stages: tuple) -> tuple:
+    """(buffer parts, their sum) of each stage of ``stages`` (``_stages_activations``), cached over
+    ``_BUFFER_FIELDS``."""
+    key = (id(model), id(settings), _BUFFER_FIELDS(plan))  # the specs hash slowly: their ids
+    hit = _buffers_cache.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not settings:
+        if len(_buffers_cache) > 65536:
+            _buffers_cache.clear()
+        out = []
+        for stage, groups, *_ in stages:
+            buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
+                engine, model, plan, stage, groups, settings)
+            out.append((buffer_parts, sum(buffer_parts.values())))
+        hit = _buffers_cache[key] = (model, settings, tuple(out))
+    return hit[2]
 
 
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings) -> tuple:
@@ -226,13 +249,11 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         facts = engine.activation_facts(plan)
         if settings.selective_policy is not None:
             facts = dataclasses.replace(facts, selective=settings.selective_policy)
-        out = []
-        for stage, groups, dense, expert, activation_parts, activations in _stages_activations(
-                model, plan, facts, engine.support.layer_split):
-            buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
-                engine, model, plan, stage, groups, settings)
-            out.append((stage, dense, expert, activation_parts, activations, buffer_parts, sum(buffer_parts.values())))
-        hit = _parts_cache[key] = (model, settings, tuple(out))
+        stages = _stages_activations(model, plan, facts, engine.support.layer_split)
+        hit = _parts_cache[key] = (model, settings, tuple(
+            (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
+            for (stage, _, dense, expert, activation_parts, activations), (buffer_parts, buffers)
+            in zip(stages, _stages_buffers(engine, model, plan, settings, stages))))
     return hit[2]
 
 

@@ -252,20 +252,22 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                                 offload_param=off_param, precision=precision,
                                 fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
+                    probe = None
                     if key not in outer_rule:
-                        outer_rule[key] = _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules,
-                                                      shortcut)
+                        outer_rule[key], probe = _probe_rule(model, cluster, dims, base, settings, prefix,
+                                                             variant_rules, shortcut)
                     if outer_rule[key] is not None:
                         rejections[outer_rule[key]] += inner
                         continue
                     _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
-                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
+                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key, probe)
 
 
-def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut) -> str | None:
+def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut) \
+        -> tuple[str | None, ParallelPlan | None]:
     """The first rule, other than the inner ones, that a variant of a layout breaks (None: none), as ``plan_problems``
-    finds it on a representative plan (the probe) of the variant's inner loops.
+    finds it on a representative plan (the probe) of the variant's inner loops; and the probe, where one was built.
 
     Two shortcuts, exact by ``plan_problems``' order (see there): the layout rules never break here (the layout passed
     them), so a probe's first rule is its prefix rule if one breaks (``GENERIC_PREFIX_RULES`` and the engine's
@@ -281,25 +283,33 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
     told = known if known is not _UNCHECKED and known is not None else (
         variant_rules.get(vkey) if known is None else None)  # no prefix rule: a variant rule seen elsewhere
     if told is not None and not _VERIFY_SHORTCUTS:
-        return told
+        return told, None
     probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, base["global_batch_size"] // base["dp"]),
                          recompute=dims.recompute[0] if settings["recompute_modules"] else "none", **base)
-    outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
-             if r not in _INNER_RULES]
+    if known is None:
+        # No generic rule but the inner ones breaks (the layout's, NVMe's and the prefix's do not): the engine's
+        # rules (its layout ones do not break either) are plan_problems' rest, in its order.
+        outer = [r.id for r in engine_for(engine).plan_problems(model, cluster, probe) if r.id not in _INNER_RULES]
+        told = told if told is not None else outer[0] if outer else None
+    if known is not None or _VERIFY_SHORTCUTS:
+        outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
+                 if r not in _INNER_RULES]
+        assert known is _UNCHECKED or (outer[0] if outer else None) == told, \
+            f"probe shortcut said {told}, the rules {outer[:1]}: {probe}"
     first = outer[0] if outer else None
-    if told is not None:
-        assert first == told, f"probe shortcut said {told}, the rules {first}: {probe}"
     if shortcut:
         engine_dim = first[len(engine) + 1:] if first and first.startswith(engine + ":") else None
         is_prefix = first in _PREFIX_RULES or engine_dim in LAYOUT_DIMS
         prefix[precision] = first if is_prefix else None
         if not is_prefix:
             variant_rules[vkey] = first if engine_dim in VARIANT_DIMS else None
-    return first
+    return first, probe
 
 
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
+                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key, probe) -> None:
+    """The recompute modes and micro-batches of one variant (``base``). ``probe``: the plan its rules were checked on
+    (``_probe_rule``), or None; where it is one of these plans, it is that plan."""
     rep = base["dp_replicate"]
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
@@ -319,8 +329,12 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if rule is not None and rule is not _UNCHECKED:
                 rejections[rule] += 1
                 continue
-            plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
-                                recompute=recompute, **base)
+            if probe is not None and probe.micro_batch_size == mb and probe.recompute == recompute \
+                    and probe.grad_accum_steps == global_batch_size // (mb * dp):
+                plan = probe  # built from the same base
+            else:
+                plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
+                                    recompute=recompute, **base)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
@@ -328,10 +342,13 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                     rejections[problems[0][0]] += 1
                     continue
             memory = estimate_memory(model, cluster, plan, memory_settings)
-            if not memory.fits or memory.headroom < min_headroom:
-                reason = ("host_memory" if memory.fits_gpu and not memory.fits_host
-                          else "gpu_memory" if not memory.fits_gpu else "headroom")
-                if not memory.fits_gpu and (known is None or i < known[0]):
+            total = memory.total  # MemoryEstimate's fits_gpu, fits_host and headroom, read once
+            fits_gpu = total <= memory.capacity
+            if not (fits_gpu and memory.host_per_node <= memory.host_capacity_per_node) \
+                    or memory.capacity - total < min_headroom:
+                reason = "host_memory" if fits_gpu and not memory.fits_host else "gpu_memory" if not fits_gpu \
+                    else "headroom"
+                if not fits_gpu and (known is None or i < known[0]):
                     gpu_full_at[(*variant, recompute)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
                 rest = len(mbs) - i
