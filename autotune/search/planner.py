@@ -309,7 +309,8 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
                   rejections, feasible, gpu_full_at, variant, inner_rule, rules_key, probe) -> None:
     """The recompute modes and micro-batches of one variant (``base``). ``probe``: the plan its rules were checked on
-    (``_probe_rule``), or None; where it is one of these plans, it is that plan."""
+    (``_probe_rule``), or None; where it is one of these plans, it is that plan, and the others are made from it
+    (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
     rep = base["dp_replicate"]
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
@@ -332,9 +333,11 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if probe is not None and probe.micro_batch_size == mb and probe.recompute == recompute \
                     and probe.grad_accum_steps == global_batch_size // (mb * dp):
                 plan = probe  # built from the same base
+            elif probe is not None:
+                plan = probe.with_microbatch(mb, global_batch_size // (mb * dp), recompute)
             else:
-                plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
-                                    recompute=recompute, **base)
+                plan = probe = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
+                                            recompute=recompute, **base)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
