@@ -8,10 +8,11 @@ violated rule at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from autotune.errors import require_no_problems
+from autotune.specs.frozen import copier
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
@@ -323,7 +324,8 @@ class ParallelPlan:
     def with_microbatch(self, micro_batch_size: int, grad_accum_steps: int, recompute: str) -> ParallelPlan:
         """``with_(micro_batch_size=..., grad_accum_steps=..., recompute=...)``, as the planner's inner loop asks for
         ~10^4 of them: the other fields are this (valid) plan's, so only the three are checked, and the copy is
-        made without the frozen dataclass's per-field ``object.__setattr__`` (a third of the time)."""
+        made without the frozen dataclass's per-field ``object.__setattr__`` (``autotune.specs.frozen``: a third of
+        the time)."""
         if not (type(micro_batch_size) is int and micro_batch_size >= 1 and type(grad_accum_steps) is int
                 and grad_accum_steps >= 1 and recompute in _RECOMPUTES
                 and (self.recompute_modules is None or recompute == "selective")):
@@ -332,24 +334,4 @@ class ParallelPlan:
         return _copy_with_microbatch(self, micro_batch_size, grad_accum_steps, recompute)
 
 
-class _Unfrozen(ParallelPlan):
-    """ParallelPlan's layout (no slots of its own) with plain attribute stores: ``_copy_with_microbatch`` fills one
-    and makes it a ParallelPlan (``__class__`` assignment, allowed between classes of one layout)."""
-
-    __slots__ = ()
-    __setattr__ = object.__setattr__
-
-
-def _copy_source() -> str:
-    inner = ("micro_batch_size", "grad_accum_steps", "recompute")
-    lines = [f"    new.{f.name} = plan.{f.name}" for f in fields(ParallelPlan) if f.name not in inner]
-    return ("def _copy_with_microbatch(plan, micro_batch_size, grad_accum_steps, recompute):\n"
-            "    new = _new(_Unfrozen)\n" + "\n".join(lines) + "\n"
-            + "".join(f"    new.{name} = {name}\n" for name in inner)
-            + "    new.__class__ = ParallelPlan\n    return new\n")
-
-
-# Straight-line code over the fields (as dataclasses writes __init__), so that it follows them when they change.
-_namespace = {"_new": object.__new__, "_Unfrozen": _Unfrozen, "ParallelPlan": ParallelPlan}
-exec(_copy_source(), _namespace)
-_copy_with_microbatch = _namespace["_copy_with_microbatch"]
+_copy_with_microbatch = copier(ParallelPlan, ("micro_batch_size", "grad_accum_steps", "recompute"))
