@@ -243,6 +243,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
     # The first rule a variant's probe breaks, where it follows from the rules already seen (``_probe_rule``):
     # {precision: this layout's prefix rule (None: none breaks)}.
     prefix: dict[str, str | None] = {}
+    first_probe: list[ParallelPlan] = []  # the layout's first probe, the others' source
     shortcut = "nvme" not in (*dims.offload_optimizer, *dims.offload_param)  # NVMe rules come before the prefix
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
@@ -255,7 +256,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                     probe = None
                     if key not in outer_rule:
                         outer_rule[key], probe = _probe_rule(model, cluster, dims, base, settings, prefix,
-                                                             variant_rules, shortcut)
+                                                             variant_rules, shortcut, first_probe)
                     if outer_rule[key] is not None:
                         rejections[outer_rule[key]] += inner
                         continue
@@ -264,10 +265,11 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                                   gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key, probe)
 
 
-def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut) \
+def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut, first_probe) \
         -> tuple[str | None, ParallelPlan | None]:
     """The first rule, other than the inner ones, that a variant of a layout breaks (None: none), as ``plan_problems``
-    finds it on a representative plan (the probe) of the variant's inner loops; and the probe, where one was built.
+    finds it on a representative plan (the probe) of the variant's inner loops; and the probe, where one was built
+    (from the layout's first, ``first_probe``, where there is one).
 
     Two shortcuts, exact by ``plan_problems``' order (see there): the layout rules never break here (the layout passed
     them), so a probe's first rule is its prefix rule if one breaks (``GENERIC_PREFIX_RULES`` and the engine's
@@ -284,8 +286,13 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
         variant_rules.get(vkey) if known is None else None)  # no prefix rule: a variant rule seen elsewhere
     if told is not None and not _VERIFY_SHORTCUTS:
         return told, None
-    probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, base["global_batch_size"] // base["dp"]),
-                         recompute=dims.recompute[0] if settings["recompute_modules"] else "none", **base)
+    if first_probe:  # the layout's probes differ in these fields alone
+        probe = first_probe[0].with_sharding(base["zero_stage"], base["dp_replicate"], base["offload_optimizer"],
+                                             base["offload_param"], precision, base["fp8_recipe"])
+    else:
+        probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, base["global_batch_size"] // base["dp"]),
+                             recompute=dims.recompute[0] if settings["recompute_modules"] else "none", **base)
+        first_probe.append(probe)
     if known is None:
         # No generic rule but the inner ones breaks (the layout's, NVMe's and the prefix's do not): the engine's
         # rules (its layout ones do not break either) are plan_problems' rest, in its order.

@@ -333,5 +333,16 @@ class ParallelPlan:
                            recompute=recompute)  # reports what is wrong
         return _copy_with_microbatch(self, micro_batch_size, grad_accum_steps, recompute)
 
+    def with_sharding(self, zero_stage: int, dp_replicate: int, offload_optimizer: str, offload_param: str,
+                      precision: str, fp8_recipe: str | None) -> ParallelPlan:
+        """``with_(...)`` of these six fields (the planner's variants of one layout), checked as the constructor checks
+        them (``__post_init__``), copied as ``with_microbatch`` copies."""
+        new = _copy_with_sharding(self, zero_stage, dp_replicate, offload_optimizer, offload_param, precision,
+                                  fp8_recipe)
+        new.__post_init__()
+        return new
+
 
 _copy_with_microbatch = copier(ParallelPlan, ("micro_batch_size", "grad_accum_steps", "recompute"))
+_copy_with_sharding = copier(ParallelPlan, ("zero_stage", "dp_replicate", "offload_optimizer", "offload_param",
+                                            "precision", "fp8_recipe"))
