@@ -46,8 +46,8 @@ _BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 # run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
-_UNCHECKED = object()
-_VERIFY_SHORTCUTS = False  # tests: check every shortcut answer of _probe_rule against the probe's plan_problems  # an inner rule cache miss (None: checked, no rule broken)
+_UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
+_VERIFY_SHORTCUTS = False  # tests: check each answer of a rule shortcut against plan_problems on the plan itself
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
