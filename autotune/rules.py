@@ -15,7 +15,18 @@ from autotune.specs.layout import pipeline_split, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_RECIPE_CAPABILITY, ParallelPlan
 
-__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems"]
+__all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems", "vpp_problems",
+           "LAYOUT_RULES", "VPP_RULES", "GENERIC_PREFIX_RULES"]
+
+# The rules over the layout alone (engine, tp, cp, pp, vpp, ep and the dp they leave), the first plan_problems checks,
+# in its order; VPP_RULES are the only ones of them that read vpp (the planner checks them alone on the layouts that
+# differ from one it checked in vpp only: autotune.search.planner).
+LAYOUT_RULES = ("world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp", "seq_cp", "seq_sp",
+                "ep_dense", "experts_ep", "ep_dp")
+VPP_RULES = ("layers_vpp", "vpp_needs_pp")
+# The generic rules after the NVMe ones and before the engine's that read nothing but the layout, the precision and
+# the run settings (see plan_problems).
+GENERIC_PREFIX_RULES = frozenset({"sp_tp", "seq_positions", "precision_gpu", "fp8_recipe_gpu"})
 
 
 def _divisors(n: int) -> str:
@@ -26,7 +37,11 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                   uneven_layouts: bool = True) -> list[tuple[str, str]]:
     """Every rule the plan breaks, as (rule id, message naming the fix). ``uneven_layouts=False``: the planner's
     default search space, which keeps to the classic Megatron splits (``layout.classic_megatron_split``) and
-    refuses the rest by the rules that refused them before Megatron-core's uneven layouts were modelled."""
+    refuses the rest by the rules that refused them before Megatron-core's uneven layouts were modelled.
+
+    The order is the planner's to rely on (``autotune.search.planner._probe_rule``): the layout rules, the NVMe
+    ones, then rules that read the layout, the precision and the run settings only (``GENERIC_PREFIX_RULES``), the
+    inner ones (micro-batch, accumulation, recompute), then the engine's (``support_rules.LAYOUT_DIMS`` first)."""
     out: list[tuple[str, str]] = []
 
     def bad(rule: str, message: str) -> None:
@@ -50,13 +65,7 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
                          f"{model.num_layers}")
     scheme = engine.support.layer_split
-    if vpp > 1:
-        judged = scheme if uneven_layouts or scheme == "any" else "classic"
-        for rule, message in _interleave_problems(model.num_layers, pp, vpp, judged):
-            bad(rule, message)
-    # arguments.py:1003: the interleaved schedule needs more than one stage.
-    if vpp > 1 and pp < 2:
-        bad("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2")
+    out += vpp_problems(model.num_layers, pp, vpp, scheme, uneven_layouts)
     # arguments.py:1337 "seq-length should be a multiple of 2 * context-parallel-size".
     if cp > 1 and plan.seq_len % (2 * cp):
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
@@ -103,6 +112,19 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         why = f"{model.num_layers} layers over pp={pp} stages: not a split the planner searches by default (opt-in)"
         engine_rules.insert(0, (layer_split, why))
     return out + engine_rules
+
+
+def vpp_problems(num_layers: int, pp: int, vpp: int, scheme: str, uneven_layouts: bool) -> list[tuple[str, str]]:
+    """The rules on the virtual pipeline stages (``VPP_RULES``): whether the engine's split (``scheme``) fills the
+    pp x vpp virtual stages, and whether there is a pipeline to interleave."""
+    out = []
+    if vpp > 1:
+        judged = scheme if uneven_layouts or scheme == "any" else "classic"
+        out += _interleave_problems(num_layers, pp, vpp, judged)
+    # arguments.py:1003: the interleaved schedule needs more than one stage.
+    if vpp > 1 and pp < 2:
+        out.append(("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2"))
+    return out
 
 
 def _fp8_recipe_gpu(cluster: ClusterSpec, plan: ParallelPlan, bad) -> None:

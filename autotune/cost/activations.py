@@ -32,7 +32,6 @@ beyond the saved fp32 log-probabilities, whether column-parallel linears save th
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
-__all__ = ["LayerActivations", "layer_activations", "block_linears", "block_mms",
+__all__ = ["LayerActivations", "STAGE_ACTIVATION_FIELDS", "layer_activations", "block_linears", "block_mms",
            "op_sac_layer_bytes", "recompute_module_bytes", "loss_backward_bytes", "embedding_activation_bytes",
            "output_activation_bytes", "stage_activation_bytes"]
 
@@ -301,17 +300,24 @@ def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
     return max(0, stop - max(start, model.moe.num_dense_layers))
 
 
-@functools.lru_cache(maxsize=4096)
-def _layer_kinds(model: ModelSpec, key: tuple) -> tuple[LayerActivations, LayerActivations]:
+_kinds_cache: dict[tuple, tuple[ModelSpec, tuple[LayerActivations, LayerActivations]]] = {}
+
+
+def _layer_kinds(model: ModelSpec, key: tuple, facts: ActivationFacts) -> tuple[LayerActivations, LayerActivations]:
     """(dense layer, MoE layer) activations of the plan fields in ``key`` (``_activation_key``), the others at
-    their defaults: only the fields that matter vary between calls."""
-    seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe = key
-    plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
-                        sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
-                        fp8_recipe=fp8_recipe)
-    dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1)
-    moe = layer_activations(model, plan, model.num_layers - 1) if model.is_moe else dense
-    return dense, moe
+    their defaults: only the fields that matter vary between calls (cached; ModelSpec hashes slowly: its id)."""
+    hit = _kinds_cache.get((id(model), facts, key))
+    if hit is None or hit[0] is not model:
+        seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe = key
+        plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
+                            sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
+                            fp8_recipe=fp8_recipe)
+        dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1, facts)
+        moe = layer_activations(model, plan, model.num_layers - 1, facts) if model.is_moe else dense
+        if len(_kinds_cache) > 4096:
+            _kinds_cache.clear()
+        hit = _kinds_cache[(id(model), facts, key)] = (model, (dense, moe))
+    return hit[1]
 
 
 def _activation_key(plan: ParallelPlan) -> tuple:
@@ -322,10 +328,11 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 
 # Every plan field the activations read (here and in the layout functions they call): plans that agree on these
 # (and differ in ZeRO stage, replicas, offload, dp, engine) hold the same activations.
-_STAGE_ACTIVATION_FIELDS = operator.attrgetter(
+STAGE_ACTIVATION_FIELDS = (
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap")  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
+_STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
 
 
@@ -351,11 +358,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
     ``scheme``: how the engine splits layers over stages (``autotune.specs.layout``)."""
     first, layers_per_stage = stage_layers(model.num_layers, plan.pp, stage, scheme)
     in_flight = microbatches_in_flight(plan, stage)
-    if facts is MEGATRON_FACTS:
-        dense, moe = _layer_kinds(model, _activation_key(plan))
-    else:
-        dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1, facts)
-        moe = layer_activations(model, plan, model.num_layers - 1, facts) if model.is_moe else dense
+    dense, moe = _layer_kinds(model, _activation_key(plan), facts)
     t_seq = plan.tp if plan.sequence_parallel else 1
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
 

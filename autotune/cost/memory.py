@@ -22,9 +22,10 @@ import dataclasses
 import operator
 from dataclasses import dataclass, field
 
-from autotune.cost.activations import stage_activation_bytes
+from autotune.cost.activations import STAGE_ACTIVATION_FIELDS, stage_activation_bytes
 from autotune.cost.launch import cuda_graph_static_bytes
 from autotune.engines import Engine, engine_for
+from autotune.engines.facts import ActivationFacts
 from autotune.engines.states import ModelStateBytes
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_param_groups
@@ -138,35 +139,69 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
     return out
 
 
+_outside_cache: dict[tuple, tuple[ClusterSpec, MemorySettings, float, float]] = {}
+
+
 def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings) -> float:
     """CUDA context and NCCL buffers: device memory the caching allocator does not see."""
-    gpu = cluster.gpu.name != "cpu"
-    context = settings.cuda_context_bytes
-    if context is None:
-        context = 0.75 * GIB if gpu else 0
-    nccl = settings.nccl_bytes_per_communicator
-    if nccl is None:
-        nccl = 256 * 2**20 if gpu else 0
-    groups = sum(1 for size in (plan.tp, plan.pp, plan.cp, plan.dp, plan.ep) if size > 1)
-    return context + nccl * groups
+    key = (id(cluster), id(settings))  # the specs hash slowly: their ids (each entry keeps its own)
+    hit = _outside_cache.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not settings:
+        gpu = cluster.gpu.name != "cpu"
+        context = settings.cuda_context_bytes
+        if context is None:
+            context = 0.75 * GIB if gpu else 0
+        nccl = settings.nccl_bytes_per_communicator
+        if nccl is None:
+            nccl = 256 * 2**20 if gpu else 0
+        if len(_outside_cache) > 256:
+            _outside_cache.clear()
+        hit = _outside_cache[key] = (cluster, settings, context, nccl)
+    groups = (plan.tp > 1) + (plan.pp > 1) + (plan.cp > 1) + (plan.dp > 1) + (plan.ep > 1)
+    return hit[2] + hit[3] * groups
 
 
 # Every plan field but the ones the micro-batch loop varies, which no engine's model states read (the planner asks
-# for the states of each micro-batch size and recompute mode of a layout).
+# for the states of each micro-batch size and recompute mode of a layout). They include everything the stages and
+# their parameters per GPU follow from (engine, pp, tp, ep, etp).
 _STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
     "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers")))
-_states_cache: dict[tuple, tuple[ModelSpec, ModelStateBytes]] = {}
+_states_cache: dict[tuple, tuple[ModelSpec, tuple[ModelStateBytes, ...]]] = {}
 
 
-def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, dense: float,
-                  expert: float, state_fields: tuple) -> ModelStateBytes:
-    """``engine.model_states``, cached over the plan fields it reads (``state_fields``: ``_STATE_FIELDS(plan)``)."""
-    key = (id(model), stage, dense, expert, state_fields)  # ModelSpec hashes slowly: its id
+def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, parts: tuple) -> tuple[ModelStateBytes, ...]:
+    """``engine.model_states`` of each stage of ``parts`` (``_stages_parts``), cached over ``_STATE_FIELDS``."""
+    key = (id(model), _STATE_FIELDS(plan))  # ModelSpec hashes slowly: its id
     hit = _states_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_states_cache) > 65536:
             _states_cache.clear()
-        hit = _states_cache[key] = (model, engine.model_states(model, plan, stage, dense, expert))
+        hit = _states_cache[key] = (model, tuple(engine.model_states(model, plan, stage, dense, expert)
+                                                 for stage, dense, expert, *_ in parts))
+    return hit[1]
+
+
+# The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:
+# every ZeRO stage, replica count and offload of a layout shares them.
+_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS, "ep", "etp")
+_activations_cache: dict[tuple, tuple[ModelSpec, tuple]] = {}
+
+
+def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts, scheme: str) -> tuple:
+    """For each stage that can be the most loaded: (stage, its parameter groups, dense and expert parameters per
+    GPU, activation parts, their sum), cached over ``_ACTIVATION_FIELDS``."""
+    key = (id(model), facts, scheme, _ACTIVATION_FIELDS(plan))
+    hit = _activations_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_activations_cache) > 65536:
+            _activations_cache.clear()
+        out = []
+        for stage in representative_stages(model.num_layers, plan.pp, scheme):
+            groups = stage_param_groups(model, plan, stage, scheme)
+            activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
+            out.append((stage, groups, groups.tp_sharded / plan.tp + groups.replicated,
+                        groups.expert / (plan.ep * plan.expert_tp), activation_parts, sum(activation_parts.values())))
+        hit = _activations_cache[key] = (model, tuple(out))
     return hit[1]
 
 
@@ -175,6 +210,29 @@ def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: i
 # every replica count (tests/search/test_replica_monotonicity), so the planner's replica counts of a plan share them.
 _PARTS_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name != "dp_replicate"))
 _parts_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
+# The same less the recompute settings, which no engine's buffers read (nor ``_common_buffer_bytes``:
+# tests/cost/test_memory_caches.py): the planner's recompute modes of a plan share its buffers.
+_BUFFER_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
+    "dp_replicate", "recompute", "recompute_num_layers", "recompute_modules")))
+_buffers_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
+
+
+def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
+                    stages: tuple) -> tuple:
+    """(buffer parts, their sum) of each stage of ``stages`` (``_stages_activations``), cached over
+    ``_BUFFER_FIELDS``."""
+    key = (id(model), id(settings), _BUFFER_FIELDS(plan))  # the specs hash slowly: their ids
+    hit = _buffers_cache.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not settings:
+        if len(_buffers_cache) > 65536:
+            _buffers_cache.clear()
+        out = []
+        for stage, groups, *_ in stages:
+            buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
+                engine, model, plan, stage, groups, settings)
+            out.append((buffer_parts, sum(buffer_parts.values())))
+        hit = _buffers_cache[key] = (model, settings, tuple(out))
+    return hit[2]
 
 
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings) -> tuple:
@@ -188,16 +246,11 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         facts = engine.activation_facts(plan)
         if settings.selective_policy is not None:
             facts = dataclasses.replace(facts, selective=settings.selective_policy)
-        scheme = engine.support.layer_split
-        out = []
-        for stage in representative_stages(model.num_layers, plan.pp, scheme):
-            groups = stage_param_groups(model, plan, stage, scheme)
-            activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
-            buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
-                engine, model, plan, stage, groups, settings)
-            out.append((stage, groups.tp_sharded / plan.tp + groups.replicated, groups.expert / (plan.ep * plan.expert_tp),
-                        activation_parts, sum(activation_parts.values()), buffer_parts, sum(buffer_parts.values())))
-        hit = _parts_cache[key] = (model, settings, tuple(out))
+        stages = _stages_activations(model, plan, facts, engine.support.layer_split)
+        hit = _parts_cache[key] = (model, settings, tuple(
+            (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
+            for (stage, _, dense, expert, activation_parts, activations), (buffer_parts, buffers)
+            in zip(stages, _stages_buffers(engine, model, plan, settings, stages))))
     return hit[2]
 
 
@@ -210,17 +263,17 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    state_fields = _STATE_FIELDS(plan)
-    candidates = []
-    for stage, dense, expert, activation_parts, activations, buffer_parts, buffers in _stages_parts(
-            engine, model, plan, settings):
-        states = _model_states(engine, model, plan, stage, dense, expert, state_fields)
+    parts = _stages_parts(engine, model, plan, settings)
+    best = None
+    for part, states in zip(parts, _model_states(engine, model, plan, parts)):
+        activations, buffers = part[4], part[6]
         # The optimizer step can be the peak instead of backward: activations are gone, fp32 grads are not.
         step_extra = max(0.0, states.step_transient - activations)
         tensors = states.weights + states.gradients + states.optimizer_states + activations + step_extra + buffers
-        candidates.append((tensors, stage, states, activation_parts, activations, buffer_parts, buffers, step_extra))
-    tensors, stage, states, activation_parts, activations, buffer_parts, buffers, step_extra = max(
-        candidates, key=lambda c: c[0])
+        if best is None or tensors > best[0]:  # the first of the largest, as max() picks
+            best = (tensors, part, states, step_extra)
+    assert best is not None
+    tensors, (stage, _, _, activation_parts, activations, buffer_parts, buffers), states, step_extra = best
     reserve = settings.fragmentation_fraction * tensors
 
     # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).

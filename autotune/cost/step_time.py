@@ -30,13 +30,14 @@ from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.launch import launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
+from autotune.cost.step_terms import variant_terms
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import SELECTIVE_POLICIES as POLICIES
 from autotune.errors import require_no_problems
-from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.layout import representative_stages, stage_layers, stage_param_groups
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
+from autotune.specs.plan import ParallelPlan
 
 __all__ = ["StepTimeEstimate", "TimeSettings", "estimate_step_time"]
 
@@ -199,7 +200,6 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     eff = settings.efficiency
     engine = engine_for(plan)
     sched = engine.comm
-    scheme = engine.support.layer_split
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     hbm, worst = _critical_stage(model, cluster, plan, settings, engine)
@@ -213,52 +213,22 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         comm_mb += paired_c - moe_c
         moe_c = paired_c
     m = plan.num_microbatches
-
-    # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
-    if stage_params is None:
-        stage_params = _largest_stage_params(model, plan, scheme)
-    dense_psi, expert_psi = stage_params
-    psi = dense_psi + expert_psi
-
-    # Data-parallel traffic (group: the sharding group of dp*cp / dp_replicate ranks, members tp apart).
-    n_dp = plan.zero_partitions
-    n_ep_dp = plan.expert_zero_partitions  # world / (etp x ep x pp), parallel_state.py:880
-    dp_link = comm.group_link(cluster, eff, n_dp, t)
-    edp_link = comm.group_link(cluster, eff, n_ep_dp, t * plan.cp * plan.ep)
-    grad_bytes = engine.grad_reduce_bytes(plan)
-
-    def reduce_scatter(bytes_per_param: float) -> float:
-        return (comm.reduce_scatter_s(dense_psi * bytes_per_param, n_dp, dp_link)
-                + comm.reduce_scatter_s(expert_psi * bytes_per_param, n_ep_dp, edp_link))
-
-    # Hybrid sharding: the replicas all-reduce their shards' gradients once per step.
-    replicate_s = 0.0
-    if plan.dp_replicate > 1 and plan.zero_stage >= 2:
-        rep_link = comm.group_link(cluster, eff, plan.dp_replicate, t * n_dp)
-        replicate_s = comm.all_reduce_s(psi / n_dp * grad_bytes, plan.dp_replicate, rep_link)
-
-    # Gradients accumulated outside the GEMMs after every micro-batch's backward (memory-bound, on the critical path).
-    accumulate_s = psi * engine.grad_accumulate_bytes(plan) / hbm
+    (accumulate_s, per_mb_sync, per_block, param_gather, gathers, reduce, replicate_s, pp_link, pcie, psi_part,
+     offload, optimizer, peak) = variant_terms(model, cluster, plan, settings, engine, hbm, stage_params)
     compute_mb += accumulate_s
     bwd_mb += accumulate_s
 
     zero3_exposed = 0.0
-    per_mb_sync = sched.grad_sync_every_microbatch or plan.zero_stage >= 2
-    per_block = plan.zero_stage == 3 or (plan.zero_stage == 2 and sched.param_gather == "fsdp2")
-    # ZeRO-1/2: the updated 16-bit weights are all-gathered after the optimizer step.
-    param_gather = reduce_scatter(2) if plan.zero_stage in (1, 2) and not per_block else 0.0
     if per_block:
         # Per-block gathers (16-bit, or FP8 with FP8 all-gather) ``prefetch_layers`` ahead: forward gathers every
         # block, backward again under FULL_SHARD (reshard_after_forward), and reduce-scatters each block's grads.
         # Each collective pays its ring latency: FSDP2 one flat all-gather per block; DeepSpeed one per submodule
         # it fetches (the four Linear weights of a layer; biases and norms sit below
         # stage3_param_persistence_threshold and stay gathered).
-        gather_bytes = 1.0 if plan.precision == "fp8" and engine.fp8_param_gather(plan) else 2.0
+        gather, latency, pieces = gathers
         layers = max(1, n_layers)
-        latency = (n_dp - 1) * dp_link.latency_s * (n_dp > 1) + (n_ep_dp - 1) * edp_link.latency_s * (expert_psi > 0)
-        pieces = 1 if sched.param_gather == "fsdp2" else 4
-        per_layer_gather = (reduce_scatter(gather_bytes) - latency) / layers + pieces * latency
-        per_layer_reduce = (reduce_scatter(grad_bytes) - latency) / layers + pieces * latency
+        per_layer_gather = (gather - latency) / layers + pieces * latency
+        per_layer_reduce = (reduce - latency) / layers + pieces * latency
         fwd_layer = fwd_mb / layers
         bwd_layer = (compute_mb - fwd_mb) / layers
         depth = max(1, sched.prefetch_layers)
@@ -283,13 +253,13 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
             zero3_exposed = fwd_wait + n_layers * per_layer_reduce
         dp_comm = 0.0
     elif per_mb_sync:
-        per_mb = reduce_scatter(grad_bytes)  # every micro-batch reduces into the gradient shards
+        per_mb = reduce  # every micro-batch reduces into the gradient shards
         dp_comm = per_mb + param_gather
         zero3_exposed = (m - 1) * max(0.0, per_mb - (compute_mb - fwd_mb if plan.overlap_comm else 0.0))
     elif plan.zero_stage == 0:
-        dp_comm = 2 * reduce_scatter(grad_bytes)  # all-reduce
+        dp_comm = 2 * reduce  # all-reduce
     else:
-        dp_comm = reduce_scatter(grad_bytes) + param_gather  # reduce-scatter grads, all-gather params
+        dp_comm = reduce + param_gather  # reduce-scatter grads, all-gather params
     # With overlap, the reduction hides behind the last micro-batch's backward (and the gathers behind the next
     # forward, where the engine overlaps them: CommSchedule.param_gather_overlap); without, it all waits.
     waits = 0.0 if sched.param_gather_overlap else param_gather
@@ -302,7 +272,6 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     # scatter-gather), on the critical path through all stages.
     pp_comm = 0.0
     if plan.pp > 1:
-        pp_link = comm.group_link(cluster, eff, plan.pp, t * plan.cp * plan.dp)
         act_bytes = tokens * model.hidden_size * 2
         split = t if plan.sequence_parallel or sched.pp_scatter_gather else 1
         send_s = comm.p2p_s(act_bytes / split, pp_link)
@@ -312,26 +281,10 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
 
     bubble = (plan.pp - 1) / plan.vpp * (compute_mb + comm_mb) if plan.pp > 1 else 0.0
 
-    # Offload (ZeRO-Offload): gradients down and weights up over PCIe, CPU Adam at host-memory speed.
-    pcie = cluster.pcie_bandwidth_gb_per_s * GB
-    psi_part = dense_psi / n_dp + expert_psi / n_ep_dp if plan.zero_stage >= 1 else psi
-    offload = 0.0
-    k_bytes = OPTIMIZER_STATE_BYTES[plan.optimizer]
-    if plan.offload_optimizer != "none":
-        offload += (2 * psi_part + 2 * psi_part) / pcie
-        # CPU Adam reads fp32 param, grad, m, v and writes param, m, v (28 B/param) plus the 16-bit copy.
-        host_bw = settings.host_memory_bandwidth_gb_per_s_per_node * GB / cluster.gpus_per_node
-        offload += psi_part * (k_bytes / 12 * 28 + 2) / host_bw
-        if plan.offload_optimizer == "nvme":
-            nvme_bw = max(cluster.nvme_bandwidth_gb_per_s, 1e-9) * GB / cluster.gpus_per_node
-            offload += 2 * k_bytes * psi_part / nvme_bw
+    # Offload (ZeRO-Offload, ``step_terms.variant_terms``): and the weight partition fetched for every micro-batch's forward
+    # and backward.
     if plan.offload_param != "none":
-        offload += m * 2 * (2 * psi_part) / pcie  # fetch the weight partition for forward and backward
-    optimizer = 0.0
-    if plan.offload_optimizer == "none":
-        # Fused Adam on the GPU: read master, m, v, grad; write master, m, v, 16-bit weights; and the engine's
-        # passes around it (gradient norm, fp16 unscale, master-to-model copy).
-        optimizer = psi_part * (k_bytes / 12 * 24 + grad_bytes + 2 + engine.optimizer_pass_bytes(plan)) / hbm
+        offload += m * 2 * (2 * psi_part) / pcie
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
     compute = m * compute_mb + contention
@@ -340,7 +293,6 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     tokens_step = plan.tokens_per_step
     flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan))
     num_gpus = plan.world_size
-    peak = _sixteen_peak(cluster, plan)
     model_tflops = flops.model / step / num_gpus / 1e12
     hardware_tflops = flops.hardware / step / num_gpus / 1e12
     return StepTimeEstimate(
@@ -382,24 +334,9 @@ def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine
 
 
 # Pure functions of a few plan fields that every plan of a search asks again, cached by the specs' ids (they are
+# Pure functions of a few plan fields that every plan of a search asks again, cached by the specs' ids (they are
 # frozen and hash slowly); each entry keeps its specs so a reused id cannot match.
-_largest_cache: dict[tuple, tuple[ModelSpec, tuple[float, float]]] = {}
 _flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
-_peak_cache: dict[tuple, tuple[ClusterSpec, float]] = {}
-
-
-def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> tuple[float, float]:
-    """(dense, expert) parameters per GPU of the stage holding the most (dense over tp, experts over tp*ep)."""
-    key = (id(model), plan.pp, plan.tp, plan.ep, plan.expert_tp, scheme)
-    hit = _largest_cache.get(key)
-    if hit is None or hit[0] is not model:
-        if len(_largest_cache) > 4096:
-            _largest_cache.clear()
-        groups = [stage_param_groups(model, plan, s, scheme)
-                  for s in representative_stages(model.num_layers, plan.pp, scheme)]
-        g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
-        hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.expert_tp * plan.ep)))
-    return hit[1]
 
 
 def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...]) -> StepFlops:
@@ -410,22 +347,3 @@ def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, m
             _flops_cache.clear()
         hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules))
     return hit[1]
-
-
-def _sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """The datasheet 16-bit peak MFU is quoted against (FP8 runs too, as the sources quote them)."""
-    key = (id(cluster), plan.precision == "fp16")
-    hit = _peak_cache.get(key)
-    if hit is None or hit[0] is not cluster:
-        if len(_peak_cache) > 4096:
-            _peak_cache.clear()
-        hit = _peak_cache[key] = (cluster, _uncached_sixteen_peak(cluster, plan))
-    return hit[1]
-
-
-def _uncached_sixteen_peak(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    gpu = cluster.gpu
-    for prec in ("fp16" if plan.precision == "fp16" else "bf16", "fp16", "bf16"):
-        if gpu.supports(prec):
-            return gpu.peak_flops_per_s(prec)
-    return max(gpu.peak_tflops.values()) * 1e12

@@ -37,6 +37,13 @@ FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gra
                  "and again for its backward"}
 
 
+# FSDPEngine.activation_facts: the same two objects for every plan (a cache key of the ledger's).
+_FACTS = ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=8.0, gathered_linear_inputs=True,
+                         fp8_input_bytes=2)
+_TP_FACTS = ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12.0, gathered_linear_inputs=True,
+                            fp8_input_bytes=2)
+
+
 class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
@@ -104,8 +111,7 @@ class FSDPEngine(Engine):
         # mx_linear.py:53, v0.18.0 prototype/moe_training/mxfp8_linear.py:108), which re-casts them in backward.
         # Selective recompute: torchtitan's op-level SAC (the emitted TOML's selective_ac_option = "op", and the
         # built-in trainer's apply_ac); torchtitan 0.3's save set through release_cost_settings.
-        return ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12.0 if plan.tp > 1 else 8.0,
-                               gathered_linear_inputs=True, fp8_input_bytes=2)
+        return _TP_FACTS if plan.tp > 1 else _FACTS
 
     def fp8_weight_cache_bytes(self, plan, groups) -> float:
         # torchao float8 casts the weight inside each GEMM's autograd function (dynamic tensorwise scaling):

@@ -15,7 +15,16 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["support_problems"]
+__all__ = ["support_problems", "LAYOUT_DIMS", "VARIANT_DIMS"]
+
+# support_problems' rules in its order: first those that read only the layout (tp, cp, pp, vpp, ep, etp, sequence
+# parallelism and the layer split), then those that read only the ZeRO stage (and pp > 1), the offloads, whether
+# dp_replicate > 1, the precision and the gradient dtype, then the run settings. The planner relies on this order
+# to answer a variant's first broken rule without building its plan (autotune.search.planner._probe_rule): a new
+# rule goes into the group whose fields it reads, or after them.
+LAYOUT_DIMS = ("tp", "sequence_parallel", "pp", "tp_pp", "vpp", "layer_split", "cp", "ulysses_heads", "ep", "etp")
+VARIANT_DIMS = ("zero_stage", "zero_pp", "offload_optimizer", "offload_param", "hybrid_shard", "precision",
+                "grad_dtype")
 
 
 class DeclaresSupport(Protocol):

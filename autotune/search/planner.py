@@ -21,7 +21,9 @@ from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.cost.uncertainty import Uncertainty
 from autotune.engines import engine_for
 from autotune.report import plan_summary
-from autotune.rules import inner_plan_problems, plan_problems
+from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
+from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner_plan_problems, plan_problems,
+                            vpp_problems)
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -35,11 +37,17 @@ __all__ = ["SearchResult", "search_plans", "explain_winner"]
 _INNER_RULES = frozenset({"batch_triple", "interleave_microbatches", "recompute_layers"})
 # Generic rules over the layout alone (engine, tp, cp, pp, vpp, ep), the first plan_problems checks: when a layout
 # breaks one, each of its ZeRO / replica / offload / precision variants breaks it first too, so they are counted
-# against it without being built.
-_LAYOUT_RULES = frozenset({"world_size", "heads_tp", "kv_heads_tp", "layers_pp", "layers_vpp", "vpp_needs_pp",
-                           "seq_cp", "seq_sp", "ep_dense", "experts_ep", "ep_dp"})
+# against it without being built. Only the VPP_RULES among them read vpp: a layout's first one follows from a
+# layout that differs in vpp alone (its first other layout rule) and the vpp rules (_search_plans).
+_LAYOUT_RULES = frozenset(LAYOUT_RULES)
+_NOT_VPP_RULES = _LAYOUT_RULES - frozenset(VPP_RULES)
+_BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
+# Rules a variant's probe may break before the engine's variant rules, reading only the layout, the precision and the
+# run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
+_PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
-_UNCHECKED = object()  # an inner rule cache miss (None: checked, no rule broken)
+_UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
+_VERIFY_SHORTCUTS = False  # tests: check each answer of a rule shortcut against plan_problems on the plan itself
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,13 +119,19 @@ def search_plans(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global
 def _no_cycle_collection():
     """The search allocates ~10^5 objects, none in reference cycles, and keeps every feasible plan's estimate: the
     cyclic garbage collector's passes over that growing heap took 0.4-0.5 s of a 3 s 405B search (gc.callbacks).
-    It is off while the search runs and back on (as it was) after."""
+    It is off while the search runs and back on (as it was) after. Turned back on, the collector's first pass would
+    walk every object the search made (all in its youngest generation: 0.12 s of a 405B search), so they are moved
+    to its oldest generation first (``gc.freeze`` then ``gc.unfreeze``, where nothing else froze objects): still
+    collected by a full pass, as long-lived objects are."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -134,8 +148,11 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     feasible: list[Estimate] = []
     enumerated = 0
     inner = len(dims.recompute) * len(dims.micro_batch_sizes)
+    variant_rules: dict[tuple, str | None] = {}  # _probe_rule's, over every layout
 
     for engine in dims.engines:
+        scheme = engine_for(engine).support.layer_split
+        other_rule: dict[tuple, str | None] = {}  # (tp, cp, pp, ep) -> its first layout rule not on vpp (None: none)
         for tp in dims.tp:
             for cp in dims.cp:
                 for pp in dims.pp:
@@ -148,18 +165,18 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                         for ep in dims.ep:
                             variants = [(z, r) for z in dims.zero_stages
                                         for r in replica_counts(dims, engine, z, dp, tp, cp)]
-                            layout = ParallelPlan(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep,
-                                                  seq_len=seq_len, global_batch_size=global_batch_size,
-                                                  sequence_parallel=sp, micro_batch_size=1,
-                                                  grad_accum_steps=max(1, global_batch_size // dp))
-                            broken = plan_problems(model, cluster, layout, uneven_layouts=dims.uneven_layouts)
-                            if broken and broken[0][0] in _LAYOUT_RULES:
-                                enumerated += len(variants) * per_variant
-                                rejections[broken[0][0]] += len(variants) * per_variant
-                                continue
-                            _search_variants(model, cluster, layout, variants, dims, memory_settings,
-                                             time_settings, min_headroom, rejections, feasible)
                             enumerated += len(variants) * per_variant
+                            shape = (engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp)
+                            checked = (tp, cp, pp, ep) in other_rule and not _VERIFY_SHORTCUTS
+                            layout = None if checked else _layout_plan(*shape)
+                            first = _layout_rule(model, cluster, layout, (tp, cp, pp, ep), vpp, scheme, dims,
+                                                 other_rule)
+                            if first is not None:
+                                rejections[first] += len(variants) * per_variant
+                                continue
+                            _search_variants(model, cluster, layout or _layout_plan(*shape), variants, dims,
+                                             memory_settings, time_settings, min_headroom, rejections, feasible,
+                                             variant_rules)
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started
@@ -171,8 +188,35 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                           for engine, taken in dims.release_defaults.items()})
 
 
+def _layout_plan(engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp) -> ParallelPlan:
+    """The plan a layout's rules are checked on: ZeRO stage 0, no offload, micro-batch 1 (the rules read none)."""
+    return ParallelPlan(engine=engine, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, ep=ep, seq_len=seq_len,
+                        global_batch_size=global_batch_size, sequence_parallel=sp, micro_batch_size=1,
+                        grad_accum_steps=max(1, global_batch_size // dp))
+
+
+def _layout_rule(model, cluster, layout, group, vpp, scheme, dims, other_rule) -> str | None:
+    """The first layout rule (``LAYOUT_RULES``) a layout breaks, None: none. Its first rule that does not read vpp is
+    the same for every vpp of the layout (``other_rule``, by (tp, cp, pp, ep): ``plan_problems`` lists every rule a
+    plan breaks, so one check of one of them tells); those before the vpp rules come first, then the vpp rules
+    (``vpp_problems``, checked alone), then the rest. ``layout``: the plan, where it is to be checked in full."""
+    other = other_rule.get(group, _UNCHECKED)
+    told = _UNCHECKED
+    if other is not _UNCHECKED:
+        on_vpp = () if other in _BEFORE_VPP_RULES else vpp_problems(model.num_layers, group[2], vpp, scheme,
+                                                                    dims.uneven_layouts)
+        told = on_vpp[0][0] if on_vpp else other
+        if not _VERIFY_SHORTCUTS:
+            return told
+    broken = [r for r, _ in plan_problems(model, cluster, layout, uneven_layouts=dims.uneven_layouts)]
+    first = broken[0] if broken and broken[0] in _LAYOUT_RULES else None
+    assert told is _UNCHECKED or told == first, f"layout shortcut said {told}, the rules {first}: {layout}"
+    other_rule[group] = next((r for r in broken if r in _NOT_VPP_RULES), None)
+    return first
+
+
 def _search_variants(model, cluster, layout, variants, dims, memory_settings, time_settings, min_headroom,
-                     rejections, feasible) -> None:
+                     rejections, feasible, variant_rules) -> None:
     """Every ZeRO stage / replica count / offload / precision variant of one layout that passed the layout rules.
 
     Two shortcuts, both exact. The rules other than the inner ones read the replica count only as
@@ -197,6 +241,11 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        ep_overlap=settings["ep_overlap"] if layout.ep > 1 else None,  # ep=1 has no all-to-alls
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None)  # tp=1 has no TP collectives
     fp8_recipe = settings["fp8_recipe"]
+    # The first rule a variant's probe breaks, where it follows from the rules already seen (``_probe_rule``):
+    # {precision: this layout's prefix rule (None: none breaks)}.
+    prefix: dict[str, str | None] = {}
+    first_probe: list[ParallelPlan] = []  # the layout's first probe, the others' source
+    shortcut = "nvme" not in (*dims.offload_optimizer, *dims.offload_param)  # NVMe rules come before the prefix
     for zero, rep in variants:
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
@@ -205,24 +254,71 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                                 offload_param=off_param, precision=precision,
                                 fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
+                    probe = None
                     if key not in outer_rule:
-                        # Layout rules once, on a representative of the inner loops.
-                        probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, global_batch_size // dp),
-                                             recompute=dims.recompute[0] if settings["recompute_modules"] else "none",
-                                             **base)
-                        outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
-                                 if r not in _INNER_RULES]
-                        outer_rule[key] = outer[0] if outer else None
+                        outer_rule[key], probe = _probe_rule(model, cluster, dims, base, settings, prefix,
+                                                             variant_rules, shortcut, first_probe)
                     if outer_rule[key] is not None:
                         rejections[outer_rule[key]] += inner
                         continue
                     _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
-                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
+                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key, probe)
+
+
+def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut, first_probe) \
+        -> tuple[str | None, ParallelPlan | None]:
+    """The first rule, other than the inner ones, that a variant of a layout breaks (None: none), as ``plan_problems``
+    finds it on a representative plan (the probe) of the variant's inner loops; and the probe, where one was built
+    (from the layout's first, ``first_probe``, where there is one).
+
+    Two shortcuts, exact by ``plan_problems``' order (see there): the layout rules never break here (the layout passed
+    them), so a probe's first rule is its prefix rule if one breaks (``GENERIC_PREFIX_RULES`` and the engine's
+    ``LAYOUT_DIMS``: they read the layout, the precision and the engine's run settings, so every variant of the
+    layout at that precision breaks the same one first), else its first ``VARIANT_DIMS`` rule if one breaks (they
+    read the engine, the ZeRO stage, pp > 1, the offloads, dp_replicate > 1, the precision and the gradient dtype,
+    so every layout with the same breaks the same one), else whatever the rest of the rules say. A probe is built
+    and checked only where the rules seen so far do not tell."""
+    engine, precision = base["engine"], base["precision"]
+    known = prefix.get(precision, _UNCHECKED) if shortcut else _UNCHECKED
+    vkey = (engine, base["zero_stage"], base["pp"] > 1, base["offload_optimizer"], base["offload_param"],
+            base["dp_replicate"] > 1, precision, base["grad_dtype"])
+    told = known if known is not _UNCHECKED and known is not None else (
+        variant_rules.get(vkey) if known is None else None)  # no prefix rule: a variant rule seen elsewhere
+    if told is not None and not _VERIFY_SHORTCUTS:
+        return told, None
+    if first_probe:  # the layout's probes differ in these fields alone
+        probe = first_probe[0].with_sharding(base["zero_stage"], base["dp_replicate"], base["offload_optimizer"],
+                                             base["offload_param"], precision, base["fp8_recipe"])
+    else:
+        probe = ParallelPlan(micro_batch_size=1, grad_accum_steps=max(1, base["global_batch_size"] // base["dp"]),
+                             recompute=dims.recompute[0] if settings["recompute_modules"] else "none", **base)
+        first_probe.append(probe)
+    if known is None:
+        # No generic rule but the inner ones breaks (the layout's, NVMe's and the prefix's do not): the engine's
+        # rules (its layout ones do not break either) are plan_problems' rest, in its order.
+        outer = [r.id for r in engine_for(engine).plan_problems(model, cluster, probe) if r.id not in _INNER_RULES]
+        told = told if told is not None else outer[0] if outer else None
+    if known is not None or _VERIFY_SHORTCUTS:
+        outer = [r for r, _ in plan_problems(model, cluster, probe, uneven_layouts=dims.uneven_layouts)
+                 if r not in _INNER_RULES]
+        assert known is _UNCHECKED or (outer[0] if outer else None) == told, \
+            f"probe shortcut said {told}, the rules {outer[:1]}: {probe}"
+    first = outer[0] if outer else None
+    if shortcut:
+        engine_dim = first[len(engine) + 1:] if first and first.startswith(engine + ":") else None
+        is_prefix = first in _PREFIX_RULES or engine_dim in LAYOUT_DIMS
+        prefix[precision] = first if is_prefix else None
+        if not is_prefix:
+            variant_rules[vkey] = first if engine_dim in VARIANT_DIMS else None
+    return first, probe
 
 
 def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
+                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key, probe) -> None:
+    """The recompute modes and micro-batches of one variant (``base``). ``probe``: the plan its rules were checked on
+    (``_probe_rule``), or None; where it is one of these plans, it is that plan, and the others are made from it
+    (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
     rep = base["dp_replicate"]
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
@@ -242,8 +338,14 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if rule is not None and rule is not _UNCHECKED:
                 rejections[rule] += 1
                 continue
-            plan = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
-                                recompute=recompute, **base)
+            if probe is not None and probe.micro_batch_size == mb and probe.recompute == recompute \
+                    and probe.grad_accum_steps == global_batch_size // (mb * dp):
+                plan = probe  # built from the same base
+            elif probe is not None:
+                plan = probe.with_microbatch(mb, global_batch_size // (mb * dp), recompute)
+            else:
+                plan = probe = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
+                                            recompute=recompute, **base)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
@@ -251,10 +353,13 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                     rejections[problems[0][0]] += 1
                     continue
             memory = estimate_memory(model, cluster, plan, memory_settings)
-            if not memory.fits or memory.headroom < min_headroom:
-                reason = ("host_memory" if memory.fits_gpu and not memory.fits_host
-                          else "gpu_memory" if not memory.fits_gpu else "headroom")
-                if not memory.fits_gpu and (known is None or i < known[0]):
+            total = memory.total  # MemoryEstimate's fits_gpu, fits_host and headroom, read once
+            fits_gpu = total <= memory.capacity
+            if not (fits_gpu and memory.host_per_node <= memory.host_capacity_per_node) \
+                    or memory.capacity - total < min_headroom:
+                reason = "host_memory" if fits_gpu and not memory.fits_host else "gpu_memory" if not fits_gpu \
+                    else "headroom"
+                if not fits_gpu and (known is None or i < known[0]):
                     gpu_full_at[(*variant, recompute)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
                 rest = len(mbs) - i

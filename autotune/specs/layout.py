@@ -138,22 +138,38 @@ def representative_stages(num_layers: int, pp: int, scheme: str = "megatron") ->
     return tuple(sorted(stages))
 
 
+# Keyed by the model's id (a ModelSpec hashes all its fields, slowly, and the planner asks for every plan); each
+# entry keeps its model, so a reused id cannot match.
+_groups_cache: dict[tuple, tuple[ModelSpec, ParamGroups]] = {}
+_largest_cache: dict[int, tuple[ModelSpec, ParamGroups]] = {}
+
+
 def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str = "megatron") -> ParamGroups:
     """Parameters of pipeline stage ``stage``: its layers as ``scheme`` splits them (the engine's
     ``support.layer_split``), the embedding on the first stage, the output layer on the last."""
-    return _stage_param_groups(model, plan.pp, stage, scheme)
+    key = (id(model), plan.pp, stage, scheme)
+    hit = _groups_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_groups_cache) > 4096:
+            _groups_cache.clear()
+        hit = _groups_cache[key] = (model, _stage_param_groups(model, plan.pp, stage, scheme))
+    return hit[1]
 
 
-@functools.lru_cache(maxsize=4096)
 def _stage_param_groups(model: ModelSpec, pp: int, stage: int, scheme: str = "megatron") -> ParamGroups:
     first, count = stage_layers(model.num_layers, pp, stage, scheme)
     return model.stage_params(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
 
 
-@functools.lru_cache(maxsize=256)
 def largest_layer(model: ModelSpec) -> ParamGroups:
     """The transformer layer with the most parameters (what ZeRO-3 / FSDP gather at once)."""
-    return max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total)
+    hit = _largest_cache.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_largest_cache) > 256:
+            _largest_cache.clear()
+        hit = _largest_cache[id(model)] = (
+            model, max((model.layer_params(i) for i in range(model.num_layers)), key=lambda g: g.total))
+    return hit[1]
 
 
 def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from autotune.errors import require_no_problems
+from autotune.specs.frozen import copier
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
@@ -346,3 +347,29 @@ class ParallelPlan:
 
     def with_(self, **changes) -> ParallelPlan:
         return replace(self, **changes)
+
+    def with_microbatch(self, micro_batch_size: int, grad_accum_steps: int, recompute: str) -> ParallelPlan:
+        """``with_(micro_batch_size=..., grad_accum_steps=..., recompute=...)``, as the planner's inner loop asks for
+        ~10^4 of them: the other fields are this (valid) plan's, so only the three are checked, and the copy is
+        made without the frozen dataclass's per-field ``object.__setattr__`` (``autotune.specs.frozen``: a third of
+        the time)."""
+        if not (type(micro_batch_size) is int and micro_batch_size >= 1 and type(grad_accum_steps) is int
+                and grad_accum_steps >= 1 and recompute in _RECOMPUTES
+                and (self.recompute_modules is None or recompute == "selective")):
+            return replace(self, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                           recompute=recompute)  # reports what is wrong
+        return _copy_with_microbatch(self, micro_batch_size, grad_accum_steps, recompute)
+
+    def with_sharding(self, zero_stage: int, dp_replicate: int, offload_optimizer: str, offload_param: str,
+                      precision: str, fp8_recipe: str | None) -> ParallelPlan:
+        """``with_(...)`` of these six fields (the planner's variants of one layout), checked as the constructor checks
+        them (``__post_init__``), copied as ``with_microbatch`` copies."""
+        new = _copy_with_sharding(self, zero_stage, dp_replicate, offload_optimizer, offload_param, precision,
+                                  fp8_recipe)
+        new.__post_init__()
+        return new
+
+
+_copy_with_microbatch = copier(ParallelPlan, ("micro_batch_size", "grad_accum_steps", "recompute"))
+_copy_with_sharding = copier(ParallelPlan, ("zero_stage", "dp_replicate", "offload_optimizer", "offload_param",
+                                            "precision", "fp8_recipe"))
