@@ -57,6 +57,9 @@ PUBLISHED = [
     ("glm-4.5", 355.0 * B, 32.0 * B),  # zai-org/GLM-4.5 model card (arXiv:2508.06471): 355B total, 32B active
     ("kimi-k2", 1000.0 * B, 32.0 * B),  # moonshotai/Kimi-K2-Instruct model card: 1T total, 32B activated
     ("phi3-mini", 3.8 * B, None),  # Abdin et al. 2024 (arXiv:2404.14219): phi-3-mini 3.8B
+    # NVIDIA 2024, Nemotron-4 340B Technical Report (arXiv:2406.11704), section 2: 9.4B embedding and 331.6B
+    # non-embedding parameters
+    ("nemotron-4-340b", 341.0 * B, None),
 ]
 # Figures printed with two significant digits carry their rounding; 1% is tighter than that:
 TOLERANCE = {
