@@ -99,8 +99,9 @@ def main() -> int:
     print(f"{'all runs':<48}{'':<24}{'':<19}{'':<10}{len(ins_all):>5}{_stats(ins_all):>20}{_stats(lofo_all):>15}"
           f"{_stats(mem_all):>14}")
     print(f"\nruns: {len(runs)}, estimated with a throughput: {len(timed)}, with a published peak memory: "
-          f"{len(mem_all)}; targets: in-sample median <= 6%, LOFO median <= 10% and p90 <= 25%, memory median "
-          "<= 12%")
+          f"{len(mem_all)}; targets: leave-one-family-out median <= 6% and p90 <= 15%, memory median <= 8% "
+          "(no run predicted not to fit); `python bench/published_cli.py`: the same numbers through `autotune "
+          "estimate`")
     return 0
 
 
