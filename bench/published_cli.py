@@ -33,8 +33,6 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
     if run.time_overrides.get("tp_backward_overlap") is False:
         return ("2021-22 code reduced the TP input gradient synchronously in backward; no release the CLI models "
                 "(Megatron-core 0.16-0.19, Megatron-DeepSpeed) does, and no flag states it")
-    if not plan.overlap_comm:
-        return "2020-22 code did not overlap the gradient reduction with backward; no flag states it"
     return ""
 
 
@@ -80,7 +78,8 @@ def cli_argv(run: PublishedRun, plan: ParallelPlan, folder: Path) -> list[str]:
             "--optimizer", plan.optimizer, "--offload-optimizer", plan.offload_optimizer,
             "--offload-param", plan.offload_param, "--recompute", plan.recompute,
             "--sequence-parallel" if plan.sequence_parallel else "--no-sequence-parallel",
-            "--flash-attention" if plan.flash_attention else "--no-flash-attention"]
+            "--flash-attention" if plan.flash_attention else "--no-flash-attention",
+            "--overlap-comm" if plan.overlap_comm else "--no-overlap-comm"]
     if plan.etp is not None:
         argv += ["--etp", str(plan.etp)]
     if plan.recompute_num_layers is not None:

@@ -256,6 +256,9 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     add_run_settings(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="flash attention: no seq x seq score matrix kept (default on)")
+    g.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=True,
+                   help="gradient reduction (and parameter gathers) overlapped with backward: DeepSpeed overlap_comm, "
+                        "Megatron --overlap-grad-reduce --overlap-param-gather (default on)")
     m = p.add_argument_group("memory settings")
     m.add_argument("--overhead-gib", type=float, help="CUDA context + NCCL buffers per GPU, 0-1024 (default 1 GiB; "
                    "0 on cpu)")

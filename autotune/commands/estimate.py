@@ -54,6 +54,7 @@ def estimate_from_flags(args: argparse.Namespace):
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
+        overlap_comm=args.overlap_comm,
         **release_run_settings(args, args.engine, (args.precision,), command=args.command),
     )
     # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
