@@ -17,9 +17,10 @@ of the layer's input, ``h`` wide, routed to ``k`` experts, 16-bit activations:
 So ``2 h + 2 k h (+ 4 k h with local experts to sort)`` elements move forward; the backward runs each op's
 transpose (a permute's gradient is an unpermute and the reverse), the same bytes again.
 
-The router (router.py ``TopKRouter.forward``: gating GEMM, then ``routing``: softmax or sigmoid score over the
-``E`` logits, top-k, the routing map and probabilities; ``--moe-router-fusion`` runs them as one kernel): forward
-reads the fp32 logits (4 B each; Megatron-Bridge recipes set ``moe_router_dtype`` fp32) and writes the fp32 scores
+The router (router.py ``TopKRouter.forward`` :845, gating GEMM, then ``routing`` :746: softmax or sigmoid score over
+the ``E`` logits, top-k, the routing map and probabilities; ``--moe-router-fusion`` runs them as one kernel): forward
+reads the fp32 logits (4 B each; ``moe_router_dtype`` fp32, router.py:107, as Megatron-Bridge 067f987
+models/deepseek/deepseek_v3_bridge.py:75 sets it) and writes the fp32 scores
 and the boolean routing map (4 + 1 B); backward reads the scores' gradient and the saved scores and writes the
 logits' gradient (4 + 4 + 4 B).
 
@@ -31,6 +32,11 @@ share is then a sum of independent hypergeometric draws, and every rank waits at
 the expected maximum of ``ep`` such sums is about ``mean + sigma sqrt(2 ln ep)`` (the Gaussian maximum bound).
 With tokens in the thousands this is a fraction of a percent: balanced routing costs little by itself; a learned
 router's imbalance (not benchmarked by NVIDIA) would cost more and is not modelled.
+
+Not modelled: the other dispatchers (``--moe-token-dispatcher-type allgather``, and ``flex`` with DeepEP or HybridEP,
+which send each token once per destination rank or node, in FP8 for dispatch, with the permutations fused into the
+communication kernels: NVIDIA's newest recipes run these), the TP all-gather / reduce-scatter of the dispatched
+tokens with expert tensor parallelism (token_dispatcher.py:741-751, :824), token dropping (capacity factor).
 """
 
 from __future__ import annotations
