@@ -36,7 +36,10 @@ router's imbalance (not benchmarked by NVIDIA) would cost more and is not modell
 Not modelled: the other dispatchers (``--moe-token-dispatcher-type allgather``, and ``flex`` with DeepEP or HybridEP,
 which send each token once per destination rank or node, in FP8 for dispatch, with the permutations fused into the
 communication kernels: NVIDIA's newest recipes run these), the TP all-gather / reduce-scatter of the dispatched
-tokens with expert tensor parallelism (token_dispatcher.py:741-751, :824), token dropping (capacity factor).
+tokens with expert tensor parallelism (token_dispatcher.py:741-751, :824), token dropping (capacity factor). Other
+engines' MoE layers are charged the same bytes, an approximation: torchtitan's ``ExpertParallel``
+(torchtitan/distributed/expert_parallel.py ``_token_dispatch`` / ``_token_combine``) also sorts the tokens by expert
+before its all-to-all and permutes / unpermutes the received ones by local expert around the grouped GEMMs.
 """
 
 from __future__ import annotations
