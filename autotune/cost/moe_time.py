@@ -49,7 +49,7 @@ import math
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["dispatch_elements", "router_bytes", "busiest_rank_factor"]
+__all__ = ["busiest_rank_factor", "dispatch_elements", "router_bytes"]
 
 ROUTER_BYTES = (4 + 4 + 1, 4 + 4 + 4)
 """(forward, backward) HBM bytes per router logit (module docstring)."""
