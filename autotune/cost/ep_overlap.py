@@ -19,8 +19,9 @@ MoE layers, node by node on the two streams; what it takes beyond the compute al
 Only the steady phase pairs micro-batches (``pipeline_parallel/combined_1f1b.py:51-65`` without pipelining: the
 first forward and the last backward run alone; ``schedules.py:939-943`` with interleaving: one forward more
 before the steady phase): the others' all-to-alls wait as without the overlap (:func:`paired_share`). Not
-modelled: the TP collectives stay on the compute stream where ``layer_passes`` puts them; token permutes are not
-counted (as elsewhere); the one-layer peak of two micro-batches' activations without pipelining.
+modelled: the TP collectives stay on the compute stream where ``layer_passes`` puts them; the dispatcher's
+permutations (``autotune.cost.moe_time``) count with the attention side, the received tokens' sort among them, not
+with the experts; the one-layer peak of two micro-batches' activations without pipelining.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from autotune.specs.model import ModelSpec
 
 __all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops",
-           "recompute_flops_per_token"]
+           "recompute_flops_per_token", "causal_attention_share"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +63,25 @@ def layer_flops_per_token(model: ModelSpec, seq_len: int, layer_index: int = 0) 
     else:
         mlp = _mlp_gemm_flops(model, model.ffn_hidden_size)
     return LayerFlops(gemm=proj + mlp, attention=attention)
+
+
+@functools.lru_cache(maxsize=1024)
+def causal_attention_share(model: ModelSpec, seq_len: int) -> float:
+    """The attention core a flash kernel executes, averaged over the layers, as a share of full causal attention
+    (which executes half the s x s square). A sliding-window layer of window ``w`` (``ModelSpec.sliding_window``)
+    scores query ``i`` against min(i, w) keys: sum = w s - w^2 / 2 of the causal s^2 / 2, so (2 w s - w^2) / s^2;
+    a chunked layer (Llama 4) scores within chunks of ``w``: s / w chunks of w^2 / 2, so w / s. The kernel skips the
+    tiles outside the band (FlashAttention-2's ``window_size`` / cuDNN's diagonal-band mask, which Megatron-core
+    passes as ``window_size``: GPT-OSS ``window_size = (127, 0)``, every other layer, Megatron-Bridge 067f987
+    src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:86-88). The model FLOPs (:func:`layer_flops_per_token`)
+    keep the full-square convention."""
+    if model.sliding_window is None or seq_len <= 0:
+        return 1.0
+    w, s = min(model.sliding_window, seq_len), seq_len
+    local = w / s if model.chunked_attention else (2 * w * s - w * w) / (s * s)
+    n_local = sum(model.is_local_attention_layer(i) for i in range(model.num_layers))
+    share = n_local / model.num_layers
+    return 1.0 - share + share * local
 
 
 def logits_flops_per_token(model: ModelSpec) -> float:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autotune.cost import comm
+from autotune.cost import comm, moe_time
 from autotune.cost.activations import block_linears, block_mms, recomputed
 from autotune.cost.efficiency import Efficiency
+from autotune.cost.flops import causal_attention_share
 from autotune.cost.kernels import Rates
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -123,8 +124,10 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         f = moe.expert_ffn_hidden_size
         m_expert = tokens * moe.top_k * plan.ep / moe.num_experts
         pairs = tokens * moe.top_k
-        fc1 = _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
-        fc2 = _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
+        # every EP rank waits for the busiest one's tokens (autotune.cost.moe_time: random balanced routing)
+        busiest = moe_time.busiest_rank_factor(tokens, plan.ep, moe.num_experts, moe.top_k)
+        fc1 = busiest * _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
+        fc2 = busiest * _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
         router = _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
         gemm = gemm + fc1 + fc2 + router  # in this order (the search's golden step times)
         for _ in range(moe.num_shared_experts):
@@ -149,8 +152,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # rate; unfused attention runs batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
-    if plan.flash_attention:
-        attention = core_flops / 2 / r.attention
+    if plan.flash_attention:  # sliding-window / chunked layers run only the tiles inside their window
+        attention = core_flops / 2 * causal_attention_share(model, s) / r.attention
     else:
         attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 
@@ -201,6 +204,14 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         rerun_gemms = sum(_gemm_s(2 * tokens * k * n / t, tokens, k, n / t, gemm_peak, eff) if kind == "col" else
                           _gemm_s(2 * tokens * k * n / t, tokens, k / t, n, gemm_peak, eff) for kind, k, n in rerun)
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
+    dispatch_s = 0.0
+    if moe_layer:  # the dispatcher's permutations and the router's kernels (autotune.cost.moe_time)
+        permutes, sorts = moe_time.dispatch_elements(model, plan)
+        router_fwd, router_bwd = moe_time.router_bytes(model)
+        dispatch_s = tokens * (2 * permutes / t_seq + 2 * sorts * busiest) / hbm
+        elementwise += dispatch_s + tokens * router_fwd / t_seq / hbm
+        elementwise_bwd += dispatch_s + tokens * router_bwd / t_seq / hbm
+        dispatch_s += tokens * router_fwd / t_seq / hbm
     if r.cast_bytes:  # half the casts in forward (activations, weights), half in backward (output gradients)
         casts = tokens * cast_width / t * r.cast_bytes / 2 / hbm
         elementwise += casts
@@ -215,7 +226,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     if model.mla is not None:
         modules["mla_up_proj"] = up_gemm + rope
     if moe_layer:
-        modules.update(moe=mlp + router + shared + act * ffn_width, moe_act=act * routed_width,
+        modules.update(moe=mlp + router + shared + act * ffn_width + dispatch_s, moe_act=act * routed_width,
                        shared_experts=shared + act * shared_width)
     else:
         modules["mlp"] = mlp + act * routed_width
@@ -233,8 +244,9 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         moe = model.moe
         assert moe is not None
         ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
-        moe_comm = 2 * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
-    experts = ((mlp, act * routed_width, act * routed_width * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
+        moe_comm = 2 * busiest * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
+    routed_act = act * routed_width * (busiest if moe_layer else 1.0)
+    experts = ((mlp, routed_act, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm,
                      tuple(modules.items()), experts)

@@ -1,0 +1,97 @@
+"""The MoE layer's terms beside its GEMMs (autotune.cost.moe_time), derived by hand for a small case, and the
+sliding-window attention share (flops.causal_attention_share):
+
+- the dispatcher's permutations move 2h + 2kh elements per token, the received tokens' sorts 4kh more when a rank
+  holds several experts, and none with one expert per rank;
+- the router's kernels move 9 / 12 bytes per logit forward / backward;
+- the busiest EP rank's share under random routing is 1 + sigma sqrt(2 ln ep) / mean, sigma from the
+  hypergeometric variance; 1 without expert parallelism, and shrinking as the tokens grow;
+- one MoE layer's memory-bound time grows by exactly those bytes at the plan's HBM rate;
+- a sliding window of w on every other layer executes (1 + (2ws - w^2)/s^2)/2 of causal attention, and the
+  attention time of such a model drops by that share; a model without windows is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from autotune.cost import moe_time
+from autotune.cost.flops import causal_attention_share
+from autotune.cost.kernels import rates
+from autotune.cost.layer_time import layer_time
+from autotune.cost.step_time import TimeSettings
+from autotune.specs.loading import load_cluster
+from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.plan import ParallelPlan
+
+H, K, E = 64, 2, 8
+
+
+def _model(**changes) -> ModelSpec:
+    base = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=H, num_attention_heads=4, ffn_hidden_size=128,
+                     vocab_size=256, activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                     moe=MoESpec(num_experts=E, top_k=K, expert_ffn_hidden_size=32))
+    return dataclasses.replace(base, **changes)
+
+
+def _plan(ep: int) -> ParallelPlan:
+    return ParallelPlan(engine="megatron", dp=8, ep=ep, seq_len=256, global_batch_size=8)
+
+
+def test_dispatch_elements_by_hand():
+    m = _model()
+    assert moe_time.dispatch_elements(m, _plan(2)) == (2 * H + 2 * K * H, 4 * K * H)  # 4 local experts: sorted
+    assert moe_time.dispatch_elements(m, _plan(8)) == (2 * H + 2 * K * H, 0)  # one expert per rank: no sort
+
+
+def test_router_bytes_by_hand():
+    assert moe_time.router_bytes(_model()) == (9 * E, 12 * E)
+
+
+def test_busiest_rank_by_hand():
+    tokens, ep = 1000, 4
+    share = 1 / ep  # E/ep of E experts
+    var_one = K * share * (1 - share) * (E - K) / (E - 1)
+    expected = 1 + math.sqrt(tokens * ep * var_one) * math.sqrt(2 * math.log(ep)) / (tokens * ep * K * share)
+    assert moe_time.busiest_rank_factor(tokens, ep, E, K) == pytest.approx(expected, rel=1e-12)
+    assert moe_time.busiest_rank_factor(tokens, 1, E, K) == 1.0
+    assert 1.0 < moe_time.busiest_rank_factor(100 * tokens, ep, E, K) < moe_time.busiest_rank_factor(tokens, ep, E, K)
+
+
+def _layer(model: ModelSpec, plan: ParallelPlan, moe_layer: bool):
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    eff = TimeSettings().efficiency
+    r = rates(cluster, plan.precision, eff, "fa3", None)
+    return layer_time(model, cluster, plan, moe_layer, eff, r), r
+
+
+def test_moe_layer_adds_the_dispatch_and_router_bytes():
+    m, plan = _model(), _plan(2)
+    with_moe, r = _layer(m, plan, True)
+    tokens = plan.seq_len * plan.micro_batch_size
+    busiest = moe_time.busiest_rank_factor(tokens, 2, E, K)
+    # the same layer's memory-bound kernels, the routed experts' SwiGLU in place of the dense one
+    dense_like, _ = _layer(dataclasses.replace(m, ffn_hidden_size=K * 32), plan, False)
+    permutes, sorts = moe_time.dispatch_elements(m, plan)
+    fwd, bwd = moe_time.router_bytes(m)
+    dispatch = tokens * (2 * permutes + 2 * sorts * busiest) / r.hbm
+    assert with_moe.elementwise_s - dense_like.elementwise_s == pytest.approx(dispatch + tokens * fwd / r.hbm,
+                                                                              rel=1e-9)
+    assert with_moe.elementwise_bwd_s - dense_like.elementwise_bwd_s == pytest.approx(
+        dispatch + tokens * bwd / r.hbm, rel=1e-9)
+
+
+def test_sliding_window_share_by_hand():
+    w, s = 128, 4096
+    m = _model(sliding_window=w, sliding_window_layers=(0, 2))
+    assert causal_attention_share(m, s) == pytest.approx(0.5 + 0.5 * (2 * w * s - w * w) / s ** 2, rel=1e-12)
+    assert causal_attention_share(_model(), s) == 1.0
+    chunked = _model(sliding_window=w, chunked_attention=True)  # every layer chunked
+    assert causal_attention_share(chunked, s) == pytest.approx(w / s, rel=1e-12)
+    plan = dataclasses.replace(_plan(2), seq_len=s)
+    windowed, _ = _layer(m, plan, True)
+    full, _ = _layer(_model(), plan, True)
+    assert windowed.attention_s == pytest.approx(full.attention_s * causal_attention_share(m, s), rel=1e-12)
