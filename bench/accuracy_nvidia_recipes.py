@@ -215,13 +215,15 @@ def one_line(err: InputError) -> str:
 
 
 def estimate_case(case: Case) -> None:
-    """NVIDIA's plan with its recipe's run settings (bench/data/nvidia_recipe_settings.csv); where the recipe leaves
-    the recompute unstated (no recipe matched), each mode, the fastest that fits taken, as the published-runs bench
-    takes the fastest candidate where a source leaves a setting out (NVIDIA tuned theirs)."""
-    found = []
+    """NVIDIA's plan with its recipe's run settings (bench/data/nvidia_recipe_settings.csv). Where the recompute is
+    not read (no recipe matched, or a release whose base recipe is not read), each mode is estimated and the fastest
+    that fits is taken, as the published-runs bench takes the fastest candidate where a source leaves a setting out
+    (NVIDIA tuned theirs)."""
+    found, refused = [], ""
+    modes = [[]] if case.flags.recompute_set else [["--recompute", mode] for mode in RECOMPUTE]
     for flags in (case.flags, without_graphs(case.flags)) if case.flags.argv else ():
         try:  # the recipe's settings; where the tool refuses its CUDA graphs with the rest, without them
-            found.append(run_estimate([*case.argv, *flags.argv]))
+            found = [run_estimate([*case.argv, *flags.argv, *mode]) for mode in modes]
             case.flags = flags
             case.notes.append("recipe settings: " + ", ".join(flags.applied))
             break

@@ -1,10 +1,12 @@
 """NVIDIA's run settings per row of bench/data/nvidia_recipes_blackwell.csv, as `autotune estimate` flags.
 
 bench/data/nvidia_recipe_settings.csv (written by bench/nvidia_recipe_settings_build.py from the Megatron-Bridge
-recipe functions at the commit the performance summary was read from) holds, per row (its ``source``), the recipe
-function whose plan is the row's and each setting it leaves, with the file and line that sets it. ``flags_for``
-turns them into estimate flags and lists those the tool cannot express; a row without a matched recipe gets no
-flags (the bench then takes autotune's default settings and the fastest recompute that fits).
+release that first documents each row's container) holds, per row (its ``source``), the recipe function or workload
+variant whose plan is the row's and each setting it leaves, with the file and line that sets it. ``flags_for`` turns
+them into estimate flags and lists those the tool cannot express. A row without a matched recipe gets no flags (the
+bench takes autotune's default settings and the fastest recompute that fits); where a release's base recipe is not
+read (v0.2 / v0.3 build it from keyword arguments), the settings it leaves (recompute, TP overlap) are the tool's
+default or, for the recompute, the fastest that fits.
 
 The Megatron meaning of each setting read here (megatron-core ``transformer_config.py``, Megatron-Bridge
 ``training/comm_overlap.py``):
@@ -47,6 +49,7 @@ NOT_EXPRESSIBLE = {
 @dataclass
 class RecipeSettings:
     recipe: str = ""
+    read_at: str = ""  # the release tag the settings were read at
     unmatched: str = ""
     values: dict[str, tuple[str, str]] = field(default_factory=dict)  # short name -> (value, where)
 
@@ -61,7 +64,7 @@ def load_settings(path: Path = DATA) -> dict[str, RecipeSettings]:
     out: dict[str, RecipeSettings] = defaultdict(RecipeSettings)
     for r in csv.DictReader(lines):
         s = out[r["source"]]
-        s.recipe, s.unmatched = r["recipe"], r["unmatched"]
+        s.recipe, s.unmatched, s.read_at = r["recipe"], r["unmatched"], r["read_at"]
         if r["setting"]:
             s.values[r["setting"].rsplit(".", 1)[-1]] = (r["value"], r["where"])
     return dict(out)
@@ -70,7 +73,7 @@ def load_settings(path: Path = DATA) -> dict[str, RecipeSettings]:
 @dataclass
 class Flags:
     argv: list[str] = field(default_factory=list)
-    recompute_set: bool = False  # the recipe states the recompute (else the bench tries each mode)
+    recompute_set: bool = False  # the recipe's recompute was read (else the bench tries each mode)
     applied: list[str] = field(default_factory=list)  # settings passed as flags
     unexpressed: list[str] = field(default_factory=list)  # settings on that the tool cannot express
 
@@ -93,8 +96,10 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int) -> Flags:
     if s is None or not s.recipe:
         return f
     gran = s.get("recompute_granularity")
-    f.recompute_set = True
-    if gran is None:
+    f.recompute_set = "recompute_granularity" in s.values  # else the bench tries each mode (the fallback)
+    if not f.recompute_set:
+        f.unexpressed.append("recompute not read (the release's base recipe is not flat)")
+    elif gran is None:
         f.argv += ["--recompute", "none"]
     elif gran == "selective":
         f.argv += ["--recompute", "selective"]
@@ -106,7 +111,8 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int) -> Flags:
         f.argv += ["--recompute", "full"]
         if s.get("recompute_num_layers"):
             f.argv += ["--recompute-num-layers", s.get("recompute_num_layers")]
-    f.applied.append(f"recompute {gran or 'none'}")
+    if f.recompute_set:
+        f.applied.append(f"recompute {gran or 'none'}")
     impl, scope = s.get("cuda_graph_impl"), (s.get("cuda_graph_scope") or "").split()
     if impl == "full_iteration" or "full_iteration" in scope:
         # A whole-iteration graph (forward, backward and the pipeline's sends): per-layer graphs of the whole layer
@@ -123,9 +129,9 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int) -> Flags:
             f.argv += ["--cuda-graph-scope", *parts]
         f.unexpressed += [f"CUDA graph scope {p}" for p in scope if p not in CUDA_GRAPH_SCOPES and p != "full"]
         f.applied.append(f"CUDA graphs {impl}")
-    else:
+    elif "cuda_graph_impl" in s.values:
         f.argv += ["--cuda-graph", "none"]
-    if tp > 1:
+    if tp > 1 and "tp_comm_overlap" in s.values:
         on = s.get("tp_comm_overlap") == "True"
         f.argv += ["--tp-overlap", "userbuffers" if on else "none"]
         f.applied.append(f"TP overlap {'userbuffers' if on else 'none'}")

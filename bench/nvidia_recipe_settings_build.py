@@ -4,13 +4,21 @@ row of bench/data/nvidia_recipes_blackwell.csv, each with the file and line that
     python bench/nvidia_recipe_settings_build.py --git-dir PATH/TO/Megatron-Bridge/.git [--commit 067f987df03b]
 
 A development tool: it reads a local clone of NVIDIA-NeMo/Megatron-Bridge (``git show``, nothing is imported or run)
-and writes the CSV the bench reads. At the commit the performance summary was transcribed from, the recipes are flat
-functions ``src/megatron/bridge/perf_recipes/<family>/<system>/<model>.py::<model>_pretrain_<N>gpu_<system>_<prec>
-_config``; each statement ``cfg.<part>.<name> = <literal>`` (and ``cfg.comm_overlap = CommOverlapConfig(...)``) is
-a setting. A recipe that starts from another function (``cfg = base()``) or calls a helper (``helper(cfg)``) takes
-that function's settings first, in order, as Python would run them; statements under ``if`` are not followed. A row
-is matched to the recipe of its model, system, GPU count and precision whose parallel plan (tp/pp/cp/vp/ep/mbs) is the
-row's; where the recipe at that commit runs another plan (an older container's), the row is written unmatched.
+and writes the CSV the bench reads. Each row is read at the release that first documents its container
+(``container_commits``: the earliest release tag whose docs/performance-summary*.md has a "## <container> NeMo
+Container" section; 26.06.01 and 26.08 at v0.6.0), or at the summary's own commit where no tag documents it.
+
+From v0.6.0 the recipes are flat functions ``src/megatron/bridge/perf_recipes/<family>/<system>/<model>.py::<model>
+_pretrain_<N>gpu_<system>_<prec>_config``; each statement ``cfg.<part>.<name> = <literal>`` (and ``cfg.comm_overlap =
+CommOverlapConfig(...)``) is a setting. A function that starts from another (``cfg = base()``) or calls a helper
+(``helper(cfg)``) takes that function's settings first, in order, as Python runs them; statements under ``if`` and
+values that are not literals are not followed. Before v0.6.0 (releases v0.2-v0.5) a run was the per-GPU function
+``scripts/performance/configs/<family>/<model>_llm_pretrain.py::<model>_pretrain_config_<system>`` (read the same
+way, with its base recipe) and a ``WorkloadBaseConfig`` variant ``<MODEL>_PRETRAIN_CONFIG_<SYSTEM>_<PREC>_V<n>`` of
+``*_workload_base_configs.py`` that ``utils/overrides.py::set_workload_base_configs`` applies on top (its fields as
+that function maps them: ``WORKLOAD_FIELDS``). A row is matched to the function or variant of its model, system, GPU
+count and precision whose parallel plan (tp/pp/cp/vp/ep/mbs) is the row's; where none runs it, the row is written
+unmatched with the reason.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ sys.path.insert(0, str(HERE))
 import accuracy_nvidia_recipes as bench  # noqa: E402
 
 OUT = HERE / "data" / "nvidia_recipe_settings.csv"
-ROOTS = ("src/megatron/bridge/perf_recipes", "src/megatron/bridge/recipes")
+ROOTS = ("src/megatron/bridge/perf_recipes", "src/megatron/bridge/recipes", "scripts/performance/configs")
 MODEL_PREFIX = {"LLAMA3_8B": "llama3_8b", "LLAMA3_70B": "llama3_70b", "LLAMA3.1_405B": "llama31_405b",
                 "DeepSeekV3": "deepseek_v3", "Qwen3_30B_a3B": "qwen3_30b_a3b", "Qwen3_235B_a22B": "qwen3_235b_a22b",
                 "GPT OSS 120B": "gpt_oss_120b", "Kimi_K2": "kimi_k2"}
@@ -62,6 +70,7 @@ def index_functions(git_dir: str, commit: str) -> dict[str, tuple[str, ast.Funct
     """Every top-level function of the recipe trees, by name and by each import alias."""
     names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit, *ROOTS],
                            check=True, capture_output=True, text=True).stdout.split()
+    names = [n for n in names if "workload_base_configs" not in n]
     found: dict[str, tuple[str, ast.FunctionDef]] = {}
     aliases: dict[str, str] = {}
     for path in (n for n in names if n.endswith(".py")):
@@ -105,8 +114,9 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
             elif dotted.startswith("cfg.") and isinstance(value, ast.Call) and \
                     ast.unparse(value.func) == "_perf_precision":
                 out["precision"] = Setting(literal(value.args[0]), at)
-            elif dotted.startswith("cfg."):
-                out[dotted[4:]] = Setting(literal(value), at)
+            elif dotted.startswith("cfg.") and not any(isinstance(n, ast.Name) and n.id == "cfg"
+                                                       for n in ast.walk(value)):
+                out[dotted[4:]] = Setting(literal(value), at)  # (a value read from cfg keeps the earlier one)
         elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and stmt.value.args and \
                 ast.unparse(stmt.value.args[0]) == "cfg":
             callee = ast.unparse(stmt.value.func)
@@ -164,31 +174,148 @@ def match(row: dict, funcs: dict) -> tuple[str, dict[str, Setting], str]:
     return "", {}, ("; ".join(tried) or f"no function {names[0]}") + f" (row: {want})"
 
 
+WORKLOAD_FIELDS = {
+    "cuda_graph_impl": (("model.cuda_graph_impl", None),),
+    "cuda_graph_scope": (("model.cuda_graph_scope", None),),
+    "recompute_modules": (("model.recompute_granularity", "selective"), ("model.recompute_modules", None)),
+    "recompute_num_layers": (("model.recompute_granularity", "full"), ("model.recompute_num_layers", None)),
+    "cpu_offloading_num_layers": (("model.cpu_offloading", "True"), ("model.cpu_offloading_num_layers", None)),
+    "moe_a2a_overlap": (("comm_overlap.overlap_moe_expert_parallel_comm", None),
+                        ("comm_overlap.delay_wgrad_compute", None)),
+    "moe_flex_dispatcher_backend": (("model.moe_token_dispatcher_type", "flex"),
+                                    ("model.moe_flex_dispatcher_backend", None)),
+    "pp_layout": (("model.pipeline_model_parallel_layout", None),),
+}
+"""WorkloadBaseConfig field -> the settings ``set_workload_base_configs`` (scripts/performance/utils/overrides.py,
+``_set_cuda_graph_overrides`` / ``_set_recompute_overrides`` / ``_set_moe_a2a_overlap_overrides``, v0.4.2 lines
+105-162) makes of it when the field is set (value None: the field's own value). moe_a2a_overlap=False sets nothing."""
+
+def container_commits(git_dir: str, tags: list[str]) -> dict[str, str]:
+    """Container -> the earliest release tag whose performance summary (or its archive) has its section."""
+    out: dict[str, str] = {}
+    for tag in tags:
+        text = ""
+        for doc in ("docs/performance-summary.md", "docs/performance-summary-archive.md"):
+            try:
+                text += git_show(git_dir, tag, doc)
+            except subprocess.CalledProcessError:
+                pass
+        for line in text.splitlines():
+            if line.startswith("## ") and line.endswith(" NeMo Container"):
+                out.setdefault(line.split()[1], tag)
+    return out
+
+
+def workload_variants(git_dir: str, commit: str) -> dict[str, dict[str, Setting]]:
+    """Every WorkloadBaseConfig of the release's *_workload_base_configs.py files: name -> its set fields."""
+    names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit,
+                            "scripts/performance/configs"], check=True, capture_output=True, text=True).stdout.split()
+    out: dict[str, dict[str, Setting]] = {}
+    for path in (n for n in names if n.endswith("workload_base_configs.py")):
+        for node in ast.parse(git_show(git_dir, commit, path)).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                continue
+            value, fields = node.value, {}
+            if isinstance(value, ast.Name):
+                fields = dict(out.get(value.id, {}))
+            elif isinstance(value, ast.Call) and ast.unparse(value.func) in ("replace", "WorkloadBaseConfig"):
+                if ast.unparse(value.func) == "replace" and value.args:
+                    fields = dict(out.get(ast.unparse(value.args[0]), {}))
+                for kw in value.keywords:
+                    fields[kw.arg] = Setting(literal(kw.value), f"{path}#L{kw.value.lineno}")
+            else:
+                continue
+            out[node.targets[0].id] = fields
+    return out
+
+
+def legacy_match(row: dict, funcs: dict, variants: dict) -> tuple[str, dict[str, Setting], str]:
+    """(variant name, settings, why unmatched) of a row read at a release before the flat recipes."""
+    family, _ = bench.family_of(row["model"])
+    prefix, system = MODEL_PREFIX.get(family), row["system"].removeprefix("DGX-").lower()
+    if prefix is None or not precision_tag(row["precision"]):
+        return "", {}, "no recipe sought (family or precision not estimated)"
+    tags = {"fp8cs": ("FP8_CS", "FP8_SC"), "fp8mx": ("FP8_MX",), "bf16": ("BF16",)}
+    want = row_plan(row)
+    tried, found = [], []
+    for tag in precision_tag(row["precision"]):
+        for name, fields in sorted(variants.items()):
+            # v0.3+: <MODEL>_PRETRAIN_CONFIG_<SYSTEM>_<PREC>_<VARIANT>; v0.2: <MODEL>_<SYSTEM>_<PREC>_BASE_CONFIG
+            rest = name.removeprefix(f"{prefix.upper()}_").removeprefix("PRETRAIN_CONFIG_")
+            if not name.startswith(f"{prefix.upper()}_") or not rest.startswith(f"{system.upper()}_") or \
+                    not any(rest[len(system) + 1:].startswith(t + "_") or rest[len(system) + 1:] == t
+                            for t in tags[tag]):
+                continue
+            plan = {short: 1 for short in PLAN.values()}
+            plan.update({short: int(fields[k].value) for k, short in PLAN.items()
+                         if k in fields and fields[k].value not in ("None", "")})
+            gpus = int(fields["num_gpus"].value) if "num_gpus" in fields else 0
+            if plan == want:
+                found.append((gpus != int(row["gpus"]), name, fields))  # the variant written for the row's GPUs first
+            else:
+                tried.append(f"{name} runs {plan}")
+    if not found:
+        return "", {}, "; ".join(tried[:3]) or f"no {prefix.upper()} {system.upper()} workload variant"
+    _, name, fields = min(found, key=lambda f: (f[0], f[1]))
+    got = {k: v for k, v in settings_of(f"{prefix}_pretrain_config_{system}", funcs).items() if is_literal(v.value)}
+    for field_name, targets in WORKLOAD_FIELDS.items():
+        s = fields.get(field_name)
+        if s is None or s.value == "None" or (field_name == "moe_a2a_overlap" and s.value == "False"):
+            continue
+        for key, fixed in targets:
+            got[key] = Setting(fixed or s.value, s.where)
+    return name, got, ""
+
+
+def is_literal(text: str) -> bool:
+    """A value ``literal`` wrote from a Python literal (not an expression's source text)."""
+    return all(part.replace("_", "").replace(".", "").isalnum() for part in text.split()) and "(" not in text
+
+
+def release_tags(git_dir: str) -> list[str]:
+    """The release tags vX.Y.Z (no release candidates), oldest first."""
+    out = subprocess.run(["git", "--git-dir", git_dir, "tag", "--list", "v*", "--sort=creatordate"], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return [t for t in out if "rc" not in t and "a" not in t.removeprefix("v")]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--git-dir", required=True)
-    parser.add_argument("--commit", default="067f987df03b")
+    parser.add_argument("--commit", default="067f987df03b", help="where no release documents a row's container")
     args = parser.parse_args(argv)
-    funcs = index_functions(args.git_dir, args.commit)
+    documented = container_commits(args.git_dir, release_tags(args.git_dir))
+    read: dict[str, tuple[str, dict, dict]] = {}  # tag -> (commit, functions, workload variants)
     out_rows = []
     for row in bench.load_rows():
-        name, got, why = match(row, funcs)
-        base = {"source": row["source"], "recipe": name, "unmatched": why}
-        for key, s in sorted(got.items()):
-            if key.rsplit(".", 1)[-1] in KEPT:
-                out_rows.append({**base, "setting": key, "value": s.value,
-                                 "where": f"NVIDIA-NeMo/Megatron-Bridge@{args.commit}:{s.where}"})
-        if not name:
+        tag = documented.get(row["container"], args.commit)
+        if tag not in read:
+            commit = subprocess.run(["git", "--git-dir", args.git_dir, "rev-parse", f"{tag}^{{commit}}"], check=True,
+                                    capture_output=True, text=True).stdout.strip()[:12]
+            read[tag] = (commit, index_functions(args.git_dir, tag), workload_variants(args.git_dir, tag))
+        commit, funcs, variants = read[tag]
+        flat = any(path.startswith(ROOTS[0]) for path, _ in funcs.values())
+        name, got, why = match(row, funcs) if flat or not variants else legacy_match(row, funcs, variants)
+        if not flat and not variants and not name:
+            why = f"{tag} has neither flat recipes nor workload configs"
+        base = {"source": row["source"], "read_at": tag, "recipe": name, "unmatched": why}
+        kept = [(key, s) for key, s in sorted(got.items()) if key.rsplit(".", 1)[-1] in KEPT]
+        for key, s in kept:
+            out_rows.append({**base, "setting": key, "value": s.value,
+                             "where": f"NVIDIA-NeMo/Megatron-Bridge@{commit}:{s.where}"})
+        if not kept:  # every row has a line: its recipe setting nothing kept, or why there is none
             out_rows.append({**base, "setting": "", "value": "", "where": ""})
     with OUT.open("w", encoding="utf-8", newline="") as fh:
         fh.write("# NVIDIA's Megatron-Bridge performance recipes' run settings, per row of nvidia_recipes_blackwell.csv "
-                 "(its source column);\n# written by bench/nvidia_recipe_settings_build.py from the recipe functions "
-                 f"at commit {args.commit}; each setting's where column is the line that sets it.\n")
-        writer = csv.DictWriter(fh, fieldnames=["source", "recipe", "setting", "value", "where", "unmatched"])
+                 "(its source column), read at the release that first documents the row's container (read_at);\n"
+                 "# written by bench/nvidia_recipe_settings_build.py; each setting's where column is the line that "
+                 "sets it.\n")
+        writer = csv.DictWriter(fh, fieldnames=["source", "read_at", "recipe", "setting", "value", "where",
+                                                "unmatched"])
         writer.writeheader()
         writer.writerows(out_rows)
     matched = len({r["source"] for r in out_rows if r["recipe"]})
-    print(f"{OUT}: {len(out_rows)} lines, {matched} rows matched to a recipe")
+    print(f"{OUT}: {len(out_rows)} lines, {matched} rows matched to a recipe; containers read at {documented}")
     return 0
 
 
