@@ -41,7 +41,8 @@ from autotune.commands.estimate import estimate_from_flags
 from autotune.errors import InputError
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
-from autotune.specs.presets import model_preset_names
+from autotune.emit.megatron_layout import megatron_split
+from autotune.specs.presets import load_model_preset, model_preset_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_published import (
@@ -206,7 +207,10 @@ def express(row: dict) -> Case:
         return case
     case.argv, notes = estimate_argv(row, preset, case.gpu, precision)
     case.notes += notes
-    case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]))
+    layers = load_model_preset(preset).num_layers
+    split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
+    case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
+                           split_accounts=split is not None and split.kind == "account")
     return case
 
 

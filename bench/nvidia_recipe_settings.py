@@ -90,8 +90,10 @@ def without_graphs(f: Flags) -> Flags:
                  unexpressed=[*f.unexpressed, "CUDA graphs (refused with the other settings)"])
 
 
-def flags_for(s: RecipeSettings | None, tp: int, ep: int) -> Flags:
-    """Estimate flags of a matched recipe's settings (none for an unmatched row)."""
+def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool = False) -> Flags:
+    """Estimate flags of a matched recipe's settings (none for an unmatched row). ``split_accounts``: the tool's own
+    pipeline split of the plan is Megatron's account-for-embedding-and-loss one (``emit.megatron_layout``), which
+    the recipe's account_for_* flags then ask for without a flag."""
     f = Flags()
     if s is None or not s.recipe:
         return f
@@ -142,6 +144,8 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int) -> Flags:
         f.applied.append(f"EP overlap {mode}")
     for name, values in NOT_EXPRESSIBLE.items():
         v = s.get(name)
+        if split_accounts and name.startswith("account_for_"):
+            continue
         if v is not None and (values is None or v in values):
             backend = s.get("moe_flex_dispatcher_backend") if name == "moe_token_dispatcher_type" else None
             f.unexpressed.append(f"{name}={v}" + (f" ({backend})" if backend else ""))
@@ -156,7 +160,8 @@ def settings_table(cases: list) -> None:
     none = [c for c in cases if not c.flags.argv]
     print(f"\nRECIPE SETTINGS of the {len(cases)} estimated rows: {len(full)} with every setting expressed, "
           f"{len(partial)} partly (settings below not expressible), {len(none)} with default settings "
-          f"(no recipe at the cited commit runs the row's plan, or the tool refused a setting)")
+          f"(no recipe of the release documenting the row's container runs its plan, the recipe sets nothing the "
+          f"tool reads, or the tool refused a setting)")
     missing: dict[str, int] = defaultdict(int)
     for c in partial:
         for what in c.flags.unexpressed:

@@ -191,6 +191,10 @@ def test_recipe_settings_become_estimate_flags_and_the_rest_are_listed():
     assert none.argv[:2] == ["--recompute", "none"] and none.argv[none.argv.index("--tp-overlap") + 1] == "userbuffers"
     assert not none.unexpressed
     assert nrs.flags_for(None, tp=4, ep=1).argv == [] and not nrs.flags_for(None, tp=4, ep=1).recompute_set
+    # account-for-embedding/loss is the tool's own split where megatron_layout says so; else it is listed
+    acc = _settings(recompute_granularity=None, account_for_embedding_in_pipeline_split=True)
+    assert not nrs.flags_for(acc, tp=1, ep=1, split_accounts=True).unexpressed
+    assert nrs.flags_for(acc, tp=1, ep=1).unexpressed == ["account_for_embedding_in_pipeline_split=True"]
     # a release whose base recipe is not read: no recompute or TP overlap flag, and the bench's fallback says so
     unread = nrs.flags_for(_settings(cuda_graph_impl="local"), tp=4, ep=1)
     assert not unread.recompute_set and "--recompute" not in unread.argv and "--tp-overlap" not in unread.argv
