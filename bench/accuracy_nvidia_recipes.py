@@ -6,10 +6,13 @@ how far off the cost model is on them, and where NVIDIA's plan ranks in the plan
     python bench/accuracy_nvidia_recipes.py --model LLAMA3 --rows   # Llama 3 rows only, each row of both tables
 
 Accuracy: each row NVIDIA's plan (their tp/pp/cp/vp/ep/mbs/gbs/seq/precision, Megatron engine, distributed optimizer)
-goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code,
-default settings: nothing fitted here). The table does not state activation recompute: each mode is estimated and
-the fastest that fits is taken (as bench/accuracy_published.py takes the fastest candidate where a source leaves a
-setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
+goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code;
+nothing fitted here), with the run settings of NVIDIA's recipe for that row that the tool has flags for (recompute,
+CUDA graphs, TP and EP communication overlap: bench/nvidia_recipe_settings.py reads them, each with its recipe file
+and line, from bench/data/nvidia_recipe_settings.csv); the settings it cannot express are counted in a table. Where no
+recipe at the cited commit runs the row's plan (older containers), the tool's default settings are taken and each
+recompute mode is estimated, the fastest that fits kept (as bench/accuracy_published.py takes the fastest candidate
+where a source leaves a setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
 whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
 Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX rows as ``--fp8-recipe te-mxfp8``
 (Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);
@@ -38,12 +41,14 @@ from autotune.commands.estimate import estimate_from_flags
 from autotune.errors import InputError
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
-from autotune.specs.presets import model_preset_names
+from autotune.emit.megatron_layout import megatron_split
+from autotune.specs.presets import load_model_preset, model_preset_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_published import (
     _stats,  # median / p90 of |error|, the published-runs bench's columns
 )
+from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
 
@@ -74,7 +79,10 @@ GRAD_DTYPE = "bf16"
 scripts/performance/utils/precision.py ``get_precision_config`` did for the earlier containers."""
 
 RECOMPUTE = ("none", "selective", "full")
-"""Activation recompute modes tried for NVIDIA's plan (the table does not say which the recipe used)."""
+"""Activation recompute modes tried for NVIDIA's plan where its recipe is not matched (the table does not say)."""
+
+SETTINGS = load_settings()
+"""Per row source, its Megatron-Bridge recipe's run settings (bench/nvidia_recipe_settings.py)."""
 
 VARIANT_NOTES = {
     "tokendrop": "token-dropping MoE run as dropless (no capacity factor in ModelSpec)",
@@ -136,6 +144,7 @@ class Case:
     predicted: float | None = None
     fits: bool | None = None
     result: object = None
+    flags: Flags = field(default_factory=Flags)
 
     @property
     def error(self) -> float | None:
@@ -198,6 +207,10 @@ def express(row: dict) -> Case:
         return case
     case.argv, notes = estimate_argv(row, preset, case.gpu, precision)
     case.notes += notes
+    layers = load_model_preset(preset).num_layers
+    split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
+    case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
+                           split_accounts=split is not None and split.kind == "account")
     return case
 
 
@@ -206,10 +219,24 @@ def one_line(err: InputError) -> str:
 
 
 def estimate_case(case: Case) -> None:
-    """NVIDIA's plan at each recompute mode (the table does not state it); the fastest that fits is taken, as the
-    published-runs bench takes the fastest candidate where a source leaves a setting out (NVIDIA tuned theirs)."""
-    found = []
-    for mode in RECOMPUTE:
+    """NVIDIA's plan with its recipe's run settings (bench/data/nvidia_recipe_settings.csv). Where the recompute is
+    not read (no recipe matched, or a release whose base recipe is not read), each mode is estimated and the fastest
+    that fits is taken, as the published-runs bench takes the fastest candidate where a source leaves a setting out
+    (NVIDIA tuned theirs)."""
+    found, refused = [], ""
+    modes = [[]] if case.flags.recompute_set else [["--recompute", mode] for mode in RECOMPUTE]
+    for flags in (case.flags, without_graphs(case.flags)) if case.flags.argv else ():
+        try:  # the recipe's settings; where the tool refuses its CUDA graphs with the rest, without them
+            found = [run_estimate([*case.argv, *flags.argv, *mode]) for mode in modes]
+            case.flags = flags
+            case.notes.append("recipe settings: " + ", ".join(flags.applied))
+            break
+        except InputError as err:  # the tool refuses a setting: the row falls back to the default settings
+            refused = one_line(err)
+    if case.flags.argv and not found:
+        case.notes.append(f"recipe settings refused ({refused[:80]})")
+        case.flags = Flags(unexpressed=case.flags.unexpressed)
+    for mode in () if found else RECOMPUTE:
         try:
             found.append(run_estimate([*case.argv, "--recompute", mode]))
         except InputError as err:
@@ -347,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         if not c.reason:
             estimate_case(c)
     accuracy_table(cases, args.rows)
+    settings_table([c for c in cases if c.predicted is not None])
     plan_quality_table(cases, args.rows)
     return 0
 

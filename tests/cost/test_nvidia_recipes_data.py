@@ -3,6 +3,7 @@ and bench/accuracy_nvidia_recipes.py estimates what it can express and gives a r
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 import sys
@@ -136,3 +137,81 @@ def test_plan_quality_ranks_the_llama3_8b_rows(capsys):
     assert all(r is not None and r >= 1 for r in summary["ranks"])
     assert all(g >= 0 for g in summary["gains"])  # the search's top plan is never predicted slower than NVIDIA's
     assert "LLAMA3_8B" in out
+
+
+# NVIDIA's run settings per row (bench/data/nvidia_recipe_settings.csv, bench/nvidia_recipe_settings.py).
+import nvidia_recipe_settings as nrs  # noqa: E402
+
+SETTINGS = nrs.load_settings()
+WHERE = re.compile(r"^NVIDIA-NeMo/Megatron-Bridge@[0-9a-f]{12}:(src/megatron/bridge|scripts/performance/configs)/"
+                   r"[\w/]+\.py#L\d+$")
+
+
+def test_the_settings_file_covers_every_row_and_cites_a_line_for_each_setting():
+    assert {r["source"] for r in ROWS} == set(SETTINGS)
+    estimated_families = set(bench.MODEL_PRESETS)
+    for r in ROWS:
+        s = SETTINGS[r["source"]]
+        assert bool(s.recipe) != bool(s.unmatched), r["source"]  # a recipe, or the reason there is none
+        assert all(WHERE.match(where) for _, where in s.values.values()), (r["source"], s.values)
+        if s.recipe:
+            # the recipe (a flat function or a workload variant) is the row's system (the builder matched its plan)
+            system = r["system"].removeprefix("DGX-")
+            assert f"_{system.lower()}_" in s.recipe or f"_{system}_" in s.recipe, s.recipe
+            assert bench.family_of(r["model"])[0] in estimated_families
+            assert re.match(r"^v\d+\.\d+\.\d+$", s.read_at), s.read_at
+    matched = [r for r in ROWS if SETTINGS[r["source"]].recipe]
+    assert len(matched) >= 100
+
+
+def test_the_file_holds_the_settings_the_bench_turns_into_flags():
+    lines = [ln for ln in nrs.DATA.read_text(encoding="utf-8").splitlines() if not ln.startswith("#")]
+    names = {r["setting"].rsplit(".", 1)[-1] for r in csv.DictReader(lines) if r["setting"]}
+    assert names >= {"recompute_granularity", "cuda_graph_impl", "tp_comm_overlap", "overlap_moe_expert_parallel_comm"}
+
+
+def _settings(**values) -> nrs.RecipeSettings:
+    return nrs.RecipeSettings(recipe="x_config", values={k: (str(v), "f.py#L1") for k, v in values.items()})
+
+
+def test_recipe_settings_become_estimate_flags_and_the_rest_are_listed():
+    f = nrs.flags_for(_settings(recompute_granularity="selective", recompute_modules="layernorm moe_act",
+                                cuda_graph_impl="transformer_engine", cuda_graph_scope="attn moe_router moe_preprocess",
+                                overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True,
+                                moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep"), tp=1, ep=8)
+    assert f.recompute_set
+    a = f.argv
+    assert a[a.index("--recompute") + 1] == "selective"
+    assert a[a.index("--recompute-modules") + 1: a.index("--recompute-modules") + 3] == ["layernorm", "moe_act"]
+    assert a[a.index("--cuda-graph") + 1] == "transformer_engine" and "moe_preprocess" not in a
+    assert a[a.index("--ep-overlap") + 1] == "a2a-delay-wgrad" and "--tp-overlap" not in a  # tp 1: no TP overlap
+    assert "CUDA graph scope moe_preprocess" in f.unexpressed
+    assert "moe_token_dispatcher_type=flex (hybridep)" in f.unexpressed
+    none = nrs.flags_for(_settings(recompute_granularity=None, tp_comm_overlap=True), tp=4, ep=1)
+    assert none.argv[:2] == ["--recompute", "none"] and none.argv[none.argv.index("--tp-overlap") + 1] == "userbuffers"
+    assert not none.unexpressed
+    assert nrs.flags_for(None, tp=4, ep=1).argv == [] and not nrs.flags_for(None, tp=4, ep=1).recompute_set
+    # account-for-embedding/loss is the tool's own split where megatron_layout says so; else it is listed
+    acc = _settings(recompute_granularity=None, account_for_embedding_in_pipeline_split=True)
+    assert not nrs.flags_for(acc, tp=1, ep=1, split_accounts=True).unexpressed
+    assert nrs.flags_for(acc, tp=1, ep=1).unexpressed == ["account_for_embedding_in_pipeline_split=True"]
+    # a release whose base recipe is not read: no recompute or TP overlap flag, and the bench's fallback says so
+    unread = nrs.flags_for(_settings(cuda_graph_impl="local"), tp=4, ep=1)
+    assert not unread.recompute_set and "--recompute" not in unread.argv and "--tp-overlap" not in unread.argv
+    assert any("recompute not read" in u for u in unread.unexpressed)
+
+
+def test_the_bench_estimates_matched_rows_with_their_recipe_settings(cases):
+    with_recipe = [c for c in cases if c.predicted is not None and SETTINGS[c.row["source"]].recipe]
+    assert len(with_recipe) >= 40
+    applied = [c for c in with_recipe if c.flags.argv]
+    assert len(applied) >= 0.9 * len(with_recipe)
+    for c in applied:
+        plan, s = c.result.plan, SETTINGS[c.row["source"]]
+        if c.flags.recompute_set:
+            assert plan.recompute == (s.get("recompute_granularity") or "none"), c.row["source"]
+        if plan.tp > 1 and "tp_comm_overlap" in s.values:
+            want = "userbuffers" if s.get("tp_comm_overlap") == "True" else "none"
+            assert plan.tp_overlap == want, c.row["source"]
+    # the rows whose recompute the file states are estimated at it, not at the fastest mode that fits
+    assert sum(c.flags.recompute_set for c in applied) >= 0.6 * len(applied)

@@ -1,0 +1,170 @@
+"""NVIDIA's run settings per row of bench/data/nvidia_recipes_blackwell.csv, as `autotune estimate` flags.
+
+bench/data/nvidia_recipe_settings.csv (written by bench/nvidia_recipe_settings_build.py from the Megatron-Bridge
+release that first documents each row's container) holds, per row (its ``source``), the recipe function or workload
+variant whose plan is the row's and each setting it leaves, with the file and line that sets it. ``flags_for`` turns
+them into estimate flags and lists those the tool cannot express. A row without a matched recipe gets no flags (the
+bench takes autotune's default settings and the fastest recompute that fits); where a release's base recipe is not
+read (v0.2 / v0.3 build it from keyword arguments), the settings it leaves (recompute, TP overlap) are the tool's
+default or, for the recompute, the fastest that fits.
+
+The Megatron meaning of each setting read here (megatron-core ``transformer_config.py``, Megatron-Bridge
+``training/comm_overlap.py``):
+- ``recompute_granularity`` None / "selective" / "full"; with selective, ``recompute_modules`` (None: Megatron's
+  default ["core_attn"]); with full, ``recompute_num_layers``;
+- ``cuda_graph_impl`` "none" / "local" / "transformer_engine" / "full_iteration", ``cuda_graph_scope`` the captured
+  parts ("full_iteration" in the scope promotes the impl to a whole-iteration graph: Megatron-Bridge
+  perf_recipes/_common.py ``_benchmark_common``);
+- ``comm_overlap.tp_comm_overlap`` (userbuffers, with sequence parallelism, where tp > 1);
+- ``comm_overlap.overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.specs.plan import CUDA_GRAPH_SCOPES, RECOMPUTE_MODULES
+
+DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipe_settings.csv"
+
+NOT_EXPRESSIBLE = {
+    "moe_token_dispatcher_type": ("flex",),
+    "moe_router_force_load_balancing": ("True",),
+    "pipeline_model_parallel_layout": None,  # any value but None
+    "account_for_embedding_in_pipeline_split": ("True",),
+    "account_for_loss_in_pipeline_split": ("True",),
+    "cpu_offloading": ("True",),
+    "fine_grained_activation_offloading": ("True",),
+    "overlap_param_gather_with_optimizer_step": ("True",),
+    "moe_paged_stash": ("True",),
+    "use_transformer_engine_op_fuser": ("True",),
+    "moe_shared_expert_overlap": ("True",),
+}
+"""Settings the recipes turn on that `autotune estimate` has no flag for (value None: any value other than None)."""
+
+
+@dataclass
+class RecipeSettings:
+    recipe: str = ""
+    read_at: str = ""  # the release tag the settings were read at
+    unmatched: str = ""
+    values: dict[str, tuple[str, str]] = field(default_factory=dict)  # short name -> (value, where)
+
+    def get(self, name: str) -> str | None:
+        v = self.values.get(name, ("None", ""))[0]
+        return None if v in ("None", "") else v
+
+
+def load_settings(path: Path = DATA) -> dict[str, RecipeSettings]:
+    """Row source -> its recipe's settings (last part of each dotted name)."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("#")]
+    out: dict[str, RecipeSettings] = defaultdict(RecipeSettings)
+    for r in csv.DictReader(lines):
+        s = out[r["source"]]
+        s.recipe, s.unmatched, s.read_at = r["recipe"], r["unmatched"], r["read_at"]
+        if r["setting"]:
+            s.values[r["setting"].rsplit(".", 1)[-1]] = (r["value"], r["where"])
+    return dict(out)
+
+
+@dataclass
+class Flags:
+    argv: list[str] = field(default_factory=list)
+    recompute_set: bool = False  # the recipe's recompute was read (else the bench tries each mode)
+    applied: list[str] = field(default_factory=list)  # settings passed as flags
+    unexpressed: list[str] = field(default_factory=list)  # settings on that the tool cannot express
+
+
+def without_graphs(f: Flags) -> Flags:
+    """The flags less the CUDA-graph ones (where the tool refuses the recipe's graphs with its other settings)."""
+    argv, skip = [], False
+    for a in f.argv:
+        skip = a.startswith("--cuda-graph") or (skip and not a.startswith("--"))
+        if not skip:
+            argv.append(a)
+    return Flags(argv=argv, recompute_set=f.recompute_set,
+                 applied=[a for a in f.applied if not a.startswith("CUDA graphs")],
+                 unexpressed=[*f.unexpressed, "CUDA graphs (refused with the other settings)"])
+
+
+def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool = False) -> Flags:
+    """Estimate flags of a matched recipe's settings (none for an unmatched row). ``split_accounts``: the tool's own
+    pipeline split of the plan is Megatron's account-for-embedding-and-loss one (``emit.megatron_layout``), which
+    the recipe's account_for_* flags then ask for without a flag."""
+    f = Flags()
+    if s is None or not s.recipe:
+        return f
+    gran = s.get("recompute_granularity")
+    f.recompute_set = "recompute_granularity" in s.values  # else the bench tries each mode (the fallback)
+    if not f.recompute_set:
+        f.unexpressed.append("recompute not read (the release's base recipe is not flat)")
+    elif gran is None:
+        f.argv += ["--recompute", "none"]
+    elif gran == "selective":
+        f.argv += ["--recompute", "selective"]
+        modules = (s.get("recompute_modules") or "core_attn").split()
+        known = [m for m in modules if m in RECOMPUTE_MODULES]
+        f.argv += ["--recompute-modules", *(known or ["core_attn"])]
+        f.unexpressed += [f"recompute module {m}" for m in modules if m not in RECOMPUTE_MODULES]
+    else:
+        f.argv += ["--recompute", "full"]
+        if s.get("recompute_num_layers"):
+            f.argv += ["--recompute-num-layers", s.get("recompute_num_layers")]
+    if f.recompute_set:
+        f.applied.append(f"recompute {gran or 'none'}")
+    impl, scope = s.get("cuda_graph_impl"), (s.get("cuda_graph_scope") or "").split()
+    if impl == "full_iteration" or "full_iteration" in scope:
+        # A whole-iteration graph (forward, backward and the pipeline's sends): per-layer graphs of the whole layer
+        # are the nearest the tool has; Transformer Engine's where the EP overlap runs (it replays only those).
+        impl = "transformer_engine" if ep > 1 and s.get("overlap_moe_expert_parallel_comm") == "True" else "local"
+        f.argv += ["--cuda-graph", impl] + (["--cuda-graph-scope", "attn", "moe_router"]  # the parts the EP
+                                              if impl == "transformer_engine" else [])  # overlap lets graphs take
+        f.applied.append(f"CUDA graphs {impl}")
+        f.unexpressed.append("full-iteration CUDA graph (estimated as per-layer graphs)")
+    elif impl in ("local", "transformer_engine"):
+        f.argv += ["--cuda-graph", impl]
+        parts = [p for p in scope if p in CUDA_GRAPH_SCOPES]
+        if parts:
+            f.argv += ["--cuda-graph-scope", *parts]
+        f.unexpressed += [f"CUDA graph scope {p}" for p in scope if p not in CUDA_GRAPH_SCOPES and p != "full"]
+        f.applied.append(f"CUDA graphs {impl}")
+    elif "cuda_graph_impl" in s.values:
+        f.argv += ["--cuda-graph", "none"]
+    if tp > 1 and "tp_comm_overlap" in s.values:
+        on = s.get("tp_comm_overlap") == "True"
+        f.argv += ["--tp-overlap", "userbuffers" if on else "none"]
+        f.applied.append(f"TP overlap {'userbuffers' if on else 'none'}")
+    if ep > 1:
+        on = s.get("overlap_moe_expert_parallel_comm") == "True"
+        mode = ("a2a-delay-wgrad" if s.get("delay_wgrad_compute") == "True" else "a2a") if on else "none"
+        f.argv += ["--ep-overlap", mode]
+        f.applied.append(f"EP overlap {mode}")
+    for name, values in NOT_EXPRESSIBLE.items():
+        v = s.get(name)
+        if split_accounts and name.startswith("account_for_"):
+            continue
+        if v is not None and (values is None or v in values):
+            backend = s.get("moe_flex_dispatcher_backend") if name == "moe_token_dispatcher_type" else None
+            f.unexpressed.append(f"{name}={v}" + (f" ({backend})" if backend else ""))
+    return f
+
+
+def settings_table(cases: list) -> None:
+    """How many estimated rows ran with their recipe's settings (all expressible / some not), and the count of
+    each setting the tool could not express."""
+    full = [c for c in cases if c.flags.argv and not c.flags.unexpressed]
+    partial = [c for c in cases if c.flags.argv and c.flags.unexpressed]
+    none = [c for c in cases if not c.flags.argv]
+    print(f"\nRECIPE SETTINGS of the {len(cases)} estimated rows: {len(full)} with every setting expressed, "
+          f"{len(partial)} partly (settings below not expressible), {len(none)} with default settings "
+          f"(no recipe of the release documenting the row's container runs its plan, the recipe sets nothing the "
+          f"tool reads, or the tool refused a setting)")
+    missing: dict[str, int] = defaultdict(int)
+    for c in partial:
+        for what in c.flags.unexpressed:
+            missing[what] += 1
+    for what, n in sorted(missing.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {n:>4}  {what}")
