@@ -112,7 +112,7 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         core = (5 if model.dropout > 0 else 2) * a * s * s * b / t
         core += 2 * sb * (max(model.kv_width, model.q_width) - model.kv_width
                           + max(model.v_width, model.attention_output_width) - model.v_width) / t
-    mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_in, lin)
+    mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_in, lin, facts.moe_expert_outputs_saved)
     return LayerActivations(norms=norms, attention=attn, attention_core=core, mlp=mlp, dropout_masks=dropout_masks)
 
 
@@ -123,7 +123,7 @@ def _dense_mlp_bytes(model: ModelSpec, width: float, tokens: float, t: int, lin:
 
 
 def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int, sb: float, t: int, t_in: int,
-                          lin: int) -> float:
+                          lin: int, expert_outputs_saved: bool) -> float:
     h = model.hidden_size
     fc1_input = lin * sb * h / t_in
     if not model.is_moe_layer(layer_index):
@@ -132,7 +132,10 @@ def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int
     assert moe is not None
     routing = 4 * sb * moe.num_experts / t_in  # fp32 routing probabilities
     pairs = sb * moe.top_k
-    experts = _dense_mlp_bytes(model, moe.expert_ffn_hidden_size, pairs, t, lin) + pairs * (lin + 2) * h / t
+    # Per routed pair the permuted input (fc1's saved input), and the expert output where the combine keeps it
+    # (ActivationFacts.moe_expert_outputs_saved).
+    experts = (_dense_mlp_bytes(model, moe.expert_ffn_hidden_size, pairs, t, lin)
+               + pairs * (lin + (2 if expert_outputs_saved else 0)) * h / t)
     shared = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
     return fc1_input + routing + experts + shared
 
@@ -150,7 +153,7 @@ def recompute_module_bytes(model: ModelSpec, plan: ParallelPlan, layer: LayerAct
         linear_fc1, gpt_layer_specs.py:313-336, and transformer_layer.py:452-507 skips them).
       mlp: a dense MLP's saved tensors except its input (fc1 output, activation output).
       moe: the whole MoE block's but its input (routing probabilities, per routed pair the permuted input, fc1
-        output, activation output and unpermuted output; shared experts).
+        output and activation output; shared experts).
       moe_act: the experts' activation output (fc2's saved input; output-discarding, experts.py:268-274).
       shared_experts: the shared experts' saved tensors except their input."""
     s = plan.seq_len / plan.cp

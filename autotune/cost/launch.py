@@ -18,9 +18,15 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
   FP8 adds a cast per GEMM input; tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
   weight gradients) per forward GEMM and one kernel per other kernel.
 
-Memory: each captured part keeps static input and output buffers for its forward and backward graphs (4 tensors of
-the layer's input size) per micro-batch in flight; what runs inside a graph allocates from the graph's pool as it
-would from the caching allocator.
+Memory: Megatron's own graphs (``local``) keep, per captured part, static input and output buffers for its forward
+and backward graphs (4 tensors of the layer's input size) per micro-batch in flight; what runs inside a graph
+allocates from the graph's pool as it would from the caching allocator. Transformer Engine's graphs
+(``transformer_engine``) are one graph per layer (megatron/core/transformer/cuda_graphs.py at d98e8a64: the
+callables are the layers, :2258-2286) whose sample inputs are reused once a micro-batch's backward is done
+(``_get_sample_arguments`` :2322-2380) and, from TE 2.7, whose input and output buffers are shared between
+consecutive graphs (``_reuse_graph_input_output_buffers`` :2684-2686): a layer's static input is the previous
+layer's static output, the activation the ledger already counts. What is left is one layer's forward output and
+backward gradient pair beyond the chain, 4 tensors of the layer's input size per stage.
 """
 
 from __future__ import annotations
@@ -83,4 +89,6 @@ def cuda_graph_static_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, sc
     t_seq = plan.tp if plan.sequence_parallel else 1
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
     parts = sum(len(graphed_parts(model, plan, model.is_moe_layer(i))) for i in range(first, first + count))
+    if plan.cuda_graph == "transformer_engine":  # buffers shared along the chain of layer graphs (docstring)
+        return 4 * layer_input if parts else 0.0
     return 4 * layer_input * parts * microbatches_in_flight(plan, stage)

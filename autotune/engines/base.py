@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from autotune.emit.precision import DEFAULT_FP8_HOW
-from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.facts import EXPERT_OUTPUT_SAVING_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES
@@ -92,9 +92,10 @@ class Engine(ABC):
 
     def activation_facts(self, plan: ParallelPlan) -> ActivationFacts:
         """How this engine's code saves activations (:class:`ActivationFacts`); default Megatron-LM's
-        (attention-core selective recompute, in-place vocab-parallel cross entropy)."""
+        (attention-core selective recompute, in-place vocab-parallel cross entropy) with an MoE combine that keeps
+        the expert outputs (DeepSpeed-MoE, Hugging Face MoE blocks); the Megatron engine's own is ``MEGATRON_FACTS``."""
         del plan
-        return MEGATRON_FACTS
+        return EXPERT_OUTPUT_SAVING_FACTS
 
     def fp8_weight_cache_bytes(self, plan: ParallelPlan, groups: ParamGroups) -> float:
         """FP8 copies of the GEMM weights kept across the step: Transformer Engine caches each weight in FP8,

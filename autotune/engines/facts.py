@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EngineFiles",
+__all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EXPERT_OUTPUT_SAVING_FACTS",
+           "EngineFiles",
            "SELECTIVE_POLICIES", "KERNEL_LAUNCH_S"]
 
 # What selective recompute keeps (ActivationFacts.selective): Megatron's attention core; torchtitan's op-level SAC
@@ -171,9 +172,20 @@ class ActivationFacts:
     fp8_input_bytes: int = 1
     """Bytes per element an FP8 linear saves of its input: 1 (Transformer Engine saves the FP8 cast);
     2 (torchao float8 ``matmul_with_hp_or_float8_args`` saves the high-precision input, casts in backward)."""
+    moe_expert_outputs_saved: bool = False
+    """Whether an MoE layer keeps each routed pair's expert output (16-bit, ``h`` wide) for the gradient of its
+    routing weight. False: Megatron-core multiplies the routing probabilities inside the experts' activation
+    (megatron/core/transformer/moe/experts.py at d98e8a64, ``bias_act_func`` :943-1027, "Activation and post-multiply
+    probs" :545), so the combine is a plain un-permutation whose backward needs no data (token_dispatcher.py
+    ``combine_postprocess`` :876-900 calls ``unpermute`` without probabilities). True: the weight multiplies the
+    expert output after the experts (Hugging Face Mixtral-style blocks ``expert_layer(x) * routing_weights``,
+    DeepSpeed-MoE ``sharded_moe.py`` ``einsum("sec,ecm->sm", combine_weights, expert_output)``, torchtitan's MoE
+    scaling the routed output by its scores), which saves that output."""
 
 
 MEGATRON_FACTS = ActivationFacts()
+EXPERT_OUTPUT_SAVING_FACTS = ActivationFacts(moe_expert_outputs_saved=True)
+"""Megatron-LM's facts but for the MoE combine (DeepSpeed, Megatron-DeepSpeed and Hugging Face models)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,9 +39,9 @@ FSDP_WORDS = {0: "no sharding (replicate): every replica keeps fp32 weights, gra
 
 # FSDPEngine.activation_facts: the same two objects for every plan (a cache key of the ledger's).
 _FACTS = ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=8.0, gathered_linear_inputs=True,
-                         fp8_input_bytes=2)
+                         fp8_input_bytes=2, moe_expert_outputs_saved=True)
 _TP_FACTS = ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12.0, gathered_linear_inputs=True,
-                            fp8_input_bytes=2)
+                            fp8_input_bytes=2, moe_expert_outputs_saved=True)
 
 
 class FSDPEngine(Engine):

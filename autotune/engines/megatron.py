@@ -14,7 +14,7 @@ from autotune.emit.megatron_bridge import (
 )
 from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
-from autotune.engines.facts import KERNEL_LAUNCH_S, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.megatron_rules import cuda_graph_rules, ep_overlap_rules, recompute_module_rules
 from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
@@ -106,6 +106,10 @@ class MegatronEngine(Engine):
 
     def grad_reduce_bytes(self, plan) -> float:
         return float(megatron_grad_bytes(plan))
+
+    def activation_facts(self, plan):
+        del plan
+        return MEGATRON_FACTS  # its MoE experts take the routing probabilities in their activation (facts.py)
 
     def saved_states_plan(self, plan):
         # Fully parallel torch_dist save: every tensor once, spread over all ranks as ZeRO-3 would hold it.

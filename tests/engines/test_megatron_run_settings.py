@@ -104,12 +104,15 @@ def test_cuda_graphs_hide_the_launches_small_work_waits_for_and_keep_static_buff
     eager, graphed = estimate(LLAMA, C64, _llama_tp8(256)), estimate(LLAMA, C64, _llama_tp8(256, cuda_graph="local"))
     assert graphed.time.compute_s < eager.time.compute_s
     # seq 4096: the GPU work hides the launches; the graphs cost only their static input / output buffers
-    eager, graphed = (estimate(LLAMA, C64, _llama_tp8(4096, **kw)) for kw in ({}, {"cuda_graph": "transformer_engine"}))
+    eager, graphed, te = (estimate(LLAMA, C64, _llama_tp8(4096, **kw))
+                          for kw in ({}, {"cuda_graph": "local"}, {"cuda_graph": "transformer_engine"}))
     assert graphed.time.step_time_s == pytest.approx(eager.time.step_time_s, rel=1e-12)
     layer_input = 2 * 4096 * LLAMA.hidden_size / 8  # 16-bit, sequence-parallel over tp 8
-    # 4 buffers per graphed part (attention, MLP) of each layer, one micro-batch in flight (pp 1)
+    # local: 4 buffers per graphed part (attention, MLP) of each layer, one micro-batch in flight (pp 1)
     assert graphed.memory.buffer_parts["cuda_graphs"] == pytest.approx(4 * layer_input * 2 * LLAMA.num_layers)
     assert graphed.memory.total > eager.memory.total
+    # Transformer Engine's graphs share their input / output buffers along the layers: one layer's 4 per stage
+    assert te.memory.buffer_parts["cuda_graphs"] == pytest.approx(4 * layer_input)
 
 
 @pytest.mark.parametrize(("model", "kw", "why"), [

@@ -72,8 +72,8 @@ def _plan(engine: str, **setting) -> ParallelPlan:
     moe = {"ep": 8} if "ep_overlap" in setting else {}
     fp8 = "fp8_recipe" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
-    if "cuda_graph_scope" in setting:  # what the graphs capture
-        setting = {"cuda_graph": "transformer_engine", **setting}
+    if "cuda_graph_scope" in setting:  # what Megatron's own graphs capture (their static buffers are per part;
+        setting = {"cuda_graph": "local", **setting}  # Transformer Engine's share theirs along the layers)
     return make_plan(_model(**setting), CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
                      seq_len=4096, engine=engine, zero_stage=3 if engine == "fsdp" else 1,
                      precision="fp8" if fp8 else "bf16", **({"recompute": "selective"} if selective else {}),
