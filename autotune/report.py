@@ -139,7 +139,8 @@ def plan_table(result) -> str:
     lines.append("")
     if result.explanation:
         lines.append("why #1: " + result.explanation)
-    if said := release_defaults_line(getattr(result, "release_defaults", None)):
+    if said := release_defaults_line(getattr(result, "release_defaults", None),
+                                     getattr(result, "release_cost_settings", None)):
         lines.append(said)
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
@@ -153,21 +154,30 @@ def plan_table(result) -> str:
     return "\n".join(lines)
 
 
-def release_defaults_line(taken: dict | None) -> str:
+def release_defaults_line(taken: dict | None, cost: dict | None = None) -> str:
     """What a search gave each engine's plans from its release's own defaults (``SearchResult.release_defaults``),
-    in flags: ``release defaults: fsdp (torchtitan 0.3) --loss-chunks 8 ...``; "" when it gave none."""
-    if not taken:
+    in flags: ``release defaults: fsdp (torchtitan 0.3) --loss-chunks 8 ...``, and what its release's code was
+    estimated to do (``SearchResult.release_cost_settings``: torchtitan 0.3's op-SAC save set); "" when neither."""
+    if not taken and not cost:
         return ""
     from autotune.engines import ENGINES
 
-    parts = []
-    for engine, took in taken.items():
+    def named(engine: str, release: str) -> str:
         versions = ENGINES[engine].versions
+        return f"{engine} ({versions.label} {versions.shown(release)})"
+
+    parts = []
+    for engine, took in (taken or {}).items():
         flags = ", ".join(f"--{name.replace('_', '-')} {value}" + (" (FP8 plans)" if name == "fp8_recipe" else "")
                           for name, value in took["settings"].items())
-        parts.append(f"{engine} ({versions.label} {versions.shown(took['release'])}): {flags}")
-    return ("release defaults, each in its engine's plans only (a flag given wins): " + "; ".join(parts)
-            + " (--engine-version picks the release)")
+        parts.append(f"{named(engine, took['release'])}: {flags}")
+    code = "; ".join(f"{named(engine, did['release'])}: " + ", ".join(f"{k} {v}" for k, v in did["settings"].items())
+                     for engine, did in (cost or {}).items())
+    said = ("release defaults, each in its engine's plans only (a flag given wins): " + "; ".join(parts)
+            if parts else "")
+    if code:
+        said += ("; " if said else "") + "estimated as the release's code runs: " + code
+    return said + " (--engine-version picks the release)"
 
 
 def assumed_settings(plan: ParallelPlan, settings) -> list[str]:

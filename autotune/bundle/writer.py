@@ -42,7 +42,7 @@ from autotune.cost.estimate import Estimate
 from autotune.emit.launch import render_launch_scripts
 from autotune.emit.megatron import megatron_env
 from autotune.emit.options import EmitOptions
-from autotune.emit.precision import te_fp8_recipe_snippet
+from autotune.emit.precision import is_te_recipe, te_fp8_recipe_snippet
 from autotune.emit.validate import has_errors, validate_deepspeed_config
 from autotune.engines import engine_for
 from autotune.engines.common import DS_CONFIG
@@ -76,7 +76,8 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     engine_files = engine.render_files(model, cluster, plan, options, policy.files(load_universal=load_universal), env)
     files.update(engine_files.files)
     summary = plan_summary(plan)
-    if plan.precision == "fp8":
+    if plan.precision == "fp8" and is_te_recipe(plan.fp8_recipe or engine.comm.fp8_recipe):
+        # a Transformer Engine recipe only: torchao's Float8 / MX recipes (FSDP2) run no TE module
         files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan, summary)
     files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
                                        env=engine_files.env, entry=engine_files.entry,

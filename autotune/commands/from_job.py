@@ -92,13 +92,16 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, *
     from autotune.search.space import SearchConstraints
 
     plan = job.plan
+    policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
+    settings = replace(settings, selective_policy=policy) if policy else settings  # the job's, as estimate --from
     current = estimate(job.model, job.cluster, plan, job.settings, settings)
     kept = {name: getattr(plan, name) for name in RUN_SETTINGS if getattr(plan, name) is not None}
     limits = {"engines": (plan.engine,), "precisions": (plan.precision,)} | {
         k: v for k, v in limits.items() if v is not None}
     constraints = SearchConstraints(**limits, **(kept | (asked or {})))
     result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
-                          time_settings=settings, constraints=constraints, top_k=top_k)
+                          memory_settings=job.settings, time_settings=settings, constraints=constraints,
+                          top_k=top_k)
     return current, result
 
 

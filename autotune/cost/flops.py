@@ -5,7 +5,8 @@ Attention scores and the weighted sum add 2*s*(q_width + out_width) per token, c
 the full s x s square, the convention of Narayanan et al. 2021 (Eq. 3) and Korthikanti et al.
 2022 (Eq. 7); a causal flash kernel executes half of it (``executed`` counts that).
 Backward costs twice the forward. Model FLOPs count forward + backward; hardware FLOPs add
-what recompute runs again (full: the layers' forward; selective: the attention core, or Megatron's modules).
+what recompute runs again (full: the layers' forward; selective: the attention core, or Megatron's modules, or
+what torchtitan's op-level SAC reruns: :func:`op_sac_recompute_flops_per_token`).
 
 Check (tests/cost/test_flops.py): for GPT with f = 4h, MHA, full recompute this reduces to
 Narayanan's F = 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)); without recompute to
@@ -17,10 +18,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autotune.cost.op_sac import block_linears, block_mms
 from autotune.specs.model import ModelSpec
 
 __all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops",
-           "recompute_flops_per_token", "causal_attention_share"]
+           "recompute_flops_per_token", "causal_attention_share", "op_sac_recompute_flops_per_token"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,15 +136,39 @@ def recompute_flops_per_token(model: ModelSpec, seq_len: int, modules: tuple[str
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def op_sac_recompute_flops_per_token(model: ModelSpec, seq_len: int, policy: str, fp8: bool) -> float:
+    """Forward FLOPs per token that torchtitan's op-level selective checkpointing reruns in backward, summed over all
+    layers, as ``layer_time`` times them (``LayerTime.op_sac_recompute_s``) and ``activations.op_sac_layer_bytes``
+    keeps them. A dense block saves the outputs of its 1st, 3rd, 5th... ``aten.mm`` and SDPA's, and reruns the other
+    mms (``block_mms[1::2]``: wk, wo, w3 of a Llama block) and the linears with a bias (``aten.addmm``, not in the
+    save list); under Float8 the linears run ``aten._scaled_mm``, which 0.2.2's save list lacks (every GEMM reruns)
+    and 0.3's keeps (``policy`` "op-sac-0.3": none reruns). The memory-bound ops it reruns (norms, activation, RoPE,
+    casts) add no GEMM FLOPs. MoE layers keep the attention-core policy (``op_sac_layer_bytes``): their attention
+    core reruns."""
+    if fp8:
+        dense = 0.0 if policy == "op-sac-0.3" else sum(2.0 * k * n for _, k, n, _ in block_linears(model))
+    else:
+        rerun = block_mms(model)[1::2] + [(kind, k, n) for kind, k, n, biased in block_linears(model) if biased]
+        dense = sum(2.0 * k * n for _, k, n in rerun)
+    return sum(layer_flops_per_token(model, seq_len, i).attention if model.is_moe_layer(i) else dense
+               for i in range(model.num_layers))
+
+
 def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str,
-               modules: tuple[str, ...] = ("core_attn",)) -> StepFlops:
-    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``; ``modules``: what selective
-    recompute reruns (:func:`recompute_flops_per_token`)."""
+               modules: tuple[str, ...] = ("core_attn",), *, selective: str = "attention-core",
+               fp8: bool = False) -> StepFlops:
+    """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``; ``modules``: what Megatron's
+    selective recompute reruns (:func:`recompute_flops_per_token`); ``selective``: the selective policy
+    ("attention-core": Megatron's modules; "op-sac" / "op-sac-0.3": torchtitan's op-level SAC,
+    :func:`op_sac_recompute_flops_per_token`, with ``fp8`` the plan's Float8 GEMMs)."""
     gemm, attention = _model_flops_per_token(model, seq_len)
     forward = (gemm + attention + logits_flops_per_token(model)) * tokens
     model_flops = 3.0 * forward
     if recompute == "full":
         extra = (gemm + attention) * tokens
+    elif recompute == "selective" and selective != "attention-core":
+        extra = op_sac_recompute_flops_per_token(model, seq_len, selective, fp8) * tokens
     elif recompute == "selective":
         extra = recompute_flops_per_token(model, seq_len, modules) * tokens
     else:

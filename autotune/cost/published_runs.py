@@ -14,21 +14,26 @@ per-run tuned.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-from autotune.cost.flops import step_flops
 from autotune.cost.memory import estimate_memory
+from autotune.cost.published_fields import (
+    family_of,
+    lead_int,
+    read_cluster,
+    read_memory,
+    read_model,
+    read_parallel,
+    read_precision,
+    read_recompute,
+    read_throughput,
+)
 from autotune.cost.published_facts import (
-    ARCH,
     FAMILIES,
-    GPU_PATTERNS,
-    MTNLG,
-    MTNLG_PARALLEL,
     READINGS,
     SAME_CONFIG_AS,
     UNFUSED_ATTENTION,
@@ -41,7 +46,6 @@ from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.presets import cluster_defaults, load_gpu_preset
 from autotune.specs.settings import MemorySettings
 
 __all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of", "predict_run", "plan_choice_note"]
@@ -73,112 +77,10 @@ class PublishedRun:
     """The measurement is one layer's forward + backward (Korthikanti Table 4), as tokens/s per GPU of that layer."""
 
 
-def family_of(run_id: str) -> tuple[str, str]:
-    for prefix, family, engine in FAMILIES:
-        if run_id.startswith(prefix):
-            return family, engine
-    return "other", "none"
-
-
-def _lead_int(value) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    m = re.match(r"\s*(\d+)\b", str(value)) if value is not None else None
-    return int(m.group(1)) if m else None
-
-
-def _recompute(text: str | None, num_layers: int) -> tuple[str, int | None] | None:
-    t = str(text or "none").lower()
-    if t.startswith("selective (layer"):  # torchtitan layer SAC: every 2nd block checkpointed (ac_freq 2)
-        return "full", max(1, num_layers // 2)
-    for word in ("none", "selective", "full"):
-        if t.startswith(word):
-            return word, None
-    if "checkpointing" in t:
-        return "full", None
-    return None
-
-
-def _model(entry: dict, family: str) -> ModelSpec | None:
-    m = dict(entry.get("model", {}))
-    extra = ARCH.get(str(m.get("arch")), {})
-    if family.endswith("(MT-NLG)"):
-        extra = MTNLG
-    m = {**extra, **{k: v for k, v in m.items() if v is not None}}
-    seq = _lead_int(m.get("seq_len"))
-    if seq is None and family.startswith("torchtitan"):
-        seq = 8192  # "not stated (default 8192 in configs)": torchtitan's llama3 train_configs
-    padded = re.search(r"\((\d+) padded", str(m.get("vocab")))  # BLOOM: "250k (250880 padded in code)"
-    vocab = int(padded.group(1)) if padded else _lead_int(m.get("vocab"))
-    layers, hidden, heads = m.get("layers"), m.get("hidden"), m.get("heads")
-    if heads is None and str(m.get("arch", "")).startswith("MPT") and isinstance(hidden, int):
-        heads = hidden // 128  # "heads do not change the FLOP count" (the entry); mpt-30b.yaml: 56 = 7168 / 128
-    if not all(isinstance(v, int) for v in (layers, hidden, heads, seq)) or vocab is None:
-        return None
-    name = m.get("name") or entry["id"]
-    arch = str(m.get("arch", ""))
-    if arch.lower().startswith("llama") or "GQA" in arch:
-        # Llama 2/3: RoPE, RMSNorm, SwiGLU, untied embeddings, no biases (the public configs).
-        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         num_kv_heads=m.get("kv_heads") or heads, ffn_hidden_size=m["ffn_hidden"], vocab_size=vocab,
-                         activation="swiglu", norm="rmsnorm", position_embedding="rope", max_position_embeddings=seq)
-    if arch.startswith("MPT"):
-        # llm-foundry mpt-*.yaml: ALiBi, LayerNorm without bias, GeLU, no biases, tied embeddings, no dropout.
-        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads or hidden // 128,
-                         ffn_hidden_size=m.get("ffn_hidden", 4 * hidden), vocab_size=vocab, position_embedding="alibi",
-                         max_position_embeddings=seq, tied_embeddings=True)
-    if arch.startswith("BLOOM"):
-        # BLOOM (Megatron-DeepSpeed): ALiBi, embedding LayerNorm, biases, tied embeddings, GeLU, no dropout.
-        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         ffn_hidden_size=4 * hidden, vocab_size=vocab, position_embedding="alibi",
-                         max_position_embeddings=seq, linear_bias=True, tied_embeddings=True, embedding_norm=True)
-    # Megatron GPT of the papers: learned positions, LayerNorm, GeLU, biases, tied embeddings, dropout 0.1.
-    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                     ffn_hidden_size=m.get("ffn_hidden", 4 * hidden), vocab_size=vocab, max_position_embeddings=seq,
-                     linear_bias=True, tied_embeddings=True, dropout=0.1)
-
-
-def _precision(entry: dict, family: str) -> tuple[str, str, dict]:
-    """(plan precision, words, TimeSettings overrides) of a run."""
-    words = str(entry.get("precision", "")).lower()
-    opts = str(entry.get("parallel", {}).get("optimizations", "")).lower()
-    over: dict = {}
-    if "compile" in opts:
-        over["torch_compile"] = True
-    if "async" in opts:
-        over["tp_overlap"] = "async-tp"
-    if "tp-comm-overlap" in str(entry.get("parallel", {}).get("comm_overlap", "")):
-        over["tp_overlap"] = "userbuffers"
-    if "float8" in words or "fp8" in words:
-        recipe = ("te-current" if "cs" in words.split("fp8")[-1] else "te-delayed") if "fp8" in words \
-            else "torchao-tensorwise"  # torchtitan's Float8: torchao dynamic tensorwise scaling
-        over["fp8_recipe"] = recipe
-        return "fp8", f"fp8 ({recipe})", over
-    if family.startswith("Megatron-LM 20") or "fp16" in words or "16-bit" in words:
-        return "fp16", "fp16", over  # 2021-22 Megatron on A100: fp16 mixed precision (Narayanan Sec. 5)
-    return "bf16", "bf16", over
-
-
-def _cluster(gpu_text: str, entry: dict) -> tuple[ClusterSpec | None, str]:
-    preset = next((p for rx, p in GPU_PATTERNS if re.search(rx, gpu_text)), None)
-    if preset is None:
-        return None, f"GPU {gpu_text!r} has no preset (no engine here trains on it)"
-    hw = entry["hardware"]
-    num = _lead_int(hw.get("total_gpus"))
-    if num is None or not isinstance(hw.get("total_gpus"), int):
-        return None, f"GPU count {hw.get('total_gpus')!r} is not one number"
-    defaults = cluster_defaults(preset)
-    per_node = min(hw.get("gpus_per_node", defaults["gpus_per_node"]), num)
-    return ClusterSpec(gpu=load_gpu_preset(preset), num_nodes=max(1, num // per_node), gpus_per_node=per_node,
-                       **{k: v for k, v in defaults.items() if k != "gpus_per_node"}), ""
-
-
 def _splits(p: dict, num_gpus: int, model: ModelSpec) -> list[tuple[int, int, int]]:
     """(tp, pp, cp) choices: the stated ones, or every split of a stated model-parallel size / of nothing."""
-    tp, pp, cp = _lead_int(p.get("tp")), _lead_int(p.get("pp")), _lead_int(p.get("cp")) or 1
-    mp = _lead_int(p.get("model_parallel_size_tp_x_pp"))
+    tp, pp, cp = lead_int(p.get("tp")), lead_int(p.get("pp")), lead_int(p.get("cp")) or 1
+    mp = lead_int(p.get("model_parallel_size_tp_x_pp"))
     if tp is not None:
         return [(tp, pp or 1, cp)]
     tps = [t for t in (1, 2, 4, 8) if model.num_attention_heads % t == 0]
@@ -189,17 +91,17 @@ def _splits(p: dict, num_gpus: int, model: ModelSpec) -> list[tuple[int, int, in
 
 def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str, precision: str
                 ) -> tuple[ParallelPlan, ...]:
-    p = _parallel(entry)
+    p = read_parallel(entry)
     num_gpus = cluster.num_gpus
-    rc = _recompute(p.get("recompute"), model.num_layers)
+    rc = read_recompute(p.get("recompute"), model.num_layers)
     if rc is None:
         return ()
-    zero = _lead_int(p.get("zero_stage"))
+    zero = lead_int(p.get("zero_stage"))
     if engine == "fsdp":
         # torchtitan / MPT: FULL_SHARD; Llama 3 "does not reshard after forward" (Herd of Models Sec. 3.3.2).
         # torchtitan's default reshard policy is `reshard_after_forward = not pp_enabled`
         # (torchtitan/models/llama3/infra/parallelize.py): SHARD_GRAD_OP under pipelining.
-        zero = 2 if entry["id"].startswith("llama3") or _lead_int(p.get("pp", 1)) > 1 else 3
+        zero = 2 if entry["id"].startswith("llama3") or lead_int(p.get("pp", 1)) > 1 else 3
     elif engine == "megatron":
         zero = 1 if entry["id"].startswith(("megatron-core", "nemo", "bridge")) else 0  # distributed optimizer
     elif zero is None:
@@ -215,20 +117,20 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
         if num_gpus % (tp * pp * cp):
             continue
         dp = num_gpus // (tp * pp * cp)
-        gb = _lead_int(p.get("global_batch"))
+        gb = lead_int(p.get("global_batch"))
         for per_rank in ("local_batch", "batch_per_dp_rank_sequences", "micro_batch"):
-            if gb is None and _lead_int(p.get(per_rank)) is not None:
-                gb = _lead_int(p[per_rank]) * dp
+            if gb is None and lead_int(p.get(per_rank)) is not None:
+                gb = lead_int(p[per_rank]) * dp
         if gb is None:
             continue
-        mbs = [_lead_int(p["micro_batch"])] if _lead_int(p.get("micro_batch")) else [1, 2, 4, 8, 16]
+        mbs = [lead_int(p["micro_batch"])] if lead_int(p.get("micro_batch")) else [1, 2, 4, 8, 16]
         if entry["id"].startswith("torchtitan") and pp > 1 and len(mbs) > 1 and gb % (dp * pp) == 0:
             mbs = [gb // (dp * pp)]  # torchtitan pipeline_llama.py: microbatches = ... or parallel_dims.pp
-        elif entry["id"].startswith("torchtitan") and len(mbs) > 1 and _lead_int(p.get("local_batch")):
+        elif entry["id"].startswith("torchtitan") and len(mbs) > 1 and lead_int(p.get("local_batch")):
             # torchtitan without PP: training.local_batch_size is each rank's whole batch (global_batch_size
             # defaults to local x dp, so gradient_accumulation_steps = 1).
-            mbs = [_lead_int(p["local_batch"])]
-        vpps = [_lead_int(p["vpp"])] if _lead_int(p.get("vpp")) else [1, 2, 3, 4, 5, 6, 8]
+            mbs = [lead_int(p["local_batch"])]
+        vpps = [lead_int(p["vpp"])] if lead_int(p.get("vpp")) else [1, 2, 3, 4, 5, 6, 8]
         if str(p.get("pipeline_schedule", "")).startswith("1F1B"):  # plain 1F1B: no virtual stages
             vpps = [1]
         for mb in mbs:
@@ -248,56 +150,13 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
     return tuple(out)
 
 
-def _parallel(entry: dict) -> dict:
-    p = dict(entry.get("parallel", {}))
-    if family_of(entry["id"])[0].endswith("(MT-NLG)"):
-        p = {**MTNLG_PARALLEL, **p}
-    return p
-
-
-def _throughput(entry: dict, model: ModelSpec, num_gpus: int, preset_peak_tflops: float) -> float | None:
-    """Measured tokens/s per GPU, from the most direct figure the entry has (an MFU against the entry's peak, or
-    the GPU preset's datasheet 16-bit peak where the entry names none: the Megatron-LM README's MFUs are its
-    TFLOP/s over 989, the H100's)."""
-    m, d, p = entry.get("measured", {}), entry.get("derived", {}) or {}, _parallel(entry)
-    if isinstance(m.get("tokens_per_s_per_gpu"), int | float):
-        return float(m["tokens_per_s_per_gpu"])
-    if isinstance(m.get("tokens_per_s"), int | float):  # torchtitan asyncTP: "magnitude implies per GPU"
-        return float(m["tokens_per_s"])
-    if isinstance(m.get("tokens_per_s_total"), int | float):
-        return m["tokens_per_s_total"] / num_gpus
-    gb = _lead_int(p.get("global_batch"))
-    if isinstance(m.get("iteration_time_s"), int | float) and gb:
-        return gb * model.max_position_embeddings / m["iteration_time_s"] / num_gpus
-    if isinstance(d.get("tokens_per_s_per_gpu"), int | float):
-        return float(d["tokens_per_s_per_gpu"])
-    if isinstance(m.get("tflops_per_gpu"), int | float):
-        rc = _recompute(p.get("recompute"), model.num_layers)
-        kind = str(m.get("tflops_per_gpu_kind", "model"))
-        flops = step_flops(model, model.max_position_embeddings, 1.0, rc[0] if rc else "none")
-        return m["tflops_per_gpu"] * 1e12 / (flops.hardware if kind.startswith("hardware") else flops.model)
-    if isinstance(m.get("mfu"), int | float):
-        per_token = step_flops(model, model.max_position_embeddings, 1.0, "none").model
-        return m["mfu"] / 100 * (entry["hardware"].get("peak_tflops") or preset_peak_tflops) * 1e12 / per_token
-    return None
-
-
-def _memory(entry: dict) -> tuple[float | None, str]:
-    m = entry.get("measured", {})
-    if isinstance(m.get("peak_memory_gib"), int | float):
-        return float(m["peak_memory_gib"]), "allocator_reserved"  # torchtitan logs torch max_memory_reserved
-    if isinstance(m.get("peak_memory_gb"), int | float):
-        return float(m["peak_memory_gb"]) * 1e9 / 2**30 * 1.0, "nvidia_smi"
-    return None, ""
-
-
 def _one(entry: dict) -> PublishedRun:
     rid = entry["id"]
     family, engine = family_of(rid)
     src = entry.get("source", {})
     source = f"{src.get('ref', '')}{', ' + str(src['loc']) if src.get('loc') else ''}"
     gpu_text = str(entry.get("hardware", {}).get("gpu", ""))
-    precision, words, over = _precision(entry, family)
+    precision, words, over = read_precision(entry, family)
     if rid.startswith(("narayanan21", "bloom", "mtnlg", "palm-mfu-mtnlg", "zero-paper")):
         # The 2021-22 code these ran reduced the TP input gradient synchronously in backward (Megatron-LM v2's
         # mpu/mappings.py; the bigscience Megatron-DeepSpeed fork's megatron/mpu/layers.py has no async_op
@@ -321,25 +180,25 @@ def _one(entry: dict) -> PublishedRun:
         entry = {**entry, "model": {"layers": 48, "vocab": 51200, **entry["model"]}}
     if engine == "none":
         return PublishedRun(**base, skipped="a TPU run (JAX/TF): no engine here trains on TPUs")
-    model = _model(entry, family)
+    model = read_model(entry, family)
     if model is None:
         m = entry.get("model", {})
         why = (f"a headline over models of {m['params_b']}B parameters" if "-" in str(m.get("params_b", ""))
                else f"only {m.get('params_b')}B parameters")
         return PublishedRun(**base, skipped=f"the source gives no single model configuration: {why}, no "
                                             "layers/hidden/heads nor parallel layout in the entry")
-    cluster, why = _cluster(gpu_text, entry)
+    cluster, why = read_cluster(gpu_text, entry)
     if cluster is None:
         return PublishedRun(**base, model=model, skipped=why)
-    peak, method = _memory(entry)
+    peak, method = read_memory(entry)
     sixteen = cluster.gpu.peak_tflops.get("bf16") or cluster.gpu.peak_tflops.get("fp16", 0.0)
-    tps = _throughput(entry, model, cluster.num_gpus, sixteen)
+    tps = read_throughput(entry, model, cluster.num_gpus, sixteen)
     if layer_ms is not None:
-        tps = _lead_int(entry["parallel"]["micro_batch"]) * model.max_position_embeddings / (layer_ms / 1e3) \
+        tps = lead_int(entry["parallel"]["micro_batch"]) * model.max_position_embeddings / (layer_ms / 1e3) \
             / cluster.num_gpus
     cands = _candidates(entry, model, cluster, engine, precision)
     skipped = "" if cands else "no plan of its engine expresses the stated configuration"
-    if not cands and _lead_int(_parallel(entry).get("global_batch")) is None \
+    if not cands and lead_int(read_parallel(entry).get("global_batch")) is None \
             and "local_batch" not in entry.get("parallel", {}):
         skipped = "global batch not stated (and no per-rank batch to derive it)"
     return PublishedRun(**base, model=model, cluster=cluster, candidates=cands, tokens_per_s_per_gpu=tps,

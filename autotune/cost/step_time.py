@@ -291,7 +291,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
-    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan))
+    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan),
+                        _selective_policy(plan, settings, engine), plan.precision == "fp8")
     num_gpus = plan.world_size
     model_tflops = flops.model / step / num_gpus / 1e12
     hardware_tflops = flops.hardware / step / num_gpus / 1e12
@@ -339,11 +340,13 @@ def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine
 _flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
 
 
-def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...]) -> StepFlops:
-    key = (id(model), seq_len, tokens, recompute, modules)
+def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...],
+                selective: str, fp8: bool) -> StepFlops:
+    key = (id(model), seq_len, tokens, recompute, modules, selective, fp8)
     hit = _flops_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_flops_cache) > 4096:
             _flops_cache.clear()
-        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules))
+        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules, selective=selective,
+                                                     fp8=fp8))
     return hit[1]

@@ -18,6 +18,7 @@ __all__ = [
     "FP8_FORMAT", "FP8_RECIPE", "FP8_AMAX_HISTORY_LEN", "FP8_AMAX_COMPUTE_ALGO",
     "FP16_INITIAL_LOSS_SCALE", "FP16_MIN_LOSS_SCALE", "FP16_LOSS_SCALE_WINDOW", "FP16_HYSTERESIS",
     "megatron_precision_flags", "precision_summary", "fp8_format", "te_fp8_recipe_snippet", "DEFAULT_FP8_HOW",
+    "is_te_recipe",
 ]
 
 # FP8 delayed scaling as NVIDIA's reference FP8 pretraining runs set it (Megatron-LM
@@ -80,6 +81,12 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
             # bf16_with_mxfp8_mixed sets it (and its ConfigContainer.validate requires with FP8 parameters)
             flags.append("--reuse-grad-buf-for-mxfp8-param-ag")
     return flags
+
+
+def is_te_recipe(recipe: str) -> bool:
+    """Whether an FP8 recipe (``FP8_RECIPES``) is a Transformer Engine one (te-*), the only kind
+    ``te_fp8_recipe.py`` builds; the torchao-* recipes are torchao's Float8 / MX linears, no TE module."""
+    return recipe.startswith("te-")
 
 
 DEFAULT_FP8_HOW = "Transformer Engine modules + te_fp8_recipe.fp8_autocast() in the training script"

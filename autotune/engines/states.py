@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
+from autotune.specs.model_tensors import stage_tensors
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
 __all__ = ["ModelStateBytes", "zero_states", "megatron_states", "bf16_optimizer_states", "fsdp2_states",
@@ -68,7 +69,7 @@ def ds_zero12_grad_elements(model: ModelSpec, pp: int, stage: int, tp: int, nd: 
     """
     first, count = stage_layers(model.num_layers, pp, stage, scheme)
     tensors = [n / tp if kind == "tp_sharded" else float(n)
-               for n, kind in model.stage_tensors(first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
+               for n, kind in stage_tensors(model, first, count, has_embedding=stage == 0, has_output=stage == pp - 1)
                if kind != "expert"]
     total = sum(tensors)
     if nd == 1:

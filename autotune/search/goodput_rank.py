@@ -70,7 +70,7 @@ class GoodputRanking:
                   f"{p.relaunch_s:,.0f} s to relaunch (--restart-s) and the checkpoint read; storage {p.storage_bandwidth_gb_per_s:g} GB/s (--storage-gb-per-s)",
                   f"searched {r.num_enumerated:,} plans: {r.num_feasible:,} feasible, the goodput of {self.evaluated:,} "
                   "computed (no other can reach the top: goodput <= tokens/s)"]
-        if said := release_defaults_line(r.release_defaults):
+        if said := release_defaults_line(r.release_defaults, r.release_cost_settings):
             lines.insert(-1, said)
         return "\n".join(lines)
 
@@ -81,7 +81,8 @@ class GoodputRanking:
                 "step_time_winner_goodput": self.step_time_winner.to_dict(),
                 "num_enumerated": self.search.num_enumerated, "num_feasible": self.search.num_feasible,
                 "rejections": dict(self.search.rejections), "engine_versions": self.search.engine_versions,
-                "release_defaults": self.search.release_defaults}
+                "release_defaults": self.search.release_defaults,
+                "release_cost_settings": self.search.release_cost_settings}
 
 
 def _duration(seconds: float) -> str:

@@ -13,17 +13,17 @@ import gc
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from autotune.cost.estimate import Estimate
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
-from autotune.cost.uncertainty import Uncertainty
 from autotune.engines import engine_for
 from autotune.report import plan_summary
 from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
 from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner_plan_problems, plan_problems,
                             vpp_problems)
+from autotune.search.result import SearchResult
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -48,47 +48,6 @@ _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
 _UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
 _VERIFY_SHORTCUTS = False  # tests: check each answer of a rule shortcut against plan_problems on the plan itself
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SearchResult:
-    """The contract's ``plan --json``: ranked candidates and what pruned the rest."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    candidates: tuple[Estimate, ...]
-    num_enumerated: int
-    num_feasible: int
-    rejections: dict[str, int]
-    search_time_s: float
-    explanation: str = ""
-    ranked: tuple[Estimate, ...] = field(default=(), repr=False)
-    """Every feasible plan, fastest first by prediction (what the goodput ranking walks)."""
-    decided: tuple[Estimate, ...] = field(default=(), repr=False)
-    """Every feasible plan in the planner's order: ``ranked`` with tied plans regrouped simplest first
-    (autotune.search.ties); the candidates are its first K. Empty: the same as ``ranked`` (``ties=False``)."""
-    tied: int = 1
-    """Plans tied with the first: within each other's error of the fastest (autotune.search.ties); 1 when the
-    search ranked by predicted speed alone (``ties=False``)."""
-    uncertainty: Uncertainty | None = None
-    """The fastest plan's interval (autotune.cost.uncertainty), the tie rule's width."""
-    engine_versions: dict[str, str] = field(default_factory=dict)
-    """{engine: release} the search modelled (``SearchConstraints.engine_versions`` of the engines searched)."""
-    release_defaults: dict[str, dict] = field(default_factory=dict)
-    """{engine: {"release": R, "settings": {setting: value}}}: the run settings the engine's release ran in its
-    plans unless told otherwise (``Engine.release_defaults``; ``SearchConstraints.engine_versions``)."""
-
-    @property
-    def in_order(self) -> tuple[Estimate, ...]:
-        """Every feasible plan in the planner's order (``decided``, or ``ranked`` without ties)."""
-        return self.decided or self.ranked
-
-    def to_dict(self) -> dict:
-        return {"candidates": [c.to_dict() for c in self.candidates], "num_enumerated": self.num_enumerated,
-                "num_feasible": self.num_feasible, "rejections": dict(self.rejections),
-                "search_time_s": self.search_time_s, "explanation": self.explanation, "tied_with_first": self.tied,
-                "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict(),
-                "engine_versions": self.engine_versions, "release_defaults": self.release_defaults}
 
 
 def _rank_key(est: Estimate) -> tuple[float, float]:
@@ -150,8 +109,11 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     inner = len(dims.recompute) * len(dims.micro_batch_sizes)
     variant_rules: dict[tuple, str | None] = {}  # _probe_rule's, over every layout
 
+    cost_settings = {engine: _with_release_cost(memory_settings, time_settings, cost)
+                     for engine, cost in dims.cost_settings.items()}
     for engine in dims.engines:
         scheme = engine_for(engine).support.layer_split
+        engine_memory, engine_time = cost_settings.get(engine, (memory_settings, time_settings))
         other_rule: dict[tuple, str | None] = {}  # (tp, cp, pp, ep) -> its first layout rule not on vpp (None: none)
         for tp in dims.tp:
             for cp in dims.cp:
@@ -175,7 +137,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                 rejections[first] += len(variants) * per_variant
                                 continue
                             _search_variants(model, cluster, layout or _layout_plan(*shape), variants, dims,
-                                             memory_settings, time_settings, min_headroom, rejections, feasible,
+                                             engine_memory, engine_time, min_headroom, rejections, feasible,
                                              variant_rules)
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
@@ -185,7 +147,21 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                         search_time_s=elapsed, explanation=explain_winner(candidates), ranked=tuple(feasible),
                         engine_versions={e: r for e, r in c.engine_versions.items() if e in c.engines},
                         release_defaults={engine: {"release": c.engine_versions[engine], "settings": dict(taken)}
-                                          for engine, taken in dims.release_defaults.items()})
+                                          for engine, taken in dims.release_defaults.items()},
+                        release_cost_settings={engine: {"release": c.engine_versions[engine], "settings": dict(cost)}
+                                               for engine, cost in dims.cost_settings.items()})
+
+
+def _with_release_cost(memory_settings: MemorySettings, time_settings: TimeSettings,
+                       cost: dict) -> tuple[MemorySettings, TimeSettings]:
+    """The search's settings with a release's cost settings (``DimensionValues.cost_settings``) in each field the
+    caller left None (one it set wins, as a run setting the constraints fix wins over the release's default): made
+    once per engine and search, so the cost model's caches, keyed by the settings' ids, stay warm."""
+    def filled(settings):
+        unset = {k: v for k, v in cost.items() if getattr(settings, k) is None}
+        return replace(settings, **unset) if unset else settings
+
+    return filled(memory_settings), filled(time_settings)
 
 
 def _layout_plan(engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp) -> ParallelPlan:

@@ -17,7 +17,8 @@ from autotune.specs.layout import layer_counts, pipeline_split
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import RUN_SETTINGS
 
-__all__ = ["SearchConstraints", "dimension_values", "release_defaults_taken", "replica_counts"]
+__all__ = ["SearchConstraints", "dimension_values", "release_cost_settings", "release_defaults_taken",
+           "replica_counts"]
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -109,6 +110,9 @@ class DimensionValues:
     """{engine: its plans' run settings (``RUN_SETTINGS``)}: the constraints' values, else its release's defaults."""
     release_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: the run settings its release's defaults gave its plans} (engines that took none left out)."""
+    cost_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    """{engine: what its release's code does that no plan field says} (``release_cost_settings``; engines whose
+    release has none left out): the search estimates that engine's plans with them, as ``estimate`` does."""
 
 
 def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...]) -> dict[str, dict[str, object]]:
@@ -123,6 +127,18 @@ def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...]) ->
             if getattr(c, name) is None and (name != "fp8_recipe" or "fp8" in precisions)}
         if taken:
             out[engine] = taken
+    return out
+
+
+def release_cost_settings(c: SearchConstraints) -> dict[str, dict[str, object]]:
+    """{engine: its release's cost-model settings} (``Engine.release_cost_settings``: torchtitan 0.3's op-SAC save
+    set ``selective_policy="op-sac-0.3"``), for the engines searched whose release ``c.engine_versions`` names and
+    has some; the others are left out (estimated with the settings the search was given)."""
+    out = {}
+    for engine in c.engines:
+        release = c.engine_versions.get(engine)
+        if release is not None and (cost := engine_for(engine).release_cost_settings(release)):
+            out[engine] = dict(cost)
     return out
 
 
@@ -182,4 +198,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            recompute=("selective",) if c.recompute_modules else c.recompute,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
                            uneven_layouts=c.uneven_layouts,
-                           run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken)
+                           run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken,
+                           cost_settings=release_cost_settings(c))

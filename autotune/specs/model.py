@@ -229,9 +229,9 @@ class ModelSpec:
             sharded += qkv_out  # column-parallel bias: split with its weight
         if self.linear_bias:
             replicated += h  # row-parallel output bias: replicated
-        return ParamGroups(tp_sharded=sharded, replicated=replicated) + self._attention_extras()
+        return ParamGroups(tp_sharded=sharded, replicated=replicated) + self.attention_extras()
 
-    def _attention_extras(self) -> ParamGroups:
+    def attention_extras(self) -> ParamGroups:
         """Q/K norms and attention sinks: with TP, per-head weights split with the heads, shared ones replicated."""
         sharded = self.num_attention_heads if self.attention_sinks else 0
         replicated = 0
@@ -328,72 +328,6 @@ class ModelSpec:
             if self.tied_embeddings and not has_embedding:
                 total = total + ParamGroups(tp_sharded=self.vocab_size * self.hidden_size)
         return total
-
-    # ---- parameter tensors (module order) ------------------------------------------------------
-    def _norm_tensors(self, width: int) -> list[tuple[int, str]]:
-        return [(width, "replicated")] * (2 if self.norm == "layernorm" else 1)
-
-    def _mlp_tensors(self, width: int, kind: str) -> list[tuple[int, str]]:
-        h, n_in = self.hidden_size, (2 if self.activation == "swiglu" else 1)
-        out = [(n_in * width * h, kind)]
-        if self.linear_bias:
-            out.append((n_in * width, kind))
-        out.append((width * h, kind))
-        if self.linear_bias:
-            out.append((h, "replicated" if kind == "tp_sharded" else kind))
-        return out
-
-    def layer_tensors(self, layer_index: int) -> list[tuple[int, str]]:
-        """One layer's parameter tensors in module order (norm, Q, K, V, output, norm, MLP), each
-        with how TP/EP split it. Sums to :meth:`layer_params`; DeepSpeed flattens in this order."""
-        h = self.hidden_size
-        out = self._norm_tensors(h)
-        bias = self.linear_bias or self.qkv_bias
-        if self.mla is not None:
-            attn = self.attention_params()
-            out += [(attn.replicated, "replicated"), (attn.tp_sharded, "tp_sharded")]
-        else:
-            for width in (self.q_width, self.kv_width, self.kv_width):
-                out.append((width * h, "tp_sharded"))
-                if bias:
-                    out.append((width, "tp_sharded"))
-            out.append((self.q_width * h, "tp_sharded"))
-            if self.linear_bias:
-                out.append((h, "replicated"))
-            extras = self._attention_extras()
-            out += [(n, kind) for n, kind in ((extras.replicated, "replicated"), (extras.tp_sharded, "tp_sharded")) if n]
-        out += self._norm_tensors(h)
-        if not self.is_moe_layer(layer_index):
-            return out + self._mlp_tensors(self.ffn_hidden_size, "tp_sharded")
-        moe = self.moe
-        assert moe is not None
-        out.append((moe.num_experts * h, "replicated"))
-        if moe.router_bias:
-            out.append((moe.num_experts, "replicated"))
-        for _ in range(moe.num_experts):
-            out += self._mlp_tensors(moe.expert_ffn_hidden_size, "expert")
-        for _ in range(moe.num_shared_experts):
-            out += self._mlp_tensors(moe.shared_width, "tp_sharded")
-        return out
-
-    def stage_tensors(self, first_layer: int, num_layers: int, *, has_embedding: bool,
-                      has_output: bool) -> list[tuple[int, str]]:
-        """Parameter tensors of a pipeline stage in module order (embedding, layers, final norm, output)."""
-        out: list[tuple[int, str]] = []
-        h = self.hidden_size
-        if has_embedding:
-            out.append((self.vocab_size * h, "tp_sharded"))
-            if self.position_embedding == "learned":
-                out.append((self.max_position_embeddings * h, "replicated"))
-            if self.embedding_norm:
-                out += self._norm_tensors(h)
-        for i in range(first_layer, first_layer + num_layers):
-            out += self.layer_tensors(i)
-        if has_output:
-            out += self._norm_tensors(h)
-            if not self.tied_embeddings or not has_embedding:
-                out.append((self.vocab_size * h, "tp_sharded"))
-        return out
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:

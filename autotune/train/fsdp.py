@@ -16,6 +16,8 @@
   files run (``selective_ac_option = "op"``; :func:`autotune.train.fsdp_model.apply_ac`);
 - tensor parallelism: DTensor ``parallelize_module`` (:mod:`autotune.train.fsdp_model`) on the ``tp`` mesh,
   composed with FSDP2 (2-D); every TP rank of a data-parallel group draws the same batches;
+- the plan's ``loss_chunks``: the output layer and the loss in that many chunks of the sequence, each chunk's
+  backward at once, as torchtitan 0.3's ``ChunkedLossWrapper`` (:func:`autotune.train.fsdp_model.chunked_lm_loss`);
 - pipeline parallelism: ``torch.distributed.pipelining`` (:mod:`autotune.train.pipelining`), 1F1B or
   interleaved 1F1B with vpp > 1, the engine's (uneven) layer split.
 
@@ -71,6 +73,13 @@ def unsupported_reason(model, plan, scheme: str | None = None) -> str | None:
                         ("ffn_hidden_size", model.ffn_hidden_size), ("vocab_size", model.vocab_size)):
             if n % plan.tp:
                 return f"DTensor TP splits the {what} ({n}) over tp={plan.tp}: choose a tp that divides it"
+    if (plan.loss_chunks or 1) > 1:
+        if model.tied_embeddings:
+            return ("loss_chunks with tied embeddings: the built-in trainer chunks a separate output layer (torchtitan "
+                    "0.3's lm_head): drop --loss-chunks for this model")
+        if (plan.seq_len // plan.cp) % plan.loss_chunks:
+            return (f"loss_chunks {plan.loss_chunks} does not divide the sequence ({plan.seq_len}) into equal chunks, "
+                    "as torchtitan 0.3's ChunkedLossWrapper needs: choose a divisor")
     if plan.pp > 1:
         return stage_problem(model, plan, scheme)
     return None
@@ -125,19 +134,22 @@ def build(est, device, seed: int):
     full = build_model(spec, seq_len=plan.seq_len, recompute="none", flash_attention=plan.flash_attention,
                        dtype=torch.float32)
     stages = virtual_stages(spec.num_layers, plan.pp, plan.vpp, engine_for(plan).support.layer_split)
+    chunked = (plan.loss_chunks or 1) > 1
     pp_rank = mesh["pp"].get_local_rank()
     stage_ids = [pp_rank + i * plan.pp for i in range(plan.vpp)] if plan.pp > 1 else [0]
     modules = []
     for s in stage_ids:
         first, count = stages[s]
         m = StageModule(full, first, count, has_embedding=s == 0, has_head=s == len(stages) - 1)
+        m.skip_head = m.has_head and chunked  # the head and loss run in chunks after the stage (chunked_lm_loss)
         if plan.tp > 1:
-            apply_tp(m, mesh["tp"], tied=spec.tied_embeddings, sequence_parallel=plan.sequence_parallel)
+            apply_tp(m, mesh["tp"], tied=spec.tied_embeddings, sequence_parallel=plan.sequence_parallel,
+                     chunked_loss=m.skip_head)
         apply_ac(m, plan.recompute, plan.recompute_num_layers)
         if device.type == "cuda" and plan.offload_param == "none":
             m.to(device)
         apply_fsdp(m, dp_mesh, reshard_after_forward=plan.zero_stage == 3, param_dtype=torch_dtype(plan),
-                   offload=plan.offload_param == "cpu")
+                   offload=plan.offload_param == "cpu", chunked_loss=m.skip_head)
         modules.append(m)
     del full
     return mesh, modules, stage_ids, len(stages)
@@ -187,7 +199,7 @@ def main(est, args, rest: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from autotune.train.fsdp_model import lm_loss
+    from autotune.train.fsdp_model import chunked_lm_loss, lm_loss
 
     phase("initialising the process group")
     device = pick_device(args.device)
@@ -209,12 +221,18 @@ def main(est, args, rest: list[str]) -> int:
     ckpt = checkpointing.DcpCheckpointer(policy, modules[0], optimizer, scheduler, dist)
     start, data = ckpt.resume()
     drawn = int(data.get("micro_batches_per_stream", 0))
+    chunks = plan.loss_chunks or 1
+    head = next((m.output for m in modules if m.skip_head), None)
+
+    def loss_fn(out, labels):  # the last stage's output: logits, or the final norm's output with chunks
+        return lm_loss(out, labels) if head is None else chunked_lm_loss(head, out, labels, chunks)
+
     schedule = None
     if plan.pp > 1:
         from autotune.train.pipelining import build_schedule
 
         schedule = build_schedule(modules, stage_ids, num_stages, mesh["pp"].get_group(), device,
-                                  n_microbatches=plan.num_microbatches, loss_fn=lm_loss)
+                                  n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -231,8 +249,12 @@ def main(est, args, rest: list[str]) -> int:
         if schedule is None:
             loss_sum = torch.zeros((), device=device)
             for ids, labels in micro:
-                loss = lm_loss(modules[0](ids), labels) / plan.grad_accum_steps
-                loss.backward()
+                if head is None:
+                    loss = lm_loss(modules[0](ids), labels) / plan.grad_accum_steps
+                    loss.backward()
+                else:  # the head's gradient is taken in the chunks: they scale it
+                    loss = chunked_lm_loss(head, modules[0](ids), labels, chunks, scale=1 / plan.grad_accum_steps)
+                    loss.backward()
                 loss_sum += loss.detach()
         else:  # the schedule splits the batch into n_microbatches and scales the gradients by 1/n
             ids, labels = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
@@ -255,7 +277,7 @@ def main(est, args, rest: list[str]) -> int:
                extra={"engine": "fsdp", "device": device.type, "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
                       "reshard_after_forward": plan.zero_stage == 3, "param_dtype": str(torch_dtype(plan)),
                       "reduce_dtype": "torch.float32", "cpu_offload": plan.offload_param == "cpu",
-                      "recompute": plan.recompute,
+                      "recompute": plan.recompute, "loss_chunks": chunks,
                       "pipeline_schedule": None if schedule is None else type(schedule).__name__,
                       "stage_ids": stage_ids})
     teardown()

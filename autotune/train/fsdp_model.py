@@ -8,7 +8,9 @@ block's all-gather / reduce-scatter is its own.
   :class:`~autotune.workloads.transformer.DecoderLM` (plus the embedding on the first stage and the final
   norm and output on the last), so the same module serves one pipeline stage or the whole model. Its
   ``forward`` returns hidden states, or logits on the last stage; the loss is taken outside
-  (:func:`lm_loss`) as ``torch.distributed.pipelining`` needs.
+  (:func:`lm_loss`) as ``torch.distributed.pipelining`` needs. With ``skip_head`` the last stage returns the
+  final norm's output and :func:`chunked_lm_loss` runs the output layer and the loss chunk by chunk (the plan's
+  ``loss_chunks``, torchtitan 0.3's ``ChunkedLossWrapper``).
 - :func:`apply_tp`: ``parallelize_module`` with ColwiseParallel for q/k/v and fc1, RowwiseParallel for o and fc2,
   the vocabulary-sharded embedding (RowwiseParallel) and output (ColwiseParallel, logits gathered); the
   per-rank head counts are divided by tp. SwiGLU's fused [gate | up] fc1 is re-ordered so each TP rank's
@@ -27,7 +29,7 @@ from torch import nn
 
 from autotune.workloads.transformer import DecoderLM, bool_dropout
 
-__all__ = ["StageModule", "lm_loss", "apply_tp", "apply_ac", "apply_fsdp", "op_sac_save_ops",
+__all__ = ["StageModule", "lm_loss", "chunked_lm_loss", "apply_tp", "apply_ac", "apply_fsdp", "op_sac_save_ops",
            "op_sac_context_fn"]
 
 
@@ -44,6 +46,7 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleDict({str(i): full.layers[i] for i in range(first, first + count)})
         self.final_norm = full.final_norm if has_head else None
         self.output = full.output if has_head else None
+        self.skip_head = False  # True: the last stage returns the final norm's output (chunked_lm_loss runs the head)
         for name in ("rope_cos", "rope_sin", "causal_mask"):
             t = getattr(full, name)
             if t is None:
@@ -65,6 +68,12 @@ class StageModule(nn.Module):
         if not self.has_head:
             return x
         x = self.final_norm(x)
+        if self.skip_head:
+            from torch.distributed.tensor import DTensor
+
+            # torchtitan 0.3 feeds the chunks replicated over tp (ChunkedLossWrapper, components/loss.py): under
+            # sequence parallelism the final norm's Shard(1) output is gathered first
+            return x.full_tensor() if isinstance(x, DTensor) else x
         if self.output is None:  # tied embeddings: the embedding's weight (gathered by the root's FSDP group)
             return F.linear(x, self.embed.weight)
         return self.output(x)
@@ -73,6 +82,68 @@ class StageModule(nn.Module):
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over fp32 logits (as DecoderLM.forward computes it)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+class _HiddenGrad(torch.autograd.Function):
+    """The loss value, with the hidden states' gradient the chunks accumulated as its backward (torchtitan 0.3's
+    ``_DecoderOutputGradientBackProp``, components/loss.py): the trunk's backward runs once, from the loss."""
+
+    @staticmethod
+    def forward(ctx, hidden, grad, loss):
+        ctx.save_for_backward(grad)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return (grad * grad_output).to(grad.dtype), None, None
+
+
+def chunked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, chunks: int, *,
+                    scale: float = 1.0) -> torch.Tensor:
+    """Mean cross-entropy over fp32 logits (what :func:`lm_loss` returns) with the output layer and the loss run
+    in ``chunks`` pieces of the sequence, each piece's backward at once, as torchtitan 0.3's ``ChunkedLossWrapper``
+    (components/loss.py) runs them: the hidden states detached, each chunk a leaf, its gradient written into an
+    fp32 buffer of the whole sequence (``GradAccumulator(..., dtype=torch.float32)``), which the returned loss's
+    backward hands to the trunk (:class:`_HiddenGrad`). One chunk's logits live at a time. ``head``: the output
+    layer, its own FSDP group (:func:`apply_fsdp`), kept gathered across the chunks and its gradient reduced at the
+    last one, as torchtitan does. The head's weight gradient is taken here, in the forward: give the loss's scale
+    (``scale``: 1 / accumulation steps) here and back-propagate the result as it is (a pipeline schedule scales every
+    gradient after, the head's too)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    seq = hidden.shape[1]
+    if seq % chunks:
+        raise ValueError(f"the sequence ({seq}) does not split into {chunks} loss chunks")
+    tokens = labels.numel()
+    grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    fsdp = isinstance(head, FSDPModule)
+    if fsdp:
+        head.set_reshard_after_forward(False)
+        head.set_reshard_after_backward(False)
+        head.set_requires_gradient_sync(False, recurse=False)
+        head.unshard()
+    width = seq // chunks
+    for i in range(chunks):
+        part = slice(i * width, (i + 1) * width)
+        leaf = hidden[:, part].detach().requires_grad_(hidden.requires_grad)
+        if fsdp and i == chunks - 1:
+            head.set_requires_gradient_sync(True, recurse=False)
+        logits = head(leaf)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels[:, part].reshape(-1),
+                               reduction="sum") * (scale / tokens)
+        total += loss.detach()
+        if hidden.requires_grad:
+            loss.backward()
+            grad[:, part] = leaf.grad
+    if fsdp:
+        head.set_reshard_after_forward(True)
+        head.set_reshard_after_backward(True)
+        head.reshard()
+    if not hidden.requires_grad:
+        return total
+    return _HiddenGrad.apply(hidden, grad.to(hidden.dtype), total)
 
 
 def _interleave_swiglu_rows(fc1: nn.Linear, tp: int) -> None:
@@ -90,10 +161,12 @@ def _interleave_swiglu_rows(fc1: nn.Linear, tp: int) -> None:
             fc1.bias.copy_(fc1.bias[idx])
 
 
-def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool = False) -> None:
+def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool = False,
+             chunked_loss: bool = False) -> None:
     """DTensor TP over ``tp_mesh`` (torch.distributed.tensor.parallel). With ``sequence_parallel`` (torchtitan's
     plan): norms are ``SequenceParallel`` (activations Shard(1) on the sequence between blocks), attention and
-    MLP inputs all-gathered by ``PrepareModuleInput``, o / fc2 reduce-scattered back to Shard(1)."""
+    MLP inputs all-gathered by ``PrepareModuleInput``, o / fc2 reduce-scattered back to Shard(1). ``chunked_loss``:
+    the output layer takes replicated chunks (``StageModule.skip_head`` gathers the final norm's output)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
@@ -124,7 +197,8 @@ def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool
     if stage.has_head:
         if sp:
             parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())
-        parallelize_module(stage.output, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+        parallelize_module(stage.output, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sp and not chunked_loss
+                                                                  else Replicate(),
                                                                   output_layouts=Replicate()))
 
 
@@ -230,8 +304,11 @@ def apply_ac(stage: StageModule, recompute: str, num_layers: int | None) -> None
 
 
 def apply_fsdp(stage: StageModule, dp_mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype,
-               offload: bool) -> None:
-    """``fully_shard`` every block, then the stage itself (embedding, final norm, output: the root group)."""
+               offload: bool, chunked_loss: bool = False) -> None:
+    """``fully_shard`` every block, then the stage itself (embedding, final norm, output: the root group).
+    ``chunked_loss``: the output layer is a group of its own (torchtitan 0.3's ``lm_head``, which
+    ``ChunkedLossWrapper`` keeps gathered across the chunks), the head :func:`chunked_lm_loss` runs after the stage's
+    forward."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
@@ -239,6 +316,8 @@ def apply_fsdp(stage: StageModule, dp_mesh, *, reshard_after_forward: bool, para
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in stage.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+    if chunked_loss and stage.output is not None:
+        fully_shard(stage.output, reshard_after_forward=reshard_after_forward, **kw)
     # The root's parameters are used last in forward and first in backward: torchtitan keeps them gathered
     # (reshard_after_forward=False on the root); we follow the plan's setting for fewer surprises in bytes.
     fully_shard(stage, reshard_after_forward=reshard_after_forward, **kw)

@@ -7,7 +7,8 @@ Three folders share "what a trial runs"; each has one job:
   trial runs it; it prints the PHASE / STEP / RESULT lines the tuner reads.
 - :mod:`autotune.workloads` (here): what those trainers and the tests build and measure:
   :mod:`~autotune.workloads.transformer` (a real decoder-only transformer from a ModelSpec),
-  :mod:`~autotune.workloads.measure` (activation / state bytes autograd really keeps),
+  :mod:`~autotune.workloads.measure` (activation bytes autograd really keeps),
+  :mod:`~autotune.workloads.ds_state_bytes` (the model-state bytes a DeepSpeed engine really holds),
   :mod:`~autotune.workloads.ds_memory_probe`, :mod:`~autotune.workloads.ds_checkpoint_resume` and
   :mod:`~autotune.workloads.ledger_check` (DeepSpeed runs that check the memory ledger and checkpoints).
 - :mod:`autotune.tune`: the tuner, which launches trials (the trainer, the user's script or a command),

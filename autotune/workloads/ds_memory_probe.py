@@ -28,7 +28,7 @@ import torch
 
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model_preset
-from autotune.workloads.measure import deepspeed_model_state_bytes
+from autotune.workloads.ds_state_bytes import deepspeed_model_state_bytes
 from autotune.workloads.transformer import build_model
 
 SEQ_LEN = 128

@@ -122,3 +122,26 @@ def test_missing_parents_are_created_and_unwritable_ones_refused(tmp_path):
             write_bundle(est, target)
     finally:
         locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("engine,recipe,te", [
+    ("fsdp", "torchao-tensorwise", False), ("fsdp", "torchao-rowwise", False), ("fsdp", "torchao-mxfp8", False),
+    ("fsdp", None, False),  # the engine's default: torchao tensorwise
+    ("megatron", "te-delayed", True), ("megatron", "te-current", True), ("megatron", "te-mxfp8", True),
+    ("deepspeed", None, True),  # the engine's default: Transformer Engine's delayed scaling
+])
+def test_the_te_recipe_file_is_written_for_transformer_engine_recipes_only(engine, recipe, te):
+    from autotune.api import estimate, make_plan
+    from autotune.engines import engine_for
+    from autotune.specs.loading import load_cluster, load_model
+
+    gpu = "b200" if recipe and "mxfp8" in recipe else "h100-sxm-80gb"  # MXFP8 needs Blackwell
+    model, cluster = load_model("llama3-8b"), load_cluster(gpu=gpu, num_gpus=8)
+    plan = make_plan(model, cluster, seq_len=4096, global_batch_size=8, micro_batch_size=1, precision="fp8",
+                     engine=engine, zero_stage=1 if engine != "fsdp" else 3, fp8_recipe=recipe)
+    assert (plan.fp8_recipe or engine_for(plan).comm.fp8_recipe).startswith("te-") is te
+    files = render_bundle(estimate(model, cluster, plan)).files
+    assert ("te_fp8_recipe.py" in files) is te
+    if te:
+        compile(files["te_fp8_recipe.py"], "te_fp8_recipe.py", "exec")
+    assert ("te_fp8_recipe" in files["plan.md"]) is te  # plan.md names only the files written

@@ -129,3 +129,22 @@ def test_op_level_sac_under_tp_trains_as_without_recompute(tmp_path):
     # lr 1e-2 from the first step: the second and third losses move by the updates (a TP gradient that misses its
     # all-reduce: 8e-2 off at the third); later steps diverge with bf16 noise alone
     assert losses["selective"][:3] == pytest.approx(losses["none"][:3], abs=1e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("default_port_taken")
+def test_the_plans_loss_chunks_reach_the_trainer_and_train_as_unchunked(tmp_path):
+    """torchtitan 0.3's bundles chunk the loss (--loss-chunks, ChunkedLossWrapper): the built-in trainer runs the
+    output layer and the loss in that many chunks (FSDP2, the head its own group) with the losses of the unchunked
+    run while the updates move them (2 accumulation steps: a head gradient missing the 1/2 scale moves the second)."""
+    results = {}
+    for chunks in (1, 4):
+        (tmp_path / str(chunks)).mkdir()
+        bundle = _emit(tmp_path / str(chunks), 2, 2, "--zero", "3", "--global-batch", "4", "--engine-version",
+                       "fsdp=0.3", "--loss-chunks", str(chunks), "--lr", "1e-2", "--warmup-steps", "0")
+        assert json.loads((bundle / "plan.json").read_text())["plan"]["loss_chunks"] == chunks
+        results[chunks] = _run_bundle(bundle, tmp_path / str(chunks))
+    assert results[4]["loss_chunks"] == 4 and results[1]["loss_chunks"] == 1
+    unchunked, chunked = results[1]["losses"], results[4]["losses"]
+    assert chunked[0] == pytest.approx(unchunked[0], rel=1e-5)  # the same loss, summed by chunks
+    assert chunked[:3] == pytest.approx(unchunked[:3], abs=1e-2)  # the same gradients (bf16 noise apart)

@@ -36,6 +36,8 @@ def test_runs(model, kw):
     (LLAMA, {"tp": 3, "dp": 1}, "over tp=3"),
     (GPT, {"tp": 2, "sequence_parallel": True}, "--no-sequence-parallel"),
     (GPT, {"pp": 2, "dp": 1, "grad_accum_steps": 2}, "tied embeddings"),
+    (GPT, {"loss_chunks": 4}, "drop --loss-chunks"),
+    (LLAMA, {"loss_chunks": 5}, "equal chunks"),
     (LLAMA, {"pp": 2, "dp": 1, "grad_accum_steps": 1}, "at least as many micro-batches"),
     (LLAMA, {"pp": 4, "vpp": 2, "dp": 1, "grad_accum_steps": 4}, "cannot be split"),
 ])
