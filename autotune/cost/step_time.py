@@ -9,8 +9,9 @@ last backward could not hide, the offload traffic and the optimizer update.
 
 Compute is GEMM FLOPs at the GPU's measured, shape-dependent rate (``autotune.cost.kernels``), fused
 attention at its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes counted below).
-How communication overlaps is the engine's (``Engine.comm``): ZeRO-3 / FSDP gather each block's weights
-``prefetch_layers`` ahead (only what the running block cannot hide waits), gradients reduce per bucket or
+How communication overlaps is the engine's (``Engine.comm``): FSDP gathers each block's weights
+``prefetch_layers`` ahead (only what the running block cannot hide waits), DeepSpeed ZeRO-3 each submodule's as
+its prefetch coordinator reaches them (``autotune.cost.zero3_gathers``), gradients reduce per bucket or
 per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP, and Megatron's backward TP
 collective runs behind the weight-gradient GEMM (``autotune.cost.layer_time.layer_passes``). Pipeline sends are
 split over the TP ranks where the engine does (Megatron's scatter/gather); gradients accumulated outside the
@@ -255,10 +256,13 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         ds = None
         if sched.param_gather == "prefetch" and plan.zero_stage == 3 and plan.overlap_comm:
             # DeepSpeed: per submodule, as its prefetch coordinator issues them (autotune.cost.zero3_gathers).
+            # Full recompute reruns each block's forward, gathers and all, inside its backward; a selective
+            # recompute's rerun (no parameters of its own) is backward compute.
             rec_mb = max(0.0, compute_mb - fwd_mb - bwd_mb)
+            full = plan.recompute == "full"
             ds = deepspeed_zero3_waits(
-                model, t, plan.seq_len, n_layers, fwd_s=fwd_mb, bwd_s=bwd_mb,
-                rec_s=rec_mb if plan.recompute == "full" else 0.0, gather_bw_s=gather - latency,
+                model, t, plan.seq_len, n_layers, fwd_s=fwd_mb, bwd_s=bwd_mb + (0.0 if full else rec_mb),
+                rec_s=rec_mb if full else 0.0, gather_bw_s=gather - latency,
                 reduce_bw_s=reduce - latency, latency_s=latency, bucket=settings.stage3_prefetch_bucket_size,
                 max_live=settings.stage3_max_live_parameters, max_reuse=settings.stage3_max_reuse_distance)
         if ds is not None:

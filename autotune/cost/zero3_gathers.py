@@ -93,6 +93,10 @@ def deepspeed_trace(model: ModelSpec, tp: int, seq_len: int, *, fwd_s: float, bw
     return out
 
 
+_LOOKBACK_LAYERS = 8
+"""How many layers back a prefetch is looked for: the bucket stops the walk long before for weights of 5e7 / 8."""
+
+
 def trace_waits(trace: list[TraceEntry], bucket: float, max_live: float) -> tuple[float, float]:
     """(seconds the compute waits for gathers, network seconds) of one layer of a trace that repeats layer after
     layer. An entry's gather was issued by the hook of an earlier submodule j when the numel gathered strictly
@@ -105,7 +109,7 @@ def trace_waits(trace: list[TraceEntry], bucket: float, max_live: float) -> tupl
         if e.gather_s <= 0:
             continue
         window = hidden_by = between = 0.0
-        for back in range(1, n):
+        for back in range(1, _LOOKBACK_LAYERS * n + 1):  # up to the same submodule layers back
             j = trace[(i - back) % n]
             window += j.compute_s
             if j.numel > 0 and between < bucket and j.numel + between < max_live:
@@ -146,8 +150,8 @@ def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int
     assert bwd is not None
     f_wait, f_net = trace_waits(fwd, bucket, max_live)
     b_wait, b_net = trace_waits(bwd, bucket, max_live)
-    first = next(e for e in fwd if e.gather_s > 0)
-    last_reduce = next(e for e in reversed(bwd) if e.reduce_s > 0)
+    first = next((e.gather_s for e in fwd if e.gather_s > 0), 0.0)
+    last_reduce = next((e.reduce_s for e in reversed(bwd) if e.reduce_s > 0), 0.0)
     # The pass's first gather has nothing before it to hide behind; the last reduce-scatter waits at its end.
-    return ZeroThreeWaits(fwd_wait_s=layers * f_wait + min(first.gather_s, fwd[-1].compute_s),
-                          bwd_wait_s=layers * b_wait + last_reduce.reduce_s, network_s=layers * (f_net + b_net))
+    return ZeroThreeWaits(fwd_wait_s=layers * f_wait + min(first, fwd[-1].compute_s),
+                          bwd_wait_s=layers * b_wait + last_reduce, network_s=layers * (f_net + b_net))
