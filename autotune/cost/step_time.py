@@ -69,6 +69,8 @@ class TimeSettings:
     (``autotune.cost.zero3_gathers``)."""
     stage3_max_live_parameters: int = _DS_DEFAULTS.stage3_max_live_parameters
     """DeepSpeed ZeRO-3's limit on gathered parameters (elements), as autotune writes it: no prefetch beyond it."""
+    reduce_bucket_size: int = _DS_DEFAULTS.reduce_bucket_size
+    """DeepSpeed's gradient reduce bucket (elements), as autotune writes it: ZeRO-3's last one waits at the end."""
     stage3_max_reuse_distance: int = 1_000_000_000
     """DeepSpeed ZeRO-3's reuse distance (elements), as autotune writes it (``autotune.emit.deepspeed``)."""
 
@@ -264,7 +266,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
                 model, t, plan.seq_len, n_layers, fwd_s=fwd_mb, bwd_s=bwd_mb + (0.0 if full else rec_mb),
                 rec_s=rec_mb if full else 0.0, gather_bw_s=gather - latency,
                 reduce_bw_s=reduce - latency, latency_s=latency, bucket=settings.stage3_prefetch_bucket_size,
-                max_live=settings.stage3_max_live_parameters, max_reuse=settings.stage3_max_reuse_distance)
+                max_live=settings.stage3_max_live_parameters, max_reuse=settings.stage3_max_reuse_distance,
+                reduce_bucket=settings.reduce_bucket_size)
         if ds is not None:
             fwd_wait, bwd_wait, network = ds.fwd_wait_s, ds.bwd_wait_s, ds.network_s
         if not plan.overlap_comm:

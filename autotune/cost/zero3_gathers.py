@@ -16,13 +16,18 @@ gathered and in-flight parameters: the running submodule's among them). Conseque
   Linear (and any whose reuse comes soon enough) is not gathered again for its backward.
 
 The gathers share the network with the gradient reduce-scatters (``overlap_comm``), so per layer the waits are at
-least the network work beyond the layer's compute. The first gather of a pass has nothing to hide behind.
+least the network work beyond the layer's compute. The first gather of a pass has nothing to hide behind. Gradients
+are reduce-scattered per bucket (deepspeed/runtime/zero/stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``:
+the bucket is reduced when the next gradient would take it past ``reduce_bucket_size``); what is left in it when the
+backward ends is reduced in ``independent_gradient_partition_epilogue``, which synchronizes the reduce stream: that
+last bucket waits.
 Dense attention + MLP layers only (``deepspeed_trace`` returns None otherwise; the caller keeps its per-block
 model).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autotune.cost.flops import layer_flops_per_token
@@ -134,11 +139,12 @@ class ZeroThreeWaits:
 
 def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int, *, fwd_s: float, bwd_s: float,
                           rec_s: float, gather_bw_s: float, reduce_bw_s: float, latency_s: float, bucket: float,
-                          max_live: float, max_reuse: float) -> ZeroThreeWaits | None:
+                          max_live: float, max_reuse: float, reduce_bucket: float) -> ZeroThreeWaits | None:
     """One micro-batch's gather waits under DeepSpeed ZeRO-3 (module docstring) over ``n_layers`` layers whose
     forward, backward and recompute take ``fwd_s``, ``bwd_s``, ``rec_s`` in all (``rec_s`` 0: no activation
     checkpointing); the stage's gathers and reduce-scatters take ``gather_bw_s`` / ``reduce_bw_s`` of bandwidth
-    time, each collective ``latency_s`` more. None where the trace is not modelled (MoE, MLA)."""
+    time, each collective ``latency_s`` more; ``reduce_bucket``: ``reduce_bucket_size``. None where the trace is not
+    modelled (MoE, MLA)."""
     layers = max(1, n_layers)
     common = dict(gather_bw_s=gather_bw_s / layers, reduce_bw_s=reduce_bw_s / layers, latency_s=latency_s,
                   max_reuse=max_reuse)
@@ -151,7 +157,22 @@ def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int
     f_wait, f_net = trace_waits(fwd, bucket, max_live)
     b_wait, b_net = trace_waits(bwd, bucket, max_live)
     first = next((e.gather_s for e in fwd if e.gather_s > 0), 0.0)
-    last_reduce = next((e.reduce_s for e in reversed(bwd) if e.reduce_s > 0), 0.0)
+    pieces = tuple(e.numel for e in reversed(fwd) if e.numel > 0)  # the order gradients arrive in
+    tail = _last_bucket(pieces, layers, reduce_bucket)
+    last_reduce = reduce_bw_s * tail / (layers * sum(pieces)) + latency_s if reduce_bw_s > 0 else 0.0
     # The pass's first gather has nothing before it to hide behind; the last reduce-scatter waits at its end.
     return ZeroThreeWaits(fwd_wait_s=layers * f_wait + min(first, fwd[-1].compute_s),
                           bwd_wait_s=layers * b_wait + last_reduce, network_s=layers * (f_net + b_net))
+
+
+@functools.lru_cache(maxsize=4096)
+def _last_bucket(pieces: tuple[float, ...], n_layers: int, bucket: float) -> float:
+    """Gradient elements in DeepSpeed's reduce bucket when the backward ends: ``pieces`` arrive layer after layer;
+    the bucket is reduced when the next would take it past ``bucket`` (and it holds something)."""
+    held = 0.0
+    for _ in range(n_layers):
+        for p in pieces:
+            if held > 0 and held + p > bucket:
+                held = 0.0
+            held += p
+    return held

@@ -71,13 +71,23 @@ def test_trace_pieces_and_reuse_distance():
     assert sum(e.reduce_s for e in bwd) == pytest.approx(0.192)
 
 
-def test_first_gather_and_last_reduce_wait():
-    # Compute far above the network: only the pass's first gather (QKV: 0.048 s, nothing before it to hide behind)
-    # and the last reduce-scatter (QKV's grads) wait.
+@pytest.mark.parametrize("reduce_bucket, tail", [(10, 48), (100, 48), (200, 192), (1000, 768)])
+def test_first_gather_and_last_reduce_wait(reduce_bucket, tail):
+    # Compute far above the network: only the pass's first gather (QKV: 48 of 192 parameters, 0.048 s, nothing
+    # before it to hide behind) and the last reduce bucket wait. Gradients arrive fc2 64, fc1 64, proj 16, QKV 48 per
+    # layer, 4 layers; a bucket is reduced when the next gradient would take it past its size. 10: every gradient
+    # alone, the last is QKV's 48. 100: 64 | 64 + 16 | 48 per layer, QKV's 48 last. 200: a layer a bucket
+    # (64 + 64 + 16 + 48 = 192), the last layer's 192. 1000: all 768 wait at the end.
+    held = 0
+    for _ in range(4):
+        for p in (64, 64, 16, 48):
+            held = p if held and held + p > reduce_bucket else held + p
+    assert held == tail
     w = deepspeed_zero3_waits(TINY, 1, 8, 4, fwd_s=40.0, bwd_s=80.0, rec_s=0.0, gather_bw_s=0.768,
-                              reduce_bw_s=0.768, latency_s=0.0, bucket=10, max_live=1e9, max_reuse=0)
+                              reduce_bw_s=0.768, latency_s=0.0, bucket=10, max_live=1e9, max_reuse=0,
+                              reduce_bucket=reduce_bucket)
     assert w.fwd_wait_s == pytest.approx(0.048)
-    assert w.bwd_wait_s == pytest.approx(0.048)
+    assert w.bwd_wait_s == pytest.approx(0.768 * tail / 768)
     assert w.network_s == pytest.approx(0.768 * 3)  # forward and backward gathers, one reduce-scatter
 
 
