@@ -9,8 +9,9 @@ last backward could not hide, the offload traffic and the optimizer update.
 
 Compute is GEMM FLOPs at the GPU's measured, shape-dependent rate (``autotune.cost.kernels``), fused
 attention at its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes counted below).
-How communication overlaps is the engine's (``Engine.comm``): ZeRO-3 / FSDP gather each block's weights
-``prefetch_layers`` ahead (only what the running block cannot hide waits), gradients reduce per bucket or
+How communication overlaps is the engine's (``Engine.comm``): FSDP gathers each block's weights
+``prefetch_layers`` ahead (only what the running block cannot hide waits), DeepSpeed ZeRO-3 each submodule's as
+its prefetch coordinator reaches them (``autotune.cost.zero3_gathers``), gradients reduce per bucket or
 per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP, and Megatron's backward TP
 collective runs behind the weight-gradient GEMM (``autotune.cost.layer_time.layer_passes``). Pipeline sends are
 split over the TP ranks where the engine does (Megatron's scatter/gather); gradients accumulated outside the
@@ -31,6 +32,7 @@ from autotune.cost.kernels import FP8_RECIPES, rates
 from autotune.cost.launch import launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.cost.step_terms import variant_terms
+from autotune.cost.zero3_gathers import deepspeed_zero3_waits
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import SELECTIVE_POLICIES as POLICIES
 from autotune.errors import require_no_problems
@@ -38,8 +40,11 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import representative_stages, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
 __all__ = ["StepTimeEstimate", "TimeSettings", "estimate_step_time"]
+
+_DS_DEFAULTS = MemorySettings()  # the DeepSpeed ZeRO-3 bucket sizes autotune writes (autotune.emit.deepspeed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +64,15 @@ class TimeSettings:
     torch_compile: bool = False
     """torch.compile on (torchtitan ``--compile``): inductor fuses each elementwise chain into one kernel (the
     fused bytes of ``autotune.cost.layer_time``, not the engine's eager ones)."""
+    stage3_prefetch_bucket_size: int = _DS_DEFAULTS.stage3_prefetch_bucket_size
+    """DeepSpeed ZeRO-3's prefetch bucket (elements), as the DeepSpeed JSON autotune writes it
+    (``autotune.cost.zero3_gathers``)."""
+    stage3_max_live_parameters: int = _DS_DEFAULTS.stage3_max_live_parameters
+    """DeepSpeed ZeRO-3's limit on gathered parameters (elements), as autotune writes it: no prefetch beyond it."""
+    reduce_bucket_size: int = _DS_DEFAULTS.reduce_bucket_size
+    """DeepSpeed's gradient reduce bucket (elements), as autotune writes it: ZeRO-3's last one waits at the end."""
+    stage3_max_reuse_distance: int = 1_000_000_000
+    """DeepSpeed ZeRO-3's reuse distance (elements), as autotune writes it (``autotune.emit.deepspeed``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -240,10 +254,26 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         fwd_wait = per_layer_gather + (n_layers - 1) * max(0.0, per_layer_gather - depth * fwd_layer)
         bwd_work = bwd_gathers * per_layer_gather + per_layer_reduce
         bwd_wait = per_layer_reduce + (n_layers - 1) * max(0.0, bwd_work - bwd_layer)
+        network = n_layers * (per_layer_gather + bwd_work)
+        ds = None
+        if sched.param_gather == "prefetch" and plan.zero_stage == 3 and plan.overlap_comm:
+            # DeepSpeed: per submodule, as its prefetch coordinator issues them (autotune.cost.zero3_gathers).
+            # Full recompute reruns each block's forward, gathers and all, inside its backward; a selective
+            # recompute's rerun (no parameters of its own) is backward compute.
+            rec_mb = max(0.0, compute_mb - fwd_mb - bwd_mb)
+            full = plan.recompute == "full"
+            ds = deepspeed_zero3_waits(
+                model, t, plan.seq_len, n_layers, fwd_s=fwd_mb, bwd_s=bwd_mb + (0.0 if full else rec_mb),
+                rec_s=rec_mb if full else 0.0, gather_bw_s=gather - latency,
+                reduce_bw_s=reduce - latency, latency_s=latency, bucket=settings.stage3_prefetch_bucket_size,
+                max_live=settings.stage3_max_live_parameters, max_reuse=settings.stage3_max_reuse_distance,
+                reduce_bucket=settings.reduce_bucket_size)
+        if ds is not None:
+            fwd_wait, bwd_wait, network = ds.fwd_wait_s, ds.bwd_wait_s, ds.network_s
         if not plan.overlap_comm:
             fwd_wait = n_layers * per_layer_gather
             bwd_wait = n_layers * bwd_work
-        hidden += n_layers * (per_layer_gather + bwd_work) - (fwd_wait + bwd_wait)
+        hidden += network - (fwd_wait + bwd_wait)
         zero3_exposed = m * (fwd_wait + bwd_wait)
         if plan.pp > 1 and sched.param_gather == "fsdp2" and plan.zero_stage == 2:
             # torch.distributed.pipelining with FSDP2 (stage.py backward_maybe_with_nosync): every micro-batch but

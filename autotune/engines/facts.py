@@ -107,7 +107,8 @@ class CommSchedule:
     """Gradient reduction: "bucketed" (DeepSpeed overlap_comm / Megatron overlap-grad-reduce, hidden behind
     backward except the last bucket) or "per_layer" (FSDP2: reduce-scatter per wrapped block)."""
     param_gather: str
-    """ZeRO-3 / FSDP parameter all-gathers: "prefetch" (DeepSpeed stage3_prefetch_bucket_size, one layer ahead),
+    """ZeRO-3 / FSDP parameter all-gathers: "prefetch" (DeepSpeed's coordinator, per submodule up to
+    stage3_prefetch_bucket_size ahead, none past stage3_max_live_parameters: ``autotune.cost.zero3_gathers``),
     "fsdp2" (fully_shard implicit prefetch of the next block), "none"."""
     pipeline_schedule: str | None
     """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
