@@ -35,6 +35,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
@@ -392,6 +393,11 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         stored = full(first, stop)
         working = 0.0
 
+    if facts.cp_kind and plan.cp > 1:
+        # Context parallelism: one layer's attention holds its K/V buffers while it runs (cost/cp_ring.py); in
+        # backward the layer's MLP activations are already freed when its attention's backward runs, so only what
+        # the buffers add beyond them raises the working set (which the loss's backward may still exceed).
+        working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv) - dense.mlp)
     parts = {"layers": stored * in_flight, "recompute_working_set": working}
     if stage == 0:
         parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)

@@ -111,7 +111,12 @@ class CommSchedule:
     pipeline_schedule: str | None
     """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
     cp_kind: str | None
-    """"ring" or "ulysses"."""
+    """How context parallelism exchanges K and V (``autotune.cost.cp_ring``): "p2p" (Megatron / Transformer
+    Engine ring, ``--cp-comm-type p2p``), "allgather" (torch ``context_parallel``'s default rotate method) or
+    "ulysses" (DeepSpeed all-to-all over heads)."""
+    cp_repeat_kv: bool = False
+    """The engine's model code repeats K and V to every query head before the attention op, so context
+    parallelism exchanges them at the query width."""
     tp_overlap: str = "none"
     """How TP collectives overlap GEMMs by default: "none", "userbuffers" (Megatron ``--tp-comm-overlap``, TE
     userbuffers), "async-tp" (torch micro-pipelined TP, ``_micro_pipeline_tp``); a run may turn it on."""
@@ -171,6 +176,11 @@ class ActivationFacts:
     fp8_input_bytes: int = 1
     """Bytes per element an FP8 linear saves of its input: 1 (Transformer Engine saves the FP8 cast);
     2 (torchao float8 ``matmul_with_hp_or_float8_args`` saves the high-precision input, casts in backward)."""
+    cp_kind: str | None = None
+    """How the plan's context parallelism runs (``CommSchedule.cp_kind``; the ledger sets it from the engine's
+    schedule when cp > 1): its attention's K/V buffers join the backward's working set."""
+    cp_repeat_kv: bool = False
+    """Those buffers at the query width (``CommSchedule.cp_repeat_kv``)."""
 
 
 MEGATRON_FACTS = ActivationFacts()
