@@ -393,10 +393,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         stored = full(first, stop)
         working = 0.0
 
-    if facts.cp_kind and plan.cp > 1:
-        # Context parallelism: one layer's attention holds its K/V buffers while it runs (cost/cp_ring.py); in
-        # backward the layer's MLP activations are already freed when its attention's backward runs, so only what
-        # the buffers add beyond them raises the working set (which the loss's backward may still exceed).
+    if facts.cp_kind and plan.cp > 1:  # CP's K/V buffers (cost/cp_ring.py), beyond the MLP's, freed by then
         working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv) - dense.mlp)
     parts = {"layers": stored * in_flight, "recompute_working_set": working}
     if stage == 0:

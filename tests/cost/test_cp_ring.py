@@ -6,15 +6,18 @@ import dataclasses
 import pytest
 
 from autotune.cost import comm
+from autotune.cost.activations import layer_activations
 from autotune.cost.cp_ring import RingTime, ring_time, ring_transient_bytes
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
 from autotune.cost.layer_time import LayerTime, layer_passes
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
+from autotune.engines.fsdp import FSDPEngine
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
+from autotune.specs.settings import MemorySettings
 
 # 4 query heads of 64 (q width 256), 1 KV head (kv width 64); cp 4 over 4096 tokens: 1024 tokens per rank.
 MODEL = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_attention_heads=4, num_kv_heads=1,
@@ -127,8 +130,17 @@ def test_engines_run_their_own_kind_and_the_ledger_holds_the_buffers():
     short = {p.engine: estimate_step_time(model, cluster, p).comm_parts_s["cp"] for p in (base, fsdp)}
     # at 2048 tokens per rank the all-gather hides behind one step only, the ring behind every step
     assert short["fsdp"] > short["megatron"]
-    mem = estimate_memory(model, cluster, fsdp)
-    no_cp = estimate_memory(model, cluster, dataclasses.replace(fsdp, cp=1, dp=8, seq_len=2048))
-    assert mem.activation_parts["recompute_working_set"] >= no_cp.activation_parts["recompute_working_set"]
+    # the same tokens per rank without CP: the working set differs by what the buffers add beyond the MLP's
+    full = dataclasses.replace(fsdp, recompute="full")
+    wide = MemorySettings(cp_repeat_kv=True)  # K/V at the query width: buffers larger than the MLP's
+    mem = estimate_memory(model, cluster, full, wide)
+    no_cp = estimate_memory(model, cluster, dataclasses.replace(full, cp=1, dp=8, seq_len=2048), wide)
+    mlp = layer_activations(model, full, 0, FSDPEngine().activation_facts(full)).mlp
+    extra = max(0.0, ring_transient_bytes(model, full, "allgather", repeat_kv=True) - mlp)
+    assert estimate_memory(model, cluster, full).activation_parts["recompute_working_set"] < \
+        mem.activation_parts["recompute_working_set"]
+    assert extra > 0
+    assert mem.activation_parts["recompute_working_set"] - no_cp.activation_parts["recompute_working_set"] \
+        == pytest.approx(extra)
     wide = estimate_step_time(model, cluster, fsdp, TimeSettings(cp_repeat_kv=True)).comm_parts_s["cp"]
     assert wide > short["fsdp"]
