@@ -50,9 +50,10 @@ CP_KINDS = ("p2p", "allgather", "ulysses")
 #   write 4 = 10 per q); dK/dV: step 0 ``+=`` 10, later steps ``_partial_update(add=True)`` on half (5) and its
 #   ``torch.cat`` (read 4, write 4), then ``torch.cat`` into the fp32 send buffer (8); the K/V rotater's cat (4)
 #   every step but the last; the final ``.to(bf16)`` of dQ (6) and dK/dV (6).
-# TE (fused kernels, flash_attn_fwd_out_correction / _init): forward each later step reads the step's 16-bit out and
-#   updates the fp32 sum (read 2 + 4, write 4 = 10), step 0 initialises it (6), the final cast 6; backward each
-#   later step adds its dQ and dK/dV into the 16-bit accumulators (read 2 + 2, write 2 = 6).
+# TE (fused kernels, flash_attn_fwd_out_correction / _init, run after the ring loop on the compute stream, so
+#   exposed): forward each later step reads the step's 16-bit out and updates the fp32 sum (read 2 + 4, write 4 =
+#   10), step 0 initialises it (6), the final cast 6; backward each later step adds its dQ and dK/dV into the 16-bit
+#   accumulators (read 2 + 2, write 2 = 6).
 _TORCH_FWD_Q = (6.0 + 6.0, 38.0)  # (once, per later step)
 _TORCH_FWD_KV = 4.0  # per step but the last
 _TORCH_BWD_Q = (4.0 + 6.0, 10.0)  # (once, per step)
@@ -141,10 +142,10 @@ def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat
     * allgather: the gathered K and V of the whole sequence (``cp`` chunks, 16-bit); forward the fp32 running
       output and one fp32 temporary of the merge; backward the fp32 dQ/dK/dV accumulators and two fp32 dK/dV buffers
       in flight (the one sent, the one received).
-    * p2p: forward every step's received K/V chunk (``p2p_comm_buffers``, a list of ``cp`` kept until the forward
-      returns: context_parallel.py ``AttnFuncWithCPAndKVP2P.forward``), the fp32 running output and two steps'
-      16-bit partial outputs; backward two ``(2, *kv.shape)`` buffers (K/V and dK/dV each) and the 16-bit dQ and
-      dK/dV.
+    * p2p: forward every step's received K/V chunk and every step's 16-bit partial output (``p2p_comm_buffers`` and
+      ``out_per_step``, lists of ``cp`` kept until the loop ends: the outputs are corrected after it,
+      context_parallel.py ``AttnFuncWithCPAndKVP2P.forward``) and the fp32 merged output; backward two
+      ``(2, *kv.shape)`` buffers (K/V and dK/dV each) and the 16-bit dQ and dK/dV.
     * ulysses: the head-sharded Q, K, V and output of the whole sequence (the all-to-all's outputs), 16-bit.
     """
     cp, t = plan.cp, plan.tp
@@ -160,6 +161,6 @@ def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat
         fwd = gathered + 2 * q_elems * 4
         bwd = gathered + (q_elems + kv_elems) * 4 + 2 * kv_elems * 4
         return max(fwd, bwd)
-    fwd = cp * kv_elems * 2 + q_elems * 4 + 2 * q_elems * 2
+    fwd = cp * kv_elems * 2 + cp * q_elems * 2 + q_elems * 4
     bwd = 2 * 2 * kv_elems * 2 + (q_elems + kv_elems) * 2
     return max(fwd, bwd)
