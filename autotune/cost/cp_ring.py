@@ -13,9 +13,10 @@ step computes the same half-square ``(s/cp) x (s/cp) / 2`` block: a step's kerne
   the K and V chunk, each issued before the step whose kernel hides it; backward, ``cp`` steps whose exchange carries
   the next K/V chunk and the running dK/dV together in the K/V dtype (``p2p_comm_buffers[i % 2]`` of shape
   ``(2, *kv.shape)``: step 0 K/V only, the last dK/dV only). Two such buffers in flight. The partial outputs are
-  merged by fused corrections (``flash_attn_fwd_out_correction``).
-* ``"allgather"``: torch ``context_parallel`` (torchtitan; torch/distributed/tensor/experimental/_context_parallel/
-  _attention.py, ``_ContextParallelOptions.rotate_method = ALL_GATHER``, torchtitan
+  merged by fused corrections (``flash_attn_fwd_out_correction``). TransformerEngine d0067d0.
+* ``"allgather"``: torch ``context_parallel`` (torchtitan; torch 2.13 torch/distributed/tensor/experimental/
+  _context_parallel/_attention.py, the same in torch 2.7's experimental/_attention.py:
+  ``_ContextParallelOptions.rotate_method = ALL_GATHER``; torchtitan v0.2.2 config/job_config.py:446
   ``context_parallel_rotate_method = "allgather"``): one all-gather of every rank's K and V (the whole sequence's)
   issued before step 0 and waited before step 1, so only step 0's kernel hides it, in forward and again in backward
   (``_templated_ring_attention_backward``'s ``kv_rotater``); the backward passes the dK/dV accumulators ring-wise in
@@ -57,7 +58,8 @@ CP_KINDS = ("p2p", "allgather", "ulysses")
 _TORCH_FWD_Q = (6.0 + 6.0, 38.0)  # (once, per later step)
 _TORCH_FWD_KV = 4.0  # per step but the last
 _TORCH_BWD_Q = (4.0 + 6.0, 10.0)  # (once, per step)
-_TORCH_BWD_KV = (4.0 + 10.0 + 8.0 + 6.0, 13.0 + 8.0 + 4.0)  # (zeros, step 0's add and send cat, the cast; per later step)
+# (zeros, step 0's add and send cat, the final cast; each later step)
+_TORCH_BWD_KV = (4.0 + 10.0 + 8.0 + 6.0, 13.0 + 8.0 + 4.0)
 _TE_FWD_Q = (6.0 + 6.0, 10.0)
 _TE_BWD = 6.0
 
