@@ -235,5 +235,9 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     if plan.pp > 1:
         out.append(f"pipeline schedule {'interleaved 1F1B' if plan.vpp > 1 else c.pipeline_schedule}")
     if plan.cp > 1:
-        out.append(f"context parallelism: {c.cp_kind}")
+        out.append("context parallelism: " + {
+            "p2p": "ring attention, K/V passed to the next rank behind each step's kernel (--cp-comm-type p2p)",
+            "allgather": "ring attention, K/V all-gathered behind the first step (torch context_parallel's "
+                         "rotate method allgather), dK/dV passed ring-wise in fp32",
+            "ulysses": "all-to-all of Q, K, V and the output over heads (Ulysses)"}.get(c.cp_kind, str(c.cp_kind)))
     return out

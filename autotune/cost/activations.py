@@ -36,6 +36,7 @@ import operator
 from dataclasses import dataclass
 
 from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
+from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
@@ -335,6 +336,8 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         stored = full(first, stop)
         working = 0.0
 
+    if facts.cp_kind and plan.cp > 1:  # CP's K/V buffers (cost/cp_ring.py), beyond the MLP's, freed by then
+        working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv) - dense.mlp)
     parts = {"layers": stored * in_flight, "recompute_working_set": working}
     if stage == 0:
         parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)

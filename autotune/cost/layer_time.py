@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from autotune.cost import comm, moe_time
 from autotune.cost.activations import block_linears, block_mms, recomputed
+from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.flops import causal_attention_share
 from autotune.cost.kernels import Rates
@@ -42,12 +43,15 @@ class LayerTime:
     keeps)."""
     tp_comm_s: float
     cp_comm_s: float
+    """All of one forward's and the backward's context-parallel communication (``ring`` says what hides)."""
     moe_comm_s: float
     module_recompute_s: tuple[tuple[str, float], ...] = ()
     """(module, seconds) of what each of Megatron's selective recompute modules reruns (``recompute_modules``)."""
     experts_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """The routed experts of an MoE layer: (fc1 + fc2 GEMMs, activation forward, activation backward) seconds, what
     Megatron's EP overlap schedule runs as the layer's "mlp" node (``autotune.cost.ep_overlap``)."""
+    ring: RingTime = RingTime()
+    """Context parallelism as the engine runs it (``autotune.cost.cp_ring``)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -93,9 +97,11 @@ def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int,
 
 @functools.lru_cache(maxsize=8192)
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
-                eff: Efficiency, r: Rates, kernels: str = "fused") -> LayerTime:
+                eff: Efficiency, r: Rates, kernels: str = "fused", cp_kind: str = "p2p",
+                cp_repeat_kv: bool = False) -> LayerTime:
     """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE, or torch.compile) or
-    "eager" (PyTorch modules op by op: torchtitan and transformers without compile, ``EAGER_BYTES``)."""
+    "eager" (PyTorch modules op by op: torchtitan and transformers without compile, ``EAGER_BYTES``); ``cp_kind``
+    and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
     hbm = r.hbm
@@ -234,11 +240,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
     tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
-    # Context-parallel ring: cp-1 exchanges of this rank's K and V chunk.
-    cp_comm = 0.0
-    if plan.cp > 1:
-        cp_link = comm.group_link(cluster, eff, plan.cp, t)
-        cp_comm = (plan.cp - 1) * comm.p2p_s(tokens * 2 * model.kv_width * 2 / t, cp_link)
+    # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
+    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
     moe_comm = 0.0
     if moe_layer and plan.ep > 1:
         moe = model.moe
@@ -248,8 +251,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     routed_act = act * routed_width * (busiest if moe_layer else 1.0)
     experts = ((mlp, routed_act, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
                if moe_layer else (0.0, 0.0, 0.0))
-    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, cp_comm, moe_comm,
-                     tuple(modules.items()), experts)
+    return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
+                     tuple(modules.items()), experts, ring)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -278,6 +281,8 @@ class LayerPasses:
     tp_hidden_s: float
     cp_exposed_s: float
     moe_s: float
+    cp_hidden_s: float = 0.0
+    """Context-parallel communication hidden behind the attention kernels (costs ``overlap_cost`` of its time)."""
 
 
 def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap: str,
@@ -294,13 +299,14 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     LayerTime.module_recompute_s); "moe" reruns the MoE block's dispatch and combine all-to-alls as well.
     """
     attn_bwd = attention_bwd_factor(plan)
-    fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s
-    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s
+    ring = lt.ring
+    fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
+    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s + ring.merge_bwd_s
     full = plan.recompute == "full"
     # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core by default: its GEMMs (or the
     # flash kernel) and, unfused, the softmax and dropout over the scores; Megatron's other modules what
     # LayerTime.module_recompute_s counts; torchtitan's op-level SAC ("op-sac") LayerTime.op_sac_recompute_s.
-    rec = moe_reruns = 0.0
+    rec = moe_reruns = ring_reruns = 0.0  # ring_reruns: forward passes of the attention core in recompute
     if full:
         rec = fwd * rec_share
     elif plan.recompute == "selective" and selective == "op-sac":
@@ -312,6 +318,9 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         rerun = recomputed(modules)
         rec = sum(seconds for name, seconds in lt.module_recompute_s if name in rerun)
         moe_reruns = 1.0 if "moe" in rerun else 0.0
+        if "core_attn" in rerun:  # the context-parallel attention reruns whole: its exchange and merges
+            rec += ring.merge_fwd_s
+            ring_reruns = 1.0
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
     if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
@@ -324,5 +333,8 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         hidden = lt.tp_comm_s - bwd_exposed
     else:
         exposed = lt.tp_comm_s * (fwd_passes + 1)
-    cp = max(0.0, 3 * lt.cp_comm_s - (1 + attn_bwd) * lt.attention_s)
-    return LayerPasses(fwd, bwd, rec, exposed, hidden, cp, lt.moe_comm_s * (fwd_passes + 1 + moe_reruns))
+    # Context parallelism: each forward pass of the attention core (the forward, its recompute) exchanges K/V again.
+    ring_passes = fwd_passes + ring_reruns
+    cp = ring.fwd_exposed_s * ring_passes + ring.bwd_exposed_s
+    cp_hidden = ring.fwd_hidden_s * ring_passes + ring.bwd_hidden_s
+    return LayerPasses(fwd, bwd, rec, exposed, hidden, cp, lt.moe_comm_s * (fwd_passes + 1 + moe_reruns), cp_hidden)

@@ -127,7 +127,7 @@ class MemoryEstimate:
 
 def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
                          settings: MemorySettings) -> dict[str, float]:
-    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one), NVMe staging and the static
+    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one), NVMe staging, the static
     buffers of CUDA graphs (``autotune.cost.launch``)."""
     out: dict[str, float] = {}
     if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
@@ -246,6 +246,9 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         facts = engine.activation_facts(plan)
         if settings.selective_policy is not None:
             facts = dataclasses.replace(facts, selective=settings.selective_policy)
+        if plan.cp > 1 and engine.comm.cp_kind:  # context parallelism's attention buffers (activations.py)
+            repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
+            facts = dataclasses.replace(facts, cp_kind=engine.comm.cp_kind, cp_repeat_kv=repeat)
         stages = _stages_activations(model, plan, facts, engine.support.layer_split)
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)

@@ -169,7 +169,10 @@ def _one(entry: dict) -> PublishedRun:
         # userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192; NeMo's gpt3_175b recipe: userbuffers_*_h12288_tp4).
         over["tp_overlap"] = "userbuffers"
     # torchtitan train_configs (llama3_*.toml at the doc's commit): selective_ac_option = 'op', for memory and time.
-    sac = {"selective_policy": "op-sac"} if family.startswith("torchtitan") else {}
+    # The model code of those runs repeats K and V to every query head before SDPA (torchtitan 9dec370, the H100
+    # doc's "Versions used": torchtitan/models/llama/model.py Attention.forward, repeat_kv), so context
+    # parallelism exchanges and holds them at the query width (autotune.cost.cp_ring).
+    sac = {"selective_policy": "op-sac", "cp_repeat_kv": True} if family.startswith("torchtitan") else {}
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
             "precision": words, "time_overrides": over | sac, "memory_overrides": sac}
     layer_ms = None

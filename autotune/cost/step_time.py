@@ -73,6 +73,10 @@ class TimeSettings:
     """DeepSpeed's gradient reduce bucket (elements), as autotune writes it: ZeRO-3's last one waits at the end."""
     stage3_max_reuse_distance: int = 1_000_000_000
     """DeepSpeed ZeRO-3's reuse distance (elements), as autotune writes it (``autotune.emit.deepspeed``)."""
+    cp_repeat_kv: bool | None = None
+    """The model code repeats K and V to every query head before attention, so context parallelism exchanges and
+    holds K and V at the query width (torchtitan before SDPA's ``enable_gqa``: ``repeat_kv`` in
+    torchtitan/models/llama/model.py at 9dec370); None: the engine's default (``CommSchedule.cp_repeat_kv``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -156,8 +160,10 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
     modules = run_settings.recompute_modules(plan)
-    dense_layer = layer_time(model, cluster, key, False, eff, r, kernels)
-    moe_layer = layer_time(model, cluster, key, True, eff, r, kernels) if model.is_moe else dense_layer
+    cp_kind, repeat_kv = _cp_run(settings, engine)
+    dense_layer = layer_time(model, cluster, key, False, eff, r, kernels, cp_kind, repeat_kv)
+    moe_layer = layer_time(model, cluster, key, True, eff, r, kernels, cp_kind, repeat_kv) if model.is_moe \
+        else dense_layer
     hbm = r.hbm
     tp_overlap = run_settings.tp_overlap(plan, settings, engine)
     tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
@@ -183,7 +189,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             bwd += count * (lp.bwd_s + wait_b)
             rec += count * lp.recompute_s
             tp_c += count * lp.tp_exposed_s
-            tp_hidden += count * lp.tp_hidden_s
+            tp_hidden += count * (lp.tp_hidden_s + lp.cp_hidden_s)  # all communication hidden behind compute
             cp_c += count * lp.cp_exposed_s
             moe_c += count * lp.moe_s
             if is_moe and plan.ep_overlapped and lt.moe_comm_s > 0:
@@ -346,15 +352,23 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     sched = engine.comm
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
-                    elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)))
+                    elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)),
+                    *_cp_run(settings, engine))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     overlap = run_settings.tp_overlap(plan, settings, engine)
     lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine),
                       run_settings.recompute_modules(plan))
     fwd = lp.fwd_s + lt.tp_comm_s * (plan.tp > 1 and overlap == "none")
     total = lp.fwd_s + lp.bwd_s + lp.recompute_s + lp.tp_exposed_s + lp.cp_exposed_s + lp.moe_s
-    total += eff.overlap_cost * lp.tp_hidden_s
+    total += eff.overlap_cost * (lp.tp_hidden_s + lp.cp_hidden_s)
     return fwd, total - fwd
+
+
+def _cp_run(settings: TimeSettings, engine: Engine) -> tuple[str, bool]:
+    """How the engine runs context parallelism (``autotune.cost.cp_ring``): its kind and whether its model code
+    repeats K and V to every query head before attention (the run's stated code, else the engine's)."""
+    repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
+    return engine.comm.cp_kind or "p2p", repeat
 
 
 def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine) -> str:

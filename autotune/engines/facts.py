@@ -113,7 +113,12 @@ class CommSchedule:
     pipeline_schedule: str | None
     """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
     cp_kind: str | None
-    """"ring" or "ulysses"."""
+    """How context parallelism exchanges K and V (``autotune.cost.cp_ring``): "p2p" (Megatron / Transformer
+    Engine ring, ``--cp-comm-type p2p``), "allgather" (torch ``context_parallel``'s default rotate method) or
+    "ulysses" (DeepSpeed all-to-all over heads)."""
+    cp_repeat_kv: bool = False
+    """The engine's model code repeats K and V to every query head before the attention op, so context
+    parallelism exchanges them at the query width."""
     tp_overlap: str = "none"
     """How TP collectives overlap GEMMs by default: "none", "userbuffers" (Megatron ``--tp-comm-overlap``, TE
     userbuffers), "async-tp" (torch micro-pipelined TP, ``_micro_pipeline_tp``); a run may turn it on."""
@@ -182,6 +187,11 @@ class ActivationFacts:
     expert output after the experts (Hugging Face Mixtral-style blocks ``expert_layer(x) * routing_weights``,
     DeepSpeed-MoE ``sharded_moe.py`` ``einsum("sec,ecm->sm", combine_weights, expert_output)``, torchtitan's MoE
     scaling the routed output by its scores), which saves that output."""
+    cp_kind: str | None = None
+    """How the plan's context parallelism runs (``CommSchedule.cp_kind``; the ledger sets it from the engine's
+    schedule when cp > 1): its attention's K/V buffers join the backward's working set."""
+    cp_repeat_kv: bool = False
+    """Those buffers at the query width (``CommSchedule.cp_repeat_kv``)."""
 
 
 MEGATRON_FACTS = ActivationFacts()

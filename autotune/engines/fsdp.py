@@ -59,7 +59,10 @@ class FSDPEngine(Engine):
                             fp8_recipes=("torchao-tensorwise", "torchao-rowwise", "torchao-mxfp8"),
                             tp_overlaps=("none", "async-tp"),
                             torch_compile=True, loss_chunks=True)  # torchtitan 0.3 ChunkedLossWrapper
-    comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b", cp_kind="ring",
+    comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b",
+                        # torch context_parallel: _cp_options.rotate_method ALL_GATHER, torchtitan
+                        # parallelism.context_parallel_rotate_method = "allgather" (config/job_config.py, v0.2.2)
+                        cp_kind="allgather",
                         # torch SDPA flash backend (FlashAttention-2); torchtitan Float8: torchao tensorwise with
                         # enable_fsdp_float8_all_gather (torchtitan docs/float8.md); FSDP2 reduce-scatters per
                         # micro-batch by default.

@@ -41,7 +41,10 @@ class MegatronEngine(Engine):
                             cuda_graphs=CUDA_GRAPHS,  # --cuda-graph-impl
                             # --overlap-moe-expert-parallel-comm [--delay-wgrad-compute]
                             ep_overlaps=EP_OVERLAPS)
-    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b", cp_kind="ring",
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b",
+                        # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
+                        # Transformer Engine's ring attention (autotune/cost/cp_ring.py)
+                        cp_kind="p2p",
                         # Transformer Engine DotProductAttention: cuDNN fused attention (FA3-class on Hopper).
                         attention_kernel="fa3", fp8_recipe="te-delayed",
                         # megatron/core/tensor_parallel/layers.py: the dgrad all-reduce / reduce-scatter is

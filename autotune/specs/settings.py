@@ -37,5 +37,8 @@ class MemorySettings:
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
+    cp_repeat_kv: bool | None = None
+    """The model code repeats K and V to every query head before attention (``TimeSettings.cp_repeat_kv``): the
+    context-parallel K/V buffers at the query width; None: the engine's default (``CommSchedule.cp_repeat_kv``)."""
     offload_buffer_bytes: int = 5 * 100_000_000 * 2
     """Pinned host/GPU buffers of NVMe offload: ``buffer_count`` 5 x ``buffer_size`` 1e8 x 2 B."""
