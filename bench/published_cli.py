@@ -33,6 +33,10 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
     if run.time_overrides.get("tp_backward_overlap") is False:
         return ("2021-22 code reduced the TP input gradient synchronously in backward; no release the CLI models "
                 "(Megatron-core 0.16-0.19, Megatron-DeepSpeed) does, and no flag states it")
+    if plan.cp > 1 and run.time_overrides.get("cp_repeat_kv"):
+        return ("torchtitan before v0.2.2 repeated K and V to every query head (repeat_kv, v0.2.0 models/llama3/model/"
+                "model.py:236), so context parallelism exchanged them at the query width; the releases the CLI "
+                "models pass enable_gqa instead")
     return ""
 
 
