@@ -57,10 +57,11 @@ The other dispatchers (``ParallelPlan.moe_dispatcher``, Megatron ``--moe-token-d
   token's distinct destination EP ranks. Under random routing a set of ``m`` experts misses all ``k`` picks with
   probability ``prod_i (E - m - i) / (E - i)``; so ``D = ep (1 - miss(E / ep))`` and the remote domains
   ``(N - 1)(1 - miss(E / N))`` of ``N`` domains.
-  Rates, measured (facts, not fitted): RDMA at the NIC's line rate (DeepEP README at 567632d: H800 internode
+  Rates, measured (facts, not fitted), the slowest bounding: RDMA at the NIC's line rate (DeepEP README at 567632d: H800 internode
   43-58 GB/s "bottleneck bandwidth (RDMA)" on a ~50 GB/s CX7; Hybrid-EP README_Hybrid-EP.md at 94a9f8f: H100 16
   ranks 8 SMs BF16 dispatch 57.7 GB/s); NVLink at 153/160 of the link (DeepEP README: intranode 153 GB/s on H800's
-  ~160 GB/s) but no faster than the kernel's own rate with the SMs Megatron gives it (README_Hybrid-EP.md, B200 8
+  ~160 GB/s) for the rows that leave the GPU, and every destination row (its own too: the READMEs' "algorithm" /
+  "logical" bandwidth counts them) at the kernel's own rate with the SMs Megatron gives it (README_Hybrid-EP.md, B200 8
   ranks, torch API, BF16: DeepEP dispatch 348 / 494 GB/s and combine 302 / 420 GB/s at 16 / 24 SMs, their mean for
   Megatron's default 20 SMs, transformer_config.py:932-933; HybridEP at 16 SMs dispatch 536, combine 531 GB/s).
   DeepEP's NVLink domain is at most 8 ranks (DeepEP csrc/kernels/configs.cuh:3 ``NUM_MAX_NVL_PEERS 8``; only
@@ -182,11 +183,13 @@ def dispatcher_comm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     domains = max(1, math.ceil(n / per_domain))
     ranks, remote = flex_destinations(moe.num_experts, k, ep, domains)
     rows = tokens / t_seq
-    nvlink_rows = ranks * t * (1 - 1 / per_domain)  # each destination rank's copy, but the sender's or relay's own
+    # The kernels' measured rates count every destination row, the local one too (DeepEP README: "logical
+    # bandwidth ... contains local rank traffic"); the link carries all but the sender's (or relay's) own.
+    copies = rows * ranks * t * 2 * h
+    nvlink = cluster.intra_node_bandwidth_gb_per_s * FLEX_NVLINK_FRACTION * GB
     nic = cluster.inter_node_bandwidth_gb_per_s * GB
     out = 0.0
     for kernel_gb_per_s in FLEX_KERNEL_GB_PER_S[dispatcher]:  # dispatch, then combine
-        nvlink = min(cluster.intra_node_bandwidth_gb_per_s * FLEX_NVLINK_FRACTION, kernel_gb_per_s) * GB
-        out += max(rows * nvlink_rows * 2 * h / nvlink, rows * remote * 2 * h / nic if nic > 0 else 0.0)
-        out += link.latency_s
+        out += max(copies / (kernel_gb_per_s * GB), copies * (1 - 1 / per_domain) / nvlink,
+                   rows * remote * 2 * h / nic if nic > 0 else 0.0) + link.latency_s
     return out
