@@ -84,7 +84,9 @@ class EngineSupport:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     """MoE token dispatchers a plan may ask of it (``ParallelPlan.moe_dispatcher``, Megatron
     ``--moe-token-dispatcher-type``); an engine's expert parallelism runs all-to-alls unless it says more (torchtitan
-    distributed/expert_parallel.py ``all_to_all_single``, DeepSpeed moe/sharded_moe.py ``_AllToAll``)."""
+    distributed/expert_parallel.py ``all_to_all_single``, DeepSpeed moe/sharded_moe.py ``_AllToAll``). torchtitan
+    v0.2.1+ also has ``parallelism.expert_parallel_comm_backend = "deepep"`` (config/job_config.py:474 at v0.2.2),
+    which autotune's torchtitan files do not write yet."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
