@@ -83,7 +83,7 @@ class MegatronEngine(Engine):
                                     f"parallelism: enable it"))
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
-                + moe_dispatcher_rules(model, plan))
+                + moe_dispatcher_rules(model, plan, cluster.gpu))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from autotune.engines.facts import Rule
 
 if TYPE_CHECKING:
+    from autotune.specs.hardware import GPUSpec
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
@@ -142,11 +143,14 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     return out
 
 
-def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | None = None) -> list[Rule]:
     """What Megatron-core refuses of the token dispatcher a plan asks for (``plan.moe_dispatcher``:
     --moe-token-dispatcher-type, --moe-flex-dispatcher-backend); the EP overlap's own is in ``ep_overlap_rules``.
     Not rules, as autotune never writes them: flex with DeepEP and --moe-pad-expert-input-to-capacity (:1600-1607),
-    allgather with --moe-router-padding-for-quantization (:2322-2326) or variable sequence lengths (:2644-2649)."""
+    allgather with --moe-router-padding-for-quantization (:2322-2326) or variable sequence lengths (:2644-2649).
+    The GPUs each flex backend runs on are Megatron-Bridge's check (0.6.2 training/flex_dispatcher_backend.py:102-119
+    ``validate_flex_dispatcher_backend``: DeepEP on Ampere, Hopper, B200 and B300; HybridEP on compute capability
+    8, 9 or 10), which the Bridge file autotune writes beside the arguments meets at setup."""
     if plan.moe_dispatcher is None:
         return []
     out: list[Rule] = []
@@ -157,4 +161,15 @@ def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     elif plan.moe_dispatcher == "flex-deepep" and plan.tp * plan.ep == 1:
         out.append(Rule(id="megatron:moe_dispatcher", message="Megatron-LM: DeepEP dispatcher requires TPxEP > 1: use "
                         "--ep 2 or more, or another --moe-dispatcher", source=f"{src}token_dispatcher.py:1769-1770"))
+    cap = gpu.capability if gpu is not None else None
+    bridge = "megatron-bridge 0.6.2 megatron/bridge/training/flex_dispatcher_backend.py"
+    if cap is not None and plan.moe_dispatcher == "flex-deepep" and not (
+            cap[0] in (8, 9) or gpu.name.lower().startswith(("b200", "b300"))):
+        out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: DeepEP is supported for Ampere, "
+                        f"Hopper, and Blackwell (B200/B300) GPUs, not {gpu.name}: use --moe-dispatcher "
+                        "flex-hybridep (NVL72 racks) or alltoall", source=f"{bridge}:104-113"))
+    if cap is not None and plan.moe_dispatcher == "flex-hybridep" and cap[0] not in (8, 9, 10):
+        out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: HybridEP is supported for GB200, "
+                        f"GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs, not {gpu.name}: use "
+                        "--moe-dispatcher alltoall", source=f"{bridge}:115-119"))
     return out

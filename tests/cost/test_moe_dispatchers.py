@@ -11,7 +11,8 @@ model of E = 8 experts, top-2, h = 64:
   NVLink x 153/160, which carries the D (1 - 1/8) rows that leave the GPU), for dispatch and for combine; across two
   nodes it also sends it once to the other node (chance 1 - miss(E/2)) at the NIC's line rate, the slower bounding;
 - HybridEP's domain is the whole NVLink domain: on an NVL72 rack EP 16 crosses no NIC, DeepEP's (8 GPUs) does;
-- Megatron's rules refuse a dispatcher on a dense model, DeepEP with tp x ep = 1 and the EP overlap with allgather;
+- Megatron's rules refuse a dispatcher on a dense model, DeepEP with tp x ep = 1 or on GB200 (Bridge's GPU check),
+  and the EP overlap with allgather;
   the files say each dispatcher and are read back to it, a file without the flag reads as Megatron's allgather.
 """
 
@@ -125,6 +126,13 @@ def test_megatron_rules_of_the_dispatcher():
                                                                      plan.with_(moe_dispatcher="flex-deepep"))]
     assert "megatron:moe_dispatcher" not in [r for r, _ in plan_problems(
         moe, cluster, plan.with_(ep=8, moe_dispatcher="flex-deepep"))]
+    rack = load_cluster(gpu="gb200", num_gpus=8)  # Bridge runs DeepEP on B200 / B300 and Hopper, not GB200
+    deepep = plan.with_(ep=8, moe_dispatcher="flex-deepep")
+    assert "megatron:moe_dispatcher" in [r for r, _ in plan_problems(moe, rack, deepep)]
+    assert "megatron:moe_dispatcher" not in [r for r, _ in plan_problems(
+        moe, load_cluster(gpu="b200", num_gpus=8), deepep)]
+    assert "megatron:moe_dispatcher" not in [r for r, _ in plan_problems(
+        moe, rack, deepep.with_(moe_dispatcher="flex-hybridep"))]
     overlap = plan.with_(ep=8, ep_overlap="a2a")
     assert "megatron:ep_overlap" not in [r for r, _ in plan_problems(moe, cluster, overlap)]
     assert "megatron:ep_overlap" in [r for r, _ in plan_problems(moe, cluster,
