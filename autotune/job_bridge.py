@@ -18,9 +18,10 @@ from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.inputs import read_text
+from autotune.specs.plan import MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
 
-__all__ = ["bridge_fields"]
+__all__ = ["bridge_fields", "megatron_dispatcher"]
 
 _BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 # Bridge's registered precision names (training/mixed_precision.py @register) -> (precision, fp8_recipe).
@@ -110,6 +111,28 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     ep = co if co or (preset is not None and RECIPES[preset].comm_overlap) else m
     if ep.get("overlap_moe_expert_parallel_comm") is True:
         out["ep_overlap"] = "a2a-delay-wgrad" if ep.get("delay_wgrad_compute") is True else "a2a"
+    kind = m.get("moe_token_dispatcher_type")  # TransformerConfig (transformer_config.py:862-873 of core 0.19.2)
+    if kind == "allgather":
+        out["moe_dispatcher"] = "allgather"
+    elif kind == "flex" and (backend := m.get("moe_flex_dispatcher_backend") or "deepep") in ("deepep", "hybridep"):
+        out["moe_dispatcher"] = f"flex-{backend}"  # ncclep: not modelled, estimated as alltoall
     if preset is not None:
         out["model"] = load_model_preset(preset)
     return out
+
+
+def megatron_dispatcher(f: dict, ep: int, path: str, notes: list[str]) -> dict:
+    """A Megatron-LM argument file's ``moe_dispatcher`` (``f``: its flags) from --moe-token-dispatcher-type (argparse default allgather: megatron_flags_core_v0.*.json)
+    and --moe-flex-dispatcher-backend (default deepep; the deprecated --moe-enable-deepep means deepep,
+    transformer_config.py:1589-1598 of 0.19.2); alltoall, autotune's default, reads back unset."""
+    kind = f.get("--moe-token-dispatcher-type")
+    if kind is None and ep <= 1:  # nothing dispatched across ranks: the default
+        return {}
+    kind = kind if isinstance(kind, str) else "allgather"
+    backend = f.get("--moe-flex-dispatcher-backend")
+    backend = backend if isinstance(backend, str) else "deepep"
+    name = f"flex-{backend}" if kind == "flex" else kind
+    if name not in MOE_DISPATCHERS:
+        notes.append(f"{path}: the {name} token dispatcher is not modelled: estimated as alltoall")
+        return {}
+    return {} if name == "alltoall" else {"moe_dispatcher": name}

@@ -49,6 +49,9 @@ NOTATION: dict[str, str] = {
     "ep-overlap[+dw]|no-ep-overlap": "MoE all-to-alls behind another micro-batch's compute (Megatron "
                                      "--overlap-moe-expert-parallel-comm; +dw: --delay-wgrad-compute), or not "
                                      "(--ep-overlap)",
+    "disp-alltoall|disp-allgather|disp-flex-deepep|disp-flex-hybridep": "the MoE token dispatcher (--moe-dispatcher: "
+                                                                        "Megatron --moe-token-dispatcher-type, flex "
+                                                                        "with --moe-flex-dispatcher-backend)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -110,6 +113,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "loss_chunks": "its files cannot chunk the loss",
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
+    "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }

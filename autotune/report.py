@@ -220,6 +220,8 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                                           "a2a-delay-wgrad": "behind another micro-batch's compute in 1F1B pairs, "
                                           "weight gradients delayed"}.get(plan.ep_overlap, "waited for"))
                    + asked("ep_overlap", "--ep-overlap"))
+        out.append(f"MoE token dispatcher {plan.moe_dispatcher or 'alltoall'}" + asked("moe_dispatcher",
+                                                                                    "--moe-dispatcher"))
     policy = getattr(settings, "selective_policy", None) or engine.activation_facts(plan).selective
     if plan.recompute == "selective" and policy == "attention-core":
         out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))

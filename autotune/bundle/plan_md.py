@@ -159,6 +159,13 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                                                        else ""),
                      "no graphs: every kernel launched by the host" if plan.cuda_graph == "none" else
                      "each layer's captured parts launched as one graph (less host launch time, static graph buffers)"))
+    if plan.moe_dispatcher is not None:
+        rows.append(("MoE dispatcher", plan.moe_dispatcher, {
+            "alltoall": "each token sent once per expert it picked (all-to-all)",
+            "allgather": "every rank gathers the expert group's tokens, reduce-scatters the outputs back",
+            "flex-deepep": "DeepEP: each token sent once per destination GPU, across nodes once per node",
+            "flex-hybridep": "HybridEP: each token sent once per destination GPU, across NVLink domains once per "
+                             "domain"}[plan.moe_dispatcher]))
     if plan.ep_overlap is not None:
         rows.append(("EP overlap", plan.ep_overlap, "MoE all-to-alls wait for the experts' input and output"
                      if plan.ep_overlap == "none" else "each MoE layer's dispatch and combine all-to-alls run beside "

@@ -23,6 +23,7 @@ from autotune.specs.plan import (
     ENGINE_NAMES,
     EP_OVERLAPS,
     FP8_RECIPES,
+    MOE_DISPATCHERS,
     RECOMPUTE_MODULES,
     RUN_SETTINGS,
     TP_OVERLAPS,
@@ -301,6 +302,9 @@ def add_run_settings(g) -> None:
                    help="where ep > 1: the MoE all-to-alls behind another micro-batch's compute (Megatron "
                         "--overlap-moe-expert-parallel-comm; a2a-delay-wgrad adds --delay-wgrad-compute); needs "
                         "--vpp with pp > 1; default: the engine's own (none)")
+    g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default=None,
+                   help="MoE token dispatcher (Megatron --moe-token-dispatcher-type, flex with "
+                        "--moe-flex-dispatcher-backend deepep|hybridep); default: the engine's own (alltoall)")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

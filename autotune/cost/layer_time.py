@@ -243,11 +243,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
     ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
     moe_comm = 0.0
-    if moe_layer and plan.ep > 1:
-        moe = model.moe
-        assert moe is not None
-        ep_link = comm.group_link(cluster, eff, plan.ep, t * plan.cp)
-        moe_comm = 2 * busiest * comm.all_to_all_s(tokens * moe.top_k * h * 2 / t_seq, plan.ep, ep_link)
+    if moe_layer and plan.ep > 1:  # the dispatcher's all-to-alls / all-gathers (autotune.cost.moe_time)
+        moe_comm = busiest * moe_time.dispatcher_comm_s(model, cluster, plan, eff, tokens)
     routed_act = act * routed_width * (busiest if moe_layer else 1.0)
     experts = ((mlp, routed_act, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
                if moe_layer else (0.0, 0.0, 0.0))
@@ -259,7 +256,7 @@ def time_key(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to the fields one layer's time depends on (a cache key)."""
     return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
                         ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
-                        flash_attention=plan.flash_attention)
+                        flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher)
 
 
 

@@ -33,35 +33,104 @@ the expected maximum of ``ep`` such sums is about ``mean + sigma sqrt(2 ln ep)``
 With tokens in the thousands this is a fraction of a percent: balanced routing costs little by itself; a learned
 router's imbalance (not benchmarked by NVIDIA) would cost more and is not modelled.
 
-Not modelled: the other dispatchers (``--moe-token-dispatcher-type allgather``, and ``flex`` with DeepEP or HybridEP,
-which send each token once per destination rank or node, in FP8 for dispatch, with the permutations fused into the
-communication kernels: NVIDIA's newest recipes run these), the TP all-gather / reduce-scatter of the dispatched
-tokens with expert tensor parallelism (token_dispatcher.py:741-751, :824), token dropping (capacity factor). Other
-engines' MoE layers are charged the same bytes, an approximation: torchtitan's ``ExpertParallel``
-(torchtitan/distributed/expert_parallel.py ``_token_dispatch`` / ``_token_combine``) also sorts the tokens by expert
-before its all-to-all and permutes / unpermutes the received ones by local expert around the grouped GEMMs.
+The other dispatchers (``ParallelPlan.moe_dispatcher``, Megatron ``--moe-token-dispatcher-type``; megatron-core
+0.19.2 = core_v0.19.0 token_dispatcher.py, per token of the layer's input, ``k`` picks of ``E`` experts):
+
+* ``allgather`` (``MoEAllGatherTokenDispatcher`` :230-370): the routing map (1 B per expert), the fp32 probabilities
+  (4 B) and the tokens (2 h B) are all-gathered over the TP x EP group (:278-300), so every rank holds the group's
+  ``tokens x ep`` rows; the local experts' rows are permuted out (:317-324: ``2 k h`` elements), their outputs
+  unpermuted into the whole gathered shape (:341-348: ``k h`` read, ``ep h`` written), cast to the probabilities'
+  fp32 and reduce-scattered back (:357-359: ``ep h`` read at 2 B, written at 4 B; ``4 ep h`` bytes reduce-scattered),
+  then cast back (``h`` at 4 B read, 2 B written). No ``permutation 1`` of the all-to-all dispatcher.
+* ``flex`` (``MoEFlexTokenDispatcher`` :1743-1800, one group over TP x EP: DeepEP's ``_DeepepManager`` :1216-1460,
+  HybridEP's ``_HybridEPManager`` :993-1215): a token goes once to each destination *rank* holding one of its
+  experts (each TP rank of it: router_topk = tp k, num_experts = tp E, :1771-1777), not once per expert; across
+  NVLink domains once per destination *domain* over RDMA to the peer GPU, which forwards it over NVLink (DeepEP
+  README at 567632d "NVLink and RDMA forwarding"; Hybrid-EP docs/Hybrid-EP_Implementation.md:463-464 at 94a9f8f,
+  "first performs IB communication between peer GPUs, then each rank distributes the received inter-node data
+  locally"). Megatron hands both the 16-bit hidden states (:1309-1318 ``fused_dispatch(hidden_states, ...)``,
+  :1139 ``hybrid_ep_dispatch(x=hidden_states)``), so dispatch and combine move 2 h B per row (DeepEP's FP8
+  dispatch is DeepSeek's own setting, not Megatron's). The sender's rows go straight from the layer's input (no
+  permutation 1; the combine kernel sums each token's returned rows): only the received rows are permuted to
+  expert order and back (:1415-1460, ``permute`` / ``unpermute``; HybridEP's unfused default
+  ``moe_permute_fusion_into_hybridep`` False, transformer_config.py:875): ``2 (D + k) h`` elements, ``D`` the
+  token's distinct destination EP ranks. Under random routing a set of ``m`` experts misses all ``k`` picks with
+  probability ``prod_i (E - m - i) / (E - i)``; so ``D = ep (1 - miss(E / ep))`` and the remote domains
+  ``(N - 1)(1 - miss(E / N))`` of ``N`` domains.
+  Rates, measured (facts, not fitted), the slowest bounding: RDMA at the NIC's line rate (DeepEP README at 567632d: H800 internode
+  43-58 GB/s "bottleneck bandwidth (RDMA)" on a ~50 GB/s CX7; Hybrid-EP README_Hybrid-EP.md at 94a9f8f: H100 16
+  ranks 8 SMs BF16 dispatch 57.7 GB/s); NVLink at 153/160 of the link (DeepEP README: intranode 153 GB/s on H800's
+  ~160 GB/s) for the rows that leave the GPU, and every destination row (its own too: the READMEs' "algorithm" /
+  "logical" bandwidth counts them) at the kernel's own rate with the SMs Megatron gives it (README_Hybrid-EP.md, B200 8
+  ranks, torch API, BF16: DeepEP dispatch 348 / 494 GB/s and combine 302 / 420 GB/s at 16 / 24 SMs, their mean for
+  Megatron's default 20 SMs, transformer_config.py:932-933; HybridEP at 16 SMs dispatch 536, combine 531 GB/s).
+  DeepEP's NVLink domain is at most 8 ranks (DeepEP csrc/kernels/configs.cuh:3 ``NUM_MAX_NVL_PEERS 8``; only
+  HybridEP spans a multi-node NVLink domain, transformer_config.py:870-873), HybridEP's the node's NVLink domain.
+
+Not modelled: the TP all-gather / reduce-scatter of the dispatched tokens with expert tensor parallelism in the
+all-to-all dispatcher (token_dispatcher.py:741-751, :824), token dropping (capacity factor), the dispatchers'
+buffers in memory, HybridEP's fused permutation (``--moe-permute-fusion-into-hybridep``). Other
+engines' MoE layers are charged the same bytes as Megatron's all-to-all dispatcher, an approximation: torchtitan's
+``ExpertParallel`` (torchtitan/distributed/expert_parallel.py ``_token_dispatch`` / ``_token_combine``) also sorts the
+tokens by expert before its all-to-all and permutes / unpermutes the received ones by local expert around the
+grouped GEMMs.
 """
 
 from __future__ import annotations
 
 import math
 
+from autotune.cost import comm
+from autotune.cost.efficiency import Efficiency
+from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["busiest_rank_factor", "dispatch_elements", "router_bytes"]
+__all__ = ["DEEPEP_NVL_PEERS", "FLEX_KERNEL_GB_PER_S", "FLEX_NVLINK_FRACTION", "busiest_rank_factor",
+           "dispatch_elements", "dispatcher_comm_s", "flex_destinations", "router_bytes"]
 
 ROUTER_BYTES = (4 + 4 + 1, 4 + 4 + 4)
 """(forward, backward) HBM bytes per router logit (module docstring)."""
 
 
+FLEX_NVLINK_FRACTION = 153 / 160
+"""DeepEP's intranode dispatch on H800: 153 GB/s of ~160 GB/s NVLink (README at 567632d)."""
+FLEX_KERNEL_GB_PER_S = {"flex-deepep": ((348 + 494) / 2, (302 + 420) / 2), "flex-hybridep": (536, 531)}
+"""(dispatch, combine) GB/s of the flex backends' NVLink kernels with the SMs Megatron gives them (module
+docstring: README_Hybrid-EP.md at 94a9f8f, B200, 8 ranks, BF16, torch API)."""
+DEEPEP_NVL_PEERS = 8
+"""DeepEP's NVLink domain (csrc/kernels/configs.cuh:3 at 567632d ``NUM_MAX_NVL_PEERS``)."""
+
+
+def _miss(num_experts: int, top_k: int, held: float) -> float:
+    """Chance that a token's ``top_k`` uniform picks of ``num_experts`` experts all miss a set of ``held``."""
+    out = 1.0
+    for i in range(top_k):
+        out *= max(0.0, (num_experts - held - i) / (num_experts - i))
+    return out
+
+
+def flex_destinations(num_experts: int, top_k: int, ep: int, domains: int) -> tuple[float, float]:
+    """(distinct destination EP ranks, distinct destination NVLink domains other than its own) of one token under
+    random routing, ``ep`` ranks in ``domains`` domains (module docstring)."""
+    ranks = ep * (1 - _miss(num_experts, top_k, num_experts / ep))
+    remote = (domains - 1) * (1 - _miss(num_experts, top_k, num_experts / domains)) if domains > 1 else 0.0
+    return ranks, remote
+
+
 def dispatch_elements(model: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
     """(elements per token moved by the permutations forward, on the dispatcher's token split; elements per token
-    moved by the sorts of the received tokens, which every TP rank runs on the gathered tokens). Backward: the
-    same again (module docstring)."""
+    moved by the sorts of the received tokens, which every TP rank runs on the gathered tokens), 16-bit elements
+    (fp32 ones count twice). Backward: the same again (module docstring)."""
     moe = model.moe
     assert moe is not None
     h, k = model.hidden_size, moe.top_k
+    dispatcher = plan.moe_dispatcher or "alltoall"
+    if dispatcher == "allgather":  # cast back after the reduce-scatter; permute, unpermute, fp32 cast of the gathered
+        return 3.0 * h, float(2 * k * h + (k * h + plan.ep * h) + 3 * plan.ep * h)
+    if dispatcher.startswith("flex"):  # only the received rows, permuted to expert order and back
+        ranks, _ = flex_destinations(moe.num_experts, k, plan.ep, 1)
+        return 0.0, 2 * (ranks + k) * h
     local_experts = moe.num_experts // max(1, plan.ep)
     permutes = 2 * h + 2 * k * h
     sorts = 4 * k * h if local_experts > 1 else 0
@@ -87,3 +156,40 @@ def busiest_rank_factor(tokens: float, ep: int, num_experts: int, top_k: int) ->
     mean = tokens * ep * top_k * share
     sigma = math.sqrt(tokens * ep * var_one)
     return 1.0 + sigma * math.sqrt(2 * math.log(ep)) / mean
+
+
+def dispatcher_comm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: Efficiency,
+                      tokens: float) -> float:
+    """One MoE layer's forward dispatch and combine seconds on the plan's dispatcher for ``tokens`` tokens of the
+    layer's input (before the sequence-parallel split), the balanced routing's mean (module docstring)."""
+    moe = model.moe
+    assert moe is not None
+    h, k, t, ep = model.hidden_size, moe.top_k, plan.tp, plan.ep
+    t_seq = t if plan.sequence_parallel else 1
+    dispatcher = plan.moe_dispatcher or "alltoall"
+    if ep <= 1:
+        return 0.0
+    if dispatcher == "alltoall":
+        link = comm.group_link(cluster, eff, ep, t * plan.cp)
+        return 2 * comm.all_to_all_s(tokens * k * h * 2 / t_seq, ep, link)
+    n = t * ep  # the TP x EP group (token_dispatcher.py:278-300, :1743-1800)
+    link = comm.group_link(cluster, eff, n, plan.cp)
+    if dispatcher == "allgather":
+        rows = tokens / t_seq * n  # every rank's gathered rows
+        return (comm.all_gather_s(rows * (2 * h + 5 * moe.num_experts), n, link)
+                + comm.reduce_scatter_s(rows * 4 * h, n, link))
+    domain = cluster.gpus_per_node if dispatcher == "flex-hybridep" else min(DEEPEP_NVL_PEERS, cluster.gpus_per_node)
+    per_domain = max(1, min(n, domain // max(1, plan.cp)))
+    domains = max(1, math.ceil(n / per_domain))
+    ranks, remote = flex_destinations(moe.num_experts, k, ep, domains)
+    rows = tokens / t_seq
+    # The kernels' measured rates count every destination row, the local one too (DeepEP README: "logical
+    # bandwidth ... contains local rank traffic"); the link carries all but the sender's (or relay's) own.
+    copies = rows * ranks * t * 2 * h
+    nvlink = cluster.intra_node_bandwidth_gb_per_s * FLEX_NVLINK_FRACTION * GB
+    nic = cluster.inter_node_bandwidth_gb_per_s * GB
+    out = 0.0
+    for kernel_gb_per_s in FLEX_KERNEL_GB_PER_S[dispatcher]:  # dispatch, then combine
+        out += max(copies / (kernel_gb_per_s * GB), copies * (1 - 1 / per_domain) / nvlink,
+                   rows * remote * 2 * h / nic if nic > 0 else 0.0) + link.latency_s
+    return out

@@ -63,6 +63,8 @@ def without_defaults(plan: ParallelPlan) -> ParallelPlan:
         plan = plan.with_(cuda_graph=None)
     if plan.ep_overlap == "none":  # no engine overlaps the all-to-alls by default
         plan = plan.with_(ep_overlap=None)
+    if plan.moe_dispatcher == "alltoall":  # every engine's expert parallelism dispatches by all-to-all
+        plan = plan.with_(moe_dispatcher=None)
     for name, effective in (("fp8_recipe", fp8_recipe), ("tp_overlap", tp_overlap), ("torch_compile", compiled)):
         if getattr(plan, name) is not None:
             unset = plan.with_(**{name: None})

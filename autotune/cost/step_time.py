@@ -130,7 +130,8 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
-                                         "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap")
+                                         "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
+                                         "moe_dispatcher")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 

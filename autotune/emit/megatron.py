@@ -139,7 +139,7 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
     if plan.cp > 1:
         args += ["--context-parallel-size", str(plan.cp)]
     if plan.ep > 1:
-        args += ["--expert-model-parallel-size", str(plan.ep), "--moe-token-dispatcher-type", "alltoall"]
+        args += ["--expert-model-parallel-size", str(plan.ep)]
     if plan.etp is not None and model.moe is not None:  # parallel folding; default etp = tp (arguments.py:587)
         args += ["--expert-tensor-parallel-size", str(plan.etp)]
         if plan.tp > 1 and not plan.sequence_parallel:  # Megatron's ModelParallelConfig raises ValueError
@@ -195,6 +195,23 @@ def _ep_overlap_flags(plan: ParallelPlan) -> list[str]:
                                                      else [])
 
 
+def _dispatcher_flags(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:
+    """The MoE token dispatcher where experts are split (ep > 1) or a plan names one: alltoall unless the plan says
+    otherwise (Megatron's own default is allgather, transformer_config.py:862 of 0.19.2); flex with its backend
+    (--moe-flex-dispatcher-backend), as the release's flag table has them (core_v0.16 .. 0.19 all do)."""
+    if model.moe is None or (plan.ep <= 1 and plan.moe_dispatcher is None):
+        return []
+    kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")
+    args = ["--moe-token-dispatcher-type", kind] + (["--moe-flex-dispatcher-backend", backend] if backend else [])
+    table = megatron_flag_table(release)
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        spec = table.get(flag)
+        if spec is None or (spec.choices is not None and value not in spec.choices):
+            problems.append(f"{flag} {value}: not in Megatron-core {release or 'newest'}'s arguments (its "
+                            "dispatchers: " + (", ".join(spec.choices or ()) if spec else "none") + ")")
+    return args
+
+
 def _optimizer_flags(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> list[str]:
     o = options.optimizer
     if plan.optimizer == "adamw":
@@ -236,6 +253,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += _recompute_flags(plan)
     args += _cuda_graph_flags(plan, options.megatron_version)
     args += _ep_overlap_flags(plan)
+    args += _dispatcher_flags(model, plan, options.megatron_version, problems)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)
     args += ["--transformer-impl", "transformer_engine",

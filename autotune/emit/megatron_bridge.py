@@ -166,8 +166,12 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> dict
                 "account_for_loss_in_pipeline_split": split.account_loss, "pipeline_model_parallel_layout": split.layout}
     if model.moe is not None and plan.etp is not None:
         out["expert_tensor_parallel_size"] = plan.etp
-    if model.moe is not None:
-        out["moe_token_dispatcher_type"] = "alltoall"
+    if model.moe is not None:  # TransformerConfig moe_token_dispatcher_type / moe_flex_dispatcher_backend
+        kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")  # (transformer_config.py:862-873)
+        # the backend always: a recipe's own (DeepSeek-V3's hybridep) would stay, and Bridge's perf scripts read a
+        # backend as flex (Megatron-Bridge 067f987 scripts/performance/utils/utils.py:415-421); None as Bridge's own
+        # fallback to alltoall writes it (training/flex_dispatcher_backend.py:26-29)
+        out |= {"moe_token_dispatcher_type": kind, "moe_flex_dispatcher_backend": backend or None}
     return out
 
 

@@ -82,6 +82,12 @@ class EngineSupport:
     ep_overlaps: tuple[str, ...] = ("none",)
     """Expert-parallel all-to-all overlaps a plan may ask of it (``ParallelPlan.ep_overlap``, Megatron
     ``--overlap-moe-expert-parallel-comm``)."""
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    """MoE token dispatchers a plan may ask of it (``ParallelPlan.moe_dispatcher``, Megatron
+    ``--moe-token-dispatcher-type``); an engine's expert parallelism runs all-to-alls unless it says more (torchtitan
+    distributed/expert_parallel.py ``all_to_all_single``, DeepSpeed moe/sharded_moe.py ``_AllToAll``). torchtitan
+    v0.2.1+ also has ``parallelism.expert_parallel_comm_backend = "deepep"`` (config/job_config.py:474 at v0.2.2),
+    which autotune's torchtitan files do not write yet."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
@@ -96,6 +102,7 @@ class EngineSupport:
                 "torch_compile": lambda: not value or self.torch_compile,
                 "loss_chunks": lambda: value == 1 or self.loss_chunks, "cuda_graph": lambda: value in self.cuda_graphs,
                 "cuda_graph_scope": lambda: len(self.cuda_graphs) > 1, "ep_overlap": lambda: value in self.ep_overlaps,
+                "moe_dispatcher": lambda: value in self.moe_dispatchers,
                 "recompute_modules": lambda: set(value) <= set(self.recompute_modules)}[name]()
 
 

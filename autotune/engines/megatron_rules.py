@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 from autotune.engines.facts import Rule
 
 if TYPE_CHECKING:
+    from autotune.specs.hardware import GPUSpec
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["recompute_module_rules", "cuda_graph_rules", "ep_overlap_rules"]
+__all__ = ["cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules", "recompute_module_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -91,7 +92,7 @@ def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
 def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     """What Megatron-core refuses of the expert-parallel all-to-all overlap (``plan.ep_overlap``:
     --overlap-moe-expert-parallel-comm, with --delay-wgrad-compute). Always met by what autotune writes, so not
-    rules: the alltoall dispatcher (written with ep > 1, :2683-2686), bf16 or fp16 (FP8 plans train on --bf16,
+    rules: bf16 or fp16 (FP8 plans train on --bf16,
     :2701-2704), no --moe-shared-expert-overlap (never written, :2706-2708), torch >= 2.6 (:2671)."""
     if not plan.ep_overlapped:
         return []
@@ -103,6 +104,9 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.ep <= 1 or model.moe is None:
         bad("overlap_moe_expert_parallel_comm is only supported with expert model parallelism: use --ep > 1 on an "
             "MoE model, or drop --ep-overlap", f"{_SRC}:2680-2682")
+    if plan.moe_dispatcher == "allgather":
+        bad("overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher: use --moe-dispatcher "
+            "alltoall, flex-deepep or flex-hybridep, or drop --ep-overlap", f"{_SRC}:2683-2686")
     if plan.pp > 1 and not plan.interleaved:
         bad("if enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
             "pipeline_model_parallel_size > 1: add --vpp 2 or more, or drop --ep-overlap", f"{_SRC}:2674-2678")
@@ -136,4 +140,36 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
         bad(f"CUDA graph with delay_wgrad_compute doesn't support attn bias for now ({model.name} has attention "
             "biases): drop attn from --cuda-graph-scope, or use --ep-overlap a2a",
             "megatron-core 0.19.2 megatron/training/arguments.py:1822-1846")
+    return out
+
+
+def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | None = None) -> list[Rule]:
+    """What Megatron-core refuses of the token dispatcher a plan asks for (``plan.moe_dispatcher``:
+    --moe-token-dispatcher-type, --moe-flex-dispatcher-backend); the EP overlap's own is in ``ep_overlap_rules``.
+    Not rules, as autotune never writes them: flex with DeepEP and --moe-pad-expert-input-to-capacity (:1600-1607),
+    allgather with --moe-router-padding-for-quantization (:2322-2326) or variable sequence lengths (:2644-2649).
+    The GPUs each flex backend runs on are Megatron-Bridge's check (0.6.2 training/flex_dispatcher_backend.py:102-119
+    ``validate_flex_dispatcher_backend``: DeepEP on Ampere, Hopper, B200 and B300; HybridEP on compute capability
+    8, 9 or 10), which the Bridge file autotune writes beside the arguments meets at setup."""
+    if plan.moe_dispatcher is None:
+        return []
+    out: list[Rule] = []
+    src = "megatron-core 0.19.2 megatron/core/transformer/moe/"
+    if model.moe is None:  # only an MoE layer builds a token dispatcher (moe_layer.py:299-320)
+        out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-LM: {model.name} has no MoE layers: there "
+                        "are no tokens to dispatch; drop --moe-dispatcher", source=f"{src}moe_layer.py:299-320"))
+    elif plan.moe_dispatcher == "flex-deepep" and plan.tp * plan.ep == 1:
+        out.append(Rule(id="megatron:moe_dispatcher", message="Megatron-LM: DeepEP dispatcher requires TPxEP > 1: use "
+                        "--ep 2 or more, or another --moe-dispatcher", source=f"{src}token_dispatcher.py:1769-1770"))
+    cap = gpu.capability if gpu is not None else None
+    bridge = "megatron-bridge 0.6.2 megatron/bridge/training/flex_dispatcher_backend.py"
+    if cap is not None and plan.moe_dispatcher == "flex-deepep" and not (
+            cap[0] in (8, 9) or gpu.name.lower().startswith(("b200", "b300"))):
+        out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: DeepEP is supported for Ampere, "
+                        f"Hopper, and Blackwell (B200/B300) GPUs, not {gpu.name}: use --moe-dispatcher "
+                        "flex-hybridep (NVL72 racks) or alltoall", source=f"{bridge}:104-113"))
+    if cap is not None and plan.moe_dispatcher == "flex-hybridep" and cap[0] not in (8, 9, 10):
+        out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: HybridEP is supported for GB200, "
+                        f"GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs, not {gpu.name}: use "
+                        "--moe-dispatcher alltoall", source=f"{bridge}:115-119"))
     return out

@@ -122,6 +122,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if not s.runs("ep_overlap", plan.ep_overlap):
         bad("ep_overlap", f"its files cannot overlap the expert-parallel all-to-alls ({plan.ep_overlap}): "
             + (f"use {' or '.join(s.ep_overlaps)}, or " if len(s.ep_overlaps) > 1 else "") + "drop --ep-overlap")
+    if plan.moe_dispatcher is not None and plan.moe_dispatcher not in s.moe_dispatchers:
+        bad("moe_dispatcher", f"its expert parallelism has no {plan.moe_dispatcher} token dispatcher: use "
+            f"{' or '.join(s.moe_dispatchers)}, or drop --moe-dispatcher")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

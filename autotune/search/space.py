@@ -82,6 +82,8 @@ class SearchConstraints:
     in its plans only, for every run setting above left None; an engine not named, the modelled defaults."""
     ep_overlap: str | None = None
     """Every plan's expert-parallel all-to-all overlap where ep > 1 (None: each engine's default)."""
+    moe_dispatcher: str | None = None
+    """Every plan's MoE token dispatcher where ep > 1 (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 

@@ -52,4 +52,6 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
                      + (":" + "+".join(plan.cuda_graph_scope) if plan.cuda_graph_scope else ""))
     if plan.ep_overlap is not None:
         parts.append({"none": "no-ep-overlap", "a2a": "ep-overlap", "a2a-delay-wgrad": "ep-overlap+dw"}[plan.ep_overlap])
+    if plan.moe_dispatcher is not None:
+        parts.append(f"disp-{plan.moe_dispatcher}")
     return " ".join(parts)

@@ -16,7 +16,7 @@ from autotune.specs.frozen import copier
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
-           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "RUN_SETTINGS"]
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "MOE_DISPATCHERS", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -77,10 +77,15 @@ CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
 # apart, after the data gradients, so the backward all-to-alls start sooner). Both flags in core_v0.16 .. 0.19's
 # arguments.py (autotune/emit/megatron_flags_core_v0.*.json); model_parallel_config.py:343-349 of 0.19.2.
 EP_OVERLAPS = ("none", "a2a", "a2a-delay-wgrad")
+# MoE token dispatcher (Megatron --moe-token-dispatcher-type {alltoall,allgather,flex}, with flex
+# --moe-flex-dispatcher-backend {deepep,hybridep}; transformer_config.py:862-872 of megatron-core 0.19.2; the flags in
+# core_v0.16 .. 0.19's arguments.py, autotune/emit/megatron_flags_core_v0.*.json). What each moves:
+# autotune.cost.moe_time. None: the engine's own (alltoall: what autotune writes and every engine's EP runs).
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex-deepep", "flex-hybridep")
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
-                "cuda_graph", "cuda_graph_scope", "ep_overlap")
+                "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -183,6 +188,9 @@ class ParallelPlan:
     ep_overlap: str | None = field(default=None, repr=False)
     """Expert-parallel all-to-all overlap (:data:`EP_OVERLAPS`, Megatron ``--overlap-moe-expert-parallel-comm``
     [``--delay-wgrad-compute``]). None: the engine's default (none)."""
+    moe_dispatcher: str | None = field(default=None, repr=False)
+    """The MoE token dispatcher (:data:`MOE_DISPATCHERS`, Megatron ``--moe-token-dispatcher-type``
+    [``--moe-flex-dispatcher-backend``]). None: the engine's default (alltoall)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -196,7 +204,7 @@ class ParallelPlan:
                 and (self.grad_dtype is None and self.fp8_recipe is None and self.tp_overlap is None
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
-                     or self._run_settings_valid())):
+                     and self.moe_dispatcher is None or self._run_settings_valid())):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -239,6 +247,9 @@ class ParallelPlan:
         if self.ep_overlap not in (None, *EP_OVERLAPS):
             problems.append(f"ep_overlap must be one of {', '.join(EP_OVERLAPS)} or absent (the engine's default), "
                             f"got {self.ep_overlap!r}")
+        if self.moe_dispatcher not in (None, *MOE_DISPATCHERS):
+            problems.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)} or absent (the engine's "
+                            f"default), got {self.moe_dispatcher!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -284,7 +295,7 @@ class ParallelPlan:
         own builds every plan with them): each valid, as the full check below has it."""
         chunks, compiled = self.loss_chunks, self.torch_compile
         if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
-                or self.ep_overlap is not None):
+                or self.ep_overlap is not None or self.moe_dispatcher is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))

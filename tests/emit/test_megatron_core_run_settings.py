@@ -1,6 +1,6 @@
 """Megatron-core 0.19.2 itself judges the run settings written into ``megatron_args.sh``: its ``parse_args()``,
 ``validate_args()`` and the ``TransformerConfig`` built from the arguments (``core_transformer_config_from_args``,
-whose ``__post_init__`` checks the recompute modules, the CUDA graph scopes and the EP overlap) accept every file autotune writes for them, and refuse what
+whose ``__post_init__`` checks the recompute modules, the CUDA graph scopes, the EP overlap and its dispatcher) accept every file autotune writes for them, and refuse what
 autotune's own rules refuse (tests/emit/fixtures/megatron_core_config_probe.py; the megatron-core wheel of the test
 tooling, tests/emit/test_megatron_bridge.py, ships ``megatron.training``).
 """
@@ -49,6 +49,10 @@ ACCEPTED = [
                                                                 ep_overlap="a2a-delay-wgrad",
                                                                 cuda_graph="transformer_engine",
                                                                 cuda_graph_scope=("attn", "moe_router"))),
+    ("qwen-allgather", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_dispatcher="allgather")),
+    ("qwen-flex-deepep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_dispatcher="flex-deepep")),
+    ("qwen-flex-hybridep-ep-overlap", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                                moe_dispatcher="flex-hybridep", ep_overlap="a2a")),
 ]
 # (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
 REFUSED = [
@@ -67,6 +71,10 @@ REFUSED = [
     ("ep-overlap-pp-without-vpp", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, pp=2, sequence_parallel=True,
                                                             ep_overlap="a2a"),
      ("--pipeline-model-parallel-size 2", "--overlap-moe-expert-parallel-comm --pipeline-model-parallel-size 2")),
+    ("ep-overlap-with-allgather", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                            moe_dispatcher="allgather", ep_overlap="a2a"),
+     ("--moe-token-dispatcher-type allgather",
+      "--moe-token-dispatcher-type allgather --overlap-moe-expert-parallel-comm")),
 ]
 
 
@@ -120,6 +128,10 @@ def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
         assert sorted(m.split(".")[-1] for m in config["cuda_graph_modules"]) == sorted(kw.get("cuda_graph_scope", ()))
     assert config["overlap_moe_expert_parallel_comm"] == ("ep_overlap" in kw)
     assert config["delay_wgrad_compute"] == (kw.get("ep_overlap") == "a2a-delay-wgrad")
+    kind, _, backend = kw.get("moe_dispatcher", "alltoall").partition("-")
+    assert config["moe_token_dispatcher_type"] == (kind if kw.get("ep", 1) > 1 else "allgather")  # dense: untold
+    if backend:
+        assert config["moe_flex_dispatcher_backend"] == backend
 
 
 @pytest.mark.parametrize("case", [c[0] for c in REFUSED])
@@ -127,9 +139,11 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
     _, model, gpus, kw, _ = next(c for c in REFUSED if c[0] == case)
     got = verdicts[case]
     assert not got["ok"] and got["stage"] == "TransformerConfig", got
-    with pytest.raises(InputError, match="recompute" if "ep_overlap" not in kw else "EP A2A overlap|recomputation"):
+    with pytest.raises(InputError, match="recompute" if "ep_overlap" not in kw else
+                       "EP A2A overlap|recomputation|alltoall/flex token dispatcher"):
         _plan(model, gpus, kw)
     if "ep_overlap" in kw:  # the same requirement, in megatron-core's words
-        assert "EP A2A overlap" in got["error"] or "full recomputation" in got["error"], got
+        assert any(words in got["error"] for words in ("EP A2A overlap", "full recomputation",
+                                                       "alltoall/flex token dispatcher")), got
     if "cuda_graph" in kw:
         assert "full recompute is only supported with full iteration CUDA graph" in got["error"]

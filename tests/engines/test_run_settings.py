@@ -28,7 +28,8 @@ from autotune.specs.presets import load_model_preset
 
 GPU = "h100-sxm-80gb"
 MODEL = load_model_preset("llama3-8b")
-MOE = load_model_preset("qwen3-30b-a3b")  # the settings only MoE models have (ep_overlap), with ep 8
+MOE = load_model_preset("qwen3-30b-a3b")  # the settings only MoE models have (ep_overlap, moe_dispatcher), with ep 8
+MOE_SETTINGS = ("ep_overlap", "moe_dispatcher")
 CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
 # The file of each engine that states the whole plan, read back as `estimate --from` reads it: torchtitan's 0.2 TOML
 # (it has async TP and tensorwise Float8, which 0.3 has not), its 0.3 module for the chunked loss (which 0.2 has not).
@@ -50,7 +51,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             "recompute_modules": (("core_attn",), ("mlp",), ("core_attn", "mlp")) if s.recompute_modules else (),
             "cuda_graph": s.cuda_graphs if len(s.cuda_graphs) > 1 else (),
             "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else (),
-            "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else ()}
+            "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else (),
+            "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -65,11 +67,11 @@ def _gpu(**setting) -> str:
 
 
 def _model(**setting):
-    return MOE if "ep_overlap" in setting else MODEL
+    return MOE if set(MOE_SETTINGS) & set(setting) else MODEL
 
 
 def _plan(engine: str, **setting) -> ParallelPlan:
-    moe = {"ep": 8} if "ep_overlap" in setting else {}
+    moe = {"ep": 8} if set(MOE_SETTINGS) & set(setting) else {}
     fp8 = "fp8_recipe" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
     if "cuda_graph_scope" in setting:  # what Megatron's own graphs capture (their static buffers are per part;
@@ -85,7 +87,7 @@ def _effective(plan: ParallelPlan) -> tuple:
     return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
-            plan.cuda_graph_scope, plan.ep_overlap or "none")
+            plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall")
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -109,7 +111,7 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     again = estimate(job.model, job.cluster, back, job.settings)
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
-    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", "ep_overlap") else {}))
+    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", *MOE_SETTINGS) else {}))
     if name == "cuda_graph_scope":  # against the same graphs over the whole layer
         default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
@@ -126,7 +128,7 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
-                        ("ep_overlap", "a2a")):
+                        ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep")):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
