@@ -31,7 +31,6 @@ from autotune.specs.plan import CUDA_GRAPH_SCOPES, RECOMPUTE_MODULES
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipe_settings.csv"
 
 NOT_EXPRESSIBLE = {
-    "moe_token_dispatcher_type": ("flex",),
     "moe_router_force_load_balancing": ("True",),
     "pipeline_model_parallel_layout": None,  # any value but None
     "account_for_embedding_in_pipeline_split": ("True",),
@@ -142,13 +141,19 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         mode = ("a2a-delay-wgrad" if s.get("delay_wgrad_compute") == "True" else "a2a") if on else "none"
         f.argv += ["--ep-overlap", mode]
         f.applied.append(f"EP overlap {mode}")
+    dispatcher = s.get("moe_token_dispatcher_type")
+    if ep > 1 and dispatcher in ("alltoall", "allgather", "flex"):
+        # Megatron-core's flex dispatcher runs DeepEP unless told HybridEP (--moe-flex-dispatcher-backend's default,
+        # megatron/training/arguments.py of core_v0.19.0)
+        value = f"flex-{s.get('moe_flex_dispatcher_backend') or 'deepep'}" if dispatcher == "flex" else dispatcher
+        f.argv += ["--moe-dispatcher", value]
+        f.applied.append(f"MoE dispatcher {value}")
     for name, values in NOT_EXPRESSIBLE.items():
         v = s.get(name)
         if split_accounts and name.startswith("account_for_"):
             continue
         if v is not None and (values is None or v in values):
-            backend = s.get("moe_flex_dispatcher_backend") if name == "moe_token_dispatcher_type" else None
-            f.unexpressed.append(f"{name}={v}" + (f" ({backend})" if backend else ""))
+            f.unexpressed.append(f"{name}={v}")
     return f
 
 
