@@ -76,9 +76,10 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     engine_files = engine.render_files(model, cluster, plan, options, policy.files(load_universal=load_universal), env)
     files.update(engine_files.files)
     summary = plan_summary(plan)
-    if plan.precision == "fp8" and is_te_recipe(plan.fp8_recipe or engine.comm.fp8_recipe):
+    fp8_recipe = plan.fp8_recipe or engine.comm.fp8_recipe
+    if plan.precision == "fp8" and is_te_recipe(fp8_recipe):
         # a Transformer Engine recipe only: torchao's Float8 / MX recipes (FSDP2) run no TE module
-        files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan, summary)
+        files["te_fp8_recipe.py"] = te_fp8_recipe_snippet(plan, summary, fp8_recipe)
     files.update(render_launch_scripts(cluster, plan, options, program_args=engine_files.program_args,
                                        env=engine_files.env, entry=engine_files.entry,
                                        bundle_files={*engine_files.files, "plan.json"}, summary=summary))

@@ -134,11 +134,12 @@ Transformer Engine is imported lazily: this file imports without it, and fp8_rec
 fp8_autocast() raise an ImportError saying what to install.
 """
 
-FP8_FORMAT = "{format_upper}"  # HYBRID: E4M3 forward, E5M2 gradients
-AMAX_HISTORY_LEN = {history}
-AMAX_COMPUTE_ALGO = "{algo}"
+RECIPE = "{recipe_class}"  # the transformer_engine.common.recipe class of autotune's {recipe_name}
+FP8_FORMAT = "{format_upper}"  # HYBRID: E4M3 forward, E5M2 gradients; E4M3: both
+AMAX_HISTORY_LEN = {history}  # DelayedScaling only
+AMAX_COMPUTE_ALGO = "{algo}"  # DelayedScaling only
 
-__all__ = ["fp8_recipe", "fp8_autocast", "FP8_FORMAT", "AMAX_HISTORY_LEN", "AMAX_COMPUTE_ALGO"]
+__all__ = ["fp8_recipe", "fp8_autocast", "RECIPE", "FP8_FORMAT", "AMAX_HISTORY_LEN", "AMAX_COMPUTE_ALGO"]
 
 
 def _transformer_engine():
@@ -154,13 +155,12 @@ def _transformer_engine():
 
 
 def fp8_recipe():
-    """The DelayedScaling recipe autotune planned for."""
+    """The {recipe_class} recipe autotune planned for."""
     _, recipe = _transformer_engine()
-    return recipe.DelayedScaling(
-        fp8_format=getattr(recipe.Format, FP8_FORMAT),
-        amax_history_len=AMAX_HISTORY_LEN,
-        amax_compute_algo=AMAX_COMPUTE_ALGO,
-    )
+    kwargs = {{"fp8_format": getattr(recipe.Format, FP8_FORMAT)}}
+    if RECIPE == "DelayedScaling":
+        kwargs.update(amax_history_len=AMAX_HISTORY_LEN, amax_compute_algo=AMAX_COMPUTE_ALGO)
+    return getattr(recipe, RECIPE)(**kwargs)
 
 
 def fp8_autocast(enabled=True, **kwargs):
@@ -170,12 +170,23 @@ def fp8_autocast(enabled=True, **kwargs):
 '''
 
 
-def te_fp8_recipe_snippet(plan: ParallelPlan, summary: str | None = None) -> str:
+TE_RECIPE_CLASSES = {"te-delayed": "DelayedScaling", "te-current": "Float8CurrentScaling",
+                     "te-blockwise": "Float8BlockScaling", "te-mxfp8": "MXFP8BlockScaling"}
+"""Transformer Engine's recipe class of each te-* recipe (TransformerEngine @d0067d0 common/recipe/__init__.py:173,
+286, 392, 337; each takes ``fp8_format``, DelayedScaling also the amax history and algorithm, :254-256)."""
+
+
+def te_fp8_recipe_snippet(plan: ParallelPlan, summary: str | None = None, recipe: str | None = None) -> str:
     """The text of ``te_fp8_recipe.py`` for an FP8 plan (valid Python; imports without Transformer Engine);
-    ``summary``: the plan's line in its docstring (default: its notation without the engine's tag)."""
+    ``summary``: the plan's line in its docstring (default: its notation without the engine's tag); ``recipe``: the
+    plan's Transformer Engine recipe (default: the plan's, else te-delayed), whose class the file builds."""
     if plan.precision != "fp8":
         raise InputError([f"the FP8 recipe applies to fp8 plans; this plan trains in {plan.precision}"],
                          subject="precision")
+    recipe = recipe or plan.fp8_recipe or "te-delayed"
+    if recipe not in TE_RECIPE_CLASSES:
+        why = f"te_fp8_recipe.py builds a Transformer Engine recipe; {recipe} is torchao's: its engine converts the linears"
+        raise InputError([why], subject="precision")
     summary = (summary or plan_notation(plan)).replace('"', "'").replace("\n", " ")
-    return _SNIPPET.format(summary=summary, format_upper=FP8_FORMAT.upper(), history=FP8_AMAX_HISTORY_LEN,
-                           algo=FP8_AMAX_COMPUTE_ALGO)
+    return _SNIPPET.format(summary=summary, format_upper=fp8_format(recipe).upper(), history=FP8_AMAX_HISTORY_LEN,
+                           algo=FP8_AMAX_COMPUTE_ALGO, recipe_class=TE_RECIPE_CLASSES[recipe], recipe_name=recipe)

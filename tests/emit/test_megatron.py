@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from autotune.api import make_plan
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
 from autotune.emit.megatron import (
     MEGATRON_DEEPSPEED_FLAGS,
     MEGATRON_NCCL_DEFAULTS,
@@ -370,9 +371,11 @@ def _fake_transformer_engine(monkeypatch, calls):
         HYBRID = "HYBRID"
         E4M3 = "E4M3"
 
-    def delayed_scaling(**kwargs):
-        calls["recipe"] = kwargs
-        return ("recipe", kwargs)
+    def recipe_class(name):  # TransformerEngine common/recipe/__init__.py's four FP8 recipe classes
+        def build(**kwargs):
+            calls["recipe"], calls["recipe_class"] = kwargs, name
+            return ("recipe", kwargs)
+        return build
 
     def fp8_autocast(**kwargs):
         calls["autocast"] = kwargs
@@ -383,7 +386,9 @@ def _fake_transformer_engine(monkeypatch, calls):
     pytorch.fp8_autocast = fp8_autocast
     common = types.ModuleType("transformer_engine.common")
     recipe = types.ModuleType("transformer_engine.common.recipe")
-    recipe.Format, recipe.DelayedScaling = Format, delayed_scaling
+    recipe.Format = Format
+    for name in ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"):
+        setattr(recipe, name, recipe_class(name))
     te.pytorch, te.common, common.recipe = pytorch, common, recipe
     for name, mod in [("transformer_engine", te), ("transformer_engine.pytorch", pytorch),
                       ("transformer_engine.common", common), ("transformer_engine.common.recipe", recipe)]:
@@ -405,8 +410,31 @@ def test_te_fp8_recipe_module(tmp_path, monkeypatch):
     _fake_transformer_engine(monkeypatch, calls)
     assert module.fp8_autocast() == "context"
     assert calls["recipe"] == {"fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max"}
+    assert calls["recipe_class"] == "DelayedScaling"
     assert calls["autocast"]["enabled"] is True and calls["autocast"]["fp8_recipe"][0] == "recipe"
     sys.modules.pop("te_fp8_recipe", None)
+
+
+@pytest.mark.parametrize(("recipe", "te_class", "fmt"), [
+    ("te-current", "Float8CurrentScaling", "HYBRID"), ("te-blockwise", "Float8BlockScaling", "HYBRID"),
+    ("te-mxfp8", "MXFP8BlockScaling", "E4M3")])
+def test_te_fp8_recipe_module_builds_the_plans_recipe(tmp_path, monkeypatch, recipe, te_class, fmt):
+    # the bundle's file for a current-scaling / block-scaled plan builds that recipe, not DelayedScaling
+    model, cluster = load_model_preset("llama3-8b"), load_cluster(gpu="b200", num_gpus=8)
+    est = estimate(model, cluster, make_plan(model, cluster, precision="fp8", fp8_recipe=recipe, engine="megatron",
+                                             zero_stage=1, seq_len=2048))
+    text = render_bundle(est, EmitOptions()).files["te_fp8_recipe.py"]
+    (tmp_path / "te_fp8_recipe.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("te_fp8_recipe", None)
+    module = importlib.import_module("te_fp8_recipe")
+    calls = {}
+    _fake_transformer_engine(monkeypatch, calls)
+    module.fp8_autocast()
+    assert calls["recipe_class"] == te_class and calls["recipe"] == {"fp8_format": fmt}
+    sys.modules.pop("te_fp8_recipe", None)
+    with pytest.raises(InputError, match="torchao"):
+        te_fp8_recipe_snippet(ParallelPlan(precision="fp8", fp8_recipe="torchao-rowwise", engine="fsdp"))
 
 
 def test_precision_summary_and_non_fp8_plans():
