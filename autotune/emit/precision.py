@@ -185,7 +185,8 @@ def te_fp8_recipe_snippet(plan: ParallelPlan, summary: str | None = None, recipe
                          subject="precision")
     recipe = recipe or plan.fp8_recipe or "te-delayed"
     if recipe not in TE_RECIPE_CLASSES:
-        why = f"te_fp8_recipe.py builds a Transformer Engine recipe; {recipe} is torchao's: its engine converts the linears"
+        why = (f"te_fp8_recipe.py builds a Transformer Engine recipe; {recipe} is torchao's: its engine converts "
+               "the linears")
         raise InputError([why], subject="precision")
     summary = (summary or plan_notation(plan)).replace('"', "'").replace("\n", " ")
     return _SNIPPET.format(summary=summary, format_upper=fp8_format(recipe).upper(), history=FP8_AMAX_HISTORY_LEN,
