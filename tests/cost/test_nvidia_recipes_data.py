@@ -186,7 +186,11 @@ def test_recipe_settings_become_estimate_flags_and_the_rest_are_listed():
     assert a[a.index("--cuda-graph") + 1] == "transformer_engine" and "moe_preprocess" not in a
     assert a[a.index("--ep-overlap") + 1] == "a2a-delay-wgrad" and "--tp-overlap" not in a  # tp 1: no TP overlap
     assert "CUDA graph scope moe_preprocess" in f.unexpressed
-    assert "moe_token_dispatcher_type=flex (hybridep)" in f.unexpressed
+    assert a[a.index("--moe-dispatcher") + 1] == "flex-hybridep" and not any("dispatcher" in u for u in f.unexpressed)
+    # flex without a backend runs Megatron-core's default, DeepEP; no dispatcher flag without expert parallelism
+    deepep = nrs.flags_for(_settings(moe_token_dispatcher_type="flex"), tp=1, ep=8).argv
+    assert deepep[deepep.index("--moe-dispatcher") + 1] == "flex-deepep"
+    assert "--moe-dispatcher" not in nrs.flags_for(_settings(moe_token_dispatcher_type="flex"), tp=1, ep=1).argv
     none = nrs.flags_for(_settings(recompute_granularity=None, tp_comm_overlap=True), tp=4, ep=1)
     assert none.argv[:2] == ["--recompute", "none"] and none.argv[none.argv.index("--tp-overlap") + 1] == "userbuffers"
     assert not none.unexpressed
