@@ -210,7 +210,11 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         rerun_gemms = sum(_gemm_s(2 * tokens * k * n / t, tokens, k, n / t, gemm_peak, eff) if kind == "col" else
                           _gemm_s(2 * tokens * k * n / t, tokens, k / t, n, gemm_peak, eff) for kind, k, n in rerun)
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
-    dispatch_s = 0.0
+    dispatch_s = extra_act = extra_fwd = extra_bwd = 0.0
+    if moe_layer:  # experts' weighted fc2 bias and clamped GLU on the busiest rank's rows (moe_time docstring)
+        extra_fwd, extra_bwd, extra_act = (busiest * tokens * b / t / hbm for b in moe_time.expert_extra_bytes(model))
+        elementwise += extra_fwd
+        elementwise_bwd += extra_bwd
     if moe_layer:  # the dispatcher's permutations and the router's kernels (autotune.cost.moe_time)
         permutes, sorts = moe_time.dispatch_elements(model, plan)
         router_fwd, router_bwd = moe_time.router_bytes(model)
@@ -232,7 +236,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     if model.mla is not None:
         modules["mla_up_proj"] = up_gemm + rope
     if moe_layer:
-        modules.update(moe=mlp + router + shared + act * ffn_width + dispatch_s, moe_act=act * routed_width,
+        modules.update(moe=mlp + router + shared + act * ffn_width + dispatch_s + extra_fwd,
+                       moe_act=act * routed_width + extra_act,
                        shared_experts=shared + act * shared_width)
     else:
         modules["mlp"] = mlp + act * routed_width
@@ -246,7 +251,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     if moe_layer and plan.ep > 1:  # the dispatcher's all-to-alls / all-gathers (autotune.cost.moe_time)
         moe_comm = busiest * moe_time.dispatcher_comm_s(model, cluster, plan, eff, tokens)
     routed_act = act * routed_width * (busiest if moe_layer else 1.0)
-    experts = ((mlp, routed_act, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4))
+    experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
                      tuple(modules.items()), experts, ring)

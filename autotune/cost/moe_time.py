@@ -67,6 +67,24 @@ The other dispatchers (``ParallelPlan.moe_dispatcher``, Megatron ``--moe-token-d
   DeepEP's NVLink domain is at most 8 ranks (DeepEP csrc/kernels/configs.cuh:3 ``NUM_MAX_NVL_PEERS 8``; only
   HybridEP spans a multi-node NVLink domain, transformer_config.py:870-873), HybridEP's the node's NVLink domain.
 
+The experts' biases and a clamped GLU (GPT-OSS: ``add_bias_linear`` with experts, ``activation_func_clamp_value`` 7,
+Megatron-Bridge 067f987 src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:62, :83), as Megatron-core's
+``TEGroupedMLP`` runs them (megatron-core d98e8a64), in 16-bit elements of the routed rows (``k`` per token):
+
+* fc2's bias (experts.py:236-247 ``skip_bias_add=True``; :1039 ``_apply_bias``): weighted by each row's routing
+  probability, the probabilities' sole consumer after the activation, so it cannot join fc2's epilogue. With the
+  default ``moe_single_grouped_bias=False`` (transformer_config.py:870) it is the eager path (experts.py:345-380):
+  per local expert ``t + b * p`` (the broadcast product written, 2 B; the add reads 2 + 2 and writes 2 B) and a
+  ``torch.cat`` of the pieces (read 2, write 2): 12 B per element of fc2's ``h``-wide output, forward. Backward:
+  the product's two gradients are reductions of a product with the output gradient (``g * p`` summed over the rows
+  for the bias, ``g * b`` over ``h`` for the probability: each reads 2, writes 2, the sum reads 2), and the split's
+  gradient concatenates the pieces' (read 2, write 2): 16 B.
+* the clamp (fused_bias_geglu.py:410-432 ``weighted_bias_quick_geglu_impl``): before the fused activation kernel,
+  the two halves of fc1's output are clamped (each read 2, written 2) and concatenated (read 2, written 2): 8 B per
+  element of fc1's ``2 f``-wide output, forward; backward each clamp's gradient masks the incoming one (reads it and
+  the saved input, writes: 6 B) and the chunk's gradient concatenates the halves' (read 2, write 2): 10 B. Selective
+  ``moe_act`` recompute reruns it with the activation (experts.py:1019-1024 checkpoints ``bias_act_func``).
+
 Not modelled: the TP all-gather / reduce-scatter of the dispatched tokens with expert tensor parallelism in the
 all-to-all dispatcher (token_dispatcher.py:741-751, :824), token dropping (capacity factor), the dispatchers'
 buffers in memory, HybridEP's fused permutation (``--moe-permute-fusion-into-hybridep``). Other
@@ -86,11 +104,34 @@ from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["DEEPEP_NVL_PEERS", "FLEX_KERNEL_GB_PER_S", "FLEX_NVLINK_FRACTION", "busiest_rank_factor",
-           "dispatch_elements", "dispatcher_comm_s", "flex_destinations", "router_bytes"]
+__all__ = ["CLAMP_BYTES", "DEEPEP_NVL_PEERS", "EXPERT_BIAS_BYTES", "FLEX_KERNEL_GB_PER_S", "FLEX_NVLINK_FRACTION",
+           "busiest_rank_factor", "dispatch_elements", "dispatcher_comm_s", "expert_extra_bytes", "flex_destinations",
+           "router_bytes"]
 
 ROUTER_BYTES = (4 + 4 + 1, 4 + 4 + 4)
 """(forward, backward) HBM bytes per router logit (module docstring)."""
+
+
+EXPERT_BIAS_BYTES = (12, 16)
+"""(forward, backward) HBM bytes per element of fc2's output for its probability-weighted bias (docstring)."""
+CLAMP_BYTES = (8, 10)
+"""(forward, backward) HBM bytes per element of fc1's gated output for the clamp around the activation."""
+
+
+def expert_extra_bytes(model: ModelSpec) -> tuple[float, float, float]:
+    """(forward, backward, of which the activation's forward) HBM bytes per token of one MoE layer's routed experts
+    beyond the GEMMs and the fused activation: the biased fc2's weighted bias add and the clamped GLU (module
+    docstring); per token of the layer's input on the experts' TP split (the caller divides by tp)."""
+    moe = model.moe
+    assert moe is not None
+    rows = moe.top_k  # routed rows per token
+    n_in = 2 if model.activation == "swiglu" else 1
+    bias_fwd, bias_bwd = (EXPERT_BIAS_BYTES if model.linear_bias else (0, 0))
+    clamp_fwd, clamp_bwd = (CLAMP_BYTES if model.activation_clamp is not None and n_in == 2 else (0, 0))
+    fc1_out = n_in * moe.expert_ffn_hidden_size
+    act = rows * fc1_out * clamp_fwd
+    return (rows * model.hidden_size * bias_fwd + act, rows * model.hidden_size * bias_bwd + rows * fc1_out * clamp_bwd,
+            float(act))
 
 
 FLEX_NVLINK_FRACTION = 153 / 160

@@ -48,7 +48,7 @@ def _gpt_oss(f: Fields) -> dict:
     if not f.get("attention_bias", True):
         f.unsupported("attention_bias false (bias-free attention with biased experts) is not modelled")
     out = decoder_base(f, kv_heads=8, head_dim=64, max_positions=131072, theta=150000.0, tied=False)
-    out.update(linear_bias=True, attention_sinks=True)
+    out.update(linear_bias=True, attention_sinks=True, activation_clamp=float(f.get("swiglu_limit", 7.0)))
     top_k = f.get_int("num_experts_per_tok", "experts_per_token", default=4)
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", "num_experts", default=128), top_k=top_k,
                       expert_ffn_hidden_size=out["ffn_hidden_size"], router_bias=True)

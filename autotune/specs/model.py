@@ -27,7 +27,7 @@ QKNorm = Literal["head", "full"]
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
 # serialises (and counts) as before.
 _LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
-                 "chunked_attention": False, "num_mtp_layers": 0}
+                 "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +75,9 @@ class ModelSpec:
     three of four); None with a ``sliding_window``: every layer."""
     chunked_attention: bool = False
     """Local layers attend within fixed chunks of ``sliding_window`` tokens, not a sliding window (Llama 4)."""
+    activation_clamp: float | None = None
+    """A clamp on the gated activation's inputs (GPT-OSS ``swiglu_limit`` 7.0: the gate clamped above, the linear half
+    both ways); None: no clamp. Megatron-core runs it as extra kernels (``autotune.cost.layer_time``)."""
     num_mtp_layers: int = 0
     """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
     checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
@@ -106,6 +109,9 @@ class ModelSpec:
             out.append(f"position_embedding must be learned, rope or alibi, got {self.position_embedding!r}")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             out.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if self.activation_clamp is not None and not (
+                isinstance(self.activation_clamp, (int, float)) and self.activation_clamp > 0):
+            out.append(f"activation_clamp must be a positive number or absent, got {self.activation_clamp!r}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
         if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:

@@ -7,6 +7,10 @@ sliding-window attention share (flops.causal_attention_share):
 - the busiest EP rank's share under random routing is 1 + sigma sqrt(2 ln ep) / mean, sigma from the
   hypergeometric variance; 1 without expert parallelism, and shrinking as the tokens grow;
 - one MoE layer's memory-bound time grows by exactly those bytes at the plan's HBM rate;
+- GPT-OSS's biased experts and clamped GLU (moe_time.expert_extra_bytes): fc2's probability-weighted bias moves
+  12 / 16 B per element of fc2's k h output, the clamp 8 / 10 B per element of fc1's k 2f output, forward /
+  backward; nothing without bias or clamp, and no clamp on a non-gated activation; the layer's memory-bound time
+  grows by exactly those bytes, and moe_act recompute by the clamp's forward;
 - a sliding window of w on every other layer executes (1 + (2ws - w^2)/s^2)/2 of causal attention, and the
   attention time of such a model drops by that share; a model without windows is unchanged.
 """
@@ -95,3 +99,36 @@ def test_sliding_window_share_by_hand():
     windowed, _ = _layer(m, plan, True)
     full, _ = _layer(_model(), plan, True)
     assert windowed.attention_s == pytest.approx(full.attention_s * causal_attention_share(m, s), rel=1e-12)
+
+
+def test_expert_bias_and_clamp_bytes_by_hand():
+    f = 32  # the experts' width
+    both = _model(linear_bias=True, activation_clamp=7.0)
+    assert moe_time.expert_extra_bytes(both) == (K * H * 12 + K * 2 * f * 8, K * H * 16 + K * 2 * f * 10,
+                                                 K * 2 * f * 8)
+    assert moe_time.expert_extra_bytes(_model()) == (0, 0, 0)
+    assert moe_time.expert_extra_bytes(_model(linear_bias=True)) == (K * H * 12, K * H * 16, 0)
+    assert moe_time.expert_extra_bytes(_model(activation_clamp=7.0, activation="gelu")) == (0, 0, 0)
+
+
+def test_moe_layer_adds_the_bias_and_clamp_bytes():
+    plan = _plan(2)
+    base, with_both = _model(linear_bias=True), _model(linear_bias=True, activation_clamp=7.0)
+    plain, r = _layer(_model(), plan, True)
+    biased, _ = _layer(base, plan, True)
+    clamped, _ = _layer(with_both, plan, True)
+    tokens = plan.seq_len * plan.micro_batch_size
+    busiest = moe_time.busiest_rank_factor(tokens, 2, E, K)
+    clamp_fwd, clamp_bwd = K * 2 * 32 * 8, K * 2 * 32 * 10
+    assert clamped.elementwise_s - biased.elementwise_s == pytest.approx(busiest * tokens * clamp_fwd / r.hbm,
+                                                                         rel=1e-9)
+    assert clamped.elementwise_bwd_s - biased.elementwise_bwd_s == pytest.approx(
+        busiest * tokens * clamp_bwd / r.hbm, rel=1e-9)
+    moe_act = {name: s for name, s in clamped.module_recompute_s}["moe_act"]
+    assert moe_act - {name: s for name, s in biased.module_recompute_s}["moe_act"] == pytest.approx(
+        busiest * tokens * clamp_fwd / r.hbm, rel=1e-9)
+    # forward: the linear biases add no kernel but the experts' weighted one (backward also counts their gradients)
+    assert biased.elementwise_s - plain.elementwise_s == pytest.approx(busiest * tokens * K * H * 12 / r.hbm,
+                                                                       rel=1e-9)
+    assert clamped.experts_s[1] - plain.experts_s[1] == pytest.approx(
+        busiest * tokens * (K * H * 12 + clamp_fwd) / r.hbm, rel=1e-9)

@@ -109,6 +109,7 @@ def test_patterns_are_carried(tmp_path):
     assert gemma3.sliding_window_layers == (0, 1, 2, 3, 4, 6) and gemma3.qk_norm == "head"
     oss = read("gpt_oss")
     assert oss.attention_sinks and oss.sliding_window_layers == (0, 2) and oss.moe.router_bias
+    assert oss.activation_clamp == transformers.GptOssConfig().swiglu_limit == 7.0
     glm = read("glm4_moe")
     assert glm.moe.num_dense_layers == 1 and glm.moe.num_shared_experts == 2 and glm.num_mtp_layers == 1
     assert read("olmo2").qk_norm == "full" and read("deepseek_v3").num_mtp_layers == 1
