@@ -33,7 +33,7 @@ from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "model_states_floor"]
+__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "states_floor"]
 
 
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float, *,
@@ -181,37 +181,21 @@ def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, parts: t
     return hit[1]
 
 
-_floor_cache: dict[tuple, tuple[ModelSpec, ClusterSpec, MemorySettings, float]] = {}
-
-
-def model_states_floor(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                       settings: MemorySettings | None = None) -> float:
-    """A lower bound on ``estimate_memory(...).total`` that reads no micro-batch or recompute field (the planner
-    asks it once per ZeRO stage / offload / precision variant, before any of its ledgers). Each stage's tensors are
-    weights + gradients + optimizer states + max(activations, the optimizer step's transient) + buffers, activations
-    and buffers >= 0, so they are at least weights + gradients + optimizer states + transient; the most loaded
-    stage's are at least the largest of these; the reserve is ``fragmentation_fraction`` of them and the bytes
-    outside the allocator do not read the micro-batch. 0.0 (no bound) for a negative fragmentation fraction."""
+def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None) -> float:
+    """A lower bound on the total of every plan that differs from ``memory``'s only in the micro-batch size, the
+    accumulation steps or the recompute setting (the planner asks it after a ledger that does not fit, for the
+    variant's other micro-batches and recompute modes). Their model states are the same per stage (no engine's read
+    these fields: ``_STATE_FIELDS``); at any stage the tensors are weights + gradients + optimizer states + max(the
+    activations, the optimizer step's transient) + buffers, activations and buffers >= 0, so at least the states
+    and the transient of this ledger's stage; the most loaded stage's are no fewer; the reserve is
+    ``fragmentation_fraction`` of them, and the bytes outside the allocator read none of these fields.
+    0.0 (no bound) for a negative fragmentation fraction."""
     settings = settings or MemorySettings()
-    if settings.fragmentation_fraction < 0:
+    states = memory.offloaded
+    if settings.fragmentation_fraction < 0 or states is None:
         return 0.0
-    key = (id(model), id(cluster), id(settings), _STATE_FIELDS(plan))  # the specs hash slowly: their ids
-    hit = _floor_cache.get(key)
-    if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
-        if len(_floor_cache) > 65536:
-            _floor_cache.clear()
-        engine = engine_for(plan)
-        scheme = engine.support.layer_split
-        parts = []
-        for stage in representative_stages(model.num_layers, plan.pp, scheme):  # as _stages_activations has them
-            groups = stage_param_groups(model, plan, stage, scheme)
-            parts.append((stage, groups.tp_sharded / plan.tp + groups.replicated,
-                          groups.expert / (plan.ep * plan.expert_tp)))
-        floor = max(s.weights + s.gradients + s.optimizer_states + s.step_transient
-                    for s in _model_states(engine, model, plan, tuple(parts)))
-        total = (1 + settings.fragmentation_fraction) * floor + _outside_allocator_bytes(cluster, plan, settings)
-        hit = _floor_cache[key] = (model, cluster, settings, total)
-    return hit[3]
+    tensors = states.weights + states.gradients + states.optimizer_states + states.step_transient
+    return (1 + settings.fragmentation_fraction) * tensors + (memory.overhead - memory.reserve)
 
 
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from autotune.cost.estimate import Estimate
-from autotune.cost.memory import estimate_memory, model_states_floor
+from autotune.cost.memory import estimate_memory, states_floor
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.engines import engine_for
 from autotune.report import plan_summary
@@ -47,7 +47,7 @@ _BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
 _UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
-# A ledger is skipped where the model states' floor exceeds the GPU by more than rounding could account for.
+# A ledger is skipped where its variant's floor (``states_floor``) exceeds the GPU by more than rounding can.
 _FLOOR_MARGIN = 1 + 1e-9
 _VERIFY_SHORTCUTS = False  # tests: check each answer of a rule shortcut against plan_problems on the plan itself
 
@@ -300,7 +300,7 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
     (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
     rep = base["dp_replicate"]
     capacity = float(cluster.gpu.memory_bytes)  # MemoryEstimate.capacity
-    floor = None  # model_states_floor of this variant: the same for each of its micro-batches and recompute modes
+    floor = 0.0  # a lower bound on the total of every ledger of this variant (``states_floor``), once one is built
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
         known = gpu_full_at.get((*variant, recompute))
@@ -333,11 +333,9 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                 if problems:
                     rejections[problems[0][0]] += 1
                     continue
-            if floor is None:
-                floor = model_states_floor(model, cluster, plan, memory_settings)
             if floor > capacity * _FLOOR_MARGIN:
-                # The model states alone do not fit: neither does any micro-batch or recompute mode of this variant
-                # (``model_states_floor``), so its ledger is not built; counted as the ledger would count it.
+                # The model states alone do not fit (an earlier ledger of this variant said: ``states_floor``):
+                # neither does this micro-batch and recompute mode, so its ledger is not built; counted as it counts.
                 assert not _VERIFY_SHORTCUTS or not estimate_memory(model, cluster, plan, memory_settings).fits_gpu
                 if known is None or i < known[0]:
                     gpu_full_at[(*variant, recompute)] = (i, rep)
@@ -350,6 +348,8 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                     or memory.capacity - total < min_headroom:
                 reason = "host_memory" if fits_gpu and not memory.fits_host else "gpu_memory" if not fits_gpu \
                     else "headroom"
+                if not fits_gpu:
+                    floor = max(floor, states_floor(memory, memory_settings))
                 if not fits_gpu and (known is None or i < known[0]):
                     gpu_full_at[(*variant, recompute)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
