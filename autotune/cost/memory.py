@@ -33,7 +33,7 @@ from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes"]
+__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "states_floor"]
 
 
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float, *,
@@ -179,6 +179,23 @@ def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, parts: t
         hit = _states_cache[key] = (model, tuple(engine.model_states(model, plan, stage, dense, expert)
                                                  for stage, dense, expert, *_ in parts))
     return hit[1]
+
+
+def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None) -> float:
+    """A lower bound on the total of every plan that differs from ``memory``'s only in the micro-batch size, the
+    accumulation steps or the recompute setting (the planner asks it after a ledger that does not fit, for the
+    variant's other micro-batches and recompute modes). Their model states are the same per stage (no engine's read
+    these fields: ``_STATE_FIELDS``); at any stage the tensors are weights + gradients + optimizer states + max(the
+    activations, the optimizer step's transient) + buffers, activations and buffers >= 0, so at least the states
+    and the transient of this ledger's stage; the most loaded stage's are no fewer; the reserve is
+    ``fragmentation_fraction`` of them, and the bytes outside the allocator read none of these fields.
+    0.0 (no bound) for a negative fragmentation fraction."""
+    settings = settings or MemorySettings()
+    states = memory.offloaded
+    if settings.fragmentation_fraction < 0 or states is None:
+        return 0.0
+    tensors = states.weights + states.gradients + states.optimizer_states + states.step_transient
+    return (1 + settings.fragmentation_fraction) * tensors + (memory.overhead - memory.reserve)
 
 
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:

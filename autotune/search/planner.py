@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from autotune.cost.estimate import Estimate
-from autotune.cost.memory import estimate_memory
+from autotune.cost.memory import estimate_memory, states_floor
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.engines import engine_for
 from autotune.report import plan_summary
@@ -47,6 +47,8 @@ _BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
 _UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
+# A ledger is skipped where its variant's floor (``states_floor``) exceeds the GPU by more than rounding can.
+_FLOOR_MARGIN = 1 + 1e-9
 _VERIFY_SHORTCUTS = False  # tests: check each answer of a rule shortcut against plan_problems on the plan itself
 
 
@@ -297,6 +299,8 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
     (``_probe_rule``), or None; where it is one of these plans, it is that plan, and the others are made from it
     (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
     rep = base["dp_replicate"]
+    capacity = float(cluster.gpu.memory_bytes)  # MemoryEstimate.capacity
+    floor = 0.0  # a lower bound on the total of every ledger of this variant (``states_floor``), once one is built
     for recompute in dims.recompute:
         mbs = dims.micro_batch_sizes
         known = gpu_full_at.get((*variant, recompute))
@@ -329,6 +333,14 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                 if problems:
                     rejections[problems[0][0]] += 1
                     continue
+            if floor > capacity * _FLOOR_MARGIN:
+                # The model states alone do not fit (an earlier ledger of this variant said: ``states_floor``):
+                # neither does this micro-batch and recompute mode, so its ledger is not built; counted as it counts.
+                assert not _VERIFY_SHORTCUTS or not estimate_memory(model, cluster, plan, memory_settings).fits_gpu
+                if known is None or i < known[0]:
+                    gpu_full_at[(*variant, recompute)] = (i, rep)
+                rejections["gpu_memory"] += len(mbs) - i
+                break
             memory = estimate_memory(model, cluster, plan, memory_settings)
             total = memory.total  # MemoryEstimate's fits_gpu, fits_host and headroom, read once
             fits_gpu = total <= memory.capacity
@@ -336,6 +348,8 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                     or memory.capacity - total < min_headroom:
                 reason = "host_memory" if fits_gpu and not memory.fits_host else "gpu_memory" if not fits_gpu \
                     else "headroom"
+                if not fits_gpu:
+                    floor = max(floor, states_floor(memory, memory_settings))
                 if not fits_gpu and (known is None or i < known[0]):
                     gpu_full_at[(*variant, recompute)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
