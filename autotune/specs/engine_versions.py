@@ -65,7 +65,7 @@ def _numeric(version: str) -> tuple[int, ...] | None:
             if not ch.isdigit():
                 break
             digits += ch
-        if not digits:
+        if not digits or len(digits) > 9:  # no release number runs to ten digits (and int() refuses 4,300)
             break
         parts.append(int(digits))
         if len(digits) != len(piece):

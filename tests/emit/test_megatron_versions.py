@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.api import make_plan
+from autotune.cli import main as cli_main
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_flags import (
     MEGATRON_CORE_RELEASES,
@@ -143,3 +144,11 @@ def test_the_0_19_table_is_the_megatron_core_0_19_2_parser(tmp_path):
     real = set(json.loads(run.stdout.strip().splitlines()[-1]))
     assert real == set(megatron_flag_table("0.19")), (sorted(real - set(megatron_flag_table("0.19"))),
                                                       sorted(set(megatron_flag_table("0.19")) - real))
+
+
+def test_an_engine_version_of_thousands_of_digits_is_refused_not_a_traceback(capsys):
+    # int() refuses strings past 4,300 digits (a ValueError); a release number that long is just not a release
+    code = cli_main(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8",
+                     "--engine", "megatron", "--engine-version", "1" * 5000])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a release autotune models" in err and "Traceback" not in err
