@@ -11,6 +11,7 @@ from autotune.engines import ENGINES, engine_for
 from autotune.engines.common import engine_deepspeed_config
 from autotune.errors import InputError, suggest_names
 from autotune.rules import engines_that_run, plan_problems
+from autotune.search.nearest_plan import nearest_valid_plan
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
@@ -60,6 +61,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
         others = [e for e in engines_that_run(model, cluster, plan) if e != plan.engine]
         problems.append(f"engines that can run this plan as it is: {', '.join(others)}" if others else
                         "no engine runs this plan as it is: change the plan as the messages say")
+    if found:
+        nearest = nearest_valid_plan(model, cluster, plan)
+        if nearest is not None:
+            problems.append(nearest.describe())
     if problems:
         raise InputError(problems, subject="plan")
     return plan

@@ -1,0 +1,116 @@
+"""The nearest plan that passes every rule, for a plan that breaks some: what an invalid ``estimate`` / ``emit``
+names beside the rules it broke (issue 17: "the rule's text and source line, and the nearest plan that passes").
+
+Only the layout changes: tp, pp, cp, ep, etp and vpp (dp follows as num_gpus / (tp x pp x cp), the accumulation as
+global batch / (micro-batch x dp)); the engine, batch, precision and run settings stay the user's. Nearest means the
+fewest dimensions changed, then the smallest change in powers of two, summed over the dimensions (ep 64 -> 32 is one
+step, tp 2 -> 8 two), then the smallest change of dp (the batch per replica and the memory it sets). One or two dimensions are tried at every value the cluster and the model allow, three only at
+half or twice the user's values: beyond that the user is better served by ``autotune plan``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+from autotune.errors import InputError
+from autotune.rules import plan_problems
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["NearestPlan", "nearest_valid_plan"]
+
+DIMS = ("tp", "pp", "cp", "ep", "etp", "vpp")
+"""The layout dimensions the search changes, in the order a suggestion names them."""
+
+
+@dataclass(frozen=True)
+class NearestPlan:
+    plan: ParallelPlan
+    changes: tuple[tuple[str, int, int], ...]
+    """(dimension, the user's value, the suggested one) for each dimension changed."""
+
+    def flags(self) -> str:
+        """The suggestion as the command line's flags (``--tp 2 --ep 32``)."""
+        return " ".join(f"--{dim} {new}" for dim, _, new in self.changes)
+
+    def describe(self) -> str:
+        changed = ", ".join(f"{dim} {old} -> {new}" for dim, old, new in self.changes)
+        return f"the nearest plan that passes every rule: {self.flags()} ({changed}; dp {self.plan.dp})"
+
+
+def _value(plan: ParallelPlan, dim: str) -> int:
+    return plan.expert_tp if dim == "etp" else getattr(plan, dim)
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(max(1, limit))) + 1)]
+
+
+def _choices(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> dict[str, list[int]]:
+    """Every value each dimension may take on this cluster and model."""
+    n = cluster.num_gpus
+    moe = model.moe
+    experts = moe.num_experts if moe is not None else 1
+    return {
+        "tp": [v for v in _powers_of_two(min(n, model.num_attention_heads)) if n % v == 0],
+        "pp": [v for v in range(1, min(n, model.num_layers) + 1) if n % v == 0],
+        "cp": [v for v in _powers_of_two(n) if n % v == 0],
+        "ep": [v for v in _powers_of_two(n) if experts % v == 0] if moe is not None else [1],
+        "etp": _powers_of_two(min(n, model.num_attention_heads)) if moe is not None else [plan.expert_tp],
+        "vpp": [v for v in range(1, max(1, model.num_layers // max(1, plan.pp)) + 1)],
+    }
+
+
+def _neighbours(value: int, allowed: list[int]) -> list[int]:
+    return [v for v in (value // 2, value * 2) if v in allowed and v != value]
+
+
+def _build(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, values: dict[str, int]) -> ParallelPlan | None:
+    """The plan with ``values`` changed, dp and accumulation derived; None when it breaks a rule."""
+    fields = {k: v for k, v in values.items() if k != "etp"}
+    tp, pp, cp = (values.get(k, getattr(plan, k)) for k in ("tp", "pp", "cp"))
+    if cluster.num_gpus % (tp * pp * cp):
+        return None
+    dp = cluster.num_gpus // (tp * pp * cp)
+    per_step = plan.micro_batch_size * dp
+    if per_step > plan.global_batch_size or plan.global_batch_size % per_step:
+        return None
+    etp = values.get("etp", plan.etp)
+    if etp is not None and etp == tp and plan.etp is None:
+        etp = None  # the default (etp = tp) stays implicit, as the user wrote it
+    try:
+        candidate = replace(plan, **fields, dp=dp, grad_accum_steps=plan.global_batch_size // per_step, etp=etp,
+                            sequence_parallel=plan.sequence_parallel and tp > 1)
+    except (InputError, ValueError):
+        return None
+    return None if plan_problems(model, cluster, candidate) else candidate
+
+
+def _distance(plan: ParallelPlan, values: dict[str, int]) -> float:
+    return sum(abs(math.log2(v / _value(plan, dim))) for dim, v in values.items())
+
+
+def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> NearestPlan | None:
+    """The plan nearest to ``plan`` (module docstring) that breaks no rule; None when none is within three
+    dimensions."""
+    choices = _choices(model, cluster, plan)
+    for count in (1, 2, 3):
+        found: list[tuple[float, float, tuple, ParallelPlan, dict[str, int]]] = []
+        for dims in itertools.combinations(DIMS, count):
+            pools = [[v for v in (choices[d] if count < 3 else _neighbours(_value(plan, d), choices[d]))
+                      if v != _value(plan, d)] for d in dims]
+            for combo in itertools.product(*pools):
+                values = dict(zip(dims, combo))
+                candidate = _build(model, cluster, plan, values)
+                if candidate is not None:
+                    moved_dp = abs(math.log2(candidate.dp / max(1, plan.dp)))
+                    found.append((_distance(plan, values), moved_dp, tuple(DIMS.index(d) for d in dims), candidate,
+                                  values))
+        if found:
+            *_, best, values = min(found, key=lambda f: f[:3])
+            changes = tuple((d, _value(plan, d), values[d]) for d in DIMS if d in values)
+            return NearestPlan(best, changes)
+    return None

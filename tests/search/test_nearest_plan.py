@@ -1,0 +1,62 @@
+"""An invalid plan's error names the nearest plan that passes every rule (issue 17, bad input), and that plan
+does pass: the suggested flags, put in place of the user's, give an estimate."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from autotune.rules import plan_problems
+from autotune.search.nearest_plan import DIMS, nearest_valid_plan
+from autotune.specs.loading import load_cluster, load_model
+from autotune.specs.plan import ParallelPlan
+
+BASE = ["--model", "qwen3-235b-a22b", "--gpu", "h100-sxm-80gb", "--num-gpus", "256", "--seq-len", "4096",
+        "--global-batch", "1024", "--engine", "megatron"]
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", "estimate", *BASE, *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def _with(args: list[str], flags: str) -> list[str]:
+    """``args`` with each ``--dim value`` of ``flags`` replacing the user's value (or added)."""
+    out = list(args)
+    for dim, value in re.findall(r"--(\w+) (\d+)", flags):
+        if f"--{dim}" in out:
+            out[out.index(f"--{dim}") + 1] = value
+        else:
+            out += [f"--{dim}", value]
+    return out
+
+
+@pytest.mark.parametrize("args", [
+    ["--tp", "2", "--pp", "8", "--ep", "64", "--etp", "2"],  # expert groups that do not fold into tp x dp x cp
+    ["--tp", "2", "--pp", "8", "--ep", "5"],                 # experts not divisible by ep
+    ["--tp", "3"],                                           # heads and GPUs not divisible by tp
+    ["--cp", "3", "--tp", "16"],
+])
+def test_the_suggested_plan_is_accepted(args):
+    refused = _run(args)
+    assert refused.returncode == 2, refused.stderr
+    found = re.search(r"the nearest plan that passes every rule: ((?:--\w+ \d+ ?)+)", refused.stderr)
+    assert found, refused.stderr
+    accepted = _run(_with(args, found.group(1)))
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_fewest_dimensions_changed():
+    model = load_model("qwen3-235b-a22b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=256)
+    plan = ParallelPlan(tp=2, pp=8, dp=16, ep=64, etp=2, micro_batch_size=1, global_batch_size=1024,
+                        grad_accum_steps=64, seq_len=4096, engine="megatron", sequence_parallel=True)
+    assert plan_problems(model, cluster, plan)
+    nearest = nearest_valid_plan(model, cluster, plan)
+    assert nearest is not None and not plan_problems(model, cluster, nearest.plan)
+    assert len(nearest.changes) == 1 and nearest.changes[0][0] in DIMS
+    # ep 64 -> 16 keeps dp; pp 8 -> 2 would be as near in powers of two but moves dp 16 -> 64
+    assert nearest.plan.dp == plan.dp and nearest.plan.world_size == 256
