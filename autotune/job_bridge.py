@@ -18,10 +18,10 @@ from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.inputs import read_text
-from autotune.specs.plan import MOE_DISPATCHERS
+from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
 
-__all__ = ["bridge_fields", "megatron_dispatcher"]
+__all__ = ["bridge_fields", "cp_comm_type_of", "megatron_dispatcher"]
 
 _BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 # Bridge's registered precision names (training/mixed_precision.py @register) -> (precision, fp8_recipe).
@@ -116,6 +116,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["moe_dispatcher"] = "allgather"
     elif kind == "flex" and (backend := m.get("moe_flex_dispatcher_backend") or "deepep") in ("deepep", "hybridep"):
         out["moe_dispatcher"] = f"flex-{backend}"  # ncclep: not modelled, estimated as alltoall
+    out |= cp_comm_type_of(m.get("cp_comm_type") if (out["cp"] or 1) > 1 else None, path, notes)
     if preset is not None:
         out["model"] = load_model_preset(preset)
     return out
@@ -136,3 +137,21 @@ def megatron_dispatcher(f: dict, ep: int, path: str, notes: list[str]) -> dict:
         notes.append(f"{path}: the {name} token dispatcher is not modelled: estimated as alltoall")
         return {}
     return {} if name == "alltoall" else {"moe_dispatcher": name}
+
+
+def cp_comm_type_of(value: object, path: str, notes: list[str]) -> dict:
+    """A file's ``cp_comm_type`` from Megatron's --cp-comm-type (a list, one per layer or one for all: arguments.py:3221)
+    or Bridge's ``model.cp_comm_type``; TE's ``all_gather`` is autotune's allgather; p2p, the default, reads back
+    unset. Different types per layer are not modelled: the most common one is estimated, with a note."""
+    values = [value] if isinstance(value, str) else [str(v) for v in value] if isinstance(value, list) else []
+    if not values:
+        return {}
+    names = ["allgather" if v.replace("_", "").lower() == "allgather" else v for v in values]
+    name = max(dict.fromkeys(names), key=names.count)
+    if len(set(names)) > 1:
+        notes.append(f"{path}: a context-parallel exchange per layer ({' '.join(values)}) is not modelled: estimated "
+                     f"as {name} in every layer")
+    if name not in CP_COMM_TYPES:
+        notes.append(f"{path}: the {name} context-parallel exchange is not modelled: estimated as p2p")
+        return {}
+    return {} if name == "p2p" else {"cp_comm_type": name}

@@ -179,9 +179,10 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
             out["grad_dtype"] = "bf16"
         if "--overlap-moe-expert-parallel-comm" in f:  # --delay-wgrad-compute needs it (transformer_config.py:2749)
             out["ep_overlap"] = "a2a-delay-wgrad" if "--delay-wgrad-compute" in f else "a2a"
-        from autotune.job_bridge import megatron_dispatcher
+        from autotune.job_bridge import cp_comm_type_of, megatron_dispatcher
 
         out |= megatron_dispatcher(f, out["ep"], path, notes)
+        out |= cp_comm_type_of(_values(argv, "--cp-comm-type") if out["cp"] > 1 else None, path, notes)
     else:
         out["engine"] = "megatron-deepspeed"
         zero = (ds or {}).get("zero_optimization") or {}

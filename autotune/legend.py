@@ -52,6 +52,8 @@ NOTATION: dict[str, str] = {
     "disp-alltoall|disp-allgather|disp-flex-deepep|disp-flex-hybridep": "the MoE token dispatcher (--moe-dispatcher: "
                                                                         "Megatron --moe-token-dispatcher-type, flex "
                                                                         "with --moe-flex-dispatcher-backend)",
+    "cp-p2p|cp-a2a|cp-allgather|cp-a2a+p2p": "how context-parallel ranks exchange attention inputs (--cp-comm-type: "
+                                             "Megatron --cp-comm-type)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -114,6 +116,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
+    "cp_comm_type": "the engine has no such context-parallel exchange (or not for this model or layout)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from autotune.cost.cp_ring import COMM_TYPE_KINDS
 from autotune.cost.memory import MemoryEstimate
 from autotune.cost.uncertainty import uncertainty_of
 from autotune.engines import engine_for
@@ -237,9 +238,15 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     if plan.pp > 1:
         out.append(f"pipeline schedule {'interleaved 1F1B' if plan.vpp > 1 else c.pipeline_schedule}")
     if plan.cp > 1:
+        kind = c.cp_kind if plan.cp_comm_type is None else COMM_TYPE_KINDS[plan.cp_comm_type]
         out.append("context parallelism: " + {
             "p2p": "ring attention, K/V passed to the next rank behind each step's kernel (--cp-comm-type p2p)",
             "allgather": "ring attention, K/V all-gathered behind the first step (torch context_parallel's "
                          "rotate method allgather), dK/dV passed ring-wise in fp32",
-            "ulysses": "all-to-all of Q, K, V and the output over heads (Ulysses)"}.get(c.cp_kind, str(c.cp_kind)))
+            "ulysses": "all-to-all of Q, K, V and the output over heads (Ulysses"
+                       + (", --cp-comm-type a2a)" if plan.cp_comm_type else ")"),
+            "te-allgather": "K/V of the whole sequence all-gathered before attention, dK/dV reduce-scattered after, "
+                            "exposed (--cp-comm-type allgather)",
+            "a2a+p2p": "all-to-all inside the node, ring attention across nodes (--cp-comm-type a2a+p2p)"}.get(
+                kind, str(kind)))
     return out

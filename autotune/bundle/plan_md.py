@@ -166,6 +166,13 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
             "flex-deepep": "DeepEP: each token sent once per destination GPU, across nodes once per node",
             "flex-hybridep": "HybridEP: each token sent once per destination GPU, across NVLink domains once per "
                              "domain"}[plan.moe_dispatcher]))
+    if plan.cp_comm_type is not None:
+        rows.append(("CP exchange", plan.cp_comm_type, {
+            "p2p": "K/V passed around the ring of CP ranks, each step behind the previous step's attention kernel",
+            "a2a": "Q, K, V all-to-all'ed from sequence to head sharding before attention, the output back after",
+            "allgather": "K/V of the whole sequence all-gathered before attention, dK/dV reduce-scattered after",
+            "a2a+p2p": "all-to-all among the CP ranks inside a node, the K/V ring across nodes "
+                       "(--hierarchical-context-parallel-sizes)"}[plan.cp_comm_type]))
     if plan.ep_overlap is not None:
         rows.append(("EP overlap", plan.ep_overlap, "MoE all-to-alls wait for the experts' input and output"
                      if plan.ep_overlap == "none" else "each MoE layer's dispatch and combine all-to-alls run beside "

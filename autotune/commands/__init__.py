@@ -18,6 +18,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
 from autotune.specs.plan import (
+    CP_COMM_TYPES,
     CUDA_GRAPH_SCOPES,
     CUDA_GRAPHS,
     ENGINE_NAMES,
@@ -305,6 +306,10 @@ def add_run_settings(g) -> None:
     g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default=None,
                    help="MoE token dispatcher (Megatron --moe-token-dispatcher-type, flex with "
                         "--moe-flex-dispatcher-backend deepep|hybridep); default: the engine's own (alltoall)")
+    g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default=None,
+                   help="where cp > 1: how context-parallel ranks exchange attention inputs (Megatron --cp-comm-type: "
+                        "p2p ring, a2a all-to-all, allgather, a2a+p2p all-to-all inside a node and ring across); "
+                        "default: the engine's own (Megatron p2p)")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

@@ -337,7 +337,8 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         working = 0.0
 
     if facts.cp_kind and plan.cp > 1:  # CP's K/V buffers (cost/cp_ring.py), beyond the MLP's, freed by then
-        working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv) - dense.mlp)
+        working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv,
+                                                 facts.cp_node_gpus) - dense.mlp)
     parts = {"layers": stored * in_flight, "recompute_working_set": working}
     if stage == 0:
         parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)

@@ -25,7 +25,13 @@ step computes the same half-square ``(s/cp) x (s/cp) / 2`` block: a step's kerne
   (``_SDPAMerger._merge_one``, ``_partial_update``'s ``torch.cat``).
 * ``"ulysses"``: DeepSpeed ``DistributedAttention`` (deepspeed/sequence/layer.py ``_SeqAllToAll``): Q, K and V
   all-to-all'ed from sequence to head sharding before the (unsplit) attention kernel and the output back after it,
-  the reverse in backward, on the compute stream (nothing hides).
+  the reverse in backward, on the compute stream (nothing hides). Megatron ``--cp-comm-type a2a`` runs the same
+  exchange (TE ``AttnFuncWithCPAndQKVOA2A``).
+* ``"te-allgather"``: Megatron ``--cp-comm-type allgather``, TE ``AttnFuncWithCPAndKVAllGather`` (context_parallel.py
+  :3014, "KV all-gather between CP ranks is exposed"): forward K and V all-gathered before the two local chunks'
+  kernels; backward gathered again and dK/dV reduce-scattered after the kernels; nothing hides, no output merges.
+* ``"a2a+p2p"``: Megatron ``--cp-comm-type a2a+p2p``: the all-to-all among adjacent CP ranks inside a node, then the
+  ``p2p`` ring across the rest (``autotune.specs.context_parallel``).
 """
 
 from __future__ import annotations
@@ -34,13 +40,18 @@ from dataclasses import dataclass
 
 from autotune.cost import comm
 from autotune.cost.efficiency import Efficiency
+from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CP_KINDS", "RingTime", "ring_time", "ring_transient_bytes"]
+__all__ = ["CP_KINDS", "COMM_TYPE_KINDS", "RingTime", "cp_kind", "ring_time", "ring_transient_bytes"]
 
-CP_KINDS = ("p2p", "allgather", "ulysses")
+CP_KINDS = ("p2p", "allgather", "ulysses", "te-allgather", "a2a+p2p")
+COMM_TYPE_KINDS = {"p2p": "p2p", "a2a": "ulysses", "allgather": "te-allgather", "a2a+p2p": "a2a+p2p"}
+"""The kind each Megatron ``--cp-comm-type`` runs (``ParallelPlan.cp_comm_type``): Transformer Engine's a2a moves
+what DeepSpeed's Ulysses does (Q, K, V to head sharding before the kernel, the output back, on the compute stream:
+context_parallel.py ``AttnFuncWithCPAndQKVOA2A`` :4170, ``flash_attn_a2a_communicate`` :387)."""
 
 # HBM bytes per element of the rank's attention output (q) or of its K and V chunk (kv) that the merges move.
 # torch (eager, fp32 under convert_to_f32; _SDPAMerger.step / _merge_one, _templated_ring_attention_backward):
@@ -62,6 +73,13 @@ _TORCH_BWD_Q = (4.0 + 6.0, 10.0)  # (once, per step)
 _TORCH_BWD_KV = (4.0 + 10.0 + 8.0 + 6.0, 13.0 + 8.0 + 4.0)
 _TE_FWD_Q = (6.0 + 6.0, 10.0)
 _TE_BWD = 6.0
+# TE all_gather (context_parallel.py ``AttnFuncWithCPAndKVAllGather`` :3014 at d0067d0), per element of one rank's K/V
+# times cp (the gathered size): forward the gathered K/V reordered to sequence order (``index_select``: read 2, write
+# 2); backward the same reorder of the K/V gathered again (4), each of the two chunks' dK/dV added into the
+# whole-sequence accumulators (``dk.add_``, together about one whole sequence: read 2 + 2, write 2) and the
+# accumulators reordered back before the reduce-scatter (4).
+_TE_AG_FWD = 4.0
+_TE_AG_BWD = 4.0 + 6.0 + 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +112,16 @@ def kv_width(model: ModelSpec, repeat_kv: bool) -> float:
     return model.q_width if repeat_kv else model.kv_width
 
 
+def cp_kind(plan: ParallelPlan, engine_kind: str | None) -> str | None:
+    """How the plan's context parallelism runs: its ``cp_comm_type`` where it sets one, else the engine's kind."""
+    return engine_kind if plan.cp_comm_type is None else COMM_TYPE_KINDS[plan.cp_comm_type]
+
+
+def _ulysses_s(q_elems: float, kv_elems: float, size: int, link: comm.Link) -> float:
+    """One pass's all-to-alls of Q, K, V and of the output over ``size`` ranks (16-bit)."""
+    return comm.all_to_all_s((q_elems + kv_elems) * 2, size, link) + comm.all_to_all_s(q_elems * 2, size, link)
+
+
 def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: Efficiency, hbm: float,
               attention_s: float, attention_bwd: float, kind: str, repeat_kv: bool = False) -> RingTime:
     """The context-parallel terms of one layer (module docstring); ``attention_s``: the rank's forward attention
@@ -107,8 +135,20 @@ def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: E
     kv_bytes = kv_elems * 2  # 16-bit
     link = comm.group_link(cluster, eff, cp, t)  # cp ranks tp apart (Megatron and torchtitan mesh order)
     if kind == "ulysses":
-        a2a = comm.all_to_all_s((q_elems + kv_elems) * 2, cp, link) + comm.all_to_all_s(q_elems * 2, cp, link)
+        a2a = _ulysses_s(q_elems, kv_elems, cp, link)
         return RingTime(fwd_exposed_s=a2a, bwd_exposed_s=a2a)
+    if kind == "te-allgather":  # gathered K/V forward and again backward, dK/dV reduce-scattered: all exposed
+        gather = comm.all_gather_s(kv_bytes * cp, cp, link)
+        scatter = comm.reduce_scatter_s(kv_bytes * cp, cp, link)
+        return RingTime(fwd_exposed_s=gather, bwd_exposed_s=gather + scatter,
+                        merge_fwd_s=kv_elems * cp * _TE_AG_FWD / hbm, merge_bwd_s=kv_elems * cp * _TE_AG_BWD / hbm)
+    a2a = 0.0
+    if kind == "a2a+p2p":  # the all-to-all inside the node, then the ring across nodes on the gathered sequence
+        inner, cp = hierarchical_cp_sizes(cp, t, cluster.gpus_per_node)
+        a2a = _ulysses_s(q_elems, kv_elems, inner, comm.group_link(cluster, eff, inner, t)) if inner > 1 else 0.0
+        link = comm.group_link(cluster, eff, cp, t * inner)
+        if cp <= 1:
+            return RingTime(fwd_exposed_s=a2a, bwd_exposed_s=a2a)
     step_f = attention_s / cp
     step_b = attention_bwd * attention_s / cp
     fe = fh = be = bh = 0.0
@@ -123,7 +163,7 @@ def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: E
         once, per = _TORCH_BWD_Q
         kv_once, kv_later = _TORCH_BWD_KV
         merge_b = q_elems * (once + cp * per) + kv_elems * (kv_once + (cp - 1) * kv_later)
-    else:  # "p2p"
+    else:  # "p2p", or the ring of "a2a+p2p"
         one = comm.p2p_s(kv_bytes, link)
         e, h = _behind(one, step_f)
         fe, fh = (cp - 1) * e, (cp - 1) * h
@@ -134,21 +174,26 @@ def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: E
         once, later = _TE_FWD_Q
         merge_f = q_elems * (once + (cp - 1) * later)
         merge_b = (q_elems + kv_elems) * (cp - 1) * _TE_BWD
-    return RingTime(fe, fh, be, bh, merge_f / hbm, merge_b / hbm)
+    return RingTime(fe + a2a, fh, be + a2a, bh, merge_f / hbm, merge_b / hbm)
 
 
-def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat_kv: bool = False) -> float:
+def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat_kv: bool = False,
+                         gpus_per_node: int = 8) -> float:
     """Bytes one layer's context-parallel attention holds beyond the saved activations while it runs (the larger of
     its forward and its backward; one layer at a time, so once per GPU).
 
     * allgather: the gathered K and V of the whole sequence (``cp`` chunks, 16-bit); forward the fp32 running
       output and one fp32 temporary of the merge; backward the fp32 dQ/dK/dV accumulators and two fp32 dK/dV buffers
       in flight (the one sent, the one received).
+    * te-allgather: forward the gathered K and V (16-bit); backward those again, the whole sequence's dK/dV and
+      its reordered copy before the reduce-scatter (context_parallel.py ``AttnFuncWithCPAndKVAllGather.backward``).
     * p2p: forward every step's received K/V chunk and every step's 16-bit partial output (``p2p_comm_buffers`` and
       ``out_per_step``, lists of ``cp`` kept until the loop ends: the outputs are corrected after it,
       context_parallel.py ``AttnFuncWithCPAndKVP2P.forward``) and the fp32 merged output; backward two
       ``(2, *kv.shape)`` buffers (K/V and dK/dV each) and the 16-bit dQ and dK/dV.
     * ulysses: the head-sharded Q, K, V and output of the whole sequence (the all-to-all's outputs), 16-bit.
+    * a2a+p2p: the all-to-all's outputs, then the ring's buffers over the ring's ranks (``gpus_per_node`` sets the
+      split, :func:`autotune.specs.context_parallel.hierarchical_cp_sizes`).
     """
     cp, t = plan.cp, plan.tp
     if cp <= 1:
@@ -156,13 +201,22 @@ def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat
     tokens = plan.seq_len * plan.micro_batch_size / cp
     q_elems = tokens * model.q_width / t
     kv_elems = tokens * 2 * kv_width(model, repeat_kv) / t
+    a2a_out = (2 * q_elems + kv_elems) * 2
     if kind == "ulysses":
-        return (2 * q_elems + kv_elems) * 2
+        return a2a_out
     if kind == "allgather":
         gathered = kv_elems * cp * 2
         fwd = gathered + 2 * q_elems * 4
         bwd = gathered + (q_elems + kv_elems) * 4 + 2 * kv_elems * 4
         return max(fwd, bwd)
+    if kind == "te-allgather":
+        return 3 * kv_elems * cp * 2
+    extra = 0.0
+    if kind == "a2a+p2p":
+        inner, cp = hierarchical_cp_sizes(cp, t, gpus_per_node)
+        extra = a2a_out if inner > 1 else 0.0
+        if cp <= 1:
+            return extra
     fwd = cp * kv_elems * 2 + cp * q_elems * 2 + q_elems * 4
     bwd = 2 * 2 * kv_elems * 2 + (q_elems + kv_elems) * 2
-    return max(fwd, bwd)
+    return extra + max(fwd, bwd)

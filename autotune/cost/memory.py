@@ -23,6 +23,7 @@ import operator
 from dataclasses import dataclass, field
 
 from autotune.cost.activations import STAGE_ACTIVATION_FIELDS, stage_activation_bytes
+from autotune.cost.cp_ring import cp_kind
 from autotune.cost.launch import cuda_graph_static_bytes
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import ActivationFacts
@@ -252,10 +253,12 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
     return hit[2]
 
 
-def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings) -> tuple:
+def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
+                  node_gpus: int) -> tuple:
     """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
     their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS``."""
-    key = (id(model), id(settings), _PARTS_FIELDS(plan))  # the specs hash slowly: their ids
+    hierarchical = plan.cp > 1 and plan.cp_comm_type == "a2a+p2p"  # the node's size splits its ring
+    key = (id(model), id(settings), _PARTS_FIELDS(plan), node_gpus if hierarchical else 0)  # the specs: their ids
     hit = _parts_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
@@ -263,9 +266,10 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         facts = engine.activation_facts(plan)
         if settings.selective_policy is not None:
             facts = dataclasses.replace(facts, selective=settings.selective_policy)
-        if plan.cp > 1 and engine.comm.cp_kind:  # context parallelism's attention buffers (activations.py)
+        kind = cp_kind(plan, engine.comm.cp_kind)
+        if plan.cp > 1 and kind:  # context parallelism's attention buffers (activations.py)
             repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
-            facts = dataclasses.replace(facts, cp_kind=engine.comm.cp_kind, cp_repeat_kv=repeat)
+            facts = dataclasses.replace(facts, cp_kind=kind, cp_repeat_kv=repeat, cp_node_gpus=node_gpus)
         stages = _stages_activations(model, plan, facts, engine.support.layer_split)
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
@@ -283,7 +287,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    parts = _stages_parts(engine, model, plan, settings)
+    parts = _stages_parts(engine, model, plan, settings, cluster.gpus_per_node)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
         activations, buffers = part[4], part[6]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import FP8_RECIPES, rates
@@ -131,7 +132,7 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
-                                         "moe_dispatcher")
+                                         "moe_dispatcher", "cp_comm_type")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -161,7 +162,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
     modules = run_settings.recompute_modules(plan)
-    cp_kind, repeat_kv = _cp_run(settings, engine)
+    cp_kind, repeat_kv = _cp_run(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels, cp_kind, repeat_kv)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels, cp_kind, repeat_kv) if model.is_moe \
         else dense_layer
@@ -354,7 +355,7 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)),
-                    *_cp_run(settings, engine))
+                    *_cp_run(plan, settings, engine))
     tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
     overlap = run_settings.tp_overlap(plan, settings, engine)
     lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine),
@@ -365,11 +366,12 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     return fwd, total - fwd
 
 
-def _cp_run(settings: TimeSettings, engine: Engine) -> tuple[str, bool]:
-    """How the engine runs context parallelism (``autotune.cost.cp_ring``): its kind and whether its model code
-    repeats K and V to every query head before attention (the run's stated code, else the engine's)."""
+def _cp_run(plan: ParallelPlan, settings: TimeSettings, engine: Engine) -> tuple[str, bool]:
+    """How the plan runs context parallelism (``autotune.cost.cp_ring``): its kind (the plan's --cp-comm-type, else
+    the engine's) and whether its model code repeats K and V to every query head before attention (the run's stated
+    code, else the engine's)."""
     repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
-    return engine.comm.cp_kind or "p2p", repeat
+    return cp_kind(plan, engine.comm.cp_kind) or "p2p", repeat
 
 
 def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine) -> str:

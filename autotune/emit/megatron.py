@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
-from autotune.emit.megatron_layout import megatron_split, split_flags
+from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.megatron_versions import missing_flag_rules
 from autotune.emit.options import EmitOptions
@@ -123,7 +123,7 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
     return args
 
 
-def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
+def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems: list[str]) -> list[str]:
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     # The split the cost model assumed, in the flags that make Megatron-core build it (emit/megatron_layout.py).
     split = megatron_split(model.num_layers, plan.pp, plan.vpp)
@@ -137,7 +137,7 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -
     if plan.tp_overlap == "userbuffers":  # TE userbuffers; the support rules ask for tp > 1 and sequence parallel
         args.append("--tp-comm-overlap")
     if plan.cp > 1:
-        args += ["--context-parallel-size", str(plan.cp)]
+        args += ["--context-parallel-size", str(plan.cp)] + cp_comm_flags(plan, gpus_per_node)
     if plan.ep > 1:
         args += ["--expert-model-parallel-size", str(plan.ep)]
     if plan.etp is not None and model.moe is not None:  # parallel folding; default etp = tp (arguments.py:587)
@@ -249,7 +249,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     args = _shape_flags(model, plan, problems)
-    args += _parallel_flags(model, plan, problems)
+    args += _parallel_flags(model, plan, cluster.gpus_per_node, problems)
     args += _recompute_flags(plan)
     args += _cuda_graph_flags(plan, options.megatron_version)
     args += _ep_overlap_flags(plan)

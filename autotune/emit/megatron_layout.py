@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.layout import virtual_layout
+from autotune.specs.plan import ParallelPlan
 
-__all__ = ["MegatronSplit", "megatron_split"]
+__all__ = ["MegatronSplit", "cp_comm_flags", "megatron_split", "split_flags"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,19 @@ def split_flags(split: MegatronSplit) -> list[str]:
     if split.layout is not None:
         args += ["--pipeline-model-parallel-layout", split.layout]
     return args
+
+
+def cp_comm_flags(plan: ParallelPlan, gpus_per_node: int) -> list[str]:
+    """--cp-comm-type where the plan sets one (Megatron passes the value to Transformer Engine as it is,
+    megatron/core/extensions/transformer_engine.py:2153 at d98e8a6, and TE names the all-gather exchange
+    ``all_gather``, context_parallel.py:5110 at d0067d0: "allgather" would raise "Unsupported communication type");
+    a2a+p2p with its --hierarchical-context-parallel-sizes (arguments.py:583-585), autotune.specs.context_parallel's
+    split."""
+    kind = plan.cp_comm_type
+    if kind is None:
+        return []
+    out = ["--cp-comm-type", "all_gather" if kind == "allgather" else kind]
+    if kind == "a2a+p2p":
+        out += ["--hierarchical-context-parallel-sizes",
+                *map(str, hierarchical_cp_sizes(plan.cp, plan.tp, gpus_per_node))]
+    return out

@@ -88,6 +88,9 @@ class EngineSupport:
     distributed/expert_parallel.py ``all_to_all_single``, DeepSpeed moe/sharded_moe.py ``_AllToAll``). torchtitan
     v0.2.1+ also has ``parallelism.expert_parallel_comm_backend = "deepep"`` (config/job_config.py:474 at v0.2.2),
     which autotune's torchtitan files do not write yet."""
+    cp_comm_types: tuple[str, ...] = ()
+    """Context-parallel exchanges a plan may ask of it (``ParallelPlan.cp_comm_type``, Megatron ``--cp-comm-type``);
+    none: its context parallelism runs its own kind only (``CommSchedule.cp_kind``)."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
@@ -103,6 +106,7 @@ class EngineSupport:
                 "loss_chunks": lambda: value == 1 or self.loss_chunks, "cuda_graph": lambda: value in self.cuda_graphs,
                 "cuda_graph_scope": lambda: len(self.cuda_graphs) > 1, "ep_overlap": lambda: value in self.ep_overlaps,
                 "moe_dispatcher": lambda: value in self.moe_dispatchers,
+                "cp_comm_type": lambda: value in self.cp_comm_types,
                 "recompute_modules": lambda: set(value) <= set(self.recompute_modules)}[name]()
 
 
@@ -199,6 +203,8 @@ class ActivationFacts:
     schedule when cp > 1): its attention's K/V buffers join the backward's working set."""
     cp_repeat_kv: bool = False
     """Those buffers at the query width (``CommSchedule.cp_repeat_kv``)."""
+    cp_node_gpus: int = 8
+    """GPUs per node, which split a2a+p2p context parallelism (``autotune.specs.context_parallel``)."""
 
 
 MEGATRON_FACTS = ActivationFacts()

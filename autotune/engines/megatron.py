@@ -16,6 +16,7 @@ from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.megatron_rules import (
+    cp_comm_type_rules,
     cuda_graph_rules,
     ep_overlap_rules,
     moe_dispatcher_rules,
@@ -24,7 +25,7 @@ from autotune.engines.megatron_rules import (
 from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
-from autotune.specs.plan import CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
+from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
 
@@ -47,7 +48,8 @@ class MegatronEngine(Engine):
                             # --overlap-moe-expert-parallel-comm [--delay-wgrad-compute]
                             ep_overlaps=EP_OVERLAPS,
                             # --moe-token-dispatcher-type [--moe-flex-dispatcher-backend]
-                            moe_dispatchers=MOE_DISPATCHERS)
+                            moe_dispatchers=MOE_DISPATCHERS,
+                            cp_comm_types=CP_COMM_TYPES)  # --cp-comm-type [--hierarchical-context-parallel-sizes]
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
                         # Transformer Engine's ring attention (autotune/cost/cp_ring.py)
@@ -86,7 +88,7 @@ class MegatronEngine(Engine):
                                     f"parallelism: enable it"))
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
-                + moe_dispatcher_rules(model, plan, cluster.gpu))
+                + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.engines.facts import Rule
+from autotune.specs.context_parallel import hierarchical_cp_sizes
 
 if TYPE_CHECKING:
-    from autotune.specs.hardware import GPUSpec
+    from autotune.specs.hardware import ClusterSpec, GPUSpec
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules", "recompute_module_rules"]
+__all__ = ["cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules",
+           "recompute_module_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -172,4 +174,36 @@ def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | No
         out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: HybridEP is supported for GB200, "
                         f"GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs, not {gpu.name}: use "
                         "--moe-dispatcher alltoall", source=f"{bridge}:115-119"))
+    return out
+
+
+def cp_comm_type_rules(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec) -> list[Rule]:
+    """What Transformer Engine's context-parallel attention refuses of the exchange a plan runs (``plan.cp_comm_type``,
+    Megatron ``--cp-comm-type``, default p2p); TransformerEngine d0067d0
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``."""
+    te = "TransformerEngine d0067d0 transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+    if plan.cp <= 1:
+        return [] if plan.cp_comm_type is None else [Rule(
+            id="megatron:cp_comm_type", source="megatron/training/arguments.py:3221",
+            message=f"--cp-comm-type {plan.cp_comm_type} says how context-parallel ranks exchange attention inputs, "
+                    "and this plan has cp=1: drop --cp-comm-type or set --cp")]
+    kind = plan.cp_comm_type or "p2p"
+    out: list[Rule] = []
+    if model.sliding_window is not None and not model.chunked_attention and kind in ("p2p", "a2a+p2p"):
+        out.append(Rule(id="megatron:cp_comm_type", source=f"{te}:5057-5060",
+                        message=f"Transformer Engine: context parallelism does not support sliding window attention "
+                                f"({model.name}) with cp_comm_type {kind}: use --cp-comm-type a2a or allgather"))
+    if model.attention_sinks and kind != "a2a":
+        out.append(Rule(id="megatron:cp_comm_type", source=f"{te}:5065-5067",
+                        message=f"Transformer Engine: context parallelism runs attention sinks ({model.name}) only "
+                                f"with cp_comm_type a2a, not {kind}: use --cp-comm-type a2a"))
+    a2a = plan.cp if kind == "a2a" else hierarchical_cp_sizes(plan.cp, plan.tp, cluster.gpus_per_node)[0] \
+        if kind == "a2a+p2p" else 1
+    q_local = model.num_attention_heads // plan.tp
+    kv_local = max(1, model.kv_heads // plan.tp)
+    if a2a > 1 and (q_local % a2a or kv_local % a2a):
+        out.append(Rule(id="megatron:cp_comm_type", source=f"{te}:4246-4250",
+                        message=f"Transformer Engine: cp_comm_type a2a needs the heads on each tensor-parallel rank "
+                                f"(query {q_local}, key/value {kv_local}) divisible by its all-to-all size ({a2a}): "
+                                f"use --cp-comm-type p2p or allgather, or a smaller cp"))
     return out

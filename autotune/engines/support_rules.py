@@ -125,6 +125,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if plan.moe_dispatcher is not None and plan.moe_dispatcher not in s.moe_dispatchers:
         bad("moe_dispatcher", f"its expert parallelism has no {plan.moe_dispatcher} token dispatcher: use "
             f"{' or '.join(s.moe_dispatchers)}, or drop --moe-dispatcher")
+    if not s.runs("cp_comm_type", plan.cp_comm_type):
+        bad("cp_comm_type", f"its context parallelism has no {plan.cp_comm_type} exchange: "
+            + (f"use {' or '.join(s.cp_comm_types)}, or " if s.cp_comm_types else "") + "drop --cp-comm-type")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

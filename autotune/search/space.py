@@ -84,6 +84,8 @@ class SearchConstraints:
     """Every plan's expert-parallel all-to-all overlap where ep > 1 (None: each engine's default)."""
     moe_dispatcher: str | None = None
     """Every plan's MoE token dispatcher where ep > 1 (None: each engine's default)."""
+    cp_comm_type: str | None = None
+    """Every plan's context-parallel exchange where cp > 1 (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
 

@@ -54,4 +54,6 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append({"none": "no-ep-overlap", "a2a": "ep-overlap", "a2a-delay-wgrad": "ep-overlap+dw"}[plan.ep_overlap])
     if plan.moe_dispatcher is not None:
         parts.append(f"disp-{plan.moe_dispatcher}")
+    if plan.cp_comm_type is not None:
+        parts.append(f"cp-{plan.cp_comm_type}")
     return " ".join(parts)

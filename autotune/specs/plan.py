@@ -16,7 +16,7 @@ from autotune.specs.frozen import copier
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
-           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "MOE_DISPATCHERS", "RUN_SETTINGS"]
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "MOE_DISPATCHERS", "CP_COMM_TYPES", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -82,10 +82,16 @@ EP_OVERLAPS = ("none", "a2a", "a2a-delay-wgrad")
 # core_v0.16 .. 0.19's arguments.py, autotune/emit/megatron_flags_core_v0.*.json). What each moves:
 # autotune.cost.moe_time. None: the engine's own (alltoall: what autotune writes and every engine's EP runs).
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex-deepep", "flex-hybridep")
+# Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
+# Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
+# a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and
+# a2a+p2p (all-to-all inside the node, ring across, --hierarchical-context-parallel-sizes). What each moves:
+# autotune.cost.cp_ring. None: the engine's own (Megatron p2p).
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
-                "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher")
+                "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
@@ -191,6 +197,9 @@ class ParallelPlan:
     moe_dispatcher: str | None = field(default=None, repr=False)
     """The MoE token dispatcher (:data:`MOE_DISPATCHERS`, Megatron ``--moe-token-dispatcher-type``
     [``--moe-flex-dispatcher-backend``]). None: the engine's default (alltoall)."""
+    cp_comm_type: str | None = field(default=None, repr=False)
+    """Context parallelism's attention exchange (:data:`CP_COMM_TYPES`, Megatron ``--cp-comm-type``). None: the
+    engine's own (``CommSchedule.cp_kind``)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -204,7 +213,7 @@ class ParallelPlan:
                 and (self.grad_dtype is None and self.fp8_recipe is None and self.tp_overlap is None
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
-                     and self.moe_dispatcher is None or self._run_settings_valid())):
+                     and self.moe_dispatcher is None and self.cp_comm_type is None or self._run_settings_valid())):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -250,6 +259,9 @@ class ParallelPlan:
         if self.moe_dispatcher not in (None, *MOE_DISPATCHERS):
             problems.append(f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)} or absent (the engine's "
                             f"default), got {self.moe_dispatcher!r}")
+        if self.cp_comm_type not in (None, *CP_COMM_TYPES):
+            problems.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)} or absent (the engine's "
+                            f"default), got {self.cp_comm_type!r}")
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -295,7 +307,7 @@ class ParallelPlan:
         own builds every plan with them): each valid, as the full check below has it."""
         chunks, compiled = self.loss_chunks, self.torch_compile
         if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
-                or self.ep_overlap is not None or self.moe_dispatcher is not None):
+                or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))

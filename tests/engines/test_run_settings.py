@@ -15,6 +15,7 @@ from autotune.api import estimate, make_plan
 from autotune.bundle.writer import render_bundle
 from autotune.cli import main
 from autotune.cost import run_settings
+from autotune.cost.cp_ring import cp_kind
 from autotune.cost.step_time import TimeSettings
 from autotune.emit.options import EmitOptions
 from autotune.engines import ENGINES, engine_for
@@ -52,7 +53,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             "cuda_graph": s.cuda_graphs if len(s.cuda_graphs) > 1 else (),
             "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else (),
             "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else (),
-            "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else ()}
+            "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else (),
+            "cp_comm_type": s.cp_comm_types}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -72,6 +74,7 @@ def _model(**setting):
 
 def _plan(engine: str, **setting) -> ParallelPlan:
     moe = {"ep": 8} if set(MOE_SETTINGS) & set(setting) else {}
+    moe |= {"cp": 2} if "cp_comm_type" in setting else {}  # an exchange needs context parallelism
     fp8 = "fp8_recipe" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
     if "cuda_graph_scope" in setting:  # what Megatron's own graphs capture (their static buffers are per part;
@@ -87,7 +90,8 @@ def _effective(plan: ParallelPlan) -> tuple:
     return (engine.grad_reduce_bytes(plan), run_settings.fp8_recipe(plan, ts, engine) if plan.precision == "fp8"
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
-            plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall")
+            plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
+            cp_kind(plan, engine.comm.cp_kind))
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -111,7 +115,8 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     again = estimate(job.model, job.cluster, back, job.settings)
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
-    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", *MOE_SETTINGS) else {}))
+    default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", "cp_comm_type",
+                                                       *MOE_SETTINGS) else {}))
     if name == "cuda_graph_scope":  # against the same graphs over the whole layer
         default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
@@ -128,7 +133,7 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
-                        ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep")):
+                        ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a")):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
