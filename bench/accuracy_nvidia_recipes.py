@@ -21,8 +21,12 @@ bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
-batch and sequence length (``search_plans``, the command's code path and default search space); NVIDIA's plan's rank
-= 1 + the feasible searched plans predicted faster than it; the predicted gain of the planner's top plan over it.
+batch and sequence length, with the run settings NVIDIA's plan was estimated with (``--cuda-graph``,
+``--cuda-graph-scope``, ``--tp-overlap``, ``--ep-overlap``, ``--moe-dispatcher``: like for like, every searched plan
+runs them where it can) (``search_plans``, the command's code path and default search space otherwise). NVIDIA's
+plan's rank: the first place of its tie group in the planner's order (``planner_rank``: plans within each other's
+interval are ties, autotune.search.ties); beside it, 1 + the feasible searched plans predicted faster. The predicted
+gain of the planner's first plan (what `autotune plan` lists first) over NVIDIA's.
 """
 
 from __future__ import annotations
