@@ -42,6 +42,19 @@ class TieRanking:
     """The fastest plan by prediction alone (the first of the input)."""
     uncertainty: Uncertainty | None
     """The interval of the fastest plan (the leading group's)."""
+    groups: tuple[int, ...] = ()
+    """The size of each tie group in ``ranked`` order (the plans past ``TIE_WINDOW`` not counted)."""
+
+    def group_start(self, position: int) -> int:
+        """The place (0-based) in ``ranked`` of the first plan of the tie group holding the plan at ``position``: the
+        plans before it are those the model tells apart from it as faster (or that lead a group ahead of its own);
+        one past the window is its own group."""
+        start = 0
+        for size in self.groups:
+            if position < start + size:
+                return start
+            start += size
+        return position
 
     def explanation(self) -> str:
         if not self.ranked or self.uncertainty is None or self.fastest is None:
@@ -68,7 +81,7 @@ def rank_with_ties(by_speed: Sequence[Estimate]) -> TieRanking:
     error = [uncertainty_of(e.plan, e.cluster).relative for e in window]
     left = list(range(len(window)))  # indices still ungrouped, fastest first
     out: list[Estimate] = []
-    leading = 0
+    sizes: list[int] = []
     while left:
         lead = left[0]
         floor = speed[lead] * (1 - error[lead])
@@ -81,8 +94,8 @@ def rank_with_ties(by_speed: Sequence[Estimate]) -> TieRanking:
             (group if speed[lead] - speed[i] <= error[i] * speed[i] else rest).append(i)
         left = rest
         members = sorted((window[i] for i in group), key=lambda e: (simplicity(e), -e.time.tokens_per_s))
-        leading = leading or len(members)
+        sizes.append(len(members))
         out += members
     fastest = by_speed[0]
-    return TieRanking(ranked=(*out, *by_speed[TIE_WINDOW:]), leading_group=leading, fastest=fastest,
-                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster))
+    return TieRanking(ranked=(*out, *by_speed[TIE_WINDOW:]), leading_group=sizes[0], fastest=fastest,
+                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster), groups=tuple(sizes))

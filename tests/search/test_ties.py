@@ -27,7 +27,7 @@ from autotune.cost.uncertainty import MIN_RUNS, WEIGHTS, plan_kind, uncertainty_
 from autotune.resources import data_path
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
-from autotune.search.ties import simplicity
+from autotune.search.ties import rank_with_ties, simplicity
 from autotune.specs.loading import load_cluster, load_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +93,29 @@ def test_tie_groups_within_each_others_interval_simplest_first():
     t, u = after.time.tokens_per_s, uncertainty_of(after.plan, after.cluster).relative
     assert abs(t - t0) > u0 * t0 or abs(t - t0) > u * t
     assert "within the model's" in tied.explanation and tied.uncertainty is not None
+
+
+def test_tie_groups_partition_the_order_each_led_by_the_fastest_left():
+    """``TieRanking.groups`` cuts ``ranked`` into the groups the rule made: each one's fastest member is the fastest
+    plan not in an earlier group, every member ties it both ways, and ``group_start`` of any member is its group's
+    first place (the bench's tie-aware rank of NVIDIA's plan)."""
+    by_speed = _search(ties=False).ranked
+    tie = rank_with_ties(by_speed)
+    assert sum(tie.groups) == len(tie.ranked) == len(by_speed) and tie.groups[0] == tie.leading_group
+    assert len(tie.groups) > 1 and max(tie.groups) > 1
+    start, seen = 0, set()
+    for size in tie.groups:
+        members = tie.ranked[start:start + size]
+        lead = max(members, key=lambda e: e.time.tokens_per_s)
+        left = [e for e in by_speed if id(e) not in seen]
+        assert lead.time.tokens_per_s == left[0].time.tokens_per_s
+        t0, u0 = lead.time.tokens_per_s, uncertainty_of(lead.plan, lead.cluster).relative
+        for pos, e in enumerate(members, start):
+            t, u = e.time.tokens_per_s, uncertainty_of(e.plan, e.cluster).relative
+            assert t0 - t <= u0 * t0 + 1e-9 and t0 - t <= u * t + 1e-9
+            assert tie.group_start(pos) == start
+        seen |= {id(e) for e in members}
+        start += size
 
 
 def test_the_fragile_pick_goes_to_the_simpler_plan():
