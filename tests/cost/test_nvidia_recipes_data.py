@@ -131,7 +131,7 @@ def test_plan_quality_ranks_the_llama3_8b_rows(capsys):
     cases = [bench.express(r) for r in rows]
     for c in cases:
         bench.estimate_case(c)
-    summary = bench.plan_quality_table(cases, show_rows=True)
+    summary = bench.plan_quality_table(cases, True, bench.label)
     out = capsys.readouterr().out
     assert len(summary["ranks"]) == len(rows) == 5
     assert all(r is not None and r >= 1 and s >= 1 for r, s in zip(summary["ranks"], summary["speed_ranks"]))
