@@ -129,4 +129,5 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
                  attention=_peak(cluster, sixteen) * attn_fraction * eff.gemm_peak_fraction, attention_kernel=kernel,
                  hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
                  cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0,
-                 cuda_core_peak=cuda_core * eff.gemm_peak_fraction, cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw)
+                 cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
+                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw)
