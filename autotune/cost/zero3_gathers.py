@@ -33,10 +33,10 @@ gathered and reduced each parameter through a list of one tensor per rank: ``par
 passes ``world_size`` views to ``torch.distributed.reduce_scatter``. PyTorch's NCCL process group of that time
 (torch/lib/c10d/ProcessGroupNCCL.cpp at 00f5dfd5, ``allgather`` / ``reduce_scatter``) runs a list collective on a
 flattened copy: after the all-gather one ``copy_`` per rank out of it, before the reduce-scatter one ``copy_`` per
-rank into it. So (``list_collectives``) each collective reads and writes its whole buffer once more in HBM, and the
-``world_size`` copy kernels of each gather are issued by the host right after a device synchronize, with the GPU
-idle: ``world_size`` launches (``KERNEL_LAUNCH_S``, a floor) wait. (The reduce-scatter's copies are issued from
-the gradient hook while the layer's backward is still queued: hidden.)
+rank into it. So (``list_collectives``) each collective reads and writes its whole buffer once more in HBM, and
+each gather's zero-fill and its ``world_size`` copy kernels come right after a device synchronize, with the GPU
+idle: the fill's HBM time and ``world_size`` launches (``KERNEL_LAUNCH_S``, a floor) wait. (The reduce-scatter's
+copies are issued from the gradient hook while the layer's backward is still queued: hidden.)
 """
 
 from __future__ import annotations
@@ -184,7 +184,9 @@ def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int
     tail = _last_bucket(pieces, layers, reduce_bucket)
     last_reduce = reduce_bw_s * tail / (layers * sum(pieces)) + latency_s if reduce_bw_s > 0 else 0.0
     # The pass's first gather has nothing before it to hide behind; the last reduce-scatter waits at its end.
-    f_host, b_host = (host_s * sum(e.gather_s > 0 for e in trace) for trace in (fwd, bwd))
+    # Each gather first zero-fills its full 16-bit buffer, then the device synchronize waits for it.
+    f_host, b_host = (sum(host_s + 2 * e.numel / list_collectives[1] for e in trace if e.gather_s > 0)
+                      if list_collectives else 0.0 for trace in (fwd, bwd))
     return ZeroThreeWaits(fwd_wait_s=layers * (f_wait + f_host) + min(first, fwd[-1].compute_s),
                           bwd_wait_s=layers * (b_wait + b_host) + last_reduce, network_s=layers * (f_net + b_net))
 
