@@ -71,6 +71,10 @@ class Rates:
     hbm: float
     cast_bytes: float
     """HBM bytes per element cast to FP8 (0 without FP8)."""
+    cuda_core_peak: float = 0.0
+    """FLOP/s of a 16-bit GEMM that cannot take the tensor-core path (``unaligned_s``): the GPU's FP32 CUDA-core
+    peak (datasheet) x gemm_peak_fraction; 0 where the preset gives no FP32 figure (then the tensor-core rate)."""
+    cuda_core_half: float = 0.0
 
     @staticmethod
     def shape(half: float, m: float, k: float, n: float) -> float:
@@ -81,6 +85,15 @@ class Rates:
 
     def bf16_s(self, flops: float, m: float, k: float, n: float) -> float:
         return flops / (self.bf16_peak * self.shape(self.bf16_half, m, k, n))
+
+    def unaligned_s(self, flops: float, m: float, k: float, n: float) -> float:
+        """A 16-bit GEMM whose operands are not 16-byte aligned: the tensor-core kernels load 128-bit vectors
+        (cp.async of 16 bytes on sm_80; NVIDIA's Matrix Multiplication Background guide, "Tensor Core
+        Requirements": dimensions and strides in multiples of 16 bytes), so the library runs it on the CUDA
+        cores, at the FP32 FMA rate (A100: 19.5 of 312 TFLOP/s)."""
+        if self.cuda_core_peak <= 0:
+            return self.bf16_s(flops, m, k, n)
+        return flops / (self.cuda_core_peak * self.shape(self.cuda_core_half, m, k, n))
 
 
 def _peak(cluster: ClusterSpec, precision: str) -> float:
@@ -110,8 +123,11 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
     linear_peak = _peak(cluster, linear_prec) * gemm_fraction(linear_prec) * eff.gemm_peak_fraction
     kernel, attn_fraction = kf.attention(attention_kernel)
     fp8 = precision == "fp8" and cluster.gpu.supports("fp8")
+    cuda_core = cluster.gpu.peak_flops_per_s("fp32") if cluster.gpu.supports("fp32") else 0.0
     return Rates(linear_peak=linear_peak, linear_half=eff.gemm_half_dim * _peak(cluster, linear_prec) / hbm_raw,
                  bf16_peak=bf16_peak, bf16_half=eff.gemm_half_dim * _peak(cluster, sixteen) / hbm_raw,
                  attention=_peak(cluster, sixteen) * attn_fraction * eff.gemm_peak_fraction, attention_kernel=kernel,
                  hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
-                 cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0)
+                 cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0,
+                 cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
+                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw)

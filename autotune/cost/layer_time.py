@@ -68,6 +68,16 @@ EAGER_BYTES: dict[str, tuple[int, int]] = {
 }
 ELEMENTWISE_KERNELS = ("fused", "eager")
 
+UNALIGNED_HEAD_DIM = 8
+"""Unfused attention (Megatron-LM ca7a2e34fe megatron/model/transformer.py, the code the Megatron-DeepSpeed
+forks of 2021-22 carry): the fused QKV output is viewed as [sq, b, np, 3 * hn] and split along the last dim (lines
+296-302), and the scores / context are ``torch.baddbmm`` / ``torch.bmm`` over those views (lines 374-377, 419):
+per head a matrix that starts 3 * hn elements after the previous one. With hn not a multiple of 8 (16 bytes of
+16-bit elements) these starts are not 16-byte aligned and the batched GEMMs leave the tensor cores
+(``Rates.unaligned_s``). BigScience measured it (bigscience-workshop/bigscience 9e64ede,
+train/tr11-176B-ml/chronicles-prequel.md, "NHEADs comparison", 02-23): NHIDDEN 13824 on 128 heads (hn 108) took
+162.72 s per iteration against 121.28 s on 64 heads (hn 216), nothing else changed."""
+
 
 def elementwise_kernels(engine_kernels: str, torch_compile: bool) -> str:
     """How a plan's memory-bound kernels run: fused under torch.compile, else as the engine runs them."""
@@ -160,6 +170,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
     if plan.flash_attention:  # sliding-window / chunked layers run only the tiles inside their window
         attention = core_flops / 2 * causal_attention_share(model, s) / r.attention
+    elif head_dim % UNALIGNED_HEAD_DIM:
+        attention = r.unaligned_s(core_flops, s / plan.cp, head_dim, s)
     else:
         attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 

@@ -163,6 +163,10 @@ def _one(entry: dict) -> PublishedRun:
         # all-reduce); the async dgrad all-reduce behind the wgrad GEMM came with Megatron-LM's
         # LinearWithGradAccumulationAndAsyncCommunication (used by Korthikanti 2022).
         over["tp_backward_overlap"] = False
+    if rid.startswith("narayanan21-t2-zero3"):
+        # DeepSpeed of 2021 (v0.3.x): ZeRO-3 gathers and reduce-scatters through per-rank tensor lists
+        # (autotune.cost.zero3_gathers); the coalesced collectives came in v0.5.5 (#1188) and v0.6.0 (#1453).
+        over["zero3_list_collectives"] = True
     if rid.startswith(("nemo", "bridge")):
         # NeMo / Megatron-Bridge H100 performance recipes turn on TP comm overlap with userbuffers
         # (Megatron-Bridge scripts/performance: COMM_OVERLAP_CONFIG_MAP["llama3_70b"]["h100"]["fp8"] =

@@ -74,6 +74,8 @@ class TimeSettings:
     """DeepSpeed's gradient reduce bucket (elements), as autotune writes it: ZeRO-3's last one waits at the end."""
     stage3_max_reuse_distance: int = 1_000_000_000
     """DeepSpeed ZeRO-3's reuse distance (elements), as autotune writes it (``autotune.emit.deepspeed``)."""
+    zero3_list_collectives: bool = False
+    """DeepSpeed ZeRO-3 collectives through per-rank tensor lists, before v0.5.5 (``autotune.cost.zero3_gathers``)."""
     cp_repeat_kv: bool | None = None
     """The model code repeats K and V to every query head before attention, so context parallelism exchanges and
     holds K and V at the query width (torchtitan before SDPA's ``enable_gqa``: ``repeat_kv`` in
@@ -275,7 +277,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
                 rec_s=rec_mb if full else 0.0, gather_bw_s=gather - latency,
                 reduce_bw_s=reduce - latency, latency_s=latency, bucket=settings.stage3_prefetch_bucket_size,
                 max_live=settings.stage3_max_live_parameters, max_reuse=settings.stage3_max_reuse_distance,
-                reduce_bucket=settings.reduce_bucket_size)
+                reduce_bucket=settings.reduce_bucket_size,
+                list_collectives=(plan.dp, hbm) if settings.zero3_list_collectives else None)
         if ds is not None:
             fwd_wait, bwd_wait, network = ds.fwd_wait_s, ds.bwd_wait_s, ds.network_s
         if not plan.overlap_comm:

@@ -23,6 +23,20 @@ backward ends is reduced in ``independent_gradient_partition_epilogue``, which s
 last bucket waits.
 Dense attention + MLP layers only (``deepspeed_trace`` returns None otherwise; the caller keeps its per-block
 model).
+
+DeepSpeed before its coalesced collectives (v0.3.x to v0.5.4: 5ca86ae4e of 2021-04, in v0.3.14, is the code of
+the time of Narayanan 2021's ZeRO-3 runs, arXiv v1 2021-04; the gathers changed with #1188, "ZeRO3, improved
+parameter all-gather operation", in v0.5.5, the reduce-scatters with coalesced_collectives.py, #1453, in v0.6.0)
+gathered and reduced each parameter through a list of one tensor per rank: ``partition_parameters.py``
+``_allgather_param`` fills a zeroed full-size buffer, calls ``torch.cuda.synchronize()``, views the buffer as
+``world_size`` partitions and passes the list to ``torch.distributed.all_gather``; ``_reduce_scatter_gradient``
+passes ``world_size`` views to ``torch.distributed.reduce_scatter``. PyTorch's NCCL process group of that time
+(torch/lib/c10d/ProcessGroupNCCL.cpp at 00f5dfd5, ``allgather`` / ``reduce_scatter``) runs a list collective on a
+flattened copy: after the all-gather one ``copy_`` per rank out of it, before the reduce-scatter one ``copy_`` per
+rank into it. So (``list_collectives``) each collective reads and writes its whole buffer once more in HBM, and
+each gather's zero-fill and its ``world_size`` copy kernels come right after a device synchronize, with the GPU
+idle: the fill's HBM time and ``world_size`` launches (``KERNEL_LAUNCH_S``, a floor) wait. (The reduce-scatter's
+copies are issued from the gradient hook while the layer's backward is still queued: hidden.)
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.cost.flops import layer_flops_per_token
+from autotune.engines.facts import KERNEL_LAUNCH_S
 from autotune.specs.model import ModelSpec
 
 __all__ = ["TraceEntry", "deepspeed_trace", "trace_waits", "ZeroThreeWaits", "deepspeed_zero3_waits"]
@@ -139,13 +154,21 @@ class ZeroThreeWaits:
 
 def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int, *, fwd_s: float, bwd_s: float,
                           rec_s: float, gather_bw_s: float, reduce_bw_s: float, latency_s: float, bucket: float,
-                          max_live: float, max_reuse: float, reduce_bucket: float) -> ZeroThreeWaits | None:
+                          max_live: float, max_reuse: float, reduce_bucket: float,
+                          list_collectives: tuple[int, float] | None = None) -> ZeroThreeWaits | None:
     """One micro-batch's gather waits under DeepSpeed ZeRO-3 (module docstring) over ``n_layers`` layers whose
     forward, backward and recompute take ``fwd_s``, ``bwd_s``, ``rec_s`` in all (``rec_s`` 0: no activation
     checkpointing); the stage's gathers and reduce-scatters take ``gather_bw_s`` / ``reduce_bw_s`` of bandwidth
     time, each collective ``latency_s`` more; ``reduce_bucket``: ``reduce_bucket_size``. None where the trace is not
-    modelled (MoE, MLA)."""
+    modelled (MoE, MLA). ``list_collectives``: (ranks, HBM bytes/s) where the collectives go through per-rank
+    tensor lists (module docstring)."""
     layers = max(1, n_layers)
+    host_s = 0.0
+    if list_collectives is not None:
+        ranks, hbm = list_collectives
+        pieces = _forward_pieces(model, tp, seq_len)
+        copy_s = 2 * 2 * sum(p for p, _ in pieces) * layers / hbm if pieces else 0.0  # 16-bit, read + write
+        gather_bw_s, reduce_bw_s, host_s = gather_bw_s + copy_s, reduce_bw_s + copy_s, ranks * KERNEL_LAUNCH_S
     common = dict(gather_bw_s=gather_bw_s / layers, reduce_bw_s=reduce_bw_s / layers, latency_s=latency_s,
                   max_reuse=max_reuse)
     fwd = deepspeed_trace(model, tp, seq_len, fwd_s=fwd_s / layers, bwd_s=0.0, rec_s=0.0, backward=False, **common)
@@ -161,8 +184,11 @@ def deepspeed_zero3_waits(model: ModelSpec, tp: int, seq_len: int, n_layers: int
     tail = _last_bucket(pieces, layers, reduce_bucket)
     last_reduce = reduce_bw_s * tail / (layers * sum(pieces)) + latency_s if reduce_bw_s > 0 else 0.0
     # The pass's first gather has nothing before it to hide behind; the last reduce-scatter waits at its end.
-    return ZeroThreeWaits(fwd_wait_s=layers * f_wait + min(first, fwd[-1].compute_s),
-                          bwd_wait_s=layers * b_wait + last_reduce, network_s=layers * (f_net + b_net))
+    # Each gather first zero-fills its full 16-bit buffer, then the device synchronize waits for it.
+    f_host, b_host = (sum(host_s + 2 * e.numel / list_collectives[1] for e in trace if e.gather_s > 0)
+                      if list_collectives else 0.0 for trace in (fwd, bwd))
+    return ZeroThreeWaits(fwd_wait_s=layers * (f_wait + f_host) + min(first, fwd[-1].compute_s),
+                          bwd_wait_s=layers * (b_wait + b_host) + last_reduce, network_s=layers * (f_net + b_net))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -219,3 +219,29 @@ def test_op_level_sac_reruns_fc2_of_a_gelu_block():
     lt = layer_time(model, cluster, time_key(plan), False, DEFAULT_EFFICIENCY, r, "fused")
     rerun = layer_passes(lt, plan, 0.0, "none", False, "op-sac").recompute_s - lt.elementwise_s
     assert rerun == pytest.approx((h * h + h * h + f * h) / (4 * h * h + 2 * h * f) * lt.gemm_s, rel=0.03)
+
+
+def _unfused_layer(hidden: int, heads: int):
+    from autotune.cost.layer_time import layer_time
+    from autotune.specs.model import ModelSpec
+
+    model = ModelSpec(name=f"h{hidden}-a{heads}", num_layers=8, hidden_size=hidden, num_attention_heads=heads,
+                      ffn_hidden_size=4 * hidden, vocab_size=51200, max_position_embeddings=2048)
+    cluster = load_cluster(gpu="a100-80gb", num_gpus=8, gpus_per_node=None, cluster_path=None)
+    plan = ParallelPlan(tp=8, micro_batch_size=1, global_batch_size=8, seq_len=2048, engine="megatron",
+                        precision="bf16", flash_attention=False)
+    r = rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
+    return layer_time(model, cluster, plan, False, DEFAULT_EFFICIENCY, r), r
+
+
+def test_unfused_attention_with_an_unaligned_head_dim_leaves_the_tensor_cores():
+    # BLOOM tr11 prequel (chronicles-prequel.md, NHEADs comparison): hidden 13824 on 128 heads (head dim 108, not a
+    # multiple of 8) ran 162.72 s per iteration against 121.28 s on 64 heads (216).
+    aligned, r = _unfused_layer(13824, 64)
+    unaligned, _ = _unfused_layer(13824, 128)
+    assert r.cuda_core_peak < r.bf16_peak / 10  # A100: 19.5 of 312 TFLOP/s
+    assert unaligned.attention_s > 8 * aligned.attention_s
+    assert unaligned.gemm_s == aligned.gemm_s  # the linear layers' GEMMs do not depend on the head count
+    # a head dim that is a multiple of 8 keeps the tensor-core rate: 112 (hidden 14336) against 108, as many heads
+    near, _ = _unfused_layer(14336, 128)
+    assert unaligned.attention_s > 8 * near.attention_s

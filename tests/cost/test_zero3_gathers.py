@@ -104,3 +104,26 @@ def test_max_live_parameters_exposes_530b_gathers():
     raised = estimate_step_time(run.model, run.cluster, plan, TimeSettings(stage3_max_live_parameters=10**10))
     assert emitted.comm_parts_s["zero3"] > 2 * raised.comm_parts_s["zero3"]
     assert emitted.step_time_s > raised.step_time_s
+
+
+def test_list_collectives_of_2021_cost_a_launch_per_rank_and_a_copy():
+    # DeepSpeed v0.3.x gathered each parameter through a list of world_size tensors, which PyTorch's NCCL group copied
+    # one by one after a device synchronize: the wait grows with the ranks; the coalesced collectives do not.
+    run = _zero3_run("narayanan21-t2-zero3-175b-384gpu")
+    plan = run.candidates[0]
+    model = run.model
+    kw = dict(fwd_s=16.0, bwd_s=32.0, rec_s=16.0, gather_bw_s=2.0, reduce_bw_s=2.0, latency_s=0.002, bucket=5e7,
+              max_live=1e9, max_reuse=1e9, reduce_bucket=5e8)
+    plain = deepspeed_zero3_waits(model, 1, 2048, model.num_layers, **kw)
+    small = deepspeed_zero3_waits(model, 1, 2048, model.num_layers, **kw, list_collectives=(64, 1.6e12))
+    large = deepspeed_zero3_waits(model, 1, 2048, model.num_layers, **kw, list_collectives=(1024, 1.6e12))
+    assert plain.fwd_wait_s < small.fwd_wait_s < large.fwd_wait_s
+    assert plain.bwd_wait_s < small.bwd_wait_s < large.bwd_wait_s
+    assert small.network_s > plain.network_s  # the flattened copies lengthen every collective
+    # at the 4 gathers of a layer's forward, each 1024 - 64 launches of 3.8 us more
+    assert large.fwd_wait_s - small.fwd_wait_s == pytest.approx(model.num_layers * 4 * 960 * 3.8e-6, rel=1e-6)
+    settings = dict(run.time_overrides)
+    assert settings.pop("zero3_list_collectives") is True
+    old = estimate_step_time(model, run.cluster, plan, TimeSettings(zero3_list_collectives=True, **settings))
+    new = estimate_step_time(model, run.cluster, plan, TimeSettings(**settings))
+    assert old.step_time_s > new.step_time_s
