@@ -35,6 +35,12 @@ no lead when the experts' calls start; it issues them no faster than one per cal
 waits for them. The backward issues them without a new sync; its lead in is what the combine's backward queued,
 not modelled (taken as none): an upper bound where large per-expert GEMMs would let the host catch up.
 
+Under Megatron's EP overlap (``ParallelPlan.ep_overlap``) the host issues one micro-batch's experts while the GPU
+still runs the other's nodes (megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a64,
+``TransformerLayerSchedulePlan.run``: the backward experts :270 are issued before the paired forward's dispatch and
+its sync :274, the forward experts :285 after the backward attention :281 is queued): there the experts' host time
+only counts where it exceeds the layer's GPU work (``autotune.cost.launch.launch_exposed_s``).
+
 Not counted: the grouped-tensor path (one grouped kernel; ``moe_use_grouped_tensor``), and engines whose experts
 run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on the engine's launch time.
 """

@@ -73,7 +73,8 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
                      launch_s: float, fp8_recipe: str | None = None) -> tuple[float, float]:
     """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
     ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
-    experts add their host time whole (``autotune.cost.expert_host``)."""
+    experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
+    or under EP overlap join the launches the layer's GPU work hides."""
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
@@ -82,7 +83,7 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     for name, (gemms, others) in layer_kernels(model, plan, moe_layer).items():
         fwd += 1 if name in graphed else gemms + others
         bwd += 1 if name in graphed else 2 * gemms + others
-    if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes: hidden behind GPU work
+    if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
         return max(0.0, fwd * launch_s + experts_f - fwd_s), max(0.0, bwd * launch_s + experts_b - bwd_s)
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
 
