@@ -12,9 +12,11 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
   attn: QKV and output projection GEMMs; input norm, RoPE, fused attention, bias-dropout-add.
   mlp (dense): fc1 and fc2 GEMMs; pre-MLP norm, activation, bias-dropout-add.
   moe_router: the router GEMM; pre-MLP norm, softmax and top-k, auxiliary loss (2).
-  moe_rest (never captured: token counts per expert change every step): the grouped fc1 and fc2 GEMMs; permute (2),
-    dispatch all-to-alls (token counts, tokens), activation, combine all-to-all, unpermute (2), bias-dropout-add;
-    per shared expert its two GEMMs and activation.
+  moe_rest (never captured: token counts per expert change every step): permute (2), dispatch all-to-alls (token
+    counts, tokens), activation, combine all-to-all, unpermute (2), bias-dropout-add; per shared expert its two
+    GEMMs and activation. The routed experts' grouped fc1 and fc2 are one cuBLASLt call (and under FP8 one
+    quantize) per local expert, issued after the dispatcher's host sync: ``autotune.cost.expert_host`` counts
+    them, and their host time adds to the layer's passes whole.
   FP8 adds a cast per GEMM input; tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
   weight gradients) per forward GEMM and one kernel per other kernel.
 
@@ -31,6 +33,7 @@ backward gradient pair beyond the chain, 4 tensors of the layer's input size per
 
 from __future__ import annotations
 
+from autotune.cost.expert_host import grouped_mlp_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -53,7 +56,7 @@ def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict
     moe = model.moe
     assert moe is not None
     out["moe_router"] = part(1, 4)
-    out["moe_rest"] = part(2 + 2 * moe.num_shared_experts, 9 + moe.num_shared_experts)
+    out["moe_rest"] = part(2 * moe.num_shared_experts, 9 + moe.num_shared_experts)
     return out
 
 
@@ -67,17 +70,22 @@ def graphed_parts(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tupl
 
 
 def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_s: float, bwd_s: float,
-                     launch_s: float) -> tuple[float, float]:
+                     launch_s: float, fp8_recipe: str | None = None) -> tuple[float, float]:
     """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
-    ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass."""
+    ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
+    experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
+    or under EP overlap join the launches the layer's GPU work hides."""
     if launch_s <= 0:
         return 0.0, 0.0
+    experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
     graphed = graphed_parts(model, plan, moe_layer)
     fwd = bwd = 0
     for name, (gemms, others) in layer_kernels(model, plan, moe_layer).items():
         fwd += 1 if name in graphed else gemms + others
         bwd += 1 if name in graphed else 2 * gemms + others
-    return max(0.0, fwd * launch_s - fwd_s), max(0.0, bwd * launch_s - bwd_s)
+    if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
+        return max(0.0, fwd * launch_s + experts_f - fwd_s), max(0.0, bwd * launch_s + experts_b - bwd_s)
+    return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
 
 
 def cuda_graph_static_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str) -> float:

@@ -160,7 +160,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
+    fp8_recipe = run_settings.fp8_recipe(plan, settings, engine)
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, fp8_recipe)
     kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
     modules = run_settings.recompute_modules(plan)
@@ -188,7 +189,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
                               selective if lt is dense_layer else "attention-core", modules)
             # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
             wait_f, wait_b = launch_exposed_s(model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s,
-                                              sched.kernel_launch_s)
+                                              sched.kernel_launch_s, fp8_recipe)
             fwd += count * (lp.fwd_s + wait_f)
             bwd += count * (lp.bwd_s + wait_b)
             rec += count * lp.recompute_s
@@ -355,7 +356,8 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     eff = settings.efficiency
     engine = engine_for(plan)
     sched = engine.comm
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, run_settings.fp8_recipe(plan, settings, engine))
+    fp8_recipe = run_settings.fp8_recipe(plan, settings, engine)
+    r = rates(cluster, plan.precision, eff, sched.attention_kernel, fp8_recipe)
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)),
                     *_cp_run(plan, settings, engine))

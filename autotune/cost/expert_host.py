@@ -1,0 +1,84 @@
+"""Host time of an MoE layer's routed experts as Megatron-core's ``TEGroupedMLP`` issues them: one cuBLASLt GEMM
+and (FP8) one quantize kernel per local expert, so the host's work grows with the experts a GPU holds.
+
+What the code runs (Transformer Engine d0067d0, the ``GroupedLinear`` path Megatron takes by default:
+``moe_use_grouped_tensor`` False, megatron/core/transformer/transformer_config.py:857 at d98e8a64, and TE's own
+default ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM`` "0", transformer_engine/pytorch/module/grouped_linear.py
+:1656-1667):
+
+* the split sizes are read to the host (grouped_linear.py:814 ``m_splits.tolist()``) and the input is quantized
+  split by split (``_split_quantize`` :820; C++ ``split_quantize`` -> ``multi_tensor_quantize_impl``,
+  transformer_engine/pytorch/csrc/extensions/cast.cpp:894-942: one fused multi-tensor cast only for delayed-scaling
+  Float8 quantizers, otherwise one ``quantize`` kernel per split, :937-939: MXFP8, current scaling, block scaling);
+* ``general_grouped_gemm`` (:875) -> ``multi_stream_cublas_gemm`` (transformer_engine/common/gemm/cublaslt_gemm.cu
+  :970-1023): a loop of one ``nvte_cublas_gemm_v2`` per expert over 4 compute streams
+  (transformer_engine/common/util/multi_stream.cpp:52 ``num_compute_streams = 4``), each call building its
+  cuBLASLt descriptors and querying the heuristic (cublaslt_gemm.cu:452-459, :747-775) before it launches;
+* backward (:1266-1440): the output gradient quantized split by split (:1315), then a grouped dgrad GEMM (:1382) and
+  a grouped wgrad GEMM (:1448-1469 ``grouped_gemm_wgrad``): two cuBLASLt calls per expert.
+
+So per local expert and micro-batch, the two grouped linears (fc1, fc2) issue forward 2 GEMM calls (+ 2 quantize
+kernels under FP8 recipes other than delayed scaling) and backward 4 GEMM calls (+ 2 quantize kernels).
+
+One GEMM call's host time, measured: Transformer Engine PR #3134 (SM100, 8 experts x 128 tokens, N = K = 2048,
+"PURE" rows, operands pre-swizzled): the multi-stream cuBLASLt path 0.267 ms against 0.069 ms for one
+single-launch grouped kernel on the same problem, GPU work of a few microseconds either way: the 7 further GEMM
+calls cost (0.267 - 0.069) / 7 = 28 us each (:data:`CUBLASLT_GEMM_CALL_S`). A quantize kernel costs the engine's
+plain launch time (``CommSchedule.kernel_launch_s``).
+
+Why it is not hidden behind the GPU's work: every dropless dispatcher reads the token counts to the host before
+the experts run, and waits for them: the all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py
+at d98e8a64: ``_maybe_dtoh_and_synchronize`` :921-958, sync point "before_ep_alltoall" :594-596 or
+"before_finish" :603-605), HybridEP without a static budget (:1111-1112 "HybridEP sizes buffers dynamically (CPU
+sync in dispatch)"), DeepEP's dispatch likewise (:1450 ``tokens_per_expert.sum().item()``). The host then holds
+no lead when the experts' calls start; it issues them no faster than one per call time, so the experts' GPU work
+waits for them. The backward issues them without a new sync; its lead in is what the combine's backward queued,
+not modelled (taken as none): an upper bound where large per-expert GEMMs would let the host catch up.
+
+Under Megatron's EP overlap (``ParallelPlan.ep_overlap``) the host issues one micro-batch's experts while the GPU
+still runs the other's nodes (megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a64,
+``TransformerLayerSchedulePlan.run``: the backward experts :270 are issued before the paired forward's dispatch and
+its sync :274, the forward experts :285 after the backward attention :281 is queued): there the experts' host time
+only counts where it exceeds the layer's GPU work (``autotune.cost.launch.launch_exposed_s``).
+
+Not counted: the grouped-tensor path (one grouped kernel; ``moe_use_grouped_tensor``), and engines whose experts
+run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on the engine's launch time.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["CUBLASLT_GEMM_CALL_S", "EXPERT_CALLS", "grouped_mlp_host_s", "local_experts"]
+
+CUBLASLT_GEMM_CALL_S = (0.267e-3 - 0.069e-3) / 7
+"""Host seconds of one cuBLASLt GEMM call on Transformer Engine's multi-stream path (TE PR #3134, SM100: module
+docstring)."""
+
+EXPERT_CALLS = {"fwd": (2, 2), "bwd": (4, 2)}
+"""Per local expert and pass: (cuBLASLt GEMM calls, quantize kernels under a per-split FP8 recipe), fc1 and fc2
+together (module docstring)."""
+
+FUSED_MULTI_CAST_RECIPES = frozenset({"te-delayed"})
+"""FP8 recipes whose split inputs are cast by one fused multi-tensor kernel (cast.cpp:908-936), not one per split."""
+
+
+def local_experts(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Routed experts one GPU holds."""
+    moe = model.moe
+    assert moe is not None
+    return max(1, moe.num_experts // max(1, plan.ep))
+
+
+def grouped_mlp_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None,
+                       launch_s: float) -> tuple[float, float]:
+    """(forward, backward) host seconds one MoE layer's routed experts take to issue, one micro-batch."""
+    if launch_s <= 0 or model.moe is None:
+        return 0.0, 0.0
+    per_split_cast = plan.precision == "fp8" and fp8_recipe not in FUSED_MULTI_CAST_RECIPES
+    experts = local_experts(model, plan)
+    out = []
+    for gemms, casts in (EXPERT_CALLS["fwd"], EXPERT_CALLS["bwd"]):
+        out.append(experts * (gemms * CUBLASLT_GEMM_CALL_S + (casts * launch_s if per_split_cast else 0.0)))
+    return out[0], out[1]
