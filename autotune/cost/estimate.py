@@ -12,7 +12,7 @@ from autotune.cost.step_time import StepTimeEstimate, TimeSettings, estimate_ste
 from autotune.cost.uncertainty import Uncertainty, uncertainty_of
 from autotune.errors import InputError
 from autotune.rules import plan_problems
-from autotune.specs.hardware import KERNEL_FACT_FIELDS, ClusterSpec
+from autotune.specs.hardware import KERNEL_FACT_FIELDS, OPTIONAL_KERNEL_FACT_FIELDS, ClusterSpec
 from autotune.specs.loading import load_cluster, model_from_mapping
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -30,6 +30,8 @@ def cluster_spec_dict(cluster: ClusterSpec) -> dict:
         k = gpu.kernels
         gpu_doc["kernels"] = {name: (dict(getattr(k, name)) if isinstance(getattr(k, name), Mapping)
                                      else getattr(k, name)) for name in KERNEL_FACT_FIELDS}
+        gpu_doc["kernels"].update({name: getattr(k, name) for name in OPTIONAL_KERNEL_FACT_FIELDS
+                                   if getattr(k, name) is not None})
         if k.source:
             gpu_doc["kernels"]["source"] = k.source
     return {"gpu": gpu_doc,

@@ -10,7 +10,14 @@ the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.
   the rate of 4096^3 on H100, tests/cost/test_kernels.py checks the curve against it);
 * causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the kernel the
   plan's engine runs (FlashAttention-2 through torch SDPA, FA3-class cuDNN attention through Transformer
-  Engine on Hopper), falling back to the generation the GPU has;
+  Engine on Hopper), falling back to the generation the GPU has; where the fraction is another GPU's (a part
+  whose attention is not measured takes its sibling's, ``KernelFacts.attention_exp_tera_per_s``), each executed
+  exponential of the softmax costs ``(1 / sfu_exp(this GPU) - 1 / sfu_exp(that GPU)) / gemm_peak_fraction`` more
+  (``Rates.exp_delta_s``): on Blackwell the softmax's exponentials run on the special function units between a
+  tile's two GEMMs and the tensor cores wait for them (NVIDIA technical blog "Making Softmax More Efficient with
+  NVIDIA Blackwell Ultra": on GB200 BMM2 waits for the softmax's MUFU.EX2 work, which Blackwell Ultra's doubled
+  SFU throughput halves; Together AI, FlashAttention-4: the B200 forward is bound by the exponential units),
+  so the kernel's time moves by the exponentials' time;
 * memory-bound kernels at ``HBM x hbm_fraction x hbm_efficiency``.
 
 FP8 (``fp8_recipe``): only the linear layers' GEMMs run at the FP8 rate (its own reachable fraction); every FP8
@@ -75,6 +82,9 @@ class Rates:
     """FLOP/s of a 16-bit GEMM that cannot take the tensor-core path (``unaligned_s``): the GPU's FP32 CUDA-core
     peak (datasheet) x gemm_peak_fraction; 0 where the preset gives no FP32 figure (then the tensor-core rate)."""
     cuda_core_half: float = 0.0
+    exp_delta_s: float = 0.0
+    """Seconds each executed softmax exponential of the fused attention takes beyond (negative: short of) those of
+    the GPU ``attention_fraction`` was taken from (module docstring); 0 where the fraction is this GPU's own."""
 
     @staticmethod
     def shape(half: float, m: float, k: float, n: float) -> float:
@@ -124,10 +134,13 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
     kernel, attn_fraction = kf.attention(attention_kernel)
     fp8 = precision == "fp8" and cluster.gpu.supports("fp8")
     cuda_core = cluster.gpu.peak_flops_per_s("fp32") if cluster.gpu.supports("fp32") else 0.0
+    exp_delta = 0.0
+    if kf.attention_exp_tera_per_s is not None and kf.sfu_exp_tera_per_s is not None:
+        exp_delta = (1 / kf.sfu_exp_tera_per_s - 1 / kf.attention_exp_tera_per_s) / 1e12 / eff.gemm_peak_fraction
     return Rates(linear_peak=linear_peak, linear_half=eff.gemm_half_dim * _peak(cluster, linear_prec) / hbm_raw,
                  bf16_peak=bf16_peak, bf16_half=eff.gemm_half_dim * _peak(cluster, sixteen) / hbm_raw,
                  attention=_peak(cluster, sixteen) * attn_fraction * eff.gemm_peak_fraction, attention_kernel=kernel,
                  hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
                  cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0,
                  cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
-                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw)
+                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw, exp_delta_s=exp_delta)

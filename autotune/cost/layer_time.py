@@ -22,7 +22,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor", "layer_time", "time_key"]
+__all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor",
+           "attention_bwd_s", "layer_time", "time_key"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -52,6 +53,10 @@ class LayerTime:
     Megatron's EP overlap schedule runs as the layer's "mlp" node (``autotune.cost.ep_overlap``)."""
     ring: RingTime = RingTime()
     """Context parallelism as the engine runs it (``autotune.cost.cp_ring``)."""
+    attention_exp_delta_s: float = 0.0
+    """The part of ``attention_s`` that is the softmax exponentials' time beyond (negative: short of) the GPU's
+    ``attention_fraction`` reference (``Rates.exp_delta_s``): the backward recomputes each exponential once, so
+    it counts once there, not ``attention_bwd_factor`` times."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -168,8 +173,12 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # rate; unfused attention runs batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
+    exp_delta = 0.0
     if plan.flash_attention:  # sliding-window / chunked layers run only the tiles inside their window
         attention = core_flops / 2 * causal_attention_share(model, s) / r.attention
+        # one exponential per executed (query, key) pair and head: the executed FLOPs over 2 (q + v) head widths
+        exp_delta = tokens * s * model.num_attention_heads * causal_attention_share(model, s) / 2 / t * r.exp_delta_s
+        attention += exp_delta
     elif head_dim % UNALIGNED_HEAD_DIM:
         attention = r.unaligned_s(core_flops, s / plan.cp, head_dim, s)
     else:
@@ -258,7 +267,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
     tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
-    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
+    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan)
+                     / attention if attention > 0 else attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
     moe_comm = 0.0
     if moe_layer and plan.ep > 1:  # the dispatcher's all-to-alls / all-gathers (autotune.cost.moe_time)
         moe_comm = busiest * moe_time.dispatcher_comm_s(model, cluster, plan, eff, tokens)
@@ -266,7 +276,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring)
+                     tuple(modules.items()), experts, ring, exp_delta)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -276,6 +286,13 @@ def time_key(plan: ParallelPlan) -> ParallelPlan:
                         flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher)
 
 
+
+
+def attention_bwd_s(attention_s: float, exp_delta_s: float, plan: ParallelPlan) -> float:
+    """Backward seconds of the attention core whose forward takes ``attention_s``, ``exp_delta_s`` of them the
+    exponentials' difference (``LayerTime.attention_exp_delta_s``): the flash backward recomputes the
+    probabilities once (one exponential per pair, as the forward) around its GEMMs."""
+    return attention_bwd_factor(plan) * (attention_s - exp_delta_s) + exp_delta_s
 
 
 def attention_bwd_factor(plan: ParallelPlan) -> float:
@@ -312,10 +329,10 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     GEMM cannot cover waits. ``modules``: what Megatron's selective recompute reruns (``recompute_modules``;
     LayerTime.module_recompute_s); "moe" reruns the MoE block's dispatch and combine all-to-alls as well.
     """
-    attn_bwd = attention_bwd_factor(plan)
     ring = lt.ring
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
-    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s + ring.merge_bwd_s
+    bwd = 2 * lt.gemm_s + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
+        + ring.merge_bwd_s
     full = plan.recompute == "full"
     # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core by default: its GEMMs (or the
     # flash kernel) and, unfused, the softmax and dropout over the scores; Megatron's other modules what

@@ -127,13 +127,13 @@ class MemoryEstimate:
 
 
 def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
-                         settings: MemorySettings) -> dict[str, float]:
-    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one), NVMe staging, the static
-    buffers of CUDA graphs (``autotune.cost.launch``)."""
+                         settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
+    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one; ``fp8_any_layout``: the GPU's
+    ``GPUSpec.fp8_gemm_any_layout``), NVMe staging, the static buffers of CUDA graphs (``autotune.cost.launch``)."""
     out: dict[str, float] = {}
     if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
         out["cuda_graphs"] = graphs
-    if plan.precision == "fp8" and (cache := engine.fp8_weight_cache_bytes(plan, groups)) > 0:
+    if plan.precision == "fp8" and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
         out["fp8_weight_cache"] = cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         out["nvme_staging"] = float(settings.offload_buffer_bytes)
@@ -236,10 +236,10 @@ _buffers_cache: dict[tuple, tuple[ModelSpec, MemorySettings, tuple]] = {}
 
 
 def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
-                    stages: tuple) -> tuple:
+                    stages: tuple, fp8_any_layout: bool = False) -> tuple:
     """(buffer parts, their sum) of each stage of ``stages`` (``_stages_activations``), cached over
-    ``_BUFFER_FIELDS``."""
-    key = (id(model), id(settings), _BUFFER_FIELDS(plan))  # the specs hash slowly: their ids
+    ``_BUFFER_FIELDS`` and the GPU's FP8 layout fact."""
+    key = (id(model), id(settings), fp8_any_layout, _BUFFER_FIELDS(plan))  # the specs hash slowly: their ids
     hit = _buffers_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_buffers_cache) > 65536:
@@ -247,18 +247,19 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
         out = []
         for stage, groups, *_ in stages:
             buffer_parts = engine.buffers(model, plan, groups, settings) | _common_buffer_bytes(
-                engine, model, plan, stage, groups, settings)
+                engine, model, plan, stage, groups, settings, fp8_any_layout)
             out.append((buffer_parts, sum(buffer_parts.values())))
         hit = _buffers_cache[key] = (model, settings, tuple(out))
     return hit[2]
 
 
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
-                  node_gpus: int) -> tuple:
+                  node_gpus: int, fp8_any_layout: bool = False) -> tuple:
     """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
-    their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS``."""
+    their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS`` and the GPU's FP8 layout fact."""
     hierarchical = plan.cp > 1 and plan.cp_comm_type == "a2a+p2p"  # the node's size splits its ring
-    key = (id(model), id(settings), _PARTS_FIELDS(plan), node_gpus if hierarchical else 0)  # the specs: their ids
+    key = (id(model), id(settings), fp8_any_layout, _PARTS_FIELDS(plan),
+           node_gpus if hierarchical else 0)  # the specs hash slowly: their ids
     hit = _parts_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
@@ -274,7 +275,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
             for (stage, _, dense, expert, activation_parts, activations), (buffer_parts, buffers)
-            in zip(stages, _stages_buffers(engine, model, plan, settings, stages))))
+            in zip(stages, _stages_buffers(engine, model, plan, settings, stages, fp8_any_layout))))
     return hit[2]
 
 
@@ -287,7 +288,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    parts = _stages_parts(engine, model, plan, settings, cluster.gpus_per_node)
+    parts = _stages_parts(engine, model, plan, settings, cluster.gpus_per_node, cluster.gpu.fp8_gemm_any_layout)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
         activations, buffers = part[4], part[6]

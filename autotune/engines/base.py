@@ -21,6 +21,10 @@ from autotune.engines.support_rules import support_problems
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES
 
+PER_TENSOR_TE_RECIPES = ("te-delayed", "te-current")
+"""Transformer Engine's per-tensor-scaled FP8 recipes (Float8Tensor: one scale, so the row-wise data transposed is
+the column-wise copy); the block-scaled ones (te-mxfp8, te-blockwise) scale each direction apart."""
+
 if TYPE_CHECKING:  # typed data only: specs, the run's settings and the file formats beneath the engines
     from autotune.emit.checkpoint import CheckpointSettings
     from autotune.emit.options import EmitOptions
@@ -97,11 +101,23 @@ class Engine(ABC):
         del plan
         return EXPERT_OUTPUT_SAVING_FACTS
 
-    def fp8_weight_cache_bytes(self, plan: ParallelPlan, groups: ParamGroups) -> float:
+    def fp8_weight_cache_bytes(self, plan: ParallelPlan, groups: ParamGroups, any_layout: bool = False) -> float:
         """FP8 copies of the GEMM weights kept across the step: Transformer Engine caches each weight in FP8,
         row- and column-wise (2 x 1 byte; ``transformer_engine/pytorch/module/linear.py`` weight workspaces), each
-        with its block scales under a block-scaled recipe (:meth:`fp8_weight_bytes`)."""
-        return 2 * self.fp8_weight_bytes(plan) * (groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.tp))
+        with its block scales under a block-scaled recipe (:meth:`fp8_weight_bytes`). ``any_layout``
+        (``GPUSpec.fp8_gemm_any_layout``, Blackwell): a per-tensor-scaled weight's one FP8 copy serves both uses
+        (:meth:`fp8_copies`)."""
+        return self.fp8_copies(plan, any_layout) * self.fp8_weight_bytes(plan) * (
+            groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.tp))
+
+    def fp8_copies(self, plan: ParallelPlan, any_layout: bool) -> int:
+        """FP8 copies Transformer Engine keeps of one weight: the row-wise data and the column-wise one (the
+        transpose for per-tensor scaling, the other scaling direction for MXFP8 / blockwise). On a GPU whose FP8
+        GEMMs take either layout a per-tensor-scaled tensor (te-delayed, te-current) holds only its data
+        (TE d0067d0 csrc/quantizer.cpp: ``with_data = rowwise_usage || is_non_tn_fp8_gemm_supported``,
+        ``with_transpose = columnwise_usage && !is_non_tn_fp8_gemm_supported``)."""
+        per_tensor = (plan.fp8_recipe or self.comm.fp8_recipe) in PER_TENSOR_TE_RECIPES
+        return 1 if any_layout and per_tensor else 2
 
     def fp8_weight_bytes(self, plan: ParallelPlan) -> float:
         """Bytes per element of one FP8 copy of a weight: 1, plus its scales under a block-scaled recipe

@@ -116,9 +116,10 @@ class FSDPEngine(Engine):
         # built-in trainer's apply_ac); torchtitan 0.3's save set through release_cost_settings.
         return _TP_FACTS if plan.tp > 1 else _FACTS
 
-    def fp8_weight_cache_bytes(self, plan, groups) -> float:
+    def fp8_weight_cache_bytes(self, plan, groups, any_layout: bool = False) -> float:
         # torchao float8 casts the weight inside each GEMM's autograd function (dynamic tensorwise scaling):
         # no FP8 copy outlives a layer; with FP8 all-gather the gathered weight is the FP8 one (buffers).
+        del plan, groups, any_layout
         return 0.0
 
     def buffers(self, model, plan, groups, settings) -> dict[str, float]:

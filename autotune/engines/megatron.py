@@ -109,13 +109,14 @@ class MegatronEngine(Engine):
     def _fp8_weights(plan, groups) -> float:
         return groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.expert_tp)
 
-    def fp8_weight_cache_bytes(self, plan, groups) -> float:
+    def fp8_weight_cache_bytes(self, plan, groups, any_layout: bool = False) -> float:
         # With FP8 parameters the weight is itself the row-wise FP8 copy: only the column-wise (transposed) one
         # for the backward GEMMs is cached beside it (TE Float8Tensor's transpose cache; MXFP8 / blockwise tensors
-        # hold their column-wise data and scales the same way).
+        # hold their column-wise data and scales the same way), none where the weight's one copy serves both
+        # (``fp8_copies``: per-tensor scaling on a GPU whose FP8 GEMMs take either layout).
         if self.fp8_param_gather(plan):
-            return self.fp8_weight_bytes(plan) * self._fp8_weights(plan, groups)
-        return super().fp8_weight_cache_bytes(plan, groups)
+            return (self.fp8_copies(plan, any_layout) - 1) * self.fp8_weight_bytes(plan) * self._fp8_weights(plan, groups)
+        return super().fp8_weight_cache_bytes(plan, groups, any_layout)
 
     def grad_reduce_bytes(self, plan) -> float:
         return float(megatron_grad_bytes(plan))

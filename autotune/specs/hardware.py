@@ -15,6 +15,7 @@ from typing import Literal
 from autotune.errors import require_no_problems
 
 __all__ = ["GPUSpec", "ClusterSpec", "KernelFacts", "Precision", "GIB", "GB", "KERNEL_FACT_FIELDS",
+           "OPTIONAL_KERNEL_FACT_FIELDS",
            "kernel_facts_from_dict"]
 
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -51,6 +52,14 @@ class KernelFacts:
     intra_node_latency_us: float
     """Per ring step latency inside a node (small messages are latency-bound)."""
     inter_node_latency_us: float
+    sfu_exp_tera_per_s: float | None = None
+    """Exponentials per second of the special function units (SASS ``MUFU.EX2``, the softmax's exponential in
+    a fused attention kernel), in 1e12/s, from the vendor's table; None: not stated."""
+    attention_exp_tera_per_s: float | None = None
+    """The ``sfu_exp_tera_per_s`` of the GPU whose attention kernel ``attention_fraction`` describes, where that
+    is another GPU (a part whose own attention rate is not measured takes its sibling's): the attention time then
+    moves by its exponentials' time at this GPU's rate minus at that one (``autotune.cost.kernels``); None: the
+    fraction is this GPU's own."""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -67,6 +76,12 @@ class KernelFacts:
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
             if not 0 <= getattr(self, name) < 1e4:
                 problems.append(f"kernels.{name} must be in [0, 1e4) us, got {getattr(self, name)}")
+        for name in ("sfu_exp_tera_per_s", "attention_exp_tera_per_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1e4):
+                problems.append(f"kernels.{name} must be a rate in (0, 1e4) 1e12/s, or absent, got {value!r}")
+        if self.attention_exp_tera_per_s is not None and self.sfu_exp_tera_per_s is None:
+            problems.append("kernels.attention_exp_tera_per_s needs this GPU's own sfu_exp_tera_per_s")
         require_no_problems(problems, subject="gpu kernel facts")
 
     def gemm(self, precision: str) -> float:
@@ -88,6 +103,8 @@ class KernelFacts:
 
 KERNEL_FACT_FIELDS = ("gemm_fraction", "attention_fraction", "hbm_fraction", "intra_node_bus_fraction",
                       "inter_node_bus_fraction", "intra_node_latency_us", "inter_node_latency_us")
+OPTIONAL_KERNEL_FACT_FIELDS = ("sfu_exp_tera_per_s", "attention_exp_tera_per_s")
+"""Kernel facts a GPU may leave out (``KernelFacts``: None)."""
 
 
 def kernel_facts_from_dict(data: object, gpu_name: str, copy_from: str) -> KernelFacts:
@@ -98,12 +115,14 @@ def kernel_facts_from_dict(data: object, gpu_name: str, copy_from: str) -> Kerne
                              f"kernels: block of preset '{copy_from}' from autotune/presets/gpus.yaml and adjust "
                              f"it, or name the preset with kernels_like: {copy_from}"], subject=f"gpu '{gpu_name}'")
     missing = [f for f in KERNEL_FACT_FIELDS if f not in data]
-    unknown = sorted(set(data) - set(KERNEL_FACT_FIELDS) - {"source"})
+    unknown = sorted(set(data) - set(KERNEL_FACT_FIELDS) - set(OPTIONAL_KERNEL_FACT_FIELDS) - {"source"})
     problems = [f"kernels: missing {', '.join(missing)} (copy them from preset '{copy_from}' in "
                 f"autotune/presets/gpus.yaml)"] if missing else []
-    problems += [f"kernels: unknown field {k!r} (known: {', '.join(KERNEL_FACT_FIELDS)})" for k in unknown]
+    problems += [f"kernels: unknown field {k!r} (known: {', '.join((*KERNEL_FACT_FIELDS, *OPTIONAL_KERNEL_FACT_FIELDS))})"
+                 for k in unknown]
     require_no_problems(problems, subject=f"gpu '{gpu_name}'")
-    return KernelFacts(**{k: data[k] for k in (*KERNEL_FACT_FIELDS, "source") if k in data})
+    return KernelFacts(**{k: data[k] for k in (*KERNEL_FACT_FIELDS, *OPTIONAL_KERNEL_FACT_FIELDS, "source")
+                          if k in data})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +172,16 @@ class GPUSpec:
             return None
         major, minor = self.compute_capability.split(".")
         return int(major), int(minor)
+
+    @property
+    def fp8_gemm_any_layout(self) -> bool:
+        """Whether its FP8 GEMMs take either operand layout, so a per-tensor-scaled FP8 tensor serves both its
+        row-wise and column-wise uses from one copy (no transposed FP8 copy): Transformer Engine d0067d0
+        ``pytorch/utils.py`` ``is_non_tn_fp8_gemm_supported`` (compute capability 10.x, 11.x and >= 13.0), read by
+        ``csrc/quantizer.cpp`` (``with_transpose = columnwise_usage && !is_non_tn_fp8_gemm_supported``) and
+        ``module/base.py`` ``_is_weight_workspace_valid``. False where the capability is not stated."""
+        cap = self.capability
+        return cap is not None and ((10, 0) <= cap < (12, 0) or cap >= (13, 0))
 
     def supports(self, precision: str) -> bool:
         return precision in self.peak_tflops

@@ -61,13 +61,16 @@ def test_cli_refuses_mxfp8_on_hopper_with_exit_2(capsys):
 
 def test_block_scales_cost_their_bytes_in_the_ledger():
     """Per FP8 element: MXFP8 adds an E8M0 byte per 32 (inputs and weights), blockwise an fp32 per 128 (inputs) and
-    per 128 x 128 (weights). With FP8 parameters (distributed optimizer) a weight is one FP8 copy plus a column-wise
-    one; the saved linear inputs are the column-wise copy."""
+    per 128 x 128 (weights). With FP8 parameters (distributed optimizer) a block-scaled weight is one FP8 copy plus
+    a column-wise one; a per-tensor-scaled one on Blackwell is its one copy (its FP8 GEMMs take either layout); the
+    saved linear inputs are the column-wise copy."""
     cluster, delayed = _plan("b200", "te-delayed")
     mem = {r: estimate(MODEL, cluster, delayed.with_(fp8_recipe=r)).memory for r in ("te-delayed", "te-mxfp8",
                                                                                       "te-blockwise")}
     base = mem["te-delayed"]
-    gemm_weights = base.buffer_parts["fp8_weight_cache"]  # 1 B per tp-sharded parameter (the column-wise copy)
+    assert "fp8_weight_cache" not in base.buffer_parts
+    # 1 B per tp-sharded parameter (the column-wise copy), less MXFP8's scales
+    gemm_weights = mem["te-mxfp8"].buffer_parts["fp8_weight_cache"] / (1 + TE_BLOCK["te-mxfp8"][1])
     for recipe, (act, weight) in TE_BLOCK.items():
         m = mem[recipe]
         assert m.buffer_parts["fp8_weight_cache"] == pytest.approx(gemm_weights * (1 + weight), rel=1e-9)
