@@ -16,7 +16,7 @@ from autotune.cost import comm, moe_time
 from autotune.cost.activations import block_linears, block_mms, recomputed
 from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
-from autotune.cost.flops import causal_attention_share
+from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.kernels import Rates
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -158,8 +158,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # rate; unfused attention runs batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
-    if plan.flash_attention:  # sliding-window / chunked layers run only the tiles inside their window
-        attention = core_flops / 2 * causal_attention_share(model, s) / r.attention
+    if plan.flash_attention:  # sliding-window / chunked layers run only the tiles their band touches
+        attention = core_flops / 2 * executed_attention_share(model, s) / r.attention
     else:
         attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 
