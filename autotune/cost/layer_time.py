@@ -18,6 +18,7 @@ from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.kernels import Rates
+from autotune.cost.rope_kernels import rope_bytes
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -70,11 +71,12 @@ ELEMENTWISE_KERNELS = ("fused", "eager")
 
 
 def elementwise_kernels(engine_kernels: str, torch_compile: bool) -> str:
-    """How a plan's memory-bound kernels run: fused under torch.compile, else as the engine runs them."""
+    """How a plan's memory-bound kernels run: "compiled" (fused by torch.compile, even what the engine leaves
+    unfused: ``autotune.cost.rope_kernels``), else as the engine runs them ("fused" or "eager")."""
     if engine_kernels not in ELEMENTWISE_KERNELS:
         raise ValueError(f"CommSchedule.elementwise_kernels must be one of {ELEMENTWISE_KERNELS}, got "
                          f"{engine_kernels!r}")
-    return "fused" if torch_compile else engine_kernels
+    return "compiled" if torch_compile else engine_kernels
 
 
 def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int, int]]:
@@ -99,8 +101,9 @@ def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int,
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency, r: Rates, kernels: str = "fused", cp_kind: str = "p2p",
                 cp_repeat_kv: bool = False) -> LayerTime:
-    """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE, or torch.compile) or
-    "eager" (PyTorch modules op by op: torchtitan and transformers without compile, ``EAGER_BYTES``); ``cp_kind``
+    """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE), "compiled"
+    (torch.compile) or "eager" (PyTorch modules op by op: torchtitan and transformers without compile,
+    ``EAGER_BYTES``); ``cp_kind``
     and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
@@ -173,7 +176,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # * activation: GeLU reads fc1's output, writes fc2's input (4 B per ffn element), backward reads input and
     #   dy, writes dx (6 B); SwiGLU reads gate and up, writes their product (6 B), backward reads gate, up and dy,
     #   writes both gradients (10 B).
-    # * RoPE on q and k: reads and writes each (4 B), the same backward.
+    # * RoPE on q and k: reads and writes each (4 B), the same backward; Megatron's unfused YaRN chain more
+    #   (autotune.cost.rope_kernels).
     # * unfused attention over the s x s scores: scaled-masked softmax 4 B forward, 6 B backward; its dropout
     #   5 B forward (read, write, mask), 5 B backward (read dy and the mask, write dx).
     # ``kernels="eager"``: the composite ops run op by op (EAGER_BYTES); "fused" as above.
@@ -182,7 +186,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     bias_grad = 2 * h if model.linear_bias else 0
     norm_fwd, norm_bwd = EAGER_BYTES["rmsnorm"] if eager and model.norm == "rmsnorm" else (4, 6)
     swiglu_fwd, swiglu_bwd = EAGER_BYTES["swiglu"] if eager else (6, 10)
-    rope_fwd, rope_bwd = EAGER_BYTES["rope"] if eager else (4, 4)
+    rope_fwd, rope_bwd = EAGER_BYTES["rope"] if eager else rope_bytes(model, kernels)
     res_fwd = model.norms_per_layer * norm_fwd * h + 2 * (6 * h + (h if dropout else 0))
     res_bwd = model.norms_per_layer * norm_bwd * h + 2 * ((5 * h if dropout else 0) + bias_grad)
     wide_fwd = ffn_width * (swiglu_fwd if n_in == 2 else 4)
