@@ -16,6 +16,7 @@ from autotune.cost import comm, moe_time
 from autotune.cost.activations import block_linears, block_mms, recomputed
 from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
+from autotune.cost.attention_head_dim import head_dim_factor
 from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.kernels import Rates
 from autotune.cost.rope_kernels import rope_bytes
@@ -158,11 +159,13 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     ffn_width = routed_width + shared_width
 
     # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
-    # rate; unfused attention runs batched GEMMs of head_dim depth.
+    # rate for the head width (autotune.cost.attention_head_dim); unfused attention runs batched GEMMs of head_dim
+    # depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
     if plan.flash_attention:  # sliding-window / chunked layers run only the tiles their band touches
-        attention = core_flops / 2 * executed_attention_share(model, s) / r.attention
+        attention = (core_flops / 2 * executed_attention_share(model, s)
+                     / (r.attention * head_dim_factor(r.attention_kernel, head_dim)))
     else:
         attention = _gemm_s(core_flops, s / plan.cp, head_dim, s, bf16_peak, eff)
 
