@@ -16,8 +16,10 @@ from autotune.cost import comm, moe_time
 from autotune.cost.activations import block_linears, block_mms, recomputed
 from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
-from autotune.cost.flops import causal_attention_share
+from autotune.cost.attention_head_dim import head_dim_factor
+from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.kernels import Rates
+from autotune.cost.rope_kernels import rope_bytes
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -85,11 +87,12 @@ train/tr11-176B-ml/chronicles-prequel.md, "NHEADs comparison", 02-23): NHIDDEN 1
 
 
 def elementwise_kernels(engine_kernels: str, torch_compile: bool) -> str:
-    """How a plan's memory-bound kernels run: fused under torch.compile, else as the engine runs them."""
+    """How a plan's memory-bound kernels run: "compiled" (fused by torch.compile, even what the engine leaves
+    unfused: ``autotune.cost.rope_kernels``), else as the engine runs them ("fused" or "eager")."""
     if engine_kernels not in ELEMENTWISE_KERNELS:
         raise ValueError(f"CommSchedule.elementwise_kernels must be one of {ELEMENTWISE_KERNELS}, got "
                          f"{engine_kernels!r}")
-    return "fused" if torch_compile else engine_kernels
+    return "compiled" if torch_compile else engine_kernels
 
 
 def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int, int]]:
@@ -114,8 +117,9 @@ def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int,
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency, r: Rates, kernels: str = "fused", cp_kind: str = "p2p",
                 cp_repeat_kv: bool = False) -> LayerTime:
-    """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE, or torch.compile) or
-    "eager" (PyTorch modules op by op: torchtitan and transformers without compile, ``EAGER_BYTES``); ``cp_kind``
+    """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE), "compiled"
+    (torch.compile) or "eager" (PyTorch modules op by op: torchtitan and transformers without compile,
+    ``EAGER_BYTES``); ``cp_kind``
     and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
@@ -170,14 +174,16 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     ffn_width = routed_width + shared_width
 
     # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
-    # rate; unfused attention runs batched GEMMs of head_dim depth.
+    # rate for the head width (autotune.cost.attention_head_dim); unfused attention runs batched GEMMs of head_dim
+    # depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
     exp_delta = 0.0
-    if plan.flash_attention:  # sliding-window / chunked layers run only the tiles inside their window
-        attention = core_flops / 2 * causal_attention_share(model, s) / r.attention
+    if plan.flash_attention:  # sliding-window / chunked layers run only the tiles their band touches
+        executed = executed_attention_share(model, s)
+        attention = core_flops / 2 * executed / (r.attention * head_dim_factor(r.attention_kernel, head_dim))
         # one exponential per executed (query, key) pair and head: the executed FLOPs over 2 (q + v) head widths
-        exp_delta = tokens * s * model.num_attention_heads * causal_attention_share(model, s) / 2 / t * r.exp_delta_s
+        exp_delta = tokens * s * model.num_attention_heads * executed / 2 / t * r.exp_delta_s
         attention += exp_delta
     elif head_dim % UNALIGNED_HEAD_DIM:
         attention = r.unaligned_s(core_flops, s / plan.cp, head_dim, s)
@@ -194,7 +200,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # * activation: GeLU reads fc1's output, writes fc2's input (4 B per ffn element), backward reads input and
     #   dy, writes dx (6 B); SwiGLU reads gate and up, writes their product (6 B), backward reads gate, up and dy,
     #   writes both gradients (10 B).
-    # * RoPE on q and k: reads and writes each (4 B), the same backward.
+    # * RoPE on q and k: reads and writes each (4 B), the same backward; Megatron's unfused YaRN chain more
+    #   (autotune.cost.rope_kernels).
     # * unfused attention over the s x s scores: scaled-masked softmax 4 B forward, 6 B backward; its dropout
     #   5 B forward (read, write, mask), 5 B backward (read dy and the mask, write dx).
     # ``kernels="eager"``: the composite ops run op by op (EAGER_BYTES); "fused" as above.
@@ -203,7 +210,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     bias_grad = 2 * h if model.linear_bias else 0
     norm_fwd, norm_bwd = EAGER_BYTES["rmsnorm"] if eager and model.norm == "rmsnorm" else (4, 6)
     swiglu_fwd, swiglu_bwd = EAGER_BYTES["swiglu"] if eager else (6, 10)
-    rope_fwd, rope_bwd = EAGER_BYTES["rope"] if eager else (4, 4)
+    rope_fwd, rope_bwd = EAGER_BYTES["rope"] if eager else rope_bytes(model, kernels)
     res_fwd = model.norms_per_layer * norm_fwd * h + 2 * (6 * h + (h if dropout else 0))
     res_bwd = model.norms_per_layer * norm_bwd * h + 2 * ((5 * h if dropout else 0) + bias_grad)
     wide_fwd = ffn_width * (swiglu_fwd if n_in == 2 else 4)

@@ -20,7 +20,7 @@ from autotune.specs.hf_fields import (
     transformers_view,
 )
 
-__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "refuse_output_bias"]
+__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling", "refuse_output_bias"]
 
 _SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
 
@@ -51,6 +51,22 @@ def rope_theta(f: Fields, default: float) -> float:
     return default
 
 
+def rope_scaling(f: Fields) -> str | None:
+    """``yarn`` where ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5) names YaRN
+    (``rope_type``, or the older ``type``) with a factor above 1 (a factor of 1 scales nothing: mscale 1); else None."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = f.data.get(key)
+        if isinstance(params, dict):
+            params = params.get("full_attention", params)
+        if not isinstance(params, dict):
+            continue
+        kind = params.get("rope_type", params.get("type"))
+        factor = params.get("factor", 1.0)
+        if kind == "yarn" and isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1:
+            return "yarn"
+    return None
+
+
 def refuse_output_bias(f: Fields) -> None:
     """Where ``attention_bias`` puts a bias on q, k, v *and* o: ModelSpec has Q/K/V-only or all-linear biases."""
     if f.get("attention_bias", False):
@@ -66,6 +82,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
     heads = f.need("num_attention_heads", what="attention heads")
     vocab_size = f.need("vocab_size", what="vocabulary size") if vocab is None else f.get_int("vocab_size",
                                                                                              default=vocab)
+    scaling = rope_scaling(f)
     return dict(
         num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=f.get_int("num_key_value_heads", default=kv_heads or heads),
@@ -74,7 +91,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=max_positions),
         rope_theta=rope_theta(f, theta), tied_embeddings=bool(f.get("tie_word_embeddings", tied)),
-        dropout=float(f.get("attention_dropout", 0.0)),
+        dropout=float(f.get("attention_dropout", 0.0)), **({"rope_scaling": scaling} if scaling else {}),
     )
 
 

@@ -23,11 +23,13 @@ Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 QKNorm = Literal["head", "full"]
+RopeScaling = Literal["yarn"]
 
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
 # serialises (and counts) as before.
 _LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
-                 "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None}
+                 "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
+                 "rope_scaling": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +55,10 @@ class ModelSpec:
     """Rows of the learned position table (counted only for ``learned``)."""
     rope_theta: float = 10000.0
     """RoPE base frequency (Llama 2: 10,000; Llama 3: 500,000; Mixtral, Qwen2.5: 1,000,000). Only with rope."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE frequency scaling: ``yarn`` (config.json ``rope_scaling.rope_type`` "yarn" with a factor above 1: GPT-OSS
+    factor 32), whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1). None: plain RoPE. Only
+    with rope; ``autotune.cost.rope_kernels`` says how the engines run it."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False
@@ -109,6 +115,8 @@ class ModelSpec:
             out.append(f"position_embedding must be learned, rope or alibi, got {self.position_embedding!r}")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             out.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if self.rope_scaling not in (None, "yarn"):
+            out.append(f"rope_scaling must be yarn or absent, got {self.rope_scaling!r}")
         if self.activation_clamp is not None and not (
                 isinstance(self.activation_clamp, (int, float)) and self.activation_clamp > 0):
             out.append(f"activation_clamp must be a positive number or absent, got {self.activation_clamp!r}")

@@ -137,7 +137,7 @@ def test_engine_says_how_its_memory_bound_kernels_run(name):
 
     kernels = engine_for(plain_plan(name)).comm.elementwise_kernels
     assert kernels in ELEMENTWISE_KERNELS
-    assert elementwise_kernels(kernels, torch_compile=True) == "fused"
+    assert elementwise_kernels(kernels, torch_compile=True) == "compiled"
     with pytest.raises(ValueError, match="elementwise_kernels must be one of"):
         elementwise_kernels("eagr", torch_compile=False)
 

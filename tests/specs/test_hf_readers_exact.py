@@ -110,6 +110,8 @@ def test_patterns_are_carried(tmp_path):
     oss = read("gpt_oss")
     assert oss.attention_sinks and oss.sliding_window_layers == (0, 2) and oss.moe.router_bias
     assert oss.activation_clamp == transformers.GptOssConfig().swiglu_limit == 7.0
+    assert oss.rope_scaling == "yarn" == transformers.GptOssConfig().rope_scaling["rope_type"]
+    assert read("qwen3_moe").rope_scaling is None  # no rope_scaling in its config
     glm = read("glm4_moe")
     assert glm.moe.num_dense_layers == 1 and glm.moe.num_shared_experts == 2 and glm.num_mtp_layers == 1
     assert read("olmo2").qk_norm == "full" and read("deepseek_v3").num_mtp_layers == 1
