@@ -229,20 +229,25 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
                 for precision in dims.precisions:
-                    base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
-                                offload_param=off_param, precision=precision,
-                                fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
+                    rule = outer_rule.get(key, _UNCHECKED)
                     probe = None
-                    if key not in outer_rule:
-                        outer_rule[key], probe = _probe_rule(model, cluster, dims, base, settings, prefix,
-                                                             variant_rules, shortcut, first_probe)
-                    if outer_rule[key] is not None:
-                        rejections[outer_rule[key]] += inner
+                    if rule is _UNCHECKED:
+                        base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
+                                    offload_param=off_param, precision=precision,
+                                    fp8_recipe=fp8_recipe if precision == "fp8" else None)
+                        rule, probe = _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules,
+                                                  shortcut, first_probe)
+                        outer_rule[key] = rule
+                    if rule is not None:
+                        rejections[rule] += inner
                         continue
-                    _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
+                    if probe is None:  # the rules passed on another variant's probe: the layout's first, recast
+                        probe = first_probe[0].with_sharding(zero, rep, off_opt, off_param, precision,
+                                                             fp8_recipe if precision == "fp8" else None)
+                    _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
-                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key, probe)
+                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
 
 
 def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut, first_probe) \
@@ -293,12 +298,12 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
     return first, probe
 
 
-def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key, probe) -> None:
-    """The recompute modes and micro-batches of one variant (``base``). ``probe``: the plan its rules were checked on
-    (``_probe_rule``), or None; where it is one of these plans, it is that plan, and the others are made from it
-    (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
-    rep = base["dp_replicate"]
+def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
+                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
+    """The recompute modes and micro-batches of one variant. ``probe``: the plan its rules were checked on
+    (``_probe_rule``), or one that differs from it only in the micro-batch, accumulation and recompute; where it is
+    one of these plans, it is that plan, and the others are made from it (``ParallelPlan.with_microbatch``)."""
+    rep = probe.dp_replicate
     capacity = float(cluster.gpu.memory_bytes)  # MemoryEstimate.capacity
     floor = 0.0  # a lower bound on the total of every ledger of this variant (``states_floor``), once one is built
     for recompute in dims.recompute:
@@ -319,14 +324,11 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if rule is not None and rule is not _UNCHECKED:
                 rejections[rule] += 1
                 continue
-            if probe is not None and probe.micro_batch_size == mb and probe.recompute == recompute \
-                    and probe.grad_accum_steps == global_batch_size // (mb * dp):
-                plan = probe  # built from the same base
-            elif probe is not None:
-                plan = probe.with_microbatch(mb, global_batch_size // (mb * dp), recompute)
+            accumulation = global_batch_size // (mb * dp)
+            if probe.micro_batch_size == mb and probe.recompute == recompute and probe.grad_accum_steps == accumulation:
+                plan = probe
             else:
-                plan = probe = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
-                                            recompute=recompute, **base)
+                plan = probe.with_microbatch(mb, accumulation, recompute)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
