@@ -26,6 +26,7 @@ from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner
 from autotune.search.result import SearchResult
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
+from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -46,6 +47,7 @@ _BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 # run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
+_estimate = builder(Estimate)  # ~10^4 per search: without the keyword constructor (autotune.specs.frozen)
 _UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
 # A ledger is skipped where its variant's floor (``states_floor``) exceeds the GPU by more than rounding can.
 _FLOOR_MARGIN = 1 + 1e-9
@@ -359,7 +361,7 @@ def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_set
                 rejections[reason] += rest
                 break
             step = estimate_step_time(model, cluster, plan, time_settings)
-            feasible.append(Estimate(model=model, cluster=cluster, plan=plan, memory=memory, time=step))
+            feasible.append(_estimate(model, cluster, plan, memory, step))  # Estimate(model, cluster, plan, ...)
 
 
 def explain_winner(ranked: tuple[Estimate, ...]) -> str:
