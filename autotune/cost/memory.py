@@ -205,15 +205,15 @@ def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None)
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:
 # every ZeRO stage, replica count and offload of a layout shares them.
 _ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS, "ep", "etp")
-_activations_cache: dict[tuple, tuple[ModelSpec, tuple]] = {}
+_activations_cache: dict[tuple, tuple[ModelSpec, tuple, ActivationFacts]] = {}
 
 
 def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts, scheme: str) -> tuple:
     """For each stage that can be the most loaded: (stage, its parameter groups, dense and expert parameters per
     GPU, activation parts, their sum), cached over ``_ACTIVATION_FIELDS``."""
-    key = (id(model), facts, scheme, _ACTIVATION_FIELDS(plan))
+    key = (id(model), id(facts), scheme, _ACTIVATION_FIELDS(plan))  # the facts: one object each (_run_facts)
     hit = _activations_cache.get(key)
-    if hit is None or hit[0] is not model:
+    if hit is None or hit[0] is not model or hit[2] is not facts:
         if len(_activations_cache) > 65536:
             _activations_cache.clear()
         out = []
@@ -222,7 +222,7 @@ def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             out.append((stage, groups, groups.tp_sharded / plan.tp + groups.replicated,
                         groups.expert / (plan.ep * plan.expert_tp), activation_parts, sum(activation_parts.values())))
-        hit = _activations_cache[key] = (model, tuple(out))
+        hit = _activations_cache[key] = (model, tuple(out), facts)
     return hit[1]
 
 
@@ -256,6 +256,30 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
     return hit[2]
 
 
+_facts_cache: dict[tuple, tuple[ActivationFacts, ActivationFacts]] = {}
+
+
+def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings) -> ActivationFacts:
+    """The engine's activation facts for the plan with the run's selective policy and, under context parallelism,
+    the engine's CP kind (``activations.py``): one object for each (cached), so the caches above key on its id."""
+    facts = engine.activation_facts(plan)
+    cp_kind = engine.comm.cp_kind if plan.cp > 1 else None  # context parallelism's attention buffers
+    repeat = (engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv) if cp_kind \
+        else None
+    key = (id(facts), settings.selective_policy, cp_kind, repeat)
+    hit = _facts_cache.get(key)
+    if hit is None or hit[0] is not facts:
+        run = facts
+        if settings.selective_policy is not None:
+            run = dataclasses.replace(run, selective=settings.selective_policy)
+        if cp_kind:
+            run = dataclasses.replace(run, cp_kind=cp_kind, cp_repeat_kv=repeat)
+        if len(_facts_cache) > 256:
+            _facts_cache.clear()
+        hit = _facts_cache[key] = (facts, run)
+    return hit[1]
+
+
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings) -> tuple:
     """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
     their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS``."""
@@ -264,13 +288,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
             _parts_cache.clear()
-        facts = engine.activation_facts(plan)
-        if settings.selective_policy is not None:
-            facts = dataclasses.replace(facts, selective=settings.selective_policy)
-        if plan.cp > 1 and engine.comm.cp_kind:  # context parallelism's attention buffers (activations.py)
-            repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
-            facts = dataclasses.replace(facts, cp_kind=engine.comm.cp_kind, cp_repeat_kv=repeat)
-        stages = _stages_activations(model, plan, facts, engine.support.layer_split)
+        stages = _stages_activations(model, plan, _run_facts(engine, plan, settings), engine.support.layer_split)
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
             for (stage, _, dense, expert, activation_parts, activations), (buffer_parts, buffers)
