@@ -127,10 +127,9 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                     dp = n // (tp * cp * pp)
                     sp = tp > 1 and engine_for(engine).support.sequence_parallel
                     per_variant = inner * len(dims.offload_optimizer) * len(dims.offload_param) * len(dims.precisions)
+                    variants = [(z, r) for z in dims.zero_stages for r in replica_counts(dims, engine, z, dp, tp, cp)]
                     for vpp in dims.vpp:
                         for ep in dims.ep:
-                            variants = [(z, r) for z in dims.zero_stages
-                                        for r in replica_counts(dims, engine, z, dp, tp, cp)]
                             enumerated += len(variants) * per_variant
                             shape = (engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp)
                             checked = (tp, cp, pp, ep) in other_rule and not _VERIFY_SHORTCUTS
