@@ -277,19 +277,19 @@ STAGE_ACTIVATION_FIELDS = (
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap")  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
-_stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float]]] = {}
+_stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 
 
 def stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int,
                            facts: ActivationFacts = MEGATRON_FACTS, scheme: str = "megatron") -> dict[str, float]:
     """Activation bytes held at the peak by pipeline stage ``stage``, by part (:func:`_stage_activation_bytes`,
     cached: the planner asks the same of every ZeRO stage, replica count and offload of a layout)."""
-    key = (id(model), facts, stage, scheme, _STAGE_ACTIVATION_FIELDS(plan))  # ModelSpec hashes slowly: its id
+    key = (id(model), id(facts), stage, scheme, _STAGE_ACTIVATION_FIELDS(plan))  # the specs hash slowly: their ids
     hit = _stage_cache.get(key)
-    if hit is None or hit[0] is not model:
+    if hit is None or hit[0] is not model or hit[2] is not facts:
         if len(_stage_cache) > 65536:
             _stage_cache.clear()
-        hit = _stage_cache[key] = (model, _stage_activation_bytes(model, plan, stage, facts, scheme))
+        hit = _stage_cache[key] = (model, _stage_activation_bytes(model, plan, stage, facts, scheme), facts)
     return dict(hit[1])
 
 

@@ -28,6 +28,7 @@ from autotune.cost.launch import cuda_graph_static_bytes
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import ActivationFacts
 from autotune.engines.states import ModelStateBytes
+from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_param_groups
 from autotune.specs.model import ModelSpec, ParamGroups
@@ -126,6 +127,9 @@ class MemoryEstimate:
         return out
 
 
+_memory_estimate = builder(MemoryEstimate)
+
+
 def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
                          settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
     """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one; ``fp8_any_layout``: the GPU's
@@ -202,15 +206,15 @@ def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None)
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:
 # every ZeRO stage, replica count and offload of a layout shares them.
 _ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS, "ep", "etp")
-_activations_cache: dict[tuple, tuple[ModelSpec, tuple]] = {}
+_activations_cache: dict[tuple, tuple[ModelSpec, tuple, ActivationFacts]] = {}
 
 
 def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts, scheme: str) -> tuple:
     """For each stage that can be the most loaded: (stage, its parameter groups, dense and expert parameters per
     GPU, activation parts, their sum), cached over ``_ACTIVATION_FIELDS``."""
-    key = (id(model), facts, scheme, _ACTIVATION_FIELDS(plan))
+    key = (id(model), id(facts), scheme, _ACTIVATION_FIELDS(plan))  # the facts: one object each (_run_facts)
     hit = _activations_cache.get(key)
-    if hit is None or hit[0] is not model:
+    if hit is None or hit[0] is not model or hit[2] is not facts:
         if len(_activations_cache) > 65536:
             _activations_cache.clear()
         out = []
@@ -219,7 +223,7 @@ def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             out.append((stage, groups, groups.tp_sharded / plan.tp + groups.replicated,
                         groups.expert / (plan.ep * plan.expert_tp), activation_parts, sum(activation_parts.values())))
-        hit = _activations_cache[key] = (model, tuple(out))
+        hit = _activations_cache[key] = (model, tuple(out), facts)
     return hit[1]
 
 
@@ -253,6 +257,31 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
     return hit[2]
 
 
+_facts_cache: dict[tuple, tuple[ActivationFacts, ActivationFacts]] = {}
+
+
+def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, node_gpus: int) -> ActivationFacts:
+    """The engine's activation facts for the plan with the run's selective policy and, under context parallelism,
+    the engine's CP kind (``activations.py``): one object for each (cached), so the caches above key on its id."""
+    facts = engine.activation_facts(plan)
+    kind = cp_kind(plan, engine.comm.cp_kind) if plan.cp > 1 else None  # context parallelism's attention buffers
+    repeat = (engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv) if kind \
+        else None
+    node = node_gpus if kind == "a2a+p2p" else 0  # the node's size splits a2a+p2p's ring
+    key = (id(facts), settings.selective_policy, kind, repeat, node)
+    hit = _facts_cache.get(key)
+    if hit is None or hit[0] is not facts:
+        run = facts
+        if settings.selective_policy is not None:
+            run = dataclasses.replace(run, selective=settings.selective_policy)
+        if kind:
+            run = dataclasses.replace(run, cp_kind=kind, cp_repeat_kv=repeat, cp_node_gpus=node_gpus)
+        if len(_facts_cache) > 256:
+            _facts_cache.clear()
+        hit = _facts_cache[key] = (facts, run)
+    return hit[1]
+
+
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
                   node_gpus: int, fp8_any_layout: bool = False) -> tuple:
     """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
@@ -264,13 +293,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
             _parts_cache.clear()
-        facts = engine.activation_facts(plan)
-        if settings.selective_policy is not None:
-            facts = dataclasses.replace(facts, selective=settings.selective_policy)
-        kind = cp_kind(plan, engine.comm.cp_kind)
-        if plan.cp > 1 and kind:  # context parallelism's attention buffers (activations.py)
-            repeat = engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv
-            facts = dataclasses.replace(facts, cp_kind=kind, cp_repeat_kv=repeat, cp_node_gpus=node_gpus)
+        facts = _run_facts(engine, plan, settings, node_gpus)
         stages = _stages_activations(model, plan, facts, engine.support.layer_split)
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
@@ -305,21 +328,21 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states + states.host_buffers
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         host_per_gpu += settings.offload_buffer_bytes
-    return MemoryEstimate(
-        weights=states.weights,
-        gradients=states.gradients,
-        optimizer_states=states.optimizer_states,
-        activations=activations,
-        buffers=buffers,
-        overhead=reserve + _outside_allocator_bytes(cluster, plan, settings),
-        capacity=float(cluster.gpu.memory_bytes),
-        stage=stage,
-        host_per_node=host_per_gpu * cluster.gpus_per_node,
-        nvme_per_node=states.nvme * cluster.gpus_per_node,
-        host_capacity_per_node=float(cluster.host_memory_bytes_per_node),
-        activation_parts=dict(activation_parts),
-        buffer_parts=dict(buffer_parts),
-        offloaded=states,
-        optimizer_step=step_extra,
-        reserve=reserve,
+    return _memory_estimate(  # MemoryEstimate's fields in their order (a builder: ~10^4 ledgers per search)
+        states.weights,  # weights
+        states.gradients,  # gradients
+        states.optimizer_states,  # optimizer_states
+        activations,  # activations
+        buffers,  # buffers
+        reserve + _outside_allocator_bytes(cluster, plan, settings),  # overhead
+        float(cluster.gpu.memory_bytes),  # capacity
+        stage,  # stage
+        host_per_gpu * cluster.gpus_per_node,  # host_per_node
+        states.nvme * cluster.gpus_per_node,  # nvme_per_node
+        float(cluster.host_memory_bytes_per_node),  # host_capacity_per_node
+        dict(activation_parts),  # activation_parts
+        dict(buffer_parts),  # buffer_parts
+        states,  # offloaded
+        step_extra,  # optimizer_step
+        reserve,  # reserve
     )

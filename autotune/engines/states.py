@@ -32,6 +32,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from autotune.specs.frozen import builder
 from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.model_tensors import stage_tensors
@@ -56,6 +57,9 @@ class ModelStateBytes:
     nvme: float = 0.0
     step_transient: float = 0.0
     """Extra bytes on the GPU while the optimizer steps (fp32 gradient copies); activations are freed then."""
+
+
+_model_state_bytes = builder(ModelStateBytes)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,7 +180,8 @@ def fsdp2_states(plan: ParallelPlan, dense: float, expert: float) -> ModelStateB
     k = OPTIMIZER_STATE_BYTES[plan.optimizer]
     share = _partitioned(plan, dense, expert) if plan.zero_stage >= 2 else dense + expert
     weights, grads, opt = 4 * share, 4 * share, (k - 4) * share
+    # ModelStateBytes(weights, gradients, optimizer_states, host_weights, host_gradients, host_optimizer_states,
+    # host_buffers, nvme, step_transient), made by a builder: the planner asks for ~10^4 of them
     if plan.offload_param == "cpu":
-        return ModelStateBytes(weights=0.0, gradients=0.0, optimizer_states=0.0, host_weights=weights,
-                               host_gradients=grads, host_optimizer_states=opt)
-    return ModelStateBytes(weights=weights, gradients=grads, optimizer_states=opt)
+        return _model_state_bytes(0.0, 0.0, 0.0, weights, grads, opt, 0.0, 0.0, 0.0)
+    return _model_state_bytes(weights, grads, opt, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

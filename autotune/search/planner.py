@@ -26,6 +26,7 @@ from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner
 from autotune.search.result import SearchResult
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
+from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -46,6 +47,7 @@ _BEFORE_VPP_RULES = frozenset(LAYOUT_RULES[:LAYOUT_RULES.index(VPP_RULES[0])])
 # run settings (the engine's LAYOUT_DIMS rules join them by name: _probe_rule).
 _PREFIX_RULES = GENERIC_PREFIX_RULES | _LAYOUT_RULES
 
+_estimate = builder(Estimate)  # ~10^4 per search: without the keyword constructor (autotune.specs.frozen)
 _UNCHECKED = object()  # a cache miss (None: checked, no rule broken)
 # A ledger is skipped where its variant's floor (``states_floor``) exceeds the GPU by more than rounding can.
 _FLOOR_MARGIN = 1 + 1e-9
@@ -125,10 +127,9 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                     dp = n // (tp * cp * pp)
                     sp = tp > 1 and engine_for(engine).support.sequence_parallel
                     per_variant = inner * len(dims.offload_optimizer) * len(dims.offload_param) * len(dims.precisions)
+                    variants = [(z, r) for z in dims.zero_stages for r in replica_counts(dims, engine, z, dp, tp, cp)]
                     for vpp in dims.vpp:
                         for ep in dims.ep:
-                            variants = [(z, r) for z in dims.zero_stages
-                                        for r in replica_counts(dims, engine, z, dp, tp, cp)]
                             enumerated += len(variants) * per_variant
                             shape = (engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp)
                             checked = (tp, cp, pp, ep) in other_rule and not _VERIFY_SHORTCUTS
@@ -230,20 +231,25 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
         for off_opt in dims.offload_optimizer:
             for off_param in dims.offload_param:
                 for precision in dims.precisions:
-                    base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
-                                offload_param=off_param, precision=precision,
-                                fp8_recipe=fp8_recipe if precision == "fp8" else None)
                     key = (zero, rep > 1, off_opt, off_param, precision)
+                    rule = outer_rule.get(key, _UNCHECKED)
                     probe = None
-                    if key not in outer_rule:
-                        outer_rule[key], probe = _probe_rule(model, cluster, dims, base, settings, prefix,
-                                                             variant_rules, shortcut, first_probe)
-                    if outer_rule[key] is not None:
-                        rejections[outer_rule[key]] += inner
+                    if rule is _UNCHECKED:
+                        base = dict(base_fields, zero_stage=zero, dp_replicate=rep, offload_optimizer=off_opt,
+                                    offload_param=off_param, precision=precision,
+                                    fp8_recipe=fp8_recipe if precision == "fp8" else None)
+                        rule, probe = _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules,
+                                                  shortcut, first_probe)
+                        outer_rule[key] = rule
+                    if rule is not None:
+                        rejections[rule] += inner
                         continue
-                    _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings,
+                    if probe is None:  # the rules passed on another variant's probe: the layout's first, recast
+                        probe = first_probe[0].with_sharding(zero, rep, off_opt, off_param, precision,
+                                                             fp8_recipe if precision == "fp8" else None)
+                    _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_settings,
                                   time_settings, min_headroom, rejections, feasible,
-                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key, probe)
+                                  gpu_full_at, (zero, off_opt, off_param, precision), inner_rule, key)
 
 
 def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, shortcut, first_probe) \
@@ -294,12 +300,12 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
     return first, probe
 
 
-def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
-                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key, probe) -> None:
-    """The recompute modes and micro-batches of one variant (``base``). ``probe``: the plan its rules were checked on
-    (``_probe_rule``), or None; where it is one of these plans, it is that plan, and the others are made from it
-    (``ParallelPlan.with_microbatch``), as from the first plan built where there is none."""
-    rep = base["dp_replicate"]
+def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
+                  rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
+    """The recompute modes and micro-batches of one variant. ``probe``: the plan its rules were checked on
+    (``_probe_rule``), or one that differs from it only in the micro-batch, accumulation and recompute; where it is
+    one of these plans, it is that plan, and the others are made from it (``ParallelPlan.with_microbatch``)."""
+    rep = probe.dp_replicate
     capacity = float(cluster.gpu.memory_bytes)  # MemoryEstimate.capacity
     floor = 0.0  # a lower bound on the total of every ledger of this variant (``states_floor``), once one is built
     for recompute in dims.recompute:
@@ -320,14 +326,11 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
             if rule is not None and rule is not _UNCHECKED:
                 rejections[rule] += 1
                 continue
-            if probe is not None and probe.micro_batch_size == mb and probe.recompute == recompute \
-                    and probe.grad_accum_steps == global_batch_size // (mb * dp):
-                plan = probe  # built from the same base
-            elif probe is not None:
-                plan = probe.with_microbatch(mb, global_batch_size // (mb * dp), recompute)
+            accumulation = global_batch_size // (mb * dp)
+            if probe.micro_batch_size == mb and probe.recompute == recompute and probe.grad_accum_steps == accumulation:
+                plan = probe
             else:
-                plan = probe = ParallelPlan(micro_batch_size=mb, grad_accum_steps=global_batch_size // (mb * dp),
-                                            recompute=recompute, **base)
+                plan = probe.with_microbatch(mb, accumulation, recompute)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
@@ -358,7 +361,7 @@ def _search_inner(model, cluster, base, dims, dp, global_batch_size, memory_sett
                 rejections[reason] += rest
                 break
             step = estimate_step_time(model, cluster, plan, time_settings)
-            feasible.append(Estimate(model=model, cluster=cluster, plan=plan, memory=memory, time=step))
+            feasible.append(_estimate(model, cluster, plan, memory, step))  # Estimate(model, cluster, plan, ...)
 
 
 def explain_winner(ranked: tuple[Estimate, ...]) -> str:

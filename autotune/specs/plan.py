@@ -386,10 +386,15 @@ class ParallelPlan:
     def with_sharding(self, zero_stage: int, dp_replicate: int, offload_optimizer: str, offload_param: str,
                       precision: str, fp8_recipe: str | None) -> ParallelPlan:
         """``with_(...)`` of these six fields (the planner's variants of one layout), checked as the constructor checks
-        them (``__post_init__``), copied as ``with_microbatch`` copies."""
+        them (``__post_init__``: its checks that read them, here; every check where one fails, to report it),
+        copied as ``with_microbatch`` copies."""
         new = _copy_with_sharding(self, zero_stage, dp_replicate, offload_optimizer, offload_param, precision,
                                   fp8_recipe)
-        new.__post_init__()
+        if not (zero_stage in (0, 1, 2, 3) and type(dp_replicate) is int and dp_replicate >= 1
+                and self.dp % dp_replicate == 0 and offload_optimizer in _OFFLOADS and offload_param in _OFFLOADS
+                and precision in _PRECISIONS
+                and (fp8_recipe is None or (fp8_recipe in FP8_RECIPES and precision == "fp8"))):
+            new.__post_init__()  # reports what is wrong
         return new
 
 
