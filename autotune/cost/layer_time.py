@@ -22,7 +22,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor", "layer_time", "time_key"]
+__all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor", "layer_time",
+           "time_key", "tp_pair_exposed_s"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -52,6 +53,9 @@ class LayerTime:
     Megatron's EP overlap schedule runs as the layer's "mlp" node (``autotune.cost.ep_overlap``)."""
     ring: RingTime = RingTime()
     """Context parallelism as the engine runs it (``autotune.cost.cp_ring``)."""
+    tp_unpaired_s: float | None = None
+    """Of one pass's TP collectives, what the GEMM each is fused with cannot cover (``tp_pair_exposed_s``; None
+    where the layer's collectives do not pair one to one with its GEMMs: MoE layers)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -245,6 +249,12 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
     tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
+    unpaired = None
+    if not moe_layer and t > 1:
+        col = sum(_gemm_s(2 * tokens * k * n / split, tokens, k, n / split, gemm_peak, eff)
+                  for kind, k, n, split in projections if kind != "row")
+        row = gemm - col - fc1 - fc2  # the attention output projection(s)
+        unpaired = tp_pair_exposed_s(tp_comm / 4, (col, row, fc1, fc2))
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
     ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
     moe_comm = 0.0
@@ -254,7 +264,18 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring)
+                     tuple(modules.items()), experts, ring, unpaired)
+
+
+def tp_pair_exposed_s(collective_s: float, gemms_s: tuple[float, ...]) -> float:
+    """Async TP (torch's micro-pipelined TP, torch.compile's ``_micro_pipeline_tp`` that torchtitan turns on,
+    torchtitan/distributed/compile.py ``_maybe_enable_async_tp``) fuses each collective with one GEMM:
+    ``symm_mem.fused_all_gather_matmul`` the all-gather with the projection that reads it, the reduce-scatter with
+    the projection that writes it (forward ``y = all_gather(x) @ w``, dgrad ``dx = reduce_scatter(dy @ w)``,
+    torchtitan b5bcd76 torchtitan/distributed/linear.py ``AllGatherLinear``). A collective hides only behind its
+    own GEMM: of a layer's four (attention in / out, MLP in / out: ``gemms_s`` QKV, output projection, fc1, fc2),
+    what each GEMM is too short to cover waits. The backward pairs the same GEMMs' dgrad (as many FLOPs)."""
+    return sum(max(0.0, collective_s - g) for g in gemms_s)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -325,7 +346,11 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
             ring_reruns = 1.0
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
-    if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
+    if tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None:  # each behind its own GEMM
+        total = lt.tp_comm_s * (fwd_passes + 1)
+        exposed = lt.tp_unpaired_s * (fwd_passes + 1)
+        hidden = total - exposed
+    elif tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
         total = lt.tp_comm_s * (fwd_passes + 1)
         exposed = max(0.0, total - lt.gemm_s * 3)
         hidden = total - exposed
