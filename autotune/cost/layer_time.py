@@ -18,12 +18,13 @@ from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.flops import causal_attention_share
 from autotune.cost.kernels import Rates
+from autotune.cost.tp_pairing import op_sac_gathers, tp_pair_exposed_s
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["EAGER_BYTES", "ELEMENTWISE_KERNELS", "LayerTime", "elementwise_kernels", "attention_bwd_factor", "layer_time",
-           "time_key", "tp_pair_exposed_s"]
+           "time_key"]
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
@@ -53,6 +54,9 @@ class LayerTime:
     Megatron's EP overlap schedule runs as the layer's "mlp" node (``autotune.cost.ep_overlap``)."""
     ring: RingTime = RingTime()
     """Context parallelism as the engine runs it (``autotune.cost.cp_ring``)."""
+    op_sac_tp_s: tuple[float, float] = (0.0, 0.0)
+    """torchtitan's op-level SAC with sequence parallelism: the two input all-gathers its backward reruns (all of
+    them, and what async TP's pairing leaves exposed: ``op_sac_gathers``)."""
     tp_unpaired_s: float | None = None
     """Of one pass's TP collectives, what the GEMM each is fused with cannot cover (``tp_pair_exposed_s``; None
     where the layer's collectives do not pair one to one with its GEMMs: MoE layers)."""
@@ -255,6 +259,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
                   for kind, k, n, split in projections if kind != "row")
         row = gemm - col - fc1 - fc2  # the attention output projection(s)
         unpaired = tp_pair_exposed_s(tp_comm / 4, (col, row, fc1, fc2))
+    sac_tp = op_sac_gathers(model, plan, tp_comm / 4, _gemm_s, gemm_peak, eff) if not moe_layer else (0.0, 0.0)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
     ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
     moe_comm = 0.0
@@ -264,18 +269,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring, unpaired)
-
-
-def tp_pair_exposed_s(collective_s: float, gemms_s: tuple[float, ...]) -> float:
-    """Async TP (torch's micro-pipelined TP, torch.compile's ``_micro_pipeline_tp`` that torchtitan turns on,
-    torchtitan/distributed/compile.py ``_maybe_enable_async_tp``) fuses each collective with one GEMM:
-    ``symm_mem.fused_all_gather_matmul`` the all-gather with the projection that reads it, the reduce-scatter with
-    the projection that writes it (forward ``y = all_gather(x) @ w``, dgrad ``dx = reduce_scatter(dy @ w)``,
-    torchtitan b5bcd76 torchtitan/distributed/linear.py ``AllGatherLinear``). A collective hides only behind its
-    own GEMM: of a layer's four (attention in / out, MLP in / out: ``gemms_s`` QKV, output projection, fc1, fc2),
-    what each GEMM is too short to cover waits. The backward pairs the same GEMMs' dgrad (as many FLOPs)."""
-    return sum(max(0.0, collective_s - g) for g in gemms_s)
+                     tuple(modules.items()), experts, ring, sac_tp, unpaired)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -360,6 +354,11 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         hidden = lt.tp_comm_s - bwd_exposed
     else:
         exposed = lt.tp_comm_s * (fwd_passes + 1)
+    if plan.recompute == "selective" and selective in ("op-sac", "op-sac-0.3") and plan.tp > 1:
+        gathers, unpaired = lt.op_sac_tp_s  # the input all-gathers op-level SAC reruns (op_sac_gathers)
+        rerun_exposed = unpaired if tp_overlap == "async-tp" else gathers
+        exposed += rerun_exposed
+        hidden += gathers - rerun_exposed
     # Context parallelism: each forward pass of the attention core (the forward, its recompute) exchanges K/V again.
     ring_passes = fwd_passes + ring_reruns
     cp = ring.fwd_exposed_s * ring_passes + ring.bwd_exposed_s

@@ -4,7 +4,7 @@ import pytest
 
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, gemm_efficiency
-from autotune.cost.layer_time import tp_pair_exposed_s
+from autotune.cost.tp_pairing import tp_pair_exposed_s
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
