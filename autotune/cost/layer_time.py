@@ -18,7 +18,7 @@ from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.flops import causal_attention_share
 from autotune.cost.kernels import Rates
-from autotune.cost.tp_pairing import op_sac_gathers, tp_pair_exposed_s
+from autotune.cost.tp_pairing import async_tp_reduce_bytes, op_sac_gathers, tp_pair_exposed_s
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -57,9 +57,10 @@ class LayerTime:
     op_sac_tp_s: tuple[float, float] = (0.0, 0.0)
     """torchtitan's op-level SAC with sequence parallelism: the two input all-gathers its backward reruns (all of
     them, and what async TP's pairing leaves exposed: ``op_sac_gathers``)."""
-    tp_unpaired_s: float | None = None
-    """Of one pass's TP collectives, what the GEMM each is fused with cannot cover (``tp_pair_exposed_s``; None
-    where the layer's collectives do not pair one to one with its GEMMs: MoE layers)."""
+    tp_unpaired_s: tuple[float, float] | None = None
+    """Under async TP, one pass's (collectives the GEMM each is fused with cannot cover: ``tp_pair_exposed_s``,
+    the reductions of its two fused reduce-scatters: ``async_tp_reduce_bytes``); None where the layer's
+    collectives do not pair one to one with its GEMMs (MoE layers)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -258,7 +259,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         col = sum(_gemm_s(2 * tokens * k * n / split, tokens, k, n / split, gemm_peak, eff)
                   for kind, k, n, split in projections if kind != "row")
         row = gemm - col - fc1 - fc2  # the attention output projection(s)
-        unpaired = tp_pair_exposed_s(tp_comm / 4, (col, row, fc1, fc2))
+        unpaired = (tp_pair_exposed_s(tp_comm / 4, (col, row, fc1, fc2)),
+                    2 * async_tp_reduce_bytes(tokens, h, t) / hbm)
     sac_tp = op_sac_gathers(model, plan, tp_comm / 4, _gemm_s, gemm_peak, eff) if not moe_layer else (0.0, 0.0)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
     ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
@@ -319,6 +321,10 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     ring = lt.ring
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
     bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s + ring.merge_bwd_s
+    async_pairs = tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None
+    if async_pairs:  # the fused reduce-scatters' reductions, on the compute stream (forward: wo, fc2; dgrad: QKV, fc1)
+        fwd += lt.tp_unpaired_s[1]
+        bwd += lt.tp_unpaired_s[1]
     full = plan.recompute == "full"
     # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core by default: its GEMMs (or the
     # flash kernel) and, unfused, the softmax and dropout over the scores; Megatron's other modules what
@@ -340,9 +346,9 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
             ring_reruns = 1.0
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
-    if tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None:  # each behind its own GEMM
+    if async_pairs:  # each collective behind its own GEMM
         total = lt.tp_comm_s * (fwd_passes + 1)
-        exposed = lt.tp_unpaired_s * (fwd_passes + 1)
+        exposed = lt.tp_unpaired_s[0] * (fwd_passes + 1)
         hidden = total - exposed
     elif tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
         total = lt.tp_comm_s * (fwd_passes + 1)

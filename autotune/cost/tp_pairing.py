@@ -11,7 +11,7 @@ from autotune.cost.op_sac import block_linears
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["op_sac_gathers", "tp_pair_exposed_s"]
+__all__ = ["async_tp_reduce_bytes", "op_sac_gathers", "tp_pair_exposed_s"]
 
 
 def tp_pair_exposed_s(collective_s: float, gemms_s: tuple[float, ...]) -> float:
@@ -50,3 +50,12 @@ def op_sac_gathers(model: ModelSpec, plan: ParallelPlan, gather_s: float, gemm_s
                          peak, eff) for i in site if i in rerun) for site in sites]
     return 2 * gather_s, tp_pair_exposed_s(gather_s, tuple(paired))
 
+
+def async_tp_reduce_bytes(tokens: float, width: float, tp: int) -> float:
+    """HBM bytes of the reduction after one fused matmul + reduce-scatter of a [tokens x width] 16-bit output over
+    ``tp`` ranks. torch's ``_fused_matmul_reduce_scatter_impl`` (torch/distributed/_symmetric_memory/__init__.py)
+    sends each destination its [tokens/tp x width] partial product (``_pipelined_produce_and_all2all``, copy engines)
+    into ``stacked_partials``, then sums the ``tp`` partials with one ``torch.sum(dim=0)`` kernel on the compute
+    stream after the pipeline: it reads all of them (tokens x width) and writes the rank's share. NCCL's
+    reduce-scatter reduces inside its own kernel, behind compute; this reduction is not."""
+    return 2.0 * tokens * width * (1 + 1 / tp)

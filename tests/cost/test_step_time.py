@@ -4,7 +4,9 @@ import pytest
 
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, gemm_efficiency
-from autotune.cost.tp_pairing import tp_pair_exposed_s
+from autotune.cost.kernels import rates
+from autotune.cost.layer_time import layer_passes, layer_time, time_key
+from autotune.cost.tp_pairing import async_tp_reduce_bytes, tp_pair_exposed_s
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
@@ -164,3 +166,20 @@ def test_async_tp_hides_each_collective_behind_its_own_gemm_only():
         assert 0 < est.comm_parts_s["tp"] < none.comm_parts_s["tp"]
         shares.append(est.comm_parts_s["tp"] / none.comm_parts_s["tp"])
     assert shares[0] > shares[1]
+
+
+def test_async_tp_pays_its_fused_reduce_scatters_reduction_on_the_compute_stream():
+    """torch's fused matmul + reduce-scatter sums the tp partial products in a separate kernel after the pipeline
+    (HBM time in every forward and backward pass); NCCL's reduce-scatter does it inside the collective."""
+    h100 = load_cluster(gpu="h100-sxm-80gb", num_gpus=8, gpus_per_node=None, cluster_path=None)
+    model = load_model_preset("llama3-8b")
+    plan = ParallelPlan(tp=8, dp=1, micro_batch_size=4, global_batch_size=4, grad_accum_steps=1, seq_len=8192,
+                        engine="fsdp", zero_stage=3, sequence_parallel=True)
+    r = rates(h100, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
+    lt = layer_time(model, h100, time_key(plan), False, DEFAULT_EFFICIENCY, r)
+    fused = layer_passes(lt, plan, 1.0, "async-tp", True)
+    plain = layer_passes(lt, plan, 1.0, "none", True)
+    tokens, h = 8192 * 4, model.hidden_size
+    reduce_s = 2 * async_tp_reduce_bytes(tokens, h, 8) / r.hbm
+    assert fused.fwd_s - plain.fwd_s == pytest.approx(reduce_s)
+    assert fused.bwd_s - plain.bwd_s == pytest.approx(reduce_s)
