@@ -20,6 +20,7 @@ from autotune.cost.attention_head_dim import head_dim_factor
 from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.kernels import Rates
 from autotune.cost.rope_kernels import rope_bytes
+from autotune.cost.tp_pairing import async_tp_reduce_bytes, op_sac_gathers, tp_pair_exposed_s
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -59,6 +60,13 @@ class LayerTime:
     """The part of ``attention_s`` that is the softmax exponentials' time beyond (negative: short of) the GPU's
     ``attention_fraction`` reference (``Rates.exp_delta_s``): the backward recomputes each exponential once, so
     it counts once there, not ``attention_bwd_factor`` times."""
+    op_sac_tp_s: tuple[float, float] = (0.0, 0.0)
+    """torchtitan's op-level SAC with sequence parallelism: the two input all-gathers its backward reruns (all of
+    them, and what async TP's pairing leaves exposed: ``op_sac_gathers``)."""
+    tp_unpaired_s: tuple[float, float] | None = None
+    """Under async TP, one pass's (collectives the GEMM each is fused with cannot cover: ``tp_pair_exposed_s``,
+    the reductions of its two fused reduce-scatters: ``async_tp_reduce_bytes``); None where the layer's
+    collectives do not pair one to one with its GEMMs (MoE layers)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -273,6 +281,14 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # Tensor-parallel collectives: two per layer forward (all-reduce, or all-gather + reduce-scatter with SP).
     tp_link = comm.group_link(cluster, eff, t, 1)  # per ring step latency: the GPU's kernel facts
     tp_comm = 2 * comm.all_reduce_s(tokens * h * 2, t, tp_link)
+    unpaired = None
+    if not moe_layer and t > 1:
+        col = sum(_gemm_s(2 * tokens * k * n / split, tokens, k, n / split, gemm_peak, eff)
+                  for kind, k, n, split in projections if kind != "row")
+        row = gemm - col - fc1 - fc2  # the attention output projection(s)
+        unpaired = (tp_pair_exposed_s(tp_comm / 4, (col, row, fc1, fc2)),
+                    2 * async_tp_reduce_bytes(tokens, h, t) / hbm)
+    sac_tp = op_sac_gathers(model, plan, tp_comm / 4, _gemm_s, gemm_peak, eff) if not moe_layer else (0.0, 0.0)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
     ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan)
                      / attention if attention > 0 else attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
@@ -283,7 +299,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring, exp_delta)
+                     tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
@@ -340,6 +356,11 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
     bwd = 2 * lt.gemm_s + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
         + ring.merge_bwd_s
+    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s + ring.merge_bwd_s
+    async_pairs = tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None
+    if async_pairs:  # the fused reduce-scatters' reductions, on the compute stream (forward: wo, fc2; dgrad: QKV, fc1)
+        fwd += lt.tp_unpaired_s[1]
+        bwd += lt.tp_unpaired_s[1]
     full = plan.recompute == "full"
     # Selective recompute (Korthikanti et al. 2022 Sec. 4.2) reruns the attention core by default: its GEMMs (or the
     # flash kernel) and, unfused, the softmax and dropout over the scores; Megatron's other modules what
@@ -361,7 +382,11 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
             ring_reruns = 1.0
     fwd_passes = 1 + (rec_share if full else 0.0)
     hidden = 0.0
-    if tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
+    if async_pairs:  # each collective behind its own GEMM
+        total = lt.tp_comm_s * (fwd_passes + 1)
+        exposed = lt.tp_unpaired_s[0] * (fwd_passes + 1)
+        hidden = total - exposed
+    elif tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
         total = lt.tp_comm_s * (fwd_passes + 1)
         exposed = max(0.0, total - lt.gemm_s * 3)
         hidden = total - exposed
@@ -371,6 +396,11 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         hidden = lt.tp_comm_s - bwd_exposed
     else:
         exposed = lt.tp_comm_s * (fwd_passes + 1)
+    if plan.recompute == "selective" and selective in ("op-sac", "op-sac-0.3") and plan.tp > 1:
+        gathers, unpaired = lt.op_sac_tp_s  # the input all-gathers op-level SAC reruns (op_sac_gathers)
+        rerun_exposed = unpaired if tp_overlap == "async-tp" else gathers
+        exposed += rerun_exposed
+        hidden += gathers - rerun_exposed
     # Context parallelism: each forward pass of the attention core (the forward, its recompute) exchanges K/V again.
     ring_passes = fwd_passes + ring_reruns
     cp = ring.fwd_exposed_s * ring_passes + ring.bwd_exposed_s

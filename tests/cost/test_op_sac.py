@@ -18,8 +18,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.cost.activations import block_linears, block_mms, stage_activation_bytes
+from autotune.cost.efficiency import DEFAULT_EFFICIENCY
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings
+from autotune.cost.tp_pairing import op_sac_gathers
 from autotune.engines import engine_for
 from autotune.report import assumed_settings
 from autotune.specs.loading import load_cluster
@@ -132,3 +134,25 @@ def test_the_estimate_names_the_policy_it_assumed():
                for s in assumed_settings(plan, TimeSettings(selective_policy="op-sac-0.3")))
     megatron = assumed_settings(plan.with_(engine="megatron"), TimeSettings())
     assert any(s.startswith("selective recompute reruns core_attn") for s in megatron)
+
+
+def test_op_sac_gathers_the_tp_inputs_again_and_async_tp_hides_what_its_reruns_cover():
+    """torchtitan's op-level SAC does not save all_gather_into_tensor: with TP + SP both input gathers rerun in
+    backward; async TP hides each behind the rerun projections that read it (bf16: wk, narrow, and w3; Float8: all
+    of them, so less waits), and without TP there is nothing to gather."""
+    model = load_model_preset("llama3-8b")
+
+    def gemm_s(flops, m, k, n, peak, eff):
+        return flops / 500e12
+
+    def plan(tp, precision):
+        return ParallelPlan(tp=tp, dp=1, micro_batch_size=12, global_batch_size=12, grad_accum_steps=1,
+                            seq_len=8192, engine="fsdp", zero_stage=3, sequence_parallel=tp > 1,
+                            recompute="selective", precision=precision)
+
+    gather = 2e-3
+    total, exposed = op_sac_gathers(model, plan(8, "bf16"), gather, gemm_s, "linear", DEFAULT_EFFICIENCY)
+    assert total == 2 * gather and 0 < exposed < gather  # wk's 128 columns per rank cover little, w3 all
+    _, fp8_exposed = op_sac_gathers(model, plan(8, "fp8"), gather, gemm_s, "linear", DEFAULT_EFFICIENCY)
+    assert fp8_exposed < exposed
+    assert op_sac_gathers(model, plan(1, "bf16"), gather, gemm_s, "linear", DEFAULT_EFFICIENCY) == (0.0, 0.0)
