@@ -356,7 +356,6 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
     bwd = 2 * lt.gemm_s + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
         + ring.merge_bwd_s
-    bwd = 2 * lt.gemm_s + attn_bwd * lt.attention_s + lt.elementwise_bwd_s + ring.merge_bwd_s
     async_pairs = tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None
     if async_pairs:  # the fused reduce-scatters' reductions, on the compute stream (forward: wo, fc2; dgrad: QKV, fc1)
         fwd += lt.tp_unpaired_s[1]
