@@ -96,7 +96,7 @@ def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     experts = n("--num-experts")
     moe = None if not experts else MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2,
                                            expert_ffn_hidden_size=n("--moe-ffn-hidden-size") or n("--ffn-hidden-size"))
-    rope = (f.get("--position-embedding-type") == "rope" or "--use-rotary-position-embeddings" in f)
+    rope = (f.get("--position-embedding-type") in ("rope", "yarn") or "--use-rotary-position-embeddings" in f)
     rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
     spec = ModelSpec(
         name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,

@@ -25,12 +25,13 @@ CACHE = Path(os.environ.get("AUTOTUNE_TEST_TOOLS", Path.home() / ".cache" / "aut
 def tool_folder(name: str, requirements: list[str], *, ignore_requires_python: bool = False) -> Path:
     """The folder holding ``requirements`` installed with pip (installed on first use); pytest.skip without PyPI."""
     folder = CACHE / name
-    if (folder / ".complete").exists():
+    stamp = "\n".join(requirements) + "\n"  # a folder installed from other pins is installed again
+    if _complete(folder) == stamp:
         return folder
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time; the others find it complete
-        if (folder / ".complete").exists():
+        if _complete(folder) == stamp:
             return folder
         staging = CACHE / f"{name}.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
@@ -42,7 +43,15 @@ def tool_folder(name: str, requirements: list[str], *, ignore_requires_python: b
             shutil.rmtree(staging, ignore_errors=True)
             tail = " ".join((run.stderr or run.stdout).strip().splitlines()[-2:])[:300]
             pytest.skip(f"pip could not install {requirements[0]} into {folder} (PyPI unreachable?): {tail}")
-        (staging / ".complete").write_text("\n".join(requirements) + "\n")
+        (staging / ".complete").write_text(stamp)
         shutil.rmtree(folder, ignore_errors=True)
         os.rename(staging, folder)  # atomic: a reader sees no folder or a complete one
     return folder
+
+
+def _complete(folder: Path) -> str | None:
+    """The requirements a complete tool folder was installed from; None while it is not there."""
+    try:
+        return (folder / ".complete").read_text()
+    except OSError:
+        return None

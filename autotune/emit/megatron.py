@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autotune.emit.megatron_attention import flag_number as _num
+from autotune.emit.megatron_attention import position_and_attention_flags
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
@@ -45,10 +47,6 @@ MEGATRON_NCCL_DEFAULTS: dict[str, str] = {
     "NCCL_IB_SL": "1", "NCCL_IB_TIMEOUT": "19", "NCCL_P2P_NET_CHUNKSIZE": "2097152",
     "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
 }
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 def _moe_layer_pattern(model: ModelSpec) -> str:
@@ -99,9 +97,7 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
     if model.activation == "swiglu":
         args.append("--swiglu")
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
-    args += ["--position-embedding-type", "rope" if model.position_embedding == "rope" else "learned_absolute"]
-    if model.position_embedding == "rope":
-        args += ["--rotary-base", _num(model.rope_theta)]
+    args += position_and_attention_flags(model)
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not model.linear_bias:

@@ -20,7 +20,8 @@ from autotune.specs.hf_fields import (
     transformers_view,
 )
 
-__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling", "refuse_output_bias"]
+__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling", "yarn_factor",
+           "refuse_output_bias"]
 
 _SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
 
@@ -54,6 +55,11 @@ def rope_theta(f: Fields, default: float) -> float:
 def rope_scaling(f: Fields) -> str | None:
     """``yarn`` where ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5) names YaRN
     (``rope_type``, or the older ``type``) with a factor above 1 (a factor of 1 scales nothing: mscale 1); else None."""
+    return None if yarn_factor(f) is None else "yarn"
+
+
+def yarn_factor(f: Fields) -> float | None:
+    """YaRN's factor (above 1) where the config names YaRN (``rope_scaling``); else None."""
     for key in ("rope_scaling", "rope_parameters"):
         params = f.data.get(key)
         if isinstance(params, dict):
@@ -63,7 +69,7 @@ def rope_scaling(f: Fields) -> str | None:
         kind = params.get("rope_type", params.get("type"))
         factor = params.get("factor", 1.0)
         if kind == "yarn" and isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1:
-            return "yarn"
+            return float(factor)
     return None
 
 
@@ -91,7 +97,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=max_positions),
         rope_theta=rope_theta(f, theta), tied_embeddings=bool(f.get("tie_word_embeddings", tied)),
-        dropout=float(f.get("attention_dropout", 0.0)), **({"rope_scaling": scaling} if scaling else {}),
+        dropout=float(f.get("attention_dropout", 0.0)), **({"rope_scaling": scaling, "rope_scaling_factor": yarn_factor(f)} if scaling else {}),
     )
 
 

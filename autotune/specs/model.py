@@ -29,7 +29,7 @@ RopeScaling = Literal["yarn"]
 # serialises (and counts) as before.
 _LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
-                 "rope_scaling": None}
+                 "rope_scaling": None, "rope_scaling_factor": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +59,9 @@ class ModelSpec:
     """RoPE frequency scaling: ``yarn`` (config.json ``rope_scaling.rope_type`` "yarn" with a factor above 1: GPT-OSS
     factor 32), whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1). None: plain RoPE. Only
     with rope; ``autotune.cost.rope_kernels`` says how the engines run it."""
+    rope_scaling_factor: float | None = None
+    """YaRN's context-extension factor (config.json ``rope_scaling.factor``: GPT-OSS 32), what Megatron's
+    ``--rotary-scaling-factor`` takes; None: not stated (Megatron's default 1.0). Only with ``rope_scaling``."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False
@@ -117,6 +120,11 @@ class ModelSpec:
             out.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
         if self.rope_scaling not in (None, "yarn"):
             out.append(f"rope_scaling must be yarn or absent, got {self.rope_scaling!r}")
+        factor = self.rope_scaling_factor
+        if factor is not None and (self.rope_scaling is None or isinstance(factor, bool)
+                                   or not isinstance(factor, (int, float)) or factor <= 1):
+            out.append(f"rope_scaling_factor must be a number above 1, with rope_scaling yarn, or absent; got "
+                       f"{factor!r}")
         if self.activation_clamp is not None and not (
                 isinstance(self.activation_clamp, (int, float)) and self.activation_clamp > 0):
             out.append(f"activation_clamp must be a positive number or absent, got {self.activation_clamp!r}")

@@ -38,8 +38,16 @@ def _mapped_paths(prefix: str) -> set[str]:
     return mapped
 
 
-def leftover_segments(shm_dir: Path = SHM_DIR, now: float | None = None) -> list[Path]:
-    """DeepSpeed all-reduce segments of this user that no live process maps, older than :data:`GRACE_S`."""
+def _port(name: str) -> int | None:
+    """The master port in a segment's name (``..._<addr>_<port>_<rank>``)."""
+    parts = name.rsplit("_", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def leftover_segments(shm_dir: Path = SHM_DIR, now: float | None = None, ports: frozenset[int] = frozenset()
+                      ) -> list[Path]:
+    """DeepSpeed all-reduce segments of this user that no live process maps, older than :data:`GRACE_S`, or of any
+    age where their master port is one of ``ports`` (a trial that has ended: none of its ranks is still starting)."""
     own = f"{PREFIX}{os.getuid()}_"
     try:
         names = [n for n in os.listdir(shm_dir) if n.startswith(own)]
@@ -53,15 +61,15 @@ def leftover_segments(shm_dir: Path = SHM_DIR, now: float | None = None) -> list
     for name in names:
         path = shm_dir / name
         with contextlib.suppress(OSError):
-            if str(path) not in mapped and now - path.stat().st_mtime > GRACE_S:
+            if str(path) not in mapped and (_port(name) in ports or now - path.stat().st_mtime > GRACE_S):
                 found.append(path)
     return sorted(found)
 
 
-def remove_leftovers(shm_dir: Path = SHM_DIR) -> int:
+def remove_leftovers(shm_dir: Path = SHM_DIR, ports: frozenset[int] = frozenset()) -> int:
     """Unlink :func:`leftover_segments`; returns the bytes freed."""
     freed = 0
-    for path in leftover_segments(shm_dir):
+    for path in leftover_segments(shm_dir, ports=ports):
         with contextlib.suppress(OSError):
             size = path.stat().st_size
             path.unlink()

@@ -355,7 +355,13 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
             _after_stop(spec)
         reader.close()
         job.close()
-        shm_leftovers.remove_leftovers()  # DeepSpeed's CPU all-reduce never unlinks its /dev/shm segments
+        # DeepSpeed's CPU all-reduce never unlinks its /dev/shm segments; this trial's (its master port) at any age
+        shm_leftovers.remove_leftovers(ports=_master_ports(argv))
+
+
+def _master_ports(argv: list[str]) -> frozenset[int]:
+    """The master port a trial's launcher was given (``--master_port N``), where it names one."""
+    return frozenset(int(v) for flag, v in zip(argv, argv[1:]) if flag == "--master_port" and v.isdigit())
 
 
 def _after_stop(spec: TrialSpec) -> None:

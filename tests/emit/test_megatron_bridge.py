@@ -50,10 +50,12 @@ from autotune.specs.presets import load_model_preset
 
 REPO = Path(__file__).resolve().parents[2]
 # Bridge and core; what `import megatron.bridge.recipes` needs that this environment lacks or has at versions
-# Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx).
+# Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx;
+# and kernels < 0.13, its METADATA's pin: kernels 0.19's LayerRepository refuses transformers 5.12's calls without a
+# revision, "Either a revision or a version must be specified", at `import transformers.activations`).
 PACKAGES = ["megatron-bridge==0.6.2", "megatron-core==0.19.2", "omegaconf==2.3.0", "hydra-core==1.3.8",
             "antlr4-python3-runtime==4.9.3", "transformers==5.12.1", "tokenizers==0.22.2",
-            "huggingface-hub==1.33.0", "httpx==0.29.0", "httpcore==1.0.9"]
+            "huggingface-hub==1.33.0", "httpx==0.29.0", "httpcore==1.0.9", "kernels==0.12.3"]
 
 
 def bridge_path() -> Path:

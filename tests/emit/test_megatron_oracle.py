@@ -215,3 +215,25 @@ def test_linter_agrees_with_megatron_on_rejected_arguments(oracle, argv, world):
 def test_linter_agrees_with_megatron_on_the_accepted_base(oracle):
     assert oracle.verdict(8, argv=BASE)["ok"]
     assert [p for p in megatron_args_problems(BASE, 8) if p.severity == "error"] == []
+
+
+@pytest.mark.parametrize(("name", "cp", "flags"), [
+    ("gpt-oss-20b", 1, ["--position-embedding-type", "yarn", "--rotary-base", "150000", "--rotary-scaling-factor",
+                        "32", "--softmax-type", "learnable", "--window-size", "127,0", "--window-attn-skip-freq", "2"]),
+    ("llama3-8b", 8, ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4", "2"]),
+])
+def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, name, cp, flags):
+    """YaRN, attention sinks, sliding windows (autotune.emit.megatron_attention) and the CP exchange (--cp-comm-type)
+    as Megatron-LM's own parser and validate_args take them."""
+    model = load_model_preset(name)
+    world = 8 if cp == 1 else 2 * cp
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=world)
+    plan = make_plan(model, cluster, engine="megatron", tp=2, cp=cp, ep=4 if model.moe else 1, zero_stage=1,
+                     seq_len=4096, global_batch_size=world, recompute="full",
+                     **({"cp_comm_type": "a2a+p2p"} if cp > 1 else {}))
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
+    argv, _, _ = parse_shell_args_with_lines(path.read_text())
+    assert " ".join(flags) in " ".join(argv), argv
+    verdict = oracle.verdict(world, args_file=path)
+    assert verdict["ok"], f"Megatron-LM rejects what we emitted for {name}: {verdict}\n{path.read_text()}"

@@ -65,3 +65,18 @@ def test_other_files_in_dev_shm_are_never_touched(tmp_path):
     assert shm_leftovers.leftover_segments(tmp_path) == []
     assert shm_leftovers.remove_leftovers(tmp_path) == 0
     assert other.exists() and foreign.exists()
+
+
+def test_a_fresh_segment_is_kept_unless_its_trial_has_ended():
+    """Inside the grace period a segment may be a starting rank's; a trial that has ended names its master port, and
+    its own segments go at any age (a quick trial ends within the grace period)."""
+    port = 40000 + os.getpid() % 20000
+    path = shm_leftovers.SHM_DIR / f"{shm_leftovers.PREFIX}{os.getuid()}_127.0.0.1_{port}_0"
+    path.write_bytes(b"\0" * mmap.PAGESIZE)
+    try:
+        assert path not in shm_leftovers.leftover_segments()
+        assert path not in shm_leftovers.leftover_segments(ports=frozenset({port + 1}))
+        assert shm_leftovers.remove_leftovers(ports=frozenset({port})) >= mmap.PAGESIZE
+        assert not path.exists()
+    finally:
+        path.unlink(missing_ok=True)
