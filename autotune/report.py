@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autotune.cost.cp_ring import COMM_TYPE_KINDS
+from autotune.cost.cp_ring import cp_kind
 from autotune.cost.memory import MemoryEstimate
 from autotune.cost.uncertainty import uncertainty_of
 from autotune.engines import engine_for
@@ -238,7 +238,7 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     if plan.pp > 1:
         out.append(f"pipeline schedule {'interleaved 1F1B' if plan.vpp > 1 else c.pipeline_schedule}")
     if plan.cp > 1:
-        kind = c.cp_kind if plan.cp_comm_type is None else COMM_TYPE_KINDS[plan.cp_comm_type]
+        kind = cp_kind(plan, c.cp_kind)
         out.append("context parallelism: " + {
             "p2p": "ring attention, K/V passed to the next rank behind each step's kernel (--cp-comm-type p2p)",
             "allgather": "ring attention, K/V all-gathered behind the first step (torch context_parallel's "

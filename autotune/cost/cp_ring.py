@@ -123,9 +123,9 @@ def _ulysses_s(q_elems: float, kv_elems: float, size: int, link: comm.Link) -> f
 
 
 def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: Efficiency, hbm: float,
-              attention_s: float, attention_bwd: float, kind: str, repeat_kv: bool = False) -> RingTime:
-    """The context-parallel terms of one layer (module docstring); ``attention_s``: the rank's forward attention
-    kernel time, ``attention_bwd`` its backward over forward ratio."""
+              attention_s: float, attention_bwd_s: float, kind: str, repeat_kv: bool = False) -> RingTime:
+    """The context-parallel terms of one layer (module docstring); ``attention_s`` / ``attention_bwd_s``: the rank's
+    forward / backward attention kernel time."""
     cp, t = plan.cp, plan.tp
     if cp <= 1:
         return RingTime()
@@ -150,7 +150,7 @@ def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: E
         if cp <= 1:
             return RingTime(fwd_exposed_s=a2a, bwd_exposed_s=a2a)
     step_f = attention_s / cp
-    step_b = attention_bwd * attention_s / cp
+    step_b = attention_bwd_s / cp
     fe = fh = be = bh = 0.0
     if kind == "allgather":
         fe, fh = _behind(comm.all_gather_s(kv_bytes * cp, cp, link), step_f)

@@ -290,8 +290,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
                     2 * async_tp_reduce_bytes(tokens, h, t) / hbm)
     sac_tp = op_sac_gathers(model, plan, tp_comm / 4, _gemm_s, gemm_peak, eff) if not moe_layer else (0.0, 0.0)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
-    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan)
-                     / attention if attention > 0 else attention_bwd_factor(plan), cp_kind, cp_repeat_kv)
+    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan), cp_kind,
+                     cp_repeat_kv)
     moe_comm = 0.0
     if moe_layer and plan.ep > 1:  # the dispatcher's all-to-alls / all-gathers (autotune.cost.moe_time)
         moe_comm = busiest * moe_time.dispatcher_comm_s(model, cluster, plan, eff, tokens)

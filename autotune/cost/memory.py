@@ -260,14 +260,14 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
 _facts_cache: dict[tuple, tuple[ActivationFacts, ActivationFacts]] = {}
 
 
-def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, node_gpus: int) -> ActivationFacts:
+def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, node: int) -> ActivationFacts:
     """The engine's activation facts for the plan with the run's selective policy and, under context parallelism,
-    the engine's CP kind (``activations.py``): one object for each (cached), so the caches above key on its id."""
+    the CP kind (``activations.py``; ``node``: :func:`_split_node`): one object for each (cached), so the caches
+    above key on its id."""
     facts = engine.activation_facts(plan)
     kind = cp_kind(plan, engine.comm.cp_kind) if plan.cp > 1 else None  # context parallelism's attention buffers
     repeat = (engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv) if kind \
         else None
-    node = node_gpus if kind == "a2a+p2p" else 0  # the node's size splits a2a+p2p's ring
     key = (id(facts), settings.selective_policy, kind, repeat, node)
     hit = _facts_cache.get(key)
     if hit is None or hit[0] is not facts:
@@ -275,25 +275,31 @@ def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, nod
         if settings.selective_policy is not None:
             run = dataclasses.replace(run, selective=settings.selective_policy)
         if kind:
-            run = dataclasses.replace(run, cp_kind=kind, cp_repeat_kv=repeat, cp_node_gpus=node_gpus)
+            node_field = {"cp_node_gpus": node} if node else {}
+            run = dataclasses.replace(run, cp_kind=kind, cp_repeat_kv=repeat, **node_field)
         if len(_facts_cache) > 256:
             _facts_cache.clear()
         hit = _facts_cache[key] = (facts, run)
     return hit[1]
 
 
+def _split_node(plan: ParallelPlan, cluster: ClusterSpec) -> int:
+    """GPUs per node where they split the plan's context-parallel exchange (a2a+p2p:
+    ``autotune.specs.context_parallel``); 0 where no ledger term reads the node's size."""
+    return cluster.gpus_per_node if plan.cp > 1 and plan.cp_comm_type == "a2a+p2p" else 0
+
+
 def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings: MemorySettings,
-                  node_gpus: int, fp8_any_layout: bool = False) -> tuple:
+                  node: int, fp8_any_layout: bool = False) -> tuple:
     """For each stage that can be the most loaded: (stage, dense and expert parameters per GPU, activation parts,
-    their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS`` and the GPU's FP8 layout fact."""
-    hierarchical = plan.cp > 1 and plan.cp_comm_type == "a2a+p2p"  # the node's size splits its ring
-    key = (id(model), id(settings), fp8_any_layout, _PARTS_FIELDS(plan),
-           node_gpus if hierarchical else 0)  # the specs hash slowly: their ids
+    their sum, buffer parts, their sum), cached over ``_PARTS_FIELDS``, the GPU's FP8 layout fact and ``node``
+    (:func:`_split_node`)."""
+    key = (id(model), id(settings), fp8_any_layout, _PARTS_FIELDS(plan), node)  # the specs hash slowly: their ids
     hit = _parts_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not settings:
         if len(_parts_cache) > 65536:
             _parts_cache.clear()
-        facts = _run_facts(engine, plan, settings, node_gpus)
+        facts = _run_facts(engine, plan, settings, node)
         stages = _stages_activations(model, plan, facts, engine.support.layer_split)
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
@@ -311,7 +317,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    parts = _stages_parts(engine, model, plan, settings, cluster.gpus_per_node, cluster.gpu.fp8_gemm_any_layout)
+    parts = _stages_parts(engine, model, plan, settings, _split_node(plan, cluster), cluster.gpu.fp8_gemm_any_layout)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
         activations, buffers = part[4], part[6]

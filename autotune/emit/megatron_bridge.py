@@ -41,7 +41,7 @@ from autotune.emit.megatron_bridge_recipes import (
     bridge_model_problems,
     bridge_recipe,
 )
-from autotune.emit.megatron_layout import cp_comm_flags, megatron_split
+from autotune.emit.megatron_layout import cp_comm_setting, megatron_split
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP8_AMAX_COMPUTE_ALGO,
@@ -166,10 +166,11 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
                 "account_for_loss_in_pipeline_split": split.account_loss, "pipeline_model_parallel_layout": split.layout}
     if model.moe is not None and plan.etp is not None:
         out["expert_tensor_parallel_size"] = plan.etp
-    if plan.cp > 1 and plan.cp_comm_type is not None:  # the values Megatron's --cp-comm-type writes (emit/megatron.py)
-        flags = cp_comm_flags(plan, gpus_per_node)
-        out["cp_comm_type"] = flags[1]  # ModelParallelConfig / TransformerConfig fields; Bridge checks them together
-        out["hierarchical_context_parallel_sizes"] = [int(v) for v in flags[3:]] or None  # (config.py:1665-1695)
+    setting = cp_comm_setting(plan, gpus_per_node) if plan.cp > 1 else None  # what --cp-comm-type writes
+    if setting is not None:
+        value, sizes = setting  # ModelParallelConfig / TransformerConfig fields; Bridge checks them together
+        out["cp_comm_type"] = value  # (training/config.py:1665-1695)
+        out["hierarchical_context_parallel_sizes"] = list(sizes) if sizes else None
     if model.moe is not None:  # TransformerConfig moe_token_dispatcher_type / moe_flex_dispatcher_backend
         kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")  # (transformer_config.py:862-873)
         # the backend always: a recipe's own (DeepSeek-V3's hybridep) would stay, and Bridge's perf scripts read a
@@ -291,7 +292,8 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                         f"(ZeRO-1); zero_stage={plan.zero_stage} / offload has no Bridge setting")
     if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
         problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
-    model_keys = (_shape(model) if recipe.hf_model is None else {}) | _parallel(model, plan, cluster.gpus_per_node, problems)
+    model_keys = ((_shape(model) if recipe.hf_model is None else {})
+                  | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:

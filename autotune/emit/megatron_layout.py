@@ -22,7 +22,7 @@ from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.layout import virtual_layout
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["MegatronSplit", "cp_comm_flags", "megatron_split", "split_flags"]
+__all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "megatron_split", "split_flags"]
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,23 @@ def split_flags(split: MegatronSplit) -> list[str]:
     return args
 
 
-def cp_comm_flags(plan: ParallelPlan, gpus_per_node: int) -> list[str]:
-    """--cp-comm-type where the plan sets one (Megatron passes the value to Transformer Engine as it is,
-    megatron/core/extensions/transformer_engine.py:2153 at d98e8a6, and TE names the all-gather exchange
-    ``all_gather``, context_parallel.py:5110 at d0067d0: "allgather" would raise "Unsupported communication type");
-    a2a+p2p with its --hierarchical-context-parallel-sizes (arguments.py:583-585), autotune.specs.context_parallel's
-    split."""
+def cp_comm_setting(plan: ParallelPlan, gpus_per_node: int) -> tuple[str, tuple[int, int] | None] | None:
+    """(Megatron's cp_comm_type value, the hierarchical sizes for a2a+p2p) where the plan sets an exchange; None
+    otherwise. Megatron passes the value to Transformer Engine as it is
+    (megatron/core/extensions/transformer_engine.py:2153 at d98e8a6) and TE names the all-gather exchange
+    ``all_gather`` (context_parallel.py:5110 at d0067d0: "allgather" would raise "Unsupported communication type");
+    a2a+p2p needs its hierarchical sizes (arguments.py:583-585): autotune.specs.context_parallel's split."""
     kind = plan.cp_comm_type
     if kind is None:
+        return None
+    sizes = hierarchical_cp_sizes(plan.cp, plan.tp, gpus_per_node) if kind == "a2a+p2p" else None
+    return ("all_gather" if kind == "allgather" else kind), sizes
+
+
+def cp_comm_flags(plan: ParallelPlan, gpus_per_node: int) -> list[str]:
+    """--cp-comm-type [--hierarchical-context-parallel-sizes A B] of :func:`cp_comm_setting`."""
+    setting = cp_comm_setting(plan, gpus_per_node)
+    if setting is None:
         return []
-    out = ["--cp-comm-type", "all_gather" if kind == "allgather" else kind]
-    if kind == "a2a+p2p":
-        out += ["--hierarchical-context-parallel-sizes",
-                *map(str, hierarchical_cp_sizes(plan.cp, plan.tp, gpus_per_node))]
-    return out
+    value, sizes = setting
+    return ["--cp-comm-type", value] + (["--hierarchical-context-parallel-sizes", *map(str, sizes)] if sizes else [])

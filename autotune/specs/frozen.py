@@ -32,21 +32,23 @@ def copier(cls: type, changed: tuple[str, ...]) -> Callable:
     other field the instance's."""
     names, twin = _twin(cls)
     assert set(changed) <= set(names), f"not fields of {cls.__name__}: {set(changed) - set(names)}"
-    body = "".join(f"    new.{n} = {n if n in changed else 'src.' + n}\n" for n in names)
-    source = (f"def copy_{cls.__name__}(src, {', '.join(changed)}):\n    new = _new(_twin)\n{body}"
-              f"    new.__class__ = _cls\n    return new\n")
-    namespace = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    exec(source, namespace)
-    return namespace[f"copy_{cls.__name__}"]
+    values = [n if n in changed else f"src.{n}" for n in names]
+    return _compile(cls, twin, f"copy_{cls.__name__}", ["src", *changed], names, values)
 
 
 def builder(cls: type) -> Callable:
     """``build(*values)``: a ``cls`` with every field set to the value in its place, in the fields' order (all of
     them: a field added to the class makes every call that does not pass it a TypeError, not a shifted value)."""
     names, twin = _twin(cls)
-    body = "".join(f"    new.{n} = {n}\n" for n in names)
-    source = (f"def build_{cls.__name__}({', '.join(names)}):\n    new = _new(_twin)\n{body}"
+    return _compile(cls, twin, f"build_{cls.__name__}", names, names, names)
+
+
+def _compile(cls: type, twin: type, name: str, params: list[str], names: list[str], values: list[str]) -> Callable:
+    """A function ``name(*params)`` that fills a ``twin`` instance's fields ``names`` with the expressions
+    ``values`` in straight-line code and makes it a ``cls`` (module docstring)."""
+    body = "".join(f"    new.{n} = {v}\n" for n, v in zip(names, values, strict=True))
+    source = (f"def {name}({', '.join(params)}):\n    new = _new(_twin)\n{body}"
               f"    new.__class__ = _cls\n    return new\n")
     namespace = {"_new": object.__new__, "_twin": twin, "_cls": cls}
     exec(source, namespace)
-    return namespace[f"build_{cls.__name__}"]
+    return namespace[name]

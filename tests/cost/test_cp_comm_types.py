@@ -50,7 +50,7 @@ def test_hierarchical_split_keeps_the_all_to_all_inside_the_node(cp, tp, node, s
 def _ring(plan, kind: str):
     model = load_model_preset("llama3-8b")
     cluster = load_cluster(gpu=H100, num_gpus=plan.world_size)
-    return ring_time(model, cluster, plan, DEFAULT_EFFICIENCY, 3.35e12, 2e-3, 2.5, kind)
+    return ring_time(model, cluster, plan, DEFAULT_EFFICIENCY, 3.35e12, 2e-3, 2.5 * 2e-3, kind)
 
 
 def test_what_each_exchange_hides():

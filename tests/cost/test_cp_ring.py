@@ -46,7 +46,7 @@ def test_p2p_forward_hides_each_exchange_behind_one_step_and_the_backward_sends_
     assert rt.bwd_hidden_s == pytest.approx(one + 2 * two + one)
     # a short one (1 us per forward step, 2.5 us backward): the rest of each exchange waits
     a = 4e-6
-    rt = ring_time(MODEL, CLUSTER, PLAN, DEFAULT_EFFICIENCY, HBM, a, 2.5, "p2p")
+    rt = ring_time(MODEL, CLUSTER, PLAN, DEFAULT_EFFICIENCY, HBM, a, 2.5 * a, "p2p")
     assert rt.fwd_exposed_s == pytest.approx(3 * max(0.0, one - a / 4))
     assert rt.bwd_exposed_s == pytest.approx(2 * max(0.0, one - 2.5 * a / 4) + 2 * max(0.0, two - 2.5 * a / 4))
     # merges: TE's fused corrections, forward 6 + 6 once and 10 per later step per output element; backward 6 per
@@ -61,7 +61,7 @@ def test_allgather_hides_only_behind_the_first_step_and_the_last_fp32_dkv_exchan
     gather = 3 / 4 * (4 * KV * 2) / bw + 3 * lat  # every rank's K and V, 16-bit
     dkv = KV * 4 / bw + lat  # fp32 accumulators
     a = 40e-6
-    rt = ring_time(MODEL, CLUSTER, PLAN, DEFAULT_EFFICIENCY, HBM, a, 2.5, "allgather")
+    rt = ring_time(MODEL, CLUSTER, PLAN, DEFAULT_EFFICIENCY, HBM, a, 2.5 * a, "allgather")
     assert rt.fwd_exposed_s == pytest.approx(max(0.0, gather - a / 4))
     assert rt.fwd_exposed_s + rt.fwd_hidden_s == pytest.approx(gather)
     step_b = 2.5 * a / 4
