@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from autotune.train import rank0
 
-__all__ = ["CheckpointPolicy", "add_arguments", "policy_for", "hold", "DeepSpeedCheckpointer", "DcpCheckpointer",
+__all__ = ["CheckpointPolicy", "add_arguments", "policy_for", "trainer_policy", "hold", "DeepSpeedCheckpointer", "DcpCheckpointer",
            "MARKER", "complete_steps"]
 
 MARKER = "autotune_complete"
@@ -91,6 +91,16 @@ def policy_for(plan_path: str, extra) -> CheckpointPolicy | None:
     async_save = bool(doc.get("async_save")) and doc.get("format", "dcp") == "dcp" and not extra.sync_save
     return CheckpointPolicy(save_dir=os.path.abspath(save_dir), interval_steps=interval, keep_last=keep,
                             async_save=async_save)
+
+
+def trainer_policy(plan_path: str, extra) -> CheckpointPolicy | None:
+    """:func:`policy_for` for a trainer's ``main``: a bad value ends the run as UNSUPPORTED, naming it."""
+    from autotune.train import Unsupported
+
+    try:
+        return policy_for(plan_path, extra)
+    except ValueError as err:
+        raise Unsupported(f"checkpoint policy: {err}") from None
 
 
 def _say(kind: str, doc: dict) -> None:

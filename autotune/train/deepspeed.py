@@ -93,13 +93,9 @@ def main(est, args, rest: list[str]) -> int:
                                                "writes it with its default options)")
     checkpointing.add_arguments(ap)
     extra = ap.parse_args(rest)
-    try:
-        policy = checkpointing.policy_for(args.plan, extra)
-    except ValueError as err:
-        raise Unsupported(f"checkpoint policy: {err}") from None
+    policy = checkpointing.trainer_policy(args.plan, extra)
     model_spec, plan = est.model, est.plan
-    reason = unsupported_reason(model_spec, plan)
-    if reason:
+    if reason := unsupported_reason(model_spec, plan):
         raise Unsupported(reason)
 
     import deepspeed

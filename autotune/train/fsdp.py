@@ -185,15 +185,11 @@ def main(est, args, rest: list[str]) -> int:
                     help=f"step where the cosine reaches --min-lr (default {opt.train_steps})")
     checkpointing.add_arguments(ap)
     extra = ap.parse_args(rest)
-    try:
-        policy = checkpointing.policy_for(args.plan, extra)
-    except ValueError as err:
-        raise Unsupported(f"checkpoint policy: {err}") from None
+    policy = checkpointing.trainer_policy(args.plan, extra)
     if not (extra.lr > 0 and 0 <= extra.min_lr <= extra.lr and 0 <= extra.lr_warmup_steps <= extra.lr_decay_steps):
         raise Unsupported("need --lr > 0, 0 <= --min-lr <= --lr and 0 <= --lr-warmup-steps <= --lr-decay-steps")
     model_spec, plan = est.model, est.plan
-    reason = unsupported_reason(model_spec, plan)
-    if reason:
+    if reason := unsupported_reason(model_spec, plan):
         raise Unsupported(reason)
 
     import torch
