@@ -179,9 +179,10 @@ def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
     min(pp - i - 1, m) micro-batches, so holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1; Megatron-LM
     schedules.py ``forward_backward_pipelining_without_interleaving``). Interleaved (vpp chunks of 1/vpp of the
     stage's layers each): Megatron-LM ``forward_backward_pipelining_with_interleaving`` warms up with
-    ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them (and runs them
-    all when m == pp); torch.distributed.pipelining ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has
-    the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
+    ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them
+    (``get_pp_rank_microbatches``, megatron/core/pipeline_parallel/schedules.py:949-977 at d98e8a6; the
+    micro-batch group is ``microbatch_group_size_per_vp_stage``, pp by default); torch.distributed.pipelining
+    ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
     2022 Sec. 4.2.3. Without pipelining one micro-batch at a time.
     """
     if plan.pp == 1:
@@ -196,7 +197,7 @@ def interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
     """Chunk-micro-batch forwards stage ``stage`` has run, none backward yet, at its interleaved peak."""
     chunks = plan.num_microbatches * plan.vpp
     # One forward more with the EP all-to-all overlap (megatron-core 0.19.2 pipeline_parallel/schedules.py:939-943)
+    # No "all micro-batches in warm-up when m == pp" case: Megatron-LM dropped it with the tunable schedule
+    # (4295be1a6c, "tunable schedule with overlapping", 2024-11); only the cap at m * vpp remains (schedules.py:976).
     warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + plan.ep_overlapped, chunks)
-    if plan.num_microbatches == plan.pp:  # Megatron: "all_warmup_microbatches"
-        warmup = chunks
     return min(warmup + 1, chunks)

@@ -95,11 +95,20 @@ def test_in_flight_microbatches():
 
     # Megatron's interleaved warm-up, (pp - i - 1) * 2 + (vpp - 1) * pp chunk-micro-batches plus the first
     # steady-state forward, in stage-micro-batches: the last stage holds (2*8 + 1) / 3, not ~1.3; with m == pp
-    # every micro-batch is in warm-up ("all_warmup_microbatches"), so the first stage holds all 8, not 10.3.
+    # the warm-up is capped at all m * vpp chunk-micro-batches, so the first stage holds all 8, not 10.3.
     interleaved = p.with_(vpp=3, grad_accum_steps=16, global_batch_size=16)
     assert microbatches_in_flight(interleaved, 7) == pytest.approx(17 / 3)
     assert microbatches_in_flight(interleaved, 0) == pytest.approx((14 + 16 + 1) / 3)
     assert microbatches_in_flight(p.with_(vpp=3, grad_accum_steps=8, global_batch_size=8), 0) == 8
+
+
+def test_interleaved_warmup_with_as_many_microbatches_as_stages():
+    # Megatron-LM since the tunable schedule (schedules.py get_pp_rank_microbatches at d98e8a6) has no
+    # "every micro-batch in warm-up when m == pp" case: the last of 8 stages (vpp 3, m 8) warms up with
+    # (3 - 1) * 8 = 16 of its 24 chunk-micro-batches and holds 17 at its first steady-state forward.
+    p = ParallelPlan(pp=8, vpp=3, grad_accum_steps=8, global_batch_size=8)
+    assert microbatches_in_flight(p, 7) == pytest.approx(17 / 3)
+    assert microbatches_in_flight(p, 7) < microbatches_in_flight(p, 0) == 8
 
 
 def test_interleaved_embedding_activations_follow_the_first_chunk():
