@@ -112,6 +112,14 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
     # Megatron-LM/scripts/ds_zero2_config.json of 2020: "stage": 2 and nothing else); ZeRO-3's gathers are prefetched.
     old = entry["id"].startswith(("narayanan21", "korthikanti22", "bloom", "mtnlg", "palm-mfu-mtnlg", "zero-paper"))
     overlap = not old or engine == "deepspeed"
+    # NVIDIA's H100 FP8 performance configs keep and reduce gradients in bf16. Megatron-Bridge v0.2.0 (717c62d, the
+    # release documenting the 25.11 container) scripts/performance/configs/llama3/llama3_llm_pretrain.py:46-47
+    # (set_llama3_common_configs, called by llama3_70b_h100_config :158-176): ``ddp.grad_reduce_in_fp32 = False``.
+    # NeMo 24.07 (NeMo-Framework-Launcher, GPT-3 175B): examples/training/gpt/h100/175b_fp8_16node.sh (edc9045)
+    # ``+training.model.optim.grad_sync_dtype=bf16`` for conf/training/gpt3/175b.yaml's distributed_fused_adam with
+    # contiguous_grad_buffer, whose buffer is allocated in grad_sync_dtype (apex/contrib/optimizers/
+    # distributed_fused_adam.py ``_init_grad_buffer``).
+    grad_dtype = "bf16" if entry["id"].startswith(("nemo", "bridge")) else None
     out = []
     for tp, pp, cp in _splits(p, num_gpus, model):
         if num_gpus % (tp * pp * cp):
@@ -144,7 +152,8 @@ def _candidates(entry: dict, model: ModelSpec, cluster: ClusterSpec, engine: str
                     grad_accum_steps=gb // (mb * dp), seq_len=model.max_position_embeddings, recompute=rc[0],
                     recompute_num_layers=rc[1], engine=engine, zero_stage=zero, precision=precision,
                     sequence_parallel=bool(p.get("sequence_parallel")) or (tp > 1 and not old),
-                    flash_attention=not entry["id"].startswith(UNFUSED_ATTENTION), overlap_comm=overlap)
+                    flash_attention=not entry["id"].startswith(UNFUSED_ATTENTION), overlap_comm=overlap,
+                    grad_dtype=grad_dtype)
                 if not plan_problems(model, cluster, plan):
                     out.append(plan)
     return tuple(out)

@@ -95,3 +95,17 @@ def test_plan_choice_note_says_when_the_ledger_chose_the_plan():
     assert bool(note) == faster_rejected
     if note:
         assert note.startswith("faster ") and "rejected: ledger" in note and "GiB" in note
+
+
+@pytest.mark.parametrize("run_id", ["nemo2407-h100-gpt3-175b-512gpu-fp8", "bridge2511-h100-llama3-70b-64gpu-fp8"])
+def test_nvidia_h100_fp8_runs_keep_bf16_gradients_and_fit(run_id):
+    # NVIDIA's H100 FP8 configs reduce gradients in bf16 (Bridge grad_reduce_in_fp32 = False; the NeMo launcher's
+    # grad_sync_dtype=bf16): the ledger's gradient buffer is 2 bytes per parameter, and the run fits as it trained.
+    from autotune.cost.memory import estimate_memory
+
+    run = BY_ID[run_id]
+    _, plan, _, mem = predict_run(run)
+    assert plan.grad_dtype == "bf16"
+    fp32 = estimate_memory(run.model, run.cluster, plan.with_(grad_dtype=None))
+    assert mem.gradients == pytest.approx(fp32.gradients / 2)
+    assert mem.fits and mem.total < fp32.total
