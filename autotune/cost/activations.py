@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
 from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
-from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, stage_layers
+from autotune.specs.layout import (
+    interleaved_chunk_loads,
+    interleaved_forwards_at_peak,
+    microbatches_in_flight,
+    stage_layers,
+    virtual_layout,
+)
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
@@ -244,6 +250,21 @@ def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
     return max(0, stop - max(start, model.moe.num_dense_layers))
 
 
+def _uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> list[tuple[int, int]] | None:
+    """The [start, stop) layer indices of each of ``stage``'s virtual chunks where Megatron gives its chunks unequal
+    layer counts (the embedding's and the loss's slots, ``layout.virtual_layout``); None otherwise (no interleaving,
+    equal chunks, or another engine's split), where every chunk holds 1/vpp of the stage's layers."""
+    if not plan.interleaved or scheme != "megatron":
+        return None
+    layout = virtual_layout(num_layers, plan.pp, plan.vpp)
+    if layout is None:
+        return None
+    own = [plan.pp * c + stage for c in range(plan.vpp)]
+    if len({layout[i] for i in own}) == 1:
+        return None
+    return [(sum(layout[:i]), sum(layout[:i + 1])) for i in own]
+
+
 _kinds_cache: dict[tuple, tuple[ModelSpec, tuple[LayerActivations, LayerActivations]]] = {}
 
 
@@ -313,33 +334,50 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
     stop = first + layers_per_stage
     if plan.recompute == "full":
         n_recompute = min(plan.recompute_num_layers or layers_per_stage, layers_per_stage)
-        stored = n_recompute * layer_input + full(first + n_recompute, stop)
         # While one recomputed layer runs backward, its full activations exist once (one micro-batch).
         has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
         has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
     elif plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
-        n_moe = _moe_layers_in(model, first, stop)
-        stored = (layers_per_stage - n_moe) * op_sac_layer_bytes(model, plan, facts) \
-            + n_moe * (moe.total - moe.attention_core)
         working = dense.total  # the recomputed ops of one layer, during its backward
     elif plan.recompute == "selective":
         # Megatron's modules (default: the attention core); one layer's recomputed module lives during its backward.
         n_moe = _moe_layers_in(model, first, stop)
         modules = recomputed(plan.recompute_modules or ("core_attn",))
-        stored, working = full(first, stop), 0.0
+        working, dropped_per_layer = 0.0, {}
         for count, layer, is_moe in ((layers_per_stage - n_moe, dense, False), (n_moe, moe, True)):
             dropped = recompute_module_bytes(model, plan, layer, is_moe, facts) if count else {}
-            stored -= count * sum(dropped.get(m, 0.0) for m in modules)
+            dropped_per_layer[is_moe] = sum(dropped.get(m, 0.0) for m in modules)
             working = max([working, *(dropped.get(m, 0.0) for m in modules)])
     else:
-        stored = full(first, stop)
         working = 0.0
+
+    def stored_in(start: int, stop: int) -> float:
+        """Bytes layers [start, stop) keep for backward per micro-batch (full recompute: the first
+        recompute_num_layers of them rerun, keeping their input)."""
+        count, n_moe = stop - start, _moe_layers_in(model, start, stop)
+        if plan.recompute == "full":
+            n = min(plan.recompute_num_layers or count, count)
+            return n * layer_input + full(start + n, stop)
+        if plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
+            return (count - n_moe) * op_sac_layer_bytes(model, plan, facts) + n_moe * (moe.total - moe.attention_core)
+        if plan.recompute == "selective":
+            return full(start, stop) - (count - n_moe) * dropped_per_layer.get(False, 0.0) \
+                - n_moe * dropped_per_layer.get(True, 0.0)
+        return full(start, stop)
+
+    chunks = _uneven_chunks(model.num_layers, plan, stage, scheme)
+    if chunks is None:
+        held = stored_in(first, stop) * in_flight
+    else:  # chunks of unequal layers: the steady-state step whose held chunks weigh most
+        per_chunk = [stored_in(a, b) for a, b in chunks]
+        held = max(sum(n * x for n, x in zip(load, per_chunk)) for load in interleaved_chunk_loads(
+            plan.pp, plan.vpp, plan.num_microbatches, stage, int(plan.ep_overlapped)))
 
     if facts.cp_kind and plan.cp > 1:  # CP's K/V buffers (cost/cp_ring.py), beyond the MLP's, freed by then
         working += max(0.0, ring_transient_bytes(model, plan, facts.cp_kind, facts.cp_repeat_kv,
                                                  facts.cp_node_gpus) - dense.mlp)
-    parts = {"layers": stored * in_flight, "recompute_working_set": working}
+    parts = {"layers": held, "recompute_working_set": working}
     if stage == 0:
         parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)
     if stage == plan.pp - 1:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["SPLIT_SCHEMES", "layer_counts", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
-           "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak"]
+           "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak",
+           "interleaved_chunk_loads"]
 
 SPLIT_SCHEMES = ("megatron", "uniform", "any")
 
@@ -182,8 +183,10 @@ def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
     ``(pp - i - 1) * 2 + (vpp - 1) * pp`` chunk-micro-batches, capped at all ``m * vpp`` of them
     (``get_pp_rank_microbatches``, megatron/core/pipeline_parallel/schedules.py:949-977 at d98e8a6; the
     micro-batch group is ``microbatch_group_size_per_vp_stage``, pp by default); torch.distributed.pipelining
-    ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has the same count. On the first stage that is pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al.
-    2022 Sec. 4.2.3. Without pipelining one micro-batch at a time.
+    ``ScheduleInterleaved1F1B`` (``get_rank_warmup_ops``) has the same count. On the first stage that is
+    pp * (1 + (pp-1)/(pp*vpp)) micro-batches, Korthikanti et al. 2022 Sec. 4.2.3. Without pipelining one
+    micro-batch at a time. Where a stage's chunks hold unequal layers (Megatron's embedding and loss slots), the
+    activations weigh each chunk's micro-batches instead (:func:`interleaved_chunk_loads`).
     """
     if plan.pp == 1:
         return 1.0
@@ -201,3 +204,35 @@ def interleaved_forwards_at_peak(plan: ParallelPlan, stage: int) -> int:
     # (4295be1a6c, "tunable schedule with overlapping", 2024-11); only the cap at m * vpp remains (schedules.py:976).
     warmup = min((plan.pp - stage - 1) * 2 + (plan.vpp - 1) * plan.pp + plan.ep_overlapped, chunks)
     return min(warmup + 1, chunks)
+
+
+@functools.lru_cache(maxsize=4096)
+def interleaved_chunk_loads(pp: int, vpp: int, num_microbatches: int, stage: int,
+                            extra_warmup: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The micro-batches each of stage ``stage``'s vpp chunks holds after every forward of its steady state
+    (and after its last warm-up forward), distinct vectors: where the chunks hold different layers, the stage's
+    peak is the vector whose layers weigh most, not necessarily the first steady-state one.
+
+    Megatron-LM's interleaved schedule (megatron/core/pipeline_parallel/schedules.py at d98e8a6):
+    ``get_schedule_table`` (:989-1016) orders the forwards group by group (``microbatch_group_size_per_vp_stage``,
+    pp by default), within a group chunk by chunk; ``get_model_chunk_id`` runs forward k on ``table[k]``'s chunk and
+    backward k on chunk ``vpp - 1 -`` that; warm-up as :func:`interleaved_forwards_at_peak`, then one forward and one
+    backward per step, forward first (1F1B)."""
+    table: list[int] = []
+    for first in range(0, num_microbatches, pp):
+        size = num_microbatches - first if first + pp >= num_microbatches else pp
+        for chunk in range(vpp):
+            table += [chunk] * size
+        if first + pp >= num_microbatches:
+            break
+    total = len(table)
+    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup, total)
+    held = [0] * vpp
+    for k in range(warmup):
+        held[table[k]] += 1
+    seen = {tuple(held)}
+    for k in range(total - warmup):
+        held[table[warmup + k]] += 1
+        seen.add(tuple(held))
+        held[vpp - 1 - table[k]] -= 1
+    return tuple(sorted(seen))

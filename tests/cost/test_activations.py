@@ -111,6 +111,26 @@ def test_interleaved_warmup_with_as_many_microbatches_as_stages():
     assert microbatches_in_flight(p, 7) < microbatches_in_flight(p, 0) == 8
 
 
+def test_uneven_interleaved_chunks_weigh_what_each_holds():
+    # 14 layers on pp 4 x vpp 2: stages 3, 4, 4, 3 layers; Megatron's virtual layout gives stage 0 chunks of 1 and 2
+    # layers (the embedding takes the first chunk's other slot) and stage 3 chunks of 2 and 1 (the loss's slot).
+    # 8 micro-batches, schedule table [0]*4 + [1]*4 + [0]*4 + [1]*4 (chunk of each forward, groups of pp).
+    # Stage 0 warms up with 3*2 + 4 = 10 forwards (chunk 0: 6, chunk 1: 4); its steady steps hold (7, 4) or (8, 3)
+    # micro-batches per chunk, at most 7*1 + 4*2 = 15 layer-micro-batches (not (10 + 1) / 2 * 3 = 16.5).
+    # Stage 3 warms up with 4 (all chunk 0) and, after the second group's forwards start, holds (5, 0): 5*2 = 10
+    # layer-micro-batches (not (4 + 1) / 2 * 3 = 7.5).
+    model = ModelSpec(name="m", num_layers=14, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=4096,
+                      vocab_size=32000)
+    p = ParallelPlan(pp=4, vpp=2, grad_accum_steps=8, global_batch_size=8, seq_len=1024)
+    one = layer_activations(model, p).total
+    assert stage_activation_bytes(model, p, 0)["layers"] == pytest.approx(15 * one)
+    assert stage_activation_bytes(model, p, 3)["layers"] == pytest.approx(10 * one)
+    # Equal chunks (16 layers: 2 per chunk) keep the first steady-state forward's count: (3*2 + 4 + 1) / 2 * 4.
+    even = ModelSpec(name="m", num_layers=16, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=4096,
+                     vocab_size=32000)
+    assert stage_activation_bytes(even, p, 0)["layers"] == pytest.approx(11 / 2 * 4 * one)
+
+
 def test_interleaved_embedding_activations_follow_the_first_chunk():
     # Megatron get_model_chunk_id: of the first stage's 31 forwards at its peak (pp 8, vpp 3, 16 micro-batches),
     # chunk 0 (the embedding's) ran 8 + 7; the stage's layers hold 31 / 3 micro-batches' worth.
