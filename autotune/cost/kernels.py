@@ -33,7 +33,23 @@ from autotune.cost.efficiency import Efficiency
 from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, FP8_RECIPES
 
-__all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES"]
+__all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES", "DERIVED_ATTENTION_KERNELS", "TRITON_FLASH"]
+
+TRITON_FLASH = "fa-triton"
+"""FlashAttention in pre-MLIR Triton (HazyResearch flash-attention eff9fe6b flash_attn/flash_attn_triton.py), the
+kernel llm-foundry's MPT ran with ``attn_impl: triton`` (llm-foundry b2a43a147, the commit that added the MPT
+benchmark tables: scripts/train/benchmarking/submit_benchmarks.py:144 ``--attn_impl`` default ``'triton'``;
+llmfoundry/models/layers/flash_attn_triton.py, "Copied from" that file)."""
+
+DERIVED_ATTENTION_KERNELS = {TRITON_FLASH: ("fa2", 1 / 1.3)}
+"""Attention kernels without a per-GPU measured fraction, as (measured kernel, rate relative to it). Triton
+FlashAttention: FlashAttention-2 is 1.3-2.5x faster than FlashAttention in Triton on A100 (Dao 2023, arXiv
+2307.08691, Sec. 4.1, forward + backward, sequence 512-16k, head dim 64/128, causal and not); the smallest gap is
+taken (an assumption: the Triton kernel, unlike FlashAttention-1, splits the forward over query blocks, its grid's
+first axis, so at long sequences it fills the GPU as FlashAttention-2 does). The Triton kernel's own header says it is
+slightly slower forward + backward than FlashAttention-1's CUDA kernel, which the same paper puts at 25-40% of
+A100's peak against FlashAttention-2's 50-73%: the ratio is the Triton kernel's to FlashAttention-2 on any GPU whose
+FlashAttention-2 runs the sm_80 code path (pre-MLIR Triton has no Hopper instructions either)."""
 
 # Bytes of HBM traffic per element cast to FP8, per recipe (read 16-bit = 2, write FP8 = 1, amax pass = 2):
 #   te-delayed: amax from the history, fused into the cast kernel (TE delayed scaling): 2 + 1
@@ -131,7 +147,10 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
 
     bf16_peak = _peak(cluster, sixteen) * gemm_fraction(sixteen) * eff.gemm_peak_fraction
     linear_peak = _peak(cluster, linear_prec) * gemm_fraction(linear_prec) * eff.gemm_peak_fraction
-    kernel, attn_fraction = kf.attention(attention_kernel)
+    base, relative = DERIVED_ATTENTION_KERNELS.get(attention_kernel, (attention_kernel, 1.0))
+    kernel, attn_fraction = kf.attention(base)
+    if relative != 1.0 and kernel == base:  # a GPU without the measured kernel keeps what it falls back to
+        kernel, attn_fraction = attention_kernel, attn_fraction * relative
     fp8 = precision == "fp8" and cluster.gpu.supports("fp8")
     cuda_core = cluster.gpu.peak_flops_per_s("fp32") if cluster.gpu.supports("fp32") else 0.0
     exp_delta = 0.0

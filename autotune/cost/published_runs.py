@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+from autotune.cost.kernels import TRITON_FLASH
 from autotune.cost.memory import estimate_memory
 from autotune.cost.published_fields import (
     family_of,
@@ -176,6 +177,10 @@ def _one(entry: dict) -> PublishedRun:
         # DeepSpeed of 2021 (v0.3.x): ZeRO-3 gathers and reduce-scatters through per-rank tensor lists
         # (autotune.cost.zero3_gathers); the coalesced collectives came in v0.5.5 (#1188) and v0.6.0 (#1453).
         over["zero3_list_collectives"] = True
+    if rid.startswith("mpt-"):
+        # llm-foundry's MPT benchmark tables (b2a43a147) ran attn_impl 'triton' (submit_benchmarks.py:144 default;
+        # the yamls' attn_config): FlashAttention in pre-MLIR Triton (autotune.cost.kernels.TRITON_FLASH).
+        over["attention_kernel"] = TRITON_FLASH
     if rid.startswith(("nemo", "bridge")):
         # NeMo / Megatron-Bridge H100 performance recipes turn on TP comm overlap with userbuffers
         # (Megatron-Bridge scripts/performance: COMM_OVERLAP_CONFIG_MAP["llama3_70b"]["h100"]["fp8"] =

@@ -29,7 +29,7 @@ from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
-from autotune.cost.kernels import FP8_RECIPES, rates
+from autotune.cost.kernels import DERIVED_ATTENTION_KERNELS, FP8_RECIPES, rates
 from autotune.cost.launch import launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.cost.step_terms import variant_terms
@@ -77,6 +77,8 @@ class TimeSettings:
     """DeepSpeed ZeRO-3's reuse distance (elements), as autotune writes it (``autotune.emit.deepspeed``)."""
     zero3_list_collectives: bool = False
     """DeepSpeed ZeRO-3 collectives through per-rank tensor lists, before v0.5.5 (``autotune.cost.zero3_gathers``)."""
+    attention_kernel: str | None = None
+    """The run's fused attention kernel ("fa2", "fa3", ``kernels.DERIVED_ATTENTION_KERNELS``); None: the engine's."""
     cp_repeat_kv: bool | None = None
     """The model code repeats K and V to every query head before attention, so context parallelism exchanges and
     holds K and V at the query width (torchtitan before SDPA's ``enable_gqa``: ``repeat_kv`` in
@@ -88,6 +90,8 @@ class TimeSettings:
             problems.append(f"fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.selective_policy not in (None, *POLICIES):
             problems.append(f"selective_policy must be one of {', '.join(POLICIES)}, got {self.selective_policy!r}")
+        if self.attention_kernel not in (None, "fa2", "fa3", *DERIVED_ATTENTION_KERNELS):
+            problems.append(f"attention_kernel {self.attention_kernel!r} is not fa2, fa3 nor a derived kernel")
         if self.tp_overlap not in (None, "none", "userbuffers", "async-tp"):
             problems.append(f"tp_overlap must be none, userbuffers or async-tp, got {self.tp_overlap!r}")
         require_no_problems(problems, subject="time settings")
@@ -165,7 +169,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
     fp8_recipe = run_settings.fp8_recipe(plan, settings, engine)
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, fp8_recipe)
+    r = rates(cluster, plan.precision, eff, settings.attention_kernel or sched.attention_kernel, fp8_recipe)
     kernels = elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine))
     selective = _selective_policy(plan, settings, engine)
     modules = run_settings.recompute_modules(plan)
@@ -358,7 +362,7 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     engine = engine_for(plan)
     sched = engine.comm
     fp8_recipe = run_settings.fp8_recipe(plan, settings, engine)
-    r = rates(cluster, plan.precision, eff, sched.attention_kernel, fp8_recipe)
+    r = rates(cluster, plan.precision, eff, settings.attention_kernel or sched.attention_kernel, fp8_recipe)
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)),
                     *_cp_run(plan, settings, engine))
