@@ -3,7 +3,7 @@
 import pytest
 
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-from autotune.cost.kernels import FP8_RECIPES, Rates, rates
+from autotune.cost.kernels import FP8_RECIPES, TRITON_FLASH, Rates, rates
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.errors import InputError
@@ -94,6 +94,30 @@ def test_fp8_recipes_cost_their_casts():
     assert t["te-delayed"] < t["te-current"] <= t["torchao-rowwise"]
     with pytest.raises(InputError):
         TimeSettings(fp8_recipe="nope")
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm-80gb"])
+def test_triton_flash_runs_at_flashattention2s_rate_over_its_smallest_reported_gap(gpu):
+    # FlashAttention-2 paper Sec. 4.1: FA2 1.3-2.5x faster than FlashAttention in Triton (the smallest gap taken).
+    cluster = load_cluster(gpu=gpu, num_gpus=8, gpus_per_node=None, cluster_path=None)
+    fa2 = rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa2", None)
+    triton = rates(cluster, "bf16", DEFAULT_EFFICIENCY, TRITON_FLASH, None)
+    assert triton.attention_kernel == TRITON_FLASH
+    assert triton.attention == pytest.approx(fa2.attention / 1.3)
+    assert triton.bf16_peak == fa2.bf16_peak  # only the attention kernel differs
+
+
+def test_a_slower_attention_kernel_costs_most_at_long_sequences():
+    # The attention core grows with the sequence per token, the linear layers do not: the kernel's rate moves the
+    # step time of a 32k-token plan more than that of a 2k-token one (llm-foundry's long-sequence MPT rows).
+    def slowdown(seq):
+        plan = ParallelPlan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=seq, engine="fsdp", zero_stage=3,
+                            recompute="full")
+        fa2 = estimate_step_time(LLAMA8, H100_8, plan).step_time_s
+        return estimate_step_time(LLAMA8, H100_8, plan, TimeSettings(attention_kernel=TRITON_FLASH)).step_time_s / fa2
+    assert 1.0 < slowdown(2048) < slowdown(32768) < 1.3
+    with pytest.raises(InputError):
+        TimeSettings(attention_kernel="nope")
 
 
 def test_async_tp_and_compile_help():
