@@ -49,7 +49,8 @@ from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["PublishedRun", "published_runs", "FAMILIES", "family_of", "predict_run", "plan_choice_note"]
+__all__ = ["PublishedRun", "published_runs", "run_from_entry", "FAMILIES", "family_of", "predict_run",
+           "plan_choice_note"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +225,12 @@ def _one(entry: dict) -> PublishedRun:
         skipped = "global batch not stated (and no per-rank batch to derive it)"
     return PublishedRun(**base, model=model, cluster=cluster, candidates=cands, tokens_per_s_per_gpu=tps,
                         peak_memory_gib=peak, memory_method=method, skipped=skipped, layer_timing=layer_ms is not None)
+
+
+def run_from_entry(entry: dict) -> PublishedRun:
+    """The run one entry of the published-runs YAML's form describes (a row held out of the run set, e.g.
+    ``bench/mpt_long_sequence.py``'s), read as :func:`published_runs` reads the set's."""
+    return _one(entry)
 
 
 def published_runs(folder: Path | None = None) -> list[PublishedRun]:
