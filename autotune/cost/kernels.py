@@ -43,13 +43,17 @@ llmfoundry/models/layers/flash_attn_triton.py, "Copied from" that file)."""
 
 DERIVED_ATTENTION_KERNELS = {TRITON_FLASH: ("fa2", 1 / 1.3)}
 """Attention kernels without a per-GPU measured fraction, as (measured kernel, rate relative to it). Triton
-FlashAttention: FlashAttention-2 is 1.3-2.5x faster than FlashAttention in Triton on A100 (Dao 2023, arXiv
-2307.08691, Sec. 4.1, forward + backward, sequence 512-16k, head dim 64/128, causal and not); the smallest gap is
-taken (an assumption: the Triton kernel, unlike FlashAttention-1, splits the forward over query blocks, its grid's
-first axis, so at long sequences it fills the GPU as FlashAttention-2 does). The Triton kernel's own header says it is
-slightly slower forward + backward than FlashAttention-1's CUDA kernel, which the same paper puts at 25-40% of
-A100's peak against FlashAttention-2's 50-73%: the ratio is the Triton kernel's to FlashAttention-2 on any GPU whose
-FlashAttention-2 runs the sm_80 code path (pre-MLIR Triton has no Hopper instructions either)."""
+FlashAttention: "FlashAttention-2 is 1.7-3.0x faster than FlashAttention, 1.3-2.5x faster than FlashAttention in
+Triton" (Dao 2023, arXiv 2307.08691, Sec. 4, A100, forward + backward, sequence 512-16k, head dim 64 / 128, with
+and without the causal mask). The smallest gap of that range is taken (an assumption: the Triton kernel splits its
+forward over query blocks and, autotuned, its backward over key blocks (llm-foundry b2a43a147
+flash_attn_triton.py:625 grid ``cdiv(seqlen_q, BLOCK_M)``, :695 ``SEQUENCE_PARALLEL``), so at the long sequences
+of the runs that used it the GPU is full, as with FlashAttention-2). Sec. 4.1 splits the gap by pass,
+1.3-1.5x forward and about 2x backward, which over a full-recompute step's attention passes (two forwards, a
+backward of 2.5 forwards) is 1.7x against the paper's FlashAttention-2 rate; the model's FlashAttention-2 rate is
+that of ``attention_fraction`` times ``gemm_peak_fraction`` (0.73), so the absolute Triton rates of the two readings
+differ by 3%. The kernel's own header: forward + backward slightly slower than FlashAttention-1's CUDA kernel.
+Pre-MLIR Triton has no Hopper instructions, nor has FlashAttention-2: the ratio holds on H100 too (an assumption)."""
 
 # Bytes of HBM traffic per element cast to FP8, per recipe (read 16-bit = 2, write FP8 = 1, amax pass = 2):
 #   te-delayed: amax from the history, fused into the cast kernel (TE delayed scaling): 2 + 1
