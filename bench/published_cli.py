@@ -38,7 +38,7 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
                 "lists (autotune.cost.zero3_gathers); the release the CLI models (0.19) coalesces them")
     if run.time_overrides.get("attention_kernel"):
         return (f"its attention kernel ({run.time_overrides['attention_kernel']}: llm-foundry 2023's Triton "
-                "FlashAttention) is none the engines the CLI models run, and no flag states it")
+                "FlashAttention) runs in none of the engines the CLI models, and no flag states it")
     if plan.cp > 1 and run.time_overrides.get("cp_repeat_kv"):
         return ("torchtitan before v0.2.2 repeated K and V to every query head (repeat_kv, v0.2.0 models/llama3/model/"
                 "model.py:236), so context parallelism exchanged them at the query width; the releases the CLI "
