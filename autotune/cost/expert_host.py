@@ -39,7 +39,9 @@ Under Megatron's EP overlap (``ParallelPlan.ep_overlap``) the host issues one mi
 still runs the other's nodes (megatron/core/models/common/model_chunk_schedule_plan.py at d98e8a64,
 ``TransformerLayerSchedulePlan.run``: the backward experts :270 are issued before the paired forward's dispatch and
 its sync :274, the forward experts :285 after the backward attention :281 is queued): there the experts' host time
-only counts where it exceeds the layer's GPU work (``autotune.cost.launch.launch_exposed_s``).
+only counts where it exceeds the layer's GPU work (``autotune.cost.launch.launch_exposed_s``) or where the forward
+dispatch's sync holds the host before it issues the experts' weight gradient and forward
+(``autotune.cost.ep_overlap.paired_layers_s``).
 
 Not counted: the grouped-tensor path (one grouped kernel; ``moe_use_grouped_tensor``), and engines whose experts
 run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on the engine's launch time.
@@ -50,15 +52,17 @@ from __future__ import annotations
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CUBLASLT_GEMM_CALL_S", "EXPERT_CALLS", "grouped_mlp_host_s", "local_experts"]
+__all__ = ["CUBLASLT_GEMM_CALL_S", "EXPERT_CALLS", "grouped_mlp_host_parts_s", "grouped_mlp_host_s", "local_experts"]
 
 CUBLASLT_GEMM_CALL_S = (0.267e-3 - 0.069e-3) / 7
 """Host seconds of one cuBLASLt GEMM call on Transformer Engine's multi-stream path (TE PR #3134, SM100: module
 docstring)."""
 
-EXPERT_CALLS = {"fwd": (2, 2), "bwd": (4, 2)}
+EXPERT_CALLS = {"fwd": (2, 2), "dgrad": (2, 2), "wgrad": (2, 0)}
 """Per local expert and pass: (cuBLASLt GEMM calls, quantize kernels under a per-split FP8 recipe), fc1 and fc2
-together (module docstring)."""
+together (module docstring); the backward is its data gradient (the output gradient quantized split by split,
+grouped_linear.py:1315, and the dgrad GEMMs :1382) and its weight gradient (the wgrad GEMMs :1448-1469), which
+Megatron's ``--delay-wgrad-compute`` issues apart (``autotune.cost.ep_overlap``)."""
 
 FUSED_MULTI_CAST_RECIPES = frozenset({"te-delayed"})
 """FP8 recipes whose split inputs are cast by one fused multi-tensor kernel (cast.cpp:908-936), not one per split."""
@@ -71,14 +75,21 @@ def local_experts(model: ModelSpec, plan: ParallelPlan) -> int:
     return max(1, moe.num_experts // max(1, plan.ep))
 
 
+def grouped_mlp_host_parts_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None,
+                             launch_s: float) -> tuple[float, float, float]:
+    """(forward, data gradient, weight gradient) host seconds one MoE layer's routed experts take to issue, one
+    micro-batch."""
+    if launch_s <= 0 or model.moe is None:
+        return 0.0, 0.0, 0.0
+    per_split_cast = plan.precision == "fp8" and fp8_recipe not in FUSED_MULTI_CAST_RECIPES
+    experts = local_experts(model, plan)
+    fwd, dgrad, wgrad = (experts * (gemms * CUBLASLT_GEMM_CALL_S + (casts * launch_s if per_split_cast else 0.0))
+                         for gemms, casts in (EXPERT_CALLS[k] for k in ("fwd", "dgrad", "wgrad")))
+    return fwd, dgrad, wgrad
+
+
 def grouped_mlp_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None,
                        launch_s: float) -> tuple[float, float]:
     """(forward, backward) host seconds one MoE layer's routed experts take to issue, one micro-batch."""
-    if launch_s <= 0 or model.moe is None:
-        return 0.0, 0.0
-    per_split_cast = plan.precision == "fp8" and fp8_recipe not in FUSED_MULTI_CAST_RECIPES
-    experts = local_experts(model, plan)
-    out = []
-    for gemms, casts in (EXPERT_CALLS["fwd"], EXPERT_CALLS["bwd"]):
-        out.append(experts * (gemms * CUBLASLT_GEMM_CALL_S + (casts * launch_s if per_split_cast else 0.0)))
-    return out[0], out[1]
+    fwd, dgrad, wgrad = grouped_mlp_host_parts_s(model, plan, fp8_recipe, launch_s)
+    return fwd, dgrad + wgrad

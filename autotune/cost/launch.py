@@ -38,7 +38,7 @@ from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["layer_kernels", "graphed_parts", "launch_exposed_s", "cuda_graph_static_bytes"]
+__all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "cuda_graph_static_bytes"]
 
 
 def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict[str, tuple[int, int]]:
@@ -69,6 +69,17 @@ def graphed_parts(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tupl
     return tuple(p for p in parts if p != "moe_rest" and (scope is None or p in scope))
 
 
+def layer_launches(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tuple[int, int]:
+    """(forward, backward) launches one layer issues beside its routed experts: a captured part one per pass, else
+    its kernels (backward: two GEMMs per forward GEMM, one kernel per other kernel)."""
+    graphed = graphed_parts(model, plan, moe_layer)
+    fwd = bwd = 0
+    for name, (gemms, others) in layer_kernels(model, plan, moe_layer).items():
+        fwd += 1 if name in graphed else gemms + others
+        bwd += 1 if name in graphed else 2 * gemms + others
+    return fwd, bwd
+
+
 def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_s: float, bwd_s: float,
                      launch_s: float, fp8_recipe: str | None = None) -> tuple[float, float]:
     """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
@@ -78,11 +89,7 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
-    graphed = graphed_parts(model, plan, moe_layer)
-    fwd = bwd = 0
-    for name, (gemms, others) in layer_kernels(model, plan, moe_layer).items():
-        fwd += 1 if name in graphed else gemms + others
-        bwd += 1 if name in graphed else 2 * gemms + others
+    fwd, bwd = layer_launches(model, plan, moe_layer)
     if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
         return max(0.0, fwd * launch_s + experts_f - fwd_s), max(0.0, bwd * launch_s + experts_b - bwd_s)
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)

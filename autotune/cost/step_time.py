@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from autotune.cost import comm, run_settings
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autotune.cost.cp_ring import cp_kind
-from autotune.cost.ep_overlap import paired_exposed_s, paired_share
+from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import DERIVED_ATTENTION_KERNELS, FP8_RECIPES, rates
 from autotune.cost.launch import launch_exposed_s
@@ -206,8 +206,10 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             cp_c += count * lp.cp_exposed_s
             moe_c += count * lp.moe_s
             if is_moe and plan.ep_overlapped and lt.moe_comm_s > 0:
-                moe_paired += paired_exposed_s(lt, count, lp.fwd_s + wait_f, lp.bwd_s + wait_b + lp.recompute_s,
-                                               plan.ep_overlap == "a2a-delay-wgrad")
+                moe_paired += paired_exposed_s(lt, count, lp.fwd_s, lp.bwd_s + lp.recompute_s,
+                                               plan.ep_overlap == "a2a-delay-wgrad",
+                                               paired_host_s(model, plan, sched.kernel_launch_s, fp8_recipe),
+                                               wait_f + wait_b)
             else:
                 moe_paired += count * lp.moe_s
         if stage == plan.pp - 1:

@@ -46,6 +46,14 @@ def test_calls_per_local_expert_by_hand():
         pytest.approx((8 * 2 * CALL, 8 * 4 * CALL))
 
 
+def test_the_backward_splits_into_data_and_weight_gradients():
+    fwd, dgrad, wgrad = expert_host.grouped_mlp_host_parts_s(_model(16), _plan(2), "te-mxfp8", LAUNCH)
+    whole = expert_host.grouped_mlp_host_s(_model(16), _plan(2), "te-mxfp8", LAUNCH)
+    assert (fwd, dgrad + wgrad) == pytest.approx(whole)
+    # the output gradient's per-split quantize goes with the data gradient; the weight gradient is GEMM calls only
+    assert dgrad == pytest.approx(8 * (2 * CALL + 2 * LAUNCH)) and wgrad == pytest.approx(8 * 2 * CALL)
+
+
 def test_scales_with_local_experts_and_needs_a_launch_model():
     few = expert_host.grouped_mlp_host_s(_model(16), _plan(8), "te-mxfp8", LAUNCH)
     many = expert_host.grouped_mlp_host_s(_model(16), _plan(2), "te-mxfp8", LAUNCH)

@@ -52,6 +52,34 @@ def test_delay_wgrad_shortens_a_schedule_the_data_gradients_hold_up():
     assert paired_layers_s(12, FWD, BWD, a2a, True) < paired_layers_s(12, FWD, BWD, a2a, False)
 
 
+def test_a_host_that_issues_nothing_changes_nothing():
+    for a2a in (0.0, 0.4, 1.2):
+        for delay in (False, True):
+            assert paired_layers_s(12, FWD, BWD, a2a, delay, (0.0,) * 5) == \
+                pytest.approx(paired_layers_s(12, FWD, BWD, a2a, delay))
+
+
+@pytest.mark.parametrize("delay", [False, True])
+def test_the_host_issue_bounds_the_pairs_from_below(delay):
+    host = (0.05, 0.9, 0.05, 0.8, 0.7)  # the experts' calls outlast their GPU work (FWD / BWD experts: 0.6-0.7)
+    for a2a in (0.0, 0.3, 0.9):
+        t = paired_layers_s(12, FWD, BWD, a2a, delay, host)
+        assert t >= 12 * sum(host) - 1e-12  # the host issues every node of every layer, one after another
+        assert t >= paired_layers_s(12, FWD, BWD, a2a, delay) - 1e-12  # never faster than a free host
+
+
+def test_the_dispatch_sync_holds_the_host_until_the_forwards_attention_side_ends():
+    # one layer pair, the forward's attention side long, the experts' weight gradient and forward slow to issue:
+    # the host may issue them only once the forward's pre-dispatch node (and its token counts) is done
+    pre_f, exp_f, pre_dgrad, exp_dgrad, exp_wgrad = 2.0, 0.1, 0.1, 0.1, 0.1
+    fwd, bwd = (pre_f, exp_f), (pre_dgrad, 0.0, exp_dgrad, exp_wgrad)
+    host_w, host_f = 0.5, 0.5
+    free = paired_layers_s(1, fwd, bwd, 0.0, True)
+    assert free == pytest.approx(pre_f + exp_dgrad + exp_wgrad + exp_f + pre_dgrad)
+    held = paired_layers_s(1, fwd, bwd, 0.0, True, (0.0, host_f, 0.0, 0.0, host_w))
+    assert held == pytest.approx(pre_f + host_w + host_f + pre_dgrad)  # issued after the sync, one after the other
+
+
 def _qwen235(ep_overlap=None, **kw) -> ParallelPlan:
     return make_plan(QWEN235, C128, engine="megatron", global_batch_size=512, tp=2, ep=8, pp=4, vpp=2,
                      sequence_parallel=True, zero_stage=1, seq_len=4096, ep_overlap=ep_overlap, **kw)
