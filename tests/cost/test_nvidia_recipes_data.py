@@ -220,3 +220,24 @@ def test_the_bench_estimates_matched_rows_with_their_recipe_settings(cases):
             assert plan.tp_overlap == want, c.row["source"]
     # the rows whose recompute the file states are estimated at it, not at the fastest mode that fits
     assert sum(c.flags.recompute_set for c in applied) >= 0.6 * len(applied)
+
+
+def test_rows_nvidia_footnotes_as_regressed_carry_the_note_and_stay_in_the_stats(capsys):
+    marked = [r for r in ROWS if r["source"] in bench.TABLE_FOOTNOTES]
+    # the footnoted cells are the 26.06.01 GPT-OSS rows; each footnote has its text
+    assert {(r["container"], r["model"]) for r in marked} == {("26.06.01", "GPT OSS 120B")} and len(marked) == 2
+    assert set(bench.TABLE_FOOTNOTES.values()) <= set(bench.FOOTNOTES)
+    cases = [bench.express(r) for r in ROWS if r["model"] == "GPT OSS 120B"]
+    for c in cases:
+        bench.estimate_case(c)
+    done = [c for c in cases if c.predicted is not None]
+    noted = [c for c in done if bench.FOOTNOTES["gpt-oss-note"] in c.notes]
+    assert {c.row["source"] for c in noted} == {r["source"] for r in marked}
+    bench.accuracy_table(cases, show_rows=False)
+    out = capsys.readouterr().out
+    # the family line counts every estimated row, the footnoted ones too; the line without them is printed beside it
+    family_line = next(ln for ln in out.splitlines() if ln.startswith("family GPT OSS 120B "))
+    assert int(family_line.split()[4]) == len(done)
+    without = bench.footnoted_summary(done)["GPT OSS 120B"]
+    assert len(without) == len(done) - len(marked)
+    assert "without them" in out
