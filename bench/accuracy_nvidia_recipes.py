@@ -52,6 +52,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
     p90_abs,
 )
 from nvidia_plan_quality import plan_quality_table
+from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
@@ -92,24 +93,6 @@ VARIANT_NOTES = {
     "tokendrop": "token-dropping MoE run as dropless (no capacity factor in ModelSpec)",
     "w/ MTP": "the multi-token-prediction module is not in the deepseek-v3 preset",
 }
-
-_ARCHIVE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b:docs/performance-summary-archive.md"
-TABLE_FOOTNOTES = {f"{_ARCHIVE}#L57": "gpt-oss-note", f"{_ARCHIVE}#L58": "gpt-oss-note"}
-"""Rows whose cell in NVIDIA's table carries one of NVIDIA's footnotes (the CSV transcribes the numbers, not the
-marks): the 26.06.01 GPT-OSS rows' Model TFLOP/s cells read ``661[^gpt-oss-note]`` and ``597[^gpt-oss-note]``."""
-
-FOOTNOTES = {
-    "gpt-oss-note": ("NVIDIA's footnote: a known regression of this container, fixed in the next (cudnn-frontend "
-                     "#256, the fused grouped MLP's dGeGLU backward kernel); not modelled, kept in every figure"),
-}
-"""NVIDIA's footnotes on rows (``TABLE_FOOTNOTES``) that say why a row ran slower than its software allows.
-gpt-oss-note (performance-summary-archive.md:90 at 067f987) names the 26.06.01 GPT-OSS slowdown a known issue to be
-fixed in the next container, pointing at NVIDIA/cudnn-frontend issue #256: ``grouped_gemm_dglu_wrapper_sm100`` (the MXFP8 grouped GEMM with the
-dGeGLU backward epilogue) about 10x slower from cudnn-frontend 1.24.0; Transformer Engine's fused grouped MLP runs
-it for GPT-OSS's clamped GeGLU (transformer_engine/pytorch/ops/fused/grouped_mlp.py:106, :982-986 at d0067d0), the
-path the rows' recipe takes with ``use_transformer_engine_op_fuser`` (bench/data/nvidia_recipe_settings.csv). A
-kernel regression, not a setting: the estimate stays what the software allows."""
-
 
 def load_rows(path: Path = DATA) -> list[dict]:
     """The CSV's rows (lines starting with # are comments), in file order."""
@@ -366,24 +349,6 @@ def lofo_summary(groups: dict[str, list[float]]) -> None:
           f"runs only), so each family's p90 above is its out-of-family figure; worst {worst} {p90[worst]:.1%}; "
           f"{len(over)} of {len(p90)} families over {LOFO_P90_TARGET:.0%}"
           + (f" ({', '.join(f'{n} {p90[n]:.1%}' for n in over)})" if over else ""))
-
-
-def footnoted_summary(done: list[Case]) -> dict[str, list[float]]:
-    """The rows NVIDIA's own footnotes mark as run on a regressed container (``TABLE_FOOTNOTES``), and their
-    families' figures without them, beside (never instead of) the figures above, which keep every row."""
-    marked = [c for c in done if c.row["source"] in TABLE_FOOTNOTES]
-    if not marked:
-        return {}
-    print(f"rows NVIDIA's footnotes mark as a known software regression of their container (kept in every figure "
-          f"above): {len(marked)}; their families without them:")
-    out: dict[str, list[float]] = {}
-    for family in sorted({c.family for c in marked}):
-        errs = [c.error for c in done if c.family == family and c.row["source"] not in TABLE_FOOTNOTES]
-        out[family] = errs
-        if errs:
-            print(f"{'  family ' + family + ' without them':<44}{len(errs):>5}{_stats(errs)}{'':>11}"
-                  f"{statistics.median(errs):>+7.1%}")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
