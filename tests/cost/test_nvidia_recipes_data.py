@@ -140,6 +140,23 @@ def test_plan_quality_ranks_the_llama3_8b_rows(capsys):
     assert "LLAMA3_8B" in out
 
 
+def test_a_miss_is_listed_where_nvidia_measured_another_plan_faster_on_the_same_workload():
+    import nvidia_plan_quality as pq
+
+    qwen = [r for r in ROWS if r["model"] == "Qwen3_30B_a3B" and r["system"] == "DGX-B200"]
+    slow = next(r for r in qwen if r["container"] == "26.02" and r["mbs"] == "1")
+    faster = pq.measured_faster(slow, ROWS)
+    assert faster is not None and faster["mbs"] != "1"
+    assert float(faster["tokens_per_s_per_gpu"]) > (1 + pq.MEASURED_MARGIN) * float(slow["tokens_per_s_per_gpu"])
+    # "FP8-MX" (25.11) and "MXFP8" (26.x) are one recipe: the 25.11 mb1 row finds the mb4 rows too
+    old = next(r for r in qwen if r["precision"] == "FP8-MX" and r["mbs"] == "1")
+    assert pq.measured_faster(old, ROWS) is not None
+    # the fastest plan of a workload has nothing faster; the same plan in another container does not count
+    assert pq.measured_faster(faster, ROWS) is None
+    same_plan = dict(slow, container="99.99", tokens_per_s_per_gpu=str(10 * float(slow["tokens_per_s_per_gpu"])))
+    assert pq.measured_faster(slow, [slow, same_plan]) is None
+
+
 # NVIDIA's run settings per row (bench/data/nvidia_recipe_settings.csv, bench/nvidia_recipe_settings.py).
 import nvidia_recipe_settings as nrs  # noqa: E402
 
