@@ -13,7 +13,8 @@ from autotune.engines import ENGINES, engine_for
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import pipeline_split, virtual_layout
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import FP8_RECIPE_CAPABILITY, ParallelPlan
+from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_CAPABILITY
+from autotune.specs.plan import FP8_RECIPE_CAPABILITY, PRECISIONS, ParallelPlan
 
 __all__ = ["inner_plan_problems", "plan_problems", "engines_that_run", "sequence_problems", "vpp_problems",
            "LAYOUT_RULES", "VPP_RULES", "GENERIC_PREFIX_RULES"]
@@ -99,9 +100,11 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     # Precision. The cpu preset runs bf16/fp16 trials on gloo (autocast on the CPU); it has no fp8 kernels.
     cpu_autocast = cluster.gpu.name == "cpu" and plan.precision in ("bf16", "fp16")
     if not cpu_autocast and not cluster.gpu.supports(plan.precision):
-        have = ", ".join(sorted(p for p in cluster.gpu.peak_tflops if p in ("bf16", "fp16", "fp8"))) or "none"
+        have = ", ".join(sorted(p for p in cluster.gpu.peak_tflops if p in PRECISIONS)) or "none"
         bad("precision_gpu", f"{cluster.gpu.name} has no {plan.precision} tensor cores (training precisions it "
                              f"has: {have}): pick one of those (--precision)")
+    elif plan.precision == FP4_PRECISION and cluster.gpu.name != "cpu":
+        _fp4_gpu(cluster, bad)
     _fp8_recipe_gpu(cluster, plan, bad)
     _inner_core_problems(model, plan, bad)
     # The engine's own rules (autotune/engines): what it can run, in its words, with its source.
@@ -125,6 +128,19 @@ def vpp_problems(num_layers: int, pp: int, vpp: int, scheme: str, uneven_layouts
     if vpp > 1 and pp < 2:
         out.append(("vpp_needs_pp", f"vpp={vpp} (interleaved schedule) needs pp > 1: set vpp=1 or pp >= 2"))
     return out
+
+
+def _fp4_gpu(cluster: ClusterSpec, bad) -> None:
+    """NVFP4 on a GPU Transformer Engine runs it on (``NVFP4_CAPABILITY``)."""
+    words = ("NVFP4 needs compute capability 10.0 or later (Blackwell B200 / GB200 / B300 / GB300; "
+             "TransformerEngine pytorch/quantization.py _compute_nvfp4_support)")
+    cc = cluster.gpu.capability
+    if cc is None:
+        bad("precision_gpu", f"{words}, and {cluster.gpu.name} states none: give the GPU's compute_capability in "
+                             "the cluster file, or --precision fp8 / bf16")
+    elif cc < NVFP4_CAPABILITY:
+        bad("precision_gpu", f"{words}; {cluster.gpu.name} is {cluster.gpu.compute_capability}: use --precision "
+                             "fp8 or bf16")
 
 
 def _fp8_recipe_gpu(cluster: ClusterSpec, plan: ParallelPlan, bad) -> None:

@@ -16,7 +16,8 @@ where a source leaves a setting out: NVIDIA tuned theirs). Predicted vs measured
 whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
 Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX rows as ``--fp8-recipe te-mxfp8``
 (Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);
-FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; every row with ``--grad-dtype
+FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; NVFP4 rows as ``--precision
+fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every row with ``--grad-dtype
 bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
@@ -117,8 +118,10 @@ def precision_of(text: str) -> tuple[str | None, str]:
     t = text.upper()
     if t.startswith("BF16"):
         return "bf16", ""
+    if t == "NVFP4":  # Transformer Engine NVFP4BlockScaling (Bridge bf16_with_nvfp4_mixed): --precision fp4
+        return "fp4", ""
     if "FP4" in t:
-        return None, f"{text}: the tool's precisions are bf16, fp16 and fp8 (no FP4 GEMMs)"
+        return None, f"{text}: the tool's FP4 precision is NVFP4 only"
     if "FP8" in t or t.startswith("NOT STATED"):  # the 25.09 table: both columns are FP8 granularities
         return "fp8", ""
     return None, f"precision {text!r} not understood"

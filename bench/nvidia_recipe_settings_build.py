@@ -146,6 +146,8 @@ def precision_tag(text: str) -> tuple[str, ...]:
         return ("fp8mx",)
     if t == "FP8":  # the 26.x tables' Llama "FP8" column: the recipes' FP8 current-scaling functions
         return ("fp8cs",)
+    if t == "NVFP4":  # the recipes' *_nvfp4_config functions (v0.3+ workload variants: <MODEL>_..._NVFP4_...)
+        return ("nvfp4",)
     return ()
 
 
@@ -235,7 +237,7 @@ def legacy_match(row: dict, funcs: dict, variants: dict) -> tuple[str, dict[str,
     prefix, system = MODEL_PREFIX.get(family), row["system"].removeprefix("DGX-").lower()
     if prefix is None or not precision_tag(row["precision"]):
         return "", {}, "no recipe sought (family or precision not estimated)"
-    tags = {"fp8cs": ("FP8_CS", "FP8_SC"), "fp8mx": ("FP8_MX",), "bf16": ("BF16",)}
+    tags = {"fp8cs": ("FP8_CS", "FP8_SC"), "fp8mx": ("FP8_MX",), "bf16": ("BF16",), "nvfp4": ("NVFP4",)}
     want = row_plan(row)
     tried, found = [], []
     for tag in precision_tag(row["precision"]):

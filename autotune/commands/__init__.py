@@ -243,8 +243,9 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="activation recompute: none, selective (Megatron: the attention core or "
                         "--recompute-modules; FSDP2: torchtitan's op-level SAC) or full (default selective)")
     g.add_argument("--recompute-num-layers", type=positive_int, help="full recompute: layers per stage to recompute")
-    g.add_argument("--precision", choices=("bf16", "fp16", "fp8"), default="bf16",
-                   help="training precision (default bf16)")
+    g.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp4"), default="bf16",
+                   help="training precision (default bf16); fp4: NVFP4 (Transformer Engine NVFP4BlockScaling, "
+                        "Megatron --fp4-format e2m1 --fp4-recipe nvfp4; Blackwell)")
     g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor", "adamw8bit"), default="adamw",
                    help="optimizer, which sets the optimizer-state bytes (default adamw)")
     g.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none",

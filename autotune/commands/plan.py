@@ -62,7 +62,7 @@ def register(sub) -> None:
                    help="also search the pipeline splits only Megatron-core's uneven layouts run (embedding / loss "
                         "as a stage slot, asymmetric first/last stages, --pipeline-model-parallel-layout)")
     g.add_argument("--zero", type=int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
-    g.add_argument("--precision", type=str_list(("bf16", "fp16", "fp8")), help="allowed precisions, e.g. bf16,fp8 "
+    g.add_argument("--precision", type=str_list(("bf16", "fp16", "fp8", "fp4")), help="allowed precisions, e.g. bf16,fp8 "
                    "(default bf16, or fp16 without bf16)")
     g.add_argument("--recompute", type=str_list(("none", "selective", "full")), default=("none", "selective", "full"),
                    help="allowed recompute modes, e.g. none,selective (default all)")

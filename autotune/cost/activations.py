@@ -46,6 +46,7 @@ from autotune.specs.layout import (
     virtual_layout,
 )
 from autotune.specs.model import ModelSpec
+from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_INPUT_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
 __all__ = ["LayerActivations", "STAGE_ACTIVATION_FIELDS", "layer_activations", "block_linears", "block_mms",
@@ -72,7 +73,10 @@ class LayerActivations:
 def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
     """Bytes per element a linear saves of its input. A Transformer Engine block-scaled recipe keeps the column-wise
     FP8 copy and its scales (module/linear.py @d0067d0 lines 600-616: "Discard row-wise data since it is not needed
-    in backward pass"; scale bytes: ``FP8_BLOCK_SCALE_BYTES``)."""
+    in backward pass"; scale bytes: ``FP8_BLOCK_SCALE_BYTES``); NVFP4 its column-wise FP4 copy and 1-D scales
+    (``autotune.specs.nvfp4.NVFP4_INPUT_BYTES``), where the engine saves the quantised input."""
+    if plan.precision == FP4_PRECISION:
+        return NVFP4_INPUT_BYTES if facts.fp8_input_bytes == 1 else 2
     if plan.precision != "fp8":
         return 2
     scales = FP8_BLOCK_SCALE_BYTES.get(plan.fp8_recipe or "", (0.0, 0.0))[0] if facts.fp8_input_bytes == 1 else 0.0

@@ -22,7 +22,8 @@ the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.
 
 FP8 (``fp8_recipe``): only the linear layers' GEMMs run at the FP8 rate (its own reachable fraction); every FP8
 GEMM first casts its inputs (``FP8_CAST_BYTES``: bytes moved per element cast, by recipe) and attention, norms,
-the output layer and communication stay 16-bit.
+the output layer and communication stay 16-bit. FP4 (NVFP4, ``autotune.specs.nvfp4``) the same at the GPU's FP4
+tensor-core rate, each operand quantised as ``NVFP4_CAST_BYTES`` says.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from autotune.cost.efficiency import Efficiency
 from autotune.specs.hardware import GB, ClusterSpec
+from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_CAST_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, FP8_RECIPES
 
 __all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES", "DERIVED_ATTENTION_KERNELS", "TRITON_FLASH"]
@@ -87,7 +89,7 @@ class Rates:
     """Per-second rates of one GPU under one plan (FLOP/s, bytes/s) and the GEMM shape scale."""
 
     linear_peak: float
-    """FLOP/s of a large linear-layer GEMM at the plan's precision (FP8 for fp8 plans)."""
+    """FLOP/s of a large linear-layer GEMM at the plan's precision (FP8 for fp8 plans, FP4 for fp4 ones)."""
     linear_half: float
     bf16_peak: float
     """FLOP/s of a large 16-bit GEMM (output layer, router, unfused attention)."""
@@ -97,7 +99,7 @@ class Rates:
     attention_kernel: str
     hbm: float
     cast_bytes: float
-    """HBM bytes per element cast to FP8 (0 without FP8)."""
+    """HBM bytes per element cast to FP8 or NVFP4 (0 in 16-bit)."""
     cuda_core_peak: float = 0.0
     """FLOP/s of a 16-bit GEMM that cannot take the tensor-core path (``unaligned_s``): the GPU's FP32 CUDA-core
     peak (datasheet) x gemm_peak_fraction; 0 where the preset gives no FP32 figure (then the tensor-core rate)."""
@@ -156,6 +158,8 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
     if relative != 1.0 and kernel == base:  # a GPU without the measured kernel keeps what it falls back to
         kernel, attn_fraction = attention_kernel, attn_fraction * relative
     fp8 = precision == "fp8" and cluster.gpu.supports("fp8")
+    cast_bytes = (FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else
+                  NVFP4_CAST_BYTES if precision == FP4_PRECISION and cluster.gpu.supports(FP4_PRECISION) else 0.0)
     cuda_core = cluster.gpu.peak_flops_per_s("fp32") if cluster.gpu.supports("fp32") else 0.0
     exp_delta = 0.0
     if kf.attention_exp_tera_per_s is not None and kf.sfu_exp_tera_per_s is not None:
@@ -164,6 +168,6 @@ def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kerne
                  bf16_peak=bf16_peak, bf16_half=eff.gemm_half_dim * _peak(cluster, sixteen) / hbm_raw,
                  attention=_peak(cluster, sixteen) * attn_fraction * eff.gemm_peak_fraction, attention_kernel=kernel,
                  hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
-                 cast_bytes=FP8_CAST_BYTES[fp8_recipe or "te-delayed"] if fp8 else 0.0,
+                 cast_bytes=cast_bytes,
                  cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
                  cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw, exp_delta_s=exp_delta)

@@ -17,7 +17,9 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
     GEMMs and activation. The routed experts' grouped fc1 and fc2 are one cuBLASLt call (and under FP8 one
     quantize) per local expert, issued after the dispatcher's host sync: ``autotune.cost.expert_host`` counts
     them, and their host time adds to the layer's passes whole.
-  FP8 adds a cast per GEMM input; tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
+  FP8 adds a cast per GEMM input, NVFP4 two (its amax pass and its quantize kernel: TransformerEngine d0067d0
+  csrc/quantizer.cpp NVFP4Quantizer::quantize_impl, ``nvte_hadamard_transform_amax`` then
+  ``nvte_quantize_with_hadamard_transform``); tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
   weight gradients) per forward GEMM and one kernel per other kernel.
 
 Memory: Megatron's own graphs (``local``) keep, per captured part, static input and output buffers for its forward
@@ -36,6 +38,7 @@ from __future__ import annotations
 from autotune.cost.expert_host import grouped_mlp_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
+from autotune.specs.nvfp4 import FP4_PRECISION
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "cuda_graph_static_bytes"]
@@ -43,11 +46,11 @@ __all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s
 
 def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict[str, tuple[int, int]]:
     """(GEMMs, other kernels) of one layer's forward, by part (the module docstring counts them)."""
-    fp8 = plan.precision == "fp8"
+    casts = {"fp8": 1, FP4_PRECISION: 2}.get(plan.precision, 0)
     tp = 2 if plan.tp > 1 else 0
 
     def part(gemms: int, others: int) -> tuple[int, int]:
-        return gemms, others + (gemms if fp8 else 0) + (tp if gemms else 0)
+        return gemms, others + gemms * casts + (tp if gemms else 0)
 
     out = {"attn": part(2, 4)}
     if not moe_layer:

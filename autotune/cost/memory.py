@@ -31,6 +31,7 @@ from autotune.engines.states import ModelStateBytes
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_param_groups
+from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
@@ -137,7 +138,7 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
     out: dict[str, float] = {}
     if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
         out["cuda_graphs"] = graphs
-    if plan.precision == "fp8" and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
+    if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
         out["fp8_weight_cache"] = cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         out["nvme_staging"] = float(settings.offload_buffer_bytes)

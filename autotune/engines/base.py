@@ -19,6 +19,7 @@ from autotune.emit.precision import DEFAULT_FP8_HOW
 from autotune.engines.facts import EXPERT_OUTPUT_SAVING_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
 from autotune.specs.engine_versions import EngineVersions
+from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_WEIGHT_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES
 
 PER_TENSOR_TE_RECIPES = ("te-delayed", "te-current")
@@ -116,12 +117,17 @@ class Engine(ABC):
         GEMMs take either layout a per-tensor-scaled tensor (te-delayed, te-current) holds only its data
         (TE d0067d0 csrc/quantizer.cpp: ``with_data = rowwise_usage || is_non_tn_fp8_gemm_supported``,
         ``with_transpose = columnwise_usage && !is_non_tn_fp8_gemm_supported``)."""
+        if plan.precision == FP4_PRECISION:  # is_non_tn_fp8_gemm_supported is FP8's: NVFP4 keeps both directions
+            return 2
         per_tensor = (plan.fp8_recipe or self.comm.fp8_recipe) in PER_TENSOR_TE_RECIPES
         return 1 if any_layout and per_tensor else 2
 
     def fp8_weight_bytes(self, plan: ParallelPlan) -> float:
         """Bytes per element of one FP8 copy of a weight: 1, plus its scales under a block-scaled recipe
-        (``autotune.specs.plan.FP8_BLOCK_SCALE_BYTES``: 1/32 B with MXFP8, 4 B per 128 x 128 block with blockwise)."""
+        (``autotune.specs.plan.FP8_BLOCK_SCALE_BYTES``: 1/32 B with MXFP8, 4 B per 128 x 128 block with blockwise);
+        of an NVFP4 copy, half a byte and a 1-byte scale per 16 x 16 block (``NVFP4_WEIGHT_BYTES``)."""
+        if plan.precision == FP4_PRECISION:
+            return NVFP4_WEIGHT_BYTES
         return 1.0 + FP8_BLOCK_SCALE_BYTES.get(plan.fp8_recipe or self.comm.fp8_recipe, (0.0, 0.0))[1]
 
     def grad_reduce_bytes(self, plan: ParallelPlan) -> float:

@@ -25,6 +25,7 @@ from autotune.engines.megatron_rules import (
 from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
+from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
@@ -38,6 +39,9 @@ class MegatronEngine(Engine):
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
                             etp=True, grad_dtypes=("bf16",),
+                            # fp4: NVFP4, --fp4-format e2m1 --fp4-recipe nvfp4 (in every modelled release's flag
+                            # table, emit/megatron_flags_core_v0.*.json; autotune.specs.nvfp4)
+                            precisions=("bf16", "fp16", "fp8", "fp4"),
                             # --fp8-recipe delayed / tensorwise / blockwise / mxfp8 (the choices of every modelled
                             # release's flag table, emit/megatron_flags_core_v0.*.json); --tp-comm-overlap (TE
                             # userbuffers)
@@ -94,12 +98,14 @@ class MegatronEngine(Engine):
         import dataclasses
 
         states = megatron_states(plan, dense_params, expert_params)
-        if plan.precision == "fp8" and self.fp8_param_gather(plan) and model is not None:
+        if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
             # --fp8-param-gather (emitted with the distributed optimizer): pretrain_gpt.py model_provider builds
             # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its
             # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2 (as the FP8 weight
             # cache, tp-sharded parameters stand for the GEMM weights, embedding included).
             # Block-scaled recipes keep the scales beside the FP8 data (MXFP8Tensor / Float8BlockwiseQTensor).
+            # --fp4-param-gather the same under fp8_model_init with the NVFP4 recipe (Megatron-core fp4_utils.py
+            # get_fp4_context ``is_init``): NVFP4 weights of half a byte and their 16 x 16 block scales.
             groups = stage_param_groups(model, plan, stage, self.support.layer_split)
             saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups)
             states = dataclasses.replace(states, weights=states.weights - saved)

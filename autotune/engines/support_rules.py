@@ -83,7 +83,10 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
         bad("hybrid_shard", f"no hybrid (replicate x shard) data parallelism (dp_replicate={plan.dp_replicate}): "
                             f"set dp_replicate=1")
     if plan.precision not in s.precisions:
-        bad("precision", f"no {plan.precision} training: use {' or '.join(s.precisions)}")
+        # NVFP4 (autotune.specs.nvfp4) is Transformer Engine's NVFP4BlockScaling, which Megatron-LM runs
+        # (--fp4-format); torchtitan, DeepSpeed and accelerate have no FP4 training recipe to write.
+        elsewhere = " (NVFP4 training runs on Megatron-LM: --engine megatron)" if plan.precision == "fp4" else ""
+        bad("precision", f"no {plan.precision} training: use {' or '.join(s.precisions)}{elsewhere}")
     if not s.runs("grad_dtype", plan.grad_dtype):
         bad("grad_dtype", f"{plan.grad_dtype} gradients are not modelled for this engine: leave the gradient dtype "
                           f"to the engine (drop --grad-dtype)")

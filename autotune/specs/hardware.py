@@ -18,7 +18,7 @@ __all__ = ["GPUSpec", "ClusterSpec", "KernelFacts", "Precision", "GIB", "GB", "K
            "OPTIONAL_KERNEL_FACT_FIELDS",
            "kernel_facts_from_dict"]
 
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "fp4"]
 GIB = 2**30
 GB = 1e9
 

@@ -16,7 +16,7 @@ from autotune.specs.frozen import copier
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
-           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "EP_OVERLAPS", "MOE_DISPATCHERS", "CP_COMM_TYPES", "RUN_SETTINGS"]
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "PRECISIONS", "EP_OVERLAPS", "MOE_DISPATCHERS", "CP_COMM_TYPES", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -24,7 +24,7 @@ EngineName = Literal["deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf"
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
-PlanPrecision = Literal["bf16", "fp16", "fp8"]
+PlanPrecision = Literal["bf16", "fp16", "fp8", "fp4"]  # fp4: NVFP4 (autotune.specs.nvfp4)
 GradDtype = Literal["bf16"]
 # FP8 scaling recipes (the cost of each: autotune.cost.kernels.FP8_CAST_BYTES). te-delayed: Transformer Engine
 # DelayedScaling (Megatron --fp8-recipe delayed); te-current: TE Float8CurrentScaling (Megatron --fp8-recipe
@@ -105,7 +105,8 @@ _INT_ONLY = {int}
 _TP_OVERLAP_VALUES = (None, *TP_OVERLAPS)
 _RECOMPUTES = ("none", "selective", "full")
 _OFFLOADS = ("none", "cpu", "nvme")
-_PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")  # the training precisions a plan may take
+_PRECISIONS = PRECISIONS
 _CHOICES = {
     "engine": ENGINE_NAMES,
     "recompute": _RECOMPUTES,
