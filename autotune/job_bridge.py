@@ -28,7 +28,8 @@ _BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 _NAMED = {"bf16_mixed": ("bf16", None), "fp16_mixed": ("fp16", None),
           "bf16_with_fp8_delayed_scaling_mixed": ("fp8", "te-delayed"),
           "bf16_with_fp8_current_scaling_mixed": ("fp8", "te-current"),
-          "bf16_with_fp8_subchannel_scaling_mixed": ("fp8", "te-blockwise"), "bf16_with_mxfp8_mixed": ("fp8", "te-mxfp8")}
+          "bf16_with_fp8_subchannel_scaling_mixed": ("fp8", "te-blockwise"), "bf16_with_mxfp8_mixed": ("fp8", "te-mxfp8"),
+          "bf16_with_nvfp4_mixed": ("fp4", None)}
 
 
 def _section(data: dict, name: str) -> dict:
@@ -53,6 +54,10 @@ def _precision(mp: object, path: str, notes: list[str]) -> tuple[str, str | None
         return "bf16", None
     if not isinstance(mp, dict):
         return "bf16", None
+    if mp.get("fp4"):  # NVFP4 (fp4 "e2m1", fp4_recipe "nvfp4": MixedPrecisionConfig's fp4 fields)
+        if mp.get("fp4_recipe", "nvfp4") != "nvfp4":
+            notes.append(f"{path}: fp4_recipe {mp.get('fp4_recipe')!r} is not modelled: estimated as NVFP4")
+        return "fp4", None
     if mp.get("fp8"):
         recipe = mp.get("fp8_recipe")
         ours = {name: plan_name for plan_name, name in MEGATRON_FP8_RECIPES.items()}

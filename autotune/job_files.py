@@ -146,7 +146,10 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     out["vpp"] = vpp or 1
     if n("--expert-tensor-parallel-size") is not None:  # parallel folding; unset: etp = tp (arguments.py:587)
         out["etp"] = n("--expert-tensor-parallel-size")
-    out["precision"] = "fp8" if "--fp8-format" in f or "--fp8" in f else "fp16" if "--fp16" in f else "bf16"
+    out["precision"] = ("fp4" if "--fp4-format" in f else "fp8" if "--fp8-format" in f or "--fp8" in f
+                        else "fp16" if "--fp16" in f else "bf16")
+    if out["precision"] == "fp4" and f.get("--fp4-recipe", "nvfp4") != "nvfp4":
+        notes.append(f"{path}: --fp4-recipe {f.get('--fp4-recipe')} is not modelled: estimated as NVFP4")
     recipe = f.get("--fp8-recipe")
     if out["precision"] == "fp8" and isinstance(recipe, str):
         from autotune.emit.precision import MEGATRON_FP8_RECIPES

@@ -132,6 +132,10 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                                     "all-gather)"}[prec["fp8"]["recipe"]]
         why += (f"; FP8 GEMMs ({prec['fp8']['format']}: {prec['fp8']['forward']} forward, {prec['fp8']['backward']} "
                 f"backward, {scaling})")
+    if prec.get("fp4"):
+        why += ("; NVFP4 GEMMs (E2M1 in 16-value blocks with E4M3 scales, 16x16 blocks for weights; Hadamard "
+                "transform of the weight-gradient inputs, stochastic rounding of gradients; attention, norms and "
+                "the output layer in bf16; Blackwell)")
     if prec["loss_scaling"]:
         why += "; dynamic loss scaling"
     rows.append(("precision", plan.precision, why))

@@ -44,6 +44,8 @@ from autotune.emit.megatron_bridge_recipes import (
 from autotune.emit.megatron_layout import cp_comm_setting, megatron_split
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
+    FP4_FORMAT,
+    FP4_RECIPE,
     FP8_AMAX_COMPUTE_ALGO,
     FP8_AMAX_HISTORY_LEN,
     fp8_format,
@@ -56,6 +58,7 @@ from autotune.emit.precision import (
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.nvfp4 import FP4_PRECISION
 from autotune.specs.plan import ParallelPlan
 
 __all__ = [
@@ -214,6 +217,12 @@ BRIDGE_FP8_NAMES = {"te-delayed": "bf16_with_fp8_delayed_scaling_mixed",
                     "te-blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "te-mxfp8": "bf16_with_mxfp8_mixed"}
 
 
+# NVFP4's registered name (Megatron-Bridge 067f987 src/megatron/bridge/training/mixed_precision.py:404-418
+# bf16_with_nvfp4_mixed: fp4 "e2m1", fp4_recipe "nvfp4", fp4_param_gather True), the one its Llama-3 NVFP4
+# performance recipes run (perf_recipes/llama/*/llama3.py ``_perf_precision("nvfp4")``).
+BRIDGE_NVFP4_NAME = "bf16_with_nvfp4_mixed"
+
+
 def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool):
     """``mixed_precision``: field by field over the recipe's MixedPrecisionConfig; the generic recipe holds a
     registered name, which only another name replaces (training/mixed_precision.py ``@register``)."""
@@ -222,7 +231,7 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
         # gathers FP8 parameters; Bridge 0.6 accepts that without the distributed optimizer too (fewer weight bytes
         # than a DDP plan's estimate assumes, not more).
         fp8 = BRIDGE_FP8_NAMES[plan.fp8_recipe or "te-delayed"]
-        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8}[plan.precision]
+        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8, FP4_PRECISION: BRIDGE_NVFP4_NAME}[plan.precision]
     fp16 = plan.precision == "fp16"
     dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
     out: dict = {"bf16": not fp16, "fp16": fp16, "params_dtype": dtype, "pipeline_dtype": dtype,
@@ -233,6 +242,8 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
     if fp16:
         out |= {"initial_loss_scale": FP16_INITIAL_LOSS_SCALE, "min_loss_scale": FP16_MIN_LOSS_SCALE,
                 "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
+    if plan.precision == FP4_PRECISION:  # MixedPrecisionConfig's fp4 fields (mixed_precision.py:62-66)
+        out |= {"fp4": FP4_FORMAT, "fp4_recipe": FP4_RECIPE, "fp4_param_gather": fp8_param_gather}
     if plan.precision == "fp8":
         recipe_name = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
         out |= {"fp8": fp8_format(plan.fp8_recipe), "fp8_recipe": recipe_name, "fp8_margin": 0,

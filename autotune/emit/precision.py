@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from autotune.errors import InputError
 from autotune.specs.notation import plan_notation
+from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_BLOCK
 from autotune.specs.plan import ParallelPlan
 
 __all__ = [
     "FP8_FORMAT", "FP8_RECIPE", "FP8_AMAX_HISTORY_LEN", "FP8_AMAX_COMPUTE_ALGO",
     "FP16_INITIAL_LOSS_SCALE", "FP16_MIN_LOSS_SCALE", "FP16_LOSS_SCALE_WINDOW", "FP16_HYSTERESIS",
     "megatron_precision_flags", "precision_summary", "fp8_format", "te_fp8_recipe_snippet", "DEFAULT_FP8_HOW",
-    "is_te_recipe",
+    "is_te_recipe", "FP4_FORMAT", "FP4_RECIPE",
 ]
 
 # FP8 delayed scaling as NVIDIA's reference FP8 pretraining runs set it (Megatron-LM
@@ -43,6 +44,12 @@ def fp8_format(recipe: str | None) -> str:
     return "e4m3" if recipe in ("te-mxfp8", "torchao-mxfp8") else FP8_FORMAT
 
 FP8_AMAX_COMPUTE_ALGO = "max"
+
+# NVFP4 (autotune.specs.nvfp4) as Megatron-LM spells it: --fp4-format e2m1 (its only choice) --fp4-recipe nvfp4
+# (Transformer Engine NVFP4BlockScaling; megatron/core/fp4_utils.py get_fp4_recipe), in every modelled release's
+# flag table (emit/megatron_flags_core_v0.*.json).
+FP4_FORMAT = "e2m1"
+FP4_RECIPE = "nvfp4"
 
 # Dynamic fp16 loss scaling. Start at 2**16 (DeepSpeed's initial_scale_power 16) rather than
 # Megatron's 2**32 default, which skips ~16 overflowing steps before it settles; window,
@@ -71,6 +78,11 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
         return ["--fp16", "--initial-loss-scale", _fmt(FP16_INITIAL_LOSS_SCALE),
                 "--min-loss-scale", _fmt(FP16_MIN_LOSS_SCALE), "--loss-scale-window", _fmt(FP16_LOSS_SCALE_WINDOW),
                 "--hysteresis", str(FP16_HYSTERESIS)]
+    if plan.precision == FP4_PRECISION:  # NVFP4; --fp4-param-gather keeps the weights in NVFP4 (fp8_model_init
+        # with the NVFP4 recipe, fp4_utils.py get_fp4_context) and gathers them so, as Megatron-Bridge's
+        # bf16_with_nvfp4_mixed sets it (fp4_param_gather = True)
+        return ["--bf16", "--fp4-format", FP4_FORMAT, "--fp4-recipe", FP4_RECIPE] + (
+            ["--fp4-param-gather"] if fp8_param_gather else [])
     recipe = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
     flags = ["--bf16", "--fp8-format", fp8_format(plan.fp8_recipe), "--fp8-recipe", recipe]
     if recipe == "delayed":  # the amax history is delayed scaling's; current scaling takes each tensor's own amax
@@ -101,7 +113,7 @@ def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8
     out: dict = {
         "precision": plan.precision,
         "params_dtype": "fp16" if plan.precision == "fp16" else "bf16",
-        "gemm_dtype": "fp8" if fp8 else plan.precision,
+        "gemm_dtype": "fp8" if fp8 else plan.precision,  # fp4: NVFP4 (E2M1 in 16-value blocks)
         "master_weights_dtype": "fp32",
         "optimizer_states_dtype": "fp32",
         "loss_scaling": None,
@@ -110,6 +122,11 @@ def precision_summary(plan: ParallelPlan, *, fp8_param_gather: bool = False, fp8
     if plan.precision == "fp16":
         out["loss_scaling"] = {"dynamic": True, "initial": FP16_INITIAL_LOSS_SCALE, "min": FP16_MIN_LOSS_SCALE,
                                "window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}
+    if plan.precision == FP4_PRECISION:
+        out["fp4"] = {"format": FP4_FORMAT, "recipe": FP4_RECIPE, "param_gather": fp8_param_gather,
+                      "block": NVFP4_BLOCK, "weight_scaling": "2-D 16 x 16 blocks",
+                      "hadamard_transform": "weight-gradient inputs and gradients",
+                      "stochastic_rounding": "gradients"}
     if fp8:
         out["fp8"] = {"format": fp8_format(fp8_recipe), "forward": "e4m3",
                       "backward": "e4m3" if fp8_format(fp8_recipe) == "e4m3" else "e5m2", "recipe": fp8_recipe,
