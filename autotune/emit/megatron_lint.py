@@ -107,6 +107,11 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
     if a.has("--fp8-param-gather") and not (dist_opt or a.has("--use-torch-fsdp2") or a.has("--use-megatron-fsdp")):
         err("--fp8-param-gather", "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
             "megatron fsdp (validate_args 1097)", "add --use-distributed-optimizer")
+    if a.has("--fp4-format") and a.has("--fp8-format"):  # d98e8a6 arguments.py:1100-1101
+        err("--fp4-format", "--fp4-format and --fp8-format cannot be used simultaneously", "keep one")
+    if a.has("--fp4-param-gather") and not a.has("--fp4-format"):  # arguments.py:1104-1105
+        err("--fp4-param-gather", "--fp4-param-gather must be used together with --fp4-format",
+            "add --fp4-format e2m1 or drop --fp4-param-gather")
     if a.has("--bf16") and a.has("--fp16"):  # 1196
         err("--fp16", "--fp16 and --bf16 are both given (Megatron fails a bare assert)", "keep one")
     if a.has("--save") and not (a.integer("--save-interval") or 0) > 0:  # 1362

@@ -75,7 +75,7 @@ plans = st.fixed_dictionaries({
     "zero_stage": st.sampled_from([0, 1]),
     "recompute": st.sampled_from(["none", "selective", "full"]),
     "recompute_num_layers": st.sampled_from([None, 1]),
-    "precision": st.sampled_from(["bf16", "fp16", "fp8"]),
+    "precision": st.sampled_from(["bf16", "fp16", "fp8", "fp4"]),  # fp4: NVFP4 (--fp4-format), drawn on B200
     "grad_dtype": st.sampled_from([None, "bf16"]),  # --grad-reduce-in-bf16
     # --fp8-recipe delayed / tensorwise / blockwise / mxfp8 (MXFP8 plans drawn on B200: Blackwell only)
     "fp8_recipe": st.sampled_from([None, "te-delayed", "te-current", "te-blockwise", "te-mxfp8"]),
@@ -100,7 +100,8 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
     if model.position_embedding == "learned":
         drawn["seq_len"] = min(drawn["seq_len"], model.max_position_embeddings)
     world = drawn["tp"] * drawn["pp"] * drawn["cp"] * drawn["dp"]
-    cluster = load_cluster(gpu="b200" if drawn["fp8_recipe"] == "te-mxfp8" else "h100-sxm-80gb", num_gpus=world)
+    blackwell = drawn["precision"] == "fp4" or (drawn["precision"] == "fp8" and drawn["fp8_recipe"] == "te-mxfp8")
+    cluster = load_cluster(gpu="b200" if blackwell else "h100-sxm-80gb", num_gpus=world)
     kw = {k: drawn[k] for k in ("tp", "pp", "vpp", "cp", "ep", "zero_stage", "recompute", "precision",
                                 "micro_batch_size", "seq_len")}
     kw["recompute_num_layers"] = drawn["recompute_num_layers"] if drawn["recompute"] == "full" else None
@@ -134,6 +135,14 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
                 "recompute": "selective", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
                 "fp8_recipe": "te-blockwise", "tp_overlap": None, "micro_batch_size": 1, "accumulation": 4,
                 "seq_len": 4096})  # blockwise FP8 (--fp8-recipe blockwise), on Hopper
+@example(drawn={"model": "llama3-8b", "tp": 2, "pp": 2, "vpp": 2, "cp": 1, "ep": 1, "dp": 2, "zero_stage": 1,
+                "recompute": "none", "recompute_num_layers": None, "precision": "fp4", "grad_dtype": "bf16",
+                "fp8_recipe": None, "tp_overlap": "userbuffers", "micro_batch_size": 1, "accumulation": 4,
+                "seq_len": 4096})  # NVFP4 (--fp4-format e2m1 --fp4-recipe nvfp4 --fp4-param-gather), on Blackwell
+@example(drawn={"model": "mixtral-8x7b", "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 2, "dp": 2, "zero_stage": 0,
+                "recompute": "selective", "recompute_num_layers": None, "precision": "fp4", "grad_dtype": None,
+                "fp8_recipe": None, "tp_overlap": None, "micro_batch_size": 1, "accumulation": 2,
+                "seq_len": 1024})  # NVFP4 without the distributed optimizer (no --fp4-param-gather), MoE
 def test_every_emitted_megatron_args_file_passes_megatron_lm(oracle, tmp_path, drawn):
     emitted = _emitted_args(tmp_path, drawn)
     if emitted is None:
@@ -186,6 +195,8 @@ REJECTED = [
                                            pipeline_model_parallel_size=1)),
     ("layers-not-divisible-by-pp", 8, _with(num_layers=9)),
     ("fp16-and-bf16", 8, _with(fp16=True)),
+    ("fp4-and-fp8", 8, _with(fp4_format="e2m1", fp8_format="hybrid")),
+    ("fp4-param-gather-without-fp4", 8, _with(fp4_param_gather=True)),
     ("overlap-param-gather-without-distributed-optimizer", 8, _with(overlap_param_gather=True,
                                                                     overlap_grad_reduce=True)),
     ("global-batch-not-divisible", 8, _with(global_batch_size=3)),
