@@ -28,8 +28,8 @@ _BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 _NAMED = {"bf16_mixed": ("bf16", None), "fp16_mixed": ("fp16", None),
           "bf16_with_fp8_delayed_scaling_mixed": ("fp8", "te-delayed"),
           "bf16_with_fp8_current_scaling_mixed": ("fp8", "te-current"),
-          "bf16_with_fp8_subchannel_scaling_mixed": ("fp8", "te-blockwise"), "bf16_with_mxfp8_mixed": ("fp8", "te-mxfp8"),
-          "bf16_with_nvfp4_mixed": ("fp4", None)}
+          "bf16_with_fp8_subchannel_scaling_mixed": ("fp8", "te-blockwise"),
+          "bf16_with_mxfp8_mixed": ("fp8", "te-mxfp8"), "bf16_with_nvfp4_mixed": ("fp4", None)}
 
 
 def _section(data: dict, name: str) -> dict:

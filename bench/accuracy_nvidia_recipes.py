@@ -16,10 +16,10 @@ where a source leaves a setting out: NVIDIA tuned theirs). Predicted vs measured
 whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
 Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX rows as ``--fp8-recipe te-mxfp8``
 (Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);
-FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; NVFP4 rows as ``--precision
-fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every row with ``--grad-dtype
-bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the
-reason (the tool's own error message where it gives one) and counted.
+FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; NVFP4 rows as
+``--precision fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every
+row with ``--grad-dtype bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the reason (the tool's own
+error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
 batch and sequence length, with the run settings NVIDIA's plan was estimated with (``--cuda-graph``,

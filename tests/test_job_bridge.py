@@ -99,3 +99,22 @@ def test_validate_warns_of_tp_overlap_bridge_turns_off(tmp_path, capsys, model, 
     _, files = _bundle("70b-fp8-current-userbuffers-bf16-grads")
     path.write_text(files["bridge_overrides.yaml"])
     assert main(["validate", str(path), "--world-size", "64"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", ["yaml", "args"])
+@pytest.mark.parametrize("name", ["llama3-70b", "llama3-8b"])  # MixedPrecisionConfig fields; bf16_with_nvfp4_mixed
+def test_nvfp4_files_read_back_to_the_same_plan_and_estimate(tmp_path, name, suffix):
+    """An NVFP4 plan (on Blackwell) written as Bridge overrides and as Megatron-LM arguments reads back as itself."""
+    model, cluster = load_model_preset(name), load_cluster(gpu="b200", num_gpus=16)
+    plan = make_plan(model, cluster, engine="megatron", seq_len=4096, tp=2, sequence_parallel=True, zero_stage=1,
+                     global_batch_size=64, precision="fp4")
+    est = estimate(model, cluster, plan)
+    files = render_bundle(est).files
+    for file in (f"bridge_overrides.{suffix}", "megatron_args.sh"):
+        path = tmp_path / file
+        path.write_text(files[file])
+        job = read_job([str(path)], gpu="b200", num_gpus=16)
+        assert job.plan == est.plan and job.plan.precision == "fp4", file
+        again = estimate(job.model, job.cluster, job.plan, job.settings)
+        assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
+        assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)

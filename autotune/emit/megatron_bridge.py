@@ -231,7 +231,8 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
         # gathers FP8 parameters; Bridge 0.6 accepts that without the distributed optimizer too (fewer weight bytes
         # than a DDP plan's estimate assumes, not more).
         fp8 = BRIDGE_FP8_NAMES[plan.fp8_recipe or "te-delayed"]
-        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8, FP4_PRECISION: BRIDGE_NVFP4_NAME}[plan.precision]
+        return {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": fp8,
+                FP4_PRECISION: BRIDGE_NVFP4_NAME}[plan.precision]
     fp16 = plan.precision == "fp16"
     dtype = "torch.float16" if fp16 else "torch.bfloat16"  # how omegaconf_utils writes torch.dtype values
     out: dict = {"bf16": not fp16, "fp16": fp16, "params_dtype": dtype, "pipeline_dtype": dtype,
