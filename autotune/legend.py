@@ -38,6 +38,8 @@ NOTATION: dict[str, str] = {
                           "--recompute-modules; FSDP2: torchtitan's op-level SAC), or whole layers"),
     "rc:M+M": "what selective recompute reruns: Megatron's recompute modules (--recompute-modules)",
     "bf16|fp16|fp8": "training precision",
+    "fp4": "NVFP4 training: the linear layers' GEMMs in 4-bit E2M1 blocks (Transformer Engine NVFP4BlockScaling, "
+           "Megatron --fp4-format e2m1 --fp4-recipe nvfp4)",
     "grads-bf16": "gradients accumulated and reduced in bf16 (Megatron --grad-reduce-in-bf16)",
     "|".join(FP8_RECIPES): "FP8 scaling recipe (--fp8-recipe)",
     "tp-userbuffers|async-tp|tp-no-overlap": "TP collectives overlapped with the GEMMs by Megatron's userbuffers or "
@@ -145,6 +147,8 @@ def _tokens(summaries: Iterable[str]) -> set[str]:
                 found.add({"opt": "opt->cpu|nvme", "par": "param->cpu|nvme", "rc-": "rc-selective|full"}[word[:3]])
             elif word in ("bf16", "fp16", "fp8"):
                 found.add("bf16|fp16|fp8")
+            elif word == "fp4":
+                found.add("fp4")
             elif word in FP8_RECIPES:
                 found.add("|".join(FP8_RECIPES))
             elif word in TP_OVERLAP_WORDS.values():

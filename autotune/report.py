@@ -196,6 +196,9 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
 
     out = [f"gradients reduced in {'fp32' if grads >= 4 else '16 bits'}"
            + (" (--grad-dtype bf16)" if plan.grad_dtype == "bf16" else "")]
+    if plan.precision == "fp4":
+        out.append("NVFP4 (Transformer Engine NVFP4BlockScaling)"
+                   + (", NVFP4 weights (--fp4-param-gather)" if engine.fp8_param_gather(plan) else ""))
     if plan.precision == "fp8":
         out.append(f"FP8 recipe {run_settings.fp8_recipe(plan, settings, engine)}"
                    + asked("fp8_recipe", "--fp8-recipe")

@@ -133,7 +133,7 @@ class GPUSpec:
     memory_gib: float
     """Device memory as the driver reports it (GiB)."""
     peak_tflops: dict[str, float]
-    """Dense peak TFLOP/s per precision (keys among bf16, fp16, fp8, tf32, fp32)."""
+    """Dense peak TFLOP/s per precision (keys among bf16, fp16, fp8, fp4, tf32, fp32)."""
     hbm_bandwidth_gb_per_s: float
     source: str = ""
     """Where the numbers come from (datasheet)."""
