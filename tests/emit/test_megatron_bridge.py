@@ -173,6 +173,7 @@ for folder, recipe, world in json.loads(sys.argv[1]):
                    bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
         "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
+        "fp4": [getattr(m, "fp4", None), getattr(m, "fp4_recipe", None), getattr(m, "fp4_param", None)],
         "precision": [m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_amax_history_len, m.fp8_amax_compute_algo,
                       a.ddp.fp8_param_gather, str(m.params_dtype)],
         "ddp": [a.ddp.use_distributed_optimizer, a.optimizer.use_distributed_optimizer, a.ddp.overlap_grad_reduce,
@@ -227,6 +228,11 @@ CASES = [
                                       precision="fp8", fp8_recipe=r))
       for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
                                ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
+    # NVFP4 (Blackwell): 8B's recipe holds a registered name (bf16_with_nvfp4_mixed), 70B's takes the fp4 fields
+    ("8b-nvfp4", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                       precision="fp4")),
+    ("70b-nvfp4", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                         precision="fp4")),
     # Megatron-core's selective recompute modules (model.recompute_modules)
     ("mixtral-recompute-modules", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
                                                            global_batch_size=128, recompute="selective",
@@ -247,7 +253,8 @@ LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save
 
 def _plan(model: str, num_gpus: int, kw: dict):
     m = load_model_preset(model)
-    gpu = "b200" if kw.get("fp8_recipe") == "te-mxfp8" else "h100-sxm-80gb"  # MXFP8: Blackwell only
+    blackwell = kw.get("fp8_recipe") == "te-mxfp8" or kw.get("precision") == "fp4"  # MXFP8, NVFP4: Blackwell only
+    gpu = "b200" if blackwell else "h100-sxm-80gb"
     cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
     return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
 
@@ -335,6 +342,10 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["precision"] == [True, False, fmt if fp8 else None, recipe if fp8 else got["precision"][3],
                                 1024 if delayed else got["precision"][4], "max" if delayed else got["precision"][5],
                                 fp8 and plan.zero_stage == 1, "torch.bfloat16"]
+    nvfp4 = plan.precision == "fp4"  # Megatron's --fp4-format e2m1 --fp4-recipe nvfp4, NVFP4 weights with dist-opt
+    assert got["fp4"][0] == ("e2m1" if nvfp4 else None)
+    if nvfp4:
+        assert "nvfp4" in str(got["fp4"][1]) and got["fp4"][2] is (plan.zero_stage == 1), got["fp4"]
     assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,
                                                        plan.grad_dtype is None]  # after the precision's setup
     o = EmitOptions().optimizer
