@@ -15,6 +15,12 @@ modelled). What the recipe does (TransformerEngine d0067d0 transformer_engine/co
 * attention (``fp8_dpa = False``), norms, the output layer and the router stay 16-bit (NVFP4 applies to the Transformer
   Engine linear layers inside the fp8_autocast Megatron opens per layer, fp4_utils.py:247-292).
 
+Every transformer layer's linear layers run NVFP4, as Megatron-Bridge's ``bf16_with_nvfp4_mixed`` (the Llama-3
+NVFP4 performance recipes' precision) leaves ``first_last_layers_bf16`` False (Megatron-Bridge 067f987
+training/mixed_precision.py:404-418). Megatron's ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` /
+``--num-layers-at-end-in-bf16`` (layers kept in BF16: fp4_utils.py get_fp4_context; Bridge sets 14 at the end for
+Nemotron 3 Super only, ``nemotron_3_super_bf16_with_nvfp4_mixed``) is not modelled.
+
 Each tensor is quantised along both axes from the 16-bit source (the docstring: "both versions are computed from the
 high precision input"); how many bytes that moves: :data:`NVFP4_CAST_BYTES`.
 """
