@@ -190,7 +190,7 @@ def test_gpu_preset_loads_with_positive_numbers(name):
     gpu = load_gpu_preset(name)
     assert gpu.name == name and gpu.memory_gib > 0 and gpu.hbm_bandwidth_gb_per_s > 0
     assert gpu.peak_tflops and all(v > 0 for v in gpu.peak_tflops.values())
-    assert set(gpu.peak_tflops) <= {"bf16", "fp16", "fp8", "tf32", "fp32"}
+    assert set(gpu.peak_tflops) <= {"bf16", "fp16", "fp8", "fp4", "tf32", "fp32"}
     assert gpu.source
     defaults = cluster_defaults(name)
     assert set(defaults) == set(CLUSTER_DEFAULT_KEYS)
