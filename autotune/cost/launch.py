@@ -19,8 +19,8 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
     them, and their host time adds to the layer's passes whole.
   FP8 adds a cast per GEMM input, NVFP4 two (its amax pass and its quantize kernel: TransformerEngine d0067d0
   csrc/quantizer.cpp NVFP4Quantizer::quantize_impl, ``nvte_hadamard_transform_amax`` then
-  ``nvte_quantize_with_hadamard_transform``); tp > 1 two TP collectives per part with GEMMs. Backward runs two GEMMs (input and
-  weight gradients) per forward GEMM and one kernel per other kernel.
+  ``nvte_quantize_with_hadamard_transform``); tp > 1 two TP collectives per part with GEMMs. Backward runs two
+  GEMMs (input and weight gradients) per forward GEMM and one kernel per other kernel.
 
 Memory: Megatron's own graphs (``local``) keep, per captured part, static input and output buffers for its forward
 and backward graphs (4 tensors of the layer's input size) per micro-batch in flight; what runs inside a graph
