@@ -120,6 +120,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
     "cp_comm_type": "the engine has no such context-parallel exchange (or not for this model or layout)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
+    "peft": "the engine cannot run this parameter-efficient fine-tuning (or not for this model)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 

@@ -29,12 +29,13 @@ from autotune.specs.plan import (
     RUN_SETTINGS,
     TP_OVERLAPS,
 )
+from autotune.specs.peft import LORA_DEFAULT_ALPHA, LORA_DEFAULT_RANK, LORA_TARGETS, PEFT_METHODS, PEFT_SETTINGS
 from autotune.specs.settings import MemorySettings
 from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, goodput_inputs, reliability_flags
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
-           "add_plan_flags", "add_run_settings", "run_setting_args", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
+           "add_plan_flags", "add_run_settings", "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
            "reliability_flags", "goodput_inputs"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -258,6 +259,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-replicate", type=positive_int, default=1,
                    help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
     add_run_settings(g)
+    add_peft_flags(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="flash attention: no seq x seq score matrix kept (default on)")
     g.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=True,
@@ -314,6 +316,28 @@ def add_run_settings(g) -> None:
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")
+
+
+def add_peft_flags(g) -> None:
+    """Parameter-efficient fine-tuning of one plan (``autotune.specs.peft``: the plan's PEFT_SETTINGS)."""
+    g.add_argument("--peft", choices=PEFT_METHODS, default=None,
+                   help="fine-tune with LoRA as Megatron-Bridge runs it (peft=LoRA): base weights frozen (no gradients, "
+                        "no optimizer states, no weight-gradient GEMMs), low-rank adapters trained; engine megatron "
+                        "(Bridge files only); default: train every weight")
+    g.add_argument("--lora-rank", type=positive_int, default=None, metavar="R",
+                   help=f"with --peft lora, the adapters' rank (Bridge LoRA.dim; default {LORA_DEFAULT_RANK})")
+    g.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                   help=f"with --peft lora, the adapters' scale numerator (Bridge LoRA.alpha; default "
+                        f"{LORA_DEFAULT_ALPHA:g}; no cost)")
+    g.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, default=None, metavar="MODULE",
+                   help=f"with --peft lora, the linear layers given adapters ({', '.join(LORA_TARGETS)}; default all "
+                        "four, Bridge's target_modules)")
+
+
+def peft_args(args: argparse.Namespace) -> dict:
+    """The PEFT settings the command line fixed (``ParallelPlan`` field -> value)."""
+    return {name: tuple(value) if isinstance(value, list) else value for name in PEFT_SETTINGS
+            if (value := getattr(args, name, None)) is not None}
 
 
 def run_setting_args(args: argparse.Namespace) -> dict:

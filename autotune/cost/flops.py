@@ -157,14 +157,18 @@ def op_sac_recompute_flops_per_token(model: ModelSpec, seq_len: int, policy: str
 
 def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str,
                modules: tuple[str, ...] = ("core_attn",), *, selective: str = "attention-core",
-               fp8: bool = False) -> StepFlops:
+               fp8: bool = False, lora_params: float | None = None) -> StepFlops:
     """Model and hardware FLOPs for ``tokens`` tokens of sequence length ``seq_len``; ``modules``: what Megatron's
     selective recompute reruns (:func:`recompute_flops_per_token`); ``selective``: the selective policy
     ("attention-core": Megatron's modules; "op-sac" / "op-sac-0.3": torchtitan's op-level SAC,
-    :func:`op_sac_recompute_flops_per_token`, with ``fp8`` the plan's Float8 GEMMs)."""
+    :func:`op_sac_recompute_flops_per_token`, with ``fp8`` the plan's Float8 GEMMs). ``lora_params``: LoRA's
+    adapter parameters over the model (None: full training); the frozen base GEMMs then run no weight-gradient
+    GEMM (``autotune.cost.lora``), and each adapter parameter costs 6 FLOPs per token, as a trained weight."""
     gemm, attention = _model_flops_per_token(model, seq_len)
     forward = (gemm + attention + logits_flops_per_token(model)) * tokens
     model_flops = 3.0 * forward
+    if lora_params is not None:
+        model_flops += (6.0 * lora_params - gemm - logits_flops_per_token(model)) * tokens
     if recompute == "full":
         extra = (gemm + attention) * tokens
     elif recompute == "selective" and selective != "attention-core":

@@ -18,6 +18,7 @@ from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.attention_head_dim import head_dim_factor
 from autotune.cost.attention_tiles import executed_attention_share
+from autotune.cost.lora import adapter_forward_s
 from autotune.cost.kernels import Rates
 from autotune.cost.rope_kernels import rope_bytes
 from autotune.cost.tp_pairing import async_tp_reduce_bytes, op_sac_gathers, tp_pair_exposed_s
@@ -67,6 +68,10 @@ class LayerTime:
     """Under async TP, one pass's (collectives the GEMM each is fused with cannot cover: ``tp_pair_exposed_s``,
     the reductions of its two fused reduce-scatters: ``async_tp_reduce_bytes``); None where the layer's
     collectives do not pair one to one with its GEMMs (MoE layers)."""
+    adapter_s: float = 0.0
+    """LoRA: the forward of the layer's adapters (``autotune.cost.lora.adapter_forward_s``); 0 without."""
+    frozen: bool = False
+    """LoRA: the base weights are frozen, so the backward runs no weight-gradient GEMM (``autotune.cost.lora``)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -298,15 +303,17 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     routed_act = act * routed_width * (busiest if moe_layer else 1.0)
     experts = ((mlp, routed_act + extra_fwd, routed_act * (swiglu_bwd / swiglu_fwd if n_in == 2 else 6 / 4) + extra_bwd)
                if moe_layer else (0.0, 0.0, 0.0))
+    adapter = adapter_forward_s(model, plan, r.bf16_s, hbm) if plan.peft else 0.0
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired)
+                     tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired, adapter, plan.peft is not None)
 
 
 def time_key(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to the fields one layer's time depends on (a cache key)."""
     return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
                         ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
-                        flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher)
+                        flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher, peft=plan.peft,
+                        lora_rank=plan.lora_rank, lora_targets=plan.lora_targets)
 
 
 
@@ -353,9 +360,12 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     LayerTime.module_recompute_s); "moe" reruns the MoE block's dispatch and combine all-to-alls as well.
     """
     ring = lt.ring
-    fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s
-    bwd = 2 * lt.gemm_s + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
-        + ring.merge_bwd_s
+    # LoRA (autotune.cost.lora): frozen base layers run no weight-gradient GEMM; the adapters' GEMMs run forward
+    # and, in backward, their data- and weight-gradient GEMMs (twice the forward).
+    wgrad = 0.0 if lt.frozen else lt.gemm_s
+    fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s + lt.adapter_s
+    bwd = lt.gemm_s + wgrad + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
+        + ring.merge_bwd_s + 2 * lt.adapter_s
     async_pairs = tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None
     if async_pairs:  # the fused reduce-scatters' reductions, on the compute stream (forward: wo, fc2; dgrad: QKV, fc1)
         fwd += lt.tp_unpaired_s[1]
@@ -387,10 +397,10 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         hidden = total - exposed
     elif tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
         total = lt.tp_comm_s * (fwd_passes + 1)
-        exposed = max(0.0, total - lt.gemm_s * 3)
+        exposed = max(0.0, total - (lt.gemm_s * 2 + wgrad))
         hidden = total - exposed
     elif tp_backward_overlap and plan.tp > 1:
-        bwd_exposed = max(0.0, lt.tp_comm_s - lt.gemm_s)
+        bwd_exposed = max(0.0, lt.tp_comm_s - wgrad)  # behind the weight-gradient GEMM, none when frozen
         exposed = lt.tp_comm_s * fwd_passes + bwd_exposed
         hidden = lt.tp_comm_s - bwd_exposed
     else:

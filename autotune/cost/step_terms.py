@@ -13,6 +13,7 @@ from typing import Protocol
 
 from autotune.cost import comm
 from autotune.cost.efficiency import Efficiency
+from autotune.specs.lora import trainable_stage_params
 from autotune.engines import Engine
 from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.layout import representative_stages, stage_param_groups
@@ -59,6 +60,8 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
         stage_params = _largest_stage_params(model, plan, engine.support.layer_split)
+    if plan.peft:  # LoRA: only the adapters train (reduce, gather, step: autotune.cost.lora)
+        stage_params = (trainable_stage_params(model, plan, engine.support.layer_split), 0.0)
     dense_psi, expert_psi = stage_params
     psi = dense_psi + expert_psi
 

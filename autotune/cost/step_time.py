@@ -40,6 +40,7 @@ from autotune.errors import require_no_problems
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import representative_stages, stage_layers
+from autotune.specs.lora import adapter_params_per_layer
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
@@ -142,7 +143,7 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
-                                         "moe_dispatcher", "cp_comm_type")
+                                         "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -217,7 +218,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             logits_s = r.bf16_s(logits, tokens, model.hidden_size, model.vocab_size / t)  # output layer: 16-bit
             ce_s = tokens * 26 * model.vocab_size / t / hbm  # fp32 cross-entropy: ~14V B forward, ~12V backward
             fwd += logits_s
-            bwd += 2 * logits_s + ce_s
+            # LoRA freezes the output layer too: its data gradient only (autotune.cost.lora)
+            bwd += (1 if plan.peft else 2) * logits_s + ce_s
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
@@ -344,7 +346,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
     flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan),
-                        _selective_policy(plan, settings, engine), plan.precision == "fp8")
+                        _selective_policy(plan, settings, engine), plan.precision == "fp8",
+                        model.num_layers * adapter_params_per_layer(model, plan.with_(tp=1)) if plan.peft else None)
     num_gpus = plan.world_size
     model_tflops = flops.model / step / num_gpus / 1e12
     hardware_tflops = flops.hardware / step / num_gpus / 1e12
@@ -399,12 +402,12 @@ _flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
 
 
 def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...],
-                selective: str, fp8: bool) -> StepFlops:
-    key = (id(model), seq_len, tokens, recompute, modules, selective, fp8)
+                selective: str, fp8: bool, lora_params: float | None = None) -> StepFlops:
+    key = (id(model), seq_len, tokens, recompute, modules, selective, fp8, lora_params)
     hit = _flops_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_flops_cache) > 4096:
             _flops_cache.clear()
         hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules, selective=selective,
-                                                     fp8=fp8))
+                                                     fp8=fp8, lora_params=lora_params))
     return hit[1]

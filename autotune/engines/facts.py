@@ -91,6 +91,9 @@ class EngineSupport:
     cp_comm_types: tuple[str, ...] = ()
     """Context-parallel exchanges a plan may ask of it (``ParallelPlan.cp_comm_type``, Megatron ``--cp-comm-type``);
     none: its context parallelism runs its own kind only (``CommSchedule.cp_kind``)."""
+    peft: tuple[str, ...] = ()
+    """Parameter-efficient fine-tuning methods a plan may ask of it (``ParallelPlan.peft``); none: it trains every
+    weight."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""

@@ -12,6 +12,7 @@ from autotune.emit.megatron_bridge import (
     bridge_plan_problems,
     bridge_recipe,
 )
+from autotune.specs.lora import lora_model_problems, trainable_stage_params
 from autotune.engines.base import Engine
 from autotune.engines.common import shell_array
 from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
@@ -26,6 +27,7 @@ from autotune.engines.states import megatron_grad_bytes, megatron_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
 from autotune.specs.nvfp4 import is_quantized
+from autotune.specs.peft import PEFT_METHODS
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
@@ -53,7 +55,9 @@ class MegatronEngine(Engine):
                             ep_overlaps=EP_OVERLAPS,
                             # --moe-token-dispatcher-type [--moe-flex-dispatcher-backend]
                             moe_dispatchers=MOE_DISPATCHERS,
-                            cp_comm_types=CP_COMM_TYPES)  # --cp-comm-type [--hierarchical-context-parallel-sizes]
+                            cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
+                            # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
+                            peft=PEFT_METHODS)
     comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
                         # Transformer Engine's ring attention (autotune/cost/cp_ring.py)
@@ -90,6 +94,9 @@ class MegatronEngine(Engine):
             out.append(Rule(id="ep_tp_sp", source="megatron/core/transformer/transformer_config.py",
                             message=f"Megatron-LM: expert parallelism with tp={plan.tp} needs sequence "
                                     f"parallelism: enable it"))
+        if plan.peft:
+            out += [Rule(id="peft", source="Megatron-Bridge src/megatron/bridge/peft/lora.py", message=m)
+                    for m in lora_model_problems(model)]
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster))
@@ -97,7 +104,14 @@ class MegatronEngine(Engine):
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses
 
-        states = megatron_states(plan, dense_params, expert_params)
+        if plan.peft and model is not None:
+            # LoRA: the base weights are frozen (16-bit, no gradient buffer, no optimizer state); the adapters
+            # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora).
+            adapters = trainable_stage_params(model, plan, self.support.layer_split, stage)
+            states = megatron_states(plan, adapters, 0.0)
+            states = dataclasses.replace(states, weights=states.weights + 2 * (dense_params + expert_params))
+        else:
+            states = megatron_states(plan, dense_params, expert_params)
         if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
             # --fp8-param-gather (emitted with the distributed optimizer): pretrain_gpt.py model_provider builds
             # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its

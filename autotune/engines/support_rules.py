@@ -131,6 +131,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if not s.runs("cp_comm_type", plan.cp_comm_type):
         bad("cp_comm_type", f"its context parallelism has no {plan.cp_comm_type} exchange: "
             + (f"use {' or '.join(s.cp_comm_types)}, or " if s.cp_comm_types else "") + "drop --cp-comm-type")
+    if plan.peft is not None and plan.peft not in s.peft:
+        bad("peft", f"its files cannot freeze the base weights and train {plan.peft} adapters: use --engine "
+                    "megatron (Megatron-Bridge's LoRA), or drop --peft")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

@@ -13,6 +13,7 @@ from typing import Literal
 
 from autotune.errors import require_no_problems
 from autotune.specs.frozen import copier
+from autotune.specs.peft import PEFT_SETTINGS, peft_problems
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
@@ -201,6 +202,15 @@ class ParallelPlan:
     cp_comm_type: str | None = field(default=None, repr=False)
     """Context parallelism's attention exchange (:data:`CP_COMM_TYPES`, Megatron ``--cp-comm-type``). None: the
     engine's own (``CommSchedule.cp_kind``)."""
+    peft: str | None = field(default=None, repr=False)
+    """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
+    low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
+    lora_rank: int | None = field(default=None, repr=False)
+    """LoRA's rank (Bridge ``LoRA.dim``); None: Bridge's default (``autotune.specs.peft.LORA_DEFAULT_RANK``)."""
+    lora_alpha: float | None = field(default=None, repr=False)
+    """LoRA's scale numerator (Bridge ``LoRA.alpha``; no cost); None: Bridge's default."""
+    lora_targets: tuple[str, ...] | None = field(default=None, repr=False)
+    """The linear layers given adapters (``autotune.specs.peft.LORA_TARGETS``); None: all four (Bridge's default)."""
 
     def __post_init__(self) -> None:
         # Fast path (the planner builds ~10^5 plans per search): every field valid, nothing to report.
@@ -214,7 +224,9 @@ class ParallelPlan:
                 and (self.grad_dtype is None and self.fp8_recipe is None and self.tp_overlap is None
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
-                     and self.moe_dispatcher is None and self.cp_comm_type is None or self._run_settings_valid())):
+                     and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
+                     and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
+                     or self._run_settings_valid())):
             return
         problems = []
         for name in ("tp", "pp", "dp", "cp", "vpp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -254,6 +266,10 @@ class ParallelPlan:
             problems.append(f"torch_compile must be true, false or absent (the engine's default), "
                             f"got {self.torch_compile!r}")
         problems += self._recompute_module_problems() + self._cuda_graph_problems()
+        peft, targets = peft_problems(self.peft, self.lora_rank, self.lora_alpha, self.lora_targets)
+        problems += peft
+        if targets is not None:
+            object.__setattr__(self, "lora_targets", targets)
         if self.ep_overlap not in (None, *EP_OVERLAPS):
             problems.append(f"ep_overlap must be one of {', '.join(EP_OVERLAPS)} or absent (the engine's default), "
                             f"got {self.ep_overlap!r}")
@@ -308,7 +324,9 @@ class ParallelPlan:
         own builds every plan with them): each valid, as the full check below has it."""
         chunks, compiled = self.loss_chunks, self.torch_compile
         if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
-                or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None):
+                or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None
+                or self.peft is not None or self.lora_rank is not None or self.lora_alpha is not None
+                or self.lora_targets is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
@@ -364,7 +382,7 @@ class ParallelPlan:
         out = asdict(self)
         if self.etp is None:  # Megatron's default (etp = tp): left out, so plans without folding read as before
             del out["etp"]
-        for name in RUN_SETTINGS:  # the engine's default: left out, as etp
+        for name in RUN_SETTINGS + PEFT_SETTINGS:  # the engine's default / full training: left out, as etp
             if out[name] is None:
                 del out[name]
         return out
