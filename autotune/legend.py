@@ -56,6 +56,8 @@ NOTATION: dict[str, str] = {
                                                                         "with --moe-flex-dispatcher-backend)",
     "cp-p2p|cp-a2a|cp-allgather|cp-a2a+p2p": "how context-parallel ranks exchange attention inputs (--cp-comm-type: "
                                              "Megatron --cp-comm-type)",
+    "lora[-rR][:T+T]": "LoRA fine-tuning: base weights frozen, rank-R adapters on the layers T (--peft lora, "
+                       "--lora-rank, --lora-targets; Megatron-Bridge peft=LoRA)",
 }
 # Columns of the plan table.
 COLUMNS: dict[str, str] = {
@@ -156,6 +158,8 @@ def _tokens(summaries: Iterable[str]) -> set[str]:
                 found.add("tp-userbuffers|async-tp|tp-no-overlap")
             elif word in ("compiled", "eager"):
                 found.add("compiled|eager")
+            elif word.startswith("lora"):
+                found.add("lora[-rR][:T+T]")
             else:
                 found.add(shape)
     return found

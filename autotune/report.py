@@ -186,6 +186,7 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
     bytes) unless ``settings`` (a TimeSettings) or the plan say otherwise (``autotune.cost.run_settings``, which
     the cost model reads too): what `estimate` names under its table. A setting the plan fixed names its flag."""
     from autotune.cost import run_settings
+    from autotune.specs.lora import lora_run
 
     engine = engine_for(plan)
     c = engine.comm
@@ -252,4 +253,8 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                             "exposed (--cp-comm-type allgather)",
             "a2a+p2p": "all-to-all inside the node, ring attention across nodes (--cp-comm-type a2a+p2p)"}.get(
                 kind, str(kind)))
+    if (lora := lora_run(plan)) is not None:
+        out.append(f"LoRA rank {lora.rank}, alpha {lora.alpha:g} on {' '.join(lora.targets)} (--peft lora): base "
+                   "weights frozen (no weight-gradient GEMMs, gradients or optimizer states); adapters trained, "
+                   "reduced and stepped")
     return out

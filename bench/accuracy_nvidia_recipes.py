@@ -54,6 +54,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
 )
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
+from nvidia_lora_recipes import lora_flags
 from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
@@ -197,8 +198,9 @@ def express(row: dict) -> Case:
     if not case.gpu:
         case.reason = f"system {row['system']!r} has no GPU preset"
         return case
-    if row["task"].startswith("LoRA"):
-        case.reason = "LoRA fine-tuning: frozen base weights and adapters are not modelled (the ledger trains all)"
+    lora = lora_flags(family) if row["task"].startswith("LoRA") else None
+    if row["task"].startswith("LoRA") and lora is None:
+        case.reason = f"LoRA fine-tuning of {family}: its recipe's LoRA settings are not read (bench/nvidia_lora_recipes.py)"
         return case
     preset, why = model_preset(family)
     precision, why_p = precision_of(row["precision"])
@@ -220,6 +222,9 @@ def express(row: dict) -> Case:
     split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
     case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
                            split_accounts=split is not None and split.kind == "account")
+    if lora is not None:  # the fine-tuning recipe's own settings (the settings table matched pre-training ones)
+        case.argv += lora[0]
+        case.flags = lora[1]
     return case
 
 

@@ -12,6 +12,7 @@ from autotune.cost.uncertainty import uncertainty_of
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.search.ties import rank_with_ties
+from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tunes as NVIDIA's plan does
 
 
 RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_overlap", "moe_dispatcher")
@@ -27,7 +28,7 @@ def search_constraints(est) -> SearchConstraints:
     plan = est.plan
     return SearchConstraints(engines=("megatron",), precisions=(plan.precision,), grad_dtype=plan.grad_dtype,
                              fp8_recipe=plan.fp8_recipe,
-                             **{name: getattr(plan, name) for name in RUN_SETTINGS_SEARCHED})
+                             **{name: getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS})
 
 
 def planner_rank(found, est) -> tuple[int, int]:
@@ -108,7 +109,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         constraints = search_constraints(est)
         key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
                plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe,
-               *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED))
+               *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS))
         if key not in searches:
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
                                          global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints)

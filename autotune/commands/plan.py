@@ -11,6 +11,7 @@ from autotune.commands import (
     add_calibration,
     add_common,
     add_goodput,
+    add_peft_flags,
     add_run_settings,
     goodput_inputs,
     int_list,
@@ -18,6 +19,7 @@ from autotune.commands import (
     load_inputs,
     positive_int,
     preset_epilog,
+    peft_args,
     run_setting_args,
     str_list,
     time_settings,
@@ -34,7 +36,7 @@ def run_setting_engines(args: argparse.Namespace) -> tuple[str, ...]:
     --tp-overlap, --compile, ...: ``EngineSupport.runs``) when the engines were left to the default (an engine
     named with --engine that does not run one is refused plan by plan, with the rule's reason)."""
     engines = tuple(args.engine)
-    asked = run_setting_args(args)
+    asked = run_setting_args(args) | peft_args(args)
     if not asked or engines != tuple(ENGINE_NAMES):
         return engines
     from autotune.engines import engine_for
@@ -71,6 +73,7 @@ def register(sub) -> None:
                         f"--framework is an alias)")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
     add_run_settings(g)
+    add_peft_flags(g)
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero, precisions=args.precision,
         recompute=args.recompute, engines=run_setting_engines(args), allow_offload=args.offload,
         min_headroom_gib=args.min_headroom_gib, uneven_layouts=args.uneven_layouts, **run_setting_args(args),
+        **peft_args(args),
         engine_versions=search_releases(args, args.engine))  # each engine's plans: its release's defaults
     progress: Callable[[str], None] | None = None
     if args.max_model or args.min_gpus:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
 from autotune.cost.cp_ring import ring_transient_bytes
+from autotune.cost.lora import saved_input_change
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import (
     interleaved_chunk_loads,
@@ -125,6 +126,9 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         core += 2 * sb * (max(model.kv_width, model.q_width) - model.kv_width
                           + max(model.v_width, model.attention_output_width) - model.v_width) / t
     mlp = _mlp_activation_bytes(model, plan, layer_index, sb, t, t_in, lin, facts.moe_expert_outputs_saved)
+    if plan.peft:  # LoRA: frozen linears save no input (autotune.cost.lora)
+        attn_change, mlp_change = saved_input_change(model, plan, sb, t_in, lin)
+        attn, mlp = attn + attn_change, mlp + mlp_change
     return LayerActivations(norms=norms, attention=attn, attention_core=core, mlp=mlp, dropout_masks=dropout_masks)
 
 
@@ -277,10 +281,11 @@ def _layer_kinds(model: ModelSpec, key: tuple, facts: ActivationFacts) -> tuple[
     their defaults: only the fields that matter vary between calls (cached; ModelSpec hashes slowly: its id)."""
     hit = _kinds_cache.get((id(model), facts, key))
     if hit is None or hit[0] is not model:
-        seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe = key
+        (seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe, peft,
+         lora_rank, lora_targets) = key
         plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
                             sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
-                            fp8_recipe=fp8_recipe)
+                            fp8_recipe=fp8_recipe, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets)
         dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1, facts)
         moe = layer_activations(model, plan, model.num_layers - 1, facts) if model.is_moe else dense
         if len(_kinds_cache) > 4096:
@@ -292,7 +297,7 @@ def _layer_kinds(model: ModelSpec, key: tuple, facts: ActivationFacts) -> tuple[
 def _activation_key(plan: ParallelPlan) -> tuple:
     """The plan fields activations depend on (a cache key; building a plan per call costs its validation)."""
     return (plan.seq_len, plan.cp, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.precision,
-            plan.flash_attention, plan.fp8_recipe)
+            plan.flash_attention, plan.fp8_recipe, plan.peft, plan.lora_rank, plan.lora_targets)
 
 
 # Every plan field the activations read (here and in the layout functions they call): plans that agree on these
@@ -300,7 +305,8 @@ def _activation_key(plan: ParallelPlan) -> tuple:
 STAGE_ACTIVATION_FIELDS = (
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
-    "ep_overlap")  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
+    "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
+    "peft", "lora_rank", "lora_targets")  # LoRA's frozen linears save no input
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 

@@ -45,3 +45,26 @@ def adapter_forward_s(model: ModelSpec, plan: ParallelPlan, bf16_s, hbm: float) 
         total += max(a + b, traffic) + 2 * tokens * 3 * n / t / hbm
     return total
 
+
+
+def saved_input_change(model: ModelSpec, plan: ParallelPlan, tokens: float, t_in: int, lin: float) -> tuple[float, float]:
+    """(attention block, MLP) change of one dense layer's saved bytes under LoRA, against full training's ledger
+    (``autotune.cost.activations.layer_activations``, which saves each linear input at ``lin`` bytes per element).
+    A frozen Transformer Engine linear saves no input: it has no weight gradient to compute (pytorch/module/
+    linear.py:619-621 ``saved_inputmat`` only when ``backward_needs_input``; layernorm_linear.py:502 the norm output
+    only when ``weight.requires_grad``). An adapted layer's adapter saves that input in 16 bits instead (its
+    ``linear_in`` weight gradient needs it; the model's dtype, peft/lora.py:154) and its rank-wide intermediate
+    (``linear_out``'s input). The output projection's input is the attention output the fused kernel keeps anyway:
+    only its FP8 cast goes."""
+    run = lora_run(plan)
+    if run is None:
+        return 0.0, 0.0
+    h, f, t = model.hidden_size, model.ffn_hidden_size, plan.tp
+    kept = {name: (2.0 if name in run.targets else 0.0) for name in ("linear_qkv", "linear_fc1", "linear_fc2")}
+    attn = (kept["linear_qkv"] - lin) * tokens * h / t_in
+    if lin != 2:
+        attn -= lin * tokens * model.attention_output_width / t
+    mlp = (kept["linear_fc1"] - lin) * tokens * h / t_in + (kept["linear_fc2"] - lin) * tokens * f / t
+    attn += 2 * tokens * run.rank * sum(name in run.targets for name in ("linear_qkv", "linear_proj"))
+    mlp += 2 * tokens * run.rank * sum(name in run.targets for name in ("linear_fc1", "linear_fc2"))
+    return attn, mlp

@@ -110,7 +110,8 @@ class EngineSupport:
                 "cuda_graph_scope": lambda: len(self.cuda_graphs) > 1, "ep_overlap": lambda: value in self.ep_overlaps,
                 "moe_dispatcher": lambda: value in self.moe_dispatchers,
                 "cp_comm_type": lambda: value in self.cp_comm_types,
-                "recompute_modules": lambda: set(value) <= set(self.recompute_modules)}[name]()
+                "recompute_modules": lambda: set(value) <= set(self.recompute_modules),
+                "peft": lambda: value in self.peft}.get(name, lambda: True)()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.engines import engine_for
 from autotune.specs.layout import layer_counts, pipeline_split
 from autotune.specs.model import ModelSpec
+from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import RUN_SETTINGS
 
 __all__ = ["SearchConstraints", "dimension_values", "release_cost_settings", "release_defaults_taken",
@@ -88,6 +89,12 @@ class SearchConstraints:
     """Every plan's context-parallel exchange where cp > 1 (None: each engine's default)."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
+    peft: str | None = None
+    """Every plan's parameter-efficient fine-tuning (``autotune.specs.peft``; None: full training); engines that
+    cannot run it reject the plans."""
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,8 @@ class DimensionValues:
     """{engine: its plans' run settings (``RUN_SETTINGS``)}: the constraints' values, else its release's defaults."""
     release_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: the run settings its release's defaults gave its plans} (engines that took none left out)."""
+    peft_settings: Mapping[str, object] = field(default_factory=dict)
+    """Every plan's PEFT fields (``autotune.specs.peft.PEFT_SETTINGS``) as the constraints give them."""
     cost_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: what its release's code does that no plan field says} (``release_cost_settings``; engines whose
     release has none left out): the search estimates that engine's plans with them, as ``estimate`` does."""
@@ -203,4 +212,5 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
                            uneven_layouts=c.uneven_layouts,
                            run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken,
+                           peft_settings={name: getattr(c, name) for name in PEFT_SETTINGS},
                            cost_settings=release_cost_settings(c))

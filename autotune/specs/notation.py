@@ -56,4 +56,7 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append(f"disp-{plan.moe_dispatcher}")
     if plan.cp_comm_type is not None:
         parts.append(f"cp-{plan.cp_comm_type}")
+    if plan.peft is not None:  # LoRA: its rank and targets where set (Bridge's defaults otherwise)
+        parts.append(plan.peft + (f"-r{plan.lora_rank}" if plan.lora_rank else "")
+                     + (":" + "+".join(t.removeprefix("linear_") for t in plan.lora_targets) if plan.lora_targets else ""))
     return " ".join(parts)
