@@ -39,7 +39,7 @@ __all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", 
 
 # Strings that end up as a command-line word or a host name.
 _COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
-                         "save_dir", "nvme_path")
+                         "save_dir", "nvme_path", "pretrained_checkpoint")
 
 
 def _type_problem(where: str, value: Any, hint: Any) -> str | None:
@@ -135,7 +135,9 @@ def emit_options(args: argparse.Namespace, base: Any = None):
     if "lr" in flags and opt.min_lr > opt.lr:
         opt = replace(opt, min_lr=opt.lr / 10)
     flags = {k: v for k, v in (("save_dir", args.save_dir), ("keep_last", args.keep_last),
-                               ("interval_steps", args.save_interval)) if v is not None} | reliability_flags(args)
+                               ("interval_steps", args.save_interval),
+                               ("pretrained_dir", getattr(args, "pretrained_checkpoint", None))) if v is not None
+             } | reliability_flags(args)
     if args.no_async_save:
         flags["async_save"] = False
     problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
@@ -264,6 +266,8 @@ def register(sub) -> None:
     out.add_argument("--warmup-steps", type=int, help="warm-up steps (default 2000)")
     out.add_argument("--save-dir", help="checkpoint folder (default checkpoints)")
     add_reliability_flags(out)
+    out.add_argument("--pretrained-checkpoint", help="with --peft lora: the base model's Megatron checkpoint the "
+                     "fine-tuning starts from (Megatron-Bridge checkpoint.pretrained_checkpoint)")
     out.add_argument("--keep-last", type=int, help="checkpoints to keep (default 3)")
     out.add_argument("--save-interval", type=int, help="override the availability-optimal checkpoint interval (steps)")
     out.add_argument("--no-async-save", action="store_true", help="blocking checkpoint writes")

@@ -60,6 +60,9 @@ class CheckpointOptions:
     async_save: bool = True
     interval_steps: int | None = None
     """Override the computed availability-optimal interval (of the local tier's saves when tier is "local")."""
+    pretrained_dir: str | None = None
+    """The pretrained checkpoint a fine-tuning plan (``ParallelPlan.peft``) starts from (Megatron-Bridge
+    ``checkpoint.pretrained_checkpoint``); None: none given."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

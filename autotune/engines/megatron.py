@@ -6,14 +6,19 @@ from __future__ import annotations
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_versions import HEADER
+from autotune.emit.bridge_peft import bridge_mode
 from autotune.emit.megatron_bridge import (
     bridge_files,
+    bridge_hydra_args,
+    bridge_overrides,
+    plan_recipe,
     bridge_model_problems,
     bridge_plan_problems,
     bridge_recipe,
 )
 from autotune.specs.lora import lora_model_problems, trainable_stage_params
 from autotune.engines.base import Engine
+from autotune.errors import InputError
 from autotune.engines.common import shell_array
 from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.megatron_rules import (
@@ -166,6 +171,8 @@ class MegatronEngine(Engine):
         return plan.zero_stage == 1
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        if plan.peft:
+            return self._bridge_only_files(model, cluster, plan, options, checkpoint, env)
         argv = megatron_args(model, cluster, plan, options, checkpoint_flags=checkpoint.megatron_flags(),
                              fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
@@ -184,3 +191,22 @@ class MegatronEngine(Engine):
         entry = (options.launch.script or "pretrain_gpt.py",)
         return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="torchrun",
                            user_script_needs=tuple(needs))
+
+    def _bridge_only_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
+        """A LoRA plan: Megatron-LM has no adapters (pretrain_gpt.py trains every weight), so Megatron-Bridge's
+        files alone (``autotune.emit.bridge_peft``), launched by its scripts/training/run_recipe.py --mode lora;
+        InputError where Bridge cannot take the plan either."""
+        why = bridge_model_problems(model) or bridge_plan_problems(model, plan)
+        if why:
+            raise InputError([f"Megatron-LM has no LoRA (its pretrain_gpt.py trains every weight; LoRA runs on "
+                              f"Megatron-Bridge), and Megatron-Bridge cannot take this plan: {p}" for p in why],
+                             subject="megatron files")
+        fp8_param_gather = self.fp8_param_gather(plan)
+        files = bridge_files(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
+        overrides = bridge_overrides(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
+        recipe = plan_recipe(model, plan)
+        argv = ["--recipe", recipe.name, "--mode", bridge_mode(plan), *bridge_hydra_args(overrides)]
+        needs = ("Megatron-Bridge 0.6 (a checkout: scripts/training/run_recipe.py) with bridge_overrides.args; no "
+                 "megatron_args.sh: Megatron-LM has no LoRA",)
+        return EngineFiles(files=files, entry=(options.launch.script or "scripts/training/run_recipe.py",),
+                           program_args=argv, env=env, launcher="torchrun", user_script_needs=needs)
