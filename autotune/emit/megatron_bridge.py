@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from autotune.emit.bridge_peft import bridge_mode, bridge_peft_recipe, peft_overrides, peft_problems
+from autotune.emit.bridge_peft import peft_overrides, peft_problems
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.megatron_bridge_recipes import (
     BridgeRecipe,
@@ -73,7 +73,6 @@ __all__ = [
     "bridge_model_problems",
     "bridge_overrides",
     "bridge_recipe",
-    "plan_recipe",
 ]
 
 BRIDGE_VERSION = "Megatron-Bridge 0.6 (megatron-bridge 0.6.2, megatron-core 0.19.2)"
@@ -188,9 +187,9 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
 def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     """What of ``plan`` the overrides of ``model``'s recipe cannot express (the Megatron engine then writes
     megatron_args.sh alone, with these as its note)."""
-    if lora := peft_problems(model, plan):
+    if lora := peft_problems(plan):
         return lora
-    recipe = plan_recipe(model, plan)
+    recipe = bridge_recipe(model)
     if plan.grad_dtype == "bf16" and recipe.precision_is_named:
         return [f"mixed_precision: {recipe.name} holds a registered precision name, whose MixedPrecisionConfig "
                 "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
@@ -298,7 +297,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """The ConfigContainer overrides for the plan, section by section (InputError naming every setting Bridge
     cannot take). ``fp8_param_gather``: the engine's choice (as for megatron_args)."""
     options = options or EmitOptions()
-    recipe = plan_recipe(model, plan)
+    recipe = bridge_recipe(model)
     problems: list[str] = []
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
@@ -344,22 +343,16 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         del out["comm_overlap"]
     if recipe.precision_is_named:
         out["ddp"].pop("grad_reduce_in_fp32")  # the named precision recipe sets it
-        problems += bridge_plan_problems(model, plan)
+        problems += [p for p in bridge_plan_problems(model, plan) if p not in problems]
     if problems:
         raise InputError(problems, subject="Megatron-Bridge overrides")
     return out
 
 
-def plan_recipe(model: ModelSpec, plan: ParallelPlan) -> BridgeRecipe:
-    """The recipe a plan's overrides start from: the model's PEFT recipe for a LoRA plan (``bridge_peft``), else
-    its pretraining recipe (``bridge_recipe``)."""
-    return (bridge_peft_recipe(model) if plan.peft else None) or bridge_recipe(model)
-
-
 def _flatten(tree: Mapping, prefix: str = "") -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for key, value in tree.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and "_target_" not in value:  # a _target_ mapping: one value, instantiated
             out += _flatten(value, f"{prefix}{key}.")
         else:
             out.append((f"{prefix}{key}", value))
@@ -370,7 +363,8 @@ _PLAIN = re.compile(r"[A-Za-z_./-][A-Za-z0-9_./-]*\Z")
 
 
 def _hydra_value(value: object) -> str:
-    """A value in Hydra's override grammar: null, true/false, numbers, [lists], plain or quoted strings."""
+    """A value in Hydra's override grammar: null, true/false, numbers, [lists], {mappings}, plain or quoted
+    strings."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -381,6 +375,8 @@ def _hydra_value(value: object) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
     if _PLAIN.match(text) and text.lower() not in ("null", "true", "false", "nan", "inf"):
         return text
@@ -392,24 +388,24 @@ def bridge_hydra_args(overrides: Mapping) -> list[str]:
     return [f"{key}={_hydra_value(value)}" for key, value in _flatten(overrides)]
 
 
-def _launch_line(cluster: ClusterSpec, recipe: BridgeRecipe, port: int, mode: str = "pretrain") -> str:
+def _launch_line(cluster: ClusterSpec, recipe: BridgeRecipe, port: int) -> str:
     nodes, per_node = cluster.num_nodes, cluster.gpus_per_node
     rdzv = ("" if nodes == 1 else
             f" --rdzv-backend c10d --rdzv-endpoint \"$MASTER_ADDR:{port}\" --node-rank \"$NODE_RANK\"")
     return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} scripts/training/run_recipe.py "
-            f"--recipe {recipe.name} --mode {mode} \"${{BRIDGE_ARGS[@]}}\"")
+            f"--recipe {recipe.name} --mode pretrain \"${{BRIDGE_ARGS[@]}}\"")
 
 
 def bridge_files(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None,
                  checkpoint: CheckpointSettings, *, fp8_param_gather: bool = False) -> dict[str, str]:
     """``bridge_overrides.yaml`` and ``bridge_overrides.args`` for the plan."""
     overrides = bridge_overrides(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
-    recipe = plan_recipe(model, plan)
+    recipe = bridge_recipe(model)
     base = (f"{recipe.name} ({recipe.module}; its model is the Hugging Face config {recipe.hf_model})"
             if recipe.hf_model else
             f"{recipe.name} ({recipe.module}; Bridge 0.6 has no {model.name} recipe: the generic GPT recipe, "
             f"with the model shape set below)")
-    launch = _launch_line(cluster, recipe, (options or EmitOptions()).launch.master_port, bridge_mode(plan))
+    launch = _launch_line(cluster, recipe, (options or EmitOptions()).launch.master_port)
     head = [f"Megatron-Bridge ConfigContainer overrides written by autotune for {BRIDGE_VERSION}.",
             f"Base recipe: {base}.",
             ("Every value that depends on the plan is set here, including what the recipe tuned for its own "

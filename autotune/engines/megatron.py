@@ -6,12 +6,10 @@ from __future__ import annotations
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_versions import HEADER
-from autotune.emit.bridge_peft import bridge_mode
 from autotune.emit.megatron_bridge import (
     bridge_files,
     bridge_hydra_args,
     bridge_overrides,
-    plan_recipe,
     bridge_model_problems,
     bridge_plan_problems,
     bridge_recipe,
@@ -204,8 +202,7 @@ class MegatronEngine(Engine):
         fp8_param_gather = self.fp8_param_gather(plan)
         files = bridge_files(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
         overrides = bridge_overrides(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
-        recipe = plan_recipe(model, plan)
-        argv = ["--recipe", recipe.name, "--mode", bridge_mode(plan), *bridge_hydra_args(overrides)]
+        argv = ["--recipe", bridge_recipe(model).name, "--mode", "pretrain", *bridge_hydra_args(overrides)]
         needs = ("Megatron-Bridge 0.6 (a checkout: scripts/training/run_recipe.py) with bridge_overrides.args; no "
                  "megatron_args.sh: Megatron-LM has no LoRA",)
         return EngineFiles(files=files, entry=(options.launch.script or "scripts/training/run_recipe.py",),

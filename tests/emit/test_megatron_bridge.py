@@ -42,10 +42,11 @@ from autotune.emit.megatron_bridge import (
     bridge_files,
     bridge_recipe,
 )
-from autotune.emit.options import EmitOptions
+from autotune.emit.options import CheckpointOptions, EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
+from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +126,7 @@ logging.getLogger("megatron.bridge.training.utils.omegaconf_utils").addHandler(C
 
 def leaves(tree, prefix=""):
     for key, value in tree.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "_target_" not in value:  # a _target_ mapping: one value (instantiated)
             yield from leaves(value, prefix + key + ".")
         else:
             yield prefix + key
@@ -186,6 +187,8 @@ for folder, recipe, world in json.loads(sys.argv[1]):
                   ck.replication, ck.replication_jump, ck.replication_factor],
         "layout": [str(m.pipeline_model_parallel_layout) if m.pipeline_model_parallel_layout is not None else None,
                    m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage],
+        "peft": None if a.peft is None else [type(a.peft).__name__, a.peft.dim, a.peft.alpha,
+                                             list(a.peft.target_modules), a.peft.dropout, ck.pretrained_checkpoint],
         "shape": [m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
                   m.num_moe_experts, m.moe_router_topk, m.moe_token_dispatcher_type, m.normalization,
                   getattr(m.activation_func, "__name__", str(m.activation_func)), m.gated_linear_unit],
@@ -244,7 +247,11 @@ CASES = [
     # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
     ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
                                                     global_batch_size=128, ep_overlap="a2a-delay-wgrad")),
+    # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
+    ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
+                                       lora_alpha=32, lora_targets=("linear_qkv",))),
 ]
+PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
 # The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
 LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True, local_interval_steps=50,
@@ -259,8 +266,9 @@ def _plan(model: str, num_gpus: int, kw: dict):
     return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
 
 
-def _files(m, cluster, plan, ckpt=CKPT):
-    return bridge_files(m, cluster, plan, EmitOptions(), ckpt, fp8_param_gather=plan.zero_stage == 1)
+def _files(m, cluster, plan, ckpt=CKPT, pretrained=PRETRAINED):
+    options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=pretrained)) if plan.peft else EmitOptions()
+    return bridge_files(m, cluster, plan, options, ckpt, fp8_param_gather=plan.zero_stage == 1)
 
 
 def _hf_cache(root: Path) -> Path:
@@ -295,7 +303,10 @@ def applied(tmp_path_factory):
         m, cluster, plan = _plan(model, num_gpus, kw)
         folder = root / case
         folder.mkdir()
-        for name, text in _files(m, cluster, plan, LOCAL if case == "8b-full-recompute" else CKPT).items():
+        pretrained = root / "pretrained"  # Bridge's CheckpointConfig.finalize asserts that it exists
+        pretrained.mkdir(exist_ok=True)
+        for name, text in _files(m, cluster, plan, LOCAL if case == "8b-full-recompute" else CKPT,
+                                 str(pretrained)).items():
             (folder / name).write_text(text)
         recipe = bridge_recipe(m)
         jobs.append([str(folder), [recipe.module, recipe.name], num_gpus])
@@ -365,6 +376,40 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
         # training/flex_dispatcher_backend.py:102-119; tests/emit/test_megatron_core_run_settings.py runs core's)
         assert got["dispatcher"] == [kind, backend or None]
     assert got["shape"][8:] == ["RMSNorm", "silu", True]
+    assert got["peft"] is None if plan.peft is None else (
+        got["peft"][:5] == ["LoRA", plan.lora_rank, plan.lora_alpha, list(plan.lora_targets), 0.0]
+        and got["peft"][5].endswith("/pretrained")), got["peft"]
+
+
+def test_lora_plans_set_peft_and_need_a_pretrained_model():
+    from autotune.engines import engine_for
+
+    m, cluster, plan = _plan(*next(c for c in CASES if c[0] == "70b-lora")[1:])
+    files = _files(m, cluster, plan)
+    assert yaml.safe_load(files[BRIDGE_YAML])["peft"] == {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 16,
+                                                          "alpha": 32, "dropout": 0.0, "target_modules": ["linear_qkv"]}
+    lines = [line for line in files[BRIDGE_ARGS].splitlines() if not line.startswith("#")]
+    assert "peft={_target_:megatron.bridge.peft.lora.LoRA,dim:16,alpha:32,dropout:0.0,target_modules:[linear_qkv]}" \
+        in lines
+    with pytest.raises(InputError, match="--pretrained-checkpoint"):
+        bridge_files(m, cluster, plan, EmitOptions(), CKPT)
+    with pytest.raises(InputError, match="alpha is an integer"):
+        _files(m, cluster, plan.with_(lora_alpha=2.5))
+    # Megatron-LM has no LoRA: the engine writes Bridge's files alone, run by run_recipe.py
+    options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=PRETRAINED))
+    out = engine_for("megatron").render_files(m, cluster, plan, options, CKPT, {})
+    assert "megatron_args.sh" not in out.files and BRIDGE_ARGS in out.files
+    assert out.entry == ("scripts/training/run_recipe.py",) and out.program_args[:4] == [
+        "--recipe", "llama3_70b_pretrain_32gpu_h100_bf16_config", "--mode", "pretrain"]
+    assert f"checkpoint.pretrained_checkpoint={PRETRAINED}" in out.program_args
+    # what Bridge cannot take either is refused, naming why Megatron-LM cannot
+    llama4 = load_model_preset("llama4-scout")
+    c64 = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
+    bad = ParallelPlan(engine="megatron", tp=4, dp=16, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                       seq_len=4096, peft="lora")
+    with pytest.raises(InputError, match="Megatron-LM has no LoRA") as err:
+        engine_for("megatron").render_files(llama4, c64, bad, options, CKPT, {})
+    assert "chunked" in str(err.value)
 
 
 @pytest.mark.slow
