@@ -397,7 +397,7 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
         hidden = total - exposed
     elif tp_overlap != "none" and plan.tp > 1:  # collectives chunked behind the GEMMs that need them
         total = lt.tp_comm_s * (fwd_passes + 1)
-        exposed = max(0.0, total - (lt.gemm_s * 2 + wgrad))
+        exposed = max(0.0, total - (lt.gemm_s * 2 if lt.frozen else lt.gemm_s * 3))  # no wgrad GEMM when frozen
         hidden = total - exposed
     elif tp_backward_overlap and plan.tp > 1:
         bwd_exposed = max(0.0, lt.tp_comm_s - wgrad)  # behind the weight-gradient GEMM, none when frozen

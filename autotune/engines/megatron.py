@@ -98,7 +98,7 @@ class MegatronEngine(Engine):
                             message=f"Megatron-LM: expert parallelism with tp={plan.tp} needs sequence "
                                     f"parallelism: enable it"))
         if plan.peft:
-            out += [Rule(id="peft", source="Megatron-Bridge src/megatron/bridge/peft/lora.py", message=m)
+            out += [Rule(id="megatron:peft", source="Megatron-Bridge src/megatron/bridge/peft/lora.py", message=m)
                     for m in lora_model_problems(model)]
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)

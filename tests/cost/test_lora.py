@@ -3,6 +3,7 @@ ledger, the adapters' GEMMs and the base layers' data-gradient-only backward in 
 parallel traffic and optimizer step, and the inputs frozen linears no longer save."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -118,3 +119,32 @@ def test_caches_tell_lora_plans_from_full_ones():
     full, lora, again = _est(), _est(**QKV16), _est()
     assert dataclasses.astuple(full.time) == dataclasses.astuple(again.time)
     assert full.memory.total == again.memory.total and lora.memory.total != full.memory.total
+
+
+LORA_ARGV = ["--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "megatron", "--zero",
+             "1", "--global-batch", "16", "--seq-len", "4096"]
+
+
+def test_estimate_and_plan_take_the_peft_flags(capsys):
+    from autotune.cli import main
+
+    assert main(["estimate", *LORA_ARGV, "--peft", "lora", "--lora-rank", "8", "--lora-targets", "linear_qkv",
+                 "linear_proj", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["peft"] == "lora" and doc["plan"]["lora_rank"] == 8
+    assert doc["plan"]["lora_targets"] == ["linear_qkv", "linear_proj"]
+    assert any("LoRA rank 8" in s for s in doc["assumed_settings"])
+    assert main(["estimate", *LORA_ARGV, "--json"]) == 0
+    assert "peft" not in json.loads(capsys.readouterr().out)["plan"]
+    # an engine without LoRA: exit 2, naming the way out
+    assert main(["estimate", *LORA_ARGV[:-8], "--engine", "fsdp", "--zero", "2", "--global-batch", "16",
+                 "--peft", "lora"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine megatron" in err and "drop --peft" in err
+    assert main(["estimate", *LORA_ARGV, "--lora-rank", "8"]) == 2
+    assert "add --peft lora" in capsys.readouterr().err
+    # the planner searches LoRA plans: every plan it lists fine-tunes
+    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--global-batch", "16",
+                 "--seq-len", "4096", "--peft", "lora", "--top", "3", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["candidates"]
+    assert plans and all(p["plan"]["peft"] == "lora" and p["plan"]["engine"] == "megatron" for p in plans)
