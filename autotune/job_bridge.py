@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from autotune.emit.bridge_peft import LORA_TARGET
 from autotune.emit.megatron_bridge_lint import read_bridge_overrides
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
@@ -21,7 +22,7 @@ from autotune.inputs import read_text
 from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
 
-__all__ = ["bridge_fields", "cp_comm_type_of", "megatron_dispatcher"]
+__all__ = ["bridge_fields", "cp_comm_type_of", "lora_of", "megatron_dispatcher"]
 
 _BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 # Bridge's registered precision names (training/mixed_precision.py @register) -> (precision, fp8_recipe).
@@ -122,8 +123,21 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     elif kind == "flex" and (backend := m.get("moe_flex_dispatcher_backend") or "deepep") in ("deepep", "hybridep"):
         out["moe_dispatcher"] = f"flex-{backend}"  # ncclep: not modelled, estimated as alltoall
     out |= cp_comm_type_of(m.get("cp_comm_type") if (out["cp"] or 1) > 1 else None, path, notes)
+    out |= lora_of(data.get("peft"))
     if preset is not None:
         out["model"] = load_model_preset(preset)
+    return out
+
+
+def lora_of(peft: object) -> dict:
+    """The plan's LoRA fields from a file's ``peft`` override (a ``_target_`` mapping of Bridge's
+    ``megatron.bridge.peft.lora.LoRA``: autotune.emit.bridge_peft); the fields it leaves out stay Bridge's defaults."""
+    if not isinstance(peft, dict) or peft.get("_target_") != LORA_TARGET:
+        return {}
+    out: dict = {"peft": "lora"}
+    for key, name in (("dim", "lora_rank"), ("alpha", "lora_alpha"), ("target_modules", "lora_targets")):
+        if peft.get(key) is not None:
+            out[name] = tuple(peft[key]) if isinstance(peft[key], list) else peft[key]
     return out
 
 

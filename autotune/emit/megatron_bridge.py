@@ -376,7 +376,7 @@ def _hydra_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {_hydra_value(v)}" for k, v in value.items()) + "}"  # YAML reads it too
     text = str(value)
     if _PLAIN.match(text) and text.lower() not in ("null", "true", "false", "nan", "inf"):
         return text

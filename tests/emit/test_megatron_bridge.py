@@ -389,10 +389,21 @@ def test_lora_plans_set_peft_and_need_a_pretrained_model():
     assert yaml.safe_load(files[BRIDGE_YAML])["peft"] == {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 16,
                                                           "alpha": 32, "dropout": 0.0, "target_modules": ["linear_qkv"]}
     lines = [line for line in files[BRIDGE_ARGS].splitlines() if not line.startswith("#")]
-    assert "peft={_target_:megatron.bridge.peft.lora.LoRA,dim:16,alpha:32,dropout:0.0,target_modules:[linear_qkv]}" \
-        in lines
+    assert ("peft={_target_: megatron.bridge.peft.lora.LoRA, dim: 16, alpha: 32, dropout: 0.0, "
+            "target_modules: [linear_qkv]}") in lines
     with pytest.raises(InputError, match="--pretrained-checkpoint"):
         bridge_files(m, cluster, plan, EmitOptions(), CKPT)
+    # both files read back as the plan's LoRA (``estimate --from``)
+    import tempfile
+
+    from autotune.job_bridge import bridge_fields
+
+    with tempfile.TemporaryDirectory() as folder:
+        for name, text in files.items():
+            (Path(folder) / name).write_text(text)
+            got = bridge_fields(str(Path(folder) / name), [])
+            assert {k: got[k] for k in ("peft", "lora_rank", "lora_alpha", "lora_targets")} == {
+                "peft": "lora", "lora_rank": 16, "lora_alpha": 32, "lora_targets": ("linear_qkv",)}, name
     with pytest.raises(InputError, match="alpha is an integer"):
         _files(m, cluster, plan.with_(lora_alpha=2.5))
     # Megatron-LM has no LoRA: the engine writes Bridge's files alone, run by run_recipe.py
