@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from autotune.commands import EXIT_OK, flag_problems, json_text, run_setting_args, time_settings
 from autotune.errors import InputError
+from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
 __all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff", "alternatives"]
@@ -95,7 +96,8 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, *
     policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
     settings = replace(settings, selective_policy=policy) if policy else settings  # the job's, as estimate --from
     current = estimate(job.model, job.cluster, plan, job.settings, settings)
-    kept = {name: getattr(plan, name) for name in RUN_SETTINGS if getattr(plan, name) is not None}
+    kept = {name: getattr(plan, name) for name in RUN_SETTINGS + PEFT_SETTINGS  # a LoRA job's alternatives: LoRA
+            if getattr(plan, name) is not None}
     limits = {"engines": (plan.engine,), "precisions": (plan.precision,)} | {
         k: v for k, v in limits.items() if v is not None}
     constraints = SearchConstraints(**limits, **(kept | (asked or {})))
