@@ -260,3 +260,14 @@ def test_rows_nvidia_footnotes_as_regressed_carry_the_note_and_stay_in_the_stats
     without = bench.footnoted_summary(done)["GPT OSS 120B"]
     assert len(without) == len(done) - len(marked)
     assert "without them" in out
+
+
+def test_lora_rows_are_estimated_as_their_recipes_fine_tune(cases):
+    lora = [c for c in cases if c.row["task"].startswith("LoRA")]
+    assert len(lora) == 4
+    for c in lora:
+        plan = c.result.plan
+        assert (plan.peft, plan.lora_rank, plan.lora_targets, plan.recompute) == ("lora", 16, ("linear_qkv",), "none")
+        assert c.fits and abs(c.error) < 0.5, (c.row["source"], c.error)
+        # frozen base weights: the ledger holds no full-model gradients or optimizer states
+        assert c.result.memory.optimizer_states < c.result.memory.weights / 100
