@@ -46,8 +46,9 @@ NOTATION: dict[str, str] = {
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
-    "cg-local|cg-te[:P+P]|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or Transformer "
-                                           "Engine, or none (--cuda-graph, --cuda-graph-scope)",
+    "cg-local|cg-te[:P+P]|cg-full|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or "
+                                                   "Transformer Engine, one of the whole iteration (cg-full), or none "
+                                                   "(--cuda-graph, --cuda-graph-scope)",
     "ep-overlap[+dw]|no-ep-overlap": "MoE all-to-alls behind another micro-batch's compute (Megatron "
                                      "--overlap-moe-expert-parallel-comm; +dw: --delay-wgrad-compute), or not "
                                      "(--ep-overlap)",

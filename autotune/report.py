@@ -217,6 +217,8 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
     if c.kernel_launch_s > 0:
         out.append(f"kernel launches {c.kernel_launch_s * 1e6:g} us each, " + (
+            "one CUDA graph of the whole forward-backward (--cuda-graph full-iteration)"
+            if plan.cuda_graph == "full-iteration" else
             f"CUDA graphs {plan.cuda_graph} over " + (" ".join(plan.cuda_graph_scope) if plan.cuda_graph_scope
                                                      else "each layer") + " (--cuda-graph)"
             if plan.cuda_graph not in (None, "none") else "no CUDA graphs"))

@@ -162,6 +162,8 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
         rows.append(("CUDA graphs", plan.cuda_graph + (f" ({' '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope
                                                        else ""),
                      "no graphs: every kernel launched by the host" if plan.cuda_graph == "none" else
+                     "the whole forward-backward replayed as one graph (no host launch time; the input batches "
+                     "kept in static buffers)" if plan.cuda_graph == "full-iteration" else
                      "each layer's captured parts launched as one graph (less host launch time, static graph buffers)"))
     if plan.moe_dispatcher is not None:
         rows.append(("MoE dispatcher", plan.moe_dispatcher, {

@@ -298,7 +298,8 @@ def add_run_settings(g) -> None:
                         f"{', '.join(RECOMPUTE_MODULES)}); default: the engine's own (Megatron: core_attn)")
     g.add_argument("--cuda-graph", choices=CUDA_GRAPHS, default=None,
                    help="CUDA graphs of the training layers (Megatron --cuda-graph-impl): one launch per captured part "
-                        "instead of one per kernel; default: the engine's own (none)")
+                        "instead of one per kernel (full-iteration: one for the whole forward-backward, Megatron "
+                        "--cuda-graph-impl full_iteration); default: the engine's own (none)")
     g.add_argument("--cuda-graph-scope", nargs="+", choices=CUDA_GRAPH_SCOPES, default=None, metavar="PART",
                    help="with --cuda-graph, the parts of each layer captured (Megatron --cuda-graph-modules / "
                         f"--cuda-graph-scope: {', '.join(CUDA_GRAPH_SCOPES)}); default: the whole layer")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from autotune.engines.facts import Rule
 from autotune.specs.context_parallel import hierarchical_cp_sizes
+from autotune.specs.plan import FULL_ITERATION_GRAPH
 
 if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec, GPUSpec
@@ -60,7 +61,10 @@ def recompute_module_rules(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str
 
 
 def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
-    """What Megatron-core refuses of per-layer CUDA graphs (``plan.cuda_graph``, ``plan.cuda_graph_scope``)."""
+    """What Megatron-core refuses of CUDA graphs (``plan.cuda_graph``, ``plan.cuda_graph_scope``). A full-iteration
+    graph captures whole layers (``full_cudagraph`` of transformer_config.py:2538-2543 at core_v0.19.0), so the
+    dropout rules of graphed recompute hold for it as for whole-layer graphs; it alone allows full recompute
+    (:2521-2525 there); its empty scope is ``ParallelPlan``'s check."""
     if plan.cuda_graph in (None, "none"):
         return []
     scope = plan.cuda_graph_scope  # None: the whole layer
@@ -69,9 +73,9 @@ def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     def bad(message: str, line: str) -> None:
         out.append(Rule(id="megatron:cuda_graph", message=f"Megatron-LM: {message}", source=f"{_SRC}:{line}"))
 
-    if plan.recompute == "full":
-        bad("full recompute is only supported with full iteration CUDA graph: use --recompute selective or none, or "
-            "drop --cuda-graph", "2520-2524")
+    if plan.recompute == "full" and plan.cuda_graph != FULL_ITERATION_GRAPH:
+        bad("full recompute is only supported with full iteration CUDA graph: use --recompute selective or none, "
+            "--cuda-graph full-iteration, or drop --cuda-graph", "2520-2524")
     if scope and "moe_router" in scope and model.moe is None:
         bad(f"moe cuda graph is only supported for MoE ({model.name} has no MoE layer): drop moe_router from "
             "--cuda-graph-scope", "2492-2496")

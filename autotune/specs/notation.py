@@ -48,7 +48,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
     if plan.loss_chunks is not None:
         parts.append(f"loss-chunks{plan.loss_chunks}")
     if plan.cuda_graph is not None:
-        parts.append({"none": "no-cuda-graphs", "local": "cg-local", "transformer_engine": "cg-te"}[plan.cuda_graph]
+        parts.append({"none": "no-cuda-graphs", "local": "cg-local", "transformer_engine": "cg-te",
+                      "full-iteration": "cg-full"}[plan.cuda_graph]
                      + (":" + "+".join(plan.cuda_graph_scope) if plan.cuda_graph_scope else ""))
     if plan.ep_overlap is not None:
         parts.append({"none": "no-ep-overlap", "a2a": "ep-overlap", "a2a-delay-wgrad": "ep-overlap+dw"}[plan.ep_overlap])

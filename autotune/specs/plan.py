@@ -17,7 +17,8 @@ from autotune.specs.peft import PEFT_SETTINGS, peft_problems
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
            "FP8_RECIPES", "FP8_BLOCK_SCALE_BYTES", "FP8_RECIPE_CAPABILITY", "TP_OVERLAPS", "RECOMPUTE_MODULES",
-           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "PRECISIONS", "EP_OVERLAPS", "MOE_DISPATCHERS", "CP_COMM_TYPES", "RUN_SETTINGS"]
+           "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "FULL_ITERATION_GRAPH", "PRECISIONS", "EP_OVERLAPS", "MOE_DISPATCHERS",
+           "CP_COMM_TYPES", "RUN_SETTINGS"]
 
 # The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
 ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
@@ -69,8 +70,13 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # (Megatron's CudaGraphManager) or "transformer_engine" (TE make_graphed_callables), per layer, over the scope's parts
 # (--cuda-graph-scope in 0.16 / 0.17, --cuda-graph-modules from 0.18; enums.py CudaGraphScope / CudaGraphModule):
 # "attn", "mlp" (dense layers), "moe_router" (the MoE block up to its router); None: the whole layer. "moe" (drop-and-
-# pad MoE only) and "moe_preprocess" are not modelled, nor "full_iteration".
-CUDA_GRAPHS = ("none", "local", "transformer_engine")
+# pad MoE only) and "moe_preprocess" are not modelled. "full-iteration": one graph of the whole forward-backward of
+# every micro-batch (megatron/core/full_cuda_graph.py FullCudaGraphWrapper, wrapping forward_backward_func at
+# megatron/training/training.py:3617-3622 of core_v0.19.0; the optimizer step stays outside), spelled
+# --cuda-graph-impl full_iteration from core 0.18 and --cuda-graph-impl local --cuda-graph-scope full_iteration
+# before (autotune/emit/megatron_flags_core_v0.*.json); it captures no parts, so takes no scope.
+CUDA_GRAPHS = ("none", "local", "transformer_engine", "full-iteration")
+FULL_ITERATION_GRAPH = "full-iteration"
 CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
 # Expert-parallel all-to-all overlap (Megatron-core's 1F1B batch-level overlap: one micro-batch's forward runs layer by
 # layer beside another's backward, each one's dispatch / combine all-to-alls behind the other's compute): "a2a" =
@@ -190,7 +196,8 @@ class ParallelPlan:
     of megatron-core 0.19.2)."""
     cuda_graph: str | None = field(default=None, repr=False)
     """CUDA graphs of the training layers (:data:`CUDA_GRAPHS`, Megatron ``--cuda-graph-impl``): one graph launch
-    replaces each captured part's kernel launches. None: the engine's default (none)."""
+    replaces each captured part's kernel launches ("full-iteration": those of the whole forward-backward). None: the
+    engine's default (none)."""
     cuda_graph_scope: tuple[str, ...] | None = field(default=None, repr=False)
     """With CUDA graphs: the parts of each layer captured (:data:`CUDA_GRAPH_SCOPES`); None: the whole layer."""
     ep_overlap: str | None = field(default=None, repr=False)
@@ -317,6 +324,10 @@ class ParallelPlan:
         if self.cuda_graph in (None, "none"):
             return ["cuda_graph_scope says what CUDA graphs capture, and this plan has none: add --cuda-graph local "
                     "or transformer_engine, or drop --cuda-graph-scope"]
+        if self.cuda_graph == FULL_ITERATION_GRAPH:  # megatron/training/arguments.py:1888-1890 of core_v0.19.0
+            return ["cuda_graph_scope names parts of a layer, and a full-iteration CUDA graph captures the whole "
+                    "iteration (Megatron: --cuda-graph-modules must be empty with --cuda-graph-impl full_iteration): "
+                    "drop --cuda-graph-scope, or use --cuda-graph local or transformer_engine"]
         return []
 
     def _run_settings_valid(self) -> bool:
