@@ -31,6 +31,16 @@ callables are the layers, :2258-2286) whose sample inputs are reused once a micr
 consecutive graphs (``_reuse_graph_input_output_buffers`` :2684-2686): a layer's static input is the previous
 layer's static output, the activation the ledger already counts. What is left is one layer's forward output and
 backward gradient pair beyond the chain, 4 tensors of the layer's input size per stage.
+
+A full-iteration graph (``full-iteration``: Megatron's FullCudaGraphWrapper, megatron/core/full_cuda_graph.py at
+core_v0.19.0) captures the forward-backward function of all micro-batches, wrapped at megatron/training/
+training.py:3617-3622 there; the optimizer step is a separate call (its own graph only with --optimizer-cuda-graph,
+:3633-3638), outside what is modelled here. Every kernel of the forward-backward, the routed experts' included, is
+replayed by one launch per step: no layer waits for the host. Its capture allocates from one private pool as the
+eager iteration does (``get_graph_pool`` :44-52), so it keeps no per-layer static buffers; what it keeps is a copy
+of each micro-batch's input batch (``StaticBufferLoader`` :99-135, filled by ``data_read`` :151-161 for
+``num_microbatches`` of them): tokens, labels and position ids (int64) and the loss mask (float32) of
+megatron/training/utils.py ``get_batch_on_this_tp_rank`` at core_v0.19.0, 28 bytes a token.
 """
 
 from __future__ import annotations
@@ -39,9 +49,14 @@ from autotune.cost.expert_host import grouped_mlp_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 
-__all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "cuda_graph_static_bytes"]
+__all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "host_launch_s",
+           "cuda_graph_static_bytes", "STATIC_BATCH_BYTES_PER_TOKEN"]
+
+# Bytes a token of one micro-batch's input batch holds: tokens, labels, position ids (int64) and the loss mask
+# (float32), the tensors Megatron's get_batch hands the model (module docstring).
+STATIC_BATCH_BYTES_PER_TOKEN = 3 * 8 + 4
 
 
 def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict[str, tuple[int, int]]:
@@ -89,6 +104,7 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
     experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
     or under EP overlap join the launches the layer's GPU work hides."""
+    launch_s = host_launch_s(plan, launch_s)
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
@@ -98,11 +114,20 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
 
 
+def host_launch_s(plan: ParallelPlan, launch_s: float) -> float:
+    """Seconds the host spends on a kernel launch inside a layer's passes: none where a full-iteration graph replays
+    the whole forward-backward (module docstring), else the engine's ``launch_s``."""
+    return 0.0 if plan.cuda_graph == FULL_ITERATION_GRAPH else launch_s
+
+
 def cuda_graph_static_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str) -> float:
     """Bytes the captured graphs of pipeline stage ``stage`` keep: per captured part of each layer, per micro-batch
-    in flight, its forward and backward graphs' static input and output buffers (the layer input's size each)."""
+    in flight, its forward and backward graphs' static input and output buffers (the layer input's size each); a
+    full-iteration graph: the static input batch of every micro-batch."""
     if plan.cuda_graph in (None, "none"):
         return 0.0
+    if plan.cuda_graph == FULL_ITERATION_GRAPH:  # each micro-batch's input batch, nothing per layer (docstring)
+        return STATIC_BATCH_BYTES_PER_TOKEN * plan.micro_batch_size * plan.seq_len / plan.cp * plan.num_microbatches
     first, count = stage_layers(model.num_layers, plan.pp, stage, scheme)
     t_seq = plan.tp if plan.sequence_parallel else 1
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq

@@ -30,7 +30,7 @@ from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import DERIVED_ATTENTION_KERNELS, FP8_RECIPES, rates
-from autotune.cost.launch import launch_exposed_s
+from autotune.cost.launch import host_launch_s, launch_exposed_s
 from autotune.cost.layer_time import elementwise_kernels, layer_passes, layer_time, time_key
 from autotune.cost.step_terms import variant_terms
 from autotune.cost.zero3_gathers import deepspeed_zero3_waits
@@ -209,7 +209,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             if is_moe and plan.ep_overlapped and lt.moe_comm_s > 0:
                 moe_paired += paired_exposed_s(lt, count, lp.fwd_s, lp.bwd_s + lp.recompute_s,
                                                plan.ep_overlap == "a2a-delay-wgrad",
-                                               paired_host_s(model, plan, sched.kernel_launch_s, fp8_recipe),
+                                               paired_host_s(model, plan, host_launch_s(plan, sched.kernel_launch_s),
+                                                             fp8_recipe),
                                                wait_f + wait_b)
             else:
                 moe_paired += count * lp.moe_s
