@@ -95,7 +95,11 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     if granularity == "selective" and isinstance(modules, list) and modules:
         out["recompute_modules"] = tuple(str(x) for x in modules)
     impl = m.get("cuda_graph_impl")
-    if impl in ("local", "transformer_engine"):  # cuda_graph_modules: [] or "full" = the whole layer
+    listed = m.get("cuda_graph_modules") or m.get("cuda_graph_scope") or []
+    names = [str(x).rsplit(".", 1)[-1] for x in (listed if isinstance(listed, list) else [listed])]
+    if impl == "full_iteration" or (impl == "local" and "full_iteration" in names):  # Bridge 0.6 utils/cuda_graph.py
+        out["cuda_graph"] = "full-iteration"  # :121-131 is_full_iteration_cuda_graph
+    elif impl in ("local", "transformer_engine"):  # cuda_graph_modules: [] or "full" = the whole layer
         out["cuda_graph"] = impl
         scope = m.get("cuda_graph_modules") or m.get("cuda_graph_scope")
         if isinstance(scope, list) and scope and "full" not in scope:

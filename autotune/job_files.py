@@ -197,17 +197,20 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
 
 def _cuda_graph(f: dict, argv: list[str], path: str, notes: list[str]) -> dict:
     """cuda_graph (and its scope) of Megatron arguments: --cuda-graph-impl, or the deprecated --enable-cuda-graph /
-    --external-cuda-graph (arguments.py:593-613 of megatron-core 0.19.2: local / transformer_engine)."""
+    --external-cuda-graph (arguments.py:593-613 of megatron-core 0.19.2: local / transformer_engine); a whole-iteration
+    graph: --cuda-graph-impl full_iteration (core 0.18 on), or local with the full_iteration scope (0.16, 0.17)."""
     from autotune.specs.plan import CUDA_GRAPH_SCOPES
 
     impl = f.get("--cuda-graph-impl") or ("local" if "--enable-cuda-graph" in f else
                                           "transformer_engine" if "--external-cuda-graph" in f else None)
+    scope = [s for s in _values(argv, "--cuda-graph-modules") or _values(argv, "--cuda-graph-scope") if s != "full"]
     if impl in (None, "none"):
         return {}
+    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scope):  # from core 0.18 / before
+        return {"cuda_graph": "full-iteration"}
     if impl not in ("local", "transformer_engine"):
         notes.append(f"{path}: --cuda-graph-impl {impl} is not modelled: estimated without CUDA graphs")
         return {}
-    scope = [s for s in _values(argv, "--cuda-graph-modules") or _values(argv, "--cuda-graph-scope") if s != "full"]
     other = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
     if other:
         notes.append(f"{path}: CUDA graph parts {' '.join(other)} are not modelled: estimated without them")

@@ -30,7 +30,7 @@ from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import layer_counts
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 
 __all__ = [
     "FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "megatron_args", "megatron_env",
@@ -170,11 +170,26 @@ def _recompute_flags(plan: ParallelPlan) -> list[str]:
     return []
 
 
+def _flag_choices(release: str, flag: str) -> tuple[str, ...]:
+    """The choices ``flag`` takes in the release's flag table (none listed: any value)."""
+    spec = megatron_flag_table(release).get(flag)
+    return spec.choices or () if spec is not None else ()
+
+
 def _cuda_graph_flags(plan: ParallelPlan, release: str) -> list[str]:
     """--cuda-graph-impl, and the captured parts: --cuda-graph-modules from core 0.18 (its --cuda-graph-scope is then
     a hidden, deprecated alias, arguments.py:1966 of 0.19.2), --cuda-graph-scope before; unset: the whole layer."""
     if plan.cuda_graph in (None, "none"):
         return []
+    if plan.cuda_graph == FULL_ITERATION_GRAPH:
+        # Core 0.18 on: an implementation of its own (--cuda-graph-impl choices, megatron_flags_core_v0.18.json);
+        # before: local graphs of the full_iteration scope (arguments.py:1006-1008 of core_v0.17.1, :725-728 of
+        # core_v0.16.1). Each release asserts the NaN check off with it (:1195-1197 of core_v0.19.0): the check's
+        # host sync cannot run inside the captured graph.
+        full = "full_iteration" in _flag_choices(release, "--cuda-graph-impl")
+        return (["--cuda-graph-impl", "full_iteration"] if full else
+                ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]) + [
+            "--no-check-for-nan-in-loss-and-grad"]
     args = ["--cuda-graph-impl", plan.cuda_graph]
     if plan.cuda_graph_scope:
         flag = "--cuda-graph-modules" if "--cuda-graph-modules" in megatron_flag_table(release) else "--cuda-graph-scope"

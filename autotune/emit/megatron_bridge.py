@@ -60,7 +60,7 @@ from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 
 __all__ = [
     "BRIDGE_ARGS",
@@ -136,6 +136,9 @@ def _cuda_graph(plan: ParallelPlan) -> dict:
         return {}
     if plan.cuda_graph == "none":
         return {"cuda_graph_impl": "none"}
+    if plan.cuda_graph == FULL_ITERATION_GRAPH:  # Bridge 0.6 utils/cuda_graph.py:95-102 set_full_iteration_cuda_graph
+        return {"cuda_graph_impl": "full_iteration", "cuda_graph_scope": None, "cuda_graph_modules": [],
+                "use_te_rng_tracker": True}
     return {"cuda_graph_impl": plan.cuda_graph, "cuda_graph_scope": None,
             "cuda_graph_modules": list(plan.cuda_graph_scope or ()), "use_te_rng_tracker": True}
 
@@ -339,6 +342,8 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     }
     lora = peft_overrides(plan, options, problems)  # LoRA: the recipe's LoRA fields and the model it fine-tunes
     out |= {"peft": lora["peft"], "checkpoint": out["checkpoint"] | lora["checkpoint"]} if lora else {}
+    if plan.cuda_graph == FULL_ITERATION_GRAPH:  # asserted off with it (Bridge v0.6.0 training/config.py:1364-1368)
+        out["rerun_state_machine"] = {"check_for_nan_in_loss": False}
     if out["comm_overlap"] is None:  # the recipe has none: no TP userbuffers; ddp's own overlap flags apply
         del out["comm_overlap"]
     if recipe.precision_is_named:
