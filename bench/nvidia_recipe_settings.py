@@ -14,7 +14,7 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
   default ["core_attn"]); with full, ``recompute_num_layers``;
 - ``cuda_graph_impl`` "none" / "local" / "transformer_engine" / "full_iteration", ``cuda_graph_scope`` the captured
   parts ("full_iteration" in the scope promotes the impl to a whole-iteration graph: Megatron-Bridge
-  perf_recipes/_common.py ``_benchmark_common``);
+  perf_recipes/_common.py ``_benchmark_common``; ``--cuda-graph full-iteration``);
 - ``comm_overlap.tp_comm_overlap`` (userbuffers, with sequence parallelism, where tp > 1);
 - ``comm_overlap.overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``.
 """
@@ -116,13 +116,9 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         f.applied.append(f"recompute {gran or 'none'}")
     impl, scope = s.get("cuda_graph_impl"), (s.get("cuda_graph_scope") or "").split()
     if impl == "full_iteration" or "full_iteration" in scope:
-        # A whole-iteration graph (forward, backward and the pipeline's sends): per-layer graphs of the whole layer
-        # are the nearest the tool has; Transformer Engine's where the EP overlap runs (it replays only those).
-        impl = "transformer_engine" if ep > 1 and s.get("overlap_moe_expert_parallel_comm") == "True" else "local"
-        f.argv += ["--cuda-graph", impl] + (["--cuda-graph-scope", "attn", "moe_router"]  # the parts the EP
-                                              if impl == "transformer_engine" else [])  # overlap lets graphs take
-        f.applied.append(f"CUDA graphs {impl}")
-        f.unexpressed.append("full-iteration CUDA graph (estimated as per-layer graphs)")
+        # A whole-iteration graph (forward, backward and the pipeline's sends; Megatron's FullCudaGraphWrapper)
+        f.argv += ["--cuda-graph", "full-iteration"]
+        f.applied.append("CUDA graphs full-iteration")
     elif impl in ("local", "transformer_engine"):
         f.argv += ["--cuda-graph", impl]
         parts = [p for p in scope if p in CUDA_GRAPH_SCOPES]

@@ -271,3 +271,12 @@ def test_lora_rows_are_estimated_as_their_recipes_fine_tune(cases):
         assert c.fits and abs(c.error) < 0.5, (c.row["source"], c.error)
         # frozen base weights: the ledger holds no full-model gradients or optimizer states
         assert c.result.memory.optimizer_states < c.result.memory.weights / 100
+
+
+def test_full_iteration_rows_ask_for_the_whole_iteration_graph():
+    # Bridge 0.6 recipes set cuda_graph_impl full_iteration; earlier ones local with the full_iteration scope
+    for s in (_settings(cuda_graph_impl="full_iteration"),
+              _settings(cuda_graph_impl="local", cuda_graph_scope="full_iteration")):
+        f = nrs.flags_for(s, tp=2, ep=8)
+        assert f.argv[f.argv.index("--cuda-graph") + 1] == "full-iteration" and "--cuda-graph-scope" not in f.argv
+        assert not any("CUDA graph" in u for u in f.unexpressed)
