@@ -243,6 +243,8 @@ CASES = [
     # Transformer Engine CUDA graphs of the attention (model.cuda_graph_impl / cuda_graph_modules)
     ("8b-te-graphs", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="transformer_engine",
                                           cuda_graph_scope=("attn",))),
+    # one CUDA graph of the whole forward-backward (model.cuda_graph_impl full_iteration; NaN check off)
+    ("8b-full-iteration-graph", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="full-iteration")),
     # the EP all-to-alls behind the other micro-batch's compute (model.overlap_moe_expert_parallel_comm,
     # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
     ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
@@ -340,7 +342,8 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
     assert got["ep_overlap"] == [plan.ep_overlapped, plan.ep_overlap == "a2a-delay-wgrad"]
     graphs = plan.cuda_graph not in (None, "none")
-    assert got["graphs"][:2] == [plan.cuda_graph or "none", sorted(plan.cuda_graph_scope or ())]
+    impl = {"full-iteration": "full_iteration"}.get(plan.cuda_graph or "none", plan.cuda_graph or "none")
+    assert got["graphs"][:2] == [impl, sorted(plan.cuda_graph_scope or ())]
     assert got["graphs"][2:] == ([True, True] if graphs else got["graphs"][2:])
     if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
         assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]

@@ -41,6 +41,9 @@ ACCEPTED = [
     ("llama-te-graphs-attn", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, recompute="selective",
                                                    cuda_graph="transformer_engine", cuda_graph_scope=("attn",))),
     ("llama-local-graphs", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, cuda_graph="local")),
+    ("llama-full-iteration-graph-full-recompute", "llama3-8b", 16, dict(tp=2, sequence_parallel=True,
+                                                                        recompute="full",
+                                                                        cuda_graph="full-iteration")),
     ("mixtral-te-graphs-router", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True,
                                                           cuda_graph="transformer_engine",
                                                           cuda_graph_scope=("attn", "moe_router"))),
@@ -123,7 +126,7 @@ def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
     if kw.get("recompute") == "selective":
         assert config["recompute_granularity"] == "selective"
         assert sorted(config["recompute_modules"]) == sorted(kw.get("recompute_modules", ("core_attn",)))
-    assert config["cuda_graph_impl"] == kw.get("cuda_graph", "none")
+    assert config["cuda_graph_impl"] == kw.get("cuda_graph", "none").replace("full-iteration", "full_iteration")
     if "cuda_graph" in kw:  # the parts captured (CudaGraphModule members); none listed: the whole layer
         assert sorted(m.split(".")[-1] for m in config["cuda_graph_modules"]) == sorted(kw.get("cuda_graph_scope", ()))
     assert config["overlap_moe_expert_parallel_comm"] == ("ep_overlap" in kw)
