@@ -85,6 +85,9 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
                                                                                                 None),
                  "zero_stage": 1 if ddp.get("use_distributed_optimizer") else 0,
                  "overlap_comm": bool(ddp.get("overlap_grad_reduce", False))}
+    if ddp.get("use_megatron_fsdp"):  # Megatron-FSDP: its sharding strategy (default optim_grads_params)
+        strategy = ddp.get("data_parallel_sharding_strategy") or "optim_grads_params"
+        out["zero_stage"] = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(str(strategy), 3)
     if (etp := _size(m, "expert_tensor_parallel_size", path, None)) is not None:
         out["etp"] = etp
     granularity = m.get("recompute_granularity")

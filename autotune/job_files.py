@@ -177,6 +177,10 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     if kind == "megatron":
         out["engine"] = "megatron"
         out["zero_stage"] = 1 if "--use-distributed-optimizer" in f else 0
+        if "--use-megatron-fsdp" in f:  # Megatron-FSDP: its sharding strategy (default optim_grads_params,
+            # arguments.py:3190); no_shard / optim are Megatron's DDP / distributed optimizer as sharded
+            strategy = f.get("--data-parallel-sharding-strategy") or "optim_grads_params"
+            out["zero_stage"] = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3)
         out["overlap_comm"] = "--overlap-grad-reduce" in f
         if "--grad-reduce-in-bf16" in f and out["precision"] != "fp16":  # bf16 main_grad (arguments.py)
             out["grad_dtype"] = "bf16"

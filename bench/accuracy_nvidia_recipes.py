@@ -207,17 +207,11 @@ def express(row: dict) -> Case:
     if preset is None or precision is None:
         case.reason = why or why_p
         return case
-    if count(row["fsdp"], 0) > 0:
-        # Megatron-FSDP shards parameters, gradients and optimizer states (ZeRO-3-like): ask the tool for it.
-        argv, _ = estimate_argv(row, preset, case.gpu, precision, zero=3)
-        try:
-            run_estimate(argv)
-            case.reason = f"Megatron-FSDP (fsdp={row['fsdp']}) is not modelled as such"
-        except InputError as err:
-            case.reason = f"Megatron-FSDP (fsdp={row['fsdp']}) as megatron --zero 3: {one_line(err)}"
-        return case
-    case.argv, notes = estimate_argv(row, preset, case.gpu, precision)
-    case.notes += notes
+    # Megatron-FSDP (fsdp > 0): NVIDIA's recipes set data_parallel_sharding_strategy optim_grads_params
+    # (Megatron-Bridge perf_recipes/llama/gb300/llama3.py:218-219): the Megatron engine's --zero 3.
+    fsdp = count(row["fsdp"], 0) > 0
+    case.argv, notes = estimate_argv(row, preset, case.gpu, precision, zero=3 if fsdp else 1)
+    case.notes += notes + ([f"Megatron-FSDP optim_grads_params (fsdp={row['fsdp']})"] if fsdp else [])
     layers = load_model_preset(preset).num_layers
     split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
     case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),

@@ -93,7 +93,8 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
         # Per-block gathers (16-bit, or FP8 with FP8 all-gather): see estimate_step_time.
         gather_bytes = 1.0 if plan.precision == "fp8" and engine.fp8_param_gather(plan) else 2.0
         latency = (n_dp - 1) * dp_link.latency_s * (n_dp > 1) + (n_ep_dp - 1) * edp_link.latency_s * (expert_psi > 0)
-        gathers = (reduce_scatter(gather_bytes), latency, 1 if sched.param_gather == "fsdp2" else 4)
+        # One flat all-gather per block (FSDP2, Megatron-FSDP's per-unit buckets), or DeepSpeed's per submodule.
+        gathers = (reduce_scatter(gather_bytes), latency, 1 if sched.param_gather in ("fsdp2", "megatron-fsdp") else 4)
     reduce = reduce_scatter(grad_bytes)
     pp_link = comm.group_link(cluster, eff, plan.pp, t * plan.cp * plan.dp) if plan.pp > 1 else None
 

@@ -272,9 +272,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         depth = max(1, sched.prefetch_layers)
         # Backward gathers: FULL_SHARD re-gathers each block; DeepSpeed's activation checkpointing re-runs the
         # block's forward, whose pre-forward hooks fetch (and post-forward hooks release) the weights once more
-        # before the backward hooks fetch them again (FSDP2 unshards once for recompute and backward).
+        # before the backward hooks fetch them again (FSDP2 and Megatron-FSDP unshard once for recompute and backward).
         bwd_gathers = (1 if plan.zero_stage == 3 else 0) + (
-            1 if plan.zero_stage == 3 and plan.recompute == "full" and sched.param_gather != "fsdp2" else 0)
+            1 if plan.zero_stage == 3 and plan.recompute == "full" and sched.param_gather == "prefetch" else 0)
         fwd_wait = per_layer_gather + (n_layers - 1) * max(0.0, per_layer_gather - depth * fwd_layer)
         bwd_work = bwd_gathers * per_layer_gather + per_layer_reduce
         bwd_wait = per_layer_reduce + (n_layers - 1) * max(0.0, bwd_work - bwd_layer)

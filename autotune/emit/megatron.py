@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from autotune.emit.megatron_attention import flag_number as _num
 from autotune.emit.megatron_attention import position_and_attention_flags
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
+from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, sharding_strategy
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
@@ -141,17 +142,17 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, pr
         if plan.tp > 1 and not plan.sequence_parallel:  # Megatron's ModelParallelConfig raises ValueError
             problems.append("expert parallelism with tp > 1 needs sequence parallelism in Megatron-LM: "
                             "set sequence_parallel")
-    if plan.zero_stage >= 2:
-        problems.append(f"Megatron-LM shards optimizer states only (--use-distributed-optimizer = ZeRO-1); "
-                        f"ZeRO-{plan.zero_stage} needs DeepSpeed: use megatron_deepspeed_args")
-    distributed_optimizer = plan.zero_stage == 1
+    # ZeRO-2/3: Megatron-FSDP (emit/megatron_fsdp.py), whose v1 runs on the distributed optimizer (arguments.py:1124-1135
+    # turns it on where it is not given).
+    distributed_optimizer = plan.zero_stage >= 1
     if distributed_optimizer:
         args.append("--use-distributed-optimizer")
+    args += megatron_fsdp_flags(plan)
     if plan.grad_dtype == "bf16":  # arguments.py: turns accumulate_allreduce_grads_in_fp32 off (bf16 main_grad)
         args.append("--grad-reduce-in-bf16")
     if plan.overlap_comm:
         args.append("--overlap-grad-reduce")
-        if distributed_optimizer:  # validate_args 1027: param gather only with the distributed optimizer
+        if distributed_optimizer:  # validate_args 1025: param gather with the distributed optimizer or Megatron-FSDP
             args.append("--overlap-param-gather")
     if plan.offload_optimizer != "none" or plan.offload_param != "none":
         problems.append("offload is DeepSpeed's (ZeRO-Offload/Infinity): use megatron_deepspeed_args")
@@ -272,7 +273,13 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += _optimizer_flags(plan, options, problems)
     args += ["--log-interval", str(options.steps_per_print)]
     args += list(_mock_data_flags(model) if data_args is None else data_args)
-    args += list(checkpoint_flags or ())
+    checkpoint_flags = list(checkpoint_flags or ())
+    if sharding_strategy(plan) is not None:  # asserted whether or not the run saves (arguments.py:1169-1170)
+        if "--ckpt-format" in checkpoint_flags:
+            checkpoint_flags[checkpoint_flags.index("--ckpt-format") + 1] = FSDP_CKPT_FORMAT
+        else:
+            checkpoint_flags += ["--ckpt-format", FSDP_CKPT_FORMAT]
+    args += checkpoint_flags
     problems += missing_flag_rules(args, options.megatron_version)
     if problems:
         raise InputError(problems, subject=f"Megatron-LM arguments (Megatron-core {options.megatron_version})")

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import yaml
 
 from autotune.emit.bridge_peft import peft_overrides, peft_problems
+from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_ddp_fields, sharding_strategy
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.megatron_bridge_recipes import (
     BridgeRecipe,
@@ -198,7 +199,7 @@ def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
                 "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
                 "update_config_with_precision_overrides) and which only another name replaces: bf16 gradients "
                 "need megatron_args.sh, or drop --grad-dtype"]
-    if plan.precision == "fp8" and plan.fp8_recipe == "te-blockwise" and plan.zero_stage == 1 \
+    if plan.precision == "fp8" and plan.fp8_recipe == "te-blockwise" and plan.zero_stage >= 1 \
             and recipe.precision_is_named:
         return [f"mixed_precision: {recipe.name} holds a registered precision name, and blockwise FP8's "
                 "(bf16_with_fp8_subchannel_scaling_mixed, training/mixed_precision.py) gathers 16-bit parameters "
@@ -266,7 +267,7 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
 
 def _optimizer(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> tuple[dict, dict]:
     o = options.optimizer
-    distributed = plan.zero_stage == 1
+    distributed = plan.zero_stage >= 1  # Megatron-FSDP v1 always uses it (Bridge config.py:1081-1085)
     opt: dict = {"lr": o.lr, "min_lr": o.min_lr, "weight_decay": o.weight_decay, "clip_grad": o.grad_clip,
                  "use_distributed_optimizer": distributed,
                  # Bridge syncs it with ddp.overlap_param_gather (utils/common_utils.py), set both alike
@@ -283,10 +284,12 @@ def _optimizer(plan: ParallelPlan, options: EmitOptions, problems: list[str]) ->
     return opt, sched
 
 
-def _checkpoint(ckpt: CheckpointSettings) -> dict:
-    # Bridge's CheckpointConfig spells Megatron-LM's --save/--load/--save-interval/--ckpt-format/--async-save.
+def _checkpoint(ckpt: CheckpointSettings, plan: ParallelPlan) -> dict:
+    # Bridge's CheckpointConfig spells Megatron-LM's --save/--load/--save-interval/--ckpt-format/--async-save;
+    # Megatron-FSDP saves fsdp_dtensor (Bridge 067f987 training/config.py:1104-1109).
+    fmt = FSDP_CKPT_FORMAT if sharding_strategy(plan) else "torch_dist"
     out: dict = {"save": ckpt.save_dir, "load": ckpt.save_dir, "save_interval": ckpt.interval_steps,
-                 "ckpt_format": "torch_dist", "async_save": ckpt.async_save,
+                 "ckpt_format": fmt, "async_save": ckpt.async_save,
                  "use_persistent_ckpt_worker": ckpt.async_save}
     if ckpt.local_interval_steps is not None:
         out |= {"non_persistent_ckpt_type": "local", "non_persistent_local_ckpt_dir": ckpt.local_dir,
@@ -305,9 +308,9 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     problems += bridge_model_problems(model)
-    if plan.zero_stage >= 2 or plan.offload_optimizer != "none" or plan.offload_param != "none":
-        problems.append(f"ddp.use_distributed_optimizer: Bridge's Megatron path shards optimizer states only "
-                        f"(ZeRO-1); zero_stage={plan.zero_stage} / offload has no Bridge setting")
+    if plan.offload_optimizer != "none" or plan.offload_param != "none":
+        problems.append("ddp.use_distributed_optimizer: offload has no Bridge setting (ZeRO-2/3 are Megatron-FSDP's "
+                        "ddp.use_megatron_fsdp)")
     if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
         problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
     model_keys = ((_shape(model) if recipe.hf_model is None else {})
@@ -320,7 +323,8 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     optimizer, scheduler = _optimizer(plan, options, problems)
     precision = _precision(plan, recipe, fp8_param_gather)
     overlap = plan.overlap_comm
-    param_gather = overlap and plan.zero_stage == 1  # Megatron: param gather overlap needs the distributed optimizer
+    # Megatron: param gather overlap needs the distributed optimizer or Megatron-FSDP (arguments.py:1025)
+    param_gather = overlap and plan.zero_stage >= 1
     out = {
         "model": model_keys,
         "train": {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
@@ -328,16 +332,16 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         "dataset": {"seq_length": plan.seq_len},
         "optimizer": optimizer,
         "scheduler": scheduler,
-        "ddp": {"use_distributed_optimizer": plan.zero_stage == 1, "overlap_grad_reduce": overlap,
+        "ddp": {"use_distributed_optimizer": plan.zero_stage >= 1, "overlap_grad_reduce": overlap,
                 "overlap_param_gather": param_gather,
                 "grad_reduce_in_fp32": plan.precision != "fp16" and plan.grad_dtype != "bf16",
-                "use_megatron_fsdp": False},
+                "use_megatron_fsdp": False} | megatron_fsdp_ddp_fields(plan),
         # CommOverlapConfig's own values win over ddp/optimizer at setup (comm_overlap.py _override_user_cfgs).
         "comm_overlap": {"tp_comm_overlap": plan.tp_overlap == "userbuffers", "tp_comm_overlap_cfg": None,
                          "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather} | _ep_overlap(plan)
         if recipe.comm_overlap else None,
         "mixed_precision": precision,
-        "checkpoint": _checkpoint(checkpoint),
+        "checkpoint": _checkpoint(checkpoint, plan),
         "logger": {"log_interval": options.steps_per_print},
     }
     lora = peft_overrides(plan, options, problems)  # LoRA: the recipe's LoRA fields and the model it fine-tunes

@@ -96,14 +96,21 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
     if cp > 1 and seq is not None and seq % (2 * cp):  # 1337
         err("--seq-length", f"seq-length ({seq}) should be a multiple of 2 * context-parallel-size ({2 * cp})",
             f"use a multiple of {2 * cp}")
-    dist_opt = a.has("--use-distributed-optimizer")
-    if a.has("--overlap-param-gather"):  # 1027/1029
+    mfsdp = a.has("--use-megatron-fsdp")
+    dist_opt = a.has("--use-distributed-optimizer") or mfsdp  # Megatron-FSDP v1 turns it on (1124-1135)
+    if a.has("--overlap-param-gather"):  # 1025/1029
         if not dist_opt:
-            err("--overlap-param-gather", "--overlap-param-gather only supported with distributed optimizer",
-                "add --use-distributed-optimizer or drop --overlap-param-gather")
+            err("--overlap-param-gather", "--overlap-param-gather only supported with distributed optimizer, megatron "
+                "fsdp, or dist_muon", "add --use-distributed-optimizer or drop --overlap-param-gather")
         if not a.has("--overlap-grad-reduce"):
             err("--overlap-param-gather", "Must use --overlap-param-gather with --overlap-grad-reduce",
                 "add --overlap-grad-reduce")
+    if mfsdp and a.value("--ckpt-format") != "fsdp_dtensor":  # 1169-1170 (the default is torch_dist)
+        err("--ckpt-format", "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format",
+            "use --ckpt-format fsdp_dtensor")
+    if mfsdp and env is not None and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # 1166-1167
+        err("CUDA_DEVICE_MAX_CONNECTIONS", "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset",
+            "unset CUDA_DEVICE_MAX_CONNECTIONS")
     if a.has("--fp8-param-gather") and not (dist_opt or a.has("--use-torch-fsdp2") or a.has("--use-megatron-fsdp")):
         err("--fp8-param-gather", "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
             "megatron fsdp (validate_args 1097)", "add --use-distributed-optimizer")
@@ -150,7 +157,7 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
     if a.has("--async-save") and not a.has("--use-persistent-ckpt-worker"):  # 1817
         err("--async-save", "--async-save without --use-persistent-ckpt-worker: Megatron silently drops it and "
             "every save blocks training", "add --use-persistent-ckpt-worker")
-    if env is not None and (tp > 1 or cp > 1) and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":  # 1478
+    if env is not None and (tp > 1 or cp > 1) and not mfsdp and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":  # 1478
         err("CUDA_DEVICE_MAX_CONNECTIONS", "tp or cp > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell "
             "(Megatron raises on Ampere/Hopper)", "export CUDA_DEVICE_MAX_CONNECTIONS=1", "warning")
     return out

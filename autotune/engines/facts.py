@@ -124,7 +124,9 @@ class CommSchedule:
     param_gather: str
     """ZeRO-3 / FSDP parameter all-gathers: "prefetch" (DeepSpeed's coordinator, per submodule up to
     stage3_prefetch_bucket_size ahead, none past stage3_max_live_parameters: ``autotune.cost.zero3_gathers``),
-    "fsdp2" (fully_shard implicit prefetch of the next block), "none"."""
+    "fsdp2" (fully_shard implicit prefetch of the next block), "megatron-fsdp" (Megatron-FSDP under zero_stage 3:
+    one gather per layer, the next prefetched into the other double buffer; ``autotune.engines.megatron_fsdp``),
+    "none"; only a plan whose stage shards the weights gathers them."""
     pipeline_schedule: str | None
     """"1f1b", "interleaved-1f1b" (when vpp > 1), "deepspeed-1f1b" (TrainSchedule), None without PP."""
     cp_kind: str | None

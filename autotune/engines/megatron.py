@@ -1,10 +1,12 @@
 """Megatron-LM / Megatron-core: TP (+ SP), PP with uneven first/last stages and interleaving, CP ring, EP,
-DDP or the distributed optimizer (zero_stage 1). No ZeRO-2/3, no offload (those are DeepSpeed's)."""
+DDP or the distributed optimizer (zero_stage 1), Megatron-FSDP (zero_stage 2: optim_grads, 3: optim_grads_params;
+``autotune.engines.megatron_fsdp``). No offload (DeepSpeed's)."""
 
 from __future__ import annotations
 
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
+from autotune.emit.megatron_fsdp import sharding_strategy
 from autotune.emit.megatron_versions import HEADER
 from autotune.emit.megatron_bridge import (
     bridge_files,
@@ -19,6 +21,8 @@ from autotune.engines.base import Engine
 from autotune.errors import InputError
 from autotune.engines.common import shell_array
 from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, megatron_fsdp_buffers, megatron_fsdp_rules,
+                                            megatron_fsdp_states)
 from autotune.engines.megatron_rules import (
     cp_comm_type_rules,
     cuda_graph_rules,
@@ -42,7 +46,10 @@ class MegatronEngine(Engine):
     version = "a flag table per release from its megatron/training/arguments.py"
     versions = EngineVersions("megatron-core", "Megatron-core", MEGATRON_CORE_RELEASES)
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="megatron", vpp=True, layer_split="megatron",
-                            tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 1), zero_stages_with_pp=(0, 1),
+                            tp_with_pp=True, cp="ring", ep=True,
+                            # Megatron-FSDP v1 runs with TP, PP and CP (only its v2 refuses them,
+                            # megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:627-640)
+                            zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3),
                             etp=True, grad_dtypes=("bf16",),
                             # fp4: NVFP4, --fp4-format e2m1 --fp4-recipe nvfp4 (in every modelled release's flag
                             # table, emit/megatron_flags_core_v0.*.json; autotune.specs.nvfp4)
@@ -61,7 +68,8 @@ class MegatronEngine(Engine):
                             cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
                             peft=PEFT_METHODS)
-    comm = CommSchedule(dp_overlap="bucketed", param_gather="none", pipeline_schedule="1f1b",
+    # param_gather: Megatron-FSDP's per-layer gathers under zero_stage 3 (autotune.engines.megatron_fsdp)
+    comm = CommSchedule(dp_overlap="bucketed", param_gather="megatron-fsdp", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
                         # Transformer Engine's ring attention (autotune/cost/cp_ring.py)
                         cp_kind="p2p",
@@ -83,7 +91,7 @@ class MegatronEngine(Engine):
     checkpoint_tiers = ("shared", "local")
     workload = "command"
     """pretrain_gpt.py needs CUDA: trials of Megatron plans run the user's command (workload ``command``)."""
-    sources = {"zero_stage": "Megatron-LM shards optimizer states only (--use-distributed-optimizer = ZeRO-1)",
+    sources = {"zero_stage": "megatron/training/arguments.py:3190 (--data-parallel-sharding-strategy)",
                "offload_optimizer": "offload is DeepSpeed's: use engine deepspeed",
                "offload_param": "offload is DeepSpeed's: use engine deepspeed",
                "layer_split": "arguments.py:969 (--decoder-first/last-pipeline-num-layers); "
@@ -102,7 +110,8 @@ class MegatronEngine(Engine):
                     for m in lora_model_problems(model)]
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
-                + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster))
+                + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster)
+                + megatron_fsdp_rules(model, plan))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses
@@ -113,6 +122,8 @@ class MegatronEngine(Engine):
             adapters = trainable_stage_params(model, plan, self.support.layer_split, stage)
             states = megatron_states(plan, adapters, 0.0)
             states = dataclasses.replace(states, weights=states.weights + 2 * (dense_params + expert_params))
+        elif plan.zero_stage >= 2:  # Megatron-FSDP
+            states = megatron_fsdp_states(plan, dense_params, expert_params)
         else:
             states = megatron_states(plan, dense_params, expert_params)
         if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
@@ -124,12 +135,17 @@ class MegatronEngine(Engine):
             # --fp4-param-gather the same under fp8_model_init with the NVFP4 recipe (Megatron-core fp4_utils.py
             # get_fp4_context ``is_init``): NVFP4 weights of half a byte and their 16 x 16 block scales.
             groups = stage_param_groups(model, plan, stage, self.support.layer_split)
-            saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups)
+            saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups,
+                                                                           sharded=plan.zero_stage == 3)
             states = dataclasses.replace(states, weights=states.weights - saved)
         return states
 
     @staticmethod
-    def _fp8_weights(plan, groups) -> float:
+    def _fp8_weights(plan, groups, sharded: bool = False) -> float:
+        """GEMM weights on this GPU; ``sharded``: Megatron-FSDP's optim_grads_params shard of them."""
+        if sharded:
+            return (groups.tp_sharded / (plan.tp * plan.zero_partitions)
+                    + groups.expert / (plan.ep * plan.expert_tp * plan.expert_zero_partitions))
         return groups.tp_sharded / plan.tp + groups.expert / (plan.ep * plan.expert_tp)
 
     def fp8_weight_cache_bytes(self, plan, groups, any_layout: bool = False) -> float:
@@ -137,12 +153,28 @@ class MegatronEngine(Engine):
         # for the backward GEMMs is cached beside it (TE Float8Tensor's transpose cache; MXFP8 / blockwise tensors
         # hold their column-wise data and scales the same way), none where the weight's one copy serves both
         # (``fp8_copies``: per-tensor scaling on a GPU whose FP8 GEMMs take either layout).
+        if plan.zero_stage == 3:
+            # Megatron-FSDP frees a unit's FP8 transpose after its backward (--keep-fp8-transpose-cache off,
+            # arguments.py:3211; megatron_fsdp.py:630 release_params_fp8_transpose_cache): the gathered units' copies
+            # are its unit buffers (buffers)
+            return 0.0
         if self.fp8_param_gather(plan):
             return (self.fp8_copies(plan, any_layout) - 1) * self.fp8_weight_bytes(plan) * self._fp8_weights(plan, groups)
         return super().fp8_weight_cache_bytes(plan, groups, any_layout)
 
     def grad_reduce_bytes(self, plan) -> float:
-        return float(megatron_grad_bytes(plan))
+        return MEGATRON_FSDP_GRAD_BYTES if plan.zero_stage >= 2 else float(megatron_grad_bytes(plan))
+
+    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+        if plan.zero_stage < 2:
+            return {}
+        # The unsharded FP8 weights of a unit: the row-wise copy and the column-wise one (MXFP8 gathers each for its
+        # pass, param_and_grad_buffer.py:4410-4412; per-tensor scaling makes its transpose beside the gathered data;
+        # counted on every GPU: this method does not see whether the GPU's FP8 GEMMs take either layout).
+        fp8 = plan.precision == "fp8" and self.fp8_param_gather(plan)
+        del settings
+        gather = self.fp8_copies(plan, False) * self.fp8_weight_bytes(plan) if fp8 else 2.0
+        return megatron_fsdp_buffers(model, plan, gather)
 
     def activation_facts(self, plan):
         del plan
@@ -153,11 +185,15 @@ class MegatronEngine(Engine):
         return plan.with_(engine="deepspeed", zero_stage=3, offload_optimizer="none", offload_param="none"), True
 
     def tag(self, plan) -> str:
-        return "mcore-distopt" if plan.zero_stage else "mcore-ddp"
+        return {0: "mcore-ddp", 1: "mcore-distopt", 2: "mfsdp-optim-grads"}.get(plan.zero_stage, "mfsdp-optim-grads-params")
 
     def sharding(self, plan) -> str:
-        return ("distributed optimizer: optimizer states sharded over the dp x cp ranks" if plan.zero_stage
-                else "plain data parallel: every replica keeps all optimizer states")
+        return {0: "plain data parallel: every replica keeps all optimizer states",
+                1: "distributed optimizer: optimizer states sharded over the dp x cp ranks",
+                2: "Megatron-FSDP optim_grads: gradients and optimizer states sharded over the dp x cp ranks",
+                }.get(plan.zero_stage, "Megatron-FSDP optim_grads_params: weights, gradients and optimizer states "
+                                       "sharded over the dp x cp ranks; each layer gathered for its forward and "
+                                       "again for its backward")
 
     def release_written(self, options) -> str:
         return options.megatron_version  # the flag table megatron_args.sh is checked against
@@ -166,11 +202,21 @@ class MegatronEngine(Engine):
         return "Megatron-LM flags"
 
     def fp8_param_gather(self, plan) -> bool:
-        return plan.zero_stage == 1
+        # --fp8-param-gather: with the distributed optimizer or Megatron-FSDP (arguments.py:1096-1097)
+        return plan.zero_stage >= 1
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        if plan.peft:
-            return self._bridge_only_files(model, cluster, plan, options, checkpoint, env)
+        if plan.peft and model is not None:
+            # LoRA: the base weights are frozen (16-bit, no gradient buffer, no optimizer state); the adapters
+            # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora).
+            adapters = trainable_stage_params(model, plan, self.support.layer_split, stage)
+            states = megatron_states(plan, adapters, 0.0)
+            states = dataclasses.replace(states, weights=states.weights + 2 * (dense_params + expert_params))
+        elif plan.zero_stage >= 2:  # Megatron-FSDP
+            states = megatron_fsdp_states(plan, dense_params, expert_params)
+        else:
+            states = megatron_states(plan, dense_params, expert_params)
+        if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
         argv = megatron_args(model, cluster, plan, options, checkpoint_flags=checkpoint.megatron_flags(),
                              fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,

@@ -1,0 +1,101 @@
+"""Megatron-FSDP: Megatron-core's own fully sharded data parallelism (``--use-megatron-fsdp``), the Megatron engine's
+ZeRO-2 and ZeRO-3. What it holds, what it gathers, what it refuses (the flags that ask for it: ``autotune.emit.megatron_fsdp``).
+
+Sources: NVIDIA/Megatron-LM at d98e8a64 (the mirrored commit): ``megatron/training/arguments.py`` (validate_args and
+the flag definitions, line numbers below), ``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py`` and
+``megatron/core/distributed/fsdp/src/megatron_fsdp/`` (``megatron_fsdp.py``, ``param_and_grad_buffer.py``,
+``distributed_data_parallel_config.py``); Megatron-Bridge at 067f987d (its Llama-3 FSDP perf recipes,
+``src/megatron/bridge/perf_recipes/llama/gb300/llama3.py:218-228``).
+
+* ``--data-parallel-sharding-strategy`` (arguments.py:3190): ``optim_grads_params`` (ZeRO-3, the default) shards the
+  16-bit weights, the gradients and the optimizer; ``optim_grads`` (ZeRO-2) keeps the weights whole. Both
+  reduce-scatter every micro-batch's gradients (megatron_fsdp.py:757-761, ``grad_reduce_every_bprop``).
+* The FSDP unit is a transformer layer (mcore_fsdp_adapter.py:167-171: ``TransformerLayer``, ``MoETransformerLayer``,
+  ``MambaLayer``); embedding, final norm and output layer sit outside every unit.
+* Weights: the sharded 16-bit model weights (FP8 with ``--fp8-param-gather``, arguments.py:1096), fp32 main weights
+  (``--megatron-fsdp-main-params-dtype`` fp32, arguments.py:3687), main gradients in the model's dtype
+  (``--megatron-fsdp-main-grads-dtype`` auto: "main gradients will match the dtype of the model compute
+  parameters", distributed_data_parallel_config.py:132-136), reduced in that dtype (grad comm dtype None: the main
+  gradients' dtype, :138-150), Adam's two fp32 moments; all over the dp x cp ranks (experts over the expert-dp ranks,
+  mcore_fsdp_adapter.py:356-372).
+* ``--fsdp-double-buffer`` (arguments.py:3202, what NVIDIA's Llama-3 FSDP recipes set): two persistent buffers of one
+  unit each, for the unsharded weights and for the unsharded gradients; a prefetch never takes a third unit
+  (param_and_grad_buffer.py:4420-4485): the next layer is gathered while one runs.
+* Recompute: a layer's forward rerun inside the backward keeps the weights the backward gathered
+  (megatron_fsdp.py:794-812 and 936-967: PRE_BACKWARD skips the forward prefetch and the reshard): one gather
+  per layer and backward, as FSDP2.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.emit.megatron_fsdp import sharding_strategy
+from autotune.engines.facts import Rule
+from autotune.engines.states import ModelStateBytes
+from autotune.specs.layout import largest_layer
+from autotune.specs.plan import OPTIMIZER_STATE_BYTES
+
+if TYPE_CHECKING:
+    from autotune.specs.model import ModelSpec
+    from autotune.specs.plan import ParallelPlan
+
+__all__ = ["megatron_fsdp_rules", "megatron_fsdp_states", "megatron_fsdp_buffers", "MEGATRON_FSDP_GRAD_BYTES",
+           "UNIT_BUFFERS"]
+
+MEGATRON_FSDP_GRAD_BYTES = 2.0
+"""Main gradients (and their reduce-scatter) in the model's 16-bit dtype: ``--megatron-fsdp-main-grads-dtype``
+default ``auto`` (arguments.py:3691), ``--megatron-fsdp-grad-comm-dtype`` default ``auto`` (arguments.py:3695)."""
+
+UNIT_BUFFERS = 2
+"""``--fsdp-double-buffer``: the FixedPoolAllocator's two unit buffers (param_and_grad_buffer.py:4426-4430: "double
+buffers can support no more than 2 FSDP units")."""
+
+_ARGS = "megatron/training/arguments.py"
+_ADAPTER = "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py"
+
+
+def megatron_fsdp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-FSDP refuses of a ZeRO-2/3 plan, with the nearest plan it runs."""
+    if sharding_strategy(plan) is None:
+        return []
+    del model
+    out: list[Rule] = []
+
+    def bad(message: str, source: str) -> None:
+        out.append(Rule(id="megatron:fsdp", message=f"Megatron-FSDP: {message}", source=source))
+
+    if plan.optimizer not in ("adamw", "sgd"):
+        bad(f"Megatron-FSDP does not support the {plan.optimizer} optimizer yet: use --optimizer adamw or sgd, or "
+            f"--zero 1 (the distributed optimizer)", f"{_ARGS}:1148-1149")
+    if plan.offload_optimizer != "none" or plan.offload_param != "none":
+        bad("no optimizer or parameter offload (offload is DeepSpeed's): use --engine deepspeed, or no offload",
+            f"{_ARGS}:3150-3230 (no Megatron-FSDP offload flag)")
+    if plan.ep_overlapped and plan.cuda_graph not in (None, "none"):
+        bad(f"1F1B overlap with FSDP does not support per-layer CUDA graphs (--cuda-graph {plan.cuda_graph}): drop "
+            "--cuda-graph or --ep-overlap", f"{_ADAPTER}:182-187")
+    return out
+
+
+def megatron_fsdp_states(plan: ParallelPlan, dense: float, expert: float, weight_bytes: float = 2.0) -> ModelStateBytes:
+    """Model states one GPU holds under Megatron-FSDP (module docstring): the weights sharded with optim_grads_params
+    (``weight_bytes`` per element: 1 with FP8 parameters) or whole with optim_grads; gradients and the optimizer
+    (fp32 main weights and Adam's moments: ``OPTIMIZER_STATE_BYTES``) sharded. At the step the optimizer's ``.grad``
+    is the main gradient shard cast to the fp32 main weights' dtype (``megatron_fsdp_use_decoupled_grad`` False,
+    distributed_data_parallel_config.py:152-156): a 4-byte copy of the shard."""
+    owned = dense / plan.zero_partitions + expert / plan.expert_zero_partitions
+    weights = weight_bytes * (owned if plan.zero_stage == 3 else dense + expert)
+    return ModelStateBytes(weights=weights, gradients=MEGATRON_FSDP_GRAD_BYTES * owned,
+                           optimizer_states=OPTIMIZER_STATE_BYTES[plan.optimizer] * owned, step_transient=4 * owned)
+
+
+def megatron_fsdp_buffers(model: ModelSpec, plan: ParallelPlan, gather_bytes: float) -> dict[str, float]:
+    """The double buffers (``UNIT_BUFFERS`` units of the largest layer, this GPU's tp / ep share): the unsharded
+    weights (``gather_bytes`` per element, optim_grads_params only) and the unsharded gradients before their
+    reduce-scatter; the embedding and output layer, outside every unit, are gathered whole while they run."""
+    layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
+    out = {"fsdp_unsharded_grads": UNIT_BUFFERS * MEGATRON_FSDP_GRAD_BYTES * layer}
+    if plan.zero_stage == 3:
+        root = max(model.embedding_params().per_gpu(plan.tp, plan.ep), model.output_params().per_gpu(plan.tp, plan.ep))
+        out["fsdp_unsharded_params"] = UNIT_BUFFERS * gather_bytes * layer + 2 * root
+    return out
