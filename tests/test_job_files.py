@@ -94,6 +94,10 @@ BASE = ["--model", "llama3-8b", *GPU, "--num-gpus", "16", "--seq-len", "2048", "
 ROUND_TRIPS = {
     "megatron": (["--engine", "megatron", "--tp", "2", "--pp", "2", "--zero", "1", "--recompute", "selective"],
                  ["megatron_args.sh", "launch_torchrun.sh"], []),
+    "megatron-fsdp": (["--engine", "megatron", "--tp", "2", "--zero", "3", "--recompute", "full"],
+                      ["megatron_args.sh", "launch_torchrun.sh"], []),
+    "megatron-fsdp-optim-grads": (["--engine", "megatron", "--zero", "2", "--pp", "2"],
+                                  ["megatron_args.sh", "launch_torchrun.sh"], []),
     "deepspeed": (["--engine", "deepspeed", "--zero", "3", "--micro-batch", "2", "--recompute", "full"],
                   ["ds_config.json"], ["--model", "llama3-8b", "--num-gpus", "16", "--recompute", "full",
                                      "--seq-len", "2048"]),  # what a DeepSpeed config does not hold

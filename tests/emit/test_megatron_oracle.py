@@ -38,9 +38,9 @@ class Oracle:
                                      stdout=subprocess.PIPE, text=True, cwd=str(REPO))
         self.calls = 0
 
-    def verdict(self, world_size: int, *, argv=None, args_file=None) -> dict:
+    def verdict(self, world_size: int, *, argv=None, args_file=None, env=None) -> dict:
         request = {"world_size": world_size} | ({"argv": list(argv)} if argv is not None else
-                                                {"args_file": str(args_file)})
+                                                {"args_file": str(args_file)}) | ({"env": env} if env else {})
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -72,7 +72,7 @@ plans = st.fixed_dictionaries({
     "cp": st.sampled_from([1, 2]),
     "ep": st.sampled_from([1, 2, 4]),
     "dp": st.sampled_from([1, 2, 4]),
-    "zero_stage": st.sampled_from([0, 1]),
+    "zero_stage": st.sampled_from([0, 1, 2, 3]),  # 2 / 3: Megatron-FSDP (--use-megatron-fsdp)
     "recompute": st.sampled_from(["none", "selective", "full"]),
     "recompute_num_layers": st.sampled_from([None, 1]),
     "precision": st.sampled_from(["bf16", "fp16", "fp8", "fp4"]),  # fp4: NVFP4 (--fp4-format), drawn on B200
@@ -143,12 +143,24 @@ def _emitted_args(tmp_dir: Path, drawn: dict) -> tuple[Path, int] | None:
                 "recompute": "selective", "recompute_num_layers": None, "precision": "fp4", "grad_dtype": None,
                 "fp8_recipe": None, "tp_overlap": None, "micro_batch_size": 1, "accumulation": 2,
                 "seq_len": 1024})  # NVFP4 without the distributed optimizer (no --fp4-param-gather), MoE
+@example(drawn={"model": "llama3-70b", "tp": 2, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": 4, "zero_stage": 3,
+                "recompute": "full", "recompute_num_layers": None, "precision": "fp8", "grad_dtype": None,
+                "fp8_recipe": "te-current", "tp_overlap": None, "micro_batch_size": 2, "accumulation": 2,
+                "seq_len": 4096})  # Megatron-FSDP optim_grads_params with FP8 parameters (NVIDIA's Llama-3 70B rows)
+@example(drawn={"model": "mixtral-8x7b", "tp": 1, "pp": 2, "vpp": 1, "cp": 1, "ep": 2, "dp": 2, "zero_stage": 2,
+                "recompute": "selective", "recompute_num_layers": None, "precision": "bf16", "grad_dtype": None,
+                "fp8_recipe": None, "tp_overlap": None, "micro_batch_size": 1, "accumulation": 4,
+                "seq_len": 4096})  # Megatron-FSDP optim_grads with PP and EP
 def test_every_emitted_megatron_args_file_passes_megatron_lm(oracle, tmp_path, drawn):
     emitted = _emitted_args(tmp_path, drawn)
     if emitted is None:
         return
     path, world = emitted
-    verdict = oracle.verdict(world, args_file=path)
+    # The variable as the file leaves it: exported, or unset, which CUDA reads as its default of 8 connections (the
+    # checker's own default is 1, what TP / CP runs before Blackwell export).
+    _, _, exported = parse_shell_args_with_lines(path.read_text())
+    verdict = oracle.verdict(world, args_file=path,
+                             env={"CUDA_DEVICE_MAX_CONNECTIONS": exported.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")})
     assert verdict["ok"], f"Megatron-LM rejects what we emitted for {drawn}: {verdict}\n{path.read_text()}"
     assert verdict["data_parallel_size"] == drawn["dp"]
     argv, lines, env = parse_shell_args_with_lines(path.read_text())

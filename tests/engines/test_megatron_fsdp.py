@@ -1,0 +1,78 @@
+"""Megatron-FSDP on the Megatron engine (zero_stage 2: optim_grads, 3: optim_grads_params): its rules, what the ledger
+holds for it, its gathers in the step time, and the files that ask for it (the flags themselves are checked against
+Megatron-LM's own parser in tests/emit/test_megatron_oracle.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.emit.megatron_lint import megatron_args_problems
+from autotune.emit.shell_args import parse_shell_args_with_lines
+from autotune.engines import engine_for
+from autotune.errors import InputError
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+MODEL = load_model_preset("llama3-70b")
+
+
+def _est(num_gpus=64, gpu="gb300", **kw):
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
+    base = dict(global_batch_size=256, micro_batch_size=1, seq_len=8192, engine="megatron", recompute="full",
+                precision="bf16")
+    return estimate(MODEL, cluster, make_plan(MODEL, cluster, **(base | kw)))
+
+
+def test_zero3_shards_weights_grads_and_optimizer_over_the_data_parallel_ranks():
+    small, large = _est(num_gpus=16, zero_stage=3), _est(num_gpus=64, zero_stage=3)
+    for term in ("weights", "gradients", "optimizer_states"):
+        assert getattr(large.memory, term) == pytest.approx(getattr(small.memory, term) / 4, rel=1e-6), term
+    # optim_grads keeps the 16-bit weights whole: the same on 16 or 64 GPUs, and more than the shard
+    whole16, whole64 = _est(num_gpus=16, zero_stage=2), _est(num_gpus=64, zero_stage=2)
+    assert whole16.memory.weights == pytest.approx(whole64.memory.weights)
+    assert whole64.memory.weights > 10 * large.memory.weights
+    assert whole64.memory.gradients == pytest.approx(large.memory.gradients)
+
+
+def test_zero3_holds_its_double_buffers_and_less_than_the_distributed_optimizer():
+    fsdp, distopt = _est(zero_stage=3), _est(zero_stage=1)
+    buffers = engine_for(fsdp.plan).buffers(MODEL, fsdp.plan, None, None)
+    assert set(buffers) == {"fsdp_unsharded_params", "fsdp_unsharded_grads"} and all(v > 0 for v in buffers.values())
+    assert fsdp.memory.weights + fsdp.memory.gradients < distopt.memory.weights + distopt.memory.gradients
+
+
+def test_zero3_gathers_cost_time_that_overlap_hides():
+    hidden, waited = _est(zero_stage=3), _est(zero_stage=3, overlap_comm=False)
+    assert waited.time.step_time_s > hidden.time.step_time_s
+
+
+def test_refusals_name_the_rule_and_the_nearest_plan():
+    with pytest.raises(InputError) as err:
+        _est(zero_stage=3, optimizer="adafactor")
+    assert "Megatron-FSDP does not support the adafactor optimizer" in str(err.value) and "--zero 1" in str(err.value)
+
+
+def test_emitted_files_ask_megatron_for_fsdp_and_pass_the_linter():
+    est = _est(zero_stage=3, tp=2, sequence_parallel=True)
+    files = render_bundle(est).files
+    argv, lines, env = parse_shell_args_with_lines(files["megatron_args.sh"])
+    i = argv.index("--data-parallel-sharding-strategy")
+    assert "--use-megatron-fsdp" in argv and argv[i + 1] == "optim_grads_params"
+    assert argv[argv.index("--ckpt-format") + 1] == "fsdp_dtensor"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env  # Megatron-FSDP asserts it is not 1
+    assert [p for p in megatron_args_problems(argv, 64, env=env, lines=lines) if p.severity == "error"] == []
+    # the linter refuses what Megatron-LM refuses of it
+    bad = argv[:]
+    bad[bad.index("--ckpt-format") + 1] = "torch_dist"
+    assert any(p.path == "--ckpt-format" for p in megatron_args_problems(bad, 64))
+    assert any(p.path == "CUDA_DEVICE_MAX_CONNECTIONS"
+               for p in megatron_args_problems(argv, 64, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
+
+
+def test_bridge_overrides_carry_the_same_sharding():
+    files = render_bundle(_est(zero_stage=2)).files
+    text = files["bridge_overrides.yaml"]
+    assert "use_megatron_fsdp: true" in text and "data_parallel_sharding_strategy: optim_grads" in text
+    assert "ckpt_format: fsdp_dtensor" in text
