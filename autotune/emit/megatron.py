@@ -142,8 +142,8 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, pr
         if plan.tp > 1 and not plan.sequence_parallel:  # Megatron's ModelParallelConfig raises ValueError
             problems.append("expert parallelism with tp > 1 needs sequence parallelism in Megatron-LM: "
                             "set sequence_parallel")
-    # ZeRO-2/3: Megatron-FSDP (emit/megatron_fsdp.py), whose v1 runs on the distributed optimizer (arguments.py:1124-1135
-    # turns it on where it is not given).
+    # ZeRO-2/3: Megatron-FSDP (emit/megatron_fsdp.py), whose v1 runs on the distributed optimizer
+    # (arguments.py:1124-1135 turns it on where it is not given).
     distributed_optimizer = plan.zero_stage >= 1
     if distributed_optimizer:
         args.append("--use-distributed-optimizer")

@@ -155,7 +155,7 @@ class MegatronEngine(Engine):
         # (``fp8_copies``: per-tensor scaling on a GPU whose FP8 GEMMs take either layout).
         if plan.zero_stage == 3:
             # Megatron-FSDP frees a unit's FP8 transpose after its backward (--keep-fp8-transpose-cache off,
-            # arguments.py:3211; megatron_fsdp.py:630 release_params_fp8_transpose_cache): the gathered units' copies
+            # arguments.py:3212; megatron_fsdp.py:630 release_params_fp8_transpose_cache): the gathered units' copies
             # are its unit buffers (buffers)
             return 0.0
         if self.fp8_param_gather(plan):
@@ -185,7 +185,8 @@ class MegatronEngine(Engine):
         return plan.with_(engine="deepspeed", zero_stage=3, offload_optimizer="none", offload_param="none"), True
 
     def tag(self, plan) -> str:
-        return {0: "mcore-ddp", 1: "mcore-distopt", 2: "mfsdp-optim-grads"}.get(plan.zero_stage, "mfsdp-optim-grads-params")
+        return {0: "mcore-ddp", 1: "mcore-distopt", 2: "mfsdp-optim-grads"}.get(plan.zero_stage,
+                                                                                "mfsdp-optim-grads-params")
 
     def sharding(self, plan) -> str:
         return {0: "plain data parallel: every replica keeps all optimizer states",
@@ -206,17 +207,12 @@ class MegatronEngine(Engine):
         return plan.zero_stage >= 1
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        if plan.peft and model is not None:
-            # LoRA: the base weights are frozen (16-bit, no gradient buffer, no optimizer state); the adapters
-            # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora).
-            adapters = trainable_stage_params(model, plan, self.support.layer_split, stage)
-            states = megatron_states(plan, adapters, 0.0)
-            states = dataclasses.replace(states, weights=states.weights + 2 * (dense_params + expert_params))
-        elif plan.zero_stage >= 2:  # Megatron-FSDP
-            states = megatron_fsdp_states(plan, dense_params, expert_params)
-        else:
-            states = megatron_states(plan, dense_params, expert_params)
-        if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
+        if plan.peft:
+            return self._bridge_only_files(model, cluster, plan, options, checkpoint, env)
+        if sharding_strategy(plan):
+            # Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1 (arguments.py:1166-1167; Bridge
+            # config.py:1110-1112) and only warns about it with TP / CP (arguments.py:1456-1465): leave it unset.
+            env = {k: v for k, v in env.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
         argv = megatron_args(model, cluster, plan, options, checkpoint_flags=checkpoint.megatron_flags(),
                              fp8_param_gather=self.fp8_param_gather(plan))
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,

@@ -1,5 +1,6 @@
 """Megatron-FSDP: Megatron-core's own fully sharded data parallelism (``--use-megatron-fsdp``), the Megatron engine's
-ZeRO-2 and ZeRO-3. What it holds, what it gathers, what it refuses (the flags that ask for it: ``autotune.emit.megatron_fsdp``).
+ZeRO-2 and ZeRO-3. What it holds, what it gathers, what it refuses (the flags that ask for it:
+``autotune.emit.megatron_fsdp``).
 
 Sources: NVIDIA/Megatron-LM at d98e8a64 (the mirrored commit): ``megatron/training/arguments.py`` (validate_args and
 the flag definitions, line numbers below), ``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py`` and
@@ -9,7 +10,7 @@ the flag definitions, line numbers below), ``megatron/core/distributed/fsdp/mcor
 
 * ``--data-parallel-sharding-strategy`` (arguments.py:3190): ``optim_grads_params`` (ZeRO-3, the default) shards the
   16-bit weights, the gradients and the optimizer; ``optim_grads`` (ZeRO-2) keeps the weights whole. Both
-  reduce-scatter every micro-batch's gradients (megatron_fsdp.py:757-761, ``grad_reduce_every_bprop``).
+  reduce-scatter every micro-batch's gradients (megatron_fsdp.py:757-786, ``grad_reduce_every_bprop``).
 * The FSDP unit is a transformer layer (mcore_fsdp_adapter.py:167-171: ``TransformerLayer``, ``MoETransformerLayer``,
   ``MambaLayer``); embedding, final norm and output layer sit outside every unit.
 * Weights: the sharded 16-bit model weights (FP8 with ``--fp8-param-gather``, arguments.py:1096), fp32 main weights
@@ -67,7 +68,7 @@ def megatron_fsdp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
 
     if plan.optimizer not in ("adamw", "sgd"):
         bad(f"Megatron-FSDP does not support the {plan.optimizer} optimizer yet: use --optimizer adamw or sgd, or "
-            f"--zero 1 (the distributed optimizer)", f"{_ARGS}:1148-1149")
+            f"--zero 1 (the distributed optimizer)", f"{_ARGS}:1150-1151")
     if plan.offload_optimizer != "none" or plan.offload_param != "none":
         bad("no optimizer or parameter offload (offload is DeepSpeed's): use --engine deepspeed, or no offload",
             f"{_ARGS}:3150-3230 (no Megatron-FSDP offload flag)")

@@ -77,9 +77,13 @@ def test_goodput_ranking_is_the_exact_top_k_of_every_feasible_plan():
     assert [g.goodput_tokens_per_s for _, g, _ in ranking.top] == pytest.approx([g for g, _ in every[:5]])
     assert [place for _, _, place in ranking.top] == [-i for _, i in every[:5]]
     assert ranking.evaluated < len(search.ranked)  # the walk stopped early
-    # Megatron-DeepSpeed is fastest but blocks while it saves; Megatron's asynchronous saves win on goodput.
-    assert search.ranked[0].plan.engine == "megatron-deepspeed" and ranking.top[0][0].plan.engine == "megatron"
-    assert ranking.top[0][2] > 1 and "by step time" in ranking.explanation()
+    # Megatron-DeepSpeed blocks while it saves; Megatron's asynchronous saves lose less of the wall time (its ZeRO-2,
+    # Megatron-FSDP optim_grads, is also the fastest by step time here).
+    lost = {name: [goodput(e).lost_fraction for e in search.ranked if e.plan.engine == name]
+            for name in ("megatron", "megatron-deepspeed")}
+    assert all(lost.values()) and min(lost["megatron-deepspeed"]) > max(lost["megatron"])
+    assert ranking.top[0][0].plan.engine == "megatron"
+    assert "the fastest plan also keeps the most goodput" in ranking.explanation()
 
 
 def test_plan_objective_goodput_prints_the_table_and_json(capsys):
