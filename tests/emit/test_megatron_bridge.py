@@ -179,6 +179,8 @@ for folder, recipe, world in json.loads(sys.argv[1]):
                       a.ddp.fp8_param_gather, str(m.params_dtype)],
         "ddp": [a.ddp.use_distributed_optimizer, a.optimizer.use_distributed_optimizer, a.ddp.overlap_grad_reduce,
                 a.ddp.overlap_param_gather, a.ddp.grad_reduce_in_fp32],
+        "fsdp": [a.ddp.use_megatron_fsdp, a.dist.use_megatron_fsdp, a.ddp.data_parallel_sharding_strategy,
+                 a.ddp.fsdp_double_buffer],
         "optimizer": [a.optimizer.optimizer, a.optimizer.lr, a.optimizer.min_lr, a.optimizer.adam_beta1,
                       a.optimizer.adam_beta2, a.optimizer.adam_eps, a.optimizer.weight_decay, a.optimizer.clip_grad,
                       a.scheduler.lr_warmup_iters, a.scheduler.lr_decay_style, a.train.train_iters],
@@ -252,6 +254,11 @@ CASES = [
     # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
     ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
                                        lora_alpha=32, lora_targets=("linear_qkv",))),
+    # Megatron-FSDP (ddp.use_megatron_fsdp): optim_grads_params with FP8 parameters, as NVIDIA's Llama-3 70B rows;
+    # optim_grads with TP
+    ("70b-mfsdp-fp8", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
+                                             fp8_recipe="te-current", recompute="selective")),
+    ("8b-mfsdp-optim-grads", "llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
@@ -270,7 +277,7 @@ def _plan(model: str, num_gpus: int, kw: dict):
 
 def _files(m, cluster, plan, ckpt=CKPT, pretrained=PRETRAINED):
     options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=pretrained)) if plan.peft else EmitOptions()
-    return bridge_files(m, cluster, plan, options, ckpt, fp8_param_gather=plan.zero_stage == 1)
+    return bridge_files(m, cluster, plan, options, ckpt, fp8_param_gather=plan.zero_stage >= 1)
 
 
 def _hf_cache(root: Path) -> Path:
@@ -355,17 +362,20 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     fmt = "e4m3" if plan.fp8_recipe == "te-mxfp8" else "hybrid"  # Bridge's bf16_with_mxfp8_mixed, TE's MXFP8 default
     assert got["precision"] == [True, False, fmt if fp8 else None, recipe if fp8 else got["precision"][3],
                                 1024 if delayed else got["precision"][4], "max" if delayed else got["precision"][5],
-                                fp8 and plan.zero_stage == 1, "torch.bfloat16"]
+                                fp8 and plan.zero_stage >= 1, "torch.bfloat16"]
     nvfp4 = plan.precision == "fp4"  # Megatron's --fp4-format e2m1 --fp4-recipe nvfp4, NVFP4 weights with dist-opt
     assert got["fp4"][0] == ("e2m1" if nvfp4 else None)
     if nvfp4:
-        assert "nvfp4" in str(got["fp4"][1]) and got["fp4"][2] is (plan.zero_stage == 1), got["fp4"]
-    assert got["ddp"] == [plan.zero_stage == 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage == 1,
+        assert "nvfp4" in str(got["fp4"][1]) and got["fp4"][2] is (plan.zero_stage >= 1), got["fp4"]
+    assert got["ddp"] == [plan.zero_stage >= 1] * 2 + [plan.overlap_comm, plan.overlap_comm and plan.zero_stage >= 1,
                                                        plan.grad_dtype is None]  # after the precision's setup
+    strategy = {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
+    assert got["fsdp"] == ([True, True, strategy, True] if strategy else [False, False, got["fsdp"][2], False])
     o = EmitOptions().optimizer
     assert got["optimizer"] == ["adam", o.lr, o.min_lr, o.betas[0], o.betas[1], o.eps, o.weight_decay, o.grad_clip,
                                 o.warmup_steps, "cosine", o.train_steps]
-    assert got["checkpoint"] == [CKPT.save_dir, CKPT.save_dir, CKPT.interval_steps, True, "torch_dist"]
+    assert got["checkpoint"] == [CKPT.save_dir, CKPT.save_dir, CKPT.interval_steps, True,
+                                 "fsdp_dtensor" if strategy else "torch_dist"]
     if case == "8b-full-recompute":
         assert got["local"] == ["local", LOCAL.local_dir, LOCAL.local_interval_steps, True, 8, 2]
     else:
