@@ -31,7 +31,8 @@ CASES = {
     "mixtral-ep-generic": ("mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
                                                     global_batch_size=128, recompute="selective")),
     # Megatron-FSDP (ddp.use_megatron_fsdp, data_parallel_sharding_strategy)
-    "70b-mfsdp": ("llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, recompute="full", recompute_num_layers=80)),
+    "70b-mfsdp": ("llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, recompute="full",
+                                         recompute_num_layers=80)),
     "8b-mfsdp-optim-grads": ("llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
 }
 
