@@ -57,7 +57,8 @@ _ADAPTER = "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py"
 
 
 def megatron_fsdp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
-    """What Megatron-FSDP refuses of a ZeRO-2/3 plan, with the nearest plan it runs."""
+    """What Megatron-FSDP refuses of a ZeRO-2/3 plan, with the nearest plan it runs (offload: the engine's support
+    rules)."""
     if sharding_strategy(plan) is None:
         return []
     del model
@@ -69,23 +70,20 @@ def megatron_fsdp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.optimizer not in ("adamw", "sgd"):
         bad(f"Megatron-FSDP does not support the {plan.optimizer} optimizer yet: use --optimizer adamw or sgd, or "
             f"--zero 1 (the distributed optimizer)", f"{_ARGS}:1150-1151")
-    if plan.offload_optimizer != "none" or plan.offload_param != "none":
-        bad("no optimizer or parameter offload (offload is DeepSpeed's): use --engine deepspeed, or no offload",
-            f"{_ARGS}:3150-3230 (no Megatron-FSDP offload flag)")
     if plan.ep_overlapped and plan.cuda_graph not in (None, "none"):
         bad(f"1F1B overlap with FSDP does not support per-layer CUDA graphs (--cuda-graph {plan.cuda_graph}): drop "
             "--cuda-graph or --ep-overlap", f"{_ADAPTER}:182-187")
     return out
 
 
-def megatron_fsdp_states(plan: ParallelPlan, dense: float, expert: float, weight_bytes: float = 2.0) -> ModelStateBytes:
-    """Model states one GPU holds under Megatron-FSDP (module docstring): the weights sharded with optim_grads_params
-    (``weight_bytes`` per element: 1 with FP8 parameters) or whole with optim_grads; gradients and the optimizer
-    (fp32 main weights and Adam's moments: ``OPTIMIZER_STATE_BYTES``) sharded. At the step the optimizer's ``.grad``
-    is the main gradient shard cast to the fp32 main weights' dtype (``megatron_fsdp_use_decoupled_grad`` False,
+def megatron_fsdp_states(plan: ParallelPlan, dense: float, expert: float) -> ModelStateBytes:
+    """Model states one GPU holds under Megatron-FSDP (module docstring): the 16-bit weights sharded with
+    optim_grads_params or whole with optim_grads (the engine takes off what FP8 parameters save); gradients and the
+    optimizer (fp32 main weights and Adam's moments: ``OPTIMIZER_STATE_BYTES``) sharded. At the step the optimizer's
+    ``.grad`` is the main gradient shard cast to the fp32 main weights' dtype (``megatron_fsdp_use_decoupled_grad`` False,
     distributed_data_parallel_config.py:152-156): a 4-byte copy of the shard."""
     owned = dense / plan.zero_partitions + expert / plan.expert_zero_partitions
-    weights = weight_bytes * (owned if plan.zero_stage == 3 else dense + expert)
+    weights = 2.0 * (owned if plan.zero_stage == 3 else dense + expert)
     return ModelStateBytes(weights=weights, gradients=MEGATRON_FSDP_GRAD_BYTES * owned,
                            optimizer_states=OPTIMIZER_STATE_BYTES[plan.optimizer] * owned, step_transient=4 * owned)
 
