@@ -124,6 +124,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "cp_comm_type": "the engine has no such context-parallel exchange (or not for this model or layout)",
     "recompute_modules": "these recompute modules are not ones the engine runs (or not in this model)",
     "peft": "the engine cannot run this parameter-efficient fine-tuning (or not for this model)",
+    "fsdp": "Megatron-FSDP cannot run this plan (its optimizer, overlap or CUDA-graph limits)",
     "interleaved_rounds": "interleaved schedule: micro-batches not a multiple of its rounds",
 }
 
