@@ -1,0 +1,97 @@
+"""The values a ParallelPlan's fields may take: engines, precisions, recompute, offload, optimizers and the run
+settings' vocabularies (TP / EP overlaps, CUDA graphs, MoE dispatchers, CP exchanges), each with its source.
+
+autotune.specs.plan re-exports them; the plan checks its fields against them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# The engines of autotune/engines/ (each module there registers one; tests check the two lists agree).
+ENGINE_NAMES = ("deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf")
+EngineName = Literal["deepspeed", "megatron", "megatron-deepspeed", "fsdp", "hf"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "cpu", "nvme"]
+Optimizer = Literal["adamw", "sgd", "adafactor", "adamw8bit"]
+PlanPrecision = Literal["bf16", "fp16", "fp8", "fp4"]  # fp4: NVFP4 (autotune.specs.nvfp4)
+GradDtype = Literal["bf16"]
+# FP8 scaling recipes (the cost of each: autotune.cost.kernels.FP8_CAST_BYTES). te-delayed: Transformer Engine
+# DelayedScaling (Megatron --fp8-recipe delayed); te-current: TE Float8CurrentScaling (Megatron --fp8-recipe
+# tensorwise); te-blockwise: TE Float8BlockScaling (Megatron --fp8-recipe blockwise; Megatron-core fp8_utils.py
+# get_fp8_recipe); te-mxfp8: TE MXFP8BlockScaling (Megatron --fp8-recipe mxfp8); torchao-tensorwise /
+# torchao-rowwise: torchao.float8 (torchtitan quantize.linear.float8); torchao-mxfp8: torchao's MX linear (torchtitan
+# 0.2 quantize.linear.mx, 0.3 MXFP8LinearConverter).
+FP8_RECIPES = ("te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8",
+               "torchao-mxfp8")
+Fp8Recipe = Literal["te-delayed", "te-current", "torchao-tensorwise", "torchao-rowwise", "te-blockwise", "te-mxfp8",
+                    "torchao-mxfp8"]
+# Block-scaled recipes: bytes of scale per FP8 element, (activations and gradients, weights). TransformerEngine
+# @d0067d0 common/recipe/__init__.py: MXFP8BlockScaling scales "each group of 32 consecutive values" by an E8M0
+# (1-byte) factor, weights too unless enable_2d_quantization (default False): 1/32 B each; Float8BlockScaling keeps
+# "float32 containers" (4 B) over 1-D blocks of 128 for inputs and gradients (x_block_scaling_dim /
+# grad_block_scaling_dim = 1, block_len = 128 in pytorch/tensor/float8_blockwise_tensor.py) and 2-D 128 x 128
+# blocks for weights (w_block_scaling_dim = 2): 4/128 and 4/16384 B. Both recipes quantise every tensor along
+# both axes from the 16-bit source ("both versions are computed from the high precision input", the same
+# docstrings): a row-wise and a column-wise FP8 copy, each with its own scales. torchao's MX linear: blocks of 32
+# (block_size = 32) with an E8M0 scale each for inputs, weights and gradients alike (torchao v0.16.0
+# prototype/mx_formats/config.py MXLinearConfig; v0.18.0 prototype/moe_training/mxfp8_linear.py
+# _to_mxfp8_then_scaled_mm, the class torchtitan 0.3 converts to): 1/32 B each.
+FP8_BLOCK_SCALE_BYTES: dict[str, tuple[float, float]] = {"te-blockwise": (4 / 128, 4 / (128 * 128)),
+                                                        "te-mxfp8": (1 / 32, 1 / 32), "torchao-mxfp8": (1 / 32, 1 / 32)}
+# The least CUDA compute capability each Transformer Engine block-scaled recipe runs on, and the first it no longer
+# runs on (TransformerEngine @d0067d0 pytorch/quantization.py _compute_mxfp8_support: 10.0 or higher, "not supported
+# on 12.0+ architectures yet"; _compute_fp8_block_scaling_support: 9.0 or higher, with CUDA >= 12.9); torchtitan's
+# MX converters ask for 10.0 or higher and name no upper bound (torchtitan v0.2.2 components/quantization/mx.py:42-44
+# ``has_cuda_capability(10, 0)``, its ROCm gfx950 alternative not modelled; 0.3.0 mx.py:70-71).
+FP8_RECIPE_CAPABILITY: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    "te-mxfp8": ((10, 0), (12, 0)), "te-blockwise": ((9, 0), None), "torchao-mxfp8": ((10, 0), None)}
+# How TP collectives overlap the GEMMs: none; userbuffers (Megatron --tp-comm-overlap, Transformer Engine
+# userbuffers); async-tp (torch micro-pipelined TP, torchtitan parallelism.enable_async_tensor_parallel).
+TP_OVERLAPS = ("none", "userbuffers", "async-tp")
+TpOverlap = Literal["none", "userbuffers", "async-tp"]
+# What Megatron-core's selective recompute can rerun (``--recompute-modules``; megatron-core 0.19.2
+# transformer_config.py:546-563 names them, :1766-1782 checks them; "gdn_norm_out", the Gated DeltaNet output norm,
+# is not modelled). Kept in this order in a plan, so that the same set reads back equal.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# CUDA graphs of Megatron-core's training layers (--cuda-graph-impl; arguments.py of core_v0.16.1 .. 0.19.2): "local"
+# (Megatron's CudaGraphManager) or "transformer_engine" (TE make_graphed_callables), per layer, over the scope's parts
+# (--cuda-graph-scope in 0.16 / 0.17, --cuda-graph-modules from 0.18; enums.py CudaGraphScope / CudaGraphModule):
+# "attn", "mlp" (dense layers), "moe_router" (the MoE block up to its router); None: the whole layer. "moe" (drop-and-
+# pad MoE only) and "moe_preprocess" are not modelled. "full-iteration": one graph of the whole forward-backward of
+# every micro-batch (megatron/core/full_cuda_graph.py FullCudaGraphWrapper, wrapping forward_backward_func at
+# megatron/training/training.py:3617-3622 of core_v0.19.0; the optimizer step stays outside), spelled
+# --cuda-graph-impl full_iteration from core 0.18 and --cuda-graph-impl local --cuda-graph-scope full_iteration
+# before (autotune/emit/megatron_flags_core_v0.*.json); it captures no parts, so takes no scope.
+CUDA_GRAPHS = ("none", "local", "transformer_engine", "full-iteration")
+FULL_ITERATION_GRAPH = "full-iteration"
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
+# Expert-parallel all-to-all overlap (Megatron-core's 1F1B batch-level overlap: one micro-batch's forward runs layer by
+# layer beside another's backward, each one's dispatch / combine all-to-alls behind the other's compute): "a2a" =
+# --overlap-moe-expert-parallel-comm; "a2a-delay-wgrad" adds --delay-wgrad-compute (the weight-gradient GEMMs run
+# apart, after the data gradients, so the backward all-to-alls start sooner). Both flags in core_v0.16 .. 0.19's
+# arguments.py (autotune/emit/megatron_flags_core_v0.*.json); model_parallel_config.py:343-349 of 0.19.2.
+EP_OVERLAPS = ("none", "a2a", "a2a-delay-wgrad")
+# MoE token dispatcher (Megatron --moe-token-dispatcher-type {alltoall,allgather,flex}, with flex
+# --moe-flex-dispatcher-backend {deepep,hybridep}; transformer_config.py:862-872 of megatron-core 0.19.2; the flags in
+# core_v0.16 .. 0.19's arguments.py, autotune/emit/megatron_flags_core_v0.*.json). What each moves:
+# autotune.cost.moe_time. None: the engine's own (alltoall: what autotune writes and every engine's EP runs).
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex-deepep", "flex-hybridep")
+# Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
+# Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
+# a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and
+# a2a+p2p (all-to-all inside the node, ring across, --hierarchical-context-parallel-sizes). What each moves:
+# autotune.cost.cp_ring. None: the engine's own (Megatron p2p).
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+# The run settings a plan may fix (None: the engine's default, left out of to_dict); the engines say which they
+# run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
+RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
+                "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type")
+
+# Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
+#   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
+#   sgd:       fp32 master 4 + momentum 4                                  = 8
+#   adafactor: fp32 master 4 + factored second moment (rows+cols, ~0/param) = 4
+#   adamw8bit: fp32 master 4 + 8-bit exp_avg 1 + 8-bit exp_avg_sq 1        = 6
+#              (Dettmers et al. 2022; block-wise quantisation statistics, 2 fp32 per 2048-block, ignored)
+OPTIMIZER_STATE_BYTES: dict[str, float] = {"adamw": 12.0, "sgd": 8.0, "adafactor": 4.0, "adamw8bit": 6.0}
