@@ -9,7 +9,8 @@ from autotune.cost import comm
 from autotune.cost.activations import layer_activations
 from autotune.cost.cp_ring import RingTime, ring_time, ring_transient_bytes
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
-from autotune.cost.layer_time import LayerTime, layer_passes
+from autotune.cost.layer_passes import layer_passes
+from autotune.cost.layer_time import LayerTime
 from autotune.cost.memory import estimate_memory
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.engines.fsdp import FSDPEngine

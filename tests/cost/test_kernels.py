@@ -182,7 +182,7 @@ def test_memory_bound_kernels_count_their_own_backward_bytes(family):
     assert lt.elementwise_s * r.hbm / s == pytest.approx(fwd)
     assert lt.elementwise_bwd_s * r.hbm / s == pytest.approx(bwd)
     # The score kernels are their own part: selective recompute reruns them with the attention core.
-    from autotune.cost.layer_time import layer_passes
+    from autotune.cost.layer_passes import layer_passes
 
     assert lt.scores_s * r.hbm / s == pytest.approx(0 if flash else 9 * scores)
     rerun = layer_passes(lt, plan.with_(recompute="selective"), 0.0, "none", True).recompute_s
@@ -209,7 +209,8 @@ def test_op_level_sac_reruns_every_second_mm_and_every_cheap_op(precision):
     # torchtitan's op SAC (models/llama3/infra/parallelize.py): mm outputs saved except every second one (wk, wo,
     # w3 rerun of wq, wk, wv, wo, w1, w3, w2), SDPA saved, every other op rerun; Float8's aten._scaled_mm is not in
     # the save list, so every linear reruns. Megatron's selective reruns only the attention core.
-    from autotune.cost.layer_time import layer_passes, layer_time, time_key
+    from autotune.cost.layer_passes import layer_passes
+    from autotune.cost.layer_time import layer_time, time_key
 
     cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
     model = load_model_preset("llama3-8b")
@@ -230,7 +231,8 @@ def test_op_level_sac_reruns_every_second_mm_and_every_cheap_op(precision):
 
 def test_op_level_sac_reruns_fc2_of_a_gelu_block():
     # GeLU MLP: wq, wk, wv, wo, fc1, fc2 in module order, so wk, wo and fc2 rerun (activations.block_mms[1::2]).
-    from autotune.cost.layer_time import layer_passes, layer_time, time_key
+    from autotune.cost.layer_passes import layer_passes
+    from autotune.cost.layer_time import layer_time, time_key
     from autotune.specs.model import ModelSpec
 
     cluster = load_cluster(gpu="a100-80gb", num_gpus=8)

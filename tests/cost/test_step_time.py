@@ -5,7 +5,8 @@ import pytest
 from autotune.cost import comm
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY, gemm_efficiency
 from autotune.cost.kernels import rates
-from autotune.cost.layer_time import layer_passes, layer_time, time_key
+from autotune.cost.layer_passes import layer_passes
+from autotune.cost.layer_time import layer_time, time_key
 from autotune.cost.tp_pairing import async_tp_reduce_bytes, tp_pair_exposed_s
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.loading import load_cluster
