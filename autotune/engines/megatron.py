@@ -171,7 +171,7 @@ class MegatronEngine(Engine):
         # The unsharded FP8 weights of a unit: the row-wise copy and the column-wise one (MXFP8 gathers each for its
         # pass, param_and_grad_buffer.py:4410-4412; per-tensor scaling makes its transpose beside the gathered data;
         # counted on every GPU: this method does not see whether the GPU's FP8 GEMMs take either layout).
-        fp8 = plan.precision == "fp8" and self.fp8_param_gather(plan)
+        fp8 = is_quantized(plan.precision) and self.fp8_param_gather(plan)  # FP8 or NVFP4 units
         del settings
         gather = self.fp8_copies(plan, False) * self.fp8_weight_bytes(plan) if fp8 else 2.0
         return megatron_fsdp_buffers(model, plan, gather)
