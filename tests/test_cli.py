@@ -269,6 +269,10 @@ def test_recipe_emit_block_is_type_checked(recipe_emit, needle, tmp_path, capsys
 @pytest.mark.parametrize("flags, needle", [
     (["--script=--help"], "--script '--help': must not"),
     (["--hosts=--help,node2"], "--hosts '--help': must not"),
+    (["--master-addr=-x"], "--master-addr '-x': must not"),
+    (["--save-dir=-x"], "--save-dir '-x': must not"),
+    (["--pretrained-checkpoint=-x"], "--pretrained-checkpoint '-x': must not"),
+    (["--slurm-partition=-p"], "--slurm-partition '-p': must not"),
     (["--lr", "inf"], "--lr must be a finite number"),
     (["--nccl-env", "=1"], "--nccl-env '=1'"),
 ])

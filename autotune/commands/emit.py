@@ -39,7 +39,9 @@ __all__ = ["register", "run", "emit_options", "read_plan_json", "out_problems", 
 
 # Strings that end up as a command-line word or a host name.
 _COMMAND_LINE_STRINGS = ("hosts", "master_addr", "script", "slurm_partition", "slurm_account", "job_name",
-                         "save_dir", "nvme_path", "pretrained_checkpoint")
+                         "save_dir", "nvme_path", "pretrained_dir")
+# The flag that sets a field, where its name is not the field's with dashes.
+_FLAG_OF_FIELD = {"pretrained_dir": "pretrained-checkpoint", "interval_steps": "save-interval"}
 
 
 def _type_problem(where: str, value: Any, hint: Any) -> str | None:
@@ -96,12 +98,14 @@ def _typed_block(cls: type, block: Any, where: str, problems: list[str]) -> dict
 
 
 def _dash_problems(where: str, values: dict) -> list[str]:
+    """Strings that would be read as an option; ``values`` keyed by field name, ``where`` "--" names the flags."""
     problems = []
     for key in _COMMAND_LINE_STRINGS:
         value = values.get(key)
+        name = _FLAG_OF_FIELD.get(key, key).replace("_", "-") if where == "--" else key
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, str) and (item.startswith("-") or not item.strip()):
-                problems.append(f"{where}{key} {item!r}: must not be empty or start with '-' (it would be read as "
+                problems.append(f"{where}{name} {item!r}: must not be empty or start with '-' (it would be read as "
                                 "an option); for a file, write ./" + item.lstrip())
     return problems
 
@@ -140,7 +144,7 @@ def emit_options(args: argparse.Namespace, base: Any = None):
              } | reliability_flags(args)
     if args.no_async_save:
         flags["async_save"] = False
-    problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
+    problems += _dash_problems("--", flags)
     ckpt = replace(CheckpointOptions(**ckpt), **flags) if not problems else CheckpointOptions()
     nccl = dict(launch.get("nccl_env", {}))
     for item in args.nccl_env:
@@ -154,7 +158,7 @@ def emit_options(args: argparse.Namespace, base: Any = None):
                                ("slurm_account", args.slurm_account)) if v is not None}
     if args.hosts is not None:
         flags["hosts"] = tuple(h.strip() for h in args.hosts.split(","))
-    problems += _dash_problems("--", {k.replace("_", "-"): v for k, v in flags.items()})
+    problems += _dash_problems("--", flags)
     if problems:
         raise InputError(problems, subject="emit options")
     if "script" in flags:
