@@ -11,9 +11,6 @@ Every number a flag takes is checked here for finiteness and range before anythi
 from __future__ import annotations
 
 import argparse
-import json
-import math
-from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MODEL_LIMITS
@@ -31,6 +28,15 @@ from autotune.specs.plan import (
 )
 from autotune.specs.peft import LORA_DEFAULT_ALPHA, LORA_DEFAULT_RANK, LORA_TARGETS, PEFT_METHODS, PEFT_SETTINGS
 from autotune.specs.settings import MemorySettings
+from autotune.commands.arg_types import (
+    HelpParser,
+    LazyChoices,
+    int_list,
+    json_text,
+    positive_int,
+    preset_epilog,
+    str_list,
+)
 from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, goodput_inputs, reliability_flags
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
@@ -76,14 +82,6 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
 }
 
 
-def positive_int(text: str) -> int:
-    """An integer; its range is checked with every other problem (see :func:`flag_problems`)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text[:40]!r}") from None
-
-
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -108,112 +106,7 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def json_text(doc: Any) -> str:
-    """Standard JSON (RFC 8259): a NaN or infinite number (an unbounded time) is written as null."""
-    return json.dumps(_finite(doc), indent=2, allow_nan=False)
-
-
 # ---- flags shared by several subcommands ------------------------------------------------
-class _PresetEpilog(str):
-    """Stands for the preset list in a parser's epilog until its help is shown (reading the presets' YAML
-    costs a tenth of a second that a command which prints no help does not need)."""
-
-
-class HelpParser(argparse.ArgumentParser):
-    """An ArgumentParser that reads what its help lists (the presets, choices given as :class:`LazyChoices`)
-    only when it formats the help."""
-
-    def format_help(self) -> str:
-        if isinstance(self.epilog, _PresetEpilog):
-            self.epilog = _preset_list()
-        return super().format_help()
-
-
-class LazyChoices:
-    """A flag's choices imported from ``module.name`` on first use (a check or the help), not at start-up."""
-
-    def attach(self, action: argparse.Action) -> argparse.Action:
-        """Make these the choices (and the help's metavar) of a flag already added: argparse formats the choices
-        of a flag as it is added, which would import them at start-up."""
-        action.choices = action.metavar = self
-        return action
-
-    def __init__(self, module: str, name: str) -> None:
-        self._where = (module, name)
-        self._values: tuple | None = None
-
-    def _get(self) -> tuple:
-        if self._values is None:
-            import importlib
-
-            module, name = self._where
-            self._values = tuple(getattr(importlib.import_module(module), name))
-        return self._values
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._get()
-
-    def __iter__(self):
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-    def __getitem__(self, index):
-        return self._get()[index]
-
-    def __str__(self) -> str:
-        """What the help shows for the flag's value, ``{a,b,c}`` as argparse writes choices (see :meth:`attach`)."""
-        return "{" + ",".join(str(v) for v in self._get()) + "}"
-
-
-def _preset_list() -> str:
-    try:
-        from autotune.specs.presets import gpu_preset_names, model_preset_names
-
-        return ("model presets: " + ", ".join(model_preset_names()) + "\n\ngpu presets: "
-                + ", ".join(gpu_preset_names()))
-    except Exception:  # presets unreadable: --help must still work
-        return ""
-
-
-def preset_epilog() -> str:
-    """The epilog listing the model and GPU presets; read when the help is shown (see :class:`HelpParser`)."""
-    return _PresetEpilog()
-
-
-def int_list(choices):
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(v) for v in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-        bad = [v for v in values if v not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(f"{bad} not among {list(choices)}")
-        return values
-    return parse
-
-
-def str_list(choices):
-    def parse(text: str) -> tuple[str, ...]:
-        values = tuple(v.strip() for v in text.split(",") if v.strip())
-        bad = [v for v in values if v not in choices]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
-        return values
-    return parse
-
 
 def add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and cluster")
