@@ -133,13 +133,13 @@ _memory_estimate = builder(MemoryEstimate)
 
 def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
                          settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
-    """Buffers whatever the engine: the FP8 weight cache (as the engine keeps one; ``fp8_any_layout``: the GPU's
+    """Buffers whatever the engine: the FP8 or FP4 weight cache (as the engine keeps one; ``fp8_any_layout``: the GPU's
     ``GPUSpec.fp8_gemm_any_layout``), NVMe staging, the static buffers of CUDA graphs (``autotune.cost.launch``)."""
     out: dict[str, float] = {}
     if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
         out["cuda_graphs"] = graphs
     if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
-        out["fp8_weight_cache"] = cache
+        out[f"{plan.precision}_weight_cache"] = cache  # the quantized copies: fp8_weight_cache, fp4_weight_cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         out["nvme_staging"] = float(settings.offload_buffer_bytes)
     return out

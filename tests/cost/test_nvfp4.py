@@ -112,7 +112,7 @@ def test_nvfp4_weights_and_saved_inputs_take_their_bytes():
     bf16 = estimate(MODEL, cluster, plan.with_(precision="bf16")).memory
     # the GEMM weights (tp-sharded parameters) from the MXFP8 cache: 1 + 1/32 bytes each
     gemm_weights = mxfp8.buffer_parts["fp8_weight_cache"] / (1 + 1 / 32)
-    assert fp4.buffer_parts["fp8_weight_cache"] == pytest.approx(gemm_weights * NVFP4_WEIGHT_BYTES, rel=1e-9)
+    assert fp4.buffer_parts["fp4_weight_cache"] == pytest.approx(gemm_weights * NVFP4_WEIGHT_BYTES, rel=1e-9)
     assert bf16.weights - fp4.weights == pytest.approx(gemm_weights * (2 - NVFP4_WEIGHT_BYTES), rel=1e-9)
     per_layer = 4096 * (MODEL.hidden_size / 2 * 3 + MODEL.ffn_hidden_size / 2)  # QKV, proj, fc1, fc2 inputs
     head = 4096 * MODEL.hidden_size / 2
@@ -120,7 +120,7 @@ def test_nvfp4_weights_and_saved_inputs_take_their_bytes():
         (per_layer * MODEL.num_layers + head) * (1 + 1 / 32 - NVFP4_INPUT_BYTES), rel=1e-9)
     # without the distributed optimizer: 16-bit weights, both NVFP4 copies cached
     ddp = estimate(MODEL, cluster, plan.with_(zero_stage=0)).memory
-    assert ddp.buffer_parts["fp8_weight_cache"] == pytest.approx(2 * gemm_weights * NVFP4_WEIGHT_BYTES, rel=1e-9)
+    assert ddp.buffer_parts["fp4_weight_cache"] == pytest.approx(2 * gemm_weights * NVFP4_WEIGHT_BYTES, rel=1e-9)
 
 
 def test_megatron_and_bridge_files_write_nvfp4():
