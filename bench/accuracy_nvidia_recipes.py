@@ -167,6 +167,11 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
             "--tp", str(count(row["tp"])), "--pp", str(count(row["pp"])), "--cp", str(count(row["cp"])),
             "--vpp", str(count(row["vp"])), "--ep", str(count(row["ep"])), "--precision", precision,
             "--grad-dtype", GRAD_DTYPE]
+    if count(row["ep"]) > 1:
+        # NVIDIA's MoE performance configs set expert_tensor_parallel_size=1 (Megatron's default would be tp):
+        # Megatron-Bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py:23,29,
+        # .../deepseek/workload_base_configs.py:23, .../gpt_oss/workload_base_configs.py:25
+        argv += ["--etp", "1"]
     if precision == "fp8" and row["precision"].upper().startswith("FP8-CS"):  # FP8 current scaling
         argv += ["--fp8-recipe", "te-current"]
         notes.append("FP8 current scaling")

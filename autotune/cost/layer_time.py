@@ -311,7 +311,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
 def time_key(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to the fields one layer's time depends on (a cache key)."""
     return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
-                        ep=plan.ep, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
+                        ep=plan.ep, etp=plan.etp, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
                         flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher, peft=plan.peft,
                         lora_rank=plan.lora_rank, lora_targets=plan.lora_targets)
 

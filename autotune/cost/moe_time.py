@@ -205,22 +205,27 @@ def dispatcher_comm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     layer's input (before the sequence-parallel split), the balanced routing's mean (module docstring)."""
     moe = model.moe
     assert moe is not None
-    h, k, t, ep = model.hidden_size, moe.top_k, plan.tp, plan.ep
-    t_seq = t if plan.sequence_parallel else 1
+    # the dispatcher's "tp" is the expert tensor-parallel group (token_dispatcher.py:84-89 at d98e8a64: expt_tp,
+    # tp_ep); the tokens arrive split over the attention's tp by sequence parallelism
+    h, k, t, ep = model.hidden_size, moe.top_k, plan.expert_tp, plan.ep
+    t_seq = plan.tp if plan.sequence_parallel else 1
     dispatcher = plan.moe_dispatcher or "alltoall"
     if ep <= 1:
         return 0.0
     if dispatcher == "alltoall":
-        link = comm.group_link(cluster, eff, ep, t * plan.cp)
+        # the EP ranks lie etp apart: Megatron builds the expert grid from etp, ep, edp, pp without cp
+        # (megatron/core/parallel_state.py:887-895, order tp-ep-dp-pp), so with parallel folding (etp 1) an EP group
+        # is ep neighbouring ranks whatever tp and cp are
+        link = comm.group_link(cluster, eff, ep, plan.expert_tp)
         return 2 * comm.all_to_all_s(tokens * k * h * 2 / t_seq, ep, link)
-    n = t * ep  # the TP x EP group (token_dispatcher.py:278-300, :1743-1800)
-    link = comm.group_link(cluster, eff, n, plan.cp)
+    n = t * ep  # the TP x EP group (token_dispatcher.py:278-300, :1743-1800): etp x ep neighbouring ranks of the
+    link = comm.group_link(cluster, eff, n, 1)  # expert grid, which has no cp (parallel_state.py:887-895)
     if dispatcher == "allgather":
         rows = tokens / t_seq * n  # every rank's gathered rows
         return (comm.all_gather_s(rows * (2 * h + 5 * moe.num_experts), n, link)
                 + comm.reduce_scatter_s(rows * 4 * h, n, link))
     domain = cluster.gpus_per_node if dispatcher == "flex-hybridep" else min(DEEPEP_NVL_PEERS, cluster.gpus_per_node)
-    per_domain = max(1, min(n, domain // max(1, plan.cp)))
+    per_domain = max(1, min(n, domain))
     domains = max(1, math.ceil(n / per_domain))
     ranks, remote = flex_destinations(moe.num_experts, k, ep, domains)
     rows = tokens / t_seq

@@ -69,7 +69,7 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
     n_dp = plan.zero_partitions
     n_ep_dp = plan.expert_zero_partitions  # world / (etp x ep x pp), parallel_state.py:880
     dp_link = comm.group_link(cluster, eff, n_dp, t)
-    edp_link = comm.group_link(cluster, eff, n_ep_dp, t * plan.cp * plan.ep)
+    edp_link = comm.group_link(cluster, eff, n_ep_dp, plan.expert_tp * plan.ep)  # expert grid: parallel_state.py:887
     grad_bytes = engine.grad_reduce_bytes(plan)
 
     def reduce_scatter(bytes_per_param: float) -> float:

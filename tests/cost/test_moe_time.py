@@ -27,7 +27,7 @@ from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.flops import causal_attention_share
 from autotune.cost.kernels import rates
 from autotune.cost.layer_time import layer_time
-from autotune.cost.step_time import TimeSettings
+from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.plan import ParallelPlan
@@ -134,3 +134,20 @@ def test_moe_layer_adds_the_bias_and_clamp_bytes():
                                                                        rel=1e-9)
     assert clamped.experts_s[1] - plain.experts_s[1] == pytest.approx(
         busiest * tokens * (K * H * 12 + clamp_fwd) / r.hbm, rel=1e-9)
+
+
+def test_ep_group_lies_etp_apart_with_parallel_folding():
+    """Megatron's expert grid is etp x ep x edp x pp without cp (parallel_state.py:887-895): with etp 1 an EP group of
+    8 is 8 neighbouring ranks, inside one 8-GPU node whatever tp is; with etp = tp = 2 its ranks lie 2 apart and
+    span two nodes. The layer's dispatcher time (and the layer time the planner caches) follows the etp given."""
+    model = _model(moe=MoESpec(num_experts=16, top_k=K, expert_ffn_hidden_size=32), hidden_size=256)
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    folded = ParallelPlan(engine="megatron", tp=2, dp=8, ep=8, etp=1, sequence_parallel=True, seq_len=4096,
+                          global_batch_size=8)
+    eff = TimeSettings().efficiency
+    inside = moe_time.dispatcher_comm_s(model, cluster, folded, eff, 4096)
+    across = moe_time.dispatcher_comm_s(model, cluster, folded.with_(etp=2), eff, 4096)
+    assert across > 2 * inside > 0
+    moe_s = [estimate_step_time(model, cluster, p, TimeSettings()).comm_parts_s["moe"]
+             for p in (folded, folded.with_(etp=2))]  # one process: the layer-time cache must tell them apart
+    assert moe_s[1] > 2 * moe_s[0] > 0
