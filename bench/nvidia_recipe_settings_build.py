@@ -17,8 +17,10 @@ values that are not literals are not followed. Before v0.6.0 (releases v0.2-v0.5
 way, with its base recipe) and a ``WorkloadBaseConfig`` variant ``<MODEL>_PRETRAIN_CONFIG_<SYSTEM>_<PREC>_V<n>`` of
 ``*_workload_base_configs.py`` that ``utils/overrides.py::set_workload_base_configs`` applies on top (its fields as
 that function maps them: ``WORKLOAD_FIELDS``). A row is matched to the function or variant of its model, system, GPU
-count and precision whose parallel plan (tp/pp/cp/vp/ep/mbs) is the row's; where none runs it, the row is written
-unmatched with the reason.
+count and precision whose parallel plan (tp/pp/cp/vp/ep/mbs) is the row's; of variants that run the same plan, the
+one whose ``global_batch_size`` is the row's (e.g. v0.5.0 ``GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V1``, GBS 512,
+and ``..._V2``, GBS 1280 with full-iteration CUDA graphs and HybridEP: the same ep64 mbs4 plan); where none runs it,
+the row is written unmatched with the reason.
 """
 
 from __future__ import annotations
@@ -252,13 +254,14 @@ def legacy_match(row: dict, funcs: dict, variants: dict) -> tuple[str, dict[str,
             plan.update({short: int(fields[k].value) for k, short in PLAN.items()
                          if k in fields and fields[k].value not in ("None", "")})
             gpus = int(fields["num_gpus"].value) if "num_gpus" in fields else 0
-            if plan == want:
-                found.append((gpus != int(row["gpus"]), name, fields))  # the variant written for the row's GPUs first
+            gbs = fields["global_batch_size"].value if "global_batch_size" in fields else ""
+            if plan == want:  # the variant written for the row's GPUs first, then for its global batch
+                found.append((gpus != int(row["gpus"]), gbs != row["gbs"], name, fields))
             else:
                 tried.append(f"{name} runs {plan}")
     if not found:
         return "", {}, "; ".join(tried[:3]) or f"no {prefix.upper()} {system.upper()} workload variant"
-    _, name, fields = min(found, key=lambda f: (f[0], f[1]))
+    _, _, name, fields = min(found, key=lambda f: (f[0], f[1], f[2]))
     got = {k: v for k, v in settings_of(f"{prefix}_pretrain_config_{system}", funcs).items() if is_literal(v.value)}
     for field_name, targets in WORKLOAD_FIELDS.items():
         s = fields.get(field_name)

@@ -186,6 +186,27 @@ def test_the_settings_file_covers_every_row_and_cites_a_line_for_each_setting():
     assert len(matched) >= 100
 
 
+def test_of_workload_variants_running_the_same_plan_the_rows_global_batch_picks_one():
+    # v0.5.0 GPT-OSS GB200: V1 (GBS 512) and V2 (GBS 1280, full-iteration graphs) both run ep64 mbs4; a GBS 1280 row
+    # is V2's, whatever the names' order.
+    import nvidia_recipe_settings_build as build
+
+    plan = {"expert_model_parallel_size": build.Setting("64", "w.py#L1"),
+            "micro_batch_size": build.Setting("4", "w.py#L2")}
+    variants = {"GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V1": {**plan, "global_batch_size":
+                                                                  build.Setting("512", "w.py#L3")},
+                "GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2": {**plan, "global_batch_size":
+                                                                  build.Setting("1280", "w.py#L4"),
+                                                                  "cuda_graph_impl":
+                                                                  build.Setting("full_iteration", "w.py#L5")}}
+    row = {"model": "GPT OSS 120B", "system": "DGX-GB200", "precision": "MXFP8", "gpus": "64", "gbs": "1280",
+           "mbs": "4", "tp": "1", "pp": "1", "cp": "1", "vp": "n/a", "ep": "64"}
+    name, got, why = build.legacy_match(row, {}, variants)
+    assert (name, why) == ("GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2", "")
+    assert got["model.cuda_graph_impl"].value == "full_iteration"
+    assert build.legacy_match(dict(row, gbs="512"), {}, variants)[0].endswith("_V1")
+
+
 def test_the_file_holds_the_settings_the_bench_turns_into_flags():
     lines = [ln for ln in nrs.DATA.read_text(encoding="utf-8").splitlines() if not ln.startswith("#")]
     names = {r["setting"].rsplit(".", 1)[-1] for r in csv.DictReader(lines) if r["setting"]}
