@@ -36,6 +36,7 @@ from autotune.cost.step_terms import variant_terms
 from autotune.cost.time_settings import TimeSettings
 from autotune.cost.zero3_gathers import deepspeed_zero3_waits
 from autotune.engines import Engine, engine_for
+from autotune.engines.megatron_fsdp import recompute_row_gathers
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import representative_stages, stage_layers
@@ -203,7 +204,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     compute_mb += accumulate_s
     bwd_mb += accumulate_s
 
-    zero3_exposed = 0.0
+    zero3_exposed = hidden_earlier = 0.0
     if per_block:
         # Per-block gathers (16-bit, or FP8 with FP8 all-gather) ``prefetch_layers`` ahead: forward gathers every
         # block, backward again under FULL_SHARD (reshard_after_forward), and reduce-scatters each block's grads.
@@ -222,9 +223,15 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         # before the backward hooks fetch them again (FSDP2 and Megatron-FSDP unshard once for recompute and backward).
         bwd_gathers = (1 if plan.zero_stage == 3 else 0) + (
             1 if plan.zero_stage == 3 and plan.recompute == "full" and sched.param_gather == "prefetch" else 0)
+        # Megatron-FSDP with MXFP8 weights and full recompute: the recomputed forward gathers the row-wise data
+        # again, unprefetched, so each of these waits (autotune.engines.megatron_fsdp.recompute_row_gathers).
+        regathers = recompute_row_gathers(plan, run_settings.fp8_recipe(plan, settings, engine),
+                                          engine.fp8_param_gather(plan)) if sched.param_gather == "megatron-fsdp" else 0
         fwd_wait = per_layer_gather + (n_layers - 1) * max(0.0, per_layer_gather - depth * fwd_layer)
         bwd_work = bwd_gathers * per_layer_gather + per_layer_reduce
         bwd_wait = per_layer_reduce + (n_layers - 1) * max(0.0, bwd_work - bwd_layer)
+        bwd_wait += n_layers * regathers * per_layer_gather
+        bwd_work += regathers * per_layer_gather
         network = n_layers * (per_layer_gather + bwd_work)
         ds = None
         if sched.param_gather == "prefetch" and plan.zero_stage == 3 and plan.overlap_comm:
@@ -257,7 +264,12 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     elif per_mb_sync:
         per_mb = reduce  # every micro-batch reduces into the gradient shards
         dp_comm = per_mb + param_gather
-        zero3_exposed = (m - 1) * max(0.0, per_mb - (compute_mb - fwd_mb if plan.overlap_comm else 0.0))
+        window = compute_mb - fwd_mb if plan.overlap_comm else 0.0
+        zero3_exposed = (m - 1) * max(0.0, per_mb - window)
+        # What the backward of the m - 1 earlier micro-batches hides of their reductions still costs overlap_cost
+        # (counted with the last micro-batch's below); Megatron-FSDP's optim_grads reduce-scatters every micro-batch
+        # (megatron_fsdp.py:761-786, grad_reduce_every_bprop).
+        hidden_earlier = (m - 1) * min(per_mb, window)
     elif plan.zero_stage == 0:
         dp_comm = 2 * reduce  # all-reduce
     else:
@@ -268,7 +280,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     windowed = dp_comm - waits
     dp_window = (bwd_mb + fwd_mb) if plan.overlap_comm else 0.0
     dp_exposed = max(0.0, windowed - dp_window) + waits + replicate_s
-    hidden_dp = windowed - max(0.0, windowed - dp_window)
+    hidden_dp = windowed - max(0.0, windowed - dp_window) + hidden_earlier
 
     # Pipeline: per micro-batch an activation send forward and a gradient send backward (1/t with SP's
     # scatter-gather), on the critical path through all stages.

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["megatron_fsdp_rules", "megatron_fsdp_states", "megatron_fsdp_buffers", "MEGATRON_FSDP_GRAD_BYTES",
-           "UNIT_BUFFERS"]
+           "UNIT_BUFFERS", "recompute_row_gathers"]
 
 MEGATRON_FSDP_GRAD_BYTES = 2.0
 """Main gradients (and their reduce-scatter) in the model's 16-bit dtype: ``--megatron-fsdp-main-grads-dtype``
@@ -54,6 +54,27 @@ buffers can support no more than 2 FSDP units")."""
 
 _ARGS = "megatron/training/arguments.py"
 _ADAPTER = "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py"
+
+
+def recompute_row_gathers(plan: ParallelPlan, fp8_recipe: str, fp8_param_gather: bool) -> int:
+    """Gathers per layer and micro-batch that optim_grads_params issues inside the backward, besides the one the
+    backward prefetches, and that nothing prefetches (so the compute waits for each).
+
+    With MXFP8 parameters a unit has two weight buffers: the row-wise data gathered for the forward and the
+    column-wise (transpose) data gathered for the backward (mixed_precision.py:183-185 ``fp8_need_transpose_data``:
+    MXFP8 tensors; param_and_grad_buffer.py:2637-2672 the transpose buffer; :4327-4332 the backward's bucket key is
+    the transpose buffer's). The forward releases the row-wise buffer after each unit (megatron_fsdp.py:977-993:
+    resharded unless in PRE_BACKWARD) and the backward's prefetch fetches the next unit's column-wise data
+    (megatron_fsdp.py:918-932, ``bwd=True``). Full recompute reruns each layer's forward inside the backward: its
+    pre-forward hook gathers the row-wise data again, with the forward prefetch cancelled in PRE_BACKWARD
+    (megatron_fsdp.py:794-800): one more gather per layer, waited for. 16-bit and per-tensor FP8 units have one
+    buffer whose backward key is the forward's, so the backward's prefetch serves the recompute too (0 here).
+    Only full recompute is counted: a selective recompute of modules with weights (mla_up_proj, mlp, moe) regathers
+    their buckets the same way, at a granularity (bucket per unit, dtype and expert-ness,
+    param_and_grad_buffer.py:1731-1830) not modelled."""
+    if plan.zero_stage != 3 or plan.recompute != "full" or not fp8_param_gather:
+        return 0
+    return 1 if plan.precision == "fp8" and fp8_recipe == "te-mxfp8" else 0
 
 
 def megatron_fsdp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
