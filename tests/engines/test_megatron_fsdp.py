@@ -76,3 +76,56 @@ def test_bridge_overrides_carry_the_same_sharding():
     text = files["bridge_overrides.yaml"]
     assert "use_megatron_fsdp: true" in text and "data_parallel_sharding_strategy: optim_grads" in text
     assert "ckpt_format: fsdp_dtensor" in text
+
+
+def _plan(num_gpus=64, gpu="gb300", **kw):
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
+    base = dict(global_batch_size=256, micro_batch_size=1, seq_len=8192, engine="megatron", recompute="full",
+                precision="bf16")
+    return cluster, make_plan(MODEL, cluster, **(base | kw))
+
+
+def test_only_mxfp8_units_under_full_recompute_regather_for_the_recomputed_forward():
+    from autotune.engines.megatron_fsdp import recompute_row_gathers
+
+    _, mx = _plan(zero_stage=3, precision="fp8", fp8_recipe="te-mxfp8")
+    assert recompute_row_gathers(mx, "te-mxfp8", True) == 1
+    assert recompute_row_gathers(mx, "te-mxfp8", False) == 0  # no FP8 parameters: one 16-bit buffer
+    assert recompute_row_gathers(mx, "te-blockwise", True) == 0  # no transpose buffer (MXFP8 tensors only)
+    assert recompute_row_gathers(mx.with_(recompute="selective"), "te-mxfp8", True) == 0
+    assert recompute_row_gathers(mx.with_(zero_stage=2), "te-mxfp8", True) == 0  # optim_grads: weights whole
+
+
+def test_mxfp8_full_recompute_waits_for_one_more_gather_per_layer(monkeypatch):
+    from autotune.cost import step_time
+
+    cluster, plan = _plan(zero_stage=3, precision="fp8", fp8_recipe="te-mxfp8")
+    real = step_time.estimate_step_time(MODEL, cluster, plan)
+    monkeypatch.setattr(step_time, "recompute_row_gathers", lambda *a: 0)
+    without = step_time.estimate_step_time(MODEL, cluster, plan)
+    extra = real.comm_parts_s["zero3"] - without.comm_parts_s["zero3"]
+    # one gather per layer and micro-batch, waited: the same seconds as step time, none of it hidden compute
+    assert extra > 0
+    assert real.step_time_s - without.step_time_s == pytest.approx(extra, rel=1e-6)
+    assert real.compute_s == pytest.approx(without.compute_s, rel=1e-9)
+
+
+def test_optim_grads_hidden_reduce_scatters_cost_overlap_every_micro_batch():
+    from dataclasses import replace
+
+    from autotune.cost.efficiency import DEFAULT_EFFICIENCY
+    from autotune.cost.step_time import TimeSettings, estimate_step_time
+
+    free = TimeSettings(efficiency=replace(DEFAULT_EFFICIENCY, overlap_cost=0.0))
+
+    def contention(m):
+        cluster, plan = _plan(zero_stage=2, global_batch_size=64 * m)
+        return estimate_step_time(MODEL, cluster, plan).compute_s - estimate_step_time(MODEL, cluster, plan,
+                                                                                        free).compute_s
+
+    # tp 1: the hidden collectives are each micro-batch's gradient reduce-scatter (megatron_fsdp.py:761-786) and
+    # the updated weights' all-gather once per step: each added micro-batch adds one reduce-scatter's contention
+    one, two, eight = contention(1), contention(2), contention(8)
+    per_reduce = two - one
+    assert per_reduce > 0
+    assert eight - one == pytest.approx(7 * per_reduce, rel=0.02)
