@@ -88,7 +88,7 @@ def _stage_layer_counts(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
 # Every plan field the critical stage's per-micro-batch time reads (``time_key``, the rates, the stage split and
 # the recompute): plans that differ in ZeRO stage, replicas, offload or dp share it.
 _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "torch_compile",
-                                         "seq_len", "micro_batch_size", "cp", "tp", "ep", "sequence_parallel",
+                                         "seq_len", "micro_batch_size", "cp", "tp", "ep", "etp", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
                                          "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets")

@@ -164,3 +164,32 @@ def _checkpoint():
     from autotune.emit.checkpoint import CheckpointSettings
 
     return CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
+
+
+def test_expert_parallel_groups_sit_on_the_experts_own_rank_grid():
+    """Megatron's experts have their own rank grid (parallel_state.py:870-895: tp = etp, cp = 1): an EP group is
+    ep ranks etp apart. On 8-GPU nodes, ep 8 under tp 2 with etp 1 (parallel folding) or under cp 2 is one node's
+    8 GPUs, so it costs what ep 8 of a tp 1 cp 1 plan costs on the same per-rank tokens; strided over tp or cp it
+    would reach into the next node and wait for the NIC."""
+    m, cluster, tokens = _model(), load_cluster(gpu="h100-sxm-80gb", num_gpus=16), 4096
+    plain = moe_time.dispatcher_comm_s(m, cluster, _plan(8, None, dp=16), EFF, tokens)
+    folded = ParallelPlan(engine="megatron", tp=2, dp=8, ep=8, etp=1, sequence_parallel=True, seq_len=256,
+                          global_batch_size=8)
+    assert moe_time.dispatcher_comm_s(m, cluster, folded, EFF, 2 * tokens) == pytest.approx(plain, rel=1e-12)
+    with_cp = ParallelPlan(engine="megatron", cp=2, dp=8, ep=8, seq_len=256, global_batch_size=8)
+    assert moe_time.dispatcher_comm_s(m, cluster, with_cp, EFF, tokens) == pytest.approx(plain, rel=1e-12)
+    # etp = tp = 2 spreads the 8 EP ranks over 16 GPUs: two nodes, through the NIC
+    unfolded = folded.with_(etp=2)
+    assert moe_time.dispatcher_comm_s(m, cluster, unfolded, EFF, 2 * tokens) > 1.5 * plain
+
+
+def test_step_time_reads_the_expert_tp():
+    """The layer-time cache keys on the expert TP too: the folded plan's all-to-alls stay in the node."""
+    from autotune.cost.step_time import estimate_step_time
+
+    m, cluster = _model(), load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    plan = ParallelPlan(engine="megatron", tp=2, dp=8, ep=8, etp=1, sequence_parallel=True, seq_len=256,
+                        global_batch_size=8)
+    folded = estimate_step_time(m, cluster, plan).comm_parts_s["moe"]
+    unfolded = estimate_step_time(m, cluster, plan.with_(etp=2)).comm_parts_s["moe"]
+    assert 0 < folded < unfolded
