@@ -42,6 +42,7 @@ from autotune.emit.megatron_bridge_recipes import (
     bridge_recipe,
 )
 from autotune.emit.megatron_layout import cp_comm_setting, megatron_split
+from autotune.emit.megatron_moe_graph import sync_free_moe_config
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
     FP4_FORMAT,
@@ -314,6 +315,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     model_keys = ((_shape(model) if recipe.hf_model is None else {})
                   | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
+    model_keys |= sync_free_moe_config(model, plan)
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "

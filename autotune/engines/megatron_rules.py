@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from autotune.engines.facts import Rule
 from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.plan import FULL_ITERATION_GRAPH
+from autotune.specs.sync_free_moe import SYNC_FREE_DISPATCHER
 
 if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec, GPUSpec
@@ -92,6 +93,16 @@ def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.cuda_graph == "transformer_engine" and "moe" in modules and scope and "moe_router" in scope:
         bad("moe recompute is not supported with moe_router CUDA graph with --cuda-graph-impl transformer_engine",
             "2527-2535")
+    if (plan.cuda_graph == FULL_ITERATION_GRAPH and model.moe is not None
+            and plan.moe_dispatcher != SYNC_FREE_DISPATCHER):
+        # autotune.specs.sync_free_moe: every other dispatcher copies its token counts to the host each step
+        out.append(Rule(id="megatron:full_iteration_moe", source="megatron-core core_v0.19.0 megatron/core/"
+                        "transformer/moe/token_dispatcher.py:317, :540-610, :1441, :1103-1104; moe/README.md:514",
+                        message=f"Megatron-LM: a full-iteration CUDA graph cannot capture {model.name}'s MoE layers "
+                                f"with the {plan.moe_dispatcher or 'default (alltoall)'} dispatcher: dropless "
+                                "dispatchers copy their token counts to the host every step. Use --moe-dispatcher "
+                                "flex-hybridep (autotune then writes its static rank budget and paged stash), or "
+                                "--cuda-graph transformer_engine"))
     return out
 
 

@@ -1,0 +1,47 @@
+"""The settings of the sync-free MoE path under a whole-iteration CUDA graph (``autotune.specs.sync_free_moe``), as
+Megatron-LM arguments and as Megatron-Bridge TransformerConfig keys.
+
+Megatron-core's checks they meet (core_v0.19.0 ``megatron/core/transformer/transformer_config.py``): the rank
+capacity factor only with the HybridEP (or NCCL-EP) flex backend and, with HybridEP, the Transformer Engine op
+fuser (:1692-1706); the paged stash only with the rank capacity factor (:1904-1911). The flags exist from
+core 0.18 (``megatron_flags_core_v0.18.json``, ``megatron_flags_core_v0.19.json``); an older release has no
+static-budget path, so a full-iteration graph cannot capture the MoE layers there.
+"""
+
+from __future__ import annotations
+
+from autotune.emit.megatron_flags import megatron_flag_table
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+from autotune.specs.sync_free_moe import (
+    PAGED_STASH_CPU_FACTOR,
+    PAGED_STASH_CUDA_FACTOR,
+    RANK_CAPACITY_FACTOR,
+    sync_free_moe,
+)
+
+__all__ = ["sync_free_moe_args", "sync_free_moe_config"]
+
+
+def sync_free_moe_config(model: ModelSpec, plan: ParallelPlan) -> dict:
+    """TransformerConfig fields of the path (Megatron-Bridge 067f987 perf_recipes/qwen/common.py:44-47, :52), none
+    where the plan does not take it."""
+    if not sync_free_moe(model, plan):
+        return {}
+    return {"moe_expert_rank_capacity_factor": RANK_CAPACITY_FACTOR, "moe_paged_stash": True,
+            "moe_paged_stash_buffer_size_factor_cuda": PAGED_STASH_CUDA_FACTOR,
+            "moe_paged_stash_buffer_size_factor_cpu": PAGED_STASH_CPU_FACTOR,
+            "use_transformer_engine_op_fuser": True}
+
+
+def sync_free_moe_args(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:
+    """The same as Megatron-LM arguments (dest = the field's name), and a problem where the release lacks them."""
+    args: list[str] = []
+    table = megatron_flag_table(release)
+    for name, value in sync_free_moe_config(model, plan).items():
+        flag = "--" + name.replace("_", "-")
+        if flag not in table:
+            problems.append(f"{flag}: not in Megatron-core {release or 'newest'}'s arguments; without its static "
+                            "rank budget a full-iteration CUDA graph cannot capture the MoE layers (core 0.18 on)")
+        args += [flag] if value is True else [flag, f"{value:g}"]
+    return args
