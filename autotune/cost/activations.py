@@ -51,6 +51,7 @@ from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_INPUT_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, ParallelPlan
 
 __all__ = ["LayerActivations", "STAGE_ACTIVATION_FIELDS", "layer_activations", "block_linears", "block_mms",
+           "grouped_mlp_bytes", "linear_input_bytes",
            "op_sac_layer_bytes", "recompute_module_bytes", "loss_backward_bytes", "embedding_activation_bytes",
            "output_activation_bytes", "stage_activation_bytes"]
 
@@ -71,7 +72,7 @@ class LayerActivations:
         return self.norms + self.attention + self.attention_core + self.mlp + self.dropout_masks
 
 
-def _linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
+def linear_input_bytes(plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
     """Bytes per element a linear saves of its input. A Transformer Engine block-scaled recipe keeps the column-wise
     FP8 copy and its scales (module/linear.py @d0067d0 lines 600-616: "Discard row-wise data since it is not needed
     in backward pass"; scale bytes: ``FP8_BLOCK_SCALE_BYTES``); NVFP4 its column-wise FP4 copy and 1-D scales
@@ -99,7 +100,7 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
     t_seq = t if plan.sequence_parallel else 1  # split of residual-stream terms
     t_in = _gathered_split(plan, facts)  # split of the QKV and fc1 inputs
     sb = s * b
-    lin = _linear_input_bytes(plan, facts)
+    lin = linear_input_bytes(plan, facts)
     stat_bytes = 8 if model.norm == "layernorm" else 4
 
     norms = model.norms_per_layer * (2 * sb * h + stat_bytes * sb) / t_seq
@@ -138,6 +139,13 @@ def _dense_mlp_bytes(model: ModelSpec, width: float, tokens: float, t: int, lin:
     return tokens * (2 * fc1_out + lin * width) / t
 
 
+def grouped_mlp_bytes(model: ModelSpec, pairs: float, t: int, lin: int) -> float:
+    """Saved bytes of the routed experts' grouped MLP on ``pairs`` routed (token, expert) pairs: its permuted
+    input and the dense MLP's saved tensors (what Megatron's paged stash holds, ``autotune.specs.sync_free_moe``)."""
+    assert model.moe is not None
+    return _dense_mlp_bytes(model, model.moe.expert_ffn_hidden_size, pairs, t, lin) + pairs * lin * model.hidden_size / t
+
+
 def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int, sb: float, t: int, t_in: int,
                           lin: int, expert_outputs_saved: bool) -> float:
     h = model.hidden_size
@@ -150,8 +158,7 @@ def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int
     pairs = sb * moe.top_k
     # Per routed pair the permuted input (fc1's saved input), and the expert output where the combine keeps it
     # (ActivationFacts.moe_expert_outputs_saved).
-    experts = (_dense_mlp_bytes(model, moe.expert_ffn_hidden_size, pairs, t, lin)
-               + pairs * (lin + (2 if expert_outputs_saved else 0)) * h / t)
+    experts = grouped_mlp_bytes(model, pairs, t, lin) + pairs * (2 if expert_outputs_saved else 0) * h / t
     shared = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
     return fc1_input + routing + experts + shared
 
@@ -174,7 +181,7 @@ def recompute_module_bytes(model: ModelSpec, plan: ParallelPlan, layer: LayerAct
       shared_experts: the shared experts' saved tensors except their input."""
     s = plan.seq_len / plan.cp
     sb, t, h = s * plan.micro_batch_size, plan.tp, model.hidden_size
-    lin = _linear_input_bytes(plan, facts)
+    lin = linear_input_bytes(plan, facts)
     norm_output = lin * sb * h / _gathered_split(plan, facts)
     out = {"core_attn": layer.attention_core}
     if model.mla is not None:
@@ -223,7 +230,7 @@ def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: Activat
     h = model.hidden_size
     chunks = plan.loss_chunks or 1
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
-    head_input = _linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
+    head_input = linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
     logits = 4 * sb * model.vocab_size / plan.tp / chunks
     accumulator = 4 * sb * h / _gathered_split(plan, facts) if chunks > 1 else 0.0
     labels = 8 * sb

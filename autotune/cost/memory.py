@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from autotune.cost.activations import STAGE_ACTIVATION_FIELDS, stage_activation_bytes
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.launch import cuda_graph_static_bytes
+from autotune.cost.sync_free_moe_memory import sync_free_moe_bytes
 from autotune.engines import Engine, engine_for
 from autotune.engines.facts import ActivationFacts
 from autotune.engines.states import ModelStateBytes
@@ -134,10 +135,13 @@ _memory_estimate = builder(MemoryEstimate)
 def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, stage: int, groups: ParamGroups,
                          settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
     """Buffers whatever the engine: the FP8 or FP4 weight cache (as the engine keeps one; ``fp8_any_layout``: the GPU's
-    ``GPUSpec.fp8_gemm_any_layout``), NVMe staging, the static buffers of CUDA graphs (``autotune.cost.launch``)."""
+    ``GPUSpec.fp8_gemm_any_layout``), NVMe staging, the static buffers of CUDA graphs (``autotune.cost.launch``),
+    the paged stash and rank budget of MoE under a full-iteration graph (``autotune.cost.sync_free_moe_memory``)."""
     out: dict[str, float] = {}
     if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.support.layer_split)) > 0:
         out["cuda_graphs"] = graphs
+    if (stash := sync_free_moe_bytes(model, plan, stage, engine.support.layer_split)) > 0:
+        out["moe_paged_stash"] = stash
     if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
         out[f"{plan.precision}_weight_cache"] = cache  # the quantized copies: fp8_weight_cache, fp4_weight_cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
