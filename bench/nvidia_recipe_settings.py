@@ -43,6 +43,8 @@ NOT_EXPRESSIBLE = {
     "moe_shared_expert_overlap": ("True",),
 }
 """Settings the recipes turn on that `autotune estimate` has no flag for (value None: any value other than None)."""
+SYNC_FREE_MOE_SETTINGS = ("moe_paged_stash", "use_transformer_engine_op_fuser")
+"""Of those, the ones the tool writes itself with MoE under a full-iteration graph on HybridEP."""
 
 
 @dataclass
@@ -144,9 +146,14 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         value = f"flex-{s.get('moe_flex_dispatcher_backend') or 'deepep'}" if dispatcher == "flex" else dispatcher
         f.argv += ["--moe-dispatcher", value]
         f.applied.append(f"MoE dispatcher {value}")
+    # The sync-free MoE path of a whole-iteration graph: the tool writes the paged stash and the op fuser with it
+    # (autotune.specs.sync_free_moe), at Bridge's values of the rank budget (which may differ from the recipe's)
+    sync_free = "--cuda-graph" in f.argv and "full-iteration" in f.argv and "flex-hybridep" in f.argv
     for name, values in NOT_EXPRESSIBLE.items():
         v = s.get(name)
         if split_accounts and name.startswith("account_for_"):
+            continue
+        if sync_free and name in SYNC_FREE_MOE_SETTINGS:
             continue
         if v is not None and (values is None or v in values):
             f.unexpressed.append(f"{name}={v}")
