@@ -56,6 +56,10 @@ ACCEPTED = [
     ("qwen-flex-deepep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_dispatcher="flex-deepep")),
     ("qwen-flex-hybridep-ep-overlap", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
                                                                 moe_dispatcher="flex-hybridep", ep_overlap="a2a")),
+    # the rank budget, the op fuser it needs and the paged stash (autotune.specs.sync_free_moe)
+    ("qwen-full-iteration-hybridep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                               moe_dispatcher="flex-hybridep",
+                                                               cuda_graph="full-iteration")),
 ]
 # (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
 REFUSED = [
