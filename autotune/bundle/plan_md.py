@@ -8,6 +8,7 @@ from autotune.emit.precision import precision_summary
 from autotune.engines import engine_for
 from autotune.report import flop_rate, format_params, gib, memory_table, peak_text, plan_summary
 from autotune.specs.layout import layer_counts
+from autotune.specs.sync_free_moe import RANK_CAPACITY_FACTOR
 
 __all__ = ["plan_markdown", "plan_reasons"]
 
@@ -171,7 +172,11 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
             "allgather": "every rank gathers the expert group's tokens, reduce-scatters the outputs back",
             "flex-deepep": "DeepEP: each token sent once per destination GPU, across nodes once per node",
             "flex-hybridep": "HybridEP: each token sent once per destination GPU, across NVLink domains once per "
-                             "domain"}[plan.moe_dispatcher]))
+                             "domain"}[plan.moe_dispatcher]
+                     + ("; inside the whole-iteration graph with a static per-rank budget of "
+                        f"{RANK_CAPACITY_FACTOR:g} x the routed rows (overflow dropped) and the experts' saved "
+                        "tensors in a paged stash" if plan.cuda_graph == "full-iteration"
+                        and plan.moe_dispatcher == "flex-hybridep" else "")))
     if plan.cp_comm_type is not None:
         rows.append(("CP exchange", plan.cp_comm_type, {
             "p2p": "K/V passed around the ring of CP ranks, each step behind the previous step's attention kernel",
