@@ -46,6 +46,8 @@ NOTATION: dict[str, str] = {
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
+    "act-offloadN": "the saved activations of the first N layers offloaded to host memory in forward and reloaded "
+                    "for backward (--activation-offload-layers: Megatron --cpu-offloading-num-layers)",
     "cg-local|cg-te[:P+P]|cg-full|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or "
                                                    "Transformer Engine, one of the whole iteration (cg-full), or none "
                                                    "(--cuda-graph, --cuda-graph-scope)",
@@ -118,6 +120,9 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
     "torch_compile": "its files cannot turn torch.compile on",
     "loss_chunks": "its files cannot chunk the loss",
+    "activation_offload_layers": "its files cannot offload activations to host memory (Megatron only)",
+    "activation_offload": "Megatron-core refuses activation CPU offload with pipeline parallelism, recompute, "
+                          "per-layer CUDA graphs or N >= the layers",
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",

@@ -207,6 +207,10 @@ def add_run_settings(g) -> None:
                    help="where cp > 1: how context-parallel ranks exchange attention inputs (Megatron --cp-comm-type: "
                         "p2p ring, a2a all-to-all, allgather, a2a+p2p all-to-all inside a node and ring across); "
                         "default: the engine's own (Megatron p2p)")
+    g.add_argument("--activation-offload-layers", type=positive_int, default=None, metavar="N",
+                   help="offload the saved activations of the first N transformer layers to host memory during "
+                        "forward, reloaded for backward (Megatron --cpu-offloading-num-layers, Transformer Engine's "
+                        "CPU offload; Megatron only, with --pp 1 and --recompute none); default: none offloaded")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

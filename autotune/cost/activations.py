@@ -313,7 +313,8 @@ STAGE_ACTIVATION_FIELDS = (
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
-    "peft", "lora_rank", "lora_targets")  # LoRA's frozen linears save no input
+    "peft", "lora_rank", "lora_targets",  # LoRA's frozen linears save no input
+    "activation_offload_layers")  # the first N layers' saved activations in host memory (cost/activation_offload.py)
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 
@@ -386,6 +387,8 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
     chunks = _uneven_chunks(model.num_layers, plan, stage, scheme)
     if chunks is None:
         held = stored_in(first, stop) * in_flight
+        if plan.activation_offload_layers:  # TE offload: the first N layers' sets leave (cost/activation_offload.py)
+            held -= stored_in(first, first + min(plan.activation_offload_layers, layers_per_stage)) * in_flight
     else:  # chunks of unequal layers: the steady-state step whose held chunks weigh most
         per_chunk = [stored_in(a, b) for a, b in chunks]
         held = max(sum(n * x for n, x in zip(load, per_chunk)) for load in interleaved_chunk_loads(

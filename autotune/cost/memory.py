@@ -22,6 +22,7 @@ import dataclasses
 import operator
 from dataclasses import dataclass, field
 
+from autotune.cost.activation_offload import offloaded_activation_bytes
 from autotune.cost.activations import STAGE_ACTIVATION_FIELDS, stage_activation_bytes
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.launch import cuda_graph_static_bytes
@@ -339,6 +340,9 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states + states.host_buffers
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         host_per_gpu += settings.offload_buffer_bytes
+    if plan.activation_offload_layers:  # the offloaded layers' saved activations (autotune.cost.activation_offload)
+        host_per_gpu += offloaded_activation_bytes(model, plan, _run_facts(engine, plan, settings, _split_node(
+            plan, cluster)), engine.support.layer_split)
     return _memory_estimate(  # MemoryEstimate's fields in their order (a builder: ~10^4 ledgers per search)
         states.weights,  # weights
         states.gradients,  # gradients

@@ -25,6 +25,7 @@ import operator
 from dataclasses import dataclass, field
 
 from autotune.cost import comm, run_settings
+from autotune.cost.activation_offload import offload_exposed_s, offloaded_activation_bytes
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
@@ -299,6 +300,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     # and backward.
     if plan.offload_param != "none":
         offload += m * 2 * (2 * psi_part) / pcie
+    if plan.activation_offload_layers:  # activation CPU offload's copies (autotune.cost.activation_offload)
+        offload += m * offload_exposed_s(offloaded_activation_bytes(
+            model, plan, engine.activation_facts(plan), engine.support.layer_split), cluster, fwd_mb, compute_mb - fwd_mb)
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
     compute = m * compute_mb + contention

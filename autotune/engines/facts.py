@@ -94,6 +94,9 @@ class EngineSupport:
     peft: tuple[str, ...] = ()
     """Parameter-efficient fine-tuning methods a plan may ask of it (``ParallelPlan.peft``); none: it trains every
     weight."""
+    activation_offload: bool = False
+    """Its files can offload layers' saved activations to host memory (``ParallelPlan.activation_offload_layers``,
+    Megatron-core ``--cpu-offloading-num-layers``)."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
@@ -111,7 +114,8 @@ class EngineSupport:
                 "moe_dispatcher": lambda: value in self.moe_dispatchers,
                 "cp_comm_type": lambda: value in self.cp_comm_types,
                 "recompute_modules": lambda: set(value) <= set(self.recompute_modules),
-                "peft": lambda: value in self.peft}.get(name, lambda: True)()
+                "peft": lambda: value in self.peft,
+                "activation_offload_layers": lambda: self.activation_offload}.get(name, lambda: True)()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,7 @@ from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule
 from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, megatron_fsdp_buffers, megatron_fsdp_rules,
                                             megatron_fsdp_states)
 from autotune.engines.megatron_rules import (
+    activation_offload_rules,
     cp_comm_type_rules,
     cuda_graph_rules,
     ep_overlap_rules,
@@ -67,7 +68,9 @@ class MegatronEngine(Engine):
                             moe_dispatchers=MOE_DISPATCHERS,
                             cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
-                            peft=PEFT_METHODS)
+                            peft=PEFT_METHODS,
+                            # --cpu-offloading-num-layers (transformer_config.py:461, arguments.py:1950-1951)
+                            activation_offload=True)
     # param_gather: Megatron-FSDP's per-layer gathers under zero_stage 3 (autotune.engines.megatron_fsdp)
     comm = CommSchedule(dp_overlap="bucketed", param_gather="megatron-fsdp", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
@@ -111,7 +114,7 @@ class MegatronEngine(Engine):
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster)
-                + megatron_fsdp_rules(model, plan))
+                + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

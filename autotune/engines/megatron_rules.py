@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules",
+__all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules",
            "recompute_module_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
@@ -221,4 +221,35 @@ def cp_comm_type_rules(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpe
                         message=f"Transformer Engine: cp_comm_type a2a needs the heads on each tensor-parallel rank "
                                 f"(query {q_local}, key/value {kv_local}) divisible by its all-to-all size ({a2a}): "
                                 f"use --cp-comm-type p2p or allgather, or a smaller cp"))
+    return out
+
+
+_OFFLOAD_SRC = "Megatron-LM @d98e8a6 megatron/core/transformer/transformer_config.py"
+
+
+def activation_offload_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-core refuses of activation CPU offload (``plan.activation_offload_layers``,
+    ``--cpu-offloading-num-layers``, which turns ``cpu_offloading`` on: megatron/training/arguments.py:1950-1951 at
+    d98e8a6); TransformerConfig.__post_init__'s checks, line numbers at that commit."""
+    n = plan.activation_offload_layers
+    if not n:
+        return []
+    out: list[Rule] = []
+
+    def bad(message: str, line: str) -> None:
+        out.append(Rule(id="megatron:activation_offload", message=f"Megatron-LM: {message}",
+                        source=f"{_OFFLOAD_SRC}:{line}"))
+
+    if n >= model.num_layers:
+        bad(f"CPU offloading can be done only for layers less than {model.num_layers} (asked: {n}): lower "
+            "--activation-offload-layers", "1884-1889")
+    if plan.pp > 1:
+        bad("there is no support for pipeline parallelism with CPU offloading: use --pp 1 or drop "
+            "--activation-offload-layers", "1891-1894")
+    if plan.recompute != "none":
+        bad(f"CPU offloading does not work when activation recomputation is enabled (recompute {plan.recompute}): "
+            "use --recompute none or drop --activation-offload-layers", "1896-1899")
+    if plan.cuda_graph not in (None, "none", FULL_ITERATION_GRAPH):
+        bad(f"CUDA graphs not supported with CPU offloading ({plan.cuda_graph}; a full-iteration graph is): use "
+            "--cuda-graph full-iteration or none, or drop --activation-offload-layers", "2800-2801")
     return out

@@ -134,6 +134,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if plan.peft is not None and plan.peft not in s.peft:
         bad("peft", f"its files cannot freeze the base weights and train {plan.peft} adapters: use --engine "
                     "megatron (Megatron-Bridge's LoRA), or drop --peft")
+    if not s.runs("activation_offload_layers", plan.activation_offload_layers):
+        bad("activation_offload_layers", "its files cannot offload activations to host memory (Megatron-core's "
+            "--cpu-offloading-num-layers): use --engine megatron, or drop --activation-offload-layers")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

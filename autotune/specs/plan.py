@@ -144,6 +144,11 @@ class ParallelPlan:
     cp_comm_type: str | None = field(default=None, repr=False)
     """Context parallelism's attention exchange (:data:`CP_COMM_TYPES`, Megatron ``--cp-comm-type``). None: the
     engine's own (``CommSchedule.cp_kind``)."""
+    activation_offload_layers: int | None = field(default=None, repr=False)
+    """Activation CPU offload (Megatron-core ``--cpu-offloading-num-layers N``, Transformer Engine's
+    ``get_cpu_offload_context``): the saved activations of the first N transformer layers are copied to host
+    memory in forward and back in backward on a side stream (``autotune.cost.activation_offload``). None: none
+    offloaded (the engine's default)."""
     peft: str | None = field(default=None, repr=False)
     """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
     low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
@@ -167,6 +172,7 @@ class ParallelPlan:
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
+                     and self.activation_offload_layers is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
             return
@@ -185,6 +191,10 @@ class ParallelPlan:
             not isinstance(self.recompute_num_layers, int) or self.recompute_num_layers < 1
         ):
             problems.append(f"recompute_num_layers must be a positive integer or absent, got {self.recompute_num_layers!r}")
+        n_off = self.activation_offload_layers
+        if n_off is not None and (not isinstance(n_off, int) or isinstance(n_off, bool) or n_off < 1):
+            problems.append(f"activation_offload_layers must be a positive integer or absent (none offloaded), "
+                            f"got {n_off!r}")
         if self.etp is not None and (not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 1):
             problems.append(f"etp must be a positive integer or absent, got {self.etp!r}")
         if self.grad_dtype not in (None, "bf16"):
@@ -272,7 +282,7 @@ class ParallelPlan:
         if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
                 or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None
                 or self.peft is not None or self.lora_rank is not None or self.lora_alpha is not None
-                or self.lora_targets is not None):
+                or self.lora_targets is not None or self.activation_offload_layers is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
