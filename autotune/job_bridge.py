@@ -97,6 +97,8 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     modules = m.get("recompute_modules")  # null: ["core_attn"] (TransformerConfig)
     if granularity == "selective" and isinstance(modules, list) and modules:
         out["recompute_modules"] = tuple(str(x) for x in modules)
+    if m.get("cpu_offloading") and (offloaded := _size(m, "cpu_offloading_num_layers", path, None)):
+        out["activation_offload_layers"] = offloaded  # TransformerConfig cpu_offloading / cpu_offloading_num_layers
     impl = m.get("cuda_graph_impl")
     listed = m.get("cuda_graph_modules") or m.get("cuda_graph_scope") or []
     names = [str(x).rsplit(".", 1)[-1] for x in (listed if isinstance(listed, list) else [listed])]

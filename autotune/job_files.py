@@ -171,6 +171,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     modules = _values(argv, "--recompute-modules")  # nargs "+"; unset: ["core_attn"] (TransformerConfig)
     if granularity == "selective" and modules:
         out["recompute_modules"] = tuple(modules)
+    if (offloaded := n("--cpu-offloading-num-layers")):  # > 0 turns cpu_offloading on (arguments.py:1950-1951)
+        out["activation_offload_layers"] = offloaded
     out |= _cuda_graph(f, argv, path, notes)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"

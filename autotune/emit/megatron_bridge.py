@@ -316,6 +316,9 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                   | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     model_keys |= sync_free_moe_config(model, plan)
+    if plan.activation_offload_layers:  # as Bridge's perf scripts set it (utils/overrides.py:170-173 at 067f987)
+        model_keys |= {"cpu_offloading": True, "cpu_offloading_weights": False,
+                       "cpu_offloading_num_layers": plan.activation_offload_layers}
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "

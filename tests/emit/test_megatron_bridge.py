@@ -174,6 +174,8 @@ for folder, recipe, world in json.loads(sys.argv[1]):
                    bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
         "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
+        "offload": [m.cpu_offloading, m.cpu_offloading_num_layers, m.cpu_offloading_weights,
+                    m.cpu_offloading_activations],
         "fp4": [getattr(m, "fp4", None), getattr(m, "fp4_recipe", None), getattr(m, "fp4_param", None)],
         "precision": [m.bf16, m.fp16, m.fp8, m.fp8_recipe, m.fp8_amax_history_len, m.fp8_amax_compute_algo,
                       a.ddp.fp8_param_gather, str(m.params_dtype)],
@@ -259,6 +261,11 @@ CASES = [
     ("70b-mfsdp-fp8", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
                                              fp8_recipe="te-current", recompute="selective")),
     ("8b-mfsdp-optim-grads", "llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
+    # activation CPU offload of the first 20 layers (model.cpu_offloading_num_layers), as NVIDIA's Llama-3 70B
+    # Megatron-FSDP rows on GB300: no recompute, no pipeline (TransformerConfig refuses offload with either)
+    ("70b-mfsdp-activation-offload", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
+                                                            fp8_recipe="te-current", recompute="none",
+                                                            activation_offload_layers=20)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
@@ -347,6 +354,8 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
                                 "selective": ["selective", None, None,
                                               list(plan.recompute_modules or ("core_attn",))]}[plan.recompute]
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
+    n_off = plan.activation_offload_layers
+    assert got["offload"] == ([True, n_off, False, True] if n_off else [False, 0, False, True]), got["offload"]
     assert got["ep_overlap"] == [plan.ep_overlapped, plan.ep_overlap == "a2a-delay-wgrad"]
     graphs = plan.cuda_graph not in (None, "none")
     impl = {"full-iteration": "full_iteration"}.get(plan.cuda_graph or "none", plan.cuda_graph or "none")

@@ -260,3 +260,21 @@ def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, 
     assert " ".join(flags) in " ".join(argv), argv
     verdict = oracle.verdict(world, args_file=path)
     assert verdict["ok"], f"Megatron-LM rejects what we emitted for {name}: {verdict}\n{path.read_text()}"
+
+
+def test_activation_offload_passes_megatron_lm(oracle, tmp_path):
+    """Activation CPU offload (--cpu-offloading-num-layers, which turns cpu_offloading on: arguments.py:1950-1951 at
+    d98e8a6) as Megatron-LM's own parser and validate_args take it, on NVIDIA's Llama-3 70B Megatron-FSDP plan."""
+    model = load_model_preset("llama3-70b")
+    cluster = load_cluster(gpu="gb300", num_gpus=64)
+    plan = make_plan(model, cluster, engine="megatron", zero_stage=3, seq_len=8192, micro_batch_size=2,
+                     global_batch_size=256, precision="fp8", grad_dtype="bf16", recompute="none",
+                     activation_offload_layers=20)
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
+    argv, lines, env = parse_shell_args_with_lines(path.read_text())
+    assert "--cpu-offloading-num-layers 20" in " ".join(argv), argv
+    verdict = oracle.verdict(64, args_file=path, env={"CUDA_DEVICE_MAX_CONNECTIONS": env.get(
+        "CUDA_DEVICE_MAX_CONNECTIONS", "8")})
+    assert verdict["ok"], f"Megatron-LM rejects the offload plan's arguments: {verdict}\n{path.read_text()}"
+    assert [p for p in megatron_args_problems(argv, 64, env=env, lines=lines) if p.severity == "error"] == []
