@@ -16,7 +16,10 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
   parts ("full_iteration" in the scope promotes the impl to a whole-iteration graph: Megatron-Bridge
   perf_recipes/_common.py ``_benchmark_common``; ``--cuda-graph full-iteration``);
 - ``comm_overlap.tp_comm_overlap`` (userbuffers, with sequence parallelism, where tp > 1);
-- ``comm_overlap.overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``.
+- ``comm_overlap.overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``;
+- ``cpu_offloading`` with ``cpu_offloading_num_layers`` N: the first N layers' saved activations offloaded to host
+  memory (``--activation-offload-layers N``); Megatron-core refuses it with any recompute (transformer_config.py:
+  1896-1899 at d98e8a6), so a recipe that offloads and whose recompute is not read ran without one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ NOT_EXPRESSIBLE = {
     "pipeline_model_parallel_layout": None,  # any value but None
     "account_for_embedding_in_pipeline_split": ("True",),
     "account_for_loss_in_pipeline_split": ("True",),
-    "cpu_offloading": ("True",),
     "fine_grained_activation_offloading": ("True",),
     "overlap_param_gather_with_optimizer_step": ("True",),
     "moe_paged_stash": ("True",),
@@ -100,6 +102,11 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         return f
     gran = s.get("recompute_granularity")
     f.recompute_set = "recompute_granularity" in s.values  # else the bench tries each mode (the fallback)
+    offloaded = s.get("cpu_offloading_num_layers") if s.get("cpu_offloading") == "True" else None
+    if offloaded and not f.recompute_set:
+        # Megatron-core refuses CPU offload with any recompute (transformer_config.py:1896-1899 at d98e8a6): a recipe
+        # that offloads ran without one, whatever its unread base recipe says.
+        f.recompute_set, gran = True, None
     if not f.recompute_set:
         f.unexpressed.append("recompute not read (the release's base recipe is not flat)")
     elif gran is None:
@@ -116,6 +123,9 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
             f.argv += ["--recompute-num-layers", s.get("recompute_num_layers")]
     if f.recompute_set:
         f.applied.append(f"recompute {gran or 'none'}")
+    if offloaded:  # Megatron --cpu-offloading-num-layers (Bridge's model.cpu_offloading with _num_layers)
+        f.argv += ["--activation-offload-layers", offloaded]
+        f.applied.append(f"activation offload {offloaded} layers")
     impl, scope = s.get("cuda_graph_impl"), (s.get("cuda_graph_scope") or "").split()
     if impl == "full_iteration" or "full_iteration" in scope:
         # A whole-iteration graph (forward, backward and the pipeline's sends; Megatron's FullCudaGraphWrapper)

@@ -87,6 +87,9 @@ class SearchConstraints:
     """Every plan's MoE token dispatcher where ep > 1 (None: each engine's default)."""
     cp_comm_type: str | None = None
     """Every plan's context-parallel exchange where cp > 1 (None: each engine's default)."""
+    activation_offload_layers: int | None = None
+    """Every plan's activation CPU offload (the first N layers' saved activations in host memory) where pp = 1
+    (Megatron-core refuses it with a pipeline; its plans with recompute are refused too); None: none."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
     peft: str | None = None
