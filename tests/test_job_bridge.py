@@ -34,6 +34,9 @@ CASES = {
     "70b-mfsdp": ("llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, recompute="full",
                                          recompute_num_layers=80)),
     "8b-mfsdp-optim-grads": ("llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
+    # activation CPU offload (model.cpu_offloading, cpu_offloading_num_layers)
+    "8b-mfsdp-activation-offload": ("llama3-8b", 8, dict(zero_stage=3, global_batch_size=64, recompute="none",
+                                                         activation_offload_layers=8)),
 }
 
 
