@@ -54,7 +54,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             "cuda_graph_scope": (("attn",), ("mlp",)) if len(s.cuda_graphs) > 1 else (),
             "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else (),
             "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else (),
-            "cp_comm_type": s.cp_comm_types}
+            "cp_comm_type": s.cp_comm_types,
+            "activation_offload_layers": (4,) if s.activation_offload else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -91,7 +92,7 @@ def _effective(plan: ParallelPlan) -> tuple:
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
             plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
-            cp_kind(plan, engine.comm.cp_kind))
+            cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers)
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -133,7 +134,8 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
 def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
-                        ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a")):
+                        ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a"),
+                        ("activation_offload_layers", 4)):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
