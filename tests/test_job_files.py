@@ -100,7 +100,8 @@ ROUND_TRIPS = {
                                   ["megatron_args.sh", "launch_torchrun.sh"], []),
     # activation CPU offload: --cpu-offloading-num-layers reads back as activation_offload_layers
     "megatron-activation-offload": (["--engine", "megatron", "--zero", "3", "--recompute", "none",
-                                     "--activation-offload-layers", "4"], ["megatron_args.sh", "launch_torchrun.sh"], []),
+                                     "--activation-offload-layers", "4"],
+                                    ["megatron_args.sh", "launch_torchrun.sh"], []),
     "deepspeed": (["--engine", "deepspeed", "--zero", "3", "--micro-batch", "2", "--recompute", "full"],
                   ["ds_config.json"], ["--model", "llama3-8b", "--num-gpus", "16", "--recompute", "full",
                                      "--seq-len", "2048"]),  # what a DeepSpeed config does not hold

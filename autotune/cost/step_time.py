@@ -301,8 +301,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     if plan.offload_param != "none":
         offload += m * 2 * (2 * psi_part) / pcie
     if plan.activation_offload_layers:  # activation CPU offload's copies (autotune.cost.activation_offload)
-        offload += m * offload_exposed_s(offloaded_activation_bytes(
-            model, plan, engine.activation_facts(plan), engine.support.layer_split), cluster, fwd_mb, compute_mb - fwd_mb)
+        offloaded = offloaded_activation_bytes(model, plan, engine.activation_facts(plan), engine.support.layer_split)
+        offload += m * offload_exposed_s(offloaded, cluster, fwd_mb, compute_mb - fwd_mb)
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
     compute = m * compute_mb + contention

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules", "moe_dispatcher_rules",
-           "recompute_module_rules"]
+__all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
+           "moe_dispatcher_rules", "recompute_module_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
