@@ -313,8 +313,7 @@ STAGE_ACTIVATION_FIELDS = (
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
-    "peft", "lora_rank", "lora_targets",  # LoRA's frozen linears save no input
-    "activation_offload_layers")  # the first N layers' saved activations in host memory (cost/activation_offload.py)
+    "peft", "lora_rank", "lora_targets", "activation_offload_layers")  # LoRA's frozen linears save no input
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 

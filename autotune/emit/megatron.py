@@ -264,8 +264,8 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args = _shape_flags(model, plan, problems)
     args += _parallel_flags(model, plan, cluster.gpus_per_node, problems)
     args += _recompute_flags(plan)
-    if plan.activation_offload_layers:  # turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)
-        args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)]
+    # activation offload: turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)
+    args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)] if plan.activation_offload_layers else []
     args += _cuda_graph_flags(plan, options.megatron_version)
     args += _ep_overlap_flags(plan)
     args += _dispatcher_flags(model, plan, options.megatron_version, problems)
