@@ -18,7 +18,9 @@ Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX ro
 (Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);
 FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; NVFP4 rows as
 ``--precision fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every
-row with ``--grad-dtype bf16`` (GRAD_DTYPE). Rows the tool cannot express are listed with the reason (the tool's own
+row with ``--grad-dtype bf16`` (GRAD_DTYPE); with ``--expandable-segments`` where NVIDIA's launcher set
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for the row (bench/nvidia_allocator_env.py: the Llama 3.1 405B
+rule), for NVIDIA's plan and the planner's search alike. Rows the tool cannot express are listed with the reason (the tool's own
 error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
@@ -52,6 +54,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
     _stats,
     p90_abs,
 )
+from nvidia_allocator_env import expandable_segments_source
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
@@ -221,6 +224,11 @@ def express(row: dict) -> Case:
     split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
     case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
                            split_accounts=split is not None and split.kind == "account")
+    read = SETTINGS.get(row["source"])
+    if expandable_segments_source(family, row["system"], row["precision"], read.read_at if read else "",
+                                  read.recipe if read else ""):
+        case.argv.append("--expandable-segments")  # the launcher's PYTORCH_CUDA_ALLOC_CONF (nvidia_allocator_env.py)
+        case.notes.append("expandable segments")
     if lora is not None:  # the fine-tuning recipe's own settings (the settings table matched pre-training ones)
         case.argv += lora[0]
         case.flags = lora[1]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from autotune.cost.uncertainty import uncertainty_of
 from autotune.search.planner import search_plans
+from autotune.specs.settings import MemorySettings
 from autotune.search.space import SearchConstraints
 from autotune.search.ties import rank_with_ties
 from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tunes as NVIDIA's plan does
@@ -109,10 +110,12 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         constraints = search_constraints(est)
         key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
                plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe,
-               *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS))
-        if key not in searches:
+               *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS),
+               expandable := "--expandable-segments" in c.argv)
+        if key not in searches:  # the allocator setting NVIDIA's run had, for every searched plan (like for like)
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
-                                         global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints)
+                                         global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints,
+                                         memory_settings=MemorySettings(expandable_segments=expandable))
         found = searches[key]
         nv = est.time.tokens_per_s
         in_order, by_speed = planner_rank(found, est)

@@ -164,6 +164,9 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--fragmentation", type=float, help="caching-allocator reserve beyond the allocated peak, a "
                    f"fraction 0-0.9 (default {MemorySettings().fragmentation_fraction:g}, fitted by "
                    "bench/fit_fragmentation.py)")
+    m.add_argument("--expandable-segments", action="store_true",
+                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator hands its free "
+                        "pages back before it runs out of memory, so the fit test leaves the fragmentation reserve out")
     add_calibration(p)
 
 

@@ -11,7 +11,9 @@ tools that report memory see them:
 * ``reserved``: what the caching allocator holds (``max_memory_reserved``, what torchtitan logs): allocated
   plus fragmentation and segment rounding (``fragmentation_fraction``);
 * ``total``: the device total ``nvidia-smi`` shows, which ``fits`` is judged on: reserved plus the CUDA
-  context and NCCL's communicator buffers, outside the allocator. ``overhead`` is total minus allocated.
+  context and NCCL's communicator buffers, outside the allocator. ``overhead`` is total minus allocated. With
+  expandable segments (``MemorySettings.expandable_segments``) the allocator returns its free pages when memory
+  runs out instead of failing, so the total needed leaves the reserve out (``reserved`` keeps it).
 
 Host memory is reported per node.
 """
@@ -61,7 +63,7 @@ class MemoryEstimate:
     """The backward peak's saved activations (and the transient of the largest op)."""
     buffers: float
     overhead: float
-    """Allocator reserve beyond allocated, CUDA context and NCCL buffers."""
+    """Allocator reserve beyond allocated (none with expandable segments), CUDA context and NCCL buffers."""
     capacity: float
     stage: int
     """Index of the most loaded pipeline stage."""
@@ -150,6 +152,13 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
     return out
 
 
+def _held_reserve(reserve: float, settings: MemorySettings) -> float:
+    """The part of the allocator's reserve the device total counts: all of it, or none with expandable segments,
+    whose free pages the allocator unmaps and maps where the next allocation needs them before it reports out of
+    memory (``MemorySettings.expandable_segments``)."""
+    return 0.0 if settings.expandable_segments else reserve
+
+
 _outside_cache: dict[tuple, tuple[ClusterSpec, MemorySettings, float, float]] = {}
 
 
@@ -199,14 +208,15 @@ def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None)
     these fields: ``_STATE_FIELDS``); at any stage the tensors are weights + gradients + optimizer states + max(the
     activations, the optimizer step's transient) + buffers, activations and buffers >= 0, so at least the states
     and the transient of this ledger's stage; the most loaded stage's are no fewer; the reserve is
-    ``fragmentation_fraction`` of them, and the bytes outside the allocator read none of these fields.
-    0.0 (no bound) for a negative fragmentation fraction."""
+    ``fragmentation_fraction`` of them (none with expandable segments), and the bytes outside the allocator read
+    none of these fields. 0.0 (no bound) for a negative fragmentation fraction."""
     settings = settings or MemorySettings()
     states = memory.offloaded
     if settings.fragmentation_fraction < 0 or states is None:
         return 0.0
     tensors = states.weights + states.gradients + states.optimizer_states + states.step_transient
-    return (1 + settings.fragmentation_fraction) * tensors + (memory.overhead - memory.reserve)
+    held = 0.0 if settings.expandable_segments else settings.fragmentation_fraction
+    return (1 + held) * tensors + (memory.overhead - _held_reserve(memory.reserve, settings))
 
 
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:
@@ -349,7 +359,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states.optimizer_states,  # optimizer_states
         activations,  # activations
         buffers,  # buffers
-        reserve + _outside_allocator_bytes(cluster, plan, settings),  # overhead
+        _held_reserve(reserve, settings) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
         float(cluster.gpu.memory_bytes),  # capacity
         stage,  # stage
         host_per_gpu * cluster.gpus_per_node,  # host_per_node

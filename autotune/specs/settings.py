@@ -34,6 +34,18 @@ class MemorySettings:
     smallest median |error|) on the 13 published runs with a peak memory: 9 torchtitan H100 runs
     (``max_memory_reserved``, Llama 3.1 8B / 70B / 405B, FSDP2 / TP / PP / CP, bf16 and Float8) and 4 BLOOM
     tr11 runs (nvidia-smi, Megatron-DeepSpeed). The only fitted memory parameter."""
+    expandable_segments: bool = False
+    """The run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps physical pages
+    into one growing segment per stream and, when memory runs out, "can unmap all the memory in our segment
+    corresponding to empty physical pages, and return it to CUDA for use at another address" (PyTorch
+    c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments], at pytorch/pytorch@001074d2; 20 MiB pages in the
+    large pool, 2 MiB in the small one). The fragmentation reserve (``fragmentation_fraction``) is then cached pages
+    the allocator hands back rather than fail, so the ledger's device total (``MemoryEstimate.total``, what ``fits``
+    is judged on) leaves it out; ``reserved`` (``max_memory_reserved`` when nothing presses the allocator) keeps it.
+    Not counted: the partly used pages at the edges of free ranges (under 20 MiB each). NVIDIA's launcher sets it
+    for the runs that otherwise hit "allocator fragmentation OOM": Megatron-Bridge@c810129341a8
+    scripts/performance/perf_plugins.py:265-273 and :293-297 ("expandable_segments lets the allocator reclaim
+    fragmented physical memory and avoids the OOM")."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""

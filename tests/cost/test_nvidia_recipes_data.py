@@ -303,3 +303,25 @@ def test_full_iteration_rows_ask_for_the_whole_iteration_graph():
         f = nrs.flags_for(s, tp=2, ep=8)
         assert f.argv[f.argv.index("--cuda-graph") + 1] == "full-iteration" and "--cuda-graph-scope" not in f.argv
         assert not any("CUDA graph" in u for u in f.unexpressed)
+
+
+def test_the_405b_gb200_fp8_rows_run_with_the_launchers_expandable_segments():
+    from nvidia_allocator_env import expandable_segments_source
+
+    flagged, plain = [], []
+    for row in ROWS:
+        family, _ = bench.family_of(row["model"])
+        read = bench.SETTINGS.get(row["source"])
+        where = expandable_segments_source(family, row["system"], row["precision"], read.read_at if read else "",
+                                           read.recipe if read else "")
+        (flagged if where else plain).append((family, row["system"], row["precision"], row["container"]))
+        if where:
+            assert re.match(r"^Megatron-Bridge@[0-9a-f]{12} \S+\.py:\d+", where)
+    assert all(f == "LLAMA3.1_405B" for f, *_ in flagged)
+    # the rows the ledger had over capacity: FP8 (current scaling) on GB200, tp4 pp16 vp4, every container
+    gb200_fp8 = [r for r in flagged if r[1] == "DGX-GB200" and r[2] in ("FP8", "FP8-CS")]
+    assert {r[3] for r in gb200_fp8} >= {"26.06", "26.04.01", "26.04", "26.02.01", "26.02", "25.11"}
+    # v0.2 / v0.3 launchers set it for fp8_cs / fp8_mx only: 26.02's NVFP4 row on GB200 keeps the reserve
+    assert ("LLAMA3.1_405B", "DGX-GB200", "NVFP4", "26.02") in plain
+    # the 25.09 table does not state the precision: no rule is claimed
+    assert not any(r[3] == "25.09" for r in flagged)
