@@ -13,6 +13,7 @@ from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.plan import ENGINE_NAMES
+from autotune.specs.settings import MemorySettings
 
 # Cases where the model states alone outgrow the GPU on some variants (ZeRO-0/1 of 70B on few GPUs) and not others.
 CASES = [
@@ -71,11 +72,12 @@ def test_floor_is_below_the_ledger_for_every_microbatch():
                      for mb in (1, 2, 4, 8) if 64 % (mb * base.dp) == 0
                      for recompute in ("none", "selective", "full")
                      if base.recompute_modules is None or recompute == "selective"]
-            ledgers = [estimate_memory(model, cluster, plan) for plan in plans]
-            for ledger in ledgers:
-                floor = states_floor(ledger)
-                # below each, up to rounding (the planner's margin covers it: tight where no activation outgrows the
-                # optimizer step's transient and no buffer is held)
-                assert 0 < floor <= min(other.total for other in ledgers) * planner._FLOOR_MARGIN
-                seen += floor > ledger.capacity
+            for settings in (MemorySettings(), MemorySettings(expandable_segments=True)):  # reserve counted or not
+                ledgers = [estimate_memory(model, cluster, plan, settings) for plan in plans]
+                for ledger in ledgers:
+                    floor = states_floor(ledger, settings)
+                    # below each, up to rounding (the planner's margin covers it: tight where no activation outgrows
+                    # the optimizer step's transient and no buffer is held)
+                    assert 0 < floor <= min(other.total for other in ledgers) * planner._FLOOR_MARGIN
+                    seen += floor > ledger.capacity
     assert seen > 0, "no floor above the GPU: the case tests too little"
