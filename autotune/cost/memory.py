@@ -277,19 +277,22 @@ _facts_cache: dict[tuple, tuple[ActivationFacts, ActivationFacts]] = {}
 
 
 def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, node: int) -> ActivationFacts:
-    """The engine's activation facts for the plan with the run's selective policy and, under context parallelism,
+    """The engine's activation facts for the plan with the run's selective policy, what its column-parallel linears
+    save (``MemorySettings.linear_inputs_gathered``) and, under context parallelism,
     the CP kind (``activations.py``; ``node``: :func:`_split_node`): one object for each (cached), so the caches
     above key on its id."""
     facts = engine.activation_facts(plan)
     kind = cp_kind(plan, engine.comm.cp_kind) if plan.cp > 1 else None  # context parallelism's attention buffers
     repeat = (engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv) if kind \
         else None
-    key = (id(facts), settings.selective_policy, kind, repeat, node)
+    key = (id(facts), settings.selective_policy, settings.linear_inputs_gathered, kind, repeat, node)
     hit = _facts_cache.get(key)
     if hit is None or hit[0] is not facts:
         run = facts
         if settings.selective_policy is not None:
             run = dataclasses.replace(run, selective=settings.selective_policy)
+        if settings.linear_inputs_gathered is not None:
+            run = dataclasses.replace(run, gathered_linear_inputs=settings.linear_inputs_gathered)
         if kind:
             node_field = {"cp_node_gpus": node} if node else {}
             run = dataclasses.replace(run, cp_kind=kind, cp_repeat_kv=repeat, **node_field)

@@ -192,8 +192,15 @@ def _one(entry: dict) -> PublishedRun:
     # doc's "Versions used": torchtitan/models/llama/model.py Attention.forward, repeat_kv), so context
     # parallelism exchanges and holds them at the query width (autotune.cost.cp_ring).
     sac = {"selective_policy": "op-sac", "cp_repeat_kv": True} if family.startswith("torchtitan") else {}
+    memory = dict(sac)
+    if rid.startswith("llama3"):
+        # Meta's own 4D-parallel stack, not torchtitan: its tensor parallelism is Megatron's with Korthikanti's
+        # sequence parallelism (Llama 3 paper, arXiv 2407.21783, Sec. 3.3.2: "tensor parallelism (TP; Krizhevsky et
+        # al. (2012); Shoeybi et al. (2019); Korthikanti et al. (2023))"), whose column-parallel linears keep only the
+        # sequence shard of their input for backward (Korthikanti Sec. 4.2.2), not DTensor's gathered one.
+        memory["linear_inputs_gathered"] = False
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
-            "precision": words, "time_overrides": over | sac, "memory_overrides": sac}
+            "precision": words, "time_overrides": over | sac, "memory_overrides": memory}
     layer_ms = None
     if entry.get("measured", {}).get("scope") == "per_layer":
         # Korthikanti Table 4 times "one transformer layer of the 22B model" (Table 3: 48 layers; vocabulary

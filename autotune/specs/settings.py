@@ -46,6 +46,11 @@ class MemorySettings:
     for the runs that otherwise hit "allocator fragmentation OOM": Megatron-Bridge@c810129341a8
     scripts/performance/perf_plugins.py:265-273 and :293-297 ("expandable_segments lets the allocator reclaim
     fragmented physical memory and avoids the OOM")."""
+    linear_inputs_gathered: bool | None = None
+    """Under sequence parallelism, whether the column-parallel linears (QKV, fc1, output layer) save their
+    sequence-gathered input (torchtitan's DTensor TP) or only the sequence-parallel shard, re-gathered in backward
+    (Korthikanti et al. 2022 Sec. 4.2.2, Megatron): ``ActivationFacts.gathered_linear_inputs`` where the run's code
+    differs from its engine's; None: the engine's own."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""

@@ -109,3 +109,22 @@ def test_nvidia_h100_fp8_runs_keep_bf16_gradients_and_fit(run_id):
     fp32 = estimate_memory(run.model, run.cluster, plan.with_(grad_dtype=None))
     assert mem.gradients == pytest.approx(fp32.gradients / 2)
     assert mem.fits and mem.total < fp32.total
+
+
+def test_meta_405b_saves_korthikanti_sequence_shards_not_dtensor_gathered_inputs():
+    # Llama 3 paper Sec. 3.3.2: Meta's TP is Megatron's with Korthikanti's sequence parallelism; its column-parallel
+    # linears keep the sequence shard of their input, so the stage's activations are those of the Megatron facts.
+    from autotune.cost.activations import stage_activation_bytes
+    from autotune.cost.memory import estimate_memory
+    from autotune.engines.facts import MEGATRON_FACTS
+    from autotune.specs.settings import MemorySettings
+
+    run = BY_ID["llama3-405b-8k-16384gpu"]
+    assert run.memory_overrides.get("linear_inputs_gathered") is False
+    plan = run.candidates[0]
+    meta = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
+    dtensor = estimate_memory(run.model, run.cluster, plan)
+    shard = stage_activation_bytes(run.model, plan, meta.stage, MEGATRON_FACTS)
+    assert meta.activation_parts["layers"] == pytest.approx(shard["layers"])
+    assert meta.activations < 0.6 * dtensor.activations  # tp8: the QKV and fc1 inputs at 1/8, not whole
+    assert (meta.weights, meta.gradients, meta.buffers) == (dtensor.weights, dtensor.gradients, dtensor.buffers)
