@@ -47,7 +47,8 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
 
 
 def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
-    """The plan's run settings and the run's stated ones (``time_overrides``) as flags."""
+    """The plan's run settings and the run's stated ones (``time_overrides``, and ``memory_overrides``' saved linear
+    inputs) as flags."""
     over = run.time_overrides
     out: list[str] = []
     if plan.grad_dtype:
@@ -71,6 +72,9 @@ def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
         out += ["--cuda-graph-scope", *plan.cuda_graph_scope]
     if plan.ep_overlap:
         out += ["--ep-overlap", plan.ep_overlap]
+    gathered = run.memory_overrides.get("linear_inputs_gathered")
+    if gathered is not None:  # the run's code saves what its engine's would not (Llama 3: Korthikanti's shards)
+        out += ["--linear-inputs", "gathered" if gathered else "shard"]
     return out
 
 

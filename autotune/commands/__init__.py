@@ -167,6 +167,10 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--expandable-segments", action="store_true",
                    help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator hands its free "
                         "pages back before it runs out of memory, so the fit test leaves the fragmentation reserve out")
+    m.add_argument("--linear-inputs", choices=("gathered", "shard"), default=None,
+                   help="under sequence parallelism, what the column-parallel linears save for backward: the "
+                        "sequence-gathered input (torchtitan's DTensor TP) or the shard, re-gathered in backward "
+                        "(Megatron, Korthikanti et al. 2022); default: the engine's own")
     add_calibration(p)
 
 

@@ -64,6 +64,8 @@ def estimate_from_flags(args: argparse.Namespace):
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
         **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}), **cost,
         expandable_segments=bool(getattr(args, "expandable_segments", False)),
+        **({} if getattr(args, "linear_inputs", None) is None
+           else {"linear_inputs_gathered": args.linear_inputs == "gathered"}),
     )
     return estimate(model, cluster, plan, settings, replace(time_settings(args), **cost))
 
