@@ -2,10 +2,11 @@
 expandable_segments:True`` (``autotune estimate --expandable-segments``, ``MemorySettings.expandable_segments``).
 
 Read from Megatron-Bridge's performance launcher at the release that first documents each row's container (the
-settings file's ``read_at``; bench/nvidia_recipe_settings.py). Only the Llama 3.1 405B rule is read here; the
-launcher sets the variable for other workloads too (DeepSeek-V3, Qwen3-Next, Llama 3 70B fine-tuning; from v0.5.0
-every run: scripts/performance/utils/executors.py PERF_ENV_VARS), which this table does not claim yet, so those rows
-keep the full fragmentation reserve.
+settings file's ``read_at``; bench/nvidia_recipe_settings.py). Before v0.5 only the Llama 3.1 405B rule is read
+here (the launcher sets the variable for a few other workloads too: DeepSeek-V3, Qwen3-Next, Llama 3 70B fine-tuning,
+which this table does not claim, so those rows keep the full fragmentation reserve); v0.5.0's launcher sets it for
+every run, whatever the model (scripts/performance/utils/executors.py PERF_ENV_VARS), so every row read at v0.5 has
+it.
 
     release   GPUs             precisions (the recipe's compute_dtype)       where
     v0.2.x    GB200            fp8_cs, fp8_mx                                 perf_plugins.py@717c62de401b:250-252
@@ -34,6 +35,8 @@ RULES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]], str]] = {
 """Release prefix -> (systems, precisions per system where the rule names them (empty: every precision), source)."""
 
 FAMILY = "LLAMA3.1_405B"
+EVERY_RUN = ("v0.5",)
+"""Releases whose launcher sets the variable for every workload (the family does not matter)."""
 
 
 def compute_dtype(precision: str, recipe: str = "") -> str:
@@ -54,10 +57,11 @@ def compute_dtype(precision: str, recipe: str = "") -> str:
 
 def expandable_segments_source(family: str, system: str, precision: str, read_at: str, recipe: str = "") -> str:
     """Where the launcher sets expandable segments for this row ("" where this table does not say it does)."""
-    if family != FAMILY or not read_at:
+    if not read_at:
         return ""
-    rule = RULES.get(".".join(read_at.split(".")[:2]))
-    if rule is None:
+    release = ".".join(read_at.split(".")[:2])
+    rule = RULES.get(release)
+    if rule is None or (family != FAMILY and release not in EVERY_RUN):
         return ""
     systems, dtypes, where = rule
     if system not in systems:
