@@ -36,15 +36,14 @@ import operator
 from dataclasses import dataclass
 
 from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
+from autotune.cost.stage_chunks import first_chunk_in_flight, moe_layers_in, uneven_chunks
 from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.cost.lora import saved_input_change
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import (
     interleaved_chunk_loads,
-    interleaved_forwards_at_peak,
     microbatches_in_flight,
     stage_layers,
-    virtual_layout,
 )
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_INPUT_BYTES
@@ -244,42 +243,6 @@ def loss_backward_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
         * model.vocab_size / plan.tp / (plan.loss_chunks or 1)
 
 
-def _first_chunk_in_flight(plan: ParallelPlan) -> float:
-    """Micro-batches of the first stage's first chunk (the one with the embedding) in flight at its peak.
-
-    Megatron ``get_model_chunk_id``: forward k runs chunk ``(k % (pp * vpp)) // pp``, so chunk 0 gets the first
-    pp of every pp*vpp forwards; without interleaving every in-flight micro-batch is chunk 0's."""
-    if not plan.interleaved or plan.pp == 1:
-        return microbatches_in_flight(plan, 0)
-    group = plan.pp * plan.vpp
-    forwards = interleaved_forwards_at_peak(plan, 0)
-    return float(forwards // group * plan.pp + min(forwards % group, plan.pp))
-
-
-def _moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
-    """MoE layers among layer indices [start, stop) (after the leading dense ones, every moe_layer_step-th)."""
-    if model.moe is None:
-        return 0
-    if model.moe.moe_layer_step != 1:  # Llama 4 Maverick: dense and MoE layers alternate
-        return sum(model.is_moe_layer(i) for i in range(start, stop))
-    return max(0, stop - max(start, model.moe.num_dense_layers))
-
-
-def _uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> list[tuple[int, int]] | None:
-    """The [start, stop) layer indices of each of ``stage``'s virtual chunks where Megatron gives its chunks unequal
-    layer counts (the embedding's and the loss's slots, ``layout.virtual_layout``); None otherwise (no interleaving,
-    equal chunks, or another engine's split), where every chunk holds 1/vpp of the stage's layers."""
-    if not plan.interleaved or scheme != "megatron":
-        return None
-    layout = virtual_layout(num_layers, plan.pp, plan.vpp)
-    if layout is None:
-        return None
-    own = [plan.pp * c + stage for c in range(plan.vpp)]
-    if len({layout[i] for i in own}) == 1:
-        return None
-    return [(sum(layout[:i]), sum(layout[:i + 1])) for i in own]
-
-
 _kinds_cache: dict[tuple, tuple[ModelSpec, tuple[LayerActivations, LayerActivations]]] = {}
 
 
@@ -345,21 +308,21 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
     layer_input = 2 * plan.seq_len / plan.cp * plan.micro_batch_size * model.hidden_size / t_seq
 
     def full(start: int, stop: int) -> float:
-        n_moe = _moe_layers_in(model, start, stop)
+        n_moe = moe_layers_in(model, start, stop)
         return (stop - start - n_moe) * dense.total + n_moe * moe.total
 
     stop = first + layers_per_stage
     if plan.recompute == "full":
         n_recompute = min(plan.recompute_num_layers or layers_per_stage, layers_per_stage)
         # While one recomputed layer runs backward, its full activations exist once (one micro-batch).
-        has_moe = _moe_layers_in(model, first, first + n_recompute) > 0
-        has_dense = n_recompute - _moe_layers_in(model, first, first + n_recompute) > 0
+        has_moe = moe_layers_in(model, first, first + n_recompute) > 0
+        has_dense = n_recompute - moe_layers_in(model, first, first + n_recompute) > 0
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
     elif plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
         working = dense.total  # the recomputed ops of one layer, during its backward
     elif plan.recompute == "selective":
         # Megatron's modules (default: the attention core); one layer's recomputed module lives during its backward.
-        n_moe = _moe_layers_in(model, first, stop)
+        n_moe = moe_layers_in(model, first, stop)
         modules = recomputed(plan.recompute_modules or ("core_attn",))
         working, dropped_per_layer = 0.0, {}
         for count, layer, is_moe in ((layers_per_stage - n_moe, dense, False), (n_moe, moe, True)):
@@ -372,7 +335,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
     def stored_in(start: int, stop: int) -> float:
         """Bytes layers [start, stop) keep for backward per micro-batch (full recompute: the first
         recompute_num_layers of them rerun, keeping their input)."""
-        count, n_moe = stop - start, _moe_layers_in(model, start, stop)
+        count, n_moe = stop - start, moe_layers_in(model, start, stop)
         if plan.recompute == "full":
             n = min(plan.recompute_num_layers or count, count)
             return n * layer_input + full(start + n, stop)
@@ -383,7 +346,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
                 - n_moe * dropped_per_layer.get(True, 0.0)
         return full(start, stop)
 
-    chunks = _uneven_chunks(model.num_layers, plan, stage, scheme)
+    chunks = uneven_chunks(model.num_layers, plan, stage, scheme)
     if chunks is None:
         held = stored_in(first, stop) * in_flight
         if plan.activation_offload_layers:  # TE offload: the first N layers' sets leave (cost/activation_offload.py)
@@ -398,7 +361,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
                                                  facts.cp_node_gpus) - dense.mlp)
     parts = {"layers": held, "recompute_working_set": working}
     if stage == 0:
-        parts["embedding"] = embedding_activation_bytes(model, plan) * _first_chunk_in_flight(plan)
+        parts["embedding"] = embedding_activation_bytes(model, plan) * first_chunk_in_flight(plan)
     if stage == plan.pp - 1:
         parts["output_and_loss"] = output_activation_bytes(model, plan, facts)
         extra = loss_backward_bytes(model, plan, facts) - working

@@ -1,0 +1,46 @@
+"""Which layers a pipeline stage's chunks hold and how many micro-batches its first chunk keeps in flight:
+the bookkeeping :mod:`autotune.cost.activations` weighs each chunk's saved activations by."""
+
+from __future__ import annotations
+
+from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, virtual_layout
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["first_chunk_in_flight", "moe_layers_in", "uneven_chunks"]
+
+
+def first_chunk_in_flight(plan: ParallelPlan) -> float:
+    """Micro-batches of the first stage's first chunk (the one with the embedding) in flight at its peak.
+
+    Megatron ``get_model_chunk_id``: forward k runs chunk ``(k % (pp * vpp)) // pp``, so chunk 0 gets the first
+    pp of every pp*vpp forwards; without interleaving every in-flight micro-batch is chunk 0's."""
+    if not plan.interleaved or plan.pp == 1:
+        return microbatches_in_flight(plan, 0)
+    group = plan.pp * plan.vpp
+    forwards = interleaved_forwards_at_peak(plan, 0)
+    return float(forwards // group * plan.pp + min(forwards % group, plan.pp))
+
+
+def moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
+    """MoE layers among layer indices [start, stop) (after the leading dense ones, every moe_layer_step-th)."""
+    if model.moe is None:
+        return 0
+    if model.moe.moe_layer_step != 1:  # Llama 4 Maverick: dense and MoE layers alternate
+        return sum(model.is_moe_layer(i) for i in range(start, stop))
+    return max(0, stop - max(start, model.moe.num_dense_layers))
+
+
+def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> list[tuple[int, int]] | None:
+    """The [start, stop) layer indices of each of ``stage``'s virtual chunks where Megatron gives its chunks unequal
+    layer counts (the embedding's and the loss's slots, ``layout.virtual_layout``); None otherwise (no interleaving,
+    equal chunks, or another engine's split), where every chunk holds 1/vpp of the stage's layers."""
+    if not plan.interleaved or scheme != "megatron":
+        return None
+    layout = virtual_layout(num_layers, plan.pp, plan.vpp)
+    if layout is None:
+        return None
+    own = [plan.pp * c + stage for c in range(plan.vpp)]
+    if len({layout[i] for i in own}) == 1:
+        return None
+    return [(sum(layout[:i]), sum(layout[:i + 1])) for i in own]
