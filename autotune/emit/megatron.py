@@ -24,6 +24,7 @@ from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.megatron_moe_graph import sync_free_moe_args
+from autotune.emit.megatron_run_flags import cuda_graph_flags, dispatcher_flags, ep_overlap_flags, recompute_flags
 from autotune.emit.megatron_versions import missing_flag_rules
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import megatron_precision_flags
@@ -32,7 +33,7 @@ from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import layer_counts
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
+from autotune.specs.plan import ParallelPlan
 
 __all__ = [
     "FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "megatron_args", "megatron_env",
@@ -160,71 +161,6 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, pr
     return args
 
 
-def _recompute_flags(plan: ParallelPlan) -> list[str]:
-    if plan.recompute == "selective":  # --recompute-modules: nargs "+", unset = ["core_attn"] (TransformerConfig)
-        modules = ["--recompute-modules", *plan.recompute_modules] if plan.recompute_modules else []
-        return ["--recompute-granularity", "selective", *modules]
-    if plan.recompute == "full":
-        if plan.recompute_num_layers is None:  # every layer: uniform chunks of one layer
-            return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-        return ["--recompute-granularity", "full", "--recompute-method", "block",
-                "--recompute-num-layers", str(plan.recompute_num_layers)]
-    return []
-
-
-def _flag_choices(release: str, flag: str) -> tuple[str, ...]:
-    """The choices ``flag`` takes in the release's flag table (none listed: any value)."""
-    spec = megatron_flag_table(release).get(flag)
-    return spec.choices or () if spec is not None else ()
-
-
-def _cuda_graph_flags(plan: ParallelPlan, release: str) -> list[str]:
-    """--cuda-graph-impl, and the captured parts: --cuda-graph-modules from core 0.18 (its --cuda-graph-scope is then
-    a hidden, deprecated alias, arguments.py:1966 of 0.19.2), --cuda-graph-scope before; unset: the whole layer."""
-    if plan.cuda_graph in (None, "none"):
-        return []
-    if plan.cuda_graph == FULL_ITERATION_GRAPH:
-        # Core 0.18 on: an implementation of its own (--cuda-graph-impl choices, megatron_flags_core_v0.18.json);
-        # before: local graphs of the full_iteration scope (arguments.py:1006-1008 of core_v0.17.1, :725-728 of
-        # core_v0.16.1). Each release asserts the NaN check off with it (:1195-1197 of core_v0.19.0): the check's
-        # host sync cannot run inside the captured graph.
-        full = "full_iteration" in _flag_choices(release, "--cuda-graph-impl")
-        return (["--cuda-graph-impl", "full_iteration"] if full else
-                ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]) + [
-            "--no-check-for-nan-in-loss-and-grad"]
-    args = ["--cuda-graph-impl", plan.cuda_graph]
-    if plan.cuda_graph_scope:
-        flag = "--cuda-graph-modules" if "--cuda-graph-modules" in megatron_flag_table(release) else "--cuda-graph-scope"
-        args += [flag, *plan.cuda_graph_scope]
-    return args
-
-
-def _ep_overlap_flags(plan: ParallelPlan) -> list[str]:
-    """The EP all-to-all overlap (core_v0.16 .. 0.19 arguments.py, store_true each: emit/megatron_flags_core_v0.*.json);
-    --delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (transformer_config.py:2749-2752 of 0.19.2)."""
-    if not plan.ep_overlapped:
-        return []
-    return ["--overlap-moe-expert-parallel-comm"] + (["--delay-wgrad-compute"] if plan.ep_overlap == "a2a-delay-wgrad"
-                                                     else [])
-
-
-def _dispatcher_flags(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:
-    """The MoE token dispatcher where experts are split (ep > 1) or a plan names one: alltoall unless the plan says
-    otherwise (Megatron's own default is allgather, transformer_config.py:862 of 0.19.2); flex with its backend
-    (--moe-flex-dispatcher-backend), as the release's flag table has them (core_v0.16 .. 0.19 all do)."""
-    if model.moe is None or (plan.ep <= 1 and plan.moe_dispatcher is None):
-        return []
-    kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")
-    args = ["--moe-token-dispatcher-type", kind] + (["--moe-flex-dispatcher-backend", backend] if backend else [])
-    table = megatron_flag_table(release)
-    for flag, value in zip(args[::2], args[1::2], strict=True):
-        spec = table.get(flag)
-        if spec is None or (spec.choices is not None and value not in spec.choices):
-            problems.append(f"{flag} {value}: not in Megatron-core {release or 'newest'}'s arguments (its "
-                            "dispatchers: " + (", ".join(spec.choices or ()) if spec else "none") + ")")
-    return args
-
-
 def _optimizer_flags(plan: ParallelPlan, options: EmitOptions, problems: list[str]) -> list[str]:
     o = options.optimizer
     if plan.optimizer == "adamw":
@@ -263,12 +199,12 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     args = _shape_flags(model, plan, problems)
     args += _parallel_flags(model, plan, cluster.gpus_per_node, problems)
-    args += _recompute_flags(plan)
+    args += recompute_flags(plan)
     # activation offload: turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)
     args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)] if plan.activation_offload_layers else []
-    args += _cuda_graph_flags(plan, options.megatron_version)
-    args += _ep_overlap_flags(plan)
-    args += _dispatcher_flags(model, plan, options.megatron_version, problems)
+    args += cuda_graph_flags(plan, options.megatron_version)
+    args += ep_overlap_flags(plan)
+    args += dispatcher_flags(model, plan, options.megatron_version, problems)
     args += sync_free_moe_args(model, plan, options.megatron_version, problems)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)

@@ -113,7 +113,7 @@ def _shape(model: ModelSpec) -> dict:
 
 def _recompute(plan: ParallelPlan) -> dict:
     # TransformerConfig: granularity "full"/"selective", method "uniform"/"block"; the same choices as
-    # megatron_args' --recompute-* flags (autotune.emit.megatron._recompute_flags).
+    # megatron_args' --recompute-* flags (autotune.emit.megatron_run_flags.recompute_flags).
     off = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
            "recompute_modules": None}
     if plan.recompute == "selective":
