@@ -28,17 +28,17 @@ from autotune.cost.run_settings import without_defaults
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
-from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind
 from autotune.errors import InputError
 from autotune.inputs import _os_problem, read_json
 from autotune.job_fsdp import accelerate_fields as _accelerate
+from autotune.job_megatron_model import megatron_model
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
-from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
 
@@ -62,63 +62,6 @@ class JobFiles:
 
 
 # ---- the model --------------------------------------------------------------------------
-def _preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: str) -> ModelSpec | None:
-    """The model preset with the shape the file states, if one has it; of several, the one that also has the file's
-    vocabulary, RoPE base and position table, and whose name the tokenizer's names (``hint``)."""
-    import re
-
-    from autotune.specs.presets import load_model_preset, model_preset_names
-
-    def shape(m: ModelSpec) -> tuple:
-        return (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.ffn_hidden_size,
-                m.moe.num_experts if m.moe else 0, m.mla is None)
-
-    def plain(text: str) -> str:
-        return re.sub(r"[^a-z0-9]", "", text.lower())
-
-    found = [p for p in map(load_model_preset, model_preset_names()) if shape(p) == shape(spec)]
-    score = [(p.vocab_size == vocab, p.rope_theta == rope, plain(p.name) in plain(hint),
-              p.max_position_embeddings == spec.max_position_embeddings) for p in found]
-    return max(zip(score, range(len(found)), found))[2] if found else None
-
-
-def _megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
-    def n(flag: str) -> int | None:
-        return _int(f.get(flag), flag, path)
-
-    layers, hidden, heads = n("--num-layers"), n("--hidden-size"), n("--num-attention-heads")
-    if layers is None or hidden is None or heads is None:
-        return None
-    groups = n("--num-query-groups") if "--group-query-attention" in f else n("--num-key-value-heads")
-    vocab = n("--vocab-size")
-    if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer":
-        vocab += 1  # Megatron's NullTokenizer adds one EOD token
-    experts = n("--num-experts")
-    moe = None if not experts else MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2,
-                                           expert_ffn_hidden_size=n("--moe-ffn-hidden-size") or n("--ffn-hidden-size"))
-    rope = (f.get("--position-embedding-type") in ("rope", "yarn") or "--use-rotary-position-embeddings" in f)
-    rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
-    spec = ModelSpec(
-        name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
-        head_dim=n("--kv-channels"), activation="swiglu" if "--swiglu" in f else "gelu",
-        norm="rmsnorm" if str(f.get("--normalization", "")).lower() == "rmsnorm" else "layernorm",
-        tied_embeddings="--untie-embeddings-and-output-weights" not in f,
-        position_embedding="rope" if rope else "learned",
-        max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
-        rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
-        qkv_bias="--add-qkv-bias" in f, moe=moe)
-    preset = _preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
-    if preset is not None:
-        notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
-        return preset
-    if vocab is None:
-        raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
-                          f"read): give --model (a preset, config.json or model YAML) or --vocab-size in the file"],
-                         subject=_SUBJECT)
-    return spec
-
-
 def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str]) -> dict:
     """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file states."""
     argv = read_megatron_args_file(path)
@@ -127,7 +70,7 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
 
-    model = model or _megatron_model(f, path, notes)
+    model = model or megatron_model(f, path, notes)
     out: dict = {"model": model, "tp": n("--tensor-model-parallel-size") or 1,
                  "pp": n("--pipeline-model-parallel-size") or 1, "cp": n("--context-parallel-size") or 1,
                  "ep": n("--expert-model-parallel-size") or 1, "micro_batch_size": n("--micro-batch-size") or 1,
