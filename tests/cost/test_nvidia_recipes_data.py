@@ -317,8 +317,12 @@ def test_the_405b_gb200_fp8_rows_run_with_the_launchers_expandable_segments():
         (flagged if where else plain).append((family, row["system"], row["precision"], row["container"]))
         if where:
             assert re.match(r"^Megatron-Bridge@[0-9a-f]{12} \S+\.py:\d+", where)
-            # v0.5.0's launcher sets it for every run; before (and in v0.6's recipes) the 405B rule alone is read
-            assert family == "LLAMA3.1_405B" or read.read_at.startswith("v0.5"), (family, read.read_at)
+            # v0.5.0's launcher sets it for every run; v0.4's for DeepSeek-V3 and Llama 3 70B MXFP8 on GB300 too;
+            # else (and in v0.6's recipes) the 405B rule alone is read
+            v04_family = read.read_at.startswith("v0.4") and family in ("DeepSeekV3", "LLAMA3_70B")
+            assert family == "LLAMA3.1_405B" or read.read_at.startswith("v0.5") or v04_family, (family, read.read_at)
+            if family == "LLAMA3_70B" and read.read_at.startswith("v0.4"):
+                assert row["system"] == "DGX-GB300" and "MX" in (read.recipe or row["precision"]).upper()
     assert {f for f, *_ in flagged} > {"LLAMA3.1_405B"}  # the v0.5 rows of other families too
     # the rows the ledger had over capacity: FP8 (current scaling) on GB200, tp4 pp16 vp4, every container
     gb200_fp8 = [r for r in flagged if r[1] == "DGX-GB200" and r[2] in ("FP8", "FP8-CS")]
