@@ -34,7 +34,8 @@ RULES: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]], str]] = {
     "v0.6": (("DGX-GB200", "DGX-GB300"), {},
              "Megatron-Bridge@067f987df03b src/megatron/bridge/perf_recipes/llama/gb200/llama31.py:278"),
 }
-"""Release (exactly, else its major.minor prefix) -> (systems, precisions per system where the rule names them (empty: every precision), source)."""
+"""Release (exactly, else its major.minor prefix) -> (systems, precisions per system where the rule names them
+(empty: every precision), source)."""
 
 FAMILY = "LLAMA3.1_405B"
 
