@@ -76,6 +76,9 @@ def register(sub) -> None:
     add_peft_flags(g)
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the fit test leaves the "
+                        "allocator's fragmentation reserve out (as estimate --expandable-segments)")
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
     plan.add_argument("--objective", choices=("step-time", "goodput"), default="step-time",
                       help="rank by predicted tokens/s (step-time, the default) or by goodput: tokens/s x the share "
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.rules import sequence_problems
     from autotune.search import capacity
     from autotune.search.planner import search_plans
+    from autotune.specs.settings import MemorySettings
     from autotune.search.space import SearchConstraints
 
     if args.engine_version:  # before any search: an unmodelled release is exit 2 at once
@@ -175,8 +179,9 @@ def run(args: argparse.Namespace) -> int:
                                               answer=None if args.global_batch else ans).replace(" needs ", " trains on "))
         return EXIT_OK
     global_batch = args.global_batch or cluster.num_gpus
+    memory = MemorySettings(expandable_segments=True) if getattr(args, "expandable_segments", False) else None
     result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
-                          time_settings=time_settings(args),
+                          time_settings=time_settings(args), memory_settings=memory,
                           constraints=constraints, top_k=args.top_k)
     if not result.num_feasible:
         problems = [f"no plan of the {result.num_enumerated:,} enumerated is feasible: "

@@ -58,3 +58,20 @@ def test_the_estimate_flag_sets_it():
     expandable = estimate_from_flags(build_parser().parse_args([*argv, "--expandable-segments"]))
     assert plain.memory.total - expandable.memory.total == pytest.approx(plain.memory.reserve)
     assert expandable.memory.reserved == pytest.approx(plain.memory.reserved)
+
+
+def test_the_plan_flag_lets_the_search_use_the_reserve(capsys):
+    """`plan --expandable-segments` searches with the reserve left out: plans the reserve kept out now fit, and the
+    plans that fitted before still do."""
+    import json
+
+    from autotune.cli import main
+
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--seq-len", "8192",
+            "--global-batch", "64", "--engine", "megatron", "--json", "--top-k", "1"]
+    found = []
+    for extra in ([], ["--expandable-segments"]):
+        assert main([*argv, *extra]) == 0
+        found.append(json.loads(capsys.readouterr().out))
+    assert found[1]["num_feasible"] > found[0]["num_feasible"]
+    assert found[1]["rejections"].get("gpu_memory", 0) < found[0]["rejections"].get("gpu_memory", 0)
