@@ -258,3 +258,22 @@ def test_emit_best_writes_the_first_alternative_plan_from_ranks(tmp_path, capsys
     assert json.loads((tmp_path / "best" / "plan.json").read_text())["plan"] == first
     code, _, err = run(["emit", *BASE, "--best", "--out", tmp_path / "x"], capsys)  # no job to improve on
     assert code == 2 and "give the job's files with --from" in err
+
+
+def test_from_with_expandable_segments_leaves_the_reserve_out(capsys):
+    """The allocator setting a job's files need not state: `--from ... --expandable-segments` estimates the job with
+    the fragmentation reserve out of the device total, and `plan --from` searches its alternatives so."""
+    argv = ["estimate", "--from", JOBS / "megatron_args_llama3_70b.sh", *GPU, "--json"]
+    totals = []
+    for extra in ([], ["--expandable-segments"]):
+        code, out, err = run([*argv, *extra], capsys)
+        assert code == 0, err
+        memory = json.loads(out)["memory"]
+        totals.append((memory["total"], memory["reserved"] - memory["allocated"]))  # the allocator's reserve
+    assert totals[0][0] - totals[1][0] == pytest.approx(totals[0][1]) and totals[0][1] > 0
+    plans = []
+    for extra in ([], ["--expandable-segments"]):
+        code, out, err = run(["plan", "--from", JOBS / "megatron_args_llama3_70b.sh", *GPU, "--json", *extra], capsys)
+        assert code == 0, err
+        plans.append(json.loads(out)["search"]["num_feasible"])
+    assert plans[1] >= plans[0]
