@@ -19,9 +19,9 @@ Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX ro
 FP8 rows, whose granularity the table leaves unsaid, with the engine's default recipe; NVFP4 rows as
 ``--precision fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every
 row with ``--grad-dtype bf16`` (GRAD_DTYPE); with ``--expandable-segments`` where NVIDIA's launcher set
-``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for the row (bench/nvidia_allocator_env.py: the Llama 3.1 405B
-rule), for NVIDIA's plan and the planner's search alike. Rows the tool cannot express are listed with the reason (the tool's own
-error message where it gives one) and counted.
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for the row (bench/nvidia_allocator_env.py: each release's
+launcher rules), for NVIDIA's plan and the planner's search alike. Rows the tool cannot express are listed with the
+reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
 batch and sequence length, with the run settings NVIDIA's plan was estimated with (``--cuda-graph``,

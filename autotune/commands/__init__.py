@@ -40,9 +40,10 @@ from autotune.commands.arg_types import (
 from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, goodput_inputs, reliability_flags
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
-           "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list", "preset_epilog", "add_common",
-           "add_plan_flags", "add_run_settings", "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings", "add_goodput", "add_reliability_flags",
-           "reliability_flags", "goodput_inputs"]
+           "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list",
+           "preset_epilog", "add_common", "add_plan_flags", "add_expandable_segments", "add_run_settings",
+           "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings",
+           "add_goodput", "add_reliability_flags", "reliability_flags", "goodput_inputs"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -164,14 +165,19 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--fragmentation", type=float, help="caching-allocator reserve beyond the allocated peak, a "
                    f"fraction 0-0.9 (default {MemorySettings().fragmentation_fraction:g}, fitted by "
                    "bench/fit_fragmentation.py)")
-    m.add_argument("--expandable-segments", action="store_true",
-                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator hands its free "
-                        "pages back before it runs out of memory, so the fit test leaves the fragmentation reserve out")
+    add_expandable_segments(m)
     m.add_argument("--linear-inputs", choices=("gathered", "shard"), default=None,
                    help="under sequence parallelism, what the column-parallel linears save for backward: the "
                         "sequence-gathered input (torchtitan's DTensor TP) or the shard, re-gathered in backward "
                         "(Megatron, Korthikanti et al. 2022); default: the engine's own")
     add_calibration(p)
+
+
+def add_expandable_segments(g) -> None:
+    """--expandable-segments, for one plan (``estimate``, ``emit``) and for the planner's search (``plan``) alike."""
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator hands its free "
+                        "pages back before it runs out of memory, so the fit test leaves the fragmentation reserve out")
 
 
 def add_run_settings(g) -> None:

@@ -10,6 +10,7 @@ from autotune.commands import (
     EXIT_OK,
     add_calibration,
     add_common,
+    add_expandable_segments,
     add_goodput,
     add_peft_flags,
     add_run_settings,
@@ -76,9 +77,7 @@ def register(sub) -> None:
     add_peft_flags(g)
     g.add_argument("--min-headroom-gib", type=float, default=0.0, help="reject plans closer than this to capacity, "
                    "0-1024 GiB (default 0)")
-    g.add_argument("--expandable-segments", action="store_true",
-                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the fit test leaves the "
-                        "allocator's fragmentation reserve out (as estimate --expandable-segments)")
+    add_expandable_segments(g)
     plan.add_argument("--top-k", type=positive_int, default=10, help="plans to show, best first (default 10)")
     plan.add_argument("--objective", choices=("step-time", "goodput"), default="step-time",
                       help="rank by predicted tokens/s (step-time, the default) or by goodput: tokens/s x the share "
@@ -101,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from autotune.rules import sequence_problems
     from autotune.search import capacity
     from autotune.search.planner import search_plans
-    from autotune.specs.settings import MemorySettings
     from autotune.search.space import SearchConstraints
+    from autotune.specs.settings import MemorySettings
 
     if args.engine_version:  # before any search: an unmodelled release is exit 2 at once
         print_versions(engine_releases(args, args.engine), command="plan")

@@ -142,7 +142,8 @@ def grouped_mlp_bytes(model: ModelSpec, pairs: float, t: int, lin: int) -> float
     """Saved bytes of the routed experts' grouped MLP on ``pairs`` routed (token, expert) pairs: its permuted
     input and the dense MLP's saved tensors (what Megatron's paged stash holds, ``autotune.specs.sync_free_moe``)."""
     assert model.moe is not None
-    return _dense_mlp_bytes(model, model.moe.expert_ffn_hidden_size, pairs, t, lin) + pairs * lin * model.hidden_size / t
+    permuted_input = pairs * lin * model.hidden_size / t
+    return _dense_mlp_bytes(model, model.moe.expert_ffn_hidden_size, pairs, t, lin) + permuted_input
 
 
 def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int, sb: float, t: int, t_in: int,

@@ -20,6 +20,7 @@ routing never does).
 from __future__ import annotations
 
 from autotune.cost.activations import grouped_mlp_bytes, linear_input_bytes
+from autotune.cost.stage_chunks import moe_layers_in
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -49,7 +50,7 @@ def sync_free_moe_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, scheme
     if not sync_free_moe(model, plan):
         return 0.0
     first, count = stage_layers(model.num_layers, plan.pp, stage, scheme)
-    moe_layers = sum(model.is_moe_layer(i) for i in range(first, first + count))
+    moe_layers = moe_layers_in(model, first, first + count)
     if not moe_layers:
         return 0.0
     work, stashed = _stashed_bytes_per_layer(model, plan)

@@ -201,7 +201,8 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += _parallel_flags(model, plan, cluster.gpus_per_node, problems)
     args += recompute_flags(plan)
     # activation offload: turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)
-    args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)] if plan.activation_offload_layers else []
+    if plan.activation_offload_layers:
+        args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)]
     args += cuda_graph_flags(plan, options.megatron_version)
     args += ep_overlap_flags(plan)
     args += dispatcher_flags(model, plan, options.megatron_version, problems)

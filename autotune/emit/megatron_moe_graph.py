@@ -35,13 +35,18 @@ def sync_free_moe_config(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 
 def sync_free_moe_args(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:
-    """The same as Megatron-LM arguments (dest = the field's name), and a problem where the release lacks them."""
+    """The same as Megatron-LM arguments (dest = the field's name); one problem, and none of them, where the release
+    lacks them (the release's flag table: core 0.18 on)."""
+    config = sync_free_moe_config(model, plan)
+    flags = {"--" + name.replace("_", "-"): value for name, value in config.items()}
+    missing = [flag for flag in flags if flag not in megatron_flag_table(release)]
+    if missing:
+        problems.append(f"{model.name}'s MoE layers inside a full-iteration CUDA graph need HybridEP's static rank "
+                        f"budget and paged stash ({', '.join(missing)}), which Megatron-core "
+                        f"{release or 'newest'} does not have (core 0.18 on): use --engine-version megatron=0.19, or "
+                        "--cuda-graph transformer_engine")
+        return []
     args: list[str] = []
-    table = megatron_flag_table(release)
-    for name, value in sync_free_moe_config(model, plan).items():
-        flag = "--" + name.replace("_", "-")
-        if flag not in table:
-            problems.append(f"{flag}: not in Megatron-core {release or 'newest'}'s arguments; without its static "
-                            "rank budget a full-iteration CUDA graph cannot capture the MoE layers (core 0.18 on)")
+    for flag, value in flags.items():
         args += [flag] if value is True else [flag, f"{value:g}"]
     return args

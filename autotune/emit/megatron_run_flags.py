@@ -45,7 +45,8 @@ def cuda_graph_flags(plan: ParallelPlan, release: str) -> list[str]:
             "--no-check-for-nan-in-loss-and-grad"]
     args = ["--cuda-graph-impl", plan.cuda_graph]
     if plan.cuda_graph_scope:
-        flag = "--cuda-graph-modules" if "--cuda-graph-modules" in megatron_flag_table(release) else "--cuda-graph-scope"
+        modules = "--cuda-graph-modules" in megatron_flag_table(release)
+        flag = "--cuda-graph-modules" if modules else "--cuda-graph-scope"
         args += [flag, *plan.cuda_graph_scope]
     return args
 

@@ -65,8 +65,10 @@ def test_the_static_budget_and_paged_stash_are_written():
     assert "--moe-paged-stash" in args and "--use-transformer-engine-op-fuser" in args
     te = plan.with_(cuda_graph="transformer_engine", cuda_graph_scope=("attn", "moe_router"))
     assert "--moe-paged-stash" not in megatron_args(moe, cluster, te)
-    with pytest.raises(InputError, match="moe-expert-rank-capacity-factor"):  # no such flag before core 0.18
+    with pytest.raises(InputError, match="moe-expert-rank-capacity-factor") as refused:  # no such flag before 0.18
         megatron_args(moe, cluster, plan, EmitOptions(megatron_version="0.17"))
+    said = [p for p in refused.value.problems if "rank budget" in p]  # one problem naming the way out, not one a flag
+    assert len(said) == 1 and "--engine-version megatron=0.19" in said[0]
     checkpoint = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
     model_keys = bridge_overrides(moe, cluster, plan, EmitOptions(), checkpoint)["model"]
     assert model_keys["moe_expert_rank_capacity_factor"] == RANK_CAPACITY_FACTOR
