@@ -4,16 +4,18 @@
 
 NVIDIA's Megatron-core MoE team publishes recipes with their measured median model TFLOP/s per GPU
 (NVIDIA/Megatron-LM branch ``dev`` at d48bd6be0a85, ``examples/moe_recipes/README.md`` "Recipe Index", one YAML per
-row under ``examples/moe_recipes/``). For Qwen3-235B-A22B they include plans without pipelining (tp1 pp1 ep64 on
-128 GB200 / GB300, tp2 pp1 ep16 on B300): measured points for the pp1 / wide-EP plans the planner ranks first on
-NVIDIA's Megatron-Bridge rows (bench/accuracy_nvidia_recipes.py), whose own table has none.
+row under ``examples/moe_recipes/``); the Qwen3 rows are here (Qwen3-235B-A22B and Qwen3-30B-A3B; the DeepSeek ones use
+MLA, which :func:`megatron_flops_per_token` does not count). For Qwen3-235B they include plans without pipelining
+(tp1 pp1 ep64 on 128 GB200 / GB300, tp2 pp1 ep16 on B300): measured points for the pp1 / wide-EP plans the planner
+ranks first on NVIDIA's Megatron-Bridge rows (bench/accuracy_nvidia_recipes.py), whose own table has none.
 
 Each row goes through `autotune estimate` (its argument parser and ``estimate_from_flags``) with the recipe's plan
 and the settings the tool has flags for, each read from the row's YAML: CUDA graphs and their scope (``local``
 ``full_iteration`` is the tool's ``full-iteration``; ``moe_preprocess`` has no scope of its own here and is left
 out), ``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute`` (``a2a-delay-wgrad``), the flex dispatcher's
-backend, selective recompute modules, MXFP8 (``--fp8-recipe te-mxfp8``, ``fp8_param_gather`` with the distributed
-optimizer). ``main_grads_dtype: fp32``: the tool's default gradient dtype. Racks of 72 GPUs holding 128 of a job
+backend, selective recompute modules, MXFP8 / FP8 blockwise (``FP8_RECIPES``; the tool gathers FP8 weights with the
+distributed optimizer, which two Qwen3-30B GB200 MXFP8 recipes leave off). ``main_grads_dtype: fp32``: the tool's
+default gradient dtype. Racks of 72 GPUs holding 128 of a job
 are read as NVLink domains of 64, as bench/accuracy_nvidia_recipes.py reads 256.
 
 The README states model TFLOP/s, counted by Megatron-LM's ``num_floating_point_operations``
@@ -42,6 +44,8 @@ from autotune.specs.loading import load_model  # noqa: E402
 from autotune.specs.model import ModelSpec  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "megatron_moe_recipes.csv"
+FP8_RECIPES = {"mxfp8": "te-mxfp8", "fp8-blockwise": "te-blockwise"}
+"""The recipes' ``fp8_recipe`` (Megatron ``--fp8-recipe mxfp8 | blockwise``) as the tool's ``--fp8-recipe``."""
 
 
 def megatron_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -81,7 +85,7 @@ class Row:
 
 def read_row(raw: dict) -> Row:
     """The row's `autotune estimate` arguments and its measured tokens/s per GPU."""
-    fp8 = raw["precision"] == "mxfp8"
+    fp8 = FP8_RECIPES.get(raw["precision"])
     argv = ["estimate", "--model", raw["model"], "--gpu", raw["gpu"], "--num-gpus", raw["gpus"],
             "--gpus-per-node", raw["gpus_per_node"], "--engine", "megatron", "--zero", "1",
             "--seq-len", raw["seq"], "--global-batch", raw["gbs"], "--micro-batch", raw["mbs"],
@@ -90,7 +94,7 @@ def read_row(raw: dict) -> Row:
             "--cuda-graph", raw["cuda_graph"], "--ep-overlap", raw["ep_overlap"], "--recompute", raw["recompute"],
             "--expandable-segments"]  # every recipe's PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     if fp8:
-        argv += ["--fp8-recipe", "te-mxfp8"]
+        argv += ["--fp8-recipe", fp8]
     if int(raw["tp"]) > 1:
         argv.append("--sequence-parallel")
     if raw["cuda_graph_scope"]:

@@ -38,7 +38,7 @@ def test_the_count_grows_with_the_sequence_by_the_attention_core_alone():
 def test_rows_name_their_recipe_and_their_layout_divides_the_gpus_and_the_batch():
     assert RAW
     for r in RAW:
-        assert r["recipe"].endswith(".yaml") and r["recipe"].split("/")[0] == "qwen3_235b", r["recipe"]
+        assert r["recipe"].endswith(".yaml") and r["recipe"].split("/")[0] in ("qwen3_235b", "qwen3_30b"), r["recipe"]
         gpus, tp, pp, ep = (int(r[k]) for k in ("gpus", "tp", "pp", "ep"))
         assert gpus % (tp * pp) == 0 and (gpus // pp) % ep == 0, r["recipe"]
         dp = gpus // (tp * pp)
