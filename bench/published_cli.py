@@ -48,7 +48,7 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
 
 def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
     """The plan's run settings and the run's stated ones (``time_overrides``, and ``memory_overrides``' saved linear
-    inputs) as flags."""
+    inputs, gradient accumulation and pipeline buffers) as flags."""
     over = run.time_overrides
     out: list[str] = []
     if plan.grad_dtype:
@@ -75,6 +75,12 @@ def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
     gathered = run.memory_overrides.get("linear_inputs_gathered")
     if gathered is not None:  # the run's code saves what its engine's would not (Llama 3: Korthikanti's shards)
         out += ["--linear-inputs", "gathered" if gathered else "shard"]
+    sharded = run.memory_overrides.get("grad_accumulation_sharded")
+    if sharded is not None:  # Llama 3: gradients reduce-scattered every micro-batch
+        out += ["--grad-accumulation", "sharded" if sharded else "unsharded"]
+    released = run.memory_overrides.get("pipeline_buffers_released")
+    if released is not None:  # Llama 3: stage inputs and outputs freed once unused
+        out += ["--pipeline-buffers", "released" if released else "kept"]
     return out
 
 

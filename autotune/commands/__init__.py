@@ -170,6 +170,17 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="under sequence parallelism, what the column-parallel linears save for backward: the "
                         "sequence-gathered input (torchtitan's DTensor TP) or the shard, re-gathered in backward "
                         "(Megatron, Korthikanti et al. 2022); default: the engine's own")
+    m.add_argument("--grad-accumulation", choices=("sharded", "unsharded"), default=None,
+                   help="under pipelining with FSDP sharding, where the micro-batches' gradients add up: sharded = "
+                        "each micro-batch's are reduce-scattered into the fp32 shards as its backward ends (Meta's "
+                        "Llama 3 stack); unsharded = the stage's whole gradient accumulates in fp32 through the step "
+                        "and is reduce-scattered after the last micro-batch (torch.distributed.pipelining); default: "
+                        "the engine's own")
+    m.add_argument("--pipeline-buffers", choices=("released", "kept"), default=None,
+                   help="what a pipeline stage holds of its inputs and outputs: released = freed once no later "
+                        "computation reads them, only the tensors in transit held (Meta's Llama 3 stack); kept = a "
+                        "receive buffer per micro-batch and the outputs of those in flight (torch.distributed."
+                        "pipelining); default: the engine's own")
     add_calibration(p)
 
 

@@ -66,6 +66,10 @@ def estimate_from_flags(args: argparse.Namespace):
         expandable_segments=bool(getattr(args, "expandable_segments", False)),
         **({} if getattr(args, "linear_inputs", None) is None
            else {"linear_inputs_gathered": args.linear_inputs == "gathered"}),
+        **({} if getattr(args, "grad_accumulation", None) is None
+           else {"grad_accumulation_sharded": args.grad_accumulation == "sharded"}),
+        **({} if getattr(args, "pipeline_buffers", None) is None
+           else {"pipeline_buffers_released": args.pipeline_buffers == "released"}),
     )
     return estimate(model, cluster, plan, settings, replace(time_settings(args), **cost))
 

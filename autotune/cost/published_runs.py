@@ -199,6 +199,13 @@ def _one(entry: dict) -> PublishedRun:
         # al. (2012); Shoeybi et al. (2019); Korthikanti et al. (2023))"), whose column-parallel linears keep only the
         # sequence shard of their input for backward (Korthikanti Sec. 4.2.2), not DTensor's gathered one.
         memory["linear_inputs_gathered"] = False
+        # Its FSDP "shards optimizer states and gradients" (Sec. 3.3.2), accumulating gradients "in FP32 ... over
+        # multiple micro-batches" and reduce-scattering them "in FP32" ("Numerical stability"): no unsharded
+        # whole-stage gradient through the step, unlike torch.distributed.pipelining's. And "we proactively
+        # deallocate tensors that will not be used for future computation, including the input and output tensors of
+        # each pipeline stage" (Sec. 3.3.2, pipeline parallelism improvements): no per-micro-batch stage buffers.
+        memory["grad_accumulation_sharded"] = True
+        memory["pipeline_buffers_released"] = True
     base = {"run_id": rid, "family": family, "source": source, "gpu_text": gpu_text, "engine": engine,
             "precision": words, "time_overrides": over | sac, "memory_overrides": memory}
     layer_ms = None

@@ -143,27 +143,34 @@ class FSDPEngine(Engine):
             # do not reshard after forward").
             out["unsharded_params"] = 2 * block_bytes * layer + 2 * root
             out["reduce_scatter_grads"] = (2 + 4) * layer
-        if plan.pp > 1:
+        # With every micro-batch's gradients reduce-scattered into the shards as its backward ends
+        # (MemorySettings.grad_accumulation_sharded, Meta's Llama 3 stack), a pipeline stage holds the gradient
+        # buffers of the same sharding without pipelining, which reduce-scatters every micro-batch too.
+        if plan.pp > 1 and not settings.grad_accumulation_sharded:
             # torch.distributed.pipelining (stage.py backward_maybe_with_nosync) runs every micro-batch's backward
             # with set_requires_gradient_sync(False) and reduce-scatters after the last: the stage's unsharded
             # gradients live through the step, accumulated in reduce_dtype fp32 from the second micro-batch on
             # (_fsdp_param.py to_accumulated_grad_if_needed), bf16 with a single micro-batch.
             out.pop("reduce_scatter_grads", None)
             out["unsharded_grads"] = (4 if plan.num_microbatches > 1 else 2) * groups.per_gpu(plan.tp, plan.ep)
-        return out | self._pipeline_buffers(model, plan)
+        return out | self._pipeline_buffers(model, plan, bool(settings.pipeline_buffers_released))
 
     @staticmethod
-    def _pipeline_buffers(model, plan) -> dict[str, float]:
+    def _pipeline_buffers(model, plan, released: bool = False) -> dict[str, float]:
         """torch.distributed.pipelining (stage.py): PipelineStage allocates a receive buffer per micro-batch and
         stage for the input activation and one for the output gradient (``_prepare_forward_infra`` /
         ``_prepare_backward_infra``, ``_make_tensor_from_meta`` per chunk), and keeps each in-flight micro-batch's
-        stage output for its backward (``fwd_cache``). One boundary tensor: the bf16 residual stream (SP shard)."""
+        stage output for its backward (``fwd_cache``). One boundary tensor: the bf16 residual stream (SP shard).
+        ``released`` (``MemorySettings.pipeline_buffers_released``): a stage that frees its inputs and outputs once
+        no later computation reads them holds only the two in transit, the activation received for its next forward
+        and the gradient received for its next backward (a kept input is the first layer's saved input, counted with
+        the layers' activations)."""
         if plan.pp == 1:
             return {}
 
         boundary = 2 * plan.micro_batch_size * plan.seq_len / plan.cp * model.hidden_size / (
             plan.tp if plan.sequence_parallel else 1)
-        count = 2 * plan.num_microbatches * plan.vpp + microbatches_in_flight(plan, 0)
+        count = 2 if released else 2 * plan.num_microbatches * plan.vpp + microbatches_in_flight(plan, 0)
         return {"pipeline_buffers": count * boundary}
 
     def optimizer_pass_bytes(self, plan) -> float:

@@ -51,6 +51,19 @@ class MemorySettings:
     sequence-gathered input (torchtitan's DTensor TP) or only the sequence-parallel shard, re-gathered in backward
     (Korthikanti et al. 2022 Sec. 4.2.2, Megatron): ``ActivationFacts.gathered_linear_inputs`` where the run's code
     differs from its engine's; None: the engine's own."""
+    grad_accumulation_sharded: bool | None = None
+    """Under pipelining with data-parallel sharding, whether each micro-batch's gradients are reduce-scattered into
+    the sharded fp32 gradients as its backward ends (True) or accumulated unsharded over the step's micro-batches and
+    reduce-scattered after the last (False: torch.distributed.pipelining with FSDP2, ``autotune.engines.fsdp``).
+    Meta's Llama 3 stack (arXiv 2407.21783 Sec. 3.3.2): "Our use of FSDP for Llama 3 shards optimizer states and
+    gradients" and "we use FP32 gradients accumulation during backward computation over multiple micro-batches and
+    also reduce-scatter gradients in FP32 across data parallel workers in FSDP". None: the engine's own."""
+    pipeline_buffers_released: bool | None = None
+    """Whether a pipeline stage frees its received input and its output as soon as no later computation reads them
+    (True: only the in-transit receives are held) or keeps torch.distributed.pipelining's per-micro-batch receive
+    buffers and output cache (False, ``FSDPEngine._pipeline_buffers``). Meta's Llama 3 stack (arXiv 2407.21783
+    Sec. 3.3.2): "we proactively deallocate tensors that will not be used for future computation, including the
+    input and output tensors of each pipeline stage". None: the engine's own."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
