@@ -39,3 +39,32 @@ def test_the_cli_gives_the_benchs_number(run, tmp_path):
     assert case.cli_tokens_per_s_per_gpu == pytest.approx(case.bench_tokens_per_s_per_gpu, rel=1e-9)
     assert case.cli_memory_gib == pytest.approx(case.bench_memory_gib, rel=1e-9)
     assert "--model" in case.argv and case.argv[case.argv.index("--model") + 1].endswith(".model.yaml")
+
+
+def test_the_pipeline_memory_flags_reach_the_ledger():
+    # --grad-accumulation and --pipeline-buffers set MemorySettings' grad_accumulation_sharded and
+    # pipeline_buffers_released (the Llama 3 run's stated settings): the FSDP2 pipeline stage's fp32 gradient
+    # accumulator and its per-micro-batch stage buffers go, nothing else in the ledger moves.
+    import argparse
+
+    from autotune.cli import build_parser
+    from autotune.commands.estimate import estimate_from_flags
+
+    argv = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--engine", "fsdp",
+            "--tp", "2", "--pp", "4", "--zero", "2", "--global-batch", "32", "--seq-len", "4096",
+            "--recompute", "none", "--json"]
+    parser = build_parser()
+    with pytest.raises(SystemExit):  # only the named choices
+        parser.parse_args([*argv, "--grad-accumulation", "fp32"])
+    assert isinstance(parser.parse_args(argv), argparse.Namespace)
+    default = estimate_from_flags(parser.parse_args(argv)).memory
+    kept = estimate_from_flags(parser.parse_args([*argv, "--grad-accumulation", "unsharded",
+                                                  "--pipeline-buffers", "kept"])).memory
+    meta = estimate_from_flags(parser.parse_args([*argv, "--grad-accumulation", "sharded",
+                                                  "--pipeline-buffers", "released"])).memory
+    assert kept.buffer_parts == default.buffer_parts  # torch.distributed.pipelining's are the engine's own
+    assert "unsharded_grads" in default.buffer_parts and "unsharded_grads" not in meta.buffer_parts
+    assert meta.buffer_parts["pipeline_buffers"] < default.buffer_parts["pipeline_buffers"]
+    assert meta.buffer_parts["unsharded_params"] == default.buffer_parts["unsharded_params"]
+    assert meta.activations == default.activations and meta.gradients == default.gradients
+    assert meta.total < default.total

@@ -5,7 +5,7 @@ step-time model's in-sample error per family (the bench prints the tables and th
 
 import pytest
 
-from autotune.cost.published_runs import predict_run, published_runs
+from autotune.cost.published_runs import plan_choice_note, predict_run, published_runs
 from autotune.rules import plan_problems
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
@@ -123,8 +123,56 @@ def test_meta_405b_saves_korthikanti_sequence_shards_not_dtensor_gathered_inputs
     assert run.memory_overrides.get("linear_inputs_gathered") is False
     plan = run.candidates[0]
     meta = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
-    dtensor = estimate_memory(run.model, run.cluster, plan)
+    dtensor = estimate_memory(run.model, run.cluster, plan,
+                              MemorySettings(**(run.memory_overrides | {"linear_inputs_gathered": None})))
     shard = stage_activation_bytes(run.model, plan, meta.stage, MEGATRON_FACTS)
     assert meta.activation_parts["layers"] == pytest.approx(shard["layers"])
     assert meta.activations < 0.6 * dtensor.activations  # tp8: the QKV and fc1 inputs at 1/8, not whole
     assert (meta.weights, meta.gradients, meta.buffers) == (dtensor.weights, dtensor.gradients, dtensor.buffers)
+
+
+def test_meta_405b_shards_gradients_every_microbatch_and_frees_stage_buffers():
+    # Llama 3 paper Sec. 3.3.2: its FSDP "shards optimizer states and gradients" (no whole-stage fp32 gradient held
+    # through the step, as torch.distributed.pipelining holds one) and the stages "proactively deallocate" their
+    # inputs and outputs (no per-micro-batch receive buffers). Each setting removes exactly its buffer.
+    from autotune.cost.memory import estimate_memory
+    from autotune.specs.layout import largest_layer
+    from autotune.specs.settings import MemorySettings
+
+    run = BY_ID["llama3-405b-8k-16384gpu"]
+    assert run.memory_overrides["grad_accumulation_sharded"] is True
+    assert run.memory_overrides["pipeline_buffers_released"] is True
+    plan = max(run.candidates, key=lambda p: p.vpp)
+    meta = estimate_memory(run.model, run.cluster, plan, MemorySettings(**run.memory_overrides))
+    torch_pp = estimate_memory(run.model, run.cluster, plan, MemorySettings(**(run.memory_overrides | {
+        "grad_accumulation_sharded": False, "pipeline_buffers_released": False})))
+    assert meta.stage == torch_pp.stage
+    stage_params = torch_pp.buffer_parts["unsharded_params"] / 2  # bf16 blocks gathered (SHARD_GRAD_OP)
+    assert torch_pp.buffer_parts["unsharded_grads"] == pytest.approx(4 * stage_params)  # fp32 accumulator
+    assert "unsharded_grads" not in meta.buffer_parts
+    assert meta.buffer_parts["unsharded_params"] == torch_pp.buffer_parts["unsharded_params"]
+    boundary = 2 * plan.micro_batch_size * plan.seq_len * run.model.hidden_size / plan.tp  # SP shard, bf16
+    assert meta.buffer_parts["pipeline_buffers"] == pytest.approx(2 * boundary)  # the two receives in transit
+    assert torch_pp.buffer_parts["pipeline_buffers"] > 2 * plan.num_microbatches * plan.vpp * boundary
+    assert (meta.weights, meta.gradients, meta.activations) == (
+        torch_pp.weights, torch_pp.gradients, torch_pp.activations)
+    # Sharded accumulation leaves the buffers of the same sharding without pipelining: under FULL_SHARD the
+    # running block's reduce-scatter gradients, not the stage's.
+    full = estimate_memory(run.model, run.cluster, plan.with_(zero_stage=3), MemorySettings(**run.memory_overrides))
+    layer = largest_layer(run.model).per_gpu(plan.tp, plan.ep)
+    assert full.buffer_parts["reduce_scatter_grads"] == pytest.approx(6 * layer)
+    assert "unsharded_grads" not in full.buffer_parts
+
+
+def test_meta_405b_fits_as_it_trained_without_activation_checkpointing():
+    # "With these optimizations, we could pre-train Llama 3 on sequences of 8K tokens without activation
+    # checkpointing" (Sec. 3.3.2): every candidate of the run fits; the chosen one too, so memory picks nothing.
+    from autotune.cost.memory import estimate_memory
+    from autotune.specs.settings import MemorySettings
+
+    run = BY_ID["llama3-405b-8k-16384gpu"]
+    assert all(p.recompute == "none" for p in run.candidates)
+    assert all(estimate_memory(run.model, run.cluster, p, MemorySettings(**run.memory_overrides)).fits
+               for p in run.candidates)
+    _, plan, _, mem = predict_run(run)
+    assert mem.fits and plan_choice_note(run) == ""
