@@ -57,7 +57,8 @@ class MemorySettings:
     reduce-scattered after the last (False: torch.distributed.pipelining with FSDP2, ``autotune.engines.fsdp``).
     Meta's Llama 3 stack (arXiv 2407.21783 Sec. 3.3.2): "Our use of FSDP for Llama 3 shards optimizer states and
     gradients" and "we use FP32 gradients accumulation during backward computation over multiple micro-batches and
-    also reduce-scatter gradients in FP32 across data parallel workers in FSDP". None: the engine's own."""
+    also reduce-scatter gradients in FP32 across data parallel workers in FSDP". None: the engine's own. The ledger's
+    setting only: the step time (``autotune.cost.step_time``) still charges one reduction a step."""
     pipeline_buffers_released: bool | None = None
     """Whether a pipeline stage frees its received input and its output as soon as no later computation reads them
     (True: only the in-transit receives are held) or keeps torch.distributed.pipelining's per-micro-batch receive
