@@ -204,3 +204,16 @@ def test_validate_names_num_processes_0(tmp_path, capsys):
     assert code == 2
     assert "num_processes (line 4) must be an integer >= 1" in err and "got 0" in err
     assert "the files do not say it" not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--linear-inputs", "shard"), ("--grad-accumulation", "sharded"),
+                                         ("--pipeline-buffers", "released")])
+def test_emit_refuses_the_flags_that_describe_another_programs_code(flag, value, tmp_path, capsys):
+    out = tmp_path / "job"
+    argv = ["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "fsdp",
+            "--tp", "2", "--pp", "2", "--zero", "2", "--global-batch", "8", flag, value, "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"drop {flag}" in err and f"autotune estimate {flag}" in err
+    assert not out.exists()  # nothing written
+    assert main(["estimate", *argv[1:-2]]) == 0  # estimate costs the same plan with it

@@ -41,7 +41,7 @@ from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, 
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list",
-           "preset_epilog", "add_common", "add_plan_flags", "add_expandable_segments", "add_run_settings",
+           "preset_epilog", "add_common", "add_plan_flags", "run_code_problems", "add_expandable_segments", "add_run_settings",
            "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings",
            "add_goodput", "add_reliability_flags", "reliability_flags", "goodput_inputs"]
 
@@ -182,6 +182,20 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                         "receive buffer per micro-batch and the outputs of those in flight (torch.distributed."
                         "pipelining); default: the engine's own")
     add_calibration(p)
+
+
+RUN_CODE_FLAGS = (("--linear-inputs", "linear_inputs"), ("--grad-accumulation", "grad_accumulation"),
+                  ("--pipeline-buffers", "pipeline_buffers"))
+"""The memory settings that state how a run's own code differs from its engine's (``MemorySettings.
+linear_inputs_gathered``, ``grad_accumulation_sharded``, ``pipeline_buffers_released``): for costing such a run with
+`estimate`; the files `emit` writes run the engine's code, so emit refuses them (``run_code_problems``)."""
+
+
+def run_code_problems(args: argparse.Namespace) -> list[str]:
+    """One problem per ``RUN_CODE_FLAGS`` flag given to a command that writes the engine's files."""
+    return [f"{flag} states what another program's code keeps in memory (a published run's own stack), but the "
+            f"files emit writes run the engine's code: drop {flag} here; `autotune estimate {flag} ...` costs such a "
+            f"run" for flag, dest in RUN_CODE_FLAGS if getattr(args, dest, None) is not None]
 
 
 def add_expandable_segments(g) -> None:

@@ -27,6 +27,7 @@ from autotune.commands import (
     json_text,
     preset_epilog,
     reliability_flags,
+    run_code_problems,
     run_setting_args,
     time_settings,
 )
@@ -330,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.estimate import estimate_from_flags
 
     sources = [s for s in ("recipe", "plan_json", "from_files" if args.from_files else "model") if getattr(args, s)]
-    problems = flag_problems(args) + out_problems(args.out)
+    problems = flag_problems(args) + out_problems(args.out) + run_code_problems(args)
     if len(sources) != 1:
         problems.append("give exactly one of --recipe NAME, --plan-json FILE, --from FILE..., or --model with the plan "
                         "flags")
