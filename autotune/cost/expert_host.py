@@ -43,6 +43,29 @@ only counts where it exceeds the layer's GPU work (``autotune.cost.launch.launch
 dispatch's sync holds the host before it issues the experts' weight gradient and forward
 (``autotune.cost.ep_overlap.paired_layers_s``).
 
+Beside the GEMM calls, what Megatron-core runs per local expert or around the activation for biased experts and
+a clamped GLU (GPT-OSS: ``add_bias_linear``, ``activation_func_clamp_value``), on the unfused path (every plan
+here but a full-iteration graph's, whose op-fuser grouped MLP takes the bias and the clamped GLU into its grouped
+kernels and whose launches cost nothing, ``autotune.cost.launch.host_launch_s``), issued between the dispatcher's
+sync and the combine like the GEMM calls, so waited for whole (:data:`EXPERT_BIAS_KERNELS`,
+:data:`CLAMPED_GLU_KERNELS`):
+
+* fc2's bias, weighted by the routing probabilities (megatron/core/transformer/moe/experts.py:313-330 at
+  core_v0.19.0, ``_apply_bias``; fc2 ``skip_bias_add=True``): a Python loop over the local experts' pieces of
+  ``torch.split``, each ``t + b * p`` (a broadcast product and an add: 2 kernels), then one ``torch.cat``.
+  Backward (autograd): each product's two gradients are a product and a reduction to the operand's shape (the
+  bias summed over the expert's rows, the probability over the hidden width): 4 kernels per expert (the add passes
+  its gradient through, the cat's gradient is views), and each of the two ``torch.split`` (fc2's output, the
+  probabilities) gathers its pieces' gradients with one cat: 2.
+* the clamped quick-GEGLU (megatron/core/fusions/fused_bias_geglu.py:411-434 at core_v0.19.0,
+  ``weighted_bias_quick_geglu_impl``; the swiglu path takes no clamp there, experts.py:830-843): the two halves
+  clamped and concatenated (3 kernels forward; backward the two clamps' masks and the chunk's cat, 3), and the
+  linear offset made a device tensor from a Python float every call (``torch.tensor(linear_offset, ...,
+  device=input.device)``, :434): a host-to-device copy from pageable memory, which PyTorch's blocking ``copy_``
+  follows with a stream synchronisation. So the forward experts sync a second time after fc1: what the host issues
+  after it (fc2's calls and the bias loop) starts with the compute stream drained, and under EP overlap it cannot
+  hide behind the paired micro-batch's work (:func:`post_sync_forward_host_s`).
+
 Not counted: the grouped-tensor path (one grouped kernel; ``moe_use_grouped_tensor``), and engines whose experts
 run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on the engine's launch time.
 """
@@ -52,7 +75,8 @@ from __future__ import annotations
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CUBLASLT_GEMM_CALL_S", "EXPERT_CALLS", "grouped_mlp_host_parts_s", "grouped_mlp_host_s", "local_experts"]
+__all__ = ["CLAMPED_GLU_KERNELS", "CUBLASLT_GEMM_CALL_S", "EXPERT_BIAS_KERNELS", "EXPERT_CALLS",
+           "grouped_mlp_host_parts_s", "grouped_mlp_host_s", "local_experts", "post_sync_forward_host_s"]
 
 CUBLASLT_GEMM_CALL_S = (0.267e-3 - 0.069e-3) / 7
 """Host seconds of one cuBLASLt GEMM call on Transformer Engine's multi-stream path (TE PR #3134, SM100: module
@@ -63,6 +87,15 @@ EXPERT_CALLS = {"fwd": (2, 2), "dgrad": (2, 2), "wgrad": (2, 0)}
 together (module docstring); the backward is its data gradient (the output gradient quantized split by split,
 grouped_linear.py:1315, and the dgrad GEMMs :1382) and its weight gradient (the wgrad GEMMs :1448-1469), which
 Megatron's ``--delay-wgrad-compute`` issues apart (``autotune.cost.ep_overlap``)."""
+
+EXPERT_BIAS_KERNELS = {"fwd": (2, 1), "dgrad": (4, 2), "wgrad": (0, 0)}
+"""Per pass: (kernels per local expert, kernels per layer) of fc2's probability-weighted bias on the eager path,
+experts with biases (module docstring: experts.py:313-330 at core_v0.19.0)."""
+
+CLAMPED_GLU_KERNELS = {"fwd": 4, "dgrad": 3, "wgrad": 0}
+"""Per pass, one MoE layer: the clamped quick-GEGLU's kernels beside the fused activation (module docstring:
+fused_bias_geglu.py:424-434 at core_v0.19.0): forward two clamps, their cat and the offset's host-to-device copy;
+backward the clamps' masks and the chunk's cat."""
 
 FUSED_MULTI_CAST_RECIPES = frozenset({"te-delayed"})
 """FP8 recipes whose split inputs are cast by one fused multi-tensor kernel (cast.cpp:908-936), not one per split."""
@@ -83,9 +116,33 @@ def grouped_mlp_host_parts_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: s
         return 0.0, 0.0, 0.0
     per_split_cast = plan.precision == "fp8" and fp8_recipe not in FUSED_MULTI_CAST_RECIPES
     experts = local_experts(model, plan)
-    fwd, dgrad, wgrad = (experts * (gemms * CUBLASLT_GEMM_CALL_S + (casts * launch_s if per_split_cast else 0.0))
-                         for gemms, casts in (EXPERT_CALLS[k] for k in ("fwd", "dgrad", "wgrad")))
-    return fwd, dgrad, wgrad
+    biased, clamped = model.linear_bias, _clamped_glu(model)
+
+    def part(name: str) -> float:
+        gemms, casts = EXPERT_CALLS[name]
+        per_expert, per_layer = EXPERT_BIAS_KERNELS[name] if biased else (0, 0)
+        kernels = per_layer + (CLAMPED_GLU_KERNELS[name] if clamped else 0)
+        return experts * (gemms * CUBLASLT_GEMM_CALL_S + ((casts if per_split_cast else 0) + per_expert) * launch_s) \
+            + kernels * launch_s
+
+    return part("fwd"), part("dgrad"), part("wgrad")
+
+
+def post_sync_forward_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None, launch_s: float) -> float:
+    """Host seconds of one micro-batch's forward experts issued after the clamped GLU's stream synchronisation
+    (module docstring): fc2's GEMM call (and per-split quantize) per local expert and fc2's bias loop; 0 for a model
+    without that activation."""
+    if launch_s <= 0 or model.moe is None or not _clamped_glu(model):
+        return 0.0
+    per_split_cast = plan.precision == "fp8" and fp8_recipe not in FUSED_MULTI_CAST_RECIPES
+    per_expert, per_layer = EXPERT_BIAS_KERNELS["fwd"] if model.linear_bias else (0, 0)
+    fc2 = CUBLASLT_GEMM_CALL_S + (launch_s if per_split_cast else 0.0)  # one of the pass's two GEMMs (and casts)
+    return local_experts(model, plan) * (fc2 + per_expert * launch_s) + per_layer * launch_s
+
+
+def _clamped_glu(model: ModelSpec) -> bool:
+    """Whether the experts run Megatron's clamped quick-GEGLU (a gated activation with a clamp)."""
+    return model.activation_clamp is not None and model.activation == "swiglu"
 
 
 def grouped_mlp_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None,

@@ -16,7 +16,8 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
     counts, tokens), activation, combine all-to-all, unpermute (2), bias-dropout-add; per shared expert its two
     GEMMs and activation. The routed experts' grouped fc1 and fc2 are one cuBLASLt call (and under FP8 one
     quantize) per local expert, issued after the dispatcher's host sync: ``autotune.cost.expert_host`` counts
-    them, and their host time adds to the layer's passes whole.
+    them (with biased experts' per-expert bias kernels and a clamped GLU's kernels), and their host time adds to
+    the layer's passes whole.
   FP8 adds a cast per GEMM input, NVFP4 two (its amax pass and its quantize kernel: TransformerEngine d0067d0
   csrc/quantizer.cpp NVFP4Quantizer::quantize_impl, ``nvte_hadamard_transform_amax`` then
   ``nvte_quantize_with_hadamard_transform``); tp > 1 two TP collectives per part with GEMMs. Backward runs two
@@ -45,7 +46,7 @@ megatron/training/utils.py ``get_batch_on_this_tp_rank`` at core_v0.19.0, 28 byt
 
 from __future__ import annotations
 
-from autotune.cost.expert_host import grouped_mlp_host_s
+from autotune.cost.expert_host import grouped_mlp_host_s, post_sync_forward_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION
@@ -103,14 +104,18 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
     ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
     experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
-    or under EP overlap join the launches the layer's GPU work hides."""
+    or under EP overlap join the launches the layer's GPU work hides, but for what the forward experts issue after
+    a clamped GLU's stream synchronisation (``expert_host.post_sync_forward_host_s``: the compute stream is drained
+    then, nothing of the paired micro-batch is left to hide it)."""
     launch_s = host_launch_s(plan, launch_s)
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
     fwd, bwd = layer_launches(model, plan, moe_layer)
     if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
-        return max(0.0, fwd * launch_s + experts_f - fwd_s), max(0.0, bwd * launch_s + experts_b - bwd_s)
+        tail = post_sync_forward_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else 0.0
+        return (max(0.0, fwd * launch_s + experts_f - tail - fwd_s) + tail,
+                max(0.0, bwd * launch_s + experts_b - bwd_s))
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
 
 

@@ -4,6 +4,10 @@
   under a per-split FP8 recipe (MXFP8) 2 quantize launches per pass; delayed scaling's fused multi-tensor cast and
   16-bit plans add none;
 - it scales with the experts a GPU holds (num_experts / ep), and is nothing for an engine without a launch model;
+- biased experts add fc2's bias loop (forward 2 kernels per local expert + a cat, data gradient 4 per expert + 2
+  cats) and a clamped GLU its clamps, cat and offset copy (forward 4, data gradient 3), at the launch time each;
+  what the forward issues after the clamped GLU's sync (fc2's call and bias kernels per expert, the cat) is
+  waited for whole even under EP overlap;
 - in a step: an MoE layer's passes wait for it whole (the dispatcher's host sync leaves no lead), so a plan with
   more local experts slows by exactly the extra host time per MoE layer and micro-batch; under EP overlap it hides
   behind GPU work (the paired micro-batch's), so a small addition costs nothing.
@@ -72,3 +76,45 @@ def test_layer_waits_for_it_whole_unless_ep_overlap_hides_it():
     assert launch_exposed_s(model, paired, True, gpu_f, gpu_b, LAUNCH, "te-mxfp8") == (0.0, 0.0)
     tight = launch_exposed_s(model, paired, True, host_f / 2, host_b / 2, LAUNCH, "te-mxfp8")
     assert tight[0] > host_f / 2 and tight[1] > host_b / 2  # a GPU shorter than the host's issue waits for it
+
+
+def _gpt_oss_like(experts: int = 16) -> ModelSpec:
+    return dataclasses.replace(_model(experts), linear_bias=True, activation_clamp=7.0)
+
+
+def test_biased_experts_and_a_clamped_glu_add_their_kernels_by_hand():
+    model, plan = _gpt_oss_like(16), _plan(2, "bf16")  # 8 local experts
+    fwd, dgrad, wgrad = expert_host.grouped_mlp_host_parts_s(model, plan, None, LAUNCH)
+    assert fwd == pytest.approx(8 * (2 * CALL + 2 * LAUNCH) + (1 + 4) * LAUNCH)
+    assert dgrad == pytest.approx(8 * (2 * CALL + 4 * LAUNCH) + (2 + 3) * LAUNCH)
+    assert wgrad == pytest.approx(8 * 2 * CALL)
+    # the bias alone (no clamp) and the clamp alone (no bias) add only their own kernels
+    bias_only = dataclasses.replace(model, activation_clamp=None)
+    assert expert_host.grouped_mlp_host_parts_s(bias_only, plan, None, LAUNCH)[0] == \
+        pytest.approx(8 * (2 * CALL + 2 * LAUNCH) + LAUNCH)
+    clamp_only = dataclasses.replace(model, linear_bias=False)
+    assert expert_host.grouped_mlp_host_parts_s(clamp_only, plan, None, LAUNCH)[1] == \
+        pytest.approx(8 * 2 * CALL + 3 * LAUNCH)
+    # a full-iteration graph's launches cost nothing, so neither do these
+    assert expert_host.grouped_mlp_host_parts_s(model, plan, None, 0.0) == (0.0, 0.0, 0.0)
+
+
+def test_post_sync_forward_is_fc2_and_the_bias_loop():
+    model, plan = _gpt_oss_like(16), _plan(2, "bf16")
+    assert expert_host.post_sync_forward_host_s(model, plan, None, LAUNCH) == \
+        pytest.approx(8 * (CALL + 2 * LAUNCH) + LAUNCH)
+    # MXFP8 quantizes fc2's input split by split too
+    assert expert_host.post_sync_forward_host_s(model, _plan(2, "fp8"), "te-mxfp8", LAUNCH) == \
+        pytest.approx(8 * (CALL + 3 * LAUNCH) + LAUNCH)
+    assert expert_host.post_sync_forward_host_s(dataclasses.replace(model, activation_clamp=None), plan, None,
+                                                LAUNCH) == 0.0
+
+
+def test_ep_overlap_cannot_hide_what_follows_the_clamped_glu_sync():
+    model = _gpt_oss_like(16)
+    paired = _plan(2, "bf16", ep_overlap="a2a")
+    gpu_f, gpu_b = 1e-2, 2e-2  # ample GPU work: only the post-sync forward shows
+    tail = expert_host.post_sync_forward_host_s(model, paired, None, LAUNCH)
+    assert launch_exposed_s(model, paired, True, gpu_f, gpu_b, LAUNCH, None) == pytest.approx((tail, 0.0))
+    plain = dataclasses.replace(model, activation_clamp=None)
+    assert launch_exposed_s(plain, paired, True, gpu_f, gpu_b, LAUNCH, None) == (0.0, 0.0)
