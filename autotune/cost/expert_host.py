@@ -64,7 +64,11 @@ sync and the combine like the GEMM calls, so waited for whole (:data:`EXPERT_BIA
   device=input.device)``, :434): a host-to-device copy from pageable memory, which PyTorch's blocking ``copy_``
   follows with a stream synchronisation. So the forward experts sync a second time after fc1: what the host issues
   after it (fc2's calls and the bias loop) starts with the compute stream drained, and under EP overlap it cannot
-  hide behind the paired micro-batch's work (:func:`post_sync_forward_host_s`).
+  hide behind the paired micro-batch's work (:func:`post_sync_forward_host_s`). Selective ``moe_act`` recompute
+  reruns the activation with its clamps, cat and copy (experts.py:883-893 at core_v0.19.0: ``bias_act_func``
+  under ``CheckpointWithoutOutput``) when fc2's backward needs its input, so the data gradient issues those kernels
+  too, and everything of it after that sync (fc2's and fc1's data-gradient calls, the activation's and the clamps'
+  gradients) starts with the stream drained (:func:`post_sync_backward_host_s`).
 
 Not counted: the grouped-tensor path (one grouped kernel; ``moe_use_grouped_tensor``), and engines whose experts
 run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on the engine's launch time.
@@ -72,11 +76,13 @@ run one grouped kernel (torchtitan's ``torch._grouped_mm``): the caller gates on
 
 from __future__ import annotations
 
+from autotune.cost.run_settings import recompute_modules
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CLAMPED_GLU_KERNELS", "CUBLASLT_GEMM_CALL_S", "EXPERT_BIAS_KERNELS", "EXPERT_CALLS",
-           "grouped_mlp_host_parts_s", "grouped_mlp_host_s", "local_experts", "post_sync_forward_host_s"]
+           "grouped_mlp_host_parts_s", "grouped_mlp_host_s", "local_experts", "post_sync_backward_host_s",
+           "post_sync_forward_host_s"]
 
 CUBLASLT_GEMM_CALL_S = (0.267e-3 - 0.069e-3) / 7
 """Host seconds of one cuBLASLt GEMM call on Transformer Engine's multi-stream path (TE PR #3134, SM100: module
@@ -122,6 +128,8 @@ def grouped_mlp_host_parts_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: s
         gemms, casts = EXPERT_CALLS[name]
         per_expert, per_layer = EXPERT_BIAS_KERNELS[name] if biased else (0, 0)
         kernels = per_layer + (CLAMPED_GLU_KERNELS[name] if clamped else 0)
+        if name == "dgrad" and clamped and _recomputes_moe_act(plan):  # the activation's rerun, its copy included
+            kernels += CLAMPED_GLU_KERNELS["fwd"]
         return experts * (gemms * CUBLASLT_GEMM_CALL_S + ((casts if per_split_cast else 0) + per_expert) * launch_s) \
             + kernels * launch_s
 
@@ -138,6 +146,18 @@ def post_sync_forward_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: s
     per_expert, per_layer = EXPERT_BIAS_KERNELS["fwd"] if model.linear_bias else (0, 0)
     fc2 = CUBLASLT_GEMM_CALL_S + (launch_s if per_split_cast else 0.0)  # one of the pass's two GEMMs (and casts)
     return local_experts(model, plan) * (fc2 + per_expert * launch_s) + per_layer * launch_s
+
+
+def post_sync_backward_host_s(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str | None, launch_s: float) -> float:
+    """Host seconds of one micro-batch's experts' data gradient issued after the synchronisation of the clamped GLU's
+    ``moe_act`` rerun (module docstring): all of it; 0 without that rerun."""
+    if launch_s <= 0 or model.moe is None or not (_clamped_glu(model) and _recomputes_moe_act(plan)):
+        return 0.0
+    return grouped_mlp_host_parts_s(model, plan, fp8_recipe, launch_s)[1]
+
+
+def _recomputes_moe_act(plan: ParallelPlan) -> bool:
+    return plan.recompute == "selective" and "moe_act" in recompute_modules(plan)
 
 
 def _clamped_glu(model: ModelSpec) -> bool:

@@ -46,7 +46,7 @@ megatron/training/utils.py ``get_batch_on_this_tp_rank`` at core_v0.19.0, 28 byt
 
 from __future__ import annotations
 
-from autotune.cost.expert_host import grouped_mlp_host_s, post_sync_forward_host_s
+from autotune.cost.expert_host import grouped_mlp_host_s, post_sync_backward_host_s, post_sync_forward_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION
@@ -105,17 +105,19 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
     ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
     experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
     or under EP overlap join the launches the layer's GPU work hides, but for what the forward experts issue after
-    a clamped GLU's stream synchronisation (``expert_host.post_sync_forward_host_s``: the compute stream is drained
-    then, nothing of the paired micro-batch is left to hide it)."""
+    a clamped GLU's stream synchronisation, and the data gradient after its ``moe_act`` rerun's
+    (``expert_host.post_sync_forward_host_s``, ``post_sync_backward_host_s``: the compute stream is drained then,
+    nothing of the paired micro-batch is left to hide it)."""
     launch_s = host_launch_s(plan, launch_s)
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
     fwd, bwd = layer_launches(model, plan, moe_layer)
     if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
-        tail = post_sync_forward_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else 0.0
-        return (max(0.0, fwd * launch_s + experts_f - tail - fwd_s) + tail,
-                max(0.0, bwd * launch_s + experts_b - bwd_s))
+        tail_f, tail_b = ((post_sync_forward_host_s(model, plan, fp8_recipe, launch_s),
+                           post_sync_backward_host_s(model, plan, fp8_recipe, launch_s)) if moe_layer else (0.0, 0.0))
+        return (max(0.0, fwd * launch_s + experts_f - tail_f - fwd_s) + tail_f,
+                max(0.0, bwd * launch_s + experts_b - tail_b - bwd_s) + tail_b)
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
 
 

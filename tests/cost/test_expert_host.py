@@ -118,3 +118,19 @@ def test_ep_overlap_cannot_hide_what_follows_the_clamped_glu_sync():
     assert launch_exposed_s(model, paired, True, gpu_f, gpu_b, LAUNCH, None) == pytest.approx((tail, 0.0))
     plain = dataclasses.replace(model, activation_clamp=None)
     assert launch_exposed_s(plain, paired, True, gpu_f, gpu_b, LAUNCH, None) == (0.0, 0.0)
+
+
+def test_moe_act_recompute_reruns_the_clamped_glu_and_its_sync():
+    model = _gpt_oss_like(16)
+    plain = _plan(2, "bf16")
+    rerun = _plan(2, "bf16", recompute="selective", recompute_modules=("moe_act",))
+    base = expert_host.grouped_mlp_host_parts_s(model, plain, None, LAUNCH)
+    again = expert_host.grouped_mlp_host_parts_s(model, rerun, None, LAUNCH)
+    assert again[1] - base[1] == pytest.approx(4 * LAUNCH)  # the clamps, the cat and the copy once more
+    assert (again[0], again[2]) == pytest.approx((base[0], base[2]))
+    assert expert_host.post_sync_backward_host_s(model, plain, None, LAUNCH) == 0.0
+    assert expert_host.post_sync_backward_host_s(model, rerun, None, LAUNCH) == pytest.approx(again[1])
+    # under EP overlap with ample GPU work the whole data gradient then shows, besides the forward's tail
+    paired = dataclasses.replace(rerun, ep_overlap="a2a")
+    tail = expert_host.post_sync_forward_host_s(model, paired, None, LAUNCH)
+    assert launch_exposed_s(model, paired, True, 1e-2, 2e-2, LAUNCH, None) == pytest.approx((tail, again[1]))
