@@ -61,8 +61,10 @@ sync and the combine like the GEMM calls, so waited for whole (:data:`EXPERT_BIA
   ``weighted_bias_quick_geglu_impl``; the swiglu path takes no clamp there, experts.py:830-843): the two halves
   clamped and concatenated (3 kernels forward; backward the two clamps' masks and the chunk's cat, 3), and the
   linear offset made a device tensor from a Python float every call (``torch.tensor(linear_offset, ...,
-  device=input.device)``, :434): a host-to-device copy from pageable memory, which PyTorch's blocking ``copy_``
-  follows with a stream synchronisation. So the forward experts sync a second time after fc1: what the host issues
+  device=input.device)``, :434): PyTorch builds it on the host and moves it with a blocking copy
+  (torch/csrc/utils/tensor_new.cpp ``internal_new_from_data``: ``tensor.to(device, ..., non_blocking=false)``;
+  aten/src/ATen/native/cuda/Copy.cu ``copy_kernel_cuda``: ``at::cuda::memcpy_and_sync``, a ``cudaMemcpyAsync``
+  then ``cudaStreamSynchronize``). So the forward experts sync a second time after fc1: what the host issues
   after it (fc2's calls and the bias loop) starts with the compute stream drained, and under EP overlap it cannot
   hide behind the paired micro-batch's work (:func:`post_sync_forward_host_s`). Selective ``moe_act`` recompute
   reruns the activation with its clamps, cat and copy (experts.py:883-893 at core_v0.19.0: ``bias_act_func``
