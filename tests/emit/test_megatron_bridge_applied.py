@@ -31,25 +31,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from bridge_cases import CASES, CKPT, LOCAL, case_files, case_plan  # tests/emit/ is on sys.path (no __init__)
 from tooling import tool_folder  # tests/ is on sys.path (no __init__)
 
-from autotune.api import make_plan
-from autotune.emit.checkpoint import CheckpointSettings
-from autotune.emit.megatron_bridge import (
-    BRIDGE_ARGS,
-    BRIDGE_YAML,
-    bridge_files,
-    bridge_recipe,
-)
-from autotune.emit.options import CheckpointOptions, EmitOptions
+from autotune.emit.megatron_bridge import bridge_recipe
+from autotune.emit.options import EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
-from autotune.errors import InputError
-from autotune.specs.loading import load_cluster
-from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
 
-REPO = Path(__file__).resolve().parents[2]
 # Bridge and core; what `import megatron.bridge.recipes` needs that this environment lacks or has at versions
 # Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx;
 # and kernels < 0.13, its METADATA's pin: kernels 0.19's LayerRepository refuses transformers 5.12's calls without a
@@ -208,84 +197,6 @@ for folder, recipe, world in json.loads(sys.argv[1]):
 print("PROBE-RESULT " + json.dumps(out, default=str))
 """
 
-# (id, model, GPUs, plan)
-CASES = [
-    ("70b-tp8-pp4-vpp", "llama3-70b", 64, dict(tp=8, pp=4, vpp=2, sequence_parallel=True, zero_stage=1,
-                                               global_batch_size=128)),
-    ("8b-full-recompute", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, recompute="full",
-                                                recompute_num_layers=4)),
-    ("mixtral-ep", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1, global_batch_size=128,
-                                            recompute="selective")),
-    ("8b-fp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                     precision="fp8")),
-    ("70b-uneven-layout", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
-                                                 global_batch_size=64)),
-    ("70b-fp8-ddp", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=0, global_batch_size=64,
-                                           precision="fp8", recompute="selective")),
-    # bf16 gradients (Megatron --grad-reduce-in-bf16), as NVIDIA's benchmark recipes run
-    ("70b-bf16-grads", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                              grad_dtype="bf16")),
-    # run settings: TE current scaling (--fp8-recipe tensorwise) and TP userbuffers (--tp-comm-overlap)
-    ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
-                                                           global_batch_size=64, precision="fp8",
-                                                           fp8_recipe="te-current", tp_overlap="userbuffers")),
-    # block-scaled recipes: 8B's recipe holds a registered name (bf16_with_fp8_subchannel_scaling_mixed, DDP here;
-    # bf16_with_mxfp8_mixed), 70B's takes them field by field (fp8_recipe blockwise / mxfp8)
-    *[(f"{m[7:]}-{r[3:]}", m, n, dict(tp=t, pp=p, sequence_parallel=True, zero_stage=z, global_batch_size=64,
-                                      precision="fp8", fp8_recipe=r))
-      for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
-                               ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
-    # NVFP4 (Blackwell): 8B's recipe holds a registered name (bf16_with_nvfp4_mixed), 70B's takes the fp4 fields
-    ("8b-nvfp4", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                       precision="fp4")),
-    ("70b-nvfp4", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                                         precision="fp4")),
-    # Megatron-core's selective recompute modules (model.recompute_modules)
-    ("mixtral-recompute-modules", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
-                                                           global_batch_size=128, recompute="selective",
-                                                           recompute_modules=("core_attn", "moe_act", "layernorm"))),
-    # Transformer Engine CUDA graphs of the attention (model.cuda_graph_impl / cuda_graph_modules)
-    ("8b-te-graphs", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="transformer_engine",
-                                          cuda_graph_scope=("attn",))),
-    # one CUDA graph of the whole forward-backward (model.cuda_graph_impl full_iteration; NaN check off)
-    ("8b-full-iteration-graph", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="full-iteration")),
-    # the EP all-to-alls behind the other micro-batch's compute (model.overlap_moe_expert_parallel_comm,
-    # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
-    ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
-                                                    global_batch_size=128, ep_overlap="a2a-delay-wgrad")),
-    # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
-    ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
-                                       lora_alpha=32, lora_targets=("linear_qkv",))),
-    # Megatron-FSDP (ddp.use_megatron_fsdp): optim_grads_params with FP8 parameters, as NVIDIA's Llama-3 70B rows;
-    # optim_grads with TP
-    ("70b-mfsdp-fp8", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
-                                             fp8_recipe="te-current", recompute="selective")),
-    ("8b-mfsdp-optim-grads", "llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
-    # activation CPU offload of the first 20 layers (model.cpu_offloading_num_layers), as NVIDIA's Llama-3 70B
-    # Megatron-FSDP rows on GB300: no recompute, no pipeline (TransformerConfig refuses offload with either)
-    ("70b-mfsdp-activation-offload", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
-                                                            fp8_recipe="te-current", recompute="none",
-                                                            activation_offload_layers=20)),
-]
-PRETRAINED = "/ckpt/llama3-70b-base"
-CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
-# The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
-LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True, local_interval_steps=50,
-                           local_dir="/local/ckpt", local_replication_jump=8)
-
-
-def _plan(model: str, num_gpus: int, kw: dict):
-    m = load_model_preset(model)
-    blackwell = kw.get("fp8_recipe") == "te-mxfp8" or kw.get("precision") == "fp4"  # MXFP8, NVFP4: Blackwell only
-    gpu = "b200" if blackwell else "h100-sxm-80gb"
-    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
-    return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
-
-
-def _files(m, cluster, plan, ckpt=CKPT, pretrained=PRETRAINED):
-    options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=pretrained)) if plan.peft else EmitOptions()
-    return bridge_files(m, cluster, plan, options, ckpt, fp8_param_gather=plan.zero_stage >= 1)
-
 
 def _hf_cache(root: Path) -> Path:
     """A hub cache holding the config.json of each recipe model, written from its preset."""
@@ -316,12 +227,12 @@ def applied(tmp_path_factory):
     hub = _hf_cache(root / "hub")
     jobs, cases = [], {}
     for case, model, num_gpus, kw in CASES:
-        m, cluster, plan = _plan(model, num_gpus, kw)
+        m, cluster, plan = case_plan(model, num_gpus, kw)
         folder = root / case
         folder.mkdir()
         pretrained = root / "pretrained"  # Bridge's CheckpointConfig.finalize asserts that it exists
         pretrained.mkdir(exist_ok=True)
-        for name, text in _files(m, cluster, plan, LOCAL if case == "8b-full-recompute" else CKPT,
+        for name, text in case_files(m, cluster, plan, LOCAL if case == "8b-full-recompute" else CKPT,
                                  str(pretrained)).items():
             (folder / name).write_text(text)
         recipe = bridge_recipe(m)
@@ -403,48 +314,6 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
         and got["peft"][5].endswith("/pretrained")), got["peft"]
 
 
-def test_lora_plans_set_peft_and_need_a_pretrained_model():
-    from autotune.engines import engine_for
-
-    m, cluster, plan = _plan(*next(c for c in CASES if c[0] == "70b-lora")[1:])
-    files = _files(m, cluster, plan)
-    assert yaml.safe_load(files[BRIDGE_YAML])["peft"] == {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 16,
-                                                          "alpha": 32, "dropout": 0.0, "target_modules": ["linear_qkv"]}
-    lines = [line for line in files[BRIDGE_ARGS].splitlines() if not line.startswith("#")]
-    assert ("peft={_target_: megatron.bridge.peft.lora.LoRA, dim: 16, alpha: 32, dropout: 0.0, "
-            "target_modules: [linear_qkv]}") in lines
-    with pytest.raises(InputError, match="--pretrained-checkpoint"):
-        bridge_files(m, cluster, plan, EmitOptions(), CKPT)
-    # both files read back as the plan's LoRA (``estimate --from``)
-    import tempfile
-
-    from autotune.job_bridge import bridge_fields
-
-    with tempfile.TemporaryDirectory() as folder:
-        for name, text in files.items():
-            (Path(folder) / name).write_text(text)
-            got = bridge_fields(str(Path(folder) / name), [])
-            assert {k: got[k] for k in ("peft", "lora_rank", "lora_alpha", "lora_targets")} == {
-                "peft": "lora", "lora_rank": 16, "lora_alpha": 32, "lora_targets": ("linear_qkv",)}, name
-    with pytest.raises(InputError, match="alpha is an integer"):
-        _files(m, cluster, plan.with_(lora_alpha=2.5))
-    # Megatron-LM has no LoRA: the engine writes Bridge's files alone, run by run_recipe.py
-    options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=PRETRAINED))
-    out = engine_for("megatron").render_files(m, cluster, plan, options, CKPT, {})
-    assert "megatron_args.sh" not in out.files and BRIDGE_ARGS in out.files
-    assert out.entry == ("scripts/training/run_recipe.py",) and out.program_args[:4] == [
-        "--recipe", "llama3_70b_pretrain_32gpu_h100_bf16_config", "--mode", "pretrain"]
-    assert f"checkpoint.pretrained_checkpoint={PRETRAINED}" in out.program_args
-    # what Bridge cannot take either is refused, naming why Megatron-LM cannot
-    llama4 = load_model_preset("llama4-scout")
-    c64 = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
-    bad = ParallelPlan(engine="megatron", tp=4, dp=16, sequence_parallel=True, zero_stage=1, global_batch_size=64,
-                       seq_len=4096, peft="lora")
-    with pytest.raises(InputError, match="Megatron-LM has no LoRA") as err:
-        engine_for("megatron").render_files(llama4, c64, bad, options, CKPT, {})
-    assert "chunked" in str(err.value)
-
-
 @pytest.mark.slow
 def test_the_tp4_recipe_is_reset_and_bridge_refuses_what_it_cannot_run(applied):
     data, cases = applied
@@ -455,61 +324,3 @@ def test_the_tp4_recipe_is_reset_and_bridge_refuses_what_it_cannot_run(applied):
     assert cases["8b-full-recompute"][0]["parallel"][2] is None  # VPP null without interleaving
     assert data["refused"] and "global_batch_size (3) must be divisible" in data["refused"], data["refused"]
 
-
-def test_files_name_the_base_recipe_and_agree():
-    m, cluster, plan = _plan(*CASES[0][1:])
-    files = _files(m, cluster, plan)
-    text, args = files[BRIDGE_YAML], files[BRIDGE_ARGS]
-    assert "llama3_70b_pretrain_32gpu_h100_bf16_config" in text.split("\n", 2)[1]
-    assert "--recipe llama3_70b_pretrain_32gpu_h100_bf16_config" in args and "run_recipe.py" in args
-    tree = yaml.safe_load(text)
-    assert tree["comm_overlap"]["tp_comm_overlap_cfg"] is None and tree["model"]["tensor_model_parallel_size"] == 8
-    lines = [line for line in args.splitlines() if not line.startswith("#")]
-    assert "comm_overlap.tp_comm_overlap_cfg=null" in lines and "model.virtual_pipeline_model_parallel_size=2" in lines
-    assert "checkpoint.ckpt_format=torch_dist" in lines and "checkpoint.async_save=true" in lines
-    mixtral = _files(*_plan(*CASES[2][1:]))
-    assert "vanilla_gpt_pretrain_1gpu_h100_bf16_config" in mixtral[BRIDGE_YAML].split("\n", 2)[1]
-    assert yaml.safe_load(mixtral[BRIDGE_YAML])["model"]["num_moe_experts"] == 8
-    # A model named like a preset but shaped otherwise gets the generic recipe and its own shape.
-    import dataclasses
-
-    other = dataclasses.replace(m, num_layers=40)
-    assert bridge_recipe(other).hf_model is None and bridge_recipe(m).hf_model == "meta-llama/Meta-Llama-3-70B"
-
-
-def test_plans_bridge_cannot_express_name_the_setting():
-    # No Bridge 0.6 recipe for Llama 4 and its chunked attention has no GPTModelProvider override: the emitter
-    # refuses, naming it; the Megatron engine writes megatron_args.sh without Bridge files and says why.
-    from autotune.engines import engine_for
-
-    m = load_model_preset("llama4-scout")
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
-    plan = make_plan(m, cluster, engine="megatron", tp=4, ep=8, sequence_parallel=True, zero_stage=1,
-                     global_batch_size=64, seq_len=4096)
-    with pytest.raises(InputError, match="chunked") as err:
-        _files(m, cluster, plan)
-    assert "Megatron-Bridge" in str(err.value) and "llama4-scout" in str(err.value)
-    files = engine_for("megatron").render_files(m, cluster, plan, EmitOptions(), CKPT, {})
-    assert "megatron_args.sh" in files.files and BRIDGE_YAML not in files.files
-    assert any(n.startswith("no Megatron-Bridge files") and "chunked" in n for n in files.user_script_needs)
-    # A setting Megatron-LM takes but Bridge's optimizer does not spell is named too.
-    m8, c8, p8 = _plan("llama3-8b", 8, dict(zero_stage=1, global_batch_size=64))
-    with pytest.raises(InputError, match="optimizer.optimizer"):
-        _files(m8, c8, p8.with_(optimizer="adafactor"))
-
-
-def test_validate_reads_both_files(tmp_path):
-    from autotune.emit.validate_files import file_kind, sizes_from_file, validate_file
-
-    m, cluster, plan = _plan(*CASES[0][1:])
-    for name, text in _files(m, cluster, plan).items():
-        (tmp_path / name).write_text(text)
-        assert file_kind(tmp_path / name) == "megatron-bridge"
-        assert validate_file(tmp_path / name, world_size=64) == []
-        sizes = sizes_from_file(tmp_path / name, "megatron-bridge")
-        assert (sizes.tp, sizes.pp, sizes.cp) == (8, 4, 1)
-        assert validate_file(tmp_path / name, world_size=48)  # tp x pp = 32 does not divide 48
-    bad = tmp_path / "bridge_overrides_bad.args"
-    bad.write_text("train.global_batch_size=3\ntrain.micro_batch_size=1\nmodle.tensor_model_parallel_size=2\n")
-    found = {p.path for p in validate_file(bad, world_size=8)}
-    assert found == {"$.modle", "$.train.global_batch_size"}

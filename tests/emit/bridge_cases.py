@@ -1,0 +1,92 @@
+"""The plans the Megatron-Bridge tests emit files for, and how they emit them (shared by
+test_megatron_bridge_applied.py, which runs Bridge 0.6.2 on the files, and test_megatron_bridge_files.py, which
+reads the files themselves)."""
+
+from __future__ import annotations
+
+from autotune.api import make_plan
+from autotune.emit.checkpoint import CheckpointSettings
+from autotune.emit.megatron_bridge import bridge_files
+from autotune.emit.options import CheckpointOptions, EmitOptions
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+
+# (id, model, GPUs, plan)
+CASES = [
+    ("70b-tp8-pp4-vpp", "llama3-70b", 64, dict(tp=8, pp=4, vpp=2, sequence_parallel=True, zero_stage=1,
+                                               global_batch_size=128)),
+    ("8b-full-recompute", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, recompute="full",
+                                                recompute_num_layers=4)),
+    ("mixtral-ep", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1, global_batch_size=128,
+                                            recompute="selective")),
+    ("8b-fp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                     precision="fp8")),
+    ("70b-uneven-layout", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
+                                                 global_batch_size=64)),
+    ("70b-fp8-ddp", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=0, global_batch_size=64,
+                                           precision="fp8", recompute="selective")),
+    # bf16 gradients (Megatron --grad-reduce-in-bf16), as NVIDIA's benchmark recipes run
+    ("70b-bf16-grads", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                              grad_dtype="bf16")),
+    # run settings: TE current scaling (--fp8-recipe tensorwise) and TP userbuffers (--tp-comm-overlap)
+    ("70b-fp8-current-userbuffers", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=64, precision="fp8",
+                                                           fp8_recipe="te-current", tp_overlap="userbuffers")),
+    # block-scaled recipes: 8B's recipe holds a registered name (bf16_with_fp8_subchannel_scaling_mixed, DDP here;
+    # bf16_with_mxfp8_mixed), 70B's takes them field by field (fp8_recipe blockwise / mxfp8)
+    *[(f"{m[7:]}-{r[3:]}", m, n, dict(tp=t, pp=p, sequence_parallel=True, zero_stage=z, global_batch_size=64,
+                                      precision="fp8", fp8_recipe=r))
+      for m, n, t, p, z, r in (("llama3-8b", 16, 2, 1, 0, "te-blockwise"), ("llama3-8b", 16, 2, 1, 1, "te-mxfp8"),
+                               ("llama3-70b", 64, 8, 2, 1, "te-blockwise"), ("llama3-70b", 64, 8, 2, 1, "te-mxfp8"))],
+    # NVFP4 (Blackwell): 8B's recipe holds a registered name (bf16_with_nvfp4_mixed), 70B's takes the fp4 fields
+    ("8b-nvfp4", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                       precision="fp4")),
+    ("70b-nvfp4", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                         precision="fp4")),
+    # Megatron-core's selective recompute modules (model.recompute_modules)
+    ("mixtral-recompute-modules", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=128, recompute="selective",
+                                                           recompute_modules=("core_attn", "moe_act", "layernorm"))),
+    # Transformer Engine CUDA graphs of the attention (model.cuda_graph_impl / cuda_graph_modules)
+    ("8b-te-graphs", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="transformer_engine",
+                                          cuda_graph_scope=("attn",))),
+    # one CUDA graph of the whole forward-backward (model.cuda_graph_impl full_iteration; NaN check off)
+    ("8b-full-iteration-graph", "llama3-8b", 8, dict(zero_stage=1, global_batch_size=64, cuda_graph="full-iteration")),
+    # the EP all-to-alls behind the other micro-batch's compute (model.overlap_moe_expert_parallel_comm,
+    # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
+    ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
+                                                    global_batch_size=128, ep_overlap="a2a-delay-wgrad")),
+    # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
+    ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
+                                       lora_alpha=32, lora_targets=("linear_qkv",))),
+    # Megatron-FSDP (ddp.use_megatron_fsdp): optim_grads_params with FP8 parameters, as NVIDIA's Llama-3 70B rows;
+    # optim_grads with TP
+    ("70b-mfsdp-fp8", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
+                                             fp8_recipe="te-current", recompute="selective")),
+    ("8b-mfsdp-optim-grads", "llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
+    # activation CPU offload of the first 20 layers (model.cpu_offloading_num_layers), as NVIDIA's Llama-3 70B
+    # Megatron-FSDP rows on GB300: no recompute, no pipeline (TransformerConfig refuses offload with either)
+    ("70b-mfsdp-activation-offload", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
+                                                            fp8_recipe="te-current", recompute="none",
+                                                            activation_offload_layers=20)),
+]
+PRETRAINED = "/ckpt/llama3-70b-base"
+CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
+# The "local" tier: node-local saves with a replica on another node (Megatron's non-persistent local checkpoints).
+LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True, local_interval_steps=50,
+                           local_dir="/local/ckpt", local_replication_jump=8)
+
+
+def case_plan(model: str, num_gpus: int, kw: dict):
+    m = load_model_preset(model)
+    blackwell = kw.get("fp8_recipe") == "te-mxfp8" or kw.get("precision") == "fp4"  # MXFP8, NVFP4: Blackwell only
+    gpu = "b200" if blackwell else "h100-sxm-80gb"
+    cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)
+    return m, cluster, make_plan(m, cluster, engine="megatron", **{"seq_len": 4096, **kw})
+
+
+def case_files(m, cluster, plan, ckpt=CKPT, pretrained=PRETRAINED):
+    options = EmitOptions(checkpoint=CheckpointOptions(pretrained_dir=pretrained)) if plan.peft else EmitOptions()
+    return bridge_files(m, cluster, plan, options, ckpt, fp8_param_gather=plan.zero_stage >= 1)
+
