@@ -11,7 +11,7 @@ that returns a ``ConfigContainer``, then overrides it. Both files here override 
   trailing arguments of ``scripts/training/run_recipe.py`` (0.6 has no ``--config-file`` there; its
   ``recipe_runner.apply_cli_overrides`` hands them to the same ``process_config_with_overrides``).
 
-Sources (every key is a field of these dataclasses; tests/emit/test_megatron_bridge.py applies both files with
+Sources (every key is a field of these dataclasses; tests/emit/test_megatron_bridge_applied.py applies both files with
 Bridge's own helpers and runs its ``runtime_config_update``/``validate``):
 NVIDIA-NeMo/Megatron-Bridge@51885cf132b2814188b6855c25a8588254274c2a (v0.6.0) ``scripts/training/run_recipe.py``,
 ``scripts/training/recipe_runner.py``; r0.6.0@6124fbe38a68eea9c4f4be3aa5e084bd5d461d98

@@ -3,7 +3,8 @@
 Without Bridge installed only what the file itself says is checked: it reads (YAML, or Hydra-style ``key=value``
 lines), its sections are ConfigContainer's (Megatron-Bridge 0.6 ``training/config.py``; an unknown one is skipped
 by Bridge's YAML merge with only a log line), its model-parallel sizes divide the world size and the global batch
-splits over the data-parallel ranks. Bridge's own validation of the files runs in tests/emit/test_megatron_bridge.py.
+splits over the data-parallel ranks. Bridge's own validation of the files runs in
+tests/emit/test_megatron_bridge_applied.py.
 """
 
 from __future__ import annotations

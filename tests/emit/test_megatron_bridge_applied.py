@@ -32,26 +32,12 @@ from pathlib import Path
 
 import pytest
 from bridge_cases import CASES, CKPT, LOCAL, case_files, case_plan  # tests/emit/ is on sys.path (no __init__)
-from tooling import tool_folder  # tests/ is on sys.path (no __init__)
+from bridge_tooling import bridge_path
 
 from autotune.emit.megatron_bridge import bridge_recipe
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.specs.presets import load_model_preset
-
-# Bridge and core; what `import megatron.bridge.recipes` needs that this environment lacks or has at versions
-# Bridge 0.6 refuses (transformers <= 5.12.1 wants tokenizers <= 0.23.0 and huggingface-hub < 2, which uses httpx;
-# and kernels < 0.13, its METADATA's pin: kernels 0.19's LayerRepository refuses transformers 5.12's calls without a
-# revision, "Either a revision or a version must be specified", at `import transformers.activations`).
-PACKAGES = ["megatron-bridge==0.6.2", "megatron-core==0.19.2", "omegaconf==2.3.0", "hydra-core==1.3.8",
-            "antlr4-python3-runtime==4.9.3", "transformers==5.12.1", "tokenizers==0.22.2",
-            "huggingface-hub==1.33.0", "httpx==0.29.0", "httpcore==1.0.9", "kernels==0.12.3"]
-
-
-def bridge_path() -> Path:
-    """The folder holding megatron-bridge 0.6 (installed on first use); pytest.skip when pip cannot get it."""
-    return tool_folder("megatron-bridge-0.6", PACKAGES, ignore_requires_python=True)
-
 
 # Imported by Bridge's package at module level, not used to build or validate a config (see the docstring).
 STANDIN = r'''

@@ -2,7 +2,7 @@
 ``validate_args()`` and the ``TransformerConfig`` built from the arguments (``core_transformer_config_from_args``,
 whose ``__post_init__`` checks the recompute modules, the CUDA graph scopes, the EP overlap and its dispatcher) accept every file autotune writes for them, and refuse what
 autotune's own rules refuse (tests/emit/fixtures/megatron_core_config_probe.py; the megatron-core wheel of the test
-tooling, tests/emit/test_megatron_bridge.py, ships ``megatron.training``).
+tooling, tests/emit/bridge_tooling.py, ships ``megatron.training``).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _argv(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_megatron_bridge import bridge_path  # installs the megatron-core 0.19.2 wheel (or skips, saying why)
+    from bridge_tooling import bridge_path  # installs the megatron-core 0.19.2 wheel (or skips, saying why)
 
     root = tmp_path_factory.mktemp("core019")
     (root / "tree").mkdir()

@@ -108,7 +108,7 @@ def test_a_0_19_flag_under_0_16_is_a_version_mismatch(tmp_path):
 
 def _wheel_tree(tmp_path: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_megatron_bridge import bridge_path  # the megatron-core 0.19.2 wheel in the test tooling
+    from bridge_tooling import bridge_path  # the megatron-core 0.19.2 wheel in the test tooling
 
     tree = tmp_path / "tree"
     tree.mkdir()
