@@ -6,7 +6,7 @@
 
 Defaults: before 5e9061c (the code issue 21 was filed against), after HEAD, 2,300 cases, seed 21. Each rev gets a
 ``git worktree add --detach`` in a temporary folder (removed at the end, also on an error or Ctrl-C); nothing is
-installed: a worker process per checkout runs with ``PYTHONPATH=<worktree>`` (it says which ``autotune`` it
+installed: a worker process per checkout (bench/campaign_worker.py) runs with ``PYTHONPATH=<worktree>`` (it says which ``autotune`` it
 imported), and calls ``autotune.cli.main(argv)`` per case with stdout/stderr captured (Python's and the file
 descriptors', so child processes' output counts too), a per-case limit (``signal.setitimer``, 30 s) and a 4 GiB
 address-space limit (an unbounded read of /dev/zero ends in MemoryError, counted with the hangs). A worker that
@@ -39,192 +39,11 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from campaign_cases import CASE, KINDS, TRACEBACK, Case, build_cases, classify, parser_spec, write_files  # noqa: E402
+from campaign_cases import CASE, KINDS, Case, build_cases, classify, write_files  # noqa: E402
+from campaign_worker import CASE_LIMIT_S  # noqa: E402
 
-CASE_LIMIT_S = 30.0
-MEMORY_LIMIT = 4 * 2**30
+WORKER = BENCH / "campaign_worker.py"
 REPO = BENCH.parent
-
-
-# ---- the worker: runs in the checkout under test ----------------------------------------------------------------
-
-class Hang(BaseException):
-    """The case ran past its limit (a BaseException: product code's `except Exception` does not swallow it)."""
-
-
-class StudyStarted(BaseException):
-    """tune reached its study: every check passed."""
-
-
-ISOLATE = r"""
-import sys
-# The repo's editable install maps autotune.templates / .schemas / .recipes to ITS checkout's folders: without
-# it, the checkout under test reads its own (autotune.resources falls back to the folders next to the package).
-sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")
-                    and not type(f).__module__.startswith("__editable__")]
-sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
-sys.path[:] = [p for p in sys.path if "__editable__" not in p]
-sys.path_importer_cache.clear()
-"""
-
-
-KILLED_EMIT = ISOLATE + r"""
-import os, sys
-from pathlib import Path
-mode, out = sys.argv[1], Path(sys.argv[2])
-def die_at(real):
-    def call(src, dst, *a, **k):
-        if Path(dst) == out:
-            os._exit(9)
-        return real(src, dst, *a, **k)
-    return call
-if mode.startswith("rename"):
-    os.rename, os.replace = die_at(os.rename), die_at(os.replace)
-    try:
-        import autotune.bundle.writer as writer  # the exchange of the fixed code; absent before
-    except ImportError:
-        writer = None
-    if writer is not None and hasattr(writer, "_renameat2"):
-        if mode == "rename-noexchange":
-            writer._renameat2 = lambda src, dst, flags: False
-        else:
-            writer._renameat2 = die_at(writer._renameat2)
-from autotune.cli import main
-sys.exit(main(["emit", "--recipe", "cpu-demo", "--out", str(out), "--force"]))
-"""
-
-
-def _trim(text: str) -> str:
-    if len(text) <= 20000:
-        return text
-    kept = text[:2000] + "\n[...]\n" + text[-8000:]
-    if TRACEBACK in text and TRACEBACK not in kept:
-        kept += "\n" + text[text.rindex(TRACEBACK):][:4000]
-    return kept
-
-
-def _call(cli, argv: list[str], limit: float) -> dict:
-    import contextlib
-    import io
-    import traceback
-
-    cap = tempfile.TemporaryFile()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(cap.fileno(), 1)
-    os.dup2(cap.fileno(), 2)
-    out, err = io.StringIO(), io.StringIO()
-    result: dict = {"status": "ok", "code": None}
-
-    def alarm(signum, frame):  # noqa: ARG001
-        raise Hang()
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    started = time.monotonic()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                result["code"] = cli.main(argv)
-            except SystemExit as exc:
-                result["code"] = exc.code
-    except Hang:
-        result["status"], result["error"] = "hang", f"no answer within {limit:.0f} s"
-    except StudyStarted:
-        result["status"] = "study"
-    except MemoryError:
-        result["status"], result["error"] = "memory", "MemoryError under a 4 GiB address-space limit (unbounded read)"
-    except BaseException:  # noqa: BLE001 - what escapes main is the finding
-        result["status"], result["error"] = "exception", traceback.format_exc()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-    result["secs"] = round(time.monotonic() - started, 3)
-    if isinstance(result["code"], str):
-        err.write(result["code"])
-        result["code"] = 1
-    cap.seek(0)
-    fd_text = cap.read(200_000).decode("utf-8", "replace")
-    cap.close()
-    result["out"], result["err"] = _trim(out.getvalue()), _trim(err.getvalue() + fd_text)
-    return result
-
-
-def _pre(cli, step: list[str], folder: str, limit: float) -> None:
-    if step[0] == "@symlink":
-        os.symlink(step[1], step[2])
-    elif step[0] == "@write":
-        Path(step[1]).write_text(step[2])
-    elif step[0] == "@age":  # what an emit left beside the folder, an hour old: the user comes back later
-        for path in Path(folder).glob(step[1]):
-            os.utime(path, (time.time() - 3600,) * 2, follow_symlinks=False)
-    elif step[0] == "@killed-emit":
-        mode, delay = step[1], float(step[2])
-        proc = subprocess.Popen([sys.executable, "-c", KILLED_EMIT, mode, f"{folder}/job"], cwd=folder,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=delay if mode == "kill" else limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    else:
-        _call(cli, step, limit)
-
-
-def _user_file_kept(folder: str) -> bool:
-    return any(p.is_file() and p.read_text(errors="replace") == "mine" for p in Path(folder).rglob("notes.txt"))
-
-
-def worker_main() -> int:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    proto_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    proto_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)  # a case that reads stdin reads nothing, not the protocol
-    os.dup2(devnull, 1)
-    exec(ISOLATE, {})
-    import autotune
-    import autotune.cli as cli
-    import autotune.tune.study
-    from autotune import resources
-
-    def no_study(*args, **kwargs):
-        raise StudyStarted()
-
-    autotune.tune.study.tune = no_study
-
-    def send(doc):
-        proto_out.write(json.dumps(doc) + "\n")
-        proto_out.flush()
-
-    data = [str(resources.package_dir(name)) for name in ("templates", "schemas", "recipes")]
-    send({"hello": autotune.__file__, "data": data, "spec": parser_spec(cli.build_parser)})
-    for line in proto_in:
-        req = json.loads(line)
-        folder = req["cwd"]
-        os.chdir(folder)
-        limit = req.get("limit", CASE_LIMIT_S)
-        try:
-            for step in req["pre"]:
-                _pre(cli, [a.replace(CASE, folder) for a in step], folder, limit)
-        except Exception:  # noqa: BLE001 - the case cannot be set up on this checkout
-            import traceback
-
-            send({"status": "setup", "error": traceback.format_exc()})
-            continue
-        os.chdir(folder)
-        result = _call(cli, [a.replace(CASE, folder) for a in req["argv"]], limit)
-        if req["expect"] == "dataloss" and not _user_file_kept(folder):
-            result["lost"] = "the user's notes.txt ('mine') is nowhere under the case folder after the two emits"
-        send(result)
-    return 0
 
 
 # ---- the parent: worktrees, workers, the table -------------------------------------------------------------------
@@ -240,7 +59,7 @@ class Worker:
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(self.checkout), PYTHONDONTWRITEBYTECODE="1")
         env.pop("PYTHONSTARTUP", None)
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=self.scratch,
                                      start_new_session=True)
         self.buf = b""
@@ -398,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-processes", action="store_true", help="leave out the killed-emit (data loss) cases")
     p.add_argument("--write-case", nargs=2, metavar=("ID", "DIR"),
                    help="write case ID's files into DIR and print its command (this checkout's parser and fixtures)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        return worker_main()
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
 
     def interrupted(signum, frame):  # noqa: ARG001 - SIGTERM / SIGHUP as Ctrl-C: the worktrees are removed
