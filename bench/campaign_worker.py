@@ -1,4 +1,5 @@
-"""The hostile campaign's worker (bench/hostile_campaign.py starts one per checkout, with ``PYTHONPATH=<checkout>``):
+"""The hostile campaign's worker (bench/hostile_campaign.py starts one per checkout as ``hostile_campaign.py --worker``
+with ``PYTHONPATH=<checkout>``; this module is not a bench of its own: `make bench` runs it as a no-op):
 it imports that checkout's ``autotune`` (the editable install's import hooks removed, ISOLATE), says which one and
 sends the CLI's parser spec, then reads one case per line on stdin (JSON: folder, setup steps, argv, expectation)
 and answers one line each: the case's exit code, captured output (Python's and the file descriptors'), the time,
@@ -202,7 +203,3 @@ def worker_main() -> int:
             result["lost"] = "the user's notes.txt ('mine') is nowhere under the case folder after the two emits"
         send(result)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())

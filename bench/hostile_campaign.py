@@ -6,7 +6,7 @@
 
 Defaults: before 5e9061c (the code issue 21 was filed against), after HEAD, 2,300 cases, seed 21. Each rev gets a
 ``git worktree add --detach`` in a temporary folder (removed at the end, also on an error or Ctrl-C); nothing is
-installed: a worker process per checkout (bench/campaign_worker.py) runs with ``PYTHONPATH=<worktree>`` (it says which ``autotune`` it
+installed: a worker process per checkout (``--worker``: bench/campaign_worker.py) runs with ``PYTHONPATH=<worktree>`` (it says which ``autotune`` it
 imported), and calls ``autotune.cli.main(argv)`` per case with stdout/stderr captured (Python's and the file
 descriptors', so child processes' output counts too), a per-case limit (``signal.setitimer``, 30 s) and a 4 GiB
 address-space limit (an unbounded read of /dev/zero ends in MemoryError, counted with the hangs). A worker that
@@ -40,9 +40,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from campaign_cases import CASE, KINDS, Case, build_cases, classify, write_files  # noqa: E402
-from campaign_worker import CASE_LIMIT_S  # noqa: E402
+from campaign_worker import CASE_LIMIT_S, worker_main  # noqa: E402
 
-WORKER = BENCH / "campaign_worker.py"
 REPO = BENCH.parent
 
 
@@ -59,7 +58,7 @@ class Worker:
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(self.checkout), PYTHONDONTWRITEBYTECODE="1")
         env.pop("PYTHONSTARTUP", None)
-        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=self.scratch,
                                      start_new_session=True)
         self.buf = b""
@@ -217,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-processes", action="store_true", help="leave out the killed-emit (data loss) cases")
     p.add_argument("--write-case", nargs=2, metavar=("ID", "DIR"),
                    help="write case ID's files into DIR and print its command (this checkout's parser and fixtures)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # bench/campaign_worker.py
     args = p.parse_args(argv)
+    if args.worker:
+        return worker_main()
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
 
     def interrupted(signum, frame):  # noqa: ARG001 - SIGTERM / SIGHUP as Ctrl-C: the worktrees are removed
