@@ -20,6 +20,14 @@ def bench():
     return mod
 
 
+@pytest.fixture(scope="module")
+def runs(bench):
+    """bench/vs_deepspeed_runs.py, as the bench imported it (the bench puts its folder on sys.path)."""
+    import vs_deepspeed_runs
+
+    return vs_deepspeed_runs
+
+
 @pytest.mark.slow
 def test_help_names_the_tools_and_the_target():
     proc = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
@@ -46,13 +54,13 @@ def test_bad_flags_exit_2(bench, flags, problem, capsys):
     assert exc.value.code == 2 and problem in capsys.readouterr().err
 
 
-def test_common_config_keeps_the_global_batch(bench):
+def test_common_config_keeps_the_global_batch(bench, runs):
     args = bench.parse_args(["--global-batch", "8", "--max-micro-batch", "4"])
-    assert bench.micro_batches(args) == [1, 2, 4]
-    user = bench.user_config(args)
+    assert runs.micro_batches(args) == [1, 2, 4]
+    user = runs.user_config(args)
     assert user["zero_optimization"]["stage"] == [0, 1, 2, 3] and user["autotuning"]["fast"] is True
-    for mbs in bench.micro_batches(args):
-        cfg = bench.common_config(args, 2, mbs, 4 // mbs)
+    for mbs in runs.micro_batches(args):
+        cfg = runs.common_config(args, 2, mbs, 4 // mbs)
         assert cfg["train_batch_size"] == 8 and cfg["zero_optimization"] == {"stage": 2}
         assert "autotuning" not in cfg
 
