@@ -39,7 +39,7 @@ from autotune.commands.arg_types import (
 )
 from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, goodput_inputs, reliability_flags
 
-__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES",
+__all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES", "LEAVE_OUT",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list",
            "preset_epilog", "add_common", "add_plan_flags", "run_code_problems", "add_expandable_segments", "add_run_settings",
            "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings",
@@ -68,6 +68,19 @@ INT_RANGES: dict[str, tuple[int, int, str]] = {
     "train_steps": (1, MAX_STEPS, ""), "warmup_steps": (0, MAX_STEPS, ""),
     "keep_last": (1, 10**6, ""), "save_interval": (1, MAX_STEPS, ""), "lost_gpus": (0, MAX_GPUS, "the largest cluster"),
     "master_port": (1, 65535, "the largest TCP port"),
+    # the plan's optional counts: out of range here names the flag (the plan's own check names its field)
+    "activation_offload_layers": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
+    "etp": (1, MAX_GPUS, "the largest cluster"), "dp_replicate": (1, MAX_GPUS, "the largest cluster"),
+    "loss_chunks": (1, MAX_SEQ_LEN, "longer than any context trained"),
+    "lora_rank": (1, MODEL_LIMITS["hidden_size"], "the largest hidden size accepted"),
+}
+# flag -> what leaving it out gives, said after a value below its smallest (0 reads as "none", and is not how).
+LEAVE_OUT: dict[str, str] = {
+    "activation_offload_layers": "leave --activation-offload-layers out to offload no layer",
+    "etp": "leave --etp out for etp = tp",
+    "loss_chunks": "leave --loss-chunks out for the engine's default (an unchunked loss)",
+    "lora_rank": f"leave --lora-rank out for Bridge's {LORA_DEFAULT_RANK}",
+    "lora_alpha": f"leave --lora-alpha out for Bridge's {LORA_DEFAULT_ALPHA:g}",
 }
 # flag -> (smallest, largest, smallest excluded, why the largest).
 FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
@@ -80,6 +93,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "gpu_mtbf_hours": (0.0, 1e8, True, "11,000 years"),
     "restart_s": (0.0, 604_800.0, False, "a week"),
     "local_storage_gb_per_s": (0.0, 1e5, True, "100 TB/s per node"),
+    "lora_alpha": (0.0, 1e6, True, "far above any adapter scale: Bridge's default is 32"),
 }
 
 
@@ -97,14 +111,18 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
         if isinstance(value, int) and not isinstance(value, bool):
             problem = range_problem(_flag(dest), value, lo=lo, hi=hi, why_hi=why)
             if problem:
-                problems.append(problem)
+                problems.append(_with_way_out(problem, dest, value < lo))
     for dest, (lo, hi, lo_open, why) in FLOAT_RANGES.items():
         value = getattr(args, dest, None)
         if value is not None:
             problem = range_problem(_flag(dest), value, lo=lo, hi=hi, lo_open=lo_open, why_hi=why)
             if problem:
-                problems.append(problem)
+                problems.append(_with_way_out(problem, dest, not value > lo))  # NaN too: not above lo
     return problems
+
+
+def _with_way_out(problem: str, dest: str, too_low: bool) -> str:
+    return f"{problem}: {LEAVE_OUT[dest]}" if too_low and dest in LEAVE_OUT else problem
 
 
 # ---- flags shared by several subcommands ------------------------------------------------
