@@ -11,11 +11,16 @@ FSDP sharding and offload agreeing. The runs at the best score, widened one scor
 :data:`MIN_RUNS` are in, give the interval: the median of their absolute errors (a 50% interval: about half of
 such runs came out closer than this). The planner treats plans within each other's intervals as ties
 (:mod:`autotune.search.ties`).
+
+The same runs' peak-memory errors (where a run published its peak) give the memory model's p90 |error|
+(:func:`shipped_memory_error_p90`): how close to capacity a predicted peak may come before the prediction alone no
+longer says the plan fits (the planner's tie-break ranks such plans after those with headroom).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,7 +29,8 @@ from autotune.resources import data_path
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE"]
+__all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE",
+           "memory_error_p90", "shipped_memory_error_p90"]
 
 RUNS_FILE = "data/uncertainty_runs.json"
 MIN_RUNS = 6
@@ -107,3 +113,17 @@ def _lookup(key: tuple) -> Uncertainty:
 def uncertainty_of(plan: ParallelPlan, cluster: ClusterSpec) -> Uncertainty:
     """The interval of ``plan``'s throughput on ``cluster`` (cached by the plan's kind)."""
     return _lookup(tuple(sorted(plan_kind(plan, cluster).items())))
+
+
+def memory_error_p90(errors: list[float]) -> float:
+    """The 90th percentile of |error| (nearest rank), as bench/accuracy_published.py's p90 columns."""
+    ordered = sorted(abs(e) for e in errors)
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+@lru_cache(maxsize=1)
+def shipped_memory_error_p90() -> float:
+    """The p90 |predicted / published peak memory - 1| of the shipped runs (``memory_error`` in :data:`RUNS_FILE`);
+    0 for a table written before it held them (no margin: the fit test alone)."""
+    errors = [r["memory_error"] for r in _records() if r.get("memory_error") is not None]
+    return memory_error_p90(errors) if errors else 0.0

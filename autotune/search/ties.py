@@ -7,6 +7,11 @@ Adam for 20 minutes). So, over the plans ranked by predicted speed: the fastest 
 every plan left whose prediction lies within its interval while its own lies within theirs; a group is ordered
 simplest first (:func:`simplicity`: no offload before offload, a lower ZeRO stage, fewer parallel dimensions, no
 context parallelism), then by predicted speed; then the next group. ``autotune tune`` measures the first group.
+
+Memory headroom comes before simplicity in a group: a plan whose predicted peak lies within the memory model's own
+p90 error of the GPU's capacity (:func:`near_capacity`; the p90 |error| of the predicted peak on the published runs
+that give one, :func:`autotune.cost.uncertainty.shipped_memory_error_p90`) fits by the prediction but not by its
+error, so it ranks after the tied plans that keep that headroom. It still fits and stays in the group.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.cost.estimate import Estimate
-from autotune.cost.uncertainty import Uncertainty, uncertainty_of
+from autotune.cost.uncertainty import Uncertainty, shipped_memory_error_p90, uncertainty_of
 from autotune.report import plan_summary
 
-__all__ = ["TieRanking", "rank_with_ties", "simplicity", "TIE_WINDOW"]
+__all__ = ["TieRanking", "rank_with_ties", "simplicity", "near_capacity", "TIE_WINDOW"]
 
 TIE_WINDOW = 2000
 """Plans (fastest first) regrouped; the slower rest keep their order (none of them ties the leaders)."""
@@ -30,6 +35,12 @@ def simplicity(est: Estimate) -> tuple:
     offloads = (p.offload_optimizer != "none") + (p.offload_param != "none")
     dims = sum(d > 1 for d in (p.tp, p.pp, p.cp, p.ep)) + (p.vpp > 1)
     return offloads, p.zero_stage, dims, p.cp > 1
+
+
+def near_capacity(est: Estimate, memory_error: float) -> bool:
+    """The predicted per-GPU peak within ``memory_error`` (relative) of the GPU's capacity: an under-prediction that
+    large would not fit."""
+    return est.memory.total * (1 + memory_error) > est.memory.capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,10 @@ class TieRanking:
     """The interval of the fastest plan (the leading group's)."""
     groups: tuple[int, ...] = ()
     """The size of each tie group in ``ranked`` order (the plans past ``TIE_WINDOW`` not counted)."""
+    memory_error: float = 0.0
+    """The memory model's p90 |error| the headroom order used (:func:`near_capacity`)."""
+    near_capacity_in_lead: int = 0
+    """Plans of the leading group ranked after its plans with headroom (0 when all or none have it)."""
 
     def group_start(self, position: int) -> int:
         """The place (0-based) in ``ranked`` of the first plan of the tie group holding the plan at ``position``: the
@@ -64,18 +79,26 @@ class TieRanking:
                 f"±{u.relative:.1%} of the fastest ({u.basis()})")
         if self.leading_group == 1:
             return f"no other plan within the model's ±{u.relative:.1%} of the fastest ({u.basis()})"
+        tight = ""
+        if self.near_capacity_in_lead:
+            n = self.near_capacity_in_lead
+            tight = (f"; {n} of them with a predicted peak within the memory model's p90 error ({self.memory_error:.1%}"
+                     f" on published runs) of GPU memory rank{'s' if n == 1 else ''} after those with headroom")
         if first is self.fastest:
-            return f"{head}: the fastest is also the simplest of them; `autotune tune` measures them"
+            return f"{head}: the fastest is also the simplest of them{tight}; `autotune tune` measures them"
         gain = self.fastest.time.tokens_per_s / first.time.tokens_per_s - 1
-        return (f"{head}: ranked simplest first (no offload, lower ZeRO stage, fewer parallel dimensions, no CP), "
-                f"so #1 is {plan_summary(first.plan)}; by prediction alone {plan_summary(self.fastest.plan)} would "
-                f"lead by {gain:+.1%}, within the error; `autotune tune` measures the tied plans")
+        order = "with memory headroom first, then simplest" if self.near_capacity_in_lead else "simplest"
+        return (f"{head}: ranked {order} first (no offload, lower ZeRO stage, fewer parallel dimensions, no CP)"
+                f"{tight}, so #1 is {plan_summary(first.plan)}; by prediction alone {plan_summary(self.fastest.plan)} "
+                f"would lead by {gain:+.1%}, within the error; `autotune tune` measures the tied plans")
 
 
-def rank_with_ties(by_speed: Sequence[Estimate]) -> TieRanking:
-    """``by_speed`` (fastest first) regrouped into tie groups, each simplest first."""
+def rank_with_ties(by_speed: Sequence[Estimate], memory_error: float | None = None) -> TieRanking:
+    """``by_speed`` (fastest first) regrouped into tie groups, each with memory headroom first, then simplest first.
+    ``memory_error``: the relative margin of :func:`near_capacity` (default: the shipped memory p90 |error|)."""
     if not by_speed:
         return TieRanking(ranked=(), leading_group=0, fastest=None, uncertainty=None)
+    margin = shipped_memory_error_p90() if memory_error is None else memory_error
     window = by_speed[:TIE_WINDOW]
     speed = [e.time.tokens_per_s for e in window]
     error = [uncertainty_of(e.plan, e.cluster).relative for e in window]
@@ -93,9 +116,13 @@ def rank_with_ties(by_speed: Sequence[Estimate]) -> TieRanking:
             # Each within the other's interval: the leader's prediction within this plan's too.
             (group if speed[lead] - speed[i] <= error[i] * speed[i] else rest).append(i)
         left = rest
-        members = sorted((window[i] for i in group), key=lambda e: (simplicity(e), -e.time.tokens_per_s))
+        members = sorted((window[i] for i in group),
+                         key=lambda e: (near_capacity(e, margin), simplicity(e), -e.time.tokens_per_s))
         sizes.append(len(members))
         out += members
+    lead = out[:sizes[0]]
+    tight = sum(near_capacity(e, margin) for e in lead)
     fastest = by_speed[0]
     return TieRanking(ranked=(*out, *by_speed[TIE_WINDOW:]), leading_group=sizes[0], fastest=fastest,
-                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster), groups=tuple(sizes))
+                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster), groups=tuple(sizes),
+                      memory_error=margin, near_capacity_in_lead=tight if tight < len(lead) else 0)
