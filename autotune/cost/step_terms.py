@@ -60,6 +60,7 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
         stage_params = _largest_stage_params(model, plan, engine.support.layer_split)
+    held_params = stage_params  # what ZeRO-3 / FSDP gathers per block: frozen weights too (megatron_fsdp.py)
     if plan.peft:  # LoRA: only the adapters train (reduce, gather, step: autotune.cost.lora)
         stage_params = (trainable_stage_params(model, plan, engine.support.layer_split), 0.0)
     dense_psi, expert_psi = stage_params
@@ -94,7 +95,10 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
         gather_bytes = 1.0 if plan.precision == "fp8" and engine.fp8_param_gather(plan) else 2.0
         latency = (n_dp - 1) * dp_link.latency_s * (n_dp > 1) + (n_ep_dp - 1) * edp_link.latency_s * (expert_psi > 0)
         # One flat all-gather per block (FSDP2, Megatron-FSDP's per-unit buckets), or DeepSpeed's per submodule.
-        gathers = (reduce_scatter(gather_bytes), latency, 1 if sched.param_gather in ("fsdp2", "megatron-fsdp") else 4)
+        held_dense, held_expert = held_params
+        gathered = (comm.reduce_scatter_s(held_dense * gather_bytes, n_dp, dp_link)
+                    + comm.reduce_scatter_s(held_expert * gather_bytes, n_ep_dp, edp_link))
+        gathers = (gathered, latency, 1 if sched.param_gather in ("fsdp2", "megatron-fsdp") else 4)
     reduce = reduce_scatter(grad_bytes)
     pp_link = comm.group_link(cluster, eff, plan.pp, t * plan.cp * plan.dp) if plan.pp > 1 else None
 

@@ -16,13 +16,13 @@ from autotune.emit.megatron_bridge import (
     bridge_plan_problems,
     bridge_recipe,
 )
-from autotune.specs.lora import lora_model_problems, trainable_stage_params
+from autotune.specs.lora import adapter_params_per_layer, lora_model_problems, trainable_stage_params
 from autotune.engines.base import Engine
 from autotune.errors import InputError
 from autotune.engines.common import shell_array
 from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
-from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, megatron_fsdp_buffers, megatron_fsdp_rules,
-                                            megatron_fsdp_states)
+from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, lora_fsdp_base_weights, megatron_fsdp_buffers,
+                                            megatron_fsdp_rules, megatron_fsdp_states)
 from autotune.engines.megatron_rules import (
     activation_offload_rules,
     cp_comm_type_rules,
@@ -121,10 +121,16 @@ class MegatronEngine(Engine):
 
         if plan.peft and model is not None:
             # LoRA: the base weights are frozen (16-bit, no gradient buffer, no optimizer state); the adapters
-            # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora).
+            # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora), or with
+            # Megatron-FSDP, whose optim_grads_params shards the frozen weights too (lora_fsdp_base_weights).
             adapters = trainable_stage_params(model, plan, self.support.layer_split, stage)
-            states = megatron_states(plan, adapters, 0.0)
-            states = dataclasses.replace(states, weights=states.weights + 2 * (dense_params + expert_params))
+            if plan.zero_stage >= 2:
+                states = megatron_fsdp_states(plan, adapters, 0.0)
+                base = lora_fsdp_base_weights(plan, dense_params, expert_params)
+            else:
+                states = megatron_states(plan, adapters, 0.0)
+                base = 2 * (dense_params + expert_params)
+            states = dataclasses.replace(states, weights=states.weights + base)
         elif plan.zero_stage >= 2:  # Megatron-FSDP
             states = megatron_fsdp_states(plan, dense_params, expert_params)
         else:
@@ -177,7 +183,8 @@ class MegatronEngine(Engine):
         fp8 = is_quantized(plan.precision) and self.fp8_param_gather(plan)  # FP8 or NVFP4 units
         del settings
         gather = self.fp8_copies(plan, False) * self.fp8_weight_bytes(plan) if fp8 else 2.0
-        return megatron_fsdp_buffers(model, plan, gather)
+        trains = adapter_params_per_layer(model, plan) if plan.peft else None
+        return megatron_fsdp_buffers(model, plan, gather, trains)
 
     def activation_facts(self, plan):
         del plan

@@ -25,6 +25,13 @@ the flag definitions, line numbers below), ``megatron/core/distributed/fsdp/mcor
 * Recompute: a layer's forward rerun inside the backward keeps the weights the backward gathered
   (megatron_fsdp.py:794-812 and 936-967: PRE_BACKWARD skips the forward prefetch and the reshard): one gather
   per layer and backward, as FSDP2.
+* LoRA (Megatron-Bridge's peft, applied to the model before it is wrapped: Bridge training/setup.py:369 and 641, no
+  check of its ``ConfigContainer.validate`` refuses it with ``use_megatron_fsdp``): the buckets are split by
+  ``requires_grad`` (param_and_grad_buffer.py:1838), and by default (``only_create_grad_buffer_and_main_weight_buffer_
+  for_param_requires_grad=True``, :2017) a frozen bucket gets its model-weight buffer alone, no main weights and no
+  gradient buffer (:2646-2649, 2689-2692, 2709); that buffer is sharded with optim_grads_params like any other
+  (:2340-2344, 2651-2653). So the frozen base weights are held as in full training, gathered per unit as in full
+  training, and only the adapters get gradients, main weights and optimizer states.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["megatron_fsdp_rules", "megatron_fsdp_states", "megatron_fsdp_buffers", "MEGATRON_FSDP_GRAD_BYTES",
-           "UNIT_BUFFERS", "recompute_row_gathers"]
+           "UNIT_BUFFERS", "recompute_row_gathers", "lora_fsdp_base_weights"]
 
 MEGATRON_FSDP_GRAD_BYTES = 2.0
 """Main gradients (and their reduce-scatter) in the model's 16-bit dtype: ``--megatron-fsdp-main-grads-dtype``
@@ -109,12 +116,24 @@ def megatron_fsdp_states(plan: ParallelPlan, dense: float, expert: float) -> Mod
                            optimizer_states=OPTIMIZER_STATE_BYTES[plan.optimizer] * owned, step_transient=4 * owned)
 
 
-def megatron_fsdp_buffers(model: ModelSpec, plan: ParallelPlan, gather_bytes: float) -> dict[str, float]:
+def lora_fsdp_base_weights(plan: ParallelPlan, dense: float, expert: float) -> float:
+    """Bytes of a LoRA plan's frozen 16-bit base weights on one GPU (module docstring): sharded like full training's
+    weights with optim_grads_params, whole with optim_grads; they have no gradients or optimizer states."""
+    if plan.zero_stage == 3:
+        return 2.0 * (dense / plan.zero_partitions + expert / plan.expert_zero_partitions)
+    return 2.0 * (dense + expert)
+
+
+def megatron_fsdp_buffers(model: ModelSpec, plan: ParallelPlan, gather_bytes: float,
+                          trainable_per_layer: float | None = None) -> dict[str, float]:
     """The double buffers (``UNIT_BUFFERS`` units of the largest layer, this GPU's tp / ep share): the unsharded
     weights (``gather_bytes`` per element, optim_grads_params only) and the unsharded gradients before their
-    reduce-scatter; the embedding and output layer, outside every unit, are gathered whole while they run."""
+    reduce-scatter; the embedding and output layer, outside every unit, are gathered whole while they run.
+    ``trainable_per_layer``: the parameters of a layer that train, where not all do (LoRA's adapters, this GPU's
+    share): a unit's gradient buffer holds theirs alone (frozen buckets have none, module docstring)."""
     layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
-    out = {"fsdp_unsharded_grads": UNIT_BUFFERS * MEGATRON_FSDP_GRAD_BYTES * layer}
+    grads = layer if trainable_per_layer is None else trainable_per_layer
+    out = {"fsdp_unsharded_grads": UNIT_BUFFERS * MEGATRON_FSDP_GRAD_BYTES * grads}
     if plan.zero_stage == 3:
         root = max(model.embedding_params().per_gpu(plan.tp, plan.ep), model.output_params().per_gpu(plan.tp, plan.ep))
         out["fsdp_unsharded_params"] = UNIT_BUFFERS * gather_bytes * layer + 2 * root

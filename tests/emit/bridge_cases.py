@@ -60,6 +60,10 @@ CASES = [
     # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
     ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
                                        lora_alpha=32, lora_targets=("linear_qkv",))),
+    # LoRA under Megatron-FSDP optim_grads_params: Bridge applies the adapters before wrapping and its validate()
+    # takes both (autotune/engines/megatron_fsdp.py)
+    ("70b-lora-mfsdp", "llama3-70b", 8, dict(zero_stage=3, global_batch_size=32, peft="lora", lora_rank=16,
+                                             lora_alpha=32, lora_targets=("linear_qkv",))),
     # Megatron-FSDP (ddp.use_megatron_fsdp): optim_grads_params with FP8 parameters, as NVIDIA's Llama-3 70B rows;
     # optim_grads with TP
     ("70b-mfsdp-fp8", "llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, precision="fp8",
