@@ -90,9 +90,10 @@ class Engine(ABC):
         """Weights, gradients, optimizer states (GPU and host) of one GPU of ``stage``."""
 
     def buffers(self, model: ModelSpec, plan: ParallelPlan, groups: ParamGroups,
-                settings: MemorySettings) -> dict[str, float]:
-        """Engine buffers on one GPU by name (buckets, gathered parameters); default none."""
-        del model, plan, groups, settings
+                settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
+        """Engine buffers on one GPU by name (buckets, gathered parameters); default none. ``fp8_any_layout``: the
+        GPU's FP8 GEMMs take either layout (``GPUSpec.fp8_gemm_any_layout``; see :meth:`fp8_copies`)."""
+        del model, plan, groups, settings, fp8_any_layout
         return {}
 
     def activation_facts(self, plan: ParallelPlan) -> ActivationFacts:

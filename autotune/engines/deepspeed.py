@@ -60,7 +60,8 @@ class DeepSpeedEngine(Engine):
                                                self.support.layer_split)
         return zero_states(plan, dense_params, expert_params, elements)
 
-    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
+        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
         return zero_buffers(model, plan, groups, settings)
 
     def saved_states_plan(self, plan):

@@ -122,7 +122,8 @@ class FSDPEngine(Engine):
         del plan, groups, any_layout
         return 0.0
 
-    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
+        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
         if plan.zero_stage == 0:
             return {}
         layer = largest_layer(model).per_gpu(plan.tp, plan.ep)

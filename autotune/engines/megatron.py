@@ -174,15 +174,15 @@ class MegatronEngine(Engine):
     def grad_reduce_bytes(self, plan) -> float:
         return MEGATRON_FSDP_GRAD_BYTES if plan.zero_stage >= 2 else float(megatron_grad_bytes(plan))
 
-    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
         if plan.zero_stage < 2:
             return {}
         # The unsharded FP8 weights of a unit: the row-wise copy and the column-wise one (MXFP8 gathers each for its
-        # pass, param_and_grad_buffer.py:4410-4412; per-tensor scaling makes its transpose beside the gathered data;
-        # counted on every GPU: this method does not see whether the GPU's FP8 GEMMs take either layout).
+        # pass, param_and_grad_buffer.py:4410-4412; per-tensor scaling makes its transpose beside the gathered data,
+        # except on a GPU whose FP8 GEMMs take either layout, where the gathered data serves both: ``fp8_copies``).
         fp8 = is_quantized(plan.precision) and self.fp8_param_gather(plan)  # FP8 or NVFP4 units
         del settings
-        gather = self.fp8_copies(plan, False) * self.fp8_weight_bytes(plan) if fp8 else 2.0
+        gather = self.fp8_copies(plan, fp8_any_layout) * self.fp8_weight_bytes(plan) if fp8 else 2.0
         trains = adapter_params_per_layer(model, plan) if plan.peft else None
         return megatron_fsdp_buffers(model, plan, gather, trains)
 

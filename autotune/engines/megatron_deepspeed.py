@@ -45,7 +45,8 @@ class MegatronDeepSpeedEngine(Engine):
             return bf16_optimizer_states(plan, dense_params, expert_params)
         return zero_states(plan, dense_params, expert_params)
 
-    def buffers(self, model, plan, groups, settings) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
+        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
         return zero_buffers(model, plan, groups, settings) if plan.zero_stage >= 2 else {}
 
     def grad_reduce_bytes(self, plan) -> float:

@@ -11,7 +11,9 @@ from autotune.bundle.writer import render_bundle
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.shell_args import parse_shell_args_with_lines
 from autotune.engines import engine_for
+from autotune.engines.megatron_fsdp import UNIT_BUFFERS
 from autotune.errors import InputError
+from autotune.specs.layout import largest_layer
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
@@ -129,3 +131,19 @@ def test_optim_grads_hidden_reduce_scatters_cost_overlap_every_micro_batch():
     per_reduce = two - one
     assert per_reduce > 0
     assert eight - one == pytest.approx(7 * per_reduce, rel=0.02)
+
+
+def test_per_tensor_fp8_units_gather_one_copy_where_the_fp8_gemms_take_either_layout():
+    # Per-tensor FP8 (te-delayed): Hopper's unit buffers hold the gathered data and its transpose, Blackwell's the
+    # data alone (fp8_copies); MXFP8 units hold both scaling directions.
+    def unit_params(gpu, fp8_recipe):
+        est = _est(gpu=gpu, zero_stage=3, precision="fp8", fp8_recipe=fp8_recipe)
+        return est.memory.buffer_parts["fsdp_unsharded_params"], est
+
+    hopper, h200 = unit_params("h200", "te-delayed")
+    blackwell, gb300 = unit_params("gb300", "te-delayed")
+    assert not h200.cluster.gpu.fp8_gemm_any_layout and gb300.cluster.gpu.fp8_gemm_any_layout
+    # the transpose Hopper adds: one byte per element of each of the two unit buffers' layers
+    assert hopper - blackwell == pytest.approx(UNIT_BUFFERS * largest_layer(MODEL).per_gpu(1, 1))
+    mxfp8, _ = unit_params("gb300", "te-mxfp8")  # both directions and their block scales, on Blackwell too
+    assert mxfp8 > hopper > blackwell
