@@ -129,11 +129,13 @@ def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int,
 @functools.lru_cache(maxsize=8192)
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency, r: Rates, kernels: str = "fused", cp_kind: str = "p2p",
-                cp_repeat_kv: bool = False) -> LayerTime:
+                cp_repeat_kv: bool = False, expert_pad_rows: float = 0.0) -> LayerTime:
     """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE), "compiled"
     (torch.compile) or "eager" (PyTorch modules op by op: torchtitan and transformers without compile,
     ``EAGER_BYTES``); ``cp_kind``
-    and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``)."""
+    and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``);
+    ``expert_pad_rows``: zero rows each local expert's GEMMs run beyond its routed ones
+    (``autotune.cost.expert_padding``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
     hbm = r.hbm
@@ -164,8 +166,11 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         pairs = tokens * moe.top_k
         # every EP rank waits for the busiest one's tokens (autotune.cost.moe_time: random balanced routing)
         busiest = moe_time.busiest_rank_factor(tokens, plan.ep, moe.num_experts, moe.top_k)
-        fc1 = busiest * _gemm_s(2 * pairs * h * n_in * f / t, m_expert, h, n_in * f / t, gemm_peak, eff)
-        fc2 = busiest * _gemm_s(2 * pairs * f * h / t, m_expert, f / t, h, gemm_peak, eff)
+        # the grouped GEMMs run each expert's padded rows (autotune.cost.expert_padding)
+        padded = 1.0 + expert_pad_rows / m_expert if m_expert > 0 else 1.0
+        m_rows = m_expert * padded
+        fc1 = busiest * _gemm_s(2 * pairs * padded * h * n_in * f / t, m_rows, h, n_in * f / t, gemm_peak, eff)
+        fc2 = busiest * _gemm_s(2 * pairs * padded * f * h / t, m_rows, f / t, h, gemm_peak, eff)
         router = _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
         gemm = gemm + fc1 + fc2 + router  # in this order (the search's golden step times)
         for _ in range(moe.num_shared_experts):

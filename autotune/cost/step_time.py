@@ -28,6 +28,7 @@ from autotune.cost import comm, run_settings
 from autotune.cost.activation_offload import offload_exposed_s, offloaded_activation_bytes
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
+from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import rates
 from autotune.cost.launch import host_launch_s, launch_exposed_s
@@ -125,7 +126,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     modules = run_settings.recompute_modules(plan)
     cp_kind, repeat_kv = _cp_run(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels, cp_kind, repeat_kv)
-    moe_layer = layer_time(model, cluster, key, True, eff, r, kernels, cp_kind, repeat_kv) if model.is_moe \
+    moe_layer = layer_time(model, cluster, key, True, eff, r, kernels, cp_kind, repeat_kv,
+                           expert_padding_rows(model, plan)) if model.is_moe \
         else dense_layer
     hbm = r.hbm
     tp_overlap = run_settings.tp_overlap(plan, settings, engine)
