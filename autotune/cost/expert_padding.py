@@ -10,7 +10,8 @@ alignment"). HybridEP pads them in its dispatch: the dispatcher passes that alig
 the expert module adds no padding of its own (moe_utils.py:1494-1509 ``skip_routed_expert_padding``) and the
 split sizes the grouped GEMMs run on are the padded ones: each local expert's segment grows by its row count's
 residue to the next multiple, zero rows that every expert GEMM (fc1, fc2, their data and weight gradients)
-computes like the others.
+computes like the others, and quantizes with the rest of the buffer (``autotune.cost.layer_time`` counts the expert
+GEMMs' FP8 casts on the padded rows).
 
 Under the routing the NVIDIA recipes benchmark (random logits, ``autotune.cost.moe_time``) an expert's rows vary
 from micro-batch to micro-batch by far more than a few rows, so the residue is spread over the multiple: the

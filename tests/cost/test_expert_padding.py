@@ -2,9 +2,10 @@
 
 By hand: the op fuser's grouped kernels take each expert's rows in multiples of 256, so an expert's segment grows by
 (256 - 1) / 2 = 127.5 rows on average; the expert GEMMs of a layer then run (m + 127.5) / m of their rows (m the
-rows per local expert) at the shape of m + 127.5 rows; nothing changes off the path (per-layer TE graphs, another
-dispatcher, a dense model). The padding weighs most where each expert gets few rows: Qwen3-30B-A3B on 8 GB200,
-ep2 at micro-batch 2 (64 experts of 1,024 rows) loses more of its speed than ep8 at micro-batch 4 (16 of 8,192).
+rows per local expert) at the shape of m + 127.5 rows, and their FP8 casts cover the padded rows; nothing changes
+off the path (per-layer TE graphs, another dispatcher, a dense model). The padding weighs most where each expert
+gets few rows: Qwen3-30B-A3B on 8 GB200, ep2 at micro-batch 2 (64 experts of 1,024 rows) loses more of its speed
+than ep8 at micro-batch 4 (16 of 8,192).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def test_expert_gemms_run_the_padded_rows_by_hand():
     assert padded.experts_s[0] == pytest.approx(experts_by_hand(127.5), rel=1e-12)
     assert padded.gemm_s - bare.gemm_s == pytest.approx(padded.experts_s[0] - bare.experts_s[0], rel=1e-9)
     assert padded.attention_s == bare.attention_s
+    # the padded rows are quantized too: FP8 casts of fc1's and fc2's inputs and output gradients, half per pass
+    casts = tokens * k * (h + f + 2 * f + h) * (127.5 / m) * r.cast_bytes / 2 / r.hbm
+    assert padded.elementwise_s - bare.elementwise_s == pytest.approx(casts, rel=1e-9)
+    assert padded.elementwise_bwd_s - bare.elementwise_bwd_s == pytest.approx(casts, rel=1e-9)
 
 
 def test_padding_weighs_on_many_small_experts(monkeypatch):
