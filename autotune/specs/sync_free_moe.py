@@ -16,7 +16,8 @@ values in perf_recipes/deepseek/common.py:63-69 and gpt_oss/common.py:30-38):
     ``tokens x top_k x c`` rows (token_dispatcher.py:1090-1102 at core_v0.19.0), so the dispatch needs no host
     count. Tokens beyond the budget are dropped and flagged; the grouped GEMMs still run on the tokens routed
     (their split sizes stay on the GPU: TransformerEngine d0067d0 ``pytorch/ops/fused/grouped_mlp.py:1095-1106``
-    passes them as the grouped tensor's ``first_dims``), so the budget costs memory, not GEMM work. Megatron
+    passes them as the grouped tensor's ``first_dims``), so the budget costs memory, not GEMM work (each expert's
+    rows are padded to the op fuser's 256-row multiple, though: ``autotune.cost.expert_padding``). Megatron
     requires the Transformer Engine op fuser with it (transformer_config.py:1692-1706 at core_v0.19.0).
   * ``moe_paged_stash``: the routed experts' saved activations go to one preallocated paged buffer sized from the
     balanced token count (``max_num_tokens // c``, experts.py:656-663 there) times
