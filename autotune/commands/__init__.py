@@ -37,12 +37,13 @@ from autotune.commands.arg_types import (
     preset_epilog,
     str_list,
 )
+from autotune.commands.run_code_flags import add_run_code_flags, run_code_problems
 from autotune.commands.goodput_flags import add_goodput, add_reliability_flags, goodput_inputs, reliability_flags
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "INT_RANGES", "FLOAT_RANGES", "LEAVE_OUT",
            "positive_int", "flag_problems", "HelpParser", "LazyChoices", "json_text", "int_list", "str_list",
-           "preset_epilog", "add_common", "add_plan_flags", "run_code_problems", "add_expandable_segments", "add_run_settings",
-           "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings",
+           "preset_epilog", "add_common", "add_plan_flags", "run_code_problems", "add_expandable_segments",
+           "add_run_settings", "run_setting_args", "add_peft_flags", "peft_args", "add_calibration", "load_inputs", "time_settings",
            "add_goodput", "add_reliability_flags", "reliability_flags", "goodput_inputs"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -184,36 +185,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    f"fraction 0-0.9 (default {MemorySettings().fragmentation_fraction:g}, fitted by "
                    "bench/fit_fragmentation.py)")
     add_expandable_segments(m)
-    m.add_argument("--linear-inputs", choices=("gathered", "shard"), default=None,
-                   help="under sequence parallelism, what the column-parallel linears save for backward: the "
-                        "sequence-gathered input (torchtitan's DTensor TP) or the shard, re-gathered in backward "
-                        "(Megatron, Korthikanti et al. 2022); default: the engine's own")
-    m.add_argument("--grad-accumulation", choices=("sharded", "unsharded"), default=None,
-                   help="under pipelining with FSDP sharding, where the micro-batches' gradients add up: sharded = "
-                        "each micro-batch's are reduce-scattered into the fp32 shards as its backward ends (Meta's "
-                        "Llama 3 stack); unsharded = the stage's whole gradient accumulates in fp32 through the step "
-                        "and is reduce-scattered after the last micro-batch (torch.distributed.pipelining); default: "
-                        "the engine's own")
-    m.add_argument("--pipeline-buffers", choices=("released", "kept"), default=None,
-                   help="what a pipeline stage holds of its inputs and outputs: released = freed once no later "
-                        "computation reads them, only the tensors in transit held (Meta's Llama 3 stack); kept = a "
-                        "receive buffer per micro-batch and the outputs of those in flight (torch.distributed."
-                        "pipelining); default: the engine's own")
+    add_run_code_flags(m)
     add_calibration(p)
-
-
-RUN_CODE_FLAGS = (("--linear-inputs", "linear_inputs"), ("--grad-accumulation", "grad_accumulation"),
-                  ("--pipeline-buffers", "pipeline_buffers"))
-"""The memory settings that state how a run's own code differs from its engine's (``MemorySettings.
-linear_inputs_gathered``, ``grad_accumulation_sharded``, ``pipeline_buffers_released``): for costing such a run with
-`estimate`; the files `emit` writes run the engine's code, so emit refuses them (``run_code_problems``)."""
-
-
-def run_code_problems(args: argparse.Namespace) -> list[str]:
-    """One problem per ``RUN_CODE_FLAGS`` flag given to a command that writes the engine's files."""
-    return [f"{flag} states what another program's code keeps in memory (a published run's own stack), but the "
-            f"files emit writes run the engine's code: drop {flag} here; `autotune estimate {flag} ...` costs such a "
-            f"run" for flag, dest in RUN_CODE_FLAGS if getattr(args, dest, None) is not None]
 
 
 def add_expandable_segments(g) -> None:

@@ -17,6 +17,7 @@ from autotune.commands import (
     preset_epilog,
     time_settings,
 )
+from autotune.commands.run_code_flags import run_code_settings
 from autotune.commands.engine_version import (
     add_engine_version,
     engine_releases,
@@ -64,12 +65,7 @@ def estimate_from_flags(args: argparse.Namespace):
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
         **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}), **cost,
         expandable_segments=bool(getattr(args, "expandable_segments", False)),
-        **({} if getattr(args, "linear_inputs", None) is None
-           else {"linear_inputs_gathered": args.linear_inputs == "gathered"}),
-        **({} if getattr(args, "grad_accumulation", None) is None
-           else {"grad_accumulation_sharded": args.grad_accumulation == "sharded"}),
-        **({} if getattr(args, "pipeline_buffers", None) is None
-           else {"pipeline_buffers_released": args.pipeline_buffers == "released"}),
+        **run_code_settings(args),
     )
     return estimate(model, cluster, plan, settings, replace(time_settings(args), **cost))
 
