@@ -29,3 +29,14 @@ def test_nvidia_175b_recipes_rank_first_in_the_planners_order(run_id):
     assert feasible > 1000 and top != "(none)"
     assert rank <= 10 and by_speed <= 10
     assert gain < 0.05  # no plan claimed far above NVIDIA's own recipe
+
+
+@pytest.mark.slow
+def test_the_bench_command_prints_every_run_and_the_count(capsys):
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(bench.NVIDIA_RUNS)]
+    assert len(rows) == len([r for r in BY_ID if r.startswith(bench.NVIDIA_RUNS)])
+    summary = next(line for line in out.splitlines() if "in the planner's top 10:" in line)
+    top10, total = (int(x) for x in summary.split("top 10: ")[1].split(";")[0].split("/"))
+    assert total == len(rows) and top10 >= 5
