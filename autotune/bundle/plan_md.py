@@ -22,7 +22,7 @@ _FILE_ROLES: dict[str, str] = {
     "ds_config_hf.json": "DeepSpeed config for the Hugging Face Trainer (its \"auto\" values come from TrainingArguments)",
     "ds_config_accelerate.json": "DeepSpeed config for accelerate (every value concrete), read by accelerate_config.yaml",
     "accelerate_config.yaml": "Accelerate config; its `deepspeed_config_file` is opened from the folder accelerate "
-                              "runs in (accelerate 1.15 does not resolve it from the YAML's folder): "
+                              "runs in (accelerate 1.16 does not resolve it from the YAML's folder): "
                               "launch_accelerate.sh passes both paths and runs from any folder; by hand, run "
                               "`accelerate launch --config_file accelerate_config.yaml /abs/path/train.py` in this "
                               "folder",

@@ -1,17 +1,22 @@
-"""accelerate 1.15 config files for a plan: DeepSpeed (with its own concrete JSON) and FSDP2.
+"""accelerate 1.16 config files for a plan: DeepSpeed (with its own concrete JSON) and FSDP2.
 
-``accelerate launch --config_file FILE script.py``. What accelerate 1.15 itself imposes (its code, cited):
+``accelerate launch --config_file FILE script.py``. What accelerate 1.16.0 itself imposes (its code, file:line
+in the 1.16.0 wheel):
 
 - With ``deepspeed_config_file``, the DeepSpeed block may hold nothing the JSON also says, and the file no
-  ``mixed_precision`` (``utils/dataclasses.py`` ``DeepSpeedPlugin._deepspeed_config_checks`` raises
-  ValueError): precision, ZeRO, offload, clipping and accumulation live in the JSON.
+  ``mixed_precision`` (``utils/dataclasses.py:1386`` ``DeepSpeedPlugin._deepspeed_config_checks`` raises
+  ValueError; ``commands/launch.py:1421-1423`` lists the block's keys plus ``mixed_precision``): precision,
+  ZeRO, offload, clipping and accumulation live in the JSON.
 - accelerate fills only batch sizes, clipping and bf16/fp16 "auto" values; optimizer and scheduler values
   are the HF Trainer's to fill, so the JSON written for accelerate has every value concrete. A config with
   an ``optimizer``/``scheduler`` block needs ``accelerate.utils.DummyOptim`` / ``DummyScheduler`` in the
-  script (``Accelerator._prepare_deepspeed``).
-- ``parallelism_config`` is accepted only with FSDP2 (``commands/launch.py``: "You cannot use
+  script (``accelerator.py:2214`` in ``Accelerator._prepare_deepspeed``).
+- ``parallelism_config`` is accepted only with FSDP2 (``commands/launch.py:1261``: "You cannot use
   --use_parallelism_config without --use_fsdp and --fsdp_version=2"); its sizes multiply to the world size
-  (``ParallelismConfig._validate_accelerator``); TP/CP with pure replication is refused (``__post_init__``).
+  (``parallelism_config.py:368`` in ``ParallelismConfig._validate_accelerator``), and FSDP2 needs dp_shard or
+  cp above 1 to shard over (``parallelism_config.py:377``); CP with pure replication is refused
+  (``parallelism_config.py:332`` in ``__post_init__``; 1.16 no longer refuses TP with pure replication, but
+  under FSDP2 that layout still has nothing to shard over).
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["ACCELERATE_VERSION", "ACCELERATE_DS_CONFIG", "CPU_FSDP_PROBLEM", "DEFAULT_LAYER_CLS", "HF_DECODER_LAYERS",
-           "accelerate_config_yaml", "accelerate_deepspeed_config", "accelerate_deepspeed_yaml", "accelerate_fsdp_yaml",
-           "hf_decoder_layer"]
+__all__ = ["ACCELERATE_VERSION", "ACCELERATE_RELEASE", "ACCELERATE_DS_CONFIG", "CPU_FSDP_PROBLEM", "DEFAULT_LAYER_CLS",
+           "HF_DECODER_LAYERS", "accelerate_config_yaml", "accelerate_deepspeed_config", "accelerate_deepspeed_yaml",
+           "accelerate_fsdp_yaml", "hf_decoder_layer"]
 
-ACCELERATE_VERSION = "1.15.0"
+ACCELERATE_VERSION = "1.16.0"
+ACCELERATE_RELEASE = ".".join(ACCELERATE_VERSION.split(".")[:2])
+"""The release the files are written for, as the engines name their companion packages (``"1.16"``)."""
 ACCELERATE_DS_CONFIG = "ds_config_accelerate.json"
 DEFAULT_LAYER_CLS = "Block"
 """The decoder block of autotune's built-in model (``autotune/workloads/transformer.py``); for a Hugging Face
@@ -69,9 +76,9 @@ def _header(cluster: ClusterSpec, options: EmitOptions, what: str, ds_config_fil
     if ds_config_filename is None:
         how = f"#   accelerate launch --config_file THIS_FILE {script}\n"
     else:
-        # accelerate 1.15 copies deepspeed_config_file unchanged into ACCELERATE_DEEPSPEED_CONFIG_FILE
-        # (commands/launch.py, utils/launch.py) and the ranks open it from their working folder
-        # (utils/deepspeed.py HfDeepSpeedConfig: os.path.exists): the path is not resolved from this file's folder.
+        # accelerate 1.16 copies deepspeed_config_file unchanged into ACCELERATE_DEEPSPEED_CONFIG_FILE
+        # (utils/launch.py:541-542) and the ranks open it from their working folder (utils/deepspeed.py:141,
+        # HfDeepSpeedConfig: os.path.exists): the path is not resolved from this file's folder.
         how = (f"#   from this file's folder: accelerate launch --config_file THIS_FILE {script}\n"
                f"#   from any folder: accelerate launch --config_file DIR/THIS_FILE --deepspeed_config_file "
                f"DIR/{ds_config_filename} {script}\n"
@@ -129,9 +136,10 @@ def _mixed_precision(plan: ParallelPlan) -> str:
     return "fp16" if plan.precision == "fp16" else "bf16"
 
 
-# accelerate 1.15 state.py: PartialState sets DistributedType.FSDP only over a multi-accelerator type (MULTI_GPU,
-# MULTI_NPU, MULTI_XPU, ...); on a CPU-only machine, use_cpu true or false, each launched process reports
-# DistributedType.NO and num_processes 1 (measured here with 2 processes): same batches, nothing sharded.
+# accelerate 1.16 state.py:947-974: AcceleratorState sets DistributedType.FSDP only over a multi-accelerator type
+# (MULTI_GPU, MULTI_NPU, MULTI_XPU, ...; state.py:747-758 picks one only where torch reports an accelerator with a
+# distributed backend); on a CPU-only machine, use_cpu true or false, each launched process reports
+# DistributedType.NO and num_processes 1 (measured here with 1.16.0 and 2 processes): same batches, nothing sharded.
 CPU_FSDP_PROBLEM = (f"accelerate {ACCELERATE_VERSION} runs FSDP on GPUs (accelerators) only: on CPU every launched "
                     "process trains alone on the whole model (DistributedType.NO, num_processes 1, the same batches, "
                     "nothing sharded)")
@@ -145,6 +153,7 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.pp > 1:
+        # ParallelismConfig's dimensions are dp_replicate, dp_shard, tp, cp, sp (parallelism_config.py:338-344)
         problems.append(f"pp={plan.pp}: accelerate {ACCELERATE_VERSION} has no pipeline parallelism for FSDP2: "
                         "use torchtitan (autotune.emit.torchtitan) or pp=1")
     if plan.offload_optimizer != "none" and plan.offload_param == "none":
@@ -156,14 +165,16 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
         problems.append("the loss is the training script's own under accelerate: chunk it there, or drop "
                         "--loss-chunks")
     if plan.tp_overlap == "async-tp":
+        # TorchTensorParallelConfig.enable_async_tp warns "currently not supported, ignoring" (dataclasses.py:2206)
         problems.append(f"accelerate {ACCELERATE_VERSION} has no async tensor parallelism: use torchtitan's file, or "
                         "drop --tp-overlap")
     if plan.precision == "fp8" and plan.fp8_recipe == "torchao-mxfp8":
         problems.append(f"accelerate {ACCELERATE_VERSION} cannot say torchao MXFP8: its torchao backend converts with "
-                        "torchao.float8 (AORecipeKwargs.config is a Float8LinearConfig; utils/ao.py "
-                        "convert_model_to_fp8_ao calls convert_to_float8_training) and its MXFP8 is Transformer "
-                        "Engine's (TERecipeKwargs.use_mxfp8_block_scaling, --fp8-recipe te-mxfp8 on Megatron): use "
-                        "torchtitan's file, or --fp8-recipe torchao-rowwise / torchao-tensorwise")
+                        "torchao.float8 (AORecipeKwargs.config is a Float8LinearConfig, utils/dataclasses.py:306; "
+                        "utils/ao.py:143 convert_model_to_fp8_ao calls convert_to_float8_training) and its MXFP8 is "
+                        "Transformer Engine's (TERecipeKwargs.use_mxfp8_block_scaling, utils/dataclasses.py:378; "
+                        "--fp8-recipe te-mxfp8 on Megatron): use torchtitan's file, or --fp8-recipe torchao-rowwise / "
+                        "torchao-tensorwise")
     if plan.zero_stage not in (2, 3):
         problems.append(f"zero_stage {plan.zero_stage}: accelerate's FSDP2 shards parameters and gradients "
                         "(ZeRO-3: fsdp_reshard_after_forward true) or keeps the gathered parameters until backward "
@@ -172,10 +183,11 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     if (plan.tp > 1 or plan.dp_replicate > 1) and dp_shard == 1 and plan.cp == 1:
         problems.append("FSDP2 under a parallelism_config shards over dp_shard x cp, here 1: accelerate raises "
                         "'FSDP is enabled but the parallelism config has no dimension for FSDP to shard across' "
-                        "(ParallelismConfig._validate_accelerator): give FSDP dp ranks to shard over")
-    if (plan.tp > 1 or plan.cp > 1) and plan.dp_replicate > 1 and dp_shard == 1:
-        problems.append("accelerate's ParallelismConfig refuses TP/CP with pure replication (dp_replicate > 1, "
-                        "dp_shard 1): shard over dp instead")
+                        "(ParallelismConfig._validate_accelerator, parallelism_config.py:377): give FSDP dp ranks to "
+                        "shard over")
+    if plan.cp > 1 and plan.dp_replicate > 1 and dp_shard == 1:
+        problems.append(f"accelerate {ACCELERATE_VERSION}'s ParallelismConfig refuses CP with pure replication "
+                        "(dp_replicate > 1, dp_shard 1; parallelism_config.py:332): shard over dp instead")
     return problems
 
 

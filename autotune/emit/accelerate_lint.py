@@ -1,5 +1,5 @@
 """Linting an accelerate config YAML for a world size: unknown keys (nearest key, line), values, and the
-contradictions accelerate 1.15 raises on at launch or in its plugins.
+contradictions accelerate 1.16 raises on at launch or in its plugins (file:line in the 1.16.0 wheel).
 
 Keys: ``accelerate_keys.json`` (``scripts/extract_accelerate_keys.py``: ``ClusterConfig``'s fields, on which
 ``from_yaml_file`` raises for any other top-level key, and the ``accelerate launch`` option groups that the
@@ -26,14 +26,14 @@ from autotune.inputs import parse_yaml, read_text
 __all__ = ["accelerate_key_table", "accelerate_config_problems", "accelerate_job_sizes", "read_accelerate_config"]
 
 _KEYS_FILE = "accelerate_keys.json"
-# DeepSpeedPlugin._deepspeed_config_checks (accelerate/utils/dataclasses.py): with deepspeed_config_file these
-# may not come from the accelerate config; commands/launch.py adds mixed_precision whenever the file has one.
+# DeepSpeedPlugin._deepspeed_config_checks (utils/dataclasses.py:1386): with deepspeed_config_file these may not
+# come from the accelerate config; commands/launch.py:1421-1423 adds mixed_precision whenever the file has one.
 _DS_FILE_EXCLUSIVE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
                       "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
                       "zero3_save_16bit_model")
 _BLOCK_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config", "MEGATRON_LM": "megatron_lm_config"}
-# Nested keys accelerate 1.15 reads that are no launch option (so not in the key table): launch copies every
-# fsdp_config key onto its args, and utils/launch.py:332 reads getattr(args, "fsdp_ignored_modules") into
+# Nested keys accelerate 1.16 reads that are no launch option (so not in the key table): launch copies every
+# fsdp_config key onto its args, and utils/launch.py:304 reads getattr(args, "fsdp_ignored_modules") into
 # FSDP_IGNORED_MODULES (FullyShardedDataParallelPlugin.ignored_modules); accelerate's own
 # tests/test_configs/latest_fsdp.yaml has it.
 _READ_BESIDE_OPTIONS = {"fsdp_config": {"fsdp_ignored_modules": {"type": "str", "choices": None}}}
@@ -189,26 +189,29 @@ def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None
                 "the following accelerate config variables will be ignored' (DeepSpeedPlugin)",
                 "delete it here; the DeepSpeed JSON says it (bf16/fp16, zero_optimization, gradient_* keys)")
     if pc:
-        if kind != "FSDP" or str(fsdp.get("fsdp_version", 1)) != "2":
+        if kind != "FSDP" or str(fsdp.get("fsdp_version", 1)) != "2":  # commands/launch.py:1261
             bad(("parallelism_config",), "parallelism_config needs FSDP2: accelerate launch raises 'You cannot use "
                 "--use_parallelism_config without --use_fsdp and --fsdp_version=2'",
                 "set distributed_type: FSDP and fsdp_config.fsdp_version: 2, or remove parallelism_config")
         sizes = {k: pc.get(f"parallelism_config_{k}_size", 1) for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
         if all(_int(v) and v >= 1 for v in sizes.values()):
             total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"] * sizes["cp"] * sizes["sp"]
-            if total != world_size:
+            if total != world_size:  # parallelism_config.py:368
                 bad(("parallelism_config",), f"dp_replicate x dp_shard x tp x cp x sp = {total}, the job has "
                     f"{world_size} ranks (ParallelismConfig total_size must equal num_processes)",
                     "make the sizes multiply to the world size")
-            if (sizes["tp"] > 1 or sizes["cp"] > 1) and sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
-                bad(("parallelism_config",), "TP/CP with pure replication (dp_replicate > 1, dp_shard 1): "
+            # parallelism_config.py:332 (1.16 refuses CP, no longer TP, over pure replication; FSDP2 with TP there
+            # still has no dimension to shard over, the check below)
+            if sizes["cp"] > 1 and sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+                bad(("parallelism_config",), "CP with pure replication (dp_replicate > 1, dp_shard 1): "
                     "ParallelismConfig raises", "shard over dp instead (dp_shard > 1)")
             if kind == "FSDP" and sizes["dp_shard"] == 1 and sizes["cp"] == 1:
                 bad(("parallelism_config",), "FSDP2 with dp_shard 1 and cp 1 has no dimension to shard across: "
-                    "accelerate raises (ParallelismConfig._validate_accelerator)",
+                    "accelerate raises (ParallelismConfig._validate_accelerator, parallelism_config.py:377)",
                     "give dp_shard (or cp) more than 1 rank")
             if sizes["cp"] > 1 and sizes["sp"] > 1:
-                bad(("parallelism_config",), "cp and sp are mutually exclusive (ParallelismConfig raises)",
+                bad(("parallelism_config",), "cp and sp are mutually exclusive (ParallelismConfig raises, "
+                    "parallelism_config.py:325)",
                     "keep one of them")
             for dim, want in (("tp", tp), ("cp", cp)):
                 if want > 1 and sizes[dim] != want:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.emit.options import TORCHTITAN_VERSIONS
-from autotune.emit.accelerate import DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
+from autotune.emit.accelerate import ACCELERATE_RELEASE, DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_compiles, torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
 from autotune.emit.torchtitan_module import torchtitan_module
@@ -48,7 +48,8 @@ class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
     version = "torch 2.13 (fully_shard, DTensor, pipelining)"
-    versions = EngineVersions("torchtitan", "torchtitan", TORCHTITAN_VERSIONS, companions=(("accelerate", "1.15"),))
+    versions = EngineVersions("torchtitan", "torchtitan", TORCHTITAN_VERSIONS,
+                              companions=(("accelerate", ACCELERATE_RELEASE),))
     """0.3: a Python config module (torchtitan_plan.py); 0.2: the v0.2.x TOML job config."""
     support = EngineSupport(tp="dtensor", sequence_parallel=True, pp="pipelining", vpp=True, layer_split="any",
                             tp_with_pp=True, cp="ring", ep=True, zero_stages=(0, 2, 3), zero_stages_with_pp=(0, 2, 3),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from autotune.emit.accelerate import ACCELERATE_DS_CONFIG, accelerate_deepspeed_config, accelerate_deepspeed_yaml
+from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, ACCELERATE_RELEASE, accelerate_deepspeed_config,
+                                      accelerate_deepspeed_yaml)
 from autotune.emit.deepspeed import hf_deepspeed_config
 from autotune.emit.launch import render_accelerate_script
 from autotune.engines.base import Engine
@@ -28,9 +29,9 @@ HF_DS_CONFIG = "ds_config_hf.json"
 class HFEngine(Engine):
     name = "hf"
     title = "Hugging Face Trainer / accelerate (DeepSpeed backend)"
-    version = "transformers 5.24 / accelerate 1.15 / DeepSpeed 0.19.8"
+    version = f"transformers 5.24 / accelerate {ACCELERATE_RELEASE} / DeepSpeed 0.19.8"
     versions = EngineVersions("transformers", "transformers", ("5",),
-                              companions=(("accelerate", "1.15"), ("deepspeed", "0.19")))
+                              companions=(("accelerate", ACCELERATE_RELEASE), ("deepspeed", "0.19")))
     support = EngineSupport(tp=None, sequence_parallel=False, pp=None, vpp=False, layer_split="megatron",
                             tp_with_pp=False, cp=None, ep=False, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(),
                             offload_optimizer=("none", "cpu", "nvme"), offload_param=("none", "cpu", "nvme"),
@@ -109,10 +110,11 @@ class HFEngine(Engine):
                  f"{ACCELERATE_YAML}'s deepspeed_config_file is opened from the folder accelerate runs in: start "
                  f"launch_accelerate.sh (it passes both paths, from any folder), or run accelerate launch "
                  f"--config_file {ACCELERATE_YAML} from the bundle folder"
-                 + ("; on this CPU-only cluster accelerate 1.15 reports num_processes 1 and process_index 0 on "
-                    "every rank (it counts processes on accelerators only) while DeepSpeed's group spans all "
-                    f"{plan.world_size} ranks: split the data by torch.distributed.get_rank() and get_world_size() "
-                    "(a DataLoader passed to accelerator.prepare would give every rank the same batches)"
+                 + (f"; on this CPU-only cluster accelerate {ACCELERATE_RELEASE} reports num_processes 1 and "
+                    "process_index 0 on every rank (it counts processes on accelerators only) while DeepSpeed's "
+                    f"group spans all {plan.world_size} ranks: split the data by torch.distributed.get_rank() and "
+                    "get_world_size() (a DataLoader passed to accelerator.prepare would give every rank the same "
+                    "batches)"
                     if cpu else ""))
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=needs)

@@ -32,7 +32,7 @@ class EngineVersions:
     modelled: tuple[str, ...]
     """Releases modelled, oldest first; the last is the default where the package is not installed."""
     companions: tuple[tuple[str, str], ...] = ()
-    """(package, release) pairs the engine's files are also written for (accelerate 1.15 for an FSDP2 config)."""
+    """(package, release) pairs the engine's files are also written for (accelerate 1.16 for an FSDP2 config)."""
 
     def __post_init__(self) -> None:
         assert self.modelled, "an engine models at least one release"

@@ -167,7 +167,7 @@ def _accelerate(est, args) -> int:
                           "accelerate_config.yaml (the bundle's launch_accelerate.sh)")
     cfg = plugin.deepspeed_config
     torch_adam = _torch_adam(cfg, plan, device)
-    world = tdist.get_world_size()  # accelerate 1.15 counts processes on accelerators only (state.py)
+    world = tdist.get_world_size()  # accelerate 1.16 counts processes on accelerators only (state.py:747-758)
     if (why := world_size_problem(plan, world)) is not None:
         raise Unsupported(why)
     torch.manual_seed(args.seed)
