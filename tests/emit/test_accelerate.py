@@ -1,10 +1,11 @@
-"""accelerate 1.15 configs: each emitted YAML loads with accelerate's own loader, the DeepSpeed one passes
+"""accelerate 1.16 configs: each emitted YAML loads with accelerate's own loader, the DeepSpeed one passes
 accelerate's DeepSpeed-plugin checks and trains under `accelerate launch` on 2 CPU ranks, the FSDP2 one is
 turned by accelerate's launcher and FSDP plugin into the plan's settings; the linter finds unknown keys (nearest
 key, line) and contradictions with the world size."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +17,13 @@ from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
 from autotune.api import make_plan
 from autotune.emit.accelerate import (
     ACCELERATE_DS_CONFIG,
+    ACCELERATE_VERSION,
     accelerate_config_yaml,
     accelerate_deepspeed_config,
     accelerate_deepspeed_yaml,
     accelerate_fsdp_yaml,
 )
-from autotune.emit.accelerate_lint import accelerate_config_problems
+from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_key_table
 from autotune.emit.validate_files import validate_file
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster, load_model
@@ -101,7 +103,7 @@ def test_accelerate_launch_trains_with_the_deepspeed_config(tmp_path):
     # ZeRO-2 with the optimizer offloaded: DeepSpeedCPUAdam (the build cached in TORCH_EXTENSIONS_DIR).
     cluster, plan = _plan(engine="hf", zero_stage=2, offload_optimizer="cpu")
     result = _launch(_write_ds(tmp_path, cluster, plan), tmp_path)
-    # accelerate 1.15 counts processes only on accelerators (state.py); DeepSpeed's group spans both ranks.
+    # accelerate 1.16 counts processes only on accelerators (state.py:747-758); DeepSpeed's group spans both ranks.
     assert result["distributed_type"] == "DistributedType.DEEPSPEED" and result["world_size"] == 2
     assert result["steps"] >= 1 and all(0 < loss < 100 for loss in result["losses"])
 
@@ -130,7 +132,7 @@ def test_fsdp2_yaml_loads_with_accelerates_loader(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_launch_turns_the_fsdp2_yaml_into_the_plans_settings(tmp_path):
-    """A file for 2 GPUs, launched here on CPU: accelerate 1.15 does not shard there (FSDP is engaged on
+    """A file for 2 GPUs, launched here on CPU: accelerate 1.16 does not shard there (FSDP is engaged on
     accelerators only, so autotune writes no such file for a cpu cluster), but its launcher reads the file and its
     FSDP plugin and ParallelismConfig validate and hold every setting; the script still trains."""
     cluster, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, recompute="full", offload_param="cpu",
@@ -157,8 +159,63 @@ def test_fsdp2_refuses_what_accelerate_cannot_run():
         accelerate_fsdp_yaml(MODEL, load_cluster(gpu="cpu", num_gpus=2), plan)
 
 
+def test_fsdp2_refuses_cp_but_not_tp_over_pure_replication_as_accelerate_does():
+    """accelerate 1.16 lifted its ParallelismConfig refusal of TP over pure replication (it keeps CP's): TP with
+    dp_shard 1 is refused only because FSDP2 has nothing to shard over; CP with dp_shard 1 for the CP reason."""
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=4)
+    tp_plan = ParallelPlan(dp=2, dp_replicate=2, tp=2, global_batch_size=4, micro_batch_size=1, grad_accum_steps=2,
+                           seq_len=64, zero_stage=3, engine="fsdp")
+    with pytest.raises(InputError, match="no dimension for FSDP to shard") as err:
+        accelerate_fsdp_yaml(MODEL, cluster, tp_plan)
+    assert "pure replication" not in str(err.value)
+    cp_plan = ParallelPlan(dp=2, dp_replicate=2, cp=2, global_batch_size=4, micro_batch_size=1, grad_accum_steps=2,
+                           seq_len=64, zero_stage=3, engine="fsdp")
+    with pytest.raises(InputError, match="refuses CP with pure replication"):
+        accelerate_fsdp_yaml(MODEL, cluster, cp_plan)
+
+
+@pytest.mark.parametrize("sizes", [(2, 1, 2, 1), (2, 1, 1, 2), (2, 1, 2, 2), (2, 2, 2, 1), (1, 2, 1, 2)],
+                         ids=lambda s: "rep{}-shard{}-tp{}-cp{}".format(*s))
+def test_linter_says_pure_replication_exactly_where_accelerates_parallelism_config_raises(tmp_path, sizes):
+    from accelerate.parallelism_config import ParallelismConfig
+
+    replicate, shard, tp, cp = sizes
+    try:
+        ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp)
+        raises = False
+    except ValueError as err:
+        raises = "pure data parallelism" in str(err)
+    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, global_batch_size=8)
+    data = yaml.safe_load(accelerate_fsdp_yaml(MODEL, cluster, plan))
+    data["parallelism_config"] = {f"parallelism_config_{k}_size": v for k, v in
+                                  zip(("dp_replicate", "dp_shard", "tp", "cp"), sizes)}
+    data["num_processes"] = world = replicate * shard * tp * cp
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(data))
+    found = accelerate_config_problems(path, world_size=world, tp=tp, cp=cp)
+    assert any("pure replication" in p.message for p in found) == raises
+    assert any("no dimension to shard" in p.message for p in found) == (shard == 1 and cp == 1)
+
+
+def test_linter_knows_accelerate_1_16_dropped_ms_amp(tmp_path):
+    """1.16 removed the MS-AMP FP8 backend: --fp8_backend takes ao or te, --fp8_opt_level is gone."""
+    cluster, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3)
+    data = yaml.safe_load(accelerate_fsdp_yaml(MODEL, cluster, plan))
+    data["fp8_config"] = {"fp8_backend": "msamp", "fp8_opt_level": "O2"}
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(data))
+    found = {(p.path, p.severity) for p in accelerate_config_problems(path, world_size=2)}
+    assert found == {("$.fp8_config.fp8_backend", "error"), ("$.fp8_config.fp8_opt_level", "warning")}
+
+
+def test_files_are_written_for_the_pinned_and_installed_accelerate():
+    pin = re.search(r'"accelerate==([^"]+)"', (Path(__file__).parents[2] / "pyproject.toml").read_text()).group(1)
+    assert ACCELERATE_VERSION == pin == accelerate.__version__
+    assert accelerate_key_table()["version"] == ACCELERATE_VERSION
+
+
 def test_no_fsdp2_yaml_for_a_cpu_cluster_and_the_linter_refuses_use_cpu_with_fsdp(tmp_path):
-    """Measured with accelerate 1.15 on this machine: an FSDP YAML launched with 2 processes on CPU (use_cpu
+    """Measured with accelerate 1.16.0 on this machine: an FSDP YAML launched with 2 processes on CPU (use_cpu
     true or false) gives each process DistributedType.NO and num_processes 1: the same batches, nothing sharded."""
     cluster, plan = _plan(engine="fsdp", zero_stage=3)
     with pytest.raises(InputError, match="FSDP on GPUs") as err:

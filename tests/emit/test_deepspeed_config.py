@@ -222,7 +222,7 @@ def test_accelerate_yaml():
     assert data["distributed_type"] == "DEEPSPEED" and data["compute_environment"] == "LOCAL_MACHINE"
     assert data["deepspeed_config"] == {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": True}
     assert (data["num_machines"], data["num_processes"], data["machine_rank"]) == (1, 8, 0)
-    # No mixed_precision next to deepspeed_config_file: accelerate 1.15 raises on it (tests/emit/test_accelerate.py).
+    # No mixed_precision next to deepspeed_config_file: accelerate 1.16 raises on it (tests/emit/test_accelerate.py).
     assert data["main_training_function"] == "main" and "mixed_precision" not in data
     big = load_cluster(gpu="h100-sxm-80gb", num_gpus=32)
     _, _, fp16_plan = _llama8(num_gpus=32, precision="fp16", zero_stage=1)

@@ -2,7 +2,7 @@
 - `bash launch_torchrun.sh` (from another folder): `python -m autotune.train --hf-config ds_config_hf.json`,
   the Hugging Face Trainer filling the file's "auto" values from TrainingArguments;
 - `bash launch_accelerate.sh`: `accelerate launch --config_file accelerate_config.yaml` with the concrete
-  ds_config_accelerate.json (accelerate 1.15 refuses duplicated variables: the YAML has none).
+  ds_config_accelerate.json (accelerate 1.16 refuses duplicated variables: the YAML has none).
 Both on 2 gloo ranks, 6 optimizer steps; the first-step loss is the same model and batches computed here.
 """
 

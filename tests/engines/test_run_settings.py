@@ -268,7 +268,7 @@ def test_accelerate_compiles_what_the_estimate_compiles_and_its_loader_reads_it(
         est = estimate(MODEL, CLUSTER, _plan("fsdp", torch_compile=compiled))
         path = tmp_path / f"accelerate_fsdp_{compiled}.yaml"
         path.write_text(render_bundle(est).files["accelerate_fsdp.yaml"])
-        loaded = config_args.load_config_from_file(str(path))  # accelerate 1.15's own loader
+        loaded = config_args.load_config_from_file(str(path))  # accelerate 1.16's own loader
         assert loaded.dynamo_config.get("dynamo_backend") == ("INDUCTOR" if compiled else None)
         back = read_job([str(path)], model="llama3-8b", gpu=GPU, global_batch=64, seq_len=4096)
         assert run_settings.compiled(back.plan, None, engine_for(back.plan)) is compiled

@@ -104,7 +104,7 @@ def test_user_fsdp2_script_from_plan_md_shards_and_trains_from_another_folder(tm
                            r"root module")
     micro = int(_said(section, r"micro-batch (\d+), 1 micro-batch\(es\) per optimizer step").group(1))
     _said(section, r"each of the 2 data-parallel ranks .* reads its own batches")
-    assert "accelerate_fsdp.yaml is not written: accelerate 1.15.0 runs FSDP on GPUs" in section
+    assert "accelerate_fsdp.yaml is not written: accelerate 1.16.0 runs FSDP on GPUs" in section
     (tmp_path / "user_fsdp.py").write_text(PAIR_LM + textwrap.dedent(f'''\
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh

@@ -145,12 +145,12 @@ def test_fsdp_study_measures_full_shard_tp_and_pipelining(tmp_path):
     # the pp 2 x vpp 2 plans need 4 layers: never launched, and the output says why
     assert "--num-layers 2 leaves fewer layers" in doc["not_measured"]
     assert "not measured (never launched)" in done.stderr
-    # the cpu cluster's winner has no accelerate FSDP2 config (accelerate 1.15 runs FSDP on GPUs only); its
+    # the cpu cluster's winner has no accelerate FSDP2 config (accelerate 1.16 runs FSDP on GPUs only); its
     # plan.md says why
     plan = _check_winner(doc, out, [])
     assert plan["engine"] == "fsdp"
     assert not (out / "winner" / "accelerate_fsdp.yaml").exists()
-    assert "accelerate_fsdp.yaml is not written: accelerate 1.15.0 runs FSDP on GPUs" in \
+    assert "accelerate_fsdp.yaml is not written: accelerate 1.16.0 runs FSDP on GPUs" in \
         (out / "winner" / "plan.md").read_text()
     assert (out / "cal.json").is_file()
 
