@@ -96,6 +96,8 @@ def _deepspeed_block(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filenam
 
 
 def _require_no_cp(plan: ParallelPlan) -> None:
+    # DeepSpeed's Ulysses comes in as ParallelismConfig sp_size with sp_backend "deepspeed" (parallelism_config.py:57,
+    # 366); a YAML's parallelism_config without FSDP2 is refused by the launcher (commands/launch.py:1261).
     if plan.cp > 1:
         raise InputError([f"cp={plan.cp}: accelerate {ACCELERATE_VERSION} takes Ulysses sequence parallelism only "
                           "from a ParallelismConfig built in the script (its launcher refuses parallelism_config "
