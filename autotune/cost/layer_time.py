@@ -129,13 +129,14 @@ def attention_projections(model: ModelSpec, t: int) -> list[tuple[str, int, int,
 @functools.lru_cache(maxsize=8192)
 def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_layer: bool,
                 eff: Efficiency, r: Rates, kernels: str = "fused", cp_kind: str = "p2p",
-                cp_repeat_kv: bool = False, expert_pad_rows: float = 0.0) -> LayerTime:
+                cp_repeat_kv: bool = False, expert_pad_rows: float = 0.0, fused_experts: bool = False) -> LayerTime:
     """One layer's forward parts; ``kernels``: "fused" (one kernel per op: Megatron / TE), "compiled"
     (torch.compile) or "eager" (PyTorch modules op by op: torchtitan and transformers without compile,
     ``EAGER_BYTES``); ``cp_kind``
     and ``cp_repeat_kv``: how the engine runs context parallelism (``autotune.cost.cp_ring``);
     ``expert_pad_rows``: zero rows each local expert's GEMMs run beyond its routed ones
-    (``autotune.cost.expert_padding``)."""
+    (``autotune.cost.expert_padding``); ``fused_experts``: the routed experts run TE's fused grouped MLP
+    (``autotune.cost.fused_grouped_mlp``)."""
     h, t, s = model.hidden_size, plan.tp, plan.seq_len
     tokens = s * plan.micro_batch_size / plan.cp
     hbm = r.hbm
@@ -232,7 +233,10 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     res_fwd = model.norms_per_layer * norm_fwd * h + 2 * (6 * h + (h if dropout else 0))
     res_bwd = model.norms_per_layer * norm_bwd * h + 2 * ((5 * h if dropout else 0) + bias_grad)
     wide_fwd = ffn_width * (swiglu_fwd if n_in == 2 else 4)
-    wide_bwd = ffn_width * (swiglu_bwd if n_in == 2 else 6) + (2 * (qkv + n_in * ffn_width) if model.linear_bias else 0)
+    # the routed fc1 biases' gradients come out of the fused grouped MLP's dgrad epilogue (fused_grouped_mlp)
+    biased_fc1 = ffn_width - (routed_width if moe_layer and fused_experts else 0)
+    wide_bias_grads = 2 * (qkv + n_in * biased_fc1) if model.linear_bias else 0
+    wide_bwd = ffn_width * (swiglu_bwd if n_in == 2 else 6) + wide_bias_grads
     if model.position_embedding == "rope":
         wide_fwd += rope_fwd * (model.q_width + model.kv_width)
         wide_bwd += rope_bwd * (model.q_width + model.kv_width)
@@ -258,7 +262,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     elementwise_bwd = tokens * (res_bwd / t_seq + wide_bwd / t) / hbm
     dispatch_s = extra_act = extra_fwd = extra_bwd = 0.0
     if moe_layer:  # experts' weighted fc2 bias and clamped GLU on the busiest rank's rows (moe_time docstring)
-        extra_fwd, extra_bwd, extra_act = (busiest * tokens * b / t / hbm for b in moe_time.expert_extra_bytes(model))
+        extra_fwd, extra_bwd, extra_act = (busiest * tokens * b / t / hbm
+                                           for b in moe_time.expert_extra_bytes(model, fused_experts))
         elementwise += extra_fwd
         elementwise_bwd += extra_bwd
     if moe_layer:  # the dispatcher's permutations and the router's kernels (autotune.cost.moe_time)

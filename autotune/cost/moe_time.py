@@ -85,6 +85,10 @@ Megatron-Bridge 067f987 src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:62,
   the saved input, writes: 6 B) and the chunk's gradient concatenates the halves' (read 2, write 2): 10 B. Selective
   ``moe_act`` recompute reruns it with the activation (experts.py:1019-1024 checkpoints ``bias_act_func``).
 
+Where the experts run Transformer Engine's fused grouped MLP instead (the op fuser on the sync-free path of a
+whole-iteration graph, MXFP8: ``autotune.cost.fused_grouped_mlp``), the GEMM epilogues take both in and only the
+backward's read of fc2's output gradient for its scaled bias remains.
+
 Not modelled: the TP all-gather / reduce-scatter of the dispatched tokens with expert tensor parallelism in the
 all-to-all dispatcher (token_dispatcher.py:741-751, :824), token dropping (capacity factor), the dispatchers'
 buffers in memory, HybridEP's fused permutation (``--moe-permute-fusion-into-hybridep``). Other
@@ -100,6 +104,7 @@ import math
 
 from autotune.cost import comm
 from autotune.cost.efficiency import Efficiency
+from autotune.cost.fused_grouped_mlp import FUSED_FC2_BIAS_GRAD_BYTES
 from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -118,13 +123,17 @@ CLAMP_BYTES = (8, 10)
 """(forward, backward) HBM bytes per element of fc1's gated output for the clamp around the activation."""
 
 
-def expert_extra_bytes(model: ModelSpec) -> tuple[float, float, float]:
+def expert_extra_bytes(model: ModelSpec, fused: bool = False) -> tuple[float, float, float]:
     """(forward, backward, of which the activation's forward) HBM bytes per token of one MoE layer's routed experts
     beyond the GEMMs and the fused activation: the biased fc2's weighted bias add and the clamped GLU (module
-    docstring); per token of the layer's input on the experts' TP split (the caller divides by tp)."""
+    docstring); per token of the layer's input on the experts' TP split (the caller divides by tp). ``fused``:
+    the experts run TE's fused grouped MLP (``autotune.cost.fused_grouped_mlp``), whose GEMM epilogues take the
+    biases and the clamp in, leaving the backward's one read of fc2's output gradient for its scaled bias."""
     moe = model.moe
     assert moe is not None
     rows = moe.top_k  # routed rows per token
+    if fused:
+        return 0.0, float(rows * model.hidden_size * FUSED_FC2_BIAS_GRAD_BYTES if model.linear_bias else 0), 0.0
     n_in = 2 if model.activation == "swiglu" else 1
     bias_fwd, bias_bwd = (EXPERT_BIAS_BYTES if model.linear_bias else (0, 0))
     clamp_fwd, clamp_bwd = (CLAMP_BYTES if model.activation_clamp is not None and n_in == 2 else (0, 0))

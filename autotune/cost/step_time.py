@@ -29,6 +29,7 @@ from autotune.cost.activation_offload import offload_exposed_s, offloaded_activa
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.expert_padding import expert_padding_rows
+from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import rates
 from autotune.cost.launch import host_launch_s, launch_exposed_s
@@ -127,8 +128,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     cp_kind, repeat_kv = _cp_run(plan, settings, engine)
     dense_layer = layer_time(model, cluster, key, False, eff, r, kernels, cp_kind, repeat_kv)
     moe_layer = layer_time(model, cluster, key, True, eff, r, kernels, cp_kind, repeat_kv,
-                           expert_padding_rows(model, plan)) if model.is_moe \
-        else dense_layer
+                           expert_padding_rows(model, plan), fused_grouped_mlp(model, cluster, plan, fp8_recipe)) \
+        if model.is_moe else dense_layer
     hbm = r.hbm
     tp_overlap = run_settings.tp_overlap(plan, settings, engine)
     tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \

@@ -86,7 +86,8 @@ class ModelSpec:
     """Local layers attend within fixed chunks of ``sliding_window`` tokens, not a sliding window (Llama 4)."""
     activation_clamp: float | None = None
     """A clamp on the gated activation's inputs (GPT-OSS ``swiglu_limit`` 7.0: the gate clamped above, the linear half
-    both ways); None: no clamp. Megatron-core runs it as extra kernels (``autotune.cost.layer_time``)."""
+    both ways); None: no clamp. Megatron-core runs it as extra kernels (``autotune.cost.layer_time``), except in
+    Transformer Engine's fused grouped MLP (``autotune.cost.fused_grouped_mlp``)."""
     num_mtp_layers: int = 0
     """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
     checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
