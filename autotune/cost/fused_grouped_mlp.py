@@ -19,7 +19,8 @@ When (all of them, as the code checks them):
   clamped quick-GEGLU with GPT-OSS's numbers (``alpha`` 1.702, ``glu_linear_offset`` 1.0, ``limit`` 7.0: TE's
   defaults, ops/basic/swiglu.py:749-751, which Megatron's quick-GELU branch keeps, experts.py:574-589; the bridge
   sets clamp 7.0 and offset 1.0, gpt_oss_bridge.py:82-84) matches with any cuDNN frontend (:864-871; other
-  values need frontend 1.24).
+  values need frontend 1.24). NVIDIA's own footnote on the 26.06.01 GPT-OSS rows confirms the path: their slowdown
+  is this fused op's MXFP8 dGeGLU backward GEMM (cudnn-frontend issue #256, ``bench/nvidia_table_footnotes.py``).
 
 What the fused op runs (MXFP8, grouped_mlp.py at d0067d0):
 
