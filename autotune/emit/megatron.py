@@ -23,7 +23,7 @@ from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, s
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
-from autotune.emit.megatron_moe_graph import sync_free_moe_args
+from autotune.emit.megatron_moe_graph import sync_free_moe_args, sync_free_moe_env
 from autotune.emit.megatron_run_flags import cuda_graph_flags, dispatcher_flags, ep_overlap_flags, recompute_flags
 from autotune.emit.megatron_versions import missing_flag_rules
 from autotune.emit.options import EmitOptions
@@ -232,12 +232,14 @@ def megatron_env(plan: ParallelPlan, *, nccl_defaults: bool = False,
     """Environment for the Megatron ranks.
 
     ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when tp > 1 or cp > 1 (validate_args 1478: TP/CP communication must
-    be scheduled ahead of the compute it overlaps). ``nccl_defaults`` adds Megatron's example NCCL settings
+    be scheduled ahead of the compute it overlaps); on the sync-free MoE path the op fuser's switch
+    (``autotune.emit.megatron_moe_graph.sync_free_moe_env``). ``nccl_defaults`` adds Megatron's example NCCL settings
     (:data:`MEGATRON_NCCL_DEFAULTS`); ``extra`` (e.g. ``LaunchOptions.nccl_env``) wins over both.
     """
     env: dict[str, str] = {}
     if plan.tp > 1 or plan.cp > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    env.update(sync_free_moe_env(plan))
     if nccl_defaults:
         env.update(MEGATRON_NCCL_DEFAULTS)
     env.update(extra or {})

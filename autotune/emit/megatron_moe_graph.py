@@ -12,15 +12,23 @@ from __future__ import annotations
 
 from autotune.emit.megatron_flags import megatron_flag_table
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import ParallelPlan
+from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 from autotune.specs.sync_free_moe import (
     PAGED_STASH_CPU_FACTOR,
     PAGED_STASH_CUDA_FACTOR,
     RANK_CAPACITY_FACTOR,
+    SYNC_FREE_DISPATCHER,
     sync_free_moe,
 )
 
-__all__ = ["sync_free_moe_args", "sync_free_moe_config"]
+__all__ = ["FUSED_GROUPED_MLP_ENV", "sync_free_moe_args", "sync_free_moe_config", "sync_free_moe_env"]
+
+FUSED_GROUPED_MLP_ENV = {"NVTE_CUTEDSL_FUSED_GROUPED_MLP": "1"}
+"""The environment the op fuser's experts need: with ``use_transformer_engine_op_fuser`` Megatron-core asserts
+``_is_fused_impl_supported()`` (megatron/core/transformer/moe/experts.py:287-290 at d98e8a64), which is False for
+gated experts unless ``NVTE_CUTEDSL_FUSED_GROUPED_MLP`` is set (:454-455; Transformer Engine d0067d0 reads the same
+variable, transformer_engine/pytorch/ops/fused/grouped_mlp.py:946-947). NVIDIA's full-iteration recipes export it
+(Megatron-Bridge 067f987 src/megatron/bridge/perf_recipes/gpt_oss/gb300/gpt_oss.py:251)."""
 
 
 def sync_free_moe_config(model: ModelSpec, plan: ParallelPlan) -> dict:
@@ -32,6 +40,13 @@ def sync_free_moe_config(model: ModelSpec, plan: ParallelPlan) -> dict:
             "moe_paged_stash_buffer_size_factor_cuda": PAGED_STASH_CUDA_FACTOR,
             "moe_paged_stash_buffer_size_factor_cpu": PAGED_STASH_CPU_FACTOR,
             "use_transformer_engine_op_fuser": True}
+
+
+def sync_free_moe_env(plan: ParallelPlan) -> dict[str, str]:
+    """Environment variables the path needs (:data:`FUSED_GROUPED_MLP_ENV`), none off it. Read from the plan alone:
+    the full-iteration graph with the sync-free dispatcher is an MoE plan's."""
+    on_path = plan.cuda_graph == FULL_ITERATION_GRAPH and plan.moe_dispatcher == SYNC_FREE_DISPATCHER
+    return dict(FUSED_GROUPED_MLP_ENV) if on_path else {}
 
 
 def sync_free_moe_args(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:

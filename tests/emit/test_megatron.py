@@ -3,6 +3,8 @@ what Megatron-LM cannot run is refused; the Megatron-DeepSpeed form. The linter 
 test_megatron_lint.py, the FP8 recipe module in test_megatron_fp8_recipe.py."""
 
 
+import dataclasses
+
 import pytest
 
 from autotune.api import make_plan
@@ -146,6 +148,17 @@ def test_cuda_device_max_connections_exactly_when_tp_or_cp(tp, cp):
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in env) == (tp > 1 or cp > 1)
     if tp > 1 or cp > 1:
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_op_fuser_switch_exactly_on_the_sync_free_moe_path():
+    """Megatron asserts the op fuser's support, false for gated experts without NVTE_CUTEDSL_FUSED_GROUPED_MLP."""
+    graphed = ParallelPlan(engine="megatron", dp=8, ep=8, seq_len=4096, micro_batch_size=4, global_batch_size=512,
+                           precision="fp8", fp8_recipe="te-mxfp8", cuda_graph="full-iteration",
+                           moe_dispatcher="flex-hybridep")
+    assert megatron_env(graphed).get("NVTE_CUTEDSL_FUSED_GROUPED_MLP") == "1"
+    for other in (dataclasses.replace(graphed, moe_dispatcher="alltoall"),
+                  dataclasses.replace(graphed, cuda_graph="transformer_engine", cuda_graph_scope=("moe_router",))):
+        assert "NVTE_CUTEDSL_FUSED_GROUPED_MLP" not in megatron_env(other)
 
 
 def test_nccl_defaults_are_optional_and_extra_wins():
