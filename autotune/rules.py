@@ -206,8 +206,16 @@ def _interleave_problems(num_layers: int, pp: int, vpp: int, scheme: str) -> lis
     """Whether the pp x vpp virtual stages can hold the layers, as the engine's split scheme places them."""
     stages = pp * vpp
     if scheme == "any":  # torch.distributed.pipelining builds its pp x vpp stages from module names, uneven too
-        if num_layers < stages:
-            return [("layers_vpp", f"{pp} x {vpp} virtual stages need at least {stages} layers ({num_layers})")]
+        # torchtitan counts the embedding and the norm + output as a layer each (layout.torchtitan_split): a chunk
+        # may hold the embedding or the output alone, so pp x vpp <= layers + 2; beyond, it raises "Number of
+        # stages (S) cannot be greater than effective layers (E)" (distributed/pipeline_parallel.py:392-396 at
+        # b5bcd76, :269-272 at v0.2.2).
+        if virtual_layout(num_layers, pp, vpp, "any") is None:
+            ok = [v for v in range(vpp - 1, 0, -1) if pp * v <= num_layers + 2]
+            return [("layers_vpp", f"number of stages ({pp} x {vpp} = {stages}) cannot be greater than effective "
+                                   f"layers ({num_layers} layers + the embedding + the output = {num_layers + 2}; "
+                                   f"torchtitan distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part): "
+                                   + (f"use vpp={ok[0]}" if ok else "lower pp"))]
         return []
     if scheme == "megatron":
         # Megatron-core: any split whose chunks are not empty, through --pipeline-model-parallel-layout where

@@ -32,12 +32,14 @@ def moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
 
 
 def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> list[tuple[int, int]] | None:
-    """The [start, stop) layer indices of each of ``stage``'s virtual chunks where Megatron gives its chunks unequal
-    layer counts (the embedding's and the loss's slots, ``layout.virtual_layout``); None otherwise (no interleaving,
-    equal chunks, or another engine's split), where every chunk holds 1/vpp of the stage's layers."""
-    if not plan.interleaved or scheme != "megatron":
+    """The [start, stop) layer indices of each of ``stage``'s virtual chunks where the engine gives its chunks
+    unequal layer counts: Megatron's embedding and loss slots (``layout.virtual_layout``), torch.distributed.pipelining's
+    pp x vpp split by module names (``layout.virtual_layout(..., "any")``: torchtitan's chunk with the
+    embedding or the output alone). None otherwise (no interleaving, equal chunks, or another engine's split), where
+    every chunk holds 1/vpp of the stage's layers."""
+    if not plan.interleaved or scheme not in ("megatron", "any"):
         return None
-    layout = virtual_layout(num_layers, plan.pp, plan.vpp)
+    layout = virtual_layout(num_layers, plan.pp, plan.vpp, scheme)
     if layout is None:
         return None
     own = [plan.pp * c + stage for c in range(plan.vpp)]

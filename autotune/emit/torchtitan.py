@@ -14,7 +14,8 @@ The mapping (torchtitan's own semantics, job_config.py):
 - batch: without PP, ``local_batch_size`` is the micro-batch and torchtitan accumulates gradients up to
   ``global_batch_size``; with PP, ``local_batch_size`` is a rank's whole batch, cut into micro-batches of
   ``pipeline_parallel_microbatch_size``;
-- PP: ``1F1B``, or ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage`` = layers / (pp x vpp);
+- PP: ``1F1B``, or ``Interleaved1F1B`` over the plan's pp x vpp split (``pipeline_parallel_layers_per_stage``
+  where it gives it, else ``module_fqns_per_model_part``);
 - recompute full / selective (op-level SAC) / none; FP8 = the ``quantize.linear.float8`` converter
   (tensorwise scaling, float8 all-gather under FSDP) with ``compile`` on, as torchtitan recommends, or the
   ``quantize.linear.mx`` converter for MXFP8 (``torchao-mxfp8``; eager with TP, which 0.2.2 refuses to compile).
@@ -25,6 +26,7 @@ from __future__ import annotations
 from autotune.emit.options import EmitOptions
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.layout import torchtitan_split, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -72,9 +74,10 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
     if plan.offload_optimizer != plan.offload_param or "nvme" in (plan.offload_param, plan.offload_optimizer):
         out.append("torchtitan's enable_cpu_offload moves parameters, gradients and optimizer states together to "
                    "CPU: offload both to cpu, or neither")
-    if plan.vpp > 1 and (model.num_layers % (plan.pp * plan.vpp)):
-        out.append(f"vpp={plan.vpp}: {model.num_layers} layers do not split into pp x vpp = {plan.pp * plan.vpp} "
-                   "stages of equal size (pipeline_parallel_layers_per_stage)")
+    if plan.vpp > 1 and virtual_layout(model.num_layers, plan.pp, plan.vpp, "any") is None:
+        out.append(f"vpp={plan.vpp}: number of stages (pp x vpp = {plan.pp * plan.vpp}) cannot be greater than "
+                   f"effective layers ({model.num_layers} layers + the embedding + the output; torchtitan "
+                   "pipeline_parallel.py generate_llm_fqn_per_model_part): lower vpp")
     return out
 
 
@@ -115,11 +118,7 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
         if plan.vpp > 1:
-            # torchtitan counts the embedding and the output as one layer each unless told 0 (stages =
-            # ceil((layers + first_less + last_less) / layers_per_stage), pipeline_parallel.py): 0 keeps pp x vpp.
-            parallelism["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.vpp)
-            parallelism["pipeline_parallel_first_stage_less_layers"] = 0
-            parallelism["pipeline_parallel_last_stage_less_layers"] = 0
+            parallelism.update(_virtual_stage_fields(model.num_layers, plan.pp, plan.vpp))
     if plan.tp_overlap == "async-tp":  # needs compile (torchtitan_compiles turns it on)
         parallelism["enable_async_tensor_parallel"] = True
     local = plan.micro_batch_size * (plan.grad_accum_steps if plan.pp > 1 else 1)
@@ -167,6 +166,34 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                                                     **({"recipe_name": "rowwise"} if rowwise else {}),
                                                     "filter_fqns": ["output"]}}}
     return config
+
+
+def _virtual_stage_fields(num_layers: int, pp: int, vpp: int) -> dict:
+    """The [parallelism] fields that make torchtitan v0.2.2 build the plan's pp x vpp split
+    (``virtual_layout(L, pp, vpp, "any")``). torchtitan's stage count is ceil((layers + first_less + last_less) /
+    layers_per_stage) and its split counts the embedding and the output as first_less / last_less layers
+    (pipeline_parallel.py:71-115, 236-344 at v0.2.2)."""
+    stages = pp * vpp
+    counts = virtual_layout(num_layers, pp, vpp, "any")
+    if num_layers % stages == 0:  # equal chunks: 0 keeps pp x vpp stages of layers / (pp x vpp) each
+        return {"pipeline_parallel_layers_per_stage": num_layers // stages,
+                "pipeline_parallel_first_stage_less_layers": 0, "pipeline_parallel_last_stage_less_layers": 0}
+    if counts == torchtitan_split(num_layers, stages):
+        # torchtitan's own split with the default first/last_stage_less_layers = 1 (job_config.py:377-388), where
+        # a layers_per_stage gives pp x vpp stages; Llama 3 405B's: 126 layers, 1 a stage, 128 stages, the first
+        # with the embedding alone, the last with the norm + output alone.
+        for per in range(1, num_layers + 1):
+            if -(-(num_layers + 2) // per) == stages:
+                return {"pipeline_parallel_layers_per_stage": per,
+                        "pipeline_parallel_first_stage_less_layers": 1, "pipeline_parallel_last_stage_less_layers": 1}
+    # Any other split: the module names of every stage (job_config.py:367; used as given, pipeline_parallel.py:117-121).
+    names, first = [], 0
+    for n in counts:
+        names.append([f"layers.{i}" for i in range(first, first + n)])
+        first += n
+    names[0].insert(0, "tok_embeddings")
+    names[-1] += ["norm", "output"]
+    return {"module_fqns_per_model_part": names}
 
 
 def _value(v) -> str:

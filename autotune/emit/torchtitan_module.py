@@ -25,7 +25,7 @@ from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_plan_problems
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import layer_counts
+from autotune.specs.layout import virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -145,7 +145,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     stages = ""
     if plan.pp > 1:
         # The plan's own split (autotune.specs.layout, the engine's scheme), as module names per stage.
-        counts = layer_counts(model.num_layers, plan.pp * plan.vpp, "any")
+        counts = virtual_layout(model.num_layers, plan.pp, plan.vpp, "any")
         stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
     training = {k: config["training"][k] for k in _TRAINING_KEYS}
     if plan.pp > 1:

@@ -15,7 +15,10 @@ Two schemes, as the engines do it:
   ``deepspeed.runtime.utils.partition_uniform``: chunk = L // pp, and the first L % pp stages get
   one layer more. BLOOM-176B: 70 layers on pp = 12 is 10 x 6 + 2 x 5.
 - ``any``: ``megatron`` where it exists, else ``uniform`` (torchtitan splits by module names, so
-  it can express either).
+  it can express either); where there are fewer layers than stages (pp x vpp virtual stages, up to
+  layers + 2), torchtitan's own split (:func:`torchtitan_split`): the embedding and the output count as a
+  layer each, so the first chunk may hold the embedding alone and the last the norm + output alone
+  (Llama 3 405B: 126 layers on 16 x 8 virtual stages, Llama 3 paper Sec. 3.3.2).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec, ParamGroups
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["SPLIT_SCHEMES", "layer_counts", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
+__all__ = ["SPLIT_SCHEMES", "layer_counts", "torchtitan_split", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
            "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak",
            "interleaved_chunk_loads"]
 
@@ -70,27 +73,54 @@ def classic_megatron_split(num_layers: int, pp: int, vpp: int = 1) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def virtual_layout(num_layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+def virtual_layout(num_layers: int, pp: int, vpp: int, scheme: str = "megatron") -> tuple[int, ...] | None:
     """Transformer layers of each of the pp x vpp virtual stages in model order (index chunk * pp + stage, as
-    Megatron-core's PipelineParallelLayerLayout orders them, pipeline_parallel_layer_layout.py:48-54), or None
-    when a chunk would hold nothing (no layer, no embedding, no loss). Layers divisible by pp x vpp: the same count
-    on every chunk; else stage s's slots (its layers, plus the embedding on stage 0 and the loss on the last) go to
-    its chunks evenly, the earlier chunks one more."""
+    Megatron-core's PipelineParallelLayerLayout orders them, pipeline_parallel_layer_layout.py:48-54, and
+    torchtitan's loop placement, virtual stage s on pp rank s % pp), or None when a chunk would hold nothing (no
+    layer, no embedding, no loss). Layers divisible by pp x vpp: the same count on every chunk; else stage s's
+    slots (its ``layer_counts(L, pp, scheme)`` layers, plus the embedding on stage 0 and the loss on the last) go to
+    its chunks evenly, the earlier chunks one more, so every stage keeps the layers the cost model gives it.
+    ``any`` (torchtitan's module names) where that leaves a chunk empty: ``layer_counts(L, pp x vpp, "any")``."""
     if num_layers % (pp * vpp) == 0:  # even: --num-layers-per-virtual-pipeline-stage alone
         return (num_layers // (pp * vpp),) * (pp * vpp)
-    counts = layer_counts(num_layers, pp, "megatron")
-    if counts is None:
+    counts = layer_counts(num_layers, pp, scheme)
+    if counts is None or scheme == "uniform":
         return None
     out = [0] * (pp * vpp)
     for s, n in enumerate(counts):
         slots = n + (s == 0) + (s == pp - 1)
         if slots < vpp:
-            return None
+            return layer_counts(num_layers, pp * vpp, "any") if scheme == "any" else None
         base, extra = divmod(slots, vpp)
         for c in range(vpp):
             out[c * pp + s] = base + (1 if c < extra else 0)
     out[0] -= 1  # the embedding's slot
     out[-1] -= 1  # the loss's slot
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def torchtitan_split(num_layers: int, stages: int, input_weight: int = 1, output_weight: int = 1
+                     ) -> tuple[int, ...] | None:
+    """Transformer layers of each of ``stages`` (virtual) stages as torchtitan's own split places them, or None where
+    it raises. torchtitan ``_generate_llm_fqn_per_model_part`` (distributed/pipeline_parallel.py:357-467 at
+    b5bcd76; ``generate_llm_fqn_per_model_part``, :236-344 at v0.2.2): the embedding counts as ``input_weight``
+    layers and the norm + output as ``output_weight`` (``pipeline_parallel_first/last_stage_less_layers``, 1 by
+    default, config/configs.py:197-208); the L + in + out effective layers go ``(L + in + out) // stages`` to a
+    stage, the first ``(L + in + out) % stages`` stages one more; stage 0 holds the embedding and that many layers
+    fewer, the last stage the norm + output and that many fewer (0 layers where its share is the weight alone).
+    It raises where ``stages > L + in + out`` (an empty stage) or a weight exceeds ``(L + in + out) // stages``."""
+    if stages == 1:
+        return (num_layers,)
+    effective = num_layers + input_weight + output_weight
+    if stages < 1 or stages > effective:
+        return None
+    base, extra = divmod(effective, stages)
+    if input_weight > base or output_weight > base:
+        return None
+    out = [base + (1 if i < extra else 0) for i in range(stages)]
+    out[0] -= input_weight
+    out[-1] -= output_weight
     return tuple(out)
 
 
@@ -114,6 +144,8 @@ def layer_counts(num_layers: int, pp: int, scheme: str = "megatron") -> tuple[in
             return (num_layers,) if pp == 1 else (first, *([middle] * (pp - 2)), last)
         if scheme == "megatron":
             return _slot_split(num_layers, pp) if 1 < pp <= num_layers else None
+        if num_layers < pp:  # torchtitan: up to layers + 2 stages, the embedding / the output alone at the ends
+            return torchtitan_split(num_layers, pp)
     return _uniform(num_layers, pp)
 
 

@@ -1,7 +1,8 @@
 """Pipeline parallelism for the FSDP trainer with ``torch.distributed.pipelining`` (torch 2.13).
 
 The layers are split over ``pp * vpp`` virtual stages as the engine splits them
-(:func:`autotune.specs.layout.layer_counts` with the fsdp engine's scheme, uneven allowed); virtual stage
+(:func:`autotune.specs.layout.virtual_layout` with the fsdp engine's scheme, uneven allowed: every pipeline rank
+keeps the layers the cost model gives it, a chunk may hold the embedding or the output alone); virtual stage
 ``s`` lives on pipeline rank ``s % pp`` (the loop placement ``ScheduleInterleaved1F1B`` expects), so rank 0
 holds the embedding and rank ``pp - 1`` the output. ``Schedule1F1B`` with one stage per rank,
 ``ScheduleInterleaved1F1B`` with ``vpp > 1``; ``n_microbatches`` = the plan's gradient-accumulation steps.
@@ -9,14 +10,20 @@ holds the embedding and rank ``pp - 1`` the output. ``Schedule1F1B`` with one st
 
 from __future__ import annotations
 
-from autotune.specs.layout import layer_counts
+from autotune.specs.layout import layer_counts, virtual_layout
 
 __all__ = ["virtual_stages", "stage_problem", "build_schedule"]
 
 
+def _counts(num_layers: int, pp: int, vpp: int, scheme: str) -> tuple[int, ...] | None:
+    if scheme == "uniform":
+        return layer_counts(num_layers, pp * vpp, scheme)
+    return virtual_layout(num_layers, pp, vpp, scheme)
+
+
 def virtual_stages(num_layers: int, pp: int, vpp: int, scheme: str) -> list[tuple[int, int]]:
     """(first layer, layer count) of every virtual stage, first to last."""
-    counts = layer_counts(num_layers, pp * vpp, scheme)
+    counts = _counts(num_layers, pp, vpp, scheme)
     assert counts is not None, f"no {scheme} split of {num_layers} layers over {pp * vpp} stages"
     out, first = [], 0
     for c in counts:
@@ -31,7 +38,7 @@ def stage_problem(model, plan, scheme: str) -> str | None:
     if model.tied_embeddings:
         return ("tied embeddings with pp > 1: torch.distributed.pipelining stages own disjoint modules, so the "
                 "last stage's output layer cannot share the first stage's embedding; untie them or set pp=1")
-    if layer_counts(model.num_layers, stages, scheme) is None:
+    if _counts(model.num_layers, plan.pp, plan.vpp, scheme) is None:
         return f"{model.num_layers} layers cannot be split over pp x vpp = {stages} stages: lower pp or vpp"
     n = plan.num_microbatches
     rounds = max(1, n // plan.pp)

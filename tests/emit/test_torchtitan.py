@@ -12,6 +12,7 @@ from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_toml
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_key_table
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
+from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.presets import load_model_preset
 
 try:
@@ -29,6 +30,10 @@ CASES = [
                                               seq_len=8192, recompute="selective")),
     ("fsdp-tp-pp-1f1b", "llama3-70b", 64, dict(zero_stage=3, tp=8, pp=4, global_batch_size=64, recompute="full")),
     ("interleaved", "llama3-70b", 128, dict(zero_stage=3, tp=8, pp=4, vpp=2, global_batch_size=64)),
+    # Llama 3 405B's split (126 layers, 16 x 8 virtual stages: the embedding and the output alone), and an uneven
+    # one written as module names (32 layers over 4 x 3).
+    ("interleaved-405b", "llama3-405b", 128, dict(zero_stage=3, tp=8, pp=16, vpp=8, global_batch_size=16)),
+    ("interleaved-names", "llama3-8b", 32, dict(zero_stage=3, tp=2, pp=4, vpp=3, global_batch_size=16)),
     ("ddp", "llama3-8b", 8, dict(zero_stage=0, global_batch_size=16)),
     ("offload", "llama3-8b", 8, dict(zero_stage=3, offload_param="cpu", offload_optimizer="cpu",
                                      global_batch_size=8)),
@@ -87,6 +92,30 @@ def test_torchtitans_own_config_manager_loads_it(tmp_path, model, num_gpus, kw):
         # torchtitan cuts a rank's local batch into micro-batches: local = micro x accumulation.
         assert cfg.training.local_batch_size == plan.micro_batch_size * plan.grad_accum_steps
         assert cfg.parallelism.pipeline_parallel_schedule == ("Interleaved1F1B" if plan.vpp > 1 else "1F1B")
+
+
+@pytest.mark.skipif(TORCHTITAN is not None, reason=TORCHTITAN or "")
+@pytest.mark.parametrize("case", [c for c in CASES if c[3].get("vpp", 1) > 1], ids=lambda c: c[0])
+def test_torchtitan_builds_the_plans_virtual_stages(tmp_path, case):
+    # The stages torchtitan 0.2.2's pipeline_llm would build from the loaded config (its stage count and its own
+    # split function, pipeline_parallel.py:71-121) are the plan's: virtual_layout(L, pp, vpp, "any").
+    from torchtitan_source import split_sources, torchtitan_split_function
+
+    m, _, plan, path = _emit(tmp_path, *case[1:])
+    pa = ConfigManager().parse_args(["--job.config_file", str(path)]).parallelism
+    names = pa.module_fqns_per_model_part
+    if names is None:
+        weights = pa.pipeline_parallel_first_stage_less_layers, pa.pipeline_parallel_last_stage_less_layers
+        stages = -(-(m.num_layers + sum(weights)) // pa.pipeline_parallel_layers_per_stage)
+        names = torchtitan_split_function(split_sources()[0])(stages, m.num_layers, *weights)
+    counts = tuple(sum(n.startswith("layers.") for n in part) for part in names)
+    assert counts == virtual_layout(m.num_layers, plan.pp, plan.vpp, "any")
+    # every pipeline rank holds the layers the cost model gives its stage
+    assert [sum(counts[s::plan.pp]) for s in range(plan.pp)] == list(layer_counts(m.num_layers, plan.pp, "any"))
+    assert names[0][0] == "tok_embeddings" and names[-1][-2:] == ["norm", "output"]
+    assert sum(names, []) == ["tok_embeddings", *(f"layers.{i}" for i in range(m.num_layers)), "norm", "output"]
+    if m.num_layers == 126:
+        assert names[0] == ["tok_embeddings"] and names[-1] == ["norm", "output"]  # Llama 3 paper Sec. 3.3.2
 
 
 @pytest.mark.skipif(TORCHTITAN is not None, reason=TORCHTITAN or "")

@@ -27,7 +27,7 @@ from autotune.emit.torchtitan import torchtitan_compiles
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.fsdp import _side_configs
 from autotune.errors import InputError
-from autotune.specs.layout import layer_counts
+from autotune.specs.layout import virtual_layout
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
@@ -165,7 +165,7 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
         assert pa["pipeline_parallel_microbatch_size"] == plan.micro_batch_size and tr["disable_cuda_graphs"]
         parts = pa["module_fqns_per_model_part"]
         assert [len([n for n in p if n.startswith("layers.")]) for p in parts] == \
-            list(layer_counts(m.num_layers, plan.pp * plan.vpp, "any"))
+            list(virtual_layout(m.num_layers, plan.pp, plan.vpp, "any"))
         assert sum(parts, []) == ["tok_embeddings", *(f"layers.{i}" for i in range(got["layers"])), "norm", "lm_head"]
     else:
         assert pa["module_fqns_per_model_part"] is None
