@@ -61,6 +61,9 @@ CASES = [
     ("pp-interleaved", "llama3-70b", 128, dict(zero_stage=3, tp=8, pp=4, vpp=2, global_batch_size=64,
                                                recompute="full")),
     ("pp-1f1b", "llama3-405b", 256, dict(zero_stage=3, tp=8, pp=16, global_batch_size=256, recompute="full")),
+    # Llama 3 405B's 126 layers on 16 x 8 virtual stages: the first chunk the embedding alone, the last the output
+    ("pp-embedding-alone", "llama3-405b", 128, dict(zero_stage=3, tp=8, pp=16, vpp=8, global_batch_size=16,
+                                                    recompute="full")),
     ("fp8", "llama3-8b", 16, dict(zero_stage=3, global_batch_size=64, precision="fp8", recompute="selective")),
     ("hsdp-zero2-none", "llama3-8b", 16, dict(zero_stage=2, dp_replicate=2, global_batch_size=64, recompute="none")),
     # the recipes' chunked loss (ChunkedLossWrapper, 8 chunks) as a plan setting, with the rowwise Float8 recipe
@@ -167,6 +170,8 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
         assert [len([n for n in p if n.startswith("layers.")]) for p in parts] == \
             list(virtual_layout(m.num_layers, plan.pp, plan.vpp, "any"))
         assert sum(parts, []) == ["tok_embeddings", *(f"layers.{i}" for i in range(got["layers"])), "norm", "lm_head"]
+        if case == "pp-embedding-alone":
+            assert parts[0] == ["tok_embeddings"] and parts[-1] == ["norm", "lm_head"]
     else:
         assert pa["module_fqns_per_model_part"] is None
     o = EmitOptions()
