@@ -87,9 +87,12 @@ def plan_problem(model, plan, *, full_layers: int | None = None) -> str | None:
                 f"--command TEMPLATE ({{megatron_args}} in the template becomes the plan's arguments) "
                 f"--metric-pattern REGEX")
     stages = plan.pp * plan.vpp
-    if full_layers is not None and plan.pp > 1 and model.num_layers < stages <= full_layers:
+    # torch.distributed.pipelining (the fsdp engine, split "any") counts the embedding and the output as a stage's
+    # layer each, as torchtitan does (specs.layout.torchtitan_split): pp x vpp stages need pp x vpp - 2 layers.
+    need = stages - 2 if engine.support.layer_split == "any" else stages
+    if full_layers is not None and plan.pp > 1 and model.num_layers < need <= full_layers:
         return (f"--num-layers {model.num_layers} leaves fewer layers than the plan's pp x vpp = {stages} "
-                f"pipeline stages: give --num-layers {stages} or more")
+                f"pipeline stages need ({need}): give --num-layers {need} or more")
     check = getattr(importlib.import_module(engine.trainer_module), "unsupported_reason", None)
     return check(model, plan) if check is not None else None
 

@@ -80,6 +80,10 @@ CASES = {
     "pipelining-1f1b-uneven": (3, 2, ["--zero", "2", "--pp", "2", "--global-batch", "2"], (2, 1, 1, 1)),
     "pipelining-interleaved": (4, 2, ["--zero", "3", "--pp", "2", "--vpp", "2", "--global-batch", "2"],
                                (2, 1, 1, 1)),
+    # 2 layers on pp 2 x vpp 2 virtual stages, as torchtitan splits them: the first chunk the embedding alone, the
+    # last the final norm + output alone (specs.layout.torchtitan_split)
+    "pipelining-interleaved-embedding-alone": (2, 2, ["--zero", "3", "--pp", "2", "--vpp", "2", "--global-batch",
+                                                      "2"], (2, 1, 1, 1)),
 }
 
 

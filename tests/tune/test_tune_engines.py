@@ -5,7 +5,8 @@ pruning and no finalist re-runs (each trial measured once), so the study stays s
 
 - FSDP2 (``--engine fsdp``, full shard, no offload, micro-batch 4, 2 layers): exactly three feasible
   plans, all measured, no DeepSpeed op built first (FSDP trials run no DeepSpeed): full shard over dp 2, FSDP2 + DTensor TP (tp 2), ``torch.distributed.pipelining``
-  1F1B (pp 2; the interleaved pp 2 x vpp 2 plans need 4 layers and are reported as not measured);
+  1F1B (pp 2; the interleaved plans deeper than the 2 layers + the embedding + the output, pp 2 x vpp 3 and up,
+  are reported as not measured);
 - HSDP (4 ranks, ``dp_replicate`` searched): full shard over dp 4 and hybrid 2 x 2, both measured, each
   trainer's device mesh checked;
 - DeepSpeed-Ulysses (cp 2, ZeRO-1): the first trial's rank 1 fails on purpose (a ``sitecustomize``
@@ -142,7 +143,8 @@ def test_fsdp_study_measures_full_shard_tp_and_pipelining(tmp_path):
         _check_measured(t, "fsdp")
         assert t.params["zero_stage"] == 3
     assert doc["states"] == {"complete": 3}
-    # the pp 2 x vpp 2 plans need 4 layers: never launched, and the output says why
+    # pp 2 x vpp 3 and deeper need more than 2 layers (the embedding and the output a stage's layer each, as
+    # torchtitan splits): never launched, and the output says why
     assert "--num-layers 2 leaves fewer layers" in doc["not_measured"]
     assert "not measured (never launched)" in done.stderr
     # the cpu cluster's winner has no accelerate FSDP2 config (accelerate 1.16 runs FSDP on GPUs only); its
