@@ -53,6 +53,16 @@ def main() -> int:
                                ("fsdp_config", "fsdp_backward_prefetch", c.FSDP_BACKWARD_PREFETCH),
                                ("deepspeed_config", "deepspeed_multinode_launcher", c.DEEPSPEED_MULTINODE_LAUNCHERS)):
         blocks[block][key]["choices"] = list(values)
+    # Values read back case-sensitively or normalised, whatever launch's option says: launch exports each fp8_config
+    # value unchanged (utils/launch.py setup_fp8_env, ACCELERATE_FP8_<KEY>); Accelerator.fp8_backend reads the backend
+    # back as FP8BackendType(value) (accelerator.py, the fp8_backend property), whose values are upper case ("te",
+    # launch's own choice, raises in Accelerator.__init__); TERecipeKwargs upper-cases the format and lower-cases the
+    # amax algorithm before checking them (utils/dataclasses.py, TERecipeKwargs.__post_init__).
+    from accelerate.utils.dataclasses import FP8BackendType
+
+    blocks["fp8_config"]["fp8_backend"]["choices"] = [t.value for t in FP8BackendType]
+    blocks["fp8_config"]["fp8_format"]["case"] = "upper"
+    blocks["fp8_config"]["fp8_amax_compute_algo"]["case"] = "lower"
     data = {"source": f"accelerate {accelerate.__version__}: ClusterConfig fields (commands/config/config_args.py) "
                       f"and launch_command_parser() option groups (commands/launch.py)",
             "version": accelerate.__version__, "top": top,

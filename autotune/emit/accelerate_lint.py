@@ -39,6 +39,19 @@ _BLOCK_OF = {"DEEPSPEED": "deepspeed_config", "FSDP": "fsdp_config", "MEGATRON_L
 _READ_BESIDE_OPTIONS = {"fsdp_config": {"fsdp_ignored_modules": {"type": "str", "choices": None}}}
 
 
+# fp8_backend: launch's --fp8_backend lists "ao" / "te", but launch exports the value unchanged and
+# Accelerator.__init__ reads it back as FP8BackendType (upper case), raising on "te" (scripts/extract_accelerate_keys.py).
+_CASE_NOTE = {("fp8_config", "fp8_backend"): " (accelerate 1.16's Accelerator reads it as FP8BackendType, case "
+              "sensitive: a lower-case value raises \"ValueError: 'te' is not a valid FP8BackendType\" when the "
+              "script creates its Accelerator, whatever `accelerate launch --help` lists)"}
+
+
+def _as_read(value: Any, spec: dict) -> str:
+    """A nested value as accelerate compares it: upper- or lower-cased first where it normalises (``spec["case"]``)."""
+    text = str(value)
+    return {"upper": text.upper(), "lower": text.lower()}.get(spec.get("case", ""), text)
+
+
 @functools.cache
 def accelerate_key_table() -> dict:
     """``{"version", "source", "top": {key: {...}}, "blocks": {block: {key: {"type", "choices"}}}}``."""
@@ -137,9 +150,9 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
                 bad((block, str(key)), f"unknown key {key!r} in {block}: accelerate {version} launch drops it "
                     "silently, so it has no effect", f"did you mean {near!r}? rename it" if near else "remove it",
                     "warning")
-            elif spec.get("choices") and str(value[key]) not in spec["choices"]:
-                bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}",
-                    f"use one of {', '.join(spec['choices'])}")
+            elif spec.get("choices") and _as_read(value[key], spec) not in spec["choices"]:
+                bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}"
+                    f"{_CASE_NOTE.get((block, str(key)), '')}", f"use one of {', '.join(spec['choices'])}")
     for key in ("distributed_type", "mixed_precision"):
         choices = table["top"][key].get("choices")
         if key in data and data[key] is not None and choices and str(data[key]) not in choices:

@@ -198,7 +198,7 @@ def test_linter_says_pure_replication_exactly_where_accelerates_parallelism_conf
 
 
 def test_linter_knows_accelerate_1_16_dropped_ms_amp(tmp_path):
-    """1.16 removed the MS-AMP FP8 backend: --fp8_backend takes ao or te, --fp8_opt_level is gone."""
+    """1.16 removed the MS-AMP FP8 backend (the backend is AO or TE: FP8BackendType), --fp8_opt_level is gone."""
     cluster, plan = _plan(gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3)
     data = yaml.safe_load(accelerate_fsdp_yaml(MODEL, cluster, plan))
     data["fp8_config"] = {"fp8_backend": "msamp", "fp8_opt_level": "O2"}
