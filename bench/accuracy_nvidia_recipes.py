@@ -55,6 +55,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
     p90_abs,
 )
 from nvidia_allocator_env import expandable_segments_source
+from nvidia_gpu_pairs import gpu_pairs_table
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
@@ -378,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         if not c.reason:
             estimate_case(c)
     accuracy_table(cases, args.rows)
+    gpu_pairs_table(cases, args.rows)
     settings_table([c for c in cases if c.predicted is not None])
     plan_quality_table(cases, args.rows, label)
     return 0

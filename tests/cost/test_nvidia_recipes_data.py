@@ -331,3 +331,30 @@ def test_the_405b_gb200_fp8_rows_run_with_the_launchers_expandable_segments():
     assert ("LLAMA3.1_405B", "DGX-GB200", "NVFP4", "26.02") in plain
     # the 25.09 table does not state the precision: no rule is claimed
     assert not any(r[3] == "25.09" for r in flagged)
+
+
+def test_gpu_pairs_are_rows_that_differ_in_the_system_alone():
+    from types import SimpleNamespace
+
+    import nvidia_gpu_pairs as pairs
+
+    base = {k: "1" for k in pairs.SAME} | {"container": "26.04", "model": "LLAMA3_70B"}
+
+    def case(system, measured, predicted, **changes):
+        return SimpleNamespace(row=base | {"system": system} | changes, measured=measured, predicted=predicted)
+
+    gb300, gb200 = case("DGX-GB300", 120.0, 110.0), case("DGX-GB200", 100.0, 100.0)
+    other_container = case("DGX-GB200", 90.0, 90.0, container="26.02")
+    not_estimated = case("DGX-B300", 50.0, None)
+    b200 = case("DGX-B200", 40.0, 40.0)
+    found = pairs.gpu_pairs([gb300, gb200, other_container, not_estimated, b200])
+    assert found == [(gb300, gb200)]
+    assert pairs.ratio_errors(found) == [(1.2, 1.1)]
+
+
+def test_the_shipped_rows_hold_gb300_gb200_pairs(cases):
+    import nvidia_gpu_pairs as pairs
+
+    found = pairs.gpu_pairs(cases)
+    assert sum(a.row["system"] == "DGX-GB300" for a, _ in found) >= 10
+    assert all(a.row["container"] == b.row["container"] and a.row["tp"] == b.row["tp"] for a, b in found)
