@@ -8,11 +8,10 @@ import math
 import statistics
 from collections.abc import Callable
 
-from autotune.cost.uncertainty import uncertainty_of
 from autotune.search.planner import search_plans
 from autotune.specs.settings import MemorySettings
 from autotune.search.space import SearchConstraints
-from autotune.search.ties import rank_with_ties
+from autotune.search.ties import interval, rank_with_ties
 from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tunes as NVIDIA's plan does
 
 
@@ -21,6 +20,16 @@ RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_ove
 --cuda-graph --cuda-graph-scope --tp-overlap --ep-overlap --moe-dispatcher` takes them: NVIDIA's plan and the plans it
 is ranked among then run the same settings (the TP / EP ones on the plans with tp > 1 / ep > 1). The recompute is
 searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
+
+
+UNCERTAINTY_FAMILY_PREFIX = "NVIDIA Megatron-Bridge "
+
+
+def uncertainty_family(family: str) -> str:
+    """The family of an NVIDIA row's record in autotune/data/uncertainty_runs.json (bench/uncertainty_table.py): the
+    table's model family (``accuracy_nvidia_recipes.family_of``) named so that it never equals a published-runs
+    family."""
+    return UNCERTAINTY_FAMILY_PREFIX + family
 
 
 def search_constraints(est) -> SearchConstraints:
@@ -126,7 +135,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         speed_ranks.append(by_speed if c.fits else None)
         if gain is not None:
             gains.append(gain)
-            first_intervals.append(uncertainty_of(top_plan.plan, top_plan.cluster).relative)
+            first_intervals.append(interval(top_plan).relative)  # the one the planner ranked it by
         if show_rows:
             from autotune.report import plan_summary
 
