@@ -41,7 +41,7 @@ def search_constraints(est) -> SearchConstraints:
                              **{name: getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS})
 
 
-def planner_rank(found, est) -> tuple[int, int]:
+def planner_rank(found, est, exclude_families: frozenset[str] = frozenset()) -> tuple[int, int]:
     """NVIDIA's plan's place among the searched plans: (in the planner's order, by predicted speed alone).
 
     The planner's order is what `autotune plan` lists (autotune.search.ties): plans within each other's interval are
@@ -49,11 +49,12 @@ def planner_rank(found, est) -> tuple[int, int]:
     predicted speed puts it (it may lie outside the search space: a vpp the search does not try, a recipe's pipeline
     layout) and the groups are made over them all, as the planner would had it searched it; its rank is its group's
     first place (a tie counts as a tie: the plans of its group listed before it are simpler, not faster by what the
-    model can tell)."""
+    model can tell). ``exclude_families``: the row's own family in autotune/data/uncertainty_runs.json, whose errors
+    the intervals leave out (leave-one-family-out: a row's own error does not widen the interval it is judged by)."""
     nv = est.time.tokens_per_s
     by_speed = sum(1 for e in found.ranked if e.time.tokens_per_s > nv * (1 + 1e-9)) + 1
     merged = sorted((*found.ranked, est), key=lambda e: (e.time.tokens_per_s, e.memory.headroom), reverse=True)
-    tie = rank_with_ties(merged)
+    tie = rank_with_ties(merged, exclude_families=exclude_families)
     position = next(i for i, e in enumerate(tie.ranked) if e is est)
     return tie.group_start(position) + 1, by_speed
 
@@ -110,7 +111,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
     confirmed = []  # misses where NVIDIA measured another plan faster on the same workload
     print(f"\nPLAN QUALITY: NVIDIA's plan in `autotune plan --engine megatron` on the same model / GPUs / global batch "
           f"/ seq / precision / run settings ({len(done)} rows); rank: the first place of its tie group in the "
-          f"planner's order; speed: 1 + the plans predicted faster")
+          f"planner's order (intervals without the row's own family's records); speed: 1 + the plans predicted faster")
     if show_rows:
         print(f"\n{'row':<84}{'rank':>6}{'speed':>6}{'of':>7}{'gain':>8}  top plan")
     for c in done:
@@ -127,7 +128,8 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
                                          memory_settings=MemorySettings(expandable_segments=expandable))
         found = searches[key]
         nv = est.time.tokens_per_s
-        in_order, by_speed = planner_rank(found, est)
+        own = frozenset({uncertainty_family(c.family)})  # its family's records out of every interval
+        in_order, by_speed = planner_rank(found, est, own)
         rank = in_order if c.fits else None
         top_plan = found.in_order[0] if found.in_order else None
         gain = top_plan.time.tokens_per_s / nv - 1 if top_plan is not None else None
