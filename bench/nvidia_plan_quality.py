@@ -8,6 +8,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from autotune.cost.uncertainty import NVIDIA_FAMILY_PREFIX
 from autotune.search.planner import search_plans
 from autotune.specs.settings import MemorySettings
 from autotune.search.space import SearchConstraints
@@ -22,14 +23,11 @@ is ranked among then run the same settings (the TP / EP ones on the plans with t
 searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
 
 
-UNCERTAINTY_FAMILY_PREFIX = "NVIDIA Megatron-Bridge "
-
-
 def uncertainty_family(family: str) -> str:
     """The family of an NVIDIA row's record in autotune/data/uncertainty_runs.json (bench/uncertainty_table.py): the
     table's model family (``accuracy_nvidia_recipes.family_of``) named so that it never equals a published-runs
     family."""
-    return UNCERTAINTY_FAMILY_PREFIX + family
+    return NVIDIA_FAMILY_PREFIX + family
 
 
 def search_constraints(est) -> SearchConstraints:

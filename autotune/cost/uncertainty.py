@@ -34,7 +34,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE",
-           "memory_error_p90", "shipped_memory_error_p90"]
+           "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX"]
 
 RUNS_FILE = "data/uncertainty_runs.json"
 MIN_RUNS = 6
@@ -42,6 +42,8 @@ WEIGHTS = {"engine": 4, "generation": 2, "moe": 2, "precision": 1, "tp": 1, "pp"
            "offload": 1}
 SOURCE_NAMES = {"published": "published runs", "nvidia": "NVIDIA's Blackwell recipes"}
 """The shipped records' ``source`` values, as the interval's basis names them."""
+NVIDIA_FAMILY_PREFIX = "NVIDIA Megatron-Bridge "
+"""An NVIDIA record's family: this and the model family of NVIDIA's table (never a published-runs family)."""
 _GENERATIONS = (("v100", "volta"), ("a100", "ampere"), ("a10", "ampere"), ("h100", "hopper"), ("h200", "hopper"),
                 ("gh200", "hopper"), ("b200", "blackwell"), ("b300", "blackwell"), ("gb200", "blackwell"),
                 ("gb300", "blackwell"), ("mi300", "cdna3"), ("mi250", "cdna2"), ("l40", "ada"), ("cpu", "cpu"))
@@ -89,7 +91,8 @@ class Uncertainty:
         return value * (1 - self.relative), value * (1 + self.relative)
 
     def basis(self) -> str:
-        shown = ", ".join(self.families[:3]) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
+        names = [f.removeprefix(NVIDIA_FAMILY_PREFIX) for f in self.families[:3]]  # the source says whose
+        shown = ", ".join(names) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
         where = " and ".join(SOURCE_NAMES[s] for s in self.sources)
         return f"median leave-one-family-out error of the {self.runs} runs most like this plan ({where}: {shown})"
 
