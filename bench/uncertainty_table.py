@@ -17,7 +17,7 @@ NVIDIA's own table footnotes mark as run on a container with a known software re
 (bench/nvidia_table_footnotes.py ``TABLE_FOOTNOTES``). Their family is "NVIDIA Megatron-Bridge <model family>"
 (:func:`nvidia_plan_quality.uncertainty_family`), never a published-runs family.
 
-Nothing is fitted per run: the table only records how wrong the model was where it was not fitted. A few minutes.
+Nothing is fitted per run: the table only records how wrong the model was where it was not fitted. About a minute.
 """
 
 from __future__ import annotations
