@@ -70,8 +70,9 @@ COLUMNS: dict[str, str] = {
     "comm": "communication not hidden behind compute",
     "bubble": "pipeline fill and drain idle time",
     "other": "offload transfers + the optimizer step",
-    "±": "the estimate's interval: the median leave-one-family-out error of the published runs most like the "
-         "plan (autotune.cost.uncertainty); '=' after the rank: tied with #1, each within the other's interval",
+    "±": "the estimate's interval: the median leave-one-family-out error of the runs most like the plan "
+         "(published runs and NVIDIA's Blackwell recipes, autotune.cost.uncertainty); '=' after the rank: tied "
+         "with #1, each within the other's interval",
     "MFU": "model FLOPs per second / the GPUs' dense peak",
 }
 # Rejection reasons of `autotune plan` (rule ids of autotune/rules.py, the memory checks of the

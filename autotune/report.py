@@ -6,7 +6,6 @@ import math
 
 from autotune.cost.cp_ring import cp_kind
 from autotune.cost.memory import MemoryEstimate
-from autotune.cost.uncertainty import uncertainty_of
 from autotune.engines import engine_for
 from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -135,7 +134,7 @@ def plan_table(result) -> str:
         tie = "=" if 1 < i <= getattr(result, "tied", 1) else " "  # tied with #1 (autotune.search.ties)
         lines.append(f"{i:>3}{tie} {est.plan.engine:<20}{plan_summary(est.plan):<{width}}{m.total / GIB:>9.1f}"
                      f"{t.step_time_s:>9.2f}{t.compute_s:>9.2f}{t.exposed_comm_s:>8.2f}{t.bubble_s:>8.2f}"
-                     f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{uncertainty_of(est.plan, est.cluster).relative:>7.1%}"
+                     f"{other:>8.2f}{t.tokens_per_s:>12,.0f}{est.uncertainty.relative:>7.1%}"
                      f"{t.mfu:>7.1%}")
     lines.append("")
     if result.explanation:

@@ -28,8 +28,9 @@ batch and sequence length, with the run settings NVIDIA's plan was estimated wit
 ``--cuda-graph-scope``, ``--tp-overlap``, ``--ep-overlap``, ``--moe-dispatcher``: like for like, every searched plan
 runs them where it can) (``search_plans``, the command's code path and default search space otherwise). NVIDIA's
 plan's rank: the first place of its tie group in the planner's order (``planner_rank``: plans within each other's
-interval are ties, autotune.search.ties); beside it, 1 + the feasible searched plans predicted faster. The predicted
-gain of the planner's first plan (what `autotune plan` lists first) over NVIDIA's.
+interval are ties, autotune.search.ties; the intervals without the row's own family's records, which
+bench/uncertainty_table.py ships from these rows); beside it, 1 + the feasible searched plans predicted faster. The
+predicted gain of the planner's first plan (what `autotune plan` lists first) over NVIDIA's.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ import math
 import statistics
 from collections.abc import Callable
 
-from autotune.cost.uncertainty import uncertainty_of
+from autotune.cost.uncertainty import NVIDIA_FAMILY_PREFIX
 from autotune.search.planner import search_plans
 from autotune.specs.settings import MemorySettings
 from autotune.search.space import SearchConstraints
-from autotune.search.ties import rank_with_ties
+from autotune.search.ties import interval, rank_with_ties
 from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tunes as NVIDIA's plan does
 
 
@@ -21,6 +21,13 @@ RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_ove
 --cuda-graph --cuda-graph-scope --tp-overlap --ep-overlap --moe-dispatcher` takes them: NVIDIA's plan and the plans it
 is ranked among then run the same settings (the TP / EP ones on the plans with tp > 1 / ep > 1). The recompute is
 searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
+
+
+def uncertainty_family(family: str) -> str:
+    """The family of an NVIDIA row's record in autotune/data/uncertainty_runs.json (bench/uncertainty_table.py): the
+    table's model family (``accuracy_nvidia_recipes.family_of``) named so that it never equals a published-runs
+    family."""
+    return NVIDIA_FAMILY_PREFIX + family
 
 
 def search_constraints(est) -> SearchConstraints:
@@ -32,7 +39,7 @@ def search_constraints(est) -> SearchConstraints:
                              **{name: getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS})
 
 
-def planner_rank(found, est) -> tuple[int, int]:
+def planner_rank(found, est, exclude_families: frozenset[str] = frozenset()) -> tuple[int, int]:
     """NVIDIA's plan's place among the searched plans: (in the planner's order, by predicted speed alone).
 
     The planner's order is what `autotune plan` lists (autotune.search.ties): plans within each other's interval are
@@ -40,11 +47,12 @@ def planner_rank(found, est) -> tuple[int, int]:
     predicted speed puts it (it may lie outside the search space: a vpp the search does not try, a recipe's pipeline
     layout) and the groups are made over them all, as the planner would had it searched it; its rank is its group's
     first place (a tie counts as a tie: the plans of its group listed before it are simpler, not faster by what the
-    model can tell)."""
+    model can tell). ``exclude_families``: the row's own family in autotune/data/uncertainty_runs.json, whose errors
+    the intervals leave out (leave-one-family-out: a row's own error does not widen the interval it is judged by)."""
     nv = est.time.tokens_per_s
     by_speed = sum(1 for e in found.ranked if e.time.tokens_per_s > nv * (1 + 1e-9)) + 1
     merged = sorted((*found.ranked, est), key=lambda e: (e.time.tokens_per_s, e.memory.headroom), reverse=True)
-    tie = rank_with_ties(merged)
+    tie = rank_with_ties(merged, exclude_families=exclude_families)
     position = next(i for i, e in enumerate(tie.ranked) if e is est)
     return tie.group_start(position) + 1, by_speed
 
@@ -101,7 +109,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
     confirmed = []  # misses where NVIDIA measured another plan faster on the same workload
     print(f"\nPLAN QUALITY: NVIDIA's plan in `autotune plan --engine megatron` on the same model / GPUs / global batch "
           f"/ seq / precision / run settings ({len(done)} rows); rank: the first place of its tie group in the "
-          f"planner's order; speed: 1 + the plans predicted faster")
+          f"planner's order (intervals without the row's own family's records); speed: 1 + the plans predicted faster")
     if show_rows:
         print(f"\n{'row':<84}{'rank':>6}{'speed':>6}{'of':>7}{'gain':>8}  top plan")
     for c in done:
@@ -118,7 +126,8 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
                                          memory_settings=MemorySettings(expandable_segments=expandable))
         found = searches[key]
         nv = est.time.tokens_per_s
-        in_order, by_speed = planner_rank(found, est)
+        own = frozenset({uncertainty_family(c.family)})  # its family's records out of every interval
+        in_order, by_speed = planner_rank(found, est, own)
         rank = in_order if c.fits else None
         top_plan = found.in_order[0] if found.in_order else None
         gain = top_plan.time.tokens_per_s / nv - 1 if top_plan is not None else None
@@ -126,7 +135,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         speed_ranks.append(by_speed if c.fits else None)
         if gain is not None:
             gains.append(gain)
-            first_intervals.append(uncertainty_of(top_plan.plan, top_plan.cluster).relative)
+            first_intervals.append(interval(top_plan).relative)  # the one the planner ranked it by
         if show_rows:
             from autotune.report import plan_summary
 

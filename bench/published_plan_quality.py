@@ -10,7 +10,8 @@ The runs: Megatron-core's H100 scaling table (Megatron-LM README), NeMo 24.07's 
 estimates (its fastest candidate that fits, where the source leaves a setting out); the search gets the run's time
 settings (TP communication overlap and the rest of ``PublishedRun.time_overrides``) for every plan it tries, and the
 run's precision and gradient dtype, as the Blackwell table gives NVIDIA's run settings to its search. The rank is the
-first place of the plan's tie group in the planner's order (``nvidia_plan_quality.planner_rank``).
+first place of the plan's tie group in the planner's order (``nvidia_plan_quality.planner_rank``), the intervals
+without the run's own family's errors (leave-one-family-out, as the Blackwell table leaves each row's family out).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def rank_row(run) -> tuple[int, int, int, float, str]:
                                     fp8_recipe=plan.fp8_recipe)
     found = search_plans(run.model, run.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                          top_k=10, constraints=constraints, memory_settings=memory, time_settings=timing)
-    rank, by_speed = planner_rank(found, est)
+    rank, by_speed = planner_rank(found, est, frozenset({run.family}))  # its own family's errors left out
     top = found.in_order[0] if found.in_order else None
     gain = top.time.tokens_per_s / est.time.tokens_per_s - 1 if top is not None else float("nan")
     return rank, by_speed, found.num_feasible, gain, plan_summary(top.plan) if top is not None else "(none)"

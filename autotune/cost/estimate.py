@@ -101,7 +101,7 @@ class Estimate:
     @property
     def uncertainty(self) -> Uncertainty:
         """The interval of the step time and throughput (autotune.cost.uncertainty)."""
-        return uncertainty_of(self.plan, self.cluster)
+        return uncertainty_of(self.plan, self.cluster, moe=self.model.is_moe)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings | None = None,

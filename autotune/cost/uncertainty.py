@@ -2,19 +2,23 @@
 
 Every published run the cost model is checked on (autotune/data/published_runs) was also predicted with the
 shared parameters fitted on the *other* families only (leave-one-family-out, ``bench/accuracy_published.py``).
-Those signed errors, with what kind of plan each run was, are shipped in ``autotune/data/uncertainty_runs.json``
-(written by ``bench/uncertainty_table.py --write``; a test checks it still matches the runs).
+NVIDIA's Megatron-Bridge Blackwell recipes (bench/data/nvidia_recipes_blackwell.csv, dense and MoE) are estimated
+by ``bench/accuracy_nvidia_recipes.py`` with no parameter fitted on any of them, so each of their errors is out of
+sample too. Those signed errors, with what kind of plan each run was and where it comes from (``source``:
+"published" or "nvidia"), are shipped in ``autotune/data/uncertainty_runs.json`` (written by
+``bench/uncertainty_table.py --write``; tests check it still matches the runs).
 
 For a plan, the runs most like it are found by what drives the model's error: the engine (4 points), the GPU
-generation (2), the precision (1), and one point each for tensor, pipeline and context parallelism, ZeRO-3 /
-FSDP sharding and offload agreeing. The runs at the best score, widened one score level at a time until at least
-:data:`MIN_RUNS` are in, give the interval: the median of their absolute errors (a 50% interval: about half of
-such runs came out closer than this). The planner treats plans within each other's intervals as ties
-(:mod:`autotune.search.ties`).
+generation (2), a mixture-of-experts model or not (2), the precision (1), and one point each for tensor, pipeline
+and context parallelism, ZeRO-3 / FSDP sharding and offload agreeing (:data:`WEIGHTS`). The runs at the best score,
+widened one score level at a time until at least :data:`MIN_RUNS` are in, give the interval: the median of their
+absolute errors (a 50% interval: about half of such runs came out closer than this). ``exclude_families`` leaves
+families' runs out (a check of a family's own plans is then judged by the other families' errors). The planner
+treats plans within each other's intervals as ties (:mod:`autotune.search.ties`).
 
-The same runs' peak-memory errors (where a run published its peak) give the memory model's p90 |error|
-(:func:`shipped_memory_error_p90`): how close to capacity a predicted peak may come before the prediction alone no
-longer says the plan fits (the planner's tie-break ranks such plans after those with headroom).
+The published runs' peak-memory errors (where a run published its peak; NVIDIA's table gives none) give the memory
+model's p90 |error| (:func:`shipped_memory_error_p90`): how close to capacity a predicted peak may come before the
+prediction alone no longer says the plan fits (the planner's tie-break ranks such plans after those with headroom).
 """
 
 from __future__ import annotations
@@ -30,11 +34,16 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE",
-           "memory_error_p90", "shipped_memory_error_p90"]
+           "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX"]
 
 RUNS_FILE = "data/uncertainty_runs.json"
 MIN_RUNS = 6
-WEIGHTS = {"engine": 4, "generation": 2, "precision": 1, "tp": 1, "pp": 1, "cp": 1, "sharded": 1, "offload": 1}
+WEIGHTS = {"engine": 4, "generation": 2, "moe": 2, "precision": 1, "tp": 1, "pp": 1, "cp": 1, "sharded": 1,
+           "offload": 1}
+SOURCE_NAMES = {"published": "published runs", "nvidia": "NVIDIA's Blackwell recipes"}
+"""The shipped records' ``source`` values, as the interval's basis names them."""
+NVIDIA_FAMILY_PREFIX = "NVIDIA Megatron-Bridge "
+"""An NVIDIA record's family: this and the model family of NVIDIA's table (never a published-runs family)."""
 _GENERATIONS = (("v100", "volta"), ("a100", "ampere"), ("a10", "ampere"), ("h100", "hopper"), ("h200", "hopper"),
                 ("gh200", "hopper"), ("b200", "blackwell"), ("b300", "blackwell"), ("gb200", "blackwell"),
                 ("gb300", "blackwell"), ("mi300", "cdna3"), ("mi250", "cdna2"), ("l40", "ada"), ("cpu", "cpu"))
@@ -54,10 +63,11 @@ def gpu_generation(name: str, peak_bf16_tflops: float | None = None) -> str:
             else "hopper" if peak_bf16_tflops < 1600 else "blackwell")
 
 
-def plan_kind(plan: ParallelPlan, cluster: ClusterSpec) -> dict:
-    """What of a plan the interval is looked up by."""
+def plan_kind(plan: ParallelPlan, cluster: ClusterSpec, *, moe: bool) -> dict:
+    """What of a plan the interval is looked up by (``moe``: the plan's model is a mixture of experts; the plan
+    alone does not say: an MoE model may run with ep 1)."""
     peak = cluster.gpu.peak_tflops.get("bf16") or cluster.gpu.peak_tflops.get("fp16")
-    return {"engine": plan.engine, "generation": gpu_generation(cluster.gpu.name, peak),
+    return {"engine": plan.engine, "generation": gpu_generation(cluster.gpu.name, peak), "moe": bool(moe),
             "precision": plan.precision, "tp": plan.tp > 1, "pp": plan.pp > 1, "cp": plan.cp > 1,
             "sharded": plan.zero_stage >= 3,
             "offload": plan.offload_optimizer != "none" or plan.offload_param != "none"}
@@ -73,18 +83,23 @@ class Uncertainty:
     families: tuple[str, ...]
     score: int
     """How alike those runs are to the plan (of :data:`WEIGHTS`' total)."""
+    sources: tuple[str, ...] = ("published",)
+    """Where those runs come from (:data:`SOURCE_NAMES`): "published" (autotune/data/published_runs), "nvidia"
+    (NVIDIA's Blackwell recipes)."""
 
     def bounds(self, value: float) -> tuple[float, float]:
         return value * (1 - self.relative), value * (1 + self.relative)
 
     def basis(self) -> str:
-        shown = ", ".join(self.families[:3]) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
-        return (f"median leave-one-family-out error of the {self.runs} published runs most like this plan "
-                f"({shown})")
+        names = [f.removeprefix(NVIDIA_FAMILY_PREFIX) for f in self.families[:3]]  # the source says whose
+        shown = ", ".join(names) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
+        where = " and ".join(SOURCE_NAMES[s] for s in self.sources)
+        return f"median leave-one-family-out error of the {self.runs} runs most like this plan ({where}: {shown})"
 
     def to_dict(self) -> dict:
         return {"relative": self.relative, "runs": self.runs, "families": list(self.families),
-                "similarity": self.score, "of": sum(WEIGHTS.values()), "basis": self.basis()}
+                "sources": list(self.sources), "similarity": self.score, "of": sum(WEIGHTS.values()),
+                "basis": self.basis()}
 
 
 @lru_cache(maxsize=1)
@@ -97,22 +112,26 @@ def _score(kind: dict, record: dict) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _lookup(key: tuple) -> Uncertainty:
+def _lookup(key: tuple, exclude_families: frozenset[str] = frozenset()) -> Uncertainty:
     kind = dict(key)
-    scored = sorted(((_score(kind, r), r) for r in _records()), key=lambda s: -s[0])
+    scored = sorted(((_score(kind, r), r) for r in _records() if r["family"] not in exclude_families),
+                    key=lambda s: -s[0])
     best = scored[0][0]
     floor = best
     while sum(1 for s, _ in scored if s >= floor) < MIN_RUNS and floor > 0:
         floor -= 1
     chosen = [r for s, r in scored if s >= floor]
     families = tuple(dict.fromkeys(r["family"] for r in chosen))
+    sources = tuple(s for s in SOURCE_NAMES if any(r.get("source", "published") == s for r in chosen))
     return Uncertainty(relative=statistics.median(abs(r["lofo_error"]) for r in chosen), runs=len(chosen),
-                       families=families, score=floor)
+                       families=families, score=floor, sources=sources)
 
 
-def uncertainty_of(plan: ParallelPlan, cluster: ClusterSpec) -> Uncertainty:
-    """The interval of ``plan``'s throughput on ``cluster`` (cached by the plan's kind)."""
-    return _lookup(tuple(sorted(plan_kind(plan, cluster).items())))
+def uncertainty_of(plan: ParallelPlan, cluster: ClusterSpec, *, moe: bool,
+                   exclude_families: frozenset[str] = frozenset()) -> Uncertainty:
+    """The interval of ``plan``'s throughput on ``cluster`` (``moe``: its model is a mixture of experts), from the
+    shipped runs less those of ``exclude_families`` (cached by the plan's kind)."""
+    return _lookup(tuple(sorted(plan_kind(plan, cluster, moe=moe).items())), frozenset(exclude_families))
 
 
 def memory_error_p90(errors: list[float]) -> float:
@@ -125,5 +144,5 @@ def memory_error_p90(errors: list[float]) -> float:
 def shipped_memory_error_p90() -> float:
     """The p90 |predicted / published peak memory - 1| of the shipped runs (``memory_error`` in :data:`RUNS_FILE`);
     0 for a table written before it held them (no margin: the fit test alone)."""
-    errors = [r["memory_error"] for r in _records() if r.get("memory_error") is not None]
+    errors = [r["memory_error"] for r in _records() if r.get("memory_error") is not None]  # published runs only
     return memory_error_p90(errors) if errors else 0.0

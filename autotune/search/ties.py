@@ -23,7 +23,7 @@ from autotune.cost.estimate import Estimate
 from autotune.cost.uncertainty import Uncertainty, shipped_memory_error_p90, uncertainty_of
 from autotune.report import plan_summary
 
-__all__ = ["TieRanking", "rank_with_ties", "simplicity", "near_capacity", "TIE_WINDOW"]
+__all__ = ["TieRanking", "rank_with_ties", "interval", "simplicity", "near_capacity", "TIE_WINDOW"]
 
 TIE_WINDOW = 2000
 """Plans (fastest first) regrouped; the slower rest keep their order (none of them ties the leaders)."""
@@ -93,15 +93,24 @@ class TieRanking:
                 f"would lead by {gain:+.1%}, within the error; `autotune tune` measures the tied plans")
 
 
-def rank_with_ties(by_speed: Sequence[Estimate], memory_error: float | None = None) -> TieRanking:
+def interval(est: Estimate, exclude_families: frozenset[str] = frozenset()) -> Uncertainty:
+    """The interval of an estimate (:func:`autotune.cost.uncertainty.uncertainty_of`), the runs of
+    ``exclude_families`` left out."""
+    return uncertainty_of(est.plan, est.cluster, moe=est.model.is_moe, exclude_families=exclude_families)
+
+
+def rank_with_ties(by_speed: Sequence[Estimate], memory_error: float | None = None,
+                   exclude_families: frozenset[str] = frozenset()) -> TieRanking:
     """``by_speed`` (fastest first) regrouped into tie groups, each with memory headroom first, then simplest first.
-    ``memory_error``: the relative margin of :func:`near_capacity` (default: the shipped memory p90 |error|)."""
+    ``memory_error``: the relative margin of :func:`near_capacity` (default: the shipped memory p90 |error|).
+    ``exclude_families``: families whose runs the intervals leave out (a check of a family's own plan is judged by
+    the other families' errors: leave-one-family-out)."""
     if not by_speed:
         return TieRanking(ranked=(), leading_group=0, fastest=None, uncertainty=None)
     margin = shipped_memory_error_p90() if memory_error is None else memory_error
     window = by_speed[:TIE_WINDOW]
     speed = [e.time.tokens_per_s for e in window]
-    error = [uncertainty_of(e.plan, e.cluster).relative for e in window]
+    error = [interval(e, exclude_families).relative for e in window]
     left = list(range(len(window)))  # indices still ungrouped, fastest first
     out: list[Estimate] = []
     sizes: list[int] = []
@@ -124,5 +133,5 @@ def rank_with_ties(by_speed: Sequence[Estimate], memory_error: float | None = No
     tight = sum(near_capacity(e, margin) for e in lead)
     fastest = by_speed[0]
     return TieRanking(ranked=(*out, *by_speed[TIE_WINDOW:]), leading_group=sizes[0], fastest=fastest,
-                      uncertainty=uncertainty_of(fastest.plan, fastest.cluster), groups=tuple(sizes),
+                      uncertainty=interval(fastest, exclude_families), groups=tuple(sizes),
                       memory_error=margin, near_capacity_in_lead=tight if tight < len(lead) else 0)

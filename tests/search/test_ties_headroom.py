@@ -29,7 +29,8 @@ SHIPPED = json.loads(data_path("autotune", "data/uncertainty_runs.json").read_te
 
 def test_the_margin_is_the_p90_memory_error_of_the_shipped_runs():
     published = {r.run_id: r.peak_memory_gib is not None for r in published_runs()}
-    assert all((r["memory_error"] is not None) == published[r["run_id"]] for r in SHIPPED)
+    assert all((r["memory_error"] is not None) == published[r["run_id"]] for r in SHIPPED if r["source"] == "published")
+    assert all(r["memory_error"] is None for r in SHIPPED if r["source"] != "published")  # NVIDIA's: none published
     errors = sorted(abs(r["memory_error"]) for r in SHIPPED if r["memory_error"] is not None)
     assert len(errors) >= 10
     assert shipped_memory_error_p90() == errors[math.ceil(0.9 * len(errors)) - 1]
