@@ -11,8 +11,8 @@ sample too. Those signed errors, with what kind of plan each run was and where i
 For a plan, the runs most like it are found by what drives the model's error: the engine (4 points), the GPU
 generation (2), a mixture-of-experts model or not (2), the precision (1), and one point each for tensor, pipeline
 and context parallelism, ZeRO-3 / FSDP sharding and offload agreeing (:data:`WEIGHTS`). The runs at the best score,
-widened one score level at a time until at least :data:`MIN_RUNS` are in, give the interval: the median of their
-absolute errors (a 50% interval: about half of such runs came out closer than this). ``exclude_families`` leaves
+widened one score level at a time until at least :data:`MIN_RUNS` of :data:`MIN_FAMILIES` families or more are
+in, give the interval: the median of their absolute errors (a 50% interval: about half of such runs came out closer than this). ``exclude_families`` leaves
 families' runs out (a check of a family's own plans is then judged by the other families' errors). The planner
 treats plans within each other's intervals as ties (:mod:`autotune.search.ties`).
 
@@ -34,10 +34,14 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE",
-           "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX"]
+           "MIN_FAMILIES", "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX"]
 
 RUNS_FILE = "data/uncertainty_runs.json"
 MIN_RUNS = 6
+MIN_FAMILIES = 2
+"""Families the chosen runs must span: one family's runs share its systematic error (one model, one code base, one
+set of measurements), so alone they are one sample of the model's error, however many runs it has (all of NVIDIA's
+MoE bf16 rows are GPT-OSS's, 27% off: alone they would give every MoE bf16 plan, on any GPU, a +-30% interval)."""
 WEIGHTS = {"engine": 4, "generation": 2, "moe": 2, "precision": 1, "tp": 1, "pp": 1, "cp": 1, "sharded": 1,
            "offload": 1}
 SOURCE_NAMES = {"published": "published runs", "nvidia": "NVIDIA's Blackwell recipes"}
@@ -118,7 +122,8 @@ def _lookup(key: tuple, exclude_families: frozenset[str] = frozenset()) -> Uncer
                     key=lambda s: -s[0])
     best = scored[0][0]
     floor = best
-    while sum(1 for s, _ in scored if s >= floor) < MIN_RUNS and floor > 0:
+    while floor > 0 and (sum(1 for s, _ in scored if s >= floor) < MIN_RUNS
+                         or len({r["family"] for s, r in scored if s >= floor}) < MIN_FAMILIES):
         floor -= 1
     chosen = [r for s, r in scored if s >= floor]
     families = tuple(dict.fromkeys(r["family"] for r in chosen))

@@ -59,7 +59,7 @@ def dense_h100():
 def _by_hand(kind: dict, records: list[dict]) -> tuple[float, set[str]]:
     scores = [(sum(w for k, w in WEIGHTS.items() if r[k] == kind[k]), r) for r in records]
     floor = max(s for s, _ in scores)
-    while sum(s >= floor for s, _ in scores) < MIN_RUNS:
+    while sum(s >= floor for s, _ in scores) < MIN_RUNS or len({r["family"] for s, r in scores if s >= floor}) < 2:
         floor -= 1
     chosen = [r for s, r in scores if s >= floor]
     return statistics.median(abs(r["lofo_error"]) for r in chosen), {r["family"] for r in chosen}
@@ -150,3 +150,25 @@ def test_the_plan_quality_table_ranks_a_row_without_its_own_familys_records(monk
     pq.plan_quality_table([case], False, nv.label)
     assert seen == [frozenset({"NVIDIA Megatron-Bridge LLAMA3_8B"})]
     assert {r["family"] for r in NVIDIA} >= set(seen[0])
+
+
+def test_an_interval_rests_on_two_families_at_least(monkeypatch):
+    """An H100 MoE bf16 plan's nearest runs (score 12 of 14) are GPT-OSS's NVIDIA rows alone, 27% off: one family's
+    systematic error. The score widens until a second family is in (MIN_FAMILIES), so the interval is not that one
+    family's error alone."""
+    import autotune.cost.uncertainty as uncertainty
+    from autotune.search.ties import interval
+
+    est = _estimate("--model qwen3-30b-a3b --gpu h100-sxm-80gb --num-gpus 16 --engine megatron --ep 8 --etp 1 "
+                    "--precision bf16 --seq-len 4096 --global-batch 256")
+    u = est.uncertainty
+    assert uncertainty.MIN_FAMILIES == 2 and len(set(u.families)) >= 2
+    monkeypatch.setattr(uncertainty, "MIN_FAMILIES", 1)
+    uncertainty._lookup.cache_clear()
+    try:
+        alone = interval(est)
+    finally:
+        monkeypatch.undo()
+        uncertainty._lookup.cache_clear()
+    assert alone.families == ("NVIDIA Megatron-Bridge GPT OSS 120B",) and alone.score > u.score
+    assert u.relative < alone.relative
