@@ -192,10 +192,12 @@ def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings:
 
 
 # Every plan field but the ones the micro-batch loop varies, which no engine's model states read (the planner asks
-# for the states of each micro-batch size and recompute mode of a layout). They include everything the stages and
-# their parameters per GPU follow from (engine, pp, tp, ep, etp).
+# for the states of each micro-batch size and recompute mode of a layout), and vpp: the states are those of a
+# stage's parameters (``stage_param_groups``: pp and the split alone) however its layers form chunks (no engine's
+# ``model_states`` reads vpp: tests/cost/test_memory_caches.py). They include everything the stages and their
+# parameters per GPU follow from (engine, pp, tp, ep, etp).
 _STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
-    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers")))
+    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers", "vpp")))
 _states_cache: dict[tuple, tuple[ModelSpec, tuple[ModelStateBytes, ...]]] = {}
 
 
