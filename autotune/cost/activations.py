@@ -321,6 +321,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         working = max(moe.total if has_moe else 0.0, dense.total if has_dense else 0.0)
     elif plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
         working = dense.total  # the recomputed ops of one layer, during its backward
+        sac_layer = op_sac_layer_bytes(model, plan, facts)  # what a dense layer keeps: once, not once per chunk
     elif plan.recompute == "selective":
         # Megatron's modules (default: the attention core); one layer's recomputed module lives during its backward.
         n_moe = moe_layers_in(model, first, stop)
@@ -341,7 +342,7 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
             n = min(plan.recompute_num_layers or count, count)
             return n * layer_input + full(start + n, stop)
         if plan.recompute == "selective" and facts.selective in ("op-sac", "op-sac-0.3"):
-            return (count - n_moe) * op_sac_layer_bytes(model, plan, facts) + n_moe * (moe.total - moe.attention_core)
+            return (count - n_moe) * sac_layer + n_moe * (moe.total - moe.attention_core)
         if plan.recompute == "selective":
             return full(start, stop) - (count - n_moe) * dropped_per_layer.get(False, 0.0) \
                 - n_moe * dropped_per_layer.get(True, 0.0)
@@ -353,8 +354,16 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         if plan.activation_offload_layers:  # TE offload: the first N layers' sets leave (cost/activation_offload.py)
             held -= stored_in(first, first + min(plan.activation_offload_layers, layers_per_stage)) * in_flight
     else:  # chunks of unequal layers: the steady-state step whose held chunks weigh most
-        per_chunk = [stored_in(a, b) for a, b in chunks]
-        held = max(sum(n * x for n, x in zip(load, per_chunk)) for load in interleaved_chunk_loads(
+        if model.moe is None:  # stored_in reads a chunk's layer count alone (moe_layers_in is 0): once per count
+            by_count: dict[int, float] = {}
+            for a, b in chunks:
+                if b - a not in by_count:
+                    by_count[b - a] = stored_in(a, b)
+            per_chunk = [by_count[b - a] for a, b in chunks]
+        else:
+            per_chunk = [stored_in(a, b) for a, b in chunks]
+        # sum(map(mul, ...)): the products and their order of summation of sum(n * x for ...), at half its cost
+        held = max(sum(map(operator.mul, load, per_chunk)) for load in interleaved_chunk_loads(
             plan.pp, plan.vpp, plan.num_microbatches, stage, int(plan.ep_overlapped)))
 
     if facts.cp_kind and plan.cp > 1:  # CP's K/V buffers (cost/cp_ring.py), beyond the MLP's, freed by then

@@ -177,8 +177,26 @@ def ring_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: E
     return RingTime(fe + a2a, fh, be + a2a, bh, merge_f / hbm, merge_b / hbm)
 
 
+_transient_cache: dict[tuple, tuple[ModelSpec, float]] = {}
+
+
 def ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat_kv: bool = False,
                          gpus_per_node: int = 8) -> float:
+    """:func:`_ring_transient_bytes`, cached over the plan fields it reads (cp, tp, the sequence and the micro-batch):
+    the ledger asks it for every pipeline stage of every layout, virtual-stage count and recompute mode, ~10^4 times
+    a search with ~10^2 distinct answers. Keyed by the model's id (it hashes slowly); each entry keeps its model, so
+    a reused id cannot match."""
+    key = (id(model), plan.cp, plan.tp, plan.seq_len, plan.micro_batch_size, kind, repeat_kv, gpus_per_node)
+    hit = _transient_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_transient_cache) > 4096:
+            _transient_cache.clear()
+        hit = _transient_cache[key] = (model, _ring_transient_bytes(model, plan, kind, repeat_kv, gpus_per_node))
+    return hit[1]
+
+
+def _ring_transient_bytes(model: ModelSpec, plan: ParallelPlan, kind: str, repeat_kv: bool = False,
+                          gpus_per_node: int = 8) -> float:
     """Bytes one layer's context-parallel attention holds beyond the saved activations while it runs (the larger of
     its forward and its backward; one layer at a time, so once per GPU).
 

@@ -137,9 +137,26 @@ def _peak(cluster: ClusterSpec, precision: str) -> float:
     return max(gpu.peak_tflops.values()) * 1e12
 
 
+_rates_cache: dict[tuple, tuple[ClusterSpec, Efficiency, Rates]] = {}
+
+
 def rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kernel: str,
           fp8_recipe: str | None) -> Rates:
-    """The rates of ``cluster``'s GPU for a plan of ``precision`` (``fp8_recipe`` for fp8 plans)."""
+    """The rates of ``cluster``'s GPU for a plan of ``precision`` (``fp8_recipe`` for fp8 plans). Cached (the step
+    time asks them for every new stage time, ~10^3 a search, with a few distinct answers): keyed by the specs' ids
+    (they hash slowly; frozen, so the same object gives the same rates), each entry keeping its specs, so a reused
+    id cannot match."""
+    key = (id(cluster), precision, id(eff), attention_kernel, fp8_recipe)
+    hit = _rates_cache.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not eff:
+        if len(_rates_cache) > 256:
+            _rates_cache.clear()
+        hit = _rates_cache[key] = (cluster, eff, _rates(cluster, precision, eff, attention_kernel, fp8_recipe))
+    return hit[2]
+
+
+def _rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kernel: str,
+           fp8_recipe: str | None) -> Rates:
     kf = cluster.gpu.kernel_facts()
     hbm_raw = cluster.gpu.hbm_bandwidth_gb_per_s * GB
     sixteen = "fp16" if precision == "fp16" else "bf16"

@@ -10,6 +10,7 @@ its kernel's rate, memory-bound kernels (and FP8 casts) at HBM speed (bytes coun
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 
 from autotune.cost import comm, moe_time
@@ -318,12 +319,28 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
                      tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired, adapter, plan.peft is not None)
 
 
+_TIME_KEY_FIELDS = operator.attrgetter("seq_len", "cp", "micro_batch_size", "tp", "ep", "etp", "sequence_parallel",
+                                       "precision", "flash_attention", "moe_dispatcher", "peft", "lora_rank",
+                                       "lora_targets")
+_time_key_cache: dict[tuple, ParallelPlan] = {}
+
+
 def time_key(plan: ParallelPlan) -> ParallelPlan:
-    """The plan reduced to the fields one layer's time depends on (a cache key)."""
-    return ParallelPlan(seq_len=plan.seq_len, cp=plan.cp, micro_batch_size=plan.micro_batch_size, tp=plan.tp,
-                        ep=plan.ep, etp=plan.etp, sequence_parallel=plan.sequence_parallel, precision=plan.precision,
-                        flash_attention=plan.flash_attention, moe_dispatcher=plan.moe_dispatcher, peft=plan.peft,
-                        lora_rank=plan.lora_rank, lora_targets=plan.lora_targets)
+    """The plan reduced to the fields one layer's time depends on (a cache key). One plan per distinct set of these
+    fields (cached: building and validating a plan cost a third of a step-time cache miss); a frozen plan, built
+    from these fields alone, so the same whichever plan asked first."""
+    fields = _TIME_KEY_FIELDS(plan)
+    key = _time_key_cache.get(fields)
+    if key is None:
+        if len(_time_key_cache) > 4096:
+            _time_key_cache.clear()
+        (seq_len, cp, micro_batch_size, tp, ep, etp, sequence_parallel, precision, flash_attention, moe_dispatcher,
+         peft, lora_rank, lora_targets) = fields
+        key = _time_key_cache[fields] = ParallelPlan(
+            seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp, ep=ep, etp=etp,
+            sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
+            moe_dispatcher=moe_dispatcher, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets)
+    return key
 
 
 

@@ -159,13 +159,15 @@ def _held_reserve(reserve: float, settings: MemorySettings) -> float:
     return 0.0 if settings.expandable_segments else reserve
 
 
-_outside_cache: dict[tuple, tuple[ClusterSpec, MemorySettings, float, float]] = {}
+_cluster_cache: dict[tuple, tuple[ClusterSpec, MemorySettings, tuple[float, float, bool, float, float]]] = {}
 
 
-def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings) -> float:
-    """CUDA context and NCCL buffers: device memory the caching allocator does not see."""
-    key = (id(cluster), id(settings))  # the specs hash slowly: their ids (each entry keeps its own)
-    hit = _outside_cache.get(key)
+def _cluster_facts(cluster: ClusterSpec, settings: MemorySettings) -> tuple[float, float, bool, float, float]:
+    """(CUDA context bytes, NCCL bytes per communicator, the GPU's FP8 GEMM layout fact, GPU capacity, host capacity
+    per node): what every ledger reads of the cluster and the settings, derived once per pair (cached by their ids:
+    the specs hash slowly; each entry keeps its own, so a reused id cannot match)."""
+    key = (id(cluster), id(settings))
+    hit = _cluster_cache.get(key)
     if hit is None or hit[0] is not cluster or hit[1] is not settings:
         gpu = cluster.gpu.name != "cpu"
         context = settings.cuda_context_bytes
@@ -174,18 +176,28 @@ def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings:
         nccl = settings.nccl_bytes_per_communicator
         if nccl is None:
             nccl = 256 * 2**20 if gpu else 0
-        if len(_outside_cache) > 256:
-            _outside_cache.clear()
-        hit = _outside_cache[key] = (cluster, settings, context, nccl)
+        if len(_cluster_cache) > 256:
+            _cluster_cache.clear()
+        hit = _cluster_cache[key] = (cluster, settings, (context, nccl, cluster.gpu.fp8_gemm_any_layout,
+                                                         float(cluster.gpu.memory_bytes),
+                                                         float(cluster.host_memory_bytes_per_node)))
+    return hit[2]
+
+
+def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings) -> float:
+    """CUDA context and NCCL buffers: device memory the caching allocator does not see."""
+    context, nccl = _cluster_facts(cluster, settings)[:2]
     groups = (plan.tp > 1) + (plan.pp > 1) + (plan.cp > 1) + (plan.dp > 1) + (plan.ep > 1)
-    return hit[2] + hit[3] * groups
+    return context + nccl * groups
 
 
 # Every plan field but the ones the micro-batch loop varies, which no engine's model states read (the planner asks
-# for the states of each micro-batch size and recompute mode of a layout). They include everything the stages and
-# their parameters per GPU follow from (engine, pp, tp, ep, etp).
+# for the states of each micro-batch size and recompute mode of a layout), and vpp: the states are those of a
+# stage's parameters (``stage_param_groups``: pp and the split alone) however its layers form chunks (no engine's
+# ``model_states`` reads vpp: tests/cost/test_memory_caches.py). They include everything the stages and their
+# parameters per GPU follow from (engine, pp, tp, ep, etp).
 _STATE_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
-    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers")))
+    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers", "vpp")))
 _states_cache: dict[tuple, tuple[ModelSpec, tuple[ModelStateBytes, ...]]] = {}
 
 
@@ -336,7 +348,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    parts = _stages_parts(engine, model, plan, settings, _split_node(plan, cluster), cluster.gpu.fp8_gemm_any_layout)
+    context, nccl, fp8_any_layout, capacity, host_capacity = _cluster_facts(cluster, settings)
+    parts = _stages_parts(engine, model, plan, settings, _split_node(plan, cluster), fp8_any_layout)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
         activations, buffers = part[4], part[6]
@@ -362,12 +375,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states.optimizer_states,  # optimizer_states
         activations,  # activations
         buffers,  # buffers
-        _held_reserve(reserve, settings) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
-        float(cluster.gpu.memory_bytes),  # capacity
+        _held_reserve(reserve, settings) + (context + nccl * (  # overhead; the sum: _outside_allocator_bytes
+            (plan.tp > 1) + (plan.pp > 1) + (plan.cp > 1) + (plan.dp > 1) + (plan.ep > 1))),
+        capacity,  # capacity
         stage,  # stage
         host_per_gpu * cluster.gpus_per_node,  # host_per_node
         states.nvme * cluster.gpus_per_node,  # nvme_per_node
-        float(cluster.host_memory_bytes_per_node),  # host_capacity_per_node
+        host_capacity,  # host_capacity_per_node
         dict(activation_parts),  # activation_parts
         dict(buffer_parts),  # buffer_parts
         states,  # offloaded

@@ -3,6 +3,8 @@ the bookkeeping :mod:`autotune.cost.activations` weighs each chunk's saved activ
 
 from __future__ import annotations
 
+import functools
+
 from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -31,7 +33,7 @@ def moe_layers_in(model: ModelSpec, start: int, stop: int) -> int:
     return max(0, stop - max(start, model.moe.num_dense_layers))
 
 
-def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> list[tuple[int, int]] | None:
+def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) -> tuple[tuple[int, int], ...] | None:
     """The [start, stop) layer indices of each of ``stage``'s virtual chunks where the engine gives its chunks
     unequal layer counts: Megatron's embedding and loss slots (``layout.virtual_layout``), torch.distributed.pipelining's
     pp x vpp split by module names (``layout.virtual_layout(..., "any")``: torchtitan's chunk with the
@@ -39,10 +41,18 @@ def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) 
     every chunk holds 1/vpp of the stage's layers."""
     if not plan.interleaved or scheme not in ("megatron", "any"):
         return None
-    layout = virtual_layout(num_layers, plan.pp, plan.vpp, scheme)
+    return _uneven_chunks(num_layers, plan.pp, plan.vpp, stage, scheme)
+
+
+@functools.lru_cache(maxsize=4096)
+def _uneven_chunks(num_layers: int, pp: int, vpp: int, stage: int, scheme: str) -> tuple[tuple[int, int], ...] | None:
+    """:func:`uneven_chunks` of an interleaved plan, by the only plan fields it reads (pp, vpp): the planner asks it
+    for every micro-batch, recompute mode and precision of a layout, ~10^4 times a search, with ~10^2 distinct
+    answers (cached; a tuple, so no caller can change a cached answer)."""
+    layout = virtual_layout(num_layers, pp, vpp, scheme)
     if layout is None:
         return None
-    own = [plan.pp * c + stage for c in range(plan.vpp)]
+    own = [pp * c + stage for c in range(vpp)]
     if len({layout[i] for i in own}) == 1:
         return None
-    return [(sum(layout[:i]), sum(layout[:i + 1])) for i in own]
+    return tuple((sum(layout[:i]), sum(layout[:i + 1])) for i in own)

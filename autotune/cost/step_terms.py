@@ -31,9 +31,11 @@ class TimeSettings(Protocol):
 
 
 # Every plan field but the ones the planner's inner loop varies (micro-batch, accumulation, recompute), none of which
-# the data-parallel, offload and optimizer terms read (``variant_terms``): a variant's plans share them.
+# the data-parallel, offload and optimizer terms read (``variant_terms``): a variant's plans share them; nor vpp,
+# which they do not read either (they follow from a stage's parameters, not its chunks: tests/cost/
+# test_memory_caches.py), so a layout's virtual-stage counts share them too.
 _VARIANT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ParallelPlan) if f.name not in (
-    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers")))
+    "micro_batch_size", "grad_accum_steps", "recompute", "recompute_num_layers", "vpp")))
 _variant_cache: dict[tuple, tuple] = {}
 
 

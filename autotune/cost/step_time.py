@@ -137,6 +137,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst = None
+    per_layer: dict[tuple, tuple] = {}  # (is_moe, rec_share) -> a layer's passes and launch waits: the same per stage
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
         n_layers = n_dense + n_moe
@@ -145,12 +146,15 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         for count, lt, is_moe in ((n_dense, dense_layer, False), (n_moe, moe_layer, True)):
             if not count:
                 continue
-            # torchtitan's op-level SAC covers dense blocks; MoE layers keep the attention-core policy.
-            lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap,
-                              selective if lt is dense_layer else "attention-core", modules)
-            # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
-            wait_f, wait_b = launch_exposed_s(model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s,
-                                              sched.kernel_launch_s, fp8_recipe)
+            passes = per_layer.get((is_moe, rec_share))
+            if passes is None:
+                # torchtitan's op-level SAC covers dense blocks; MoE layers keep the attention-core policy.
+                lp = layer_passes(lt, plan, rec_share, tp_overlap, tp_bwd_overlap,
+                                  selective if lt is dense_layer else "attention-core", modules)
+                # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
+                passes = per_layer[is_moe, rec_share] = (lp, *launch_exposed_s(
+                    model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s, sched.kernel_launch_s, fp8_recipe))
+            lp, wait_f, wait_b = passes
             fwd += count * (lp.fwd_s + wait_f)
             bwd += count * (lp.bwd_s + wait_b)
             rec += count * lp.recompute_s
