@@ -348,7 +348,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    context, nccl, fp8_any_layout, capacity, host_capacity = _cluster_facts(cluster, settings)
+    _, _, fp8_any_layout, capacity, host_capacity = _cluster_facts(cluster, settings)
     parts = _stages_parts(engine, model, plan, settings, _split_node(plan, cluster), fp8_any_layout)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
@@ -375,8 +375,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states.optimizer_states,  # optimizer_states
         activations,  # activations
         buffers,  # buffers
-        _held_reserve(reserve, settings) + (context + nccl * (  # overhead; the sum: _outside_allocator_bytes
-            (plan.tp > 1) + (plan.pp > 1) + (plan.cp > 1) + (plan.dp > 1) + (plan.ep > 1))),
+        _held_reserve(reserve, settings) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
         capacity,  # capacity
         stage,  # stage
         host_per_gpu * cluster.gpus_per_node,  # host_per_node

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from autotune.emit.megatron_flags import megatron_flag_table
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
+from autotune.specs.plan import ParallelPlan
 from autotune.specs.sync_free_moe import (
     PAGED_STASH_CPU_FACTOR,
     PAGED_STASH_CUDA_FACTOR,
     RANK_CAPACITY_FACTOR,
-    SYNC_FREE_DISPATCHER,
     sync_free_moe,
+    sync_free_path,
 )
 
 __all__ = ["FUSED_GROUPED_MLP_ENV", "sync_free_moe_args", "sync_free_moe_config", "sync_free_moe_env"]
@@ -44,9 +44,8 @@ def sync_free_moe_config(model: ModelSpec, plan: ParallelPlan) -> dict:
 
 def sync_free_moe_env(plan: ParallelPlan) -> dict[str, str]:
     """Environment variables the path needs (:data:`FUSED_GROUPED_MLP_ENV`), none off it. Read from the plan alone:
-    the full-iteration graph with the sync-free dispatcher is an MoE plan's."""
-    on_path = plan.cuda_graph == FULL_ITERATION_GRAPH and plan.moe_dispatcher == SYNC_FREE_DISPATCHER
-    return dict(FUSED_GROUPED_MLP_ENV) if on_path else {}
+    the full-iteration graph with the sync-free dispatcher is an MoE plan's (``sync_free_path``)."""
+    return dict(FUSED_GROUPED_MLP_ENV) if sync_free_path(plan) else {}
 
 
 def sync_free_moe_args(model: ModelSpec, plan: ParallelPlan, release: str | None, problems: list[str]) -> list[str]:

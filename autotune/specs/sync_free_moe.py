@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["SYNC_FREE_DISPATCHER", "RANK_CAPACITY_FACTOR", "PAGED_STASH_CUDA_FACTOR", "PAGED_STASH_CPU_FACTOR",
-           "sync_free_moe"]
+           "sync_free_moe", "sync_free_path"]
 
 SYNC_FREE_DISPATCHER = "flex-hybridep"
 """The only dispatcher autotune writes that has a static-budget path (module docstring)."""
@@ -57,5 +57,10 @@ PAGED_STASH_CPU_FACTOR = 1.0
 def sync_free_moe(model: ModelSpec, plan: ParallelPlan) -> bool:
     """Whether the plan runs MoE layers inside a whole-iteration graph on the static-budget HybridEP path (the
     settings above are then written, and their memory counted)."""
-    return (plan.cuda_graph == FULL_ITERATION_GRAPH and model.moe is not None
-            and plan.moe_dispatcher == SYNC_FREE_DISPATCHER)
+    return model.moe is not None and sync_free_path(plan)
+
+
+def sync_free_path(plan: ParallelPlan) -> bool:
+    """:func:`sync_free_moe` as the plan alone says it (a whole-iteration graph with the sync-free dispatcher, which
+    only an MoE plan sets): for callers without the model, such as the launch environment."""
+    return plan.cuda_graph == FULL_ITERATION_GRAPH and plan.moe_dispatcher == SYNC_FREE_DISPATCHER
