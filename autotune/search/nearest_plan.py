@@ -60,7 +60,9 @@ def _choices(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> dict
         "cp": [v for v in _powers_of_two(n) if n % v == 0],
         "ep": [v for v in _powers_of_two(n) if experts % v == 0] if moe is not None else [1],
         "etp": _powers_of_two(min(n, model.num_attention_heads)) if moe is not None else [plan.expert_tp],
-        "vpp": [v for v in range(1, max(1, model.num_layers // max(1, plan.pp)) + 1)],
+        # up to the layers + 2 chunks torchtitan's split allows (the embedding and the output a chunk's layer each,
+        # specs.layout.torchtitan_split); the rules drop what an engine's own split refuses
+        "vpp": [v for v in range(1, max(1, (model.num_layers + 2) // max(1, plan.pp)) + 1)],
     }
 
 

@@ -60,3 +60,16 @@ def test_fewest_dimensions_changed():
     assert len(nearest.changes) == 1 and nearest.changes[0][0] in DIMS
     # ep 64 -> 16 keeps dp; pp 8 -> 2 would be as near in powers of two but moves dp 16 -> 64
     assert nearest.plan.dp == plan.dp and nearest.plan.world_size == 256
+
+
+def test_the_nearest_plan_agrees_with_the_torchtitan_split_rule():
+    """torchtitan's split takes up to layers + 2 virtual stages (the embedding and the output a chunk's layer each):
+    Llama 3 405B's 126 layers on pp 16 hold vpp 8, which the layers_vpp rule names, so the nearest plan is vpp 8."""
+    model = load_model("llama3-405b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=2048)
+    plan = ParallelPlan(tp=8, pp=16, vpp=9, dp=16, micro_batch_size=1, global_batch_size=2048, grad_accum_steps=128,
+                        seq_len=8192, engine="fsdp", zero_stage=3, sequence_parallel=True)
+    broken = dict(plan_problems(model, cluster, plan))
+    assert "use vpp=8" in broken["layers_vpp"]
+    nearest = nearest_valid_plan(model, cluster, plan)
+    assert nearest is not None and nearest.changes == (("vpp", 9, 8),)
