@@ -132,6 +132,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     elif kind == "flex" and (backend := m.get("moe_flex_dispatcher_backend") or "deepep") in ("deepep", "hybridep"):
         out["moe_dispatcher"] = f"flex-{backend}"  # ncclep: not modelled, estimated as alltoall
     out |= cp_comm_type_of(m.get("cp_comm_type") if (out["cp"] or 1) > 1 else None, path, notes)
+    out |= token_drop_of(m.get("moe_expert_capacity_factor"), m.get("moe_pad_expert_input_to_capacity"))
     out |= lora_of(data.get("peft"))
     if preset is not None:
         out["model"] = load_model_preset(preset)
@@ -165,6 +166,19 @@ def megatron_dispatcher(f: dict, ep: int, path: str, notes: list[str]) -> dict:
         notes.append(f"{path}: the {name} token dispatcher is not modelled: estimated as alltoall")
         return {}
     return {} if name == "alltoall" else {"moe_dispatcher": name}
+
+
+def token_drop_of(factor: object, pad: object) -> dict:
+    """The plan's token dropping from Megatron's --moe-expert-capacity-factor / --moe-pad-expert-input-to-capacity or
+    Bridge's TransformerConfig fields of the same names; a negative factor means dropless (transformer_config.py
+    :1660-1662 of core 0.19.2), and so does none."""
+    try:
+        value = float(factor) if factor is not None and not isinstance(factor, bool) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        return {}
+    return {"moe_capacity_factor": value} | ({"moe_pad_to_capacity": True} if pad is True else {})
 
 
 def cp_comm_type_of(value: object, path: str, notes: list[str]) -> dict:

@@ -131,9 +131,10 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
             out["grad_dtype"] = "bf16"
         if "--overlap-moe-expert-parallel-comm" in f:  # --delay-wgrad-compute needs it (transformer_config.py:2749)
             out["ep_overlap"] = "a2a-delay-wgrad" if "--delay-wgrad-compute" in f else "a2a"
-        from autotune.job_bridge import cp_comm_type_of, megatron_dispatcher
+        from autotune.job_bridge import cp_comm_type_of, megatron_dispatcher, token_drop_of
 
         out |= megatron_dispatcher(f, out["ep"], path, notes)
+        out |= token_drop_of(f.get("--moe-expert-capacity-factor"), "--moe-pad-expert-input-to-capacity" in f or None)
         out |= cp_comm_type_of(_values(argv, "--cp-comm-type") if out["cp"] > 1 else None, path, notes)
     else:
         out["engine"] = "megatron-deepspeed"

@@ -228,6 +228,10 @@ def assumed_settings(plan: ParallelPlan, settings) -> list[str]:
                    + asked("ep_overlap", "--ep-overlap"))
         out.append(f"MoE token dispatcher {plan.moe_dispatcher or 'alltoall'}" + asked("moe_dispatcher",
                                                                                     "--moe-dispatcher"))
+    if plan.moe_capacity_factor is not None:
+        out.append(f"MoE tokens over {plan.moe_capacity_factor:g} x each expert's balanced share dropped"
+                   + (", every expert's input padded to it" if plan.moe_pad_to_capacity else "")
+                   + " (--moe-capacity-factor)")
     policy = getattr(settings, "selective_policy", None) or engine.activation_facts(plan).selective
     if plan.recompute == "selective" and policy == "attention-core":
         out.append("selective recompute reruns " + " ".join(run_settings.recompute_modules(plan))

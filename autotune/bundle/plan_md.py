@@ -177,6 +177,11 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                         f"{RANK_CAPACITY_FACTOR:g} x the routed rows (overflow dropped) and the experts' saved "
                         "tensors in a paged stash" if plan.cuda_graph == "full-iteration"
                         and plan.moe_dispatcher == "flex-hybridep" else "")))
+    if plan.moe_capacity_factor is not None:
+        rows.append(("MoE capacity", f"{plan.moe_capacity_factor:g}" + (" padded" if plan.moe_pad_to_capacity else ""),
+                     "tokens over this multiple of each expert's balanced share are dropped (may change what trains)"
+                     + ("; every expert's input padded to it: static shapes, no host sync, the padded rows computed"
+                        if plan.moe_pad_to_capacity else "")))
     if plan.cp_comm_type is not None:
         rows.append(("CP exchange", plan.cp_comm_type, {
             "p2p": "K/V passed around the ring of CP ranks, each step behind the previous step's attention kernel",

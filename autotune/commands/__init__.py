@@ -82,6 +82,7 @@ LEAVE_OUT: dict[str, str] = {
     "loss_chunks": "leave --loss-chunks out for the engine's default (an unchunked loss)",
     "lora_rank": f"leave --lora-rank out for Bridge's {LORA_DEFAULT_RANK}",
     "lora_alpha": f"leave --lora-alpha out for Bridge's {LORA_DEFAULT_ALPHA:g}",
+    "moe_capacity_factor": "leave --moe-capacity-factor out for dropless MoE layers",
 }
 # flag -> (smallest, largest, smallest excluded, why the largest).
 FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
@@ -95,6 +96,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "restart_s": (0.0, 604_800.0, False, "a week"),
     "local_storage_gb_per_s": (0.0, 1e5, True, "100 TB/s per node"),
     "lora_alpha": (0.0, 1e6, True, "far above any adapter scale: Bridge's default is 32"),
+    "moe_capacity_factor": (0.0, 1e3, True, "far above any expert capacity: 1.0-2.0 is usual"),
 }
 
 
@@ -232,6 +234,13 @@ def add_run_settings(g) -> None:
     g.add_argument("--moe-dispatcher", choices=MOE_DISPATCHERS, default=None,
                    help="MoE token dispatcher (Megatron --moe-token-dispatcher-type, flex with "
                         "--moe-flex-dispatcher-backend deepep|hybridep); default: the engine's own (alltoall)")
+    g.add_argument("--moe-capacity-factor", type=float, default=None, metavar="C",
+                   help="token dropping: each expert takes at most C times its balanced share of a rank's routed "
+                        "tokens, the rest are dropped (Megatron --moe-expert-capacity-factor; NVIDIA's token-drop "
+                        "benchmarks use 1.0); default: dropless")
+    g.add_argument("--moe-pad-to-capacity", action="store_true", default=None,
+                   help="with --moe-capacity-factor, pad every expert's input to its capacity (Megatron "
+                        "--moe-pad-expert-input-to-capacity): static shapes, no host sync, the padded rows' work")
     g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default=None,
                    help="where cp > 1: how context-parallel ranks exchange attention inputs (Megatron --cp-comm-type: "
                         "p2p ring, a2a all-to-all, allgather, a2a+p2p all-to-all inside a node and ring across); "

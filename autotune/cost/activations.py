@@ -39,6 +39,7 @@ from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
 from autotune.cost.stage_chunks import first_chunk_in_flight, moe_layers_in, uneven_chunks
 from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.cost.lora import saved_input_change
+from autotune.cost.moe_time import routed_share
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import (
     interleaved_chunk_loads,
@@ -155,7 +156,7 @@ def _mlp_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer_index: int
     moe = model.moe
     assert moe is not None
     routing = 4 * sb * moe.num_experts / t_in  # fp32 routing probabilities
-    pairs = sb * moe.top_k
+    pairs = sb * moe.top_k * routed_share(plan)  # token dropping keeps fewer, padding its capacity's rows
     # Per routed pair the permuted input (fc1's saved input), and the expert output where the combine keeps it
     # (ActivationFacts.moe_expert_outputs_saved).
     experts = grouped_mlp_bytes(model, pairs, t, lin) + pairs * (2 if expert_outputs_saved else 0) * h / t
@@ -194,7 +195,7 @@ def recompute_module_bytes(model: ModelSpec, plan: ParallelPlan, layer: LayerAct
     moe = model.moe
     assert moe is not None
     out["moe"] = layer.mlp - norm_output
-    out["moe_act"] = sb * moe.top_k * lin * moe.expert_ffn_hidden_size / t
+    out["moe_act"] = sb * moe.top_k * routed_share(plan) * lin * moe.expert_ffn_hidden_size / t
     if moe.num_shared_experts:
         out["shared_experts"] = moe.num_shared_experts * _dense_mlp_bytes(model, moe.shared_width, sb, t, lin)
     return out
@@ -253,10 +254,11 @@ def _layer_kinds(model: ModelSpec, key: tuple, facts: ActivationFacts) -> tuple[
     hit = _kinds_cache.get((id(model), facts, key))
     if hit is None or hit[0] is not model:
         (seq_len, cp, micro_batch_size, tp, sequence_parallel, precision, flash_attention, fp8_recipe, peft,
-         lora_rank, lora_targets) = key
+         lora_rank, lora_targets, capacity_factor, pad_to_capacity) = key
         plan = ParallelPlan(seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp,
                             sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
-                            fp8_recipe=fp8_recipe, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets)
+                            fp8_recipe=fp8_recipe, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets,
+                            moe_capacity_factor=capacity_factor, moe_pad_to_capacity=pad_to_capacity)
         dense = layer_activations(model, plan, 0 if not model.is_moe_layer(0) else -1, facts)
         moe = layer_activations(model, plan, model.num_layers - 1, facts) if model.is_moe else dense
         if len(_kinds_cache) > 4096:
@@ -268,7 +270,8 @@ def _layer_kinds(model: ModelSpec, key: tuple, facts: ActivationFacts) -> tuple[
 def _activation_key(plan: ParallelPlan) -> tuple:
     """The plan fields activations depend on (a cache key; building a plan per call costs its validation)."""
     return (plan.seq_len, plan.cp, plan.micro_batch_size, plan.tp, plan.sequence_parallel, plan.precision,
-            plan.flash_attention, plan.fp8_recipe, plan.peft, plan.lora_rank, plan.lora_targets)
+            plan.flash_attention, plan.fp8_recipe, plan.peft, plan.lora_rank, plan.lora_targets,
+            plan.moe_capacity_factor, plan.moe_pad_to_capacity)
 
 
 # Every plan field the activations read (here and in the layout functions they call): plans that agree on these
@@ -277,7 +280,8 @@ STAGE_ACTIVATION_FIELDS = (
     "seq_len", "cp", "micro_batch_size", "tp", "sequence_parallel", "precision", "flash_attention", "pp", "vpp",
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
-    "peft", "lora_rank", "lora_targets", "activation_offload_layers")  # LoRA's frozen linears save no input
+    "peft", "lora_rank", "lora_targets", "activation_offload_layers",  # LoRA's frozen linears save no input
+    "moe_capacity_factor", "moe_pad_to_capacity")  # the routed rows kept (moe_time.routed_share)
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 

@@ -46,6 +46,7 @@ megatron/training/utils.py ``get_batch_on_this_tp_rank`` at core_v0.19.0, 28 byt
 
 from __future__ import annotations
 
+from autotune.cost.moe_time import static_dispatch
 from autotune.cost.expert_host import grouped_mlp_host_s, post_sync_backward_host_s, post_sync_forward_host_s
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
@@ -113,7 +114,9 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
     fwd, bwd = layer_launches(model, plan, moe_layer)
-    if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
+    # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py), or ahead of the GPU where padded
+    # capacities leave the dispatcher no token counts to wait for (moe_time.static_dispatch)
+    if plan.ep_overlapped or (moe_layer and static_dispatch(plan)):
         tail_f, tail_b = ((post_sync_forward_host_s(model, plan, fp8_recipe, launch_s),
                            post_sync_backward_host_s(model, plan, fp8_recipe, launch_s)) if moe_layer else (0.0, 0.0))
         return (max(0.0, fwd * launch_s + experts_f - tail_f - fwd_s) + tail_f,

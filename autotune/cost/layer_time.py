@@ -168,6 +168,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         pairs = tokens * moe.top_k
         # every EP rank waits for the busiest one's tokens (autotune.cost.moe_time: random balanced routing)
         busiest = moe_time.busiest_rank_factor(tokens, plan.ep, moe.num_experts, moe.top_k)
+        busiest = moe_time.routed_share(plan, busiest)  # token dropping caps it, padding fixes it
         # the grouped GEMMs run each expert's padded rows (autotune.cost.expert_padding)
         padded = 1.0 + expert_pad_rows / m_expert if m_expert > 0 else 1.0
         m_rows = m_expert * padded
@@ -321,7 +322,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
 
 _TIME_KEY_FIELDS = operator.attrgetter("seq_len", "cp", "micro_batch_size", "tp", "ep", "etp", "sequence_parallel",
                                        "precision", "flash_attention", "moe_dispatcher", "peft", "lora_rank",
-                                       "lora_targets")
+                                       "lora_targets", "moe_capacity_factor", "moe_pad_to_capacity")
 _time_key_cache: dict[tuple, ParallelPlan] = {}
 
 
@@ -335,11 +336,12 @@ def time_key(plan: ParallelPlan) -> ParallelPlan:
         if len(_time_key_cache) > 4096:
             _time_key_cache.clear()
         (seq_len, cp, micro_batch_size, tp, ep, etp, sequence_parallel, precision, flash_attention, moe_dispatcher,
-         peft, lora_rank, lora_targets) = fields
+         peft, lora_rank, lora_targets, capacity_factor, pad_to_capacity) = fields
         key = _time_key_cache[fields] = ParallelPlan(
             seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp, ep=ep, etp=etp,
             sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
-            moe_dispatcher=moe_dispatcher, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets)
+            moe_dispatcher=moe_dispatcher, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets,
+            moe_capacity_factor=capacity_factor, moe_pad_to_capacity=pad_to_capacity)
     return key
 
 

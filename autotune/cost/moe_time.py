@@ -89,8 +89,19 @@ Where the experts run Transformer Engine's fused grouped MLP instead (the op fus
 whole-iteration graph, MXFP8: ``autotune.cost.fused_grouped_mlp``), the GEMM epilogues take both in and only the
 backward's read of fc2's output gradient for its scaled bias remains.
 
+Token dropping (``ParallelPlan.moe_capacity_factor`` C, Megatron ``--moe-expert-capacity-factor``): an expert takes
+at most ``ceil(C x tokens x k / E)`` of each rank's routed tokens (moe_utils.py:241-262 ``get_capacity`` at
+core_v0.19.0; router.py:788-795 drops the rest by probability), so the busiest rank's rows are capped at C times
+the balanced mean (:func:`routed_share`). With ``--moe-pad-expert-input-to-capacity`` every expert gets exactly
+that many rows from every rank, padded (token_dispatcher.py:511-531: ``num_out_tokens = capacity x E``, the splits
+filled with the capacity on the host): C times the mean whatever the routing, on every rank alike, and no token
+counts copied to the host (:func:`static_dispatch`: the sync points of :536-610 are skipped), so the experts' calls
+are issued ahead like the rest of the layer's (``autotune.cost.launch``). Without padding the counts are dynamic
+and synced earlier ("before_permutation_1", :538-546): the dropless path's cost, capped.
+
 Not modelled: the TP all-gather / reduce-scatter of the dispatched tokens with expert tensor parallelism in the
-all-to-all dispatcher (token_dispatcher.py:741-751, :824), token dropping (capacity factor), the dispatchers'
+all-to-all dispatcher (token_dispatcher.py:741-751, :824), a learned router's imbalance under token dropping (the
+busiest rank is at the cap), the paired EP-overlap schedule's forward sync under padding, the dispatchers'
 buffers in memory, HybridEP's fused permutation (``--moe-permute-fusion-into-hybridep``). Other
 engines' MoE layers are charged the same bytes as Megatron's all-to-all dispatcher, an approximation: torchtitan's
 ``ExpertParallel`` (torchtitan/distributed/expert_parallel.py ``_token_dispatch`` / ``_token_combine``) also sorts the
@@ -111,7 +122,7 @@ from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CLAMP_BYTES", "DEEPEP_NVL_PEERS", "EXPERT_BIAS_BYTES", "FLEX_KERNEL_GB_PER_S", "FLEX_NVLINK_FRACTION",
            "busiest_rank_factor", "dispatch_elements", "dispatcher_comm_s", "expert_extra_bytes", "flex_destinations",
-           "router_bytes"]
+           "router_bytes", "routed_share", "static_dispatch"]
 
 ROUTER_BYTES = (4 + 4 + 1, 4 + 4 + 4)
 """(forward, backward) HBM bytes per router logit (module docstring)."""
@@ -206,6 +217,21 @@ def busiest_rank_factor(tokens: float, ep: int, num_experts: int, top_k: int) ->
     mean = tokens * ep * top_k * share
     sigma = math.sqrt(tokens * ep * var_one)
     return 1.0 + sigma * math.sqrt(2 * math.log(ep)) / mean
+
+
+def routed_share(plan: ParallelPlan, busiest: float = 1.0) -> float:
+    """The rows a rank's experts run over the balanced mean, given the dropless ``busiest`` share: the capacity factor
+    with padding, capped at it without, ``busiest`` dropless (module docstring, "Token dropping")."""
+    factor = plan.moe_capacity_factor
+    if factor is None:
+        return busiest
+    return factor if plan.moe_pad_to_capacity else min(busiest, factor)
+
+
+def static_dispatch(plan: ParallelPlan) -> bool:
+    """The all-to-all dispatcher with every expert's input padded to its capacity: static splits, no host sync."""
+    return bool(plan.moe_pad_to_capacity) and plan.moe_capacity_factor is not None and plan.moe_dispatcher in (
+        None, "alltoall")
 
 
 def dispatcher_comm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, eff: Efficiency,

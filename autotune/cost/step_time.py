@@ -94,7 +94,8 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "seq_len", "micro_batch_size", "cp", "tp", "ep", "etp", "sequence_parallel",
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
-                                         "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets")
+                                         "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets",
+                                         "moe_capacity_factor", "moe_pad_to_capacity")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 

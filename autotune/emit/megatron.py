@@ -24,7 +24,8 @@ from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.megatron_moe_graph import sync_free_moe_args, sync_free_moe_env
-from autotune.emit.megatron_run_flags import cuda_graph_flags, dispatcher_flags, ep_overlap_flags, recompute_flags
+from autotune.emit.megatron_run_flags import (cuda_graph_flags, dispatcher_flags, ep_overlap_flags, recompute_flags,
+                                              token_drop_flags)
 from autotune.emit.megatron_versions import missing_flag_rules
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import megatron_precision_flags
@@ -206,6 +207,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     args += cuda_graph_flags(plan, options.megatron_version)
     args += ep_overlap_flags(plan)
     args += dispatcher_flags(model, plan, options.megatron_version, problems)
+    args += token_drop_flags(plan)
     args += sync_free_moe_args(model, plan, options.megatron_version, problems)
     args += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     args += megatron_precision_flags(plan, fp8_param_gather=fp8_param_gather)

@@ -184,6 +184,9 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
         # backend as flex (Megatron-Bridge 067f987 scripts/performance/utils/utils.py:415-421); None as Bridge's own
         # fallback to alltoall writes it (training/flex_dispatcher_backend.py:26-29)
         out |= {"moe_token_dispatcher_type": kind, "moe_flex_dispatcher_backend": backend or None}
+    if model.moe is not None and plan.moe_capacity_factor is not None:  # no Bridge recipe of a modelled MoE sets one
+        out |= {"moe_expert_capacity_factor": plan.moe_capacity_factor,
+                "moe_pad_expert_input_to_capacity": bool(plan.moe_pad_to_capacity)}
     return out
 
 

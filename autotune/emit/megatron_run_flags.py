@@ -8,7 +8,7 @@ from autotune.emit.megatron_flags import megatron_flag_table
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 
-__all__ = ["recompute_flags", "cuda_graph_flags", "ep_overlap_flags", "dispatcher_flags"]
+__all__ = ["recompute_flags", "cuda_graph_flags", "ep_overlap_flags", "dispatcher_flags", "token_drop_flags"]
 
 
 def recompute_flags(plan: ParallelPlan) -> list[str]:
@@ -75,3 +75,13 @@ def dispatcher_flags(model: ModelSpec, plan: ParallelPlan, release: str | None, 
             problems.append(f"{flag} {value}: not in Megatron-core {release or 'newest'}'s arguments (its "
                             "dispatchers: " + (", ".join(spec.choices or ()) if spec else "none") + ")")
     return args
+
+
+def token_drop_flags(plan: ParallelPlan) -> list[str]:
+    """Token dropping (``plan.moe_capacity_factor``): --moe-expert-capacity-factor C (a float) and, padded,
+    --moe-pad-expert-input-to-capacity (store_true), in core_v0.16 .. 0.19's arguments (megatron_flags_core_v0.*.json);
+    the router keeps Megatron's default aux_loss balancing, which capacity needs (transformer_config.py:1660-1684)."""
+    if plan.moe_capacity_factor is None:
+        return []
+    return (["--moe-expert-capacity-factor", f"{plan.moe_capacity_factor:g}"]
+            + (["--moe-pad-expert-input-to-capacity"] if plan.moe_pad_to_capacity else []))

@@ -97,6 +97,9 @@ class EngineSupport:
     activation_offload: bool = False
     """Its files can offload layers' saved activations to host memory (``ParallelPlan.activation_offload_layers``,
     Megatron-core ``--cpu-offloading-num-layers``)."""
+    token_drop: bool = False
+    """Its files can drop tokens over an expert capacity (``ParallelPlan.moe_capacity_factor``, padded or not: Megatron
+    ``--moe-expert-capacity-factor``); none: its MoE layers are dropless only."""
     recompute_modules: tuple[str, ...] = ()
     """The modules a plan may name for selective recompute (``ParallelPlan.recompute_modules``, Megatron
     ``--recompute-modules``); its default is the attention core."""
@@ -115,7 +118,9 @@ class EngineSupport:
                 "cp_comm_type": lambda: value in self.cp_comm_types,
                 "recompute_modules": lambda: set(value) <= set(self.recompute_modules),
                 "peft": lambda: value in self.peft,
-                "activation_offload_layers": lambda: self.activation_offload}.get(name, lambda: True)()
+                "activation_offload_layers": lambda: self.activation_offload,
+                "moe_capacity_factor": lambda: self.token_drop,
+                "moe_pad_to_capacity": lambda: not value or self.token_drop}.get(name, lambda: True)()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,8 @@ _DIMENSIONS = (
     ("context parallel", lambda s: s.cp or "no"),
     ("expert parallel", lambda s: "yes" if s.ep else "no"),
     ("expert tensor parallel (folding)", lambda s: "yes" if s.etp else "no"),
+    ("MoE token dispatchers", lambda s: ", ".join(s.moe_dispatchers) if s.ep else "-"),
+    ("MoE token dropping (capacity)", lambda s: "yes" if s.token_drop else "no"),
     ("ZeRO / sharding stages", lambda s: ", ".join(map(str, s.zero_stages))),
     ("stages with pp", lambda s: ", ".join(map(str, s.zero_stages_with_pp)) if s.pp else "-"),
     ("optimizer offload", lambda s: ", ".join(x for x in s.offload_optimizer if x != "none") or "no"),

@@ -29,6 +29,7 @@ from autotune.engines.megatron_rules import (
     cuda_graph_rules,
     ep_overlap_rules,
     moe_dispatcher_rules,
+    token_drop_rules,
     recompute_module_rules,
 )
 from autotune.engines.states import megatron_grad_bytes, megatron_states
@@ -66,6 +67,7 @@ class MegatronEngine(Engine):
                             ep_overlaps=EP_OVERLAPS,
                             # --moe-token-dispatcher-type [--moe-flex-dispatcher-backend]
                             moe_dispatchers=MOE_DISPATCHERS,
+                            token_drop=True,  # --moe-expert-capacity-factor [--moe-pad-expert-input-to-capacity]
                             cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
                             peft=PEFT_METHODS,
@@ -113,7 +115,8 @@ class MegatronEngine(Engine):
                     for m in lora_model_problems(model)]
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
-                + moe_dispatcher_rules(model, plan, cluster.gpu) + cp_comm_type_rules(model, plan, cluster)
+                + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)
+                + cp_comm_type_rules(model, plan, cluster)
                 + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):

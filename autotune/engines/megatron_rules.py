@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
-           "moe_dispatcher_rules", "recompute_module_rules"]
+           "moe_dispatcher_rules", "recompute_module_rules", "token_drop_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -163,8 +163,7 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
 def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | None = None) -> list[Rule]:
     """What Megatron-core refuses of the token dispatcher a plan asks for (``plan.moe_dispatcher``:
     --moe-token-dispatcher-type, --moe-flex-dispatcher-backend); the EP overlap's own is in ``ep_overlap_rules``.
-    Not rules, as autotune never writes them: flex with DeepEP and --moe-pad-expert-input-to-capacity (:1600-1607),
-    allgather with --moe-router-padding-for-quantization (:2322-2326) or variable sequence lengths (:2644-2649).
+    Not rules, as autotune never writes them: allgather with --moe-router-padding-for-quantization (:2322-2326) or variable sequence lengths (:2644-2649).
     The GPUs each flex backend runs on are Megatron-Bridge's check (0.6.2 training/flex_dispatcher_backend.py:102-119
     ``validate_flex_dispatcher_backend``: DeepEP on Ampere, Hopper, B200 and B300; HybridEP on compute capability
     8, 9 or 10), which the Bridge file autotune writes beside the arguments meets at setup."""
@@ -189,6 +188,30 @@ def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | No
         out.append(Rule(id="megatron:moe_dispatcher", message=f"Megatron-Bridge: HybridEP is supported for GB200, "
                         f"GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs, not {gpu.name}: use "
                         "--moe-dispatcher alltoall", source=f"{bridge}:115-119"))
+    return out
+
+
+def token_drop_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-core refuses of token dropping (``plan.moe_capacity_factor``, ``plan.moe_pad_to_capacity``:
+    --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity). Always met by what autotune writes, so not a
+    rule: the router's aux_loss balancing (--moe-router-load-balancing-type, :1660-1684)."""
+    factor, pad = plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity)
+    if factor is None and not pad:
+        return []
+    out: list[Rule] = []
+
+    def bad(message: str, lines: str) -> None:
+        out.append(Rule(id="megatron:moe_capacity_factor", message=f"Megatron-LM: {message}", source=f"{_SRC}:{lines}"))
+
+    if model.moe is None:
+        bad(f"{model.name} has no MoE layers: there are no experts to cap; drop --moe-capacity-factor and "
+            "--moe-pad-to-capacity", "888-896")
+    if pad and factor is None:
+        bad("moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity: add "
+            "--moe-capacity-factor (e.g. 1.0), or drop --moe-pad-to-capacity", "1686-1690")
+    if pad and plan.moe_dispatcher == "flex-deepep":
+        bad("Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity: use "
+            "--moe-dispatcher alltoall or flex-hybridep, or drop --moe-pad-to-capacity", "1600-1608")
     return out
 
 

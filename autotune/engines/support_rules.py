@@ -137,6 +137,10 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if not s.runs("activation_offload_layers", plan.activation_offload_layers):
         bad("activation_offload_layers", "its files cannot offload activations to host memory (Megatron-core's "
             "--cpu-offloading-num-layers): use --engine megatron, or drop --activation-offload-layers")
+    if not (s.runs("moe_capacity_factor", plan.moe_capacity_factor)
+            and s.runs("moe_pad_to_capacity", plan.moe_pad_to_capacity)):
+        bad("moe_capacity_factor", "its MoE layers are dropless (no expert capacity): use --engine megatron "
+            "(--moe-expert-capacity-factor), or drop --moe-capacity-factor and --moe-pad-to-capacity")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

@@ -220,6 +220,8 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        ep_overlap=settings["ep_overlap"] if layout.ep > 1 else None,  # ep=1 has no all-to-alls
                        moe_dispatcher=settings["moe_dispatcher"] if layout.ep > 1 else None,  # nor dispatches
                        cp_comm_type=settings["cp_comm_type"] if layout.cp > 1 else None,  # cp=1: no exchange
+                       moe_capacity_factor=settings["moe_capacity_factor"],
+                       moe_pad_to_capacity=settings["moe_pad_to_capacity"],
                        # Megatron-core offloads activations without a pipeline only (megatron_rules)
                        activation_offload_layers=settings["activation_offload_layers"] if layout.pp == 1 else None,
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None,  # tp=1 has no TP collectives

@@ -87,6 +87,11 @@ class SearchConstraints:
     """Every plan's MoE token dispatcher where ep > 1 (None: each engine's default)."""
     cp_comm_type: str | None = None
     """Every plan's context-parallel exchange where cp > 1 (None: each engine's default)."""
+    moe_capacity_factor: float | None = None
+    """Every plan's expert capacity factor, tokens over it dropped (None: dropless); never searched: dropping tokens
+    changes what trains."""
+    moe_pad_to_capacity: bool | None = None
+    """With a capacity factor: every plan pads each expert's input to its capacity (None: not padded)."""
     activation_offload_layers: int | None = None
     """Every plan's activation CPU offload (the first N layers' saved activations in host memory) where pp = 1
     (Megatron-core refuses it with a pipeline; its plans with recompute are refused too); None: none."""

@@ -57,6 +57,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append({"none": "no-ep-overlap", "a2a": "ep-overlap", "a2a-delay-wgrad": "ep-overlap+dw"}[plan.ep_overlap])
     if plan.moe_dispatcher is not None:
         parts.append(f"disp-{plan.moe_dispatcher}")
+    if plan.moe_capacity_factor is not None:  # token dropping at this capacity, padded to it or not
+        parts.append(f"cap{plan.moe_capacity_factor:g}" + ("-pad" if plan.moe_pad_to_capacity else ""))
     if plan.cp_comm_type is not None:
         parts.append(f"cp-{plan.cp_comm_type}")
     if plan.peft is not None:  # LoRA: its rank and targets where set (Bridge's defaults otherwise)

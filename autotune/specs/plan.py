@@ -36,6 +36,7 @@ from autotune.specs.plan_values import (  # noqa: F401  (re-exported: the plan's
     CP_COMM_TYPES,
     RUN_SETTINGS,
     OPTIMIZER_STATE_BYTES,
+    capacity_problems,
 )
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
@@ -149,6 +150,12 @@ class ParallelPlan:
     ``get_cpu_offload_context``): the saved activations of the first N transformer layers are copied to host
     memory in forward and back in backward on a side stream (``autotune.cost.activation_offload``). None: none
     offloaded (the engine's default)."""
+    moe_capacity_factor: float | None = field(default=None, repr=False)
+    """Token dropping: each expert's capacity in multiples of its balanced share of a rank's routed tokens (Megatron
+    ``--moe-expert-capacity-factor``, plan_values' note); the rest are dropped. None: dropless (engines' default)."""
+    moe_pad_to_capacity: bool | None = field(default=None, repr=False)
+    """With a capacity factor: each expert's input padded to its capacity (Megatron
+    ``--moe-pad-expert-input-to-capacity``): static shapes, at the padded rows' cost. None: not padded."""
     peft: str | None = field(default=None, repr=False)
     """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
     low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
@@ -173,6 +180,7 @@ class ParallelPlan:
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
                      and self.activation_offload_layers is None
+                     and self.moe_capacity_factor is None and self.moe_pad_to_capacity is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
             return
@@ -231,6 +239,9 @@ class ParallelPlan:
         if self.cp_comm_type not in (None, *CP_COMM_TYPES):
             problems.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)} or absent (the engine's "
                             f"default), got {self.cp_comm_type!r}")
+        problems += capacity_problems(self.moe_capacity_factor, self.moe_pad_to_capacity)
+        if isinstance(self.moe_capacity_factor, int) and not isinstance(self.moe_capacity_factor, bool):
+            object.__setattr__(self, "moe_capacity_factor", float(self.moe_capacity_factor))  # JSON's 1 is 1.0
         if not problems and self.dp % self.dp_replicate:
             problems.append(f"dp_replicate ({self.dp_replicate}) must divide dp ({self.dp})")
         require_no_problems(problems, subject="plan")
@@ -282,7 +293,8 @@ class ParallelPlan:
         if (self.recompute_modules is not None or self.cuda_graph is not None or self.cuda_graph_scope is not None
                 or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None
                 or self.peft is not None or self.lora_rank is not None or self.lora_alpha is not None
-                or self.lora_targets is not None or self.activation_offload_layers is not None):
+                or self.lora_targets is not None or self.activation_offload_layers is not None
+                or self.moe_capacity_factor is not None or self.moe_pad_to_capacity is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))

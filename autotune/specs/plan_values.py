@@ -77,6 +77,24 @@ EP_OVERLAPS = ("none", "a2a", "a2a-delay-wgrad")
 # core_v0.16 .. 0.19's arguments.py, autotune/emit/megatron_flags_core_v0.*.json). What each moves:
 # autotune.cost.moe_time. None: the engine's own (alltoall: what autotune writes and every engine's EP runs).
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex-deepep", "flex-hybridep")
+# Token dropping (Megatron --moe-expert-capacity-factor C [--moe-pad-expert-input-to-capacity]; transformer_config.py
+# :888-896 of core_v0.19.0): each expert takes at most ceil(C x tokens x top_k / experts) of a rank's routed tokens
+# (moe_utils.py get_capacity; router.py:788-795 drops the rest), and with padding exactly that many, so every shape
+# is static (token_dispatcher.py:505-531). None: dropless, the engines' default. What it costs: autotune.cost.moe_time.
+
+
+def capacity_problems(factor: object, pad: object) -> list[str]:
+    """What is wrong with a plan's token-dropping settings (``moe_capacity_factor``, ``moe_pad_to_capacity``)."""
+    out = []
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not 0 < factor < float("inf")):
+        out.append(f"moe_capacity_factor must be a positive number or absent (dropless), got {factor!r}: e.g. "
+                   "--moe-capacity-factor 1.0")
+    if pad is not None and not isinstance(pad, bool):
+        out.append(f"moe_pad_to_capacity must be true, false or absent, got {pad!r}")
+    return out
+
+
 # Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
 # Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
 # a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and
@@ -87,7 +105,7 @@ CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
                 "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type",
-                "activation_offload_layers")
+                "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)

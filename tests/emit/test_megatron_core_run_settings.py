@@ -60,6 +60,11 @@ ACCEPTED = [
     ("qwen-full-iteration-hybridep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
                                                                moe_dispatcher="flex-hybridep",
                                                                cuda_graph="full-iteration")),
+    # token dropping: --moe-expert-capacity-factor [--moe-pad-expert-input-to-capacity] (transformer_config.py:888-896)
+    ("qwen-token-drop-padded", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_capacity_factor=1.25,
+                                                         moe_pad_to_capacity=True)),
+    ("qwen-token-drop-hybridep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                           moe_dispatcher="flex-hybridep", moe_capacity_factor=1.0)),
 ]
 # (id, model, GPUs, plan, file edit) that autotune refuses: megatron-core must refuse the file edited to say it.
 REFUSED = [
@@ -82,6 +87,12 @@ REFUSED = [
                                                             moe_dispatcher="allgather", ep_overlap="a2a"),
      ("--moe-token-dispatcher-type allgather",
       "--moe-token-dispatcher-type allgather --overlap-moe-expert-parallel-comm")),
+    # autotune.engines.megatron_rules.token_drop_rules: padding without a capacity (:1686-1690), DeepEP padded (:1600-1608)
+    ("pad-without-capacity", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_pad_to_capacity=True),
+     ("--moe-token-dispatcher-type alltoall", "--moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity")),
+    ("deepep-padded", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_dispatcher="flex-deepep",
+                                                moe_capacity_factor=1.0, moe_pad_to_capacity=True),
+     ("--moe-expert-capacity-factor 1", "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity")),
 ]
 
 
@@ -107,7 +118,8 @@ def verdicts(tmp_path_factory):
         m, c, plan = _plan(model, gpus, kw)
         jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
     for case, model, gpus, kw, (old, new) in REFUSED:
-        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph", "ep_overlap")} | {
+        base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph", "ep_overlap",
+                                                         "moe_pad_to_capacity")} | {
             "fp8_recipe": None}
         m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
@@ -139,6 +151,8 @@ def test_megatron_core_accepts_what_autotune_writes(verdicts, case):
     assert config["moe_token_dispatcher_type"] == (kind if kw.get("ep", 1) > 1 else "allgather")  # dense: untold
     if backend:
         assert config["moe_flex_dispatcher_backend"] == backend
+    assert config["moe_expert_capacity_factor"] == kw.get("moe_capacity_factor")
+    assert config["moe_pad_expert_input_to_capacity"] == kw.get("moe_pad_to_capacity", False)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in REFUSED])
@@ -146,6 +160,11 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
     _, model, gpus, kw, _ = next(c for c in REFUSED if c[0] == case)
     got = verdicts[case]
     assert not got["ok"] and got["stage"] == "TransformerConfig", got
+    if kw.get("moe_pad_to_capacity"):  # token dropping: the same field named in both refusals
+        with pytest.raises(InputError, match="moe_pad_expert_input_to_capacity"):
+            _plan(model, gpus, kw)
+        assert "moe_pad_expert_input_to_capacity" in got["error"], got
+        return
     with pytest.raises(InputError, match="recompute" if "ep_overlap" not in kw else
                        "EP A2A overlap|recomputation|alltoall/flex token dispatcher"):
         _plan(model, gpus, kw)

@@ -30,7 +30,7 @@ from autotune.specs.presets import load_model_preset
 GPU = "h100-sxm-80gb"
 MODEL = load_model_preset("llama3-8b")
 MOE = load_model_preset("qwen3-30b-a3b")  # the settings only MoE models have (ep_overlap, moe_dispatcher), with ep 8
-MOE_SETTINGS = ("ep_overlap", "moe_dispatcher")
+MOE_SETTINGS = ("ep_overlap", "moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity")
 CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
 # The file of each engine that states the whole plan, read back as `estimate --from` reads it: torchtitan's 0.2 TOML
 # (it has async TP and tensorwise Float8, which 0.3 has not), its 0.3 module for the chunked loss (which 0.2 has not).
@@ -55,7 +55,10 @@ def _choices(engine: str) -> dict[str, tuple]:
             "ep_overlap": s.ep_overlaps if len(s.ep_overlaps) > 1 else (),
             "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else (),
             "cp_comm_type": s.cp_comm_types,
-            "activation_offload_layers": (4,) if s.activation_offload else ()}
+            "activation_offload_layers": (4,) if s.activation_offload else (),
+            # a capacity (padding needs one: _plan gives it 1.0)
+            "moe_capacity_factor": (0.75,) if s.token_drop else (),  # unpadded, 1.5 drops nothing: dropless
+            "moe_pad_to_capacity": (True,) if s.token_drop else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -78,6 +81,8 @@ def _plan(engine: str, **setting) -> ParallelPlan:
     moe |= {"cp": 2} if "cp_comm_type" in setting else {}  # an exchange needs context parallelism
     fp8 = "fp8_recipe" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
+    if "moe_pad_to_capacity" in setting:  # padding to a capacity: against the same capacity unpadded
+        setting = {"moe_capacity_factor": 1.0, **setting}
     if "cuda_graph_scope" in setting:  # what Megatron's own graphs capture (their static buffers are per part;
         setting = {"cuda_graph": "local", **setting}  # Transformer Engine's share theirs along the layers)
     return make_plan(_model(**setting), CLUSTERS[_gpu(**setting)], global_batch_size=64, tp=2, sequence_parallel=True,
@@ -92,7 +97,8 @@ def _effective(plan: ParallelPlan) -> tuple:
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
             plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
-            cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers)
+            cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers, plan.moe_capacity_factor,
+            bool(plan.moe_pad_to_capacity))
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -135,7 +141,7 @@ def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
                         ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a"),
-                        ("activation_offload_layers", 4)):
+                        ("activation_offload_layers", 4), ("moe_capacity_factor", 1.0)):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
