@@ -97,9 +97,18 @@ SETTINGS = load_settings()
 """Per row source, its Megatron-Bridge recipe's run settings (bench/nvidia_recipe_settings.py)."""
 
 VARIANT_NOTES = {
-    "tokendrop": "token-dropping MoE run as dropless (no capacity factor in ModelSpec)",
+    "tokendrop": "token-dropping MoE: capacity factor 1.0, padded",
     "w/ MTP": "the multi-token-prediction module is not in the deepseek-v3 preset",
 }
+
+VARIANT_FLAGS = {
+    # Megatron-Bridge's --use_tokendrop (067f987 scripts/performance/utils/overrides.py:455-457) applies
+    # apply_moe_token_drop's defaults (src/megatron/bridge/training/utils/moe_token_drop.py: capacity factor 1.0,
+    # moe_pad_expert_input_to_capacity True, the alltoall dispatcher it asserts) and turns force-balancing off
+    "tokendrop": ["--moe-capacity-factor", "1.0", "--moe-pad-to-capacity"],
+}
+"""The estimate flags of a model variant of the table (its parenthesised name)."""
+
 
 def load_rows(path: Path = DATA) -> list[dict]:
     """The CSV's rows (lines starting with # are comments), in file order."""
@@ -221,6 +230,7 @@ def express(row: dict) -> Case:
     # (Megatron-Bridge perf_recipes/llama/gb300/llama3.py:218-219): the Megatron engine's --zero 3.
     fsdp = count(row["fsdp"], 0) > 0
     case.argv, notes = estimate_argv(row, preset, case.gpu, precision, zero=3 if fsdp else 1)
+    case.argv += VARIANT_FLAGS.get(variant, [])
     case.notes += notes + ([f"Megatron-FSDP optim_grads_params (fsdp={row['fsdp']})"] if fsdp else [])
     layers = load_model_preset(preset).num_layers
     split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
