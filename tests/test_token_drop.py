@@ -99,11 +99,12 @@ def test_padding_runs_the_capacity_and_dropping_caps_the_experts_rows(monkeypatc
 def test_padded_capacity_leaves_no_host_sync_so_the_experts_calls_are_issued_ahead():
     # at one 4,096-token micro-batch on 8 B200s the 16 local experts' cuBLASLt calls outlast their GPU work: the
     # dropless dispatcher's host sync makes the GPU wait for all of them (autotune.cost.expert_host); padded to
-    # capacity 1.0 the rows are the same but the host keeps its lead (token_dispatcher.py:505-531 returns before
-    # any sync point)
+    # capacity 1.0 the rows are the same but the host keeps the lead it had over the GPU's attention-side work
+    # (token_dispatcher.py:505-531 returns before any sync point), which hides part of the experts' issue time
     dropless, padded = _estimate(), _estimate(moe_capacity_factor=1.0, moe_pad_to_capacity=True)
     capped = _estimate(moe_capacity_factor=1.0)  # dynamic shapes: still synced, and nothing dropped on average
-    assert padded.time.tokens_per_s > 1.2 * dropless.time.tokens_per_s
+    gain = padded.time.tokens_per_s / dropless.time.tokens_per_s - 1
+    assert 0.03 < gain < 0.25, gain  # the lead: less than the layer's non-expert forward GPU time
     assert capped.time.tokens_per_s == pytest.approx(dropless.time.tokens_per_s, rel=0.01)
 
 

@@ -101,22 +101,29 @@ def layer_launches(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tup
 
 
 def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_s: float, bwd_s: float,
-                     launch_s: float, fp8_recipe: str | None = None) -> tuple[float, float]:
+                     launch_s: float, fp8_recipe: str | None = None, experts_fwd_s: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds one layer waits for its kernel launches beyond its GPU work ``fwd_s`` /
     ``bwd_s`` (backward with its recompute): a captured part costs one launch per pass; an MoE layer's routed
     experts add their host time whole (``autotune.cost.expert_host``: issued after the dispatcher's host sync),
     or under EP overlap join the launches the layer's GPU work hides, but for what the forward experts issue after
     a clamped GLU's stream synchronisation, and the data gradient after its ``moe_act`` rerun's
     (``expert_host.post_sync_forward_host_s``, ``post_sync_backward_host_s``: the compute stream is drained then,
-    nothing of the paired micro-batch is left to hide it)."""
+    nothing of the paired micro-batch is left to hide it). ``experts_fwd_s``: the routed experts' share of ``fwd_s``
+    (their GPU work, which cannot hide their own issue: the lead a static dispatch keeps is the rest's)."""
     launch_s = host_launch_s(plan, launch_s)
     if launch_s <= 0:
         return 0.0, 0.0
     experts_f, experts_b = grouped_mlp_host_s(model, plan, fp8_recipe, launch_s) if moe_layer else (0.0, 0.0)
     fwd, bwd = layer_launches(model, plan, moe_layer)
-    # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py), or ahead of the GPU where padded
-    # capacities leave the dispatcher no token counts to wait for (moe_time.static_dispatch)
-    if plan.ep_overlapped or (moe_layer and static_dispatch(plan)):
+    if moe_layer and static_dispatch(plan) and not plan.ep_overlapped:
+        # Padded capacities leave the dispatcher no token counts to wait for (moe_time.static_dispatch): the host
+        # reaches the experts with the lead it gained while the GPU ran the layer's work before them, and that lead
+        # hides as much of the experts' issue time. The backward keeps the dropless treatment (no sync there either,
+        # its lead taken as none: cost/expert_host.py).
+        lead_f = max(0.0, fwd_s - experts_fwd_s - fwd * launch_s)
+        return (max(0.0, fwd * launch_s - fwd_s) + max(0.0, experts_f - lead_f),
+                max(0.0, bwd * launch_s - bwd_s) + experts_b)
+    if plan.ep_overlapped:  # issued while the GPU runs the paired micro-batch's nodes (cost/expert_host.py)
         tail_f, tail_b = ((post_sync_forward_host_s(model, plan, fp8_recipe, launch_s),
                            post_sync_backward_host_s(model, plan, fp8_recipe, launch_s)) if moe_layer else (0.0, 0.0))
         return (max(0.0, fwd * launch_s + experts_f - tail_f - fwd_s) + tail_f,

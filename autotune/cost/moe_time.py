@@ -95,8 +95,9 @@ core_v0.19.0; router.py:788-795 drops the rest by probability), so the busiest r
 the balanced mean (:func:`routed_share`). With ``--moe-pad-expert-input-to-capacity`` every expert gets exactly
 that many rows from every rank, padded (token_dispatcher.py:511-531: ``num_out_tokens = capacity x E``, the splits
 filled with the capacity on the host): C times the mean whatever the routing, on every rank alike, and no token
-counts copied to the host (:func:`static_dispatch`: the sync points of :536-610 are skipped), so the experts' calls
-are issued ahead like the rest of the layer's (``autotune.cost.launch``). Without padding the counts are dynamic
+counts copied to the host (:func:`static_dispatch`: the sync points of :536-610 are skipped), so the host reaches the
+forward experts with the lead it kept over the GPU, which hides that much of their issue time
+(``autotune.cost.launch.launch_exposed_s``). Without padding the counts are dynamic
 and synced earlier ("before_permutation_1", :538-546): the dropless path's cost, capped.
 
 Not modelled: the TP all-gather / reduce-scatter of the dispatched tokens with expert tensor parallelism in the

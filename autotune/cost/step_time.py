@@ -154,7 +154,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
                                   selective if lt is dense_layer else "attention-core", modules)
                 # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
                 passes = per_layer[is_moe, rec_share] = (lp, *launch_exposed_s(
-                    model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s, sched.kernel_launch_s, fp8_recipe))
+                    model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s, sched.kernel_launch_s, fp8_recipe,
+                    lt.experts_s[0] + lt.experts_s[1]))
             lp, wait_f, wait_b = passes
             fwd += count * (lp.fwd_s + wait_f)
             bwd += count * (lp.bwd_s + wait_b)
