@@ -153,15 +153,58 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
             elif spec.get("choices") and _as_read(value[key], spec) not in spec["choices"]:
                 bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}"
                     f"{_CASE_NOTE.get((block, str(key)), '')}", f"use one of {', '.join(spec['choices'])}")
+    _yaml_boolean_problems(data, bad)
     for key in ("distributed_type", "mixed_precision"):
         choices = table["top"][key].get("choices")
-        if key in data and data[key] is not None and choices and str(data[key]) not in choices:
+        if key in data and data[key] is not None and not isinstance(data[key], bool) and choices \
+                and str(data[key]) not in choices:
             bad((key,), f"{key} is {data[key]!r}, not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
     _shape_problems(data, world_size, bad)
     _engine_problems(data, tp, cp, world_size, bad)
     if not any(p.severity == "error" for p in out):
         out += _accelerate_own(path)
     return out
+
+
+def _yaml_boolean_problems(data: dict, bad) -> None:
+    """distributed_type / mixed_precision written bare as NO / no (or yes, on, off, true, false): YAML 1.1 reads a
+    boolean, and accelerate 1.16.0 does not turn it back into a word. What it does then (1.16.0 wheel):
+
+    - commands/config/config_args.py, BaseConfig.__post_init__ (lines 169-173): only a str distributed_type
+      becomes DistributedType(...), so load_config_from_file keeps False / True; BaseConfig.process_config
+      (line 111) sets num_processes = 1 only when distributed_type == DistributedType.NO, which False is not.
+    - commands/launch.py, _validate_launch_command: lines 1278-1296 compare distributed_type with DEEPSPEED,
+      the MULTI_* types, XLA, FSDP, MEGATRON_LM; a boolean matches none, so launch_command takes
+      simple_launcher, as for NO. Without num_processes, lines 1355-1356 raise "You need to manually pass in
+      `--num_processes` using this config yaml." (num_processes stayed -1).
+    - mixed_precision: lines 1337-1342 copy the config's False (it is not None) onto args.mixed_precision, and
+      utils/launch.py, prepare_simple_launcher_cmd_env line 151 (prepare_multi_gpu_env line 250,
+      prepare_deepspeed_cmd_env line 511) calls args.mixed_precision.lower(): "AttributeError: 'bool' object
+      has no attribute 'lower'", unless `accelerate launch --mixed_precision` overrides the file.
+    """
+    kind = data.get("distributed_type")
+    if isinstance(kind, bool):
+        if kind is False and _int(data.get("num_processes")) and data["num_processes"] >= 1:
+            bad(("distributed_type",), "distributed_type is the YAML boolean false (a bare NO, no, off or false): "
+                "accelerate 1.16 keeps False and launches it as NO (one process, no distributed setup)",
+                'quote it: distributed_type: "NO"', "warning")
+        elif kind is False:
+            bad(("distributed_type",), "distributed_type is the YAML boolean false (a bare NO, no, off or false) "
+                "and there is no num_processes: accelerate 1.16 sets num_processes 1 only for the string NO, so "
+                "`accelerate launch` raises 'You need to manually pass in `--num_processes` using this config "
+                "yaml.'", 'quote it: distributed_type: "NO"')
+        else:
+            bad(("distributed_type",), "distributed_type is the YAML boolean true (a bare yes, on or true): "
+                "accelerate 1.16 matches it with no DistributedType and launches one process, as for NO",
+                'write the type you mean, quoted where it is a YAML word: distributed_type: "NO" or MULTI_GPU, '
+                "FSDP, DEEPSPEED, ...")
+    precision = data.get("mixed_precision")
+    if isinstance(precision, bool):
+        bad(("mixed_precision",), f"mixed_precision is the YAML boolean {str(precision).lower()} (a bare "
+            f"{'no, off or false' if precision is False else 'yes, on or true'}): accelerate 1.16 loads it, then "
+            "`accelerate launch` raises \"AttributeError: 'bool' object has no attribute 'lower'\"",
+            'quote it: mixed_precision: "no"' if precision is False else
+            'write the precision you mean: mixed_precision: "no", fp16, bf16 or fp8')
 
 
 def _shape_problems(data: dict, world_size: int, bad) -> None:

@@ -268,3 +268,63 @@ def test_validate_command_on_emitted_accelerate_files(tmp_path, capsys):
     assert "no problems for world size 2" in capsys.readouterr().out
     (tmp_path / "bad.yaml").write_text("- 1\n- 2\n")
     assert main(["validate", str(tmp_path / "bad.yaml"), "--world-size", "2"]) == 2
+
+
+_BARE = "compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nmixed_precision: {mp}\n{rest}"
+
+
+def _bare(tmp_path, kind="NO", mp="bf16", rest="num_processes: 1\n") -> Path:
+    path = tmp_path / "bare.yaml"
+    path.write_text(_BARE.format(kind=kind, mp=mp, rest=rest))
+    return path
+
+
+def test_linter_bare_NO_distributed_type_is_a_warning_not_an_error(tmp_path, capsys):
+    from autotune.cli import main
+
+    path = _bare(tmp_path, kind="NO")  # YAML 1.1: False; accelerate 1.16 launches it as NO
+    assert yaml.safe_load(path.read_text())["distributed_type"] is False
+    [p] = accelerate_config_problems(path, world_size=1)
+    assert (p.path, p.severity, p.line) == ("$.distributed_type", "warning", 2)
+    assert "YAML boolean false" in p.message and 'distributed_type: "NO"' in p.fix
+    assert main(["validate", str(path)]) == 1 and "0 error(s), 1 warning(s)" in capsys.readouterr().out
+    path = _bare(tmp_path, kind='"NO"')
+    assert accelerate_config_problems(path, world_size=1) == []
+    # without num_processes accelerate launch raises (num_processes is set to 1 only for the string NO)
+    [p] = accelerate_config_problems(_bare(tmp_path, kind="NO", rest=""), world_size=1)
+    assert (p.path, p.severity) == ("$.distributed_type", "error") and "--num_processes" in p.message
+
+
+def test_linter_bare_no_mixed_precision_is_an_error_naming_the_key(tmp_path, capsys):
+    from autotune.cli import main
+
+    path = _bare(tmp_path, kind="MULTI_GPU", mp="no", rest="num_processes: 8\n")
+    [p] = accelerate_config_problems(path, world_size=8)
+    assert (p.path, p.severity, p.line) == ("$.mixed_precision", "error", 3)
+    assert "YAML boolean false" in p.message and "AttributeError" in p.message
+    assert 'mixed_precision: "no"' in p.fix
+    assert main(["validate", str(path)]) == 1 and "1 error(s)" in capsys.readouterr().out
+    assert accelerate_config_problems(_bare(tmp_path, kind="MULTI_GPU", mp='"no"', rest="num_processes: 8\n"),
+                                      world_size=8) == []
+
+
+@pytest.mark.parametrize(("kind", "mp", "rest"), [("NO", "bf16", "num_processes: 1\n"), ("NO", "bf16", ""),
+                                                  ('"NO"', "no", "num_processes: 1\n"),
+                                                  ('"NO"', '"no"', "num_processes: 1\n")])
+def test_accelerates_own_loader_and_launch_agree_with_the_linter_on_bare_booleans(tmp_path, kind, mp, rest):
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    path = _bare(tmp_path, kind=kind, mp=mp, rest=rest)
+    loaded = load_config_from_file(str(path))  # accelerate's loader keeps the booleans: it never refuses them
+    assert (loaded.distributed_type is False) == (kind == "NO") and (loaded.mixed_precision is False) == (mp == "no")
+    errors = [p for p in accelerate_config_problems(path, world_size=1) if p.severity == "error"]
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    try:  # what launch_command does before simple_launcher starts the script
+        args, _, _ = _validate_launch_command(args)
+        assert not (args.multi_gpu or args.use_deepspeed or args.use_fsdp or args.tpu)  # launched as NO
+        prepare_simple_launcher_cmd_env(args)
+    except (ValueError, AttributeError) as err:
+        assert errors, f"accelerate launch raises {err!r}, the linter found no error"
+    else:
+        assert not errors, f"accelerate launch accepts the file, the linter says {errors}"
