@@ -202,7 +202,7 @@ class ActivationFacts:
     of the logits (Megatron's vocab-parallel cross entropy, torchtitan's ``logits.float()``). 2: Transformer Engine's
     ``parallel_cross_entropy`` (``MemorySettings.te_cross_entropy``), which writes the gradient into the 16-bit
     logits during its forward and saves them, nothing else of that size (TransformerEngine@v2.14
-    transformer_engine/pytorch/cross_entropy.py:56-64, triton/cross_entropy.py:36-105)."""
+    transformer_engine/pytorch/cross_entropy.py:53-64, triton/cross_entropy.py:36-105 and :114-140)."""
     gathered_linear_inputs: bool = False
     """With sequence parallelism, column-parallel linears (QKV, fc1, output layer) save their all-gathered
     input (DTensor ``ColwiseParallel`` after ``PrepareModuleInput`` to ``Replicate``), not the SP shard

@@ -70,8 +70,8 @@ class MemorySettings:
     (False); None: the engine's own (Megatron-LM's default, ``--cross-entropy-loss-fusion`` off: the fp32
     vocab-parallel cross entropy). TE's kernel computes the loss and the gradient in its forward, writes the
     gradient over the 16-bit logits and saves them (TransformerEngine@v2.14 transformer_engine/pytorch/
-    cross_entropy.py:56-64: ``ctx.save_for_backward(inp.detach())``; triton/cross_entropy.py:36-105: fp32 buffers of
-    3 values per token only), and its backward returns them (in place with a unit loss gradient): the loss keeps 2
+    cross_entropy.py:53-64: ``ctx.save_for_backward(inp.detach())``; triton/cross_entropy.py:36-105: fp32 buffers of
+    3 values per token only), and its backward returns them, scaled in place (triton/cross_entropy.py:114-140): the loss keeps 2
     bytes per logit, not 4 (``ActivationFacts.loss_logit_bytes``), and allocates nothing of that size in backward.
     What NVIDIA's Megatron-Bridge runs: ``cross_entropy_loss_fusion`` True by default (Megatron-Bridge@c810129341a8
     src/megatron/bridge/models/gpt_provider.py:196) with ``cross_entropy_fusion_impl = "te"`` in every benchmark
