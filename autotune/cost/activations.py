@@ -232,7 +232,9 @@ def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: Activat
     h = model.hidden_size
     chunks = plan.loss_chunks or 1
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
-    head_input = linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
+    # 16-bit at any precision: the output layer is no Transformer Engine module (megatron-core 0.19.2
+    # models/gpt/gpt_model.py:264-268, TE's only with MXFP8 and fp8_output_proj), so no FP8 autocast quantizes it
+    head_input = 2 * sb * h / _gathered_split(plan, facts)
     logits = facts.loss_logit_bytes * sb * model.vocab_size / plan.tp / chunks
     accumulator = 4 * sb * h / _gathered_split(plan, facts) if chunks > 1 else 0.0
     labels = 8 * sb
