@@ -20,7 +20,8 @@ FP8 rows, whose granularity the table leaves unsaid, with the engine's default r
 ``--precision fp4`` (Transformer Engine NVFP4BlockScaling, Megatron ``--fp4-format e2m1 --fp4-recipe nvfp4``); every
 row with ``--grad-dtype bf16`` (GRAD_DTYPE); with ``--expandable-segments`` where NVIDIA's launcher set
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for the row (bench/nvidia_allocator_env.py: each release's
-launcher rules), for NVIDIA's plan and the planner's search alike. Rows the tool cannot express are listed with the
+launcher rules), and with ``--cross-entropy te`` where it made the loss Transformer Engine's cross entropy
+(bench/nvidia_loss_kernel.py), for NVIDIA's plan and the planner's search alike. Rows the tool cannot express are listed with the
 reason (the tool's own error message where it gives one) and counted.
 
 Plan quality: for each estimated row, `autotune plan --engine megatron --precision P` on the same model, GPUs, global
@@ -56,6 +57,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
     p90_abs,
 )
 from nvidia_allocator_env import expandable_segments_source
+from nvidia_loss_kernel import te_cross_entropy_source
 from nvidia_gpu_pairs import gpu_pairs_table
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
@@ -241,6 +243,9 @@ def express(row: dict) -> Case:
                                   read.recipe if read else ""):
         case.argv.append("--expandable-segments")  # the launcher's PYTORCH_CUDA_ALLOC_CONF (nvidia_allocator_env.py)
         case.notes.append("expandable segments")
+    if te_cross_entropy_source(row["task"], read.read_at if read else ""):
+        case.argv += ["--cross-entropy", "te"]  # the launcher's cross_entropy_fusion_impl (nvidia_loss_kernel.py)
+        case.notes.append("TE cross entropy")
     if lora is not None:  # the fine-tuning recipe's own settings (the settings table matched pre-training ones)
         case.argv += lora[0]
         case.flags = lora[1]

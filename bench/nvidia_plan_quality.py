@@ -121,11 +121,13 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
                plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe,
                *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS),
-               expandable := "--expandable-segments" in c.argv)
-        if key not in searches:  # the allocator setting NVIDIA's run had, for every searched plan (like for like)
+               expandable := "--expandable-segments" in c.argv,
+               te_loss := "--cross-entropy" in c.argv)  # the only value the bench writes is te (nvidia_loss_kernel)
+        if key not in searches:  # the allocator and loss NVIDIA's run had, for every searched plan (like for like)
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
                                          global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints,
-                                         memory_settings=MemorySettings(expandable_segments=expandable))
+                                         memory_settings=MemorySettings(expandable_segments=expandable,
+                                                                        te_cross_entropy=te_loss or None))
         found = searches[key]
         nv = est.time.tokens_per_s
         own = frozenset({uncertainty_family(c.family)})  # its family's records out of every interval

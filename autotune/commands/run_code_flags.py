@@ -41,6 +41,10 @@ RUN_CODE_FLAGS = (
                 "what a pipeline stage holds of its inputs and outputs: released = freed once no later computation "
                 "reads them, only the tensors in transit held (Meta's Llama 3 stack); kept = a receive buffer per "
                 "micro-batch and the outputs of those in flight (torch.distributed.pipelining)"),
+    RunCodeFlag("--cross-entropy", "te_cross_entropy", "te", "fp32",
+                "what the loss keeps of the logits for backward: te = Transformer Engine's parallel_cross_entropy, the "
+                "16-bit logits with the gradient written into them (Megatron-Bridge's runs: cross_entropy_fusion_impl "
+                "te); fp32 = an fp32 softmax (Megatron-LM's vocab-parallel cross entropy)"),
 )
 
 

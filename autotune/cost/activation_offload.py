@@ -9,7 +9,13 @@ docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst, "Default Of
 ``num_layers`` layers are offloaded; a copy starts as soon as a tensor is saved for backward; "at most
 (model_layers - num_layers) sets of activations are on GPU at any time; both compute and reload may be stalled to
 enforce this limit"; reloading completes by the layer's backward; the copies run on a side stream
-(transformer_engine/pytorch/cpu_offload.py ``get_cpu_offload_context``: ``offload_stream``).
+(transformer_engine/pytorch/cpu_offload.py ``get_cpu_offload_context``: ``offload_stream``). The code at v2.14 (the
+26.04 containers'): every tensor a layer saves for backward leaves, but parameters, tensors marked not to (TE's
+modules mark their weights, layernorm_linear.py:445-452) and ones under 256K elements (cpu_offload.py:452-473,
+FP8 tensors by their components, :374-385); layer i's GPU copy is freed before layer L - N + i runs forward and
+reloaded as layer L - 1 - N + i starts backward (:600-624, :626-645), so L - N sets are never exceeded;
+Megatron-core 0.19.2 passes ``cpu_offloading_num_layers`` and ``config.num_layers`` (transformer_block.py:298-312)
+with activations on and weights off by default (model_parallel_config.py:471-474; TE ignores weights, cpu_offload.py:824-835).
 
 So, per GPU and micro-batch (Megatron refuses offload with pipeline parallelism, so one micro-batch is in flight):
 - GPU: the stage's layers' saved activations less the first N layers' (``autotune.cost.activations``: the "layers"

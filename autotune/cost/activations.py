@@ -219,7 +219,8 @@ def embedding_activation_bytes(model: ModelSpec, plan: ParallelPlan) -> float:
 
 
 def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: ActivationFacts = MEGATRON_FACTS) -> float:
-    """Last stage, one micro-batch: final norm input, output-layer input, fp32 logits (4*s*b*V/t),
+    """Last stage, one micro-batch: final norm input, output-layer input, the logits as the loss keeps them
+    (``ActivationFacts.loss_logit_bytes``: fp32, 4*s*b*V/t, or Transformer Engine's cross entropy's 16-bit ones),
     and the int64 labels the loss keeps.
 
     Chunked loss (``plan.loss_chunks`` = n, torchtitan 0.3 ``ChunkedLossWrapper``, components/loss.py): the output
@@ -231,8 +232,10 @@ def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: Activat
     h = model.hidden_size
     chunks = plan.loss_chunks or 1
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
-    head_input = linear_input_bytes(plan, facts) * sb * h / _gathered_split(plan, facts)
-    logits = 4 * sb * model.vocab_size / plan.tp / chunks
+    # 16-bit at any precision: the output layer is no Transformer Engine module (megatron-core 0.19.2
+    # models/gpt/gpt_model.py:264-268, TE's only with MXFP8 and fp8_output_proj), so no FP8 autocast quantizes it
+    head_input = 2 * sb * h / _gathered_split(plan, facts)
+    logits = facts.loss_logit_bytes * sb * model.vocab_size / plan.tp / chunks
     accumulator = 4 * sb * h / _gathered_split(plan, facts) if chunks > 1 else 0.0
     labels = 8 * sb
     return norm + head_input + logits + accumulator + labels

@@ -290,14 +290,15 @@ _facts_cache: dict[tuple, tuple[ActivationFacts, ActivationFacts]] = {}
 
 def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, node: int) -> ActivationFacts:
     """The engine's activation facts for the plan with the run's selective policy, what its column-parallel linears
-    save (``MemorySettings.linear_inputs_gathered``) and, under context parallelism,
-    the CP kind (``activations.py``; ``node``: :func:`_split_node`): one object for each (cached), so the caches
-    above key on its id."""
+    save (``MemorySettings.linear_inputs_gathered``), what its loss keeps (``te_cross_entropy``) and, under context
+    parallelism, the CP kind (``activations.py``; ``node``: :func:`_split_node`): one object for each (cached), so
+    the caches above key on its id."""
     facts = engine.activation_facts(plan)
     kind = cp_kind(plan, engine.comm.cp_kind) if plan.cp > 1 else None  # context parallelism's attention buffers
     repeat = (engine.comm.cp_repeat_kv if settings.cp_repeat_kv is None else settings.cp_repeat_kv) if kind \
         else None
-    key = (id(facts), settings.selective_policy, settings.linear_inputs_gathered, kind, repeat, node)
+    key = (id(facts), settings.selective_policy, settings.linear_inputs_gathered, settings.te_cross_entropy, kind,
+           repeat, node)
     hit = _facts_cache.get(key)
     if hit is None or hit[0] is not facts:
         run = facts
@@ -305,6 +306,10 @@ def _run_facts(engine: Engine, plan: ParallelPlan, settings: MemorySettings, nod
             run = dataclasses.replace(run, selective=settings.selective_policy)
         if settings.linear_inputs_gathered is not None:
             run = dataclasses.replace(run, gathered_linear_inputs=settings.linear_inputs_gathered)
+        if settings.te_cross_entropy:  # TE's loss: 16-bit logits with the gradient in them, no backward copy
+            run = dataclasses.replace(run, loss_logit_bytes=2.0, loss_backward_bytes_per_logit=0.0)
+        elif settings.te_cross_entropy is not None:  # an fp32 softmax, the engine's backward
+            run = dataclasses.replace(run, loss_logit_bytes=4.0)
         if kind:
             node_field = {"cp_node_gpus": node} if node else {}
             run = dataclasses.replace(run, cp_kind=kind, cp_repeat_kv=repeat, **node_field)

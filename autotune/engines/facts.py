@@ -197,6 +197,12 @@ class ActivationFacts:
     gradient, ``_log_softmax_backward_data`` a second one; torchtitan train.py ``loss_fn``). 12: DTensor
     ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``:
     ``zeros_like(x)``, ``exp(x)``, their sum and its product with the output gradient)."""
+    loss_logit_bytes: float = 4.0
+    """Bytes per (token, vocab entry of this GPU) the loss keeps for backward. 4: an fp32 softmax or log-softmax
+    of the logits (Megatron's vocab-parallel cross entropy, torchtitan's ``logits.float()``). 2: Transformer Engine's
+    ``parallel_cross_entropy`` (``MemorySettings.te_cross_entropy``), which writes the gradient into the 16-bit
+    logits during its forward and saves them, nothing else of that size (TransformerEngine@v2.14
+    transformer_engine/pytorch/cross_entropy.py:53-64, triton/cross_entropy.py:36-105 and :114-140)."""
     gathered_linear_inputs: bool = False
     """With sequence parallelism, column-parallel linears (QKV, fc1, output layer) save their all-gathered
     input (DTensor ``ColwiseParallel`` after ``PrepareModuleInput`` to ``Replicate``), not the SP shard

@@ -65,6 +65,18 @@ class MemorySettings:
     buffers and output cache (False, ``FSDPEngine._pipeline_buffers``). Meta's Llama 3 stack (arXiv 2407.21783
     Sec. 3.3.2): "we proactively deallocate tensors that will not be used for future computation, including the
     input and output tensors of each pipeline stage". None: the engine's own."""
+    te_cross_entropy: bool | None = None
+    """The loss is Transformer Engine's ``parallel_cross_entropy`` (True) or keeps an fp32 softmax of the logits
+    (False); None: the engine's own (Megatron-LM's default, ``--cross-entropy-loss-fusion`` off: the fp32
+    vocab-parallel cross entropy). TE's kernel computes the loss and the gradient in its forward, writes the
+    gradient over the 16-bit logits and saves them (TransformerEngine@v2.14 transformer_engine/pytorch/
+    cross_entropy.py:53-64: ``ctx.save_for_backward(inp.detach())``; triton/cross_entropy.py:36-105: fp32 buffers of
+    3 values per token only), and its backward returns them, scaled in place (triton/cross_entropy.py:114-140): the loss keeps 2
+    bytes per logit, not 4 (``ActivationFacts.loss_logit_bytes``), and allocates nothing of that size in backward.
+    What NVIDIA's Megatron-Bridge runs: ``cross_entropy_loss_fusion`` True by default (Megatron-Bridge@c810129341a8
+    src/megatron/bridge/models/gpt_provider.py:196) with ``cross_entropy_fusion_impl = "te"`` in every benchmark
+    run (scripts/performance/utils/overrides.py:67-68 ``_set_common_perf_overrides``), which megatron-core 0.19
+    sends to TE (models/common/language_module/language_module.py:167-190)."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""

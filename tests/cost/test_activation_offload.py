@@ -76,3 +76,24 @@ def test_megatron_refuses_offloading_every_layer_and_other_engines_refuse_it():
         make_plan(MODEL, GB300, engine="fsdp", zero_stage=3, seq_len=8192, global_batch_size=256, recompute="none",
                   activation_offload_layers=20)
     assert engine_for(_plan(activation_offload_layers=20)).support.activation_offload
+
+
+GB200 = load_cluster(gpu="gb200", num_gpus=64)
+
+
+def test_te_cross_entropy_keeps_the_16_bit_logits_not_an_fp32_softmax():
+    """NVIDIA's GB200 Megatron-FSDP row (40 layers offloaded) runs Megatron-Bridge's loss, Transformer Engine's
+    parallel_cross_entropy (MemorySettings.te_cross_entropy): the logits stay bf16 with the gradient in them, so the
+    loss keeps 2 bytes per logit where Megatron-LM's fp32 vocab-parallel cross entropy keeps 4; nothing else moves."""
+    from autotune.specs.settings import MemorySettings
+
+    plan = _plan(GB200, activation_offload_layers=40, fp8_recipe="te-current")
+    fp32, te = (estimate_memory(MODEL, GB200, plan, MemorySettings(te_cross_entropy=v)) for v in (None, True))
+    logits = 8192 * 2 * MODEL.vocab_size  # tokens x vocab entries of this GPU (tp 1)
+    assert fp32.activation_parts["output_and_loss"] - te.activation_parts["output_and_loss"] == pytest.approx(
+        2 * logits)
+    assert fp32.activation_parts["layers"] == te.activation_parts["layers"]
+    assert "loss_backward" not in te.activation_parts
+    assert estimate_memory(MODEL, GB200, plan, MemorySettings(te_cross_entropy=False)).total == pytest.approx(
+        fp32.total)  # fp32: Megatron-LM's own loss
+    assert fp32.total - te.total > 2 * logits  # the allocator's reserve on those bytes goes too

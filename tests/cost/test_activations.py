@@ -150,3 +150,17 @@ def test_seed_hidden_state_numbers():
     parts = stage_activation_bytes(llama, ParallelPlan(seq_len=4096, recompute="full"), 0)
     assert parts["layers"] / 80 == 64 * 2**20
     assert parts["layers"] / 2**30 == pytest.approx(5.0)
+
+
+def test_the_output_layer_saves_its_16_bit_input_whatever_the_precision():
+    """Megatron-core's output layer is tensor_parallel.ColumnParallelLinear, not a Transformer Engine module
+    (models/gpt/gpt_model.py:264-268 in 0.19.2; TE's only with MXFP8 and fp8_output_proj): FP8 / FP4 autocast does
+    not quantize it, so it saves the final norm's bf16 output, 2 bytes per element."""
+    from autotune.cost.activations import output_activation_bytes
+
+    model = ModelSpec(name="m", num_layers=2, hidden_size=1024, num_attention_heads=8, ffn_hidden_size=4096,
+                      vocab_size=32000)
+    bf16 = output_activation_bytes(model, ParallelPlan(seq_len=2048, micro_batch_size=2, precision="bf16"))
+    for precision, recipe in (("fp8", "te-current"), ("fp8", "te-mxfp8"), ("fp4", None)):
+        plan = ParallelPlan(seq_len=2048, micro_batch_size=2, precision=precision, fp8_recipe=recipe)
+        assert output_activation_bytes(model, plan) == pytest.approx(bf16)

@@ -358,3 +358,19 @@ def test_the_shipped_rows_hold_gb300_gb200_pairs(cases):
     found = pairs.gpu_pairs(cases)
     assert sum(a.row["system"] == "DGX-GB300" for a, _ in found) >= 10
     assert all(a.row["container"] == b.row["container"] and a.row["tp"] == b.row["tp"] for a, b in found)
+
+
+def test_pretraining_rows_of_the_v02_to_v05_launchers_run_te_cross_entropy():
+    """bench/nvidia_loss_kernel.py: those launchers set cross_entropy_fusion_impl "te" for every run; the bench
+    estimates those pre-training rows with `--cross-entropy te`, the fine-tuning and v0.6 rows with the default."""
+    from nvidia_loss_kernel import te_cross_entropy_source
+
+    assert "overrides.py:67-68" in te_cross_entropy_source("Pre-Training Performance", "v0.4.2")
+    assert te_cross_entropy_source("Pre-Training Performance", "v0.2.1").endswith("helpers.py:108")
+    assert not te_cross_entropy_source("LoRA Performance", "v0.4.2")
+    assert not te_cross_entropy_source("Pre-Training Performance", "v0.6.0")
+    fsdp = [bench.express(r) for r in ROWS if r["model"] == "LLAMA3_70B" and r["system"] == "DGX-GB200"
+            and r["fsdp"] == "64"]
+    assert fsdp and all(c.argv[c.argv.index("--cross-entropy") + 1] == "te" for c in fsdp if c.argv)
+    lora = [bench.express(r) for r in ROWS if r["task"].startswith("LoRA")]
+    assert lora and not any("--cross-entropy" in c.argv for c in lora)
