@@ -11,8 +11,7 @@ ranks first on NVIDIA's Megatron-Bridge rows (bench/accuracy_nvidia_recipes.py),
 
 Each row goes through `autotune estimate` (its argument parser and ``estimate_from_flags``) with the recipe's plan
 and the settings the tool has flags for, each read from the row's YAML: CUDA graphs and their scope (``local``
-``full_iteration`` is the tool's ``full-iteration``; ``moe_preprocess`` has no scope of its own here and is left
-out), ``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute`` (``a2a-delay-wgrad``), the flex dispatcher's
+``full_iteration`` is the tool's ``full-iteration``; ``moe_preprocess`` the dispatcher's preprocess with the router), ``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute`` (``a2a-delay-wgrad``), the flex dispatcher's
 backend, selective recompute modules, MXFP8 / FP8 blockwise (``FP8_RECIPES``; the tool gathers FP8 weights with the
 distributed optimizer, which two Qwen3-30B GB200 MXFP8 recipes leave off). ``main_grads_dtype: fp32``: the tool's
 default gradient dtype. Racks of 72 GPUs holding 128 of a job

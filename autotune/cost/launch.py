@@ -12,7 +12,9 @@ Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec run
   attn: QKV and output projection GEMMs; input norm, RoPE, fused attention, bias-dropout-add.
   mlp (dense): fc1 and fc2 GEMMs; pre-MLP norm, activation, bias-dropout-add.
   moe_router: the router GEMM; pre-MLP norm, softmax and top-k, auxiliary loss (2).
-  moe_rest (never captured: token counts per expert change every step): permute (2), dispatch all-to-alls (token
+  moe_preprocess (captured only when named, with moe_router: MoELayer.preprocess, the dispatcher's
+    dispatch_preprocess): permute (2).
+  moe_rest (never captured: token counts per expert change every step): dispatch all-to-alls (token
     counts, tokens), activation, combine all-to-all, unpermute (2), bias-dropout-add; per shared expert its two
     GEMMs and activation. The routed experts' grouped fc1 and fc2 are one cuBLASLt call (and under FP8 one
     quantize) per local expert, issued after the dispatcher's host sync: ``autotune.cost.expert_host`` counts
@@ -76,17 +78,24 @@ def layer_kernels(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> dict
     moe = model.moe
     assert moe is not None
     out["moe_router"] = part(1, 4)
-    out["moe_rest"] = part(2 * moe.num_shared_experts, 9 + moe.num_shared_experts)
+    out["moe_preprocess"] = part(0, 2)  # the dispatcher's preprocess: permutation 1 (its map and the permute)
+    out["moe_rest"] = part(2 * moe.num_shared_experts, 7 + moe.num_shared_experts)
     return out
 
 
 def graphed_parts(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tuple[str, ...]:
-    """The parts of a layer its CUDA graphs capture (none without graphs; the whole layer: all but moe_rest)."""
+    """The parts of a layer its CUDA graphs capture (none without graphs; the whole layer: all but the dispatcher's,
+    whose token counts change every step). Megatron's own graphs (local) capture the router and the preprocess
+    together when either is named (transformer_config.py:2473-2482 of megatron-core 0.19.2)."""
     if plan.cuda_graph in (None, "none"):
         return ()
     parts = layer_kernels(model, plan, moe_layer)
     scope = plan.cuda_graph_scope
-    return tuple(p for p in parts if p != "moe_rest" and (scope is None or p in scope))
+    if scope is None:
+        return tuple(p for p in parts if p not in ("moe_rest", "moe_preprocess"))
+    if plan.cuda_graph == "local" and {"moe_router", "moe_preprocess"} & set(scope):
+        scope = (*scope, "moe_router", "moe_preprocess")
+    return tuple(p for p in parts if p in scope)
 
 
 def layer_launches(model: ModelSpec, plan: ParallelPlan, moe_layer: bool) -> tuple[int, int]:

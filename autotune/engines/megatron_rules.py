@@ -77,9 +77,17 @@ def cuda_graph_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.recompute == "full" and plan.cuda_graph != FULL_ITERATION_GRAPH:
         bad("full recompute is only supported with full iteration CUDA graph: use --recompute selective or none, "
             "--cuda-graph full-iteration, or drop --cuda-graph", "2520-2524")
-    if scope and "moe_router" in scope and model.moe is None:
-        bad(f"moe cuda graph is only supported for MoE ({model.name} has no MoE layer): drop moe_router from "
-            "--cuda-graph-scope", "2492-2496")
+    if scope and {"moe_router", "moe_preprocess"} & set(scope) and model.moe is None:
+        bad(f"moe cuda graph is only supported for MoE ({model.name} has no MoE layer): drop moe_router and "
+            "moe_preprocess from --cuda-graph-scope", "2492-2496")
+    if scope and "moe_preprocess" in scope and "moe_router" not in scope and plan.cuda_graph == "transformer_engine":
+        bad("moe_preprocess cuda graph is only supported with moe_router cuda graph: add moe_router to "
+            "--cuda-graph-scope", "2488-2491")  # Megatron's own graphs (local) add it themselves (:2473-2482)
+    if (scope and "moe_preprocess" in scope and (plan.moe_dispatcher or "alltoall") == "alltoall"
+            and plan.moe_capacity_factor is not None and not plan.moe_pad_to_capacity):
+        bad("moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in the "
+            "preprocess step (the all-to-all dispatcher with a capacity factor, unpadded): pad to the capacity "
+            "(--moe-pad-to-capacity), or drop moe_preprocess from --cuda-graph-scope", "2512-2520")
     if scope and "mlp" in scope and not any(not model.is_moe_layer(i) for i in range(model.num_layers)):
         bad(f"mlp cuda graph is only supported for dense layers, and every layer of {model.name} is an MoE layer: "
             "use moe_router", "2497-2503")

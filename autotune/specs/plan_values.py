@@ -57,15 +57,16 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # CUDA graphs of Megatron-core's training layers (--cuda-graph-impl; arguments.py of core_v0.16.1 .. 0.19.2): "local"
 # (Megatron's CudaGraphManager) or "transformer_engine" (TE make_graphed_callables), per layer, over the scope's parts
 # (--cuda-graph-scope in 0.16 / 0.17, --cuda-graph-modules from 0.18; enums.py CudaGraphScope / CudaGraphModule):
-# "attn", "mlp" (dense layers), "moe_router" (the MoE block up to its router); None: the whole layer. "moe" (drop-and-
-# pad MoE only) and "moe_preprocess" are not modelled. "full-iteration": one graph of the whole forward-backward of
+# "attn", "mlp" (dense layers), "moe_router" (the MoE block up to its router), "moe_preprocess" (with moe_router: the
+# dispatcher's preprocess, MoELayer.preprocess; transformer_config.py:1056-1057 of 0.19.2); None: the whole layer.
+# "moe" (drop-and-pad MoE only) is not modelled. "full-iteration": one graph of the whole forward-backward of
 # every micro-batch (megatron/core/full_cuda_graph.py FullCudaGraphWrapper, wrapping forward_backward_func at
 # megatron/training/training.py:3617-3622 of core_v0.19.0; the optimizer step stays outside), spelled
 # --cuda-graph-impl full_iteration from core 0.18 and --cuda-graph-impl local --cuda-graph-scope full_iteration
 # before (autotune/emit/megatron_flags_core_v0.*.json); it captures no parts, so takes no scope.
 CUDA_GRAPHS = ("none", "local", "transformer_engine", "full-iteration")
 FULL_ITERATION_GRAPH = "full-iteration"
-CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router")
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
 # Expert-parallel all-to-all overlap (Megatron-core's 1F1B batch-level overlap: one micro-batch's forward runs layer by
 # layer beside another's backward, each one's dispatch / combine all-to-alls behind the other's compute): "a2a" =
 # --overlap-moe-expert-parallel-comm; "a2a-delay-wgrad" adds --delay-wgrad-compute (the weight-gradient GEMMs run

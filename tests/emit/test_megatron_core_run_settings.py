@@ -60,6 +60,11 @@ ACCEPTED = [
     ("qwen-full-iteration-hybridep", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
                                                                moe_dispatcher="flex-hybridep",
                                                                cuda_graph="full-iteration")),
+    # the router and the dispatcher's preprocess graphed (--cuda-graph-modules moe_router moe_preprocess)
+    ("qwen-te-graphs-router-preprocess", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                                   cuda_graph="transformer_engine",
+                                                                   cuda_graph_scope=("attn", "moe_router",
+                                                                                     "moe_preprocess"))),
     # token dropping: --moe-expert-capacity-factor [--moe-pad-expert-input-to-capacity] (transformer_config.py:888-896)
     ("qwen-token-drop-padded", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_capacity_factor=1.25,
                                                          moe_pad_to_capacity=True)),
@@ -87,6 +92,12 @@ REFUSED = [
                                                             moe_dispatcher="allgather", ep_overlap="a2a"),
      ("--moe-token-dispatcher-type allgather",
       "--moe-token-dispatcher-type allgather --overlap-moe-expert-parallel-comm")),
+    # cuda_graph_rules: the preprocess graphed without the router (transformer_config.py:2488-2491)
+    ("preprocess-without-router", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True,
+                                                            cuda_graph="transformer_engine",
+                                                            cuda_graph_scope=("moe_preprocess",)),
+     ("--moe-token-dispatcher-type alltoall", "--moe-token-dispatcher-type alltoall --cuda-graph-impl "
+                                              "transformer_engine --cuda-graph-modules moe_preprocess")),
     # autotune.engines.megatron_rules.token_drop_rules: padding without a capacity (:1686-1690), DeepEP padded (:1600-1608)
     ("pad-without-capacity", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_pad_to_capacity=True),
      ("--moe-token-dispatcher-type alltoall", "--moe-token-dispatcher-type alltoall --moe-pad-expert-input-to-capacity")),
@@ -119,7 +130,7 @@ def verdicts(tmp_path_factory):
         jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
     for case, model, gpus, kw, (old, new) in REFUSED:
         base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph", "ep_overlap",
-                                                         "moe_pad_to_capacity")} | {
+                                                         "moe_pad_to_capacity", "cuda_graph_scope")} | {
             "fp8_recipe": None}
         m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
@@ -160,6 +171,12 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
     _, model, gpus, kw, _ = next(c for c in REFUSED if c[0] == case)
     got = verdicts[case]
     assert not got["ok"] and got["stage"] == "TransformerConfig", got
+    if "moe_preprocess" in kw.get("cuda_graph_scope", ()):  # the same requirement in both refusals
+        words = "moe_preprocess cuda graph is only supported with moe_router cuda graph"
+        with pytest.raises(InputError, match=words):
+            _plan(model, gpus, kw)
+        assert words in got["error"], got
+        return
     if kw.get("moe_pad_to_capacity"):  # token dropping: the same field named in both refusals
         with pytest.raises(InputError, match="moe_pad_expert_input_to_capacity"):
             _plan(model, gpus, kw)
