@@ -96,6 +96,18 @@ def test_padding_runs_the_capacity_and_dropping_caps_the_experts_rows(monkeypatc
     assert padded.attention_s == dropless.attention_s  # the attention side is untouched
 
 
+def test_fp8_casts_the_rows_the_experts_run(monkeypatch):
+    # every routed row an expert runs is quantized before its GEMMs, the padding rows too (Megatron's grouped
+    # linears cast their whole input): the layer's FP8 cast time grows with the padded capacity
+    fp8 = dict(precision="fp8", fp8_recipe="te-mxfp8")
+    dropless = _moe_layer(monkeypatch, **fp8)
+    padded = _moe_layer(monkeypatch, moe_capacity_factor=2.0, moe_pad_to_capacity=True, **fp8)
+    bf16 = _moe_layer(monkeypatch, moe_capacity_factor=2.0, moe_pad_to_capacity=True)
+    bf16_dropless = _moe_layer(monkeypatch)
+    cast_growth = (padded.elementwise_s - dropless.elementwise_s) - (bf16.elementwise_s - bf16_dropless.elementwise_s)
+    assert cast_growth > 0
+
+
 def test_padded_capacity_leaves_no_host_sync_so_the_experts_calls_are_issued_ahead():
     # at one 4,096-token micro-batch on 8 B200s the 16 local experts' cuBLASLt calls outlast their GPU work: the
     # dropless dispatcher's host sync makes the GPU wait for all of them (autotune.cost.expert_host); padded to

@@ -183,7 +183,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
             shared += one
         mlp = fc1 + fc2
         routed_width, shared_width = moe.top_k * f, moe.num_shared_experts * moe.shared_width
-        cast_width += moe.top_k * (h + f + n_in * f + h) * padded  # the padded rows are quantized too
+        # the padded rows are quantized too, and a capacity's rows (moe_time.routed_share: 1 dropless)
+        cast_width += moe.top_k * (h + f + n_in * f + h) * padded * moe_time.routed_share(plan)
     else:
         f = model.ffn_hidden_size
         fc1 = _gemm_s(2 * tokens * h * n_in * f / t, tokens, h, n_in * f / t, gemm_peak, eff)
