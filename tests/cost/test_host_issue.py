@@ -12,7 +12,7 @@ import pytest
 
 from autotune.api import estimate, make_plan
 from autotune.cost.launch import host_issue_s
-from autotune.engines.facts import KERNEL_LAUNCH_S
+from autotune.engines.facts import EAGER_OP_S as KERNEL_LAUNCH_S
 from autotune.errors import InputError
 from autotune.specs.hardware import kernel_facts_from_dict
 from autotune.specs.loading import load_cluster
@@ -65,8 +65,8 @@ def test_estimate_names_the_hosts_launch_time():
     out = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "qwen3-30b-a3b", "--gpu", "gb200",
                           "--num-gpus", "8", "--engine", "megatron", "--ep", "8", "--seq-len", "4096",
                           "--global-batch", "64"], capture_output=True, text=True, check=True).stdout
-    assert "kernel launches 10.4 us each (2.75x an x86 host's 3.8 us: gb200's host)" in out
+    assert "kernel launches 37.1 us each (2.75x an x86 host's 13.48 us: gb200's host)" in out
     x86 = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "qwen3-30b-a3b", "--gpu", "b200",
                           "--num-gpus", "8", "--engine", "megatron", "--ep", "8", "--seq-len", "4096",
                           "--global-batch", "64"], capture_output=True, text=True, check=True).stdout
-    assert "kernel launches 3.8 us each," in x86
+    assert "kernel launches 13.5 us each," in x86
