@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
-                         "assumed_settings": assumed_settings(plan, time_settings(args))}))
+                         "assumed_settings": assumed_settings(plan, time_settings(args), cluster)}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
                            host_at_save=kept.policy.host_at_save))
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         u = result.uncertainty
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
-        print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args))))
+        print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args), cluster)))
         print(kept.summary())
         if kept.policy.save_memory_note:
             print(f"checkpoint: {kept.policy.save_memory_note}")

@@ -5,7 +5,9 @@ the GPU waits for it when it does not (small per-GPU work: small micro-batches, 
 small experts). A layer pass then takes ``max(GPU time, kernels x launch time)``. A CUDA graph issues the kernels of
 a captured part at once (one graph launch: ``cudaGraphLaunch``), so only the kernels outside the captured parts are
 issued one by one (Megatron ``--cuda-graph-impl local|transformer_engine``, per layer, ``--cuda-graph-scope`` /
-``--cuda-graph-modules`` the parts). The launch time per kernel is the engine's (``CommSchedule.kernel_launch_s``).
+``--cuda-graph-modules`` the parts). The launch time per kernel is the engine's (``CommSchedule.kernel_launch_s``), an
+x86 host's, times the GPU's ``KernelFacts.host_issue_factor`` (a Grace host issues each op 2.75x slower:
+:func:`host_issue_s`).
 
 Kernels per layer, forward, as Megatron-core's Transformer Engine layer spec runs them (megatron-core 0.19.2
 ``gpt_layer_specs.py``, ``transformer_layer.py``; fused kernels counted once): (GEMMs, other kernels) per part,
@@ -50,12 +52,13 @@ from __future__ import annotations
 
 from autotune.cost.moe_time import static_dispatch
 from autotune.cost.expert_host import grouped_mlp_host_s, post_sync_backward_host_s, post_sync_forward_host_s
+from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import microbatches_in_flight, stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.nvfp4 import FP4_PRECISION
 from autotune.specs.plan import FULL_ITERATION_GRAPH, ParallelPlan
 
-__all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "host_launch_s",
+__all__ = ["layer_kernels", "graphed_parts", "layer_launches", "launch_exposed_s", "host_launch_s", "host_issue_s",
            "cuda_graph_static_bytes", "STATIC_BATCH_BYTES_PER_TOKEN"]
 
 # Bytes a token of one micro-batch's input batch holds: tokens, labels, position ids (int64) and the loss mask
@@ -138,6 +141,15 @@ def launch_exposed_s(model: ModelSpec, plan: ParallelPlan, moe_layer: bool, fwd_
         return (max(0.0, fwd * launch_s + experts_f - tail_f - fwd_s) + tail_f,
                 max(0.0, bwd * launch_s + experts_b - tail_b - bwd_s) + tail_b)
     return (max(0.0, fwd * launch_s - fwd_s) + experts_f, max(0.0, bwd * launch_s - bwd_s) + experts_b)
+
+
+def host_issue_s(cluster: ClusterSpec, launch_s: float) -> float:
+    """The engine's per-kernel launch time ``launch_s`` (an x86 host's) on this cluster's host: times its GPU's
+    ``KernelFacts.host_issue_factor`` (1.0 where the GPU gives no kernel facts). The grouped GEMMs' per-call host time
+    (``expert_host.CUBLASLT_GEMM_CALL_S``, measured on an SM100 system whose host its source does not name) is not
+    scaled."""
+    kernels = cluster.gpu.kernels
+    return launch_s * (kernels.host_issue_factor if kernels is not None else 1.0)
 
 
 def host_launch_s(plan: ParallelPlan, launch_s: float) -> float:

@@ -32,7 +32,7 @@ from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.kernels import rates
-from autotune.cost.launch import host_launch_s, launch_exposed_s
+from autotune.cost.launch import host_issue_s, host_launch_s, launch_exposed_s
 from autotune.cost.layer_passes import layer_passes
 from autotune.cost.layer_time import elementwise_kernels, layer_time, time_key
 from autotune.cost.step_terms import variant_terms
@@ -117,6 +117,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
                    engine: Engine) -> tuple[float, tuple]:
     eff = settings.efficiency
     sched = engine.comm
+    launch_s = host_issue_s(cluster, sched.kernel_launch_s)  # the engine's launch time on this cluster's host
     scheme = engine.support.layer_split
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
@@ -154,7 +155,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
                                   selective if lt is dense_layer else "attention-core", modules)
                 # launches the GPU waits for (small per-GPU work), unless CUDA graphs issue them (cost/launch.py)
                 passes = per_layer[is_moe, rec_share] = (lp, *launch_exposed_s(
-                    model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s, sched.kernel_launch_s, fp8_recipe,
+                    model, plan, is_moe, lp.fwd_s, lp.bwd_s + lp.recompute_s, launch_s, fp8_recipe,
                     lt.experts_s[0] + lt.experts_s[1]))
             lp, wait_f, wait_b = passes
             fwd += count * (lp.fwd_s + wait_f)
@@ -167,7 +168,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             if is_moe and plan.ep_overlapped and lt.moe_comm_s > 0:
                 moe_paired += paired_exposed_s(lt, count, lp.fwd_s, lp.bwd_s + lp.recompute_s,
                                                plan.ep_overlap == "a2a-delay-wgrad",
-                                               paired_host_s(model, plan, host_launch_s(plan, sched.kernel_launch_s),
+                                               paired_host_s(model, plan, host_launch_s(plan, launch_s),
                                                              fp8_recipe),
                                                wait_f + wait_b)
             else:

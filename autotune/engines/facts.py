@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Rule", "EngineSupport", "CommSchedule", "ActivationFacts", "MEGATRON_FACTS", "EXPERT_OUTPUT_SAVING_FACTS",
            "EngineFiles",
-           "SELECTIVE_POLICIES", "KERNEL_LAUNCH_S"]
+           "SELECTIVE_POLICIES", "KERNEL_LAUNCH_S", "EAGER_OP_S"]
 
 # What selective recompute keeps (ActivationFacts.selective): Megatron's attention core; torchtitan's op-level SAC
 # as 0.2.x saves (models/llama3/infra/parallelize.py _op_sac_save_list) or as 0.3 saves (its default save set adds
@@ -24,6 +24,13 @@ SELECTIVE_POLICIES = ("attention-core", "op-sac", "op-sac-0.3")
 # developer.nvidia.com/blog/cuda-graphs/: the launches, not the kernels, set the pace). A floor: PyTorch's per-op
 # dispatch on top of it is not counted.
 KERNEL_LAUNCH_S = 3.8e-6
+
+# Host time per op an engine issues from Python in eager mode (Megatron-core's layers: each torch op or Transformer
+# Engine call pays Python, the dispatcher and its launch): one torch.nn.Linear forward's CPU time, 13.48 us on an H100
+# DGX host (Xeon Platinum 8480C), measured beside its GPU time in NVIDIA/TransformerEngine issue #2053 ("High CPU
+# overhead on Grace systems", 2025-08-11: 37.08 us on GB200's Grace, ``KernelFacts.host_issue_factor``). The launch
+# floor above is what a kernel issued from C++ costs (a collective's per-rank copies).
+EAGER_OP_S = 13.48e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ from autotune.specs.lora import adapter_params_per_layer, lora_model_problems, t
 from autotune.engines.base import Engine
 from autotune.errors import InputError
 from autotune.engines.common import shell_array
-from autotune.engines.facts import KERNEL_LAUNCH_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.facts import EAGER_OP_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, lora_fsdp_base_weights, megatron_fsdp_buffers,
                                             megatron_fsdp_rules, megatron_fsdp_states)
 from autotune.engines.megatron_rules import (
@@ -90,7 +90,7 @@ class MegatronEngine(Engine):
                         # the updated weights' all-gather runs bucket by bucket behind the next forward.
                         param_gather_overlap=True,
                         # cost/launch.py: the host issues each kernel (CUDA graphs issue a captured part at once)
-                        kernel_launch_s=KERNEL_LAUNCH_S)
+                        kernel_launch_s=EAGER_OP_S)
     checkpoint_format = "torch_dist"
     # --non-persistent-ckpt-type local + --replication (arguments.py validate_args; nvidia-resiliency-ext)
     checkpoint_tiers = ("shared", "local")

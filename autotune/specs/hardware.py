@@ -60,6 +60,12 @@ class KernelFacts:
     is another GPU (a part whose own attention rate is not measured takes its sibling's): the attention time then
     moves by its exponentials' time at this GPU's rate minus at that one (``autotune.cost.kernels``); None: the
     fraction is this GPU's own."""
+    host_issue_factor: float = 1.0
+    """The host's time to issue one kernel from PyTorch, as a multiple of an x86 DGX host's (the Xeon hosts of H100 /
+    B200 / B300 DGX systems: 1.0): what every eager launch of the step-time model costs on this GPU's host
+    (``autotune.cost.launch``). A Grace host (GH200, GB200, GB300) is slower per issued op: Transformer Engine issue
+    #2053 measured one ``torch.nn.Linear`` forward's CPU time at 37.08 us on GB200 against 13.48 us on an H100 DGX
+    (Xeon Platinum 8480C), 2.75x."""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -80,6 +86,9 @@ class KernelFacts:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1e4):
                 problems.append(f"kernels.{name} must be a rate in (0, 1e4) 1e12/s, or absent, got {value!r}")
+        if not (isinstance(self.host_issue_factor, (int, float)) and 0 < self.host_issue_factor < 100):
+            problems.append(f"kernels.host_issue_factor must be a multiple in (0, 100) of an x86 host's kernel issue "
+                            f"time (1.0: x86, 2.75: Grace), got {self.host_issue_factor!r}")
         if self.attention_exp_tera_per_s is not None and self.sfu_exp_tera_per_s is None:
             problems.append("kernels.attention_exp_tera_per_s needs this GPU's own sfu_exp_tera_per_s")
         require_no_problems(problems, subject="gpu kernel facts")
@@ -103,8 +112,8 @@ class KernelFacts:
 
 KERNEL_FACT_FIELDS = ("gemm_fraction", "attention_fraction", "hbm_fraction", "intra_node_bus_fraction",
                       "inter_node_bus_fraction", "intra_node_latency_us", "inter_node_latency_us")
-OPTIONAL_KERNEL_FACT_FIELDS = ("sfu_exp_tera_per_s", "attention_exp_tera_per_s")
-"""Kernel facts a GPU may leave out (``KernelFacts``: None)."""
+OPTIONAL_KERNEL_FACT_FIELDS = ("sfu_exp_tera_per_s", "attention_exp_tera_per_s", "host_issue_factor")
+"""Kernel facts a GPU may leave out (``KernelFacts``: None; host_issue_factor 1.0, an x86 host)."""
 
 
 def kernel_facts_from_dict(data: object, gpu_name: str, copy_from: str) -> KernelFacts:
