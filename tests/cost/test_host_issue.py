@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from autotune.api import estimate, make_plan
 from autotune.cost.launch import host_issue_s
@@ -70,3 +71,25 @@ def test_estimate_names_the_hosts_launch_time():
                           "--num-gpus", "8", "--engine", "megatron", "--ep", "8", "--seq-len", "4096",
                           "--global-batch", "64"], capture_output=True, text=True, check=True).stdout
     assert "kernel launches 13.5 us each," in x86
+
+
+def test_a_users_cluster_yaml_sets_its_hosts_factor(tmp_path):
+    # a GPU of the user's own with GB200's kernel facts: on a Grace host (2.75) it costs what the gb200 preset
+    # costs; left out, the host is taken as an x86 one (1.0)
+    facts = {k: getattr(GRACE.gpu.kernels, k) for k in GRACE.gpu.kernels.__class__.__dataclass_fields__}
+    facts = {k: dict(v) if hasattr(v, "items") else v for k, v in facts.items() if k != "source"}
+    runs = {}
+    for name, factor in (("grace", 2.75), ("x86", None)):
+        kernels = {k: v for k, v in facts.items() if k != "host_issue_factor" or factor is not None}
+        if factor is not None:
+            kernels["host_issue_factor"] = factor
+        gpu = {"name": f"my-{name}", "memory_gib": 185.03, "peak_tflops": dict(GRACE.gpu.peak_tflops),
+               "hbm_bandwidth_gb_per_s": GRACE.gpu.hbm_bandwidth_gb_per_s, "compute_capability": "10.0",
+               "kernels": kernels}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"gpu": gpu, "num_gpus": 8, "gpus_per_node": 72,
+                                        "intra_node_bandwidth_gb_per_s": 900, "inter_node_bandwidth_gb_per_s": 50}))
+        cluster = load_cluster(cluster_path=str(path))
+        runs[name] = estimate(MOE, cluster, _moe_plan()).time.step_time_s
+    assert runs["grace"] == pytest.approx(estimate(MOE, GRACE, _moe_plan()).time.step_time_s, rel=1e-9)
+    assert runs["x86"] == pytest.approx(estimate(MOE, X86_HOSTED, _moe_plan()).time.step_time_s, rel=1e-9)
