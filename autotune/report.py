@@ -180,12 +180,13 @@ def release_defaults_line(taken: dict | None, cost: dict | None = None) -> str:
     return said + " (--engine-version picks the release)"
 
 
-def assumed_settings(plan: ParallelPlan, settings, cluster=None) -> list[str]:
+def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None = None) -> list[str]:
     """The run settings a plan's step time assumed: its engine's defaults (``Engine.comm``, the engine's gradient
     bytes) unless ``settings`` (a TimeSettings) or the plan say otherwise (``autotune.cost.run_settings``, which
     the cost model reads too): what `estimate` names under its table. A setting the plan fixed names its flag.
     ``cluster`` (a ClusterSpec): the launch time as its host issues kernels (``cost.launch.host_issue_s``)."""
     from autotune.cost import run_settings
+    from autotune.cost.launch import host_issue_s
     from autotune.specs.lora import lora_run
 
     engine = engine_for(plan)
@@ -216,10 +217,10 @@ def assumed_settings(plan: ParallelPlan, settings, cluster=None) -> list[str]:
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
     if c.kernel_launch_s > 0:
-        factor = cluster.gpu.kernels.host_issue_factor if cluster is not None and cluster.gpu.kernels else 1.0
-        host = f" ({factor:g}x an x86 host's {c.kernel_launch_s * 1e6:g} us: {cluster.gpu.name}'s host)" \
-            if factor != 1.0 else ""
-        out.append(f"kernel launches {c.kernel_launch_s * factor * 1e6:.3g} us each{host}, " + (
+        issue_s = c.kernel_launch_s if cluster is None else host_issue_s(cluster, c.kernel_launch_s)
+        host = f" ({issue_s / c.kernel_launch_s:g}x an x86 host's {c.kernel_launch_s * 1e6:g} us: " \
+               f"{cluster.gpu.name}'s host)" if issue_s != c.kernel_launch_s else ""
+        out.append(f"kernel launches {issue_s * 1e6:.3g} us each{host}, " + (
             "one CUDA graph of the whole forward-backward (--cuda-graph full-iteration)"
             if plan.cuda_graph == "full-iteration" else
             f"CUDA graphs {plan.cuda_graph} over " + (" ".join(plan.cuda_graph_scope) if plan.cuda_graph_scope

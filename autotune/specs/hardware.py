@@ -86,7 +86,8 @@ class KernelFacts:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < 1e4):
                 problems.append(f"kernels.{name} must be a rate in (0, 1e4) 1e12/s, or absent, got {value!r}")
-        if not (isinstance(self.host_issue_factor, (int, float)) and 0 < self.host_issue_factor < 100):
+        factor = self.host_issue_factor
+        if isinstance(factor, bool) or not (isinstance(factor, (int, float)) and 0 < factor < 100):
             problems.append(f"kernels.host_issue_factor must be a multiple in (0, 100) of an x86 host's kernel issue "
                             f"time (1.0: x86, 2.75: Grace), got {self.host_issue_factor!r}")
         if self.attention_exp_tera_per_s is not None and self.sfu_exp_tera_per_s is None:

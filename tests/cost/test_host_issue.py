@@ -53,7 +53,7 @@ def test_large_dense_layers_hide_the_launches_on_either_host():
         estimate(DENSE, X86_HOSTED, plan).time.step_time_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, "fast", 1000])
+@pytest.mark.parametrize("bad", [0, -1.0, "fast", 1000, True])
 def test_a_bad_host_issue_factor_is_refused_naming_it(bad):
     facts = dict(GRACE.gpu.kernels.__class__.__dataclass_fields__)  # every field name
     data = {k: getattr(GRACE.gpu.kernels, k) for k in facts if k != "source"}
