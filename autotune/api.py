@@ -30,7 +30,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
     """A plan for ``cluster`` with dp and gradient accumulation derived; InputError lists every problem.
 
     ``global_batch_size`` None means one micro-batch per data-parallel replica. ``sequence_parallel``
-    None means on whenever tp > 1 and the engine has it (Megatron's recommended setting).
+    None means on whenever tp > 1 and the engine has it (Megatron's recommended setting). ``zero_stage`` None or
+    absent: the engine's default (``Engine.default_zero_stage``: 1, or 3 for FSDP2).
     """
     problems: list[str] = []
     mp = tp * pp * cp
@@ -49,6 +50,11 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
             sequence_parallel = tp > 1 and engine_for(rest.get("engine", "deepspeed")).support.sequence_parallel
         except ValueError:
             sequence_parallel = tp > 1  # the plan's own check names the unknown engine
+    if rest.get("zero_stage") is None:  # None or absent: the engine's own default (Engine.default_zero_stage)
+        try:
+            rest["zero_stage"] = engine_for(rest.get("engine", "deepspeed")).default_zero_stage
+        except ValueError:
+            rest.pop("zero_stage", None)  # the plan's own check names the unknown engine
     try:
         plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=dp, micro_batch_size=micro_batch_size,
                             global_batch_size=global_batch_size, grad_accum_steps=accum,

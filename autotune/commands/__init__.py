@@ -151,7 +151,9 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size, MoE models (default 1)")
     g.add_argument("--etp", type=positive_int, default=None,
                    help="expert-tensor-parallel size, Megatron parallel folding (default: tp)")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1, help="ZeRO stage (Megatron: 1 = distributed optimizer)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="ZeRO stage (default: the engine's: 1 = DeepSpeed ZeRO-1, Megatron's distributed optimizer; "
+                        "fsdp: 3 = FULL_SHARD)")
     g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per forward pass (default 1)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron sequence parallelism (default: on when tp > 1)")

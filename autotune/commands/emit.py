@@ -359,7 +359,6 @@ def run(args: argparse.Namespace) -> int:
         est = estimate_from_job(args)
     else:
         args.recompute = args.recompute or "selective"
-        args.zero = 1 if args.zero is None else args.zero
         est = estimate_from_flags(args)
     releases = engine_releases(args, [est.plan.engine], recorded=recorded)
     print_versions(releases, command="emit")
