@@ -125,8 +125,6 @@ class FSDPEngine(Engine):
 
     def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
         del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
-        if plan.zero_stage == 0:
-            return {}
         layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
         # Gathered block weights: bf16, or FP8 where torchao's enable_fsdp_float8_all_gather gathers the cast
         # weight (torchao float8/fsdp_utils.py fsdp_pre_all_gather); the root (embedding, norm, output: not
@@ -134,6 +132,15 @@ class FSDPEngine(Engine):
         block_bytes = 1 if self.fp8_param_gather(plan) else 2
         root = (model.embedding_params() + model.output_params()).per_gpu(plan.tp, plan.ep) if plan.pp == 1 else 0.0
         out: dict[str, float] = {}
+        if plan.zero_stage == 0:
+            # Replicated: fully_shard on a (dp, 1) mesh with reshard_after_forward=False (autotune.train.fsdp_model;
+            # torchtitan's fsdp_reshard_after_forward "never"; a plain single-device run under torch.autocast keeps
+            # its cached casts the same way): the fp32 weights need no gathering, but the bf16 copies
+            # MixedPrecisionPolicy casts them to stay live from each block's forward to its backward, as in
+            # SHARD_GRAD_OP. Measured: +7.4 GiB over the fp32 states for phi3-mini (3.82B params: 7.1 GiB in bf16) on
+            # one H200 (bench/data/h200_fsdp_trials.json, tests/cost/test_h200_measured.py).
+            out["unsharded_params"] = 2 * groups.per_gpu(plan.tp, plan.ep)
+            return out | self._pipeline_buffers(model, plan, bool(settings.pipeline_buffers_released))
         if plan.zero_stage == 2:  # every block's parameters stay gathered between its forward and backward
             stage_blocks = groups.per_gpu(plan.tp, plan.ep) - root
             out["unsharded_params"] = block_bytes * stage_blocks + 2 * root
@@ -183,11 +190,16 @@ class FSDPEngine(Engine):
     def compiles(self, plan) -> bool:
         return torchtitan_compiles(plan)  # the torchtitan files' compile.enable
 
-    def release_defaults(self, release: str) -> dict[str, object]:
+    def release_defaults(self, release: str, model=None) -> dict[str, object]:
         # torchtitan 0.3's recipes (models/*/config_registry.py) compute the loss with ChunkedLossWrapper, 8 chunks
         # (components/loss.py), and its Float8LinearConverter runs rowwise recipes only (components/quantization/
-        # float8.py); 0.2.x: unchunked, tensorwise with FP8 all-gather (the modelled defaults).
-        return {"loss_chunks": 8, "fp8_recipe": "torchao-rowwise"} if release == "0.3" else {}
+        # float8.py); 0.2.x: unchunked, tensorwise with FP8 all-gather (the modelled defaults). A model with tied
+        # embeddings has no torchtitan 0.3 recipe autotune writes: its bundle runs the built-in trainer, which chunks
+        # a separate output layer only (autotune.train.fsdp unsupported_reason), so its loss stays whole.
+        if release != "0.3":
+            return {}
+        chunked = {} if model is not None and model.tied_embeddings else {"loss_chunks": 8}
+        return chunked | {"fp8_recipe": "torchao-rowwise"}
 
     def release_cost_settings(self, release: str) -> dict[str, object]:
         # torchtitan 0.3's module selects SelectiveAC (distributed/activation_checkpoint.py), per-op SAC whose save

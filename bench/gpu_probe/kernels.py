@@ -106,15 +106,15 @@ def grouped_rows(device: str, quick: bool) -> list[dict]:
     return rows
 
 
-def attention_rows(device: str, quick: bool) -> list[dict]:
+def attention_rows(device: str, quick: bool, seqs=(2048, 4096, 8192), head_dims=(128,)) -> list[dict]:
     if device != "cuda":
         return []
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rows = []
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
-        for seq in (2048,) if quick else (2048, 4096, 8192):
-            heads, d, batch = 32, 128, max(1, 16384 // seq)
+        for seq, d in [(s_, d_) for s_ in ((2048,) if quick else seqs) for d_ in head_dims]:
+            heads, batch = 4096 // d, max(1, 16384 // seq)
             q, k, v = (torch.randn(batch, heads, seq, d, device=device, dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             grad = torch.randn(batch, heads, seq, d, device=device, dtype=torch.bfloat16)
@@ -168,14 +168,22 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only (a syntax run)")
+    ap.add_argument("--parts", default="host,hbm,gemm,grouped,attention", help="what to measure (comma-separated)")
+    ap.add_argument("--seqs", default="2048,4096,8192", help="attention sequence lengths")
+    ap.add_argument("--head-dims", default="128", help="attention head widths (heads x width = 4096)")
     a = ap.parse_args()
     torch.manual_seed(0)
     env = dict(torch=torch.__version__, python=platform.python_version(), cpu=platform.processor() or platform.machine(),
                device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"))
-    doc = dict(env=env, host_op_us=host_op_row(a.device), hbm=hbm_row(a.device, a.quick),
-               gemm=gemm_rows(a.device, a.quick), grouped_gemm=grouped_rows(a.device, a.quick),
-               attention=attention_rows(a.device, a.quick))
+    parts = set(a.parts.split(","))
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    doc = dict(env=env, host_op_us=host_op_row(a.device) if "host" in parts else None,
+               hbm=hbm_row(a.device, a.quick) if "hbm" in parts else None,
+               gemm=gemm_rows(a.device, a.quick) if "gemm" in parts else [],
+               grouped_gemm=grouped_rows(a.device, a.quick) if "grouped" in parts else [],
+               attention=attention_rows(a.device, a.quick, ints(a.seqs), ints(a.head_dims))
+               if "attention" in parts else [])
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(dict(env=env, host_op_us=doc["host_op_us"], hbm=doc["hbm"]), indent=1))

@@ -117,6 +117,8 @@ def _refused(engine: str, kw: dict) -> bool:
 
 
 def engines_that_run_kw(kw: dict, but: str) -> list[str]:
+    """The engines that run the plan ``but`` was given, with the ZeRO stage ``but`` gave it where kw names none."""
+    kw = {"zero_stage": ENGINES[but].default_zero_stage} | kw
     return [e for e in ENGINE_NAMES if e != but and not _refused(e, kw)]
 
 
