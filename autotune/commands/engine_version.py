@@ -91,7 +91,7 @@ def options_for_versions(options, releases: dict[str, tuple[str, str]]):
 
 
 def release_run_settings(args: argparse.Namespace, engine: str, precisions: Sequence[str], *,
-                         command: str) -> dict[str, object]:
+                         command: str, model=None) -> dict[str, object]:
     """The run settings of a plan the command line builds for ``engine``: the release's own defaults
     (``Engine.release_defaults``: torchtitan 0.3's chunked loss and rowwise Float8) under the flags given, said on
     stderr when one is taken. ``precisions``: the plan's (``fp8_recipe`` only where FP8 is among them)."""
@@ -100,7 +100,7 @@ def release_run_settings(args: argparse.Namespace, engine: str, precisions: Sequ
 
     asked = run_setting_args(args)
     release = engine_releases(args, [engine])[engine][0]
-    taken = {k: v for k, v in ENGINES[engine].release_defaults(release).items()
+    taken = {k: v for k, v in ENGINES[engine].release_defaults(release, model).items()
              if k not in asked and (k != "fp8_recipe" or "fp8" in precisions)}
     if taken and not getattr(args, "json", False):
         flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items())

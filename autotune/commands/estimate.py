@@ -57,7 +57,8 @@ def estimate_from_flags(args: argparse.Namespace):
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
         overlap_comm=args.overlap_comm,
-        **release_run_settings(args, args.engine, (args.precision,), command=args.command), **peft_args(args),
+        **release_run_settings(args, args.engine, (args.precision,), command=args.command, model=model),
+        **peft_args(args),
     )
     # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
     cost = release_cost_settings(args, args.engine)

@@ -184,12 +184,13 @@ class Engine(ABC):
         del plan
         return DEFAULT_FP8_HOW
 
-    def release_defaults(self, release: str) -> dict[str, object]:
+    def release_defaults(self, release: str, model=None) -> dict[str, object]:
         """The run settings (``ParallelPlan.RUN_SETTINGS``) a release of the engine uses unless told otherwise, where
         they differ from the engine's modelled default: the command line fills them into a plan it builds for that
         release, so its estimate is the estimate of the files written for it. ``fp8_recipe`` applies to FP8
-        plans only."""
-        del release
+        plans only. ``model`` (a ModelSpec, or None: any model): the one the plan trains, where a default depends
+        on it."""
+        del release, model
         return {}
 
     def release_cost_settings(self, release: str) -> dict[str, object]:

@@ -136,7 +136,7 @@ class DimensionValues:
     release has none left out): the search estimates that engine's plans with them, as ``estimate`` does."""
 
 
-def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...]) -> dict[str, dict[str, object]]:
+def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...], model=None) -> dict[str, dict[str, object]]:
     """{engine: its release's defaults the search gives its plans}: those the constraints leave None, ``fp8_recipe``
     only where FP8 is searched (``Engine.release_defaults``). Engines without a release, or whose release has no
     defaults of its own, are left out."""
@@ -144,7 +144,7 @@ def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...]) ->
     for engine in c.engines:
         release = c.engine_versions.get(engine)
         taken = {} if release is None else {
-            name: value for name, value in engine_for(engine).release_defaults(release).items()
+            name: value for name, value in engine_for(engine).release_defaults(release, model).items()
             if getattr(c, name) is None and (name != "fp8_recipe" or "fp8" in precisions)}
         if taken:
             out[engine] = taken
@@ -212,7 +212,7 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
     precisions = c.precisions or (("bf16",) if cluster.gpu.supports("bf16") or cluster.gpu.name == "cpu"
                                   else ("fp16",))
     asked = {name: getattr(c, name) for name in RUN_SETTINGS}
-    taken = release_defaults_taken(c, precisions)
+    taken = release_defaults_taken(c, precisions, model)
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, micro_batch_sizes=mbs,

@@ -4,13 +4,18 @@ others'; a setting the constraints fix wins for every engine; no release named, 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from autotune.api import estimate_from_dict
+from autotune.cli import main
 from autotune.engines import engine_for
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
+from autotune.train.fsdp import unsupported_reason
 
 MODEL = load_model_preset("llama3-8b")
 CLUSTER = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
@@ -68,3 +73,20 @@ def test_the_plans_fast_check_of_set_run_settings_still_refuses_a_bad_one(bad):
     good = ParallelPlan(**BASE, precision="fp8", fp8_recipe="torchao-rowwise", loss_chunks=4096, torch_compile=False,
                         tp_overlap="none", grad_dtype="bf16")
     assert good.loss_chunks == 4096
+
+
+def test_a_tied_embedding_model_keeps_its_loss_whole(tmp_path):
+    """torchtitan 0.3 chunks the loss, but a tied-embedding model's bundle runs the built-in trainer, which chunks a
+    separate output layer only: the default is not taken for it (the bundle emitted for such a model on one H200
+    was refused by its own launch script), neither by the search nor by emit."""
+    tied = load_model_preset("megatron-gpt-1.7b")
+    assert tied.tied_embeddings and "loss_chunks" not in engine_for("fsdp").release_defaults("0.3", tied)
+    assert engine_for("fsdp").release_defaults("0.3", MODEL)["loss_chunks"] == 8
+    result = search_plans(tied, CLUSTER, seq_len=2048, global_batch_size=16, top_k=3,
+                          constraints=SearchConstraints(**SPACE, engine_versions={"fsdp": "0.3"}))
+    assert result.ranked and all(e.plan.loss_chunks is None for e in result.ranked if e.plan.engine == "fsdp")
+    assert main(["emit", "--model", "megatron-gpt-1.7b", "--gpu", "h200", "--num-gpus", "1", "--seq-len", "2048",
+                 "--global-batch", "16", "--engine", "fsdp", "--zero", "0", "--micro-batch", "8", "--recompute",
+                 "none", "--engine-version", "fsdp=0.3", "--out", str(tmp_path / "job")]) == 0
+    est = estimate_from_dict(json.loads((tmp_path / "job" / "plan.json").read_text()))
+    assert est.plan.loss_chunks is None and unsupported_reason(est.model, est.plan) is None
