@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {group:44} {count:3d} sizes  {ratio:5.2f}")
     peak16 = cluster.gpu.peak_flops_per_s("bf16") / 1e12
     print("\nattention (causal, fwd + bwd, executed FLOPs):")
-    for row in doc.get("attention", []):
+    for row in doc.get("attention", []) + doc.get("attention_sweep", []):
         if "error" in row:
             print(f"  {row['backend']:18} seq {row['seq']:5d}  error: {row['error'][:80]}")
             continue
         kernel = "fa3" if row["backend"].startswith("CUDNN") else "fa2"
         model = by_kernel[kernel].attention / 1e12
-        print(f"  {row['backend']:18} seq {row['seq']:5d}  measured {row['fwd_bwd_tflops']:6.1f} TFLOP/s "
+        print(f"  {row['backend']:18} d {row.get('head_dim', 128):3d} seq {row['seq']:5d}  measured {row['fwd_bwd_tflops']:6.1f} TFLOP/s "
               f"({row['fwd_bwd_tflops'] / peak16:.2f} of peak)  model {kernel} {model:6.1f}  ratio "
               f"{model / row['fwd_bwd_tflops']:.2f}")
     hbm = doc["hbm"]["gb_per_s"]

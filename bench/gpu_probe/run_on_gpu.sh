@@ -9,6 +9,10 @@
 # machine's Python), tt/ (torchtitan 0.3.0 and its dependencies in site/, a tokenizer and dataset in assets/,
 # run_tt.sh that trains a bundle's torchtitan_plan.py with them; shim/ back-fills the torch 2.13 APIs torchtitan
 # 0.3.0 calls on an older torch). Each part is skipped, saying so, where its files are absent.
+# On the H200 of 2026-12-04 (torch 2.11.0+cu130) torchtitan 0.3.0 built the model and its optimizer (30.18 GiB of
+# fp32 weights for llama3-8b, as the ledger says) and failed in the first backward ("The tensor has a non-zero
+# number of elements, but its data is not allocated yet"), with and without its CUDA graph: 0.3.0 needs a newer torch
+# than that machine has (it targets 2.13); those runs await a machine with it.
 # The numbers it wrote on one H200 are bench/data/h200_*; bench/kernels_vs_measured.py and
 # bench/torchtitan_vs_estimate.py compare them with the model.
 set -u
