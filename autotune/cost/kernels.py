@@ -35,7 +35,20 @@ from autotune.specs.hardware import GB, ClusterSpec
 from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_CAST_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES, FP8_RECIPES
 
-__all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES", "DERIVED_ATTENTION_KERNELS", "TRITON_FLASH"]
+__all__ = ["Rates", "rates", "FP8_RECIPES", "FP8_CAST_BYTES", "DERIVED_ATTENTION_KERNELS", "TRITON_FLASH",
+           "GROUPED_ROWS_HALF_DIM"]
+
+GROUPED_ROWS_HALF_DIM = 0.92
+"""The routed experts' grouped GEMM (E experts, r rows each): its rate over the rows per expert, r / (r + half) with
+``half = GROUPED_ROWS_HALF_DIM x`` the GPU's machine balance (FLOP/byte), the experts' k and n on the dense curve.
+Measured: ``torch._grouped_mm`` (CUTLASS grouped GEMM on sm90, the kernel torchtitan's MoE runs) over 56 expert
+shapes (8-128 experts of Qwen3-30B-A3B, GPT-OSS-120B and DeepSeek-V3, 64-4,096 rows each) on one H200
+(bench/data/h200_kernels.json, bench/gpu_probe/kernels.py): the rows' half-rate point that makes the model/measured
+ratio flattest over r is 190 rows = 0.92 x the H200's 206 FLOP/byte (log spread 0.18; median ratio 1.07, the dense
+GEMMs' 1.11 beside them): at 2,048 rows a grouped GEMM runs 8% slower than a dense one of the same shape, at 512
+31%. With the dense curve's 27 rows the ratio fell from 3.5 (64 rows) to 1.20 (4,096). Other GPUs: the same
+multiple of their balance, an assumption (as for ``Efficiency.gemm_half_dim``); TE's grouped GEMM (cuBLASLt) is
+taken to behave as CUTLASS's."""
 
 TRITON_FLASH = "fa-triton"
 """FlashAttention in pre-MLIR Triton (HazyResearch flash-attention eff9fe6b flash_attn/flash_attn_triton.py), the
@@ -104,6 +117,9 @@ class Rates:
     """FLOP/s of a 16-bit GEMM that cannot take the tensor-core path (``unaligned_s``): the GPU's FP32 CUDA-core
     peak (datasheet) x gemm_peak_fraction; 0 where the preset gives no FP32 figure (then the tensor-core rate)."""
     cuda_core_half: float = 0.0
+    grouped_half: float = 0.0
+    """The rows per expert at which a grouped GEMM runs at half its shape's rate (``GROUPED_ROWS_HALF_DIM``); 0: the
+    dense curve's ``linear_half``."""
     exp_delta_s: float = 0.0
     """Seconds each executed softmax exponential of the fused attention takes beyond (negative: short of) those of
     the GPU ``attention_fraction`` was taken from (module docstring); 0 where the fraction is this GPU's own."""
@@ -114,6 +130,12 @@ class Rates:
 
     def linear_s(self, flops: float, m: float, k: float, n: float) -> float:
         return flops / (self.linear_peak * self.shape(self.linear_half, m, k, n))
+
+    def grouped_s(self, flops: float, rows: float, k: float, n: float) -> float:
+        """The routed experts' grouped GEMM at the linear layers' precision, ``rows`` per expert."""
+        half = self.grouped_half or self.linear_half
+        return flops / (self.linear_peak * (rows / (rows + half)) * (k / (k + self.linear_half))
+                        * (n / (n + self.linear_half)))
 
     def bf16_s(self, flops: float, m: float, k: float, n: float) -> float:
         return flops / (self.bf16_peak * self.shape(self.bf16_half, m, k, n))
@@ -187,4 +209,5 @@ def _rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kern
                  hbm=hbm_raw * kf.hbm_fraction * eff.hbm_efficiency,
                  cast_bytes=cast_bytes,
                  cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
-                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw, exp_delta_s=exp_delta)
+                 cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw, exp_delta_s=exp_delta,
+                 grouped_half=GROUPED_ROWS_HALF_DIM * _peak(cluster, linear_prec) / hbm_raw)

@@ -172,8 +172,9 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         # the grouped GEMMs run each expert's padded rows (autotune.cost.expert_padding)
         padded = 1.0 + expert_pad_rows / m_expert if m_expert > 0 else 1.0
         m_rows = m_expert * padded
-        fc1 = busiest * _gemm_s(2 * pairs * padded * h * n_in * f / t, m_rows, h, n_in * f / t, gemm_peak, eff)
-        fc2 = busiest * _gemm_s(2 * pairs * padded * f * h / t, m_rows, f / t, h, gemm_peak, eff)
+        # one grouped GEMM each over the local experts (Rates.grouped_s: its own curve over the rows per expert)
+        fc1 = busiest * r.grouped_s(2 * pairs * padded * h * n_in * f / t, m_rows, h, n_in * f / t)
+        fc2 = busiest * r.grouped_s(2 * pairs * padded * f * h / t, m_rows, f / t, h)
         router = _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
         gemm = gemm + fc1 + fc2 + router  # in this order (the search's golden step times)
         for _ in range(moe.num_shared_experts):
