@@ -55,7 +55,7 @@ def test_expert_gemms_run_the_padded_rows_by_hand():
     def experts_by_hand(pad: float) -> float:
         rows = m + pad
         pairs = tokens * k * rows / m
-        return busiest * (r.linear_s(2 * pairs * h * 2 * f, rows, h, 2 * f) + r.linear_s(2 * pairs * f * h, rows, f, h))
+        return busiest * (r.grouped_s(2 * pairs * h * 2 * f, rows, h, 2 * f) + r.grouped_s(2 * pairs * f * h, rows, f, h))
 
     bare = layer_time(moe, cluster, plan, True, eff, r)
     padded = layer_time(moe, cluster, plan, True, eff, r, expert_pad_rows=127.5)
