@@ -8,7 +8,8 @@ the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.
   peak / HBM bandwidth`` (the GPU's machine balance in FLOP/byte: a GEMM with a dimension near it is
   bandwidth-bound, so a faster GPU needs wider matrices; OpenXLA's sm_90 table shows 4096x4096x256 at half
   the rate of 4096^3 on H100, tests/cost/test_kernels.py checks the curve against it);
-* causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the kernel the
+* causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the asymptote of
+  long calls (``autotune.cost.attention_seq`` scales it by ``L / (L + a)`` for calls of ``L`` keys), the kernel the
   plan's engine runs (FlashAttention-2 through torch SDPA, FA3-class cuDNN attention through Transformer
   Engine on Hopper), falling back to the generation the GPU has; where the fraction is another GPU's (a part
   whose attention is not measured takes its sibling's, ``KernelFacts.attention_exp_tera_per_s``), each executed
@@ -95,7 +96,8 @@ class Rates:
     """FLOP/s of a large 16-bit GEMM (output layer, router, unfused attention)."""
     bf16_half: float
     attention: float
-    """FLOP/s of the fused attention kernel (executed FLOPs)."""
+    """FLOP/s of the fused attention kernel (executed FLOPs) on long calls: ``attention_seq.key_length_factor``
+    scales it for the key length of each call."""
     attention_kernel: str
     hbm: float
     cast_bytes: float
