@@ -54,8 +54,9 @@ flash_attn_triton.py:625 grid ``cdiv(seqlen_q, BLOCK_M)``, :695 ``SEQUENCE_PARAL
 of the runs that used it the GPU is full, as with FlashAttention-2). Sec. 4.1 splits the gap by pass,
 1.3-1.5x forward and about 2x backward, which over a full-recompute step's attention passes (two forwards, a
 backward of 2.5 forwards) is 1.7x against the paper's FlashAttention-2 rate; the model's FlashAttention-2 rate is
-that of ``attention_fraction`` times ``gemm_peak_fraction`` (0.73), so the absolute Triton rates of the two readings
-differ by 3%. The kernel's own header: forward + backward slightly slower than FlashAttention-1's CUDA kernel.
+that of ``attention_fraction`` times ``gemm_peak_fraction`` (0.73 when this was compared, before the key-length
+curve of ``autotune.cost.attention_seq`` and its refit to 0.75), so the absolute Triton rates of the two readings
+differed by 3%. The kernel's own header: forward + backward slightly slower than FlashAttention-1's CUDA kernel.
 Pre-MLIR Triton has no Hopper instructions, nor has FlashAttention-2: the ratio holds on H100 too (an assumption)."""
 
 # Bytes of HBM traffic per element cast to FP8, per recipe (read 16-bit = 2, write FP8 = 1, amax pass = 2):
