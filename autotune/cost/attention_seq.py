@@ -18,7 +18,9 @@ head_dim 128, 16384 tokens a call (batch 16384 / seq), TFLOP/s counting the caus
   (asymptote 0.624).
 
 (The 2048 and 8192 rows alone give 947 and 1311; a least-squares fit of the log error over the three, 942 and 1307;
-each curve meets its three rows within 0.6%.) Kernels without a measurement take the nearest measured one (an
+each curve meets its three rows within 0.6%. The file's later sweep, head_dim 128 at 1024-16384, stays on it: the
+isolated model over the measured rate 1.05-1.08 for fa2 and 0.96-0.98 for cuDNN at every length,
+bench/kernels_vs_measured.py.) Kernels without a measurement take the nearest measured one (an
 assumption): Triton FlashAttention (``kernels.TRITON_FLASH``) FlashAttention-2's (the same tiling, one query block a
 program), Blackwell's attention the FA3 class's (the GPU's fraction is borrowed from fa3 too,
 ``KernelFacts.attention``), every GPU the H200's (the fixed part is the tiling's, counted in keys, not the chip's).

@@ -3,6 +3,10 @@ measurement, and the key length context parallelism leaves each call."""
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
+
 import pytest
 
 from autotune.cost.attention_seq import KEY_LENGTH_HALF, MEASURED_H200, kernel_key_length, key_length_factor
@@ -92,3 +96,19 @@ def test_context_parallel_ring_slows_attention_per_flop():
     # Ulysses calls the kernel on the whole sequence: no slow-down per FLOP
     uly_s, uly_f = _attention(4, seq, "ulysses")
     assert uly_s / uly_f == pytest.approx(plain_s / plain_f, rel=1e-9)
+
+
+def test_the_h200_sweep_follows_the_curve_beyond_the_fitted_lengths():
+    # bench/data/h200_kernels.json "attention_sweep": head_dim 128, 1k-16k (1024 and 16384 not in the fit of a);
+    # the model's isolated rate (gemm_peak_fraction 1) over the measured one stays flat across the lengths
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" / "h200_kernels.json").read_text())
+    h200 = load_cluster(gpu="h200", num_gpus=1)
+    isolated = TimeSettings().efficiency.with_(gemm_peak_fraction=1.0)
+    for backend, kernel in (("FLASH_ATTENTION", "fa2"), ("CUDNN_ATTENTION", "fa3")):
+        rows = [row for row in doc["attention_sweep"] if row["backend"] == backend and row["head_dim"] == 128
+                and "error" not in row]
+        assert {row["seq"] for row in rows} >= {1024, 16384}
+        asymptote = rates(h200, "bf16", isolated, kernel, None).attention
+        ratios = [asymptote * key_length_factor(kernel, row["seq"]) / (row["fwd_bwd_tflops"] * 1e12) for row in rows]
+        assert max(ratios) / min(ratios) < 1.05, (backend, ratios)  # a flat curve would spread 1.9x over 1k-16k
+        assert 0.9 < statistics.median(ratios) < 1.15, (backend, ratios)
