@@ -6,7 +6,9 @@ An isolated kernel is compared with the model's rate for it without the in-step 
 (``Efficiency.gemm_peak_fraction`` = 1): datasheet peak x the GPU's measured ``gemm_fraction`` x the GEMM shape
 curve (``autotune.cost.kernels``). The grouped GEMM of E experts with r rows each is what the model costs as one
 GEMM of r rows (``autotune.cost.layer_time``: ``m_expert`` rows per expert, the expert's k and n). Attention: the
-kernel's ``attention_fraction`` of the 16-bit peak (flash = FlashAttention-2, cuDNN = the FA3-class kernel).
+kernel's ``attention_fraction`` of the 16-bit peak (flash = FlashAttention-2, cuDNN = the FA3-class kernel) times
+the head-width factor (``autotune.cost.attention_head_dim``) and the key-length curve at the row's sequence
+(``autotune.cost.attention_seq``, one kernel call of ``seq`` keys).
 HBM: ``hbm_fraction`` of the datasheet bandwidth. Host op: ``autotune.engines.facts.EAGER_OP_S``.
 Prints one table per kind and each kind's median model/measured ratio (1.00 = the model is right; above 1 the
 model thinks the kernel faster than it is).
@@ -20,6 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from autotune.cost.attention_head_dim import head_dim_factor
+from autotune.cost.attention_seq import key_length_factor
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
 from autotune.cost.kernels import rates
 from autotune.engines.facts import EAGER_OP_S
@@ -87,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row['backend']:18} seq {row['seq']:5d}  error: {row['error'][:80]}")
             continue
         kernel = "fa3" if row["backend"].startswith("CUDNN") else "fa2"
-        model = by_kernel[kernel].attention / 1e12
-        print(f"  {row['backend']:18} d {row.get('head_dim', 128):3d} seq {row['seq']:5d}  measured {row['fwd_bwd_tflops']:6.1f} TFLOP/s "
+        d = row.get("head_dim", 128)
+        model = (by_kernel[kernel].attention * head_dim_factor(kernel, d) * key_length_factor(kernel, row["seq"])
+                 / 1e12)
+        print(f"  {row['backend']:18} d {d:3d} seq {row['seq']:5d}  measured {row['fwd_bwd_tflops']:6.1f} TFLOP/s "
               f"({row['fwd_bwd_tflops'] / peak16:.2f} of peak)  model {kernel} {model:6.1f}  ratio "
               f"{model / row['fwd_bwd_tflops']:.2f}")
     hbm = doc["hbm"]["gb_per_s"]

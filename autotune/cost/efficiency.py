@@ -15,7 +15,7 @@ to fit is what no kernel benchmark shows, three numbers for every GPU (two refit
 ``hbm_efficiency`` and ``link_efficiency`` scale the kernel facts (1 = as measured); ``autotune tune``'s
 calibration on one machine fits them (and the three above) to that machine's trials.
 
-The defaults (gemm_peak_fraction 0.7300, overlap_cost 0.2695) were fitted by
+The defaults (gemm_peak_fraction 0.7500, overlap_cost 0.2105) were fitted by
 ``python bench/accuracy_published.py --fit`` on every run with a throughput in
 ``autotune/data/published_runs/`` (both files: V100 / A100 / H100 / H100-500W, bf16 / fp16 / FP8, Megatron-LM,
 Megatron-DeepSpeed, DeepSpeed ZeRO-3, FSDP / torchtitan / MosaicML; least squares on log tokens/s); the bench
@@ -40,9 +40,9 @@ __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "BOUNDS", "gemm_efficiency", "loa
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Efficiency:
-    gemm_peak_fraction: float = 0.7300
+    gemm_peak_fraction: float = 0.7500
     gemm_half_dim: float = 0.131
-    overlap_cost: float = 0.2695
+    overlap_cost: float = 0.2105
     hbm_efficiency: float = 1.0
     link_efficiency: float = 1.0
     fitted_on: str = ("gemm_peak_fraction and overlap_cost: 72 published runs with a throughput (autotune/data/"
@@ -77,7 +77,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "link_efficiency": (1e-3, 1.0, "a fraction of the datasheet link bandwidth; below 0.1% is not a measurement"),
     "gemm_half_dim": (0.0, 1e4, "the GEMM dimension of half efficiency over the GPU's FLOP/byte balance; 0.131 "
                                 "fitted, 10,000 would put it in the millions"),
-    "overlap_cost": (0.0, 1.0, "the share of hidden communication time that still costs compute; 0.27 fitted"),
+    "overlap_cost": (0.0, 1.0, "the share of hidden communication time that still costs compute; 0.21 fitted"),
 }
 """The physically meaningful range of each number of a calibration file, inclusive, and what it is: a value
 outside it is refused by :func:`load_efficiency` (4.9e-324 as a fraction made a step time of infinity, then NaN)."""

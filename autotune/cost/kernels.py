@@ -8,7 +8,8 @@ the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.
   peak / HBM bandwidth`` (the GPU's machine balance in FLOP/byte: a GEMM with a dimension near it is
   bandwidth-bound, so a faster GPU needs wider matrices; OpenXLA's sm_90 table shows 4096x4096x256 at half
   the rate of 4096^3 on H100, tests/cost/test_kernels.py checks the curve against it);
-* causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the kernel the
+* causal fused attention at ``peak(16-bit) x attention_fraction(kernel) x gemm_peak_fraction``, the asymptote of
+  long calls (``autotune.cost.attention_seq`` scales it by ``L / (L + a)`` for calls of ``L`` keys), the kernel the
   plan's engine runs (FlashAttention-2 through torch SDPA, FA3-class cuDNN attention through Transformer
   Engine on Hopper), falling back to the generation the GPU has; where the fraction is another GPU's (a part
   whose attention is not measured takes its sibling's, ``KernelFacts.attention_exp_tera_per_s``), each executed
@@ -66,8 +67,9 @@ flash_attn_triton.py:625 grid ``cdiv(seqlen_q, BLOCK_M)``, :695 ``SEQUENCE_PARAL
 of the runs that used it the GPU is full, as with FlashAttention-2). Sec. 4.1 splits the gap by pass,
 1.3-1.5x forward and about 2x backward, which over a full-recompute step's attention passes (two forwards, a
 backward of 2.5 forwards) is 1.7x against the paper's FlashAttention-2 rate; the model's FlashAttention-2 rate is
-that of ``attention_fraction`` times ``gemm_peak_fraction`` (0.73), so the absolute Triton rates of the two readings
-differ by 3%. The kernel's own header: forward + backward slightly slower than FlashAttention-1's CUDA kernel.
+that of ``attention_fraction`` times ``gemm_peak_fraction`` (0.73 when this was compared, before the key-length
+curve of ``autotune.cost.attention_seq`` and its refit to 0.75), so the absolute Triton rates of the two readings
+differed by 3%. The kernel's own header: forward + backward slightly slower than FlashAttention-1's CUDA kernel.
 Pre-MLIR Triton has no Hopper instructions, nor has FlashAttention-2: the ratio holds on H100 too (an assumption)."""
 
 # Bytes of HBM traffic per element cast to FP8, per recipe (read 16-bit = 2, write FP8 = 1, amax pass = 2):
@@ -108,7 +110,8 @@ class Rates:
     """FLOP/s of a large 16-bit GEMM (output layer, router, unfused attention)."""
     bf16_half: float
     attention: float
-    """FLOP/s of the fused attention kernel (executed FLOPs)."""
+    """FLOP/s of the fused attention kernel (executed FLOPs) on long calls: ``attention_seq.key_length_factor``
+    scales it for the key length of each call."""
     attention_kernel: str
     hbm: float
     cast_bytes: float

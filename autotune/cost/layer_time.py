@@ -18,6 +18,7 @@ from autotune.cost.activations import block_linears, block_mms
 from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.attention_head_dim import head_dim_factor
+from autotune.cost.attention_seq import kernel_key_length, key_length_factor
 from autotune.cost.attention_tiles import executed_attention_share
 from autotune.cost.lora import adapter_forward_s
 from autotune.cost.kernels import Rates
@@ -197,14 +198,17 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     ffn_width = routed_width + shared_width
 
     # Attention core: the full-square FLOPs, of which a causal flash kernel executes half, at the fused kernel's
-    # rate for the head width (autotune.cost.attention_head_dim); unfused attention runs batched GEMMs of head_dim
-    # depth.
+    # rate for the head width (autotune.cost.attention_head_dim) and for the key length of each kernel call
+    # (autotune.cost.attention_seq: context parallelism's ring steps are shorter calls); unfused attention runs
+    # batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
     exp_delta = 0.0
     if plan.flash_attention:  # sliding-window / chunked layers run only the tiles their band touches
         executed = executed_attention_share(model, s)
-        attention = core_flops / 2 * executed / (r.attention * head_dim_factor(r.attention_kernel, head_dim))
+        key_len = kernel_key_length(s, plan.cp, cp_kind, t, cluster.gpus_per_node, executed)
+        kernel_rate = r.attention * head_dim_factor(r.attention_kernel, head_dim)
+        attention = core_flops / 2 * executed / (kernel_rate * key_length_factor(r.attention_kernel, key_len))
         # one exponential per executed (query, key) pair and head: the executed FLOPs over 2 (q + v) head widths
         exp_delta = tokens * s * model.num_attention_heads * executed / 2 / t * r.exp_delta_s
         attention += exp_delta
