@@ -17,21 +17,21 @@ RUNS = published_runs()
 TIMED = [r for r in RUNS if not r.skipped and r.tokens_per_s_per_gpu]
 
 # family -> (median |error| bound, worst |error| bound), in-sample (python bench/accuracy_published.py --runs).
-TOLERANCE = {
-    "Megatron-LM 2021 (Narayanan Table 1)": (0.02, 0.07),
-    "Megatron-LM 2022 (Korthikanti, SP + selective)": (0.08, 0.16),
-    "DeepSpeed ZeRO-3 (Narayanan Table 2)": (0.27, 0.59),
-    "Megatron-LM 2021 (Narayanan Table 2, PTD-P)": (0.06, 0.07),
-    "Megatron-core H100 (README scaling)": (0.095, 0.115),
-    "Llama 3 405B (Meta, FSDP + TP + PP)": (0.22, 0.22),
-    "Megatron-DeepSpeed (BLOOM tr11)": (0.06, 0.14),
-    "Megatron-DeepSpeed (MT-NLG)": (0.035, 0.04),
-    "Turing-NLG 17B (ZeRO paper, V100)": (0.04, 0.04),
-    "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": (0.08, 0.18),
-    "torchtitan A100 (FSDP2)": (0.10, 0.14),
-    "MosaicML MPT (FSDP)": (0.11, 0.20),
-    "PyTorch FSDP paper": (0.11, 0.11),
-    "NeMo / Megatron-Bridge FP8 (H100)": (0.09, 0.125),
+TOLERANCE = {  # 2026-12-04: attention costed by its key length (H200-measured), refit: 4 families moved up (below)
+    "Megatron-LM 2021 (Narayanan Table 1)": (0.03, 0.05),  # was (0.02, 0.07): median 1.9% -> 2.8%
+    "Megatron-LM 2022 (Korthikanti, SP + selective)": (0.04, 0.13),
+    "DeepSpeed ZeRO-3 (Narayanan Table 2)": (0.27, 0.52),
+    "Megatron-LM 2021 (Narayanan Table 2, PTD-P)": (0.04, 0.065),
+    "Megatron-core H100 (README scaling)": (0.105, 0.12),  # was (0.095, 0.115): median 7.2% -> 10.0%
+    "Llama 3 405B (Meta, FSDP + TP + PP)": (0.14, 0.14),
+    "Megatron-DeepSpeed (BLOOM tr11)": (0.075, 0.16),  # was (0.06, 0.14): 5.1% / 13.2% -> 7.1% / 15.8%
+    "Megatron-DeepSpeed (MT-NLG)": (0.06, 0.065),  # was (0.035, 0.04): 3.3% / 3.9% -> 5.6% / 6.1%
+    "Turing-NLG 17B (ZeRO paper, V100)": (0.02, 0.02),
+    "torchtitan H100 (FSDP2 / TP / PP / CP, Float8)": (0.05, 0.17),
+    "torchtitan A100 (FSDP2)": (0.09, 0.12),
+    "MosaicML MPT (FSDP)": (0.065, 0.14),
+    "PyTorch FSDP paper": (0.045, 0.045),
+    "NeMo / Megatron-Bridge FP8 (H100)": (0.05, 0.085),
 }
 
 
