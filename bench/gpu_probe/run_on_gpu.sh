@@ -5,10 +5,11 @@
 #
 #   bash bench/gpu_probe/run_on_gpu.sh            # from the repository root, on a machine with one NVIDIA GPU
 #
-# Offline machines carry what they lack in out/carry/ (git-ignored): wheels/ (optuna, jsonschema and theirs, for the
-# machine's Python), tt/ (torchtitan 0.3.0 and its dependencies in site/, a tokenizer and dataset in assets/,
-# run_tt.sh that trains a bundle's torchtitan_plan.py with them; shim/ back-fills the torch 2.13 APIs torchtitan
-# 0.3.0 calls on an older torch). Each part is skipped, saying so, where its files are absent.
+# Offline machines carry what they lack in out/carry/ (git-ignored; bench/gpu_probe/torchtitan/prepare_carry.sh builds
+# it): wheels/ (optuna, jsonschema and theirs, for the machine's Python), tt/site (torchtitan 0.3.0 and its
+# dependencies) and tt/assets (a tokenizer and dataset); bench/gpu_probe/torchtitan/run_tt.sh trains a bundle's
+# torchtitan_plan.py with them offline (autotune_tt_compat.py back-fills the torch 2.13 APIs torchtitan 0.3.0 calls
+# on an older torch). Each part is skipped, saying so, where its files are absent.
 # On the H200 of 2026-12-04 (torch 2.11.0+cu130) torchtitan 0.3.0 built the model and its optimizer (30.18 GiB of
 # fp32 weights for llama3-8b, as the ledger says) and failed in the first backward ("The tensor has a non-zero
 # number of elements, but its data is not allocated yet"), with and without its CUDA graph: 0.3.0 needs a newer torch
@@ -48,14 +49,14 @@ tt_case() {  # name seq recompute timeout [extra torchtitan flags]
       --zero 0 --micro-batch 1 --recompute "$rc_" --torchtitan-version 0.3 --out "$bundle" > "$OUT/tt_$name.log" 2>&1
   cp "$bundle/plan.json" "$WORK/plan_$name.json"
   log "torchtitan $name: seq $seq, recompute $rc_ $*"
-  TT_DUMP="$WORK/tt_dump_$name" timeout -k 10 "$limit" bash $CARRY/tt/run_tt.sh "$bundle" 7 "$WORK/tt_$name.run.log" "$@" \
+  TT_HOME="$REPO/$CARRY/tt" TT_DUMP="$WORK/tt_dump_$name" timeout -k 10 "$limit" bash bench/gpu_probe/torchtitan/run_tt.sh "$bundle" 7 "$WORK/tt_$name.run.log" "$@" \
       > /dev/null 2>&1
   log "torchtitan $name rc=$?"
   cat "$WORK/tt_$name.run.log" >> "$OUT/tt_$name.log" 2>/dev/null
   grep -E "step: +[0-9]|memory|Error|error" "$WORK/tt_$name.run.log" 2>/dev/null | tail -4
 }
-TT=0; [ -f $CARRY/tt/run_tt.sh ] && TT=1
-[ $TT = 1 ] && tt_case a 4096 full 170 || log "torchtitan skipped: $CARRY/tt/run_tt.sh absent"
+TT=0; [ -d $CARRY/tt/site ] && TT=1
+[ $TT = 1 ] && tt_case a 4096 full 170 || log "torchtitan skipped: $CARRY/tt/site absent"
 
 if $PY -c "import optuna, jsonschema" 2>/dev/null; then
   log "tune"
