@@ -4,8 +4,9 @@
 
 An isolated kernel is compared with the model's rate for it without the in-step share
 (``Efficiency.gemm_peak_fraction`` = 1): datasheet peak x the GPU's measured ``gemm_fraction`` x the GEMM shape
-curve (``autotune.cost.kernels``). The grouped GEMM of E experts with r rows each is what the model costs as one
-GEMM of r rows (``autotune.cost.layer_time``: ``m_expert`` rows per expert, the expert's k and n). Attention: the
+curve (``autotune.cost.kernels``). The grouped GEMM of E experts with r rows each is what the model costs with
+``Rates.grouped_s`` (``autotune.cost.layer_time``: ``m_expert`` rows per expert on the grouped rows curve, the
+expert's k and n on the dense one). Attention: the
 kernel's ``attention_fraction`` of the 16-bit peak (flash = FlashAttention-2, cuDNN = the FA3-class kernel) times
 the head-width factor (``autotune.cost.attention_head_dim``) and the key-length curve at the row's sequence
 (``autotune.cost.attention_seq``, one kernel call of ``seq`` keys).
@@ -50,7 +51,7 @@ def gemm_table(doc: dict, r) -> list[tuple]:
         if "error" in row:
             continue
         m, k, n = row["rows"], row["k"], row["n"]
-        model = r.bf16_peak * r.shape(r.bf16_half, m, k, n) / 1e12
+        model = 2 * m * k * n / r.grouped_s(2 * m * k * n, m, k, n) / 1e12
         out.append((f"grouped {row['shape']} (E={row['experts']})", m, k, n, row["tflops"], model))
     return out
 

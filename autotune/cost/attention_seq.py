@@ -50,14 +50,7 @@ from __future__ import annotations
 
 from autotune.specs.context_parallel import hierarchical_cp_sizes
 
-__all__ = ["KEY_LENGTH_HALF", "MEASURED_H200", "key_length_factor", "kernel_key_length"]
-
-MEASURED_H200: dict[str, tuple[tuple[int, float], ...]] = {
-    "fa2": ((2048, 221.0), (4096, 260.3), (8192, 289.8)),
-    "fa3": ((2048, 376.3), (4096, 464.2), (8192, 532.1)),
-}
-"""(sequence, fwd + bwd TFLOP/s) of causal SDPA on one H200 (bench/data/h200_kernels.json, module docstring): the
-FLASH backend as "fa2", the CUDNN backend as "fa3"."""
+__all__ = ["KEY_LENGTH_HALF", "key_length_factor", "kernel_key_length"]
 
 KEY_LENGTH_HALF: dict[str, float] = {"fa2": 946.0, "fa3": 1313.0}
 """``a`` per kernel family: the causal key length at which the kernel reaches half its asymptotic rate (keys)."""

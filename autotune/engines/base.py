@@ -66,14 +66,6 @@ class Engine(ABC):
     trainer_module: ClassVar[str | None] = None
     """The module ``python -m autotune.train`` runs for this engine's plans (its ``main(est, args, rest)``);
     None where the workload is "command" (Megatron-LM, Megatron-DeepSpeed: their own pretrain_gpt.py)."""
-    @property
-    def default_zero_stage(self) -> int:
-        """The ZeRO stage of a plan that names none: 1 where the engine has it (DeepSpeed ZeRO-1, Megatron's
-        distributed optimizer), else its deepest sharding (FSDP2: 3, fully_shard's default
-        reshard_after_forward=True, torchtitan's default data_parallel_shard_degree=-1)."""
-        stages = self.support.zero_stages
-        return 1 if 1 in stages else max(stages)
-
     trainer_takes_deepspeed_config: ClassVar[bool] = False
     """The trainer needs ``--deepspeed-config ds_config.json`` (the tuner passes the trial's)."""
     uses_deepspeed_ops: ClassVar[bool] = False
@@ -183,6 +175,14 @@ class Engine(ABC):
     def fp8_how(self, plan: ParallelPlan) -> str:
         del plan
         return DEFAULT_FP8_HOW
+
+    @property
+    def default_zero_stage(self) -> int:
+        """The ZeRO stage of a plan that names none: 1 where the engine has it (DeepSpeed ZeRO-1, Megatron's
+        distributed optimizer), else its deepest sharding (FSDP2: 3, fully_shard's default
+        reshard_after_forward=True, torchtitan's default data_parallel_shard_degree=-1)."""
+        stages = self.support.zero_stages
+        return 1 if 1 in stages else max(stages)
 
     def release_defaults(self, release: str, model=None) -> dict[str, object]:
         """The run settings (``ParallelPlan.RUN_SETTINGS``) a release of the engine uses unless told otherwise, where

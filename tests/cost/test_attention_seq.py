@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cost.attention_seq import KEY_LENGTH_HALF, MEASURED_H200, kernel_key_length, key_length_factor
+from autotune.cost.attention_seq import KEY_LENGTH_HALF, kernel_key_length, key_length_factor
 from autotune.cost.kernels import rates
 from autotune.cost.layer_time import layer_time
 from autotune.cost.step_time import TimeSettings
 from autotune.specs.loading import load_cluster
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+
+KERNELS = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" / "h200_kernels.json").read_text())
+BACKENDS = {"fa2": "FLASH_ATTENTION", "fa3": "CUDNN_ATTENTION"}
+# (sequence, fwd + bwd TFLOP/s) of the first sweep (head_dim 128, 2048 / 4096 / 8192), the rows `a` was fitted on
+MEASURED_H200 = {kernel: tuple((row["seq"], row["fwd_bwd_tflops"]) for row in KERNELS["attention"]
+                               if row["backend"] == backend) for kernel, backend in BACKENDS.items()}
 
 
 @pytest.mark.parametrize("kernel, measured_ratio", [("fa2", 0.763), ("fa3", 0.707)])
@@ -101,7 +107,7 @@ def test_context_parallel_ring_slows_attention_per_flop():
 def test_the_h200_sweep_follows_the_curve_beyond_the_fitted_lengths():
     # bench/data/h200_kernels.json "attention_sweep": head_dim 128, 1k-16k (1024 and 16384 not in the fit of a);
     # the model's isolated rate (gemm_peak_fraction 1) over the measured one stays flat across the lengths
-    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" / "h200_kernels.json").read_text())
+    doc = KERNELS
     h200 = load_cluster(gpu="h200", num_gpus=1)
     isolated = TimeSettings().efficiency.with_(gemm_peak_fraction=1.0)
     for backend, kernel in (("FLASH_ATTENTION", "fa2"), ("CUDNN_ATTENTION", "fa3")):
