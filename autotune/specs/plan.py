@@ -150,6 +150,11 @@ class ParallelPlan:
     ``get_cpu_offload_context``): the saved activations of the first N transformer layers are copied to host
     memory in forward and back in backward on a side stream (``autotune.cost.activation_offload``). None: none
     offloaded (the engine's default)."""
+    mtp_layers: int | None = field(default=None, repr=False)
+    """Multi-token prediction (Megatron-core ``--mtp-num-layers N``, DeepSeek-V3's MTP): N more modules after the
+    last layer, each a 2h -> h projection of the hidden state joined with the next token's embedding, one layer like
+    the model's last and the shared output layer with its own loss, all on the last pipeline stage
+    (``autotune.cost.mtp``). None: none trained (the engines' default)."""
     moe_capacity_factor: float | None = field(default=None, repr=False)
     """Token dropping: each expert's capacity in multiples of its balanced share of a rank's routed tokens (Megatron
     ``--moe-expert-capacity-factor``, plan_values' note); the rest are dropped. None: dropless (engines' default)."""
@@ -179,7 +184,7 @@ class ParallelPlan:
                      and self.torch_compile is None and self.loss_chunks is None and self.recompute_modules is None
                      and self.cuda_graph is None and self.cuda_graph_scope is None and self.ep_overlap is None
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
-                     and self.activation_offload_layers is None
+                     and self.activation_offload_layers is None and self.mtp_layers is None
                      and self.moe_capacity_factor is None and self.moe_pad_to_capacity is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
@@ -203,6 +208,9 @@ class ParallelPlan:
         if n_off is not None and (not isinstance(n_off, int) or isinstance(n_off, bool) or n_off < 1):
             problems.append(f"activation_offload_layers must be a positive integer or absent (none offloaded), "
                             f"got {n_off!r}")
+        n_mtp = self.mtp_layers
+        if n_mtp is not None and (not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or n_mtp < 1):
+            problems.append(f"mtp_layers must be a positive integer or absent (no multi-token prediction), got {n_mtp!r}")
         if self.etp is not None and (not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 1):
             problems.append(f"etp must be a positive integer or absent, got {self.etp!r}")
         if self.grad_dtype not in (None, "bf16"):
@@ -294,6 +302,7 @@ class ParallelPlan:
                 or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None
                 or self.peft is not None or self.lora_rank is not None or self.lora_alpha is not None
                 or self.lora_targets is not None or self.activation_offload_layers is not None
+                or self.mtp_layers is not None
                 or self.moe_capacity_factor is not None or self.moe_pad_to_capacity is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES

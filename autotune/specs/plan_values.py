@@ -106,7 +106,7 @@ CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
                 "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type",
-                "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity")
+                "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)
