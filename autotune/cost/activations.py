@@ -40,6 +40,7 @@ from autotune.cost.stage_chunks import first_chunk_in_flight, moe_layers_in, une
 from autotune.cost.cp_ring import ring_transient_bytes
 from autotune.cost.lora import saved_input_change
 from autotune.cost.moe_time import routed_share
+from autotune.cost.mtp import mtp_extra_activation_bytes
 from autotune.engines.facts import MEGATRON_FACTS, ActivationFacts
 from autotune.specs.layout import (
     interleaved_chunk_loads,
@@ -284,7 +285,8 @@ STAGE_ACTIVATION_FIELDS = (
     "grad_accum_steps", "recompute", "recompute_num_layers", "loss_chunks", "fp8_recipe", "recompute_modules",
     "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
     "peft", "lora_rank", "lora_targets", "activation_offload_layers",  # LoRA's frozen linears save no input
-    "moe_capacity_factor", "moe_pad_to_capacity")  # the routed rows kept (moe_time.routed_share)
+    "moe_capacity_factor", "moe_pad_to_capacity",  # the routed rows kept (moe_time.routed_share)
+    "mtp_layers")
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 
@@ -381,6 +383,10 @@ def _stage_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, fa
         parts["embedding"] = embedding_activation_bytes(model, plan) * first_chunk_in_flight(plan)
     if stage == plan.pp - 1:
         parts["output_and_loss"] = output_activation_bytes(model, plan, facts)
+        if plan.mtp_layers:  # the MTP modules' layers (saved as the last layer's) and their own parts (cost/mtp.py)
+            parts["mtp"] = plan.mtp_layers * stored_in(model.num_layers - 1, model.num_layers) + \
+                mtp_extra_activation_bytes(model, plan, linear_input_bytes(plan, facts), _gathered_split(plan, facts),
+                                           parts["output_and_loss"])
         extra = loss_backward_bytes(model, plan, facts) - working
         if extra > 0:
             parts["loss_backward"] = extra

@@ -134,7 +134,7 @@ _peak_cache: dict[tuple, tuple[ClusterSpec, float]] = {}
 
 def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> tuple[float, float]:
     """(dense, expert) parameters per GPU of the stage holding the most (dense over tp, experts over tp*ep)."""
-    key = (id(model), plan.pp, plan.tp, plan.ep, plan.expert_tp, scheme)
+    key = (id(model), plan.pp, plan.tp, plan.ep, plan.expert_tp, scheme, plan.mtp_layers)
     hit = _largest_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_largest_cache) > 4096:

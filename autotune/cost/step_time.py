@@ -31,6 +31,7 @@ from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_sha
 from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
+from autotune.cost.mtp import mtp_flops_per_token, mtp_head_s, mtp_layer_is_moe
 from autotune.cost.kernels import rates
 from autotune.cost.launch import host_issue_s, host_launch_s, launch_exposed_s
 from autotune.cost.layer_passes import layer_passes
@@ -95,7 +96,7 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
                                          "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets",
-                                         "moe_capacity_factor", "moe_pad_to_capacity")
+                                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -142,6 +143,9 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     per_layer: dict[tuple, tuple] = {}  # (is_moe, rec_share) -> a layer's passes and launch waits: the same per stage
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
+        if stage == plan.pp - 1 and plan.mtp_layers:  # the MTP modules' layers, like the last (cost/mtp.py)
+            n_moe, n_dense = (n_moe + plan.mtp_layers, n_dense) if mtp_layer_is_moe(model) \
+                else (n_moe, n_dense + plan.mtp_layers)
         n_layers = n_dense + n_moe
         rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
         fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = moe_paired = 0.0
@@ -180,6 +184,8 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             fwd += logits_s
             # LoRA freezes the output layer too: its data gradient only (autotune.cost.lora)
             bwd += (1 if plan.peft else 2) * logits_s + ce_s
+            mtp_fwd, mtp_bwd = mtp_head_s(model, plan, r, logits_s, ce_s)  # the MTP modules' projections and losses
+            fwd, bwd = fwd + mtp_fwd, bwd + mtp_bwd
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
@@ -322,6 +328,11 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan),
                         _selective_policy(plan, settings, engine), plan.precision == "fp8",
                         model.num_layers * adapter_params_per_layer(model, plan.with_(tp=1)) if plan.peft else None)
+    if plan.mtp_layers:  # the MTP modules' FLOPs as Megatron counts them (autotune.cost.mtp); full recompute
+        forward, layers = mtp_flops_per_token(model, plan.seq_len, plan.mtp_layers)  # reruns their layers' forward
+        rerun = layers if plan.recompute == "full" else 0.0
+        flops = StepFlops(model=flops.model + 3.0 * forward * tokens_step,
+                          hardware=flops.hardware + (3.0 * forward + rerun) * tokens_step)
     num_gpus = plan.world_size
     model_tflops = flops.model / step / num_gpus / 1e12
     hardware_tflops = flops.hardware / step / num_gpus / 1e12

@@ -179,13 +179,22 @@ _largest_cache: dict[int, tuple[ModelSpec, ParamGroups]] = {}
 
 def stage_param_groups(model: ModelSpec, plan: ParallelPlan, stage: int, scheme: str = "megatron") -> ParamGroups:
     """Parameters of pipeline stage ``stage``: its layers as ``scheme`` splits them (the engine's
-    ``support.layer_split``), the embedding on the first stage, the output layer on the last."""
-    key = (id(model), plan.pp, stage, scheme)
+    ``support.layer_split``), the embedding on the first stage, the output layer (and any multi-token-prediction
+    modules, ``plan.mtp_layers``) on the last."""
+    mtp = plan.mtp_layers or 0
+    key = (id(model), plan.pp, stage, scheme, mtp)
     hit = _groups_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_groups_cache) > 4096:
             _groups_cache.clear()
-        hit = _groups_cache[key] = (model, _stage_param_groups(model, plan.pp, stage, scheme))
+        groups = _stage_param_groups(model, plan.pp, stage, scheme)
+        if mtp and stage == plan.pp - 1:  # the MTP modules sit on the last stage (autotune.cost.mtp)
+            groups = groups + model.mtp_module_params().scaled(mtp)
+            if stage > 0 and not model.tied_embeddings:  # and an embedding for their shifted tokens (Megatron-LM
+                # @d98e8a6 megatron/core/models/gpt/gpt_model.py:173-181: built where pre_process or mtp_process;
+                # a tied model's last stage holds that table already, as its output layer)
+                groups = groups + model.embedding_params()
+        hit = _groups_cache[key] = (model, groups)
     return hit[1]
 
 

@@ -317,14 +317,18 @@ class ModelSpec:
         return layers + self.embedding_params().total + self.output_params().total
 
     def mtp_params(self) -> int:
-        """Parameters of the multi-token-prediction modules (not in :attr:`num_params`). Each (DeepSeek-V3's
-        layout): norms of the hidden state and of the next token's embedding, a 2h -> h projection, one more
-        layer like the last, and its output norm; embedding and output head are the main model's."""
-        if not self.num_mtp_layers:
-            return 0
+        """Parameters of the checkpoint's multi-token-prediction modules (``num_mtp_layers``; not in
+        :attr:`num_params`): :meth:`mtp_module_params` each."""
+        return self.num_mtp_layers * self.mtp_module_params().total if self.num_mtp_layers else 0
+
+    def mtp_module_params(self) -> ParamGroups:
+        """One multi-token-prediction module (DeepSeek-V3's layout; Megatron-core multi_token_prediction.py at
+        d98e8a6): norms of the hidden state and of the next token's embedding and its output norm (replicated), a
+        2h -> h column-parallel projection (``eh_proj``), and one more layer like the last; embedding and output
+        head are the main model's."""
         h = self.hidden_size
-        one = 3 * self._norm_params(h) + 2 * h * h + self.layer_params(self.num_layers - 1).total
-        return self.num_mtp_layers * one
+        return ParamGroups(tp_sharded=2 * h * h, replicated=3 * self._norm_params(h)) \
+            + self.layer_params(self.num_layers - 1)
 
     @property
     def num_active_params(self) -> int:
