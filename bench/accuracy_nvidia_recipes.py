@@ -100,8 +100,16 @@ SETTINGS = load_settings()
 
 VARIANT_NOTES = {
     "tokendrop": "token-dropping MoE: capacity factor 1.0, padded",
-    "w/ MTP": "the multi-token-prediction module is not in the deepseek-v3 preset",
 }
+
+MTP_LAYERS = {"DeepSeekV3": 1}
+"""Family -> the multi-token-prediction modules its recipes train (``--mtp-layers``), except rows the table marks
+"w/o MTP": Megatron-Bridge's DeepSeek-V3 recipe sets ``mtp_num_layers`` 1 in every release the rows were read at
+(recipes/deepseek/deepseek_v3.py@v0.2.1:174 and @v0.3.0:198 as its default argument, @v0.4.0:84 and @v0.5.0:122
+``cfg.model.mtp_num_layers = 1``; recipes/deepseek/h100/deepseek_v3.py@067f987df03b:137, which the v0.6 perf recipes
+start from), and no performance script overrides it (``git grep mtp scripts/performance`` at v0.2.1-v0.5.0: DeepSeek
+nothing); the v0.6 layouts end in "t m L" (the MTP module beside the loss). Kimi-K2's provider has none
+(models/kimi/kimi_provider.py@v0.3.0:70 ``mtp_num_layers = None``)."""
 
 VARIANT_FLAGS = {
     # Megatron-Bridge's --use_tokendrop (067f987 scripts/performance/utils/overrides.py:455-457) applies
@@ -233,6 +241,9 @@ def express(row: dict) -> Case:
     fsdp = count(row["fsdp"], 0) > 0
     case.argv, notes = estimate_argv(row, preset, case.gpu, precision, zero=3 if fsdp else 1)
     case.argv += VARIANT_FLAGS.get(variant, [])
+    if MTP_LAYERS.get(family) and variant != "w/o MTP":  # the recipe's MTP module (MTP_LAYERS)
+        case.argv += ["--mtp-layers", str(MTP_LAYERS[family])]
+        case.notes.append(f"MTP {MTP_LAYERS[family]}")
     case.notes += notes + ([f"Megatron-FSDP optim_grads_params (fsdp={row['fsdp']})"] if fsdp else [])
     layers = load_model_preset(preset).num_layers
     split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
