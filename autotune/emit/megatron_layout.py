@@ -70,8 +70,12 @@ def _account(num_layers: int, pp: int, vpp: int, target: tuple[int, ...], emb: b
                          layers_per_virtual_stage=slots // (pp * vpp) if vpp > 1 else None)
 
 
-def megatron_split(num_layers: int, pp: int, vpp: int) -> MegatronSplit | None:
-    """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none."""
+def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None) -> MegatronSplit | None:
+    """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none.
+    ``mtp_layers``: a layout string then names the multi-token-prediction modules too, "m" each, after the last
+    stage's layers and before its loss, where Megatron-core places them without a layout (its layout check wants
+    exactly that many, after every decoder layer, on a last virtual stage: pipeline_parallel_layer_layout.py:111-130
+    at d98e8a6; NVIDIA's DeepSeek-V3 layouts end "...|t m L")."""
     target = virtual_layout(num_layers, pp, vpp)
     if target is None:
         return None
@@ -85,7 +89,7 @@ def megatron_split(num_layers: int, pp: int, vpp: int) -> MegatronSplit | None:
     if found := _first_last(num_layers, pp, vpp, target):
         return found
     stages = ["t" * n for n in target]
-    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * (mtp_layers or 0) + "L"
     return MegatronSplit("layout", layout="|".join(stages))
 
 
