@@ -8,7 +8,6 @@ fields where its CommOverlapConfig would otherwise overwrite them, and both file
 
 from __future__ import annotations
 
-
 import pytest
 
 from autotune.api import estimate, make_plan
