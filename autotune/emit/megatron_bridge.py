@@ -324,6 +324,10 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                        "cpu_offloading_num_layers": plan.activation_offload_layers}
     if plan.mtp_layers:  # TransformerConfig mtp_num_layers (Megatron-LM's --mtp-num-layers); the loss scale stays 0.1
         model_keys["mtp_num_layers"] = plan.mtp_layers
+    elif model.num_mtp_layers and recipe.hf_model is not None:  # the library recipe of a checkpoint with MTP modules
+        # trains them unless told (DeepSeek-V3's sets mtp_num_layers = 1, "0 or None to disable": Megatron-Bridge
+        # @0edb669 recipes/deepseek/h100/deepseek_v3.py); the plan trains none, as its Megatron-LM arguments do
+        model_keys["mtp_num_layers"] = None
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "

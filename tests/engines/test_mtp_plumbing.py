@@ -193,6 +193,21 @@ def test_megatron_args_and_bridge_overrides_state_mtp(tmp_path):
     assert "mtp" not in plain["megatron_args.sh"] and "mtp_num_layers" not in plain["bridge_overrides.yaml"]
 
 
+def test_deepseek_v3s_bridge_recipe_is_told_the_plans_mtp_modules():
+    """Bridge's DeepSeek-V3 recipe trains one MTP module unless told (mtp_num_layers = 1, recipes/deepseek/h100/
+    deepseek_v3.py): a plan without MTP writes null, as its Megatron-LM arguments train none."""
+    model = load_model_preset("deepseek-v3")
+    cluster = load_cluster(gpu=GPU, num_gpus=256)
+    plan = make_plan(model, cluster, engine="megatron", tp=2, pp=8, ep=32, etp=1, zero_stage=1, seq_len=4096,
+                     global_batch_size=1024, recompute="full")
+    files = _files(cluster, plan, model)
+    assert "model.mtp_num_layers=null" in files["bridge_overrides.args"].split()
+    assert "--mtp-num-layers" not in files["megatron_args.sh"]
+    files = _files(cluster, plan.with_(mtp_layers=1), model)
+    assert "model.mtp_num_layers=1" in files["bridge_overrides.args"].split()
+    assert "--mtp-num-layers 1" in " ".join(parse_shell_args_with_lines(files["megatron_args.sh"])[0])
+
+
 def test_a_spelled_out_pipeline_layout_places_the_mtp_modules_before_the_loss():
     """pipeline_parallel_layer_layout.py:111-137 at d98e8a6: the layout holds one "m" per MTP module, after every
     decoder layer, all in the last stage."""
