@@ -99,6 +99,9 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["recompute_modules"] = tuple(str(x) for x in modules)
     if m.get("cpu_offloading") and (offloaded := _size(m, "cpu_offloading_num_layers", path, None)):
         out["activation_offload_layers"] = offloaded  # TransformerConfig cpu_offloading / cpu_offloading_num_layers
+    # TransformerConfig mtp_num_layers: null or 0 builds no MTP block (transformer_config.py:68 at d98e8a6)
+    if m.get("mtp_num_layers") != 0 and (mtp := _size(m, "mtp_num_layers", path, None)):
+        out["mtp_layers"] = mtp
     impl = m.get("cuda_graph_impl")
     listed = m.get("cuda_graph_modules") or m.get("cuda_graph_scope") or []
     names = [str(x).rsplit(".", 1)[-1] for x in (listed if isinstance(listed, list) else [listed])]

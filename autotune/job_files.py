@@ -116,6 +116,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out["recompute_modules"] = tuple(modules)
     if (offloaded := n("--cpu-offloading-num-layers")):  # > 0 turns cpu_offloading on (arguments.py:1950-1951)
         out["activation_offload_layers"] = offloaded
+    if (mtp := n("--mtp-num-layers")):  # None / 0: no MTP block (TransformerConfig mtp_num_layers)
+        out["mtp_layers"] = mtp
     out |= _cuda_graph(f, argv, path, notes)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"

@@ -48,6 +48,8 @@ NOTATION: dict[str, str] = {
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
     "act-offloadN": "the saved activations of the first N layers offloaded to host memory in forward and reloaded "
                     "for backward (--activation-offload-layers: Megatron --cpu-offloading-num-layers)",
+    "mtpN": "N multi-token-prediction modules trained after the last layer, each one more layer and the output layer "
+            "with its own loss (--mtp-layers: Megatron --mtp-num-layers)",
     "cg-local|cg-te[:P+P]|cg-full|no-cuda-graphs": "CUDA graphs of each layer (or of its parts P) by Megatron or "
                                                    "Transformer Engine, one of the whole iteration (cg-full), or none "
                                                    "(--cuda-graph, --cuda-graph-scope)",
@@ -124,6 +126,8 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "activation_offload_layers": "its files cannot offload activations to host memory (Megatron only)",
     "activation_offload": "Megatron-core refuses activation CPU offload with pipeline parallelism, recompute, "
                           "per-layer CUDA graphs or N >= the layers",
+    "mtp_layers": "its files cannot train multi-token-prediction modules (Megatron only)",
+    "mtp": "Megatron-LM refuses multi-token prediction with this model's position embeddings (rope or none only)",
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",

@@ -71,6 +71,7 @@ INT_RANGES: dict[str, tuple[int, int, str]] = {
     "master_port": (1, 65535, "the largest TCP port"),
     # the plan's optional counts: out of range here names the flag (the plan's own check names its field)
     "activation_offload_layers": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
+    "mtp_layers": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
     "etp": (1, MAX_GPUS, "the largest cluster"), "dp_replicate": (1, MAX_GPUS, "the largest cluster"),
     "loss_chunks": (1, MAX_SEQ_LEN, "longer than any context trained"),
     "lora_rank": (1, MODEL_LIMITS["hidden_size"], "the largest hidden size accepted"),
@@ -78,6 +79,7 @@ INT_RANGES: dict[str, tuple[int, int, str]] = {
 # flag -> what leaving it out gives, said after a value below its smallest (0 reads as "none", and is not how).
 LEAVE_OUT: dict[str, str] = {
     "activation_offload_layers": "leave --activation-offload-layers out to offload no layer",
+    "mtp_layers": "leave --mtp-layers out to train no multi-token-prediction module",
     "etp": "leave --etp out for etp = tp",
     "loss_chunks": "leave --loss-chunks out for the engine's default (an unchunked loss)",
     "lora_rank": f"leave --lora-rank out for Bridge's {LORA_DEFAULT_RANK}",
@@ -251,6 +253,10 @@ def add_run_settings(g) -> None:
                    help="offload the saved activations of the first N transformer layers to host memory during "
                         "forward, reloaded for backward (Megatron --cpu-offloading-num-layers, Transformer Engine's "
                         "CPU offload; Megatron only, with --pp 1 and --recompute none); default: none offloaded")
+    g.add_argument("--mtp-layers", type=positive_int, default=None, metavar="N",
+                   help="multi-token prediction: N MTP modules after the last layer, each one more layer like the "
+                        "last and the output layer with its own loss (Megatron --mtp-num-layers; DeepSeek-V3 trains "
+                        "1); default: none trained")
     g.add_argument("--compile", dest="torch_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (torchtitan compile.enable); default: the engine's own "
                         "(torchtitan files compile fp8 and async-TP plans, other engines do not compile)")

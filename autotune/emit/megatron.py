@@ -126,7 +126,7 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
 def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems: list[str]) -> list[str]:
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     # The split the cost model assumed, in the flags that make Megatron-core build it (emit/megatron_layout.py).
-    split = megatron_split(model.num_layers, plan.pp, plan.vpp)
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers)
     if split is None:
         problems.append(f"{model.num_layers} layers cannot be split over pp x vpp = {plan.pp} x {plan.vpp} "
                         f"(virtual) stages without an empty one")
@@ -204,6 +204,10 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     # activation offload: turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)
     if plan.activation_offload_layers:
         args += ["--cpu-offloading-num-layers", str(plan.activation_offload_layers)]
+    # multi-token prediction: N modules after the last layer (arguments.py --mtp-num-layers, TransformerConfig
+    # mtp_num_layers, transformer_config.py:68 at d98e8a6); --mtp-loss-scaling-factor stays Megatron's 0.1 (:75)
+    if plan.mtp_layers:
+        args += ["--mtp-num-layers", str(plan.mtp_layers)]
     args += cuda_graph_flags(plan, options.megatron_version)
     args += ep_overlap_flags(plan)
     args += dispatcher_flags(model, plan, options.megatron_version, problems)

@@ -163,7 +163,7 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
                  "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
     # The split megatron_args writes, as TransformerConfig fields (emit/megatron_layout.py; the layout as its string,
     # which TransformerConfig parses, transformer_config.py:2262).
-    split = megatron_split(model.num_layers, plan.pp, plan.vpp)
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers)
     if split is None:
         problems.append(f"model.pipeline_model_parallel_size: {model.num_layers} layers cannot be split over pp x vpp "
                         f"= {plan.pp} x {plan.vpp} (virtual) stages without an empty one")
@@ -322,6 +322,12 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if plan.activation_offload_layers:  # as Bridge's perf scripts set it (utils/overrides.py:170-173 at 067f987)
         model_keys |= {"cpu_offloading": True, "cpu_offloading_weights": False,
                        "cpu_offloading_num_layers": plan.activation_offload_layers}
+    if plan.mtp_layers:  # TransformerConfig mtp_num_layers (Megatron-LM's --mtp-num-layers); the loss scale stays 0.1
+        model_keys["mtp_num_layers"] = plan.mtp_layers
+    elif model.num_mtp_layers and recipe.hf_model is not None:  # the library recipe of a checkpoint with MTP modules
+        # trains them unless told (DeepSeek-V3's sets mtp_num_layers = 1, "0 or None to disable": Megatron-Bridge
+        # @0edb669 recipes/deepseek/h100/deepseek_v3.py); the plan trains none, as its Megatron-LM arguments do
+        model_keys["mtp_num_layers"] = None
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
         problems.append(f"model.seq_length: {plan.seq_len} exceeds the learned position table "

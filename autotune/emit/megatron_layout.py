@@ -11,7 +11,10 @@ whose placement equals ours is written:
    loss take a layer's slot on the first / last virtual stage (arguments.py:962-967, transformer_block.py:148-201);
 4. otherwise ``--pipeline-model-parallel-layout``, the stages spelled out ("Et|tt|...|ttL"; E embedding, t a layer,
    L the loss, stages in model order: pipeline_parallel_layer_layout.py:48-54, 281-320). It replaces the vpp flags
-   (arguments.py:929-952).
+   (arguments.py:929-952). A plan's multi-token-prediction modules are spelled too, one "m" each before the loss
+   on the last stage: Megatron-core counts them against --mtp-num-layers and wants them all after the decoder
+   layers, in one rank's last virtual stage (pipeline_parallel_layer_layout.py:111-137 at d98e8a6); the other
+   three ways place them on the last stage themselves.
 """
 
 from __future__ import annotations
@@ -71,11 +74,8 @@ def _account(num_layers: int, pp: int, vpp: int, target: tuple[int, ...], emb: b
 
 
 def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None) -> MegatronSplit | None:
-    """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none.
-    ``mtp_layers``: a layout string then names the multi-token-prediction modules too, "m" each, after the last
-    stage's layers and before its loss, where Megatron-core places them without a layout (its layout check wants
-    exactly that many, after every decoder layer, on a last virtual stage: pipeline_parallel_layer_layout.py:111-130
-    at d98e8a6; NVIDIA's DeepSeek-V3 layouts end "...|t m L")."""
+    """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none;
+    ``mtp_layers``: the plan's multi-token-prediction modules, in a layout (module docstring, 4)."""
     target = virtual_layout(num_layers, pp, vpp)
     if target is None:
         return None

@@ -104,6 +104,9 @@ class EngineSupport:
     activation_offload: bool = False
     """Its files can offload layers' saved activations to host memory (``ParallelPlan.activation_offload_layers``,
     Megatron-core ``--cpu-offloading-num-layers``)."""
+    mtp: bool = False
+    """Its files can train multi-token-prediction modules after the last layer (``ParallelPlan.mtp_layers``,
+    Megatron-core ``--mtp-num-layers``)."""
     token_drop: bool = False
     """Its files can drop tokens over an expert capacity (``ParallelPlan.moe_capacity_factor``, padded or not: Megatron
     ``--moe-expert-capacity-factor``); none: its MoE layers are dropless only."""
@@ -126,6 +129,7 @@ class EngineSupport:
                 "recompute_modules": lambda: set(value) <= set(self.recompute_modules),
                 "peft": lambda: value in self.peft,
                 "activation_offload_layers": lambda: self.activation_offload,
+                "mtp_layers": lambda: self.mtp,
                 "moe_capacity_factor": lambda: self.token_drop,
                 "moe_pad_to_capacity": lambda: not value or self.token_drop}.get(name, lambda: True)()
 

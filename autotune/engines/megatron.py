@@ -29,6 +29,7 @@ from autotune.engines.megatron_rules import (
     cuda_graph_rules,
     ep_overlap_rules,
     moe_dispatcher_rules,
+    mtp_rules,
     token_drop_rules,
     recompute_module_rules,
 )
@@ -72,7 +73,10 @@ class MegatronEngine(Engine):
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
                             peft=PEFT_METHODS,
                             # --cpu-offloading-num-layers (transformer_config.py:461, arguments.py:1950-1951)
-                            activation_offload=True)
+                            activation_offload=True,
+                            # --mtp-num-layers (transformer_config.py:68, MultiTokenPredictionBlock; Megatron-LM
+                            # @d98e8a6); Megatron-DeepSpeed and the other engines have no MTP
+                            mtp=True)
     # param_gather: Megatron-FSDP's per-layer gathers under zero_stage 3 (autotune.engines.megatron_fsdp)
     comm = CommSchedule(dp_overlap="bucketed", param_gather="megatron-fsdp", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
@@ -117,7 +121,8 @@ class MegatronEngine(Engine):
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)
                 + cp_comm_type_rules(model, plan, cluster)
-                + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan))
+                + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan)
+                + mtp_rules(model, plan))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
-           "moe_dispatcher_rules", "recompute_module_rules", "token_drop_rules"]
+           "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules", "token_drop_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -141,9 +141,9 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     if plan.recompute == "selective" and "moe" in (plan.recompute_modules or ()):
         bad("disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm: recompute moe_act "
             "instead", f"{_SRC}:2697-2699")
-    if model.num_mtp_layers > 1:
-        bad(f"MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm ({model.name} has "
-            f"{model.num_mtp_layers})", f"{_SRC}:2709-2713")
+    if (plan.mtp_layers or 0) > 1:  # the plan's --mtp-num-layers (the checkpoint's own MTP modules train only so)
+        bad(f"MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm (asked: "
+            f"{plan.mtp_layers}): use --mtp-layers 1, or drop --ep-overlap", f"{_SRC}:2709-2713")
     scope = plan.cuda_graph_scope
     if plan.cuda_graph == "transformer_engine" and scope is None:
         bad("EP overlap must be disabled when CUDA graph captures the whole MLP/MoE part: name the parts "
@@ -284,3 +284,30 @@ def activation_offload_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]
         bad(f"CUDA graphs not supported with CPU offloading ({plan.cuda_graph}; a full-iteration graph is): use "
             "--cuda-graph full-iteration or none, or drop --activation-offload-layers", "2800-2801")
     return out
+
+
+_MTP_SRC = "Megatron-LM @d98e8a6 megatron/training/arguments.py"
+
+
+def megatron_position_type(model: ModelSpec) -> str:
+    """The --position-embedding-type autotune writes for ``model`` (``autotune.emit.megatron_attention``: yarn where
+    RoPE is YaRN-scaled, rope, learned_absolute for a learned table); ALiBi has none in Megatron's GPT model."""
+    if model.position_embedding == "rope":
+        return "yarn" if model.rope_scaling == "yarn" else "rope"
+    return "learned_absolute" if model.position_embedding == "learned" else model.position_embedding
+
+
+def mtp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """What Megatron-LM refuses of multi-token prediction (``plan.mtp_layers``, ``--mtp-num-layers``) for this model;
+    the EP overlap's own limit (one MTP layer) is in ``ep_overlap_rules``. validate_args checks the position
+    embedding twice at d98e8a6: rope or none (arguments.py:881-886), then learned_absolute, rope, mrope or none
+    (:1942-1948, "types that use position_ids"); the first runs first, so only rope and none pass both."""
+    if not plan.mtp_layers:
+        return []
+    kind = megatron_position_type(model)
+    if kind in ("rope", "none"):
+        return []
+    return [Rule(id="megatron:mtp", source=f"{_MTP_SRC}:881-886, 1942-1948",
+                 message=f"Megatron-LM: Multi-Token Prediction (MTP) is not supported with {kind} position embedding "
+                         f"type ({model.name}); the supported position embedding types are rope and none: drop "
+                         "--mtp-layers")]

@@ -137,6 +137,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if not s.runs("activation_offload_layers", plan.activation_offload_layers):
         bad("activation_offload_layers", "its files cannot offload activations to host memory (Megatron-core's "
             "--cpu-offloading-num-layers): use --engine megatron, or drop --activation-offload-layers")
+    if not s.runs("mtp_layers", plan.mtp_layers):
+        bad("mtp_layers", "its files cannot train multi-token-prediction modules (Megatron-core's --mtp-num-layers): "
+            "use --engine megatron, or drop --mtp-layers")
     if not (s.runs("moe_capacity_factor", plan.moe_capacity_factor)
             and s.runs("moe_pad_to_capacity", plan.moe_pad_to_capacity)):
         bad("moe_capacity_factor", "its MoE layers are dropless (no expert capacity): use --engine megatron "

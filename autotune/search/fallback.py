@@ -102,6 +102,8 @@ def fallback_plan(est: Estimate, *, lost_gpus: int | None = None, time_settings:
         smaller = replace(cluster, num_nodes=left // cluster.gpus_per_node)
     constraints = SearchConstraints(engines=(plan.engine,), precisions=(plan.precision,),
                                     max_tp=max(plan.tp, smaller.gpus_per_node),
+                                    # the checkpoint holds the MTP modules' weights: the plan resumed on builds them too
+                                    mtp_layers=plan.mtp_layers,
                                     **RESUMES_INTO.get(engine_for(plan).checkpoint_format, {}))
     result = search_plans(est.model, smaller, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           constraints=constraints, top_k=1, time_settings=time_settings)

@@ -224,6 +224,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        moe_pad_to_capacity=settings["moe_pad_to_capacity"],
                        # Megatron-core offloads activations without a pipeline only (megatron_rules)
                        activation_offload_layers=settings["activation_offload_layers"] if layout.pp == 1 else None,
+                       mtp_layers=settings["mtp_layers"],  # on the last stage, with or without a pipeline
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None,  # tp=1 has no TP collectives
                        **dims.peft_settings)
     fp8_recipe = settings["fp8_recipe"]

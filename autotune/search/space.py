@@ -95,6 +95,11 @@ class SearchConstraints:
     activation_offload_layers: int | None = None
     """Every plan's activation CPU offload (the first N layers' saved activations in host memory) where pp = 1
     (Megatron-core refuses it with a pipeline; its plans with recompute are refused too); None: none."""
+    mtp_layers: int | None = None
+    """Every plan's multi-token-prediction modules after the last layer (Megatron ``--mtp-num-layers``), at every
+    layout (the modules sit on the last pipeline stage); never searched: MTP changes what trains. Engines that cannot
+    run it: narrowed away where the engines are left to the default (``commands.plan.run_setting_engines``), else
+    their plans are refused with the rule's reason, as every run setting's; None: none trained."""
     min_headroom_gib: float = 0.0
     """Plans whose per-GPU memory comes closer than this to capacity are rejected."""
     peft: str | None = None

@@ -38,6 +38,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append("rc:" + "+".join(plan.recompute_modules))
     if plan.activation_offload_layers is not None:
         parts.append(f"act-offload{plan.activation_offload_layers}")
+    if plan.mtp_layers is not None:
+        parts.append(f"mtp{plan.mtp_layers}")
     parts.append(plan.precision)
     if plan.grad_dtype is not None:
         parts.append(f"grads-{plan.grad_dtype}")

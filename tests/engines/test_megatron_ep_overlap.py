@@ -8,8 +8,6 @@ fields where its CommOverlapConfig would otherwise overwrite them, and both file
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from autotune.api import estimate, make_plan
@@ -119,11 +117,10 @@ def test_without_pipelining_all_but_one_micro_batch_pair_up_and_memory_stays():
     ("qwen3-30b-a3b", dict(cuda_graph="local"), "replays Transformer Engine layer graphs only"),
     ("gpt-oss-20b", dict(cuda_graph="transformer_engine", cuda_graph_scope=("attn",), ep_overlap="a2a-delay-wgrad"),
      "doesn't support attn bias"),
-    ("mtp2", dict(), "MTP supports at most one layer"),
+    ("deepseek-v3", dict(mtp_layers=2), "MTP supports at most one layer"),  # the plan's --mtp-num-layers
 ])
 def test_what_megatron_refuses_of_the_overlap_is_refused_with_the_rule(model, kw, why):
-    m = (dataclasses.replace(load_model_preset("deepseek-v3"), num_mtp_layers=2) if model == "mtp2"
-         else load_model_preset(model))
+    m = load_model_preset(model)
     c = load_cluster(gpu=GPU, num_gpus=64)
     kw = {"ep": 8, "ep_overlap": "a2a", **kw}
     plan = ParallelPlan(engine="megatron", tp=2, dp=32 // kw.get("pp", 1), sequence_parallel=True, zero_stage=1,

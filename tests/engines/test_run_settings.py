@@ -56,6 +56,7 @@ def _choices(engine: str) -> dict[str, tuple]:
             "moe_dispatcher": s.moe_dispatchers if len(s.moe_dispatchers) > 1 else (),
             "cp_comm_type": s.cp_comm_types,
             "activation_offload_layers": (4,) if s.activation_offload else (),
+            "mtp_layers": (1,) if s.mtp else (),  # one MTP module after the last layer (DeepSeek-V3's)
             # a capacity (padding needs one: _plan gives it 1.0)
             "moe_capacity_factor": (0.75,) if s.token_drop else (),  # unpadded, 1.5 drops nothing: dropless
             "moe_pad_to_capacity": (True,) if s.token_drop else ()}
@@ -97,8 +98,8 @@ def _effective(plan: ParallelPlan) -> tuple:
             else None, run_settings.tp_overlap(plan, ts, engine), run_settings.compiled(plan, ts, engine),
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
             plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
-            cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers, plan.moe_capacity_factor,
-            bool(plan.moe_pad_to_capacity))
+            cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers, plan.mtp_layers,
+            plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity))
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -141,7 +142,7 @@ def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
                         ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a"),
-                        ("activation_offload_layers", 4), ("moe_capacity_factor", 1.0)):
+                        ("activation_offload_layers", 4), ("mtp_layers", 1), ("moe_capacity_factor", 1.0)):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
                             precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
