@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, virtual_layout
+from autotune.specs.layout import interleaved_forwards_at_peak, microbatches_in_flight, scheme_parts, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -39,7 +39,7 @@ def uneven_chunks(num_layers: int, plan: ParallelPlan, stage: int, scheme: str) 
     pp x vpp split by module names (``layout.virtual_layout(..., "any")``: torchtitan's chunk with the
     embedding or the output alone). None otherwise (no interleaving, equal chunks, or another engine's split), where
     every chunk holds 1/vpp of the stage's layers."""
-    if not plan.interleaved or scheme not in ("megatron", "any"):
+    if not plan.interleaved or scheme_parts(scheme)[0] not in ("megatron", "any"):
         return None
     return _uneven_chunks(num_layers, plan.pp, plan.vpp, stage, scheme)
 

@@ -61,10 +61,10 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
     t = plan.tp
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        stage_params = _largest_stage_params(model, plan, engine.support.layer_split)
+        stage_params = _largest_stage_params(model, plan, engine.layer_split_of(plan))
     held_params = stage_params  # what ZeRO-3 / FSDP gathers per block: frozen weights too (megatron_fsdp.py)
     if plan.peft:  # LoRA: only the adapters train (reduce, gather, step: autotune.cost.lora)
-        stage_params = (trainable_stage_params(model, plan, engine.support.layer_split), 0.0)
+        stage_params = (trainable_stage_params(model, plan, engine.layer_split_of(plan)), 0.0)
     dense_psi, expert_psi = stage_params
     psi = dense_psi + expert_psi
 

@@ -119,7 +119,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     eff = settings.efficiency
     sched = engine.comm
     launch_s = host_issue_s(cluster, sched.kernel_launch_s)  # the engine's launch time on this cluster's host
-    scheme = engine.support.layer_split
+    scheme = engine.layer_split_of(plan)
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
@@ -317,7 +317,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     if plan.offload_param != "none":
         offload += m * 2 * (2 * psi_part) / pcie
     if plan.activation_offload_layers:  # activation CPU offload's copies (autotune.cost.activation_offload)
-        offloaded = offloaded_activation_bytes(model, plan, engine.activation_facts(plan), engine.support.layer_split)
+        offloaded = offloaded_activation_bytes(model, plan, engine.activation_facts(plan), engine.layer_split_of(plan))
         offload += m * offload_exposed_s(offloaded, cluster, fwd_mb, compute_mb - fwd_mb)
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.specs.context_parallel import hierarchical_cp_sizes
-from autotune.specs.layout import virtual_layout
+from autotune.specs.layout import split_scheme, virtual_layout
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "megatron_split", "split_flags"]
@@ -76,7 +76,9 @@ def _account(num_layers: int, pp: int, vpp: int, target: tuple[int, ...], emb: b
 def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None) -> MegatronSplit | None:
     """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none;
     ``mtp_layers``: the plan's multi-token-prediction modules, in a layout (module docstring, 4)."""
-    target = virtual_layout(num_layers, pp, vpp)
+    # the cost model's split (MTP modules counted on the last stage where the slot split places the layers)
+    target = virtual_layout(num_layers, pp, vpp, split_scheme("megatron", mtp_layers)) or \
+        virtual_layout(num_layers, pp, vpp)
     if target is None:
         return None
     if pp == 1 or num_layers % (pp * vpp) == 0:

@@ -19,6 +19,7 @@ from autotune.emit.precision import DEFAULT_FP8_HOW
 from autotune.engines.facts import EXPERT_OUTPUT_SAVING_FACTS, ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.support_rules import support_problems
 from autotune.specs.engine_versions import EngineVersions
+from autotune.specs.layout import split_scheme
 from autotune.specs.nvfp4 import FP4_PRECISION, NVFP4_WEIGHT_BYTES
 from autotune.specs.plan import FP8_BLOCK_SCALE_BYTES
 
@@ -175,6 +176,11 @@ class Engine(ABC):
     def fp8_how(self, plan: ParallelPlan) -> str:
         del plan
         return DEFAULT_FP8_HOW
+
+    def layer_split_of(self, plan: ParallelPlan) -> str:
+        """How this engine splits ``plan``'s layers over its pipeline stages: ``support.layer_split``, with the
+        plan's multi-token-prediction modules counted on the last stage (``autotune.specs.layout.split_scheme``)."""
+        return split_scheme(self.support.layer_split, plan.mtp_layers)
 
     @property
     def default_zero_stage(self) -> int:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec, ParamGroups
     from autotune.specs.plan import ParallelPlan
 
-__all__ = ["SPLIT_SCHEMES", "layer_counts", "torchtitan_split", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
+__all__ = ["SPLIT_SCHEMES", "split_scheme", "scheme_parts", "layer_counts", "torchtitan_split", "virtual_layout", "classic_megatron_split", "pipeline_split", "stage_layers", "representative_stages",
            "stage_param_groups", "largest_layer", "microbatches_in_flight", "interleaved_forwards_at_peak",
            "interleaved_chunk_loads"]
 
@@ -54,14 +54,55 @@ def pipeline_split(num_layers: int, pp: int) -> tuple[int, int, int] | None:
     return (ends // 2, middle, ends // 2)
 
 
-def _slot_split(num_layers: int, pp: int) -> tuple[int, ...] | None:
+def _slot_split(num_layers: int, pp: int, mtp_slots: int = 0) -> tuple[int, ...] | None:
     # Megatron-core's --account-for-embedding/loss-in-pipeline-split idea (transformer_block.py:148-159, 188-201):
     # the embedding and the loss are a layer's slot each; the first (L + 2) % pp stages get one slot more.
-    base, extra = divmod(num_layers + 2, pp)
+    # ``mtp_slots``: the last stage's multi-token-prediction modules, two slots each (split_scheme).
+    base, extra = divmod(num_layers + 2 + mtp_slots, pp)
     slots = [base + (1 if i < extra else 0) for i in range(pp)]
     slots[0] -= 1
-    slots[-1] -= 1
+    slots[-1] -= 1 + mtp_slots
     return tuple(slots) if min(slots) >= 1 else None
+
+
+MTP_SCHEME = "+mtp"
+
+
+def split_scheme(scheme: str, mtp_layers: int | None) -> str:
+    """The split scheme of a plan: its engine's, or for Megatron's with multi-token-prediction modules
+    ``megatron+mtpN``: where the slot split places the layers (no even or first/last split), each MTP module takes
+    two slots of the last stage (its layer, and its output layer and loss). That is NVIDIA's DeepSeek-V3 placement:
+    every layout of Megatron-Bridge's ``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py:
+    50-68 at 067f987: "E + 16 | 16 | 16 | 13 + mtp + L" on pp 4, "E + 4 | 14 x 4 | 1 + mtp + L" on 16 virtual
+    stages, ...) is this split of 61 layers (tests/specs/test_mtp_split.py)."""
+    return f"{scheme}{MTP_SCHEME}{mtp_layers}" if mtp_layers and scheme == "megatron" else scheme
+
+
+def scheme_parts(scheme: str) -> tuple[str, int]:
+    """(the engine's scheme, the MTP modules :func:`split_scheme` added)."""
+    base, _, mtp = scheme.partition(MTP_SCHEME)
+    return base, int(mtp) if mtp else 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _counts(num_layers: int, pp: int, scheme: str) -> tuple[tuple[int, ...] | None, int]:
+    """(layer_counts, the MTP slots its last stage gave up: 0 where the MTP modules were not counted)."""
+    base, mtp = scheme_parts(scheme)
+    if base not in SPLIT_SCHEMES:
+        raise ValueError(f"unknown split scheme {scheme!r}")
+    if base in ("megatron", "any"):
+        split = pipeline_split(num_layers, pp)
+        if split is not None:
+            first, middle, last = split
+            return ((num_layers,) if pp == 1 else (first, *([middle] * (pp - 2)), last)), 0
+        if base == "megatron":
+            if not 1 < pp <= num_layers:
+                return None, 0
+            counted = _slot_split(num_layers, pp, 2 * mtp) if mtp else None
+            return (counted, 2 * mtp) if counted is not None else (_slot_split(num_layers, pp), 0)
+        if num_layers < pp:  # torchtitan: up to layers + 2 stages, the embedding / the output alone at the ends
+            return torchtitan_split(num_layers, pp), 0
+    return _uniform(num_layers, pp), 0
 
 
 def classic_megatron_split(num_layers: int, pp: int, vpp: int = 1) -> bool:
@@ -83,20 +124,27 @@ def virtual_layout(num_layers: int, pp: int, vpp: int, scheme: str = "megatron")
     ``any`` (torchtitan's module names) where that leaves a chunk empty: ``layer_counts(L, pp x vpp, "any")``."""
     if num_layers % (pp * vpp) == 0:  # even: --num-layers-per-virtual-pipeline-stage alone
         return (num_layers // (pp * vpp),) * (pp * vpp)
-    counts = layer_counts(num_layers, pp, scheme)
+    counts, mtp_slots = _counts(num_layers, pp, scheme)
     if counts is None or scheme == "uniform":
         return None
     out = [0] * (pp * vpp)
     for s, n in enumerate(counts):
-        slots = n + (s == 0) + (s == pp - 1)
+        slots = n + (s == 0) + (s == pp - 1) * (1 + mtp_slots)
         if slots < vpp:
             return layer_counts(num_layers, pp * vpp, "any") if scheme == "any" else None
         base, extra = divmod(slots, vpp)
         for c in range(vpp):
             out[c * pp + s] = base + (1 if c < extra else 0)
     out[0] -= 1  # the embedding's slot
-    out[-1] -= 1  # the loss's slot
-    return tuple(out)
+    out[-1] -= 1 + mtp_slots  # the loss's slot and the MTP modules'
+    # MTP slots beyond the last chunk's share come off the last stage's earlier chunks (each keeps a layer)
+    for c in range(vpp - 2, -1, -1):
+        if out[-1] >= 0:
+            break
+        give = min(-out[-1], out[c * pp + pp - 1] - 1)
+        out[c * pp + pp - 1] -= give
+        out[-1] += give
+    return tuple(out) if out[-1] >= 0 else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,18 +183,7 @@ def _uniform(num_layers: int, pp: int) -> tuple[int, ...] | None:
 @functools.lru_cache(maxsize=4096)
 def layer_counts(num_layers: int, pp: int, scheme: str = "megatron") -> tuple[int, ...] | None:
     """Transformer layers of every stage, first to last, or None when the scheme cannot split them."""
-    if scheme not in SPLIT_SCHEMES:
-        raise ValueError(f"unknown split scheme {scheme!r}")
-    if scheme in ("megatron", "any"):
-        split = pipeline_split(num_layers, pp)
-        if split is not None:
-            first, middle, last = split
-            return (num_layers,) if pp == 1 else (first, *([middle] * (pp - 2)), last)
-        if scheme == "megatron":
-            return _slot_split(num_layers, pp) if 1 < pp <= num_layers else None
-        if num_layers < pp:  # torchtitan: up to layers + 2 stages, the embedding / the output alone at the ends
-            return torchtitan_split(num_layers, pp)
-    return _uniform(num_layers, pp)
+    return _counts(num_layers, pp, scheme)[0]
 
 
 def stage_layers(num_layers: int, pp: int, stage: int, scheme: str = "megatron") -> tuple[int, int]:
