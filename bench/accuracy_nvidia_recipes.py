@@ -246,9 +246,11 @@ def express(row: dict) -> Case:
         case.notes.append(f"MTP {MTP_LAYERS[family]}")
     case.notes += notes + ([f"Megatron-FSDP optim_grads_params (fsdp={row['fsdp']})"] if fsdp else [])
     layers = load_model_preset(preset).num_layers
-    split = megatron_split(layers, count(row["pp"]), count(row["vp"])) if count(row["pp"]) > 1 else None
+    mtp = MTP_LAYERS.get(family) if variant != "w/o MTP" else None
+    split = megatron_split(layers, count(row["pp"]), count(row["vp"]), mtp) if count(row["pp"]) > 1 else None
     case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
-                           split_accounts=split is not None and split.kind == "account")
+                           split_accounts=split is not None and split.kind == "account",
+                           split_layout=split.layout if split is not None else None)
     read = SETTINGS.get(row["source"])
     if expandable_segments_source(family, row["system"], row["precision"], read.read_at if read else "",
                                   read.recipe if read else ""):

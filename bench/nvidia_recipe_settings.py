@@ -25,6 +25,7 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
 from __future__ import annotations
 
 import csv
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,10 +94,21 @@ def without_graphs(f: Flags) -> Flags:
                  unexpressed=[*f.unexpressed, "CUDA graphs (refused with the other settings)"])
 
 
-def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool = False) -> Flags:
+def expanded_layout(layout: str) -> str:
+    """A --pipeline-model-parallel-layout string spelled out: "(...)*n" and "x*n" repeated, commas and spaces gone
+    (Megatron-core pipeline_parallel_layer_layout.py:281-320 at d98e8a6)."""
+    text = layout.replace(",", "").replace(" ", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+
+
+def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool = False,
+              split_layout: str | None = None) -> Flags:
     """Estimate flags of a matched recipe's settings (none for an unmatched row). ``split_accounts``: the tool's own
     pipeline split of the plan is Megatron's account-for-embedding-and-loss one (``emit.megatron_layout``), which
-    the recipe's account_for_* flags then ask for without a flag."""
+    the recipe's account_for_* flags then ask for without a flag; ``split_layout``: the layout string the tool
+    writes for the plan, where it writes one: a recipe layout that spells the same stages is expressed (NVIDIA's
+    DeepSeek-V3 layouts, which the tool's split with the MTP module reproduces)."""
     f = Flags()
     if s is None or not s.recipe:
         return f
@@ -162,6 +174,9 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
     for name, values in NOT_EXPRESSIBLE.items():
         v = s.get(name)
         if split_accounts and name.startswith("account_for_"):
+            continue
+        if name == "pipeline_model_parallel_layout" and v is not None and split_layout is not None \
+                and expanded_layout(v) == expanded_layout(split_layout):
             continue
         if sync_free and name in SYNC_FREE_MOE_SETTINGS:
             continue

@@ -376,3 +376,18 @@ def test_pretraining_rows_of_the_v02_to_v05_launchers_run_te_cross_entropy():
     assert fsdp and all(c.argv[c.argv.index("--cross-entropy") + 1] == "te" for c in fsdp if c.argv)
     lora = [bench.express(r) for r in ROWS if r["task"].startswith("LoRA")]
     assert lora and not any("--cross-entropy" in c.argv for c in lora)
+
+
+def test_a_recipe_layout_the_tools_split_spells_is_expressed():
+    """NVIDIA's DeepSeek-V3 layout on 16 virtual stages (Megatron-Bridge recipes/deepseek/h100/deepseek_v3.py:50-68
+    at 067f987, as the settings file records it) is what the tool writes for pp 2 x vpp 8 with the MTP module; a
+    layout it does not write stays listed as not expressed."""
+    from autotune.emit.megatron_layout import megatron_split
+
+    recipe = _settings(pipeline_model_parallel_layout="Et*4|(t*4|)*14tmL")
+    ours = megatron_split(61, 2, 8, mtp_layers=1).layout
+    assert nrs.expanded_layout("Et*4|(t*4|)*14tmL") == nrs.expanded_layout(ours)
+    assert not any("layout" in u for u in nrs.flags_for(recipe, 1, 32, split_layout=ours).unexpressed)
+    without_mtp = megatron_split(61, 2, 8).layout
+    assert any("layout" in u for u in nrs.flags_for(recipe, 1, 32, split_layout=without_mtp).unexpressed)
+    assert any("layout" in u for u in nrs.flags_for(recipe, 1, 32).unexpressed)
