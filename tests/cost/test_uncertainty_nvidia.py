@@ -77,7 +77,7 @@ def test_a_blackwell_moe_plan_rests_on_nvidias_moe_blackwell_records(moe_gb200, 
     assert (u.relative, set(u.families)) == (pytest.approx(_by_hand(kind, RUNS)[0]), _by_hand(kind, RUNS)[1])
     h100 = dense_h100.uncertainty
     assert "published" in h100.sources and not any(f.startswith("NVIDIA") for f in h100.families)
-    assert u.relative != pytest.approx(h100.relative, abs=5e-3)
+    assert set(u.families).isdisjoint(h100.families)  # two different bases (their medians may happen to be close)
     # The MoE key decides: the same plan read as dense rests on NVIDIA's dense families.
     dense = uncertainty_of(moe_gb200.plan, moe_gb200.cluster, moe=False)
     assert dense.families and not set(dense.families) & moe_families
