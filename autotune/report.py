@@ -233,6 +233,9 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                    + asked("ep_overlap", "--ep-overlap"))
         out.append(f"MoE token dispatcher {plan.moe_dispatcher or 'alltoall'}" + asked("moe_dispatcher",
                                                                                     "--moe-dispatcher"))
+    if plan.mtp_layers:
+        out.append(f"{plan.mtp_layers} multi-token-prediction module{'s' if plan.mtp_layers > 1 else ''} on the last "
+                   "pipeline stage (--mtp-layers)")
     if plan.moe_capacity_factor is not None:
         out.append(f"MoE tokens over {plan.moe_capacity_factor:g} x each expert's balanced share dropped"
                    + (", every expert's input padded to it" if plan.moe_pad_to_capacity else "")

@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
         print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args), cluster)))
+        if model.num_mtp_layers and not plan.mtp_layers:
+            n = model.num_mtp_layers
+            print(f"not trained: the checkpoint's {n} multi-token-prediction module{'s' if n > 1 else ''} "
+                  f"(--mtp-layers {n} trains {'them' if n > 1 else 'it'} with --engine megatron, as Megatron-Bridge's "
+                  "DeepSeek-V3 recipe does)")
         print(kept.summary())
         if kept.policy.save_memory_note:
             print(f"checkpoint: {kept.policy.save_memory_note}")

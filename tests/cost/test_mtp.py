@@ -131,3 +131,17 @@ def test_pipelined_mtp_takes_slots_of_the_last_stage():
     assert mtp.time.step_time_s >= plain.time.step_time_s
     assert mtp.time.model_tflops_per_gpu * mtp.time.step_time_s > plain.time.model_tflops_per_gpu * plain.time.step_time_s
     assert mtp.memory.total >= plain.memory.total
+
+
+def test_estimate_names_the_modules_it_costs_and_the_checkpoints_it_leaves_out(capsys):
+    from autotune.cli import main
+
+    argv = ["estimate", "--model", "deepseek-v3", "--gpu", "b200", "--num-gpus", "256", "--seq-len", "4096",
+            "--global-batch", "1024", "--pp", "16", "--ep", "8", "--engine", "megatron", "--recompute", "full"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not trained: the checkpoint's 1 multi-token-prediction module (--mtp-layers 1" in out
+    assert main([*argv, "--mtp-layers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 multi-token-prediction module on the last pipeline stage (--mtp-layers)" in out
+    assert "not trained" not in out and " mtp1 " in out
