@@ -83,7 +83,7 @@ def plan_reasons(estimate) -> list[tuple[str, str, str]]:
                      f"{model.num_attention_heads // plan.tp} attention heads per GPU"))
     else:
         rows.append(("tensor parallel", "1", "layers are not split: the per-GPU model states fit without it"))
-    counts = layer_counts(model.num_layers, plan.pp, engine_for(plan).layer_split_of(plan))
+    counts = layer_counts(model.num_layers, plan.pp, engine_for(plan).layer_split_of(plan, model.num_layers))
     if plan.pp > 1 and counts is not None:
         layers = (f"{counts[0]} layers per stage" if len(set(counts)) == 1
                   else " + ".join(f"{n} x {c}" if n > 1 else str(c) for c, n in _runs(counts)) + " layers")

@@ -41,7 +41,7 @@ def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
     engine = engine_for(plan)
     resident, weights_written = engine.saved_states_plan(plan)
     per_rank = []
-    scheme = engine.layer_split_of(plan)
+    scheme = engine.layer_split_of(plan, model.num_layers)
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
         groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated

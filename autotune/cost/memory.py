@@ -141,9 +141,10 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
     ``GPUSpec.fp8_gemm_any_layout``), NVMe staging, the static buffers of CUDA graphs (``autotune.cost.launch``),
     the paged stash and rank budget of MoE under a full-iteration graph (``autotune.cost.sync_free_moe_memory``)."""
     out: dict[str, float] = {}
-    if (graphs := cuda_graph_static_bytes(model, plan, stage, engine.layer_split_of(plan))) > 0:
+    scheme = engine.layer_split_of(plan, model.num_layers)
+    if (graphs := cuda_graph_static_bytes(model, plan, stage, scheme)) > 0:
         out["cuda_graphs"] = graphs
-    if (stash := sync_free_moe_bytes(model, plan, stage, engine.layer_split_of(plan))) > 0:
+    if (stash := sync_free_moe_bytes(model, plan, stage, scheme)) > 0:
         out["moe_paged_stash"] = stash
     if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
         out[f"{plan.precision}_weight_cache"] = cache  # the quantized copies: fp8_weight_cache, fp4_weight_cache
@@ -336,7 +337,7 @@ def _stages_parts(engine: Engine, model: ModelSpec, plan: ParallelPlan, settings
         if len(_parts_cache) > 65536:
             _parts_cache.clear()
         facts = _run_facts(engine, plan, settings, node)
-        stages = _stages_activations(model, plan, facts, engine.layer_split_of(plan))
+        stages = _stages_activations(model, plan, facts, engine.layer_split_of(plan, model.num_layers))
         hit = _parts_cache[key] = (model, settings, tuple(
             (stage, dense, expert, activation_parts, activations, buffer_parts, buffers)
             for (stage, _, dense, expert, activation_parts, activations), (buffer_parts, buffers)
@@ -373,7 +374,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         host_per_gpu += settings.offload_buffer_bytes
     if plan.activation_offload_layers:  # the offloaded layers' saved activations (autotune.cost.activation_offload)
         host_per_gpu += offloaded_activation_bytes(model, plan, _run_facts(engine, plan, settings, _split_node(
-            plan, cluster)), engine.layer_split_of(plan))
+            plan, cluster)), engine.layer_split_of(plan, model.num_layers))
     return _memory_estimate(  # MemoryEstimate's fields in their order (a builder: ~10^4 ledgers per search)
         states.weights,  # weights
         states.gradients,  # gradients

@@ -43,7 +43,8 @@ def variant_terms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, se
                   engine: Engine, hbm: float, stage_params: tuple[float, float] | None) -> tuple:
     """The terms of ``estimate_step_time`` that read neither the micro-batch nor the accumulation nor the recompute,
     cached over ``_VARIANT_FIELDS`` (unless ``stage_params`` are given)."""
-    key = (id(model), id(cluster), id(settings), hbm, _VARIANT_FIELDS(plan))  # ids: the specs hash slowly
+    # ids: the specs hash slowly; vpp where MTP modules make the split depend on it (layout.split_scheme)
+    key = (id(model), id(cluster), id(settings), hbm, _VARIANT_FIELDS(plan), plan.vpp if plan.mtp_layers else 0)
     hit = None if stage_params is not None else _variant_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
         if len(_variant_cache) > 65536:
@@ -61,10 +62,10 @@ def _uncached_variant_terms(model, cluster, plan, settings, engine, hbm, stage_p
     t = plan.tp
     # Parameters this GPU holds (largest stage): dense over tp, experts over tp*ep.
     if stage_params is None:
-        stage_params = _largest_stage_params(model, plan, engine.layer_split_of(plan))
+        stage_params = _largest_stage_params(model, plan, engine.layer_split_of(plan, model.num_layers))
     held_params = stage_params  # what ZeRO-3 / FSDP gathers per block: frozen weights too (megatron_fsdp.py)
     if plan.peft:  # LoRA: only the adapters train (reduce, gather, step: autotune.cost.lora)
-        stage_params = (trainable_stage_params(model, plan, engine.layer_split_of(plan)), 0.0)
+        stage_params = (trainable_stage_params(model, plan, engine.layer_split_of(plan, model.num_layers)), 0.0)
     dense_psi, expert_psi = stage_params
     psi = dense_psi + expert_psi
 

@@ -105,7 +105,8 @@ def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
     """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden,
     moe exposed when paired: ``autotune.cost.ep_overlap``) seconds), cached over the plan fields they read
     (``_STAGE_TIME_FIELDS``)."""
-    key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan))  # ids: the specs hash slowly
+    # ids: the specs hash slowly; vpp where MTP modules make the split depend on it (layout.split_scheme)
+    key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan), plan.vpp if plan.mtp_layers else 0)
     hit = _stage_time_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
         if len(_stage_time_cache) > 65536:
@@ -119,7 +120,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     eff = settings.efficiency
     sched = engine.comm
     launch_s = host_issue_s(cluster, sched.kernel_launch_s)  # the engine's launch time on this cluster's host
-    scheme = engine.layer_split_of(plan)
+    scheme = engine.layer_split_of(plan, model.num_layers)
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     key = time_key(plan)
@@ -317,7 +318,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     if plan.offload_param != "none":
         offload += m * 2 * (2 * psi_part) / pcie
     if plan.activation_offload_layers:  # activation CPU offload's copies (autotune.cost.activation_offload)
-        offloaded = offloaded_activation_bytes(model, plan, engine.activation_facts(plan), engine.layer_split_of(plan))
+        offloaded = offloaded_activation_bytes(model, plan, engine.activation_facts(plan),
+                                               engine.layer_split_of(plan, model.num_layers))
         offload += m * offload_exposed_s(offloaded, cluster, fwd_mb, compute_mb - fwd_mb)
 
     contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))

@@ -77,8 +77,7 @@ def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = 
     """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none;
     ``mtp_layers``: the plan's multi-token-prediction modules, in a layout (module docstring, 4)."""
     # the cost model's split (MTP modules counted on the last stage where the slot split places the layers)
-    target = virtual_layout(num_layers, pp, vpp, split_scheme("megatron", mtp_layers)) or \
-        virtual_layout(num_layers, pp, vpp)
+    target = virtual_layout(num_layers, pp, vpp, split_scheme("megatron", mtp_layers, num_layers, pp, vpp))
     if target is None:
         return None
     if pp == 1 or num_layers % (pp * vpp) == 0:

@@ -177,10 +177,11 @@ class Engine(ABC):
         del plan
         return DEFAULT_FP8_HOW
 
-    def layer_split_of(self, plan: ParallelPlan) -> str:
-        """How this engine splits ``plan``'s layers over its pipeline stages: ``support.layer_split``, with the
-        plan's multi-token-prediction modules counted on the last stage (``autotune.specs.layout.split_scheme``)."""
-        return split_scheme(self.support.layer_split, plan.mtp_layers)
+    def layer_split_of(self, plan: ParallelPlan, num_layers: int) -> str:
+        """How this engine splits ``plan``'s ``num_layers`` layers over its pipeline stages: ``support.layer_split``,
+        with the plan's multi-token-prediction modules counted on the last stage where they can be
+        (``autotune.specs.layout.split_scheme``)."""
+        return split_scheme(self.support.layer_split, plan.mtp_layers, num_layers, plan.pp, plan.vpp)
 
     @property
     def default_zero_stage(self) -> int:

@@ -131,7 +131,7 @@ class MegatronEngine(Engine):
             # LoRA: the base weights are frozen (16-bit, no gradient buffer, no optimizer state); the adapters
             # train with Megatron's gradient buffers and (distributed) optimizer (autotune.cost.lora), or with
             # Megatron-FSDP, whose optim_grads_params shards the frozen weights too (lora_fsdp_base_weights).
-            adapters = trainable_stage_params(model, plan, self.layer_split_of(plan), stage)
+            adapters = trainable_stage_params(model, plan, self.layer_split_of(plan, model.num_layers), stage)
             if plan.zero_stage >= 2:
                 states = megatron_fsdp_states(plan, adapters, 0.0)
                 base = lora_fsdp_base_weights(plan, dense_params, expert_params)
@@ -151,7 +151,7 @@ class MegatronEngine(Engine):
             # Block-scaled recipes keep the scales beside the FP8 data (MXFP8Tensor / Float8BlockwiseQTensor).
             # --fp4-param-gather the same under fp8_model_init with the NVFP4 recipe (Megatron-core fp4_utils.py
             # get_fp4_context ``is_init``): NVFP4 weights of half a byte and their 16 x 16 block scales.
-            groups = stage_param_groups(model, plan, stage, self.layer_split_of(plan))
+            groups = stage_param_groups(model, plan, stage, self.layer_split_of(plan, model.num_layers))
             saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups,
                                                                            sharded=plan.zero_stage == 3)
             states = dataclasses.replace(states, weights=states.weights - saved)

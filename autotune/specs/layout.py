@@ -68,14 +68,21 @@ def _slot_split(num_layers: int, pp: int, mtp_slots: int = 0) -> tuple[int, ...]
 MTP_SCHEME = "+mtp"
 
 
-def split_scheme(scheme: str, mtp_layers: int | None) -> str:
+def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: int = 1, vpp: int = 1) -> str:
     """The split scheme of a plan: its engine's, or for Megatron's with multi-token-prediction modules
     ``megatron+mtpN``: where the slot split places the layers (no even or first/last split), each MTP module takes
     two slots of the last stage (its layer, and its output layer and loss). That is NVIDIA's DeepSeek-V3 placement:
     every layout of Megatron-Bridge's ``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py:
     50-68 at 067f987: "E + 16 | 16 | 16 | 13 + mtp + L" on pp 4, "E + 4 | 14 x 4 | 1 + mtp + L" on 16 virtual
-    stages, ...) is this split of 61 layers (tests/specs/test_mtp_split.py)."""
-    return f"{scheme}{MTP_SCHEME}{mtp_layers}" if mtp_layers and scheme == "megatron" else scheme
+    stages, ...) is this split of 61 layers (tests/specs/test_mtp_split.py). Where that split leaves no layout of
+    ``num_layers`` over pp x ``vpp`` virtual stages (given), the engine's own: the modules then follow the last
+    stage's layers, as ``emit.megatron_layout.megatron_split`` writes them."""
+    if not (mtp_layers and scheme == "megatron"):
+        return scheme
+    counted = f"{scheme}{MTP_SCHEME}{mtp_layers}"
+    if vpp > 1 and virtual_layout(num_layers, pp, vpp, counted) is None:
+        return scheme
+    return counted
 
 
 def scheme_parts(scheme: str) -> tuple[str, int]:

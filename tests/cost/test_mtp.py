@@ -123,7 +123,7 @@ def test_pipelined_mtp_takes_slots_of_the_last_stage():
     def run(mtp):
         plan = make_plan(DSV3, cluster, global_batch_size=1024, pp=16, ep=8, seq_len=4096, micro_batch_size=1,
                          engine="megatron", precision="bf16", recompute="full", mtp_layers=mtp)
-        scheme = engine_for(plan).layer_split_of(plan)
+        scheme = engine_for(plan).layer_split_of(plan, DSV3.num_layers)
         return estimate(DSV3, cluster, plan), [stage_layers(DSV3.num_layers, 16, s, scheme)[1] for s in (0, 1, 15)]
 
     (plain, plain_layers), (mtp, mtp_layers) = run(None), run(1)

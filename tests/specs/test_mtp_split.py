@@ -43,3 +43,22 @@ def test_the_emitted_layout_spells_the_module_where_the_split_put_it():
     assert split.layout.count("t") == 61 and split.layout.count("|") == 15
     plain = megatron_split(61, 4, 4)
     assert plain.layout is None or "m" not in plain.layout
+
+
+def test_the_cost_models_stages_and_the_emitted_chunks_agree_with_mtp():
+    """For every split the planner can write, the layers the cost model puts on each stage (``layer_counts`` of the
+    plan's scheme) are the layers of that stage's chunks (``virtual_layout``), with or without the MTP slots."""
+    checked = fallback = 0
+    for layers in range(2, 100, 3):
+        for pp in (2, 3, 4, 8, 16):
+            for vpp in (1, 2, 3, 5):
+                if virtual_layout(layers, pp, vpp) is None:
+                    continue
+                scheme = split_scheme("megatron", 1, layers, pp, vpp)
+                fallback += scheme == "megatron"
+                chunks = virtual_layout(layers, pp, vpp, scheme)
+                assert chunks is not None and sum(chunks) == layers
+                per_stage = tuple(sum(chunks[c * pp + s] for c in range(vpp)) for s in range(pp))
+                assert per_stage == layer_counts(layers, pp, scheme), (layers, pp, vpp)
+                checked += 1
+    assert checked > 500 and 0 < fallback < checked  # some splits leave the MTP slots no room: the plain one
