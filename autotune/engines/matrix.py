@@ -18,6 +18,8 @@ _DIMENSIONS = (
     ("expert tensor parallel (folding)", lambda s: "yes" if s.etp else "no"),
     ("MoE token dispatchers", lambda s: ", ".join(s.moe_dispatchers) if s.ep else "-"),
     ("MoE token dropping (capacity)", lambda s: "yes" if s.token_drop else "no"),
+    ("multi-token prediction (MTP)", lambda s: "yes" if s.mtp else "no"),
+    ("activation CPU offload", lambda s: "yes" if s.activation_offload else "no"),
     ("ZeRO / sharding stages", lambda s: ", ".join(map(str, s.zero_stages))),
     ("stages with pp", lambda s: ", ".join(map(str, s.zero_stages_with_pp)) if s.pp else "-"),
     ("optimizer offload", lambda s: ", ".join(x for x in s.offload_optimizer if x != "none") or "no"),
