@@ -63,6 +63,7 @@ from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
 from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
+from nvidia_variants import VARIANT_FLAGS, VARIANT_NOTES, mtp_layers
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
 
@@ -97,28 +98,6 @@ RECOMPUTE = ("none", "selective", "full")
 
 SETTINGS = load_settings()
 """Per row source, its Megatron-Bridge recipe's run settings (bench/nvidia_recipe_settings.py)."""
-
-VARIANT_NOTES = {
-    "tokendrop": "token-dropping MoE: capacity factor 1.0, padded",
-}
-
-MTP_LAYERS = {"DeepSeekV3": 1}
-"""Family -> the multi-token-prediction modules its recipes train (``--mtp-layers``), except rows the table marks
-"w/o MTP": Megatron-Bridge's DeepSeek-V3 recipe sets ``mtp_num_layers`` 1 in every release the rows were read at
-(recipes/deepseek/deepseek_v3.py@v0.2.1:174 and @v0.3.0:198 as its default argument, @v0.4.0:84 and @v0.5.0:122
-``cfg.model.mtp_num_layers = 1``; recipes/deepseek/h100/deepseek_v3.py@067f987df03b:137, which the v0.6 perf recipes
-start from), and no performance script overrides it (``git grep mtp scripts/performance`` at v0.2.1-v0.5.0: DeepSeek
-nothing); the v0.6 layouts end in "t m L" (the MTP module beside the loss). Kimi-K2's provider has none
-(models/kimi/kimi_provider.py@v0.3.0:70 ``mtp_num_layers = None``)."""
-
-VARIANT_FLAGS = {
-    # Megatron-Bridge's --use_tokendrop (067f987 scripts/performance/utils/overrides.py:455-457) applies
-    # apply_moe_token_drop's defaults (src/megatron/bridge/training/utils/moe_token_drop.py: capacity factor 1.0,
-    # moe_pad_expert_input_to_capacity True, the alltoall dispatcher it asserts) and turns force-balancing off
-    "tokendrop": ["--moe-capacity-factor", "1.0", "--moe-pad-to-capacity"],
-}
-"""The estimate flags of a model variant of the table (its parenthesised name)."""
-
 
 def load_rows(path: Path = DATA) -> list[dict]:
     """The CSV's rows (lines starting with # are comments), in file order."""
@@ -241,12 +220,12 @@ def express(row: dict) -> Case:
     fsdp = count(row["fsdp"], 0) > 0
     case.argv, notes = estimate_argv(row, preset, case.gpu, precision, zero=3 if fsdp else 1)
     case.argv += VARIANT_FLAGS.get(variant, [])
-    if MTP_LAYERS.get(family) and variant != "w/o MTP":  # the recipe's MTP module (MTP_LAYERS)
-        case.argv += ["--mtp-layers", str(MTP_LAYERS[family])]
-        case.notes.append(f"MTP {MTP_LAYERS[family]}")
+    mtp = mtp_layers(family, variant)
+    if mtp:  # the recipe's MTP module (nvidia_variants.MTP_LAYERS)
+        case.argv += ["--mtp-layers", str(mtp)]
+        case.notes.append(f"MTP {mtp}")
     case.notes += notes + ([f"Megatron-FSDP optim_grads_params (fsdp={row['fsdp']})"] if fsdp else [])
     layers = load_model_preset(preset).num_layers
-    mtp = MTP_LAYERS.get(family) if variant != "w/o MTP" else None
     split = megatron_split(layers, count(row["pp"]), count(row["vp"]), mtp) if count(row["pp"]) > 1 else None
     case.flags = flags_for(SETTINGS.get(row["source"]), count(row["tp"]), count(row["ep"]),
                            split_accounts=split is not None and split.kind == "account",

@@ -326,7 +326,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         model_keys["mtp_num_layers"] = plan.mtp_layers
     elif model.num_mtp_layers and recipe.hf_model is not None:  # the library recipe of a checkpoint with MTP modules
         # trains them unless told (DeepSeek-V3's sets mtp_num_layers = 1, "0 or None to disable": Megatron-Bridge
-        # @0edb669 recipes/deepseek/h100/deepseek_v3.py); the plan trains none, as its Megatron-LM arguments do
+        # @067f987 recipes/deepseek/h100/deepseek_v3.py:137); the plan trains none, as its Megatron-LM arguments do
         model_keys["mtp_num_layers"] = None
     learned = model.position_embedding == "learned"
     if recipe.hf_model is None and learned and plan.seq_len > model.max_position_embeddings:
