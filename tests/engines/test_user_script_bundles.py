@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_launcher  # tests/ is on sys.path (no __init__)
 
 from autotune.resources import data_path
 
@@ -110,8 +111,7 @@ def test_user_deepspeed_script_from_plan_md_trains_from_another_folder(tmp_path)
     assert str(user / "train.py") in launch  # stored absolute: the script is found from any folder
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(port))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
-    proc = subprocess.run(["bash", str(bundle / "launch_deepspeed.sh")], cwd=elsewhere,
-                          capture_output=True, text=True, timeout=500, env=env)
+    proc = run_launcher(["bash", str(bundle / "launch_deepspeed.sh")], cwd=elsewhere, timeout=500, env=env)
     steps = re.findall(r"USER_STEP rank=(\d) world=(\d) step=(\d) loss=([0-9.]+)", proc.stdout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
     assert sorted((r, s) for r, _, s, _ in steps) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], proc.stdout

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
+from conftest import pick_free_port, run_launcher  # tests/ is on sys.path (no __init__)
 from test_user_script_bundles import _model_yaml, _script_section  # tests/engines is on sys.path
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("default_port_taken")]
@@ -73,25 +73,19 @@ def _said(section: str, pattern: str) -> re.Match:
     return found
 
 
-NATIVE_ABORT = "terminate called without an active exception"
-"""A rank of a 2-process CPU DeepSpeed run aborted once (SIGABRT from the C++ runtime, a joinable thread destroyed)
-in CI on 2026-12-04, in a test that passed before and after unchanged: such a run is started once more, from
-scratch; any other failure, or this one twice, fails the test."""
-
-
 def _launch(bundle: Path, launcher: str, tmp: Path) -> list[str]:
     """Start the launcher from another folder; the records the ranks wrote (one file each: ranks share stdout)."""
-    for attempt in (1, 2):
-        elsewhere = tmp / f"elsewhere{attempt}"
-        elsewhere.mkdir()
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(pick_free_port()))
+
+    def clear_records():
         for record in tmp.glob("records-rank*.txt"):
             record.unlink()
-        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(pick_free_port()))
-        proc = subprocess.run(["bash", str(bundle / launcher)], cwd=elsewhere, env=env, capture_output=True,
-                              text=True, timeout=600)
-        lines = [ln for f in sorted(tmp.glob("records-rank*.txt")) for ln in f.read_text().splitlines()]
-        if proc.returncode == 0 or NATIVE_ABORT not in proc.stdout + proc.stderr:
-            break
+
+    proc = run_launcher(["bash", str(bundle / launcher)], before_retry=clear_records, cwd=elsewhere, env=env,
+                        timeout=600)
+    lines = [ln for f in sorted(tmp.glob("records-rank*.txt")) for ln in f.read_text().splitlines()]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
     return lines
 
