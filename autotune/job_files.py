@@ -18,7 +18,6 @@ readers below turn what the files state into the model, cluster and :class:`Para
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
+from autotune.emit.megatron_layout import expanded_layout
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind
 from autotune.errors import InputError
@@ -186,12 +186,8 @@ def _values(argv: list[str], flag: str) -> list[str]:
 
 
 def _layout_stages(layout: str) -> int:
-    """Virtual stages of a --pipeline-model-parallel-layout string: "(...)*n" and "x*n" repeat, "|" separates,
-    commas are cosmetic (megatron/core/transformer/pipeline_parallel_layer_layout.py:281-320)."""
-    text = layout.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    return text.count("|") + 1
+    """Virtual stages of a --pipeline-model-parallel-layout string: "|" separates them (``expanded_layout``)."""
+    return expanded_layout(layout).count("|") + 1
 
 
 def _check_batch_triple(ds: dict, world: int, mp: int) -> None:

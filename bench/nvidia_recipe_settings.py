@@ -25,11 +25,11 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
 from __future__ import annotations
 
 import csv
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.emit.megatron_layout import expanded_layout
 from autotune.specs.plan import CUDA_GRAPH_SCOPES, RECOMPUTE_MODULES
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipe_settings.csv"
@@ -92,14 +92,6 @@ def without_graphs(f: Flags) -> Flags:
     return Flags(argv=argv, recompute_set=f.recompute_set,
                  applied=[a for a in f.applied if not a.startswith("CUDA graphs")],
                  unexpressed=[*f.unexpressed, "CUDA graphs (refused with the other settings)"])
-
-
-def expanded_layout(layout: str) -> str:
-    """A --pipeline-model-parallel-layout string spelled out: "(...)*n" and "x*n" repeated, commas and spaces gone
-    (Megatron-core pipeline_parallel_layer_layout.py:281-320 at d98e8a6)."""
-    text = layout.replace(",", "").replace(" ", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
 
 
 def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool = False,

@@ -19,13 +19,14 @@ whose placement equals ours is written:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.layout import split_scheme, virtual_layout
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "megatron_split", "split_flags"]
+__all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "expanded_layout", "megatron_split", "split_flags"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,14 @@ def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = 
     stages = ["t" * n for n in target]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * (mtp_layers or 0) + "L"
     return MegatronSplit("layout", layout="|".join(stages))
+
+
+def expanded_layout(layout: str) -> str:
+    """A --pipeline-model-parallel-layout string spelled out: "(...)*n" and "x*n" repeated, commas and spaces gone
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py:281-320 at d98e8a6)."""
+    text = layout.replace(",", "").replace(" ", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
 
 
 def split_flags(split: MegatronSplit) -> list[str]:
