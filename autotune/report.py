@@ -142,6 +142,8 @@ def plan_table(result) -> str:
     if said := release_defaults_line(getattr(result, "release_defaults", None),
                                      getattr(result, "release_cost_settings", None)):
         lines.append(said)
+    if (gains := getattr(result, "setting_gains", None)) is not None and (said := gains.text()):
+        lines.append(said)
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
                  f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")

@@ -44,6 +44,9 @@ class SearchResult:
     """{engine: {"release": R, "settings": {field: value}}}: what the engine's release's code does that no plan field
     says, which its plans were estimated with (``Engine.release_cost_settings``: torchtitan 0.3's op-SAC save set),
     as ``estimate --engine-version`` estimates them."""
+    setting_gains: object = None
+    """What the opt-in run settings the search left at the engine's defaults would gain on the first plan
+    (``autotune.search.setting_gains.SettingGains``; None where not asked: `autotune plan` asks)."""
 
     @property
     def in_order(self) -> tuple[Estimate, ...]:
@@ -56,4 +59,5 @@ class SearchResult:
                 "search_time_s": self.search_time_s, "explanation": self.explanation, "tied_with_first": self.tied,
                 "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict(),
                 "engine_versions": self.engine_versions, "release_defaults": self.release_defaults,
-                "release_cost_settings": self.release_cost_settings}
+                "release_cost_settings": self.release_cost_settings,
+                "setting_gains": None if self.setting_gains is None else self.setting_gains.to_dict()}

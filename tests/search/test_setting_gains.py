@@ -1,0 +1,104 @@
+"""What the opt-in run settings would gain (autotune.search.setting_gains), as `autotune plan` says it.
+
+- a mixture of experts: the bundle of NVIDIA's Blackwell MoE recipes searched over every plan; its plan passes
+  every rule, fits, and is what a user gets by adding the suggested flags (the same search, the same fastest plan,
+  the same tokens/s); the flags are only those its plan uses;
+- a dense model: the best combination on the first plan, whose gain is its own estimate's over the plan's;
+- what the request fixed is never suggested; an engine with no opt-in setting gets no line;
+- the line is in `plan` and the settings in `plan --json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import replace
+
+import pytest
+
+from autotune.cli import main
+from autotune.cost.estimate import estimate
+from autotune.rules import plan_problems
+from autotune.search.planner import search_plans
+from autotune.search.setting_gains import MIN_GAIN, setting_gains
+from autotune.search.space import SearchConstraints
+from autotune.specs.loading import load_cluster, load_model
+
+
+def _search(model: str, gpu: str, n: int, seq: int, gbs: int, per_node: int | None = None, **kw):
+    m = load_model(model)
+    c = load_cluster(gpu=gpu, num_gpus=n, gpus_per_node=per_node) if per_node else load_cluster(gpu=gpu, num_gpus=n)
+    constraints = SearchConstraints(**kw)
+    return search_plans(m, c, seq_len=seq, global_batch_size=gbs, constraints=constraints), constraints
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    result, constraints = _search("deepseek-v3", "gb200", 256, 4096, 4096, per_node=64, engines=("megatron",),
+                                  precisions=("fp8",), fp8_recipe="te-mxfp8", mtp_layers=1)
+    return result, constraints, setting_gains(result.candidates[0], result.ranked[0], constraints)
+
+
+def test_moe_bundle_is_searched_and_its_plan_is_valid(deepseek):
+    result, _, gains = deepseek
+    assert gains is not None and gains.searched and gains.gain >= MIN_GAIN
+    plan = gains.best.plan
+    assert plan.cuda_graph == "full-iteration" and plan.moe_dispatcher == "flex-hybridep"
+    assert plan.ep_overlap == "a2a-delay-wgrad" and plan.ep > 1
+    assert not plan_problems(gains.best.model, gains.best.cluster, plan) and gains.best.memory.fits
+    assert gains.gain == pytest.approx(gains.best.time.tokens_per_s / result.ranked[0].time.tokens_per_s - 1)
+    # the flags are the settings its plan runs: a TP overlap is named only where the plan has tp > 1
+    assert ("--tp-overlap" in gains.flags) == (plan.tp > 1 and plan.tp_overlap == "userbuffers")
+
+
+def test_the_suggested_flags_give_the_suggested_plan(deepseek):
+    result, constraints, gains = deepseek
+    again = search_plans(result.model, result.cluster, seq_len=4096, global_batch_size=4096,
+                         constraints=replace(constraints, **gains.settings))
+    assert again.ranked[0].time.tokens_per_s == pytest.approx(gains.best.time.tokens_per_s, rel=1e-9)
+    assert again.ranked[0].plan == gains.best.plan
+
+
+def test_dense_first_plan_combination():
+    result, constraints = _search("llama3-70b", "h100-sxm-80gb", 128, 8192, 1024, engines=("megatron",))
+    first = result.candidates[0]
+    gains = setting_gains(first, result.ranked[0], constraints)
+    assert gains is not None and not gains.searched
+    assert gains.best.plan == first.plan.with_(**gains.settings)
+    own = estimate(first.model, first.cluster, first.plan)
+    assert gains.gain == pytest.approx(gains.best.time.tokens_per_s / own.time.tokens_per_s - 1)
+    assert gains.gain >= MIN_GAIN and not plan_problems(first.model, first.cluster, gains.best.plan)
+
+
+def test_what_the_request_fixed_is_not_suggested():
+    result, constraints = _search("llama3-70b", "h100-sxm-80gb", 128, 8192, 1024, engines=("megatron",),
+                                  tp_overlap="none")
+    gains = setting_gains(result.candidates[0], result.ranked[0], constraints)
+    assert gains is None or "--tp-overlap" not in gains.flags
+
+
+def test_an_engine_without_opt_in_settings_gets_nothing():
+    result, constraints = _search("llama3-8b", "h100-sxm-80gb", 8, 4096, 64, engines=("hf",))
+    assert setting_gains(result.candidates[0], result.ranked[0], constraints) is None
+
+
+def _plan(argv: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", *argv]) == 0
+    return out.getvalue()
+
+
+def test_plan_prints_and_records_it():
+    argv = ["--model", "qwen3-30b-a3b", "--gpu", "b200", "--num-gpus", "8", "--seq-len", "4096",
+            "--global-batch", "512", "--precision", "fp8"]
+    text = _plan(argv)
+    line = next(ln for ln in text.splitlines() if ln.startswith("opt-in run settings"))
+    doc = json.loads(_plan([*argv, "--json"]))["setting_gains"]
+    assert doc["scope"] == "search" and doc["gain"] >= MIN_GAIN
+    assert " ".join(doc["flags"]) in line and f"{doc['gain']:+.1%}" in line
+    # and none for an engine without opt-in settings
+    plain = json.loads(_plan(["--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "hf",
+                              "--json"]))
+    assert plain["setting_gains"] is None
