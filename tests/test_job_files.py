@@ -138,6 +138,24 @@ def test_plan_json_reads_back(tmp_path, capsys):
     assert json.loads(out)["plan"]["tp"] == 2
 
 
+@pytest.mark.parametrize("flags", [["--precision", "fp8", "--fp8-recipe", "te-mxfp8"], ["--precision", "fp4"]],
+                         ids=["mxfp8", "nvfp4"])
+def test_a_blackwell_recipe_bundle_validates_and_reads_back(flags, tmp_path, capsys):
+    """plan.json carries the GPU's compute capability, which the MXFP8 / NVFP4 rules read: without it the bundle
+    emit wrote for a B200 was refused by `validate` and `estimate --from` ("b200 states none")."""
+    gpu = ["--gpu", "b200", "--num-gpus", "8", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "8"]
+    code, _, err = run(["emit", *gpu, "--engine", "megatron", "--zero", "1", *flags, "--out", tmp_path / "job"],
+                       capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "job" / "plan.json").read_text())["cluster"]["spec"]["gpu"]["compute_capability"] \
+        == "10.0"
+    code, out, err = run(["validate", tmp_path / "job" / "megatron_args.sh", tmp_path / "job" / "plan.json"], capsys)
+    assert code == 0 and "no problems" in out, err
+    code, out, err = run(["estimate", "--from", tmp_path / "job" / "plan.json", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["plan"]["precision"] == flags[1]
+
+
 # ---- plan --from: the current job ranked, the diff, the gain ----------------------------------------------
 def test_plan_from_shows_the_current_job_and_a_better_or_tied_plan(capsys):
     argv = ["plan", "--from", JOBS / "megatron_args_llama3_70b.sh", *GPU, "--top-k", "5"]

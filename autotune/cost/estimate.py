@@ -26,6 +26,8 @@ def cluster_spec_dict(cluster: ClusterSpec) -> dict:
     gpu = cluster.gpu
     gpu_doc = {"name": gpu.name, "memory_gib": gpu.memory_gib, "peak_tflops": dict(gpu.peak_tflops),
                "hbm_bandwidth_gb_per_s": gpu.hbm_bandwidth_gb_per_s}
+    if gpu.compute_capability is not None:  # what the FP8 / FP4 recipes' rules read (rules._fp8_recipe_gpu)
+        gpu_doc["compute_capability"] = gpu.compute_capability
     if gpu.kernels is not None:  # the kernel facts travel with the GPU, so a plan.json re-estimates the same
         k = gpu.kernels
         gpu_doc["kernels"] = {name: (dict(getattr(k, name)) if isinstance(getattr(k, name), Mapping)
