@@ -80,9 +80,11 @@ class SettingGains:
     False: the first plan with them, compared with itself."""
 
     def to_dict(self) -> dict:
+        from autotune.report import plan_summary
+
         return {"settings": dict(self.settings), "flags": list(self.flags), "gain": self.gain,
                 "scope": "search" if self.searched else "first plan", "plan": self.best.plan.to_dict(),
-                "tokens_per_s": self.best.time.tokens_per_s}
+                "summary": plan_summary(self.best.plan), "tokens_per_s": self.best.time.tokens_per_s}
 
     def text(self) -> str:
         from autotune.report import plan_summary
