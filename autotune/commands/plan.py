@@ -192,12 +192,13 @@ def run(args: argparse.Namespace) -> int:
             problems.append(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len,
                                                         global_batch=args.global_batch, constraints=constraints))
         raise InputError(problems, subject="request")
-    from dataclasses import replace
+    if args.objective == "step-time":  # what the opt-in run settings would gain (autotune.search.setting_gains)
+        from dataclasses import replace
 
-    from autotune.search.setting_gains import setting_gains
+        from autotune.search.setting_gains import setting_gains
 
-    result = replace(result, setting_gains=setting_gains(result.candidates[0], result.ranked[0], constraints, memory,
-                                                         time_settings(args)))
+        result = replace(result, setting_gains=setting_gains(result.candidates[0], result.ranked[0], constraints,
+                                                             memory, time_settings(args)))
     if args.objective == "goodput":
         from autotune.search.goodput_rank import rank_by_goodput
 
