@@ -23,6 +23,7 @@ import textwrap
 
 from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_plan_problems
+from autotune.emit.torchtitan_models import model_problems_03
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import virtual_layout
@@ -43,12 +44,23 @@ TORCHTITAN_03_RECIPES = {
     "llama3-405b": ("llama3", "llama3_405b", "405B", "", ["lm_head"], False),
     "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B", ', attn_backend="flex"', ["lm_head", "router.gate"],
                     True),
+    # Qwen3 and GPT-OSS where 0.3.0 has a pretraining recipe for the flavor (qwen3/config_registry.py:295-327,
+    # gpt_oss/config_registry.py:70-129) and the flavor equals the preset (tests/emit/test_torchtitan_flavors.py).
+    # Not mapped: qwen3-8b (its model_registry has "8B", but the only recipes are sft_qwen3_8b_math, a GSM8K chat
+    # fine-tune, and its NVFP4 variant: qwen3/config_registry.py:235-257, 449-498) and qwen3-235b-a22b (flavor
+    # "235B-A22B", models/qwen3/__init__.py:557-595, with no recipe at all): the 0.2 TOML writes both.
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", "30B-A3B", "", ["lm_head", "router.gate"], True),
+    "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", "20b", "", ["lm_head", "router.gate"], True),
+    "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b", "", ["lm_head", "router.gate"], True),
 }
 # What MXFP8LinearConverter converts (its ``fqns``: an include list, substring match; empty converts every Linear, the
 # output layer too: torchtitan 0.3.0 components/quantization/mx.py:53-60, 79-83): the block linears, lm_head and the
 # MoE router gate left in bf16 as the 0.2 TOML and the cost model have them (deepseek_v3/config_registry.py:84-99
 # names attention, shared_experts, feed_forward the same way).
-MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention", "shared_experts", "feed_forward"]}
+# Qwen3's MoE blocks hold attention + moe (qwen3/sharding.py:71-110), GPT-OSS's attention + moe (gpt_oss/__init__.py:
+# 239-244): their experts go through the grouped-experts converter, the router gates stay out.
+MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention", "shared_experts", "feed_forward"],
+           "qwen3": ["attention", "feed_forward"], "gpt_oss": ["attention"]}
 _PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                      "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                      "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")
@@ -136,6 +148,8 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     options = options or EmitOptions()
     recipe = TORCHTITAN_03_RECIPES.get(model.name)
     problems = torchtitan_plan_problems(model, cluster, plan, recipe and model.name) + _problems_03(model, plan)
+    if recipe:
+        problems += model_problems_03(recipe[0], model, plan)
     if problems:
         raise InputError(problems, subject="torchtitan 0.3 config module")
     package, recipe_fn, flavor, registry_args, fp8_filter, moe = recipe
