@@ -73,7 +73,7 @@ def model_problems_03(package: str, model: ModelSpec, plan: ParallelPlan) -> lis
         # The FSDP engine's estimate splits every expert tp ways inside its EP rank (etp = tp, as torchtitan 0.2's
         # expert_tensor_parallel_degree = tp); 0.3 has no such degree.
         out.append(f"tp {plan.tp} with ep {plan.ep}: torchtitan 0.3 has no expert tensor parallelism: with ep > 1 "
-                   "the expert weights are sharded over ep only (models/common/moe_sharding.py:201-209) and EP "
+                   "the expert weights are sharded over ep only (models/common/moe_sharding.py:29-47, 201-209) and EP "
                    "borrows ranks from dp_shard x cp x tp (config/configs.py:279-287), not the tp x ep split this "
                    "plan was estimated with: use --tp 1 with ep, --ep 1 with tp, or emit with "
                    "--engine-version fsdp=0.2 (expert_tensor_parallel_degree = tp)")

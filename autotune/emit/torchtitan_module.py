@@ -53,6 +53,11 @@ TORCHTITAN_03_RECIPES = {
     "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", "20b", "", ["lm_head", "router.gate"], True),
     "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", "120b", "", ["lm_head", "router.gate"], True),
 }
+# Presets whose flavor 0.3.0's model_registry has, with no pretraining recipe to start from (see above).
+NO_RECIPE_03 = {"qwen3-8b": "flavor \"8B\" is built only by the SFT recipe sft_qwen3_8b_math (and its NVFP4 variant, "
+                            "qwen3/config_registry.py:235-257, 449-498)",
+                "qwen3-235b-a22b": "flavor \"235B-A22B\" (models/qwen3/__init__.py:557-595) has no recipe in "
+                                   "qwen3/config_registry.py"}
 # What MXFP8LinearConverter converts (its ``fqns``: an include list, substring match; empty converts every Linear, the
 # output layer too: torchtitan 0.3.0 components/quantization/mx.py:53-60, 79-83): the block linears, lm_head and the
 # MoE router gate left in bf16 as the 0.2 TOML and the cost model have them (deepseek_v3/config_registry.py:84-99
@@ -70,7 +75,10 @@ _TRAINING_KEYS = ("local_batch_size", "global_batch_size", "seq_len", "steps", "
 
 def _problems_03(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     out = []
-    if model.name not in TORCHTITAN_03_RECIPES:
+    if model.name in NO_RECIPE_03:
+        out.append(f"torchtitan 0.3 builds models from its recipes: {model.name}'s {NO_RECIPE_03[model.name]}: emit "
+                   "with --torchtitan-version 0.2 for a TOML (v0.2.2 has the flavor), or write the module by hand")
+    elif model.name not in TORCHTITAN_03_RECIPES:
         out.append(f"torchtitan 0.3 builds models from its recipes; {model.name} has none that autotune knows "
                    f"(known: {', '.join(sorted(TORCHTITAN_03_RECIPES))}): emit with --torchtitan-version 0.2 "
                    "for a TOML, or write the module by hand")
@@ -147,7 +155,8 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     """The text of ``torchtitan_plan.py``. InputError naming every part of the plan it cannot say."""
     options = options or EmitOptions()
     recipe = TORCHTITAN_03_RECIPES.get(model.name)
-    problems = torchtitan_plan_problems(model, cluster, plan, recipe and model.name) + _problems_03(model, plan)
+    # the model name only says "known" there: _problems_03 says what 0.3 lacks for an unknown one
+    problems = torchtitan_plan_problems(model, cluster, plan, model.name) + _problems_03(model, plan)
     if recipe:
         problems += model_problems_03(recipe[0], model, plan)
     if problems:
