@@ -171,8 +171,10 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
         counts = virtual_layout(model.num_layers, plan.pp, plan.vpp, "any")
         stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
     training = {k: config["training"][k] for k in _TRAINING_KEYS}
-    if plan.pp > 1:
-        training["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with pipeline parallelism
+    if plan.pp > 1 or (moe and plan.ep > 1):
+        # Trainer.Config refuses CUDA graphs with pipeline parallelism, and with expert parallelism over a token
+        # dispatcher that syncs with the host, as the recipes' standard all-to-all does (trainer.py:179-210)
+        training["disable_cuda_graphs"] = True
     fp8 = plan.precision == "fp8"
     mx = fp8 and plan.fp8_recipe == "torchao-mxfp8"
     compile_on = config["compile"]["enable"]
