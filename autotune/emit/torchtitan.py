@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02
+from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import torchtitan_split, virtual_layout
@@ -110,8 +111,6 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                         "\"TP not yet supported with torch.compile for mxfp8\" (components/quantization/mx.py:46-52): "
                         "drop --compile (MXFP8 with TP runs eager there), or emit with --engine-version fsdp=0.3")
     if release == "0.2":
-        from autotune.emit.torchtitan_module import TORCHTITAN_03_RECIPES  # the 0.3 writer imports this module
-
         problems += model_problems_02(name, plan, compiles=torchtitan_compiles(plan),
                                       has_03=model.name in TORCHTITAN_03_RECIPES)
         problems += expert_problems_02(model, plan)
