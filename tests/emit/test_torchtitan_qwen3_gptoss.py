@@ -180,3 +180,14 @@ def test_v022_expert_mesh_must_divide_dp_shard():
                      seq_len=4096)
     with pytest.raises(InputError, match="efsdp x ep x etp"):
         torchtitan_toml(m, cluster, plan)
+
+
+@pytest.mark.parametrize("version,preset,num_gpus,flags", [
+    ("0.2", "qwen3-30b-a3b", 16, ["--zero", "3", "--ep", "4", "--tp", "2"]),
+    ("0.3", "gpt-oss-20b", 8, ["--zero", "3", "--ep", "8"])])
+def test_the_files_read_back_to_their_plan(tmp_path, version, preset, num_gpus, flags):
+    from autotune.job_files import read_job  # what estimate --from / validate read
+
+    out, plan, _ = _emit(tmp_path, version, preset, num_gpus, flags)
+    job = read_job([str(out / FILES[version])], gpu=GPU)
+    assert job.model.name == preset and job.plan == plan
