@@ -24,6 +24,8 @@ The mapping (torchtitan's own semantics, job_config.py):
 from __future__ import annotations
 
 from autotune.emit.options import EmitOptions
+from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02
+from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import torchtitan_split, virtual_layout
@@ -34,9 +36,16 @@ __all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "t
            "torchtitan_plan_problems"]
 
 TORCHTITAN_VERSION = "0.2.2"
-# Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py).
+# Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py). Qwen3
+# (qwen3_args, models/qwen3/__init__.py:85-190) and GPT-OSS (gptoss_configs, models/gpt_oss/__init__.py:47-76) are
+# mapped where every field the cost model reads equals the preset's (tests/emit/test_torchtitan_flavors.py reads
+# the flavors from the source). Qwen3-235B-A22B's flavor has rope_theta 5e6 where the Hugging Face config has 1e6: a
+# RoPE base is no cost, so it is mapped (fine-tuning from the Hugging Face weights needs the base fixed).
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
-                      "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B")}
+                      "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
+                      "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
+                      "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-20b": ("gpt_oss", "20b"),
+                      "gpt-oss-120b": ("gpt_oss", "120b")}
 
 
 def torchtitan_compiles(plan: ParallelPlan) -> bool:
@@ -101,6 +110,10 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         problems.append("torchao-mxfp8 with tp > 1 under torch.compile: torchtitan 0.2's MXLinearConverter asserts "
                         "\"TP not yet supported with torch.compile for mxfp8\" (components/quantization/mx.py:46-52): "
                         "drop --compile (MXFP8 with TP runs eager there), or emit with --engine-version fsdp=0.3")
+    if release == "0.2":
+        problems += model_problems_02(name, plan, compiles=torchtitan_compiles(plan),
+                                      has_03=model.name in TORCHTITAN_03_RECIPES)
+        problems += expert_problems_02(model, plan)
     if problems:
         raise InputError(problems, subject="torchtitan job config")
     o = options.optimizer
@@ -114,6 +127,10 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         "context_parallel_degree": plan.cp,
         "expert_parallel_degree": plan.ep,
     }
+    if model.is_moe and plan.ep > 1 and release == "0.2":
+        # The plan's experts are split ep x expert_tp (etp = tp unless the plan says): v0.2.2's default
+        # expert_tensor_parallel_degree is 1 (job_config.py:464), which would lend the tp ranks to EP instead.
+        parallelism["expert_tensor_parallel_degree"] = plan.expert_tp
     if plan.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan.micro_batch_size

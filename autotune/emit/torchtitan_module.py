@@ -23,32 +23,28 @@ import textwrap
 
 from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_plan_problems
+from autotune.emit.torchtitan_models import model_problems_03
+from autotune.emit.torchtitan_recipes import NO_RECIPE_03, TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["TORCHTITAN_03_VERSION", "TORCHTITAN_03_RECIPES", "MODULE_FILE", "CONFIG_FUNCTION",
+__all__ = ["TORCHTITAN_03_VERSION", "TORCHTITAN_03_RECIPES", "NO_RECIPE_03", "MODULE_FILE", "CONFIG_FUNCTION",
            "torchtitan_module", "torchtitan_run_line"]
 
 TORCHTITAN_03_VERSION = "0.3.0"
 MODULE_FILE = "torchtitan_plan.py"
 CONFIG_FUNCTION = "plan"
-# Our presets -> (torchtitan model package, its recipe function, model_registry flavor, extra model_registry
-# arguments as the recipe passes them, Float8 filter_fqns, MoE), from torchtitan 0.3.0 models/*/config_registry.py.
-TORCHTITAN_03_RECIPES = {
-    "llama3-8b": ("llama3", "llama3_8b", "8B", "", ["lm_head"], False),
-    "llama3-70b": ("llama3", "llama3_70b", "70B", "", ["lm_head"], False),
-    "llama3-405b": ("llama3", "llama3_405b", "405B", "", ["lm_head"], False),
-    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", "671B", ', attn_backend="flex"', ["lm_head", "router.gate"],
-                    True),
-}
 # What MXFP8LinearConverter converts (its ``fqns``: an include list, substring match; empty converts every Linear, the
 # output layer too: torchtitan 0.3.0 components/quantization/mx.py:53-60, 79-83): the block linears, lm_head and the
 # MoE router gate left in bf16 as the 0.2 TOML and the cost model have them (deepseek_v3/config_registry.py:84-99
 # names attention, shared_experts, feed_forward the same way).
-MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention", "shared_experts", "feed_forward"]}
+# Qwen3's MoE blocks hold attention + moe (qwen3/sharding.py:71-110), GPT-OSS's attention + moe (gpt_oss/__init__.py:
+# 239-244): their experts go through the grouped-experts converter, the router gates stay out.
+MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention", "shared_experts", "feed_forward"],
+           "qwen3": ["attention", "feed_forward"], "gpt_oss": ["attention"]}
 _PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                      "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                      "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")
@@ -58,7 +54,10 @@ _TRAINING_KEYS = ("local_batch_size", "global_batch_size", "seq_len", "steps", "
 
 def _problems_03(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     out = []
-    if model.name not in TORCHTITAN_03_RECIPES:
+    if model.name in NO_RECIPE_03:
+        out.append(f"torchtitan 0.3 builds models from its recipes: {model.name}'s {NO_RECIPE_03[model.name]}: emit "
+                   "with --torchtitan-version 0.2 for a TOML (v0.2.2 has the flavor), or write the module by hand")
+    elif model.name not in TORCHTITAN_03_RECIPES:
         out.append(f"torchtitan 0.3 builds models from its recipes; {model.name} has none that autotune knows "
                    f"(known: {', '.join(sorted(TORCHTITAN_03_RECIPES))}): emit with --torchtitan-version 0.2 "
                    "for a TOML, or write the module by hand")
@@ -135,7 +134,10 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     """The text of ``torchtitan_plan.py``. InputError naming every part of the plan it cannot say."""
     options = options or EmitOptions()
     recipe = TORCHTITAN_03_RECIPES.get(model.name)
-    problems = torchtitan_plan_problems(model, cluster, plan, recipe and model.name) + _problems_03(model, plan)
+    # the model name only says "known" there: _problems_03 says what 0.3 lacks for an unknown one
+    problems = torchtitan_plan_problems(model, cluster, plan, model.name) + _problems_03(model, plan)
+    if recipe:
+        problems += model_problems_03(recipe[0], model, plan)
     if problems:
         raise InputError(problems, subject="torchtitan 0.3 config module")
     package, recipe_fn, flavor, registry_args, fp8_filter, moe = recipe
@@ -148,8 +150,10 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
         counts = virtual_layout(model.num_layers, plan.pp, plan.vpp, "any")
         stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
     training = {k: config["training"][k] for k in _TRAINING_KEYS}
-    if plan.pp > 1:
-        training["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with pipeline parallelism
+    if plan.pp > 1 or (moe and plan.ep > 1):
+        # Trainer.Config refuses CUDA graphs with pipeline parallelism, and with expert parallelism over a token
+        # dispatcher that syncs with the host, as the recipes' standard all-to-all does (trainer.py:179-210)
+        training["disable_cuda_graphs"] = True
     fp8 = plan.precision == "fp8"
     mx = fp8 and plan.fp8_recipe == "torchao-mxfp8"
     compile_on = config["compile"]["enable"]

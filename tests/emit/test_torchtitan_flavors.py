@@ -1,0 +1,74 @@
+"""The presets autotune maps to torchtitan's Qwen3 / GPT-OSS flavors have torchtitan's architecture: every field
+the cost model reads (widths, layers, heads, KV heads, head_dim, dense FFN, vocabulary, tied embeddings, QK norm,
+experts / top-k / expert width / shared experts / router bias, sliding window and its layers, sinks, the SwiGLU
+clamp, attention biases), read from torchtitan's source with ``ast`` (tests/torchtitan_flavors.py): the installed
+v0.2.2 for the TOML, the 0.3.0 test tool for the module. And 0.3's recipe functions exist and build that flavor."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+from test_torchtitan03 import torchtitan03_path  # tests/emit is on sys.path (no __init__), as tests/
+from torchtitan_flavors import FIELDS, flavors_022, flavors_030, preset_fields
+
+from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
+from autotune.emit.torchtitan_module import TORCHTITAN_03_RECIPES
+from autotune.specs.presets import load_model_preset
+
+CANDIDATES = ("qwen3-8b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b")
+PACKAGES = ("qwen3", "gpt_oss")
+
+
+def _root_022() -> Path:
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or not spec.origin:
+        pytest.skip("torchtitan 0.2.2 is not installed")
+    return Path(spec.origin).parent
+
+
+def _differences(preset: str, theirs: dict) -> dict:
+    ours = preset_fields(load_model_preset(preset))
+    return {k: (ours[k], theirs[k]) for k in FIELDS if ours[k] != theirs[k]}
+
+
+def test_every_v022_mapping_of_qwen3_and_gpt_oss_is_torchtitans_architecture():
+    flavors = flavors_022(_root_022())
+    mapped = {p: nf for p, nf in TORCHTITAN_FLAVORS.items() if nf[0] in PACKAGES}
+    assert set(mapped) == set(CANDIDATES)  # all five: none differs (a difference would leave it out)
+    for preset, key in mapped.items():
+        assert key in flavors, (preset, key)
+        assert _differences(preset, flavors[key]) == {}, preset
+
+
+def test_every_030_mapping_of_qwen3_and_gpt_oss_is_torchtitans_architecture_and_recipe():
+    root = torchtitan03_path() / "torchtitan"
+    flavors = flavors_030(root)
+    mapped = {p: r for p, r in TORCHTITAN_03_RECIPES.items() if r[0] in PACKAGES}
+    assert set(mapped) == {"qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b"}
+    for preset, (package, recipe_fn, flavor, registry_args, _, moe) in mapped.items():
+        assert _differences(preset, flavors[package, flavor]) == {}, preset
+        assert moe == load_model_preset(preset).is_moe and registry_args == ""
+        # the recipe function exists and builds exactly this flavor, with model_registry's defaults
+        tree = ast.parse((root / "models" / package / "config_registry.py").read_text())
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == recipe_fn)
+        calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "model_registry"]
+        assert [ast.unparse(c) for c in calls] == [f"model_registry({flavor!r})"], preset
+
+
+def test_the_unmapped_030_candidates_have_a_flavor_but_no_pretraining_recipe():
+    # qwen3-8b and qwen3-235b-a22b: their flavors match (above, v0.2.2; here 0.3.0), but 0.3.0's config_registry
+    # builds "8B" only in SFT recipes and "235B-A22B" in none, so no 0.3 module is written for them.
+    root = torchtitan03_path() / "torchtitan"
+    flavors = flavors_030(root)
+    tree = ast.parse((root / "models/qwen3/config_registry.py").read_text())
+    users: dict[str, list[str]] = {}
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "model_registry"):
+            users.setdefault(ast.literal_eval(call.args[0]), []).append(fn.name)
+    for preset, flavor in (("qwen3-8b", "8B"), ("qwen3-235b-a22b", "235B-A22B")):
+        assert preset not in TORCHTITAN_03_RECIPES
+        assert _differences(preset, flavors["qwen3", flavor]) == {}, preset
+        assert all("sft" in name or "nvfp4" in name for name in users.get(flavor, [])), users.get(flavor)
