@@ -120,3 +120,27 @@ def test_plan_prints_and_records_it():
     plain = json.loads(_plan(["--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "hf",
                               "--json"]))
     assert plain["setting_gains"] is None
+
+
+ORACLE = REPO.parent / "shared" / "oracles" / "megatron-lm" / "megatron_args_check.py"
+
+
+@pytest.mark.slow  # Megatron-LM's own argument parser, a process of its own
+@pytest.mark.skipif(not ORACLE.is_file(), reason=f"Megatron-LM oracle not found at {ORACLE} "
+                                                 "(../shared is beside the checkout in CI only)")
+def test_megatron_lm_accepts_the_suggested_moe_plan(deepseek, tmp_path):
+    """The plan the line names, emitted, passes Megatron-LM's parse_args + validate_args (graphs, HybridEP, EP
+    overlap, TP userbuffers and MTP together)."""
+    import subprocess
+    import sys
+
+    from autotune.bundle.writer import write_bundle
+
+    _, _, gains = deepseek
+    write_bundle(gains.best, tmp_path / "job")
+    script = (f'source {tmp_path / "job" / "megatron_args.sh"} && exec {sys.executable} {ORACLE} '
+              f'--world-size 256 -- "${{MEGATRON_ARGS[@]}}"')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600)
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert verdict["ok"], proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert verdict["expert_model_parallel_size"] == gains.best.plan.ep
