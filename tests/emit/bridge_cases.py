@@ -57,6 +57,14 @@ CASES = [
     # model.delay_wgrad_compute: the generic recipe has no CommOverlapConfig to overwrite them)
     ("mixtral-ep-overlap", "mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True, zero_stage=1,
                                                     global_batch_size=128, ep_overlap="a2a-delay-wgrad")),
+    # the opt-in bundle `autotune plan` names for MoE (autotune.search.setting_gains): a full-iteration graph, the
+    # HybridEP dispatcher, the EP overlap with delayed weight gradients and TP userbuffers together, on Blackwell
+    # (DeepSeek-V3's recipe has the CommOverlapConfig TP userbuffers need; the generic one Mixtral uses has none)
+    ("deepseek-v3-opt-in-bundle", "deepseek-v3", 256, dict(tp=2, ep=64, sequence_parallel=True, zero_stage=1,
+                                                           global_batch_size=4096, precision="fp8",
+                                                           fp8_recipe="te-mxfp8", mtp_layers=1,
+                                                           cuda_graph="full-iteration", moe_dispatcher="flex-hybridep",
+                                                           ep_overlap="a2a-delay-wgrad", tp_overlap="userbuffers")),
     # LoRA over the 70B PEFT recipe, as NVIDIA's LoRA benchmark runs it (rank 16, alpha 32, QKV adapters, pp2 vpp20)
     ("70b-lora", "llama3-70b", 8, dict(pp=2, vpp=20, zero_stage=1, global_batch_size=32, peft="lora", lora_rank=16,
                                        lora_alpha=32, lora_targets=("linear_qkv",))),

@@ -18,7 +18,7 @@ Transformer Engine, apex, HF ``datasets``, ``diffusers``, ``modelopt``, ``megatr
 protobuf are imported at module level by Bridge's package (model bridges, data loaders, the checkpoint and logging
 modules) but nothing builds a config with them; they are replaced by empty modules whose attributes are inert
 classes. With TE stood in, Bridge's comm-overlap setup sees TE as present (as on a GPU node). The recipes' Hugging
-Face configs (``AutoBridge.from_hf_pretrained``, gated Meta repos) come from a local hub cache written from the
+Face configs (``AutoBridge.from_hf_pretrained``, gated Meta repos, DeepSeek-V3's) come from a local hub cache written from the
 model presets (HF_HUB_OFFLINE=1). No GPU code runs: ``validate()`` itself needs none.
 """
 
@@ -65,6 +65,17 @@ def _module_getattr(name):
         raise AttributeError(name)
     return _Meta(name, (_Inert,), {})
 
+class _FusedAdam(_Inert):
+    # TE's signature (TransformerEngine d0067d0 transformer_engine/pytorch/optimizers/fused_adam.py:112-131), which
+    # megatron-core's OptimizerConfig inspects for --use-precision-aware-optimizer (optimizer_config.py:446-463)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 bias_correction=True, adam_w_mode=True, capturable=False, master_weights=False,
+                 master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None, use_decoupled_grad=False,
+                 store_param_remainders=False, set_grad_none=None):
+        pass
+
+NAMED = {"transformer_engine.pytorch.optimizers": {"FusedAdam": _FusedAdam}}
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
         if any(fullname == p or fullname.startswith(p + ".") for p in PREFIXES):
@@ -75,6 +86,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
         module.__version__ = VERSIONS.get(spec.name.split(".")[0], "0.0.0")
         module.__getattr__ = _module_getattr
+        module.__dict__.update(NAMED.get(spec.name, {}))
         return module
     def exec_module(self, module): pass
 
@@ -82,7 +94,7 @@ sys.meta_path.insert(0, _Finder())
 '''
 
 PROBE = r"""
-import importlib, json, logging, os, sys, typing
+import importlib, json, logging, os, sys, types, typing
 import typing_extensions
 typing.override = typing_extensions.override  # megatron-core 0.19.2 megatron/training/models/gpt.py (Python 3.12)
 import autotune_standins  # noqa: F401
@@ -114,8 +126,11 @@ def build(recipe, **how):
 def dump(cfg):
     return OmegaConf.to_yaml(create_omegaconf_dict_config(cfg)[0])
 
+import torch
 out = {"version": megatron.bridge.__version__}
-for folder, recipe, world in json.loads(sys.argv[1]):
+for folder, recipe, world, device in json.loads(sys.argv[1]):
+    # the case's GPU as torch.cuda would report it (Bridge's flex dispatcher check reads it: no GPU runs here)
+    torch.cuda.get_device_properties = lambda *_, d=device: types.SimpleNamespace(name=d[0], major=d[1], minor=d[2])
     overrides = OmegaConf.to_container(OmegaConf.load(os.path.join(folder, "bridge_overrides.yaml")))
     args = [l.strip() for l in open(os.path.join(folder, "bridge_overrides.args")) if l.strip() and l[0] != "#"]
     base = getattr(importlib.import_module(recipe[0]), recipe[1])()
@@ -149,6 +164,7 @@ for folder, recipe, world in json.loads(sys.argv[1]):
                    bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
         "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
+        "mtp": m.mtp_num_layers,
         "offload": [m.cpu_offloading, m.cpu_offloading_num_layers, m.cpu_offloading_weights,
                     m.cpu_offloading_activations],
         "fp4": [getattr(m, "fp4", None), getattr(m, "fp4_recipe", None), getattr(m, "fp4_param", None)],
@@ -200,7 +216,39 @@ def _hf_cache(root: Path) -> Path:
             "rope_theta": m.rope_theta, "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-5,
             "tie_word_embeddings": m.tied_embeddings, "dtype": "bfloat16", "hidden_act": "silu",
             "bos_token_id": 128000, "eos_token_id": 128001}))
+    _deepseek_config(root)
     return root
+
+
+def _deepseek_config(root: Path) -> None:
+    """DeepSeek-V3's config.json (the fields of deepseek-ai/DeepSeek-V3's own file), sizes from the preset."""
+    m = load_model_preset("deepseek-v3")
+    moe, mla = m.moe, m.mla
+    snap = root / ("models--" + bridge_recipe(m).hf_model.replace("/", "--")) / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    (snap / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
+        "moe_intermediate_size": moe.expert_ffn_hidden_size, "num_hidden_layers": m.num_layers,
+        "num_nextn_predict_layers": m.num_mtp_layers, "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_attention_heads, "n_shared_experts": moe.num_shared_experts,
+        "n_routed_experts": moe.num_experts, "routed_scaling_factor": 2.5, "kv_lora_rank": mla.kv_lora_rank,
+        "q_lora_rank": mla.q_lora_rank, "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
+        "qk_nope_head_dim": mla.qk_nope_head_dim, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+        "num_experts_per_tok": moe.top_k, "moe_layer_freq": 1, "first_k_dense_replace": moe.num_dense_layers,
+        "norm_topk_prob": True, "scoring_func": "sigmoid", "hidden_act": "silu",
+        "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-6, "rope_theta": m.rope_theta,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "tie_word_embeddings": m.tied_embeddings, "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
+        "torch_dtype": "bfloat16"}))
+
+
+# What torch.cuda.get_device_properties reports on each case's GPU (name, major, minor): the preset's compute
+# capability, NVIDIA's product names as nvidia-smi shows them.
+DEVICES = {"b200": ("NVIDIA B200", 10, 0), "h100-sxm-80gb": ("NVIDIA H100 80GB HBM3", 9, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +270,7 @@ def applied(tmp_path_factory):
                                  str(pretrained)).items():
             (folder / name).write_text(text)
         recipe = bridge_recipe(m)
-        jobs.append([str(folder), [recipe.module, recipe.name], num_gpus])
+        jobs.append([str(folder), [recipe.module, recipe.name], num_gpus, DEVICES[cluster.gpu.name]])
         cases[case] = (str(folder), m, plan)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "standins"), str(tools)]),
            "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -291,9 +339,10 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")
     assert got["shape"][5:8] == ([moe.num_experts, moe.top_k, kind] if moe else [None, got["shape"][6],
                                                                               got["shape"][7]])
-    if moe:  # (a flex plan's file is not run here: Bridge's validate asks the CUDA device which GPU it is,
-        # training/flex_dispatcher_backend.py:102-119; tests/emit/test_megatron_core_run_settings.py runs core's)
+    if moe:  # (a flex plan's check in Bridge's validate asks the CUDA device which GPU it is,
+        # training/flex_dispatcher_backend.py:102-119: the probe answers with the case's GPU, DEVICES)
         assert got["dispatcher"] == [kind, backend or None]
+    assert got["mtp"] == (plan.mtp_layers or None), got["mtp"]
     assert got["shape"][8:] == ["RMSNorm", "silu", True]
     assert got["peft"] is None if plan.peft is None else (
         got["peft"][:5] == ["LoRA", plan.lora_rank, plan.lora_alpha, list(plan.lora_targets), 0.0]
