@@ -88,10 +88,12 @@ def plan_diff(current, other) -> dict[str, tuple]:
             if getattr(current, f) != getattr(other, f)}
 
 
-def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, **limits):
+def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, setting_gains: bool = False,
+                 **limits):
     """(the job's Estimate, the planner's search of its alternatives): the same engine, model, global batch,
     sequence length, precision and run settings as the job, unless ``limits`` (SearchConstraints fields) or
-    ``asked`` (run settings from the command line) say otherwise."""
+    ``asked`` (run settings from the command line) say otherwise. ``setting_gains``: the search also says what the
+    opt-in run settings the job leaves at the engine's defaults would gain (``autotune.search.setting_gains``)."""
     from autotune.cost.estimate import estimate
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
@@ -108,6 +110,11 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, *
     result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           memory_settings=job.settings, time_settings=settings, constraints=constraints,
                           top_k=top_k)
+    if setting_gains and result.ranked:
+        from autotune.search.setting_gains import setting_gains as gains_of
+
+        result = replace(result, setting_gains=gains_of(result.candidates[0], result.ranked[0], constraints,
+                                                        job.settings, settings))
     return current, result
 
 
@@ -120,7 +127,7 @@ def plan_from_job(args: argparse.Namespace) -> int:
     plan = job.plan
     engines = None if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
     current, result = alternatives(
-        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args),
+        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args), setting_gains=True,
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
         precisions=args.precision, recompute=args.recompute, engines=engines, allow_offload=args.offload,

@@ -144,3 +144,19 @@ def test_megatron_lm_accepts_the_suggested_moe_plan(deepseek, tmp_path):
     verdict = json.loads(proc.stdout.strip().splitlines()[-1])
     assert verdict["ok"], proc.stdout[-2000:] + proc.stderr[-2000:]
     assert verdict["expert_model_parallel_size"] == gains.best.plan.ep
+
+
+def test_plan_from_a_job_says_it_too(tmp_path):
+    """`plan --from` the job's own files: the job's run settings are kept, the ones it leaves open are suggested."""
+    job = ["--model", "deepseek-v3", "--gpu", "gb200", "--num-gpus", "256", "--gpus-per-node", "64"]
+    emitted = io.StringIO()
+    with contextlib.redirect_stdout(emitted):
+        assert main(["emit", *job, "--seq-len", "4096", "--global-batch", "4096", "--engine", "megatron", "--pp", "4",
+                     "--vpp", "4", "--ep", "64", "--micro-batch", "1", "--precision", "fp8", "--fp8-recipe",
+                     "te-mxfp8", "--grad-dtype", "bf16", "--mtp-layers", "1", "--zero", "1", "--recompute",
+                     "selective", "--moe-dispatcher", "flex-hybridep", "--out", str(tmp_path / "job")]) == 0
+    doc = json.loads(_plan(["--from", str(tmp_path / "job" / "megatron_args.sh"), *job, "--json"]))
+    gains = doc["search"]["setting_gains"]
+    assert gains["scope"] == "search" and gains["gain"] >= MIN_GAIN
+    assert "--moe-dispatcher" not in gains["flags"]  # the job set it: kept, not suggested
+    assert "--cuda-graph" in gains["flags"] and gains["settings"]["cuda_graph"] == "full-iteration"
