@@ -15,7 +15,8 @@ would gain, by the same cost model:
 
 * for a mixture of experts, whose layouts the settings reshape (the EP overlap refuses full recompute; a
   full-iteration graph needs a dispatcher without host syncs), a second search over every plan of one engine (the
-  first plan's where it runs the EP overlap, else the first searched engine that does) with that bundle (:data:`MOE_BUNDLES`, the first whose search finds a plan, each setting where the engine
+  first plan's where it runs the EP overlap, else the first searched engine that does) with that bundle
+  (:data:`MOE_BUNDLES`; the second only where the first finds no plan that gains; each setting where the engine
   runs it and the request left it open), its fastest plan against this search's fastest;
 * otherwise each combination of the opt-in settings (:data:`OPT_IN_SETTINGS`) on the first plan itself (a dozen
   estimates), the fastest that passes every rule and fits.
@@ -117,22 +118,27 @@ def _moe_engine(first: Estimate, constraints: SearchConstraints) -> str | None:
 def _moe_search(fastest: Estimate, first: Estimate, engine: str, constraints: SearchConstraints,
                 memory_settings: MemorySettings | None, time_settings: TimeSettings | None) -> SettingGains | None:
     support = engine_for(engine).support
+    best: SettingGains | None = None
     for bundle in MOE_BUNDLES:
+        if best is not None and best.gain >= MIN_GAIN:
+            break  # the next bundle only where this one found no plan, or none that gains
         asked = {name: value for name, value in bundle.items()
                  if getattr(constraints, name) is None and support.runs(name, value)}
         if not asked:
-            return None
+            continue
         found = search_plans(first.model, first.cluster, seq_len=first.plan.seq_len,
                              global_batch_size=first.plan.global_batch_size,
                              constraints=replace(constraints, engines=(engine,), **asked), top_k=1,
                              memory_settings=memory_settings, time_settings=time_settings, ties=False)
         if found.ranked:
-            best = found.ranked[0]
+            top = found.ranked[0]
             # the settings its plan uses (an EP overlap says nothing to an ep=1 plan, a TP overlap to tp=1)
-            asked = {name: value for name, value in asked.items() if getattr(best.plan, name) == value}
-            return SettingGains(asked, _flags(asked, MOE_FLAGS), best,
-                                best.time.tokens_per_s / fastest.time.tokens_per_s - 1, True)
-    return None
+            used = {name: value for name, value in asked.items() if getattr(top.plan, name) == value}
+            gains = SettingGains(used, _flags(used, MOE_FLAGS), top,
+                                 top.time.tokens_per_s / fastest.time.tokens_per_s - 1, True)
+            if best is None or gains.gain > best.gain:
+                best = gains
+    return best
 
 
 def _first_plan(first: Estimate, constraints: SearchConstraints, memory_settings: MemorySettings | None,
