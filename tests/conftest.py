@@ -32,8 +32,11 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torc
 
 NATIVE_ABORT = "terminate called without an active exception"
 """A rank of a 2-process CPU DeepSpeed run aborts, rarely (SIGABRT from the C++ runtime: a joinable thread
-destroyed), after its ZeRO init: seen in two CI runs on 2026-12-04, in tests that passed before and after unchanged
-(tests/engines/test_user_scripts_fsdp_hf.py, test_user_script_bundles.py)."""
+destroyed), after its ZeRO init or at exit after the run's work: seen in two CI runs on 2026-12-04, in tests that
+passed before and after unchanged (tests/engines/test_user_scripts_fsdp_hf.py, test_user_script_bundles.py), and on
+2026-12-05 in tests/engines/test_hf_consolidated_save.py after both ranks had trained and written their shards;
+every 2-rank DeepSpeed launch of the suite goes through :func:`run_launcher` (test_deepspeed_bundles.py and
+emit/test_accelerate.py too)."""
 
 
 def run_launcher(cmd: list[str], *, before_retry=None, **kwargs) -> subprocess.CompletedProcess:

@@ -6,13 +6,12 @@ key, line) and contradictions with the world size."""
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
+from conftest import pick_free_port, run_launcher  # tests/ is on sys.path (no __init__)
 
 from autotune.api import make_plan
 from autotune.emit.accelerate import (
@@ -52,9 +51,10 @@ def _write_ds(tmp_path, cluster, plan) -> Path:
 def _launch(config: Path, cwd: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                           "--num_processes", "2", "--main_process_port", str(pick_free_port()), str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    # a rank's rare C++ abort is started once more (conftest.run_launcher)
+    proc = run_launcher([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                         "--num_processes", "2", "--main_process_port", str(pick_free_port()), str(SCRIPT)], cwd=cwd,
+                        env=env, timeout=300)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
     assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
     return results[0]

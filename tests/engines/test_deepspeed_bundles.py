@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
+from conftest import pick_free_port, run_launcher  # tests/ is on sys.path (no __init__)
 
 from autotune.resources import data_path
 
@@ -48,8 +48,7 @@ def emit(tmp: Path, layers: int, num_gpus: int, engine: str, *flags: str) -> Pat
 def run_script(bundle: Path, script: str, cwd: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(pick_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
-    proc = subprocess.run(["bash", str(bundle / script)], cwd=cwd, capture_output=True, text=True, timeout=400,
-                          env=env)
+    proc = run_launcher(["bash", str(bundle / script)], cwd=cwd, timeout=400, env=env)  # (conftest: a rank's rare abort)
     out = proc.stdout.splitlines()
     results = [ln for ln in out if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and results, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import pick_free_port  # tests/ is on sys.path (no __init__)
+from conftest import pick_free_port, run_launcher  # tests/ is on sys.path (no __init__)
 from test_user_script_bundles import _emit  # tests/engines is on sys.path
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("deepspeed_ops")]
@@ -47,9 +47,10 @@ SCRIPT = textwrap.dedent('''\
 
 def _train(tmp: Path, config: Path, out: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(pick_free_port()), str(tmp / "trainer.py"), str(config), str(out)],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    # a rank's rare C++ abort at exit is started once more (conftest.run_launcher), from an empty output folder
+    proc = run_launcher([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                         str(pick_free_port()), str(tmp / "trainer.py"), str(config), str(out)],
+                        before_retry=lambda: shutil.rmtree(out, ignore_errors=True), cwd=tmp, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
