@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accuracy_nvidia_recipes import express, label, load_rows  # noqa: E402
 
-from autotune.cli import main  # noqa: E402
+from autotune.cli import main as autotune_main  # noqa: E402
 
 CONTAINER = "26.08"
 KEEP = ("--model", "--gpu", "--num-gpus", "--gpus-per-node", "--seq-len", "--global-batch", "--precision",
@@ -48,14 +48,13 @@ def plan_argv(estimate_argv: list[str]) -> list[str]:
 def run_plan(argv: list[str]) -> dict:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--json"])
+        code = autotune_main([*argv, "--json"])
     if code != 0:
         raise SystemExit(f"{' '.join(argv)}: exit {code}: {err.getvalue()[-500:]}")
     return json.loads(out.getvalue())
 
 
-def main_(argv: list[str] | None = None) -> int:
-    del argv
+def main() -> int:
     rows = [r for r in load_rows() if r["container"] == CONTAINER and r["ep"] not in ("", "1", "n/a")]
     print(f"opt-in run settings: NVIDIA's {CONTAINER} MoE rows (full-iteration graph, HybridEP, EP overlap), "
           "tokens/s per GPU")
@@ -83,4 +82,4 @@ def main_(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main_())
+    raise SystemExit(main())

@@ -110,11 +110,10 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, s
     result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           memory_settings=job.settings, time_settings=settings, constraints=constraints,
                           top_k=top_k)
-    if setting_gains and result.ranked:
-        from autotune.search.setting_gains import setting_gains as gains_of
+    if setting_gains:
+        from autotune.search.setting_gains import with_setting_gains
 
-        result = replace(result, setting_gains=gains_of(result.candidates[0], result.ranked[0], constraints,
-                                                        job.settings, settings))
+        result = with_setting_gains(result, constraints, job.settings, settings)
     return current, result
 
 

@@ -193,12 +193,9 @@ def run(args: argparse.Namespace) -> int:
                                                         global_batch=args.global_batch, constraints=constraints))
         raise InputError(problems, subject="request")
     if args.objective == "step-time":  # what the opt-in run settings would gain (autotune.search.setting_gains)
-        from dataclasses import replace
+        from autotune.search.setting_gains import with_setting_gains
 
-        from autotune.search.setting_gains import setting_gains
-
-        result = replace(result, setting_gains=setting_gains(result.candidates[0], result.ranked[0], constraints,
-                                                             memory, time_settings(args)))
+        result = with_setting_gains(result, constraints, memory, time_settings(args))
     if args.objective == "goodput":
         from autotune.search.goodput_rank import rank_by_goodput
 

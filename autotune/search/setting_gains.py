@@ -33,13 +33,15 @@ from dataclasses import dataclass, replace
 from autotune.cost.estimate import Estimate, estimate
 from autotune.cost.time_settings import TimeSettings
 from autotune.engines import engine_for
+from autotune.report import plan_summary
 from autotune.rules import plan_problems
 from autotune.search.planner import search_plans
+from autotune.search.result import SearchResult
 from autotune.search.space import SearchConstraints
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, TP_OVERLAPS
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["OPT_IN_SETTINGS", "MOE_BUNDLES", "MIN_GAIN", "SettingGains", "setting_gains"]
+__all__ = ["OPT_IN_SETTINGS", "MOE_BUNDLES", "MIN_GAIN", "SettingGains", "setting_gains", "with_setting_gains"]
 
 OPT_IN_SETTINGS: dict[str, tuple[str, tuple[object, ...]]] = {
     "cuda_graph": ("--cuda-graph", tuple(v for v in CUDA_GRAPHS if v != "none")),
@@ -81,15 +83,11 @@ class SettingGains:
     False: the first plan with them, compared with itself."""
 
     def to_dict(self) -> dict:
-        from autotune.report import plan_summary
-
         return {"settings": dict(self.settings), "flags": list(self.flags), "gain": self.gain,
                 "scope": "search" if self.searched else "first plan", "plan": self.best.plan.to_dict(),
                 "summary": plan_summary(self.best.plan), "tokens_per_s": self.best.time.tokens_per_s}
 
     def text(self) -> str:
-        from autotune.report import plan_summary
-
         flags = " ".join(self.flags)
         if self.searched:
             return (f"opt-in run settings (not searched: each changes how the job runs): with {flags} the fastest "
@@ -186,3 +184,14 @@ def setting_gains(first: Estimate, fastest: Estimate, constraints: SearchConstra
     else:
         found = _first_plan(first, constraints, memory_settings, time_settings)
     return found if found is not None and found.gain >= MIN_GAIN else None
+
+
+def with_setting_gains(result: SearchResult, constraints: SearchConstraints,
+                       memory_settings: MemorySettings | None = None,
+                       time_settings: TimeSettings | None = None) -> SearchResult:
+    """``result`` (a search with ``constraints``) with what the opt-in settings would gain on its first plan
+    (:func:`setting_gains`, ``SearchResult.setting_gains``); as it is where it found no plan."""
+    if not result.ranked:
+        return result
+    return replace(result, setting_gains=setting_gains(result.candidates[0], result.ranked[0], constraints,
+                                                       memory_settings, time_settings))

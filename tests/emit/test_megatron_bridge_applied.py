@@ -204,31 +204,31 @@ def _hf_cache(root: Path) -> Path:
     """A hub cache holding the config.json of each recipe model, written from its preset."""
     for name in ("llama3-70b", "llama3-8b"):
         m = load_model_preset(name)
-        repo = bridge_recipe(m).hf_model
-        snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / ("0" * 40)
-        snap.mkdir(parents=True)
-        (snap.parents[1] / "refs").mkdir()
-        (snap.parents[1] / "refs" / "main").write_text("0" * 40)
-        (snap / "config.json").write_text(json.dumps({
+        _snapshot(root, bridge_recipe(m).hf_model, {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": m.hidden_size,
             "intermediate_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
             "num_hidden_layers": m.num_layers, "num_key_value_heads": m.kv_heads, "vocab_size": m.vocab_size,
             "rope_theta": m.rope_theta, "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-5,
             "tie_word_embeddings": m.tied_embeddings, "dtype": "bfloat16", "hidden_act": "silu",
-            "bos_token_id": 128000, "eos_token_id": 128001}))
+            "bos_token_id": 128000, "eos_token_id": 128001})
     _deepseek_config(root)
     return root
+
+
+def _snapshot(root: Path, repo: str, config: dict) -> None:
+    """``repo``'s config.json as the hub cache lays it out (one snapshot, refs/main naming it)."""
+    snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    (snap / "config.json").write_text(json.dumps(config))
 
 
 def _deepseek_config(root: Path) -> None:
     """DeepSeek-V3's config.json (the fields of deepseek-ai/DeepSeek-V3's own file), sizes from the preset."""
     m = load_model_preset("deepseek-v3")
     moe, mla = m.moe, m.mla
-    snap = root / ("models--" + bridge_recipe(m).hf_model.replace("/", "--")) / "snapshots" / ("0" * 40)
-    snap.mkdir(parents=True)
-    (snap.parents[1] / "refs").mkdir()
-    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
-    (snap / "config.json").write_text(json.dumps({
+    _snapshot(root, bridge_recipe(m).hf_model, {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": m.vocab_size,
         "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
         "moe_intermediate_size": moe.expert_ffn_hidden_size, "num_hidden_layers": m.num_layers,
@@ -243,7 +243,7 @@ def _deepseek_config(root: Path) -> None:
         "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "original_max_position_embeddings": 4096, "type": "yarn"},
         "tie_word_embeddings": m.tied_embeddings, "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
-        "torch_dtype": "bfloat16"}))
+        "torch_dtype": "bfloat16"})
 
 
 # What torch.cuda.get_device_properties reports on each case's GPU (name, major, minor): the preset's compute
