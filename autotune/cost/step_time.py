@@ -32,6 +32,7 @@ from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
 from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
 from autotune.cost.mtp import mtp_flops_per_token, mtp_head_s, mtp_layer_is_moe
+from autotune.cost.pp_sends import exposed_pp_sends
 from autotune.cost.kernels import rates
 from autotune.cost.launch import host_issue_s, host_launch_s, launch_exposed_s
 from autotune.cost.layer_passes import layer_passes
@@ -301,7 +302,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     hidden_dp = windowed - max(0.0, windowed - dp_window) + hidden_earlier
 
     # Pipeline: per micro-batch an activation send forward and a gradient send backward (1/t with SP's
-    # scatter-gather), on the critical path through all stages.
+    # scatter-gather); those the schedule waits for (autotune.cost.pp_sends).
     pp_comm = 0.0
     if plan.pp > 1:
         act_bytes = tokens * model.hidden_size * 2
@@ -309,7 +310,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         send_s = comm.p2p_s(act_bytes / split, pp_link)
         if sched.pp_scatter_gather and not plan.sequence_parallel and t > 1:
             send_s += comm.all_gather_s(act_bytes, t, comm.group_link(cluster, eff, t, 1))  # rebuilt over NVLink
-        pp_comm = (m + plan.pp - 1) * 2 * send_s
+        pp_comm = exposed_pp_sends(m, plan.pp, plan.vpp, sched.pp_overlap_interleaved) * send_s
 
     bubble = (plan.pp - 1) / plan.vpp * (compute_mb + comm_mb) if plan.pp > 1 else 0.0
 

@@ -174,6 +174,9 @@ class CommSchedule:
     pp_scatter_gather: bool = False
     """Pipeline sends split over the TP ranks: each sends 1/tp of the activation over its own NIC and the next
     stage all-gathers it over NVLink (Narayanan et al. 2021 Sec. 4.1); otherwise every TP rank sends it whole."""
+    pp_overlap_interleaved: bool = False
+    """The interleaved pipeline schedule posts its steady-phase sends asynchronously behind the next chunk's compute
+    (Megatron-core ``overlap_p2p_comm``); its warmup and cooldown sends still wait (``autotune.cost.pp_sends``)."""
     tp_backward_overlap: bool = False
     """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
     (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""

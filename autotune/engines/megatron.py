@@ -90,6 +90,9 @@ class MegatronEngine(Engine):
                         # p2p_communication.py: tensors split across TP ranks for the pipeline send and
                         # gathered on the receiver (the scatter/gather optimisation, Narayanan 2021 Sec. 4.1).
                         pp_scatter_gather=True,
+                        # --overlap-p2p-communication: on whenever vpp > 1 (arguments.py; Megatron-Bridge
+                        # training/comm_overlap.py:453-463 at 067f987), the steady phase's sends hidden
+                        pp_overlap_interleaved=True,
                         # --overlap-param-gather (emitted with --overlap-grad-reduce and the distributed optimizer):
                         # the updated weights' all-gather runs bucket by bucket behind the next forward.
                         param_gather_overlap=True,
