@@ -4,8 +4,9 @@ values outside a field's choices, and torchtitan's own parallel-degree rules.
 Sections and fields: ``torchtitan_keys.json`` (torchtitan v0.2.2 ``job_config.py``; its ConfigManager raises
 ``Invalid field names`` on anything else). Degrees: ``torchtitan/distributed/parallel_dims.py`` ``_validate``
 (dp_replicate x dp_shard x cp x tp x pp must equal WORLD_SIZE; dp_shard -1 takes the ranks left) and the expert
-mesh (ETP = TP or 1; ep x etp divides dp_shard x cp x tp: ``torchtitan_models.expert_mesh_problems_02``). Where torchtitan is importable, its ConfigManager loads the file too; where the installed torchtitan is 0.3 or
-later (no TOML job configs), the problem is the version, and the report says so.
+mesh (ETP = TP or 1; ep x etp divides dp_shard x cp x tp: ``torchtitan_models.expert_mesh_problems_02``). Where
+torchtitan is importable, its ConfigManager loads the file too; where the installed torchtitan is 0.3 or later (no
+TOML job configs), the problem is the version, and the report says so.
 """
 
 from __future__ import annotations
