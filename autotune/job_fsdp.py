@@ -9,6 +9,7 @@ from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
+from autotune.emit.torchtitan_models import expert_mesh_problems_02
 from autotune.emit.validate_files import file_kind
 from autotune.errors import InputError
 from autotune.inputs import read_json
@@ -91,9 +92,35 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         out["vpp"] = max(1, out["model"].num_layers // (pp * per_stage))
     if isinstance(data.get("loss_chunks"), int) and data["loss_chunks"] > 1:  # the 0.3 module's loss
         out["loss_chunks"] = data["loss_chunks"]
+    if file_kind(path) != "torchtitan-module":  # 0.3 has no expert tensor parallelism of its own
+        out |= _expert_tp(path, p, shard, out["tp"], out["cp"], out["ep"])
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, world
+
+
+def _expert_tp(path: str, p: dict, shard: int, tp: int, cp: int, ep: int) -> dict:
+    """The plan's etp from ``[parallelism] expert_tensor_parallel_degree`` (absent: 1, torchtitan v0.2.2's default,
+    config/job_config.py:464): InputError where torchtitan's ParallelDims refuses it, or where the FSDP engine cannot
+    run it (its experts split tp x ep: etp = tp, left unset in the plan, as the engine has it anyway)."""
+    etp = int(p.get("expert_tensor_parallel_degree", 1))
+    keys = {"ep": "expert_parallel_degree", "etp": "expert_tensor_parallel_degree"}
+    broken = expert_mesh_problems_02(shard if shard >= 1 else None, cp, tp, ep, etp, names=(keys["ep"], keys["etp"]),
+                                     etp_one=False)
+    if broken:
+        raise InputError([f"{path}: [parallelism] {keys[k]}: {message}: {fix}" for k, message, fix in broken],
+                         subject=_SUBJECT)
+    if ep == 1 or etp == tp:  # torchtitan: no effect with ep 1
+        return {}
+    given = "" if "expert_tensor_parallel_degree" in p else " (absent: torchtitan 0.2.2's default, job_config.py:464)"
+    keep = expert_mesh_problems_02(shard if shard >= 1 else None, cp, tp, ep, tp, names=(keys["ep"], keys["etp"]),
+                                   etp_one=False)
+    also = f", and {keep[0][2]}" if keep else ""
+    raise InputError([f"{path}: [parallelism] expert_tensor_parallel_degree {etp}{given} with tensor_parallel_degree "
+                      f"{tp} and expert_parallel_degree {ep}: torchtitan then runs the experts without tensor "
+                      f"parallelism, EP taking the tp ranks too (distributed/parallel_dims.py:136-138); autotune's "
+                      f"FSDP engine models experts split tp x ep only (etp = tp): set expert_tensor_parallel_degree = "
+                      f"{tp} in [parallelism]{also}, or tensor_parallel_degree = 1"], subject=_SUBJECT)
 
 
 def _converter(model: dict, names: tuple[str, ...]) -> bool:

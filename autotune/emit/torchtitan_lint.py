@@ -3,9 +3,10 @@ values outside a field's choices, and torchtitan's own parallel-degree rules.
 
 Sections and fields: ``torchtitan_keys.json`` (torchtitan v0.2.2 ``job_config.py``; its ConfigManager raises
 ``Invalid field names`` on anything else). Degrees: ``torchtitan/distributed/parallel_dims.py`` ``_validate``
-(dp_replicate x dp_shard x cp x tp x pp must equal WORLD_SIZE; dp_shard -1 takes the ranks left; ETP = TP or
-1). Where torchtitan is importable, its ConfigManager loads the file too; where the installed torchtitan is 0.3 or
-later (no TOML job configs), the problem is the version, and the report says so.
+(dp_replicate x dp_shard x cp x tp x pp must equal WORLD_SIZE; dp_shard -1 takes the ranks left) and the expert
+mesh (ETP = TP or 1; ep x etp divides dp_shard x cp x tp: ``torchtitan_models.expert_mesh_problems_02``). Where
+torchtitan is importable, its ConfigManager loads the file too; where the installed torchtitan is 0.3 or later (no
+TOML job configs), the problem is the version, and the report says so.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
+from autotune.emit.torchtitan_models import expert_mesh_problems_02
 from autotune.inputs import parse_toml, read_text
 
 __all__ = ["torchtitan_key_table", "torchtitan_config_problems", "torchtitan_job_sizes", "read_torchtitan_config",
@@ -212,10 +214,10 @@ def _rule_problems(data: dict, world_size: int, bad) -> None:
         bad(("parallelism",), f"dp_replicate({rep}) * dp_shard({shard}) * cp({cp}) * tp({tp}) * pp({pp}) = "
             f"{rest * shard} != WORLD_SIZE({world_size}) (torchtitan ParallelDims asserts)",
             f"make the degrees multiply to {world_size}, or set data_parallel_shard_degree = -1")
-    ep, etp = get["expert_parallel_degree"], get["expert_tensor_parallel_degree"]
-    if ep > 1 and etp not in (1, tp):
-        bad(("parallelism", "expert_tensor_parallel_degree"), "Currently we only support ETP=TP or ETP=1 "
-            "(torchtitan ParallelDims)", f"set expert_tensor_parallel_degree to 1 or {tp}")
+    keys = {"ep": "expert_parallel_degree", "etp": "expert_tensor_parallel_degree"}
+    for degree, message, fix in expert_mesh_problems_02(shard, cp, tp, get[keys["ep"]], get[keys["etp"]],
+                                                        names=(keys["ep"], keys["etp"])):
+        bad(("parallelism", keys[degree]), message, fix)
     schedule = p.get("pipeline_parallel_schedule", "1F1B")
     if isinstance(schedule, str) and schedule not in PIPELINE_SCHEDULES:
         near = difflib.get_close_matches(schedule, PIPELINE_SCHEDULES, n=1, cutoff=0.5)

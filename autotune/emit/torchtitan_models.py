@@ -7,10 +7,13 @@ are the ones that depend on the model package (``qwen3``, ``gpt_oss``) or on MoE
 
 from __future__ import annotations
 
+import math
+
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["NO_PIPELINING_02", "model_problems_02", "model_problems_03", "expert_problems_02"]
+__all__ = ["NO_PIPELINING_02", "PARALLEL_DIMS_02", "model_problems_02", "model_problems_03", "expert_problems_02",
+           "expert_mesh_problems_02"]
 
 # v0.2.2 TrainSpecs without a pipelining function: train.py:218-223 raises "Pipeline Parallel is enabled but
 # {name} does not support pipelining" for them. 0.3.0 gives both ``pipelining_fn=pipeline_llm``
@@ -43,22 +46,60 @@ def model_problems_02(name: str | None, plan: ParallelPlan, *, compiles: bool, h
     return out
 
 
+# torchtitan v0.2.2's ParallelDims (distributed/parallel_dims.py): _validate asserts ETP = TP or 1 when ep > 1
+# (:58-59); build_mesh cuts dp_shard x cp x tp into efsdp x ep x etp, efsdp = dp_shard x cp x tp // (etp x ep)
+# (:136-138), and unflattens the world into (pp, dp_replicate, efsdp, ep, etp) (:154-158), which raises unless ep x etp
+# divides dp_shard x cp x tp: with etp = tp, ep divides dp_shard x cp; with etp = 1, ep divides dp_shard x cp x tp.
+PARALLEL_DIMS_02 = "distributed/parallel_dims.py"
+
+
+def expert_mesh_problems_02(dp_shard: int | None, cp: int, tp: int, ep: int, etp: int, *,
+                            names: tuple[str, str] = ("ep", "etp"), etp_one: bool = True) -> list[tuple[str, str, str]]:
+    """torchtitan v0.2.2's ParallelDims rules for the expert mesh, as (the degree at fault, "ep" or "etp"; the rule
+    broken, with its source line; the way out). ``names``: how the caller's user writes ep and etp (flags or TOML
+    keys); ``etp_one``: whether etp = 1 (EP takes the tp ranks too) is a way out (not for a plan whose experts split
+    tp x ep); ``dp_shard`` None: not known yet (-1 without a world size), the ETP rule alone. One source for the
+    TOML writer, its linter and its reader."""
+    ep_name, etp_name = names
+    dense = (dp_shard or 1) * cp * tp
+    if ep > 1 and etp not in (1, tp):
+        ways = [e for e in ((tp, 1) if etp_one else (tp,)) if dp_shard is None or dense % (e * ep) == 0] or [tp]
+        return [("etp", f"etp {etp} with ep {ep} and tp {tp}: torchtitan 0.2.2 asserts \"Currently we only support "
+                 f"ETP=TP or ETP=1\" ({PARALLEL_DIMS_02}:58-59)",
+                 f"set {etp_name} to " + " or ".join(f"{e}" + (" (= tp)" if e == tp else "") for e in ways))]
+    if dp_shard is None or dense % (ep * etp) == 0:
+        return []
+    message = (f"ep {ep} x etp {etp} = {ep * etp} does not divide dp_shard x cp x tp = {dense}: torchtitan 0.2.2 "
+               f"cuts those ranks into efsdp x ep x etp (efsdp = {dense} // {ep * etp}, {PARALLEL_DIMS_02}:136-138) "
+               f"and unflattening the world mesh into them raises ({PARALLEL_DIMS_02}:154-158)")
+    if dense % etp:  # ep 1 (ParallelDims asserts nothing of etp then), yet the expert mesh is built all the same
+        return [("etp", message, f"set {etp_name} to {tp} (= tp)" + (" or 1" if etp_one and tp > 1 else ""))]
+    room = dense // etp  # the ranks EP may take: dp_shard x cp (etp = tp), x tp as well (etp = 1)
+    fits = _divisors(room)
+    near = [max((d for d in fits if d < ep), default=0), min((d for d in fits if d > ep), default=0)]
+    fix = (f"set {ep_name} to " + " or ".join(str(d) for d in near if d) + " (" * any(near) + "a divisor of dp_shard x "
+           f"cp{' x tp' if etp == 1 and tp > 1 else ''} = {room}" + ")" * any(near))
+    if etp_one and etp != 1 and dense % ep == 0:
+        fix += f", or {etp_name} to 1 (EP takes the tp ranks too)"
+    return [("ep", message, fix)]
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (none past 10^12, where a hostile file's degrees would take long to factor)."""
+    if n > 10**12:
+        return []
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
 def expert_problems_02(model: ModelSpec, plan: ParallelPlan) -> list[str]:
-    """torchtitan v0.2.2's ParallelDims rules for the expert mesh (experts split ep x etp; FSDP over the rest)."""
+    """The expert-mesh rules (:func:`expert_mesh_problems_02`) for a plan, whose experts split ep x etp (etp = tp
+    unless the plan says; FSDP over the rest)."""
     if not model.is_moe or plan.ep == 1:
         return []
-    out = []
-    etp = plan.expert_tp
-    if etp not in (1, plan.tp):
-        out.append(f"etp {etp}: torchtitan 0.2.2 asserts \"Currently we only support ETP=TP or ETP=1\" "
-                   "(distributed/parallel_dims.py:58-59): leave etp unset (= tp)")
     replicate = plan.dp if plan.zero_stage == 0 else plan.dp_replicate
-    dense = plan.dp // replicate * plan.cp * plan.tp
-    if dense % (plan.ep * etp):
-        out.append(f"torchtitan 0.2.2 cuts dp_shard x cp x tp = {dense} ranks into efsdp x ep x etp "
-                   f"(distributed/parallel_dims.py:136-157): ep {plan.ep} x etp {etp} does not divide it; "
-                   "choose an ep that divides dp_shard x cp")
-    return out
+    return [f"{message}: {fix}" for _, message, fix in expert_mesh_problems_02(
+        plan.dp // replicate, plan.cp, plan.tp, plan.ep, plan.expert_tp, names=("--ep", "--etp"), etp_one=False)]
 
 
 def model_problems_03(package: str, model: ModelSpec, plan: ParallelPlan) -> list[str]:
