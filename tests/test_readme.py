@@ -121,6 +121,8 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "fits: yes" in out and "1 multi-token-prediction module" in out
             elif argv[0] == "estimate":
                 assert "per-GPU memory" in out and "step time per optimizer step" in out and "legend:" in out
+                # the promise of its comment: TP userbuffers, +9%
+                assert re.search(r"this plan with --tp-overlap userbuffers: [\d,]+ tokens/s, \+9\.\d%", out), out
             elif argv[0] == "plan" and "--min-gpus" in argv:
                 assert "trains on at least" in out and "autotune plan: [" in err  # progress on stderr
             elif argv[0] == "plan" and "--max-model" in argv:

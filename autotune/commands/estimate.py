@@ -26,7 +26,7 @@ from autotune.commands.engine_version import (
     release_run_settings,
 )
 
-__all__ = ["register", "run", "estimate_from_flags"]
+__all__ = ["register", "run", "estimate_from_flags", "flags_estimate"]
 
 
 def register(sub) -> None:
@@ -43,6 +43,12 @@ def register(sub) -> None:
 
 
 def estimate_from_flags(args: argparse.Namespace):
+    """The Estimate of the plan the flags state."""
+    return flags_estimate(args)[0]
+
+
+def flags_estimate(args: argparse.Namespace):
+    """(the Estimate of the plan the flags state, its MemorySettings, its TimeSettings)."""
     from autotune.api import estimate, make_plan
     from autotune.specs.settings import MemorySettings
 
@@ -68,7 +74,8 @@ def estimate_from_flags(args: argparse.Namespace):
         expandable_segments=bool(getattr(args, "expandable_segments", False)),
         **run_code_settings(args),
     )
-    return estimate(model, cluster, plan, settings, replace(time_settings(args), **cost))
+    timing = replace(time_settings(args), **cost)
+    return estimate(model, cluster, plan, settings, timing), settings, timing
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,19 +85,21 @@ def run(args: argparse.Namespace) -> int:
     from autotune.cost.goodput import goodput
 
     if getattr(args, "from_files", None):
-        from autotune.commands.from_job import estimate_from_job
+        from autotune.commands.from_job import job_estimate
 
-        result = estimate_from_job(args)
+        result, memory, timing = job_estimate(args)
     else:
-        result = estimate_from_flags(args)
+        result, memory, timing = flags_estimate(args)
     model, cluster, plan = result.model, result.cluster, result.plan
+    gains = _setting_gains(result, memory, timing)
     releases = engine_releases(args, [plan.engine])
     if args.engine_version:
         print_versions(releases, command="estimate")
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
-                         "assumed_settings": assumed_settings(plan, time_settings(args), cluster)}))
+                         "assumed_settings": assumed_settings(plan, time_settings(args), cluster),
+                         "setting_gains": None if gains is None else gains.to_dict()}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
                            host_at_save=kept.policy.host_at_save))
@@ -100,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
         print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args), cluster)))
+        if gains is not None:
+            print(gains.text())
         if model.num_mtp_layers and not plan.mtp_layers:
             n = model.num_mtp_layers
             print(f"not trained: the checkpoint's {n} multi-token-prediction module{'s' if n > 1 else ''} "
@@ -111,5 +122,16 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(plan_legend([plan]))
     return EXIT_OK
+
+
+def _setting_gains(result, memory, timing):
+    """What the opt-in run settings the command line and the job's files left at the engine's defaults would gain
+    on this plan (``autotune.search.setting_gains.plan_setting_gains``); None where none gains enough. A setting the
+    plan holds (given as a flag, read from the job's files or taken from the engine release's defaults) is kept."""
+    from autotune.search.setting_gains import plan_setting_gains
+    from autotune.specs.plan import RUN_SETTINGS
+
+    fixed = [name for name in RUN_SETTINGS if getattr(result.plan, name) is not None]
+    return plan_setting_gains(result, fixed, memory, timing)
 
 

@@ -12,7 +12,7 @@ from autotune.errors import InputError
 from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
-__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "plan_from_job", "plan_diff", "alternatives"]
+__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate", "plan_from_job", "plan_diff", "alternatives"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
@@ -55,6 +55,11 @@ def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp
 
 def estimate_from_job(args: argparse.Namespace):
     """The Estimate of the job ``--from`` states (tp/pp/cp flags: for a DeepSpeed JSON, which does not hold them)."""
+    return job_estimate(args)[0]
+
+
+def job_estimate(args: argparse.Namespace):
+    """(the Estimate of the job ``--from`` states, its MemorySettings, its TimeSettings)."""
     from autotune.cost.estimate import estimate
 
     job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute)
@@ -75,7 +80,8 @@ def estimate_from_job(args: argparse.Namespace):
             raise InputError(refused, subject="run settings with --from")
     policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
     ts = time_settings(args)
-    return estimate(job.model, job.cluster, plan, job.settings, replace(ts, selective_policy=policy) if policy else ts)
+    ts = replace(ts, selective_policy=policy) if policy else ts
+    return estimate(job.model, job.cluster, plan, job.settings, ts), job.settings, ts
 
 
 def _key(plan) -> tuple:

@@ -21,6 +21,10 @@ would gain, by the same cost model:
 * otherwise each combination of the opt-in settings (:data:`OPT_IN_SETTINGS`) on the first plan itself (a dozen
   estimates), the fastest that passes every rule and fits.
 
+`autotune estimate` says it of the one plan it estimates (:func:`plan_setting_gains`): each combination of the
+settings the command line and the job's files left open on that plan itself, for a mixture of experts with the
+bundles' dispatcher and EP overlap among them (so each bundle is one combination), no search.
+
 Only speed settings are tried; the ones that change what trains (gradient dtype, FP8 recipe, token dropping,
 multi-token prediction) or only move memory (activation offload, the chunked loss) stay the user's to choose.
 """
@@ -28,6 +32,7 @@ multi-token prediction) or only move memory (activation offload, the chunked los
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from autotune.cost.estimate import Estimate, estimate
@@ -41,7 +46,8 @@ from autotune.search.space import SearchConstraints
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, TP_OVERLAPS
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["OPT_IN_SETTINGS", "MOE_BUNDLES", "MIN_GAIN", "SettingGains", "setting_gains", "with_setting_gains"]
+__all__ = ["OPT_IN_SETTINGS", "MOE_BUNDLES", "MIN_GAIN", "SettingGains", "setting_gains", "plan_setting_gains",
+           "with_setting_gains"]
 
 OPT_IN_SETTINGS: dict[str, tuple[str, tuple[object, ...]]] = {
     "cuda_graph": ("--cuda-graph", tuple(v for v in CUDA_GRAPHS if v != "none")),
@@ -52,8 +58,9 @@ OPT_IN_SETTINGS: dict[str, tuple[str, tuple[object, ...]]] = {
 """{plan field: (flag, values tried)}: the speed-only run settings tried on the first plan, each value but the
 engines' default."""
 
-MOE_FLAGS = {"cuda_graph": "--cuda-graph", "moe_dispatcher": "--moe-dispatcher", "ep_overlap": "--ep-overlap",
-             "tp_overlap": "--tp-overlap"}
+FLAGS = {name: flag for name, (flag, _) in OPT_IN_SETTINGS.items()} | {"moe_dispatcher": "--moe-dispatcher",
+                                                                        "ep_overlap": "--ep-overlap"}
+"""{plan field: the flag that sets it} of every setting tried."""
 MOE_BUNDLES: tuple[dict[str, object], ...] = (
     {"cuda_graph": "full-iteration", "moe_dispatcher": "flex-hybridep", "ep_overlap": "a2a-delay-wgrad",
      "tp_overlap": "userbuffers"},
@@ -78,13 +85,18 @@ class SettingGains:
     best: Estimate
     gain: float
     """Predicted tokens/s of ``best`` over the compared plan's, minus 1."""
-    searched: bool
-    """True: ``best`` is the fastest plan of a search with the settings, compared with this search's fastest;
-    False: the first plan with them, compared with itself."""
+    scope: str
+    """"search": ``best`` is the fastest plan of a search with the settings, compared with this search's fastest;
+    "first plan": the search's first plan with them, compared with itself; "this plan": the plan `autotune estimate`
+    estimated, with them, compared with itself."""
+
+    @property
+    def searched(self) -> bool:
+        return self.scope == "search"
 
     def to_dict(self) -> dict:
         return {"settings": dict(self.settings), "flags": list(self.flags), "gain": self.gain,
-                "scope": "search" if self.searched else "first plan", "plan": self.best.plan.to_dict(),
+                "scope": self.scope, "plan": self.best.plan.to_dict(),
                 "summary": plan_summary(self.best.plan), "tokens_per_s": self.best.time.tokens_per_s}
 
     def text(self) -> str:
@@ -93,6 +105,9 @@ class SettingGains:
             return (f"opt-in run settings (not searched: each changes how the job runs): with {flags} the fastest "
                     f"plan is {plan_summary(self.best.plan)} at {self.best.time.tokens_per_s:,.0f} tokens/s, "
                     f"{self.gain:+.1%} over this search's fastest (add the flags to rank every plan with them)")
+        if self.scope == "this plan":
+            return (f"opt-in run settings (not searched: each changes how the job runs): this plan with {flags}: "
+                    f"{self.best.time.tokens_per_s:,.0f} tokens/s, {self.gain:+.1%}")
         return (f"opt-in run settings (not searched: each changes how the job runs): #1 with {flags} "
                 f"{self.gain:+.1%} (add the flags to rank every plan with them)")
 
@@ -132,23 +147,41 @@ def _moe_search(fastest: Estimate, first: Estimate, engine: str, constraints: Se
             top = found.ranked[0]
             # the settings its plan uses (an EP overlap says nothing to an ep=1 plan, a TP overlap to tp=1)
             used = {name: value for name, value in asked.items() if getattr(top.plan, name) == value}
-            gains = SettingGains(used, _flags(used, MOE_FLAGS), top,
-                                 top.time.tokens_per_s / fastest.time.tokens_per_s - 1, True)
+            gains = SettingGains(used, _flags(used, FLAGS), top,
+                                 top.time.tokens_per_s / fastest.time.tokens_per_s - 1, "search")
             if best is None or gains.gain > best.gain:
                 best = gains
     return best
 
 
-def _first_plan(first: Estimate, constraints: SearchConstraints, memory_settings: MemorySettings | None,
-                time_settings: TimeSettings | None) -> SettingGains | None:
+def _options(first: Estimate, fixed: Collection[str]) -> list[tuple[str, tuple[object, ...]]]:
+    """[(plan field, (None, each value tried))]: the opt-in settings the plan leaves at the engine's default, ``fixed``
+    does not name and its engine runs; for a mixture of experts also the MoE bundles' dispatcher and EP overlap, so
+    that each bundle is one of the combinations."""
     plan = first.plan
     support = engine_for(plan).support
+    tried = {name: values for name, (_, values) in OPT_IN_SETTINGS.items()}
+    if first.model.is_moe:
+        for bundle in MOE_BUNDLES:
+            for name, value in bundle.items():
+                if value not in tried.setdefault(name, ()):
+                    tried[name] += (value,)
     options: list[tuple[str, tuple[object, ...]]] = []
-    for name, (_, values) in OPT_IN_SETTINGS.items():
-        if getattr(constraints, name) is None and getattr(plan, name) in (None, False, "none"):
+    for name, values in tried.items():
+        if name not in fixed and getattr(plan, name) in (None, False, "none"):
             runs = tuple(v for v in values if support.runs(name, v))
             if runs:
                 options.append((name, (None, *runs)))
+    return options
+
+
+def plan_setting_gains(first: Estimate, fixed: Collection[str] = (), memory_settings: MemorySettings | None = None,
+                       time_settings: TimeSettings | None = None, *, scope: str = "this plan") -> SettingGains | None:
+    """The best combination of the opt-in settings (:func:`_options`) on ``first``'s plan itself, the fastest that
+    passes every rule (the checks `autotune estimate` makes of a plan) and fits, against that plan; ``fixed``, the
+    plan fields the user set (kept); None where no combination gains ``MIN_GAIN``."""
+    plan = first.plan
+    options = _options(first, fixed)
     # the plan again with the settings the variants get (the search may have estimated it with its engine
     # release's cost settings: SearchResult.release_cost_settings), so that the gain compares like with like
     base = estimate(first.model, first.cluster, plan, memory_settings, time_settings)
@@ -167,10 +200,9 @@ def _first_plan(first: Estimate, constraints: SearchConstraints, memory_settings
         gain = other.time.tokens_per_s / base.time.tokens_per_s - 1
         if other.memory.fits and (best is None or gain > best[0]):
             best = (gain, asked, other)
-    if best is None:
+    if best is None or best[0] < MIN_GAIN:
         return None
-    flag_of = {name: flag for name, (flag, _) in OPT_IN_SETTINGS.items()}
-    return SettingGains(best[1], _flags(best[1], flag_of), best[2], best[0], False)
+    return SettingGains(best[1], _flags(best[1], FLAGS), best[2], best[0], scope)
 
 
 def setting_gains(first: Estimate, fastest: Estimate, constraints: SearchConstraints,
@@ -182,7 +214,8 @@ def setting_gains(first: Estimate, fastest: Estimate, constraints: SearchConstra
     if engine is not None:
         found = _moe_search(fastest, first, engine, constraints, memory_settings, time_settings)
     else:
-        found = _first_plan(first, constraints, memory_settings, time_settings)
+        fixed = [name for name in FLAGS if getattr(constraints, name) is not None]
+        found = plan_setting_gains(first, fixed, memory_settings, time_settings, scope="first plan")
     return found if found is not None and found.gain >= MIN_GAIN else None
 
 
