@@ -33,6 +33,9 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
     if run.time_overrides.get("tp_backward_overlap") is False:
         return ("2021-22 code reduced the TP input gradient synchronously in backward; no release the CLI models "
                 "(Megatron-core 0.16-0.19, Megatron-DeepSpeed) does, and no flag states it")
+    if run.time_overrides.get("pp_overlap_interleaved") is False and plan.pp > 1 and plan.vpp > 1:
+        return ("Megatron-LM before mid-2023 waited for every send of its interleaved pipeline schedule; the releases "
+                "the CLI models overlap them (overlap_p2p_comm, autotune.cost.pp_sends), and no flag states it")
     if run.time_overrides.get("zero3_list_collectives"):
         return ("DeepSpeed before v0.5.5 gathered and reduce-scattered ZeRO-3 parameters through per-rank tensor "
                 "lists (autotune.cost.zero3_gathers); the release the CLI models (0.19) coalesces them")

@@ -174,6 +174,10 @@ def _one(entry: dict) -> PublishedRun:
         # all-reduce); the async dgrad all-reduce behind the wgrad GEMM came with Megatron-LM's
         # LinearWithGradAccumulationAndAsyncCommunication (used by Korthikanti 2022).
         over["tp_backward_overlap"] = False
+    if rid.startswith(("narayanan21", "korthikanti22")):
+        # Megatron-LM's interleaved schedule waited for every send until overlap_p2p_comm (Megatron-LM f9283c5a8a,
+        # 2023-05-31 "Add option to overlap p2p communication"; the default from 4eeff55d1f, 2023-10-12).
+        over["pp_overlap_interleaved"] = False
     if rid.startswith("narayanan21-t2-zero3"):
         # DeepSpeed of 2021 (v0.3.x): ZeRO-3 gathers and reduce-scatters through per-rank tensor lists
         # (autotune.cost.zero3_gathers); the coalesced collectives came in v0.5.5 (#1188) and v0.6.0 (#1453).

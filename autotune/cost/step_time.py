@@ -310,7 +310,9 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         send_s = comm.p2p_s(act_bytes / split, pp_link)
         if sched.pp_scatter_gather and not plan.sequence_parallel and t > 1:
             send_s += comm.all_gather_s(act_bytes, t, comm.group_link(cluster, eff, t, 1))  # rebuilt over NVLink
-        pp_comm = exposed_pp_sends(m, plan.pp, plan.vpp, sched.pp_overlap_interleaved) * send_s
+        overlapped = sched.pp_overlap_interleaved if settings.pp_overlap_interleaved is None \
+            else settings.pp_overlap_interleaved
+        pp_comm = exposed_pp_sends(m, plan.pp, plan.vpp, overlapped) * send_s
 
     bubble = (plan.pp - 1) / plan.vpp * (compute_mb + comm_mb) if plan.pp > 1 else 0.0
 

@@ -29,6 +29,9 @@ class TimeSettings:
     tp_backward_overlap: bool | None = None
     """The backward's TP collectives behind the weight-gradient GEMMs (``CommSchedule.tp_backward_overlap``);
     None: the engine's default."""
+    pp_overlap_interleaved: bool | None = None
+    """The interleaved schedule's steady-phase sends behind compute (``CommSchedule.pp_overlap_interleaved``);
+    None: the engine's default."""
     selective_policy: str | None = None
     """What selective recompute reruns (``engines.facts.SELECTIVE_POLICIES``); None: the engine's own."""
     torch_compile: bool = False
