@@ -9,7 +9,7 @@ from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
-from autotune.emit.torchtitan_models import expert_mesh_problems_02
+from autotune.emit.torchtitan_models import expert_mesh_problems_02, experts_without_tp_03
 from autotune.emit.validate_files import file_kind
 from autotune.errors import InputError
 from autotune.inputs import read_json
@@ -94,6 +94,11 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         out["loss_chunks"] = data["loss_chunks"]
     if file_kind(path) != "torchtitan-module":  # 0.3 has no expert tensor parallelism of its own
         out |= _expert_tp(path, p, shard, out["tp"], out["cp"], out["ep"])
+    elif out["ep"] > 1 and out["tp"] > 1:
+        raise InputError([f"{path}: {experts_without_tp_03(out['tp'], out['ep'], 'engine models')}: set "
+                          "tensor_parallel_degree = 1 (or expert_parallel_degree = 1) in the module's "
+                          "ParallelismConfig, or write a torchtitan 0.2 TOML with expert_tensor_parallel_degree = tp"],
+                         subject=_SUBJECT)
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, world

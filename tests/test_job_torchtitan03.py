@@ -76,3 +76,22 @@ def test_a_file_that_is_not_python_is_exit_2(tmp_path, capsys):
     code = main(["estimate", "--from", str(path), "--gpu", GPU, "--num-gpus", "8"])
     err = capsys.readouterr().err
     assert code == 2 and "not a Python module" in err and "Traceback" not in err
+
+
+def test_a_moe_module_with_tp_and_ep_is_exit_2_naming_the_fix(tmp_path, capsys):
+    # torchtitan 0.3 runs experts without TP when ep > 1 (EP borrows the tp ranks); the FSDP engine models experts
+    # split tp x ep, so a hand-edited module with both is refused, not estimated as another program
+    model, cluster = load_model_preset("qwen3-30b-a3b"), load_cluster(gpu=GPU, num_gpus=16)
+    plan = make_plan(model, cluster, global_batch_size=64, seq_len=4096, engine="fsdp", ep=4, zero_stage=3,
+                     recompute="full")
+    path = tmp_path / "torchtitan_plan.py"
+    text = render_bundle(estimate(model, cluster, plan), EmitOptions(torchtitan_version="0.3")).files[path.name]
+    path.write_text(text)
+    assert main(["estimate", "--from", str(path), "--gpu", GPU]) == 0  # tp 1: read as written
+    capsys.readouterr()
+    path.write_text(text.replace("data_parallel_shard_degree=16", "data_parallel_shard_degree=8")
+                    .replace("tensor_parallel_degree=1", "tensor_parallel_degree=2"))
+    assert main(["estimate", "--from", str(path), "--gpu", GPU]) == 2
+    err = capsys.readouterr().err
+    assert "tp 2 with ep 4" in err and "moe_sharding.py" in err and "tensor_parallel_degree = 1" in err
+    assert "Traceback" not in err

@@ -13,7 +13,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["NO_PIPELINING_02", "PARALLEL_DIMS_02", "model_problems_02", "model_problems_03", "expert_problems_02",
-           "expert_mesh_problems_02"]
+           "expert_mesh_problems_02", "experts_without_tp_03"]
 
 # v0.2.2 TrainSpecs without a pipelining function: train.py:218-223 raises "Pipeline Parallel is enabled but
 # {name} does not support pipelining" for them. 0.3.0 gives both ``pipelining_fn=pipeline_llm``
@@ -113,9 +113,15 @@ def model_problems_03(package: str, model: ModelSpec, plan: ParallelPlan) -> lis
     if model.is_moe and plan.ep > 1 and plan.tp > 1 and plan.expert_tp != 1:
         # The FSDP engine's estimate splits every expert tp ways inside its EP rank (etp = tp, as torchtitan 0.2's
         # expert_tensor_parallel_degree = tp); 0.3 has no such degree.
-        out.append(f"tp {plan.tp} with ep {plan.ep}: torchtitan 0.3 has no expert tensor parallelism: with ep > 1 "
-                   "the expert weights are sharded over ep only (models/common/moe_sharding.py:29-47, 201-209) and EP "
-                   "borrows ranks from dp_shard x cp x tp (config/configs.py:279-287), not the tp x ep split this "
-                   "plan was estimated with: use --tp 1 with ep, --ep 1 with tp, or emit with "
-                   "--engine-version fsdp=0.2 (expert_tensor_parallel_degree = tp)")
+        out.append(experts_without_tp_03(plan.tp, plan.ep, "plan was estimated with") +
+                   ": use --tp 1 with ep, --ep 1 with tp, or emit with --engine-version fsdp=0.2 "
+                   "(expert_tensor_parallel_degree = tp)")
     return out
+
+
+def experts_without_tp_03(tp: int, ep: int, whose: str) -> str:
+    """Why torchtitan 0.3 runs tp > 1 with ep > 1 other than the FSDP engine models it (``whose``: "plan was
+    estimated with" / "engine models")."""
+    return (f"tp {tp} with ep {ep}: torchtitan 0.3 has no expert tensor parallelism: with ep > 1 the expert weights "
+            "are sharded over ep only (models/common/moe_sharding.py:29-47, 201-209) and EP borrows ranks from "
+            f"dp_shard x cp x tp (config/configs.py:279-287), not the tp x ep split this {whose}")
