@@ -131,6 +131,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
+    "fp8_attention": "the engine cannot run attention in FP8 (Megatron only; not with this FP8 recipe)",
     "moe_capacity_factor": "the engine cannot drop tokens over an expert capacity (or not so for this model)",
     "full_iteration_moe": "its whole-iteration CUDA graph cannot capture MoE layers whose dispatcher syncs on the host",
     "cp_comm_type": "the engine has no such context-parallel exchange (or not for this model or layout)",

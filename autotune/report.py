@@ -212,7 +212,7 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
         backward = c.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
         out.append(f"TP communication overlap: {overlap}" + asked("tp_overlap", "--tp-overlap")
                    + (", backward input-gradient collective behind the weight-gradient GEMM" if backward else ""))
-    out.append(f"attention kernel {c.attention_kernel}")
+    out.append(f"attention kernel {c.attention_kernel}" + (" in FP8 (--fp8-attention)" if plan.fp8_attention else ""))
     compiled = run_settings.compiled(plan, settings, engine)
     out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels)
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))

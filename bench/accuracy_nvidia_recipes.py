@@ -8,7 +8,7 @@ how far off the cost model is on them, and where NVIDIA's plan ranks in the plan
 Accuracy: each row NVIDIA's plan (their tp/pp/cp/vp/ep/mbs/gbs/seq/precision, Megatron engine, distributed optimizer)
 goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code;
 nothing fitted here), with the run settings of NVIDIA's recipe for that row that the tool has flags for (recompute,
-CUDA graphs, TP and EP communication overlap: bench/nvidia_recipe_settings.py reads them, each with its recipe file
+CUDA graphs, TP / EP overlap, FP8 attention: bench/nvidia_recipe_settings.py reads them, each with its recipe file
 and line, from bench/data/nvidia_recipe_settings.csv); the settings it cannot express are counted in a table. Where no
 recipe at the cited commit runs the row's plan (older containers), the tool's default settings are taken and each
 recompute mode is estimated, the fastest that fits kept (as bench/accuracy_published.py takes the fastest candidate

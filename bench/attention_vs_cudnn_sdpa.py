@@ -16,6 +16,9 @@ causal, all of them unmasked, the window with one) at the GPU's attention rate t
 L keys as a causal one of 2L, the same useful keys a row), plus the exponentials beyond the GPU's reference rate;
 the backward as ``layer_time.attention_bwd_s``. A layer runs both, so fwd + bwd is the figure the step depends on;
 their split only matters to recompute.
+
+The fp8 / mxfp8 rows (``data_type``) are costed as a plan with FP8 attention is (``autotune.cost.fp8_attention``): the
+BF16 call's passes over the recipe's speedups for the head width, a windowed call's backward over every causal tile.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.cost import fp8_attention
 from autotune.cost.attention_head_dim import head_dim_factor
 from autotune.cost.attention_seq import key_length_factor
 from autotune.cost.efficiency import DEFAULT_EFFICIENCY
@@ -48,6 +52,7 @@ class Call:
     model: str
     mask: str
     seq: int
+    data_type: str
     measured_fwd: float
     measured_bwd: float
     model_fwd: float
@@ -68,7 +73,15 @@ _RATES: dict[str, object] = {}
 
 
 def modelled_s(gpu: str, row: dict) -> tuple[float, float]:
-    """(forward, backward) seconds of the row's call by the cost model, isolated."""
+    """(forward, backward) seconds of the row's call by the cost model, isolated; FP8 rows with FP8 attention."""
+    if row.get("data_type", "bf16") != "bf16":
+        fwd_x, bwd_x = fp8_attention.speedup("te-mxfp8" if row["data_type"] == "mxfp8" else "te-current",
+                                             int(row["head_dim_qk"]))
+        bf16 = dict(row, data_type="bf16")
+        forward, backward = modelled_s(gpu, bf16)
+        if row["window"]:  # the FP8 backward runs every causal tile (fp8_attention, attention_tiles.fp8_backward_share)
+            backward = modelled_s(gpu, dict(bf16, window=""))[1]
+        return forward / fwd_x, backward / bwd_x
     if gpu not in _RATES:
         isolated = DEFAULT_EFFICIENCY.with_(gemm_peak_fraction=1.0)
         _RATES[gpu] = rates(load_cluster(gpu=gpu, num_gpus=1), "bf16", isolated, KERNEL, None)
@@ -88,7 +101,7 @@ def calls(rows: list[dict]) -> list[Call]:
     by_config: dict[tuple, dict[str, tuple[float, float]]] = defaultdict(dict)
     for row in rows:
         gpu = row["gpu"]
-        key = (gpu, row["model"], row["mask"], int(row["q_seq"]))
+        key = (gpu, row["model"], row["mask"], int(row["q_seq"]), row.get("data_type", "bf16"))
         fwd, bwd = modelled_s(gpu, row)
         by_config[key][row["pass"]] = (float(row["time_ms"]) / 1e3, fwd if row["pass"] == "fwd" else bwd)
     return [Call(*key, passes["fwd"][0], passes["bwd"][0], passes["fwd"][1], passes["bwd"][1])
@@ -104,18 +117,18 @@ def main(argv: list[str] | None = None) -> int:
           "thinks the kernels slower)")
     groups: dict[tuple, list[Call]] = defaultdict(list)
     for call in found:
-        groups[(call.gpu, call.model, call.mask)].append(call)
-    print(f"{'gpu':6} {'model':11} {'mask':9} {'seq':>6} {'fwd ms':>8} {'bwd ms':>8} {'model':>6} {'ratio':>6}")
-    for key, group in groups.items():
+        groups[(call.data_type, call.gpu, call.model, call.mask)].append(call)
+    print(f"{'type':5} {'gpu':6} {'model':11} {'mask':9} {'seq':>6} {'fwd ms':>8} {'bwd ms':>8} {'model':>6} {'ratio':>6}")
+    for key, group in sorted(groups.items()):
         shown = group if args.rows else [c for c in group if c.seq <= 8192]
         for c in shown:
-            print(f"{c.gpu:6} {c.model:11} {c.mask:9} {c.seq:6d} {c.measured_fwd * 1e3:8.3f} {c.measured_bwd * 1e3:8.3f}"
-                  f" {(c.model_fwd + c.model_bwd) * 1e3:6.2f} {c.ratio:6.2f}")
+            print(f"{c.data_type:5} {c.gpu:6} {c.model:11} {c.mask:9} {c.seq:6d} {c.measured_fwd * 1e3:8.3f} "
+                  f"{c.measured_bwd * 1e3:8.3f} {(c.model_fwd + c.model_bwd) * 1e3:6.2f} {c.ratio:6.2f}")
     print()
-    for gpu in sorted({c.gpu for c in found}):
-        all_ = [c.ratio for c in found if c.gpu == gpu]
-        train = [c.ratio for c in found if c.gpu == gpu and c.seq <= 8192]
-        print(f"{gpu:6} {len(all_):3d} configurations: median {statistics.median(all_):.2f} "
+    for kind, gpu in sorted({(c.data_type, c.gpu) for c in found}):
+        all_ = [c.ratio for c in found if (c.data_type, c.gpu) == (kind, gpu)]
+        train = [c.ratio for c in found if (c.data_type, c.gpu) == (kind, gpu) and c.seq <= 8192]
+        print(f"{kind:5} {gpu:6} {len(all_):3d} configurations: median {statistics.median(all_):.2f} "
               f"(range {min(all_):.2f}-{max(all_):.2f}); at training lengths (<= 8K) {len(train)}: median "
               f"{statistics.median(train):.2f} (range {min(train):.2f}-{max(train):.2f})")
     return 0

@@ -17,10 +17,11 @@ from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tune
 
 
 RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_overlap", "moe_dispatcher",
-                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers")
+                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention")
 """The run settings of NVIDIA's plan (its recipe's, as estimated) that the search is given too, as `autotune plan
 --cuda-graph --cuda-graph-scope --tp-overlap --ep-overlap --moe-dispatcher --moe-capacity-factor --moe-pad-to-capacity
---mtp-layers` takes them (token-dropping rows: the same capacity for every plan; DeepSeek-V3's: its MTP module):
+--mtp-layers --fp8-attention` takes them (token-dropping rows: the same capacity for every plan; DeepSeek-V3's: its
+MTP module; MXFP8 rows with FP8 attention: every plan's attention in FP8):
 NVIDIA's plan and the plans it is ranked among then run the same settings (the TP / EP ones on the plans with tp > 1 / ep > 1). The recompute is
 searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
 

@@ -19,7 +19,10 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
 - ``comm_overlap.overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``;
 - ``cpu_offloading`` with ``cpu_offloading_num_layers`` N: the first N layers' saved activations offloaded to host
   memory (``--activation-offload-layers N``); Megatron-core refuses it with any recompute (transformer_config.py:
-  1896-1899 at d98e8a6), so a recipe that offloads and whose recompute is not read ran without one.
+  1896-1899 at d98e8a6), so a recipe that offloads and whose recompute is not read ran without one;
+- ``mixed_precision.fp8_dot_product_attention`` True: FP8 attention (``--fp8-attention``); where the recipe sets it
+  from a parameter of a shared helper (the value is the parameter's name), the value its caller passes
+  (``FP8_DPA_PASSED``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ NOT_EXPRESSIBLE = {
 """Settings the recipes turn on that `autotune estimate` has no flag for (value None: any value other than None)."""
 SYNC_FREE_MOE_SETTINGS = ("moe_paged_stash", "use_transformer_engine_op_fuser")
 """Of those, the ones the tool writes itself with MoE under a full-iteration graph on HybridEP."""
+FP8_DPA_PASSED = {
+    # perf_recipes/deepseek/common.py:49-75 at 51885cf: _enable_deepseek_full_iteration_mxfp8(cfg, *,
+    # fp8_dot_product_attention=False, ...) sets cfg.mixed_precision.fp8_dot_product_attention to its parameter
+    "deepseek_v3_pretrain_256gpu_gb300_fp8mx_config": "True",  # gb300/deepseek_v3.py:157 passes True
+    "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": "False",  # gb200/deepseek_v3.py:160 passes none: the default
+}
+"""Recipe -> the ``fp8_dot_product_attention`` its call of the shared helper passes (NVIDIA-NeMo/Megatron-Bridge@
+51885cf132b2 src/megatron/bridge/perf_recipes/deepseek/)."""
 
 
 @dataclass
@@ -160,6 +171,14 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         value = f"flex-{s.get('moe_flex_dispatcher_backend') or 'deepep'}" if dispatcher == "flex" else dispatcher
         f.argv += ["--moe-dispatcher", value]
         f.applied.append(f"MoE dispatcher {value}")
+    dpa = s.get("fp8_dot_product_attention")
+    if dpa == "fp8_dot_product_attention":  # a helper's parameter: what the recipe's call passes
+        dpa = FP8_DPA_PASSED.get(s.recipe, dpa)
+    if dpa == "True":
+        f.argv.append("--fp8-attention")
+        f.applied.append("FP8 attention")
+    elif dpa not in (None, "False"):
+        f.unexpressed.append(f"fp8_dot_product_attention={dpa} (the value its caller passes is not read)")
     # The sync-free MoE path of a whole-iteration graph: the tool writes the paged stash and the op fuser with it
     # (autotune.specs.sync_free_moe), at Bridge's values of the rank budget (which may differ from the recipe's)
     sync_free = "--cuda-graph" in f.argv and "full-iteration" in f.argv and "flex-hybridep" in f.argv

@@ -34,6 +34,9 @@ CASES = {
     "70b-mfsdp": ("llama3-70b", 64, dict(zero_stage=3, global_batch_size=128, recompute="full",
                                          recompute_num_layers=80)),
     "8b-mfsdp-optim-grads": ("llama3-8b", 8, dict(tp=2, sequence_parallel=True, zero_stage=2, global_batch_size=64)),
+    # FP8 attention (mixed_precision.fp8_dot_product_attention)
+    "70b-fp8-attention": ("llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                                 precision="fp8", fp8_recipe="te-current", fp8_attention=True)),
     # activation CPU offload (model.cpu_offloading, cpu_offloading_num_layers)
     "8b-mfsdp-activation-offload": ("llama3-8b", 8, dict(zero_stage=3, global_batch_size=64, recompute="none",
                                                          activation_offload_layers=8)),

@@ -245,6 +245,10 @@ def add_run_settings(g) -> None:
     g.add_argument("--moe-pad-to-capacity", action="store_true", default=None,
                    help="with --moe-capacity-factor, pad every expert's input to its capacity (Megatron "
                         "--moe-pad-expert-input-to-capacity): static shapes, no host sync, the padded rows' work")
+    g.add_argument("--fp8-attention", action="store_true", default=None,
+                   help="with --precision fp8, run the fused attention in FP8 too (Megatron-core "
+                        "fp8_dot_product_attention, Megatron-Bridge files only; NVIDIA's MXFP8 Bridge recipes set it); "
+                        "default: the engine's own (16-bit attention)")
     g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default=None,
                    help="where cp > 1: how context-parallel ranks exchange attention inputs (Megatron --cp-comm-type: "
                         "p2p ring, a2a all-to-all, allgather, a2a+p2p all-to-all inside a node and ring across); "

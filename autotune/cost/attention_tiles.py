@@ -22,7 +22,7 @@ import math
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["ATTENTION_TILE", "executed_attention_share", "local_layer_tiles"]
+__all__ = ["ATTENTION_TILE", "executed_attention_share", "fp8_backward_share", "local_layer_tiles"]
 
 ATTENTION_TILE = 128
 """Queries and keys per tile of the flash kernel: FlashAttention-2 runs head_dim 64 (and 32) forward in 128 x 128
@@ -66,3 +66,12 @@ def executed_attention_share(model: ModelSpec, seq_len: int, tile: int = ATTENTI
     n_local = sum(model.is_local_attention_layer(i) for i in range(model.num_layers))
     share = n_local / model.num_layers
     return 1.0 - share + share * min(1.0, local / causal)
+
+
+def fp8_backward_share(model: ModelSpec, seq_len: int, tile: int = ATTENTION_TILE) -> float:
+    """What :func:`executed_attention_share` is for cuDNN's FP8 backward: it skips no tile outside a sliding window
+    (NVIDIA's GPT-OSS timings, ``autotune.cost.fp8_attention``), so a sliding-window layer runs every causal tile
+    (1.0); chunked layers (not timed in FP8) as the forward."""
+    if model.sliding_window is not None and not model.chunked_attention:
+        return 1.0
+    return executed_attention_share(model, seq_len, tile)

@@ -46,8 +46,8 @@ def layer_passes(lt: LayerTime, plan: ParallelPlan, rec_share: float, tp_overlap
     # and, in backward, their data- and weight-gradient GEMMs (twice the forward).
     wgrad = 0.0 if lt.frozen else lt.gemm_s
     fwd = lt.gemm_s + lt.attention_s + lt.elementwise_s + ring.merge_fwd_s + lt.adapter_s
-    bwd = lt.gemm_s + wgrad + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan) + lt.elementwise_bwd_s \
-        + ring.merge_bwd_s + 2 * lt.adapter_s
+    bwd = (lt.gemm_s + wgrad + attention_bwd_s(lt.attention_s, lt.attention_exp_delta_s, plan, lt.attention_bwd_scale)
+           + lt.elementwise_bwd_s + ring.merge_bwd_s + 2 * lt.adapter_s)
     async_pairs = tp_overlap == "async-tp" and plan.tp > 1 and lt.tp_unpaired_s is not None
     if async_pairs:  # the fused reduce-scatters' reductions, on the compute stream (forward: wo, fc2; dgrad: QKV, fc1)
         fwd += lt.tp_unpaired_s[1]

@@ -19,7 +19,8 @@ from autotune.cost.cp_ring import RingTime, ring_time
 from autotune.cost.efficiency import Efficiency
 from autotune.cost.attention_head_dim import head_dim_factor
 from autotune.cost.attention_seq import kernel_key_length, key_length_factor
-from autotune.cost.attention_tiles import executed_attention_share
+from autotune.cost.attention_tiles import executed_attention_share, fp8_backward_share
+from autotune.cost import fp8_attention
 from autotune.cost.lora import adapter_forward_s
 from autotune.cost.kernels import Rates
 from autotune.cost.rope_kernels import rope_bytes
@@ -74,6 +75,9 @@ class LayerTime:
     """LoRA: the forward of the layer's adapters (``autotune.cost.lora.adapter_forward_s``); 0 without."""
     frozen: bool = False
     """LoRA: the base weights are frozen, so the backward runs no weight-gradient GEMM (``autotune.cost.lora``)."""
+    attention_bwd_scale: float = 1.0
+    """FP8 attention: its backward over what ``attention_bwd_s`` makes of its forward
+    (``autotune.cost.fp8_attention``)."""
 
 
 EAGER_BYTES: dict[str, tuple[int, int]] = {
@@ -203,7 +207,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # batched GEMMs of head_dim depth.
     head_dim = model.q_width / model.num_attention_heads
     core_flops = 2 * tokens * s * (model.q_width + model.attention_output_width) / t
-    exp_delta = 0.0
+    exp_delta, bwd_scale = 0.0, 1.0
     if plan.flash_attention:  # sliding-window / chunked layers run only the tiles their band touches
         executed = executed_attention_share(model, s)
         key_len = kernel_key_length(s, plan.cp, cp_kind, t, cluster.gpus_per_node, executed)
@@ -212,6 +216,10 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         # one exponential per executed (query, key) pair and head: the executed FLOPs over 2 (q + v) head widths
         exp_delta = tokens * s * model.num_attention_heads * executed / 2 / t * r.exp_delta_s
         attention += exp_delta
+        if plan.fp8_attention:  # cuDNN's FP8 kernels, NVIDIA's timings (autotune.cost.fp8_attention)
+            fwd_x, bwd_x = fp8_attention.speedup(plan.fp8_recipe, head_dim)
+            attention, exp_delta = attention / fwd_x, exp_delta / fwd_x
+            bwd_scale = fp8_attention.backward_scale(fwd_x, bwd_x, executed, fp8_backward_share(model, s))
     elif head_dim % UNALIGNED_HEAD_DIM:
         attention = r.unaligned_s(core_flops, s / plan.cp, head_dim, s)
     else:
@@ -313,7 +321,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
                     2 * async_tp_reduce_bytes(tokens, h, t) / hbm)
     sac_tp = op_sac_gathers(model, plan, tp_comm / 4, _gemm_s, gemm_peak, eff) if not moe_layer else (0.0, 0.0)
     # Context parallelism: the engine's KV exchange per attention step, what hides, the merges (cost/cp_ring.py).
-    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan), cp_kind,
+    ring = ring_time(model, cluster, plan, eff, hbm, attention, attention_bwd_s(attention, exp_delta, plan, bwd_scale),
+                     cp_kind,
                      cp_repeat_kv)
     moe_comm = 0.0
     if moe_layer and plan.ep > 1:  # the dispatcher's all-to-alls / all-gathers (autotune.cost.moe_time)
@@ -323,12 +332,14 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
                if moe_layer else (0.0, 0.0, 0.0))
     adapter = adapter_forward_s(model, plan, r.bf16_s, hbm) if plan.peft else 0.0
     return LayerTime(gemm, attention, elementwise, elementwise_bwd, scores_s, op_sac, tp_comm, ring.comm_s, moe_comm,
-                     tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired, adapter, plan.peft is not None)
+                     tuple(modules.items()), experts, ring, exp_delta, sac_tp, unpaired, adapter, plan.peft is not None,
+                     bwd_scale)
 
 
 _TIME_KEY_FIELDS = operator.attrgetter("seq_len", "cp", "micro_batch_size", "tp", "ep", "etp", "sequence_parallel",
                                        "precision", "flash_attention", "moe_dispatcher", "peft", "lora_rank",
-                                       "lora_targets", "moe_capacity_factor", "moe_pad_to_capacity")
+                                       "lora_targets", "moe_capacity_factor", "moe_pad_to_capacity", "fp8_recipe",
+                                       "fp8_attention")
 _time_key_cache: dict[tuple, ParallelPlan] = {}
 
 
@@ -342,22 +353,24 @@ def time_key(plan: ParallelPlan) -> ParallelPlan:
         if len(_time_key_cache) > 4096:
             _time_key_cache.clear()
         (seq_len, cp, micro_batch_size, tp, ep, etp, sequence_parallel, precision, flash_attention, moe_dispatcher,
-         peft, lora_rank, lora_targets, capacity_factor, pad_to_capacity) = fields
+         peft, lora_rank, lora_targets, capacity_factor, pad_to_capacity, fp8_recipe, fp8_attn) = fields
         key = _time_key_cache[fields] = ParallelPlan(
             seq_len=seq_len, cp=cp, micro_batch_size=micro_batch_size, tp=tp, ep=ep, etp=etp,
             sequence_parallel=sequence_parallel, precision=precision, flash_attention=flash_attention,
             moe_dispatcher=moe_dispatcher, peft=peft, lora_rank=lora_rank, lora_targets=lora_targets,
-            moe_capacity_factor=capacity_factor, moe_pad_to_capacity=pad_to_capacity)
+            moe_capacity_factor=capacity_factor, moe_pad_to_capacity=pad_to_capacity, fp8_recipe=fp8_recipe,
+            fp8_attention=fp8_attn)
     return key
 
 
 
 
-def attention_bwd_s(attention_s: float, exp_delta_s: float, plan: ParallelPlan) -> float:
+def attention_bwd_s(attention_s: float, exp_delta_s: float, plan: ParallelPlan, scale: float = 1.0) -> float:
     """Backward seconds of the attention core whose forward takes ``attention_s``, ``exp_delta_s`` of them the
     exponentials' difference (``LayerTime.attention_exp_delta_s``): the flash backward recomputes the
-    probabilities once (one exponential per pair, as the forward) around its GEMMs."""
-    return attention_bwd_factor(plan) * (attention_s - exp_delta_s) + exp_delta_s
+    probabilities once (one exponential per pair, as the forward) around its GEMMs; ``scale``: FP8 attention's
+    (``LayerTime.attention_bwd_scale``)."""
+    return scale * (attention_bwd_factor(plan) * (attention_s - exp_delta_s) + exp_delta_s)
 
 
 def attention_bwd_factor(plan: ParallelPlan) -> float:

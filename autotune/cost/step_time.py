@@ -97,7 +97,7 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
                                          "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets",
-                                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers")
+                                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 

@@ -159,6 +159,9 @@ def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, pr
             args.append("--overlap-param-gather")
     if plan.offload_optimizer != "none" or plan.offload_param != "none":
         problems.append("offload is DeepSpeed's (ZeRO-Offload/Infinity): use megatron_deepspeed_args")
+    if plan.fp8_attention:  # arguments.py:2307-2333 at d98e8a6: no command-line argument sets it
+        problems.append("Megatron-LM has no flag for FP8 attention (fp8_dot_product_attention): use the "
+                        "Megatron-Bridge files (bridge_overrides.yaml), or drop --fp8-attention")
     return args
 
 

@@ -196,11 +196,12 @@ def bridge_plan_problems(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if lora := peft_problems(plan):
         return lora
     recipe = bridge_recipe(model)
-    if plan.grad_dtype == "bf16" and recipe.precision_is_named:
+    if (plan.grad_dtype == "bf16" or plan.fp8_attention) and recipe.precision_is_named:
+        field, way = (("ddp.grad_reduce_in_fp32 true", "bf16 gradients need megatron_args.sh, or drop --grad-dtype")
+                      if plan.grad_dtype == "bf16" else ("fp8_dot_product_attention false", "drop --fp8-attention"))
         return [f"mixed_precision: {recipe.name} holds a registered precision name, whose MixedPrecisionConfig "
-                "sets ddp.grad_reduce_in_fp32 true at setup (training/mixed_precision.py "
-                "update_config_with_precision_overrides) and which only another name replaces: bf16 gradients "
-                "need megatron_args.sh, or drop --grad-dtype"]
+                f"sets {field} at setup (training/mixed_precision.py update_config_with_precision_overrides) and "
+                f"which only another name replaces: {way}"]
     if plan.precision == "fp8" and plan.fp8_recipe == "te-blockwise" and plan.zero_stage >= 1 \
             and recipe.precision_is_named:
         return [f"mixed_precision: {recipe.name} holds a registered precision name, and blockwise FP8's "
@@ -248,7 +249,7 @@ def _precision(plan: ParallelPlan, recipe: BridgeRecipe, fp8_param_gather: bool)
                  # Megatron's fp32 main_grad with bf16 unless the plan reduces in bf16 (engines.states)
                  "grad_reduce_in_fp32": not fp16 and plan.grad_dtype != "bf16",
                  "fp8": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
-                 "fp8_dot_product_attention": False, "fp8_multi_head_attention": False, "fp4": None}
+                 "fp8_dot_product_attention": bool(plan.fp8_attention), "fp8_multi_head_attention": False, "fp4": None}
     if fp16:
         out |= {"initial_loss_scale": FP16_INITIAL_LOSS_SCALE, "min_loss_scale": FP16_MIN_LOSS_SCALE,
                 "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS}

@@ -107,6 +107,9 @@ class EngineSupport:
     mtp: bool = False
     """Its files can train multi-token-prediction modules after the last layer (``ParallelPlan.mtp_layers``,
     Megatron-core ``--mtp-num-layers``)."""
+    fp8_attention: bool = False
+    """Its files can run the fused attention in FP8 (``ParallelPlan.fp8_attention``, Megatron-core
+    ``fp8_dot_product_attention``); none: attention runs in 16 bits whatever the precision."""
     token_drop: bool = False
     """Its files can drop tokens over an expert capacity (``ParallelPlan.moe_capacity_factor``, padded or not: Megatron
     ``--moe-expert-capacity-factor``); none: its MoE layers are dropless only."""
@@ -131,6 +134,7 @@ class EngineSupport:
                 "activation_offload_layers": lambda: self.activation_offload,
                 "mtp_layers": lambda: self.mtp,
                 "moe_capacity_factor": lambda: self.token_drop,
+                "fp8_attention": lambda: not value or self.fp8_attention,
                 "moe_pad_to_capacity": lambda: not value or self.token_drop}.get(name, lambda: True)()
 
 

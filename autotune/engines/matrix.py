@@ -26,6 +26,7 @@ _DIMENSIONS = (
     ("parameter offload", lambda s: ", ".join(x for x in s.offload_param if x != "none") or "no"),
     ("hybrid sharding", lambda s: "yes" if s.hybrid_shard else "no"),
     ("precisions", lambda s: ", ".join(s.precisions)),
+    ("FP8 attention", lambda s: "yes" if s.fp8_attention else "no"),
 )
 
 

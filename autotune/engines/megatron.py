@@ -27,6 +27,7 @@ from autotune.engines.megatron_rules import (
     activation_offload_rules,
     cp_comm_type_rules,
     cuda_graph_rules,
+    fp8_attention_rules,
     ep_overlap_rules,
     moe_dispatcher_rules,
     mtp_rules,
@@ -68,6 +69,9 @@ class MegatronEngine(Engine):
                             ep_overlaps=EP_OVERLAPS,
                             # --moe-token-dispatcher-type [--moe-flex-dispatcher-backend]
                             moe_dispatchers=MOE_DISPATCHERS,
+                            # Megatron-core's fp8_dot_product_attention: Megatron-Bridge files only (Megatron-LM
+                            # has no flag for it: arguments.py:2333 at d98e8a6 keeps it off the command line)
+                            fp8_attention=True,
                             token_drop=True,  # --moe-expert-capacity-factor [--moe-pad-expert-input-to-capacity]
                             cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)
@@ -125,7 +129,7 @@ class MegatronEngine(Engine):
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)
                 + cp_comm_type_rules(model, plan, cluster)
                 + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan)
-                + mtp_rules(model, plan))
+                + mtp_rules(model, plan) + fp8_attention_rules(plan, plan.fp8_recipe or self.comm.fp8_recipe))
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         import dataclasses
@@ -228,7 +232,7 @@ class MegatronEngine(Engine):
         return plan.zero_stage >= 1
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        if plan.peft:
+        if plan.peft or plan.fp8_attention:
             return self._bridge_only_files(model, cluster, plan, options, checkpoint, env)
         if sharding_strategy(plan):
             # Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1 (arguments.py:1166-1167; Bridge
@@ -254,19 +258,22 @@ class MegatronEngine(Engine):
                            user_script_needs=tuple(needs))
 
     def _bridge_only_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
-        """A LoRA plan: Megatron-LM has no adapters (pretrain_gpt.py trains every weight), so Megatron-Bridge's
-        files alone (``autotune.emit.bridge_peft``), launched by its scripts/training/run_recipe.py --mode lora;
-        InputError where Bridge cannot take the plan either."""
+        """A LoRA plan (Megatron-LM has no adapters: pretrain_gpt.py trains every weight) or an FP8-attention plan
+        (Megatron-LM has no flag for TransformerConfig.fp8_dot_product_attention: arguments.py:2307-2333 at d98e8a6
+        lists it among the fields with no command-line argument): Megatron-Bridge's files alone
+        (``autotune.emit.bridge_peft``), launched by its scripts/training/run_recipe.py; InputError where Bridge
+        cannot take the plan either."""
+        lacks = ("LoRA (its pretrain_gpt.py trains every weight; LoRA runs on Megatron-Bridge)" if plan.peft else
+                 "FP8 attention (no command-line flag sets fp8_dot_product_attention; Megatron-Bridge sets it)")
         why = bridge_model_problems(model) or bridge_plan_problems(model, plan)
         if why:
-            raise InputError([f"Megatron-LM has no LoRA (its pretrain_gpt.py trains every weight; LoRA runs on "
-                              f"Megatron-Bridge), and Megatron-Bridge cannot take this plan: {p}" for p in why],
-                             subject="megatron files")
+            raise InputError([f"Megatron-LM has no {lacks}, and Megatron-Bridge cannot take this plan: {p}"
+                              for p in why], subject="megatron files")
         fp8_param_gather = self.fp8_param_gather(plan)
         files = bridge_files(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
         overrides = bridge_overrides(model, cluster, plan, options, checkpoint, fp8_param_gather=fp8_param_gather)
         argv = ["--recipe", bridge_recipe(model).name, "--mode", "pretrain", *bridge_hydra_args(overrides)]
         needs = ("Megatron-Bridge 0.6 (a checkout: scripts/training/run_recipe.py) with bridge_overrides.args; no "
-                 "megatron_args.sh: Megatron-LM has no LoRA",)
+                 "megatron_args.sh: Megatron-LM has no " + ("LoRA" if plan.peft else "FP8 attention flag"),)
         return EngineFiles(files=files, entry=(options.launch.script or "scripts/training/run_recipe.py",),
                            program_args=argv, env=env, launcher="torchrun", user_script_needs=needs)

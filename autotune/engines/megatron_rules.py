@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
-           "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules", "token_drop_rules"]
+           "fp8_attention_rules", "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules", "token_drop_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -311,3 +311,15 @@ def mtp_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
                  message=f"Megatron-LM: Multi-Token Prediction (MTP) is not supported with {kind} position embedding "
                          f"type ({model.name}); the supported position embedding types are rope and none: drop "
                          "--mtp-layers")]
+
+
+def fp8_attention_rules(plan: ParallelPlan, fp8_recipe: str) -> list[Rule]:
+    """FP8 attention under a recipe that drops it: Megatron-core hands ``fp8_dot_product_attention`` to Transformer
+    Engine as the recipe's ``fp8_dpa`` for delayed scaling (extensions/transformer_engine.py:3350 TEDelayedScaling),
+    current scaling and MXFP8 (fp8_utils.py:777-788 get_fp8_recipe), not for Float8BlockScaling (:781-784), so a
+    blockwise plan would run its attention in 16 bits (Megatron-LM d98e8a6)."""
+    if not plan.fp8_attention or fp8_recipe != "te-blockwise":
+        return []
+    return [Rule(id="megatron:fp8_attention", source="Megatron-LM @d98e8a6 megatron/core/fp8_utils.py:781-784",
+                 message="Megatron-core's blockwise FP8 recipe (Float8BlockScaling) takes no fp8_dpa: its attention "
+                         "stays 16-bit; use --fp8-recipe te-delayed, te-current or te-mxfp8, or drop --fp8-attention")]

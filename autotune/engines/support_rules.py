@@ -144,6 +144,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
             and s.runs("moe_pad_to_capacity", plan.moe_pad_to_capacity)):
         bad("moe_capacity_factor", "its MoE layers are dropless (no expert capacity): use --engine megatron "
             "(--moe-expert-capacity-factor), or drop --moe-capacity-factor and --moe-pad-to-capacity")
+    if not s.runs("fp8_attention", plan.fp8_attention):
+        bad("fp8_attention", "its attention runs in 16 bits (no FP8 attention kernel): use --engine megatron "
+            "(Megatron-core's fp8_dot_product_attention), or drop --fp8-attention")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

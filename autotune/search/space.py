@@ -92,6 +92,9 @@ class SearchConstraints:
     changes what trains."""
     moe_pad_to_capacity: bool | None = None
     """With a capacity factor: every plan pads each expert's input to its capacity (None: not padded)."""
+    fp8_attention: bool | None = None
+    """Every plan's FP8 attention (Megatron fp8_dot_product_attention); with it, FP8 is the only precision searched
+    (None: each engine's default, 16-bit attention)."""
     activation_offload_layers: int | None = None
     """Every plan's activation CPU offload (the first N layers' saved activations in host memory) where pp = 1
     (Megatron-core refuses it with a pipeline; its plans with recompute are refused too); None: none."""
@@ -216,6 +219,12 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
         v for v in _powers_of_two(min(c.max_micro_batch_size, global_batch)))
     precisions = c.precisions or (("bf16",) if cluster.gpu.supports("bf16") or cluster.gpu.name == "cpu"
                                   else ("fp16",))
+    if c.fp8_attention and tuple(precisions) != ("fp8",):
+        from autotune.errors import InputError
+
+        raise InputError([f"--fp8-attention runs attention in FP8, which FP8 plans alone do, and the search's "
+                          f"precisions are {', '.join(precisions)}: search --precision fp8, or drop --fp8-attention"],
+                         subject="plan request")
     asked = {name: getattr(c, name) for name in RUN_SETTINGS}
     taken = release_defaults_taken(c, precisions, model)
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,

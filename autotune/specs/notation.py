@@ -63,6 +63,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append(f"cap{plan.moe_capacity_factor:g}" + ("-pad" if plan.moe_pad_to_capacity else ""))
     if plan.cp_comm_type is not None:
         parts.append(f"cp-{plan.cp_comm_type}")
+    if plan.fp8_attention:
+        parts.append("fp8-attn")
     if plan.peft is not None:  # LoRA: its rank and targets where set (Bridge's defaults otherwise)
         parts.append(plan.peft + (f"-r{plan.lora_rank}" if plan.lora_rank else "")
                      + (":" + "+".join(t.removeprefix("linear_") for t in plan.lora_targets) if plan.lora_targets else ""))

@@ -14,29 +14,10 @@ from autotune.errors import require_no_problems
 from autotune.specs.frozen import copier
 from autotune.specs.peft import PEFT_SETTINGS, peft_problems
 from autotune.specs.plan_values import (  # noqa: F401  (re-exported: the plan's vocabularies)
-    ENGINE_NAMES,
-    EngineName,
-    Recompute,
-    Offload,
-    Optimizer,
-    PlanPrecision,
-    GradDtype,
-    FP8_RECIPES,
-    Fp8Recipe,
-    FP8_BLOCK_SCALE_BYTES,
-    FP8_RECIPE_CAPABILITY,
-    TP_OVERLAPS,
-    TpOverlap,
-    RECOMPUTE_MODULES,
-    CUDA_GRAPHS,
-    FULL_ITERATION_GRAPH,
-    CUDA_GRAPH_SCOPES,
-    EP_OVERLAPS,
-    MOE_DISPATCHERS,
-    CP_COMM_TYPES,
-    RUN_SETTINGS,
-    OPTIMIZER_STATE_BYTES,
-    capacity_problems,
+    ENGINE_NAMES, EngineName, Recompute, Offload, Optimizer, PlanPrecision, GradDtype, FP8_RECIPES, Fp8Recipe,
+    FP8_BLOCK_SCALE_BYTES, FP8_RECIPE_CAPABILITY, TP_OVERLAPS, TpOverlap, RECOMPUTE_MODULES, CUDA_GRAPHS,
+    FULL_ITERATION_GRAPH, CUDA_GRAPH_SCOPES, EP_OVERLAPS, MOE_DISPATCHERS, CP_COMM_TYPES, RUN_SETTINGS,
+    OPTIMIZER_STATE_BYTES, capacity_problems, fp8_attention_problems,
 )
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
@@ -161,6 +142,9 @@ class ParallelPlan:
     moe_pad_to_capacity: bool | None = field(default=None, repr=False)
     """With a capacity factor: each expert's input padded to its capacity (Megatron
     ``--moe-pad-expert-input-to-capacity``): static shapes, at the padded rows' cost. None: not padded."""
+    fp8_attention: bool | None = field(default=None, repr=False)
+    """FP8 plans: the fused attention in FP8 (Megatron-core ``fp8_dot_product_attention``; cost:
+    ``autotune.cost.fp8_attention``). None: the engine's default (16-bit attention)."""
     peft: str | None = field(default=None, repr=False)
     """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
     low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
@@ -186,6 +170,7 @@ class ParallelPlan:
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
                      and self.activation_offload_layers is None and self.mtp_layers is None
                      and self.moe_capacity_factor is None and self.moe_pad_to_capacity is None
+                     and self.fp8_attention is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
             return
@@ -248,6 +233,7 @@ class ParallelPlan:
             problems.append(f"cp_comm_type must be one of {', '.join(CP_COMM_TYPES)} or absent (the engine's "
                             f"default), got {self.cp_comm_type!r}")
         problems += capacity_problems(self.moe_capacity_factor, self.moe_pad_to_capacity)
+        problems += fp8_attention_problems(self.fp8_attention, self.precision)
         if isinstance(self.moe_capacity_factor, int) and not isinstance(self.moe_capacity_factor, bool):
             object.__setattr__(self, "moe_capacity_factor", float(self.moe_capacity_factor))  # JSON's 1 is 1.0
         if not problems and self.dp % self.dp_replicate:
@@ -308,6 +294,7 @@ class ParallelPlan:
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
                 and (compiled is None or type(compiled) is bool)
+                and (self.fp8_attention is None or (type(self.fp8_attention) is bool and self.precision == "fp8"))
                 and (chunks is None or (type(chunks) is int and 1 <= chunks <= self.seq_len)))
 
     # ---- derived facts (the one place) -------------------------------------------------
@@ -389,7 +376,8 @@ class ParallelPlan:
         if not (zero_stage in (0, 1, 2, 3) and type(dp_replicate) is int and dp_replicate >= 1
                 and self.dp % dp_replicate == 0 and offload_optimizer in _OFFLOADS and offload_param in _OFFLOADS
                 and precision in _PRECISIONS
-                and (fp8_recipe is None or (fp8_recipe in FP8_RECIPES and precision == "fp8"))):
+                and (fp8_recipe is None or (fp8_recipe in FP8_RECIPES and precision == "fp8"))
+                and (not self.fp8_attention or precision == "fp8")):
             new.__post_init__()  # reports what is wrong
         return new
 

@@ -96,6 +96,21 @@ def capacity_problems(factor: object, pad: object) -> list[str]:
     return out
 
 
+# FP8 attention (Megatron-core TransformerConfig.fp8_dot_product_attention, transformer_config.py:640 at d98e8a6;
+# Megatron-Bridge mixed_precision / model ``fp8_dot_product_attention``): Transformer Engine's fused attention takes
+# FP8 Q, K, V (its recipe's ``fp8_dpa``). FP8 plans only. What it costs: autotune.cost.fp8_attention.
+
+
+def fp8_attention_problems(value: object, precision: str) -> list[str]:
+    """What is wrong with a plan's ``fp8_attention`` (FP8 attention kernels) for its precision."""
+    if value is not None and not isinstance(value, bool):
+        return [f"fp8_attention must be true, false or absent (the engine's default: 16-bit attention), got {value!r}"]
+    if value and precision != "fp8":
+        return [f"fp8_attention runs attention in FP8 (Megatron fp8_dot_product_attention), and this plan trains in "
+                f"{precision}: use --precision fp8, or drop --fp8-attention"]
+    return []
+
+
 # Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
 # Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
 # a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and
@@ -106,7 +121,8 @@ CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 # run (EngineSupport), the cost model reads them, the emitters write them and autotune.job_files reads them back.
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
                 "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type",
-                "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers")
+                "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers",
+                "fp8_attention")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)

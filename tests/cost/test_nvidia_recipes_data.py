@@ -391,3 +391,22 @@ def test_a_recipe_layout_the_tools_split_spells_is_expressed():
     without_mtp = megatron_split(61, 2, 8).layout
     assert any("layout" in u for u in nrs.flags_for(recipe, 1, 32, split_layout=without_mtp).unexpressed)
     assert any("layout" in u for u in nrs.flags_for(recipe, 1, 32).unexpressed)
+
+
+def test_fp8_attention_maps_to_its_flag_and_a_helpers_parameter_to_what_the_caller_passes():
+    assert "--fp8-attention" in nrs.flags_for(_settings(fp8_dot_product_attention=True), tp=1, ep=1).argv
+    assert "--fp8-attention" not in nrs.flags_for(_settings(fp8_dot_product_attention=False), tp=1, ep=1).argv
+    # DeepSeek-V3's MXFP8 recipes set it from _enable_deepseek_full_iteration_mxfp8's parameter (deepseek/common.py:75
+    # at 51885cf): GB300's call passes True (gb300/deepseek_v3.py:157), GB200's none (gb200/deepseek_v3.py:160)
+    by_recipe = {s.recipe: s for s in SETTINGS.values()}
+    gb300 = by_recipe["deepseek_v3_pretrain_256gpu_gb300_fp8mx_config"]
+    gb200 = by_recipe["deepseek_v3_pretrain_256gpu_gb200_fp8mx_config"]
+    assert gb300.get("fp8_dot_product_attention") == gb200.get("fp8_dot_product_attention") == \
+        "fp8_dot_product_attention"
+    assert "--fp8-attention" in nrs.flags_for(gb300, tp=1, ep=64).argv
+    assert "--fp8-attention" not in nrs.flags_for(gb200, tp=1, ep=64).argv
+    unknown = nrs.flags_for(_settings(fp8_dot_product_attention="fp8_dot_product_attention"), tp=1, ep=8)
+    assert "--fp8-attention" not in unknown.argv and any("caller" in u for u in unknown.unexpressed)
+    # every row whose recipe turns it on: an MXFP8 row
+    on = [r for r in ROWS if "--fp8-attention" in nrs.flags_for(SETTINGS[r["source"]], tp=1, ep=8).argv]
+    assert on and {r["precision"] for r in on} <= {"MXFP8", "FP8-MX"}, {r["precision"] for r in on}

@@ -31,6 +31,9 @@ GPU = "h100-sxm-80gb"
 MODEL = load_model_preset("llama3-8b")
 MOE = load_model_preset("qwen3-30b-a3b")  # the settings only MoE models have (ep_overlap, moe_dispatcher), with ep 8
 MOE_SETTINGS = ("ep_overlap", "moe_dispatcher", "moe_capacity_factor", "moe_pad_to_capacity")
+# FP8 attention: Megatron-Bridge files only (Megatron-LM has no flag for it), whose Llama 3 8B recipe holds a registered
+# precision name that sets it at setup: on 70B's recipe, which takes the precision field by field
+BRIDGE = load_model_preset("llama3-70b")
 CLUSTER = load_cluster(gpu=GPU, num_gpus=16)
 # The file of each engine that states the whole plan, read back as `estimate --from` reads it: torchtitan's 0.2 TOML
 # (it has async TP and tensorwise Float8, which 0.3 has not), its 0.3 module for the chunked loss (which 0.2 has not).
@@ -40,6 +43,8 @@ READ_BACK_03 = ("torchtitan_plan.py",)
 
 def _files(engine: str, name: str) -> tuple[tuple[str, ...], str]:
     """(the files to read back, the torchtitan release they are written for)."""
+    if name == "fp8_attention":
+        return ("bridge_overrides.yaml",), "0.2"
     return (READ_BACK_03, "0.3") if engine == "fsdp" and name == "loss_chunks" else (READ_BACK[engine], "0.2")
 
 
@@ -59,7 +64,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             "mtp_layers": (1,) if s.mtp else (),  # one MTP module after the last layer (DeepSeek-V3's)
             # a capacity (padding needs one: _plan gives it 1.0)
             "moe_capacity_factor": (0.75,) if s.token_drop else (),  # unpadded, 1.5 drops nothing: dropless
-            "moe_pad_to_capacity": (True,) if s.token_drop else ()}
+            "moe_pad_to_capacity": (True,) if s.token_drop else (),
+            "fp8_attention": (True,) if s.fp8_attention else ()}
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -74,13 +80,15 @@ def _gpu(**setting) -> str:
 
 
 def _model(**setting):
+    if "fp8_attention" in setting:
+        return BRIDGE
     return MOE if set(MOE_SETTINGS) & set(setting) else MODEL
 
 
 def _plan(engine: str, **setting) -> ParallelPlan:
     moe = {"ep": 8} if set(MOE_SETTINGS) & set(setting) else {}
     moe |= {"cp": 2} if "cp_comm_type" in setting else {}  # an exchange needs context parallelism
-    fp8 = "fp8_recipe" in setting
+    fp8 = "fp8_recipe" in setting or "fp8_attention" in setting
     selective = "recompute_modules" in setting  # what selective recompute reruns
     if "moe_pad_to_capacity" in setting:  # padding to a capacity: against the same capacity unpadded
         setting = {"moe_capacity_factor": 1.0, **setting}
@@ -99,7 +107,7 @@ def _effective(plan: ParallelPlan) -> tuple:
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
             plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
             cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers, plan.mtp_layers,
-            plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity))
+            plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity), bool(plan.fp8_attention))
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -117,14 +125,15 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     files = render_bundle(est, EmitOptions(torchtitan_version=release)).files
     for file in names:
         (tmp_path / file).write_text(files[file])
-    job = read_job([str(tmp_path / f) for f in names], gpu=gpu)
+    job = read_job([str(tmp_path / f) for f in names], gpu=gpu,
+                   **({"num_gpus": cluster.num_gpus} if name == "fp8_attention" else {}))  # Bridge's: not in the file
     back = job.plan
     assert _effective(back) == _effective(plan)
     again = estimate(job.model, job.cluster, back, job.settings)
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
     default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", "cp_comm_type",
-                                                       *MOE_SETTINGS) else {}))
+                                                       "fp8_attention", *MOE_SETTINGS) else {}))
     if name == "cuda_graph_scope":  # against the same graphs over the whole layer
         default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
@@ -142,9 +151,10 @@ def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
     for name, value in (("fp8_recipe", "te-current"), ("tp_overlap", "userbuffers"), ("torch_compile", True),
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
                         ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a"),
-                        ("activation_offload_layers", 4), ("mtp_layers", 1), ("moe_capacity_factor", 1.0)):
+                        ("activation_offload_layers", 4), ("mtp_layers", 1), ("moe_capacity_factor", 1.0),
+                        ("fp8_attention", True)):
         plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
-                            precision="fp8" if name == "fp8_recipe" else "bf16", **{name: value},
+                            precision="fp8" if name in ("fp8_recipe", "fp8_attention") else "bf16", **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
         rules = [rule for rule, _ in plan_problems(MODEL, CLUSTER, plan)]
         assert f"{engine}:{name}" in rules, rules
