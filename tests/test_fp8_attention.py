@@ -15,12 +15,14 @@ from autotune.cli import main
 from autotune.cost import step_time
 from autotune.cost.fp8_attention import FP8_ATTENTION_SPEEDUP
 from autotune.cost.layer_time import LayerTime, attention_bwd_s
+from autotune.cost.time_settings import TimeSettings
 from autotune.emit.megatron import megatron_args
 from autotune.errors import InputError
 from autotune.job_files import read_job
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
+from autotune.specs.settings import MemorySettings
 
 GPU = "gb200"
 
@@ -144,6 +146,8 @@ def test_the_same_plan_with_and_without_it():
     m, cluster = load_model_preset("llama3-8b"), load_cluster(gpu=GPU, num_gpus=8)
     plan = make_plan(m, cluster, engine="megatron", zero_stage=1, global_batch_size=64, seq_len=8192,
                      precision="fp8", fp8_recipe="te-current")
-    off = estimate(m, cluster, plan).time.step_time_s
-    on = estimate(m, cluster, plan.with_(fp8_attention=True)).time.step_time_s
-    assert on < off and estimate(m, cluster, plan).time.step_time_s == off
+    # the same settings objects: the caches (keyed by their ids) are shared between the two estimates
+    memory, timing = MemorySettings(), TimeSettings()
+    off = estimate(m, cluster, plan, memory, timing).time.step_time_s
+    on = estimate(m, cluster, plan.with_(fp8_attention=True), memory, timing).time.step_time_s
+    assert on < off and estimate(m, cluster, plan, memory, timing).time.step_time_s == off
