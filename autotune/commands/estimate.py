@@ -133,5 +133,3 @@ def _setting_gains(result, memory, timing):
 
     fixed = [name for name in RUN_SETTINGS if getattr(result.plan, name) is not None]
     return plan_setting_gains(result, fixed, memory, timing)
-
-

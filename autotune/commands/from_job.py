@@ -12,7 +12,8 @@ from autotune.errors import InputError
 from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
-__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate", "plan_from_job", "plan_diff", "alternatives"]
+__all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate", "plan_from_job", "plan_diff",
+           "alternatives"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
