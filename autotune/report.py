@@ -210,9 +210,18 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
     if plan.tp > 1:
         overlap = run_settings.tp_overlap(plan, settings, engine)
         backward = c.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
+        stated = " (--tp-backward-comm)" if settings.tp_backward_overlap is not None else ""
         out.append(f"TP communication overlap: {overlap}" + asked("tp_overlap", "--tp-overlap")
-                   + (", backward input-gradient collective behind the weight-gradient GEMM" if backward else ""))
-    out.append(f"attention kernel {c.attention_kernel}" + (" in FP8 (--fp8-attention)" if plan.fp8_attention else ""))
+                   + (", backward input-gradient collective " + ("behind the weight-gradient GEMM" if backward
+                                                                 else "waited for") + stated
+                      if backward or stated else ""))
+    if plan.pp > 1 and plan.vpp > 1:
+        sends = c.pp_overlap_interleaved if settings.pp_overlap_interleaved is None else settings.pp_overlap_interleaved
+        out.append("interleaved pipeline sends " + ("behind compute in the steady phase" if sends else "waited for")
+                   + (" (--pp-sends)" if settings.pp_overlap_interleaved is not None else ""))
+    kernel = settings.attention_kernel or c.attention_kernel
+    out.append(f"attention kernel {kernel}" + (" (--attention-kernel)" if settings.attention_kernel else "")
+               + (" in FP8 (--fp8-attention)" if plan.fp8_attention else ""))
     compiled = run_settings.compiled(plan, settings, engine)
     out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels)
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))

@@ -20,6 +20,7 @@ import yaml
 
 from autotune.cli import build_parser
 from autotune.commands.estimate import estimate_from_flags
+from autotune.commands.run_code_flags import RUN_CODE_FLAGS
 from autotune.cost.published_runs import PublishedRun, predict_run, published_runs
 from autotune.specs.hardware import GIB
 from autotune.specs.plan import ParallelPlan
@@ -30,28 +31,12 @@ def not_expressible(run: PublishedRun, plan: ParallelPlan) -> str:
     """Why no `autotune estimate` command line states this run as the bench estimates it; empty when one does."""
     if run.layer_timing:
         return "a one-layer timing (Korthikanti Table 4), not a training step: the bench times one layer"
-    if run.time_overrides.get("tp_backward_overlap") is False:
-        return ("2021-22 code reduced the TP input gradient synchronously in backward; no release the CLI models "
-                "(Megatron-core 0.16-0.19, Megatron-DeepSpeed) does, and no flag states it")
-    if run.time_overrides.get("pp_overlap_interleaved") is False and plan.pp > 1 and plan.vpp > 1:
-        return ("Megatron-LM before mid-2023 waited for every send of its interleaved pipeline schedule; the releases "
-                "the CLI models overlap them (overlap_p2p_comm, autotune.cost.pp_sends), and no flag states it")
-    if run.time_overrides.get("zero3_list_collectives"):
-        return ("DeepSpeed before v0.5.5 gathered and reduce-scattered ZeRO-3 parameters through per-rank tensor "
-                "lists (autotune.cost.zero3_gathers); the release the CLI models (0.19) coalesces them")
-    if run.time_overrides.get("attention_kernel"):
-        return (f"its attention kernel ({run.time_overrides['attention_kernel']}: llm-foundry 2023's Triton "
-                "FlashAttention) runs in none of the engines the CLI models, and no flag states it")
-    if plan.cp > 1 and run.time_overrides.get("cp_repeat_kv"):
-        return ("torchtitan before v0.2.2 repeated K and V to every query head (repeat_kv, v0.2.0 models/llama3/model/"
-                "model.py:236), so context parallelism exchanged them at the query width; the releases the CLI "
-                "models pass enable_gqa instead")
     return ""
 
 
 def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
-    """The plan's run settings and the run's stated ones (``time_overrides``, and ``memory_overrides``' saved linear
-    inputs, gradient accumulation and pipeline buffers) as flags."""
+    """The plan's run settings and the run's stated ones (``time_overrides`` and ``memory_overrides``: the
+    run-code flags of ``autotune.commands.run_code_flags``) as flags."""
     over = run.time_overrides
     out: list[str] = []
     if plan.grad_dtype:
@@ -75,15 +60,10 @@ def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
         out += ["--cuda-graph-scope", *plan.cuda_graph_scope]
     if plan.ep_overlap:
         out += ["--ep-overlap", plan.ep_overlap]
-    gathered = run.memory_overrides.get("linear_inputs_gathered")
-    if gathered is not None:  # the run's code saves what its engine's would not (Llama 3: Korthikanti's shards)
-        out += ["--linear-inputs", "gathered" if gathered else "shard"]
-    sharded = run.memory_overrides.get("grad_accumulation_sharded")
-    if sharded is not None:  # Llama 3: gradients reduce-scattered every micro-batch
-        out += ["--grad-accumulation", "sharded" if sharded else "unsharded"]
-    released = run.memory_overrides.get("pipeline_buffers_released")
-    if released is not None:  # Llama 3: stage inputs and outputs freed once unused
-        out += ["--pipeline-buffers", "released" if released else "kept"]
+    for flag in RUN_CODE_FLAGS:  # what the run's own code does that its engine's modelled release does not
+        stated = {**run.memory_overrides, **run.time_overrides}
+        if stated.get(flag.setting) is not None:
+            out += [flag.flag, next(word for word, value in flag.choices if value == stated[flag.setting])]
     return out
 
 

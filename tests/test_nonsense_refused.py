@@ -207,7 +207,10 @@ def test_validate_names_num_processes_0(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value", [("--linear-inputs", "shard"), ("--grad-accumulation", "sharded"),
-                                         ("--pipeline-buffers", "released"), ("--cross-entropy", "te")])
+                                         ("--pipeline-buffers", "released"), ("--cross-entropy", "te"),
+                                         ("--tp-backward-comm", "blocking"), ("--pp-sends", "blocking"),
+                                         ("--zero3-collectives", "lists"), ("--cp-kv", "repeated"),
+                                         ("--attention-kernel", "fa-triton")])
 def test_emit_refuses_the_flags_that_describe_another_programs_code(flag, value, tmp_path, capsys):
     out = tmp_path / "job"
     argv = ["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "fsdp",

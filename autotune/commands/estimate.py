@@ -17,7 +17,7 @@ from autotune.commands import (
     preset_epilog,
     time_settings,
 )
-from autotune.commands.run_code_flags import run_code_settings
+from autotune.commands.run_code_flags import run_code_settings, run_code_time_settings
 from autotune.commands.engine_version import (
     add_engine_version,
     engine_releases,
@@ -74,7 +74,7 @@ def flags_estimate(args: argparse.Namespace):
         expandable_segments=bool(getattr(args, "expandable_segments", False)),
         **run_code_settings(args),
     )
-    timing = replace(time_settings(args), **cost)
+    timing = replace(time_settings(args), **cost, **run_code_time_settings(args))
     return estimate(model, cluster, plan, settings, timing), settings, timing
 
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     kept = goodput(result, goodput_inputs(args, cluster))
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
-                         "assumed_settings": assumed_settings(plan, time_settings(args), cluster),
+                         "assumed_settings": assumed_settings(plan, timing, cluster),
                          "setting_gains": None if gains is None else gains.to_dict()}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         u = result.uncertainty
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
-        print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, time_settings(args), cluster)))
+        print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, timing, cluster)))
         if gains is not None:
             print(gains.text())
         if model.num_mtp_layers and not plan.mtp_layers:

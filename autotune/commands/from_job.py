@@ -82,7 +82,15 @@ def job_estimate(args: argparse.Namespace):
     policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
     ts = time_settings(args)
     ts = replace(ts, selective_policy=policy) if policy else ts
-    return estimate(job.model, job.cluster, plan, job.settings, ts), job.settings, ts
+    # What the run's own code does that the files' engine release does not (autotune.commands.run_code_flags)
+    from autotune.commands.run_code_flags import run_code_settings, run_code_time_settings
+    from autotune.specs.settings import MemorySettings
+
+    memory = job.settings
+    if run_code_settings(args):
+        memory = replace(memory or MemorySettings(), **run_code_settings(args))
+    ts = replace(ts, **run_code_time_settings(args))
+    return estimate(job.model, job.cluster, plan, memory, ts), memory, ts
 
 
 def _key(plan) -> tuple:

@@ -1,8 +1,10 @@
-"""The flags that state how a run's own code differs from its engine's in what it keeps in memory.
+"""The flags that state how a run's own code differs from its engine's release: what it keeps in memory and how it
+schedules its communication.
 
-They serve `autotune estimate` for costing a run whose program is not the engine's (a published run's own stack:
-Meta's Llama 3, arXiv 2407.21783 Sec. 3.3.2). The files `autotune emit` writes run the engine's code, which cannot
-be told to behave so, and emit refuses them (``run_code_problems``) rather than cost files that do not.
+They serve `autotune estimate` for costing a run whose program is not the engine's release the CLI models (a
+published run's own stack: Meta's Llama 3, arXiv 2407.21783 Sec. 3.3.2; the 2021-22 Megatron-LM and DeepSpeed of
+the runs that made these engines' names). The files `autotune emit` writes run the modelled release's code, which
+cannot be told to behave so, and emit refuses them (``run_code_problems``) rather than cost files that do not.
 """
 
 from __future__ import annotations
@@ -10,59 +12,103 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["RunCodeFlag", "RUN_CODE_FLAGS", "add_run_code_flags", "run_code_settings", "run_code_problems"]
+__all__ = ["RunCodeFlag", "RUN_CODE_FLAGS", "add_run_code_flags", "run_code_settings", "run_code_time_settings",
+           "run_code_problems"]
+
+MEMORY, TIME = "memory", "time"
 
 
 @dataclass(frozen=True, slots=True)
 class RunCodeFlag:
     flag: str
     setting: str
-    """The ``MemorySettings`` field it sets (None there: the engine's own)."""
-    true_choice: str
-    false_choice: str
+    """The ``MemorySettings`` / ``TimeSettings`` field it sets (None there: the engine's own)."""
+    choices: tuple[tuple[str, object], ...]
+    """(the word on the command line, the field's value)."""
     help: str
+    targets: tuple[str, ...] = (MEMORY,)
+    """Which settings the field is in: ``MemorySettings`` (memory), ``TimeSettings`` (time), or both."""
 
     @property
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
+    def value(self, args: argparse.Namespace):
+        """The field's value the flag gives; None where it is not given."""
+        word = getattr(args, self.dest, None)
+        return None if word is None else dict(self.choices)[word]
+
 
 RUN_CODE_FLAGS = (
-    RunCodeFlag("--linear-inputs", "linear_inputs_gathered", "gathered", "shard",
+    RunCodeFlag("--linear-inputs", "linear_inputs_gathered", (("gathered", True), ("shard", False)),
                 "under sequence parallelism, what the column-parallel linears save for backward: the sequence-gathered "
                 "input (torchtitan's DTensor TP) or the shard, re-gathered in backward (Megatron, Korthikanti et al. "
                 "2022)"),
-    RunCodeFlag("--grad-accumulation", "grad_accumulation_sharded", "sharded", "unsharded",
+    RunCodeFlag("--grad-accumulation", "grad_accumulation_sharded", (("sharded", True), ("unsharded", False)),
                 "under pipelining with FSDP sharding, where the micro-batches' gradients add up: sharded = each "
                 "micro-batch's are reduce-scattered into the fp32 shards as its backward ends (Meta's Llama 3 stack); "
                 "unsharded = the stage's whole gradient accumulates in fp32 through the step and is reduce-scattered "
                 "after the last micro-batch (torch.distributed.pipelining)"),
-    RunCodeFlag("--pipeline-buffers", "pipeline_buffers_released", "released", "kept",
+    RunCodeFlag("--pipeline-buffers", "pipeline_buffers_released", (("released", True), ("kept", False)),
                 "what a pipeline stage holds of its inputs and outputs: released = freed once no later computation "
                 "reads them, only the tensors in transit held (Meta's Llama 3 stack); kept = a receive buffer per "
                 "micro-batch and the outputs of those in flight (torch.distributed.pipelining)"),
-    RunCodeFlag("--cross-entropy", "te_cross_entropy", "te", "fp32",
+    RunCodeFlag("--cross-entropy", "te_cross_entropy", (("te", True), ("fp32", False)),
                 "what the loss keeps of the logits for backward: te = Transformer Engine's parallel_cross_entropy, the "
                 "16-bit logits with the gradient written into them (Megatron-Bridge's runs: cross_entropy_fusion_impl "
                 "te); fp32 = an fp32 softmax (Megatron-LM's vocab-parallel cross entropy)"),
+    # Scheduling: what older releases of the engines did, which the modelled ones no longer do by default.
+    RunCodeFlag("--tp-backward-comm", "tp_backward_overlap", (("overlapped", True), ("blocking", False)),
+                "the tensor-parallel all-reduce (or reduce-scatter) of a column-parallel linear's input gradient in "
+                "backward: overlapped = behind the weight-gradient GEMM (Megatron's "
+                "LinearWithGradAccumulationAndAsyncCommunication, Megatron-core's only way); blocking = waited for "
+                "(Megatron-LM v2 of 2021 and the BigScience Megatron-DeepSpeed fork; Megatron-DeepSpeed's "
+                "--no-async-tensor-model-parallel-allreduce)", (TIME,)),
+    RunCodeFlag("--pp-sends", "pp_overlap_interleaved", (("overlapped", True), ("blocking", False)),
+                "the interleaved pipeline schedule's steady-phase sends and receives: overlapped = posted behind the "
+                "next chunk's compute (Megatron overlap_p2p_comm, the default with virtual stages since Megatron-LM "
+                "4eeff55d1f, 2023-10); blocking = each waited for (Megatron-LM before f9283c5a8a, 2023-05, and "
+                "Megatron-LM's --no-overlap-p2p-communication)", (TIME,)),
+    RunCodeFlag("--zero3-collectives", "zero3_list_collectives", (("coalesced", False), ("lists", True)),
+                "how DeepSpeed ZeRO-3 gathers and reduce-scatters its parameters and gradients: coalesced = one flat "
+                "collective per bucket (DeepSpeed >= 0.6); lists = through per-rank tensor lists (DeepSpeed before "
+                "v0.5.5)", (TIME,)),
+    RunCodeFlag("--cp-kv", "cp_repeat_kv", (("gqa", False), ("repeated", True)),
+                "under context parallelism, the width of the K and V the ring exchanges and holds: gqa = the model's "
+                "K/V heads (SDPA's enable_gqa; torchtitan >= 0.2.2, Megatron); repeated = repeated to every query "
+                "head before attention (torchtitan before v0.2.2: repeat_kv)", (MEMORY, TIME)),
+    RunCodeFlag("--attention-kernel", "attention_kernel", (("fa2", "fa2"), ("fa3", "fa3"), ("fa-triton", "fa-triton")),
+                "the fused attention kernel the run's code calls: fa2 / fa3 = FlashAttention-2 / -3; fa-triton = "
+                "FlashAttention in pre-MLIR Triton (llm-foundry's attn_impl triton, 2023), about 1.3x slower than "
+                "FlashAttention-2 (Dao 2023, arXiv 2307.08691 Sec. 4)", (TIME,)),
 )
 
 
 def add_run_code_flags(group) -> None:
     for f in RUN_CODE_FLAGS:
-        group.add_argument(f.flag, choices=(f.true_choice, f.false_choice), default=None,
+        group.add_argument(f.flag, choices=tuple(word for word, _ in f.choices), default=None,
                            help=f"{f.help}; default: the engine's own (`emit` refuses it: its files run the engine's "
                                 f"code)")
 
 
-def run_code_settings(args: argparse.Namespace) -> dict[str, bool]:
+def _settings(args: argparse.Namespace, target: str) -> dict:
+    return {f.setting: f.value(args) for f in RUN_CODE_FLAGS
+            if target in f.targets and getattr(args, f.dest, None) is not None}
+
+
+def run_code_settings(args: argparse.Namespace) -> dict:
     """The ``MemorySettings`` fields the flags given set."""
-    return {f.setting: getattr(args, f.dest) == f.true_choice for f in RUN_CODE_FLAGS
-            if getattr(args, f.dest, None) is not None}
+    return _settings(args, MEMORY)
+
+
+def run_code_time_settings(args: argparse.Namespace) -> dict:
+    """The ``TimeSettings`` fields the flags given set."""
+    return _settings(args, TIME)
 
 
 def run_code_problems(args: argparse.Namespace) -> list[str]:
     """One problem per flag given to a command that writes the engine's files."""
-    return [f"{f.flag} states what another program's code keeps in memory (a published run's own stack), but the "
-            f"files emit writes run the engine's code: drop {f.flag} here; `autotune estimate {f.flag} ...` costs "
-            f"such a run" for f in RUN_CODE_FLAGS if getattr(args, f.dest, None) is not None]
+    return [f"{f.flag} states what another program's code does (a published run's own stack or an older release), "
+            f"but the files emit writes run the modelled release's code: drop {f.flag} here; "
+            f"`autotune estimate {f.flag} ...` costs such a run" for f in RUN_CODE_FLAGS
+            if getattr(args, f.dest, None) is not None]
