@@ -20,7 +20,7 @@ import yaml
 
 from autotune.cli import build_parser
 from autotune.commands.estimate import estimate_from_flags
-from autotune.commands.run_code_flags import RUN_CODE_FLAGS
+from autotune.commands.run_code_flags import RUN_CODE_FLAGS, flag_applies
 from autotune.cost.published_runs import PublishedRun, predict_run, published_runs
 from autotune.specs.hardware import GIB
 from autotune.specs.plan import ParallelPlan
@@ -62,7 +62,7 @@ def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
         out += ["--ep-overlap", plan.ep_overlap]
     for flag in RUN_CODE_FLAGS:  # what the run's own code does that its engine's modelled release does not
         stated = {**run.memory_overrides, **run.time_overrides}
-        if stated.get(flag.setting) is not None:
+        if stated.get(flag.setting) is not None and flag_applies(flag, plan):
             out += [flag.flag, next(word for word, value in flag.choices if value == stated[flag.setting])]
     return out
 

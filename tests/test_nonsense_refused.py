@@ -206,17 +206,48 @@ def test_validate_names_num_processes_0(tmp_path, capsys):
     assert "the files do not say it" not in err
 
 
-@pytest.mark.parametrize("flag, value", [("--linear-inputs", "shard"), ("--grad-accumulation", "sharded"),
-                                         ("--pipeline-buffers", "released"), ("--cross-entropy", "te"),
-                                         ("--tp-backward-comm", "blocking"), ("--pp-sends", "blocking"),
-                                         ("--zero3-collectives", "lists"), ("--cp-kv", "repeated"),
-                                         ("--attention-kernel", "fa-triton")])
-def test_emit_refuses_the_flags_that_describe_another_programs_code(flag, value, tmp_path, capsys):
+FSDP_PLAN = ["--engine", "fsdp", "--tp", "2", "--pp", "2", "--zero", "2"]
+RUN_CODE_CASES = [("--linear-inputs", "shard", FSDP_PLAN), ("--grad-accumulation", "sharded", FSDP_PLAN),
+                  ("--pipeline-buffers", "released", FSDP_PLAN), ("--cross-entropy", "te", FSDP_PLAN),
+                  ("--tp-backward-comm", "blocking", FSDP_PLAN), ("--pp-sends", "blocking", [*FSDP_PLAN, "--vpp", "2"]),
+                  ("--zero3-collectives", "lists", ["--engine", "deepspeed", "--zero", "3"]),
+                  ("--cp-kv", "repeated", ["--engine", "fsdp", "--cp", "2", "--zero", "2"]),
+                  ("--attention-kernel", "fa-triton", FSDP_PLAN)]
+
+
+@pytest.mark.parametrize("flag, value, plan", RUN_CODE_CASES, ids=[c[0] for c in RUN_CODE_CASES])
+def test_emit_refuses_the_flags_that_describe_another_programs_code(flag, value, plan, tmp_path, capsys):
     out = tmp_path / "job"
-    argv = ["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "fsdp",
-            "--tp", "2", "--pp", "2", "--zero", "2", "--global-batch", "8", flag, value, "--out", str(out)]
+    argv = ["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", *plan, "--global-batch", "8",
+            flag, value, "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"drop {flag}" in err and f"autotune estimate {flag}" in err
     assert not out.exists()  # nothing written
     assert main(["estimate", *argv[1:-2]]) == 0  # estimate costs the same plan with it
+
+
+@pytest.mark.parametrize("flag, value, plan, says", [
+    ("--pp-sends", "blocking", FSDP_PLAN, "an interleaved pipeline"),
+    ("--tp-backward-comm", "blocking", ["--engine", "fsdp", "--zero", "3"], "tensor parallelism"),
+    ("--zero3-collectives", "lists", FSDP_PLAN, "DeepSpeed's ZeRO-3"),
+    ("--cp-kv", "repeated", FSDP_PLAN, "context parallelism"),
+    ("--attention-kernel", "fa2", [*FSDP_PLAN, "--no-flash-attention"], "a fused attention kernel"),
+], ids=["pp-sends", "tp-backward-comm", "zero3-collectives", "cp-kv", "attention-kernel"])
+def test_estimate_refuses_a_run_code_flag_the_plan_would_ignore(flag, value, plan, says, capsys):
+    # A flag that cannot change this plan's cost is named, not silently dropped.
+    argv = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", *plan,
+            "--global-batch", "8", flag, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {value} changes only a plan with {says}" in err and f"drop {flag}" in err
+    assert "Traceback" not in err
+
+
+def test_estimate_refuses_an_attention_kernel_the_gpu_lacks(capsys):
+    argv = ["estimate", "--model", "llama3-8b", "--gpu", "a100-80gb", "--num-gpus", "8", "--engine", "fsdp",
+            "--zero", "3", "--global-batch", "8", "--attention-kernel", "fa3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "a100-80gb has no fa3" in err and "pick fa2 or fa-triton" in err
+    assert main([*argv[:-1], "fa2"]) == 0

@@ -17,7 +17,8 @@ from autotune.commands import (
     preset_epilog,
     time_settings,
 )
-from autotune.commands.run_code_flags import run_code_settings, run_code_time_settings
+from autotune.commands.run_code_flags import run_code_plan_problems, run_code_settings, run_code_time_settings
+from autotune.errors import InputError
 from autotune.commands.engine_version import (
     add_engine_version,
     engine_releases,
@@ -66,6 +67,9 @@ def flags_estimate(args: argparse.Namespace):
         **release_run_settings(args, args.engine, (args.precision,), command=args.command, model=model),
         **peft_args(args),
     )
+    refused = run_code_plan_problems(args, plan, cluster)
+    if refused:
+        raise InputError(refused, subject="run-code flags")
     # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
     cost = release_cost_settings(args, args.engine)
     settings = MemorySettings(

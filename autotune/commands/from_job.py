@@ -83,9 +83,12 @@ def job_estimate(args: argparse.Namespace):
     ts = time_settings(args)
     ts = replace(ts, selective_policy=policy) if policy else ts
     # What the run's own code does that the files' engine release does not (autotune.commands.run_code_flags)
-    from autotune.commands.run_code_flags import run_code_settings, run_code_time_settings
+    from autotune.commands.run_code_flags import run_code_plan_problems, run_code_settings, run_code_time_settings
     from autotune.specs.settings import MemorySettings
 
+    refused = run_code_plan_problems(args, plan, job.cluster)
+    if refused:
+        raise InputError(refused, subject="run-code flags")
     memory = job.settings
     if run_code_settings(args):
         memory = replace(memory or MemorySettings(), **run_code_settings(args))

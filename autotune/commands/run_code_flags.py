@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 
 __all__ = ["RunCodeFlag", "RUN_CODE_FLAGS", "add_run_code_flags", "run_code_settings", "run_code_time_settings",
-           "run_code_problems"]
+           "run_code_problems", "run_code_plan_problems", "flag_applies"]
 
 MEMORY, TIME = "memory", "time"
 
@@ -112,3 +112,56 @@ def run_code_problems(args: argparse.Namespace) -> list[str]:
             f"but the files emit writes run the modelled release's code: drop {f.flag} here; "
             f"`autotune estimate {f.flag} ...` costs such a run" for f in RUN_CODE_FLAGS
             if getattr(args, f.dest, None) is not None]
+
+
+def _zero3_prefetch(plan) -> bool:
+    from autotune.engines import engine_for
+
+    return plan.zero_stage == 3 and plan.overlap_comm and engine_for(plan).comm.param_gather == "prefetch"
+
+
+_APPLIES = {
+    # flag: (what the plan must have for the flag to change its cost, the test)
+    "--tp-backward-comm": ("tensor parallelism (--tp > 1)", lambda plan: plan.tp > 1),
+    "--pp-sends": ("an interleaved pipeline (--pp > 1 with --vpp > 1)", lambda plan: plan.pp > 1 and plan.vpp > 1),
+    "--zero3-collectives": ("DeepSpeed's ZeRO-3 with --overlap-comm (--zero 3, --engine deepspeed or "
+                            "megatron-deepspeed)", _zero3_prefetch),
+    "--cp-kv": ("context parallelism (--cp > 1)", lambda plan: plan.cp > 1),
+    "--attention-kernel": ("a fused attention kernel (--flash-attention)", lambda plan: plan.flash_attention),
+}
+
+
+def flag_applies(flag: RunCodeFlag, plan) -> bool:
+    """Whether ``flag`` changes the cost of ``plan`` (the memory flags: always taken as given)."""
+    rule = _APPLIES.get(flag.flag)
+    return rule is None or rule[1](plan)
+
+
+def run_code_plan_problems(args: argparse.Namespace, plan, cluster) -> list[str]:
+    """The run-code flags given that cannot change this plan's cost (so would be silently ignored), and an attention
+    kernel the plan's GPU does not run."""
+    problems = []
+    for f in RUN_CODE_FLAGS:
+        word = getattr(args, f.dest, None)
+        if word is None:
+            continue
+        if not flag_applies(f, plan):
+            problems.append(f"{f.flag} {word} changes only a plan with {_APPLIES[f.flag][0]}; this plan has none: "
+                            f"drop {f.flag}")
+        elif f.flag == "--attention-kernel":
+            problems += _kernel_problems(word, cluster)
+    return problems
+
+
+def _kernel_problems(kernel: str, cluster) -> list[str]:
+    from autotune.cost.kernels import DERIVED_ATTENTION_KERNELS
+
+    facts = cluster.gpu.kernels
+    runs = tuple(facts.attention_fraction) if facts is not None else ()
+    base = DERIVED_ATTENTION_KERNELS.get(kernel, (kernel, 1.0))[0]
+    if base in runs:
+        return []
+    ran = [k for k in ("fa2", "fa3", "fa-triton") if DERIVED_ATTENTION_KERNELS.get(k, (k, 1.0))[0] in runs]
+    why = "FlashAttention-3 needs Hopper or newer" if kernel == "fa3" else "no measured rate of it here"
+    way_out = f"pick {' or '.join(ran)}" if ran else "drop --attention-kernel (its attention is costed unfused)"
+    return [f"--attention-kernel {kernel}: {cluster.gpu.name} has no {kernel} ({why}): {way_out}"]
