@@ -151,3 +151,24 @@ def test_the_same_plan_with_and_without_it():
     off = estimate(m, cluster, plan, memory, timing).time.step_time_s
     on = estimate(m, cluster, plan.with_(fp8_attention=True), memory, timing).time.step_time_s
     assert on < off and estimate(m, cluster, plan, memory, timing).time.step_time_s == off
+
+
+@pytest.mark.parametrize("recipe, qkv_bytes, out_bytes", [
+    ("te-delayed", 1.0, 1.0),  # Q, K, V and the output in FP8 (backends.py:1587-1588)
+    ("te-current", 1.0, 2.0),  # the output in 16 bits: NVTE_DPA_FP8CS_O_in_F16 defaults to 1
+    ("te-mxfp8", 2 * (1 + 1 / 32), 2.0),  # row- and column-wise MXFP8 copies of Q, K, V (utils.py:2720-2722)
+])
+def test_the_ledger_saves_q_k_v_and_the_output_at_the_recipes_bytes(recipe, qkv_bytes, out_bytes):
+    # What Transformer Engine's FusedAttnFunc keeps for backward, by recipe, against the 16-bit attention's 2 bytes
+    # each: every layer's activations move by exactly that, nothing else in the ledger does.
+    m, cluster = load_model_preset("qwen3-30b-a3b"), load_cluster(gpu=GPU, num_gpus=8)
+    plan = make_plan(m, cluster, engine="megatron", zero_stage=1, global_batch_size=64, seq_len=4096, ep=8,
+                     micro_batch_size=2, precision="fp8", fp8_recipe=recipe, recompute="none")
+    memory = MemorySettings()
+    off = estimate(m, cluster, plan, memory).memory
+    on = estimate(m, cluster, plan.with_(fp8_attention=True), memory).memory
+    tokens = plan.seq_len * plan.micro_batch_size  # one micro-batch in flight: pp 1, tp 1
+    per_layer = tokens * ((qkv_bytes - 2) * (m.q_width + m.kv_width + m.v_width)
+                          + (out_bytes - 2) * m.attention_output_width)
+    assert on.activations - off.activations == pytest.approx(m.num_layers * per_layer, rel=1e-9)
+    assert (on.weights, on.gradients, on.optimizer_states) == (off.weights, off.gradients, off.optimizer_states)

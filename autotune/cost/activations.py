@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from autotune.cost.op_sac import block_linears, block_mms, op_sac_layer_bytes
 from autotune.cost.stage_chunks import first_chunk_in_flight, moe_layers_in, uneven_chunks
 from autotune.cost.cp_ring import ring_transient_bytes
+from autotune.cost.fp8_attention import saved_bytes
 from autotune.cost.lora import saved_input_change
 from autotune.cost.moe_time import routed_share
 from autotune.cost.mtp import mtp_extra_activation_bytes
@@ -113,8 +114,11 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         m = model.mla
         latent = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
         attn += 2 * sb * latent * 2  # latent norms' inputs and the up-projections' inputs (replicated)
-    attn += 2 * sb * (model.q_width + model.kv_width + model.v_width) / t
-    attn += 2 * sb * model.attention_output_width / t  # attention output, saved by the kernel and the projection
+    # q, k, v and the attention output, saved by the kernel (and the output by the projection where it is 16-bit)
+    qkv_bytes, out_bytes = (saved_bytes(facts.fp8_attention_recipe)
+                            if facts.fp8_attention_recipe and plan.precision == "fp8" else (2.0, 2.0))
+    attn += qkv_bytes * sb * (model.q_width + model.kv_width + model.v_width) / t
+    attn += out_bytes * sb * model.attention_output_width / t
     if lin != 2:
         attn += lin * sb * model.attention_output_width / t  # FP8 cast of the output projection's input
     a = model.num_attention_heads

@@ -32,7 +32,7 @@ causal tile (``autotune.cost.attention_tiles.fp8_backward_share``).
 
 from __future__ import annotations
 
-__all__ = ["FP8_ATTENTION_SPEEDUP", "recipe_rows", "speedup", "backward_scale"]
+__all__ = ["FP8_ATTENTION_SPEEDUP", "recipe_rows", "speedup", "backward_scale", "saved_bytes"]
 
 FP8_ATTENTION_SPEEDUP: dict[tuple[str, int], tuple[float, float]] = {
     ("fp8", 128): (1.365, 1.059), ("fp8", 192): (1.623, 1.635),
@@ -58,3 +58,29 @@ def backward_scale(fwd_speedup: float, bwd_speedup: float, fwd_share: float, bwd
     speedups differ, and where sliding-window layers' backward runs more tiles than their forward, the backward's
     executed share of a causal layer (``bwd_share``) is larger than the forward's (``fwd_share``)."""
     return fwd_speedup / bwd_speedup * bwd_share / fwd_share
+
+
+MXFP8_BLOCK = 32
+"""Values per E8M0 scale byte of an MXFP8 tensor (one scale per 32-value block)."""
+
+
+def saved_bytes(fp8_recipe: str) -> tuple[float, float]:
+    """(bytes per element of Q, K and V, bytes per element of the output) the FP8 fused attention saves for its
+    backward, by recipe, as Transformer Engine's ``FusedAttnFunc.forward`` keeps them (TransformerEngine d0067d0
+    transformer_engine/pytorch/attention/dot_product_attention/backends.py:1580-1591, with the quantizer usages of
+    utils.py:2687-2726 ``get_attention_quantizers``):
+
+    * delayed scaling: Q, K, V and the output in FP8, row-wise only (1 byte each; the output's ``bwd_requires_o_fp8``);
+    * current scaling: Q, K, V in FP8 (1 byte), the output in 16 bits (``NVTE_DPA_FP8CS_O_in_F16`` defaults to 1,
+      backends.py:210);
+    * MXFP8: Q, K, V with both their row-wise and column-wise data (``QKV_quantizer.columnwise_usage = True`` for
+      MXFP8, utils.py:2720-2722), each 1 byte plus a scale byte per 32 values, so 2 x (1 + 1/32); the output in
+      16 bits.
+
+    A 16-bit attention saves 2 bytes of each. The output projection's own FP8 cast of its input is the linear's
+    (``autotune.cost.activations``), under either."""
+    if recipe_rows(fp8_recipe) == "mxfp8":
+        return 2 * (1 + 1 / MXFP8_BLOCK), 2.0
+    if fp8_recipe == "te-current":
+        return 1.0, 2.0
+    return 1.0, 1.0

@@ -237,6 +237,10 @@ class ActivationFacts:
     expert output after the experts (Hugging Face Mixtral-style blocks ``expert_layer(x) * routing_weights``,
     DeepSpeed-MoE ``sharded_moe.py`` ``einsum("sec,ecm->sm", combine_weights, expert_output)``, torchtitan's MoE
     scaling the routed output by its scores), which saves that output."""
+    fp8_attention_recipe: str | None = None
+    """The FP8 recipe the fused attention runs in (``ParallelPlan.fp8_attention``: Megatron-core
+    ``fp8_dot_product_attention``), which sets the bytes of Q, K, V and its output it saves for backward
+    (``autotune.cost.fp8_attention.saved_bytes``); None: a 16-bit attention (Q, K, V and the output in 16 bits)."""
     cp_kind: str | None = None
     """How the plan's context parallelism runs (``CommSchedule.cp_kind``; the ledger sets it from the engine's
     schedule when cp > 1): its attention's K/V buffers join the backward's working set."""

@@ -4,6 +4,9 @@ DDP or the distributed optimizer (zero_stage 1), Megatron-FSDP (zero_stage 2: op
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_fsdp import sharding_strategy
@@ -20,7 +23,8 @@ from autotune.specs.lora import adapter_params_per_layer, lora_model_problems, t
 from autotune.engines.base import Engine
 from autotune.errors import InputError
 from autotune.engines.common import shell_array
-from autotune.engines.facts import EAGER_OP_S, MEGATRON_FACTS, CommSchedule, EngineFiles, EngineSupport, Rule
+from autotune.engines.facts import (EAGER_OP_S, MEGATRON_FACTS, ActivationFacts, CommSchedule, EngineFiles,
+                                   EngineSupport, Rule)
 from autotune.engines.megatron_fsdp import (MEGATRON_FSDP_GRAD_BYTES, lora_fsdp_base_weights, megatron_fsdp_buffers,
                                             megatron_fsdp_rules, megatron_fsdp_states)
 from autotune.engines.megatron_rules import (
@@ -42,6 +46,13 @@ from autotune.specs.peft import PEFT_METHODS
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_attention_facts(fp8_recipe: str) -> ActivationFacts:
+    """Megatron's facts with its attention in FP8 under ``fp8_recipe``: one object per recipe (the ledger's caches
+    key on the facts' identity)."""
+    return dataclasses.replace(MEGATRON_FACTS, fp8_attention_recipe=fp8_recipe)
 
 
 class MegatronEngine(Engine):
@@ -202,8 +213,11 @@ class MegatronEngine(Engine):
         return megatron_fsdp_buffers(model, plan, gather, trains)
 
     def activation_facts(self, plan):
-        del plan
-        return MEGATRON_FACTS  # its MoE experts take the routing probabilities in their activation (facts.py)
+        # Its MoE experts take the routing probabilities in their activation (facts.py); FP8 attention saves its
+        # Q, K, V and output at the recipe's bytes.
+        if plan.fp8_attention and plan.precision == "fp8":
+            return _fp8_attention_facts(plan.fp8_recipe or self.comm.fp8_recipe)
+        return MEGATRON_FACTS
 
     def saved_states_plan(self, plan):
         # Fully parallel torch_dist save: every tensor once, spread over all ranks as ZeRO-3 would hold it.
