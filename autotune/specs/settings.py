@@ -76,7 +76,11 @@ class MemorySettings:
     What NVIDIA's Megatron-Bridge runs: ``cross_entropy_loss_fusion`` True by default (Megatron-Bridge@c810129341a8
     src/megatron/bridge/models/gpt_provider.py:196) with ``cross_entropy_fusion_impl = "te"`` in every benchmark
     run (scripts/performance/utils/overrides.py:67-68 ``_set_common_perf_overrides``), which megatron-core 0.19
-    sends to TE (models/common/language_module/language_module.py:167-190)."""
+    sends to TE (models/common/language_module/language_module.py:167-190). Transformer Engine 2.18 changed it: the
+    forward writes the gradient into a new fp32 tensor and saves that alone (TransformerEngine 01bbe3eea, 2026-07-09,
+    "Fix the numerical issue with the Fused CE loss" #3193: triton/cross_entropy.py ``grad_input =
+    torch.empty_like(_input, dtype=torch.float32)``), 4 bytes per logit, as the fp32 softmax's: a run on TE >= 2.18
+    is costed with False."""
     selective_policy: str | None = None
     """What selective recompute keeps, where the run's code says ("attention-core", "op-sac": see
     ``autotune.cost.activations.ActivationFacts.selective``); None: the engine's own."""
