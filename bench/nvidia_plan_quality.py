@@ -103,6 +103,19 @@ def plan_summary_of_row(row: dict) -> str:
     return f"mb{row['mbs']} {lay or 'dp'}"
 
 
+STEP_TERMS = (("compute", "compute_s"), ("comm", "exposed_comm_s"), ("bubble", "bubble_s"),
+              ("offload", "offload_s"), ("optimizer", "optimizer_s"))
+
+
+def gain_terms(top, nvidia) -> dict[str, float]:
+    """Where the planner's first plan saves time over NVIDIA's: each step-time term's difference as a share of
+    NVIDIA's step (same model, GPUs and global batch, so the same tokens a step; negative: the first plan's is
+    shorter). Compute differs between plans of the same FLOPs by the slowest pipeline stage (its extra layers, the
+    output layer and loss on the last) and by kernel shapes (GEMM widths, rows per expert)."""
+    step = nvidia.time.step_time_s
+    return {name: (getattr(top.time, attr) - getattr(nvidia.time, attr)) / step for name, attr in STEP_TERMS}
+
+
 def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str]) -> dict:
     """The plan-quality table of the estimated rows (``label``: a row's name in the table)."""
     done = [c for c in cases if c.predicted is not None]
@@ -110,6 +123,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
     ranks, speed_ranks, gains, first_intervals = [], [], [], []
     all_rows = [c.row for c in cases]
     confirmed = []  # misses where NVIDIA measured another plan faster on the same workload
+    misses = []  # (case, gain_terms, the first plan pipelines less than NVIDIA's)
     print(f"\nPLAN QUALITY: NVIDIA's plan in `autotune plan --engine megatron` on the same model / GPUs / global batch "
           f"/ seq / precision / run settings ({len(done)} rows); rank: the first place of its tie group in the "
           f"planner's order (intervals without the row's own family's records); speed: 1 + the plans predicted faster")
@@ -150,6 +164,8 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
                   f"{'' if gain is None else f'{gain:+.1%}':>8}  {top}")
         if rank is not None and rank > 10 and (faster := measured_faster(c.row, all_rows)) is not None:
             confirmed.append((c.row, faster))
+        if rank is not None and rank > 10 and top_plan is not None:
+            misses.append((c, gain_terms(top_plan, est), est.plan.pp > 1 and top_plan.plan.pp < est.plan.pp))
     top10 = sum(1 for r in ranks if r is not None and r <= 10)
     top10_speed = sum(1 for r in speed_ranks if r is not None and r <= 10)
     unfit = sum(1 for r in ranks if r is None)
@@ -167,5 +183,20 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         print(f"  {label(row)}  measured {float(row['tokens_per_s_per_gpu']):.0f}; NVIDIA's "
               f"{plan_summary_of_row(faster)} ({faster['container']}) measured "
               f"{float(faster['tokens_per_s_per_gpu']):.0f} tokens/s/GPU")
+    _print_gain_terms(misses)
     return {"ranks": ranks, "speed_ranks": speed_ranks, "gains": gains, "first_intervals": first_intervals,
             "top10": top10, "confirmed_misses": len(confirmed)}
+
+
+def _print_gain_terms(misses: list) -> None:
+    """Where the predicted gain of the misses' first plans comes from, by step-time term (``gain_terms``)."""
+    if not misses:
+        return
+    print(f"\nwhere the first plan's predicted gain comes from on the {len(misses)} misses (each term's change, share "
+          f"of NVIDIA's step; negative: saved), median over the misses:")
+    for group, keep in (("all misses", lambda m: True), ("first plan pipelines less than NVIDIA's", lambda m: m[2]),
+                        ("the others", lambda m: not m[2])):
+        chosen = [terms for _, terms, less in misses if keep((None, None, less))]
+        if chosen:
+            parts = ", ".join(f"{name} {statistics.median(t[name] for t in chosen):+.1%}" for name, _ in STEP_TERMS)
+            print(f"  {group:<42} {len(chosen):>3} rows: {parts}")

@@ -172,3 +172,18 @@ def test_an_interval_rests_on_two_families_at_least(monkeypatch):
         uncertainty._lookup.cache_clear()
     assert alone.families == ("NVIDIA Megatron-Bridge GPT OSS 120B",) and alone.score > u.score
     assert u.relative < alone.relative
+
+
+def test_the_gain_terms_add_up_to_the_step_difference():
+    # bench/nvidia_plan_quality.gain_terms: each step-time term's change as a share of NVIDIA's step; they add up to
+    # the whole step's change (the terms make the step), and a pipelined plan's bubble shows as a bubble saving.
+    from nvidia_plan_quality import gain_terms
+
+    flags = ["estimate", "--model", "qwen3-30b-a3b", "--gpu", "gb200", "--num-gpus", "16", "--gpus-per-node", "8",
+             "--engine", "megatron", "--global-batch", "256", "--seq-len", "4096", "--ep", "8"]
+    flat = estimate_from_flags(build_parser().parse_args(flags))
+    piped = estimate_from_flags(build_parser().parse_args([*flags, "--pp", "2"]))
+    terms = gain_terms(flat, piped)
+    step_change = (flat.time.step_time_s - piped.time.step_time_s) / piped.time.step_time_s
+    assert sum(terms.values()) == pytest.approx(step_change, rel=1e-9)
+    assert terms["bubble"] == pytest.approx(-piped.time.bubble_s / piped.time.step_time_s) and terms["bubble"] < 0
