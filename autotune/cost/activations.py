@@ -239,7 +239,7 @@ def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: Activat
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
     # 16-bit at any precision: the output layer is no Transformer Engine module (megatron-core 0.19.2
     # models/gpt/gpt_model.py:264-268), so no FP8 autocast quantizes it; with fp8_output_proj (MXFP8 only) a TE linear
-    # (TELMHeadColumnParallelLinear, gpt_model.py:273-277 at 3f6a2ed844) that saves its input as the others do
+    # (TELMHeadColumnParallelLinear, gpt_model.py:273-277 at d98e8a6) that saves its input as the others do
     head_bytes = linear_input_bytes(plan, facts) if plan.fp8_output_proj else 2
     head_input = head_bytes * sb * h / _gathered_split(plan, facts)
     logits = facts.loss_logit_bytes * sb * model.vocab_size / plan.tp / chunks

@@ -5,13 +5,12 @@ no FP8 autocast quantizes it: its forward, data-gradient and weight-gradient GEM
 ``TransformerConfig.fp8_output_proj`` (NVIDIA/Megatron-LM 3f6a2ed844, "Add opt-in MXFP8 LM-head output projection
 (#4825)", first in core_v0.18.0) and the MXFP8 recipe (transformer_config.py:1569-1575 raises otherwise;
 fp8_utils.py:730-745 ``is_mxfp8_output_proj_active``: fp8, recipe mxfp8, TE installed) it builds
-``TELMHeadColumnParallelLinear`` instead (models/gpt/gpt_model.py:273-277): a TE linear under the MXFP8 autocast.
-Its three GEMMs then run as the transformer's linear layers do: at the FP8 linear rate (``Rates.linear_s``), each
-pass casting its operands as ``autotune.cost.layer_time`` charges a linear layer (``Rates.cast_bytes``: the recipe's
-``FP8_CAST_BYTES`` per element of the input and output widths, half in the forward, half in the backward). The
-cross entropy after it is unchanged (``step_time``). The multi-token-prediction modules call the same output layer
-(``autotune.cost.mtp.mtp_head_s``).
-"""
+``TELMHeadColumnParallelLinear`` instead (models/gpt/gpt_model.py:273-277; line numbers at d98e8a6): a TE linear
+under the MXFP8 autocast. Its three GEMMs then run as the transformer's linear layers do: at the FP8 linear rate
+(``Rates.linear_s``), each pass casting its operands as ``autotune.cost.layer_time`` charges a linear layer
+(``Rates.cast_bytes``: the recipe's ``FP8_CAST_BYTES`` per element of the input and output widths, half in the
+forward, half in the backward). The cross entropy after it is unchanged (``step_time``). The multi-token-prediction
+modules call the same output layer (``autotune.cost.mtp.mtp_head_s``)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def mtp_head_s(model: ModelSpec, plan: ParallelPlan, r: Rates, logits_s: float, 
     2h -> h projection (column-parallel over tp; backward twice its forward) and the output layer and loss again
     (``logits_s`` and ``ce_s``: the main output layer's forward GEMM and its loss's memory-bound time; ``cast_s``:
     its MXFP8 casts per pass, ``autotune.cost.fp8_head``: the MTP block calls the model's output layer,
-    gpt_model.py:750-767 at 3f6a2ed844)."""
+    gpt_model.py:750-767 at d98e8a6)."""
     n = plan.mtp_layers or 0
     if not n:
         return 0.0, 0.0

@@ -115,7 +115,7 @@ def fp8_attention_problems(value: object, precision: str) -> list[str]:
 # LM-head output projection (#4825)", first in core_v0.18.0; Megatron-LM --fp8-output-proj): the output layer built
 # as Transformer Engine's TELMHeadColumnParallelLinear under the MXFP8 autocast (models/gpt/gpt_model.py:273-277)
 # instead of the 16-bit ColumnParallelLinear. transformer_config.py:1569-1575 raises unless fp8 and fp8_recipe ==
-# 'mxfp8'. What it costs: autotune.cost.fp8_head.
+# 'mxfp8' (line numbers at d98e8a6). What it costs: autotune.cost.fp8_head.
 
 
 def fp8_output_proj_problems(value: object, precision: str, fp8_recipe: str | None) -> list[str]:
