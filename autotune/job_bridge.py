@@ -124,6 +124,8 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     # FP8 attention: mixed_precision's field replaces the model's at setup (update_config_with_precision_overrides)
     if precision == "fp8" and mp.get("fp8_dot_product_attention", m.get("fp8_dot_product_attention")) is True:
         out["fp8_attention"] = True
+    if m.get("fp8_output_proj") is True:  # TransformerConfig.fp8_output_proj: the LM head in MXFP8
+        out["fp8_output_proj"] = True
     base = _BASE.search(read_text(path, subject="Megatron-Bridge overrides"))
     preset = next((name for name, r in RECIPES.items() if base and r.name == base.group(1)), None)
     # With a CommOverlapConfig (the file's, or its recipe's) its values, False unless set, replace the model's at

@@ -118,6 +118,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out["activation_offload_layers"] = offloaded
     if (mtp := n("--mtp-num-layers")):  # None / 0: no MTP block (TransformerConfig mtp_num_layers)
         out["mtp_layers"] = mtp
+    if "--fp8-output-proj" in f:  # TransformerConfig.fp8_output_proj (the plan refuses it off MXFP8, as Megatron)
+        out["fp8_output_proj"] = True
     out |= _cuda_graph(f, argv, path, notes)
     out["optimizer"] = "sgd" if f.get("--optimizer") == "sgd" else "adamw"
     out["flash_attention"] = f.get("--attention-backend") != "unfused"

@@ -227,6 +227,8 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
+    if plan.fp8_output_proj:
+        out.append("output layer in MXFP8 (--fp8-output-proj: Megatron-core fp8_output_proj)")
     if c.kernel_launch_s > 0:
         issue_s = c.kernel_launch_s if cluster is None else host_issue_s(cluster, c.kernel_launch_s)
         host = f" ({issue_s / c.kernel_launch_s:g}x an x86 host's {c.kernel_launch_s * 1e6:g} us: " \

@@ -8,11 +8,11 @@ how far off the cost model is on them, and where NVIDIA's plan ranks in the plan
 Accuracy: each row NVIDIA's plan (their tp/pp/cp/vp/ep/mbs/gbs/seq/precision, Megatron engine, distributed optimizer)
 goes through `autotune estimate` itself (its argument parser and ``estimate_from_flags``, the command's own code;
 nothing fitted here), with the run settings of NVIDIA's recipe for that row that the tool has flags for (recompute,
-CUDA graphs, TP / EP overlap, FP8 attention: bench/nvidia_recipe_settings.py reads them, each with its recipe file
-and line, from bench/data/nvidia_recipe_settings.csv); the settings it cannot express are counted in a table. Where no
-recipe at the cited commit runs the row's plan (older containers), the tool's default settings are taken and each
-recompute mode is estimated, the fastest that fits kept (as bench/accuracy_published.py takes the fastest candidate
-where a source leaves a setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
+CUDA graphs, TP / EP overlap, FP8 attention, MXFP8 output layer: bench/nvidia_recipe_settings.py reads them, each with
+its recipe file and line, from bench/data/nvidia_recipe_settings.csv); the settings it cannot express are counted in a
+table. Where no recipe at the cited commit runs the row's plan (older containers), the tool's default settings are
+taken and each recompute mode is estimated, the fastest that fits kept (as bench/accuracy_published.py takes the
+fastest candidate where a source leaves a setting out: NVIDIA tuned theirs). Predicted vs measured tokens/s per GPU, the error, and
 whether the ledger says the plan fits. FP8-CS rows run as ``--precision fp8 --fp8-recipe te-current`` (Transformer
 Engine current scaling, Megatron ``--fp8-recipe tensorwise``); MXFP8 / FP8-MX rows as ``--fp8-recipe te-mxfp8``
 (Transformer Engine MXFP8BlockScaling, Megatron ``--fp8-recipe mxfp8``: its casts, block scales and FP8 parameters);

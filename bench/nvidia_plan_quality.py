@@ -17,11 +17,13 @@ from autotune.specs.peft import PEFT_SETTINGS  # LoRA rows: the search fine-tune
 
 
 RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_overlap", "moe_dispatcher",
-                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention")
+                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention",
+                         "fp8_output_proj")
 """The run settings of NVIDIA's plan (its recipe's, as estimated) that the search is given too, as `autotune plan
 --cuda-graph --cuda-graph-scope --tp-overlap --ep-overlap --moe-dispatcher --moe-capacity-factor --moe-pad-to-capacity
---mtp-layers --fp8-attention` takes them (token-dropping rows: the same capacity for every plan; DeepSeek-V3's: its
-MTP module; MXFP8 rows with FP8 attention: every plan's attention in FP8):
+--mtp-layers --fp8-attention --fp8-output-proj` takes them (token-dropping rows: the same capacity for every plan;
+DeepSeek-V3's: its MTP module; MXFP8 rows with FP8 attention / an MXFP8 output layer: every plan's attention / output
+layer in FP8):
 NVIDIA's plan and the plans it is ranked among then run the same settings (the TP / EP ones on the plans with tp > 1 / ep > 1). The recompute is
 searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
 

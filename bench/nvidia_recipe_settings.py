@@ -22,7 +22,9 @@ The Megatron meaning of each setting read here (megatron-core ``transformer_conf
   1896-1899 at d98e8a6), so a recipe that offloads and whose recompute is not read ran without one;
 - ``mixed_precision.fp8_dot_product_attention`` True: FP8 attention (``--fp8-attention``); where the recipe sets it
   from a parameter of a shared helper (the value is the parameter's name), the value its caller passes
-  (``FP8_DPA_PASSED``).
+  (``FP8_DPA_PASSED``);
+- ``model.fp8_output_proj`` True: the output layer in MXFP8 (``--fp8-output-proj``, Megatron-core fp8_output_proj,
+  core 0.18+); a shared helper's parameter as its caller passes it (``FP8_OUTPUT_PROJ_PASSED``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ FP8_DPA_PASSED = {
 }
 """Recipe -> the ``fp8_dot_product_attention`` its call of the shared helper passes (NVIDIA-NeMo/Megatron-Bridge@
 51885cf132b2 src/megatron/bridge/perf_recipes/deepseek/)."""
+FP8_OUTPUT_PROJ_PASSED = {
+    # perf_recipes/deepseek/common.py:50-71 at 51885cf: _enable_deepseek_full_iteration_mxfp8(cfg, *, ...,
+    # fp8_output_proj=False) sets cfg.model.fp8_output_proj to its parameter
+    "deepseek_v3_pretrain_256gpu_gb300_fp8mx_config": "True",  # gb300/deepseek_v3.py:157 passes True
+    "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": "True",  # gb200/deepseek_v3.py:160 passes True
+}
+"""Recipe -> the ``fp8_output_proj`` its call of the shared helper passes (NVIDIA-NeMo/Megatron-Bridge@51885cf132b2
+src/megatron/bridge/perf_recipes/deepseek/)."""
 
 
 @dataclass
@@ -179,6 +189,14 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         f.applied.append("FP8 attention")
     elif dpa not in (None, "False"):
         f.unexpressed.append(f"fp8_dot_product_attention={dpa} (the value its caller passes is not read)")
+    head = s.get("fp8_output_proj")
+    if head == "fp8_output_proj":  # a helper's parameter: what the recipe's call passes
+        head = FP8_OUTPUT_PROJ_PASSED.get(s.recipe, head)
+    if head == "True":
+        f.argv.append("--fp8-output-proj")
+        f.applied.append("MXFP8 output layer")
+    elif head not in (None, "False"):
+        f.unexpressed.append(f"fp8_output_proj={head} (the value its caller passes is not read)")
     # The sync-free MoE path of a whole-iteration graph: the tool writes the paged stash and the op fuser with it
     # (autotune.specs.sync_free_moe), at Bridge's values of the rank budget (which may differ from the recipe's)
     sync_free = "--cuda-graph" in f.argv and "full-iteration" in f.argv and "flex-hybridep" in f.argv

@@ -249,6 +249,10 @@ def add_run_settings(g) -> None:
                    help="with --precision fp8, run the fused attention in FP8 too (Megatron-core "
                         "fp8_dot_product_attention, Megatron-Bridge files only; NVIDIA's MXFP8 Bridge recipes set it); "
                         "default: the engine's own (16-bit attention)")
+    g.add_argument("--fp8-output-proj", action="store_true", default=None,
+                   help="with --precision fp8 --fp8-recipe te-mxfp8, run the output layer (LM head) in MXFP8 too "
+                        "(Megatron-core fp8_output_proj, Megatron-LM --fp8-output-proj, core 0.18+; NVIDIA's MXFP8 "
+                        "GPT-OSS and DeepSeek-V3 Bridge recipes set it); default: the engine's own (16-bit head)")
     g.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default=None,
                    help="where cp > 1: how context-parallel ranks exchange attention inputs (Megatron --cp-comm-type: "
                         "p2p ring, a2a all-to-all, allgather, a2a+p2p all-to-all inside a node and ring across); "

@@ -65,9 +65,39 @@ def search_releases(args: argparse.Namespace, engines: Sequence[str]) -> dict[st
     each), their plans are the same under every release."""
     from autotune.engines import ENGINES
 
+    from autotune.commands import run_setting_args
+
     if not getattr(args, "engine_version", None):
         engines = [e for e in engines if any(ENGINES[e].release_defaults(r) for r in ENGINES[e].versions.modelled)]
-    return {name: release for name, (release, _) in engine_releases(args, engines).items()}
+    out = {name: release for name, (release, _) in engine_releases(args, engines).items()}
+    for name, release in out.items():
+        _refuse_settings_the_release_lacks(name, release, run_setting_args(args))
+    return out
+
+
+# Run settings that only some modelled releases of an engine have: (engine, setting) -> the flag of its files whose
+# presence in a release's flag table says the release has it.
+_RELEASE_FLAGS = {("megatron", "fp8_output_proj"): "--fp8-output-proj"}  # core_v0.18.0+ (NVIDIA/Megatron-LM 3f6a2ed844)
+
+
+def _refuse_settings_the_release_lacks(engine: str, release: str, asked: Mapping[str, object]) -> None:
+    """InputError naming each asked run setting ``release`` of ``engine`` lacks (a Megatron-core release whose
+    parser has no ``--fp8-output-proj`` has no TransformerConfig.fp8_output_proj either) and the releases that have
+    it."""
+    from autotune.emit.megatron_flags import releases_with_flag
+    from autotune.emit.megatron_versions import releases_text
+
+    problems = []
+    for (name, setting), flag in _RELEASE_FLAGS.items():
+        if name != engine or not asked.get(setting):
+            continue
+        has = releases_with_flag(flag)
+        if release not in has:
+            problems.append(f"--{setting.replace('_', '-')}: Megatron-core {release} has no {setting} (its "
+                            f"arguments.py has no {flag}; Megatron-core {releases_text(has)} has it): use "
+                            f"--engine-version megatron={has[-1]}, or drop --{setting.replace('_', '-')}")
+    if problems:
+        raise InputError(problems, subject="--engine-version")
 
 
 def print_versions(releases: dict[str, tuple[str, str]], *, command: str) -> None:
@@ -100,6 +130,7 @@ def release_run_settings(args: argparse.Namespace, engine: str, precisions: Sequ
 
     asked = run_setting_args(args)
     release = engine_releases(args, [engine])[engine][0]
+    _refuse_settings_the_release_lacks(engine, release, asked)
     taken = {k: v for k, v in ENGINES[engine].release_defaults(release, model).items()
              if k not in asked and (k != "fp8_recipe" or "fp8" in precisions)}
     if taken and not getattr(args, "json", False):

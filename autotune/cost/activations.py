@@ -238,8 +238,10 @@ def output_activation_bytes(model: ModelSpec, plan: ParallelPlan, facts: Activat
     chunks = plan.loss_chunks or 1
     norm = (2 * h + (8 if model.norm == "layernorm" else 4)) * sb / t_seq
     # 16-bit at any precision: the output layer is no Transformer Engine module (megatron-core 0.19.2
-    # models/gpt/gpt_model.py:264-268, TE's only with MXFP8 and fp8_output_proj), so no FP8 autocast quantizes it
-    head_input = 2 * sb * h / _gathered_split(plan, facts)
+    # models/gpt/gpt_model.py:264-268), so no FP8 autocast quantizes it; with fp8_output_proj (MXFP8 only) a TE linear
+    # (TELMHeadColumnParallelLinear, gpt_model.py:273-277 at d98e8a6) that saves its input as the others do
+    head_bytes = linear_input_bytes(plan, facts) if plan.fp8_output_proj else 2
+    head_input = head_bytes * sb * h / _gathered_split(plan, facts)
     logits = facts.loss_logit_bytes * sb * model.vocab_size / plan.tp / chunks
     accumulator = 4 * sb * h / _gathered_split(plan, facts) if chunks > 1 else 0.0
     labels = 8 * sb
@@ -290,7 +292,7 @@ STAGE_ACTIVATION_FIELDS = (
     "ep_overlap",  # the EP overlap's extra warm-up forward (layout.interleaved_forwards_at_peak)
     "peft", "lora_rank", "lora_targets", "activation_offload_layers",  # LoRA's frozen linears save no input
     "moe_capacity_factor", "moe_pad_to_capacity",  # the routed rows kept (moe_time.routed_share)
-    "mtp_layers")
+    "mtp_layers", "fp8_output_proj")  # the LM head's saved input (output_activation_bytes)
 _STAGE_ACTIVATION_FIELDS = operator.attrgetter(*STAGE_ACTIVATION_FIELDS)
 _stage_cache: dict[tuple, tuple[ModelSpec, dict[str, float], ActivationFacts]] = {}
 

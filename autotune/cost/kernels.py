@@ -23,7 +23,8 @@ the few fitted, GPU-independent parameters of :class:`~autotune.cost.efficiency.
 
 FP8 (``fp8_recipe``): only the linear layers' GEMMs run at the FP8 rate (its own reachable fraction); every FP8
 GEMM first casts its inputs (``FP8_CAST_BYTES``: bytes moved per element cast, by recipe) and attention, norms,
-the output layer and communication stay 16-bit. FP4 (NVFP4, ``autotune.specs.nvfp4``) the same at the GPU's FP4
+the output layer and communication stay 16-bit (FP8 attention: ``autotune.cost.fp8_attention``; the MXFP8 output
+layer: ``autotune.cost.fp8_head``). FP4 (NVFP4, ``autotune.specs.nvfp4``) the same at the GPU's FP4
 tensor-core rate, each operand quantised as ``NVFP4_CAST_BYTES`` says.
 """
 

@@ -42,17 +42,20 @@ def mtp_layer_is_moe(model: ModelSpec) -> bool:
     return model.is_moe_layer(model.num_layers - 1)
 
 
-def mtp_head_s(model: ModelSpec, plan: ParallelPlan, r: Rates, logits_s: float, ce_s: float) -> tuple[float, float]:
+def mtp_head_s(model: ModelSpec, plan: ParallelPlan, r: Rates, logits_s: float, ce_s: float,
+               cast_s: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of the MTP modules' parts beyond their transformer layer: the
     2h -> h projection (column-parallel over tp; backward twice its forward) and the output layer and loss again
-    (``logits_s`` and ``ce_s``: the main output layer's forward GEMM and its loss's memory-bound time)."""
+    (``logits_s`` and ``ce_s``: the main output layer's forward GEMM and its loss's memory-bound time; ``cast_s``:
+    its MXFP8 casts per pass, ``autotune.cost.fp8_head``: the MTP block calls the model's output layer,
+    gpt_model.py:750-767 at d98e8a6)."""
     n = plan.mtp_layers or 0
     if not n:
         return 0.0, 0.0
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
     h, t = model.hidden_size, plan.tp
     proj = r.linear_s(2 * tokens * 2 * h * h / t, tokens, 2 * h, h / t)
-    return n * (proj + logits_s), n * (2 * proj + 2 * logits_s + ce_s)
+    return n * (proj + logits_s + cast_s), n * (2 * proj + 2 * logits_s + cast_s + ce_s)
 
 
 def mtp_extra_activation_bytes(model: ModelSpec, plan: ParallelPlan, linear_input: float, gathered_split: int,

@@ -66,7 +66,7 @@ def without_defaults(plan: ParallelPlan) -> ParallelPlan:
     if plan.moe_dispatcher == "alltoall":  # every engine's expert parallelism dispatches by all-to-all
         plan = plan.with_(moe_dispatcher=None)
     for name, effective in (("fp8_recipe", fp8_recipe), ("tp_overlap", tp_overlap), ("torch_compile", compiled)):
-        if getattr(plan, name) is not None:
+        if getattr(plan, name) is not None and not (name == "fp8_recipe" and plan.fp8_output_proj):  # MXFP8's
             unset = plan.with_(**{name: None})
             if effective(unset, none, engine) == effective(plan, none, engine):
                 plan = unset

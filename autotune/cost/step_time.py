@@ -30,7 +30,8 @@ from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
-from autotune.cost.flops import StepFlops, logits_flops_per_token, step_flops
+from autotune.cost.flops import StepFlops, step_flops
+from autotune.cost.fp8_head import output_layer_s
 from autotune.cost.mtp import mtp_flops_per_token, mtp_head_s, mtp_layer_is_moe
 from autotune.cost.pp_sends import exposed_pp_sends
 from autotune.cost.kernels import rates
@@ -97,7 +98,8 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "precision", "flash_attention", "pp", "recompute", "recompute_num_layers",
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
                                          "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets",
-                                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention")
+                                         "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention",
+                                         "fp8_output_proj")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -180,13 +182,11 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             else:
                 moe_paired += count * lp.moe_s
         if stage == plan.pp - 1:
-            logits = logits_flops_per_token(model) * tokens / t
-            logits_s = r.bf16_s(logits, tokens, model.hidden_size, model.vocab_size / t)  # output layer: 16-bit
+            logits_s, head_cast_s = output_layer_s(model, plan, r, tokens, hbm)  # 16-bit, or MXFP8 (cost/fp8_head)
             ce_s = tokens * 26 * model.vocab_size / t / hbm  # fp32 cross-entropy: ~14V B forward, ~12V backward
-            fwd += logits_s
-            # LoRA freezes the output layer too: its data gradient only (autotune.cost.lora)
-            bwd += (1 if plan.peft else 2) * logits_s + ce_s
-            mtp_fwd, mtp_bwd = mtp_head_s(model, plan, r, logits_s, ce_s)  # the MTP modules' projections and losses
+            fwd += logits_s + head_cast_s  # LoRA freezes the output layer too: its data gradient only (cost/lora)
+            bwd += (1 if plan.peft else 2) * logits_s + head_cast_s + ce_s
+            mtp_fwd, mtp_bwd = mtp_head_s(model, plan, r, logits_s, ce_s, head_cast_s)  # MTP's projections, heads
             fwd, bwd = fwd + mtp_fwd, bwd + mtp_bwd
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c

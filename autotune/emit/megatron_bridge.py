@@ -323,6 +323,9 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     if plan.activation_offload_layers:  # as Bridge's perf scripts set it (utils/overrides.py:170-173 at 067f987)
         model_keys |= {"cpu_offloading": True, "cpu_offloading_weights": False,
                        "cpu_offloading_num_layers": plan.activation_offload_layers}
+    if plan.fp8_output_proj:  # TransformerConfig.fp8_output_proj, as Bridge's perf recipes set it (cfg.model.
+        # fp8_output_proj = True: perf_recipes/gpt_oss/common.py:28 at 067f987); written only when on (core 0.18+)
+        model_keys["fp8_output_proj"] = True
     if plan.mtp_layers:  # TransformerConfig mtp_num_layers (Megatron-LM's --mtp-num-layers); the loss scale stays 0.1
         model_keys["mtp_num_layers"] = plan.mtp_layers
     elif model.num_mtp_layers and recipe.hf_model is not None:  # the library recipe of a checkpoint with MTP modules

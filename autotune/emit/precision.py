@@ -92,6 +92,9 @@ def megatron_precision_flags(plan: ParallelPlan, *, fp8_param_gather: bool = Fal
         if recipe == "mxfp8":  # the MXFP8 weights' all-gather through the gradient buffer, as Megatron-Bridge's
             # bf16_with_mxfp8_mixed sets it (and its ConfigContainer.validate requires with FP8 parameters)
             flags.append("--reuse-grad-buf-for-mxfp8-param-ag")
+    if plan.fp8_output_proj:  # the LM head in MXFP8: Megatron-LM's flag for TransformerConfig.fp8_output_proj (core
+        # 0.18+, NVIDIA/Megatron-LM 3f6a2ed844; megatron_flags_core_v0.18.json); the plan holds it with mxfp8 alone
+        flags.append("--fp8-output-proj")
     return flags
 
 

@@ -110,6 +110,9 @@ class EngineSupport:
     fp8_attention: bool = False
     """Its files can run the fused attention in FP8 (``ParallelPlan.fp8_attention``, Megatron-core
     ``fp8_dot_product_attention``); none: attention runs in 16 bits whatever the precision."""
+    fp8_output_proj: bool = False
+    """Its files can run the output layer (LM head) in MXFP8 (``ParallelPlan.fp8_output_proj``, Megatron-core
+    ``fp8_output_proj``, core_v0.18+); none: the output layer is 16-bit whatever the precision."""
     token_drop: bool = False
     """Its files can drop tokens over an expert capacity (``ParallelPlan.moe_capacity_factor``, padded or not: Megatron
     ``--moe-expert-capacity-factor``); none: its MoE layers are dropless only."""
@@ -135,6 +138,7 @@ class EngineSupport:
                 "mtp_layers": lambda: self.mtp,
                 "moe_capacity_factor": lambda: self.token_drop,
                 "fp8_attention": lambda: not value or self.fp8_attention,
+                "fp8_output_proj": lambda: not value or self.fp8_output_proj,
                 "moe_pad_to_capacity": lambda: not value or self.token_drop}.get(name, lambda: True)()
 
 

@@ -27,6 +27,7 @@ _DIMENSIONS = (
     ("hybrid sharding", lambda s: "yes" if s.hybrid_shard else "no"),
     ("precisions", lambda s: ", ".join(s.precisions)),
     ("FP8 attention", lambda s: "yes" if s.fp8_attention else "no"),
+    ("MXFP8 output layer", lambda s: "yes" if s.fp8_output_proj else "no"),
 )
 
 

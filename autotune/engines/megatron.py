@@ -83,6 +83,9 @@ class MegatronEngine(Engine):
                             # Megatron-core's fp8_dot_product_attention: Megatron-Bridge files only (Megatron-LM
                             # has no flag for it: arguments.py:2333 at d98e8a6 keeps it off the command line)
                             fp8_attention=True,
+                            # Megatron-core's fp8_output_proj (core_v0.18+, Megatron-LM --fp8-output-proj; NVIDIA/
+                            # Megatron-LM 3f6a2ed844): the LM head as a TE linear under the MXFP8 autocast
+                            fp8_output_proj=True,
                             token_drop=True,  # --moe-expert-capacity-factor [--moe-pad-expert-input-to-capacity]
                             cp_comm_types=CP_COMM_TYPES,  # --cp-comm-type [--hierarchical-context-parallel-sizes]
                             # Megatron-Bridge's peft=LoRA (its files only: Megatron-LM has no adapters)

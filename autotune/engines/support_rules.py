@@ -147,6 +147,9 @@ def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:
     if not s.runs("fp8_attention", plan.fp8_attention):
         bad("fp8_attention", "its attention runs in 16 bits (no FP8 attention kernel): use --engine megatron "
             "(Megatron-core's fp8_dot_product_attention), or drop --fp8-attention")
+    if not s.runs("fp8_output_proj", plan.fp8_output_proj):
+        bad("fp8_output_proj", "its output layer runs in 16 bits (no FP8 LM head): use --engine megatron "
+            "(Megatron-core's fp8_output_proj, core 0.18+), or drop --fp8-output-proj")
     other = [m for m in plan.recompute_modules or () if m not in s.recompute_modules]
     if other:
         bad("recompute_modules", f"its selective recompute cannot be told to rerun {' '.join(other)} (Megatron-core's "

@@ -223,6 +223,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        moe_capacity_factor=settings["moe_capacity_factor"],
                        moe_pad_to_capacity=settings["moe_pad_to_capacity"],
                        fp8_attention=settings["fp8_attention"],  # with it, fp8 alone is searched (dimension_values)
+                       fp8_output_proj=settings["fp8_output_proj"],  # with it, fp8 under te-mxfp8 alone (the same)
                        # Megatron-core offloads activations without a pipeline only (megatron_rules)
                        activation_offload_layers=settings["activation_offload_layers"] if layout.pp == 1 else None,
                        mtp_layers=settings["mtp_layers"],  # on the last stage, with or without a pipeline

@@ -95,6 +95,9 @@ class SearchConstraints:
     fp8_attention: bool | None = None
     """Every plan's FP8 attention (Megatron fp8_dot_product_attention); with it, FP8 is the only precision searched
     (None: each engine's default, 16-bit attention)."""
+    fp8_output_proj: bool | None = None
+    """Every plan's output layer in MXFP8 (Megatron-core fp8_output_proj); with it, FP8 under the MXFP8 recipe is the
+    only precision searched (None: each engine's default, a 16-bit output layer)."""
     activation_offload_layers: int | None = None
     """Every plan's activation CPU offload (the first N layers' saved activations in host memory) where pp = 1
     (Megatron-core refuses it with a pipeline; its plans with recompute are refused too); None: none."""
@@ -225,6 +228,13 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
         raise InputError([f"--fp8-attention runs attention in FP8, which FP8 plans alone do, and the search's "
                           f"precisions are {', '.join(precisions)}: search --precision fp8, or drop --fp8-attention"],
                          subject="plan request")
+    if c.fp8_output_proj and (tuple(precisions) != ("fp8",) or c.fp8_recipe != "te-mxfp8"):
+        from autotune.errors import InputError
+
+        raise InputError(["--fp8-output-proj runs the output layer in MXFP8, which Megatron-core allows with fp8 and "
+                          "the mxfp8 recipe alone (transformer_config.py:1569-1575), and the search's precisions are "
+                          f"{', '.join(precisions)} (FP8 recipe: {c.fp8_recipe or 'the engine default'}): search "
+                          "--precision fp8 --fp8-recipe te-mxfp8, or drop --fp8-output-proj"], subject="plan request")
     asked = {name: getattr(c, name) for name in RUN_SETTINGS}
     taken = release_defaults_taken(c, precisions, model)
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,

@@ -65,6 +65,8 @@ def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
         parts.append(f"cp-{plan.cp_comm_type}")
     if plan.fp8_attention:
         parts.append("fp8-attn")
+    if plan.fp8_output_proj:
+        parts.append("fp8-head")
     if plan.peft is not None:  # LoRA: its rank and targets where set (Bridge's defaults otherwise)
         parts.append(plan.peft + (f"-r{plan.lora_rank}" if plan.lora_rank else "")
                      + (":" + "+".join(t.removeprefix("linear_") for t in plan.lora_targets) if plan.lora_targets else ""))

@@ -17,7 +17,7 @@ from autotune.specs.plan_values import (  # noqa: F401  (re-exported: the plan's
     ENGINE_NAMES, EngineName, Recompute, Offload, Optimizer, PlanPrecision, GradDtype, FP8_RECIPES, Fp8Recipe,
     FP8_BLOCK_SCALE_BYTES, FP8_RECIPE_CAPABILITY, TP_OVERLAPS, TpOverlap, RECOMPUTE_MODULES, CUDA_GRAPHS,
     FULL_ITERATION_GRAPH, CUDA_GRAPH_SCOPES, EP_OVERLAPS, MOE_DISPATCHERS, CP_COMM_TYPES, RUN_SETTINGS,
-    OPTIMIZER_STATE_BYTES, capacity_problems, fp8_attention_problems,
+    OPTIMIZER_STATE_BYTES, capacity_problems, fp8_attention_problems, fp8_output_proj_problems,
 )
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
@@ -145,6 +145,9 @@ class ParallelPlan:
     fp8_attention: bool | None = field(default=None, repr=False)
     """FP8 plans: the fused attention in FP8 (Megatron-core ``fp8_dot_product_attention``; cost:
     ``autotune.cost.fp8_attention``). None: the engine's default (16-bit attention)."""
+    fp8_output_proj: bool | None = field(default=None, repr=False)
+    """FP8 plans under the MXFP8 recipe: the output layer (LM head) in MXFP8 too (Megatron-core ``fp8_output_proj``,
+    core_v0.18+; cost: ``autotune.cost.fp8_head``). None: the engine's default (a 16-bit output layer)."""
     peft: str | None = field(default=None, repr=False)
     """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
     low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
@@ -170,7 +173,7 @@ class ParallelPlan:
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
                      and self.activation_offload_layers is None and self.mtp_layers is None
                      and self.moe_capacity_factor is None and self.moe_pad_to_capacity is None
-                     and self.fp8_attention is None
+                     and self.fp8_attention is None and self.fp8_output_proj is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
             return
@@ -234,6 +237,7 @@ class ParallelPlan:
                             f"default), got {self.cp_comm_type!r}")
         problems += capacity_problems(self.moe_capacity_factor, self.moe_pad_to_capacity)
         problems += fp8_attention_problems(self.fp8_attention, self.precision)
+        problems += fp8_output_proj_problems(self.fp8_output_proj, self.precision, self.fp8_recipe)
         if isinstance(self.moe_capacity_factor, int) and not isinstance(self.moe_capacity_factor, bool):
             object.__setattr__(self, "moe_capacity_factor", float(self.moe_capacity_factor))  # JSON's 1 is 1.0
         if not problems and self.dp % self.dp_replicate:
@@ -295,6 +299,8 @@ class ParallelPlan:
                 and (self.fp8_recipe is None or (self.fp8_recipe in FP8_RECIPES and self.precision == "fp8"))
                 and (compiled is None or type(compiled) is bool)
                 and (self.fp8_attention is None or (type(self.fp8_attention) is bool and self.precision == "fp8"))
+                and (self.fp8_output_proj is None or (type(self.fp8_output_proj) is bool
+                                                      and (not self.fp8_output_proj or self.fp8_recipe == "te-mxfp8")))
                 and (chunks is None or (type(chunks) is int and 1 <= chunks <= self.seq_len)))
 
     # ---- derived facts (the one place) -------------------------------------------------
@@ -377,7 +383,8 @@ class ParallelPlan:
                 and self.dp % dp_replicate == 0 and offload_optimizer in _OFFLOADS and offload_param in _OFFLOADS
                 and precision in _PRECISIONS
                 and (fp8_recipe is None or (fp8_recipe in FP8_RECIPES and precision == "fp8"))
-                and (not self.fp8_attention or precision == "fp8")):
+                and (not self.fp8_attention or precision == "fp8")
+                and (not self.fp8_output_proj or (precision == "fp8" and fp8_recipe == "te-mxfp8"))):
             new.__post_init__()  # reports what is wrong
         return new
 

@@ -111,6 +111,27 @@ def fp8_attention_problems(value: object, precision: str) -> list[str]:
     return []
 
 
+# FP8 LM head (Megatron-core TransformerConfig.fp8_output_proj, NVIDIA/Megatron-LM 3f6a2ed844 "Add opt-in MXFP8
+# LM-head output projection (#4825)", first in core_v0.18.0; Megatron-LM --fp8-output-proj): the output layer built
+# as Transformer Engine's TELMHeadColumnParallelLinear under the MXFP8 autocast (models/gpt/gpt_model.py:273-277)
+# instead of the 16-bit ColumnParallelLinear. transformer_config.py:1569-1575 raises unless fp8 and fp8_recipe ==
+# 'mxfp8' (line numbers at d98e8a6). What it costs: autotune.cost.fp8_head.
+
+
+def fp8_output_proj_problems(value: object, precision: str, fp8_recipe: str | None) -> list[str]:
+    """What is wrong with a plan's ``fp8_output_proj`` (the output layer in MXFP8) for its precision and recipe."""
+    if value is not None and not isinstance(value, bool):
+        return [f"fp8_output_proj must be true, false or absent (the engine's default: a 16-bit output layer), "
+                f"got {value!r}"]
+    if value and (precision != "fp8" or fp8_recipe != "te-mxfp8"):
+        now = (f"trains in {precision}" if precision != "fp8"
+               else f"runs the FP8 recipe {fp8_recipe or '(the engine default)'}")
+        return [f"fp8_output_proj runs the output layer in MXFP8, which Megatron-core allows with fp8 and the "
+                f"mxfp8 recipe alone (transformer_config.py:1569-1575, NVIDIA/Megatron-LM 3f6a2ed844), and this plan "
+                f"{now}: use --precision fp8 --fp8-recipe te-mxfp8, or drop --fp8-output-proj"]
+    return []
+
+
 # Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
 # Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
 # a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and
@@ -122,7 +143,7 @@ CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 RUN_SETTINGS = ("grad_dtype", "fp8_recipe", "tp_overlap", "torch_compile", "loss_chunks", "recompute_modules",
                 "cuda_graph", "cuda_graph_scope", "ep_overlap", "moe_dispatcher", "cp_comm_type",
                 "activation_offload_layers", "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers",
-                "fp8_attention")
+                "fp8_attention", "fp8_output_proj")
 
 # Optimizer-state bytes per parameter, fp32 master weights included (the ZeRO paper's K).
 #   adamw:     fp32 master 4 + exp_avg 4 + exp_avg_sq 4                    = 12 (ZeRO paper, Sec. 3.1)

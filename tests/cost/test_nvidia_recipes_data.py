@@ -410,3 +410,20 @@ def test_fp8_attention_maps_to_its_flag_and_a_helpers_parameter_to_what_the_call
     # every row whose recipe turns it on: an MXFP8 row
     on = [r for r in ROWS if "--fp8-attention" in nrs.flags_for(SETTINGS[r["source"]], tp=1, ep=8).argv]
     assert on and {r["precision"] for r in on} <= {"MXFP8", "FP8-MX"}, {r["precision"] for r in on}
+
+
+def test_the_mxfp8_head_maps_to_its_flag_and_a_helpers_parameter_to_what_the_caller_passes():
+    assert "--fp8-output-proj" in nrs.flags_for(_settings(fp8_output_proj=True), tp=1, ep=1).argv
+    assert "--fp8-output-proj" not in nrs.flags_for(_settings(fp8_output_proj=False), tp=1, ep=1).argv
+    # DeepSeek-V3's MXFP8 recipes set it from _enable_deepseek_full_iteration_mxfp8's parameter (deepseek/common.py:71
+    # at 51885cf): GB300's call passes True (gb300/deepseek_v3.py:157), and so does GB200's (gb200/deepseek_v3.py:160)
+    by_recipe = {s.recipe: s for s in SETTINGS.values()}
+    for name in ("deepseek_v3_pretrain_256gpu_gb300_fp8mx_config", "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config"):
+        assert by_recipe[name].get("fp8_output_proj") == "fp8_output_proj"
+        assert "--fp8-output-proj" in nrs.flags_for(by_recipe[name], tp=1, ep=64).argv
+    unknown = nrs.flags_for(_settings(fp8_output_proj="fp8_output_proj"), tp=1, ep=8)
+    assert "--fp8-output-proj" not in unknown.argv and any("caller" in u for u in unknown.unexpressed)
+    # every row whose recipe turns it on: an MXFP8 row (Megatron-core refuses it otherwise), of GPT-OSS or DeepSeek-V3
+    on = [r for r in ROWS if "--fp8-output-proj" in nrs.flags_for(SETTINGS[r["source"]], tp=1, ep=8).argv]
+    assert on and {r["precision"] for r in on} <= {"MXFP8", "FP8-MX"}, {r["precision"] for r in on}
+    assert {r["model"] for r in on} == {"DeepSeekV3", "GPT OSS 120B"}, {r["model"] for r in on}

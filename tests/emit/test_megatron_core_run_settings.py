@@ -104,6 +104,10 @@ REFUSED = [
     ("deepep-padded", "qwen3-30b-a3b", 32, dict(tp=2, ep=8, sequence_parallel=True, moe_dispatcher="flex-deepep",
                                                 moe_capacity_factor=1.0, moe_pad_to_capacity=True),
      ("--moe-expert-capacity-factor 1", "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity")),
+    # fp8_output_proj_problems: the MXFP8 LM head under another FP8 recipe (transformer_config.py:1569-1575)
+    ("fp8-head-without-mxfp8", "llama3-8b", 16, dict(tp=2, sequence_parallel=True, precision="fp8",
+                                                     fp8_output_proj=True),
+     ("--fp8-recipe delayed", "--fp8-recipe delayed --fp8-output-proj")),
 ]
 
 
@@ -130,7 +134,7 @@ def verdicts(tmp_path_factory):
         jobs.append((gpus, _argv(render_bundle(estimate(m, c, plan)).files["megatron_args.sh"])))
     for case, model, gpus, kw, (old, new) in REFUSED:
         base = {k: v for k, v in kw.items() if k not in ("recompute_modules", "cuda_graph", "ep_overlap",
-                                                         "moe_pad_to_capacity", "cuda_graph_scope")} | {
+                                                         "moe_pad_to_capacity", "cuda_graph_scope", "fp8_output_proj")} | {
             "fp8_recipe": None}
         m, c, plan = _plan(model, gpus, {k: v for k, v in base.items() if v is not None})
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
@@ -176,6 +180,11 @@ def test_megatron_core_refuses_what_autotune_refuses(verdicts, case):
         with pytest.raises(InputError, match=words):
             _plan(model, gpus, kw)
         assert words in got["error"], got
+        return
+    if kw.get("fp8_output_proj"):  # the MXFP8 head off MXFP8: the same field named in both refusals
+        with pytest.raises(InputError, match="fp8_output_proj runs the output layer in MXFP8"):
+            _plan(model, gpus, kw)
+        assert "fp8_output_proj" in got["error"] and "mxfp8" in got["error"], got
         return
     if kw.get("moe_pad_to_capacity"):  # token dropping: the same field named in both refusals
         with pytest.raises(InputError, match="moe_pad_expert_input_to_capacity"):

@@ -65,7 +65,8 @@ def _choices(engine: str) -> dict[str, tuple]:
             # a capacity (padding needs one: _plan gives it 1.0)
             "moe_capacity_factor": (0.75,) if s.token_drop else (),  # unpadded, 1.5 drops nothing: dropless
             "moe_pad_to_capacity": (True,) if s.token_drop else (),
-            "fp8_attention": (True,) if s.fp8_attention else ()}
+            "fp8_attention": (True,) if s.fp8_attention else (),
+            "fp8_output_proj": (True,) if s.fp8_output_proj else ()}  # under te-mxfp8 (_plan)
 
 
 CASES = [(engine, name, value) for engine in ENGINES for name, values in _choices(engine).items() for value in values]
@@ -76,7 +77,8 @@ CLUSTERS = {GPU: CLUSTER, BLACKWELL: load_cluster(gpu=BLACKWELL, num_gpus=16)}
 
 
 def _gpu(**setting) -> str:
-    return BLACKWELL if setting.get("fp8_recipe") in ("te-mxfp8", "torchao-mxfp8") else GPU
+    return BLACKWELL if setting.get("fp8_recipe") in ("te-mxfp8", "torchao-mxfp8") or "fp8_output_proj" in setting \
+        else GPU
 
 
 def _model(**setting):
@@ -88,7 +90,9 @@ def _model(**setting):
 def _plan(engine: str, **setting) -> ParallelPlan:
     moe = {"ep": 8} if set(MOE_SETTINGS) & set(setting) else {}
     moe |= {"cp": 2} if "cp_comm_type" in setting else {}  # an exchange needs context parallelism
-    fp8 = "fp8_recipe" in setting or "fp8_attention" in setting
+    fp8 = "fp8_recipe" in setting or "fp8_attention" in setting or "fp8_output_proj" in setting
+    if "fp8_output_proj" in setting:  # the MXFP8 head: under the MXFP8 recipe alone (transformer_config.py:1569-1575)
+        setting = {"fp8_recipe": "te-mxfp8", **setting}
     selective = "recompute_modules" in setting  # what selective recompute reruns
     if "moe_pad_to_capacity" in setting:  # padding to a capacity: against the same capacity unpadded
         setting = {"moe_capacity_factor": 1.0, **setting}
@@ -107,7 +111,8 @@ def _effective(plan: ParallelPlan) -> tuple:
             plan.loss_chunks or 1, run_settings.recompute_modules(plan), plan.cuda_graph or "none",
             plan.cuda_graph_scope, plan.ep_overlap or "none", plan.moe_dispatcher or "alltoall",
             cp_kind(plan, engine.comm.cp_kind), plan.activation_offload_layers, plan.mtp_layers,
-            plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity), bool(plan.fp8_attention))
+            plan.moe_capacity_factor, bool(plan.moe_pad_to_capacity), bool(plan.fp8_attention),
+            bool(plan.fp8_output_proj))
 
 
 def test_every_engine_with_a_choice_has_a_file_read_back():
@@ -133,7 +138,7 @@ def test_emit_read_back_same_settings_same_estimate(tmp_path, engine, name, valu
     assert again.time.step_time_s == pytest.approx(est.time.step_time_s, rel=1e-9)
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
     default = _plan(engine, **({name: None} if name in ("fp8_recipe", "recompute_modules", "cp_comm_type",
-                                                       "fp8_attention", *MOE_SETTINGS) else {}))
+                                                       "fp8_attention", "fp8_output_proj", *MOE_SETTINGS) else {}))
     if name == "cuda_graph_scope":  # against the same graphs over the whole layer
         default = plan.with_(cuda_graph_scope=None)
     if _effective(default) != _effective(plan):  # a setting other than the engine's default: the estimate moves
@@ -152,9 +157,11 @@ def test_engines_without_a_choice_refuse_each_setting_with_its_rule(engine):
                         ("loss_chunks", 8), ("recompute_modules", ("mlp",)), ("cuda_graph", "transformer_engine"),
                         ("ep_overlap", "a2a"), ("moe_dispatcher", "flex-deepep"), ("cp_comm_type", "a2a"),
                         ("activation_offload_layers", 4), ("mtp_layers", 1), ("moe_capacity_factor", 1.0),
-                        ("fp8_attention", True)):
-        plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096,
-                            precision="fp8" if name in ("fp8_recipe", "fp8_attention") else "bf16", **{name: value},
+                        ("fp8_attention", True), ("fp8_output_proj", True)):
+        mxfp8 = {"fp8_recipe": "te-mxfp8"} if name == "fp8_output_proj" else {}
+        plan = ParallelPlan(engine=engine, dp=16, global_batch_size=64, grad_accum_steps=4, seq_len=4096, **mxfp8,
+                            precision="fp8" if name in ("fp8_recipe", "fp8_attention", "fp8_output_proj") else "bf16",
+                            **{name: value},
                             recompute="selective" if name == "recompute_modules" else "none")
         rules = [rule for rule, _ in plan_problems(MODEL, CLUSTER, plan)]
         assert f"{engine}:{name}" in rules, rules
