@@ -87,6 +87,11 @@ CASES = [
     ("70b-mxfp8-fp8-attention", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
                                                        global_batch_size=64, precision="fp8", fp8_recipe="te-mxfp8",
                                                        fp8_attention=True)),
+    # the MXFP8 LM head (model.fp8_output_proj, Megatron-core 0.18+, as NVIDIA's GPT-OSS and DeepSeek-V3 MXFP8 recipes
+    # set it): megatron-core 0.19.2's TransformerConfig takes it under the mxfp8 recipe
+    ("70b-mxfp8-fp8-head", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
+                                                  global_batch_size=64, precision="fp8", fp8_recipe="te-mxfp8",
+                                                  fp8_output_proj=True)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)

@@ -166,6 +166,7 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
         "mtp": m.mtp_num_layers,
         "fp8_attention": m.fp8_dot_product_attention,
+        "fp8_output_proj": getattr(m, "fp8_output_proj", None),
         "offload": [m.cpu_offloading, m.cpu_offloading_num_layers, m.cpu_offloading_weights,
                     m.cpu_offloading_activations],
         "fp4": [getattr(m, "fp4", None), getattr(m, "fp4_recipe", None), getattr(m, "fp4_param", None)],
@@ -345,6 +346,7 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
         assert got["dispatcher"] == [kind, backend or None]
     assert got["mtp"] == (plan.mtp_layers or None), got["mtp"]
     assert got["fp8_attention"] is bool(plan.fp8_attention)  # mixed_precision's, set on the model at setup
+    assert got["fp8_output_proj"] is bool(plan.fp8_output_proj)  # the MXFP8 LM head: TransformerConfig's field
     assert got["shape"][8:] == ["RMSNorm", "silu", True]
     assert got["peft"] is None if plan.peft is None else (
         got["peft"][:5] == ["LoRA", plan.lora_rank, plan.lora_alpha, list(plan.lora_targets), 0.0]
