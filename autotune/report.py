@@ -14,7 +14,7 @@ from autotune.specs.notation import plan_notation
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["gib", "format_params", "flop_rate", "peak_text", "plan_summary", "memory_table", "step_time_table",
-           "plan_table", "assumed_settings"]
+           "stage_times_text", "plan_table", "assumed_settings"]
 
 _BAR_WIDTH = 30
 
@@ -115,7 +115,22 @@ def step_time_table(time) -> str:
                f"preset's placeholder" if 0 < peak < NOMINAL_PEAK_TFLOPS else f"of the {flop_rate(peak)} dense peak")
     lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; model FLOPs {flop_rate(time.model_tflops_per_gpu)} "
                   f"per GPU", f"MFU {time.mfu:.1%} ({of_peak}), HFU {time.hfu:.1%} (recompute counted)"]
+    if len(time.stage_times_s) > 1:
+        lines.append(stage_times_text(time.stage_times_s))
     return "\n".join(lines)
+
+
+def stage_times_text(stage_times) -> str:
+    """The pipeline stages that can be the slowest (``StepTimeEstimate.stage_times_s``) and how far the slowest is
+    over the fastest of them: every stage runs at the slowest one's pace. The first stage holds the embedding, the
+    last the output layer and the loss."""
+    last = max(s for s, _, _ in stage_times)
+    extra = {0: " + embedding", last: " + output layer and loss"}
+    shown = ", ".join(f"stage {s} ({n} layers{extra.get(s, '')}) {t * 1e3:,.1f} ms" for s, n, t in stage_times)
+    slowest = max(stage_times, key=lambda x: x[2])
+    fastest = min(t for _, _, t in stage_times)
+    return (f"pipeline stages, compute and exposed communication per micro-batch: {shown}; every stage waits for the "
+            f"slowest, stage {slowest[0]}: {slowest[2] / fastest - 1:.0%} over the fastest shown")
 
 
 def plan_table(result) -> str:

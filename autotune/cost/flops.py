@@ -22,7 +22,8 @@ from autotune.cost.op_sac import block_linears, block_mms
 from autotune.specs.model import ModelSpec
 
 __all__ = ["LayerFlops", "layer_flops_per_token", "logits_flops_per_token", "StepFlops", "step_flops",
-           "recompute_flops_per_token", "causal_attention_share", "op_sac_recompute_flops_per_token"]
+           "cached_step_flops", "recompute_flops_per_token", "causal_attention_share",
+           "op_sac_recompute_flops_per_token"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,3 +179,21 @@ def step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str,
     else:
         extra = 0.0
     return StepFlops(model=model_flops, hardware=model_flops + extra)
+
+
+# Pure functions of a few plan fields that every plan of a search asks again, cached by the specs' ids (they are
+# frozen and hash slowly); each entry keeps its specs so a reused id cannot match.
+_flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
+
+
+def cached_step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...],
+                      selective: str, fp8: bool, lora_params: float | None = None) -> StepFlops:
+    """:func:`step_flops`, cached: the step-time model asks it for every plan of a search."""
+    key = (id(model), seq_len, tokens, recompute, modules, selective, fp8, lora_params)
+    hit = _flops_cache.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_flops_cache) > 4096:
+            _flops_cache.clear()
+        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules, selective=selective,
+                                                     fp8=fp8, lora_params=lora_params))
+    return hit[1]

@@ -30,7 +30,7 @@ from autotune.cost.cp_ring import cp_kind
 from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
-from autotune.cost.flops import StepFlops, step_flops
+from autotune.cost.flops import StepFlops, cached_step_flops
 from autotune.cost.fp8_head import output_layer_s
 from autotune.cost.mtp import mtp_flops_per_token, mtp_head_s, mtp_layer_is_moe
 from autotune.cost.pp_sends import exposed_pp_sends
@@ -69,12 +69,16 @@ class StepTimeEstimate:
     hfu: float
     comm_parts_s: dict[str, float] = field(default_factory=dict)
     """Exposed communication by kind: tp, cp, moe, pp, dp, zero3."""
+    stage_times_s: tuple[tuple[int, int, float], ...] = ()
+    """(stage, transformer layers, seconds of compute and exposed communication per micro-batch) of each pipeline
+    stage that can be the slowest (first, last, one middle stage per layer count): every stage waits for the slowest."""
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("step_time_s", "compute_s", "exposed_comm_s", "bubble_s", "offload_s",
                                               "optimizer_s", "tokens_per_s", "model_tflops_per_gpu",
                                               "hardware_tflops_per_gpu", "mfu", "hfu")}
         out["comm_parts_s"] = dict(self.comm_parts_s)
+        out["stage_times_s"] = [{"stage": s, "layers": n, "s_per_microbatch": t} for s, n, t in self.stage_times_s]
         return out
 
 
@@ -104,9 +108,10 @@ _stage_time_cache: dict[tuple, tuple] = {}
 
 
 def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: TimeSettings,
-                    engine: Engine) -> tuple[float, tuple]:
+                    engine: Engine) -> tuple[float, tuple, tuple]:
     """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden,
-    moe exposed when paired: ``autotune.cost.ep_overlap``) seconds), cached over the plan fields they read
+    moe exposed when paired: ``autotune.cost.ep_overlap``) seconds, each stage's (stage, layers, compute, comm, moe,
+    moe paired) for ``StepTimeEstimate.stage_times_s``), cached over the plan fields they read
     (``_STAGE_TIME_FIELDS``)."""
     # ids: the specs hash slowly; vpp where MTP modules make the split depend on it (layout.split_scheme)
     key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan), plan.vpp if plan.mtp_layers else 0)
@@ -143,7 +148,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         else settings.tp_backward_overlap
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
-    worst = None
+    worst, stage_times = None, []
     per_layer: dict[tuple, tuple] = {}  # (is_moe, rec_share) -> a layer's passes and launch waits: the same per stage
     for stage in representative_stages(model.num_layers, plan.pp, scheme):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
@@ -190,10 +195,11 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             fwd, bwd = fwd + mtp_fwd, bwd + mtp_bwd
         compute_mb = fwd + bwd + rec
         comm_mb = tp_c + cp_c + moe_c
+        stage_times.append((stage, n_layers, compute_mb, comm_mb, moe_c, moe_paired))
         if worst is None or compute_mb + comm_mb > worst[0] + worst[1]:
             worst = (compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd, bwd, n_layers, tp_hidden, moe_paired)
     assert worst is not None
-    return hbm, worst
+    return hbm, worst, tuple(stage_times)
 
 
 def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -207,7 +213,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     sched = engine.comm
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
-    hbm, worst = _critical_stage(model, cluster, plan, settings, engine)
+    hbm, worst, stage_times = _critical_stage(model, cluster, plan, settings, engine)
     hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
     assert worst is not None
     compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden, moe_paired = worst
@@ -330,9 +336,10 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
     tokens_step = plan.tokens_per_step
-    flops = _step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan),
-                        _selective_policy(plan, settings, engine), plan.precision == "fp8",
-                        model.num_layers * adapter_params_per_layer(model, plan.with_(tp=1)) if plan.peft else None)
+    flops = cached_step_flops(model, plan.seq_len, tokens_step, plan.recompute, run_settings.recompute_modules(plan),
+                              _selective_policy(plan, settings, engine), plan.precision == "fp8",
+                              model.num_layers * adapter_params_per_layer(model, plan.with_(tp=1)) if plan.peft
+                              else None)
     if plan.mtp_layers:  # the MTP modules' FLOPs as Megatron counts them (autotune.cost.mtp); full recompute
         forward, layers = mtp_flops_per_token(model, plan.seq_len, plan.mtp_layers)  # reruns their layers' forward
         rerun = layers if plan.recompute == "full" else 0.0
@@ -344,7 +351,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     return _step_time_estimate(  # StepTimeEstimate's fields in their order (a builder: ~10^4 per search)
         step, compute, exposed_comm, bubble, offload, optimizer, tokens_step / step, model_tflops, hardware_tflops,
         model_tflops * 1e12 / peak, hardware_tflops * 1e12 / peak,  # mfu, hfu
-        {"tp": m * tp_c, "cp": m * cp_c, "moe": m * moe_c, "pp": pp_comm, "dp": dp_exposed, "zero3": zero3_exposed})
+        {"tp": m * tp_c, "cp": m * cp_c, "moe": m * moe_c, "pp": pp_comm, "dp": dp_exposed, "zero3": zero3_exposed},
+        tuple((s, n, c + k - share * (mc - mp)) for s, n, c, k, mc, mp in stage_times))  # paired as the worst above
 
 
 def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -384,20 +392,3 @@ def _selective_policy(plan: ParallelPlan, settings: TimeSettings, engine: Engine
     if plan.recompute != "selective":
         return "attention-core"
     return settings.selective_policy or engine.activation_facts(plan).selective
-
-
-# Pure functions of a few plan fields that every plan of a search asks again, cached by the specs' ids (they are
-# frozen and hash slowly); each entry keeps its specs so a reused id cannot match.
-_flops_cache: dict[tuple, tuple[ModelSpec, StepFlops]] = {}
-
-
-def _step_flops(model: ModelSpec, seq_len: int, tokens: float, recompute: str, modules: tuple[str, ...],
-                selective: str, fp8: bool, lora_params: float | None = None) -> StepFlops:
-    key = (id(model), seq_len, tokens, recompute, modules, selective, fp8, lora_params)
-    hit = _flops_cache.get(key)
-    if hit is None or hit[0] is not model:
-        if len(_flops_cache) > 4096:
-            _flops_cache.clear()
-        hit = _flops_cache[key] = (model, step_flops(model, seq_len, tokens, recompute, modules, selective=selective,
-                                                     fp8=fp8, lora_params=lora_params))
-    return hit[1]
