@@ -69,6 +69,9 @@ FP8_OUTPUT_PROJ_PASSED = {
 }
 """Recipe -> the ``fp8_output_proj`` its call of the shared helper passes (NVIDIA-NeMo/Megatron-Bridge@51885cf132b2
 src/megatron/bridge/perf_recipes/deepseek/)."""
+FP8_SWITCHES = {"fp8_dot_product_attention": (FP8_DPA_PASSED, "--fp8-attention", "FP8 attention"),
+                "fp8_output_proj": (FP8_OUTPUT_PROJ_PASSED, "--fp8-output-proj", "MXFP8 output layer")}
+"""Recipe settings that switch a part to FP8: (the values the shared helper's callers pass, the flag, its label)."""
 
 
 @dataclass
@@ -181,22 +184,15 @@ def flags_for(s: RecipeSettings | None, tp: int, ep: int, split_accounts: bool =
         value = f"flex-{s.get('moe_flex_dispatcher_backend') or 'deepep'}" if dispatcher == "flex" else dispatcher
         f.argv += ["--moe-dispatcher", value]
         f.applied.append(f"MoE dispatcher {value}")
-    dpa = s.get("fp8_dot_product_attention")
-    if dpa == "fp8_dot_product_attention":  # a helper's parameter: what the recipe's call passes
-        dpa = FP8_DPA_PASSED.get(s.recipe, dpa)
-    if dpa == "True":
-        f.argv.append("--fp8-attention")
-        f.applied.append("FP8 attention")
-    elif dpa not in (None, "False"):
-        f.unexpressed.append(f"fp8_dot_product_attention={dpa} (the value its caller passes is not read)")
-    head = s.get("fp8_output_proj")
-    if head == "fp8_output_proj":  # a helper's parameter: what the recipe's call passes
-        head = FP8_OUTPUT_PROJ_PASSED.get(s.recipe, head)
-    if head == "True":
-        f.argv.append("--fp8-output-proj")
-        f.applied.append("MXFP8 output layer")
-    elif head not in (None, "False"):
-        f.unexpressed.append(f"fp8_output_proj={head} (the value its caller passes is not read)")
+    for name, (passed, flag, label) in FP8_SWITCHES.items():
+        value = s.get(name)
+        if value == name:  # a shared helper's parameter: what the recipe's call passes
+            value = passed.get(s.recipe, value)
+        if value == "True":
+            f.argv.append(flag)
+            f.applied.append(label)
+        elif value not in (None, "False"):
+            f.unexpressed.append(f"{name}={value} (the value its caller passes is not read)")
     # The sync-free MoE path of a whole-iteration graph: the tool writes the paged stash and the op fuser with it
     # (autotune.specs.sync_free_moe), at Bridge's values of the rank budget (which may differ from the recipe's)
     sync_free = "--cuda-graph" in f.argv and "full-iteration" in f.argv and "flex-hybridep" in f.argv

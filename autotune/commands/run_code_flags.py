@@ -10,6 +10,7 @@ cannot be told to behave so, and emit refuses them (``run_code_problems``) rathe
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["RunCodeFlag", "RUN_CODE_FLAGS", "add_run_code_flags", "run_code_settings", "run_code_time_settings",
@@ -28,6 +29,8 @@ class RunCodeFlag:
     help: str
     targets: tuple[str, ...] = (MEMORY,)
     """Which settings the field is in: ``MemorySettings`` (memory), ``TimeSettings`` (time), or both."""
+    needs: tuple[str, Callable[[object], bool]] | None = None
+    """(what a plan must have for the flag to change its cost, the test of a plan); None: taken as given."""
 
     @property
     def dest(self) -> str:
@@ -37,6 +40,12 @@ class RunCodeFlag:
         """The field's value the flag gives; None where it is not given."""
         word = getattr(args, self.dest, None)
         return None if word is None else dict(self.choices)[word]
+
+
+def _zero3_prefetch(plan) -> bool:
+    from autotune.engines import engine_for
+
+    return plan.zero_stage == 3 and plan.overlap_comm and engine_for(plan).comm.param_gather == "prefetch"
 
 
 RUN_CODE_FLAGS = (
@@ -64,24 +73,30 @@ RUN_CODE_FLAGS = (
                 "backward: overlapped = behind the weight-gradient GEMM (Megatron's "
                 "LinearWithGradAccumulationAndAsyncCommunication, Megatron-core's only way); blocking = waited for "
                 "(Megatron-LM v2 of 2021 and the BigScience Megatron-DeepSpeed fork; Megatron-DeepSpeed's "
-                "--no-async-tensor-model-parallel-allreduce)", (TIME,)),
+                "--no-async-tensor-model-parallel-allreduce)", (TIME,),
+                ("tensor parallelism (--tp > 1)", lambda plan: plan.tp > 1)),
     RunCodeFlag("--pp-sends", "pp_overlap_interleaved", (("overlapped", True), ("blocking", False)),
                 "the interleaved pipeline schedule's steady-phase sends and receives: overlapped = posted behind the "
                 "next chunk's compute (Megatron overlap_p2p_comm, the default with virtual stages since Megatron-LM "
                 "4eeff55d1f, 2023-10); blocking = each waited for (Megatron-LM before f9283c5a8a, 2023-05, and "
-                "Megatron-LM's --no-overlap-p2p-communication)", (TIME,)),
+                "Megatron-LM's --no-overlap-p2p-communication)", (TIME,),
+                ("an interleaved pipeline (--pp > 1 with --vpp > 1)", lambda plan: plan.pp > 1 and plan.vpp > 1)),
     RunCodeFlag("--zero3-collectives", "zero3_list_collectives", (("coalesced", False), ("lists", True)),
                 "how DeepSpeed ZeRO-3 gathers and reduce-scatters its parameters and gradients: coalesced = one flat "
                 "collective per bucket (DeepSpeed >= 0.6); lists = through per-rank tensor lists (DeepSpeed before "
-                "v0.5.5)", (TIME,)),
+                "v0.5.5)", (TIME,),
+                ("DeepSpeed's ZeRO-3 with --overlap-comm (--zero 3, --engine deepspeed or megatron-deepspeed)",
+                 _zero3_prefetch)),
     RunCodeFlag("--cp-kv", "cp_repeat_kv", (("gqa", False), ("repeated", True)),
                 "under context parallelism, the width of the K and V the ring exchanges and holds: gqa = the model's "
                 "K/V heads (SDPA's enable_gqa; torchtitan >= 0.2.2, Megatron); repeated = repeated to every query "
-                "head before attention (torchtitan before v0.2.2: repeat_kv)", (MEMORY, TIME)),
+                "head before attention (torchtitan before v0.2.2: repeat_kv)", (MEMORY, TIME),
+                ("context parallelism (--cp > 1)", lambda plan: plan.cp > 1)),
     RunCodeFlag("--attention-kernel", "attention_kernel", (("fa2", "fa2"), ("fa3", "fa3"), ("fa-triton", "fa-triton")),
                 "the fused attention kernel the run's code calls: fa2 / fa3 = FlashAttention-2 / -3; fa-triton = "
                 "FlashAttention in pre-MLIR Triton (llm-foundry's attn_impl triton, 2023), about 1.3x slower than "
-                "FlashAttention-2 (Dao 2023, arXiv 2307.08691 Sec. 4)", (TIME,)),
+                "FlashAttention-2 (Dao 2023, arXiv 2307.08691 Sec. 4)", (TIME,),
+                ("a fused attention kernel (--flash-attention)", lambda plan: plan.flash_attention)),
 )
 
 
@@ -115,27 +130,9 @@ def run_code_problems(args: argparse.Namespace) -> list[str]:
             if getattr(args, f.dest, None) is not None]
 
 
-def _zero3_prefetch(plan) -> bool:
-    from autotune.engines import engine_for
-
-    return plan.zero_stage == 3 and plan.overlap_comm and engine_for(plan).comm.param_gather == "prefetch"
-
-
-_APPLIES = {
-    # flag: (what the plan must have for the flag to change its cost, the test)
-    "--tp-backward-comm": ("tensor parallelism (--tp > 1)", lambda plan: plan.tp > 1),
-    "--pp-sends": ("an interleaved pipeline (--pp > 1 with --vpp > 1)", lambda plan: plan.pp > 1 and plan.vpp > 1),
-    "--zero3-collectives": ("DeepSpeed's ZeRO-3 with --overlap-comm (--zero 3, --engine deepspeed or "
-                            "megatron-deepspeed)", _zero3_prefetch),
-    "--cp-kv": ("context parallelism (--cp > 1)", lambda plan: plan.cp > 1),
-    "--attention-kernel": ("a fused attention kernel (--flash-attention)", lambda plan: plan.flash_attention),
-}
-
-
 def flag_applies(flag: RunCodeFlag, plan) -> bool:
     """Whether ``flag`` changes the cost of ``plan`` (the memory flags: always taken as given)."""
-    rule = _APPLIES.get(flag.flag)
-    return rule is None or rule[1](plan)
+    return flag.needs is None or flag.needs[1](plan)
 
 
 def run_code_plan_problems(args: argparse.Namespace, plan, cluster) -> list[str]:
@@ -147,14 +144,14 @@ def run_code_plan_problems(args: argparse.Namespace, plan, cluster) -> list[str]
         if word is None:
             continue
         if not flag_applies(f, plan):
-            problems.append(f"{f.flag} {word} changes only a plan with {_APPLIES[f.flag][0]}; this plan has none: "
+            problems.append(f"{f.flag} {word} changes only a plan with {f.needs[0]}; this plan has none: "
                             f"drop {f.flag}")
-        elif f.flag == "--attention-kernel":
-            problems += _kernel_problems(word, cluster)
+        elif f.setting == "attention_kernel":
+            problems += _kernel_problems(f, word, cluster)
     return problems
 
 
-def _kernel_problems(kernel: str, cluster) -> list[str]:
+def _kernel_problems(flag: RunCodeFlag, kernel: str, cluster) -> list[str]:
     from autotune.cost.kernels import DERIVED_ATTENTION_KERNELS
 
     facts = cluster.gpu.kernels
@@ -162,7 +159,7 @@ def _kernel_problems(kernel: str, cluster) -> list[str]:
     base = DERIVED_ATTENTION_KERNELS.get(kernel, (kernel, 1.0))[0]
     if base in runs:
         return []
-    ran = [k for k in ("fa2", "fa3", "fa-triton") if DERIVED_ATTENTION_KERNELS.get(k, (k, 1.0))[0] in runs]
+    ran = [k for k, _ in flag.choices if DERIVED_ATTENTION_KERNELS.get(k, (k, 1.0))[0] in runs]
     why = "FlashAttention-3 needs Hopper or newer" if kernel == "fa3" else "no measured rate of it here"
     way_out = f"pick {' or '.join(ran)}" if ran else "drop --attention-kernel (its attention is costed unfused)"
     return [f"--attention-kernel {kernel}: {cluster.gpu.name} has no {kernel} ({why}): {way_out}"]
