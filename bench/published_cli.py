@@ -60,8 +60,8 @@ def _run_setting_flags(plan: ParallelPlan, run: PublishedRun) -> list[str]:
         out += ["--cuda-graph-scope", *plan.cuda_graph_scope]
     if plan.ep_overlap:
         out += ["--ep-overlap", plan.ep_overlap]
+    stated = {**run.memory_overrides, **run.time_overrides}
     for flag in RUN_CODE_FLAGS:  # what the run's own code does that its engine's modelled release does not
-        stated = {**run.memory_overrides, **run.time_overrides}
         if stated.get(flag.setting) is not None and flag_applies(flag, plan):
             out += [flag.flag, next(word for word, value in flag.choices if value == stated[flag.setting])]
     return out

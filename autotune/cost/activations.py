@@ -115,8 +115,7 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
         latent = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
         attn += 2 * sb * latent * 2  # latent norms' inputs and the up-projections' inputs (replicated)
     # q, k, v and the attention output, saved by the kernel (and the output by the projection where it is 16-bit)
-    qkv_bytes, out_bytes = (saved_bytes(facts.fp8_attention_recipe)
-                            if facts.fp8_attention_recipe and plan.precision == "fp8" else (2.0, 2.0))
+    qkv_bytes, out_bytes = saved_bytes(facts.fp8_attention_recipe) if facts.fp8_attention_recipe else (2.0, 2.0)
     attn += qkv_bytes * sb * (model.q_width + model.kv_width + model.v_width) / t
     attn += out_bytes * sb * model.attention_output_width / t
     if lin != 2:
