@@ -8,6 +8,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from autotune.cost.time_settings import TimeSettings
 from autotune.cost.uncertainty import NVIDIA_FAMILY_PREFIX
 from autotune.search.planner import search_plans
 from autotune.specs.settings import MemorySettings
@@ -144,7 +145,8 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
             searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
                                          global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints,
                                          memory_settings=MemorySettings(expandable_segments=expandable,
-                                                                        te_cross_entropy=te_loss or None))
+                                                                        te_cross_entropy=te_loss or None),
+                                         time_settings=TimeSettings(te_cross_entropy=te_loss or None))
         found = searches[key]
         nv = est.time.tokens_per_s
         own = frozenset({uncertainty_family(c.family)})  # its family's records out of every interval

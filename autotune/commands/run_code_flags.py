@@ -66,7 +66,8 @@ RUN_CODE_FLAGS = (
                 "what the loss keeps of the logits for backward: te = Transformer Engine's parallel_cross_entropy "
                 "before TE 2.18, the 16-bit logits with the gradient written into them (Megatron-Bridge's runs: "
                 "cross_entropy_fusion_impl te); fp32 = 4 bytes a logit: an fp32 softmax (Megatron-LM's vocab-parallel "
-                "cross entropy), or TE >= 2.18's, whose gradient is a separate fp32 tensor"),
+                "cross entropy), or TE >= 2.18's, whose gradient is a separate fp32 tensor; the loss's time follows: "
+                "10 bytes of HBM traffic a logit for te, 26 for fp32", (MEMORY, TIME)),
     # Scheduling: what older releases of the engines did, which the modelled ones no longer do by default.
     RunCodeFlag("--tp-backward-comm", "tp_backward_overlap", (("overlapped", True), ("blocking", False)),
                 "the tensor-parallel all-reduce (or reduce-scatter) of a column-parallel linear's input gradient in "

@@ -38,6 +38,7 @@ from autotune.cost.kernels import rates
 from autotune.cost.launch import host_issue_s, host_launch_s, launch_exposed_s
 from autotune.cost.layer_passes import layer_passes
 from autotune.cost.layer_time import elementwise_kernels, layer_time, time_key
+from autotune.cost.loss_kernel import loss_bytes_per_logit
 from autotune.cost.step_terms import variant_terms
 from autotune.cost.time_settings import TimeSettings
 from autotune.cost.zero3_gathers import deepspeed_zero3_waits
@@ -188,7 +189,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
                 moe_paired += count * lp.moe_s
         if stage == plan.pp - 1:
             logits_s, head_cast_s = output_layer_s(model, plan, r, tokens, hbm)  # 16-bit, or MXFP8 (cost/fp8_head)
-            ce_s = tokens * 26 * model.vocab_size / t / hbm  # fp32 cross-entropy: ~14V B forward, ~12V backward
+            ce_s = tokens * loss_bytes_per_logit(settings.te_cross_entropy) * model.vocab_size / t / hbm
             fwd += logits_s + head_cast_s  # LoRA freezes the output layer too: its data gradient only (cost/lora)
             bwd += (1 if plan.peft else 2) * logits_s + head_cast_s + ce_s
             mtp_fwd, mtp_bwd = mtp_head_s(model, plan, r, logits_s, ce_s, head_cast_s)  # MTP's projections, heads

@@ -54,6 +54,10 @@ class TimeSettings:
     """The model code repeats K and V to every query head before attention, so context parallelism exchanges and
     holds K and V at the query width (torchtitan before SDPA's ``enable_gqa``: ``repeat_kv`` in
     torchtitan/models/llama/model.py at 9dec370); None: the engine's default (``CommSchedule.cp_repeat_kv``)."""
+    te_cross_entropy: bool | None = None
+    """The loss is Transformer Engine's fused ``parallel_cross_entropy`` (``MemorySettings.te_cross_entropy``, the
+    same run setting): its time is 10 HBM bytes a logit, not the fp32 softmax's 26 (``autotune.cost.loss_kernel``).
+    None: the engine's own (an fp32 softmax)."""
 
     def __post_init__(self) -> None:
         problems = []
