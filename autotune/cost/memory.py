@@ -38,6 +38,7 @@ from autotune.specs.layout import representative_stages, stage_param_groups
 from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.quantized_gemms import quantized_gemm_groups
 from autotune.specs.settings import MemorySettings
 
 __all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "states_floor"]
@@ -146,7 +147,8 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
         out["cuda_graphs"] = graphs
     if (stash := sync_free_moe_bytes(model, plan, stage, scheme)) > 0:
         out["moe_paged_stash"] = stash
-    if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(plan, groups, fp8_any_layout)) > 0:
+    if is_quantized(plan.precision) and (cache := engine.fp8_weight_cache_bytes(
+            plan, quantized_gemm_groups(model, plan, stage, groups), fp8_any_layout)) > 0:
         out[f"{plan.precision}_weight_cache"] = cache  # the quantized copies: fp8_weight_cache, fp4_weight_cache
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         out["nvme_staging"] = float(settings.offload_buffer_bytes)

@@ -43,6 +43,7 @@ from autotune.specs.engine_versions import EngineVersions
 from autotune.specs.layout import stage_param_groups
 from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.peft import PEFT_METHODS
+from autotune.specs.quantized_gemms import quantized_gemm_groups
 from autotune.specs.plan import CP_COMM_TYPES, CUDA_GRAPHS, EP_OVERLAPS, MOE_DISPATCHERS, RECOMPUTE_MODULES
 
 __all__ = ["MegatronEngine"]
@@ -167,12 +168,13 @@ class MegatronEngine(Engine):
         if is_quantized(plan.precision) and self.fp8_param_gather(plan) and model is not None:
             # --fp8-param-gather (emitted with the distributed optimizer): pretrain_gpt.py model_provider builds
             # the model under Transformer Engine's fp8_model_init, whose modules "hold only FP8 copies of its
-            # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2 (as the FP8 weight
-            # cache, tp-sharded parameters stand for the GEMM weights, embedding included).
+            # parameters" (TE fp8_model_init docstring): the GEMM weights take 1 byte, not 2; the vocabulary
+            # tables are no TE modules and stay 16-bit (autotune.specs.quantized_gemms).
             # Block-scaled recipes keep the scales beside the FP8 data (MXFP8Tensor / Float8BlockwiseQTensor).
             # --fp4-param-gather the same under fp8_model_init with the NVFP4 recipe (Megatron-core fp4_utils.py
             # get_fp4_context ``is_init``): NVFP4 weights of half a byte and their 16 x 16 block scales.
-            groups = stage_param_groups(model, plan, stage, self.layer_split_of(plan, model.num_layers))
+            groups = quantized_gemm_groups(model, plan, stage, stage_param_groups(
+                model, plan, stage, self.layer_split_of(plan, model.num_layers)))
             saved = (2 - self.fp8_weight_bytes(plan)) * self._fp8_weights(plan, groups,
                                                                            sharded=plan.zero_stage == 3)
             states = dataclasses.replace(states, weights=states.weights - saved)
