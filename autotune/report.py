@@ -242,6 +242,10 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
+    te_loss = getattr(settings, "te_cross_entropy", None)  # autotune.cost.loss_kernel
+    out.append("loss " + ("Transformer Engine's fused cross entropy (10 HBM bytes a logit)" if te_loss
+                          else "an fp32 softmax of the logits (26 HBM bytes a logit)")
+               + (" (--cross-entropy)" if te_loss is not None else ""))
     if plan.fp8_output_proj:
         out.append("output layer in MXFP8 (--fp8-output-proj: Megatron-core fp8_output_proj)")
     if c.kernel_launch_s > 0:

@@ -66,3 +66,10 @@ def test_the_cli_flag_sets_the_loss_time_and_its_memory(capsys):
 def _hbm(cluster) -> float:
     """The memory-bound kernels' bytes/s (the precision and kernels do not change it)."""
     return rates(cluster, "bf16", DEFAULT_EFFICIENCY, "fa3", None).hbm
+
+
+def test_the_estimate_names_the_loss_it_costed(capsys):
+    plain = _estimate_json(capsys)["assumed_settings"]
+    te = _estimate_json(capsys, "--cross-entropy", "te")["assumed_settings"]
+    assert "loss an fp32 softmax of the logits (26 HBM bytes a logit)" in plain
+    assert "loss Transformer Engine's fused cross entropy (10 HBM bytes a logit) (--cross-entropy)" in te
