@@ -46,6 +46,8 @@ NOTATION: dict[str, str] = {
                                              "torch async TP, or not (--tp-overlap)",
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
+    "loss-slotsN": "the pipeline split counts the embedding as one layer slot and the output layer and loss as N, "
+                   "the last stage holding fewer layers (--loss-slots; Megatron --pipeline-model-parallel-layout)",
     "act-offloadN": "the saved activations of the first N layers offloaded to host memory in forward and reloaded "
                     "for backward (--activation-offload-layers: Megatron --cpu-offloading-num-layers)",
     "mtpN": "N multi-token-prediction modules trained after the last layer, each one more layer and the output layer "

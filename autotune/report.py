@@ -242,6 +242,9 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))
     if (plan.loss_chunks or 1) > 1:
         out.append(f"output layer and loss in {plan.loss_chunks} chunks of the sequence (--loss-chunks)")
+    if plan.loss_slots:
+        out.append(f"pipeline split: the embedding one layer slot, the output layer and loss {plan.loss_slots} "
+                   "(--loss-slots)")
     if plan.fp8_output_proj:
         out.append("output layer in MXFP8 (--fp8-output-proj: Megatron-core fp8_output_proj)")
     if c.kernel_launch_s > 0:
