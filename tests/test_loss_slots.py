@@ -167,7 +167,8 @@ def test_memory_follows_the_stage_layers():
     (["--engine", "megatron"], "no pipeline (pp=1): use --pp 2 or more, or drop --loss-slots"),
 ])
 def test_the_cli_refuses_it_where_it_cannot_run(capsys, flags, words):
-    argv = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", *flags, "--loss-slots", "2"]
+    argv = ["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", *flags,
+            "--loss-slots", "2"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
