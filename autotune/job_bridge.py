@@ -85,6 +85,11 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
                                                                                                 None),
                  "zero_stage": 1 if ddp.get("use_distributed_optimizer") else 0,
                  "overlap_comm": bool(ddp.get("overlap_grad_reduce", False))}
+    # the split it states (job_files._read_job: the plan's loss_slots, emit.megatron_layout.read_loss_slots)
+    layout = m.get("pipeline_model_parallel_layout")
+    out["split_flags"] = {"first": _size(m, "num_layers_in_first_pipeline_stage", path, None),
+                          "last": _size(m, "num_layers_in_last_pipeline_stage", path, None),
+                          "layout": layout if isinstance(layout, str) else None}
     if ddp.get("use_megatron_fsdp"):  # Megatron-FSDP: its sharding strategy (default optim_grads_params)
         strategy = ddp.get("data_parallel_sharding_strategy") or "optim_grads_params"
         out["zero_stage"] = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(str(strategy), 3)

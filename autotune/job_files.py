@@ -87,6 +87,9 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     if vpp is None and isinstance(layout, str):  # its stages / pp (arguments.py:941-950)
         vpp = max(1, _layout_stages(layout) // out["pp"])
     out["vpp"] = vpp or 1
+    if kind == "megatron":  # the split it states (_read_job: the plan's loss_slots, read_loss_slots)
+        out["split_flags"] = {"first": n("--decoder-first-pipeline-num-layers"),
+                              "last": n("--decoder-last-pipeline-num-layers"), "layout": layout}
     if n("--expert-tensor-parallel-size") is not None:  # parallel folding; unset: etp = tp (arguments.py:587)
         out["etp"] = n("--expert-tensor-parallel-size")
     out["precision"] = ("fp4" if "--fp4-format" in f else "fp8" if "--fp8-format" in f or "--fp8" in f
@@ -271,6 +274,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             world = world or w
     model_spec = model_spec or fields.pop("model", None)
     fields.pop("model", None)
+    split = fields.pop("split_flags", None)
+    if split and model_spec is not None:
+        fields |= _loss_slots(model_spec, fields, split, notes)
     named = ", ".join(p for p, _ in kinds) + (" does" if len(kinds) == 1 else " do")
     if model_spec is None and not problems:
         problems.append(f"the model: {named} not state it: give --model (a preset, a "
@@ -315,6 +321,21 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             cost = engine_for(plan).release_cost_settings("0.3")
             settings = MemorySettings(**cost) if cost else None
     return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
+
+
+def _loss_slots(model: ModelSpec, fields: dict, split: dict, notes: list[str]) -> dict:
+    """The plan's loss_slots for the pipeline split a Megatron job's files state (``read_loss_slots``): {} for the
+    engine's own split, with a note where autotune models no such split (the engine's own estimated instead)."""
+    from autotune.emit.megatron_layout import read_loss_slots
+
+    pp, vpp = fields.get("pp") or 1, fields.get("vpp") or 1
+    if pp == 1:
+        return {}
+    modelled, k = read_loss_slots(model.num_layers, pp, vpp, fields.get("mtp_layers"), **split)
+    if not modelled:
+        notes.append(f"the pipeline split the files state ({split}) is not one autotune models (the engine's own, or "
+                     f"the output layer and loss as K layer slots, --loss-slots): estimated with the engine's own")
+    return {"loss_slots": k} if k else {}
 
 
 def _not_a_file(path: str) -> str | None:

@@ -246,6 +246,9 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
     out.append("loss " + ("Transformer Engine's fused cross entropy (10 HBM bytes a logit)" if te_loss
                           else "an fp32 softmax of the logits (26 HBM bytes a logit)")
                + (" (--cross-entropy)" if te_loss is not None else ""))
+    if plan.loss_slots:
+        out.append(f"pipeline split: the embedding one layer slot, the output layer and loss {plan.loss_slots} "
+                   "(--loss-slots)")
     if plan.fp8_output_proj:
         out.append("output layer in MXFP8 (--fp8-output-proj: Megatron-core fp8_output_proj)")
     if c.kernel_launch_s > 0:

@@ -66,7 +66,9 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         bad("layers_pp", f"num_layers ({model.num_layers}) cannot be split over pp={pp} stages: use pp <= "
                          f"{model.num_layers}")
     scheme = engine.support.layer_split
-    out += vpp_problems(model.num_layers, pp, vpp, scheme, uneven_layouts)
+    # a plan's loss_slots: its own split, judged by the engine's loss_slots rule (support_rules)
+    judged = None if plan.loss_slots and engine.support.loss_slots else scheme
+    out += vpp_problems(model.num_layers, pp, vpp, judged, uneven_layouts)
     # arguments.py:1337 "seq-length should be a multiple of 2 * context-parallel-size".
     if cp > 1 and plan.seq_len % (2 * cp):
         bad("seq_cp", f"seq_len ({plan.seq_len}) must be a multiple of 2*cp ({2 * cp}) for context parallelism")
@@ -117,11 +119,13 @@ def plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     return out + engine_rules
 
 
-def vpp_problems(num_layers: int, pp: int, vpp: int, scheme: str, uneven_layouts: bool) -> list[tuple[str, str]]:
-    """The rules on the virtual pipeline stages (``VPP_RULES``): whether the engine's split (``scheme``) fills the
-    pp x vpp virtual stages, and whether there is a pipeline to interleave."""
+def vpp_problems(num_layers: int, pp: int, vpp: int, scheme: str | None,
+                 uneven_layouts: bool) -> list[tuple[str, str]]:
+    """The rules on the virtual pipeline stages (``VPP_RULES``): whether the engine's split (``scheme``; None: a split
+    the engine's own rules judge, a plan's loss_slots) fills the pp x vpp virtual stages, and whether there is a
+    pipeline to interleave."""
     out = []
-    if vpp > 1:
+    if vpp > 1 and scheme is not None:
         judged = scheme if uneven_layouts or scheme == "any" else "classic"
         out += _interleave_problems(num_layers, pp, vpp, judged)
     # arguments.py:1003: the interleaved schedule needs more than one stage.

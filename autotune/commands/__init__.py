@@ -72,6 +72,7 @@ INT_RANGES: dict[str, tuple[int, int, str]] = {
     # the plan's optional counts: out of range here names the flag (the plan's own check names its field)
     "activation_offload_layers": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
     "mtp_layers": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
+    "loss_slots": (1, MODEL_LIMITS["num_layers"], "the most layers accepted"),
     "etp": (1, MAX_GPUS, "the largest cluster"), "dp_replicate": (1, MAX_GPUS, "the largest cluster"),
     "loss_chunks": (1, MAX_SEQ_LEN, "longer than any context trained"),
     "lora_rank": (1, MODEL_LIMITS["hidden_size"], "the largest hidden size accepted"),
@@ -81,6 +82,7 @@ LEAVE_OUT: dict[str, str] = {
     "activation_offload_layers": "leave --activation-offload-layers out to offload no layer",
     "mtp_layers": "leave --mtp-layers out to train no multi-token-prediction module",
     "etp": "leave --etp out for etp = tp",
+    "loss_slots": "leave --loss-slots out for the engine's own pipeline split",
     "loss_chunks": "leave --loss-chunks out for the engine's default (an unchunked loss)",
     "lora_rank": f"leave --lora-rank out for Bridge's {LORA_DEFAULT_RANK}",
     "lora_alpha": f"leave --lora-alpha out for Bridge's {LORA_DEFAULT_ALPHA:g}",
@@ -177,6 +179,12 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="the engine that trains the plan (default deepspeed; --framework is an alias)")
     g.add_argument("--dp-replicate", type=positive_int, default=1,
                    help="hybrid sharding (FSDP2 HSDP): replica groups of the dp ranks (default 1: shard over all)")
+    g.add_argument("--loss-slots", type=int, default=None, metavar="K",
+                   help="Megatron with --pp > 1: split the layers counting the embedding as one layer slot on the "
+                        "first virtual stage and the output layer + loss as K slots on the last (L + 1 + K slots over "
+                        "pp x vpp, the earlier virtual stages one more; K = 1 is --account-for-embedding/loss-in-"
+                        "pipeline-split), written as --pipeline-model-parallel-layout where no other flags give it; "
+                        "default: the engine's own split")
     add_run_settings(g)
     add_peft_flags(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,

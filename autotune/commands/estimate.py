@@ -63,6 +63,7 @@ def flags_estimate(args: argparse.Namespace):
         recompute_num_layers=args.recompute_num_layers, precision=args.precision, optimizer=args.optimizer,
         offload_optimizer=args.offload_optimizer, offload_param=args.offload_param, nvme_path=args.nvme_path,
         engine=args.engine, dp_replicate=args.dp_replicate, flash_attention=args.flash_attention,
+        loss_slots=getattr(args, "loss_slots", None),
         overlap_comm=args.overlap_comm,
         **release_run_settings(args, args.engine, (args.precision,), command=args.command, model=model),
         **peft_args(args),

@@ -16,8 +16,8 @@ __all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate"
            "alternatives"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
-_DIFF_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "dp_replicate", "micro_batch_size", "grad_accum_steps",
-                "zero_stage", "sequence_parallel", "recompute", "recompute_num_layers", "precision",
+_DIFF_FIELDS = ("tp", "pp", "vpp", "loss_slots", "dp", "cp", "ep", "dp_replicate", "micro_batch_size",
+                "grad_accum_steps", "zero_stage", "sequence_parallel", "recompute", "recompute_num_layers", "precision",
                 "offload_optimizer", "offload_param", *RUN_SETTINGS)
 
 

@@ -104,7 +104,7 @@ _STAGE_TIME_FIELDS = operator.attrgetter("engine", "fp8_recipe", "tp_overlap", "
                                          "recompute_modules", "cuda_graph", "cuda_graph_scope", "ep_overlap",
                                          "moe_dispatcher", "cp_comm_type", "peft", "lora_rank", "lora_targets",
                                          "moe_capacity_factor", "moe_pad_to_capacity", "mtp_layers", "fp8_attention",
-                                         "fp8_output_proj")
+                                         "fp8_output_proj", "loss_slots")
 _stage_time_cache: dict[tuple, tuple] = {}
 
 
@@ -157,7 +157,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
             n_moe, n_dense = (n_moe + plan.mtp_layers, n_dense) if mtp_layer_is_moe(model) \
                 else (n_moe, n_dense + plan.mtp_layers)
         n_layers = n_dense + n_moe
-        rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / n_layers)
+        rec_share = 1.0 if plan.recompute_num_layers is None else min(1.0, plan.recompute_num_layers / max(n_layers, 1))
         fwd = bwd = rec = tp_c = cp_c = moe_c = tp_hidden = moe_paired = 0.0
         for count, lt, is_moe in ((n_dense, dense_layer, False), (n_moe, moe_layer, True)):
             if not count:

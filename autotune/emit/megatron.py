@@ -126,7 +126,7 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
 def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems: list[str]) -> list[str]:
     args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     # The split the cost model assumed, in the flags that make Megatron-core build it (emit/megatron_layout.py).
-    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers)
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers, plan.loss_slots)
     if split is None:
         problems.append(f"{model.num_layers} layers cannot be split over pp x vpp = {plan.pp} x {plan.vpp} "
                         f"(virtual) stages without an empty one")

@@ -163,7 +163,7 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
                  "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
     # The split megatron_args writes, as TransformerConfig fields (emit/megatron_layout.py; the layout as its string,
     # which TransformerConfig parses, transformer_config.py:2262).
-    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers)
+    split = megatron_split(model.num_layers, plan.pp, plan.vpp, plan.mtp_layers, plan.loss_slots)
     if split is None:
         problems.append(f"model.pipeline_model_parallel_size: {model.num_layers} layers cannot be split over pp x vpp "
                         f"= {plan.pp} x {plan.vpp} (virtual) stages without an empty one")

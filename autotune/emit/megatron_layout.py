@@ -26,7 +26,8 @@ from autotune.specs.context_parallel import hierarchical_cp_sizes
 from autotune.specs.layout import split_scheme, virtual_layout
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "expanded_layout", "megatron_split", "split_flags"]
+__all__ = ["MegatronSplit", "cp_comm_flags", "cp_comm_setting", "expanded_layout", "layout_counts", "loss_slots_of",
+           "megatron_split", "read_loss_slots", "split_flags", "split_target"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _chunks(per_stage: list[int], pp: int, vpp: int) -> tuple[int, ...] | None:
 def _first_last(num_layers: int, pp: int, vpp: int, target: tuple[int, ...]) -> MegatronSplit | None:
     per = [sum(target[c * pp + s] for c in range(vpp)) for s in range(pp)]
     first, last, middle = per[0], per[-1], per[1:-1]
-    if pp < 2 or len(set(middle)) > 1 or _chunks(per, pp, vpp) != target:
+    if pp < 2 or min(first, last) < 1 or len(set(middle)) > 1 or _chunks(per, pp, vpp) != target:
         return None
     return MegatronSplit("first_last", first=first, last=last, virtual_stages=vpp if vpp > 1 else None)
 
@@ -74,14 +75,17 @@ def _account(num_layers: int, pp: int, vpp: int, target: tuple[int, ...], emb: b
                          layers_per_virtual_stage=slots // (pp * vpp) if vpp > 1 else None)
 
 
-def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None) -> MegatronSplit | None:
+def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None,
+                   loss_slots: int | None = None) -> MegatronSplit | None:
     """The flags for autotune's split of ``num_layers`` over pp x vpp, or None when Megatron-core has none;
-    ``mtp_layers``: the plan's multi-token-prediction modules, in a layout (module docstring, 4)."""
+    ``mtp_layers``: the plan's multi-token-prediction modules, in a layout (module docstring, 4); ``loss_slots``:
+    the plan's, the output layer and loss as that many layer slots (``layout.split_scheme``), in whichever of the
+    four ways gives that split."""
     # the cost model's split (MTP modules counted on the last stage where the slot split places the layers)
-    target = virtual_layout(num_layers, pp, vpp, split_scheme("megatron", mtp_layers, num_layers, pp, vpp))
+    target = split_target(num_layers, pp, vpp, mtp_layers, loss_slots)
     if target is None:
         return None
-    if pp == 1 or num_layers % (pp * vpp) == 0:
+    if pp == 1 or target == (num_layers // (pp * vpp),) * (pp * vpp):
         return MegatronSplit("even", layers_per_virtual_stage=num_layers // (pp * vpp) if vpp > 1 else None)
     if vpp == 1 and (found := _first_last(num_layers, pp, vpp, target)):
         return found
@@ -93,6 +97,51 @@ def megatron_split(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = 
     stages = ["t" * n for n in target]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "m" * (mtp_layers or 0) + "L"
     return MegatronSplit("layout", layout="|".join(stages))
+
+
+def split_target(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None,
+                 loss_slots: int | None = None) -> tuple[int, ...] | None:
+    """The layers of each virtual stage the cost model gives a Megatron plan (``layout.virtual_layout`` of its
+    ``split_scheme``)."""
+    return virtual_layout(num_layers, pp, vpp, split_scheme("megatron", mtp_layers, num_layers, pp, vpp, loss_slots))
+
+
+def layout_counts(layout: str) -> tuple[int, ...]:
+    """The transformer layers ("t") of each virtual stage of a --pipeline-model-parallel-layout string."""
+    return tuple(stage.count("t") for stage in expanded_layout(layout).split("|"))
+
+
+def loss_slots_of(target: tuple[int, ...], num_layers: int, pp: int, vpp: int,
+                  mtp_layers: int | None = None) -> tuple[bool, int | None]:
+    """(whether autotune models the split ``target`` Megatron-core builds from a job's files, the plan's
+    ``loss_slots`` for it): None where it is the engine's own split (a K whose split is that one too reads back as
+    None: the same plan, priced the same), else the smallest K that gives it."""
+    if target == split_target(num_layers, pp, vpp, mtp_layers):
+        return True, None
+    for k in range(1, num_layers + 2):
+        if split_target(num_layers, pp, vpp, mtp_layers, k) == target:
+            return True, k
+    return False, None
+
+
+def read_loss_slots(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None, first: int | None = None,
+                    last: int | None = None, layout: str | None = None) -> tuple[bool, int | None]:
+    """:func:`loss_slots_of` the split a job's files state: a --pipeline-model-parallel-layout string, or the first /
+    last stages' layer counts (--decoder-first/last-pipeline-num-layers, the middle stages sharing the rest evenly,
+    each stage's layers over its chunks evenly); (True, None) where they state neither (the engine's own split, or
+    the account-for flags, which give it: tests/test_loss_slots.py)."""
+    if isinstance(layout, str):
+        target: tuple[int, ...] | None = layout_counts(layout)
+    elif first is not None and last is not None:
+        rest, middle = num_layers - first - last, pp - 2
+        if rest < 0 or (middle and rest % middle) or (not middle and rest):
+            return False, None
+        target = _chunks([first, *[rest // max(middle, 1)] * middle, last], pp, vpp)
+    else:
+        return True, None
+    if target is None or len(target) != pp * vpp:
+        return False, None
+    return loss_slots_of(target, num_layers, pp, vpp, mtp_layers)
 
 
 def expanded_layout(layout: str) -> str:

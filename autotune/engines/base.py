@@ -179,9 +179,11 @@ class Engine(ABC):
 
     def layer_split_of(self, plan: ParallelPlan, num_layers: int) -> str:
         """How this engine splits ``plan``'s ``num_layers`` layers over its pipeline stages: ``support.layer_split``,
-        with the plan's multi-token-prediction modules counted on the last stage where they can be
+        with the plan's multi-token-prediction modules counted on the last stage where they can be, and the
+        output layer and loss as the plan's ``loss_slots`` slots where the engine takes them
         (``autotune.specs.layout.split_scheme``)."""
-        return split_scheme(self.support.layer_split, plan.mtp_layers, num_layers, plan.pp, plan.vpp)
+        return split_scheme(self.support.layer_split, plan.mtp_layers, num_layers, plan.pp, plan.vpp,
+                            plan.loss_slots if self.support.loss_slots else None)
 
     @property
     def default_zero_stage(self) -> int:

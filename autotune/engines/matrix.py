@@ -19,6 +19,7 @@ _DIMENSIONS = (
     ("MoE token dispatchers", lambda s: ", ".join(s.moe_dispatchers) if s.ep else "-"),
     ("MoE token dropping (capacity)", lambda s: "yes" if s.token_drop else "no"),
     ("multi-token prediction (MTP)", lambda s: "yes" if s.mtp else "no"),
+    ("output layer + loss layer slots (loss_slots)", lambda s: "yes" if s.loss_slots else "no"),
     ("activation CPU offload", lambda s: "yes" if s.activation_offload else "no"),
     ("ZeRO / sharding stages", lambda s: ", ".join(map(str, s.zero_stages))),
     ("stages with pp", lambda s: ", ".join(map(str, s.zero_stages_with_pp)) if s.pp else "-"),

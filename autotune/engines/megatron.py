@@ -95,7 +95,10 @@ class MegatronEngine(Engine):
                             activation_offload=True,
                             # --mtp-num-layers (transformer_config.py:68, MultiTokenPredictionBlock; Megatron-LM
                             # @d98e8a6); Megatron-DeepSpeed and the other engines have no MTP
-                            mtp=True)
+                            mtp=True,
+                            # --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py) / the
+                            # --account-for-*-in-pipeline-split flags: any split, the loss with k slots (loss_slots)
+                            loss_slots=True)
     # param_gather: Megatron-FSDP's per-layer gathers under zero_stage 3 (autotune.engines.megatron_fsdp)
     comm = CommSchedule(dp_overlap="bucketed", param_gather="megatron-fsdp", pipeline_schedule="1f1b",
                         # --cp-comm-type's default "p2p" (megatron/training/arguments.py:3221 at d98e8a6):
@@ -126,7 +129,9 @@ class MegatronEngine(Engine):
                "offload_optimizer": "offload is DeepSpeed's: use engine deepspeed",
                "offload_param": "offload is DeepSpeed's: use engine deepspeed",
                "layer_split": "arguments.py:969 (--decoder-first/last-pipeline-num-layers); "
-                              "megatron/core/transformer/transformer_block.py:76 get_num_layers_to_build"}
+                              "megatron/core/transformer/transformer_block.py:76 get_num_layers_to_build",
+               "loss_slots": "megatron/core/transformer/pipeline_parallel_layer_layout.py (a stage of \"L\" alone); "
+                             "autotune/specs/layout.py split_scheme"}
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []

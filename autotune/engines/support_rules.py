@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.engines.facts import EngineSupport, Rule
-from autotune.specs.layout import layer_counts
+from autotune.specs.layout import layer_counts, split_scheme, virtual_layout
 
 if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
@@ -22,7 +22,8 @@ __all__ = ["support_problems", "LAYOUT_DIMS", "VARIANT_DIMS"]
 # dp_replicate > 1, the precision and the gradient dtype, then the run settings. The planner relies on this order
 # to answer a variant's first broken rule without building its plan (autotune.search.planner._probe_rule): a new
 # rule goes into the group whose fields it reads, or after them.
-LAYOUT_DIMS = ("tp", "sequence_parallel", "pp", "tp_pp", "vpp", "layer_split", "cp", "ulysses_heads", "ep", "etp")
+LAYOUT_DIMS = ("tp", "sequence_parallel", "pp", "tp_pp", "vpp", "layer_split", "loss_slots", "cp", "ulysses_heads",
+               "ep", "etp")
 VARIANT_DIMS = ("zero_stage", "zero_pp", "offload_optimizer", "offload_param", "hybrid_shard", "precision",
                 "grad_dtype")
 
@@ -58,6 +59,8 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
         bad("vpp", "no interleaved (virtual) pipeline schedule: set vpp=1")
     if plan.pp > 1 and s.pp is not None and layer_counts(model.num_layers, plan.pp, s.layer_split) is None:
         bad("layer_split", f"cannot split {model.num_layers} layers over pp={plan.pp} stages ({s.layer_split} split)")
+    if plan.loss_slots:
+        _loss_slot_rules(s, model, plan, bad)
     if plan.cp > 1 and s.cp is None:
         bad("cp", f"no context/sequence parallelism (cp={plan.cp}): set cp=1")
     if plan.cp > 1 and s.cp == "ulysses" and model.num_attention_heads % (plan.cp * plan.tp):
@@ -95,6 +98,27 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
                           "bf16 or fp8, or drop --grad-dtype")
     _run_setting_rules(s, plan, bad)
     return out
+
+
+def _loss_slot_rules(s: EngineSupport, model: ModelSpec, plan: ParallelPlan, bad) -> None:
+    """A plan's ``loss_slots`` (``layout.split_scheme``): the engine's files must write the split, there must be a
+    pipeline (the plan's own check, ``plan_values.loss_slots_problems``), and the split must leave no virtual stage without a layer but the embedding's and the loss's."""
+    k, pp, vpp = plan.loss_slots, plan.pp, plan.vpp
+    if not s.loss_slots:
+        bad("loss_slots", f"its files cannot give the output layer and loss {k} layer slots of the pipeline split "
+                          f"(Megatron-core's --pipeline-model-parallel-layout): use --engine megatron, or drop "
+                          f"--loss-slots")
+    elif pp > 1 and virtual_layout(model.num_layers, pp, vpp, _scheme(model, plan, k)) is None:
+        ok = [j for j in range(k - 1, 0, -1) if virtual_layout(model.num_layers, pp, vpp, _scheme(model, plan, j))]
+        bad("loss_slots", f"--loss-slots {k}: {model.num_layers} layers + the embedding's slot + {k} loss slots"
+                          + (f" + {2 * plan.mtp_layers} MTP slots" if plan.mtp_layers else "")
+                          + f" over pp x vpp = {pp} x {vpp} virtual stages leave one with no layer, neither the "
+                          f"embedding nor the loss: use " + (f"--loss-slots {ok[0]} or less, or " if ok else "")
+                          + "fewer virtual stages (--vpp), or drop --loss-slots")
+
+
+def _scheme(model: ModelSpec, plan: ParallelPlan, k: int) -> str:
+    return split_scheme("megatron", plan.mtp_layers, model.num_layers, plan.pp, plan.vpp, k)
 
 
 def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:

@@ -23,6 +23,7 @@ from autotune.report import plan_summary
 from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
 from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner_plan_problems, plan_problems,
                             vpp_problems)
+from autotune.search.loss_slots import search_loss_slots
 from autotune.search.result import SearchResult
 from autotune.search.space import SearchConstraints, dimension_values, replica_counts
 from autotune.search.ties import rank_with_ties
@@ -139,9 +140,14 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                             if first is not None:
                                 rejections[first] += len(variants) * per_variant
                                 continue
-                            _search_variants(model, cluster, layout or _layout_plan(*shape), variants, dims,
-                                             engine_memory, engine_time, min_headroom, rejections, feasible,
-                                             variant_rules)
+                            layout = layout or _layout_plan(*shape)
+                            _search_variants(model, cluster, layout, variants, dims, engine_memory, engine_time,
+                                             min_headroom, rejections, feasible, variant_rules)
+                            if dims.loss_slots and pp > 1 and engine_for(engine).support.loss_slots:
+                                enumerated += search_loss_slots(model, layout, dims, len(variants) * per_variant,
+                                                                rejections, lambda plan: _search_variants(
+                                    model, cluster, plan, variants, dims, engine_memory, engine_time, min_headroom,
+                                    rejections, feasible, variant_rules))
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started
@@ -227,6 +233,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                        # Megatron-core offloads activations without a pipeline only (megatron_rules)
                        activation_offload_layers=settings["activation_offload_layers"] if layout.pp == 1 else None,
                        mtp_layers=settings["mtp_layers"],  # on the last stage, with or without a pipeline
+                       loss_slots=layout.loss_slots,  # the layout's (_search_loss_slots)
                        tp_overlap=settings["tp_overlap"] if layout.tp > 1 else None,  # tp=1 has no TP collectives
                        **dims.peft_settings)
     fp8_recipe = settings["fp8_recipe"]

@@ -19,7 +19,12 @@ from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import RUN_SETTINGS
 
 __all__ = ["SearchConstraints", "dimension_values", "release_cost_settings", "release_defaults_taken",
-           "replica_counts"]
+           "replica_counts", "UNEVEN_LOSS_SLOTS"]
+
+# The output layer and loss's layer slots (``ParallelPlan.loss_slots``) --uneven-layouts searches on Megatron plans
+# with a pipeline: the 16-bit output layer and the cross entropy cost about 2-5 layers' time on the last stage
+# (``StepTimeEstimate.stage_times_s``); 1 is the engine's own split or near it.
+UNEVEN_LOSS_SLOTS = (2, 3, 4, 5, 6)
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -136,6 +141,9 @@ class DimensionValues:
     grad_dtype: str | None = None
     fp8_recipe: str | None = None
     tp_overlap: str | None = None
+    loss_slots: tuple[int, ...] = ()
+    """The output layer and loss's layer slots (``ParallelPlan.loss_slots``) searched beside each Megatron layout with
+    pp > 1 (with ``uneven_layouts`` only: ``UNEVEN_LOSS_SLOTS``); none: the engine's own split alone."""
     run_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: its plans' run settings (``RUN_SETTINGS``)}: the constraints' values, else its release's defaults."""
     release_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
@@ -242,7 +250,7 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            precisions=precisions, micro_batch_sizes=mbs,
                            recompute=("selective",) if c.recompute_modules else c.recompute,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
-                           uneven_layouts=c.uneven_layouts,
+                           uneven_layouts=c.uneven_layouts, loss_slots=UNEVEN_LOSS_SLOTS if c.uneven_layouts else (),
                            run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken,
                            peft_settings={name: getattr(c, name) for name in PEFT_SETTINGS},
                            cost_settings=release_cost_settings(c))

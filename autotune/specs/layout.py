@@ -24,6 +24,7 @@ Two schemes, as the engines do it:
 from __future__ import annotations
 
 import functools
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,21 +55,27 @@ def pipeline_split(num_layers: int, pp: int) -> tuple[int, int, int] | None:
     return (ends // 2, middle, ends // 2)
 
 
-def _slot_split(num_layers: int, pp: int, mtp_slots: int = 0) -> tuple[int, ...] | None:
+def _slot_split(num_layers: int, pp: int, extra: int = 0, empty_ends: bool = False) -> tuple[int, ...] | None:
     # Megatron-core's --account-for-embedding/loss-in-pipeline-split idea (transformer_block.py:148-159, 188-201):
     # the embedding and the loss are a layer's slot each; the first (L + 2) % pp stages get one slot more.
-    # ``mtp_slots``: the last stage's multi-token-prediction modules, two slots each (split_scheme).
-    base, extra = divmod(num_layers + 2 + mtp_slots, pp)
-    slots = [base + (1 if i < extra else 0) for i in range(pp)]
+    # ``extra``: the last stage's slots beyond the loss's one (split_scheme: each multi-token-prediction module's
+    # two, a plan's loss_slots beyond the first). ``empty_ends``: the first / last stage may keep the embedding / the
+    # loss alone (a layout's stage "E" or "L"; a plan's loss_slots).
+    base, rest = divmod(num_layers + 2 + extra, pp)
+    slots = [base + (1 if i < rest else 0) for i in range(pp)]
     slots[0] -= 1
-    slots[-1] -= 1 + mtp_slots
-    return tuple(slots) if min(slots) >= 1 else None
+    slots[-1] -= 1 + extra
+    ends = 0 if empty_ends else 1
+    return tuple(slots) if min(slots[1:-1] or [1]) >= 1 and min(slots[0], slots[-1]) >= ends else None
 
 
 MTP_SCHEME = "+mtp"
+LOSS_SCHEME = "+loss"
+_SCHEME = re.compile(r"([a-z]+)(?:\+mtp(\d+))?(?:\+loss(\d+))?")
 
 
-def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: int = 1, vpp: int = 1) -> str:
+def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: int = 1, vpp: int = 1,
+                 loss_slots: int | None = None) -> str:
     """The split scheme of a plan: its engine's, or for Megatron's with multi-token-prediction modules
     ``megatron+mtpN``: where the slot split places the layers (no even or first/last split), each MTP module takes
     two slots of the last stage (its layer, and its output layer and loss). That is NVIDIA's DeepSeek-V3 placement:
@@ -76,9 +83,19 @@ def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: i
     50-68 at 067f987: "E + 16 | 16 | 16 | 13 + mtp + L" on pp 4, "E + 4 | 14 x 4 | 1 + mtp + L" on 16 virtual
     stages, ...) is this split of 61 layers (tests/specs/test_mtp_split.py). Where that split leaves no layout of
     ``num_layers`` over pp x ``vpp`` virtual stages (given), the engine's own: the modules then follow the last
-    stage's layers, as ``emit.megatron_layout.megatron_split`` writes them."""
-    if not (mtp_layers and scheme == "megatron"):
+    stage's layers, as ``emit.megatron_layout.megatron_split`` writes them.
+
+    A plan's ``loss_slots`` k (Megatron only, pp > 1): always the slot split, the output layer and loss taking k
+    slots of the last stage (``megatron+lossK``, with MTP modules ``megatron+mtpN+lossK``: their two slots each
+    too): L + 1 + k (+ 2N) slots over the pp x vpp virtual stages, the earlier ones one slot more. k = 1 is
+    Megatron-core's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split where L + 2
+    divides evenly (transformer_block.py:148-201); no fallback: a k that empties a virtual stage has no layout
+    (``virtual_layout`` None; the megatron engine refuses it, ``support_rules``)."""
+    if scheme != "megatron" or not (mtp_layers or (loss_slots and pp > 1)):
         return scheme
+    if loss_slots and pp > 1:
+        return f"{scheme}{MTP_SCHEME}{mtp_layers}{LOSS_SCHEME}{loss_slots}" if mtp_layers else \
+            f"{scheme}{LOSS_SCHEME}{loss_slots}"
     counted = f"{scheme}{MTP_SCHEME}{mtp_layers}"
     if vpp > 1 and virtual_layout(num_layers, pp, vpp, counted) is None:
         return scheme
@@ -87,16 +104,31 @@ def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: i
 
 def scheme_parts(scheme: str) -> tuple[str, int]:
     """(the engine's scheme, the MTP modules :func:`split_scheme` added)."""
-    base, _, mtp = scheme.partition(MTP_SCHEME)
-    return base, int(mtp) if mtp else 0
+    return _scheme_parts(scheme)[:2]
+
+
+@functools.lru_cache(maxsize=256)
+def _scheme_parts(scheme: str) -> tuple[str, int, int]:
+    """(the engine's scheme, the MTP modules, the loss slots :func:`split_scheme` added; 0 where none)."""
+    m = _SCHEME.fullmatch(scheme)
+    if m is None:
+        raise ValueError(f"unknown split scheme {scheme!r}")
+    return m.group(1), int(m.group(2) or 0), int(m.group(3) or 0)
 
 
 @functools.lru_cache(maxsize=4096)
 def _counts(num_layers: int, pp: int, scheme: str) -> tuple[tuple[int, ...] | None, int]:
-    """(layer_counts, the MTP slots its last stage gave up: 0 where the MTP modules were not counted)."""
-    base, mtp = scheme_parts(scheme)
+    """(layer_counts, the slots its last stage gave up beyond the loss's one: the MTP modules' where counted, the
+    loss slots beyond the first; 0 where none)."""
+    base, mtp, loss = _scheme_parts(scheme)
     if base not in SPLIT_SCHEMES:
         raise ValueError(f"unknown split scheme {scheme!r}")
+    if loss and base == "megatron":  # a plan's loss_slots: the slot split always (split_scheme)
+        if pp == 1:
+            return (num_layers,), 0
+        extra = 2 * mtp + loss - 1
+        return (_slot_split(num_layers, pp, extra, empty_ends=True) if pp <= num_layers + 1 + loss + 2 * mtp
+                else None), extra
     if base in ("megatron", "any"):
         split = pipeline_split(num_layers, pp)
         if split is not None:
@@ -129,26 +161,30 @@ def virtual_layout(num_layers: int, pp: int, vpp: int, scheme: str = "megatron")
     slots (its ``layer_counts(L, pp, scheme)`` layers, plus the embedding on stage 0 and the loss on the last) go to
     its chunks evenly, the earlier chunks one more, so every stage keeps the layers the cost model gives it.
     ``any`` (torchtitan's module names) where that leaves a chunk empty: ``layer_counts(L, pp x vpp, "any")``."""
-    if num_layers % (pp * vpp) == 0:  # even: --num-layers-per-virtual-pipeline-stage alone
+    _, mtp, loss = _scheme_parts(scheme)
+    if num_layers % (pp * vpp) == 0 and not loss:  # even: --num-layers-per-virtual-pipeline-stage alone
         return (num_layers // (pp * vpp),) * (pp * vpp)
-    counts, mtp_slots = _counts(num_layers, pp, scheme)
+    counts, extra = _counts(num_layers, pp, scheme)
     if counts is None or scheme == "uniform":
         return None
     out = [0] * (pp * vpp)
     for s, n in enumerate(counts):
-        slots = n + (s == 0) + (s == pp - 1) * (1 + mtp_slots)
+        slots = n + (s == 0) + (s == pp - 1) * (1 + extra)
         if slots < vpp:
             return layer_counts(num_layers, pp * vpp, "any") if scheme == "any" else None
-        base, extra = divmod(slots, vpp)
+        base, rest = divmod(slots, vpp)
         for c in range(vpp):
-            out[c * pp + s] = base + (1 if c < extra else 0)
+            out[c * pp + s] = base + (1 if c < rest else 0)
     out[0] -= 1  # the embedding's slot
-    out[-1] -= 1 + mtp_slots  # the loss's slot and the MTP modules'
-    # MTP slots beyond the last chunk's share come off the last stage's earlier chunks (each keeps a layer)
+    out[-1] -= 1 + extra  # the loss's slots and the MTP modules'
+    # MTP slots beyond the last chunk's share come off the last stage's earlier chunks (each keeps a layer); the
+    # loss slots do not (a k beyond the last chunk's share empties it: no layout)
+    movable = 2 * mtp if loss else extra
     for c in range(vpp - 2, -1, -1):
         if out[-1] >= 0:
             break
-        give = min(-out[-1], out[c * pp + pp - 1] - 1)
+        give = min(-out[-1], out[c * pp + pp - 1] - 1, movable)
+        movable -= give
         out[c * pp + pp - 1] -= give
         out[-1] += give
     return tuple(out) if out[-1] >= 0 else None

@@ -17,6 +17,8 @@ TP_OVERLAP_WORDS = {"none": "tp-no-overlap", "userbuffers": "tp-userbuffers", "a
 def plan_notation(plan: ParallelPlan, sharding_tag: str | None = None) -> str:
     """One line: the parallel layout and the settings that change memory or time (no tag: no sharding word)."""
     parts = [f"tp{plan.tp}", f"pp{plan.pp}" + (f"x{plan.vpp}" if plan.vpp > 1 else ""), f"dp{plan.dp}"]
+    if plan.loss_slots is not None:  # the pipeline split: the output layer and loss as N layer slots
+        parts.insert(2, f"loss-slots{plan.loss_slots}")
     if plan.cp > 1:
         parts.append(f"cp{plan.cp}")
     if plan.ep > 1:

@@ -17,7 +17,7 @@ from autotune.specs.plan_values import (  # noqa: F401  (re-exported: the plan's
     ENGINE_NAMES, EngineName, Recompute, Offload, Optimizer, PlanPrecision, GradDtype, FP8_RECIPES, Fp8Recipe,
     FP8_BLOCK_SCALE_BYTES, FP8_RECIPE_CAPABILITY, TP_OVERLAPS, TpOverlap, RECOMPUTE_MODULES, CUDA_GRAPHS,
     FULL_ITERATION_GRAPH, CUDA_GRAPH_SCOPES, EP_OVERLAPS, MOE_DISPATCHERS, CP_COMM_TYPES, RUN_SETTINGS,
-    OPTIMIZER_STATE_BYTES, capacity_problems, fp8_attention_problems, fp8_output_proj_problems,
+    OPTIMIZER_STATE_BYTES, capacity_problems, fp8_attention_problems, fp8_output_proj_problems, loss_slots_problems,
 )
 
 __all__ = ["ParallelPlan", "OPTIMIZER_STATE_BYTES", "ENGINE_NAMES", "EngineName", "Recompute", "Offload", "Optimizer",
@@ -148,6 +148,9 @@ class ParallelPlan:
     fp8_output_proj: bool | None = field(default=None, repr=False)
     """FP8 plans under the MXFP8 recipe: the output layer (LM head) in MXFP8 too (Megatron-core ``fp8_output_proj``,
     core_v0.18+; cost: ``autotune.cost.fp8_head``). None: the engine's default (a 16-bit output layer)."""
+    loss_slots: int | None = field(default=None, repr=False)
+    """Megatron, pp > 1: the split counts the embedding as a layer's slot and the output layer + loss as this many
+    (``autotune.specs.layout.split_scheme``). None: the engine's own split."""
     peft: str | None = field(default=None, repr=False)
     """Parameter-efficient fine-tuning (``autotune.specs.peft``): "lora" freezes every base weight and trains
     low-rank adapters (Megatron-Bridge ``peft=LoRA``). None: every weight trains."""
@@ -173,7 +176,7 @@ class ParallelPlan:
                      and self.moe_dispatcher is None and self.cp_comm_type is None and self.peft is None
                      and self.activation_offload_layers is None and self.mtp_layers is None
                      and self.moe_capacity_factor is None and self.moe_pad_to_capacity is None
-                     and self.fp8_attention is None and self.fp8_output_proj is None
+                     and self.fp8_attention is None and self.fp8_output_proj is None and self.loss_slots is None
                      and self.lora_rank is None and self.lora_alpha is None and self.lora_targets is None
                      or self._run_settings_valid())):
             return
@@ -238,6 +241,7 @@ class ParallelPlan:
         problems += capacity_problems(self.moe_capacity_factor, self.moe_pad_to_capacity)
         problems += fp8_attention_problems(self.fp8_attention, self.precision)
         problems += fp8_output_proj_problems(self.fp8_output_proj, self.precision, self.fp8_recipe)
+        problems += loss_slots_problems(self.loss_slots, self.pp)
         if isinstance(self.moe_capacity_factor, int) and not isinstance(self.moe_capacity_factor, bool):
             object.__setattr__(self, "moe_capacity_factor", float(self.moe_capacity_factor))  # JSON's 1 is 1.0
         if not problems and self.dp % self.dp_replicate:
@@ -292,7 +296,7 @@ class ParallelPlan:
                 or self.ep_overlap is not None or self.moe_dispatcher is not None or self.cp_comm_type is not None
                 or self.peft is not None or self.lora_rank is not None or self.lora_alpha is not None
                 or self.lora_targets is not None or self.activation_offload_layers is not None
-                or self.mtp_layers is not None
+                or self.mtp_layers is not None or self.loss_slots is not None
                 or self.moe_capacity_factor is not None or self.moe_pad_to_capacity is not None):
             return False  # the full check validates them and stores them as ordered tuples
         return (self.grad_dtype in (None, "bf16") and self.tp_overlap in _TP_OVERLAP_VALUES
@@ -352,7 +356,7 @@ class ParallelPlan:
         out = asdict(self)
         if self.etp is None:  # Megatron's default (etp = tp): left out, so plans without folding read as before
             del out["etp"]
-        for name in RUN_SETTINGS + PEFT_SETTINGS:  # the engine's default / full training: left out, as etp
+        for name in RUN_SETTINGS + PEFT_SETTINGS + ("loss_slots",):  # the engine's default: left out, as etp
             if out[name] is None:
                 del out[name]
         return out

@@ -132,6 +132,19 @@ def fp8_output_proj_problems(value: object, precision: str, fp8_recipe: str | No
     return []
 
 
+def loss_slots_problems(value: object, pp: object) -> list[str]:
+    """What is wrong with a plan's ``loss_slots`` (the layer slots its split gives the output layer and loss,
+    ``autotune.specs.layout.split_scheme``) for its pipeline; the engine's rules judge its split."""
+    if value is None:
+        return []
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return [f"loss_slots must be a positive integer or absent (the engine's own split), got {value!r}"]
+    if pp == 1:
+        return [f"loss_slots ({value}) gives the output layer and loss layer slots on the last pipeline stage, and "
+                f"this plan has no pipeline (pp=1): use --pp 2 or more, or drop --loss-slots"]
+    return []
+
+
 # Context parallelism's attention exchange (Megatron --cp-comm-type, megatron/training/arguments.py:3221 at d98e8a6;
 # Transformer Engine context_parallel.py ``attn_forward_func_with_cp`` :5096-5140 at d0067d0): p2p (the K/V ring),
 # a2a (Ulysses all-to-all of Q, K, V and the output), allgather (TE's ``all_gather``: K/V gathered, exposed) and

@@ -92,6 +92,9 @@ CASES = [
     ("70b-mxfp8-fp8-head", "llama3-70b", 64, dict(tp=8, pp=2, sequence_parallel=True, zero_stage=1,
                                                   global_batch_size=64, precision="fp8", fp8_recipe="te-mxfp8",
                                                   fp8_output_proj=True)),
+    # the output layer and loss as 3 layer slots (ParallelPlan.loss_slots): model.pipeline_model_parallel_layout
+    ("70b-loss-slots", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
+                                              global_batch_size=64, loss_slots=3)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)

@@ -308,8 +308,11 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     impl = {"full-iteration": "full_iteration"}.get(plan.cuda_graph or "none", plan.cuda_graph or "none")
     assert got["graphs"][:2] == [impl, sorted(plan.cuda_graph_scope or ())]
     assert got["graphs"][2:] == ([True, True] if graphs else got["graphs"][2:])
-    if case == "70b-uneven-layout":  # 80 layers over pp 4 x vpp 3: Megatron-core's layout string, parsed by Bridge
+    if case in ("70b-uneven-layout", "70b-loss-slots"):  # 80 layers over pp 4 x vpp 3 (with 3 loss slots): Megatron-
+        # core's layout string, parsed by Bridge
         assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
+        if plan.loss_slots:  # the last virtual stage: 80 + 1 + 3 slots over 12, 7 each, 4 layers and the loss's 3
+            assert str(got["layout"][0]).endswith("|ttttL"), got["layout"]
     else:
         assert got["layout"] == [None, None, None]
     fp8 = plan.precision == "fp8"
