@@ -119,14 +119,16 @@ def gain_terms(top, nvidia) -> dict[str, float]:
     return {name: (getattr(top.time, attr) - getattr(nvidia.time, attr)) / step for name, attr in STEP_TERMS}
 
 
-def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str]) -> dict:
-    """The plan-quality table of the estimated rows (``label``: a row's name in the table)."""
+def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str],
+                       reestimate: Callable[[list[str]], object] | None = None) -> dict:
+    """The plan-quality table of the estimated rows (``label``: a row's name in the table; ``reestimate``: an
+    estimate of a command line, for NVIDIA's pipelined plans with a lighter last stage: bench/nvidia_last_stage.py)."""
     done = [c for c in cases if c.predicted is not None]
     searches: dict[tuple, object] = {}
     ranks, speed_ranks, gains, first_intervals = [], [], [], []
     all_rows = [c.row for c in cases]
     confirmed = []  # misses where NVIDIA measured another plan faster on the same workload
-    misses = []  # (case, gain_terms, the first plan pipelines less than NVIDIA's)
+    misses = []  # (case, gain_terms, the first plan pipelines less than NVIDIA's, its tokens/s)
     print(f"\nPLAN QUALITY: NVIDIA's plan in `autotune plan --engine megatron` on the same model / GPUs / global batch "
           f"/ seq / precision / run settings ({len(done)} rows); rank: the first place of its tie group in the "
           f"planner's order (intervals without the row's own family's records); speed: 1 + the plans predicted faster")
@@ -169,7 +171,8 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         if rank is not None and rank > 10 and (faster := measured_faster(c.row, all_rows)) is not None:
             confirmed.append((c.row, faster))
         if rank is not None and rank > 10 and top_plan is not None:
-            misses.append((c, gain_terms(top_plan, est), est.plan.pp > 1 and top_plan.plan.pp < est.plan.pp))
+            misses.append((c, gain_terms(top_plan, est), est.plan.pp > 1 and top_plan.plan.pp < est.plan.pp,
+                           top_plan.time.tokens_per_s))
     top10 = sum(1 for r in ranks if r is not None and r <= 10)
     top10_speed = sum(1 for r in speed_ranks if r is not None and r <= 10)
     unfit = sum(1 for r in ranks if r is None)
@@ -188,7 +191,12 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
               f"{plan_summary_of_row(faster)} ({faster['container']}) measured "
               f"{float(faster['tokens_per_s_per_gpu']):.0f} tokens/s/GPU")
     _print_gain_terms(misses)
-    return {"ranks": ranks, "speed_ranks": speed_ranks, "gains": gains, "first_intervals": first_intervals,
+    last = {}
+    if reestimate is not None:
+        from nvidia_last_stage import last_stage_table
+
+        last = last_stage_table([(c, first) for c, _, less, first in misses if less], reestimate, label, show_rows)
+    return {"last_stage": last, "ranks": ranks, "speed_ranks": speed_ranks, "gains": gains, "first_intervals": first_intervals,
             "top10": top10, "confirmed_misses": len(confirmed)}
 
 
@@ -200,7 +208,7 @@ def _print_gain_terms(misses: list) -> None:
           f"of NVIDIA's step; negative: saved), median over the misses:")
     for group, keep in (("all misses", lambda m: True), ("first plan pipelines less than NVIDIA's", lambda m: m[2]),
                         ("the others", lambda m: not m[2])):
-        chosen = [terms for _, terms, less in misses if keep((None, None, less))]
+        chosen = [terms for _, terms, less, _ in misses if keep((None, None, less))]
         if chosen:
             parts = ", ".join(f"{name} {statistics.median(t[name] for t in chosen):+.1%}" for name, _ in STEP_TERMS)
             print(f"  {group:<42} {len(chosen):>3} rows: {parts}")
