@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         result, memory, timing = flags_estimate(args)
     model, cluster, plan = result.model, result.cluster, result.plan
     gains = _setting_gains(result, memory, timing)
+    from autotune.search.last_stage_hint import last_stage_hint
+
+    lighter = last_stage_hint(result, memory, timing)
     releases = engine_releases(args, [plan.engine])
     if args.engine_version:
         print_versions(releases, command="estimate")
@@ -104,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
                          "assumed_settings": assumed_settings(plan, timing, cluster),
-                         "setting_gains": None if gains is None else gains.to_dict()}))
+                         "setting_gains": None if gains is None else gains.to_dict(),
+                         "last_stage_hint": None if lighter is None else lighter.to_dict()}))
     else:
         print(memory_table(model, cluster, plan, result.memory,
                            host_at_save=kept.policy.host_at_save))
@@ -116,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, timing, cluster)))
         if gains is not None:
             print(gains.text())
+        if lighter is not None:
+            print(lighter.text())
         if model.num_mtp_layers and not plan.mtp_layers:
             n = model.num_mtp_layers
             print(f"not trained: the checkpoint's {n} multi-token-prediction module{'s' if n > 1 else ''} "
