@@ -159,6 +159,8 @@ def plan_table(result) -> str:
         lines.append(said)
     if (gains := getattr(result, "setting_gains", None)) is not None and (said := gains.text()):
         lines.append(said)
+    if (lighter := getattr(result, "last_stage_hint", None)) is not None:
+        lines.append(lighter.text().replace("this plan", "#1", 1) + " (`plan --uneven-layouts` searches it)")
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())
     lines.append(f"searched {result.num_enumerated:,} plans in {result.search_time_s:.2f} s: "
                  f"{result.num_feasible:,} feasible; rejected: {pruned or 'none'}")

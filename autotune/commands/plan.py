@@ -188,6 +188,15 @@ def run(args: argparse.Namespace) -> int:
         if set(result.rejections) <= {"batch_triple", "interleave_microbatches"}:
             problems.append(f"global batch {global_batch} is not divisible by micro-batch x dp for any layout: "
                             f"use a multiple of {cluster.num_gpus} (or of a divisor of it that tp*pp*cp leaves)")
+        elif set(result.rejections) <= {"layers_vpp", "vpp_needs_pp", "layers_pp"}:  # the split, not the memory
+            from autotune.legend import rule_meaning
+
+            problems.append(f"every layout allowed splits the {model.num_layers} layers over pipeline stages the "
+                            "engine's split cannot fill ("
+                            + "; ".join(f"{rule}: {rule_meaning(rule)}" for rule in result.rejections)
+                            + "): give another --pp / --vpp"
+                            + ("" if constraints.uneven_layouts else ", or add --uneven-layouts (Megatron-core's "
+                               "uneven splits: embedding / loss slots, first / last stages, an explicit layout)"))
         else:
             problems.append(capacity.infeasibility_hint(model, cluster, seq_len=args.seq_len,
                                                         global_batch=args.global_batch, constraints=constraints))
@@ -196,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
         from autotune.search.setting_gains import with_setting_gains
 
         result = with_setting_gains(result, constraints, memory, time_settings(args))
+        if not constraints.uneven_layouts and result.in_order:  # the search itself tries loss slots when uneven
+            from autotune.search.last_stage_hint import with_last_stage_hint
+
+            result = with_last_stage_hint(result, memory, time_settings(args))
     if args.objective == "goodput":
         from autotune.search.goodput_rank import rank_by_goodput
 

@@ -10,13 +10,13 @@ names the fastest where it gains at least ``MIN_GAIN``. `plan --uneven-layouts` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.cost.estimate import Estimate, estimate
 from autotune.engines import engine_for
 from autotune.rules import plan_problems
 
-__all__ = ["LOSS_SLOTS_TRIED", "MIN_GAIN", "LastStageHint", "last_stage_hint"]
+__all__ = ["LOSS_SLOTS_TRIED", "MIN_GAIN", "LastStageHint", "last_stage_hint", "with_last_stage_hint"]
 
 LOSS_SLOTS_TRIED = (2, 3, 4, 5, 6)
 MIN_GAIN = 0.01
@@ -62,3 +62,8 @@ def last_stage_hint(result: Estimate, memory=None, timing=None) -> LastStageHint
         if est.memory.fits and gain >= MIN_GAIN and (best is None or gain > best.gain):
             best = LastStageHint(loss_slots=k, estimate=est, gain=gain)
     return best
+
+
+def with_last_stage_hint(result, memory=None, timing=None):
+    """A search result (``SearchResult``) with the hint of its first plan (`autotune plan`)."""
+    return replace(result, last_stage_hint=last_stage_hint(result.in_order[0], memory, timing))

@@ -47,6 +47,9 @@ class SearchResult:
     setting_gains: object = None
     """What the opt-in run settings the search left at the engine's defaults would gain on the first plan
     (``autotune.search.setting_gains.SettingGains``; None where not asked: `autotune plan` asks)."""
+    last_stage_hint: object = None
+    """What a lighter last pipeline stage (``--loss-slots K``) would gain on the first plan
+    (``autotune.search.last_stage_hint.LastStageHint``; None where it gains nothing or was not asked)."""
 
     @property
     def in_order(self) -> tuple[Estimate, ...]:
@@ -60,4 +63,5 @@ class SearchResult:
                 "uncertainty": None if self.uncertainty is None else self.uncertainty.to_dict(),
                 "engine_versions": self.engine_versions, "release_defaults": self.release_defaults,
                 "release_cost_settings": self.release_cost_settings,
-                "setting_gains": None if self.setting_gains is None else self.setting_gains.to_dict()}
+                "setting_gains": None if self.setting_gains is None else self.setting_gains.to_dict(),
+                "last_stage_hint": None if self.last_stage_hint is None else self.last_stage_hint.to_dict()}

@@ -51,3 +51,27 @@ def test_no_hint_without_a_pipeline_or_where_the_last_stage_is_not_the_slowest()
     deep = estimate(model, cluster, make_plan(model, cluster, engine="deepspeed", pp=2, zero_stage=1, seq_len=4096,
                                               global_batch_size=64))
     assert last_stage_hint(deep) is None  # an engine that cannot write the split
+
+
+PLAN_8B = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--seq-len", "8192",
+           "--global-batch", "256", "--engine", "megatron", "--pp", "4"]
+
+
+def test_plan_names_it_for_its_first_plan(capsys):
+    assert main([*PLAN_8B, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first, hint = doc["candidates"][0], doc["last_stage_hint"]
+    assert first["plan"]["pp"] == 4 and hint["loss_slots"] in LOSS_SLOTS_TRIED and hint["gain"] > MIN_GAIN
+    assert hint["tokens_per_s"] == pytest.approx(first["time"]["tokens_per_s"] * (1 + hint["gain"]), rel=1e-9)
+    assert main(PLAN_8B) == 0
+    assert f"lighter last stage: #1 with --loss-slots {hint['loss_slots']}" in capsys.readouterr().out
+    assert main([*PLAN_8B, "--uneven-layouts", "--json"]) == 0  # the search tries the loss slots itself
+    assert json.loads(capsys.readouterr().out)["last_stage_hint"] is None
+
+
+def test_a_request_only_the_split_refuses_says_so(capsys):
+    argv = ["plan", "--model", "qwen3-235b-a22b", "--gpu", "gb200", "--num-gpus", "256", "--gpus-per-node", "64",
+            "--engine", "megatron", "--seq-len", "4096", "--global-batch", "8192", "--pp", "8", "--vpp", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot fill" in err and "--uneven-layouts" in err and "does not fit on any number" not in err
