@@ -281,7 +281,7 @@ def _stages_buffers(engine: Engine, model: ModelSpec, plan: ParallelPlan, settin
             _buffers_cache.clear()
         out = []
         for stage, groups, *_ in stages:
-            buffer_parts = engine.buffers(model, plan, groups, settings, fp8_any_layout) | _common_buffer_bytes(
+            buffer_parts = engine.buffers(model, plan, groups, settings, fp8_any_layout, stage) | _common_buffer_bytes(
                 engine, model, plan, stage, groups, settings, fp8_any_layout)
             out.append((buffer_parts, sum(buffer_parts.values())))
         hit = _buffers_cache[key] = (model, settings, tuple(out))

@@ -91,10 +91,11 @@ class Engine(ABC):
         """Weights, gradients, optimizer states (GPU and host) of one GPU of ``stage``."""
 
     def buffers(self, model: ModelSpec, plan: ParallelPlan, groups: ParamGroups,
-                settings: MemorySettings, fp8_any_layout: bool = False) -> dict[str, float]:
+                settings: MemorySettings, fp8_any_layout: bool = False, stage: int = 0) -> dict[str, float]:
         """Engine buffers on one GPU by name (buckets, gathered parameters); default none. ``fp8_any_layout``: the
-        GPU's FP8 GEMMs take either layout (``GPUSpec.fp8_gemm_any_layout``; see :meth:`fp8_copies`)."""
-        del model, plan, groups, settings, fp8_any_layout
+        GPU's FP8 GEMMs take either layout (``GPUSpec.fp8_gemm_any_layout``; see :meth:`fp8_copies`); ``stage``: the
+        pipeline stage whose parameters ``groups`` are (the first holds the embedding, the last the output layer)."""
+        del model, plan, groups, settings, fp8_any_layout, stage
         return {}
 
     def activation_facts(self, plan: ParallelPlan) -> ActivationFacts:

@@ -60,8 +60,8 @@ class DeepSpeedEngine(Engine):
                                                self.support.layer_split)
         return zero_states(plan, dense_params, expert_params, elements)
 
-    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
-        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
+        del fp8_any_layout, stage  # none of its buffers depends on the GPU's FP8 GEMM layouts or the stage
         return zero_buffers(model, plan, groups, settings)
 
     def saved_states_plan(self, plan):

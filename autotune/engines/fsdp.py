@@ -44,6 +44,18 @@ _TP_FACTS = ActivationFacts(selective="op-sac", loss_backward_bytes_per_logit=12
                             fp8_input_bytes=2, moe_expert_outputs_saved=True)
 
 
+def _root_params(model, plan, stage: int) -> float:
+    """Parameters per GPU of the stage's embedding, final norm and output layer, outside its blocks: all of them
+    without pipelining; with it the first stage's embedding and the last stage's norm and output layer (torchtitan
+    builds each stage as the model less the others' parts: pipeline_llama.py ``_build_stage`` at 9dec370). None is a
+    converted Float8 linear (nn.Embedding is no nn.Linear; torchtitan filters "output": float8.py:99 at 9dec370, the
+    ``filter_fqns`` autotune's files write), so they gather in 16 bits whatever the blocks gather in."""
+    if plan.pp == 1:
+        return (model.embedding_params() + model.output_params()).per_gpu(plan.tp, plan.ep)
+    return model.stage_params(0, 0, has_embedding=stage == 0, has_output=stage == plan.pp - 1).per_gpu(
+        plan.tp, plan.ep)
+
+
 class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
@@ -123,14 +135,14 @@ class FSDPEngine(Engine):
         del plan, groups, any_layout
         return 0.0
 
-    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
         del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
         layer = largest_layer(model).per_gpu(plan.tp, plan.ep)
         # Gathered block weights: bf16, or FP8 where torchao's enable_fsdp_float8_all_gather gathers the cast
         # weight (torchao float8/fsdp_utils.py fsdp_pre_all_gather); the root (embedding, norm, output: not
         # converted, torchtitan skips "output") stays bf16.
         block_bytes = 1 if self.fp8_param_gather(plan) else 2
-        root = (model.embedding_params() + model.output_params()).per_gpu(plan.tp, plan.ep) if plan.pp == 1 else 0.0
+        root = _root_params(model, plan, stage)
         out: dict[str, float] = {}
         if plan.zero_stage == 0:
             # Replicated: fully_shard on a (dp, 1) mesh with reshard_after_forward=False (autotune.train.fsdp_model;
@@ -141,7 +153,11 @@ class FSDPEngine(Engine):
             # one H200 (bench/data/h200_fsdp_trials.json, tests/cost/test_h200_measured.py).
             out["unsharded_params"] = 2 * groups.per_gpu(plan.tp, plan.ep)
             return out | self._pipeline_buffers(model, plan, bool(settings.pipeline_buffers_released))
-        if plan.zero_stage == 2:  # every block's parameters stay gathered between its forward and backward
+        if plan.zero_stage == 2:
+            # Every block's parameters stay gathered between its forward and backward, and so do the stage's own
+            # embedding, norm and output layer (16-bit: _root_params) under pipelining too (torchtitan 9dec370
+            # parallelize_llama.py:339 ``reshard_after_forward=not pp_enabled``; v0.2.2 models/llama3/infra/
+            # parallelize.py:324-354, the "default" and "never" policies).
             stage_blocks = groups.per_gpu(plan.tp, plan.ep) - root
             out["unsharded_params"] = block_bytes * stage_blocks + 2 * root
         else:
@@ -150,7 +166,9 @@ class FSDPEngine(Engine):
             # from the start of backward to its end (the output layer's backward comes first) and, in the torch
             # of torchtitan's published runs (2.6), from forward on (_fsdp_state.py _lazy_init: "For the root,
             # do not reshard after forward").
-            out["unsharded_params"] = 2 * block_bytes * layer + 2 * root
+            # With pipelining (torchtitan's "always" policy) the stage's embedding and output layer reshard after
+            # their forward like the blocks; the largest block bounds what they gather.
+            out["unsharded_params"] = 2 * block_bytes * layer + (2 * root if plan.pp == 1 else 0.0)
             out["reduce_scatter_grads"] = (2 + 4) * layer
         # With every micro-batch's gradients reduce-scattered into the shards as its backward ends
         # (MemorySettings.grad_accumulation_sharded, Meta's Llama 3 stack), a pipeline stage holds the gradient

@@ -59,8 +59,8 @@ class HFEngine(Engine):
     def model_states(self, model, plan, stage, dense_params, expert_params):
         return DeepSpeedEngine().model_states(model, plan, stage, dense_params, expert_params)
 
-    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
-        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
+        del fp8_any_layout, stage  # none of its buffers depends on the GPU's FP8 GEMM layouts or the stage
         return zero_buffers(model, plan, groups, settings)
 
     def saved_states_plan(self, plan):

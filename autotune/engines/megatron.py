@@ -210,7 +210,8 @@ class MegatronEngine(Engine):
     def grad_reduce_bytes(self, plan) -> float:
         return MEGATRON_FSDP_GRAD_BYTES if plan.zero_stage >= 2 else float(megatron_grad_bytes(plan))
 
-    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
+        del stage  # its buffers follow the stage's parameter groups alone
         if plan.zero_stage < 2:
             return {}
         # The unsharded FP8 weights of a unit: the row-wise copy and the column-wise one (MXFP8 gathers each for its

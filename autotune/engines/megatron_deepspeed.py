@@ -45,8 +45,8 @@ class MegatronDeepSpeedEngine(Engine):
             return bf16_optimizer_states(plan, dense_params, expert_params)
         return zero_states(plan, dense_params, expert_params)
 
-    def buffers(self, model, plan, groups, settings, fp8_any_layout=False) -> dict[str, float]:
-        del fp8_any_layout  # none of its buffers depends on the GPU's FP8 GEMM layouts
+    def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
+        del fp8_any_layout, stage  # none of its buffers depends on the GPU's FP8 GEMM layouts or the stage
         return zero_buffers(model, plan, groups, settings) if plan.zero_stage >= 2 else {}
 
     def grad_reduce_bytes(self, plan) -> float:
