@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     accuracy_table(cases, args.rows)
     gpu_pairs_table(cases, args.rows)
     settings_table([c for c in cases if c.predicted is not None])
-    plan_quality_table(cases, args.rows, label, run_estimate)
+    plan_quality_table(cases, args.rows, label, last_stage=True)
     return 0
 
 

@@ -2,11 +2,12 @@
 
 On the plan-quality misses where the planner's first plan pipelines less than NVIDIA's (bench/nvidia_plan_quality.py
 ``gain_terms``), the gain is the slowest stage's compute: the last stage carries the output layer and loss, which
-Megatron-core's ``--account-for-loss-in-pipeline-split`` counts as one layer's slot. This re-estimates NVIDIA's own
-plan with the last stage lightened (``autotune estimate ... --loss-slots K``, K = 2..6: the output layer and loss take
-K layer slots, the layers moved to the earlier stages, written as ``--pipeline-model-parallel-layout``) and keeps the
-fastest K. Where that recovers most of the first plan's gain, the planner's claim is about the split, not about
-pipelining: NVIDIA's layout with a lighter last stage would do as well, by the same model.
+Megatron-core's ``--account-for-loss-in-pipeline-split`` counts as one layer's slot. This asks `autotune estimate`
+of NVIDIA's own plan what it says a user: its ``lighter last stage`` hint (``autotune.search.last_stage_hint``: the
+fastest ``--loss-slots K``, K = 2..6, where the last stage is the slowest, that passes the rules, fits and gains 1% or
+more; written as ``--pipeline-model-parallel-layout``). Where that recovers most of the first plan's gain, the
+planner's claim is about the split, not about pipelining: NVIDIA's layout with a lighter last stage would do as
+well, by the same model. A row without a hint (the last stage not the slowest, or no K gains) counts as +0%.
 """
 
 from __future__ import annotations
@@ -14,51 +15,41 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from autotune.errors import InputError
+from autotune.cli import build_parser
+from autotune.commands.estimate import flags_estimate
+from autotune.search.last_stage_hint import LastStageHint, last_stage_hint
 
-__all__ = ["LOSS_SLOTS", "lightened", "last_stage_table"]
-
-LOSS_SLOTS = (2, 3, 4, 5, 6)
-
-
-def lightened(argv: list[str], reestimate: Callable[[list[str]], object]) -> tuple[int, object] | None:
-    """(K, estimate) of the fastest ``--loss-slots K`` that the plan of ``argv`` runs, or None (no K is valid)."""
-    best = None
-    for k in LOSS_SLOTS:
-        try:
-            est = reestimate([*argv, "--loss-slots", str(k)])
-        except InputError:
-            continue  # a K that empties a virtual stage (or a plan without a pipeline)
-        if best is None or est.time.tokens_per_s > best[1].time.tokens_per_s:
-            best = (k, est)
-    return best
+__all__ = ["hint_of", "last_stage_table"]
 
 
-def last_stage_table(misses: list, reestimate: Callable[[list[str]], object], label: Callable[[dict], str],
-                     show_rows: bool) -> dict:
-    """For each miss (case, the first plan's tokens/s) whose NVIDIA plan is pipelined: NVIDIA's plan with its last
-    stage lightened against NVIDIA's plan as run and against the planner's first plan."""
+def hint_of(argv: list[str]) -> LastStageHint | None:
+    """`autotune estimate ARGV`'s ``lighter last stage`` hint (its own parsing, estimate and settings)."""
+    result, memory, timing = flags_estimate(build_parser().parse_args(argv))
+    return last_stage_hint(result, memory, timing)
+
+
+def last_stage_table(misses: list, label: Callable[[dict], str], show_rows: bool) -> dict:
+    """For each miss (case, the first plan's tokens/s) whose NVIDIA plan is pipelined: the hint's gain over NVIDIA's
+    plan as run, and the first plan's gain over the lightened plan."""
     recovered, lifted, left = [], [], []
     for case, first_tokens_per_s in misses:
         est = case.result
         if est.plan.pp < 2:
             continue
-        argv = [*case.argv, *case.flags.argv, "--recompute", est.plan.recompute]
-        found = lightened(argv, reestimate)
-        if found is None:
-            continue
-        k, light = found
+        hint = hint_of([*case.argv, *case.flags.argv, "--recompute", est.plan.recompute])
+        lift = hint.gain if hint is not None else 0.0
         gain = first_tokens_per_s / est.time.tokens_per_s - 1
-        lift = light.time.tokens_per_s / est.time.tokens_per_s - 1
         lifted.append(lift)
-        left.append(first_tokens_per_s / light.time.tokens_per_s - 1)
-        recovered.append(lift / gain if gain > 0 else 1.0)
+        left.append((1 + gain) / (1 + lift) - 1)
+        recovered.append(min(1.0, lift / gain) if gain > 0 else 1.0)
         if show_rows:
-            print(f"  {label(case.row):<84} --loss-slots {k}: {lift:+.1%} over NVIDIA's plan; first plan "
-                  f"{gain:+.1%}, {left[-1]:+.1%} over the lightened one")
+            said = f"--loss-slots {hint.loss_slots}: {lift:+.1%}" if hint is not None else "no lighter split gains"
+            print(f"  {label(case.row):<84} {said} over NVIDIA's plan; first plan {gain:+.1%}, {left[-1]:+.1%} over "
+                  f"the lightened one")
     if lifted:
-        print(f"NVIDIA's pipelined plans among the misses, with the last stage lightened (--loss-slots 2-6, the "
-              f"fastest): {len(lifted)} rows; median {statistics.median(lifted):+.1%} over NVIDIA's plan as run, the "
-              f"planner's first plan then median {statistics.median(left):+.1%} ahead (share of its gain recovered: "
-              f"median {statistics.median(recovered):.0%})")
+        print(f"NVIDIA's pipelined plans among the misses, with `estimate`'s lighter last stage (--loss-slots 2-6 where "
+              f"the last stage is the slowest; +0% where none gains): {len(lifted)} rows, {sum(x > 0 for x in lifted)} "
+              f"lightened; median {statistics.median(lifted):+.1%} over NVIDIA's plan as run, the planner's first plan "
+              f"then median {statistics.median(left):+.1%} ahead (share of its gain recovered: median "
+              f"{statistics.median(recovered):.0%})")
     return {"lifted": lifted, "left": left, "recovered": recovered}

@@ -119,10 +119,9 @@ def gain_terms(top, nvidia) -> dict[str, float]:
     return {name: (getattr(top.time, attr) - getattr(nvidia.time, attr)) / step for name, attr in STEP_TERMS}
 
 
-def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str],
-                       reestimate: Callable[[list[str]], object] | None = None) -> dict:
-    """The plan-quality table of the estimated rows (``label``: a row's name in the table; ``reestimate``: an
-    estimate of a command line, for NVIDIA's pipelined plans with a lighter last stage: bench/nvidia_last_stage.py)."""
+def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str], last_stage: bool = False) -> dict:
+    """The plan-quality table of the estimated rows (``label``: a row's name in the table; ``last_stage``: NVIDIA's
+    pipelined plans among the misses with a lighter last stage too, bench/nvidia_last_stage.py)."""
     done = [c for c in cases if c.predicted is not None]
     searches: dict[tuple, object] = {}
     ranks, speed_ranks, gains, first_intervals = [], [], [], []
@@ -192,10 +191,10 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
               f"{float(faster['tokens_per_s_per_gpu']):.0f} tokens/s/GPU")
     _print_gain_terms(misses)
     last = {}
-    if reestimate is not None:
+    if last_stage:
         from nvidia_last_stage import last_stage_table
 
-        last = last_stage_table([(c, first) for c, _, less, first in misses if less], reestimate, label, show_rows)
+        last = last_stage_table([(c, first) for c, _, less, first in misses if less], label, show_rows)
     return {"last_stage": last, "ranks": ranks, "speed_ranks": speed_ranks, "gains": gains, "first_intervals": first_intervals,
             "top10": top10, "confirmed_misses": len(confirmed)}
 
