@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 from autotune.cost.estimate import Estimate, estimate
 from autotune.engines import engine_for
 from autotune.rules import plan_problems
+from autotune.search.setting_gains import MIN_GAIN  # gains under 1% are not named: the model's error is larger
+from autotune.search.space import UNEVEN_LOSS_SLOTS
 
 __all__ = ["LOSS_SLOTS_TRIED", "MIN_GAIN", "LastStageHint", "last_stage_hint", "with_last_stage_hint"]
 
-LOSS_SLOTS_TRIED = (2, 3, 4, 5, 6)
-MIN_GAIN = 0.01
-"""Gains under 1% are not named (the model's error is several percent)."""
+LOSS_SLOTS_TRIED = UNEVEN_LOSS_SLOTS
+"""The K tried: those `plan --uneven-layouts` searches."""
 
 
 @dataclass(frozen=True, slots=True)
