@@ -141,13 +141,13 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                 rejections[first] += len(variants) * per_variant
                                 continue
                             layout = layout or _layout_plan(*shape)
-                            _search_variants(model, cluster, layout, variants, dims, engine_memory, engine_time,
-                                             min_headroom, rejections, feasible, variant_rules)
+                            rest = (variants, dims, engine_memory, engine_time, min_headroom, rejections, feasible,
+                                    variant_rules)
+                            _search_variants(model, cluster, layout, *rest)
                             if dims.loss_slots and pp > 1 and engine_for(engine).support.loss_slots:
                                 enumerated += search_loss_slots(model, layout, dims, len(variants) * per_variant,
-                                                                rejections, lambda plan: _search_variants(
-                                    model, cluster, plan, variants, dims, engine_memory, engine_time, min_headroom,
-                                    rejections, feasible, variant_rules))
+                                                                rejections, lambda p: _search_variants(model, cluster,
+                                                                                                       p, *rest))
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started
