@@ -47,7 +47,8 @@ NOTATION: dict[str, str] = {
     "compiled|eager": "run under torch.compile, or not (--compile / --no-compile)",
     "loss-chunksN": "the output layer and loss computed in N chunks of the sequence (--loss-chunks)",
     "loss-slotsN": "the pipeline split counts the embedding as one layer slot and the output layer and loss as N, "
-                   "the last stage holding fewer layers (--loss-slots; Megatron --pipeline-model-parallel-layout)",
+                   "the last stage holding fewer layers (--loss-slots; Megatron --pipeline-model-parallel-layout, "
+                   "torchtitan pipeline_parallel_last_stage_less_layers)",
     "act-offloadN": "the saved activations of the first N layers offloaded to host memory in forward and reloaded "
                     "for backward (--activation-offload-layers: Megatron --cpu-offloading-num-layers)",
     "mtpN": "N multi-token-prediction modules trained after the last layer, each one more layer and the output layer "
@@ -135,8 +136,8 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
     "fp8_attention": "the engine cannot run attention in FP8 (Megatron only; not with this FP8 recipe)",
     "fp8_output_proj": "the engine cannot run the output layer in MXFP8 (Megatron-core 0.18+ only)",
-    "loss_slots": "the engine cannot give the output layer and loss these layer slots (Megatron only; pp > 1; "
-                  "no virtual stage emptied)",
+    "loss_slots": "the engine cannot give the output layer and loss these layer slots (Megatron and fsdp / "
+                  "torchtitan only; pp > 1; no virtual stage emptied, or one torchtitan's split refuses)",
     "moe_capacity_factor": "the engine cannot drop tokens over an expert capacity (or not so for this model)",
     "full_iteration_moe": "its whole-iteration CUDA graph cannot capture MoE layers whose dispatcher syncs on the host",
     "cp_comm_type": "the engine has no such context-parallel exchange (or not for this model or layout)",

@@ -161,9 +161,11 @@ def test_memory_follows_the_stage_layers():
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--engine", "fsdp", "--zero", "3", "--pp", "2"], "its files cannot give the output layer and loss 2 layer "
-                                                       "slots of the pipeline split (Megatron-core's --pipeline-model-"
-                                                       "parallel-layout): use --engine megatron, or drop --loss-slots"),
+    (["--engine", "deepspeed", "--zero", "1", "--pp", "2"], "its files cannot give the output layer and loss 2 layer "
+                                                            "slots of the pipeline split (Megatron-core's --pipeline-"
+                                                            "model-parallel-layout, torchtitan's pipeline_parallel_"
+                                                            "last_stage_less_layers): use --engine megatron or fsdp, "
+                                                            "or drop --loss-slots"),
     (["--engine", "megatron"], "no pipeline (pp=1): use --pp 2 or more, or drop --loss-slots"),
 ])
 def test_the_cli_refuses_it_where_it_cannot_run(capsys, flags, words):

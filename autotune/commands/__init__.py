@@ -184,7 +184,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
                         "first virtual stage and the output layer + loss as K slots on the last (L + 1 + K slots over "
                         "pp x vpp, the earlier virtual stages one more; K = 1 is --account-for-embedding/loss-in-"
                         "pipeline-split), written as --pipeline-model-parallel-layout where no other flags give it; "
-                        "default: the engine's own split")
+                        "fsdp (torchtitan) with --pp > 1: torchtitan's split with pipeline_parallel_last_stage_less_"
+                        "layers = K; default: the engine's own split")
     add_run_settings(g)
     add_peft_flags(g)
     g.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=True,

@@ -112,7 +112,8 @@ class EngineSupport:
     ``fp8_dot_product_attention``); none: attention runs in 16 bits whatever the precision."""
     loss_slots: bool = False
     """Its files can give the output layer and loss more than one layer slot of the pipeline split
-    (``ParallelPlan.loss_slots``: Megatron-core's --pipeline-model-parallel-layout, or its account-for flags)."""
+    (``ParallelPlan.loss_slots``: Megatron-core's --pipeline-model-parallel-layout, or its account-for flags;
+    torchtitan's ``pipeline_parallel_last_stage_less_layers``)."""
     fp8_output_proj: bool = False
     """Its files can run the output layer (LM head) in MXFP8 (``ParallelPlan.fp8_output_proj``, Megatron-core
     ``fp8_output_proj``, core_v0.18+); none: the output layer is 16-bit whatever the precision."""

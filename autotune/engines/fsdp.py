@@ -71,7 +71,10 @@ class FSDPEngine(Engine):
                             # MXFP8LinearConverter); parallelism.enable_async_tensor_parallel; compile
                             fp8_recipes=("torchao-tensorwise", "torchao-rowwise", "torchao-mxfp8"),
                             tp_overlaps=("none", "async-tp"),
-                            torch_compile=True, loss_chunks=True)  # torchtitan 0.3 ChunkedLossWrapper
+                            torch_compile=True, loss_chunks=True,  # torchtitan 0.3 ChunkedLossWrapper
+                            # [parallelism] pipeline_parallel_last_stage_less_layers: the output as k layers of
+                            # torchtitan's split (layout.torchtitan_split)
+                            loss_slots=True)
     comm = CommSchedule(dp_overlap="per_layer", param_gather="fsdp2", pipeline_schedule="1f1b",
                         # torch context_parallel: _cp_options.rotate_method ALL_GATHER, torchtitan
                         # parallelism.context_parallel_rotate_method = "allgather" (config/job_config.py, v0.2.2)
@@ -90,7 +93,9 @@ class FSDPEngine(Engine):
     trainer_module = "autotune.train.fsdp"
     sources = {"zero_stage": "FSDP2 fully_shard has no optimizer-only sharding: use zero_stage 2 or 3",
                "offload_optimizer": "torch.distributed.fsdp.CPUOffloadPolicy",
-               "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy"}
+               "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy",
+               "loss_slots": "torchtitan@73a0e69 (v0.2.2) torchtitan/distributed/pipeline_parallel.py:266-296 "
+                             "generate_llm_fqn_per_model_part (output_weight = pipeline_parallel_last_stage_less_layers)"}
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []

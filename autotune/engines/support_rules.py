@@ -102,23 +102,44 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
 
 def _loss_slot_rules(s: EngineSupport, model: ModelSpec, plan: ParallelPlan, bad) -> None:
     """A plan's ``loss_slots`` (``layout.split_scheme``): the engine's files must write the split, there must be a
-    pipeline (the plan's own check, ``plan_values.loss_slots_problems``), and the split must leave no virtual stage without a layer but the embedding's and the loss's."""
+    pipeline (the plan's own check, ``plan_values.loss_slots_problems``), and the split must exist: Megatron's
+    leave no virtual stage without a layer but the embedding's and the loss's, torchtitan's pass its own checks."""
     k, pp, vpp = plan.loss_slots, plan.pp, plan.vpp
     if not s.loss_slots:
         bad("loss_slots", f"its files cannot give the output layer and loss {k} layer slots of the pipeline split "
-                          f"(Megatron-core's --pipeline-model-parallel-layout): use --engine megatron, or drop "
+                          f"(Megatron-core's --pipeline-model-parallel-layout, torchtitan's "
+                          f"pipeline_parallel_last_stage_less_layers): use --engine megatron or fsdp, or drop "
                           f"--loss-slots")
-    elif pp > 1 and virtual_layout(model.num_layers, pp, vpp, _scheme(model, plan, k)) is None:
-        ok = [j for j in range(k - 1, 0, -1) if virtual_layout(model.num_layers, pp, vpp, _scheme(model, plan, j))]
+    elif pp > 1 and virtual_layout(model.num_layers, pp, vpp, _scheme(s, model, plan, k)) is None:
+        ok = [j for j in range(k - 1, 0, -1) if virtual_layout(model.num_layers, pp, vpp, _scheme(s, model, plan, j))]
+        fix = "use " + (f"--loss-slots {ok[0]} or less, or " if ok else "") + "fewer virtual stages (--vpp), or drop " \
+                                                                              "--loss-slots"
+        if s.layer_split == "any":
+            bad("loss_slots", f"--loss-slots {k}: {_torchtitan_refusal(model.num_layers, pp * vpp, k)}: {fix}")
+            return
         bad("loss_slots", f"--loss-slots {k}: {model.num_layers} layers + the embedding's slot + {k} loss slots"
                           + (f" + {2 * plan.mtp_layers} MTP slots" if plan.mtp_layers else "")
                           + f" over pp x vpp = {pp} x {vpp} virtual stages leave one with no layer, neither the "
-                          f"embedding nor the loss: use " + (f"--loss-slots {ok[0]} or less, or " if ok else "")
-                          + "fewer virtual stages (--vpp), or drop --loss-slots")
+                          f"embedding nor the loss: {fix}")
 
 
-def _scheme(model: ModelSpec, plan: ParallelPlan, k: int) -> str:
-    return split_scheme("megatron", plan.mtp_layers, model.num_layers, plan.pp, plan.vpp, k)
+def _torchtitan_refusal(num_layers: int, stages: int, k: int) -> str:
+    """What torchtitan's split raises for the output as k layers (pipeline_parallel_last_stage_less_layers = k) over
+    ``stages`` virtual stages: ``generate_llm_fqn_per_model_part``, pytorch/torchtitan@73a0e69 (v0.2.2)
+    torchtitan/distributed/pipeline_parallel.py:266-296 (``_generate_llm_fqn_per_model_part``, b5bcd76 :389-419)."""
+    effective = num_layers + 1 + k
+    told = (f"torchtitan counts the embedding as 1 layer and the output layer and loss as {k} "
+            f"(pipeline_parallel_last_stage_less_layers), {num_layers} + 1 + {k} = {effective} effective layers over "
+            f"{stages} virtual stages")
+    if stages > effective:
+        return (f"{told}, and raises \"Number of stages ({stages}) cannot be greater than effective layers "
+                f"({effective})\"")
+    return (f"{told}, {effective // stages} a stage, and raises \"output_weight ({k}) exceeds minimum layers per stage "
+            f"({effective // stages})\"")
+
+
+def _scheme(s: EngineSupport, model: ModelSpec, plan: ParallelPlan, k: int) -> str:
+    return split_scheme(s.layer_split, plan.mtp_layers, model.num_layers, plan.pp, plan.vpp, k)
 
 
 def _run_setting_rules(s: EngineSupport, plan: ParallelPlan, bad) -> None:

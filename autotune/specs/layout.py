@@ -18,7 +18,9 @@ Two schemes, as the engines do it:
   it can express either); where there are fewer layers than stages (pp x vpp virtual stages, up to
   layers + 2), torchtitan's own split (:func:`torchtitan_split`): the embedding and the output count as a
   layer each, so the first chunk may hold the embedding alone and the last the norm + output alone
-  (Llama 3 405B: 126 layers on 16 x 8 virtual stages, Llama 3 paper Sec. 3.3.2).
+  (Llama 3 405B: 126 layers on 16 x 8 virtual stages, Llama 3 paper Sec. 3.3.2). A plan's ``loss_slots`` K
+  (``any+lossK``): torchtitan's own split over the pp x vpp virtual stages with the output as K layers
+  (``torchtitan_split(L, pp x vpp, 1, K)``, ``pipeline_parallel_last_stage_less_layers = K``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _slot_split(num_layers: int, pp: int, extra: int = 0, empty_ends: bool = Fal
 
 MTP_SCHEME = "+mtp"
 LOSS_SCHEME = "+loss"
-_SCHEME = re.compile(r"([a-z]+)(?:\+mtp(\d+))?(?:\+loss(\d+))?")
+VPP_SCHEME = "+vpp"
+_SCHEME = re.compile(r"([a-z]+)(?:\+mtp(\d+))?(?:\+loss(\d+))?(?:\+vpp(\d+))?")
 
 
 def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: int = 1, vpp: int = 1,
@@ -90,7 +93,13 @@ def split_scheme(scheme: str, mtp_layers: int | None, num_layers: int = 0, pp: i
     too): L + 1 + k (+ 2N) slots over the pp x vpp virtual stages, the earlier ones one slot more. k = 1 is
     Megatron-core's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split where L + 2
     divides evenly (transformer_block.py:148-201); no fallback: a k that empties a virtual stage has no layout
-    (``virtual_layout`` None; the megatron engine refuses it, ``support_rules``)."""
+    (``virtual_layout`` None; the megatron engine refuses it, ``support_rules``).
+
+    torchtitan's (``any``) with loss_slots k, pp > 1: ``any+lossK`` (``any+lossK+vppV`` with V > 1 virtual stages a
+    rank, whose chunks give each rank its layers): ``torchtitan_split(L, pp x vpp, 1, k)``, as torchtitan splits
+    with ``pipeline_parallel_last_stage_less_layers = k`` (None where it raises; the fsdp engine refuses it)."""
+    if scheme == "any" and loss_slots and pp > 1:
+        return f"{scheme}{LOSS_SCHEME}{loss_slots}" + (f"{VPP_SCHEME}{vpp}" if vpp > 1 else "")
     if scheme != "megatron" or not (mtp_layers or (loss_slots and pp > 1)):
         return scheme
     if loss_slots and pp > 1:
@@ -108,21 +117,25 @@ def scheme_parts(scheme: str) -> tuple[str, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _scheme_parts(scheme: str) -> tuple[str, int, int]:
-    """(the engine's scheme, the MTP modules, the loss slots :func:`split_scheme` added; 0 where none)."""
+def _scheme_parts(scheme: str) -> tuple[str, int, int, int]:
+    """(the engine's scheme, the MTP modules, the loss slots :func:`split_scheme` added, 0 where none; the virtual
+    stages a rank, 1 where not given)."""
     m = _SCHEME.fullmatch(scheme)
     if m is None:
         raise ValueError(f"unknown split scheme {scheme!r}")
-    return m.group(1), int(m.group(2) or 0), int(m.group(3) or 0)
+    return m.group(1), int(m.group(2) or 0), int(m.group(3) or 0), int(m.group(4) or 1)
 
 
 @functools.lru_cache(maxsize=4096)
 def _counts(num_layers: int, pp: int, scheme: str) -> tuple[tuple[int, ...] | None, int]:
     """(layer_counts, the slots its last stage gave up beyond the loss's one: the MTP modules' where counted, the
     loss slots beyond the first; 0 where none)."""
-    base, mtp, loss = _scheme_parts(scheme)
+    base, mtp, loss, vpp = _scheme_parts(scheme)
     if base not in SPLIT_SCHEMES:
         raise ValueError(f"unknown split scheme {scheme!r}")
+    if loss and base == "any":  # torchtitan's split with the loss as k layers: each rank its chunks' layers
+        chunks = torchtitan_split(num_layers, pp * vpp, 1, loss)
+        return (None if chunks is None else tuple(sum(chunks[s::pp]) for s in range(pp))), 0
     if loss and base == "megatron":  # a plan's loss_slots: the slot split always (split_scheme)
         if pp == 1:
             return (num_layers,), 0
@@ -161,7 +174,9 @@ def virtual_layout(num_layers: int, pp: int, vpp: int, scheme: str = "megatron")
     slots (its ``layer_counts(L, pp, scheme)`` layers, plus the embedding on stage 0 and the loss on the last) go to
     its chunks evenly, the earlier chunks one more, so every stage keeps the layers the cost model gives it.
     ``any`` (torchtitan's module names) where that leaves a chunk empty: ``layer_counts(L, pp x vpp, "any")``."""
-    _, mtp, loss = _scheme_parts(scheme)
+    base, mtp, loss, _ = _scheme_parts(scheme)
+    if loss and base == "any":  # torchtitan's own split, the loss as k layers (split_scheme)
+        return torchtitan_split(num_layers, pp * vpp, 1, loss)
     if num_layers % (pp * vpp) == 0 and not loss:  # even: --num-layers-per-virtual-pipeline-stage alone
         return (num_layers // (pp * vpp),) * (pp * vpp)
     counts, extra = _counts(num_layers, pp, scheme)

@@ -48,7 +48,7 @@ def unsupported_reason(model, plan, scheme: str | None = None) -> str | None:
     from autotune.engines import engine_for
     from autotune.train.pipelining import stage_problem
 
-    scheme = scheme or engine_for(plan).support.layer_split
+    scheme = scheme or engine_for(plan).layer_split_of(plan, model.num_layers)  # a plan's loss_slots too
     if plan.cp > 1:
         return CP_REFUSED
     if plan.ep > 1:
@@ -133,7 +133,7 @@ def build(est, device, seed: int):
     # No recompute of the model's own: apply_ac wraps the blocks (full: checkpoint_wrapper; selective: op-level SAC).
     full = build_model(spec, seq_len=plan.seq_len, recompute="none", flash_attention=plan.flash_attention,
                        dtype=torch.float32)
-    stages = virtual_stages(spec.num_layers, plan.pp, plan.vpp, engine_for(plan).support.layer_split)
+    stages = virtual_stages(spec.num_layers, plan.pp, plan.vpp, engine_for(plan).layer_split_of(plan, spec.num_layers))
     chunked = (plan.loss_chunks or 1) > 1
     pp_rank = mesh["pp"].get_local_rank()
     stage_ids = [pp_rank + i * plan.pp for i in range(plan.vpp)] if plan.pp > 1 else [0]

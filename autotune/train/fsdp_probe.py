@@ -212,7 +212,7 @@ def compare(doc: dict) -> list[tuple[str, str, int, float]]:
         ledger = {"params": s.weights + s.host_weights, "grads": s.gradients + s.host_gradients,
                   "optimizer_states": s.optimizer_states + s.host_optimizer_states}
         parts = stage_activation_bytes(model, plan, 0, engine_for(plan).activation_facts(plan),
-                                       engine_for(plan).support.layer_split)
+                                       engine_for(plan).layer_split_of(plan, model.num_layers))
         # what the forward leaves saved: the recompute working set and the loss's gradients come in backward
         act = sum(v for k, v in parts.items() if k not in ("recompute_working_set", "loss_backward"))
         if model.norm == "layernorm":  # blocks under full recompute or op-level SAC keep no norm statistics
