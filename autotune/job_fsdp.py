@@ -86,10 +86,17 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         elif recipe is not None:
             notes.append(f"{path}: float8 recipe_name {recipe!r} is not modelled: estimated as tensorwise")
     parts, per_stage = data.get("model_parts"), p.get("pipeline_parallel_layers_per_stage")
-    if pp > 1 and isinstance(parts, int) and parts % pp == 0:  # the 0.3 module's stage lists
+    names = p.get("module_fqns_per_model_part")
+    parts = len(names) if parts is None and isinstance(names, list) and names else parts
+    weights, loss_slots = _stage_weights(path, p, pp, notes)
+    if pp > 1 and isinstance(parts, int) and parts % pp == 0:  # stage lists: the 0.3 module's, or the TOML's
         out["vpp"] = parts // pp
     elif pp > 1 and isinstance(per_stage, int) and per_stage > 0 and out["model"] is not None:
-        out["vpp"] = max(1, out["model"].num_layers // (pp * per_stage))
+        # torchtitan's stage count: ceil((L + first_less + last_less) / per) (v0.2.2 pipeline_parallel.py:75-77)
+        stages = -(-(out["model"].num_layers + sum(weights)) // per_stage)
+        out["vpp"] = max(1, stages // pp)
+    if loss_slots is not None:
+        out["loss_slots"] = loss_slots
     if isinstance(data.get("loss_chunks"), int) and data["loss_chunks"] > 1:  # the 0.3 module's loss
         out["loss_chunks"] = data["loss_chunks"]
     if file_kind(path) != "torchtitan-module":  # 0.3 has no expert tensor parallelism of its own
@@ -102,6 +109,25 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
     if preset is None:
         notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
     return out, world
+
+
+def _stage_weights(path: str, p: dict, pp: int, notes: list[str]) -> tuple[tuple[int, int], int | None]:
+    """(``pipeline_parallel_first/last_stage_less_layers`` as given, (1, 1) where absent: torchtitan's defaults,
+    v0.2.2 job_config.py:377-388; the plan's ``loss_slots``). The last is read as the loss_slots where not 1 (the
+    output as that many layers of torchtitan's split, ``layout.split_scheme``); 0 / 0, which autotune writes for
+    layers even over the stages, and 1 / 1 are the engine's own split (None). A first other than 1 is not modelled:
+    said, and estimated as 1."""
+    given = [p.get(f"pipeline_parallel_{end}_stage_less_layers", 1) for end in ("first", "last")]
+    first, last = (v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 1 for v in given)
+    if pp == 1 or (first, last) in ((0, 0), (1, 1)):
+        return (first, last), None
+    if first != 1:
+        notes.append(f"{path}: [parallelism] pipeline_parallel_first_stage_less_layers {first} is not modelled "
+                     "(autotune's split counts the embedding as 1 layer): estimated with 1")
+    if last == 0:
+        notes.append(f"{path}: [parallelism] pipeline_parallel_last_stage_less_layers 0 is not modelled (the output "
+                     "as 1 layer or more, loss_slots): estimated with the engine's own split")
+    return (first, last), (last if last > 1 else None)
 
 
 def _expert_tp(path: str, p: dict, shard: int, tp: int, cp: int, ep: int) -> dict:

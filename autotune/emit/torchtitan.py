@@ -28,7 +28,7 @@ from autotune.emit.torchtitan_models import expert_problems_02, model_problems_0
 from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import torchtitan_split, virtual_layout
+from autotune.specs.layout import split_scheme, torchtitan_split, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -83,7 +83,7 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
     if plan.offload_optimizer != plan.offload_param or "nvme" in (plan.offload_param, plan.offload_optimizer):
         out.append("torchtitan's enable_cpu_offload moves parameters, gradients and optimizer states together to "
                    "CPU: offload both to cpu, or neither")
-    if plan.vpp > 1 and virtual_layout(model.num_layers, plan.pp, plan.vpp, "any") is None:
+    if plan.vpp > 1 and not plan.loss_slots and virtual_layout(model.num_layers, plan.pp, plan.vpp, "any") is None:
         out.append(f"vpp={plan.vpp}: number of stages (pp x vpp = {plan.pp * plan.vpp}) cannot be greater than "
                    f"effective layers ({model.num_layers} layers + the embedding + the output; torchtitan "
                    "pipeline_parallel.py generate_llm_fqn_per_model_part): lower vpp")
@@ -134,7 +134,9 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
     if plan.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan.vpp > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
-        if plan.vpp > 1:
+        if plan.loss_slots:
+            parallelism.update(_loss_slot_fields(model.num_layers, plan.pp, plan.vpp, plan.loss_slots))
+        elif plan.vpp > 1:
             parallelism.update(_virtual_stage_fields(model.num_layers, plan.pp, plan.vpp))
     if plan.tp_overlap == "async-tp":  # needs compile (torchtitan_compiles turns it on)
         parallelism["enable_async_tensor_parallel"] = True
@@ -204,13 +206,36 @@ def _virtual_stage_fields(num_layers: int, pp: int, vpp: int) -> dict:
                 return {"pipeline_parallel_layers_per_stage": per,
                         "pipeline_parallel_first_stage_less_layers": 1, "pipeline_parallel_last_stage_less_layers": 1}
     # Any other split: the module names of every stage (job_config.py:367; used as given, pipeline_parallel.py:117-121).
+    return {"module_fqns_per_model_part": _stage_names(counts)}
+
+
+def _loss_slot_fields(num_layers: int, pp: int, vpp: int, k: int) -> dict:
+    """The [parallelism] fields of a plan's ``loss_slots`` k: torchtitan v0.2.2's own split with the embedding as 1
+    layer and the norm + output as k (``pipeline_parallel_first/last_stage_less_layers``, job_config.py:377-388;
+    pytorch/torchtitan@73a0e69 torchtitan/distributed/pipeline_parallel.py:67-68, 119-121), over pp stages with 1F1B
+    (one a rank, :110-115), over pp x vpp with the ``pipeline_parallel_layers_per_stage`` that gives that many
+    (ceil((L + 1 + k) / per), :71-77), else the same split as module names (which torchtitan then uses as given; the
+    two weights stay, so ``estimate --from`` reads k back): ``layout.virtual_layout(L, pp, vpp, "any+lossK...")``."""
+    weights = {"pipeline_parallel_first_stage_less_layers": 1, "pipeline_parallel_last_stage_less_layers": k}
+    if vpp == 1:
+        return weights
+    stages, effective = pp * vpp, num_layers + 1 + k
+    per = next((n for n in range(1, effective + 1) if -(-effective // n) == stages), None)
+    if per is not None:
+        return {"pipeline_parallel_layers_per_stage": per} | weights
+    counts = virtual_layout(num_layers, pp, vpp, split_scheme("any", None, num_layers, pp, vpp, k))
+    return {"module_fqns_per_model_part": _stage_names(counts)} | weights
+
+
+def _stage_names(counts) -> list[list[str]]:
+    """torchtitan v0.2.2's module names of each (virtual) stage holding ``counts`` layers, first to last."""
     names, first = [], 0
     for n in counts:
         names.append([f"layers.{i}" for i in range(first, first + n)])
         first += n
     names[0].insert(0, "tok_embeddings")
     names[-1] += ["norm", "output"]
-    return {"module_fqns_per_model_part": names}
+    return names
 
 
 def _value(v) -> str:

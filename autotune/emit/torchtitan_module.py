@@ -27,7 +27,7 @@ from autotune.emit.torchtitan_models import model_problems_03
 from autotune.emit.torchtitan_recipes import NO_RECIPE_03, TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import virtual_layout
+from autotune.specs.layout import split_scheme, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -48,6 +48,8 @@ MX_FQNS = {"llama3": ["attention", "feed_forward"], "deepseek_v3": ["attention",
 _PARALLELISM_KEYS = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                      "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                      "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")
+# torchtitan 0.3.0 torchtitan/config/configs.py:191-197 (ParallelismConfig), the same fields as 0.2.2's
+_LOSS_SLOT_KEYS = ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers")
 _TRAINING_KEYS = ("local_batch_size", "global_batch_size", "seq_len", "steps", "max_norm", "mixed_precision_param",
                   "mixed_precision_reduce", "enable_cpu_offload")
 
@@ -144,10 +146,14 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     config = torchtitan_job_config(model, cluster, plan, options, chunked_loss=True, release="0.3")
     parallelism = {k: config["parallelism"][k] for k in _PARALLELISM_KEYS if k in config["parallelism"]}
     parallelism["enable_sequence_parallel"] = plan.sequence_parallel
+    if plan.pp > 1 and plan.loss_slots:  # the stage lists below give the split; the weights say k (estimate --from)
+        parallelism |= {k: config["parallelism"][k] for k in _LOSS_SLOT_KEYS}
     stages = ""
     if plan.pp > 1:
-        # The plan's own split (autotune.specs.layout, the engine's scheme), as module names per stage.
-        counts = virtual_layout(model.num_layers, plan.pp, plan.vpp, "any")
+        # The plan's own split (autotune.specs.layout, the engine's scheme; a plan's loss_slots: torchtitan's split
+        # with the output as k layers), as module names per stage.
+        counts = virtual_layout(model.num_layers, plan.pp, plan.vpp,
+                                split_scheme("any", None, model.num_layers, plan.pp, plan.vpp, plan.loss_slots))
         stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
     training = {k: config["training"][k] for k in _TRAINING_KEYS}
     if plan.pp > 1 or (moe and plan.ep > 1):

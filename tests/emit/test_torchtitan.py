@@ -34,6 +34,13 @@ CASES = [
     # one written as module names (32 layers over 4 x 3).
     ("interleaved-405b", "llama3-405b", 128, dict(zero_stage=3, tp=8, pp=16, vpp=8, global_batch_size=16)),
     ("interleaved-names", "llama3-8b", 32, dict(zero_stage=3, tp=2, pp=4, vpp=3, global_batch_size=16)),
+    # the output as k layers (loss_slots): pipeline_parallel_last_stage_less_layers = k over pp stages (1F1B), with
+    # a layers_per_stage that gives 4 x 3, and as module names where none gives 4 x 2 (35 effective layers)
+    ("loss-slots-1f1b", "llama3-8b", 16, dict(zero_stage=3, pp=4, global_batch_size=64, loss_slots=2)),
+    ("loss-slots-per-stage", "llama3-8b", 32, dict(zero_stage=3, tp=2, pp=4, vpp=3, global_batch_size=16,
+                                                   loss_slots=2)),
+    ("loss-slots-names", "llama3-8b", 32, dict(zero_stage=3, tp=2, pp=4, vpp=2, global_batch_size=16,
+                                               loss_slots=2)),
     ("ddp", "llama3-8b", 8, dict(zero_stage=0, global_batch_size=16)),
     ("offload", "llama3-8b", 8, dict(zero_stage=3, offload_param="cpu", offload_optimizer="cpu",
                                      global_batch_size=8)),
@@ -95,23 +102,29 @@ def test_torchtitans_own_config_manager_loads_it(tmp_path, model, num_gpus, kw):
 
 
 @pytest.mark.skipif(TORCHTITAN is not None, reason=TORCHTITAN or "")
-@pytest.mark.parametrize("case", [c for c in CASES if c[3].get("vpp", 1) > 1], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [c for c in CASES if c[3].get("vpp", 1) > 1 or c[3].get("loss_slots")],
+                         ids=lambda c: c[0])
 def test_torchtitan_builds_the_plans_virtual_stages(tmp_path, case):
     # The stages torchtitan 0.2.2's pipeline_llm would build from the loaded config (its stage count and its own
-    # split function, pipeline_parallel.py:71-121) are the plan's: virtual_layout(L, pp, vpp, "any").
+    # split function, pipeline_parallel.py:71-121) are the plan's: virtual_layout(L, pp, vpp, the engine's scheme:
+    # "any", or "any+lossK..." with loss_slots K).
     from torchtitan_source import split_sources, torchtitan_split_function
 
+    from autotune.engines import engine_for
+
     m, _, plan, path = _emit(tmp_path, *case[1:])
+    scheme = engine_for(plan).layer_split_of(plan, m.num_layers)
     pa = ConfigManager().parse_args(["--job.config_file", str(path)]).parallelism
     names = pa.module_fqns_per_model_part
     if names is None:
         weights = pa.pipeline_parallel_first_stage_less_layers, pa.pipeline_parallel_last_stage_less_layers
-        stages = -(-(m.num_layers + sum(weights)) // pa.pipeline_parallel_layers_per_stage)
+        per = pa.pipeline_parallel_layers_per_stage  # none: 1F1B's one stage a rank (pipeline_parallel.py:110-115)
+        stages = plan.pp if per is None else -(-(m.num_layers + sum(weights)) // per)
         names = torchtitan_split_function(split_sources()[0])(stages, m.num_layers, *weights)
     counts = tuple(sum(n.startswith("layers.") for n in part) for part in names)
-    assert counts == virtual_layout(m.num_layers, plan.pp, plan.vpp, "any")
+    assert counts == virtual_layout(m.num_layers, plan.pp, plan.vpp, scheme)
     # every pipeline rank holds the layers the cost model gives its stage
-    assert [sum(counts[s::plan.pp]) for s in range(plan.pp)] == list(layer_counts(m.num_layers, plan.pp, "any"))
+    assert [sum(counts[s::plan.pp]) for s in range(plan.pp)] == list(layer_counts(m.num_layers, plan.pp, scheme))
     assert names[0][0] == "tok_embeddings" and names[-1][-2:] == ["norm", "output"]
     assert sum(names, []) == ["tok_embeddings", *(f"layers.{i}" for i in range(m.num_layers)), "norm", "output"]
     if m.num_layers == 126:

@@ -27,7 +27,7 @@ from autotune.emit.torchtitan import torchtitan_compiles
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.fsdp import _side_configs
 from autotune.errors import InputError
-from autotune.specs.layout import virtual_layout
+from autotune.specs.layout import split_scheme, virtual_layout
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
@@ -64,6 +64,8 @@ CASES = [
     # Llama 3 405B's 126 layers on 16 x 8 virtual stages: the first chunk the embedding alone, the last the output
     ("pp-embedding-alone", "llama3-405b", 128, dict(zero_stage=3, tp=8, pp=16, vpp=8, global_batch_size=16,
                                                     recompute="full")),
+    # the output as 2 layers of torchtitan's split (loss_slots) on 4 x 3 virtual stages, as module names
+    ("pp-loss-slots", "llama3-8b", 32, dict(zero_stage=3, tp=2, pp=4, vpp=3, global_batch_size=16, loss_slots=2)),
     ("fp8", "llama3-8b", 16, dict(zero_stage=3, global_batch_size=64, precision="fp8", recompute="selective")),
     ("hsdp-zero2-none", "llama3-8b", 16, dict(zero_stage=2, dp_replicate=2, global_batch_size=64, recompute="none")),
     # the recipes' chunked loss (ChunkedLossWrapper, 8 chunks) as a plan setting, with the rowwise Float8 recipe
@@ -167,8 +169,10 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
         assert pa["pipeline_parallel_schedule"] == ("Interleaved1F1B" if plan.vpp > 1 else "1F1B")
         assert pa["pipeline_parallel_microbatch_size"] == plan.micro_batch_size and tr["disable_cuda_graphs"]
         parts = pa["module_fqns_per_model_part"]
+        scheme = split_scheme("any", None, m.num_layers, plan.pp, plan.vpp, plan.loss_slots)
         assert [len([n for n in p if n.startswith("layers.")]) for p in parts] == \
-            list(virtual_layout(m.num_layers, plan.pp, plan.vpp, "any"))
+            list(virtual_layout(m.num_layers, plan.pp, plan.vpp, scheme))
+        assert pa["pipeline_parallel_last_stage_less_layers"] == (plan.loss_slots or 1)
         assert sum(parts, []) == ["tok_embeddings", *(f"layers.{i}" for i in range(got["layers"])), "norm", "lm_head"]
         if case == "pp-embedding-alone":
             assert parts[0] == ["tok_embeddings"] and parts[-1] == ["norm", "lm_head"]
