@@ -4,8 +4,9 @@ On the last pipeline stage the 16-bit output layer (hidden x vocab GEMMs) and th
 transformer layers' time (``StepTimeEstimate.stage_times_s``), and Megatron-core's own account-for-loss split gives
 them one layer's slot. With ``SearchConstraints.uneven_layouts`` each Megatron layout with a pipeline is also
 searched with the loss as k slots (``space.UNEVEN_LOSS_SLOTS``; ``layout.split_scheme``), Megatron-core running the
-split through --pipeline-model-parallel-layout (``emit.megatron_layout``). The default search never reaches here
-(``DimensionValues.loss_slots`` is empty).
+split through --pipeline-model-parallel-layout (``emit.megatron_layout``); so is each fsdp (torchtitan) layout with
+a pipeline, torchtitan splitting with ``pipeline_parallel_last_stage_less_layers = k`` (``emit.torchtitan``). The
+default search never reaches here (``DimensionValues.loss_slots`` is empty).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
+from autotune.engines import engine_for
 from autotune.specs.layout import layer_counts, split_scheme, virtual_layout
 
 if TYPE_CHECKING:
@@ -25,18 +27,19 @@ __all__ = ["search_loss_slots"]
 
 def search_loss_slots(model: ModelSpec, layout: ParallelPlan, dims: DimensionValues, plans: int,
                       rejections: Counter, search: Callable[[ParallelPlan], None]) -> int:
-    """The loss slots ``dims.loss_slots`` of a Megatron layout with a pipeline that passed the layout rules with the
-    engine's own split: each k whose stages' layers are new (neither the engine's own split's nor a smaller k's,
-    ``_stage_layers``) has its layout
-    searched as the engine's is (``search``: the planner's variants of a layout); a k that empties a virtual stage
-    is counted against the engine's loss_slots rule (``support_rules``). ``plans``: the plans of one k's layout.
-    Returns the plans enumerated."""
+    """The loss slots ``dims.loss_slots`` of a layout with a pipeline (an engine whose files write them: Megatron,
+    fsdp) that passed the layout rules with the engine's own split: each k whose stages' layers are new (neither the
+    engine's own split's nor a smaller k's, ``_stage_layers``) has its layout
+    searched as the engine's is (``search``: the planner's variants of a layout); a k that has no split (Megatron's
+    empties a virtual stage, torchtitan's raises) is counted against the engine's loss_slots rule
+    (``support_rules``). ``plans``: the plans of one k's layout. Returns the plans enumerated."""
     num_layers, pp, vpp = model.num_layers, layout.pp, layout.vpp
     mtp = dims.run_settings[layout.engine]["mtp_layers"]
-    seen = {_stage_layers(num_layers, pp, vpp, split_scheme("megatron", mtp, num_layers, pp, vpp))}
+    scheme = engine_for(layout).support.layer_split
+    seen = {_stage_layers(num_layers, pp, vpp, split_scheme(scheme, mtp, num_layers, pp, vpp))}
     enumerated = 0
     for k in dims.loss_slots:
-        split = _stage_layers(num_layers, pp, vpp, split_scheme("megatron", mtp, num_layers, pp, vpp, k))
+        split = _stage_layers(num_layers, pp, vpp, split_scheme(scheme, mtp, num_layers, pp, vpp, k))
         if split in seen:
             continue
         enumerated += plans

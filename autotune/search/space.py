@@ -21,8 +21,8 @@ from autotune.specs.plan import RUN_SETTINGS
 __all__ = ["SearchConstraints", "dimension_values", "release_cost_settings", "release_defaults_taken",
            "replica_counts", "UNEVEN_LOSS_SLOTS"]
 
-# The output layer and loss's layer slots (``ParallelPlan.loss_slots``) --uneven-layouts searches on Megatron plans
-# with a pipeline: the 16-bit output layer and the cross entropy cost about 2-5 layers' time on the last stage
+# The output layer and loss's layer slots (``ParallelPlan.loss_slots``) --uneven-layouts searches on Megatron and fsdp
+# (torchtitan) plans with a pipeline: the 16-bit output layer and the cross entropy cost about 2-5 layers' time on the last stage
 # (``StepTimeEstimate.stage_times_s``); 1 is the engine's own split or near it.
 UNEVEN_LOSS_SLOTS = (2, 3, 4, 5, 6)
 
@@ -142,8 +142,8 @@ class DimensionValues:
     fp8_recipe: str | None = None
     tp_overlap: str | None = None
     loss_slots: tuple[int, ...] = ()
-    """The output layer and loss's layer slots (``ParallelPlan.loss_slots``) searched beside each Megatron layout with
-    pp > 1 (with ``uneven_layouts`` only: ``UNEVEN_LOSS_SLOTS``); none: the engine's own split alone."""
+    """The output layer and loss's layer slots (``ParallelPlan.loss_slots``) searched beside each Megatron / fsdp
+    layout with pp > 1 (with ``uneven_layouts`` only: ``UNEVEN_LOSS_SLOTS``); none: the engine's own split alone."""
     run_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: its plans' run settings (``RUN_SETTINGS``)}: the constraints' values, else its release's defaults."""
     release_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
