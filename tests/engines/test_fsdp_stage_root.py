@@ -55,7 +55,8 @@ def test_the_ledger_counts_the_loaded_stage_tables_in_16_bits():
 
     plan = _plan()
     mem = estimate_memory(MODEL, load_cluster(gpu="h100-sxm-80gb", num_gpus=64, gpus_per_node=8), plan)
-    params = stage_param_groups(MODEL, plan, mem.stage, engine_for(plan).support.layer_split).per_gpu(plan.tp, 1)
+    params = stage_param_groups(MODEL, plan, mem.stage, engine_for(plan).layer_split_of(plan, MODEL.num_layers)
+                                ).per_gpu(plan.tp, 1)
     table = MODEL.vocab_size * MODEL.hidden_size / plan.tp
     tables = table * (mem.stage == 0) + (table + MODEL.output_params().replicated) * (mem.stage == plan.pp - 1)
     assert tables > 0

@@ -43,7 +43,8 @@ def test_memory_grows_with_replicas_and_rules_read_only_whether_there_are_any(en
         outside = {_outside_allocator_bytes(cluster, p, MemorySettings()) for p in plans}
         assert len(outside) == 1
         for small, large in itertools.pairwise(estimate_memory(model, cluster, p) for p in plans):
-            assert large.activation_parts == small.activation_parts and large.buffer_parts == small.buffer_parts
+            if large.stage == small.stage:  # an uneven split's most loaded stage may move with the states
+                assert large.activation_parts == small.activation_parts and large.buffer_parts == small.buffer_parts
             assert large.optimizer_step == small.optimizer_step
             assert large.weights >= small.weights and large.gradients >= small.gradients
             assert large.optimizer_states >= small.optimizer_states and large.total >= small.total
