@@ -34,7 +34,7 @@ from autotune.engines.facts import ActivationFacts
 from autotune.engines.states import ModelStateBytes
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
-from autotune.specs.layout import representative_stages, stage_param_groups
+from autotune.specs.layout import representative_stages, split_vpp_key, stage_param_groups
 from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
@@ -206,7 +206,7 @@ _states_cache: dict[tuple, tuple[ModelSpec, tuple[ModelStateBytes, ...]]] = {}
 
 def _model_states(engine: Engine, model: ModelSpec, plan: ParallelPlan, parts: tuple) -> tuple[ModelStateBytes, ...]:
     """``engine.model_states`` of each stage of ``parts`` (``_stages_parts``), cached over ``_STATE_FIELDS``."""
-    key = (id(model), _STATE_FIELDS(plan))  # ModelSpec hashes slowly: its id
+    key = (id(model), _STATE_FIELDS(plan), split_vpp_key(plan))  # ModelSpec hashes slowly: its id
     hit = _states_cache.get(key)
     if hit is None or hit[0] is not model:
         if len(_states_cache) > 65536:

@@ -16,7 +16,7 @@ from autotune.cost.efficiency import Efficiency
 from autotune.specs.lora import trainable_stage_params
 from autotune.engines import Engine
 from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.layout import representative_stages, stage_param_groups
+from autotune.specs.layout import representative_stages, split_vpp_key, stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
@@ -44,7 +44,7 @@ def variant_terms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, se
     """The terms of ``estimate_step_time`` that read neither the micro-batch nor the accumulation nor the recompute,
     cached over ``_VARIANT_FIELDS`` (unless ``stage_params`` are given)."""
     # ids: the specs hash slowly; vpp where MTP modules make the split depend on it (layout.split_scheme)
-    key = (id(model), id(cluster), id(settings), hbm, _VARIANT_FIELDS(plan), plan.vpp if plan.mtp_layers else 0)
+    key = (id(model), id(cluster), id(settings), hbm, _VARIANT_FIELDS(plan), split_vpp_key(plan))
     hit = None if stage_params is not None else _variant_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
         if len(_variant_cache) > 65536:

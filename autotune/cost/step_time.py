@@ -46,7 +46,7 @@ from autotune.engines import Engine, engine_for
 from autotune.engines.megatron_fsdp import recompute_row_gathers
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import representative_stages, stage_layers
+from autotune.specs.layout import representative_stages, split_vpp_key, stage_layers
 from autotune.specs.lora import adapter_params_per_layer
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -114,8 +114,8 @@ def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
     moe exposed when paired: ``autotune.cost.ep_overlap``) seconds, each stage's (stage, layers, compute, comm, moe,
     moe paired) for ``StepTimeEstimate.stage_times_s``), cached over the plan fields they read
     (``_STAGE_TIME_FIELDS``)."""
-    # ids: the specs hash slowly; vpp where MTP modules make the split depend on it (layout.split_scheme)
-    key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan), plan.vpp if plan.mtp_layers else 0)
+    # ids: the specs hash slowly; what of vpp the split depends on (layout.split_vpp_key)
+    key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan), split_vpp_key(plan))
     hit = _stage_time_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
         if len(_stage_time_cache) > 65536:

@@ -27,7 +27,7 @@ from autotune.emit.torchtitan_models import model_problems_03
 from autotune.emit.torchtitan_recipes import NO_RECIPE_03, TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import virtual_layout
+from autotune.specs.layout import torchtitan_scheme, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -152,10 +152,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if plan.pp > 1:
         # The plan's own split (autotune.specs.layout, the engine's scheme: torchtitan's own 1F1B split, a plan's
         # loss_slots torchtitan's split with the output as k layers), as module names per stage.
-        from autotune.engines import engine_for
-
-        counts = virtual_layout(model.num_layers, plan.pp, plan.vpp,
-                                engine_for(plan).layer_split_of(plan, model.num_layers))
+        counts = virtual_layout(model.num_layers, plan.pp, plan.vpp, torchtitan_scheme(plan, model.num_layers))
         stages = f"\n            module_fqns_per_model_part=_stages({list(counts)!r}),"
     training = {k: config["training"][k] for k in _TRAINING_KEYS}
     if plan.pp > 1 or (moe and plan.ep > 1):

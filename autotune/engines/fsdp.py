@@ -23,7 +23,7 @@ from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, E
 from autotune.engines.states import fsdp2_states
 from autotune.specs.engine_versions import EngineVersions
 from autotune.errors import InputError
-from autotune.specs.layout import largest_layer, microbatches_in_flight, split_scheme
+from autotune.specs.layout import largest_layer, microbatches_in_flight, torchtitan_scheme
 
 __all__ = ["FSDPEngine", "TORCHTITAN_FILE", "TORCHTITAN_MODULE_FILE", "ACCELERATE_FSDP_FILE"]
 
@@ -125,14 +125,7 @@ class FSDPEngine(Engine):
         return fsdp2_states(plan, dense_params, expert_params)
 
     def layer_split_of(self, plan, num_layers: int) -> str:
-        # torchtitan's own 1F1B split counts the embedding and the output as a layer each
-        # (pipeline_parallel_first/last_stage_less_layers, 1 by default: torchtitan v0.2.2 pipeline_parallel.py:
-        # 110-121, configs.py:197-208 at b5bcd76), and the emitted TOML leaves a 1F1B pipeline to it
-        # (emit/torchtitan.py writes a split with interleaving only): the split of loss slots 1
-        # (``layout.split_scheme`` "any+loss1" = ``torchtitan_split(L, pp, 1, 1)``), Llama-3 8B on pp 4: 8, 9, 8, 7.
-        own = 1 if plan.pp > 1 and plan.vpp == 1 else None
-        return split_scheme(self.support.layer_split, plan.mtp_layers, num_layers, plan.pp, plan.vpp,
-                            plan.loss_slots or own)
+        return torchtitan_scheme(plan, num_layers)  # torchtitan's own 1F1B split, or the plan's loss slots
 
     def activation_facts(self, plan):
         # Loss: torchtitan train.py (and autotune.train.fsdp_model) take cross_entropy of ``logits.float()``;

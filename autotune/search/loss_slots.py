@@ -35,8 +35,10 @@ def search_loss_slots(model: ModelSpec, layout: ParallelPlan, dims: DimensionVal
     (``support_rules``). ``plans``: the plans of one k's layout. Returns the plans enumerated."""
     num_layers, pp, vpp = model.num_layers, layout.pp, layout.vpp
     mtp = dims.run_settings[layout.engine]["mtp_layers"]
-    scheme = engine_for(layout).support.layer_split
-    seen = {_stage_layers(num_layers, pp, vpp, split_scheme(scheme, mtp, num_layers, pp, vpp))}
+    engine = engine_for(layout)
+    scheme = engine.support.layer_split
+    own = layout if layout.mtp_layers == mtp else layout.with_(mtp_layers=mtp)
+    seen = {_stage_layers(num_layers, pp, vpp, engine.layer_split_of(own, num_layers))}  # e.g. torchtitan's 1F1B
     enumerated = 0
     for k in dims.loss_slots:
         split = _stage_layers(num_layers, pp, vpp, split_scheme(scheme, mtp, num_layers, pp, vpp, k))

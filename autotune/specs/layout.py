@@ -309,6 +309,23 @@ def largest_layer(model: ModelSpec) -> ParamGroups:
     return hit[1]
 
 
+def torchtitan_scheme(plan: ParallelPlan, num_layers: int) -> str:
+    """torchtitan's split of ``plan`` (``engines.fsdp``; the 0.3 module's stage lists): a plan's ``loss_slots``, else
+    for a 1F1B pipeline torchtitan's own split, which counts the embedding and the output as a layer each
+    (pipeline_parallel_first/last_stage_less_layers, 1 by default: torchtitan v0.2.2 pipeline_parallel.py:110-121,
+    configs.py:197-208 at b5bcd76), as the emitted TOML leaves a 1F1B pipeline to it (emit/torchtitan.py writes a
+    split with interleaving only): loss slots 1, ``torchtitan_split(L, pp)``, Llama-3 8B on pp 4: 8, 9, 8, 7."""
+    own = 1 if plan.pp > 1 and plan.vpp == 1 else None
+    return split_scheme("any", plan.mtp_layers, num_layers, plan.pp, plan.vpp, plan.loss_slots or own)
+
+
+def split_vpp_key(plan: ParallelPlan) -> int | bool:
+    """What of ``plan.vpp`` its pipeline stages' layers can depend on, for the caches keyed without vpp: all of it
+    with multi-token-prediction modules or loss slots (``split_scheme`` places them over the pp x vpp virtual
+    stages), else whether it interleaves (torchtitan's own 1F1B split: ``engines.fsdp.FSDPEngine.layer_split_of``)."""
+    return plan.vpp if plan.mtp_layers or plan.loss_slots else plan.vpp == 1
+
+
 def microbatches_in_flight(plan: ParallelPlan, stage: int) -> float:
     """Micro-batches' worth of a pipeline stage's layers whose activations the stage holds at its peak.
 

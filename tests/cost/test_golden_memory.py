@@ -117,7 +117,7 @@ def test_fsdp_pipelining_holds_unsharded_fp32_grads_and_fp8_gathered_weights():
     plan = ParallelPlan(engine="fsdp", tp=1, pp=8, dp=8, zero_stage=2, micro_batch_size=1, global_batch_size=64,
                         grad_accum_steps=8, seq_len=8192, recompute="full", precision="fp8")
     mem = estimate_memory(LLAMA8, cluster, plan)
-    groups = stage_param_groups(LLAMA8, plan, mem.stage, engine_for(plan).support.layer_split)
+    groups = stage_param_groups(LLAMA8, plan, mem.stage, engine_for(plan).layer_split_of(plan, LLAMA8.num_layers))
     params = groups.per_gpu(1, 1)
     # stage.py backward_maybe_with_nosync + _fsdp_param.py to_accumulated_grad_if_needed: fp32, whole stage
     assert mem.buffer_parts["unsharded_grads"] == pytest.approx(4 * params)
