@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import sys
 from collections import defaultdict
