@@ -97,6 +97,10 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         out["vpp"] = max(1, stages // pp)
     if loss_slots is not None:
         out["loss_slots"] = loss_slots
+    elif pp > 1 and weights == (0, 0) and out.get("vpp", 1) == 1 and parts is None:
+        # 1F1B: the engine's own split is torchtitan's default 1 / 1 (layout.torchtitan_scheme); 0 / 0 is the even one
+        notes.append(f"{path}: [parallelism] pipeline_parallel_first/last_stage_less_layers 0 / 0 with 1F1B (layers "
+                     "even over the stages) is not modelled: estimated with torchtitan's default split (1 / 1)")
     if isinstance(data.get("loss_chunks"), int) and data["loss_chunks"] > 1:  # the 0.3 module's loss
         out["loss_chunks"] = data["loss_chunks"]
     if file_kind(path) != "torchtitan-module":  # 0.3 has no expert tensor parallelism of its own

@@ -205,9 +205,9 @@ def _print_gain_terms(misses: list) -> None:
         return
     print(f"\nwhere the first plan's predicted gain comes from on the {len(misses)} misses (each term's change, share "
           f"of NVIDIA's step; negative: saved), median over the misses:")
-    for group, keep in (("all misses", lambda m: True), ("first plan pipelines less than NVIDIA's", lambda m: m[2]),
-                        ("the others", lambda m: not m[2])):
-        chosen = [terms for _, terms, less, _ in misses if keep((None, None, less))]
+    for group, keep in (("all misses", lambda less: True), ("first plan pipelines less than NVIDIA's", bool),
+                        ("the others", lambda less: not less)):
+        chosen = [terms for _, terms, less, _ in misses if keep(less)]
         if chosen:
             parts = ", ".join(f"{name} {statistics.median(t[name] for t in chosen):+.1%}" for name, _ in STEP_TERMS)
             print(f"  {group:<42} {len(chosen):>3} rows: {parts}")

@@ -201,3 +201,14 @@ def test_estimate_hints_a_lighter_last_stage_for_a_torchtitan_plan(capsys):
     result = estimate(model, cluster, make_plan(model, cluster, engine="fsdp", pp=4, seq_len=4096,
                                                 global_batch_size=64))
     assert last_stage_hint(result) is None
+
+
+def test_a_1f1b_file_with_even_weights_says_it_is_estimated_with_torchtitans_default(tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["emit", *LLAMA, "--out", str(out)]) == 0
+    capsys.readouterr()
+    toml = out / "torchtitan_job.toml"
+    even = "[parallelism]\npipeline_parallel_first_stage_less_layers = 0\npipeline_parallel_last_stage_less_layers = 0"
+    toml.write_text(toml.read_text().replace("[parallelism]", even))
+    assert main(["estimate", "--from", str(toml), *GPU, "--num-gpus", "16"]) == 0
+    assert "0 / 0 with 1F1B (layers even over the stages) is not modelled" in capsys.readouterr().err

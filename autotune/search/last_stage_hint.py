@@ -33,7 +33,7 @@ class LastStageHint:
 
     def text(self) -> str:
         t = self.estimate.time
-        last = next(s for s, _, _ in t.stage_times_s if s == self.estimate.plan.pp - 1)
+        last = self.estimate.plan.pp - 1
         layers = next(n for s, n, _ in t.stage_times_s if s == last)
         return (f"lighter last stage: this plan with --loss-slots {self.loss_slots} (the output layer and loss as "
                 f"{self.loss_slots} layer slots, {layers} layers on stage {last}): {t.tokens_per_s:,.0f} tokens/s, "
