@@ -107,7 +107,12 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
             target, value = stmt.targets[0], stmt.value
             dotted = ast.unparse(target)
-            if dotted == "cfg" and isinstance(value, ast.Call):
+            if dotted == "cfg" and isinstance(value, ast.Call) and ast.unparse(value.func) == "_with_global_batch_size" \
+                    and len(value.args) == 2 and isinstance(value.args[0], ast.Call):
+                # cfg = _with_global_batch_size(other_config(), N): the other recipe's settings at N sequences a step
+                out.update(settings_of(ast.unparse(value.args[0].func), funcs, (*seen, name)))
+                out["train.global_batch_size"] = Setting(literal(value.args[1]), at)
+            elif dotted == "cfg" and isinstance(value, ast.Call):
                 out.update(settings_of(ast.unparse(value.func), funcs, (*seen, name)))
             elif dotted.startswith("cfg.") and isinstance(value, ast.Call) and \
                     ast.unparse(value.func) == "CommOverlapConfig":
@@ -124,7 +129,13 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
             callee = ast.unparse(stmt.value.func)
             if callee == "_enable_overlap_param_gather_with_optimizer_step":
                 out["optimizer.overlap_param_gather_with_optimizer_step"] = Setting("True", at)
-            elif callee != "_benchmark_common":  # throughput-run defaults (logging, checkpoints, fusions)
+            elif callee == "_benchmark_common":
+                # throughput-run defaults (logging, checkpoints, fusions); of them, what the cost model reads: 16-bit
+                # gradient reduction and the loss kernel (perf_recipes/_common.py:31-73 at 067f987)
+                impl = next((literal(kw.value) for kw in stmt.value.keywords if kw.arg == "cross_entropy_impl"), "te")
+                out["ddp.grad_reduce_in_fp32"] = Setting("False", at)
+                out["model.cross_entropy_fusion_impl"] = Setting(impl, at)
+            else:
                 out.update(settings_of(callee, funcs, (*seen, name)))
     return out
 
