@@ -1,6 +1,7 @@
 """NVIDIA's H100 recipes ran on 80 GB GPUs: does the memory ledger say they fit?
 
-    python bench/nvidia_h100_fit.py
+    python bench/nvidia_h100_fit.py                  # does each fit?
+    python bench/nvidia_h100_fit.py --plan-quality   # and NVIDIA's plan's place in `autotune plan` (a minute or two)
 
 Each Megatron-Bridge H100 performance recipe of bench/data/nvidia_h100_recipes.csv (written by
 bench/nvidia_h100_recipes_build.py from NVIDIA-NeMo/Megatron-Bridge@067f987df03b, every setting with its file and
@@ -11,6 +12,12 @@ recipe's plan, batch, sequence and precision and the run settings the tool has f
 launcher environment (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``). NVIDIA measured throughput with these
 recipes, so each ran in 80 GB: the check is that the ledger says it fits, and by how much. The measured throughputs
 are not in the repository (kept aside); only the configurations are.
+
+``--plan-quality``: for each recipe that fits, its plan's place in `autotune plan --engine megatron` on the same
+model, GPUs, batch, sequence, precision and run settings (bench/nvidia_plan_quality.py ``planner_rank``: the first
+place of its tie group, the intervals without its own family's NVIDIA records), and the predicted gain of the
+planner's first plan over it: measured figures are not needed for that, so the H100 recipes check the planner where
+the Blackwell table cannot.
 
 One recipe of the issue that named these checks is NeMo 2.0's, not Megatron-Bridge's: Nemotron-4 340B on 256 H100
 (``NEMOTRON4_340B``), the plan of NVIDIA's DGX Cloud benchmarking recipe and the performance mode of NeMo's own recipe,
@@ -31,11 +38,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from autotune.cli import build_parser  # noqa: E402
+from autotune.cost.time_settings import TimeSettings  # noqa: E402
 from autotune.commands.estimate import estimate_from_flags  # noqa: E402
 from autotune.emit.megatron_layout import megatron_split  # noqa: E402
 from autotune.errors import InputError  # noqa: E402
+from autotune.search.planner import search_plans  # noqa: E402
 from autotune.specs.presets import load_model_preset  # noqa: E402
+from autotune.specs.settings import MemorySettings  # noqa: E402
+from nvidia_plan_quality import planner_rank, search_constraints, uncertainty_family  # noqa: E402
 from nvidia_recipe_settings import RecipeSettings, flags_for  # noqa: E402
+from nvidia_recipe_settings_build import MODEL_PREFIX  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "nvidia_h100_recipes.csv"
 GPU = "h100-sxm-80gb"
@@ -67,6 +79,10 @@ class Recipe:
     total_gib: float | None = None
     capacity_gib: float | None = None
     fits: bool | None = None
+    result: object = None
+    rank: int | None = None
+    gain: float | None = None
+    first_plan: str = ""
 
 
 def load_recipes(path: Path = DATA) -> dict[str, dict[str, str]]:
@@ -137,6 +153,7 @@ def estimate(recipe: Recipe) -> None:
         recipe.reason = " ".join(line.strip().removeprefix("- ") for line in str(err).splitlines())
         return
     mem = est.memory
+    recipe.result = est
     recipe.total_gib, recipe.capacity_gib, recipe.fits = mem.total / GIB, mem.capacity / GIB, mem.fits
 
 
@@ -149,7 +166,38 @@ def all_recipes() -> list[Recipe]:
     return out
 
 
-def main() -> int:
+def family_of(name: str) -> str:
+    """The Blackwell table's family name of a recipe (its NVIDIA records in the uncertainty intervals)."""
+    m = NAME.match(name)
+    return next((family for family, prefix in MODEL_PREFIX.items() if m and prefix == m["model"]), "")
+
+
+def rank(recipe: Recipe, searches: dict) -> None:
+    """NVIDIA's plan's place in `autotune plan` with its run settings, and the planner's first plan's gain."""
+    from autotune.report import plan_summary
+
+    est = recipe.result
+    plan = est.plan
+    expandable, te_loss = "--expandable-segments" in recipe.argv, "--cross-entropy" in recipe.argv
+    key = (est.model.name, est.cluster.num_gpus, plan.global_batch_size, plan.seq_len, repr(search_constraints(est)),
+           expandable, te_loss)
+    if key not in searches:
+        searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
+                                     global_batch_size=plan.global_batch_size, top_k=10,
+                                     constraints=search_constraints(est),
+                                     memory_settings=MemorySettings(expandable_segments=expandable,
+                                                                    te_cross_entropy=te_loss or None),
+                                     time_settings=TimeSettings(te_cross_entropy=te_loss or None))
+    found = searches[key]
+    recipe.rank, _ = planner_rank(found, est, frozenset({uncertainty_family(family_of(recipe.name))}))
+    if found.in_order:
+        first = found.in_order[0]
+        recipe.gain = first.time.tokens_per_s / est.time.tokens_per_s - 1
+        recipe.first_plan = plan_summary(first.plan)
+
+
+def main(argv: list[str] | None = None) -> int:
+    quality = "--plan-quality" in (sys.argv[1:] if argv is None else argv)
     recipes = all_recipes()
     print(f"NVIDIA's H100 recipes on {GPU}: the ledger's per-GPU total against the GPU's memory")
     print(f"{'recipe':<66}{'GiB':>8}{'of':>8}  fits  settings the tool cannot express")
@@ -160,6 +208,19 @@ def main() -> int:
         print(f"{r.name:<66}{r.total_gib:>8.1f}{r.capacity_gib:>8.1f}  {'yes ' if r.fits else 'NO  '}  "
               f"{'; '.join(r.unexpressed) or '-'}")
     done = [r for r in recipes if not r.reason]
+    if quality:
+        searches: dict = {}
+        ranked = [r for r in done if r.fits]
+        print(f"\nPLAN QUALITY: NVIDIA's plan's place in `autotune plan --engine megatron` (same model / GPUs / batch / "
+              f"seq / precision / run settings)\n{'recipe':<66}{'rank':>6}{'gain':>8}  the planner's first plan")
+        for r in ranked:
+            rank(r, searches)
+            gain = "" if r.gain is None else f"{r.gain:+.1%}"
+            print(f"{r.name:<66}{r.rank:>6}{gain:>8}  {r.first_plan}")
+        top10 = sum(r.rank <= 10 for r in ranked)
+        gains = sorted(r.gain for r in ranked if r.gain is not None)
+        print(f"NVIDIA's plan in the planner's top 10: {top10} of {len(ranked)}; median predicted gain of the first "
+              f"plan over NVIDIA's {gains[len(gains) // 2]:+.1%}" if gains else "")
     print(f"{sum(bool(r.fits) for r in done)} of {len(done)} estimated recipes fit ({len(recipes) - len(done)} not "
           f"estimated); largest share of memory: "
           f"{max(r.total_gib / r.capacity_gib for r in done):.1%}")

@@ -78,3 +78,12 @@ def test_the_bench_prints_each_recipe_and_the_count(capsys):
     out = capsys.readouterr().out
     assert "gpt_oss_120b_pretrain_64gpu_h100_bf16_config" in out and "(NeMo 2.0)" in out
     assert "31 of 31 estimated recipes fit (2 not estimated)" in out
+
+
+@pytest.mark.parametrize("name", ["llama3_8b_pretrain_8gpu_h100_bf16_config", "llama3_70b_pretrain_64gpu_h100_bf16_config",
+                                  "llama31_405b_pretrain_1024gpu_h100_fp8cs_config", bench.NEMOTRON4_340B[0]])
+def test_nvidias_dense_h100_plans_rank_in_the_planners_top_10(estimated, name):
+    r = estimated[name]
+    bench.rank(r, {})
+    assert r.rank is not None and r.rank <= 10, (name, r.rank, r.first_plan)
+    assert r.gain is not None and abs(r.gain) < 0.10, (name, r.gain)  # no large claimed gain over NVIDIA's own plan
