@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from autotune.cli import build_parser  # noqa: E402
 from autotune.cost.time_settings import TimeSettings  # noqa: E402
 from autotune.commands.estimate import estimate_from_flags  # noqa: E402
-from autotune.emit.megatron_layout import megatron_split  # noqa: E402
+from autotune.emit.megatron_layout import expanded_layout, megatron_split, split_target  # noqa: E402
 from autotune.errors import InputError  # noqa: E402
 from autotune.search.planner import search_plans  # noqa: E402
 from autotune.specs.presets import load_model_preset  # noqa: E402
@@ -75,6 +75,7 @@ class Recipe:
     name: str
     argv: list[str] = field(default_factory=list)
     unexpressed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     reason: str = ""
     total_gib: float | None = None
     capacity_gib: float | None = None
@@ -135,14 +136,48 @@ def express(name: str, values: dict[str, str]) -> Recipe:
         recipe.argv += ["--cross-entropy", "te"]
     if "expandable_segments:True" in short.get("env_vars", ""):
         recipe.argv.append("--expandable-segments")
-    split = megatron_split(load_model_preset(model).num_layers, pp, vp, mtp or None) if pp > 1 else None
-    settings = RecipeSettings(recipe=name, read_at="067f987df03b",
-                              values={k: (v, "") for k, v in short.items()})
-    flags = flags_for(settings, tp, ep, split_accounts=split is not None and split.kind == "account",
-                      split_layout=split.layout if split is not None else None)
+    layers = load_model_preset(model).num_layers
+    split = megatron_split(layers, pp, vp, mtp or None) if pp > 1 else None
+    flags = _flags(name, short, tp, ep, split)
+    slots = loss_slots_of(short.get("pipeline_model_parallel_layout"), layers, pp, vp, mtp) \
+        if any(u.startswith("pipeline_model_parallel_layout") for u in flags.unexpressed) else None
+    if slots is not None:  # the recipe's own layout, as the tool's lighter last stage with the same rank loads
+        recipe.argv += ["--loss-slots", str(slots)]
+        split = megatron_split(layers, pp, vp, mtp or None, slots)
+        recipe.notes.append(f"its layout as --loss-slots {slots}: as many layers on each pipeline rank (the first and "
+                            f"last exactly; which middle rank holds an extra layer may differ)")
+        flags = _flags(name, {**short, "pipeline_model_parallel_layout": "None"}, tp, ep, split)
     recipe.argv += flags.argv
     recipe.unexpressed = flags.unexpressed
     return recipe
+
+
+def _flags(name: str, short: dict[str, str], tp: int, ep: int, split):
+    settings = RecipeSettings(recipe=name, read_at="067f987df03b", values={k: (v, "") for k, v in short.items()})
+    return flags_for(settings, tp, ep, split_accounts=split is not None and split.kind == "account",
+                     split_layout=split.layout if split is not None else None)
+
+
+def loss_slots_of(layout: str | None, layers: int, pp: int, vp: int, mtp: int) -> int | None:
+    """The ``--loss-slots`` K (1-4) whose split puts as many layers on each pipeline rank as the recipe's
+    ``pipeline_model_parallel_layout`` does (rank 0 and the last rank exactly, the others as a multiset), or None.
+    Megatron places virtual stage i on rank i mod pp."""
+    if layout in (None, "None", ""):
+        return None
+    stages = expanded_layout(layout).split("|")
+    if len(stages) != pp * vp:
+        return None
+    def ranks(counts):
+        return [sum(counts[r::pp]) for r in range(pp)]
+    want = ranks([s.count("t") for s in stages])
+    for k in range(1, 5):
+        target = split_target(layers, pp, vp, mtp or None, k)
+        if target is None or len(target) != pp * vp:
+            continue
+        got = ranks(list(target))
+        if got[0] == want[0] and got[-1] == want[-1] and sorted(got) == sorted(want):
+            return k
+    return None
 
 
 def estimate(recipe: Recipe) -> None:
@@ -206,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.name:<66}{'':>8}{'':>8}  --    not estimated: {r.reason}")
             continue
         print(f"{r.name:<66}{r.total_gib:>8.1f}{r.capacity_gib:>8.1f}  {'yes ' if r.fits else 'NO  '}  "
-              f"{'; '.join(r.unexpressed) or '-'}")
+              f"{'; '.join(r.unexpressed + r.notes) or '-'}")
     done = [r for r in recipes if not r.reason]
     if quality:
         searches: dict = {}

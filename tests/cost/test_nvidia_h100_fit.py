@@ -81,9 +81,23 @@ def test_the_bench_prints_each_recipe_and_the_count(capsys):
 
 
 @pytest.mark.parametrize("name", ["llama3_8b_pretrain_8gpu_h100_bf16_config", "llama3_70b_pretrain_64gpu_h100_bf16_config",
+                                  "llama3_70b_pretrain_64gpu_h100_fp8cs_config",
                                   "llama31_405b_pretrain_1024gpu_h100_fp8cs_config", bench.NEMOTRON4_340B[0]])
 def test_nvidias_dense_h100_plans_rank_in_the_planners_top_10(estimated, name):
     r = estimated[name]
     bench.rank(r, {})
     assert r.rank is not None and r.rank <= 10, (name, r.rank, r.first_plan)
     assert r.gain is not None and abs(r.gain) < 0.10, (name, r.gain)  # no large claimed gain over NVIDIA's own plan
+
+
+def test_a_recipe_layout_with_the_tools_rank_loads_is_written_as_loss_slots(estimated):
+    # Llama-3 70B FP8 (perf_recipes/llama/h100/llama3.py at 067f987): 'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL' over pp 8 x vp 5
+    # puts 10, 10, 10, 11, 10, 10, 10, 9 layers on the ranks, the loss beside the last rank's 9: --loss-slots 1 gives
+    # the same loads (its extra layer on rank 1)
+    r = estimated["llama3_70b_pretrain_64gpu_h100_fp8cs_config"]
+    assert r.argv[r.argv.index("--loss-slots") + 1] == "1"
+    assert not any(u.startswith("pipeline_model_parallel_layout") for u in r.unexpressed)
+    assert bench.loss_slots_of("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80, 8, 5, 0) == 1
+    assert bench.loss_slots_of("Et*2|(t*2|)*38,t*2L", 80, 8, 5, 0) is None  # 2 layers a stage, the last rank's too
+    # Kimi-K2's 'Et|(tt|)*30L' is the tool's own split already: no --loss-slots
+    assert "--loss-slots" not in estimated["kimi_k2_pretrain_1024gpu_h100_bf16_config"].argv
