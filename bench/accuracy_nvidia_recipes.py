@@ -56,6 +56,7 @@ from accuracy_published import (  # median / p90 of |error|, the published-runs 
     p90_abs,
 )
 from nvidia_allocator_env import expandable_segments_source
+from nvidia_ep_overlap import ep_overlap_table
 from nvidia_loss_kernel import te_cross_entropy_source
 from nvidia_gpu_pairs import gpu_pairs_table
 from nvidia_plan_quality import plan_quality_table
@@ -332,6 +333,7 @@ def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
           f"{statistics.median(errs) if errs else 0:>+7.1%}{sum(c.fits for c in done):>4}/{len(errs)}")
     lofo_summary(groups)
     footnoted_summary(done)
+    ep_overlap_table(done)
     newest = newest_container_rows(done)
     print(f"\nthe newest container of each configuration (same model / system / GPUs / precision / batch / plan: "
           f"{len(newest)} rows; older containers ran the same plan on older software)")

@@ -76,6 +76,8 @@ class Row:
     predicted: float | None = None
     fits: bool | None = None
     reason: str = ""
+    without_overlap: float | None = None
+    """The prediction with ``--ep-overlap none`` where the recipe overlaps its all-to-alls."""
 
     @property
     def error(self) -> float | None:
@@ -114,19 +116,25 @@ def estimate(row: Row) -> None:
         return
     row.predicted = result.time.tokens_per_s / result.cluster.num_gpus
     row.fits = result.memory.fits
+    at = row.argv.index("--ep-overlap") + 1
+    if row.argv[at] != "none":
+        plain = estimate_from_flags(build_parser().parse_args([*row.argv[:at], "none", *row.argv[at + 1:]]))
+        row.without_overlap = plain.time.tokens_per_s / plain.cluster.num_gpus
 
 
 def main() -> int:
     with DATA.open() as f:
         rows = [read_row(raw) for raw in csv.DictReader(f)]
-    print(f"{'recipe':<74}{'measured':>9}{'predicted':>10}{'error':>8}  fits")
+    print(f"{'recipe':<74}{'measured':>9}{'predicted':>10}{'error':>8}  fits  (without the EP overlap it runs)")
     for row in rows:
         estimate(row)
         if row.predicted is None:
             print(f"{row.recipe:<74}{row.measured:>9.0f}  not estimated: {row.reason[:120]}")
             continue
+        plain = "" if row.without_overlap is None else (
+            f"  ({row.without_overlap:.0f}, {row.without_overlap / row.measured - 1:+.1%})")
         print(f"{row.recipe:<74}{row.measured:>9.0f}{row.predicted:>10.0f}{row.error:>+8.1%}  "
-              f"{'yes' if row.fits else 'NO'}")
+              f"{'yes' if row.fits else 'NO '}{plain}")
     done = [r for r in rows if r.error is not None]
     if done:
         print(f"\nmedian |error| {statistics.median(abs(r.error) for r in done):.1%} over {len(done)} rows; by CUDA "

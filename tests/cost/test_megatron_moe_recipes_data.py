@@ -53,3 +53,16 @@ def test_every_row_is_estimated_and_fits():
         assert row.predicted is not None, (row.recipe, row.reason)
         assert row.fits, row.recipe
         assert math.isfinite(row.error) and row.measured > 0
+
+
+def test_rows_that_overlap_their_all_to_alls_are_also_estimated_without_and_the_overlap_only_hides_time():
+    rows = [bench.read_row(raw) for raw in RAW]
+    overlapped = 0
+    for row in rows:
+        bench.estimate(row)
+        if "--ep-overlap" in row.argv and row.argv[row.argv.index("--ep-overlap") + 1] != "none":
+            overlapped += 1
+            assert row.without_overlap is not None and row.without_overlap < row.predicted, row.recipe
+        else:
+            assert row.without_overlap is None, row.recipe
+    assert overlapped >= 3
