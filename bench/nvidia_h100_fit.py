@@ -114,10 +114,9 @@ def express(name: str, values: dict[str, str]) -> Recipe:
     if short.get("precision") not in PRECISION:
         recipe.reason = f"precision {short.get('precision')!r} not read"
         return recipe
-    tp, pp, cp, vp, ep = (_int(short, f"{k}_model_parallel_size") for k in ("tensor", "pipeline", "context",
-                                                                            "virtual_pipeline", "expert"))
-    if "context_parallel_size" in short:
-        cp = _int(short, "context_parallel_size")
+    tp, pp, vp, ep = (_int(short, f"{k}_model_parallel_size") for k in ("tensor", "pipeline", "virtual_pipeline",
+                                                                        "expert"))
+    cp = _int(short, "context_parallel_size")
     mtp = _int(short, "mtp_num_layers") if short.get("mtp_num_layers") not in (None, "None", "0") else 0
     precision = list(PRECISION[short["precision"]])
     if short.get("fp8_recipe") == "blockwise":
@@ -126,7 +125,7 @@ def express(name: str, values: dict[str, str]) -> Recipe:
                    "--zero", "1", "--seq-len", short["seq_length"], "--global-batch", short["global_batch_size"],
                    "--micro-batch", short["micro_batch_size"], "--tp", str(tp), "--pp", str(pp), "--cp", str(cp),
                    "--vpp", str(vp), "--ep", str(ep), *precision]
-    if short.get("grad_reduce_in_fp32") == "False":  # else the tool's default: fp32 main gradients
+    if values.get("ddp.grad_reduce_in_fp32") == "False":  # the DDP buffers' dtype; else the tool's default, fp32
         recipe.argv += ["--grad-dtype", "bf16"]
     if ep > 1:
         recipe.argv += ["--etp", "1"]  # NVIDIA's MoE recipes: expert_tensor_parallel_size 1

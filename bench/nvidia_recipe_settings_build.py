@@ -134,6 +134,7 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
                 # gradient reduction and the loss kernel (perf_recipes/_common.py:31-73 at 067f987)
                 impl = next((literal(kw.value) for kw in stmt.value.keywords if kw.arg == "cross_entropy_impl"), "te")
                 out["ddp.grad_reduce_in_fp32"] = Setting("False", at)
+                out["mixed_precision.grad_reduce_in_fp32"] = Setting("False", at)
                 out["model.cross_entropy_fusion_impl"] = Setting(impl, at)
             else:
                 out.update(settings_of(callee, funcs, (*seen, name)))
