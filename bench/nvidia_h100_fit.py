@@ -127,6 +127,8 @@ def express(name: str, values: dict[str, str]) -> Recipe:
                    "--vpp", str(vp), "--ep", str(ep), *precision]
     if values.get("ddp.grad_reduce_in_fp32") == "False":  # the DDP buffers' dtype; else the tool's default, fp32
         recipe.argv += ["--grad-dtype", "bf16"]
+    if tp > 1 and short.get("sequence_parallel") in ("True", "False"):
+        recipe.argv.append("--sequence-parallel" if short["sequence_parallel"] == "True" else "--no-sequence-parallel")
     if ep > 1:
         recipe.argv += ["--etp", "1"]  # NVIDIA's MoE recipes: expert_tensor_parallel_size 1
     if mtp:
