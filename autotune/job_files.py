@@ -326,12 +326,18 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
 def _loss_slots(model: ModelSpec, fields: dict, split: dict, notes: list[str]) -> dict:
     """The plan's loss_slots for the pipeline split a Megatron job's files state (``read_loss_slots``): {} for the
     engine's own split, with a note where autotune models no such split (the engine's own estimated instead)."""
-    from autotune.emit.megatron_layout import read_loss_slots
+    from autotune.emit.megatron_layout import rank_loads_loss_slots, read_loss_slots
 
     pp, vpp = fields.get("pp") or 1, fields.get("vpp") or 1
     if pp == 1:
         return {}
     modelled, k = read_loss_slots(model.num_layers, pp, vpp, fields.get("mtp_layers"), **split)
+    if not modelled and isinstance(split.get("layout"), str):
+        k = rank_loads_loss_slots(split["layout"], model.num_layers, pp, vpp, fields.get("mtp_layers"))
+        if k is not None:
+            notes.append(f"the pipeline layout the files state ({split['layout']}) is estimated as --loss-slots {k}: "
+                         f"the same layers on every pipeline rank (which middle rank holds an extra layer may differ)")
+            return {"loss_slots": k}
     if not modelled:
         notes.append(f"the pipeline split the files state ({split}) is not one autotune models (the engine's own, or "
                      f"the output layer and loss as K layer slots, --loss-slots): estimated with the engine's own")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import re
+import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -38,14 +39,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from autotune.cli import build_parser  # noqa: E402
-from autotune.cost.time_settings import TimeSettings  # noqa: E402
 from autotune.commands.estimate import estimate_from_flags  # noqa: E402
-from autotune.emit.megatron_layout import expanded_layout, megatron_split, split_target  # noqa: E402
+from autotune.emit.megatron_layout import megatron_split, rank_loads_loss_slots  # noqa: E402
 from autotune.errors import InputError  # noqa: E402
-from autotune.search.planner import search_plans  # noqa: E402
 from autotune.specs.presets import load_model_preset  # noqa: E402
-from autotune.specs.settings import MemorySettings  # noqa: E402
-from nvidia_plan_quality import planner_rank, search_constraints, uncertainty_family  # noqa: E402
+from nvidia_plan_quality import like_for_like_search, planner_rank, uncertainty_family  # noqa: E402
 from nvidia_recipe_settings import RecipeSettings, flags_for  # noqa: E402
 from nvidia_recipe_settings_build import MODEL_PREFIX  # noqa: E402
 
@@ -140,7 +138,8 @@ def express(name: str, values: dict[str, str]) -> Recipe:
     layers = load_model_preset(model).num_layers
     split = megatron_split(layers, pp, vp, mtp or None) if pp > 1 else None
     flags = _flags(name, short, tp, ep, split)
-    slots = loss_slots_of(short.get("pipeline_model_parallel_layout"), layers, pp, vp, mtp) \
+    layout = short.get("pipeline_model_parallel_layout")
+    slots = rank_loads_loss_slots(layout, layers, pp, vp, mtp or None) \
         if any(u.startswith("pipeline_model_parallel_layout") for u in flags.unexpressed) else None
     if slots is not None:  # the recipe's own layout, as the tool's lighter last stage with the same rank loads
         recipe.argv += ["--loss-slots", str(slots)]
@@ -157,28 +156,6 @@ def _flags(name: str, short: dict[str, str], tp: int, ep: int, split):
     settings = RecipeSettings(recipe=name, read_at="067f987df03b", values={k: (v, "") for k, v in short.items()})
     return flags_for(settings, tp, ep, split_accounts=split is not None and split.kind == "account",
                      split_layout=split.layout if split is not None else None)
-
-
-def loss_slots_of(layout: str | None, layers: int, pp: int, vp: int, mtp: int) -> int | None:
-    """The ``--loss-slots`` K (1-4) whose split puts as many layers on each pipeline rank as the recipe's
-    ``pipeline_model_parallel_layout`` does (rank 0 and the last rank exactly, the others as a multiset), or None.
-    Megatron places virtual stage i on rank i mod pp."""
-    if layout in (None, "None", ""):
-        return None
-    stages = expanded_layout(layout).split("|")
-    if len(stages) != pp * vp:
-        return None
-    def ranks(counts):
-        return [sum(counts[r::pp]) for r in range(pp)]
-    want = ranks([s.count("t") for s in stages])
-    for k in range(1, 5):
-        target = split_target(layers, pp, vp, mtp or None, k)
-        if target is None or len(target) != pp * vp:
-            continue
-        got = ranks(list(target))
-        if got[0] == want[0] and got[-1] == want[-1] and sorted(got) == sorted(want):
-            return k
-    return None
 
 
 def estimate(recipe: Recipe) -> None:
@@ -213,18 +190,7 @@ def rank(recipe: Recipe, searches: dict) -> None:
     from autotune.report import plan_summary
 
     est = recipe.result
-    plan = est.plan
-    expandable, te_loss = "--expandable-segments" in recipe.argv, "--cross-entropy" in recipe.argv
-    key = (est.model.name, est.cluster.num_gpus, plan.global_batch_size, plan.seq_len, repr(search_constraints(est)),
-           expandable, te_loss)
-    if key not in searches:
-        searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
-                                     global_batch_size=plan.global_batch_size, top_k=10,
-                                     constraints=search_constraints(est),
-                                     memory_settings=MemorySettings(expandable_segments=expandable,
-                                                                    te_cross_entropy=te_loss or None),
-                                     time_settings=TimeSettings(te_cross_entropy=te_loss or None))
-    found = searches[key]
+    found = like_for_like_search(est, recipe.argv, searches)
     recipe.rank, _ = planner_rank(found, est, frozenset({uncertainty_family(family_of(recipe.name))}))
     if found.in_order:
         first = found.in_order[0]
@@ -256,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         top10 = sum(r.rank <= 10 for r in ranked)
         gains = sorted(r.gain for r in ranked if r.gain is not None)
         print(f"NVIDIA's plan in the planner's top 10: {top10} of {len(ranked)}; median predicted gain of the first "
-              f"plan over NVIDIA's {gains[len(gains) // 2]:+.1%}" if gains else "")
+              f"plan over NVIDIA's {statistics.median(gains):+.1%}" if gains else "")
     print(f"{sum(bool(r.fits) for r in done)} of {len(done)} estimated recipes fit ({len(recipes) - len(done)} not "
           f"estimated); largest share of memory: "
           f"{max(r.total_gib / r.capacity_gib for r in done):.1%}")

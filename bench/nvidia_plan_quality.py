@@ -63,6 +63,25 @@ def planner_rank(found, est, exclude_families: frozenset[str] = frozenset()) -> 
     return tie.group_start(position) + 1, by_speed
 
 
+def like_for_like_search(est, argv: list[str], searches: dict):
+    """`autotune plan` on ``est``'s model, GPUs, batch, sequence, precision and run settings (``search_constraints``),
+    with the allocator and loss its estimate arguments ``argv`` ran (``--expandable-segments``, ``--cross-entropy
+    te``: the only value the benches write) for every searched plan; one search per workload in ``searches``."""
+    plan = est.plan
+    key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
+           plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe,
+           *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS),
+           expandable := "--expandable-segments" in argv, te_loss := "--cross-entropy" in argv)
+    if key not in searches:
+        searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
+                                     global_batch_size=plan.global_batch_size, top_k=10,
+                                     constraints=search_constraints(est),
+                                     memory_settings=MemorySettings(expandable_segments=expandable,
+                                                                    te_cross_entropy=te_loss or None),
+                                     time_settings=TimeSettings(te_cross_entropy=te_loss or None))
+    return searches[key]
+
+
 WORKLOAD_COLUMNS = ("task", "model", "system", "gpus", "precision", "gbs", "seq")
 """What makes two rows of the table the same workload (their plans and containers may differ)."""
 PLAN_COLUMNS = ("mbs", "fsdp", "tp", "pp", "cp", "vp", "ep")
@@ -135,20 +154,7 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
         print(f"\n{'row':<84}{'rank':>6}{'speed':>6}{'of':>7}{'gain':>8}  top plan")
     for c in done:
         est = c.result
-        plan = est.plan
-        constraints = search_constraints(est)
-        key = (est.model.name, est.cluster.gpu.name, est.cluster.num_gpus, est.cluster.gpus_per_node,
-               plan.global_batch_size, plan.seq_len, plan.precision, plan.fp8_recipe,
-               *(getattr(plan, name) for name in RUN_SETTINGS_SEARCHED + PEFT_SETTINGS),
-               expandable := "--expandable-segments" in c.argv,
-               te_loss := "--cross-entropy" in c.argv)  # the only value the bench writes is te (nvidia_loss_kernel)
-        if key not in searches:  # the allocator and loss NVIDIA's run had, for every searched plan (like for like)
-            searches[key] = search_plans(est.model, est.cluster, seq_len=plan.seq_len,
-                                         global_batch_size=plan.global_batch_size, top_k=10, constraints=constraints,
-                                         memory_settings=MemorySettings(expandable_segments=expandable,
-                                                                        te_cross_entropy=te_loss or None),
-                                         time_settings=TimeSettings(te_cross_entropy=te_loss or None))
-        found = searches[key]
+        found = like_for_like_search(est, c.argv, searches)
         nv = est.time.tokens_per_s
         own = frozenset({uncertainty_family(c.family)})  # its family's records out of every interval
         in_order, by_speed = planner_rank(found, est, own)

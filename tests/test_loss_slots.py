@@ -256,3 +256,23 @@ def test_megatron_lm_parses_the_emitted_split(tmp_path, capsys, flags):
     verdict = json.loads(run.stdout.strip().splitlines()[-1])
     assert verdict["ok"] is True, verdict
     assert verdict["pipeline_model_parallel_size"] == 8
+
+
+def test_a_layout_autotune_cannot_write_reads_back_as_the_k_with_the_same_rank_loads(tmp_path):
+    # NVIDIA's Llama-3 70B FP8 H100 recipe (Megatron-Bridge 067f987 perf_recipes/llama/h100/llama3.py) states
+    # 'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL' over pp 8 x vpp 5: ranks 10, 10, 10, 11, 10, 10, 10, 9 layers, the loss on the
+    # last; --loss-slots 1 loads them alike (its extra layer on rank 1). A layout no K loads alike stays the engine's.
+    model = load_model_preset("llama3-70b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
+    plan = make_plan(model, cluster, engine="megatron", tp=4, pp=8, vpp=5, zero_stage=1, seq_len=8192,
+                     global_batch_size=256, recompute="none", loss_slots=1)
+    emitted = render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"]
+    ours = megatron_split(80, 8, 5, loss_slots=1).layout
+    assert f"'{ours}'" in emitted
+    for layout, k, note in (("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 1, "estimated as --loss-slots 1"),
+                            ("Et*3|(t*2|)*37,t*2|tL", None, "not one autotune models")):  # rank 0: 11
+        path = tmp_path / "megatron_args.sh"
+        path.write_text(emitted.replace(f"'{ours}'", f"'{layout}'"))
+        job = read_job([str(path)], gpu="h100-sxm-80gb", num_gpus=64)
+        assert job.plan.loss_slots == k, layout
+        assert any(note in n for n in job.notes), job.notes

@@ -124,6 +124,27 @@ def loss_slots_of(target: tuple[int, ...], num_layers: int, pp: int, vpp: int,
     return False, None
 
 
+def rank_loads_loss_slots(layout: str, num_layers: int, pp: int, vpp: int,
+                          mtp_layers: int | None = None) -> int | None:
+    """The smallest ``loss_slots`` K whose split loads every pipeline rank as ``layout`` does (Megatron places
+    virtual stage i on rank i mod pp; a rank's load is the layers of its chunks): the first and last ranks exactly,
+    which hold the embedding and the output layer and loss, the others as a multiset. None where none does. For a
+    layout autotune cannot write itself (NVIDIA's Llama-3 70B FP8 H100 recipe moves a layer from the last rank to
+    rank 3, where K = 1 moves it to rank 1): its ranks' loads, which set the pipeline's pace, are then modelled."""
+    counts = layout_counts(layout)
+    if len(counts) != pp * vpp:
+        return None
+    want = [sum(counts[r::pp]) for r in range(pp)]
+    for k in range(1, num_layers + 2):
+        target = split_target(num_layers, pp, vpp, mtp_layers, k)
+        if target is None or len(target) != pp * vpp:
+            continue
+        got = [sum(target[r::pp]) for r in range(pp)]
+        if (got[0], got[-1]) == (want[0], want[-1]) and sorted(got) == sorted(want):
+            return k
+    return None
+
+
 def read_loss_slots(num_layers: int, pp: int, vpp: int, mtp_layers: int | None = None, first: int | None = None,
                     last: int | None = None, layout: str | None = None) -> tuple[bool, int | None]:
     """:func:`loss_slots_of` the split a job's files state: a --pipeline-model-parallel-layout string, or the first /

@@ -97,7 +97,7 @@ def test_a_recipe_layout_with_the_tools_rank_loads_is_written_as_loss_slots(esti
     r = estimated["llama3_70b_pretrain_64gpu_h100_fp8cs_config"]
     assert r.argv[r.argv.index("--loss-slots") + 1] == "1"
     assert not any(u.startswith("pipeline_model_parallel_layout") for u in r.unexpressed)
-    assert bench.loss_slots_of("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80, 8, 5, 0) == 1
-    assert bench.loss_slots_of("Et*2|(t*2|)*38,t*2L", 80, 8, 5, 0) is None  # 2 layers a stage, the last rank's too
+    assert bench.rank_loads_loss_slots("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80, 8, 5) == 1
+    assert bench.rank_loads_loss_slots("Et*2|(t*2|)*38,t*2L", 80, 8, 5) is None  # 2 layers a stage, the last rank's too
     # Kimi-K2's 'Et|(tt|)*30L' is the tool's own split already: no --loss-slots
     assert "--loss-slots" not in estimated["kimi_k2_pretrain_1024gpu_h100_bf16_config"].argv
