@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from autotune.cost.cp_ring import cp_kind
+from autotune.cost.ep_overlap import EP_A2A_OVERLAP_COST
 from autotune.cost.memory import MemoryEstimate
 from autotune.engines import engine_for
 from autotune.legend import COLUMNS, plan_legend, rejection_legend, wrap
@@ -264,9 +265,10 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                                                      else "each layer") + " (--cuda-graph)"
             if plan.cuda_graph not in (None, "none") else "no CUDA graphs"))
     if plan.ep > 1:
-        out.append("MoE all-to-alls " + ({"a2a": "behind another micro-batch's compute in 1F1B pairs",
-                                          "a2a-delay-wgrad": "behind another micro-batch's compute in 1F1B pairs, "
-                                          "weight gradients delayed"}.get(plan.ep_overlap, "waited for"))
+        paired = (f"behind another micro-batch's compute in 1F1B pairs (each second hidden costs it "
+                  f"{EP_A2A_OVERLAP_COST:.2f} s, as measured on H100)")
+        out.append("MoE all-to-alls " + ({"a2a": paired, "a2a-delay-wgrad": paired + ", weight gradients delayed"}
+                                         .get(plan.ep_overlap, "waited for"))
                    + asked("ep_overlap", "--ep-overlap"))
         out.append(f"MoE token dispatcher {plan.moe_dispatcher or 'alltoall'}" + asked("moe_dispatcher",
                                                                                     "--moe-dispatcher"))

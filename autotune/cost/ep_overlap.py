@@ -47,7 +47,23 @@ from autotune.specs.plan import ParallelPlan
 if TYPE_CHECKING:
     from autotune.cost.layer_time import LayerTime
 
-__all__ = ["paired_exposed_s", "paired_host_s", "paired_layers_s", "paired_share"]
+# What hiding an all-to-all behind the paired micro-batch's compute costs that compute, per second hidden: measured,
+# not fitted. Megatron-Bridge@067f987 skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md:62-87 (a controlled A/B,
+# 2026-07-25: Qwen3-30B-A3B pre-training on 16 H100, BF16, seq 4096, TP1 PP1 CP1 EP16, MBS 1, GBS 1024, forced
+# balance, HybridEP, Transformer Engine graph scopes moe_router + moe_preprocess; only
+# overlap_moe_expert_parallel_comm changed) profiles rank 0 with Nsight Systems, the same 463,348 kernels each way:
+# communication concurrent with GEMM / attention went from 9.079 ms to 3,958.997 ms, but the GPU-active interval
+# union fell only from 22.821 s to 21.221 s. Had the compute run as fast beside the all-to-all, the union would have
+# fallen by the whole concurrent time; the 2.359 s it did not is the compute's slowdown: 0.596 of each second hidden
+# (the dispatcher's kernels hold SMs for their whole transfer, HybridEP 32 of an H100's 132, and share HBM). The
+# model hides 4.17 s of that run's all-to-all (autotune estimate, the A/B's flags), as much as the profile's 3.96 s.
+# It replaces the shared ``Efficiency.overlap_cost`` (0.21, fitted on NCCL collectives behind GEMMs) for the
+# all-to-all alone; bench/ep_overlap_ab.py checks it on the same page's other A/B (the alltoall dispatcher, no CUDA
+# graphs: 41.25 s off, 31.31 s on), which it was not taken from.
+_CONCURRENT_S, _UNION_OFF_S, _UNION_ON_S = 3.958997, 22.821, 21.221
+EP_A2A_OVERLAP_COST = (_CONCURRENT_S - (_UNION_OFF_S - _UNION_ON_S)) / _CONCURRENT_S
+
+__all__ = ["EP_A2A_OVERLAP_COST", "paired_exposed_s", "paired_host_s", "paired_layers_s", "paired_share"]
 
 HostIssue = tuple[float, float, float, float, float]
 """Host seconds to issue one MoE layer's (pre_dispatch forward, experts forward, pre_dispatch backward, experts'

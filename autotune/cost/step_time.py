@@ -16,7 +16,8 @@ per block, TP collectives overlap GEMMs with ``--tp-comm-overlap`` / async TP, a
 collective runs behind the weight-gradient GEMM (``autotune.cost.layer_time.layer_passes``). Pipeline sends are
 split over the TP ranks where the engine does (Megatron's scatter/gather); gradients accumulated outside the
 GEMMs (DeepSpeed's BF16_Optimizer) cost HBM time every micro-batch. Hidden communication still costs
-``overlap_cost`` of its time (NCCL kernels share the SMs and HBM).
+``overlap_cost`` of its time (NCCL kernels share the SMs and HBM); the EP overlap's hidden all-to-all its own measured
+share (``autotune.cost.ep_overlap.EP_A2A_OVERLAP_COST``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from autotune.cost import comm, run_settings
 from autotune.cost.activation_offload import offload_exposed_s, offloaded_activation_bytes
 from autotune.cost.cp_ring import cp_kind
-from autotune.cost.ep_overlap import paired_exposed_s, paired_host_s, paired_share
+from autotune.cost.ep_overlap import EP_A2A_OVERLAP_COST, paired_exposed_s, paired_host_s, paired_share
 from autotune.cost.expert_padding import expert_padding_rows
 from autotune.cost.fused_grouped_mlp import fused_grouped_mlp
 from autotune.cost.flops import StepFlops, cached_step_flops
@@ -219,9 +220,10 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     assert worst is not None
     compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden, moe_paired = worst
     hidden += tp_hidden
+    ep_hidden = 0.0  # all-to-all hidden behind the paired micro-batch's compute (costs EP_A2A_OVERLAP_COST of it)
     if (share := paired_share(plan)) > 0:  # paired micro-batches hide their all-to-alls behind the other's compute
         paired_c = share * moe_paired + (1 - share) * moe_c
-        hidden += moe_c - paired_c
+        ep_hidden = moe_c - paired_c
         comm_mb += paired_c - moe_c
         moe_c = paired_c
     m = plan.num_microbatches
@@ -332,7 +334,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
                                                engine.layer_split_of(plan, model.num_layers))
         offload += m * offload_exposed_s(offloaded, cluster, fwd_mb, compute_mb - fwd_mb)
 
-    contention = eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
+    contention = (eff.overlap_cost * (m * max(0.0, hidden) + max(0.0, hidden_dp))
+                  + EP_A2A_OVERLAP_COST * m * max(0.0, ep_hidden))
     compute = m * compute_mb + contention
     exposed_comm = m * comm_mb + dp_exposed + pp_comm + zero3_exposed
     step = compute + exposed_comm + bubble + offload + optimizer
