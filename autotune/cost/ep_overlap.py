@@ -29,10 +29,12 @@ host's issue times per node (``host``) and keeps that order and that wait.
 
 Only the steady phase pairs micro-batches (``pipeline_parallel/combined_1f1b.py:51-65`` without pipelining: the
 first forward and the last backward run alone; ``schedules.py:939-943`` with interleaving: one forward more
-before the steady phase): the others' all-to-alls wait as without the overlap (:func:`paired_share`). Not
-modelled: the TP collectives stay on the compute stream where ``layer_passes`` puts them; the dispatcher's
-permutations (``autotune.cost.moe_time``) count with the attention side, the received tokens' sort among them, not
-with the experts; the one-layer peak of two micro-batches' activations without pipelining.
+before the steady phase): the others' all-to-alls wait as without the overlap (:func:`paired_share`). What the
+schedule hides still slows the compute beside it (``EP_A2A_OVERLAP_COST`` of each hidden second, charged by
+``autotune.cost.step_time``). Not modelled: the TP collectives stay on the compute stream where ``layer_passes``
+puts them; the dispatcher's permutations (``autotune.cost.moe_time``) count with the attention side, the received
+tokens' sort among them, not with the experts; the one-layer peak of two micro-batches' activations without
+pipelining.
 """
 
 from __future__ import annotations
