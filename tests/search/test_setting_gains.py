@@ -61,10 +61,11 @@ def test_moe_bundle_is_searched_and_its_plan_is_valid(deepseek):
 def test_the_line_promises_about_what_nvidia_measured_with_those_settings(deepseek):
     """NVIDIA ran that workload with the same bundle and measured 4,912 tokens/s per GPU; the default search's
     fastest is predicted far below it and the line's plan lifts it well up, but not past it: the line's plan keeps
-    pp 1 (the search splits DeepSeek-V3's 61 layers over no pipeline) and so tp 2, whose EP 64 groups span two
-    64-GPU NVLink domains: twice the all-to-all of NVIDIA's pipelined plan (tp 1, 6.9 s against 3.1 s a step without
-    the overlap), each hidden second paying the measured cost of hiding (autotune.cost.ep_overlap.EP_A2A_OVERLAP_COST).
-    `autotune estimate` puts NVIDIA's own plan within 2% of 4,912 (bench/opt_in_settings.py: every 26.08 MoE row)."""
+    pp 1 (the default search has no even split of DeepSeek-V3's 61 layers; --uneven-layouts searches the others)
+    and so tp 2, whose EP 64 groups span two 64-GPU NVLink domains: twice the all-to-all of NVIDIA's pipelined plan
+    (tp 1, 6.9 s against 3.1 s a step without the overlap), each hidden second paying the measured cost of hiding
+    (autotune.cost.ep_overlap.EP_A2A_OVERLAP_COST). `autotune estimate` puts NVIDIA's own plan within 2% of 4,912
+    (bench/opt_in_settings.py: every 26.08 MoE row)."""
     lines = (REPO / "bench" / "data" / "nvidia_recipes_blackwell.csv").read_text().splitlines()
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
     (row,) = [r for r in rows if (r["container"], r["model"], r["system"]) == ("26.08", "DeepSeekV3", "DGX-GB200")]
