@@ -1,7 +1,10 @@
 """The NVIDIA bench's MoE rows split by their recipe's expert-parallel all-to-all overlap (Megatron
 ``--overlap-moe-expert-parallel-comm``, ``ParallelPlan.ep_overlap``): within one family, do the rows that overlap
 lean faster than measured than the rows that do not? A gap that holds in every family says the overlap's credit
-(autotune.cost.ep_overlap: two streams at full speed) is off, not the family's other terms.
+(autotune.cost.ep_overlap: two streams, the hidden all-to-all slowing the compute beside it by the measured
+EP_A2A_OVERLAP_COST) is off, not the family's other terms. With the shared overlap_cost (0.21) in its place the
+gaps were +4.5 (DeepSeek-V3) to +16.6 points (GPT-OSS-120B), every family the same way; with the measured cost they
+are -5.1 to +10.6 (2026-12-05).
 """
 
 from __future__ import annotations
