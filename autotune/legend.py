@@ -109,6 +109,8 @@ REJECTIONS: dict[str, str] = {
     "gpu_memory": "does not fit in GPU memory",
     "host_memory": "offloaded states do not fit in host memory",
     "headroom": "fits, but with less than --min-headroom-gib to spare",
+    "recompute_unneeded": "a recompute-module set the engine searches, at a micro-batch that fits without recompute "
+                          "or with a narrower set",
 }
 # Engine rule "<engine>:<dimension>": the engine cannot run that dimension of the plan.
 ENGINE_DIMENSIONS: dict[str, str] = {

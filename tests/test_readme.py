@@ -135,10 +135,10 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 assert "goodput" in out and "step-time #" in out
                 assert re.search(r"mfsdp-optim-grads .* 0\.5%\s+async", out), out
                 assert re.search(r"mds-zero2 .* 4\.9%\s+block", out), out
-            elif argv[0] == "plan" and "deepseek-v3" in argv:  # the promise of its comment: NVIDIA's bundle, +17%
+            elif argv[0] == "plan" and "deepseek-v3" in argv:  # the promise of its comment: NVIDIA's bundle, +8%
                 line = next(ln for ln in out.splitlines() if ln.startswith("opt-in run settings"))
                 assert "--cuda-graph full-iteration --moe-dispatcher flex-hybridep --ep-overlap a2a-delay-wgrad" in line
-                assert 15 < float(re.search(r"([+-][\d.]+)% over this search's fastest", line).group(1)) < 19, line
+                assert 6 < float(re.search(r"([+-][\d.]+)% over this search's fastest", line).group(1)) < 10, line
             elif argv[0] == "plan":
                 assert "tokens/s" in out and "legend:" in out and "rules:" in out
             elif argv[0] == "emit":

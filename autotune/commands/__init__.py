@@ -232,7 +232,9 @@ def add_run_settings(g) -> None:
                         "default: the engine's own (unchunked)")
     g.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None, metavar="MODULE",
                    help="with --recompute selective, what it reruns in backward (Megatron --recompute-modules: "
-                        f"{', '.join(RECOMPUTE_MODULES)}); default: the engine's own (Megatron: core_attn)")
+                        f"{', '.join(RECOMPUTE_MODULES)}); default: the engine's own (Megatron: core_attn; `plan` also "
+                        "tries moe_act, then mla_up_proj, then moe_act layernorm on MoE / MLA models, each where no "
+                        "recompute and no narrower set fits)")
     g.add_argument("--cuda-graph", choices=CUDA_GRAPHS, default=None,
                    help="CUDA graphs of the training layers (Megatron --cuda-graph-impl): one launch per captured part "
                         "instead of one per kernel (full-iteration: one for the whole forward-backward, Megatron "

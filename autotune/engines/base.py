@@ -203,6 +203,14 @@ class Engine(ABC):
         del release, model
         return {}
 
+    def searched_recompute_modules(self, model: ModelSpec, precision: str,
+                                   fp8_recipe: str | None) -> tuple[tuple[str, ...], ...]:
+        """The module sets (``ParallelPlan.recompute_modules``) the planner searches as selective recompute modes of
+        ``model``'s plans at ``precision`` / ``fp8_recipe`` (None: the engine's), beside the engine's default set;
+        each one the engine's rules accept for such a plan. None here: an engine searches only its default."""
+        del model, precision, fp8_recipe
+        return ()
+
     def release_cost_settings(self, release: str) -> dict[str, object]:
         """What a release's code does that no plan field says and the cost model must know: fields of
         ``MemorySettings`` / ``TimeSettings`` (``selective_policy``: what its selective recompute keeps). The command

@@ -33,6 +33,7 @@ from autotune.engines.megatron_rules import (
     cuda_graph_rules,
     fp8_attention_rules,
     ep_overlap_rules,
+    module_set_rules,
     moe_dispatcher_rules,
     mtp_rules,
     token_drop_rules,
@@ -54,6 +55,18 @@ def _fp8_attention_facts(fp8_recipe: str) -> ActivationFacts:
     """Megatron's facts with its attention in FP8 under ``fp8_recipe``: one object per recipe (the ledger's caches
     key on the facts' identity)."""
     return dataclasses.replace(MEGATRON_FACTS, fp8_attention_recipe=fp8_recipe)
+
+
+RECIPE_MODULE_SETS = (("moe_act",), ("mla_up_proj",), ("moe_act", "layernorm"))
+"""The ``--recompute-modules`` sets searched on mixture-of-experts / MLA models beside the default (core_attn), where
+the engine's rules accept them (``module_set_rules``: mla_up_proj needs MLA, moe_act an MoE layer), narrowest first:
+the planner tries a broader one only where a narrower one does not fit, as Megatron-Bridge@067f987 skills/
+nemo-mbridge-perf-activation-recompute/SKILL.md:128-131,168-175 advises from its matched H100 runs (Moonlight-16B:
+moe_act freed about what mla_up_proj did at +2.0% against +5.2% step time; layernorm beside moe_act +10.8% and no
+further memory; Nemotron-3 Nano: layernorm beside moe freed 1.0 GB more at +3.1%). mla_up_proj is what NVIDIA's
+DeepSeek-V3 / Kimi-K2 recipes run (@fcbb6031103d scripts/performance/configs/deepseek/
+deepseek_workload_base_configs.py#L104), moe_act + layernorm its GPT-OSS-120B BF16 ones (@c810129341a8 scripts/
+performance/configs/gpt_oss/gpt_oss_workload_base_configs.py#L58)."""
 
 
 class MegatronEngine(Engine):
@@ -132,6 +145,10 @@ class MegatronEngine(Engine):
                               "megatron/core/transformer/transformer_block.py:76 get_num_layers_to_build",
                "loss_slots": "megatron/core/transformer/pipeline_parallel_layer_layout.py (a stage of \"L\" alone); "
                              "autotune/specs/layout.py split_scheme"}
+
+    def searched_recompute_modules(self, model, precision, fp8_recipe):
+        recipe = fp8_recipe or self.comm.fp8_recipe
+        return tuple(m for m in RECIPE_MODULE_SETS if not module_set_rules(model, m, precision, recipe))
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []

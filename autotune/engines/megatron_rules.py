@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
-           "fp8_attention_rules", "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules", "token_drop_rules"]
+           "fp8_attention_rules", "module_set_rules", "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules",
+           "token_drop_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -28,7 +29,12 @@ _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 def recompute_module_rules(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str) -> list[Rule]:
     """What Megatron refuses of ``plan.recompute_modules`` for this model, and the modules that would recompute
     nothing in it (refused too: the estimate would not move, and the user asked for a saving)."""
-    modules = plan.recompute_modules or ()
+    return module_set_rules(model, plan.recompute_modules or (), plan.precision, fp8_recipe)
+
+
+def module_set_rules(model: ModelSpec, modules: tuple[str, ...], precision: str, fp8_recipe: str) -> list[Rule]:
+    """``recompute_module_rules`` of a plan of ``model`` at ``precision`` / ``fp8_recipe`` that names ``modules``
+    (the rules read nothing else of the plan)."""
     out: list[Rule] = []
 
     def bad(message: str, source: str = _SRC) -> None:
@@ -55,7 +61,7 @@ def recompute_module_rules(model: ModelSpec, plan: ParallelPlan, fp8_recipe: str
         bad(f"layernorm in --recompute-modules recomputes nothing in {model.name}: Transformer Engine fuses the "
             f"input norm into the QKV linear and dense layers have no separate pre-MLP norm: drop it",
             "megatron/core/models/gpt/gpt_layer_specs.py:313-336")
-    if plan.precision == "fp8" and fp8_recipe == "te-delayed" and {"moe_act", "layernorm"} & set(modules):
+    if precision == "fp8" and fp8_recipe == "te-delayed" and {"moe_act", "layernorm"} & set(modules):
         bad("Delayed scaling does not support moe_act and layernorm recompute for fp8: use --fp8-recipe te-current "
             "or drop them", f"{_SRC}:1820-1826")
     return out

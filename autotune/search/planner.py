@@ -25,7 +25,7 @@ from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner
                             vpp_problems)
 from autotune.search.loss_slots import search_loss_slots
 from autotune.search.result import SearchResult
-from autotune.search.space import SearchConstraints, dimension_values, replica_counts
+from autotune.search.space import SearchConstraints, dimension_values, replica_counts, with_release_cost
 from autotune.search.ties import rank_with_ties
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -111,10 +111,9 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
     rejections: Counter[str] = Counter()
     feasible: list[Estimate] = []
     enumerated = 0
-    inner = len(dims.recompute) * len(dims.micro_batch_sizes)
     variant_rules: dict[tuple, str | None] = {}  # _probe_rule's, over every layout
 
-    cost_settings = {engine: _with_release_cost(memory_settings, time_settings, cost)
+    cost_settings = {engine: with_release_cost(memory_settings, time_settings, cost)
                      for engine, cost in dims.cost_settings.items()}
     for engine in dims.engines:
         scheme = engine_for(engine).support.layer_split
@@ -127,7 +126,8 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                         continue  # not a layout of this cluster: never generated
                     dp = n // (tp * cp * pp)
                     sp = tp > 1 and engine_for(engine).support.sequence_parallel
-                    per_variant = inner * len(dims.offload_optimizer) * len(dims.offload_param) * len(dims.precisions)
+                    per_variant = len(dims.micro_batch_sizes) * len(dims.offload_optimizer) * len(dims.offload_param) \
+                        * sum(len(dims.recompute_modes[engine, p]) for p in dims.precisions)
                     variants = [(z, r) for z in dims.zero_stages for r in replica_counts(dims, engine, z, dp, tp, cp)]
                     for vpp in dims.vpp:
                         for ep in dims.ep:
@@ -159,18 +159,6 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                           for engine, taken in dims.release_defaults.items()},
                         release_cost_settings={engine: {"release": c.engine_versions[engine], "settings": dict(cost)}
                                                for engine, cost in dims.cost_settings.items()})
-
-
-def _with_release_cost(memory_settings: MemorySettings, time_settings: TimeSettings,
-                       cost: dict) -> tuple[MemorySettings, TimeSettings]:
-    """The search's settings with a release's cost settings (``DimensionValues.cost_settings``) in each field the
-    caller left None (one it set wins, as a run setting the constraints fix wins over the release's default): made
-    once per engine and search, so the cost model's caches, keyed by the settings' ids, stay warm."""
-    def filled(settings):
-        unset = {k: v for k, v in cost.items() if getattr(settings, k) is None}
-        return replace(settings, **unset) if unset else settings
-
-    return filled(memory_settings), filled(time_settings)
 
 
 def _layout_plan(engine, tp, cp, pp, dp, vpp, ep, seq_len, global_batch_size, sp) -> ParallelPlan:
@@ -206,16 +194,17 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
 
     Two shortcuts, both exact. The rules other than the inner ones read the replica count only as
     ``dp_replicate > 1`` (``support_problems``' hybrid_shard, fsdp's hybrid_no_shard), so a variant's first rule
-    is looked up by that, and so is the first inner rule of each recompute mode and micro-batch. And a plan's memory grows with its replica count, all else equal (smaller shard groups
+    is looked up by that, and so is the first inner rule of each recompute mode (with its modules) and micro-batch.
+    And a plan's memory grows with its replica count, all else equal (smaller shard groups
     hold more of the model states; activations, buffers and the allocator's outside bytes do not read it:
     tests/search/test_replica_monotonicity), so where a replica count did not fit in GPU memory at a recompute
     mode and micro-batch, the larger counts of the same variant are counted as not fitting there without being
     estimated (replica counts ascend, ``replica_counts``)."""
     global_batch_size, dp = layout.global_batch_size, layout.dp
-    inner = len(dims.recompute) * len(dims.micro_batch_sizes)
+    inner = {p: len(dims.recompute_modes[layout.engine, p]) * len(dims.micro_batch_sizes) for p in dims.precisions}
     outer_rule: dict[tuple, str | None] = {}
     inner_rule: dict[tuple, str | None] = {}  # the same, with the recompute mode and micro-batch
-    gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, recompute) -> (mb index, replicas)
+    gpu_full_at: dict[tuple, tuple[int, int]] = {}  # (zero, offloads, precision, mode) -> (mb index, replicas)
     settings = dims.run_settings[layout.engine]  # the engine's own: its release's defaults under the asked
     base_fields = dict(engine=layout.engine, tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, vpp=layout.vpp,
                        ep=layout.ep, seq_len=layout.seq_len, global_batch_size=global_batch_size,
@@ -257,7 +246,7 @@ def _search_variants(model, cluster, layout, variants, dims, memory_settings, ti
                                                   shortcut, first_probe)
                         outer_rule[key] = rule
                     if rule is not None:
-                        rejections[rule] += inner
+                        rejections[rule] += inner[precision]
                         continue
                     if probe is None:  # the rules passed on another variant's probe: the layout's first, recast
                         probe = first_probe[0].with_sharding(zero, rep, off_opt, off_param, precision,
@@ -317,35 +306,42 @@ def _probe_rule(model, cluster, dims, base, settings, prefix, variant_rules, sho
 
 def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_settings, time_settings, min_headroom,
                   rejections, feasible, gpu_full_at, variant, inner_rule, rules_key) -> None:
-    """The recompute modes and micro-batches of one variant. ``probe``: the plan its rules were checked on
-    (``_probe_rule``), or one that differs from it only in the micro-batch, accumulation and recompute; where it is
-    one of these plans, it is that plan, and the others are made from it (``ParallelPlan.with_microbatch``)."""
+    """The recompute modes (``DimensionValues.recompute_modes``) and micro-batches of one variant. ``probe``: the plan
+    its rules were checked on (``_probe_rule``), or one that differs from it only in those and the accumulation; where
+    it is one of these plans, it is that plan, and the others are made from it (``ParallelPlan.with_microbatch``).
+    The engine's module sets (the modes after ``dims.recompute``, narrowest first) only save memory: one is tried at
+    a micro-batch only where neither no recompute nor a narrower set fits (``Engine.searched_recompute_modules``)."""
     rep = probe.dp_replicate
+    fit_before: set[int] = set()  # the micro-batches a plan without recompute, or with a searched set, fits at
     capacity = float(cluster.gpu.memory_bytes)  # MemoryEstimate.capacity
     floor = 0.0  # a lower bound on the total of every ledger of this variant (``states_floor``), once one is built
-    for recompute in dims.recompute:
+    for k, mode in enumerate(dims.recompute_modes[probe.engine, probe.precision]):  # (recompute, modules)
         mbs = dims.micro_batch_sizes
-        known = gpu_full_at.get((*variant, recompute))
+        known = gpu_full_at.get((*variant, mode))
         full_from = known[0] if known is not None and known[1] < rep else len(mbs)
         for i, mb in enumerate(mbs):
             if global_batch_size % (mb * dp):
                 rejections["batch_triple"] += 1
+                continue
+            if k >= len(dims.recompute) and mb in fit_before:
+                rejections["recompute_unneeded"] += 1
                 continue
             if i >= full_from:
                 # A smaller replica count reached the memory estimate here (its rules passed, as they do here)
                 # and did not fit in GPU memory: this one holds more.
                 rejections["gpu_memory"] += len(mbs) - i
                 break
-            rule_key = (rules_key, recompute, mb)
+            rule_key = (rules_key, mode, mb)
             rule = inner_rule.get(rule_key, _UNCHECKED)
             if rule is not None and rule is not _UNCHECKED:
                 rejections[rule] += 1
                 continue
             accumulation = global_batch_size // (mb * dp)
-            if probe.micro_batch_size == mb and probe.recompute == recompute and probe.grad_accum_steps == accumulation:
+            if (probe.micro_batch_size, probe.grad_accum_steps, probe.recompute, probe.recompute_modules) \
+                    == (mb, accumulation, *mode):
                 plan = probe
             else:
-                plan = probe.with_microbatch(mb, accumulation, recompute)
+                plan = probe.with_microbatch(mb, accumulation, *mode)
             if rule is _UNCHECKED:
                 problems = inner_plan_problems(model, cluster, plan)  # the probe passed every other rule
                 inner_rule[rule_key] = problems[0][0] if problems else None
@@ -357,7 +353,7 @@ def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_set
                 # neither does this micro-batch and recompute mode, so its ledger is not built; counted as it counts.
                 assert not _VERIFY_SHORTCUTS or not estimate_memory(model, cluster, plan, memory_settings).fits_gpu
                 if known is None or i < known[0]:
-                    gpu_full_at[(*variant, recompute)] = (i, rep)
+                    gpu_full_at[(*variant, mode)] = (i, rep)
                 rejections["gpu_memory"] += len(mbs) - i
                 break
             memory = estimate_memory(model, cluster, plan, memory_settings)
@@ -370,13 +366,15 @@ def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_set
                 if not fits_gpu:
                     floor = max(floor, states_floor(memory, memory_settings))
                 if not fits_gpu and (known is None or i < known[0]):
-                    gpu_full_at[(*variant, recompute)] = (i, rep)
+                    gpu_full_at[(*variant, mode)] = (i, rep)
                 # Larger micro-batches only hold more activations: they do not fit either.
                 rest = len(mbs) - i
                 rejections[reason] += rest
                 break
             step = estimate_step_time(model, cluster, plan, time_settings)
             feasible.append(_estimate(model, cluster, plan, memory, step))  # Estimate(model, cluster, plan, ...)
+            if mode[0] == "none" or k >= len(dims.recompute):
+                fit_before.add(mb)
 
 
 def explain_winner(ranked: tuple[Estimate, ...]) -> str:

@@ -9,7 +9,7 @@ everything generated is judged by the plan rules, so rejections are counted by r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.specs.hardware import ClusterSpec
 from autotune.engines import engine_for
@@ -18,8 +18,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import RUN_SETTINGS
 
-__all__ = ["SearchConstraints", "dimension_values", "release_cost_settings", "release_defaults_taken",
-           "replica_counts", "UNEVEN_LOSS_SLOTS"]
+__all__ = ["SearchConstraints", "dimension_values", "recompute_modes", "release_cost_settings", "release_defaults_taken",
+           "replica_counts", "UNEVEN_LOSS_SLOTS", "with_release_cost"]
 
 # The output layer and loss's layer slots (``ParallelPlan.loss_slots``) --uneven-layouts searches on Megatron and fsdp
 # (torchtitan) plans with a pipeline: the 16-bit output layer and the cross entropy cost about 2-5 layers' time on the last stage
@@ -76,8 +76,9 @@ class SearchConstraints:
     loss_chunks: int | None = None
     """Every plan's ``loss_chunks`` (None: each engine's default)."""
     recompute_modules: tuple[str, ...] | None = None
-    """What every plan's selective recompute reruns (None: each engine's default); given, only selective recompute is
-    searched."""
+    """What every plan's selective recompute reruns; given, only selective recompute is searched. None: each engine's
+    default set, and beside it the sets the engine searches for the model (``Engine.searched_recompute_modules``:
+    Megatron-core, those NVIDIA's recipes run on MoE / MLA models)."""
     cuda_graph: str | None = None
     """Every plan's CUDA graphs (None: each engine's default)."""
     cuda_graph_scope: tuple[str, ...] | None = None
@@ -153,6 +154,25 @@ class DimensionValues:
     cost_settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     """{engine: what its release's code does that no plan field says} (``release_cost_settings``; engines whose
     release has none left out): the search estimates that engine's plans with them, as ``estimate`` does."""
+    recompute_modes: Mapping[tuple[str, str], tuple[tuple[str, tuple[str, ...] | None], ...]] = \
+        field(default_factory=dict)
+    """{(engine, precision): the (recompute, recompute_modules) pairs its plans are searched at} (``recompute_modes``)."""
+
+
+def recompute_modes(c: SearchConstraints, model: ModelSpec, precisions: tuple[str, ...], recompute: tuple[str, ...],
+                    run_settings: Mapping[str, Mapping[str, object]]) -> dict:
+    """{(engine, precision): the recompute modes searched}: each of ``recompute`` with the engine's modules (the ones
+    asked, None: its default set) and, where selective recompute is searched and no modules were asked, a selective
+    mode for each module set the engine searches for this model (``Engine.searched_recompute_modules``)."""
+    out = {}
+    for engine in c.engines:
+        asked = run_settings[engine]["recompute_modules"]
+        for precision in precisions:
+            recipe = run_settings[engine]["fp8_recipe"] if precision == "fp8" else None
+            more = engine_for(engine).searched_recompute_modules(model, precision, recipe) \
+                if asked is None and "selective" in recompute else ()
+            out[(engine, precision)] = (*((r, asked) for r in recompute), *(("selective", m) for m in more))
+    return out
 
 
 def release_defaults_taken(c: SearchConstraints, precisions: tuple[str, ...], model=None) -> dict[str, dict[str, object]]:
@@ -180,6 +200,18 @@ def release_cost_settings(c: SearchConstraints) -> dict[str, dict[str, object]]:
         if release is not None and (cost := engine_for(engine).release_cost_settings(release)):
             out[engine] = dict(cost)
     return out
+
+
+def with_release_cost(memory_settings, time_settings, cost: dict) -> tuple:
+    """The search's ``MemorySettings`` and ``TimeSettings`` with a release's cost settings (``DimensionValues.
+    cost_settings``) in each field the caller left None (one it set wins, as a run setting the constraints fix wins
+    over the release's default): made once per engine and search, so the cost model's caches, keyed by the settings'
+    ids, stay warm."""
+    def filled(settings):
+        unset = {k: v for k, v in cost.items() if getattr(settings, k) is None}
+        return replace(settings, **unset) if unset else settings
+
+    return filled(memory_settings), filled(time_settings)
 
 
 def replica_counts(dims: DimensionValues, engine: str, zero_stage: int, dp: int, tp: int, cp: int) -> tuple[int, ...]:
@@ -245,12 +277,15 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                           "--precision fp8 --fp8-recipe te-mxfp8, or drop --fp8-output-proj"], subject="plan request")
     asked = {name: getattr(c, name) for name in RUN_SETTINGS}
     taken = release_defaults_taken(c, precisions, model)
+    run_settings = {e: asked | taken.get(e, {}) for e in c.engines}
+    recompute = ("selective",) if c.recompute_modules else c.recompute
     return DimensionValues(engines=c.engines, tp=tps, cp=cps, pp=pps, vpp=vpps, ep=eps,
                            zero_stages=c.zero_stages, offload_optimizer=offload, offload_param=offload,
                            precisions=precisions, micro_batch_sizes=mbs,
-                           recompute=("selective",) if c.recompute_modules else c.recompute,
+                           recompute=recompute,
                            dp_replicate=c.dp_replicate, gpus_per_node=cluster.gpus_per_node,
                            uneven_layouts=c.uneven_layouts, loss_slots=UNEVEN_LOSS_SLOTS if c.uneven_layouts else (),
-                           run_settings={e: asked | taken.get(e, {}) for e in c.engines}, release_defaults=taken,
+                           run_settings=run_settings, release_defaults=taken,
+                           recompute_modes=recompute_modes(c, model, precisions, recompute, run_settings),
                            peft_settings={name: getattr(c, name) for name in PEFT_SETTINGS},
                            cost_settings=release_cost_settings(c))

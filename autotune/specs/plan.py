@@ -364,17 +364,18 @@ class ParallelPlan:
     def with_(self, **changes) -> ParallelPlan:
         return replace(self, **changes)
 
-    def with_microbatch(self, micro_batch_size: int, grad_accum_steps: int, recompute: str) -> ParallelPlan:
-        """``with_(micro_batch_size=..., grad_accum_steps=..., recompute=...)``, as the planner's inner loop asks for
-        ~10^4 of them: the other fields are this (valid) plan's, so only the three are checked, and the copy is
-        made without the frozen dataclass's per-field ``object.__setattr__`` (``autotune.specs.frozen``: a third of
-        the time)."""
+    def with_microbatch(self, micro_batch_size: int, grad_accum_steps: int, recompute: str,
+                        recompute_modules: tuple[str, ...] | None = None) -> ParallelPlan:
+        """``with_(...)`` of these four fields (modules in :data:`RECOMPUTE_MODULES` order), as the planner's inner loop
+        asks for ~10^4 of them: the other fields are this (valid) plan's, so only the four are checked, and the copy
+        is made without the frozen dataclass's per-field ``object.__setattr__`` (``autotune.specs.frozen``)."""
         if not (type(micro_batch_size) is int and micro_batch_size >= 1 and type(grad_accum_steps) is int
                 and grad_accum_steps >= 1 and recompute in _RECOMPUTES
-                and (self.recompute_modules is None or recompute == "selective")):
+                and (recompute_modules is None or (recompute == "selective" and recompute_modules == tuple(
+                    m for m in RECOMPUTE_MODULES if m in recompute_modules)))):
             return replace(self, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                           recompute=recompute)  # reports what is wrong
-        return _copy_with_microbatch(self, micro_batch_size, grad_accum_steps, recompute)
+                           recompute=recompute, recompute_modules=recompute_modules)  # reports what is wrong
+        return _copy_with_microbatch(self, micro_batch_size, grad_accum_steps, recompute, recompute_modules)
 
     def with_sharding(self, zero_stage: int, dp_replicate: int, offload_optimizer: str, offload_param: str,
                       precision: str, fp8_recipe: str | None) -> ParallelPlan:
@@ -393,6 +394,7 @@ class ParallelPlan:
         return new
 
 
-_copy_with_microbatch = copier(ParallelPlan, ("micro_batch_size", "grad_accum_steps", "recompute"))
+_copy_with_microbatch = copier(ParallelPlan, ("micro_batch_size", "grad_accum_steps", "recompute",
+                                              "recompute_modules"))
 _copy_with_sharding = copier(ParallelPlan, ("zero_stage", "dp_replicate", "offload_optimizer", "offload_param",
                                             "precision", "fp8_recipe"))

@@ -179,6 +179,29 @@ def test_the_planner_ranks_only_plans_the_engine_accepts(name):
         assert plan_problems(MODEL, CLUSTER, est.plan) == [], est.plan
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_recompute_module_sets_an_engine_searches_pass_its_own_rules(name):
+    """``Engine.searched_recompute_modules``: each set, on a plan of that model and precision, breaks none of the
+    engine's rules on recompute modules; the set is in the plan field's order."""
+    import dataclasses
+
+    from autotune.specs.loading import load_model
+    from autotune.specs.plan_values import RECOMPUTE_MODULES
+
+    engine, checked = ENGINES[name], 0
+    for model in (MODEL, load_model("deepseek-v3"), load_model("qwen3-30b-a3b")):
+        for precision in engine.support.precisions:
+            for recipe in engine.support.fp8_recipes if precision == "fp8" else (None,):
+                for modules in engine.searched_recompute_modules(model, precision, recipe):
+                    assert modules == tuple(m for m in RECOMPUTE_MODULES if m in modules)
+                    plan = dataclasses.replace(plain_plan(name), precision=precision, fp8_recipe=recipe,
+                                               recompute="selective", recompute_modules=modules)
+                    assert not [r for r in engine.plan_problems(model, CLUSTER, plan)
+                                if r.id.endswith("recompute_modules")], (model.name, precision, recipe, modules)
+                    checked += 1
+    assert name != "megatron" or checked >= 8  # Megatron: its MLA and MoE sets at every precision
+
+
 def test_the_planner_ranks_across_engines():
     result = search_plans(MODEL, CLUSTER, seq_len=2048, global_batch_size=64,
                           constraints=SearchConstraints(engines=tuple(NAMES), max_micro_batch_size=2), top_k=10)

@@ -60,7 +60,8 @@ def test_moe_bundle_is_searched_and_its_plan_is_valid(deepseek):
 
 def test_the_line_promises_about_what_nvidia_measured_with_those_settings(deepseek):
     """NVIDIA ran that workload with the same bundle and measured 4,912 tokens/s per GPU; the default search's
-    fastest is predicted far below it and the line's plan lifts it well up, but not past it: the line's plan keeps
+    fastest (Megatron-FSDP at pp 1 with mla_up_proj recompute, a module set the search tries on MLA models) is
+    predicted far below it and the line's plan lifts it, but not past it: the line's plan keeps
     pp 1 (the default search has no even split of DeepSeek-V3's 61 layers; --uneven-layouts searches the others)
     and so tp 2, whose EP 64 groups span two 64-GPU NVLink domains: twice the all-to-all of NVIDIA's pipelined plan
     (tp 1, 6.9 s against 3.1 s a step without the overlap), each hidden second paying the measured cost of hiding
@@ -72,7 +73,7 @@ def test_the_line_promises_about_what_nvidia_measured_with_those_settings(deepse
     measured = float(row["tokens_per_s_per_gpu"])
     result, _, gains = deepseek
     assert result.ranked[0].time.tokens_per_s / 256 < 0.8 * measured
-    assert gains.best.time.tokens_per_s > 1.15 * result.ranked[0].time.tokens_per_s
+    assert gains.best.time.tokens_per_s > 1.05 * result.ranked[0].time.tokens_per_s
     assert 0.8 * measured < gains.best.time.tokens_per_s / 256 < measured
 
 
