@@ -56,6 +56,7 @@ PUBLISHED = [
     ("gemma3-27b", 27.0 * B, None),  # Gemma 3 technical report (arXiv:2503.19786): 27B
     ("glm-4.5", 355.0 * B, 32.0 * B),  # zai-org/GLM-4.5 model card (arXiv:2508.06471): 355B total, 32B active
     ("kimi-k2", 1000.0 * B, 32.0 * B),  # moonshotai/Kimi-K2-Instruct model card: 1T total, 32B activated
+    ("moonlight-16b-a3b", 16.0 * B, 3.0 * B),  # Megatron-Bridge docs/models/moonlight/moonlight.md: 16B, 3B activated
     ("phi3-mini", 3.8 * B, None),  # Abdin et al. 2024 (arXiv:2404.14219): phi-3-mini 3.8B
     # NVIDIA 2024, Nemotron-4 340B Technical Report (arXiv:2406.11704), section 2: 9.4B embedding and 331.6B
     # non-embedding parameters
@@ -84,6 +85,8 @@ ACTIVE_TOLERANCE = {
     "glm-4.5": 1.7 * B,
     # "32B": 32.86B with the input embedding (1.17B), 31.69B without; printed to two digits.
     "kimi-k2": 0.9 * B,
+    # "3B" is printed to one digit: 2.91B (-2.8%) is within its 0.5B.
+    "moonlight-16b-a3b": 0.5 * B,
     # "3.3B" is printed to two digits: 3.353B (+1.6%).
     "qwen3-30b-a3b": 0.06 * B,
     # "17B" is printed to two digits: 17.17B (Scout) and 17.18B (Maverick), +1.0% and +1.1%.
