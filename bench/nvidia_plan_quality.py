@@ -26,7 +26,8 @@ RUN_SETTINGS_SEARCHED = ("cuda_graph", "cuda_graph_scope", "tp_overlap", "ep_ove
 DeepSeek-V3's: its MTP module; MXFP8 rows with FP8 attention / an MXFP8 output layer: every plan's attention / output
 layer in FP8):
 NVIDIA's plan and the plans it is ranked among then run the same settings (the TP / EP ones on the plans with tp > 1 / ep > 1). The recompute is
-searched (the planner's own choice per plan), as are the layout, micro-batch and ZeRO stage."""
+searched (the planner's own choice per plan, Megatron's module sets on MoE / MLA models included), as are the layout,
+micro-batch and ZeRO stage."""
 
 
 def uncertainty_family(family: str) -> str:
