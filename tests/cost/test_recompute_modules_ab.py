@@ -38,3 +38,11 @@ def test_the_narrow_sets_free_what_the_study_measured_within_a_third(rows, modul
     measured = rows[()].peak_gb - rows[modules].peak_gb
     predicted = rows[()].activations_gb - rows[modules].activations_gb
     assert 0.67 * measured < predicted < 1.33 * measured, (modules, measured, predicted)
+
+
+def test_the_bench_prints_every_set_and_the_control(capsys):
+    # `python bench/recompute_modules_ab.py`, as the README shows it
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("(none)", "core_attn", "mla_up_proj mlp", "layernorm moe_act"))
+    assert "control: measured 457 ms a step" in out and "SKILL.md:105-126" in out
