@@ -57,7 +57,7 @@ def _fp8_attention_facts(fp8_recipe: str) -> ActivationFacts:
     return dataclasses.replace(MEGATRON_FACTS, fp8_attention_recipe=fp8_recipe)
 
 
-RECIPE_MODULE_SETS = (("moe_act",), ("mla_up_proj",), ("moe_act", "layernorm"))
+SEARCHED_MODULE_SETS = (("moe_act",), ("mla_up_proj",), ("moe_act", "layernorm"))
 """The ``--recompute-modules`` sets searched on mixture-of-experts / MLA models beside the default (core_attn), where
 the engine's rules accept them (``module_set_rules``: mla_up_proj needs MLA, moe_act an MoE layer), narrowest first:
 the planner tries a broader one only where a narrower one does not fit, as Megatron-Bridge@067f987 skills/
@@ -148,7 +148,7 @@ class MegatronEngine(Engine):
 
     def searched_recompute_modules(self, model, precision, fp8_recipe):
         recipe = fp8_recipe or self.comm.fp8_recipe
-        return tuple(m for m in RECIPE_MODULE_SETS if not module_set_rules(model, m, precision, recipe))
+        return tuple(m for m in SEARCHED_MODULE_SETS if not module_set_rules(model, m, precision, recipe))
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []
