@@ -78,8 +78,7 @@ class SearchConstraints:
     recompute_modules: tuple[str, ...] | None = None
     """What every plan's selective recompute reruns; given, only selective recompute is searched. None: each engine's
     default set, and beside it the sets the engine searches for the model (``Engine.searched_recompute_modules``:
-    Megatron-core's moe_act, mla_up_proj and moe_act + layernorm on MoE / MLA models, each where no lighter mode
-    fits)."""
+    Megatron-core's ``SEARCHED_MODULE_SETS`` on MoE / MLA models, each where no lighter mode fits)."""
     cuda_graph: str | None = None
     """Every plan's CUDA graphs (None: each engine's default)."""
     cuda_graph_scope: tuple[str, ...] | None = None
