@@ -175,7 +175,10 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
         # Megatron-Bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py:23,29,
         # .../deepseek/workload_base_configs.py:23, .../gpt_oss/workload_base_configs.py:25
         argv += ["--etp", "1"]
-    if precision == "fp8" and row["precision"].upper().startswith("FP8-CS"):  # FP8 current scaling
+    # FP8 current scaling: "FP8-CS", and the 26.x tables' plain "FP8" (Llama rows), whose recipes are the FP8
+    # current-scaling ones (bench/nvidia_recipe_settings_build.py precision_tag; e.g. the settings file matches
+    # LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2, whose precision is Bridge's bf16_with_fp8_current_scaling_mixed)
+    if precision == "fp8" and (row["precision"].upper().startswith("FP8-CS") or row["precision"].upper() == "FP8"):
         argv += ["--fp8-recipe", "te-current"]
         notes.append("FP8 current scaling")
     elif precision == "fp8" and row["precision"].upper() in ("MXFP8", "FP8-MX"):  # MX block scaling (Blackwell)

@@ -427,3 +427,18 @@ def test_the_mxfp8_head_maps_to_its_flag_and_a_helpers_parameter_to_what_the_cal
     on = [r for r in ROWS if "--fp8-output-proj" in nrs.flags_for(SETTINGS[r["source"]], tp=1, ep=8).argv]
     assert on and {r["precision"] for r in on} <= {"MXFP8", "FP8-MX"}, {r["precision"] for r in on}
     assert {r["model"] for r in on} == {"DeepSeekV3", "GPT OSS 120B"}, {r["model"] for r in on}
+
+
+def test_plain_fp8_rows_run_the_current_scaling_recipes_the_settings_file_matched(cases):
+    # The 26.x tables write "FP8" where their recipes are the FP8 current-scaling functions (the settings file
+    # matches *_FP8_CS_* configs for those rows, whose precision is Bridge's bf16_with_fp8_current_scaling_mixed):
+    # the estimate must run that recipe, not the engine's delayed-scaling default.
+    plain = [c for c in cases if c.row["precision"] == "FP8" and c.predicted is not None]
+    assert len(plain) >= 20
+    settings = nrs.load_settings()
+    matched = [settings[c.row["source"]].recipe for c in plain if settings.get(c.row["source"]) is not None
+               and settings[c.row["source"]].recipe]
+    assert len(matched) >= 10 and all("FP8_CS" in name for name in matched), matched
+    for c in plain:
+        assert c.result.plan.fp8_recipe == "te-current", c.row["source"]
+        assert "FP8 current scaling" in c.notes, c.row["source"]
