@@ -180,14 +180,14 @@ def hf_wrap_class(model_ref: str | None) -> str | None:
 
     if not model_ref or model_ref in model_preset_names():
         return None
-    path = Path(model_ref).expanduser()
     try:
+        path = Path(model_ref).expanduser()  # RuntimeError: "~name" of a user with no home here
         if path.is_dir():
             path = path / "config.json"
         if path.suffix != ".json" or not path.is_file():
             return None
         data = read_hf_config(path)
-    except (OSError, ValueError, InputError):
+    except (OSError, ValueError, RuntimeError, InputError):
         return None
     return hf_decoder_layer(data) if "model_type" in data else None
 

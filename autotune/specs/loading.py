@@ -174,7 +174,12 @@ def load_model(ref: str) -> ModelSpec:
     ref = str(ref)
     if ref in model_preset_names():
         return load_model_preset(ref)
-    path = Path(ref).expanduser()
+    try:
+        path = Path(ref).expanduser()
+    except RuntimeError:  # pathlib: "~name" of a user with no home directory here
+        raise InputError([f"{ref[:80]!r}: {ref.split('/', 1)[0][:40]!r} names no user's home directory on this "
+                          "machine; give the file's path without it (or with ~/ for your own)"],
+                         subject="--model") from None
     try:
         is_dir = path.is_dir()
         exists = is_dir or path.exists() or path.is_symlink()

@@ -233,6 +233,19 @@ def test_hostile_model_files_are_refused_by_name(tmp_path):
         assert path[:40] in text, (what, text)
 
 
+def test_a_tilde_path_of_an_unknown_user_is_refused_not_a_traceback(monkeypatch):
+    # pathlib's expanduser raises RuntimeError for "~name" when no such user has a home directory (found by
+    # bench/hostile_campaign.py's fuzz: `--model '~~0a//'`); HOME set or not, it stays an input problem.
+    for home in ("/root", None):
+        if home is None:
+            monkeypatch.delenv("HOME", raising=False)
+        else:
+            monkeypatch.setenv("HOME", home)
+        with pytest.raises(InputError, match="names no user's home directory") as err:
+            load_model("~no-such-user-autotune/m.yaml")
+        assert "'~no-such-user-autotune'" in str(err.value)
+
+
 def test_hostile_cluster_files_are_refused(tmp_path):
     for what, (path, message) in _hostile_files(tmp_path).items():
         if what in ("long name", "nan json"):  # YAML reads NaN as a string: the schema rejects the key
