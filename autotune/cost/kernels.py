@@ -50,7 +50,15 @@ ratio flattest over r is 190 rows = 0.92 x the H200's 206 FLOP/byte (log spread 
 GEMMs' 1.11 beside them): at 2,048 rows a grouped GEMM runs 8% slower than a dense one of the same shape, at 512
 31%. With the dense curve's 27 rows the ratio fell from 3.5 (64 rows) to 1.20 (4,096). Other GPUs: the same
 multiple of their balance, an assumption (as for ``Efficiency.gemm_half_dim``); TE's grouped GEMM (cuBLASLt) is
-taken to behave as CUTLASS's."""
+taken to behave as CUTLASS's.
+
+The balance is the 16-bit one at every precision: what a few rows per expert cannot amortise is the expert's weight
+read, 2 k n FLOPs per row against k n weight elements, and an FP8 (NVFP4) weight element is a half (a quarter) of
+a 16-bit one's bytes while its tensor-core rate is twice (four times) as high, so the row count where the read
+stops mattering stays where the 16-bit measurement put it. DeepGEMM's FP8 grouped GEMMs on H800
+(bench/data/deepgemm_h800_fp8.csv, ``python bench/grouped_fp8_rows.py``) run 0.70-0.74 / 0.78-0.82 / 0.79-0.97 of
+their dense 4,096-row rate at 256 / 512 / 1,024 rows per expert: flatter still, a hand-tuned kernel; on H100 this
+curve gives 0.49 / 0.67 / 0.81 with the 16-bit balance and 0.33 / 0.49 / 0.67 with the FP8 one."""
 
 TRITON_FLASH = "fa-triton"
 """FlashAttention in pre-MLIR Triton (HazyResearch flash-attention eff9fe6b flash_attn/flash_attn_triton.py), the
@@ -214,4 +222,4 @@ def _rates(cluster: ClusterSpec, precision: str, eff: Efficiency, attention_kern
                  cast_bytes=cast_bytes,
                  cuda_core_peak=cuda_core * eff.gemm_peak_fraction,
                  cuda_core_half=eff.gemm_half_dim * cuda_core / hbm_raw, exp_delta_s=exp_delta,
-                 grouped_half=GROUPED_ROWS_HALF_DIM * _peak(cluster, linear_prec) / hbm_raw)
+                 grouped_half=GROUPED_ROWS_HALF_DIM * _peak(cluster, sixteen) / hbm_raw)  # 16-bit: docstring
