@@ -62,6 +62,7 @@ from nvidia_gpu_pairs import gpu_pairs_table
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
+from nvidia_recipe_settings_build import precision_tag
 from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
 from nvidia_variants import VARIANT_FLAGS, VARIANT_NOTES, mtp_layers
 
@@ -175,13 +176,14 @@ def estimate_argv(row: dict, preset: str, gpu: str, precision: str, zero: int = 
         # Megatron-Bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py:23,29,
         # .../deepseek/workload_base_configs.py:23, .../gpt_oss/workload_base_configs.py:25
         argv += ["--etp", "1"]
-    # FP8 current scaling: "FP8-CS", and the 26.x tables' plain "FP8" (Llama rows), whose recipes are the FP8
-    # current-scaling ones (bench/nvidia_recipe_settings_build.py precision_tag; e.g. the settings file matches
-    # LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2, whose precision is Bridge's bf16_with_fp8_current_scaling_mixed)
-    if precision == "fp8" and (row["precision"].upper().startswith("FP8-CS") or row["precision"].upper() == "FP8"):
+    # The recipe functions the precision column names (the settings build's reading): FP8 current scaling for
+    # "FP8-CS" and the 26.x tables' plain "FP8" (e.g. the settings file matches LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2,
+    # whose precision is Bridge's bf16_with_fp8_current_scaling_mixed); MX block scaling for MXFP8 / FP8-MX.
+    recipe = precision_tag(row["precision"]) if precision == "fp8" else ()
+    if recipe == ("fp8cs",):
         argv += ["--fp8-recipe", "te-current"]
         notes.append("FP8 current scaling")
-    elif precision == "fp8" and row["precision"].upper() in ("MXFP8", "FP8-MX"):  # MX block scaling (Blackwell)
+    elif recipe == ("fp8mx",):  # MX block scaling (Blackwell)
         argv += ["--fp8-recipe", "te-mxfp8"]
         notes.append("MXFP8")
     if gpu in ("gb200", "gb300") and gpus > 72 and gpus % 72:

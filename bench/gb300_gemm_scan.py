@@ -23,10 +23,13 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from nvidia_gpu_pairs import gpu_pairs, ratio_errors  # noqa: E402  the pairs the accuracy bench prints
+
 FACTORS = tuple(round(1.0 + 0.01 * i, 2) for i in range(26))
-SAME = ("container", "task", "model", "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp", "vp", "ep")
 
 CHILD = r"""
 import json, sys
@@ -42,16 +45,15 @@ for row in bench.load_rows():
     if not case.reason:
         bench.estimate_case(case)
     if case.predicted is not None:
-        out.append([row["system"], case.family, case.measured, case.predicted, [row[k] for k in SAME]])
+        out.append([row["system"], case.family, case.measured, case.predicted, row])
 print(json.dumps(out))
 """
 
 
 def estimates(factor: float) -> list[list]:
-    """[system, family, measured, predicted, key] of every estimated row with GB300's GEMM fractions x factor."""
+    """[system, family, measured, predicted, CSV row] of every estimated row with GB300's GEMM fractions x factor."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = f"SAME = {SAME!r}\n{CHILD}"
-    done = subprocess.run([sys.executable, "-c", child, str(factor)], cwd=ROOT, env=env, check=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(factor)], cwd=ROOT, env=env, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -63,10 +65,11 @@ def gb300_errors(rows: list[list], family: str | None = None, without: str | Non
 
 
 def pair_errors(rows: list[list]) -> list[float]:
-    """log(predicted ratio / measured ratio) of each GB300/GB200 pair (the same plan on both)."""
-    by = {(s, tuple(k)): (m, p) for s, _, m, p, k in rows}
-    return [math.log((p / p2) / (m / m2)) for (s, k), (m, p) in by.items()
-            if s == "DGX-GB300" and ("DGX-GB200", k) in by for m2, p2 in [by[("DGX-GB200", k)]]]
+    """log(predicted ratio / measured ratio) of each GB300/GB200 pair (the same plan on both:
+    ``nvidia_gpu_pairs.gpu_pairs``)."""
+    cases = [SimpleNamespace(row=row, measured=m, predicted=p) for _, _, m, p, row in rows]
+    pairs = [(a, b) for a, b in gpu_pairs(cases) if a.row["system"] == "DGX-GB300"]
+    return [math.log(predicted / measured) for measured, predicted in ratio_errors(pairs)]
 
 
 def pick(scan: dict[float, list[list]], errors) -> float:

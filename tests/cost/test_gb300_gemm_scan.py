@@ -8,13 +8,21 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gb300_gemm_scan as scan  # noqa: E402
+from nvidia_gpu_pairs import SAME  # noqa: E402
+
+
+def _row(system: str, plan: str) -> dict:
+    # a CSV row: the plan's columns (nvidia_gpu_pairs.SAME) and the system
+    return {**{k: "1" for k in SAME}, "container": plan, "system": system}
 
 
 def _rows(gb300_speed: float) -> list[list]:
     # Two plans measured on both systems (GB300 1.2x faster), one GB300-only row; predictions scale with the GB300 rate.
-    return [["DGX-GB300", "A", 120.0, 100.0 * gb300_speed, ["p1"]], ["DGX-GB200", "A", 100.0, 100.0, ["p1"]],
-            ["DGX-GB300", "B", 60.0, 50.0 * gb300_speed, ["p2"]], ["DGX-GB200", "B", 50.0, 50.0, ["p2"]],
-            ["DGX-GB300", "C", 10.0, 9.0 * gb300_speed, ["p3"]]]
+    return [["DGX-GB300", "A", 120.0, 100.0 * gb300_speed, _row("DGX-GB300", "p1")],
+            ["DGX-GB200", "A", 100.0, 100.0, _row("DGX-GB200", "p1")],
+            ["DGX-GB300", "B", 60.0, 50.0 * gb300_speed, _row("DGX-GB300", "p2")],
+            ["DGX-GB200", "B", 50.0, 50.0, _row("DGX-GB200", "p2")],
+            ["DGX-GB300", "C", 10.0, 9.0 * gb300_speed, _row("DGX-GB300", "p3")]]
 
 
 def test_pairs_are_the_same_plan_on_both_systems_and_rows_can_leave_a_family_out():
