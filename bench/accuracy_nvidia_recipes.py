@@ -62,7 +62,6 @@ from nvidia_gpu_pairs import gpu_pairs_table
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
-from nvidia_recipe_settings_build import precision_tag
 from nvidia_recipe_settings import Flags, flags_for, load_settings, settings_table, without_graphs
 from nvidia_variants import VARIANT_FLAGS, VARIANT_NOTES, mtp_layers
 
@@ -130,6 +129,23 @@ def precision_of(text: str) -> tuple[str | None, str]:
     if "FP8" in t or t.startswith("NOT STATED"):  # the 25.09 table: both columns are FP8 granularities
         return "fp8", ""
     return None, f"precision {text!r} not understood"
+
+
+def precision_tag(text: str) -> tuple[str, ...]:
+    """The recipe functions' precision tags a precision column names (the settings build matches recipes by them,
+    bench/nvidia_recipe_settings_build.py; the estimate picks its FP8 recipe by them)."""
+    t = text.upper()
+    if t.startswith("BF16"):
+        return ("bf16",)
+    if t.startswith("FP8-CS"):
+        return ("fp8cs",)
+    if t in ("MXFP8", "FP8-MX"):
+        return ("fp8mx",)
+    if t == "FP8":  # the 26.x tables' Llama "FP8" column: the recipes' FP8 current-scaling functions
+        return ("fp8cs",)
+    if t == "NVFP4":  # the recipes' *_nvfp4_config functions (v0.3+ workload variants: <MODEL>_..._NVFP4_...)
+        return ("nvfp4",)
+    return ()
 
 
 def model_preset(family: str) -> tuple[str | None, str]:

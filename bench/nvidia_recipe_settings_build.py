@@ -150,21 +150,6 @@ def plan_of(settings: dict[str, Setting]) -> dict[str, int]:
     return plan
 
 
-def precision_tag(text: str) -> tuple[str, ...]:
-    t = text.upper()
-    if t.startswith("BF16"):
-        return ("bf16",)
-    if t.startswith("FP8-CS"):
-        return ("fp8cs",)
-    if t in ("MXFP8", "FP8-MX"):
-        return ("fp8mx",)
-    if t == "FP8":  # the 26.x tables' Llama "FP8" column: the recipes' FP8 current-scaling functions
-        return ("fp8cs",)
-    if t == "NVFP4":  # the recipes' *_nvfp4_config functions (v0.3+ workload variants: <MODEL>_..._NVFP4_...)
-        return ("nvfp4",)
-    return ()
-
-
 def row_plan(row: dict) -> dict[str, int]:
     return {k: bench.count(row[k]) for k in ("tp", "pp", "cp", "vp", "ep", "mbs")}
 
@@ -174,7 +159,7 @@ def match(row: dict, funcs: dict) -> tuple[str, dict[str, Setting], str]:
     family, variant = bench.family_of(row["model"])
     prefix = MODEL_PREFIX.get(family)
     system = row["system"].removeprefix("DGX-").lower()
-    tags = precision_tag(row["precision"])
+    tags = bench.precision_tag(row["precision"])
     if prefix is None or not tags:
         return "", {}, "no recipe sought (family or precision not estimated)"
     want = row_plan(row)
@@ -249,12 +234,12 @@ def legacy_match(row: dict, funcs: dict, variants: dict) -> tuple[str, dict[str,
     """(variant name, settings, why unmatched) of a row read at a release before the flat recipes."""
     family, _ = bench.family_of(row["model"])
     prefix, system = MODEL_PREFIX.get(family), row["system"].removeprefix("DGX-").lower()
-    if prefix is None or not precision_tag(row["precision"]):
+    if prefix is None or not bench.precision_tag(row["precision"]):
         return "", {}, "no recipe sought (family or precision not estimated)"
     tags = {"fp8cs": ("FP8_CS", "FP8_SC"), "fp8mx": ("FP8_MX",), "bf16": ("BF16",), "nvfp4": ("NVFP4",)}
     want = row_plan(row)
     tried, found = [], []
-    for tag in precision_tag(row["precision"]):
+    for tag in bench.precision_tag(row["precision"]):
         for name, fields in sorted(variants.items()):
             # v0.3+: <MODEL>_PRETRAIN_CONFIG_<SYSTEM>_<PREC>_<VARIANT>; v0.2: <MODEL>_<SYSTEM>_<PREC>_BASE_CONFIG
             rest = name.removeprefix(f"{prefix.upper()}_").removeprefix("PRETRAIN_CONFIG_")
