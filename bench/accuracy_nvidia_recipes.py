@@ -59,6 +59,7 @@ from nvidia_allocator_env import expandable_segments_source
 from nvidia_ep_overlap import ep_overlap_table
 from nvidia_loss_kernel import te_cross_entropy_source
 from nvidia_gpu_pairs import gpu_pairs_table
+from nvidia_plan_changes import plan_changes_table
 from nvidia_plan_quality import plan_quality_table
 from nvidia_table_footnotes import FOOTNOTES, TABLE_FOOTNOTES, footnoted_summary
 from nvidia_lora_recipes import lora_flags
@@ -410,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             estimate_case(c)
     accuracy_table(cases, args.rows)
     gpu_pairs_table(cases, args.rows)
+    plan_changes_table(cases, args.rows)
     settings_table([c for c in cases if c.predicted is not None])
     plan_quality_table(cases, args.rows, label, last_stage=True)
     return 0

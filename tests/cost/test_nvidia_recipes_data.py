@@ -128,6 +128,7 @@ def test_the_bench_prints_both_tables_on_a_subset(capsys):
     out = capsys.readouterr().out
     assert "ACCURACY" in out and "of 5 rows" in out and "not expressible:" in out
     assert "PLAN QUALITY" in out and "top 10" in out and "median predicted gain" in out
+    assert "PLAN CHANGES" in out  # bench/nvidia_plan_changes.py: tests/cost/test_nvidia_plan_changes.py
 
 
 def test_plan_quality_ranks_the_llama3_8b_rows(capsys):
