@@ -102,8 +102,9 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
     return "\n".join(lines)
 
 
-def step_time_table(time) -> str:
-    """The step-time breakdown of one plan (a StepTimeEstimate), seconds and share of the step."""
+def step_time_table(time, logged_tflops: float | None = None) -> str:
+    """The step-time breakdown of one plan (a StepTimeEstimate), seconds and share of the step; ``logged_tflops``:
+    what Megatron-Bridge would log for it (``autotune.cost.logged_flops.logged_tflops_per_gpu``), None to leave out."""
     step = time.step_time_s or 1.0
     terms = (("compute", time.compute_s), ("exposed comm", time.exposed_comm_s), ("pipeline bubble", time.bubble_s),
              ("offload", time.offload_s), ("optimizer", time.optimizer_s))
@@ -116,6 +117,10 @@ def step_time_table(time) -> str:
                f"preset's placeholder" if 0 < peak < NOMINAL_PEAK_TFLOPS else f"of the {flop_rate(peak)} dense peak")
     lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; model FLOPs {flop_rate(time.model_tflops_per_gpu)} "
                   f"per GPU", f"MFU {time.mfu:.1%} ({of_peak}), HFU {time.hfu:.1%} (recompute counted)"]
+    if logged_tflops is not None:
+        lines.append(f"Megatron-Bridge logs {flop_rate(logged_tflops)} per GPU for this step (its own FLOP count: "
+                     "causal attention as half the square, sliding windows as their band; model FLOPs above count "
+                     "the full square)")
     if len(time.stage_times_s) > 1:
         lines.append(stage_times_text(time.stage_times_s))
     return "\n".join(lines)

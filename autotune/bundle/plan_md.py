@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from autotune.cost.logged_flops import logged_tflops_per_gpu
 from autotune.emit.precision import precision_summary
 from autotune.engines import engine_for
 from autotune.report import flop_rate, format_params, gib, memory_table, peak_text, plan_summary
@@ -225,6 +226,10 @@ def _time_section(estimate) -> list[str]:
               f"- model FLOPs: {flop_rate(t.model_tflops_per_gpu)} per GPU, MFU {t.mfu:.1%} "
               f"(hardware, with recompute: {flop_rate(t.hardware_tflops_per_gpu)}, HFU {t.hfu:.1%}; "
               f"{peak_text(estimate.cluster.gpu)})"]
+    logged = logged_tflops_per_gpu(estimate.model, estimate.plan, t.tokens_per_s)
+    if logged is not None:
+        lines.append(f"- Megatron-Bridge logs {flop_rate(logged)} per GPU for this step: its own FLOP count "
+                     "(causal attention as half the square), the figure to compare with the job's log")
     return lines
 
 

@@ -104,8 +104,14 @@ def run(args: argparse.Namespace) -> int:
     if args.engine_version:
         print_versions(releases, command="estimate")
     kept = goodput(result, goodput_inputs(args, cluster))
+    from autotune.cost.logged_flops import logged_tflops_per_gpu
+
+    logged = logged_tflops_per_gpu(model, plan, result.time.tokens_per_s)
     if args.json:
-        print(json_text({**result.to_dict(), "goodput": kept.to_dict(),
+        out = result.to_dict()
+        if logged is not None:
+            out["time"]["megatron_bridge_tflops_per_gpu"] = logged
+        print(json_text({**out, "goodput": kept.to_dict(),
                          "assumed_settings": assumed_settings(plan, timing, cluster),
                          "setting_gains": None if gains is None else gains.to_dict(),
                          "last_stage_hint": None if lighter is None else lighter.to_dict()}))
@@ -113,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(memory_table(model, cluster, plan, result.memory,
                            host_at_save=kept.policy.host_at_save))
         print()
-        print(step_time_table(result.time))
+        print(step_time_table(result.time, logged))
         u = result.uncertainty
         low, high = u.bounds(result.time.tokens_per_s)
         print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")

@@ -38,6 +38,12 @@ def test_sections_and_numbers(llama405):
     assert "Save every 250 steps to /ckpt (async)." in text
     assert "7 + 14 x 8 + 7 layers" in text
     assert "bubble (pp-1)/(vpp*m) = 15/(1*256)" in text
+    # the figure the Megatron job logs (its own FLOP count, autotune.cost.logged_flops), beside our model FLOPs
+    from autotune.cost.logged_flops import logged_tflops_per_gpu
+    from autotune.report import flop_rate
+    logged = logged_tflops_per_gpu(e.model, e.plan, e.time.tokens_per_s)
+    assert logged is not None and logged < e.time.model_tflops_per_gpu
+    assert f"Megatron-Bridge logs {flop_rate(logged)} per GPU" in text
 
 
 def test_a_line_per_dimension(llama405):
