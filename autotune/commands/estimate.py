@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         print(step_time_table(result.time, logged))
         u = result.uncertainty
         low, high = u.bounds(result.time.tokens_per_s)
-        print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()})")
+        print(f"uncertainty: ±{u.relative:.1%}, {low:,.0f}-{high:,.0f} tokens/s ({u.basis()}); ±{u.relative_90:.1%} "
+              "held nine in ten of the shipped runs out of their family")
         print(f"assumed run settings ({plan.engine}): " + "; ".join(assumed_settings(plan, timing, cluster)))
         if gains is not None:
             print(gains.text())

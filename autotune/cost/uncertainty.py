@@ -14,7 +14,10 @@ and context parallelism, ZeRO-3 / FSDP sharding and offload agreeing (:data:`WEI
 widened one score level at a time until at least :data:`MIN_RUNS` of :data:`MIN_FAMILIES` families or more are
 in, give the interval: the median of their absolute errors (a 50% interval: about half of such runs came out closer than this). ``exclude_families`` leaves
 families' runs out (a check of a family's own plans is then judged by the other families' errors). The planner
-treats plans within each other's intervals as ties (:mod:`autotune.search.ties`).
+treats plans within each other's intervals as ties (:mod:`autotune.search.ties`). Judged out of their family (each
+run by the interval the other families' runs give its kind of plan, :func:`out_of_family_ratios`), the median
+interval holds 46% of the shipped runs; :attr:`Uncertainty.relative_90` widens it by the factor that held nine in ten
+of them (:func:`coverage_factor`; bench/uncertainty_coverage.py prints both by source and family).
 
 The published runs' peak-memory errors (where a run published its peak; NVIDIA's table gives none) give the memory
 model's p90 |error| (:func:`shipped_memory_error_p90`): how close to capacity a predicted peak may come before the
@@ -34,7 +37,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Uncertainty", "uncertainty_of", "plan_kind", "gpu_generation", "MIN_RUNS", "RUNS_FILE",
-           "MIN_FAMILIES", "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX"]
+           "MIN_FAMILIES", "memory_error_p90", "shipped_memory_error_p90", "SOURCE_NAMES", "NVIDIA_FAMILY_PREFIX",
+           "COVERAGE", "coverage_factor", "out_of_family_ratios"]
 
 RUNS_FILE = "data/uncertainty_runs.json"
 MIN_RUNS = 6
@@ -94,6 +98,12 @@ class Uncertainty:
     def bounds(self, value: float) -> tuple[float, float]:
         return value * (1 - self.relative), value * (1 + self.relative)
 
+    @property
+    def relative_90(self) -> float:
+        """The half-width that held nine in ten of the shipped runs out of their family: ``relative`` times
+        :func:`coverage_factor` (a 50% interval widened as far as the records say it must be)."""
+        return self.relative * coverage_factor()
+
     def basis(self) -> str:
         names = [f.removeprefix(NVIDIA_FAMILY_PREFIX) for f in self.families[:3]]  # the source says whose
         shown = ", ".join(names) + (f" +{len(self.families) - 3} more" if len(self.families) > 3 else "")
@@ -101,7 +111,8 @@ class Uncertainty:
         return f"median leave-one-family-out error of the {self.runs} runs most like this plan ({where}: {shown})"
 
     def to_dict(self) -> dict:
-        return {"relative": self.relative, "runs": self.runs, "families": list(self.families),
+        return {"relative": self.relative, "relative_90": self.relative_90, "runs": self.runs,
+                "families": list(self.families),
                 "sources": list(self.sources), "similarity": self.score, "of": sum(WEIGHTS.values()),
                 "basis": self.basis()}
 
@@ -137,6 +148,30 @@ def uncertainty_of(plan: ParallelPlan, cluster: ClusterSpec, *, moe: bool,
     """The interval of ``plan``'s throughput on ``cluster`` (``moe``: its model is a mixture of experts), from the
     shipped runs less those of ``exclude_families`` (cached by the plan's kind)."""
     return _lookup(tuple(sorted(plan_kind(plan, cluster, moe=moe).items())), frozenset(exclude_families))
+
+
+COVERAGE = 0.9
+"""The share of out-of-family errors :attr:`Uncertainty.relative_90` is widened to hold."""
+
+
+def out_of_family_ratios() -> list[float]:
+    """For every shipped run, its |error| over the interval the other families' runs give a plan of its kind: what
+    the interval would have said of the run had its family not been shipped (``exclude_families``). A calibrated
+    50% interval puts half of them at or below 1."""
+    out = []
+    for record in _records():
+        interval = _lookup(tuple(sorted((k, record[k]) for k in WEIGHTS)), frozenset({record["family"]}))
+        out.append(abs(record["lofo_error"]) / interval.relative if interval.relative > 0 else math.inf)
+    return out
+
+
+@lru_cache(maxsize=1)
+def coverage_factor() -> float:
+    """How many times the median interval holds :data:`COVERAGE` of the shipped runs out of their family: the
+    nearest-rank quantile of :func:`out_of_family_ratios` (3.2 on the records of 2026-12: errors have heavy tails, so
+    nine in ten is far wider than twice the median)."""
+    ordered = sorted(out_of_family_ratios())
+    return ordered[min(len(ordered) - 1, math.ceil(COVERAGE * len(ordered)) - 1)]
 
 
 def memory_error_p90(errors: list[float]) -> float:
