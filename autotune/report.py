@@ -118,9 +118,8 @@ def step_time_table(time, logged_tflops: float | None = None) -> str:
     lines += ["", f"throughput: {time.tokens_per_s:,.0f} tokens/s; model FLOPs {flop_rate(time.model_tflops_per_gpu)} "
                   f"per GPU", f"MFU {time.mfu:.1%} ({of_peak}), HFU {time.hfu:.1%} (recompute counted)"]
     if logged_tflops is not None:
-        lines.append(f"Megatron-Bridge logs {flop_rate(logged_tflops)} per GPU for this step (its own FLOP count: "
-                     "causal attention as half the square, sliding windows as their band; model FLOPs above count "
-                     "the full square)")
+        lines.append(f"Megatron-Bridge logs {flop_rate(logged_tflops)} per GPU for this step (its own count: "
+                     "causal attention as half the s x s square; the model FLOPs above count all of it)")
     if len(time.stage_times_s) > 1:
         lines.append(stage_times_text(time.stage_times_s))
     return "\n".join(lines)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from autotune.engines import engine_for
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -208,9 +209,10 @@ def logged_flops_per_token(model: ModelSpec, seq_len: int, *, mtp_layers: int = 
 
 def logged_tflops_per_gpu(model: ModelSpec, plan: ParallelPlan, tokens_per_s: float) -> float | None:
     """The TFLOP/s per GPU a Megatron-Bridge job of ``plan`` logs at ``tokens_per_s`` (the whole job's): the
-    current formula (``"26.06"``) over the plan's sequence length, MTP modules and TP. None for other engines, and
+    current formula (``"26.06"``) over the plan's sequence length, MTP modules and TP. None for engines that log
+    another count (``Engine.logged_flops``), and
     for LoRA, which Bridge counts from its packed dataset's statistics (flop_utils.py:983-1007 at 067f987)."""
-    if plan.engine != "megatron" or plan.peft:
+    if engine_for(plan).logged_flops != "megatron-bridge" or plan.peft:
         return None
     per_token = logged_flops_per_token(model, plan.seq_len, mtp_layers=plan.mtp_layers or 0, tp=plan.tp)
     return per_token * tokens_per_s / plan.world_size / 1e12

@@ -72,6 +72,9 @@ class Engine(ABC):
     uses_deepspeed_ops: ClassVar[bool] = False
     """Its trials run DeepSpeed, which JIT-builds ops (shm_comm on CPU, cpu_adam with optimizer offload) that the
     tuner builds once before the first trial; False: no DeepSpeed in its trials, nothing to build."""
+    logged_flops: ClassVar[str | None] = None
+    """Whose FLOP count the engine's training loop logs as TFLOP/s per GPU, where the tool reproduces it
+    ("megatron-bridge": autotune.cost.logged_flops); None where it does not."""
 
     # ---- rules -----------------------------------------------------------------------------
     def extra_problems(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Rule]:

@@ -134,6 +134,7 @@ class MegatronEngine(Engine):
                         # cost/launch.py: the host issues each kernel (CUDA graphs issue a captured part at once)
                         kernel_launch_s=EAGER_OP_S)
     checkpoint_format = "torch_dist"
+    logged_flops = "megatron-bridge"  # its num_floating_point_operations, logged as "TFLOP/s/GPU"
     # --non-persistent-ckpt-type local + --replication (arguments.py validate_args; nvidia-resiliency-ext)
     checkpoint_tiers = ("shared", "local")
     workload = "command"
