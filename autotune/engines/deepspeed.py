@@ -9,6 +9,12 @@ What it runs and why not the rest:
 - Ulysses sequence parallelism (``sequence_parallel_size``): cp here is Ulysses' degree; attention heads are
   scattered over it (all-to-all), so heads must divide; not with PipelineModule or AutoTP in this version.
 - No Megatron-style sequence parallelism (that is Megatron-LM's), no Megatron CP ring.
+- No expert parallelism: the files run the user's model as it is, so its experts are not split; ZeRO shards a
+  mixture of experts' states like any others. DeepSpeed splits experts inside its own MoE layer
+  (``deepspeed.moe.layer.MoE(ep_size=...)``, which Megatron-DeepSpeed builds: engine megatron-deepspeed) or with
+  AutoEP (ds_config ``expert_parallel``, DeepSpeed 0.19.8 module_inject/auto_ep.py), which these files do not write:
+  on transformers 5.25 its layer replacement stops in ``deepspeed.initialize`` (a TypeError retargeting the
+  model's output recorders, auto_ep_presets/base.py:326), so nothing here could check a bundle that uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class DeepSpeedEngine(Engine):
     version = "DeepSpeed 0.19.8"
     versions = EngineVersions("deepspeed", "DeepSpeed", ("0.19",))
     support = EngineSupport(tp="autotp", sequence_parallel=False, pp="deepspeed", vpp=False, layer_split="uniform",
-                            tp_with_pp=False, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
+                            tp_with_pp=False, cp="ulysses", ep=False, zero_stages=(0, 1, 2, 3),
                             zero_stages_with_pp=(0, 1), offload_optimizer=("none", "cpu", "nvme"),
                             offload_param=("none", "cpu", "nvme"))
     # DeepSpeed trains the user's PyTorch model (transformers' or their own modules): op by op, no fused kernels.
@@ -48,6 +54,9 @@ class DeepSpeedEngine(Engine):
         "vpp": "deepspeed/runtime/pipe/schedule.py: TrainSchedule is plain 1F1B",
         "layer_split": "deepspeed/runtime/utils.py partition_uniform",
         "ulysses_heads": "deepspeed/sequence/layer.py DistributedAttention (all-to-all over heads)",
+        "ep": "these files run the user's model as it is: DeepSpeed splits experts only in its own MoE layer "
+              "(deepspeed/moe/layer.py) or with AutoEP (module_inject/auto_ep.py), neither written here: use "
+              "engine megatron, fsdp or megatron-deepspeed (DeepSpeed-MoE)",
     }
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:

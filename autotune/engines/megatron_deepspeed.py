@@ -13,7 +13,7 @@ from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rul
 from autotune.engines.states import bf16_optimizer_states, zero_states
 from autotune.specs.engine_versions import EngineVersions
 
-__all__ = ["MegatronDeepSpeedEngine"]
+__all__ = ["MegatronDeepSpeedEngine", "deepspeed_moe_rules"]
 
 
 class MegatronDeepSpeedEngine(Engine):
@@ -38,7 +38,8 @@ class MegatronDeepSpeedEngine(Engine):
                "layer_split": "megatron/model/gpt_model.py GPTModelPipe partition_method='type:transformer'"}
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
-        return [r for r in ulysses_rules(self, plan) if plan.pp > 1]  # Ulysses composes with Megatron TP here
+        # Ulysses composes with Megatron TP here
+        return [r for r in ulysses_rules(self, plan) if plan.pp > 1] + deepspeed_moe_rules(model, plan)
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         if plan.precision != "fp16" and plan.zero_stage <= 1:  # bf16 (and fp8 outside TE) use BF16_Optimizer
@@ -76,3 +77,25 @@ class MegatronDeepSpeedEngine(Engine):
         entry = (options.launch.script or "pretrain_gpt.py",)
         return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="deepspeed",
                            user_script_needs=("Megatron-DeepSpeed's pretrain_gpt.py (CUDA) with these arguments",))
+
+def deepspeed_moe_rules(model, plan) -> list[Rule]:
+    """What Megatron-DeepSpeed's DeepSpeed-MoE cannot build, as its argument writer refuses it
+    (``autotune.emit.megatron.megatron_deepspeed_args``): its MoE layers wrap the dense ``ParallelMLP`` (every
+    expert as wide as --ffn-hidden-size, no shared expert; megatron/model/transformer.py ParallelTransformerLayer,
+    microsoft/Megatron-DeepSpeed), one every --expert-interval layers from the first (written as 1: no dense layers
+    first), and DeepSpeed refuses MoE under ZeRO-3 (deepspeed/runtime/engine.py "MoE not supported with Stage 3")."""
+    moe = model.moe
+    if moe is None:
+        return []
+    out = []
+    if moe.num_dense_layers or moe.num_shared_experts or moe.expert_ffn_hidden_size != model.ffn_hidden_size:
+        out.append(Rule(id="megatron-deepspeed:moe_form",
+                        message=f"Megatron-DeepSpeed: {model.name}'s MoE (dense layers first, shared experts or experts "
+                                f"narrower than the FFN) has no DeepSpeed-MoE form: use engine megatron or fsdp",
+                        source="microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer "
+                               "(MoE(ParallelMLP(...)) per --expert-interval)"))
+    if plan.zero_stage == 3:
+        out.append(Rule(id="megatron-deepspeed:moe_zero3",
+                        message="Megatron-DeepSpeed: DeepSpeed-MoE does not run under ZeRO-3: use ZeRO-1/2",
+                        source="deepspeed/runtime/engine.py: \"MoE not supported with Stage 3\""))
+    return out
