@@ -63,14 +63,26 @@ def _moe_layer_pattern(model: ModelSpec) -> str:
     return f"([0]*{dense}+[1]*{moe})"
 
 
+def layer_norms_problem(model: ModelSpec) -> str | None:
+    """Why Megatron's GPT layer cannot take the model's norms (None where it can): the layer is pre-norm with two
+    norms (megatron/core/transformer/transformer_layer.py: input_layernorm, pre_mlp_layernorm). The engines' rules
+    ask it too, so the planner proposes no plan whose arguments this writer refuses."""
+    if model.norms_per_layer == 2:
+        return None
+    kind = ("one norm shared by a parallel attention and MLP block" if model.norms_per_layer == 1
+            else "post-norms beside the pre-norms (Gemma 2/3's sandwich)")
+    return (f"{model.name} has {model.norms_per_layer} norm(s) per layer ({kind}); Megatron-LM's GPT layer is "
+            f"pre-norm with two")
+
+
 def _unsupported(model: ModelSpec) -> list[str]:
     out = []
     if model.position_embedding == "alibi":
         out.append(f"{model.name} uses ALiBi, which Megatron's GPT model does not implement (position embeddings: "
                    f"learned_absolute, rope, yarn, mrope, relative, none): train it with a DeepSpeed script")
-    if model.norms_per_layer != 2:
-        out.append(f"{model.name} has {model.norms_per_layer} norm(s) per layer (a parallel block); Megatron-LM's "
-                   f"GPT layer is pre-norm with two")
+    norms = layer_norms_problem(model)
+    if norms:
+        out.append(norms)
     if model.embedding_norm:
         out.append(f"{model.name} normalises the embeddings (BLOOM); Megatron-LM's GPT has no embedding norm")
     return out

@@ -5,7 +5,7 @@ DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism.
 
 from __future__ import annotations
 
-from autotune.emit.megatron import megatron_deepspeed_args
+from autotune.emit.megatron import layer_norms_problem, megatron_deepspeed_args
 from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
@@ -39,7 +39,12 @@ class MegatronDeepSpeedEngine(Engine):
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         # Ulysses composes with Megatron TP here
-        return [r for r in ulysses_rules(self, plan) if plan.pp > 1] + deepspeed_moe_rules(model, plan)
+        out = [r for r in ulysses_rules(self, plan) if plan.pp > 1] + deepspeed_moe_rules(model, plan)
+        norms = layer_norms_problem(model)
+        if norms:
+            out.append(Rule(id="megatron-deepspeed:layer_norms", message=f"Megatron-DeepSpeed: {norms}",
+                            source="microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer"))
+        return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         if plan.precision != "fp16" and plan.zero_stage <= 1:  # bf16 (and fp8 outside TE) use BF16_Optimizer

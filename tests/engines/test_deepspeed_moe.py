@@ -8,11 +8,7 @@ writer). Before these rules `autotune plan` put a Megatron-DeepSpeed plan first 
 
 from __future__ import annotations
 
-import pytest
-
-from autotune.bundle.writer import render_bundle
 from autotune.rules import plan_problems
-from autotune.search.planner import search_plans
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
@@ -44,14 +40,3 @@ def test_megatron_deepspeed_takes_only_what_deepspeed_moe_builds():
     llama = load_model_preset("llama3-8b")
     assert not {"megatron-deepspeed:moe_form", "megatron-deepspeed:moe_zero3"} & _ids(
         llama, cluster, engine="megatron-deepspeed", zero_stage=3, global_batch_size=64)
-
-
-@pytest.mark.parametrize("preset, gpu, batch", [("qwen3-30b-a3b", "b200", 512), ("mixtral-8x7b", "h100-sxm-80gb", 64)])
-def test_the_planners_first_plans_for_a_mixture_of_experts_emit(preset, gpu, batch):
-    model, cluster = load_model_preset(preset), load_cluster(gpu=gpu, num_gpus=8)
-    result = search_plans(model, cluster, seq_len=4096, global_batch_size=batch, top_k=5)
-    assert result.ranked
-    for est in result.ranked:
-        assert not (est.plan.engine == "deepspeed" and est.plan.ep > 1)
-        bundle = render_bundle(est)  # raises where an engine's files cannot express the plan
-        assert "plan.md" in bundle.files
