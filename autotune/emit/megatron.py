@@ -75,7 +75,9 @@ def layer_norms_problem(model: ModelSpec) -> str | None:
             f"pre-norm with two")
 
 
-def _unsupported(model: ModelSpec) -> list[str]:
+def architecture_problems(model: ModelSpec) -> list[str]:
+    """What of the model Megatron-LM's GPT model cannot build (empty where it can); the megatron engine's rules ask
+    it too, so the planner proposes no plan whose arguments this writer refuses."""
     out = []
     if model.position_embedding == "alibi":
         out.append(f"{model.name} uses ALiBi, which Megatron's GPT model does not implement (position embeddings: "
@@ -90,7 +92,7 @@ def _unsupported(model: ModelSpec) -> list[str]:
 
 def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
     """Model shape for Megatron-LM (core_v0.16 pretrain_gpt.py)."""
-    problems += _unsupported(model)
+    problems += architecture_problems(model)
     max_pos = model.max_position_embeddings
     if model.position_embedding == "learned" and plan.seq_len > max_pos:
         problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({max_pos} rows): "
@@ -285,7 +287,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     Megatron-DeepSpeed MoE is DeepSpeed-MoE: every layer is an MoE layer and experts have the dense FFN width.
     """
     options = options or EmitOptions()
-    problems: list[str] = _unsupported(model)
+    problems: list[str] = architecture_problems(model)
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.zero_stage >= 2 and plan.pp > 1:

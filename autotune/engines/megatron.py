@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from autotune.emit.megatron import layer_norms_problem, megatron_args
+from autotune.emit.megatron import architecture_problems, megatron_args
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_fsdp import sharding_strategy
 from autotune.emit.megatron_versions import HEADER
@@ -162,11 +162,9 @@ class MegatronEngine(Engine):
         if plan.peft:
             out += [Rule(id="megatron:peft", source="Megatron-Bridge src/megatron/bridge/peft/lora.py", message=m)
                     for m in lora_model_problems(model)]
-        norms = layer_norms_problem(model)
-        if norms:
-            out.append(Rule(id="megatron:layer_norms", message=f"Megatron-LM: {norms}",
-                            source="megatron/core/transformer/transformer_layer.py (input_layernorm, "
-                                   "pre_mlp_layernorm)"))
+        out += [Rule(id="megatron:architecture", message=f"Megatron-LM: {m}",
+                     source="megatron/core/models/gpt/gpt_model.py, megatron/core/transformer/transformer_layer.py")
+                for m in architecture_problems(model)]
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)

@@ -36,6 +36,20 @@ def test_megatron_layers_take_two_pre_norms(engine):
     cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
     plan = ParallelPlan(engine=engine, tp=1, pp=1, cp=1, dp=8, micro_batch_size=1, global_batch_size=64,
                         grad_accum_steps=8, sequence_parallel=False, zero_stage=1)
-    rules = {rule for rule, _ in plan_problems(load_model_preset("gemma3-27b"), cluster, plan)}
-    assert f"{engine}:layer_norms" in rules
-    assert f"{engine}:layer_norms" not in {r for r, _ in plan_problems(load_model_preset("llama3-8b"), cluster, plan)}
+    rule = "megatron:architecture" if engine == "megatron" else "megatron-deepspeed:layer_norms"
+    assert rule in {r for r, _ in plan_problems(load_model_preset("gemma3-27b"), cluster, plan)}
+    assert rule not in {r for r, _ in plan_problems(load_model_preset("llama3-8b"), cluster, plan)}
+
+
+def test_megatron_refuses_what_its_gpt_model_cannot_build_and_megatron_deepspeed_keeps_bloom():
+    """ALiBi and an embedding norm (BLOOM) are not Megatron-core's; the published BLOOM runs are Megatron-DeepSpeed's
+    (the BigScience fork), whose estimates stay."""
+    cluster = load_cluster(gpu="a100-80gb", num_gpus=8)
+    bloom = load_model_preset("bloom-176b")
+    plans = {e: ParallelPlan(engine=e, tp=8, pp=1, cp=1, dp=1, micro_batch_size=1, global_batch_size=8,
+                             grad_accum_steps=8, sequence_parallel=True, zero_stage=1)
+             for e in ("megatron", "megatron-deepspeed")}
+    messages = [m for r, m in plan_problems(bloom, cluster, plans["megatron"]) if r == "megatron:architecture"]
+    assert any("ALiBi" in m for m in messages) and any("embeddings" in m for m in messages)
+    assert not [r for r, _ in plan_problems(bloom, cluster, plans["megatron-deepspeed"]) if "architecture" in r
+                or "layer_norms" in r]
