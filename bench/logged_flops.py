@@ -12,7 +12,6 @@ with each other (the count is a function of model and sequence only); they are l
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from collections import defaultdict
@@ -26,6 +25,7 @@ from autotune.specs.presets import load_model_preset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvidia_variants import mtp_layers as variant_mtp_layers  # noqa: E402  (DeepSeek-V3 recipes: 1 MTP module)
+from accuracy_nvidia_recipes import family_of, load_rows  # noqa: E402  (the table's rows and model names)
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_recipes_blackwell.csv"
 
@@ -72,18 +72,6 @@ class Row:
     """Megatron-Bridge's formula (autotune.cost.logged_flops)."""
     own: float
     """Our model FLOPs (autotune.cost.flops, with the MTP modules as step_time adds them)."""
-
-
-def load_rows(path: Path = DATA) -> list[dict]:
-    """The CSV's rows (lines starting with # are comments)."""
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("#")]
-    return list(csv.DictReader(lines))
-
-
-def family_of(model: str) -> tuple[str, str]:
-    """("DeepSeekV3", "w/o MTP") from "DeepSeekV3 (w/o MTP)"."""
-    base, _, variant = model.partition("(")
-    return base.strip(), variant.rstrip(")").strip()
 
 
 def not_covered_reason(row: dict) -> str | None:
