@@ -123,6 +123,12 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "hybrid_no_shard": "hybrid sharding needs sharding", "hybrid_shard": "no hybrid sharding", "precision": "this precision is not supported",
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
+    "architecture": "its model code cannot build this architecture (ALiBi, an embedding norm, other than two "
+                    "pre-norms per layer)",
+    "layer_norms": "its layer is two pre-norms: other norm layouts (parallel blocks, Gemma's sandwich) are not built",
+    "moe_form": "DeepSpeed-MoE has no form for this MoE (experts narrower than the FFN, shared experts, dense "
+                "first layers)",
+    "moe_zero3": "DeepSpeed-MoE does not run under ZeRO-3",
     "grad_dtype": "this gradient dtype is not modelled (or not with this precision)",
     "fp8_recipe": "this FP8 recipe is not one the engine runs",
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",
