@@ -107,6 +107,24 @@ def build_layer(torch, experts: int, topk: int, shared: int):
                         layer_number=1)
 
 
+def charged_launches(experts: int, topk: int) -> dict[str, tuple[int, int]]:
+    """(forward, backward) launches the cost model charges an MoE layer's router + pre-processing and the rest
+    beside the routed experts (autotune.cost.launch.layer_kernels' parts; backward two GEMMs per forward GEMM and
+    one kernel per other kernel, as ``layer_launches`` counts them), for a bf16 tp-1 plan without CUDA graphs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from autotune.cost.launch import layer_kernels
+    from autotune.specs.model import ModelSpec, MoESpec
+    from autotune.specs.plan import ParallelPlan
+    model = ModelSpec(name="probe", num_layers=1, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                      ffn_hidden_size=128, vocab_size=128,
+                      moe=MoESpec(num_experts=experts, top_k=topk, expert_ffn_hidden_size=32))
+    plan = ParallelPlan(engine="megatron", dp=1, global_batch_size=1, grad_accum_steps=1, seq_len=16)
+    parts = layer_kernels(model, plan, True)
+    passes = {name: (g + o, 2 * g + o) for name, (g, o) in parts.items()}
+    return {"router_preprocess": tuple(map(sum, zip(passes["moe_router"], passes["moe_preprocess"]))),
+            "rest": passes["moe_rest"]}
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -128,7 +146,6 @@ def measure(torch, moe, repeats: int) -> dict[str, float]:
             spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
             return out
         setattr(obj, name, call)
-        return inner
 
     for part in PARTS:
         timed(moe, part, part)
@@ -155,19 +172,15 @@ def measure(torch, moe, repeats: int) -> dict[str, float]:
         tokens, probs = moe.preprocess(hidden, probs, routing_map)
         (tokens.sum() + probs.sum()).backward()
 
-    tokens, per_expert, probs = seen["args"][:3] if seen else (None, None, None)
-
-    def experts():
-        out, _ = experts_forward(tokens, per_expert, probs)
+    def experts():  # on the input the layer's last call dispatched to them
+        tokens, per_expert, probs = seen["args"][:3]
+        out, _ = experts_forward(tokens.detach().requires_grad_(), per_expert, probs.detach())
         out.sum().backward()
 
     linear, x = torch.nn.Linear(64, 64), torch.randn(16, 64, requires_grad=True)
     out = {}
     for name, fn in (("layer", layer), ("router_preprocess", router_and_preprocess), ("experts", experts),
                      ("linear", lambda: linear(x))):
-        if name == "experts":
-            tokens, per_expert, probs = seen["args"][0].detach().requires_grad_(), seen["args"][1], \
-                seen["args"][2].detach()
         for _ in range(5):
             fn()
         spent.clear()
@@ -217,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                         ("the routed experts alone, forward + backward", t["experts"]),
                         ("the MoE block beside the experts, forward + backward", non_expert)):
         print(f"{name:<54}{value:>8.0f}{value / unit:>17.0f}")
-    print("the model charges: router 5 + pre-processing 2 launches forward, 6 + 2 backward; the rest 7 and 7 "
-          "(autotune/cost/launch.py layer_kernels)")
+    charged = charged_launches(args.experts, args.topk)
+    print(f"the model charges (autotune/cost/launch.py layer_kernels, bf16, tp 1): router + pre-processing "
+          f"{charged['router_preprocess'][0]} launches forward, {charged['router_preprocess'][1]} backward; the rest "
+          f"{charged['rest'][0]} and {charged['rest'][1]}; {sum(map(sum, charged.values()))} in all")
     return 0
 
 

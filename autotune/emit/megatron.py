@@ -90,6 +90,25 @@ def architecture_problems(model: ModelSpec) -> list[str]:
     return out
 
 
+def deepspeed_moe_problems(model: ModelSpec, plan: ParallelPlan) -> dict[str, str]:
+    """What of a mixture of experts Megatron-DeepSpeed's DeepSpeed-MoE cannot build, by kind ("moe_form",
+    "moe_zero3"; empty where it can): its MoE layers wrap the dense ``ParallelMLP`` (every expert as wide as
+    --ffn-hidden-size, no shared expert; microsoft/Megatron-DeepSpeed megatron/model/transformer.py
+    ParallelTransformerLayer), one every --expert-interval layers from the first (written as 1: no dense layers
+    first), and DeepSpeed refuses its MoE under ZeRO-3 (deepspeed/runtime/engine.py "MoE not supported with Stage
+    3"). The megatron-deepspeed engine's rules ask it too, so the planner proposes no plan this writer refuses."""
+    moe = model.moe
+    if moe is None:
+        return {}
+    out = {}
+    if moe.num_dense_layers or moe.num_shared_experts or moe.expert_ffn_hidden_size != model.ffn_hidden_size:
+        out["moe_form"] = (f"{model.name}'s MoE (dense layers first, shared experts or experts narrower than the FFN) "
+                           f"has no DeepSpeed-MoE form: use engine megatron or fsdp")
+    if plan.zero_stage == 3:
+        out["moe_zero3"] = "DeepSpeed-MoE does not run under ZeRO-3: use ZeRO-1/2"
+    return out
+
+
 def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
     """Model shape for Megatron-LM (core_v0.16 pretrain_gpt.py)."""
     problems += architecture_problems(model)
@@ -335,11 +354,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args += ["--attention-dropout", _num(model.dropout), "--hidden-dropout", _num(model.dropout)]
     if model.moe is not None:
         moe = model.moe
-        if moe.num_dense_layers or moe.num_shared_experts or moe.expert_ffn_hidden_size != model.ffn_hidden_size:
-            problems.append(f"{model.name}'s MoE (dense layers, shared experts or expert width != FFN width) has no "
-                            f"DeepSpeed-MoE form in Megatron-DeepSpeed")
-        if plan.zero_stage == 3:  # DeepSpeed runtime/engine.py:2218 "MoE not supported with Stage 3"
-            problems.append("DeepSpeed-MoE does not run under ZeRO-3: use ZeRO-1/2")
+        problems += deepspeed_moe_problems(model, plan).values()
         args += ["--num-experts", str(moe.num_experts), "--topk", str(moe.top_k), "--expert-interval", "1",
                  "--moe-expert-parallel-size", str(plan.ep), "--create-moe-param-group"]
     if plan.recompute == "full":

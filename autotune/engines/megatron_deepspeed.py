@@ -5,7 +5,7 @@ DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism.
 
 from __future__ import annotations
 
-from autotune.emit.megatron import layer_norms_problem, megatron_deepspeed_args
+from autotune.emit.megatron import deepspeed_moe_problems, layer_norms_problem, megatron_deepspeed_args
 from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
@@ -13,7 +13,12 @@ from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rul
 from autotune.engines.states import bf16_optimizer_states, zero_states
 from autotune.specs.engine_versions import EngineVersions
 
-__all__ = ["MegatronDeepSpeedEngine", "deepspeed_moe_rules"]
+__all__ = ["MegatronDeepSpeedEngine"]
+
+MOE_SOURCES = {"moe_form": "microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer "
+                           "(MoE(ParallelMLP(...)) per --expert-interval)",
+               "moe_zero3": 'deepspeed/runtime/engine.py: "MoE not supported with Stage 3"'}
+"""Where each of ``emit.megatron.deepspeed_moe_problems``' refusals comes from."""
 
 
 class MegatronDeepSpeedEngine(Engine):
@@ -39,7 +44,11 @@ class MegatronDeepSpeedEngine(Engine):
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         # Ulysses composes with Megatron TP here
-        out = [r for r in ulysses_rules(self, plan) if plan.pp > 1] + deepspeed_moe_rules(model, plan)
+        out = [r for r in ulysses_rules(self, plan) if plan.pp > 1]
+        out += [Rule(id=f"megatron-deepspeed:{kind}", message=f"Megatron-DeepSpeed: {message}",
+                     source=MOE_SOURCES[kind]) for kind, message in deepspeed_moe_problems(model, plan).items()]
+        # The layer norms only, not ALiBi or an embedding norm, which the writer also refuses (microsoft's fork):
+        # the published BLOOM runs are the BigScience fork's, estimated as this engine.
         norms = layer_norms_problem(model)
         if norms:
             out.append(Rule(id="megatron-deepspeed:layer_norms", message=f"Megatron-DeepSpeed: {norms}",
@@ -82,25 +91,3 @@ class MegatronDeepSpeedEngine(Engine):
         entry = (options.launch.script or "pretrain_gpt.py",)
         return EngineFiles(files=files, entry=entry, program_args=argv, env=env, launcher="deepspeed",
                            user_script_needs=("Megatron-DeepSpeed's pretrain_gpt.py (CUDA) with these arguments",))
-
-def deepspeed_moe_rules(model, plan) -> list[Rule]:
-    """What Megatron-DeepSpeed's DeepSpeed-MoE cannot build, as its argument writer refuses it
-    (``autotune.emit.megatron.megatron_deepspeed_args``): its MoE layers wrap the dense ``ParallelMLP`` (every
-    expert as wide as --ffn-hidden-size, no shared expert; megatron/model/transformer.py ParallelTransformerLayer,
-    microsoft/Megatron-DeepSpeed), one every --expert-interval layers from the first (written as 1: no dense layers
-    first), and DeepSpeed refuses MoE under ZeRO-3 (deepspeed/runtime/engine.py "MoE not supported with Stage 3")."""
-    moe = model.moe
-    if moe is None:
-        return []
-    out = []
-    if moe.num_dense_layers or moe.num_shared_experts or moe.expert_ffn_hidden_size != model.ffn_hidden_size:
-        out.append(Rule(id="megatron-deepspeed:moe_form",
-                        message=f"Megatron-DeepSpeed: {model.name}'s MoE (dense layers first, shared experts or experts "
-                                f"narrower than the FFN) has no DeepSpeed-MoE form: use engine megatron or fsdp",
-                        source="microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer "
-                               "(MoE(ParallelMLP(...)) per --expert-interval)"))
-    if plan.zero_stage == 3:
-        out.append(Rule(id="megatron-deepspeed:moe_zero3",
-                        message="Megatron-DeepSpeed: DeepSpeed-MoE does not run under ZeRO-3: use ZeRO-1/2",
-                        source="deepspeed/runtime/engine.py: \"MoE not supported with Stage 3\""))
-    return out

@@ -2,7 +2,7 @@
 
 DeepSpeed on the user's model has no expert parallelism (its files do not split experts: autotune/engines/
 deepspeed.py); Megatron-DeepSpeed's DeepSpeed-MoE takes experts as wide as the FFN, no shared experts, no dense layers
-first, and no ZeRO-3 (autotune/engines/megatron_deepspeed.py ``deepspeed_moe_rules``, the refusals of its argument
+first, and no ZeRO-3 (autotune/emit/megatron.py ``deepspeed_moe_problems``, the refusals of its argument
 writer). Before these rules `autotune plan` put a Megatron-DeepSpeed plan first for Qwen3-30B-A3B on 8 B200 that
 `autotune emit` then refused."""
 
