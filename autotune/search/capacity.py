@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autotune.engines import engine_for
 from autotune.report import plan_summary
+from autotune.rules import plan_problems
 from autotune.search.planner import SearchResult, search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
 
-__all__ = ["MinGpusAnswer", "min_gpus", "MaxModelAnswer", "max_model", "llama_shaped", "infeasibility_hint"]
+__all__ = ["MinGpusAnswer", "min_gpus", "MaxModelAnswer", "max_model", "llama_shaped", "infeasibility_hint",
+           "MODEL_REFUSALS", "model_refusal"]
+
+MODEL_REFUSALS = ("architecture", "layer_norms", "moe_form")
+"""Engine rule dimensions that refuse the model itself, whatever the plan (autotune/engines: layers or experts an
+engine's files cannot build): no number of GPUs helps."""
 
 
 def _cluster_with(cluster: ClusterSpec, num_gpus: int) -> ClusterSpec:
@@ -98,10 +106,30 @@ def min_gpus(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_bat
                          best_without_offload=r_plain)
 
 
+def model_refusal(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints | None = None) -> str | None:
+    """Why no engine of ``constraints.engines`` can build ``model`` at all (its rules of :data:`MODEL_REFUSALS`, asked
+    of a one-GPU plan of each), with the way out; None where at least one can."""
+    c = constraints or SearchConstraints()
+    messages = []
+    for name in c.engines:
+        plan = ParallelPlan(engine=name, dp=1, global_batch_size=1, grad_accum_steps=1, seq_len=128,
+                            zero_stage=engine_for(name).default_zero_stage)
+        refusals = [msg for rule, msg in plan_problems(model, cluster, plan)
+                    if rule.partition(":")[2] in MODEL_REFUSALS]
+        if not refusals:
+            return None
+        messages += refusals
+    return (f"no engine searched can build {model.name}, on any number of GPUs ({'; '.join(messages)}): give "
+            f"another --engine, or leave --engine out to search every engine")
+
+
 def infeasibility_hint(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: int | None,
                        constraints: SearchConstraints | None = None, answer: MinGpusAnswer | None = None) -> str:
     """What would make an infeasible request possible, e.g. 'needs at least 24 H100s with ZeRO-3 +
     CPU optimizer offload, or 48 without offload'. ``answer``: a min_gpus answer already computed."""
+    refused = model_refusal(model, cluster, constraints)
+    if refused:
+        return refused
     ans = answer or min_gpus(model, cluster, seq_len=seq_len, global_batch=None, constraints=constraints)
     gpu = cluster.gpu.name
     if ans.with_offload is None and ans.without_offload is None:

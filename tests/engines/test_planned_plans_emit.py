@@ -53,3 +53,17 @@ def test_megatron_refuses_what_its_gpt_model_cannot_build_and_megatron_deepspeed
     assert any("ALiBi" in m for m in messages) and any("embeddings" in m for m in messages)
     assert not [r for r, _ in plan_problems(bloom, cluster, plans["megatron-deepspeed"]) if "architecture" in r
                 or "layer_norms" in r]
+
+
+def test_plan_says_the_engine_cannot_build_the_model_not_that_it_does_not_fit(capsys):
+    from autotune.cli import main
+    argv = ["plan", "--model", "gemma3-27b", "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--global-batch", "256"]
+    assert main([*argv, "--engine", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert "no engine searched can build" in err and "pre-norms" in err and "--engine" in err
+    assert "does not fit on any number" not in err
+    assert main([*argv, "--engine", "megatron,fsdp", "--top-k", "1"]) == 0  # fsdp builds it
+    capsys.readouterr()
+    assert main(["plan", "--model", "gemma3-27b", "--gpu", "h100-sxm-80gb", "--engine", "megatron", "--min-gpus"]) == 2
+    err = capsys.readouterr().err
+    assert "no engine searched can build" in err and "does not fit on any number" not in err
