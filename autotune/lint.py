@@ -59,7 +59,9 @@ def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, p
                                    f"(pipeline stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
                            fix="raise the ZeRO stage, offload the optimizer (or parameters), recompute activations "
                                "(--recompute full), or lower train_micro_batch_size_per_gpu; `autotune plan` "
-                               "searches them all"))
+                               "searches them all" + ("; or export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                                                      f"(only the caching allocator's {gib(mem.reserve)} GiB reserve "
+                                                      "is over)" if mem.cache_bound else "")))
     if not mem.fits_host:
         out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
                            message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "

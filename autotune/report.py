@@ -99,7 +99,18 @@ def memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, mem
             why.append(f"needs {gib(memory.host_per_node)} GiB host memory per node, has "
                        f"{gib(memory.host_capacity_per_node)}")
         lines.append("fits: NO — " + "; ".join(why))
+        if memory.cache_bound:
+            lines.append(cache_bound_text(memory))
     return "\n".join(lines)
+
+
+def cache_bound_text(memory) -> str:
+    """What a ledger over the capacity only by the allocator's reserve (``MemoryEstimate.cache_bound``) means, and
+    the way out."""
+    return (f"  of that, {gib(memory.reserve)} GiB is the caching allocator's reserve (what runs nothing pressed "
+            f"held); without it the plan needs {gib(memory.total - memory.reserve)} GiB. With --expandable-segments "
+            "(the launch scripts then export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) it fits; without, "
+            f"only while fragmentation stays under {gib(memory.capacity - memory.total + memory.reserve)} GiB")
 
 
 def step_time_table(time, logged_tflops: float | None = None) -> str:

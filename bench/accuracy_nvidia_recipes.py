@@ -302,6 +302,12 @@ def estimate_case(case: Case) -> None:
     case.notes.insert(0, f"rc-{case.result.plan.recompute}")
 
 
+def _fit_word(c: Case) -> str:
+    """The rows table's fit column: yes, NO, or cache (over only by the allocator's reserve:
+    ``MemoryEstimate.cache_bound``)."""
+    return "yes" if c.fits else "cache" if c.result.memory.cache_bound else "NO"
+
+
 def label(row: dict) -> str:
     lay = "".join(f"{k}{row[k]}" for k in ("tp", "pp", "cp", "vp", "ep") if count(row[k]) > 1)
     return (f"{row['container']:<9}{row['model'][:26]:<27}{row['system'][4:]:<6}{row['gpus']:>4} "
@@ -340,7 +346,7 @@ def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
         print(f"\n{'row':<84}{'measured':>9}{'pred':>9}{'error':>8}  fits")
         for c in done:
             print(f"{label(c.row):<84}{c.measured:>9.0f}{c.predicted:>9.0f}{c.error:>+8.1%}  "
-                  f"{'yes' if c.fits else 'NO'}{'  (' + '; '.join(c.notes) + ')' if c.notes else ''}")
+                  f"{_fit_word(c)}{'  (' + '; '.join(c.notes) + ')' if c.notes else ''}")
     groups: dict[str, list[float]] = defaultdict(list)
     for c in done:
         for key in _group_keys(c):
@@ -353,6 +359,10 @@ def accuracy_table(cases: list[Case], show_rows: bool) -> dict:
     errs = [c.error for c in done]
     print(f"{'all estimated rows':<44}{len(errs):>5}{_stats(errs)}{'':>11}"
           f"{statistics.median(errs) if errs else 0:>+7.1%}{sum(c.fits for c in done):>4}/{len(errs)}")
+    cache = [c for c in done if c.result.memory.cache_bound]
+    print(f"rows the ledger puts over the GPU only by the caching allocator's reserve ('cache' above: they fit with "
+          f"expandable segments; NVIDIA's launcher did not set them): {len(cache)} of {len(errs) - sum(c.fits for c in done)}"
+          " not fitting")
     lofo_summary(groups)
     footnoted_summary(done)
     ep_overlap_table(done)

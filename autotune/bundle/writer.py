@@ -70,7 +70,9 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
     model, cluster, plan = est.model, est.cluster, est.plan
     policy = checkpoint_policy(est, options.checkpoint)
     files: dict[str, str] = {}
-    env = megatron_env(plan, extra=options.launch.nccl_env)
+    # The allocator setting the ledger assumed (MemoryEstimate.expandable_segments), unless the user's own wins.
+    allocator = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if est.memory.expandable_segments else {}
+    env = megatron_env(plan, extra={**allocator, **options.launch.nccl_env})
 
     engine = engine_for(plan)
     engine_files = engine.render_files(model, cluster, plan, options, policy.files(load_universal=load_universal), env)

@@ -247,7 +247,9 @@ def unfit_problems(est) -> list[str]:
     if not mem.fits_host:
         why.append(f"the offloaded states need {gib(mem.host_per_node)} GiB host memory per node but a node has "
                    f"{gib(mem.host_capacity_per_node)} GiB")
-    return ["the plan does not fit: " + "; ".join(why),
+    cache = (["only the caching allocator's reserve does not fit: --expandable-segments makes it fit (the launch "
+              "scripts then export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"] if mem.cache_bound else [])
+    return ["the plan does not fit: " + "; ".join(why), *cache,
             f"`autotune plan` with the same model and cluster lists plans that fit; or raise --zero (now "
             f"{plan.zero_stage}), offload (--offload-optimizer cpu), recompute (--recompute full) or lower "
             f"--micro-batch (now {plan.micro_batch_size}) (a recipe or plan JSON: those fields of its plan); "

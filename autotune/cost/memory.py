@@ -78,7 +78,10 @@ class MemoryEstimate:
     optimizer_step: float = 0.0
     """What the optimizer step's peak (fp32 gradient copies, activations freed) adds beyond the activations."""
     reserve: float = 0.0
-    """Caching-allocator bytes reserved beyond the allocated peak (part of ``overhead``)."""
+    """Caching-allocator bytes reserved beyond the allocated peak (part of ``overhead`` unless ``expandable_segments``)."""
+    expandable_segments: bool = False
+    """The allocator setting this ledger assumes (``MemorySettings.expandable_segments``): the run must set
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (the emitted launch scripts export it) for ``fits`` to hold."""
 
     @property
     def allocated(self) -> float:
@@ -99,6 +102,17 @@ class MemoryEstimate:
     @property
     def fits_gpu(self) -> bool:
         return self.total <= self.capacity
+
+    @property
+    def cache_bound(self) -> bool:
+        """Over the GPU's capacity only by the allocator's reserve: the tensors, the CUDA context and NCCL's buffers
+        fit, the reserve (``fragmentation_fraction`` of the tensors, as unpressed runs hold it) does not. Such a run
+        fits with expandable segments (``MemorySettings.expandable_segments``); without them it depends on how much
+        of the reserve is free space inside segments still in use: before it reports out of memory, PyTorch's
+        allocator frees cached blocks large enough, then every wholly free ("non-split") segment, and retries
+        (PyTorch c10/cuda/CUDACachingAllocator.cpp, ``DeviceCachingAllocator::malloc``:
+        ``release_available_cached_blocks`` then ``release_cached_blocks``), a share the reserve's fit (on runs nothing pressed) does not measure."""
+        return not self.fits_gpu and not self.expandable_segments and self.total - self.reserve <= self.capacity
 
     @property
     def fits_host(self) -> bool:
@@ -126,7 +140,9 @@ class MemoryEstimate:
                    host_per_node=int(round(self.host_per_node)), nvme_per_node=int(round(self.nvme_per_node)),
                    stage=self.stage, fits_gpu=self.fits_gpu, fits_host=self.fits_host,
                    optimizer_step=int(round(self.optimizer_step)), allocated=int(round(self.allocated)),
-                   reserved=int(round(self.reserved)), total_is="device total as nvidia-smi shows it: reserved "
+                   reserved=int(round(self.reserved)), expandable_segments=self.expandable_segments,
+                   fits_with_expandable_segments=self.fits_host and (self.fits_gpu or self.cache_bound),
+                   total_is="device total as nvidia-smi shows it: reserved "
                    "(caching allocator) + CUDA context + NCCL buffers",
                    activation_parts={k: int(round(v)) for k, v in self.activation_parts.items()},
                    buffer_parts={k: int(round(v)) for k, v in self.buffer_parts.items()})
@@ -394,4 +410,5 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states,  # offloaded
         step_extra,  # optimizer_step
         reserve,  # reserve
+        settings.expandable_segments,  # expandable_segments
     )
