@@ -11,7 +11,7 @@ from autotune.engines import ENGINES, engine_for
 from autotune.engines.common import engine_deepspeed_config
 from autotune.errors import InputError, suggest_names
 from autotune.rules import engines_that_run, plan_problems
-from autotune.search.nearest_plan import nearest_valid_plan
+from autotune.search.nearest_plan import nearest_on_other_engine, nearest_valid_plan
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
@@ -63,6 +63,7 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
         raise InputError(problems + list(err.problems), subject="plan") from None
     found = [(rule, msg) for rule, msg in plan_problems(model, cluster, plan) if not (problems and rule == "world_size")]
     problems += [msg for _, msg in found]
+    others: list[str] = []
     if any(":" in rule or rule.startswith(("offload_", "ep_tp_sp")) for rule, _ in found):
         others = [e for e in engines_that_run(model, cluster, plan) if e != plan.engine]
         problems.append(f"engines that can run this plan as it is: {', '.join(others)}" if others else
@@ -71,6 +72,10 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
         nearest = nearest_valid_plan(model, cluster, plan)
         if nearest is not None:
             problems.append(nearest.describe())
+        if not others and any(rule.startswith(f"{plan.engine}:") for rule, _ in found):  # its engine refuses it
+            elsewhere = nearest_on_other_engine(model, cluster, plan, list(ENGINES), nearest)
+            if elsewhere is not None:
+                problems.append(elsewhere.describe_on_engine())
     if problems:
         raise InputError(problems, subject="plan")
     return plan

@@ -74,7 +74,7 @@ def support_problems(engine: DeclaresSupport, model: ModelSpec, plan: ParallelPl
     if plan.zero_stage not in s.zero_stages:
         bad("zero_stage", f"no ZeRO stage {plan.zero_stage} equivalent: use one of "
                           f"{', '.join(map(str, s.zero_stages))}")
-    elif plan.pp > 1 and plan.zero_stage not in s.zero_stages_with_pp:
+    elif plan.pp > 1 and s.pp is not None and plan.zero_stage not in s.zero_stages_with_pp:  # no pp: rule pp
         bad("zero_pp", f"ZeRO stage {plan.zero_stage} does not run with pipeline parallelism (pp={plan.pp}): use "
                        f"stage {' or '.join(map(str, s.zero_stages_with_pp))}, or pp=1")
     if plan.offload_optimizer not in s.offload_optimizer:

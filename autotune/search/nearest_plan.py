@@ -20,7 +20,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["NearestPlan", "nearest_valid_plan"]
+__all__ = ["NearestPlan", "nearest_valid_plan", "nearest_on_other_engine"]
 
 DIMS = ("tp", "pp", "cp", "ep", "etp", "vpp")
 """The layout dimensions the search changes, in the order a suggestion names them."""
@@ -36,9 +36,20 @@ class NearestPlan:
         """The suggestion as the command line's flags (``--tp 2 --ep 32``)."""
         return " ".join(f"--{dim} {new}" for dim, _, new in self.changes)
 
+    @property
+    def distance(self) -> float:
+        """The changes' size: powers of two summed over the dimensions changed (module docstring)."""
+        return sum(abs(math.log2(new / old)) for _, old, new in self.changes)
+
     def describe(self) -> str:
         changed = ", ".join(f"{dim} {old} -> {new}" for dim, old, new in self.changes)
         return f"the nearest plan that passes every rule: {self.flags()} ({changed}; dp {self.plan.dp})"
+
+    def describe_on_engine(self) -> str:
+        """The suggestion for another engine than the user's (:func:`nearest_on_other_engine`)."""
+        changed = ", ".join(f"{dim} {old} -> {new}" for dim, old, new in self.changes)
+        return (f"nearer, on another engine: --engine {self.plan.engine} {self.flags()} ({changed}; dp "
+                f"{self.plan.dp})")
 
 
 def _value(plan: ParallelPlan, dim: str) -> int:
@@ -116,3 +127,27 @@ def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
             changes = tuple((d, _value(plan, d), values[d]) for d in DIMS if d in values)
             return NearestPlan(best, changes)
     return None
+
+
+def nearest_on_other_engine(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, engines: list[str],
+                            nearest: NearestPlan | None) -> NearestPlan | None:
+    """The nearest plan on one of ``engines`` (other than the plan's) that changes less than ``nearest`` (the one on
+    the plan's own engine; None: it found none), or None: for a plan whose own engine cannot run what the user asked
+    for (expert parallelism on plain DeepSpeed), the layout another engine runs with a smaller change. Ties go to
+    the first of ``engines``."""
+    best = None
+    for name in engines:
+        if name == plan.engine:
+            continue
+        try:
+            other = replace(plan, engine=name)
+        except (InputError, ValueError):
+            continue
+        if not plan_problems(model, cluster, other):
+            continue  # it runs the plan as it is: make_plan's "engines that can run this plan" names it
+        found = nearest_valid_plan(model, cluster, other)
+        if found is not None and (best is None or found.distance < best.distance):
+            best = found
+    if best is None or (nearest is not None and best.distance >= nearest.distance):
+        return None
+    return best

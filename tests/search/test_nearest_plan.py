@@ -73,3 +73,44 @@ def test_the_nearest_plan_agrees_with_the_torchtitan_split_rule():
     assert "use vpp=8" in broken["layers_vpp"]
     nearest = nearest_valid_plan(model, cluster, plan)
     assert nearest is not None and nearest.changes == (("vpp", 9, 8),)
+
+
+def test_an_engine_that_cannot_run_the_dimension_points_to_one_that_can():
+    """Expert parallelism on plain DeepSpeed (which splits no experts): its own nearest plan drops ep to 1; the
+    message also names the nearer plan Megatron-core runs, and that suggestion is accepted as written."""
+    args = ["--model", "qwen3-30b-a3b", "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--ep", "32"]
+    refused = subprocess.run([sys.executable, "-m", "autotune", "estimate", *args], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert "the nearest plan that passes every rule: --ep 1 (ep 32 -> 1" in refused.stderr
+    found = re.search(r"nearer, on another engine: --engine (\S+) ((?:--\w+ \d+ ?)+)", refused.stderr)
+    assert found, refused.stderr
+    engine, flags = found.group(1), found.group(2)
+    assert engine == "megatron" and flags.strip() == "--ep 16"
+    accepted = subprocess.run([sys.executable, "-m", "autotune", "estimate", *_with(args, flags), "--engine", engine],
+                              capture_output=True, text=True, timeout=120)
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_no_other_engine_is_suggested_when_one_runs_the_plan_as_it_is():
+    model = load_model("qwen3-30b-a3b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    plan = ParallelPlan(ep=8, dp=16, micro_batch_size=1, global_batch_size=16, grad_accum_steps=1, seq_len=4096,
+                        engine="deepspeed", zero_stage=1)
+    assert plan_problems(model, cluster, plan)
+    from autotune.search.nearest_plan import nearest_on_other_engine
+
+    # megatron runs ep 8 unchanged: make_plan's "engines that can run this plan" names it, no second suggestion
+    assert nearest_on_other_engine(model, cluster, plan, ["megatron"], None) is None
+    # an engine that needs a change is suggested only when it changes less than the plan's own engine's nearest
+    own = nearest_valid_plan(model, cluster, plan)
+    assert own is not None and own.changes == (("ep", 8, 1),)
+    assert nearest_on_other_engine(model, cluster, plan, ["hf"], own) is None
+
+
+def test_an_engine_without_pipelines_names_no_zero_stage_for_them():
+    refused = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "llama3-8b", "--gpu",
+                              "h100-sxm-80gb", "--num-gpus", "16", "--engine", "hf", "--pp", "2"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no pipeline parallelism (pp=2)" in refused.stderr
+    assert "use stage ," not in refused.stderr and "does not run with pipeline parallelism" not in refused.stderr
