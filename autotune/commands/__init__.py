@@ -206,9 +206,11 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
 
 def add_expandable_segments(g) -> None:
     """--expandable-segments, for one plan (``estimate``, ``emit``) and for the planner's search (``plan``) alike."""
-    g.add_argument("--expandable-segments", action="store_true",
-                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator hands its free "
-                        "pages back before it runs out of memory, so the fit test leaves the fragmentation reserve out")
+    g.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
+                   help="the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (emit's launch scripts export "
+                        "it): the allocator hands its free pages back before it runs out of memory, so the fit test "
+                        "leaves the fragmentation reserve out; default: as the engine's own launcher does (fsdp: "
+                        "torchtitan's run_train.sh sets it; the others do not)")
 
 
 def add_run_settings(g) -> None:

@@ -76,7 +76,7 @@ def flags_estimate(args: argparse.Namespace):
     settings = MemorySettings(
         cuda_context_bytes=None if args.overhead_gib is None else int(args.overhead_gib * 2**30),
         **({} if args.fragmentation is None else {"fragmentation_fraction": args.fragmentation}), **cost,
-        expandable_segments=bool(getattr(args, "expandable_segments", False)),
+        expandable_segments=getattr(args, "expandable_segments", None),
         **run_code_settings(args),
     )
     timing = replace(time_settings(args), **cost, **run_code_time_settings(args))

@@ -47,10 +47,11 @@ def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp
         print(f"autotune {args.command}: read {read}", file=sys.stderr)
         for note in job.notes:
             print(f"autotune {args.command}: {note}", file=sys.stderr)
-    if getattr(args, "expandable_segments", False):  # the run's allocator setting, which its files need not state
+    expandable = getattr(args, "expandable_segments", None)  # the run's allocator setting, its files need not state
+    if expandable is not None:
         from autotune.specs.settings import MemorySettings
 
-        job = replace(job, settings=replace(job.settings or MemorySettings(), expandable_segments=True))
+        job = replace(job, settings=replace(job.settings or MemorySettings(), expandable_segments=expandable))
     return job
 
 

@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
                                               answer=None if args.global_batch else ans).replace(" needs ", " trains on "))
         return EXIT_OK
     global_batch = args.global_batch or cluster.num_gpus
-    memory = MemorySettings(expandable_segments=True) if getattr(args, "expandable_segments", False) else None
+    expandable = getattr(args, "expandable_segments", None)  # None: each engine's launcher's own
+    memory = MemorySettings(expandable_segments=expandable) if expandable is not None else None
     result = search_plans(model, cluster, seq_len=args.seq_len, global_batch_size=global_batch,
                           time_settings=time_settings(args), memory_settings=memory,
                           constraints=constraints, top_k=args.top_k)

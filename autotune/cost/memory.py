@@ -41,7 +41,7 @@ from autotune.specs.plan import ParallelPlan
 from autotune.specs.quantized_gemms import quantized_gemm_groups
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "states_floor"]
+__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes", "states_floor", "expandable_segments"]
 
 
 def model_state_bytes(plan: ParallelPlan, dense_params: float, expert_params: float, *,
@@ -171,11 +171,17 @@ def _common_buffer_bytes(engine: Engine, model: ModelSpec, plan: ParallelPlan, s
     return out
 
 
-def _held_reserve(reserve: float, settings: MemorySettings) -> float:
+def _held_reserve(reserve: float, expandable_segments: bool) -> float:
     """The part of the allocator's reserve the device total counts: all of it, or none with expandable segments,
     whose free pages the allocator unmaps and maps where the next allocation needs them before it reports out of
     memory (``MemorySettings.expandable_segments``)."""
-    return 0.0 if settings.expandable_segments else reserve
+    return 0.0 if expandable_segments else reserve
+
+
+def expandable_segments(engine: Engine, settings: MemorySettings) -> bool:
+    """Whether the run's allocator uses expandable segments: the settings' word, else what the engine's own launcher
+    sets (``Engine.expandable_segments``)."""
+    return engine.expandable_segments if settings.expandable_segments is None else settings.expandable_segments
 
 
 _cluster_cache: dict[tuple, tuple[ClusterSpec, MemorySettings, tuple[float, float, bool, float, float]]] = {}
@@ -246,8 +252,8 @@ def states_floor(memory: MemoryEstimate, settings: MemorySettings | None = None)
     if settings.fragmentation_fraction < 0 or states is None:
         return 0.0
     tensors = states.weights + states.gradients + states.optimizer_states + states.step_transient
-    held = 0.0 if settings.expandable_segments else settings.fragmentation_fraction
-    return (1 + held) * tensors + (memory.overhead - _held_reserve(memory.reserve, settings))
+    held = 0.0 if memory.expandable_segments else settings.fragmentation_fraction
+    return (1 + held) * tensors + (memory.overhead - _held_reserve(memory.reserve, memory.expandable_segments))
 
 
 # The plan fields a stage's activations (``activations._STAGE_ACTIVATION_FIELDS``) and its parameters per GPU read:
@@ -385,6 +391,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     assert best is not None
     tensors, (stage, _, _, activation_parts, activations, buffer_parts, buffers), states, step_extra = best
     reserve = settings.fragmentation_fraction * tensors
+    expandable = expandable_segments(engine, settings)
 
     # Host memory per node: every GPU of a node offloads its own partition (worst stage assumed for all).
     host_per_gpu = states.host_weights + states.host_gradients + states.host_optimizer_states + states.host_buffers
@@ -399,7 +406,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states.optimizer_states,  # optimizer_states
         activations,  # activations
         buffers,  # buffers
-        _held_reserve(reserve, settings) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
+        _held_reserve(reserve, expandable) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
         capacity,  # capacity
         stage,  # stage
         host_per_gpu * cluster.gpus_per_node,  # host_per_node
@@ -410,5 +417,5 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states,  # offloaded
         step_extra,  # optimizer_step
         reserve,  # reserve
-        settings.expandable_segments,  # expandable_segments
+        expandable,  # expandable_segments
     )

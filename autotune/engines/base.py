@@ -62,6 +62,10 @@ class Engine(ABC):
     consolidates_weights_at_save: ClassVar[bool] = False
     """Every periodic save also writes the whole 16-bit model from rank 0 (the Hugging Face Trainer's ``save_model``
     at each ``save_steps``), beside the engine's sharded checkpoint (autotune.cost.checkpoint)."""
+    expandable_segments: ClassVar[bool] = False
+    """The engine's own launcher runs PyTorch's allocator with expandable segments (``MemorySettings.
+    expandable_segments`` None takes this; the emitted launch scripts then export it): the ledger's fit leaves the
+    allocator's reserve out (``autotune.cost.memory``)."""
     trainer_saves: ClassVar[bool] = False
     """The built-in trainer saves and resumes checkpoints as the bundle's policy says (autotune/train/checkpointing)."""
     trainer_module: ClassVar[str | None] = None

@@ -88,6 +88,9 @@ class FSDPEngine(Engine):
                         # torch.compile is on (TimeSettings.torch_compile).
                         elementwise_kernels="eager")
     checkpoint_format = "dcp"
+    # torchtitan's launcher starts every run with PYTORCH_ALLOC_CONF="expandable_segments:True" (pytorch/torchtitan
+    # run_train.sh at 0168bd5; PyTorch reads PYTORCH_ALLOC_CONF and the older PYTORCH_CUDA_ALLOC_CONF alike)
+    expandable_segments = True
     trainer_saves = True
     workload = "builtin"
     trainer_module = "autotune.train.fsdp"

@@ -34,8 +34,9 @@ class MemorySettings:
     smallest median |error|) on the 13 published runs with a peak memory: 9 torchtitan H100 runs
     (``max_memory_reserved``, Llama 3.1 8B / 70B / 405B, FSDP2 / TP / PP / CP, bf16 and Float8) and 4 BLOOM
     tr11 runs (nvidia-smi, Megatron-DeepSpeed). The only fitted memory parameter."""
-    expandable_segments: bool = False
-    """The run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator maps physical pages
+    expandable_segments: bool | None = None
+    """The run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (True), or not (False); None: as the engine's
+    own launcher does (``Engine.expandable_segments``: torchtitan's run_train.sh sets it). With it the caching allocator maps physical pages
     into one growing segment per stream and, when memory runs out, "can unmap all the memory in our segment
     corresponding to empty physical pages, and return it to CUDA for use at another address" (PyTorch
     c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments], at pytorch/pytorch@001074d2; 20 MiB pages in the

@@ -72,17 +72,34 @@ def test_emit_names_expandable_segments_and_the_scripts_export_it(tmp_path, caps
     assert json.loads((out / "plan.json").read_text())["memory"]["expandable_segments"] is True
 
 
-def test_without_the_flag_no_allocator_setting_is_written(tmp_path, capsys):
-    out = tmp_path / "b"
-    code, _, err = run(["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine",
-                        "fsdp", "--seq-len", "4096", "--out", str(out)], capsys)
+def _emit(tmp_path, name, capsys, *flags) -> str:
+    out = tmp_path / name
+    code, _, err = run(["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--seq-len",
+                        "4096", *flags, "--out", str(out)], capsys)
     assert code == 0, err
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in (out / "launch_torchrun.sh").read_text()
-    code, _, err = run(["emit", "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine",
-                        "fsdp", "--seq-len", "4096", "--expandable-segments", "--out", str(tmp_path / "e")], capsys)
-    assert code == 0, err
-    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in (
-        tmp_path / "e" / "launch_torchrun.sh").read_text()
+    return (out / "launch_torchrun.sh").read_text()
+
+
+EXPORT = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_each_engine_launches_with_its_own_launchers_allocator_setting(tmp_path, capsys):
+    # torchtitan's run_train.sh sets expandable segments: the fsdp bundle does too, and its ledger leaves the reserve
+    # out; DeepSpeed's launcher does not, nor does its bundle
+    assert EXPORT in _emit(tmp_path, "fsdp", capsys, "--engine", "fsdp")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in _emit(tmp_path, "ds", capsys, "--engine", "deepspeed")
+    # the user's word wins either way
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in _emit(tmp_path, "fsdp-off", capsys, "--engine", "fsdp",
+                                                  "--no-expandable-segments")
+    assert EXPORT in _emit(tmp_path, "ds-on", capsys, "--engine", "deepspeed", "--expandable-segments")
+
+    fsdp = estimate_json(["--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "fsdp"],
+                         capsys)
+    off = estimate_json(["--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--engine", "fsdp",
+                         "--no-expandable-segments"], capsys)
+    assert fsdp["expandable_segments"] and not off["expandable_segments"]
+    assert off["total"] - fsdp["total"] == pytest.approx(off["reserved"] - off["allocated"], abs=2)
+    assert fsdp["reserved"] == off["reserved"]  # what max_memory_reserved shows is the same either way
 
 
 def test_the_users_own_allocator_setting_wins(tmp_path, capsys):
