@@ -182,10 +182,12 @@ def plan_quality_table(cases: list, show_rows: bool, label: Callable[[dict], str
     top10 = sum(1 for r in ranks if r is not None and r <= 10)
     top10_speed = sum(1 for r in speed_ranks if r is not None and r <= 10)
     unfit = sum(1 for r in ranks if r is None)
+    cache = sum(1 for c in done if not c.fits and c.result.memory.cache_bound)
     med_gain = statistics.median(gains) if gains else math.nan
     print(f"\nNVIDIA's plan in the planner's top 10: {top10}/{len(ranks)} rows "
           f"({top10 / len(ranks) if ranks else 0:.0%}; by predicted speed alone {top10_speed}); not feasible by the "
-          f"ledger (unranked, rank in brackets): {unfit}; searches: {len(searches)}")
+          f"ledger (unranked, rank in brackets): {unfit}, {cache} of them over only by the allocator's reserve "
+          f"(MemoryEstimate.cache_bound: they fit with expandable segments); searches: {len(searches)}")
     print(f"median predicted gain of the planner's first plan over NVIDIA's: {med_gain:+.1%}"
           + (f" (p90 {sorted(gains)[min(len(gains) - 1, math.ceil(0.9 * len(gains)) - 1)]:+.1%})" if gains else ""))
     print(f"misses (rank > 10) where NVIDIA itself measured another plan over {MEASURED_MARGIN:.0%} faster on the same "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autotune.cost.memory import model_state_bytes
 from autotune.engines import engine_for
-from autotune.specs.layout import representative_stages, stage_param_groups
+from autotune.specs.layout import model_representative_stages, stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -42,7 +42,7 @@ def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
     resident, weights_written = engine.saved_states_plan(plan)
     per_rank = []
     scheme = engine.layer_split_of(plan, model.num_layers)
-    for stage in representative_stages(model.num_layers, plan.pp, scheme):
+    for stage in model_representative_stages(model, plan.pp, scheme):
         groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.expert_tp)

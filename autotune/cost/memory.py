@@ -34,7 +34,7 @@ from autotune.engines.facts import ActivationFacts
 from autotune.engines.states import ModelStateBytes
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
-from autotune.specs.layout import representative_stages, split_vpp_key, stage_param_groups
+from autotune.specs.layout import model_representative_stages, split_vpp_key, stage_param_groups
 from autotune.specs.nvfp4 import is_quantized
 from autotune.specs.model import ModelSpec, ParamGroups
 from autotune.specs.plan import ParallelPlan
@@ -271,7 +271,7 @@ def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
         if len(_activations_cache) > 65536:
             _activations_cache.clear()
         out = []
-        for stage in representative_stages(model.num_layers, plan.pp, scheme):
+        for stage in model_representative_stages(model, plan.pp, scheme):
             groups = stage_param_groups(model, plan, stage, scheme)
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             out.append((stage, groups, groups.tp_sharded / plan.tp + groups.replicated,

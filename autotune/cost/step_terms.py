@@ -16,7 +16,7 @@ from autotune.cost.efficiency import Efficiency
 from autotune.specs.lora import trainable_stage_params
 from autotune.engines import Engine
 from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.layout import representative_stages, split_vpp_key, stage_param_groups
+from autotune.specs.layout import model_representative_stages, split_vpp_key, stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
 
@@ -141,7 +141,7 @@ def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> 
         if len(_largest_cache) > 4096:
             _largest_cache.clear()
         groups = [stage_param_groups(model, plan, s, scheme)
-                  for s in representative_stages(model.num_layers, plan.pp, scheme)]
+                  for s in model_representative_stages(model, plan.pp, scheme)]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
         hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.expert_tp * plan.ep)))
     return hit[1]

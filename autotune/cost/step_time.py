@@ -47,7 +47,7 @@ from autotune.engines import Engine, engine_for
 from autotune.engines.megatron_fsdp import recompute_row_gathers
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import representative_stages, split_vpp_key, stage_layers
+from autotune.specs.layout import model_representative_stages, split_vpp_key, stage_layers
 from autotune.specs.lora import adapter_params_per_layer
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -152,7 +152,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst, stage_times = None, []
     per_layer: dict[tuple, tuple] = {}  # (is_moe, rec_share) -> a layer's passes and launch waits: the same per stage
-    for stage in representative_stages(model.num_layers, plan.pp, scheme):
+    for stage in model_representative_stages(model, plan.pp, scheme):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
         if stage == plan.pp - 1 and plan.mtp_layers:  # the MTP modules' layers, like the last (cost/mtp.py)
             n_moe, n_dense = (n_moe + plan.mtp_layers, n_dense) if mtp_layer_is_moe(model) \
