@@ -42,7 +42,7 @@ def checkpoint_bytes(model: ModelSpec, plan: ParallelPlan) -> CheckpointBytes:
     resident, weights_written = engine.saved_states_plan(plan)
     per_rank = []
     scheme = engine.layer_split_of(plan, model.num_layers)
-    for stage in model_representative_stages(model, plan.pp, scheme):
+    for stage in model_representative_stages(model, plan.pp, scheme, plan.vpp):
         groups = stage_param_groups(model, plan, stage, scheme)
         dense = groups.tp_sharded / plan.tp + groups.replicated
         expert = groups.expert / (plan.ep * plan.expert_tp)

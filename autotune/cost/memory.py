@@ -271,7 +271,7 @@ def _stages_activations(model: ModelSpec, plan: ParallelPlan, facts: ActivationF
         if len(_activations_cache) > 65536:
             _activations_cache.clear()
         out = []
-        for stage in model_representative_stages(model, plan.pp, scheme):
+        for stage in model_representative_stages(model, plan.pp, scheme, plan.vpp):
             groups = stage_param_groups(model, plan, stage, scheme)
             activation_parts = stage_activation_bytes(model, plan, stage, facts, scheme)
             out.append((stage, groups, groups.tp_sharded / plan.tp + groups.replicated,

@@ -141,7 +141,7 @@ def _largest_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str) -> 
         if len(_largest_cache) > 4096:
             _largest_cache.clear()
         groups = [stage_param_groups(model, plan, s, scheme)
-                  for s in model_representative_stages(model, plan.pp, scheme)]
+                  for s in model_representative_stages(model, plan.pp, scheme, plan.vpp)]
         g = max(groups, key=lambda x: x.per_gpu(plan.tp, plan.ep))
         hit = _largest_cache[key] = (model, (g.tp_sharded / plan.tp + g.replicated, g.expert / (plan.expert_tp * plan.ep)))
     return hit[1]

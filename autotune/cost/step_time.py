@@ -152,7 +152,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
     worst, stage_times = None, []
     per_layer: dict[tuple, tuple] = {}  # (is_moe, rec_share) -> a layer's passes and launch waits: the same per stage
-    for stage in model_representative_stages(model, plan.pp, scheme):
+    for stage in model_representative_stages(model, plan.pp, scheme, plan.vpp):
         n_dense, n_moe = _stage_layer_counts(model, plan, stage, scheme)
         if stage == plan.pp - 1 and plan.mtp_layers:  # the MTP modules' layers, like the last (cost/mtp.py)
             n_moe, n_dense = (n_moe + plan.mtp_layers, n_dense) if mtp_layer_is_moe(model) \

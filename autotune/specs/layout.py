@@ -294,9 +294,14 @@ def layer_kinds(model: ModelSpec) -> tuple[int, ...] | None:
     return hit[1]
 
 
-def model_representative_stages(model: ModelSpec, pp: int, scheme: str = "megatron") -> tuple[int, ...]:
-    """:func:`representative_stages` of ``model``'s layers, their kinds told apart."""
-    return representative_stages(model.num_layers, pp, scheme, layer_kinds(model))
+def model_representative_stages(model: ModelSpec, pp: int, scheme: str = "megatron", vpp: int = 1) -> tuple[int, ...]:
+    """:func:`representative_stages` of ``model``'s layers, their kinds told apart; every stage where the layers are
+    of several kinds and interleaved (``vpp`` > 1): a stage's chunks are not its contiguous share of the layers, and
+    which kinds its first chunks (the ones most micro-batches are in flight in) hold differs from stage to stage."""
+    kinds = layer_kinds(model)
+    if kinds is not None and vpp > 1:
+        return tuple(range(pp))
+    return representative_stages(model.num_layers, pp, scheme, kinds)
 
 
 # Keyed by the model's id (a ModelSpec hashes all its fields, slowly, and the planner asks for every plan); each

@@ -74,6 +74,6 @@ def adapter_params_per_layer(model: ModelSpec, plan: ParallelPlan) -> float:
 def trainable_stage_params(model: ModelSpec, plan: ParallelPlan, scheme: str, stage: int | None = None) -> float:
     """Adapter parameters one GPU trains: its stage's layers' adapters (``stage``; None: the stage with the most
     layers). The embedding and output layer are frozen and get none."""
-    stages = model_representative_stages(model, plan.pp, scheme) if stage is None else (stage,)
+    stages = model_representative_stages(model, plan.pp, scheme, plan.vpp) if stage is None else (stage,)
     layers = max(stage_layers(model.num_layers, plan.pp, s, scheme)[1] for s in stages)
     return layers * adapter_params_per_layer(model, plan)

@@ -61,3 +61,45 @@ def test_the_ledger_counts_the_moe_stages_experts(capsys):
     assert memory["stage"] >= 2
     assert memory["weights"] > 22e9 * 4 * 0.99
     assert not memory["fits"]
+
+
+def _every_stage(model, pp, scheme="megatron", vpp=1):
+    return tuple(range(pp))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b", "llama4-maverick", "gemma3-27b"])
+def test_the_stages_chosen_give_what_every_stage_gives(name, monkeypatch):
+    """The ledger's peak and the step time over the chosen stages equal those over every stage, for pipelines with
+    and without interleaving, on the engines' own splits (megatron's and torchtitan's)."""
+    import autotune.cost.memory as memory
+    import autotune.cost.step_time as step_time
+    from autotune.api import make_plan
+    from autotune.errors import InputError
+    from autotune.specs.loading import load_cluster
+
+    model = load_model(name)
+    cluster = load_cluster(gpu="gb200", num_gpus=256, gpus_per_node=64)
+    checked = 0
+    for engine, pp, vpp in [("megatron", 4, 1), ("megatron", 8, 2), ("fsdp", 8, 1), ("fsdp", 8, 3), ("fsdp", 16, 1),
+                            ("megatron", 16, 1), ("fsdp", 32, 1)]:
+        ep = 8 if model.is_moe else 1
+        try:
+            plan = make_plan(model, cluster, global_batch_size=4096, seq_len=4096, pp=pp, vpp=vpp, ep=ep,
+                             engine=engine, zero_stage=1 if engine == "megatron" else 3)
+        except InputError:
+            continue
+        memory._activations_cache.clear()
+        memory._states_cache.clear()
+        chosen = (memory.estimate_memory(model, cluster, plan), step_time.estimate_step_time(model, cluster, plan))
+        monkeypatch.setattr(memory, "model_representative_stages", _every_stage)
+        monkeypatch.setattr(step_time, "model_representative_stages", _every_stage)
+        memory._activations_cache.clear()
+        memory._states_cache.clear()
+        every = (memory.estimate_memory(model, cluster, plan), step_time.estimate_step_time(model, cluster, plan))
+        monkeypatch.undo()
+        memory._activations_cache.clear()
+        memory._states_cache.clear()
+        assert chosen[0].total == pytest.approx(every[0].total), (engine, pp, vpp)
+        assert chosen[1].step_time_s == pytest.approx(every[1].step_time_s), (engine, pp, vpp)
+        checked += 1
+    assert checked >= 4
