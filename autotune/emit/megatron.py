@@ -150,9 +150,27 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
             args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
         if moe.num_dense_layers or moe.moe_layer_step != 1:
             args += ["--moe-layer-freq", _moe_layer_pattern(model)]
+        args += router_flags(moe)
+    return args
+
+
+def router_flags(moe) -> list[str]:
+    """The router as the model computes it (MoESpec.router_*; Megatron-core's topk_routing_with_score_function,
+    Megatron-LM @d98e8a6 megatron/core/transformer/moe/moe_utils.py:900-929). A sigmoid router's routing bias is
+    aux-loss-free balancing's expert bias (DeepSeek-V3, arXiv:2412.19437 §2.1.2); a softmax router's (GPT-OSS) is its
+    linear layer's, which Megatron-core builds with the other biases (router.py:67-72, add_bias_linear)."""
+    args = []
+    if moe.router_score != "softmax":
+        args += ["--moe-router-score-function", moe.router_score]
         if moe.router_bias:
-            # Aux-loss-free balancing (DeepSeek-V3, arXiv:2412.19437 §2.1.2) scores experts with a sigmoid.
-            args += ["--moe-router-enable-expert-bias", "--moe-router-score-function", "sigmoid"]
+            args.append("--moe-router-enable-expert-bias")
+    if moe.router_pre_softmax:
+        args.append("--moe-router-pre-softmax")
+    if moe.router_groups is not None:
+        args += ["--moe-router-num-groups", str(moe.router_groups), "--moe-router-group-topk",
+                 str(moe.router_group_topk)]
+    if moe.router_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", _num(moe.router_scaling_factor)]
     return args
 
 

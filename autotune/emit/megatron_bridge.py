@@ -106,8 +106,13 @@ def _shape(model: ModelSpec) -> dict:
                 # interleaved dense/MoE layers: ModelSpec.is_moe_layer, as megatron_args' --moe-layer-freq)
                 "moe_layer_freq": [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
                 if moe.num_dense_layers or moe.moe_layer_step != 1 else 1}
-        if moe.router_bias:
-            out |= {"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid"}
+        # The router as megatron_args' router_flags writes it, in TransformerConfig's fields.
+        out |= {"moe_router_score_function": moe.router_score,
+                "moe_router_enable_expert_bias": moe.router_bias and moe.router_score != "softmax",
+                "moe_router_pre_softmax": moe.router_pre_softmax, "moe_router_num_groups": moe.router_groups,
+                "moe_router_group_topk": moe.router_group_topk,
+                "moe_router_topk_scaling_factor": moe.router_scaling_factor if moe.router_scaling_factor != 1.0
+                else None}
     return out
 
 

@@ -79,7 +79,7 @@ def _llama_like(f: _Fields) -> dict:
     if mt == "mixtral":
         out["moe"] = dict(num_experts=f.need("num_local_experts", what="experts per MoE layer"),
                           top_k=f.need("num_experts_per_tok", what="experts per token"),
-                          expert_ffn_hidden_size=ffn)
+                          expert_ffn_hidden_size=ffn, **f.router(score="softmax"))
     if mt in ("deepseek_v3", "kimi_k2"):
         _deepseek_v3(f, out)
     return out
@@ -106,6 +106,8 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
         num_shared_experts=f.get_int("n_shared_experts", default=1),
         num_dense_layers=f.get_int("first_k_dense_replace", default=3),
         router_bias=f.get("topk_method", "noaux_tc") == "noaux_tc",  # e_score_correction_bias
+        # DeepseekV3Config's defaults: sigmoid scores, 8 groups of which 4 kept, the weights scaled by 2.5
+        **f.router(score="sigmoid", groups=8, group_topk=4, scaling=2.5),
     )
     mtp = f.get_int("num_nextn_predict_layers", default=1)  # DeepseekV3Config's default
     if mtp:

@@ -74,6 +74,25 @@ class Fields:
             return default
         return value
 
+    def router(self, *, score: str, groups: int = 1, group_topk: int = 1, scaling: float = 1.0,
+               norm_topk: bool = True) -> dict:
+        """The router's MoESpec fields (``router_score`` ...) from scoring_func, n_group / topk_group,
+        routed_scaling_factor and norm_topk_prob, each defaulting to the config class's value given here."""
+        kind = self.get("scoring_func", score)
+        if kind not in ("softmax", "sigmoid"):
+            self.unsupported(f"scoring_func {kind!r} is not modelled (softmax or sigmoid)")
+            kind = score
+        out: dict = {"router_score": kind}
+        n, k = self.get_int("n_group", default=groups), self.get_int("topk_group", default=group_topk)
+        if n is not None and n > 1:
+            out.update(router_groups=n, router_group_topk=k if k is not None else n)
+        factor = self.get("routed_scaling_factor", float(scaling))
+        if factor != 1.0:
+            out["router_scaling_factor"] = float(factor)
+        if kind == "softmax" and not self.get("norm_topk_prob", norm_topk):
+            out["router_pre_softmax"] = True  # softmax over every expert, the top-k left unnormalised
+        return out
+
     def required(self, raw: dict, *keys: str) -> None:
         """Shape fields the config itself must give (not left to a class default)."""
         for key in keys:

@@ -36,7 +36,8 @@ def _qwen3_moe(f: Fields) -> dict:
     if num_experts:
         out["moe"] = dict(num_experts=num_experts, top_k=f.get_int("num_experts_per_tok", default=8),
                           expert_ffn_hidden_size=f.need("moe_intermediate_size", what="expert width"),
-                          num_dense_layers=len(dense), moe_layer_step=f.positive("decoder_sparse_step", 1))
+                          num_dense_layers=len(dense), moe_layer_step=f.positive("decoder_sparse_step", 1),
+                          **f.router(score="softmax", norm_topk=False))  # Qwen3MoeConfig: norm_topk_prob False
     return out
 
 
@@ -51,7 +52,8 @@ def _gpt_oss(f: Fields) -> dict:
     out.update(linear_bias=True, attention_sinks=True, activation_clamp=float(f.get("swiglu_limit", 7.0)))
     top_k = f.get_int("num_experts_per_tok", "experts_per_token", default=4)
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", "num_experts", default=128), top_k=top_k,
-                      expert_ffn_hidden_size=out["ffn_hidden_size"], router_bias=True)
+                      expert_ffn_hidden_size=out["ffn_hidden_size"], router_bias=True,  # the router's linear bias
+                      **f.router(score="softmax"))
     fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % 2]
     set_local_attention(out, f, f.get_int("sliding_window", default=128), fallback)
     return out
@@ -73,7 +75,7 @@ def _llama4_text(f: Fields) -> dict:
         f.unsupported(f"moe_layers {moe_layers!r} is not modelled (only every interleave_moe_layer_step-th layer)")
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", default=16),
                       top_k=f.get_int("num_experts_per_tok", default=1), expert_ffn_hidden_size=expert_width,
-                      num_shared_experts=1, moe_layer_step=step)
+                      num_shared_experts=1, moe_layer_step=step, router_score="sigmoid")  # Llama4TextMoe's router
     every = f.positive("no_rope_layer_interval", 4)
     fallback = [i for i in layer_indices(layers) if (i + 1) % every]
     set_local_attention(out, f, f.get_int("attention_chunk_size", default=8192), fallback, chunked=True)
@@ -97,7 +99,8 @@ def _glm4_moe(f: Fields) -> dict:
                       top_k=f.get_int("num_experts_per_tok", default=8),
                       expert_ffn_hidden_size=f.need("moe_intermediate_size", what="routed expert width"),
                       num_shared_experts=f.get_int("n_shared_experts", default=1),
-                      num_dense_layers=f.get_int("first_k_dense_replace", default=1), router_bias=True)
+                      num_dense_layers=f.get_int("first_k_dense_replace", default=1), router_bias=True,
+                      **f.router(score="sigmoid"))  # Glm4MoeConfig: sigmoid (noaux_tc), n_group 1, scaling 1.0
     return out
 
 

@@ -63,6 +63,21 @@ class MoESpec:
     moe_layer_step: int = 1
     """After the dense layers, layer ``i`` is MoE when ``(i + 1) % moe_layer_step == 0`` (Llama 4 Maverick: 2,
     dense and MoE layers alternate; Qwen3-MoE's decoder_sparse_step). 1: every layer after the dense ones."""
+    # How the router turns its logits into the top-k weights, as Megatron-core's topk_routing_with_score_function
+    # does (Megatron-LM @d98e8a6 megatron/core/transformer/moe/moe_utils.py:900-929): what the model computes, not
+    # what it costs; the emitted files state it (--moe-router-score-function and the flags below).
+    router_score: str = "softmax"
+    """"softmax" (Mixtral, Qwen3, GPT-OSS: softmax over the top-k logits) or "sigmoid" (DeepSeek-V3, Kimi-K2,
+    GLM-4.5: each expert's sigmoid, the top-k normalised to sum to 1; Llama 4: top-1, not normalised)."""
+    router_pre_softmax: bool = False
+    """Softmax over every expert before the top-k, the weights left unnormalised (Hugging Face ``norm_topk_prob``
+    false; Megatron ``--moe-router-pre-softmax``)."""
+    router_groups: int | None = None
+    """Group-limited routing (DeepSeek-V3: 8 groups, ``n_group``): the top-k is taken within the best
+    ``router_group_topk`` groups (``topk_group``: 4). None: one group."""
+    router_group_topk: int | None = None
+    router_scaling_factor: float = 1.0
+    """The top-k weights' scale (``routed_scaling_factor``: DeepSeek-V3 2.5, Kimi-K2 2.827)."""
 
     @property
     def shared_width(self) -> int:
@@ -79,6 +94,18 @@ class MoESpec:
             out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
         if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or self.moe_layer_step < 1:
             out.append(f"moe.moe_layer_step must be a positive integer, got {self.moe_layer_step!r}")
+        if self.router_score not in ("softmax", "sigmoid"):
+            out.append(f"moe.router_score must be softmax or sigmoid, got {self.router_score!r}")
+        if self.router_pre_softmax and self.router_score != "softmax":
+            out.append("moe.router_pre_softmax applies to a softmax router only: drop it or set router_score softmax")
+        if (self.router_groups is None) != (self.router_group_topk is None):
+            out.append("moe.router_groups and moe.router_group_topk go together (n_group and topk_group): give both")
+        elif self.router_groups is not None and self.router_group_topk is not None and not (
+                1 <= self.router_group_topk <= self.router_groups and self.num_experts % self.router_groups == 0):
+            out.append(f"moe.router_groups ({self.router_groups}) must divide num_experts ({self.num_experts}) and "
+                       f"be >= router_group_topk ({self.router_group_topk}) >= 1")
+        if not self.router_scaling_factor > 0:
+            out.append(f"moe.router_scaling_factor must be > 0, got {self.router_scaling_factor!r}")
         return out
 
 

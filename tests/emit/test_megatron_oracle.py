@@ -278,3 +278,32 @@ def test_activation_offload_passes_megatron_lm(oracle, tmp_path):
         "CUDA_DEVICE_MAX_CONNECTIONS", "8")})
     assert verdict["ok"], f"Megatron-LM rejects the offload plan's arguments: {verdict}\n{path.read_text()}"
     assert [p for p in megatron_args_problems(argv, 64, env=env, lines=lines) if p.severity == "error"] == []
+
+
+@pytest.mark.parametrize(("name", "flags", "absent"), [
+    # DeepSeek-V3: sigmoid scores with the aux-loss-free expert bias, 8 groups of which 4, weights x 2.5
+    ("deepseek-v3", ["--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 8 "
+                     "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5"], []),
+    # Llama 4: a sigmoid top-1 router without a bias
+    ("llama4-scout", ["--moe-router-score-function sigmoid"], ["--moe-router-enable-expert-bias"]),
+    # GPT-OSS: a softmax router whose bias is its linear layer's (no --disable-bias-linear), not an expert bias
+    ("gpt-oss-20b", [], ["--moe-router-score-function", "--moe-router-enable-expert-bias", "--disable-bias-linear"]),
+])
+def test_the_router_as_the_model_computes_it_passes_megatron_lm(oracle, tmp_path, name, flags, absent):
+    """The router's score function, expert bias, group-limited routing and scaling (MoESpec.router_*, read from
+    config.json's scoring_func / n_group / topk_group / routed_scaling_factor) as Megatron-LM's parser takes them."""
+    model = load_model_preset(name)
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    plan = make_plan(model, cluster, engine="megatron", pp=4, ep=4, zero_stage=1, seq_len=4096,
+                     global_batch_size=64, recompute="full")
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
+    argv = parse_shell_args_with_lines(path.read_text())[0]
+    text = " ".join(argv)
+    for want in flags:
+        assert want in text, text
+    for flag in absent:
+        assert flag not in text, text
+    # as argv: the oracle's own file reader stops at the first ")", inside DeepSeek's quoted --moe-layer-freq
+    verdict = oracle.verdict(16, argv=argv)
+    assert verdict["ok"], f"Megatron-LM rejects the router flags of {name}: {verdict}\n{path.read_text()}"
