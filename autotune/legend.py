@@ -124,7 +124,8 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
     "architecture": "its model code cannot build this architecture (ALiBi, an embedding norm, other than two "
-                    "pre-norms per layer)",
+                    "pre-norms per layer; Megatron-DeepSpeed: windows, sinks, Q/K norms, RoPE scaling, a router "
+                    "other than a softmax)",
     "layer_norms": "its layer is two pre-norms: other norm layouts (parallel blocks, Gemma's sandwich) are not built",
     "moe_form": "DeepSpeed-MoE has no form for this MoE (experts narrower than the FFN, shared experts, dense "
                 "first layers)",

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from autotune.emit.megatron_attention import flag_number as _num
 from autotune.emit.megatron_attention import position_and_attention_flags
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
+from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems, rope_theta_flags
 from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, sharding_strategy
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.emit.megatron_layout import cp_comm_flags, megatron_split, split_flags
@@ -335,8 +336,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     # uneven counts are fine (BLOOM-176B: 70 layers on 12 stages).
     if layer_counts(model.num_layers, plan.pp, "uniform") is None:
         problems.append(f"{model.num_layers} layers cannot fill pp={plan.pp} stages: use pp <= {model.num_layers}")
-    if model.mla is not None:
-        problems.append(f"{model.name} uses multi-latent attention, which Megatron-DeepSpeed does not implement")
+    problems += megatron_deepspeed_model_problems(model, plan.seq_len)
     if model.position_embedding == "learned" and plan.seq_len > model.max_position_embeddings:
         problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({model.max_position_embeddings})")
     if plan.optimizer not in ("adamw", "sgd"):
@@ -363,8 +363,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     if model.activation == "swiglu":
         args.append("--swiglu")
     args += ["--normalization", model.norm]
-    if model.position_embedding == "rope":
-        args += ["--use-rotary-position-embeddings", "--no-position-embedding"]
+    args += rope_theta_flags(model)
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not model.linear_bias:

@@ -6,6 +6,8 @@ DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism.
 from __future__ import annotations
 
 from autotune.emit.megatron import deepspeed_moe_problems, layer_norms_problem, megatron_deepspeed_args
+from autotune.emit.megatron_deepspeed_model import SOURCE as MODEL_SOURCE
+from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
 from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
@@ -53,6 +55,8 @@ class MegatronDeepSpeedEngine(Engine):
         if norms:
             out.append(Rule(id="megatron-deepspeed:layer_norms", message=f"Megatron-DeepSpeed: {norms}",
                             source="microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer"))
+        out += [Rule(id="megatron-deepspeed:architecture", message=f"Megatron-DeepSpeed: {problem}",
+                     source=MODEL_SOURCE) for problem in megatron_deepspeed_model_problems(model, plan.seq_len)]
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):

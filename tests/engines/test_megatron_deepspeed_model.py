@@ -1,0 +1,69 @@
+"""Megatron-DeepSpeed (the microsoft fork) builds the models its GPT layer and DeepSpeed-MoE's gate can express,
+and the planner proposes no other (emit.megatron_deepspeed_model). Before, GPT-OSS-20B on 8 H100 was ranked first on
+Megatron-DeepSpeed, whose files dropped its sliding windows, attention sinks, YaRN scaling, clamped GLU and biased
+router; and every RoPE model was written with the fork's default base (10000, not Llama 3's 500000)."""
+
+import pytest
+
+from autotune.api import make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.cost.estimate import estimate
+from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
+from autotune.emit.shell_args import parse_shell_args_with_lines
+from autotune.errors import InputError
+from autotune.rules import plan_problems
+from autotune.search.planner import search_plans
+from autotune.search.space import SearchConstraints
+from autotune.specs.loading import load_cluster, load_model
+
+H100_8 = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("gpt-oss-20b", ["sliding-window", "attention sinks", "scales RoPE (yarn)", "clamps its GLU", "router (softmax, biased)"]),
+    ("qwen3-8b", ["normalises Q and K per head"]),
+    ("deepseek-v3", ["multi-latent attention", "router (sigmoid, biased, group-limited, scaled)"]),
+    ("llama4-scout", ["chunked attention layers (8192 tokens, under seq_len 16384)", "router (sigmoid)"]),
+])
+def test_what_the_fork_cannot_build_is_named(name, says):
+    problems = " | ".join(megatron_deepspeed_model_problems(load_model(name), 16384))
+    for text in says:
+        assert text in problems, problems
+    assert problems.count("use engine megatron or fsdp") == len(megatron_deepspeed_model_problems(
+        load_model(name), 16384))
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "gpt3-175b", "bloom-176b", "mixtral-8x7b"])
+def test_what_it_builds_passes(name):
+    assert megatron_deepspeed_model_problems(load_model(name), 4096) == []
+
+
+def test_a_window_as_long_as_the_sequence_is_full_attention():
+    phi3 = load_model("phi3-mini")  # sliding window 2047
+    assert megatron_deepspeed_model_problems(phi3, 2047) == []
+    assert megatron_deepspeed_model_problems(phi3, 2048)
+
+
+def test_the_planner_no_longer_proposes_it_for_gpt_oss():
+    model = load_model("gpt-oss-20b")
+    plan = make_plan(model, H100_8, engine="megatron", ep=8, global_batch_size=256, seq_len=4096)
+    refused = dict(plan_problems(model, H100_8, plan.with_(engine="megatron-deepspeed", zero_stage=2)))
+    assert "megatron-deepspeed:architecture" in refused
+    result = search_plans(model, H100_8, global_batch_size=256, seq_len=4096,
+                          constraints=SearchConstraints(engines=("megatron-deepspeed",)))
+    assert not result.candidates and result.rejections.get("megatron-deepspeed:architecture")
+
+
+def test_the_rope_base_is_written():
+    model = load_model("llama3-8b")
+    plan = make_plan(model, H100_8, engine="megatron-deepspeed", zero_stage=1, global_batch_size=8, seq_len=4096)
+    files = render_bundle(estimate(model, H100_8, plan)).files
+    argv = " ".join(parse_shell_args_with_lines(files["megatron_deepspeed_args.sh"])[0])
+    assert "--use-rotary-position-embeddings --no-position-embedding --rotary-position-embeddings-theta 500000" in argv
+
+
+def test_the_emitter_refuses_what_the_rules_refuse():
+    model = load_model("qwen3-8b")
+    with pytest.raises(InputError) as err:
+        make_plan(model, H100_8, engine="megatron-deepspeed", zero_stage=1, global_batch_size=8, seq_len=4096)
+    assert "normalises Q and K per head" in str(err.value)
