@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from autotune.cost.memory import model_state_bytes
 from autotune.engines import engine_for
-from autotune.specs.layout import model_representative_stages, stage_param_groups
+from autotune.specs.layout import stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.stage_mix import model_representative_stages
 
 __all__ = ["CheckpointBytes", "checkpoint_bytes"]
 

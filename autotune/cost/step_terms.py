@@ -16,9 +16,10 @@ from autotune.cost.efficiency import Efficiency
 from autotune.specs.lora import trainable_stage_params
 from autotune.engines import Engine
 from autotune.specs.hardware import GB, ClusterSpec
-from autotune.specs.layout import model_representative_stages, split_vpp_key, stage_param_groups
+from autotune.specs.layout import split_vpp_key, stage_param_groups
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import OPTIMIZER_STATE_BYTES, ParallelPlan
+from autotune.specs.stage_mix import model_representative_stages
 
 __all__ = ["variant_terms"]
 

@@ -47,10 +47,11 @@ from autotune.engines import Engine, engine_for
 from autotune.engines.megatron_fsdp import recompute_row_gathers
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.layout import model_representative_stages, split_vpp_key, stage_layers
+from autotune.specs.layout import split_vpp_key, stage_layers
 from autotune.specs.lora import adapter_params_per_layer
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.stage_mix import model_representative_stages
 
 __all__ = ["StepTimeEstimate", "TimeSettings", "estimate_step_time"]
 

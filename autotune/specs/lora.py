@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.specs.layout import model_representative_stages, stage_layers
+from autotune.specs.layout import stage_layers
 from autotune.specs.model import ModelSpec
 from autotune.specs.peft import LORA_DEFAULT_ALPHA, LORA_DEFAULT_RANK, LORA_TARGETS
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.stage_mix import model_representative_stages
 
 __all__ = ["LoraRun", "lora_run", "lora_model_problems", "target_widths", "adapter_params_per_layer",
            "trainable_stage_params"]

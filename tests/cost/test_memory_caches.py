@@ -13,7 +13,8 @@ from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.engines import ENGINES, engine_for
 from autotune.rules import plan_problems
 from autotune.specs import layout
-from autotune.specs.layout import representative_stages, stage_param_groups
+from autotune.specs.layout import stage_param_groups
+from autotune.specs.stage_mix import representative_stages
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings

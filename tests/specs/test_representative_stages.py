@@ -9,7 +9,8 @@ import json
 import pytest
 
 from autotune.cli import main
-from autotune.specs.layout import layer_counts, layer_kinds, model_representative_stages, representative_stages
+from autotune.specs.layout import layer_counts
+from autotune.specs.stage_mix import layer_kinds, model_representative_stages, representative_stages
 from autotune.specs.loading import load_model
 
 MODELS = ["deepseek-v3", "kimi-k2", "glm-4.5", "gpt-oss-120b", "llama4-maverick", "gemma3-27b", "llama3-70b"]
