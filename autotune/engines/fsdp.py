@@ -16,6 +16,7 @@ from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import ACCELERATE_RELEASE, DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
 from autotune.emit.torchtitan import torchtitan_compiles, torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
+from autotune.emit.torchtitan_models import expert_problems_02
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.base import Engine
 from autotune.engines.common import builtin_or_user_entry
@@ -119,6 +120,11 @@ class FSDPEngine(Engine):
                             message=f"torch.distributed.pipelining: Interleaved 1F1B requires the number of "
                                     f"microbatches ({n}) to be a multiple of the number of rounds "
                                     f"({max(1, n // plan.pp)}): use a multiple of pp micro-batches"))
+        # torchtitan borrows the EP ranks from dp_shard x cp x tp (the built-in trainer runs no EP): one source with the
+        # TOML writer (emit.torchtitan_models.expert_problems_02); zero 0 shards nothing (dp_shard 1)
+        out += [Rule(id="fsdp:ep_mesh", message=f"torchtitan: {problem}",
+                     source="torchtitan@73a0e69 (v0.2.2) torchtitan/distributed/parallel_dims.py:136-158; 0.3.0 "
+                            "config/configs.py:279-287") for problem in expert_problems_02(model, plan)]
         if plan.dp_replicate > 1 and plan.zero_stage == 0:
             out.append(Rule(id="fsdp:hybrid_no_shard", source="torch.distributed.fsdp.fully_shard (2-D mesh)",
                             message=f"{self.title}: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))

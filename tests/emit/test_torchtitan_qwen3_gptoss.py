@@ -176,8 +176,14 @@ def test_v022_gpt_oss_is_refused_where_its_parallelize_ignores_the_plan():
 def test_v022_expert_mesh_must_divide_dp_shard():
     # HSDP 2 x 8 with ep 16: torchtitan 0.2.2 lends EP only dp_shard x cp x tp = 8 ranks
     m, cluster = load_model_preset("qwen3-30b-a3b"), load_cluster(gpu=GPU, num_gpus=16)
-    plan = make_plan(m, cluster, engine="fsdp", zero_stage=3, dp_replicate=2, ep=16, global_batch_size=16,
-                     seq_len=4096)
+    # the planner's rule (fsdp:ep_mesh) refuses the plan with the writer's own message...
+    with pytest.raises(InputError, match="efsdp x ep x etp"):
+        make_plan(m, cluster, engine="fsdp", zero_stage=3, dp_replicate=2, ep=16, global_batch_size=16, seq_len=4096)
+    # ...and the writer refuses it too, given it anyway
+    from autotune.specs.plan import ParallelPlan
+
+    plan = ParallelPlan(engine="fsdp", zero_stage=3, dp=16, dp_replicate=2, ep=16, global_batch_size=16,
+                        grad_accum_steps=1, seq_len=4096)
     with pytest.raises(InputError, match="efsdp x ep x etp"):
         torchtitan_toml(m, cluster, plan)
 

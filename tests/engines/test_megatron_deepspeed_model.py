@@ -67,3 +67,4 @@ def test_the_emitter_refuses_what_the_rules_refuse():
     with pytest.raises(InputError) as err:
         make_plan(model, H100_8, engine="megatron-deepspeed", zero_stage=1, global_batch_size=8, seq_len=4096)
     assert "normalises Q and K per head" in str(err.value)
+
