@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"binding limit: {ans.binding_limit} (the next size, {format_params(ans.next_size.num_params)}: {nxt})")
         return EXIT_OK
     if args.min_gpus:
-        refused = capacity.model_refusal(model, cluster, constraints)
+        refused = capacity.model_refusal(model, cluster, constraints, seq_len=args.seq_len)
         if refused:
             raise InputError([refused], subject="request")
         ans = capacity.min_gpus(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch,

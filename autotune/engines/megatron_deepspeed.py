@@ -55,8 +55,10 @@ class MegatronDeepSpeedEngine(Engine):
         if norms:
             out.append(Rule(id="megatron-deepspeed:layer_norms", message=f"Megatron-DeepSpeed: {norms}",
                             source="microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer"))
-        out += [Rule(id="megatron-deepspeed:architecture", message=f"Megatron-DeepSpeed: {problem}",
-                     source=MODEL_SOURCE) for problem in megatron_deepspeed_model_problems(model, plan.seq_len)]
+        unbuilt = megatron_deepspeed_model_problems(model, plan.seq_len)
+        if unbuilt:  # one rule, its source once, however many features the fork lacks
+            out.append(Rule(id="megatron-deepspeed:architecture", message="Megatron-DeepSpeed: " + "; ".join(unbuilt),
+                            source=MODEL_SOURCE))
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):

@@ -106,13 +106,15 @@ def min_gpus(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_bat
                          best_without_offload=r_plain)
 
 
-def model_refusal(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints | None = None) -> str | None:
+def model_refusal(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints | None = None, *,
+                  seq_len: int) -> str | None:
     """Why no engine of ``constraints.engines`` can build ``model`` at all (its rules of :data:`MODEL_REFUSALS`, asked
-    of a one-GPU plan of each), with the way out; None where at least one can."""
+    of a one-GPU plan of each at the request's ``seq_len``: a window shorter than the sequence is one such refusal),
+    with the way out; None where at least one can."""
     c = constraints or SearchConstraints()
     messages = []
     for name in c.engines:
-        plan = ParallelPlan(engine=name, dp=1, global_batch_size=1, grad_accum_steps=1, seq_len=128,
+        plan = ParallelPlan(engine=name, dp=1, global_batch_size=1, grad_accum_steps=1, seq_len=seq_len,
                             zero_stage=engine_for(name).default_zero_stage)
         refusals = [msg for rule, msg in plan_problems(model, cluster, plan)
                     if rule.partition(":")[2] in MODEL_REFUSALS]
@@ -127,7 +129,7 @@ def infeasibility_hint(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, 
                        constraints: SearchConstraints | None = None, answer: MinGpusAnswer | None = None) -> str:
     """What would make an infeasible request possible, e.g. 'needs at least 24 H100s with ZeRO-3 +
     CPU optimizer offload, or 48 without offload'. ``answer``: a min_gpus answer already computed."""
-    refused = model_refusal(model, cluster, constraints)
+    refused = model_refusal(model, cluster, constraints, seq_len=seq_len)
     if refused:
         return refused
     ans = answer or min_gpus(model, cluster, seq_len=seq_len, global_batch=None, constraints=constraints)

@@ -68,3 +68,16 @@ def test_the_emitter_refuses_what_the_rules_refuse():
         make_plan(model, H100_8, engine="megatron-deepspeed", zero_stage=1, global_batch_size=8, seq_len=4096)
     assert "normalises Q and K per head" in str(err.value)
 
+
+
+def test_no_engine_can_build_it_is_judged_at_the_requests_sequence():
+    """`plan --engine megatron-deepspeed` for Phi-3-mini (window 2047) at seq 4096 said it fits on no number of GPUs
+    (the model-level check asked a 128-token plan, where the window is full attention); it names the window now."""
+    from autotune.search.capacity import model_refusal
+
+    phi3 = load_model("phi3-mini")
+    only = SearchConstraints(engines=("megatron-deepspeed",))
+    refused = model_refusal(phi3, H100_8, only, seq_len=4096)
+    assert refused is not None and "sliding-window attention layers (2047 tokens, under seq_len 4096)" in refused
+    assert "give another --engine" in refused
+    assert model_refusal(phi3, H100_8, only, seq_len=2047) is None
