@@ -9,11 +9,11 @@ Sources: NVIDIA-NeMo/Megatron-Bridge@6124fbe38a68eea9c4f4be3aa5e084bd5d461d98 (r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec
-from autotune.specs.presets import load_model_preset
+from autotune.specs.presets import load_model_preset, preset_matching
 
 __all__ = ["BridgeRecipe", "RECIPES", "GENERIC", "bridge_recipe", "bridge_model_problems"]
 
@@ -82,11 +82,11 @@ def bridge_model_problems(model: ModelSpec) -> list[str]:
 def bridge_recipe(model: ModelSpec) -> BridgeRecipe:
     """The base recipe for the model: its family's library recipe where Bridge 0.6 has one (for the preset itself:
     a model named like a preset but shaped otherwise is not the recipe's), else the generic GPT recipe."""
-    recipe = RECIPES.get(model.name)
-    if recipe is None:
+    name = preset_matching(model, tuple(RECIPES))  # a config.json of the preset's model too
+    if name is None:
         return GENERIC
     try:
-        return recipe if load_model_preset(model.name) == model else GENERIC
+        return RECIPES[name] if load_model_preset(name) == replace(model, name=name) else GENERIC
     except InputError:
         return GENERIC
 

@@ -30,6 +30,7 @@ from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import split_scheme, torchtitan_split, virtual_layout
 from autotune.specs.model import ModelSpec
+from autotune.specs.presets import preset_matching
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
@@ -98,7 +99,8 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
     ``chunked_loss``: the caller writes a chunked loss (the 0.3 module); the TOML cannot. ``release``: the
     torchtitan release whose rules apply (the 0.3 module passes "0.3")."""
     options = options or EmitOptions()
-    known = TORCHTITAN_FLAVORS.get(model.name)
+    preset = preset_matching(model, tuple(TORCHTITAN_FLAVORS))  # a config.json of a preset's model too
+    known = TORCHTITAN_FLAVORS.get(preset)
     name, flavor = (model_name, flavor) if model_name and flavor else (known or (None, None))
     problems = torchtitan_plan_problems(model, cluster, plan, name)
     if (plan.loss_chunks or 1) > 1 and not chunked_loss:
@@ -112,7 +114,7 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                         "drop --compile (MXFP8 with TP runs eager there), or emit with --engine-version fsdp=0.3")
     if release == "0.2":
         problems += model_problems_02(name, plan, compiles=torchtitan_compiles(plan),
-                                      has_03=model.name in TORCHTITAN_03_RECIPES)
+                                      has_03=preset in TORCHTITAN_03_RECIPES)
         problems += expert_problems_02(model, plan)
     if problems:
         raise InputError(problems, subject="torchtitan job config")

@@ -30,6 +30,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import torchtitan_scheme, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import preset_matching
 
 __all__ = ["TORCHTITAN_03_VERSION", "TORCHTITAN_03_RECIPES", "NO_RECIPE_03", "MODULE_FILE", "CONFIG_FUNCTION",
            "torchtitan_module", "torchtitan_run_line"]
@@ -56,10 +57,11 @@ _TRAINING_KEYS = ("local_batch_size", "global_batch_size", "seq_len", "steps", "
 
 def _problems_03(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     out = []
-    if model.name in NO_RECIPE_03:
-        out.append(f"torchtitan 0.3 builds models from its recipes: {model.name}'s {NO_RECIPE_03[model.name]}: emit "
+    preset = preset_matching(model, (*NO_RECIPE_03, *TORCHTITAN_03_RECIPES))  # a config.json of one too
+    if preset in NO_RECIPE_03:
+        out.append(f"torchtitan 0.3 builds models from its recipes: {preset}'s {NO_RECIPE_03[preset]}: emit "
                    "with --torchtitan-version 0.2 for a TOML (v0.2.2 has the flavor), or write the module by hand")
-    elif model.name not in TORCHTITAN_03_RECIPES:
+    elif preset not in TORCHTITAN_03_RECIPES:
         out.append(f"torchtitan 0.3 builds models from its recipes; {model.name} has none that autotune knows "
                    f"(known: {', '.join(sorted(TORCHTITAN_03_RECIPES))}): emit with --torchtitan-version 0.2 "
                    "for a TOML, or write the module by hand")
@@ -135,7 +137,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
                       options: EmitOptions | None = None) -> str:
     """The text of ``torchtitan_plan.py``. InputError naming every part of the plan it cannot say."""
     options = options or EmitOptions()
-    recipe = TORCHTITAN_03_RECIPES.get(model.name)
+    recipe = TORCHTITAN_03_RECIPES.get(preset_matching(model, tuple(TORCHTITAN_03_RECIPES)))
     # the model name only says "known" there: _problems_03 says what 0.3 lacks for an unknown one
     problems = torchtitan_plan_problems(model, cluster, plan, model.name) + _problems_03(model, plan)
     if recipe:

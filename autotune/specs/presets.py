@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import re
@@ -18,7 +19,7 @@ from autotune.specs.hardware import GPUSpec, kernel_facts_from_dict
 from autotune.specs.model import ModelSpec
 
 __all__ = [
-    "model_preset_names", "load_model_preset", "model_preset_source",
+    "model_preset_names", "load_model_preset", "model_preset_source", "preset_matching",
     "gpu_preset_names", "load_gpu_preset", "cluster_defaults", "CLUSTER_DEFAULT_KEYS", "nearest_gpu_preset",
 ]
 
@@ -86,6 +87,22 @@ def load_model_preset(name: str) -> ModelSpec:
     data = dict(_model_preset_data(name))
     data.pop("source", None)
     return ModelSpec.from_dict(data)
+
+
+@functools.lru_cache(maxsize=256)
+def preset_matching(model: ModelSpec, names: tuple[str, ...]) -> str | None:
+    """Which of the presets ``names`` ``model`` is: the one named like it, else the one equal to it in every field
+    but the name (a Hugging Face config.json of Llama 3 8B reads as the preset under the file's name,
+    ``meta-llama/Meta-Llama-3-8B``); None when neither. A model named like a preset but shaped otherwise (a layer
+    cut) keeps its name's answer: the caller decides whether the shape must match too."""
+    if model.name in names:
+        return model.name
+    for name in names:
+        preset = load_model_preset(name)
+        if preset.num_layers == model.num_layers and preset.hidden_size == model.hidden_size:
+            if dataclasses.replace(model, name=name) == preset:
+                return name
+    return None
 
 
 # ---- GPUs --------------------------------------------------------------------------------
