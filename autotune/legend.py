@@ -123,6 +123,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "hybrid_no_shard": "hybrid sharding needs sharding", "hybrid_shard": "no hybrid sharding", "precision": "this precision is not supported",
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
+    "ep_model": "expert parallelism only in torchtitan's own MoE models (DeepSeek-V3, Qwen3, GPT-OSS)",
     "ep_mesh": "torchtitan's expert mesh: ep x etp must divide the sharded data-parallel x cp x tp ranks",
     "architecture": "its model code cannot build this architecture (ALiBi, an embedding norm, other than two "
                     "pre-norms per layer; Megatron-DeepSpeed: windows, sinks, Q/K norms, RoPE scaling, a router "

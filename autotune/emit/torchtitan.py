@@ -30,11 +30,11 @@ from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import split_scheme, torchtitan_split, virtual_layout
 from autotune.specs.model import ModelSpec
-from autotune.specs.presets import preset_matching
+from autotune.specs.presets import load_model_preset, preset_matching
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
-           "torchtitan_plan_problems"]
+           "torchtitan_plan_problems", "expert_parallel_problem"]
 
 TORCHTITAN_VERSION = "0.2.2"
 # Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py). Qwen3
@@ -47,6 +47,21 @@ TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "7
                       "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
                       "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-20b": ("gpt_oss", "20b"),
                       "gpt-oss-120b": ("gpt_oss", "120b")}
+
+
+def expert_parallel_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why no file the fsdp engine writes runs ``plan``'s expert parallelism (None when one does): torchtitan runs
+    EP inside its own MoE model packages only (v0.2.2: apply_moe_ep_tp in models/deepseek_v3/infra/parallelize.py:126,
+    qwen3 :111, gpt_oss :106, llama4 :140; its llama3 has none), built from a registry flavor autotune maps (Llama 4's
+    flavors are not: their fields differ from the presets'), and the built-in trainer and accelerate's FSDP2
+    plugin run no EP."""
+    if not model.is_moe or plan.ep == 1 or preset_matching(model, tuple(TORCHTITAN_FLAVORS)) is not None:
+        return None
+    moe = sorted(p for p in TORCHTITAN_FLAVORS if load_model_preset(p).is_moe)
+    return (f"ep {plan.ep}: torchtitan runs expert parallelism only in its own MoE models (registry packages "
+            f"deepseek_v3, qwen3, gpt_oss, llama4; autotune maps {', '.join(moe)} or their config.json), {model.name} is none "
+            "of them, and the built-in trainer and accelerate's FSDP2 run no expert parallelism: use --ep 1 "
+            "(FSDP shards the experts), or --engine megatron (Megatron-core's MoE)")
 
 
 def torchtitan_compiles(plan: ParallelPlan) -> bool:

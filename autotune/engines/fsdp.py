@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import ACCELERATE_RELEASE, DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
-from autotune.emit.torchtitan import torchtitan_compiles, torchtitan_toml
+from autotune.emit.torchtitan import expert_parallel_problem, torchtitan_compiles, torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
 from autotune.emit.torchtitan_models import expert_problems_02
 from autotune.emit.torchtitan_module import torchtitan_module
@@ -125,6 +125,10 @@ class FSDPEngine(Engine):
         out += [Rule(id="fsdp:ep_mesh", message=f"torchtitan: {problem}",
                      source="torchtitan@73a0e69 (v0.2.2) torchtitan/distributed/parallel_dims.py:136-158; 0.3.0 "
                             "config/configs.py:279-287") for problem in expert_problems_02(model, plan)]
+        if problem := expert_parallel_problem(model, plan):
+            out.append(Rule(id="fsdp:ep_model", message=problem,
+                            source="torchtitan@73a0e69 (v0.2.2) models/deepseek_v3/infra/parallelize.py:126 "
+                                   "apply_moe_ep_tp (qwen3 :111, gpt_oss :106, llama4 :140)"))
         if plan.dp_replicate > 1 and plan.zero_stage == 0:
             out.append(Rule(id="fsdp:hybrid_no_shard", source="torch.distributed.fsdp.fully_shard (2-D mesh)",
                             message=f"{self.title}: hybrid sharding (dp_replicate > 1) needs sharding (zero_stage 2 or 3)"))
