@@ -278,9 +278,12 @@ def _run_section(files: Sequence[str]) -> list[str]:
 
 def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mapping | None = None,
                   files: Sequence[str] = (), user_script_needs: Sequence[str] = (),
-                  fallback_lines: Sequence[str] = (), host_at_save: tuple[float, str] = (0.0, "")) -> str:
+                  fallback_lines: Sequence[str] = (), host_at_save: tuple[float, str] = (0.0, ""),
+                  trainer_problem: str | None = None) -> str:
     """The plan as Markdown: model and cluster, the plan and why, memory, step time, checkpoints, files;
-    ``host_at_save``: the host memory a save adds on a node, and what it is (a row of the ledger)."""
+    ``host_at_save``: the host memory a save adds on a node, and what it is (a row of the ledger);
+    ``trainer_problem``: why the launch scripts' built-in trainer cannot run the plan (None: it can, or they run
+    the user's script)."""
     model, cluster, plan = estimate.model, estimate.cluster, estimate.plan
     gpu = cluster.gpu
     out = [f"# Training plan: {model.name} on {cluster.num_gpus} x {gpu.name}", "",
@@ -311,11 +314,11 @@ def plan_markdown(estimate, *, checkpoint_policy_text: str = "", measured: Mappi
         out += ["## Measured", ""] + _measured_section(estimate, measured) + [""]
     out += ["## How to run", ""] + _run_section(files) + [""]
     if user_script_needs:
-        out += _script_section(engine_for(plan), user_script_needs)
+        out += _script_section(engine_for(plan), user_script_needs, trainer_problem)
     return "\n".join(out)
 
 
-def _script_section(engine, user_script_needs: Sequence[str]) -> list[str]:
+def _script_section(engine, user_script_needs: Sequence[str], trainer_problem: str | None = None) -> list[str]:
     """What the launch scripts run for this engine, and what the user's own script must do."""
     if engine.workload == "command":
         project, url = _PROGRAMS.get(engine.name, (engine.title, "the project's repository"))
@@ -327,6 +330,16 @@ def _script_section(engine, user_script_needs: Sequence[str]) -> list[str]:
                  f"`--script`, they run `pretrain_gpt.py` relative to the folder they are started in, so start them "
                  f"from the checkout: `cd /path/to/{project} && bash /path/to/this/folder/launch_<launcher>.sh`. "
                  f"It needs:", ""]
+    elif trainer_problem:
+        configs = [need.split(" is not written", 1)[0] for need in user_script_needs if " is not written" in need]
+        lines = ["## Your own training script", "",
+                 f"**The built-in trainer cannot run this plan**: {trainer_problem.rstrip('.')}. Emitted without "
+                 f"`--script`, the launch scripts run it (`python -m autotune.train --plan plan.json`) and it stops "
+                 f"with `UNSUPPORTED` (exit 2). Run it with {engine.title}'s own program from the files above "
+                 + (f"(not written for this plan: {', '.join(configs)}, as said below) " if configs else "")
+                 + "or with your own script: emit with `--script your_train.py` (a relative path is made absolute "
+                 "when emit reads it, so the launch scripts run from any folder), and the launch scripts run it; it "
+                 "must:", ""]
     else:
         lines = ["## Your own training script", "",
                  f"Emitted without `--script`, the launch scripts run autotune's built-in trainer (`python -m "

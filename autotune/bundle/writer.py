@@ -51,7 +51,7 @@ from autotune.report import plan_summary
 from autotune.search.fallback import Fallback
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["Bundle", "render_bundle", "write_bundle", "engine_version_record", "DS_CONFIG"]
+__all__ = ["Bundle", "render_bundle", "write_bundle", "engine_version_record", "builtin_trainer_problem", "DS_CONFIG"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +100,17 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      files=sorted(f for f in files if "/" not in f),
                                      user_script_needs=engine_files.user_script_needs,
                                      fallback_lines=fallback_section(fallback, est),
-                                     host_at_save=policy.host_at_save)
+                                     host_at_save=policy.host_at_save,
+                                     trainer_problem=builtin_trainer_problem(est, options))
     return Bundle(files=files, policy=policy)
+
+
+def builtin_trainer_problem(est: Estimate, options: EmitOptions) -> str | None:
+    """Why the program the launch scripts run, autotune's built-in trainer, cannot run the plan (None when it can,
+    or they run the user's ``--script``, or the engine's own program)."""
+    if options.launch.script is not None:
+        return None
+    return engine_for(est.plan).builtin_trainer_problem(est.model, est.plan)
 
 
 def engine_version_record(plan: ParallelPlan, options: EmitOptions) -> dict[str, str]:
@@ -251,6 +260,9 @@ def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None
     held files emit does not write.
     """
     notes = [] if notes is None else notes
+    if problem := builtin_trainer_problem(est, options or EmitOptions()):
+        notes.append(f"the launch scripts run autotune's built-in trainer, which cannot run this plan: {problem}; "
+                     "plan.md says what your own script (emit --script) must do")
     out = Path(out_dir)
     if out.exists() and not force:
         raise InputError([f"{out} already exists: choose another --out or pass --force to replace it"],

@@ -81,6 +81,13 @@ class Engine(ABC):
     ("megatron-bridge": autotune.cost.logged_flops); None where it does not."""
 
     # ---- rules -----------------------------------------------------------------------------
+    def builtin_trainer_problem(self, model: ModelSpec, plan: ParallelPlan) -> str | None:
+        """Why the built-in trainer (:attr:`trainer_module`) cannot run a plan the engine itself runs (None when it
+        can, or the engine has none): the launch scripts' default program; the user's own script (``emit
+        --script``) or the engine's own config is then the way (autotune.engines.builtin_trainer)."""
+        del model, plan
+        return None
+
     def extra_problems(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Rule]:
         """Engine rules beyond what :attr:`support` says (default: none)."""
         del model, cluster, plan

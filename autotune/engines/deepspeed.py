@@ -20,6 +20,7 @@ What it runs and why not the rest:
 from __future__ import annotations
 
 from autotune.engines.base import Engine
+from autotune.engines.builtin_trainer import deepspeed_trainer_problem
 from autotune.engines.common import DS_CONFIG, builtin_or_user_entry, deepspeed_json
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import ds_zero12_grad_elements, zero_states
@@ -58,6 +59,9 @@ class DeepSpeedEngine(Engine):
               "(deepspeed/moe/layer.py) or with AutoEP (module_inject/auto_ep.py), neither written here: use "
               "engine megatron, fsdp or megatron-deepspeed (DeepSpeed-MoE)",
     }
+
+    def builtin_trainer_problem(self, model, plan) -> str | None:
+        return deepspeed_trainer_problem(model, plan)
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         return offload_rules(self, plan) + ulysses_rules(self, plan)

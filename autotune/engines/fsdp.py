@@ -19,6 +19,7 @@ from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FIL
 from autotune.emit.torchtitan_models import expert_problems_02
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.base import Engine
+from autotune.engines.builtin_trainer import fsdp_trainer_problem
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import fsdp2_states
@@ -100,6 +101,9 @@ class FSDPEngine(Engine):
                "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy",
                "loss_slots": "torchtitan@73a0e69 (v0.2.2) torchtitan/distributed/pipeline_parallel.py:266-296 "
                              "generate_llm_fqn_per_model_part (output_weight = pipeline_parallel_last_stage_less_layers)"}
+
+    def builtin_trainer_problem(self, model, plan) -> str | None:
+        return fsdp_trainer_problem(model, plan, self.layer_split_of(plan, model.num_layers))
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         out = []

@@ -15,6 +15,7 @@ from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, ACCELERATE_RELEASE, 
 from autotune.emit.deepspeed import hf_deepspeed_config
 from autotune.emit.launch import render_accelerate_script
 from autotune.engines.base import Engine
+from autotune.engines.builtin_trainer import hf_trainer_problem
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
@@ -52,6 +53,9 @@ class HFEngine(Engine):
     sources = {"tp": "the HF path here is data-parallel ZeRO; use engine deepspeed for AutoTP",
                "pp": "transformers Trainer has no pipeline schedule; use engine deepspeed or megatron",
                "cp": "use engine deepspeed for Ulysses"}
+
+    def builtin_trainer_problem(self, model, plan) -> str | None:
+        return hf_trainer_problem(model, plan)
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         return offload_rules(self, plan)

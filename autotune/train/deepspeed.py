@@ -41,25 +41,10 @@ __all__ = ["main", "unsupported_reason"]
 
 
 def unsupported_reason(model, plan) -> str | None:
-    """Why this trainer cannot run ``plan`` (None when it can)."""
-    from autotune.train.hf_models import hf_model_problem
+    """Why this trainer cannot run ``plan`` (None when it can), as the engines layer decides it."""
+    from autotune.engines.builtin_trainer import deepspeed_trainer_problem
 
-    if plan.tp > 1 and (plan.pp > 1 or plan.cp > 1):
-        return "AutoTP runs with data parallelism and ZeRO only here (DeepSpeed issues #7147, #7730): set pp=cp=1"
-    if plan.pp > 1 and plan.cp > 1:
-        return "PipelineModule with Ulysses is not run by DeepSpeed 0.19.8 here: set cp=1 or pp=1"
-    if plan.tp > 1:
-        problem = hf_model_problem(model, llama_only=True)
-        if problem:
-            return f"AutoTP: {problem}"
-    if model.mla is not None:
-        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
-    if plan.cp > 1 and model.kv_heads % plan.cp:
-        return (f"Ulysses scatters attention heads over cp={plan.cp} ranks: {model.kv_heads} KV heads do not "
-                f"divide (deepspeed/sequence/layer.py)")
-    if plan.cp > 1 and plan.seq_len % plan.cp:
-        return f"Ulysses: seq_len {plan.seq_len} does not divide over cp={plan.cp} ranks"
-    return None
+    return deepspeed_trainer_problem(model, plan)
 
 
 def _config(path: str | None, est, device) -> dict:

@@ -30,59 +30,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from autotune.engines.builtin_trainer import CP_REFUSED, fsdp_trainer_problem
 from autotune.train import (StepLog, Unsupported, checkpointing, phase, pick_device, teardown, token_batches,
                             torch_dtype, world_size_problem)
 
 __all__ = ["main", "unsupported_reason", "CP_REFUSED"]
 
-# Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
-# around scaled_dot_product_attention raises "NotImplementedError: Operator
-# aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered".
-CP_REFUSED = ("context parallelism (cp > 1): torch 2.13's context_parallel has no ring-attention strategy for "
-              "the CPU attention kernel (aten._scaled_dot_product_flash_attention_for_cpu), and the built-in "
-              "trainer does not implement it on GPUs: use the emitted torchtitan config for cp > 1, or set cp=1")
-
 
 def unsupported_reason(model, plan, scheme: str | None = None) -> str | None:
-    """Why this trainer cannot run ``plan`` (None when it can); ``scheme``: the layer split (the engine's)."""
+    """Why this trainer cannot run ``plan`` (None when it can); ``scheme``: the layer split (the engine's). The
+    engines layer decides it (the fsdp engine's plan.md says it too)."""
     from autotune.engines import engine_for
-    from autotune.train.pipelining import stage_problem
 
-    scheme = scheme or engine_for(plan).layer_split_of(plan, model.num_layers)  # a plan's loss_slots too
-    if plan.cp > 1:
-        return CP_REFUSED
-    if plan.ep > 1:
-        return "expert parallelism (ep > 1) is not implemented by the built-in FSDP trainer: set ep=1"
-    if plan.precision == "fp8":
-        return "fp8 needs torchao's float8 training on FP8 GPUs (H100 or newer): use bf16 for the built-in trainer"
-    if plan.optimizer == "adamw8bit":
-        return "adamw8bit needs bitsandbytes or torchao's 8-bit AdamW: use adamw, sgd or adafactor"
-    if model.mla is not None:
-        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
-    if "nvme" in (plan.offload_param, plan.offload_optimizer):
-        return "FSDP2 offloads to host memory only (CPUOffloadPolicy): use cpu offload"
-    if plan.tp > 1:
-        if model.moe is not None:
-            return "tensor parallelism of MoE layers is not implemented by the built-in FSDP trainer: set tp=1"
-        if plan.sequence_parallel and (model.tied_embeddings or model.position_embedding == "learned"
-                                       or model.embedding_norm or model.norms_per_layer != 2):
-            return ("sequence parallelism in the built-in FSDP trainer follows torchtitan's Llama plan (untied "
-                    "embeddings, no learned positions, two norms per block): set sequence_parallel false "
-                    "(--no-sequence-parallel) for this model")
-        for what, n in (("attention heads", model.num_attention_heads), ("KV heads", model.kv_heads),
-                        ("ffn_hidden_size", model.ffn_hidden_size), ("vocab_size", model.vocab_size)):
-            if n % plan.tp:
-                return f"DTensor TP splits the {what} ({n}) over tp={plan.tp}: choose a tp that divides it"
-    if (plan.loss_chunks or 1) > 1:
-        if model.tied_embeddings:
-            return ("loss_chunks with tied embeddings: the built-in trainer chunks a separate output layer (torchtitan "
-                    "0.3's lm_head): drop --loss-chunks for this model")
-        if (plan.seq_len // plan.cp) % plan.loss_chunks:
-            return (f"loss_chunks {plan.loss_chunks} does not divide the sequence ({plan.seq_len}) into equal chunks, "
-                    "as torchtitan 0.3's ChunkedLossWrapper needs: choose a divisor")
-    if plan.pp > 1:
-        return stage_problem(model, plan, scheme)
-    return None
+    return fsdp_trainer_problem(model, plan, scheme or engine_for(plan).layer_split_of(plan, model.num_layers))
 
 
 def _optimizer(name: str, params, lr: float):

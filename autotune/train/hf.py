@@ -30,7 +30,14 @@ from autotune.train import (
     teardown,
 )
 
-__all__ = ["main"]
+__all__ = ["main", "unsupported_reason"]
+
+
+def unsupported_reason(model, plan) -> str | None:
+    """Why this trainer cannot run ``plan`` (None when it can), as the engines layer decides it."""
+    from autotune.engines.builtin_trainer import hf_trainer_problem
+
+    return hf_trainer_problem(model, plan)
 
 
 def _tokens(spec, plan, n: int, seed: int):
@@ -66,14 +73,8 @@ def main(est, args, rest: list[str]) -> int:
     mode.add_argument("--accelerate", action="store_true",
                       help="train with accelerate (run under accelerate launch --config_file accelerate_config.yaml)")
     extra = ap.parse_args(rest)
-    from autotune.train.hf_models import hf_model_problem
-
-    spec, plan = est.model, est.plan
-    problem = hf_model_problem(spec)
-    if problem:
+    if problem := unsupported_reason(est.model, est.plan):
         raise Unsupported(problem)
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
-        raise Unsupported("the hf engine runs data parallelism with ZeRO only: use engine deepspeed for tp/pp/cp")
     if extra.accelerate:
         return _accelerate(est, args)
     return _trainer(est, args, extra.hf_config)

@@ -9,37 +9,15 @@ the spec's sizes, so the parameter count is the spec's. Other architectures are 
 
 from __future__ import annotations
 
+from autotune.engines.builtin_trainer import hf_model_family, hf_model_problem
+
 __all__ = ["build_hf_model", "hf_model_problem"]
-
-
-def _family(spec) -> str | None:
-    if spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm:
-        return None
-    if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
-            and not spec.linear_bias):
-        return "llama"
-    if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation == "gelu"
-            and spec.linear_bias and spec.tied_embeddings and spec.kv_heads == spec.num_attention_heads
-            and spec.attention_head_dim * spec.num_attention_heads == spec.hidden_size):
-        return "gpt2"
-    return None
-
-
-def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
-    """Why no transformers model of the spec's architecture can be built here (None when one can)."""
-    family = _family(spec)
-    if family == "llama" or (family == "gpt2" and not llama_only):
-        return None
-    want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
-    if not llama_only:
-        want += " or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)"
-    return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
 
 
 def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
 
-    family = _family(spec)
+    family = hf_model_family(spec)
     assert family is not None, hf_model_problem(spec)
     if family == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM

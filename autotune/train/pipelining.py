@@ -10,15 +10,10 @@ holds the embedding and rank ``pp - 1`` the output. ``Schedule1F1B`` with one st
 
 from __future__ import annotations
 
-from autotune.specs.layout import layer_counts, virtual_layout
+from autotune.engines.builtin_trainer import pipeline_stage_problem as stage_problem
+from autotune.engines.builtin_trainer import stage_layer_counts as _counts
 
 __all__ = ["virtual_stages", "stage_problem", "build_schedule"]
-
-
-def _counts(num_layers: int, pp: int, vpp: int, scheme: str) -> tuple[int, ...] | None:
-    if scheme == "uniform":
-        return layer_counts(num_layers, pp * vpp, scheme)
-    return virtual_layout(num_layers, pp, vpp, scheme)
 
 
 def virtual_stages(num_layers: int, pp: int, vpp: int, scheme: str) -> list[tuple[int, int]]:
@@ -30,26 +25,6 @@ def virtual_stages(num_layers: int, pp: int, vpp: int, scheme: str) -> list[tupl
         out.append((first, c))
         first += c
     return out
-
-
-def stage_problem(model, plan, scheme: str) -> str | None:
-    """Why ``plan``'s pipeline cannot be built here (None when it can)."""
-    stages = plan.pp * plan.vpp
-    if model.tied_embeddings:
-        return ("tied embeddings with pp > 1: torch.distributed.pipelining stages own disjoint modules, so the "
-                "last stage's output layer cannot share the first stage's embedding; untie them or set pp=1")
-    if _counts(model.num_layers, plan.pp, plan.vpp, scheme) is None:
-        return f"{model.num_layers} layers cannot be split over pp x vpp = {stages} stages: lower pp or vpp"
-    n = plan.num_microbatches
-    rounds = max(1, n // plan.pp)
-    if plan.vpp > 1 and n % rounds:
-        return (f"ScheduleInterleaved1F1B needs the micro-batches ({n}) to be a multiple of its rounds "
-                f"(max(1, {n} // pp {plan.pp}) = {rounds}; torch/distributed/pipelining/schedules.py): "
-                f"use a multiple of pp micro-batches")
-    if plan.vpp == 1 and n < plan.pp:
-        return (f"Schedule1F1B needs at least as many micro-batches as stages ({n} < pp {plan.pp}; "
-                f"torch/distributed/pipelining/schedules.py): raise the global batch")
-    return None
 
 
 def build_schedule(stage_modules: list, stage_ids: list[int], num_stages: int, pp_group, device, *,

@@ -1,0 +1,145 @@
+"""What autotune's built-in trainers (``python -m autotune.train``) refuse to run, decided from the plan alone.
+
+The engines ask it (``Engine.builtin_trainer_problem``) so that plan.md says when the launch scripts' default
+program cannot run the plan; the trainers ask it before they start (``UNSUPPORTED``, exit 2), so both say the same.
+The trainers themselves (torch, DeepSpeed, transformers) live in ``autotune.train``.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.layout import layer_counts, virtual_layout
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["CP_REFUSED", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem", "hf_model_family", "hf_model_problem",
+           "pipeline_stage_problem", "stage_layer_counts"]
+
+# Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
+# around scaled_dot_product_attention raises "NotImplementedError: Operator
+# aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered".
+CP_REFUSED = ("context parallelism (cp > 1): torch 2.13's context_parallel has no ring-attention strategy for "
+              "the CPU attention kernel (aten._scaled_dot_product_flash_attention_for_cpu), and the built-in "
+              "trainer does not implement it on GPUs: use the emitted torchtitan config for cp > 1, or set cp=1")
+
+
+def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> str | None:
+    """Why the fsdp engine's built-in trainer (autotune.train.fsdp) cannot run ``plan`` (None when it can);
+    ``scheme``: the engine's layer split (``Engine.layer_split_of``: a plan's loss_slots too)."""
+    if plan.cp > 1:
+        return CP_REFUSED
+    if plan.ep > 1:
+        return "expert parallelism (ep > 1) is not implemented by the built-in FSDP trainer: set ep=1"
+    if plan.precision == "fp8":
+        return "fp8 needs torchao's float8 training on FP8 GPUs (H100 or newer): use bf16 for the built-in trainer"
+    if plan.optimizer == "adamw8bit":
+        return "adamw8bit needs bitsandbytes or torchao's 8-bit AdamW: use adamw, sgd or adafactor"
+    if model.mla is not None:
+        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
+    if "nvme" in (plan.offload_param, plan.offload_optimizer):
+        return "FSDP2 offloads to host memory only (CPUOffloadPolicy): use cpu offload"
+    if plan.tp > 1:
+        if model.moe is not None:
+            return "tensor parallelism of MoE layers is not implemented by the built-in FSDP trainer: set tp=1"
+        if plan.sequence_parallel and (model.tied_embeddings or model.position_embedding == "learned"
+                                       or model.embedding_norm or model.norms_per_layer != 2):
+            return ("sequence parallelism in the built-in FSDP trainer follows torchtitan's Llama plan (untied "
+                    "embeddings, no learned positions, two norms per block): set sequence_parallel false "
+                    "(--no-sequence-parallel) for this model")
+        for what, n in (("attention heads", model.num_attention_heads), ("KV heads", model.kv_heads),
+                        ("ffn_hidden_size", model.ffn_hidden_size), ("vocab_size", model.vocab_size)):
+            if n % plan.tp:
+                return f"DTensor TP splits the {what} ({n}) over tp={plan.tp}: choose a tp that divides it"
+    if (plan.loss_chunks or 1) > 1:
+        if model.tied_embeddings:
+            return ("loss_chunks with tied embeddings: the built-in trainer chunks a separate output layer (torchtitan "
+                    "0.3's lm_head): drop --loss-chunks for this model")
+        if (plan.seq_len // plan.cp) % plan.loss_chunks:
+            return (f"loss_chunks {plan.loss_chunks} does not divide the sequence ({plan.seq_len}) into equal chunks, "
+                    "as torchtitan 0.3's ChunkedLossWrapper needs: choose a divisor")
+    if plan.pp > 1:
+        return pipeline_stage_problem(model, plan, scheme)
+    return None
+
+
+def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why the deepspeed engine's built-in trainer (autotune.train.deepspeed) cannot run ``plan`` (None when it
+    can)."""
+    if plan.tp > 1 and (plan.pp > 1 or plan.cp > 1):
+        return "AutoTP runs with data parallelism and ZeRO only here (DeepSpeed issues #7147, #7730): set pp=cp=1"
+    if plan.pp > 1 and plan.cp > 1:
+        return "PipelineModule with Ulysses is not run by DeepSpeed 0.19.8 here: set cp=1 or pp=1"
+    if plan.tp > 1:
+        problem = hf_model_problem(model, llama_only=True)
+        if problem:
+            return f"AutoTP: {problem}"
+    if model.mla is not None:
+        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
+    if plan.cp > 1 and model.kv_heads % plan.cp:
+        return (f"Ulysses scatters attention heads over cp={plan.cp} ranks: {model.kv_heads} KV heads do not "
+                f"divide (deepspeed/sequence/layer.py)")
+    if plan.cp > 1 and plan.seq_len % plan.cp:
+        return f"Ulysses: seq_len {plan.seq_len} does not divide over cp={plan.cp} ranks"
+    return None
+
+
+def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """Why the hf engine's built-in trainer (autotune.train.hf: the Hugging Face Trainer or accelerate) cannot run
+    ``plan`` (None when it can)."""
+    if problem := hf_model_problem(model):
+        return problem
+    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
+        return "the hf engine runs data parallelism with ZeRO only: use engine deepspeed for tp/pp/cp"
+    return None
+
+
+def hf_model_family(spec: ModelSpec) -> str | None:
+    """"llama" or "gpt2": the transformers model the AutoTP and HF trainers build for ``spec`` (None: neither)."""
+    if spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm:
+        return None
+    if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
+            and not spec.linear_bias):
+        return "llama"
+    if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation == "gelu"
+            and spec.linear_bias and spec.tied_embeddings and spec.kv_heads == spec.num_attention_heads
+            and spec.attention_head_dim * spec.num_attention_heads == spec.hidden_size):
+        return "gpt2"
+    return None
+
+
+def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
+    """Why no transformers model of the spec's architecture can be built here (None when one can)."""
+    family = hf_model_family(spec)
+    if family == "llama" or (family == "gpt2" and not llama_only):
+        return None
+    want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
+    if not llama_only:
+        want += " or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)"
+    return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
+
+
+def stage_layer_counts(num_layers: int, pp: int, vpp: int, scheme: str) -> tuple[int, ...] | None:
+    """Layers per virtual stage, first to last, as the engine's split ``scheme`` gives them (None: no such split)."""
+    if scheme == "uniform":
+        return layer_counts(num_layers, pp * vpp, scheme)
+    return virtual_layout(num_layers, pp, vpp, scheme)
+
+
+def pipeline_stage_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> str | None:
+    """Why ``plan``'s pipeline cannot be built by torch.distributed.pipelining in the built-in trainer (None when
+    it can)."""
+    stages = plan.pp * plan.vpp
+    if model.tied_embeddings:
+        return ("tied embeddings with pp > 1: torch.distributed.pipelining stages own disjoint modules, so the "
+                "last stage's output layer cannot share the first stage's embedding; untie them or set pp=1")
+    if stage_layer_counts(model.num_layers, plan.pp, plan.vpp, scheme) is None:
+        return f"{model.num_layers} layers cannot be split over pp x vpp = {stages} stages: lower pp or vpp"
+    n = plan.num_microbatches
+    rounds = max(1, n // plan.pp)
+    if plan.vpp > 1 and n % rounds:
+        return (f"ScheduleInterleaved1F1B needs the micro-batches ({n}) to be a multiple of its rounds "
+                f"(max(1, {n} // pp {plan.pp}) = {rounds}; torch/distributed/pipelining/schedules.py): "
+                f"use a multiple of pp micro-batches")
+    if plan.vpp == 1 and n < plan.pp:
+        return (f"Schedule1F1B needs at least as many micro-batches as stages ({n} < pp {plan.pp}; "
+                f"torch/distributed/pipelining/schedules.py): raise the global batch")
+    return None
