@@ -132,6 +132,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "moe_form": "DeepSpeed-MoE has no form for this MoE (experts narrower than the FFN, shared experts, dense "
                 "first layers)",
     "moe_zero3": "DeepSpeed-MoE does not run under ZeRO-3",
+    "moe_tp": "AutoTP leaves the experts whole on every TP rank (transformers 5's experts are 3-D parameters)",
     "grad_dtype": "this gradient dtype is not modelled (or not with this precision)",
     "fp8_recipe": "this FP8 recipe is not one the engine runs",
     "tp_overlap": "this TP communication overlap is not one the engine runs (or not with this layout)",

@@ -374,6 +374,12 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
         problems += deepspeed_moe_problems(model, plan).values()
         args += ["--num-experts", str(moe.num_experts), "--topk", str(moe.top_k), "--expert-interval", "1",
                  "--moe-expert-parallel-size", str(plan.ep), "--create-moe-param-group"]
+        if plan.tp > 1:
+            # The plan splits each expert tp ways (etp = tp, the engine has no etp of its own); without this flag the
+            # fork builds every expert whole on each TP rank (microsoft/Megatron-DeepSpeed@f4157bea
+            # megatron/core/tensor_parallel/layers.py:529-531: moe and not enable_expert_tensor_parallelism ->
+            # world_size 1; megatron/model/transformer.py:1068-1082).
+            args.append("--enable-expert-tensor-parallelism")
     if plan.recompute == "full":
         args += ["--checkpoint-activations", "--checkpoint-num-layers", "1", "--deepspeed-activation-checkpointing"]
     elif plan.recompute == "selective":

@@ -64,7 +64,20 @@ class DeepSpeedEngine(Engine):
         return deepspeed_trainer_problem(model, plan)
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
-        return offload_rules(self, plan) + ulysses_rules(self, plan)
+        out = offload_rules(self, plan) + ulysses_rules(self, plan)
+        if model.is_moe and plan.tp > 1:
+            # Measured here (DeepSpeed 0.19.8, transformers 5.25, 2 CPU ranks, autotp_size 2): a Mixtral and a
+            # Qwen3-MoE model keep mlp.experts.gate_up_proj / down_proj whole on each rank while q_proj halves.
+            out.append(Rule(id="deepspeed:moe_tp",
+                            source="deepspeed/module_inject/auto_tp.py AutoTP._replace (nn.Linear children only); "
+                                   "transformers 5 models/mixtral/modeling_mixtral.py:65-66 (MixtralExperts: 3-D "
+                                   "nn.Parameter experts)",
+                            message=f"tp {plan.tp} on a mixture of experts: DeepSpeed's AutoTP shards nn.Linear layers "
+                                    "only, and transformers 5's experts are 3-D parameters (MixtralExperts, "
+                                    "Qwen3MoeExperts, GptOssExperts), so every TP rank keeps and runs all experts, "
+                                    "which this plan's estimate does not model: use --tp 1 (ZeRO shards the "
+                                    "experts), or --engine megatron (expert tensor parallelism)"))
+        return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
         elements = None

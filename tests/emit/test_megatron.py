@@ -198,3 +198,14 @@ def test_megatron_deepspeed_refuses_zero3_with_pipeline_and_moe():
         megatron_deepspeed_args(mixtral, c, plan, None, "ds.json")
     args = megatron_deepspeed_args(mixtral, c, plan.with_(zero_stage=2), None, "ds.json")
     assert "--moe-expert-parallel-size 8" in " ".join(args) and "--no-pipeline-parallel" in args
+
+
+def test_megatron_deepspeed_splits_experts_over_tp_as_the_plan_does():
+    """The plan splits each expert tp ways (etp = tp); the fork builds experts whole on each TP rank unless
+    --enable-expert-tensor-parallelism (megatron/core/tensor_parallel/layers.py:529-531)."""
+    mixtral = load_model_preset("mixtral-8x7b")
+    c = load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    plan = ParallelPlan(tp=2, dp=8, ep=4, global_batch_size=16, zero_stage=1, engine="megatron-deepspeed")
+    assert "--enable-expert-tensor-parallelism" in megatron_deepspeed_args(mixtral, c, plan, None, "ds.json")
+    flat = megatron_deepspeed_args(mixtral, c, plan.with_(tp=1, dp=16), None, "ds.json")
+    assert "--enable-expert-tensor-parallelism" not in flat
