@@ -78,6 +78,14 @@ def _rule_problems(a: ParsedArgs, world_size: int) -> list[Problem]:
     if (a.has("--fp8-hybrid") or a.has("--fp8-e4m3")) and a.value("--transformer-impl") != "transformer_engine":
         err("--fp8-hybrid", "transformer-engine required for fp8 training and inference (MDS validate_args 373)",
             "add --transformer-impl transformer_engine")
+    experts = a.integer("--num-experts")
+    if experts and experts > 1 and tp > 1 and not a.has("--enable-expert-tensor-parallelism"):
+        # microsoft/Megatron-DeepSpeed@f4157bea megatron/core/tensor_parallel/layers.py:529-531
+        err("--num-experts", f"{experts} experts with tensor-model-parallel size {tp} and no "
+            "--enable-expert-tensor-parallelism: each TP rank builds every expert whole (tensor_parallel/layers.py: "
+            "moe and not enable_expert_tensor_parallelism -> world_size 1), so the experts' weights, gradients, "
+            f"optimizer states and FLOPs are not split {tp} ways (autotune's estimate of this file splits them)",
+            "add --enable-expert-tensor-parallelism", "warning")
     if a.has("--sequence-parallel") and tp == 1:
         err("--sequence-parallel", "sequence parallelism with tensor-model-parallel size 1 does nothing",
             "drop --sequence-parallel or raise tp", "warning")

@@ -72,6 +72,18 @@ def test_megatron_deepspeed_rules(tmp_path):
     assert found == {("--zero-stage", 1), ("--deepspeed", 1), ("--fp16", 2)}
 
 
+def test_megatron_deepspeed_experts_whole_on_each_tp_rank(tmp_path):
+    """DeepSpeed-MoE in the fork splits experts over tp only with --enable-expert-tensor-parallelism."""
+    path = tmp_path / "args.sh"
+    base = ("--deepspeed --deepspeed_config ds.json --tensor-model-parallel-size 2 --num-experts 8 "
+            "--micro-batch-size 1 --global-batch-size 8")
+    path.write_text(base + "\n")
+    found = [p for p in validate_file(path, world_size=8) if p.path == "--num-experts"]
+    assert [p.severity for p in found] == ["warning"] and "--enable-expert-tensor-parallelism" in found[0].fix
+    path.write_text(base + " --enable-expert-tensor-parallelism\n")
+    assert not [p for p in validate_file(path, world_size=8) if p.path == "--num-experts"]
+
+
 def test_plan_json_is_a_kind_of_its_own(mds_job, capsys):
     plan = mds_job / "plan.json"
     assert file_kind(plan) == "plan"
