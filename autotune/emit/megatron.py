@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autotune.emit.megatron_attention import flag_number as _num
-from autotune.emit.megatron_attention import position_and_attention_flags
+from autotune.emit.megatron_attention import chunked_attention_problem, position_and_attention_flags
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems, rope_theta_flags
 from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, sharding_strategy
@@ -113,6 +113,8 @@ def deepspeed_moe_problems(model: ModelSpec, plan: ParallelPlan) -> dict[str, st
 def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
     """Model shape for Megatron-LM (core_v0.16 pretrain_gpt.py)."""
     problems += architecture_problems(model)
+    if chunked := chunked_attention_problem(model, plan.seq_len):
+        problems.append(chunked)
     max_pos = model.max_position_embeddings
     if model.position_embedding == "learned" and plan.seq_len > max_pos:
         problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({max_pos} rows): "

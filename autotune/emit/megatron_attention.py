@@ -12,14 +12,20 @@ src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:65-98):
 * sliding windows: ``--window-size W-1,0`` (the window counts the query's own token: Bridge sets
   ``(sliding_window - 1, 0)``) and ``--window-attn-skip-freq``: the full-attention layers, an int N where every Nth
   layer (1-indexed) is full, else the 0/1 list of windowed layers (megatron/core/transformer/utils.py:531-547
-  ``is_layer_window_attention``). Chunked attention (Llama 4) is not a sliding window and is not written.
+  ``is_layer_window_attention``).
+* chunked attention (Llama 4): Megatron-LM's GPT model has none (its SelfAttention passes ``attention_chunk`` 0,
+  megatron/core/transformer/attention.py:952 at d98e8a6; Megatron-Bridge's Llama 4 provider chunks in its own
+  attention module, llama4_utils.py, with no recipe in 0.6). A sequence no longer than the chunk is one chunk, the
+  same model: :func:`chunked_attention_problem` refuses longer ones. Llama 4's global layers have no RoPE
+  (transformers Llama4TextConfig ``no_rope_layers``: every ``no_rope_layer_interval``-th layer): ``--no-rope-freq``
+  (arguments.py:304-320, 2428: an int N skips RoPE on every Nth layer, 1-indexed, else a 0/1 list, 1 = no RoPE).
 """
 
 from __future__ import annotations
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["flag_number", "position_and_attention_flags"]
+__all__ = ["flag_number", "position_and_attention_flags", "chunked_attention_problem"]
 
 
 def flag_number(x: float) -> str:
@@ -27,8 +33,9 @@ def flag_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def _skip_freq(model: ModelSpec) -> str | None:
-    """--window-attn-skip-freq for the model's windowed layers; None where every layer is windowed."""
+def _skip_freq(model: ModelSpec, *, global_ones: bool = False) -> str | None:
+    """--window-attn-skip-freq for the model's windowed layers (``global_ones``: --no-rope-freq for its global
+    layers, 1 marking a global one in the list form); None where every layer is windowed."""
     windowed = model.sliding_window_layers
     if windowed is None:
         return None
@@ -37,6 +44,8 @@ def _skip_freq(model: ModelSpec) -> str | None:
     for every in range(2, model.num_layers + 1):
         if all(flags[i] == ((i + 1) % every != 0) for i in range(model.num_layers)):
             return str(every)
+    if global_ones:
+        flags = [not f for f in flags]
     return "[" + ",".join("1" if f else "0" for f in flags) + "]"
 
 
@@ -56,4 +65,19 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
         freq = _skip_freq(model)
         if freq is not None:
             args += ["--window-attn-skip-freq", freq]
+    if rope and model.chunked_attention and (nope := _skip_freq(model, global_ones=True)) is not None:
+        args += ["--no-rope-freq", nope]
     return args
+
+
+def chunked_attention_problem(model: ModelSpec, seq_len: int) -> str | None:
+    """Why Megatron-LM cannot train ``model`` at ``seq_len``: chunked attention over a sequence longer than a chunk
+    (module docstring); None where it can."""
+    chunk = model.sliding_window
+    if not model.chunked_attention or chunk is None or seq_len <= chunk:
+        return None
+    layers = len(model.sliding_window_layers) if model.sliding_window_layers is not None else model.num_layers
+    return (f"{model.name}'s chunked attention ({chunk}-token chunks on {layers} of {model.num_layers} layers): "
+            f"Megatron-LM's GPT model has no chunked attention, so at seq_len {seq_len} those layers would attend over "
+            f"the whole sequence: use --seq-len {chunk} or less, or an engine that runs the model's own attention "
+            "(--engine deepspeed)")

@@ -11,7 +11,7 @@ from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CP_REFUSED", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem", "hf_model_family", "hf_model_problem",
+__all__ = ["CP_REFUSED", "window_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem", "hf_model_family", "hf_model_problem",
            "pipeline_stage_problem", "stage_layer_counts"]
 
 # Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
@@ -22,9 +22,25 @@ CP_REFUSED = ("context parallelism (cp > 1): torch 2.13's context_parallel has n
               "trainer does not implement it on GPUs: use the emitted torchtitan config for cp > 1, or set cp=1")
 
 
+def window_problem(model: ModelSpec, seq_len: int) -> str | None:
+    """Why the built-in models cannot stand for ``model`` at ``seq_len``: windowed or chunked attention layers that see
+    less than the sequence (autotune.workloads.transformer and the transformers Llama / GPT-2 models attend over the
+    whole sequence); None where every layer sees all of it."""
+    window = model.sliding_window
+    if window is None or seq_len <= window:
+        return None
+    kind = "chunked" if model.chunked_attention else "sliding-window"
+    layers = len(model.sliding_window_layers) if model.sliding_window_layers is not None else model.num_layers
+    return (f"model {model.name!r}: {kind} attention ({window} tokens on {layers} of {model.num_layers} layers) is not "
+            f"implemented by the built-in model, whose layers would attend over all {seq_len} tokens (another model, "
+            f"at another cost): use --seq-len {window} or less, or your own script (emit --script)")
+
+
 def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> str | None:
     """Why the fsdp engine's built-in trainer (autotune.train.fsdp) cannot run ``plan`` (None when it can);
     ``scheme``: the engine's layer split (``Engine.layer_split_of``: a plan's loss_slots too)."""
+    if problem := window_problem(model, plan.seq_len):
+        return problem
     if plan.cp > 1:
         return CP_REFUSED
     if plan.ep > 1:
@@ -64,6 +80,8 @@ def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> s
 def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why the deepspeed engine's built-in trainer (autotune.train.deepspeed) cannot run ``plan`` (None when it
     can)."""
+    if problem := window_problem(model, plan.seq_len):
+        return problem
     if plan.tp > 1 and (plan.pp > 1 or plan.cp > 1):
         return "AutoTP runs with data parallelism and ZeRO only here (DeepSpeed issues #7147, #7730): set pp=cp=1"
     if plan.pp > 1 and plan.cp > 1:
@@ -85,7 +103,7 @@ def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | Non
 def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why the hf engine's built-in trainer (autotune.train.hf: the Hugging Face Trainer or accelerate) cannot run
     ``plan`` (None when it can)."""
-    if problem := hf_model_problem(model):
+    if problem := hf_model_problem(model) or window_problem(model, plan.seq_len):
         return problem
     if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
         return "the hf engine runs data parallelism with ZeRO only: use engine deepspeed for tp/pp/cp"

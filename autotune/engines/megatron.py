@@ -8,6 +8,7 @@ import dataclasses
 import functools
 
 from autotune.emit.megatron import architecture_problems, megatron_args
+from autotune.emit.megatron_attention import chunked_attention_problem
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_fsdp import sharding_strategy
 from autotune.emit.megatron_versions import HEADER
@@ -165,6 +166,9 @@ class MegatronEngine(Engine):
         out += [Rule(id="megatron:architecture", message=f"Megatron-LM: {m}",
                      source="megatron/core/models/gpt/gpt_model.py, megatron/core/transformer/transformer_layer.py")
                 for m in architecture_problems(model)]
+        if chunked := chunked_attention_problem(model, plan.seq_len):
+            out.append(Rule(id="megatron:architecture", message=f"Megatron-LM: {chunked}",
+                            source="megatron/core/transformer/attention.py:952 at d98e8a6 (attention_chunk 0)"))
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)

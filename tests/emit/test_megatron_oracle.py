@@ -244,10 +244,12 @@ def test_linter_agrees_with_megatron_on_the_accepted_base(oracle):
     ("gpt-oss-20b", 1, ["--position-embedding-type", "yarn", "--rotary-base", "150000", "--rotary-scaling-factor",
                         "32", "--softmax-type", "learnable", "--window-size", "127,0", "--window-attn-skip-freq", "2"]),
     ("llama3-8b", 8, ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4", "2"]),
+    # Llama 4's global layers have no RoPE (every 4th); its chunked layers are one chunk at 4096 tokens
+    ("llama4-scout", 1, ["--rotary-base", "500000", "--no-rope-freq", "4"]),
 ])
 def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, name, cp, flags):
-    """YaRN, attention sinks, sliding windows (autotune.emit.megatron_attention) and the CP exchange (--cp-comm-type)
-    as Megatron-LM's own parser and validate_args take them."""
+    """YaRN, attention sinks, sliding windows, NoPE layers (autotune.emit.megatron_attention) and the CP exchange
+    (--cp-comm-type) as Megatron-LM's own parser and validate_args take them."""
     model = load_model_preset(name)
     world = 8 if cp == 1 else 2 * cp
     cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=world)
