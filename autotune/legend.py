@@ -123,6 +123,8 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "hybrid_no_shard": "hybrid sharding needs sharding", "hybrid_shard": "no hybrid sharding", "precision": "this precision is not supported",
     "offload_optimizer": "no optimizer offload", "offload_param": "no parameter offload",
     "pp_microbatches": "fewer micro-batches than pipeline stages",
+    "release": "the release of its package modelled (--engine-version) cannot run it (torchtitan, the only program "
+               "of expert-parallel fsdp plans: 0.2 has no pipelining for Qwen3 / GPT-OSS, 0.3 no expert TP)",
     "ep_model": "expert parallelism only in torchtitan's own MoE models (DeepSeek-V3, Qwen3, GPT-OSS)",
     "ep_mesh": "torchtitan's expert mesh: ep x etp must divide the sharded data-parallel x cp x tp ranks",
     "architecture": "its model code cannot build this architecture (ALiBi, an embedding norm, other than two "

@@ -59,6 +59,8 @@ class Bundle:
     files: dict[str, str]
     """File name -> content."""
     policy: CheckpointPolicy
+    notes: tuple[str, ...] = ()
+    """What the user should know of the files (emit prints it): the launch scripts' program cannot run the plan."""
 
 
 def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured: dict | None = None,
@@ -102,7 +104,13 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      fallback_lines=fallback_section(fallback, est),
                                      host_at_save=policy.host_at_save,
                                      trainer_problem=builtin_trainer_problem(est, options))
-    return Bundle(files=files, policy=policy)
+    notes = ()
+    if problem := builtin_trainer_problem(est, options):
+        own = sorted(engine_files.files)
+        notes = (f"the launch scripts run autotune's built-in trainer, which cannot run this plan: {problem}; run it "
+                 + (f"with {' or '.join(own)} (plan.md says how) or " if own else "")
+                 + "with your own script (emit --script: plan.md says what it must do)",)
+    return Bundle(files=files, policy=policy, notes=notes)
 
 
 def builtin_trainer_problem(est: Estimate, options: EmitOptions) -> str | None:
@@ -260,9 +268,6 @@ def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None
     held files emit does not write.
     """
     notes = [] if notes is None else notes
-    if problem := builtin_trainer_problem(est, options or EmitOptions()):
-        notes.append(f"the launch scripts run autotune's built-in trainer, which cannot run this plan: {problem}; "
-                     "plan.md says what your own script (emit --script) must do")
     out = Path(out_dir)
     if out.exists() and not force:
         raise InputError([f"{out} already exists: choose another --out or pass --force to replace it"],
@@ -279,6 +284,7 @@ def write_bundle(est: Estimate, out_dir: str | Path, options: EmitOptions | None
         raise InputError([f"cannot write into {parent}: not writable; choose another --out"],
                          subject="output folder")
     bundle = render_bundle(est, options, measured=measured, fallback=fallback)
+    notes += bundle.notes
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-"))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the job's folder is an ordinary one

@@ -71,6 +71,11 @@ def flags_estimate(args: argparse.Namespace):
     refused = run_code_plan_problems(args, plan, cluster)
     if refused:
         raise InputError(refused, subject="run-code flags")
+    from autotune.engines import engine_for
+
+    release = engine_releases(args, [plan.engine])[plan.engine][0]
+    if broken := engine_for(plan).release_problems(release, model, plan):
+        raise InputError([r.render() for r in broken], subject=f"plan for {plan.engine} {release}")
     # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
     cost = release_cost_settings(args, args.engine)
     settings = MemorySettings(

@@ -158,6 +158,11 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
         # ParallelismConfig's dimensions are dp_replicate, dp_shard, tp, cp, sp (parallelism_config.py:338-344)
         problems.append(f"pp={plan.pp}: accelerate {ACCELERATE_VERSION} has no pipeline parallelism for FSDP2: "
                         "use torchtitan (autotune.emit.torchtitan) or pp=1")
+    if plan.ep > 1:
+        # ParallelismConfig's sizes are dp_replicate, dp_shard, tp, cp, sp (parallelism_config.py:338-344): the
+        # experts would be sharded by FSDP over all ranks, not split ep ways as the plan was estimated
+        problems.append(f"ep={plan.ep}: accelerate {ACCELERATE_VERSION}'s ParallelismConfig has no expert parallelism "
+                        "(dp_replicate, dp_shard, tp, cp, sp): use torchtitan's file, or ep=1")
     if plan.offload_optimizer != "none" and plan.offload_param == "none":
         problems.append("FSDP2 offloads parameters, gradients and optimizer states together (fsdp_offload_params): "
                         "set offload_param cpu as well, or no offload")

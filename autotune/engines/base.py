@@ -81,6 +81,13 @@ class Engine(ABC):
     ("megatron-bridge": autotune.cost.logged_flops); None where it does not."""
 
     # ---- rules -----------------------------------------------------------------------------
+    def release_problems(self, release: str, model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+        """Rules of one release of the engine's package (``versions``), beyond :meth:`plan_problems` (which hold for
+        every release): what the files written for ``release`` cannot run. The search asks it of each layout where
+        the release is named (``SearchConstraints.engine_versions``), ``estimate`` of its plan (default: none)."""
+        del release, model, plan
+        return []
+
     def builtin_trainer_problem(self, model: ModelSpec, plan: ParallelPlan) -> str | None:
         """Why the built-in trainer (:attr:`trainer_module`) cannot run a plan the engine itself runs (None when it
         can, or the engine has none): the launch scripts' default program; the user's own script (``emit

@@ -14,9 +14,10 @@ from dataclasses import replace
 
 from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import ACCELERATE_RELEASE, DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
-from autotune.emit.torchtitan import expert_parallel_problem, torchtitan_compiles, torchtitan_toml
+from autotune.emit.torchtitan import TORCHTITAN_FLAVORS, expert_parallel_problem, torchtitan_compiles, torchtitan_toml
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
-from autotune.emit.torchtitan_models import expert_problems_02
+from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02, model_problems_03
+from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
 from autotune.emit.torchtitan_module import torchtitan_module
 from autotune.engines.base import Engine
 from autotune.engines.builtin_trainer import fsdp_trainer_problem
@@ -24,6 +25,7 @@ from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import fsdp2_states
 from autotune.specs.engine_versions import EngineVersions
+from autotune.specs.presets import preset_matching
 from autotune.errors import InputError
 from autotune.specs.layout import largest_layer, microbatches_in_flight, torchtitan_scheme
 
@@ -101,6 +103,25 @@ class FSDPEngine(Engine):
                "offload_param": "torch.distributed.fsdp.CPUOffloadPolicy",
                "loss_slots": "torchtitan@73a0e69 (v0.2.2) torchtitan/distributed/pipeline_parallel.py:266-296 "
                              "generate_llm_fqn_per_model_part (output_weight = pipeline_parallel_last_stage_less_layers)"}
+
+    def release_problems(self, release, model, plan) -> list[Rule]:
+        # The model packages' own refusals (emit.torchtitan_models, the writers' source): torchtitan 0.2.2's Qwen3 and
+        # GPT-OSS TrainSpecs have no pipelining; 0.3 has no expert tensor parallelism; neither runs GPT-OSS with CP.
+        # They bind plans with expert parallelism only, which torchtitan's MoE packages alone run (fsdp:ep_model):
+        # the others the built-in trainer or the user's script runs with torch's own APIs, as plan.md says.
+        preset = preset_matching(model, tuple(TORCHTITAN_FLAVORS)) if plan.ep > 1 else None
+        if preset is None:
+            return []
+        if release == "0.2":
+            problems = model_problems_02(TORCHTITAN_FLAVORS[preset][0], plan, compiles=self.compiles(plan),
+                                         has_03=preset in TORCHTITAN_03_RECIPES)
+        elif release == "0.3" and preset in TORCHTITAN_03_RECIPES:
+            problems = model_problems_03(TORCHTITAN_03_RECIPES[preset][0], model, plan)
+        else:
+            return []
+        return [Rule(id="fsdp:release", message=f"torchtitan {release} (the only program that runs this plan's expert "
+                                               f"parallelism): {p}",
+                     source=f"torchtitan {release} (autotune.emit.torchtitan_models)") for p in problems]
 
     def builtin_trainer_problem(self, model, plan) -> str | None:
         return fsdp_trainer_problem(model, plan, self.layer_split_of(plan, model.num_layers))
@@ -332,6 +353,11 @@ class FSDPEngine(Engine):
                          f"per stage and Schedule{'Interleaved1F1B' if plan.vpp > 1 else '1F1B'}(stages, "
                          f"n_microbatches={plan.num_microbatches}, loss_fn=...); schedule.step(inputs) on the first "
                          "stage, step(target=labels, losses=[]) on the last")
+        if plan.ep > 1:
+            needs.append(f"expert parallelism (ep {plan.ep}): FSDP2 has none of its own; torchtitan's MoE models run "
+                         f"it (apply_moe_ep_tp: each expert on one of {plan.ep} ranks taken from dp_shard x cp x tp, "
+                         "tokens sent to their experts and back by all-to-all, the experts sharded by FSDP over the "
+                         "remaining ranks): run torchtitan's file, or build the same in your script")
         if plan.cp > 1:
             needs.append(f"context_parallel(mesh['cp'], buffers=[inputs, labels, rope tables], ...) around each "
                          f"forward/backward (cp={plan.cp}; the built-in trainer refuses cp > 1)")

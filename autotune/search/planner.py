@@ -25,7 +25,8 @@ from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner
                             vpp_problems)
 from autotune.search.loss_slots import search_loss_slots
 from autotune.search.result import SearchResult
-from autotune.search.space import SearchConstraints, dimension_values, replica_counts, with_release_cost
+from autotune.search.space import (SearchConstraints, dimension_values, release_feasible, replica_counts,
+                                   with_release_cost)
 from autotune.search.ties import rank_with_ties
 from autotune.specs.frozen import builder
 from autotune.specs.hardware import GIB, ClusterSpec
@@ -117,6 +118,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                      for engine, cost in dims.cost_settings.items()}
     for engine in dims.engines:
         scheme = engine_for(engine).support.layer_split
+        release = c.engine_versions.get(engine)
         engine_memory, engine_time = cost_settings.get(engine, (memory_settings, time_settings))
         other_rule: dict[tuple, str | None] = {}  # (tp, cp, pp, ep) -> its first layout rule not on vpp (None: none)
         for tp in dims.tp:
@@ -137,6 +139,10 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                             layout = None if checked else _layout_plan(*shape)
                             first = _layout_rule(model, cluster, layout, (tp, cp, pp, ep), vpp, scheme, dims,
                                                  other_rule)
+                            if first is None and release is not None:  # the named release's own rules
+                                layout = layout or _layout_plan(*shape)
+                                broken = engine_for(engine).release_problems(release, model, layout)
+                                first = broken[0].id if broken else None
                             if first is not None:
                                 rejections[first] += len(variants) * per_variant
                                 continue
@@ -148,6 +154,7 @@ def _search_plans(model, cluster, seq_len, global_batch_size, constraints, top_k
                                 enumerated += search_loss_slots(model, layout, dims, len(variants) * per_variant,
                                                                 rejections, lambda p: _search_variants(model, cluster,
                                                                                                        p, *rest))
+    feasible = release_feasible(model, feasible, c.engine_versions, rejections)
     feasible.sort(key=_rank_key, reverse=True)
     candidates = tuple(feasible[:top_k])
     elapsed = time.perf_counter() - started

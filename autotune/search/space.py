@@ -8,6 +8,7 @@ everything generated is judged by the plan rules, so rejections are counted by r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -19,7 +20,7 @@ from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import RUN_SETTINGS
 
 __all__ = ["SearchConstraints", "dimension_values", "recompute_modes", "release_cost_settings", "release_defaults_taken",
-           "replica_counts", "UNEVEN_LOSS_SLOTS", "with_release_cost"]
+           "replica_counts", "UNEVEN_LOSS_SLOTS", "with_release_cost", "release_feasible"]
 
 # The output layer and loss's layer slots (``ParallelPlan.loss_slots``) --uneven-layouts searches on Megatron and fsdp
 # (torchtitan) plans with a pipeline: the 16-bit output layer and the cross entropy cost about 2-5 layers' time on the last stage
@@ -289,3 +290,18 @@ def dimension_values(model: ModelSpec, cluster: ClusterSpec, seq_len: int, globa
                            recompute_modes=recompute_modes(c, model, precisions, recompute, run_settings),
                            peft_settings={name: getattr(c, name) for name in PEFT_SETTINGS},
                            cost_settings=release_cost_settings(c))
+
+
+def release_feasible(model, feasible: list, releases: Mapping[str, str], rejections: Counter) -> list:
+    """The plans whose engine's named release runs them (``Engine.release_problems``), the rest counted under its
+    first rule: the layout's rules were asked before its variants were estimated, these are the ones a variant's run
+    settings break (torchtitan 0.2 never compiles GPT-OSS, which FP8 turns on)."""
+    kept = []
+    for est in feasible:
+        release = releases.get(est.plan.engine)
+        broken = engine_for(est.plan.engine).release_problems(release, model, est.plan) if release else []
+        if broken:
+            rejections[broken[0].id] += 1
+        else:
+            kept.append(est)
+    return kept

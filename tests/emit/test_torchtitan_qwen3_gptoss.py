@@ -130,12 +130,22 @@ def test_torchtitan_03_config_manager_builds_the_modules(tmp_path):
 
 @pytest.mark.parametrize("preset,flags", [
     ("qwen3-30b-a3b", ["--ep", "8"]), ("gpt-oss-20b", ["--ep", "8"]), ("qwen3-8b", [])])
-def test_v022_refuses_pipelining_for_qwen3_and_gpt_oss(tmp_path, preset, flags):
-    out, plan, md = _emit(tmp_path, "0.2", preset, 16, ["--zero", "3", "--pp", "2", "--global-batch", "32", *flags])
-    assert plan.pp == 2 and not (out / FILES["0.2"]).exists()
+def test_v022_refuses_pipelining_for_qwen3_and_gpt_oss(tmp_path, capsys, preset, flags):
+    args = ["--zero", "3", "--pp", "2", "--global-batch", "32", *flags]
     name = TORCHTITAN_FLAVORS[preset][0]
-    assert f"torchtitan_job.toml is not written: pp 2: torchtitan 0.2.2's {name} TrainSpec has pipelining_fn=None" in md
-    assert f"does not support pipelining\\\": use --pp 1" in md.replace('"', '\\"')
+    if "--ep" in flags:  # torchtitan alone runs the plan's expert parallelism: emit refuses it at 0.2 (fsdp:release)
+        assert main(["emit", "--model", preset, "--gpu", GPU, "--num-gpus", "16", "--engine", "fsdp",
+                     "--torchtitan-version", "0.2", *args, "--out", str(tmp_path / "refused")]) == 2
+        md = capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
+        plan = make_plan(load_model_preset(preset), load_cluster(gpu=GPU, num_gpus=16), engine="fsdp", zero_stage=3,
+                         pp=2, ep=8, global_batch_size=32, seq_len=4096)
+    else:  # the built-in trainer runs it: the bundle is written, without the TOML
+        out, plan, md = _emit(tmp_path, "0.2", preset, 16, args)
+        assert plan.pp == 2 and not (out / FILES["0.2"]).exists()
+        assert f"torchtitan_job.toml is not written: pp 2: torchtitan 0.2.2's {name} TrainSpec has pipelining_fn=None" in md
+    assert f"{name} TrainSpec has pipelining_fn=None" in md
+    assert "does not support pipelining\\\": use --pp 1" in md.replace('"', '\\"')
     # 0.3 pipelines them (pipeline_llm): named as the fix only where autotune writes a 0.3 module for the preset
     assert ("--engine-version fsdp=0.3" in md) == (preset in TORCHTITAN_03_RECIPES)
     with pytest.raises(InputError, match="does not support pipelining"):
@@ -148,17 +158,24 @@ def test_v022_refuses_pipelining_for_qwen3_and_gpt_oss(tmp_path, preset, flags):
 @pytest.mark.parametrize("version,message", [
     ("0.2", "CP support for gpt-oss model is still in progress."),
     ("0.3", "Variable-length attention CP is not yet supported")])
-def test_gpt_oss_context_parallelism_is_refused(tmp_path, version, message):
-    out, plan, md = _emit(tmp_path, version, "gpt-oss-20b", 16, ["--zero", "3", "--ep", "8", "--cp", "2"])
+def test_gpt_oss_context_parallelism_is_refused(tmp_path, capsys, version, message):
+    # with ep: emit refuses the plan (torchtitan alone runs its EP); without: the bundle, without torchtitan's file
+    assert main(["emit", "--model", "gpt-oss-20b", "--gpu", GPU, "--num-gpus", "16", "--engine", "fsdp",
+                 "--torchtitan-version", version, "--zero", "3", "--ep", "8", "--cp", "2",
+                 "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "use --cp 1" in err
+    out, plan, md = _emit(tmp_path, version, "gpt-oss-20b", 16, ["--zero", "3", "--cp", "2"])
     assert plan.cp == 2 and not (out / FILES[version]).exists()
     assert message in md and "use --cp 1" in md
 
 
-def test_03_refuses_tp_with_ep_and_02_writes_etp(tmp_path):
+def test_03_refuses_tp_with_ep_and_02_writes_etp(tmp_path, capsys):
     flags = ["--zero", "3", "--ep", "4", "--tp", "2"]
-    out, plan, md = _emit(tmp_path, "0.3", "qwen3-30b-a3b", 16, flags)
-    assert not (out / FILES["0.3"]).exists() and "torchtitan 0.3 has no expert tensor parallelism" in md
-    assert "--engine-version fsdp=0.2" in md
+    assert main(["emit", "--model", "qwen3-30b-a3b", "--gpu", GPU, "--num-gpus", "16", "--engine", "fsdp",
+                 "--torchtitan-version", "0.3", *flags, "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "torchtitan 0.3 has no expert tensor parallelism" in err and "--engine-version fsdp=0.2" in err
     out, _, _ = _emit(tmp_path, "0.2", "qwen3-30b-a3b", 16, flags)
     assert tomllib.loads((out / FILES["0.2"]).read_text())["parallelism"]["expert_tensor_parallel_degree"] == 2
 

@@ -37,3 +37,20 @@ def test_ep_plans_for_torchtitans_moe_models(ref):
                           constraints=SearchConstraints(engines=("fsdp",)))
     assert "fsdp:ep_model" not in result.rejections
     assert any(est.plan.ep > 1 for est in result.ranked[:20])
+
+
+def test_an_ep_bundle_points_at_torchtitans_file(tmp_path, capsys):
+    """Qwen3-30B-A3B with ep 8: torchtitan's TOML runs it; accelerate's YAML (no expert parallelism in its
+    ParallelismConfig) and the built-in trainer (no EP) cannot, and emit and plan.md say so."""
+    from autotune.cli import main
+
+    out = tmp_path / "job"
+    assert main(["emit", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm-80gb", "--num-gpus", "16", "--global-batch",
+                 "256", "--engine", "fsdp", "--engine-version", "0.2", "--ep", "8", "--zero", "3", "--recompute",
+                 "full", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (out / "torchtitan_job.toml").exists() and not (out / "accelerate_fsdp.yaml").exists()
+    assert "cannot run this plan: expert parallelism" in err and "run it with torchtitan_job.toml" in err
+    text = (out / "plan.md").read_text()
+    assert "accelerate_fsdp.yaml is not written: ep=8" in text
+    assert "- expert parallelism (ep 8): FSDP2 has none of its own" in text

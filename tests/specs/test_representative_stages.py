@@ -83,11 +83,15 @@ def test_the_stages_chosen_give_what_every_stage_gives(name, monkeypatch):
     checked = 0
     for engine, pp, vpp in [("megatron", 4, 1), ("megatron", 8, 2), ("fsdp", 8, 1), ("fsdp", 8, 3), ("fsdp", 16, 1),
                             ("megatron", 16, 1), ("fsdp", 32, 1)]:
-        ep = 8 if model.is_moe else 1
-        try:
-            plan = make_plan(model, cluster, global_batch_size=4096, seq_len=4096, pp=pp, vpp=vpp, ep=ep,
-                             engine=engine, zero_stage=1 if engine == "megatron" else 3)
-        except InputError:
+        plan = None
+        for ep in (8, 1) if model.is_moe else (1,):  # fsdp runs EP only in torchtitan's MoE models (no Llama 4)
+            try:
+                plan = make_plan(model, cluster, global_batch_size=4096, seq_len=4096, pp=pp, vpp=vpp, ep=ep,
+                                 engine=engine, zero_stage=1 if engine == "megatron" else 3)
+                break
+            except InputError:
+                continue
+        if plan is None:
             continue
         memory._activations_cache.clear()
         memory._states_cache.clear()
