@@ -59,8 +59,8 @@ def expert_parallel_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
         return None
     moe = sorted(p for p in TORCHTITAN_FLAVORS if load_model_preset(p).is_moe)
     return (f"ep {plan.ep}: torchtitan runs expert parallelism only in its own MoE models (registry packages "
-            f"deepseek_v3, qwen3, gpt_oss, llama4; autotune maps {', '.join(moe)} or their config.json), {model.name} is none "
-            "of them, and the built-in trainer and accelerate's FSDP2 run no expert parallelism: use --ep 1 "
+            f"deepseek_v3, qwen3, gpt_oss, llama4; autotune maps {', '.join(moe)} or their config.json), {model.name} "
+            "is none of them, and the built-in trainer and accelerate's FSDP2 run no expert parallelism: use --ep 1 "
             "(FSDP shards the experts), or --engine megatron (Megatron-core's MoE)")
 
 

@@ -11,8 +11,8 @@ from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CP_REFUSED", "window_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem", "hf_model_family", "hf_model_problem",
-           "pipeline_stage_problem", "stage_layer_counts"]
+__all__ = ["CP_REFUSED", "window_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem",
+           "hf_model_family", "hf_model_problem", "pipeline_stage_problem", "stage_layer_counts"]
 
 # Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
 # around scaled_dot_product_attention raises "NotImplementedError: Operator

@@ -143,7 +143,8 @@ def test_v022_refuses_pipelining_for_qwen3_and_gpt_oss(tmp_path, capsys, preset,
     else:  # the built-in trainer runs it: the bundle is written, without the TOML
         out, plan, md = _emit(tmp_path, "0.2", preset, 16, args)
         assert plan.pp == 2 and not (out / FILES["0.2"]).exists()
-        assert f"torchtitan_job.toml is not written: pp 2: torchtitan 0.2.2's {name} TrainSpec has pipelining_fn=None" in md
+        assert (f"torchtitan_job.toml is not written: pp 2: torchtitan 0.2.2's {name} TrainSpec has "
+                "pipelining_fn=None") in md
     assert f"{name} TrainSpec has pipelining_fn=None" in md
     assert "does not support pipelining\\\": use --pp 1" in md.replace('"', '\\"')
     # 0.3 pipelines them (pipeline_llm): named as the fix only where autotune writes a 0.3 module for the preset
