@@ -5,11 +5,13 @@ DeepSpeed Ulysses (``--ds-sequence-parallel-size``) as its sequence parallelism.
 
 from __future__ import annotations
 
+import json
+
 from autotune.emit.megatron import deepspeed_moe_problems, layer_norms_problem, megatron_deepspeed_args
 from autotune.emit.megatron_deepspeed_model import SOURCE as MODEL_SOURCE
 from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
 from autotune.engines.base import Engine
-from autotune.engines.common import DS_CONFIG, deepspeed_json, shell_array
+from autotune.engines.common import DS_CONFIG, engine_deepspeed_config, shell_array
 from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import bf16_optimizer_states, zero_states
@@ -89,8 +91,17 @@ class MegatronDeepSpeedEngine(Engine):
 
     def render_files(self, model, cluster, plan, options, checkpoint, env) -> EngineFiles:
         argv = megatron_deepspeed_args(model, cluster, plan, options, DS_CONFIG)
-        files = {DS_CONFIG: deepspeed_json(self.support, model, cluster, plan, options,
-                                           checkpoint.ds_checkpoint_block()),
+        config = engine_deepspeed_config(self.support, model, cluster, plan, options,
+                                         checkpoint_block=checkpoint.ds_checkpoint_block())
+        if model.is_moe and plan.pp > 1 and plan.tp > 1:
+            # The MoE layers pass their aggregated loss between stages beside the activation, and DeepSpeed's
+            # pipeline partitions only the first of the tensors it sends: deepspeed 0.19.8 runtime/pipe/engine.py:736
+            # asserts the others need no grad while pipe_partitioned is on (its default with tp > 1: runtime/
+            # config.py:279-280), and the fork refuses either partitioning for MoE with pp and tp > 1
+            # (megatron/model/gpt_model.py:376-384 @f4157bea). Unpartitioned sends are what the cost model charges
+            # (CommSchedule.pp_scatter_gather is False for this engine).
+            config["pipeline"] = {**config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
+        files = {DS_CONFIG: json.dumps(config, indent=2) + "\n",
                  "megatron_deepspeed_args.sh": shell_array(
                      "MEGATRON_DEEPSPEED_ARGS", argv, env, "Megatron-DeepSpeed pretrain_gpt.py arguments written by "
                                                            "autotune")}
