@@ -73,7 +73,9 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     model = model or megatron_model(f, path, notes)
     out: dict = {"model": model, "tp": n("--tensor-model-parallel-size") or 1,
                  "pp": n("--pipeline-model-parallel-size") or 1, "cp": n("--context-parallel-size") or 1,
-                 "ep": n("--expert-model-parallel-size") or 1, "micro_batch_size": n("--micro-batch-size") or 1,
+                 # Megatron-DeepSpeed's DeepSpeed-MoE names it --moe-expert-parallel-size (megatron/arguments.py)
+                 "ep": n("--expert-model-parallel-size") or n("--moe-expert-parallel-size") or 1,
+                 "micro_batch_size": n("--micro-batch-size") or 1,
                  "global_batch_size": n("--global-batch-size"), "seq_len": n("--seq-length"),
                  "sequence_parallel": "--sequence-parallel" in f}
     vpp = n("--num-virtual-stages-per-pipeline-rank")
@@ -92,8 +94,13 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
                               "last": n("--decoder-last-pipeline-num-layers"), "layout": layout}
     if n("--expert-tensor-parallel-size") is not None:  # parallel folding; unset: etp = tp (arguments.py:587)
         out["etp"] = n("--expert-tensor-parallel-size")
-    out["precision"] = ("fp4" if "--fp4-format" in f else "fp8" if "--fp8-format" in f or "--fp8" in f
-                        else "fp16" if "--fp16" in f else "bf16")
+    fp8 = "--fp8-format" in f or "--fp8" in f or "--fp8-hybrid" in f or "--fp8-e4m3" in f  # the last two: the fork's
+    out["precision"] = "fp4" if "--fp4-format" in f else "fp8" if fp8 else "fp16" if "--fp16" in f else "bf16"
+    experts = n("--num-experts") if kind == "megatron-deepspeed" else None
+    if experts and experts > 1 and out["tp"] > 1 and "--enable-expert-tensor-parallelism" not in f:
+        notes.append(f"{path}: without --enable-expert-tensor-parallelism each of the {out['tp']} TP ranks builds "
+                     "every expert whole (megatron/core/tensor_parallel/layers.py:529-531); estimated with them "
+                     "split, as the flag does: add it, or expect more memory and expert time")
     if out["precision"] == "fp4" and f.get("--fp4-recipe", "nvfp4") != "nvfp4":
         notes.append(f"{path}: --fp4-recipe {f.get('--fp4-recipe')} is not modelled: estimated as NVFP4")
     recipe = f.get("--fp8-recipe")

@@ -295,3 +295,29 @@ def test_from_with_expandable_segments_leaves_the_reserve_out(capsys):
         assert code == 0, err
         plans.append(json.loads(out)["search"]["num_feasible"])
     assert plans[1] >= plans[0]
+
+
+def test_megatron_deepspeed_moe_fp8_files_read_back(tmp_path, capsys):
+    """The fork's own names: --moe-expert-parallel-size (DeepSpeed-MoE's EP) and --fp8-hybrid; read as ep 1 and
+    bf16 before. Without --enable-expert-tensor-parallelism the reading says the experts are whole per TP rank."""
+    flags = ["--model", "mixtral-8x7b", *GPU, "--num-gpus", "16", "--seq-len", "2048", "--global-batch", "64",
+             "--engine", "megatron-deepspeed", "--tp", "2", "--pp", "2", "--ep", "4", "--zero", "1", "--precision",
+             "fp8"]
+    code, out, err = run(["estimate", *flags, "--json"], capsys)
+    assert code == 0, err
+    before = json.loads(out)
+    code, _, err = run(["emit", *flags, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    files = [tmp_path / "job" / f for f in ("megatron_deepspeed_args.sh", "ds_config.json")]
+    code, out, err = run(["estimate", "--from", *files, *GPU, "--num-gpus", "16", "--model", "mixtral-8x7b",
+                          "--json"], capsys)
+    assert code == 0, err
+    after = json.loads(out)
+    assert after["plan"] == before["plan"] and after["plan"]["ep"] == 4 and after["plan"]["precision"] == "fp8"
+    assert after["time"]["step_time_s"] == pytest.approx(before["time"]["step_time_s"], rel=1e-9)
+    assert "--enable-expert-tensor-parallelism" not in err
+    args = files[0].read_text().replace(" --enable-expert-tensor-parallelism", "").replace(
+        "--enable-expert-tensor-parallelism", "")
+    files[0].write_text(args)
+    code, _, err = run(["estimate", "--from", *files, *GPU, "--num-gpus", "16", "--model", "mixtral-8x7b"], capsys)
+    assert code == 0 and "without --enable-expert-tensor-parallelism each of the 2 TP ranks" in err
