@@ -4,6 +4,7 @@ model preset where one has that shape (:func:`preset_like`), else a :class:`Mode
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
@@ -11,8 +12,9 @@ from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
+from autotune.specs.model_parts import MLASpec
 
-__all__ = ["megatron_model", "preset_like"]
+__all__ = ["megatron_model", "preset_like", "moe_layer_flags"]
 
 
 def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: str) -> ModelSpec | None:
@@ -47,8 +49,12 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer":
         vocab += 1  # Megatron's NullTokenizer adds one EOD token
     experts = n("--num-experts")
-    moe = None if not experts else MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2,
-                                           expert_ffn_hidden_size=n("--moe-ffn-hidden-size") or n("--ffn-hidden-size"))
+    moe = None if not experts else _moe(f, n, experts, layers, path)
+    # Megatron-LM's MLA flags and their defaults (arguments.py:3548-3557 at d98e8a6)
+    mla = None if "--multi-latent-attention" not in f else MLASpec(
+        kv_lora_rank=n("--kv-lora-rank") or 32, qk_nope_head_dim=n("--qk-head-dim") or 128,
+        qk_rope_head_dim=n("--qk-pos-emb-head-dim") or 64, v_head_dim=n("--v-head-dim") or 128,
+        q_lora_rank=n("--q-lora-rank"))
     rope = (f.get("--position-embedding-type") in ("rope", "yarn") or "--use-rotary-position-embeddings" in f)
     rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
     spec = ModelSpec(
@@ -60,7 +66,7 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         position_embedding="rope" if rope else "learned",
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
         rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
-        qkv_bias="--add-qkv-bias" in f, moe=moe)
+        qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla)
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
@@ -70,3 +76,67 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
                           f"read): give --model (a preset, config.json or model YAML) or --vocab-size in the file"],
                          subject=_SUBJECT)
     return spec
+
+
+def _moe(f: dict, n, experts: int, layers: int, path: str) -> MoESpec:
+    """The mixture of experts the MoE flags state: experts, shared experts, which layers (--moe-layer-freq) and the
+    router (Megatron-core's flags, as autotune.emit.megatron writes them)."""
+    width = n("--moe-ffn-hidden-size") or n("--ffn-hidden-size")
+    shared = n("--moe-shared-expert-intermediate-size")
+    score = f.get("--moe-router-score-function", "softmax")
+    dense, step = moe_layer_flags(f.get("--moe-layer-freq"), layers, path)
+    return MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2, expert_ffn_hidden_size=width,
+                   num_shared_experts=1 if shared else 0,
+                   shared_expert_ffn_hidden_size=None if shared in (None, width) else shared,
+                   num_dense_layers=dense, moe_layer_step=step,
+                   router_score=score if score in ("softmax", "sigmoid") else "softmax",
+                   router_bias="--moe-router-enable-expert-bias" in f or (score == "softmax" and
+                                                                         "--disable-bias-linear" not in f),
+                   router_pre_softmax="--moe-router-pre-softmax" in f, router_groups=n("--moe-router-num-groups"),
+                   router_group_topk=n("--moe-router-group-topk"),
+                   router_scaling_factor=_float(f.get("--moe-router-topk-scaling-factor"),
+                                                "--moe-router-topk-scaling-factor", path) or 1.0)
+
+
+def moe_layer_flags(value: object, layers: int, path: str) -> tuple[int, int]:
+    """(leading dense layers, moe_layer_step) of a --moe-layer-freq value: an int N (every Nth layer MoE) or a list
+    expression of 0/1 per layer (Megatron evaluates it: arguments.py moe_freq_type), e.g. "([0]*3+[1]*58)"."""
+    if value is None:
+        return 0, 1
+    text = str(value).strip()
+    if text.isdigit():
+        return 0, int(text)
+    try:
+        pattern = _list_expression(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        raise InputError([f"{path}: --moe-layer-freq {text!r} is neither an int nor a list expression of 0 and 1 "
+                          "(e.g. \"([0]*3+[1]*58)\")"], subject=_SUBJECT) from None
+    if len(pattern) != layers or set(pattern) - {0, 1}:
+        raise InputError([f"{path}: --moe-layer-freq gives {len(pattern)} entries for {layers} layers (0 or 1 each)"],
+                         subject=_SUBJECT)
+    leading = next((i for i, v in enumerate(pattern) if v), layers)
+    for dense in dict.fromkeys((0, leading)):  # Llama 4 Maverick's [0,1,0,1,...]: no dense layers, every 2nd MoE
+        for step in range(1, layers + 1):  # MoESpec: after the dense ones, layer i is MoE when (i + 1) % step == 0
+            if all(bool(v) == ((i + 1) % step == 0) for i, v in enumerate(pattern) if i >= dense):
+                return dense, step
+    raise InputError([f"{path}: --moe-layer-freq {text!r}: MoE layers in no pattern autotune models (leading dense "
+                      "layers, then every Nth layer)"], subject=_SUBJECT)
+
+
+def _list_expression(node: ast.AST) -> list[int]:
+    """A list of ints from a literal, ``+`` of lists and ``*`` by an int (what --moe-layer-freq expressions use)."""
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_int_constant(e) for e in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _list_expression(node.left) + _list_expression(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        if isinstance(node.right, ast.Constant):
+            return _list_expression(node.left) * min(_int_constant(node.right), 10**6)
+        return _list_expression(node.right) * min(_int_constant(node.left), 10**6)
+    raise ValueError("not a list expression")
+
+
+def _int_constant(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    raise ValueError("not an int")

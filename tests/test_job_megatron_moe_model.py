@@ -1,0 +1,65 @@
+"""The model a Megatron-LM argument list states, MoE and MLA included (autotune.job_megatron_model): the emitted
+arguments of DeepSeek-V3 read back as a 702B model without MLA, shared experts, dense first layers or its router, so
+`estimate --from` (without --model) put its plan at 136 GiB per GPU where the plan says 171. Now each preset's
+arguments read back as the preset, and a model no preset has keeps what the flags say."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.emit.megatron import megatron_args
+from autotune.errors import InputError
+from autotune.job_megatron_model import megatron_model, moe_layer_flags
+from autotune.specs.loading import load_cluster, load_model
+from autotune.specs.plan import ParallelPlan
+
+CLUSTER = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+
+
+def _flags(model) -> dict:
+    plan = ParallelPlan(engine="megatron", dp=8, ep=8 if model.is_moe else 1, global_batch_size=8, grad_accum_steps=1,
+                        seq_len=4096, zero_stage=1)
+    argv = megatron_args(model, CLUSTER, plan)
+    out, i = {}, 0
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[argv[i]] = argv[i + 1]
+            i += 2
+        else:
+            out[argv[i]] = True
+            i += 1
+    return out
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5", "llama4-maverick",
+                                  "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
+def test_a_presets_arguments_read_back_as_the_preset(name):
+    notes: list[str] = []
+    assert megatron_model(_flags(load_model(name)), "megatron_args.sh", notes) == load_model(name)
+
+
+def test_a_model_no_preset_has_keeps_its_moe_and_mla():
+    """DeepSeek-V3 with 59 layers: no preset; the flags' MoE layout, shared expert, router and MLA stay."""
+    v3 = load_model("deepseek-v3")
+    model = dataclasses.replace(v3, num_layers=59, name="mine")
+    read = megatron_model(_flags(model), "mine.sh", [])
+    assert read.mla == v3.mla
+    moe = read.moe
+    assert (moe.num_dense_layers, moe.moe_layer_step, moe.num_shared_experts, moe.shared_width) == (3, 1, 1, 2048)
+    assert (moe.router_score, moe.router_bias, moe.router_groups, moe.router_group_topk,
+            moe.router_scaling_factor) == ("sigmoid", True, 8, 4, 2.5)
+    # all of it: the MTP modules are a plan's (--mtp-num-layers), the KV heads MLA's own
+    assert dataclasses.replace(read, num_kv_heads=128, num_mtp_layers=1) == model
+
+
+@pytest.mark.parametrize("value, want", [(None, (0, 1)), ("2", (0, 2)), ("([0]*3+[1]*5)", (3, 1)),
+                                         ("[0,1,0,1,0,1,0,1]", (0, 2)), ("[1]*8", (0, 1))])
+def test_moe_layer_freq_forms(value, want):
+    assert moe_layer_flags(value, 8, "a.sh") == want
+
+
+@pytest.mark.parametrize("value", ["__import__('os')", "[0]*3+[1]*4", "[1,0,0,1,1,1,1,1]", "[2]*8", "[0]*10**9"])
+def test_moe_layer_freq_nonsense_is_named(value):
+    with pytest.raises(InputError, match="--moe-layer-freq"):
+        moe_layer_flags(value, 8, "a.sh")
