@@ -57,16 +57,17 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         q_lora_rank=n("--q-lora-rank"))
     rope = (f.get("--position-embedding-type") in ("rope", "yarn") or "--use-rotary-position-embeddings" in f)
     rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
+    gated = "--swiglu" in f or "--quick-geglu" in f  # the latter: GPT-OSS's clamped GLU (emit.megatron)
     spec = ModelSpec(
         name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
-        head_dim=n("--kv-channels"), activation="swiglu" if "--swiglu" in f else "gelu",
+        head_dim=n("--kv-channels"), activation="swiglu" if gated else "gelu",
         norm="rmsnorm" if str(f.get("--normalization", "")).lower() == "rmsnorm" else "layernorm",
         tied_embeddings="--untie-embeddings-and-output-weights" not in f,
         position_embedding="rope" if rope else "learned",
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
         rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
-        qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla)
+        qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla, **_attention_fields(f, n, layers, path))
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
@@ -140,3 +141,33 @@ def _int_constant(node: ast.AST) -> int:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
     raise ValueError("not an int")
+
+
+def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
+    """What the attention and MLP variant flags say (autotune.emit.megatron_attention writes them): Q/K norms,
+    sinks, YaRN, sliding windows and the clamped GLU."""
+    out: dict = {}
+    if "--qk-layernorm" in f:
+        out["qk_norm"] = "head"
+    if f.get("--softmax-type") == "learnable":
+        out["attention_sinks"] = True
+    if f.get("--position-embedding-type") == "yarn":
+        out["rope_scaling"] = "yarn"
+        out["rope_scaling_factor"] = _float(f.get("--rotary-scaling-factor"), "--rotary-scaling-factor", path)
+    if "--quick-geglu" in f:
+        out["activation_clamp"] = _float(f.get("--activation-func-clamp-value"), "--activation-func-clamp-value",
+                                         path)
+    window = str(f.get("--window-size") or "")
+    if window and window.split(",")[0].strip().isdigit():
+        out["sliding_window"] = int(window.split(",")[0]) + 1  # (W - 1, 0): the window counts the query's token
+        skip = f.get("--window-attn-skip-freq")
+        if skip is not None:  # an int N: every Nth layer full; else 1 = windowed per layer
+            text = str(skip).strip()
+            try:
+                windowed = ([i for i in range(layers) if (i + 1) % int(text)] if text.isdigit() else
+                            [i for i, v in enumerate(_list_expression(ast.parse(text, mode="eval").body)) if v])
+            except (SyntaxError, ValueError, RecursionError, ZeroDivisionError):
+                raise InputError([f"{path}: --window-attn-skip-freq {text!r} is neither an int nor a list of 0 and 1"],
+                                 subject=_SUBJECT) from None
+            out["sliding_window_layers"] = tuple(windowed)
+    return out

@@ -63,3 +63,14 @@ def test_moe_layer_freq_forms(value, want):
 def test_moe_layer_freq_nonsense_is_named(value):
     with pytest.raises(InputError, match="--moe-layer-freq"):
         moe_layer_flags(value, 8, "a.sh")
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-8b"])
+def test_attention_and_mlp_variants_read_back(name):
+    """Two layers fewer than the preset (no preset then): GPT-OSS's windows, sinks, YaRN, clamped GLU and biased
+    softmax router, Qwen3's per-head Q/K norms come back from the flags as they were written."""
+    preset = load_model(name)
+    kept = None if preset.sliding_window_layers is None else tuple(
+        i for i in preset.sliding_window_layers if i < preset.num_layers - 2)
+    model = dataclasses.replace(preset, name="mine", num_layers=preset.num_layers - 2, sliding_window_layers=kept)
+    assert megatron_model(_flags(model), "mine.sh", []) == model

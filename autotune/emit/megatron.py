@@ -54,6 +54,20 @@ MEGATRON_NCCL_DEFAULTS: dict[str, str] = {
 }
 
 
+def _activation_flags(model: ModelSpec) -> list[str]:
+    """The MLP's activation: SwiGLU, GeLU (Megatron's default), or GPT-OSS's clamped GLU (``activation_clamp``, read
+    from gpt_oss configs only): transformers GptOssExperts computes (up + 1) * gate * sigmoid(1.702 gate) with gate
+    and up clamped to the limit, i.e. Megatron-core's quick_gelu GLU with glu_linear_offset 1 and
+    activation_func_clamp_value the limit, as Megatron-Bridge's GPT-OSS bridge sets them (gpt_oss_bridge.py:81-84 at
+    067f987; --quick-geglu: arguments.py:2452, argument_utils.py:323-326 at d98e8a6)."""
+    if model.activation != "swiglu":
+        return []
+    if model.activation_clamp is not None:
+        return ["--quick-geglu", "--activation-func-clamp-value", _num(model.activation_clamp),
+                "--glu-linear-offset", "1"]
+    return ["--swiglu"]
+
+
 def _moe_layer_pattern(model: ModelSpec) -> str:
     """Megatron's --moe-layer-freq list expression: leading dense layers, then MoE layers; with a
     moe_layer_step above 1 (Llama 4 Maverick: dense and MoE layers alternate), the per-layer list."""
@@ -88,6 +102,9 @@ def architecture_problems(model: ModelSpec) -> list[str]:
         out.append(norms)
     if model.embedding_norm:
         out.append(f"{model.name} normalises the embeddings (BLOOM); Megatron-LM's GPT has no embedding norm")
+    if model.qk_norm == "full":
+        out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
+                   "normalises each head")
     return out
 
 
@@ -134,9 +151,12 @@ def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> l
                  str(m.v_head_dim)]
         if m.q_lora_rank is not None:
             args += ["--q-lora-rank", str(m.q_lora_rank)]
-    if model.activation == "swiglu":
-        args.append("--swiglu")
+    args += _activation_flags(model)
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if model.qk_norm == "head":
+        # TransformerConfig.qk_layernorm: the layer's norm (RMSNorm) over each head's width, as Qwen3 / GLM-4.5's
+        # per-head Q/K RMSNorm (megatron/core/transformer/attention.py q_layernorm / k_layernorm)
+        args.append("--qk-layernorm")
     args += position_and_attention_flags(model)
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")

@@ -246,6 +246,9 @@ def test_linter_agrees_with_megatron_on_the_accepted_base(oracle):
     ("llama3-8b", 8, ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4", "2"]),
     # Llama 4's global layers have no RoPE (every 4th); its chunked layers are one chunk at 4096 tokens
     ("llama4-scout", 1, ["--rotary-base", "500000", "--no-rope-freq", "4"]),
+    # GPT-OSS's clamped GLU (quick_gelu, offset 1, clamp 7), Qwen3's per-head Q/K RMSNorm
+    ("gpt-oss-20b", 1, ["--quick-geglu", "--activation-func-clamp-value", "7", "--glu-linear-offset", "1"]),
+    ("qwen3-8b", 1, ["--normalization", "RMSNorm", "--qk-layernorm"]),
 ])
 def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, name, cp, flags):
     """YaRN, attention sinks, sliding windows, NoPE layers (autotune.emit.megatron_attention) and the CP exchange
