@@ -9,7 +9,8 @@ flag table of the Megatron-core release in use (``megatron_flags_core_v0.NN.json
 Every flag :func:`megatron_args` writes exists in the table of the release in use (else an InputError naming the
 flag and the releases that have it), every flag of :func:`megatron_deepspeed_args` in
 ``megatron_deepspeed_flags.json`` (tests/emit/test_megatron.py).
-The flag tables, the linters and the shell reader live in their own modules and are re-exported here.
+The flag tables, the linters, the shell reader and the model's own flags (``emit.megatron_model_flags``) live in
+their own modules and are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autotune.emit.megatron_attention import flag_number as _num
-from autotune.emit.megatron_attention import chunked_attention_problem, position_and_attention_flags
+from autotune.emit.megatron_model_flags import architecture_problems, layer_norms_problem, router_flags, shape_flags
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems, rope_theta_flags
 from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, sharding_strategy
@@ -41,7 +42,7 @@ __all__ = [
     "FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "megatron_args", "megatron_env",
     "megatron_deepspeed_args", "MEGATRON_DEEPSPEED_FLAGS", "MEGATRON_NCCL_DEFAULTS", "megatron_args_problems",
     "megatron_deepspeed_args_problems", "read_megatron_args_file", "read_megatron_args_file_with_env",
-    "parse_shell_args",
+    "parse_shell_args", "architecture_problems", "layer_norms_problem", "router_flags", "deepspeed_moe_problems",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -52,60 +53,6 @@ MEGATRON_NCCL_DEFAULTS: dict[str, str] = {
     "NCCL_IB_SL": "1", "NCCL_IB_TIMEOUT": "19", "NCCL_P2P_NET_CHUNKSIZE": "2097152",
     "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
 }
-
-
-def _activation_flags(model: ModelSpec) -> list[str]:
-    """The MLP's activation: SwiGLU, GeLU (Megatron's default), or GPT-OSS's clamped GLU (``activation_clamp``, read
-    from gpt_oss configs only): transformers GptOssExperts computes (up + 1) * gate * sigmoid(1.702 gate) with gate
-    and up clamped to the limit, i.e. Megatron-core's quick_gelu GLU with glu_linear_offset 1 and
-    activation_func_clamp_value the limit, as Megatron-Bridge's GPT-OSS bridge sets them (gpt_oss_bridge.py:81-84 at
-    067f987; --quick-geglu: arguments.py:2452, argument_utils.py:323-326 at d98e8a6)."""
-    if model.activation != "swiglu":
-        return []
-    if model.activation_clamp is not None:
-        return ["--quick-geglu", "--activation-func-clamp-value", _num(model.activation_clamp),
-                "--glu-linear-offset", "1"]
-    return ["--swiglu"]
-
-
-def _moe_layer_pattern(model: ModelSpec) -> str:
-    """Megatron's --moe-layer-freq list expression: leading dense layers, then MoE layers; with a
-    moe_layer_step above 1 (Llama 4 Maverick: dense and MoE layers alternate), the per-layer list."""
-    assert model.moe is not None
-    if model.moe.moe_layer_step != 1:
-        return "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers)) + "]"
-    dense, moe = model.moe.num_dense_layers, model.num_moe_layers
-    return f"([0]*{dense}+[1]*{moe})"
-
-
-def layer_norms_problem(model: ModelSpec) -> str | None:
-    """Why Megatron's GPT layer cannot take the model's norms (None where it can): the layer is pre-norm with two
-    norms (megatron/core/transformer/transformer_layer.py: input_layernorm, pre_mlp_layernorm). The engines' rules
-    ask it too, so the planner proposes no plan whose arguments this writer refuses."""
-    if model.norms_per_layer == 2:
-        return None
-    kind = ("one norm shared by a parallel attention and MLP block" if model.norms_per_layer == 1
-            else "post-norms beside the pre-norms (Gemma 2/3's sandwich)")
-    return (f"{model.name} has {model.norms_per_layer} norm(s) per layer ({kind}); Megatron-LM's GPT layer is "
-            f"pre-norm with two")
-
-
-def architecture_problems(model: ModelSpec) -> list[str]:
-    """What of the model Megatron-LM's GPT model cannot build (empty where it can); the megatron engine's rules ask
-    it too, so the planner proposes no plan whose arguments this writer refuses."""
-    out = []
-    if model.position_embedding == "alibi":
-        out.append(f"{model.name} uses ALiBi, which Megatron's GPT model does not implement (position embeddings: "
-                   f"learned_absolute, rope, yarn, mrope, relative, none): train it with a DeepSpeed script")
-    norms = layer_norms_problem(model)
-    if norms:
-        out.append(norms)
-    if model.embedding_norm:
-        out.append(f"{model.name} normalises the embeddings (BLOOM); Megatron-LM's GPT has no embedding norm")
-    if model.qk_norm == "full":
-        out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
-                   "normalises each head")
-    return out
 
 
 def deepspeed_moe_problems(model: ModelSpec, plan: ParallelPlan) -> dict[str, str]:
@@ -125,76 +72,6 @@ def deepspeed_moe_problems(model: ModelSpec, plan: ParallelPlan) -> dict[str, st
     if plan.zero_stage == 3:
         out["moe_zero3"] = "DeepSpeed-MoE does not run under ZeRO-3: use ZeRO-1/2"
     return out
-
-
-def _shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
-    """Model shape for Megatron-LM (core_v0.16 pretrain_gpt.py)."""
-    problems += architecture_problems(model)
-    if chunked := chunked_attention_problem(model, plan.seq_len):
-        problems.append(chunked)
-    max_pos = model.max_position_embeddings
-    if model.position_embedding == "learned" and plan.seq_len > max_pos:
-        problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({max_pos} rows): "
-                        f"Megatron needs --max-position-embeddings >= --seq-length")
-    args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
-            "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
-            "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(max(max_pos, plan.seq_len))]
-    explicit_head_dim = model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size
-    if explicit_head_dim and model.mla is None:
-        args += ["--kv-channels", str(model.head_dim)]
-    if model.mla is None and model.kv_heads < model.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
-    if model.mla is not None:
-        m = model.mla
-        args += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim",
-                 str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim",
-                 str(m.v_head_dim)]
-        if m.q_lora_rank is not None:
-            args += ["--q-lora-rank", str(m.q_lora_rank)]
-    args += _activation_flags(model)
-    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
-    if model.qk_norm == "head":
-        # TransformerConfig.qk_layernorm: the layer's norm (RMSNorm) over each head's width, as Qwen3 / GLM-4.5's
-        # per-head Q/K RMSNorm (megatron/core/transformer/attention.py q_layernorm / k_layernorm)
-        args.append("--qk-layernorm")
-    args += position_and_attention_flags(model)
-    if not model.tied_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
-    if not model.linear_bias:
-        args.append("--disable-bias-linear")
-        if model.qkv_bias:
-            args.append("--add-qkv-bias")
-    args += ["--attention-dropout", _num(model.dropout), "--hidden-dropout", _num(model.dropout)]
-    if model.moe is not None:
-        moe = model.moe
-        args += ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
-                 "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm"]
-        if moe.num_shared_experts:
-            args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
-        if moe.num_dense_layers or moe.moe_layer_step != 1:
-            args += ["--moe-layer-freq", _moe_layer_pattern(model)]
-        args += router_flags(moe)
-    return args
-
-
-def router_flags(moe) -> list[str]:
-    """The router as the model computes it (MoESpec.router_*; Megatron-core's topk_routing_with_score_function,
-    Megatron-LM @d98e8a6 megatron/core/transformer/moe/moe_utils.py:900-929). A sigmoid router's routing bias is
-    aux-loss-free balancing's expert bias (DeepSeek-V3, arXiv:2412.19437 §2.1.2); a softmax router's (GPT-OSS) is its
-    linear layer's, which Megatron-core builds with the other biases (router.py:67-72, add_bias_linear)."""
-    args = []
-    if moe.router_score != "softmax":
-        args += ["--moe-router-score-function", moe.router_score]
-        if moe.router_bias:
-            args.append("--moe-router-enable-expert-bias")
-    if moe.router_pre_softmax:
-        args.append("--moe-router-pre-softmax")
-    if moe.router_groups is not None:
-        args += ["--moe-router-num-groups", str(moe.router_groups), "--moe-router-group-topk",
-                 str(moe.router_group_topk)]
-    if moe.router_scaling_factor != 1.0:
-        args += ["--moe-router-topk-scaling-factor", _num(moe.router_scaling_factor)]
-    return args
 
 
 def _parallel_flags(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems: list[str]) -> list[str]:
@@ -275,7 +152,7 @@ def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, op
     problems: list[str] = []
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
-    args = _shape_flags(model, plan, problems)
+    args = shape_flags(model, plan, problems)
     args += _parallel_flags(model, plan, cluster.gpus_per_node, problems)
     args += recompute_flags(plan)
     # activation offload: turns cpu_offloading on (arguments.py:1950-1951 at d98e8a6)

@@ -7,7 +7,7 @@ import ast
 
 from autotune.cost.stage_chunks import moe_layers_in
 from autotune.cost.step_time import _stage_layer_counts
-from autotune.emit.megatron import _moe_layer_pattern
+from autotune.emit.megatron_model_flags import moe_layer_pattern as _moe_layer_pattern
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import load_model_preset
 

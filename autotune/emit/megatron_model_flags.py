@@ -1,0 +1,139 @@
+"""Megatron-LM flags for the model itself: its shape, MLP activation, Q/K norms, attention variants
+(``emit.megatron_attention``) and mixture of experts with its router, and what of the model Megatron-LM's GPT model
+cannot build. Megatron-LM ``NVIDIA/Megatron-LM@d98e8a6``; flags of megatron-core 0.16-0.19 (the flag tables).
+``emit.megatron`` writes them with the plan's parallel, precision and run flags, and re-exports these names.
+"""
+
+from __future__ import annotations
+
+from autotune.emit.megatron_attention import chunked_attention_problem, position_and_attention_flags
+from autotune.emit.megatron_attention import flag_number as _num
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
+
+__all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
+           "router_flags"]
+
+
+def activation_flags(model: ModelSpec) -> list[str]:
+    """The MLP's activation: SwiGLU, GeLU (Megatron's default), or GPT-OSS's clamped GLU (``activation_clamp``, read
+    from gpt_oss configs only): transformers GptOssExperts computes (up + 1) * gate * sigmoid(1.702 gate) with gate
+    and up clamped to the limit, i.e. Megatron-core's quick_gelu GLU with glu_linear_offset 1 and
+    activation_func_clamp_value the limit, as Megatron-Bridge's GPT-OSS bridge sets them (gpt_oss_bridge.py:81-84 at
+    067f987; --quick-geglu: arguments.py:2452, argument_utils.py:323-326 at d98e8a6)."""
+    if model.activation != "swiglu":
+        return []
+    if model.activation_clamp is not None:
+        return ["--quick-geglu", "--activation-func-clamp-value", _num(model.activation_clamp),
+                "--glu-linear-offset", "1"]
+    return ["--swiglu"]
+
+
+def moe_layer_pattern(model: ModelSpec) -> str:
+    """Megatron's --moe-layer-freq list expression: leading dense layers, then MoE layers; with a
+    moe_layer_step above 1 (Llama 4 Maverick: dense and MoE layers alternate), the per-layer list."""
+    assert model.moe is not None
+    if model.moe.moe_layer_step != 1:
+        return "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.num_layers)) + "]"
+    dense, moe = model.moe.num_dense_layers, model.num_moe_layers
+    return f"([0]*{dense}+[1]*{moe})"
+
+
+def layer_norms_problem(model: ModelSpec) -> str | None:
+    """Why Megatron's GPT layer cannot take the model's norms (None where it can): the layer is pre-norm with two
+    norms (megatron/core/transformer/transformer_layer.py: input_layernorm, pre_mlp_layernorm). The engines' rules
+    ask it too, so the planner proposes no plan whose arguments this writer refuses."""
+    if model.norms_per_layer == 2:
+        return None
+    kind = ("one norm shared by a parallel attention and MLP block" if model.norms_per_layer == 1
+            else "post-norms beside the pre-norms (Gemma 2/3's sandwich)")
+    return (f"{model.name} has {model.norms_per_layer} norm(s) per layer ({kind}); Megatron-LM's GPT layer is "
+            f"pre-norm with two")
+
+
+def architecture_problems(model: ModelSpec) -> list[str]:
+    """What of the model Megatron-LM's GPT model cannot build (empty where it can); the megatron engine's rules ask
+    it too, so the planner proposes no plan whose arguments this writer refuses."""
+    out = []
+    if model.position_embedding == "alibi":
+        out.append(f"{model.name} uses ALiBi, which Megatron's GPT model does not implement (position embeddings: "
+                   f"learned_absolute, rope, yarn, mrope, relative, none): train it with a DeepSpeed script")
+    norms = layer_norms_problem(model)
+    if norms:
+        out.append(norms)
+    if model.embedding_norm:
+        out.append(f"{model.name} normalises the embeddings (BLOOM); Megatron-LM's GPT has no embedding norm")
+    if model.qk_norm == "full":
+        out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
+                   "normalises each head")
+    return out
+
+
+def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:
+    """Model shape for Megatron-LM (core_v0.16 pretrain_gpt.py)."""
+    problems += architecture_problems(model)
+    if chunked := chunked_attention_problem(model, plan.seq_len):
+        problems.append(chunked)
+    max_pos = model.max_position_embeddings
+    if model.position_embedding == "learned" and plan.seq_len > max_pos:
+        problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({max_pos} rows): "
+                        f"Megatron needs --max-position-embeddings >= --seq-length")
+    args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
+            "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(max(max_pos, plan.seq_len))]
+    explicit_head_dim = model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size
+    if explicit_head_dim and model.mla is None:
+        args += ["--kv-channels", str(model.head_dim)]
+    if model.mla is None and model.kv_heads < model.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
+    if model.mla is not None:
+        m = model.mla
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim",
+                 str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim",
+                 str(m.v_head_dim)]
+        if m.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(m.q_lora_rank)]
+    args += activation_flags(model)
+    args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if model.qk_norm == "head":
+        # TransformerConfig.qk_layernorm: the layer's norm (RMSNorm) over each head's width, as Qwen3 / GLM-4.5's
+        # per-head Q/K RMSNorm (megatron/core/transformer/attention.py q_layernorm / k_layernorm)
+        args.append("--qk-layernorm")
+    args += position_and_attention_flags(model)
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not model.linear_bias:
+        args.append("--disable-bias-linear")
+        if model.qkv_bias:
+            args.append("--add-qkv-bias")
+    args += ["--attention-dropout", _num(model.dropout), "--hidden-dropout", _num(model.dropout)]
+    if model.moe is not None:
+        moe = model.moe
+        args += ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+                 "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm"]
+        if moe.num_shared_experts:
+            args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
+        if moe.num_dense_layers or moe.moe_layer_step != 1:
+            args += ["--moe-layer-freq", moe_layer_pattern(model)]
+        args += router_flags(moe)
+    return args
+
+
+def router_flags(moe) -> list[str]:
+    """The router as the model computes it (MoESpec.router_*; Megatron-core's topk_routing_with_score_function,
+    Megatron-LM @d98e8a6 megatron/core/transformer/moe/moe_utils.py:900-929). A sigmoid router's routing bias is
+    aux-loss-free balancing's expert bias (DeepSeek-V3, arXiv:2412.19437 §2.1.2); a softmax router's (GPT-OSS) is its
+    linear layer's, which Megatron-core builds with the other biases (router.py:67-72, add_bias_linear)."""
+    args = []
+    if moe.router_score != "softmax":
+        args += ["--moe-router-score-function", moe.router_score]
+        if moe.router_bias:
+            args.append("--moe-router-enable-expert-bias")
+    if moe.router_pre_softmax:
+        args.append("--moe-router-pre-softmax")
+    if moe.router_groups is not None:
+        args += ["--moe-router-num-groups", str(moe.router_groups), "--moe-router-group-topk",
+                 str(moe.router_group_topk)]
+    if moe.router_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", _num(moe.router_scaling_factor)]
+    return args
