@@ -28,6 +28,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
+from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind
@@ -97,10 +98,9 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     fp8 = "--fp8-format" in f or "--fp8" in f or "--fp8-hybrid" in f or "--fp8-e4m3" in f  # the last two: the fork's
     out["precision"] = "fp4" if "--fp4-format" in f else "fp8" if fp8 else "fp16" if "--fp16" in f else "bf16"
     experts = n("--num-experts") if kind == "megatron-deepspeed" else None
-    if experts and experts > 1 and out["tp"] > 1 and "--enable-expert-tensor-parallelism" not in f:
-        notes.append(f"{path}: without --enable-expert-tensor-parallelism each of the {out['tp']} TP ranks builds "
-                     "every expert whole (megatron/core/tensor_parallel/layers.py:529-531); estimated with them "
-                     "split, as the flag does: add it, or expect more memory and expert time")
+    if whole := experts_whole_per_tp_rank(experts, out["tp"], "--enable-expert-tensor-parallelism" in f):
+        notes.append(f"{path}: {whole}; estimated with them split, as the flag does: add it, or expect more memory "
+                     "and expert time")
     if out["precision"] == "fp4" and f.get("--fp4-recipe", "nvfp4") != "nvfp4":
         notes.append(f"{path}: --fp4-recipe {f.get('--fp4-recipe')} is not modelled: estimated as NVFP4")
     recipe = f.get("--fp8-recipe")

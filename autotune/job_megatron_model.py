@@ -4,12 +4,12 @@ model preset where one has that shape (:func:`preset_like`), else a :class:`Mode
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
+from autotune.emit.megatron_flags import layer_pattern
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.model_parts import MLASpec
@@ -105,13 +105,15 @@ def moe_layer_flags(value: object, layers: int, path: str) -> tuple[int, int]:
     if value is None:
         return 0, 1
     text = str(value).strip()
-    if text.isdigit():
-        return 0, int(text)
     try:
-        pattern = _list_expression(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, RecursionError):
+        pattern = layer_pattern(text)
+    except ValueError:
         raise InputError([f"{path}: --moe-layer-freq {text!r} is neither an int nor a list expression of 0 and 1 "
                           "(e.g. \"([0]*3+[1]*58)\")"], subject=_SUBJECT) from None
+    if isinstance(pattern, int):
+        if pattern < 1:
+            raise InputError([f"{path}: --moe-layer-freq {pattern}: every Nth layer needs N >= 1"], subject=_SUBJECT)
+        return 0, pattern
     if len(pattern) != layers or set(pattern) - {0, 1}:
         raise InputError([f"{path}: --moe-layer-freq gives {len(pattern)} entries for {layers} layers (0 or 1 each)"],
                          subject=_SUBJECT)
@@ -122,25 +124,6 @@ def moe_layer_flags(value: object, layers: int, path: str) -> tuple[int, int]:
                 return dense, step
     raise InputError([f"{path}: --moe-layer-freq {text!r}: MoE layers in no pattern autotune models (leading dense "
                       "layers, then every Nth layer)"], subject=_SUBJECT)
-
-
-def _list_expression(node: ast.AST) -> list[int]:
-    """A list of ints from a literal, ``+`` of lists and ``*`` by an int (what --moe-layer-freq expressions use)."""
-    if isinstance(node, ast.List | ast.Tuple):
-        return [_int_constant(e) for e in node.elts]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _list_expression(node.left) + _list_expression(node.right)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        if isinstance(node.right, ast.Constant):
-            return _list_expression(node.left) * min(_int_constant(node.right), 10**6)
-        return _list_expression(node.right) * min(_int_constant(node.left), 10**6)
-    raise ValueError("not a list expression")
-
-
-def _int_constant(node: ast.AST) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    raise ValueError("not an int")
 
 
 def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
@@ -164,9 +147,10 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
         if skip is not None:  # an int N: every Nth layer full; else 1 = windowed per layer
             text = str(skip).strip()
             try:
-                windowed = ([i for i in range(layers) if (i + 1) % int(text)] if text.isdigit() else
-                            [i for i, v in enumerate(_list_expression(ast.parse(text, mode="eval").body)) if v])
-            except (SyntaxError, ValueError, RecursionError, ZeroDivisionError):
+                pattern = layer_pattern(text)
+                windowed = ([i for i in range(layers) if (i + 1) % pattern] if isinstance(pattern, int) else
+                            [i for i, v in enumerate(pattern) if v])
+            except (ValueError, ZeroDivisionError):
                 raise InputError([f"{path}: --window-attn-skip-freq {text!r} is neither an int nor a list of 0 and 1"],
                                  subject=_SUBJECT) from None
             out["sliding_window_layers"] = tuple(windowed)

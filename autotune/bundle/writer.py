@@ -103,9 +103,9 @@ def render_bundle(est: Estimate, options: EmitOptions | None = None, *, measured
                                      user_script_needs=engine_files.user_script_needs,
                                      fallback_lines=fallback_section(fallback, est),
                                      host_at_save=policy.host_at_save,
-                                     trainer_problem=builtin_trainer_problem(est, options))
+                                     trainer_problem=(problem := builtin_trainer_problem(est, options)))
     notes = ()
-    if problem := builtin_trainer_problem(est, options):
+    if problem:
         own = sorted(engine_files.files)
         notes = (f"the launch scripts run autotune's built-in trainer, which cannot run this plan: {problem}; run it "
                  + (f"with {' or '.join(own)} (plan.md says how) or " if own else "")

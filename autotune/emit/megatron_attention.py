@@ -73,11 +73,9 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
 def chunked_attention_problem(model: ModelSpec, seq_len: int) -> str | None:
     """Why Megatron-LM cannot train ``model`` at ``seq_len``: chunked attention over a sequence longer than a chunk
     (module docstring); None where it can."""
-    chunk = model.sliding_window
-    if not model.chunked_attention or chunk is None or seq_len <= chunk:
+    local = model.local_attention_below(seq_len) if model.chunked_attention else None
+    if local is None:
         return None
-    layers = len(model.sliding_window_layers) if model.sliding_window_layers is not None else model.num_layers
-    return (f"{model.name}'s chunked attention ({chunk}-token chunks on {layers} of {model.num_layers} layers): "
-            f"Megatron-LM's GPT model has no chunked attention, so at seq_len {seq_len} those layers would attend over "
-            f"the whole sequence: use --seq-len {chunk} or less, or an engine that runs the model's own attention "
-            "(--engine deepspeed)")
+    return (f"{model.name}'s {local}: Megatron-LM's GPT model has no chunked attention, so at seq_len {seq_len} those "
+            f"layers would attend over the whole sequence: use --seq-len {model.sliding_window} or less, or an engine "
+            "that runs the model's own attention (--engine deepspeed)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.emit.argv_lint import ParsedArgs, duplicate_problems, tokenize, value_problems
+from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_flags import MEGATRON_DEEPSPEED_FLAGS_FILE, megatron_deepspeed_flag_table
 from autotune.emit.problems import Problem, Severity
 
@@ -78,14 +79,10 @@ def _rule_problems(a: ParsedArgs, world_size: int) -> list[Problem]:
     if (a.has("--fp8-hybrid") or a.has("--fp8-e4m3")) and a.value("--transformer-impl") != "transformer_engine":
         err("--fp8-hybrid", "transformer-engine required for fp8 training and inference (MDS validate_args 373)",
             "add --transformer-impl transformer_engine")
-    experts = a.integer("--num-experts")
-    if experts and experts > 1 and tp > 1 and not a.has("--enable-expert-tensor-parallelism"):
-        # microsoft/Megatron-DeepSpeed@f4157bea megatron/core/tensor_parallel/layers.py:529-531
-        err("--num-experts", f"{experts} experts with tensor-model-parallel size {tp} and no "
-            "--enable-expert-tensor-parallelism: each TP rank builds every expert whole (tensor_parallel/layers.py: "
-            "moe and not enable_expert_tensor_parallelism -> world_size 1), so the experts' weights, gradients, "
-            f"optimizer states and FLOPs are not split {tp} ways (autotune's estimate of this file splits them)",
-            "add --enable-expert-tensor-parallelism", "warning")
+    if whole := experts_whole_per_tp_rank(a.integer("--num-experts"), tp, a.has("--enable-expert-tensor-parallelism")):
+        err("--num-experts", f"{whole}, so the experts' weights, gradients, optimizer states and FLOPs are not split "
+            f"{tp} ways (autotune's estimate of this file splits them)", "add --enable-expert-tensor-parallelism",
+            "warning")
     if a.has("--sequence-parallel") and tp == 1:
         err("--sequence-parallel", "sequence parallelism with tensor-model-parallel size 1 does nothing",
             "drop --sequence-parallel or raise tp", "warning")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["megatron_deepspeed_model_problems", "rope_theta_flags", "ROPE_THETA_DEFAULT", "SOURCE"]
+__all__ = ["megatron_deepspeed_model_problems", "rope_theta_flags", "experts_whole_per_tp_rank", "ROPE_THETA_DEFAULT",
+           "SOURCE"]
 
 ROPE_THETA_DEFAULT = 10000
 """``--rotary-position-embeddings-theta``'s default in the microsoft fork (megatron/arguments.py, an int flag)."""
@@ -31,10 +32,9 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
     out = []
     if model.mla is not None:
         out.append(f"{model.name} uses multi-latent attention, which Megatron-DeepSpeed does not implement")
-    if model.sliding_window is not None and model.sliding_window < seq_len:
-        kind = "chunked" if model.chunked_attention else "sliding-window"
-        out.append(f"{model.name} has {kind} attention layers ({model.sliding_window} tokens, under seq_len "
-                   f"{seq_len}); Megatron-DeepSpeed attends over the whole sequence")
+    if local := model.local_attention_below(seq_len):
+        out.append(f"{model.name} has {local}, under seq_len {seq_len}; Megatron-DeepSpeed attends over the whole "
+                   "sequence")
     if model.attention_sinks:
         out.append(f"{model.name} has attention sinks (a learned logit per head); Megatron-DeepSpeed has none")
     if model.qk_norm is not None:
@@ -58,6 +58,17 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
                    f"{', scaled' if moe.router_scaling_factor != 1.0 else ''}) is not DeepSpeed-MoE's gate (a "
                    f"softmax of a bias-free linear layer)")
     return [f"{p}: use engine megatron or fsdp" for p in out]
+
+
+def experts_whole_per_tp_rank(experts: int | None, tp: int, flag_given: bool) -> str | None:
+    """Why the fork's TP ranks each hold every expert whole (an argument list with ``experts`` experts, tensor
+    parallelism ``tp`` and ``flag_given`` --enable-expert-tensor-parallelism or not); None where they split them.
+    The emitted arguments give the flag (emit.megatron); the linter warns without it, and ``--from`` says so."""
+    if not experts or experts <= 1 or tp <= 1 or flag_given:
+        return None
+    return (f"without --enable-expert-tensor-parallelism each of the {tp} TP ranks builds every one of the {experts} "
+            "experts whole (microsoft/Megatron-DeepSpeed@f4157bea megatron/core/tensor_parallel/layers.py:529-531: "
+            "moe and not enable_expert_tensor_parallelism -> world_size 1)")
 
 
 def rope_theta_flags(model: ModelSpec) -> list[str]:

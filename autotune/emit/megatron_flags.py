@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "is_flag", "megatron_flags_file",
-           "megatron_table_source", "releases_with_flag", "MEGATRON_CORE_RELEASES", "MEGATRON_DEEPSPEED_FLAGS_FILE"]
+           "megatron_table_source", "releases_with_flag", "MEGATRON_CORE_RELEASES", "MEGATRON_DEEPSPEED_FLAGS_FILE",
+           "layer_pattern"]
 
 MEGATRON_CORE_RELEASES = ("0.16", "0.17", "0.18", "0.19")
 """The Megatron-core releases with a flag table here, oldest first (the newest is the default)."""
@@ -85,24 +86,43 @@ class FlagSpec:
 def _moe_freq_ok(text: str) -> bool:
     """Megatron's moe_freq_type: an int, or a list expression of 0/1 built with [], +, * and ints."""
     try:
-        int(text)
+        layer_pattern(text)
         return True
     except ValueError:
-        pass
-
-    def ok(node: ast.AST) -> bool:
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, int) and not isinstance(node.value, bool)
-        if isinstance(node, ast.List):
-            return all(ok(e) for e in node.elts)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            return ok(node.left) and ok(node.right)
         return False
 
+
+def layer_pattern(text: str) -> int | list[int]:
+    """A per-layer flag value as Megatron's moe_freq_type / window_attn_skip_freq take it: an int, or a list
+    expression of ints built with [], + and * (e.g. "([0]*3+[1]*58)"), evaluated without ``eval``; ValueError for
+    anything else (a repeat count is capped at 10^6)."""
+    text = str(text).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
     try:
-        return "[" in text and ok(ast.parse(text, mode="eval").body)
-    except SyntaxError:
-        return False
+        return _list_expression(ast.parse(text, mode="eval").body)
+    except (SyntaxError, RecursionError, MemoryError):
+        raise ValueError(f"not an int or a list expression: {text!r}") from None
+
+
+def _list_expression(node: ast.AST) -> list[int]:
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_int_constant(e) for e in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _list_expression(node.left) + _list_expression(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        times, items = (node.right, node.left) if isinstance(node.right, ast.Constant) else (node.left, node.right)
+        count = _int_constant(times)
+        if count > 10**6:
+            raise ValueError("repeat count over 10^6")
+        return _list_expression(items) * count
+    raise ValueError("not a list expression")
+
+
+def _int_constant(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    raise ValueError("not an int")
 
 
 def _read_flags_json(filename: str) -> dict:

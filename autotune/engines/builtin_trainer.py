@@ -26,14 +26,12 @@ def window_problem(model: ModelSpec, seq_len: int) -> str | None:
     """Why the built-in models cannot stand for ``model`` at ``seq_len``: windowed or chunked attention layers that see
     less than the sequence (autotune.workloads.transformer and the transformers Llama / GPT-2 models attend over the
     whole sequence); None where every layer sees all of it."""
-    window = model.sliding_window
-    if window is None or seq_len <= window:
+    local = model.local_attention_below(seq_len)
+    if local is None:
         return None
-    kind = "chunked" if model.chunked_attention else "sliding-window"
-    layers = len(model.sliding_window_layers) if model.sliding_window_layers is not None else model.num_layers
-    return (f"model {model.name!r}: {kind} attention ({window} tokens on {layers} of {model.num_layers} layers) is not "
-            f"implemented by the built-in model, whose layers would attend over all {seq_len} tokens (another model, "
-            f"at another cost): use --seq-len {window} or less, or your own script (emit --script)")
+    return (f"model {model.name!r}: {local} is not implemented by the built-in model, whose layers would attend "
+            f"over all {seq_len} tokens (another model, at another cost): use --seq-len {model.sliding_window} or "
+            "less, or your own script (emit --script)")
 
 
 def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> str | None:

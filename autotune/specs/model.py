@@ -227,6 +227,16 @@ class ModelSpec:
             return False
         return self.sliding_window_layers is None or index in self.sliding_window_layers
 
+    def local_attention_below(self, seq_len: int) -> str | None:
+        """The local-attention layers that see less than ``seq_len`` tokens, in words ("chunked attention (8192
+        tokens on 36 of 48 layers)"); None where every layer sees the whole sequence (a window no shorter than it is
+        full causal attention)."""
+        if self.sliding_window is None or seq_len <= self.sliding_window:
+            return None
+        kind = "chunked" if self.chunked_attention else "sliding-window"
+        local = len(self.sliding_window_layers) if self.sliding_window_layers is not None else self.num_layers
+        return f"{kind} attention ({self.sliding_window} tokens on {local} of {self.num_layers} layers)"
+
     # ---- parameter counts ---------------------------------------------------------------
     def _norm_params(self, width: int) -> int:
         return width * (2 if self.norm == "layernorm" else 1)

@@ -71,13 +71,11 @@ def plan_problem(model, plan, *, full_layers: int | None = None) -> str | None:
     """Why ``python -m autotune.train`` cannot run ``plan`` on ``model`` (None when it can), decided without
     starting a process: the plan's engine has no built-in trainer (Megatron-LM's pretrain_gpt.py needs CUDA),
     the model has fewer layers than the plan has pipeline stages, or the engine's trainer refuses the plan
-    (its ``unsupported_reason``, the check its ``main`` makes before printing ``UNSUPPORTED``).
+    (``Engine.builtin_trainer_problem``, the check its ``main`` makes before printing ``UNSUPPORTED``).
 
     ``full_layers``: the layer count ``model`` was cut from (the tuner's ``--num-layers``), so that a
     pipeline too deep for the cut says which flag to raise.
     """
-    import importlib
-
     from autotune.engines import engine_for
 
     engine = engine_for(plan)
@@ -93,8 +91,7 @@ def plan_problem(model, plan, *, full_layers: int | None = None) -> str | None:
     if full_layers is not None and plan.pp > 1 and model.num_layers < need <= full_layers:
         return (f"--num-layers {model.num_layers} leaves fewer layers than the plan's pp x vpp = {stages} "
                 f"pipeline stages need ({need}): give --num-layers {need} or more")
-    check = getattr(importlib.import_module(engine.trainer_module), "unsupported_reason", None)
-    return check(model, plan) if check is not None else None
+    return engine.builtin_trainer_problem(model, plan)  # what its main checks too (autotune.engines.builtin_trainer)
 
 
 def world_size_problem(plan, world: int) -> str | None:

@@ -23,7 +23,7 @@ H100_8 = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
     ("gpt-oss-20b", ["sliding-window", "attention sinks", "scales RoPE (yarn)", "clamps its GLU", "router (softmax, biased)"]),
     ("qwen3-8b", ["normalises Q and K per head"]),
     ("deepseek-v3", ["multi-latent attention", "router (sigmoid, biased, group-limited, scaled)"]),
-    ("llama4-scout", ["chunked attention layers (8192 tokens, under seq_len 16384)", "router (sigmoid)"]),
+    ("llama4-scout", ["chunked attention (8192 tokens on 36 of 48 layers), under seq_len 16384", "router (sigmoid)"]),
 ])
 def test_what_the_fork_cannot_build_is_named(name, says):
     problems = " | ".join(megatron_deepspeed_model_problems(load_model(name), 16384))
@@ -78,6 +78,6 @@ def test_no_engine_can_build_it_is_judged_at_the_requests_sequence():
     phi3 = load_model("phi3-mini")
     only = SearchConstraints(engines=("megatron-deepspeed",))
     refused = model_refusal(phi3, H100_8, only, seq_len=4096)
-    assert refused is not None and "sliding-window attention layers (2047 tokens, under seq_len 4096)" in refused
+    assert refused is not None and "sliding-window attention (2047 tokens on 32 of 32 layers), under seq_len 4096" in refused
     assert "give another --engine" in refused
     assert model_refusal(phi3, H100_8, only, seq_len=2047) is None
