@@ -132,6 +132,8 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
     out: dict = {}
     if "--qk-layernorm" in f:
         out["qk_norm"] = "head"
+    elif "--qk-l2-norm" in f:
+        out["qk_norm"] = "l2"
     if f.get("--softmax-type") == "learnable":
         out["attention_sinks"] = True
     if f.get("--position-embedding-type") == "yarn":

@@ -32,7 +32,7 @@ def _flags(model) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5", "llama4-maverick",
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5", "llama4-maverick", "llama4-scout",
                                   "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
 def test_a_presets_arguments_read_back_as_the_preset(name):
     notes: list[str] = []

@@ -96,6 +96,8 @@ def _shape(model: ModelSpec) -> dict:
                  "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
                  "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
                  "vocab_size": model.vocab_size}
+    if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)
+        out["qk_layernorm" if model.qk_norm == "head" else "qk_l2_norm"] = True
     if model.moe is not None:
         moe = model.moe
         out |= {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.top_k,

@@ -106,8 +106,8 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("an embedding norm")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
         why.append("sliding-window, chunked or sink attention")
-    if model.qk_norm is not None:
-        why.append("QK norm")
+    if model.qk_norm == "full":  # "head" and "l2" are TransformerConfig's qk_layernorm / qk_l2_norm
+        why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:
         why.append("multi-token prediction layers")
     return why

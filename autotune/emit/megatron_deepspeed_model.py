@@ -38,7 +38,7 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
     if model.attention_sinks:
         out.append(f"{model.name} has attention sinks (a learned logit per head); Megatron-DeepSpeed has none")
     if model.qk_norm is not None:
-        out.append(f"{model.name} normalises Q and K per head; Megatron-DeepSpeed has no Q/K norm")
+        out.append(f"{model.name} normalises Q and K (qk_norm {model.qk_norm}); Megatron-DeepSpeed has no Q/K norm")
     if model.rope_scaling is not None:
         out.append(f"{model.name} scales RoPE ({model.rope_scaling}); Megatron-DeepSpeed's rotary embedding is "
                    f"unscaled")

@@ -99,6 +99,12 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
         # TransformerConfig.qk_layernorm: the layer's norm (RMSNorm) over each head's width, as Qwen3 / GLM-4.5's
         # per-head Q/K RMSNorm (megatron/core/transformer/attention.py q_layernorm / k_layernorm)
         args.append("--qk-layernorm")
+    elif model.qk_norm == "l2":
+        # TransformerConfig.qk_l2_norm: L2Norm (x / rms(x), no weights) on each head's Q and K, Llama 4 Scout's
+        # use_qk_norm (attention.py:1709 at d98e8a6). Megatron-LM puts it on every layer; transformers only on the
+        # rotary ones, so the --no-rope-freq layers differ from Meta's checkpoint there (no weight, no cost: the
+        # planned step is the same). A rotation keeps a vector's norm, so before or after RoPE is one result.
+        args.append("--qk-l2-norm")
     args += position_and_attention_flags(model)
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")

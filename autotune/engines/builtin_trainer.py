@@ -11,8 +11,8 @@ from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["CP_REFUSED", "window_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem", "hf_trainer_problem",
-           "hf_model_family", "hf_model_problem", "pipeline_stage_problem", "stage_layer_counts"]
+__all__ = ["CP_REFUSED", "window_problem", "built_model_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem",
+           "hf_trainer_problem", "hf_model_family", "hf_model_problem", "pipeline_stage_problem", "stage_layer_counts"]
 
 # Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
 # around scaled_dot_product_attention raises "NotImplementedError: Operator
@@ -34,10 +34,29 @@ def window_problem(model: ModelSpec, seq_len: int) -> str | None:
             "less, or your own script (emit --script)")
 
 
+def built_model_problem(model: ModelSpec, seq_len: int) -> str | None:
+    """Why the built-in model (autotune.workloads.transformer, which the fsdp and deepspeed trainers train) is not
+    ``model`` at ``seq_len``: local attention shorter than the sequence, or a part it does not build; None where it
+    is the model."""
+    if problem := window_problem(model, seq_len):
+        return problem
+    missing = [what for absent, what in (
+        (model.mla is not None, "multi-head latent attention"),
+        (model.position_embedding == "alibi", "ALiBi's attention biases"),
+        (model.attention_sinks, "attention sinks (a learned logit per head)"),
+        (model.activation_clamp is not None, f"the gated activation's clamp ({model.activation_clamp:g})"
+         if model.activation_clamp is not None else ""),
+        (model.rope_scaling is not None, f"{model.rope_scaling} RoPE scaling")) if absent]
+    if not missing:
+        return None
+    return (f"model {model.name!r}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not implemented by "
+            "the built-in model: train it with your own script (emit --script) or the engine's own files")
+
+
 def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> str | None:
     """Why the fsdp engine's built-in trainer (autotune.train.fsdp) cannot run ``plan`` (None when it can);
     ``scheme``: the engine's layer split (``Engine.layer_split_of``: a plan's loss_slots too)."""
-    if problem := window_problem(model, plan.seq_len):
+    if problem := built_model_problem(model, plan.seq_len):
         return problem
     if plan.cp > 1:
         return CP_REFUSED
@@ -47,13 +66,16 @@ def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> s
         return "fp8 needs torchao's float8 training on FP8 GPUs (H100 or newer): use bf16 for the built-in trainer"
     if plan.optimizer == "adamw8bit":
         return "adamw8bit needs bitsandbytes or torchao's 8-bit AdamW: use adamw, sgd or adafactor"
-    if model.mla is not None:
-        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
     if "nvme" in (plan.offload_param, plan.offload_optimizer):
         return "FSDP2 offloads to host memory only (CPUOffloadPolicy): use cpu offload"
     if plan.tp > 1:
         if model.moe is not None:
             return "tensor parallelism of MoE layers is not implemented by the built-in FSDP trainer: set tp=1"
+        if model.qk_norm == "full":
+            # measured here (torch 2.13.0+cpu, 2 ranks): the norm's weight is the whole width, each rank's Q a
+            # ColwiseParallel shard of it ("The size of tensor a (128) must match the size of tensor b (256)")
+            return ("a Q/K norm over all heads at once (qk_norm full, OLMo 2) needs each rank's whole Q and K, which "
+                    "DTensor TP splits by heads: set tp=1")
         if plan.sequence_parallel and (model.tied_embeddings or model.position_embedding == "learned"
                                        or model.embedding_norm or model.norms_per_layer != 2):
             return ("sequence parallelism in the built-in FSDP trainer follows torchtitan's Llama plan (untied "
@@ -78,7 +100,7 @@ def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> s
 def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why the deepspeed engine's built-in trainer (autotune.train.deepspeed) cannot run ``plan`` (None when it
     can)."""
-    if problem := window_problem(model, plan.seq_len):
+    if problem := built_model_problem(model, plan.seq_len):
         return problem
     if plan.tp > 1 and (plan.pp > 1 or plan.cp > 1):
         return "AutoTP runs with data parallelism and ZeRO only here (DeepSpeed issues #7147, #7730): set pp=cp=1"
@@ -88,8 +110,6 @@ def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | Non
         problem = hf_model_problem(model, llama_only=True)
         if problem:
             return f"AutoTP: {problem}"
-    if model.mla is not None:
-        return f"model {model.name!r}: multi-head latent attention is not implemented by the built-in model"
     if plan.cp > 1 and model.kv_heads % plan.cp:
         return (f"Ulysses scatters attention heads over cp={plan.cp} ranks: {model.kv_heads} KV heads do not "
                 f"divide (deepspeed/sequence/layer.py)")
@@ -109,12 +129,18 @@ def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
 
 
 def hf_model_family(spec: ModelSpec) -> str | None:
-    """"llama" or "gpt2": the transformers model the AutoTP and HF trainers build for ``spec`` (None: neither)."""
-    if spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm:
+    """"llama", "qwen2", "qwen3" or "gpt2": the transformers model the AutoTP and HF trainers build for ``spec``
+    (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases alone are Qwen2's;
+    a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
+    if (spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm
+            or spec.attention_sinks or spec.activation_clamp is not None or spec.rope_scaling is not None
+            or spec.chunked_attention or spec.qk_norm not in (None, "head")):
         return None
     if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
             and not spec.linear_bias):
-        return "llama"
+        if spec.qk_norm == "head":
+            return None if spec.qkv_bias else "qwen3"
+        return "qwen2" if spec.qkv_bias else "llama"
     if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation == "gelu"
             and spec.linear_bias and spec.tied_embeddings and spec.kv_heads == spec.num_attention_heads
             and spec.attention_head_dim * spec.num_attention_heads == spec.hidden_size):
@@ -125,11 +151,12 @@ def hf_model_family(spec: ModelSpec) -> str | None:
 def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
     """Why no transformers model of the spec's architecture can be built here (None when one can)."""
     family = hf_model_family(spec)
-    if family == "llama" or (family == "gpt2" and not llama_only):
+    if family == "llama" or (family is not None and not llama_only):
         return None
     want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
     if not llama_only:
-        want += " or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)"
+        want += (", a Qwen2 / Qwen3-style one (the same with Q/K/V biases, or with a per-head Q/K RMSNorm) or a "
+                 "GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)")
     return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
 
 

@@ -63,7 +63,8 @@ def _llama4_text(f: Fields) -> dict:
     """Llama4TextConfig: MoE layers (16 experts of intermediate_size 8192, top-1, one shared expert as wide,
     a bias-free router) every interleave_moe_layer_step-th layer, dense layers of intermediate_size_mlp 16384;
     chunked attention (attention_chunk_size 8192) on three layers of four (the rotary ones), head_dim 128.
-    Its Q/K norm (use_qk_norm) is an L2 norm without weights."""
+    use_qk_norm (Scout: true, Maverick: false) divides each head's Q and K by their root mean square, without
+    weights, on the rotary layers (Llama4TextL2Norm in Llama4TextAttention): qk_norm ``l2``."""
     f = normalised(f, "llama4_text")
     refuse_output_bias(f)
     out = decoder_base(f, kv_heads=8, head_dim=128, max_positions=131072, theta=500000.0, tied=False)
@@ -76,6 +77,8 @@ def _llama4_text(f: Fields) -> dict:
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", default=16),
                       top_k=f.get_int("num_experts_per_tok", default=1), expert_ffn_hidden_size=expert_width,
                       num_shared_experts=1, moe_layer_step=step, router_score="sigmoid")  # Llama4TextMoe's router
+    if f.get("use_qk_norm", True):
+        out["qk_norm"] = "l2"
     every = f.positive("no_rope_layer_interval", 4)
     fallback = [i for i in layer_indices(layers) if (i + 1) % every]
     set_local_attention(out, f, f.get_int("attention_chunk_size", default=8192), fallback, chunked=True)

@@ -22,7 +22,7 @@ __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 Activation = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
-QKNorm = Literal["head", "full"]
+QKNorm = Literal["head", "full", "l2"]
 RopeScaling = Literal["yarn"]
 
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
@@ -74,7 +74,9 @@ class ModelSpec:
     """Hidden and attention dropout probability (Megatron GPT: 0.1; Llama: 0)."""
     qk_norm: QKNorm | None = None
     """A norm on queries and keys before attention: ``head`` (one weight of head_dim each for Q and K, shared by
-    the heads: Qwen3, Gemma 3, GLM-4.5) or ``full`` (over the whole Q and K widths: OLMo 2). None: no weights."""
+    the heads: Qwen3, Gemma 3, GLM-4.5), ``full`` (over the whole Q and K widths: OLMo 2) or ``l2`` (each head's Q and
+    K divided by their root mean square, no weights, on the rotary layers only: Llama 4 Scout's ``use_qk_norm``,
+    transformers ``Llama4TextAttention``). None: no norm."""
     attention_sinks: bool = False
     """A learned sink logit per attention head and layer (GPT-OSS)."""
     sliding_window: int | None = None
@@ -151,8 +153,8 @@ class ModelSpec:
 
     def _later_problems(self) -> list[str]:
         out: list[str] = []
-        if self.qk_norm not in (None, "head", "full"):
-            out.append(f"qk_norm must be head, full or absent, got {self.qk_norm!r}")
+        if self.qk_norm not in (None, "head", "full", "l2"):
+            out.append(f"qk_norm must be head, full, l2 or absent, got {self.qk_norm!r}")
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
                                                 or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             out.append(f"sliding_window must be a positive integer or absent, got {self.sliding_window!r}")
@@ -226,6 +228,13 @@ class ModelSpec:
         if self.sliding_window is None:
             return False
         return self.sliding_window_layers is None or index in self.sliding_window_layers
+
+    def is_rotary_layer(self, index: int) -> bool:
+        """Whether layer ``index`` rotates Q and K: every layer of a RoPE model, except Llama 4's global layers (the
+        ones outside its chunks: transformers Llama4TextConfig ``no_rope_layers``, Megatron's ``--no-rope-freq``)."""
+        if self.position_embedding != "rope":
+            return False
+        return not self.chunked_attention or self.is_local_attention_layer(index)
 
     def local_attention_below(self, seq_len: int) -> str | None:
         """The local-attention layers that see less than ``seq_len`` tokens, in words ("chunked attention (8192

@@ -2,7 +2,8 @@
 
 AutoTP shards the ``nn.Linear`` layers of models it recognises (deepspeed/module_inject/auto_tp.py:
 q/k/v/gate/up column-parallel, o_proj/down_proj row-parallel), so the AutoTP and HF trainers build a
-transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU) or ``GPT2LMHeadModel``
+transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU; ``Qwen2ForCausalLM`` with Q/K/V
+biases, ``Qwen3ForCausalLM`` with a per-head Q/K norm, HF trainer only) or ``GPT2LMHeadModel``
 (GPT-2-style specs: learned positions, LayerNorm, GeLU, biases, tied embeddings, HF trainer only) with
 the spec's sizes, so the parameter count is the spec's. Other architectures are refused by name.
 """
@@ -19,16 +20,19 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
 
     family = hf_model_family(spec)
     assert family is not None, hf_model_problem(spec)
-    if family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    if family in ("llama", "qwen2", "qwen3"):
+        import transformers
 
-        cfg = LlamaConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-                          intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
-                          num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
-                          head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
-                          rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
-                          attention_dropout=spec.dropout, attn_implementation="sdpa")
-        model = LlamaForCausalLM(cfg)
+        prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+        config_class, model_class = (getattr(transformers, prefix + suffix) for suffix in ("Config", "ForCausalLM"))
+        cfg = config_class(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                           intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
+                           num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
+                           head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
+                           rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
+                           attention_dropout=spec.dropout, attn_implementation="sdpa",
+                           **({"attention_bias": False} if family == "qwen3" else {}))
+        model = model_class(cfg)
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
 

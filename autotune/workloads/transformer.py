@@ -21,7 +21,9 @@ tensors autograd saves have the sizes the ledger assumes:
 - The loss casts the logits to fp32 and applies ``F.cross_entropy``, which keeps the fp32
   log-softmax (4 s b V bytes), like Megatron's fp32 vocab cross entropy.
 
-MLA is not implemented. ALiBi is treated as "no positional parameters" (no bias is applied:
+Q/K norms (per head, whole-width, weightless) and Llama 4's layers without RoPE are built; MLA, attention sinks,
+YaRN and GPT-OSS's clamped activation are not (``autotune.engines.builtin_trainer`` refuses those models). ALiBi
+is treated as "no positional parameters" (no bias is applied:
 flash kernels with ALiBi keep no extra activations, so memory is the same).
 """
 
@@ -37,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["build_model", "DecoderLM", "RMSNorm", "rms_norm", "swiglu", "apply_rope", "bool_dropout"]
+__all__ = ["build_model", "DecoderLM", "RMSNorm", "L2Norm", "rms_norm", "swiglu", "apply_rope", "bool_dropout"]
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -73,6 +75,19 @@ class _RMSNormFn(torch.autograd.Function):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return _RMSNormFn.apply(x, weight, eps)
+
+
+class L2Norm(nn.Module):
+    """x / rms(x) over the last dimension in fp32, no weight: Llama 4's Q/K norm (transformers Llama4TextL2Norm,
+    Megatron-core's L2Norm)."""
+
+    def __init__(self, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = _acc(x)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -174,7 +189,11 @@ def _norm(spec: ModelSpec, width: int) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, *, flash: bool, selective: bool) -> None:
+    """Layer ``index``'s self-attention: RoPE where the spec's layer rotates (Llama 4's global layers do not), and
+    its Q/K norm (ModelSpec.qk_norm): per head before RoPE (Qwen3), over the whole projections (OLMo 2), or
+    weightless on the rotary layers (Llama 4; a rotation keeps the norm, so before RoPE gives the same result)."""
+
+    def __init__(self, spec: ModelSpec, index: int, *, flash: bool, selective: bool) -> None:
         super().__init__()
         h = spec.hidden_size
         qkv_bias = spec.linear_bias or spec.qkv_bias
@@ -183,8 +202,16 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, spec.kv_width, bias=qkv_bias)
         self.v = nn.Linear(h, spec.v_width, bias=qkv_bias)
         self.o = nn.Linear(spec.q_width, h, bias=spec.linear_bias)
-        self.rope = spec.position_embedding == "rope"
+        self.rope = spec.is_rotary_layer(index)
         self.flash, self.selective, self.p = flash, selective, spec.dropout
+        self.qk_full = spec.qk_norm == "full"
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if spec.qk_norm in ("head", "full"):
+            q_width, k_width = (spec.q_width, spec.kv_width) if self.qk_full else (self.head_dim, self.head_dim)
+            self.q_norm, self.k_norm = _norm(spec, q_width), _norm(spec, k_width)
+        elif spec.qk_norm == "l2" and self.rope:
+            self.q_norm = self.k_norm = L2Norm()
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q: [b, a, s, d], k/v: [b, kv, s, d] (strided views). Returns [b, a, s, d]."""
@@ -205,9 +232,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.head_dim)
-        k = self.k(x).view(b, s, self.kv_heads, self.head_dim)
+        q, k = self.q(x), self.k(x)
+        if self.qk_full:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, self.heads, self.head_dim)
+        k = k.view(b, s, self.kv_heads, self.head_dim)
         v = self.v(x).view(b, s, self.kv_heads, -1)
+        if self.q_norm is not None and not self.qk_full:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -281,7 +313,7 @@ class Block(nn.Module):
         super().__init__()
         self.norms = spec.norms_per_layer
         self.norm1 = _norm(spec, spec.hidden_size) if self.norms >= 1 else nn.Identity()
-        self.attn = Attention(spec, flash=flash, selective=selective)
+        self.attn = Attention(spec, index, flash=flash, selective=selective)
         self.norm2 = _norm(spec, spec.hidden_size) if self.norms >= 2 else None
         self.mlp = MoE(spec) if spec.is_moe_layer(index) else MLP(
             spec.hidden_size, spec.ffn_hidden_size, spec.activation, spec.linear_bias)

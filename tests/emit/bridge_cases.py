@@ -4,6 +4,8 @@ reads the files themselves)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.api import make_plan
 from autotune.emit.checkpoint import CheckpointSettings
 from autotune.emit.megatron_bridge import bridge_files
@@ -95,6 +97,11 @@ CASES = [
     # the output layer and loss as 3 layer slots (ParallelPlan.loss_slots): model.pipeline_model_parallel_layout
     ("70b-loss-slots", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
                                               global_batch_size=64, loss_slots=3)),
+    # Q/K norms on the generic recipe (a model no library recipe builds: "PRESET:field=value,..."): Qwen3's per-head
+    # RMSNorm (model.qk_layernorm), Llama 4 Scout's weightless one (model.qk_l2_norm)
+    ("qwen3-shaped-qk-layernorm", "qwen3-8b:num_layers=30", 8, dict(tp=2, sequence_parallel=True, zero_stage=1,
+                                                                    global_batch_size=64)),
+    ("llama-shaped-qk-l2-norm", "llama3-8b:qk_norm=l2", 8, dict(zero_stage=1, global_batch_size=64)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
@@ -103,8 +110,18 @@ LOCAL = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save
                            local_dir="/local/ckpt", local_replication_jump=8)
 
 
+def case_model(model: str):
+    """A preset, or "PRESET:field=value,..." for one shaped otherwise (named after the change: no recipe's model)."""
+    name, _, changes = model.partition(":")
+    m = load_model_preset(name)
+    if not changes:
+        return m
+    fields = {k: int(v) if v.isdigit() else v for k, v in (c.split("=") for c in changes.split(","))}
+    return replace(m, name=f"{name}-{'-'.join(f'{k}{v}' for k, v in fields.items())}", **fields)
+
+
 def case_plan(model: str, num_gpus: int, kw: dict):
-    m = load_model_preset(model)
+    m = case_model(model)
     blackwell = kw.get("fp8_recipe") == "te-mxfp8" or kw.get("precision") == "fp4"  # MXFP8, NVFP4: Blackwell only
     gpu = "b200" if blackwell else "h100-sxm-80gb"
     cluster = load_cluster(gpu=gpu, num_gpus=num_gpus)

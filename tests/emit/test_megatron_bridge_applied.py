@@ -165,6 +165,7 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
         "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
         "mtp": m.mtp_num_layers,
+        "qk_norm": [m.qk_layernorm, m.qk_l2_norm],
         "fp8_attention": m.fp8_dot_product_attention,
         "fp8_output_proj": getattr(m, "fp8_output_proj", None),
         "offload": [m.cpu_offloading, m.cpu_offloading_num_layers, m.cpu_offloading_weights,
@@ -348,6 +349,8 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
         # training/flex_dispatcher_backend.py:102-119: the probe answers with the case's GPU, DEVICES)
         assert got["dispatcher"] == [kind, backend or None]
     assert got["mtp"] == (plan.mtp_layers or None), got["mtp"]
+    # the library recipe's or the one written; MLA's qk_layernorm is its latent norms (MLASpec counts them)
+    assert got["qk_norm"] == [m.qk_norm == "head" or m.mla is not None, m.qk_norm == "l2"], got["qk_norm"]
     assert got["fp8_attention"] is bool(plan.fp8_attention)  # mixed_precision's, set on the model at setup
     assert got["fp8_output_proj"] is bool(plan.fp8_output_proj)  # the MXFP8 LM head: TransformerConfig's field
     assert got["shape"][8:] == ["RMSNorm", "silu", True]

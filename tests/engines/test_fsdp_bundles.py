@@ -21,18 +21,19 @@ from autotune.resources import data_path
 STEPS = 6  # the dispatcher's defaults: 1 warm-up step + 5 measured
 
 
-def _model_yaml(tmp: Path, layers: int) -> Path:
-    """tiny-llama cut to ``layers`` layers (a model YAML, as a user would write one)."""
+def _model_yaml(tmp: Path, layers: int, **fields) -> Path:
+    """tiny-llama cut to ``layers`` layers, ``fields`` changed (a model YAML, as a user would write one)."""
     doc = yaml.safe_load((data_path("presets", "models/tiny-llama.yaml")).read_text())
     doc["name"], doc["num_layers"] = f"tiny-llama-{layers}l", layers
+    doc.update(fields)
     path = tmp / "model.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def _emit(tmp: Path, layers: int, num_gpus: int, *flags: str) -> Path:
+def _emit(tmp: Path, layers: int, num_gpus: int, *flags: str, **fields) -> Path:
     out = tmp / "bundle"
-    cmd = [sys.executable, "-m", "autotune", "emit", "--model", str(_model_yaml(tmp, layers)), "--gpu", "cpu",
+    cmd = [sys.executable, "-m", "autotune", "emit", "--model", str(_model_yaml(tmp, layers, **fields)), "--gpu", "cpu",
            "--num-gpus", str(num_gpus), "--gpus-per-node", str(num_gpus), "--engine", "fsdp", "--seq-len", "64",
            "--recompute", "none", "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -152,3 +153,15 @@ def test_the_plans_loss_chunks_reach_the_trainer_and_train_as_unchunked(tmp_path
     unchunked, chunked = results[1]["losses"], results[4]["losses"]
     assert chunked[0] == pytest.approx(unchunked[0], rel=1e-5)  # the same loss, summed by chunks
     assert chunked[:3] == pytest.approx(unchunked[:3], abs=1e-2)  # the same gradients (bf16 noise apart)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("default_port_taken")
+def test_per_head_qk_norm_under_tp_trains_as_one_process(tmp_path):
+    """Qwen3's Q/K norm (one weight of head_dim, after the ColwiseParallel Q/K: each rank normalises its own
+    heads) trains under DTensor TP with the loss of the unsplit model."""
+    bundle = _emit(tmp_path, 2, 2, "--zero", "3", "--tp", "2", "--no-sequence-parallel", qk_norm="head",
+                   name="tiny-qwen3-2l")
+    result = _run_bundle(bundle, tmp_path)
+    assert tuple(result["mesh"].values()) == (1, 1, 1, 2)
+    assert result["losses"][0] == pytest.approx(_reference_first_loss(bundle), abs=5e-3)

@@ -21,7 +21,7 @@ H100_8 = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
 
 @pytest.mark.parametrize(("name", "says"), [
     ("gpt-oss-20b", ["sliding-window", "attention sinks", "scales RoPE (yarn)", "clamps its GLU", "router (softmax, biased)"]),
-    ("qwen3-8b", ["normalises Q and K per head"]),
+    ("qwen3-8b", ["normalises Q and K (qk_norm head)"]),
     ("deepseek-v3", ["multi-latent attention", "router (sigmoid, biased, group-limited, scaled)"]),
     ("llama4-scout", ["chunked attention (8192 tokens on 36 of 48 layers), under seq_len 16384", "router (sigmoid)"]),
 ])
@@ -66,7 +66,7 @@ def test_the_emitter_refuses_what_the_rules_refuse():
     model = load_model("qwen3-8b")
     with pytest.raises(InputError) as err:
         make_plan(model, H100_8, engine="megatron-deepspeed", zero_stage=1, global_batch_size=8, seq_len=4096)
-    assert "normalises Q and K per head" in str(err.value)
+    assert "normalises Q and K (qk_norm head)" in str(err.value)
 
 
 

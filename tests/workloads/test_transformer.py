@@ -11,6 +11,7 @@ import torch
 from autotune.specs.model import MLASpec, ModelSpec, MoESpec
 from autotune.workloads.transformer import _rope_tables, apply_rope, build_model, rms_norm, swiglu
 
+SEQ_WINDOW = 8192  # Llama 4's chunk: longer than the sequences here, so causal attention over them
 GPT = ModelSpec(name="gpt-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
                 vocab_size=128, position_embedding="learned", max_position_embeddings=64, activation="gelu",
                 norm="layernorm", linear_bias=True, tied_embeddings=True)
@@ -27,7 +28,18 @@ DEEPSEEK_LIKE = ModelSpec(name="moe-shared", num_layers=3, hidden_size=64, num_a
                                       num_dense_layers=1, router_bias=True))
 FALCON_LIKE = ModelSpec(name="falcon-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=1,
                         ffn_hidden_size=256, vocab_size=128, position_embedding="rope", norms_per_layer=1, head_dim=24)
-SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE]
+QWEN3_LIKE = ModelSpec(name="qwen3-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                       head_dim=32, ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
+                       norm="rmsnorm", qk_norm="head")
+OLMO2_LIKE = ModelSpec(name="olmo2-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96,
+                       vocab_size=128, position_embedding="rope", activation="swiglu", norm="rmsnorm", qk_norm="full")
+LLAMA4_LIKE = ModelSpec(name="llama4-like", num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                        ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
+                        norm="rmsnorm", qk_norm="l2", sliding_window=SEQ_WINDOW, sliding_window_layers=(0, 1, 2),
+                        chunked_attention=True,
+                        moe=MoESpec(num_experts=4, top_k=1, expert_ffn_hidden_size=48, num_shared_experts=1,
+                                    moe_layer_step=2, router_score="sigmoid"))
+SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE, QWEN3_LIKE, OLMO2_LIKE, LLAMA4_LIKE]
 SEQ = 32
 
 

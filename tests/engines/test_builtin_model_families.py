@@ -1,0 +1,85 @@
+"""The built-in trainers train the model the plan names, or refuse it by name.
+
+- The hf trainer (and DeepSpeed's AutoTP) build a transformers model: Llama for Llama-style specs, Qwen2 where
+  Q/K/V have biases (Llama's attention_bias would add one to o_proj), Qwen3 with a per-head Q/K norm; each with
+  exactly the spec's parameters. AutoTP stays on Llama, the one measured here.
+- The fsdp and deepspeed trainers' own model (autotune.workloads.transformer) builds Q/K norms and Llama 4's layers
+  without RoPE (tests/workloads/test_transformer_vs_hf.py checks it against transformers) and refuses what it does
+  not build: MLA, attention sinks, the clamped activation, YaRN, ALiBi.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.api import make_plan
+from autotune.engines import engine_for
+from autotune.engines.builtin_trainer import built_model_problem, fsdp_trainer_problem, hf_model_family
+from autotune.specs.loading import load_cluster, load_model
+from autotune.specs.model import ModelSpec
+from autotune.train.hf_models import build_hf_model
+
+FIXTURES = "tests/fixtures/hf"
+
+
+@pytest.mark.parametrize("name, family", [("llama3-8b", "llama"), ("qwen2.5-72b", "qwen2"), ("qwen3-8b", "qwen3"),
+                                          ("gpt3-175b", "gpt2"), (f"{FIXTURES}/olmo2-13b/config.json", None),
+                                          ("llama4-scout", None), ("gpt-oss-20b", None)])
+def test_the_transformers_model_of_each_architecture(name, family):
+    assert hf_model_family(load_model(name)) == family
+
+
+@pytest.mark.parametrize("fields, built", [({}, "LlamaForCausalLM"), ({"qkv_bias": True}, "Qwen2ForCausalLM"),
+                                           ({"qk_norm": "head"}, "Qwen3ForCausalLM")])
+def test_the_built_transformers_model_has_the_specs_parameters(fields, built):
+    spec = ModelSpec(name="small", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=32,
+                     ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
+                     norm="rmsnorm", **fields)
+    model = build_hf_model(spec, seq_len=32, dtype=None)
+    assert type(model).__name__ == built
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params
+
+
+def _trainer_problem(model, engine: str, num_gpus: int = 8, **plan):
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=num_gpus)
+    spec = load_model(model) if isinstance(model, str) else model
+    return engine_for(engine).builtin_trainer_problem(
+        spec, make_plan(spec, cluster, engine=engine, global_batch_size=64, seq_len=4096, **plan))
+
+
+def test_autotp_builds_llama_only():
+    assert _trainer_problem("llama3-8b", "deepspeed", tp=2, zero_stage=1) is None
+    problem = _trainer_problem("qwen3-8b", "deepspeed", tp=2, zero_stage=1)
+    assert problem.startswith("AutoTP: model 'qwen3-8b'") and "Llama-style" in problem
+    assert _trainer_problem("qwen3-8b", "deepspeed", zero_stage=1) is None  # the built-in model, with its norms
+    assert _trainer_problem("qwen3-8b", "hf", zero_stage=1) is None  # Qwen3ForCausalLM
+
+
+@pytest.mark.parametrize("model, seq_len, named", [
+    ("deepseek-v3", 4096, ["multi-head latent attention"]),
+    ("bloom-176b", 2048, ["ALiBi"]),
+    # GPT-OSS below its window (128): what else its layers do
+    ("gpt-oss-20b", 128, ["attention sinks", "clamp (7)", "yarn RoPE scaling"]),
+])
+def test_what_the_built_in_model_does_not_build_is_named(model, seq_len, named):
+    problem = built_model_problem(load_model(model), seq_len)
+    assert problem is not None and all(n in problem for n in named), problem
+    assert "emit --script" in problem
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "llama3-8b", f"{FIXTURES}/olmo2-13b/config.json"])
+def test_models_it_builds_pass(model):
+    assert built_model_problem(load_model(model), 4096) is None
+
+
+def test_whole_width_qk_norm_refuses_dtensor_tp_only():
+    olmo2 = load_model(f"{FIXTURES}/olmo2-13b/config.json")
+    assert olmo2.qk_norm == "full"
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    tp2 = make_plan(olmo2, cluster, engine="fsdp", tp=2, zero_stage=3, global_batch_size=64, seq_len=4096)
+    assert "qk_norm full" in fsdp_trainer_problem(olmo2, tp2, "even") and "tp=1" in fsdp_trainer_problem(
+        olmo2, tp2, "even")
+    assert fsdp_trainer_problem(replace(olmo2, qk_norm="head"), tp2, "even") is None
+    assert fsdp_trainer_problem(olmo2, tp2.with_(tp=1, dp=8, sequence_parallel=False), "even") is None

@@ -1,0 +1,118 @@
+"""The built-in model (autotune.workloads.transformer) computes what transformers' own model of the same architecture
+computes: the weights of a small transformers model copied in, the same logits and loss. Q/K norms per head (Qwen3)
+and Llama 4's weightless Q/K norm on its rotary layers, with its global layers left without RoPE."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autotune.specs.model import ModelSpec
+from autotune.workloads.transformer import build_model
+
+SEQ = 32
+
+
+def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (2, SEQ), generator=g), torch.randint(0, vocab, (2, SEQ), generator=g)
+
+
+def _copy_llama_like(ours, theirs, *, interleaved_rope: bool, mlp: str) -> None:
+    """transformers' weights into the built-in model. ``interleaved_rope``: transformers rotates (2i, 2i+1) pairs
+    (Llama 4's complex RoPE) and the built-in model (i, i + d/2) ones, so Q and K rows are reordered per head (the
+    permutation Meta's and Hugging Face's conversion scripts apply)."""
+    spec = ours.spec
+    d = spec.attention_head_dim
+    order = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+
+    def rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+        return w.view(heads, d, -1)[:, order].reshape(heads * d, -1) if interleaved_rope else w
+
+    with torch.no_grad():
+        ours.embed.weight.copy_(theirs.model.embed_tokens.weight)
+        ours.final_norm.weight.copy_(theirs.model.norm.weight)
+        ours.output.weight.copy_(theirs.lm_head.weight)
+        for mine, layer in zip(ours.layers, theirs.model.layers):
+            a = layer.self_attn
+            mine.norm1.weight.copy_(layer.input_layernorm.weight)
+            mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
+            mine.attn.q.weight.copy_(rows(a.q_proj.weight, spec.num_attention_heads))
+            mine.attn.k.weight.copy_(rows(a.k_proj.weight, spec.kv_heads))
+            mine.attn.v.weight.copy_(a.v_proj.weight)
+            mine.attn.o.weight.copy_(a.o_proj.weight)
+            if spec.qk_norm == "head":
+                mine.attn.q_norm.weight.copy_(a.q_norm.weight)
+                mine.attn.k_norm.weight.copy_(a.k_norm.weight)
+            ffn = getattr(layer, mlp)
+            mine.mlp.fc1.weight.copy_(torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight]))
+            mine.mlp.fc2.weight.copy_(ffn.down_proj.weight)
+
+
+def _same_loss(ours, theirs) -> None:
+    ids, labels = _batch(ours.spec.vocab_size)
+    with torch.no_grad():
+        logits = theirs(input_ids=ids).logits
+        expected = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+        got = ours(ids, labels)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-5)
+    # and the weights matter: another norm or no RoPE on a layer moves the loss far more than that
+    assert abs(expected.item() - F.cross_entropy(torch.zeros_like(logits).view(-1, logits.shape[-1]),
+                                                 labels.reshape(-1)).item()) > 1e-3
+
+
+def test_qwen3_per_head_qk_norm_matches_transformers() -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    spec = ModelSpec(name="qwen3-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                     head_dim=32, ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
+                     norm="rmsnorm", rope_theta=1_000_000.0, qk_norm="head")
+    torch.manual_seed(0)
+    theirs = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5, rope_theta=1_000_000.0, tie_word_embeddings=False,
+        attn_implementation="eager")).eval()
+    with torch.no_grad():  # norms away from 1, so that a missing norm would show
+        for layer in theirs.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    _copy_llama_like(ours, theirs, interleaved_rope=False, mlp="mlp")
+    _same_loss(ours, theirs)
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_llama4_l2_qk_norm_and_global_layers_without_rope_match_transformers(flash: bool) -> None:
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    # A dense Llama 4 (moe_layers empty): layers 0-2 chunked with RoPE and the L2 norm, layer 3 global without
+    # either. The chunk (8192) is longer than the sequence, so every layer is causal over it, as the built-in
+    # trainers run it (builtin_trainer.window_problem refuses longer sequences).
+    cfg = Llama4TextConfig(vocab_size=128, hidden_size=64, intermediate_size=96, intermediate_size_mlp=96,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None, moe_layers=[],
+                           use_qk_norm=True, no_rope_layer_interval=4, attention_chunk_size=8192,
+                           tie_word_embeddings=False, attn_implementation="eager")
+    spec = ModelSpec(name="llama4-dense-like", num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                     head_dim=16, ffn_hidden_size=96, vocab_size=128, position_embedding="rope",
+                     activation="swiglu", norm="rmsnorm", rope_theta=500000.0, qk_norm="l2", sliding_window=8192,
+                     sliding_window_layers=(0, 1, 2), chunked_attention=True)
+    assert [spec.is_rotary_layer(i) for i in range(4)] == [bool(x) for x in cfg.no_rope_layers] == [1, 1, 1, 0]
+    torch.manual_seed(0)
+    theirs = Llama4ForCausalLM(cfg).eval()
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32, flash_attention=flash).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    _copy_llama_like(ours, theirs, interleaved_rope=True, mlp="feed_forward")
+    _same_loss(ours, theirs)
+    # without the global layer's exemption from RoPE, or without the norm, the loss is another one
+    ids, labels = _batch(128)
+    for changed in (replace(spec, chunked_attention=False, sliding_window=None, sliding_window_layers=None),
+                    replace(spec, qk_norm=None)):
+        other = build_model(changed, seq_len=SEQ, dtype=torch.float32, flash_attention=flash).eval()
+        other.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            assert abs(other(ids, labels).item() - ours(ids, labels).item()) > 1e-4
