@@ -40,6 +40,7 @@ from autotune.emit.megatron_bridge_recipes import (
     BridgeRecipe,
     bridge_model_problems,
     bridge_recipe,
+    generic_model_fields,
 )
 from autotune.emit.megatron_layout import cp_comm_setting, megatron_split
 from autotune.emit.megatron_moe_graph import sync_free_moe_config
@@ -78,44 +79,6 @@ __all__ = [
 BRIDGE_VERSION = "Megatron-Bridge 0.6 (megatron-bridge 0.6.2, megatron-core 0.19.2)"
 BRIDGE_YAML = "bridge_overrides.yaml"
 BRIDGE_ARGS = "bridge_overrides.args"
-
-
-def _shape(model: ModelSpec) -> dict:
-    """The model shape as GPTModelProvider / TransformerConfig fields (the generic recipe only)."""
-    out: dict = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
-                 "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
-                 "num_query_groups": model.kv_heads,
-                 "kv_channels": model.head_dim or model.hidden_size // model.num_attention_heads,
-                 "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
-                 # activation_func is restored from its name (omegaconf_utils _SERIALIZABLE_CALLABLE_FIELDS).
-                 "activation_func": "silu" if model.activation == "swiglu" else "gelu",
-                 "gated_linear_unit": model.activation == "swiglu",
-                 "position_embedding_type": "rope" if model.position_embedding == "rope" else "learned_absolute",
-                 "rotary_base": model.rope_theta,
-                 "share_embeddings_and_output_weights": model.tied_embeddings,
-                 "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
-                 "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
-                 "vocab_size": model.vocab_size}
-    if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)
-        out["qk_layernorm" if model.qk_norm == "head" else "qk_l2_norm"] = True
-    if model.moe is not None:
-        moe = model.moe
-        out |= {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.top_k,
-                "moe_ffn_hidden_size": moe.expert_ffn_hidden_size, "moe_grouped_gemm": True,
-                "moe_shared_expert_intermediate_size": (moe.num_shared_experts * moe.shared_width
-                                                        if moe.num_shared_experts else None),
-                # TransformerConfig.moe_layer_freq: 1 (every layer) or the per-layer 0/1 list (dense prefix,
-                # interleaved dense/MoE layers: ModelSpec.is_moe_layer, as megatron_args' --moe-layer-freq)
-                "moe_layer_freq": [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
-                if moe.num_dense_layers or moe.moe_layer_step != 1 else 1}
-        # The router as megatron_args' router_flags writes it, in TransformerConfig's fields.
-        out |= {"moe_router_score_function": moe.router_score,
-                "moe_router_enable_expert_bias": moe.router_bias and moe.router_score != "softmax",
-                "moe_router_pre_softmax": moe.router_pre_softmax, "moe_router_num_groups": moe.router_groups,
-                "moe_router_group_topk": moe.router_group_topk,
-                "moe_router_topk_scaling_factor": moe.router_scaling_factor if moe.router_scaling_factor != 1.0
-                else None}
-    return out
 
 
 def _recompute(plan: ParallelPlan) -> dict:
@@ -323,7 +286,7 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                         "ddp.use_megatron_fsdp)")
     if plan.ep > 1 and plan.tp > 1 and not plan.sequence_parallel:
         problems.append("model.sequence_parallel: expert parallelism with tp > 1 needs sequence parallelism")
-    model_keys = ((_shape(model) if recipe.hf_model is None else {})
+    model_keys = ((generic_model_fields(model) if recipe.hf_model is None else {})
                   | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     model_keys |= sync_free_moe_config(model, plan)

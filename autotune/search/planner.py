@@ -19,12 +19,11 @@ from autotune.cost.estimate import Estimate
 from autotune.cost.memory import estimate_memory, states_floor
 from autotune.cost.step_time import TimeSettings, estimate_step_time
 from autotune.engines import engine_for
-from autotune.report import plan_summary
 from autotune.engines.support_rules import LAYOUT_DIMS, VARIANT_DIMS
 from autotune.rules import (GENERIC_PREFIX_RULES, LAYOUT_RULES, VPP_RULES, inner_plan_problems, plan_problems,
                             vpp_problems)
 from autotune.search.loss_slots import search_loss_slots
-from autotune.search.result import SearchResult
+from autotune.search.result import SearchResult, explain_winner
 from autotune.search.space import (SearchConstraints, dimension_values, release_feasible, replica_counts,
                                    with_release_cost)
 from autotune.search.ties import rank_with_ties
@@ -382,26 +381,3 @@ def _search_inner(model, cluster, probe, dims, dp, global_batch_size, memory_set
             feasible.append(_estimate(model, cluster, plan, memory, step))  # Estimate(model, cluster, plan, ...)
             if mode[0] == "none" or k >= len(dims.recompute):
                 fit_before.add(mb)
-
-
-def explain_winner(ranked: tuple[Estimate, ...]) -> str:
-    """One line on why the best plan beats the runner-up: the step-time terms that differ most."""
-    if not ranked:
-        return ""
-    if len(ranked) == 1:
-        return "only one plan fits"
-
-    best, second = ranked[0], ranked[1]
-    gain = best.time.tokens_per_s / second.time.tokens_per_s - 1
-    terms = ("compute_s", "exposed_comm_s", "bubble_s", "offload_s", "optimizer_s")
-    diffs = sorted(((getattr(second.time, t) - getattr(best.time, t), t) for t in terms), key=lambda d: -abs(d[0]))
-    parts = []
-    for delta, term in diffs[:2]:
-        if abs(delta) < 1e-3 * best.time.step_time_s:
-            continue
-        name = term.removesuffix("_s").replace("_", " ")
-        parts.append(f"{name} {abs(delta):.3g} s {'lower' if delta > 0 else 'higher'}")
-    why = ", ".join(parts) if parts else "equal step time, more memory headroom"
-    return (f"{plan_summary(best.plan)} beats {plan_summary(second.plan)} by {gain:.1%} tokens/s: {why}"
-            f" (per step)")
-

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 from autotune.cost.estimate import Estimate
 from autotune.cost.uncertainty import Uncertainty
+from autotune.report import plan_summary
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
-__all__ = ["SearchResult"]
+__all__ = ["SearchResult", "explain_winner"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,3 +66,25 @@ class SearchResult:
                 "release_cost_settings": self.release_cost_settings,
                 "setting_gains": None if self.setting_gains is None else self.setting_gains.to_dict(),
                 "last_stage_hint": None if self.last_stage_hint is None else self.last_stage_hint.to_dict()}
+
+
+def explain_winner(ranked: tuple[Estimate, ...]) -> str:
+    """One line on why the best plan beats the runner-up: the step-time terms that differ most."""
+    if not ranked:
+        return ""
+    if len(ranked) == 1:
+        return "only one plan fits"
+
+    best, second = ranked[0], ranked[1]
+    gain = best.time.tokens_per_s / second.time.tokens_per_s - 1
+    terms = ("compute_s", "exposed_comm_s", "bubble_s", "offload_s", "optimizer_s")
+    diffs = sorted(((getattr(second.time, t) - getattr(best.time, t), t) for t in terms), key=lambda d: -abs(d[0]))
+    parts = []
+    for delta, term in diffs[:2]:
+        if abs(delta) < 1e-3 * best.time.step_time_s:
+            continue
+        name = term.removesuffix("_s").replace("_", " ")
+        parts.append(f"{name} {abs(delta):.3g} s {'lower' if delta > 0 else 'higher'}")
+    why = ", ".join(parts) if parts else "equal step time, more memory headroom"
+    return (f"{plan_summary(best.plan)} beats {plan_summary(second.plan)} by {gain:.1%} tokens/s: {why}"
+            f" (per step)")
