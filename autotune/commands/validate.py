@@ -163,6 +163,27 @@ def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> 
     return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
 
 
+def _pair_problems(inputs: list[tuple[str, str]]) -> list[tuple[str, object]]:
+    """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it names show together
+    (autotune.emit.megatron_deepspeed_pair): each argument file with the JSON its --deepspeed_config names, else with
+    the one JSON given."""
+    from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems
+    from autotune.emit.shell_args import read_megatron_args_file
+
+    jsons = [path for path, kind in inputs if kind == "deepspeed"]
+    out: list[tuple[str, object]] = []
+    for path, kind in inputs:
+        if kind != "megatron-deepspeed" or not jsons:
+            continue
+        argv = read_megatron_args_file(path)
+        flags = ("--deepspeed_config", "--deepspeed-config")
+        named = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in flags), None)
+        match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
+        for ds_path in match or (jsons if len(jsons) == 1 else []):
+            out += [(ds_path, p) for p in megatron_deepspeed_pair_problems(path, ds_path)]
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune.lint import lint_file
 
@@ -178,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and kind == "deepspeed":
             problems += _memory(args, path, world, tp, pp, cp, problems)
         found += [(path, p) for p in problems]
+    found += _pair_problems(inputs)
     if args.model is not None and not any(kind == "deepspeed" for _, kind in inputs):
         raise InputError(["the memory check (--model/--gpu) reads a DeepSpeed JSON: give one"],
                          subject="validate request")

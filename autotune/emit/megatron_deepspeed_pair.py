@@ -1,0 +1,95 @@
+"""A Megatron-DeepSpeed argument file beside the DeepSpeed JSON it runs with: what neither file shows alone.
+
+``autotune validate megatron_args.sh ds_config.json`` checks each file, then the two together:
+
+- **micro-batch**: Megatron-DeepSpeed hands DeepSpeed its global batch every step, dp x ``--micro-batch-size`` x
+  its micro-batch count (microsoft/Megatron-DeepSpeed@f4157bea megatron/training.py:1253-1258), and DeepSpeed divides
+  that by the JSON's own ``train_micro_batch_size_per_gpu`` into accumulation steps (DeepSpeed 0.19.8
+  ``DeepSpeedEngine.set_train_batch_size``, runtime/engine.py:1320-1335: ValueError where it does not divide). The
+  data loader still serves micro-batches of ``--micro-batch-size``, so two values either stop the first step or train
+  another batch;
+- **ZeRO-3's build**: ``pretrain_gpt.py:46-50`` builds the model under ``deepspeed.zero.Init(enabled=args.zero_stage
+  == 3)``: a JSON at stage 3 with ``--zero-stage`` not 3 builds the whole model on every rank before DeepSpeed
+  partitions it; ``--zero-stage 3`` with a JSON below stage 3 partitions the weights at build for an engine that
+  expects them whole. ``--zero-stage`` is otherwise read only for logging (training.py:1056), and its default is 1;
+- **MoE layers under the pipeline engine with tp > 1**: they send their aggregated loss beside the activation, and
+  DeepSpeed's pipeline engine, which partitions what it sends when tp > 1 unless the JSON's ``pipeline`` block sets
+  ``pipe_partitioned`` / ``grad_partitioned`` false, asserts that no tensor but the first needs a gradient
+  (runtime/pipe/engine.py:736; measured here, tests/engines/test_megatron_deepspeed_moe_pipeline.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.emit.argv_lint import ParsedArgs, tokenize
+from autotune.emit.megatron_flags import MEGATRON_DEEPSPEED_FLAGS_FILE, megatron_deepspeed_flag_table
+from autotune.emit.problems import Problem, problem_at
+from autotune.emit.shell_args import read_megatron_args_file_with_lines
+from autotune.emit.validate_json import read_deepspeed_config
+
+__all__ = ["megatron_deepspeed_pair_problems"]
+
+_MDS_ZERO_DEFAULT = 1
+"""Megatron-DeepSpeed's ``--zero-stage`` default (megatron/arguments.py:1487 at f4157bea: ``default=1.0``)."""
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _experts(a: ParsedArgs) -> int:
+    """The largest expert count of ``--num-experts`` (nargs '+': one count per MoE layer group)."""
+    counts = [int(v) for v in (a.value("--num-experts") or "1").split() if v.lstrip("-").isdigit()]
+    return max(counts, default=1)
+
+
+def megatron_deepspeed_pair_problems(args_path: str | Path, ds_path: str | Path) -> list[Problem]:
+    """The problems of a Megatron-DeepSpeed argument file and a DeepSpeed JSON run together (module docstring); each
+    at the JSON key to change, with that file's line."""
+    argv, lines, _ = read_megatron_args_file_with_lines(args_path)
+    table = megatron_deepspeed_flag_table()
+    given, _ = tokenize(list(argv), table, engine="Megatron-DeepSpeed", table_file=MEGATRON_DEEPSPEED_FLAGS_FILE,
+                        lines=lines)
+    a = ParsedArgs(given, table)
+    data, key_lines, _ = read_deepspeed_config(ds_path)
+    if not isinstance(data, dict):
+        return []
+    out: list[Problem] = []
+    args_name = Path(args_path).name
+
+    mbs, json_mbs = a.integer("--micro-batch-size"), _int(data.get("train_micro_batch_size_per_gpu"))
+    if mbs is not None and json_mbs is not None and mbs != json_mbs:
+        out.append(problem_at(("train_micro_batch_size_per_gpu",), key_lines, message=(
+            f"{json_mbs} here, --micro-batch-size {mbs} in {args_name}: Megatron-DeepSpeed sets DeepSpeed's batch "
+            f"each step from its own micro-batch and DeepSpeed divides it by this one (set_train_batch_size), while "
+            f"the data loader serves micro-batches of {mbs}: the first step stops, or trains {mbs}/{json_mbs} times "
+            "the batch"), fix=f"set train_micro_batch_size_per_gpu to {mbs} (or --micro-batch-size to {json_mbs})"))
+
+    zero = a.integer("--zero-stage")
+    args_zero = _MDS_ZERO_DEFAULT if zero is None else zero
+    block = data.get("zero_optimization")
+    json_zero = _int(block.get("stage", 0)) if isinstance(block, dict) else 0
+    if json_zero is not None and (json_zero == 3) != (args_zero == 3):
+        said = f"--zero-stage {zero}" if zero is not None else f"no --zero-stage (default {_MDS_ZERO_DEFAULT})"
+        if json_zero == 3:
+            why = ("so pretrain_gpt.py builds the model without deepspeed.zero.Init: every rank holds all of it "
+                   "before DeepSpeed partitions it")
+        else:
+            why = (f"so pretrain_gpt.py partitions the weights at build (deepspeed.zero.Init) for a stage-{json_zero} "
+                   "engine that expects them whole")
+        out.append(problem_at(("zero_optimization", "stage"), key_lines, message=(
+            f"stage {json_zero} here, {said} in {args_name}: {why}"),
+            fix=f"give --zero-stage {json_zero} in {args_name}"))
+
+    tp = a.integer("--tensor-model-parallel-size") or 1
+    pp = a.integer("--pipeline-model-parallel-size") or 1
+    pipeline = data.get("pipeline") if isinstance(data.get("pipeline"), dict) else {}
+    partitioned = [k for k in ("pipe_partitioned", "grad_partitioned") if pipeline.get(k, True) is not False]
+    if _experts(a) > 1 and pp > 1 and tp > 1 and not a.has("--no-pipeline-parallel") and partitioned:
+        out.append(problem_at(("pipeline",) + ((partitioned[0],) if "pipeline" in data else ()), key_lines, message=(
+            f"{args_name} runs MoE layers ({_experts(a)} experts) under DeepSpeed's pipeline engine with tp {tp}, "
+            f"which partitions what stages send ({', '.join(partitioned)} on): the MoE loss sent beside the "
+            "activation stops the first step (runtime/pipe/engine.py:736)"),
+            fix='set "pipeline": {"pipe_partitioned": false, "grad_partitioned": false}'))
+    return out
