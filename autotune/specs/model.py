@@ -155,6 +155,9 @@ class ModelSpec:
         out: list[str] = []
         if self.qk_norm not in (None, "head", "full", "l2"):
             out.append(f"qk_norm must be head, full, l2 or absent, got {self.qk_norm!r}")
+        elif self.qk_norm == "l2" and self.position_embedding != "rope":
+            out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
+                       f"{self.position_embedding!r}: use rope, or qk_norm head")
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
                                                 or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             out.append(f"sliding_window must be a positive integer or absent, got {self.sliding_window!r}")

@@ -1,0 +1,32 @@
+"""ModelSpec.qk_norm as each config.json states it: per head (Qwen3), over the whole width (OLMo 2), weightless on
+the rotary layers (Llama 4 Scout's use_qk_norm; Maverick has none); ``l2`` needs rotary layers to act on."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import InputError
+from autotune.specs.loading import load_model
+from autotune.specs.model import ModelSpec
+
+FIXTURES = "tests/fixtures/hf"
+
+
+@pytest.mark.parametrize("config, kind", [("llama4-scout", "l2"), ("llama4-scout-text", "l2"),
+                                          ("llama4-maverick", None), ("qwen3-8b", "head"), ("olmo2-13b", "full"),
+                                          ("llama3-8b", None)])
+def test_config_json_qk_norm(config, kind):
+    assert load_model(f"{FIXTURES}/{config}/config.json").qk_norm == kind
+
+
+def test_llama4_rotary_layers_are_its_chunked_ones():
+    scout = load_model("llama4-scout")
+    assert [scout.is_rotary_layer(i) for i in range(8)] == [True, True, True, False] * 2
+    assert all(load_model("llama3-8b").is_rotary_layer(i) for i in range(32))
+    assert not load_model("gpt3-175b").is_rotary_layer(0)
+
+
+def test_l2_without_rope_is_refused():
+    with pytest.raises(InputError, match="qk_norm l2 normalises the rotary layers"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
+                  qk_norm="l2")
