@@ -104,6 +104,8 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append(f"{model.norms_per_layer} norm(s) per layer (GPTModelProvider's layer is pre-norm with two)")
     if model.embedding_norm:
         why.append("an embedding norm")
+    if model.post_norm:
+        why.append("norms on the attention and MLP outputs (OLMo 2)")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
         why.append("sliding-window, chunked or sink attention")
     if model.qk_norm == "full":  # "head" and "l2" are TransformerConfig's qk_layernorm / qk_l2_norm

@@ -37,6 +37,9 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
                    "sequence")
     if model.attention_sinks:
         out.append(f"{model.name} has attention sinks (a learned logit per head); Megatron-DeepSpeed has none")
+    if model.post_norm:
+        out.append(f"{model.name} normalises the attention and MLP outputs (OLMo 2); Megatron-DeepSpeed's layer "
+                   "normalises their inputs")
     if model.qk_norm is not None:
         out.append(f"{model.name} normalises Q and K (qk_norm {model.qk_norm}); Megatron-DeepSpeed has no Q/K norm")
     if model.rope_scaling is not None:

@@ -63,6 +63,9 @@ def architecture_problems(model: ModelSpec) -> list[str]:
         out.append(norms)
     if model.embedding_norm:
         out.append(f"{model.name} normalises the embeddings (BLOOM); Megatron-LM's GPT has no embedding norm")
+    if model.post_norm:
+        out.append(f"{model.name} normalises the attention and MLP outputs (OLMo 2's post-norm layers); Megatron-LM's "
+                   "GPT layer normalises their inputs")
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")

@@ -134,7 +134,7 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
     if (spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm
             or spec.attention_sinks or spec.activation_clamp is not None or spec.rope_scaling is not None
-            or spec.chunked_attention or spec.qk_norm not in (None, "head")):
+            or spec.chunked_attention or spec.post_norm or spec.qk_norm not in (None, "head")):
         return None
     if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
             and not spec.linear_bias):

@@ -153,6 +153,7 @@ def _olmo2(f: Fields) -> dict:
     refuse_output_bias(f)
     out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
     out["qk_norm"] = "full"
+    out["post_norm"] = True  # Olmo2DecoderLayer: post_attention_layernorm / post_feedforward_layernorm on the outputs
     return out
 
 

@@ -27,7 +27,7 @@ RopeScaling = Literal["yarn"]
 
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
 # serialises (and counts) as before.
-_LATER_FIELDS = {"qk_norm": None, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
+_LATER_FIELDS = {"qk_norm": None, "post_norm": False, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
                  "rope_scaling": None, "rope_scaling_factor": None}
 
@@ -70,6 +70,9 @@ class ModelSpec:
     """A norm right after the token embedding (BLOOM)."""
     norms_per_layer: int = 2
     """Falcon-7B's parallel block has one; standard pre-norm blocks two."""
+    post_norm: bool = False
+    """The two norms on the attention and MLP outputs, before each residual add (OLMo 2's Olmo2DecoderLayer), not on
+    their inputs. The same weights and cost; another model."""
     dropout: float = 0.0
     """Hidden and attention dropout probability (Megatron GPT: 0.1; Llama: 0)."""
     qk_norm: QKNorm | None = None
@@ -155,7 +158,10 @@ class ModelSpec:
         out: list[str] = []
         if self.qk_norm not in (None, "head", "full", "l2"):
             out.append(f"qk_norm must be head, full, l2 or absent, got {self.qk_norm!r}")
-        elif self.qk_norm == "l2" and self.position_embedding != "rope":
+        if self.post_norm not in (False, True) or (self.post_norm and self.norms_per_layer != 2):
+            out.append(f"post_norm must be true or false, true only with two norms per layer; got {self.post_norm!r} "
+                       f"with norms_per_layer {self.norms_per_layer}")
+        if self.qk_norm == "l2" and self.position_embedding != "rope":
             out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
                        f"{self.position_embedding!r}: use rope, or qk_norm head")
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)

@@ -175,7 +175,7 @@ class MoE(nn.Module):
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int, *, flash: bool, selective: bool) -> None:
         super().__init__()
-        self.norms = spec.norms_per_layer
+        self.norms, self.post = spec.norms_per_layer, spec.post_norm
         self.norm1 = _norm(spec, spec.hidden_size) if self.norms >= 1 else nn.Identity()
         self.attn = Attention(spec, index, flash=flash, selective=selective)
         self.norm2 = _norm(spec, spec.hidden_size) if self.norms >= 2 else None
@@ -185,6 +185,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
+        if self.post:  # OLMo 2: each sublayer's output normalised before its residual add
+            x = x + bool_dropout(self.norm1(self.attn(x, cos, sin, mask)), self.p, self.training)
+            return x + bool_dropout(self.norm2(self.mlp(x)), self.p, self.training)
         if self.norm2 is not None:  # standard pre-norm block
             x = x + bool_dropout(self.attn(self.norm1(x), cos, sin, mask), self.p, self.training)
             return x + bool_dropout(self.mlp(self.norm2(x)), self.p, self.training)

@@ -30,3 +30,18 @@ def test_l2_without_rope_is_refused():
     with pytest.raises(InputError, match="qk_norm l2 normalises the rotary layers"):
         ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
                   qk_norm="l2")
+
+
+def test_olmo2_post_norm_is_read_and_refused_where_the_layer_is_pre_norm():
+    from autotune.emit.megatron_bridge_recipes import bridge_model_problems
+    from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
+    from autotune.emit.megatron_model_flags import architecture_problems
+
+    olmo2 = load_model(f"{FIXTURES}/olmo2-13b/config.json")
+    assert olmo2.post_norm and not load_model(f"{FIXTURES}/llama3-8b/config.json").post_norm
+    assert any("OLMo 2's post-norm" in p for p in architecture_problems(olmo2))
+    assert any("outputs" in p for p in bridge_model_problems(olmo2))
+    assert any("attention and MLP outputs" in p for p in megatron_deepspeed_model_problems(olmo2, 4096))
+    with pytest.raises(InputError, match="post_norm"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
+                  norms_per_layer=1, post_norm=True)

@@ -32,7 +32,8 @@ QWEN3_LIKE = ModelSpec(name="qwen3-like", num_layers=2, hidden_size=64, num_atte
                        head_dim=32, ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
                        norm="rmsnorm", qk_norm="head")
 OLMO2_LIKE = ModelSpec(name="olmo2-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96,
-                       vocab_size=128, position_embedding="rope", activation="swiglu", norm="rmsnorm", qk_norm="full")
+                       vocab_size=128, position_embedding="rope", activation="swiglu", norm="rmsnorm", qk_norm="full",
+                       post_norm=True)
 LLAMA4_LIKE = ModelSpec(name="llama4-like", num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
                         ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
                         norm="rmsnorm", qk_norm="l2", sliding_window=SEQ_WINDOW, sliding_window_layers=(0, 1, 2),

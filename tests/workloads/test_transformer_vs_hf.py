@@ -1,6 +1,7 @@
 """The built-in model (autotune.workloads.transformer) computes what transformers' own model of the same architecture
-computes: the weights of a small transformers model copied in, the same logits and loss. Q/K norms per head (Qwen3)
-and Llama 4's weightless Q/K norm on its rotary layers, with its global layers left without RoPE."""
+computes: the weights of a small transformers model copied in, the same logits and loss. Q/K norms per head (Qwen3),
+over the whole width with the norms after each sublayer (OLMo 2), and Llama 4's weightless Q/K norm on its rotary
+layers, with its global layers left without RoPE."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autotune.specs.loading import load_model
 from autotune.specs.model import ModelSpec
 from autotune.workloads.transformer import build_model
 
 SEQ = 32
+FIXTURES = "tests/fixtures/hf"
 
 
 def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,13 +41,17 @@ def _copy_llama_like(ours, theirs, *, interleaved_rope: bool, mlp: str) -> None:
         ours.output.weight.copy_(theirs.lm_head.weight)
         for mine, layer in zip(ours.layers, theirs.model.layers):
             a = layer.self_attn
-            mine.norm1.weight.copy_(layer.input_layernorm.weight)
-            mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
+            if spec.post_norm:  # OLMo 2: the norms on the sublayers' outputs
+                mine.norm1.weight.copy_(layer.post_attention_layernorm.weight)
+                mine.norm2.weight.copy_(layer.post_feedforward_layernorm.weight)
+            else:
+                mine.norm1.weight.copy_(layer.input_layernorm.weight)
+                mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
             mine.attn.q.weight.copy_(rows(a.q_proj.weight, spec.num_attention_heads))
             mine.attn.k.weight.copy_(rows(a.k_proj.weight, spec.kv_heads))
             mine.attn.v.weight.copy_(a.v_proj.weight)
             mine.attn.o.weight.copy_(a.o_proj.weight)
-            if spec.qk_norm == "head":
+            if spec.qk_norm in ("head", "full"):
                 mine.attn.q_norm.weight.copy_(a.q_norm.weight)
                 mine.attn.k_norm.weight.copy_(a.k_norm.weight)
             ffn = getattr(layer, mlp)
@@ -83,6 +90,33 @@ def test_qwen3_per_head_qk_norm_matches_transformers() -> None:
     assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
     _copy_llama_like(ours, theirs, interleaved_rope=False, mlp="mlp")
     _same_loss(ours, theirs)
+
+
+def test_olmo2_post_norms_and_whole_width_qk_norm_match_transformers() -> None:
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    spec = load_model(f"{FIXTURES}/olmo2-13b/config.json")
+    assert spec.post_norm and spec.qk_norm == "full"
+    spec = replace(spec, name="olmo2-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
+                   ffn_hidden_size=96, vocab_size=128)
+    torch.manual_seed(0)
+    theirs = Olmo2ForCausalLM(Olmo2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=spec.rope_theta, tie_word_embeddings=False,
+        attn_implementation="eager")).eval()
+    with torch.no_grad():  # norms away from 1, so that a norm in the wrong place would show
+        for name, p in theirs.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    _copy_llama_like(ours, theirs, interleaved_rope=False, mlp="mlp")
+    _same_loss(ours, theirs)
+    pre = build_model(replace(spec, post_norm=False), seq_len=SEQ, dtype=torch.float32).eval()
+    pre.load_state_dict(ours.state_dict())
+    ids, labels = _batch(128)
+    with torch.no_grad():
+        assert abs(pre(ids, labels).item() - ours(ids, labels).item()) > 1e-4
 
 
 @pytest.mark.parametrize("flash", [True, False])
