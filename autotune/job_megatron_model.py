@@ -67,6 +67,7 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         position_embedding="rope" if rope else "learned",
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
         rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
+        rotary_fraction=_float(f.get("--rotary-percent"), "--rotary-percent", path) or 1.0,
         qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla, **_attention_fields(f, n, layers, path))
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
@@ -96,7 +97,8 @@ def _moe(f: dict, n, experts: int, layers: int, path: str) -> MoESpec:
                    router_pre_softmax="--moe-router-pre-softmax" in f, router_groups=n("--moe-router-num-groups"),
                    router_group_topk=n("--moe-router-group-topk"),
                    router_scaling_factor=_float(f.get("--moe-router-topk-scaling-factor"),
-                                                "--moe-router-topk-scaling-factor", path) or 1.0)
+                                                "--moe-router-topk-scaling-factor", path) or 1.0,
+                   router_probs_on_input="--moe-apply-probs-on-input" in f)
 
 
 def moe_layer_flags(value: object, layers: int, path: str) -> tuple[int, int]:

@@ -56,6 +56,8 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
     args = ["--position-embedding-type", "yarn" if yarn else "rope" if rope else "learned_absolute"]
     if rope:
         args += ["--rotary-base", flag_number(model.rope_theta)]
+        if model.rotary_fraction != 1:  # the first rotary_percent of each head's channels (rope_utils.py)
+            args += ["--rotary-percent", flag_number(model.rotary_fraction)]
     if yarn and model.rope_scaling_factor is not None:
         args += ["--rotary-scaling-factor", flag_number(model.rope_scaling_factor)]
     if model.attention_sinks:

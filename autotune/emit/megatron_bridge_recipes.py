@@ -106,6 +106,8 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("an embedding norm")
     if model.post_norm:
         why.append("norms on the attention and MLP outputs (OLMo 2)")
+    if model.parallel_residual:
+        why.append("attention and MLP side by side (parallel residual)")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
         why.append("sliding-window, chunked or sink attention")
     if model.qk_norm == "full":  # "head" and "l2" are TransformerConfig's qk_layernorm / qk_l2_norm
@@ -127,7 +129,7 @@ def generic_model_fields(model: ModelSpec) -> dict:
                  "activation_func": "silu" if model.activation == "swiglu" else "gelu",
                  "gated_linear_unit": model.activation == "swiglu",
                  "position_embedding_type": "rope" if model.position_embedding == "rope" else "learned_absolute",
-                 "rotary_base": model.rope_theta,
+                 "rotary_base": model.rope_theta, "rotary_percent": model.rotary_fraction,
                  "share_embeddings_and_output_weights": model.tied_embeddings,
                  "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
                  "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
@@ -151,4 +153,6 @@ def generic_model_fields(model: ModelSpec) -> dict:
                 "moe_router_group_topk": moe.router_group_topk,
                 "moe_router_topk_scaling_factor": moe.router_scaling_factor if moe.router_scaling_factor != 1.0
                 else None}
+        if moe.router_probs_on_input:
+            out["moe_apply_probs_on_input"] = True
     return out

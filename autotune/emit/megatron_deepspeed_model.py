@@ -54,7 +54,7 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
         out.append(f"{model.name} clamps its GLU activation; Megatron-DeepSpeed's SwiGLU is unclamped")
     moe = model.moe
     if moe is not None and (moe.router_score != "softmax" or moe.router_bias or moe.router_groups is not None
-                            or moe.router_scaling_factor != 1.0):
+                            or moe.router_scaling_factor != 1.0 or moe.router_probs_on_input):
         out.append(f"{model.name}'s router ({moe.router_score}"
                    f"{', biased' if moe.router_bias else ''}"
                    f"{', group-limited' if moe.router_groups is not None else ''}"
@@ -81,4 +81,6 @@ def rope_theta_flags(model: ModelSpec) -> list[str]:
     flags = ["--use-rotary-position-embeddings", "--no-position-embedding"]
     if model.rope_theta != ROPE_THETA_DEFAULT:
         flags += ["--rotary-position-embeddings-theta", str(int(model.rope_theta))]
+    if model.rotary_fraction != 1:  # megatron/model/language_model.py:431-432 at f4157bea: rotary_dim x the share
+        flags += ["--rotary-percent", repr(float(model.rotary_fraction))]
     return flags

@@ -43,6 +43,9 @@ def layer_norms_problem(model: ModelSpec) -> str | None:
     """Why Megatron's GPT layer cannot take the model's norms (None where it can): the layer is pre-norm with two
     norms (megatron/core/transformer/transformer_layer.py: input_layernorm, pre_mlp_layernorm). The engines' rules
     ask it too, so the planner proposes no plan whose arguments this writer refuses."""
+    if model.norms_per_layer == 2 and model.parallel_residual:
+        return (f"{model.name} runs attention and MLP side by side on the layer's input (parallel residual, "
+                f"GPT-NeoX / Falcon); Megatron's GPT layer runs them one after the other")
     if model.norms_per_layer == 2:
         return None
     kind = ("one norm shared by a parallel attention and MLP block" if model.norms_per_layer == 1
@@ -145,4 +148,6 @@ def router_flags(moe) -> list[str]:
                  str(moe.router_group_topk)]
     if moe.router_scaling_factor != 1.0:
         args += ["--moe-router-topk-scaling-factor", _num(moe.router_scaling_factor)]
+    if moe.router_probs_on_input:  # TransformerConfig.moe_apply_probs_on_input (transformer_config.py:949)
+        args.append("--moe-apply-probs-on-input")
     return args

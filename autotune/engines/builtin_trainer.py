@@ -77,7 +77,8 @@ def fsdp_trainer_problem(model: ModelSpec, plan: ParallelPlan, scheme: str) -> s
             return ("a Q/K norm over all heads at once (qk_norm full, OLMo 2) needs each rank's whole Q and K, which "
                     "DTensor TP splits by heads: set tp=1")
         if plan.sequence_parallel and (model.tied_embeddings or model.position_embedding == "learned"
-                                       or model.embedding_norm or model.norms_per_layer != 2):
+                                       or model.embedding_norm or model.norms_per_layer != 2
+                                       or model.parallel_residual or model.post_norm):
             return ("sequence parallelism in the built-in FSDP trainer follows torchtitan's Llama plan (untied "
                     "embeddings, no learned positions, two norms per block): set sequence_parallel false "
                     "(--no-sequence-parallel) for this model")
@@ -134,7 +135,8 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
     if (spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm
             or spec.attention_sinks or spec.activation_clamp is not None or spec.rope_scaling is not None
-            or spec.chunked_attention or spec.post_norm or spec.qk_norm not in (None, "head")):
+            or spec.chunked_attention or spec.post_norm or spec.parallel_residual
+            or spec.qk_norm not in (None, "head")):
         return None
     if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
             and not spec.linear_bias):

@@ -22,7 +22,7 @@ from autotune.errors import InputError, suggest_names
 from autotune.inputs import nonfinite_problems, parse_json, read_text
 from autotune.specs.hf_fields import Fields as _Fields
 from autotune.specs.hf_fields import head_dim_or_none
-from autotune.specs.hf_readers_dense import DENSE_READERS
+from autotune.specs.hf_readers_dense import DENSE_READERS, rotary_fraction
 from autotune.specs.hf_readers_moe import MOE_READERS
 from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
@@ -138,7 +138,8 @@ def _gpt2(f: _Fields) -> dict:
 
 
 def _gpt_neox(f: _Fields) -> dict:
-    """Parallel residual keeps two LayerNorms per layer (input and post-attention); untied by default."""
+    """Parallel residual (use_parallel_residual, default true) with two LayerNorms per layer (input and
+    post-attention); untied by default; RoPE on rotary_pct of each head (0.25)."""
     if not f.get("attention_bias", True):
         f.unsupported("attention_bias false (bias-free attention, biased MLP) is not modelled")
     return dict(
@@ -149,7 +150,8 @@ def _gpt_neox(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="gelu", norm="layernorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
-        rope_theta=float(f.get("rotary_emb_base", 10000.0)),
+        rope_theta=float(f.get("rotary_emb_base", 10000.0)), rotary_fraction=rotary_fraction(f),
+        parallel_residual=bool(f.get("use_parallel_residual", True)),
         linear_bias=True, tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
     )
@@ -189,6 +191,7 @@ def _falcon(f: _Fields) -> dict:
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
         rope_theta=float(f.get("rope_theta", 10000.0)),
         linear_bias=bool(f.get("bias", False)), norms_per_layer=norms,
+        parallel_residual=norms == 2 and (new_arch or bool(f.get("parallel_attn", True))),
         tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
     )

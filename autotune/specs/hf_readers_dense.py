@@ -52,6 +52,22 @@ def rope_theta(f: Fields, default: float) -> float:
     return default
 
 
+def rotary_fraction(f: Fields) -> float:
+    """The share of each head's dimensions RoPE rotates: ``partial_rotary_factor`` (GLM, Phi, StableLM) or
+    ``rotary_pct`` (GPT-NeoX) at the top level (config.json files) or in ``rope_parameters`` (transformers 5); 1.0
+    where none is given."""
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        if f.data.get(key) is not None:
+            return float(f.get(key, 1.0))
+    params = f.data.get("rope_parameters")
+    if isinstance(params, dict):
+        params = params.get("full_attention", params)
+        value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return 1.0
+
+
 def rope_scaling(f: Fields) -> str | None:
     """``yarn`` where ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5) names YaRN
     (``rope_type``, or the older ``type``) with a factor above 1 (a factor of 1 scales nothing: mscale 1); else None."""
@@ -98,6 +114,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
         max_position_embeddings=f.get_int("max_position_embeddings", default=max_positions),
         rope_theta=rope_theta(f, theta), tied_embeddings=bool(f.get("tie_word_embeddings", tied)),
         dropout=float(f.get("attention_dropout", 0.0)), **({"rope_scaling": scaling, "rope_scaling_factor": yarn_factor(f)} if scaling else {}),
+        **({} if (fraction := rotary_fraction(f)) == 1.0 else {"rotary_fraction": fraction}),
     )
 
 

@@ -27,7 +27,8 @@ RopeScaling = Literal["yarn"]
 
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
 # serialises (and counts) as before.
-_LATER_FIELDS = {"qk_norm": None, "post_norm": False, "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
+_LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False, "rotary_fraction": 1.0,
+                 "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
                  "rope_scaling": None, "rope_scaling_factor": None}
 
@@ -55,6 +56,9 @@ class ModelSpec:
     """Rows of the learned position table (counted only for ``learned``)."""
     rope_theta: float = 10000.0
     """RoPE base frequency (Llama 2: 10,000; Llama 3: 500,000; Mixtral, Qwen2.5: 1,000,000). Only with rope."""
+    rotary_fraction: float = 1.0
+    """The share of each head's dimensions RoPE rotates, the first ones (GPT-NeoX ``rotary_pct`` 0.25, GLM-4.5
+    ``partial_rotary_factor`` 0.5; Megatron ``--rotary-percent``); the rest carry no position. Only with rope."""
     rope_scaling: RopeScaling | None = None
     """RoPE frequency scaling: ``yarn`` (config.json ``rope_scaling.rope_type`` "yarn" with a factor above 1: GPT-OSS
     factor 32), whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1). None: plain RoPE. Only
@@ -70,6 +74,9 @@ class ModelSpec:
     """A norm right after the token embedding (BLOOM)."""
     norms_per_layer: int = 2
     """Falcon-7B's parallel block has one; standard pre-norm blocks two."""
+    parallel_residual: bool = False
+    """Attention and MLP both read the layer's input, their outputs added to it together (GPT-NeoX's
+    ``use_parallel_residual``, Falcon-40B/180B's two norms); with one norm per layer (Falcon-7B) always so."""
     post_norm: bool = False
     """The two norms on the attention and MLP outputs, before each residual add (OLMo 2's Olmo2DecoderLayer), not on
     their inputs. The same weights and cost; another model."""
@@ -158,9 +165,20 @@ class ModelSpec:
         out: list[str] = []
         if self.qk_norm not in (None, "head", "full", "l2"):
             out.append(f"qk_norm must be head, full, l2 or absent, got {self.qk_norm!r}")
+        if self.parallel_residual not in (False, True) or (self.parallel_residual and (
+                self.norms_per_layer not in (1, 2) or self.post_norm)):
+            out.append(f"parallel_residual must be true or false, true with one or two pre-norms per layer; got "
+                       f"{self.parallel_residual!r} with norms_per_layer {self.norms_per_layer}")
         if self.post_norm not in (False, True) or (self.post_norm and self.norms_per_layer != 2):
             out.append(f"post_norm must be true or false, true only with two norms per layer; got {self.post_norm!r} "
                        f"with norms_per_layer {self.norms_per_layer}")
+        fraction = self.rotary_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            out.append(f"rotary_fraction must be a number in (0, 1], got {fraction!r}")
+        elif fraction != 1 and (self.position_embedding != "rope" or self.mla is not None
+                                or (self.attention_head_dim * fraction) % 2):
+            out.append(f"rotary_fraction {fraction:g} needs RoPE on an even number of each head's dimensions (head "
+                       f"dim {self.attention_head_dim}), without MLA (whose RoPE has its own head dim)")
         if self.qk_norm == "l2" and self.position_embedding != "rope":
             out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
                        f"{self.position_embedding!r}: use rope, or qk_norm head")
@@ -237,6 +255,16 @@ class ModelSpec:
         if self.sliding_window is None:
             return False
         return self.sliding_window_layers is None or index in self.sliding_window_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """Each head's dimensions RoPE rotates (the first ones): head dim x rotary_fraction."""
+        return round(self.attention_head_dim * self.rotary_fraction)
+
+    @property
+    def parallel_block(self) -> bool:
+        """Whether attention and MLP run side by side on the layer's input (parallel_residual, or one norm)."""
+        return self.parallel_residual or self.norms_per_layer == 1
 
     def is_rotary_layer(self, index: int) -> bool:
         """Whether layer ``index`` rotates Q and K: every layer of a RoPE model, except Llama 4's global layers (the
@@ -392,7 +420,8 @@ class ModelSpec:
             out["sliding_window_layers"] = list(self.sliding_window_layers)
         if self.moe is not None:
             out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__
-                          if not (f == "moe_layer_step" and self.moe.moe_layer_step == 1)}
+                          if not (f == "moe_layer_step" and self.moe.moe_layer_step == 1)
+                          and not (f == "router_probs_on_input" and not self.moe.router_probs_on_input)}
         if self.mla is not None:
             out["mla"] = {f: getattr(self.mla, f) for f in self.mla.__dataclass_fields__}
         return out

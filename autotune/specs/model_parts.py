@@ -78,6 +78,9 @@ class MoESpec:
     router_group_topk: int | None = None
     router_scaling_factor: float = 1.0
     """The top-k weights' scale (``routed_scaling_factor``: DeepSeek-V3 2.5, Kimi-K2 2.827)."""
+    router_probs_on_input: bool = False
+    """The routing weight scales the expert's input, not its output (Llama 4: Llama4TextMoe multiplies the tokens by
+    their sigmoid score before the experts; Megatron ``--moe-apply-probs-on-input``, top-1 only)."""
 
     @property
     def shared_width(self) -> int:
@@ -104,6 +107,9 @@ class MoESpec:
                 1 <= self.router_group_topk <= self.router_groups and self.num_experts % self.router_groups == 0):
             out.append(f"moe.router_groups ({self.router_groups}) must divide num_experts ({self.num_experts}) and "
                        f"be >= router_group_topk ({self.router_group_topk}) >= 1")
+        if self.router_probs_on_input not in (False, True) or (self.router_probs_on_input and self.top_k != 1):
+            out.append(f"moe.router_probs_on_input must be true or false, true with top_k 1 only (Megatron-core's "
+                       f"experts assert it); got {self.router_probs_on_input!r} with top_k {self.top_k}")
         if not self.router_scaling_factor > 0:
             out.append(f"moe.router_scaling_factor must be > 0, got {self.router_scaling_factor!r}")
         return out

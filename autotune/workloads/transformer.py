@@ -67,6 +67,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(h, spec.v_width, bias=qkv_bias)
         self.o = nn.Linear(spec.q_width, h, bias=spec.linear_bias)
         self.rope = spec.is_rotary_layer(index)
+        self.rotary_dim = spec.rotary_dim  # GPT-NeoX, GLM-4.5: RoPE on the first dimensions of each head only
         self.flash, self.selective, self.p = flash, selective, spec.dropout
         self.qk_full = spec.qk_norm == "full"
         self.q_norm: nn.Module | None = None
@@ -104,7 +105,11 @@ class Attention(nn.Module):
         v = self.v(x).view(b, s, self.kv_heads, -1)
         if self.q_norm is not None and not self.qk_full:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope:
+        if self.rope and self.rotary_dim < self.head_dim:
+            r = self.rotary_dim
+            q = torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1)
+            k = torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1)
+        elif self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.selective:
@@ -130,18 +135,24 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Dropless top-k MoE: fp32 router softmax over the selected logits, token permutation to the
-    experts, weighted combine; plus shared experts every token visits."""
+    """Dropless top-k MoE: the fp32 router as MoESpec states it (Megatron-core's topk_routing_with_score_function,
+    moe_utils.py:900-929 at d98e8a6: a softmax over the top-k logits, or over every expert first; a sigmoid per
+    expert with the routing bias for the choice only, group-limited, the top-k normalised; the scale), token
+    permutation to the experts, the weights on their outputs (or, Llama 4, on their inputs); plus shared experts
+    every token visits."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         moe = spec.moe
         assert moe is not None
         h = spec.hidden_size
-        self.top_k, self.num_experts = moe.top_k, moe.num_experts
-        self.router = nn.Linear(h, moe.num_experts, bias=False)
-        # DeepSeek-V3's e_score_correction_bias: a parameter not trained by gradients.
-        self.router_bias = nn.Parameter(torch.zeros(moe.num_experts), requires_grad=False) if moe.router_bias else None
+        self.moe, self.top_k, self.num_experts = moe, moe.top_k, moe.num_experts
+        # A softmax router's bias is its linear layer's (GPT-OSS); a sigmoid router's is DeepSeek-V3's
+        # e_score_correction_bias: it moves the choice only, and gradients do not train it.
+        linear_bias = moe.router_bias and moe.router_score == "softmax"
+        self.router = nn.Linear(h, moe.num_experts, bias=linear_bias)
+        self.router_bias = nn.Parameter(torch.zeros(moe.num_experts), requires_grad=False) \
+            if moe.router_bias and not linear_bias else None
         self.experts = nn.ModuleList(
             MLP(h, moe.expert_ffn_hidden_size, spec.activation, spec.linear_bias) for _ in range(moe.num_experts)
         )
@@ -149,20 +160,40 @@ class MoE(nn.Module):
             MLP(h, moe.shared_width, spec.activation, spec.linear_bias) for _ in range(moe.num_shared_experts)
         )
 
+    def route(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(experts [T, k], fp32 weights [T, k]) of the tokens ``t`` [T, h]."""
+        moe = self.moe
+        logits = self.router(t).float()
+        scores = torch.sigmoid(logits) if moe.router_score == "sigmoid" else \
+            torch.softmax(logits, dim=-1) if moe.router_pre_softmax else logits
+        choice = scores if self.router_bias is None else scores + self.router_bias.float()
+        if moe.router_groups is not None:  # the best router_group_topk groups, by their top (k / groups) sum
+            groups = choice.view(choice.shape[0], moe.router_groups, -1)
+            best = groups.topk(self.top_k // moe.router_group_topk, dim=-1).values.sum(-1)
+            keep = torch.zeros_like(best).scatter_(1, best.topk(moe.router_group_topk, dim=-1).indices, 1.0)
+            choice = groups.masked_fill(keep.unsqueeze(-1) == 0, float("-inf")).view_as(choice)
+        idx = choice.topk(self.top_k, dim=-1).indices
+        picked = scores.gather(-1, idx)
+        if moe.router_score == "sigmoid":
+            weights = picked / (picked.sum(-1, keepdim=True) + 1e-20) if self.top_k > 1 else picked
+        else:
+            weights = picked if moe.router_pre_softmax else torch.softmax(picked, dim=-1)
+        return idx, weights * moe.router_scaling_factor
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         t = x.reshape(-1, shape[-1])
-        logits = self.router(t).float()
-        choice = logits if self.router_bias is None else logits + self.router_bias.float()
-        idx = choice.topk(self.top_k, dim=-1).indices                     # [T, k]
-        weights = torch.softmax(logits.gather(-1, idx), dim=-1)           # fp32, renormalised over top-k
+        idx, weights = self.route(t)
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_idx = order // self.top_k
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         x_perm = t.index_select(0, token_idx)
+        w_perm = weights.reshape(-1)[order].to(x.dtype).unsqueeze(-1)
+        if self.moe.router_probs_on_input:
+            x_perm = x_perm * w_perm
         outs = [expert(chunk) for expert, chunk in zip(self.experts, x_perm.split(counts))]
-        y_perm = torch.cat(outs) * weights.reshape(-1)[order].to(x.dtype).unsqueeze(-1)
+        y_perm = torch.cat(outs) if self.moe.router_probs_on_input else torch.cat(outs) * w_perm
         # Un-permute with a gather and a sum over the k copies: saves only the index (index_add would
         # save the whole weighted expert output for its backward; Megatron's scatter_add does not).
         inverse = torch.argsort(order)
@@ -175,7 +206,7 @@ class MoE(nn.Module):
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, index: int, *, flash: bool, selective: bool) -> None:
         super().__init__()
-        self.norms, self.post = spec.norms_per_layer, spec.post_norm
+        self.norms, self.post, self.parallel = spec.norms_per_layer, spec.post_norm, spec.parallel_block
         self.norm1 = _norm(spec, spec.hidden_size) if self.norms >= 1 else nn.Identity()
         self.attn = Attention(spec, index, flash=flash, selective=selective)
         self.norm2 = _norm(spec, spec.hidden_size) if self.norms >= 2 else None
@@ -188,6 +219,9 @@ class Block(nn.Module):
         if self.post:  # OLMo 2: each sublayer's output normalised before its residual add
             x = x + bool_dropout(self.norm1(self.attn(x, cos, sin, mask)), self.p, self.training)
             return x + bool_dropout(self.norm2(self.mlp(x)), self.p, self.training)
+        if self.parallel and self.norm2 is not None:  # GPT-NeoX, Falcon-40B: two norms, one residual add
+            return x + bool_dropout(self.attn(self.norm1(x), cos, sin, mask), self.p, self.training) + bool_dropout(
+                self.mlp(self.norm2(x)), self.p, self.training)
         if self.norm2 is not None:  # standard pre-norm block
             x = x + bool_dropout(self.attn(self.norm1(x), cos, sin, mask), self.p, self.training)
             return x + bool_dropout(self.mlp(self.norm2(x)), self.p, self.training)
@@ -225,7 +259,7 @@ class DecoderLM(nn.Module):
         self.final_norm = _norm(spec, spec.hidden_size)
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.position_embedding == "rope":
-            cos, sin = _rope_tables(seq_len, spec.attention_head_dim, spec.rope_theta)
+            cos, sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
@@ -275,5 +309,5 @@ def build_model(spec: ModelSpec, *, seq_len: int, recompute: Recompute = "none",
     model = DecoderLM(spec, seq_len=seq_len, recompute=recompute, flash_attention=flash_attention)
     model.to(dtype)
     if model.rope_cos is not None:  # RoPE tables stay fp32 (the fused kernels compute in fp32)
-        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.attention_head_dim, spec.rope_theta)
+        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta)
     return model

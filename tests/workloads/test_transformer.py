@@ -25,7 +25,7 @@ DEEPSEEK_LIKE = ModelSpec(name="moe-shared", num_layers=3, hidden_size=64, num_a
                           vocab_size=128, qkv_bias=True, position_embedding="rope", activation="swiglu", norm="rmsnorm",
                           embedding_norm=True,
                           moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=48, num_shared_experts=2,
-                                      num_dense_layers=1, router_bias=True))
+                                      num_dense_layers=1, router_bias=True, router_score="sigmoid"))
 FALCON_LIKE = ModelSpec(name="falcon-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=1,
                         ffn_hidden_size=256, vocab_size=128, position_embedding="rope", norms_per_layer=1, head_dim=24)
 QWEN3_LIKE = ModelSpec(name="qwen3-like", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
@@ -130,11 +130,11 @@ def test_moe_layer_matches_a_per_token_loop() -> None:
     x = torch.randn(2, 5, DEEPSEEK_LIKE.hidden_size, dtype=torch.float64)
     got = moe(x)
     t = x.reshape(-1, x.shape[-1])
-    logits = moe.router(t)
-    idx = (logits + moe.router_bias).topk(moe.top_k, dim=-1).indices
+    scores = torch.sigmoid(moe.router(t))  # DeepSeek-V3: the bias moves the choice, the weights are the scores'
+    idx = (scores + moe.router_bias).topk(moe.top_k, dim=-1).indices
     want = torch.zeros_like(t)
     for i in range(t.shape[0]):
-        w = torch.softmax(logits[i, idx[i]], dim=-1)
+        w = scores[i, idx[i]] / scores[i, idx[i]].sum()
         for j in range(moe.top_k):
             want[i] += w[j] * moe.experts[int(idx[i, j])](t[i:i + 1])[0]
         for shared in moe.shared:

@@ -150,3 +150,55 @@ def test_llama4_l2_qk_norm_and_global_layers_without_rope_match_transformers(fla
         other.load_state_dict(ours.state_dict())
         with torch.no_grad():
             assert abs(other(ids, labels).item() - ours(ids, labels).item()) > 1e-4
+
+
+def test_gpt_neox_parallel_residual_and_partial_rope_match_transformers(tmp_path) -> None:
+    """GPT-NeoX: attention and MLP side by side, each with its own LayerNorm; RoPE on the first quarter of each
+    head; biases everywhere; the fused QKV stored per head as [q | k | v]. The config's GELU is the tanh form here:
+    ModelSpec's "gelu" does not tell the exact one from it (Megatron's --gelu is exact, GPT-2's tanh)."""
+    import json
+
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=256, rotary_pct=0.25, hidden_act="gelu_new", layer_norm_eps=1e-5,
+                           use_parallel_residual=True, tie_word_embeddings=False, attn_implementation="eager")
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    spec = load_model(str(tmp_path / "config.json"))
+    assert spec.parallel_residual and spec.rotary_fraction == 0.25 and spec.rotary_dim == 4
+    torch.manual_seed(0)
+    theirs = GPTNeoXForCausalLM(config).eval()
+    with torch.no_grad():  # norms and biases away from their initial 1 and 0
+        for name, p in theirs.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5) if name.endswith("bias") else p.uniform_(0.5, 1.5)
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    heads, d, h = 4, 16, 64
+    with torch.no_grad():
+        ours.embed.weight.copy_(theirs.gpt_neox.embed_in.weight)
+        ours.final_norm.weight.copy_(theirs.gpt_neox.final_layer_norm.weight)
+        ours.final_norm.bias.copy_(theirs.gpt_neox.final_layer_norm.bias)
+        ours.output.weight.copy_(theirs.lm_head.weight)
+        for mine, layer in zip(ours.layers, theirs.gpt_neox.layers):
+            for our_norm, their_norm in ((mine.norm1, layer.input_layernorm),
+                                         (mine.norm2, layer.post_attention_layernorm)):
+                our_norm.weight.copy_(their_norm.weight)
+                our_norm.bias.copy_(their_norm.bias)
+            qkv = layer.attention.query_key_value
+            w, b = qkv.weight.view(heads, 3, d, h), qkv.bias.view(heads, 3, d)
+            for j, name in enumerate("qkv"):
+                getattr(mine.attn, name).weight.copy_(w[:, j].reshape(heads * d, h))
+                getattr(mine.attn, name).bias.copy_(b[:, j].reshape(heads * d))
+            mine.attn.o.weight.copy_(layer.attention.dense.weight)
+            mine.attn.o.bias.copy_(layer.attention.dense.bias)
+            mine.mlp.fc1.weight.copy_(layer.mlp.dense_h_to_4h.weight)
+            mine.mlp.fc1.bias.copy_(layer.mlp.dense_h_to_4h.bias)
+            mine.mlp.fc2.weight.copy_(layer.mlp.dense_4h_to_h.weight)
+            mine.mlp.fc2.bias.copy_(layer.mlp.dense_4h_to_h.bias)
+    _same_loss(ours, theirs)
+    sequential = build_model(replace(spec, parallel_residual=False), seq_len=SEQ, dtype=torch.float32).eval()
+    sequential.load_state_dict(ours.state_dict())
+    ids, labels = _batch(128)
+    with torch.no_grad():
+        assert abs(sequential(ids, labels).item() - ours(ids, labels).item()) > 1e-4

@@ -1,5 +1,8 @@
-"""ModelSpec.qk_norm as each config.json states it: per head (Qwen3), over the whole width (OLMo 2), weightless on
-the rotary layers (Llama 4 Scout's use_qk_norm; Maverick has none); ``l2`` needs rotary layers to act on."""
+"""How each config.json's layers differ from a Llama layer, read into ModelSpec and written where an engine can:
+the Q/K norm (per head: Qwen3; whole width: OLMo 2; weightless on the rotary layers: Llama 4 Scout, Maverick has
+none), OLMo 2's norms on the outputs, GPT-NeoX / Falcon's parallel residual, RoPE on part of each head (GPT-NeoX
+0.25, GLM-4.5 0.5). tests/workloads/test_transformer_vs_hf.py checks the built-in model computes each as transformers
+does."""
 
 from __future__ import annotations
 
@@ -45,3 +48,27 @@ def test_olmo2_post_norm_is_read_and_refused_where_the_layer_is_pre_norm():
     with pytest.raises(InputError, match="post_norm"):
         ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
                   norms_per_layer=1, post_norm=True)
+
+
+@pytest.mark.parametrize("config, fraction, parallel", [("gpt-neox-20b", 0.25, True), ("glm-4.5", 0.5, False),
+                                                        ("falcon-40b", 1.0, True), ("llama3-8b", 1.0, False)])
+def test_rotary_fraction_and_parallel_residual_are_read(config, fraction, parallel):
+    model = load_model(f"{FIXTURES}/{config}/config.json")
+    assert (model.rotary_fraction, model.parallel_residual) == (fraction, parallel)
+
+
+def test_the_megatron_files_rotate_what_the_model_rotates():
+    from autotune.emit.megatron_attention import position_and_attention_flags
+    from autotune.emit.megatron_deepspeed_model import rope_theta_flags
+    from autotune.emit.megatron_model_flags import layer_norms_problem
+
+    glm = load_model("glm-4.5")
+    flags = position_and_attention_flags(glm)
+    assert flags[flags.index("--rotary-percent") + 1] == "0.5"
+    assert "--rotary-percent" not in position_and_attention_flags(load_model("llama3-8b"))
+    neox = load_model("gpt-neox-20b")
+    assert rope_theta_flags(neox)[-2:] == ["--rotary-percent", "0.25"]
+    assert "side by side" in layer_norms_problem(neox)  # neither Megatron builds a parallel residual
+    with pytest.raises(InputError, match="rotary_fraction"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
+                  position_embedding="rope", rotary_fraction=0.3)  # 16 x 0.3: not an even number of dimensions

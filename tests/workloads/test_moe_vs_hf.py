@@ -1,0 +1,159 @@
+"""The built-in model's MoE layers route and combine as transformers' own models do: each config.json read by
+autotune's reader into a ModelSpec, the built-in model built from it, the weights of transformers' model copied in,
+the same loss. Mixtral (softmax over the top-k), Qwen3-MoE (norm_topk_prob true and false), Llama 4 (a top-1 sigmoid
+that scales the expert's input, a shared expert, dense layers between) and GLM-4.5 (sigmoid with a routing bias for
+the choice only, the top-k normalised and scaled, a shared expert, a dense first layer, RoPE on half of each
+head)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autotune.specs.loading import load_model
+from autotune.workloads.transformer import build_model
+
+SEQ = 16
+BASE = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def _dense(mine, mlp) -> None:
+    mine.fc1.weight.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    mine.fc2.weight.copy_(mlp.down_proj.weight)
+
+
+def _copy(ours, theirs, *, ffn: str, router: str, transposed: bool, shared: str | None) -> None:
+    """transformers' weights into the built-in model; ``transposed``: experts stored [E, in, out] (Llama 4)."""
+    spec = ours.spec
+    with torch.no_grad():
+        ours.embed.weight.copy_(theirs.model.embed_tokens.weight)
+        ours.final_norm.weight.copy_(theirs.model.norm.weight)
+        ours.output.weight.copy_(theirs.lm_head.weight)
+        for i, (mine, layer) in enumerate(zip(ours.layers, theirs.model.layers)):
+            a = layer.self_attn
+            mine.norm1.weight.copy_(layer.input_layernorm.weight)
+            mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
+            for name in ("q", "k", "v", "o"):
+                getattr(mine.attn, name).weight.copy_(getattr(a, f"{name}_proj").weight)
+            if spec.qk_norm == "head":
+                mine.attn.q_norm.weight.copy_(a.q_norm.weight)
+                mine.attn.k_norm.weight.copy_(a.k_norm.weight)
+            block = getattr(layer, ffn)
+            if not spec.is_moe_layer(i):
+                _dense(mine.mlp, block)
+                continue
+            gate = getattr(block, router)
+            mine.mlp.router.weight.copy_(gate.weight)
+            if mine.mlp.router_bias is not None:
+                mine.mlp.router_bias.copy_(gate.e_score_correction_bias)
+            for e, expert in enumerate(mine.mlp.experts):
+                up, down = block.experts.gate_up_proj[e], block.experts.down_proj[e]
+                expert.fc1.weight.copy_(up.T if transposed else up)
+                expert.fc2.weight.copy_(down.T if transposed else down)
+            if shared is not None:
+                _dense(mine.mlp.shared[0], getattr(block, shared))
+
+
+def _check(tmp_path, model_class, config, **copy) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    spec = load_model(str(tmp_path / "config.json"))
+    torch.manual_seed(0)
+    theirs = model_class(config).eval()
+    with torch.no_grad():  # a routing bias that moves the choice, where the model has one
+        for name, buf in theirs.named_buffers():
+            if "e_score_correction_bias" in name:
+                buf.uniform_(-0.5, 0.5)
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    # the routing bias is a buffer in transformers and in its checkpoints a tensor like the weights: counted
+    theirs_count = sum(p.numel() for p in theirs.parameters()) + sum(
+        b.numel() for n, b in theirs.named_buffers() if "e_score_correction_bias" in n)
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == theirs_count
+    _copy(ours, theirs, **copy)
+    g = torch.Generator().manual_seed(0)
+    ids, labels = (torch.randint(0, 128, (2, SEQ), generator=g) for _ in range(2))
+    with torch.no_grad():
+        logits = theirs(input_ids=ids).logits
+        expected = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1)).item()
+        assert ours(ids, labels).item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_mixtral(tmp_path):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**BASE, intermediate_size=48, num_hidden_layers=2, num_local_experts=4,
+                           num_experts_per_tok=2, attn_implementation="eager")
+    _check(tmp_path, MixtralForCausalLM, config, ffn="mlp", router="gate", transposed=False, shared=None)
+
+
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_qwen3_moe(tmp_path, norm_topk):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**BASE, moe_intermediate_size=48, intermediate_size=96, num_hidden_layers=2,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk,
+                            attn_implementation="eager")
+    assert load_model_from(tmp_path, config).moe.router_pre_softmax is not norm_topk
+    _check(tmp_path, Qwen3MoeForCausalLM, config, ffn="mlp", router="gate", transposed=False, shared=None)
+
+
+def test_llama4(tmp_path):
+    from transformers import Llama4TextConfig
+
+    # MoE on layers 1 and 3 (interleave step 2), dense layers between, layer 3 without RoPE. Llama 4 rotates Q and K
+    # in (2i, 2i + 1) pairs and the built-in model in (i, i + d/2) ones (test_transformer_vs_hf.py checks RoPE with
+    # the rows reordered): here Q is zero, so attention is uniform and the order does not matter.
+    config = Llama4TextConfig(**BASE, intermediate_size=48, intermediate_size_mlp=96, num_hidden_layers=4,
+                              num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                              use_qk_norm=False, rope_scaling=None, attn_implementation="eager")
+    spec = load_model_from(tmp_path, config)
+    assert spec.moe.router_probs_on_input and spec.moe.router_score == "sigmoid"
+    torch.manual_seed(0)
+    _check_llama4(tmp_path, config)
+
+
+def load_model_from(tmp_path, config):
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    return load_model(str(tmp_path / "config.json"))
+
+
+def _check_llama4(tmp_path, config):
+    from transformers import Llama4ForCausalLM
+
+    spec = load_model_from(tmp_path, config)
+    theirs = Llama4ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in theirs.model.layers:
+            layer.self_attn.q_proj.weight.zero_()  # uniform attention: RoPE's pair order does not matter
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    _copy(ours, theirs, ffn="feed_forward", router="router", transposed=True, shared="shared_expert")
+    g = torch.Generator().manual_seed(0)
+    ids, labels = (torch.randint(0, 128, (2, SEQ), generator=g) for _ in range(2))
+    with torch.no_grad():
+        logits = theirs(input_ids=ids).logits
+        expected = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1)).item()
+        assert ours(ids, labels).item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        # the weight on the output instead of the input is another model
+        for layer in ours.layers:
+            if hasattr(layer.mlp, "moe"):
+                object.__setattr__(layer.mlp, "moe", type(layer.mlp.moe)(**{
+                    **{f: getattr(layer.mlp.moe, f) for f in layer.mlp.moe.__dataclass_fields__},
+                    "router_probs_on_input": False}))
+        assert abs(ours(ids, labels).item() - expected) > 1e-4
+
+
+def test_glm4_moe(tmp_path):
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(**BASE, moe_intermediate_size=48, intermediate_size=96, num_hidden_layers=3,
+                           n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, n_shared_experts=1,
+                           routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True,
+                           partial_rotary_factor=0.5, attn_implementation="eager")
+    spec = load_model_from(tmp_path, config)
+    assert spec.moe.router_score == "sigmoid" and spec.moe.router_bias and spec.moe.router_scaling_factor == 2.5
+    assert spec.rotary_fraction == 0.5  # RoPE on the first half of each head's dimensions
+    _check(tmp_path, Glm4MoeForCausalLM, config, ffn="mlp", router="gate", transposed=False, shared="shared_experts")
