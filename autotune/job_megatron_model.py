@@ -4,6 +4,7 @@ model preset where one has that shape (:func:`preset_like`), else a :class:`Mode
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
@@ -37,6 +38,13 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
     return max(zip(score, range(len(found)), found))[2] if found else None
 
 
+def _dropout(f: dict, path: str) -> float:
+    """The hidden dropout Megatron-LM runs with (--hidden-dropout, default 0.1); ModelSpec has one dropout for the
+    hidden states and the attention probabilities."""
+    value = _float(f.get("--hidden-dropout"), "--hidden-dropout", path)
+    return 0.1 if value is None else value
+
+
 def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
@@ -68,10 +76,15 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         max_position_embeddings=n("--max-position-embeddings") or n("--seq-length") or 2048,
         rope_theta=rope_base or 10000.0, linear_bias="--disable-bias-linear" not in f,
         rotary_fraction=_float(f.get("--rotary-percent"), "--rotary-percent", path) or 1.0,
+        # Megatron-LM's --hidden-dropout default is 0.1 (arguments.py; megatron_flags_core_v0.19.json)
+        dropout=_dropout(f, path),
         qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla, **_attention_fields(f, n, layers, path))
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
+        if preset.dropout != spec.dropout:  # the file's dropout is what Megatron runs (its default 0.1 if unsaid)
+            notes.append(f"model: dropout {spec.dropout:g} as {path} runs it (the preset has {preset.dropout:g})")
+            return dataclasses.replace(preset, dropout=spec.dropout)
         return preset
     if vocab is None:
         raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "

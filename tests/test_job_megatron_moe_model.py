@@ -74,3 +74,19 @@ def test_attention_and_mlp_variants_read_back(name):
         i for i in preset.sliding_window_layers if i < preset.num_layers - 2)
     model = dataclasses.replace(preset, name="mine", num_layers=preset.num_layers - 2, sliding_window_layers=kept)
     assert megatron_model(_flags(model), "mine.sh", []) == model
+
+
+def test_dropout_is_what_megatron_runs():
+    """--hidden-dropout as written, else Megatron-LM's default 0.1: a Llama preset's shape read from a file that says
+    nothing of dropout is that preset with Megatron's dropout (its masks are activations the ledger counts)."""
+    flags = _flags(load_model("llama3-8b"))
+    assert flags["--hidden-dropout"] == "0"
+    notes: list[str] = []
+    assert megatron_model(flags, "a.sh", notes) == load_model("llama3-8b")
+    del flags["--hidden-dropout"]
+    read = megatron_model(flags, "a.sh", notes)
+    assert read.dropout == 0.1 and read == dataclasses.replace(load_model("llama3-8b"), dropout=0.1)
+    assert any("dropout 0.1 as a.sh runs it" in n for n in notes)
+    flags["--hidden-dropout"] = "1.5"
+    with pytest.raises(InputError, match="dropout"):
+        megatron_model(flags, "a.sh", [])
