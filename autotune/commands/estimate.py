@@ -74,8 +74,14 @@ def flags_estimate(args: argparse.Namespace):
     from autotune.engines import engine_for
 
     release = engine_releases(args, [plan.engine])[plan.engine][0]
-    if broken := engine_for(plan).release_problems(release, model, plan):
-        raise InputError([r.render() for r in broken], subject=f"plan for {plan.engine} {release}")
+    engine = engine_for(plan)
+    if broken := engine.release_problems(release, model, plan):
+        from autotune.search.nearest_plan import nearest_valid_plan
+
+        nearest = nearest_valid_plan(model, cluster, plan,
+                                     accept=lambda other: not engine.release_problems(release, model, other))
+        raise InputError([r.render() for r in broken] + ([nearest.describe()] if nearest else []),
+                         subject=f"plan for {plan.engine} {release}")
     # What the release's code does that the plan does not say (torchtitan 0.3's SAC save set): both settings.
     cost = release_cost_settings(args, args.engine)
     settings = MemorySettings(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from autotune.errors import InputError
@@ -81,8 +82,10 @@ def _neighbours(value: int, allowed: list[int]) -> list[int]:
     return [v for v in (value // 2, value * 2) if v in allowed and v != value]
 
 
-def _build(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, values: dict[str, int]) -> ParallelPlan | None:
-    """The plan with ``values`` changed, dp and accumulation derived; None when it breaks a rule."""
+def _build(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, values: dict[str, int],
+           accept: Callable[[ParallelPlan], bool] | None = None) -> ParallelPlan | None:
+    """The plan with ``values`` changed, dp and accumulation derived; None when it breaks a rule (or ``accept``
+    refuses it)."""
     fields = {k: v for k, v in values.items() if k != "etp"}
     tp, pp, cp = (values.get(k, getattr(plan, k)) for k in ("tp", "pp", "cp"))
     if cluster.num_gpus % (tp * pp * cp):
@@ -99,16 +102,19 @@ def _build(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, values: d
                             sequence_parallel=plan.sequence_parallel and tp > 1)
     except (InputError, ValueError):
         return None
-    return None if plan_problems(model, cluster, candidate) else candidate
+    if plan_problems(model, cluster, candidate) or (accept is not None and not accept(candidate)):
+        return None
+    return candidate
 
 
 def _distance(plan: ParallelPlan, values: dict[str, int]) -> float:
     return sum(abs(math.log2(v / _value(plan, dim))) for dim, v in values.items())
 
 
-def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> NearestPlan | None:
-    """The plan nearest to ``plan`` (module docstring) that breaks no rule; None when none is within three
-    dimensions."""
+def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                       accept: Callable[[ParallelPlan], bool] | None = None) -> NearestPlan | None:
+    """The plan nearest to ``plan`` (module docstring) that breaks no rule and that ``accept`` (when given: the
+    engine release's own rules, ``Engine.release_problems``) takes; None when none is within three dimensions."""
     choices = _choices(model, cluster, plan)
     for count in (1, 2, 3):
         found: list[tuple[float, float, tuple, ParallelPlan, dict[str, int]]] = []
@@ -117,7 +123,7 @@ def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
                       if v != _value(plan, d)] for d in dims]
             for combo in itertools.product(*pools):
                 values = dict(zip(dims, combo))
-                candidate = _build(model, cluster, plan, values)
+                candidate = _build(model, cluster, plan, values, accept)
                 if candidate is not None:
                     moved_dp = abs(math.log2(candidate.dp / max(1, plan.dp)))
                     found.append((_distance(plan, values), moved_dp, tuple(DIMS.index(d) for d in dims), candidate,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.api import make_plan
 from autotune.cli import main
+from autotune.engines import engine_for
 from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.loading import load_cluster, load_model
@@ -56,3 +58,18 @@ def test_estimate_refuses_what_its_release_cannot_run(version, rc, capsys):
     assert main(args) == rc
     err = capsys.readouterr().err
     assert ("does not support pipelining" in err) == (rc == 2)
+    if rc == 2:  # and the nearest plan the release runs
+        assert "the nearest plan that passes every rule: --pp 1 (pp 2 -> 1; dp 16)" in err
+
+
+def test_the_nearest_plan_follows_the_release_rules():
+    from autotune.search.nearest_plan import nearest_valid_plan
+
+    model, cluster = load_model("qwen3-30b-a3b"), load_cluster(gpu="h100-sxm-80gb", num_gpus=16)
+    plan = make_plan(model, cluster, engine="fsdp", pp=2, ep=8, zero_stage=3, global_batch_size=512, seq_len=4096)
+    engine = engine_for("fsdp")
+    assert engine.release_problems("0.2", model, plan)
+    # by the engine's rules alone the nearest change keeps the pipeline the release cannot run
+    assert engine.release_problems("0.2", model, nearest_valid_plan(model, cluster, plan).plan)
+    nearest = nearest_valid_plan(model, cluster, plan, accept=lambda p: not engine.release_problems("0.2", model, p))
+    assert nearest.flags() == "--pp 1" and not engine.release_problems("0.2", model, nearest.plan)
