@@ -106,6 +106,8 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("an embedding norm")
     if model.post_norm:
         why.append("norms on the attention and MLP outputs (OLMo 2)")
+    if model.activation == "relu":
+        why.append("a ReLU MLP (OPT)")
     if model.parallel_residual:
         why.append("attention and MLP side by side (parallel residual)")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:

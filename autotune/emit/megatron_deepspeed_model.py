@@ -50,6 +50,8 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
                    f"--rotary-position-embeddings-theta (an int) cannot take")
     if model.qkv_bias and not model.linear_bias:
         out.append(f"{model.name} has Q/K/V biases only; Megatron-DeepSpeed biases every linear or none")
+    if model.activation == "relu":
+        out.append(f"{model.name}'s MLP is ReLU (OPT); Megatron-DeepSpeed builds GeLU, SwiGLU or squared ReLU")
     if model.activation_clamp is not None:
         out.append(f"{model.name} clamps its GLU activation; Megatron-DeepSpeed's SwiGLU is unclamped")
     moe = model.moe

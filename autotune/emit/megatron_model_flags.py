@@ -69,6 +69,9 @@ def architecture_problems(model: ModelSpec) -> list[str]:
     if model.post_norm:
         out.append(f"{model.name} normalises the attention and MLP outputs (OLMo 2's post-norm layers); Megatron-LM's "
                    "GPT layer normalises their inputs")
+    if model.activation == "relu":  # arguments.py: --swiglu, --openai-gelu, --squared-relu, --quick-geglu; no ReLU
+        out.append(f"{model.name}'s MLP is ReLU (OPT); Megatron-LM's flags build GeLU, SwiGLU, squared ReLU or "
+                   "quick-GeGLU, not ReLU")
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")

@@ -209,8 +209,8 @@ def _opt(f: _Fields) -> dict:
         num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
         num_attention_heads=f.need("num_attention_heads", what="attention heads"),
         ffn_hidden_size=f.need("ffn_dim", what="MLP width"), vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="gelu", norm="layernorm", position_embedding="learned",
-        max_position_embeddings=f.get_int("max_position_embeddings", default=2048) + 2,
+        activation="relu" if f.get("activation_function", "relu") == "relu" else "gelu", norm="layernorm",
+        position_embedding="learned", max_position_embeddings=f.get_int("max_position_embeddings", default=2048) + 2,
         linear_bias=bool(f.get("enable_bias", True)), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "dropout", default=0.1),
     )
@@ -224,7 +224,7 @@ assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
 MODEL_YAML_FIELDS = (
     "name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size (required); num_kv_heads, "
-    "head_dim, activation (swiglu or gelu), norm (rmsnorm or layernorm), tied_embeddings, position_embedding, "
+    "head_dim, activation (swiglu, gelu or relu), norm (rmsnorm or layernorm), tied_embeddings, position_embedding, "
     "linear_bias, qkv_bias, qk_norm, sliding_window, sliding_window_layers; for MoE a moe: block (num_experts, "
     "top_k, expert_ffn_hidden_size, num_shared_experts, num_dense_layers, moe_layer_step). "
     "autotune/presets/models/llama3-8b.yaml is an example; schemas/model.schema.json lists every field; "

@@ -19,7 +19,7 @@ from autotune.specs.model_parts import MLASpec, MoESpec, ParamGroups
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "swiglu", "relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 QKNorm = Literal["head", "full", "l2"]
@@ -123,8 +123,8 @@ class ModelSpec:
                 out.append(f"{name} must be a positive integer or absent, got {value!r}")
         if out:
             return out
-        if self.activation not in ("gelu", "swiglu"):
-            out.append(f"activation must be gelu or swiglu, got {self.activation!r}")
+        if self.activation not in ("gelu", "swiglu", "relu"):
+            out.append(f"activation must be gelu, swiglu or relu, got {self.activation!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             out.append(f"norm must be layernorm or rmsnorm, got {self.norm!r}")
         if self.position_embedding not in ("learned", "rope", "alibi"):

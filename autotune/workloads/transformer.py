@@ -124,13 +124,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int, activation: str, bias: bool) -> None:
         super().__init__()
-        self.swiglu = activation == "swiglu"
+        self.swiglu, self.relu = activation == "swiglu", activation == "relu"
         self.fc1 = nn.Linear(hidden, (2 if self.swiglu else 1) * width, bias=bias)
         self.fc2 = nn.Linear(width, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(x)
-        y = swiglu(y) if self.swiglu else F.gelu(y, approximate="tanh")
+        y = swiglu(y) if self.swiglu else F.relu(y) if self.relu else F.gelu(y, approximate="tanh")
         return self.fc2(y)
 
 

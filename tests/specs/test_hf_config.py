@@ -80,7 +80,7 @@ def test_family_details():
     neox = model_from_hf_config(FIXTURES / "gpt-neox-20b")
     assert not neox.tied_embeddings and neox.linear_bias and neox.norms_per_layer == 2
     opt = model_from_hf_config(FIXTURES / "opt-175b")
-    assert opt.max_position_embeddings == 2048 + 2 and opt.tied_embeddings and opt.activation == "gelu"
+    assert opt.max_position_embeddings == 2048 + 2 and opt.tied_embeddings and opt.activation == "relu"
     qwen = model_from_hf_config(FIXTURES / "qwen2.5-72b")
     assert qwen.qkv_bias and not qwen.linear_bias
     mixtral = model_from_hf_config(FIXTURES / "mixtral-8x7b")

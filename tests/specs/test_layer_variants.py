@@ -72,3 +72,14 @@ def test_the_megatron_files_rotate_what_the_model_rotates():
     with pytest.raises(InputError, match="rotary_fraction"):
         ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, vocab_size=128,
                   position_embedding="rope", rotary_fraction=0.3)  # 16 x 0.3: not an even number of dimensions
+
+
+def test_opt_is_relu_and_neither_megatron_writes_relu():
+    from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
+    from autotune.emit.megatron_model_flags import architecture_problems
+
+    opt = load_model(f"{FIXTURES}/opt-175b/config.json")
+    assert opt.activation == "relu" == load_model("opt-175b").activation
+    assert any("ReLU" in p for p in architecture_problems(opt))
+    assert any("ReLU" in p for p in megatron_deepspeed_model_problems(opt, 2048))
+    assert load_model(f"{FIXTURES}/gpt2/config.json").activation == "gelu"

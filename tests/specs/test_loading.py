@@ -86,13 +86,13 @@ def test_unknown_keys_rejected_with_their_paths(tmp_path):
 
 
 def test_every_problem_reported_at_once(tmp_path):
-    data = {"name": "bad", "num_layers": 0, "hidden_size": "64", "num_attention_heads": 4, "activation": "relu",
+    data = {"name": "bad", "num_layers": 0, "hidden_size": "64", "num_attention_heads": 4, "activation": "tanh",
             "mla": 5, "dropout": 1.5}
     problems = _problems(load_model, _write(tmp_path, "m.yaml", data))
     text = "\n".join(problems)
     for needle in ("$: missing required key 'ffn_hidden_size'", "$: missing required key 'vocab_size'",
                    "$.num_layers: must be >= 1, got 0", "$.hidden_size: expected integer, got string '64'",
-                   "$.activation: must be one of gelu, swiglu", "$.mla: expected null or a mapping",
+                   "$.activation: must be one of gelu, swiglu, relu", "$.mla: expected null or a mapping",
                    "$.dropout: must be < 1"):
         assert needle in text, needle
     assert len(problems) == 7

@@ -202,3 +202,42 @@ def test_gpt_neox_parallel_residual_and_partial_rope_match_transformers(tmp_path
     ids, labels = _batch(128)
     with torch.no_grad():
         assert abs(sequential(ids, labels).item() - ours(ids, labels).item()) > 1e-4
+
+
+def test_opt_relu_mlp_matches_transformers(tmp_path) -> None:
+    """OPT: a ReLU MLP (not GeLU), learned positions offset by 2 rows, biases, tied embeddings."""
+    import json
+
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, ffn_dim=256, num_attention_heads=4,
+                       max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0, attention_dropout=0.0,
+                       attn_implementation="eager")
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    spec = load_model(str(tmp_path / "config.json"))
+    assert spec.activation == "relu" and spec.max_position_embeddings == 66
+    torch.manual_seed(0)
+    theirs = OPTForCausalLM(config).eval()
+    with torch.no_grad():  # OPT's init (std 0.02) leaves the logits near uniform: larger weights, so the loss tells
+        for p in theirs.parameters():
+            p.normal_(0.0, 0.3)
+    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
+    d = theirs.model.decoder
+    with torch.no_grad():
+        ours.embed.weight.copy_(d.embed_tokens.weight)
+        ours.pos.weight[:64].copy_(d.embed_positions.weight[2:])  # OPT looks up position p at row p + 2
+        ours.final_norm.weight.copy_(d.final_layer_norm.weight)
+        ours.final_norm.bias.copy_(d.final_layer_norm.bias)
+        for mine, layer in zip(ours.layers, d.layers):
+            for our_norm, their_norm in ((mine.norm1, layer.self_attn_layer_norm),
+                                         (mine.norm2, layer.final_layer_norm)):
+                our_norm.weight.copy_(their_norm.weight)
+                our_norm.bias.copy_(their_norm.bias)
+            for ours_name, theirs_name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+                getattr(mine.attn, ours_name).weight.copy_(getattr(layer.self_attn, theirs_name).weight)
+                getattr(mine.attn, ours_name).bias.copy_(getattr(layer.self_attn, theirs_name).bias)
+            for ours_name, theirs_name in (("fc1", "fc1"), ("fc2", "fc2")):
+                getattr(mine.mlp, ours_name).weight.copy_(getattr(layer, theirs_name).weight)
+                getattr(mine.mlp, ours_name).bias.copy_(getattr(layer, theirs_name).bias)
+    _same_loss(ours, theirs)
