@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.errors import require_no_problems
+from autotune.specs.model_checks import model_problems
 from autotune.specs.model_parts import MLASpec, MoESpec, ParamGroups
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
@@ -111,92 +112,8 @@ class ModelSpec:
 
     # ---- validation -------------------------------------------------------------------
     def problems(self) -> list[str]:
-        out: list[str] = []
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                     "max_position_embeddings", "norms_per_layer"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "norms_per_layer" else 1):
-                out.append(f"{name} must be a positive integer, got {value!r}")
-        for name in ("num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                out.append(f"{name} must be a positive integer or absent, got {value!r}")
-        if out:
-            return out
-        if self.activation not in ("gelu", "swiglu", "relu"):
-            out.append(f"activation must be gelu, swiglu or relu, got {self.activation!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            out.append(f"norm must be layernorm or rmsnorm, got {self.norm!r}")
-        if self.position_embedding not in ("learned", "rope", "alibi"):
-            out.append(f"position_embedding must be learned, rope or alibi, got {self.position_embedding!r}")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            out.append(f"rope_theta must be a positive number, got {self.rope_theta!r}")
-        if self.rope_scaling not in (None, "yarn"):
-            out.append(f"rope_scaling must be yarn or absent, got {self.rope_scaling!r}")
-        factor = self.rope_scaling_factor
-        if factor is not None and (self.rope_scaling is None or isinstance(factor, bool)
-                                   or not isinstance(factor, (int, float)) or factor <= 1):
-            out.append(f"rope_scaling_factor must be a number above 1, with rope_scaling yarn, or absent; got "
-                       f"{factor!r}")
-        if self.activation_clamp is not None and not (
-                isinstance(self.activation_clamp, (int, float)) and self.activation_clamp > 0):
-            out.append(f"activation_clamp must be a positive number or absent, got {self.activation_clamp!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            out.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
-            out.append(
-                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                f"({self.num_attention_heads}): set head_dim explicitly or fix the head count"
-            )
-        if self.kv_heads > self.num_attention_heads or self.num_attention_heads % self.kv_heads:
-            out.append(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads "
-                f"({self.kv_heads}) for GQA/MQA"
-            )
-        if self.moe is not None:
-            out += self.moe.problems()
-            if self.moe.num_dense_layers > self.num_layers:
-                out.append(f"moe.num_dense_layers ({self.moe.num_dense_layers}) exceeds num_layers ({self.num_layers})")
-        if self.mla is not None:
-            out += self.mla.problems()
-        return out + self._later_problems()
-
-    def _later_problems(self) -> list[str]:
-        out: list[str] = []
-        if self.qk_norm not in (None, "head", "full", "l2"):
-            out.append(f"qk_norm must be head, full, l2 or absent, got {self.qk_norm!r}")
-        if self.parallel_residual not in (False, True) or (self.parallel_residual and (
-                self.norms_per_layer not in (1, 2) or self.post_norm)):
-            out.append(f"parallel_residual must be true or false, true with one or two pre-norms per layer; got "
-                       f"{self.parallel_residual!r} with norms_per_layer {self.norms_per_layer}")
-        if self.post_norm not in (False, True) or (self.post_norm and self.norms_per_layer != 2):
-            out.append(f"post_norm must be true or false, true only with two norms per layer; got {self.post_norm!r} "
-                       f"with norms_per_layer {self.norms_per_layer}")
-        fraction = self.rotary_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            out.append(f"rotary_fraction must be a number in (0, 1], got {fraction!r}")
-        elif fraction != 1 and (self.position_embedding != "rope" or self.mla is not None
-                                or (self.attention_head_dim * fraction) % 2):
-            out.append(f"rotary_fraction {fraction:g} needs RoPE on an even number of each head's dimensions (head "
-                       f"dim {self.attention_head_dim}), without MLA (whose RoPE has its own head dim)")
-        if self.qk_norm == "l2" and self.position_embedding != "rope":
-            out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
-                       f"{self.position_embedding!r}: use rope, or qk_norm head")
-        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
-                                                or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
-            out.append(f"sliding_window must be a positive integer or absent, got {self.sliding_window!r}")
-        layers = self.sliding_window_layers
-        if layers is not None:
-            if self.sliding_window is None:
-                out.append("sliding_window_layers needs a sliding_window (the local layers' window in tokens)")
-            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_layers]
-            if bad:
-                out.append(f"sliding_window_layers must be layer indices in [0, {self.num_layers}), got {bad[:5]}")
-        if self.chunked_attention and self.sliding_window is None:
-            out.append("chunked_attention needs a sliding_window (the chunk size in tokens)")
-        if isinstance(self.num_mtp_layers, bool) or not isinstance(self.num_mtp_layers, int) or self.num_mtp_layers < 0:
-            out.append(f"num_mtp_layers must be an integer >= 0, got {self.num_mtp_layers!r}")
-        return out
+        """Every problem of the spec at once (autotune.specs.model_checks)."""
+        return model_problems(self)
 
     # ---- derived shape ------------------------------------------------------------------
     @property

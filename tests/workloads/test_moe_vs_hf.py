@@ -8,6 +8,7 @@ head)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -58,15 +59,24 @@ def _copy(ours, theirs, *, ffn: str, router: str, transposed: bool, shared: str 
                 _dense(mine.mlp.shared[0], getattr(block, shared))
 
 
-def _check(tmp_path, model_class, config, **copy) -> None:
+def load_model_from(tmp_path, config):
+    """The ModelSpec autotune reads from ``config`` written as a config.json."""
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
-    spec = load_model(str(tmp_path / "config.json"))
+    return load_model(str(tmp_path / "config.json"))
+
+
+def _check(tmp_path, model_class, config, prepare=None, **copy) -> tuple:
+    """The built-in model of ``config``'s spec with transformers' weights gives transformers' loss; (the built-in
+    model, the batch, that loss). ``prepare``: what to change in transformers' model first."""
+    spec = load_model_from(tmp_path, config)
     torch.manual_seed(0)
     theirs = model_class(config).eval()
     with torch.no_grad():  # a routing bias that moves the choice, where the model has one
         for name, buf in theirs.named_buffers():
             if "e_score_correction_bias" in name:
                 buf.uniform_(-0.5, 0.5)
+        if prepare is not None:
+            prepare(theirs)
     ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
     # the routing bias is a buffer in transformers and in its checkpoints a tensor like the weights: counted
     theirs_count = sum(p.numel() for p in theirs.parameters()) + sum(
@@ -79,6 +89,7 @@ def _check(tmp_path, model_class, config, **copy) -> None:
         logits = theirs(input_ids=ids).logits
         expected = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1)).item()
         assert ours(ids, labels).item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    return ours, ids, labels, expected
 
 
 def test_mixtral(tmp_path):
@@ -101,7 +112,7 @@ def test_qwen3_moe(tmp_path, norm_topk):
 
 
 def test_llama4(tmp_path):
-    from transformers import Llama4TextConfig
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
 
     # MoE on layers 1 and 3 (interleave step 2), dense layers between, layer 3 without RoPE. Llama 4 rotates Q and K
     # in (2i, 2i + 1) pairs and the built-in model in (i, i + d/2) ones (test_transformer_vs_hf.py checks RoPE with
@@ -111,38 +122,17 @@ def test_llama4(tmp_path):
                               use_qk_norm=False, rope_scaling=None, attn_implementation="eager")
     spec = load_model_from(tmp_path, config)
     assert spec.moe.router_probs_on_input and spec.moe.router_score == "sigmoid"
-    torch.manual_seed(0)
-    _check_llama4(tmp_path, config)
 
-
-def load_model_from(tmp_path, config):
-    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
-    return load_model(str(tmp_path / "config.json"))
-
-
-def _check_llama4(tmp_path, config):
-    from transformers import Llama4ForCausalLM
-
-    spec = load_model_from(tmp_path, config)
-    theirs = Llama4ForCausalLM(config).eval()
-    with torch.no_grad():
+    def uniform_attention(theirs):
         for layer in theirs.model.layers:
-            layer.self_attn.q_proj.weight.zero_()  # uniform attention: RoPE's pair order does not matter
-    ours = build_model(spec, seq_len=SEQ, dtype=torch.float32).eval()
-    assert sum(p.numel() for p in ours.parameters()) == spec.num_params == sum(p.numel() for p in theirs.parameters())
-    _copy(ours, theirs, ffn="feed_forward", router="router", transposed=True, shared="shared_expert")
-    g = torch.Generator().manual_seed(0)
-    ids, labels = (torch.randint(0, 128, (2, SEQ), generator=g) for _ in range(2))
+            layer.self_attn.q_proj.weight.zero_()
+
+    ours, ids, labels, expected = _check(tmp_path, Llama4ForCausalLM, config, prepare=uniform_attention,
+                                         ffn="feed_forward", router="router", transposed=True, shared="shared_expert")
+    for i, layer in enumerate(ours.layers):  # the weight on the expert's output instead of its input: another model
+        if spec.is_moe_layer(i):
+            layer.mlp.moe = replace(layer.mlp.moe, router_probs_on_input=False)
     with torch.no_grad():
-        logits = theirs(input_ids=ids).logits
-        expected = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1)).item()
-        assert ours(ids, labels).item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
-        # the weight on the output instead of the input is another model
-        for layer in ours.layers:
-            if hasattr(layer.mlp, "moe"):
-                object.__setattr__(layer.mlp, "moe", type(layer.mlp.moe)(**{
-                    **{f: getattr(layer.mlp.moe, f) for f in layer.mlp.moe.__dataclass_fields__},
-                    "router_probs_on_input": False}))
         assert abs(ours(ids, labels).item() - expected) > 1e-4
 
 

@@ -1,0 +1,100 @@
+"""ModelSpec's validation: the shape (positive sizes, heads that divide), the field values, and the fields it gained
+after its first presets (how a layer differs from a Llama layer: Q/K norms, parallel residual, post-norms, partial
+RoPE; local attention windows; multi-token prediction). Each problem a sentence that names the field, its value and
+what it takes; ModelSpec reports them all at once."""
+
+from __future__ import annotations
+
+__all__ = ["model_problems", "layer_variant_problems"]
+
+
+def model_problems(spec) -> list[str]:
+    """Every problem of ``spec`` (a ModelSpec)."""
+    out: list[str] = []
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
+                 "max_position_embeddings", "norms_per_layer"):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "norms_per_layer" else 1):
+            out.append(f"{name} must be a positive integer, got {value!r}")
+    for name in ("num_kv_heads", "head_dim"):
+        value = getattr(spec, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            out.append(f"{name} must be a positive integer or absent, got {value!r}")
+    if out:
+        return out
+    if spec.activation not in ("gelu", "swiglu", "relu"):
+        out.append(f"activation must be gelu, swiglu or relu, got {spec.activation!r}")
+    if spec.norm not in ("layernorm", "rmsnorm"):
+        out.append(f"norm must be layernorm or rmsnorm, got {spec.norm!r}")
+    if spec.position_embedding not in ("learned", "rope", "alibi"):
+        out.append(f"position_embedding must be learned, rope or alibi, got {spec.position_embedding!r}")
+    if not (isinstance(spec.rope_theta, (int, float)) and spec.rope_theta > 0):
+        out.append(f"rope_theta must be a positive number, got {spec.rope_theta!r}")
+    if spec.rope_scaling not in (None, "yarn"):
+        out.append(f"rope_scaling must be yarn or absent, got {spec.rope_scaling!r}")
+    factor = spec.rope_scaling_factor
+    if factor is not None and (spec.rope_scaling is None or isinstance(factor, bool)
+                               or not isinstance(factor, (int, float)) or factor <= 1):
+        out.append(f"rope_scaling_factor must be a number above 1, with rope_scaling yarn, or absent; got "
+                   f"{factor!r}")
+    if spec.activation_clamp is not None and not (
+            isinstance(spec.activation_clamp, (int, float)) and spec.activation_clamp > 0):
+        out.append(f"activation_clamp must be a positive number or absent, got {spec.activation_clamp!r}")
+    if not 0.0 <= spec.dropout < 1.0:
+        out.append(f"dropout must be in [0, 1), got {spec.dropout}")
+    if spec.head_dim is None and spec.mla is None and spec.hidden_size % spec.num_attention_heads:
+        out.append(
+            f"hidden_size ({spec.hidden_size}) is not divisible by num_attention_heads "
+            f"({spec.num_attention_heads}): set head_dim explicitly or fix the head count"
+        )
+    if spec.kv_heads > spec.num_attention_heads or spec.num_attention_heads % spec.kv_heads:
+        out.append(
+            f"num_attention_heads ({spec.num_attention_heads}) must be a multiple of num_kv_heads "
+            f"({spec.kv_heads}) for GQA/MQA"
+        )
+    if spec.moe is not None:
+        out += spec.moe.problems()
+        if spec.moe.num_dense_layers > spec.num_layers:
+            out.append(f"moe.num_dense_layers ({spec.moe.num_dense_layers}) exceeds num_layers ({spec.num_layers})")
+    if spec.mla is not None:
+        out += spec.mla.problems()
+    return out + layer_variant_problems(spec)
+
+
+def layer_variant_problems(spec) -> list[str]:
+    """The problems of ``spec``'s (a ModelSpec's) later fields, after its shape was found valid."""
+    out: list[str] = []
+    if spec.qk_norm not in (None, "head", "full", "l2"):
+        out.append(f"qk_norm must be head, full, l2 or absent, got {spec.qk_norm!r}")
+    if spec.parallel_residual not in (False, True) or (spec.parallel_residual and (
+            spec.norms_per_layer not in (1, 2) or spec.post_norm)):
+        out.append(f"parallel_residual must be true or false, true with one or two pre-norms per layer; got "
+                   f"{spec.parallel_residual!r} with norms_per_layer {spec.norms_per_layer}")
+    if spec.post_norm not in (False, True) or (spec.post_norm and spec.norms_per_layer != 2):
+        out.append(f"post_norm must be true or false, true only with two norms per layer; got {spec.post_norm!r} "
+                   f"with norms_per_layer {spec.norms_per_layer}")
+    fraction = spec.rotary_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        out.append(f"rotary_fraction must be a number in (0, 1], got {fraction!r}")
+    elif fraction != 1 and (spec.position_embedding != "rope" or spec.mla is not None
+                            or (spec.attention_head_dim * fraction) % 2):
+        out.append(f"rotary_fraction {fraction:g} needs RoPE on an even number of each head's dimensions (head "
+                   f"dim {spec.attention_head_dim}), without MLA (whose RoPE has its own head dim)")
+    if spec.qk_norm == "l2" and spec.position_embedding != "rope":
+        out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
+                   f"{spec.position_embedding!r}: use rope, or qk_norm head")
+    if spec.sliding_window is not None and (isinstance(spec.sliding_window, bool)
+                                            or not isinstance(spec.sliding_window, int) or spec.sliding_window < 1):
+        out.append(f"sliding_window must be a positive integer or absent, got {spec.sliding_window!r}")
+    layers = spec.sliding_window_layers
+    if layers is not None:
+        if spec.sliding_window is None:
+            out.append("sliding_window_layers needs a sliding_window (the local layers' window in tokens)")
+        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < spec.num_layers]
+        if bad:
+            out.append(f"sliding_window_layers must be layer indices in [0, {spec.num_layers}), got {bad[:5]}")
+    if spec.chunked_attention and spec.sliding_window is None:
+        out.append("chunked_attention needs a sliding_window (the chunk size in tokens)")
+    if isinstance(spec.num_mtp_layers, bool) or not isinstance(spec.num_mtp_layers, int) or spec.num_mtp_layers < 0:
+        out.append(f"num_mtp_layers must be an integer >= 0, got {spec.num_mtp_layers!r}")
+    return out
