@@ -27,19 +27,22 @@ STEPS = 6  # the dispatcher's defaults: 1 warm-up step + 5 measured
 pytestmark = pytest.mark.usefixtures("default_port_taken", "deepspeed_ops")
 
 
-def _model_yaml(tmp: Path, layers: int) -> Path:
+def _model_yaml(tmp: Path, layers: int, **fields) -> Path:
+    """tiny-llama cut to ``layers`` layers, ``fields`` changed (a model YAML, as a user would write one)."""
     doc = yaml.safe_load(data_path("presets", "models/tiny-llama.yaml").read_text())
     doc["name"], doc["num_layers"] = f"tiny-llama-{layers}l", layers
+    doc.update(fields)
     path = tmp / "model.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def emit(tmp: Path, layers: int, num_gpus: int, engine: str, *flags: str) -> Path:
+def emit(tmp: Path, layers: int, num_gpus: int, engine: str, *flags: str, **fields) -> Path:
     out = tmp / "bundle"
-    cmd = [sys.executable, "-m", "autotune", "emit", "--model", str(_model_yaml(tmp, layers)), "--gpu", "cpu",
-           "--num-gpus", str(num_gpus), "--gpus-per-node", str(num_gpus), "--engine", engine, "--seq-len", "64",
-           "--recompute", "none", "--out", str(out), *flags]
+    model = _model_yaml(tmp, layers, **fields)
+    cmd = [sys.executable, "-m", "autotune", "emit", "--model", str(model), "--gpu", "cpu", "--num-gpus", str(num_gpus),
+           "--gpus-per-node", str(num_gpus), "--engine", engine, "--seq-len", "64", "--recompute", "none",
+           "--out", str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out

@@ -54,3 +54,20 @@ def test_accelerate_bundle_trains_and_matches_one_process(tmp_path):
     with torch.no_grad():
         loss = float(model(input_ids=first["input_ids"][None], labels=first["labels"][None]).loss)
     assert result["losses"][0] == pytest.approx(loss, rel=2e-3)
+
+
+@pytest.mark.parametrize("fields, built", [({"qk_norm": "head"}, "Qwen3ForCausalLM"),
+                                           ({"qkv_bias": True}, "Qwen2ForCausalLM")])
+def test_qwen_style_models_train_as_their_transformers_class(tmp_path, fields, built):
+    """A Qwen3-style model (per-head Q/K RMSNorm) or a Qwen2-style one (Q/K/V biases) trains through the emitted
+    accelerate launch as transformers' own Qwen3 / Qwen2 class, its first loss that model's on the same batch."""
+    bundle = emit(tmp_path, 2, 2, "hf", "--zero", "2", "--global-batch", "2", name="tiny-qwen-2l", **fields)
+    result = run_script(bundle, "launch_accelerate.sh", cwd=tmp_path)
+    model, data = _reference_first_step(bundle)
+    assert type(model).__name__ == built
+    first = data[0]
+    import torch
+
+    with torch.no_grad():
+        loss = float(model(input_ids=first["input_ids"][None], labels=first["labels"][None]).loss)
+    assert result["losses"][0] == pytest.approx(loss, rel=2e-3)
