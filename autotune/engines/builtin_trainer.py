@@ -129,17 +129,36 @@ def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     return None
 
 
+def _hf_moe_family(spec: ModelSpec) -> str | None:
+    """"mixtral" or "qwen3_moe" for a MoE spec transformers' Mixtral / Qwen3-MoE computes: a softmax router (over the
+    top-k: Mixtral, Qwen3 norm_topk_prob; over every expert first: Qwen3 without it), no routing bias, shared experts,
+    groups, scale or dense leading layers (None: neither)."""
+    moe = spec.moe
+    if (moe is None or moe.router_score != "softmax" or moe.router_bias or moe.num_shared_experts
+            or moe.num_dense_layers or moe.router_groups is not None or moe.router_scaling_factor != 1.0
+            or moe.router_probs_on_input or spec.qkv_bias):
+        return None
+    if spec.qk_norm == "head":
+        return "qwen3_moe"
+    return "mixtral" if spec.qk_norm is None and moe.moe_layer_step == 1 and not moe.router_pre_softmax else None
+
+
 def hf_model_family(spec: ModelSpec) -> str | None:
-    """"llama", "qwen2", "qwen3" or "gpt2": the transformers model the AutoTP and HF trainers build for ``spec``
-    (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases alone are Qwen2's;
-    a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
+    """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe" or "gpt2": the transformers model the AutoTP and HF trainers
+    build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases
+    alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
+    llama_layer = (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
+                   and not spec.linear_bias)
+    if spec.moe is not None and spec.mla is None and spec.norms_per_layer == 2 and not (
+            spec.embedding_norm or spec.attention_sinks or spec.activation_clamp is not None
+            or spec.rope_scaling is not None or spec.chunked_attention or spec.post_norm or spec.parallel_residual):
+        return _hf_moe_family(spec) if llama_layer else None
     if (spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm
             or spec.attention_sinks or spec.activation_clamp is not None or spec.rope_scaling is not None
             or spec.chunked_attention or spec.post_norm or spec.parallel_residual
             or spec.qk_norm not in (None, "head")):
         return None
-    if (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
-            and not spec.linear_bias):
+    if llama_layer:
         if spec.qk_norm == "head":
             return None if spec.qkv_bias else "qwen3"
         return "qwen2" if spec.qkv_bias else "llama"
@@ -157,7 +176,8 @@ def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
         return None
     want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
     if not llama_only:
-        want += (", a Qwen2 / Qwen3-style one (the same with Q/K/V biases, or with a per-head Q/K RMSNorm) or a "
+        want += (", a Qwen2 / Qwen3-style one (the same with Q/K/V biases, or with a per-head Q/K RMSNorm), a "
+                 "Mixtral / Qwen3-MoE-style one (softmax top-k routing, no shared experts or routing bias) or a "
                  "GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)")
     return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
 

@@ -15,23 +15,39 @@ from autotune.engines.builtin_trainer import hf_model_family, hf_model_problem
 __all__ = ["build_hf_model", "hf_model_problem"]
 
 
+def _moe_fields(spec, family: str) -> dict:
+    """The MoE block as MixtralConfig / Qwen3MoeConfig take it (their routers: a softmax over the top-k, or for
+    Qwen3 without norm_topk_prob over every expert first)."""
+    moe = spec.moe
+    if moe is None:
+        return {}
+    if family == "mixtral":  # every layer MoE, experts of intermediate_size
+        return {"intermediate_size": moe.expert_ffn_hidden_size, "num_local_experts": moe.num_experts,
+                "num_experts_per_tok": moe.top_k}
+    return {"moe_intermediate_size": moe.expert_ffn_hidden_size, "num_experts": moe.num_experts,
+            "num_experts_per_tok": moe.top_k, "decoder_sparse_step": moe.moe_layer_step,
+            "norm_topk_prob": not moe.router_pre_softmax}
+
+
 def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
 
     family = hf_model_family(spec)
     assert family is not None, hf_model_problem(spec)
-    if family in ("llama", "qwen2", "qwen3"):
+    if family in ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         import transformers
 
-        prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+        prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe"}[
+            family]
         config_class, model_class = (getattr(transformers, prefix + suffix) for suffix in ("Config", "ForCausalLM"))
-        cfg = config_class(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-                           intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
-                           num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
-                           head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
-                           rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
-                           attention_dropout=spec.dropout, attn_implementation="sdpa",
-                           **({"attention_bias": False} if family == "qwen3" else {}))
+        fields = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                      intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
+                      num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
+                      head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
+                      rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
+                      attention_dropout=spec.dropout, attn_implementation="sdpa",
+                      **({"attention_bias": False} if family in ("qwen3", "qwen3_moe") else {}))
+        cfg = config_class(**(fields | _moe_fields(spec, family)))
         model = model_class(cfg)
     else:
         from transformers import GPT2Config, GPT2LMHeadModel

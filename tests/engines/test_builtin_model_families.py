@@ -1,8 +1,9 @@
 """The built-in trainers train the model the plan names, or refuse it by name.
 
 - The hf trainer (and DeepSpeed's AutoTP) build a transformers model: Llama for Llama-style specs, Qwen2 where
-  Q/K/V have biases (Llama's attention_bias would add one to o_proj), Qwen3 with a per-head Q/K norm; each with
-  exactly the spec's parameters. AutoTP stays on Llama, the one measured here.
+  Q/K/V have biases (Llama's attention_bias would add one to o_proj), Qwen3 with a per-head Q/K norm, Mixtral and
+  Qwen3-MoE for MoE specs their routers compute; each with exactly the spec's parameters. AutoTP stays on Llama, the
+  one measured here.
 - The fsdp and deepspeed trainers' own model (autotune.workloads.transformer) builds Q/K norms and Llama 4's layers
   without RoPE (tests/workloads/test_transformer_vs_hf.py checks it against transformers) and refuses what it does
   not build: MLA, attention sinks, the clamped activation, YaRN, ALiBi.
@@ -18,7 +19,7 @@ from autotune.api import make_plan
 from autotune.engines import engine_for
 from autotune.engines.builtin_trainer import built_model_problem, fsdp_trainer_problem, hf_model_family
 from autotune.specs.loading import load_cluster, load_model
-from autotune.specs.model import ModelSpec
+from autotune.specs.model import ModelSpec, MoESpec
 from autotune.train.hf_models import build_hf_model
 
 FIXTURES = "tests/fixtures/hf"
@@ -26,13 +27,20 @@ FIXTURES = "tests/fixtures/hf"
 
 @pytest.mark.parametrize("name, family", [("llama3-8b", "llama"), ("qwen2.5-72b", "qwen2"), ("qwen3-8b", "qwen3"),
                                           ("gpt3-175b", "gpt2"), (f"{FIXTURES}/olmo2-13b/config.json", None),
-                                          ("llama4-scout", None), ("gpt-oss-20b", None)])
+                                          ("llama4-scout", None), ("gpt-oss-20b", None), ("mixtral-8x7b", "mixtral"),
+                                          ("qwen3-30b-a3b", "qwen3_moe"), ("glm-4.5", None), ("deepseek-v3", None)])
 def test_the_transformers_model_of_each_architecture(name, family):
     assert hf_model_family(load_model(name)) == family
 
 
+MIXTRAL_MOE = MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=48)
+QWEN3_MOE = MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=48, router_pre_softmax=True, moe_layer_step=2)
+
+
 @pytest.mark.parametrize("fields, built", [({}, "LlamaForCausalLM"), ({"qkv_bias": True}, "Qwen2ForCausalLM"),
-                                           ({"qk_norm": "head"}, "Qwen3ForCausalLM")])
+                                           ({"qk_norm": "head"}, "Qwen3ForCausalLM"),
+                                           ({"moe": MIXTRAL_MOE}, "MixtralForCausalLM"),
+                                           ({"qk_norm": "head", "moe": QWEN3_MOE}, "Qwen3MoeForCausalLM")])
 def test_the_built_transformers_model_has_the_specs_parameters(fields, built):
     spec = ModelSpec(name="small", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=32,
                      ffn_hidden_size=96, vocab_size=128, position_embedding="rope", activation="swiglu",
@@ -40,6 +48,8 @@ def test_the_built_transformers_model_has_the_specs_parameters(fields, built):
     model = build_hf_model(spec, seq_len=32, dtype=None)
     assert type(model).__name__ == built
     assert sum(p.numel() for p in model.parameters()) == spec.num_params
+    if spec.moe is not None:  # the router transformers runs is the spec's (tests/workloads/test_moe_vs_hf.py)
+        assert getattr(model.config, "norm_topk_prob", True) is not spec.moe.router_pre_softmax
 
 
 def _trainer_problem(model, engine: str, num_gpus: int = 8, **plan):

@@ -6,10 +6,10 @@ real software (DeepSpeed's AutoTP, transformers' Mixtral and Qwen3-MoE, 2 CPU ra
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
+from conftest import run_launcher  # a rank's rare native abort at exit: started once more (conftest.NATIVE_ABORT)
 
 from autotune.api import make_plan
 from autotune.errors import InputError
@@ -58,9 +58,8 @@ if dist.get_rank() == 0:
 def test_autotp_leaves_transformers_experts_whole(tmp_path, free_port, family, experts, width):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          str(free_port), str(script), family], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = run_launcher([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(free_port), str(script), family], timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     shapes = {parts[1]: tuple(int(x) for x in parts[2:]) for line in run.stdout.splitlines()
               if (parts := line.split())[:1] == ["SHAPE"]}
     assert shapes, run.stdout[-2000:] + run.stderr[-3000:]

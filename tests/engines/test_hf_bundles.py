@@ -56,12 +56,18 @@ def test_accelerate_bundle_trains_and_matches_one_process(tmp_path):
     assert result["losses"][0] == pytest.approx(loss, rel=2e-3)
 
 
+MOE = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 128}
+
+
 @pytest.mark.parametrize("fields, built", [({"qk_norm": "head"}, "Qwen3ForCausalLM"),
-                                           ({"qkv_bias": True}, "Qwen2ForCausalLM")])
-def test_qwen_style_models_train_as_their_transformers_class(tmp_path, fields, built):
-    """A Qwen3-style model (per-head Q/K RMSNorm) or a Qwen2-style one (Q/K/V biases) trains through the emitted
-    accelerate launch as transformers' own Qwen3 / Qwen2 class, its first loss that model's on the same batch."""
-    bundle = emit(tmp_path, 2, 2, "hf", "--zero", "2", "--global-batch", "2", name="tiny-qwen-2l", **fields)
+                                           ({"qkv_bias": True}, "Qwen2ForCausalLM"),
+                                           ({"moe": MOE}, "MixtralForCausalLM"),
+                                           ({"qk_norm": "head", "moe": MOE}, "Qwen3MoeForCausalLM")])
+def test_other_architectures_train_as_their_transformers_class(tmp_path, fields, built):
+    """A Qwen3-style model (per-head Q/K RMSNorm), a Qwen2-style one (Q/K/V biases), a Mixtral-style MoE and a
+    Qwen3-MoE-style one train through the emitted accelerate launch (DeepSpeed ZeRO-2) as transformers' own class,
+    the first loss that model's on the same batch."""
+    bundle = emit(tmp_path, 2, 2, "hf", "--zero", "2", "--global-batch", "2", name="tiny-other-2l", **fields)
     result = run_script(bundle, "launch_accelerate.sh", cwd=tmp_path)
     model, data = _reference_first_step(bundle)
     assert type(model).__name__ == built
