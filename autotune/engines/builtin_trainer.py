@@ -147,16 +147,15 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe" or "gpt2": the transformers model the AutoTP and HF trainers
     build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases
     alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
+    if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
+            or spec.activation_clamp is not None or spec.rope_scaling is not None or spec.chunked_attention
+            or spec.post_norm or spec.parallel_residual):
+        return None  # no class of these has that layer
     llama_layer = (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
                    and not spec.linear_bias)
-    if spec.moe is not None and spec.mla is None and spec.norms_per_layer == 2 and not (
-            spec.embedding_norm or spec.attention_sinks or spec.activation_clamp is not None
-            or spec.rope_scaling is not None or spec.chunked_attention or spec.post_norm or spec.parallel_residual):
+    if spec.moe is not None:
         return _hf_moe_family(spec) if llama_layer else None
-    if (spec.moe is not None or spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm
-            or spec.attention_sinks or spec.activation_clamp is not None or spec.rope_scaling is not None
-            or spec.chunked_attention or spec.post_norm or spec.parallel_residual
-            or spec.qk_norm not in (None, "head")):
+    if spec.qk_norm not in (None, "head"):
         return None
     if llama_layer:
         if spec.qk_norm == "head":

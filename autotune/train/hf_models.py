@@ -3,7 +3,8 @@
 AutoTP shards the ``nn.Linear`` layers of models it recognises (deepspeed/module_inject/auto_tp.py:
 q/k/v/gate/up column-parallel, o_proj/down_proj row-parallel), so the AutoTP and HF trainers build a
 transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU; ``Qwen2ForCausalLM`` with Q/K/V
-biases, ``Qwen3ForCausalLM`` with a per-head Q/K norm, HF trainer only) or ``GPT2LMHeadModel``
+biases, ``Qwen3ForCausalLM`` with a per-head Q/K norm, ``MixtralForCausalLM`` / ``Qwen3MoeForCausalLM`` for MoE
+specs their routers compute, HF trainer only) or ``GPT2LMHeadModel``
 (GPT-2-style specs: learned positions, LayerNorm, GeLU, biases, tied embeddings, HF trainer only) with
 the spec's sizes, so the parameter count is the spec's. Other architectures are refused by name.
 """
