@@ -37,36 +37,25 @@ precision (``_perf_precision``'s argument, and an FP8 recipe it is given), the g
 kernel, multi-token prediction, and the launcher environment."""
 
 
-def index(git_dir: str, commit: str, roots: tuple[str, ...]) -> dict:
-    """``reader.index_functions`` over ``roots`` only."""
+def h100_recipes(git_dir: str, commit: str) -> list[tuple[str, dict[str, reader.Setting]]]:
+    """(recipe, its settings) of every H100 pre-training recipe of the estimated families, by name. The base recipes
+    (``gpt_oss_120b_pretrain_config`` ...) are aliases of functions under ``src/megatron/bridge/recipes`` whose names
+    are the perf recipes' own (``gpt_oss_120b_pretrain_64gpu_h100_bf16_config`` is both): each call is resolved from
+    the file that makes it (``reader.RecipeIndex``)."""
     saved = reader.ROOTS
-    reader.ROOTS = roots
+    reader.ROOTS = (PERF_ROOT, *BASE_ROOTS)
     try:
-        return reader.index_functions(git_dir, commit)
+        funcs = reader.index_functions(git_dir, commit)
     finally:
         reader.ROOTS = saved
-
-
-def h100_recipes(git_dir: str, commit: str) -> list[tuple[str, dict[str, reader.Setting]]]:
-    """(recipe, its settings) of every H100 pre-training recipe of the estimated families, by name."""
-    perf = index(git_dir, commit, (PERF_ROOT,))
-    base = index(git_dir, commit, BASE_ROOTS)
-    funcs = dict(base)
-    for name, (path, fn) in perf.items():
-        # A perf module's own functions (its recipes and helpers) by their names; an alias it imports of a base
-        # recipe is the base recipe (``_qwen3_30b_a3b_default_pretrain_config``).
-        if fn.name != name and fn.name in base:
-            funcs[name] = base[fn.name]
-        elif fn.name == name or name not in base:
-            funcs[name] = (path, fn)
     prefixes = tuple(reader.MODEL_PREFIX.values())
     out = []
-    for name, (path, fn) in sorted(perf.items()):
-        m = NAME.match(name)
-        if not (m and fn.name == name and "/h100/" in path and m["model"] in prefixes):
-            continue
-        out.append((name, reader.settings_of(name, funcs)))
-    return out
+    for path, defs in sorted(funcs.defs.items()):
+        for name in sorted(defs):
+            m = NAME.match(name)
+            if m and path.startswith(PERF_ROOT) and "/h100/" in path and m["model"] in prefixes:
+                out.append((name, reader.settings_of(name, funcs, caller=path)))
+    return sorted(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,24 +68,75 @@ def git_show(git_dir: str, commit: str, path: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def index_functions(git_dir: str, commit: str) -> dict[str, tuple[str, ast.FunctionDef]]:
-    """Every top-level function of the recipe trees, by name and by each import alias."""
+class RecipeIndex(dict):
+    """Every top-level function of the recipe trees, by name and by each import alias (name -> (path, function): the
+    first file in ROOTS order that defines or aliases it), and ``resolve``, which looks a name up as one file sees it:
+    its own functions, then what it imports, followed through re-exports. Names collide across the trees (v0.6.0's
+    ``perf_recipes/qwen/h100/qwen3_moe.py`` and ``recipes/qwen/h100/qwen3_moe.py`` both define
+    ``qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config``: a perf recipe and the base recipe every Qwen3-235B perf recipe
+    starts from), so a call is resolved from the file that makes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.defs: dict[str, dict[str, ast.FunctionDef]] = {}
+        self.imports: dict[str, dict[str, tuple[str, str]]] = {}  # file -> local name -> (module file, its name)
+
+    def resolve(self, path: str, name: str, depth: int = 0) -> tuple[str, ast.FunctionDef] | None:
+        if depth > 8:
+            return None
+        if name in self.defs.get(path, {}):
+            return path, self.defs[path][name]
+        target = self.imports.get(path, {}).get(name)
+        return self.resolve(*target, depth + 1) if target else None
+
+
+def module_file(importer: str, node: ast.ImportFrom, files: set[str]) -> str | None:
+    """The indexed file an ``from X import ...`` in ``importer`` reads (absolute ``megatron.bridge...`` under src/, or
+    relative), or None where it is outside the trees."""
+    if node.level:
+        base = Path(importer).parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        stem = base / (node.module or "").replace(".", "/") if node.module else base
+        stems = [str(stem)]
+    else:
+        stems = [f"src/{(node.module or '').replace('.', '/')}", (node.module or "").replace(".", "/")]
+    for stem in stems:
+        for candidate in (f"{stem}.py", f"{stem}/__init__.py"):
+            if candidate in files:
+                return candidate
+    return None
+
+
+def index_functions(git_dir: str, commit: str) -> RecipeIndex:
+    """Every top-level function of the recipe trees at ``commit``, by name and by each import alias, resolvable per
+    file."""
     names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit, *ROOTS],
                            check=True, capture_output=True, text=True).stdout.split()
-    names = [n for n in names if "workload_base_configs" not in n]
-    found: dict[str, tuple[str, ast.FunctionDef]] = {}
+    return index_sources({n: git_show(git_dir, commit, n) for n in names
+                          if n.endswith(".py") and "workload_base_configs" not in n})
+
+
+def index_sources(sources: dict[str, str]) -> RecipeIndex:
+    """``index_functions`` over file path -> Python source (in ROOTS order: the first file defining a name keeps it)."""
+    files = set(sources)
+    index = RecipeIndex()
     aliases: dict[str, str] = {}
-    for path in (n for n in names if n.endswith(".py")):
-        tree = ast.parse(git_show(git_dir, commit, path))
-        for node in tree.body:
+    for path, text in sources.items():
+        index.defs[path], index.imports[path] = {}, {}
+        for node in ast.parse(text).body:
             if isinstance(node, ast.FunctionDef):
-                found.setdefault(node.name, (path, node))
+                index.defs[path][node.name] = node
+                index.setdefault(node.name, (path, node))
             elif isinstance(node, ast.ImportFrom):
                 aliases.update({a.asname: a.name for a in node.names if a.asname})
+                source = module_file(path, node, files)
+                if source is not None:
+                    index.imports[path].update({a.asname or a.name: (source, a.name) for a in node.names})
     for alias, name in aliases.items():
-        if name in found and alias not in found:
-            found[alias] = found[name]
-    return found
+        if name in index and alias not in index:
+            index[alias] = index[name]
+    return index
 
 
 def literal(node: ast.expr) -> str:
@@ -96,11 +147,16 @@ def literal(node: ast.expr) -> str:
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
-    """The settings function ``name`` leaves on ``cfg`` (its callees' first), by dotted name."""
-    if name not in funcs or name in seen:
+def settings_of(name: str, funcs: dict, seen: tuple = (), caller: str | None = None) -> dict[str, Setting]:
+    """The settings function ``name`` leaves on ``cfg`` (its callees' first), by dotted name. ``caller``: the file
+    whose code calls ``name``, where the name is looked up as that file imports it (``RecipeIndex.resolve``); else, or
+    where that finds nothing, by name."""
+    hit = funcs.resolve(caller, name) if caller and isinstance(funcs, RecipeIndex) else None
+    hit = hit or funcs.get(name)
+    if hit is None or (hit[0], hit[1].name) in seen:
         return {}
-    path, fn = funcs[name]
+    path, fn = hit
+    seen = (*seen, (path, fn.name))
     out: dict[str, Setting] = {}
     for stmt in fn.body:
         at = f"{path}#L{stmt.lineno}"
@@ -110,10 +166,10 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
             if dotted == "cfg" and isinstance(value, ast.Call) and ast.unparse(value.func) == "_with_global_batch_size" \
                     and len(value.args) == 2 and isinstance(value.args[0], ast.Call):
                 # cfg = _with_global_batch_size(other_config(), N): the other recipe's settings at N sequences a step
-                out.update(settings_of(ast.unparse(value.args[0].func), funcs, (*seen, name)))
+                out.update(settings_of(ast.unparse(value.args[0].func), funcs, seen, path))
                 out["train.global_batch_size"] = Setting(literal(value.args[1]), at)
             elif dotted == "cfg" and isinstance(value, ast.Call):
-                out.update(settings_of(ast.unparse(value.func), funcs, (*seen, name)))
+                out.update(settings_of(ast.unparse(value.func), funcs, seen, path))
             elif dotted.startswith("cfg.") and isinstance(value, ast.Call) and \
                     ast.unparse(value.func) == "CommOverlapConfig":
                 out = {k: v for k, v in out.items() if not k.startswith("comm_overlap.")}
@@ -137,7 +193,7 @@ def settings_of(name: str, funcs: dict, seen: tuple = ()) -> dict[str, Setting]:
                 out["mixed_precision.grad_reduce_in_fp32"] = Setting("False", at)
                 out["model.cross_entropy_fusion_impl"] = Setting(impl, at)
             else:
-                out.update(settings_of(callee, funcs, (*seen, name)))
+                out.update(settings_of(callee, funcs, seen, path))
     return out
 
 
