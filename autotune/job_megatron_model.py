@@ -78,7 +78,8 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         rotary_fraction=_float(f.get("--rotary-percent"), "--rotary-percent", path) or 1.0,
         # Megatron-LM's --hidden-dropout default is 0.1 (arguments.py; megatron_flags_core_v0.19.json)
         dropout=_dropout(f, path),
-        qkv_bias="--add-qkv-bias" in f, moe=moe, mla=mla, **_attention_fields(f, n, layers, path))
+        qkv_bias="--add-qkv-bias" in f, norm_zero_centered="--apply-layernorm-1p" in f, moe=moe, mla=mla,
+        **_attention_fields(f, n, layers, path))
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")

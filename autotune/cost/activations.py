@@ -139,7 +139,7 @@ def layer_activations(model: ModelSpec, plan: ParallelPlan, layer_index: int = 0
 
 def _dense_mlp_bytes(model: ModelSpec, width: float, tokens: float, t: int, lin: int) -> float:
     """Saved bytes of one dense MLP on ``tokens`` tokens, excluding its input."""
-    fc1_out = (2 if model.activation == "swiglu" else 1) * width
+    fc1_out = (2 if model.gated_mlp else 1) * width
     return tokens * (2 * fc1_out + lin * width) / t
 
 

@@ -41,7 +41,7 @@ class LayerFlops:
 
 
 def _mlp_gemm_flops(model: ModelSpec, width: int) -> float:
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated_mlp else 2
     return 2.0 * matrices * model.hidden_size * width
 
 

@@ -147,7 +147,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     tokens = s * plan.micro_batch_size / plan.cp
     hbm = r.hbm
     t_seq = t if plan.sequence_parallel else 1
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
 
     def _gemm_s(flops, m, k, n, peak, eff_):  # linear layers at the plan's precision, the router in 16-bit
         del eff_

@@ -85,7 +85,7 @@ def causal_window_context(window: int, seq_len: int) -> float:
 def _glu_projections(model: ModelSpec, version: FormulaVersion, silu_glu: bool) -> int:
     """3 for a gated MLP (gate, up, down), else 2 (flop_utils.py:1053-1054 at 067f987; v0.4.0 296-298 also
     required a SiLU activation)."""
-    gated = model.activation == "swiglu"
+    gated = model.gated_mlp
     if version == "25.09":
         gated = gated and silu_glu
     return 3 if gated else 2

@@ -146,7 +146,7 @@ def expert_extra_bytes(model: ModelSpec, fused: bool = False) -> tuple[float, fl
     rows = moe.top_k  # routed rows per token
     if fused:
         return 0.0, float(rows * model.hidden_size * FUSED_FC2_BIAS_GRAD_BYTES if model.linear_bias else 0), 0.0
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
     bias_fwd, bias_bwd = (EXPERT_BIAS_BYTES if model.linear_bias else (0, 0))
     clamp_fwd, clamp_bwd = (CLAMP_BYTES if model.activation_clamp is not None and n_in == 2 else (0, 0))
     fc1_out = n_in * moe.expert_ffn_hidden_size

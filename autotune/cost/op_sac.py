@@ -19,7 +19,7 @@ def block_linears(model: ModelSpec) -> list[tuple[str, int, int, bool]]:
     qkv_bias, bias = model.linear_bias or model.qkv_bias, model.linear_bias
     attention = [("col", h, model.q_width, qkv_bias), ("col", h, model.kv_width, qkv_bias),
                  ("col", h, model.v_width, qkv_bias), ("row", model.attention_output_width, h, bias)]
-    mlp = [("col", h, f, bias), ("col", h, f, bias), ("row", f, h, bias)] if model.activation == "swiglu" else \
+    mlp = [("col", h, f, bias), ("col", h, f, bias), ("row", f, h, bias)] if model.gated_mlp else \
         [("col", h, f, bias), ("row", f, h, bias)]
     return attention + mlp
 

@@ -72,7 +72,7 @@ def _forward_pieces(model: ModelSpec, tp: int, seq_len: int) -> list[tuple[float
     h = model.hidden_size
     qkv = h * (model.q_width + 2 * model.kv_width) / tp
     proj = model.q_width * h / tp
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
     mlp_in = n_in * h * model.ffn_hidden_size / tp
     mlp_out = model.ffn_hidden_size * h / tp
     core = layer_flops_per_token(model, seq_len).attention / tp

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.errors import InputError
+from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model_preset, preset_matching
 
@@ -116,7 +117,7 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:
         why.append("multi-token prediction layers")
-    return why
+    return why + gemma_parts(model, zero_centered_norms=True)  # TransformerConfig.layernorm_zero_centered_gamma
 
 
 def generic_model_fields(model: ModelSpec) -> dict:
@@ -136,6 +137,8 @@ def generic_model_fields(model: ModelSpec) -> dict:
                  "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
                  "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
                  "vocab_size": model.vocab_size}
+    if model.norm_zero_centered:  # norms multiplying by (1 + weight)
+        out["layernorm_zero_centered_gamma"] = True
     if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)
         out["qk_layernorm" if model.qk_norm == "head" else "qk_l2_norm"] = True
     if model.moe is not None:

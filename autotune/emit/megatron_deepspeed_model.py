@@ -14,6 +14,7 @@ the writer refuses it and the engine's rules ask the same (the planner proposes 
 
 from __future__ import annotations
 
+from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
 
 __all__ = ["megatron_deepspeed_model_problems", "rope_theta_flags", "experts_whole_per_tp_rank", "ROPE_THETA_DEFAULT",
@@ -54,6 +55,7 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
         out.append(f"{model.name}'s MLP is ReLU (OPT); Megatron-DeepSpeed builds GeLU, SwiGLU or squared ReLU")
     if model.activation_clamp is not None:
         out.append(f"{model.name} clamps its GLU activation; Megatron-DeepSpeed's SwiGLU is unclamped")
+    out += [f"{model.name} has {part}; Megatron-DeepSpeed's GPT model does not" for part in gemma_parts(model)]
     moe = model.moe
     if moe is not None and (moe.router_score != "softmax" or moe.router_bias or moe.router_groups is not None
                             or moe.router_scaling_factor != 1.0 or moe.router_probs_on_input):

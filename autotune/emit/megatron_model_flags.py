@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autotune.emit.megatron_attention import chunked_attention_problem, position_and_attention_flags
 from autotune.emit.megatron_attention import flag_number as _num
+from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
@@ -75,6 +76,10 @@ def architecture_problems(model: ModelSpec) -> list[str]:
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")
+    # (1 + weight) norms are --apply-layernorm-1p (TransformerConfig.layernorm_zero_centered_gamma); GeGLU would be
+    # F.gelu's exact form (argument_utils.py: only --swiglu / --quick-geglu choose a gated activation)
+    out += [f"{model.name} has {part}; Megatron-LM's GPT model does not" for part in
+            gemma_parts(model, zero_centered_norms=True)]
     return out
 
 
@@ -104,6 +109,8 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
             args += ["--q-lora-rank", str(m.q_lora_rank)]
     args += activation_flags(model)
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if model.norm_zero_centered:
+        args.append("--apply-layernorm-1p")
     if model.qk_norm == "head":
         # TransformerConfig.qk_layernorm: the layer's norm (RMSNorm) over each head's width, as Qwen3 / GLM-4.5's
         # per-head Q/K RMSNorm (megatron/core/transformer/attention.py q_layernorm / k_layernorm)

@@ -7,6 +7,7 @@ The trainers themselves (torch, DeepSpeed, transformers) live in ``autotune.trai
 
 from __future__ import annotations
 
+from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
@@ -116,6 +117,9 @@ def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | Non
                 f"divide (deepspeed/sequence/layer.py)")
     if plan.cp > 1 and plan.seq_len % plan.cp:
         return f"Ulysses: seq_len {plan.seq_len} does not divide over cp={plan.cp} ranks"
+    if plan.cp > 1 and model.local_rope_theta is not None:
+        # the local layers' own RoPE tables start at position 0; each Ulysses rank rotates its slice of the sequence
+        return "Ulysses with local layers of their own RoPE base (Gemma 3) is not implemented here: set cp=1"
     return None
 
 
@@ -149,7 +153,7 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
             or spec.activation_clamp is not None or spec.rope_scaling is not None or spec.chunked_attention
-            or spec.post_norm or spec.parallel_residual):
+            or spec.post_norm or spec.parallel_residual or gemma_parts(spec)):
         return None  # no class of these has that layer
     llama_layer = (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
                    and not spec.linear_bias)

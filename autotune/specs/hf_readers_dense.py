@@ -52,6 +52,17 @@ def rope_theta(f: Fields, default: float) -> float:
     return default
 
 
+def local_rope_theta(f: Fields, default: float = 10000.0) -> float:
+    """Gemma 3's RoPE base on its sliding-window layers: ``rope_local_base_freq`` (config.json files) or
+    ``rope_parameters["sliding_attention"]`` (transformers 5); Gemma3TextConfig's default 10,000."""
+    if f.data.get("rope_local_base_freq") is not None:
+        return float(f.get("rope_local_base_freq", default))
+    params = f.data.get("rope_parameters")
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    theta = local.get("rope_theta") if isinstance(local, dict) else None
+    return float(theta) if isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0 else default
+
+
 def rotary_fraction(f: Fields) -> float:
     """The share of each head's dimensions RoPE rotates: ``partial_rotary_factor`` (GLM, Phi, StableLM) or
     ``rotary_pct`` (GPT-NeoX) at the top level (config.json files) or in ``rope_parameters`` (transformers 5); 1.0
@@ -157,6 +168,27 @@ def _gemma(f: Fields, model_type: str) -> dict:
     out["norms_per_layer"] = 4
     if gemma3:
         out["qk_norm"] = "head"
+    # Gemma2/3 MLP: act_fn(gate) * up with hidden_activation gelu_pytorch_tanh (the config classes' default); the
+    # model multiplies its embeddings by sqrt(hidden_size) and each RMSNorm by (1 + weight) (Gemma2RMSNorm)
+    act = f.get("hidden_activation", f.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu_fast"):
+        f.unsupported(f"hidden_activation {act!r} (Gemma's MLP is GeGLU with GeLU's tanh form) is not modelled")
+    out.update(activation="geglu", scaled_embeddings=True, norm_zero_centered=True)
+    class_caps = {"attn_logit_softcapping": None if gemma3 else 50.0, "final_logit_softcapping": None if gemma3
+                  else 30.0}  # Gemma2Config's defaults; Gemma3TextConfig's None (null in a file: no cap)
+    for key, field in (("attn_logit_softcapping", "attn_logit_softcap"),
+                       ("final_logit_softcapping", "final_logit_softcap")):
+        cap = f.get(key, 1.0) if f.data.get(key) is not None else None if key in f.data else class_caps[key]
+        if cap is not None:
+            out[field] = float(cap)
+    head_dim = out["head_dim"] or out["hidden_size"] // out["num_attention_heads"]
+    scalar = float(f.get("query_pre_attn_scalar", 256))  # both classes' default
+    if scalar != head_dim:
+        out["query_pre_attn_scalar"] = scalar
+    if gemma3:
+        local = local_rope_theta(f)
+        if local != out["rope_theta"]:
+            out["local_rope_theta"] = local
     every = f.positive("sliding_window_pattern", 6) if gemma3 else 2
     fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % every]
     set_local_attention(out, f, f.get_int("sliding_window", default=4096), fallback)

@@ -58,7 +58,7 @@ def target_widths(model: ModelSpec, targets: tuple[str, ...]) -> list[tuple[int,
     linear_qkv the fused Q, K, V projection; linear_proj the attention output; linear_fc1 the MLP's gated up
     projection, two widths with SwiGLU; linear_fc2 the down projection)."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
     widths = {"linear_qkv": (h, model.q_width + 2 * model.kv_width), "linear_proj": (model.attention_output_width, h),
               "linear_fc1": (h, n_in * f), "linear_fc2": (f, h)}
     return [widths[t] for t in targets]

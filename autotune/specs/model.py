@@ -20,7 +20,7 @@ from autotune.specs.model_parts import MLASpec, MoESpec, ParamGroups
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 
-Activation = Literal["gelu", "swiglu", "relu"]
+Activation = Literal["gelu", "swiglu", "geglu", "relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 QKNorm = Literal["head", "full", "l2"]
@@ -31,7 +31,9 @@ RopeScaling = Literal["yarn"]
 _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False, "rotary_fraction": 1.0,
                  "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
-                 "rope_scaling": None, "rope_scaling_factor": None}
+                 "rope_scaling": None, "rope_scaling_factor": None, "attn_logit_softcap": None,
+                 "final_logit_softcap": None, "query_pre_attn_scalar": None, "scaled_embeddings": False,
+                 "norm_zero_centered": False, "local_rope_theta": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +103,19 @@ class ModelSpec:
     """A clamp on the gated activation's inputs (GPT-OSS ``swiglu_limit`` 7.0: the gate clamped above, the linear half
     both ways); None: no clamp. Megatron-core runs it as extra kernels (``autotune.cost.layer_time``), except in
     Transformer Engine's fused grouped MLP (``autotune.cost.fused_grouped_mlp``)."""
+    attn_logit_softcap: float | None = None
+    """Attention scores capped as cap * tanh(score / cap) before the softmax (Gemma 2: 50); None: not capped."""
+    final_logit_softcap: float | None = None
+    """The output logits capped the same way (Gemma 2: 30); None: not capped."""
+    query_pre_attn_scalar: float | None = None
+    """Attention scores scaled by its -1/2 power, not head_dim's (Gemma 2/3 27B: hidden / heads, 144 and 168)."""
+    scaled_embeddings: bool = False
+    """The token embeddings multiplied by sqrt(hidden_size) (Gemma)."""
+    norm_zero_centered: bool = False
+    """Each norm multiplies by (1 + weight), its weight starting at zero (Gemma's RMSNorm; Megatron
+    ``--apply-layernorm-1p``): the same function, another parametrisation (weight decay pulls it to 1)."""
+    local_rope_theta: float | None = None
+    """RoPE base of the local-attention layers where it is not ``rope_theta`` (Gemma 3: 10,000 beside 1,000,000)."""
     num_mtp_layers: int = 0
     """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
     checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
@@ -179,6 +194,11 @@ class ModelSpec:
         return round(self.attention_head_dim * self.rotary_fraction)
 
     @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP is gated (gate, up and down matrices): SwiGLU or GeGLU."""
+        return self.activation in ("swiglu", "geglu")
+
+    @property
     def parallel_block(self) -> bool:
         """Whether attention and MLP run side by side on the layer's input (parallel_residual, or one norm)."""
         return self.parallel_residual or self.norms_per_layer == 1
@@ -240,7 +260,7 @@ class ModelSpec:
     def _mlp_matrix_params(self, width: int) -> tuple[int, int]:
         """(weights+column biases, row bias) of one dense MLP of FFN width ``width``."""
         h = self.hidden_size
-        n_in = 2 if self.activation == "swiglu" else 1  # SwiGLU: gate and up projections
+        n_in = 2 if self.gated_mlp else 1  # SwiGLU / GeGLU: gate and up projections
         weights = (n_in + 1) * h * width
         col_bias = n_in * width if self.linear_bias else 0
         row_bias = h if self.linear_bias else 0

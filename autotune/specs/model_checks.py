@@ -5,7 +5,7 @@ what it takes; ModelSpec reports them all at once."""
 
 from __future__ import annotations
 
-__all__ = ["model_problems", "layer_variant_problems"]
+__all__ = ["model_problems", "layer_variant_problems", "gemma_field_problems"]
 
 
 def model_problems(spec) -> list[str]:
@@ -22,8 +22,8 @@ def model_problems(spec) -> list[str]:
             out.append(f"{name} must be a positive integer or absent, got {value!r}")
     if out:
         return out
-    if spec.activation not in ("gelu", "swiglu", "relu"):
-        out.append(f"activation must be gelu, swiglu or relu, got {spec.activation!r}")
+    if spec.activation not in ("gelu", "swiglu", "geglu", "relu"):
+        out.append(f"activation must be gelu, swiglu, geglu or relu, got {spec.activation!r}")
     if spec.norm not in ("layernorm", "rmsnorm"):
         out.append(f"norm must be layernorm or rmsnorm, got {spec.norm!r}")
     if spec.position_embedding not in ("learned", "rope", "alibi"):
@@ -95,6 +95,26 @@ def layer_variant_problems(spec) -> list[str]:
             out.append(f"sliding_window_layers must be layer indices in [0, {spec.num_layers}), got {bad[:5]}")
     if spec.chunked_attention and spec.sliding_window is None:
         out.append("chunked_attention needs a sliding_window (the chunk size in tokens)")
+    out += gemma_field_problems(spec)
     if isinstance(spec.num_mtp_layers, bool) or not isinstance(spec.num_mtp_layers, int) or spec.num_mtp_layers < 0:
         out.append(f"num_mtp_layers must be an integer >= 0, got {spec.num_mtp_layers!r}")
+    return out
+
+
+def gemma_field_problems(spec) -> list[str]:
+    """The problems of the fields Gemma 2/3 brought: logit caps, the attention scale, scaled embeddings,
+    zero-centred norms, the local layers' RoPE base."""
+    out: list[str] = []
+    for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar", "local_rope_theta"):
+        value = getattr(spec, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            out.append(f"{name} must be a positive number or absent, got {value!r}")
+    for name in ("scaled_embeddings", "norm_zero_centered"):
+        if getattr(spec, name) not in (False, True):
+            out.append(f"{name} must be true or false, got {getattr(spec, name)!r}")
+    if spec.local_rope_theta is not None and (spec.position_embedding != "rope" or spec.sliding_window is None):
+        out.append("local_rope_theta is the RoPE base of the local-attention layers: it needs position_embedding "
+                   "rope and a sliding_window; or leave it out")
+    if spec.attn_logit_softcap is not None and spec.mla is not None:
+        out.append("attn_logit_softcap with MLA: no model caps MLA's scores; leave it out")
     return out

@@ -13,7 +13,7 @@ def _norm_tensors(model: ModelSpec, width: int) -> list[tuple[int, str]]:
 
 
 def _mlp_tensors(model: ModelSpec, width: int, kind: str) -> list[tuple[int, str]]:
-    h, n_in = model.hidden_size, (2 if model.activation == "swiglu" else 1)
+    h, n_in = model.hidden_size, (2 if model.gated_mlp else 1)
     out = [(n_in * width * h, kind)]
     if model.linear_bias:
         out.append((n_in * width, kind))

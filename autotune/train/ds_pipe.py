@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autotune.train import StepLog, Unsupported, checkpointing, phase, teardown, token_batches
-from autotune.workloads.transformer import Block, _norm, _rope_tables, bool_dropout
+from autotune.workloads.transformer import Block, _norm, _rope_tables, bool_dropout, cap_logits, scale_embeddings
 
 __all__ = ["pipeline_layers", "stage_block_counts", "train_pipeline"]
 
@@ -32,7 +32,7 @@ class EmbedPipe(nn.Module):
         self.to(dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
+        x = scale_embeddings(self.spec, self.embed(ids))
         if self.pos is not None:
             x = x + self.pos.weight[: ids.shape[1]]
         if self.embed_norm is not None:
@@ -71,14 +71,15 @@ class FinalNormPipe(nn.Module):
 class HeadPipe(nn.Module):
     def __init__(self, spec, dtype) -> None:
         super().__init__()
+        self.spec = spec
         self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.output(x)
+        return cap_logits(self.spec, self.output(x))
 
 
 def _tied_head(module: EmbedPipe, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.embed.weight)
+    return cap_logits(module.spec, F.linear(x, module.embed.weight))
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

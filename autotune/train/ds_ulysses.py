@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.workloads.transformer import bool_dropout
+from autotune.workloads.transformer import bool_dropout, cap_logits, scale_embeddings
 
 __all__ = ["ulysses_model"]
 
@@ -50,7 +50,7 @@ class UlyssesLM(nn.Module):
         lm, spec = self.lm, self.lm.spec
         s = input_ids.shape[1]
         start = self.sp_rank() * s
-        x = lm.embed(input_ids)
+        x = scale_embeddings(spec, lm.embed(input_ids))
         if lm.pos is not None:
             x = x + lm.pos.weight[start:start + s]
         if lm.embed_norm is not None:
@@ -65,7 +65,7 @@ class UlyssesLM(nn.Module):
                 x = layer(x, cos, sin, None)
         x = lm.final_norm(x)
         weight = lm.embed.weight if lm.output is None else lm.output.weight
-        logits = F.linear(x, weight)
+        logits = cap_logits(spec, F.linear(x, weight))
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
         return loss / self.cp
 

@@ -181,7 +181,8 @@ def main(est, args, rest: list[str]) -> int:
     head = next((m.output for m in modules if m.skip_head), None)
 
     def loss_fn(out, labels):  # the last stage's output: logits, or the final norm's output with chunks
-        return lm_loss(out, labels) if head is None else chunked_lm_loss(head, out, labels, chunks)
+        return lm_loss(out, labels) if head is None else chunked_lm_loss(head, out, labels, chunks,
+                                                                          cap=model_spec.final_logit_softcap)
 
     schedule = None
     if plan.pp > 1:
@@ -209,7 +210,8 @@ def main(est, args, rest: list[str]) -> int:
                     loss = lm_loss(modules[0](ids), labels) / plan.grad_accum_steps
                     loss.backward()
                 else:  # the head's gradient is taken in the chunks: they scale it
-                    loss = chunked_lm_loss(head, modules[0](ids), labels, chunks, scale=1 / plan.grad_accum_steps)
+                    loss = chunked_lm_loss(head, modules[0](ids), labels, chunks, scale=1 / plan.grad_accum_steps,
+                                           cap=model_spec.final_logit_softcap)
                     loss.backward()
                 loss_sum += loss.detach()
         else:  # the schedule splits the batch into n_microbatches and scales the gradients by 1/n

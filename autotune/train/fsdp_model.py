@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.workloads.transformer import DecoderLM, bool_dropout
+from autotune.workloads.transformer import DecoderLM, bool_dropout, cap_logits, scale_embeddings, soft_cap
 
 __all__ = ["StageModule", "lm_loss", "chunked_lm_loss", "apply_tp", "apply_ac", "apply_fsdp", "op_sac_save_ops",
            "op_sac_context_fn"]
@@ -57,7 +57,7 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.has_embedding:
             s = x.shape[1]
-            x = self.embed(x)
+            x = scale_embeddings(self.spec, self.embed(x))
             if self.pos is not None:
                 x = x + self.pos.weight[:s]
             if self.embed_norm is not None:
@@ -75,8 +75,8 @@ class StageModule(nn.Module):
             # sequence parallelism the final norm's Shard(1) output is gathered first
             return x.full_tensor() if isinstance(x, DTensor) else x
         if self.output is None:  # tied embeddings: the embedding's weight (gathered by the root's FSDP group)
-            return F.linear(x, self.embed.weight)
-        return self.output(x)
+            return cap_logits(self.spec, F.linear(x, self.embed.weight))
+        return cap_logits(self.spec, self.output(x))
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -100,7 +100,7 @@ class _HiddenGrad(torch.autograd.Function):
 
 
 def chunked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, chunks: int, *,
-                    scale: float = 1.0) -> torch.Tensor:
+                    scale: float = 1.0, cap: float | None = None) -> torch.Tensor:
     """Mean cross-entropy over fp32 logits (what :func:`lm_loss` returns) with the output layer and the loss run
     in ``chunks`` pieces of the sequence, each piece's backward at once, as torchtitan 0.3's ``ChunkedLossWrapper``
     (components/loss.py) runs them: the hidden states detached, each chunk a leaf, its gradient written into an
@@ -130,7 +130,7 @@ def chunked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor,
         leaf = hidden[:, part].detach().requires_grad_(hidden.requires_grad)
         if fsdp and i == chunks - 1:
             head.set_requires_gradient_sync(True, recurse=False)
-        logits = head(leaf)
+        logits = soft_cap(head(leaf), cap)  # cap: the model's final_logit_softcap (Gemma 2)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels[:, part].reshape(-1),
                                reduction="sum") * (scale / tokens)
         total += loss.detach()
@@ -184,7 +184,7 @@ def apply_tp(stage: StageModule, tp_mesh, *, tied: bool, sequence_parallel: bool
                      "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
                                                 desired_input_layouts=(Replicate(), None, None, None)),
                      "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}
-        if mlp.swiglu:
+        if mlp.swiglu or mlp.geglu:  # a gated MLP: [gate | up] rows per rank
             _interleave_swiglu_rows(mlp.fc1, tp)
         parallelize_module(block, tp_mesh, plan)
         attn.heads //= tp
@@ -296,7 +296,7 @@ def apply_ac(stage: StageModule, recompute: str, num_layers: int | None) -> None
     if recompute == "selective":
         wrap = partial(wrap, context_fn=op_sac_context_fn(op_sac_save_ops()))
         for block in stage.layers.values():
-            if getattr(block.mlp, "swiglu", False):
+            if getattr(block.mlp, "swiglu", False) or getattr(block.mlp, "geglu", False):
                 block.mlp.fc1.__class__ = _GateThenUp
     for i, key in enumerate(list(stage.layers)):
         if recompute == "selective" or num_layers is None or i < num_layers:

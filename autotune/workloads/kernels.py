@@ -4,11 +4,13 @@ save what the GPU kernels save (autotune.workloads.transformer's docstring says 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["RMSNorm", "L2Norm", "rms_norm", "swiglu", "apply_rope", "bool_dropout"]
+__all__ = ["RMSNorm", "L2Norm", "rms_norm", "swiglu", "geglu", "apply_rope", "bool_dropout"]
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:
@@ -55,13 +57,17 @@ class L2Norm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float = 1e-5) -> None:
+    """``zero_centered``: the output multiplied by (1 + weight), the weight starting at zero (Gemma's RMSNorm,
+    Megatron's ``--apply-layernorm-1p``)."""
+
+    def __init__(self, width: int, eps: float = 1e-5, *, zero_centered: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(width) if zero_centered else torch.ones(width))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, 1 + self.weight if self.zero_centered else self.weight, self.eps)
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -87,6 +93,34 @@ class _SwiGLUFn(torch.autograd.Function):
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     return _SwiGLUFn.apply(x)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class _GeGLUFn(torch.autograd.Function):
+    """gelu_tanh(gate) * up over a fused [gate | up] input (Gemma's MLP); saves only that input, as SwiGLU."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        gate, up = _acc(x).chunk(2, dim=-1)
+        g = _acc(grad)
+        t = torch.tanh(_GELU_C * (gate + 0.044715 * gate.pow(3)))
+        d_gelu = 0.5 * (1 + t) + 0.5 * gate * (1 - t * t) * _GELU_C * (1 + 3 * 0.044715 * gate * gate)
+        d_gate = g * up * d_gelu
+        d_up = g * 0.5 * gate * (1 + t)
+        return torch.cat([d_gate, d_up], dim=-1).to(x.dtype)
+
+
+def geglu(x: torch.Tensor) -> torch.Tensor:
+    return _GeGLUFn.apply(x)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

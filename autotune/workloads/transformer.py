@@ -29,7 +29,6 @@ flash kernels with ALiBi keep no extra activations, so memory is the same).
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -38,9 +37,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.specs.model import ModelSpec
-from autotune.workloads.kernels import L2Norm, RMSNorm, apply_rope, bool_dropout, rms_norm, swiglu
+from autotune.workloads.kernels import L2Norm, RMSNorm, apply_rope, bool_dropout, geglu, rms_norm, swiglu
 
-__all__ = ["build_model", "DecoderLM", "RMSNorm", "L2Norm", "rms_norm", "swiglu", "apply_rope", "bool_dropout"]
+__all__ = ["build_model", "DecoderLM", "RMSNorm", "L2Norm", "rms_norm", "swiglu", "apply_rope", "bool_dropout",
+           "scale_embeddings", "cap_logits", "soft_cap"]
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -48,8 +48,33 @@ Recompute = Literal["none", "selective", "full"]
 # ---------------------------------------------------------------------------------------------
 # Modules
 # ---------------------------------------------------------------------------------------------
+class _ZeroCenteredLayerNorm(nn.LayerNorm):
+    """LayerNorm multiplying by (1 + weight), the weight starting at zero (Megatron ``--apply-layernorm-1p``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, 1 + self.weight, self.bias, self.eps)
+
+
 def _norm(spec: ModelSpec, width: int) -> nn.Module:
-    return nn.LayerNorm(width, eps=1e-5) if spec.norm == "layernorm" else RMSNorm(width)
+    if spec.norm == "layernorm":
+        return _ZeroCenteredLayerNorm(width, eps=1e-5) if spec.norm_zero_centered else nn.LayerNorm(width, eps=1e-5)
+    return RMSNorm(width, zero_centered=spec.norm_zero_centered)
+
+
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(x / cap) (Gemma 2's attention and output logits); ``x`` where there is no cap."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+def scale_embeddings(spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
+    """The token embeddings as the first layer sees them: times sqrt(hidden_size) for Gemma (in their own dtype,
+    as transformers' Gemma2TextScaledWordEmbedding)."""
+    return x * torch.tensor(spec.hidden_size ** 0.5, dtype=x.dtype) if spec.scaled_embeddings else x
+
+
+def cap_logits(spec: ModelSpec, logits: torch.Tensor) -> torch.Tensor:
+    """The output logits the loss takes: soft-capped for Gemma 2 (``final_logit_softcap``)."""
+    return soft_cap(logits, spec.final_logit_softcap)
 
 
 class Attention(nn.Module):
@@ -70,6 +95,10 @@ class Attention(nn.Module):
         self.rotary_dim = spec.rotary_dim  # GPT-NeoX, GLM-4.5: RoPE on the first dimensions of each head only
         self.flash, self.selective, self.p = flash, selective, spec.dropout
         self.qk_full = spec.qk_norm == "full"
+        self.scale = (spec.query_pre_attn_scalar or self.head_dim) ** -0.5  # Gemma: query_pre_attn_scalar
+        self.softcap = spec.attn_logit_softcap  # capped scores need the explicit softmax (no fused kernel here)
+        self.local_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # Gemma 3's local layers: their own base
+        self.local_rope_theta = spec.local_rope_theta if self.rope and spec.is_local_attention_layer(index) else None
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         if spec.qk_norm in ("head", "full"):
@@ -80,16 +109,19 @@ class Attention(nn.Module):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q: [b, a, s, d], k/v: [b, kv, s, d] (strided views). Returns [b, a, s, d]."""
-        if self.flash:
+        if self.flash and self.softcap is None:
             # Attention-probability dropout is left out here: CPU sdpa with dropout_p > 0 falls back to
             # the fp32 math kernel; GPU flash attention regenerates the mask from the RNG (0 bytes kept).
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads,
+                                                  scale=self.scale)
         groups = self.heads // self.kv_heads
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         s = q.shape[2]
-        scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-1, -2))
+        scores = soft_cap(torch.matmul(q * self.scale, k.transpose(-1, -2)), self.softcap)
+        if mask is None:  # the flash path's caller gave none: capped scores take the explicit softmax
+            mask = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=scores.device).triu(1)
         probs = torch.softmax(scores + mask[:s, :s], dim=-1)
         probs = bool_dropout(probs, self.p, self.training)
         return torch.matmul(probs, v)
@@ -98,6 +130,8 @@ class Attention(nn.Module):
                 mask: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
         q, k = self.q(x), self.k(x)
+        if self.local_rope_theta is not None:
+            cos, sin = self._local_tables(s, x.device)
         if self.qk_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, s, self.heads, self.head_dim)
@@ -120,17 +154,26 @@ class Attention(nn.Module):
         o = o.transpose(1, 2).reshape(b, s, -1)
         return self.o(o)
 
+    def _local_tables(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos / sin of this local layer's RoPE base (Gemma 3: 10,000 beside the global layers' 1,000,000)."""
+        if self.local_rope is None or self.local_rope[0].shape[0] < s:
+            cos, sin = _rope_tables(s, self.rotary_dim, self.local_rope_theta)
+            self.local_rope = (cos.to(device), sin.to(device))
+        cos, sin = self.local_rope
+        return cos[:s], sin[:s]
+
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int, activation: str, bias: bool) -> None:
         super().__init__()
-        self.swiglu, self.relu = activation == "swiglu", activation == "relu"
-        self.fc1 = nn.Linear(hidden, (2 if self.swiglu else 1) * width, bias=bias)
+        self.swiglu, self.geglu, self.relu = activation == "swiglu", activation == "geglu", activation == "relu"
+        self.fc1 = nn.Linear(hidden, (2 if self.swiglu or self.geglu else 1) * width, bias=bias)
         self.fc2 = nn.Linear(width, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(x)
-        y = swiglu(y) if self.swiglu else F.relu(y) if self.relu else F.gelu(y, approximate="tanh")
+        y = swiglu(y) if self.swiglu else geglu(y) if self.geglu else F.relu(y) if self.relu else F.gelu(
+            y, approximate="tanh")
         return self.fc2(y)
 
 
@@ -210,12 +253,18 @@ class Block(nn.Module):
         self.norm1 = _norm(spec, spec.hidden_size) if self.norms >= 1 else nn.Identity()
         self.attn = Attention(spec, index, flash=flash, selective=selective)
         self.norm2 = _norm(spec, spec.hidden_size) if self.norms >= 2 else None
+        if self.norms == 4:  # Gemma 2/3's sandwich: a norm after each sublayer too, before its residual add
+            self.post_attn_norm, self.post_mlp_norm = _norm(spec, spec.hidden_size), _norm(spec, spec.hidden_size)
         self.mlp = MoE(spec) if spec.is_moe_layer(index) else MLP(
             spec.hidden_size, spec.ffn_hidden_size, spec.activation, spec.linear_bias)
         self.p = spec.dropout
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
+        if self.norms == 4:
+            x = x + bool_dropout(self.post_attn_norm(self.attn(self.norm1(x), cos, sin, mask)), self.p,
+                                 self.training)
+            return x + bool_dropout(self.post_mlp_norm(self.mlp(self.norm2(x))), self.p, self.training)
         if self.post:  # OLMo 2: each sublayer's output normalised before its residual add
             x = x + bool_dropout(self.norm1(self.attn(x, cos, sin, mask)), self.p, self.training)
             return x + bool_dropout(self.norm2(self.mlp(x)), self.p, self.training)
@@ -277,14 +326,17 @@ class DecoderLM(nn.Module):
             if name.endswith("bias") or "router_bias" in name:
                 nn.init.zeros_(p)
             elif p.dim() == 1:
-                nn.init.ones_(p)
+                nn.init.ones_(p)  # (a zero-centred norm's weight is zeroed below)
             else:
                 with torch.no_grad():
                     p.normal_(0.0, 0.02, generator=gen)
+        for module in self.modules():
+            if isinstance(module, _ZeroCenteredLayerNorm) or getattr(module, "zero_centered", False):
+                nn.init.zeros_(module.weight)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         b, s = input_ids.shape
-        x = self.embed(input_ids)
+        x = scale_embeddings(self.spec, self.embed(input_ids))
         if self.pos is not None:
             x = x + self.pos.weight[:s]
         if self.embed_norm is not None:
@@ -297,7 +349,7 @@ class DecoderLM(nn.Module):
                 x = layer(x, self.rope_cos, self.rope_sin, self.causal_mask)
         x = self.final_norm(x)
         weight = self.embed.weight if self.output is None else self.output.weight
-        logits = F.linear(x, weight)
+        logits = cap_logits(self.spec, F.linear(x, weight))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
 

@@ -165,3 +165,17 @@ def test_per_head_qk_norm_under_tp_trains_as_one_process(tmp_path):
     result = _run_bundle(bundle, tmp_path)
     assert tuple(result["mesh"].values()) == (1, 1, 1, 2)
     assert result["losses"][0] == pytest.approx(_reference_first_loss(bundle), abs=5e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("default_port_taken")
+def test_gemma_layers_under_tp_train_as_one_process(tmp_path):
+    """Gemma 2's layer (four (1 + weight) norms, GeGLU, capped attention scores and logits, the query scale, scaled
+    embeddings) trains under DTensor TP, its post-norms on each rank's replicated sublayer output, with the loss of
+    the unsplit model."""
+    bundle = _emit(tmp_path, 2, 2, "--zero", "3", "--tp", "2", "--no-sequence-parallel", name="tiny-gemma2-2l",
+                   activation="geglu", norms_per_layer=4, norm_zero_centered=True, scaled_embeddings=True,
+                   attn_logit_softcap=0.5, final_logit_softcap=2.0, query_pre_attn_scalar=24.0)
+    result = _run_bundle(bundle, tmp_path)
+    assert tuple(result["mesh"].values()) == (1, 1, 1, 2)
+    assert result["losses"][0] == pytest.approx(_reference_first_loss(bundle), abs=5e-3)

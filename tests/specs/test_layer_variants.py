@@ -83,3 +83,47 @@ def test_opt_is_relu_and_neither_megatron_writes_relu():
     assert any("ReLU" in p for p in architecture_problems(opt))
     assert any("ReLU" in p for p in megatron_deepspeed_model_problems(opt, 2048))
     assert load_model(f"{FIXTURES}/gpt2/config.json").activation == "gelu"
+
+
+GEMMA_FIELDS = dict(activation="geglu", attn_logit_softcap=50.0, final_logit_softcap=30.0, query_pre_attn_scalar=144.0,
+                    scaled_embeddings=True, local_rope_theta=10000.0, sliding_window=4096)
+
+
+PART_WORDS = {"activation": "GeGLU", "attn_logit_softcap": "scores capped", "final_logit_softcap": "logits capped",
+              "query_pre_attn_scalar": "query_pre_attn_scalar", "scaled_embeddings": "sqrt(hidden_size)",
+              "local_rope_theta": "RoPE base"}
+
+
+def test_gemma2_is_read_with_its_layer_and_no_megatron_builds_it_without_saying_so():
+    from dataclasses import replace
+
+    from autotune.emit.megatron_bridge_recipes import bridge_model_problems, generic_model_fields
+    from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
+    from autotune.emit.megatron_model_flags import architecture_problems, shape_flags
+    from autotune.engines.builtin_trainer import hf_model_family
+    from autotune.specs.plan import ParallelPlan
+
+    gemma2 = load_model(f"{FIXTURES}/gemma2-9b/config.json")  # query_pre_attn_scalar 256 = head_dim: not carried
+    assert (gemma2.activation, gemma2.attn_logit_softcap, gemma2.final_logit_softcap) == ("geglu", 50.0, 30.0)
+    assert gemma2.scaled_embeddings and gemma2.norm_zero_centered and gemma2.query_pre_attn_scalar is None
+    assert gemma2.num_params == load_model(f"{FIXTURES}/gemma2-9b/config.json").num_params
+    # each Gemma part on an otherwise Llama-like layer: named by all three Megatron writers and no HF family
+    llama = load_model("llama3-8b")
+    for field, value in GEMMA_FIELDS.items():
+        if field == "sliding_window":
+            continue
+        model = replace(llama, **{field: value}, **({"sliding_window": 4096} if field == "local_rope_theta" else {}))
+        word = PART_WORDS[field]
+        for problems in (architecture_problems(model), megatron_deepspeed_model_problems(model, 4096),
+                         bridge_model_problems(model)):
+            assert any(word in p for p in problems), (field, problems)
+        assert not any(word in p for p in architecture_problems(llama) + bridge_model_problems(llama))
+        assert hf_model_family(model) is None
+    # (1 + weight) norms: Megatron-core builds them (--apply-layernorm-1p, layernorm_zero_centered_gamma)
+    zero = replace(llama, norm_zero_centered=True)
+    assert not architecture_problems(zero) and not bridge_model_problems(zero)
+    assert "--apply-layernorm-1p" in shape_flags(zero, ParallelPlan(dp=8, global_batch_size=8, micro_batch_size=1, grad_accum_steps=1, seq_len=4096), [])
+    assert generic_model_fields(zero)["layernorm_zero_centered_gamma"] is True
+    assert any("(1 + weight)" in p for p in megatron_deepspeed_model_problems(zero, 4096))
+    with pytest.raises(InputError, match="local_rope_theta"):
+        replace(llama, local_rope_theta=10000.0)  # no local layers to give it to
