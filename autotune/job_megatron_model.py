@@ -38,6 +38,18 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
     return max(zip(score, range(len(found)), found))[2] if found else None
 
 
+FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_max_positions", "norm_zero_centered")
+"""Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
+
+
+def _decided(m: ModelSpec) -> str:
+    """The FILE_DECIDES fields of ``m`` in words."""
+    scaling = "none" if m.rope_scaling is None else f"{m.rope_scaling} x{m.rope_scaling_factor:g}"
+    return (f"dropout {m.dropout:g}, RoPE scaling {scaling}"
+            f"{', (1 + weight) norms' if m.norm_zero_centered else ''}")
+
+
 def _dropout(f: dict, path: str) -> float:
     """The hidden dropout Megatron-LM runs with (--hidden-dropout, default 0.1); ModelSpec has one dropout for the
     hidden states and the attention probabilities."""
@@ -83,9 +95,11 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
-        if preset.dropout != spec.dropout:  # the file's dropout is what Megatron runs (its default 0.1 if unsaid)
-            notes.append(f"model: dropout {spec.dropout:g} as {path} runs it (the preset has {preset.dropout:g})")
-            return dataclasses.replace(preset, dropout=spec.dropout)
+        # what Megatron runs is the file's (its dropout default 0.1 if unsaid; RoPE scaling only where a flag says so)
+        ran = {k: getattr(spec, k) for k in FILE_DECIDES if getattr(spec, k) != getattr(preset, k)}
+        if ran:
+            notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
+            return dataclasses.replace(preset, **ran)
         return preset
     if vocab is None:
         raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
@@ -155,6 +169,13 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
     if f.get("--position-embedding-type") == "yarn":
         out["rope_scaling"] = "yarn"
         out["rope_scaling_factor"] = _float(f.get("--rotary-scaling-factor"), "--rotary-scaling-factor", path)
+    elif "--use-rope-scaling" in f:  # Megatron-core's llama3 scaling: factor a flag (default 8), the rest fixed
+        factor = _float(f.get("--rope-scaling-factor"), "--rope-scaling-factor", path)
+        out |= {"rope_scaling": "llama3", "rope_scaling_factor": 8.0 if factor is None else factor,
+                "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0, "rope_original_max_positions": 8192}
+    elif f.get("--rotary-seq-len-interpolation-factor") is not None:  # positions divided by it: linear scaling
+        out |= {"rope_scaling": "linear", "rope_scaling_factor": _float(
+            f.get("--rotary-seq-len-interpolation-factor"), "--rotary-seq-len-interpolation-factor", path)}
     if "--quick-geglu" in f:
         out["activation_clamp"] = _float(f.get("--activation-func-clamp-value"), "--activation-func-clamp-value",
                                          path)

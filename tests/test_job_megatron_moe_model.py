@@ -32,7 +32,7 @@ def _flags(model) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5", "llama4-maverick", "llama4-scout",
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5", "llama4-maverick",
                                   "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
 def test_a_presets_arguments_read_back_as_the_preset(name):
     notes: list[str] = []
@@ -86,7 +86,22 @@ def test_dropout_is_what_megatron_runs():
     del flags["--hidden-dropout"]
     read = megatron_model(flags, "a.sh", notes)
     assert read.dropout == 0.1 and read == dataclasses.replace(load_model("llama3-8b"), dropout=0.1)
-    assert any("dropout 0.1 as a.sh runs it" in n for n in notes)
+    assert any("dropout 0.1, RoPE scaling none as a.sh runs it" in n for n in notes)
     flags["--hidden-dropout"] = "1.5"
     with pytest.raises(InputError, match="dropout"):
         megatron_model(flags, "a.sh", [])
+
+
+def test_rope_scaling_is_what_the_file_runs():
+    """--use-rope-scaling (Megatron-core's llama3 scaling, Llama 3.1's parameters) is read back; the 405B shape in a
+    file without it is the 405B preset without scaling, as Megatron runs it."""
+    flags = _flags(load_model("llama3-405b"))
+    assert flags["--rope-scaling-factor"] == "8" and flags["--use-rope-scaling"] is True
+    assert megatron_model(flags, "a.sh", []) == load_model("llama3-405b")
+    del flags["--use-rope-scaling"], flags["--rope-scaling-factor"]
+    notes: list[str] = []
+    read = megatron_model(flags, "a.sh", notes)
+    assert read.rope_scaling is None and read.rope_low_freq_factor is None and read.num_params == load_model(
+        "llama3-405b").num_params
+    assert any("RoPE scaling none as a.sh runs it (the preset has dropout 0, RoPE scaling llama3 x8)" in n
+               for n in notes)

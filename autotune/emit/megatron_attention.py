@@ -60,6 +60,10 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
             args += ["--rotary-percent", flag_number(model.rotary_fraction)]
     if yarn and model.rope_scaling_factor is not None:
         args += ["--rotary-scaling-factor", flag_number(model.rope_scaling_factor)]
+    if rope and rope_scaling_problem(model) is None and model.rope_scaling == "llama3":
+        args += ["--use-rope-scaling", "--rope-scaling-factor", flag_number(model.rope_scaling_factor)]
+    if rope and rope_scaling_problem(model) is None and model.rope_scaling == "linear":
+        args += ["--rotary-seq-len-interpolation-factor", str(int(model.rope_scaling_factor))]
     if model.attention_sinks:
         args += ["--softmax-type", "learnable"]
     if model.sliding_window is not None and not model.chunked_attention:
@@ -70,6 +74,28 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
     if rope and model.chunked_attention and (nope := _skip_freq(model, global_ones=True)) is not None:
         args += ["--no-rope-freq", nope]
     return args
+
+
+MEGATRON_LLAMA3_SCALING = (1.0, 4.0, 8192)
+"""The llama3 scaling Megatron-core builds (--use-rope-scaling): low_freq_factor, high_freq_factor and the original
+context fixed (megatron/core/models/common/embeddings/rotary_pos_embedding.py RotaryEmbedding._apply_scaling at
+d98e8a6); only the factor is a flag (--rope-scaling-factor)."""
+
+
+def rope_scaling_problem(model: ModelSpec) -> str | None:
+    """Why Megatron-LM's flags cannot give the model's RoPE scaling (None where they can): llama3 scaling other than
+    Llama 3.1's parameters, or a linear one by a factor that is not an integer (--rotary-seq-len-interpolation-factor
+    is an int: positions divided by it)."""
+    if model.rope_scaling == "llama3":
+        given = (model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_max_positions)
+        if given != MEGATRON_LLAMA3_SCALING:
+            return (f"{model.name} scales RoPE as llama3 with low / high frequency factors {given[0]:g} / {given[1]:g} "
+                    f"and original context {given[2]}; Megatron-core's --use-rope-scaling fixes them at 1 / 4 and "
+                    f"8192")
+    if model.rope_scaling == "linear" and float(model.rope_scaling_factor) != int(model.rope_scaling_factor):
+        return (f"{model.name} scales RoPE linearly by {model.rope_scaling_factor:g}; Megatron's "
+                f"--rotary-seq-len-interpolation-factor takes an integer")
+    return None
 
 
 def chunked_attention_problem(model: ModelSpec, seq_len: int) -> str | None:

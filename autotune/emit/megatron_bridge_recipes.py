@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autotune.emit.megatron_attention import rope_scaling_problem
 from autotune.errors import InputError
 from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
@@ -117,6 +118,9 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:
         why.append("multi-token prediction layers")
+    if model.rope_scaling == "yarn" or (model.rope_scaling == "llama3" and rope_scaling_problem(model)):
+        why.append("YaRN RoPE scaling (Bridge's YaRN providers)" if model.rope_scaling == "yarn" else
+                   "llama3 RoPE scaling other than Llama 3.1's (Megatron-core fixes low / high 1 / 4, context 8192)")
     return why + gemma_parts(model, zero_centered_norms=True)  # TransformerConfig.layernorm_zero_centered_gamma
 
 
@@ -137,6 +141,10 @@ def generic_model_fields(model: ModelSpec) -> dict:
                  "add_bias_linear": model.linear_bias, "add_qkv_bias": model.qkv_bias or model.linear_bias,
                  "hidden_dropout": model.dropout, "attention_dropout": model.dropout,
                  "vocab_size": model.vocab_size}
+    if model.rope_scaling == "llama3":  # GPTModelProvider.rope_scaling: Megatron-core's llama3 scaling (1 / 4 / 8192)
+        out |= {"rope_scaling": True, "rope_scaling_factor": model.rope_scaling_factor}
+    elif model.rope_scaling == "linear":  # positions divided by it (RotaryEmbedding seq_len_interpolation_factor)
+        out["seq_len_interpolation_factor"] = model.rope_scaling_factor
     if model.norm_zero_centered:  # norms multiplying by (1 + weight)
         out["layernorm_zero_centered_gamma"] = True
     if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)

@@ -6,7 +6,8 @@ cannot build. Megatron-LM ``NVIDIA/Megatron-LM@d98e8a6``; flags of megatron-core
 
 from __future__ import annotations
 
-from autotune.emit.megatron_attention import chunked_attention_problem, position_and_attention_flags
+from autotune.emit.megatron_attention import (chunked_attention_problem, position_and_attention_flags,
+                                              rope_scaling_problem)
 from autotune.emit.megatron_attention import flag_number as _num
 from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
@@ -76,6 +77,8 @@ def architecture_problems(model: ModelSpec) -> list[str]:
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")
+    if scaling := rope_scaling_problem(model):
+        out.append(scaling)
     # (1 + weight) norms are --apply-layernorm-1p (TransformerConfig.layernorm_zero_centered_gamma); GeGLU would be
     # F.gelu's exact form (argument_utils.py: only --swiglu / --quick-geglu choose a gated activation)
     out += [f"{model.name} has {part}; Megatron-LM's GPT model does not" for part in

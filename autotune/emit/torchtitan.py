@@ -41,7 +41,10 @@ TORCHTITAN_VERSION = "0.2.2"
 # (qwen3_args, models/qwen3/__init__.py:85-190) and GPT-OSS (gptoss_configs, models/gpt_oss/__init__.py:47-76) are
 # mapped where every field the cost model reads equals the preset's (tests/emit/test_torchtitan_flavors.py reads
 # the flavors from the source). Qwen3-235B-A22B's flavor has rope_theta 5e6 where the Hugging Face config has 1e6: a
-# RoPE base is no cost, so it is mapped (fine-tuning from the Hugging Face weights needs the base fixed).
+# RoPE base is no cost, so it is mapped (fine-tuning from the Hugging Face weights needs the base fixed). Likewise the
+# llama3 flavors: v0.2.2's precompute_freqs_cis (models/llama3/model/model.py:35-80) always applies Llama 3.1's RoPE
+# scaling (RoPEScalingArgs: factor 8, low / high 1 / 4, context 8192), which llama3-405b carries and llama3-8b /
+# llama3-70b (Llama 3.0 checkpoints) do not: torchtitan trains their Llama 3.1 counterparts, at the same cost.
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                       "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
                       "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),

@@ -47,7 +47,7 @@ def built_model_problem(model: ModelSpec, seq_len: int) -> str | None:
         (model.attention_sinks, "attention sinks (a learned logit per head)"),
         (model.activation_clamp is not None, f"the gated activation's clamp ({model.activation_clamp:g})"
          if model.activation_clamp is not None else ""),
-        (model.rope_scaling is not None, f"{model.rope_scaling} RoPE scaling")) if absent]
+        (model.rope_scaling == "yarn", "YaRN RoPE scaling")) if absent]
     if not missing:
         return None
     return (f"model {model.name!r}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not implemented by "
@@ -152,7 +152,7 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases
     alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
-            or spec.activation_clamp is not None or spec.rope_scaling is not None or spec.chunked_attention
+            or spec.activation_clamp is not None or spec.rope_scaling == "yarn" or spec.chunked_attention
             or spec.post_norm or spec.parallel_residual or gemma_parts(spec)):
         return None  # no class of these has that layer
     llama_layer = (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"

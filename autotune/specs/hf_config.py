@@ -22,7 +22,7 @@ from autotune.errors import InputError, suggest_names
 from autotune.inputs import nonfinite_problems, parse_json, read_text
 from autotune.specs.hf_fields import Fields as _Fields
 from autotune.specs.hf_fields import head_dim_or_none
-from autotune.specs.hf_readers_dense import DENSE_READERS, rotary_fraction
+from autotune.specs.hf_readers_dense import DENSE_READERS, rope_scaling_fields, rotary_fraction
 from autotune.specs.hf_readers_moe import MOE_READERS
 from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
@@ -65,6 +65,8 @@ def _llama_like(f: _Fields) -> dict:
         rope_theta=float(f.get("rope_theta", 10000.0)),
         tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "attention_dropout", default=0.0),
+        # Llama 3.1's llama3 scaling (and a linear one); DeepSeek-V3's YaRN is not carried (its MLA: not built here)
+        **(rope_scaling_fields(f, ("llama3", "linear")) if mt in ("llama", "mistral", "qwen2") else {}),
     )
     attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
     if mt == "qwen2":

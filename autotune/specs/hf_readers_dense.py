@@ -20,7 +20,7 @@ from autotune.specs.hf_fields import (
     transformers_view,
 )
 
-__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling", "yarn_factor",
+__all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling_fields",
            "refuse_output_bias"]
 
 _SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -79,14 +79,11 @@ def rotary_fraction(f: Fields) -> float:
     return 1.0
 
 
-def rope_scaling(f: Fields) -> str | None:
-    """``yarn`` where ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5) names YaRN
-    (``rope_type``, or the older ``type``) with a factor above 1 (a factor of 1 scales nothing: mscale 1); else None."""
-    return None if yarn_factor(f) is None else "yarn"
-
-
-def yarn_factor(f: Fields) -> float | None:
-    """YaRN's factor (above 1) where the config names YaRN (``rope_scaling``); else None."""
+def rope_scaling_fields(f: Fields, kinds: tuple[str, ...] = ("yarn", "llama3", "linear")) -> dict:
+    """ModelSpec's RoPE scaling fields from ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5;
+    Gemma 3 nests one per attention type: the global layers' is taken) where its ``rope_type`` (or the older
+    ``type``) is one of ``kinds``: yarn with a factor above 1 (a factor of 1 scales nothing: mscale 1), llama3 with
+    its low / high frequency factors and original context, linear; empty where there is none."""
     for key in ("rope_scaling", "rope_parameters"):
         params = f.data.get(key)
         if isinstance(params, dict):
@@ -95,9 +92,19 @@ def yarn_factor(f: Fields) -> float | None:
             continue
         kind = params.get("rope_type", params.get("type"))
         factor = params.get("factor", 1.0)
-        if kind == "yarn" and isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 1:
-            return float(factor)
-    return None
+        if kind not in kinds or isinstance(factor, bool) or not isinstance(factor, int | float):
+            continue
+        if kind == "yarn" and factor > 1:
+            return {"rope_scaling": "yarn", "rope_scaling_factor": float(factor)}
+        if kind == "linear" and factor != 1:
+            return {"rope_scaling": "linear", "rope_scaling_factor": float(factor)}
+        if kind == "llama3":  # transformers' _compute_llama3_parameters reads these four
+            out = {"rope_scaling": "llama3", "rope_scaling_factor": float(factor),
+                   "rope_low_freq_factor": float(params.get("low_freq_factor", 1.0)),
+                   "rope_high_freq_factor": float(params.get("high_freq_factor", 4.0)),
+                   "rope_original_max_positions": int(params.get("original_max_position_embeddings", 8192))}
+            return out
+    return {}
 
 
 def refuse_output_bias(f: Fields) -> None:
@@ -115,7 +122,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
     heads = f.need("num_attention_heads", what="attention heads")
     vocab_size = f.need("vocab_size", what="vocabulary size") if vocab is None else f.get_int("vocab_size",
                                                                                              default=vocab)
-    scaling = rope_scaling(f)
+    scaling = rope_scaling_fields(f)
     return dict(
         num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=f.get_int("num_key_value_heads", default=kv_heads or heads),
@@ -124,7 +131,7 @@ def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_p
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=max_positions),
         rope_theta=rope_theta(f, theta), tied_embeddings=bool(f.get("tie_word_embeddings", tied)),
-        dropout=float(f.get("attention_dropout", 0.0)), **({"rope_scaling": scaling, "rope_scaling_factor": yarn_factor(f)} if scaling else {}),
+        dropout=float(f.get("attention_dropout", 0.0)), **scaling,
         **({} if (fraction := rotary_fraction(f)) == 1.0 else {"rotary_fraction": fraction}),
     )
 

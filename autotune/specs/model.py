@@ -24,14 +24,15 @@ Activation = Literal["gelu", "swiglu", "geglu", "relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 QKNorm = Literal["head", "full", "l2"]
-RopeScaling = Literal["yarn"]
+RopeScaling = Literal["yarn", "llama3", "linear"]
 
 # Fields added after the first presets: left out of to_dict at their defaults, so every earlier model
 # serialises (and counts) as before.
 _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False, "rotary_fraction": 1.0,
                  "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
-                 "rope_scaling": None, "rope_scaling_factor": None, "attn_logit_softcap": None,
+                 "rope_scaling": None, "rope_scaling_factor": None, "rope_low_freq_factor": None,
+                 "rope_high_freq_factor": None, "rope_original_max_positions": None, "attn_logit_softcap": None,
                  "final_logit_softcap": None, "query_pre_attn_scalar": None, "scaled_embeddings": False,
                  "norm_zero_centered": False, "local_rope_theta": None}
 
@@ -63,12 +64,20 @@ class ModelSpec:
     """The share of each head's dimensions RoPE rotates, the first ones (GPT-NeoX ``rotary_pct`` 0.25, GLM-4.5
     ``partial_rotary_factor`` 0.5; Megatron ``--rotary-percent``); the rest carry no position. Only with rope."""
     rope_scaling: RopeScaling | None = None
-    """RoPE frequency scaling: ``yarn`` (config.json ``rope_scaling.rope_type`` "yarn" with a factor above 1: GPT-OSS
-    factor 32), whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1). None: plain RoPE. Only
-    with rope; ``autotune.cost.rope_kernels`` says how the engines run it."""
+    """RoPE frequency scaling (config.json ``rope_scaling.rope_type``): ``yarn`` with a factor above 1 (GPT-OSS 32),
+    whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1; ``autotune.cost.rope_kernels`` says how
+    the engines run it); ``llama3`` (Llama 3.1 / 4: the low frequencies divided by the factor, the middle ones
+    blended, the fields below); ``linear`` (positions divided by the factor: Gemma 3's global layers). None: plain
+    RoPE. Only with rope."""
     rope_scaling_factor: float | None = None
-    """YaRN's context-extension factor (config.json ``rope_scaling.factor``: GPT-OSS 32), what Megatron's
-    ``--rotary-scaling-factor`` takes; None: not stated (Megatron's default 1.0). Only with ``rope_scaling``."""
+    """The scaling's factor (``rope_scaling.factor``: GPT-OSS 32, Llama 3.1 8, Gemma 3 8). None: not stated (yarn
+    only: Megatron's default 1.0). Needed by llama3 and linear."""
+    rope_low_freq_factor: float | None = None
+    """llama3 scaling: wavelengths above original_max / this are divided by the factor (Llama 3.1: 1)."""
+    rope_high_freq_factor: float | None = None
+    """llama3 scaling: wavelengths below original_max / this are kept (Llama 3.1: 4; Llama 4 Scout: 1)."""
+    rope_original_max_positions: int | None = None
+    """llama3 scaling: the context the frequencies were trained for (``original_max_position_embeddings``: 8192)."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False

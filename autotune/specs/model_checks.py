@@ -5,7 +5,7 @@ what it takes; ModelSpec reports them all at once."""
 
 from __future__ import annotations
 
-__all__ = ["model_problems", "layer_variant_problems", "gemma_field_problems"]
+__all__ = ["model_problems", "layer_variant_problems", "gemma_field_problems", "rope_scaling_problems"]
 
 
 def model_problems(spec) -> list[str]:
@@ -30,13 +30,7 @@ def model_problems(spec) -> list[str]:
         out.append(f"position_embedding must be learned, rope or alibi, got {spec.position_embedding!r}")
     if not (isinstance(spec.rope_theta, (int, float)) and spec.rope_theta > 0):
         out.append(f"rope_theta must be a positive number, got {spec.rope_theta!r}")
-    if spec.rope_scaling not in (None, "yarn"):
-        out.append(f"rope_scaling must be yarn or absent, got {spec.rope_scaling!r}")
-    factor = spec.rope_scaling_factor
-    if factor is not None and (spec.rope_scaling is None or isinstance(factor, bool)
-                               or not isinstance(factor, (int, float)) or factor <= 1):
-        out.append(f"rope_scaling_factor must be a number above 1, with rope_scaling yarn, or absent; got "
-                   f"{factor!r}")
+    out += rope_scaling_problems(spec)
     if spec.activation_clamp is not None and not (
             isinstance(spec.activation_clamp, (int, float)) and spec.activation_clamp > 0):
         out.append(f"activation_clamp must be a positive number or absent, got {spec.activation_clamp!r}")
@@ -117,4 +111,33 @@ def gemma_field_problems(spec) -> list[str]:
                    "rope and a sliding_window; or leave it out")
     if spec.attn_logit_softcap is not None and spec.mla is not None:
         out.append("attn_logit_softcap with MLA: no model caps MLA's scores; leave it out")
+    return out
+
+
+def rope_scaling_problems(spec) -> list[str]:
+    """The problems of the RoPE scaling fields: a known kind, its factor, llama3's three parameters with llama3 only."""
+    out: list[str] = []
+    kind, factor = spec.rope_scaling, spec.rope_scaling_factor
+    if kind not in (None, "yarn", "llama3", "linear"):
+        return [f"rope_scaling must be yarn, llama3, linear or absent, got {kind!r}"]
+    number = not isinstance(factor, bool) and isinstance(factor, (int, float))
+    if factor is not None and (kind is None or not number or factor <= (1 if kind == "yarn" else 0)):
+        out.append(f"rope_scaling_factor must be a positive number (yarn: above 1) with a rope_scaling, or absent; "
+                   f"got {factor!r}")
+    if kind in ("llama3", "linear") and factor is None:
+        out.append(f"rope_scaling {kind} needs rope_scaling_factor (config.json rope_scaling.factor)")
+    if kind is not None and spec.position_embedding != "rope":
+        out.append(f"rope_scaling {kind} scales RoPE, and position_embedding is {spec.position_embedding!r}")
+    llama3 = {"rope_low_freq_factor": spec.rope_low_freq_factor, "rope_high_freq_factor": spec.rope_high_freq_factor,
+              "rope_original_max_positions": spec.rope_original_max_positions}
+    if kind == "llama3":
+        bad = [k for k, v in llama3.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+        if bad:
+            out.append(f"rope_scaling llama3 needs positive {', '.join(bad)} (config.json rope_scaling's "
+                       "low_freq_factor, high_freq_factor, original_max_position_embeddings)")
+        elif spec.rope_high_freq_factor < spec.rope_low_freq_factor:
+            out.append("rope_high_freq_factor must be at least rope_low_freq_factor (llama3 scaling)")
+    elif any(v is not None for v in llama3.values()):
+        out.append(f"{', '.join(k for k, v in llama3.items() if v is not None)}: llama3 scaling's, and rope_scaling "
+                   f"is {kind!r}; leave them out")
     return out

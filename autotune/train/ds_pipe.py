@@ -47,7 +47,7 @@ class BlockPipe(nn.Module):
         super().__init__()
         self.block = Block(spec, index, flash=flash, selective=recompute == "selective").to(dtype)
         if spec.position_embedding == "rope":
-            cos, sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta)
+            cos, sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta, spec)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
         else:

@@ -30,6 +30,17 @@ def _moe_fields(spec, family: str) -> dict:
             "norm_topk_prob": not moe.router_pre_softmax}
 
 
+def rope_parameters(spec) -> dict:
+    """transformers 5's ``rope_parameters`` of the spec's RoPE: its base, and its llama3 or linear scaling."""
+    out = {"rope_type": spec.rope_scaling or "default", "rope_theta": spec.rope_theta}
+    if spec.rope_scaling is not None:
+        out["factor"] = spec.rope_scaling_factor
+    if spec.rope_scaling == "llama3":
+        out |= {"low_freq_factor": spec.rope_low_freq_factor, "high_freq_factor": spec.rope_high_freq_factor,
+                "original_max_position_embeddings": spec.rope_original_max_positions}
+    return out
+
+
 def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
 
@@ -44,8 +55,10 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
         fields = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                       intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
                       num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.kv_heads,
-                      head_dim=spec.attention_head_dim, max_position_embeddings=max(seq_len, 8),
-                      rope_theta=spec.rope_theta, tie_word_embeddings=spec.tied_embeddings,
+                      head_dim=spec.attention_head_dim,
+                      # (transformers wants a scaled RoPE's original context below it)
+                      max_position_embeddings=max(seq_len, 8, spec.max_position_embeddings * bool(spec.rope_scaling)),
+                      rope_parameters=rope_parameters(spec), tie_word_embeddings=spec.tied_embeddings,
                       attention_dropout=spec.dropout, attn_implementation="sdpa",
                       **({"attention_bias": False} if family in ("qwen3", "qwen3_moe") else {}))
         cfg = config_class(**(fields | _moe_fields(spec, family)))

@@ -29,6 +29,7 @@ flash kernels with ALiBi keep no extra activations, so memory is the same).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -279,9 +280,33 @@ class Block(nn.Module):
             self.mlp(y), self.p, self.training)
 
 
-def _rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables [seq_len, head_dim] for rotate-half (GPT-NeoX / Llama) RoPE."""
+def _scaled(inv: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """The inverse frequencies under the spec's RoPE scaling: linear divides them all by the factor (positions / factor);
+    llama3 divides those of wavelengths above original / low_freq_factor, keeps those below original /
+    high_freq_factor and blends the ones between (transformers' _compute_llama3_parameters, Megatron-core's
+    RotaryEmbedding._apply_scaling)."""
+    factor = spec.rope_scaling_factor
+    if spec.rope_scaling == "linear":
+        return inv / factor
+    if spec.rope_scaling != "llama3":
+        return inv
+    low, high, original = spec.rope_low_freq_factor, spec.rope_high_freq_factor, spec.rope_original_max_positions
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > original / low, inv / factor, inv)
+    if high > low:
+        smooth = (original / wavelen - low) / (high - low)
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        out = torch.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+    return out
+
+
+def _rope_tables(seq_len: int, head_dim: int, base: float = 10000.0,
+                 spec: ModelSpec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin tables [seq_len, head_dim] for rotate-half (GPT-NeoX / Llama) RoPE; ``spec``: its scaling
+    (llama3 or linear) applied."""
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if spec is not None:
+        inv = _scaled(inv, spec)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -308,7 +333,7 @@ class DecoderLM(nn.Module):
         self.final_norm = _norm(spec, spec.hidden_size)
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.position_embedding == "rope":
-            cos, sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta)
+            cos, sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta, spec)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
@@ -361,5 +386,5 @@ def build_model(spec: ModelSpec, *, seq_len: int, recompute: Recompute = "none",
     model = DecoderLM(spec, seq_len=seq_len, recompute=recompute, flash_attention=flash_attention)
     model.to(dtype)
     if model.rope_cos is not None:  # RoPE tables stay fp32 (the fused kernels compute in fp32)
-        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta)
+        model.rope_cos, model.rope_sin = _rope_tables(seq_len, spec.rotary_dim, spec.rope_theta, spec)
     return model

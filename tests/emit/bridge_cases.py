@@ -102,6 +102,12 @@ CASES = [
     ("qwen3-shaped-qk-layernorm", "qwen3-8b:num_layers=30", 8, dict(tp=2, sequence_parallel=True, zero_stage=1,
                                                                     global_batch_size=64)),
     ("llama-shaped-qk-l2-norm", "llama3-8b:qk_norm=l2", 8, dict(zero_stage=1, global_batch_size=64)),
+    # Llama 3.1's RoPE scaling (model.rope_scaling, rope_scaling_factor) on a 405B-shaped model of 16 layers, and
+    # norms multiplying by (1 + weight) (model.layernorm_zero_centered_gamma)
+    ("llama31-shaped-rope-scaling", "llama3-405b:num_layers=16", 8, dict(tp=8, sequence_parallel=True, zero_stage=1,
+                                                                        global_batch_size=64)),
+    ("llama-shaped-zero-centered-norms", "llama3-8b:norm_zero_centered=true", 8, dict(zero_stage=1,
+                                                                                     global_batch_size=64)),
 ]
 PRETRAINED = "/ckpt/llama3-70b-base"
 CKPT = CheckpointSettings(save_dir="/ckpt/run1", interval_steps=250, async_save=True)
@@ -116,7 +122,8 @@ def case_model(model: str):
     m = load_model_preset(name)
     if not changes:
         return m
-    fields = {k: int(v) if v.isdigit() else v for k, v in (c.split("=") for c in changes.split(","))}
+    words = {"true": True, "false": False}
+    fields = {k: int(v) if v.isdigit() else words.get(v, v) for k, v in (c.split("=") for c in changes.split(","))}
     return replace(m, name=f"{name}-{'-'.join(f'{k}{v}' for k, v in fields.items())}", **fields)
 
 

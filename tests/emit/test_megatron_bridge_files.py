@@ -86,16 +86,17 @@ def test_files_name_the_base_recipe_and_agree():
 
 def test_plans_bridge_cannot_express_name_the_setting():
     # No Bridge 0.6 recipe for Llama 4 and its chunked attention has no GPTModelProvider override: the emitter
-    # refuses, naming it; the Megatron engine writes megatron_args.sh without Bridge files and says why.
+    # refuses, naming it; the Megatron engine writes megatron_args.sh without Bridge files and says why (Maverick:
+    # Scout's llama3 RoPE scaling, high_freq_factor 1, is not Megatron-core's, so Megatron-LM refuses Scout too).
     from autotune.engines import engine_for
 
-    m = load_model_preset("llama4-scout")
+    m = load_model_preset("llama4-maverick")
     cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
     plan = make_plan(m, cluster, engine="megatron", tp=4, ep=8, sequence_parallel=True, zero_stage=1,
                      global_batch_size=64, seq_len=4096)
     with pytest.raises(InputError, match="chunked") as err:
         case_files(m, cluster, plan)
-    assert "Megatron-Bridge" in str(err.value) and "llama4-scout" in str(err.value)
+    assert "Megatron-Bridge" in str(err.value) and "llama4-maverick" in str(err.value)
     files = engine_for("megatron").render_files(m, cluster, plan, EmitOptions(), CKPT, {})
     assert "megatron_args.sh" in files.files and BRIDGE_YAML not in files.files
     assert any(n.startswith("no Megatron-Bridge files") and "chunked" in n for n in files.user_script_needs)

@@ -71,7 +71,7 @@ def test_autotp_builds_llama_only():
     ("deepseek-v3", 4096, ["multi-head latent attention"]),
     ("bloom-176b", 2048, ["ALiBi"]),
     # GPT-OSS below its window (128): what else its layers do
-    ("gpt-oss-20b", 128, ["attention sinks", "clamp (7)", "yarn RoPE scaling"]),
+    ("gpt-oss-20b", 128, ["attention sinks", "clamp (7)", "YaRN RoPE scaling"]),
 ])
 def test_what_the_built_in_model_does_not_build_is_named(model, seq_len, named):
     problem = built_model_problem(load_model(model), seq_len)
