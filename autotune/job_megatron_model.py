@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
+from autotune.emit.megatron_attention import MLA_YARN_FIXED
 from autotune.emit.megatron_flags import layer_pattern
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
@@ -39,7 +40,8 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
 
 
 FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                "rope_original_max_positions", "norm_zero_centered")
+                "rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
+                "norm_zero_centered")
 """Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
 
 
@@ -166,9 +168,19 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
         out["qk_norm"] = "l2"
     if f.get("--softmax-type") == "learnable":
         out["attention_sinks"] = True
-    if f.get("--position-embedding-type") == "yarn":
+    mla_yarn = "--multi-latent-attention" in f and f.get("--rope-type") == "yarn"
+    if f.get("--position-embedding-type") == "yarn" or mla_yarn:
         out["rope_scaling"] = "yarn"
         out["rope_scaling_factor"] = _float(f.get("--rotary-scaling-factor"), "--rotary-scaling-factor", path)
+        flags = (("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim")) + ((
+            ("--yarn-original-max-position-embeddings", "rope_original_max_positions"),
+            ("--yarn-beta-fast", "yarn_beta_fast"), ("--yarn-beta-slow", "yarn_beta_slow")) if not mla_yarn else ())
+        for flag, field in flags:
+            if f.get(flag) is not None:
+                value = _float(f.get(flag), flag, path)
+                out[field] = int(value) if field == "rope_original_max_positions" else value
+        if mla_yarn:  # what MLATransformerConfig holds where no flag reaches (emit.megatron_attention.MLA_YARN_FIXED)
+            out |= MLA_YARN_FIXED
     elif "--use-rope-scaling" in f:  # Megatron-core's llama3 scaling: factor a flag (default 8), the rest fixed
         factor = _float(f.get("--rope-scaling-factor"), "--rope-scaling-factor", path)
         out |= {"rope_scaling": "llama3", "rope_scaling_factor": 8.0 if factor is None else factor,

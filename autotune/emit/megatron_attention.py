@@ -52,7 +52,7 @@ def _skip_freq(model: ModelSpec, *, global_ones: bool = False) -> str | None:
 def position_and_attention_flags(model: ModelSpec) -> list[str]:
     """The position-embedding and attention-variant flags of ``model`` (module docstring)."""
     rope = model.position_embedding == "rope"
-    yarn = rope and model.rope_scaling == "yarn"
+    yarn = rope and model.rope_scaling == "yarn" and model.mla is None
     args = ["--position-embedding-type", "yarn" if yarn else "rope" if rope else "learned_absolute"]
     if rope:
         args += ["--rotary-base", flag_number(model.rope_theta)]
@@ -60,6 +60,15 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
             args += ["--rotary-percent", flag_number(model.rotary_fraction)]
     if yarn and model.rope_scaling_factor is not None:
         args += ["--rotary-scaling-factor", flag_number(model.rope_scaling_factor)]
+    if yarn:  # GPTModel's YaRN reads these off the config (argument_utils.py _apply_yarn_config_from_args)
+        args += _given(model, ("--yarn-original-max-position-embeddings", "rope_original_max_positions"),
+                       ("--yarn-beta-fast", "yarn_beta_fast"), ("--yarn-beta-slow", "yarn_beta_slow"),
+                       ("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim"))
+    if model.mla is not None:  # MLATransformerConfig.rope_type (default yarn: say which), its factor and mscales
+        args += ["--rope-type", "yarn" if model.rope_scaling == "yarn" else "rope"]
+        if model.rope_scaling == "yarn":
+            args += ["--rotary-scaling-factor", flag_number(model.rope_scaling_factor)]
+            args += _given(model, ("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim"))
     if rope and rope_scaling_problem(model) is None and model.rope_scaling == "llama3":
         args += ["--use-rope-scaling", "--rope-scaling-factor", flag_number(model.rope_scaling_factor)]
     if rope and rope_scaling_problem(model) is None and model.rope_scaling == "linear":
@@ -74,6 +83,29 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
     if rope and model.chunked_attention and (nope := _skip_freq(model, global_ones=True)) is not None:
         args += ["--no-rope-freq", nope]
     return args
+
+
+def _given(model: ModelSpec, *pairs: tuple[str, str]) -> list[str]:
+    """Each (flag, field) pair's flag and value where the model states the field."""
+    out: list[str] = []
+    for flag, field in pairs:
+        if getattr(model, field) is not None:
+            out += [flag, flag_number(getattr(model, field))]
+    return out
+
+
+MLA_YARN_FIXED = {"rope_original_max_positions": 4096, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
+"""MLATransformerConfig's YaRN fields no Megatron-LM flag reaches (original_max_position_embeddings, beta_fast,
+beta_slow: transformer_config.py at d98e8a6; the --yarn-* flags set GPTModel's non-MLA YaRN only)."""
+
+
+def mla_yarn_gaps(model: ModelSpec) -> list[str]:
+    """What of an MLA model's YaRN Megatron-LM's arguments leave at MLATransformerConfig's defaults where the model
+    has another value (Kimi-K2: beta_fast 1, the config's 32); empty where the arguments say it all."""
+    if model.mla is None or model.rope_scaling != "yarn":
+        return []
+    return [f"{field} {getattr(model, field):g} (MLATransformerConfig: {fixed:g})" for field, fixed in
+            MLA_YARN_FIXED.items() if getattr(model, field) not in (None, fixed)]
 
 
 MEGATRON_LLAMA3_SCALING = (1.0, 4.0, 8192)

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 
 from autotune.emit.megatron import architecture_problems, megatron_args
-from autotune.emit.megatron_attention import chunked_attention_problem
+from autotune.emit.megatron_attention import chunked_attention_problem, mla_yarn_gaps
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_fsdp import sharding_strategy
 from autotune.emit.megatron_versions import HEADER
@@ -293,6 +293,10 @@ class MegatronEngine(Engine):
         files = {"megatron_args.sh": shell_array("MEGATRON_ARGS", argv, env,
                                                  HEADER.format(release=options.megatron_version))}
         needs = ["Megatron-LM's pretrain_gpt.py (CUDA) with these arguments; --mock-data unless --data-path is given"]
+        if gaps := mla_yarn_gaps(model):  # no flag reaches them: pretrain_gpt.py runs Megatron-core's values
+            needs.append(f"megatron_args.sh leaves {model.name}'s YaRN {', '.join(gaps)} at Megatron-core's values "
+                         "(no Megatron-LM flag sets them under MLA): set them in the model provider, or use the "
+                         "Megatron-Bridge files")
         # The same plan for Megatron-Bridge users: overrides of Bridge's recipe (InputError for what it cannot take;
         # a model Bridge has no recipe for and its generic GPT recipe cannot build gets none, and a note).
         unbuildable = bridge_model_problems(model) or bridge_plan_problems(model, plan)

@@ -297,9 +297,10 @@ _MTP_SRC = "Megatron-LM @d98e8a6 megatron/training/arguments.py"
 
 def megatron_position_type(model: ModelSpec) -> str:
     """The --position-embedding-type autotune writes for ``model`` (``autotune.emit.megatron_attention``: yarn where
-    RoPE is YaRN-scaled, rope, learned_absolute for a learned table); ALiBi has none in Megatron's GPT model."""
+    RoPE is YaRN-scaled, rope, learned_absolute for a learned table); ALiBi has none in Megatron's GPT model. MLA's
+    YaRN is --rope-type (MLATransformerConfig.rope_type), its position type rope."""
     if model.position_embedding == "rope":
-        return "yarn" if model.rope_scaling == "yarn" else "rope"
+        return "yarn" if model.rope_scaling == "yarn" and model.mla is None else "rope"
     return "learned_absolute" if model.position_embedding == "learned" else model.position_embedding
 
 

@@ -65,8 +65,8 @@ def _llama_like(f: _Fields) -> dict:
         rope_theta=float(f.get("rope_theta", 10000.0)),
         tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "attention_dropout", default=0.0),
-        # Llama 3.1's llama3 scaling (and a linear one); DeepSeek-V3's YaRN is not carried (its MLA: not built here)
-        **(rope_scaling_fields(f, ("llama3", "linear")) if mt in ("llama", "mistral", "qwen2") else {}),
+        # Llama 3.1's llama3 scaling (and a linear one); DeepSeek-V3 / Kimi-K2's YaRN (with MLA's mscale_all_dim)
+        **rope_scaling_fields(f, ("llama3", "linear", "yarn")),
     )
     attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
     if mt == "qwen2":

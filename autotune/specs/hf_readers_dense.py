@@ -95,7 +95,14 @@ def rope_scaling_fields(f: Fields, kinds: tuple[str, ...] = ("yarn", "llama3", "
         if kind not in kinds or isinstance(factor, bool) or not isinstance(factor, int | float):
             continue
         if kind == "yarn" and factor > 1:
-            return {"rope_scaling": "yarn", "rope_scaling_factor": float(factor)}
+            out = {"rope_scaling": "yarn", "rope_scaling_factor": float(factor)}
+            for field, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                                ("yarn_mscale", "mscale"), ("yarn_mscale_all_dim", "mscale_all_dim"),
+                                ("rope_original_max_positions", "original_max_position_embeddings")):
+                value = params.get(name)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    out[field] = int(value) if field == "rope_original_max_positions" else float(value)
+            return out
         if kind == "linear" and factor != 1:
             return {"rope_scaling": "linear", "rope_scaling_factor": float(factor)}
         if kind == "llama3":  # transformers' _compute_llama3_parameters reads these four

@@ -32,7 +32,8 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "attention_sinks": False, "sliding_window": None, "sliding_window_layers": None,
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
                  "rope_scaling": None, "rope_scaling_factor": None, "rope_low_freq_factor": None,
-                 "rope_high_freq_factor": None, "rope_original_max_positions": None, "attn_logit_softcap": None,
+                 "rope_high_freq_factor": None, "rope_original_max_positions": None, "yarn_beta_fast": None,
+                 "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "attn_logit_softcap": None,
                  "final_logit_softcap": None, "query_pre_attn_scalar": None, "scaled_embeddings": False,
                  "norm_zero_centered": False, "local_rope_theta": None}
 
@@ -77,7 +78,17 @@ class ModelSpec:
     rope_high_freq_factor: float | None = None
     """llama3 scaling: wavelengths below original_max / this are kept (Llama 3.1: 4; Llama 4 Scout: 1)."""
     rope_original_max_positions: int | None = None
-    """llama3 scaling: the context the frequencies were trained for (``original_max_position_embeddings``: 8192)."""
+    """llama3 / yarn: the context the frequencies were trained for (``original_max_position_embeddings``: Llama 3.1
+    8192, DeepSeek-V3 and GPT-OSS 4096); None with yarn: not stated (4096, Megatron's and transformers' default)."""
+    yarn_beta_fast: float | None = None
+    """yarn: the ramp's fast bound (``beta_fast``: DeepSeek-V3 32, Kimi-K2 1); None: not stated (32)."""
+    yarn_beta_slow: float | None = None
+    """yarn: the ramp's slow bound (``beta_slow``: 1); None: not stated (1)."""
+    yarn_mscale: float | None = None
+    """yarn: ``mscale`` (DeepSeek-V3, Kimi-K2: 1.0); None: not stated."""
+    yarn_mscale_all_dim: float | None = None
+    """yarn: ``mscale_all_dim`` (DeepSeek-V3, Kimi-K2: 1.0): MLA's softmax scale times (0.1 mscale_all_dim ln(factor)
+    + 1)^2 (transformers DeepseekV3Attention); None: not stated (0: no such factor)."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False

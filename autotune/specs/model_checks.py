@@ -130,6 +130,17 @@ def rope_scaling_problems(spec) -> list[str]:
         out.append(f"rope_scaling {kind} scales RoPE, and position_embedding is {spec.position_embedding!r}")
     llama3 = {"rope_low_freq_factor": spec.rope_low_freq_factor, "rope_high_freq_factor": spec.rope_high_freq_factor,
               "rope_original_max_positions": spec.rope_original_max_positions}
+    yarn = {"yarn_beta_fast": spec.yarn_beta_fast, "yarn_beta_slow": spec.yarn_beta_slow,
+            "yarn_mscale": spec.yarn_mscale, "yarn_mscale_all_dim": spec.yarn_mscale_all_dim}
+    if kind == "yarn":
+        yarn["rope_original_max_positions"] = llama3.pop("rope_original_max_positions")
+        bad = [k for k, v in yarn.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                                or v < 0)]
+        if bad:
+            out.append(f"{', '.join(bad)} must be numbers >= 0 or absent (config.json rope_scaling's yarn fields)")
+    elif any(v is not None for v in yarn.values()):
+        out.append(f"{', '.join(k for k, v in yarn.items() if v is not None)}: yarn scaling's, and rope_scaling is "
+                   f"{kind!r}; leave them out")
     if kind == "llama3":
         bad = [k for k, v in llama3.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
         if bad:
@@ -138,6 +149,6 @@ def rope_scaling_problems(spec) -> list[str]:
         elif spec.rope_high_freq_factor < spec.rope_low_freq_factor:
             out.append("rope_high_freq_factor must be at least rope_low_freq_factor (llama3 scaling)")
     elif any(v is not None for v in llama3.values()):
-        out.append(f"{', '.join(k for k, v in llama3.items() if v is not None)}: llama3 scaling's, and rope_scaling "
-                   f"is {kind!r}; leave them out")
+        out.append(f"{', '.join(k for k, v in llama3.items() if v is not None)}: llama3 scaling's (yarn: the original "
+                   f"context too), and rope_scaling is {kind!r}; leave them out")
     return out
