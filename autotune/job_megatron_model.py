@@ -45,6 +45,15 @@ FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq
 """Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
 
 
+def _plain_activation(f: dict) -> str:
+    """A plain MLP's activation as Megatron runs it: squared ReLU; GeLU's tanh form where the bias-GeLU fusion runs
+    (biases, no --no-bias-gelu-fusion) or --openai-gelu says so (Megatron-DeepSpeed); else F.gelu, the exact form."""
+    if "--squared-relu" in f:
+        return "squared_relu"
+    fused = "--disable-bias-linear" not in f and "--no-bias-gelu-fusion" not in f
+    return "gelu_tanh" if fused or "--openai-gelu" in f else "gelu"
+
+
 def _decided(m: ModelSpec) -> str:
     """The FILE_DECIDES fields of ``m`` in words."""
     scaling = "none" if m.rope_scaling is None else f"{m.rope_scaling} x{m.rope_scaling_factor:g}"
@@ -83,7 +92,7 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     spec = ModelSpec(
         name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
-        head_dim=n("--kv-channels"), activation="swiglu" if gated else "gelu",
+        head_dim=n("--kv-channels"), activation="swiglu" if gated else _plain_activation(f),
         norm="rmsnorm" if str(f.get("--normalization", "")).lower() == "rmsnorm" else "layernorm",
         tied_embeddings="--untie-embeddings-and-output-weights" not in f,
         position_embedding="rope" if rope else "learned",

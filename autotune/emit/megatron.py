@@ -224,7 +224,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     Megatron-DeepSpeed MoE is DeepSpeed-MoE: every layer is an MoE layer and experts have the dense FFN width.
     """
     options = options or EmitOptions()
-    problems: list[str] = architecture_problems(model)
+    problems: list[str] = architecture_problems(model, megatron_core=False)
     if plan.world_size != cluster.num_gpus:
         problems.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.zero_stage >= 2 and plan.pp > 1:
@@ -261,6 +261,10 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
         args += ["--num-key-value-heads", str(model.kv_heads)]
     if model.activation == "swiglu":
         args.append("--swiglu")
+    # ParallelMLP (megatron/model/transformer.py:129-147): --openai-gelu is the tanh form, --squared-relu; F.gelu
+    # (exact) otherwise, fused with the bias as the tanh form unless --no-bias-gelu-fusion
+    args += {"squared_relu": ["--squared-relu"], "gelu_tanh": [] if model.linear_bias else ["--openai-gelu"],
+             "gelu": ["--no-bias-gelu-fusion"] if model.linear_bias else []}.get(model.activation, [])
     args += ["--normalization", model.norm]
     args += rope_theta_flags(model)
     if not model.tied_embeddings:

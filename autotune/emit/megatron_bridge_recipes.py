@@ -124,6 +124,11 @@ def _unexpressible(model: ModelSpec) -> list[str]:
     return why + gemma_parts(model, zero_centered_norms=True)  # TransformerConfig.layernorm_zero_centered_gamma
 
 
+_BRIDGE_ACTIVATION = {"swiglu": "silu", "gelu": "gelu", "gelu_tanh": "fast_gelu", "squared_relu": "squared_relu"}
+"""ModelSpec.activation -> the activation_func name Bridge restores (utils/activation_map.py ACTIVATION_FUNC_MAP at
+067f987: gelu is F.gelu, fast_gelu megatron.core.activations' tanh form, squared_relu)."""
+
+
 def generic_model_fields(model: ModelSpec) -> dict:
     """The model as GPTModelProvider / TransformerConfig fields: what the generic recipe's model is given (a
     library recipe builds its own); :func:`_unexpressible` names what it cannot be given."""
@@ -133,7 +138,7 @@ def generic_model_fields(model: ModelSpec) -> dict:
                  "kv_channels": model.head_dim or model.hidden_size // model.num_attention_heads,
                  "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
                  # activation_func is restored from its name (omegaconf_utils _SERIALIZABLE_CALLABLE_FIELDS).
-                 "activation_func": "silu" if model.activation == "swiglu" else "gelu",
+                 "activation_func": _BRIDGE_ACTIVATION.get(model.activation, "gelu"),
                  "gated_linear_unit": model.activation == "swiglu",
                  "position_embedding_type": "rope" if model.position_embedding == "rope" else "learned_absolute",
                  "rotary_base": model.rope_theta, "rotary_percent": model.rotary_fraction,
@@ -145,6 +150,8 @@ def generic_model_fields(model: ModelSpec) -> dict:
         out |= {"rope_scaling": True, "rope_scaling_factor": model.rope_scaling_factor}
     elif model.rope_scaling == "linear":  # positions divided by it (RotaryEmbedding seq_len_interpolation_factor)
         out["seq_len_interpolation_factor"] = model.rope_scaling_factor
+    if model.activation in ("gelu", "gelu_tanh", "squared_relu"):  # the named function as it is: no fused bias-GeLU
+        out["bias_activation_fusion"] = False
     if model.norm_zero_centered:  # norms multiplying by (1 + weight)
         out["layernorm_zero_centered_gamma"] = True
     if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)

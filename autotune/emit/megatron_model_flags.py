@@ -23,8 +23,14 @@ def activation_flags(model: ModelSpec) -> list[str]:
     and up clamped to the limit, i.e. Megatron-core's quick_gelu GLU with glu_linear_offset 1 and
     activation_func_clamp_value the limit, as Megatron-Bridge's GPT-OSS bridge sets them (gpt_oss_bridge.py:81-84 at
     067f987; --quick-geglu: arguments.py:2452, argument_utils.py:323-326 at d98e8a6)."""
+    if model.activation in ("gelu", "squared_relu"):
+        # exact GeLU and squared ReLU need the bias-GeLU fusion off where there are biases: the fused kernel is
+        # GeLU's tanh form, and the fused path takes GeLU only (mlp.py: "Only support fusion of gelu and swiglu");
+        # without biases Megatron turns it off itself (arguments.py: not add_bias_linear -> bias_gelu_fusion False)
+        return ((["--squared-relu"] if model.activation == "squared_relu" else [])
+                + (["--no-bias-gelu-fusion"] if model.linear_bias else []))
     if model.activation != "swiglu":
-        return []
+        return []  # gelu_tanh with biases: the default fused bias-GeLU (fused_bias_gelu.py, the tanh form)
     if model.activation_clamp is not None:
         return ["--quick-geglu", "--activation-func-clamp-value", _num(model.activation_clamp),
                 "--glu-linear-offset", "1"]
@@ -56,9 +62,10 @@ def layer_norms_problem(model: ModelSpec) -> str | None:
             f"pre-norm with two")
 
 
-def architecture_problems(model: ModelSpec) -> list[str]:
+def architecture_problems(model: ModelSpec, *, megatron_core: bool = True) -> list[str]:
     """What of the model Megatron-LM's GPT model cannot build (empty where it can); the megatron engine's rules ask
-    it too, so the planner proposes no plan whose arguments this writer refuses."""
+    it too, so the planner proposes no plan whose arguments this writer refuses. ``megatron_core`` False: the part
+    Megatron-DeepSpeed's GPT model shares (:func:`megatron_core_problems` left out)."""
     out = []
     if model.position_embedding == "alibi":
         out.append(f"{model.name} uses ALiBi, which Megatron's GPT model does not implement (position embeddings: "
@@ -77,13 +84,22 @@ def architecture_problems(model: ModelSpec) -> list[str]:
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")
+    return out + (megatron_core_problems(model) if megatron_core else [])
+
+
+def megatron_core_problems(model: ModelSpec) -> list[str]:
+    """What of the model Megatron-LM's flags cannot build that Megatron-DeepSpeed's may (it lists its own):
+    GeLU's tanh form without biases, RoPE scaling other than Megatron-core's, Gemma's layer parts."""
+    out = []
+    if model.activation == "gelu_tanh" and not model.linear_bias:
+        out.append(f"{model.name}'s MLP is GeLU's tanh form without biases; Megatron-LM then runs F.gelu, the exact "
+                   "form (its tanh form is the fused bias-GeLU; --openai-gelu sets nothing in Megatron-core 0.16-0.19)")
     if scaling := rope_scaling_problem(model):
         out.append(scaling)
     # (1 + weight) norms are --apply-layernorm-1p (TransformerConfig.layernorm_zero_centered_gamma); GeGLU would be
     # F.gelu's exact form (argument_utils.py: only --swiglu / --quick-geglu choose a gated activation)
-    out += [f"{model.name} has {part}; Megatron-LM's GPT model does not" for part in
-            gemma_parts(model, zero_centered_norms=True)]
-    return out
+    return out + [f"{model.name} has {part}; Megatron-LM's GPT model does not" for part in
+                  gemma_parts(model, zero_centered_norms=True)]
 
 
 def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> list[str]:

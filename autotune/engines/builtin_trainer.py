@@ -165,7 +165,7 @@ def hf_model_family(spec: ModelSpec) -> str | None:
         if spec.qk_norm == "head":
             return None if spec.qkv_bias else "qwen3"
         return "qwen2" if spec.qkv_bias else "llama"
-    if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation == "gelu"
+    if (spec.position_embedding == "learned" and spec.norm == "layernorm" and spec.activation in ("gelu", "gelu_tanh")
             and spec.linear_bias and spec.tied_embeddings and spec.kv_heads == spec.num_attention_heads
             and spec.attention_head_dim * spec.num_attention_heads == spec.hidden_size):
         return "gpt2"

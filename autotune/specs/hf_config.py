@@ -125,6 +125,20 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
     )
 
 
+_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                   "relu": "relu", "relu2": "squared_relu"}
+"""transformers' ACT2FN names of a plain MLP's activation -> ModelSpec.activation (gelu is erf's exact GeLU; gelu_new,
+gelu_fast and gelu_pytorch_tanh its tanh form)."""
+
+
+def _hf_activation(f: _Fields, key: str, default: str) -> str:
+    name = f.get(key, default)
+    if name not in _HF_ACTIVATIONS:
+        f.unsupported(f"{key} {name!r} is not modelled (known: {', '.join(_HF_ACTIVATIONS)})")
+        return "gelu"
+    return _HF_ACTIVATIONS[name]
+
+
 def _gpt2(f: _Fields) -> dict:
     hidden = f.need("n_embd", "hidden_size", what="model width")
     return dict(
@@ -132,7 +146,7 @@ def _gpt2(f: _Fields) -> dict:
         num_attention_heads=f.need("n_head", "num_attention_heads", what="attention heads"),
         ffn_hidden_size=f.get_int("n_inner", default=4 * hidden),  # n_inner null: 4 * n_embd
         vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="gelu", norm="layernorm", position_embedding="learned",
+        activation=_hf_activation(f, "activation_function", "gelu_new"), norm="layernorm", position_embedding="learned",
         max_position_embeddings=f.get_int("n_positions", "max_position_embeddings", default=1024),
         linear_bias=True, tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "resid_pdrop", "attn_pdrop", default=0.1),
@@ -150,7 +164,7 @@ def _gpt_neox(f: _Fields) -> dict:
         num_attention_heads=f.need("num_attention_heads", what="attention heads"),
         ffn_hidden_size=f.need("intermediate_size", what="MLP width"),
         vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="gelu", norm="layernorm", position_embedding="rope",
+        activation=_hf_activation(f, "hidden_act", "gelu"), norm="layernorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
         rope_theta=float(f.get("rotary_emb_base", 10000.0)), rotary_fraction=rotary_fraction(f),
         parallel_residual=bool(f.get("use_parallel_residual", True)),
@@ -166,7 +180,7 @@ def _bloom(f: _Fields) -> dict:
         num_layers=f.need("n_layer", "num_hidden_layers", what="transformer layers"), hidden_size=hidden,
         num_attention_heads=f.need("n_head", "num_attention_heads", what="attention heads"),
         ffn_hidden_size=4 * hidden, vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="gelu", norm="layernorm", position_embedding="alibi",
+        activation="gelu_tanh", norm="layernorm", position_embedding="alibi",  # BloomGelu: the tanh form
         max_position_embeddings=f.get_int("seq_length", default=2048),  # BLOOM trained at 2048
         linear_bias=True, embedding_norm=True, tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "hidden_dropout", "attention_dropout", default=0.0),
@@ -189,7 +203,7 @@ def _falcon(f: _Fields) -> dict:
         num_attention_heads=heads, num_kv_heads=kv_heads,
         ffn_hidden_size=f.get_int("ffn_hidden_size", default=4 * hidden),
         vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="gelu", norm="layernorm", position_embedding="alibi" if f.get("alibi", False) else "rope",
+        activation="gelu", norm="layernorm", position_embedding="alibi" if f.get("alibi", False) else "rope",  # nn.GELU
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
         rope_theta=float(f.get("rope_theta", 10000.0)),
         linear_bias=bool(f.get("bias", False)), norms_per_layer=norms,
@@ -211,7 +225,7 @@ def _opt(f: _Fields) -> dict:
         num_layers=f.need("num_hidden_layers", what="transformer layers"), hidden_size=hidden,
         num_attention_heads=f.need("num_attention_heads", what="attention heads"),
         ffn_hidden_size=f.need("ffn_dim", what="MLP width"), vocab_size=f.need("vocab_size", what="vocabulary size"),
-        activation="relu" if f.get("activation_function", "relu") == "relu" else "gelu", norm="layernorm",
+        activation=_hf_activation(f, "activation_function", "relu"), norm="layernorm",
         position_embedding="learned", max_position_embeddings=f.get_int("max_position_embeddings", default=2048) + 2,
         linear_bias=bool(f.get("enable_bias", True)), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "dropout", default=0.1),

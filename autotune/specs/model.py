@@ -20,7 +20,7 @@ from autotune.specs.model_parts import MLASpec, MoESpec, ParamGroups
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "ParamGroups"]
 
-Activation = Literal["gelu", "swiglu", "geglu", "relu"]
+Activation = Literal["gelu", "gelu_tanh", "swiglu", "geglu", "relu", "squared_relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 QKNorm = Literal["head", "full", "l2"]
@@ -54,6 +54,9 @@ class ModelSpec:
     head_dim: int | None = None
     """Per-head width; None: hidden_size / num_attention_heads."""
     activation: Activation = "gelu"
+    """The MLP's activation: ``gelu`` (exact, erf: GPT-NeoX, Falcon), ``gelu_tanh`` (GeLU's tanh form: GPT-2/3's
+    gelu_new, BLOOM, Megatron's fused bias-GeLU), ``relu`` (OPT), ``squared_relu`` (Nemotron-4), or gated:
+    ``swiglu`` (SiLU gate: Llama), ``geglu`` (tanh-GeLU gate: Gemma)."""
     norm: Norm = "layernorm"
     tied_embeddings: bool = False
     position_embedding: PositionEmbedding = "learned"

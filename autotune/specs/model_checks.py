@@ -22,8 +22,9 @@ def model_problems(spec) -> list[str]:
             out.append(f"{name} must be a positive integer or absent, got {value!r}")
     if out:
         return out
-    if spec.activation not in ("gelu", "swiglu", "geglu", "relu"):
-        out.append(f"activation must be gelu, swiglu, geglu or relu, got {spec.activation!r}")
+    if spec.activation not in ("gelu", "gelu_tanh", "swiglu", "geglu", "relu", "squared_relu"):
+        out.append(f"activation must be gelu, gelu_tanh, swiglu, geglu, relu or squared_relu, got "
+                   f"{spec.activation!r}")
     if spec.norm not in ("layernorm", "rmsnorm"):
         out.append(f"norm must be layernorm or rmsnorm, got {spec.norm!r}")
     if spec.position_embedding not in ("learned", "rope", "alibi"):

@@ -167,14 +167,18 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int, activation: str, bias: bool) -> None:
         super().__init__()
-        self.swiglu, self.geglu, self.relu = activation == "swiglu", activation == "geglu", activation == "relu"
+        self.swiglu, self.geglu, self.activation = activation == "swiglu", activation == "geglu", activation
         self.fc1 = nn.Linear(hidden, (2 if self.swiglu or self.geglu else 1) * width, bias=bias)
         self.fc2 = nn.Linear(width, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(x)
-        y = swiglu(y) if self.swiglu else geglu(y) if self.geglu else F.relu(y) if self.relu else F.gelu(
-            y, approximate="tanh")
+        if self.swiglu or self.geglu:
+            y = swiglu(y) if self.swiglu else geglu(y)
+        elif self.activation in ("relu", "squared_relu"):
+            y = F.relu(y).square() if self.activation == "squared_relu" else F.relu(y)
+        else:  # gelu: erf's exact form; gelu_tanh: the tanh form
+            y = F.gelu(y, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.fc2(y)
 
 

@@ -82,7 +82,7 @@ def test_opt_is_relu_and_neither_megatron_writes_relu():
     assert opt.activation == "relu" == load_model("opt-175b").activation
     assert any("ReLU" in p for p in architecture_problems(opt))
     assert any("ReLU" in p for p in megatron_deepspeed_model_problems(opt, 2048))
-    assert load_model(f"{FIXTURES}/gpt2/config.json").activation == "gelu"
+    assert load_model(f"{FIXTURES}/gpt2/config.json").activation == "gelu_tanh"  # gelu_new
 
 
 GEMMA_FIELDS = dict(activation="geglu", attn_logit_softcap=50.0, final_logit_softcap=30.0, query_pre_attn_scalar=144.0,
@@ -127,3 +127,37 @@ def test_gemma2_is_read_with_its_layer_and_no_megatron_builds_it_without_saying_
     assert any("(1 + weight)" in p for p in megatron_deepspeed_model_problems(zero, 4096))
     with pytest.raises(InputError, match="local_rope_theta"):
         replace(llama, local_rope_theta=10000.0)  # no local layers to give it to
+
+
+def test_each_plain_activation_is_written_as_each_megatron_runs_it():
+    """GeLU exact or in its tanh form, squared ReLU: Megatron-LM's fused bias-GeLU is the tanh form, F.gelu the exact
+    one (--no-bias-gelu-fusion where there are biases), and without biases it has no tanh form; Megatron-DeepSpeed's
+    --openai-gelu is; Bridge names the function (fast_gelu, squared_relu) with the fusion off."""
+    from dataclasses import replace
+
+    from autotune.emit.megatron import megatron_deepspeed_args
+    from autotune.emit.megatron_bridge_recipes import generic_model_fields
+    from autotune.emit.megatron_model_flags import activation_flags, architecture_problems
+    from autotune.specs.loading import load_cluster
+    from autotune.specs.plan import ParallelPlan
+
+    gpt3 = load_model("gpt3-175b")  # GPT-2's gelu_new, biases: Megatron's default fused bias-GeLU
+    assert gpt3.activation == "gelu_tanh" and activation_flags(gpt3) == [] and not architecture_problems(gpt3)
+    exact = replace(gpt3, activation="gelu")
+    assert activation_flags(exact) == ["--no-bias-gelu-fusion"]
+    assert activation_flags(replace(exact, linear_bias=False)) == []
+    assert any("tanh form without biases" in p for p in architecture_problems(replace(gpt3, linear_bias=False)))
+    nemotron = load_model("nemotron-4-340b")  # squared ReLU, RoPE on half of each head, (1 + weight) LayerNorms
+    assert (nemotron.activation, nemotron.rotary_fraction, nemotron.norm_zero_centered) == ("squared_relu", 0.5, True)
+    assert activation_flags(nemotron) == ["--squared-relu"]
+    assert activation_flags(replace(nemotron, linear_bias=True)) == ["--squared-relu", "--no-bias-gelu-fusion"]
+    fields = generic_model_fields(nemotron)
+    assert (fields["activation_func"], fields["bias_activation_fusion"]) == ("squared_relu", False)
+    assert generic_model_fields(gpt3)["activation_func"] == "fast_gelu"
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    plan = ParallelPlan(dp=8, global_batch_size=8, micro_batch_size=1, grad_accum_steps=1, seq_len=2048,
+                        engine="megatron-deepspeed")
+    mds = {name: megatron_deepspeed_args(m, cluster, plan, None, "ds.json") for name, m in (
+        ("tanh-nobias", replace(gpt3, linear_bias=False)), ("exact-bias", exact), ("tanh-bias", gpt3))}
+    assert "--openai-gelu" in mds["tanh-nobias"] and "--no-bias-gelu-fusion" in mds["exact-bias"]
+    assert not {"--openai-gelu", "--no-bias-gelu-fusion"} & set(mds["tanh-bias"])

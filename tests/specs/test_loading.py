@@ -92,7 +92,7 @@ def test_every_problem_reported_at_once(tmp_path):
     text = "\n".join(problems)
     for needle in ("$: missing required key 'ffn_hidden_size'", "$: missing required key 'vocab_size'",
                    "$.num_layers: must be >= 1, got 0", "$.hidden_size: expected integer, got string '64'",
-                   "$.activation: must be one of gelu, swiglu, geglu, relu", "$.mla: expected null or a mapping",
+                   "$.activation: must be one of gelu, gelu_tanh, swiglu, geglu, relu, squared_relu", "$.mla: expected null or a mapping",
                    "$.dropout: must be < 1"):
         assert needle in text, needle
     assert len(problems) == 7

@@ -153,20 +153,22 @@ def test_llama4_l2_qk_norm_and_global_layers_without_rope_match_transformers(fla
     _another_loss(ours, replace(spec, qk_norm=None), flash)
 
 
-def test_gpt_neox_parallel_residual_and_partial_rope_match_transformers(tmp_path) -> None:
+@pytest.mark.parametrize("act, form", [("gelu", "gelu"), ("gelu_fast", "gelu_tanh")])
+def test_gpt_neox_parallel_residual_and_partial_rope_match_transformers(tmp_path, act, form) -> None:
     """GPT-NeoX: attention and MLP side by side, each with its own LayerNorm; RoPE on the first quarter of each
-    head; biases everywhere; the fused QKV stored per head as [q | k | v]. The config's GELU is the tanh form here:
-    ModelSpec's "gelu" does not tell the exact one from it (Megatron's --gelu is exact, GPT-2's tanh)."""
+    head; biases everywhere; the fused QKV stored per head as [q | k | v]; its GeLU exact ("gelu") or in the tanh
+    form (NeoX-20B's "gelu_fast"), and the other form gives another loss."""
     import json
 
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     config = GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=256, rotary_pct=0.25, hidden_act="gelu_new", layer_norm_eps=1e-5,
+                           intermediate_size=256, rotary_pct=0.25, hidden_act=act, layer_norm_eps=1e-5,
                            use_parallel_residual=True, tie_word_embeddings=False, attn_implementation="eager")
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     spec = load_model(str(tmp_path / "config.json"))
     assert spec.parallel_residual and spec.rotary_fraction == 0.25 and spec.rotary_dim == 4
+    assert spec.activation == form
     torch.manual_seed(0)
     theirs = GPTNeoXForCausalLM(config).eval()
     with torch.no_grad():  # norms and biases away from their initial 1 and 0
@@ -199,6 +201,15 @@ def test_gpt_neox_parallel_residual_and_partial_rope_match_transformers(tmp_path
             mine.mlp.fc2.bias.copy_(layer.mlp.dense_4h_to_h.bias)
     _same_loss(ours, theirs)
     _another_loss(ours, replace(spec, parallel_residual=False))
+    # the two GeLU forms differ by under 5e-4, below what the loss shows: the MLPs themselves
+    x = torch.randn(2, SEQ, 64) * 3
+    with torch.no_grad():
+        theirs_mlp = theirs.gpt_neox.layers[0].mlp(x)
+        assert torch.allclose(ours.layers[0].mlp(x), theirs_mlp, atol=1e-6)
+        other = build_model(replace(spec, activation="gelu_tanh" if form == "gelu" else "gelu"), seq_len=SEQ,
+                            dtype=torch.float32)
+        other.load_state_dict(ours.state_dict())
+        assert (other.layers[0].mlp(x) - theirs_mlp).abs().max() > 2e-5
 
 
 def test_opt_relu_mlp_matches_transformers(tmp_path) -> None:
