@@ -188,6 +188,8 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
             if f.get(flag) is not None:
                 value = _float(f.get(flag), flag, path)
                 out[field] = int(value) if field == "rope_original_max_positions" else value
+        if not mla_yarn and "--no-yarn-correction-range-round-to-int" in f:
+            out["yarn_truncate"] = False
         if mla_yarn:  # what MLATransformerConfig holds where no flag reaches (emit.megatron_attention.MLA_YARN_FIXED)
             out |= MLA_YARN_FIXED
     elif "--use-rope-scaling" in f:  # Megatron-core's llama3 scaling: factor a flag (default 8), the rest fixed

@@ -64,6 +64,8 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
         args += _given(model, ("--yarn-original-max-position-embeddings", "rope_original_max_positions"),
                        ("--yarn-beta-fast", "yarn_beta_fast"), ("--yarn-beta-slow", "yarn_beta_slow"),
                        ("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim"))
+        if model.yarn_truncate is False:  # yarn_correction_range_round_to_int (default true): transformers' truncate
+            args.append("--no-yarn-correction-range-round-to-int")
     if model.mla is not None:  # MLATransformerConfig.rope_type (default yarn: say which), its factor and mscales
         args += ["--rope-type", "yarn" if model.rope_scaling == "yarn" else "rope"]
         if model.rope_scaling == "yarn":

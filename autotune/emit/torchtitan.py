@@ -33,8 +33,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model_preset, preset_matching
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml", "toml_text",
-           "torchtitan_plan_problems", "expert_parallel_problem"]
+__all__ = ["TORCHTITAN_VERSION", "torchtitan_compiles", "TORCHTITAN_FLAVORS", "torchtitan_job_config", "torchtitan_toml",
+           "toml_text", "torchtitan_plan_problems", "expert_parallel_problem", "torchtitan_flavor_note"]
 
 TORCHTITAN_VERSION = "0.2.2"
 # Our presets that torchtitan v0.2.2's model registry has as (name, flavor) (torchtitan/models/*/__init__.py). Qwen3
@@ -50,6 +50,25 @@ TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "7
                       "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
                       "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-20b": ("gpt_oss", "20b"),
                       "gpt-oss-120b": ("gpt_oss", "120b")}
+
+
+_LLAMA31_ROPE = ("Llama 3.1's RoPE scaling (llama3: factor 8, low / high frequency factors 1 / 4, context 8192; "
+                 "v0.2.2 models/llama3/model/model.py:35-80, v0.3.0 ComplexRoPE scaling='llama' in "
+                 "models/llama3/__init__.py), which {name} (a Llama 3.0 checkpoint) does not have")
+FLAVOR_DIFFERENCES = {"llama3-8b": _LLAMA31_ROPE, "llama3-70b": _LLAMA31_ROPE,
+                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000"}
+"""What torchtitan's registry flavor builds of a mapped preset that the preset (its checkpoint) does not: none of it
+costs anything, so the flavor is mapped, and plan.md says it (torchtitan_flavor_note)."""
+
+
+def torchtitan_flavor_note(model: ModelSpec) -> str | None:
+    """plan.md's note where torchtitan's flavor of ``model`` differs from it (None where it is the model)."""
+    name = preset_matching(model, tuple(FLAVOR_DIFFERENCES))
+    if name is None:
+        return None
+    flavor = TORCHTITAN_FLAVORS[name]
+    return (f"torchtitan's {flavor[0]} flavor {flavor[1]!r} trains " + FLAVOR_DIFFERENCES[name].format(name=name)
+            + ": its loss curve is that model's; fine-tuning from the Hugging Face weights needs the flavor changed")
 
 
 def expert_parallel_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:

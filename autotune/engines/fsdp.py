@@ -14,7 +14,8 @@ from dataclasses import replace
 
 from autotune.emit.options import TORCHTITAN_VERSIONS
 from autotune.emit.accelerate import ACCELERATE_RELEASE, DEFAULT_LAYER_CLS, accelerate_fsdp_yaml
-from autotune.emit.torchtitan import TORCHTITAN_FLAVORS, expert_parallel_problem, torchtitan_compiles, torchtitan_toml
+from autotune.emit.torchtitan import (TORCHTITAN_FLAVORS, expert_parallel_problem, torchtitan_compiles,
+                                     torchtitan_flavor_note, torchtitan_toml)
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
 from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02, model_problems_03
 from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
@@ -389,4 +390,6 @@ def _side_configs(model, cluster, plan, options) -> tuple[dict[str, str], list[s
             files[name] = render(model, cluster, plan, options)
         except InputError as err:
             notes.append(f"{name} is not written: " + "; ".join(err.problems))
+    if titan[0] in files and (differs := torchtitan_flavor_note(model)):
+        notes.append(differs)
     return files, notes

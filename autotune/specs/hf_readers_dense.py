@@ -102,6 +102,8 @@ def rope_scaling_fields(f: Fields, kinds: tuple[str, ...] = ("yarn", "llama3", "
                 value = params.get(name)
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     out[field] = int(value) if field == "rope_original_max_positions" else float(value)
+            if isinstance(params.get("truncate"), bool):
+                out["yarn_truncate"] = params["truncate"]
             return out
         if kind == "linear" and factor != 1:
             return {"rope_scaling": "linear", "rope_scaling_factor": float(factor)}

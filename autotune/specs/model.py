@@ -33,7 +33,8 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "chunked_attention": False, "num_mtp_layers": 0, "activation_clamp": None,
                  "rope_scaling": None, "rope_scaling_factor": None, "rope_low_freq_factor": None,
                  "rope_high_freq_factor": None, "rope_original_max_positions": None, "yarn_beta_fast": None,
-                 "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "attn_logit_softcap": None,
+                 "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
+                 "attn_logit_softcap": None,
                  "final_logit_softcap": None, "query_pre_attn_scalar": None, "scaled_embeddings": False,
                  "norm_zero_centered": False, "local_rope_theta": None}
 
@@ -92,6 +93,9 @@ class ModelSpec:
     yarn_mscale_all_dim: float | None = None
     """yarn: ``mscale_all_dim`` (DeepSeek-V3, Kimi-K2: 1.0): MLA's softmax scale times (0.1 mscale_all_dim ln(factor)
     + 1)^2 (transformers DeepseekV3Attention); None: not stated (0: no such factor)."""
+    yarn_truncate: bool | None = None
+    """yarn: the correction range's bounds rounded to whole dimensions (``truncate``: GPT-OSS false); None: not
+    stated (true, transformers' and Megatron's default)."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False

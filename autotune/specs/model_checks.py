@@ -133,6 +133,10 @@ def rope_scaling_problems(spec) -> list[str]:
               "rope_original_max_positions": spec.rope_original_max_positions}
     yarn = {"yarn_beta_fast": spec.yarn_beta_fast, "yarn_beta_slow": spec.yarn_beta_slow,
             "yarn_mscale": spec.yarn_mscale, "yarn_mscale_all_dim": spec.yarn_mscale_all_dim}
+    if spec.yarn_truncate not in (None, True, False):
+        out.append(f"yarn_truncate must be true, false or absent, got {spec.yarn_truncate!r}")
+    elif spec.yarn_truncate is not None and kind != "yarn":
+        out.append(f"yarn_truncate: yarn scaling's, and rope_scaling is {kind!r}; leave it out")
     if kind == "yarn":
         yarn["rope_original_max_positions"] = llama3.pop("rope_original_max_positions")
         bad = [k for k, v in yarn.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))

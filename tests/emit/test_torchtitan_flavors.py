@@ -72,3 +72,25 @@ def test_the_unmapped_030_candidates_have_a_flavor_but_no_pretraining_recipe():
         assert preset not in TORCHTITAN_03_RECIPES
         assert _differences(preset, flavors["qwen3", flavor]) == {}, preset
         assert all("sft" in name or "nvfp4" in name for name in users.get(flavor, [])), users.get(flavor)
+
+
+def test_the_llama3_flavors_scale_rope_as_llama31_and_plan_md_says_so_for_llama3():
+    """torchtitan's llama3 flavors always apply Llama 3.1's RoPE scaling (v0.2.2 RoPEScalingArgs' defaults, used by
+    precompute_freqs_cis; v0.3.0 ComplexRoPE scaling="llama"): llama3-405b has it, llama3-8b / 70b (Llama 3.0) not,
+    so their plan.md says which model torchtitan trains."""
+    from autotune.emit.torchtitan import torchtitan_flavor_note
+
+    source = (_root_022() / "models/llama3/model/args.py").read_text()
+    for line in ("scaling_factor: float = 8.0", "low_freq_factor: float = 1.0", "high_freq_factor: float = 4.0",
+                 "original_max_position_embeddings: int = 8192"):
+        assert line in source, line
+    assert "scaling_args" in (_root_022() / "models/llama3/model/model.py").read_text()
+    p405 = load_model_preset("llama3-405b")
+    assert (p405.rope_scaling, p405.rope_scaling_factor, p405.rope_low_freq_factor, p405.rope_high_freq_factor,
+            p405.rope_original_max_positions) == ("llama3", 8.0, 1.0, 4.0, 8192)
+    assert torchtitan_flavor_note(p405) is None
+    for name in ("llama3-8b", "llama3-70b"):
+        assert load_model_preset(name).rope_scaling is None
+        assert "Llama 3.1's RoPE scaling" in torchtitan_flavor_note(load_model_preset(name))
+    v030 = (torchtitan03_path() / "torchtitan/models/llama3/__init__.py").read_text()
+    assert v030.count('scaling="llama"') >= 3  # 8B, 70B, 405B
