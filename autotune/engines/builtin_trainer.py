@@ -126,7 +126,9 @@ def deepspeed_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | Non
 def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why the hf engine's built-in trainer (autotune.train.hf: the Hugging Face Trainer or accelerate) cannot run
     ``plan`` (None when it can)."""
-    if problem := hf_model_problem(model) or window_problem(model, plan.seq_len):
+    # (Gemma's classes attend within their windows themselves: the spec's layer types are passed on)
+    windowed = hf_model_family(model) not in ("gemma2", "gemma3")
+    if problem := hf_model_problem(model) or (windowed and window_problem(model, plan.seq_len)):
         return problem
     if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
         return "the hf engine runs data parallelism with ZeRO only: use engine deepspeed for tp/pp/cp"
@@ -147,10 +149,30 @@ def _hf_moe_family(spec: ModelSpec) -> str | None:
     return "mixtral" if spec.qk_norm is None and moe.moe_layer_step == 1 and not moe.router_pre_softmax else None
 
 
+def _gemma_family(spec: ModelSpec) -> str | None:
+    """"gemma2" / "gemma3" where ``spec`` is Gemma 2's / 3's layer (transformers Gemma2DecoderLayer / Gemma3's: four
+    (1 + weight) RMSNorms, GeGLU, scaled and tied embeddings, RoPE, no biases; Gemma 3 with a per-head Q/K norm, its
+    local layers' own RoPE base and a linear scaling of the global ones); None otherwise."""
+    gemma_layer = (spec.norms_per_layer == 4 and spec.activation == "geglu" and spec.scaled_embeddings
+                   and spec.norm_zero_centered and spec.norm == "rmsnorm" and spec.position_embedding == "rope"
+                   and spec.tied_embeddings and not (spec.linear_bias or spec.qkv_bias or spec.embedding_norm)
+                   and spec.moe is None and spec.mla is None and not spec.attention_sinks and spec.rotary_fraction == 1
+                   and spec.activation_clamp is None and not spec.chunked_attention and not spec.post_norm
+                   and not spec.parallel_residual and spec.rope_scaling in (None, "linear"))
+    if not gemma_layer:
+        return None
+    if spec.qk_norm == "head":
+        return "gemma3"
+    return "gemma2" if spec.qk_norm is None and spec.local_rope_theta is None and spec.rope_scaling is None else None
+
+
 def hf_model_family(spec: ModelSpec) -> str | None:
-    """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe" or "gpt2": the transformers model the AutoTP and HF trainers
-    build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj too, so Q/K/V biases
-    alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no biases)."""
+    """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3" or "gpt2": the transformers model the
+    AutoTP and HF trainers build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj
+    too, so Q/K/V biases alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no
+    biases)."""
+    if gemma := _gemma_family(spec):
+        return gemma
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
             or spec.activation_clamp is not None or spec.rope_scaling == "yarn" or spec.chunked_attention
             or spec.post_norm or spec.parallel_residual or gemma_parts(spec)):
@@ -180,8 +202,8 @@ def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
     want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
     if not llama_only:
         want += (", a Qwen2 / Qwen3-style one (the same with Q/K/V biases, or with a per-head Q/K RMSNorm), a "
-                 "Mixtral / Qwen3-MoE-style one (softmax top-k routing, no shared experts or routing bias) or a "
-                 "GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)")
+                 "Mixtral / Qwen3-MoE-style one (softmax top-k routing, no shared experts or routing bias), Gemma 2 "
+                 "or 3 or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)")
     return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
 
 

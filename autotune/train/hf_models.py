@@ -4,7 +4,7 @@ AutoTP shards the ``nn.Linear`` layers of models it recognises (deepspeed/module
 q/k/v/gate/up column-parallel, o_proj/down_proj row-parallel), so the AutoTP and HF trainers build a
 transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU; ``Qwen2ForCausalLM`` with Q/K/V
 biases, ``Qwen3ForCausalLM`` with a per-head Q/K norm, ``MixtralForCausalLM`` / ``Qwen3MoeForCausalLM`` for MoE
-specs their routers compute, HF trainer only) or ``GPT2LMHeadModel``
+specs their routers compute, ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` for Gemma's layer, HF trainer only) or ``GPT2LMHeadModel``
 (GPT-2-style specs: learned positions, LayerNorm, GeLU, biases, tied embeddings, HF trainer only) with
 the spec's sizes, so the parameter count is the spec's. Other architectures are refused by name.
 """
@@ -41,12 +41,46 @@ def rope_parameters(spec) -> dict:
     return out
 
 
+def gemma_config(spec, family: str, seq_len: int):
+    """Gemma2Config / Gemma3TextConfig of the spec: its layer types (sliding or full, ModelSpec.sliding_window_layers),
+    its GeLU-tanh GeGLU, query scale, logit caps and RoPE (Gemma 3: the local layers' base, the global ones' linear
+    scaling), at Gemma's RMSNorm eps (1e-6)."""
+    import transformers
+
+    layer_types = ["sliding_attention" if spec.is_local_attention_layer(i) else "full_attention"
+                   for i in range(spec.num_layers)]
+    fields = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
+                  num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
+                  num_key_value_heads=spec.kv_heads, head_dim=spec.attention_head_dim,
+                  hidden_activation="gelu_pytorch_tanh", max_position_embeddings=max(seq_len, 8,
+                                                                                     spec.max_position_embeddings),
+                  query_pre_attn_scalar=int(spec.query_pre_attn_scalar or spec.attention_head_dim),  # an int there
+                  attn_logit_softcapping=spec.attn_logit_softcap, final_logit_softcapping=spec.final_logit_softcap,
+                  sliding_window=spec.sliding_window or max(seq_len, 8), layer_types=layer_types,
+                  attention_dropout=spec.dropout, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  attn_implementation="eager" if spec.attn_logit_softcap is not None else "sdpa")
+    if family == "gemma2":
+        return transformers.Gemma2Config(**fields, rope_parameters=rope_parameters(spec))
+    local = {"rope_type": "default", "rope_theta": spec.local_rope_theta or spec.rope_theta}
+    return transformers.Gemma3TextConfig(**fields, rope_parameters={"sliding_attention": local,
+                                                                    "full_attention": rope_parameters(spec)})
+
+
+def _gemma_model(spec, family: str, seq_len: int):
+    import transformers
+
+    cls = transformers.Gemma2ForCausalLM if family == "gemma2" else transformers.Gemma3ForCausalLM
+    return cls(gemma_config(spec, family, seq_len))
+
+
 def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     """The transformers causal LM of ``spec`` (weights seeded by torch's global RNG)."""
 
     family = hf_model_family(spec)
     assert family is not None, hf_model_problem(spec)
-    if family in ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+    if family in ("gemma2", "gemma3"):
+        model = _gemma_model(spec, family, seq_len)
+    elif family in ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         import transformers
 
         prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe"}[

@@ -57,15 +57,19 @@ def test_accelerate_bundle_trains_and_matches_one_process(tmp_path):
 
 
 MOE = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 128}
+GEMMA2 = {"activation": "geglu", "norms_per_layer": 4, "norm_zero_centered": True, "scaled_embeddings": True,
+          "tied_embeddings": True, "attn_logit_softcap": 50.0, "final_logit_softcap": 30.0,
+          "query_pre_attn_scalar": 24.0, "sliding_window": 16, "sliding_window_layers": [0]}
 
 
 @pytest.mark.parametrize("fields, built", [({"qk_norm": "head"}, "Qwen3ForCausalLM"),
                                            ({"qkv_bias": True}, "Qwen2ForCausalLM"),
                                            ({"moe": MOE}, "MixtralForCausalLM"),
-                                           ({"qk_norm": "head", "moe": MOE}, "Qwen3MoeForCausalLM")])
+                                           ({"qk_norm": "head", "moe": MOE}, "Qwen3MoeForCausalLM"),
+                                           (GEMMA2, "Gemma2ForCausalLM")])
 def test_other_architectures_train_as_their_transformers_class(tmp_path, fields, built):
-    """A Qwen3-style model (per-head Q/K RMSNorm), a Qwen2-style one (Q/K/V biases), a Mixtral-style MoE and a
-    Qwen3-MoE-style one train through the emitted accelerate launch (DeepSpeed ZeRO-2) as transformers' own class,
+    """A Qwen3-style model (per-head Q/K RMSNorm), a Qwen2-style one (Q/K/V biases), a Mixtral-style MoE, a
+    Qwen3-MoE-style one and a Gemma-2-style one (its first layer windowed) train through the emitted accelerate launch (DeepSpeed ZeRO-2) as transformers' own class,
     the first loss that model's on the same batch."""
     bundle = emit(tmp_path, 2, 2, "hf", "--zero", "2", "--global-batch", "2", name="tiny-other-2l", **fields)
     result = run_script(bundle, "launch_accelerate.sh", cwd=tmp_path)

@@ -13,6 +13,7 @@ import torch
 from test_transformer_vs_hf import SEQ, _another_loss, _same_loss  # tests/workloads is on sys.path (no __init__)
 
 from autotune.specs.hf_config import model_from_hf_config
+from autotune.specs.loading import load_model
 from autotune.workloads.transformer import build_model
 
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -105,3 +106,26 @@ def test_zero_centered_norms_start_at_zero_and_act_as_one() -> None:
     norms = [p for n, p in model.named_parameters() if "norm" in n]
     assert len(norms) == 4 * spec.num_layers + 1 and all(torch.count_nonzero(p) == 0 for p in norms)
     assert model.final_norm(torch.ones(1, 64)).sum().item() == pytest.approx(64.0, rel=1e-4)  # x * (1 + 0)
+
+
+@pytest.mark.parametrize("source, family", [("tests/fixtures/hf/gemma2-9b/config.json", "gemma2"),
+                                            ("gemma3-27b", "gemma3")])
+def test_the_hf_trainer_builds_gemma_as_the_spec_says(source, family) -> None:
+    """The hf trainer's Gemma2 / Gemma3 class of a spec has its parameter count, and its config reads back as the
+    spec: layer types, query scale, logit caps, the local RoPE base and the linear scaling of Gemma 3's global
+    layers."""
+    from autotune.engines.builtin_trainer import hf_model_family
+    from autotune.train.hf_models import build_hf_model
+
+    every = 2 if family == "gemma2" else 6
+    spec = replace(load_model(source), num_layers=6, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                   head_dim=32, ffn_hidden_size=96, vocab_size=128, sliding_window=8, query_pre_attn_scalar=24.0,
+                   sliding_window_layers=tuple(i for i in range(6) if (i + 1) % every))
+    assert hf_model_family(spec) == family
+    model = build_hf_model(spec, seq_len=SEQ, dtype=torch.float32)
+    assert type(model).__name__ == {"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[family]
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params
+    config = model.config.to_dict() | ({"model_type": "gemma3_text"} if family == "gemma3" else {})
+    assert model_from_hf_config(config, name=spec.name) == spec
+    if family == "gemma3":
+        assert (spec.rope_scaling, spec.local_rope_theta) == ("linear", 10000.0)
