@@ -10,7 +10,7 @@ from pathlib import Path
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
-from autotune.emit.megatron_attention import MLA_YARN_FIXED
+from autotune.emit.megatron_attention import MLA_YARN_FIXED, YARN_DEFAULTS
 from autotune.emit.megatron_flags import layer_pattern
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
@@ -41,7 +41,7 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
 
 FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                 "rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
-                "norm_zero_centered")
+                "yarn_truncate", "norm_zero_centered")
 """Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
 
 
@@ -52,6 +52,14 @@ def _plain_activation(f: dict) -> str:
         return "squared_relu"
     fused = "--disable-bias-linear" not in f and "--no-bias-gelu-fusion" not in f
     return "gelu_tanh" if fused or "--openai-gelu" in f else "gelu"
+
+
+def effective_yarn(m: ModelSpec, field: str):
+    """The value Megatron runs for ``field``: a YaRN field left unstated is Megatron-core's default (YARN_DEFAULTS)."""
+    value = getattr(m, field)
+    if value is None and m.rope_scaling == "yarn":
+        return {**YARN_DEFAULTS, "yarn_truncate": True}.get(field)
+    return value
 
 
 def _decided(m: ModelSpec) -> str:
@@ -107,7 +115,7 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
         # what Megatron runs is the file's (its dropout default 0.1 if unsaid; RoPE scaling only where a flag says so)
-        ran = {k: getattr(spec, k) for k in FILE_DECIDES if getattr(spec, k) != getattr(preset, k)}
+        ran = {k: getattr(spec, k) for k in FILE_DECIDES if effective_yarn(spec, k) != effective_yarn(preset, k)}
         if ran:
             notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
             return dataclasses.replace(preset, **ran)

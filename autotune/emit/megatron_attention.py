@@ -87,12 +87,20 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
     return args
 
 
+YARN_DEFAULTS = {"rope_original_max_positions": 4096, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_mscale": 1.0,
+                 "yarn_mscale_all_dim": 0.0}
+"""Megatron-core's YaRN values where no flag is given (argument_utils.py _apply_yarn_config_from_args at d98e8a6;
+the --yarn-* flags are new in 0.19: older releases run these values)."""
+
+
 def _given(model: ModelSpec, *pairs: tuple[str, str]) -> list[str]:
-    """Each (flag, field) pair's flag and value where the model states the field."""
+    """Each (flag, field) pair's flag and value where the model states the field; the --yarn-* flags (Megatron-core
+    0.19+) only where it is not Megatron's default."""
     out: list[str] = []
     for flag, field in pairs:
-        if getattr(model, field) is not None:
-            out += [flag, flag_number(getattr(model, field))]
+        value = getattr(model, field)
+        if value is not None and not (flag.startswith("--yarn-") and value == YARN_DEFAULTS[field]):
+            out += [flag, flag_number(value)]
     return out
 
 

@@ -69,33 +69,26 @@ class ModelSpec:
     """The share of each head's dimensions RoPE rotates, the first ones (GPT-NeoX ``rotary_pct`` 0.25, GLM-4.5
     ``partial_rotary_factor`` 0.5; Megatron ``--rotary-percent``); the rest carry no position. Only with rope."""
     rope_scaling: RopeScaling | None = None
-    """RoPE frequency scaling (config.json ``rope_scaling.rope_type``): ``yarn`` with a factor above 1 (GPT-OSS 32),
-    whose cos / sin carry YaRN's attention factor (mscale 0.1 ln(factor) + 1; ``autotune.cost.rope_kernels`` says how
-    the engines run it); ``llama3`` (Llama 3.1 / 4: the low frequencies divided by the factor, the middle ones
-    blended, the fields below); ``linear`` (positions divided by the factor: Gemma 3's global layers). None: plain
-    RoPE. Only with rope."""
+    """RoPE frequency scaling (config.json ``rope_scaling.rope_type``): ``yarn`` (GPT-OSS, DeepSeek-V3: its cos / sin
+    carry YaRN's attention factor; ``autotune.cost.rope_kernels``), ``llama3`` (Llama 3.1 / 4), ``linear`` (positions
+    divided by the factor: Gemma 3's global layers). None: plain RoPE. Only with rope."""
     rope_scaling_factor: float | None = None
-    """The scaling's factor (``rope_scaling.factor``: GPT-OSS 32, Llama 3.1 8, Gemma 3 8). None: not stated (yarn
-    only: Megatron's default 1.0). Needed by llama3 and linear."""
+    """``rope_scaling.factor`` (GPT-OSS 32, Llama 3.1 8); None: not stated (yarn only: Megatron's default 1.0)."""
+    # llama3 scaling: wavelengths above original / low_freq_factor are divided by the factor, those below original /
+    # high_freq_factor kept, the ones between blended (Llama 3.1: 1, 4, 8192; Llama 4 Scout: 1, 1, 8192)
     rope_low_freq_factor: float | None = None
-    """llama3 scaling: wavelengths above original_max / this are divided by the factor (Llama 3.1: 1)."""
     rope_high_freq_factor: float | None = None
-    """llama3 scaling: wavelengths below original_max / this are kept (Llama 3.1: 4; Llama 4 Scout: 1)."""
     rope_original_max_positions: int | None = None
-    """llama3 / yarn: the context the frequencies were trained for (``original_max_position_embeddings``: Llama 3.1
-    8192, DeepSeek-V3 and GPT-OSS 4096); None with yarn: not stated (4096, Megatron's and transformers' default)."""
+    """llama3 / yarn: the context the frequencies were trained for (``original_max_position_embeddings``)."""
+    # yarn as config.json's rope_scaling states it (None: not stated; transformers' and Megatron's defaults: original
+    # context 4096, beta_fast 32, beta_slow 1, mscale 1, no mscale_all_dim, truncate true). GPT-OSS: truncate false;
+    # DeepSeek-V3 / Kimi-K2: mscale_all_dim 1, MLA's softmax scale times (0.1 mscale_all_dim ln(factor) + 1)^2
+    # (transformers DeepseekV3Attention); Kimi-K2: beta_fast 1.
     yarn_beta_fast: float | None = None
-    """yarn: the ramp's fast bound (``beta_fast``: DeepSeek-V3 32, Kimi-K2 1); None: not stated (32)."""
     yarn_beta_slow: float | None = None
-    """yarn: the ramp's slow bound (``beta_slow``: 1); None: not stated (1)."""
     yarn_mscale: float | None = None
-    """yarn: ``mscale`` (DeepSeek-V3, Kimi-K2: 1.0); None: not stated."""
     yarn_mscale_all_dim: float | None = None
-    """yarn: ``mscale_all_dim`` (DeepSeek-V3, Kimi-K2: 1.0): MLA's softmax scale times (0.1 mscale_all_dim ln(factor)
-    + 1)^2 (transformers DeepseekV3Attention); None: not stated (0: no such factor)."""
     yarn_truncate: bool | None = None
-    """yarn: the correction range's bounds rounded to whole dimensions (``truncate``: GPT-OSS false); None: not
-    stated (true, transformers' and Megatron's default)."""
     linear_bias: bool = False
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_transformer_vs_hf import SEQ, _another_loss, _same_loss  # tests/workloads is on sys.path (no __init__)
+from test_transformer_vs_hf import SEQ, _another_loss, _same_loss, copy_attention  # tests/workloads: on sys.path
 
 from autotune.specs.hf_config import model_from_hf_config
 from autotune.specs.loading import load_model
@@ -32,11 +32,7 @@ def _copy_gemma(ours, theirs) -> None:
             mine.post_attn_norm.weight.copy_(layer.post_attention_layernorm.weight)
             mine.norm2.weight.copy_(layer.pre_feedforward_layernorm.weight)
             mine.post_mlp_norm.weight.copy_(layer.post_feedforward_layernorm.weight)
-            for name in ("q", "k", "v", "o"):
-                getattr(mine.attn, name).weight.copy_(getattr(a, f"{name}_proj").weight)
-            if spec.qk_norm == "head":
-                mine.attn.q_norm.weight.copy_(a.q_norm.weight)
-                mine.attn.k_norm.weight.copy_(a.k_norm.weight)
+            copy_attention(mine.attn, a, spec)
             mine.mlp.fc1.weight.copy_(torch.cat([ffn.gate_proj.weight, ffn.up_proj.weight]))
             mine.mlp.fc2.weight.copy_(ffn.down_proj.weight)
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from test_transformer_vs_hf import copy_attention  # tests/workloads is on sys.path (no __init__)
 
 from autotune.specs.loading import load_model
 from autotune.workloads.transformer import build_model
@@ -38,11 +39,7 @@ def _copy(ours, theirs, *, ffn: str, router: str, transposed: bool, shared: str 
             a = layer.self_attn
             mine.norm1.weight.copy_(layer.input_layernorm.weight)
             mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
-            for name in ("q", "k", "v", "o"):
-                getattr(mine.attn, name).weight.copy_(getattr(a, f"{name}_proj").weight)
-            if spec.qk_norm == "head":
-                mine.attn.q_norm.weight.copy_(a.q_norm.weight)
-                mine.attn.k_norm.weight.copy_(a.k_norm.weight)
+            copy_attention(mine.attn, a, spec)
             block = getattr(layer, ffn)
             if not spec.is_moe_layer(i):
                 _dense(mine.mlp, block)

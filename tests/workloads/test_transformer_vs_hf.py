@@ -59,6 +59,17 @@ def _copy_llama_like(ours, theirs, *, interleaved_rope: bool, mlp: str) -> None:
             mine.mlp.fc2.weight.copy_(ffn.down_proj.weight)
 
 
+def copy_attention(mine, theirs, spec) -> None:
+    """A transformers attention's q/k/v/o projections (and per-head Q/K norms) into the built-in one, rows as they
+    are (no RoPE reordering)."""
+    with torch.no_grad():
+        for name in ("q", "k", "v", "o"):
+            getattr(mine, name).weight.copy_(getattr(theirs, f"{name}_proj").weight)
+        if spec.qk_norm == "head":
+            mine.q_norm.weight.copy_(theirs.q_norm.weight)
+            mine.k_norm.weight.copy_(theirs.k_norm.weight)
+
+
 def _same_loss(ours, theirs) -> None:
     ids, labels = _batch(ours.spec.vocab_size)
     with torch.no_grad():
