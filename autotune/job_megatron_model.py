@@ -41,7 +41,7 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
 
 FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                 "rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
-                "yarn_truncate", "norm_zero_centered")
+                "yarn_truncate", "norm_zero_centered", "activation", "rotary_fraction")
 """Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
 
 
@@ -65,7 +65,8 @@ def effective_yarn(m: ModelSpec, field: str):
 def _decided(m: ModelSpec) -> str:
     """The FILE_DECIDES fields of ``m`` in words."""
     scaling = "none" if m.rope_scaling is None else f"{m.rope_scaling} x{m.rope_scaling_factor:g}"
-    return (f"dropout {m.dropout:g}, RoPE scaling {scaling}"
+    return (f"dropout {m.dropout:g}, RoPE scaling {scaling}, {m.activation}"
+            f"{f', RoPE on {m.rotary_fraction:g} of each head' if m.rotary_fraction != 1 else ''}"
             f"{', (1 + weight) norms' if m.norm_zero_centered else ''}")
 
 

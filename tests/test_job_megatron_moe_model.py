@@ -100,7 +100,7 @@ def test_dropout_is_what_megatron_runs():
     del flags["--hidden-dropout"]
     read = megatron_model(flags, "a.sh", notes)
     assert read.dropout == 0.1 and read == dataclasses.replace(load_model("llama3-8b"), dropout=0.1)
-    assert any("dropout 0.1, RoPE scaling none as a.sh runs it" in n for n in notes)
+    assert any("dropout 0.1, RoPE scaling none, swiglu as a.sh runs it" in n for n in notes)
     flags["--hidden-dropout"] = "1.5"
     with pytest.raises(InputError, match="dropout"):
         megatron_model(flags, "a.sh", [])
@@ -117,5 +117,18 @@ def test_rope_scaling_is_what_the_file_runs():
     read = megatron_model(flags, "a.sh", notes)
     assert read.rope_scaling is None and read.rope_low_freq_factor is None and read.num_params == load_model(
         "llama3-405b").num_params
-    assert any("RoPE scaling none as a.sh runs it (the preset has dropout 0, RoPE scaling llama3 x8)" in n
+    assert any("RoPE scaling none, swiglu as a.sh runs it (the preset has dropout 0, RoPE scaling llama3 x8" in n
+               for n in notes)
+
+
+def test_the_activation_and_partial_rope_are_what_the_file_runs():
+    """Nemotron-4-340B's shape read from a file: --squared-relu and --rotary-percent 0.5 give the preset; without
+    them the file runs GeLU (the fused bias-GeLU's tanh form needs biases: F.gelu here, exact) over whole heads."""
+    flags = _flags(load_model("nemotron-4-340b"))
+    assert megatron_model(flags, "n.sh", []) == load_model("nemotron-4-340b")
+    del flags["--squared-relu"], flags["--rotary-percent"]
+    notes: list[str] = []
+    read = megatron_model(flags, "n.sh", notes)
+    assert (read.activation, read.rotary_fraction) == ("gelu", 1.0)
+    assert any("gelu, (1 + weight) norms as n.sh runs it" in n and "squared_relu, RoPE on 0.5 of each head" in n
                for n in notes)
