@@ -71,10 +71,10 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
         if model.rope_scaling == "yarn":
             args += ["--rotary-scaling-factor", flag_number(model.rope_scaling_factor)]
             args += _given(model, ("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim"))
-    if rope and rope_scaling_problem(model) is None and model.rope_scaling == "llama3":
-        args += ["--use-rope-scaling", "--rope-scaling-factor", flag_number(model.rope_scaling_factor)]
-    if rope and rope_scaling_problem(model) is None and model.rope_scaling == "linear":
-        args += ["--rotary-seq-len-interpolation-factor", str(int(model.rope_scaling_factor))]
+    if rope and model.rope_scaling in ("llama3", "linear") and rope_scaling_problem(model) is None:
+        args += (["--use-rope-scaling", "--rope-scaling-factor", flag_number(model.rope_scaling_factor)]
+                 if model.rope_scaling == "llama3" else
+                 ["--rotary-seq-len-interpolation-factor", str(int(model.rope_scaling_factor))])
     if model.attention_sinks:
         args += ["--softmax-type", "learnable"]
     if model.sliding_window is not None and not model.chunked_attention:

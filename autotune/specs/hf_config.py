@@ -66,7 +66,7 @@ def _llama_like(f: _Fields) -> dict:
         tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "attention_dropout", default=0.0),
         # Llama 3.1's llama3 scaling (and a linear one); DeepSeek-V3 / Kimi-K2's YaRN (with MLA's mscale_all_dim)
-        **rope_scaling_fields(f, ("llama3", "linear", "yarn")),
+        **rope_scaling_fields(f),
     )
     attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
     if mt == "qwen2":

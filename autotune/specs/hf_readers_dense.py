@@ -79,10 +79,10 @@ def rotary_fraction(f: Fields) -> float:
     return 1.0
 
 
-def rope_scaling_fields(f: Fields, kinds: tuple[str, ...] = ("yarn", "llama3", "linear")) -> dict:
+def rope_scaling_fields(f: Fields) -> dict:
     """ModelSpec's RoPE scaling fields from ``rope_scaling`` (config.json) or ``rope_parameters`` (transformers 5;
     Gemma 3 nests one per attention type: the global layers' is taken) where its ``rope_type`` (or the older
-    ``type``) is one of ``kinds``: yarn with a factor above 1 (a factor of 1 scales nothing: mscale 1), llama3 with
+    ``type``) is one ModelSpec carries: yarn with a factor above 1 (a factor of 1 scales nothing: mscale 1), llama3 with
     its low / high frequency factors and original context, linear; empty where there is none."""
     for key in ("rope_scaling", "rope_parameters"):
         params = f.data.get(key)
@@ -92,7 +92,7 @@ def rope_scaling_fields(f: Fields, kinds: tuple[str, ...] = ("yarn", "llama3", "
             continue
         kind = params.get("rope_type", params.get("type"))
         factor = params.get("factor", 1.0)
-        if kind not in kinds or isinstance(factor, bool) or not isinstance(factor, int | float):
+        if kind not in ("yarn", "llama3", "linear") or isinstance(factor, bool) or not isinstance(factor, int | float):
             continue
         if kind == "yarn" and factor > 1:
             out = {"rope_scaling": "yarn", "rope_scaling_factor": float(factor)}
