@@ -187,8 +187,10 @@ def express(row: dict) -> Case:
                                   read.recipe if read else ""):
         case.argv.append("--expandable-segments")  # the launcher's PYTORCH_CUDA_ALLOC_CONF (nvidia_allocator_env.py)
         case.notes.append("expandable segments")
-    if te_cross_entropy_source(row["task"], read.read_at if read else ""):
-        case.argv += ["--cross-entropy", "te"]  # the launcher's cross_entropy_fusion_impl (nvidia_loss_kernel.py)
+    impl, impl_at = read.values.get("cross_entropy_fusion_impl", (None, "")) if read else (None, "")
+    if te_cross_entropy_source(row["task"], read.read_at if read else "", impl, impl_at):
+        # the launcher's or the recipe's cross_entropy_fusion_impl (nvidia_loss_kernel.py)
+        case.argv += ["--cross-entropy", "te"]
         case.notes.append("TE cross entropy")
     if lora is not None:  # the fine-tuning recipe's own settings (the settings table matched pre-training ones)
         case.argv += lora[0]

@@ -31,7 +31,7 @@ PERF_ROOT = "src/megatron/bridge/perf_recipes"
 BASE_ROOTS = ("src/megatron/bridge/recipes",)
 NAME = re.compile(r"^(?P<model>[a-z0-9_]+?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<prec>[a-z0-9]+)(?P<variant>_\w+)?_config$")
 KEPT = (*reader.KEPT, *reader.PLAN, "global_batch_size", "seq_length", "precision", "fp8_recipe", "env_vars",
-        "grad_reduce_in_fp32", "cross_entropy_fusion_impl", "mtp_num_layers")
+        "grad_reduce_in_fp32", "mtp_num_layers")
 """Settings written: the run settings bench/nvidia_recipe_settings.py reads, the plan, the batch and sequence, the
 precision (``_perf_precision``'s argument, and an FP8 recipe it is given), the gradient reduction's dtype and the loss
 kernel, multi-token prediction, and the launcher environment."""

@@ -16,9 +16,11 @@ model providers turn the fusion on (src/megatron/bridge/models/gpt_provider.py:1
 
 Pre-training rows only: the PEFT and SFT recipes turn the fusion off for some models (e.g. v0.4.2
 src/megatron/bridge/recipes/llama/llama3.py:2041 in ``llama32_1b_peft_config``), which these rows do not tell apart.
-From v0.6.0 each flat recipe picks its impl (perf_recipes/_common.py:30 ``_benchmark_common(cfg,
-cross_entropy_impl="te")``, "native" in e.g. perf_recipes/deepseek/gb200/deepseek_v4.py:61): not read here, so those
-rows keep the default (an fp32 softmax).
+The launcher's override comes after the recipe, so it wins over a recipe's own "native" (v0.4-v0.5 base recipes set
+one for GPT-OSS, e.g. recipes/gpt_oss/gpt_oss.py:225 at c810129341a8). From v0.6.0 the launcher sets nothing and
+each flat recipe picks its impl through ``_benchmark_common(cfg, cross_entropy_impl="te")`` (perf_recipes/_common.py:
+30, 68 at v0.6.0; "native" in e.g. perf_recipes/deepseek/gb200/deepseek_v4.py:61), which the settings build records
+per row (``cross_entropy_fusion_impl`` in bench/data/nvidia_recipe_settings.csv, with its line).
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ RELEASES = {
 """Release (exactly, else its major.minor prefix) -> where its launcher sets ``cross_entropy_fusion_impl = "te"``."""
 
 
-def te_cross_entropy_source(task: str, read_at: str) -> str:
-    """Where the launcher makes this row's loss TE's cross entropy ("" where this table does not say it does)."""
+def te_cross_entropy_source(task: str, read_at: str, recipe_impl: str | None = None, recipe_where: str = "") -> str:
+    """Where this row's loss is made TE's cross entropy ("" where neither the launcher nor the recipe says so): the
+    v0.2-v0.5 launcher for every pre-training row, else the row's recipe (``recipe_impl`` "te", set at
+    ``recipe_where``)."""
     if not read_at or not task.startswith("Pre-Training"):
         return ""
-    return RELEASES.get(read_at) or RELEASES.get(".".join(read_at.split(".")[:2]), "")
+    launcher = RELEASES.get(read_at) or RELEASES.get(".".join(read_at.split(".")[:2]), "")
+    return launcher or (recipe_where if recipe_impl == "te" else "")

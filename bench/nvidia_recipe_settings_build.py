@@ -52,7 +52,8 @@ KEPT = ("recompute_granularity", "recompute_method", "recompute_num_layers", "re
         "account_for_loss_in_pipeline_split", "cpu_offloading", "cpu_offloading_num_layers",
         "fine_grained_activation_offloading", "offload_modules", "overlap_grad_reduce", "overlap_param_gather",
         "overlap_param_gather_with_optimizer_step", "sequence_parallel", "fp8_param_gather",
-        "fp8_dot_product_attention", "fp8_output_proj", "use_transformer_engine_op_fuser", "moe_paged_stash")
+        "fp8_dot_product_attention", "fp8_output_proj", "use_transformer_engine_op_fuser", "moe_paged_stash",
+        "cross_entropy_fusion_impl")
 """Settings written to the file (the last part of the dotted name); others the recipes set are not run settings the
 cost model reads (logging, data, tokenizer, environment)."""
 

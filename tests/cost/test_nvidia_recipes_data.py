@@ -363,15 +363,23 @@ def test_the_shipped_rows_hold_gb300_gb200_pairs(cases):
     assert all(a.row["container"] == b.row["container"] and a.row["tp"] == b.row["tp"] for a, b in found)
 
 
-def test_pretraining_rows_of_the_v02_to_v05_launchers_run_te_cross_entropy():
-    """bench/nvidia_loss_kernel.py: those launchers set cross_entropy_fusion_impl "te" for every run; the bench
-    estimates those pre-training rows with `--cross-entropy te`, the fine-tuning and v0.6 rows with the default."""
+def test_pretraining_rows_run_te_cross_entropy_as_their_launcher_or_recipe_sets_it():
+    """bench/nvidia_loss_kernel.py: the v0.2-v0.5 launchers set cross_entropy_fusion_impl "te" for every run (over a
+    recipe's own "native"); from v0.6 each recipe's _benchmark_common call decides, as the settings file records it.
+    The bench estimates the pre-training rows so, the fine-tuning rows with the default."""
     from nvidia_loss_kernel import te_cross_entropy_source
 
-    assert "overrides.py:67-68" in te_cross_entropy_source("Pre-Training Performance", "v0.4.2")
+    assert "overrides.py:67-68" in te_cross_entropy_source("Pre-Training Performance", "v0.4.2", "native", "x")
     assert te_cross_entropy_source("Pre-Training Performance", "v0.2.1").endswith("helpers.py:108")
     assert not te_cross_entropy_source("LoRA Performance", "v0.4.2")
     assert not te_cross_entropy_source("Pre-Training Performance", "v0.6.0")
+    assert not te_cross_entropy_source("Pre-Training Performance", "v0.6.0", "native", "deepseek_v4.py#L61")
+    assert te_cross_entropy_source("Pre-Training Performance", "v0.6.0", "te", "_common.py#L68") == "_common.py#L68"
+    settings = bench.SETTINGS
+    v06 = [r for r in ROWS if settings.get(r["source"]) and settings[r["source"]].read_at == "v0.6.0"
+           and settings[r["source"]].recipe and r["task"].startswith("Pre-Training")]
+    assert v06 and all(settings[r["source"]].get("cross_entropy_fusion_impl") == "te" for r in v06)
+    assert all("--cross-entropy" in bench.express(r).argv for r in v06)
     fsdp = [bench.express(r) for r in ROWS if r["model"] == "LLAMA3_70B" and r["system"] == "DGX-GB200"
             and r["fsdp"] == "64"]
     assert fsdp and all(c.argv[c.argv.index("--cross-entropy") + 1] == "te" for c in fsdp if c.argv)
