@@ -24,7 +24,7 @@ import textwrap
 from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan import torchtitan_job_config, torchtitan_plan_problems
 from autotune.emit.torchtitan_models import model_problems_03
-from autotune.emit.torchtitan_recipes import NO_RECIPE_03, TORCHTITAN_03_RECIPES
+from autotune.emit.torchtitan_recipes import NO_RECIPE_03, ROPE_POSITIONS_03, TORCHTITAN_03_RECIPES
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.layout import torchtitan_scheme, virtual_layout
@@ -33,7 +33,7 @@ from autotune.specs.plan import ParallelPlan
 from autotune.specs.presets import preset_matching
 
 __all__ = ["TORCHTITAN_03_VERSION", "TORCHTITAN_03_RECIPES", "NO_RECIPE_03", "MODULE_FILE", "CONFIG_FUNCTION",
-           "torchtitan_module", "torchtitan_run_line"]
+           "torchtitan_module", "torchtitan_run_line", "rope_positions_note"]
 
 TORCHTITAN_03_VERSION = "0.3.0"
 MODULE_FILE = "torchtitan_plan.py"
@@ -133,6 +133,35 @@ def _stages(layers_per_stage: list[int]) -> list[list[str]]:
 '''
 
 
+_ROPE_HELPER = '''
+
+def _rope_positions(spec, positions: int):
+    """The flavor's RoPE tables raised to ``positions``: torchtitan 0.3 refuses a training.seq_len above the
+    flavor's max_seq_len; the rotation of every position below it is unchanged (0.2 raised them itself)."""
+    for layer in spec.model.layers:
+        if getattr(layer, "attention", None) is not None:
+            layer.attention.rope = replace(layer.attention.rope, max_seq_len=positions)
+    return spec
+'''
+
+
+def _rope_positions(model: ModelSpec, plan: ParallelPlan) -> int | None:
+    """The flavor's RoPE positions where the plan's sequence is longer (None where they suffice)."""
+    held = ROPE_POSITIONS_03.get(preset_matching(model, tuple(ROPE_POSITIONS_03)))
+    return held if held is not None and plan.seq_len > held else None
+
+
+def rope_positions_note(model: ModelSpec, plan: ParallelPlan) -> str | None:
+    """plan.md's note where torchtitan_plan.py raises the flavor's RoPE tables to the plan's sequence."""
+    held = _rope_positions(model, plan)
+    if held is None:
+        return None
+    return (f"torchtitan 0.3's flavor of {model.name} holds RoPE tables for {held:,} positions and refuses a longer "
+            f"training.seq_len (models/common/decoder.py, Decoder.Config.update_from_config); torchtitan_plan.py "
+            f"raises them to {plan.seq_len:,} (_rope_positions, as torchtitan 0.2 did): the rotation is the "
+            f"flavor's, and positions past {held:,} are past the context that flavor was built for")
+
+
 def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                       options: EmitOptions | None = None) -> str:
     """The text of ``torchtitan_plan.py``. InputError naming every part of the plan it cannot say."""
@@ -193,18 +222,23 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
         f"from torchtitan.models.{package} import model_registry",
         f"from torchtitan.models.{package}.config_registry import {recipe_fn}",
         "from torchtitan.trainer import Trainer"])
+    registry = f"model_registry({flavor!r}{registry_args}{converters})"
+    longer = _rope_positions(model, plan)
+    if longer is not None:
+        registry = f"_rope_positions({registry}, {plan.seq_len})"
+    helpers = (_STAGES_HELPER if stages else "") + (_ROPE_HELPER if longer is not None else "")
     return f'''"""{_docstring(model, cluster, plan, parallelism, recipe_fn)}"""
 
 {imports}
 
 __all__ = ["{CONFIG_FUNCTION}"]
-{_STAGES_HELPER if stages else ""}
+{helpers}
 
 def {CONFIG_FUNCTION}() -> Trainer.Config:
     base = {recipe_fn}()
     return replace(
         base,
-        model_spec=model_registry({flavor!r}{registry_args}{converters}),
+        model_spec={registry},
         parallelism=ParallelismConfig({_kwargs(parallelism, " " * 12)}{stages}
         ),
         training=TrainingConfig({_kwargs(training, " " * 12)}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TORCHTITAN_03_RECIPES", "NO_RECIPE_03"]
+__all__ = ["TORCHTITAN_03_RECIPES", "NO_RECIPE_03", "ROPE_POSITIONS_03"]
 
 # Our presets -> (torchtitan model package, its recipe function, model_registry flavor, extra model_registry
 # arguments as the recipe passes them, Float8 filter_fqns, MoE), from torchtitan 0.3.0 models/*/config_registry.py.
@@ -27,3 +27,11 @@ NO_RECIPE_03 = {"qwen3-8b": "flavor \"8B\" is built only by the SFT recipe sft_q
                             "qwen3/config_registry.py:235-257, 449-498)",
                 "qwen3-235b-a22b": "flavor \"235B-A22B\" (models/qwen3/__init__.py:557-595) has no recipe in "
                                    "qwen3/config_registry.py"}
+# The positions each mapped flavor's RoPE tables hold (``max_seq_len`` of its RoPE config, torchtitan 0.3.0):
+# llama3 models/llama3/__init__.py:267, 308, 349; deepseek_v3 models/deepseek_v3/__init__.py:577 (4096 * 4);
+# qwen3 models/qwen3/__init__.py:549; gpt_oss models/gpt_oss/__init__.py:324, 368. 0.3.0 refuses a training.seq_len
+# above it ("Training sequence length ... exceeds attention RoPE maximum supported sequence length",
+# models/common/decoder.py:166-174, Decoder.Config.update_from_config, which the trainer calls); 0.2.2 warned and
+# raised it (models/*/model/args.py update_from_config).
+ROPE_POSITIONS_03 = {"llama3-8b": 131072, "llama3-70b": 131072, "llama3-405b": 131072, "deepseek-v3": 16384,
+                     "qwen3-30b-a3b": 40960, "gpt-oss-20b": 131072, "gpt-oss-120b": 131072}

@@ -19,7 +19,7 @@ from autotune.emit.torchtitan import (TORCHTITAN_FLAVORS, expert_parallel_proble
 from autotune.emit.torchtitan_module import MODULE_FILE as TORCHTITAN_MODULE_FILE
 from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02, model_problems_03
 from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
-from autotune.emit.torchtitan_module import torchtitan_module
+from autotune.emit.torchtitan_module import rope_positions_note, torchtitan_module
 from autotune.engines.base import Engine
 from autotune.engines.builtin_trainer import fsdp_trainer_problem
 from autotune.engines.common import builtin_or_user_entry
@@ -392,4 +392,6 @@ def _side_configs(model, cluster, plan, options) -> tuple[dict[str, str], list[s
             notes.append(f"{name} is not written: " + "; ".join(err.problems))
     if titan[0] in files and (differs := torchtitan_flavor_note(model)):
         notes.append(differs)
+    if TORCHTITAN_MODULE_FILE in files and (longer := rope_positions_note(model, plan)):
+        notes.append(longer)
     return files, notes

@@ -76,6 +76,8 @@ CASES = [
     ("mxfp8-tp-compiled", "llama3-8b", 16, dict(zero_stage=3, tp=2, sequence_parallel=True, global_batch_size=64,
                                                 precision="fp8", fp8_recipe="torchao-mxfp8", torch_compile=True,
                                                 recompute="selective")),
+    # a sequence past the 671B flavor's 16,384 RoPE positions, which 0.3.0's trainer refuses unless raised
+    ("deepseek-32k", "deepseek-v3", 256, dict(zero_stage=3, global_batch_size=256, seq_len=32768, recompute="full")),
 ]
 
 
@@ -104,6 +106,7 @@ for folder, world, extra in json.loads(sys.argv[1]):
     sys.path.remove(folder)
     dims = ParallelDims.from_config(cfg.parallelism, world)
     model = cfg.model_spec.model
+    model.update_from_config(config=cfg)  # what the trainer asks first: the sequence against the RoPE tables, TP
     ckpt = cfg.checkpoint
     out[folder] = {
         "module": sys.modules["torchtitan_plan"].__file__, "flavor": cfg.model_spec.flavor,
@@ -116,6 +119,7 @@ for folder, world, extra in json.loads(sys.argv[1]):
         "mxfp8": sorted({re.sub(r"^layers\.\d+\.", "layers.*.", fqn)
                          for fqn, *_ in model.traverse(mx.MXFP8Linear.Config)}),
         "layers": len(model.layers),
+        "rope": sorted({layer.attention.rope.max_seq_len for layer in model.layers if layer.attention is not None}),
         "checkpoint": [ckpt.enable, ckpt.folder, ckpt.interval, ckpt.keep_latest_k, ckpt.async_mode],
         "optimizer": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in cfg.optimizer.param_groups[0].optimizer_kwargs.items()},
@@ -184,6 +188,7 @@ def test_torchtitan_03_config_manager_builds_the_plan(loaded, case):
     assert got["lr_scheduler"] == [o.optimizer.warmup_steps, "cosine", o.optimizer.min_lr / o.optimizer.lr]
     assert got["checkpoint"] == [True, o.checkpoint.save_dir, 500, o.checkpoint.keep_last, "async"]
     assert got["log_freq"] == o.steps_per_print and got["layers"] == m.num_layers
+    assert got["rope"] == [plan.seq_len]  # the trainer's resize, past the flavor's tables where the module raised them
     assert got["compile"] == [torchtitan_compiles(plan), ["model", "loss"]]
     # the loss the estimate assumed: the plan's chunks, else the recipe's inner loss unchunked
     assert got["loss"] == (["ChunkedLossWrapper.Config", plan.loss_chunks] if (plan.loss_chunks or 1) > 1
@@ -249,3 +254,33 @@ def test_plans_torchtitan_03_cannot_express():
     plan = make_plan(tiny, c8, engine="fsdp", zero_stage=3, global_batch_size=8, seq_len=128)
     files, notes = _side_configs(tiny, c8, plan, EmitOptions())
     assert "torchtitan_plan.py" not in files and any("--torchtitan-version 0.2" in n for n in notes)
+
+
+@pytest.mark.slow
+def test_rope_positions_table_is_torchtitan_03s():
+    """ROPE_POSITIONS_03: each mapped flavor's RoPE max_seq_len, as torchtitan 0.3.0's model_registry builds it."""
+    from autotune.emit.torchtitan_recipes import ROPE_POSITIONS_03, TORCHTITAN_03_RECIPES
+
+    assert set(ROPE_POSITIONS_03) == set(TORCHTITAN_03_RECIPES)
+    jobs = {p: (TORCHTITAN_03_RECIPES[p][0], TORCHTITAN_03_RECIPES[p][2]) for p in ROPE_POSITIONS_03}
+    probe = ("import importlib, json, sys\nout = {}\n"
+             "for preset, (package, flavor) in json.loads(sys.argv[1]).items():\n"
+             "    spec = importlib.import_module(f'torchtitan.models.{package}').model_registry(flavor)\n"
+             "    out[preset] = sorted({l.attention.rope.max_seq_len for l in spec.model.layers})\n"
+             "print(json.dumps(out))")
+    env = {**os.environ, "PYTHONPATH": str(torchtitan03_path())}
+    run = subprocess.run([sys.executable, "-c", probe, json.dumps(jobs)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {p: [n] for p, n in ROPE_POSITIONS_03.items()}
+
+
+def test_a_longer_sequence_raises_the_flavors_rope_tables_and_says_so():
+    m, cluster, plan = _plan("deepseek-v3", 256, dict(zero_stage=3, global_batch_size=256, seq_len=32768))
+    files, notes = _side_configs(m, cluster, plan, EmitOptions())
+    assert "_rope_positions(model_registry('671B'" in files["torchtitan_plan.py"]
+    assert any("16,384 positions" in n and "32,768" in n for n in notes)
+    m, cluster, plan = _plan("deepseek-v3", 256, dict(zero_stage=3, global_batch_size=256, seq_len=16384))
+    files, notes = _side_configs(m, cluster, plan, EmitOptions())
+    assert "_rope_positions" not in files["torchtitan_plan.py"] and not any("RoPE tables" in n for n in notes)
