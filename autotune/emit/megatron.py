@@ -235,7 +235,10 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     # uneven counts are fine (BLOOM-176B: 70 layers on 12 stages).
     if layer_counts(model.num_layers, plan.pp, "uniform") is None:
         problems.append(f"{model.num_layers} layers cannot fill pp={plan.pp} stages: use pp <= {model.num_layers}")
-    problems += megatron_deepspeed_model_problems(model, plan.seq_len)
+    unbuilt = megatron_deepspeed_model_problems(model, plan.seq_len)
+    if unbuilt:  # the way out once: which engines build the model depends on all of its parts together
+        problems += [*unbuilt, f"another engine builds {model.name}: `autotune plan` with this model and cluster "
+                               "lists the engines whose plans run it"]
     if model.position_embedding == "learned" and plan.seq_len > model.max_position_embeddings:
         problems.append(f"seq_len {plan.seq_len} exceeds the learned position table ({model.max_position_embeddings})")
     if plan.optimizer not in ("adamw", "sgd"):

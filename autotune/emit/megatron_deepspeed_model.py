@@ -64,7 +64,7 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
                    f"{', group-limited' if moe.router_groups is not None else ''}"
                    f"{', scaled' if moe.router_scaling_factor != 1.0 else ''}) is not DeepSpeed-MoE's gate (a "
                    f"softmax of a bias-free linear layer)")
-    return [f"{p}: use engine megatron or fsdp" for p in out]
+    return out
 
 
 def experts_whole_per_tp_rank(experts: int | None, tp: int, flag_given: bool) -> str | None:

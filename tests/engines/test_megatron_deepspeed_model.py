@@ -29,8 +29,26 @@ def test_what_the_fork_cannot_build_is_named(name, says):
     problems = " | ".join(megatron_deepspeed_model_problems(load_model(name), 16384))
     for text in says:
         assert text in problems, problems
-    assert problems.count("use engine megatron or fsdp") == len(megatron_deepspeed_model_problems(
-        load_model(name), 16384))
+    assert "use engine" not in problems  # the way out is the engines that run the plan, asked (next test)
+
+
+@pytest.mark.parametrize("name", ["opt-175b", "gemma3-27b"])
+def test_the_refusal_names_only_engines_that_run_the_model(name):
+    """Megatron-LM builds neither OPT's ReLU nor Gemma 3's layer: the refusal used to say "use engine megatron or
+    fsdp" after each part; the way out is now the engines asked one by one, each of which accepts the plan."""
+    from autotune.api import make_plan
+    from autotune.errors import InputError
+
+    model, cluster = load_model(name), load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
+    with pytest.raises(InputError) as err:
+        make_plan(model, cluster, engine="megatron-deepspeed", seq_len=2048, global_batch_size=64)
+    text = " | ".join(err.value.problems)
+    assert "megatron or fsdp" not in text
+    line = next(p for p in err.value.problems if p.startswith("engines that can run this plan as it is: "))
+    named = line.split(": ", 1)[1].split(", ")
+    assert named and "megatron" not in named
+    for engine in named:
+        make_plan(model, cluster, engine=engine, seq_len=2048, global_batch_size=64)  # accepted: no InputError
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "gpt3-175b", "bloom-176b", "mixtral-8x7b"])
