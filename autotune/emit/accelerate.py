@@ -46,9 +46,14 @@ model pass its decoder layer class (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``
 HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
                      "qwen2": "Qwen2DecoderLayer", "gpt2": "GPT2Block", "gpt_neox": "GPTNeoXLayer",
                      "bloom": "BloomBlock", "falcon": "FalconDecoderLayer", "opt": "OPTDecoderLayer",
-                     "deepseek_v3": "DeepseekV3DecoderLayer"}
-"""A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.24 builds for it (its
-``*ForCausalLM._no_split_modules``, the class accelerate wraps when no class is named)."""
+                     "deepseek_v3": "DeepseekV3DecoderLayer", "qwen3": "Qwen3DecoderLayer",
+                     "qwen3_moe": "Qwen3MoeDecoderLayer", "gemma2": "Gemma2DecoderLayer",
+                     "gemma3_text": "Gemma3DecoderLayer", "gemma3": "Gemma3DecoderLayer", "olmo2": "Olmo2DecoderLayer",
+                     "phi3": "Phi3DecoderLayer", "gpt_oss": "GptOssDecoderLayer", "llama4_text": "Llama4TextDecoderLayer",
+                     "llama4": "Llama4TextDecoderLayer", "glm4_moe": "Glm4MoeDecoderLayer"}
+"""A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.25 builds for it (its
+``*ForCausalLM._no_split_modules``, the class accelerate wraps when no class is named), for every model type whose
+config.json autotune reads and transformers builds (kimi_k2 and Falcon's RefinedWeb* are remote code)."""
 
 
 def hf_decoder_layer(config: dict) -> str | None:

@@ -88,10 +88,19 @@ def test_emit_presets_keep_the_builtin_block(tmp_path):
 def test_hf_decoder_layers_are_transformers_own():
     transformers = pytest.importorskip("transformers")
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from autotune.specs.hf_config import SUPPORTED_MODEL_TYPES
 
     for model_type, layer in HF_DECODER_LAYERS.items():
         cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.for_model(model_type))]
         assert cls._no_split_modules == [layer], (model_type, transformers.__version__)
+    # every config.json autotune reads whose model transformers builds has its layer here (a Qwen3 config.json's
+    # accelerate FSDP file used to wrap autotune's own Block, which a Qwen3ForCausalLM does not hold)
+    built = {t for t in SUPPORTED_MODEL_TYPES if t in CONFIG_MAPPING_NAMES
+             and type(AutoConfig.for_model(t)) in AutoModelForCausalLM._model_mapping}
+    assert built <= set(HF_DECODER_LAYERS), sorted(built - set(HF_DECODER_LAYERS))
+    assert set(SUPPORTED_MODEL_TYPES) - built == {"kimi_k2", "RefinedWeb", "RefinedWebModel"}
     assert hf_decoder_layer({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}) == "LlamaDecoderLayer"
     assert hf_decoder_layer({"model_type": "RefinedWeb"}) is None
 
