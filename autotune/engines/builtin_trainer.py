@@ -149,6 +149,29 @@ def _hf_moe_family(spec: ModelSpec) -> str | None:
     return "mixtral" if spec.qk_norm is None and moe.moe_layer_step == 1 and not moe.router_pre_softmax else None
 
 
+def _sigmoid_router_family(spec: ModelSpec) -> str | None:
+    """"deepseek_v3" / "glm4_moe" for DeepSeek-V3's layer (MLA; Kimi-K2, Moonlight) / GLM-4.5's (GQA with Q/K/V
+    biases, a per-head Q/K norm or none, RoPE on part of each head): transformers DeepseekV3ForCausalLM /
+    Glm4MoeForCausalLM, dense leading layers then MoE layers of a sigmoid router with a routing bias
+    (e_score_correction_bias), group-limited or not, its top-k weights normalised and scaled (norm_topk_prob,
+    routed_scaling_factor), beside shared experts as wide as the routed ones (one MLP of their summed width); None
+    otherwise."""
+    moe = spec.moe
+    if (moe is None or moe.router_score != "sigmoid" or not moe.router_bias or moe.router_pre_softmax
+            or moe.router_probs_on_input or moe.moe_layer_step != 1 or not moe.num_shared_experts
+            or moe.shared_width != moe.expert_ffn_hidden_size or spec.activation != "swiglu" or spec.norm != "rmsnorm"
+            or spec.norms_per_layer != 2 or spec.linear_bias or spec.embedding_norm or spec.post_norm
+            or spec.parallel_residual or spec.attention_sinks or spec.activation_clamp is not None
+            or spec.sliding_window is not None or spec.chunked_attention or spec.position_embedding != "rope"
+            or spec.dropout or gemma_parts(spec)):
+        return None
+    if spec.mla is not None:
+        mla_layer = not spec.qkv_bias and spec.qk_norm is None and spec.rotary_fraction == 1
+        return "deepseek_v3" if mla_layer and spec.rope_scaling in (None, "yarn") else None
+    glm_layer = spec.qkv_bias and spec.qk_norm in (None, "head") and spec.rope_scaling is None
+    return "glm4_moe" if glm_layer else None
+
+
 def _gemma_family(spec: ModelSpec) -> str | None:
     """"gemma2" / "gemma3" where ``spec`` is Gemma 2's / 3's layer (transformers Gemma2DecoderLayer / Gemma3's: four
     (1 + weight) RMSNorms, GeGLU, scaled and tied embeddings, RoPE, no biases; Gemma 3 with a per-head Q/K norm, its
@@ -167,12 +190,12 @@ def _gemma_family(spec: ModelSpec) -> str | None:
 
 
 def hf_model_family(spec: ModelSpec) -> str | None:
-    """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3" or "gpt2": the transformers model the
-    AutoTP and HF trainers build for ``spec`` (None: none of them). Llama's attention_bias would put a bias on o_proj
-    too, so Q/K/V biases alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's (Qwen3Attention q_norm / k_norm, no
-    biases)."""
-    if gemma := _gemma_family(spec):
-        return gemma
+    """"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "gemma2", "gemma3" or "gpt2": the
+    transformers model the AutoTP and HF trainers build for ``spec`` (None: none of them). Llama's attention_bias
+    would put a bias on o_proj too, so Q/K/V biases alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's
+    (Qwen3Attention q_norm / k_norm, no biases)."""
+    if family := _gemma_family(spec) or _sigmoid_router_family(spec):
+        return family
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
             or spec.activation_clamp is not None or spec.rope_scaling == "yarn" or spec.chunked_attention
             or spec.post_norm or spec.parallel_residual or gemma_parts(spec)):
@@ -202,8 +225,10 @@ def hf_model_problem(spec, *, llama_only: bool = False) -> str | None:
     want = "a Llama-style model (RoPE, RMSNorm, SwiGLU, no linear biases, dense)"
     if not llama_only:
         want += (", a Qwen2 / Qwen3-style one (the same with Q/K/V biases, or with a per-head Q/K RMSNorm), a "
-                 "Mixtral / Qwen3-MoE-style one (softmax top-k routing, no shared experts or routing bias), Gemma 2 "
-                 "or 3 or a GPT-2-style one (learned positions, LayerNorm, GeLU, biases, tied embeddings)")
+                 "Mixtral / Qwen3-MoE-style one (softmax top-k routing, no shared experts or routing bias), a "
+                 "DeepSeek-V3 / GLM-4.5-style one (sigmoid routing with a bias, shared experts as wide as the "
+                 "routed ones, dense leading layers; MLA, or Q/K/V biases), Gemma 2 or 3 or a GPT-2-style one "
+                 "(learned positions, LayerNorm, GeLU, biases, tied embeddings)")
     return f"model {spec.name!r}: the built-in trainer builds {want} as a transformers model; give such a model"
 
 

@@ -4,7 +4,9 @@ AutoTP shards the ``nn.Linear`` layers of models it recognises (deepspeed/module
 q/k/v/gate/up column-parallel, o_proj/down_proj row-parallel), so the AutoTP and HF trainers build a
 transformers ``LlamaForCausalLM`` (Llama-style specs: RoPE, RMSNorm, SwiGLU; ``Qwen2ForCausalLM`` with Q/K/V
 biases, ``Qwen3ForCausalLM`` with a per-head Q/K norm, ``MixtralForCausalLM`` / ``Qwen3MoeForCausalLM`` for MoE
-specs their routers compute, ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` for Gemma's layer, HF trainer only) or ``GPT2LMHeadModel``
+specs their routers compute, ``DeepseekV3ForCausalLM`` / ``Glm4MoeForCausalLM`` for sigmoid-routed MoE specs with shared
+experts (MLA: DeepSeek-V3, Kimi-K2, Moonlight; GQA: GLM-4.5), ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` for Gemma's
+layer, HF trainer only) or ``GPT2LMHeadModel``
 (GPT-2-style specs: learned positions, LayerNorm, GeLU, biases, tied embeddings, HF trainer only) with
 the spec's sizes, so the parameter count is the spec's. Other architectures are refused by name.
 """
@@ -39,6 +41,39 @@ def rope_parameters(spec) -> dict:
         out |= {"low_freq_factor": spec.rope_low_freq_factor, "high_freq_factor": spec.rope_high_freq_factor,
                 "original_max_position_embeddings": spec.rope_original_max_positions}
     return out
+
+
+def sigmoid_router_config(spec, family: str, seq_len: int):
+    """DeepseekV3Config / Glm4MoeConfig of the spec (builtin_trainer._sigmoid_router_family): its dense leading
+    layers, routed and shared experts (the shared ones as one MLP of their summed width, as both classes build them),
+    the router's groups and scale, MLA's ranks and YaRN (DeepSeek) or the rotary share, Q/K norm and Q/K/V biases
+    (GLM); no MTP module (transformers' num_mtp_layers: the trainer runs the next-token loss only), at the classes'
+    own RMSNorm eps (DeepSeek-V3 1e-6, GLM-4.5 1e-5, as their config.json files)."""
+    import transformers
+
+    moe = spec.moe
+    rope = rope_parameters(spec)
+    if spec.rope_scaling == "yarn":  # DeepseekV3Attention scales its softmax by mscale_all_dim's factor squared
+        rope |= {"original_max_position_embeddings": spec.rope_original_max_positions,
+                 "beta_fast": spec.yarn_beta_fast, "beta_slow": spec.yarn_beta_slow, "mscale": spec.yarn_mscale,
+                 "mscale_all_dim": spec.yarn_mscale_all_dim, "truncate": spec.yarn_truncate is not False}
+    fields = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
+                  num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
+                  num_key_value_heads=spec.kv_heads, moe_intermediate_size=moe.expert_ffn_hidden_size,
+                  n_routed_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                  n_shared_experts=moe.num_shared_experts, first_k_dense_replace=moe.num_dense_layers,
+                  routed_scaling_factor=moe.router_scaling_factor, n_group=moe.router_groups or 1,
+                  topk_group=moe.router_group_topk or 1, norm_topk_prob=True, num_mtp_layers=0,
+                  max_position_embeddings=max(seq_len, 8, spec.max_position_embeddings),
+                  tie_word_embeddings=spec.tied_embeddings, attention_dropout=spec.dropout)
+    if family == "deepseek_v3":
+        m = spec.mla
+        return transformers.DeepseekV3Config(**fields, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+                                             qk_nope_head_dim=m.qk_nope_head_dim, qk_rope_head_dim=m.qk_rope_head_dim,
+                                             v_head_dim=m.v_head_dim, rope_parameters=rope)
+    return transformers.Glm4MoeConfig(**fields, head_dim=spec.attention_head_dim, attention_bias=True,
+                                      use_qk_norm=spec.qk_norm == "head",
+                                      rope_parameters=rope | {"partial_rotary_factor": spec.rotary_fraction})
 
 
 def gemma_config(spec, family: str, seq_len: int):
@@ -80,6 +115,11 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
     assert family is not None, hf_model_problem(spec)
     if family in ("gemma2", "gemma3"):
         model = _gemma_model(spec, family, seq_len)
+    elif family in ("deepseek_v3", "glm4_moe"):
+        import transformers
+
+        cls = transformers.DeepseekV3ForCausalLM if family == "deepseek_v3" else transformers.Glm4MoeForCausalLM
+        model = cls(sigmoid_router_config(spec, family, seq_len))
     elif family in ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         import transformers
 

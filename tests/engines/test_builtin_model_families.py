@@ -2,8 +2,8 @@
 
 - The hf trainer (and DeepSpeed's AutoTP) build a transformers model: Llama for Llama-style specs, Qwen2 where
   Q/K/V have biases (Llama's attention_bias would add one to o_proj), Qwen3 with a per-head Q/K norm, Mixtral and
-  Qwen3-MoE for MoE specs their routers compute; each with exactly the spec's parameters. AutoTP stays on Llama, the
-  one measured here.
+  Qwen3-MoE for MoE specs their routers compute, DeepSeek-V3 (MLA) and GLM-4.5 for sigmoid-routed MoE specs with
+  shared experts; each with exactly the spec's parameters. AutoTP stays on Llama, the one measured here.
 - The fsdp and deepspeed trainers' own model (autotune.workloads.transformer) builds Q/K norms and Llama 4's layers
   without RoPE (tests/workloads/test_transformer_vs_hf.py checks it against transformers) and refuses what it does
   not build: MLA, attention sinks, the clamped activation, YaRN, ALiBi.
@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +30,44 @@ FIXTURES = "tests/fixtures/hf"
 @pytest.mark.parametrize("name, family", [("llama3-8b", "llama"), ("qwen2.5-72b", "qwen2"), ("qwen3-8b", "qwen3"),
                                           ("gpt3-175b", "gpt2"), (f"{FIXTURES}/olmo2-13b/config.json", None),
                                           ("llama4-scout", None), ("gpt-oss-20b", None), ("mixtral-8x7b", "mixtral"),
-                                          ("qwen3-30b-a3b", "qwen3_moe"), ("glm-4.5", None), ("deepseek-v3", None)])
+                                          ("qwen3-30b-a3b", "qwen3_moe"), ("glm-4.5", "glm4_moe"),
+                                          ("deepseek-v3", "deepseek_v3"), ("kimi-k2", "deepseek_v3"),
+                                          ("moonlight-16b-a3b", "deepseek_v3")])
 def test_the_transformers_model_of_each_architecture(name, family):
     assert hf_model_family(load_model(name)) == family
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "moonlight-16b-a3b", "glm-4.5"])
+def test_sigmoid_routed_models_are_transformers_own_and_their_size(name):
+    """DeepSeek-V3, Kimi-K2, Moonlight (DeepseekV3ForCausalLM) and GLM-4.5 (Glm4MoeForCausalLM) as the hf trainer
+    builds them: the config transformers reads from the checkpoint's own config.json, field by field (MTP aside: the
+    trainer builds none), and exactly the spec's parameters on the meta device (the routers' expert biases are
+    buffers there, e_score_correction_bias, and parameters in the spec)."""
+    import torch
+    import transformers
+
+    from autotune.train.hf_models import sigmoid_router_config
+
+    spec = load_model(name)
+    family = hf_model_family(spec)
+    ours = sigmoid_router_config(spec, family, 4096).to_dict()
+    raw = json.loads(Path(f"{FIXTURES}/{name}/config.json").read_text())
+    config_class = transformers.DeepseekV3Config if family == "deepseek_v3" else transformers.Glm4MoeConfig
+    theirs = config_class.from_dict({k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}).to_dict()
+    keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "n_shared_experts", "n_routed_experts", "num_experts_per_tok",
+            "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace", "norm_topk_prob",
+            "tie_word_embeddings", "hidden_act"]  # (rms_norm_eps: the class default; ModelSpec carries no eps)
+    keys += (["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave"]
+             if family == "deepseek_v3" else ["head_dim", "use_qk_norm", "attention_bias"])
+    assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}
+    rope = {k: v for k, v in theirs["rope_parameters"].items() if v is not None and k != "type"}  # (legacy alias)
+    assert {k: ours["rope_parameters"].get(k) for k in rope} == pytest.approx(rope)
+    with torch.device("meta"):
+        model = build_hf_model(spec, seq_len=4096, dtype=None)
+    assert type(model).__name__ == ("DeepseekV3ForCausalLM" if family == "deepseek_v3" else "Glm4MoeForCausalLM")
+    biases = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    assert sum(p.numel() for p in model.parameters()) + biases == spec.num_params
 
 
 MIXTRAL_MOE = MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=48)

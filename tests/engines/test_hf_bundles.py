@@ -62,15 +62,26 @@ GEMMA2 = {"activation": "geglu", "norms_per_layer": 4, "norm_zero_centered": Tru
           "query_pre_attn_scalar": 24.0, "sliding_window": 16, "sliding_window_layers": [0]}
 
 
+SIGMOID_MOE = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 128, "num_shared_experts": 1,
+               "num_dense_layers": 1, "router_bias": True, "router_score": "sigmoid", "router_scaling_factor": 2.5}
+DEEPSEEK = {"num_kv_heads": 8, "moe": {**SIGMOID_MOE, "router_groups": 2, "router_group_topk": 1},
+            "mla": {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                    "q_lora_rank": 48}}
+GLM = {"qkv_bias": True, "qk_norm": "head", "rotary_fraction": 0.5, "head_dim": 32, "moe": SIGMOID_MOE}
+
+
 @pytest.mark.parametrize("fields, built", [({"qk_norm": "head"}, "Qwen3ForCausalLM"),
                                            ({"qkv_bias": True}, "Qwen2ForCausalLM"),
                                            ({"moe": MOE}, "MixtralForCausalLM"),
                                            ({"qk_norm": "head", "moe": MOE}, "Qwen3MoeForCausalLM"),
-                                           (GEMMA2, "Gemma2ForCausalLM")])
+                                           (GEMMA2, "Gemma2ForCausalLM"), (DEEPSEEK, "DeepseekV3ForCausalLM"),
+                                           (GLM, "Glm4MoeForCausalLM")])
 def test_other_architectures_train_as_their_transformers_class(tmp_path, fields, built):
     """A Qwen3-style model (per-head Q/K RMSNorm), a Qwen2-style one (Q/K/V biases), a Mixtral-style MoE, a
-    Qwen3-MoE-style one and a Gemma-2-style one (its first layer windowed) train through the emitted accelerate launch (DeepSpeed ZeRO-2) as transformers' own class,
-    the first loss that model's on the same batch."""
+    Qwen3-MoE-style one, a Gemma-2-style one (its first layer windowed), a DeepSeek-V3-style one (MLA, a dense
+    first layer, a sigmoid group-limited router with a shared expert) and a GLM-4.5-style one (Q/K/V biases, Q/K
+    norm, RoPE on half of each head, the same router ungrouped) train through the emitted accelerate launch
+    (DeepSpeed ZeRO-2) as transformers' own class, the first loss that model's on the same batch."""
     bundle = emit(tmp_path, 2, 2, "hf", "--zero", "2", "--global-batch", "2", name="tiny-other-2l", **fields)
     result = run_script(bundle, "launch_accelerate.sh", cwd=tmp_path)
     model, data = _reference_first_step(bundle)
