@@ -12,6 +12,7 @@ from autotune.emit.job_args import number as _float
 from autotune.emit.job_args import whole as _int
 from autotune.emit.megatron_attention import MLA_YARN_FIXED, YARN_DEFAULTS
 from autotune.emit.megatron_flags import layer_pattern
+from autotune.emit.megatron_model_flags import MEGATRON_NORM_EPS
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.model_parts import MLASpec
@@ -41,7 +42,7 @@ def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: st
 
 FILE_DECIDES = ("dropout", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                 "rope_original_max_positions", "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
-                "yarn_truncate", "norm_zero_centered", "activation", "rotary_fraction")
+                "yarn_truncate", "norm_zero_centered", "activation", "rotary_fraction", "norm_eps")
 """Fields a Megatron-LM argument file decides whichever preset has its shape (a flag present or not)."""
 
 
@@ -54,9 +55,12 @@ def _plain_activation(f: dict) -> str:
     return "gelu_tanh" if fused or "--openai-gelu" in f else "gelu"
 
 
-def effective_yarn(m: ModelSpec, field: str):
-    """The value Megatron runs for ``field``: a YaRN field left unstated is Megatron-core's default (YARN_DEFAULTS)."""
+def megatron_runs(m: ModelSpec, field: str):
+    """The value Megatron runs for ``field``: a YaRN field left unstated is Megatron-core's default (YARN_DEFAULTS),
+    an unstated norm epsilon its 1e-5."""
     value = getattr(m, field)
+    if field == "norm_eps":  # unstated: Megatron's default
+        return MEGATRON_NORM_EPS if value is None else value
     if value is None and m.rope_scaling == "yarn":
         return {**YARN_DEFAULTS, "yarn_truncate": True}.get(field)
     return value
@@ -67,7 +71,8 @@ def _decided(m: ModelSpec) -> str:
     scaling = "none" if m.rope_scaling is None else f"{m.rope_scaling} x{m.rope_scaling_factor:g}"
     return (f"dropout {m.dropout:g}, RoPE scaling {scaling}, {m.activation}"
             f"{f', RoPE on {m.rotary_fraction:g} of each head' if m.rotary_fraction != 1 else ''}"
-            f"{', (1 + weight) norms' if m.norm_zero_centered else ''}")
+            f"{', (1 + weight) norms' if m.norm_zero_centered else ''}"
+            f"{f', norm eps {m.norm_eps:g}' if megatron_runs(m, 'norm_eps') != MEGATRON_NORM_EPS else ''}")
 
 
 def _dropout(f: dict, path: str) -> float:
@@ -111,12 +116,15 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         # Megatron-LM's --hidden-dropout default is 0.1 (arguments.py; megatron_flags_core_v0.19.json)
         dropout=_dropout(f, path),
         qkv_bias="--add-qkv-bias" in f, norm_zero_centered="--apply-layernorm-1p" in f, moe=moe, mla=mla,
+        # --norm-epsilon (Megatron-LM) or --layernorm-epsilon (Megatron-DeepSpeed), both default 1e-5
+        norm_eps=_float(f.get("--norm-epsilon", f.get("--layernorm-epsilon")), "--norm-epsilon", path)
+        or MEGATRON_NORM_EPS,
         **_attention_fields(f, n, layers, path))
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
         # what Megatron runs is the file's (its dropout default 0.1 if unsaid; RoPE scaling only where a flag says so)
-        ran = {k: getattr(spec, k) for k in FILE_DECIDES if effective_yarn(spec, k) != effective_yarn(preset, k)}
+        ran = {k: getattr(spec, k) for k in FILE_DECIDES if megatron_runs(spec, k) != megatron_runs(preset, k)}
         if ran:
             notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
             return dataclasses.replace(preset, **ran)

@@ -11,7 +11,7 @@ import pytest
 from autotune.emit.megatron import megatron_args
 from autotune.emit.megatron_attention import YARN_DEFAULTS
 from autotune.errors import InputError
-from autotune.job_megatron_model import effective_yarn, megatron_model, moe_layer_flags
+from autotune.job_megatron_model import megatron_runs, megatron_model, moe_layer_flags
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.plan import ParallelPlan
 
@@ -85,9 +85,9 @@ def test_attention_and_mlp_variants_read_back(name):
     model = dataclasses.replace(preset, name="mine", num_layers=preset.num_layers - 2, sliding_window_layers=kept)
     read = megatron_model(_flags(model), "mine.sh", [])
     # YaRN values equal to Megatron's defaults are not written (their --yarn-* flags are 0.19's): the same run
-    yarn = {k: effective_yarn(model, k) for k in YARN_DEFAULTS}
+    yarn = {k: megatron_runs(model, k) for k in YARN_DEFAULTS}
     assert dataclasses.replace(read, **yarn) == dataclasses.replace(model, **yarn)
-    assert {k: effective_yarn(read, k) for k in YARN_DEFAULTS} == yarn
+    assert {k: megatron_runs(read, k) for k in YARN_DEFAULTS} == yarn
 
 
 def test_dropout_is_what_megatron_runs():

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autotune.emit.megatron_attention import flag_number as _num
-from autotune.emit.megatron_model_flags import architecture_problems, layer_norms_problem, router_flags, shape_flags
+from autotune.emit.megatron_model_flags import (architecture_problems, layer_norms_problem, norm_eps_flags, router_flags,
+                                              shape_flags)
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems, rope_theta_flags
 from autotune.emit.megatron_fsdp import FSDP_CKPT_FORMAT, megatron_fsdp_flags, sharding_strategy
@@ -269,6 +270,7 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args += {"squared_relu": ["--squared-relu"], "gelu_tanh": [] if model.linear_bias else ["--openai-gelu"],
              "gelu": ["--no-bias-gelu-fusion"] if model.linear_bias else []}.get(model.activation, [])
     args += ["--normalization", model.norm]
+    args += norm_eps_flags(model, "--layernorm-epsilon")  # the fork's name for it (its arguments.py), default 1e-5
     args += rope_theta_flags(model)
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")

@@ -154,6 +154,8 @@ def generic_model_fields(model: ModelSpec) -> dict:
         out["bias_activation_fusion"] = False
     if model.norm_zero_centered:  # norms multiplying by (1 + weight)
         out["layernorm_zero_centered_gamma"] = True
+    if model.norm_eps is not None:  # TransformerConfig.layernorm_epsilon (default 1e-5)
+        out["layernorm_epsilon"] = model.norm_eps
     if model.qk_norm in ("head", "l2"):  # TransformerConfig.qk_layernorm / qk_l2_norm (ModelSpec.qk_norm's "full": no)
         out["qk_layernorm" if model.qk_norm == "head" else "qk_l2_norm"] = True
     if model.moe is not None:

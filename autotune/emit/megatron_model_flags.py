@@ -14,7 +14,19 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
-           "router_flags"]
+           "router_flags", "norm_eps_flags", "MEGATRON_NORM_EPS"]
+
+
+MEGATRON_NORM_EPS = 1e-5
+"""Megatron-LM's --norm-epsilon default (arguments.py, core 0.16-0.19) and Megatron-DeepSpeed's --layernorm-epsilon
+one: what the norms run with when no flag says otherwise."""
+
+
+def norm_eps_flags(model: ModelSpec, flag: str) -> list[str]:
+    """``[flag, eps]`` where the checkpoint's norm epsilon is not Megatron's default (Qwen3, DeepSeek-V3, Gemma:
+    1e-6); none where it is, or where the model states none."""
+    eps = model.norm_eps
+    return [] if eps is None or eps == MEGATRON_NORM_EPS else [flag, repr(float(eps))]
 
 
 def activation_flags(model: ModelSpec) -> list[str]:
@@ -128,6 +140,7 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
             args += ["--q-lora-rank", str(m.q_lora_rank)]
     args += activation_flags(model)
     args += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    args += norm_eps_flags(model, "--norm-epsilon")
     if model.norm_zero_centered:
         args.append("--apply-layernorm-1p")
     if model.qk_norm == "head":

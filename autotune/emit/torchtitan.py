@@ -56,7 +56,10 @@ _LLAMA31_ROPE = ("Llama 3.1's RoPE scaling (llama3: factor 8, low / high frequen
                  "v0.2.2 models/llama3/model/model.py:35-80, v0.3.0 ComplexRoPE scaling='llama' in "
                  "models/llama3/__init__.py), which {name} (a Llama 3.0 checkpoint) does not have")
 FLAVOR_DIFFERENCES = {"llama3-8b": _LLAMA31_ROPE, "llama3-70b": _LLAMA31_ROPE,
-                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000"}
+                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000",
+                      "deepseek-v3": "RMSNorms of eps 1e-5 (v0.2.2 models/deepseek_v3/model/args.py norm_eps, v0.3.0 "
+                                     "models/common/nn_modules.py RMSNorm.Config's default) where {name}'s Hugging "
+                                     "Face config has rms_norm_eps 1e-6"}
 """What torchtitan's registry flavor builds of a mapped preset that the preset (its checkpoint) does not: none of it
 costs anything, so the flavor is mapped, and plan.md says it (torchtitan_flavor_note)."""
 

@@ -259,6 +259,31 @@ def read_hf_config(path: str | Path) -> dict:
     return data
 
 
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+"""Where config.json files state their norms' epsilon (Llama / Qwen / Mistral / DeepSeek / Gemma rms_norm_eps,
+GPT-NeoX / Phi layer_norm_eps, GPT-2 / BLOOM / Falcon layer_norm_epsilon)."""
+
+
+def _norm_eps(f: _Fields) -> float | None:
+    """The norms' epsilon the config states (a multimodal one in its text_config), else its class's default
+    (``_CLASS_EPS``); None where neither is known."""
+    text = f.data.get("text_config")
+    source = _Fields(text, f.model_type) if isinstance(text, dict) else f
+    for key in _EPS_KEYS:
+        if source.data.get(key) is not None:
+            value = source.get(key, 0.0)
+            f.problems += source.problems if source is not f else []
+            if value <= 0 and not source.problems:
+                f.problems.append(f"{key!r} must be a positive number, got {value!r}")
+            return value if value > 0 else None
+    return _CLASS_EPS.get(f.model_type)
+
+
+_CLASS_EPS = {"gemma2": 1e-6, "gemma3": 1e-6, "gemma3_text": 1e-6, "opt": 1e-5}
+"""The epsilon of the model types whose config.json files may leave it out: transformers 5.25's Gemma2Config /
+Gemma3TextConfig ``rms_norm_eps`` default; OPT's torch LayerNorm default (OPTConfig has no field)."""
+
+
 def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = None, *,
                          origin: str = "Hugging Face config") -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face ``config.json`` (path, folder, or parsed dict).
@@ -285,6 +310,9 @@ def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = Non
                           f"Describe the model in a model YAML instead: {MODEL_YAML_FIELDS}"], subject=origin)
     fields = _Fields(data, model_type)
     kwargs = _FAMILIES[model_type](fields)
+    eps = _norm_eps(fields)
+    if eps is not None:
+        kwargs["norm_eps"] = eps
     name_or_path = data.get("_name_or_path")
     if name_or_path is not None and not isinstance(name_or_path, str):
         fields.problems.append(f"'_name_or_path' must be a string, got {name_or_path!r}")

@@ -34,9 +34,8 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "rope_scaling": None, "rope_scaling_factor": None, "rope_low_freq_factor": None,
                  "rope_high_freq_factor": None, "rope_original_max_positions": None, "yarn_beta_fast": None,
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
-                 "attn_logit_softcap": None,
-                 "final_logit_softcap": None, "query_pre_attn_scalar": None, "scaled_embeddings": False,
-                 "norm_zero_centered": False, "local_rope_theta": None}
+                 "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
+                 "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +58,8 @@ class ModelSpec:
     gelu_new, BLOOM, Megatron's fused bias-GeLU), ``relu`` (OPT), ``squared_relu`` (Nemotron-4), or gated:
     ``swiglu`` (SiLU gate: Llama), ``geglu`` (tanh-GeLU gate: Gemma)."""
     norm: Norm = "layernorm"
+    norm_eps: float | None = None
+    """The norms' epsilon (config.json rms_norm_eps: Llama 3 1e-5, Qwen3 1e-6); None: each engine's default."""
     tied_embeddings: bool = False
     position_embedding: PositionEmbedding = "learned"
     max_position_embeddings: int = 2048

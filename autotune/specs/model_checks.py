@@ -100,7 +100,7 @@ def gemma_field_problems(spec) -> list[str]:
     """The problems of the fields Gemma 2/3 brought: logit caps, the attention scale, scaled embeddings,
     zero-centred norms, the local layers' RoPE base."""
     out: list[str] = []
-    for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar", "local_rope_theta"):
+    for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar", "local_rope_theta", "norm_eps"):
         value = getattr(spec, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             out.append(f"{name} must be a positive number or absent, got {value!r}")

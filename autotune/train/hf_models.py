@@ -47,8 +47,8 @@ def sigmoid_router_config(spec, family: str, seq_len: int):
     """DeepseekV3Config / Glm4MoeConfig of the spec (builtin_trainer._sigmoid_router_family): its dense leading
     layers, routed and shared experts (the shared ones as one MLP of their summed width, as both classes build them),
     the router's groups and scale, MLA's ranks and YaRN (DeepSeek) or the rotary share, Q/K norm and Q/K/V biases
-    (GLM); no MTP module (transformers' num_mtp_layers: the trainer runs the next-token loss only), at the classes'
-    own RMSNorm eps (DeepSeek-V3 1e-6, GLM-4.5 1e-5, as their config.json files)."""
+    (GLM), the norms' eps (else the class's); no MTP module (transformers' num_mtp_layers: the trainer runs the
+    next-token loss only)."""
     import transformers
 
     moe = spec.moe
@@ -65,7 +65,8 @@ def sigmoid_router_config(spec, family: str, seq_len: int):
                   routed_scaling_factor=moe.router_scaling_factor, n_group=moe.router_groups or 1,
                   topk_group=moe.router_group_topk or 1, norm_topk_prob=True, num_mtp_layers=0,
                   max_position_embeddings=max(seq_len, 8, spec.max_position_embeddings),
-                  tie_word_embeddings=spec.tied_embeddings, attention_dropout=spec.dropout)
+                  tie_word_embeddings=spec.tied_embeddings, attention_dropout=spec.dropout,
+                  **({"rms_norm_eps": spec.norm_eps} if spec.norm_eps is not None else {}))
     if family == "deepseek_v3":
         m = spec.mla
         return transformers.DeepseekV3Config(**fields, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
@@ -79,7 +80,7 @@ def sigmoid_router_config(spec, family: str, seq_len: int):
 def gemma_config(spec, family: str, seq_len: int):
     """Gemma2Config / Gemma3TextConfig of the spec: its layer types (sliding or full, ModelSpec.sliding_window_layers),
     its GeLU-tanh GeGLU, query scale, logit caps and RoPE (Gemma 3: the local layers' base, the global ones' linear
-    scaling), at Gemma's RMSNorm eps (1e-6)."""
+    scaling), at the spec's norm eps (else Gemma's 1e-6)."""
     import transformers
 
     layer_types = ["sliding_attention" if spec.is_local_attention_layer(i) else "full_attention"
@@ -92,7 +93,7 @@ def gemma_config(spec, family: str, seq_len: int):
                   query_pre_attn_scalar=int(spec.query_pre_attn_scalar or spec.attention_head_dim),  # an int there
                   attn_logit_softcapping=spec.attn_logit_softcap, final_logit_softcapping=spec.final_logit_softcap,
                   sliding_window=spec.sliding_window or max(seq_len, 8), layer_types=layer_types,
-                  attention_dropout=spec.dropout, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  attention_dropout=spec.dropout, tie_word_embeddings=True, rms_norm_eps=spec.norm_eps or 1e-6,
                   attn_implementation="eager" if spec.attn_logit_softcap is not None else "sdpa")
     if family == "gemma2":
         return transformers.Gemma2Config(**fields, rope_parameters=rope_parameters(spec))
@@ -134,7 +135,8 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
                       max_position_embeddings=max(seq_len, 8, spec.max_position_embeddings * bool(spec.rope_scaling)),
                       rope_parameters=rope_parameters(spec), tie_word_embeddings=spec.tied_embeddings,
                       attention_dropout=spec.dropout, attn_implementation="sdpa",
-                      **({"attention_bias": False} if family in ("qwen3", "qwen3_moe") else {}))
+                      **({"attention_bias": False} if family in ("qwen3", "qwen3_moe") else {}),
+                      **({"rms_norm_eps": spec.norm_eps} if spec.norm_eps is not None else {}))
         cfg = config_class(**(fields | _moe_fields(spec, family)))
         model = model_class(cfg)
     else:
@@ -145,7 +147,8 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
                          n_positions=spec.max_position_embeddings, resid_pdrop=spec.dropout,
                          embd_pdrop=spec.dropout, attn_pdrop=spec.dropout,
                          activation_function="gelu_new" if spec.activation == "gelu_tanh" else "gelu",
-                         bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+                         bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
+                         **({"layer_norm_epsilon": spec.norm_eps} if spec.norm_eps is not None else {}))
         model = GPT2LMHeadModel(cfg)
     if recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -57,9 +57,10 @@ class _ZeroCenteredLayerNorm(nn.LayerNorm):
 
 
 def _norm(spec: ModelSpec, width: int) -> nn.Module:
+    eps = spec.norm_eps or 1e-5  # the checkpoint's epsilon (ModelSpec.norm_eps), else torch's LayerNorm default
     if spec.norm == "layernorm":
-        return _ZeroCenteredLayerNorm(width, eps=1e-5) if spec.norm_zero_centered else nn.LayerNorm(width, eps=1e-5)
-    return RMSNorm(width, zero_centered=spec.norm_zero_centered)
+        return _ZeroCenteredLayerNorm(width, eps=eps) if spec.norm_zero_centered else nn.LayerNorm(width, eps=eps)
+    return RMSNorm(width, eps=eps, zero_centered=spec.norm_zero_centered)
 
 
 def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

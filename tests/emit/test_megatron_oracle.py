@@ -258,7 +258,7 @@ def test_linter_agrees_with_megatron_on_the_accepted_base(oracle):
     ("nemotron-4-340b", 1, ["--normalization", "LayerNorm", "--apply-layernorm-1p"]),
     # GPT-OSS's clamped GLU (quick_gelu, offset 1, clamp 7), Qwen3's per-head Q/K RMSNorm
     ("gpt-oss-20b", 1, ["--quick-geglu", "--activation-func-clamp-value", "7", "--glu-linear-offset", "1"]),
-    ("qwen3-8b", 1, ["--normalization", "RMSNorm", "--qk-layernorm"]),
+    ("qwen3-8b", 1, ["--normalization", "RMSNorm", "--norm-epsilon", "1e-06", "--qk-layernorm"]),  # Qwen3: eps 1e-6
 ])
 def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, name, cp, flags):
     """YaRN, attention sinks, sliding windows, NoPE layers (autotune.emit.megatron_attention) and the CP exchange

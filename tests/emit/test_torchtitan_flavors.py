@@ -94,3 +94,23 @@ def test_the_llama3_flavors_scale_rope_as_llama31_and_plan_md_says_so_for_llama3
         assert "Llama 3.1's RoPE scaling" in torchtitan_flavor_note(load_model_preset(name))
     v030 = (torchtitan03_path() / "torchtitan/models/llama3/__init__.py").read_text()
     assert v030.count('scaling="llama"') >= 3  # 8B, 70B, 405B
+
+
+def test_the_deepseek_flavor_norms_at_torchtitans_default_eps_and_plan_md_says_so():
+    """torchtitan's DeepSeek-V3 flavors leave the RMSNorm eps at its 1e-5 default (the checkpoint's is 1e-6); the
+    mapped Llama 3, Qwen3 and GPT-OSS flavors' eps are their checkpoints' (1e-5, 1e-6, 1e-5)."""
+    from autotune.emit.torchtitan import torchtitan_flavor_note
+
+    args = {pkg: (_root_022() / f"models/{pkg}/model/args.py").read_text() for pkg in
+            ("deepseek_v3", "llama3", "qwen3", "gpt_oss")}
+    assert "norm_eps: float = 1e-5" in args["deepseek_v3"] and "norm_eps" not in \
+        (_root_022() / "models/deepseek_v3/__init__.py").read_text()
+    root = torchtitan03_path() / "torchtitan/models"
+    assert "eps: float = 1e-5" in (root / "common/nn_modules.py").read_text()
+    assert "eps=" not in (root / "deepseek_v3/__init__.py").read_text()
+    assert load_model_preset("deepseek-v3").norm_eps == 1e-6
+    assert "rms_norm_eps 1e-6" in torchtitan_flavor_note(load_model_preset("deepseek-v3"))
+    for preset, pkg, line in (("llama3-8b", "llama3", "norm_eps: float = 1e-5"),
+                              ("qwen3-30b-a3b", "qwen3", "norm_eps: float = 1e-6"),
+                              ("gpt-oss-120b", "gpt_oss", "norm_eps: float = 1e-5")):
+        assert line in args[pkg] and float(line.rsplit(" ", 1)[1]) == load_model_preset(preset).norm_eps

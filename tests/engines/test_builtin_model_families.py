@@ -57,7 +57,7 @@ def test_sigmoid_routed_models_are_transformers_own_and_their_size(name):
     keys = ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "n_shared_experts", "n_routed_experts", "num_experts_per_tok",
             "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace", "norm_topk_prob",
-            "tie_word_embeddings", "hidden_act"]  # (rms_norm_eps: the class default; ModelSpec carries no eps)
+            "tie_word_embeddings", "hidden_act", "rms_norm_eps"]
     keys += (["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave"]
              if family == "deepseek_v3" else ["head_dim", "use_qk_norm", "attention_bias"])
     assert {k: ours[k] for k in keys} == {k: theirs[k] for k in keys}

@@ -123,7 +123,7 @@ def test_olmo2_post_norms_and_whole_width_qk_norm_match_transformers() -> None:
     torch.manual_seed(0)
     theirs = Olmo2ForCausalLM(Olmo2Config(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=spec.rope_theta, tie_word_embeddings=False,
+        num_key_value_heads=4, rms_norm_eps=spec.norm_eps, rope_theta=spec.rope_theta, tie_word_embeddings=False,
         attn_implementation="eager")).eval()
     with torch.no_grad():  # norms away from 1, so that a norm in the wrong place would show
         for name, p in theirs.named_parameters():
