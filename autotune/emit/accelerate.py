@@ -56,11 +56,22 @@ HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLay
 config.json autotune reads and transformers builds (kimi_k2 and Falcon's RefinedWeb* are remote code)."""
 
 
+REMOTE_DECODER_LAYERS = {"DeepseekV3ForCausalLM": "DeepseekV3DecoderLayer"}
+"""A remote-code model's ``architectures`` class -> its decoder layer class: Kimi-K2's config.json (model_type
+kimi_k2, no transformers class) maps to its own modeling_deepseek.py, whose DeepseekV3ForCausalLM has
+``_no_split_modules = ["DeepseekV3DecoderLayer"]``, the class name transformers' DeepSeek-V3 uses too."""
+
+
 def hf_decoder_layer(config: dict) -> str | None:
     """The decoder layer class of a parsed Hugging Face ``config.json`` (:data:`HF_DECODER_LAYERS` by its
-    ``model_type``); None when transformers has no class for it here (remote code: name it with --wrap-class)."""
+    ``model_type``, else :data:`REMOTE_DECODER_LAYERS` by its ``architectures``); None when neither knows it (name it
+    with --wrap-class)."""
     model_type = config.get("model_type")
-    return HF_DECODER_LAYERS.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(model_type, str) and model_type in HF_DECODER_LAYERS:
+        return HF_DECODER_LAYERS[model_type]
+    names = config.get("architectures")
+    return next((REMOTE_DECODER_LAYERS[n] for n in names if isinstance(n, str) and n in REMOTE_DECODER_LAYERS),
+                None) if isinstance(names, list) else None
 
 
 def _launch_shape(cluster: ClusterSpec, options: EmitOptions) -> dict:

@@ -4,6 +4,7 @@ YAML says how its relative deepspeed_config_file is found (issue 21)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,9 @@ def test_hf_decoder_layers_are_transformers_own():
     assert set(SUPPORTED_MODEL_TYPES) - built == {"kimi_k2", "RefinedWeb", "RefinedWebModel"}
     assert hf_decoder_layer({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}) == "LlamaDecoderLayer"
     assert hf_decoder_layer({"model_type": "RefinedWeb"}) is None
+    kimi = json.loads((Path(__file__).resolve().parents[1] / "fixtures/hf/kimi-k2/config.json").read_text())
+    assert kimi["model_type"] == "kimi_k2" and hf_decoder_layer(kimi) == "DeepseekV3DecoderLayer"  # remote code
+    assert transformers.DeepseekV3ForCausalLM._no_split_modules == ["DeepseekV3DecoderLayer"]
 
 
 def test_deepspeed_yaml_says_how_its_json_is_found():
