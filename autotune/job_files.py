@@ -71,7 +71,8 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
 
-    model = model or megatron_model(f, path, notes)
+    # an unstated load-balancing weight: Megatron-LM's --moe-aux-loss-coeff 0, Megatron-DeepSpeed's --moe-loss-coeff 0.1
+    model = model or megatron_model(f, path, notes, aux_default=0.1 if kind == "megatron-deepspeed" else 0.0)
     out: dict = {"model": model, "tp": n("--tensor-model-parallel-size") or 1,
                  "pp": n("--pipeline-model-parallel-size") or 1, "cp": n("--context-parallel-size") or 1,
                  # Megatron-DeepSpeed's DeepSpeed-MoE names it --moe-expert-parallel-size (megatron/arguments.py)

@@ -82,7 +82,25 @@ def _dropout(f: dict, path: str) -> float:
     return 0.1 if value is None else value
 
 
-def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
+def _file_balancing(preset: ModelSpec, spec: ModelSpec, path: str, notes: list[str],
+                    aux_default: float) -> ModelSpec:
+    """The preset with the load-balancing loss the file trains: its own where it states one, else the engine's
+    default weight (``aux_default``: Megatron-LM 0, none; Megatron-DeepSpeed 0.1), said beside the checkpoint's."""
+    if preset.moe is None or spec.moe is None:
+        return preset
+    ran = (spec.moe.aux_loss_coeff, spec.moe.aux_loss_per_sequence)
+    if ran[0] is None:
+        ran = (aux_default, False)
+    had = (preset.moe.aux_loss_coeff or 0.0, preset.moe.aux_loss_per_sequence)
+    if ran == had:
+        return preset
+    notes.append(f"model: a load-balancing loss of weight {ran[0]:g}{' per sequence' if ran[1] else ''} as {path} "
+                 f"trains it (the checkpoint's: {had[0]:g}{' per sequence' if had[1] else ''})")
+    moe = dataclasses.replace(preset.moe, aux_loss_coeff=ran[0] or None, aux_loss_per_sequence=ran[1] and ran[0] > 0)
+    return dataclasses.replace(preset, moe=moe)
+
+
+def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.0) -> ModelSpec | None:
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
 
@@ -127,8 +145,8 @@ def megatron_model(f: dict, path: str, notes: list[str]) -> ModelSpec | None:
         ran = {k: getattr(spec, k) for k in FILE_DECIDES if megatron_runs(spec, k) != megatron_runs(preset, k)}
         if ran:
             notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
-            return dataclasses.replace(preset, **ran)
-        return preset
+            preset = dataclasses.replace(preset, **ran)
+        return _file_balancing(preset, spec, path, notes, aux_default)
     if vocab is None:
         raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
                           f"read): give --model (a preset, config.json or model YAML) or --vocab-size in the file"],
@@ -154,7 +172,18 @@ def _moe(f: dict, n, experts: int, layers: int, path: str) -> MoESpec:
                    router_group_topk=n("--moe-router-group-topk"),
                    router_scaling_factor=_float(f.get("--moe-router-topk-scaling-factor"),
                                                 "--moe-router-topk-scaling-factor", path) or 1.0,
-                   router_probs_on_input="--moe-apply-probs-on-input" in f)
+                   router_probs_on_input="--moe-apply-probs-on-input" in f, **_balancing(f, path))
+
+
+def _balancing(f: dict, path: str) -> dict:
+    """The load-balancing loss the file states: --moe-aux-loss-coeff (Megatron-LM; its first value where it lists
+    one per --moe-router-load-balancing-type) or --moe-loss-coeff (Megatron-DeepSpeed); none where it states none."""
+    flag = "--moe-aux-loss-coeff" if "--moe-aux-loss-coeff" in f else "--moe-loss-coeff"
+    coeff = _float(str(f[flag]).split()[0], flag, path) if isinstance(f.get(flag), str) else None
+    if coeff is None:
+        return {}
+    kind = str(f.get("--moe-router-load-balancing-type", "aux_loss")).split()[0]
+    return {"aux_loss_coeff": coeff, "aux_loss_per_sequence": kind == "seq_aux_loss"}
 
 
 def moe_layer_flags(value: object, layers: int, path: str) -> tuple[int, int]:

@@ -282,6 +282,8 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
         problems += deepspeed_moe_problems(model, plan).values()
         args += ["--num-experts", str(moe.num_experts), "--topk", str(moe.top_k), "--expert-interval", "1",
                  "--moe-expert-parallel-size", str(plan.ep), "--create-moe-param-group"]
+        if moe.aux_loss_coeff is not None:  # DeepSpeed-MoE's l_aux weight (the fork's --moe-loss-coeff, default 0.1)
+            args += ["--moe-loss-coeff", _num(moe.aux_loss_coeff)]
         if plan.tp > 1:
             # The plan splits each expert tp ways (etp = tp, the engine has no etp of its own); without this flag the
             # fork builds every expert whole on each TP rank (microsoft/Megatron-DeepSpeed@f4157bea

@@ -177,4 +177,7 @@ def generic_model_fields(model: ModelSpec) -> dict:
                 else None}
         if moe.router_probs_on_input:
             out["moe_apply_probs_on_input"] = True
+        if moe.aux_loss_coeff is not None:  # TransformerConfig's load-balancing loss (its weight defaults to 0)
+            out |= {"moe_aux_loss_coeff": moe.aux_loss_coeff,
+                    "moe_router_load_balancing_type": "seq_aux_loss" if moe.aux_loss_per_sequence else "aux_loss"}
     return out

@@ -14,7 +14,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
-           "router_flags", "norm_eps_flags", "MEGATRON_NORM_EPS"]
+           "router_flags", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS"]
 
 
 MEGATRON_NORM_EPS = 1e-5
@@ -169,8 +169,18 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
             args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
         if moe.num_dense_layers or moe.moe_layer_step != 1:
             args += ["--moe-layer-freq", moe_layer_pattern(model)]
-        args += router_flags(moe)
+        args += router_flags(moe) + balancing_flags(moe)
     return args
+
+
+def balancing_flags(moe) -> list[str]:
+    """The load-balancing loss the checkpoint was trained with (MoESpec.aux_loss_coeff): Megatron-core's
+    --moe-aux-loss-coeff defaults to 0, no such loss, and --moe-router-load-balancing-type to aux_loss (over the
+    micro-batch); DeepSeek's seq_aux is seq_aux_loss (arguments.py, core 0.16-0.19). None stated: nothing written."""
+    if moe.aux_loss_coeff is None:
+        return []
+    kind = ["--moe-router-load-balancing-type", "seq_aux_loss"] if moe.aux_loss_per_sequence else []
+    return kind + ["--moe-aux-loss-coeff", _num(moe.aux_loss_coeff)]
 
 
 def router_flags(moe) -> list[str]:

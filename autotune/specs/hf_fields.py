@@ -91,7 +91,19 @@ class Fields:
             out["router_scaling_factor"] = float(factor)
         if kind == "softmax" and not self.get("norm_topk_prob", norm_topk):
             out["router_pre_softmax"] = True  # softmax over every expert, the top-k left unnormalised
-        return out
+        return out | self.aux_loss()
+
+    def aux_loss(self) -> dict:
+        """The load-balancing loss's MoESpec fields as the file states them: ``router_aux_loss_coef`` (Mixtral,
+        Qwen3-MoE, GPT-OSS, Llama 4), else DeepSeek's ``aux_loss_alpha`` with ``seq_aux``; none where it states
+        neither (the class default is not the checkpoint's word)."""
+        for key in ("router_aux_loss_coef", "aux_loss_alpha"):
+            if self.data.get(key) is not None:
+                out: dict = {"aux_loss_coeff": float(self.get(key, 0.0))}
+                if key == "aux_loss_alpha" and self.get("seq_aux", False):
+                    out["aux_loss_per_sequence"] = True
+                return out
+        return {}
 
     def required(self, raw: dict, *keys: str) -> None:
         """Shape fields the config itself must give (not left to a class default)."""

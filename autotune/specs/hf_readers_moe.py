@@ -77,7 +77,8 @@ def _llama4_text(f: Fields) -> dict:
     out["moe"] = dict(num_experts=f.get_int("num_local_experts", default=16),
                       top_k=f.get_int("num_experts_per_tok", default=1), expert_ffn_hidden_size=expert_width,
                       num_shared_experts=1, moe_layer_step=step, router_score="sigmoid",  # Llama4TextMoe's router:
-                      router_probs_on_input=True)  # the top-1 logit's sigmoid scales the expert's input
+                      router_probs_on_input=True,  # the top-1 logit's sigmoid scales the expert's input
+                      **f.aux_loss())
     if f.get("use_qk_norm", True):
         out["qk_norm"] = "l2"
     every = f.positive("no_rope_layer_interval", 4)

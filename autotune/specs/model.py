@@ -36,6 +36,7 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
                  "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None}
+_LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -379,7 +380,7 @@ class ModelSpec:
         if self.moe is not None:
             out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__
                           if not (f == "moe_layer_step" and self.moe.moe_layer_step == 1)
-                          and not (f == "router_probs_on_input" and not self.moe.router_probs_on_input)}
+                          and not (f in _LATER_MOE and getattr(self.moe, f) == _LATER_MOE[f])}
         if self.mla is not None:
             out["mla"] = {f: getattr(self.mla, f) for f in self.mla.__dataclass_fields__}
         return out

@@ -81,6 +81,13 @@ class MoESpec:
     router_probs_on_input: bool = False
     """The routing weight scales the expert's input, not its output (Llama 4: Llama4TextMoe multiplies the tokens by
     their sigmoid score before the experts; Megatron ``--moe-apply-probs-on-input``, top-1 only)."""
+    aux_loss_coeff: float | None = None
+    """The load-balancing loss's weight the checkpoint states (``router_aux_loss_coef``: Mixtral-8x7B 0.02, Qwen3
+    0.001, GPT-OSS 0.9; ``aux_loss_alpha``: Kimi-K2 0.001). None: not stated (Megatron's default weight is 0, no such
+    loss). A training objective, not a cost."""
+    aux_loss_per_sequence: bool = False
+    """The loss balances each sequence, not the whole micro-batch (``seq_aux``: DeepSeek-V3 / Kimi-K2; Megatron
+    ``--moe-router-load-balancing-type seq_aux_loss``)."""
 
     @property
     def shared_width(self) -> int:
@@ -97,6 +104,11 @@ class MoESpec:
             out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
         if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or self.moe_layer_step < 1:
             out.append(f"moe.moe_layer_step must be a positive integer, got {self.moe_layer_step!r}")
+        coeff = self.aux_loss_coeff
+        if coeff is not None and (isinstance(coeff, bool) or not isinstance(coeff, (int, float)) or not coeff >= 0):
+            out.append(f"moe.aux_loss_coeff must be a number >= 0 or absent, got {coeff!r}")
+        if self.aux_loss_per_sequence and coeff is None:
+            out.append("moe.aux_loss_per_sequence needs moe.aux_loss_coeff (the per-sequence loss's weight)")
         if self.router_score not in ("softmax", "sigmoid"):
             out.append(f"moe.router_score must be softmax or sigmoid, got {self.router_score!r}")
         if self.router_pre_softmax and self.router_score != "softmax":

@@ -302,8 +302,12 @@ def test_activation_offload_passes_megatron_lm(oracle, tmp_path):
                      "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5"], []),
     # Llama 4: a sigmoid top-1 router without a bias
     ("llama4-maverick", ["--moe-router-score-function sigmoid"], ["--moe-router-enable-expert-bias"]),
-    # GPT-OSS: a softmax router whose bias is its linear layer's (no --disable-bias-linear), not an expert bias
-    ("gpt-oss-20b", [], ["--moe-router-score-function", "--moe-router-enable-expert-bias", "--disable-bias-linear"]),
+    # GPT-OSS: a softmax router whose bias is its linear layer's (no --disable-bias-linear), not an expert bias;
+    # its load-balancing loss at the checkpoint's weight (router_aux_loss_coef 0.9)
+    ("gpt-oss-20b", ["--moe-aux-loss-coeff 0.9"], ["--moe-router-score-function", "--moe-router-enable-expert-bias",
+                                                   "--disable-bias-linear"]),
+    # Kimi-K2: DeepSeek's router with a per-sequence balancing loss (seq_aux, aux_loss_alpha 0.001)
+    ("kimi-k2", ["--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.001"], []),
 ])
 def test_the_router_as_the_model_computes_it_passes_megatron_lm(oracle, tmp_path, name, flags, absent):
     """The router's score function, expert bias, group-limited routing and scaling (MoESpec.router_*, read from
