@@ -20,16 +20,20 @@ __all__ = ["build_hf_model", "hf_model_problem"]
 
 def _moe_fields(spec, family: str) -> dict:
     """The MoE block as MixtralConfig / Qwen3MoeConfig take it (their routers: a softmax over the top-k, or for
-    Qwen3 without norm_topk_prob over every expert first)."""
+    Qwen3 without norm_topk_prob over every expert first), with the checkpoint's load-balancing loss
+    (router_aux_loss_coef, output_router_logits on: the classes add it to the loss)."""
     moe = spec.moe
     if moe is None:
         return {}
+    # the checkpoint's load-balancing loss, added to the loss where the model returns its router logits
+    balancing = ({"output_router_logits": True, "router_aux_loss_coef": moe.aux_loss_coeff}
+                 if moe.aux_loss_coeff else {})
     if family == "mixtral":  # every layer MoE, experts of intermediate_size
         return {"intermediate_size": moe.expert_ffn_hidden_size, "num_local_experts": moe.num_experts,
-                "num_experts_per_tok": moe.top_k}
+                "num_experts_per_tok": moe.top_k, **balancing}
     return {"moe_intermediate_size": moe.expert_ffn_hidden_size, "num_experts": moe.num_experts,
             "num_experts_per_tok": moe.top_k, "decoder_sparse_step": moe.moe_layer_step,
-            "norm_topk_prob": not moe.router_pre_softmax}
+            "norm_topk_prob": not moe.router_pre_softmax, **balancing}
 
 
 def rope_parameters(spec) -> dict:

@@ -91,3 +91,25 @@ def test_nonsense_is_named():
         dataclasses.replace(load_model("mixtral-8x7b"), moe=MoESpec(num_experts=8, top_k=2,
                                                                       expert_ffn_hidden_size=64,
                                                                       aux_loss_per_sequence=True))
+
+
+def test_the_hf_trainers_mixtral_adds_the_checkpoints_balancing_loss():
+    """The built-in hf trainer's Mixtral / Qwen3-MoE return their router logits, and the loss is the cross entropy
+    plus router_aux_loss_coef times transformers' load-balancing loss."""
+    import torch
+
+    from autotune.train.hf_models import build_hf_model
+
+    preset = load_model("mixtral-8x7b")
+    spec = dataclasses.replace(preset, name="mixtral-small", num_layers=2, hidden_size=64, num_attention_heads=4,
+                               num_kv_heads=2, ffn_hidden_size=96, vocab_size=128,
+                               moe=dataclasses.replace(preset.moe, expert_ffn_hidden_size=32))
+    torch.manual_seed(0)
+    model = build_hf_model(spec, seq_len=32, dtype=None)
+    tokens = torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        out = model(input_ids=tokens, labels=tokens)
+        model.config.output_router_logits = False
+        plain = model(input_ids=tokens, labels=tokens).loss
+    assert float(out.loss) == pytest.approx(float(plain) + 0.02 * float(out.aux_loss), rel=1e-6)
+    assert float(out.aux_loss) > 0
