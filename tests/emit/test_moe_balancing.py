@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from megatron_argv import emitted_flags  # tests/ is on sys.path (no __init__)
 
 from autotune.emit.megatron_bridge_recipes import generic_model_fields
 from autotune.job_megatron_model import megatron_model
@@ -20,21 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
 def _args(model, engine: str = "megatron") -> dict:
-    from autotune.api import make_plan
-    from autotune.emit.megatron import megatron_args, megatron_deepspeed_args
-    from autotune.specs.loading import load_cluster
-
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
-    plan = make_plan(model, cluster, engine=engine, global_batch_size=8, seq_len=4096, ep=8 if engine == "megatron"
-                     else 1, zero_stage=1)
-    argv = (megatron_args(model, cluster, plan) if engine == "megatron"
-            else megatron_deepspeed_args(model, cluster, plan, None, "ds_config.json"))
-    out, i = {}, 0
-    while i < len(argv):
-        takes = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        out[argv[i]] = argv[i + 1] if takes else True
-        i += 2 if takes else 1
-    return out
+    return emitted_flags(model, engine, ep=8 if engine == "megatron" else 1, zero_stage=1)
 
 
 @pytest.mark.parametrize("name, coeff, per_sequence", [("mixtral-8x7b", 0.02, False), ("qwen3-30b-a3b", 0.001, False),

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from megatron_argv import emitted_flags  # tests/ is on sys.path (no __init__)
 
 from autotune.emit.megatron_bridge_recipes import generic_model_fields
 from autotune.emit.megatron_model_flags import MEGATRON_NORM_EPS
@@ -19,27 +20,6 @@ from autotune.specs.loading import load_model
 from autotune.specs.presets import load_model_preset, model_preset_names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-
-
-def _megatron(model, engine: str = "megatron") -> dict:
-    from autotune.api import make_plan
-    from autotune.emit.megatron import megatron_args, megatron_deepspeed_args
-    from autotune.specs.loading import load_cluster
-
-    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
-    plan = make_plan(model, cluster, engine=engine, global_batch_size=8, seq_len=4096)
-    if engine == "megatron":
-        return _as_dict(megatron_args(model, cluster, plan))
-    return _as_dict(megatron_deepspeed_args(model, cluster, plan, None, "ds_config.json"))
-
-
-def _as_dict(argv: list[str]) -> dict:
-    out, i = {}, 0
-    while i < len(argv):
-        takes = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        out[argv[i]] = argv[i + 1] if takes else True
-        i += 2 if takes else 1
-    return out
 
 
 @pytest.mark.parametrize("name, eps", [("qwen3-8b", 1e-6), ("deepseek-v3", 1e-6), ("llama3-8b", 1e-5),
@@ -67,9 +47,9 @@ def test_every_preset_with_a_config_json_carries_its_eps():
 
 
 def test_megatron_writes_it_where_it_is_not_the_default_and_reads_it_back():
-    qwen = _megatron(load_model("qwen3-8b"))
+    qwen = emitted_flags(load_model("qwen3-8b"))
     assert float(qwen["--norm-epsilon"]) == 1e-6
-    assert "--norm-epsilon" not in _megatron(load_model("llama3-8b"))  # Megatron's default is 1e-5
+    assert "--norm-epsilon" not in emitted_flags(load_model("llama3-8b"))  # Megatron's default is 1e-5
     notes: list[str] = []
     assert megatron_model({**qwen, "--hidden-dropout": "0"}, "q.sh", notes).norm_eps == 1e-6
     # a Qwen3 shape from a file that says nothing of it runs Megatron's 1e-5, and --from says so
@@ -81,7 +61,7 @@ def test_megatron_writes_it_where_it_is_not_the_default_and_reads_it_back():
 
 def test_megatron_deepspeed_writes_its_own_flag():
     model = dataclasses.replace(load_model("llama3-8b"), name="llama-eps6", norm_eps=1e-6)
-    args = _megatron(model, "megatron-deepspeed")
+    args = emitted_flags(model, "megatron-deepspeed")
     assert float(args["--layernorm-epsilon"]) == 1e-6 and "--norm-epsilon" not in args
     assert megatron_model({**args, "--hidden-dropout": "0"}, "m.sh", []).norm_eps == 1e-6
 
