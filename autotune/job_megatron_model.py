@@ -183,6 +183,8 @@ def _balancing(f: dict, path: str) -> dict:
     if coeff is None:
         return {}
     kind = str(f.get("--moe-router-load-balancing-type", "aux_loss")).split()[0]
+    if kind not in ("aux_loss", "seq_aux_loss", "global_aux_loss"):  # none, sinkhorn: no weighted loss
+        return {}
     return {"aux_loss_coeff": coeff, "aux_loss_per_sequence": kind == "seq_aux_loss"}
 
 
