@@ -111,6 +111,11 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
         # DeepseekV3Config's defaults: sigmoid scores, 8 groups of which 4 kept, the weights scaled by 2.5
         **f.router(score="sigmoid", groups=8, group_topk=4, scaling=2.5),
     )
+    if "aux_loss_coeff" not in out["moe"]:
+        # DeepSeek-V3's file states no balancing loss: its paper's sequence-wise one of weight 0.0001 (arXiv:2412.19437
+        # §4.2, "alpha = 0.0001"), as Megatron-Bridge's DeepSeek-V3 bridge sets it (deepseek_v3_bridge.py:68-71 at
+        # v0.6.0: seq_aux_loss, aux_loss_alpha else 0.0001)
+        out["moe"] |= {"aux_loss_coeff": 0.0001, "aux_loss_per_sequence": True}
     mtp = f.get_int("num_nextn_predict_layers", default=1)  # DeepseekV3Config's default
     if mtp:
         out["num_mtp_layers"] = mtp

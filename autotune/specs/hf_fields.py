@@ -96,7 +96,8 @@ class Fields:
     def aux_loss(self) -> dict:
         """The load-balancing loss's MoESpec fields as the file states them: ``router_aux_loss_coef`` (Mixtral,
         Qwen3-MoE, GPT-OSS, Llama 4), else DeepSeek's ``aux_loss_alpha`` with ``seq_aux``; none where it states
-        neither (the class default is not the checkpoint's word)."""
+        neither (the class default is not the checkpoint's word). The weight is Megatron's ``moe_aux_loss_coeff``
+        as Megatron-Bridge's conversion maps both (conversion/model_bridge.py:465-466 at v0.6.0)."""
         for key in ("router_aux_loss_coef", "aux_loss_alpha"):
             if self.data.get(key) is not None:
                 out: dict = {"aux_loss_coeff": float(self.get(key, 0.0))}

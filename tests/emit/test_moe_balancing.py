@@ -26,7 +26,8 @@ def _args(model, engine: str = "megatron") -> dict:
 
 @pytest.mark.parametrize("name, coeff, per_sequence", [("mixtral-8x7b", 0.02, False), ("qwen3-30b-a3b", 0.001, False),
                                                         ("gpt-oss-20b", 0.9, False), ("kimi-k2", 0.001, True),
-                                                        ("llama4-scout", 0.001, False), ("deepseek-v3", None, False)])
+                                                        ("llama4-scout", 0.001, False), ("deepseek-v3", 0.0001, True),
+                                                        ("moonlight-16b-a3b", 0.0001, True), ("glm-4.5", None, False)])
 def test_config_json_and_preset_state_it(name, coeff, per_sequence):
     read = model_from_hf_config(FIXTURES / name / "config.json").moe
     assert (read.aux_loss_coeff, read.aux_loss_per_sequence) == (coeff, per_sequence)
@@ -41,7 +42,9 @@ def test_megatron_lm_writes_it_and_reads_it_back():
     args = _args(kimi)
     assert (args["--moe-router-load-balancing-type"], args["--moe-aux-loss-coeff"]) == ("seq_aux_loss", "0.001")
     assert megatron_model(args, "k.sh", []).moe == kimi.moe  # no preset has this shape: the file's own
-    assert "--moe-aux-loss-coeff" not in _args(dataclasses.replace(load_model("deepseek-v3"), num_layers=4))
+    deepseek = _args(dataclasses.replace(load_model("deepseek-v3"), num_layers=4, name="deepseek-4l"))
+    assert (deepseek["--moe-router-load-balancing-type"], deepseek["--moe-aux-loss-coeff"]) == ("seq_aux_loss", "0.0001")
+    assert "--moe-aux-loss-coeff" not in _args(dataclasses.replace(load_model("glm-4.5"), num_layers=4, name="g"))
 
 
 def test_a_file_without_it_trains_none_and_from_says_so():
@@ -64,7 +67,7 @@ def test_megatron_deepspeed_and_bridge_write_theirs():
     assert (fields["moe_aux_loss_coeff"], fields["moe_router_load_balancing_type"]) == (0.02, "aux_loss")
     fields = generic_model_fields(load_model("kimi-k2"))
     assert (fields["moe_aux_loss_coeff"], fields["moe_router_load_balancing_type"]) == (0.001, "seq_aux_loss")
-    assert "moe_aux_loss_coeff" not in generic_model_fields(load_model("deepseek-v3"))
+    assert "moe_aux_loss_coeff" not in generic_model_fields(load_model("glm-4.5"))  # its file states none
 
 
 def test_nonsense_is_named():
