@@ -65,12 +65,23 @@ costs anything, so the flavor is mapped, and plan.md says it (torchtitan_flavor_
 
 
 def torchtitan_flavor_note(model: ModelSpec) -> str | None:
-    """plan.md's note where torchtitan's flavor of ``model`` differs from it (None where it is the model)."""
-    name = preset_matching(model, tuple(FLAVOR_DIFFERENCES))
+    """plan.md's note where torchtitan's flavor of ``model`` differs from it (None where it is the model): what the
+    flavor builds (FLAVOR_DIFFERENCES), and for a MoE checkpoint trained with a load-balancing loss, that torchtitan
+    balances its experts with its auxiliary-loss-free expert bias instead (v0.2.2 models/moe/moe.py:38
+    ``load_balance_coeff`` 1e-3; no auxiliary loss in its MoE)."""
+    name = preset_matching(model, tuple(TORCHTITAN_FLAVORS))
     if name is None:
         return None
     flavor = TORCHTITAN_FLAVORS[name]
-    return (f"torchtitan's {flavor[0]} flavor {flavor[1]!r} trains " + FLAVOR_DIFFERENCES[name].format(name=name)
+    differs = [FLAVOR_DIFFERENCES[name].format(name=name)] if name in FLAVOR_DIFFERENCES else []
+    moe = model.moe
+    if moe is not None and moe.aux_loss_coeff:
+        differs.append(f"its experts balanced by an auxiliary-loss-free expert bias alone (load_balance_coeff 1e-3, "
+                       f"models/moe/moe.py), without {name}'s load-balancing loss (weight {moe.aux_loss_coeff:g}"
+                       f"{' per sequence' if moe.aux_loss_per_sequence else ''})")
+    if not differs:
+        return None
+    return (f"torchtitan's {flavor[0]} flavor {flavor[1]!r} trains " + "; and ".join(differs)
             + ": its loss curve is that model's; fine-tuning from the Hugging Face weights needs the flavor changed")
 
 

@@ -114,3 +114,18 @@ def test_the_deepseek_flavor_norms_at_torchtitans_default_eps_and_plan_md_says_s
                               ("qwen3-30b-a3b", "qwen3", "norm_eps: float = 1e-6"),
                               ("gpt-oss-120b", "gpt_oss", "norm_eps: float = 1e-5")):
         assert line in args[pkg] and float(line.rsplit(" ", 1)[1]) == load_model_preset(preset).norm_eps
+
+
+def test_torchtitans_moe_balances_by_expert_bias_alone_and_plan_md_says_so():
+    """torchtitan's MoE (v0.2.2 models/moe/moe.py, v0.3.0 models/common/moe.py) balances its experts with the
+    auxiliary-loss-free expert bias (load_balance_coeff 1e-3) and computes no load-balancing loss: a checkpoint trained
+    with one (Qwen3-MoE, GPT-OSS, DeepSeek-V3's sequence-wise one) gets a plan.md note; a dense one none."""
+    from autotune.emit.torchtitan import torchtitan_flavor_note
+
+    for source in ((_root_022() / "models/moe/moe.py").read_text(),
+                   (torchtitan03_path() / "torchtitan/models/common/moe.py").read_text()):
+        assert "load_balance_coeff: float | None = 1e-3" in source and "aux_loss" not in source
+    for name, weight in (("qwen3-30b-a3b", "0.001"), ("gpt-oss-120b", "0.9"), ("deepseek-v3", "0.0001 per sequence")):
+        note = torchtitan_flavor_note(load_model_preset(name))
+        assert f"load-balancing loss (weight {weight})" in note and "expert bias alone" in note, note
+    assert torchtitan_flavor_note(load_model_preset("llama3-405b")) is None
