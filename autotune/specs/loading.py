@@ -104,6 +104,18 @@ def _branch_kind(branch: dict) -> str:
     return {"string": "a name", "null": "null", "object": "a mapping"}.get(kind, f"a {kind}")
 
 
+def _yaml_number_hint(err) -> str:
+    """Where a number field got text that reads as one: YAML 1.1 (PyYAML) takes 1e-6 as a string, not a float."""
+    wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+    if "number" not in wanted or not isinstance(err.instance, str):
+        return ""
+    try:
+        float(err.instance)
+    except ValueError:
+        return ""
+    return f" (YAML reads {err.instance} as text: write it with a decimal point, e.g. 1.0e-6, or as 0.000001)"
+
+
 def _render(err: jsonschema.ValidationError) -> list[str]:
     """One line per problem, each starting with its JSON path."""
     path, value, rule = err.json_path, err.instance, err.validator
@@ -127,7 +139,7 @@ def _render(err: jsonschema.ValidationError) -> list[str]:
         kinds = " or ".join(_branch_kind(b) for b in err.validator_value)
         return [f"{path}: expected {kinds}, got {_json_type(value)} {value!r}"]
     if rule == "type":
-        return [f"{path}: expected {err.validator_value}, got {_json_type(value)} {value!r}"]
+        return [f"{path}: expected {err.validator_value}, got {_json_type(value)} {value!r}{_yaml_number_hint(err)}"]
     if rule == "enum":
         return [f"{path}: must be one of {', '.join(map(str, err.validator_value))}; got {value!r}"]
     bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}

@@ -81,3 +81,16 @@ def test_bridge_generic_model_and_the_built_in_trainers():
     own = build_model(spec, seq_len=64)
     eps = {m.eps for m in own.modules() if hasattr(m, "eps")}
     assert eps == {1e-6}
+
+
+def test_yaml_reads_1e_6_as_text_and_the_message_says_how_to_write_it(tmp_path):
+    """PyYAML (YAML 1.1) loads ``norm_eps: 1e-6`` as the string '1e-6': the refusal says so and how to write it."""
+    from autotune.errors import InputError
+
+    text = (Path(__file__).resolve().parents[2] / "autotune/presets/models/tiny-llama.yaml").read_text()
+    path = tmp_path / "m.yaml"
+    path.write_text(text.replace("norm: rmsnorm\n", "norm: rmsnorm\nnorm_eps: 1e-6\n"))
+    with pytest.raises(InputError, match=r"YAML reads 1e-6 as text: write it with a decimal point, e\.g\. 1\.0e-6"):
+        load_model(str(path))
+    path.write_text(text.replace("norm: rmsnorm\n", "norm: rmsnorm\nnorm_eps: 1.0e-6\n"))
+    assert load_model(str(path)).norm_eps == 1e-6
