@@ -58,9 +58,10 @@ def sigmoid_router_config(spec, family: str, seq_len: int):
     moe = spec.moe
     rope = rope_parameters(spec)
     if spec.rope_scaling == "yarn":  # DeepseekV3Attention scales its softmax by mscale_all_dim's factor squared
-        rope |= {"original_max_position_embeddings": spec.rope_original_max_positions,
-                 "beta_fast": spec.yarn_beta_fast, "beta_slow": spec.yarn_beta_slow, "mscale": spec.yarn_mscale,
-                 "mscale_all_dim": spec.yarn_mscale_all_dim, "truncate": spec.yarn_truncate is not False}
+        stated = {"original_max_position_embeddings": spec.rope_original_max_positions,
+                  "beta_fast": spec.yarn_beta_fast, "beta_slow": spec.yarn_beta_slow, "mscale": spec.yarn_mscale,
+                  "mscale_all_dim": spec.yarn_mscale_all_dim, "truncate": spec.yarn_truncate is not False}
+        rope |= {k: v for k, v in stated.items() if v is not None}  # unstated: transformers' YaRN defaults
     fields = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.ffn_hidden_size,
                   num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
                   num_key_value_heads=spec.kv_heads, moe_intermediate_size=moe.expert_ffn_hidden_size,

@@ -130,3 +130,20 @@ def test_whole_width_qk_norm_refuses_dtensor_tp_only():
         olmo2, tp2, "even")
     assert fsdp_trainer_problem(replace(olmo2, qk_norm="head", post_norm=False), tp2, "even") is None
     assert fsdp_trainer_problem(olmo2, tp2.with_(tp=1, dp=8, sequence_parallel=False), "even") is None
+
+
+def test_a_yarn_spec_that_states_no_yarn_fields_builds_with_transformers_defaults():
+    """A DeepSeek-style spec with YaRN and nothing else stated (a model YAML's ``rope_scaling: yarn`` alone): the
+    unstated fields are left to transformers' YaRN defaults (a None among them failed its config check)."""
+    import torch
+
+    base = load_model("moonlight-16b-a3b")
+    spec = replace(base, name="yarn-small", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
+                   ffn_hidden_size=96, vocab_size=128, rope_scaling="yarn", rope_scaling_factor=4.0,
+                   moe=replace(base.moe, num_experts=4, top_k=2, expert_ffn_hidden_size=32),
+                   mla=replace(base.mla, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
+    assert spec.yarn_beta_fast is None and spec.rope_original_max_positions is None
+    model = build_hf_model(spec, seq_len=32, dtype=None)
+    assert model.config.rope_parameters["factor"] == 4.0 and "beta_fast" not in model.config.rope_parameters
+    tokens = torch.randint(0, 128, (1, 16))
+    assert torch.isfinite(model(input_ids=tokens, labels=tokens).loss)
