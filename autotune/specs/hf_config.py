@@ -276,9 +276,11 @@ def _norm_eps(f: _Fields) -> float | None:
     source = _Fields(text, f.model_type) if isinstance(text, dict) else f
     for key in _EPS_KEYS:
         if source.data.get(key) is not None:
-            value = source.get(key, 0.0)
-            f.problems += source.problems if source is not f else []
-            if value <= 0 and not source.problems:
+            known = len(source.problems)
+            value = source.get(key, 0.0)  # records an ill-typed value as a problem, and gives 0.0
+            if source is not f:
+                f.problems += source.problems
+            if value <= 0 and len(source.problems) == known:
                 f.problems.append(f"{key!r} must be a positive number, got {value!r}")
             return value if value > 0 else None
     return _CLASS_EPS.get(f.model_type)

@@ -94,3 +94,16 @@ def test_yaml_reads_1e_6_as_text_and_the_message_says_how_to_write_it(tmp_path):
         load_model(str(path))
     path.write_text(text.replace("norm: rmsnorm\n", "norm: rmsnorm\nnorm_eps: 1.0e-6\n"))
     assert load_model(str(path)).norm_eps == 1e-6
+
+
+def test_a_bad_epsilon_is_named_beside_the_configs_other_problems():
+    import json
+
+    from autotune.errors import InputError
+
+    data = json.loads((FIXTURES / "qwen3-8b" / "config.json").read_text())
+    data |= {"rms_norm_eps": -1.0, "num_attention_heads": "x"}
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(data)
+    assert any("'num_attention_heads' must be an integer" in p for p in err.value.problems)
+    assert any("'rms_norm_eps' must be a positive number, got -1.0" in p for p in err.value.problems)
