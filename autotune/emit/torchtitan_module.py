@@ -145,15 +145,16 @@ def _rope_positions(spec, positions: int):
 '''
 
 
-def _rope_positions(model: ModelSpec, plan: ParallelPlan) -> int | None:
-    """The flavor's RoPE positions where the plan's sequence is longer (None where they suffice)."""
+def _short_rope_tables(model: ModelSpec, plan: ParallelPlan) -> int | None:
+    """The positions the flavor's RoPE tables hold where the plan's sequence is longer (None where they suffice);
+    the module then calls its ``_rope_positions`` helper (``_ROPE_HELPER``)."""
     held = ROPE_POSITIONS_03.get(preset_matching(model, tuple(ROPE_POSITIONS_03)))
     return held if held is not None and plan.seq_len > held else None
 
 
 def rope_positions_note(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """plan.md's note where torchtitan_plan.py raises the flavor's RoPE tables to the plan's sequence."""
-    held = _rope_positions(model, plan)
+    held = _short_rope_tables(model, plan)
     if held is None:
         return None
     return (f"torchtitan 0.3's flavor of {model.name} holds RoPE tables for {held:,} positions and refuses a longer "
@@ -223,7 +224,7 @@ def torchtitan_module(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
         f"from torchtitan.models.{package}.config_registry import {recipe_fn}",
         "from torchtitan.trainer import Trainer"])
     registry = f"model_registry({flavor!r}{registry_args}{converters})"
-    longer = _rope_positions(model, plan)
+    longer = _short_rope_tables(model, plan)
     if longer is not None:
         registry = f"_rope_positions({registry}, {plan.seq_len})"
     helpers = (_STAGES_HELPER if stages else "") + (_ROPE_HELPER if longer is not None else "")
