@@ -23,6 +23,8 @@ The mapping (torchtitan's own semantics, job_config.py):
 
 from __future__ import annotations
 
+import re
+
 from autotune.emit.options import EmitOptions
 from autotune.emit.torchtitan_models import expert_problems_02, model_problems_02
 from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
@@ -56,17 +58,23 @@ _LLAMA31_ROPE = ("Llama 3.1's RoPE scaling (llama3: factor 8, low / high frequen
                  "v0.2.2 models/llama3/model/model.py:35-80, v0.3.0 ComplexRoPE scaling='llama' in "
                  "models/llama3/__init__.py), which {name} (a Llama 3.0 checkpoint) does not have")
 FLAVOR_DIFFERENCES = {"llama3-8b": _LLAMA31_ROPE, "llama3-70b": _LLAMA31_ROPE,
-                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000",
-                      "deepseek-v3": "RMSNorms of eps 1e-5 (v0.2.2 models/deepseek_v3/model/args.py norm_eps, v0.3.0 "
-                                     "models/common/nn_modules.py RMSNorm.Config's default) where {name}'s Hugging "
-                                     "Face config has rms_norm_eps 1e-6"}
+                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000"}
 """What torchtitan's registry flavor builds of a mapped preset that the preset (its checkpoint) does not: none of it
 costs anything, so the flavor is mapped, and plan.md says it (torchtitan_flavor_note)."""
+FLAVOR_NORM_EPS = {"llama3": 1e-5, "qwen3": 1e-6, "deepseek_v3": 1e-5, "gpt_oss": 1e-5}
+"""The RMSNorm eps each torchtitan model package builds: v0.2.2 models/<package>/model/args.py ``norm_eps``; v0.3.0
+the same (qwen3/__init__.py ``_EPS``, the others models/common/nn_modules.py RMSNorm.Config's default). Compared with
+the checkpoint's (ModelSpec.norm_eps) in torchtitan_flavor_note."""
+
+
+def _eps(x: float) -> str:
+    """1e-06 as 1e-6."""
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{x:g}")
 
 
 def torchtitan_flavor_note(model: ModelSpec) -> str | None:
     """plan.md's note where torchtitan's flavor of ``model`` differs from it (None where it is the model): what the
-    flavor builds (FLAVOR_DIFFERENCES), and for a MoE checkpoint trained with a load-balancing loss, that torchtitan
+    flavor builds (FLAVOR_DIFFERENCES, its norms' eps: FLAVOR_NORM_EPS), and for a MoE checkpoint trained with a load-balancing loss, that torchtitan
     balances its experts with its auxiliary-loss-free expert bias instead (v0.2.2 models/moe/moe.py:38
     ``load_balance_coeff`` 1e-3; no auxiliary loss in its MoE)."""
     name = preset_matching(model, tuple(TORCHTITAN_FLAVORS))
@@ -74,6 +82,10 @@ def torchtitan_flavor_note(model: ModelSpec) -> str | None:
         return None
     flavor = TORCHTITAN_FLAVORS[name]
     differs = [FLAVOR_DIFFERENCES[name].format(name=name)] if name in FLAVOR_DIFFERENCES else []
+    built = FLAVOR_NORM_EPS[flavor[0]]
+    if model.norm_eps is not None and model.norm_eps != built:
+        differs.append(f"RMSNorms of eps {_eps(built)} (v0.2.2 models/{flavor[0]}/model/args.py norm_eps, as its 0.3.0 "
+                       f"flavor) where {name}'s Hugging Face config has rms_norm_eps {_eps(model.norm_eps)}")
     moe = model.moe
     if moe is not None and moe.aux_loss_coeff:
         differs.append(f"its experts balanced by an auxiliary-loss-free expert bias alone (load_balance_coeff 1e-3, "

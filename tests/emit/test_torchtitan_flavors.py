@@ -114,6 +114,12 @@ def test_the_deepseek_flavor_norms_at_torchtitans_default_eps_and_plan_md_says_s
                               ("qwen3-30b-a3b", "qwen3", "norm_eps: float = 1e-6"),
                               ("gpt-oss-120b", "gpt_oss", "norm_eps: float = 1e-5")):
         assert line in args[pkg] and float(line.rsplit(" ", 1)[1]) == load_model_preset(preset).norm_eps
+    # FLAVOR_NORM_EPS, which the note compares with each checkpoint's eps, is each package's own
+    from autotune.emit.torchtitan import FLAVOR_NORM_EPS
+
+    for pkg, eps in FLAVOR_NORM_EPS.items():
+        assert f"norm_eps: float = {eps:.0e}".replace("e-0", "e-") in args[pkg], pkg
+    assert "_EPS = 1e-6" in (root / "qwen3/__init__.py").read_text()
 
 
 def test_torchtitans_moe_balances_by_expert_bias_alone_and_plan_md_says_so():
