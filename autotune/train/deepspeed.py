@@ -72,6 +72,22 @@ def _sequence_loss(loss, mpu, dist):
     return total
 
 
+def _main_loss_factor(engine, cp: int) -> float:
+    """What the main loss's gradient is multiplied by in ``engine.backward``: 1/GAS, then the loss scale the ZeRO /
+    bf16 optimizer or the autocast scaler applies (DeepSpeedEngine.backward, runtime/engine.py in 0.19.8), over cp
+    where each Ulysses rank's loss is its slice's mean / cp. The MoE balancing loss's gradient follows it
+    (autotune.workloads.moe_balancing)."""
+    import torch
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    probe = torch.ones((), requires_grad=True) * 1.0  # a loss-like scalar (one element, with a grad_fn)
+    if isinstance(engine.optimizer, ZeROOptimizer):
+        probe = engine.optimizer.scale_if_loss(probe)
+    elif engine.torch_autocast_z0_gradscaler:
+        probe = engine.torch_autocast_z0_gradscaler.scale(probe)
+    return float(probe.detach()) / engine.gradient_accumulation_steps() / cp
+
+
 def main(est, args, rest: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m autotune.train (deepspeed)")
     ap.add_argument("--deepspeed-config", help="ds_config.json of the bundle (default: the plan's own, as emit "
@@ -120,6 +136,8 @@ def main(est, args, rest: list[str]) -> int:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
+    from autotune.workloads.moe_balancing import set_backward_scale
+
     rank = dist.get_rank()
     if plan.tp > 1:
         from deepspeed.utils import groups
@@ -144,6 +162,7 @@ def main(est, args, rest: list[str]) -> int:
         log.start()
         boundaries, loss, lr = [], None, None
         for ids, labels in micro:
+            set_backward_scale(_main_loss_factor(engine, plan.cp))  # dynamic fp16 scales move between steps
             loss = forward(ids, labels)
             engine.backward(loss)
             boundaries.append(engine.is_gradient_accumulation_boundary())

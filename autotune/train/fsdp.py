@@ -156,6 +156,7 @@ def main(est, args, rest: list[str]) -> int:
     import torch.distributed as dist
 
     from autotune.train.fsdp_model import chunked_lm_loss, lm_loss
+    from autotune.workloads.moe_balancing import set_backward_scale
 
     phase("initialising the process group")
     device = pick_device(args.device)
@@ -190,6 +191,9 @@ def main(est, args, rest: list[str]) -> int:
 
         schedule = build_schedule(modules, stage_ids, num_stages, mesh["pp"].get_group(), device,
                                   n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
+    # The MoE balancing loss's gradient carries the main loss's factor: 1/accumulation steps where each
+    # micro-batch's loss is divided before backward; 1 where the schedule scales the gradients afterwards.
+    set_backward_scale(1.0 if schedule is not None else 1 / plan.grad_accum_steps)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 

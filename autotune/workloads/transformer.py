@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.specs.model import ModelSpec
 from autotune.workloads.kernels import L2Norm, RMSNorm, apply_rope, bool_dropout, geglu, rms_norm, swiglu
+from autotune.workloads.moe_balancing import with_balancing_loss
 
 __all__ = ["build_model", "DecoderLM", "RMSNorm", "L2Norm", "rms_norm", "swiglu", "apply_rope", "bool_dropout",
            "scale_embeddings", "cap_logits", "soft_cap"]
@@ -188,7 +189,8 @@ class MoE(nn.Module):
     moe_utils.py:900-929 at d98e8a6: a softmax over the top-k logits, or over every expert first; a sigmoid per
     expert with the routing bias for the choice only, group-limited, the top-k normalised; the scale), token
     permutation to the experts, the weights on their outputs (or, Llama 4, on their inputs); plus shared experts
-    every token visits."""
+    every token visits. In training, the checkpoint's load-balancing loss joins the router's gradient
+    (:mod:`autotune.workloads.moe_balancing`)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -209,8 +211,8 @@ class MoE(nn.Module):
             MLP(h, moe.shared_width, spec.activation, spec.linear_bias) for _ in range(moe.num_shared_experts)
         )
 
-    def route(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(experts [T, k], fp32 weights [T, k]) of the tokens ``t`` [T, h]."""
+    def route(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(experts [T, k], fp32 weights [T, k], fp32 logits [T, E]) of the tokens ``t`` [T, h]."""
         moe = self.moe
         logits = self.router(t).float()
         scores = torch.sigmoid(logits) if moe.router_score == "sigmoid" else \
@@ -227,12 +229,12 @@ class MoE(nn.Module):
             weights = picked / (picked.sum(-1, keepdim=True) + 1e-20) if self.top_k > 1 else picked
         else:
             weights = picked if moe.router_pre_softmax else torch.softmax(picked, dim=-1)
-        return idx, weights * moe.router_scaling_factor
+        return idx, weights * moe.router_scaling_factor, logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         t = x.reshape(-1, shape[-1])
-        idx, weights = self.route(t)
+        idx, weights, logits = self.route(t)
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_idx = order // self.top_k
@@ -249,7 +251,9 @@ class MoE(nn.Module):
         out = y_perm.index_select(0, inverse).view(-1, self.top_k, shape[-1]).sum(1)
         for expert in self.shared:
             out = out + expert(t)
-        return out.view(shape)
+        if not (self.training and torch.is_grad_enabled()):
+            return out.view(shape)
+        return with_balancing_loss(out.view(shape), logits, self.moe, shape[-2] if len(shape) == 3 else t.shape[0])
 
 
 class Block(nn.Module):
