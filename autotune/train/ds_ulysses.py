@@ -20,21 +20,22 @@ from autotune.workloads.transformer import bool_dropout, cap_logits, scale_embed
 __all__ = ["ulysses_model"]
 
 
-def _local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """[b, s, heads/cp, d] each (the whole sequence) -> the same layout; causal, GQA native."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                         enable_gqa=q.shape[2] != k.shape[2])
-    return out.transpose(1, 2)
-
-
 class _UlyssesCore:
-    """Replaces Attention.core: q/k/v [b, heads, s/cp, d] -> DistributedAttention (batch-first) -> back."""
+    """Replaces Attention.core: q/k/v [b, heads, s/cp, d] -> DistributedAttention (batch-first) -> back. Between the
+    all-to-alls each rank runs the layer's own core over the whole sequence for its heads / cp heads: its scale
+    (Gemma's query_pre_attn_scalar), logit soft-capping (Gemma 2), causal mask and GQA, as on one process."""
 
-    def __init__(self, dist_attn) -> None:
-        self.dist_attn = dist_attn
+    def __init__(self, core, group) -> None:
+        from deepspeed.sequence.layer import DistributedAttention
+
+        def local_attention(q, k, v, *args, **kwargs):  # [b, s, heads / cp, d], the whole sequence
+            out = core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None)
+            return out.transpose(1, 2)
+
+        self.dist_attn = DistributedAttention(local_attention, group, scatter_idx=2, gather_idx=1)
 
     def __call__(self, q, k, v, mask):
-        del mask  # the local attention is causal over the gathered sequence
+        del mask  # the layer's core masks causally over the gathered sequence
         out = self.dist_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0)
         return out.transpose(1, 2)
 
@@ -73,7 +74,6 @@ class UlyssesLM(nn.Module):
 def ulysses_model(spec, plan, dtype):
     """(model, mpu for deepspeed.initialize, shard(ids, labels) -> this rank's sequence slice)."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp
-    from deepspeed.sequence.layer import DistributedAttention
 
     from autotune.workloads.transformer import build_model
 
@@ -82,7 +82,7 @@ def ulysses_model(spec, plan, dtype):
     lm = build_model(spec, seq_len=plan.seq_len, recompute=plan.recompute, flash_attention=True, dtype=dtype)
     for block in lm.layers:
         # batch-first [b, s, h, d]: scatter the heads (2), gather the sequence (1)
-        block.attn.core = _UlyssesCore(DistributedAttention(_local_attention, group, scatter_idx=2, gather_idx=1))
+        block.attn.core = _UlyssesCore(block.attn.core, group)
     local = plan.seq_len // plan.cp
 
     def shard(ids, labels):

@@ -137,12 +137,17 @@ def test_pipeline_bundle_splits_unevenly_as_planned(tmp_path):
 
 
 @pytest.mark.slow
-def test_ulysses_bundle_matches_one_process(tmp_path):
-    bundle = emit(tmp_path, 2, 2, "deepspeed", "--cp", "2", "--zero", "2", "--global-batch", "1")
+@pytest.mark.parametrize("fields", [{}, {"attn_logit_softcap": 10.0, "query_pre_attn_scalar": 0.001}],
+                         ids=["llama", "gemma2-attention"])
+def test_ulysses_bundle_matches_one_process(tmp_path, fields):
+    """Between DeepSpeed's all-to-alls each rank attends with the layer's own core: Gemma 2's logit soft-capping and
+    its query_pre_attn_scalar are kept. Here a scalar far from the head size (0.001, not 32) sharpens attention
+    enough to move the first loss: on one process, without the cap it is 1.1e-2 off, with the head size 3.9e-2."""
+    bundle = emit(tmp_path, 2, 2, "deepspeed", "--cp", "2", "--zero", "2", "--global-batch", "1", **fields)
     assert json.loads((bundle / "ds_config.json").read_text())["sequence_parallel_size"] == 2
     result = run_script(bundle, "launch_torchrun.sh", cwd=tmp_path)
     assert result["sequence_parallel_size"] == 2
-    assert result["losses"][0] == pytest.approx(reference_loss_builtin(bundle), rel=1e-3)
+    assert result["losses"][0] == pytest.approx(reference_loss_builtin(bundle), abs=3e-3)
 
 
 @pytest.mark.slow
