@@ -1,12 +1,11 @@
 """ModelSpec: the shape of a decoder-only transformer, and its exact parameter count.
 
-Parameter counts are exact for the architectures the presets cover (GPT-2/3, Megatron GPT,
-OPT, BLOOM, GPT-NeoX, Falcon, Llama 2/3/4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, DeepSeek-V3,
-Kimi-K2, GPT-OSS, Gemma 2/3, GLM-4.5, OLMo 2, Phi-3): every weight matrix, bias, norm (Q/K norms
-included), attention sink, router, embedding and output layer is counted, and which layers are
-dense or MoE; tests/specs/test_hf_readers_exact.py checks them against the models transformers
-builds. Multi-token-prediction modules are carried (``num_mtp_layers``) but counted apart. Each parameter is also tagged by
-how tensor and expert parallelism split it (``ParamGroups``), which the memory ledger needs.
+Parameter counts are exact for the architectures the presets cover (GPT-2/3, Megatron GPT, OPT, BLOOM, GPT-NeoX,
+Falcon, Llama 2/3/4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, DeepSeek-V3, Kimi-K2, GPT-OSS, Gemma 2/3, GLM-4.5, OLMo 2,
+Phi-3): every weight matrix, bias, norm (Q/K norms included), attention sink, router, embedding and output layer is
+counted, and which layers are dense or MoE; tests/specs/test_hf_readers_exact.py checks them against the models
+transformers builds. Multi-token-prediction modules are carried (``num_mtp_layers``) but counted apart. Each parameter
+is also tagged by how tensor and expert parallelism split it (``ParamGroups``), which the memory ledger needs.
 """
 
 from __future__ import annotations
