@@ -106,6 +106,7 @@ def _trainer(est, args, config_path: str | None) -> int:
     from transformers import Trainer, TrainingArguments
 
     from autotune.emit.options import OptimizerOptions
+    from autotune.train.hf_balancing import balanced_trainer
     from autotune.train.hf_models import build_hf_model
 
     spec, plan = est.model, est.plan
@@ -138,7 +139,8 @@ def _trainer(est, args, config_path: str | None) -> int:
         log = StepLog(warmup=args.warmup_steps, tokens_per_step=plan.global_batch_size * plan.seq_len,
                       device=device, barrier=tdist.barrier)
         phase("initialising the engine")
-        trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[_Timer(log)])
+        trainer_class = balanced_trainer(spec, plan.seq_len) if spec.moe is not None else Trainer
+        trainer = trainer_class(model=model, args=targs, train_dataset=data, callbacks=[_Timer(log)])
         trainer.train()
         engine = trainer.model_wrapped
         log.result(world_size=world, num_params=spec.num_params, all_gather_object=tdist.all_gather_object,
@@ -156,6 +158,7 @@ def _accelerate(est, args) -> int:
     from accelerate.utils import DummyOptim, DummyScheduler
     from torch.utils.data import DataLoader
 
+    from autotune.train.hf_balancing import extra_balancing_loss
     from autotune.train.hf_models import build_hf_model
 
     spec, plan = est.model, est.plan
@@ -191,7 +194,9 @@ def _accelerate(est, args) -> int:
         for batch in micro:
             with accelerator.accumulate(model):
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                loss = model(**batch).loss
+                out = model(**batch)
+                extra = extra_balancing_loss(spec, out, plan.seq_len)  # where the class adds none itself
+                loss = out.loss if extra is None else out.loss + extra
                 accelerator.backward(loss)  # the DeepSpeed engine's backward and step (it updates at its boundary)
                 optimizer.step()
                 scheduler.step()

@@ -71,6 +71,8 @@ def sigmoid_router_config(spec, family: str, seq_len: int):
                   topk_group=moe.router_group_topk or 1, norm_topk_prob=True, num_mtp_layers=0,
                   max_position_embeddings=max(seq_len, 8, spec.max_position_embeddings),
                   tie_word_embeddings=spec.tied_embeddings, attention_dropout=spec.dropout,
+                  # the router logits, for the checkpoint's balancing loss (autotune.train.hf_balancing)
+                  output_router_logits=bool(moe.aux_loss_coeff),
                   **({"rms_norm_eps": spec.norm_eps} if spec.norm_eps is not None else {}))
     if family == "deepseek_v3":
         m = spec.mla
