@@ -15,7 +15,7 @@ from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, ACCELERATE_RELEASE, 
 from autotune.emit.deepspeed import hf_deepspeed_config
 from autotune.emit.launch import render_accelerate_script
 from autotune.engines.base import Engine
-from autotune.engines.builtin_trainer import hf_trainer_problem
+from autotune.engines.builtin_trainer import hf_model_family, hf_trainer_problem
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
@@ -120,8 +120,28 @@ class HFEngine(Engine):
                     "get_world_size() (a DataLoader passed to accelerator.prepare would give every rank the same "
                     "batches)"
                     if cpu else ""))
+        needs += _balancing_needs(model, plan)
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
                            user_script_needs=needs)
+
+
+def _balancing_needs(model, plan) -> tuple[str, ...]:
+    """What a user's Trainer script must do for the checkpoint's MoE balancing loss (autotune.train.hf_balancing
+    does it in the built-in trainer)."""
+    moe = model.moe
+    if moe is None or not moe.aux_loss_coeff:
+        return ()
+    added = hf_model_family(model) in ("mixtral", "qwen3_moe")
+    need = (f"the MoE load-balancing loss at the checkpoint's weight {moe.aux_loss_coeff:g}: "
+            + ("set output_router_logits=True (the class then adds router_aux_loss_coef x its aux_loss to the loss)"
+               if added else "transformers' class adds none: add it from the router logits "
+               "(output_router_logits=True)" + (", per sequence" if moe.aux_loss_per_sequence else "")))
+    if plan.grad_accum_steps > 1:
+        need += (f"; with gradient_accumulation_steps={plan.grad_accum_steps}, transformers 5.25's Trainer divides "
+                 "the loss by the accumulated batch's token count (num_items_in_batch) and no longer by the steps, "
+                 f"so a balancing loss added per micro-batch weighs {plan.grad_accum_steps} x its weight: scale it by "
+                 "the micro-batch's share of those tokens in compute_loss")
+    return (need,)
 
 
 ACCELERATE_YAML = "accelerate_config.yaml"

@@ -98,3 +98,24 @@ def test_deepseek_layers_return_their_router_logits_and_the_loss_is_per_sequence
     assert float(extra_balancing_loss(spec, out, SEQ).detach()) > 0
     assert extra_balancing_loss(dataclasses.replace(spec, moe=dataclasses.replace(
         spec.moe, aux_loss_coeff=None, aux_loss_per_sequence=False)), out, SEQ) is None
+
+
+def test_plan_md_tells_a_users_trainer_script_what_the_balancing_loss_needs(tmp_path):
+    import subprocess
+    import sys
+
+    def needs(model: str, gas_batch: int) -> str:
+        out = tmp_path / f"{model}-{gas_batch}"
+        proc = subprocess.run([sys.executable, "-m", "autotune", "emit", "--model", model, "--gpu", "h100-sxm-80gb",
+                               "--num-gpus", "16", "--engine", "hf", "--seq-len", "4096", "--global-batch",
+                               str(gas_batch), "--zero", "3", "--recompute", "full", "--out", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return (out / "plan.md").read_text()
+
+    mixtral = needs("mixtral-8x7b", 64)  # 16 GPUs x micro-batch 1: 4 accumulation steps
+    assert "weight 0.02: set output_router_logits=True" in mixtral and "weighs 4 x its weight" in mixtral
+    moonlight = needs("moonlight-16b-a3b", 16)  # no accumulation
+    assert "weight 0.0001: transformers' class adds none" in moonlight and "per sequence" in moonlight
+    assert "weighs" not in moonlight
+    assert "load-balancing loss" not in needs("llama3-8b", 64)
