@@ -51,20 +51,30 @@ TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "7
                       "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
                       "qwen3-8b": ("qwen3", "8B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
                       "qwen3-235b-a22b": ("qwen3", "235B-A22B"), "gpt-oss-20b": ("gpt_oss", "20b"),
-                      "gpt-oss-120b": ("gpt_oss", "120b")}
+                      "gpt-oss-120b": ("gpt_oss", "120b"),
+                      # v0.2.2 models/llama4/__init__.py: the iRoPE flavors (NoPE every 4th layer, 8192-token
+                      # chunks on the RoPE layers) are Llama 4's layers; 0.3.0 has no llama4 package
+                      "llama4-scout": ("llama4", "17bx16e_irope"), "llama4-maverick": ("llama4", "17bx128e_irope")}
 
 
 _LLAMA31_ROPE = ("Llama 3.1's RoPE scaling (llama3: factor 8, low / high frequency factors 1 / 4, context 8192; "
                  "v0.2.2 models/llama3/model/model.py:35-80, v0.3.0 ComplexRoPE scaling='llama' in "
                  "models/llama3/__init__.py), which {name} (a Llama 3.0 checkpoint) does not have")
+_LLAMA4 = ("its NoPE layers at 0, 4, 8, ... (layer_id % every_n_layers_nope == 0, v0.2.2 "
+           "models/llama4/model/model.py:379) where {name} leaves RoPE out of layers 3, 7, 11, ...; no attention "
+           "temperature tuning on the NoPE layers (attn_temperature_tuning){qk}; document masking (flex attention, "
+           "attn_mask_type block_causal)")
 FLAVOR_DIFFERENCES = {"llama3-8b": _LLAMA31_ROPE, "llama3-70b": _LLAMA31_ROPE,
-                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000"}
+                      "qwen3-235b-a22b": "RoPE base 5,000,000 where {name}'s Hugging Face config has 1,000,000",
+                      "llama4-scout": _LLAMA4.replace("{qk}", "; no L2 norm of Q and K on the RoPE layers "
+                                                             "(use_qk_norm)"),
+                      "llama4-maverick": _LLAMA4.replace("{qk}", "")}
 """What torchtitan's registry flavor builds of a mapped preset that the preset (its checkpoint) does not: none of it
 costs anything, so the flavor is mapped, and plan.md says it (torchtitan_flavor_note)."""
-FLAVOR_NORM_EPS = {"llama3": 1e-5, "qwen3": 1e-6, "deepseek_v3": 1e-5, "gpt_oss": 1e-5}
+FLAVOR_NORM_EPS = {"llama3": 1e-5, "qwen3": 1e-6, "deepseek_v3": 1e-5, "gpt_oss": 1e-5, "llama4": 1e-5}
 """The RMSNorm eps each torchtitan model package builds: v0.2.2 models/<package>/model/args.py ``norm_eps``; v0.3.0
 the same (qwen3/__init__.py ``_EPS``, the others models/common/nn_modules.py RMSNorm.Config's default). Compared with
-the checkpoint's (ModelSpec.norm_eps) in torchtitan_flavor_note."""
+the checkpoint's (ModelSpec.norm_eps) in torchtitan_flavor_note; llama4 (v0.2.2 only): models/llama4/model/args.py."""
 
 
 def _eps(x: float) -> str:
@@ -100,9 +110,8 @@ def torchtitan_flavor_note(model: ModelSpec) -> str | None:
 def expert_parallel_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     """Why no file the fsdp engine writes runs ``plan``'s expert parallelism (None when one does): torchtitan runs
     EP inside its own MoE model packages only (v0.2.2: apply_moe_ep_tp in models/deepseek_v3/infra/parallelize.py:126,
-    qwen3 :111, gpt_oss :106, llama4 :140; its llama3 has none), built from a registry flavor autotune maps (Llama 4's
-    flavors are not: their fields differ from the presets'), and the built-in trainer and accelerate's FSDP2
-    plugin run no EP."""
+    qwen3 :111, gpt_oss :106, llama4 :140; its llama3 has none), built from a registry flavor autotune maps (Llama 4's:
+    v0.2.2 only), and the built-in trainer and accelerate's FSDP2 plugin run no EP."""
     if not model.is_moe or plan.ep == 1 or preset_matching(model, tuple(TORCHTITAN_FLAVORS)) is not None:
         return None
     moe = sorted(p for p in TORCHTITAN_FLAVORS if load_model_preset(p).is_moe)

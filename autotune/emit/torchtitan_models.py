@@ -1,8 +1,8 @@
-"""What torchtitan's Qwen3 and GPT-OSS packages (and its MoE meshes) refuse, or run otherwise than the plan says.
+"""What torchtitan's Qwen3, GPT-OSS and Llama 4 packages (and its MoE meshes) refuse, or run otherwise than the plan says.
 
 Each rule cites the torchtitan source it reads: v0.2.2 as pip installs it (paths under ``torchtitan/``), 0.3.0
 as released. Rules of every model (world size, fp16, ZeRO-1, ...) stay in ``torchtitan_plan_problems``; these
-are the ones that depend on the model package (``qwen3``, ``gpt_oss``) or on MoE expert parallelism.
+are the ones that depend on the model package (``qwen3``, ``gpt_oss``, ``llama4``) or on MoE expert parallelism.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ def model_problems_02(name: str | None, plan: ParallelPlan, *, compiles: bool, h
         out.append(f"pp {plan.pp}: torchtitan 0.2.2's {name} TrainSpec has pipelining_fn=None "
                    f"({NO_PIPELINING_02[name]}) and train.py:218-223 raises \"Pipeline Parallel is enabled but "
                    f"{name} does not support pipelining\": use --pp 1 (shard with FSDP / ep / tp instead){later}")
+    if name == "llama4" and plan.cp > 1:
+        out.append(f"cp {plan.cp}: torchtitan 0.2.2's Llama 4 flavors attend with flex attention, and its "
+                   "TransformerModelArgs.update_from_config raises \"Context Parallel only supports SDPA attention\" "
+                   "(models/llama4/model/args.py:79-87): use --cp 1")
     if name != "gpt_oss":
         return out
     if plan.cp > 1:

@@ -98,11 +98,11 @@ def test_the_llama3_flavors_scale_rope_as_llama31_and_plan_md_says_so_for_llama3
 
 def test_the_deepseek_flavor_norms_at_torchtitans_default_eps_and_plan_md_says_so():
     """torchtitan's DeepSeek-V3 flavors leave the RMSNorm eps at its 1e-5 default (the checkpoint's is 1e-6); the
-    mapped Llama 3, Qwen3 and GPT-OSS flavors' eps are their checkpoints' (1e-5, 1e-6, 1e-5)."""
+    mapped Llama 3, Qwen3, GPT-OSS and Llama 4 flavors' eps are their checkpoints' (1e-5, 1e-6, 1e-5, 1e-5)."""
     from autotune.emit.torchtitan import torchtitan_flavor_note
 
     args = {pkg: (_root_022() / f"models/{pkg}/model/args.py").read_text() for pkg in
-            ("deepseek_v3", "llama3", "qwen3", "gpt_oss")}
+            ("deepseek_v3", "llama3", "qwen3", "gpt_oss", "llama4")}
     assert "norm_eps: float = 1e-5" in args["deepseek_v3"] and "norm_eps" not in \
         (_root_022() / "models/deepseek_v3/__init__.py").read_text()
     root = torchtitan03_path() / "torchtitan/models"
@@ -112,7 +112,8 @@ def test_the_deepseek_flavor_norms_at_torchtitans_default_eps_and_plan_md_says_s
     assert "rms_norm_eps 1e-6" in torchtitan_flavor_note(load_model_preset("deepseek-v3"))
     for preset, pkg, line in (("llama3-8b", "llama3", "norm_eps: float = 1e-5"),
                               ("qwen3-30b-a3b", "qwen3", "norm_eps: float = 1e-6"),
-                              ("gpt-oss-120b", "gpt_oss", "norm_eps: float = 1e-5")):
+                              ("gpt-oss-120b", "gpt_oss", "norm_eps: float = 1e-5"),
+                              ("llama4-scout", "llama4", "norm_eps: float = 1e-5")):
         assert line in args[pkg] and float(line.rsplit(" ", 1)[1]) == load_model_preset(preset).norm_eps
     # FLAVOR_NORM_EPS, which the note compares with each checkpoint's eps, is each package's own
     from autotune.emit.torchtitan import FLAVOR_NORM_EPS

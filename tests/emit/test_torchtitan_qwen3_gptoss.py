@@ -1,4 +1,4 @@
-"""`autotune emit --engine fsdp` for Qwen3 and GPT-OSS: the torchtitan file names torchtitan's model and flavor,
+"""`autotune emit --engine fsdp` for Qwen3, GPT-OSS and (v0.2.2) Llama 4: the torchtitan file names torchtitan's model and flavor,
 carries the plan's expert parallelism, passes autotune's linter and `validate`, and loads with torchtitan's own
 ConfigManager (v0.2.2 installed; 0.3.0 in the test tool's folder, slow); what a torchtitan release refuses for
 these models (no pipelining in v0.2.2's Qwen3 / GPT-OSS TrainSpecs, GPT-OSS context parallelism, 0.3's experts
@@ -35,6 +35,8 @@ CASES_02 = [
     ("qwen3-235b-a22b-ep32", "qwen3-235b-a22b", 256, ["--zero", "3", "--ep", "32", "--recompute", "full"]),
     ("gpt-oss-20b-ep8", "gpt-oss-20b", 8, ["--zero", "3", "--ep", "8"]),
     ("gpt-oss-120b-ep16", "gpt-oss-120b", 32, ["--zero", "3", "--ep", "16", "--recompute", "full"]),
+    ("llama4-scout-ep8", "llama4-scout", 64, ["--zero", "3", "--ep", "8", "--recompute", "full"]),
+    ("llama4-maverick-ep16", "llama4-maverick", 128, ["--zero", "3", "--ep", "16", "--recompute", "full"]),
 ]
 CASES_03 = [
     ("qwen3-30b-a3b-ep8", "qwen3-30b-a3b", 16, ["--zero", "3", "--ep", "8"]),
