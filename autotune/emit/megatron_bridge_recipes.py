@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.emit.megatron_attention import rope_scaling_problem
+from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.errors import InputError
 from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
@@ -177,6 +178,8 @@ def generic_model_fields(model: ModelSpec) -> dict:
                 else None}
         if moe.router_probs_on_input:
             out["moe_apply_probs_on_input"] = True
+        if fp32_routing(moe):
+            out["moe_router_dtype"] = "fp32"
         if moe.aux_loss_coeff is not None:  # TransformerConfig's load-balancing loss (its weight defaults to 0)
             out |= {"moe_aux_loss_coeff": moe.aux_loss_coeff,
                     "moe_router_load_balancing_type": "seq_aux_loss" if moe.aux_loss_per_sequence else "aux_loss"}

@@ -14,7 +14,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
-           "router_flags", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS"]
+           "router_flags", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS", "fp32_routing"]
 
 
 MEGATRON_NORM_EPS = 1e-5
@@ -202,4 +202,19 @@ def router_flags(moe) -> list[str]:
         args += ["--moe-router-topk-scaling-factor", _num(moe.router_scaling_factor)]
     if moe.router_probs_on_input:  # TransformerConfig.moe_apply_probs_on_input (transformer_config.py:949)
         args.append("--moe-apply-probs-on-input")
+    if fp32_routing(moe):
+        args += ["--moe-router-dtype", "fp32"]
     return args
+
+
+ROUTER_FP32_EXPERTS = 32
+"""From this many experts the router runs in fp32: Megatron-core warns below it "Using a large number of experts
+(e.g. >=32) without fp32 routing. Consider enabling moe_router_dtype for better numerical stability."
+(transformer_config.py:2794-2802 in core 0.19), and Megatron-Bridge's DeepSeek-V3, GLM-4.5 and Kimi bridges set
+moe_router_dtype "fp32" (v0.6.0 models/deepseek/deepseek_v3_bridge.py:75, glm/glm45_bridge.py:77,
+kimi/kimi_bridge.py:63). The router GEMM then runs in fp32 on the saved bf16 input (RouterGatingLinearFunction
+saves its input as it came, moe_utils.py): nothing the cost model counts changes."""
+
+
+def fp32_routing(moe) -> bool:
+    return moe.num_experts >= ROUTER_FP32_EXPERTS

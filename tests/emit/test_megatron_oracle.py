@@ -298,10 +298,14 @@ def test_activation_offload_passes_megatron_lm(oracle, tmp_path):
 
 @pytest.mark.parametrize(("name", "flags", "absent"), [
     # DeepSeek-V3: sigmoid scores with the aux-loss-free expert bias, 8 groups of which 4, weights x 2.5
+    # (256 experts: routed in fp32, as Megatron-core's >= 32-expert warning and Bridge's DeepSeek-V3 bridge ask)
     ("deepseek-v3", ["--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 8 "
-                     "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5"], []),
+                     "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5", "--moe-router-dtype fp32"], []),
     # Llama 4: a sigmoid top-1 router without a bias
-    ("llama4-maverick", ["--moe-router-score-function sigmoid"], ["--moe-router-enable-expert-bias"]),
+    ("llama4-maverick", ["--moe-router-score-function sigmoid", "--moe-router-dtype fp32"],
+     ["--moe-router-enable-expert-bias"]),
+    # Mixtral's 8 experts: the router in the model's dtype, Megatron-core's default
+    ("mixtral-8x7b", ["--moe-aux-loss-coeff 0.02"], ["--moe-router-dtype", "--moe-router-score-function"]),
     # GPT-OSS: a softmax router whose bias is its linear layer's (no --disable-bias-linear), not an expert bias;
     # its load-balancing loss at the checkpoint's weight (router_aux_loss_coef 0.9)
     ("gpt-oss-20b", ["--moe-aux-loss-coeff 0.9"], ["--moe-router-score-function", "--moe-router-enable-expert-bias",

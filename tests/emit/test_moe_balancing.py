@@ -70,6 +70,20 @@ def test_megatron_deepspeed_and_bridge_write_theirs():
     assert "moe_aux_loss_coeff" not in generic_model_fields(load_model("glm-4.5"))  # its file states none
 
 
+@pytest.mark.parametrize("name, experts, fp32", [("mixtral-8x7b", None, False), ("mixtral-8x7b", 24, False),
+                                                  ("mixtral-8x7b", 32, True), ("gpt-oss-20b", None, True),
+                                                  ("qwen3-30b-a3b", None, True), ("glm-4.5", None, True),
+                                                  ("kimi-k2", None, True), ("llama4-maverick", None, True)])
+def test_routers_of_32_experts_or_more_run_in_fp32(name, experts, fp32):
+    """Megatron-core warns from 32 experts without fp32 routing (transformer_config.py:2794-2802, core 0.19);
+    Megatron-LM's flag and Bridge's TransformerConfig field say it, fewer experts keep the model's dtype."""
+    model = load_model(name)
+    if experts is not None:
+        model = dataclasses.replace(model, moe=dataclasses.replace(model.moe, num_experts=experts))
+    assert (_args(model).get("--moe-router-dtype") == "fp32") is fp32
+    assert (generic_model_fields(model).get("moe_router_dtype") == "fp32") is fp32
+
+
 def test_nonsense_is_named():
     from autotune.errors import InputError
     from autotune.specs.model import MoESpec
