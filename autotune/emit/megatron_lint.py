@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.emit.argv_lint import ParsedArgs, duplicate_problems, tokenize, value_problems
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES, megatron_flag_table, megatron_flags_file
+from autotune.emit.megatron_model_flags import ROUTER_FP32_EXPERTS
 from autotune.emit.megatron_versions import version_problems
 from autotune.emit.problems import Problem, Severity
 
@@ -154,6 +155,10 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
         if world_size % (etp * ep * pp):
             err("--expert-model-parallel-size", f"world size ({world_size}) is not divisible by expert tensor x expert "
                 f"x pipeline parallel ({etp}*{ep}*{pp})", "choose ep so that etp*ep*pp divides the world size")
+    if experts is not None and experts >= ROUTER_FP32_EXPERTS and a.value("--moe-router-dtype") is None:
+        err("--num-experts", f"{experts} experts routed in the model's dtype: Megatron-core warns \"Using a large "
+            "number of experts (e.g. >=32) without fp32 routing\" (transformer_config.py:2794-2802, core 0.19)",
+            "add --moe-router-dtype fp32 (Megatron-Bridge sets it for DeepSeek-V3, GLM-4.5 and Kimi)", "warning")
     if a.has("--async-save") and not a.has("--use-persistent-ckpt-worker"):  # 1817
         err("--async-save", "--async-save without --use-persistent-ckpt-worker: Megatron silently drops it and "
             "every save blocks training", "add --use-persistent-ckpt-worker")

@@ -89,6 +89,7 @@ MISTAKES = [
     ("bad-enum", {"attention_backend": "fastest"}, WORLD, "--attention-backend", "error"),
     ("bad-moe-pattern", {"num_experts": 8, "moe_layer_freq": "__import__('os')"}, WORLD, "--moe-layer-freq",
      "error"),
+    ("router-dtype-many-experts", {"num_experts": 64}, WORLD, "--num-experts", "warning"),
 ]
 
 
@@ -109,6 +110,12 @@ def test_typo_flag_is_an_error_with_the_suggestion():
     assert len(typo) == 1 and typo[0].severity == "error"
     assert "--tensor-model-parallel-size" in typo[0].fix
     assert not [p for p in problems if p.path == "2"]  # its value was consumed with it, not reported as stray
+
+
+def test_few_experts_or_fp32_routing_are_fine():
+    """Megatron-core's warning starts at 32 experts (transformer_config.py:2794-2802); fp32 routing silences it."""
+    assert megatron_args_problems(argv(num_experts=16), WORLD) == []
+    assert megatron_args_problems(argv(num_experts=64, moe_router_dtype="fp32"), WORLD) == []
 
 
 def test_async_save_with_persistent_worker_is_fine():
