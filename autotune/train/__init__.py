@@ -170,9 +170,10 @@ class StepLog:
         self._sync()
         self._t0 = time.perf_counter()
 
-    def stop(self, loss, lr: float | None = None) -> None:
+    def stop(self, loss, lr: float | None = None, *, report_loss: bool = True) -> None:
         """After a step: its time (``STEP i seconds``), then ``LOSS i loss lr`` (rank 0's loss, the learning
-        rate the step's update used; full precision) on rank 0."""
+        rate the step's update used; full precision) on rank 0. ``report_loss=False``: the loss comes later
+        (:meth:`report_loss`: the HF Trainer logs it after the step ends)."""
         self._sync()
         self.barrier()
         dt = time.perf_counter() - self._t0
@@ -180,9 +181,15 @@ class StepLog:
         self.losses.append(float(loss) if loss is not None else float("nan"))
         self.lrs.append(None if lr is None else float(lr))
         if rank0():
-            step = self.first_step + len(self.step_times)
-            print(f"STEP {step} {dt:.6f}", flush=True)
-            print(f"LOSS {step} {self.losses[-1]!r} {self.lrs[-1]!r}", flush=True)
+            print(f"STEP {self.first_step + len(self.step_times)} {dt:.6f}", flush=True)
+        if report_loss:
+            self.report_loss(self.losses[-1], self.lrs[-1])
+
+    def report_loss(self, loss: float, lr: float | None = None) -> None:
+        """The last step's ``LOSS i loss lr`` line (rank 0), its loss and rate recorded."""
+        self.losses[-1], self.lrs[-1] = float(loss), (None if lr is None else float(lr))
+        if rank0():
+            print(f"LOSS {self.first_step + len(self.step_times)} {self.losses[-1]!r} {self.lrs[-1]!r}", flush=True)
 
     def result(self, *, world_size: int, num_params: int, all_gather_object, extra: dict | None = None) -> dict:
         """Gathers every rank's peak memory (collective: every rank calls it); rank 0 prints RESULT."""

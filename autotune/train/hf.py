@@ -91,11 +91,11 @@ class _Timer:
                 log.start()
 
             def on_step_end(self, a, state, control, **kw):
-                log.stop(None)
+                log.stop(None, report_loss=False)  # the Trainer logs the step's loss after this (logging_steps 1)
 
             def on_log(self, a, state, control, logs=None, **kw):
                 if logs and "loss" in logs and log.losses:
-                    log.losses[-1] = float(logs["loss"])
+                    log.report_loss(float(logs["loss"]))
 
         return Callback()
 

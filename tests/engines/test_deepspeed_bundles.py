@@ -58,6 +58,7 @@ def run_script(bundle: Path, script: str, cwd: Path) -> dict:
     assert len([ln for ln in out if ln.startswith("STEP ")]) == STEPS
     result = json.loads(results[-1][len("RESULT "):])
     assert len(result["measured_step_times_s"]) == STEPS - 1 and result["tokens_per_s"] > 0
+    result["printed_losses"] = [float(ln.split()[2]) for ln in out if ln.startswith("LOSS ")]  # as a user sees them
     return result
 
 

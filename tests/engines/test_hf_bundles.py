@@ -41,6 +41,8 @@ def test_hf_trainer_bundle_fills_auto_and_trains(tmp_path):
     result = run_script(bundle, "launch_torchrun.sh", cwd=tmp_path)
     assert result["driver"] == "transformers.Trainer" and result["zero_stage"] == 2 and result["world_size"] == 2
     assert all(5 < loss < 8 for loss in result["losses"])  # ln(1024) = 6.93 at the start
+    # each step's LOSS line carries the loss the Trainer logs after the step ends (not nan)
+    assert result["printed_losses"] == result["losses"]
 
 
 def test_accelerate_bundle_trains_and_matches_one_process(tmp_path):
