@@ -13,7 +13,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CP_REFUSED", "window_problem", "built_model_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem",
-           "hf_trainer_problem", "hf_model_family", "hf_model_problem", "pipeline_stage_problem", "stage_layer_counts"]
+           "hf_trainer_problem", "hf_model_family", "hf_model_problem", "pipeline_stage_problem", "stage_layer_counts",
+           "HF_OWN_BALANCING"]
 
 # Measured here (torch 2.13.0+cpu, gloo, 2 ranks): context_parallel(mesh, buffers=[x], buffer_seq_dims=[1])
 # around scaled_dot_product_attention raises "NotImplementedError: Operator
@@ -133,6 +134,11 @@ def hf_trainer_problem(model: ModelSpec, plan: ParallelPlan) -> str | None:
     if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
         return "the hf engine runs data parallelism with ZeRO only: use engine deepspeed for tp/pp/cp"
     return None
+
+
+HF_OWN_BALANCING = ("mixtral", "qwen3_moe")
+"""The hf trainer's MoE families whose transformers class adds router_aux_loss_coef x its load-balancing loss to the
+loss itself (output_router_logits on); DeepseekV3 / Glm4Moe (transformers 5.25) add none."""
 
 
 def _hf_moe_family(spec: ModelSpec) -> str | None:

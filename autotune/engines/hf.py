@@ -15,7 +15,7 @@ from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, ACCELERATE_RELEASE, 
 from autotune.emit.deepspeed import hf_deepspeed_config
 from autotune.emit.launch import render_accelerate_script
 from autotune.engines.base import Engine
-from autotune.engines.builtin_trainer import hf_model_family, hf_trainer_problem
+from autotune.engines.builtin_trainer import HF_OWN_BALANCING, hf_model_family, hf_trainer_problem
 from autotune.engines.common import builtin_or_user_entry
 from autotune.engines.deepspeed import ZERO_WORDS, DeepSpeedEngine, offload_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
@@ -131,7 +131,7 @@ def _balancing_needs(model, plan) -> tuple[str, ...]:
     moe = model.moe
     if moe is None or not moe.aux_loss_coeff:
         return ()
-    added = hf_model_family(model) in ("mixtral", "qwen3_moe")
+    added = hf_model_family(model) in HF_OWN_BALANCING
     need = (f"the MoE load-balancing loss at the checkpoint's weight {moe.aux_loss_coeff:g}: "
             + ("set output_router_logits=True (the class then adds router_aux_loss_coef x its aux_loss to the loss)"
                if added else "transformers' class adds none: add it from the router logits "

@@ -20,7 +20,7 @@ accumulation steps: the terms are added as they are there.
 
 from __future__ import annotations
 
-from autotune.engines.builtin_trainer import hf_model_family
+from autotune.engines.builtin_trainer import HF_OWN_BALANCING, hf_model_family
 
 __all__ = ["extra_balancing_loss", "model_balancing_loss", "balanced_trainer"]
 
@@ -31,7 +31,7 @@ def extra_balancing_loss(spec, outputs, seq_len: int):
     from autotune.workloads.moe_balancing import balancing_loss
 
     moe = spec.moe
-    if moe is None or not moe.aux_loss_coeff or hf_model_family(spec) not in ("deepseek_v3", "glm4_moe"):
+    if moe is None or not moe.aux_loss_coeff or hf_model_family(spec) in HF_OWN_BALANCING:
         return None
     logits = getattr(outputs, "router_logits", None)
     if not logits:
@@ -44,7 +44,7 @@ def model_balancing_loss(spec, outputs):
     aux_loss: Mixtral, Qwen3-MoE), or None."""
     moe = spec.moe
     aux = getattr(outputs, "aux_loss", None)
-    if moe is None or not moe.aux_loss_coeff or aux is None or hf_model_family(spec) not in ("mixtral", "qwen3_moe"):
+    if moe is None or not moe.aux_loss_coeff or aux is None or hf_model_family(spec) not in HF_OWN_BALANCING:
         return None
     return moe.aux_loss_coeff * aux.to(outputs.loss.device)
 
