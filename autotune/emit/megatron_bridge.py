@@ -43,6 +43,7 @@ from autotune.emit.megatron_bridge_recipes import (
     generic_model_fields,
 )
 from autotune.emit.megatron_layout import cp_comm_setting, megatron_split
+from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.emit.megatron_moe_graph import sync_free_moe_config
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import (
@@ -101,11 +102,12 @@ def _cuda_graph(plan: ParallelPlan) -> dict:
     """TransformerConfig cuda_graph_impl / cuda_graph_modules (megatron-core 0.19.2; an empty list: the whole layer),
     with the deprecated cuda_graph_scope the recipes set ("full") cleared, as both may not be set
     (transformer_config.py:2380); graphs need Transformer Engine's RNG tracker (Bridge models/gpt_provider.py:233,
-    training/config.py:1276 sets rng.te_rng_tracker from it)."""
-    if plan.cuda_graph is None:
-        return {}
-    if plan.cuda_graph == "none":
-        return {"cuda_graph_impl": "none"}
+    training/config.py:1276 sets rng.te_rng_tracker from it). Without graphs in the plan (None: Megatron's default,
+    none) a library recipe's own are turned off with their modules: the 16-GPU Qwen3-30B-A3B recipe captures
+    moe_router and moe_preprocess (v0.6.0 recipes/qwen/h100/qwen3_moe.py:213-214), which the plan's step time does
+    not count and which Megatron-core refuses beside full recompute (transformer_config.py:2524 at core 0.19.2)."""
+    if plan.cuda_graph in (None, "none"):
+        return {"cuda_graph_impl": "none", "cuda_graph_scope": None, "cuda_graph_modules": []}
     if plan.cuda_graph == FULL_ITERATION_GRAPH:  # Bridge 0.6 utils/cuda_graph.py:95-102 set_full_iteration_cuda_graph
         return {"cuda_graph_impl": "full_iteration", "cuda_graph_scope": None, "cuda_graph_modules": [],
                 "use_te_rng_tracker": True}
@@ -290,6 +292,11 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                   | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     model_keys |= sync_free_moe_config(model, plan)
+    if recipe.hf_model is not None and model.moe is not None and fp32_routing(model.moe):
+        # the router in fp32 as the Megatron-LM arguments run it (megatron_model_flags.ROUTER_FP32_EXPERTS): the
+        # library recipes' bridges set it for DeepSeek-V3 / Kimi-K2 only (Qwen3-MoE's and GPT-OSS's keep the
+        # model's dtype: v0.6.0 models/qwen/qwen3_moe_bridge.py, models/gpt_oss/gpt_oss_bridge.py)
+        model_keys["moe_router_dtype"] = "fp32"
     if plan.activation_offload_layers:  # as Bridge's perf scripts set it (utils/overrides.py:170-173 at 067f987)
         model_keys |= {"cpu_offloading": True, "cpu_offloading_weights": False,
                        "cpu_offloading_num_layers": plan.activation_offload_layers}

@@ -99,6 +99,10 @@ CASES = [
                                               global_batch_size=64, loss_slots=3)),
     # Q/K norms on the generic recipe (a model no library recipe builds: "PRESET:field=value,..."): Qwen3's per-head
     # RMSNorm (model.qk_layernorm), Llama 4 Scout's weightless one (model.qk_l2_norm)
+    # a MoE library recipe whose bridge routes in the model's dtype (Qwen3-MoE's): 128 experts route in fp32; its
+    # own TE CUDA graphs are turned off (the plan has none, and Megatron-core refuses them beside full recompute)
+    ("qwen3-30b-a3b-library", "qwen3-30b-a3b", 16, dict(ep=8, zero_stage=1, global_batch_size=512,
+                                                        recompute="full", recompute_num_layers=48)),
     ("qwen3-shaped-qk-layernorm", "qwen3-8b:num_layers=30", 8, dict(tp=2, sequence_parallel=True, zero_stage=1,
                                                                     global_batch_size=64)),
     ("llama-shaped-qk-l2-norm", "llama3-8b:qk_norm=l2", 8, dict(zero_stage=1, global_batch_size=64)),

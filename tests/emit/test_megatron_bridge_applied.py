@@ -35,6 +35,7 @@ from bridge_cases import CASES, CKPT, LOCAL, case_files, case_plan  # tests/emit
 from bridge_tooling import bridge_path
 
 from autotune.emit.megatron_bridge import bridge_recipe
+from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.specs.presets import load_model_preset
@@ -166,6 +167,7 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
         "mtp": m.mtp_num_layers,
         "qk_norm": [m.qk_layernorm, m.qk_l2_norm],
+        "router_dtype": m.moe_router_dtype,
         "fp8_attention": m.fp8_dot_product_attention,
         "fp8_output_proj": getattr(m, "fp8_output_proj", None),
         "offload": [m.cpu_offloading, m.cpu_offloading_num_layers, m.cpu_offloading_weights,
@@ -215,15 +217,17 @@ def _hf_cache(root: Path) -> Path:
             "tie_word_embeddings": m.tied_embeddings, "dtype": "bfloat16", "hidden_act": "silu",
             "bos_token_id": 128000, "eos_token_id": 128001})
     _deepseek_config(root)
+    _qwen3_moe_config(root)
     return root
 
 
-def _snapshot(root: Path, repo: str, config: dict) -> None:
-    """``repo``'s config.json as the hub cache lays it out (one snapshot, refs/main naming it)."""
-    snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / ("0" * 40)
+def _snapshot(root: Path, repo: str, config: dict, revision: str = "0" * 40) -> None:
+    """``repo``'s config.json as the hub cache lays it out (one snapshot, refs/main naming it; ``revision``: the
+    commit a recipe pins)."""
+    snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
     snap.mkdir(parents=True)
     (snap.parents[1] / "refs").mkdir()
-    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    (snap.parents[1] / "refs" / "main").write_text(revision)
     (snap / "config.json").write_text(json.dumps(config))
 
 
@@ -247,6 +251,24 @@ def _deepseek_config(root: Path) -> None:
                          "original_max_position_embeddings": 4096, "type": "yarn"},
         "tie_word_embeddings": m.tied_embeddings, "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
         "torch_dtype": "bfloat16"})
+
+
+def _qwen3_moe_config(root: Path) -> None:
+    """Qwen3-30B-A3B's config.json (the fields of Qwen/Qwen3-30B-A3B's own file), sizes from the preset."""
+    m = load_model_preset("qwen3-30b-a3b")
+    moe = m.moe
+    _snapshot(root, bridge_recipe(m).hf_model, {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
+        "moe_intermediate_size": moe.expert_ffn_hidden_size, "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim,
+        "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "norm_topk_prob": True, "router_aux_loss_coef": moe.aux_loss_coeff,
+        "hidden_act": "silu", "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta, "tie_word_embeddings": m.tied_embeddings, "attention_bias": False,
+        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"},
+        # the revision the recipe pins (Megatron-Bridge v0.6.0 recipes/qwen/h100/qwen3_moe.py:29)
+        revision="ad44e777bcd18fa416d9da3bd8f70d33ebb85d39")
 
 
 # What torch.cuda.get_device_properties reports on each case's GPU (name, major, minor): the preset's compute
@@ -351,6 +373,8 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["mtp"] == (plan.mtp_layers or None), got["mtp"]
     # the library recipe's or the one written; MLA's qk_layernorm is its latent norms (MLASpec counts them)
     assert got["qk_norm"] == [m.qk_norm == "head" or m.mla is not None, m.qk_norm == "l2"], got["qk_norm"]
+    # the router in fp32 from 32 experts, as the Megatron-LM arguments say it (library recipes' bridges included)
+    assert got["router_dtype"] == ("fp32" if moe is not None and fp32_routing(moe) else None), got["router_dtype"]
     assert got["fp8_attention"] is bool(plan.fp8_attention)  # mixed_precision's, set on the model at setup
     assert got["fp8_output_proj"] is bool(plan.fp8_output_proj)  # the MXFP8 LM head: TransformerConfig's field
     assert got["shape"][8:] == ["RMSNorm", "silu", True]
