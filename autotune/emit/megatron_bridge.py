@@ -102,10 +102,9 @@ def _cuda_graph(plan: ParallelPlan) -> dict:
     """TransformerConfig cuda_graph_impl / cuda_graph_modules (megatron-core 0.19.2; an empty list: the whole layer),
     with the deprecated cuda_graph_scope the recipes set ("full") cleared, as both may not be set
     (transformer_config.py:2380); graphs need Transformer Engine's RNG tracker (Bridge models/gpt_provider.py:233,
-    training/config.py:1276 sets rng.te_rng_tracker from it). Without graphs in the plan (None: Megatron's default,
-    none) a library recipe's own are turned off with their modules: the 16-GPU Qwen3-30B-A3B recipe captures
-    moe_router and moe_preprocess (v0.6.0 recipes/qwen/h100/qwen3_moe.py:213-214), which the plan's step time does
-    not count and which Megatron-core refuses beside full recompute (transformer_config.py:2524 at core 0.19.2)."""
+    training/config.py:1276 sets rng.te_rng_tracker from it). Without graphs in the plan (None: Megatron's none) a
+    library recipe's own go: Qwen3-30B-A3B's 16-GPU one captures moe_router, moe_preprocess (v0.6.0 recipes/qwen/
+    h100/qwen3_moe.py:213-214), uncounted and refused beside full recompute (core 0.19.2 transformer_config.py:2524)."""
     if plan.cuda_graph in (None, "none"):
         return {"cuda_graph_impl": "none", "cuda_graph_scope": None, "cuda_graph_modules": []}
     if plan.cuda_graph == FULL_ITERATION_GRAPH:  # Bridge 0.6 utils/cuda_graph.py:95-102 set_full_iteration_cuda_graph
@@ -154,8 +153,10 @@ def _parallel(model: ModelSpec, plan: ParallelPlan, gpus_per_node: int, problems
         kind, _, backend = (plan.moe_dispatcher or "alltoall").partition("-")  # (transformer_config.py:862-873)
         # the backend always: a recipe's own (DeepSeek-V3's hybridep) would stay, and Bridge's perf scripts read a
         # backend as flex (Megatron-Bridge 067f987 scripts/performance/utils/utils.py:415-421); None as Bridge's own
-        # fallback to alltoall writes it (training/flex_dispatcher_backend.py:26-29)
-        out |= {"moe_token_dispatcher_type": kind, "moe_flex_dispatcher_backend": backend or None}
+        # fallback to alltoall writes it (training/flex_dispatcher_backend.py:26-29); the flex backends' own SM count,
+        # as Megatron-LM's arguments leave it (library recipes set 16-32: recipes/qwen/h100/qwen3_moe.py:69)
+        out |= {"moe_token_dispatcher_type": kind, "moe_flex_dispatcher_backend": backend or None} | dict.fromkeys(
+            ("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"))
     if model.moe is not None and plan.moe_capacity_factor is not None:  # no Bridge recipe of a modelled MoE sets one
         out |= {"moe_expert_capacity_factor": plan.moe_capacity_factor,
                 "moe_pad_expert_input_to_capacity": bool(plan.moe_pad_to_capacity)}
@@ -292,11 +293,20 @@ def bridge_overrides(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                   | _parallel(model, plan, cluster.gpus_per_node, problems))
     model_keys |= {"seq_length": plan.seq_len} | _recompute(plan) | _cuda_graph(plan) | _ep_overlap(plan)
     model_keys |= sync_free_moe_config(model, plan)
-    if recipe.hf_model is not None and model.moe is not None and fp32_routing(model.moe):
-        # the router in fp32 as the Megatron-LM arguments run it (megatron_model_flags.ROUTER_FP32_EXPERTS): the
-        # library recipes' bridges set it for DeepSeek-V3 / Kimi-K2 only (Qwen3-MoE's and GPT-OSS's keep the
-        # model's dtype: v0.6.0 models/qwen/qwen3_moe_bridge.py, models/gpt_oss/gpt_oss_bridge.py)
-        model_keys["moe_router_dtype"] = "fp32"
+    if model_keys.get("moe_paged_stash"):  # megatron-core's paged-stash check iterates offload_modules (core 0.19.2
+        # transformer_config.py:1912-1914), which the library recipes set to None (v0.6.0 recipes/gpt_oss/h100/
+        # gpt_oss.py:239, qwen/h100/qwen3_moe.py:97): Bridge's validate() raised TypeError. [] is its default (:1234)
+        model_keys["offload_modules"] = []
+    if recipe.hf_model is not None and model.moe is not None:
+        # no shared experts beside the dispatch, as the Megatron-LM arguments run the plan (engines/megatron_rules.py
+        # ep_overlap_rules): DeepSeek-V3's bridge turns them on (v0.6.0 models/deepseek/deepseek_v3_bridge.py:72), as
+        # does Kimi-K2's recipe (recipes/kimi/h100/kimi_k2.py:192), and Bridge refuses that beside the EP overlap
+        # (0.6.2 training/comm_overlap.py:513-515; megatron-core 0.19.2 transformer_config.py:2706-2708)
+        model_keys["moe_shared_expert_overlap"] = False
+        if fp32_routing(model.moe):  # the router in fp32 as the Megatron-LM arguments run it (megatron_model_flags.
+            # ROUTER_FP32_EXPERTS): the library recipes' bridges set it for DeepSeek-V3 / Kimi-K2 only (Qwen3-MoE's and
+            # GPT-OSS's keep the model's dtype: v0.6.0 models/qwen/qwen3_moe_bridge.py, gpt_oss/gpt_oss_bridge.py)
+            model_keys["moe_router_dtype"] = "fp32"
     if plan.activation_offload_layers:  # as Bridge's perf scripts set it (utils/overrides.py:170-173 at 067f987)
         model_keys |= {"cpu_offloading": True, "cpu_offloading_weights": False,
                        "cpu_offloading_num_layers": plan.activation_offload_layers}

@@ -48,8 +48,9 @@ RECIPES: dict[str, BridgeRecipe] = {
                                 "meta-llama/Meta-Llama-3.1-405B", precision_is_named=False, comm_overlap=True),
     "llama2-7b": BridgeRecipe("llama2_7b_pretrain_2gpu_h100_bf16_config", f"{_LLAMA_H100}.llama2",
                               "meta-llama/Llama-2-7b-hf", precision_is_named=True, comm_overlap=True),
-    # Read from the recipes' source (precision and comm_overlap as each sets them); not built by the tests,
-    # which build the llama3 and generic recipes only.
+    # Read from the recipes' source (precision and comm_overlap as each sets them). Every recipe here and the generic
+    # one is built by tests/emit/test_megatron_bridge_applied.py (Bridge 0.6.2, from hub configs written from the
+    # presets at the revisions the recipes pin), which applies the overrides and runs Bridge's validate().
     "qwen2.5-72b": BridgeRecipe("qwen25_72b_pretrain_32gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen2",
                                 "Qwen/Qwen2.5-72B", precision_is_named=True, comm_overlap=False),
     "qwen3-8b": BridgeRecipe("qwen3_8b_pretrain_4gpu_h100_bf16_config", f"{_R}.qwen.h100.qwen3", "Qwen/Qwen3-8B",

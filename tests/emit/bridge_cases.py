@@ -97,12 +97,47 @@ CASES = [
     # the output layer and loss as 3 layer slots (ParallelPlan.loss_slots): model.pipeline_model_parallel_layout
     ("70b-loss-slots", "llama3-70b", 64, dict(tp=4, pp=4, vpp=3, sequence_parallel=True, zero_stage=1,
                                               global_batch_size=64, loss_slots=3)),
-    # Q/K norms on the generic recipe (a model no library recipe builds: "PRESET:field=value,..."): Qwen3's per-head
-    # RMSNorm (model.qk_layernorm), Llama 4 Scout's weightless one (model.qk_l2_norm)
     # a MoE library recipe whose bridge routes in the model's dtype (Qwen3-MoE's): 128 experts route in fp32; its
     # own TE CUDA graphs are turned off (the plan has none, and Megatron-core refuses them beside full recompute)
     ("qwen3-30b-a3b-library", "qwen3-30b-a3b", 16, dict(ep=8, zero_stage=1, global_batch_size=512,
                                                         recompute="full", recompute_num_layers=48)),
+    # the other library recipes (RECIPES), each at its recipe's GPU count, with EP over a TP-1 expert layer (etp 1) as
+    # their MoE recipes: Llama 3.1 405B (its RoPE scaling; the recipe's TP-8/CP-2 userbuffers, CP 4 and embedding /
+    # loss-accounted split reset), Llama 2 7B, Qwen2.5 72B (QKV biases), Qwen3 8B (a named FP8 precision),
+    # Qwen3-235B-A22B (uneven first / last stages), GPT-OSS 20B (quick-GeLU GLU, sinks, sliding windows: CP of 2 by
+    # a2a, as its recipe)
+    ("llama31-405b-library", "llama3-405b", 256, dict(tp=8, pp=8, vpp=2, sequence_parallel=True, zero_stage=1,
+                                                      global_batch_size=512, recompute="selective",
+                                                      recompute_modules=("core_attn", "mlp"))),
+    ("llama2-7b-library", "llama2-7b", 2, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                               recompute="full", recompute_num_layers=8)),
+    ("qwen25-72b-library", "qwen2.5-72b", 32, dict(tp=8, pp=4, sequence_parallel=True, zero_stage=1,
+                                                   global_batch_size=128, recompute="selective")),
+    ("qwen3-8b-library", "qwen3-8b", 4, dict(tp=2, sequence_parallel=True, zero_stage=1, global_batch_size=64,
+                                             precision="fp8", fp8_recipe="te-current")),
+    ("qwen3-235b-a22b-library", "qwen3-235b-a22b", 256, dict(tp=4, pp=16, ep=8, etp=1, sequence_parallel=True,
+                                                             zero_stage=1, global_batch_size=1024,
+                                                             recompute="selective")),
+    ("gpt-oss-20b-library-cp", "gpt-oss-20b", 16, dict(tp=2, pp=2, cp=2, cp_comm_type="a2a", ep=4, etp=1,
+                                                       sequence_parallel=True, zero_stage=1, global_batch_size=512,
+                                                       seq_len=16384)),
+    # Kimi-K2 (DeepSeek-V3's architecture under its own config class; the recipe's Muon optimizer and pipeline
+    # layout reset) with the EP all-to-all overlap: the shared experts beside the dispatch, which DeepSeek-V3's bridge
+    # and Kimi's recipe turn on, are turned off (the plan has none, and Bridge refuses them beside the EP overlap)
+    ("kimi-k2-library-ep-overlap", "kimi-k2", 512, dict(tp=4, pp=16, vpp=2, ep=32, etp=1, sequence_parallel=True,
+                                                        zero_stage=1, global_batch_size=4096, recompute="selective",
+                                                        recompute_modules=("mla_up_proj", "mlp", "moe_act",
+                                                                           "layernorm"),
+                                                        ep_overlap="a2a-delay-wgrad")),
+    # GPT-OSS 120B with the sync-free MoE path under a full-iteration graph (HybridEP's rank budget, the paged stash):
+    # its recipe's offload_modules None is Megatron-core's empty list (its paged-stash check iterates it)
+    ("gpt-oss-120b-library-full-iteration", "gpt-oss-120b", 64, dict(tp=2, pp=4, ep=16, etp=1,
+                                                                     sequence_parallel=True, zero_stage=1,
+                                                                     global_batch_size=512,
+                                                                     cuda_graph="full-iteration",
+                                                                     moe_dispatcher="flex-hybridep")),
+    # Q/K norms on the generic recipe (a model no library recipe builds: "PRESET:field=value,..."): Qwen3's per-head
+    # RMSNorm (model.qk_layernorm), Llama 4 Scout's weightless one (model.qk_l2_norm)
     ("qwen3-shaped-qk-layernorm", "qwen3-8b:num_layers=30", 8, dict(tp=2, sequence_parallel=True, zero_stage=1,
                                                                     global_batch_size=64)),
     ("llama-shaped-qk-l2-norm", "llama3-8b:qk_norm=l2", 8, dict(zero_stage=1, global_batch_size=64)),

@@ -17,9 +17,10 @@ Stand-ins (a module folder the test writes, first on the probe's path; nothing i
 Transformer Engine, apex, HF ``datasets``, ``diffusers``, ``modelopt``, ``megatron.energon``, tensorboard and
 protobuf are imported at module level by Bridge's package (model bridges, data loaders, the checkpoint and logging
 modules) but nothing builds a config with them; they are replaced by empty modules whose attributes are inert
-classes. With TE stood in, Bridge's comm-overlap setup sees TE as present (as on a GPU node). The recipes' Hugging
-Face configs (``AutoBridge.from_hf_pretrained``, gated Meta repos, DeepSeek-V3's) come from a local hub cache written from the
-model presets (HF_HUB_OFFLINE=1). No GPU code runs: ``validate()`` itself needs none.
+classes. With TE stood in, Bridge's comm-overlap setup sees TE as present (as on a GPU node). The library recipes'
+Hugging Face configs (``AutoBridge.from_hf_pretrained``: every recipe of ``megatron_bridge_recipes.RECIPES``) come from
+a local hub cache written from the model presets (bridge_hub.py, HF_HUB_OFFLINE=1). No GPU code runs: ``validate()``
+itself needs none; a case Bridge refuses fails alone (its traceback), the others still run.
 """
 
 from __future__ import annotations
@@ -28,17 +29,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from bridge_cases import CASES, CKPT, LOCAL, case_files, case_plan  # tests/emit/ is on sys.path (no __init__)
+from bridge_cases import CASES, CKPT, LOCAL, case_files, case_model, case_plan  # tests/emit/ is on sys.path
+from bridge_hub import hf_cache
 from bridge_tooling import bridge_path
 
 from autotune.emit.megatron_bridge import bridge_recipe
+from autotune.emit.megatron_bridge_recipes import GENERIC, RECIPES
+from autotune.emit.megatron_layout import cp_comm_setting, megatron_split, split_target
 from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
-from autotune.specs.presets import load_model_preset
 
 # Imported by Bridge's package at module level, not used to build or validate a config (see the docstring).
 STANDIN = r'''
@@ -95,7 +97,7 @@ sys.meta_path.insert(0, _Finder())
 '''
 
 PROBE = r"""
-import importlib, json, logging, os, sys, types, typing
+import importlib, json, logging, os, sys, traceback, types, typing
 import typing_extensions
 typing.override = typing_extensions.override  # megatron-core 0.19.2 megatron/training/models/gpt.py (Python 3.12)
 import autotune_standins  # noqa: F401
@@ -127,9 +129,20 @@ def build(recipe, **how):
 def dump(cfg):
     return OmegaConf.to_yaml(create_omegaconf_dict_config(cfg)[0])
 
+def stage_layers(m):
+    # the transformer layers Megatron-core builds on each virtual stage, in layer order (chunk v of rank p is stage
+    # v * pp + p): its layout's decoders, else transformer_block.get_num_layers_to_build for that rank and chunk
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    pp, vpp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size or 1
+    layout = m.pipeline_model_parallel_layout
+    return [layout.layout[p][v].count(LayerType.decoder) if layout is not None else
+            get_num_layers_to_build(m, vp_stage=v if vpp > 1 else None, pp_rank=p)
+            for v in range(vpp) for p in range(pp)]
+
 import torch
 out = {"version": megatron.bridge.__version__}
-for folder, recipe, world, device in json.loads(sys.argv[1]):
+def probe(folder, recipe, world, device):
     # the case's GPU as torch.cuda would report it (Bridge's flex dispatcher check reads it: no GPU runs here)
     torch.cuda.get_device_properties = lambda *_, d=device: types.SimpleNamespace(name=d[0], major=d[1], minor=d[2])
     overrides = OmegaConf.to_container(OmegaConf.load(os.path.join(folder, "bridge_overrides.yaml")))
@@ -153,7 +166,7 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
     runtime_config_update(a)
     runtime_config_update(b)
     m, mp, ck = a.model, a.mixed_precision, a.checkpoint
-    out[folder] = {
+    return args, {
         "before": before, "missing": missing, "skipped": list(skipped), "same": dump(a) == dump(b),
         "parallel": [m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
                      m.virtual_pipeline_model_parallel_size, m.context_parallel_size, m.expert_model_parallel_size,
@@ -163,8 +176,9 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
         "tp_comm_overlap": [m.tp_comm_overlap, a.comm_overlap and a.comm_overlap.tp_comm_overlap_cfg],
         "graphs": [m.cuda_graph_impl, sorted(str(x).split(".")[-1] for x in m.cuda_graph_modules or []),
                    bool(m.use_te_rng_tracker), bool(a.rng.te_rng_tracker)],
-        "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute],
-        "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
+        "ep_overlap": [m.overlap_moe_expert_parallel_comm, m.delay_wgrad_compute, m.moe_shared_expert_overlap],
+        "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend,
+                       getattr(m, "moe_flex_dispatcher_num_sms", None)],
         "mtp": m.mtp_num_layers,
         "qk_norm": [m.qk_layernorm, m.qk_l2_norm],
         "router_dtype": m.moe_router_dtype,
@@ -186,13 +200,24 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
         "local": [ck.non_persistent_ckpt_type, ck.non_persistent_local_ckpt_dir, ck.non_persistent_save_interval,
                   ck.replication, ck.replication_jump, ck.replication_factor],
         "layout": [str(m.pipeline_model_parallel_layout) if m.pipeline_model_parallel_layout is not None else None,
-                   m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage],
+                   m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage,
+                   m.account_for_embedding_in_pipeline_split, m.account_for_loss_in_pipeline_split],
+        "stages": stage_layers(m),
+        "cp_comm": [m.cp_comm_type, m.hierarchical_context_parallel_sizes],
         "peft": None if a.peft is None else [type(a.peft).__name__, a.peft.dim, a.peft.alpha,
                                              list(a.peft.target_modules), a.peft.dropout, ck.pretrained_checkpoint],
         "shape": [m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups,
                   m.num_moe_experts, m.moe_router_topk, m.moe_token_dispatcher_type, m.normalization,
-                  getattr(m.activation_func, "__name__", str(m.activation_func)), m.gated_linear_unit],
+                  getattr(m.activation_func, "__name__", str(m.activation_func)), m.gated_linear_unit,
+                  m.activation_func_clamp_value],
     }
+
+for folder, recipe, world, device in json.loads(sys.argv[1]):
+    try:
+        args, out[folder] = probe(folder, recipe, world, device)
+    except Exception:  # what Bridge refuses of one case fails that case; the others still run
+        out[folder] = {"error": traceback.format_exc()[-3000:]}
+        continue
     # Bridge's validation does refuse a plan it cannot run: a global batch no data-parallel split divides.
     if recipe[1].startswith("llama3_70b"):
         bad = build(recipe, cli_overrides=args + ["train.global_batch_size=3"])
@@ -203,72 +228,6 @@ for folder, recipe, world, device in json.loads(sys.argv[1]):
             out["refused"] = f"{type(err).__name__}: {err}"[:300]
 print("PROBE-RESULT " + json.dumps(out, default=str))
 """
-
-
-def _hf_cache(root: Path) -> Path:
-    """A hub cache holding the config.json of each recipe model, written from its preset."""
-    for name in ("llama3-70b", "llama3-8b"):
-        m = load_model_preset(name)
-        _snapshot(root, bridge_recipe(m).hf_model, {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": m.hidden_size,
-            "intermediate_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
-            "num_hidden_layers": m.num_layers, "num_key_value_heads": m.kv_heads, "vocab_size": m.vocab_size,
-            "rope_theta": m.rope_theta, "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-5,
-            "tie_word_embeddings": m.tied_embeddings, "dtype": "bfloat16", "hidden_act": "silu",
-            "bos_token_id": 128000, "eos_token_id": 128001})
-    _deepseek_config(root)
-    _qwen3_moe_config(root)
-    return root
-
-
-def _snapshot(root: Path, repo: str, config: dict, revision: str = "0" * 40) -> None:
-    """``repo``'s config.json as the hub cache lays it out (one snapshot, refs/main naming it; ``revision``: the
-    commit a recipe pins)."""
-    snap = root / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
-    snap.mkdir(parents=True)
-    (snap.parents[1] / "refs").mkdir()
-    (snap.parents[1] / "refs" / "main").write_text(revision)
-    (snap / "config.json").write_text(json.dumps(config))
-
-
-def _deepseek_config(root: Path) -> None:
-    """DeepSeek-V3's config.json (the fields of deepseek-ai/DeepSeek-V3's own file), sizes from the preset."""
-    m = load_model_preset("deepseek-v3")
-    moe, mla = m.moe, m.mla
-    _snapshot(root, bridge_recipe(m).hf_model, {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
-        "moe_intermediate_size": moe.expert_ffn_hidden_size, "num_hidden_layers": m.num_layers,
-        "num_nextn_predict_layers": m.num_mtp_layers, "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_attention_heads, "n_shared_experts": moe.num_shared_experts,
-        "n_routed_experts": moe.num_experts, "routed_scaling_factor": 2.5, "kv_lora_rank": mla.kv_lora_rank,
-        "q_lora_rank": mla.q_lora_rank, "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
-        "qk_nope_head_dim": mla.qk_nope_head_dim, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
-        "num_experts_per_tok": moe.top_k, "moe_layer_freq": 1, "first_k_dense_replace": moe.num_dense_layers,
-        "norm_topk_prob": True, "scoring_func": "sigmoid", "hidden_act": "silu",
-        "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": 1e-6, "rope_theta": m.rope_theta,
-        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "original_max_position_embeddings": 4096, "type": "yarn"},
-        "tie_word_embeddings": m.tied_embeddings, "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
-        "torch_dtype": "bfloat16"})
-
-
-def _qwen3_moe_config(root: Path) -> None:
-    """Qwen3-30B-A3B's config.json (the fields of Qwen/Qwen3-30B-A3B's own file), sizes from the preset."""
-    m = load_model_preset("qwen3-30b-a3b")
-    moe = m.moe
-    _snapshot(root, bridge_recipe(m).hf_model, {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
-        "moe_intermediate_size": moe.expert_ffn_hidden_size, "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim,
-        "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "norm_topk_prob": True, "router_aux_loss_coef": moe.aux_loss_coeff,
-        "hidden_act": "silu", "max_position_embeddings": m.max_position_embeddings, "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta, "tie_word_embeddings": m.tied_embeddings, "attention_bias": False,
-        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"},
-        # the revision the recipe pins (Megatron-Bridge v0.6.0 recipes/qwen/h100/qwen3_moe.py:29)
-        revision="ad44e777bcd18fa416d9da3bd8f70d33ebb85d39")
 
 
 # What torch.cuda.get_device_properties reports on each case's GPU (name, major, minor): the preset's compute
@@ -283,7 +242,7 @@ def applied(tmp_path_factory):
     root = tmp_path_factory.mktemp("bridge")
     (root / "standins").mkdir()
     (root / "standins" / "autotune_standins.py").write_text(STANDIN)
-    hub = _hf_cache(root / "hub")
+    hub = hf_cache(root / "hub")
     jobs, cases = [], {}
     for case, model, num_gpus, kw in CASES:
         m, cluster, plan = case_plan(model, num_gpus, kw)
@@ -296,22 +255,24 @@ def applied(tmp_path_factory):
             (folder / name).write_text(text)
         recipe = bridge_recipe(m)
         jobs.append([str(folder), [recipe.module, recipe.name], num_gpus, DEVICES[cluster.gpu.name]])
-        cases[case] = (str(folder), m, plan)
+        cases[case] = (str(folder), m, plan, cluster)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "standins"), str(tools)]),
-           "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+           "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
+           "HF_MODULES_CACHE": str(root / "hf_modules")}  # where transformers copies Kimi-K2's config class
     run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(jobs)], capture_output=True, text=True, env=env,
                          cwd=root, timeout=900, check=False)
     lines = [line for line in run.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
     assert run.returncode == 0 and lines, (run.stdout[-2000:] + run.stderr[-4000:])
     data = json.loads(lines[-1].split(" ", 1)[1])
     assert data["version"] == "0.6.2"
-    return data, {case: (data[folder], m, plan) for case, (folder, m, plan) in cases.items()}
+    return data, {case: (data[folder], *rest) for case, (folder, *rest) in cases.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_bridge_applies_and_validates_the_plan(applied, case):
-    got, m, plan = applied[1][case]
+    got, m, plan, cluster = applied[1][case]
+    assert "error" not in got, got.get("error")
     assert got["missing"] == [] and got["skipped"] == [], (got["missing"], got["skipped"])
     assert got["same"], "bridge_overrides.yaml and bridge_overrides.args gave different configs"
     dp = plan.world_size // (plan.tp * plan.pp * plan.cp)
@@ -326,18 +287,30 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["tp_comm_overlap"] == [plan.tp_overlap == "userbuffers", None]
     n_off = plan.activation_offload_layers
     assert got["offload"] == ([True, n_off, False, True] if n_off else [False, 0, False, True]), got["offload"]
-    assert got["ep_overlap"] == [plan.ep_overlapped, plan.ep_overlap == "a2a-delay-wgrad"]
+    # the shared experts beside the dispatch: never, as Megatron-LM runs the plan (megatron_rules.ep_overlap_rules)
+    assert got["ep_overlap"] == [plan.ep_overlapped, plan.ep_overlap == "a2a-delay-wgrad", False], got["ep_overlap"]
     graphs = plan.cuda_graph not in (None, "none")
     impl = {"full-iteration": "full_iteration"}.get(plan.cuda_graph or "none", plan.cuda_graph or "none")
     assert got["graphs"][:2] == [impl, sorted(plan.cuda_graph_scope or ())]
     assert got["graphs"][2:] == ([True, True] if graphs else got["graphs"][2:])
-    if case in ("70b-uneven-layout", "70b-loss-slots"):  # 80 layers over pp 4 x vpp 3 (with 3 loss slots): Megatron-
-        # core's layout string, parsed by Bridge
-        assert got["layout"][0] and got["layout"][1:] == [None, None], got["layout"]
+    # the plan's split of the layers (emit/megatron_layout.py, as megatron_args writes it), whatever the recipe set:
+    # Megatron-core's layout string (80 layers over pp 4 x vpp 3, with 3 loss slots; Kimi-K2's 61 over pp 16 x vpp 2,
+    # in place of its recipe's layout), the first and last stages' counts (Qwen3-235B-A22B's 94 over pp 16), the
+    # embedding and loss counted as a layer each (Llama 3.1 405B's 126 over pp 8 x vpp 2); the layers Megatron-core
+    # builds on each virtual stage are the cost model's
+    split = megatron_split(m.num_layers, plan.pp, plan.vpp, plan.mtp_layers, plan.loss_slots)
+    assert got["layout"][1:] == [split.first, split.last, split.account_embedding, split.account_loss], got["layout"]
+    assert (got["layout"][0] is None) is (split.layout is None), got["layout"]
+    assert got["stages"] == list(split_target(m.num_layers, plan.pp, plan.vpp, plan.mtp_layers, plan.loss_slots))
+    assert sum(got["stages"]) == m.num_layers and len(got["stages"]) == plan.pp * plan.vpp, got["stages"]
+    if case in ("70b-uneven-layout", "70b-loss-slots"):  # Megatron-core's layout string, parsed by Bridge
+        assert got["layout"][0], got["layout"]
         if plan.loss_slots:  # the last virtual stage: 80 + 1 + 3 slots over 12, 7 each, 4 layers and the loss's 3
             assert str(got["layout"][0]).endswith("|ttttL"), got["layout"]
-    else:
-        assert got["layout"] == [None, None, None]
+    # context parallelism's exchange: the plan's (GPT-OSS's sinks and sliding windows need a2a), else Megatron's p2p
+    if plan.cp > 1:
+        setting = cp_comm_setting(plan, cluster.gpus_per_node)
+        assert got["cp_comm"] == ([setting[0], list(setting[1]) if setting[1] else None] if setting else [None, None])
     fp8 = plan.precision == "fp8"
     delayed = fp8 and plan.fp8_recipe in (None, "te-delayed")
     recipe = MEGATRON_FP8_RECIPES[plan.fp8_recipe or "te-delayed"]
@@ -369,7 +342,7 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
                                                                               got["shape"][7]])
     if moe:  # (a flex plan's check in Bridge's validate asks the CUDA device which GPU it is,
         # training/flex_dispatcher_backend.py:102-119: the probe answers with the case's GPU, DEVICES)
-        assert got["dispatcher"] == [kind, backend or None]
+        assert got["dispatcher"] == [kind, backend or None, None]  # a flex backend's own SM count
     assert got["mtp"] == (plan.mtp_layers or None), got["mtp"]
     # the library recipe's or the one written; MLA's qk_layernorm is its latent norms (MLASpec counts them)
     assert got["qk_norm"] == [m.qk_norm == "head" or m.mla is not None, m.qk_norm == "l2"], got["qk_norm"]
@@ -377,7 +350,9 @@ def test_bridge_applies_and_validates_the_plan(applied, case):
     assert got["router_dtype"] == ("fp32" if moe is not None and fp32_routing(moe) else None), got["router_dtype"]
     assert got["fp8_attention"] is bool(plan.fp8_attention)  # mixed_precision's, set on the model at setup
     assert got["fp8_output_proj"] is bool(plan.fp8_output_proj)  # the MXFP8 LM head: TransformerConfig's field
-    assert got["shape"][8:] == ["RMSNorm", "silu", True]
+    # SwiGLU; GPT-OSS's clamps at 7 and gates with x * sigmoid(1.702 x): Megatron-core's quick_gelu GLU with
+    # activation_func_clamp_value (v0.6.0 models/gpt_oss/gpt_oss_bridge.py)
+    assert got["shape"][8:] == ["RMSNorm", "quick_gelu" if m.activation_clamp else "silu", True, m.activation_clamp]
     assert got["peft"] is None if plan.peft is None else (
         got["peft"][:5] == ["LoRA", plan.lora_rank, plan.lora_alpha, list(plan.lora_targets), 0.0]
         and got["peft"][5].endswith("/pretrained")), got["peft"]
@@ -393,3 +368,9 @@ def test_the_tp4_recipe_is_reset_and_bridge_refuses_what_it_cannot_run(applied):
     assert cases["8b-full-recompute"][0]["parallel"][2] is None  # VPP null without interleaving
     assert data["refused"] and "global_batch_size (3) must be divisible" in data["refused"], data["refused"]
 
+
+def test_every_library_recipe_is_built():
+    # each recipe autotune maps a preset to (and the generic one) is a case here, its hub config in bridge_hub.py
+    built = {bridge_recipe(case_model(model)).name for _, model, _, _ in CASES}
+    assert {r.name for r in RECIPES.values()} | {GENERIC.name} <= built, sorted({r.name for r in RECIPES.values()}
+                                                                                 - built)
