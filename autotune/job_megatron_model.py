@@ -109,8 +109,8 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
         return None
     groups = n("--num-query-groups") if "--group-query-attention" in f else n("--num-key-value-heads")
     vocab = n("--vocab-size")
-    if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer":
-        vocab += 1  # Megatron's NullTokenizer adds one EOD token
+    if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer" and "--legacy-tokenizer" in f:
+        vocab += 1  # the legacy NullTokenizer adds one EOD token; megatron-core's holds --vocab-size (emit/megatron.py)
     experts = n("--num-experts")
     moe = None if not experts else _moe(f, n, experts, layers, path)
     # Megatron-LM's MLA flags and their defaults (arguments.py:3548-3557 at d98e8a6)

@@ -147,6 +147,7 @@ ENGINE_DIMENSIONS: dict[str, str] = {
     "mtp": "Megatron-LM refuses multi-token prediction with this model's position embeddings (rope or none only)",
     "cuda_graph": "these CUDA graphs are not ones the engine runs (or not with this model or recompute)",
     "ep_overlap": "the engine cannot overlap the expert-parallel all-to-alls (or not with this layout or recompute)",
+    "expert_bias": "biased experts split by expert tensor parallelism (Megatron-core needs etp 1 for them)",
     "moe_dispatcher": "the engine has no such MoE token dispatcher (or not for this model or layout)",
     "fp8_attention": "the engine cannot run attention in FP8 (Megatron only; not with this FP8 recipe)",
     "fp8_output_proj": "the engine cannot run the output layer in MXFP8 (Megatron-core 0.18+ only)",

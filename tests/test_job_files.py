@@ -54,7 +54,7 @@ torchrun --nnodes=$NNODES --nproc-per-node=8 --rdzv-backend c10d \
     --tensor-model-parallel-size 2 --context-parallel-size "2" --sequence-parallel \
     --recompute-granularity full --recompute-method block --recompute-num-layers 4 \
     --bf16 --fp8-format hybrid --fp8-amax-history-len 1024 \
-    --tokenizer-type NullTokenizer --vocab-size 128255 --mock-data
+    --tokenizer-type NullTokenizer --vocab-size 128256 --mock-data
 """
 
 

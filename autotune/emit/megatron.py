@@ -135,8 +135,10 @@ def _optimizer_flags(plan: ParallelPlan, options: EmitOptions, problems: list[st
 
 
 def _mock_data_flags(model: ModelSpec) -> list[str]:
-    # Megatron's NullTokenizer adds one EOD token to --vocab-size, hence V - 1.
-    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size - 1)]
+    # megatron-core's NullTokenizer holds exactly --vocab-size, its EOD the last id (core 0.19.2
+    # megatron/core/tokenizers/text/libraries/null_tokenizer.py:16-19); the legacy one that added an EOD token runs
+    # only under 0.16's --legacy-tokenizer (default off), and 0.17+ have no other.
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]
 
 
 def megatron_args(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, options: EmitOptions | None = None,

@@ -34,6 +34,7 @@ from autotune.engines.megatron_rules import (
     cuda_graph_rules,
     fp8_attention_rules,
     ep_overlap_rules,
+    expert_bias_rules,
     module_set_rules,
     moe_dispatcher_rules,
     mtp_rules,
@@ -172,6 +173,7 @@ class MegatronEngine(Engine):
         return (out + recompute_module_rules(model, plan, plan.fp8_recipe or self.comm.fp8_recipe)
                 + cuda_graph_rules(model, plan) + ep_overlap_rules(model, plan)
                 + moe_dispatcher_rules(model, plan, cluster.gpu) + token_drop_rules(model, plan)
+                + expert_bias_rules(model, plan)
                 + cp_comm_type_rules(model, plan, cluster)
                 + megatron_fsdp_rules(model, plan) + activation_offload_rules(model, plan)
                 + mtp_rules(model, plan) + fp8_attention_rules(plan, plan.fp8_recipe or self.comm.fp8_recipe))

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_offload_rules", "cp_comm_type_rules", "cuda_graph_rules", "ep_overlap_rules",
-           "fp8_attention_rules", "module_set_rules", "moe_dispatcher_rules", "mtp_rules", "recompute_module_rules",
-           "token_drop_rules"]
+           "expert_bias_rules", "fp8_attention_rules", "module_set_rules", "moe_dispatcher_rules", "mtp_rules",
+           "recompute_module_rules", "token_drop_rules"]
 
 _SRC = "megatron-core 0.19.2 megatron/core/transformer/transformer_config.py"
 
@@ -203,6 +203,20 @@ def moe_dispatcher_rules(model: ModelSpec, plan: ParallelPlan, gpu: GPUSpec | No
                         f"GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs, not {gpu.name}: use "
                         "--moe-dispatcher alltoall", source=f"{bridge}:115-119"))
     return out
+
+
+def expert_bias_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
+    """Biased experts split across tensor-parallel ranks: an MoE model without ``--disable-bias-linear`` (GPT-OSS)
+    has biased experts, and TransformerConfig.__post_init__ asserts "Bias in Moe is only supported when ETP==1"
+    (:2279-2282); ``--expert-tensor-parallel-size`` defaults to tp (megatron/training/arguments.py:569-570), so a
+    plan with tp > 1 must keep its experts whole (etp 1)."""
+    if model.moe is None or not model.linear_bias or plan.expert_tp == 1:
+        return []
+    return [Rule(id="megatron:expert_bias", source=f"{_SRC}:2279-2282",
+                 message=f"Megatron-LM: Bias in Moe is only supported when ETP==1: {model.name}'s experts have biases "
+                         f"and this plan splits each expert {plan.expert_tp} ways (etp "
+                         f"{plan.etp if plan.etp is not None else f'= tp = {plan.tp}'}): add --etp 1 (each expert "
+                         "whole on its rank, tp for attention only), or use --tp 1")]
 
 
 def token_drop_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:

@@ -91,8 +91,8 @@ def test_plan_dimensions_become_their_flags():
             "--fp8-amax-compute-algo max --fp8-param-gather") in joined
     assert "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather" in joined
     assert "--group-query-attention --num-query-groups 8" in joined
-    # Megatron's NullTokenizer adds an EOD token: 128255 + 1 = the model's 128256.
-    assert "--vocab-size 128255" in joined
+    # megatron-core's NullTokenizer holds exactly --vocab-size (its EOD the last id): the model's 128256.
+    assert "--vocab-size 128256" in joined
 
     m, c, plan = _setup(*CASES[1][1:4], **CASES[1][4])
     assert "--num-layers-per-virtual-pipeline-stage 10" in " ".join(megatron_args(m, c, plan))  # 80 / 4 / 2

@@ -268,7 +268,9 @@ def test_attention_variants_and_cp_exchanges_pass_megatron_lm(oracle, tmp_path, 
     cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=world)
     plan = make_plan(model, cluster, engine="megatron", tp=2, cp=cp, ep=4 if model.moe else 1, zero_stage=1,
                      seq_len=4096, global_batch_size=world, recompute="full",
-                     **({"cp_comm_type": "a2a+p2p"} if cp > 1 else {}))
+                     **({"cp_comm_type": "a2a+p2p"} if cp > 1 else {}),
+                     # biased experts whole on their ranks: megatron-core asserts etp 1 for them (expert_bias_rules)
+                     **({"etp": 1} if model.moe and model.linear_bias else {}))
     path = tmp_path / "megatron_args.sh"
     path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
     argv, _, _ = parse_shell_args_with_lines(path.read_text())
