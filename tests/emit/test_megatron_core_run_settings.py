@@ -7,12 +7,9 @@ tooling, tests/emit/bridge_tooling.py, ships ``megatron.training``).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from megatron_core_probe import core_verdicts  # tests/emit/ is on sys.path (no __init__)
 
 from autotune.api import estimate, make_plan
 from autotune.bundle.writer import render_bundle
@@ -22,7 +19,6 @@ from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
 pytestmark = pytest.mark.slow  # one process of megatron-core imports (~10 s)
-PROBE = Path(__file__).parent / "fixtures" / "megatron_core_config_probe.py"
 GPU = "h100-sxm-80gb"
 
 # (id, model, GPUs, plan) that autotune runs: megatron-core must accept each file as written.
@@ -122,12 +118,6 @@ def _argv(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bridge_tooling import bridge_path  # installs the megatron-core 0.19.2 wheel (or skips, saying why)
-
-    root = tmp_path_factory.mktemp("core019")
-    (root / "tree").mkdir()
-    (root / "tree" / "megatron").symlink_to(bridge_path() / "megatron")
     jobs = []
     for case, model, gpus, kw in ACCEPTED:
         m, c, plan = _plan(model, gpus, kw)
@@ -140,11 +130,7 @@ def verdicts(tmp_path_factory):
         text = render_bundle(estimate(m, c, plan)).files["megatron_args.sh"]
         assert old in text, (case, text)
         jobs.append((gpus, _argv(text.replace(old, new))))
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    run = subprocess.run([sys.executable, str(PROBE), str(root / "tree"), str(root / "jobs.json")], capture_output=True,
-                         text=True, timeout=900, check=False)
-    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
-    assert run.returncode == 0 and len(lines) == len(jobs), run.stdout[-2000:] + run.stderr[-4000:]
+    lines = core_verdicts(tmp_path_factory.mktemp("core019"), jobs)
     return dict(zip([c[0] for c in ACCEPTED] + [c[0] for c in REFUSED], lines))
 
 
