@@ -17,7 +17,7 @@ from autotune.errors import InputError
 from autotune.inputs import read_json
 from autotune.report import gib
 
-__all__ = ["lint_file", "memory_problems"]
+__all__ = ["lint_file", "memory_problems", "megatron_core_problems", "CORE_CHECK_GPU"]
 
 
 def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
@@ -25,10 +25,40 @@ def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp
               engine_versions: dict[str, str] | None = None) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable); ``kind``
     and ``hf`` as for ``autotune.emit.validate_files.validate_file``, plus "plan" (autotune's plan.json)."""
-    if (kind or file_kind(path)) == "plan":
+    kind = kind or file_kind(path)
+    if kind == "plan":
         return _plan_problems(path, world_size)
-    return validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
-                         engine_versions=engine_versions)
+    problems = validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
+                             engine_versions=engine_versions)
+    if kind == "megatron" and not any(p.severity == "error" for p in problems):
+        problems += megatron_core_problems(path, world_size)
+    return problems
+
+
+CORE_CHECK_GPU = "b200"
+"""The GPU a Megatron-LM file's plan is checked on by :func:`megatron_core_problems`: one that runs every precision,
+FP8 recipe and token dispatcher the engine's rules know, so that only the model and the plan are judged."""
+
+
+def megatron_core_problems(path: str | Path, world_size: int) -> list[Problem]:
+    """What megatron-core refuses of the model and plan a Megatron-LM argument file states beyond ``validate_args``:
+    its TransformerConfig checks (biased experts split by expert TP, per-layer CUDA graphs beside full recompute,
+    the EP overlap's needs, ...), as the engine's own rules word them ("Megatron-LM: ...", autotune.engines.
+    megatron_rules, each citing megatron-core's line) on the plan ``autotune estimate --from`` reads from the file,
+    with the nearest plan that passes as the fix. Anything else the reader says is left to the format checks."""
+    from autotune.job_files import read_job
+
+    try:
+        read_job([str(path)], num_gpus=world_size, gpu=CORE_CHECK_GPU)
+    except InputError as err:
+        if err.subject != "plan":
+            return []
+        nearest = next((p for p in err.problems if p.startswith("the nearest plan")), "")
+        fix = (f"{nearest} (the flags of `autotune estimate`)" if nearest else
+               f"`autotune estimate --from {path} --gpu GPU` says what to change")
+        return [Problem(path="(the plan)", severity="error", source="megatron-core", message=p, fix=fix)
+                for p in err.problems if p.startswith("Megatron-LM: ")]
+    return []
 
 
 def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, pp: int = 1, cp: int = 1,

@@ -215,8 +215,9 @@ def expert_bias_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
     return [Rule(id="megatron:expert_bias", source=f"{_SRC}:2279-2282",
                  message=f"Megatron-LM: Bias in Moe is only supported when ETP==1: {model.name}'s experts have biases "
                          f"and this plan splits each expert {plan.expert_tp} ways (etp "
-                         f"{plan.etp if plan.etp is not None else f'= tp = {plan.tp}'}): add --etp 1 (each expert "
-                         "whole on its rank, tp for attention only), or use --tp 1")]
+                         f"{plan.etp if plan.etp is not None else f'= tp = {plan.tp}'}): add --etp 1 (Megatron-LM's "
+                         "--expert-tensor-parallel-size 1: each expert whole on its rank, tp for attention only), or "
+                         "use --tp 1")]
 
 
 def token_drop_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:

@@ -1,0 +1,62 @@
+"""`autotune validate megatron_args.sh`: beyond the file's flags and Megatron-LM's validate_args rules, what
+megatron-core's TransformerConfig refuses of the model and plan the file states (autotune.lint.megatron_core_problems:
+the engine's own rules, each citing megatron-core's line), as `autotune estimate --from` reads the file. Each file
+here is one autotune wrote, which megatron-core 0.19.2 accepts (tests/emit/test_megatron_core_presets.py), edited the
+way a user would break it."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.api import estimate, make_plan
+from autotune.bundle.writer import render_bundle
+from autotune.cli import main
+from autotune.lint import lint_file
+from autotune.specs.loading import load_cluster
+from autotune.specs.presets import load_model_preset
+
+
+def _args_file(tmp_path, name: str, gpus: int, **kw) -> str:
+    model, cluster = load_model_preset(name), load_cluster(gpu="h100-sxm-80gb", num_gpus=gpus)
+    plan = make_plan(model, cluster, engine="megatron", zero_stage=1, seq_len=4096, global_batch_size=4 * gpus, **kw)
+    path = tmp_path / "megatron_args.sh"
+    path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
+    return str(path)
+
+
+def _edit(path: str, old: str, new: str) -> str:
+    text = open(path).read()
+    assert old in text, text
+    open(path, "w").write(text.replace(old, new))
+    return path
+
+
+def test_the_files_autotune_writes_pass(tmp_path):
+    path = _args_file(tmp_path, "gpt-oss-20b", 16, tp=2, etp=1, ep=8, sequence_parallel=True)
+    assert lint_file(path, world_size=16) == []
+
+
+def test_biased_experts_split_by_expert_tp_are_refused(tmp_path):
+    # megatron-core: "Bias in Moe is only supported when ETP==1" (transformer_config.py:2279-2282); without the flag
+    # --expert-tensor-parallel-size defaults to tp (arguments.py:569-570)
+    path = _args_file(tmp_path, "gpt-oss-20b", 16, tp=2, etp=1, ep=8, sequence_parallel=True)
+    _edit(path, "  --expert-tensor-parallel-size 1\n", "")
+    found = lint_file(path, world_size=16)
+    assert [(p.source, p.severity) for p in found] == [("megatron-core", "error")], found
+    assert "Bias in Moe is only supported when ETP==1" in found[0].message
+    assert "--expert-tensor-parallel-size 1" in found[0].message and "--etp 1" in found[0].fix
+
+
+def test_per_layer_graphs_beside_full_recompute_are_refused(tmp_path, capsys):
+    path = _args_file(tmp_path, "llama3-8b", 8, recompute="full")
+    _edit(path, "  --recompute-granularity full\n",
+          "  --recompute-granularity full\n  --cuda-graph-impl transformer_engine\n")
+    assert main(["validate", path, "--world-size", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "full recompute is only supported with full iteration CUDA graph" in out and "transformer_config.py" in out
+
+
+@pytest.mark.parametrize("name, gpus, kw", [("mixtral-8x7b", 32, dict(tp=2, ep=8, sequence_parallel=True)),
+                                            ("deepseek-v3", 256, dict(pp=8, ep=32, recompute="full"))])
+def test_moe_files_autotune_writes_pass(tmp_path, name, gpus, kw):
+    assert lint_file(_args_file(tmp_path, name, gpus, **kw), world_size=gpus) == []
