@@ -30,7 +30,7 @@ def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp
         return _plan_problems(path, world_size)
     problems = validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
                              engine_versions=engine_versions)
-    if kind == "megatron" and not any(p.severity == "error" for p in problems):
+    if kind in ("megatron", "megatron-bridge") and not any(p.severity == "error" for p in problems):
         problems += megatron_core_problems(path, world_size)
     return problems
 
@@ -41,7 +41,8 @@ FP8 recipe and token dispatcher the engine's rules know, so that only the model 
 
 
 def megatron_core_problems(path: str | Path, world_size: int) -> list[Problem]:
-    """What megatron-core refuses of the model and plan a Megatron-LM argument file states beyond ``validate_args``:
+    """What megatron-core refuses of the model and plan a Megatron-LM argument file (or Megatron-Bridge overrides,
+    whose ConfigContainer builds the same TransformerConfig) states beyond ``validate_args``:
     its TransformerConfig checks (biased experts split by expert TP, per-layer CUDA graphs beside full recompute,
     the EP overlap's needs, ...), as the engine's own rules word them ("Megatron-LM: ...", autotune.engines.
     megatron_rules, each citing megatron-core's line) on the plan ``autotune estimate --from`` reads from the file,

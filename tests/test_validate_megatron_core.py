@@ -16,11 +16,11 @@ from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
 
 
-def _args_file(tmp_path, name: str, gpus: int, **kw) -> str:
+def _args_file(tmp_path, name: str, gpus: int, file: str = "megatron_args.sh", **kw) -> str:
     model, cluster = load_model_preset(name), load_cluster(gpu="h100-sxm-80gb", num_gpus=gpus)
     plan = make_plan(model, cluster, engine="megatron", zero_stage=1, seq_len=4096, global_batch_size=4 * gpus, **kw)
-    path = tmp_path / "megatron_args.sh"
-    path.write_text(render_bundle(estimate(model, cluster, plan)).files["megatron_args.sh"])
+    path = tmp_path / file
+    path.write_text(render_bundle(estimate(model, cluster, plan)).files[file])
     return str(path)
 
 
@@ -60,3 +60,14 @@ def test_per_layer_graphs_beside_full_recompute_are_refused(tmp_path, capsys):
                                             ("deepseek-v3", 256, dict(pp=8, ep=32, recompute="full"))])
 def test_moe_files_autotune_writes_pass(tmp_path, name, gpus, kw):
     assert lint_file(_args_file(tmp_path, name, gpus, **kw), world_size=gpus) == []
+
+
+def test_bridge_overrides_get_the_same_check(tmp_path):
+    """Megatron-Bridge overrides build the same TransformerConfig (Bridge 0.6's validate() runs its __post_init__)."""
+    path = _args_file(tmp_path, "gpt-oss-20b", 16, file="bridge_overrides.yaml", tp=2, etp=1, ep=8,
+                      sequence_parallel=True)
+    assert lint_file(path, world_size=16) == []
+    _edit(path, "  expert_tensor_parallel_size: 1\n", "  expert_tensor_parallel_size: 2\n")
+    found = lint_file(path, world_size=16)
+    assert [(p.source, p.severity) for p in found] == [("megatron-core", "error")], found
+    assert "Bias in Moe is only supported when ETP==1" in found[0].message
