@@ -26,8 +26,10 @@ __all__ = ["Estimate", "make_plan", "estimate", "cluster_spec_dict", "estimate_f
 
 def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int | None = None, tp: int = 1,
               pp: int = 1, cp: int = 1, micro_batch_size: int = 1, sequence_parallel: bool | None = None,
-              **rest) -> ParallelPlan:
+              check: bool = True, **rest) -> ParallelPlan:
     """A plan for ``cluster`` with dp and gradient accumulation derived; InputError lists every problem.
+    ``check=False`` skips the rules (``autotune.rules.plan_problems``): the plan as stated, for a linter that asks
+    them itself; a plan that cannot be built at all still raises.
 
     ``global_batch_size`` None means one micro-batch per data-parallel replica. ``sequence_parallel``
     None means on whenever tp > 1 and the engine has it (Megatron's recommended setting). ``zero_stage`` None or
@@ -61,6 +63,8 @@ def make_plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int 
                             sequence_parallel=sequence_parallel, **rest)
     except InputError as err:
         raise InputError(problems + list(err.problems), subject="plan") from None
+    if not check:
+        return plan
     found = [(rule, msg) for rule, msg in plan_problems(model, cluster, plan) if not (problems and rule == "world_size")]
     problems += [msg for _, msg in found]
     others: list[str] = []

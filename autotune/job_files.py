@@ -223,10 +223,11 @@ def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
 def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
              gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
              global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
-             recompute: str | None = None) -> JobFiles:
+             recompute: str | None = None, check: bool = True) -> JobFiles:
     """The job ``paths`` state; flags fill what the files do not (and say the model, GPU and world size where
     the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
-    DeepSpeed config, which does not hold them). InputError names every missing field with the flag that supplies it."""
+    DeepSpeed config, which does not hold them; ``check=False``: the Megatron / torchtitan plan as the files state
+    it, unjudged by the rules, as ``make_plan``). InputError names every missing field with the flag that supplies it."""
     missing = [f"{p}: {why}" for p in paths if (why := _not_a_file(p))]
     if missing:
         raise InputError(missing, subject=_SUBJECT)
@@ -322,7 +323,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                                                               "offload_param", "nvme_path", "seq_len", "recompute",
                                                               "precision", "optimizer", "engine", "overlap_comm")})
     else:
-        plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, **fields)
+        plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, check=check, **fields)
         if any(kind == "torchtitan-module" for _, kind in kinds):  # a torchtitan 0.3 module: that release's code
             from autotune.engines import engine_for
 

@@ -42,24 +42,27 @@ FP8 recipe and token dispatcher the engine's rules know, so that only the model 
 
 def megatron_core_problems(path: str | Path, world_size: int) -> list[Problem]:
     """What megatron-core refuses of the model and plan a Megatron-LM argument file (or Megatron-Bridge overrides,
-    whose ConfigContainer builds the same TransformerConfig) states beyond ``validate_args``:
-    its TransformerConfig checks (biased experts split by expert TP, per-layer CUDA graphs beside full recompute,
-    the EP overlap's needs, ...), as the engine's own rules word them ("Megatron-LM: ...", autotune.engines.
-    megatron_rules, each citing megatron-core's line) on the plan ``autotune estimate --from`` reads from the file,
-    with the nearest plan that passes as the fix. Anything else the reader says is left to the format checks."""
+    whose ConfigContainer builds the same TransformerConfig) states beyond ``validate_args``: the Megatron engine's
+    own rules (``Engine.extra_problems``: biased experts split by expert TP, per-layer CUDA graphs beside full
+    recompute, the EP overlap's needs, ...), each citing megatron-core's line, asked of the plan ``autotune estimate
+    --from`` reads from the file, unjudged, with the nearest plan that passes as the fix. A file the reader cannot
+    read is left to the format checks."""
+    from autotune.engines import engine_for
     from autotune.job_files import read_job
+    from autotune.search.nearest_plan import nearest_valid_plan
 
     try:
-        read_job([str(path)], num_gpus=world_size, gpu=CORE_CHECK_GPU)
-    except InputError as err:
-        if err.subject != "plan":
-            return []
-        nearest = next((p for p in err.problems if p.startswith("the nearest plan")), "")
-        fix = (f"{nearest} (the flags of `autotune estimate`)" if nearest else
-               f"`autotune estimate --from {path} --gpu GPU` says what to change")
-        return [Problem(path="(the plan)", severity="error", source="megatron-core", message=p, fix=fix)
-                for p in err.problems if p.startswith("Megatron-LM: ")]
-    return []
+        job = read_job([str(path)], num_gpus=world_size, gpu=CORE_CHECK_GPU, check=False)
+    except InputError:
+        return []
+    refused = engine_for(job.plan).extra_problems(job.model, job.cluster, job.plan)
+    if not refused:
+        return []
+    nearest = nearest_valid_plan(job.model, job.cluster, job.plan)
+    fix = (f"{nearest.describe()} (the flags of `autotune estimate`)" if nearest is not None else
+           f"`autotune estimate --from {path} --gpu GPU` says what to change")
+    return [Problem(path="(the plan)", severity="error", source="megatron-core", message=rule.render(), fix=fix)
+            for rule in refused]
 
 
 def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, pp: int = 1, cp: int = 1,

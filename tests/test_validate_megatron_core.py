@@ -71,3 +71,17 @@ def test_bridge_overrides_get_the_same_check(tmp_path):
     found = lint_file(path, world_size=16)
     assert [(p.source, p.severity) for p in found] == [("megatron-core", "error")], found
     assert "Bias in Moe is only supported when ETP==1" in found[0].message
+
+
+def test_the_reader_returns_the_plan_unjudged_for_the_linter(tmp_path):
+    """megatron_core_problems reads the file's plan without the rules (read_job check=False) and asks the engine's
+    own: the same file, read to estimate, is refused with the rule's words."""
+    from autotune.errors import InputError
+    from autotune.job_files import read_job
+
+    path = _args_file(tmp_path, "gpt-oss-20b", 16, tp=2, etp=1, ep=8, sequence_parallel=True)
+    _edit(path, "  --expert-tensor-parallel-size 1\n", "")
+    with pytest.raises(InputError, match="Bias in Moe is only supported when ETP==1"):
+        read_job([path], gpu="b200", num_gpus=16)
+    plan = read_job([path], gpu="b200", num_gpus=16, check=False).plan
+    assert (plan.tp, plan.expert_tp) == (2, 2)
