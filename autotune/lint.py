@@ -17,7 +17,7 @@ from autotune.errors import InputError
 from autotune.inputs import read_json
 from autotune.report import gib
 
-__all__ = ["lint_file", "memory_problems", "megatron_core_problems", "CORE_CHECK_GPU"]
+__all__ = ["lint_file", "memory_problems", "engine_rule_problems", "RULES_CHECK_GPU", "RULES_CHECKED_KINDS"]
 
 
 def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
@@ -30,38 +30,53 @@ def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp
         return _plan_problems(path, world_size)
     problems = validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
                              engine_versions=engine_versions)
-    if kind in ("megatron", "megatron-bridge") and not any(p.severity == "error" for p in problems):
-        problems += megatron_core_problems(path, world_size)
+    if kind in RULES_CHECKED_KINDS and not any(p.severity == "error" for p in problems):
+        problems += engine_rule_problems(path, world_size)
     return problems
 
 
-CORE_CHECK_GPU = "b200"
-"""The GPU a Megatron-LM file's plan is checked on by :func:`megatron_core_problems`: one that runs every precision,
-FP8 recipe and token dispatcher the engine's rules know, so that only the model and the plan are judged."""
+RULES_CHECK_GPU = "b200"
+"""The GPU a file's plan is judged on by :func:`engine_rule_problems`: one that runs every precision, FP8 recipe
+and token dispatcher the engines' rules know, so that only the model and the plan are judged."""
+
+RULES_CHECKED_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan")
+"""The kinds of file whose model and plan ``autotune estimate --from`` reads, so that the engine's rules judge
+them (a DeepSpeed or accelerate config alone states no model)."""
+
+_RULES_SOURCE = {"megatron": "megatron-core", "megatron-deepspeed": "Megatron-DeepSpeed", "fsdp": "torchtitan"}
+"""Whose code enforces each engine's rules, as the problem's source (Bridge overrides build megatron-core's
+TransformerConfig too)."""
 
 
-def megatron_core_problems(path: str | Path, world_size: int) -> list[Problem]:
-    """What megatron-core refuses of the model and plan a Megatron-LM argument file (or Megatron-Bridge overrides,
-    whose ConfigContainer builds the same TransformerConfig) states beyond ``validate_args``: the Megatron engine's
-    own rules (``Engine.extra_problems``: biased experts split by expert TP, per-layer CUDA graphs beside full
-    recompute, the EP overlap's needs, ...), each citing megatron-core's line, asked of the plan ``autotune estimate
-    --from`` reads from the file, unjudged, with the nearest plan that passes as the fix. A file the reader cannot
-    read is left to the format checks."""
+def engine_rule_problems(path: str | Path, world_size: int) -> list[Problem]:
+    """What the engine refuses of the model and plan a file states beyond its own argument checks, as the engine's
+    rules word them (``Engine.extra_problems``), each citing the engine's line, with the nearest plan that passes
+    as the fix. Megatron-LM arguments and Megatron-Bridge overrides: megatron-core's TransformerConfig checks
+    (biased experts split by expert TP, per-layer CUDA graphs beside full recompute, the EP overlap's needs, ...);
+    Megatron-DeepSpeed: what its DeepSpeed-MoE cannot build or run (MoE under ZeRO-3); torchtitan: its model
+    code's. The plan is the one ``autotune estimate --from`` reads from the file, unjudged; a file the reader
+    cannot read is left to the format checks."""
     from autotune.engines import engine_for
     from autotune.job_files import read_job
+    from autotune.rules import engines_that_run
     from autotune.search.nearest_plan import nearest_valid_plan
 
     try:
-        job = read_job([str(path)], num_gpus=world_size, gpu=CORE_CHECK_GPU, check=False)
+        job = read_job([str(path)], num_gpus=world_size, gpu=RULES_CHECK_GPU, check=False)
     except InputError:
         return []
     refused = engine_for(job.plan).extra_problems(job.model, job.cluster, job.plan)
     if not refused:
         return []
     nearest = nearest_valid_plan(job.model, job.cluster, job.plan)
+    engine = job.plan.engine
     fix = (f"{nearest.describe()} (the flags of `autotune estimate`)" if nearest is not None else
-           f"`autotune estimate --from {path} --gpu GPU` says what to change")
-    return [Problem(path="(the plan)", severity="error", source="megatron-core", message=rule.render(), fix=fix)
+           f"as the message says; `autotune plan --engine {engine}` lists plans this engine runs")
+    others = [e for e in engines_that_run(job.model, job.cluster, job.plan) if e != engine]
+    if others:
+        fix += f"; engines that run this plan as it is: {', '.join(others)}"
+    source = _RULES_SOURCE.get(engine, engine)
+    return [Problem(path="(the plan)", severity="error", source=source, message=rule.render(), fix=fix)
             for rule in refused]
 
 

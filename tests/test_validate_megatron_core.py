@@ -1,5 +1,5 @@
 """`autotune validate megatron_args.sh`: beyond the file's flags and Megatron-LM's validate_args rules, what
-megatron-core's TransformerConfig refuses of the model and plan the file states (autotune.lint.megatron_core_problems:
+megatron-core's TransformerConfig refuses of the model and plan the file states (autotune.lint.engine_rule_problems:
 the engine's own rules, each citing megatron-core's line), as `autotune estimate --from` reads the file. Each file
 here is one autotune wrote, which megatron-core 0.19.2 accepts (tests/emit/test_megatron_core_presets.py), edited the
 way a user would break it."""
@@ -74,7 +74,7 @@ def test_bridge_overrides_get_the_same_check(tmp_path):
 
 
 def test_the_reader_returns_the_plan_unjudged_for_the_linter(tmp_path):
-    """megatron_core_problems reads the file's plan without the rules (read_job check=False) and asks the engine's
+    """engine_rule_problems reads the file's plan without the rules (read_job check=False) and asks the engine's
     own: the same file, read to estimate, is refused with the rule's words."""
     from autotune.errors import InputError
     from autotune.job_files import read_job

@@ -61,8 +61,9 @@ def deepspeed_moe_problems(model: ModelSpec, plan: ParallelPlan) -> dict[str, st
     "moe_zero3"; empty where it can): its MoE layers wrap the dense ``ParallelMLP`` (every expert as wide as
     --ffn-hidden-size, no shared expert; microsoft/Megatron-DeepSpeed megatron/model/transformer.py
     ParallelTransformerLayer), one every --expert-interval layers from the first (written as 1: no dense layers
-    first), and DeepSpeed refuses its MoE under ZeRO-3 (deepspeed/runtime/engine.py "MoE not supported with Stage
-    3"). The megatron-deepspeed engine's rules ask it too, so the planner proposes no plan this writer refuses."""
+    first), and DeepSpeed refuses its MoE under ZeRO-3 (0.19.8 runtime/engine.py:2214-2216 "Native DeepSpeed MoE is
+    not supported with ZeRO Stage 3"). The megatron-deepspeed engine's rules ask it too, so the planner proposes no
+    plan this writer refuses."""
     moe = model.moe
     if moe is None:
         return {}

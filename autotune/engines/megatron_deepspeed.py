@@ -21,7 +21,8 @@ __all__ = ["MegatronDeepSpeedEngine"]
 
 MOE_SOURCES = {"moe_form": "microsoft/Megatron-DeepSpeed megatron/model/transformer.py ParallelTransformerLayer "
                            "(MoE(ParallelMLP(...)) per --expert-interval)",
-               "moe_zero3": 'deepspeed/runtime/engine.py: "MoE not supported with Stage 3"'}
+               "moe_zero3": 'deepspeed 0.19.8 runtime/engine.py:2214-2216: "Native DeepSpeed MoE is not supported with '
+                            'ZeRO Stage 3"'}
 """Where each of ``emit.megatron.deepspeed_moe_problems``' refusals comes from."""
 
 
