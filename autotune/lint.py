@@ -39,7 +39,7 @@ RULES_CHECK_GPU = "b200"
 """The GPU a file's plan is judged on by :func:`engine_rule_problems`: one that runs every precision, FP8 recipe
 and token dispatcher the engines' rules know, so that only the model and the plan are judged."""
 
-RULES_CHECKED_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan")
+RULES_CHECKED_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan", "torchtitan-module")
 """The kinds of file whose model and plan ``autotune estimate --from`` reads, so that the engine's rules judge
 them (a DeepSpeed or accelerate config alone states no model)."""
 

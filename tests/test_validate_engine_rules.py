@@ -1,6 +1,6 @@
-"""`autotune validate` on a Megatron-DeepSpeed argument file: beyond the fork's own flag table and validate_args
-rules, what the engine refuses of the model and plan the file states (autotune.lint.engine_rule_problems, the
-megatron-deepspeed engine's rules). The slow test shows DeepSpeed itself refusing what the rule refuses: its MoE
+"""`autotune validate` on a Megatron-DeepSpeed argument file or a torchtitan TOML: beyond the file's own format
+checks, what the engine refuses of the model and plan the file states (autotune.lint.engine_rule_problems: the
+engine's own rules; Megatron-LM files: tests/test_validate_megatron_core.py). The slow test shows DeepSpeed itself refusing what the rule refuses: its MoE
 under ZeRO-3, with the ds_config.json autotune writes beside the arguments."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from conftest import run_launcher  # a rank's rare native abort at exit: started
 from autotune.api import estimate, make_plan
 from autotune.bundle.writer import render_bundle
 from autotune.cli import main
+from autotune.emit.options import EmitOptions
 from autotune.lint import lint_file
 from autotune.specs.loading import load_cluster
 from autotune.specs.presets import load_model_preset
@@ -55,6 +56,27 @@ def test_deepspeed_moe_under_zero3_is_refused(tmp_path, capsys):
     assert "engines that run this plan as it is: megatron" in found[0].fix
     assert main(["validate", path, "--world-size", str(GPUS)]) == 1
     assert "runtime/engine.py:2214-2216" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version, name, sep", [("0.2", "torchtitan_job.toml", " = "),
+                                                 ("0.3", "torchtitan_plan.py", "=")])
+def test_a_torchtitan_pipeline_with_fewer_micro_batches_than_stages_is_refused(tmp_path, version, name, sep):
+    """torch.distributed.pipelining's Schedule1F1B raises "Number of microbatches (1) must be greater than or equal
+    to the number of stages (2)" (torch 2.13 distributed/pipelining/schedules.py:1020-1023); torchtitan's micro-batch
+    count is local_batch_size / pipeline_parallel_microbatch_size. The 0.2 TOML and the 0.3 config module alike."""
+    model, cluster = load_model_preset("llama3-8b"), load_cluster(gpu="h100-sxm-80gb", num_gpus=8)
+    plan = make_plan(model, cluster, engine="fsdp", pp=2, seq_len=4096, global_batch_size=32)
+    path = tmp_path / name
+    path.write_text(render_bundle(estimate(model, cluster, plan), EmitOptions(torchtitan_version=version)).files[name])
+    assert lint_file(path, world_size=8) == []
+    text = path.read_text()
+    local, total = f"local_batch_size{sep}8", f"global_batch_size{sep}32"
+    assert text.count(local) == 1 and text.count(total) == 1, text
+    path.write_text(text.replace(local, f"local_batch_size{sep}1").replace(total, f"global_batch_size{sep}4"))
+    found = lint_file(path, world_size=8)
+    assert [(p.source, p.severity) for p in found] == [("torchtitan", "error")], found
+    assert "Number of microbatches (1) must be greater than or equal to the number of stages (2)" in found[0].message
+    assert "the nearest plan that passes every rule" in found[0].fix
 
 
 PROBE = r'''
