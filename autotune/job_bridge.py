@@ -1,11 +1,13 @@
 """The plan a Megatron-Bridge override file states (``bridge_overrides.yaml``, or Hydra-style ``key=value`` lines),
-for ``estimate --from`` / ``plan --from`` (``autotune.job_files``).
+or a complete Bridge config (the ``run_config.yaml`` of a Bridge checkpoint), for ``estimate --from`` /
+``plan --from`` (``autotune.job_files``).
 
 Overrides sit on a base recipe (a ``ConfigContainer`` function): the parallel sizes, batch, sequence, recompute,
 distributed optimizer, precision and run settings are read from the ``model``, ``train``, ``dataset``, ``ddp``,
 ``comm_overlap`` and ``mixed_precision`` sections; what the file leaves unsaid is Megatron-core's default (tp 1,
 no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
-"Base recipe:" line autotune writes at its top), else ``--model``. The world size is not in the file:
+"Base recipe:" line autotune writes at its top), else the model section's own shape where it states one (a complete
+config: ``autotune.job_bridge_model``), else ``--model``. The world size is not in the file:
 ``--num-gpus`` or a launch script beside it.
 """
 
@@ -19,6 +21,7 @@ from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.inputs import read_text
+from autotune.job_bridge_model import bridge_model
 from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
 
@@ -68,6 +71,14 @@ def _precision(mp: object, path: str, notes: list[str]) -> tuple[str, str | None
     return ("fp16", None) if mp.get("fp16") else ("bf16", None)
 
 
+def _enum_name(value: object) -> str:
+    """A CUDA-graph module as a file names it: "moe_router", "CudaGraphModule.moe_router", or the mapping a whole
+    config's dump writes for the enum member (``{_target_: ...CudaGraphModule, _name_: moe_router, ...}``)."""
+    if isinstance(value, dict) and isinstance(value.get("_name_"), str):
+        return value["_name_"]
+    return str(value).rsplit(".", 1)[-1]
+
+
 def bridge_fields(path: str, notes: list[str]) -> dict:
     """The plan fields (and the model, where the base recipe names one) of a Bridge override file."""
     data, problems = read_bridge_overrides(path)
@@ -93,7 +104,9 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     if ddp.get("use_megatron_fsdp"):  # Megatron-FSDP: its sharding strategy (default optim_grads_params)
         strategy = ddp.get("data_parallel_sharding_strategy") or "optim_grads_params"
         out["zero_stage"] = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(str(strategy), 3)
-    if (etp := _size(m, "expert_tensor_parallel_size", path, None)) is not None:
+    # a full config of a dense model holds expert TP too (TransformerConfig fills it with tp): it splits no expert
+    dense = "num_moe_experts" in m and not m["num_moe_experts"]
+    if not dense and (etp := _size(m, "expert_tensor_parallel_size", path, None)) is not None:
         out["etp"] = etp
     granularity = m.get("recompute_granularity")
     out["recompute"] = granularity if granularity in ("selective", "full") else "none"
@@ -109,14 +122,13 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["mtp_layers"] = mtp
     impl = m.get("cuda_graph_impl")
     listed = m.get("cuda_graph_modules") or m.get("cuda_graph_scope") or []
-    names = [str(x).rsplit(".", 1)[-1] for x in (listed if isinstance(listed, list) else [listed])]
+    names = [_enum_name(x) for x in (listed if isinstance(listed, list) else [listed])]
     if impl == "full_iteration" or (impl == "local" and "full_iteration" in names):  # Bridge 0.6 utils/cuda_graph.py
         out["cuda_graph"] = "full-iteration"  # :121-131 is_full_iteration_cuda_graph
     elif impl in ("local", "transformer_engine"):  # cuda_graph_modules: [] or "full" = the whole layer
         out["cuda_graph"] = impl
-        scope = m.get("cuda_graph_modules") or m.get("cuda_graph_scope")
-        if isinstance(scope, list) and scope and "full" not in scope:
-            out["cuda_graph_scope"] = tuple(str(x) for x in scope)
+        if names and "full" not in names:
+            out["cuda_graph_scope"] = tuple(names)
     precision, recipe = _precision(data.get("mixed_precision"), path, notes)
     out["precision"] = precision
     if recipe is not None:
@@ -124,8 +136,12 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     mp = _section(data, "mixed_precision")
     if precision != "fp16" and (ddp.get("grad_reduce_in_fp32") is False or mp.get("grad_reduce_in_fp32") is False):
         out["grad_dtype"] = "bf16"
-    if _section(data, "comm_overlap").get("tp_comm_overlap") is True:
-        out["tp_overlap"] = "userbuffers"
+    if _section(data, "comm_overlap").get("tp_comm_overlap") is True or m.get("tp_comm_overlap") is True:
+        if out["tp"] >= 2 and out["sequence_parallel"]:  # else Bridge turns it off at setup (comm_overlap.py:442-451)
+            out["tp_overlap"] = "userbuffers"
+        else:
+            notes.append(f"{path}: tp_comm_overlap without tp >= 2 and sequence parallelism: Megatron-Bridge turns "
+                         "it off at setup")
     # FP8 attention: mixed_precision's field replaces the model's at setup (update_config_with_precision_overrides)
     if precision == "fp8" and mp.get("fp8_dot_product_attention", m.get("fp8_dot_product_attention")) is True:
         out["fp8_attention"] = True
@@ -139,7 +155,9 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     ep = co if co or (preset is not None and RECIPES[preset].comm_overlap) else m
     if ep.get("overlap_moe_expert_parallel_comm") is True:
         out["ep_overlap"] = "a2a-delay-wgrad" if ep.get("delay_wgrad_compute") is True else "a2a"
-    kind = m.get("moe_token_dispatcher_type")  # TransformerConfig (transformer_config.py:862-873 of core 0.19.2)
+    # TransformerConfig (transformer_config.py:862-873 of core 0.19.2); a full config of a dense model holds its
+    # default (allgather), which builds nothing without MoE layers
+    kind = None if dense else m.get("moe_token_dispatcher_type")
     if kind == "allgather":
         out["moe_dispatcher"] = "allgather"
     elif kind == "flex" and (backend := m.get("moe_flex_dispatcher_backend") or "deepep") in ("deepep", "hybridep"):
@@ -149,6 +167,8 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     out |= lora_of(data.get("peft"))
     if preset is not None:
         out["model"] = load_model_preset(preset)
+    elif (model := bridge_model(m, _section(data, "tokenizer"), path, notes)) is not None:
+        out["model"] = model  # a full config (a checkpoint's run_config.yaml) states the model too
     return out
 
 

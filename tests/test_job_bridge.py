@@ -66,14 +66,19 @@ def test_emitted_overrides_read_back_to_the_same_plan_and_estimate(tmp_path, cas
     assert again.memory.total == pytest.approx(est.memory.total, rel=1e-9)
 
 
-def test_the_generic_recipe_and_the_world_size_are_asked_for_by_flag(tmp_path):
+def test_the_generic_recipes_model_is_the_shape_it_states_and_the_world_size_is_asked_for(tmp_path):
+    """The generic recipe builds no model of its own: its overrides state the shape (num_layers, hidden_size, ...),
+    read as the preset of that shape (autotune.job_bridge_model); the world size is never in the file."""
     _, files = _bundle("mixtral-ep-generic")
     path = tmp_path / "bridge_overrides.yaml"
     path.write_text(files[path.name])
     with pytest.raises(InputError) as err:
         read_job([str(path)], gpu=GPU)
     text = " ".join(err.value.problems)
-    assert "--model" in text and "--num-gpus" in text
+    assert "--num-gpus" in text and "--model" not in text
+    job = read_job([str(path)], gpu=GPU, num_gpus=32)
+    assert job.model.name == "mixtral-8x7b" and f"model: the shape {path} states is the preset mixtral-8x7b's" in \
+        job.notes
 
 
 def test_cli_estimate_from_the_overrides_matches_the_plan(tmp_path, capsys):

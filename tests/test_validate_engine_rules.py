@@ -1,7 +1,7 @@
 """`autotune validate` on a Megatron-DeepSpeed argument file or a torchtitan TOML: beyond the file's own format
 checks, what the engine refuses of the model and plan the file states (autotune.lint.engine_rule_problems: the
-engine's own rules; Megatron-LM files: tests/test_validate_megatron_core.py). The slow test shows DeepSpeed itself refusing what the rule refuses: its MoE
-under ZeRO-3, with the ds_config.json autotune writes beside the arguments."""
+engine's own rules; Megatron-LM files: tests/test_validate_megatron_core.py). The slow test shows DeepSpeed itself
+refusing what the rule refuses: its MoE under ZeRO-3, with the ds_config.json autotune writes beside the arguments."""
 from __future__ import annotations
 
 import json

@@ -25,7 +25,8 @@ def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool =
     p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
                    help=f"{what} the job these files state: ds_config.json (+ --model, --num-gpus, --tp/--pp), "
                         "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), "
-                        "Megatron-Bridge overrides (bridge_overrides.yaml / .args, + --num-gpus), a torchtitan TOML or "
+                        "Megatron-Bridge overrides (bridge_overrides.yaml / .args, + --num-gpus) or a Bridge "
+                        "checkpoint's run_config.yaml (its model too), a torchtitan TOML or "
                         "0.3 config module (*.py), an accelerate YAML, plan.json; flags fill what the files do not state")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
     if recompute_default:

@@ -16,13 +16,19 @@ import yaml
 from autotune.emit.problems import JobSizes, Problem
 from autotune.inputs import read_text
 
-__all__ = ["CONFIG_CONTAINER_SECTIONS", "read_bridge_overrides", "bridge_overrides_problems", "bridge_job_sizes"]
+__all__ = ["CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides", "bridge_overrides_problems",
+           "bridge_job_sizes"]
 
 # dataclasses.fields(ConfigContainer) in megatron-bridge 0.6.2 (the underscore-prefixed internal one left out).
 CONFIG_CONTAINER_SECTIONS = frozenset((
     "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
     "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
     "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart"))
+
+
+CONFIG_CONTAINER_TARGET = "megatron.bridge.training.config.ConfigContainer"
+"""The ``_target_`` a whole config's top level names (``ConfigContainer.to_yaml``, as a checkpoint's run_config.yaml
+holds it: Megatron-Bridge 0.6 training/checkpointing.py:1468)."""
 
 
 def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
@@ -70,6 +76,8 @@ def bridge_job_sizes(path: str | Path) -> JobSizes:
 def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Problem]:
     data, problems = read_bridge_overrides(path)
     for key in data:
+        if key == "_target_" and data[key] == CONFIG_CONTAINER_TARGET:  # a whole config (a checkpoint's run_config)
+            continue
         if key not in CONFIG_CONTAINER_SECTIONS:
             problems.append(Problem(path=f"$.{key}", severity="error", source="megatron-bridge",
                                     message=f"{key!r} is not a ConfigContainer section (Megatron-Bridge 0.6 skips it)",

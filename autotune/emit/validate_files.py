@@ -12,12 +12,14 @@ with no Megatron argument in it: autotune's DeepSpeed / FSDP / HF launch scripts
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
-from autotune.emit.megatron_bridge_lint import bridge_job_sizes, bridge_overrides_problems
+from autotune.emit.megatron_bridge_lint import CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
@@ -42,17 +44,22 @@ def megatron_file_kind(argv: list[str]) -> str:
     return "megatron-deepspeed" if any(a.split("=", 1)[0] in _MDS_MARKERS for a in argv) else "megatron"
 
 
+_BRIDGE_CONTAINER = re.compile(rf"^_target_:\s*{re.escape(CONFIG_CONTAINER_TARGET)}\s*$", re.MULTILINE)
+"""The first line of a complete Megatron-Bridge config as ``ConfigContainer.to_yaml`` writes it (sorted keys)."""
+
+
 def file_kind(path: str | Path) -> str:
-    """The kind of a file, from its name (and, for a shell file, its arguments)."""
+    """The kind of a file, from its name (and, for a shell file, its arguments; for a YAML, whether it is a whole
+    Megatron-Bridge ConfigContainer: a checkpoint's ``run_config.yaml``, Bridge 0.6 checkpoint_utils.py:34)."""
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
         return "hostfile"
-    if name.startswith("bridge_overrides"):
+    if name.startswith(("bridge_overrides", "run_config")):
         return "megatron-bridge"
     if name.endswith(".json"):
         return "plan" if name == "plan.json" else "deepspeed"
     if name.endswith((".yaml", ".yml")):
-        return "accelerate"
+        return "megatron-bridge" if _BRIDGE_CONTAINER.search(_head(path)) else "accelerate"
     if name.endswith(".toml"):
         return "torchtitan"
     if name.endswith(".py"):
@@ -64,6 +71,15 @@ def file_kind(path: str | Path) -> str:
         return megatron_file_kind(argv)
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
                       f"({', '.join(FILE_KINDS)})"], subject="validate request")
+
+
+def _head(path: str | Path, size: int = 4096) -> str:
+    """The start of a file ('' where it does not read: the kind's own reader then says why)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(size)
+    except OSError:
+        return ""
 
 
 def _int(text: str | None) -> int | None:
