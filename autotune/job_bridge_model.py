@@ -8,6 +8,8 @@ a preset where one has the shape, else a ModelSpec of the stated fields. Read by
 
 from __future__ import annotations
 
+from autotune.emit.job_args import FROM_SUBJECT
+from autotune.errors import InputError
 from autotune.job_megatron_model import megatron_model
 from autotune.specs.model import ModelSpec
 
@@ -54,7 +56,13 @@ _VALUES = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads"
 
 def states_model(model: dict) -> bool:
     """Whether a config's ``model`` section states the model's shape (a full dump), not only plan settings."""
-    return all(isinstance(model.get(k), int) and not isinstance(model.get(k), bool) for k in SHAPE_FIELDS)
+    return all(model.get(k) is not None for k in SHAPE_FIELDS)
+
+
+def _whole(model: dict, path: str, fields: tuple[str, ...]) -> list[str]:
+    """What is wrong with the integer fields a full config states (None: unstated, TransformerConfig's default)."""
+    return [f"{path}: model.{k} must be a positive integer, got {model[k]!r}" for k in fields
+            if model.get(k) is not None and (not isinstance(model[k], int) or isinstance(model[k], bool) or model[k] < 1)]
 
 
 _PATTERNS = ("moe_layer_freq", "window_attn_skip_freq")
@@ -109,7 +117,7 @@ def megatron_flags(model: dict, tokenizer: dict | None = None) -> dict:
     if model.get("bias_activation_fusion") is False:
         f["--no-bias-gelu-fusion"] = True
     window = model.get("window_size")
-    if isinstance(window, (list, tuple)) and window:
+    if window is not None:  # (left, right) tokens each query sees; Megatron's --window-size "L,R"
         f["--window-size"] = ",".join(str(w) for w in window)
     if tokenizer and isinstance(tokenizer.get("tokenizer_model"), str):
         f["--tokenizer-model"] = tokenizer["tokenizer_model"]
@@ -120,5 +128,14 @@ def bridge_model(model: dict, tokenizer: dict | None, path: str, notes: list[str
     """The model a full config's ``model`` section states (None where it states no shape: an overrides file)."""
     if not states_model(model):
         return None
+    window = model.get("window_size")
+    problems = _whole(model, path, (*SHAPE_FIELDS, "ffn_hidden_size", "num_query_groups", "kv_channels",
+                                    "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size"))
+    if window is not None and not (isinstance(window, (list, tuple)) and len(window) == 2 and all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        problems.append(f"{path}: model.window_size must be [left, right] token counts (e.g. [127, 0]) or null, got "
+                        f"{window!r}")
+    if problems:
+        raise InputError(problems, subject=FROM_SUBJECT)
     # Megatron-core's dropout default is 0.1 where the field is absent; a dump always holds it
     return megatron_model(megatron_flags(model, tokenizer), path, notes)

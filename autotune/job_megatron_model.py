@@ -228,7 +228,8 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
     mla_yarn = "--multi-latent-attention" in f and f.get("--rope-type") == "yarn"
     if f.get("--position-embedding-type") == "yarn" or mla_yarn:
         out["rope_scaling"] = "yarn"
-        out["rope_scaling_factor"] = _float(f.get("--rotary-scaling-factor"), "--rotary-scaling-factor", path)
+        factor = _float(f.get("--rotary-scaling-factor"), "--rotary-scaling-factor", path)
+        out["rope_scaling_factor"] = 1.0 if factor is None else factor  # the flag's default (arguments.py)
         flags = (("--mscale", "yarn_mscale"), ("--mscale-all-dim", "yarn_mscale_all_dim")) + ((
             ("--yarn-original-max-position-embeddings", "rope_original_max_positions"),
             ("--yarn-beta-fast", "yarn_beta_fast"), ("--yarn-beta-slow", "yarn_beta_slow")) if not mla_yarn else ())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from autotune.cli import main
 from autotune.emit.validate_files import file_kind
 from autotune.job_files import read_job
@@ -73,3 +75,20 @@ def test_the_containers_target_is_no_unknown_section_but_another_key_is(tmp_path
     typo.write_text(text.replace("\ntrain:\n", "\ntrian:\n"))
     assert main(["validate", str(typo), "--world-size", "16"]) == 1
     assert "'trian' is not a ConfigContainer section" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("  num_layers: 48\n", "  num_layers: abc\n", "model.num_layers must be a positive integer, got 'abc'"),
+    ("  hidden_size: 2048\n", "  hidden_size: 2048.5\n", "model.hidden_size must be a positive integer, got 2048.5"),
+    ("  num_query_groups: 4\n", "  num_query_groups: x\n", "model.num_query_groups must be a positive integer"),
+    ("  window_size: null\n", "  window_size: 5\n", "model.window_size must be [left, right] token counts"),
+    ("  moe_layer_freq: 1\n", "  moe_layer_freq: [0, 1]\n", "--moe-layer-freq gives 2 entries for 48 layers"),
+])
+def test_a_bad_model_field_is_exit_2_naming_it(tmp_path, capsys, old, new, says):
+    text = RUN_CONFIG.read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / "run_config.yaml"
+    path.write_text(text.replace(old, new))
+    assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm-80gb", "--num-gpus", "16"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
