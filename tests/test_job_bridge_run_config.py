@@ -92,3 +92,15 @@ def test_a_bad_model_field_is_exit_2_naming_it(tmp_path, capsys, old, new, says)
     assert main(["estimate", "--from", str(path), "--gpu", "h100-sxm-80gb", "--num-gpus", "16"]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
+
+
+def test_a_model_and_dataset_length_that_differ_are_an_error(tmp_path, capsys):
+    """Bridge's validate() asserts they match (training/config.py:1505-1509; tests/emit/test_bridge_run_config.py
+    shows Bridge refusing its own Kimi-K2 recipe so)."""
+    text = RUN_CONFIG.read_text()
+    at = text.index("\nmodel:\n")
+    path = tmp_path / "run_config.yaml"
+    path.write_text(text[:at] + text[at:].replace("  seq_length: 4096\n", "  seq_length: 131072\n", 1))
+    assert main(["validate", str(path), "--world-size", "16"]) == 1
+    out = capsys.readouterr().out
+    assert "error: $.model.seq_length: model.seq_length 131072 and dataset.seq_length 4096 differ" in out, out

@@ -95,7 +95,23 @@ def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Prob
         problems.append(Problem(path="$.train.global_batch_size", severity="error", source="megatron-bridge",
                                 message=f"global batch {gbs} is not a multiple of micro batch {mbs} x data "
                                         f"parallel {dp}", fix="change train.global_batch_size"))
-    return problems + _tp_overlap_problems(data)
+    return problems + _seq_length_problems(data) + _tp_overlap_problems(data)
+
+
+def _seq_length_problems(data: dict) -> list[Problem]:
+    """Bridge's validate() asserts that the model's and the dataset's sequence lengths match (0.6.2
+    training/config.py:1505-1509, for GPT datasets); judged where the file states both (an overrides file that sets
+    one leaves the other to its base recipe)."""
+    model, dataset = data.get("model"), data.get("dataset")
+    a = model.get("seq_length") if isinstance(model, dict) else None
+    b = dataset.get("seq_length") if isinstance(dataset, dict) else None
+    if not (isinstance(a, int) and isinstance(b, int)) or a == b:
+        return []
+    return [Problem(path="$.model.seq_length", severity="error", source="megatron-bridge",
+                    message=f"model.seq_length {a} and dataset.seq_length {b} differ: Bridge's validate() asserts "
+                            "'Please ensure sequence length configuration in model config and dataset config match' "
+                            "(training/config.py:1505-1509)",
+                    fix=f"set both to the length the run trains (model.seq_length: {b}, as dataset.seq_length)")]
 
 
 def _tp_overlap_problems(data: dict) -> list[Problem]:

@@ -26,6 +26,7 @@ from test_megatron_bridge_applied import STANDIN
 
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.job_files import read_job
+from autotune.lint import lint_file
 from autotune.specs.presets import load_model_preset
 
 PROBE = r"""
@@ -42,11 +43,18 @@ out = {}
 for name, module, function, world in json.loads(sys.argv[1]):
     try:
         cfg = getattr(importlib.import_module(module), function)()
-        # Kimi-K2's recipe sets the dataset's 4,096 tokens but not the model's (Bridge 0.6.2 recipes/kimi/h100/
-        # kimi_k2.py:134), whose 131,072 from the HF config its own validate() refuses (config.py:1505): a run of it
-        # sets both, as DeepSeek-V3's recipe does (deepseek_v3.py:120)
-        cfg.model.seq_length = cfg.dataset.seq_length
         os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+        refused = None
+        if cfg.model.seq_length != cfg.dataset.seq_length:
+            # Kimi-K2's recipe sets the dataset's 4,096 tokens but not the model's (Bridge 0.6.2 recipes/kimi/h100/
+            # kimi_k2.py:134), whose 131,072 from the HF config its own validate() refuses (config.py:1505): a run
+            # of it sets both, as DeepSeek-V3's recipe does (deepseek_v3.py:120)
+            mismatch = [cfg.model.seq_length, cfg.dataset.seq_length]
+            try:
+                runtime_config_update(getattr(importlib.import_module(module), function)())
+            except AssertionError as err:
+                refused = [mismatch, str(err)]
+            cfg.model.seq_length = cfg.dataset.seq_length
         runtime_config_update(cfg)
         cfg.to_yaml(os.path.join(sys.argv[2], name, "run_config.yaml"))  # what checkpointing.py:1468 writes
         m, t = cfg.model, cfg.train
@@ -54,7 +62,7 @@ for name, module, function, world in json.loads(sys.argv[1]):
                                   m.virtual_pipeline_model_parallel_size or 1, m.context_parallel_size,
                                   m.expert_model_parallel_size, m.sequence_parallel],
                      "batch": [t.micro_batch_size, t.global_batch_size, cfg.dataset.seq_length],
-                     "balancing": [m.moe_router_load_balancing_type, m.moe_aux_loss_coeff],
+                     "balancing": [m.moe_router_load_balancing_type, m.moe_aux_loss_coeff], "refused": refused,
                      "recompute": m.recompute_granularity, "fp8": bool(m.fp8),
                      "distributed_optimizer": bool(cfg.ddp.use_distributed_optimizer)}
     except Exception:
@@ -119,3 +127,21 @@ def test_a_checkpoints_run_config_reads_as_its_model_and_plan(dumped, name):
     assert p.recompute == (got["recompute"] or "none")
     assert (p.precision == "fp8") is got["fp8"] and (p.zero_stage == 1) is got["distributed_optimizer"]
     assert not [n for n in job.notes if "not modelled" in n], job.notes
+
+
+@pytest.mark.slow
+def test_bridge_refuses_a_model_and_dataset_length_that_differ_and_so_does_validate(dumped, tmp_path):
+    """Kimi-K2's library recipe as Bridge 0.6.2 builds it: the model's sequence length from the HF config, the
+    dataset's from the recipe; Bridge's validate() refuses it, and `autotune validate` says so of the same file."""
+    root, configs = dumped
+    refused = configs["kimi-k2"]["refused"]
+    assert refused is not None, "Bridge's Kimi-K2 recipe now sets the model's sequence length: drop this test"
+    (model_len, data_len), message = refused
+    assert "Please ensure sequence length configuration in model config and dataset config match" in message
+    text = (root / "kimi-k2" / "run_config.yaml").read_text()
+    assert text.count(f"  seq_length: {data_len}\n") == 2  # the dataset's and the model's (set here to run it)
+    at = text.index("\nmodel:\n")
+    path = tmp_path / "run_config.yaml"
+    path.write_text(text[:at] + text[at:].replace(f"  seq_length: {data_len}\n", f"  seq_length: {model_len}\n", 1))
+    found = [p for p in lint_file(path, world_size=_world(RECIPES["kimi-k2"].name)) if p.severity == "error"]
+    assert [p.path for p in found] == ["$.model.seq_length"], found
