@@ -42,8 +42,8 @@ def register(subparsers) -> None:
     s.add_argument("--zero", type=_int_list((0, 1, 2, 3)), default=(0, 1, 2, 3), help="allowed ZeRO stages, e.g. 1,3")
     s.add_argument("--recompute", type=_str_list(("none", "selective", "full")), default=("none", "selective", "full"),
                    help="allowed recompute modes, e.g. none,selective (default all)")
-    s.add_argument("--engine", "--framework", dest="engine", type=_str_list(ENGINE_NAMES), default=("deepspeed",),
-                   help="engines to try (default deepspeed; --framework is an alias)")
+    s.add_argument("--engine", "--framework", dest="engine", type=_str_list(ENGINE_NAMES),
+                   help="engines to try (default deepspeed, or the --from job's; --framework is an alias)")
     s.add_argument("--offload", action=argparse.BooleanOptionalAction, default=True, help="allow ZeRO offload")
     t = p.add_argument_group("study")
     t.add_argument("--trials", type=_positive_int, default=8, help="finished trials the study should hold (default 8)")
@@ -82,8 +82,10 @@ def register(subparsers) -> None:
     lg.add_argument("--include", default="", help="deepspeed: hosts/slots to use, e.g. 'node1:0,1@node2'")
     lg.add_argument("--exclude", default="", help="deepspeed: hosts/slots to leave out")
     from autotune.commands.engine_version import add_engine_version
+    from autotune.commands.from_job import add_from
 
     add_engine_version(p)  # the candidates' release defaults, the trials' and the winner's files
+    add_from(p, "measure first, beside the planner's best plans,")
     p.set_defaults(handler=run)
 
 
@@ -270,7 +272,17 @@ def run(args: argparse.Namespace) -> int:
     from autotune.tune.progress import ProgressLine, finalists_table, summary_table, write_plots
     from autotune.tune.study import tune
 
-    model, cluster = _load_inputs(args)
+    job = None
+    if args.from_files:  # the job the user runs now: its model, GPUs, batch and sequence; measured first
+        from autotune.commands.from_job import read_job_from_args
+
+        job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
+        model, cluster = job.model, job.cluster
+        args.seq_len, args.global_batch = job.plan.seq_len, job.plan.global_batch_size
+    else:
+        args.seq_len = 4096 if args.seq_len is None else args.seq_len
+        model, cluster = _load_inputs(args)
+    args.engine = args.engine or ((job.plan.engine,) if job is not None else ("deepspeed",))
     workload, problems = _workload(args)
     from autotune.tune.launchers import LaunchSettings, launcher_for
 
@@ -309,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
                       host_memory_limit_bytes=limit, num_layers=args.num_layers,
                       calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
                       finalists=args.finalists, finalist_runs=args.finalist_runs,
-                      prune_ratio=args.prune_ratio or None, progress=progress, emit_options=files)
+                      prune_ratio=args.prune_ratio or None, progress=progress, emit_options=files,
+                      current_job=job.plan if job is not None else None)
     except StorageInternalError as err:
         progress.close()
         cause = err.__cause__ or err.__context__ or err
@@ -331,6 +344,10 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(result.trials), file=log)
     if result.not_measured:
         print(f"\nnot measured (never launched): {result.not_measured}", file=log)
+    if result.current_job is not None:
+        from autotune.tune.current_job import current_job_report
+
+        print("\n" + current_job_report(result.trials, result.current_job), file=log)
     plots = write_plots(result.trials, out, result.calibration)
     if result.finalists:
         print("\nfinalists, re-run alternately:\n" + finalists_table(result.finalists), file=log)
@@ -361,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
                                          "rerun_tokens_per_s": list(f.runs_tokens_per_s), "median": f.median,
                                          "spread": f.spread} for f in result.finalists],
                           "calibration_path": result.calibration_path, "not_measured": result.not_measured,
+                          "current_job": _current_job_json(result),
                           "calibration": result.calibration.to_dict() if result.calibration else None}, indent=2))
     else:
         print(f"\nbest: trial {best.number} {plan_summary(est.plan)}: {measurement['tokens_per_s']:,.0f} tokens/s, "
@@ -369,3 +387,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"winner written to {winner}/ (plan.md has the measured numbers); plots: "
               f"{', '.join(str(p) for p in plots) or 'none'}; study: {result.storage_url}")
     return 0
+
+
+def _current_job_json(result) -> dict | None:
+    """The --from job's trial in the --json result (None without --from)."""
+    if result.current_job is None:
+        return None
+    mine = next((t for t in result.trials if t.user_attrs.get("plan_key") == result.current_job), None)
+    return {"plan_key": result.current_job, "trial": mine.number if mine else None,
+            "tokens_per_s": mine.value if mine else None,
+            "state": mine.state.name.lower() if mine else "not measured"}

@@ -52,9 +52,11 @@ from autotune.search.planner import search_plans
 from autotune.search.space import SearchConstraints
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.plan import ParallelPlan
 from autotune.tune import ops
 from autotune.tune import trial as trial_mod
 from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate
+from autotune.tune.current_job import CURRENT_JOB_ATTR, current_job_first
 from autotune.tune.finalists import Finalist, run_finalists
 from autotune.tune.launchers import LaunchSettings, trial_fields
 from autotune.tune.sampler import (PARAM, CalibratedRank, PlanSampler, claimed_keys, plan_key, plan_region,
@@ -109,6 +111,8 @@ class TuneResult:
     candidates: dict[str, Estimate] = field(default_factory=dict, repr=False)
     not_measured: str = ""
     """Feasible plans the workload cannot run (never launched), counted by reason; empty when none."""
+    current_job: str | None = None
+    """The key of the plan ``tune --from`` read from the user's files (None: no --from)."""
 
 
 def claim_conflict(study: optuna.Study, number: int, key: str) -> int | None:
@@ -174,7 +178,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
          num_layers: int | None = None, calibration_path: str | None = None,
          start_efficiency: Efficiency = DEFAULT_EFFICIENCY, prune_ratio: float | None = 1.5,
          finalists: int = 3, finalist_runs: int = 2, launcher: str | LaunchSettings = "torchrun",
-         progress: Progress | None = None, emit_options: EmitOptions | None = None) -> TuneResult:
+         progress: Progress | None = None, emit_options: EmitOptions | None = None,
+         current_job: ParallelPlan | None = None) -> TuneResult:
     """Run (or continue) the study; see the module docstring. InputError before any trial on bad input.
 
     ``prune_ratio``: trials whose step time exceeds this multiple of the best completed one are
@@ -183,6 +188,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     processes: the tuner that owns the study does it). ``calibration_path``: default OUT/cal.json.
     ``constraints.engine_versions``: the engine releases tuned (their defaults in the plans, held by the study: a
     resume or worker asking others is refused); ``emit_options``: their file formats, for the trials' files.
+    ``current_job``: the plan the user runs now (``tune --from``), measured first (``autotune.tune.current_job``).
     """
     out = Path(out_dir)
     search = search_plans(model, cluster, seq_len=seq_len, global_batch_size=global_batch,
@@ -193,6 +199,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         raise InputError([f"no feasible plan to tune among the {search.num_enumerated} enumerated ({reasons})"],
                          subject="search")
     ranked = list(search.in_order)
+    mine = None
+    if current_job is not None:
+        ranked, mine = current_job_first(ranked, current_job, model, cluster, start_efficiency)
     skipped = ""
     if workload.kind in ("builtin", "script"):
         # Measure only what the workload runs. builtin: every plan under its engine's trainer (python -m
@@ -211,6 +220,10 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                    f"DeepSpeed config, which cannot express this engine's plans (use --engine deepspeed with a DeepSpeed "
                    f"script; measure other engines with --workload builtin or command)" for e in ranked}
         reasons = [r for r in why.values() if r]
+        if mine is not None and why[id(ranked[0])]:
+            raise InputError([f"the current job (--from) is not a plan the {workload.kind} workload runs: "
+                              f"{why[id(ranked[0])]}; measure your own program with --workload command (or "
+                              "script)"], subject="tune")
         if len(reasons) == len(ranked):
             other = "" if workload.kind == "script" or all("--workload command" in r for r in reasons) else (
                 "; or measure your own program: --workload script (a DeepSpeed script) or --workload command")
@@ -284,7 +297,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         # pid before host: another worker starting up (fail_stale_trials) takes a trial of this host with no pid
         # for one whose tuner died before writing it; written in this order, a trial being claimed has no host yet.
         for name, value in (("plan_key", key), ("plan", est.plan.to_dict()), ("predicted", _predicted(est)),
-                            ("pid", os.getpid()), ("host", host)):
+                            (CURRENT_JOB_ATTR, key == mine), ("pid", os.getpid()), ("host", host)):
             trial.set_user_attr(name, value)
         holder = claim_conflict(study, trial.number, key)
         if holder is not None:
@@ -342,7 +355,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
 
         chosen = run_finalists(study, finalists, finalist_runs, measure, on_run)
     return dataclasses.replace(_result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency,
-                                       calibration_path, chosen), not_measured=skipped)
+                                       calibration_path, chosen), not_measured=skipped, current_job=mine)
 
 
 def _same_releases(study: optuna.Study, versions: dict[str, str]) -> None:
