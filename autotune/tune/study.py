@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import socket
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,8 +70,8 @@ Progress = Callable[..., None]
 
 
 class SlowStepPruner(BasePruner):
-    """Prune a trial whose median post-warm-up step time (two steps at least) exceeds ``ratio`` x the best
-    completed one.
+    """Prune a trial whose every post-warm-up step (two at least) took over ``ratio`` x the best completed one's step
+    time: its fastest step, as a busy machine only ever slows a step down (a median of two steps is one spike's).
 
     Intermediate values are step times (lower is better) while the objective (tokens/s) is
     maximised, so Optuna's own pruners, which compare in the study's direction, do not apply.
@@ -90,7 +89,7 @@ class SlowStepPruner(BasePruner):
         best = [t.user_attrs.get("measurement", {}).get("step_time_s")
                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
         best = [b for b in best if b]
-        return bool(best) and statistics.median(measured) > self.ratio * min(best)
+        return bool(best) and min(measured) > self.ratio * min(best)
 
 
 @dataclass(kw_only=True)
