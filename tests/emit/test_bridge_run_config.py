@@ -13,16 +13,11 @@ recompute and precision. Tooling, stand-ins and hub: as tests/emit/test_megatron
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
-from bridge_hub import hf_cache  # tests/emit/ is on sys.path
-from bridge_tooling import bridge_path
-from test_megatron_bridge_applied import STANDIN
+from bridge_probe import run_bridge_probe  # tests/emit/ is on sys.path
 
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.job_files import read_job
@@ -79,23 +74,12 @@ def _world(function: str) -> int:
 @pytest.fixture(scope="module")
 def dumped(tmp_path_factory):
     """Each recipe's run_config.yaml as Bridge writes it, and what Bridge's config held (one subprocess for all)."""
-    tools = bridge_path()
     root = tmp_path_factory.mktemp("run_config")
-    (root / "standins").mkdir()
-    (root / "standins" / "autotune_standins.py").write_text(STANDIN)
-    hub = hf_cache(root / "hub")
     jobs = []
     for name, recipe in RECIPES.items():
         (root / name).mkdir()
         jobs.append([name, recipe.module, recipe.name, _world(recipe.name)])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "standins"), str(tools)]),
-           "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
-           "HF_MODULES_CACHE": str(root / "hf_modules")}
-    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(jobs), str(root)], capture_output=True, text=True,
-                         env=env, cwd=root, timeout=900, check=False)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-    assert run.returncode == 0 and lines, (run.stdout[-2000:] + run.stderr[-4000:])
-    return root, json.loads(lines[-1].split(" ", 1)[1])
+    return root, run_bridge_probe(root, PROBE, json.dumps(jobs), str(root))
 
 
 @pytest.mark.slow

@@ -26,14 +26,10 @@ itself needs none; a case Bridge refuses fails alone (its traceback), the others
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from bridge_cases import CASES, CKPT, LOCAL, case_files, case_model, case_plan  # tests/emit/ is on sys.path
-from bridge_hub import hf_cache
-from bridge_tooling import bridge_path
+from bridge_probe import run_bridge_probe
 
 from autotune.emit.megatron_bridge import bridge_recipe
 from autotune.emit.megatron_bridge_recipes import GENERIC, RECIPES
@@ -42,59 +38,6 @@ from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.emit.options import EmitOptions
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 
-# Imported by Bridge's package at module level, not used to build or validate a config (see the docstring).
-STANDIN = r'''
-import abc, importlib.abc, importlib.machinery, sys, types
-PREFIXES = ("transformer_engine", "apex", "datasets", "diffusers", "modelopt", "megatron.energon", "tensorboard",
-            "google")
-VERSIONS = {"transformer_engine": "2.14.0", "tensorboard": "2.19.0"}
-
-class _Meta(abc.ABCMeta):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Inert,), {})
-
-class _Inert(metaclass=_Meta):
-    def __init__(self, *args, **kwargs): pass
-    def __call__(self, *args, **kwargs): return None
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Inert,), {})
-
-def _module_getattr(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Meta(name, (_Inert,), {})
-
-class _FusedAdam(_Inert):
-    # TE's signature (TransformerEngine d0067d0 transformer_engine/pytorch/optimizers/fused_adam.py:112-131), which
-    # megatron-core's OptimizerConfig inspects for --use-precision-aware-optimizer (optimizer_config.py:446-463)
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 bias_correction=True, adam_w_mode=True, capturable=False, master_weights=False,
-                 master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None, use_decoupled_grad=False,
-                 store_param_remainders=False, set_grad_none=None):
-        pass
-
-NAMED = {"transformer_engine.pytorch.optimizers": {"FusedAdam": _FusedAdam}}
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if any(fullname == p or fullname.startswith(p + ".") for p in PREFIXES):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__version__ = VERSIONS.get(spec.name.split(".")[0], "0.0.0")
-        module.__getattr__ = _module_getattr
-        module.__dict__.update(NAMED.get(spec.name, {}))
-        return module
-    def exec_module(self, module): pass
-
-sys.meta_path.insert(0, _Finder())
-'''
 
 PROBE = r"""
 import importlib, json, logging, os, sys, traceback, types, typing
@@ -238,11 +181,7 @@ DEVICES = {"b200": ("NVIDIA B200", 10, 0), "h100-sxm-80gb": ("NVIDIA H100 80GB H
 @pytest.fixture(scope="module")
 def applied(tmp_path_factory):
     """What Bridge built from each case's files (one subprocess for all)."""
-    tools = bridge_path()
     root = tmp_path_factory.mktemp("bridge")
-    (root / "standins").mkdir()
-    (root / "standins" / "autotune_standins.py").write_text(STANDIN)
-    hub = hf_cache(root / "hub")
     jobs, cases = [], {}
     for case, model, num_gpus, kw in CASES:
         m, cluster, plan = case_plan(model, num_gpus, kw)
@@ -256,14 +195,7 @@ def applied(tmp_path_factory):
         recipe = bridge_recipe(m)
         jobs.append([str(folder), [recipe.module, recipe.name], num_gpus, DEVICES[cluster.gpu.name]])
         cases[case] = (str(folder), m, plan, cluster)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "standins"), str(tools)]),
-           "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
-           "HF_MODULES_CACHE": str(root / "hf_modules")}  # where transformers copies Kimi-K2's config class
-    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(jobs)], capture_output=True, text=True, env=env,
-                         cwd=root, timeout=900, check=False)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-    assert run.returncode == 0 and lines, (run.stdout[-2000:] + run.stderr[-4000:])
-    data = json.loads(lines[-1].split(" ", 1)[1])
+    data = run_bridge_probe(root, PROBE, json.dumps(jobs))
     assert data["version"] == "0.6.2"
     return data, {case: (data[folder], *rest) for case, (folder, *rest) in cases.items()}
 
