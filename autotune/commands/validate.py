@@ -2,8 +2,11 @@
 
 Each file's kind comes from its name (``--kind`` overrides): a DeepSpeed JSON (``*_hf.json``: for the HF
 Trainer), Megatron-LM or Megatron-DeepSpeed arguments (a shell file; ``--deepspeed`` in it means the latter),
-an accelerate config YAML, a torchtitan TOML. Exit 0: no problems; 1: any problem (warnings included);
-2: unusable input (the CLI's main turns the InputError into a message on stderr).
+an accelerate config YAML, a torchtitan TOML or 0.3 config module, Megatron-Bridge overrides or a Bridge checkpoint's
+whole ``run_config.yaml`` (told by its first line under any name). Beyond each format's checks, the model and plan
+a Megatron, Megatron-DeepSpeed, Bridge or torchtitan file states are asked of its engine's own rules
+(``autotune.lint.engine_rule_problems``). Exit 0: no problems; 1: any problem (warnings included); 2: unusable input
+(the CLI's main turns the InputError into a message on stderr).
 """
 
 from __future__ import annotations
