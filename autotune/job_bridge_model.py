@@ -61,8 +61,11 @@ def states_model(model: dict) -> bool:
 
 def _whole(model: dict, path: str, fields: tuple[str, ...]) -> list[str]:
     """What is wrong with the integer fields a full config states (None: unstated, TransformerConfig's default)."""
+    def bad(value: object) -> bool:
+        return not isinstance(value, int) or isinstance(value, bool) or value < 1
+
     return [f"{path}: model.{k} must be a positive integer, got {model[k]!r}" for k in fields
-            if model.get(k) is not None and (not isinstance(model[k], int) or isinstance(model[k], bool) or model[k] < 1)]
+            if model.get(k) is not None and bad(model[k])]
 
 
 _PATTERNS = ("moe_layer_freq", "window_attn_skip_freq")
