@@ -136,12 +136,6 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     mp = _section(data, "mixed_precision")
     if precision != "fp16" and (ddp.get("grad_reduce_in_fp32") is False or mp.get("grad_reduce_in_fp32") is False):
         out["grad_dtype"] = "bf16"
-    if _section(data, "comm_overlap").get("tp_comm_overlap") is True or m.get("tp_comm_overlap") is True:
-        if out["tp"] >= 2 and out["sequence_parallel"]:  # else Bridge turns it off at setup (comm_overlap.py:442-451)
-            out["tp_overlap"] = "userbuffers"
-        else:
-            notes.append(f"{path}: tp_comm_overlap without tp >= 2 and sequence parallelism: Megatron-Bridge turns "
-                         "it off at setup")
     # FP8 attention: mixed_precision's field replaces the model's at setup (update_config_with_precision_overrides)
     if precision == "fp8" and mp.get("fp8_dot_product_attention", m.get("fp8_dot_product_attention")) is True:
         out["fp8_attention"] = True
@@ -153,6 +147,12 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     # setup (Bridge 0.6.2 training/comm_overlap.py:438-439, _override_user_cfgs)
     co = _section(data, "comm_overlap")
     ep = co if co or (preset is not None and RECIPES[preset].comm_overlap) else m
+    if ep.get("tp_comm_overlap") is True:
+        if out["tp"] >= 2 and out["sequence_parallel"]:  # else Bridge turns it off at setup (comm_overlap.py:442-451)
+            out["tp_overlap"] = "userbuffers"
+        else:
+            notes.append(f"{path}: tp_comm_overlap without tp >= 2 and sequence parallelism: Megatron-Bridge turns "
+                         "it off at setup")
     if ep.get("overlap_moe_expert_parallel_comm") is True:
         out["ep_overlap"] = "a2a-delay-wgrad" if ep.get("delay_wgrad_compute") is True else "a2a"
     # TransformerConfig (transformer_config.py:862-873 of core 0.19.2); a full config of a dense model holds its

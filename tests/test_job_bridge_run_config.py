@@ -104,3 +104,19 @@ def test_a_model_and_dataset_length_that_differ_are_an_error(tmp_path, capsys):
     assert main(["validate", str(path), "--world-size", "16"]) == 1
     out = capsys.readouterr().out
     assert "error: $.model.seq_length: model.seq_length 131072 and dataset.seq_length 4096 differ" in out, out
+
+
+def test_tp_overlap_is_the_comm_overlap_sections_where_there_is_one(tmp_path):
+    """A CommOverlapConfig's values replace the model's at setup (Bridge 0.6.2 training/comm_overlap.py:438-439), and
+    Bridge turns TP overlap off below tp 2 or without sequence parallelism (:442-451)."""
+    def plan_of(text: str):
+        path = tmp_path / "bridge_overrides.yaml"
+        path.write_text(text)
+        return read_job([str(path)], model="llama3-8b", gpu="h100-sxm-80gb", num_gpus=8).plan
+
+    model = "model:\n  tensor_model_parallel_size: 2\n  sequence_parallel: true\n  tp_comm_overlap: true\n"
+    assert plan_of(model + "comm_overlap:\n  tp_comm_overlap: false\n").tp_overlap in (None, "none")
+    assert plan_of(model).tp_overlap == "userbuffers"  # no CommOverlapConfig: the model's own field
+    assert plan_of(model + "comm_overlap:\n  tp_comm_overlap: true\n").tp_overlap == "userbuffers"
+    no_sp = model.replace("sequence_parallel: true", "sequence_parallel: false")
+    assert plan_of(no_sp + "comm_overlap:\n  tp_comm_overlap: true\n").tp_overlap in (None, "none")
