@@ -24,6 +24,7 @@ def test_a_whole_bridge_config_is_told_by_its_name_or_its_first_line(tmp_path):
     accelerate = tmp_path / "job.yaml"
     accelerate.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 8\n")
     assert file_kind(accelerate) == "accelerate"
+    assert file_kind(tmp_path / "run_config.json") == "deepspeed"  # the name alone: a YAML only
 
 
 def test_the_model_and_plan_are_the_files_own():

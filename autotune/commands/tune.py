@@ -344,9 +344,9 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(result.trials), file=log)
     if result.not_measured:
         print(f"\nnot measured (never launched): {result.not_measured}", file=log)
-    if result.current_job is not None:
-        from autotune.tune.current_job import current_job_report
+    from autotune.tune.current_job import current_job_json, current_job_report
 
+    if result.current_job is not None:
         print("\n" + current_job_report(result.trials, result.current_job), file=log)
     plots = write_plots(result.trials, out, result.calibration)
     if result.finalists:
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
                                          "rerun_tokens_per_s": list(f.runs_tokens_per_s), "median": f.median,
                                          "spread": f.spread} for f in result.finalists],
                           "calibration_path": result.calibration_path, "not_measured": result.not_measured,
-                          "current_job": _current_job_json(result),
+                          "current_job": current_job_json(result.trials, result.current_job),
                           "calibration": result.calibration.to_dict() if result.calibration else None}, indent=2))
     else:
         print(f"\nbest: trial {best.number} {plan_summary(est.plan)}: {measurement['tokens_per_s']:,.0f} tokens/s, "
@@ -388,12 +388,3 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(str(p) for p in plots) or 'none'}; study: {result.storage_url}")
     return 0
 
-
-def _current_job_json(result) -> dict | None:
-    """The --from job's trial in the --json result (None without --from)."""
-    if result.current_job is None:
-        return None
-    mine = next((t for t in result.trials if t.user_attrs.get("plan_key") == result.current_job), None)
-    return {"plan_key": result.current_job, "trial": mine.number if mine else None,
-            "tokens_per_s": mine.value if mine else None,
-            "state": mine.state.name.lower() if mine else "not measured"}

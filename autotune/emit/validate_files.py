@@ -13,7 +13,6 @@ with no Megatron argument in it: autotune's DeepSpeed / FSDP / HF launch scripts
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def file_kind(path: str | Path) -> str:
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
         return "hostfile"
-    if name.startswith(("bridge_overrides", "run_config")):
+    if name.startswith("bridge_overrides") or (name.startswith("run_config") and name.endswith((".yaml", ".yml"))):
         return "megatron-bridge"
     if name.endswith(".json"):
         return "plan" if name == "plan.json" else "deepspeed"

@@ -20,7 +20,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.tune.sampler import plan_key
 
-__all__ = ["CURRENT_JOB_ATTR", "current_job_first", "current_job_report"]
+__all__ = ["CURRENT_JOB_ATTR", "current_job_first", "current_job_json", "current_job_report",
+           "current_job_trial"]
 
 CURRENT_JOB_ATTR = "current_job"
 """The user attribute that marks the trial of the job ``--from`` states."""
@@ -36,11 +37,16 @@ def current_job_first(ranked: list[Estimate], plan: ParallelPlan, model: ModelSp
     return [mine, *(e for e in ranked if plan_key(e.plan) != key)], key
 
 
+def current_job_trial(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
+    """The trial that measured the current job's plan (None: the study stopped before it)."""
+    return next((t for t in trials if t.user_attrs.get("plan_key") == key), None)
+
+
 def current_job_report(trials: list[FrozenTrial], key: str | None) -> str:
     """One line: the current job's measured speed against the best other trial's ('' without a current job)."""
     if key is None:
         return ""
-    mine = next((t for t in trials if t.user_attrs.get("plan_key") == key), None)
+    mine = current_job_trial(trials, key)
     if mine is None:
         return "current job: not measured (the study stopped before it)"
     if mine.state != TrialState.COMPLETE or mine.value is None:
@@ -60,3 +66,12 @@ def current_job_report(trials: list[FrozenTrial], key: str | None) -> str:
         return said + f"; the fastest of the {len(others) + 1} plans measured (next: trial {best.number}, " \
                       f"{-gain:.1%} slower)"
     return said + f"; trial {best.number} ({what}) measured {gain:.1%} faster: {best.value:,.0f} tokens/s"
+
+
+def current_job_json(trials: list[FrozenTrial], key: str | None) -> dict | None:
+    """The current job's trial in ``tune --json`` (None without --from)."""
+    if key is None:
+        return None
+    mine = current_job_trial(trials, key)
+    return {"plan_key": key, "trial": mine.number if mine else None, "tokens_per_s": mine.value if mine else None,
+            "state": mine.state.name.lower() if mine else "not measured"}
