@@ -343,10 +343,15 @@ def lofo_summary(groups: dict[str, list[float]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, help="only the first N rows of the file")
-    parser.add_argument("--model", help="only rows whose model name contains this text (e.g. LLAMA3)")
+    parser.add_argument("--model", help="only rows whose model name contains this text, any case (e.g. LLAMA3, 'GPT OSS')")
     parser.add_argument("--rows", action="store_true", help="print every row of both tables, not only the summaries")
     args = parser.parse_args(argv)
     rows = [r for r in load_rows() if args.model is None or args.model.lower() in r["model"].lower()][: args.limit]
+    if not rows:
+        names = sorted({r["model"] for r in load_rows()})
+        print(f"no row's model name contains {args.model!r}; the models in the file: {', '.join(names)}",
+              file=sys.stderr)
+        return 2
     cases = [express(r) for r in rows]
     for c in cases:
         if not c.reason:

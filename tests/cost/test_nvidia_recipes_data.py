@@ -347,3 +347,9 @@ def test_plain_fp8_rows_run_the_current_scaling_recipes_the_settings_file_matche
     for c in plain:
         assert c.result.plan.fp8_recipe == "te-current", c.row["source"]
         assert "FP8 current scaling" in c.notes, c.row["source"]
+
+
+def test_a_model_filter_that_matches_no_row_names_the_models_and_exits_2(capsys):
+    assert bench.main(["--model", "GPT_OSS"]) == 2  # the file spells it "GPT OSS 120B"
+    err = capsys.readouterr().err
+    assert "no row's model name contains 'GPT_OSS'" in err and "GPT OSS 120B" in err
