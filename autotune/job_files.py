@@ -31,9 +31,10 @@ from autotune.emit.job_args import whole as _int
 from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
 from autotune.emit.shell_args import read_megatron_args_file
-from autotune.emit.validate_files import FILE_KINDS, file_kind
+from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
-from autotune.inputs import _os_problem, read_json
+from autotune.inputs import read_json
+from autotune.job_checkpoint import read_checkpoint, unreadable
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_megatron_model import megatron_model
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -46,7 +47,7 @@ from autotune.specs.settings import MemorySettings
 __all__ = ["JobFiles", "READABLE_KINDS", "read_job"]
 
 READABLE_KINDS = ("deepspeed", "megatron", "megatron-deepspeed", "megatron-bridge", "torchtitan", "torchtitan-module",
-                  "accelerate", "plan", "hostfile", "launch")
+                  "accelerate", "plan", "hostfile", "launch", "checkpoint")
 _MAX_TOKENS = 2**24  # sequences or tokens: the longest contexts and largest batches trained are below
 
 
@@ -63,9 +64,10 @@ class JobFiles:
 
 
 # ---- the model --------------------------------------------------------------------------
-def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str]) -> dict:
-    """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file states."""
-    argv = read_megatron_args_file(path)
+def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, notes: list[str],
+              argv: list[str] | None = None) -> dict:
+    """The plan fields (and the model) a Megatron-LM / Megatron-DeepSpeed argument file (or ``argv``) states."""
+    argv = read_megatron_args_file(path) if argv is None else argv
     f = _flags(argv)
 
     def n(flag: str) -> int | None:
@@ -228,13 +230,13 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
     DeepSpeed config, which does not hold them; ``check=False``: the Megatron / torchtitan plan as the files state
     it, unjudged by the rules, as ``make_plan``). InputError names every missing field with the flag that supplies it."""
-    missing = [f"{p}: {why}" for p in paths if (why := _not_a_file(p))]
+    missing = [f"{p}: {why}" for p in paths if (why := unreadable(p))]
     if missing:
         raise InputError(missing, subject=_SUBJECT)
     kinds, unread = [], []
     for p in paths:
         try:
-            kinds.append((str(p), file_kind(p)))
+            kinds.append((str(p), "checkpoint" if Path(p).is_dir() else file_kind(p)))
         except InputError:
             unread.append(f"{p}: cannot tell its kind from its name; --from {supported_kinds()}")
     unread += [f"{p}: a {k} file; --from {supported_kinds()}" for p, k in kinds if k not in READABLE_KINDS]
@@ -249,8 +251,14 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     problems: list[str] = []
     ds: dict | None = None
     fields: dict = {}
+    saved = {p: read_checkpoint(p) for p, k in kinds if k == "checkpoint"}  # Megatron / DeepSpeed checkpoints
     for path, kind in kinds:
-        if kind == "deepspeed":
+        if kind == "checkpoint":
+            ck = saved[path]
+            notes += ck.notes
+            world, ds = world or ck.world_size, ck.ds_config or ds
+            model_spec = model_spec or (load_model(ck.model_config) if ck.model_config and not ck.argv else None)
+        elif kind == "deepspeed":
             ds = read_json(path, subject="DeepSpeed config")
             if not isinstance(ds, dict):
                 raise InputError([f"{path}: a DeepSpeed config is a JSON object"], subject=_SUBJECT)
@@ -267,9 +275,10 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             nodes, procs = _launch_sizes(path)
             if procs:
                 world, per_node = world or (nodes * procs if nodes else None), per_node or procs
-        if kind in ("megatron", "megatron-deepspeed"):
+        if kind in ("megatron", "megatron-deepspeed") or (kind == "checkpoint" and saved[path].argv):
+            argv = saved[path].argv if kind == "checkpoint" else None
             try:
-                fields |= _megatron(path, kind, ds, model_spec, notes)
+                fields |= _megatron(path, megatron_file_kind(argv) if argv else kind, ds, model_spec, notes, argv)
             except InputError as err:  # reported with the missing world size and GPU, all at once
                 problems += err.problems
         elif kind == "megatron-bridge":
@@ -353,15 +362,6 @@ def _loss_slots(model: ModelSpec, fields: dict, split: dict, notes: list[str]) -
     return {"loss_slots": k} if k else {}
 
 
-def _not_a_file(path: str) -> str | None:
-    """Why ``path`` is not a readable file (None: it is one); never raises (a name too long for the file system
-    is an OSError that Path.is_file passes on)."""
-    try:
-        return None if Path(path).is_file() else "no such file"
-    except OSError as err:
-        return _os_problem(err)
-
-
 def read_job(paths: list[str], **flags) -> JobFiles:
     """The job the files ``paths`` state (flags: :func:`_read_job`'s). InputError names every missing field with the
     flag that supplies it, and a file whose values are not what its kind holds."""
@@ -387,5 +387,5 @@ def supported_kinds() -> str:
     """The kinds ``--from`` reads (and what tells them), and the ones ``validate`` knows that it does not."""
     return (f"reads {', '.join(READABLE_KINDS)} files (ds_config *.json, Megatron argument *.sh / *.args, torchtitan "
             f"*.toml, accelerate *.yaml, Megatron-Bridge bridge_overrides.yaml / .args or run_config.yaml, plan.json, "
-            f"hostfile); not "
+            f"hostfile, a Megatron-LM or DeepSpeed checkpoint folder); not "
             f"{', '.join(k for k in FILE_KINDS if k not in READABLE_KINDS)}")

@@ -1,0 +1,337 @@
+"""The job a training checkpoint states: Megatron-LM's arguments or DeepSpeed's config, read from the checkpoint
+directory a job saves, for ``--from`` (``autotune.job_files``).
+
+Where each engine keeps them:
+
+* **Megatron-LM** (megatron/training/checkpointing.py at core_v0.19.0): the save directory holds
+  ``latest_checkpointed_iteration.txt`` (an iteration or ``release``, :340-343, :1012) and one folder per save,
+  ``iter_{:07d}`` or ``release`` (:209-211). Every format keeps the parsed arguments, ``state_dict['args']`` (an
+  ``argparse.Namespace``, :1311): ``torch_dist`` in its common state, a ShardedObject ``common_state`` inside the
+  torch.distributed.checkpoint files (megatron/core/dist_checkpointing/serialization.py:206-237 of megatron-core
+  0.19.2: read with ``no_dist=True`` and ``torch.load(weights_only=True)``) or, before that, a ``common.pt``
+  (strategies/common.py:15, :20-29); ``torch`` in ``mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` (:232-235).
+* **DeepSpeed** (deepspeed/runtime/engine.py of 0.19.8): ``save_checkpoint`` writes ``latest`` (the tag) and
+  ``<tag>/mp_rank_00_model_states.pt`` (``zero_pp_rank_0_mp_rank_00_model_states.pt`` under ZeRO-3, :4336-4358),
+  whose state holds ``ds_config`` (the config the engine was given), ``dp_world_size`` and ``mp_world_size``
+  (``_common_checkpoint_state`` :5017-5038) and the caller's ``client_state`` (:5400): Megatron-DeepSpeed puts its
+  ``args`` there. A Hugging Face Trainer checkpoint (``checkpoint-N/``) keeps the DeepSpeed folders and ``latest``
+  beside the model's ``config.json`` (transformers trainer.py ``_save_checkpoint``: ``save_model`` then
+  ``engine.save_checkpoint`` into the same folder).
+
+The files are read with torch's weights-only unpickler: tensors are never materialised (``mmap``), and every class
+the pickle names beyond torch's safe set (Megatron's enums, ``argparse.Namespace``) is rebuilt as an inert stand-in
+that only records its arguments, so a checkpoint cannot run code here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
+from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
+from autotune.errors import InputError
+from autotune.inputs import _os_problem
+
+__all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
+
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+DEEPSPEED_TRACKER = "latest"
+_MODEL_STATES = re.compile(r"^(zero_pp_rank_0_)?mp_rank_00_model_states\.pt$")
+_MEGATRON_TORCH = re.compile(r"^mp_rank_00(_000)?$")
+_ITERATION = re.compile(r"^iter_\d{7}$")
+COMMON_STATE_KEY = "common_state/shard_0_1"
+"""The torch_dist common state's key: ShardedObject("common_state", None, (1,), (0,)).unique_key."""
+
+# Megatron-core's enums the arguments hold, by value (megatron/core/transformer/enums.py at core_v0.19.0)
+_ENUM_NAMES = {
+    "AttnBackend": {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"},
+    "CudaGraphModule": {1: "attn", 2: "mlp", 3: "moe", 4: "moe_router", 5: "moe_preprocess", 6: "mamba"},
+    "CudaGraphScope": {1: "full_iteration", 2: "attn", 3: "mlp", 4: "moe", 5: "moe_router", 6: "moe_preprocess",
+                       7: "mamba", 8: "full_iteration_inference"},
+}
+
+
+_MOE_DESTS = ("moe_", "expert_")
+"""Options a dense model's arguments hold at their MoE defaults, which validate_args fills in (expert TP = tp,
+arguments.py of core_v0.19.0) and Megatron does not use without --num-experts: left out for a dense model."""
+_ENUM_FLAGS = ("--attention-backend", "--cuda-graph-modules", "--cuda-graph-scope")
+"""The options autotune reads whose values are Megatron enums (others of classes it does not know, a signal or a
+dtype, are left out unsaid: autotune reads none of them)."""
+
+
+@dataclass(frozen=True)
+class CheckpointJob:
+    """What a checkpoint states: Megatron arguments (as a command line), a DeepSpeed config, the world size."""
+
+    source: str
+    """The file the job was read from."""
+    argv: list[str] | None = None
+    ds_config: dict | None = None
+    world_size: int | None = None
+    model_config: str | None = None
+    """A Hugging Face config.json beside a Trainer checkpoint's DeepSpeed folders."""
+    notes: list[str] = field(default_factory=list)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a Megatron-LM or DeepSpeed checkpoint folder (the save directory, one save's folder)."""
+    p = Path(path)
+    try:
+        return p.is_dir() and (_megatron_save(p) is not None or _deepspeed_states(p) is not None)
+    except OSError:
+        return False
+
+
+def unreadable(path: str) -> str | None:
+    """Why ``--from`` cannot read ``path`` (None: a file, or a checkpoint folder); never raises (a name too long for
+    the file system is an OSError that Path.is_file passes on)."""
+    try:
+        if Path(path).is_dir():
+            return None if is_checkpoint(path) else ("a folder without a Megatron-LM or DeepSpeed checkpoint "
+                                                     f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER})")
+        return None if Path(path).is_file() else "no such file"
+    except OSError as err:
+        return _os_problem(err)
+
+
+def read_checkpoint(path: str | Path) -> CheckpointJob:
+    """The job the checkpoint folder ``path`` states; InputError where it holds neither engine's state."""
+    p = Path(path)
+    save = _megatron_save(p)
+    if save is not None:
+        state = _load_megatron_state(save)
+        args = state.get("args") if isinstance(state, dict) else None
+        if not isinstance(args, argparse.Namespace):
+            raise InputError([f"{save}: a Megatron-LM checkpoint without its arguments ('args'): give the job's "
+                              f"argument file to --from instead"], subject=_SUBJECT)
+        notes: list[str] = []
+        return CheckpointJob(str(save), argv=namespace_argv(args, notes), world_size=_positive(args, "world_size"),
+                             notes=notes)
+    states = _deepspeed_states(p)
+    if states is None:
+        raise InputError([f"{p}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/) or DeepSpeed ({DEEPSPEED_TRACKER}, "
+                          f"*/mp_rank_00_model_states.pt) checkpoint in this folder: give the checkpoint's save "
+                          f"directory or the job's config files"], subject=_SUBJECT)
+    state = _safe_load(states)
+    if not isinstance(state, dict):
+        raise InputError([f"{states}: not a DeepSpeed model-states file (no state dictionary)"], subject=_SUBJECT)
+    notes = []
+    args = state.get("args")
+    argv = namespace_argv(args, notes) if isinstance(args, argparse.Namespace) else None
+    ds = _ds_config(state.get("ds_config"), states)
+    dp, mp = state.get("dp_world_size"), state.get("mp_world_size")
+    world = dp * mp if isinstance(dp, int) and isinstance(mp, int) and dp > 0 and mp > 0 else None
+    if isinstance(args, argparse.Namespace):
+        world = _positive(args, "world_size") or world
+    hf = next((c for c in (states.parent.parent / "config.json", states.parent / "config.json") if c.is_file()), None)
+    return CheckpointJob(str(states), argv=argv, ds_config=ds, world_size=world,
+                         model_config=str(hf) if hf else None, notes=notes)
+
+
+# ---- finding the files ---------------------------------------------------------------------------------------
+def _megatron_save(p: Path) -> Path | None:
+    """The folder of the save to read: the tracker's, the given ``iter_*`` / ``release`` folder, the latest
+    ``iter_*`` where the tracker is missing, or None."""
+    tracker = p / MEGATRON_TRACKER
+    if tracker.is_file():
+        text = tracker.read_text(encoding="utf-8", errors="replace").strip()
+        name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+        if name is None or not (p / name).is_dir():
+            raise InputError([f"{tracker}: names {text!r}, which is no save in {p} (iter_NNNNNNN/ or release/): "
+                              f"give one save's folder"], subject=_SUBJECT)
+        return p / name
+    if _megatron_files(p):
+        return p
+    saves = sorted(c for c in p.iterdir() if _ITERATION.match(c.name) and c.is_dir() and _megatron_files(c))
+    return saves[-1] if saves else None  # no tracker (a copied folder): its latest save
+
+
+def _megatron_files(save: Path) -> bool:
+    return (save / "common.pt").is_file() or (save / "metadata.json").is_file() or any(
+        _MEGATRON_TORCH.match(c.name) and (c / "model_optim_rng.pt").is_file() for c in save.iterdir() if c.is_dir())
+
+
+def _deepspeed_states(p: Path) -> Path | None:
+    """Rank 0's model-states file of the save the ``latest`` file names, or of the given tag folder."""
+    tracker = p / DEEPSPEED_TRACKER
+    folder = p
+    if tracker.is_file():
+        folder = p / tracker.read_text(encoding="utf-8", errors="replace").strip()
+        if not folder.is_dir():
+            raise InputError([f"{tracker}: names {folder.name!r}, which is no folder in {p}: give one save's "
+                              f"folder"], subject=_SUBJECT)
+    return next((c for c in sorted(folder.iterdir()) if _MODEL_STATES.match(c.name)), None)
+
+
+# ---- reading them --------------------------------------------------------------------------------------------
+def _load_megatron_state(save: Path) -> object:
+    if (save / "common.pt").is_file():
+        return _safe_load(save / "common.pt")
+    if (save / "metadata.json").is_file():
+        return _dist_common_state(save)
+    rank0 = next(c for c in sorted(save.iterdir()) if _MEGATRON_TORCH.match(c.name))
+    return _safe_load(rank0 / "model_optim_rng.pt")
+
+
+def _dist_common_state(save: Path) -> object:
+    """The common state of a torch_dist save (module docstring): one pickled object in the distributed files."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class RawBytes(DefaultLoadPlanner):
+        """Keeps a pickled entry's bytes: the default planner unpickles them with torch.load(weights_only=False),
+        which would import (and run) whatever classes they name."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            if read_item.dest_index.fqn == COMMON_STATE_KEY:
+                kept.append(io.BytesIO(value.read()))
+
+    holder, kept = {COMMON_STATE_KEY: io.BytesIO()}, []
+    try:
+        dcp.load(holder, storage_reader=dcp.FileSystemReader(str(save)), planner=RawBytes(flatten_state_dict=False),
+                 no_dist=True)
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - CheckpointException is a BaseException
+        raise InputError([f"{save}: a Megatron torch_dist save whose common state does not read "
+                          f"({type(err).__name__}): give the job's argument file to --from instead"],
+                         subject=_SUBJECT) from None
+    if not kept:
+        raise InputError([f"{save}: a Megatron torch_dist save without its common state ({COMMON_STATE_KEY}): give "
+                          f"the job's argument file to --from instead"], subject=_SUBJECT)
+    loaded = _safe_load(kept[0], name=str(save))
+    if isinstance(loaded, io.BytesIO):  # the common state serialised once more (Megatron's loader allows both)
+        loaded = _safe_load(loaded, name=str(save))
+    return loaded[0] if isinstance(loaded, list | tuple) and loaded else loaded
+
+
+class _StandIn:
+    """An object of a class autotune does not import, rebuilt from a checkpoint without running its code."""
+
+    qualified_name = "?"
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+def _safe_load(source: Path | io.BytesIO, name: str | None = None) -> object:
+    """torch.load with the weights-only unpickler; the classes it does not allow become :class:`_StandIn`\\ s."""
+    import torch
+
+    name = name or str(source)
+    try:
+        if isinstance(source, io.BytesIO):
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(source)
+            source.seek(0)
+        else:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(source))
+        allowed = [argparse.Namespace] + [(type(n.rsplit(".", 1)[-1], (_StandIn,), {"qualified_name": n}), n)
+                                          for n in unsafe if n != "argparse.Namespace"]
+        with torch.serialization.safe_globals(allowed):
+            if isinstance(source, io.BytesIO):
+                return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(str(source), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file raises many kinds
+        blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
+        if blocked:  # torch's loader refuses even to name it (os, subprocess, ...): nothing of it ran
+            raise InputError([f"{name}: names {blocked.group(1)}, code a file of training state has no use for, "
+                              f"and was not loaded: give the job's config files to --from instead"],
+                             subject=_SUBJECT) from None
+        raise InputError([f"{name}: does not read as a torch checkpoint ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200] if str(err) else ''}): is the save complete?"],
+                         subject=_SUBJECT) from None
+
+
+def _ds_config(value: object, states: Path) -> dict | None:
+    """The DeepSpeed config the engine was given: a dict, or the path of a JSON file (read where it still is)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute():
+            path = states.parent / path
+        if path.is_file():
+            from autotune.inputs import read_json
+
+            doc = read_json(path, subject="DeepSpeed config")
+            return doc if isinstance(doc, dict) else None
+        raise InputError([f"{states}: its DeepSpeed config was the file {value!r}, which is not there now: give "
+                          f"that ds_config.json to --from beside the checkpoint"], subject=_SUBJECT)
+    return None
+
+
+def _positive(args: argparse.Namespace, name: str) -> int | None:
+    value = getattr(args, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# ---- arguments back to a command line --------------------------------------------------------------------------
+def namespace_argv(args: argparse.Namespace, notes: list[str]) -> list[str]:
+    """The Megatron-LM (or Megatron-DeepSpeed) command line that parses to ``args``: each option of the release's
+    parser (``megatron_flag_table``; Megatron-DeepSpeed's where the arguments name DeepSpeed) whose value is set. A
+    value of a class autotune does not know is left out (with a note where autotune reads the option)."""
+    table = megatron_deepspeed_flag_table() if hasattr(args, "deepspeed") else megatron_flag_table()
+    argv: list[str] = []
+    skipped: list[str] = []
+    dense = not getattr(args, "num_experts", None)
+    for spec in {id(s): s for s in table.values()}.values():
+        if not hasattr(args, spec.dest) or (dense and spec.dest.startswith(_MOE_DESTS)):
+            continue
+        value = getattr(args, spec.dest)
+        if spec.action == "_StoreAction" and spec.default == _default_text(value):
+            continue  # the parser's own default: as a file that leaves the option out
+        tokens = _option(spec, value)
+        if tokens is None:
+            skipped.append(spec.name)
+        else:
+            argv += tokens
+    unread = [name for name in skipped if name in _ENUM_FLAGS]
+    if unread:
+        notes.append(f"checkpoint arguments with a value autotune does not know, left out: {', '.join(unread)}")
+    return argv
+
+
+def _default_text(value: object) -> str:
+    """``value`` as the flag tables write a default (``str``; an enum as ``Class.member``)."""
+    if isinstance(value, _StandIn) and len(value.args) == 1:
+        cls = value.qualified_name.rsplit(".", 1)[-1]
+        return f"{cls}.{_ENUM_NAMES.get(cls, {}).get(value.args[0])}"
+    return str(value)
+
+
+def _option(spec: FlagSpec, value: object) -> list[str] | None:
+    """The tokens that set ``value`` with ``spec`` ([] where it is the parser's own unset state), None: unreadable."""
+    action = spec.action
+    if action == "_StoreTrueAction":
+        return [spec.name] if value is True else []
+    if action == "_StoreFalseAction":
+        return [spec.name] if value is False else []
+    if action == "BooleanOptionalAction":
+        negative = next((n for n in spec.names if n.startswith("--no-")), None)
+        return [spec.name] if value is True else [negative] if value is False and negative else []
+    if action != "_StoreAction" or value is None or value is False:
+        return []
+    items = list(value) if isinstance(value, list | tuple) and spec.nargs in ("+", "*") else [value]
+    words = [_word(v) for v in items]
+    if any(w is None for w in words):
+        return None
+    return [spec.name, *words] if words else []
+
+
+def _word(value: object) -> str | None:
+    if isinstance(value, _StandIn):
+        names = _ENUM_NAMES.get(value.qualified_name.rsplit(".", 1)[-1], {})
+        return names.get(value.args[0]) if len(value.args) == 1 else None
+    if isinstance(value, bool | int | float | str):
+        return str(value)
+    if isinstance(value, list | tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        # a window (tuple_type: "W,0", as the argument reader takes it) or a per-layer pattern (moe_freq_type)
+        return ",".join(map(str, value)) if isinstance(value, tuple) else json.dumps(list(value))
+    return None

@@ -1,0 +1,260 @@
+"""`--from CHECKPOINT_FOLDER` (autotune.job_checkpoint): the job a Megatron-LM or DeepSpeed checkpoint states, in the
+layouts and formats the engines write (their own savers run in tests/test_job_checkpoint_real.py); a checkpoint
+cannot run code while it is read; bad folders and files exit 2 naming the problem."""
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import os
+import shutil
+import sys
+import types
+
+import pytest
+import torch
+
+from autotune.cli import main
+from autotune.job_checkpoint import namespace_argv, read_checkpoint
+
+ENUMS = "megatron.core.transformer.enums"
+
+
+def _megatron_enums(monkeypatch):
+    """Megatron-core's AttnBackend (values of core_v0.19.0), pickled under its own module name though megatron is
+    not installed here: the module exists while the test saves and is gone when autotune reads."""
+    module = types.ModuleType(ENUMS)
+
+    class AttnBackend(enum.Enum):
+        flash, fused, unfused, local, auto = 1, 2, 3, 4, 5
+
+    AttnBackend.__module__, AttnBackend.__qualname__ = ENUMS, "AttnBackend"
+    module.AttnBackend = AttnBackend
+    for name in ("megatron", "megatron.core", "megatron.core.transformer"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, ENUMS, module)
+    return AttnBackend
+
+
+def _args(backend, **over) -> argparse.Namespace:
+    """Llama-3-70B on 64 GPUs as Megatron's validated arguments hold it (dests of megatron/training/arguments.py)."""
+    values = dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64, kv_channels=128,
+                  group_query_attention=True, num_query_groups=8, seq_length=8192, max_position_embeddings=8192,
+                  swiglu=True, normalization="RMSNorm", position_embedding_type="rope", rotary_base=500000,
+                  untie_embeddings_and_output_weights=True, add_bias_linear=False, micro_batch_size=1,
+                  global_batch_size=512, tensor_model_parallel_size=8, pipeline_model_parallel_size=4,
+                  num_layers_per_virtual_pipeline_stage=5, virtual_pipeline_model_parallel_size=4,
+                  sequence_parallel=True, bf16=True, fp16=False, use_distributed_optimizer=True,
+                  overlap_grad_reduce=True, recompute_granularity="selective", world_size=64, rank=0,
+                  params_dtype=torch.bfloat16, attention_backend=backend.auto, num_experts=None,
+                  expert_tensor_parallel_size=8, moe_token_dispatcher_type="allgather", padded_vocab_size=128256,
+                  vocab_size=128256, cp_comm_type=["p2p"], context_parallel_size=1)
+    return argparse.Namespace(**(values | over))
+
+
+def _save_megatron(folder, state, layout: str) -> None:
+    """A save as megatron/training/checkpointing.py (core_v0.19.0) lays it out: the tracker, then iter_0000100/ with
+    the legacy torch_dist common.pt or the torch format's mp_rank_00/model_optim_rng.pt."""
+    save = folder / "iter_0000100"
+    if layout == "torch":
+        (save / "mp_rank_00").mkdir(parents=True)
+        torch.save(state | {"model": {"w": torch.zeros(16)}}, save / "mp_rank_00" / "model_optim_rng.pt")
+    else:
+        save.mkdir(parents=True)
+        torch.save(state, save / "common.pt")
+    (folder / "latest_checkpointed_iteration.txt").write_text("100\n")
+
+
+def _estimate(capsys, *argv) -> tuple[int, dict | str]:
+    code = main(["estimate", "--gpu", "h100-sxm-80gb", "--json", *argv])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+@pytest.mark.parametrize("layout", ["torch", "common.pt"])
+def test_a_megatron_checkpoint_states_its_plan_world_size_and_model(tmp_path, capsys, monkeypatch, layout):
+    backend = _megatron_enums(monkeypatch)
+    _save_megatron(tmp_path, {"args": _args(backend), "iteration": 100, "checkpoint_version": 3.0}, layout)
+    monkeypatch.delitem(sys.modules, ENUMS)  # autotune reads without Megatron
+    code, got = _estimate(capsys, "--from", str(tmp_path))
+    assert code == 0, got
+    plan = got["plan"]
+    assert (plan["tp"], plan["pp"], plan["vpp"], plan["dp"]) == (8, 4, 4, 2)  # dp from args.world_size 64
+    assert (plan["micro_batch_size"], plan["global_batch_size"], plan["seq_len"]) == (1, 512, 8192)
+    assert plan["zero_stage"] == 1 and plan["sequence_parallel"] and plan["recompute"] == "selective"
+    assert plan["precision"] == "bf16" and plan["ep"] == 1 and plan["flash_attention"]  # a dense model: no MoE
+    assert got["model"]["name"] == "llama3-70b"
+
+
+def test_megatron_enums_in_the_arguments_are_read_by_value(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    _save_megatron(tmp_path, {"args": _args(backend, attention_backend=backend.unfused)}, "common.pt")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, got = _estimate(capsys, "--from", str(tmp_path / "iter_0000100"))  # one save's folder, no tracker
+    assert code == 0, got
+    assert got["plan"]["flash_attention"] is False  # --attention-backend unfused
+
+
+class _Payload:
+    """An object whose unpickling calls ``call(*args)``, as a hostile checkpoint would hold one."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+def test_reading_a_checkpoint_runs_no_code_from_it(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    source, copied = tmp_path / "a", tmp_path / "b"
+    source.write_text("x")
+    hook = _Payload(shutil.copyfile, str(source), str(copied))  # a callable torch's loader does not block by name
+    _save_megatron(tmp_path / "save", {"args": _args(backend), "hook": hook}, "common.pt")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, got = _estimate(capsys, "--from", str(tmp_path / "save"))
+    assert code == 0, got
+    assert not copied.exists()  # torch.load(weights_only=False) would have copied the file
+    assert got["plan"]["tp"] == 8
+
+
+def test_a_checkpoint_naming_a_blocked_module_is_refused_unloaded(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    marker = tmp_path / "ran"
+    _save_megatron(tmp_path / "save", {"args": _args(backend), "hook": _Payload(os.system, f"touch {marker}")},
+                   "common.pt")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, err = _estimate(capsys, "--from", str(tmp_path / "save"))
+    assert code == 2 and "names posix.system" in err and "was not loaded" in err, err
+    assert not marker.exists()
+
+
+def _deepspeed_save(folder, state, *, zero3: bool = False) -> None:
+    """DeepSpeed's layout (runtime/engine.py 0.19.8): ``latest`` names the tag, whose folder holds rank 0's model
+    states (``zero_pp_rank_0_mp_rank_00_model_states.pt`` under ZeRO-3)."""
+    tag = folder / "global_step20"
+    tag.mkdir(parents=True)
+    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero3 else "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.zeros(4)}, "global_steps": 20, "ds_version": "0.19.8"} | state, tag / name)
+    (folder / "latest").write_text("global_step20")
+
+
+DS_CONFIG = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+             "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+PHI3_CONFIG = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+               "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 32, "max_position_embeddings": 4096, "hidden_act": "silu",
+               "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def test_a_trainer_deepspeed_checkpoint_states_its_config_world_size_and_model(tmp_path, capsys):
+    folder = tmp_path / "checkpoint-20"
+    _deepspeed_save(folder, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1}, zero3=True)
+    (folder / "config.json").write_text(json.dumps(PHI3_CONFIG))
+    code, got = _estimate(capsys, "--from", str(folder), "--seq-len", "4096")
+    assert code == 0, got
+    plan = got["plan"]
+    assert (plan["zero_stage"], plan["micro_batch_size"], plan["dp"], plan["global_batch_size"]) == (3, 2, 4, 64)
+    assert got["model"]["spec"]["num_layers"] == 32 and got["model"]["spec"]["hidden_size"] == 3072
+    assert plan["engine"] == "deepspeed"
+
+
+def test_a_ds_config_given_as_a_path_is_read_where_it_is(tmp_path, capsys):
+    (tmp_path / "ds_config.json").write_text(json.dumps(DS_CONFIG))
+    _deepspeed_save(tmp_path / "save", {"ds_config": str(tmp_path / "ds_config.json"), "dp_world_size": 4,
+                                        "mp_world_size": 1})
+    code, got = _estimate(capsys, "--from", str(tmp_path / "save"), "--model", "phi3-mini", "--seq-len", "4096")
+    assert code == 0, got
+    assert got["plan"]["zero_stage"] == 3 and got["plan"]["dp"] == 4
+    (tmp_path / "ds_config.json").unlink()
+    code, err = _estimate(capsys, "--from", str(tmp_path / "save"), "--model", "phi3-mini")
+    assert code == 2 and "its DeepSpeed config was the file" in err and "give that ds_config.json to --from" in err
+
+
+def test_a_megatron_deepspeed_checkpoint_reads_its_arguments_beside_deepspeeds_config(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    args = _args(backend, deepspeed=True, zero_stage=1, tensor_model_parallel_size=4, pipeline_model_parallel_size=1,
+                 num_layers_per_virtual_pipeline_stage=None, virtual_pipeline_model_parallel_size=None,
+                 use_distributed_optimizer=False, world_size=32)
+    ds = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 64,
+          "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
+    _deepspeed_save(tmp_path, {"ds_config": ds, "dp_world_size": 8, "mp_world_size": 4, "args": args})
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, got = _estimate(capsys, "--from", str(tmp_path))
+    assert code == 0, got
+    plan = got["plan"]
+    assert plan["engine"] == "megatron-deepspeed" and (plan["tp"], plan["dp"], plan["zero_stage"]) == (4, 8, 1)
+
+
+def test_namespace_argv_writes_what_the_parser_would_read_back():
+    args = argparse.Namespace(add_bias_linear=False, bf16=True, fp16=False, tensor_model_parallel_size=1,
+                              recompute_modules=["core_attn", "mlp"], seq_length=4096, num_experts=None,
+                              moe_token_dispatcher_type="alltoall", expert_tensor_parallel_size=1,
+                              moe_layer_freq=[0, 1, 1], window_size=(127, 0), rl_use_sequence_packing=False)
+    argv = namespace_argv(args, [])
+    assert "--disable-bias-linear" in argv and "--bf16" in argv and "--fp16" not in argv  # store_false / true
+    assert "--tensor-model-parallel-size" not in argv  # 1, the parser's default: as a file that leaves it out
+    i = argv.index("--recompute-modules")
+    assert argv[i + 1: i + 3] == ["core_attn", "mlp"]  # nargs "+"
+    assert argv[argv.index("--window-size") + 1] == "127,0"
+    assert "--no-rl-use-sequence-packing" in argv  # BooleanOptionalAction, off
+    assert not any(a.startswith(("--moe-", "--expert-")) for a in argv)  # a dense model's MoE defaults: left out
+    moe = namespace_argv(argparse.Namespace(**vars(args) | {"num_experts": 8}), [])
+    assert moe[moe.index("--moe-layer-freq") + 1] == "[0, 1, 1]" and "--moe-token-dispatcher-type" in moe
+
+
+def _empty(tmp_path):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "notes.txt").write_text("x")
+
+
+def _tracker_to_nothing(tmp_path):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest_checkpointed_iteration.txt").write_text("500")
+
+
+def _truncated(tmp_path):
+    save = tmp_path / "ck" / "iter_0000100"
+    save.mkdir(parents=True)
+    (save / "common.pt").write_bytes(b"PK\x03\x04 not the rest")
+
+
+def _no_args(tmp_path):
+    _save_megatron(tmp_path / "ck", {"iteration": 100}, "common.pt")
+
+
+def _latest_to_nothing(tmp_path):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest").write_text("global_step7")
+    (tmp_path / "ck" / "global_step5").mkdir()
+    torch.save({}, tmp_path / "ck" / "global_step5" / "mp_rank_00_model_states.pt")
+
+
+@pytest.mark.parametrize("make, words", [
+    (_empty, "a folder without a Megatron-LM or DeepSpeed checkpoint"),
+    (_tracker_to_nothing, "names '500', which is no save in"),
+    (_truncated, "does not read as a torch checkpoint"),
+    (_no_args, "a Megatron-LM checkpoint without its arguments ('args'): give the job's argument file"),
+    (_latest_to_nothing, "names 'global_step7', which is no folder in"),
+])
+def test_a_bad_checkpoint_folder_exits_2_naming_it(tmp_path, capsys, make, words):
+    make(tmp_path)
+    code, err = _estimate(capsys, "--from", str(tmp_path / "ck"), "--model", "llama3-8b", "--num-gpus", "8")
+    assert code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_read_checkpoint_says_what_it_read(tmp_path, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    _save_megatron(tmp_path, {"args": _args(backend)}, "torch")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    job = read_checkpoint(tmp_path)
+    assert job.source == str(tmp_path / "iter_0000100") and job.world_size == 64 and job.ds_config is None
+    assert job.argv[job.argv.index("--tensor-model-parallel-size") + 1] == "8"
+    assert "--attention-backend" not in job.argv  # AttnBackend.auto: the parser's default, left out
+
+
+def test_validate_on_a_checkpoint_folder_points_to_from(tmp_path, capsys):
+    _deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    assert main(["validate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder: validate checks files" in err and "autotune estimate --from FOLDER" in err
