@@ -1,5 +1,5 @@
-"""The job a training checkpoint states: Megatron-LM's arguments or DeepSpeed's config, read from the checkpoint
-directory a job saves, for ``--from`` (``autotune.job_files``).
+"""The job a training checkpoint states: Megatron-LM's arguments, DeepSpeed's config or a Trainer's arguments, read
+from the checkpoint directory a job saves, for ``--from`` (``autotune.job_files``).
 
 Where each engine keeps them:
 
@@ -17,6 +17,9 @@ Where each engine keeps them:
   ``args`` there. A Hugging Face Trainer checkpoint (``checkpoint-N/``) keeps the DeepSpeed folders and ``latest``
   beside the model's ``config.json`` (transformers trainer.py ``_save_checkpoint``: ``save_model`` then
   ``engine.save_checkpoint`` into the same folder).
+* **Hugging Face Trainer**: ``checkpoint-N/training_args.bin``, the run's ``TrainingArguments``
+  (``autotune.job_trainer_args``): the whole plan of an FSDP or DDP run; beside DeepSpeed's folders, the engine
+  (the Trainer driving DeepSpeed) and its activation checkpointing.
 
 The files are read with torch's weights-only unpickler: tensors are never materialised (``mmap``), and every class
 the pickle names beyond torch's safe set (Megatron's enums, ``argparse.Namespace``) is rebuilt as an inert stand-in
@@ -36,6 +39,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.errors import InputError
 from autotune.inputs import _os_problem
+from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
 __all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
 
@@ -75,6 +79,9 @@ class CheckpointJob:
     world_size: int | None = None
     model_config: str | None = None
     """A Hugging Face config.json beside a Trainer checkpoint's DeepSpeed folders."""
+    fields: dict = field(default_factory=dict)
+    """Plan fields a Trainer's arguments state (``job_trainer_args``): the whole plan of an FSDP / DDP run; beside a
+    DeepSpeed config, its engine (``hf``) and recompute."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,7 +89,8 @@ def is_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` is a Megatron-LM or DeepSpeed checkpoint folder (the save directory, one save's folder)."""
     p = Path(path)
     try:
-        return p.is_dir() and (_megatron_save(p) is not None or _deepspeed_states(p) is not None)
+        return p.is_dir() and (_megatron_save(p) is not None or _deepspeed_states(p) is not None
+                               or (p / TRAINER_ARGS).is_file())
     except OSError:
         return False
 
@@ -112,15 +120,20 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         notes: list[str] = []
         return CheckpointJob(str(save), argv=namespace_argv(args, notes), world_size=_positive(args, "world_size"),
                              notes=notes)
-    states = _deepspeed_states(p)
+    states, notes = _deepspeed_states(p), []
+    trainer = _trainer_state(p / TRAINER_ARGS) if (p / TRAINER_ARGS).is_file() else None
+    hf = next((c for c in (p / "config.json", p.parent / "config.json") if c.is_file()), None)
+    if states is None and trainer is not None:  # a Trainer's FSDP / DDP checkpoint
+        world = _trainer_world(trainer)
+        return CheckpointJob(str(p / TRAINER_ARGS), world_size=world, model_config=str(hf) if hf else None,
+                             fields=trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes), notes=notes)
     if states is None:
-        raise InputError([f"{p}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/) or DeepSpeed ({DEEPSPEED_TRACKER}, "
-                          f"*/mp_rank_00_model_states.pt) checkpoint in this folder: give the checkpoint's save "
-                          f"directory or the job's config files"], subject=_SUBJECT)
+        raise InputError([f"{p}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/), DeepSpeed ({DEEPSPEED_TRACKER}, "
+                          f"*/mp_rank_00_model_states.pt) or Trainer ({TRAINER_ARGS}) checkpoint in this folder: give "
+                          f"the checkpoint's save directory or the job's config files"], subject=_SUBJECT)
     state = _safe_load(states)
     if not isinstance(state, dict):
         raise InputError([f"{states}: not a DeepSpeed model-states file (no state dictionary)"], subject=_SUBJECT)
-    notes = []
     args = state.get("args")
     argv = namespace_argv(args, notes) if isinstance(args, argparse.Namespace) else None
     ds = _ds_config(state.get("ds_config"), states)
@@ -128,9 +141,29 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
     world = dp * mp if isinstance(dp, int) and isinstance(mp, int) and dp > 0 and mp > 0 else None
     if isinstance(args, argparse.Namespace):
         world = _positive(args, "world_size") or world
-    hf = next((c for c in (states.parent.parent / "config.json", states.parent / "config.json") if c.is_file()), None)
+    hf = hf or next((c for c in (states.parent / "config.json",) if c.is_file()), None)
+    fields = {}
+    if trainer is not None and ds is not None:  # the Trainer drove DeepSpeed: the hf engine, its recompute
+        got = trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes)
+        fields = {"engine": "hf", "recompute": got["recompute"]}
     return CheckpointJob(str(states), argv=argv, ds_config=ds, world_size=world,
-                         model_config=str(hf) if hf else None, notes=notes)
+                         model_config=str(hf) if hf else None, fields=fields, notes=notes)
+
+
+def _trainer_state(path: Path) -> dict:
+    """The attributes of the TrainingArguments a Trainer checkpoint saved."""
+    state = getattr(_safe_load(path), "state", None)
+    if not isinstance(state, dict):
+        raise InputError([f"{path}: not a Trainer's TrainingArguments (no attributes saved): give the job's files to "
+                          f"--from instead"], subject=_SUBJECT)
+    return state
+
+
+def _trainer_world(state: dict) -> int | None:
+    """The processes the Trainer ran in (accelerate's PartialState.num_processes), None where it did not say."""
+    dist = state.get("distributed_state")
+    value = getattr(dist, "state", {}).get("num_processes") if isinstance(getattr(dist, "state", None), dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 # ---- finding the files ---------------------------------------------------------------------------------------

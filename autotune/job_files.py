@@ -252,12 +252,15 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     ds: dict | None = None
     fields: dict = {}
     saved = {p: read_checkpoint(p) for p, k in kinds if k == "checkpoint"}  # Megatron / DeepSpeed checkpoints
+    ds_run: dict = {}
     for path, kind in kinds:
         if kind == "checkpoint":
             ck = saved[path]
             notes += ck.notes
             world, ds = world or ck.world_size, ck.ds_config or ds
             model_spec = model_spec or (load_model(ck.model_config) if ck.model_config and not ck.argv else None)
+            fields |= ck.fields if ck.ds_config is None else {}  # a Trainer's FSDP / DDP plan
+            ds_run = ck.fields if ck.ds_config is not None else ds_run  # a Trainer's DeepSpeed: engine, recompute
         elif kind == "deepspeed":
             ds = read_json(path, subject="DeepSpeed config")
             if not isinstance(ds, dict):
@@ -325,7 +328,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                              subject=_SUBJECT)
         _check_batch_triple(ds, cluster.num_gpus, tp * pp * cp)
         plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,
-                                                    recompute=recompute)
+                                                    recompute=recompute or ds_run.get("recompute"))
+        plan = plan.with_(engine=ds_run["engine"]) if "engine" in ds_run else plan
         if global_batch:
             plan = make_plan(model_spec, cluster, global_batch_size=global_batch, tp=plan.tp, pp=plan.pp, cp=plan.cp,
                              **{k: getattr(plan, k) for k in ("micro_batch_size", "zero_stage", "offload_optimizer",

@@ -189,7 +189,8 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     reshard = f.get("fsdp_reshard_after_forward", True)
     out |= {"engine": "fsdp", "zero_stage": 3 if reshard in (True, "FULL_SHARD") else 2,
-            "offload_param": "cpu" if f.get("fsdp_offload_params") else "none",
+            # fsdp_offload_params is FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
+            **dict.fromkeys(("offload_param", "offload_optimizer"), "cpu" if f.get("fsdp_offload_params") else "none"),
             "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
             "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}

@@ -258,3 +258,39 @@ def test_validate_on_a_checkpoint_folder_points_to_from(tmp_path, capsys):
     assert main(["validate", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is a folder: validate checks files" in err and "autotune estimate --from FOLDER" in err
+
+
+def _training_args(folder, **kw):
+    """TrainingArguments saved as the Trainer saves them with a checkpoint (transformers trainer.py:4229)."""
+    transformers = pytest.importorskip("transformers")
+    args = transformers.TrainingArguments(output_dir=str(folder / "out"), use_cpu=True, report_to=[], **kw)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(args, folder / "training_args.bin")
+    (folder / "config.json").write_text(json.dumps(PHI3_CONFIG))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_trainer_fsdp_checkpoint_states_its_plan(tmp_path, capsys):
+    folder = tmp_path / "checkpoint-10"
+    _training_args(folder, per_device_train_batch_size=2, gradient_accumulation_steps=4, bf16=True,
+                   fsdp="full_shard", fsdp_config={"cpu_offload": True, "activation_checkpointing": True})
+    code, got = _estimate(capsys, "--from", str(folder), "--seq-len", "4096")
+    assert code == 0, got
+    plan = got["plan"]
+    assert (plan["engine"], plan["zero_stage"], plan["recompute"]) == ("fsdp", 3, "full")
+    assert plan["offload_param"] == plan["offload_optimizer"] == "cpu"  # FSDP2's CPUOffloadPolicy
+    assert (plan["micro_batch_size"], plan["global_batch_size"], plan["dp"]) == (2, 8, 1)  # the run's one process
+    assert got["model"]["spec"]["hidden_size"] == 3072
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_trainer_deepspeed_checkpoint_is_the_hf_engine_with_its_checkpointing(tmp_path, capsys):
+    folder = tmp_path / "checkpoint-20"
+    _deepspeed_save(folder, {"ds_config": DS_CONFIG | {"zero_optimization": {"stage": 2}}, "dp_world_size": 4,
+                             "mp_world_size": 1})
+    _training_args(folder, per_device_train_batch_size=2, gradient_accumulation_steps=8, bf16=True,
+                   gradient_checkpointing=True, deepspeed={"zero_optimization": {"stage": 2}})
+    code, got = _estimate(capsys, "--from", str(folder), "--seq-len", "4096")
+    assert code == 0, got
+    plan = got["plan"]
+    assert (plan["engine"], plan["zero_stage"], plan["recompute"], plan["dp"]) == ("hf", 2, "full", 4)

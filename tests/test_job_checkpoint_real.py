@@ -148,3 +148,34 @@ def test_a_checkpoint_deepspeed_saved_reads_with_its_config_world_size_and_model
     assert got["model"]["spec"]["num_layers"] == 32 and got["model"]["spec"]["hidden_size"] == 3072
     same = _estimate_json(str(tmp_path / "ds_config.json"), "--model", str(folder / "config.json"), "--num-gpus", "2")
     assert got["plan"] == same["plan"] and got["time"]["tokens_per_s"] == same["time"]["tokens_per_s"]
+
+
+TRAINER_SAVE = r'''
+import sys, torch, transformers
+config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+model = transformers.LlamaForCausalLM(config)
+data = [{"input_ids": torch.randint(0, 256, (32,)), "labels": torch.randint(0, 256, (32,))} for _ in range(8)]
+args = transformers.TrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to=[], max_steps=1, save_steps=1,
+                                      per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                      activation_checkpointing=True, logging_steps=1)
+transformers.Trainer(model=model, args=args, train_dataset=data).train()
+print("SAVED", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_trainer_saved_reads_with_its_batch_checkpointing_and_model(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "save.py").write_text(TRAINER_SAVE)
+    run = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "out")], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert run.returncode == 0 and "SAVED" in run.stdout, (run.stdout + run.stderr)[-3000:]
+    folder = tmp_path / "out" / "checkpoint-1"
+    assert {"training_args.bin", "config.json"} <= set(os.listdir(folder))
+    got = _estimate_json(str(folder), "--seq-len", "32")
+    plan = got["plan"]
+    assert (plan["engine"], plan["zero_stage"], plan["recompute"]) == ("fsdp", 0, "full")  # plain DDP, checkpointed
+    assert (plan["micro_batch_size"], plan["global_batch_size"], plan["dp"]) == (2, 4, 1)  # one CPU process
+    spec = got["model"]["spec"]
+    assert (spec["num_layers"], spec["hidden_size"], spec["vocab_size"]) == (2, 64, 256)

@@ -321,3 +321,15 @@ def test_megatron_deepspeed_moe_fp8_files_read_back(tmp_path, capsys):
     files[0].write_text(args)
     code, _, err = run(["estimate", "--from", *files, *GPU, "--num-gpus", "16", "--model", "mixtral-8x7b"], capsys)
     assert code == 0 and "without --enable-expert-tensor-parallelism each of the 2 TP ranks" in err
+
+
+def test_an_accelerate_config_that_offloads_reads_back_as_fsdp2_offloads(tmp_path, capsys):
+    # fsdp_offload_params is FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host; read
+    # as the parameters alone, the plan was refused by the FSDP engine's own rule
+    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--zero", "3", "--offload-optimizer", "cpu",
+                        "--offload-param", "cpu", "--out", tmp_path / "fsdp"], capsys)
+    assert code == 0, err
+    assert "fsdp_offload_params: true" in (tmp_path / "fsdp" / "accelerate_fsdp.yaml").read_text()
+    job = read_job([str(tmp_path / "fsdp" / "accelerate_fsdp.yaml")], model="llama3-8b", gpu="h100-sxm-80gb",
+                   global_batch=64, seq_len=2048)
+    assert (job.plan.zero_stage, job.plan.offload_param, job.plan.offload_optimizer) == (3, "cpu", "cpu")
