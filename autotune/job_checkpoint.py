@@ -21,15 +21,12 @@ Where each engine keeps them:
   (``autotune.job_trainer_args``): the whole plan of an FSDP or DDP run; beside DeepSpeed's folders, the engine
   (the Trainer driving DeepSpeed) and its activation checkpointing.
 
-The files are read with torch's weights-only unpickler: tensors are never materialised (``mmap``), and every class
-the pickle names beyond torch's safe set (Megatron's enums, ``argparse.Namespace``) is rebuilt as an inert stand-in
-that only records its arguments, so a checkpoint cannot run code here.
+The files are read without running code from them (``autotune.job_checkpoint_load``).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -39,6 +36,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.errors import InputError
 from autotune.inputs import _os_problem
+from autotune.job_checkpoint_load import StandIn, dist_common_state, safe_load
 from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
 __all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
@@ -48,8 +46,6 @@ DEEPSPEED_TRACKER = "latest"
 _MODEL_STATES = re.compile(r"^(zero_pp_rank_0_)?mp_rank_00_model_states\.pt$")
 _MEGATRON_TORCH = re.compile(r"^mp_rank_00(_000)?$")
 _ITERATION = re.compile(r"^iter_\d{7}$")
-COMMON_STATE_KEY = "common_state/shard_0_1"
-"""The torch_dist common state's key: ShardedObject("common_state", None, (1,), (0,)).unique_key."""
 
 # Megatron-core's enums the arguments hold, by value (megatron/core/transformer/enums.py at core_v0.19.0)
 _ENUM_NAMES = {
@@ -131,7 +127,7 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         raise InputError([f"{p}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/), DeepSpeed ({DEEPSPEED_TRACKER}, "
                           f"*/mp_rank_00_model_states.pt) or Trainer ({TRAINER_ARGS}) checkpoint in this folder: give "
                           f"the checkpoint's save directory or the job's config files"], subject=_SUBJECT)
-    state = _safe_load(states)
+    state = safe_load(states)
     if not isinstance(state, dict):
         raise InputError([f"{states}: not a DeepSpeed model-states file (no state dictionary)"], subject=_SUBJECT)
     args = state.get("args")
@@ -152,7 +148,7 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
 
 def _trainer_state(path: Path) -> dict:
     """The attributes of the TrainingArguments a Trainer checkpoint saved."""
-    state = getattr(_safe_load(path), "state", None)
+    state = getattr(safe_load(path), "state", None)
     if not isinstance(state, dict):
         raise InputError([f"{path}: not a Trainer's TrainingArguments (no attributes saved): give the job's files to "
                           f"--from instead"], subject=_SUBJECT)
@@ -204,82 +200,11 @@ def _deepspeed_states(p: Path) -> Path | None:
 # ---- reading them --------------------------------------------------------------------------------------------
 def _load_megatron_state(save: Path) -> object:
     if (save / "common.pt").is_file():
-        return _safe_load(save / "common.pt")
+        return safe_load(save / "common.pt")
     if (save / "metadata.json").is_file():
-        return _dist_common_state(save)
+        return dist_common_state(save)
     rank0 = next(c for c in sorted(save.iterdir()) if _MEGATRON_TORCH.match(c.name))
-    return _safe_load(rank0 / "model_optim_rng.pt")
-
-
-def _dist_common_state(save: Path) -> object:
-    """The common state of a torch_dist save (module docstring): one pickled object in the distributed files."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
-    class RawBytes(DefaultLoadPlanner):
-        """Keeps a pickled entry's bytes: the default planner unpickles them with torch.load(weights_only=False),
-        which would import (and run) whatever classes they name."""
-
-        def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            if read_item.dest_index.fqn == COMMON_STATE_KEY:
-                kept.append(io.BytesIO(value.read()))
-
-    holder, kept = {COMMON_STATE_KEY: io.BytesIO()}, []
-    try:
-        dcp.load(holder, storage_reader=dcp.FileSystemReader(str(save)), planner=RawBytes(flatten_state_dict=False),
-                 no_dist=True)
-    except (Exception, CheckpointException) as err:  # noqa: BLE001 - CheckpointException is a BaseException
-        raise InputError([f"{save}: a Megatron torch_dist save whose common state does not read "
-                          f"({type(err).__name__}): give the job's argument file to --from instead"],
-                         subject=_SUBJECT) from None
-    if not kept:
-        raise InputError([f"{save}: a Megatron torch_dist save without its common state ({COMMON_STATE_KEY}): give "
-                          f"the job's argument file to --from instead"], subject=_SUBJECT)
-    loaded = _safe_load(kept[0], name=str(save))
-    if isinstance(loaded, io.BytesIO):  # the common state serialised once more (Megatron's loader allows both)
-        loaded = _safe_load(loaded, name=str(save))
-    return loaded[0] if isinstance(loaded, list | tuple) and loaded else loaded
-
-
-class _StandIn:
-    """An object of a class autotune does not import, rebuilt from a checkpoint without running its code."""
-
-    qualified_name = "?"
-
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-
-    def __setstate__(self, state):
-        self.state = state
-
-
-def _safe_load(source: Path | io.BytesIO, name: str | None = None) -> object:
-    """torch.load with the weights-only unpickler; the classes it does not allow become :class:`_StandIn`\\ s."""
-    import torch
-
-    name = name or str(source)
-    try:
-        if isinstance(source, io.BytesIO):
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(source)
-            source.seek(0)
-        else:
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(source))
-        allowed = [argparse.Namespace] + [(type(n.rsplit(".", 1)[-1], (_StandIn,), {"qualified_name": n}), n)
-                                          for n in unsafe if n != "argparse.Namespace"]
-        with torch.serialization.safe_globals(allowed):
-            if isinstance(source, io.BytesIO):
-                return torch.load(source, map_location="cpu", weights_only=True)
-            return torch.load(str(source), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # noqa: BLE001 - a damaged or foreign file raises many kinds
-        blocked = re.search(r"unsupported GLOBAL (\S+) whose module \S+ is blocked", str(err))
-        if blocked:  # torch's loader refuses even to name it (os, subprocess, ...): nothing of it ran
-            raise InputError([f"{name}: names {blocked.group(1)}, code a file of training state has no use for, "
-                              f"and was not loaded: give the job's config files to --from instead"],
-                             subject=_SUBJECT) from None
-        raise InputError([f"{name}: does not read as a torch checkpoint ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:200] if str(err) else ''}): is the save complete?"],
-                         subject=_SUBJECT) from None
+    return safe_load(rank0 / "model_optim_rng.pt")
 
 
 def _ds_config(value: object, states: Path) -> dict | None:
@@ -333,7 +258,7 @@ def namespace_argv(args: argparse.Namespace, notes: list[str]) -> list[str]:
 
 def _default_text(value: object) -> str:
     """``value`` as the flag tables write a default (``str``; an enum as ``Class.member``)."""
-    if isinstance(value, _StandIn) and len(value.args) == 1:
+    if isinstance(value, StandIn) and len(value.args) == 1:
         cls = value.qualified_name.rsplit(".", 1)[-1]
         return f"{cls}.{_ENUM_NAMES.get(cls, {}).get(value.args[0])}"
     return str(value)
@@ -359,7 +284,7 @@ def _option(spec: FlagSpec, value: object) -> list[str] | None:
 
 
 def _word(value: object) -> str | None:
-    if isinstance(value, _StandIn):
+    if isinstance(value, StandIn):
         names = _ENUM_NAMES.get(value.qualified_name.rsplit(".", 1)[-1], {})
         return names.get(value.args[0]) if len(value.args) == 1 else None
     if isinstance(value, bool | int | float | str):

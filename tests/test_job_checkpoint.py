@@ -7,6 +7,7 @@ import argparse
 import enum
 import json
 import os
+import pickle
 import shutil
 import sys
 import types
@@ -294,3 +295,34 @@ def test_a_trainer_deepspeed_checkpoint_is_the_hf_engine_with_its_checkpointing(
     assert code == 0, got
     plan = got["plan"]
     assert (plan["engine"], plan["zero_stage"], plan["recompute"], plan["dp"]) == ("hf", 2, "full", 4)
+
+
+def _save_torch_dist(folder, state) -> None:
+    """A torch_dist save as megatron-core 0.19 writes it (its own saver: tests/test_job_checkpoint_real.py): the common
+    state one pickled entry of the torch.distributed.checkpoint files (serialization.py:206-237), metadata.json."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    save = folder / "iter_0000100"
+    save.mkdir(parents=True)
+    dcp.save({"common_state/shard_0_1": [state]}, storage_writer=dcp.FileSystemWriter(str(save)),
+             planner=DefaultSavePlanner(flatten_state_dict=False), no_dist=True)  # one entry, as a ShardedObject
+    (save / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1}')
+    (folder / "latest_checkpointed_iteration.txt").write_text("100")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_torch_dist_save_reads_and_its_index_runs_no_code(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    _save_torch_dist(tmp_path / "save", {"args": _args(backend), "iteration": 100})
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, got = _estimate(capsys, "--from", str(tmp_path / "save"))
+    assert code == 0, got
+    assert (got["plan"]["tp"], got["plan"]["pp"], got["plan"]["dp"]) == (8, 4, 2)
+    marker = tmp_path / "ran"
+    # torch's own FileSystemReader takes the .metadata index with pickle.load: a hostile index would run
+    (tmp_path / "save" / "iter_0000100" / ".metadata").write_bytes(
+        pickle.dumps(_Payload(os.system, f"touch {marker}")))
+    code, err = _estimate(capsys, "--from", str(tmp_path / "save"))
+    assert code == 2 and ".metadata: names posix.system" in err and "was not loaded" in err, err
+    assert not marker.exists()
