@@ -169,9 +169,10 @@ def _megatron_save(p: Path) -> Path | None:
     tracker = p / MEGATRON_TRACKER
     if tracker.is_file():
         text = tracker.read_text(encoding="utf-8", errors="replace").strip()
-        name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
+        name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() and len(text) < 10 \
+            else None
         if name is None or not (p / name).is_dir():
-            raise InputError([f"{tracker}: names {text!r}, which is no save in {p} (iter_NNNNNNN/ or release/): "
+            raise InputError([f"{tracker}: names {text[:40]!r}, which is no save in {p} (iter_NNNNNNN/ or release/): "
                               f"give one save's folder"], subject=_SUBJECT)
         return p / name
     if _megatron_files(p):
@@ -190,10 +191,11 @@ def _deepspeed_states(p: Path) -> Path | None:
     tracker = p / DEEPSPEED_TRACKER
     folder = p
     if tracker.is_file():
-        folder = p / tracker.read_text(encoding="utf-8", errors="replace").strip()
-        if not folder.is_dir():
-            raise InputError([f"{tracker}: names {folder.name!r}, which is no folder in {p}: give one save's "
-                              f"folder"], subject=_SUBJECT)
+        tag = tracker.read_text(encoding="utf-8", errors="replace").strip()
+        folder = p / tag
+        if not tag or not folder.is_dir():
+            raise InputError([f"{tracker}: names {tag[:40]!r}, which is no folder in {p}: give one save's folder"],
+                             subject=_SUBJECT)
     return next((c for c in sorted(folder.iterdir()) if _MODEL_STATES.match(c.name)), None)
 
 

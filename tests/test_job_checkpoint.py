@@ -231,7 +231,31 @@ def _latest_to_nothing(tmp_path):
     torch.save({}, tmp_path / "ck" / "global_step5" / "mp_rank_00_model_states.pt")
 
 
+def _tracker_of_thousands_of_digits(tmp_path):  # int() refuses strings over 4,300 digits
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest_checkpointed_iteration.txt").write_text("9" * 5000)
+
+
+def _latest_empty(tmp_path):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest").write_text("")
+
+
+class TrainingArguments:  # a stand-in for transformers' class: its attributes, pickled as the Trainer saves them
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def _trainer_args_of_zero_batch(tmp_path):
+    (tmp_path / "ck").mkdir()
+    torch.save(TrainingArguments(per_device_train_batch_size=0, gradient_accumulation_steps=1),
+               tmp_path / "ck" / "training_args.bin")
+
+
 @pytest.mark.parametrize("make, words", [
+    (_tracker_of_thousands_of_digits, "names '9999999999"),
+    (_latest_empty, "latest: names '', which is no folder in"),
+    (_trainer_args_of_zero_batch, "TrainingArguments.per_device_train_batch_size is 0, not a positive whole number"),
     (_empty, "a folder without a Megatron-LM or DeepSpeed checkpoint"),
     (_tracker_to_nothing, "names '500', which is no save in"),
     (_truncated, "does not read as a torch checkpoint"),
