@@ -167,6 +167,19 @@ def test_torchtitan_toml_too_long_an_integer_or_too_deep(body, needle, tmp_path,
     refused(["validate", str(path), "--world-size", "8"], capsys, needle, "torchtitan config")
 
 
+@pytest.mark.parametrize("name, body", [
+    ("bridge_overrides.args", "model.x = " + "[" * 5000 + "]" * 5000 + "\n"),
+    ("bridge_overrides.yaml", "model:\n  x: " + "[" * 5000 + "]" * 5000 + "\n"),
+], ids=["key-value", "yaml"])
+def test_bridge_overrides_nested_too_deep_are_a_problem_not_a_traceback(name, body, tmp_path, capsys):
+    # yaml's composer recurses: a value 5,000 levels deep was a RecursionError (hostile campaign seed 67, #1733)
+    path = tmp_path / name
+    path.write_text(body)
+    assert main(["validate", str(path), "--world-size", "8"]) == 1
+    out, err = capsys.readouterr()
+    assert "nested too deep for an override" in out and "Traceback" not in err
+
+
 def test_what_torchtitans_own_loader_raises_is_a_problem_not_a_traceback(tmp_path, capsys):
     # torchtitan's ConfigManager asserts (validation steps) and overflows (a path given as a huge integer)
     pytest.importorskip("torchtitan.config")

@@ -55,6 +55,10 @@ def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     except (yaml.YAMLError, AttributeError, TypeError) as err:
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=f"does not read: {err}",
                             fix="rewrite the file (autotune emit writes it)")]
+    except RecursionError:  # a value nested thousands of levels deep (yaml's composer recurses)
+        return {}, [Problem(path="$", severity="error", source="megatron-bridge",
+                            message="does not read: nested too deep for an override",
+                            fix="rewrite the file (autotune emit writes it)")]
     if not isinstance(data, dict):
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message="not a mapping",
                             fix="give ConfigContainer sections (model:, train:, ...)")]
