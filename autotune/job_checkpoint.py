@@ -43,6 +43,8 @@ __all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv"
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
+MODELLED_DEEPSPEED = "0.19.8"
+"""The DeepSpeed release the engine models (autotune.engines.deepspeed)."""
 _MODEL_STATES = re.compile(r"^(zero_pp_rank_0_)?mp_rank_00_model_states\.pt$")
 _MEGATRON_TORCH = re.compile(r"^mp_rank_00(_000)?$")
 _ITERATION = re.compile(r"^iter_\d{7}$")
@@ -132,6 +134,10 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         raise InputError([f"{states}: not a DeepSpeed model-states file (no state dictionary)"], subject=_SUBJECT)
     args = state.get("args")
     argv = namespace_argv(args, notes) if isinstance(args, argparse.Namespace) else None
+    saved_by = state.get("ds_version")
+    if isinstance(saved_by, str) and saved_by.split(".")[:2] != MODELLED_DEEPSPEED.split(".")[:2]:
+        notes.append(f"{states}: saved by DeepSpeed {saved_by[:20]}; estimated as DeepSpeed {MODELLED_DEEPSPEED}, the "
+                     f"release autotune models (an older one may bucket and prefetch otherwise)")
     ds = _ds_config(state.get("ds_config"), states)
     dp, mp = state.get("dp_world_size"), state.get("mp_world_size")
     world = dp * mp if isinstance(dp, int) and isinstance(mp, int) and dp > 0 and mp > 0 else None

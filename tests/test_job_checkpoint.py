@@ -160,6 +160,15 @@ def test_a_trainer_deepspeed_checkpoint_states_its_config_world_size_and_model(t
     assert plan["engine"] == "deepspeed"
 
 
+@pytest.mark.parametrize("release, said", [("0.19.8", False), ("0.14.4", True)])
+def test_a_deepspeed_checkpoint_of_another_release_says_so(tmp_path, capsys, release, said):
+    _deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1, "ds_version": release})
+    code = main(["estimate", "--from", str(tmp_path), "--model", "phi3-mini", "--gpu", "h100-sxm-80gb"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert ("saved by DeepSpeed 0.14.4; estimated as DeepSpeed 0.19.8" in err) is said, err
+
+
 def test_a_ds_config_given_as_a_path_is_read_where_it_is(tmp_path, capsys):
     (tmp_path / "ds_config.json").write_text(json.dumps(DS_CONFIG))
     _deepspeed_save(tmp_path / "save", {"ds_config": str(tmp_path / "ds_config.json"), "dp_world_size": 4,
