@@ -114,7 +114,7 @@ GOOD_INTS, GOOD_FLOATS = ["1", "2", "4", "8", "16"], ["0", "0.05", "0.5", "1", "
 LISTS = {"zero": ["0", "1", "2", "3", "0,1,2,3", "1,3", "4"], "precision": ["bf16", "fp16", "fp8", "bf16,fp8", "fp4"],
          "recompute": ["none", "selective", "full", "none,full", "some"],
          "engine": ["deepspeed", "megatron", "fsdp", "hf", "megatron-deepspeed", "deepspeed,fsdp", "jax"]}
-FILE_DESTS = {"model", "cluster", "calibration", "plan_json", "recipe", "megatron_args", "files", "hostfile",
+FILE_DESTS = {"model", "cluster", "calibration", "plan_json", "recipe", "megatron_args", "files", "from_files", "hostfile",
               "script"}
 # Outputs: only folders inside the case's folder or places nothing can be written (never /dev/null: an old
 # `emit --out /dev/null --force` could move it aside).
@@ -220,12 +220,70 @@ def _value(rng: random.Random, opt: dict, files: list[str]) -> str:
     return rng.choice(NAMED)
 
 
+def _torch_bytes(obj) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _checkpoint_state(rng: random.Random) -> bytes:
+    """A torch pickle as a checkpoint holds one: Megatron arguments, DeepSpeed model states or Trainer-like
+    attributes, with hostile values often."""
+    import argparse
+
+    odd = [0, -1, 2**70, "8", None, [1, 2], 1.5, True]
+    args = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=1,
+                global_batch_size=8, tensor_model_parallel_size=2, world_size=8, bf16=True, num_experts=None)
+    for key in rng.sample(sorted(args), rng.randint(0, 3)):
+        args[key] = rng.choice(odd)
+    ds = dict(DS_CONFIG)
+    pick = rng.randrange(4)
+    if pick == 0:
+        return _torch_bytes({"args": argparse.Namespace(**args), "iteration": 1})
+    if pick == 1:
+        return _torch_bytes({"ds_config": ds if rng.random() < 0.7 else rng.choice(odd), "dp_world_size":
+                             rng.choice([8, 4] + odd), "mp_world_size": rng.choice([1] + odd)})
+    if pick == 2:
+        return _torch_bytes({"ds_config": ds, "dp_world_size": 4, "mp_world_size": 2,
+                             "args": argparse.Namespace(**args, deepspeed=True, zero_stage=rng.choice([1, 3] + odd))})
+    return _torch_bytes(rng.choice([[1, 2], {"args": "x"}, None, argparse.Namespace(**args)]))
+
+
+def checkpoint_files(rng: random.Random) -> dict[str, object]:
+    """A checkpoint folder ``ck/`` in one of the layouts --from reads (Megatron-LM's tracker and iter_ folders,
+    DeepSpeed's latest and tag folder, a Trainer's training_args.bin), its files often damaged."""
+    content = (lambda: _checkpoint_state(rng) if rng.random() < 0.6 else
+               bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))))
+    layout = rng.randrange(4)
+    if layout == 0:
+        tracker = rng.choice(["1", "release", "", "-1", "9" * 50, "1\n2", "../x"])
+        return {"ck/latest_checkpointed_iteration.txt": tracker,
+                rng.choice(["ck/iter_0000001/common.pt", "ck/iter_0000001/mp_rank_00/model_optim_rng.pt",
+                            "ck/release/common.pt", "ck/iter_0000001/metadata.json"]): content()}
+    if layout == 1:
+        return {rng.choice(["ck/iter_0000007/common.pt", "ck/iter_0000007/mp_rank_00_000/model_optim_rng.pt"]):
+                content()}
+    if layout == 2:
+        tag = rng.choice(["global_step1", "", "../ck", "nope"])
+        return {"ck/latest": tag, rng.choice(["ck/global_step1/mp_rank_00_model_states.pt",
+                                              "ck/global_step1/zero_pp_rank_0_mp_rank_00_model_states.pt"]): content(),
+                **({"ck/config.json": json.dumps(HF)} if rng.random() < 0.5 else {})}
+    return {"ck/training_args.bin": content(), **({"ck/config.json": json.dumps(HF)} if rng.random() < 0.5 else {})}
+
+
 def fuzz_case(rng: random.Random, command: str, spec: dict, realworld: list[str]) -> Case:
     files: dict[str, object] = {}
     for i in range(rng.randint(1, 3)):
         name = f"f{i}{rng.choice(['.json', '.yaml', '.yml', '', '.sh', '.toml', '.hostfile'])}"
         files[name] = file_contents(rng, realworld)
     paths = [f"{CASE}/{name}" for name in files]
+    if rng.random() < 0.15:  # a checkpoint folder (--from reads them)
+        files |= checkpoint_files(random.Random(rng.random()))
+        paths.append(f"{CASE}/ck")
     actions = spec[command]
     options = [a for a in actions if a["flags"]]
     if command == "tune":
@@ -259,6 +317,8 @@ def fuzz_case(rng: random.Random, command: str, spec: dict, realworld: list[str]
             argv.append(flag)
         else:
             argv += [flag, _value(rng, a, paths)]
+    if f"{CASE}/ck" in paths and command in ("estimate", "plan", "emit") and rng.random() < 0.6:
+        argv += ["--from", f"{CASE}/ck"]  # the checkpoint folder as the job (rarely drawn among the options)
     return Case(0, f"fuzz:{command}", argv, files)
 
 
