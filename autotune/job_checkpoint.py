@@ -84,7 +84,8 @@ class CheckpointJob:
 
 
 def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a Megatron-LM or DeepSpeed checkpoint folder (the save directory, one save's folder)."""
+    """Whether ``path`` is a Megatron-LM, DeepSpeed or Trainer checkpoint folder (the save directory, one save's
+    folder)."""
     p = Path(path)
     try:
         return p.is_dir() and (_megatron_save(p) is not None or _deepspeed_states(p) is not None
@@ -98,8 +99,8 @@ def unreadable(path: str) -> str | None:
     the file system is an OSError that Path.is_file passes on)."""
     try:
         if Path(path).is_dir():
-            return None if is_checkpoint(path) else ("a folder without a Megatron-LM or DeepSpeed checkpoint "
-                                                     f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER})")
+            return None if is_checkpoint(path) else ("a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint "
+                                                     f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER}, {TRAINER_ARGS})")
         return None if Path(path).is_file() else "no such file"
     except OSError as err:
         return _os_problem(err)
@@ -120,7 +121,7 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
                              notes=notes)
     states, notes = _deepspeed_states(p), []
     trainer = _trainer_state(p / TRAINER_ARGS) if (p / TRAINER_ARGS).is_file() else None
-    hf = next((c for c in (p / "config.json", p.parent / "config.json") if c.is_file()), None)
+    hf = (p / "config.json") if (p / "config.json").is_file() else None  # a Trainer's checkpoint-N/config.json
     if states is None and trainer is not None:  # a Trainer's FSDP / DDP checkpoint
         world = _trainer_world(trainer)
         return CheckpointJob(str(p / TRAINER_ARGS), world_size=world, model_config=str(hf) if hf else None,
@@ -143,7 +144,8 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
     world = dp * mp if isinstance(dp, int) and isinstance(mp, int) and dp > 0 and mp > 0 else None
     if isinstance(args, argparse.Namespace):
         world = _positive(args, "world_size") or world
-    hf = hf or next((c for c in (states.parent / "config.json",) if c.is_file()), None)
+    # given a tag folder (global_stepN/) of a Trainer's checkpoint-N/: the model beside it
+    hf = hf or next((c for c in (states.parent.parent / "config.json",) if c.is_file() and p != c.parent), None)
     fields = {}
     if trainer is not None and ds is not None:  # the Trainer drove DeepSpeed: the hf engine, its recompute
         got = trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes)

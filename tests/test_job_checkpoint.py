@@ -265,7 +265,7 @@ def _trainer_args_of_zero_batch(tmp_path):
     (_tracker_of_thousands_of_digits, "names '9999999999"),
     (_latest_empty, "latest: names '', which is no folder in"),
     (_trainer_args_of_zero_batch, "TrainingArguments.per_device_train_batch_size is 0, not a positive whole number"),
-    (_empty, "a folder without a Megatron-LM or DeepSpeed checkpoint"),
+    (_empty, "a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint"),
     (_tracker_to_nothing, "names '500', which is no save in"),
     (_truncated, "does not read as a torch checkpoint"),
     (_no_args, "a Megatron-LM checkpoint without its arguments ('args'): give the job's argument file"),
@@ -359,3 +359,12 @@ def test_a_torch_dist_save_reads_and_its_index_runs_no_code(tmp_path, capsys, mo
     code, err = _estimate(capsys, "--from", str(tmp_path / "save"))
     assert code == 2 and ".metadata: names posix.system" in err and "was not loaded" in err, err
     assert not marker.exists()
+
+
+def test_the_tag_folder_of_a_trainer_checkpoint_finds_the_model_beside_it(tmp_path, capsys):
+    folder = tmp_path / "checkpoint-20"
+    _deepspeed_save(folder, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    (folder / "config.json").write_text(json.dumps(PHI3_CONFIG))
+    code, got = _estimate(capsys, "--from", str(folder / "global_step20"), "--seq-len", "4096")
+    assert code == 0, got
+    assert got["model"]["spec"]["hidden_size"] == 3072 and got["plan"]["dp"] == 4
