@@ -9,7 +9,8 @@ Where each engine keeps them:
   ``argparse.Namespace``, :1311): ``torch_dist`` in its common state, a ShardedObject ``common_state`` inside the
   torch.distributed.checkpoint files (megatron/core/dist_checkpointing/serialization.py:206-237 of megatron-core
   0.19.2: read with ``no_dist=True`` and ``torch.load(weights_only=True)``) or, before that, a ``common.pt``
-  (strategies/common.py:15, :20-29); ``torch`` in ``mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` (:232-235).
+  (strategies/common.py:15, :20-29); ``torch`` in ``mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt`` (:232-235);
+  ``torch_dcp`` and ``fsdp_dtensor`` as the ``args`` entry of their torch.distributed.checkpoint files (:1744-1764).
 * **DeepSpeed** (deepspeed/runtime/engine.py of 0.19.8): ``save_checkpoint`` writes ``latest`` (the tag) and
   ``<tag>/mp_rank_00_model_states.pt`` (``zero_pp_rank_0_mp_rank_00_model_states.pt`` under ZeRO-3, :4336-4358),
   whose state holds ``ds_config`` (the config the engine was given), ``dp_world_size`` and ``mp_world_size``
@@ -36,7 +37,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
 from autotune.errors import InputError
 from autotune.inputs import _os_problem
-from autotune.job_checkpoint_load import StandIn, dist_common_state, safe_load
+from autotune.job_checkpoint_load import COMMON_STATE_KEY, StandIn, dcp_entry, safe_load
 from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
 __all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
@@ -190,7 +191,7 @@ def _megatron_save(p: Path) -> Path | None:
 
 
 def _megatron_files(save: Path) -> bool:
-    return (save / "common.pt").is_file() or (save / "metadata.json").is_file() or any(
+    return (save / "common.pt").is_file() or (save / ".metadata").is_file() or any(
         _MEGATRON_TORCH.match(c.name) and (c / "model_optim_rng.pt").is_file() for c in save.iterdir() if c.is_dir())
 
 
@@ -209,12 +210,27 @@ def _deepspeed_states(p: Path) -> Path | None:
 
 # ---- reading them --------------------------------------------------------------------------------------------
 def _load_megatron_state(save: Path) -> object:
+    """The saved state holding ``args``, by format (``_get_checkpoint_format``, checkpointing.py:1613-1630 at
+    core_v0.19.0): torch_dist (metadata.json; its common state, or a legacy common.pt), torch (mp_rank_00*/), or
+    torch_dcp / fsdp_dtensor (a torch.distributed.checkpoint whose entries are the state's keys, ``args`` among
+    them: :1744-1764)."""
     if (save / "common.pt").is_file():
         return safe_load(save / "common.pt")
     if (save / "metadata.json").is_file():
-        return dist_common_state(save)
-    rank0 = next(c for c in sorted(save.iterdir()) if _MEGATRON_TORCH.match(c.name))
-    return safe_load(rank0 / "model_optim_rng.pt")
+        common = dcp_entry(save, COMMON_STATE_KEY)
+        if common is None:
+            raise InputError([f"{save}: a Megatron torch_dist save without its common state ({COMMON_STATE_KEY}): "
+                              f"give the job's argument file to --from instead"], subject=_SUBJECT)
+        return common[0] if isinstance(common, list | tuple) and common else common
+    rank0 = next((c for c in sorted(save.iterdir()) if _MEGATRON_TORCH.match(c.name)), None)
+    if rank0 is not None:
+        return safe_load(rank0 / "model_optim_rng.pt")
+    args = dcp_entry(save, "args")
+    if args is None:
+        raise InputError([f"{save}: a torch.distributed.checkpoint save without Megatron-LM's arguments ('args'): a "
+                          f"torchtitan or other checkpoint? give the job's config file to --from instead"],
+                         subject=_SUBJECT)
+    return {"args": args}
 
 
 def _ds_config(value: object, states: Path) -> dict | None:

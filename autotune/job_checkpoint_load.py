@@ -20,14 +20,15 @@ from pathlib import Path
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.errors import InputError
 
-__all__ = ["COMMON_STATE_KEY", "IndexUnpickler", "Refused", "StandIn", "dist_common_state", "safe_load"]
+__all__ = ["COMMON_STATE_KEY", "IndexUnpickler", "Refused", "StandIn", "dcp_entry", "safe_load"]
 
 COMMON_STATE_KEY = "common_state/shard_0_1"
 """The torch_dist common state's key: ShardedObject("common_state", None, (1,), (0,)).unique_key."""
 
 
-def dist_common_state(save: Path) -> object:
-    """The common state of a torch_dist save (module docstring): one pickled object in the distributed files."""
+def dcp_entry(save: Path, key: str) -> object | None:
+    """The pickled entry ``key`` of the torch.distributed.checkpoint files in ``save`` (None: the index has no such
+    entry), read without running code: the index by :class:`IndexUnpickler`, the entry by :func:`safe_load`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -38,7 +39,7 @@ def dist_common_state(save: Path) -> object:
         which would import (and run) whatever classes they name."""
 
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            if read_item.dest_index.fqn == COMMON_STATE_KEY:
+            if read_item.dest_index.fqn == key:
                 kept.append(io.BytesIO(value.read()))
 
     class SafeMetadata(dcp.FileSystemReader):
@@ -52,25 +53,26 @@ def dist_common_state(save: Path) -> object:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    holder, kept = {COMMON_STATE_KEY: io.BytesIO()}, []
+    kept: list[io.BytesIO] = []
     try:
-        SafeMetadata(str(save)).read_metadata()  # refused here, before torch's loader wraps (and logs) the error
-        dcp.load(holder, storage_reader=SafeMetadata(str(save)), planner=RawBytes(flatten_state_dict=False),
-                 no_dist=True)
+        index = SafeMetadata(str(save)).read_metadata()  # refused here, before torch's loader wraps (and logs) it
+        if key not in (getattr(index, "state_dict_metadata", None) or {}):
+            return None
+        dcp.load({key: io.BytesIO()}, storage_reader=SafeMetadata(str(save)),
+                 planner=RawBytes(flatten_state_dict=False), no_dist=True)
     except Refused as refused:
         raise InputError([f"{save}/.metadata: names {refused}, which a checkpoint index has no use for, and was not "
                           f"loaded: give the job's argument file to --from instead"], subject=_SUBJECT) from None
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - CheckpointException is a BaseException
-        raise InputError([f"{save}: a Megatron torch_dist save whose common state does not read "
+        raise InputError([f"{save}: a torch.distributed.checkpoint save whose {key!r} does not read "
                           f"({type(err).__name__}): give the job's argument file to --from instead"],
                          subject=_SUBJECT) from None
     if not kept:
-        raise InputError([f"{save}: a Megatron torch_dist save without its common state ({COMMON_STATE_KEY}): give "
-                          f"the job's argument file to --from instead"], subject=_SUBJECT)
+        return None
     loaded = safe_load(kept[0], name=str(save))
-    if isinstance(loaded, io.BytesIO):  # the common state serialised once more (Megatron's loader allows both)
+    if isinstance(loaded, io.BytesIO):  # serialised once more (Megatron's torch_dist loader allows both)
         loaded = safe_load(loaded, name=str(save))
-    return loaded[0] if isinstance(loaded, list | tuple) and loaded else loaded
+    return loaded
 
 
 class Refused(Exception):

@@ -368,3 +368,25 @@ def test_the_tag_folder_of_a_trainer_checkpoint_finds_the_model_beside_it(tmp_pa
     code, got = _estimate(capsys, "--from", str(folder / "global_step20"), "--seq-len", "4096")
     assert code == 0, got
     assert got["model"]["spec"]["hidden_size"] == 3072 and got["plan"]["dp"] == 4
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_torch_dcp_save_reads_its_args_entry_and_a_torchtitan_one_is_named(tmp_path, capsys, monkeypatch):
+    # Megatron's torch_dcp / fsdp_dtensor formats save the state's keys as entries, 'args' among them
+    # (checkpointing.py:1744-1764 at core_v0.19.0); a torchtitan checkpoint has no such entry
+    import torch.distributed.checkpoint as dcp
+
+    backend = _megatron_enums(monkeypatch)
+    save = tmp_path / "save" / "iter_0000100"
+    dcp.save({"args": _args(backend), "iteration": 100, "model": {"w": torch.zeros(4)}},
+             storage_writer=dcp.FileSystemWriter(str(save)), no_dist=True)
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("100")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, got = _estimate(capsys, "--from", str(tmp_path / "save"))
+    assert code == 0, got
+    assert (got["plan"]["tp"], got["plan"]["pp"], got["plan"]["dp"]) == (8, 4, 2)
+    titan = tmp_path / "step-10"
+    dcp.save({"model": {"w": torch.zeros(4)}, "train_state": {"step": 10}},
+             storage_writer=dcp.FileSystemWriter(str(titan)), no_dist=True)
+    code, err = _estimate(capsys, "--from", str(titan), "--model", "llama3-8b", "--num-gpus", "8")
+    assert code == 2 and "without Megatron-LM's arguments ('args'): a torchtitan or other checkpoint?" in err, err
