@@ -117,7 +117,7 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         if not isinstance(args, argparse.Namespace):
             raise InputError([f"{save}: a Megatron-LM checkpoint without its arguments ('args'): give the job's "
                               f"argument file to --from instead"], subject=_SUBJECT)
-        notes: list[str] = []
+        notes: list[str] = [f"{p}: the arguments saved with {save.name}"] if save != p else []
         return CheckpointJob(str(save), argv=namespace_argv(args, notes), world_size=_positive(args, "world_size"),
                              notes=notes)
     states, notes = _deepspeed_states(p), []
@@ -132,6 +132,8 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
                           f"*/mp_rank_00_model_states.pt) or Trainer ({TRAINER_ARGS}) checkpoint in this folder: give "
                           f"the checkpoint's save directory or the job's config files"], subject=_SUBJECT)
     state = safe_load(states)
+    if states.parent != p:
+        notes.append(f"{p}: the DeepSpeed state saved with {states.parent.name}")
     if not isinstance(state, dict):
         raise InputError([f"{states}: not a DeepSpeed model-states file (no state dictionary)"], subject=_SUBJECT)
     args = state.get("args")

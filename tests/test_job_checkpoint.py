@@ -283,6 +283,7 @@ def test_read_checkpoint_says_what_it_read(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, ENUMS)
     job = read_checkpoint(tmp_path)
     assert job.source == str(tmp_path / "iter_0000100") and job.world_size == 64 and job.ds_config is None
+    assert job.notes == [f"{tmp_path}: the arguments saved with iter_0000100"]  # the tracker's save
     assert job.argv[job.argv.index("--tensor-model-parallel-size") + 1] == "8"
     assert "--attention-backend" not in job.argv  # AttnBackend.auto: the parser's default, left out
 
