@@ -82,7 +82,8 @@ class Refused(Exception):
 class IndexUnpickler(pickle.Unpickler):
     """Unpickles a torch.distributed.checkpoint ``.metadata`` index allowing only what such an index holds: the
     checkpoint module's own classes and enums, torch's Size, dtypes, memory formats and layout decoder, plain
-    containers and paths; any other global (a function, another module) raises :class:`Refused` before it is imported."""
+    containers and paths; any other global (a function, another module) raises :class:`Refused` before it is
+    imported."""
 
     def find_class(self, module: str, name: str):
         import torch

@@ -114,8 +114,8 @@ GOOD_INTS, GOOD_FLOATS = ["1", "2", "4", "8", "16"], ["0", "0.05", "0.5", "1", "
 LISTS = {"zero": ["0", "1", "2", "3", "0,1,2,3", "1,3", "4"], "precision": ["bf16", "fp16", "fp8", "bf16,fp8", "fp4"],
          "recompute": ["none", "selective", "full", "none,full", "some"],
          "engine": ["deepspeed", "megatron", "fsdp", "hf", "megatron-deepspeed", "deepspeed,fsdp", "jax"]}
-FILE_DESTS = {"model", "cluster", "calibration", "plan_json", "recipe", "megatron_args", "files", "from_files", "hostfile",
-              "script"}
+FILE_DESTS = {"model", "cluster", "calibration", "plan_json", "recipe", "megatron_args", "files", "from_files",
+              "hostfile", "script"}
 # Outputs: only folders inside the case's folder or places nothing can be written (never /dev/null: an old
 # `emit --out /dev/null --force` could move it aside).
 OUTPUT_DESTS = {"out", "save_dir", "storage", "nvme_path"}
