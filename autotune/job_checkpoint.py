@@ -18,6 +18,8 @@ Where each engine keeps them:
   ``args`` there. A Hugging Face Trainer checkpoint (``checkpoint-N/``) keeps the DeepSpeed folders and ``latest``
   beside the model's ``config.json`` (transformers trainer.py ``_save_checkpoint``: ``save_model`` then
   ``engine.save_checkpoint`` into the same folder).
+* **Megatron-Bridge**: Megatron-LM's layout, each save with its ``run_config.yaml`` (:func:`bridge_run_config`),
+  which ``--from`` reads as Bridge's own file.
 * **Hugging Face Trainer**: ``checkpoint-N/training_args.bin``, the run's ``TrainingArguments``
   (``autotune.job_trainer_args``): the whole plan of an FSDP or DDP run; beside DeepSpeed's folders, the engine
   (the Trainer driving DeepSpeed) and its activation checkpointing.
@@ -40,7 +42,7 @@ from autotune.inputs import _os_problem
 from autotune.job_checkpoint_load import COMMON_STATE_KEY, StandIn, dcp_entry, safe_load
 from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
-__all__ = ["CheckpointJob", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
+__all__ = ["CheckpointJob", "bridge_run_config", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
@@ -105,6 +107,19 @@ def unreadable(path: str) -> str | None:
         return None if Path(path).is_file() else "no such file"
     except OSError as err:
         return _os_problem(err)
+
+
+def bridge_run_config(path: str | Path) -> Path | None:
+    """The ``run_config.yaml`` a Megatron-Bridge save holds (the whole ConfigContainer, model included: Bridge 0.6
+    training/checkpointing.py:1434, utils/checkpoint_utils.py:34), of the save a folder's tracker names (Bridge keeps
+    Megatron-LM's ``latest_checkpointed_iteration.txt``) or of the given save folder; None: not a Bridge save."""
+    p = Path(path)
+    try:
+        save = _megatron_save(p) if p.is_dir() else None
+    except (InputError, OSError):  # read_checkpoint says why
+        return None
+    config = (save or p) / "run_config.yaml"
+    return config if config.is_file() else None
 
 
 def read_checkpoint(path: str | Path) -> CheckpointJob:

@@ -34,7 +34,7 @@ from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
 from autotune.inputs import read_json
-from autotune.job_checkpoint import read_checkpoint, unreadable
+from autotune.job_checkpoint import bridge_run_config, read_checkpoint, unreadable
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_megatron_model import megatron_model
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -236,7 +236,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     kinds, unread = [], []
     for p in paths:
         try:
-            kinds.append((str(p), "checkpoint" if Path(p).is_dir() else file_kind(p)))
+            bridge = bridge_run_config(p) if Path(p).is_dir() else None  # a Bridge save: its run_config.yaml
+            kinds.append((str(bridge), "megatron-bridge") if bridge else
+                         (str(p), "checkpoint" if Path(p).is_dir() else file_kind(p)))
         except InputError:
             unread.append(f"{p}: cannot tell its kind from its name; --from {supported_kinds()}")
     unread += [f"{p}: a {k} file; --from {supported_kinds()}" for p, k in kinds if k not in READABLE_KINDS]

@@ -391,3 +391,21 @@ def test_a_torch_dcp_save_reads_its_args_entry_and_a_torchtitan_one_is_named(tmp
              storage_writer=dcp.FileSystemWriter(str(titan)), no_dist=True)
     code, err = _estimate(capsys, "--from", str(titan), "--model", "llama3-8b", "--num-gpus", "8")
     assert code == 2 and "without Megatron-LM's arguments ('args'): a torchtitan or other checkpoint?" in err, err
+
+
+def test_a_megatron_bridge_save_folder_reads_its_run_config(tmp_path, capsys):
+    # Bridge keeps Megatron-LM's tracker and iter_ folders and writes run_config.yaml into each save
+    # (training/checkpointing.py:1434 of Bridge 0.6); its torch_dist files hold no Megatron-LM 'args'
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "bridge" / "run_config.yaml"  # Bridge's own dump (SOURCES.md)
+    save = tmp_path / "iter_0000200"
+    save.mkdir()
+    shutil.copy(fixture, save / "run_config.yaml")
+    (save / ".metadata").write_bytes(b"")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("200")
+    code, from_folder = _estimate(capsys, "--from", str(tmp_path), "--num-gpus", "16")
+    assert code == 0, from_folder
+    code, from_file = _estimate(capsys, "--from", str(fixture), "--num-gpus", "16")
+    assert code == 0 and from_folder["plan"] == from_file["plan"] and from_folder["model"] == from_file["model"]
+    assert from_folder["plan"]["ep"] == 16

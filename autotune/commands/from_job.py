@@ -28,7 +28,8 @@ def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool =
                         "Megatron-Bridge overrides (bridge_overrides.yaml / .args, + --num-gpus) or a Bridge "
                         "checkpoint's run_config.yaml (its model too), a torchtitan TOML or "
                         "0.3 config module (*.py), an accelerate YAML, plan.json, or a checkpoint folder: "
-                        "Megatron-LM's (its saved arguments), DeepSpeed's (its config and world size) or a Hugging "
+                        "Megatron-LM's (its saved arguments), Megatron-Bridge's (run_config.yaml), DeepSpeed's (its "
+                        "config and world size) or a Hugging "
                         "Face Trainer's checkpoint-N (training_args.bin; config.json as the model); flags fill what "
                         "the files do not state")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
