@@ -42,7 +42,8 @@ from autotune.inputs import _os_problem
 from autotune.job_checkpoint_load import COMMON_STATE_KEY, StandIn, dcp_entry, safe_load
 from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
-__all__ = ["CheckpointJob", "bridge_run_config", "is_checkpoint", "read_checkpoint", "namespace_argv", "unreadable"]
+__all__ = ["CheckpointJob", "bridge_run_config", "checkpoint_folder", "is_checkpoint", "read_checkpoint",
+           "namespace_argv", "unreadable"]
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
@@ -95,6 +96,17 @@ def is_checkpoint(path: str | Path) -> bool:
                                or (p / TRAINER_ARGS).is_file())
     except OSError:
         return False
+
+
+def checkpoint_folder(path: str) -> str:
+    """The checkpoint folder to read for one of its files given alone (``common.pt``, ``mp_rank_00/
+    model_optim_rng.pt``, ``*mp_rank_00_model_states.pt``, ``training_args.bin``); any other path as it is."""
+    p = Path(path)
+    if p.name == "model_optim_rng.pt" and _MEGATRON_TORCH.match(p.parent.name):
+        return str(p.parent.parent)
+    if p.name in ("common.pt", TRAINER_ARGS) or _MODEL_STATES.match(p.name):
+        return str(p.parent)
+    return path
 
 
 def unreadable(path: str) -> str | None:

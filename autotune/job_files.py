@@ -34,7 +34,7 @@ from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
 from autotune.inputs import read_json
-from autotune.job_checkpoint import bridge_run_config, read_checkpoint, unreadable
+from autotune.job_checkpoint import bridge_run_config, checkpoint_folder, read_checkpoint, unreadable
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_megatron_model import megatron_model
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -230,6 +230,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
     DeepSpeed config, which does not hold them; ``check=False``: the Megatron / torchtitan plan as the files state
     it, unjudged by the rules, as ``make_plan``). InputError names every missing field with the flag that supplies it."""
+    paths = [checkpoint_folder(str(p)) for p in paths]  # a checkpoint's file given alone: its folder
     missing = [f"{p}: {why}" for p in paths if (why := unreadable(p))]
     if missing:
         raise InputError(missing, subject=_SUBJECT)

@@ -409,3 +409,20 @@ def test_a_megatron_bridge_save_folder_reads_its_run_config(tmp_path, capsys):
     code, from_file = _estimate(capsys, "--from", str(fixture), "--num-gpus", "16")
     assert code == 0 and from_folder["plan"] == from_file["plan"] and from_folder["model"] == from_file["model"]
     assert from_folder["plan"]["ep"] == 16
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_checkpoint_file_given_alone_reads_as_its_folder(tmp_path, capsys, monkeypatch):
+    backend = _megatron_enums(monkeypatch)
+    _save_megatron(tmp_path / "meg", {"args": _args(backend)}, "torch")
+    monkeypatch.delitem(sys.modules, ENUMS)
+    rank0 = tmp_path / "meg" / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt"
+    code, got = _estimate(capsys, "--from", str(rank0))
+    assert code == 0 and (got["plan"]["tp"], got["plan"]["dp"]) == (8, 2), got
+    _deepspeed_save(tmp_path / "ds", {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1}, zero3=True)
+    states = tmp_path / "ds" / "global_step20" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    code, got = _estimate(capsys, "--from", str(states), "--model", "phi3-mini")
+    assert code == 0 and (got["plan"]["zero_stage"], got["plan"]["dp"]) == (3, 4), got
+    _training_args(tmp_path / "hf", per_device_train_batch_size=2, gradient_accumulation_steps=4, bf16=True)
+    code, got = _estimate(capsys, "--from", str(tmp_path / "hf" / "training_args.bin"), "--seq-len", "4096")
+    assert code == 0 and got["plan"]["global_batch_size"] == 8, got
