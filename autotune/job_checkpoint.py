@@ -226,7 +226,9 @@ def _megatron_files(save: Path) -> bool:
 
 def _deepspeed_states(p: Path) -> Path | None:
     """Rank 0's model-states file of the save the ``latest`` file names, or of the given tag folder."""
-    tracker = p / DEEPSPEED_TRACKER
+    # a universal checkpoint's tracker where there is no other (deepspeed/checkpoint/ds_to_universal.py:1355-1372 of
+    # 0.19.8 copies the model-states files into the universal folder it names)
+    tracker = next((t for t in (p / DEEPSPEED_TRACKER, p / "latest_universal") if t.is_file()), p / DEEPSPEED_TRACKER)
     folder = p
     if tracker.is_file():
         tag = tracker.read_text(encoding="utf-8", errors="replace").strip()

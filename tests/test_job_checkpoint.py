@@ -426,3 +426,13 @@ def test_a_checkpoint_file_given_alone_reads_as_its_folder(tmp_path, capsys, mon
     _training_args(tmp_path / "hf", per_device_train_batch_size=2, gradient_accumulation_steps=4, bf16=True)
     code, got = _estimate(capsys, "--from", str(tmp_path / "hf" / "training_args.bin"), "--seq-len", "4096")
     assert code == 0 and got["plan"]["global_batch_size"] == 8, got
+
+
+def test_a_universal_deepspeed_checkpoint_reads_through_its_tracker(tmp_path, capsys):
+    # ds_to_universal.py copies the model-states files into the folder latest_universal names (0.19.8 :1355-1372)
+    _deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    (tmp_path / "global_step20").rename(tmp_path / "global_step20_universal")
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest_universal").write_text("global_step20_universal")
+    code, got = _estimate(capsys, "--from", str(tmp_path), "--model", "phi3-mini")
+    assert code == 0 and (got["plan"]["zero_stage"], got["plan"]["dp"]) == (3, 4), got
