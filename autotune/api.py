@@ -141,15 +141,16 @@ def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 409
 
 
 def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
-                               cp: int = 1, seq_len: int = 4096, recompute: str | None = None
-                               ) -> tuple[ParallelPlan, MemorySettings]:
+                               cp: int = 1, seq_len: int = 4096, recompute: str | None = None,
+                               engine: str = "deepspeed") -> tuple[ParallelPlan, MemorySettings]:
     """The plan and ledger settings a DeepSpeed config implies on ``cluster``: :func:`deepspeed_config` inverted.
 
     The config says ZeRO stage, batch sizes, offload, precision, optimizer and bucket sizes; the
     caller says tp/pp/cp and seq_len, which a DeepSpeed config does not hold (AutoTP's autotp_size
     is used when tp is 1). ``recompute`` None: full when the config configures activation
     checkpoints (number_checkpoints, partitioned activations or a pipeline checkpoint interval),
-    else none. ``config`` must have no "auto" left. Raises InputError when the plan is invalid.
+    else none. ``config`` must have no "auto" left. ``engine``: the one that runs the config (``hf``: the Trainer
+    driving DeepSpeed). Raises InputError when the plan is invalid.
     """
     zero = config.get("zero_optimization")
     zero = {"stage": 1} if zero is True else (zero if isinstance(zero, dict) else {})
@@ -190,6 +191,6 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
                      zero_stage=stage, offload_optimizer=devices["offload_optimizer"],
                      offload_param=devices["offload_param"], nvme_path=nvme_path, seq_len=seq_len,
                      recompute=recompute, precision="fp16" if fp16 else "bf16",
-                     optimizer="sgd" if opt_type == "sgd" else "adamw", engine="deepspeed",
+                     optimizer="sgd" if opt_type == "sgd" else "adamw", engine=engine,
                      overlap_comm=stage == 3 if overlap is None else bool(overlap))
     return plan, settings

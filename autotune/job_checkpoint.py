@@ -82,8 +82,9 @@ class CheckpointJob:
     model_config: str | None = None
     """A Hugging Face config.json beside a Trainer checkpoint's DeepSpeed folders."""
     fields: dict = field(default_factory=dict)
-    """Plan fields a Trainer's arguments state (``job_trainer_args``): the whole plan of an FSDP / DDP run; beside a
-    DeepSpeed config, its engine (``hf``) and recompute."""
+    """The plan fields of a Trainer's FSDP / DDP run (``job_trainer_args``)."""
+    deepspeed_run: dict = field(default_factory=dict)
+    """How a Trainer ran the DeepSpeed config: its engine (``hf``) and recompute."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -176,12 +177,12 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         world = _positive(args, "world_size") or world
     # given a tag folder (global_stepN/) of a Trainer's checkpoint-N/: the model beside it
     hf = hf or next((c for c in (states.parent.parent / "config.json",) if c.is_file() and p != c.parent), None)
-    fields = {}
+    run = {}
     if trainer is not None and ds is not None:  # the Trainer drove DeepSpeed: the hf engine, its recompute
         got = trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes)
-        fields = {"engine": "hf", "recompute": got["recompute"]}
+        run = {"engine": "hf", "recompute": got["recompute"]}
     return CheckpointJob(str(states), argv=argv, ds_config=ds, world_size=world,
-                         model_config=str(hf) if hf else None, fields=fields, notes=notes)
+                         model_config=str(hf) if hf else None, deepspeed_run=run, notes=notes)
 
 
 def _trainer_state(path: Path) -> dict:

@@ -262,8 +262,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             notes += ck.notes
             world, ds = world or ck.world_size, ck.ds_config or ds
             model_spec = model_spec or (load_model(ck.model_config) if ck.model_config and not ck.argv else None)
-            fields |= ck.fields if ck.ds_config is None else {}  # a Trainer's FSDP / DDP plan
-            ds_run = ck.fields if ck.ds_config is not None else ds_run  # a Trainer's DeepSpeed: engine, recompute
+            fields |= ck.fields  # a Trainer's FSDP / DDP plan
+            ds_run = ck.deepspeed_run or ds_run  # a Trainer's DeepSpeed: its engine and recompute
         elif kind == "deepspeed":
             ds = read_json(path, subject="DeepSpeed config")
             if not isinstance(ds, dict):
@@ -331,8 +331,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                              subject=_SUBJECT)
         _check_batch_triple(ds, cluster.num_gpus, tp * pp * cp)
         plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,
-                                                    recompute=recompute or ds_run.get("recompute"))
-        plan = plan.with_(engine=ds_run["engine"]) if "engine" in ds_run else plan
+                                                    recompute=recompute or ds_run.get("recompute"),
+                                                    engine=ds_run.get("engine", "deepspeed"))
         if global_batch:
             plan = make_plan(model_spec, cluster, global_batch_size=global_batch, tp=plan.tp, pp=plan.pp, cp=plan.cp,
                              **{k: getattr(plan, k) for k in ("micro_batch_size", "zero_stage", "offload_optimizer",
@@ -394,5 +394,5 @@ def supported_kinds() -> str:
     """The kinds ``--from`` reads (and what tells them), and the ones ``validate`` knows that it does not."""
     return (f"reads {', '.join(READABLE_KINDS)} files (ds_config *.json, Megatron argument *.sh / *.args, torchtitan "
             f"*.toml, accelerate *.yaml, Megatron-Bridge bridge_overrides.yaml / .args or run_config.yaml, plan.json, "
-            f"hostfile, a Megatron-LM or DeepSpeed checkpoint folder); not "
+            f"hostfile, a Megatron-LM, Megatron-Bridge, DeepSpeed or Trainer checkpoint folder); not "
             f"{', '.join(k for k in FILE_KINDS if k not in READABLE_KINDS)}")

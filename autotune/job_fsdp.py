@@ -166,6 +166,15 @@ def _converter(model: dict, names: tuple[str, ...]) -> bool:
     return any(name in str(c) for c in given for name in names)
 
 
+def fsdp2_fields(reshard_after_forward: bool, cpu_offload: bool) -> dict:
+    """The plan fields of FSDP2 as accelerate prepares a model (``fully_shard``), from an accelerate config or a
+    Trainer's fsdp_config: resharding after forward is ZeRO-3, else ZeRO-2; CPU offload is ``CPUOffloadPolicy``,
+    which keeps parameters, gradients and the optimizer step on the host together."""
+    offload = "cpu" if cpu_offload else "none"
+    return {"engine": "fsdp", "zero_stage": 3 if reshard_after_forward else 2, "offload_param": offload,
+            "offload_optimizer": offload}
+
+
 def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
     from autotune.emit.accelerate_lint import read_accelerate_config
 
@@ -188,9 +197,7 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     f = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
     par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     reshard = f.get("fsdp_reshard_after_forward", True)
-    out |= {"engine": "fsdp", "zero_stage": 3 if reshard in (True, "FULL_SHARD") else 2,
-            # fsdp_offload_params is FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
-            **dict.fromkeys(("offload_param", "offload_optimizer"), "cpu" if f.get("fsdp_offload_params") else "none"),
+    out |= fsdp2_fields(reshard in (True, "FULL_SHARD"), bool(f.get("fsdp_offload_params"))) | {
             "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
             "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}

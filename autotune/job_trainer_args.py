@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.errors import InputError
+from autotune.job_fsdp import fsdp2_fields
 
 __all__ = ["TRAINER_ARGS", "trainer_fields"]
 
@@ -63,7 +64,5 @@ def trainer_fields(state: dict, world: int | None, path: str, notes: list[str]) 
         return out | {"engine": "fsdp", "zero_stage": 0}
     if int(fsdp_config.get("version", 2)) != 2:
         notes.append(f"{path}: FSDP1 (fsdp_config version 1, deprecated in transformers 5): estimated as FSDP2")
-    reshard = str(fsdp_config.get("reshard_after_forward", True)).lower() in ("true", "full_shard")
-    offload = "cpu" if str(fsdp_config.get("cpu_offload", False)).lower() == "true" else "none"  # CPUOffloadPolicy:
-    return out | {"engine": "fsdp", "zero_stage": 3 if reshard else 2,  # parameters, gradients, optimizer step
-                  "offload_param": offload, "offload_optimizer": offload}
+    return out | fsdp2_fields(str(fsdp_config.get("reshard_after_forward", True)).lower() in ("true", "full_shard"),
+                              str(fsdp_config.get("cpu_offload", False)).lower() == "true")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from checkpoint_helpers import (DS_CONFIG, ENUMS, Payload, deepspeed_save, estimate, megatron_args, megatron_enums,
-                                save_megatron, save_torch_dist)
+                                save_megatron, save_torch_dist, trainer_args)
 
 from autotune.cli import main
 
@@ -126,3 +126,16 @@ def test_a_torch_dist_save_reads_and_its_index_runs_no_code(tmp_path, capsys, mo
     code, err = estimate(capsys, "--from", str(tmp_path / "save"))
     assert code == 2 and ".metadata: names posix.system" in err and "was not loaded" in err, err
     assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_trainer_deepspeed_job_is_judged_by_the_hf_engines_rules(tmp_path, capsys):
+    # the Trainer drives DeepSpeed as the hf engine, which has no tensor parallelism: --tp 2 over its checkpoint is
+    # refused with that rule (the engine was once set on the finished plan, past the rules)
+    folder = tmp_path / "checkpoint-20"
+    deepspeed_save(folder, {"ds_config": DS_CONFIG | {"train_batch_size": 32, "zero_optimization": {"stage": 2}},
+                            "dp_world_size": 4, "mp_world_size": 1})
+    trainer_args(folder, per_device_train_batch_size=2, gradient_accumulation_steps=8, bf16=True,
+                 deepspeed={"zero_optimization": {"stage": 2}})
+    code, err = estimate(capsys, "--from", str(folder), "--tp", "2", "--seq-len", "4096")
+    assert code == 2 and "Hugging Face Trainer / accelerate (DeepSpeed backend): no tensor parallelism" in err, err
