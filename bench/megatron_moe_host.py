@@ -132,6 +132,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+ROUNDS = 5
+
+
 def measure(torch, moe, repeats: int) -> dict[str, float]:
     """Microseconds per layer call: each part's forward, the backward, the experts alone (forward + backward), the
     router and pre-processing alone (forward + backward), and one nn.Linear forward."""
@@ -183,16 +186,22 @@ def measure(torch, moe, repeats: int) -> dict[str, float]:
                      ("linear", lambda: linear(x))):
         for _ in range(5):
             fn()
-        spent.clear()
-        start = time.perf_counter()
         n = repeats * (50 if name == "linear" else 1)
-        for _ in range(n):
-            fn()
-        out[name] = (time.perf_counter() - start) / n * 1e6
+        best = None
+        for _ in range(ROUNDS):  # the fastest round: another process's work on a shared host only adds time
+            spent.clear()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            took = time.perf_counter() - start
+            if best is None or took < best[0]:
+                best = (took, dict(spent))
+        took, parts = best
+        out[name] = took / n * 1e6
         if name == "layer":
-            out.update({k: v / n * 1e6 for k, v in spent.items()})
+            out.update({k: v / n * 1e6 for k, v in parts.items()})
         if name == "router_preprocess":
-            out["router_preprocess_fwd"] = (spent.get("route", 0) + spent.get("preprocess", 0)) / n * 1e6
+            out["router_preprocess_fwd"] = (parts.get("route", 0) + parts.get("preprocess", 0)) / n * 1e6
     return out
 
 
