@@ -18,7 +18,7 @@ Where each engine keeps them:
   ``args`` there. A Hugging Face Trainer checkpoint (``checkpoint-N/``) keeps the DeepSpeed folders and ``latest``
   beside the model's ``config.json`` (transformers trainer.py ``_save_checkpoint``: ``save_model`` then
   ``engine.save_checkpoint`` into the same folder).
-* **Megatron-Bridge**: Megatron-LM's layout, each save with its ``run_config.yaml`` (:func:`bridge_run_config`),
+* **Megatron-Bridge**: Megatron-LM's layout, each save with its ``run_config.yaml`` (``CheckpointLayout.run_config``),
   which ``--from`` reads as Bridge's own file.
 * **Hugging Face Trainer**: ``checkpoint-N/training_args.bin``, the run's ``TrainingArguments``
   (``autotune.job_trainer_args``): the whole plan of an FSDP or DDP run; beside DeepSpeed's folders, the engine
@@ -42,8 +42,8 @@ from autotune.inputs import _os_problem
 from autotune.job_checkpoint_load import COMMON_STATE_KEY, StandIn, dcp_entry, safe_load
 from autotune.job_trainer_args import TRAINER_ARGS, trainer_fields
 
-__all__ = ["CheckpointJob", "bridge_run_config", "checkpoint_folder", "is_checkpoint", "read_checkpoint",
-           "namespace_argv", "unreadable"]
+__all__ = ["CheckpointJob", "CheckpointLayout", "checkpoint_folder", "locate", "read_checkpoint", "namespace_argv",
+           "inspect_path"]
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 DEEPSPEED_TRACKER = "latest"
@@ -88,15 +88,38 @@ class CheckpointJob:
     notes: list[str] = field(default_factory=list)
 
 
-def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a Megatron-LM, DeepSpeed or Trainer checkpoint folder (the save directory, one save's
-    folder)."""
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Where a checkpoint folder keeps the job: found once (:func:`locate`), read by :func:`read_checkpoint`."""
+
+    folder: Path
+    """The folder given."""
+    megatron_save: Path | None = None
+    """The Megatron-LM / Megatron-Bridge save to read (``iter_NNNNNNN/`` or ``release/``, or the folder itself)."""
+    run_config: Path | None = None
+    """A Megatron-Bridge save's ``run_config.yaml`` (the whole ConfigContainer, model included: Bridge 0.6
+    training/checkpointing.py:1434, utils/checkpoint_utils.py:34): the folder reads as that file."""
+    deepspeed_states: Path | None = None
+    """Rank 0's DeepSpeed model-states file of the save ``latest`` names (or of the tag folder given)."""
+    trainer_args: Path | None = None
+    """A Hugging Face Trainer checkpoint's ``training_args.bin``."""
+
+
+def locate(path: str | Path) -> CheckpointLayout | None:
+    """The checkpoint the folder ``path`` holds: a Megatron-LM save (the one its tracker names, the folder itself,
+    or the latest ``iter_*``; Bridge keeps Megatron-LM's tracker), a DeepSpeed save, a Trainer checkpoint; None
+    where ``path`` is no folder or holds none; InputError where a tracker names a save that is not there."""
     p = Path(path)
-    try:
-        return p.is_dir() and (_megatron_save(p) is not None or _deepspeed_states(p) is not None
-                               or (p / TRAINER_ARGS).is_file())
-    except OSError:
-        return False
+    if not p.is_dir():
+        return None
+    save = _megatron_save(p)
+    if save is not None:
+        config = save / "run_config.yaml"
+        return CheckpointLayout(p, megatron_save=save, run_config=config if config.is_file() else None)
+    trainer = p / TRAINER_ARGS
+    layout = CheckpointLayout(p, deepspeed_states=_deepspeed_states(p), trainer_args=trainer if trainer.is_file()
+                              else None, run_config=p / "run_config.yaml" if (p / "run_config.yaml").is_file() else None)
+    return layout if layout.deepspeed_states or layout.trainer_args or layout.run_config else None
 
 
 def checkpoint_folder(path: str) -> str:
@@ -110,35 +133,29 @@ def checkpoint_folder(path: str) -> str:
     return path
 
 
-def unreadable(path: str) -> str | None:
-    """Why ``--from`` cannot read ``path`` (None: a file, or a checkpoint folder); never raises (a name too long for
-    the file system is an OSError that Path.is_file passes on)."""
+def inspect_path(path: str) -> tuple[str | None, CheckpointLayout | None]:
+    """(why ``--from`` cannot read ``path``, the checkpoint it holds): (None, None) for a file, (None, layout) for a
+    checkpoint folder; never raises an OSError (a name too long for the file system is one that Path.is_file
+    passes on); InputError where a folder's tracker names a save that is not there."""
     try:
         if Path(path).is_dir():
-            return None if is_checkpoint(path) else ("a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint "
-                                                     f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER}, {TRAINER_ARGS})")
-        return None if Path(path).is_file() else "no such file"
+            layout = locate(path)
+            return (None if layout else f"a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint "
+                    f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER}, {TRAINER_ARGS})"), layout
+        return (None if Path(path).is_file() else "no such file"), None
     except OSError as err:
-        return _os_problem(err)
+        return _os_problem(err), None
 
 
-def bridge_run_config(path: str | Path) -> Path | None:
-    """The ``run_config.yaml`` a Megatron-Bridge save holds (the whole ConfigContainer, model included: Bridge 0.6
-    training/checkpointing.py:1434, utils/checkpoint_utils.py:34), of the save a folder's tracker names (Bridge keeps
-    Megatron-LM's ``latest_checkpointed_iteration.txt``) or of the given save folder; None: not a Bridge save."""
-    p = Path(path)
-    try:
-        save = _megatron_save(p) if p.is_dir() else None
-    except (InputError, OSError):  # read_checkpoint says why
-        return None
-    config = (save or p) / "run_config.yaml"
-    return config if config.is_file() else None
-
-
-def read_checkpoint(path: str | Path) -> CheckpointJob:
-    """The job the checkpoint folder ``path`` states; InputError where it holds neither engine's state."""
-    p = Path(path)
-    save = _megatron_save(p)
+def read_checkpoint(path: str | Path | CheckpointLayout) -> CheckpointJob:
+    """The job the checkpoint folder ``path`` (or the layout :func:`locate` found in it) states; InputError where
+    it holds no engine's state."""
+    layout = path if isinstance(path, CheckpointLayout) else locate(path)
+    if layout is None:
+        raise InputError([f"{path}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/), DeepSpeed ({DEEPSPEED_TRACKER}, "
+                          f"*/mp_rank_00_model_states.pt) or Trainer ({TRAINER_ARGS}) checkpoint in this folder: give "
+                          f"the checkpoint's save directory or the job's config files"], subject=_SUBJECT)
+    p, save = layout.folder, layout.megatron_save
     if save is not None:
         state = _load_megatron_state(save)
         args = state.get("args") if isinstance(state, dict) else None
@@ -148,17 +165,16 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
         notes: list[str] = [f"{p}: the arguments saved with {save.name}"] if save != p else []
         return CheckpointJob(str(save), argv=namespace_argv(args, notes), world_size=_positive(args, "world_size"),
                              notes=notes)
-    states, notes = _deepspeed_states(p), []
-    trainer = _trainer_state(p / TRAINER_ARGS) if (p / TRAINER_ARGS).is_file() else None
+    states, notes = layout.deepspeed_states, []
+    trainer = _trainer_state(layout.trainer_args) if layout.trainer_args else None
     hf = (p / "config.json") if (p / "config.json").is_file() else None  # a Trainer's checkpoint-N/config.json
     if states is None and trainer is not None:  # a Trainer's FSDP / DDP checkpoint
         world = _trainer_world(trainer)
-        return CheckpointJob(str(p / TRAINER_ARGS), world_size=world, model_config=str(hf) if hf else None,
-                             fields=trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes), notes=notes)
-    if states is None:
-        raise InputError([f"{p}: no Megatron-LM ({MEGATRON_TRACKER}, iter_*/), DeepSpeed ({DEEPSPEED_TRACKER}, "
-                          f"*/mp_rank_00_model_states.pt) or Trainer ({TRAINER_ARGS}) checkpoint in this folder: give "
-                          f"the checkpoint's save directory or the job's config files"], subject=_SUBJECT)
+        return CheckpointJob(str(layout.trainer_args), world_size=world, model_config=str(hf) if hf else None,
+                             fields=trainer_fields(trainer, world, str(layout.trainer_args), notes), notes=notes)
+    if states is None:  # a Bridge save folder with its run_config.yaml and no Megatron-LM files
+        raise InputError([f"{p}: a Megatron-Bridge save folder without Megatron-LM's files: give its "
+                          f"run_config.yaml to --from"], subject=_SUBJECT)
     state = safe_load(states)
     if states.parent != p:
         notes.append(f"{p}: the DeepSpeed state saved with {states.parent.name}")
@@ -179,7 +195,7 @@ def read_checkpoint(path: str | Path) -> CheckpointJob:
     hf = hf or next((c for c in (states.parent.parent / "config.json",) if c.is_file() and p != c.parent), None)
     run = {}
     if trainer is not None and ds is not None:  # the Trainer drove DeepSpeed: the hf engine, its recompute
-        got = trainer_fields(trainer, world, str(p / TRAINER_ARGS), notes)
+        got = trainer_fields(trainer, world, str(layout.trainer_args), notes)
         run = {"engine": "hf", "recompute": got["recompute"]}
     return CheckpointJob(str(states), argv=argv, ds_config=ds, world_size=world,
                          model_config=str(hf) if hf else None, deepspeed_run=run, notes=notes)

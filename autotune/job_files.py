@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from autotune.api import make_plan, plan_from_deepspeed_config
 from autotune.cost.estimate import estimate_from_dict
@@ -34,7 +33,7 @@ from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
 from autotune.inputs import read_json
-from autotune.job_checkpoint import bridge_run_config, checkpoint_folder, read_checkpoint, unreadable
+from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_megatron_model import megatron_model
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -231,15 +230,15 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     DeepSpeed config, which does not hold them; ``check=False``: the Megatron / torchtitan plan as the files state
     it, unjudged by the rules, as ``make_plan``). InputError names every missing field with the flag that supplies it."""
     paths = [checkpoint_folder(str(p)) for p in paths]  # a checkpoint's file given alone: its folder
-    missing = [f"{p}: {why}" for p in paths if (why := unreadable(p))]
+    found = {p: inspect_path(p) for p in paths}  # each checkpoint folder's layout, found once
+    missing = [f"{p}: {why}" for p, (why, _) in found.items() if why]
     if missing:
         raise InputError(missing, subject=_SUBJECT)
     kinds, unread = [], []
-    for p in paths:
-        try:
-            bridge = bridge_run_config(p) if Path(p).is_dir() else None  # a Bridge save: its run_config.yaml
-            kinds.append((str(bridge), "megatron-bridge") if bridge else
-                         (str(p), "checkpoint" if Path(p).is_dir() else file_kind(p)))
+    for p, (_, layout) in found.items():
+        try:  # a Bridge save reads as its run_config.yaml; a Megatron-LM, DeepSpeed or Trainer one as a checkpoint
+            kinds.append((str(layout.run_config), "megatron-bridge") if layout and layout.run_config else
+                         (p, "checkpoint") if layout else (p, file_kind(p)))
         except InputError:
             unread.append(f"{p}: cannot tell its kind from its name; --from {supported_kinds()}")
     unread += [f"{p}: a {k} file; --from {supported_kinds()}" for p, k in kinds if k not in READABLE_KINDS]
@@ -254,7 +253,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     problems: list[str] = []
     ds: dict | None = None
     fields: dict = {}
-    saved = {p: read_checkpoint(p) for p, k in kinds if k == "checkpoint"}  # Megatron / DeepSpeed checkpoints
+    saved = {p: read_checkpoint(found[p][1]) for p, k in kinds if k == "checkpoint"}  # Megatron / DeepSpeed / Trainer
     ds_run: dict = {}
     for path, kind in kinds:
         if kind == "checkpoint":

@@ -14,7 +14,8 @@ from checkpoint_helpers import (DS_CONFIG, ENUMS, PHI3_CONFIG, deepspeed_save, e
                                 save_megatron, trainer_args)
 
 from autotune.cli import main
-from autotune.job_checkpoint import namespace_argv, read_checkpoint
+from autotune.errors import InputError
+from autotune.job_checkpoint import inspect_path, locate, namespace_argv, read_checkpoint
 
 
 @pytest.mark.parametrize("layout", ["torch", "common.pt"])
@@ -218,3 +219,27 @@ def test_a_universal_deepspeed_checkpoint_reads_through_its_tracker(tmp_path, ca
     (tmp_path / "latest_universal").write_text("global_step20_universal")
     code, got = estimate(capsys, "--from", str(tmp_path), "--model", "phi3-mini")
     assert code == 0 and (got["plan"]["zero_stage"], got["plan"]["dp"]) == (3, 4), got
+
+
+def test_locate_finds_each_engines_save_once_and_says_where(tmp_path, monkeypatch):
+    backend = megatron_enums(monkeypatch)
+    save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
+    got = locate(tmp_path / "meg")
+    assert got.megatron_save == tmp_path / "meg" / "iter_0000100" and got.run_config is None
+    assert read_checkpoint(got).argv == read_checkpoint(tmp_path / "meg").argv  # a layout reads as its folder
+    (tmp_path / "meg" / "iter_0000100" / "run_config.yaml").write_text("model: {}\n")  # Bridge writes one per save
+    assert locate(tmp_path / "meg").run_config == tmp_path / "meg" / "iter_0000100" / "run_config.yaml"
+    deepspeed_save(tmp_path / "ds", {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    got = locate(tmp_path / "ds")
+    assert got.deepspeed_states == tmp_path / "ds" / "global_step20" / "mp_rank_00_model_states.pt"
+    assert (got.megatron_save, got.trainer_args) == (None, None)
+    trainer_args(tmp_path / "hf", per_device_train_batch_size=2)
+    assert locate(tmp_path / "hf").trainer_args == tmp_path / "hf" / "training_args.bin"
+    (tmp_path / "empty").mkdir()
+    assert locate(tmp_path / "empty") is None and locate(tmp_path / "ds" / "latest") is None  # a file is no folder
+    why, layout = inspect_path(str(tmp_path / "empty"))
+    assert layout is None and "a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint" in why
+    assert inspect_path(str(tmp_path / "ds" / "latest")) == (None, None)
+    (tmp_path / "ds" / "latest").write_text("global_step99")
+    with pytest.raises(InputError, match="names 'global_step99', which is no folder"):
+        locate(tmp_path / "ds")
