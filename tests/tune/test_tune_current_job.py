@@ -85,3 +85,38 @@ def test_tune_from_a_deepspeed_config_measures_it_first(tmp_path):
     assert (first.user_attrs["plan"]["zero_stage"], first.user_attrs["plan"]["micro_batch_size"]) == (2, 2)
     assert (first.user_attrs["plan"]["seq_len"], first.user_attrs["plan"]["global_batch_size"]) == (64, 8)
     assert "current job (trial 0): " in done.stderr
+
+
+def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path, monkeypatch, capsys):
+    """`tune --from CHECKPOINT_FOLDER`: the job DeepSpeed saved with its weights (``latest`` -> the tag's rank-0
+    model states, whose ``ds_config`` and world sizes autotune.job_checkpoint reads; DeepSpeed's own saver writes the
+    same in tests/test_job_checkpoint_real.py) is the study's first trial, through the command's own code."""
+    import torch
+
+    from autotune.cli import main
+    from autotune.tune import study as study_mod
+    from autotune.tune import trial as trial_mod
+
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    tag = tmp_path / "ckpt" / "global_step3"
+    tag.mkdir(parents=True)
+    torch.save({"module": {}, "ds_config": config, "dp_world_size": 2, "mp_world_size": 1, "ds_version": "0.19.8"},
+               tag / "mp_rank_00_model_states.pt")
+    (tmp_path / "ckpt" / "latest").write_text("global_step3")
+    runner = FakeRunner()
+    monkeypatch.setattr(trial_mod, "run_trial", runner)
+    monkeypatch.setattr(study_mod.ops, "ensure_ops", lambda names, **_: {name: "cached" for name in names})
+    code = main(["tune", "--from", str(tmp_path / "ckpt"), "--model", "tiny-gpt", "--gpu", "cpu", "--seq-len", "64",
+                 "--trials", "2", "--finalists", "0", "--steps", "2", "--warmup-steps", "1",
+                 "--out", str(tmp_path / "tune"), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    result = json.loads(out.out)
+    assert result["current_job"]["trial"] == 0 and result["current_job"]["state"] == "complete"
+    first = json.loads(runner.calls[0])  # the checkpoint's job: ZeRO-2, micro-batch 2 x 2 on its 2 ranks, its
+    # overlap_comm DeepSpeed's ZeRO-2 default (off), as the config leaves it
+    assert {k: first[k] for k in ("engine", "zero_stage", "micro_batch_size", "grad_accum_steps", "dp",
+                                  "global_batch_size", "overlap_comm")} == {
+        "engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 2, "grad_accum_steps": 2, "dp": 2,
+        "global_batch_size": 8, "overlap_comm": False}, first
