@@ -47,11 +47,10 @@ def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp
     job = read_job(args.from_files, model=args.model, gpu=args.gpu, num_gpus=args.num_gpus,
                    gpus_per_node=args.gpus_per_node, cluster_path=args.cluster, seq_len=args.seq_len,
                    global_batch=args.global_batch, tp=tp, pp=pp, cp=cp, recompute=recompute)
-    if not args.json:
-        read = ", ".join(f"{path} ({kind})" for path, kind in job.kinds)
-        print(f"autotune {args.command}: read {read}", file=sys.stderr)
-        for note in job.notes:
-            print(f"autotune {args.command}: {note}", file=sys.stderr)
+    read = ", ".join(f"{path} ({kind})" for path, kind in job.kinds)  # on stderr: --json keeps stdout the JSON
+    print(f"autotune {args.command}: read {read}", file=sys.stderr)
+    for note in job.notes:
+        print(f"autotune {args.command}: {note}", file=sys.stderr)
     expandable = getattr(args, "expandable_segments", None)  # the run's allocator setting, its files need not state
     if expandable is not None:
         from autotune.specs.settings import MemorySettings

@@ -114,6 +114,7 @@ def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path
     assert code == 0, out.err[-2000:]
     result = json.loads(out.out)
     assert result["current_job"]["trial"] == 0 and result["current_job"]["state"] == "complete"
+    assert "the DeepSpeed state saved with global_step3" in out.err  # which save was read, on stderr with --json
     first = json.loads(runner.calls[0])  # the checkpoint's job: ZeRO-2, micro-batch 2 x 2 on its 2 ranks, its
     # overlap_comm DeepSpeed's ZeRO-2 default (off), as the config leaves it
     assert {k: first[k] for k in ("engine", "zero_stage", "micro_batch_size", "grad_accum_steps", "dp",
