@@ -310,18 +310,20 @@ def register(sub) -> None:
 
 def _best_alternative(args: argparse.Namespace):
     """The Estimate of the planner's #1 alternative to the job ``--from`` states (``plan --from``'s first row)."""
-    from autotune.commands.from_job import alternatives, read_job_from_args
+    from autotune.commands.from_job import alternatives, job_and_search_cluster
     from autotune.report import plan_summary
 
-    job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
-    current, result = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args))
+    job, target = job_and_search_cluster(args)  # --num-gpus beyond the job's: its best plan on that many
+    current, result = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args), cluster=target)
     if not result.in_order:
         raise InputError([f"no alternative of the {result.num_enumerated:,} plans searched is feasible: "
                           + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="emit --best")
     best = result.in_order[0]
     gain = best.time.tokens_per_s / current.time.tokens_per_s - 1 if current.time.tokens_per_s > 0 else 0.0
-    print(f"autotune emit: --best writes {best.plan.engine} {plan_summary(best.plan)} (predicted {gain:+.1%} tokens/s "
-          f"±{best.uncertainty.relative:.1%} over the job's {plan_summary(job.plan)})", file=sys.stderr)
+    on = f" on {target.num_gpus:,} GPUs" if target is not job.cluster else ""
+    print(f"autotune emit: --best writes {best.plan.engine} {plan_summary(best.plan)}{on} (predicted {gain:+.1%} "
+          f"tokens/s ±{best.uncertainty.relative:.1%} over the job's {plan_summary(job.plan)} on "
+          f"{job.cluster.num_gpus:,})", file=sys.stderr)
     return best
 
 

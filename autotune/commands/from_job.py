@@ -13,7 +13,7 @@ from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
 __all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate", "plan_from_job", "plan_diff",
-           "alternatives"]
+           "alternatives", "job_and_search_cluster"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "loss_slots", "dp", "cp", "ep", "dp_replicate", "micro_batch_size",
@@ -31,7 +31,8 @@ def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool =
                         "Megatron-LM's (its saved arguments), Megatron-Bridge's (run_config.yaml), DeepSpeed's (its "
                         "config and world size) or a Hugging "
                         "Face Trainer's checkpoint-N (training_args.bin; config.json as the model); flags fill what "
-                        "the files do not state")
+                        "the files do not state (plan, and emit --best: --num-gpus N other than the files' world "
+                        "size plans the job on N GPUs)")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
     if recompute_default:
         p.set_defaults(recompute=None)  # --from a DeepSpeed config: its activation_checkpointing unless given
@@ -112,11 +113,12 @@ def plan_diff(current, other) -> dict[str, tuple]:
 
 
 def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, setting_gains: bool = False,
-                 **limits):
+                 cluster=None, **limits):
     """(the job's Estimate, the planner's search of its alternatives): the same engine, model, global batch,
     sequence length, precision and run settings as the job, unless ``limits`` (SearchConstraints fields) or
-    ``asked`` (run settings from the command line) say otherwise. ``setting_gains``: the search also says what the
-    opt-in run settings the job leaves at the engine's defaults would gain (``autotune.search.setting_gains``)."""
+    ``asked`` (run settings from the command line) say otherwise; on the job's cluster, or on ``cluster`` (the job
+    rescaled: :func:`job_and_search_cluster`). ``setting_gains``: the search also says what the opt-in run settings
+    the job leaves at the engine's defaults would gain (``autotune.search.setting_gains``)."""
     from autotune.cost.estimate import estimate
     from autotune.search.planner import search_plans
     from autotune.search.space import SearchConstraints
@@ -130,7 +132,8 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, s
     limits = {"engines": (plan.engine,), "precisions": (plan.precision,)} | {
         k: v for k, v in limits.items() if v is not None}
     constraints = SearchConstraints(**limits, **(kept | (asked or {})))
-    result = search_plans(job.model, job.cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
+    cluster = cluster or job.cluster
+    result = search_plans(job.model, cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           memory_settings=job.settings, time_settings=settings, constraints=constraints,
                           top_k=top_k)
     if setting_gains:
@@ -140,22 +143,65 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, s
     return current, result
 
 
+def job_and_search_cluster(args: argparse.Namespace):
+    """(the job ``--from`` states at its own world size, the cluster to plan on): with ``--num-gpus N`` where the
+    files state another world size, the job is read at its own size and the search runs on N GPUs of the same kind
+    and node size (the job rescaled); else both are the job's (``--num-gpus`` then gives a size the files leave
+    out)."""
+    tp, pp, cp = args.tp or 1, args.pp or 1, args.cp or 1
+    if args.num_gpus is None:
+        job = read_job_from_args(args, tp=tp, pp=pp, cp=cp)
+        return job, job.cluster
+    try:  # the size the files state, if they state one
+        job = read_job_from_args(argparse.Namespace(**{**vars(args), "num_gpus": None}), tp=tp, pp=pp, cp=cp)
+    except InputError:  # they do not (or say more is missing): --num-gpus is the job's size
+        job = read_job_from_args(args, tp=tp, pp=pp, cp=cp)
+        return job, job.cluster
+    if job.cluster.num_gpus == args.num_gpus:
+        return job, job.cluster
+    from autotune.specs.loading import load_cluster
+
+    # the job's node size where it spans nodes; a one-node job's says nothing of a node: the GPU preset's
+    per_node = args.gpus_per_node or (job.cluster.gpus_per_node if job.cluster.num_nodes > 1 else None)
+    target = load_cluster(gpu=args.gpu, num_gpus=args.num_gpus, cluster_path=args.cluster, gpus_per_node=per_node)
+    print(f"autotune {args.command}: the job runs on {job.cluster.num_gpus:,} GPUs (its files); planning it on "
+          f"{target.num_gpus:,} (--num-gpus): same model, global batch {job.plan.global_batch_size:,}, sequence "
+          f"{job.plan.seq_len:,}, engine and precision", file=sys.stderr)
+    return job, target
+
+
+def _rescaled_lines(current, best, target) -> list[str]:
+    """What the planner's first plan on ``target`` GPUs gives against the job on its own (tokens/s, per GPU, the
+    speed-up and its share of the ideal)."""
+    n0, n1 = current.cluster.num_gpus, target.num_gpus
+    speedup = best.time.tokens_per_s / current.time.tokens_per_s if current.time.tokens_per_s > 0 else None
+    spread = max(current.uncertainty.relative, best.uncertainty.relative)
+    head = (f"#1 on {n1:,} GPUs: {best.time.tokens_per_s:,.0f} tokens/s ({best.time.tokens_per_s / n1:,.0f} per GPU) "
+            f"against the job's {current.time.tokens_per_s:,.0f} on {n0:,} ({current.time.tokens_per_s / n0:,.0f} "
+            f"per GPU)")
+    if speedup is None:
+        return [head]
+    return [head, f"speed-up x{speedup:.2f} ±{spread:.1%} for x{n1 / n0:.2f} the GPUs: {speedup * n0 / n1:.0%} of "
+                  f"linear scaling (tokens per GPU-second)"]
+
+
 def plan_from_job(args: argparse.Namespace) -> int:
     """Rank the alternatives to the job ``--from`` states: same engine, model, global batch, sequence length and
     precision (unless --engine / --precision say otherwise); the current job's rank, the diff, the gain."""
     from autotune.report import plan_summary, plan_table
 
-    job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
+    job, target = job_and_search_cluster(args)
+    rescaled = target is not job.cluster
     plan = job.plan
     engines = None if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
     current, result = alternatives(
-        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args), setting_gains=True,
+        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args), setting_gains=True, cluster=target,
         tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
         micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
         precisions=args.precision, recompute=args.recompute, engines=engines, allow_offload=args.offload,
         min_headroom_gib=args.min_headroom_gib)
     order = result.in_order
-    rank = next((i for i, est in enumerate(order, 1) if _key(est.plan) == _key(plan)), None)
+    rank = None if rescaled else next((i for i, est in enumerate(order, 1) if _key(est.plan) == _key(plan)), None)
     best = order[0] if order else None
     diff = plan_diff(plan, best.plan) if best is not None else {}
     cur_tps, u_cur = current.time.tokens_per_s, current.uncertainty
@@ -163,16 +209,21 @@ def plan_from_job(args: argparse.Namespace) -> int:
     spread = max(u_cur.relative, best.uncertainty.relative) if best is not None else u_cur.relative
     tied = best is not None and (not diff or (rank is not None and rank <= result.tied) or
                                  (gain is not None and abs(gain) <= spread))
+    if rescaled:
+        tied = False  # another cluster: the job is not among the plans searched
     if args.json:
         print(json_text({"current": current.to_dict(), "current_fits": current.memory.fits, "current_rank": rank,
                          "diff": {k: list(v) for k, v in diff.items()}, "gain": gain, "gain_uncertainty": spread,
-                         "tied": tied, "search": result.to_dict()}))
+                         "tied": tied, "search": result.to_dict(),
+                         "num_gpus": {"job": job.cluster.num_gpus, "planned": target.num_gpus}}))
         return EXIT_OK
     fit = "fits" if current.memory.fits else "does NOT fit in memory"
     low, high = u_cur.bounds(cur_tps)
     print(f"current job: {plan.engine} {plan_summary(plan)}: {cur_tps:,.0f} tokens/s ±{u_cur.relative:.1%} "
           f"({low:,.0f}-{high:,.0f}), MFU {current.time.mfu:.1%}, {fit}")
-    if rank is not None:
+    if rescaled:
+        print(f"planned on {target.num_gpus:,} GPUs (--num-gpus) instead of its {job.cluster.num_gpus:,}")
+    elif rank is not None:
         print(f"its rank among the {result.num_feasible:,} feasible plans: #{rank}")
     else:
         print(f"it is not among the {result.num_feasible:,} feasible plans searched "
@@ -183,6 +234,11 @@ def plan_from_job(args: argparse.Namespace) -> int:
                           + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="request")
     print(plan_table(result))
     print()
+    if rescaled:
+        changes = ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items()) or "none"
+        print(f"#1 vs the current job: {changes}")
+        print("\n".join(_rescaled_lines(current, best, target)))
+        return EXIT_OK
     if not diff:
         print("the planner's first plan is the current job's: keep it")
     else:

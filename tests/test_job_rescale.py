@@ -1,0 +1,79 @@
+"""`plan --from FILES --num-gpus N` / `emit --from FILES --best --num-gpus N` where the files state another world
+size: the job read at its own size (its model, global batch, sequence, engine, precision) and planned on N GPUs of
+the same kind (autotune.commands.from_job.job_and_search_cluster)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.cli import main
+
+JOBS = Path(__file__).resolve().parent.parent / "examples" / "jobs"
+ARGS = JOBS / "megatron_args_llama3_70b.sh"  # a torchrun line of 8 nodes x 8: 64 GPUs
+GPU = ["--gpu", "h100-sxm-80gb"]
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def test_plan_from_a_64_gpu_job_on_128_gpus(capsys):
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "128", "--top-k", "3", "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["num_gpus"] == {"job": 64, "planned": 128}
+    assert got["current"]["cluster"]["num_gpus"] == 64 and got["current_rank"] is None and got["tied"] is False
+    job = got["current"]["plan"]
+    for cand in got["search"]["candidates"]:
+        p = cand["plan"]
+        assert p["tp"] * p["pp"] * p["cp"] * p["dp"] == 128
+        assert (p["global_batch_size"], p["seq_len"], p["engine"], p["precision"]) == (
+            job["global_batch_size"], job["seq_len"], job["engine"], job["precision"])
+    assert "the job runs on 64 GPUs (its files); planning it on 128 (--num-gpus)" in err
+
+
+def test_plan_from_rescaled_says_the_speed_up_and_its_share_of_linear(capsys):
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "128", "--top-k", "1"], capsys)
+    assert code == 0, err
+    assert "planned on 128 GPUs (--num-gpus) instead of its 64" in out
+    line = next(x for x in out.splitlines() if x.startswith("speed-up x"))
+    assert "for x2.00 the GPUs" in line and "of linear scaling" in line
+    assert "its rank among" not in out  # the job is not among plans of another size
+
+
+def test_emit_best_on_more_gpus_writes_plan_froms_first(tmp_path, capsys):
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "128", "--top-k", "1", "--json"], capsys)
+    assert code == 0, err
+    first = json.loads(out)["search"]["candidates"][0]["plan"]
+    code, _, err = run(["emit", "--from", ARGS, *GPU, "--num-gpus", "128", "--best", "--out", tmp_path / "b"], capsys)
+    assert code == 0, err
+    written = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert written["plan"] == first and written["cluster"]["num_gpus"] == 128
+    assert "on 128 GPUs" in err and "on 64)" in err
+
+
+def test_num_gpus_the_files_leave_out_is_the_jobs_own_size(capsys):
+    # a DeepSpeed config states no world size: --num-gpus is the job's, and the job is ranked among its alternatives
+    argv = ["plan", "--from", JOBS / "ds_config_zero3.json", "--model", "llama3-8b", *GPU, "--num-gpus", "32",
+            "--seq-len", "4096", "--top-k", "2", "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["num_gpus"] == {"job": 32, "planned": 32} and "planning it on" not in err
+
+
+def test_the_same_size_is_no_rescale_and_a_size_no_node_holds_is_refused(capsys):
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "64", "--top-k", "1", "--json"], capsys)
+    assert code == 0 and json.loads(out)["num_gpus"] == {"job": 64, "planned": 64} and "planning it on" not in err
+    code, _, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "100"], capsys)
+    assert code == 2 and "num_gpus (100) is not a multiple of gpus_per_node (8)" in err
+
+
+def test_estimate_keeps_the_files_world_size_and_names_the_way_to_rescale(capsys):
+    code, _, err = run(["estimate", "--from", ARGS, *GPU, "--num-gpus", "128"], capsys)
+    assert code == 2 and "--num-gpus 128 but the files state 64 GPUs" in err
+    assert "`plan --from` / `emit --from --best` with --num-gpus plan the job on that many" in err
