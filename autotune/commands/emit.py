@@ -28,7 +28,6 @@ from autotune.commands import (
     preset_epilog,
     reliability_flags,
     run_code_problems,
-    run_setting_args,
     time_settings,
 )
 from autotune.commands.emit_out import clean_leftovers, out_problems, report_leftovers
@@ -308,25 +307,6 @@ def register(sub) -> None:
     emit.set_defaults(handler=run, recompute=None, zero=None)
 
 
-def _best_alternative(args: argparse.Namespace):
-    """The Estimate of the planner's #1 alternative to the job ``--from`` states (``plan --from``'s first row)."""
-    from autotune.commands.from_job import alternatives, job_and_search_cluster
-    from autotune.report import plan_summary
-
-    job, target = job_and_search_cluster(args)  # --num-gpus beyond the job's: its best plan on that many
-    current, result = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args), cluster=target)
-    if not result.in_order:
-        raise InputError([f"no alternative of the {result.num_enumerated:,} plans searched is feasible: "
-                          + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="emit --best")
-    best = result.in_order[0]
-    gain = best.time.tokens_per_s / current.time.tokens_per_s - 1 if current.time.tokens_per_s > 0 else 0.0
-    on = f" on {target.num_gpus:,} GPUs" if target is not job.cluster else ""
-    print(f"autotune emit: --best writes {best.plan.engine} {plan_summary(best.plan)}{on} (predicted {gain:+.1%} "
-          f"tokens/s ±{best.uncertainty.relative:.1%} over the job's {plan_summary(job.plan)} on "
-          f"{job.cluster.num_gpus:,})", file=sys.stderr)
-    return best
-
-
 def run(args: argparse.Namespace) -> int:
     from autotune.api import estimate_from_dict
     from autotune.bundle.writer import write_bundle
@@ -356,7 +336,9 @@ def run(args: argparse.Namespace) -> int:
         doc = read_plan_json(args.plan_json, args.candidate)
         est, recorded = estimate_from_dict(doc), recorded_releases(doc)
     elif args.from_files and args.best:
-        est = _best_alternative(args)
+        from autotune.commands.from_job import best_alternative
+
+        est = best_alternative(args)
     elif args.from_files:
         from autotune.commands.from_job import estimate_from_job
 

@@ -13,7 +13,7 @@ from autotune.specs.peft import PEFT_SETTINGS
 from autotune.specs.plan import ENGINE_NAMES, RUN_SETTINGS
 
 __all__ = ["add_from", "read_job_from_args", "estimate_from_job", "job_estimate", "plan_from_job", "plan_diff",
-           "alternatives", "job_and_search_cluster"]
+           "alternatives", "best_alternative", "job_and_search_cluster"]
 
 # The plan fields a change of layout shows, in the order the diff lists them.
 _DIFF_FIELDS = ("tp", "pp", "vpp", "loss_slots", "dp", "cp", "ep", "dp_replicate", "micro_batch_size",
@@ -250,3 +250,22 @@ def plan_from_job(args: argparse.Namespace) -> int:
         print(f"predicted gain: {gain:+.1%} tokens/s ±{spread:.1%} ({verdict})" if gain is not None else
               "predicted gain: unknown")
     return EXIT_OK
+
+
+def best_alternative(args: argparse.Namespace):
+    """The Estimate of the planner's #1 alternative to the job ``--from`` states (``plan --from``'s first row), for
+    ``emit --best``; on ``--num-gpus`` GPUs where they differ from the files' (:func:`job_and_search_cluster`)."""
+    from autotune.report import plan_summary
+
+    job, target = job_and_search_cluster(args)
+    current, result = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args), cluster=target)
+    if not result.in_order:
+        raise InputError([f"no alternative of the {result.num_enumerated:,} plans searched is feasible: "
+                          + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="emit --best")
+    best = result.in_order[0]
+    gain = best.time.tokens_per_s / current.time.tokens_per_s - 1 if current.time.tokens_per_s > 0 else 0.0
+    on = f" on {target.num_gpus:,} GPUs" if target is not job.cluster else ""
+    print(f"autotune emit: --best writes {best.plan.engine} {plan_summary(best.plan)}{on} (predicted {gain:+.1%} "
+          f"tokens/s ±{best.uncertainty.relative:.1%} over the job's {plan_summary(job.plan)} on "
+          f"{job.cluster.num_gpus:,})", file=sys.stderr)
+    return best
