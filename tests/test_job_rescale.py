@@ -5,20 +5,10 @@ the same kind (autotune.commands.from_job.job_and_search_cluster)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from autotune.cli import main
+from test_job_files import GPU, JOBS, run  # tests/ is on sys.path: the --from tests' CLI runner and job files
 
-JOBS = Path(__file__).resolve().parent.parent / "examples" / "jobs"
 ARGS = JOBS / "megatron_args_llama3_70b.sh"  # a torchrun line of 8 nodes x 8: 64 GPUs
-GPU = ["--gpu", "h100-sxm-80gb"]
-
-
-def run(argv, capsys):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 def test_plan_from_a_64_gpu_job_on_128_gpus(capsys):
