@@ -235,6 +235,9 @@ def test_locate_finds_each_engines_save_once_and_says_where(tmp_path, monkeypatc
     assert (got.megatron_save, got.trainer_args) == (None, None)
     trainer_args(tmp_path / "hf", per_device_train_batch_size=2)
     assert locate(tmp_path / "hf").trainer_args == tmp_path / "hf" / "training_args.bin"
+    (tmp_path / "bridge").mkdir()  # a save folder holding Bridge's run_config.yaml alone reads as that file
+    (tmp_path / "bridge" / "run_config.yaml").write_text("model: {}\n")
+    assert locate(tmp_path / "bridge").run_config == tmp_path / "bridge" / "run_config.yaml"
     (tmp_path / "empty").mkdir()
     assert locate(tmp_path / "empty") is None and locate(tmp_path / "ds" / "latest") is None  # a file is no folder
     why, layout = inspect_path(str(tmp_path / "empty"))
