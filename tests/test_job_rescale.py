@@ -11,12 +11,19 @@ from test_job_files import GPU, JOBS, run  # tests/ is on sys.path: the --from t
 ARGS = JOBS / "megatron_args_llama3_70b.sh"  # a torchrun line of 8 nodes x 8: 64 GPUs
 
 
+def job_batch(got: dict) -> int:
+    return got["current"]["plan"]["global_batch_size"]
+
+
 def test_plan_from_a_64_gpu_job_on_128_gpus(capsys):
     code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "128", "--top-k", "3", "--json"], capsys)
     assert code == 0, err
     got = json.loads(out)
     assert got["num_gpus"] == {"job": 64, "planned": 128}
     assert got["current"]["cluster"]["num_gpus"] == 64 and got["current_rank"] is None and got["tied"] is False
+    # the planner's first plan on the job's own 64 GPUs: how much of the speed-up is the plan, how much the scale
+    assert got["best_on_job_gpus"]["cluster"]["num_gpus"] == 64
+    assert got["best_on_job_gpus"]["plan"]["global_batch_size"] == job_batch(got)
     job = got["current"]["plan"]
     for cand in got["search"]["candidates"]:
         p = cand["plan"]
@@ -31,7 +38,7 @@ def test_plan_from_rescaled_says_the_speed_up_and_its_share_of_linear(capsys):
     assert code == 0, err
     assert "planned on 128 GPUs (--num-gpus) instead of its 64" in out
     line = next(x for x in out.splitlines() if x.startswith("speed-up x"))
-    assert "for x2.00 the GPUs" in line and "of linear scaling" in line
+    assert "for x2.00 the GPUs" in line and "the plan change alone gives" in line and "of linear" in line
     assert "its rank among" not in out  # the job is not among plans of another size
 
 

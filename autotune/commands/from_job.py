@@ -171,19 +171,26 @@ def job_and_search_cluster(args: argparse.Namespace):
     return job, target
 
 
-def _rescaled_lines(current, best, target) -> list[str]:
-    """What the planner's first plan on ``target`` GPUs gives against the job on its own (tokens/s, per GPU, the
-    speed-up and its share of the ideal)."""
+def _rescaled_lines(current, best, target, best_here) -> list[str]:
+    """What the planner's first plan on ``target`` GPUs gives against the job on its own size: tokens/s, per GPU, the
+    speed-up, and how much of it the plan change (``best_here``: the planner's first plan on the job's own GPUs, or
+    None) and the scale each give."""
     n0, n1 = current.cluster.num_gpus, target.num_gpus
-    speedup = best.time.tokens_per_s / current.time.tokens_per_s if current.time.tokens_per_s > 0 else None
-    spread = max(current.uncertainty.relative, best.uncertainty.relative)
-    head = (f"#1 on {n1:,} GPUs: {best.time.tokens_per_s:,.0f} tokens/s ({best.time.tokens_per_s / n1:,.0f} per GPU) "
-            f"against the job's {current.time.tokens_per_s:,.0f} on {n0:,} ({current.time.tokens_per_s / n0:,.0f} "
-            f"per GPU)")
-    if speedup is None:
+    tps0, tps1 = current.time.tokens_per_s, best.time.tokens_per_s
+    head = (f"#1 on {n1:,} GPUs: {tps1:,.0f} tokens/s ({tps1 / n1:,.0f} per GPU) against the job's {tps0:,.0f} on "
+            f"{n0:,} ({tps0 / n0:,.0f} per GPU)")
+    if tps0 <= 0:
         return [head]
-    return [head, f"speed-up x{speedup:.2f} ±{spread:.1%} for x{n1 / n0:.2f} the GPUs: {speedup * n0 / n1:.0%} of "
-                  f"linear scaling (tokens per GPU-second)"]
+    spread = max(current.uncertainty.relative, best.uncertainty.relative)
+    lines = [head, f"speed-up x{tps1 / tps0:.2f} ±{spread:.1%} for x{n1 / n0:.2f} the GPUs"]
+    if best_here is not None and best_here.time.tokens_per_s > 0:
+        here = best_here.time.tokens_per_s
+        lines[-1] += (f": the plan change alone gives {here / tps0 - 1:+.1%} on the job's {n0:,} GPUs (the planner's "
+                      f"first plan there, {here:,.0f} tokens/s), the scale {tps1 / here * n0 / n1:.0%} of linear "
+                      f"(tokens per GPU-second, best plan against best plan)")
+    else:
+        lines[-1] += f": {tps1 / tps0 * n0 / n1:.0%} of linear scaling (tokens per GPU-second)"
+    return lines
 
 
 def plan_from_job(args: argparse.Namespace) -> int:
@@ -210,13 +217,17 @@ def plan_from_job(args: argparse.Namespace) -> int:
     spread = max(u_cur.relative, best.uncertainty.relative) if best is not None else u_cur.relative
     tied = best is not None and (not diff or (rank is not None and rank <= result.tied) or
                                  (gain is not None and abs(gain) <= spread))
+    best_here = None
     if rescaled:
         tied = False  # another cluster: the job is not among the plans searched
+        here = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args))[1].in_order
+        best_here = here[0] if here else None  # the planner's first plan on the job's own GPUs: the plan's share
     if args.json:
         print(json_text({"current": current.to_dict(), "current_fits": current.memory.fits, "current_rank": rank,
                          "diff": {k: list(v) for k, v in diff.items()}, "gain": gain, "gain_uncertainty": spread,
                          "tied": tied, "search": result.to_dict(),
-                         "num_gpus": {"job": job.cluster.num_gpus, "planned": target.num_gpus}}))
+                         "num_gpus": {"job": job.cluster.num_gpus, "planned": target.num_gpus},
+                         "best_on_job_gpus": None if best_here is None else best_here.to_dict()}))
         return EXIT_OK
     fit = "fits" if current.memory.fits else "does NOT fit in memory"
     low, high = u_cur.bounds(cur_tps)
@@ -238,7 +249,7 @@ def plan_from_job(args: argparse.Namespace) -> int:
     if rescaled:
         changes = ", ".join(f"{k} {a}->{b}" for k, (a, b) in diff.items()) or "none"
         print(f"#1 vs the current job: {changes}")
-        print("\n".join(_rescaled_lines(current, best, target)))
+        print("\n".join(_rescaled_lines(current, best, target, best_here)))
         return EXIT_OK
     if not diff:
         print("the planner's first plan is the current job's: keep it")
