@@ -148,6 +148,11 @@ def test_a_checkpoint_deepspeed_saved_reads_with_its_config_world_size_and_model
     assert got["model"]["spec"]["num_layers"] == 32 and got["model"]["spec"]["hidden_size"] == 3072
     same = _estimate_json(str(tmp_path / "ds_config.json"), "--model", str(folder / "config.json"), "--num-gpus", "2")
     assert got["plan"] == same["plan"] and got["time"]["tokens_per_s"] == same["time"]["tokens_per_s"]
+    # `validate FOLDER`: the config DeepSpeed saved, for the world size it saved (2), checks clean as the file did
+    from autotune.cli import main
+
+    assert main(["validate", str(folder)]) == 0 and main(["validate", str(tmp_path / "ds_config.json"),
+                                                           "--world-size", "2"]) == 0
 
 
 TRAINER_SAVE = r'''

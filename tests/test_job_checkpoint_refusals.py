@@ -13,8 +13,6 @@ import torch
 from checkpoint_helpers import (DS_CONFIG, ENUMS, Payload, deepspeed_save, estimate, megatron_args, megatron_enums,
                                 save_megatron, save_torch_dist, trainer_args)
 
-from autotune.cli import main
-
 
 def test_reading_a_checkpoint_runs_no_code_from_it(tmp_path, capsys, monkeypatch):
     backend = megatron_enums(monkeypatch)
@@ -102,13 +100,6 @@ def test_a_bad_checkpoint_folder_exits_2_naming_it(tmp_path, capsys, make, words
     make(tmp_path)
     code, err = estimate(capsys, "--from", str(tmp_path / "ck"), "--model", "llama3-8b", "--num-gpus", "8")
     assert code == 2 and words in err and "Traceback" not in err, err
-
-
-def test_validate_on_a_checkpoint_folder_points_to_from(tmp_path, capsys):
-    deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
-    assert main(["validate", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "is a folder: validate checks files" in err and "autotune estimate --from FOLDER" in err
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

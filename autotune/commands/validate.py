@@ -87,7 +87,11 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
             print(f"autotune validate: skipped {f}: a folder (its files are another job's: autotune validate "
                   f"{f.rstrip('/')}/*)", file=sys.stderr)
         files = [f for f in files if f not in notes and f not in folders]
-    out = [(f, args.kind or file_kind(f)) for f in files]
+    from autotune.commands.validate_checkpoint import checkpoint_input
+
+    # a checkpoint folder given alone: the config it saved (a DeepSpeed save's, a Bridge save's run_config.yaml)
+    out = [checkpoint_input(f) if args.kind is None and Path(f).is_dir() else (f, args.kind or file_kind(f))
+           for f in files]
     if args.megatron_args:
         out.append((args.megatron_args, megatron_file_kind(read_megatron_args_file(args.megatron_args))))
     return out
@@ -111,9 +115,11 @@ def _deepspeed_world_size(path: str, tp: int, pp: int, cp: int) -> int | None:
 
 def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, int, int, int]:
     """(world size, tp, pp, cp): the flags, else what the files state."""
+    from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, checkpoint_sizes
     from autotune.emit.validate_files import sizes_from_file
 
-    stated = [(path, sizes_from_file(path, kind)) for path, kind in inputs]
+    stated = [(path, checkpoint_sizes(path) if kind == CHECKPOINT_KIND else sizes_from_file(path, kind))
+              for path, kind in inputs]
     sizes = {}
     for dim in ("tp", "pp", "cp"):
         given = getattr(args, dim)
@@ -138,7 +144,7 @@ def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, 
     return world, sizes["tp"], sizes["pp"], sizes["cp"]
 
 
-def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: list) -> list:
+def _memory(args, path: str | dict, world: int, tp: int, pp: int, cp: int, problems: list) -> list:
     from autotune.emit.validate import has_errors
     from autotune.lint import memory_problems
     from autotune.specs.loading import load_cluster, load_model
@@ -153,7 +159,7 @@ def _memory(args, path: str, world: int, tp: int, pp: int, cp: int, problems: li
 
 
 _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
-                "megatron-deepspeed": "megatron-deepspeed"}
+                "deepspeed-checkpoint": "deepspeed", "megatron-deepspeed": "megatron-deepspeed"}
 """The engine whose release a file kind's check follows (a bare --engine-version applies when only one is given)."""
 
 
@@ -188,6 +194,7 @@ def _pair_problems(inputs: list[tuple[str, str]]) -> list[tuple[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, checkpoint_config
     from autotune.lint import lint_file
 
     if (args.model is None) != (args.gpu is None):
@@ -197,13 +204,20 @@ def run(args: argparse.Namespace) -> int:
     world, tp, pp, cp = _job(args, inputs)
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
-        problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
-                             hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
-        if args.model is not None and kind == "deepspeed":
-            problems += _memory(args, path, world, tp, pp, cp, problems)
+        config = path
+        if kind == CHECKPOINT_KIND:  # the config dict a DeepSpeed save holds (its problems by JSON path)
+            from autotune.emit.validate import validate_deepspeed_config
+
+            config = checkpoint_config(path)
+            problems = validate_deepspeed_config(config, world_size=world, tp=tp, pp=pp, cp=cp)
+        else:
+            problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
+                                 hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
+        if args.model is not None and kind in ("deepspeed", CHECKPOINT_KIND):
+            problems += _memory(args, config, world, tp, pp, cp, problems)
         found += [(path, p) for p in problems]
     found += _pair_problems(inputs)
-    if args.model is not None and not any(kind == "deepspeed" for _, kind in inputs):
+    if args.model is not None and not any(kind in ("deepspeed", CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--model/--gpu) reads a DeepSpeed JSON: give one"],
                          subject="validate request")
     several = len(inputs) > 1

@@ -1,0 +1,83 @@
+"""`autotune validate CHECKPOINT_FOLDER` (autotune.commands.validate_checkpoint): the config a DeepSpeed save holds
+is linted as a DeepSpeed JSON for the world size it saved, a Megatron-Bridge save's run_config.yaml as that file; a
+Megatron-LM save and a Trainer checkpoint (no config file in them) exit 2 pointing to `estimate --from`. The real
+DeepSpeed saver's folder validates clean in tests/test_job_checkpoint_real.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from checkpoint_helpers import DS_CONFIG, deepspeed_save, megatron_args, megatron_enums, save_megatron, trainer_args
+
+from autotune.cli import main
+
+RUN_CONFIG = Path(__file__).parent / "fixtures" / "bridge" / "run_config.yaml"  # Bridge's own dump (SOURCES.md)
+
+
+def validate(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["validate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def test_a_deepspeed_save_validates_its_config_for_the_world_it_saved(tmp_path, capsys):
+    deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    code, out, err = validate(capsys, tmp_path)
+    assert code == 0 and "no problems for world size 4" in out, out + err
+    assert "the DeepSpeed config saved in" in err and "mp_rank_00_model_states.pt" in err
+
+
+def test_a_deepspeed_saves_bad_config_is_reported_by_json_path(tmp_path, capsys):
+    bad = DS_CONFIG | {"train_batch_size": 60, "zero_optimization": {"stage": 3, "bogus": 1}}
+    deepspeed_save(tmp_path, {"ds_config": bad, "dp_world_size": 4, "mp_world_size": 1})
+    code, out, _ = validate(capsys, tmp_path)
+    assert code == 1
+    assert "$.zero_optimization.bogus: unknown key 'bogus'" in out
+    assert "$.train_batch_size: train_batch_size 60 != micro-batch 2 x gradient accumulation 8 x data-parallel " \
+           "size 4 = 64" in out and "2 error(s)" in out
+    code, out, _ = validate(capsys, tmp_path, "--json")
+    problems = json.loads(out)
+    assert code == 1 and {p["file"] for p in problems} == {str(tmp_path)} and len(problems) == 2
+    code, out, _ = validate(capsys, tmp_path, "--world-size", "2")  # the flag wins over the saved size
+    assert "data-parallel size 2 = 32" in out
+
+
+def test_a_deepspeed_save_with_the_memory_check(tmp_path, capsys):
+    deepspeed_save(tmp_path, {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    code, out, err = validate(capsys, tmp_path, "--model", "phi3-mini", "--gpu", "h100-sxm-80gb", "--seq-len", "4096")
+    assert code == 0 and "no problems for world size 4" in out, out + err
+    code, out, err = validate(capsys, tmp_path, "--model", "llama3-70b", "--gpu", "h100-sxm-80gb")
+    assert code == 1 and "memory" in out, out + err  # 70B with ZeRO-3 over 4 GPUs does not fit: said, not refused
+
+
+def test_a_bridge_save_validates_its_run_config(tmp_path, capsys):
+    save = tmp_path / "iter_0000200"
+    save.mkdir()
+    shutil.copy(RUN_CONFIG, save / "run_config.yaml")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("200")
+    folder = validate(capsys, tmp_path, "--world-size", "16")
+    direct = validate(capsys, RUN_CONFIG, "--world-size", "16")
+    assert folder[0] == direct[0] and folder[1].replace(str(save / "run_config.yaml"), "X") == \
+        direct[1].replace(str(RUN_CONFIG), "X")
+    assert "the Megatron-Bridge save's" in folder[2]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_checkpoints_without_a_config_file_point_to_estimate_from(tmp_path, capsys, monkeypatch):
+    backend = megatron_enums(monkeypatch)
+    save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
+    code, _, err = validate(capsys, tmp_path / "meg")
+    assert code == 2 and "a Megatron-LM save holds its parsed arguments" in err
+    assert f"autotune estimate --from {tmp_path / 'meg'} --gpu GPU" in err
+    trainer_args(tmp_path / "hf", per_device_train_batch_size=2)
+    code, _, err = validate(capsys, tmp_path / "hf")
+    assert code == 2 and "a Trainer checkpoint holds its TrainingArguments, no config file" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = validate(capsys, tmp_path / "empty")
+    assert code == 2 and "a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint" in err
+    code, _, err = validate(capsys, tmp_path / "meg", "--kind", "megatron")
+    assert code == 2  # --kind names a file's kind: a folder is no such file
