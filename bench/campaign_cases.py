@@ -319,6 +319,8 @@ def fuzz_case(rng: random.Random, command: str, spec: dict, realworld: list[str]
             argv += [flag, _value(rng, a, paths)]
     if f"{CASE}/ck" in paths and command in ("estimate", "plan", "emit") and rng.random() < 0.6:
         argv += ["--from", f"{CASE}/ck"]  # the checkpoint folder as the job (rarely drawn among the options)
+    elif f"{CASE}/ck" in paths and command == "validate" and rng.random() < 0.6:
+        argv[1:1] = [f"{CASE}/ck"]  # the folder alone first: validate checks the config it saved
     return Case(0, f"fuzz:{command}", argv, files)
 
 
