@@ -1,5 +1,6 @@
 """``estimate --from`` / ``plan --from``: the job a user already has (``autotune.job_files``), its ledger and step
-time, and the planner's alternatives with what changes and the predicted gain."""
+time, and the planner's alternatives with what changes and the predicted gain, on its own GPUs or on another number
+of them (:func:`job_and_search_cluster`)."""
 
 from __future__ import annotations
 
