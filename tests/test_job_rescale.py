@@ -74,3 +74,14 @@ def test_estimate_keeps_the_files_world_size_and_names_the_way_to_rescale(capsys
     code, _, err = run(["estimate", "--from", ARGS, *GPU, "--num-gpus", "128"], capsys)
     assert code == 2 and "--num-gpus 128 but the files state 64 GPUs" in err
     assert "`plan --from` / `emit --from --best` with --num-gpus plan the job on that many" in err
+
+
+def test_the_search_limits_hold_on_both_sizes(capsys):
+    # --tp 4 limits the plans on 128 GPUs and the planner's first plan on the job's own 64 that the speed-up is
+    # split by (the job itself runs tp 8)
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "128", "--tp", "4", "--top-k", "2", "--json"],
+                         capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert {c["plan"]["tp"] for c in got["search"]["candidates"]} == {4}
+    assert got["best_on_job_gpus"]["plan"]["tp"] == 4 and got["current"]["plan"]["tp"] == 8

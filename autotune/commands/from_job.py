@@ -203,12 +203,12 @@ def plan_from_job(args: argparse.Namespace) -> int:
     rescaled = target is not job.cluster
     plan = job.plan
     engines = None if tuple(args.engine) == tuple(ENGINE_NAMES) else args.engine
-    current, result = alternatives(
-        job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args), setting_gains=True, cluster=target,
-        tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
-        micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
-        precisions=args.precision, recompute=args.recompute, engines=engines, allow_offload=args.offload,
-        min_headroom_gib=args.min_headroom_gib)
+    limits = dict(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, dp_replicate=args.dp_replicate,
+                  micro_batch_size=args.micro_batch, max_tp=args.max_tp, max_pp=args.max_pp, zero_stages=args.zero,
+                  precisions=args.precision, recompute=args.recompute, engines=engines, allow_offload=args.offload,
+                  min_headroom_gib=args.min_headroom_gib)
+    current, result = alternatives(job, time_settings(args), top_k=args.top_k, asked=run_setting_args(args),
+                                   setting_gains=True, cluster=target, **limits)
     order = result.in_order
     rank = None if rescaled else next((i for i, est in enumerate(order, 1) if _key(est.plan) == _key(plan)), None)
     best = order[0] if order else None
@@ -221,7 +221,7 @@ def plan_from_job(args: argparse.Namespace) -> int:
     best_here = None
     if rescaled:
         tied = False  # another cluster: the job is not among the plans searched
-        here = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args))[1].in_order
+        here = alternatives(job, time_settings(args), top_k=1, asked=run_setting_args(args), **limits)[1].in_order
         best_here = here[0] if here else None  # the planner's first plan on the job's own GPUs: the plan's share
     if args.json:
         print(json_text({"current": current.to_dict(), "current_fits": current.memory.fits, "current_rank": rank,
