@@ -132,7 +132,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-ROUNDS = 5
+ROUNDS = 7
 
 
 def measure(torch, moe, repeats: int) -> dict[str, float]:
@@ -181,27 +181,28 @@ def measure(torch, moe, repeats: int) -> dict[str, float]:
         out.sum().backward()
 
     linear, x = torch.nn.Linear(64, 64), torch.randn(16, 64, requires_grad=True)
-    out = {}
-    for name, fn in (("layer", layer), ("router_preprocess", router_and_preprocess), ("experts", experts),
-                     ("linear", lambda: linear(x))):
+    timed_parts = (("layer", layer), ("router_preprocess", router_and_preprocess), ("experts", experts),
+                   ("linear", lambda: linear(x)))
+    for _, fn in timed_parts:
         for _ in range(5):
             fn()
-        n = repeats * (50 if name == "linear" else 1)
-        best = None
-        for _ in range(ROUNDS):  # the fastest round: another process's work on a shared host only adds time
+    best: dict[str, tuple[float, dict]] = {}
+    # The parts interleaved, round after round, so that a load on a shared host falls on each alike (the layer less
+    # the experts went negative when they were timed minutes apart); of each, the fastest round: load only adds time.
+    for _ in range(ROUNDS):
+        for name, fn in timed_parts:
+            n = repeats * (50 if name == "linear" else 1)
             spent.clear()
             start = time.perf_counter()
             for _ in range(n):
                 fn()
-            took = time.perf_counter() - start
-            if best is None or took < best[0]:
-                best = (took, dict(spent))
-        took, parts = best
-        out[name] = took / n * 1e6
-        if name == "layer":
-            out.update({k: v / n * 1e6 for k, v in parts.items()})
-        if name == "router_preprocess":
-            out["router_preprocess_fwd"] = (parts.get("route", 0) + parts.get("preprocess", 0)) / n * 1e6
+            took = (time.perf_counter() - start) / n
+            if name not in best or took < best[name][0]:
+                best[name] = (took, {k: v / n for k, v in spent.items()})
+    out = {name: took * 1e6 for name, (took, _) in best.items()}
+    out.update({k: v * 1e6 for k, v in best["layer"][1].items()})
+    parts = best["router_preprocess"][1]
+    out["router_preprocess_fwd"] = (parts.get("route", 0) + parts.get("preprocess", 0)) * 1e6
     return out
 
 
