@@ -81,3 +81,25 @@ def test_checkpoints_without_a_config_file_point_to_estimate_from(tmp_path, caps
     assert code == 2 and "a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint" in err
     code, _, err = validate(capsys, tmp_path / "meg", "--kind", "megatron")
     assert code == 2  # --kind names a file's kind: a folder is no such file
+
+
+def test_a_save_rewritten_in_place_is_read_again(tmp_path, capsys):
+    # the same folder, a new save over the old one (as a resumed job writes): validated as it is now
+    deepspeed_save(tmp_path / "ck", {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    assert validate(capsys, tmp_path / "ck")[0] == 0
+    shutil.rmtree(tmp_path / "ck")
+    deepspeed_save(tmp_path / "ck", {"ds_config": DS_CONFIG | {"train_batch_size": 60}, "dp_world_size": 4,
+                                     "mp_world_size": 1})
+    code, out, _ = validate(capsys, tmp_path / "ck")
+    assert code == 1 and "train_batch_size 60" in out
+
+
+def test_the_library_linter_given_a_folder_names_both_ways(tmp_path):
+    from autotune.errors import InputError
+    from autotune.lint import lint_file
+
+    with pytest.raises(InputError) as err:
+        lint_file(tmp_path, world_size=8)
+    text = err.value.render()
+    assert "is a folder, not a config file" in text and "autotune validate FOLDER" in text
+    assert "autotune estimate --from FOLDER" in text

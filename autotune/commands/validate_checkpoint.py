@@ -15,7 +15,6 @@ file: both are refused, pointing to ``estimate --from FOLDER``, which reads them
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from autotune.emit.problems import JobSizes
@@ -48,8 +47,7 @@ def checkpoint_input(folder: str) -> tuple[str, str]:
                      subject="validate request")
 
 
-@functools.lru_cache(maxsize=8)
-def _saved(folder: str):
+def _saved(folder: str):  # read at each use (two): a cache by path would answer for a folder since rewritten
     from autotune.job_checkpoint import read_checkpoint
 
     job = read_checkpoint(folder)

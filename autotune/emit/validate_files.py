@@ -51,10 +51,10 @@ def file_kind(path: str | Path) -> str:
     """The kind of a file, from its name (and, for a shell file, its arguments; for a YAML, whether it is a whole
     Megatron-Bridge ConfigContainer: a checkpoint's ``run_config.yaml``, Bridge 0.6 checkpoint_utils.py:34)."""
     if Path(path).is_dir():  # a checkpoint's save folder, most likely: its saved job is read by --from
-        raise InputError([f"{str(path)!r} is a folder: --kind names the kind of a file; give the folder alone "
-                          f"(a DeepSpeed or Megatron-Bridge checkpoint: the config it saved is checked) or its files; "
-                          f"any checkpoint's saved job is read, and checked by the engine's rules, by "
-                          f"`autotune estimate --from FOLDER --gpu GPU`"], subject="validate request")
+        raise InputError([f"{str(path)!r} is a folder, not a config file: give its files; `autotune validate FOLDER` "
+                          f"(the folder alone, no --kind) checks the config a DeepSpeed or Megatron-Bridge checkpoint "
+                          f"saved, and `autotune estimate --from FOLDER --gpu GPU` reads any checkpoint's job"],
+                         subject="validate request")
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
         return "hostfile"
