@@ -306,7 +306,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                         f"config.json or a model YAML)")
     if num_gpus is not None and world is not None and num_gpus != world:
         problems.append(f"the world size: --num-gpus {num_gpus} but the files state {world} GPUs: drop --num-gpus or "
-                        f"make them agree (`plan --from` / `emit --from --best` with --num-gpus plan the job on that many)")
+                        "make them agree (`plan --from`, `emit --from --best` and `tune --from` with --num-gpus "
+                        "plan the job on that many)")
     num_gpus = num_gpus or world
     if cluster_path is None and (gpu is None or num_gpus is None):
         problems += (["the GPU: give --gpu (a GPU preset) or --cluster FILE"] if gpu is None else []) + (

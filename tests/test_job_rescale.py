@@ -73,7 +73,7 @@ def test_the_same_size_is_no_rescale_and_a_size_no_node_holds_is_refused(capsys)
 def test_estimate_keeps_the_files_world_size_and_names_the_way_to_rescale(capsys):
     code, _, err = run(["estimate", "--from", ARGS, *GPU, "--num-gpus", "128"], capsys)
     assert code == 2 and "--num-gpus 128 but the files state 64 GPUs" in err
-    assert "`plan --from` / `emit --from --best` with --num-gpus plan the job on that many" in err
+    assert "`plan --from`, `emit --from --best` and `tune --from` with --num-gpus plan the job on that many" in err
 
 
 def test_the_search_limits_hold_on_both_sizes(capsys):

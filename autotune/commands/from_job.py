@@ -32,8 +32,8 @@ def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool =
                         "Megatron-LM's (its saved arguments), Megatron-Bridge's (run_config.yaml), DeepSpeed's (its "
                         "config and world size) or a Hugging "
                         "Face Trainer's checkpoint-N (training_args.bin; config.json as the model); flags fill what "
-                        "the files do not state (plan, and emit --best: --num-gpus N other than the files' world "
-                        "size plans the job on N GPUs)")
+                        "the files do not state (plan, emit --best and tune: --num-gpus N other than the files' "
+                        "world size plans the job on N GPUs)")
     p.set_defaults(seq_len=None)  # --from: the file's unless --seq-len is given
     if recompute_default:
         p.set_defaults(recompute=None)  # --from a DeepSpeed config: its activation_checkpointing unless given

@@ -272,13 +272,18 @@ def run(args: argparse.Namespace) -> int:
     from autotune.tune.progress import ProgressLine, finalists_table, summary_table, write_plots
     from autotune.tune.study import tune
 
-    job = None
+    job = current = None
     if args.from_files:  # the job the user runs now: its model, GPUs, batch and sequence; measured first
-        from autotune.commands.from_job import read_job_from_args
+        from autotune.commands.from_job import job_and_search_cluster
 
-        job = read_job_from_args(args, tp=args.tp or 1, pp=args.pp or 1, cp=args.cp or 1)
-        model, cluster = job.model, job.cluster
+        job, cluster = job_and_search_cluster(args)  # --num-gpus N other than the files': the job on N GPUs
+        model = job.model
         args.seq_len, args.global_batch = job.plan.seq_len, job.plan.global_batch_size
+        if cluster is job.cluster:
+            current = job.plan
+        else:  # its plan runs on the job's own GPUs, not these: no trial of it to compare with
+            print(f"autotune tune: the current job's plan needs its {job.cluster.num_gpus:,} GPUs: the study "
+                  f"measures the planner's plans on {cluster.num_gpus:,}, not the job itself", file=sys.stderr)
     else:
         args.seq_len = 4096 if args.seq_len is None else args.seq_len
         model, cluster = _load_inputs(args)
@@ -322,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
                       calibration_path=args.calibration, launcher=launch, start_efficiency=DEFAULT_EFFICIENCY,
                       finalists=args.finalists, finalist_runs=args.finalist_runs,
                       prune_ratio=args.prune_ratio or None, progress=progress, emit_options=files,
-                      current_job=job.plan if job is not None else None)
+                      current_job=current)
     except StorageInternalError as err:
         progress.close()
         cause = err.__cause__ or err.__context__ or err

@@ -121,3 +121,37 @@ def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path
                                   "global_batch_size", "overlap_comm")} == {
         "engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 2, "grad_accum_steps": 2, "dp": 2,
         "global_batch_size": 8, "overlap_comm": False}, first
+
+
+def test_tune_from_a_checkpoint_on_more_gpus_tunes_the_same_job_there(tmp_path, monkeypatch, capsys):
+    """`tune --from FOLDER --num-gpus 4` where the save states 2 ranks: the job (model, batch 8, sequence 64,
+    DeepSpeed) is tuned on 4, as `plan --from` plans it; its own plan needs its 2 ranks, so it is not a trial, and
+    stderr says so. Before, the world sizes' conflict was refused."""
+    import torch
+
+    from autotune.cli import main
+    from autotune.tune import study as study_mod
+    from autotune.tune import trial as trial_mod
+
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    tag = tmp_path / "ckpt" / "global_step3"
+    tag.mkdir(parents=True)
+    torch.save({"module": {}, "ds_config": config, "dp_world_size": 2, "mp_world_size": 1, "ds_version": "0.19.8"},
+               tag / "mp_rank_00_model_states.pt")
+    (tmp_path / "ckpt" / "latest").write_text("global_step3")
+    runner = FakeRunner()
+    monkeypatch.setattr(trial_mod, "run_trial", runner)
+    monkeypatch.setattr(study_mod.ops, "ensure_ops", lambda names, **_: {name: "cached" for name in names})
+    code = main(["tune", "--from", str(tmp_path / "ckpt"), "--model", "tiny-gpt", "--gpu", "cpu", "--seq-len", "64",
+                 "--num-gpus", "4", "--trials", "2", "--finalists", "0", "--steps", "2", "--warmup-steps", "1",
+                 "--out", str(tmp_path / "tune"), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    result = json.loads(out.out)
+    assert result["current_job"] is None
+    assert "the job runs on 2 GPUs (its files); planning it on 4" in out.err
+    assert "the study measures the planner's plans on 4, not the job itself" in out.err
+    measured = [json.loads(call) for call in runner.calls]
+    assert measured and all(p["tp"] * p["pp"] * p["cp"] * p["dp"] == 4 and p["engine"] == "deepspeed"
+                            and p["global_batch_size"] == 8 and p["seq_len"] == 64 for p in measured), measured
