@@ -139,6 +139,11 @@ def test_every_usage_command_runs_and_keeps_its_promise(tmp_path, monkeypatch):
                 line = next(ln for ln in out.splitlines() if ln.startswith("opt-in run settings"))
                 assert "--cuda-graph full-iteration --moe-dispatcher flex-hybridep --ep-overlap a2a-delay-wgrad" in line
                 assert 6 < float(re.search(r"([+-][\d.]+)% over this search's fastest", line).group(1)) < 10, line
+            elif argv[0] == "plan" and "--from" in argv and "128" in argv:  # the promise of its comment
+                assert "planning it on 128 (--num-gpus)" in err and "the plan change alone gives" in out, out
+                assert re.search(r"speed-up x[\d.]+ ±[\d.]+% for x2\.00 the GPUs", out), out
+            elif argv[0] == "plan" and "--from" in argv:  # rank, what the first plan changes, the gain
+                assert "current job:" in out and "#1 vs the current job:" in out, out
             elif argv[0] == "plan":
                 assert "tokens/s" in out and "legend:" in out and "rules:" in out
             elif argv[0] == "emit":
