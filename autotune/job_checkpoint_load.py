@@ -15,6 +15,7 @@ import importlib
 import io
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
@@ -58,8 +59,10 @@ def dcp_entry(save: Path, key: str) -> object | None:
         index = SafeMetadata(str(save)).read_metadata()  # refused here, before torch's loader wraps (and logs) it
         if key not in (getattr(index, "state_dict_metadata", None) or {}):
             return None
-        dcp.load({key: io.BytesIO()}, storage_reader=SafeMetadata(str(save)),
-                 planner=RawBytes(flatten_state_dict=False), no_dist=True)
+        with warnings.catch_warnings():  # no_dist's "torch.distributed is disabled ... single process": as meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load({key: io.BytesIO()}, storage_reader=SafeMetadata(str(save)),
+                     planner=RawBytes(flatten_state_dict=False), no_dist=True)
     except Refused as refused:
         raise InputError([f"{save}/.metadata: names {refused}, which a checkpoint index has no use for, and was not "
                           f"loaded: give the job's argument file to --from instead"], subject=_SUBJECT) from None

@@ -5,7 +5,8 @@
   torch_dist format a 0.19 run writes (the common state inside the torch.distributed.checkpoint files), with the
   tracker file ``save_checkpoint`` writes beside it. CPU stand-ins: the GPU generation validate_args asks for, and
   the device synchronise / current device the save calls (it saves host tensors over gloo). autotune must read the
-  same job from the checkpoint as from the argument file: the same plan and the same estimate.
+  same job from the checkpoint as from the argument file: the same plan and the same estimate; and `validate` the
+  folder clean (what validate_args derived included).
 * DeepSpeed 0.19.8: two ranks train one step with the ds_config.json autotune writes and ``save_checkpoint``, a
   Hugging Face model config saved beside it by transformers' ``save_pretrained`` as a Trainer checkpoint keeps it.
   autotune must read DeepSpeed's config, the world size and the model from the folder alone.
@@ -108,6 +109,10 @@ def test_a_checkpoint_megatron_core_saved_reads_as_the_argument_file_it_ran(tmp_
     assert from_checkpoint["plan"]["vpp"] == 4 and from_checkpoint["plan"]["dp"] == 2  # 64 GPUs: args.world_size
     assert from_checkpoint["time"]["tokens_per_s"] == from_args["time"]["tokens_per_s"]
     assert from_checkpoint["memory"]["total"] == from_args["memory"]["total"]
+    # `validate FOLDER`: the arguments megatron-core parsed and validated, read back, pass the linter and its rules
+    checked = _cli("validate", str(save))
+    assert checked.returncode == 0 and "no problems for world size 64" in checked.stdout, checked.stdout + checked.stderr
+    assert "the arguments saved in" in checked.stderr and "UserWarning" not in checked.stderr
 
 
 DEEPSPEED_SAVE = r'''

@@ -1,7 +1,8 @@
 """`autotune validate CHECKPOINT_FOLDER` (autotune.commands.validate_checkpoint): the config a DeepSpeed save holds
-is linted as a DeepSpeed JSON for the world size it saved, a Megatron-Bridge save's run_config.yaml as that file; a
-Megatron-LM save and a Trainer checkpoint (no config file in them) exit 2 pointing to `estimate --from`. The real
-DeepSpeed saver's folder validates clean in tests/test_job_checkpoint_real.py."""
+is linted as a DeepSpeed JSON for the world size it saved, a Megatron-Bridge save's run_config.yaml as that file, a
+Megatron-LM save's arguments as the argument list that parses to them (and megatron-core's rules); a Trainer
+checkpoint (no config file in it) exits 2 pointing to `estimate --from`. The real DeepSpeed and megatron-core savers'
+folders validate clean in tests/test_job_checkpoint_real.py."""
 
 from __future__ import annotations
 
@@ -67,15 +68,42 @@ def test_a_bridge_save_validates_its_run_config(tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_checkpoints_without_a_config_file_point_to_estimate_from(tmp_path, capsys, monkeypatch):
+def test_a_megatron_save_validates_its_arguments_for_the_world_it_saved(tmp_path, capsys, monkeypatch):
     backend = megatron_enums(monkeypatch)
     save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
-    code, _, err = validate(capsys, tmp_path / "meg")
-    assert code == 2 and "a Megatron-LM save holds its parsed arguments" in err
-    assert f"autotune estimate --from {tmp_path / 'meg'} --gpu GPU" in err
+    code, out, err = validate(capsys, tmp_path / "meg")
+    assert code == 0 and "no problems for world size 64" in out, out + err  # args.world_size
+    assert "the arguments saved in" in err and "iter_0000100" in err
+    assert "CUDA_DEVICE_MAX_CONNECTIONS not checked" in err  # the save holds no environment
+    code, out, _ = validate(capsys, tmp_path / "meg", "--world-size", "48")  # resumed on 48 GPUs: tp 8 x pp 4 no
+    assert code == 1 and "world size (48) is not divisible by total_model_size tp*pp*cp = 8*4*1 = 32" in out, out
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_megatron_save_is_asked_of_megatron_cores_rules(tmp_path, capsys, monkeypatch):
+    """An MoE job saved with the EP all-to-all overlap on 4 pipeline stages and no interleaving (what a release
+    before the rule ran): megatron-core 0.19.2's TransformerConfig refuses it, and validate says so with the line."""
+    backend = megatron_enums(monkeypatch)
+    args = megatron_args(backend, num_experts=8, moe_router_topk=2, expert_model_parallel_size=2,
+                         moe_ffn_hidden_size=14336, moe_token_dispatcher_type="alltoall",
+                         overlap_moe_expert_parallel_comm=True, num_layers_per_virtual_pipeline_stage=None,
+                         virtual_pipeline_model_parallel_size=None)
+    save_megatron(tmp_path / "meg", {"args": args}, "common.pt")
+    code, out, _ = validate(capsys, tmp_path / "meg", "--json")
+    problems = json.loads(out)
+    assert code == 1 and [p["source"] for p in problems] == ["megatron-core"], problems
+    assert "virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1" in \
+        problems[0]["message"] and "transformer_config.py:2674-2678" in problems[0]["message"]
+    assert "--vpp 2" in problems[0]["fix"]
+
+
+def test_a_trainer_checkpoint_points_to_estimate_from(tmp_path, capsys, monkeypatch):
     trainer_args(tmp_path / "hf", per_device_train_batch_size=2)
     code, _, err = validate(capsys, tmp_path / "hf")
     assert code == 2 and "a Trainer checkpoint holds its TrainingArguments, no config file" in err
+    assert f"autotune estimate --from {tmp_path / 'hf'} --gpu GPU" in err
+    backend = megatron_enums(monkeypatch)
+    save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
     (tmp_path / "empty").mkdir()
     code, _, err = validate(capsys, tmp_path / "empty")
     assert code == 2 and "a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint" in err

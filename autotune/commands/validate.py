@@ -3,7 +3,8 @@
 Each file's kind comes from its name (``--kind`` overrides): a DeepSpeed JSON (``*_hf.json``: for the HF
 Trainer), Megatron-LM or Megatron-DeepSpeed arguments (a shell file; ``--deepspeed`` in it means the latter),
 an accelerate config YAML, a torchtitan TOML or 0.3 config module, Megatron-Bridge overrides or a Bridge checkpoint's
-whole ``run_config.yaml`` (told by its first line under any name). Beyond each format's checks, the model and plan
+whole ``run_config.yaml`` (told by its first line under any name); a checkpoint folder given alone, by what it saved
+(``autotune.commands.validate_checkpoint``). Beyond each format's checks, the model and plan
 a Megatron, Megatron-DeepSpeed, Bridge or torchtitan file states are asked of its engine's own rules
 (``autotune.lint.engine_rule_problems``). Exit 0: no problems; 1: any problem (warnings included); 2: unusable input
 (the CLI's main turns the InputError into a message on stderr).
@@ -115,10 +116,10 @@ def _deepspeed_world_size(path: str, tp: int, pp: int, cp: int) -> int | None:
 
 def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, int, int, int]:
     """(world size, tp, pp, cp): the flags, else what the files state."""
-    from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, checkpoint_sizes
+    from autotune.commands.validate_checkpoint import CHECKPOINT_KINDS, checkpoint_sizes
     from autotune.emit.validate_files import sizes_from_file
 
-    stated = [(path, checkpoint_sizes(path) if kind == CHECKPOINT_KIND else sizes_from_file(path, kind))
+    stated = [(path, checkpoint_sizes(path, kind) if kind in CHECKPOINT_KINDS else sizes_from_file(path, kind))
               for path, kind in inputs]
     sizes = {}
     for dim in ("tp", "pp", "cp"):
@@ -159,7 +160,8 @@ def _memory(args, path: str | dict, world: int, tp: int, pp: int, cp: int, probl
 
 
 _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
-                "deepspeed-checkpoint": "deepspeed", "megatron-deepspeed": "megatron-deepspeed"}
+                "deepspeed-checkpoint": "deepspeed", "megatron-checkpoint": "megatron",
+                "megatron-deepspeed": "megatron-deepspeed"}
 """The engine whose release a file kind's check follows (a bare --engine-version applies when only one is given)."""
 
 
@@ -194,7 +196,7 @@ def _pair_problems(inputs: list[tuple[str, str]]) -> list[tuple[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, checkpoint_config
+    from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, CHECKPOINT_KINDS, checkpoint_problems
     from autotune.lint import lint_file
 
     if (args.model is None) != (args.gpu is None):
@@ -205,11 +207,9 @@ def run(args: argparse.Namespace) -> int:
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
         config = path
-        if kind == CHECKPOINT_KIND:  # the config dict a DeepSpeed save holds (its problems by JSON path)
-            from autotune.emit.validate import validate_deepspeed_config
-
-            config = checkpoint_config(path)
-            problems = validate_deepspeed_config(config, world_size=world, tp=tp, pp=pp, cp=cp)
+        if kind in CHECKPOINT_KINDS:  # a DeepSpeed save's config dict (problems by JSON path), a Megatron-LM save's
+            problems, config = checkpoint_problems(path, kind, world_size=world, tp=tp, pp=pp, cp=cp,  # arguments
+                                                   megatron_release=asked.get("megatron"))
         else:
             problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
                                  hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)

@@ -8,9 +8,17 @@ A checkpoint folder (``autotune.job_checkpoint.locate``) holds a config file's w
   engine.py of 0.19.8 :5017-5038), and its world size (``dp_world_size`` x ``mp_world_size``): linted as that
   DeepSpeed config for that world size, its problems named by their JSON path (a dict has no lines).
 
-A Megatron-LM save keeps the parsed ``argparse.Namespace`` (with what ``validate_args`` derived from the arguments
-written: the linter would flag those as if the user had written them) and a Trainer's ``training_args.bin`` no config
-file: both are refused, pointing to ``estimate --from FOLDER``, which reads them and applies the engine's rules.
+* a Megatron-LM save keeps the parsed ``argparse.Namespace`` (``args`` in its common state, checkpointing.py of
+  core_v0.19.0 :1310-1314): read back to the command line that parses to it (``job_checkpoint.namespace_argv``: each
+  option of the release's parser whose value is not the parser's default) and linted as a Megatron-LM argument list
+  for the world size it saved (``args.world_size``), then asked of megatron-core's rules as ``validate
+  megatron_args.sh`` asks them. What ``validate_args`` derived from the options written is set in the Namespace too
+  (``--recompute-granularity`` from ``--recompute-activations``, ``--kv-channels``, the eval batch sizes, ...): values
+  the release's own checks produced, so they pass the same checks (the real save of tests/test_job_checkpoint_real.py
+  validates clean). The save holds no environment: the ``CUDA_DEVICE_MAX_CONNECTIONS`` check is not made.
+
+A Trainer's ``training_args.bin`` is no config file: refused, pointing to ``estimate --from FOLDER``, which reads it
+and applies the engine's rules.
 """
 
 from __future__ import annotations
@@ -20,10 +28,14 @@ import sys
 from autotune.emit.problems import JobSizes
 from autotune.errors import InputError
 
-__all__ = ["CHECKPOINT_KIND", "checkpoint_input", "checkpoint_sizes", "checkpoint_config"]
+__all__ = ["CHECKPOINT_KIND", "MEGATRON_CHECKPOINT_KIND", "CHECKPOINT_KINDS", "checkpoint_input", "checkpoint_sizes",
+           "checkpoint_problems"]
 
 CHECKPOINT_KIND = "deepspeed-checkpoint"
 """The input kind of a DeepSpeed checkpoint folder (its saved config is linted as a DeepSpeed JSON)."""
+MEGATRON_CHECKPOINT_KIND = "megatron-checkpoint"
+"""The input kind of a Megatron-LM checkpoint folder (its saved arguments are linted as an argument list)."""
+CHECKPOINT_KINDS = (CHECKPOINT_KIND, MEGATRON_CHECKPOINT_KIND)
 
 
 def checkpoint_input(folder: str) -> tuple[str, str]:
@@ -33,34 +45,35 @@ def checkpoint_input(folder: str) -> tuple[str, str]:
 
     why, layout = inspect_path(folder)
     if layout is None:
-        raise InputError([f"{folder!r}: {why or 'a folder'}: validate checks config files, and the config a DeepSpeed "
-                          f"or Megatron-Bridge checkpoint folder saved"], subject="validate request")
+        raise InputError([f"{folder!r}: {why or 'a folder'}: validate checks config files, and the config a DeepSpeed, "
+                          f"Megatron-Bridge or Megatron-LM checkpoint folder saved"], subject="validate request")
     if layout.run_config is not None:
         print(f"autotune validate: {folder}: the Megatron-Bridge save's {layout.run_config}", file=sys.stderr)
         return str(layout.run_config), "megatron-bridge"
     if layout.deepspeed_states is not None:
         return folder, CHECKPOINT_KIND
-    what = "a Megatron-LM save holds its parsed arguments, with what validate_args derived from the ones written" \
-        if layout.megatron_save is not None else "a Trainer checkpoint holds its TrainingArguments, no config file"
-    raise InputError([f"{folder!r}: {what}: `autotune estimate --from {folder} --gpu GPU` reads it and applies the "
-                      f"engine's rules; validate the job's own files (its argument script, its config)"],
-                     subject="validate request")
+    if layout.megatron_save is not None:
+        return folder, MEGATRON_CHECKPOINT_KIND
+    raise InputError([f"{folder!r}: a Trainer checkpoint holds its TrainingArguments, no config file: `autotune "
+                      f"estimate --from {folder} --gpu GPU` reads it and applies the engine's rules; validate the "
+                      f"job's own files (its accelerate or DeepSpeed config)"], subject="validate request")
 
 
-def _saved(folder: str):  # read at each use (two): a cache by path would answer for a folder since rewritten
-    from autotune.job_checkpoint import read_checkpoint
+def _saved(folder: str, kind: str = CHECKPOINT_KIND):  # read at each use: a cache by path would answer for a folder
+    from autotune.job_checkpoint import read_checkpoint  # since rewritten
 
     job = read_checkpoint(folder)
-    if job.ds_config is None:
+    if kind == CHECKPOINT_KIND and job.ds_config is None:
         raise InputError([f"{folder!r}: its DeepSpeed model states hold no config (ds_config): validate the job's "
                           f"ds_config.json instead"], subject="validate request")
     return job
 
 
-def checkpoint_sizes(folder: str) -> JobSizes:
-    """The world size the DeepSpeed save states (``dp_world_size`` x ``mp_world_size``), and a Megatron-DeepSpeed
-    save's tensor / pipeline / context sizes (its ``args`` in the client state, read back to a command line)."""
-    job = _saved(folder)
+def checkpoint_sizes(folder: str, kind: str = CHECKPOINT_KIND) -> JobSizes:
+    """The world size the save states (DeepSpeed: ``dp_world_size`` x ``mp_world_size``; Megatron-LM: its
+    ``args.world_size``), and the tensor / pipeline / context sizes of its arguments (a Megatron-LM save's, a
+    Megatron-DeepSpeed save's ``args`` in the client state; read back to a command line)."""
+    job = _saved(folder, kind)
     argv = job.argv or []
 
     def size(flag: str) -> int | None:
@@ -70,8 +83,27 @@ def checkpoint_sizes(folder: str) -> JobSizes:
                     pp=size("--pipeline-model-parallel-size"), cp=size("--context-parallel-size"))
 
 
-def checkpoint_config(folder: str) -> dict:
-    """The DeepSpeed config the save holds (said on stderr: which file it came from)."""
-    job = _saved(folder)
-    print(f"autotune validate: {folder}: the DeepSpeed config saved in {job.source}", file=sys.stderr)
-    return job.ds_config
+def checkpoint_problems(folder: str, kind: str, *, world_size: int, tp: int, pp: int, cp: int,
+                        megatron_release: str | None = None) -> tuple[list, dict | None]:
+    """(the problems of what the save holds, the DeepSpeed config it holds, for the memory check: None for a
+    Megatron-LM save); stderr says which file was read. ``megatron_release``: the release asked for
+    (``--engine-version megatron=X``), else the installed or newest modelled one."""
+    job = _saved(folder, kind)
+    if kind == CHECKPOINT_KIND:
+        from autotune.emit.validate import validate_deepspeed_config
+
+        print(f"autotune validate: {folder}: the DeepSpeed config saved in {job.source}", file=sys.stderr)
+        return validate_deepspeed_config(job.ds_config, world_size=world_size, tp=tp, pp=pp, cp=cp), job.ds_config
+    from autotune.emit.megatron_lint import megatron_args_problems
+    from autotune.emit.megatron_versions import release_in_use
+    from autotune.emit.validate import has_errors
+    from autotune.lint import engine_rule_problems
+
+    print(f"autotune validate: {folder}: the arguments saved in {job.source}, read back as the command line that "
+          f"parses to them ({len(job.argv or [])} words; the save holds no environment: CUDA_DEVICE_MAX_CONNECTIONS "
+          f"not checked)", file=sys.stderr)
+    release, installed = release_in_use(megatron_release, None)
+    problems = megatron_args_problems(job.argv or [], world_size, release=release, installed=installed)
+    if not has_errors(problems):
+        problems += engine_rule_problems(folder, world_size)
+    return problems, None

@@ -52,8 +52,8 @@ def file_kind(path: str | Path) -> str:
     Megatron-Bridge ConfigContainer: a checkpoint's ``run_config.yaml``, Bridge 0.6 checkpoint_utils.py:34)."""
     if Path(path).is_dir():  # a checkpoint's save folder, most likely: its saved job is read by --from
         raise InputError([f"{str(path)!r} is a folder, not a config file: give its files; `autotune validate FOLDER` "
-                          f"(the folder alone, no --kind) checks the config a DeepSpeed or Megatron-Bridge checkpoint "
-                          f"saved, and `autotune estimate --from FOLDER --gpu GPU` reads any checkpoint's job"],
+                          f"(the folder alone, no --kind) checks the config a DeepSpeed, Megatron-Bridge or "
+                          f"Megatron-LM checkpoint saved, and `autotune estimate --from FOLDER --gpu GPU` reads any checkpoint's job"],
                          subject="validate request")
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
