@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import DS_CONFIG, deepspeed_save, megatron_args, megatron_enums, save_megatron, trainer_args
+from checkpoint_helpers import (ENUMS, DS_CONFIG, deepspeed_save, megatron_args, megatron_enums, save_megatron,
+                                trainer_args)
 
 from autotune.cli import main
 
@@ -71,6 +73,7 @@ def test_a_bridge_save_validates_its_run_config(tmp_path, capsys):
 def test_a_megatron_save_validates_its_arguments_for_the_world_it_saved(tmp_path, capsys, monkeypatch):
     backend = megatron_enums(monkeypatch)
     save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
+    monkeypatch.delitem(sys.modules, ENUMS)  # read where megatron is not installed
     code, out, err = validate(capsys, tmp_path / "meg")
     assert code == 0 and "no problems for world size 64" in out, out + err  # args.world_size
     assert "the arguments saved in" in err and "iter_0000100" in err
@@ -89,6 +92,7 @@ def test_a_megatron_save_is_asked_of_megatron_cores_rules(tmp_path, capsys, monk
                          overlap_moe_expert_parallel_comm=True, num_layers_per_virtual_pipeline_stage=None,
                          virtual_pipeline_model_parallel_size=None)
     save_megatron(tmp_path / "meg", {"args": args}, "common.pt")
+    monkeypatch.delitem(sys.modules, ENUMS)
     code, out, _ = validate(capsys, tmp_path / "meg", "--json")
     problems = json.loads(out)
     assert code == 1 and [p["source"] for p in problems] == ["megatron-core"], problems
@@ -131,3 +135,28 @@ def test_the_library_linter_given_a_folder_names_both_ways(tmp_path):
     text = err.value.render()
     assert "is a folder, not a config file" in text and "autotune validate FOLDER" in text
     assert "autotune estimate --from FOLDER" in text
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_megatron_deepspeed_save_validates_its_arguments_with_its_config(tmp_path, capsys, monkeypatch):
+    """Its ds_config and the arguments beside it (the client state's ``args``): each alone and the two together, as
+    `validate megatron_args.sh ds_config.json` checks the files."""
+    backend = megatron_enums(monkeypatch)
+    args = megatron_args(backend, deepspeed=True, deepspeed_config="ds_config.json", zero_stage=1,
+                         tensor_model_parallel_size=4, pipeline_model_parallel_size=1,
+                         num_layers_per_virtual_pipeline_stage=None, virtual_pipeline_model_parallel_size=None,
+                         use_distributed_optimizer=False, world_size=32, normalization="rmsnorm")  # its choices
+    ds = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 64,
+          "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
+    deepspeed_save(tmp_path / "ok", {"ds_config": ds, "dp_world_size": 8, "mp_world_size": 4, "args": args})
+    deepspeed_save(tmp_path / "bad", {"ds_config": ds | {"train_micro_batch_size_per_gpu": 2,
+                                                         "gradient_accumulation_steps": 32},
+                                      "dp_world_size": 8, "mp_world_size": 4, "args": args})
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, out, err = validate(capsys, tmp_path / "ok")
+    assert code == 0 and "no problems for world size 32" in out, out + err
+    assert "the Megatron-DeepSpeed arguments saved beside it" in err
+    code, out, _ = validate(capsys, tmp_path / "bad", "--json")
+    problems = json.loads(out)
+    assert code == 1 and [p["path"] for p in problems] == ["$.train_micro_batch_size_per_gpu"], problems
+    assert "--micro-batch-size 1 in the saved arguments" in problems[0]["message"]

@@ -6,7 +6,9 @@ A checkpoint folder (``autotune.job_checkpoint.locate``) holds a config file's w
   as that file (``megatron-bridge``);
 * a DeepSpeed save keeps, in rank 0's model states, the config dict the engine was given (``ds_config``, runtime/
   engine.py of 0.19.8 :5017-5038), and its world size (``dp_world_size`` x ``mp_world_size``): linted as that
-  DeepSpeed config for that world size, its problems named by their JSON path (a dict has no lines).
+  DeepSpeed config for that world size, its problems named by their JSON path (a dict has no lines); a
+  Megatron-DeepSpeed save's ``args`` beside it (its client state) as Megatron-DeepSpeed arguments, alone and with
+  that config (``autotune.emit.megatron_deepspeed_pair``: micro-batch, ZeRO-3's build, MoE pipeline partitioning).
 
 * a Megatron-LM save keeps the parsed ``argparse.Namespace`` (``args`` in its common state, checkpointing.py of
   core_v0.19.0 :1310-1314): read back to the command line that parses to it (``job_checkpoint.namespace_argv``: each
@@ -93,7 +95,16 @@ def checkpoint_problems(folder: str, kind: str, *, world_size: int, tp: int, pp:
         from autotune.emit.validate import validate_deepspeed_config
 
         print(f"autotune validate: {folder}: the DeepSpeed config saved in {job.source}", file=sys.stderr)
-        return validate_deepspeed_config(job.ds_config, world_size=world_size, tp=tp, pp=pp, cp=cp), job.ds_config
+        problems = validate_deepspeed_config(job.ds_config, world_size=world_size, tp=tp, pp=pp, cp=cp)
+        if job.argv is not None:  # a Megatron-DeepSpeed save: its arguments, alone and with the config
+            from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
+            from autotune.emit.megatron_deepspeed_pair import pair_problems
+
+            print(f"autotune validate: {folder}: and the Megatron-DeepSpeed arguments saved beside it, read back as "
+                  f"the command line that parses to them ({len(job.argv)} words)", file=sys.stderr)
+            problems += megatron_deepspeed_args_problems(job.argv, world_size)
+            problems += pair_problems(job.argv, job.ds_config, args_name="the saved arguments")
+        return problems, job.ds_config
     from autotune.emit.megatron_lint import megatron_args_problems
     from autotune.emit.megatron_versions import release_in_use
     from autotune.emit.validate import has_errors

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.emit.argv_lint import ParsedArgs, tokenize
@@ -28,7 +29,7 @@ from autotune.emit.problems import Problem, problem_at
 from autotune.emit.shell_args import read_megatron_args_file_with_lines
 from autotune.emit.validate_json import read_deepspeed_config
 
-__all__ = ["megatron_deepspeed_pair_problems"]
+__all__ = ["megatron_deepspeed_pair_problems", "pair_problems"]
 
 _MDS_ZERO_DEFAULT = 1
 """Megatron-DeepSpeed's ``--zero-stage`` default (megatron/arguments.py:1487 at f4157bea: ``default=1.0``)."""
@@ -48,15 +49,22 @@ def megatron_deepspeed_pair_problems(args_path: str | Path, ds_path: str | Path)
     """The problems of a Megatron-DeepSpeed argument file and a DeepSpeed JSON run together (module docstring); each
     at the JSON key to change, with that file's line."""
     argv, lines, _ = read_megatron_args_file_with_lines(args_path)
+    data, key_lines, _ = read_deepspeed_config(ds_path)
+    if not isinstance(data, dict):
+        return []
+    return pair_problems(argv, data, args_name=Path(args_path).name, lines=lines, key_lines=key_lines)
+
+
+def pair_problems(argv: Sequence[str], data: dict, *, args_name: str, lines: Sequence[int] | None = None,
+                  key_lines: dict | None = None) -> list[Problem]:
+    """:func:`megatron_deepspeed_pair_problems` of an argument list and a config dict (a checkpoint's: no lines);
+    ``args_name`` names where the arguments came from in the messages."""
     table = megatron_deepspeed_flag_table()
     given, _ = tokenize(list(argv), table, engine="Megatron-DeepSpeed", table_file=MEGATRON_DEEPSPEED_FLAGS_FILE,
                         lines=lines)
     a = ParsedArgs(given, table)
-    data, key_lines, _ = read_deepspeed_config(ds_path)
-    if not isinstance(data, dict):
-        return []
+    key_lines = key_lines or {}
     out: list[Problem] = []
-    args_name = Path(args_path).name
 
     mbs, json_mbs = a.integer("--micro-batch-size"), _int(data.get("train_micro_batch_size_per_gpu"))
     if mbs is not None and json_mbs is not None and mbs != json_mbs:
