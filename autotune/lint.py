@@ -17,7 +17,8 @@ from autotune.errors import InputError
 from autotune.inputs import read_json
 from autotune.report import gib
 
-__all__ = ["lint_file", "memory_problems", "engine_rule_problems", "RULES_CHECK_GPU", "RULES_CHECKED_KINDS"]
+__all__ = ["lint_file", "memory_problems", "job_memory_problems", "engine_rule_problems", "RULES_CHECK_GPU",
+           "RULES_CHECKED_KINDS"]
 
 
 def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
@@ -113,6 +114,35 @@ def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, p
                                                       "is over)" if mem.cache_bound else "")))
     if not mem.fits_host:
         out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
+                           message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
+                                   f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
+                           fix="offload to nvme, or spread over more nodes"))
+    return out
+
+
+def job_memory_problems(path: str | Path, *, gpu: str, world_size: int, model: str | None = None,
+                        gpus_per_node: int | None = None) -> list[Problem]:
+    """Whether the job a file states (Megatron-LM / Megatron-DeepSpeed arguments, Bridge overrides, a torchtitan
+    config, a checkpoint folder: the kinds of :data:`RULES_CHECKED_KINDS`) fits ``gpu``'s memory by the ledger, read
+    as ``autotune estimate --from PATH --gpu GPU`` reads it (``model``: where the file states none). Call it on a
+    file without errors; InputError where its job does not read."""
+    from autotune.job_files import read_job
+
+    job = read_job([str(path)], model=model, gpu=gpu, num_gpus=world_size, gpus_per_node=gpus_per_node)
+    mem = estimate_memory(job.model, job.cluster, job.plan, job.settings)
+    where = f"{job.model.name} on {world_size} x {job.cluster.gpu.name}"
+    out = []
+    if not mem.fits_gpu:
+        terms = ", ".join(f"{k} {gib(v)}" for k, v in mem.terms().items() if v)
+        reserve = (f"; or export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (only the caching allocator's "
+                   f"{gib(mem.reserve)} GiB reserve is over)") if mem.cache_bound else ""
+        out.append(Problem(path="(the plan)", severity="error", source="memory",
+                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU (pipeline "
+                                   f"stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
+                           fix=f"`autotune plan --from {path} --gpu {gpu}` ranks the plans of this job that fit "
+                               f"(recompute, a lower micro-batch, more tensor or pipeline parallelism){reserve}"))
+    if not mem.fits_host:
+        out.append(Problem(path="(the plan)", severity="error", source="memory",
                            message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
                                    f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
                            fix="offload to nvme, or spread over more nodes"))

@@ -53,9 +53,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="the DeepSpeed JSON is a Hugging Face Trainer config: fill 'auto' first (default for *_hf.json)")
     p.add_argument("--megatron-args", metavar="FILE",
                    help="a shell file of Megatron-LM or Megatron-DeepSpeed arguments to check as well")
-    m = p.add_argument_group("memory check of the DeepSpeed JSON (both --model and --gpu)")
-    m.add_argument("--model", help="model preset, Hugging Face config.json or model YAML")
-    m.add_argument("--gpu", help="GPU preset name")
+    m = p.add_argument_group("memory check (--gpu: of the job a Megatron / Bridge / torchtitan file or a checkpoint "
+                             "folder states; with --model: of a DeepSpeed JSON)")
+    m.add_argument("--model", help="model preset, Hugging Face config.json or model YAML (a DeepSpeed JSON states "
+                                   "none; a job file's own model otherwise)")
+    m.add_argument("--gpu", help="GPU preset name: check that the job fits its memory")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
     m.add_argument("--seq-len", type=_positive_int, default=4096, help="sequence length (default 4096)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
@@ -159,6 +161,27 @@ def _memory(args, path: str | dict, world: int, tp: int, pp: int, cp: int, probl
                            recompute=args.recompute)
 
 
+def _job_memory(args, path: str, world: int, problems: list) -> list:
+    """The memory check of the job a file states (``autotune.lint.job_memory_problems``), after its errors."""
+    from autotune.emit.validate import has_errors
+    from autotune.lint import job_memory_problems
+
+    if has_errors(problems):
+        print(f"autotune validate: {path}: memory check skipped: fix the errors first", file=sys.stderr)
+        return []
+    try:
+        return job_memory_problems(path, gpu=args.gpu, world_size=world, model=args.model,
+                                   gpus_per_node=args.gpus_per_node)
+    except InputError as err:  # the job does not read from this file alone (a Megatron-DeepSpeed file's JSON, ...)
+        print(f"autotune validate: {path}: memory check not made: {'; '.join(map(str, err.problems))}",
+              file=sys.stderr)
+        return []
+
+
+_JOB_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan", "torchtitan-module",
+              "megatron-checkpoint")
+"""The kinds of input whose file states a whole job (model, plan, batch): ``--gpu`` checks its memory."""
+
 _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
                 "deepspeed-checkpoint": "deepspeed", "megatron-checkpoint": "megatron",
                 "megatron-deepspeed": "megatron-deepspeed"}
@@ -199,8 +222,9 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, CHECKPOINT_KINDS, checkpoint_problems
     from autotune.lint import lint_file
 
-    if (args.model is None) != (args.gpu is None):
-        raise InputError(["the memory check needs both --model and --gpu"], subject="validate request")
+    if args.model is not None and args.gpu is None:
+        raise InputError(["the memory check needs --gpu (and --model for a DeepSpeed JSON, which states no model)"],
+                         subject="validate request")
     inputs = _inputs(args)
     asked = _asked_versions(args, inputs)
     world, tp, pp, cp = _job(args, inputs)
@@ -215,11 +239,18 @@ def run(args: argparse.Namespace) -> int:
                                  hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
         if args.model is not None and kind in ("deepspeed", CHECKPOINT_KIND):
             problems += _memory(args, config, world, tp, pp, cp, problems)
+        elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
+            problems += _job_memory(args, path, world, problems)
         found += [(path, p) for p in problems]
     found += _pair_problems(inputs)
-    if args.model is not None and not any(kind in ("deepspeed", CHECKPOINT_KIND) for _, kind in inputs):
-        raise InputError(["the memory check (--model/--gpu) reads a DeepSpeed JSON: give one"],
-                         subject="validate request")
+    if args.gpu is not None and not any(kind in (*_JOB_KINDS, "deepspeed", CHECKPOINT_KIND) for _, kind in inputs):
+        raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
+                          "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "
+                          "with --model: give one"], subject="validate request")
+    if args.gpu is not None and args.model is None and any(kind in ("deepspeed", CHECKPOINT_KIND)
+                                                           for _, kind in inputs):
+        print("autotune validate: the DeepSpeed config's memory check needs --model (it states no model): not made",
+              file=sys.stderr)
     several = len(inputs) > 1
     if args.json:
         print(json.dumps([p.to_dict() | {"file": path} for path, p in found], indent=2))

@@ -1,0 +1,68 @@
+"""`autotune validate FILE --gpu GPU`: the job a file states (Megatron-LM arguments, a torchtitan config, a
+Megatron-LM checkpoint folder, ...) checked against the GPU's memory by the ledger, as `estimate --from FILE --gpu`
+reads it (autotune.lint.job_memory_problems); a DeepSpeed JSON, which states no model, with --model as before."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from checkpoint_helpers import megatron_args, megatron_enums, save_megatron
+
+from autotune.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ROOT / "examples" / "jobs" / "megatron_args_llama3_70b.sh"  # Llama-3-70B, tp 8 x pp 4 x vpp 4, 64 GPUs
+
+
+def validate(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["validate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def estimate_total_gib(capsys, gpu: str) -> float:
+    assert main(["estimate", "--from", str(ARGS), "--gpu", gpu, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["memory"]["total"] / 2**30
+
+
+def test_an_argument_file_is_checked_against_the_gpus_memory(capsys):
+    code, out, err = validate(capsys, ARGS, "--world-size", "64", "--gpu", "h100-sxm-80gb")
+    assert code == 0 and "no problems for world size 64" in out, out + err
+    code, out, _ = validate(capsys, ARGS, "--world-size", "64", "--gpu", "a100-40gb", "--json")
+    problems = json.loads(out)
+    assert code == 1 and [(p["source"], p["path"]) for p in problems] == [("memory", "(the plan)")], problems
+    need = estimate_total_gib(capsys, "a100-40gb")  # the ledger estimate --from gives: the same number
+    assert f"llama3-70b on 64 x a100-40gb needs {need:.2f} GiB per GPU" in problems[0]["message"], problems
+    assert f"autotune plan --from {ARGS} --gpu a100-40gb" in problems[0]["fix"]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_megatron_save_is_checked_against_the_gpus_memory(tmp_path, capsys, monkeypatch):
+    backend = megatron_enums(monkeypatch)
+    save_megatron(tmp_path / "meg", {"args": megatron_args(backend)}, "common.pt")
+    assert validate(capsys, tmp_path / "meg", "--gpu", "h100-sxm-80gb")[0] == 0
+    code, out, _ = validate(capsys, tmp_path / "meg", "--gpu", "a100-40gb")
+    assert code == 1 and "does not fit in GPU memory: llama3-70b on 64 x a100-40gb" in out, out
+
+
+def test_what_the_memory_check_needs_is_named(tmp_path, capsys):
+    code, _, err = validate(capsys, ARGS, "--world-size", "64", "--model", "llama3-70b")
+    assert code == 2 and "the memory check needs --gpu" in err
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
+    code, _, err = validate(capsys, hostfile, "--gpu", "h100-sxm-80gb")
+    assert code == 2 and "the memory check (--gpu) reads a file that states a job" in err
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                              "gradient_accumulation_steps": 1, "bf16": {"enabled": True}}))
+    code, out, err = validate(capsys, ds, "--gpu", "h100-sxm-80gb")  # no model: linted, its memory not checked
+    assert code == 0 and "no problems for world size 8" in out
+    assert "the DeepSpeed config's memory check needs --model (it states no model): not made" in err
+
+
+def test_a_file_with_errors_is_not_memory_checked(capsys):
+    code, out, err = validate(capsys, ARGS, "--world-size", "48", "--gpu", "a100-40gb")  # tp 8 x pp 4 into 48: no
+    assert code == 1 and "is not divisible by total_model_size" in out and "does not fit" not in out
+    assert "memory check skipped: fix the errors first" in err
