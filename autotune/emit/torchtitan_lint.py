@@ -119,6 +119,9 @@ def _torchtitan_own(path: str | Path) -> list[Problem]:
     parts = re.match(r"(\d+)\.(\d+)", installed)
     if parts and (int(parts[1]), int(parts[2])) >= (0, 3):
         return [_version_problem(path, installed)]
+    import logging
+
+    logging.disable(logging.WARNING)  # its root-logger warnings (a run-time path such as hf_assets_path missing here)
     try:
         ConfigManager().parse_args(["--job.config_file", str(path)])
     except ValueError as err:
@@ -135,6 +138,8 @@ def _torchtitan_own(path: str | Path) -> list[Problem]:
     except Exception as err:  # noqa: BLE001 - its checks assert, and a huge number overflows inside it
         return [Problem(path="$", severity="error", source="torchtitan", fix="fix the config as the message says",
                         message=f"torchtitan's ConfigManager raised {type(err).__name__}: {str(err)[:300]}")]
+    finally:
+        logging.disable(logging.NOTSET)
     return []
 
 
