@@ -87,10 +87,11 @@ def test_tune_from_a_deepspeed_config_measures_it_first(tmp_path):
     assert "current job (trial 0): " in done.stderr
 
 
-def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path, monkeypatch, capsys):
-    """`tune --from CHECKPOINT_FOLDER`: the job DeepSpeed saved with its weights (``latest`` -> the tag's rank-0
-    model states, whose ``ds_config`` and world sizes autotune.job_checkpoint reads; DeepSpeed's own saver writes the
-    same in tests/test_job_checkpoint_real.py) is the study's first trial, through the command's own code."""
+def _tune_from_checkpoint(tmp_path, monkeypatch, capsys, *flags: str) -> tuple[int, object, FakeRunner]:
+    """`autotune tune --from FOLDER ...` on a DeepSpeed save of 2 ranks (``latest`` -> the tag's rank-0 model states,
+    whose ``ds_config`` and world sizes autotune.job_checkpoint reads; DeepSpeed's own saver writes the same in
+    tests/test_job_checkpoint_real.py), through the command's own code with fake trials: (exit code, captured
+    output, the runner that saw each trial's plan)."""
     import torch
 
     from autotune.cli import main
@@ -108,9 +109,14 @@ def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path
     monkeypatch.setattr(trial_mod, "run_trial", runner)
     monkeypatch.setattr(study_mod.ops, "ensure_ops", lambda names, **_: {name: "cached" for name in names})
     code = main(["tune", "--from", str(tmp_path / "ckpt"), "--model", "tiny-gpt", "--gpu", "cpu", "--seq-len", "64",
-                 "--trials", "2", "--finalists", "0", "--steps", "2", "--warmup-steps", "1",
+                 *flags, "--trials", "2", "--finalists", "0", "--steps", "2", "--warmup-steps", "1",
                  "--out", str(tmp_path / "tune"), "--json"])
-    out = capsys.readouterr()
+    return code, capsys.readouterr(), runner
+
+
+def test_tune_from_a_deepspeed_checkpoint_folder_measures_its_job_first(tmp_path, monkeypatch, capsys):
+    """`tune --from CHECKPOINT_FOLDER`: the job DeepSpeed saved with its weights is the study's first trial."""
+    code, out, runner = _tune_from_checkpoint(tmp_path, monkeypatch, capsys)
     assert code == 0, out.err[-2000:]
     result = json.loads(out.out)
     assert result["current_job"]["trial"] == 0 and result["current_job"]["state"] == "complete"
@@ -127,26 +133,7 @@ def test_tune_from_a_checkpoint_on_more_gpus_tunes_the_same_job_there(tmp_path, 
     """`tune --from FOLDER --num-gpus 4` where the save states 2 ranks: the job (model, batch 8, sequence 64,
     DeepSpeed) is tuned on 4, as `plan --from` plans it; its own plan needs its 2 ranks, so it is not a trial, and
     stderr says so. Before, the world sizes' conflict was refused."""
-    import torch
-
-    from autotune.cli import main
-    from autotune.tune import study as study_mod
-    from autotune.tune import trial as trial_mod
-
-    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-              "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
-    tag = tmp_path / "ckpt" / "global_step3"
-    tag.mkdir(parents=True)
-    torch.save({"module": {}, "ds_config": config, "dp_world_size": 2, "mp_world_size": 1, "ds_version": "0.19.8"},
-               tag / "mp_rank_00_model_states.pt")
-    (tmp_path / "ckpt" / "latest").write_text("global_step3")
-    runner = FakeRunner()
-    monkeypatch.setattr(trial_mod, "run_trial", runner)
-    monkeypatch.setattr(study_mod.ops, "ensure_ops", lambda names, **_: {name: "cached" for name in names})
-    code = main(["tune", "--from", str(tmp_path / "ckpt"), "--model", "tiny-gpt", "--gpu", "cpu", "--seq-len", "64",
-                 "--num-gpus", "4", "--trials", "2", "--finalists", "0", "--steps", "2", "--warmup-steps", "1",
-                 "--out", str(tmp_path / "tune"), "--json"])
-    out = capsys.readouterr()
+    code, out, runner = _tune_from_checkpoint(tmp_path, monkeypatch, capsys, "--num-gpus", "4")
     assert code == 0, out.err[-2000:]
     result = json.loads(out.out)
     assert result["current_job"] is None
