@@ -317,7 +317,7 @@ def namespace_argv(args: argparse.Namespace, notes: list[str]) -> list[str]:
         if not hasattr(args, spec.dest) or (dense and spec.dest.startswith(_MOE_DESTS)):
             continue
         value = getattr(args, spec.dest)
-        if spec.action == "_StoreAction" and spec.default == _default_text(value):
+        if spec.action in ("_StoreAction", "BooleanOptionalAction") and spec.default == _default_text(value):
             continue  # the parser's own default: as a file that leaves the option out
         tokens = _option(spec, value)
         if tokens is None:

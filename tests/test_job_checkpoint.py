@@ -101,7 +101,9 @@ def test_namespace_argv_writes_what_the_parser_would_read_back():
     i = argv.index("--recompute-modules")
     assert argv[i + 1: i + 3] == ["core_attn", "mlp"]  # nargs "+"
     assert argv[argv.index("--window-size") + 1] == "127,0"
-    assert "--no-rl-use-sequence-packing" in argv  # BooleanOptionalAction, off
+    assert not any("rl-use-sequence-packing" in a for a in argv)  # BooleanOptionalAction at its default (off)
+    packed = namespace_argv(argparse.Namespace(**vars(args) | {"rl_use_sequence_packing": True}), [])
+    assert "--rl-use-sequence-packing" in packed  # on: written
     assert not any(a.startswith(("--moe-", "--expert-")) for a in argv)  # a dense model's MoE defaults: left out
     moe = namespace_argv(argparse.Namespace(**vars(args) | {"num_experts": 8}), [])
     assert moe[moe.index("--moe-layer-freq") + 1] == "[0, 1, 1]" and "--moe-token-dispatcher-type" in moe

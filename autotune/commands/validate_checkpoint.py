@@ -17,7 +17,10 @@ A checkpoint folder (``autotune.job_checkpoint.locate``) holds a config file's w
   megatron_args.sh`` asks them. What ``validate_args`` derived from the options written is set in the Namespace too
   (``--recompute-granularity`` from ``--recompute-activations``, ``--kv-channels``, the eval batch sizes, ...): values
   the release's own checks produced, so they pass the same checks (the real save of tests/test_job_checkpoint_real.py
-  validates clean). The save holds no environment: the ``CUDA_DEVICE_MAX_CONNECTIONS`` check is not made.
+  validates clean). The save holds no environment: the ``CUDA_DEVICE_MAX_CONNECTIONS`` check is not made. Against
+  another release (``--engine-version megatron=X``) what the saving release derived reads as set: megatron-core
+  0.19.2's save checked for 0.16 shows four of 0.19's derived options (``--tensor-parallel-num-weight-shards``, the
+  eval batch sizes, ``--async-strategy``) as version mismatches, the save's own record of what wrote it.
 
 A Trainer's ``training_args.bin`` is no config file: refused, pointing to ``estimate --from FOLDER``, which reads it
 and applies the engine's rules.
