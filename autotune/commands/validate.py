@@ -59,9 +59,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                                    "none; a job file's own model otherwise)")
     m.add_argument("--gpu", help="GPU preset name: check that the job fits its memory")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
-    m.add_argument("--seq-len", type=_positive_int, default=4096, help="sequence length (default 4096)")
+    m.add_argument("--seq-len", type=_positive_int, default=4096,
+                   help="the DeepSpeed JSON's sequence length (default 4096; a job file states its own)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
-                   help="activation recompute (default: full if the config configures activation checkpoints)")
+                   help="the DeepSpeed JSON's activation recompute (default: full if the config configures "
+                        "activation checkpoints; a job file states its own)")
     p.add_argument("--engine-version", metavar="ENGINE=VERSION",
                    help="check against this engine release, e.g. megatron=0.16 (Megatron-core's flag table of that "
                         "release) or fsdp=0.3 (torchtitan); default: the installed release where modelled, else the "
