@@ -121,14 +121,15 @@ def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, p
 
 
 def job_memory_problems(path: str | Path, *, gpu: str, world_size: int, model: str | None = None,
-                        gpus_per_node: int | None = None) -> list[Problem]:
+                        gpus_per_node: int | None = None, seq_len: int | None = None) -> list[Problem]:
     """Whether the job a file states (Megatron-LM / Megatron-DeepSpeed arguments, Bridge overrides, a torchtitan
-    config, a checkpoint folder: the kinds of :data:`RULES_CHECKED_KINDS`) fits ``gpu``'s memory by the ledger, read
-    as ``autotune estimate --from PATH --gpu GPU`` reads it (``model``: where the file states none). Call it on a
-    file without errors; InputError where its job does not read."""
+    config, a checkpoint folder: the kinds of :data:`RULES_CHECKED_KINDS`; an accelerate config with ``model`` and
+    ``seq_len``, which it does not state) fits ``gpu``'s memory by the ledger, read as ``autotune estimate --from PATH
+    --gpu GPU`` reads it. Call it on a file without errors; InputError where its job does not read."""
     from autotune.job_files import read_job
 
-    job = read_job([str(path)], model=model, gpu=gpu, num_gpus=world_size, gpus_per_node=gpus_per_node)
+    job = read_job([str(path)], model=model, gpu=gpu, num_gpus=world_size, gpus_per_node=gpus_per_node,
+                   seq_len=seq_len)
     mem = estimate_memory(job.model, job.cluster, job.plan, job.settings)
     where = f"{job.model.name} on {world_size} x {job.cluster.gpu.name}"
     out = []
@@ -139,8 +140,10 @@ def job_memory_problems(path: str | Path, *, gpu: str, world_size: int, model: s
         out.append(Problem(path="(the plan)", severity="error", source="memory",
                            message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU (pipeline "
                                    f"stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
-                           fix=f"`autotune plan --from {path} --gpu {gpu}` ranks the plans of this job that fit "
-                               f"(recompute, a lower micro-batch, more tensor or pipeline parallelism){reserve}"))
+                           fix=f"`autotune plan --from {path}{f' --model {model}' if model else ''}"
+                               f"{f' --seq-len {seq_len}' if seq_len else ''} --gpu {gpu}` ranks the plans of this "
+                               f"job that fit (recompute, a lower micro-batch, more tensor or pipeline parallelism)"
+                               f"{reserve}"))
     if not mem.fits_host:
         out.append(Problem(path="(the plan)", severity="error", source="memory",
                            message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "

@@ -59,7 +59,18 @@ def test_what_the_memory_check_needs_is_named(tmp_path, capsys):
                               "gradient_accumulation_steps": 1, "bf16": {"enabled": True}}))
     code, out, err = validate(capsys, ds, "--gpu", "h100-sxm-80gb")  # no model: linted, its memory not checked
     assert code == 0 and "no problems for world size 8" in out
-    assert "the DeepSpeed config's memory check needs --model (it states no model): not made" in err
+    assert "the memory check of a DeepSpeed or accelerate config needs --model (it states no model): not made" in err
+
+
+def test_an_accelerate_config_is_checked_with_the_model_it_leaves_out(capsys):
+    """An accelerate config states the plan (FSDP, 1 process, fp32 here) and not the model: with --model and
+    --seq-len, its job is checked as `estimate --from CONFIG --model M --seq-len S` reads it."""
+    config = ROOT / "tests" / "fixtures" / "realworld" / "good" / "accelerate_latest_fsdp.yaml"
+    code, out, _ = validate(capsys, config, "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "2048")
+    assert code == 1 and "llama3-8b on 1 x h100-sxm-80gb needs" in out, out  # 8B in fp32 on one GPU
+    assert f"autotune plan --from {config} --model llama3-8b --seq-len 2048 --gpu h100-sxm-80gb" in out
+    code, out, err = validate(capsys, config, "--model", "tiny-gpt", "--gpu", "h100-sxm-80gb")
+    assert code == 0 and "no problems for world size 1" in out, out + err
 
 
 def test_a_file_with_errors_is_not_memory_checked(capsys):

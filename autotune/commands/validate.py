@@ -163,7 +163,7 @@ def _memory(args, path: str | dict, world: int, tp: int, pp: int, cp: int, probl
                            recompute=args.recompute)
 
 
-def _job_memory(args, path: str, world: int, problems: list) -> list:
+def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None = None) -> list:
     """The memory check of the job a file states (``autotune.lint.job_memory_problems``), after its errors."""
     from autotune.emit.validate import has_errors
     from autotune.lint import job_memory_problems
@@ -173,7 +173,7 @@ def _job_memory(args, path: str, world: int, problems: list) -> list:
         return []
     try:
         return job_memory_problems(path, gpu=args.gpu, world_size=world, model=args.model,
-                                   gpus_per_node=args.gpus_per_node)
+                                   gpus_per_node=args.gpus_per_node, seq_len=seq_len)
     except InputError as err:  # the job does not read from this file alone (a Megatron-DeepSpeed file's JSON, ...)
         print(f"autotune validate: {path}: memory check not made: {'; '.join(map(str, err.problems))}",
               file=sys.stderr)
@@ -183,6 +183,8 @@ def _job_memory(args, path: str, world: int, problems: list) -> list:
 _JOB_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan", "torchtitan-module",
               "megatron-checkpoint")
 """The kinds of input whose file states a whole job (model, plan, batch): ``--gpu`` checks its memory."""
+_MODEL_LESS = ("deepspeed", "deepspeed-checkpoint", "accelerate")
+"""The kinds whose file states a plan but no model: their memory check needs ``--model`` too."""
 
 _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
                 "deepspeed-checkpoint": "deepspeed", "megatron-checkpoint": "megatron",
@@ -243,16 +245,17 @@ def run(args: argparse.Namespace) -> int:
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
             problems += _job_memory(args, path, world, problems)
+        elif args.model is not None and kind == "accelerate":  # its plan, with the model and sequence it omits
+            problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)
         found += [(path, p) for p in problems]
     found += _pair_problems(inputs)
-    if args.gpu is not None and not any(kind in (*_JOB_KINDS, "deepspeed", CHECKPOINT_KIND) for _, kind in inputs):
+    if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "
-                          "with --model: give one"], subject="validate request")
-    if args.gpu is not None and args.model is None and any(kind in ("deepspeed", CHECKPOINT_KIND)
-                                                           for _, kind in inputs):
-        print("autotune validate: the DeepSpeed config's memory check needs --model (it states no model): not made",
-              file=sys.stderr)
+                          "or accelerate config with --model: give one"], subject="validate request")
+    if args.gpu is not None and args.model is None and any(kind in _MODEL_LESS for _, kind in inputs):
+        print("autotune validate: the memory check of a DeepSpeed or accelerate config needs --model (it states no "
+              "model): not made", file=sys.stderr)
     several = len(inputs) > 1
     if args.json:
         print(json.dumps([p.to_dict() | {"file": path} for path, p in found], indent=2))
