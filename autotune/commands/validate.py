@@ -54,13 +54,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--megatron-args", metavar="FILE",
                    help="a shell file of Megatron-LM or Megatron-DeepSpeed arguments to check as well")
     m = p.add_argument_group("memory check (--gpu: of the job a Megatron / Bridge / torchtitan file or a checkpoint "
-                             "folder states; with --model: of a DeepSpeed JSON)")
-    m.add_argument("--model", help="model preset, Hugging Face config.json or model YAML (a DeepSpeed JSON states "
-                                   "none; a job file's own model otherwise)")
+                             "folder states; with --model: of a DeepSpeed JSON or an accelerate config)")
+    m.add_argument("--model", help="model preset, Hugging Face config.json or model YAML (a DeepSpeed JSON or an "
+                                   "accelerate config states none; a job file's own model otherwise)")
     m.add_argument("--gpu", help="GPU preset name: check that the job fits its memory")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
     m.add_argument("--seq-len", type=_positive_int, default=4096,
-                   help="the DeepSpeed JSON's sequence length (default 4096; a job file states its own)")
+                   help="the DeepSpeed JSON's or accelerate config's sequence length (default 4096; a job file "
+                        "states its own)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="the DeepSpeed JSON's activation recompute (default: full if the config configures "
                         "activation checkpoints; a job file states its own)")
