@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import megatron_args, megatron_enums, save_megatron
+from checkpoint_helpers import megatron_args, megatron_enums, save_megatron, trainer_args
 
 from autotune.cli import main
 
@@ -77,3 +77,18 @@ def test_a_file_with_errors_is_not_memory_checked(capsys):
     code, out, err = validate(capsys, ARGS, "--world-size", "48", "--gpu", "a100-40gb")  # tp 8 x pp 4 into 48: no
     assert code == 1 and "is not divisible by total_model_size" in out and "does not fit" not in out
     assert "memory check skipped: fix the errors first" in err
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_trainer_checkpoint_gets_the_memory_check_alone(tmp_path, capsys):
+    """No config file in it to lint: with --gpu, the job its TrainingArguments and config.json state (Phi-3-mini,
+    FSDP over its one process, bf16) is checked; without, the refusal names both ways."""
+    trainer_args(tmp_path / "hf", per_device_train_batch_size=2, bf16=True, fsdp="full_shard")
+    code, out, err = validate(capsys, tmp_path / "hf", "--gpu", "b200", "--seq-len", "2048")
+    assert code == 0 and "no problems for world size 1" in out, out + err
+    assert "a Trainer checkpoint holds no config file: its job's memory check alone" in err
+    code, out, _ = validate(capsys, tmp_path / "hf", "--gpu", "a100-40gb", "--seq-len", "2048")
+    assert code == 1 and "does not fit in GPU memory: phi3" in out, out
+    assert "--seq-len 2048 --gpu a100-40gb" in out  # the plan --from command that lists what fits
+    code, _, err = validate(capsys, tmp_path / "hf")
+    assert code == 2 and f"autotune validate {tmp_path / 'hf'} --gpu GPU" in err

@@ -60,8 +60,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--gpu", help="GPU preset name: check that the job fits its memory")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
     m.add_argument("--seq-len", type=_positive_int, default=4096,
-                   help="the DeepSpeed JSON's or accelerate config's sequence length (default 4096; a job file "
-                        "states its own)")
+                   help="the sequence length of a DeepSpeed JSON, an accelerate config or a Trainer checkpoint "
+                        "(default 4096; a job file states its own)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="the DeepSpeed JSON's activation recompute (default: full if the config configures "
                         "activation checkpoints; a job file states its own)")
@@ -96,7 +96,8 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     from autotune.commands.validate_checkpoint import checkpoint_input
 
     # a checkpoint folder given alone: the config it saved (a DeepSpeed save's, a Bridge save's run_config.yaml)
-    out = [checkpoint_input(f) if args.kind is None and Path(f).is_dir() else (f, args.kind or file_kind(f))
+    out = [checkpoint_input(f, memory_check=args.gpu is not None) if args.kind is None and Path(f).is_dir()
+           else (f, args.kind or file_kind(f))
            for f in files]
     if args.megatron_args:
         out.append((args.megatron_args, megatron_file_kind(read_megatron_args_file(args.megatron_args))))
@@ -182,7 +183,7 @@ def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None
 
 
 _JOB_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan", "torchtitan-module",
-              "megatron-checkpoint")
+              "megatron-checkpoint", "trainer-checkpoint")
 """The kinds of input whose file states a whole job (model, plan, batch): ``--gpu`` checks its memory."""
 _MODEL_LESS = ("deepspeed", "deepspeed-checkpoint", "accelerate")
 """The kinds whose file states a plan but no model: their memory check needs ``--model`` too."""
@@ -245,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and kind in ("deepspeed", CHECKPOINT_KIND):
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
-            problems += _job_memory(args, path, world, problems)
+            problems += _job_memory(args, path, world, problems,
+                                    seq_len=args.seq_len if kind == "trainer-checkpoint" else None)
         elif args.model is not None and kind == "accelerate":  # its plan, with the model and sequence it omits
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)
         found += [(path, p) for p in problems]

@@ -22,8 +22,9 @@ A checkpoint folder (``autotune.job_checkpoint.locate``) holds a config file's w
   0.19.2's save checked for 0.16 shows four of 0.19's derived options (``--tensor-parallel-num-weight-shards``, the
   eval batch sizes, ``--async-strategy``) as version mismatches, the save's own record of what wrote it.
 
-A Trainer's ``training_args.bin`` is no config file: refused, pointing to ``estimate --from FOLDER``, which reads it
-and applies the engine's rules.
+A Trainer's ``training_args.bin`` is no config file: nothing to lint, so without ``--gpu`` it is refused, pointing to
+``estimate --from FOLDER``; with ``--gpu`` its job (as ``--from`` reads it: the TrainingArguments' batch,
+checkpointing and FSDP settings, ``config.json`` as the model) gets the memory check alone.
 """
 
 from __future__ import annotations
@@ -33,19 +34,21 @@ import sys
 from autotune.emit.problems import JobSizes
 from autotune.errors import InputError
 
-__all__ = ["CHECKPOINT_KIND", "MEGATRON_CHECKPOINT_KIND", "CHECKPOINT_KINDS", "checkpoint_input", "checkpoint_sizes",
-           "checkpoint_problems"]
+__all__ = ["CHECKPOINT_KIND", "MEGATRON_CHECKPOINT_KIND", "TRAINER_CHECKPOINT_KIND", "CHECKPOINT_KINDS",
+           "checkpoint_input", "checkpoint_sizes", "checkpoint_problems"]
 
 CHECKPOINT_KIND = "deepspeed-checkpoint"
 """The input kind of a DeepSpeed checkpoint folder (its saved config is linted as a DeepSpeed JSON)."""
 MEGATRON_CHECKPOINT_KIND = "megatron-checkpoint"
 """The input kind of a Megatron-LM checkpoint folder (its saved arguments are linted as an argument list)."""
-CHECKPOINT_KINDS = (CHECKPOINT_KIND, MEGATRON_CHECKPOINT_KIND)
+TRAINER_CHECKPOINT_KIND = "trainer-checkpoint"
+"""The input kind of a Trainer's FSDP / DDP checkpoint folder (no config file: its job's memory check alone)."""
+CHECKPOINT_KINDS = (CHECKPOINT_KIND, MEGATRON_CHECKPOINT_KIND, TRAINER_CHECKPOINT_KIND)
 
 
-def checkpoint_input(folder: str) -> tuple[str, str]:
+def checkpoint_input(folder: str, memory_check: bool = False) -> tuple[str, str]:
     """(path, kind) to lint for the checkpoint folder ``folder``; InputError where it holds no checkpoint, or one
-    whose saved job is not a config file."""
+    whose saved job is not a config file and no ``memory_check`` (``--gpu``) is asked of it."""
     from autotune.job_checkpoint import inspect_path
 
     why, layout = inspect_path(folder)
@@ -59,9 +62,14 @@ def checkpoint_input(folder: str) -> tuple[str, str]:
         return folder, CHECKPOINT_KIND
     if layout.megatron_save is not None:
         return folder, MEGATRON_CHECKPOINT_KIND
+    if memory_check:
+        print(f"autotune validate: {folder}: a Trainer checkpoint holds no config file: its job's memory check alone",
+              file=sys.stderr)
+        return folder, TRAINER_CHECKPOINT_KIND
     raise InputError([f"{folder!r}: a Trainer checkpoint holds its TrainingArguments, no config file: `autotune "
-                      f"estimate --from {folder} --gpu GPU` reads it and applies the engine's rules; validate the "
-                      f"job's own files (its accelerate or DeepSpeed config)"], subject="validate request")
+                      f"validate {folder} --gpu GPU` checks whether its job fits, `autotune estimate --from {folder} "
+                      f"--gpu GPU` reads it and applies the engine's rules; validate the job's own files (its "
+                      f"accelerate or DeepSpeed config)"], subject="validate request")
 
 
 def _saved(folder: str, kind: str = CHECKPOINT_KIND):  # read at each use: a cache by path would answer for a folder
@@ -94,6 +102,8 @@ def checkpoint_problems(folder: str, kind: str, *, world_size: int, tp: int, pp:
     Megatron-LM save); stderr says which file was read. ``megatron_release``: the release asked for
     (``--engine-version megatron=X``), else the installed or newest modelled one."""
     job = _saved(folder, kind)
+    if kind == TRAINER_CHECKPOINT_KIND:  # no config file to lint (module docstring)
+        return [], None
     if kind == CHECKPOINT_KIND:
         from autotune.emit.validate import validate_deepspeed_config
 
