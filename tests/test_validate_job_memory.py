@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import megatron_args, megatron_enums, save_megatron, trainer_args
+from checkpoint_helpers import (DS_CONFIG, PHI3_CONFIG, deepspeed_save, megatron_args, megatron_enums, save_megatron,
+                                trainer_args)
 
 from autotune.cli import main
 
@@ -92,3 +93,16 @@ def test_a_trainer_checkpoint_gets_the_memory_check_alone(tmp_path, capsys):
     assert "--seq-len 2048 --gpu a100-40gb" in out  # the plan --from command that lists what fits
     code, _, err = validate(capsys, tmp_path / "hf")
     assert code == 2 and f"autotune validate {tmp_path / 'hf'} --gpu GPU" in err
+
+
+def test_a_deepspeed_save_is_checked_with_the_model_beside_it(tmp_path, capsys):
+    """A DeepSpeed save (a Trainer's checkpoint-N keeps config.json beside its tag folder) needs no --model; without
+    one beside it, stderr says what the check lacks."""
+    deepspeed_save(tmp_path / "ck", {"ds_config": DS_CONFIG, "dp_world_size": 4, "mp_world_size": 1})
+    code, out, err = validate(capsys, tmp_path / "ck", "--gpu", "h100-sxm-80gb")
+    assert code == 0 and "memory check not made" in err and "--model" in err, out + err
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(PHI3_CONFIG))
+    code, out, err = validate(capsys, tmp_path / "ck", "--gpu", "h100-sxm-80gb", "--seq-len", "2048")
+    assert code == 0 and "no problems for world size 4" in out and "memory check not made" not in err, out + err
+    code, out, _ = validate(capsys, tmp_path / "ck", "--gpu", "l40s", "--seq-len", "32768")
+    assert code == 1 and "does not fit in GPU memory: phi3" in out, out

@@ -176,7 +176,7 @@ def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None
     try:
         return job_memory_problems(path, gpu=args.gpu, world_size=world, model=args.model,
                                    gpus_per_node=args.gpus_per_node, seq_len=seq_len)
-    except InputError as err:  # the job does not read from this file alone (a Megatron-DeepSpeed file's JSON, ...)
+    except InputError as err:  # the job does not read from this file alone (a DeepSpeed save without its model, ...)
         print(f"autotune validate: {path}: memory check not made: {'; '.join(map(str, err.problems))}",
               file=sys.stderr)
         return []
@@ -185,7 +185,7 @@ def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None
 _JOB_KINDS = ("megatron", "megatron-bridge", "megatron-deepspeed", "torchtitan", "torchtitan-module",
               "megatron-checkpoint", "trainer-checkpoint")
 """The kinds of input whose file states a whole job (model, plan, batch): ``--gpu`` checks its memory."""
-_MODEL_LESS = ("deepspeed", "deepspeed-checkpoint", "accelerate")
+_MODEL_LESS = ("deepspeed", "accelerate")
 """The kinds whose file states a plan but no model: their memory check needs ``--model`` too."""
 
 _KIND_ENGINE = {"megatron": "megatron", "torchtitan": "fsdp", "deepspeed": "deepspeed",
@@ -250,9 +250,11 @@ def run(args: argparse.Namespace) -> int:
                                     seq_len=args.seq_len if kind == "trainer-checkpoint" else None)
         elif args.model is not None and kind == "accelerate":  # its plan, with the model and sequence it omits
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)
+        elif args.gpu is not None and kind == CHECKPOINT_KIND:  # the save's job: its model from the arguments or the
+            problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)  # config.json beside it
         found += [(path, p) for p in problems]
     found += _pair_problems(inputs)
-    if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS) for _, kind in inputs):
+    if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "
                           "or accelerate config with --model: give one"], subject="validate request")
