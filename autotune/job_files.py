@@ -21,7 +21,6 @@ import json
 from dataclasses import dataclass, field, replace
 
 from autotune.api import make_plan, plan_from_deepspeed_config
-from autotune.cost.estimate import estimate_from_dict
 from autotune.cost.run_settings import without_defaults
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
@@ -36,6 +35,7 @@ from autotune.inputs import read_json
 from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_megatron_model import megatron_model
+from autotune.job_plan_json import plan_json_job
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
@@ -245,8 +245,10 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     if unread:
         raise InputError(unread, subject=_SUBJECT)
     notes: list[str] = []
-    if any(k == "plan" for _, k in kinds):
-        est = estimate_from_dict(read_json(next(p for p, k in kinds if k == "plan"), subject="plan JSON"))
+    if any(k == "plan" for _, k in kinds):  # it states the whole job: a flag that disagrees is named (job_plan_json)
+        est = plan_json_job(next(p for p, k in kinds if k == "plan"), model=model, gpu=gpu, num_gpus=num_gpus,
+                            gpus_per_node=gpus_per_node, cluster_path=cluster_path, seq_len=seq_len,
+                            global_batch=global_batch)
         return JobFiles(est.model, est.cluster, est.plan, None, tuple(kinds), ())
     model_spec = load_model(model) if model else None
     world = per_node = None

@@ -85,3 +85,24 @@ def test_the_search_limits_hold_on_both_sizes(capsys):
     got = json.loads(out)
     assert {c["plan"]["tp"] for c in got["search"]["candidates"]} == {4}
     assert got["best_on_job_gpus"]["plan"]["tp"] == 4 and got["current"]["plan"]["tp"] == 8
+
+
+def test_a_plan_json_states_its_job_and_flags_that_disagree_are_named(tmp_path, capsys):
+    """autotune's plan.json states the whole job: `--gpu b200` on a plan for H100s was dropped in silence (the H100 job
+    estimated); now each disagreeing flag is named (exit 2), the same value passes, and --num-gpus still rescales
+    the job on its own GPU (it needed --gpu before: "no GPU given")."""
+    code, _, err = run(["emit", "--from", ARGS, *GPU, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    plan = tmp_path / "job" / "plan.json"
+    code, _, err = run(["estimate", "--from", plan, "--gpu", "b200"], capsys)
+    assert code == 2 and f"--gpu b200 but {plan} states h100-sxm-80gb: drop --gpu" in err, err
+    assert "give the flags without --from" in err
+    code, _, err = run(["plan", "--from", plan, "--seq-len", "2048", "--global-batch", "64"], capsys)
+    assert code == 2 and "--seq-len 2048 but" in err and "states 8192" in err and "--global-batch 64 but" in err, err
+    code, _, err = run(["estimate", "--from", plan, *GPU, "--seq-len", "8192"], capsys)
+    assert code == 0, err  # what the file states, given again
+    code, out, err = run(["plan", "--from", plan, "--num-gpus", "128", "--top-k", "1", "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["num_gpus"] == {"job": 64, "planned": 128}
+    assert got["search"]["candidates"][0]["cluster"]["gpu"] == "h100-sxm-80gb"

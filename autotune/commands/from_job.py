@@ -164,7 +164,8 @@ def job_and_search_cluster(args: argparse.Namespace):
 
     # the job's node size where it spans nodes; a one-node job's says nothing of a node: the GPU preset's
     per_node = args.gpus_per_node or (job.cluster.gpus_per_node if job.cluster.num_nodes > 1 else None)
-    target = load_cluster(gpu=args.gpu, num_gpus=args.num_gpus, cluster_path=args.cluster, gpus_per_node=per_node)
+    gpu = args.gpu or (job.cluster.gpu.name if args.cluster is None else None)  # a plan.json states its GPU
+    target = load_cluster(gpu=gpu, num_gpus=args.num_gpus, cluster_path=args.cluster, gpus_per_node=per_node)
     n = job.cluster.num_gpus
     print(f"autotune {args.command}: the job runs on {n:,} GPU{'s' if n != 1 else ''} (its files); planning it on "
           f"{target.num_gpus:,} (--num-gpus): same model, global batch {job.plan.global_batch_size:,}, sequence "
