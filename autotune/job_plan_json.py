@@ -24,7 +24,6 @@ def plan_json_job(path: str, *, model: str | None = None, gpu: str | None = None
              "--seq-len": (seq_len, p.seq_len), "--global-batch": (global_batch, p.global_batch_size)}
     problems = [f"{flag} {value} but {path} states {stated}: drop {flag} (the plan file states its job)"
                 for flag, (value, stated) in given.items() if value is not None and value != stated]
-    elsewhere = bool(problems)  # the model on another GPU, batch or sequence: not this file's job
     if num_gpus is not None and num_gpus != c.num_gpus:  # worded as for the other files (job_files._read_job)
         problems.append(f"the world size: --num-gpus {num_gpus} but {path} states {c.num_gpus} GPUs: drop --num-gpus "
                         f"or make them agree (`plan --from`, `emit --from --best` and `tune --from` with --num-gpus "
@@ -38,10 +37,9 @@ def plan_json_job(path: str, *, model: str | None = None, gpu: str | None = None
     if cluster_path is not None:
         problems.append(f"--cluster {cluster_path} but {path} states its cluster ({c.num_gpus} x {c.gpu.name}): drop "
                         f"--cluster")
-    if elsewhere:
-        problems.append("to plan this model on another GPU, batch or sequence, give the flags without --from "
-                        "(`autotune plan --model ...`)")
+    if any(not p.startswith("the world size") for p in problems):  # another model, GPU, batch: another job
+        problems.append("to plan a model on another GPU, batch or sequence, give the flags without --from (`autotune "
+                        "plan --model ...`)")
     if problems:
         raise InputError(problems, subject=FROM_SUBJECT)
     return est
-

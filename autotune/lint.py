@@ -99,21 +99,26 @@ def memory_problems(config: dict | str | Path, *, model, cluster, tp: int = 1, p
         return [Problem(path="$", severity="error", source="memory", message=f"the plan this config implies for "
                         f"{model.name} is invalid: {p}",
                         fix="change the config, or the --tp/--pp/--cp/--gpu it is checked for") for p in err.problems]
-    mem = estimate_memory(model, cluster, plan, settings)
     where = f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name}, seq_len {seq_len}, recompute {plan.recompute}"
+    return _fit_problems(estimate_memory(model, cluster, plan, settings), where, "$.zero_optimization",
+                         "raise the ZeRO stage, offload the optimizer (or parameters), recompute activations "
+                         "(--recompute full), or lower train_micro_batch_size_per_gpu; `autotune plan` searches them "
+                         "all")
+
+
+def _fit_problems(mem, where: str, at: str, fix: str) -> list[Problem]:
+    """The ledger ``mem``'s verdict as problems at ``at``: over the GPU's memory (``fix``, and the allocator's way out
+    where only its reserve is over), over the hosts' (offloaded states)."""
     out = []
     if not mem.fits_gpu:
         terms = ", ".join(f"{k} {gib(v)}" for k, v in mem.terms().items() if v)
-        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
-                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU "
-                                   f"(pipeline stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
-                           fix="raise the ZeRO stage, offload the optimizer (or parameters), recompute activations "
-                               "(--recompute full), or lower train_micro_batch_size_per_gpu; `autotune plan` "
-                               "searches them all" + ("; or export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-                                                      f"(only the caching allocator's {gib(mem.reserve)} GiB reserve "
-                                                      "is over)" if mem.cache_bound else "")))
+        reserve = (f"; or export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (only the caching allocator's "
+                   f"{gib(mem.reserve)} GiB reserve is over)") if mem.cache_bound else ""
+        out.append(Problem(path=at, severity="error", source="memory",
+                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU (pipeline "
+                                   f"stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB", fix=fix + reserve))
     if not mem.fits_host:
-        out.append(Problem(path="$.zero_optimization", severity="error", source="memory",
+        out.append(Problem(path=at, severity="error", source="memory",
                            message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
                                    f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
                            fix="offload to nvme, or spread over more nodes"))
@@ -130,26 +135,11 @@ def job_memory_problems(path: str | Path, *, gpu: str, world_size: int, model: s
 
     job = read_job([str(path)], model=model, gpu=gpu, num_gpus=world_size, gpus_per_node=gpus_per_node,
                    seq_len=seq_len)
-    mem = estimate_memory(job.model, job.cluster, job.plan, job.settings)
-    where = f"{job.model.name} on {world_size} x {job.cluster.gpu.name}"
-    out = []
-    if not mem.fits_gpu:
-        terms = ", ".join(f"{k} {gib(v)}" for k, v in mem.terms().items() if v)
-        reserve = (f"; or export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (only the caching allocator's "
-                   f"{gib(mem.reserve)} GiB reserve is over)") if mem.cache_bound else ""
-        out.append(Problem(path="(the plan)", severity="error", source="memory",
-                           message=f"does not fit in GPU memory: {where} needs {gib(mem.total)} GiB per GPU (pipeline "
-                                   f"stage {mem.stage}: {terms}) of {gib(mem.capacity)} GiB",
-                           fix=f"`autotune plan --from {path}{f' --model {model}' if model else ''}"
-                               f"{f' --seq-len {seq_len}' if seq_len else ''} --gpu {gpu}` ranks the plans of this "
-                               f"job that fit (recompute, a lower micro-batch, more tensor or pipeline parallelism)"
-                               f"{reserve}"))
-    if not mem.fits_host:
-        out.append(Problem(path="(the plan)", severity="error", source="memory",
-                           message=f"offloaded states need {gib(mem.host_per_node)} GiB of host memory per node, the "
-                                   f"nodes have {gib(mem.host_capacity_per_node)} GiB ({where})",
-                           fix="offload to nvme, or spread over more nodes"))
-    return out
+    flags = f"{f' --model {model}' if model else ''}{f' --seq-len {seq_len}' if seq_len else ''}"
+    return _fit_problems(estimate_memory(job.model, job.cluster, job.plan, job.settings),
+                         f"{job.model.name} on {world_size} x {job.cluster.gpu.name}", "(the plan)",
+                         f"`autotune plan --from {path}{flags} --gpu {gpu}` ranks the plans of this job that fit "
+                         f"(recompute, a lower micro-batch, more tensor or pipeline parallelism)")
 
 
 def _plan_problems(path: str | Path, world_size: int) -> list[Problem]:

@@ -229,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
     from autotune.lint import lint_file
 
     if args.model is not None and args.gpu is None:
-        raise InputError(["the memory check needs --gpu (and --model for a DeepSpeed JSON, which states no model)"],
-                         subject="validate request")
+        raise InputError(["the memory check needs --gpu (and --model for a DeepSpeed JSON or an accelerate config, "
+                          "which state no model)"], subject="validate request")
     inputs = _inputs(args)
     asked = _asked_versions(args, inputs)
     world, tp, pp, cp = _job(args, inputs)

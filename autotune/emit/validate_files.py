@@ -53,7 +53,8 @@ def file_kind(path: str | Path) -> str:
     if Path(path).is_dir():  # a checkpoint's save folder, most likely: its saved job is read by --from
         raise InputError([f"{str(path)!r} is a folder, not a config file: give its files; `autotune validate FOLDER` "
                           f"(the folder alone, no --kind) checks the config a DeepSpeed, Megatron-Bridge or "
-                          f"Megatron-LM checkpoint saved, and `autotune estimate --from FOLDER --gpu GPU` reads any checkpoint's job"],
+                          f"Megatron-LM checkpoint saved, and `autotune estimate --from FOLDER --gpu GPU` reads any "
+                          f"checkpoint's job"],
                          subject="validate request")
     name = Path(path).name.lower()
     if name == "hostfile" or name.endswith(".hostfile"):
