@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_job_files import GPU, JOBS, run  # tests/ is on sys.path: the --from tests' CLI runner and job files
 
 ARGS = JOBS / "megatron_args_llama3_70b.sh"  # a torchrun line of 8 nodes x 8: 64 GPUs
@@ -97,10 +99,31 @@ def test_a_plan_json_states_its_job_and_flags_that_disagree_are_named(tmp_path, 
     code, _, err = run(["estimate", "--from", plan, "--gpu", "b200"], capsys)
     assert code == 2 and f"--gpu b200 but {plan} states h100-sxm-80gb: drop --gpu" in err, err
     assert "give the flags without --from" in err
-    code, _, err = run(["plan", "--from", plan, "--seq-len", "2048", "--global-batch", "64"], capsys)
-    assert code == 2 and "--seq-len 2048 but" in err and "states 8192" in err and "--global-batch 64 but" in err, err
     code, _, err = run(["estimate", "--from", plan, *GPU, "--seq-len", "8192"], capsys)
-    assert code == 0, err  # what the file states, given again
+    assert code == 0 and "what-if" not in err, err  # what the file states, given again
+
+
+def test_seq_len_and_global_batch_are_what_ifs_over_a_plan_json(tmp_path, capsys):
+    """--seq-len / --global-batch over a plan.json estimate its plan at that sequence and batch, as over every other
+    job file (they were refused): the same splits, the accumulation derived again, the throughput the plan's own
+    with those flags; a batch its interleaved schedule cannot split is named with the rule's words (exit 2)."""
+    code, _, err = run(["emit", "--from", ARGS, *GPU, "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    plan = tmp_path / "job" / "plan.json"
+    code, out, err = run(["estimate", "--from", plan, "--seq-len", "4096", "--global-batch", "64", "--json"], capsys)
+    assert code == 0 and f"{plan}'s plan at --seq-len 4,096 and --global-batch 64 (a what-if" in err, err
+    got = json.loads(out)
+    stated = json.loads(plan.read_text())["plan"]
+    assert (got["plan"]["seq_len"], got["plan"]["global_batch_size"]) == (4096, 64)
+    assert got["plan"]["grad_accum_steps"] == 64 // (stated["dp"] * stated["micro_batch_size"])
+    assert {k: got["plan"][k] for k in ("tp", "pp", "vpp", "dp")} == {k: stated[k] for k in ("tp", "pp", "vpp", "dp")}
+    code, direct, err = run(["estimate", "--from", ARGS, *GPU, "--seq-len", "4096", "--global-batch", "64", "--json"],
+                            capsys)  # the job file the plan was emitted from, with the same what-ifs
+    assert code == 0, err
+    assert got["time"]["tokens_per_s"] == pytest.approx(json.loads(direct)["time"]["tokens_per_s"], rel=1e-9)
+    assert got["memory"]["total"] == pytest.approx(json.loads(direct)["memory"]["total"], rel=1e-9)
+    code, _, err = run(["estimate", "--from", plan, "--global-batch", "100"], capsys)
+    assert code == 2 and f"{plan}'s plan at --global-batch 100: interleaved schedule needs micro-batches" in err, err
     code, out, err = run(["plan", "--from", plan, "--num-gpus", "128", "--top-k", "1", "--json"], capsys)
     assert code == 0, err
     got = json.loads(out)
