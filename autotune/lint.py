@@ -126,15 +126,16 @@ def _fit_problems(mem, where: str, at: str, fix: str) -> list[Problem]:
 
 
 def job_memory_problems(path: str | Path, *, gpu: str, world_size: int, model: str | None = None,
-                        gpus_per_node: int | None = None, seq_len: int | None = None) -> list[Problem]:
+                        gpus_per_node: int | None = None, seq_len: int | None = None, **sizes) -> list[Problem]:
     """Whether the job a file states (Megatron-LM / Megatron-DeepSpeed arguments, Bridge overrides, a torchtitan
     config, a checkpoint folder: the kinds of :data:`RULES_CHECKED_KINDS`; an accelerate config with ``model`` and
     ``seq_len``, which it does not state) fits ``gpu``'s memory by the ledger, read as ``autotune estimate --from PATH
-    --gpu GPU`` reads it. Call it on a file without errors; InputError where its job does not read."""
+    --gpu GPU`` reads it (``sizes``: its tp / pp / cp / recompute flags, for a DeepSpeed config, which states none).
+    Call it on a file without errors; InputError where its job does not read."""
     from autotune.job_files import read_job
 
     job = read_job([str(path)], model=model, gpu=gpu, num_gpus=world_size, gpus_per_node=gpus_per_node,
-                   seq_len=seq_len)
+                   seq_len=seq_len, **sizes)
     flags = f"{f' --model {model}' if model else ''}{f' --seq-len {seq_len}' if seq_len else ''}"
     return _fit_problems(estimate_memory(job.model, job.cluster, job.plan, job.settings),
                          f"{job.model.name} on {world_size} x {job.cluster.gpu.name}", "(the plan)",

@@ -107,3 +107,30 @@ def test_a_deepspeed_save_is_checked_with_the_model_beside_it(tmp_path, capsys):
     assert code == 0 and "no problems for world size 4" in out and "memory check not made" not in err, out + err
     code, out, _ = validate(capsys, tmp_path / "ck", "--gpu", "l40s", "--seq-len", "32768")
     assert code == 1 and "does not fit in GPU memory: phi3" in out, out
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_megatron_deepspeed_save_is_checked_as_estimate_from_reads_it(tmp_path, capsys, monkeypatch):
+    """A Megatron-DeepSpeed save's memory check reads its job as `estimate --from` does, with or without --model:
+    the saved arguments' sequence (8,192), not validate's DeepSpeed-JSON default of 4,096, which it used to check
+    (224 GiB against estimate's 251), and their tp 4, not --tp's 1, under --model."""
+    import sys
+
+    from checkpoint_helpers import ENUMS
+
+    backend = megatron_enums(monkeypatch)
+    args = megatron_args(backend, deepspeed=True, deepspeed_config="ds_config.json", zero_stage=1,
+                         tensor_model_parallel_size=4, pipeline_model_parallel_size=1,
+                         num_layers_per_virtual_pipeline_stage=None, virtual_pipeline_model_parallel_size=None,
+                         use_distributed_optimizer=False, world_size=32, normalization="rmsnorm")
+    ds = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 64,
+          "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
+    deepspeed_save(tmp_path / "ck", {"ds_config": ds, "dp_world_size": 8, "mp_world_size": 4, "args": args})
+    monkeypatch.delitem(sys.modules, ENUMS)
+    for model in ([], ["--model", "llama3-70b"]):
+        assert main(["estimate", "--from", str(tmp_path / "ck"), "--gpu", "h100-sxm-80gb", *model, "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["plan"]["seq_len"] == 8192 and got["plan"]["tp"] == 4
+        code, out, _ = validate(capsys, tmp_path / "ck", "--gpu", "h100-sxm-80gb", *model)
+        assert code == 1 and f"needs {got['memory']['total'] / 2**30:.2f} GiB per GPU" in out, out
+        assert "--seq-len" not in out  # the fix names no sequence the save does not state

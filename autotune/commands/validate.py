@@ -59,7 +59,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                                    "accelerate config states none; a job file's own model otherwise)")
     m.add_argument("--gpu", help="GPU preset name: check that the job fits its memory")
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
-    m.add_argument("--seq-len", type=_positive_int, default=4096,
+    m.add_argument("--seq-len", type=_positive_int,
                    help="the sequence length of a DeepSpeed JSON, an accelerate config or a Trainer checkpoint "
                         "(default 4096; a job file states its own)")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
@@ -161,12 +161,13 @@ def _memory(args, path: str | dict, world: int, tp: int, pp: int, cp: int, probl
     if has_errors(problems):
         print("autotune validate: memory check skipped: fix the errors first", file=sys.stderr)
         return []
-    return memory_problems(path, model=model, cluster=cluster, tp=tp, pp=pp, cp=cp, seq_len=args.seq_len,
+    return memory_problems(path, model=model, cluster=cluster, tp=tp, pp=pp, cp=cp, seq_len=args.seq_len or 4096,
                            recompute=args.recompute)
 
 
-def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None = None) -> list:
-    """The memory check of the job a file states (``autotune.lint.job_memory_problems``), after its errors."""
+def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None = None, **sizes) -> list:
+    """The memory check of the job a file states (``autotune.lint.job_memory_problems``: as ``estimate --from``
+    reads it; ``sizes``: tp / pp / cp / recompute for a DeepSpeed save, which states none), after its errors."""
     from autotune.emit.validate import has_errors
     from autotune.lint import job_memory_problems
 
@@ -175,7 +176,7 @@ def _job_memory(args, path: str, world: int, problems: list, seq_len: int | None
         return []
     try:
         return job_memory_problems(path, gpu=args.gpu, world_size=world, model=args.model,
-                                   gpus_per_node=args.gpus_per_node, seq_len=seq_len)
+                                   gpus_per_node=args.gpus_per_node, seq_len=seq_len, **sizes)
     except InputError as err:  # the job does not read from this file alone (a DeepSpeed save without its model, ...)
         print(f"autotune validate: {path}: memory check not made: {'; '.join(map(str, err.problems))}",
               file=sys.stderr)
@@ -243,15 +244,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
                                  hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
-        if args.model is not None and kind in ("deepspeed", CHECKPOINT_KIND):
+        if args.model is not None and kind == "deepspeed":  # the JSON's plan ("auto" resolved) with the model
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
             problems += _job_memory(args, path, world, problems,
                                     seq_len=args.seq_len if kind == "trainer-checkpoint" else None)
         elif args.model is not None and kind == "accelerate":  # its plan, with the model and sequence it omits
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)
-        elif args.gpu is not None and kind == CHECKPOINT_KIND:  # the save's job: its model from the arguments or the
-            problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)  # config.json beside it
+        elif args.gpu is not None and kind == CHECKPOINT_KIND:  # the save's job as estimate --from reads it: a
+            # Megatron-DeepSpeed save's arguments (sizes, sequence, recompute), else --model or the config.json beside
+            # it, --seq-len, and the --tp / --pp / --cp / --recompute a DeepSpeed config does not state
+            problems += _job_memory(args, path, world, problems, seq_len=args.seq_len, tp=tp, pp=pp, cp=cp,
+                                    recompute=args.recompute)
         found += [(path, p) for p in problems]
     found += _pair_problems(inputs)
     if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
