@@ -39,6 +39,16 @@ def test_an_argument_file_is_checked_against_the_gpus_memory(capsys):
     assert f"autotune plan --from {ARGS} --gpu a100-40gb" in problems[0]["fix"]
 
 
+def test_seq_len_checks_an_argument_files_job_at_another_sequence(capsys):
+    """--seq-len over a file that states its own: the job at that sequence, as `estimate --from` takes it (it was
+    dropped in silence: the 8,192 the file states was checked)."""
+    code, out, _ = validate(capsys, ARGS, "--world-size", "64", "--gpu", "h100-sxm-80gb", "--seq-len", "32768")
+    assert main(["estimate", "--from", str(ARGS), "--gpu", "h100-sxm-80gb", "--seq-len", "32768", "--json"]) == 0
+    need = json.loads(capsys.readouterr().out)["memory"]["total"] / 2**30
+    assert code == 1 and f"needs {need:.2f} GiB per GPU" in out and need > 80, out
+    assert f"autotune plan --from {ARGS} --seq-len 32768 --gpu h100-sxm-80gb" in out
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_a_megatron_save_is_checked_against_the_gpus_memory(tmp_path, capsys, monkeypatch):
     backend = megatron_enums(monkeypatch)

@@ -61,7 +61,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU preset's)")
     m.add_argument("--seq-len", type=_positive_int,
                    help="the sequence length of a DeepSpeed JSON, an accelerate config or a Trainer checkpoint "
-                        "(default 4096; a job file states its own)")
+                        "(default 4096); a job file states its own, and this checks it at another, as estimate "
+                        "--from takes it")
     m.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="the DeepSpeed JSON's activation recompute (default: full if the config configures "
                         "activation checkpoints; a job file states its own)")
@@ -247,8 +248,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and kind == "deepspeed":  # the JSON's plan ("auto" resolved) with the model
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
-            problems += _job_memory(args, path, world, problems,
-                                    seq_len=args.seq_len if kind == "trainer-checkpoint" else None)
+            problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)  # given: a what-if
         elif args.model is not None and kind == "accelerate":  # its plan, with the model and sequence it omits
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len)
         elif args.gpu is not None and kind == CHECKPOINT_KIND:  # the save's job as estimate --from reads it: a
