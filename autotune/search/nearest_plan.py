@@ -4,7 +4,9 @@ names beside the rules it broke (issue 17: "the rule's text and source line, and
 Only the layout changes: tp, pp, cp, ep, etp and vpp (dp follows as num_gpus / (tp x pp x cp), the accumulation as
 global batch / (micro-batch x dp)); the engine, batch, precision and run settings stay the user's. Nearest means the
 fewest dimensions changed, then the smallest change in powers of two, summed over the dimensions (ep 64 -> 32 is one
-step, tp 2 -> 8 two), then the smallest change of dp (the batch per replica and the memory it sets). One or two dimensions are tried at every value the cluster and the model allow, three only at
+step, tp 2 -> 8 two; a tensor-parallel group moved past the node, which puts each layer's collectives on the
+network, three steps for each doubling past it: ``tp 8 -> 16`` on nodes of 8 weighs more than ``vpp 4 -> 1``), then
+the smallest change of dp (the batch per replica and the memory it sets). One or two dimensions are tried at every value the cluster and the model allow, three only at
 half or twice the user's values: beyond that the user is better served by ``autotune plan``.
 """
 
@@ -32,15 +34,12 @@ class NearestPlan:
     plan: ParallelPlan
     changes: tuple[tuple[str, int, int], ...]
     """(dimension, the user's value, the suggested one) for each dimension changed."""
+    distance: float
+    """The changes' size (:func:`_distance`, module docstring)."""
 
     def flags(self) -> str:
         """The suggestion as the command line's flags (``--tp 2 --ep 32``)."""
         return " ".join(f"--{dim} {new}" for dim, _, new in self.changes)
-
-    @property
-    def distance(self) -> float:
-        """The changes' size: powers of two summed over the dimensions changed (module docstring)."""
-        return sum(abs(math.log2(new / old)) for _, old, new in self.changes)
 
     def describe(self) -> str:
         changed = ", ".join(f"{dim} {old} -> {new}" for dim, old, new in self.changes)
@@ -107,8 +106,19 @@ def _build(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, values: d
     return candidate
 
 
-def _distance(plan: ParallelPlan, values: dict[str, int]) -> float:
-    return sum(abs(math.log2(v / _value(plan, dim))) for dim, v in values.items())
+_PAST_NODE_STEPS = 3.0
+"""Steps a tensor-parallel doubling past the node weighs (module docstring): its per-layer collectives leave NVLink."""
+
+
+def _distance(plan: ParallelPlan, values: dict[str, int], per_node: int) -> float:
+    """Powers of two summed over the dimensions changed, a tp / etp group grown past the node weighing more."""
+    steps = 0.0
+    for dim, v in values.items():
+        old = _value(plan, dim)
+        steps += abs(math.log2(v / old))
+        if dim in ("tp", "etp") and v > max(old, per_node):
+            steps += (_PAST_NODE_STEPS - 1) * math.log2(v / max(old, per_node))
+    return steps
 
 
 def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
@@ -126,12 +136,12 @@ def nearest_valid_plan(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
                 candidate = _build(model, cluster, plan, values, accept)
                 if candidate is not None:
                     moved_dp = abs(math.log2(candidate.dp / max(1, plan.dp)))
-                    found.append((_distance(plan, values), moved_dp, tuple(DIMS.index(d) for d in dims), candidate,
+                    found.append((_distance(plan, values, cluster.gpus_per_node), moved_dp, tuple(DIMS.index(d) for d in dims), candidate,
                                   values))
         if found:
-            *_, best, values = min(found, key=lambda f: f[:3])
+            distance, *_, best, values = min(found, key=lambda f: f[:3])
             changes = tuple((d, _value(plan, d), values[d]) for d in DIMS if d in values)
-            return NearestPlan(best, changes)
+            return NearestPlan(best, changes, distance)
     return None
 
 

@@ -114,3 +114,19 @@ def test_an_engine_without_pipelines_names_no_zero_stage_for_them():
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no pipeline parallelism (pp=2)" in refused.stderr
     assert "use stage ," not in refused.stderr and "does not run with pipeline parallelism" not in refused.stderr
+
+
+def test_a_tensor_parallel_group_past_the_node_weighs_more():
+    """An interleaved Llama-3-70B plan whose batch the schedule cannot split: tp 8 -> 16 (one doubling, but past an
+    8-GPU node: each layer's collectives on the network) was the suggestion; now a change that keeps TP in the
+    node is. On NVL72 trays (72 GPUs a node) tp 16 stays inside NVLink and is still the nearest."""
+    model = load_model("llama3-70b")
+    plan = ParallelPlan(tp=8, pp=4, dp=2, vpp=4, micro_batch_size=1, global_batch_size=100, grad_accum_steps=50,
+                        seq_len=8192, engine="megatron", sequence_parallel=True)
+    h100 = load_cluster(gpu="h100-sxm-80gb", num_gpus=64)
+    assert plan_problems(model, h100, plan)
+    nearest = nearest_valid_plan(model, h100, plan)
+    assert nearest is not None and not plan_problems(model, h100, nearest.plan)
+    assert nearest.plan.tp <= h100.gpus_per_node, nearest.describe()
+    gb200 = load_cluster(gpu="gb200", num_gpus=64)
+    assert nearest_valid_plan(model, gb200, plan).changes == (("tp", 8, 16),)
