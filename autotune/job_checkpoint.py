@@ -37,6 +37,7 @@ from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.megatron_flags import FlagSpec, megatron_deepspeed_flag_table, megatron_flag_table
+from autotune.emit.torchtitan_module_read import module_function
 from autotune.errors import InputError
 from autotune.inputs import _os_problem
 from autotune.job_checkpoint_load import COMMON_STATE_KEY, StandIn, dcp_entry, safe_load
@@ -142,7 +143,7 @@ def inspect_path(path: str) -> tuple[str | None, CheckpointLayout | None]:
             layout = locate(path)
             return (None if layout else f"a folder without a Megatron-LM, DeepSpeed or Trainer checkpoint "
                     f"({MEGATRON_TRACKER}, {DEEPSPEED_TRACKER}, {TRAINER_ARGS})"), layout
-        return (None if Path(path).is_file() else "no such file"), None
+        return (None if Path(module_function(path)[0]).is_file() else "no such file"), None  # FILE.py:NAME too
     except OSError as err:
         return _os_problem(err), None
 

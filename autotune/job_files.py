@@ -395,6 +395,6 @@ def read_job(paths: list[str], **flags) -> JobFiles:
 def supported_kinds() -> str:
     """The kinds ``--from`` reads (and what tells them), and the ones ``validate`` knows that it does not."""
     return (f"reads {', '.join(READABLE_KINDS)} files (ds_config *.json, Megatron argument *.sh / *.args, torchtitan "
-            f"*.toml, accelerate *.yaml, Megatron-Bridge bridge_overrides.yaml / .args or run_config.yaml, plan.json, "
+            f"*.toml or *.py (one config of several: FILE.py:NAME), accelerate *.yaml, Megatron-Bridge bridge_overrides.yaml / .args or run_config.yaml, plan.json, "
             f"hostfile, a Megatron-LM, Megatron-Bridge, DeepSpeed or Trainer checkpoint folder); not "
             f"{', '.join(k for k in FILE_KINDS if k not in READABLE_KINDS)}")

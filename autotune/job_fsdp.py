@@ -33,7 +33,8 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
         )
 
         data = read_torchtitan_module(path)
-        preset = next((n for n, r in TORCHTITAN_03_RECIPES.items() if r[1] == data["recipe"]), None)
+        preset = next((n for n, r in TORCHTITAN_03_RECIPES.items() if r[1] == data["recipe"]), None) or next(
+            (n for n, r in TORCHTITAN_03_RECIPES.items() if (r[0], r[2]) == (data["family"], data["flavor"])), None)
         if preset in TORCHTITAN_FLAVORS:
             data["model"]["name"], data["model"]["flavor"] = TORCHTITAN_FLAVORS[preset]
         world = torchtitan_module_sizes(path).world_size
@@ -65,10 +66,13 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
            "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
            "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
            "precision": "fp8" if _converter(m, ("float8", "quantize.linear.mx")) else "bf16"}
-    compile_on = section("compile").get("enable")
-    if isinstance(compile_on, bool):
-        out["torch_compile"] = compile_on
-    if p.get("enable_async_tensor_parallel") is True and out["tp"] > 1:
+    compile_on, parts = section("compile").get("enable"), section("compile").get("components")
+    if isinstance(compile_on, bool):  # the model compiled only where components keep it (default model and loss:
+        # torchtitan 0.3.0 config/configs.py CompileConfig; DeepSeek-V3's 0.3 recipe compiles the loss alone)
+        out["torch_compile"] = compile_on and (not isinstance(parts, list) or "model" in parts)
+    # async TP: the 0.2 TOML's parallelism section, 0.3's CompileConfig (configs.py: it needs the model compiled)
+    if (p.get("enable_async_tensor_parallel") is True or section("compile").get("enable_async_tensor_parallel") is True
+            and out.get("torch_compile")) and out["tp"] > 1:
         out["tp_overlap"] = "async-tp"
     linear = (section("quantize").get("linear") or {}) if out["precision"] == "fp8" else {}
     linear = linear if isinstance(linear, dict) else {}
@@ -111,7 +115,9 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
                           "ParallelismConfig, or write a torchtitan 0.2 TOML with expert_tensor_parallel_degree = tp"],
                          subject=_SUBJECT)
     if preset is None:
-        notes.append(f"{path}: torchtitan model {flavor[0]!r} flavor {flavor[1]!r} is not a preset autotune knows")
+        named = (data.get("family"), data.get("flavor")) if data.get("flavor") is not None else flavor
+        notes.append(f"{path}: torchtitan model {named[0]!r} flavor {named[1]!r} is not a preset autotune knows: "
+                     f"give --model")
     return out, world
 
 

@@ -26,7 +26,7 @@ from autotune.emit.megatron_versions import header_release, release_in_use
 from autotune.emit.problems import JobSizes, Problem
 from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
-from autotune.emit.torchtitan_module_read import torchtitan_module_problems, torchtitan_module_sizes
+from autotune.emit.torchtitan_module_read import module_function, torchtitan_module_problems, torchtitan_module_sizes
 from autotune.emit.validate import validate_deepspeed_config
 from autotune.errors import InputError
 from autotune.inputs import read_json
@@ -50,6 +50,8 @@ _BRIDGE_CONTAINER = re.compile(rf"^_target_:\s*{re.escape(CONFIG_CONTAINER_TARGE
 def file_kind(path: str | Path) -> str:
     """The kind of a file, from its name (and, for a shell file, its arguments; for a YAML, whether it is a whole
     Megatron-Bridge ConfigContainer: a checkpoint's ``run_config.yaml``, Bridge 0.6 checkpoint_utils.py:34)."""
+    if module_function(path)[1] is not None:  # FILE.py:NAME, one config of a torchtitan 0.3 registry
+        return "torchtitan-module"
     if Path(path).is_dir():  # a checkpoint's save folder, most likely: its saved job is read by --from
         raise InputError([f"{str(path)!r} is a folder, not a config file: give its files; `autotune validate FOLDER` "
                           f"(the folder alone, no --kind) checks the config a DeepSpeed, Megatron-Bridge or "
