@@ -81,6 +81,9 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
                  "micro_batch_size": n("--micro-batch-size") or 1,
                  "global_batch_size": n("--global-batch-size"), "seq_len": n("--seq-length"),
                  "sequence_parallel": "--sequence-parallel" in f}
+    if out["sequence_parallel"] and out["tp"] == 1:  # validate_args turns it off (arguments.py:1433-1439 at d98e8a64)
+        out["sequence_parallel"] = False
+        notes.append(f"{path}: --sequence-parallel at tensor-parallel size 1: Megatron turns it off, read so")
     vpp = n("--num-virtual-stages-per-pipeline-rank")
     per_chunk = n("--num-layers-per-virtual-pipeline-stage")
     if vpp is None and per_chunk and model is not None:

@@ -30,6 +30,48 @@ def fields(plan) -> dict:
 
 
 # ---- each file kind, read back to the plan it states --------------------------------------------------------
+# Megatron-LM's own examples/llama/train_llama3_8b_h100_fp8.sh (core_v0.19) in its shape: sizes in variables, the
+# arguments in bash arrays, --sequence-parallel beside TP_SIZE=1 (which validate_args turns off, arguments.py
+# :1433-1439): estimate --from refused it ("sequence parallelism needs tp > 1") and validate asked for --world-size
+# its launch line states.
+MEGATRON_EXAMPLE = r"""#!/bin/bash
+GPUS_PER_NODE=8
+NUM_NODES=1
+TP_SIZE=1
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+)
+MODEL_ARGS=(
+    --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32
+    --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192
+    --max-position-embeddings 8192 --position-embedding-type rope --rotary-base 1000000
+    --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1 --global-batch-size 128 --bf16
+    --tensor-model-parallel-size $TP_SIZE
+    --sequence-parallel  # Always enable sequence parallelism with TP_SIZE=2
+    --use-distributed-optimizer
+    --tokenizer-type NullTokenizer --vocab-size 128256 --mock-data
+)
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]}
+"""
+
+
+def test_megatrons_own_example_reads_with_sequence_parallel_off_at_tp_1(tmp_path, capsys):
+    path = tmp_path / "train_llama3_8b_h100_fp8.sh"
+    path.write_text(MEGATRON_EXAMPLE)
+    code, out, err = run(["estimate", "--from", path, *GPU, "--json"], capsys)
+    assert code == 0 and "--sequence-parallel at tensor-parallel size 1: Megatron turns it off, read so" in err, err
+    plan = json.loads(out)["plan"]
+    assert (plan["tp"], plan["dp"], plan["sequence_parallel"]) == (1, 8, False)
+    code, out, err = run(["validate", path], capsys)  # the world size its launch line states, as --from reads it
+    assert code == 1 and "no --world-size: assuming 8" in err, err
+    assert "sequence parallelism with tensor-model-parallel size 1: Megatron silently disables it" in out
+    assert "0 error(s), 1 warning(s) for world size 8" in out
+
+
 def test_megatron_script_with_torchrun_launch_line():
     job = read_job([str(JOBS / "megatron_args_llama3_70b.sh")], gpu="h100-sxm-80gb")
     assert job.model.name == "llama3-70b"  # the shape, rope base and tokenizer name pick the preset

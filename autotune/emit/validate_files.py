@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
+from autotune.emit.job_args import launch_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
 from autotune.emit.megatron_bridge_lint import CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
 from autotune.emit.megatron_flags import is_flag
@@ -107,7 +108,9 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
                 last[name] = value
             elif i + 1 < len(argv):
                 last[name] = argv[i + 1]
-        return JobSizes(tp=_int(last.get("--tensor-model-parallel-size")) or 1,
+        nodes, per_node = launch_sizes(str(path))  # its torchrun / deepspeed line, as --from reads it
+        return JobSizes(world_size=nodes * per_node if nodes and per_node else None,
+                        tp=_int(last.get("--tensor-model-parallel-size")) or 1,
                         pp=_int(last.get("--pipeline-model-parallel-size")) or 1,
                         cp=_int(last.get("--context-parallel-size")) or 1)
     if kind == "plan":
