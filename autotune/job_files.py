@@ -93,7 +93,7 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         vpp = max(1, slots // out["pp"] // per_chunk)
     layout = f.get("--pipeline-model-parallel-layout")
     if vpp is None and isinstance(layout, str):  # its stages / pp (arguments.py:941-950)
-        vpp = max(1, _layout_stages(layout) // out["pp"])
+        vpp = max(1, (expanded_layout(layout).count("|") + 1) // out["pp"])  # "|" separates its stages
     out["vpp"] = vpp or 1
     if kind == "megatron":  # the split it states (_read_job: the plan's loss_slots, read_loss_slots)
         out["split_flags"] = {"first": n("--decoder-first-pipeline-num-layers"),
@@ -202,11 +202,6 @@ def _values(argv: list[str], flag: str) -> list[str]:
     return ([head] if head else []) + rest
 
 
-def _layout_stages(layout: str) -> int:
-    """Virtual stages of a --pipeline-model-parallel-layout string: "|" separates them (``expanded_layout``)."""
-    return expanded_layout(layout).count("|") + 1
-
-
 def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
     """DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x dp: name the world size it
     is written for."""
@@ -282,7 +277,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             world = world or hostfile_job_sizes(path).world_size
     for path, kind in kinds:
         if kind in ("megatron", "megatron-deepspeed", "launch"):
-            nodes, procs = _launch_sizes(path)
+            nodes, procs, default = _launch_sizes(path)
+            if procs and default and num_gpus:  # NNODES=${SLURM_NNODES:-1}: the run's environment says it, the flag here
+                nodes, _ = None, notes.append(f"{path}: its nodes are {default} at run time: --num-gpus {num_gpus} taken")
             if procs:
                 world, per_node = world or (nodes * procs if nodes else None), per_node or procs
         if kind in ("megatron", "megatron-deepspeed") or (kind == "checkpoint" and saved[path].argv):

@@ -168,7 +168,10 @@ def _moe(f: dict, n, experts: int, layers: int, path: str) -> MoESpec:
                    router_score=score if score in ("softmax", "sigmoid") else "softmax",
                    router_bias="--moe-router-enable-expert-bias" in f or (score == "softmax" and
                                                                          "--disable-bias-linear" not in f),
-                   router_pre_softmax="--moe-router-pre-softmax" in f, router_groups=n("--moe-router-num-groups"),
+                   # read under the softmax score only (moe_utils.py topk_routing_with_score_function, :900-915 at
+                   # d98e8a64): a sigmoid router with the flag (Megatron-FSDP's DeepSeek-V3 example) runs without it
+                   router_pre_softmax="--moe-router-pre-softmax" in f and score == "softmax",
+                   router_groups=n("--moe-router-num-groups"),
                    router_group_topk=n("--moe-router-group-topk"),
                    router_scaling_factor=_float(f.get("--moe-router-topk-scaling-factor"),
                                                 "--moe-router-topk-scaling-factor", path) or 1.0,

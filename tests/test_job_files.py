@@ -59,6 +59,22 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAINING_ARGS
 """
 
 
+def test_nodes_left_to_slurm_take_num_gpus(tmp_path, capsys):
+    """NNODES=${SLURM_NNODES:-"1"} (Megatron-LM's Mixtral example): the file leaves the node count to the run's
+    environment, so --num-gpus 64 is the job's, not a disagreement with the default's 8 GPUs (it was refused:
+    "--num-gpus 64 but the files state 8 GPUs"); a node count the file sets itself still disagrees."""
+    path = tmp_path / "train.sh"
+    path.write_text(MEGATRON_EXAMPLE.replace("NUM_NODES=1", 'NUM_NODES=${SLURM_NNODES:-"1"}'))
+    code, out, err = run(["estimate", "--from", path, *GPU, "--num-gpus", "64", "--json"], capsys)
+    assert code == 0 and 'its nodes are ${SLURM_NNODES:-"1"} at run time: --num-gpus 64 taken' in err, err
+    assert json.loads(out)["plan"]["dp"] == 64
+    code, out, _ = run(["estimate", "--from", path, *GPU, "--json"], capsys)  # the default: one node of 8
+    assert code == 0 and json.loads(out)["plan"]["dp"] == 8
+    path.write_text(MEGATRON_EXAMPLE)
+    code, _, err = run(["estimate", "--from", path, *GPU, "--num-gpus", "64"], capsys)
+    assert code == 2 and "--num-gpus 64 but the files state 8 GPUs" in err, err
+
+
 def test_megatrons_own_example_reads_with_sequence_parallel_off_at_tp_1(tmp_path, capsys):
     path = tmp_path / "train_llama3_8b_h100_fp8.sh"
     path.write_text(MEGATRON_EXAMPLE)

@@ -132,3 +132,14 @@ def test_the_activation_and_partial_rope_are_what_the_file_runs():
     assert (read.activation, read.rotary_fraction) == ("gelu", 1.0)
     assert any("gelu, (1 + weight) norms as n.sh runs it" in n and "squared_relu, RoPE on 0.5 of each head" in n
                for n in notes)
+
+
+def test_pre_softmax_beside_a_sigmoid_router_is_what_megatron_runs():
+    """Megatron-LM's Megatron-FSDP DeepSeek-V3 example passes --moe-router-pre-softmax with the sigmoid score; Megatron
+    reads the flag under the softmax score only (moe_utils.py topk_routing_with_score_function), so the file runs
+    DeepSeek-V3's router: it read back as the preset, where it was refused ("moe.router_pre_softmax applies to a
+    softmax router only")."""
+    flags = _flags(load_model("deepseek-v3")) | {"--moe-router-pre-softmax": True}
+    assert flags["--moe-router-score-function"] == "sigmoid"
+    read = megatron_model(flags, "megatron_args.sh", [])
+    assert read == load_model("deepseek-v3")

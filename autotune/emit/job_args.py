@@ -4,11 +4,14 @@ for ``autotune.job_files`` (``estimate --from`` / ``plan --from``). Nothing is r
 
 from __future__ import annotations
 
+import re
+from typing import NamedTuple
+
 from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState
 from autotune.errors import InputError
 from autotune.inputs import read_text
 
-__all__ = ["FROM_SUBJECT", "flags_of", "whole", "number", "launch_sizes"]
+__all__ = ["FROM_SUBJECT", "LaunchSizes", "flags_of", "whole", "number", "launch_sizes"]
 
 FROM_SUBJECT = "--from files"
 _LAUNCHERS = ("torchrun", "deepspeed", "torch.distributed.run", "torch.distributed.launch")
@@ -44,11 +47,35 @@ def number(text, what: str, path: str) -> float | None:
                          subject=FROM_SUBJECT) from None
 
 
-def launch_sizes(path: str) -> tuple[int | None, int | None]:
-    """(nodes, GPUs per node) of the file's launch line (torchrun / deepspeed launcher), each None where the line
-    does not state it as a number (or there is no launch line)."""
+class LaunchSizes(NamedTuple):
+    """A launch line's sizes, each None where it does not state it as a number (or there is no launch line)."""
+
+    nodes: int | None
+    per_node: int | None
+    nodes_default: str | None = None
+    """The ``${VAR:-N}`` the node count falls back to where the file leaves it to the run's environment
+    (``NNODES=${SLURM_NNODES:-1}``, Megatron-LM's Mixtral example): ``nodes`` is its default, not a stated size."""
+
+
+_DEFAULTED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?-[^}]*\}")
+
+
+def _environment_default(text: str, lines: tuple[int, ...]) -> str | None:
+    """The ``${VAR:-N}`` on the source lines a word came from whose VAR the file never sets (the environment's)."""
+    source = text.splitlines()
+    for line in sorted(set(lines)):
+        for m in _DEFAULTED.finditer(source[line - 1] if 0 < line <= len(source) else ""):
+            if not re.search(rf"^\s*(?:export\s+)?{m.group(1)}=", text, re.MULTILINE):
+                return m.group(0)
+    return None
+
+
+def launch_sizes(path: str) -> LaunchSizes:
+    """(nodes, GPUs per node, the environment default of the nodes) of the file's launch line (torchrun / deepspeed
+    launcher), each None where the line does not state it as a number (or there is no launch line)."""
     state = ShellState()
-    reader = BashReader(read_text(path, subject="launch script", max_bytes=1 << 20), state)
+    text = read_text(path, subject="launch script", max_bytes=1 << 20)
+    reader = BashReader(text, state)
     while (tokens := reader.command()) is not None:
         words = [t for t in tokens if not isinstance(t, str)]
         if not words:
@@ -74,6 +101,12 @@ def launch_sizes(path: str) -> tuple[int | None, int | None]:
         nodes = str(f.get("--nnodes") or f.get("--num-nodes") or ("1" if "--nnodes" not in f and "--num-nodes" not in f
                                                                   else "")).split(":")[-1]
         per_node = f.get("--nproc-per-node") or f.get("--num-gpus")
+        named = next((i for i, w in enumerate(texts) if i > launcher and w.replace("_", "-").split("=")[0] in (
+            "--nnodes", "--num-nodes")), None)
+        word = words[named] if named is not None and "=" in texts[named] else (
+            words[named + 1] if named is not None and named + 1 < len(words) else None)
         # A size the shell computes at run time ($SLURM_NNODES, $(nvidia-smi ...)) is not stated: the flags say it.
-        return (int(nodes) if nodes.isdigit() else None), (int(per_node) if per_node and per_node.isdigit() else None)
-    return None, None
+        return LaunchSizes(int(nodes) if nodes.isdigit() else None,
+                           int(per_node) if per_node and per_node.isdigit() else None,
+                           _environment_default(text, word[1]) if word is not None else None)
+    return LaunchSizes(None, None)

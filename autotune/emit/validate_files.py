@@ -108,7 +108,7 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
                 last[name] = value
             elif i + 1 < len(argv):
                 last[name] = argv[i + 1]
-        nodes, per_node = launch_sizes(str(path))  # its torchrun / deepspeed line, as --from reads it
+        nodes, per_node, _ = launch_sizes(str(path))  # its torchrun / deepspeed line, as --from reads it
         return JobSizes(world_size=nodes * per_node if nodes and per_node else None,
                         tp=_int(last.get("--tensor-model-parallel-size")) or 1,
                         pp=_int(last.get("--pipeline-model-parallel-size")) or 1,
