@@ -1,12 +1,14 @@
 """bash's word splitting of a file, without running a shell: one simple command at a time.
 
 Quotes, ``\\`` continuations, comments, ``$VAR`` / ``${VAR}`` / ``${VAR:-default}`` and ``${ARRAY[@]}`` expansions
-(with the variables and arrays set so far, :class:`ShellState`), word splitting of unquoted expansions; every
+(with the variables and arrays set so far, :class:`ShellState`), integer ``$(( ))`` arithmetic over known
+variables (``WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))``), word splitting of unquoted expansions; every
 character keeps its file line. ``autotune.emit.shell_args`` reads Megatron argument files with it.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
@@ -114,7 +116,9 @@ class BashReader:
             self.i += 2
             inner = self._balanced("(", ")")
             raw = "$(" + inner + ")"
-            words.add(raw, [line] * len(raw), split=False)
+            value = self._arithmetic(inner[1:-1]) if inner.startswith("(") and inner.endswith(")") else None
+            text = raw if value is None else str(value)  # a command substitution is not run: kept as written
+            words.add(text, [line] * len(text), split=value is not None and not quoted)
             return False
         if nxt == "{":
             self.i += 2
@@ -129,6 +133,17 @@ class BashReader:
         self.i = m.end()
         self._scalar(words, m.group(0), "$" + m.group(0), quoted, line)
         return False
+
+    def _arithmetic(self, expr: str) -> int | None:
+        """The integer value of a ``$(( ))`` expression whose names are all known integers, else None."""
+        def name(m: re.Match) -> str:
+            value = self.state.variables.get(m.group(1) or m.group(2) or m.group(3), ("",))[0].strip()
+            return value if re.fullmatch(r"-?[0-9]+", value) else "?"
+        text = re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)|\b([A-Za-z_]\w*)\b", name, expr)
+        try:
+            return _integer(ast.parse(text.replace("/", "//").strip(), mode="eval").body)
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, OverflowError):
+            return None
 
     def _scalar(self, words: _Words, name: str, raw: str, quoted: bool, line: int) -> None:
         value = self.state.variables.get(name)
@@ -324,3 +339,23 @@ def check_line_lengths(text: str) -> None:
         if len(raw) > MAX_LINE_CHARS:
             raise InputError([f"line {number} is longer than {MAX_LINE_CHARS} characters: not a Megatron arguments "
                               "line"], subject="Megatron arguments file")
+
+
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.FloorDiv: lambda a, b: abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1),  # bash truncates
+              ast.Mod: lambda a, b: a - b * (abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1))}
+
+
+def _integer(node: ast.AST) -> int:
+    """An integer expression of + - * / % and parentheses (bash's arithmetic on the sizes scripts compute)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _integer(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _integer(node.left), _integer(node.right)
+        if abs(left) > 1 << 62 or abs(right) > 1 << 62:
+            raise OverflowError
+        return _OPERATORS[type(node.op)](left, right)
+    raise ValueError("not an integer expression")

@@ -14,6 +14,8 @@ a bare list of flags) gives the contents of its arrays and its ``--flag value`` 
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from pathlib import Path
 
 from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState, Value, check_line_lengths
@@ -39,9 +41,13 @@ def _is_launch(words: list[Value]) -> int | None:
     return script if script == 0 or first.startswith("$") or before & set(_LAUNCHERS) else None
 
 
+_INTEGER_TESTS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
+                  "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b}
+
+
 def _test(words: list[str], operator: str) -> bool | None:
-    """The value of ``[ A = B ]`` / ``[[ A == B ]]`` / ``!=`` / ``-z A`` / ``-n A`` with every word known
-    (followed by ``operator``), or None: unknown."""
+    """The value of ``[ A = B ]`` / ``[[ A == B ]]`` / ``!=`` / ``-z A`` / ``-n A`` / ``A -eq B`` (and ``-ne -lt
+    -le -gt -ge`` on integers) with every word known (followed by ``operator``), or None: unknown."""
     if len(words) < 2 or (words[0], words[-1]) not in (("[", "]"), ("[[", "]]")):
         return None
     inner = words[1:-1]
@@ -51,6 +57,8 @@ def _test(words: list[str], operator: str) -> bool | None:
         return None
     if len(inner) == 3 and inner[1] in ("=", "==", "!="):
         value = (inner[0] == inner[2]) == (inner[1] != "!=")
+    elif len(inner) == 3 and inner[1] in _INTEGER_TESTS and all(re.fullmatch(r"-?[0-9]+", w) for w in inner[::2]):
+        value = _INTEGER_TESTS[inner[1]](int(inner[0]), int(inner[2]))
     elif len(inner) == 2 and inner[0] in ("-z", "-n"):
         value = (inner[1] == "") == (inner[0] == "-z")
     elif len(inner) == 1 and inner[0] in ("-z", "-n"):
@@ -63,6 +71,49 @@ def _test(words: list[str], operator: str) -> bool | None:
     return value
 
 
+class _Cases:
+    """The open ``case WORD in PATTERN) ... ;; esac`` statements: a clause is read where its pattern matches a known
+    word (the first match only, as bash runs it); with an unknown word, the first clause (as an unknown ``if``)."""
+
+    def __init__(self) -> None:
+        self.open: list[dict] = []  # per case: its word (None: unknown), a clause matched, reading, expecting a pattern
+
+    @property
+    def reading(self) -> bool:
+        return all(c["reading"] for c in self.open)
+
+    def step(self, tokens: list) -> list | None:
+        """``tokens`` less what the case syntax takes (None: the whole command was case syntax)."""
+        words = [t for t in tokens if not isinstance(t, str)]
+        head = words[0][0] if words else ""
+        if head == "case" and len(words) >= 3 and words[-1][0] == "in":
+            word = words[1][0]
+            self.open.append({"word": None if "$" in word or "`" in word else word, "matched": False,
+                              "reading": False, "expect": True, "alternatives": []})
+            return None
+        if head == "esac" and self.open:
+            self.open.pop()
+            return None
+        if not self.open or not self.open[-1]["expect"]:
+            return tokens
+        c = self.open[-1]
+        if tokens and tokens[-1] == "|":  # one alternative of a pattern list (``a|b)``)
+            c["alternatives"] += [w for w, _ in words]
+            return None
+        if ")" not in tokens:
+            return tokens
+        close = tokens.index(")")
+        patterns = c["alternatives"] + [t[0] for t in tokens[:close] if not isinstance(t, str)]
+        hit = c["word"] is None or any(fnmatch.fnmatchcase(c["word"], p) for p in patterns)
+        c.update(reading=not c["matched"] and hit, alternatives=[], expect=False)
+        c["matched"] = c["matched"] or c["reading"]
+        return tokens[close + 1:]
+
+    def end_clause(self, tokens: list) -> None:
+        if self.open and ";;" in tokens:
+            self.open[-1].update(reading=False, expect=True)
+
+
 def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[str, str]]:
     """(arguments, each argument's 1-based line, exported variables) of a shell file of Megatron
     arguments (no shell is run): see :func:`parse_shell_args`."""
@@ -73,8 +124,14 @@ def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[s
     listed: list[Value] = []     # array contents and --flag lines, for a file with no launch line
     has_launch = False
     branches: list[list[bool]] = []  # per open `if`: [this branch is read, a branch was read]
+    cases = _Cases()
     reader = BashReader(text, state)
     while (tokens := reader.command()) is not None:
+        tokens = cases.step(tokens)
+        if tokens is None:
+            continue
+        read = cases.reading  # this command's; a ";;" after it ends the clause for the next
+        cases.end_clause(tokens)
         words = [t for t in tokens if not isinstance(t, str)]
         while words and words[0][0] in ("then", "do", "{", "}", "done", "!"):
             words = words[1:]
@@ -94,12 +151,15 @@ def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[s
         if head == "else":
             if branches:
                 branches[-1] = [not branches[-1][1], True]
-            continue
+            words = words[1:]  # `else X=1` on one line: X=1 is the branch's first command
+            if not words:
+                continue
+            head = words[0][0]
         if head == "fi":
             if branches:
                 branches.pop()
             continue
-        if not all(read for read, _ in branches):
+        if not read or not all(taken for taken, _ in branches):
             continue
         if head == "export":
             for word, lines in words[1:]:

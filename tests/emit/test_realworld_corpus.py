@@ -104,3 +104,24 @@ def test_an_if_reads_the_branch_its_known_test_selects():
     text = ('MODE=real\nARGS=()\nif [[ "$MODE" == "mock" ]]; then\n  ARGS+=( --mock-data )\nelse\n'
             '  ARGS+=( "--data-path /d" )\nfi\nDEF=${1:-"/ckpt"}\ntorchrun pretrain_gpt.py ${ARGS[@]} --save "$DEF"\n')
     assert parse_shell_args(text)[0] == ["--data-path", "/d", "--save", "/ckpt"]
+
+
+def test_integer_tests_case_and_arithmetic_read_as_bash_runs_them():
+    """Megatron-LM's own examples read wrong before: `if [[ $DEBUG -eq 1 ]]` took the debug branch (examples/
+    multimodal: global batch 1 for 2048), `case "$MODEL_SCALE" in` read every clause, the last winning (examples/
+    mamba/train.sh: the 8B sizes for the 800M it selects), `WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))` stayed text
+    (examples/gptoss/02_train.sh: "--pipeline-model-parallel-size expects an integer"), and `else GBS=256` on the
+    `else` line was dropped."""
+    text = ('DEBUG=0\nif [[ $DEBUG -eq 1 ]]; then BZ=1; else BZ=2048; fi\n'
+            'if [ "$DEBUG" -gt 0 ]; then NW=0\nelse NW=8\nfi\n'
+            'MODEL_SCALE="800M"\ncase "${MODEL_SCALE}" in\n  "800M")\n    TP=1\n    ;;\n  8B|16B) TP=4 ;;\n'
+            '  *) echo "unknown"; exit 1 ;;\nesac\n'
+            'case "$UNSET" in\n  a) PP=2 ;;\n  b) PP=4 ;;\nesac\n'  # an unknown word: the first clause
+            'GPUS_PER_NODE=8\nNUM_NODES=2\nWORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))\nHALF=$(( (WORLD_SIZE + 1) / 2 ))\n'
+            'torchrun pretrain_gpt.py --global-batch-size $BZ --num-workers $NW --tensor-model-parallel-size $TP '
+            '--pipeline-model-parallel-size $PP --context-parallel-size $HALF --seed $(($RANDOM_SEED + 1)) '
+            '--save $(hostname)\n')
+    assert parse_shell_args(text)[0] == [
+        "--global-batch-size", "2048", "--num-workers", "8", "--tensor-model-parallel-size", "1",
+        "--pipeline-model-parallel-size", "2", "--context-parallel-size", "8",
+        "--seed", "$(($RANDOM_SEED + 1))", "--save", "$(hostname)"]  # unknown names, commands: kept as written
