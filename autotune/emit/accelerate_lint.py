@@ -97,6 +97,8 @@ def accelerate_job_sizes(path: str | Path):
     data, lines = read_accelerate_config(path)
     pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     world = _int(data.get("num_processes"))
+    if data.get("num_processes") is None and str(data.get("distributed_type")) == "NO":
+        world = 1  # the loader sets num_processes 1 for NO (config_args.py:111-112, 1.16.0)
     if data.get("num_processes") is not None and not (world and world >= 1):
         line = lines.get(("num_processes",))
         raise InputError([f"num_processes{f' (line {line})' if line else ''} must be an integer >= 1 (the processes "
@@ -120,6 +122,10 @@ def _accelerate_own(path: str | Path) -> list[Problem]:
     return []
 
 
+_LEGACY_TOP = {"dynamo_backend": "dynamo_config: {dynamo_backend: ...}", "fp16": "mixed_precision: fp16"}
+"""Top-level keys of older configs that accelerate 1.16.0's loader still converts (config_args.py:113-119)."""
+
+
 def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1, cp: int = 1) -> list[Problem]:
     """Every problem of an accelerate config file for a job of ``world_size`` ranks (tp, cp: the plan's)."""
     table = accelerate_key_table()
@@ -131,7 +137,10 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
         out.append(problem_at(parts, lines, message=message, fix=fix, severity=severity))
 
     for key in data:
-        if key not in table["top"]:
+        if key in _LEGACY_TOP:  # config_args.py:110-119 (1.16.0): converted by the loader, so accepted
+            bad((str(key),), f"{key} is a legacy key: accelerate converts it ({_LEGACY_TOP[key]})",
+                f"write it as {_LEGACY_TOP[key]}", "warning")
+        elif key not in table["top"]:
             near = _near(key, table["top"])
             bad((str(key),), f"unknown key {key!r}: accelerate {version} refuses the file (ClusterConfig)",
                 f"did you mean {near!r}?" if near else "remove it")
@@ -144,7 +153,9 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
             continue
         known = {**known, **_READ_BESIDE_OPTIONS.get(block, {})}
         for key, setting in value.items():
-            spec = known.get(key) or (known.get(f"fsdp_{key}") if block == "fsdp_config" else None)
+            # launch prefixes fsdp_config / fp8_config keys with fsdp_ / fp8_ (commands/launch.py:1320-1323, 1.16.0)
+            prefix = {"fsdp_config": "fsdp_", "fp8_config": "fp8_"}.get(block)
+            spec = known.get(key) or (known.get(f"{prefix}{key}") if prefix else None)
             if spec is None:
                 near = _near(key, known)
                 bad((block, str(key)), f"unknown key {key!r} in {block}: accelerate {version} launch drops it "
@@ -244,8 +255,12 @@ def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None
             bad(parts, f"{key} next to deepspeed_config_file: accelerate raises 'When using deepspeed_config_file, "
                 "the following accelerate config variables will be ignored' (DeepSpeedPlugin)",
                 "delete it here; the DeepSpeed JSON says it (bf16/fp16, zero_optimization, gradient_* keys)")
-    if pc:
-        if kind != "FSDP" or str(fsdp.get("fsdp_version", 1)) != "2":  # commands/launch.py:1261
+    ds_sp = kind == "DEEPSPEED" and pc.get("parallelism_config_sp_backend") == "deepspeed"
+    if pc and ds_sp:  # Ulysses / ALST: DeepSpeed's own groups (parallelism_config.py:361-366 skips the size check)
+        _deepspeed_sp_problems(pc, world_size, bad)
+    elif pc:
+        # launch.py:1261 refuses --use_parallelism_config without FSDP2 (the file's parallelism_config sets it)
+        if kind != "FSDP" or str(fsdp.get("fsdp_version", 1)) != "2":
             bad(("parallelism_config",), "parallelism_config needs FSDP2: accelerate launch raises 'You cannot use "
                 "--use_parallelism_config without --use_fsdp and --fsdp_version=2'",
                 "set distributed_type: FSDP and fsdp_config.fsdp_version: 2, or remove parallelism_config")
@@ -279,7 +294,29 @@ def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None
     elif tp > 1 or cp > 1:
         bad(("parallelism_config",), f"the job has tp {tp} / cp {cp} but the config no parallelism_config",
             "add parallelism_config (FSDP2) with the job's sizes")
+    if kind == "FSDP" and fsdp.get("fsdp_activation_checkpointing_offload") is True \
+            and fsdp.get("fsdp_activation_checkpointing") is not True:  # utils/dataclasses.py:1842-1843
+        bad(("fsdp_config", "fsdp_activation_checkpointing_offload"), "activation checkpointing offload without "
+            "activation checkpointing: accelerate raises '`activation_checkpointing_offload=True` requires "
+            "`activation_checkpointing=True`'", "set fsdp_activation_checkpointing: true, or remove the offload")
+    if kind == "FSDP" and fsdp.get("fsdp_cpu_ram_efficient_loading") is True \
+            and fsdp.get("fsdp_sync_module_states") is False:  # utils/launch.py:277-278
+        bad(("fsdp_config", "fsdp_sync_module_states"), "fsdp_cpu_ram_efficient_loading without "
+            "fsdp_sync_module_states: accelerate launch raises 'When using --fsdp_cpu_ram_efficient_loading set "
+            "--fsdp_sync_module_states to True'", "set fsdp_sync_module_states: true")
     if kind == "FSDP" and str(fsdp.get("fsdp_version", 1)) == "2" and "fsdp_sharding_strategy" in fsdp:
         bad(("fsdp_config", "fsdp_sharding_strategy"), "fsdp_sharding_strategy is FSDP1's; FSDP2 uses "
             "fsdp_reshard_after_forward", "replace it by fsdp_reshard_after_forward: true (FULL_SHARD) or false",
             "warning")
+
+
+def _deepspeed_sp_problems(pc: dict, world_size: int, bad) -> None:
+    """DeepSpeed's sequence parallelism (accelerate's ParallelismConfig with sp_backend deepspeed): its sp size
+    must split the ranks (DeepSpeed builds the SP groups over them, initialize_sequence_parallel)."""
+    sp = pc.get("parallelism_config_sp_size", 1)
+    if not (_int(sp) and sp >= 1):
+        bad(("parallelism_config", "parallelism_config_sp_size"), f"sp size must be a positive integer, got {sp!r}",
+            "write a positive integer")
+    elif world_size % sp:
+        bad(("parallelism_config", "parallelism_config_sp_size"), f"sp {sp} does not split the job's {world_size} "
+            "ranks into sequence-parallel groups", f"choose an sp dividing {world_size}")

@@ -90,4 +90,14 @@ def launch_script_problems(path: str | Path) -> list[Problem]:
                 problems.append(Problem(path=name, line=number, severity="error", source="rules",
                                         message=f"it runs with {name} from its own folder, which has none",
                                         fix=f"keep {name} beside the script (emit writes them together)"))
+    if not problems and not _LAUNCHES.search(text):  # `echo hello`, or a file of settings another script sources
+        problems.append(Problem(path="$", severity="warning", source="rules",
+                                message="no launch line (torchrun / deepspeed / srun / python ... SCRIPT.py) and no "
+                                        "Megatron arguments in arrays or --flag lines: nothing was checked",
+                                fix="validate the script that launches the job (a file another one sources is "
+                                    "checked with it), or give --kind"))
     return problems
+
+
+_LAUNCHES = re.compile(r"(?m)^[^#\n]*\b(?:torchrun|deepspeed|srun|mpirun|accelerate|python3?|torch\.distributed\.run"
+                       r"|sbatch|bash|sh)\b[^\n]*")  # a launcher, or a script that runs another

@@ -67,7 +67,8 @@ def file_kind(path: str | Path) -> str:
     if name.endswith(".json"):
         return "plan" if name == "plan.json" else "deepspeed"
     if name.endswith((".yaml", ".yml")):
-        return "megatron-bridge" if _BRIDGE_CONTAINER.search(_head(path)) else "accelerate"
+        head = _head(path, 1 << 16)
+        return "megatron-bridge" if _BRIDGE_CONTAINER.search(head) or _bridge_sections(head) else "accelerate"
     if name.endswith(".toml"):
         return "torchtitan"
     if name.endswith(".py"):
@@ -79,6 +80,21 @@ def file_kind(path: str | Path) -> str:
         return megatron_file_kind(argv)
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
                       f"({', '.join(FILE_KINDS)})"], subject="validate request")
+
+
+_TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", re.MULTILINE)
+_BRIDGE_SECTIONS = {"train", "optimizer", "scheduler", "dataset", "checkpoint", "ddp", "dist", "logger", "tokenizer",
+                    "rng", "comm_overlap", "mixed_precision", "peft"}
+"""Megatron-Bridge ConfigContainer's sections besides ``model`` (training/config.py): an override YAML of a recipe
+(Bridge's own examples/*/conf/*_override_example.yaml, tutorials/recipes/*/conf) has model and some of them."""
+
+
+def _bridge_sections(text: str) -> bool:
+    """A YAML whose top-level keys are a Bridge ConfigContainer's (``model`` beside ``train`` / ``dataset`` / ...), and
+    not an accelerate config's (``distributed_type``, ``compute_environment``)."""
+    keys = set(_TOP_KEY.findall(text))
+    return "model" in keys and bool(keys & _BRIDGE_SECTIONS) and not keys & {"distributed_type",
+                                                                             "compute_environment"}
 
 
 def _head(path: str | Path, size: int = 4096) -> str:

@@ -32,6 +32,13 @@ GOOD = {
     "accelerate_latest_fsdp.yaml": ([], []),
     "torchtitan_llama3_8b.toml": (["--world-size", "8"], []),
     "torchtitan_llama3_70b.toml": (["--world-size", "64"], []),
+    "bridge_llama32_1b_pretrain.yaml": (["--world-size", "8"], []),  # linted as accelerate before (its every section)
+    "trl_alst_ulysses_4gpu.yaml": ([], ["$.deepspeed_config.seq_parallel_communication_data_type"]),  # was: "needs FSDP2"
+    "accelerate_0_34_0_fp8.yaml": ([], []),  # 7 "unknown key" warnings before: launch prefixes fp8_config keys
+    "accelerate_single_accelerator.yaml": ([], []),  # one process (asked for --world-size before)
+    "megatron_mamba_train.sh": ([], ["--sequence-parallel"]),  # its 800M case: tp 1, which Megatron warns about too
+    "megatron_mixtral_8x7b_distributed.sh": (["--world-size", "64"], ["--sequence-parallel"]),
+    "megatron_modelopt_conf_qwen3_30b_a3b.sh": (["--world-size", "8"], ["$"]),  # nothing to check, said ("no problems")
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -52,6 +59,10 @@ BAD = {
     "accelerate_fsdp_typo.yaml": ([], [("$.fsdp_config.fsdp_sharding_stratgy", "unknown key 'fsdp_sharding_stratgy'")]),
     "accelerate_tp_hsdp_sizes.yaml": ([], [("$.parallelism_config", "dp_replicate x dp_shard x tp x cp x sp = 16")]),
     "torchtitan_llama3_8b_tp3.toml": (["--world-size", "8"], [("$.parallelism", "8 is not divisible")]),
+    "trl_fsdp2_ac_offload_without_ac.yaml": ([], [("$.fsdp_config.fsdp_activation_checkpointing_offload",
+                                                   "requires `activation_checkpointing=True`")]),
+    "trl_fsdp2_ram_loading_without_sync.yaml": ([], [("$.fsdp_config.fsdp_sync_module_states",
+                                                      "set --fsdp_sync_module_states to True")]),
 }
 
 
