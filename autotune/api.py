@@ -142,7 +142,8 @@ def deepspeed_config_for(model: str, gpu: str, num_gpus: int, seq_len: int = 409
 
 def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterSpec, *, tp: int = 1, pp: int = 1,
                                cp: int = 1, seq_len: int = 4096, recompute: str | None = None,
-                               engine: str = "deepspeed") -> tuple[ParallelPlan, MemorySettings]:
+                               engine: str = "deepspeed", notes: list[str] | None = None
+                               ) -> tuple[ParallelPlan, MemorySettings]:
     """The plan and ledger settings a DeepSpeed config implies on ``cluster``: :func:`deepspeed_config` inverted.
 
     The config says ZeRO stage, batch sizes, offload, precision, optimizer and bucket sizes; the
@@ -150,7 +151,8 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
     is used when tp is 1). ``recompute`` None: full when the config configures activation
     checkpoints (number_checkpoints, partitioned activations or a pipeline checkpoint interval),
     else none. ``config`` must have no "auto" left. ``engine``: the one that runs the config (``hf``: the Trainer
-    driving DeepSpeed). Raises InputError when the plan is invalid.
+    driving DeepSpeed). ``notes``, when given, gets what the plan reads differently from the config (fp32 training
+    estimated in bf16). Raises InputError when the plan is invalid.
     """
     zero = config.get("zero_optimization")
     zero = {"stage": 1} if zero is True else (zero if isinstance(zero, dict) else {})
@@ -162,18 +164,29 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
         recompute = "full" if (checkpointing.get("number_checkpoints") or checkpointing.get("partition_activations")
                                or (config.get("pipeline") or {}).get("activation_checkpoint_interval")) else "none"
     devices, nvme_path = {}, None
-    for name in ("offload_optimizer", "offload_param"):
+    for name, legacy in (("offload_optimizer", "cpu_offload"), ("offload_param", "cpu_offload_param")):
         block = zero.get(name) or {}
-        devices[name] = block.get("device") or "none"
+        # the deprecated cpu_offload / cpu_offload_param switches are these blocks at device cpu (zero/config.py
+        # :188-218 of DeepSpeed 0.19.8)
+        devices[name] = block.get("device") or ("cpu" if zero.get(legacy) is True else "none")
         nvme_path = nvme_path or block.get("nvme_path")
-    micro = int(config.get("train_micro_batch_size_per_gpu") or 1)
+    micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps")
     batch = config.get("train_batch_size")
     dp = cluster.num_gpus // max(1, tp * pp * cp)
+    if not micro and batch:  # DeepSpeed derives it: train_batch_size / accumulation / its data-parallel ranks, the
+        # AutoTP ones included (runtime/config.py:466-471, 626-640 of 0.19.8)
+        micro = max(1, int(batch) // int(accum or 1) // (dp * (tp if autotp > 1 and tp == int(autotp) else 1)))
+    micro = int(micro or 1)
     batch = int(batch) if batch else micro * int(accum or 1) * dp
     if autotp > 1 and tp == int(autotp) and batch == micro * int(accum or 1) * dp * tp:
         batch //= tp  # written as DeepSpeed 0.19.8 counts it (TP ranks included); the sequences per step
     fp16 = (config.get("fp16") or {}).get("enabled") is True
+    if notes is not None and not fp16 and not any((config.get(k) or {}).get("enabled") is True
+                                                  for k in ("bf16", "bfloat16")):  # engine.py:2080-2088
+        notes.append("the DeepSpeed config enables neither fp16 nor bf16, so DeepSpeed trains in fp32: estimated in "
+                     "bf16 (autotune models no fp32 training; its weights, gradients and activations take twice the "
+                     "bytes, its matmuls run at the TF32 / fp32 rate)")
     opt_type = str((config.get("optimizer") or {}).get("type", "adamw")).lower()
     param_block = zero.get("offload_param") or {}
     settings = MemorySettings(

@@ -334,7 +334,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         _check_batch_triple(ds, cluster.num_gpus, tp * pp * cp)
         plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,
                                                     recompute=recompute or ds_run.get("recompute"),
-                                                    engine=ds_run.get("engine", "deepspeed"))
+                                                    engine=ds_run.get("engine", "deepspeed"), notes=notes)
         if global_batch:
             plan = make_plan(model_spec, cluster, global_batch_size=global_batch, tp=plan.tp, pp=plan.pp, cp=plan.cp,
                              **{k: getattr(plan, k) for k in ("micro_batch_size", "zero_stage", "offload_optimizer",

@@ -39,6 +39,9 @@ GOOD = {
     "megatron_mamba_train.sh": ([], ["--sequence-parallel"]),  # its 800M case: tp 1, which Megatron warns about too
     "megatron_mixtral_8x7b_distributed.sh": (["--world-size", "64"], ["--sequence-parallel"]),
     "megatron_modelopt_conf_qwen3_30b_a3b.sh": (["--world-size", "8"], ["$"]),  # nothing to check, said ("no problems")
+    "dse_imagenet_ds_fp16_z1_config.json": (["--world-size", "8"], ["$.cuda_visible_devices"]),  # DeepSpeed ignores it
+    "dse_pipeline_parallelism_ds_config.json": (["--world-size", "8"], []),
+    "ds_megatron_gpt2_bs4_zero2_offload.json": (["--world-size", "4"], ["$.zero_optimization.cpu_offload"]),
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -136,3 +139,22 @@ def test_integer_tests_case_and_arithmetic_read_as_bash_runs_them():
         "--global-batch-size", "2048", "--num-workers", "8", "--tensor-model-parallel-size", "1",
         "--pipeline-model-parallel-size", "2", "--context-parallel-size", "8",
         "--seed", "$(($RANDOM_SEED + 1))", "--save", "$(hostname)"]  # unknown names, commands: kept as written
+
+
+@pytest.mark.parametrize("name, gpus, plan, said", [
+    # DeepSpeed derives the micro-batch 256 / 1 / 8 = 32 (runtime/config.py:626-628): read as 1 before, "fits: yes"
+    ("dse_imagenet_ds_fp16_z1_config.json", 8, {"micro_batch_size": 32, "grad_accum_steps": 1}, None),
+    # no fp16 / bf16 block: DeepSpeed trains in fp32, estimated in bf16 and said (it was silent)
+    ("dse_pipeline_parallelism_ds_config.json", 8, {"micro_batch_size": 8, "grad_accum_steps": 4},
+     "enables neither fp16 nor bf16, so DeepSpeed trains in fp32"),
+    # the deprecated cpu_offload switch is the optimizer offloaded to the CPU (zero/config.py:209-218): ignored before
+    ("ds_megatron_gpt2_bs4_zero2_offload.json", 4, {"offload_optimizer": "cpu", "zero_stage": 2}, None),
+])
+def test_a_published_deepspeed_config_estimates_the_job_deepspeed_runs(name, gpus, plan, said, capsys):
+    code = main(["estimate", "--from", str(CORPUS / "good" / name), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb",
+                 "--num-gpus", str(gpus), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)["plan"]
+    assert {k: got[k] for k in plan} == plan
+    assert said is None or said in err, err
