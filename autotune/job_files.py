@@ -268,8 +268,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             if not isinstance(ds, dict):
                 raise InputError([f"{path}: a DeepSpeed config is a JSON object"], subject=_SUBJECT)
         elif kind == "accelerate":
-            got, w, ds_doc = _accelerate(path, notes)
-            fields |= got
+            got, w, ds_doc = _accelerate(path, notes)  # its processes per machine, and its plan
+            per_node, fields = per_node or got.pop("gpus_per_node", None), fields | got
             world, ds = world or w, ds_doc or ds
         elif kind == "hostfile":
             from autotune.emit.launch_lint import hostfile_job_sizes

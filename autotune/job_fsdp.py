@@ -189,6 +189,12 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     kind = str(data.get("distributed_type", "")).upper()
     mixed = str(data.get("mixed_precision", "bf16"))
     out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16"}
+    if mixed == "no":
+        notes.append(f"{path}: mixed_precision 'no' trains in fp32 unless the script asks for more (the Trainer's "
+                     f"--bf16): estimated in bf16 (autotune models no fp32 training)")
+    machines = data.get("num_machines")
+    if isinstance(world, int) and isinstance(machines, int) and machines > 1 and world % machines == 0:
+        out["gpus_per_node"] = world // machines  # the processes of each machine (commands/launch.py)
     if kind == "DEEPSPEED":
         block = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
         file = block.get("deepspeed_config_file")
@@ -207,8 +213,34 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
             "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
             "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
-    dynamo = data.get("dynamo_config") if isinstance(data.get("dynamo_config"), dict) else {}
+    if str(f.get("fsdp_version", 1)) != "2":
+        out |= _fsdp1_strategy(f, path, machines if isinstance(machines, int) else 1, notes)
+    legacy = {"dynamo_backend": data["dynamo_backend"]} if "dynamo_backend" in data else {}  # config_args.py:117-119
+    dynamo = data.get("dynamo_config") if isinstance(data.get("dynamo_config"), dict) else legacy
     if "dynamo_backend" in dynamo:  # accelerate compiles the prepared model unless the backend is NO
         out["torch_compile"] = str(dynamo["dynamo_backend"]).upper() != "NO"
     notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
     return out, world, None
+
+
+_FSDP1_STRATEGIES = {"FULL_SHARD": (3, False), "SHARD_GRAD_OP": (2, False), "NO_SHARD": (0, False),
+                     "HYBRID_SHARD": (3, True), "_HYBRID_SHARD_ZERO2": (2, True)}
+"""FSDP1's sharding strategies (torch ShardingStrategy 1-5, in this order) as (ZeRO stage, replicated across
+machines): HYBRID_SHARD shards inside a machine and replicates across them."""
+
+
+def _fsdp1_strategy(f: dict, path: str, machines: int, notes: list[str]) -> dict:
+    """The plan fields of an FSDP1 accelerate config: launch exports fsdp_sharding_strategy (FULL_SHARD when
+    absent, commands/launch.py:538, utils/launch.py:285) and the plugin takes it before fsdp_reshard_after_forward,
+    which FSDP1 then ignores (utils/dataclasses.py:1715-1730, accelerate 1.16.0)."""
+    given = str(f.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+    names = list(_FSDP1_STRATEGIES)
+    name = names[int(given) - 1] if given.isdigit() and 1 <= int(given) <= len(names) else given
+    if name not in _FSDP1_STRATEGIES:
+        raise InputError([f"{path}: fsdp_sharding_strategy {given!r} is none of {', '.join(names)} (or 1-5)"],
+                         subject=_SUBJECT)
+    if "fsdp_reshard_after_forward" in f:
+        notes.append(f"{path}: FSDP1 shards by fsdp_sharding_strategy ({name}); accelerate ignores "
+                     f"fsdp_reshard_after_forward there")
+    stage, hybrid = _FSDP1_STRATEGIES[name]
+    return {"zero_stage": stage, **({"dp_replicate": machines} if hybrid and machines > 1 else {})}

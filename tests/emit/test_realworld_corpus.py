@@ -158,3 +158,34 @@ def test_a_published_deepspeed_config_estimates_the_job_deepspeed_runs(name, gpu
     got = json.loads(out)["plan"]
     assert {k: got[k] for k in plan} == plan
     assert said is None or said in err, err
+
+
+@pytest.mark.parametrize("edit, plan, per_node, said", [
+    # accelerate's own FSDP1 template as published: FULL_SHARD
+    ({}, {"zero_stage": 3, "dp_replicate": 1}, 2, None),
+    # the FSDP1 strategies (torch ShardingStrategy, by name or number), each read as fully sharded before
+    ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: SHARD_GRAD_OP"}, {"zero_stage": 2}, 2, None),
+    ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: 3"}, {"zero_stage": 0}, 2, None),
+    ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: HYBRID_SHARD",
+      "num_processes: 2": "num_processes: 16\nnum_machines: 2"}, {"zero_stage": 3, "dp_replicate": 2}, 8, None),
+    # FSDP1 ignores fsdp_reshard_after_forward (the strategy, FULL_SHARD when absent, is what launch exports)
+    ({"  fsdp_sharding_strategy: FULL_SHARD\n": "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"}, {"zero_stage": 3},
+     2, "accelerate ignores fsdp_reshard_after_forward there"),
+    # 16 processes on 4 machines: 4 a node (8, the GPU's, before); fp32 said where it was estimated as bf16 in silence
+    ({"num_processes: 2": "num_processes: 16\nnum_machines: 4", "mixed_precision: 'bf16'": "mixed_precision: 'no'"},
+     {"zero_stage": 3}, 4, "mixed_precision 'no' trains in fp32"),
+])
+def test_an_accelerate_fsdp1_config_estimates_the_job_accelerate_launches(edit, plan, per_node, said, tmp_path,
+                                                                          capsys):
+    text = (CORPUS / "good" / "accelerate_fsdp.yaml").read_text()
+    for old, new in edit.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(text)
+    code = main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)
+    assert {k: got["plan"][k] for k in plan} == plan and got["cluster"]["gpus_per_node"] == per_node
+    assert said is None or said in err, err
