@@ -13,6 +13,8 @@ from autotune.emit.job_args import whole as _int
 from autotune.emit.megatron_attention import MLA_YARN_FIXED, YARN_DEFAULTS
 from autotune.emit.megatron_flags import layer_pattern
 from autotune.emit.megatron_model_flags import MEGATRON_NORM_EPS
+from autotune.emit.megatron_scripts import unmodelled_job
+from autotune.emit.shell_args import read_megatron_launch
 from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.model_parts import MLASpec
@@ -103,6 +105,11 @@ def _file_balancing(preset: ModelSpec, spec: ModelSpec, path: str, notes: list[s
 def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.0) -> ModelSpec | None:
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
+
+    if Path(path).is_file() and (other := unmodelled_job(read_megatron_launch(path)[3])):
+        raise InputError([f"{path} trains {other}, not a decoder language model (pretrain_gpt.py): autotune does not "
+                          f"model it; its language model alone is a pretrain_gpt.py job with those flags"],
+                         subject=_SUBJECT)
 
     layers, hidden, heads = n("--num-layers"), n("--hidden-size"), n("--num-attention-heads")
     if layers is None or hidden is None or heads is None:

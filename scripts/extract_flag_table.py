@@ -15,6 +15,13 @@ with its real ``megatron.core`` (arguments.py >= 0.16 builds flags from ``Transf
 stubs cannot stand in for), only ``triton`` stubbed (absent without a GPU), and the parser is captured as above.
 
     python scripts/extract_flag_table.py --tree DIR --source "NVIDIA/Megatron-LM@core_v0.16.1 (55ac708)" --out out.json
+
+``--provider FILE:FUNCTION`` (the ``autotune/emit/megatron_flags_*_core_v0.*.json`` tables of a training script's own
+flags): FILE defines an ``extra_args_provider`` (``add_modelopt_args`` in megatron/post_training/arguments.py, which
+pretrain_gpt.py passes where nvidia-modelopt is installed; ``add_multimodal_extra_args`` in examples/multimodal/
+multimodal_args.py, examples/multimodal/train.py's), run with megatron stubbed and called on an empty parser.
+
+    python scripts/extract_flag_table.py --provider multimodal_args.py:add_multimodal_extra_args --source ... --out out.json
 """
 
 import argparse
@@ -94,9 +101,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("arguments_py", nargs="?", help="a megatron/arguments.py run with its imports stubbed")
     p.add_argument("--tree", help="a folder holding a whole megatron/ package, imported for real")
+    p.add_argument("--provider", help="FILE:FUNCTION, an extra_args_provider called on an empty parser")
     p.add_argument("--source", required=True, help="where the file comes from (repository@commit path)")
     p.add_argument("--out", required=True, help="the JSON file to write (stdout is DeepSpeed's log)")
     opts = p.parse_args()
+    if opts.provider:
+        file, function = opts.provider.rsplit(":", 1)
+        for name in ("megatron", "megatron.core", "megatron.core.models", "megatron.core.models.multimodal",
+                     "megatron.core.models.multimodal.llava_model"):
+            sys.modules.setdefault(name, mock.MagicMock(name=name))
+        namespace: dict = {}
+        exec(compile(open(file, encoding="utf-8").read(), file, "exec"), namespace)  # noqa: S102 - the upstream file
+        parser = argparse.ArgumentParser(add_help=False)
+        namespace[function](parser)
+        return _write(parser, opts)
     if bool(opts.tree) == bool(opts.arguments_py):
         p.error("give either arguments_py or --tree")
     parse_args = _tree_parse_args(opts.tree) if opts.tree else _stubbed_parse_args(opts.arguments_py)
@@ -110,6 +128,10 @@ def main() -> int:
             parse_args()
         except _Captured as got:
             parser = got.parser
+    return _write(parser, opts)
+
+
+def _write(parser: argparse.ArgumentParser, opts) -> int:
     flags = [_record(a) for a in parser._actions if a.option_strings and a.dest != "help"]
     rows = ",\n".join("  " + json.dumps(f) for f in flags)
     with open(opts.out, "w", encoding="utf-8") as out:

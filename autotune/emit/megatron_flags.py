@@ -17,9 +17,9 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["FlagSpec", "megatron_flag_table", "megatron_deepspeed_flag_table", "is_flag", "megatron_flags_file",
-           "megatron_table_source", "releases_with_flag", "MEGATRON_CORE_RELEASES", "MEGATRON_DEEPSPEED_FLAGS_FILE",
-           "layer_pattern"]
+__all__ = ["FlagSpec", "megatron_flag_table", "packaged_flag_table", "megatron_deepspeed_flag_table", "is_flag",
+           "megatron_flags_file", "megatron_table_source", "releases_with_flag", "MEGATRON_CORE_RELEASES",
+           "MEGATRON_DEEPSPEED_FLAGS_FILE", "layer_pattern"]
 
 MEGATRON_CORE_RELEASES = ("0.16", "0.17", "0.18", "0.19")
 """The Megatron-core releases with a flag table here, oldest first (the newest is the default)."""
@@ -129,6 +129,12 @@ def _read_flags_json(filename: str) -> dict:
     """A flag table shipped in this package (``autotune/emit/*.json``)."""
     packaged = importlib.resources.files("autotune.emit") / filename
     return json.loads(packaged.read_text(encoding="utf-8"))
+
+
+def packaged_flag_table(filename: str) -> dict[str, FlagSpec]:
+    """Every option string of a flag table shipped in ``autotune/emit`` (a release's parser, a script's own flags)
+    -> its :class:`FlagSpec`."""
+    return _table(filename)
 
 
 def _table(filename: str) -> dict[str, FlagSpec]:

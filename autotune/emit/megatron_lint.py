@@ -13,10 +13,12 @@ import io
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from autotune.emit.argv_lint import ParsedArgs, duplicate_problems, tokenize, value_problems
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES, megatron_flag_table, megatron_flags_file
 from autotune.emit.megatron_model_flags import ROUTER_FP32_EXPERTS
+from autotune.emit.megatron_scripts import script_flags
 from autotune.emit.megatron_versions import version_problems
 from autotune.emit.problems import Problem, Severity
 
@@ -203,19 +205,26 @@ def _megatron_own_problems(argv: Sequence[str], world_size: int) -> list[Problem
 
 def megatron_args_problems(argv: Sequence[str], world_size: int, *, env: Mapping[str, str] | None = None,
                            lines: Sequence[int] | None = None, release: str | None = None,
-                           installed: str | None = None, declared: str | None = None) -> list[Problem]:
+                           installed: str | None = None, declared: str | None = None,
+                           script: str | None = None) -> list[Problem]:
     """Every problem in a Megatron-LM argument list for ``world_size`` GPUs: unknown flags (nearest flag
     suggested), values outside a flag's type, choices or sane range, and the validate_args rules. ``env``
     (the job's exported variables), when given, is checked for CUDA_DEVICE_MAX_CONNECTIONS; ``lines[i]``
     is ``argv[i]``'s line in its file (see :func:`autotune.emit.shell_args.parse_shell_args_with_lines`).
     ``release``: the Megatron-core release in use (default the newest modelled), whose flag table applies;
-    ``installed`` (the installed megatron-core) and ``declared`` (the release the file names) word mismatches."""
+    ``installed`` (the installed megatron-core) and ``declared`` (the release the file names) word mismatches;
+    ``script``: the training script the launch line runs, whose own flags parse too (``megatron_scripts``)."""
     release = release or MEGATRON_CORE_RELEASES[-1]
-    table = megatron_flag_table(release)
+    extra = script_flags(script)
+    table = {**extra.table, **megatron_flag_table(release)}
     mismatched, covered = version_problems(argv, release, installed=installed, declared=declared, lines=lines)
     given, problems = tokenize(list(argv), table, engine=f"Megatron-core {release}",
                                table_file=megatron_flags_file(release), lines=lines)
-    problems = mismatched + [p for p in problems if p.path not in covered]
+    problems = mismatched + [_script_flag(p, script) if extra.open else p for p in problems if p.path not in covered]
+    if extra.conditional:
+        problems += [Problem(path=g.flag, severity="warning", source="rules", line=g.line, message=extra.conditional,
+                             fix="install nvidia-modelopt where the job runs, or drop it")
+                     for g in given if g.flag in extra.table and g.flag not in megatron_flag_table(release)]
     problems += duplicate_problems(given, table)
     parsed = ParsedArgs(given, table)
     problems += value_problems(parsed, table)
@@ -223,3 +232,12 @@ def megatron_args_problems(argv: Sequence[str], world_size: int, *, env: Mapping
     if installed is None or installed.startswith(release + "."):  # the installed parser is the release in use
         problems += _megatron_own_problems(argv, world_size)
     return problems
+
+
+def _script_flag(problem: Problem, script: str | None) -> Problem:
+    """An unknown flag on a script that adds its own (not Megatron-LM's GPT scripts): a warning naming it."""
+    if not problem.message.startswith("unrecognized argument"):
+        return problem
+    return replace(problem, severity="warning", message=f"{problem.path} is no flag of Megatron-core's parser: "
+                   f"{script} may add it (its extra_args_provider); not checked",
+                   fix=f"check it against {script}'s own arguments")

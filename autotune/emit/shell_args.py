@@ -22,7 +22,8 @@ from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState, Value, che
 from autotune.emit.megatron_flags import is_flag
 from autotune.inputs import read_text
 
-__all__ = ["parse_shell_args", "parse_shell_args_with_lines", "read_megatron_args_file",
+__all__ = ["parse_shell_args", "parse_shell_args_with_lines", "parse_shell_launch", "read_megatron_launch",
+           "read_megatron_args_file",
            "read_megatron_args_file_with_env", "read_megatron_args_file_with_lines", "MAX_ARGS_FILE_BYTES"]
 
 _LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "exec", "nohup")
@@ -117,7 +118,15 @@ class _Cases:
 def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[str, str]]:
     """(arguments, each argument's 1-based line, exported variables) of a shell file of Megatron
     arguments (no shell is run): see :func:`parse_shell_args`."""
+    argv, lines, env, _ = parse_shell_launch(text)
+    return argv, lines, env
+
+
+def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str], str | None]:
+    """:func:`parse_shell_args_with_lines` and the training script its first launch line runs (None: no launch
+    line), whose own flags the linter then knows (``autotune.emit.megatron_scripts``)."""
     check_line_lengths(text)
+    script_name: str | None = None
     state = ShellState()
     env: dict[str, str] = {}
     launched: list[Value] = []   # the words after the training script on launch lines
@@ -197,9 +206,10 @@ def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[s
         script = _is_launch(words)
         if script is not None:
             has_launch = True
+            script_name = script_name or words[script][0]
             launched.extend(words[script + 1:])
     kept = launched if has_launch else listed
-    return [w for w, _ in kept], [lines[0] if lines else 0 for _, lines in kept], env
+    return [w for w, _ in kept], [lines[0] if lines else 0 for _, lines in kept], env, script_name
 
 
 def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
@@ -212,6 +222,11 @@ def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
     """
     argv, _, env = parse_shell_args_with_lines(text)
     return argv, env
+
+
+def read_megatron_launch(path: str | Path) -> tuple[list[str], list[int], dict[str, str], str | None]:
+    """(arguments, their lines, exported variables, the training script) of a shell file of at most 1 MiB."""
+    return parse_shell_launch(read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES))
 
 
 def read_megatron_args_file_with_lines(path: str | Path) -> tuple[list[str], list[int], dict[str, str]]:

@@ -25,7 +25,7 @@ from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_proble
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.megatron_versions import header_release, release_in_use
 from autotune.emit.problems import JobSizes, Problem
-from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines
+from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines, read_megatron_launch
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
 from autotune.emit.torchtitan_module_read import module_function, torchtitan_module_problems, torchtitan_module_sizes
 from autotune.emit.validate import validate_deepspeed_config
@@ -166,11 +166,11 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
         hf = Path(path).name.lower().endswith("_hf.json") if hf is None else hf
         return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf)
     if kind == "megatron":
-        argv, lines, env = read_megatron_args_file_with_lines(path)
+        argv, lines, env, script = read_megatron_launch(path)
         declared = header_release(Path(path).read_text(encoding="utf-8", errors="replace"))
         release, installed = release_in_use(asked.get("megatron"), declared)
         return megatron_args_problems(argv, world_size, env=env, lines=lines, release=release, installed=installed,
-                                      declared=declared)
+                                      declared=declared, script=script)
     if kind == "megatron-deepspeed":
         argv, lines, _ = read_megatron_args_file_with_lines(path)
         return megatron_deepspeed_args_problems(argv, world_size, lines=lines)

@@ -42,6 +42,7 @@ GOOD = {
     "dse_imagenet_ds_fp16_z1_config.json": (["--world-size", "8"], ["$.cuda_visible_devices"]),  # DeepSpeed ignores it
     "dse_pipeline_parallelism_ds_config.json": (["--world-size", "8"], []),
     "ds_megatron_gpt2_bs4_zero2_offload.json": (["--world-size", "4"], ["$.zero_optimization.cpu_offload"]),
+    "megatron_multimodal_pretrain_mistral_clip.sh": ([], []),  # 9 "unrecognized argument" errors before
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -62,6 +63,9 @@ BAD = {
     "accelerate_fsdp_typo.yaml": ([], [("$.fsdp_config.fsdp_sharding_stratgy", "unknown key 'fsdp_sharding_stratgy'")]),
     "accelerate_tp_hsdp_sizes.yaml": ([], [("$.parallelism_config", "dp_replicate x dp_shard x tp x cp x sp = 16")]),
     "torchtitan_llama3_8b_tp3.toml": (["--world-size", "8"], [("$.parallelism", "8 is not divisible")]),
+    "megatron_gptoss_02_train.sh": ([], [
+        ("--pipeline-model-parallel-size", "Number of layers should be divisible by the pipeline-model-parallel size"),
+        ("--enable-gpt-oss", "pretrain_gpt.py adds it only where nvidia-modelopt is installed")]),
     "trl_fsdp2_ac_offload_without_ac.yaml": ([], [("$.fsdp_config.fsdp_activation_checkpointing_offload",
                                                    "requires `activation_checkpointing=True`")]),
     "trl_fsdp2_ram_loading_without_sync.yaml": ([], [("$.fsdp_config.fsdp_sync_module_states",
@@ -189,3 +193,23 @@ def test_an_accelerate_fsdp1_config_estimates_the_job_accelerate_launches(edit, 
     got = json.loads(out)
     assert {k: got["plan"][k] for k in plan} == plan and got["cluster"]["gpus_per_node"] == per_node
     assert said is None or said in err, err
+
+
+def test_a_training_scripts_own_flags_are_its(capsys):
+    """Megatron-LM's examples/gptoss/02_train.sh passes Model Optimizer's flags to pretrain_gpt.py, which adds them
+    where nvidia-modelopt is installed: warnings saying so (they were parser-exit errors); a script of a model
+    autotune does not model (examples/multimodal/train.py) is refused by estimate with what it trains (it was
+    estimated as a GPT job at its image-embedding sequence length); a user's own script may add flags: a warning."""
+    code, problems = _validate(CORPUS / "bad" / "megatron_gptoss_02_train.sh", [], capsys)
+    modelopt = [p for p in problems if p["path"] in ("--export-force-local-attention", "--enable-gpt-oss")]
+    assert code == 1 and len(modelopt) == 2 and all(p["severity"] == "warning" for p in modelopt), problems
+    assert main(["estimate", "--from", str(CORPUS / "good" / "megatron_multimodal_pretrain_mistral_clip.sh"),
+                 "--gpu", "h100-sxm-80gb"]) == 2
+    assert "trains a vision-language model (examples/multimodal" in capsys.readouterr().err
+    from autotune.emit.megatron_lint import megatron_args_problems
+
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--my-flag", "1"]
+    own = [p for p in megatron_args_problems(argv, 1, script="my_train.py") if p.path == "--my-flag"]
+    gpt = [p for p in megatron_args_problems(argv, 1, script="pretrain_gpt.py") if p.path == "--my-flag"]
+    assert [p.severity for p in own] == ["warning"] and "my_train.py may add it" in own[0].message
+    assert [p.severity for p in gpt] == ["error"]

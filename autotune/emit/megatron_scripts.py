@@ -1,0 +1,69 @@
+"""The training script a Megatron-LM launch line runs, and the flags it adds to Megatron-core's parser.
+
+``pretrain(..., extra_args_provider=...)`` lets a training script add flags of its own (megatron/training/
+arguments.py ``parse_args``). Two of Megatron-LM's own scripts do (tables read from core_v0.19.0 by
+scripts/extract_flag_table.py --provider):
+
+* ``pretrain_gpt.py`` adds Model Optimizer's (megatron/post_training/arguments.py ``add_modelopt_args``) where
+  nvidia-modelopt is installed (pretrain_gpt.py: ``extra_args_provider=add_modelopt_args if has_nvidia_modelopt``):
+  they parse there, and the linter says they need that package;
+* ``examples/multimodal/train.py`` adds its vision-language flags (examples/multimodal/multimodal_args.py
+  ``add_multimodal_extra_args``): they parse there.
+
+Any other script (a user's own ``train.py``) may add flags autotune cannot know: an unknown flag there is a warning
+naming the script, not the parser exit it is for ``pretrain_gpt.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import PurePosixPath
+
+from autotune.emit.megatron_flags import FlagSpec, packaged_flag_table
+
+__all__ = ["ScriptFlags", "script_flags", "GPT_SCRIPTS", "unmodelled_job"]
+
+GPT_SCRIPTS = ("pretrain_gpt.py", "pretrain_mamba.py", "pretrain_hybrid.py")
+"""Megatron-LM's language-model training scripts: Megatron-core's parser alone (and Model Optimizer's on GPT)."""
+
+
+class ScriptFlags:
+    """What a training script's parser holds beyond Megatron-core's: ``table`` (flag -> spec), ``conditional`` (the
+    warning a flag of it gets: parsed only where a package is installed), ``open`` (the script may add flags nobody
+    listed: an unknown one is a warning)."""
+
+    def __init__(self, table: dict[str, FlagSpec], conditional: str | None, open_: bool) -> None:
+        self.table, self.conditional, self.open = table, conditional, open_
+
+
+@functools.cache
+def _provider(name: str) -> dict[str, FlagSpec]:
+    return packaged_flag_table(f"megatron_flags_{name}_core_v0.19.json")
+
+
+def script_flags(script: str | None) -> ScriptFlags:
+    """The flags ``script`` (the launch line's training script; None: no launch line, a bare argument list) adds."""
+    if script is None or PurePosixPath(script).name == "pretrain_gpt.py":
+        return ScriptFlags(_provider("modelopt"), "pretrain_gpt.py adds it only where nvidia-modelopt is installed "
+                           "(megatron/post_training/arguments.py add_modelopt_args)", False)
+    path = PurePosixPath(script)
+    if path.name == "train.py" and path.parent.name == "multimodal":
+        return ScriptFlags(_provider("multimodal"), None, False)
+    return ScriptFlags({}, None, path.name not in GPT_SCRIPTS)
+
+
+_OTHER_MODELS = {"pretrain_vlm.py": "a vision-language model", "pretrain_bert.py": "BERT", "pretrain_t5.py": "T5",
+                 "pretrain_retro.py": "RETRO", "pretrain_ict.py": "an ICT retriever",
+                 "pretrain_vision_classify.py": "a vision transformer", "pretrain_vision_dino.py": "a vision transformer",
+                 "pretrain_vision_inpaint.py": "a vision transformer"}
+"""Megatron-LM's training scripts of models other than a decoder language model (the repository's top level)."""
+
+
+def unmodelled_job(script: str | None) -> str | None:
+    """What ``script`` trains where that is no decoder language model autotune models (None: it may be one)."""
+    if script is None:
+        return None
+    path = PurePosixPath(script)
+    if path.name == "train.py" and path.parent.name == "multimodal":
+        return "a vision-language model (examples/multimodal: a vision encoder, a projection and a language model)"
+    return _OTHER_MODELS.get(path.name)
