@@ -28,6 +28,7 @@ from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
 from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
+from autotune.emit.validate import batch_triple_problem, resolved_config
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
@@ -202,23 +203,6 @@ def _values(argv: list[str], flag: str) -> list[str]:
     return ([head] if head else []) + rest
 
 
-def _check_batch_triple(ds: dict, world: int, mp: int) -> None:
-    """DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x dp: name the world size it
-    is written for."""
-    batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                                "gradient_accumulation_steps"))
-    if not all(isinstance(v, int) and v > 0 for v in (batch, micro, accum)) or mp < 1 or world % mp:
-        return
-    dp = world // mp
-    autotp = (ds.get("tensor_parallel") or {}).get("autotp_size") or 1
-    if batch not in (micro * accum * dp, micro * accum * dp * autotp):
-        fits = f": it is written for dp {batch // (micro * accum)} (--num-gpus {batch // (micro * accum) * mp})" if (
-            batch % (micro * accum) == 0) else ""
-        raise InputError([f"the DeepSpeed config's train_batch_size ({batch}) is not train_micro_batch_size_per_gpu "
-                          f"({micro}) x gradient_accumulation_steps ({accum}) x dp ({dp} = {world} GPUs / tp*pp*cp "
-                          f"{mp}), which DeepSpeed refuses{fits}"], subject=_SUBJECT)
-
-
 def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
              gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
              global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
@@ -328,10 +312,12 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         if ds is None:
             raise InputError(["the plan: the files hold no DeepSpeed config, Megatron arguments or torchtitan "
                               "config: add one to --from"], subject=_SUBJECT)
-        if any(v == "auto" for v in json.dumps(ds).split('"')):
-            raise InputError(['the DeepSpeed config has "auto" values (a Hugging Face one): give the numbers'],
-                             subject=_SUBJECT)
-        _check_batch_triple(ds, cluster.num_gpus, tp * pp * cp)
+        if any(v == "auto" for v in json.dumps(ds).split('"')):  # the Trainer / accelerate fill them from the script
+            ds, _ = resolved_config(ds, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp), notes.append(
+                'the DeepSpeed config\'s "auto" values read as the Trainer fills them: the batch --global-batch gives '
+                '(else a micro-batch of 1 a rank, no accumulation), bf16 unless it enables fp16')
+        if (why := batch_triple_problem(ds, cluster.num_gpus, tp * pp * cp)):
+            raise InputError([why], subject=_SUBJECT)
         plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,
                                                     recompute=recompute or ds_run.get("recompute"),
                                                     engine=ds_run.get("engine", "deepspeed"), notes=notes)

@@ -198,10 +198,10 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     if kind == "DEEPSPEED":
         block = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
         file = block.get("deepspeed_config_file")
-        if not file:
-            raise InputError([f"{path}: a DeepSpeed accelerate config without deepspeed_config_file: give the "
-                              f"ds_config.json too (--from {path} ds_config.json)"], subject=_SUBJECT)
-        ds_path = Path(path).parent / file if not Path(file).is_absolute() else Path(file)
+        if not file:  # accelerate builds the DeepSpeed config from the block itself
+            return out, world, _plugin_deepspeed_config(block, out["precision"])
+        # accelerate opens it from the working directory (HfDeepSpeedConfig); a copy beside the YAML is read too
+        ds_path = Path(file) if Path(file).is_absolute() or Path(file).is_file() else Path(path).parent / file
         return out, world, read_json(ds_path, subject="DeepSpeed config")
     if kind != "FSDP":
         raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP and DeepSpeed "
@@ -244,3 +244,19 @@ def _fsdp1_strategy(f: dict, path: str, machines: int, notes: list[str]) -> dict
                      f"fsdp_reshard_after_forward there")
     stage, hybrid = _FSDP1_STRATEGIES[name]
     return {"zero_stage": stage, **({"dp_replicate": machines} if hybrid and machines > 1 else {})}
+
+
+def _plugin_deepspeed_config(block: dict, precision: str) -> dict:
+    """The DeepSpeed config accelerate 1.16.0's DeepSpeedPlugin builds from an accelerate config's deepspeed_config
+    block (utils/dataclasses.py:1200-1222: batch sizes "auto", the script's; ZeRO stage, offload devices, accumulation,
+    clipping from the block; precision from mixed_precision)."""
+    zero = {"stage": block.get("zero_stage", 2)}
+    for name in ("offload_optimizer", "offload_param"):
+        device = block.get(f"{name}_device", "none")
+        zero[name] = {"device": device, **({"nvme_path": block.get(f"{name}_nvme_path")} if device == "nvme" else {})}
+    config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "zero_optimization": zero,
+              "gradient_accumulation_steps": block.get("gradient_accumulation_steps", 1),
+              precision if precision in ("bf16", "fp16") else "bf16": {"enabled": True}}
+    if block.get("gradient_clipping") is not None:
+        config["gradient_clipping"] = block["gradient_clipping"]
+    return config

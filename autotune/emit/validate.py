@@ -27,8 +27,8 @@ from autotune.emit.validate_schema import auto_problems, autos, schema_problems,
 from autotune.errors import InputError
 from autotune.resources import schema as shipped_schema
 
-__all__ = ["validate_deepspeed_config", "read_deepspeed_config", "resolved_config", "has_errors",
-           "json_path"]
+__all__ = ["validate_deepspeed_config", "read_deepspeed_config", "resolved_config", "batch_triple_problem",
+           "has_errors", "json_path"]
 
 
 # ---- the entry point -------------------------------------------------------------------------
@@ -87,3 +87,21 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
     problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines)
     problems += deepspeed_problems(checked, batch_dp, problems, lines)
     return problems
+
+
+def batch_triple_problem(ds: dict, world: int, mp: int) -> str | None:
+    """Why DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x dp (naming the world size
+    it is written for), or None."""
+    batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                "gradient_accumulation_steps"))
+    if not all(isinstance(v, int) and v > 0 for v in (batch, micro, accum)) or mp < 1 or world % mp:
+        return None
+    dp = world // mp
+    autotp = (ds.get("tensor_parallel") or {}).get("autotp_size") or 1
+    if batch in (micro * accum * dp, micro * accum * dp * autotp):
+        return None
+    fits = f": it is written for dp {batch // (micro * accum)} (--num-gpus {batch // (micro * accum) * mp})" if (
+        batch % (micro * accum) == 0) else ""
+    return (f"the DeepSpeed config's train_batch_size ({batch}) is not train_micro_batch_size_per_gpu ({micro}) x "
+            f"gradient_accumulation_steps ({accum}) x dp ({dp} = {world} GPUs / tp*pp*cp {mp}), which DeepSpeed "
+            f"refuses{fits}")

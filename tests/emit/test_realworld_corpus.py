@@ -43,6 +43,7 @@ GOOD = {
     "dse_pipeline_parallelism_ds_config.json": (["--world-size", "8"], []),
     "ds_megatron_gpt2_bs4_zero2_offload.json": (["--world-size", "4"], ["$.zero_optimization.cpu_offload"]),
     "megatron_multimodal_pretrain_mistral_clip.sh": ([], []),  # 9 "unrecognized argument" errors before
+    "trl_deepspeed_zero3.yaml": ([], []),
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -213,3 +214,23 @@ def test_a_training_scripts_own_flags_are_its(capsys):
     gpt = [p for p in megatron_args_problems(argv, 1, script="pretrain_gpt.py") if p.path == "--my-flag"]
     assert [p.severity for p in own] == ["warning"] and "my_train.py may add it" in own[0].message
     assert [p.severity for p in gpt] == ["error"]
+
+
+@pytest.mark.parametrize("name, flags, plan", [
+    # the Hugging Face Trainer's ZeRO-2 config, its batch sizes "auto": filled as the Trainer fills them (refused
+    # before: 'the DeepSpeed config has "auto" values: give the numbers', with no way to give them)
+    ("hf_ds_config_zero2.json", ["--num-gpus", "8", "--global-batch", "64"],
+     {"zero_stage": 2, "offload_optimizer": "cpu", "micro_batch_size": 1, "grad_accum_steps": 8}),
+    # accelerate's DeepSpeed plugin with no JSON: the config accelerate builds from the block (refused before:
+    # "give the ds_config.json too", which such a job has none of)
+    ("trl_deepspeed_zero3.yaml", ["--global-batch", "16"],
+     {"zero_stage": 3, "offload_optimizer": "none", "micro_batch_size": 1, "grad_accum_steps": 2, "dp": 8}),
+])
+def test_a_config_whose_batch_the_script_fills_estimates(name, flags, plan, capsys):
+    code = main(["estimate", "--from", str(CORPUS / "good" / name), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb",
+                 *flags, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)["plan"]
+    assert {k: got[k] for k in plan} == plan
+    assert '"auto" values read as the Trainer fills them' in err
