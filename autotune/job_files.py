@@ -316,6 +316,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             ds, _ = resolved_config(ds, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp), notes.append(
                 'the DeepSpeed config\'s "auto" values read as the Trainer fills them: the batch --global-batch gives '
                 '(else a micro-batch of 1 a rank, no accumulation), bf16 unless it enables fp16')
+        sp = ds.get("sequence_parallel_size")  # Ulysses: DeepSpeed's dp is world / it (runtime/config.py:468-469)
+        cp = sp if cp == 1 and isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else cp
         if (why := batch_triple_problem(ds, cluster.num_gpus, tp * pp * cp)):
             raise InputError([why], subject=_SUBJECT)
         plan, settings = plan_from_deepspeed_config(ds, model_spec, cluster, tp=tp, pp=pp, cp=cp, seq_len=seq,

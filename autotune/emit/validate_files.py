@@ -139,6 +139,10 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
         return JobSizes()
     if kind == "accelerate":
         return accelerate_job_sizes(path)
+    if kind == "deepspeed":  # Ulysses: DeepSpeed's dp is world / sequence_parallel_size (runtime/config.py:468-469)
+        doc = read_json(path, subject="DeepSpeed config")
+        sp = doc.get("sequence_parallel_size") if isinstance(doc, dict) else None
+        return JobSizes(cp=sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else None)
     if kind == "hostfile":
         return hostfile_job_sizes(path)
     if kind == "torchtitan":

@@ -44,6 +44,8 @@ GOOD = {
     "ds_megatron_gpt2_bs4_zero2_offload.json": (["--world-size", "4"], ["$.zero_optimization.cpu_offload"]),
     "megatron_multimodal_pretrain_mistral_clip.sh": ([], []),  # 9 "unrecognized argument" errors before
     "trl_deepspeed_zero3.yaml": ([], []),
+    # world 2 read from its batch with sp 2 ("assuming 1" and a train_batch_size error telling to write 2, before)
+    "dse_autosp_config.json": (["--hf"], []),
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -225,6 +227,8 @@ def test_a_training_scripts_own_flags_are_its(capsys):
     # "give the ds_config.json too", which such a job has none of)
     ("trl_deepspeed_zero3.yaml", ["--global-batch", "16"],
      {"zero_stage": 3, "offload_optimizer": "none", "micro_batch_size": 1, "grad_accum_steps": 2, "dp": 8}),
+    # Ulysses sequence parallelism: sequence_parallel_size 2 is the plan's cp (refused before: the batch triple)
+    ("dse_autosp_config.json", ["--num-gpus", "2"], {"cp": 2, "dp": 1, "micro_batch_size": 1, "zero_stage": 0}),
 ])
 def test_a_config_whose_batch_the_script_fills_estimates(name, flags, plan, capsys):
     code = main(["estimate", "--from", str(CORPUS / "good" / name), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb",
