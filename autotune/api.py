@@ -170,6 +170,10 @@ def plan_from_deepspeed_config(config: dict, model: ModelSpec, cluster: ClusterS
         # :188-218 of DeepSpeed 0.19.8)
         devices[name] = block.get("device") or ("cpu" if zero.get(legacy) is True else "none")
         nvme_path = nvme_path or block.get("nvme_path")
+    if devices["offload_param"] != "none" and stage != 3:  # only the stage-3 optimizer reads it (engine.py:2731)
+        devices["offload_param"] = "none"
+        if notes is not None:
+            notes.append(f"offload_param at ZeRO stage {stage}: DeepSpeed ignores it (stage 3 only), read so")
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps")
     batch = config.get("train_batch_size")

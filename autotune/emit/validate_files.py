@@ -28,7 +28,7 @@ from autotune.emit.problems import JobSizes, Problem
 from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines, read_megatron_launch
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
 from autotune.emit.torchtitan_module_read import module_function, torchtitan_module_problems, torchtitan_module_sizes
-from autotune.emit.validate import validate_deepspeed_config
+from autotune.emit.validate import read_deepspeed_config, validate_deepspeed_config
 from autotune.errors import InputError
 from autotune.inputs import read_json
 
@@ -140,7 +140,7 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
     if kind == "accelerate":
         return accelerate_job_sizes(path)
     if kind == "deepspeed":  # Ulysses: DeepSpeed's dp is world / sequence_parallel_size (runtime/config.py:468-469)
-        doc = read_json(path, subject="DeepSpeed config")
+        doc = read_deepspeed_config(path)[0]  # an unreadable file: its own check says why
         sp = doc.get("sequence_parallel_size") if isinstance(doc, dict) else None
         return JobSizes(cp=sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else None)
     if kind == "hostfile":

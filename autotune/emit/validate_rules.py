@@ -94,8 +94,9 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
         if devices[name] in ("none", None):
             continue
         if name == "offload_param" and stage != 3:
-            bad(("zero_optimization", name), f"offload_param needs ZeRO-3; at stage {stage} DeepSpeed ignores it",
-                "set zero_optimization.stage to 3, or remove offload_param")
+            bad(("zero_optimization", name), f"offload_param needs ZeRO-3; at stage {stage} DeepSpeed ignores it "
+                "(only the stage-3 optimizer reads it: runtime/engine.py:2731, 2773 of 0.19.8)",
+                "set zero_optimization.stage to 3, or remove offload_param", "warning")
         if name == "offload_optimizer" and stage == 0:
             bad(("zero_optimization", name), "offload_optimizer needs ZeRO stage 1, 2 or 3; stage 0 ignores it",
                 "set zero_optimization.stage to 1 or more, or remove offload_optimizer")

@@ -46,6 +46,8 @@ GOOD = {
     "trl_deepspeed_zero3.yaml": ([], []),
     # world 2 read from its batch with sp 2 ("assuming 1" and a train_batch_size error telling to write 2, before)
     "dse_autosp_config.json": (["--hf"], []),
+    # DeepSpeed ignores offload_param below stage 3: a warning (an error before, and estimate refused the plan)
+    "ds_hybrid_engine_config.json": (["--world-size", "8"], ["$.zero_optimization.offload_param"]),
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
@@ -156,6 +158,9 @@ def test_integer_tests_case_and_arithmetic_read_as_bash_runs_them():
      "enables neither fp16 nor bf16, so DeepSpeed trains in fp32"),
     # the deprecated cpu_offload switch is the optimizer offloaded to the CPU (zero/config.py:209-218): ignored before
     ("ds_megatron_gpt2_bs4_zero2_offload.json", 4, {"offload_optimizer": "cpu", "zero_stage": 2}, None),
+    # offload_param at ZeRO-0, which DeepSpeed ignores: the plan without it, said (refused before)
+    ("ds_hybrid_engine_config.json", 8, {"offload_param": "none", "zero_stage": 0, "micro_batch_size": 2},
+     "offload_param at ZeRO stage 0: DeepSpeed ignores it"),
 ])
 def test_a_published_deepspeed_config_estimates_the_job_deepspeed_runs(name, gpus, plan, said, capsys):
     code = main(["estimate", "--from", str(CORPUS / "good" / name), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb",
