@@ -391,3 +391,20 @@ def test_an_accelerate_config_that_offloads_reads_back_as_fsdp2_offloads(tmp_pat
     job = read_job([str(tmp_path / "fsdp" / "accelerate_fsdp.yaml")], model="llama3-8b", gpu="h100-sxm-80gb",
                    global_batch=64, seq_len=2048)
     assert (job.plan.zero_stage, job.plan.offload_param, job.plan.offload_optimizer) == (3, "cpu", "cpu")
+
+
+def test_plan_flags_the_files_state_otherwise_are_said_not_applied(capsys):
+    """`estimate --from FILE --zero 2 --precision fp16` estimated the file's ZeRO-3 bf16 job and said nothing of the
+    flags ("flags fill what the files do not state"); now stderr names each one not applied. Flags the files leave
+    to them (a DeepSpeed config's tp, its recompute) are applied, and not named."""
+    accel = ROOT / "tests" / "fixtures" / "realworld" / "good" / "accelerate_tp_hsdp.yaml"
+    code, out, err = run(["estimate", "--from", accel, "--model", "llama3-8b", *GPU, "--zero", "2", "--precision",
+                          "fp16", "--json"], capsys)
+    assert code == 0 and json.loads(out)["plan"]["zero_stage"] == 3
+    assert "not applied, the files state the job otherwise: --zero 2 (the files: 3), --precision fp16 (the files: " \
+           "bf16)" in err, err
+    ds = ROOT / "tests" / "fixtures" / "realworld" / "good" / "hf_ds_config_zero2.json"
+    code, out, err = run(["estimate", "--from", ds, "--model", "llama3-8b", *GPU, "--num-gpus", "8", "--tp", "2",
+                          "--recompute", "full", "--json"], capsys)
+    assert code == 0 and (json.loads(out)["plan"]["tp"], json.loads(out)["plan"]["recompute"]) == (2, "full")
+    assert "not applied" not in err

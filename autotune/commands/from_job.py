@@ -72,6 +72,7 @@ def job_estimate(args: argparse.Namespace):
 
     job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute)
     plan = job.plan
+    _say_unapplied(args, plan)
     asked = {k: v for k, v in run_setting_args(args).items() if v != getattr(plan, k)}
     if asked:
         # --grad-dtype / --fp8-recipe / --tp-overlap / --compile with --from: the job with those settings, where its
@@ -101,6 +102,26 @@ def job_estimate(args: argparse.Namespace):
         memory = replace(memory or MemorySettings(), **run_code_settings(args))
     ts = replace(ts, **run_code_time_settings(args))
     return estimate(job.model, job.cluster, plan, memory, ts), memory, ts
+
+
+# Plan flags --from does not apply where the files state the field (flag, argparse dest, plan field, the flag's
+# default): "flags fill what the files do not state".
+_PLAN_FLAGS = (("--tp", "tp", "tp", 1), ("--pp", "pp", "pp", 1), ("--cp", "cp", "cp", 1), ("--vpp", "vpp", "vpp", 1),
+               ("--ep", "ep", "ep", 1), ("--zero", "zero", "zero_stage", None),
+               ("--micro-batch", "micro_batch", "micro_batch_size", 1), ("--precision", "precision", "precision", "bf16"),
+               ("--engine", "engine", "engine", "deepspeed"),
+               ("--offload-optimizer", "offload_optimizer", "offload_optimizer", "none"),
+               ("--offload-param", "offload_param", "offload_param", "none"), ("--recompute", "recompute", "recompute", None))
+
+
+def _say_unapplied(args: argparse.Namespace, plan) -> None:
+    """Stderr names each plan flag given with --from that the files state otherwise (it is not applied)."""
+    unapplied = [f"{flag} {getattr(args, dest)} (the files: {getattr(plan, field)})"
+                 for flag, dest, field, default in _PLAN_FLAGS
+                 if getattr(args, dest, default) not in (default, getattr(plan, field))]
+    if unapplied:
+        print(f"autotune: not applied, the files state the job otherwise: {', '.join(unapplied)}; without --from the "
+              f"flags give the plan (`autotune plan --from` ranks the alternatives)", file=sys.stderr)
 
 
 def _key(plan) -> tuple:
