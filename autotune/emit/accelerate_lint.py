@@ -172,6 +172,7 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
             bad((key,), f"{key} is {data[key]!r}, not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
     _shape_problems(data, world_size, bad)
     _engine_problems(data, tp, cp, world_size, bad)
+    _referenced_problems(path, data, world_size, bad)
     if not any(p.severity == "error" for p in out):
         out += _accelerate_own(path)
     return out
@@ -320,3 +321,35 @@ def _deepspeed_sp_problems(pc: dict, world_size: int, bad) -> None:
     elif world_size % sp:
         bad(("parallelism_config", "parallelism_config_sp_size"), f"sp {sp} does not split the job's {world_size} "
             "ranks into sequence-parallel groups", f"choose an sp dividing {world_size}")
+
+
+def _referenced_problems(path: str | Path, data: dict, world_size: int, bad) -> None:
+    """What accelerate 1.16.0 refuses in what the config points to or sizes for another launcher: the DeepSpeed JSON
+    of deepspeed_config_file (opened from the working directory, utils/deepspeed.py HfDeepSpeedConfig; its ZeRO block,
+    utils/dataclasses.py:1175-1176; the JSON's own problems, its "auto" values accelerate's to fill), and Megatron-LM's
+    tp x pp (megatron_lm_tp_degree / megatron_lm_pp_degree) against the processes."""
+    kind = str(data.get("distributed_type"))
+    ds = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+    file = ds.get("deepspeed_config_file")
+    if kind == "DEEPSPEED" and isinstance(file, str) and file:
+        found = next((c for c in (Path(file), Path(path).parent / file) if c.is_file()), None)
+        if found is None:  # it may sit where the job runs: said, not refused
+            bad(("deepspeed_config", "deepspeed_config_file"), f"{file} is not here (from the working directory or "
+                "beside this file): not checked; accelerate raises 'Expected a string path to an existing deepspeed "
+                "config' where it is not there at launch either", "validate the JSON too, or run from its folder",
+                "warning")
+            return
+        from autotune.emit.validate import read_deepspeed_config, validate_deepspeed_config
+
+        config = read_deepspeed_config(found)[0]
+        if isinstance(config, dict) and "zero_optimization" not in config:
+            bad(("deepspeed_config", "deepspeed_config_file"), f"{file} has no zero_optimization block: accelerate "
+                "raises 'Please specify the ZeRO optimization config in the DeepSpeed config.'",
+                "add a zero_optimization block (its stage) to the JSON")
+        for p in validate_deepspeed_config(found, world_size=world_size, hf=True):
+            bad(("deepspeed_config", "deepspeed_config_file"), f"{file} {p.path}: {p.message}", p.fix, p.severity)
+    meg = data.get("megatron_lm_config") if isinstance(data.get("megatron_lm_config"), dict) else {}
+    sizes = [meg.get(f"megatron_lm_{d}_degree", 1) for d in ("tp", "pp")]
+    if kind == "MEGATRON_LM" and all(_int(v) and v >= 1 for v in sizes) and world_size % (sizes[0] * sizes[1]):
+        bad(("megatron_lm_config",), f"megatron_lm_tp_degree x megatron_lm_pp_degree = {sizes[0]} x {sizes[1]} does "
+            f"not divide the {world_size} processes: Megatron-LM refuses the world size", "make tp x pp divide it")

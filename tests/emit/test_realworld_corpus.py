@@ -243,3 +243,26 @@ def test_a_config_whose_batch_the_script_fills_estimates(name, flags, plan, caps
     got = json.loads(out)["plan"]
     assert {k: got[k] for k in plan} == plan
     assert '"auto" values read as the Trainer fills them' in err
+
+
+def test_what_an_accelerate_config_points_to_is_checked(tmp_path, capsys):
+    """accelerate's DeepSpeed template validates with the JSON it names (linted too, its "auto" values accelerate's);
+    a JSON without zero_optimization (accelerate raises), a JSON not found here (a warning: it may sit where the job
+    runs), and Megatron-LM's tp x pp not dividing the processes are named; each passed before."""
+    template = CORPUS / "good" / "accelerate_deepspeed.yaml"
+    code, problems = _validate(template, [], capsys)
+    assert code == 0 and problems == []
+    ds = json.loads((CORPUS / "deepspeed_config_templates" / "zero_stage1_config.json").read_text())
+    del ds["zero_optimization"]
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    yaml_text = template.read_text().replace("../deepspeed_config_templates/zero_stage1_config.json", "ds.json")
+    (tmp_path / "a.yaml").write_text(yaml_text)
+    code, problems = _validate(tmp_path / "a.yaml", [], capsys)
+    assert code == 1 and any("has no zero_optimization block" in p["message"] for p in problems), problems
+    (tmp_path / "b.yaml").write_text(yaml_text.replace("ds.json", "elsewhere.json"))
+    code, problems = _validate(tmp_path / "b.yaml", [], capsys)
+    assert [(p["severity"], "is not here" in p["message"]) for p in problems] == [("warning", True)], problems
+    (tmp_path / "m.yaml").write_text("distributed_type: MEGATRON_LM\nnum_processes: 4\nmegatron_lm_config:\n"
+                                     "  megatron_lm_tp_degree: 3\n  megatron_lm_pp_degree: 2\n")
+    code, problems = _validate(tmp_path / "m.yaml", [], capsys)
+    assert code == 1 and any("3 x 2 does not divide the 4 processes" in p["message"] for p in problems), problems
