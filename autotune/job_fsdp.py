@@ -203,9 +203,14 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
         # accelerate opens it from the working directory (HfDeepSpeedConfig); a copy beside the YAML is read too
         ds_path = Path(file) if Path(file).is_absolute() or Path(file).is_file() else Path(path).parent / file
         return out, world, read_json(ds_path, subject="DeepSpeed config")
+    if kind in ("MULTI_GPU", "NO"):  # torch DDP (one process for NO): every rank holds the whole model and optimizer
+        notes.append(f"{path}: distributed_type {kind}: DistributedDataParallel, estimated as unsharded data "
+                     f"parallelism (FSDP2's replicate: the same bytes a rank, the gradients all-reduced)")
+        notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
+        return out | {"engine": "fsdp", "zero_stage": 0, "recompute": "none"}, world if kind != "NO" else 1, None
     if kind != "FSDP":
-        raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP and DeepSpeed "
-                          f"accelerate configs"], subject=_SUBJECT)
+        raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP, DeepSpeed and "
+                          f"multi-GPU (DDP) accelerate configs; {kind or 'this'} is not modelled"], subject=_SUBJECT)
     f = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
     par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     reshard = f.get("fsdp_reshard_after_forward", True)

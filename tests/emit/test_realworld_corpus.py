@@ -266,3 +266,16 @@ def test_what_an_accelerate_config_points_to_is_checked(tmp_path, capsys):
                                      "  megatron_lm_tp_degree: 3\n  megatron_lm_pp_degree: 2\n")
     code, problems = _validate(tmp_path / "m.yaml", [], capsys)
     assert code == 1 and any("3 x 2 does not divide the 4 processes" in p["message"] for p in problems), problems
+
+
+def test_a_multi_gpu_accelerate_config_estimates_as_ddp(capsys):
+    """accelerate's multi-GPU template (DistributedDataParallel), the most common accelerate config, was refused by
+    estimate ("autotune reads FSDP and DeepSpeed accelerate configs"): now unsharded data parallelism, said."""
+    code = main(["estimate", "--from", str(CORPUS / "good" / "accelerate_multi_gpu.yaml"), "--model", "llama3-8b",
+                 "--gpu", "h100-sxm-80gb", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)
+    assert (got["plan"]["engine"], got["plan"]["zero_stage"], got["plan"]["dp"]) == ("fsdp", 0, 2)
+    assert "distributed_type MULTI_GPU: DistributedDataParallel" in err
+    assert not got["memory"]["fits"]  # every rank holds the 8B model's fp32 weights, gradients and Adam states
