@@ -63,6 +63,12 @@ def auto_problems(autos: list[Parts], hf: bool, lines: dict) -> list[Problem]:
             out.append(Problem(path=json_path(parts), severity="error", line=line_of(lines, parts), source="schema",
                                message=f"'auto' is filled in only by the Hugging Face Trainer / accelerate; "
                                        f"DeepSpeed {effect}", fix=_HF_FIX))
+        elif dotted == "bfloat16.enabled":  # the alias neither fills (transformers integrations/deepspeed.py,
+            # accelerate utils/dataclasses.py fill bf16 only); DeepSpeed drops "auto" (runtime/config_utils.py)
+            out.append(Problem(path=json_path(parts), severity="warning", line=line_of(lines, parts), source="schema",
+                               message="neither the Trainer nor accelerate fills bfloat16.enabled (they fill bf16); "
+                                       "DeepSpeed treats 'auto' as unset, so bf16 stays off and the job trains in "
+                                       "fp32", fix='rename the block to "bf16"'))
         elif dotted not in HF_AUTO_PATHS:
             out.append(Problem(path=json_path(parts), severity="warning", line=line_of(lines, parts), source="schema",
                                message="the Trainer does not fill this 'auto' (accelerate's own DeepSpeed plugin may); "

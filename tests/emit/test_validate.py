@@ -308,3 +308,14 @@ def test_schema_stands_alone():
                 changed(zero_optimization={"stage": 4}), changed(fp16={"enabled": "yes"})):
         assert not validator.is_valid(bad)
     assert validator.is_valid(changed(gradient_clip=1.0))  # ignored by DeepSpeed: a warning, not a schema error
+
+
+def test_a_bfloat16_auto_is_said_to_train_in_fp32():
+    """transformers' ds_config_zero3_bf16.json writes "bfloat16": {"enabled": "auto"}: neither the Trainer nor
+    accelerate fills the alias, and DeepSpeed drops "auto", so the job trains in fp32 (the warning said "DeepSpeed uses
+    its default or raises")."""
+    config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "bfloat16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}}
+    (problem,) = validate_deepspeed_config(config, world_size=8, hf=True)
+    assert (problem.path, problem.severity) == ("$.bfloat16.enabled", "warning")
+    assert "bf16 stays off and the job trains in fp32" in problem.message and '"bf16"' in problem.fix
