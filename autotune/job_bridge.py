@@ -85,6 +85,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     if problems:
         raise InputError([f"{path}: {p.message}; {p.fix}" for p in problems], subject="job files")
     m, t, ddp = _section(data, "model"), _section(data, "train"), _section(data, "ddp")
+    complete = "_target_" in data  # a run_config.yaml states every field; an override file only what it changes
     out: dict = {"engine": "megatron", "tp": _size(m, "tensor_model_parallel_size", path),
                  "pp": _size(m, "pipeline_model_parallel_size", path),
                  "vpp": _size(m, "virtual_pipeline_model_parallel_size", path),
@@ -94,8 +95,12 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
                  "global_batch_size": _size(t, "global_batch_size", path, None),
                  "seq_len": _size(_section(data, "dataset"), "seq_length", path, None) or _size(m, "seq_length", path,
                                                                                                 None),
-                 "zero_stage": 1 if ddp.get("use_distributed_optimizer") else 0,
-                 "overlap_comm": bool(ddp.get("overlap_grad_reduce", False))}
+                 "zero_stage": 1 if ddp.get("use_distributed_optimizer", not complete) else 0,
+                 "overlap_comm": bool(ddp.get("overlap_grad_reduce", not complete))}
+    unsaid = [k for k in ("use_distributed_optimizer", "overlap_grad_reduce") if k not in ddp]
+    if unsaid and not complete:
+        notes.append(f"{path}: the base recipe's ddp {' and '.join(unsaid)} (true in every Megatron-Bridge library "
+                     f"recipe, recipes/common.py _pretrain_common); give ddp.{unsaid[0]}: false where yours differs")
     # the split it states (job_files._read_job: the plan's loss_slots, emit.megatron_layout.read_loss_slots)
     layout = m.get("pipeline_model_parallel_layout")
     out["split_flags"] = {"first": _size(m, "num_layers_in_first_pipeline_stage", path, None),

@@ -279,3 +279,16 @@ def test_a_multi_gpu_accelerate_config_estimates_as_ddp(capsys):
     assert (got["plan"]["engine"], got["plan"]["zero_stage"], got["plan"]["dp"]) == ("fsdp", 0, 2)
     assert "distributed_type MULTI_GPU: DistributedDataParallel" in err
     assert not got["memory"]["fits"]  # every rank holds the 8B model's fp32 weights, gradients and Adam states
+
+
+def test_a_bridge_override_takes_the_library_recipes_ddp_where_it_is_silent(capsys):
+    """Bridge's tutorial override (no ddp block) runs on a library recipe, whose ddp has the distributed optimizer and
+    overlapped gradient reduction (recipes/common.py _pretrain_common): read as Megatron-core's defaults before
+    (mcore-ddp, its optimizer states unsharded); now the recipe's, said."""
+    code = main(["estimate", "--from", str(CORPUS / "good" / "bridge_llama32_1b_pretrain.yaml"), "--model",
+                 "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    got = json.loads(out)["plan"]
+    assert (got["zero_stage"], got["overlap_comm"]) == (1, True)
+    assert "the base recipe's ddp use_distributed_optimizer and overlap_grad_reduce" in err
