@@ -287,9 +287,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     if split and model_spec is not None:
         fields |= _loss_slots(model_spec, fields, split, notes)
     named = ", ".join(p for p, _ in kinds) + (" does" if len(kinds) == 1 else " do")
-    if model_spec is None and not problems:
-        problems.append(f"the model: {named} not state it: give --model (a preset, a "
-                        f"config.json or a model YAML)")
+    if model_spec is None and not problems:  # a model the files name that no preset is, else none named
+        problems += [n for n in notes if "is not a preset autotune knows" in n] or [
+            f"the model: {named} not state it: give --model (a preset, a config.json or a model YAML)"]
     if num_gpus is not None and world is not None and num_gpus != world:
         problems.append(f"the world size: --num-gpus {num_gpus} but the files state {world} GPUs: drop --num-gpus or "
                         "make them agree (`plan --from`, `emit --from --best` and `tune --from` with --num-gpus "

@@ -408,3 +408,14 @@ def test_plan_flags_the_files_state_otherwise_are_said_not_applied(capsys):
                           "--recompute", "full", "--json"], capsys)
     assert code == 0 and (json.loads(out)["plan"]["tp"], json.loads(out)["plan"]["recompute"]) == (2, "full")
     assert "not applied" not in err
+
+
+def test_a_model_the_files_name_that_no_preset_is_is_named(tmp_path, capsys):
+    """torchtitan's qwen3_32b.toml names its model (qwen3, flavor 32B), which no preset is: the refusal said "does not
+    state it"; now it names the model and flavor read, and --model."""
+    toml = (ROOT / "tests" / "fixtures" / "realworld" / "good" / "torchtitan_llama3_8b.toml").read_text()
+    path = tmp_path / "qwen3_32b.toml"
+    path.write_text(toml.replace('name = "llama3"', 'name = "qwen3"').replace('flavor = "8B"', 'flavor = "32B"'))
+    code, _, err = run(["estimate", "--from", path, *GPU, "--num-gpus", "8"], capsys)
+    assert code == 2 and "torchtitan model 'qwen3' flavor '32B' is not a preset autotune knows: give --model" in err
+    assert "does not state it" not in err
