@@ -217,7 +217,10 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     out |= fsdp2_fields(reshard in (True, "FULL_SHARD"), bool(f.get("fsdp_offload_params"))) | {
             "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
-            "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1))}
+            "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1)),
+            # accelerate's TP is the model's transformers TP plan: colwise / rowwise linears, no sequence-parallel
+            # norms (transformers 5.25 LlamaConfig.base_model_tp_plan)
+            "sequence_parallel": False}
     if str(f.get("fsdp_version", 1)) != "2":
         out |= _fsdp1_strategy(f, path, machines if isinstance(machines, int) else 1, notes)
     legacy = {"dynamo_backend": data["dynamo_backend"]} if "dynamo_backend" in data else {}  # config_args.py:117-119

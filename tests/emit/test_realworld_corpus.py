@@ -292,3 +292,18 @@ def test_a_bridge_override_takes_the_library_recipes_ddp_where_it_is_silent(caps
     got = json.loads(out)["plan"]
     assert (got["zero_stage"], got["overlap_comm"]) == (1, True)
     assert "the base recipe's ddp use_distributed_optimizer and overlap_grad_reduce" in err
+
+
+def test_accelerate_tensor_parallelism_has_no_sequence_parallel_norms(capsys):
+    """accelerate's TP is the model's transformers TP plan (colwise / rowwise linears only: LlamaConfig
+    base_model_tp_plan in transformers 5.25): its tp_hsdp.yaml was planned with sequence parallelism (norms and their
+    activations split over the TP ranks), which that run does not have."""
+    from transformers import LlamaConfig
+
+    assert set(LlamaConfig.base_model_tp_plan.values()) == {"colwise", "rowwise"}
+    code = main(["estimate", "--from", str(CORPUS / "good" / "accelerate_tp_hsdp.yaml"), "--model", "llama3-8b",
+                 "--gpu", "h100-sxm-80gb", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert (plan["tp"], plan["sequence_parallel"]) == (2, False)
