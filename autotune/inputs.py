@@ -178,6 +178,39 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
 
 
+class _LastKeyLoader(yaml.SafeLoader):
+    """SafeLoader that keeps a repeated key's last value (PyYAML's own behaviour) and records it."""
+
+    repeated: list[tuple[str, int]]
+
+
+def _last_key(loader: _LastKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str | int | float | bool) and key is not None:
+            raise yaml.constructor.ConstructorError(None, None, f"a mapping key must be a plain value, got "
+                                                    f"{type(key).__name__}", key_node.start_mark)
+        if key in seen:
+            loader.repeated.append((str(key), key_node.start_mark.line + 1))
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_LastKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _last_key)
+
+
+def _load(text: str, repeated: list[tuple[str, int]] | None) -> Any:
+    if repeated is None:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    loader = _LastKeyLoader(text)
+    loader.repeated = repeated
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _yaml_shape_problem(text: str) -> str | None:
     """Depth, aliases and collection keys, found on the event stream (PyYAML's parser does not recurse)."""
     stack: list[list] = []  # [is_mapping, items seen]
@@ -201,11 +234,13 @@ def _yaml_shape_problem(text: str) -> str | None:
     return None
 
 
-def parse_yaml(text: str, *, subject: str) -> Any:
-    """The value of a YAML (or JSON) document; InputError if malformed, aliased, too deep, keys repeated."""
+def parse_yaml(text: str, *, subject: str, repeated: list[tuple[str, int]] | None = None) -> Any:
+    """The value of a YAML (or JSON) document; InputError if malformed, aliased, too deep, keys repeated. With
+    ``repeated`` (a list) a key given twice keeps its last value, as PyYAML's safe_load does, and (key, line) is added
+    to it: for a file whose own program reads it so (accelerate's loader)."""
     try:
         problem = _yaml_shape_problem(text)
-        data = None if problem else yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = None if problem else _load(text, repeated)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""

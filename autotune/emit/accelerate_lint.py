@@ -72,11 +72,13 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
     return out
 
 
-def read_accelerate_config(path: str | Path) -> tuple[dict, dict[tuple[str, ...], int]]:
-    """(config, line of each key); InputError when the file is not a YAML mapping."""
+def read_accelerate_config(path: str | Path, repeated: list[tuple[str, int]] | None = None
+                           ) -> tuple[dict, dict[tuple[str, ...], int]]:
+    """(config, line of each key); InputError when the file is not a YAML mapping. A key given twice keeps its last
+    value, as accelerate's loader (yaml.safe_load) does; ``repeated`` gets each (key, line)."""
     subject = f"accelerate config {str(path)!r}"
     text = read_text(path, subject="accelerate config")
-    data = parse_yaml(text, subject=subject)
+    data = parse_yaml(text, subject=subject, repeated=[] if repeated is None else repeated)
     if not isinstance(data, dict):
         raise InputError([f"expected a mapping of accelerate settings, got {type(data).__name__}"], subject=subject)
     return data, _key_lines(text)
@@ -130,8 +132,11 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
     """Every problem of an accelerate config file for a job of ``world_size`` ranks (tp, cp: the plan's)."""
     table = accelerate_key_table()
     version = table["version"]
-    data, lines = read_accelerate_config(path)
-    out: list[Problem] = []
+    repeated: list[tuple[str, int]] = []
+    data, lines = read_accelerate_config(path, repeated)
+    out: list[Problem] = [Problem(path=f"$.{key}", line=line, severity="warning", source="rules",
+                                  message=f"{key} is given twice: accelerate's loader keeps the last value",
+                                  fix="keep one") for key, line in repeated]
 
     def bad(parts: tuple[str, ...], message: str, fix: str, severity: Severity = "error") -> None:
         out.append(problem_at(parts, lines, message=message, fix=fix, severity=severity))

@@ -307,3 +307,15 @@ def test_accelerate_tensor_parallelism_has_no_sequence_parallel_norms(capsys):
     assert code == 0, err
     plan = json.loads(out)["plan"]
     assert (plan["tp"], plan["sequence_parallel"]) == (2, False)
+
+
+def test_a_key_given_twice_is_read_as_accelerate_reads_it(tmp_path, capsys):
+    """accelerate's own tests/test_configs/0_30_0_sagemaker.yaml gives `debug` twice; accelerate's loader
+    (yaml.safe_load) keeps the last value: a warning, where it was refused as "not valid YAML" (exit 2)."""
+    text = (CORPUS / "good" / "accelerate_fsdp.yaml").read_text().replace("num_processes: 2",
+                                                                          "num_processes: 4\nnum_processes: 2")
+    (tmp_path / "twice.yaml").write_text(text)
+    code, problems = _validate(tmp_path / "twice.yaml", [], capsys)
+    assert code == 1 and [(p["path"], p["severity"]) for p in problems] == [("$.num_processes", "warning")]
+    assert "given twice: accelerate's loader keeps the last value" in problems[0]["message"]
+    assert main(["validate", str(tmp_path / "twice.yaml")]) == 1 and "world size 2" in capsys.readouterr().out
