@@ -116,7 +116,8 @@ GOOD = {
     "dse_autotuning_ds_config_z2.json": [(["--hf", "--world-size", "8"], [])],
     "dse_autotuning_ds_config_z3.json": [(["--hf", "--world-size", "8"], [])],
     "hf_ds_config_zero2.json": [(["--hf", "--world-size", "8"], [])],
-    "accelerate_deepspeed.yaml": [([], [])],
+    # copied alone, without the DeepSpeed JSON it names: validate says that JSON was not checked
+    "accelerate_deepspeed.yaml": [([], ["$.deepspeed_config.deepspeed_config_file"])],
     "accelerate_fsdp.yaml": [([], [])],
     "accelerate_multi_gpu.yaml": [([], [])],
     "accelerate_tp_hsdp.yaml": [([], [])],
