@@ -159,7 +159,10 @@ def parse_json(text: str, *, subject: str) -> Any:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently); with ``repeated``
+    set (a list), it keeps the last value, as PyYAML does, and records (key, line) there."""
+
+    repeated: list[tuple[str, int]] | None = None
 
 
 def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -169,8 +172,10 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         if not isinstance(key, str | int | float | bool) and key is not None:
             raise yaml.constructor.ConstructorError(None, None, f"a mapping key must be a plain value, got "
                                                     f"{type(key).__name__}", key_node.start_mark)
-        if key in seen:
+        if key in seen and loader.repeated is None:
             raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
+        if key in seen:
+            loader.repeated.append((str(key), key_node.start_mark.line + 1))
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -178,32 +183,8 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
 
 
-class _LastKeyLoader(yaml.SafeLoader):
-    """SafeLoader that keeps a repeated key's last value (PyYAML's own behaviour) and records it."""
-
-    repeated: list[tuple[str, int]]
-
-
-def _last_key(loader: _LastKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if not isinstance(key, str | int | float | bool) and key is not None:
-            raise yaml.constructor.ConstructorError(None, None, f"a mapping key must be a plain value, got "
-                                                    f"{type(key).__name__}", key_node.start_mark)
-        if key in seen:
-            loader.repeated.append((str(key), key_node.start_mark.line + 1))
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_LastKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _last_key)
-
-
 def _load(text: str, repeated: list[tuple[str, int]] | None) -> Any:
-    if repeated is None:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    loader = _LastKeyLoader(text)
+    loader = _StrictLoader(text)
     loader.repeated = repeated
     try:
         return loader.get_single_data()

@@ -263,7 +263,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         if kind in ("megatron", "megatron-deepspeed", "launch"):
             nodes, procs, default = _launch_sizes(path)
             if procs and default and num_gpus:  # NNODES=${SLURM_NNODES:-1}: the run's environment says it, the flag here
-                nodes, _ = None, notes.append(f"{path}: its nodes are {default} at run time: --num-gpus {num_gpus} taken")
+                nodes = None
+                notes.append(f"{path}: its nodes are {default} at run time: --num-gpus {num_gpus} taken")
             if procs:
                 world, per_node = world or (nodes * procs if nodes else None), per_node or procs
         if kind in ("megatron", "megatron-deepspeed") or (kind == "checkpoint" and saved[path].argv):
@@ -313,9 +314,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             raise InputError(["the plan: the files hold no DeepSpeed config, Megatron arguments or torchtitan "
                               "config: add one to --from"], subject=_SUBJECT)
         if any(v == "auto" for v in json.dumps(ds).split('"')):  # the Trainer / accelerate fill them from the script
-            ds, _ = resolved_config(ds, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp), notes.append(
-                'the DeepSpeed config\'s "auto" values read as the Trainer fills them: the batch --global-batch gives '
-                '(else a micro-batch of 1 a rank, no accumulation), bf16 unless it enables fp16')
+            ds = resolved_config(ds, world_size=cluster.num_gpus, tp=tp, pp=pp, cp=cp)
+            notes.append('the DeepSpeed config\'s "auto" values read as the Trainer fills them: the batch --global-batch '
+                         'gives (else a micro-batch of 1 a rank, no accumulation), bf16 unless it enables fp16')
         sp = ds.get("sequence_parallel_size")  # Ulysses: DeepSpeed's dp is world / it (runtime/config.py:468-469)
         cp = sp if cp == 1 and isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else cp
         if (why := batch_triple_problem(ds, cluster.num_gpus, tp * pp * cp)):

@@ -200,8 +200,9 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
         file = block.get("deepspeed_config_file")
         if not file:  # accelerate builds the DeepSpeed config from the block itself
             return out, world, _plugin_deepspeed_config(block, out["precision"])
-        # accelerate opens it from the working directory (HfDeepSpeedConfig); a copy beside the YAML is read too
-        ds_path = Path(file) if Path(file).is_absolute() or Path(file).is_file() else Path(path).parent / file
+        from autotune.emit.accelerate_lint import deepspeed_json_path
+
+        ds_path = deepspeed_json_path(path, file) or Path(file)  # not found: the reader names it
         return out, world, read_json(ds_path, subject="DeepSpeed config")
     if kind in ("MULTI_GPU", "NO"):  # torch DDP (one process for NO): every rank holds the whole model and optimizer
         notes.append(f"{path}: distributed_type {kind}: DistributedDataParallel, estimated as unsharded data "

@@ -328,6 +328,12 @@ def _deepspeed_sp_problems(pc: dict, world_size: int, bad) -> None:
             "ranks into sequence-parallel groups", f"choose an sp dividing {world_size}")
 
 
+def deepspeed_json_path(config_path: str | Path, file: str) -> Path | None:
+    """The DeepSpeed JSON an accelerate config's deepspeed_config_file names: from the working directory, where
+    accelerate opens it (HfDeepSpeedConfig), else beside the config; None where neither holds it."""
+    return next((c for c in (Path(file), Path(config_path).parent / file) if c.is_file()), None)
+
+
 def _referenced_problems(path: str | Path, data: dict, world_size: int, bad) -> None:
     """What accelerate 1.16.0 refuses in what the config points to or sizes for another launcher: the DeepSpeed JSON
     of deepspeed_config_file (opened from the working directory, utils/deepspeed.py HfDeepSpeedConfig; its ZeRO block,
@@ -337,7 +343,7 @@ def _referenced_problems(path: str | Path, data: dict, world_size: int, bad) -> 
     ds = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
     file = ds.get("deepspeed_config_file")
     if kind == "DEEPSPEED" and isinstance(file, str) and file:
-        found = next((c for c in (Path(file), Path(path).parent / file) if c.is_file()), None)
+        found = deepspeed_json_path(path, file)
         if found is None:  # it may sit where the job runs: said, not refused
             bad(("deepspeed_config", "deepspeed_config_file"), f"{file} is not here (from the working directory or "
                 "beside this file): not checked; accelerate raises 'Expected a string path to an existing deepspeed "

@@ -36,6 +36,11 @@ class ScriptFlags:
         self.table, self.conditional, self.open = table, conditional, open_
 
 
+def _multimodal(path: PurePosixPath) -> bool:
+    """Megatron-LM's examples/multimodal/train.py (run as that path, however the launch line reaches it)."""
+    return path.name == "train.py" and path.parent.name == "multimodal"
+
+
 @functools.cache
 def _provider(name: str) -> dict[str, FlagSpec]:
     return packaged_flag_table(f"megatron_flags_{name}_core_v0.19.json")
@@ -47,7 +52,7 @@ def script_flags(script: str | None) -> ScriptFlags:
         return ScriptFlags(_provider("modelopt"), "pretrain_gpt.py adds it only where nvidia-modelopt is installed "
                            "(megatron/post_training/arguments.py add_modelopt_args)", False)
     path = PurePosixPath(script)
-    if path.name == "train.py" and path.parent.name == "multimodal":
+    if _multimodal(path):
         return ScriptFlags(_provider("multimodal"), None, False)
     return ScriptFlags({}, None, path.name not in GPT_SCRIPTS)
 
@@ -64,6 +69,6 @@ def unmodelled_job(script: str | None) -> str | None:
     if script is None:
         return None
     path = PurePosixPath(script)
-    if path.name == "train.py" and path.parent.name == "multimodal":
+    if _multimodal(path):
         return "a vision-language model (examples/multimodal: a vision encoder, a projection and a language model)"
     return _OTHER_MODELS.get(path.name)
