@@ -35,6 +35,7 @@ from autotune.errors import InputError
 from autotune.inputs import read_json
 from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint
 from autotune.job_fsdp import accelerate_fields as _accelerate
+from autotune.job_fsdp import accelerate_refusals
 from autotune.job_megatron_model import megatron_model
 from autotune.job_plan_json import plan_json_job
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -296,6 +297,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                         "make them agree (`plan --from`, `emit --from --best` and `tune --from` with --num-gpus "
                         "plan the job on that many)")
     num_gpus = num_gpus or world
+    problems += [why for path, kind in kinds if kind == "accelerate" and num_gpus
+                 for why in accelerate_refusals(path, num_gpus)]
     if cluster_path is None and (gpu is None or num_gpus is None):
         problems += (["the GPU: give --gpu (a GPU preset) or --cluster FILE"] if gpu is None else []) + (
             [f"the world size: {named} not state it (no launch line with numeric --nnodes / "

@@ -15,7 +15,7 @@ from autotune.errors import InputError
 from autotune.inputs import read_json
 from autotune.specs.loading import load_model
 
-__all__ = ["torchtitan_fields", "accelerate_fields"]
+__all__ = ["torchtitan_fields", "accelerate_fields", "accelerate_refusals"]
 
 
 def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
@@ -232,9 +232,20 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     return out, world, None
 
 
+def accelerate_refusals(path: str, world_size: int) -> list[str]:
+    """The errors ``validate`` finds in an accelerate config on ``world_size`` ranks (accelerate launch, its
+    loader or the plugins it builds refuse such a file): estimating it would answer for a job that never starts."""
+    from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
+
+    sizes = accelerate_job_sizes(path)
+    found = accelerate_config_problems(path, world_size=world_size, tp=sizes.tp or 1, cp=sizes.cp or 1)
+    return [f"{path}: {p.render().removeprefix('error: ')} (accelerate launch refuses the file; "
+            f"`autotune validate {path}` lists every problem)" for p in found if p.severity == "error"]
+
+
 _FSDP1_STRATEGIES = {"FULL_SHARD": (3, False), "SHARD_GRAD_OP": (2, False), "NO_SHARD": (0, False),
-                     "HYBRID_SHARD": (3, True), "_HYBRID_SHARD_ZERO2": (2, True)}
-"""FSDP1's sharding strategies (torch ShardingStrategy 1-5, in this order) as (ZeRO stage, replicated across
+                     "HYBRID_SHARD": (3, True), "HYBRID_SHARD_ZERO2": (2, True)}
+"""FSDP1's sharding strategies (accelerate's names of torch's ShardingStrategy 1-5, in this order) as (ZeRO stage, replicated across
 machines): HYBRID_SHARD shards inside a machine and replicates across them."""
 
 
@@ -245,6 +256,7 @@ def _fsdp1_strategy(f: dict, path: str, machines: int, notes: list[str]) -> dict
     given = str(f.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
     names = list(_FSDP1_STRATEGIES)
     name = names[int(given) - 1] if given.isdigit() and 1 <= int(given) <= len(names) else given
+    name = "HYBRID_SHARD_ZERO2" if name == "_HYBRID_SHARD_ZERO2" else name  # torch's member name, taken too
     if name not in _FSDP1_STRATEGIES:
         raise InputError([f"{path}: fsdp_sharding_strategy {given!r} is none of {', '.join(names)} (or 1-5)"],
                          subject=_SUBJECT)

@@ -46,6 +46,20 @@ _CASE_NOTE = {("fp8_config", "fp8_backend"): " (accelerate 1.16's Accelerator re
               "script creates its Accelerator, whatever `accelerate launch --help` lists)"}
 
 
+def _also_read(block: str, key: str, value: Any) -> bool:
+    """Values outside a key's listed choices that accelerate still takes: FSDP1's sharding strategy in any case, as
+    torch's ShardingStrategy number 1-5 or its member name _HYBRID_SHARD_ZERO2 (FullyShardedDataParallelPlugin,
+    utils/dataclasses.py:1722-1728, accelerate 1.16.0)."""
+    if (block, key) != ("fsdp_config", "fsdp_sharding_strategy"):
+        return False
+    text = str(value).upper()
+    return text in ("1", "2", "3", "4", "5", "_HYBRID_SHARD_ZERO2") or text in _FSDP1_NAMES
+
+
+_FSDP1_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+"""accelerate's FSDP_SHARDING_STRATEGY (utils/constants.py:38, 1.16.0), compared upper-cased."""
+
+
 def _as_read(value: Any, spec: dict) -> str:
     """A nested value as accelerate compares it: upper- or lower-cased first where it normalises (``spec["case"]``)."""
     text = str(value)
@@ -166,7 +180,8 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
                 bad((block, str(key)), f"unknown key {key!r} in {block}: accelerate {version} launch drops it "
                     "silently, so it has no effect", f"did you mean {near!r}? rename it" if near else "remove it",
                     "warning")
-            elif spec.get("choices") and _as_read(value[key], spec) not in spec["choices"]:
+            elif spec.get("choices") and _as_read(value[key], spec) not in spec["choices"] \
+                    and not _also_read(block, str(key), value[key]):
                 bad((block, str(key)), f"{key} is {value[key]!r}, not one of {', '.join(spec['choices'])}"
                     f"{_CASE_NOTE.get((block, str(key)), '')}", f"use one of {', '.join(spec['choices'])}")
     _yaml_boolean_problems(data, bad)

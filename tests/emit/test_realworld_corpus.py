@@ -178,6 +178,11 @@ def test_a_published_deepspeed_config_estimates_the_job_deepspeed_runs(name, gpu
     # the FSDP1 strategies (torch ShardingStrategy, by name or number), each read as fully sharded before
     ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: SHARD_GRAD_OP"}, {"zero_stage": 2}, 2, None),
     ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: 3"}, {"zero_stage": 0}, 2, None),
+    ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: shard_grad_op"}, {"zero_stage": 2}, 2, None),
+    # accelerate's name of torch's _HYBRID_SHARD_ZERO2 (refused before), and torch's own
+    *(({"fsdp_sharding_strategy: FULL_SHARD": f"fsdp_sharding_strategy: {name}",
+        "num_processes: 2": "num_processes: 16\nnum_machines: 2"}, {"zero_stage": 2, "dp_replicate": 2}, 8, None)
+      for name in ("HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2")),
     ({"fsdp_sharding_strategy: FULL_SHARD": "fsdp_sharding_strategy: HYBRID_SHARD",
       "num_processes: 2": "num_processes: 16\nnum_machines: 2"}, {"zero_stage": 3, "dp_replicate": 2}, 8, None),
     # FSDP1 ignores fsdp_reshard_after_forward (the strategy, FULL_SHARD when absent, is what launch exports)
@@ -243,6 +248,40 @@ def test_a_config_whose_batch_the_script_fills_estimates(name, flags, plan, caps
     got = json.loads(out)["plan"]
     assert {k: got[k] for k in plan} == plan
     assert '"auto" values read as the Trainer fills them' in err
+
+
+@pytest.mark.parametrize("strategy", ["3", "full_shard", "HYBRID_SHARD_ZERO2", "_HYBRID_SHARD_ZERO2", "SHARD_GRAD",
+                                      "6"])
+def test_the_fsdp1_strategies_accelerate_takes_are_what_validate_and_estimate_take(strategy, tmp_path, capsys):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    try:
+        FullyShardedDataParallelPlugin(sharding_strategy=strategy, fsdp_version=1)
+        taken = True
+    except (KeyError, ValueError):
+        taken = False
+    text = (CORPUS / "good" / "accelerate_fsdp.yaml").read_text()
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(text.replace("fsdp_sharding_strategy: FULL_SHARD", f"fsdp_sharding_strategy: '{strategy}'"))
+    checked = main(["validate", str(path), "--world-size", "2"])
+    estimated = main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb"])
+    err = capsys.readouterr().err
+    assert (checked, estimated) == ((0, 0) if taken else (1, 2)), err
+    assert taken or "fsdp_sharding_strategy" in err
+
+
+def test_an_accelerate_config_accelerate_refuses_is_not_estimated(tmp_path, capsys):
+    text = (CORPUS / "good" / "accelerate_fsdp.yaml").read_text().replace(
+        "  fsdp_sharding_strategy: FULL_SHARD\n", "  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n")
+    path = tmp_path / "fsdp2.yaml"  # sizes multiplying to 4 on 2 ranks: ParallelismConfig raises at launch
+    path.write_text(text)
+    assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb"]) == 0
+    path.write_text(text + "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n"
+                           "  parallelism_config_tp_size: 2\n")
+    code = main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb"])
+    err = capsys.readouterr().err
+    assert code == 2 and "= 4, the job has 2 ranks" in err and "autotune validate" in err, err
+    assert "needs FSDP2" not in err  # the one problem, not a second one
 
 
 def test_what_an_accelerate_config_points_to_is_checked(tmp_path, capsys):
