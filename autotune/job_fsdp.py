@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.emit.accelerate_sagemaker import is_sagemaker, sagemaker_world_size
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.torchtitan import TORCHTITAN_FLAVORS
 from autotune.emit.torchtitan_models import expert_mesh_problems_02, experts_without_tp_03
@@ -187,8 +188,12 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     data, _ = read_accelerate_config(path)
     world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else None
     kind = str(data.get("distributed_type", "")).upper()
+    sagemaker = _sagemaker_fields(data, path, notes) if is_sagemaker(data) else None
+    if sagemaker is not None:  # as a cluster config of the processes SageMaker starts
+        data, kind, world = sagemaker
     mixed = str(data.get("mixed_precision", "bf16"))
-    out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16"}
+    out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16",
+                 **({"gpu": data["gpu"]} if data.get("gpu") else {})}
     if mixed == "no":
         notes.append(f"{path}: mixed_precision 'no' trains in fp32 unless the script asks for more (the Trainer's "
                      f"--bf16): estimated in bf16 (autotune models no fp32 training)")
@@ -205,7 +210,8 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
         ds_path = deepspeed_json_path(path, file) or Path(file)  # not found: the reader names it
         return out, world, read_json(ds_path, subject="DeepSpeed config")
     if kind in ("MULTI_GPU", "NO"):  # torch DDP (one process for NO): every rank holds the whole model and optimizer
-        notes.append(f"{path}: distributed_type {kind}: DistributedDataParallel, estimated as unsharded data "
+        shown = f"SageMaker's {'DATA_PARALLEL' if kind == 'MULTI_GPU' else 'one process'}" if sagemaker else kind
+        notes.append(f"{path}: distributed_type {shown}: DistributedDataParallel, estimated as unsharded data "
                      f"parallelism (FSDP2's replicate: the same bytes a rank, the gradients all-reduced)")
         notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
         return out | {"engine": "fsdp", "zero_stage": 0, "recompute": "none"}, world if kind != "NO" else 1, None
@@ -241,6 +247,19 @@ def accelerate_refusals(path: str, world_size: int) -> list[str]:
     found = accelerate_config_problems(path, world_size=world_size, tp=sizes.tp or 1, cp=sizes.cp or 1)
     return [f"{path}: {p.render().removeprefix('error: ')} (accelerate launch refuses the file; "
             f"`autotune validate {path}` lists every problem)" for p in found if p.severity == "error"]
+
+
+def _sagemaker_fields(data: dict, path: str, notes: list[str]) -> tuple[dict, str, int | None]:
+    """(the config as the cluster config of what SageMaker starts, its distributed type, its ranks): DATA_PARALLEL
+    is data parallelism over every GPU of num_machines instances (DDP's bytes and all-reduce), NO and MODEL_PARALLEL
+    one process an instance (autotune.emit.accelerate_sagemaker); the instance's GPU preset where autotune has it."""
+    world, preset = sagemaker_world_size(data)
+    instance, machines = data.get("ec2_instance_type"), data.get("num_machines", 1)
+    kind = "MULTI_GPU" if str(data.get("distributed_type")) == "DATA_PARALLEL" else "NO"
+    notes.append(f"{path}: SageMaker, {machines} x {instance}: {world or 'an unknown number of'} rank(s)"
+                 + (f" on {preset} GPUs" if preset else ""))
+    view = {**data, "num_processes": world, "num_machines": machines if kind == "MULTI_GPU" else 1}
+    return {**view, **({"gpu": preset} if preset else {})}, kind, world
 
 
 _FSDP1_STRATEGIES = {"FULL_SHARD": (3, False), "SHARD_GRAD_OP": (2, False), "NO_SHARD": (0, False),

@@ -34,7 +34,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     opts = p.parse_args()
     import accelerate
-    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
     from accelerate.commands.launch import launch_command_parser
     from accelerate.utils import DistributedType, PrecisionType
 
@@ -44,6 +44,13 @@ def main() -> int:
     top["distributed_type"]["choices"] = [t.value for t in DistributedType]
     top["mixed_precision"]["choices"] = [t.value for t in PrecisionType]
     blocks = {block: _options(groups[title]) for block, title in _GROUPS.items()}
+    # compute_environment AMAZON_SAGEMAKER: load_config_from_file builds a SageMakerConfig instead, with its own fields
+    # and distributed types (commands/config/config_args.py)
+    from accelerate.utils import SageMakerDistributedType
+
+    sagemaker = {f.name: {"type": str(f.type)} for f in dataclasses.fields(SageMakerConfig)}
+    sagemaker["distributed_type"]["choices"] = [t.value for t in SageMakerDistributedType]
+    sagemaker["mixed_precision"]["choices"] = top["mixed_precision"]["choices"]
     # Values accelerate checks against its constants (accelerate/utils/constants.py).
     from accelerate.utils import constants as c
 
@@ -63,9 +70,9 @@ def main() -> int:
     blocks["fp8_config"]["fp8_backend"]["choices"] = [t.value for t in FP8BackendType]
     blocks["fp8_config"]["fp8_format"]["case"] = "upper"
     blocks["fp8_config"]["fp8_amax_compute_algo"]["case"] = "lower"
-    data = {"source": f"accelerate {accelerate.__version__}: ClusterConfig fields (commands/config/config_args.py) "
-                      f"and launch_command_parser() option groups (commands/launch.py)",
-            "version": accelerate.__version__, "top": top,
+    data = {"source": f"accelerate {accelerate.__version__}: ClusterConfig and SageMakerConfig fields "
+                      f"(commands/config/config_args.py) and launch_command_parser() option groups (commands/launch.py)",
+            "version": accelerate.__version__, "top": top, "sagemaker_top": sagemaker,
             "blocks": blocks}
     with open(opts.out, "w", encoding="utf-8") as out:
         json.dump(data, out, indent=1, sort_keys=True)

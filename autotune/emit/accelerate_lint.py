@@ -4,7 +4,8 @@ contradictions accelerate 1.16 raises on at launch or in its plugins (file:line 
 Keys: ``accelerate_keys.json`` (``scripts/extract_accelerate_keys.py``: ``ClusterConfig``'s fields, on which
 ``from_yaml_file`` raises for any other top-level key, and the ``accelerate launch`` option groups that the
 nested blocks' keys are copied onto; a nested key not among them is dropped silently). Where accelerate is
-installed, its own loader (``ClusterConfig.from_yaml_file``) reads the file too.
+installed, its own loader (``ClusterConfig.from_yaml_file``) reads the file too. SageMaker configs:
+``autotune.emit.accelerate_sagemaker``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from autotune.emit.accelerate import CPU_FSDP_PROBLEM
+from autotune.emit.accelerate_sagemaker import is_sagemaker, sagemaker_problems, sagemaker_world_size
 from autotune.emit.problems import JobSizes, Problem, Severity, problem_at
 from autotune.errors import InputError
 from autotune.inputs import parse_yaml, read_text
@@ -111,6 +113,8 @@ def accelerate_job_sizes(path: str | Path):
     """The world size (num_processes) and tp/cp the config states; InputError when num_processes is there but
     not a process count (accelerate launch cannot start 0 processes)."""
     data, lines = read_accelerate_config(path)
+    if is_sagemaker(data):
+        return JobSizes(world_size=sagemaker_world_size(data)[0])
     pc = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     world = _int(data.get("num_processes"))
     if data.get("num_processes") is None and str(data.get("distributed_type")) == "NO":
@@ -155,6 +159,9 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
     def bad(parts: tuple[str, ...], message: str, fix: str, severity: Severity = "error") -> None:
         out.append(problem_at(parts, lines, message=message, fix=fix, severity=severity))
 
+    if is_sagemaker(data):  # a SageMakerConfig: its own keys and distributed types (autotune.emit.accelerate_sagemaker)
+        sagemaker_problems(data, table, world_size, bad, _near)
+        return out + ([] if any(p.severity == "error" for p in out) else _accelerate_own(path))
     for key in data:
         if key in _LEGACY_TOP:  # config_args.py:110-119 (1.16.0): converted by the loader, so accepted
             bad((str(key),), f"{key} is a legacy key: accelerate converts it ({_LEGACY_TOP[key]})",

@@ -36,6 +36,8 @@ GOOD = {
     "trl_alst_ulysses_4gpu.yaml": ([], ["$.deepspeed_config.seq_parallel_communication_data_type"]),  # was: "needs FSDP2"
     "accelerate_0_34_0_fp8.yaml": ([], []),  # 7 "unknown key" warnings before: launch prefixes fp8_config keys
     "accelerate_single_accelerator.yaml": ([], []),  # one process (asked for --world-size before)
+    # a SageMakerConfig (3 errors before: linted as a cluster config): its debug given twice, its MY_TYPE instance
+    "accelerate_0_30_0_sagemaker.yaml": ([], ["$.debug", "$.ec2_instance_type"]),
     "megatron_mamba_train.sh": ([], ["--sequence-parallel"]),  # its 800M case: tp 1, which Megatron warns about too
     "megatron_mixtral_8x7b_distributed.sh": (["--world-size", "64"], ["--sequence-parallel"]),
     "megatron_modelopt_conf_qwen3_30b_a3b.sh": (["--world-size", "8"], ["$"]),  # nothing to check, said ("no problems")
