@@ -254,7 +254,9 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
                 raise InputError([f"{path}: a DeepSpeed config is a JSON object"], subject=_SUBJECT)
         elif kind == "accelerate":
             got, w, ds_doc = _accelerate(path, notes)  # its processes per machine, and its plan
-            per_node, gpu = per_node or got.pop("gpus_per_node", None), gpu or got.pop("gpu", None)  # SageMaker's
+            if gpu and got.get("gpu", gpu) != gpu:  # a SageMaker instance's GPU
+                notes.append(f"{path}: --gpu {gpu} taken, not its instance's {got['gpu']}")
+            per_node, gpu = per_node or got.pop("gpus_per_node", None), gpu or got.pop("gpu", None)
             fields = fields | {k: v for k, v in got.items() if k not in ("gpus_per_node", "gpu")}
             world, ds = world or w, ds_doc or ds
         elif kind == "hostfile":

@@ -61,6 +61,8 @@ def test_data_parallel_on_known_instances_is_the_world_size_and_the_gpu(tmp_path
     assert (got["cluster"]["num_gpus"], got["cluster"]["gpus_per_node"], got["cluster"]["gpu"]) == \
         (16, 8, "h100-sxm-80gb")
     assert (got["plan"]["dp"], got["plan"]["zero_stage"]) == (16, 0)
+    assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--global-batch", "64", "--gpu", "b200"]) == 0
+    assert "--gpu b200 taken, not its instance's h100-sxm-80gb" in capsys.readouterr().err
 
 
 def test_one_process_an_instance_without_data_parallel(capsys):
