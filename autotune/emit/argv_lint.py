@@ -49,8 +49,8 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
     def line_of(index: int) -> int | None:
         return lines[index] if lines is not None and index < len(lines) else None
 
-    def problem(path: str, message: str, fix: str, at: int) -> None:
-        problems.append(Problem(path=path, severity="error", message=message, fix=fix, line=line_of(at),
+    def problem(path: str, message: str, fix: str, at: int, severity: Severity = "error") -> None:
+        problems.append(Problem(path=path, severity=severity, message=message, fix=fix, line=line_of(at),
                                 source="rules"))
 
     i = 0
@@ -90,6 +90,11 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
                     f"give {name} its value", at)
             continue
         for value in values:
+            if value.startswith(("$(", "`")):  # a command substitution the shell runs at launch (bash_reader)
+                if spec.type in ("int", "float") or spec.choices:  # else any text is taken: nothing to check
+                    problem(name, f"{name} is {value[:60]!r}, the output of a command run at launch: not checked",
+                            "write the value itself if autotune should check it", at, "warning")
+                continue
             why = spec.value_problem(value)
             if why:
                 problem(name, f"{name} {why}", f"use a value {name} accepts", at)

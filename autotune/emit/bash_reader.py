@@ -48,8 +48,16 @@ class _Words:
 
     def add(self, text: str, lines: tuple[int, ...] | list[int], *, split: bool) -> None:
         split = split and not _ASSIGN_PREFIX.match("".join(self.chars))  # bash does not split assignments
+        depth, prev = 0, ""  # inside an unrun $( ) or ` ` kept in a value: one word, as the command's output is
         for ch, line in zip(text, lines):
-            if split and ch in _BLANKS:
+            if ch == "(" and (prev == "$" or depth):
+                depth += 1
+            elif ch == ")" and depth:
+                depth -= 1
+            elif ch == "`":
+                depth = 0 if depth else 1
+            prev = ch
+            if split and ch in _BLANKS and not depth:
                 self.end()
             else:
                 self.chars.append(ch)
@@ -127,6 +135,10 @@ class BashReader:
         if nxt in ("@", "*"):
             self.i += 2
             return True  # the script's own arguments: none when the file is read ("$@" makes no word)
+        if nxt == "#":  # their count: 0
+            self.i += 2
+            words.add("0", [line], split=False)
+            return False
         m = _NAME.match(self.text, self.i + 1)
         if not m:
             return False

@@ -126,13 +126,12 @@ def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str],
     """:func:`parse_shell_args_with_lines` and the training script its first launch line runs (None: no launch
     line), whose own flags the linter then knows (``autotune.emit.megatron_scripts``)."""
     check_line_lengths(text)
-    script_name: str | None = None
     state = ShellState()
     env: dict[str, str] = {}
-    launched: list[Value] = []   # the words after the training script on launch lines
     listed: list[Value] = []     # array contents and --flag lines, for a file with no launch line
-    has_launch = False
-    branches: list[list[bool]] = []  # per open `if`: [this branch is read, a branch was read]
+    branches: list[list[bool]] = []  # per open `if` or loop: [this branch is read, a branch was read]
+    loops: list[str] = []  # the open loops (their branch entries end at `done`)
+    runs: list[tuple[str, list[Value]]] = []  # each launch line: its training script and the words after it
     cases = _Cases()
     reader = BashReader(text, state)
     while (tokens := reader.command()) is not None:
@@ -143,11 +142,30 @@ def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str],
         cases.end_clause(tokens)
         words = [t for t in tokens if not isinstance(t, str)]
         while words and words[0][0] in ("then", "do", "{", "}", "done", "!"):
+            if words[0][0] == "done" and loops and branches:  # a loop's end: its branch entry goes
+                loops.pop()
+                branches.pop()
             words = words[1:]
         if not words:
             continue
         head = words[0][0]
         operator = tokens[-1] if tokens and isinstance(tokens[-1], str) and tokens[-1] not in "()" else ""
+        if head in ("while", "until", "for"):
+            # A loop's body as a branch: a `while` whose test is known false (`while [[ $# -gt 0 ]]` over the
+            # script's arguments, none when read) is skipped; any other body is read once.
+            value = _test([w for w, _ in words[1:]], operator) if head == "while" else None
+            loops.append(head)
+            branches.append([value is not False, True])
+            continue
+        if head in ("echo", "printf"):  # prints a command line (`echo $run_cmd; eval $run_cmd`): runs nothing
+            continue
+        if head == "eval" and len(words) > 1:  # its words joined are read again as a command line, as bash does
+            again = BashReader(" ".join(w for w, _ in words[1:]), state).command() or []
+            line = tuple(words[0][1][:1]) or (0,)  # every word at the eval's line
+            words = [(w[0], line * len(w[0])) for w in again if not isinstance(w, str)]
+            if not words:
+                continue
+            head = words[0][0]
         if head in ("if", "elif"):
             # A condition with known words is evaluated; an unknown one reads the first branch not yet excluded.
             value = _test([w for w, _ in words[1:]], operator)
@@ -205,10 +223,14 @@ def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str],
             continue
         script = _is_launch(words)
         if script is not None:
-            has_launch = True
-            script_name = script_name or words[script][0]
-            launched.extend(words[script + 1:])
-    kept = launched if has_launch else listed
+            runs.append((words[script][0], words[script + 1:]))
+    # The training script's lines: the first pretrain_*.py's where one runs (a data-preparation or helper script
+    # launched beside it is not the job), else the first script's
+    scripts = [name for name, _ in runs]
+    script_name = next((n for n in scripts if n.rsplit("/", 1)[-1].startswith("pretrain_")), scripts[0]) \
+        if runs else None
+    launched = [w for name, after in runs if name == script_name for w in after]
+    kept = launched if runs else listed
     return [w for w, _ in kept], [lines[0] if lines else 0 for _, lines in kept], env, script_name
 
 

@@ -73,9 +73,9 @@ def file_kind(path: str | Path) -> str:
         return "torchtitan"
     if name.endswith(".py"):
         return "torchtitan-module"  # a torchtitan 0.3 config module (torchtitan_plan.py)
-    if name.endswith((".sh", ".bash", ".sbatch", ".args", ".txt")) or "megatron" in name:
+    if name.endswith((".sh", ".bash", ".sbatch", ".slurm", ".args", ".txt")) or "megatron" in name:
         argv = read_megatron_args_file(path)
-        if name.endswith((".sh", ".bash", ".sbatch")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
+        if name.endswith((".sh", ".bash", ".sbatch", ".slurm")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
             return "launch"  # it starts a program whose arguments are not Megatron's (or live in another file)
         return megatron_file_kind(argv)
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
