@@ -36,7 +36,8 @@ from autotune.inputs import read_json
 from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_fsdp import accelerate_refusals
-from autotune.job_megatron_model import megatron_model
+from autotune.job_megatron_deepspeed import megatron_deepspeed_fields
+from autotune.job_megatron_model import megatron_model, refuse_unmodelled, shape_differs
 from autotune.job_plan_json import plan_json_job
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
 from autotune.specs.hardware import ClusterSpec
@@ -75,7 +76,12 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         return _int(f.get(flag), flag, path)
 
     # an unstated load-balancing weight: Megatron-LM's --moe-aux-loss-coeff 0, Megatron-DeepSpeed's --moe-loss-coeff 0.1
-    model = model or megatron_model(f, path, notes, aux_default=0.1 if kind == "megatron-deepspeed" else 0.0)
+    mds = kind == "megatron-deepspeed"
+    if model is not None:  # --model: still the file's kind of job, and its shape said where it differs
+        refuse_unmodelled(path)
+        notes += [differs] if (differs := shape_differs(model, f, path)) else []
+    model = model or megatron_model(f, path, notes, aux_default=0.1 if mds else 0.0,
+                                    deepspeed_experts=(_values(argv, "--num-experts") or ["1"]) if mds else None)
     out: dict = {"model": model, "tp": n("--tensor-model-parallel-size") or 1,
                  "pp": n("--pipeline-model-parallel-size") or 1, "cp": n("--context-parallel-size") or 1,
                  # Megatron-DeepSpeed's DeepSpeed-MoE names it --moe-expert-parallel-size (megatron/arguments.py)
@@ -158,11 +164,7 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out |= token_drop_of(f.get("--moe-expert-capacity-factor"), "--moe-pad-expert-input-to-capacity" in f or None)
         out |= cp_comm_type_of(_values(argv, "--cp-comm-type") if out["cp"] > 1 else None, path, notes)
     else:
-        out["engine"] = "megatron-deepspeed"
-        zero = (ds or {}).get("zero_optimization") or {}
-        out["zero_stage"] = n("--zero-stage") if "--zero-stage" in f else int(zero.get("stage", 0))
-        for name in ("offload_optimizer", "offload_param"):
-            out[name] = (zero.get(name) or {}).get("device") or "none"
+        out |= megatron_deepspeed_fields(f, n, ds, path, notes)
     return out
 
 

@@ -19,7 +19,7 @@ from autotune.errors import InputError
 from autotune.specs.model import ModelSpec, MoESpec
 from autotune.specs.model_parts import MLASpec
 
-__all__ = ["megatron_model", "preset_like", "moe_layer_flags"]
+__all__ = ["megatron_model", "preset_like", "moe_layer_flags", "refuse_unmodelled", "shape_differs"]
 
 
 def preset_like(spec: ModelSpec, vocab: int | None, rope: float | None, hint: str) -> ModelSpec | None:
@@ -102,15 +102,14 @@ def _file_balancing(preset: ModelSpec, spec: ModelSpec, path: str, notes: list[s
     return dataclasses.replace(preset, moe=moe)
 
 
-def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.0) -> ModelSpec | None:
+def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.0,
+                   deepspeed_experts: list[str] | None = None) -> ModelSpec | None:
+    """The model Megatron-LM arguments state (``deepspeed_experts``: a Megatron-DeepSpeed file's --num-experts
+    values, read as DeepSpeed-MoE's: ``autotune.job_megatron_deepspeed``); None where they state no shape."""
     def n(flag: str) -> int | None:
         return _int(f.get(flag), flag, path)
 
-    if Path(path).is_file() and (other := unmodelled_job(read_megatron_launch(path)[3])):
-        raise InputError([f"{path} trains {other}, not a decoder language model (pretrain_gpt.py): autotune does not "
-                          f"model it; its language model alone is a pretrain_gpt.py job with those flags"],
-                         subject=_SUBJECT)
-
+    refuse_unmodelled(path)
     layers, hidden, heads = n("--num-layers"), n("--hidden-size"), n("--num-attention-heads")
     if layers is None or hidden is None or heads is None:
         return None
@@ -118,8 +117,17 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
     vocab = n("--vocab-size")
     if vocab is not None and f.get("--tokenizer-type") == "NullTokenizer" and "--legacy-tokenizer" in f:
         vocab += 1  # the legacy NullTokenizer adds one EOD token; megatron-core's holds --vocab-size (emit/megatron.py)
-    experts = n("--num-experts")
-    moe = None if not experts else _moe(f, n, experts, layers, path)
+    gated = "--swiglu" in f or "--quick-geglu" in f  # the latter: GPT-OSS's clamped GLU (emit.megatron)
+    # unset: 4h, or with --swiglu 8h/3 down to a multiple of 64 (Megatron-LM arguments.py:1280-1289 at core_v0.19.0;
+    # Megatron-DeepSpeed arguments.py:287-296)
+    ffn = n("--ffn-hidden-size") or (int(4 * hidden * 2 / 3 / 64) * 64 if "--swiglu" in f else 4 * hidden)
+    if deepspeed_experts is not None:
+        from autotune.job_megatron_deepspeed import deepspeed_moe
+
+        moe = deepspeed_moe(f, n, deepspeed_experts, ffn, path, notes)
+    else:
+        experts = n("--num-experts")
+        moe = None if not experts else _moe(f, n, experts, layers, ffn, path)
     # Megatron-LM's MLA flags and their defaults (arguments.py:3548-3557 at d98e8a6)
     mla = None if "--multi-latent-attention" not in f else MLASpec(
         kv_lora_rank=n("--kv-lora-rank") or 32, qk_nope_head_dim=n("--qk-head-dim") or 128,
@@ -127,10 +135,9 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
         q_lora_rank=n("--q-lora-rank"))
     rope = (f.get("--position-embedding-type") in ("rope", "yarn") or "--use-rotary-position-embeddings" in f)
     rope_base = _float(f.get("--rotary-base"), "--rotary-base", path)
-    gated = "--swiglu" in f or "--quick-geglu" in f  # the latter: GPT-OSS's clamped GLU (emit.megatron)
     spec = ModelSpec(
         name=Path(path).stem, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        ffn_hidden_size=n("--ffn-hidden-size") or 4 * hidden, vocab_size=vocab or 128256, num_kv_heads=groups,
+        ffn_hidden_size=ffn, vocab_size=vocab or 128256, num_kv_heads=groups,
         head_dim=n("--kv-channels"), activation="swiglu" if gated else _plain_activation(f),
         norm="rmsnorm" if str(f.get("--normalization", "")).lower() == "rmsnorm" else "layernorm",
         tied_embeddings="--untie-embeddings-and-output-weights" not in f,
@@ -154,6 +161,9 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
             notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
             preset = dataclasses.replace(preset, **ran)
         return _file_balancing(preset, spec, path, notes, aux_default)
+    if vocab is None and f.get("--tokenizer-type") == "GPT2BPETokenizer":  # GPT-2's BPE: 50,257 tokens (its
+        notes.append("model: GPT-2's BPE vocabulary, 50,257 tokens (--tokenizer-type GPT2BPETokenizer)")  # vocab.json)
+        return dataclasses.replace(spec, vocab_size=50257)
     if vocab is None:
         raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
                           f"read): give --model (a preset, config.json or model YAML) or --vocab-size in the file"],
@@ -161,10 +171,28 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
     return spec
 
 
-def _moe(f: dict, n, experts: int, layers: int, path: str) -> MoESpec:
+def refuse_unmodelled(path: str) -> None:
+    """InputError where the file's launch line runs a training script of another kind of model or task."""
+    script = read_megatron_launch(path)[3] if Path(path).is_file() else None
+    if other := unmodelled_job(script):
+        raise InputError([f"{path} runs {script}: {other}, not a decoder language model's pretraining "
+                          f"(pretrain_gpt.py): autotune does not model it; its language model alone is a "
+                          f"pretrain_gpt.py job with those flags"], subject=_SUBJECT)
+
+
+def shape_differs(model: ModelSpec, f: dict, path: str) -> str | None:
+    """A note where ``--model`` replaces a shape the file states otherwise (its layers, width or heads)."""
+    stated = {"layers": f.get("--num-layers"), "hidden": f.get("--hidden-size"), "heads": f.get("--num-attention-heads")}
+    ours = {"layers": model.num_layers, "hidden": model.hidden_size, "heads": model.num_attention_heads}
+    differ = [f"{k} {stated[k]}" for k in stated if stated[k] is not None and str(stated[k]) != str(ours[k])]
+    return (f"{path} states {', '.join(differ)}: --model {model.name}'s shape taken ("
+            f"{', '.join(f'{k} {ours[k]}' for k in ours)})") if differ else None
+
+
+def _moe(f: dict, n, experts: int, layers: int, ffn: int, path: str) -> MoESpec:
     """The mixture of experts the MoE flags state: experts, shared experts, which layers (--moe-layer-freq) and the
     router (Megatron-core's flags, as autotune.emit.megatron writes them)."""
-    width = n("--moe-ffn-hidden-size") or n("--ffn-hidden-size")
+    width = n("--moe-ffn-hidden-size") or ffn  # unset: ffn_hidden_size (arguments.py:1596 at core_v0.19.0)
     shared = n("--moe-shared-expert-intermediate-size")
     score = f.get("--moe-router-score-function", "softmax")
     dense, step = moe_layer_flags(f.get("--moe-layer-freq"), layers, path)

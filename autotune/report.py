@@ -254,7 +254,8 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                    + (" (--pp-sends)" if settings.pp_overlap_interleaved is not None else ""))
     kernel = settings.attention_kernel or c.attention_kernel
     out.append(f"attention kernel {kernel}" + (" (--attention-kernel)" if settings.attention_kernel else "")
-               + (" in FP8 (--fp8-attention)" if plan.fp8_attention else ""))
+               + (" in FP8 (--fp8-attention)" if plan.fp8_attention else "") if plan.flash_attention
+               else "attention unfused: the s x s scores materialised (--no-flash-attention)")
     compiled = run_settings.compiled(plan, settings, engine)
     out.append("elementwise kernels " + ("fused by torch.compile" if compiled else c.elementwise_kernels)
                + (" (--compile)" if plan.torch_compile else " (--no-compile)" if plan.torch_compile is False else ""))

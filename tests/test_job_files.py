@@ -109,6 +109,9 @@ ROUND_TRIPS = {
              ["torchtitan_job.toml"], []),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
+    # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
+    "megatron-deepspeed-recompute": (["--engine", "megatron-deepspeed", "--zero", "1", "--recompute", "full"],
+                                     ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
 }
 
 

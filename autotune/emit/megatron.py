@@ -283,8 +283,10 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     if model.moe is not None:
         moe = model.moe
         problems += deepspeed_moe_problems(model, plan).values()
+        # dropless, as planned: DeepSpeed-MoE drops tokens over capacity factor 1.0 unless told (the fork's
+        # --disable-moe-token-dropping, arguments.py:910-912; sharded_moe.py drop_tokens)
         args += ["--num-experts", str(moe.num_experts), "--topk", str(moe.top_k), "--expert-interval", "1",
-                 "--moe-expert-parallel-size", str(plan.ep), "--create-moe-param-group"]
+                 "--moe-expert-parallel-size", str(plan.ep), "--create-moe-param-group", "--disable-moe-token-dropping"]
         if moe.aux_loss_coeff is not None:  # DeepSpeed-MoE's l_aux weight (the fork's --moe-loss-coeff, default 0.1)
             args += ["--moe-loss-coeff", _num(moe.aux_loss_coeff)]
         if plan.tp > 1:

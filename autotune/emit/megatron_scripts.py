@@ -71,4 +71,8 @@ def unmodelled_job(script: str | None) -> str | None:
     path = PurePosixPath(script)
     if _multimodal(path):
         return "a vision-language model (examples/multimodal: a vision encoder, a projection and a language model)"
+    if path.parent.name == "tasks" and path.name == "main.py":  # Megatron's tasks/main.py (GLUE, RACE, zero-shot)
+        return "a downstream task (Megatron's tasks/main.py: fine-tuning or evaluation on GLUE, RACE, zero-shot sets)"
+    if path.parent.name == "eval_harness":  # Megatron-DeepSpeed's tasks/eval_harness/evaluate.py
+        return "an evaluation (lm-eval-harness over a checkpoint: no training step)"
     return _OTHER_MODELS.get(path.name)

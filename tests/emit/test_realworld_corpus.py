@@ -152,6 +152,32 @@ def test_integer_tests_case_and_arithmetic_read_as_bash_runs_them():
         "--seed", "$(($RANDOM_SEED + 1))", "--save", "$(hostname)"]  # unknown names, commands: kept as written
 
 
+def test_launch_scripts_of_megatron_deepspeeds_examples_read_as_bash_runs_them():
+    """deepspeedai/Megatron-DeepSpeed@4efb479d examples_deepspeed: `echo ${run_cmd}; eval ${run_cmd}` read every flag
+    twice (MoE/*.sh: about 40 "given 2 times" warnings) and its `&> log` as arguments; an option loop over the
+    script's own arguments (`while [[ $# -gt 0 ]]`, universal_checkpointing/megatron_gpt/run_bf16.sh) set
+    ZERO_STAGE=$2; a $(date "+%Y...") kept in a variable split into two words where it expanded; a data-preparation
+    line (`python tools/preprocess_data.py`, sequence_parallel/*_32k.sh) merged into pretrain_gpt.py's arguments."""
+    text = ('ZERO_STAGE=1\nwhile [[ $# -gt 0 ]]; do\n  case $1 in\n    --zero) ZERO_STAGE=$2; shift ;;\n  esac\n'
+            '  shift\ndone\n'
+            'stamp=$(date "+%Y.%m.%d-%H.%M.%S")\n'
+            'if [ ! -f data.bin ]; then\n  python tools/preprocess_data.py --input raw.json --workers 8\nfi\n'
+            'opts="--zero-stage ${ZERO_STAGE} --tensorboard-dir tb_${stamp}"\n'
+            'run_cmd="deepspeed pretrain_gpt.py ${opts} &> log_${stamp}.txt"\necho ${run_cmd}\neval ${run_cmd}\n')
+    assert parse_shell_args(text)[0] == ["--zero-stage", "1", "--tensorboard-dir", 'tb_$(date "+%Y.%m.%d-%H.%M.%S")']
+
+
+def test_a_value_a_command_prints_at_launch_is_not_checked(tmp_path, capsys):
+    path = tmp_path / "run.slurm"  # an sbatch script's other name (bigscience's tr11-176B-ml.slurm)
+    path.write_text("#!/bin/bash\nEP=$(($(nvidia-smi -L | wc -l) / 2))\ndeepspeed pretrain_gpt.py "
+                    "--tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 "
+                    "--vocab-size 1000 --bf16 --moe-expert-parallel-size $EP --deepspeed --deepspeed_config ds.json\n")
+    code, problems = _validate(path, ["--world-size", "8"], capsys)
+    assert [p["severity"] for p in problems if p["path"] == "--moe-expert-parallel-size"] == ["warning"], problems
+    assert not [p for p in problems if p["severity"] == "error"], problems
+
+
 @pytest.mark.parametrize("name, gpus, plan, said", [
     # DeepSpeed derives the micro-batch 256 / 1 / 8 = 32 (runtime/config.py:626-628): read as 1 before, "fits: yes"
     ("dse_imagenet_ds_fp16_z1_config.json", 8, {"micro_batch_size": 32, "grad_accum_steps": 1}, None),
@@ -220,7 +246,7 @@ def test_a_training_scripts_own_flags_are_its(capsys):
     assert code == 1 and len(modelopt) == 2 and all(p["severity"] == "warning" for p in modelopt), problems
     assert main(["estimate", "--from", str(CORPUS / "good" / "megatron_multimodal_pretrain_mistral_clip.sh"),
                  "--gpu", "h100-sxm-80gb"]) == 2
-    assert "trains a vision-language model (examples/multimodal" in capsys.readouterr().err
+    assert "train.py: a vision-language model (examples/multimodal" in capsys.readouterr().err
     from autotune.emit.megatron_lint import megatron_args_problems
 
     argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--my-flag", "1"]
