@@ -242,7 +242,8 @@ def assumed_settings(plan: ParallelPlan, settings, cluster: ClusterSpec | None =
                    + (", FP8 weight all-gather" if engine.fp8_param_gather(plan) and plan.zero_stage >= 2 else ""))
     if plan.tp > 1:
         overlap = run_settings.tp_overlap(plan, settings, engine)
-        backward = c.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
+        backward = c.tp_backward_overlapped(plan) if settings.tp_backward_overlap is None \
+            else settings.tp_backward_overlap
         stated = " (--tp-backward-comm)" if settings.tp_backward_overlap is not None else ""
         out.append(f"TP communication overlap: {overlap}" + asked("tp_overlap", "--tp-overlap")
                    + (", backward input-gradient collective " + ("behind the weight-gradient GEMM" if backward

@@ -147,7 +147,7 @@ def _slowest_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, s
         if model.is_moe else dense_layer
     hbm = r.hbm
     tp_overlap = run_settings.tp_overlap(plan, settings, engine)
-    tp_bwd_overlap = sched.tp_backward_overlap if settings.tp_backward_overlap is None \
+    tp_bwd_overlap = sched.tp_backward_overlapped(plan) if settings.tp_backward_overlap is None \
         else settings.tp_backward_overlap
 
     # Per micro-batch, per stage: forward, backward, recompute, and the collectives on the critical path.
@@ -374,7 +374,8 @@ def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPl
     lt = layer_time(model, cluster, time_key(plan), False, eff, r,
                     elementwise_kernels(sched.elementwise_kernels, run_settings.compiled(plan, settings, engine)),
                     *_cp_run(plan, settings, engine))
-    tp_bwd = sched.tp_backward_overlap if settings.tp_backward_overlap is None else settings.tp_backward_overlap
+    tp_bwd = sched.tp_backward_overlapped(plan) if settings.tp_backward_overlap is None \
+        else settings.tp_backward_overlap
     overlap = run_settings.tp_overlap(plan, settings, engine)
     lp = layer_passes(lt, plan, 1.0, overlap, tp_bwd, _selective_policy(plan, settings, engine),
                       run_settings.recompute_modules(plan))

@@ -189,9 +189,10 @@ class CommSchedule:
     pp_overlap_interleaved: bool = False
     """The interleaved pipeline schedule posts its steady-phase sends asynchronously behind the next chunk's compute
     (Megatron-core ``overlap_p2p_comm``); its warmup and cooldown sends still wait (``autotune.cost.pp_sends``)."""
-    tp_backward_overlap: bool = False
+    tp_backward_overlap: bool | str = False
     """The backward's TP collective of the input gradient runs asynchronously behind the weight-gradient GEMM
-    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``)."""
+    (Megatron ``LinearWithGradAccumulationAndAsyncCommunication``, ``async_op=True``); "sequence-parallel": only
+    the reduce-scatter of a sequence-parallel plan does (:meth:`tp_backward_overlapped`)."""
     param_gather_overlap: bool = False
     """ZeRO-1/2 / distributed optimizer: the all-gather of the updated 16-bit weights after the optimizer step runs
     behind the next forward (Megatron ``--overlap-param-gather``, emitted with overlap_comm). False: it runs inside
@@ -204,6 +205,11 @@ class CommSchedule:
     """How the model's norms, activation and RoPE run: "fused" (one kernel each: Megatron / Transformer Engine)
     or "eager" (PyTorch modules op by op: torchtitan's and transformers' RMSNorm, SwiGLU, RoPE without
     torch.compile; ``autotune.cost.layer_time.EAGER_BYTES``)."""
+
+    def tp_backward_overlapped(self, plan) -> bool:
+        """Whether ``plan``'s backward TP collective hides behind the weight-gradient GEMM."""
+        return self.tp_backward_overlap is True or (self.tp_backward_overlap == "sequence-parallel"
+                                                     and plan.sequence_parallel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

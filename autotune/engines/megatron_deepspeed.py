@@ -37,9 +37,12 @@ class MegatronDeepSpeedEngine(Engine):
                             zero_stages_with_pp=(0, 1))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
                         cp_kind="ulysses",
-                        # megatron/core/tensor_parallel/layers.py (microsoft fork): dgrad all-reduce async_op=True
-                        # before the wgrad GEMM, as Megatron-LM (the 2022 bigscience fork's mpu/layers.py had not).
-                        tp_backward_overlap=True)
+                        # The fork's layers.py overlaps the input gradient's all-reduce with the wgrad GEMM only
+                        # with async_tensor_model_parallel_allreduce, which validate_args turns off under
+                        # --deepspeed (megatron/arguments.py:396-399 at 4efb479d): the backward of
+                        # copy_to_tensor_model_parallel_region all-reduces, waited for; a sequence-parallel plan's
+                        # reduce-scatter is issued async_op=True before the wgrad GEMM (layers.py:348-356).
+                        tp_backward_overlap="sequence-parallel")
     checkpoint_format = "deepspeed"
     workload = "command"
     uses_deepspeed_ops = True
