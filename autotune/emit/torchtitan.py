@@ -142,8 +142,10 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
     out = []
     if name is None:
         out.append(f"torchtitan builds its models from its registry (model name + flavor); {model.name} has no "
-                   f"flavor there that autotune knows: pass model_name= and flavor= (known: "
-                   f"{', '.join(sorted(TORCHTITAN_FLAVORS))})")
+                   f"flavor there that autotune knows (it writes files for "
+                   f"{', '.join(sorted(TORCHTITAN_FLAVORS))}): emit the nearest of those presets and set "
+                   f"[model] name / flavor to your registered model, or use the library call "
+                   f"torchtitan_job_config(..., model_name=, flavor=)")
     if plan.world_size != cluster.num_gpus:
         out.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.precision == "fp16":

@@ -158,8 +158,12 @@ def user_script_needs(plan) -> tuple[str, ...]:
                    f"(ZeRO then reduces over dp x cp), wrap the attention core in "
                    f"deepspeed.sequence.layer.DistributedAttention over its group, feed each rank its seq_len/{plan.cp} "
                    f"shard with RoPE positions offset, and divide each rank's loss by {plan.cp}")
-    if plan.recompute != "none":
+    if plan.recompute == "full":
         out.append("activation checkpointing: wrap each transformer block in deepspeed.checkpointing.checkpoint")
+    elif plan.recompute == "selective":  # what the estimate models (autotune.workloads.transformer does the same)
+        out.append("selective activation checkpointing: wrap only each block's attention core (softmax(QK^T/sqrt(d)) "
+                   "V, not the projections or the MLP) in deepspeed.checkpointing.checkpoint; a whole block wrapped "
+                   "is full recompute, slower than the estimate")
     return tuple(out)
 
 

@@ -92,10 +92,16 @@ class HFEngine(Engine):
             program_args=acc_args, env=env, entry=acc_entry, bundle_files={*files, "plan.json"},
             summary=plan_notation(plan, self.tag(plan)))
         cpu = cluster.gpu.name == "cpu"
-        needs = (f"Trainer: TrainingArguments(deepspeed='<bundle>/{HF_DS_CONFIG}' (its absolute path: the launch "
-                 f"scripts pass your script no arguments, and a relative name is opened from the folder it runs in), "
+        o = options.optimizer
+        needs = (f"Trainer: TrainingArguments(deepspeed='<bundle>/{HF_DS_CONFIG}' (its absolute path: a relative "
+                 f"name is opened from the folder the script runs in), "
                  f"per_device_train_batch_size={plan.micro_batch_size}, "
                  f"gradient_accumulation_steps={plan.grad_accum_steps}, "
+                 # the config's optimizer and WarmupCosineLR are "auto": the Trainer fills them from these, else
+                 # from its own defaults (lr 5e-5, no weight decay, beta2 0.999: transformers integrations/deepspeed.py)
+                 f"learning_rate={o.lr:g}, adam_beta1={o.betas[0]:g}, adam_beta2={o.betas[1]:g}, "
+                 f"adam_epsilon={o.eps:g}, weight_decay={o.weight_decay:g}, max_grad_norm={o.grad_clip:g}, "
+                 f"warmup_steps={o.warmup_steps}, max_steps={o.train_steps}, "
                  f"{'bf16' if plan.precision != 'fp16' else 'fp16'}=True"
                  + (", gradient_checkpointing=True" if plan.recompute == "full" else "")
                  + f", save_strategy='steps', save_steps={checkpoint.interval_steps}, "
@@ -104,7 +110,9 @@ class HFEngine(Engine):
                  + ("; on this CPU-only cluster TrainingArguments needs use_cpu=True (without it transformers "
                     "raises \"Your setup doesn't support bf16/gpu. You need to assign use_cpu if you want to train "
                     "the model on CPU.\") and ddp_backend='gloo', as autotune.train.hf passes them" if cpu else "")
-                 + "; save_steps is the checkpoint policy's interval (see Checkpoint policy); each save holds the "
+                 + "; the optimizer and schedule values are the plan's (ds_config_hf.json leaves them \"auto\" for "
+                   "the Trainer to fill: without them it trains at its own defaults, lr 5e-5 and no weight decay); "
+                   "save_steps is the checkpoint policy's interval (see Checkpoint policy); each save holds the "
                    "optimizer, LR scheduler and RNG states: resume with trainer.train(resume_from_checkpoint=True)",
                  f"accelerate (launch_accelerate.sh, {ACCELERATE_DS_CONFIG}): optimizer = "
                  "accelerate.utils.DummyOptim(model.parameters()), scheduler = DummyScheduler(optimizer), "
@@ -118,7 +126,10 @@ class HFEngine(Engine):
                     "process_index 0 on every rank (it counts processes on accelerators only) while DeepSpeed's "
                     f"group spans all {plan.world_size} ranks: split the data by torch.distributed.get_rank() and "
                     "get_world_size() (a DataLoader passed to accelerator.prepare would give every rank the same "
-                    "batches)"
+                    "batches), and use torch.distributed, not accelerator.gather / reduce / is_main_process, for "
+                    "what spans ranks (accelerate sizes and divides those by its 1 process: a mean over 2 ranks "
+                    "comes out doubled, every rank is the main one and writes the same random_states_0.pkl in "
+                    "save_state; accelerate state.py, utils/operations.py)"
                     if cpu else ""))
         needs += _balancing_needs(model, plan)
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="torchrun",
