@@ -13,7 +13,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
-__all__ = ["BUILTIN_ENTRY", "PLAN_FILE", "DS_CONFIG", "builtin_or_user_entry", "shell_array",
+__all__ = ["BUILTIN_ENTRY", "PLAN_FILE", "DS_CONFIG", "builtin_or_user_entry", "shell_array", "optimizer_need",
            "engine_deepspeed_config", "deepspeed_json"]
 
 BUILTIN_ENTRY = ("-m", "autotune.train")
@@ -60,3 +60,13 @@ def deepspeed_json(support: EngineSupport, model: ModelSpec, cluster: ClusterSpe
     """:func:`engine_deepspeed_config` as the JSON file text."""
     cfg = engine_deepspeed_config(support, model, cluster, plan, options, checkpoint_block=checkpoint_block)
     return json.dumps(cfg, indent=2) + "\n"
+
+
+def optimizer_need(options: EmitOptions) -> str:
+    """The optimizer, clipping and schedule a user's own loop runs (the values ds_config.json and the Megatron
+    arguments carry; a plain PyTorch script has no file that says them)."""
+    o = options.optimizer
+    return (f"the plan's optimizer: torch.optim.AdamW(params, lr={o.lr:g}, betas=({o.betas[0]:g}, {o.betas[1]:g}), "
+            f"eps={o.eps:g}, weight_decay={o.weight_decay:g}); torch.nn.utils.clip_grad_norm_(params, {o.grad_clip:g}) "
+            f"before each step; the learning rate warmed up linearly over {o.warmup_steps} steps, then cosine down to "
+            f"{o.min_lr:g} at step {o.train_steps}")

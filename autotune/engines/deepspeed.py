@@ -105,7 +105,11 @@ class DeepSpeedEngine(Engine):
         entry, args = builtin_or_user_entry(options, ["--deepspeed-config", DS_CONFIG],
                                             ["--deepspeed", "--deepspeed_config", DS_CONFIG])
         return EngineFiles(files=files, entry=entry, program_args=args, env=env, launcher="deepspeed",
-                           user_script_needs=user_script_needs(plan))
+                           user_script_needs=user_script_needs(plan) + (
+                               f"every {checkpoint.interval_steps} steps (the Checkpoint policy) "
+                               f"engine.save_checkpoint('{checkpoint.save_dir}', tag=f'step{{step}}') on every rank "
+                               "(it writes the 16-bit weights, the ZeRO partitions of the optimizer states and the "
+                               f"'latest' tag); resume with engine.load_checkpoint('{checkpoint.save_dir}')",))
 
 
 ZERO_WORDS = {0: "no sharding: every replica keeps all model states",

@@ -22,7 +22,7 @@ from autotune.emit.torchtitan_recipes import TORCHTITAN_03_RECIPES
 from autotune.emit.torchtitan_module import rope_positions_note, torchtitan_module
 from autotune.engines.base import Engine
 from autotune.engines.builtin_trainer import fsdp_trainer_problem
-from autotune.engines.common import builtin_or_user_entry
+from autotune.engines.common import builtin_or_user_entry, optimizer_need
 from autotune.engines.facts import ActivationFacts, CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import fsdp2_states
 from autotune.specs.engine_versions import EngineVersions
@@ -330,7 +330,8 @@ class FSDPEngine(Engine):
                  "fp32 (they are the optimizer's master weights), the optimizer built after fully_shard",
                  f"each of the {plan.dp} data-parallel ranks (dp_replicate x dp_shard coordinates) reads its own "
                  "batches; ranks that differ only in their tp or pp coordinate read the same ones; micro-batch "
-                 f"{plan.micro_batch_size}, {plan.grad_accum_steps} micro-batch(es) per optimizer step"]
+                 f"{plan.micro_batch_size}, {plan.grad_accum_steps} micro-batch(es) per optimizer step",
+                 optimizer_need(options)]
         if plan.recompute == "full":
             needs.append("checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT) on every block "
                          + (f"(the first {plan.recompute_num_layers} of each stage) " if plan.recompute_num_layers
