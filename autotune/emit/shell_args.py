@@ -159,8 +159,12 @@ def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str],
             continue
         if head in ("echo", "printf"):  # prints a command line (`echo $run_cmd; eval $run_cmd`): runs nothing
             continue
-        if head == "eval" and len(words) > 1:  # its words joined are read again as a command line, as bash does
-            again = BashReader(" ".join(w for w, _ in words[1:]), state).command() or []
+        shell_c = next((i for i in range(len(words) - 2) if words[i][0].rsplit("/", 1)[-1] in ("bash", "sh")
+                        and words[i + 1][0] == "-c"), None)  # `srun ... bash -c "$LAUNCHER $CMD"`: its string
+        if (head == "eval" and len(words) > 1) or shell_c is not None:
+            # eval's words joined, or bash -c's string, read again as a command line, as the shell does
+            again = BashReader(" ".join(w for w, _ in words[1:]) if shell_c is None else words[shell_c + 2][0],
+                               state).command() or []
             line = tuple(words[0][1][:1]) or (0,)  # every word at the eval's line
             words = [(w[0], line * len(w[0])) for w in again if not isinstance(w, str)]
             if not words:

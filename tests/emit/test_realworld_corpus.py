@@ -167,6 +167,17 @@ def test_launch_scripts_of_megatron_deepspeeds_examples_read_as_bash_runs_them()
     assert parse_shell_args(text)[0] == ["--zero-stage", "1", "--tensorboard-dir", 'tb_$(date "+%Y.%m.%d-%H.%M.%S")']
 
 
+def test_a_launch_line_inside_bash_c_is_the_job():
+    """bigscience-workshop/bigscience@9e64edec train/tr11-176B-ml/tr11-176B-ml.slurm: `srun ... bash -c "$LAUNCHER
+    --node_rank \\$SLURM_PROCID $CMD"` runs the job; a `python $LOAD_RATIOS_SCRIPT ...` helper line before it was
+    read instead ("--micro-batch-size is required", and no model)."""
+    text = ('python tools/load_ratios.py --split train --output out.txt\n'
+            'export LAUNCHER="python -u -m torch.distributed.run --nproc_per_node 8 --nnodes 48"\n'
+            'export CMD=" `pwd`/pretrain_gpt.py --tensor-model-parallel-size 4 --micro-batch-size 2"\n'
+            'srun --jobid $SLURM_JOB_ID bash -c "$LAUNCHER --node_rank \\$SLURM_PROCID $CMD" 2>&1 | tee log.txt\n')
+    assert parse_shell_args(text)[0] == ["--tensor-model-parallel-size", "4", "--micro-batch-size", "2"]
+
+
 def test_a_value_a_command_prints_at_launch_is_not_checked(tmp_path, capsys):
     path = tmp_path / "run.slurm"  # an sbatch script's other name (bigscience's tr11-176B-ml.slurm)
     path.write_text("#!/bin/bash\nEP=$(($(nvidia-smi -L | wc -l) / 2))\ndeepspeed pretrain_gpt.py "
