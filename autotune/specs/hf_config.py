@@ -22,7 +22,9 @@ from autotune.errors import InputError, suggest_names
 from autotune.inputs import nonfinite_problems, parse_json, read_text
 from autotune.specs.hf_fields import Fields as _Fields
 from autotune.specs.hf_fields import head_dim_or_none
-from autotune.specs.hf_readers_dense import DENSE_READERS, rope_scaling_fields, rotary_fraction
+from autotune.specs.hf_fields import layer_indices
+from autotune.specs.hf_readers_dense import (DENSE_READERS, rope_scaling_fields, rope_theta, rotary_fraction,
+                                             set_local_attention)
 from autotune.specs.hf_readers_moe import MOE_READERS
 from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
@@ -62,14 +64,26 @@ def _llama_like(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=f.get_int("max_position_embeddings", default=_DEFAULT_MAX_POSITIONS[mt]),
-        rope_theta=float(f.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta(f, 10000.0),  # top level, or transformers 5's rope_parameters
         tied_embeddings=bool(f.get("tie_word_embeddings", False)),
         dropout=_dropout(f, "attention_dropout", default=0.0),
         # Llama 3.1's llama3 scaling (and a linear one); DeepSeek-V3 / Kimi-K2's YaRN (with MLA's mscale_all_dim)
         **rope_scaling_fields(f),
     )
     attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
-    if mt == "qwen2":
+    # Sliding windows: Mistral's on every layer where sliding_window is set; Qwen2's with use_sliding_window from
+    # max_window_layers on (Qwen2Config.layer_types); layer_types where the file lists them (transformers 5)
+    if mt in ("mistral", "mixtral"):  # MistralConfig's default window 4096, MixtralConfig's none (transformers 5.25)
+        window = None if "sliding_window" in f.data and f.data["sliding_window"] is None else \
+            f.get_int("sliding_window", default=4096 if mt == "mistral" else None)  # null: full attention
+        set_local_attention(out, f, window, list(layer_indices(out["num_layers"])))
+    elif mt == "qwen2" and f.get("use_sliding_window", False):
+        first = f.get_int("max_window_layers", default=28)
+        set_local_attention(out, f, f.get_int("sliding_window", default=4096),
+                            [i for i in layer_indices(out["num_layers"]) if i >= first])
+    if mt in ("mistral", "mixtral"):
+        pass  # MistralAttention / MixtralAttention and their MLPs build no biases, whatever attention_bias says
+    elif mt == "qwen2":
         out["qkv_bias"] = True  # Qwen2Attention: q/k/v projections always carry a bias, o_proj none
     elif attention_bias and mlp_bias:
         out["linear_bias"] = True
@@ -210,7 +224,7 @@ def _falcon(f: _Fields) -> dict:
         vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation="gelu", norm="layernorm", position_embedding="alibi" if f.get("alibi", False) else "rope",  # nn.GELU
         max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
-        rope_theta=float(f.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta(f, 10000.0),  # top level, or transformers 5's rope_parameters
         linear_bias=bool(f.get("bias", False)), norms_per_layer=norms,
         parallel_residual=norms == 2 and (new_arch or bool(f.get("parallel_attn", True))),
         tied_embeddings=bool(f.get("tie_word_embeddings", True)),

@@ -123,12 +123,14 @@ def refuse_output_bias(f: Fields) -> None:
 
 
 def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_positions: int,
-                 theta: float, tied: bool, vocab: int | None = None) -> dict:
+                 theta: float, tied: bool, vocab: int | None = None, heads: int | None = None) -> dict:
     """Pre-norm RMSNorm decoder with rotary positions and a gated MLP of ``intermediate_size``.
 
-    ``kv_heads``/``head_dim``: the class defaults (None: the head count / hidden_size over heads)."""
+    ``kv_heads``/``head_dim``: the class defaults (None: the head count / hidden_size over heads); ``vocab`` /
+    ``heads``: the class defaults where a config may leave them out (None: required)."""
     hidden = f.need("hidden_size", what="model width")
-    heads = f.need("num_attention_heads", what="attention heads")
+    heads = f.need("num_attention_heads", what="attention heads") if heads is None else \
+        f.get_int("num_attention_heads", default=heads)
     vocab_size = f.need("vocab_size", what="vocabulary size") if vocab is None else f.get_int("vocab_size",
                                                                                              default=vocab)
     scaling = rope_scaling_fields(f)
@@ -175,12 +177,13 @@ def _gemma(f: Fields, model_type: str) -> dict:
     (before and after attention and MLP); sliding window 4096 on every other layer (Gemma 2) or on five
     layers of six (Gemma 3: sliding_window_pattern 6), Gemma 3 adds per-head Q/K RMSNorms."""
     gemma3 = model_type == "gemma3_text"
-    required = tuple(k for k in _SHAPE if not (gemma3 and k == "vocab_size"))  # Gemma 3 text_configs omit it
+    # Gemma 3's text_configs leave out what Gemma3TextConfig defaults: vocab_size, num_attention_heads (8: Gemma 3 4B)
+    required = tuple(k for k in _SHAPE if not (gemma3 and k in ("vocab_size", "num_attention_heads")))
     f = normalised(f, model_type, required)
     refuse_output_bias(f)
     out = decoder_base(f, kv_heads=4, head_dim=256, max_positions=131072 if gemma3 else 8192,
                        theta=1000000.0 if gemma3 else 10000.0,
-                       tied=True, vocab=262208 if gemma3 else None)
+                       tied=True, vocab=262208 if gemma3 else None, heads=8 if gemma3 else None)
     out["norms_per_layer"] = 4
     if gemma3:
         out["qk_norm"] = "head"

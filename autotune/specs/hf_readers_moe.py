@@ -38,6 +38,8 @@ def _qwen3_moe(f: Fields) -> dict:
                           expert_ffn_hidden_size=f.need("moe_intermediate_size", what="expert width"),
                           num_dense_layers=len(dense), moe_layer_step=f.positive("decoder_sparse_step", 1),
                           **f.router(score="softmax", norm_topk=False))  # Qwen3MoeConfig: norm_topk_prob False
+    if f.get("use_sliding_window", False):  # Qwen3MoeAttention: the window on every layer (transformers 5.25)
+        set_local_attention(out, f, f.get_int("sliding_window", default=4096), list(layer_indices(out["num_layers"])))
     return out
 
 
