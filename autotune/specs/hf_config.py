@@ -31,6 +31,19 @@ from autotune.specs.model import ModelSpec
 
 __all__ = ["model_from_hf_config", "read_hf_config", "SUPPORTED_MODEL_TYPES"]
 
+_LINEAR = "linear-attention layers (Gated DeltaNet, lightning or KDA attention) beside its softmax ones"
+_SSM = "Mamba (state-space) layers beside or instead of attention"
+_NOT_TRANSFORMERS = {
+    "qwen3_next": _LINEAR, "qwen3_5": _LINEAR, "qwen3_5_moe": _LINEAR, "kimi_linear": _LINEAR, "minimax": _LINEAR,
+    "bailing_hybrid": _LINEAR, "falcon_h1": _SSM, "granitemoehybrid": _SSM, "nemotron_h": _SSM, "jamba": _SSM,
+    "bamba": _SSM, "zamba": _SSM, "zamba2": _SSM, "falcon_mamba": _SSM, "mamba": _SSM, "mamba2": _SSM,
+    "lfm2": "short-convolution layers beside attention", "lfm2_moe": "short-convolution layers beside attention",
+    "deepseek_v32": "DeepSeek Sparse Attention (a lightning indexer choosing each query's keys)",
+    "recurrent_gemma": "recurrent (RG-LRU) layers", "rwkv": "RWKV's recurrent time mixing",
+    "xlstm": "xLSTM's recurrent cells"}
+"""transformers model_types whose layers ModelSpec cannot describe (transformers 5.25's modeling files), refused
+with what they have rather than with a near supported name."""
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "falcon",
                          "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3", "kimi_k2",
                          *DENSE_READERS, *MOE_READERS)
@@ -325,6 +338,10 @@ def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = Non
         raise InputError([f"no 'model_type' field: add the model's type (supported: {supported})"], subject=origin)
     if not isinstance(model_type, str):
         raise InputError([f"'model_type' must be a string such as \"llama\", got {model_type!r}"], subject=origin)
+    if model_type in _NOT_TRANSFORMERS:  # a near name would invite a rename that counts another model
+        raise InputError([f"model_type {model_type!r} has {_NOT_TRANSFORMERS[model_type]}, which autotune does not "
+                          f"model (its layers are softmax-attention transformer layers only); supported: "
+                          f"{supported}"], subject=origin)
     if model_type not in _FAMILIES:
         hint = suggest_names(str(model_type), SUPPORTED_MODEL_TYPES)
         raise InputError([f"model_type {model_type!r} is not supported{hint}; supported: {supported}. "

@@ -187,3 +187,14 @@ def test_named_from_the_config_not_its_folder(tmp_path):
 def test_ill_typed_fields_are_problems_not_coerced(change, message):
     with pytest.raises(InputError, match=message):
         model_from_hf_config(_config("llama3-8b") | change)
+
+
+@pytest.mark.parametrize("model_type, words", [("qwen3_next", "linear-attention"), ("nemotron_h", "Mamba"),
+                                               ("deepseek_v32", "Sparse Attention")])
+def test_a_model_of_other_layers_is_refused_with_what_it_has(model_type, words):
+    from autotune.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        model_from_hf_config({"model_type": model_type, "hidden_size": 64})
+    text = str(err.value)
+    assert words in text and "did you mean" not in text  # no near name to rename it to (qwen3_moe counted wrong)
