@@ -61,6 +61,7 @@ from autotune.tune.launchers import LaunchSettings, trial_fields
 from autotune.tune.sampler import (PARAM, CalibratedRank, PlanSampler, claimed_keys, plan_key, plan_region,
                                    step_measurements, trial_key)
 from autotune.tune.storage import LAUNCH_ATTR, fail_stale_trials, open_storage, open_study
+from autotune.tune.study_job import same_job, study_job
 
 __all__ = ["SlowStepPruner", "TuneResult", "open_storage", "tune", "claim_conflict", "fail_stale_trials"]
 
@@ -250,6 +251,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     study = open_study(storage, storage_url, study_name, sampler=sampler, pruner=pruner,
                        must_be_new=not (resume or worker))
     _same_releases(study, dict((constraints or SearchConstraints()).engine_versions))
+    same_job(study, study_job(model, cluster, seq_len=seq_len, global_batch=global_batch, num_layers=num_layers,
+                              constraints=constraints, workload=workload, steps=steps, warmup_steps=warmup_steps))
     fail_stale_trials(study, all_running=resume and not worker, out_dir=out)
     say = (lambda text: progress("ops", study, None, text)) if progress else (lambda text: None)
     from autotune.engines import engine_for

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.trial import TrialState
-from study_fakes import DIST, KEYS, RANKED, FakeRunner, fake_step_time, run  # tests/tune/ is on sys.path
+from study_fakes import (CONSTRAINTS, DIST, KEYS, RANKED, SEQ, FakeRunner,  # tests/tune/ is on sys.path
+                         fake_step_time, run)
 
 from autotune.errors import InputError
 from autotune.tune.sampler import DIMENSIONS, PARAM, PlanSampler, plan_key, plan_region, trial_key
@@ -211,3 +212,18 @@ def test_finalists_rerun_alternately_and_winner_on_median(tmp_path, monkeypatch)
     resumed = run(tmp_path, monkeypatch, again, trials=4, top_k=4, prune_ratio=None, finalists=3, finalist_runs=2,
                   resume=True)
     assert again.calls == [] and trial_key(resumed.best) == trial_key(result.best)
+
+
+@pytest.mark.parametrize("change, said", [({"seq_len": SEQ * 2}, "seq_len"), ({"num_layers": 1}, "num_layers"),
+                                          ({"steps": 3}, "steps"),
+                                          ({"constraints": dataclasses.replace(CONSTRAINTS, recompute=("none",))},
+                                           "search")])
+def test_resume_refuses_another_job(change, said, tmp_path, monkeypatch):
+    """A --resume asking another shape, search or workload crashed (a trial's plan not among this search's) or
+    reported the other job's measurement as this one's; it is refused, naming what changed."""
+    run(tmp_path, monkeypatch, FakeRunner(), trials=2)
+    runner = FakeRunner()
+    with pytest.raises(InputError) as err:
+        run(tmp_path, monkeypatch, runner, trials=3, resume=True, **change)
+    assert said in str(err.value) and "measures another job" in str(err.value) and runner.calls == []
+    assert len(run(tmp_path, monkeypatch, FakeRunner(), trials=3, resume=True).trials) == 3  # the same job goes on
