@@ -21,12 +21,14 @@ Every file input of the tool (model, cluster, recipe, plan JSON, calibration, ..
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import re
 import stat
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import yaml
 
 from autotune.errors import InputError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "parse_toml", "read_json",
+__all__ = ["write_problem", "out_folder_problem", "MAX_INPUT_BYTES", "MAX_DEPTH", "read_text", "parse_json", "parse_yaml", "parse_toml", "read_json",
            "nonfinite_problems", "depth_problem", "text_depth_problem", "range_problem",
            "path_problem"]
 
@@ -304,4 +306,42 @@ def path_problem(path: str, *, flag: str) -> str | None:
     for part in Path(path).parts:
         if len(os.fsencode(part)) > limit:
             return f"{flag} {path[:60]!r}...: a name of {len(os.fsencode(part))} bytes; this file system allows {limit}"
+    return None
+
+
+def write_problem(folder: str | Path) -> str | None:
+    """Why a file cannot be created in ``folder`` (a real write, removed at once; ``os.access`` passes /proc), or
+    None."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".autotune-write-test-"):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
+
+
+def out_folder_problem(out: str) -> str | None:
+    """Why ``--out`` cannot hold the study (None when it can): it is created if missing, then must be a folder
+    this process can write in (a file, /proc, a symbolic-link loop or a read-only file system cannot)."""
+    path = Path(out)
+    made: list[Path] = []  # the folders this check creates, removed again after it (the study makes them)
+    try:
+        for folder in [*reversed(path.parents), path]:
+            if not os.path.lexists(folder):
+                folder.mkdir()
+                made.append(folder)
+        if not path.is_dir():
+            return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".autotune-write-check-"):
+            pass
+    except FileExistsError:
+        return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
+    except OSError as err:
+        why = err.strerror or str(err)
+        hint = " (a read-only file system)" if err.errno == errno.EROFS else ""
+        return (f"--out {out[:80]!r}{'...' if len(out) > 80 else ''} cannot hold the study: {why}{hint}; give a "
+                "folder you can write in")
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return None

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import re
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 __all__ = ["register", "run"]
@@ -150,7 +148,7 @@ _FLOAT_FLAGS = {"timeout": (10**8, "three years"), "trial_timeout": (10**7, "115
 def _tune_problems(args: argparse.Namespace, model) -> list[str]:
     """Every tune flag that cannot work, found before the study is created (one line each)."""
     from autotune.commands import MAX_STEPS
-    from autotune.inputs import path_problem, range_problem
+    from autotune.inputs import out_folder_problem, path_problem, range_problem, write_problem
     from autotune.rules import sequence_problems
 
     problems = [message for _, message in sequence_problems(model, args.seq_len)] if model is not None else []
@@ -199,8 +197,9 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
         elif not parent.is_dir():
             problems.append(f"--calibration {args.calibration!r}: the folder {str(parent)!r} does not exist: "
                             "create it or give another path")
-        elif not os.access(parent, os.W_OK):
-            problems.append(f"--calibration {args.calibration!r}: the folder {str(parent)!r} is not writable")
+        elif (why := write_problem(parent)):  # a test write: os.access passes /proc, whose write fails at the end
+            problems.append(f"--calibration {args.calibration!r}: cannot write in {str(parent)!r} ({why}): give "
+                            "a path in a writable folder")
     if args.resume and args.worker:
         problems.append("give --resume or --worker, not both")
     return [p for p in problems if p]
@@ -212,34 +211,6 @@ class _Stopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum, self.what = signum, signal.Signals(signum).name
-
-
-def out_folder_problem(out: str) -> str | None:
-    """Why ``--out`` cannot hold the study (None when it can): it is created if missing, then must be a folder
-    this process can write in (a file, /proc, a symbolic-link loop or a read-only file system cannot)."""
-    path = Path(out)
-    made: list[Path] = []  # the folders this check creates, removed again after it (the study makes them)
-    try:
-        for folder in [*reversed(path.parents), path]:
-            if not os.path.lexists(folder):
-                folder.mkdir()
-                made.append(folder)
-        if not path.is_dir():
-            return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".autotune-write-check-"):
-            pass
-    except FileExistsError:
-        return f"--out {out!r} is a file, not a folder: give a folder (it is created if missing)"
-    except OSError as err:
-        why = err.strerror or str(err)
-        hint = " (a read-only file system)" if err.errno == errno.EROFS else ""
-        return (f"--out {out[:80]!r}{'...' if len(out) > 80 else ''} cannot hold the study: {why}{hint}; give a "
-                "folder you can write in")
-    finally:
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-    return None
 
 
 def _on_signal(signum, frame) -> None:
@@ -316,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     limit = int(args.host_memory_limit_gib * 2**30) if args.host_memory_limit_gib else None
     from optuna.exceptions import StorageInternalError
 
-    handlers = _install()
+    handlers, existed = _install(), out.exists()
     try:
         result = tune(model, cluster, seq_len=args.seq_len, global_batch=args.global_batch or cluster.num_gpus,
                       constraints=constraints, workload=workload, out_dir=out, trials=args.trials,
@@ -328,6 +299,10 @@ def run(args: argparse.Namespace) -> int:
                       finalists=args.finalists, finalist_runs=args.finalist_runs,
                       prune_ratio=args.prune_ratio or None, progress=progress, emit_options=files,
                       current_job=current)
+    except InputError:  # refused before any trial (a storage, a resume of another job): no empty --out left
+        with contextlib.suppress(OSError):
+            None if existed else out.rmdir()
+        raise
     except StorageInternalError as err:
         progress.close()
         cause = err.__cause__ or err.__context__ or err
@@ -370,8 +345,11 @@ def run(args: argparse.Namespace) -> int:
     best, est = result.best, result.best_estimate
     measurement = best.user_attrs["measurement"]
     winner = out / "winner"
-    write_bundle(est, winner, files, force=True,
+    kept: list[str] = []  # a winner folder with the user's own files in it is set aside, said
+    write_bundle(est, winner, files, force=True, notes=kept,
                  measured={k: v for k, v in measurement.items() if k != "step_times_s" and v is not None})
+    for note in kept:
+        print(f"autotune tune: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({"best": {"trial": best.number, "plan": best.user_attrs["plan"],
                                    "measurement": measurement, "predicted": best.user_attrs.get("predicted")},

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import socket
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,11 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def shown_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by *** (an error message or log is not the place for it)."""
+    return re.sub(r"^([A-Za-z0-9+.-]+://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage for ``url``; InputError with a clear message when it cannot be opened."""
     url = driver_url(url)
@@ -102,10 +108,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             if attempt < 7 and _raced(err):
                 time.sleep(0.2 + 0.3 * attempt)
                 continue
-            hint = ""
+            hint = ("; check the URL (sqlite:///PATH/study.db or postgresql://USER@HOST/DB) and that its server "
+                    "runs, or leave --storage out for OUT/study.db")
             if "Failed to import DB access module" in str(err) or isinstance(err, ImportError):
                 hint = " (install its driver: pip install psycopg2-binary for PostgreSQL)"
-            raise InputError([f"cannot open the storage {url!r}: {_first_line(err)}{hint}"],
+            raise InputError([f"cannot open the storage {shown_url(url)!r}: "
+                              f"{_first_line(err).replace(url, shown_url(url))}{hint}"],
                              subject="storage") from None
     raise AssertionError("unreachable")
 
@@ -118,7 +126,7 @@ def open_study(storage, url: str, name: str, *, sampler, pruner, must_be_new: bo
             with _creation_lock(url):
                 exists = any(s.study_name == name for s in optuna.study.get_all_study_summaries(storage))
                 if exists and must_be_new:
-                    raise InputError([f"study {name!r} already exists in {url}: pass --resume to continue it, "
+                    raise InputError([f"study {name!r} already exists in {shown_url(url)}: pass --resume to continue it, "
                                       "--worker to join it, or another --study-name"], subject="storage")
                 return optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=sampler,
                                            pruner=pruner, load_if_exists=True)
@@ -128,7 +136,8 @@ def open_study(storage, url: str, name: str, *, sampler, pruner, must_be_new: bo
             if attempt < 7 and _raced(err):
                 time.sleep(0.2 + 0.3 * attempt)
                 continue
-            raise InputError([f"cannot create or load study {name!r} in {url}: {_first_line(err)}"],
+            raise InputError([f"cannot create or load study {name!r} in {shown_url(url)}: "
+                              f"{_first_line(err).replace(url, shown_url(url))}"],
                              subject="storage") from None
     raise AssertionError("unreachable")
 

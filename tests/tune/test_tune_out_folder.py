@@ -40,7 +40,7 @@ def test_an_out_folder_that_cannot_hold_the_study_is_named(tmp_path, capsys, mak
 
 
 def test_a_read_only_out_folder_is_named(tmp_path, capsys, monkeypatch):
-    import autotune.commands.tune as command
+    import autotune.inputs as command  # out_folder_problem lives there
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -72,3 +72,17 @@ def test_a_refused_request_leaves_no_folder_behind(tmp_path, capsys):
     code, _, err = _run([*TINY, "--steps", "1", "--warmup-steps", "1000000", "--out", str(out)], capsys)
     assert code == 2 and "--warmup-steps" in err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_storage_leaves_no_folder_and_shows_no_password(tmp_path, capsys):
+    out = tmp_path / "study"
+    code, _, err = _run([*TINY, "--storage", "postgresql://user:s3cret@127.0.0.1:1/db", "--out", str(out)], capsys)
+    assert code == 2 and "user:***@127.0.0.1" in err and "s3cret" not in err and "leave --storage out" in err
+    assert not out.exists()  # the empty folder was left behind
+
+
+def test_a_calibration_file_that_cannot_be_written_is_refused_before_the_study(tmp_path, capsys):
+    # os.access passes /proc; the write failed after every trial had run (a traceback, no winner)
+    code, _, err = _run([*TINY, "--calibration", "/proc/cal.json", "--out", str(tmp_path / "study")], capsys)
+    assert code == 2 and "--calibration '/proc/cal.json': cannot write in '/proc'" in err
+    assert not (tmp_path / "study").exists()
