@@ -101,6 +101,7 @@ def _check_script(path: str) -> list[str]:
 
 
 def _workload(args) -> tuple[object, list[str]]:
+    from autotune.tune.launch import command_template_problem
     from autotune.tune.trial import Workload
 
     problems: list[str] = []
@@ -113,6 +114,8 @@ def _workload(args) -> tuple[object, list[str]]:
     if args.workload == "command":
         if not args.command_template or not args.metric_pattern:
             problems.append("--workload command needs --command TEMPLATE and --metric-pattern REGEX")
+        elif (why := command_template_problem(args.command_template)):  # a failed trial would use up the study
+            problems.append(why)
         return Workload(kind="command", command=args.command_template, metric_pattern=args.metric_pattern), problems
     if args.script or args.command_template:
         problems.append("--script / --command need --workload script / command")

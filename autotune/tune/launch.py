@@ -29,7 +29,7 @@ import psutil
 from autotune.errors import InputError
 from autotune.tune.trialspec import TRAIN_PLAN_NAME, TrialSpec
 
-__all__ = ["Job", "command_line", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
+__all__ = ["Job", "command_line", "command_template_problem", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
            "end_recorded", "KILL_GRACE_S"]
 
 KILL_GRACE_S = 5.0
@@ -88,6 +88,16 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
                           "{nproc}, {ds_config}, {workdir}, {megatron_args} (write {{ }} for braces)"],
                          subject="trial") from None
     return ["bash", "-c", text]
+
+
+def command_template_problem(command: str) -> str | None:
+    """Why ``--command``'s template cannot be filled (checked before the study: a trial would fail on it), or None."""
+    try:
+        command.format(nproc=1, ds_config="x", workdir="x", megatron_args="x")
+    except (KeyError, IndexError, ValueError) as e:
+        return (f"--command {command!r} cannot be filled ({e!r}): the placeholders are {{nproc}}, {{ds_config}}, "
+                "{workdir}, {megatron_args} (write {{ }} for literal braces)")
+    return None
 
 
 def trial_env(repo_root: str) -> dict[str, str]:

@@ -256,6 +256,18 @@ def slurm_job_name(workdir: Path) -> str:
     return f"autotune-{Path(workdir).name}-{digest}"
 
 
+def _controller_problem() -> str | None:
+    """What ``scontrol ping`` says where no controller answers (None: one does, or scontrol is absent)."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        run = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    said = (run.stdout + run.stderr).strip()
+    return None if run.returncode == 0 and "is UP" in said else (said.splitlines() or ["no answer"])[-1][:200]
+
+
 class Slurm(Launcher):
     """``srun`` steps inside the allocation, or one ``sbatch`` job per trial outside any."""
 
@@ -272,6 +284,9 @@ class Slurm(Launcher):
             if shutil.which("sbatch") is None:
                 out.append("--launcher slurm: not inside a SLURM allocation (SLURM_JOB_ID is unset) and sbatch is "
                            "not on PATH; run autotune inside salloc/sbatch, or install the SLURM client (slurm-wlm)")
+            elif (why := _controller_problem()):  # else the first trial fails on it and counts against the study
+                out.append(f"--launcher slurm: sbatch cannot reach a SLURM controller ({why}); check slurm.conf "
+                           "(SLURM_CONF) and that slurmctld runs (`scontrol ping`), or use --launcher torchrun")
             return out
         if shutil.which("srun") is None:
             out.append("--launcher slurm: inside allocation "

@@ -105,3 +105,18 @@ def test_srun_messages_and_review(tmp_path):
     record.update(stopped_by_tuner=True)  # the tuner stopped it (pruned / its own timeout): its verdict stands
     (spec.workdir / launchers.SLURM_RECORD_NAME).write_text(json.dumps(record))
     assert launchers.review(spec, crashed) is crashed
+
+
+def test_slurm_without_a_reachable_controller_is_refused_before_the_study(monkeypatch, tmp_path):
+    """sbatch on PATH but no controller it can reach: the first trial failed on it ('sbatch: fatal: Could not
+    establish a configuration source') and counted against the study."""
+    import shutil
+
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        pytest.skip("the SLURM client (sbatch, scontrol) is not installed")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "slurm.conf").write_text("")  # no ClusterName, no controller: scontrol fails at once
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    slurm = launchers.launcher_for(launchers.LaunchSettings(name="slurm"))
+    problems = slurm.problems(load_cluster(gpu="cpu", num_gpus=2), "builtin")
+    assert any("cannot reach a SLURM controller" in p and "scontrol ping" in p for p in problems), problems

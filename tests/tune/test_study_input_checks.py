@@ -29,6 +29,9 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     (["--calibration", "/nope/dir/cal.json"], "'/nope/dir' does not exist"),
     (["--max-micro-batch", "0"], "--max-micro-batch must be >= 1"),
     (["--out", "FILE"], "is a file, not a folder"), (["--finalist-runs", "1"], "--finalist-runs must be >= 2"),
+    # a template a trial cannot fill: it failed the first trial, which then counted against the study
+    (["--workload", "command", "--command", "echo {nosuch}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)"],
+     "cannot be filled (KeyError('nosuch'))"),
 ])
 def test_every_tune_flag_checked_before_the_study(tmp_path, capsys, flags, says):
     from autotune.cli import main
