@@ -22,10 +22,12 @@ is checked instead:
   plain host names and its environment values free of ``"``, ``$``, backquote and backslash;
 - ``#SBATCH`` lines are read by sbatch, not bash, so their values must be plain words.
 
-The rendezvous port is ``"${MASTER_PORT:-<master_port>}"`` in every script that names one (the deepspeed runner's
-``--master_port``, torchrun's c10d endpoint, accelerate's ``--main_process_port``): ``MASTER_PORT`` in the
-environment overrides the emitted default (29500), and each script's header says so. One-node torchrun runs
-``--standalone``, which picks a free port itself.
+The rendezvous port is ``MASTER_PORT`` from the environment where set, in every script that names one (the deepspeed
+runner's ``--master_port``, torchrun's c10d endpoint, accelerate's ``--main_process_port``); else a free one the
+script picks where it runs on the rendezvous host alone (the deepspeed runner, which hands it to the other nodes;
+accelerate on one node; an sbatch script, on the allocation's first node), else the emitted default (29500: torchrun
+or accelerate run on each of several nodes must agree on it). Each script's header says which. One-node torchrun
+runs ``--standalone``, which picks a free port itself.
 """
 
 from __future__ import annotations
@@ -229,21 +231,29 @@ def render_launch_scripts(cluster: ClusterSpec, plan: ParallelPlan, options: Emi
     if "slurm" in launchers:
         optional = [f"#SBATCH --{flag}={value}" for flag, value in
                     (("partition", lo.slurm_partition), ("account", lo.slurm_account)) if value]
-        files["launch_slurm.sbatch"] = _template("slurm.sbatch.tmpl").substitute(
-            common, job_name=lo.job_name, time_limit=lo.slurm_time, sbatch_optional="\n".join(optional))
+        files["launch_slurm.sbatch"] = _template("slurm.sbatch.tmpl").substitute(  # run on the first node
+            common, port=_port(lo, pick=True), port_note=_port_note(lo, pick=True), job_name=lo.job_name, time_limit=lo.slurm_time, sbatch_optional="\n".join(optional))
     return files
 
 
-def _port(lo: LaunchOptions) -> str:
+_FREE_PORT = """$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"""
+"""A port no process holds, asked of the kernel (bind to port 0) where the script runs."""
+
+
+def _port(lo: LaunchOptions, *, pick: bool = False) -> str:
     """The rendezvous port as the scripts read it (inside double quotes): ``MASTER_PORT`` from the environment,
-    else the emitted one, so two jobs (or two test runs) on one machine need not collide on 29500."""
-    return f"${{MASTER_PORT:-{lo.master_port}}}"
+    else, where the script runs on the rendezvous host alone (``pick``: the deepspeed runner, accelerate on one
+    node, an sbatch script on the allocation's first node), a free one it picks, else the emitted one (torchrun on
+    each of several nodes must agree on it without talking)."""
+    return f"${{MASTER_PORT:-{_FREE_PORT if pick else lo.master_port}}}"
 
 
-def _port_note(lo: LaunchOptions, *, standalone: bool = False) -> str:
+def _port_note(lo: LaunchOptions, *, standalone: bool = False, pick: bool = False) -> str:
     """The header line that says which port a script uses and how to change it."""
     if standalone:
         return "Port: torchrun --standalone picks a free one itself."
+    if pick:
+        return "Port: $MASTER_PORT if set in the environment, else a free one this script picks."
     return (f"Port: $MASTER_PORT if set in the environment, else {lo.master_port} "
             f"(export MASTER_PORT=<a free port> first when {lo.master_port} is taken).")
 
@@ -285,7 +295,8 @@ def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[s
         ds_args = ["--hostfile", '"$HOSTFILE"']
         if lo.master_addr or hosts:
             ds_args += ["--master_addr", _q(lo.master_addr or hosts[0])]
-    ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(slots), "--master_port", f'"{_port(lo)}"']
+    ds_args += ["--num_nodes", str(cluster.num_nodes), "--num_gpus", str(slots), "--master_port",
+                f'"{_port(lo, pick=True)}"']  # the runner hands it to the other nodes
     # --no_local_rank: Megatron-LM's parser knows --local-rank, not the runner's --local_rank=N;
     # ranks read LOCAL_RANK from the environment as under torchrun.
     ds_args.append("--no_local_rank")
@@ -293,7 +304,7 @@ def _deepspeed_script(cluster: ClusterSpec, lo: LaunchOptions, hosts: Sequence[s
     if entry[0] == "-m":  # the runner's flag for a module entry (runner.py --module; launch.py runs python -m)
         entry[0] = "--module"
     files["launch_deepspeed.sh"] = _template("deepspeed_launcher.sh.tmpl").substitute(
-        common, launcher_args=" ".join(ds_args), hostfile_check=check or "# one node: no ssh, no hostfile search",
+        common, port_note=_port_note(lo, pick=True), launcher_args=" ".join(ds_args), hostfile_check=check or "# one node: no ssh, no hostfile search",
         entry=" ".join(_q(a) for a in entry))
     files[".deepspeed_env"] = render_deepspeed_env(env)
     return files
@@ -313,7 +324,7 @@ def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: 
     if problems:
         raise InputError(problems, subject="launch settings")
     machine = (f" \\\n    --num_machines {cluster.num_nodes} --num_processes {cluster.num_gpus}"
-               f' --main_process_port "{_port(lo)}"')
+               f' --main_process_port "{_port(lo, pick=cluster.num_nodes == 1)}"')
     if cluster.num_nodes > 1:
         machine += ' --machine_rank "${MACHINE_RANK:?export MACHINE_RANK=<this node index, 0 on the first>}"'
         host = lo.master_addr or (lo.hosts[0] if lo.hosts else None)
@@ -324,7 +335,8 @@ def render_accelerate_script(cluster: ClusterSpec, plan: ParallelPlan, options: 
     return _template("accelerate_launch.sh.tmpl").substitute(
         header=_comment(f"autotune: {summary or plan_notation(plan)} (engine {plan.engine}) on {cluster.num_nodes} x "
                         f"{cluster.gpus_per_node} {cluster.gpu.name}"),
-        usage=usage, where=where_to_run(list(entry)), port_note=_port_note(lo), exports=_exports(env),
+        usage=usage, where=where_to_run(list(entry)), port_note=_port_note(lo, pick=cluster.num_nodes == 1),
+        exports=_exports(env),
         config_file=_q(config_file),
         ds_config_file=_q(ds_config_file),
         machine_args=machine, entry=" ".join(_q(a) for a in entry),
