@@ -53,7 +53,9 @@ def register(subparsers) -> None:
     t.add_argument("--finalist-runs", type=int, default=2,
                    help="re-runs of each finalist, interleaved; the winner has the best median (default 2)")
     t.add_argument("--top-k", type=_positive_int, default=3, help="planner's best plans measured first (default 3)")
-    t.add_argument("--steps", type=_positive_int, default=6, help="measured steps per trial (default 6)")
+    t.add_argument("--steps", type=_positive_int, default=6,
+                   help="measured steps per trial (default 6; a --command is ended once it printed that many after "
+                        "the warm-up; a --script is timed by DeepSpeed, which times one step)")
     t.add_argument("--warmup-steps", type=int, default=2, help="unmeasured steps first (default 2)")
     t.add_argument("--trial-timeout", type=float, default=300.0, help="a trial is 'hung' past this (default 300 s)")
     t.add_argument("--host-memory-limit-gib", type=float, help="a trial is 'oom' past this resident memory")

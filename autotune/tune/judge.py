@@ -64,8 +64,11 @@ def judge(spec: TrialSpec, rc: int, log_path: Path, metrics_path: Path, steps: l
         tokens = spec.plan.tokens_per_step / step_time if step_time > 0 else None
         m = metrics(spec, step_time, tokens)
         return TrialResult(status="completed",
-                           reason=f"DeepSpeed autotuning measured steps {spec.warmup_steps + 1}.."
-                                  f"{spec.warmup_steps + spec.steps}{note}",
+                           # DeepSpeed 0.19.8 writes the metric after step end_profile_step + 1 from timers its
+                           # step() resets every step while autotuning (engine.py: flops_profiler_enabled is on,
+                           # timers.log resets them): one step's time, that step's
+                           reason=f"DeepSpeed's autotuning metric: step {spec.warmup_steps + spec.steps + 1} alone "
+                                  f"(DeepSpeed times the one step before it exits){note}",
                            log_path=log_path, step_times_s=(step_time,), peak_memory_bytes=seen_rss or None,
                            returncode=rc, **m)
     if kind == "command" and rc == 0 and (spec.workload.metric_pattern is None or len(steps) > spec.warmup_steps):

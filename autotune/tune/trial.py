@@ -299,6 +299,13 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
                     break
             if stop:
                 break
+            wanted = spec.warmup_steps + spec.steps
+            if kind == "command" and pattern is not None and len(steps) >= wanted:
+                # a command that trains on: its measured steps are in; it is ended, not timed out as "hung"
+                job.kill()
+                _after_stop(spec)
+                return _finish(spec, judge(spec, 0, log_path, metrics_path, steps[:wanted], tokens_metrics[:wanted],
+                                           result_json, oom_in_log, job.peak_proc_rss or seen_rss, []))
             if rc is not None:
                 for line in reader.rest():
                     handle(line)

@@ -372,3 +372,15 @@ def test_to_attrs_is_json_safe(tmp_path):
     attrs = r.to_attrs()
     assert json.loads(json.dumps(attrs, allow_nan=False)) == attrs
     assert attrs["step_time_s"] is None and attrs["step_times_s"] == [1.0, None]
+
+
+def test_a_command_that_trains_on_is_ended_after_its_measured_steps(model, cluster, tmp_path):
+    """--steps for a command: the warm-up and measured metric lines in, the command is ended and the trial
+    completed (it ran to the timeout and was thrown away as 'hung', its measurements with it)."""
+    cmd = "for i in $(seq 1000); do echo \"iteration took 0.05 s\"; sleep 0.05; done"
+    started = time.monotonic()
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd,
+                                                          metric_pattern=r"took (?P<step_time_s>[0-9.]+) s"),
+                       timeout_s=30.0))
+    assert r.status == "completed", r.reason
+    assert r.step_times_s == (0.05, 0.05, 0.05) and time.monotonic() - started < 20
