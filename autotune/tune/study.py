@@ -314,7 +314,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
 
         def on_step(i: int, seconds: float, _trial=trial) -> bool:
             _trial.report(seconds, i)
-            return i > warmup_steps and _trial.should_prune()
+            return warmup_steps < i < warmup_steps + steps and _trial.should_prune()  # the last step: measured
 
         def on_phase(text: str, _n=trial.number) -> None:
             if progress:

@@ -87,9 +87,18 @@ def test_every_failure_state_recorded_and_study_goes_on(tmp_path, monkeypatch):
 def test_slow_trial_is_pruned(tmp_path, monkeypatch):
     slow = RANKED[1].plan
     runner = FakeRunner({(slow.zero_stage, slow.micro_batch_size, slow.recompute, slow.offload_optimizer): "pruned"})
-    result = run(tmp_path, monkeypatch, runner, trials=3, top_k=3)
+    result = run(tmp_path, monkeypatch, runner, trials=3, top_k=3, steps=3)
     assert result.trials[1].state == TrialState.PRUNED
     assert result.trials[1].intermediate_values  # reported step times
+
+
+def test_a_trial_is_not_pruned_at_its_last_step(tmp_path, monkeypatch):
+    """Two measured steps at least before pruning, and none after the last: with --steps 2 the pruner fired only
+    at the last step, discarding a finished measurement (its RESULT already printed) from the table and the fit."""
+    slow = RANKED[1].plan
+    runner = FakeRunner({(slow.zero_stage, slow.micro_batch_size, slow.recompute, slow.offload_optimizer): "pruned"})
+    result = run(tmp_path, monkeypatch, runner, trials=3, top_k=3, steps=2)
+    assert result.trials[1].state == TrialState.COMPLETE and result.trials[1].value
 
 
 def test_all_fail_says_why_and_cli_exits_1(tmp_path, monkeypatch, capsys):
