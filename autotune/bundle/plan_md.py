@@ -245,7 +245,7 @@ def _measured_section(estimate, measured: Mapping) -> list[str]:
             lines.append(f"| {_cell(key)} | | {_cell(value)} | |")
             continue
         pred = predicted.get(key)
-        if pred is None and "bytes" in key and "peak" in key:
+        if pred is None and key.startswith("peak") and key.endswith("bytes"):  # not a cut model's "(1 of 4 layers)"
             pred = estimate.memory.total
         fmt = (lambda v: f"{gib(v)} GiB") if "bytes" in key else _number
         ratio = f"{value / pred:.2f}" if isinstance(pred, (int, float)) and pred else ""

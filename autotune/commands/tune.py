@@ -351,8 +351,12 @@ def run(args: argparse.Namespace) -> int:
     measurement = best.user_attrs["measurement"]
     winner = out / "winner"
     kept: list[str] = []  # a winner folder with the user's own files in it is set aside, said
-    write_bundle(est, winner, files, force=True, notes=kept,
-                 measured={k: v for k, v in measurement.items() if k != "step_times_s" and v is not None})
+    measured = {k: v for k, v in measurement.items() if k != "step_times_s" and v is not None}
+    if args.num_layers and args.num_layers != model.num_layers:  # a cut of the model: no ratio to the whole's
+        cut = f" ({args.num_layers} of {model.num_layers} layers)"
+        measured = {"measured on": f"{args.num_layers} of the model's {model.num_layers} layers (tune --num-layers):"
+                                   " not the prediction's model", **{k + cut: v for k, v in measured.items()}}
+    write_bundle(est, winner, files, force=True, notes=kept, measured=measured)
     for note in kept:
         print(f"autotune tune: {note}", file=sys.stderr)
     if args.json:

@@ -86,3 +86,16 @@ def test_a_calibration_file_that_cannot_be_written_is_refused_before_the_study(t
     code, _, err = _run([*TINY, "--calibration", "/proc/cal.json", "--out", str(tmp_path / "study")], capsys)
     assert code == 2 and "--calibration '/proc/cal.json': cannot write in '/proc'" in err
     assert not (tmp_path / "study").exists()
+
+
+def test_a_cut_models_measurement_is_not_set_against_the_whole_models_prediction(tmp_path, capsys):
+    """tune --num-layers measures a cut of the model: plan.md put its 8,116 tokens/s beside the 4-layer prediction
+    (ratio 2.53) without a word of the cut."""
+    code, _, err = _run([*TINY, "--num-layers", "1", "--finalists", "0", "--no-offload", "--global-batch", "8",
+                         "--out", str(tmp_path / "study")], capsys)
+    assert code == 0, err
+    text = (tmp_path / "study" / "winner" / "plan.md").read_text()
+    table = text.split("## Measured", 1)[1].split("\n## ", 1)[0]
+    assert "1 of the model's 4 layers" in table
+    rows = [r for r in table.splitlines() if r.startswith("| step_time_s") or r.startswith("| peak_memory")]
+    assert rows and all(r.rstrip().endswith("|  |") for r in rows), rows  # no measured / predicted ratio
