@@ -319,8 +319,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as err:
         progress.close()
         what = getattr(err, "what", "Ctrl-C")
-        print(f"autotune tune: interrupted ({what}); the running trial's processes were ended and it is marked FAIL "
-              "'interrupted'. Continue with --resume.", file=sys.stderr)
+        print(f"autotune tune: interrupted ({what}); the running processes were ended: a trial that was running is "
+              "marked FAIL 'interrupted', a finalist re-run in progress is dropped (those finished are kept). "
+              "Continue with --resume.", file=sys.stderr)
         return 128 + getattr(err, "signum", signal.SIGINT)
     finally:
         _restore(handlers)
@@ -373,8 +374,10 @@ def run(args: argparse.Namespace) -> int:
                           "current_job": current_job_json(result.trials, result.current_job),
                           "calibration": result.calibration.to_dict() if result.calibration else None}, indent=2))
     else:
+        won = next((f.median for f in result.finalists if f.trial.number == best.number and f.median), None)
         print(f"\nbest: trial {best.number} {plan_summary(est.plan)}: {measurement['tokens_per_s']:,.0f} tokens/s, "
-              f"step {measurement['step_time_s']:.4f} s")
+              f"step {measurement['step_time_s']:.4f} s"
+              + (f" (its first run; the median of its re-runs, which made it the winner: {won:,.0f})" if won else ""))
         print(f"states: {', '.join(f'{k} {v}' for k, v in sorted(result.state_counts.items()))}")
         print(f"winner written to {winner}/ (plan.md has the measured numbers); plots: "
               f"{', '.join(str(p) for p in plots) or 'none'}; study: {result.storage_url}")
