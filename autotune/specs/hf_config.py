@@ -339,9 +339,9 @@ def model_from_hf_config(path_or_dict: str | Path | dict, name: str | None = Non
     if not isinstance(model_type, str):
         raise InputError([f"'model_type' must be a string such as \"llama\", got {model_type!r}"], subject=origin)
     if model_type in _NOT_TRANSFORMERS:  # a near name would invite a rename that counts another model
-        raise InputError([f"model_type {model_type!r} has {_NOT_TRANSFORMERS[model_type]}, which autotune does not "
-                          f"model (its layers are softmax-attention transformer layers only); supported: "
-                          f"{supported}"], subject=origin)
+        raise InputError([f"model_type {model_type!r} is not supported: it has {_NOT_TRANSFORMERS[model_type]}, "
+                          f"which autotune does not model; supported: {supported}. A model YAML describes "
+                          f"softmax-attention transformer layers only: {MODEL_YAML_FIELDS}"], subject=origin)
     if model_type not in _FAMILIES:
         hint = suggest_names(str(model_type), SUPPORTED_MODEL_TYPES)
         raise InputError([f"model_type {model_type!r} is not supported{hint}; supported: {supported}. "
