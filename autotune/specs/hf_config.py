@@ -45,12 +45,12 @@ _NOT_TRANSFORMERS = {
 with what they have rather than with a near supported name."""
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "falcon",
-                         "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3", "kimi_k2",
+                         "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3", "kimi_k2", "deepseek_v2",
                          *DENSE_READERS, *MOE_READERS)
 
 # transformers' defaults for max_position_embeddings (only learned tables use it for counting).
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "mixtral": 4096 * 32, "qwen2": 32768,
-                          "deepseek_v3": 4096, "kimi_k2": 4096, "gpt_neox": 2048, "falcon": 2048, "opt": 2048}
+                          "deepseek_v3": 4096, "kimi_k2": 4096, "deepseek_v2": 2048, "gpt_neox": 2048, "falcon": 2048, "opt": 2048}
 
 
 def _head_dim(f: _Fields, hidden: int, heads: int) -> int | None:
@@ -111,6 +111,8 @@ def _llama_like(f: _Fields) -> dict:
                           expert_ffn_hidden_size=ffn, **f.router(score="softmax"))
     if mt in ("deepseek_v3", "kimi_k2"):
         _deepseek_v3(f, out)
+    elif mt == "deepseek_v2":
+        _deepseek_v2(f, out)
     return out
 
 
@@ -155,6 +157,25 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
         v_head_dim=f.need("v_head_dim", what="value head width"),
         q_lora_rank=None if q_lora is None else f._check_int("q_lora_rank", q_lora),
     )
+
+
+def _deepseek_v2(f: _Fields, out: dict) -> None:
+    """DeepSeek-V2 (and V2-Lite: q_lora_rank null): V3's MLA and DeepSeekMoE, with DeepseekV2Config's defaults and
+    router: a softmax over the routed experts, no bias or correction bias, greedy top-k (group-limited over n_group
+    where the file says so), weights unnormalised and scaled by routed_scaling_factor (1.0); every layer from
+    first_k_dense_replace (0) on is MoE; no multi-token prediction (transformers 5.25 modeling_deepseek_v2.py)."""
+    _deepseek_v3(f, out)
+    out["moe"].update(num_shared_experts=f.get_int("n_shared_experts", default=2),
+                      num_dense_layers=f.get_int("first_k_dense_replace", default=0), router_bias=False)
+    for key in ("router_score", "router_groups", "router_group_topk", "router_scaling_factor", "router_pre_softmax",
+                "aux_loss_coeff", "aux_loss_per_sequence"):
+        out["moe"].pop(key, None)
+    greedy = f.get("topk_method", "greedy") == "greedy"  # plain top-k, whatever n_group says
+    out["moe"].update(f.router(score="softmax", groups=1, group_topk=1, norm_topk=False))
+    if greedy:
+        out["moe"].pop("router_groups", None)
+        out["moe"].pop("router_group_topk", None)
+    out.pop("num_mtp_layers", None)
 
 
 _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -265,7 +286,7 @@ def _opt(f: _Fields) -> dict:
 
 
 _FAMILIES = {"llama": _llama_like, "mistral": _llama_like, "mixtral": _llama_like, "qwen2": _llama_like,
-             "deepseek_v3": _llama_like, "kimi_k2": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
+             "deepseek_v3": _llama_like, "kimi_k2": _llama_like, "deepseek_v2": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
              "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt, **DENSE_READERS, **MOE_READERS}
 assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 

@@ -198,3 +198,21 @@ def test_a_model_of_other_layers_is_refused_with_what_it_has(model_type, words):
         model_from_hf_config({"model_type": model_type, "hidden_size": 64})
     text = str(err.value)
     assert words in text and "did you mean" not in text  # no near name to rename it to (qwen3_moe counted wrong)
+
+
+@pytest.mark.parametrize("method, groups", [("greedy", None), ("group_limited_greedy", (4, 2))])
+def test_deepseek_v2_reads_its_own_router(method, groups):
+    """DeepseekV2Config (transformers 5.25): a softmax router without bias, unnormalised top-k, groups only for
+    group_limited_greedy; first_k_dense_replace 0 and 2 shared experts by default; no MTP; V2-Lite's q_lora null."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.DeepseekV2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                        num_attention_heads=4, vocab_size=257, n_routed_experts=8,
+                                        num_experts_per_tok=2, moe_intermediate_size=32, kv_lora_rank=16,
+                                        q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                        topk_method=method, n_group=4, topk_group=2)
+    spec = model_from_hf_config(cfg.to_dict() | {"model_type": "deepseek_v2"})
+    moe = spec.moe
+    assert (moe.router_score, moe.router_bias, moe.router_pre_softmax) == ("softmax", False, True)
+    assert ((moe.router_groups, moe.router_group_topk) if moe.router_groups else None) == groups
+    assert (moe.num_dense_layers, moe.num_shared_experts, spec.num_mtp_layers) == (0, 2, 0)
+    assert spec.mla is not None and spec.mla.q_lora_rank is None
