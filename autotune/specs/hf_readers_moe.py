@@ -111,7 +111,21 @@ def _glm4_moe(f: Fields) -> dict:
     return out
 
 
+def _olmoe(f: Fields) -> dict:
+    """OlmoeConfig: every layer MoE (64 experts, each intermediate_size wide: OLMoE-1B-7B's 1024; top-8; softmax
+    scores left unnormalised: norm_topk_prob False), a bias-free router, RMSNorm over the whole Q and K widths (as
+    OLMo 2) but pre-norm layers (transformers 5.25 modeling_olmoe.py)."""
+    f = normalised(f, "olmoe")
+    refuse_output_bias(f)
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=4096, theta=10000.0, tied=False)
+    out["qk_norm"] = "full"
+    out["moe"] = dict(num_experts=f.get_int("num_experts", default=64),
+                      top_k=f.get_int("num_experts_per_tok", default=8), expert_ffn_hidden_size=out["ffn_hidden_size"],
+                      **f.router(score="softmax", norm_topk=False))
+    return out
+
+
 MOE_READERS = {
     "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "llama4_text": _llama4_text,
-    "llama4": lambda f: _llama4_text(text_config(f, "llama4_text")), "glm4_moe": _glm4_moe,
+    "llama4": lambda f: _llama4_text(text_config(f, "llama4_text")), "glm4_moe": _glm4_moe, "olmoe": _olmoe,
 }

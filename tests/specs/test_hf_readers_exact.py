@@ -48,6 +48,7 @@ SMALL: dict[str, dict] = {
                         q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
                         topk_method="group_limited_greedy", n_group=2, topk_group=1),
     "qwen3": dict(_DENSE, head_dim=24),
+    "olmoe": dict(_DENSE, num_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_DENSE, num_hidden_layers=6, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                       decoder_sparse_step=2, mlp_only_layers=[0, 1]),
     "gpt_oss": dict(_DENSE, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16),
