@@ -55,11 +55,8 @@ def _also_read(block: str, key: str, value: Any) -> bool:
     if (block, key) != ("fsdp_config", "fsdp_sharding_strategy"):
         return False
     text = str(value).upper()
-    return text in ("1", "2", "3", "4", "5", "_HYBRID_SHARD_ZERO2") or text in _FSDP1_NAMES
-
-
-_FSDP1_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-"""accelerate's FSDP_SHARDING_STRATEGY (utils/constants.py:38, 1.16.0), compared upper-cased."""
+    names = accelerate_key_table()["blocks"]["fsdp_config"]["fsdp_sharding_strategy"]["choices"]  # its constants
+    return text in ("1", "2", "3", "4", "5", "_HYBRID_SHARD_ZERO2") or text in names
 
 
 def _as_read(value: Any, spec: dict) -> str:
