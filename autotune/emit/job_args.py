@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState
+from autotune.emit.bash_reader import ASSIGN, ShellState
+from autotune.emit.shell_source import SourcingReader
 from autotune.errors import InputError
 from autotune.inputs import read_text
 
@@ -75,7 +76,7 @@ def launch_sizes(path: str) -> LaunchSizes:
     launcher), each None where the line does not state it as a number (or there is no launch line)."""
     state = ShellState()
     text = read_text(path, subject="launch script", max_bytes=1 << 20)
-    reader = BashReader(text, state)
+    reader = SourcingReader(text, state, path)
     while (tokens := reader.command()) is not None:
         words = [t for t in tokens if not isinstance(t, str)]
         if not words:

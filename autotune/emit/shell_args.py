@@ -5,6 +5,7 @@ The file is split into words as bash does (quotes, ``\\`` continuations, comment
 arrays (``ARGS=( ... )``, ``ARGS+=( ... )``) the file sets before the point of use. Nothing is run: command
 substitutions (``$(...)``) stay as written. Of an ``if``, the branch a test of known words selects is read
 (``[ "$X" = 1 ]``, ``[[ "$DTYPE" == "fp8" ]]``, ``-z`` / ``-n``); with an unknown test, the first branch.
+A file the script reads in with ``source`` / ``.`` (its settings) is read in place (``autotune.emit.shell_source``).
 
 The arguments are those given to the training script on a launch line (``torchrun ${DISTRIBUTED_ARGS[@]}
 pretrain_gpt.py ${GPT_ARGS[@]}``: the words after ``pretrain_gpt.py``, never the launcher's own
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from autotune.emit.bash_reader import ASSIGN, BashReader, ShellState, Value, check_line_lengths
 from autotune.emit.megatron_flags import is_flag
+from autotune.emit.shell_source import SourcingReader
 from autotune.inputs import read_text
 
 __all__ = ["parse_shell_args", "parse_shell_args_with_lines", "parse_shell_launch", "read_megatron_launch",
@@ -115,16 +117,19 @@ class _Cases:
             self.open[-1].update(reading=False, expect=True)
 
 
-def parse_shell_args_with_lines(text: str) -> tuple[list[str], list[int], dict[str, str]]:
+def parse_shell_args_with_lines(text: str, path: str | Path | None = None) -> tuple[list[str], list[int],
+                                                                                  dict[str, str]]:
     """(arguments, each argument's 1-based line, exported variables) of a shell file of Megatron
     arguments (no shell is run): see :func:`parse_shell_args`."""
-    argv, lines, env, _ = parse_shell_launch(text)
+    argv, lines, env, _ = parse_shell_launch(text, path)
     return argv, lines, env
 
 
-def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str], str | None]:
+def parse_shell_launch(text: str, path: str | Path | None = None
+                       ) -> tuple[list[str], list[int], dict[str, str], str | None]:
     """:func:`parse_shell_args_with_lines` and the training script its first launch line runs (None: no launch
-    line), whose own flags the linter then knows (``autotune.emit.megatron_scripts``)."""
+    line), whose own flags the linter then knows (``autotune.emit.megatron_scripts``). ``path``: the file ``text``
+    is, whose ``source``d files are read in place (``autotune.emit.shell_source``); None: none are."""
     check_line_lengths(text)
     state = ShellState()
     env: dict[str, str] = {}
@@ -133,7 +138,7 @@ def parse_shell_launch(text: str) -> tuple[list[str], list[int], dict[str, str],
     loops: list[str] = []  # the open loops (their branch entries end at `done`)
     runs: list[tuple[str, list[Value]]] = []  # each launch line: its training script and the words after it
     cases = _Cases()
-    reader = BashReader(text, state)
+    reader = SourcingReader(text, state, path)
     while (tokens := reader.command()) is not None:
         tokens = cases.step(tokens)
         if tokens is None:
@@ -252,13 +257,13 @@ def parse_shell_args(text: str) -> tuple[list[str], dict[str, str]]:
 
 def read_megatron_launch(path: str | Path) -> tuple[list[str], list[int], dict[str, str], str | None]:
     """(arguments, their lines, exported variables, the training script) of a shell file of at most 1 MiB."""
-    return parse_shell_launch(read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES))
+    return parse_shell_launch(read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES), path)
 
 
 def read_megatron_args_file_with_lines(path: str | Path) -> tuple[list[str], list[int], dict[str, str]]:
     """(arguments, their lines, exported variables) of a shell file of at most 1 MiB."""
     text = read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES)
-    return parse_shell_args_with_lines(text)
+    return parse_shell_args_with_lines(text, path)
 
 
 def read_megatron_args_file_with_env(path: str | Path) -> tuple[list[str], dict[str, str]]:
