@@ -55,7 +55,8 @@ def register(subparsers) -> None:
     t.add_argument("--top-k", type=_positive_int, default=3, help="planner's best plans measured first (default 3)")
     t.add_argument("--steps", type=_positive_int, default=6,
                    help="measured steps per trial (default 6; a --command is ended once it printed that many after "
-                        "the warm-up; a --script is timed by DeepSpeed, which times one step)")
+                        "the warm-up, and its {steps} is the two together; a --script is timed by DeepSpeed, which "
+                        "times one step)")
     t.add_argument("--warmup-steps", type=int, default=2, help="unmeasured steps first (default 2)")
     t.add_argument("--trial-timeout", type=float, default=300.0, help="a trial is 'hung' past this (default 300 s)")
     t.add_argument("--host-memory-limit-gib", type=float, help="a trial is 'oom' past this resident memory")
@@ -71,7 +72,10 @@ def register(subparsers) -> None:
     w.add_argument("--workload", choices=("builtin", "script", "command"), default="builtin",
                    help="what a trial runs: the built-in transformer, your --script, or a --command (default builtin)")
     w.add_argument("--script", help="your DeepSpeed script (arguments after --)")
-    w.add_argument("--command", dest="command_template", help="command template ({nproc}, {ds_config}, {workdir}, {megatron_args})")
+    from autotune.tune.trialspec import placeholder_list
+
+    w.add_argument("--command", dest="command_template",
+                   help=f"command template; placeholders {placeholder_list()} ({{steps}}: warm-up + measured steps)")
     w.add_argument("--metric-pattern", help="regex with (?P<step_time_s>...) or (?P<tokens_per_s>...)")
     w.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
     lg = p.add_argument_group("launcher (autotune/tune/launchers.py)")

@@ -77,6 +77,10 @@ def judge(spec: TrialSpec, rc: int, log_path: Path, metrics_path: Path, steps: l
         tokens = statistics.median(tokens_metrics[spec.warmup_steps:]) if tokens_metrics[spec.warmup_steps:] else None
         m = metrics(spec, median, tokens) if median else {}
         why = f"{len(measured)} measured steps from the log" if measured else "exit code 0 (no metric pattern)"
+        if measured and len(measured) < spec.steps:  # it ended early: fewer steps than asked, said
+            why += (f", of the {spec.steps} asked: the command ended after {len(steps)} metric lines "
+                    f"({spec.warmup_steps} warm-up); pass it {{steps}} ({spec.warmup_steps + spec.steps}) as its step "
+                    "count")
         return TrialResult(status="completed", reason=why, log_path=log_path, step_times_s=measured,
                            peak_memory_bytes=seen_rss or None, returncode=rc, **m)
     tail_text = tail(log_path)

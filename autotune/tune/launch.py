@@ -27,10 +27,10 @@ from pathlib import Path
 import psutil
 
 from autotune.errors import InputError
-from autotune.tune.trialspec import TRAIN_PLAN_NAME, TrialSpec
+from autotune.tune.trialspec import COMMAND_PLACEHOLDERS, TRAIN_PLAN_NAME, TrialSpec, placeholder_list
 
-__all__ = ["Job", "command_line", "command_template_problem", "trial_env", "launch_record", "write_launch_record", "recorded_processes",
-           "end_recorded", "KILL_GRACE_S"]
+__all__ = ["Job", "command_line", "command_values", "command_template_problem", "trial_env", "launch_record",
+           "write_launch_record", "recorded_processes", "end_recorded", "KILL_GRACE_S"]
 
 KILL_GRACE_S = 5.0
 START_TIME_SLACK_S = 0.05
@@ -65,7 +65,7 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
     entry point the emitted launch scripts use, with ``--deepspeed-config`` the trial's ``ds_path`` where the
     engine's trainer takes a DeepSpeed config.
     """
-    w, nproc = spec.workload, spec.plan.world_size
+    w = spec.workload
     if w.kind == "builtin":
         from autotune.engines import engine_for
 
@@ -77,26 +77,44 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
     if w.kind == "script":
         return _launcher_prefix(spec) + [str(Path(w.script).resolve()), "--deepspeed_config", str(ds_path),
                                          *w.script_args]
-    values = {"nproc": nproc, "ds_config": shlex.quote(str(ds_path)), "workdir": shlex.quote(str(spec.workdir))}
-    if "{megatron_args}" in w.command:
-        from autotune.emit.megatron import megatron_args
-        values["megatron_args"] = shlex.join(megatron_args(spec.model, spec.cluster, spec.plan, spec.emit_options))
     try:
-        text = w.command.format(**values)
+        text = w.command.format(**command_values(spec, ds_path))
     except (KeyError, IndexError, ValueError) as e:
         raise InputError([f"command template {w.command!r} cannot be filled ({e!r}); the placeholders are "
-                          "{nproc}, {ds_config}, {workdir}, {megatron_args} (write {{ }} for braces)"],
-                         subject="trial") from None
+                          f"{placeholder_list()} (write {{{{ }}}} for braces)"], subject="trial") from None
     return ["bash", "-c", text]
+
+
+def command_values(spec: TrialSpec, ds_path: Path) -> dict[str, object]:
+    """What a command template's placeholders (:data:`COMMAND_PLACEHOLDERS`) become for the trial.
+
+    ``{steps}`` is every step the trial runs, warm-up included: the tuner reads that many metric lines and ends
+    the command once they are in. ``{megatron_args}`` train that many iterations too and log each one
+    (``--log-interval 1``: a line per 10 iterations would time ten steps a line, and ten times the steps asked)."""
+    w, total = spec.workload, spec.warmup_steps + spec.steps
+    values: dict[str, object] = {"nproc": spec.plan.world_size, "ds_config": shlex.quote(str(ds_path)),
+                                 "workdir": shlex.quote(str(spec.workdir)), "steps": total}
+    if "{megatron_args}" in (w.command or ""):
+        import dataclasses
+
+        from autotune.emit.megatron import megatron_args
+        from autotune.emit.options import EmitOptions
+
+        options = spec.emit_options or EmitOptions()
+        schedule = dataclasses.replace(options.optimizer, train_steps=total, warmup_steps=spec.warmup_steps)
+        options = dataclasses.replace(options, optimizer=schedule, steps_per_print=1)
+        values["megatron_args"] = shlex.join(megatron_args(spec.trial_model, spec.cluster, spec.plan, options))
+    assert set(values) <= set(COMMAND_PLACEHOLDERS), values
+    return values
 
 
 def command_template_problem(command: str) -> str | None:
     """Why ``--command``'s template cannot be filled (checked before the study: a trial would fail on it), or None."""
     try:
-        command.format(nproc=1, ds_config="x", workdir="x", megatron_args="x")
+        command.format(**{name: 1 if name in ("nproc", "steps") else "x" for name in COMMAND_PLACEHOLDERS})
     except (KeyError, IndexError, ValueError) as e:
-        return (f"--command {command!r} cannot be filled ({e!r}): the placeholders are {{nproc}}, {{ds_config}}, "
-                "{workdir}, {megatron_args} (write {{ }} for literal braces)")
+        return (f"--command {command!r} cannot be filled ({e!r}): the placeholders are {placeholder_list()} "
+                "(write {{ }} for literal braces)")
     return None
 
 

@@ -34,8 +34,10 @@ _ENGINE_RE = re.compile(r"DeepSpeed info: version=|\[deepspeed\].*initializ", re
 class LogReader:
     """Reads the lines a job has appended to its log so far (a partial last line waits)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, start: int = 0) -> None:
+        """``start``: the byte offset to read from (the tuner's own header line before it is not the job's)."""
         self.f = open(path, "rb")
+        self.f.seek(start)
         self.buf = b""
 
     def new_lines(self) -> list[str]:

@@ -33,8 +33,11 @@ Workloads:
 - ``script``: the user's unchanged DeepSpeed script, run as ``torchrun --nproc_per_node N SCRIPT
   --deepspeed_config PATH ARGS...``; the config carries DeepSpeed's ``autotuning`` block, so the
   engine times the measured steps, writes ``workdir/metrics.json`` and ends the process itself.
-- ``command``: a shell command template with ``{nproc}``, ``{ds_config}``, ``{workdir}`` (and
-  ``{megatron_args}``: the plan's Megatron-LM arguments) whose log lines ``metric_pattern`` matches.
+- ``command``: a shell command template with ``{nproc}``, ``{ds_config}``, ``{workdir}``, ``{steps}`` (the
+  warm-up and measured steps together: the command is ended once that many lines matched) and
+  ``{megatron_args}`` (the plan's Megatron-LM arguments, training and logging ``{steps}`` iterations) whose log
+  lines ``metric_pattern`` matches (the tuner's own first log line, the command, is not read);
+  :data:`autotune.tune.trialspec.COMMAND_PLACEHOLDERS`.
 """
 
 from __future__ import annotations
@@ -207,6 +210,7 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
     env = trial_env(repo_root)
     ext_root = ops.extensions_root(env)
     log_path.write_text(f"# autotune trial: {shlex.join(argv)}\n")
+    header_end = log_path.stat().st_size  # the command line (a --command's may match its own metric pattern)
     cwd = workdir if kind != "builtin" else Path(repo_root)
 
     pattern = re.compile(spec.workload.metric_pattern) if kind == "command" and spec.workload.metric_pattern else None
@@ -224,7 +228,7 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
         job.close()
         _after_stop(spec)
         raise
-    reader = LogReader(log_path)
+    reader = LogReader(log_path, start=header_end)
     phase = Phase(spec.warmup_steps + spec.steps)
     steps: list[float] = []          # STEP times, or metric-line step times (warm-up included)
     tokens_metrics: list[float] = []  # command: tokens_per_s values

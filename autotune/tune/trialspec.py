@@ -19,7 +19,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["Workload", "TrialSpec", "TrialResult", "Status", "LOG_NAME", "DS_CONFIG_NAME", "METRICS_NAME",
-           "RESULT_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME"]
+           "RESULT_NAME", "LAUNCH_NAME", "TRAIN_PLAN_NAME", "COMMAND_PLACEHOLDERS", "placeholder_list",
+           "trial_model_of"]
 
 LOG_NAME = "trial.log"
 DS_CONFIG_NAME = "ds_config.json"
@@ -31,6 +32,29 @@ LAUNCH_NAME = "launch.json"
 """The launched process group (host, pid, pgid, start time): ``--resume`` ends it if a killed tuner left it."""
 
 Status = Literal["completed", "pruned", "oom", "crashed", "hung"]
+
+COMMAND_PLACEHOLDERS = {
+    "nproc": "the trial's rank count (the plan's world size)",
+    "ds_config": "the path of the trial's DeepSpeed config",
+    "workdir": "the trial's folder",
+    "steps": "the steps the trial runs: --warmup-steps + --steps (the command is ended once that many metric "
+             "lines are in)",
+    "megatron_args": "the plan's Megatron-LM arguments",
+}
+"""A ``--command`` template's placeholders (:func:`autotune.tune.launch.command_line` fills them) and what each is."""
+
+
+def placeholder_list() -> str:
+    """The placeholders as a user writes them: ``{nproc}, {ds_config}, ...``."""
+    return ", ".join("{" + name + "}" for name in COMMAND_PLACEHOLDERS)
+
+
+def trial_model_of(model: ModelSpec, workload_kind: str, num_layers: int | None) -> ModelSpec:
+    """The model a trial runs: builtin trials cut to ``num_layers``; a script or command builds its own model,
+    which the tuner takes to be ``model`` (``tune --num-layers`` is refused for them)."""
+    if num_layers is not None and workload_kind == "builtin" and num_layers != model.num_layers:
+        return dataclasses.replace(model, num_layers=num_layers)
+    return model
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,7 +68,8 @@ class Workload:
     """script: the user's unchanged DeepSpeed script (it gets ``--deepspeed_config PATH``)."""
     script_args: tuple[str, ...] = ()
     command: str | None = None
-    """command: a template, e.g. ``torchrun --nproc_per_node {nproc} pretrain_gpt.py {megatron_args}``."""
+    """command: a template, e.g. ``torchrun --nproc_per_node {nproc} pretrain_gpt.py {megatron_args} --train-iters
+    {steps}``; its placeholders: :data:`COMMAND_PLACEHOLDERS`."""
     metric_pattern: str | None = None
     """command: regex with a named group ``step_time_s`` (or ``tokens_per_s``) matched on each log line."""
 
@@ -80,9 +105,7 @@ class TrialSpec:
     @property
     def trial_model(self) -> ModelSpec:
         """The model the trial really runs (the layer count cut to ``num_layers`` for builtin runs)."""
-        if self.num_layers is not None and self.workload.kind == "builtin" and self.num_layers != self.model.num_layers:
-            return dataclasses.replace(self.model, num_layers=self.num_layers)
-        return self.model
+        return trial_model_of(self.model, self.workload.kind, self.num_layers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -384,3 +384,50 @@ def test_a_command_that_trains_on_is_ended_after_its_measured_steps(model, clust
                        timeout_s=30.0))
     assert r.status == "completed", r.reason
     assert r.step_times_s == (0.05, 0.05, 0.05) and time.monotonic() - started < 20
+
+
+def test_a_commands_steps_placeholder_is_the_steps_the_trial_runs(model, cluster, tmp_path):
+    """{steps} in a --command: the warm-up and measured steps, so the user's program trains exactly as long as the
+    trial reads it (there was no such placeholder: the template failed to fill, or the program ran its own length)."""
+    cmd = "for i in $(seq {steps}); do echo \"iteration took 0.05 s\"; done"
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd,
+                                                          metric_pattern=r"took (?P<step_time_s>[0-9.]+) s"),
+                       steps=3, warmup_steps=1, timeout_s=30.0))
+    assert r.status == "completed", r.reason
+    assert r.step_times_s == (0.05, 0.05, 0.05) and "of the 3 asked" not in r.reason
+    assert "seq 4)" in (tmp_path / "trial" / "trial.log").read_text().splitlines()[0]
+
+
+def test_a_command_that_ends_before_its_steps_says_so(model, cluster, tmp_path):
+    """A command that prints fewer metric lines than the warm-up and --steps is measured on what it printed, and
+    the reason says it measured fewer steps than asked and how to pass the count. (The tuner's own first log line,
+    the command, held 'took 0.05 s' too and was read as the first step.)"""
+    cmd = "for i in 1 2 3; do echo \"iteration took 0.05 s\"; done"
+    r = run_trial(spec(model, cluster, tmp_path, Workload(kind="command", command=cmd,
+                                                          metric_pattern=r"took (?P<step_time_s>[0-9.]+) s"),
+                       steps=3, warmup_steps=1, timeout_s=30.0))
+    assert r.status == "completed" and r.step_times_s == (0.05, 0.05)
+    assert "of the 3 asked" in r.reason and "{steps} (4)" in r.reason, r.reason
+
+
+def test_megatron_args_of_a_command_trial_train_and_log_the_trials_steps(model, cluster, tmp_path):
+    """{megatron_args} trained the emitted job's 100,000 iterations with a metric line every 10: each line the mean
+    of ten steps, the trial's warm-up and measured lines ten times the steps asked."""
+    from autotune.tune.launch import command_values
+
+    s = spec(model, cluster, tmp_path, Workload(kind="command", command="run {megatron_args} --x {steps}"),
+             steps=3, warmup_steps=1)
+    values = command_values(s, tmp_path / "ds_config.json")
+    args = values["megatron_args"].split()
+    assert values["steps"] == 4
+    for flag, want in (("--train-iters", "4"), ("--log-interval", "1"), ("--lr-warmup-iters", "1"),
+                       ("--micro-batch-size", "1"), ("--num-layers", str(model.num_layers))):
+        assert args[args.index(flag) + 1] == want, flag
+
+
+def test_the_command_placeholders_are_named_when_one_is_unknown():
+    from autotune.tune.launch import command_template_problem
+
+    assert command_template_problem("train.sh --iters {steps} --ranks {nproc} --out {workdir}") is None
+    said = command_template_problem("train.sh {nosuch}")
+    assert "KeyError('nosuch')" in said and "{nproc}, {ds_config}, {workdir}, {steps}, {megatron_args}" in said
