@@ -184,6 +184,9 @@ def _tune_problems(args: argparse.Namespace, model) -> list[str]:
     if args.finalists >= 2 and args.finalist_runs < 2:
         problems.append(f"--finalist-runs must be >= 2 (a median of one run is one lucky measurement), got "
                         f"{args.finalist_runs}; or --finalists 0 for no re-runs")
+    if args.num_layers is not None and args.workload != "builtin":  # the trial would run the whole model
+        problems.append(f"--num-layers cuts the builtin workload's model; a --workload {args.workload} builds its own, "
+                        "which the tuner cannot cut: drop --num-layers (cut the layers in your own program)")
     if args.num_layers is not None and model is not None:
         problems.append(range_problem("--num-layers", args.num_layers, lo=1, hi=model.num_layers,
                                       why_hi=f"{model.name} has {model.num_layers} layers; the flag cuts them"))

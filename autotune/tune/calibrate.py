@@ -26,7 +26,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["StepMeasurement", "FIT_FIELDS", "predict_step_time_s", "fit_step_times", "CalibrationReport",
-           "calibrate", "format_report"]
+           "calibrate", "format_report", "trial_prediction"]
 
 FIT_FIELDS = ("gemm_peak_fraction", "gemm_half_dim", "hbm_efficiency")
 
@@ -45,6 +45,23 @@ class StepMeasurement:
 
 def predict_step_time_s(m: StepMeasurement, eff: Efficiency) -> float:
     return estimate_step_time(m.model, m.cluster, m.plan, TimeSettings(efficiency=eff)).step_time_s
+
+
+def trial_prediction(est, run_model: ModelSpec, eff: Efficiency) -> dict:
+    """A trial's recorded prediction (user attribute ``predicted``): of ``run_model``, the model the trial runs,
+    so that it stands beside what the trial measures (the calibration's "before" column, at ``eff``). ``est``
+    (an :class:`autotune.cost.estimate.Estimate`) is the whole model's; where the trial runs a cut of it
+    (``tune --num-layers``), that prediction is kept under ``whole_model``."""
+    def numbers(e) -> dict:
+        return {"step_time_s": e.time.step_time_s, "tokens_per_s": e.time.tokens_per_s,
+                "peak_memory_bytes": e.memory.total, "num_layers": e.model.num_layers}
+
+    if run_model == est.model:
+        return numbers(est)
+    from autotune.cost.estimate import estimate
+
+    cut = estimate(run_model, est.cluster, est.plan, time_settings=TimeSettings(efficiency=eff))
+    return numbers(cut) | {"whole_model": numbers(est)}
 
 
 def _loss(measurements: Sequence[StepMeasurement], eff: Efficiency) -> float:

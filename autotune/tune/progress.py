@@ -150,6 +150,12 @@ def summary_table(trials: list[FrozenTrial]) -> str:
         rows.append(f"{t.number:>4}  {_plan_text(t):<{w}}{state or 'fail':<12}"
                     f"{'-' if step is None else f'{step:.4f}':>9}{'-' if pred is None else f'{pred:.4f}':>9}"
                     f"{'-' if tok is None else f'{tok:,.0f}':>11}  {reason}")
+    preds = [t.user_attrs.get("predicted") or {} for t in trials]
+    cut = {(p.get("num_layers"), p["whole_model"].get("num_layers")) for p in preds if isinstance(p, dict)
+           and isinstance(p.get("whole_model"), dict)}
+    for ran, whole in sorted(cut, key=str):  # tune --num-layers: the trials ran a cut of the model, predicted as run
+        rows.append(f"pred s: predicted for the model the trials ran ({ran} of its {whole} layers, tune --num-layers), "
+                    "like step s; the whole model's is each trial's predicted.whole_model (the best's in --json)")
     return "\n".join(rows)
 
 

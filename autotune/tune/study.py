@@ -54,7 +54,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.tune import ops
 from autotune.tune import trial as trial_mod
-from autotune.tune.calibrate import CalibrationReport, StepMeasurement, calibrate
+from autotune.tune.calibrate import CalibrationReport, calibrate, trial_prediction
 from autotune.tune.current_job import CURRENT_JOB_ATTR, current_job_first
 from autotune.tune.finalists import Finalist, run_finalists
 from autotune.tune.launchers import LaunchSettings, trial_fields
@@ -62,6 +62,7 @@ from autotune.tune.sampler import (PARAM, CalibratedRank, PlanSampler, claimed_k
                                    step_measurements, trial_key)
 from autotune.tune.storage import LAUNCH_ATTR, fail_stale_trials, open_storage, open_study
 from autotune.tune.study_job import same_job, study_job
+from autotune.tune.trialspec import trial_model_of
 
 __all__ = ["SlowStepPruner", "TuneResult", "open_storage", "tune", "claim_conflict", "fail_stale_trials"]
 
@@ -138,19 +139,9 @@ def _by_reason(reasons: list[str], limit: int = 3) -> str:
     return "; ".join(parts)
 
 
-def _predicted(est: Estimate) -> dict:
-    return {"step_time_s": est.time.step_time_s, "tokens_per_s": est.time.tokens_per_s,
-            "peak_memory_bytes": est.memory.total}
-
-
 def _test_overrides() -> dict:
     raw = os.environ.get(TEST_OVERRIDES_ENV)
     return json.loads(raw) if raw else {}
-
-
-def _measurements(trials, candidates, model, cluster, num_layers) -> list[StepMeasurement]:
-    run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
-    return step_measurements(trials, {k: e.plan for k, e in candidates.items()}, run_model, cluster)
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, result: trial_mod.TrialResult) -> None:
@@ -202,7 +193,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     mine = None
     if current_job is not None:
         ranked, mine = current_job_first(ranked, current_job, model, cluster, start_efficiency)
-    skipped = ""
+    skipped, run_model = "", trial_model_of(model, workload.kind, num_layers)  # the model the trials run
     if workload.kind in ("builtin", "script"):
         # Measure only what the workload runs. builtin: every plan under its engine's trainer (python -m
         # autotune.train), which names what it cannot run (autotune.train.plan_problem); Megatron plans never
@@ -211,9 +202,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         from autotune.engines import engine_for
         from autotune.train import plan_problem
 
-        trial_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
         if workload.kind == "builtin":
-            why = {id(e): plan_problem(trial_model, e.plan, full_layers=model.num_layers) for e in ranked}
+            why = {id(e): plan_problem(run_model, e.plan, full_layers=model.num_layers) for e in ranked}
         else:
             why = {id(e): None if engine_for(e.plan).trainer_takes_deepspeed_config else
                    f"engine {engine_for(e.plan).name}: --workload script runs a DeepSpeed script with the plan's "
@@ -238,7 +228,6 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     calibration_path = calibration_path or str(out / "cal.json")
     candidates = {plan_key(e.plan): e for e in ranked}
     order = list(candidates)
-    run_model = dataclasses.replace(model, num_layers=num_layers) if num_layers else model
     rank = CalibratedRank({k: e.plan for k, e in candidates.items()}, order, run_model, cluster, start_efficiency)
     # Plans tied with the first within the model's error (autotune.search.ties) are measured before the sampler
     # explores: as many as the trials allow.
@@ -298,7 +287,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         est = candidates[key]
         # pid before host: another worker starting up (fail_stale_trials) takes a trial of this host with no pid
         # for one whose tuner died before writing it; written in this order, a trial being claimed has no host yet.
-        for name, value in (("plan_key", key), ("plan", est.plan.to_dict()), ("predicted", _predicted(est)),
+        predicted = trial_prediction(est, run_model, start_efficiency)  # of the model the trial runs
+        for name, value in (("plan_key", key), ("plan", est.plan.to_dict()), ("predicted", predicted),
                             (CURRENT_JOB_ATTR, key == mine), ("pid", os.getpid()), ("host", host)):
             trial.set_user_attr(name, value)
         holder = claim_conflict(study, trial.number, key)
@@ -356,7 +346,7 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
                 progress("finalist", study, t.number, f"re-running the best plans alternately: {count}/{total}")
 
         chosen = run_finalists(study, finalists, finalist_runs, measure, on_run)
-    return dataclasses.replace(_result(study, storage_url, candidates, model, cluster, num_layers, start_efficiency,
+    return dataclasses.replace(_result(study, storage_url, candidates, run_model, cluster, start_efficiency,
                                        calibration_path, chosen), not_measured=skipped, current_job=mine)
 
 
@@ -374,7 +364,7 @@ def _same_releases(study: optuna.Study, versions: dict[str, str]) -> None:
                           "another (--study-name / --out)"], subject="--engine-version")
 
 
-def _result(study, storage_url, candidates, model, cluster, num_layers, start, calibration_path,
+def _result(study, storage_url, candidates, run_model, cluster, start, calibration_path,
             chosen: list[Finalist]) -> TuneResult:
     all_trials = study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
@@ -391,7 +381,7 @@ def _result(study, storage_url, candidates, model, cluster, num_layers, start, c
                  f"{t.user_attrs.get('reason', '')} (log {t.user_attrs.get('log_path', '-')})"
                  for t in all_trials if t.state != TrialState.COMPLETE]
         summary = "no trial completed:\n" + "\n".join(lines) if lines else "no trial ran"
-    ms = _measurements(all_trials, candidates, model, cluster, num_layers)
+    ms = step_measurements(all_trials, {k: e.plan for k, e in candidates.items()}, run_model, cluster)
     report = calibrate(ms, start, calibration_path) if ms else None
     return TuneResult(study_name=study.study_name, storage_url=storage_url, best=best,
                       best_estimate=candidates.get(trial_key(best)) if best else None, trials=all_trials,

@@ -32,6 +32,11 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     # a template a trial cannot fill: it failed the first trial, which then counted against the study
     (["--workload", "command", "--command", "echo {nosuch}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)"],
      "cannot be filled (KeyError('nosuch'))"),
+    (["--workload", "command", "--command", "echo {nosuch}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)"],
+     "the placeholders are {nproc}, {ds_config}, {workdir}, {steps}, {megatron_args}"),
+    # a command (or script) builds its own model: its trials ran the whole model, calibrated as the cut one
+    (["--workload", "command", "--command", "echo {steps}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)",
+      "--num-layers", "1"], "--num-layers cuts the builtin workload's model; a --workload command builds its own"),
 ])
 def test_every_tune_flag_checked_before_the_study(tmp_path, capsys, flags, says):
     from autotune.cli import main

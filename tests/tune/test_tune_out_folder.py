@@ -91,9 +91,11 @@ def test_a_calibration_file_that_cannot_be_written_is_refused_before_the_study(t
 def test_a_cut_models_measurement_is_not_set_against_the_whole_models_prediction(tmp_path, capsys):
     """tune --num-layers measures a cut of the model: plan.md put its 8,116 tokens/s beside the 4-layer prediction
     (ratio 2.53) without a word of the cut."""
-    code, _, err = _run([*TINY, "--num-layers", "1", "--finalists", "0", "--no-offload", "--global-batch", "8",
-                         "--out", str(tmp_path / "study")], capsys)
+    code, out, err = _run([*TINY, "--num-layers", "1", "--finalists", "0", "--no-offload", "--global-batch", "8",
+                           "--out", str(tmp_path / "study")], capsys)
     assert code == 0, err
+    # the trial table's "pred s" is the cut model's too (it was the whole model's beside the cut one's step s)
+    assert "pred s: predicted for the model the trials ran (1 of its 4 layers, tune --num-layers)" in out
     text = (tmp_path / "study" / "winner" / "plan.md").read_text()
     table = text.split("## Measured", 1)[1].split("\n## ", 1)[0]
     assert "1 of the model's 4 layers" in table
