@@ -115,6 +115,14 @@ def command_template_problem(command: str) -> str | None:
     except (KeyError, IndexError, ValueError) as e:
         return (f"--command {command!r} cannot be filled ({e!r}): the placeholders are {placeholder_list()} "
                 "(write {{ }} for literal braces)")
+    import string
+
+    named = {field for _, field, _, _ in string.Formatter().parse(command) if field}
+    if not named & {"ds_config", "megatron_args", "workdir"}:  # the trial's plan reaches the program through these
+        return (f"--command {command!r} names none of {{ds_config}}, {{megatron_args}}, {{workdir}}: every trial would "
+                "run the same program whatever plan it measures, each set against that plan's prediction; pass the "
+                "plan with {ds_config} (its DeepSpeed config) or {megatron_args} (its Megatron-LM arguments), or "
+                "read WORKDIR/ds_config.json with {workdir}")
     return None
 
 
