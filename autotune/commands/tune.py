@@ -345,7 +345,9 @@ def run(args: argparse.Namespace) -> int:
     if result.finalists:
         print("\nfinalists, re-run alternately:\n" + finalists_table(result.finalists), file=log)
     if result.calibration is not None:
-        print("\ncalibration (predicted vs measured step time):\n" + format_report(result.calibration), file=log)
+        of = (f", both of the {args.num_layers}-layer cut the trials ran"  # tune --num-layers: as the trials ran
+              if args.num_layers not in (None, model.num_layers) else "")
+        print(f"\ncalibration (predicted vs measured step time{of}):\n" + format_report(result.calibration), file=log)
         if result.calibration_path:
             print(f"calibration saved to {result.calibration_path}", file=log)
     if result.best is None:

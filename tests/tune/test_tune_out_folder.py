@@ -96,6 +96,7 @@ def test_a_cut_models_measurement_is_not_set_against_the_whole_models_prediction
     assert code == 0, err
     # the trial table's "pred s" is the cut model's too (it was the whole model's beside the cut one's step s)
     assert "pred s: predicted for the model the trials ran (1 of its 4 layers, tune --num-layers)" in out
+    assert "calibration (predicted vs measured step time, both of the 1-layer cut the trials ran)" in out
     text = (tmp_path / "study" / "winner" / "plan.md").read_text()
     table = text.split("## Measured", 1)[1].split("\n## ", 1)[0]
     assert "1 of the model's 4 layers" in table
