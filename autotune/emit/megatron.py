@@ -253,6 +253,8 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
         args.append("--no-pipeline-parallel")
     if plan.zero_stage == 3 and plan.offload_param != "none":
         args += ["--remote-device", plan.offload_param, "--use-pin-memory"]
+    if plan.offload_optimizer != "none":  # DeepSpeedCPUAdam, which ZeRO-Offload needs (engine.py:2342-2346)
+        args.append("--cpu-optimizer")
     args += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.cp > 1:  # Megatron-DeepSpeed's sequence parallelism is DeepSpeed-Ulysses (arguments.py)
         args += ["--ds-sequence-parallel-size", str(plan.cp)]

@@ -12,7 +12,7 @@ from autotune.emit.megatron_deepspeed_model import SOURCE as MODEL_SOURCE
 from autotune.emit.megatron_deepspeed_model import megatron_deepspeed_model_problems
 from autotune.engines.base import Engine
 from autotune.engines.common import DS_CONFIG, engine_deepspeed_config, shell_array
-from autotune.engines.deepspeed import ZERO_WORDS, ulysses_rules, zero_buffers
+from autotune.engines.deepspeed import ZERO_WORDS, offload_rules, ulysses_rules, zero_buffers
 from autotune.engines.facts import CommSchedule, EngineFiles, EngineSupport, Rule
 from autotune.engines.states import bf16_optimizer_states, zero_states
 from autotune.specs.engine_versions import EngineVersions
@@ -26,6 +26,12 @@ MOE_SOURCES = {"moe_form": "microsoft/Megatron-DeepSpeed megatron/model/transfor
 """Where each of ``emit.megatron.deepspeed_moe_problems``' refusals comes from."""
 
 
+def _bf16_optimizer(plan) -> bool:
+    """DeepSpeed steps a bf16 (or fp8 outside TE) plan at ZeRO 0-1 with its BF16_Optimizer, unless the optimizer is
+    offloaded: then its ZeRO optimizer (deepspeed 0.19.8 runtime/engine.py:2305-2308, ``not zero_cpu_offload()``)."""
+    return plan.precision != "fp16" and plan.zero_stage <= 1 and plan.offload_optimizer == "none"
+
+
 class MegatronDeepSpeedEngine(Engine):
     name = "megatron-deepspeed"
     title = "Megatron-DeepSpeed"
@@ -34,7 +40,11 @@ class MegatronDeepSpeedEngine(Engine):
     """Megatron-DeepSpeed has no releases on PyPI: the DeepSpeed under it is the version that counts."""
     support = EngineSupport(tp="megatron", sequence_parallel=True, pp="deepspeed", vpp=False, layer_split="uniform",
                             tp_with_pp=True, cp="ulysses", ep=True, zero_stages=(0, 1, 2, 3),
-                            zero_stages_with_pp=(0, 1))
+                            zero_stages_with_pp=(0, 1),
+                            # DeepSpeed's ZeRO-Offload / -Infinity from the ds_config, with the fork's --cpu-optimizer
+                            # (DeepSpeedCPUAdam, megatron/optimizer/__init__.py:83-94 at 4efb479d) and --remote-device
+                            # (zero.Init, pretrain_gpt.py:46-50): the DeepSpeed engine's rules and costs (offload_rules)
+                            offload_optimizer=("none", "cpu", "nvme"), offload_param=("none", "cpu", "nvme"))
     comm = CommSchedule(dp_overlap="bucketed", param_gather="prefetch", pipeline_schedule="deepspeed-1f1b",
                         cp_kind="ulysses",
                         # The fork's layers.py overlaps the input gradient's all-reduce with the wgrad GEMM only
@@ -52,7 +62,7 @@ class MegatronDeepSpeedEngine(Engine):
 
     def extra_problems(self, model, cluster, plan) -> list[Rule]:
         # Ulysses composes with Megatron TP here
-        out = [r for r in ulysses_rules(self, plan) if plan.pp > 1]
+        out = [r for r in ulysses_rules(self, plan) if plan.pp > 1] + offload_rules(self, plan)
         out += [Rule(id=f"megatron-deepspeed:{kind}", message=f"Megatron-DeepSpeed: {message}",
                      source=MOE_SOURCES[kind]) for kind, message in deepspeed_moe_problems(model, plan).items()]
         # The layer norms only, not ALiBi or an embedding norm, which the writer also refuses (microsoft's fork):
@@ -68,27 +78,28 @@ class MegatronDeepSpeedEngine(Engine):
         return out
 
     def model_states(self, model, plan, stage, dense_params, expert_params):
-        if plan.precision != "fp16" and plan.zero_stage <= 1:  # bf16 (and fp8 outside TE) use BF16_Optimizer
+        if _bf16_optimizer(plan):  # bf16 (and fp8 outside TE) use BF16_Optimizer
             return bf16_optimizer_states(plan, dense_params, expert_params)
         return zero_states(plan, dense_params, expert_params)
 
     def buffers(self, model, plan, groups, settings, fp8_any_layout=False, stage=0) -> dict[str, float]:
         del fp8_any_layout, stage  # none of its buffers depends on the GPU's FP8 GEMM layouts or the stage
-        return zero_buffers(model, plan, groups, settings) if plan.zero_stage >= 2 else {}
+        offloaded = plan.offload_optimizer != "none"  # ZeRO-1's offload runs stage_1_and_2's buckets
+        return zero_buffers(model, plan, groups, settings) if plan.zero_stage >= 2 or offloaded else {}
 
     def grad_reduce_bytes(self, plan) -> float:
-        return 2.0 if plan.precision == "fp16" else 4.0  # BF16_Optimizer reduces its fp32 accumulators
+        return 4.0 if _bf16_optimizer(plan) else 2.0  # BF16_Optimizer reduces its fp32 accumulators
 
     def grad_accumulate_bytes(self, plan) -> float:
         # deepspeed/runtime/pipe/engine.py _exec_backward_pass: with bf16, every micro-batch's backward ends with
         # BF16_Optimizer.update_hp_grads (hp_grad.add_(lp.grad.to(fp32))): read 2 B + read 4 B + write 4 B.
-        return 10.0 if plan.precision != "fp16" and plan.zero_stage <= 1 else 0.0
+        return 10.0 if _bf16_optimizer(plan) else 0.0
 
     def saved_states_plan(self, plan):
         return plan.with_(offload_optimizer="none", offload_param="none"), plan.zero_stage != 3
 
     def tag(self, plan) -> str:
-        return "mds-bf16opt" if plan.precision != "fp16" and plan.zero_stage <= 1 else f"mds-zero{plan.zero_stage}"
+        return "mds-bf16opt" if _bf16_optimizer(plan) else f"mds-zero{plan.zero_stage}"
 
     def sharding(self, plan) -> str:
         return ZERO_WORDS[plan.zero_stage]
