@@ -2,16 +2,16 @@
 
 Quotes, ``\\`` continuations, comments, ``$VAR`` / ``${VAR}`` / ``${VAR:-default}`` and ``${ARRAY[@]}`` expansions
 (with the variables and arrays set so far, :class:`ShellState`), integer ``$(( ))`` arithmetic over known
-variables (``WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))``), word splitting of unquoted expansions; every
-character keeps its file line. ``autotune.emit.shell_args`` reads Megatron argument files with it.
+variables (``WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))``), word splitting of unquoted expansions, here-documents
+(their bodies, expanded, among a command's redirections); every character keeps its file line. ``autotune.emit.shell_args`` reads Megatron argument files with it.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 
+from autotune.emit.shell_arithmetic import integer_expression
 from autotune.errors import InputError
 
 __all__ = ["ASSIGN", "BashReader", "ShellState", "Value", "check_line_lengths", "MAX_LINE_CHARS"]
@@ -27,6 +27,8 @@ _ASSIGN_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BRACED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*])\])?(?:(:?[-=])(.*))?$", re.S)
 _BLANKS = " \t\n"
+_HEREDOC = re.compile(r"<<(-?)[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|([^\s;&|<>()'\"]+))")
+"""``<<EOT``, ``<<-EOT``, ``<< 'EOT'``: a here-document's operator and delimiter (quoted: its body unexpanded)."""
 
 
 @dataclass
@@ -78,6 +80,9 @@ class BashReader:
         self.state = state
         self.i = 0
         self.line = 1
+        self.redirects: list[tuple[str, str]] = []
+        """The last command's redirections: (operator, target word), ``("<<", body)`` for a here-document."""
+        self._pending: list[tuple[str, bool, bool]] = []  # here-documents whose bodies follow the line
 
     # ---- characters ------------------------------------------------------------------------------
     def _peek(self, k: int = 0) -> str:
@@ -153,7 +158,7 @@ class BashReader:
             return value if re.fullmatch(r"-?[0-9]+", value) else "?"
         text = re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)|\b([A-Za-z_]\w*)\b", name, expr)
         try:
-            return _integer(ast.parse(text.replace("/", "//").strip(), mode="eval").body)
+            return integer_expression(text.replace("/", "//").strip())
         except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, OverflowError):
             return None
 
@@ -212,13 +217,14 @@ class BashReader:
         out: list[Value | str] = []
         depth = 0
         skip_next = False  # the target of a redirection
+        self.redirects, operator = [], ""
 
         def end_word() -> None:
             nonlocal skip_next
             before = len(words.words)
             words.end()
             if skip_next and len(words.words) > before:
-                words.words.pop()
+                self.redirects.append((operator, words.words.pop()[0]))
                 skip_next = False
             out.extend(words.words)
             words.words.clear()
@@ -240,6 +246,8 @@ class BashReader:
                 if depth > 0:
                     end_word()
                     continue
+                while self._pending:  # the bodies of the line's here-documents follow it
+                    self.redirects.append(("<<", self._heredoc(*self._pending.pop(0))))
                 break
             if ch in " \t\r":
                 self.i += 1
@@ -294,14 +302,22 @@ class BashReader:
                 words.add(placeholder, [line] * len(placeholder), split=False)
                 self.i = end
                 continue
+            if (heredoc := _HEREDOC.match(self.text, self.i)) and not self.text.startswith("<<<", self.i):
+                end_word()
+                quoted = heredoc.group(4) is None
+                self._pending.append((next(g for g in heredoc.groups()[1:] if g is not None), quoted,
+                                      bool(heredoc.group(1))))
+                self.i = heredoc.end()
+                continue
             if ch in "<>":
+                start = self.i
                 if words.chars and all(c.isdigit() for c in words.chars):
                     words.chars, words.lines, words.started = [], [], False
                 else:
                     end_word()
                 while self._peek() in ("<", ">", "&") and self._peek():
                     self.i += 1
-                skip_next = True
+                skip_next, operator = True, self.text[start:self.i]
                 if self._peek().isdigit() or self._peek() == "-":  # 2>&1, >&-
                     while self._peek().isdigit() or self._peek() == "-":
                         self.i += 1
@@ -310,6 +326,38 @@ class BashReader:
             words.add(self._next(), [self.line], split=False)
         end_word()
         return out
+
+    def _heredoc(self, delimiter: str, quoted: bool, strip_tabs: bool) -> str:
+        """A here-document's body up to its delimiter line, consumed: ``$VAR``, ``${VAR}`` and ``$(( ))`` expanded
+        with the variables set so far unless the delimiter is quoted (no word splitting; ``$(...)`` kept)."""
+        lines = []
+        while self.i < len(self.text):
+            end = self.text.find("\n", self.i)
+            end = len(self.text) if end < 0 else end
+            raw = self.text[self.i:end].lstrip("\t") if strip_tabs else self.text[self.i:end]
+            self.i, self.line = min(end + 1, len(self.text)), self.line + 1
+            if raw.rstrip("\r") == delimiter:
+                break
+            lines.append(raw + "\n")
+        if quoted:
+            return "".join(lines)
+        body = BashReader("".join(lines), self.state)
+        words = _Words()
+        words.started = True
+        while body.i < len(body.text):
+            ch = body._peek()
+            if ch == "\\" and body._peek(1) in ("$", "`", "\\", "\n"):
+                body.i += 1
+                if (escaped := body._next()) != "\n":
+                    words.add(escaped, [0], split=False)
+                continue
+            before = body.i
+            if ch == "$":
+                body._expand(words, quoted=True)
+            if body.i == before:  # not an expansion: the character as written
+                words.add(body._next(), [0], split=False)
+        words.end()
+        return " ".join(w for w, _ in words.words)
 
     def _double_quoted(self, words: _Words) -> None:
         made_words = False
@@ -351,23 +399,3 @@ def check_line_lengths(text: str) -> None:
         if len(raw) > MAX_LINE_CHARS:
             raise InputError([f"line {number} is longer than {MAX_LINE_CHARS} characters: not a Megatron arguments "
                               "line"], subject="Megatron arguments file")
-
-
-_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.FloorDiv: lambda a, b: abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1),  # bash truncates
-              ast.Mod: lambda a, b: a - b * (abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1))}
-
-
-def _integer(node: ast.AST) -> int:
-    """An integer expression of + - * / % and parentheses (bash's arithmetic on the sizes scripts compute)."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _integer(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _integer(node.left), _integer(node.right)
-        if abs(left) > 1 << 62 or abs(right) > 1 << 62:
-            raise OverflowError
-        return _OPERATORS[type(node.op)](left, right)
-    raise ValueError("not an integer expression")

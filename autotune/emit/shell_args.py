@@ -125,11 +125,12 @@ def parse_shell_args_with_lines(text: str, path: str | Path | None = None) -> tu
     return argv, lines, env
 
 
-def parse_shell_launch(text: str, path: str | Path | None = None
+def parse_shell_launch(text: str, path: str | Path | None = None, written=None
                        ) -> tuple[list[str], list[int], dict[str, str], str | None]:
     """:func:`parse_shell_args_with_lines` and the training script its first launch line runs (None: no launch
     line), whose own flags the linter then knows (``autotune.emit.megatron_scripts``). ``path``: the file ``text``
-    is, whose ``source``d files are read in place (``autotune.emit.shell_source``); None: none are."""
+    is, whose ``source``d files are read in place (``autotune.emit.shell_source``); None: none are. ``written``: a
+    :class:`autotune.emit.shell_files.WrittenFiles` told each command read (the files the script writes)."""
     check_line_lengths(text)
     state = ShellState()
     env: dict[str, str] = {}
@@ -197,6 +198,8 @@ def parse_shell_launch(text: str, path: str | Path | None = None
             continue
         if not read or not all(taken for taken, _ in branches):
             continue
+        if written is not None:
+            written.take(words, operator, reader.redirects)
         if head == "export":
             for word, lines in words[1:]:
                 m = ASSIGN.match(word)

@@ -50,6 +50,11 @@ class SourcingReader:
         self._sourced: SourcingReader | None = None
         self._sourced_line = 0
 
+    @property
+    def redirects(self) -> list[tuple[str, str]]:
+        """The last command's redirections (:attr:`BashReader.redirects`), from whichever file it came."""
+        return self._sourced.redirects if self._sourced is not None else self._reader.redirects
+
     def command(self) -> list[Value | str] | None:
         """The next simple command (:meth:`BashReader.command`), a sourced file's commands after its ``source``."""
         while self._sourced is not None:
