@@ -32,11 +32,10 @@ from autotune.emit.validate import batch_triple_problem, resolved_config
 from autotune.emit.shell_args import read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
-from autotune.inputs import read_json
 from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint
 from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_fsdp import accelerate_refusals
-from autotune.job_megatron_deepspeed import megatron_deepspeed_fields
+from autotune.job_megatron_deepspeed import megatron_deepspeed_fields, read_deepspeed_file
 from autotune.job_megatron_model import megatron_model, refuse_unmodelled, shape_differs
 from autotune.job_plan_json import plan_json_job
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
@@ -164,7 +163,7 @@ def _megatron(path: str, kind: str, ds: dict | None, model: ModelSpec | None, no
         out |= token_drop_of(f.get("--moe-expert-capacity-factor"), "--moe-pad-expert-input-to-capacity" in f or None)
         out |= cp_comm_type_of(_values(argv, "--cp-comm-type") if out["cp"] > 1 else None, path, notes)
     else:
-        out |= megatron_deepspeed_fields(f, n, ds, path, notes)
+        out |= megatron_deepspeed_fields(f, n, ds, path, notes, out)
     return out
 
 
@@ -251,9 +250,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             fields |= ck.fields  # a Trainer's FSDP / DDP plan
             ds_run = ck.deepspeed_run or ds_run  # a Trainer's DeepSpeed: its engine and recompute
         elif kind == "deepspeed":
-            ds = read_json(path, subject="DeepSpeed config")
-            if not isinstance(ds, dict):
-                raise InputError([f"{path}: a DeepSpeed config is a JSON object"], subject=_SUBJECT)
+            ds = read_deepspeed_file(path, kinds)  # a template a Megatron-DeepSpeed script fills: its path
         elif kind == "accelerate":
             got, w, ds_doc = _accelerate(path, notes)  # its processes per machine, and its plan
             if gpu and got.get("gpu", gpu) != gpu:  # a SageMaker instance's GPU

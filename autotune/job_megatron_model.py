@@ -152,6 +152,11 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
         norm_eps=_float(f.get("--norm-epsilon", f.get("--layernorm-epsilon")), "--norm-epsilon", path)
         or MEGATRON_NORM_EPS,
         **_attention_fields(f, n, layers, path))
+    if deepspeed_experts is not None:
+        from autotune.job_megatron_deepspeed import pyramid_note
+
+        notes += [note] if (note := pyramid_note(spec, [int(v) for w in deepspeed_experts for v in w.split()],
+                                                 path)) else []
     preset = preset_like(spec, vocab, rope_base, str(f.get("--tokenizer-model") or ""))
     if preset is not None:
         notes.append(f"model: the shape {path} states is the preset {preset.name}'s")
@@ -161,8 +166,11 @@ def megatron_model(f: dict, path: str, notes: list[str], aux_default: float = 0.
             notes.append(f"model: {_decided(spec)} as {path} runs it (the preset has {_decided(preset)})")
             preset = dataclasses.replace(preset, **ran)
         return _file_balancing(preset, spec, path, notes, aux_default)
-    if vocab is None and f.get("--tokenizer-type") == "GPT2BPETokenizer":  # GPT-2's BPE: 50,257 tokens (its
-        notes.append("model: GPT-2's BPE vocabulary, 50,257 tokens (--tokenizer-type GPT2BPETokenizer)")  # vocab.json)
+    # unset, the fork's pretrain_gpt.py takes GPT2BPETokenizer (args_defaults, Megatron-DeepSpeed@4efb479d :364)
+    tokenizer = f.get("--tokenizer-type") or ("GPT2BPETokenizer" if deepspeed_experts is not None else None)
+    if vocab is None and tokenizer == "GPT2BPETokenizer":  # GPT-2's BPE: 50,257 tokens (its vocab.json)
+        notes.append("model: GPT-2's BPE vocabulary, 50,257 tokens (--tokenizer-type GPT2BPETokenizer"
+                     f"{'' if f.get('--tokenizer-type') else ', the fork pretrain_gpt.py default'})")
         return dataclasses.replace(spec, vocab_size=50257)
     if vocab is None:
         raise InputError([f"{path} gives the model shape but not its vocabulary size (a tokenizer autotune does not "
