@@ -113,5 +113,6 @@ def read_written_files(path: str | Path) -> dict[str, Written]:
     """The files the shell script at ``path`` writes with a here-document or a sed template, by the name it writes
     them to (its variables expanded)."""
     written = WrittenFiles()
-    parse_shell_launch(read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES), written)
+    parse_shell_launch(read_text(path, subject="Megatron arguments file", max_bytes=MAX_ARGS_FILE_BYTES), path,
+                       written)
     return written.files
