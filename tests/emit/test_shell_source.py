@@ -71,3 +71,18 @@ def test_a_missing_or_computed_source_is_left_out(tmp_path, capsys):
     script.write_text("source nowhere.sh\n" + LAUNCH)
     assert main(["estimate", "--from", str(script), "--gpu", "h100-sxm-80gb"]) == 2
     assert "'$TP', not a number" in capsys.readouterr().err
+
+
+def test_a_sourced_setting_fills_the_here_document_config(tmp_path, capsys):
+    # settings.sh sets the ZeRO stage the script's here-document writes into its DeepSpeed config
+    (tmp_path / "settings.sh").write_text("ZERO_STAGE=2\nGBS=16\n")
+    (tmp_path / "run.sh").write_text(
+        "source ./settings.sh\nconfig_json=ds_config.json\ncat <<EOT > $config_json\n"
+        '{"train_batch_size": $GBS, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": $ZERO_STAGE},'
+        ' "bf16": {"enabled": true}}\nEOT\n'
+        "deepspeed --num_gpus 8 pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-attention-heads 12 "
+        "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size $GBS "
+        "--vocab-size 50257 --bf16 --deepspeed --deepspeed_config $config_json --use-flash-attn-v2\n")
+    assert main(["estimate", "--from", str(tmp_path / "run.sh"), "--gpu", "h100-sxm-80gb", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["plan"]["zero_stage"], got["plan"]["global_batch_size"]) == (2, 16)
