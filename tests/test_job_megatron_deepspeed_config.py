@@ -150,3 +150,13 @@ def test_pyramid_moe_says_the_parameters_it_adds(capsys):
 def test_expert_count_list_of_the_wrong_length_is_refused(tmp_path, capsys):
     code, _, err = _estimate(capsys, _script(tmp_path, extra="--num-experts 8 8 16"), "--num-gpus", "8")
     assert code == 2 and "3 counts for 6 MoE layers" in err and "transformer.py:1651-1652" in err
+
+
+def test_a_job_outside_the_search_is_told_the_field_that_puts_it_there(capsys):
+    # the fork's rebase/ds_pretrain_gpt_125M.sh runs tp2 without --sequence-parallel; the planner turns sequence
+    # parallelism on wherever tp > 1, so the job is not among the searched plans: the line says which field
+    script = FIXTURES / "rebase" / "ds_pretrain_gpt_125M.sh"
+    assert main(["plan", "--from", str(script), "--gpu", "h100-sxm-80gb", "--num-gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "it is not among the" in out
+    assert "the nearest plan searched differs in sequence_parallel False -> True" in out

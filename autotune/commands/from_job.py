@@ -134,6 +134,20 @@ def plan_diff(current, other) -> dict[str, tuple]:
             if getattr(current, f) != getattr(other, f)}
 
 
+def _outside(plan, order) -> str:
+    """Why a fitting job is not among the searched plans: the fields in which the nearest one differs (the search
+    leaves that value out, or a limit of it does)."""
+    nearest = min(order[:NEAREST_LOOKED_AT], key=lambda e: len(plan_diff(plan, e.plan)), default=None)
+    if nearest is None:
+        return "outside the search space or its limits"
+    changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in plan_diff(plan, nearest.plan).items())
+    return f"outside the search space or its limits: the nearest plan searched differs in {changes}"
+
+
+NEAREST_LOOKED_AT = 2000
+"""Searched plans (in the planner's order) compared with a job outside the search for the nearest one."""
+
+
 def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, setting_gains: bool = False,
                  cluster=None, **limits):
     """(the job's Estimate, the planner's search of its alternatives): the same engine, model, global batch,
@@ -262,7 +276,7 @@ def plan_from_job(args: argparse.Namespace) -> int:
         print(f"its rank among the {result.num_feasible:,} feasible plans: #{rank}")
     else:
         print(f"it is not among the {result.num_feasible:,} feasible plans searched "
-              f"({'it does not fit' if not current.memory.fits else 'outside the search space or its limits'})")
+              f"({'it does not fit' if not current.memory.fits else _outside(plan, order)})")
     print()
     if not order:
         raise InputError([f"no plan of the {result.num_enumerated:,} enumerated is feasible: "

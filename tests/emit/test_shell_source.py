@@ -86,3 +86,4 @@ def test_a_sourced_setting_fills_the_here_document_config(tmp_path, capsys):
     assert main(["estimate", "--from", str(tmp_path / "run.sh"), "--gpu", "h100-sxm-80gb", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert (got["plan"]["zero_stage"], got["plan"]["global_batch_size"]) == (2, 16)
+
