@@ -207,6 +207,7 @@ def _moe(f: dict, n, experts: int, layers: int, ffn: int, path: str) -> MoESpec:
     return MoESpec(num_experts=experts, top_k=n("--moe-router-topk") or 2, expert_ffn_hidden_size=width,
                    num_shared_experts=1 if shared else 0,
                    shared_expert_ffn_hidden_size=None if shared in (None, width) else shared,
+                   shared_expert_gate=bool(shared) and "--moe-shared-expert-gate" in f,
                    num_dense_layers=dense, moe_layer_step=step,
                    router_score=score if score in ("softmax", "sigmoid") else "softmax",
                    router_bias="--moe-router-enable-expert-bias" in f or (score == "softmax" and

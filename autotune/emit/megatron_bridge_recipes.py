@@ -179,6 +179,8 @@ def generic_model_fields(model: ModelSpec) -> dict:
                 else None}
         if moe.router_probs_on_input:
             out["moe_apply_probs_on_input"] = True
+        if moe.shared_expert_gate:
+            out["moe_shared_expert_gate"] = True
         if fp32_routing(moe):
             out["moe_router_dtype"] = "fp32"
         if moe.aux_loss_coeff is not None:  # TransformerConfig's load-balancing loss (its weight defaults to 0)

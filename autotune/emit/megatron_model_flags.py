@@ -167,6 +167,8 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
                  "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm"]
         if moe.num_shared_experts:
             args += ["--moe-shared-expert-intermediate-size", str(moe.num_shared_experts * moe.shared_width)]
+            if moe.shared_expert_gate:  # TransformerConfig.moe_shared_expert_gate: SharedExpertMLP's gate_weight
+                args.append("--moe-shared-expert-gate")
         if moe.num_dense_layers or moe.moe_layer_step != 1:
             args += ["--moe-layer-freq", moe_layer_pattern(model)]
         args += router_flags(moe) + balancing_flags(moe)

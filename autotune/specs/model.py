@@ -35,7 +35,8 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
                  "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None}
-_LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False}
+_LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False,
+              "shared_expert_gate": False}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,9 +302,9 @@ class ModelSpec:
         )
         if moe.num_shared_experts:
             shared, shared_bias = self._mlp_matrix_params(moe.shared_width)
+            gate = self.hidden_size if moe.shared_expert_gate else 0  # Qwen2-MoE's hidden -> 1 sigmoid gate
             groups = groups + ParamGroups(
-                tp_sharded=moe.num_shared_experts * shared, replicated=moe.num_shared_experts * shared_bias
-            )
+                tp_sharded=moe.num_shared_experts * shared, replicated=moe.num_shared_experts * shared_bias + gate)
         return groups
 
     def layer_params(self, layer_index: int) -> ParamGroups:

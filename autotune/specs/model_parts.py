@@ -56,6 +56,10 @@ class MoESpec:
     """Experts every token visits (DeepSeek); each of width ``shared_expert_ffn_hidden_size``."""
     shared_expert_ffn_hidden_size: int | None = None
     """Width of one shared expert; defaults to ``expert_ffn_hidden_size``."""
+    shared_expert_gate: bool = False
+    """The shared experts' output scaled by a sigmoid of a bias-free hidden_size -> 1 projection of the layer's input
+    (Qwen2-MoE's ``shared_expert_gate``, transformers Qwen2MoeSparseMoeBlock; Megatron ``--moe-shared-expert-gate``):
+    hidden_size more weights per MoE layer, held whole by every TP rank."""
     num_dense_layers: int = 0
     """Leading layers with a dense FFN of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
     router_bias: bool = False
@@ -102,6 +106,8 @@ class MoESpec:
             out.append(f"moe.top_k ({self.top_k}) exceeds moe.num_experts ({self.num_experts}): lower top_k")
         if self.num_shared_experts < 0 or self.num_dense_layers < 0:
             out.append("moe.num_shared_experts and moe.num_dense_layers must be >= 0")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            out.append("moe.shared_expert_gate gates the shared experts: it needs moe.num_shared_experts >= 1")
         if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) or self.moe_layer_step < 1:
             out.append(f"moe.moe_layer_step must be a positive integer, got {self.moe_layer_step!r}")
         coeff = self.aux_loss_coeff

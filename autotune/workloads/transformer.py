@@ -209,7 +209,8 @@ class MoE(nn.Module):
         )
         self.shared = nn.ModuleList(
             MLP(h, moe.shared_width, spec.activation, spec.linear_bias) for _ in range(moe.num_shared_experts)
-        )
+        )  # Qwen2-MoE's sigmoid gate on the shared experts' output (Qwen2MoeSparseMoeBlock.shared_expert_gate)
+        self.shared_gate = nn.Linear(h, 1, bias=False) if moe.shared_expert_gate else None
 
     def route(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(experts [T, k], fp32 weights [T, k], fp32 logits [T, E]) of the tokens ``t`` [T, h]."""
@@ -249,8 +250,10 @@ class MoE(nn.Module):
         # save the whole weighted expert output for its backward; Megatron's scatter_add does not).
         inverse = torch.argsort(order)
         out = y_perm.index_select(0, inverse).view(-1, self.top_k, shape[-1]).sum(1)
-        for expert in self.shared:
-            out = out + expert(t)
+        shared = [expert(t) for expert in self.shared]
+        if shared:
+            gate = 1.0 if self.shared_gate is None else torch.sigmoid(self.shared_gate(t))
+            out = out + gate * sum(shared[1:], shared[0])
         if not (self.training and torch.is_grad_enabled()):
             return out.view(shape)
         return with_balancing_loss(out.view(shape), logits, self.moe, shape[-2] if len(shape) == 3 else t.shape[0])
