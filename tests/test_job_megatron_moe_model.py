@@ -143,3 +143,19 @@ def test_pre_softmax_beside_a_sigmoid_router_is_what_megatron_runs():
     assert flags["--moe-router-score-function"] == "sigmoid"
     read = megatron_model(flags, "megatron_args.sh", [])
     assert read == load_model("deepseek-v3")
+
+
+def test_a_gated_shared_expert_is_what_the_file_runs():
+    """Qwen1.5-MoE-A2.7B's shared expert behind its sigmoid gate: --moe-shared-expert-gate (Megatron-core
+    SharedExpertMLP's gate_weight, TransformerConfig.moe_shared_expert_gate), read back with the gate."""
+    from pathlib import Path
+
+    from autotune.specs.hf_config import model_from_hf_config
+
+    model = model_from_hf_config(Path(__file__).parent / "fixtures" / "hf" / "qwen1.5-moe-a2.7b")
+    flags = _flags(model)
+    assert flags["--moe-shared-expert-gate"] is True and flags["--moe-shared-expert-intermediate-size"] == "5632"
+    read = megatron_model(flags, "qwen.sh", [])
+    assert read.moe.shared_expert_gate and read.num_params == model.num_params
+    ungated = dataclasses.replace(model, moe=dataclasses.replace(model.moe, shared_expert_gate=False))
+    assert "--moe-shared-expert-gate" not in _flags(ungated)

@@ -51,7 +51,11 @@ HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLay
                      "gemma3_text": "Gemma3DecoderLayer", "gemma3": "Gemma3DecoderLayer", "olmo2": "Olmo2DecoderLayer",
                      "phi3": "Phi3DecoderLayer", "gpt_oss": "GptOssDecoderLayer", "llama4_text": "Llama4TextDecoderLayer",
                      "llama4": "Llama4TextDecoderLayer", "glm4_moe": "Glm4MoeDecoderLayer",
-                     "deepseek_v2": "DeepseekV2DecoderLayer", "olmoe": "OlmoeDecoderLayer"}
+                     "deepseek_v2": "DeepseekV2DecoderLayer", "olmoe": "OlmoeDecoderLayer",
+                     "qwen2_moe": "Qwen2MoeDecoderLayer", "starcoder2": "Starcoder2DecoderLayer",
+                     "smollm3": "SmolLM3DecoderLayer", "exaone4": "Exaone4DecoderLayer",
+                     "ernie4_5": "Ernie4_5DecoderLayer", "seed_oss": "SeedOssDecoderLayer", "dots1": "Dots1DecoderLayer",
+                     "minimax_m2": "MiniMaxM2DecoderLayer"}
 """A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.25 builds for it (its
 ``*ForCausalLM._no_split_modules``, the class accelerate wraps when no class is named), for every model type whose
 config.json autotune reads and transformers builds (kimi_k2 and Falcon's RefinedWeb* are remote code)."""

@@ -10,8 +10,9 @@ Two simplifications, neither of which changes a parameter count:
   (``gelu``: up, down). Llama-family configs are gated whatever their ``hidden_act``; GPT-2,
   NeoX, BLOOM, Falcon and OPT are plain, OPT's ReLU included.
 - Rotary and ALiBi settings beyond the position-embedding kind are ignored; for the families read
-  by ``hf_readers_dense`` and ``hf_readers_moe`` (qwen3, qwen3_moe, gpt_oss, llama4, gemma2,
-  gemma3, glm4_moe, olmo2, phi3) sliding-window and chunked-attention layers are carried.
+  by ``hf_readers_dense``, ``hf_readers_moe`` and ``hf_readers_more`` (qwen3, qwen3_moe, gpt_oss, llama4, gemma2,
+  gemma3, glm4_moe, olmo2, phi3, qwen2_moe, starcoder2, smollm3, exaone4, dots1) sliding-window and
+  chunked-attention layers are carried.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from autotune.specs.hf_fields import layer_indices
 from autotune.specs.hf_readers_dense import (DENSE_READERS, rope_scaling_fields, rope_theta, rotary_fraction,
                                              set_local_attention)
 from autotune.specs.hf_readers_moe import MOE_READERS
+from autotune.specs.hf_readers_more import MORE_READERS
 from autotune.specs.limits import model_limit_problems
 from autotune.specs.model import ModelSpec
 
@@ -46,7 +48,7 @@ with what they have rather than with a near supported name."""
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "falcon",
                          "RefinedWeb", "RefinedWebModel", "opt", "deepseek_v3", "kimi_k2", "deepseek_v2",
-                         *DENSE_READERS, *MOE_READERS)
+                         *DENSE_READERS, *MOE_READERS, *MORE_READERS)
 
 # transformers' defaults for max_position_embeddings (only learned tables use it for counting).
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "mixtral": 4096 * 32, "qwen2": 32768,
@@ -287,7 +289,8 @@ def _opt(f: _Fields) -> dict:
 
 _FAMILIES = {"llama": _llama_like, "mistral": _llama_like, "mixtral": _llama_like, "qwen2": _llama_like,
              "deepseek_v3": _llama_like, "kimi_k2": _llama_like, "deepseek_v2": _llama_like, "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon,
-             "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt, **DENSE_READERS, **MOE_READERS}
+             "RefinedWeb": _falcon, "RefinedWebModel": _falcon, "opt": _opt, **DENSE_READERS, **MOE_READERS,
+             **MORE_READERS}
 assert set(_FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 
 

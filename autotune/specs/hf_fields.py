@@ -1,7 +1,8 @@
 """Reading one Hugging Face ``config.json``: typed fields, every problem recorded, transformers' defaults.
 
 :class:`Fields` records each missing or ill-typed field instead of stopping at the first, so the
-readers (``hf_config``, ``hf_readers_dense``, ``hf_readers_moe``) report everything at once.
+readers (``hf_config``, ``hf_readers_dense``, ``hf_readers_moe``, ``hf_readers_more``) report everything at
+once.
 :func:`transformers_view` normalises a config through ``transformers``' own config class when that
 package is installed (an optional dependency): derived fields such as ``layer_types`` and the
 class defaults then come from the class itself; without it the readers' own defaults, copied from

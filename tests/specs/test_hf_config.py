@@ -216,3 +216,47 @@ def test_deepseek_v2_reads_its_own_router(method, groups):
     assert ((moe.router_groups, moe.router_group_topk) if moe.router_groups else None) == groups
     assert (moe.num_dense_layers, moe.num_shared_experts, spec.num_mtp_layers) == (0, 2, 0)
     assert spec.mla is not None and spec.mla.q_lora_rank is None
+
+
+B = 1e9
+# (fixture, published total, published active or None, rel. tolerance, source): the fixtures of checkpoints without a
+# preset, against their model cards' figures.
+PUBLISHED_COUNTS = [
+    ("olmoe-1b-7b", 6.9 * B, 1.3 * B, 0.02, "allenai/OLMoE-1B-7B-0924 card: 6.9B total, 1.3B active (1.28B)"),
+    ("deepseek-v2-lite", 15.7 * B, None, 0.01, "deepseek-ai/DeepSeek-V2-Lite card: 15.7B"),
+    ("qwen1.5-moe-a2.7b", 14.3 * B, 2.7 * B, 0.01, "Qwen/Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B activated"),
+    ("seed-oss-36b", 36 * B, None, 0.01, "ByteDance-Seed/Seed-OSS-36B-Base card: 36B"),
+    ("ernie4.5-0.3b", 0.36 * B, None, 0.01, "baidu/ERNIE-4.5-0.3B-PT card: 0.36B"),
+    ("smollm3-3b", 3 * B, None, 0.03, "HuggingFaceTB/SmolLM3-3B card: 3B (3.08B with its tied embedding)"),
+    ("dots1-142b", 142 * B, 14 * B, 0.01, "rednote-hilab/dots.llm1.base card: 142B total, 14B activated"),
+]
+
+
+@pytest.mark.parametrize("name, total, active, tol, source", PUBLISHED_COUNTS, ids=[p[0] for p in PUBLISHED_COUNTS])
+def test_fixture_counts_match_their_cards(name, total, active, tol, source):
+    spec = model_from_hf_config(FIXTURES / name)
+    assert spec.num_params == pytest.approx(total, rel=tol), source
+    if active is not None:
+        assert spec.num_active_params == pytest.approx(active, rel=tol), source
+
+
+def test_cards_that_count_without_embeddings():
+    """EXAONE 4.0 32B's card counts 30.95B without embeddings; MiniMax-M2's 230B total and 10B active, the active
+    figure without its (untied) embedding and output head (11.0B with them)."""
+    exaone, minimax = model_from_hf_config(FIXTURES / "exaone4-32b"), model_from_hf_config(FIXTURES / "minimax-m2")
+    embeddings = 2 * exaone.vocab_size * exaone.hidden_size  # untied
+    assert round((exaone.num_params - embeddings) / B, 2) == 30.95
+    assert minimax.num_params == pytest.approx(230 * B, rel=0.01)
+    assert minimax.num_active_params - 2 * minimax.vocab_size * minimax.hidden_size == pytest.approx(10 * B, rel=0.03)
+    assert minimax.rotary_fraction == 0.5 and minimax.qk_norm == "full"  # rotary_dim 64 of head_dim 128
+
+
+def test_qwen2_moe_gates_its_shared_expert():
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1408, top-4, one shared expert of 5632 behind a sigmoid gate of hidden_size
+    weights per layer (Qwen2MoeSparseMoeBlock.shared_expert_gate), q/k/v biases."""
+    spec = model_from_hf_config(FIXTURES / "qwen1.5-moe-a2.7b")
+    moe = spec.moe
+    assert (moe.num_experts, moe.top_k, moe.expert_ffn_hidden_size, moe.num_shared_experts) == (60, 4, 1408, 1)
+    assert moe.shared_width == 5632 and moe.shared_expert_gate and spec.qkv_bias and moe.router_pre_softmax
+    ungated = dataclasses.replace(spec, moe=dataclasses.replace(moe, shared_expert_gate=False))
+    assert spec.num_params - ungated.num_params == spec.num_layers * spec.hidden_size

@@ -61,6 +61,20 @@ SMALL: dict[str, dict] = {
                      use_qk_norm=True, n_group=1, topk_group=1),
     "olmo2": dict(_DENSE),
     "phi3": dict(_DENSE, sliding_window=16, pad_token_id=0),
+    "qwen2_moe": dict(_DENSE, num_hidden_layers=6, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, decoder_sparse_step=2, mlp_only_layers=[0],
+                      use_sliding_window=True, sliding_window=16, max_window_layers=4),
+    "starcoder2": dict(_DENSE, sliding_window=16),
+    "smollm3": dict(_DENSE, use_sliding_window=True, sliding_window=16, pad_token_id=0, bos_token_id=1,
+                    eos_token_id=2),
+    "exaone4": dict(_DENSE, head_dim=24, num_hidden_layers=5, sliding_window=16, sliding_window_pattern=4),
+    "ernie4_5": dict(_DENSE, head_dim=24, use_bias=True),
+    "seed_oss": dict(_DENSE, head_dim=24),
+    "dots1": dict(_DENSE, head_dim=24, num_hidden_layers=4, n_routed_experts=6, n_shared_experts=2,
+                  num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
+                  sliding_window=16, max_window_layers=2),
+    "minimax_m2": dict(_DENSE, head_dim=24, num_local_experts=4, num_experts_per_tok=2,
+                       rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
 }
 # Types read through another's class: the config.json of Kimi-K2 is DeepSeek-V3's architecture; RefinedWeb*
 # are Falcon's original names; gemma3 and llama4 are multimodal wrappers around gemma3_text / llama4_text.

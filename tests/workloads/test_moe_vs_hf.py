@@ -3,7 +3,7 @@ autotune's reader into a ModelSpec, the built-in model built from it, the weight
 the same loss. Mixtral (softmax over the top-k), Qwen3-MoE (norm_topk_prob true and false), Llama 4 (a top-1 sigmoid
 that scales the expert's input, a shared expert, dense layers between) and GLM-4.5 (sigmoid with a routing bias for
 the choice only, the top-k normalised and scaled, a shared expert, a dense first layer, RoPE on half of each
-head)."""
+head) and Qwen2-MoE (a shared expert behind a sigmoid gate, Q/K/V biases, softmax weights left unnormalised)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def _copy(ours, theirs, *, ffn: str, router: str, transposed: bool, shared: str 
             mine.norm1.weight.copy_(layer.input_layernorm.weight)
             mine.norm2.weight.copy_(layer.post_attention_layernorm.weight)
             copy_attention(mine.attn, a, spec)
+            for name in ("q", "k", "v"):  # Qwen2-MoE's Q/K/V biases
+                if getattr(mine.attn, name).bias is not None:
+                    getattr(mine.attn, name).bias.copy_(getattr(a, f"{name}_proj").bias)
             block = getattr(layer, ffn)
             if not spec.is_moe_layer(i):
                 _dense(mine.mlp, block)
@@ -54,6 +57,8 @@ def _copy(ours, theirs, *, ffn: str, router: str, transposed: bool, shared: str 
                 expert.fc2.weight.copy_(down.T if transposed else down)
             if shared is not None:
                 _dense(mine.mlp.shared[0], getattr(block, shared))
+            if mine.mlp.shared_gate is not None:
+                mine.mlp.shared_gate.weight.copy_(block.shared_expert_gate.weight)
 
 
 def load_model_from(tmp_path, config):
@@ -144,3 +149,26 @@ def test_glm4_moe(tmp_path):
     assert spec.moe.router_score == "sigmoid" and spec.moe.router_bias and spec.moe.router_scaling_factor == 2.5
     assert spec.rotary_fraction == 0.5  # RoPE on the first half of each head's dimensions
     _check(tmp_path, Glm4MoeForCausalLM, config, ffn="mlp", router="gate", transposed=False, shared="shared_experts")
+
+
+def test_qwen2_moe(tmp_path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(**BASE, moe_intermediate_size=48, shared_expert_intermediate_size=80, intermediate_size=96,
+                            num_hidden_layers=2, num_experts=4, num_experts_per_tok=2, attn_implementation="eager")
+    spec = load_model_from(tmp_path, config)
+    assert spec.moe.shared_expert_gate and spec.qkv_bias and spec.moe.router_pre_softmax
+
+    def biased(theirs):  # biases and a gate far from zero, so that dropping either would show
+        for layer in theirs.model.layers:
+            for name in ("q", "k", "v"):
+                getattr(layer.self_attn, f"{name}_proj").bias.uniform_(-0.5, 0.5)
+            layer.mlp.shared_expert_gate.weight.uniform_(-1.0, 1.0)
+            layer.mlp.shared_expert.down_proj.weight.mul_(100.0)  # a shared output that moves the logits
+
+    ours, ids, labels, expected = _check(tmp_path, Qwen2MoeForCausalLM, config, prepare=biased, ffn="mlp",
+                                         router="gate", transposed=False, shared="shared_expert")
+    for layer in ours.layers:  # the shared expert ungated: another model
+        layer.mlp.shared_gate = None
+    with torch.no_grad():
+        assert abs(ours(ids, labels).item() - expected) > 1e-4

@@ -1,0 +1,191 @@
+"""config.json readers for more decoders transformers 5.25 builds: qwen2_moe, starcoder2, smollm3, exaone4, ernie4_5,
+seed_oss, dots1, minimax_m2.
+
+Each maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments, as ``hf_readers_dense`` and
+``hf_readers_moe`` do: the config is first normalised through transformers' own config class where it is installed,
+and the defaults written here are that class's (transformers 5.25 ``models/<type>/configuration_<type>.py``), so a
+file read without transformers counts the same. Each reader's docstring names what its modeling file builds.
+
+Not carried, as they change no parameter count: SmolLM3's and EXAONE 4's rotary-free (NoPE) layers, which
+ModelSpec runs as rotary ones (their RoPE kernels are counted on every layer), and residual or embedding dropout
+beside the attention dropout.
+"""
+
+from __future__ import annotations
+
+from autotune.specs.hf_fields import Fields, layer_indices
+from autotune.specs.hf_readers_dense import decoder_base, normalised, refuse_output_bias, set_local_attention
+
+__all__ = ["MORE_READERS"]
+
+_MOE_SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "moe_intermediate_size")
+
+
+def _leading(f: Fields, key: str) -> int:
+    """The number of leading dense layers a list field names (Qwen's mlp_only_layers: [0, 1, ..., k-1] only)."""
+    dense = f.get(key, None) or []
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        f.unsupported(f"{key} {dense!r} is not modelled (only the leading layers [0, 1, ..., k-1])")
+        return 0
+    return len(dense)
+
+
+def _qwen2_moe(f: Fields) -> dict:
+    """Qwen2MoeConfig: 60 experts of moe_intermediate_size 1408, top-4, softmax weights left unnormalised
+    (norm_topk_prob False), one shared expert of shared_expert_intermediate_size 5632 whose output is scaled by a
+    sigmoid gate (Qwen2MoeSparseMoeBlock.shared_expert_gate: hidden_size -> 1, no bias); q/k/v biases (qkv_bias True),
+    o_proj none; MoE layers as Qwen3-MoE's (mlp_only_layers, decoder_sparse_step); with use_sliding_window, a window
+    on the layers its layer_types name (the class: even indices below max_window_layers, 28)."""
+    f = normalised(f, "qwen2_moe", _MOE_SHAPE)
+    out = decoder_base(f, kv_heads=16, head_dim=None, max_positions=32768, theta=10000.0, tied=False)
+    if f.get("qkv_bias", True):
+        out["qkv_bias"] = True
+    num_experts = f.get_int("num_experts", default=60)
+    dense = _leading(f, "mlp_only_layers")
+    if num_experts:
+        out["moe"] = dict(num_experts=num_experts, top_k=f.get_int("num_experts_per_tok", default=4),
+                          expert_ffn_hidden_size=f.need("moe_intermediate_size", what="expert width"),
+                          num_shared_experts=1, shared_expert_ffn_hidden_size=f.get_int(
+                              "shared_expert_intermediate_size", default=5632), shared_expert_gate=True,
+                          num_dense_layers=dense, moe_layer_step=f.positive("decoder_sparse_step", 1),
+                          **f.router(score="softmax", norm_topk=False))
+    if f.get("use_sliding_window", False):
+        first = f.get_int("max_window_layers", default=28)
+        fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % 2 and i < first]
+        set_local_attention(out, f, f.get_int("sliding_window", default=4096), fallback)
+    return out
+
+
+def _starcoder2(f: Fields) -> dict:
+    """Starcoder2Config: LayerNorms (with biases), a plain MLP (c_fc, c_proj) of hidden_act gelu_pytorch_tanh,
+    biases on every linear layer with use_bias (True; the output head none), tied embeddings, a sliding window on
+    every layer where sliding_window is set (default none)."""
+    f = normalised(f, "starcoder2")
+    out = decoder_base(f, kv_heads=2, head_dim=None, max_positions=4096, theta=10000.0, tied=True)
+    act = f.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu"):
+        f.unsupported(f"hidden_act {act!r} is not modelled (Starcoder2MLP: a GeLU)")
+    out.update(activation="gelu" if act == "gelu" else "gelu_tanh", norm="layernorm")
+    if f.get("use_bias", True):
+        out["linear_bias"] = True
+    set_local_attention(out, f, f.get_int("sliding_window", default=None), list(layer_indices(out["num_layers"])))
+    return out
+
+
+def _smollm3(f: Fields) -> dict:
+    """SmolLM3Config: Llama's layer (no biases unless attention_bias / mlp_bias), tied embeddings, RoPE left out of
+    every no_rope_layer_interval-th (4th) layer (not carried); a sliding window, with use_sliding_window, on the
+    rotary-free layers its layer_types name."""
+    f = normalised(f, "smollm3")
+    out = decoder_base(f, kv_heads=4, head_dim=None, max_positions=32768, theta=2000000.0, tied=True)
+    attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
+    if attention_bias and mlp_bias:
+        out["linear_bias"] = True
+    elif attention_bias or mlp_bias:
+        f.unsupported("attention_bias or mlp_bias alone (q/k/v/o or MLP biases without the other) is not modelled: "
+                      "set both or neither")
+    if f.get("use_sliding_window", False):
+        every = f.positive("no_rope_layer_interval", 4)
+        fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % every == 0]
+        set_local_attention(out, f, f.get_int("sliding_window", default=None), fallback)
+    return out
+
+
+def _exaone4(f: Fields) -> dict:
+    """Exaone4Config: norms after attention and MLP (post_attention_layernorm, post_feedforward_layernorm: OLMo 2's
+    placement), a per-head Q/K RMSNorm, no biases; sliding_window 4096 on the layers layer_types names (the class:
+    all but every sliding_window_pattern-th, 4; "LLLG" as a string), RoPE on those layers only (not carried)."""
+    f = normalised(f, "exaone4")
+    out = decoder_base(f, kv_heads=32, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    out.update(qk_norm="head", post_norm=True)
+    window = None if "sliding_window" in f.data and f.data["sliding_window"] is None else \
+        f.get_int("sliding_window", default=4096)
+    pattern = f.data.get("sliding_window_pattern", 4)
+    layers = layer_indices(out["num_layers"])
+    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+        fallback = [i for i in layers if pattern[i % len(pattern)] == "L"]
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        fallback = [i for i in layers if (i + 1) % pattern]
+    else:
+        f.unsupported(f"sliding_window_pattern {pattern!r} is not modelled (a positive integer or an L/G string)")
+        fallback = []
+    set_local_attention(out, f, window, fallback)
+    return out
+
+
+def _ernie4_5(f: Fields) -> dict:
+    """Ernie4_5Config: head_dim 128, 2 KV heads, tied embeddings, biases on every linear layer with use_bias (False;
+    the output head none)."""
+    f = normalised(f, "ernie4_5")
+    out = decoder_base(f, kv_heads=2, head_dim=128, max_positions=131072, theta=500000.0, tied=True)
+    if f.get("use_bias", False):
+        out["linear_bias"] = True
+    return out
+
+
+def _seed_oss(f: Fields) -> dict:
+    """SeedOssConfig: head_dim 128, 8 KV heads, q/k/v biases (attention_bias True) and none on o_proj
+    (attention_out_bias False) or the MLP (mlp_bias False), attention dropout 0.1."""
+    f = normalised(f, "seed_oss")
+    out = decoder_base(f, kv_heads=8, head_dim=128, max_positions=524288, theta=10000.0, tied=False)
+    out["dropout"] = float(f.get("attention_dropout", 0.1))
+    bias = (bool(f.get("attention_bias", True)), bool(f.get("attention_out_bias", False)),
+            bool(f.get("mlp_bias", False)))
+    if bias == (True, True, True):
+        out["linear_bias"] = True
+    elif bias == (True, False, False):
+        out["qkv_bias"] = True
+    elif bias != (False, False, False):
+        f.unsupported(f"attention_bias, attention_out_bias, mlp_bias {list(bias)} are not modelled (q/k/v biases "
+                      "only, every linear's, or none)")
+    return out
+
+
+def _sigmoid_router(f: Fields) -> dict:
+    """A sigmoid router with e_score_correction_bias whose top-k weights are normalised (ModelSpec's sigmoid)."""
+    if not f.get("norm_topk_prob", True):
+        f.unsupported("norm_topk_prob false with a sigmoid router is not modelled (the top-k weights normalised)")
+    return f.router(score="sigmoid")
+
+
+def _dots1(f: Fields) -> dict:
+    """Dots1Config: first_k_dense_replace (0) dense layers of intermediate_size, then MoE layers of n_routed_experts
+    of moe_intermediate_size, n_shared_experts as one wider MLP, a sigmoid router with e_score_correction_bias (n_group /
+    topk_group 1, routed_scaling_factor 1.0), per-head Q/K RMSNorm, q/k/v/o biases only with attention_bias (refused);
+    a sliding window from max_window_layers (62) on where layer_types says so."""
+    f = normalised(f, "dots1", _MOE_SHAPE + ("intermediate_size",))
+    refuse_output_bias(f)
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    out["qk_norm"] = "head"
+    out["moe"] = dict(num_experts=f.need("n_routed_experts", "num_local_experts", what="routed experts per layer"),
+                      top_k=f.need("num_experts_per_tok", what="routed experts per token"),
+                      expert_ffn_hidden_size=f.need("moe_intermediate_size", what="routed expert width"),
+                      num_shared_experts=f.need("n_shared_experts", what="shared experts"),
+                      num_dense_layers=f.get_int("first_k_dense_replace", default=0), router_bias=True,
+                      **_sigmoid_router(f))
+    first = f.get_int("max_window_layers", default=62)
+    fallback = [i for i in layer_indices(out["num_layers"]) if i >= first]
+    set_local_attention(out, f, f.get_int("sliding_window", default=4096), fallback)
+    return out
+
+
+def _minimax_m2(f: Fields) -> dict:
+    """MiniMaxM2Config: every layer MoE (256 experts, each intermediate_size 1536 wide, top-8), a sigmoid router with
+    e_score_correction_bias and normalised top-k weights (MiniMaxM2TopKRouter), RMSNorm over the whole Q and K widths,
+    head_dim 128, 8 KV heads, no biases; RoPE on rotary_dim of each head (partial_rotary_factor)."""
+    f = normalised(f, "minimax_m2", ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                                     "intermediate_size"))
+    out = decoder_base(f, kv_heads=8, head_dim=128, max_positions=196608, theta=5000000.0, tied=False)
+    if f.data.get("rotary_dim") is not None and "rotary_fraction" not in out:  # the released files' legacy field
+        head_dim = out["head_dim"] or out["hidden_size"] // out["num_attention_heads"]
+        if f.need("rotary_dim", what="rotary dimensions per head") != head_dim:
+            out["rotary_fraction"] = f.need("rotary_dim", what="rotary dimensions per head") / head_dim
+    out["qk_norm"] = "full"
+    out["moe"] = dict(num_experts=f.get_int("num_local_experts", "num_experts", default=256),
+                      top_k=f.get_int("num_experts_per_tok", default=8), expert_ffn_hidden_size=out["ffn_hidden_size"],
+                      router_bias=True, router_score="sigmoid", **f.aux_loss())
+    return out
+
+
+MORE_READERS = {"qwen2_moe": _qwen2_moe, "starcoder2": _starcoder2, "smollm3": _smollm3, "exaone4": _exaone4,
+                "ernie4_5": _ernie4_5, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2}
