@@ -17,8 +17,9 @@ def block_linears(model: ModelSpec) -> list[tuple[str, int, int, bool]]:
     models/llama3/model/model.py lines 338-343) or fc1, fc2."""
     h, f = model.hidden_size, model.ffn_hidden_size
     qkv_bias, bias = model.linear_bias or model.qkv_bias, model.linear_bias
+    o_bias = bias or model.attention_output_bias
     attention = [("col", h, model.q_width, qkv_bias), ("col", h, model.kv_width, qkv_bias),
-                 ("col", h, model.v_width, qkv_bias), ("row", model.attention_output_width, h, bias)]
+                 ("col", h, model.v_width, qkv_bias), ("row", model.attention_output_width, h, o_bias)]
     mlp = [("col", h, f, bias), ("col", h, f, bias), ("row", f, h, bias)] if model.gated_mlp else \
         [("col", h, f, bias), ("row", f, h, bias)]
     return attention + mlp

@@ -120,6 +120,8 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:
         why.append("multi-token prediction layers")
+    if model.attention_output_bias and not model.linear_bias:
+        why.append("an attention output bias without MLP biases (add_bias_linear biases every linear)")
     if model.rope_scaling == "yarn" or (model.rope_scaling == "llama3" and rope_scaling_problem(model)):
         why.append("YaRN RoPE scaling (Bridge's YaRN providers)" if model.rope_scaling == "yarn" else
                    "llama3 RoPE scaling other than Llama 3.1's (Megatron-core fixes low / high 1 / 4, context 8192)")

@@ -49,8 +49,9 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
     if model.position_embedding == "rope" and model.rope_theta != int(model.rope_theta):
         out.append(f"{model.name}'s RoPE base {model.rope_theta:g} is not an integer, which the fork's "
                    f"--rotary-position-embeddings-theta (an int) cannot take")
-    if model.qkv_bias and not model.linear_bias:
-        out.append(f"{model.name} has Q/K/V biases only; Megatron-DeepSpeed biases every linear or none")
+    if (model.qkv_bias or model.attention_output_bias) and not model.linear_bias:
+        out.append(f"{model.name} has attention biases without MLP ones; Megatron-DeepSpeed biases every linear "
+                   "or none")
     if model.activation == "relu":
         out.append(f"{model.name}'s MLP is ReLU (OPT); Megatron-DeepSpeed builds GeLU, SwiGLU or squared ReLU")
     if model.activation_clamp is not None:

@@ -96,6 +96,9 @@ def architecture_problems(model: ModelSpec, *, megatron_core: bool = True) -> li
     if model.qk_norm == "full":
         out.append(f"{model.name} normalises Q and K over all heads at once (OLMo 2); Megatron-LM's --qk-layernorm "
                    "normalises each head")
+    if model.attention_output_bias and not model.linear_bias:
+        out.append(f"{model.name} has an attention output bias without MLP biases (Llama's attention_bias); "
+                   "Megatron-LM's --add-bias-linear biases every linear layer, --add-qkv-bias Q/K/V only")
     return out + (megatron_core_problems(model) if megatron_core else [])
 
 

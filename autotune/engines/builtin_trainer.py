@@ -204,7 +204,7 @@ def hf_model_family(spec: ModelSpec) -> str | None:
         return family
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks
             or spec.activation_clamp is not None or spec.rope_scaling == "yarn" or spec.chunked_attention
-            or spec.post_norm or spec.parallel_residual or gemma_parts(spec)):
+            or spec.post_norm or spec.parallel_residual or spec.attention_output_bias or gemma_parts(spec)):
         return None  # no class of these has that layer
     llama_layer = (spec.position_embedding == "rope" and spec.norm == "rmsnorm" and spec.activation == "swiglu"
                    and not spec.linear_bias)

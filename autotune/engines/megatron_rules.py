@@ -165,7 +165,7 @@ def ep_overlap_rules(model: ModelSpec, plan: ParallelPlan) -> list[Rule]:
         bad("the EP overlap schedule replays Transformer Engine layer graphs only: use --cuda-graph "
             "transformer_engine, or drop one", "megatron-core 0.19.2 megatron/core/models/gpt/"
             "fine_grained_callables.py:73-80")
-    attn_bias = model.linear_bias or model.qkv_bias
+    attn_bias = model.linear_bias or model.qkv_bias or model.attention_output_bias
     if (plan.ep_overlap == "a2a-delay-wgrad" and plan.overlap_comm and plan.cuda_graph == "transformer_engine"
             and scope and "attn" in scope and attn_bias):
         bad(f"CUDA graph with delay_wgrad_compute doesn't support attn bias for now ({model.name} has attention "

@@ -102,9 +102,8 @@ def _llama_like(f: _Fields) -> dict:
         out["qkv_bias"] = True  # Qwen2Attention: q/k/v projections always carry a bias, o_proj none
     elif attention_bias and mlp_bias:
         out["linear_bias"] = True
-    elif attention_bias:
-        # q/k/v/o biases: counted as Q/K/V biases; the o_proj bias (hidden_size per layer) is left out.
-        out["qkv_bias"] = True
+    elif attention_bias:  # LlamaAttention: q/k/v and o_proj biases (transformers 5.25 modeling_llama.py)
+        out.update(qkv_bias=True, attention_output_bias=True)
     elif mlp_bias:
         f.unsupported("mlp_bias without attention_bias is not modelled: set both or neither")
     if mt == "mixtral":
@@ -128,8 +127,8 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
                       "the first_k_dense_replace dense ones is MoE)")
     if f.get("attention_bias", False):
         f.unsupported("attention_bias with MLA is not modelled")
-    out.pop("qkv_bias", None)
-    out.pop("linear_bias", None)
+    for key in ("qkv_bias", "attention_output_bias", "linear_bias"):
+        out.pop(key, None)
     out["num_kv_heads"] = out["num_attention_heads"]  # MLA: every head has its own K and V
     out["head_dim"] = None
     out["moe"] = dict(

@@ -34,7 +34,8 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "rope_high_freq_factor": None, "rope_original_max_positions": None, "yarn_beta_fast": None,
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
-                 "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None}
+                 "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None,
+                 "attention_output_bias": False}
 _LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False,
               "shared_expert_gate": False}
 
@@ -95,6 +96,8 @@ class ModelSpec:
     """Biases on every linear layer (GPT-2/3, OPT, BLOOM, NeoX)."""
     qkv_bias: bool = False
     """Biases on the Q/K/V projections only (Qwen2)."""
+    attention_output_bias: bool = False
+    """A bias on the attention output projection without MLP biases (with ``qkv_bias``: Llama's attention_bias)."""
     embedding_norm: bool = False
     """A norm right after the token embedding (BLOOM)."""
     norms_per_layer: int = 2
@@ -265,7 +268,7 @@ class ModelSpec:
         replicated = 0
         if self.linear_bias or self.qkv_bias:
             sharded += qkv_out  # column-parallel bias: split with its weight
-        if self.linear_bias:
+        if self.linear_bias or self.attention_output_bias:
             replicated += h  # row-parallel output bias: replicated
         return ParamGroups(tp_sharded=sharded, replicated=replicated) + self.attention_extras()
 

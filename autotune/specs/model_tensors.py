@@ -38,7 +38,7 @@ def layer_tensors(model: ModelSpec, layer_index: int) -> list[tuple[int, str]]:
             if bias:
                 out.append((width, "tp_sharded"))
         out.append((model.q_width * h, "tp_sharded"))
-        if model.linear_bias:
+        if model.linear_bias or model.attention_output_bias:
             out.append((h, "replicated"))
         extras = model.attention_extras()
         out += [(n, kind) for n, kind in ((extras.replicated, "replicated"), (extras.tp_sharded, "tp_sharded")) if n]

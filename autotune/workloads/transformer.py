@@ -93,7 +93,7 @@ class Attention(nn.Module):
         self.q = nn.Linear(h, spec.q_width, bias=qkv_bias)
         self.k = nn.Linear(h, spec.kv_width, bias=qkv_bias)
         self.v = nn.Linear(h, spec.v_width, bias=qkv_bias)
-        self.o = nn.Linear(spec.q_width, h, bias=spec.linear_bias)
+        self.o = nn.Linear(spec.q_width, h, bias=spec.linear_bias or spec.attention_output_bias)
         self.rope = spec.is_rotary_layer(index)
         self.rotary_dim = spec.rotary_dim  # GPT-NeoX, GLM-4.5: RoPE on the first dimensions of each head only
         self.flash, self.selective, self.p = flash, selective, spec.dropout

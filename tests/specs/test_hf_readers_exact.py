@@ -147,3 +147,21 @@ def test_wrappers_read_their_text_config():
         text | {"model_type": "llama4_text"}, name="x").num_params
     kimi = SMALL["deepseek_v3"] | {"model_type": "kimi_k2"}
     assert model_from_hf_config(kimi, name="x") == model_from_hf_config(kimi | {"model_type": "deepseek_v3"}, name="x")
+
+
+@pytest.mark.parametrize("mlp_bias", [False, True])
+def test_llama_attention_bias_is_on_o_proj_too(mlp_bias, monkeypatch):
+    """LlamaAttention's attention_bias puts a bias on q, k, v and o_proj (transformers 5.25 modeling_llama.py); with
+    mlp_bias every linear layer has one."""
+    cfg = transformers.AutoConfig.for_model("llama", **SMALL["llama"], attention_bias=True, mlp_bias=mlp_bias)
+    spec = model_from_hf_config(cfg.to_dict() | {"model_type": "llama"})
+    assert spec.num_params == _count_built(cfg)
+    assert (spec.qkv_bias, spec.attention_output_bias, spec.linear_bias) == (not mlp_bias, not mlp_bias, mlp_bias)
+    monkeypatch.setattr(hf_fields, "USE_TRANSFORMERS", False)
+    assert model_from_hf_config(cfg.to_diff_dict() | {"model_type": "llama"}).num_params == spec.num_params
+    from autotune.emit.megatron_model_flags import architecture_problems
+    from autotune.specs.model_tensors import layer_tensors
+
+    assert sum(n for n, _ in layer_tensors(spec, 0)) == spec.layer_params(0).total
+    refused = [p for p in architecture_problems(spec) if "output bias" in p]  # Megatron: all linears or Q/K/V only
+    assert bool(refused) is not mlp_bias

@@ -40,7 +40,10 @@ LLAMA4_LIKE = ModelSpec(name="llama4-like", num_layers=4, hidden_size=64, num_at
                         chunked_attention=True,
                         moe=MoESpec(num_experts=4, top_k=1, expert_ffn_hidden_size=48, num_shared_experts=1,
                                     moe_layer_step=2, router_score="sigmoid"))
-SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE, QWEN3_LIKE, OLMO2_LIKE, LLAMA4_LIKE]
+LLAMA_BIASED = ModelSpec(name="llama-attention-bias", num_layers=2, hidden_size=64, num_attention_heads=8,
+                         num_kv_heads=2, ffn_hidden_size=176, vocab_size=128, position_embedding="rope",
+                         activation="swiglu", norm="rmsnorm", qkv_bias=True, attention_output_bias=True)
+SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE, QWEN3_LIKE, OLMO2_LIKE, LLAMA4_LIKE, LLAMA_BIASED]
 SEQ = 32
 
 
