@@ -14,11 +14,22 @@ beside the attention dropout.
 from __future__ import annotations
 
 from autotune.specs.hf_fields import Fields, layer_indices
-from autotune.specs.hf_readers_dense import decoder_base, normalised, refuse_output_bias, set_local_attention
+from autotune.specs.hf_readers_dense import decoder_base, normalised, set_local_attention
 
 __all__ = ["MORE_READERS"]
 
 _MOE_SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "moe_intermediate_size")
+
+
+def _biases(f: Fields, out: dict) -> None:
+    """attention_bias (q/k/v and o_proj biases) and mlp_bias (the MLP's), as LlamaAttention / LlamaMLP build them."""
+    attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
+    if attention_bias and mlp_bias:
+        out["linear_bias"] = True
+    elif attention_bias:
+        out.update(qkv_bias=True, attention_output_bias=True)
+    elif mlp_bias:
+        f.unsupported("mlp_bias without attention_bias is not modelled: set both or neither")
 
 
 def _leading(f: Fields, key: str) -> int:
@@ -73,17 +84,12 @@ def _starcoder2(f: Fields) -> dict:
 
 
 def _smollm3(f: Fields) -> dict:
-    """SmolLM3Config: Llama's layer (no biases unless attention_bias / mlp_bias), tied embeddings, RoPE left out of
+    """SmolLM3Config: Llama's layer (q/k/v/o biases with attention_bias, MLP ones with mlp_bias), tied embeddings, RoPE left out of
     every no_rope_layer_interval-th (4th) layer (not carried); a sliding window, with use_sliding_window, on the
     rotary-free layers its layer_types name."""
     f = normalised(f, "smollm3")
     out = decoder_base(f, kv_heads=4, head_dim=None, max_positions=32768, theta=2000000.0, tied=True)
-    attention_bias, mlp_bias = bool(f.get("attention_bias", False)), bool(f.get("mlp_bias", False))
-    if attention_bias and mlp_bias:
-        out["linear_bias"] = True
-    elif attention_bias or mlp_bias:
-        f.unsupported("attention_bias or mlp_bias alone (q/k/v/o or MLP biases without the other) is not modelled: "
-                      "set both or neither")
+    _biases(f, out)
     if f.get("use_sliding_window", False):
         every = f.positive("no_rope_layer_interval", 4)
         fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % every == 0]
@@ -151,11 +157,12 @@ def _sigmoid_router(f: Fields) -> dict:
 def _dots1(f: Fields) -> dict:
     """Dots1Config: first_k_dense_replace (0) dense layers of intermediate_size, then MoE layers of n_routed_experts
     of moe_intermediate_size, n_shared_experts as one wider MLP, a sigmoid router with e_score_correction_bias (n_group /
-    topk_group 1, routed_scaling_factor 1.0), per-head Q/K RMSNorm, q/k/v/o biases only with attention_bias (refused);
+    topk_group 1, routed_scaling_factor 1.0), per-head Q/K RMSNorm, q/k/v/o biases with attention_bias;
     a sliding window from max_window_layers (62) on where layer_types says so."""
     f = normalised(f, "dots1", _MOE_SHAPE + ("intermediate_size",))
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    if f.get("attention_bias", False):
+        out.update(qkv_bias=True, attention_output_bias=True)  # Dots1Attention: q/k/v and o_proj
     out["qk_norm"] = "head"
     out["moe"] = dict(num_experts=f.need("n_routed_experts", "num_local_experts", what="routed experts per layer"),
                       top_k=f.need("num_experts_per_tok", what="routed experts per token"),

@@ -165,3 +165,12 @@ def test_llama_attention_bias_is_on_o_proj_too(mlp_bias, monkeypatch):
     assert sum(n for n, _ in layer_tensors(spec, 0)) == spec.layer_params(0).total
     refused = [p for p in architecture_problems(spec) if "output bias" in p]  # Megatron: all linears or Q/K/V only
     assert bool(refused) is not mlp_bias
+
+
+@pytest.mark.parametrize("model_type, change", [("smollm3", dict(attention_bias=True)),
+                                                ("smollm3", dict(attention_bias=True, mlp_bias=True)),
+                                                ("dots1", dict(attention_bias=True))])
+def test_attention_bias_of_the_newer_readers(model_type, change):
+    """SmolLM3Attention and Dots1Attention put attention_bias on q, k, v and o_proj; SmolLM3's mlp_bias on the MLP."""
+    cfg = transformers.AutoConfig.for_model(model_type, **(SMALL[model_type] | change))
+    assert model_from_hf_config(cfg.to_dict() | {"model_type": model_type}).num_params == _count_built(cfg)
