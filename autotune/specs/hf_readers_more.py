@@ -1,5 +1,5 @@
 """config.json readers for more decoders transformers 5.25 builds: qwen2_moe, starcoder2, smollm3, exaone4, ernie4_5,
-seed_oss, dots1, minimax_m2.
+seed_oss, dots1, minimax_m2, hunyuan_v1_moe.
 
 Each maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments, as ``hf_readers_dense`` and
 ``hf_readers_moe`` do: the config is first normalised through transformers' own config class where it is installed,
@@ -194,5 +194,38 @@ def _minimax_m2(f: Fields) -> dict:
     return out
 
 
+def _per_layer(f: Fields, key: str, default: int, layers: int) -> int:
+    """A field a file may give once or per layer (HunYuan's moe_topk, num_experts): one value, the same on every
+    layer, or a problem."""
+    value = f.data.get(key)
+    if isinstance(value, list):
+        if len(value) == layers and len(set(map(str, value))) == 1:
+            return f._check_int(key, value[0])
+        f.unsupported(f"{key} {value!r} is not modelled (one value for every layer)")
+        return default
+    return f.get_int(key, default=default)
+
+
+def _hunyuan_v1_moe(f: Fields) -> dict:
+    """HunYuanMoEV1Config: every layer MoE, num_experts (1) routed experts and one shared MLP (shared_mlp), each
+    intermediate_size wide (the class builds them so: a file's moe_intermediate_size or num_shared_expert that says
+    otherwise is refused), top moe_topk (1) of a softmax over a bias-free router, renormalised; a per-head Q/K RMSNorm
+    (query_layernorm / key_layernorm, always built); q/k/v and o_proj biases with attention_bias."""
+    f = normalised(f, "hunyuan_v1_moe")
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    out["qk_norm"] = "head"
+    if f.get("attention_bias", False):
+        out.update(qkv_bias=True, attention_output_bias=True)
+    layers, width = out["num_layers"], out["ffn_hidden_size"]
+    for key, built in (("moe_intermediate_size", width), ("num_shared_expert", 1)):
+        if f.data.get(key) is not None and _per_layer(f, key, built, layers) != built:
+            f.unsupported(f"{key} {f.data[key]!r} is not what transformers builds ({built}: HunYuanMoEV1Moe)")
+    out["moe"] = dict(num_experts=_per_layer(f, "num_experts", 1, layers),
+                      top_k=_per_layer(f, "moe_topk", 1, layers), expert_ffn_hidden_size=width,
+                      num_shared_experts=1, **f.aux_loss())
+    return out
+
+
 MORE_READERS = {"qwen2_moe": _qwen2_moe, "starcoder2": _starcoder2, "smollm3": _smollm3, "exaone4": _exaone4,
-                "ernie4_5": _ernie4_5, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2}
+                "ernie4_5": _ernie4_5, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2,
+                "hunyuan_v1_moe": _hunyuan_v1_moe}

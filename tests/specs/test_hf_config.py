@@ -229,6 +229,8 @@ PUBLISHED_COUNTS = [
     ("ernie4.5-0.3b", 0.36 * B, None, 0.01, "baidu/ERNIE-4.5-0.3B-PT card: 0.36B"),
     ("smollm3-3b", 3 * B, None, 0.03, "HuggingFaceTB/SmolLM3-3B card: 3B (3.08B with its tied embedding)"),
     ("dots1-142b", 142 * B, 14 * B, 0.01, "rednote-hilab/dots.llm1.base card: 142B total, 14B activated"),
+    ("hunyuan-a13b", 80 * B, 13 * B, 0.025, "tencent/Hunyuan-A13B-Instruct card: 80B total, 13B active (the fixture's "
+     "embeddings untied: 80.92B / 13.27B)"),
 ]
 
 
@@ -260,3 +262,14 @@ def test_qwen2_moe_gates_its_shared_expert():
     assert moe.shared_width == 5632 and moe.shared_expert_gate and spec.qkv_bias and moe.router_pre_softmax
     ungated = dataclasses.replace(spec, moe=dataclasses.replace(moe, shared_expert_gate=False))
     assert spec.num_params - ungated.num_params == spec.num_layers * spec.hidden_size
+
+
+def test_hunyuan_moe_refuses_what_transformers_does_not_build():
+    """HunYuanMoEV1Moe builds the same experts on every layer, each and its one shared MLP intermediate_size wide."""
+    cfg = _config("hunyuan-a13b")
+    with pytest.raises(InputError, match="moe_topk"):
+        model_from_hf_config(cfg | {"moe_topk": [8] * 31 + [4]})
+    with pytest.raises(InputError, match="moe_intermediate_size"):
+        model_from_hf_config(cfg | {"moe_intermediate_size": 1536})
+    with pytest.raises(InputError, match="num_shared_expert"):
+        model_from_hf_config(cfg | {"num_shared_expert": 2})
