@@ -55,7 +55,8 @@ HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLay
                      "qwen2_moe": "Qwen2MoeDecoderLayer", "starcoder2": "Starcoder2DecoderLayer",
                      "smollm3": "SmolLM3DecoderLayer", "exaone4": "Exaone4DecoderLayer",
                      "ernie4_5": "Ernie4_5DecoderLayer", "seed_oss": "SeedOssDecoderLayer", "dots1": "Dots1DecoderLayer",
-                     "minimax_m2": "MiniMaxM2DecoderLayer", "hunyuan_v1_moe": "HunYuanMoEV1DecoderLayer"}
+                     "minimax_m2": "MiniMaxM2DecoderLayer", "hunyuan_v1_moe": "HunYuanMoEV1DecoderLayer",
+                     "hunyuan_v1_dense": "HunYuanDenseV1DecoderLayer"}
 """A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.25 builds for it (its
 ``*ForCausalLM._no_split_modules``, the class accelerate wraps when no class is named), for every model type whose
 config.json autotune reads and transformers builds (kimi_k2 and Falcon's RefinedWeb* are remote code)."""

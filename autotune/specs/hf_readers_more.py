@@ -1,5 +1,5 @@
 """config.json readers for more decoders transformers 5.25 builds: qwen2_moe, starcoder2, smollm3, exaone4, ernie4_5,
-seed_oss, dots1, minimax_m2, hunyuan_v1_moe.
+seed_oss, dots1, minimax_m2, hunyuan_v1_dense, hunyuan_v1_moe.
 
 Each maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments, as ``hf_readers_dense`` and
 ``hf_readers_moe`` do: the config is first normalised through transformers' own config class where it is installed,
@@ -206,6 +206,17 @@ def _per_layer(f: Fields, key: str, default: int, layers: int) -> int:
     return f.get_int(key, default=default)
 
 
+def _hunyuan_v1_dense(f: Fields) -> dict:
+    """HunYuanDenseV1Config: Llama's layer with a per-head Q/K RMSNorm (query_layernorm / key_layernorm, always built),
+    q/k/v and o_proj biases with attention_bias, the MLP bias-free, untied by default."""
+    f = normalised(f, "hunyuan_v1_dense")
+    out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    out["qk_norm"] = "head"
+    if f.get("attention_bias", False):
+        out.update(qkv_bias=True, attention_output_bias=True)
+    return out
+
+
 def _hunyuan_v1_moe(f: Fields) -> dict:
     """HunYuanMoEV1Config: every layer MoE, num_experts (1) routed experts and one shared MLP (shared_mlp), each
     intermediate_size wide (the class builds them so: a file's moe_intermediate_size or num_shared_expert that says
@@ -228,4 +239,4 @@ def _hunyuan_v1_moe(f: Fields) -> dict:
 
 MORE_READERS = {"qwen2_moe": _qwen2_moe, "starcoder2": _starcoder2, "smollm3": _smollm3, "exaone4": _exaone4,
                 "ernie4_5": _ernie4_5, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2,
-                "hunyuan_v1_moe": _hunyuan_v1_moe}
+                "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}

@@ -73,6 +73,7 @@ SMALL: dict[str, dict] = {
     "dots1": dict(_DENSE, head_dim=24, num_hidden_layers=4, n_routed_experts=6, n_shared_experts=2,
                   num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
                   sliding_window=16, max_window_layers=2),
+    "hunyuan_v1_dense": dict(_DENSE, head_dim=24, attention_bias=True),
     "hunyuan_v1_moe": dict(_DENSE, head_dim=24, num_experts=4, moe_topk=2),
     "minimax_m2": dict(_DENSE, head_dim=24, num_local_experts=4, num_experts_per_tok=2,
                        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
