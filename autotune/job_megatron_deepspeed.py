@@ -11,9 +11,6 @@ deepspeed/moe/sharded_moe.py (the gate).
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
-from pathlib import Path
 
 from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import whole as _int
@@ -111,55 +108,24 @@ _FORK = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 
 
 def script_deepspeed_config(path: str, f: dict, given: str | None, notes: list[str]) -> dict | None:
-    """The DeepSpeed config the script writes and names with --deepspeed_config: a here-document's JSON, or a
-    template filled by sed (``given``, the template given with --from, else the one next to the script, where the
-    fork's examples keep it); None, with a note saying what was not read, where it cannot be read."""
-    from autotune.emit.shell_files import read_written_files, substituted
-    from autotune.inputs import read_text
+    """The DeepSpeed config the script writes and names with --deepspeed_config
+    (:func:`autotune.emit.written_deepspeed_config.written_deepspeed_config`: a here-document's JSON, or a template
+    filled by sed, ``given`` with --from or next to the script); None, with a note saying what was not read, where
+    it cannot be read."""
+    from autotune.emit.written_deepspeed_config import written_deepspeed_config
 
     name = f.get("--deepspeed-config")
-    written = read_written_files(path).get(name) if isinstance(name, str) and Path(path).is_file() else None
+    written = written_deepspeed_config(path, name if isinstance(name, str) else None, given)
     if written is None:
         if given:
             notes.append(f"{given}: not read: no sed command of {path} fills it for --deepspeed_config")
         return None
-    where = f"{path}:{written.line}"
-    if written.text is not None:
-        text, what = written.text, f"the DeepSpeed config its here-document writes to {name} ({where})"
-    else:
-        lost = (f"{path}: --deepspeed_config {name} is written by sed ({where}) from {written.template or 'a template'}"
-                f"{{}}: its ZeRO stage, offload, precision and batch sizes are not read (the flags' are)")
-        if written.unread:
-            notes.append(lost.format(f", with {written.unread}, which autotune does not apply") +
-                         ": give the filled config with --from")
-            return None
-        beside = Path(path).parent / written.template
-        template = given if given and Path(given).name == Path(written.template).name else \
-            str(beside) if beside.is_file() else None
-        if template is None:
-            notes.append(lost.format(", which is neither next to the script nor given") +
-                         f": give {Path(written.template).name} with --from")
-            return None
-        text = substituted(read_text(template, subject="DeepSpeed config template", max_bytes=1 << 20), written.subs)
-        what = f"the DeepSpeed config its sed commands write to {name} from {template} ({where})"
-    unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))) + (["(...)"] if "$(" in text else [])
-    if unset:  # a command substitution is not run: what it prints is unknown
-        notes.append(f"{path}: {what} uses ${', $'.join(unset)}, which the script does not set (the run's "
-                     "environment, or a command not run): not read, the flags' ZeRO stage and batch sizes read "
-                     "instead; set them in the script or give the config with --from")
+    if written.data is None:
+        notes.append(f"{path}: {written.unread}: its ZeRO stage, offload, precision and batch sizes are not read "
+                     f"(the flags' are): {written.fix}")
         return None
-    try:
-        ds = json.loads(text)
-    except ValueError as err:  # the fork's json.load of it fails the same way (megatron/training.py:77-79)
-        left = sorted(set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", text)))
-        raise InputError([f"{path}: {what} is not JSON ({err.msg}, its line {err.lineno}"
-                          f"{'; placeholders left: ' + ', '.join(left) if left else ''}), so the fork's json.load "
-                          f"of it fails ({_FORK} megatron/training.py:77-79): substitute them in the script (a sed "
-                          "s command each) or give the filled config with --from"], subject=_SUBJECT) from None
-    if not isinstance(ds, dict):
-        raise InputError([f"{path}: {what} is not a JSON object"], subject=_SUBJECT)
-    notes.append(f"{path}: read {what}")
-    return ds
+    notes.append(f"{path}: read {written.what}")
+    return written.data
 
 
 def deepspeed_config_fields(f: dict, n, ds: dict | None, path: str, notes: list[str], sizes: dict) -> dict:
