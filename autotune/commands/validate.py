@@ -205,24 +205,30 @@ def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> 
     return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
 
 
-def _pair_problems(inputs: list[tuple[str, str]]) -> list[tuple[str, object]]:
+def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, cp: int) -> list[tuple[str, object]]:
     """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it names show together
     (autotune.emit.megatron_deepspeed_pair): each argument file with the JSON its --deepspeed_config names, else with
-    the one JSON given."""
-    from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems
+    the one JSON given, else with the config the script writes itself (a here-document, a sed template), which is
+    checked for the job's sizes as a given JSON is."""
+    from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems, written_pair_problems
     from autotune.emit.shell_args import read_megatron_args_file
+    from autotune.emit.written_deepspeed_config import config_name
 
     jsons = [path for path, kind in inputs if kind == "deepspeed"]
     out: list[tuple[str, object]] = []
     for path, kind in inputs:
-        if kind != "megatron-deepspeed" or not jsons:
+        if kind != "megatron-deepspeed":
             continue
-        argv = read_megatron_args_file(path)
-        flags = ("--deepspeed_config", "--deepspeed-config")
-        named = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in flags), None)
+        named = config_name(read_megatron_args_file(path))
         match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
-        for ds_path in match or (jsons if len(jsons) == 1 else []):
+        pairs = match or (jsons if len(jsons) == 1 else [])
+        for ds_path in pairs:
             out += [(ds_path, p) for p in megatron_deepspeed_pair_problems(path, ds_path)]
+        if not pairs:
+            problems, checked = written_pair_problems(path, world_size=world, tp=tp, pp=pp, cp=cp)
+            out += [(path, p) for p in problems]
+            if checked:
+                print(f"autotune validate: {path}: its flags checked with {checked}", file=sys.stderr)
     return out
 
 
@@ -257,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len, tp=tp, pp=pp, cp=cp,
                                     recompute=args.recompute)
         found += [(path, p) for p in problems]
-    found += _pair_problems(inputs)
+    found += _pair_problems(inputs, world, tp, pp, cp)
     if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "

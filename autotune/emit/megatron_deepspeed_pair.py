@@ -16,10 +16,14 @@
   DeepSpeed's pipeline engine, which partitions what it sends when tp > 1 unless the JSON's ``pipeline`` block sets
   ``pipe_partitioned`` / ``grad_partitioned`` false, asserts that no tensor but the first needs a gradient
   (runtime/pipe/engine.py:736; measured here, tests/engines/test_megatron_deepspeed_moe_pipeline.py).
+
+A launch script given without its JSON is checked with the config it writes itself (a here-document, or a template
+filled by sed: :func:`written_pair_problems`), each problem at the script's line that writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +32,9 @@ from autotune.emit.megatron_flags import MEGATRON_DEEPSPEED_FLAGS_FILE, megatron
 from autotune.emit.problems import Problem, problem_at
 from autotune.emit.shell_args import read_megatron_args_file_with_lines
 from autotune.emit.validate_json import read_deepspeed_config
+from autotune.emit.written_deepspeed_config import config_name, written_deepspeed_config
 
-__all__ = ["megatron_deepspeed_pair_problems", "pair_problems"]
+__all__ = ["megatron_deepspeed_pair_problems", "pair_problems", "written_pair_problems"]
 
 _MDS_ZERO_DEFAULT = 1
 """Megatron-DeepSpeed's ``--zero-stage`` default (megatron/arguments.py:1487 at f4157bea: ``default=1.0``)."""
@@ -53,6 +58,32 @@ def megatron_deepspeed_pair_problems(args_path: str | Path, ds_path: str | Path)
     if not isinstance(data, dict):
         return []
     return pair_problems(argv, data, args_name=Path(args_path).name, lines=lines, key_lines=key_lines)
+
+
+def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1,
+                          cp: int = 1) -> tuple[list[Problem], str | None]:
+    """What a launch script and the DeepSpeed config it writes and names with ``--deepspeed_config`` show, as a
+    given pair is checked: the config's own problems for ``world_size`` ranks, then :func:`pair_problems`; each at
+    the script's line that writes the config (none: the script writes none by that name); a warning
+    saying what was not checked where the written config does not read (a template not next to the script, variables
+    the script does not set), and InputError where its filled text is not JSON, as the fork's json.load refuses it;
+    with the config checked (how the script writes it, and where; None: none)."""
+    argv, lines, _ = read_megatron_args_file_with_lines(args_path)
+    name = Path(args_path).name
+    written = written_deepspeed_config(str(args_path), config_name(argv), templates=False, subject="DeepSpeed config",
+                                       give=f"too (autotune validate {args_path} CONFIG.json)")
+    if written is None:
+        return [], None
+    if written.data is None:
+        return [Problem(path="--deepspeed_config", severity="warning", line=written.line, message=(
+            f"{written.unread}: the flags are not checked against it (micro-batch, ZeRO-3's build, MoE under the "
+            "pipeline engine)"), fix=written.fix or "give the config too")], None
+    from autotune.emit.validate import validate_deepspeed_config
+
+    found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp)
+    found += pair_problems(argv, written.data, args_name=name, lines=lines)
+    return [dataclasses.replace(p, line=written.line, message=f"in {written.what}: {p.message}")
+            for p in found], written.what
 
 
 def pair_problems(argv: Sequence[str], data: dict, *, args_name: str, lines: Sequence[int] | None = None,

@@ -1,0 +1,150 @@
+"""`autotune validate SCRIPT` on a Megatron-DeepSpeed launch script that writes its own DeepSpeed config (a
+here-document, or a template filled by sed: tests/fixtures/megatron_deepspeed/SOURCES.md) checks the flags against
+that config as it checks a given pair (autotune.emit.megatron_deepspeed_pair.written_pair_problems), each problem at
+the script's line that writes the config; a config it cannot read is a warning saying what was not checked, one
+whose filled text is not JSON refuses the input (exit 2), as a given JSON that is not JSON does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.emit.written_deepspeed_config import written_deepspeed_config
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "megatron_deepspeed"
+
+
+def _validate(capsys, *paths, world="8") -> tuple[int, list[dict], str]:
+    code = main(["validate", *map(str, paths), "--world-size", world, "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code in (0, 1) else []), err
+
+
+def _filled(script: Path, folder: Path) -> Path:
+    """The config the fixture script writes, filled, as a JSON file in ``folder`` under the name the script uses."""
+    written = written_deepspeed_config(str(script), _name(script))
+    assert written is not None and written.data is not None, written
+    path = folder / written.name
+    path.write_text(json.dumps(written.data, indent=2))
+    return path
+
+
+def _name(script: Path) -> str:
+    from autotune.emit.shell_args import read_megatron_args_file
+    from autotune.emit.written_deepspeed_config import config_name
+
+    return config_name(read_megatron_args_file(script))
+
+
+@pytest.mark.parametrize("script, how, line", [
+    ("azure/run-1t.sh", "its here-document writes to ds_config.json", 67),
+    ("rebase/ds_pretrain_gpt_125M.sh", "its sed commands write to ds_config_gbs256_mbs2_log10_zero1.json", 289),
+    ("MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh", "its sed commands write to ds_config_gpt_gpt-1.3B", 312)])
+def test_the_config_a_fixture_writes_is_checked_as_a_given_one(script, how, line, tmp_path, capsys):
+    path = FIXTURES / script
+    code, found, err = _validate(capsys, path)
+    assert f"its flags checked with the DeepSpeed config {how}" in err and f"{path.name}:{line})" in err, err
+    # the same problems as the filled config given beside the script, here at the script's line that writes it
+    given_code, given, _ = _validate(capsys, path, _filled(path, tmp_path))
+    assert code == given_code and [(p["path"], p["severity"]) for p in found] == \
+        [(p["path"], p["severity"]) for p in given], (found, given)
+    assert all(p["file"] == str(path) and p["line"] == line and how in p["message"] for p in found)
+    assert [p["message"].split(f"{line}): ", 1)[1] for p in found] == [p["message"] for p in given]
+
+
+def test_the_fixtures_say_what_their_written_configs_hold(capsys):
+    # run-1t.sh's here-document: ZeRO-Offload without an optimizer block (--cpu-optimizer passes DeepSpeedCPUAdam);
+    # the 125M script's template: nothing; the MoE one's: the legacy top-level curriculum_learning DeepSpeed refuses
+    said = {s: [p["path"] for p in _validate(capsys, FIXTURES / s)[1]] for s in (
+        "azure/run-1t.sh", "rebase/ds_pretrain_gpt_125M.sh", "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh")}
+    assert said == {"azure/run-1t.sh": ["$.aio.thread_count", "$.zero_optimization.offload_optimizer"],
+                    "rebase/ds_pretrain_gpt_125M.sh": [],
+                    "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh": ["$.curriculum_learning"]}, said
+
+
+def test_a_template_not_next_to_the_script_is_a_warning_naming_what_was_not_checked(tmp_path, capsys):
+    script = tmp_path / "run" / "ds_pretrain_gpt_1.3B_PR-MoE64or128.sh"
+    script.parent.mkdir()
+    shutil.copy(FIXTURES / "MoE" / script.name, script)
+    code, found, err = _validate(capsys, script)
+    assert code == 1 and [(p["path"], p["severity"], p["line"]) for p in found] == \
+        [("--deepspeed_config", "warning", 312)], found
+    assert "ds_config_gpt_Zero2_TEMPLATE.json, which is not next to the script" in found[0]["message"]
+    assert "the flags are not checked against it" in found[0]["message"]
+    assert f"give the filled config too (autotune validate {script} CONFIG.json)" == found[0]["fix"]
+    assert "checked with" not in err
+    # given beside it, the filled config is the pair, and the script's own is not read
+    code, found, err = _validate(capsys, script, _filled(FIXTURES / "MoE" / script.name, tmp_path))
+    assert [p["path"] for p in found] == ["$.curriculum_learning"] and "checked with" not in err, found
+
+
+SCRIPT = """DS=ds.json
+GBS={gbs}
+cat <<{delim} > $DS
+{{"train_batch_size": $GBS, "train_micro_batch_size_per_gpu": {mbs}, "zero_optimization": {{"stage": {stage}}},
+ "bf16": {{"enabled": true}}}}
+EOT
+deepspeed --num_gpus 8 pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-attention-heads 12 \\
+  --seq-length 2048 --max-position-embeddings 2048 --vocab-size 50257 --bf16 --use-flash-attn-v2 \\
+  --micro-batch-size 2 --global-batch-size 16 \\
+  --deepspeed --deepspeed_config $DS --zero-stage 1 --no-pipeline-parallel
+"""
+CONFIG = """{{"train_batch_size": {gbs}, "train_micro_batch_size_per_gpu": {mbs}, "zero_optimization": {{"stage": {stage}}},
+ "bf16": {{"enabled": true}}}}
+"""
+
+
+@pytest.mark.parametrize("sizes, paths", [
+    # train_batch_size 32 beside --global-batch-size 16: the fork sets DeepSpeed's batch from the flags each step,
+    # and 32 = 2 x 2 x 8 is a whole triple, so a given pair says nothing; nor does the written one
+    ({"gbs": 32, "mbs": 2, "stage": 1}, []),
+    ({"gbs": 32, "mbs": 4, "stage": 1}, ["$.train_micro_batch_size_per_gpu"]),
+    ({"gbs": 16, "mbs": 2, "stage": 3}, ["$.zero_optimization.stage"]),
+    ({"gbs": 20, "mbs": 2, "stage": 1}, ["$.train_batch_size"]),  # 20 is no whole multiple of 2 x 8
+])
+def test_a_written_config_that_disagrees_with_the_flags_is_reported_as_a_given_one(sizes, paths, tmp_path, capsys):
+    (tmp_path / "run.sh").write_text(SCRIPT.format(delim="EOT", **sizes))
+    (tmp_path / "given").mkdir()
+    (tmp_path / "given" / "ds.json").write_text(CONFIG.format(**sizes))
+    given_code, given, _ = _validate(capsys, tmp_path / "run.sh", tmp_path / "given" / "ds.json")
+    code, found, err = _validate(capsys, tmp_path / "run.sh")
+    assert [p["path"] for p in given] == paths and code == given_code == (1 if paths else 0), given
+    assert [p["path"] for p in found] == paths, found
+    assert all(p["file"] == str(tmp_path / "run.sh") and p["line"] == 3 for p in found)
+    assert [p["message"].split("run.sh:3): ", 1)[1] for p in found] == [p["message"] for p in given]
+    assert "its here-document writes to ds.json" in err
+
+
+def test_a_given_config_is_the_pair_not_the_written_one(tmp_path, capsys):
+    (tmp_path / "run.sh").write_text(SCRIPT.format(delim="EOT", gbs=16, mbs=4, stage=1))  # disagrees
+    (tmp_path / "ds.json").write_text(CONFIG.format(gbs=16, mbs=2, stage=1))  # agrees
+    assert _validate(capsys, tmp_path / "run.sh", tmp_path / "ds.json")[:2] == (0, [])
+
+
+def test_variables_the_script_does_not_set_are_a_warning(tmp_path, capsys):
+    (tmp_path / "run.sh").write_text(SCRIPT.format(delim="'EOT'", gbs=16, mbs=4, stage=1))  # quoted: not expanded
+    code, found, _ = _validate(capsys, tmp_path / "run.sh")
+    assert code == 1 and [(p["path"], p["severity"], p["line"]) for p in found] == \
+        [("--deepspeed_config", "warning", 3)], found
+    assert "uses $GBS, which the script does not set" in found[0]["message"]
+    assert found[0]["fix"].startswith("set them in the script or give the config too (autotune validate")
+
+
+def test_a_written_config_that_is_not_json_is_refused_as_a_given_one_is(tmp_path, capsys):
+    text = (FIXTURES / "rebase" / "ds_pretrain_gpt_125M.sh").read_text().replace(
+        '    | sed "s/ZERO_STAGE/${zero_stage}/" \\\n', "")
+    (tmp_path / "run.sh").write_text(text)
+    shutil.copy(FIXTURES / "rebase" / "ds_config_gpt_TEMPLATE.json", tmp_path)
+    code, _, err = _validate(capsys, tmp_path / "run.sh")
+    assert code == 2 and "Traceback" not in err, err
+    assert "invalid DeepSpeed config" in err and "placeholders left: ZERO_STAGE" in err
+    assert "training.py:77-79" in err and f"give the filled config too (autotune validate {tmp_path / 'run.sh'}" in err
+    # estimate --from refuses it with the same words, its own way to give the config at the end
+    assert main(["estimate", "--from", str(tmp_path / "run.sh"), "--gpu", "h100-sxm-80gb", "--num-gpus", "8"]) == 2
+    estimate_err = capsys.readouterr().err
+    said = err.split("run.sh: ", 1)[1].split(" or give")[0]
+    assert said in estimate_err and "give the filled config with --from" in estimate_err
