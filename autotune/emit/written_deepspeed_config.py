@@ -51,7 +51,8 @@ def written_deepspeed_config(path: str, name: str | None, given: str | None = No
     """The DeepSpeed config the script at ``path`` writes to ``name`` (None: it writes none by that name). A sed
     template is ``given`` (its name matching the script's), else the one next to the script, where the fork's
     examples keep it. ``give``: how the caller takes a config (in the fixes); ``templates``: whether it takes a
-    template. InputError (of ``subject``) where the filled text is not a JSON object, which the fork's json.load refuses."""
+    template. InputError (of ``subject``) where the filled text is not a JSON object, which the fork's json.load
+    refuses."""
     from autotune.emit.shell_files import read_written_files, substituted
     from autotune.inputs import read_text
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.emit.written_deepspeed_config import written_deepspeed_config
+from autotune.emit.shell_args import read_megatron_args_file
+from autotune.emit.written_deepspeed_config import config_name, written_deepspeed_config
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "megatron_deepspeed"
 
@@ -33,10 +34,7 @@ def _filled(script: Path, folder: Path) -> Path:
     return path
 
 
-def _name(script: Path) -> str:
-    from autotune.emit.shell_args import read_megatron_args_file
-    from autotune.emit.written_deepspeed_config import config_name
-
+def _name(script: Path) -> str | None:
     return config_name(read_megatron_args_file(script))
 
 
@@ -57,7 +55,8 @@ def test_the_config_a_fixture_writes_is_checked_as_a_given_one(script, how, line
 
 
 def test_the_fixtures_say_what_their_written_configs_hold(capsys):
-    # run-1t.sh's here-document: ZeRO-Offload without an optimizer block (--cpu-optimizer passes DeepSpeedCPUAdam);
+    # run-1t.sh's here-document: ZeRO-Offload without an optimizer block, the JSON-alone warning (as for a given
+    # pair: the script's --cpu-optimizer, which passes DeepSpeedCPUAdam, is not weighed against it), an aio key;
     # the 125M script's template: nothing; the MoE one's: the legacy top-level curriculum_learning DeepSpeed refuses
     said = {s: [p["path"] for p in _validate(capsys, FIXTURES / s)[1]] for s in (
         "azure/run-1t.sh", "rebase/ds_pretrain_gpt_125M.sh", "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh")}
@@ -93,8 +92,8 @@ deepspeed --num_gpus 8 pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-a
   --micro-batch-size 2 --global-batch-size 16 \\
   --deepspeed --deepspeed_config $DS --zero-stage 1 --no-pipeline-parallel
 """
-CONFIG = """{{"train_batch_size": {gbs}, "train_micro_batch_size_per_gpu": {mbs}, "zero_optimization": {{"stage": {stage}}},
- "bf16": {{"enabled": true}}}}
+CONFIG = """{{"train_batch_size": {gbs}, "train_micro_batch_size_per_gpu": {mbs},
+ "zero_optimization": {{"stage": {stage}}}, "bf16": {{"enabled": true}}}}
 """
 
 
