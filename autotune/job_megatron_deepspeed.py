@@ -142,7 +142,7 @@ def deepspeed_config_fields(f: dict, n, ds: dict | None, path: str, notes: list[
     for name in ("offload_optimizer", "offload_param"):
         device = (zero.get(name) or {}).get("device") if isinstance(zero.get(name), dict) else None
         out[name] = device if device in ("cpu", "nvme") else "none"
-    out |= _cpu_optimizer(f, ds, out["offload_optimizer"], path, notes)
+    out |= _cpu_optimizer(f, ds, path, notes)
     if ds is None:
         return out
     # with --deepspeed the fork leaves the model's dtype to DeepSpeed (megatron/training.py:406-407 returns before
@@ -171,31 +171,20 @@ def deepspeed_config_fields(f: dict, n, ds: dict | None, path: str, notes: list[
     return out
 
 
-def _cpu_optimizer(f: dict, ds: dict | None, device: str, path: str, notes: list[str]) -> dict:
+def _cpu_optimizer(f: dict, ds: dict | None, path: str, notes: list[str]) -> dict:
     """--cpu-optimizer: the fork builds DeepSpeedCPUAdam (torch.optim.AdamW with --cpu_torch_adam) as the optimizer
     it gives deepspeed.initialize (megatron/optimizer/__init__.py:83-94, megatron/training.py:617-623), which steps
     the ZeRO-Offload partitions in host memory; the combinations DeepSpeed refuses are refused here."""
-    cpu, torch_adam = "--cpu-optimizer" in f, "--cpu-torch-adam" in f
     if ds is None:
-        if cpu:
+        if "--cpu-optimizer" in f:
             notes.append(f"{path}: --cpu-optimizer (DeepSpeedCPUAdam steps in host memory, which needs the DeepSpeed "
                          "config's offload_optimizer, not read here): estimated with optimizer offload to cpu")
             return {"offload_optimizer": "cpu"}
         return {}
-    forced = ds.get("zero_force_ds_cpu_optimizer", True) is not False
-    if device != "none" and forced and (not cpu or torch_adam):
-        raise InputError([f"{path}: the DeepSpeed config offloads the optimizer to {device} (ZeRO-Offload) and the "
-                          f"script passes {'--cpu_torch_adam, so torch.optim.AdamW' if cpu else 'no --cpu-optimizer, so Adam on the GPU'} "
-                          f"({_FORK} megatron/optimizer/__init__.py:83-104): DeepSpeed refuses any optimizer but "
-                          "DeepSpeedCPUAdam there (deepspeed 0.19.8 runtime/engine.py:2342-2346, ZeRORuntimeException): "
-                          f"{'drop --cpu_torch_adam' if cpu else 'add --cpu-optimizer'}, or remove offload_optimizer"],
-                         subject=_SUBJECT)
-    if cpu and device == "none" and not torch_adam:
-        raise InputError([f"{path}: --cpu-optimizer builds DeepSpeedCPUAdam ({_FORK} megatron/optimizer/"
-                          "__init__.py:83-89), which asserts its parameters are in host memory (deepspeed 0.19.8 "
-                          "ops/adam/cpu_adam.py:148), and the DeepSpeed config offloads no optimizer: set "
-                          "zero_optimization.offload_optimizer.device to cpu (ZeRO 1-3), or drop --cpu-optimizer"],
-                         subject=_SUBJECT)
+    from autotune.emit.megatron_deepspeed_pair import cpu_optimizer_problem
+
+    if (found := cpu_optimizer_problem(f, ds)) is not None:
+        raise InputError([f"{path}: {found[0]}: {found[1]}"], subject=_SUBJECT)
     return {}
 
 

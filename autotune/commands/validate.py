@@ -205,12 +205,15 @@ def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> 
     return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
 
 
-def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, cp: int) -> list[tuple[str, object]]:
+def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, cp: int,
+                   found: list[tuple[str, object]]) -> list[tuple[str, object]]:
     """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it names show together
     (autotune.emit.megatron_deepspeed_pair): each argument file with the JSON its --deepspeed_config names, else with
     the one JSON given, else with the config the script writes itself (a here-document, a sed template), which is
-    checked for the job's sizes as a given JSON is."""
-    from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems, written_pair_problems
+    checked for the job's sizes as a given JSON is. ``found``: each file's own problems, of which a JSON's warning
+    that ZeRO-Offload needs DeepSpeedCPUAdam passed in is dropped where the script passes it (--cpu-optimizer)."""
+    from autotune.emit.megatron_deepspeed_pair import (client_cpu_adam, flags_given, megatron_deepspeed_pair_problems,
+                                                       without_client_optimizer_warning, written_pair_problems)
     from autotune.emit.shell_args import read_megatron_args_file
     from autotune.emit.written_deepspeed_config import config_name
 
@@ -219,10 +222,15 @@ def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, 
     for path, kind in inputs:
         if kind != "megatron-deepspeed":
             continue
-        named = config_name(read_megatron_args_file(path))
+        argv = read_megatron_args_file(path)
+        named = config_name(argv)
         match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
         pairs = match or (jsons if len(jsons) == 1 else [])
+        cpu_adam = client_cpu_adam({f.replace("_", "-") for f in flags_given(argv)})
         for ds_path in pairs:
+            if cpu_adam:  # in place, in order
+                kept = without_client_optimizer_warning([p for at, p in found if at == ds_path])
+                found[:] = [(at, p) for at, p in found if at != ds_path or p in kept]
             out += [(ds_path, p) for p in megatron_deepspeed_pair_problems(path, ds_path)]
         if not pairs:
             problems, checked = written_pair_problems(path, world_size=world, tp=tp, pp=pp, cp=cp)
@@ -263,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len, tp=tp, pp=pp, cp=cp,
                                     recompute=args.recompute)
         found += [(path, p) for p in problems]
-    found += _pair_problems(inputs, world, tp, pp, cp)
+    found += _pair_problems(inputs, world, tp, pp, cp, found)
     if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "

@@ -32,9 +32,13 @@ from autotune.emit.megatron_flags import MEGATRON_DEEPSPEED_FLAGS_FILE, megatron
 from autotune.emit.problems import Problem, problem_at
 from autotune.emit.shell_args import read_megatron_args_file_with_lines
 from autotune.emit.validate_json import read_deepspeed_config
+from autotune.emit.validate_rules import NO_OPTIMIZER_BLOCK
 from autotune.emit.written_deepspeed_config import config_name, written_deepspeed_config
 
-__all__ = ["megatron_deepspeed_pair_problems", "pair_problems", "written_pair_problems"]
+__all__ = ["megatron_deepspeed_pair_problems", "pair_problems", "written_pair_problems", "cpu_optimizer_problem",
+           "client_cpu_adam", "flags_given", "without_client_optimizer_warning"]
+
+_FORK = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 
 _MDS_ZERO_DEFAULT = 1
 """Megatron-DeepSpeed's ``--zero-stage`` default (megatron/arguments.py:1487 at f4157bea: ``default=1.0``)."""
@@ -48,6 +52,47 @@ def _experts(a: ParsedArgs) -> int:
     """The largest expert count of ``--num-experts`` (nargs '+': one count per MoE layer group)."""
     counts = [int(v) for v in (a.value("--num-experts") or "1").split() if v.lstrip("-").isdigit()]
     return max(counts, default=1)
+
+
+def flags_given(argv: Sequence[str]) -> set[str]:
+    """The canonical names of the Megatron-DeepSpeed flags in ``argv``."""
+    table = megatron_deepspeed_flag_table()
+    given, _ = tokenize(list(argv), table, engine="Megatron-DeepSpeed", table_file=MEGATRON_DEEPSPEED_FLAGS_FILE)
+    return {g.flag for g in given}
+
+
+def without_client_optimizer_warning(problems: list[Problem]) -> list[Problem]:
+    """``problems`` of a DeepSpeed config but its warning that ZeRO-Offload needs DeepSpeedCPUAdam passed in
+    (``validate_rules.NO_OPTIMIZER_BLOCK``): the script passes it (:func:`client_cpu_adam`)."""
+    return [p for p in problems if not p.message.startswith(NO_OPTIMIZER_BLOCK)]
+
+
+def client_cpu_adam(flags) -> bool:
+    """The fork hands deepspeed.initialize DeepSpeedCPUAdam: ``--cpu-optimizer`` without ``--cpu_torch_adam``
+    (megatron/optimizer/__init__.py:83-94, megatron/training.py:617-623 at 4efb479d). ``flags``: the flag names
+    given (dashes)."""
+    return "--cpu-optimizer" in flags and "--cpu-torch-adam" not in flags
+
+
+def cpu_optimizer_problem(flags, ds: dict) -> tuple[str, str] | None:
+    """(what, way out) where the script's optimizer and the DeepSpeed config's ZeRO-Offload cannot run together, as
+    DeepSpeed refuses them; None where they can. ``flags``: the flag names given (dashes)."""
+    block = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+    offload = block.get("offload_optimizer") if isinstance(block.get("offload_optimizer"), dict) else {}
+    device = str(offload.get("device", "none")).lower() if offload else "none"
+    cpu, torch_adam = "--cpu-optimizer" in flags, "--cpu-torch-adam" in flags
+    if device != "none" and ds.get("zero_force_ds_cpu_optimizer", True) is not False and not client_cpu_adam(flags):
+        passed = "--cpu_torch_adam, so torch.optim.AdamW" if cpu else "no --cpu-optimizer, so Adam on the GPU"
+        return (f"the DeepSpeed config offloads the optimizer to {device} (ZeRO-Offload) and the script passes "
+                f"{passed} ({_FORK} megatron/optimizer/__init__.py:83-104): DeepSpeed refuses any optimizer but "
+                "DeepSpeedCPUAdam there (deepspeed 0.19.8 runtime/engine.py:2342-2346, ZeRORuntimeException)",
+                ("drop --cpu_torch_adam" if cpu else "add --cpu-optimizer") + ", or remove offload_optimizer")
+    if cpu and device == "none" and not torch_adam:
+        return (f"--cpu-optimizer builds DeepSpeedCPUAdam ({_FORK} megatron/optimizer/__init__.py:83-89), which "
+                "asserts its parameters are in host memory (deepspeed 0.19.8 ops/adam/cpu_adam.py:148), and the "
+                "DeepSpeed config offloads no optimizer",
+                "set zero_optimization.offload_optimizer.device to cpu (ZeRO 1-3), or drop --cpu-optimizer")
+    return None
 
 
 def megatron_deepspeed_pair_problems(args_path: str | Path, ds_path: str | Path) -> list[Problem]:
@@ -81,6 +126,8 @@ def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1
     from autotune.emit.validate import validate_deepspeed_config
 
     found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp)
+    if client_cpu_adam({f.replace("_", "-") for f in flags_given(argv)}):
+        found = without_client_optimizer_warning(found)
     found += pair_problems(argv, written.data, args_name=name, lines=lines)
     return [dataclasses.replace(p, line=written.line, message=f"in {written.what}: {p.message}")
             for p in found], written.what
@@ -131,4 +178,10 @@ def pair_problems(argv: Sequence[str], data: dict, *, args_name: str, lines: Seq
             f"which partitions what stages send ({', '.join(partitioned)} on): the MoE loss sent beside the "
             "activation stops the first step (runtime/pipe/engine.py:736)"),
             fix='set "pipeline": {"pipe_partitioned": false, "grad_partitioned": false}'))
+
+    names = {g.flag.replace("_", "-") for g in given}
+    if (found := cpu_optimizer_problem(names, data)) is not None:
+        what, fix = found
+        out.append(problem_at(("zero_optimization", "offload_optimizer"), key_lines, message=(
+            f"with {args_name}: {what}"), fix=fix))
     return out

@@ -12,13 +12,17 @@ from autotune.emit.validate_deepspeed import removed_keys
 from autotune.emit.validate_json import BATCH_KEYS, Parts, get, is_int, json_path, line_of
 from autotune.emit.validate_schema import close_key
 
-__all__ = ["rule_problems"]
+__all__ = ["rule_problems", "NO_OPTIMIZER_BLOCK"]
 
 # Optimizers ZeRO runs without zero_allow_untested_optimizer (zero/utils.py:45, by config name after
 # config.py:519 lower-cases DeepSpeed's own names); torch's Adam/AdamW/Adagrad map onto these.
 _ZERO_TESTED_OPTIMIZERS = frozenset({"adam", "adamw", "adagrad", "lion", "muon"})
 _DS_OPTIMIZERS = frozenset({"adam", "adamw", "adagrad", "lamb", "lion", "muon", "muadam", "muadamw", "musgd"})
 _DS_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})
+
+NO_OPTIMIZER_BLOCK = "ZeRO-Offload with no optimizer block"
+"""How the warning that ZeRO-Offload needs DeepSpeedCPUAdam passed in begins (a script that passes it drops it:
+``autotune.emit.megatron_deepspeed_pair.without_client_optimizer_warning``)."""
 
 
 # ---- (c) cross-field rules -------------------------------------------------------------------
@@ -107,7 +111,7 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
     if devices["offload_optimizer"] not in ("none", None) and "optimizer" not in cfg \
             and cfg.get("zero_force_ds_cpu_optimizer", True) is not False:
         bad(("zero_optimization", "offload_optimizer"),
-            "ZeRO-Offload with no optimizer block: the optimizer passed to deepspeed.initialize must be "
+            f"{NO_OPTIMIZER_BLOCK}: the optimizer passed to deepspeed.initialize must be "
             "DeepSpeedCPUAdam (or DeepSpeedCPULion), else DeepSpeed raises ZeRORuntimeException (engine.py:2345)",
             "add an optimizer block (AdamW), pass DeepSpeedCPUAdam, or set zero_force_ds_cpu_optimizer: false",
             "warning")

@@ -55,12 +55,12 @@ def test_the_config_a_fixture_writes_is_checked_as_a_given_one(script, how, line
 
 
 def test_the_fixtures_say_what_their_written_configs_hold(capsys):
-    # run-1t.sh's here-document: ZeRO-Offload without an optimizer block, the JSON-alone warning (as for a given
-    # pair: the script's --cpu-optimizer, which passes DeepSpeedCPUAdam, is not weighed against it), an aio key;
+    # run-1t.sh's here-document: an aio key DeepSpeed ignores (its ZeRO-Offload without an optimizer block is fine:
+    # the script's --cpu-optimizer passes DeepSpeedCPUAdam, so the JSON-alone warning is dropped);
     # the 125M script's template: nothing; the MoE one's: the legacy top-level curriculum_learning DeepSpeed refuses
     said = {s: [p["path"] for p in _validate(capsys, FIXTURES / s)[1]] for s in (
         "azure/run-1t.sh", "rebase/ds_pretrain_gpt_125M.sh", "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh")}
-    assert said == {"azure/run-1t.sh": ["$.aio.thread_count", "$.zero_optimization.offload_optimizer"],
+    assert said == {"azure/run-1t.sh": ["$.aio.thread_count"],
                     "rebase/ds_pretrain_gpt_125M.sh": [],
                     "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh": ["$.curriculum_learning"]}, said
 
@@ -147,3 +147,27 @@ def test_a_written_config_that_is_not_json_is_refused_as_a_given_one_is(tmp_path
     estimate_err = capsys.readouterr().err
     said = err.split("run.sh: ", 1)[1].split(" or give")[0]
     assert said in estimate_err and "give the filled config with --from" in estimate_err
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("--cpu-optimizer", []),  # DeepSpeedCPUAdam passed in: neither the JSON-alone warning nor a pair problem
+    ("", ["refuses any optimizer but DeepSpeedCPUAdam", "add --cpu-optimizer"]),
+    ("--cpu-optimizer --cpu_torch_adam", ["refuses any optimizer but DeepSpeedCPUAdam", "drop --cpu_torch_adam"])])
+def test_the_scripts_optimizer_is_weighed_against_zero_offload(extra, expected, tmp_path, capsys):
+    # a given pair: ZeRO-Offload with no optimizer block in the JSON, the optimizer the fork builds from the flags
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                              "bf16": {"enabled": True}}))
+    args = tmp_path / "run.sh"
+    args.write_text("deepspeed pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 "
+                    f"--bf16 --deepspeed --deepspeed_config ds.json --zero-stage 2 --no-pipeline-parallel {extra}\n")
+    code, found, _ = _validate(capsys, args, ds)
+    offload = [p for p in found if p["path"] == "$.zero_optimization.offload_optimizer"]
+    if not expected:
+        assert offload == [] and code == 0, found
+    else:
+        errors = [p for p in offload if p["severity"] == "error"]  # beside the JSON-alone warning
+        assert code == 1 and len(errors) == 1 and errors[0]["file"] == str(ds), found
+        assert all(text in errors[0]["message"] + errors[0]["fix"] for text in expected), errors
