@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -75,7 +76,8 @@ def register(subparsers) -> None:
     from autotune.tune.trialspec import placeholder_list
 
     w.add_argument("--command", dest="command_template",
-                   help=f"command template; placeholders {placeholder_list()} ({{steps}}: warm-up + measured steps)")
+                   help=f"command template; placeholders {placeholder_list()} ({{steps}}: warm-up + measured steps; "
+                        "{accelerate_config}: engine hf / fsdp plans; {torchtitan_config}: fsdp, --engine-version fsdp=0.2)")
     w.add_argument("--metric-pattern", help="regex with (?P<step_time_s>...) or (?P<tokens_per_s>...)")
     w.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
     lg = p.add_argument_group("launcher (autotune/tune/launchers.py)")
@@ -288,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
     releases = engine_releases(args, args.engine)  # an unmodelled release: exit 2, naming the modelled ones
     print_versions(releases, command="tune")
     files = options_for_versions(EmitOptions(), releases)  # torchtitan TOML / module, Megatron flag table
+    from autotune.commands.emit import hf_wrap_class
+
+    if wrap := hf_wrap_class(getattr(args, "model", None)):  # {accelerate_config}'s FSDP2 wrap, as emit names it
+        files = dataclasses.replace(files, launch=dataclasses.replace(files.launch, wrap_class=wrap))
     constraints = SearchConstraints(tp=args.tp, pp=args.pp, cp=args.cp, dp_replicate=args.dp_replicate,
                                     micro_batch_size=args.micro_batch,
                                     max_micro_batch_size=args.max_micro_batch, zero_stages=args.zero,

@@ -95,7 +95,7 @@ def _launch_shape(cluster: ClusterSpec, options: EmitOptions) -> dict:
 
 def _header(cluster: ClusterSpec, options: EmitOptions, what: str, ds_config_filename: str | None = None) -> str:
     script = options.launch.script or "train.py"
-    if ds_config_filename is None:
+    if ds_config_filename is None or ds_config_filename.startswith("/"):  # an absolute JSON path: any folder
         how = f"#   accelerate launch --config_file THIS_FILE {script}\n"
     else:
         # accelerate 1.16 copies deepspeed_config_file unchanged into ACCELERATE_DEEPSPEED_CONFIG_FILE

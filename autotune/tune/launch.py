@@ -29,8 +29,8 @@ import psutil
 from autotune.errors import InputError
 from autotune.tune.trialspec import COMMAND_PLACEHOLDERS, TRAIN_PLAN_NAME, TrialSpec, placeholder_list
 
-__all__ = ["Job", "command_line", "command_values", "command_template_problem", "trial_env", "launch_record",
-           "write_launch_record", "recorded_processes", "end_recorded", "KILL_GRACE_S"]
+__all__ = ["Job", "command_line", "command_values", "command_template_problem", "trial_emit_options", "PLAN_CARRIERS",
+           "trial_env", "launch_record", "write_launch_record", "recorded_processes", "end_recorded", "KILL_GRACE_S"]
 
 KILL_GRACE_S = 5.0
 START_TIME_SLACK_S = 0.05
@@ -85,44 +85,68 @@ def command_line(spec: TrialSpec, ds_path: Path) -> list[str]:
     return ["bash", "-c", text]
 
 
+def trial_emit_options(spec: TrialSpec):
+    """The emit options of a command trial's files: the study's releases, the trial's steps and warm-up, a log line
+    per step."""
+    import dataclasses
+
+    from autotune.emit.options import EmitOptions
+
+    total, options = spec.warmup_steps + spec.steps, spec.emit_options or EmitOptions()
+    schedule = dataclasses.replace(options.optimizer, train_steps=total, warmup_steps=spec.warmup_steps)
+    return dataclasses.replace(options, optimizer=schedule, steps_per_print=1)
+
+
 def command_values(spec: TrialSpec, ds_path: Path) -> dict[str, object]:
     """What a command template's placeholders (:data:`COMMAND_PLACEHOLDERS`) become for the trial.
 
     ``{steps}`` is every step the trial runs, warm-up included: the tuner reads that many metric lines and ends
     the command once they are in. ``{megatron_args}`` train that many iterations too and log each one
-    (``--log-interval 1``: a line per 10 iterations would time ten steps a line, and ten times the steps asked)."""
-    w, total = spec.workload, spec.warmup_steps + spec.steps
-    values: dict[str, object] = {"nproc": spec.plan.world_size, "ds_config": shlex.quote(str(ds_path)),
-                                 "workdir": shlex.quote(str(spec.workdir)), "steps": total}
-    if "{megatron_args}" in (w.command or ""):
-        import dataclasses
+    (``--log-interval 1``: a line per 10 iterations would time ten steps a line, and ten times the steps asked).
+    ``{accelerate_config}`` / ``{torchtitan_config}`` are written into the trial's folder here
+    (:mod:`autotune.tune.plan_files`; InputError when they cannot carry the plan)."""
+    from autotune.tune.plan_files import PLAN_FILE_PLACEHOLDERS, named_placeholders, plan_files
 
+    plan, total, named = spec.plan, spec.warmup_steps + spec.steps, named_placeholders(spec.workload.command)
+    values: dict[str, object] = {"nproc": plan.world_size, "ds_config": shlex.quote(str(ds_path)),
+                                 "workdir": shlex.quote(str(spec.workdir)), "steps": total,
+                                 "micro_batch": plan.micro_batch_size, "grad_accum": plan.grad_accum_steps}
+    if "megatron_args" in named:
         from autotune.emit.megatron import megatron_args
-        from autotune.emit.options import EmitOptions
 
-        options = spec.emit_options or EmitOptions()
-        schedule = dataclasses.replace(options.optimizer, train_steps=total, warmup_steps=spec.warmup_steps)
-        options = dataclasses.replace(options, optimizer=schedule, steps_per_print=1)
-        values["megatron_args"] = shlex.join(megatron_args(spec.trial_model, spec.cluster, spec.plan, options))
+        values["megatron_args"] = shlex.join(megatron_args(spec.trial_model, spec.cluster, plan,
+                                                           trial_emit_options(spec)))
+    workdir = Path(spec.workdir).resolve()
+    for name in named & set(PLAN_FILE_PLACEHOLDERS):
+        files = plan_files(name, spec.trial_model, spec.cluster, plan, trial_emit_options(spec), workdir)
+        for filename, text in files.items():
+            (workdir / filename).write_text(text)
+        values[name] = shlex.quote(str(workdir / next(iter(files))))
     assert set(values) <= set(COMMAND_PLACEHOLDERS), values
     return values
+
+
+PLAN_CARRIERS = ("ds_config", "megatron_args", "accelerate_config", "torchtitan_config", "workdir")
+"""The placeholders that bring the trial's plan to the program (a command must name one)."""
 
 
 def command_template_problem(command: str) -> str | None:
     """Why ``--command``'s template cannot be filled (checked before the study: a trial would fail on it), or None."""
     try:
-        command.format(**{name: 1 if name in ("nproc", "steps") else "x" for name in COMMAND_PLACEHOLDERS})
+        command.format(**{name: 1 if name in ("nproc", "steps", "micro_batch", "grad_accum") else "x"
+                          for name in COMMAND_PLACEHOLDERS})
     except (KeyError, IndexError, ValueError) as e:
         return (f"--command {command!r} cannot be filled ({e!r}): the placeholders are {placeholder_list()} "
                 "(write {{ }} for literal braces)")
-    import string
+    from autotune.tune.plan_files import named_placeholders
 
-    named = {field for _, field, _, _ in string.Formatter().parse(command) if field}
-    if not named & {"ds_config", "megatron_args", "workdir"}:  # the trial's plan reaches the program through these
-        return (f"--command {command!r} names none of {{ds_config}}, {{megatron_args}}, {{workdir}}: every trial would "
-                "run the same program whatever plan it measures, each set against that plan's prediction; pass the "
-                "plan with {ds_config} (its DeepSpeed config) or {megatron_args} (its Megatron-LM arguments), or "
-                "read WORKDIR/ds_config.json with {workdir}")
+    if not named_placeholders(command) & set(PLAN_CARRIERS):
+        carriers = ", ".join("{" + name + "}" for name in PLAN_CARRIERS)
+        return (f"--command {command!r} names none of {carriers}: every trial would run the same program whatever "
+                "plan it measures, each set against that plan's prediction ({micro_batch} and {grad_accum} give its "
+                "batch alone); pass the plan with {ds_config} (its DeepSpeed config), {megatron_args} (its "
+                "Megatron-LM arguments), {accelerate_config} (accelerate launch --config_file) or "
+                "{torchtitan_config}, or read WORKDIR/ds_config.json with {workdir}")
     return None
 
 

@@ -58,6 +58,7 @@ from autotune.tune.calibrate import CalibrationReport, calibrate, trial_predicti
 from autotune.tune.current_job import CURRENT_JOB_ATTR, current_job_first
 from autotune.tune.finalists import Finalist, run_finalists
 from autotune.tune.launchers import LaunchSettings, trial_fields
+from autotune.tune.plan_files import PLAN_FILE_PLACEHOLDERS, command_plan_problem, named_placeholders
 from autotune.tune.sampler import (PARAM, CalibratedRank, PlanSampler, claimed_keys, plan_key, plan_region,
                                    step_measurements, trial_key)
 from autotune.tune.storage import LAUNCH_ATTR, fail_stale_trials, open_storage, open_study
@@ -194,16 +195,20 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
     if current_job is not None:
         ranked, mine = current_job_first(ranked, current_job, model, cluster, start_efficiency)
     skipped, run_model = "", trial_model_of(model, workload.kind, num_layers)  # the model the trials run
-    if workload.kind in ("builtin", "script"):
+    if workload.kind in ("builtin", "script") or named_placeholders(workload.command) & set(PLAN_FILE_PLACEHOLDERS):
         # Measure only what the workload runs. builtin: every plan under its engine's trainer (python -m
         # autotune.train), which names what it cannot run (autotune.train.plan_problem); Megatron plans never
         # (their pretrain_gpt.py needs CUDA). script: the user's DeepSpeed script gets the plan as a DeepSpeed
-        # config, so only plans a DeepSpeed config expresses.
+        # config, so only plans a DeepSpeed config expresses. command: plans its {accelerate_config} /
+        # {torchtitan_config} carry (autotune.tune.plan_files).
         from autotune.engines import engine_for
         from autotune.train import plan_problem
 
         if workload.kind == "builtin":
             why = {id(e): plan_problem(run_model, e.plan, full_layers=model.num_layers) for e in ranked}
+        elif workload.kind == "command":
+            why = {id(e): command_plan_problem(workload.command, run_model, cluster, e.plan, emit_options)
+                   for e in ranked}
         else:
             why = {id(e): None if engine_for(e.plan).trainer_takes_deepspeed_config else
                    f"engine {engine_for(e.plan).name}: --workload script runs a DeepSpeed script with the plan's "
@@ -212,10 +217,10 @@ def tune(model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, global_batch: 
         reasons = [r for r in why.values() if r]
         if mine is not None and why[id(ranked[0])]:
             raise InputError([f"the current job (--from) is not a plan the {workload.kind} workload runs: "
-                              f"{why[id(ranked[0])]}; measure your own program with --workload command (or "
-                              "script)"], subject="tune")
+                              f"{why[id(ranked[0])]}" + ("" if workload.kind == "command" else "; measure your own "
+                              "program with --workload command (or script)")], subject="tune")
         if len(reasons) == len(ranked):
-            other = "" if workload.kind == "script" or all("--workload command" in r for r in reasons) else (
+            other = "" if workload.kind != "builtin" or all("--workload command" in r for r in reasons) else (
                 "; or measure your own program: --workload script (a DeepSpeed script) or --workload command")
             raise InputError([f"the {workload.kind} workload runs none of the {len(ranked)} feasible plans "
                               f"({_by_reason(reasons)}){other}"], subject="tune")

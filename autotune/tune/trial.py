@@ -36,8 +36,9 @@ Workloads:
 - ``command``: a shell command template with ``{nproc}``, ``{ds_config}``, ``{workdir}``, ``{steps}`` (the
   warm-up and measured steps together: the command is ended once that many lines matched) and
   ``{megatron_args}`` (the plan's Megatron-LM arguments, training and logging ``{steps}`` iterations) whose log
-  lines ``metric_pattern`` matches (the tuner's own first log line, the command, is not read);
-  :data:`autotune.tune.trialspec.COMMAND_PLACEHOLDERS`.
+  lines ``metric_pattern`` matches (the tuner's own first log line, the command, is not read); the plan as
+  accelerate / torchtitan files and batch numbers too (:data:`autotune.tune.trialspec.COMMAND_PLACEHOLDERS`; a
+  plan its placeholders cannot carry is "crashed", "not launched: plan ...: <why>").
 """
 
 from __future__ import annotations
@@ -193,12 +194,15 @@ def run_trial(spec: TrialSpec, on_step: Callable[[int, float], bool] | None = No
     _validate(spec)
     spec, log_path, metrics_path, ds_path = _prepare(spec)
     workdir, kind = spec.workdir, spec.workload.kind
-    if kind == "builtin":  # python -m autotune.train --plan WORKDIR/plan.json: the engine's trainer
+    if kind in ("builtin", "command"):  # builtin: python -m autotune.train --plan WORKDIR/plan.json
         from autotune.train import plan_problem
-        reason = plan_problem(spec.trial_model, spec.plan, full_layers=spec.model.num_layers)
+        from autotune.tune.plan_files import trial_plan_problem  # a command's placeholders (the plan named)
+        reason = plan_problem(spec.trial_model, spec.plan, full_layers=spec.model.num_layers) if kind == "builtin" \
+            else trial_plan_problem(spec)
         if reason:
             log_path.write_text(f"not launched: {reason}\n")
             return _finish(spec, TrialResult(status="crashed", reason=f"not launched: {reason}", log_path=log_path))
+    if kind == "builtin":
         from autotune.api import estimate
         from autotune.bundle.writer import engine_version_record
         (workdir / TRAIN_PLAN_NAME).write_text(json.dumps(

@@ -40,6 +40,10 @@ COMMAND_PLACEHOLDERS = {
     "steps": "the steps the trial runs: --warmup-steps + --steps (the command is ended once that many metric "
              "lines are in)",
     "megatron_args": "the plan's Megatron-LM arguments",
+    "accelerate_config": "the path of accelerate's config for the plan (engine hf: DeepSpeed, fsdp: FSDP2)",
+    "torchtitan_config": "the path of torchtitan 0.2's TOML for the plan (engine fsdp)",
+    "micro_batch": "the plan's micro-batch per GPU",
+    "grad_accum": "the plan's micro-batches per optimizer step (micro_batch x grad_accum x dp = the global batch)",
 }
 """A ``--command`` template's placeholders (:func:`autotune.tune.launch.command_line` fills them) and what each is."""
 

@@ -33,10 +33,11 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     (["--workload", "command", "--command", "echo {nosuch}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)"],
      "cannot be filled (KeyError('nosuch'))"),
     (["--workload", "command", "--command", "echo {nosuch}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)"],
-     "the placeholders are {nproc}, {ds_config}, {workdir}, {steps}, {megatron_args}"),
+     "the placeholders are {nproc}, {ds_config}, {workdir}, {steps}, {megatron_args}, {accelerate_config}, "
+     "{torchtitan_config}, {micro_batch}, {grad_accum}"),
     # a command the plan never reaches: every trial ran the same program, each set against its plan's prediction
     (["--workload", "command", "--command", "train.sh {nproc} {steps}", "--metric-pattern", "x(?P<step_time_s>[0-9]+)"],
-     "names none of {ds_config}, {megatron_args}, {workdir}"),
+     "names none of {ds_config}, {megatron_args}, {accelerate_config}, {torchtitan_config}, {workdir}"),
     # a command (or script) builds its own model: its trials ran the whole model, calibrated as the cut one
     (["--workload", "command", "--command", "echo {steps}", "--metric-pattern", "x(?P<step_time_s>[0-9.]+)",
       "--num-layers", "1"], "--num-layers cuts the builtin workload's model; a --workload command builds its own"),

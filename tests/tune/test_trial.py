@@ -431,6 +431,7 @@ def test_the_command_placeholders_are_named_when_one_is_unknown():
     assert command_template_problem("train.sh --iters {steps} --ranks {nproc} --out {workdir}") is None
     # a program the plan never reaches measures one thing for every plan
     said = command_template_problem("torchrun --nproc_per_node {nproc} train.py --iters {steps}")
-    assert "names none of {ds_config}, {megatron_args}, {workdir}" in said and "pass the plan with" in said
+    assert "names none of {ds_config}, {megatron_args}, {accelerate_config}, {torchtitan_config}, {workdir}" in said
+    assert "pass the plan with" in said
     said = command_template_problem("train.sh {nosuch}")
     assert "KeyError('nosuch')" in said and "{nproc}, {ds_config}, {workdir}, {steps}, {megatron_args}" in said
