@@ -131,3 +131,24 @@ def test_tune_refuses_a_command_that_carries_none_of_the_feasible_plans(tmp_path
     err = capsys.readouterr().err
     assert rc == 2 and "runs none of the" in err and "--engine hf,fsdp" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_tune_names_a_hugging_face_models_decoder_layer_for_accelerates_fsdp2_wrap(tmp_path, monkeypatch, capsys):
+    """tune --model CONFIG.json: the trials' FSDP2 YAML wraps the model's decoder layer (as emit writes it), not
+    autotune's built-in Block, which accelerate would not find in a transformers model."""
+    from autotune.cli import main
+    from autotune.errors import InputError
+    from autotune.tune import study as study_mod
+
+    seen = {}
+
+    def fake_tune(*args, **kw):
+        seen.update(kw)
+        raise InputError(["stopped by the test"], subject="tune")
+
+    monkeypatch.setattr(study_mod, "tune", fake_tune)
+    config = Path(__file__).parents[1] / "fixtures" / "hf" / "phi3-mini" / "config.json"
+    rc = main(["tune", "--model", str(config), "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "64", "--out",
+               str(tmp_path / "o"), "--workload", "command", "--command", ACCELERATE, "--metric-pattern", METRIC])
+    assert rc == 2 and "stopped by the test" in capsys.readouterr().err
+    assert seen["emit_options"].launch.wrap_class == "Phi3DecoderLayer"
