@@ -21,7 +21,7 @@ from autotune.specs.hf_fields import (
 )
 
 __all__ = ["DENSE_READERS", "decoder_base", "normalised", "rope_theta", "rope_scaling_fields",
-           "refuse_output_bias"]
+           "attention_biases"]
 
 _SHAPE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
 
@@ -116,10 +116,13 @@ def rope_scaling_fields(f: Fields) -> dict:
     return {}
 
 
-def refuse_output_bias(f: Fields) -> None:
-    """Where ``attention_bias`` puts a bias on q, k, v *and* o: ModelSpec has Q/K/V-only or all-linear biases."""
+def attention_biases(f: Fields, out: dict) -> None:
+    """``attention_bias`` as these readers' models build it: a bias on q, k, v *and* o_proj, none on the MLP (the four
+    projections of Qwen3Attention, Qwen3MoeAttention, Gemma2Attention, Gemma3Attention, Olmo2Attention, OlmoeAttention
+    and Llama4TextAttention take ``bias=config.attention_bias``, their MLPs and experts ``bias=False``: transformers
+    5.25 ``modeling_<type>.py``)."""
     if f.get("attention_bias", False):
-        f.unsupported("attention_bias true (q/k/v/o biases without MLP biases) is not modelled")
+        out.update(qkv_bias=True, attention_output_bias=True)
 
 
 def decoder_base(f: Fields, *, kv_heads: int | None, head_dim: int | None, max_positions: int,
@@ -163,8 +166,8 @@ def _qwen3(f: Fields) -> dict:
     """Qwen3Config: head_dim 128, RMSNorm on each Q and K head; sliding window only with use_sliding_window,
     on the layers from max_window_layers (28) on."""
     f = normalised(f, "qwen3")
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=None, head_dim=128, max_positions=32768, theta=10000.0, tied=False)
+    attention_biases(f, out)
     out["qk_norm"] = "head"
     window = f.get_int("sliding_window", default=4096) if f.get("use_sliding_window", False) else None
     first = f.get_int("max_window_layers", default=28)
@@ -180,10 +183,10 @@ def _gemma(f: Fields, model_type: str) -> dict:
     # Gemma 3's text_configs leave out what Gemma3TextConfig defaults: vocab_size, num_attention_heads (8: Gemma 3 4B)
     required = tuple(k for k in _SHAPE if not (gemma3 and k in ("vocab_size", "num_attention_heads")))
     f = normalised(f, model_type, required)
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=4, head_dim=256, max_positions=131072 if gemma3 else 8192,
                        theta=1000000.0 if gemma3 else 10000.0,
                        tied=True, vocab=262208 if gemma3 else None, heads=8 if gemma3 else None)
+    attention_biases(f, out)
     out["norms_per_layer"] = 4
     if gemma3:
         out["qk_norm"] = "head"
@@ -218,8 +221,8 @@ def _olmo2(f: Fields) -> dict:
     """Olmo2Config: norms after attention and MLP (not before: still two per layer), RMSNorm over the whole
     Q and K widths."""
     f = normalised(f, "olmo2")
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
+    attention_biases(f, out)
     out["qk_norm"] = "full"
     out["post_norm"] = True  # Olmo2DecoderLayer: post_attention_layernorm / post_feedforward_layernorm on the outputs
     return out

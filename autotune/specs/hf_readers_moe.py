@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from autotune.specs.hf_fields import Fields, layer_indices
 from autotune.specs.hf_readers_dense import (
+    attention_biases,
     decoder_base,
     normalised,
-    refuse_output_bias,
     set_local_attention,
     text_config,
 )
@@ -25,8 +25,8 @@ def _qwen3_moe(f: Fields) -> dict:
     a layer is MoE unless listed in mlp_only_layers, every decoder_sparse_step-th layer."""
     f = normalised(f, "qwen3_moe", ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
                                     "moe_intermediate_size"))
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=4, head_dim=None, max_positions=32768, theta=10000.0, tied=False)
+    attention_biases(f, out)
     out["qk_norm"] = "head"
     num_experts = f.get_int("num_experts", "num_local_experts", default=128)  # transformers 5 renames it
     dense = f.get("mlp_only_layers", None) or []
@@ -68,8 +68,8 @@ def _llama4_text(f: Fields) -> dict:
     use_qk_norm (Scout: true, Maverick: false) divides each head's Q and K by their root mean square, without
     weights, on the rotary layers (Llama4TextL2Norm in Llama4TextAttention): qk_norm ``l2``."""
     f = normalised(f, "llama4_text")
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=8, head_dim=128, max_positions=131072, theta=500000.0, tied=False)
+    attention_biases(f, out)
     layers, expert_width = out["num_layers"], out["ffn_hidden_size"]
     out["ffn_hidden_size"] = f.get_int("intermediate_size_mlp", default=16384)
     step = f.positive("interleave_moe_layer_step", 1)
@@ -116,8 +116,8 @@ def _olmoe(f: Fields) -> dict:
     scores left unnormalised: norm_topk_prob False), a bias-free router, RMSNorm over the whole Q and K widths (as
     OLMo 2) but pre-norm layers (transformers 5.25 modeling_olmoe.py)."""
     f = normalised(f, "olmoe")
-    refuse_output_bias(f)
     out = decoder_base(f, kv_heads=None, head_dim=None, max_positions=4096, theta=10000.0, tied=False)
+    attention_biases(f, out)
     out["qk_norm"] = "full"
     out["moe"] = dict(num_experts=f.get_int("num_experts", default=64),
                       top_k=f.get_int("num_experts_per_tok", default=8), expert_ffn_hidden_size=out["ffn_hidden_size"],

@@ -102,10 +102,16 @@ def _count_built(cfg) -> int:
     return params + buffers
 
 
-@pytest.mark.parametrize("model_type", sorted(SMALL))
+ATTENTION_BIAS = ("qwen3", "qwen3_moe", "gemma2", "gemma3_text", "olmo2", "olmoe", "llama4_text")
+"""Types whose attention_bias puts a bias on q, k, v and o_proj, none on the MLP: read as qkv_bias with
+attention_output_bias."""
+VARIANTS = [(t, {}) for t in sorted(SMALL)] + [(t, {"attention_bias": True}) for t in ATTENTION_BIAS]
+
+
+@pytest.mark.parametrize("model_type, change", VARIANTS, ids=[t + "-bias" * bool(c) for t, c in VARIANTS])
 @pytest.mark.parametrize("written", ["to_dict", "to_diff_dict"])
-def test_count_equals_transformers(model_type, written, tmp_path, monkeypatch):
-    cfg = transformers.AutoConfig.for_model(model_type, **SMALL[model_type])
+def test_count_equals_transformers(model_type, change, written, tmp_path, monkeypatch):
+    cfg = transformers.AutoConfig.for_model(model_type, **(SMALL[model_type] | change))
     data = getattr(cfg, written)()
     data["model_type"] = model_type
     (tmp_path / "config.json").write_text(json.dumps(data))
@@ -113,6 +119,8 @@ def test_count_equals_transformers(model_type, written, tmp_path, monkeypatch):
         monkeypatch.setattr(hf_fields, "USE_TRANSFORMERS", False)  # autotune's own defaults
     spec = model_from_hf_config(tmp_path)
     assert spec.num_params == _count_built(cfg)
+    if change:
+        assert (spec.qkv_bias, spec.attention_output_bias, spec.linear_bias) == (True, True, False)
 
 
 def test_patterns_are_carried(tmp_path):
