@@ -263,7 +263,8 @@ def megatron_deepspeed_args(model: ModelSpec, cluster: ClusterSpec, plan: Parall
     args += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
              "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
              "--seq-length", str(plan.seq_len),
-             "--max-position-embeddings", str(max(model.max_position_embeddings, plan.seq_len))]
+             "--max-position-embeddings",  # the table's rows, an offset's (OPT's 2) included: the same parameters
+             str(max(model.max_position_embeddings + model.position_offset, plan.seq_len))]
     if model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size:
         args += ["--kv-channels", str(model.head_dim)]
     if model.kv_heads < model.num_attention_heads:

@@ -24,6 +24,7 @@ src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:65-98):
 from __future__ import annotations
 
 from autotune.specs.model import ModelSpec
+from autotune.specs.model_parts import local_attention_below
 
 __all__ = ["flag_number", "position_and_attention_flags", "chunked_attention_problem"]
 
@@ -143,7 +144,7 @@ def rope_scaling_problem(model: ModelSpec) -> str | None:
 def chunked_attention_problem(model: ModelSpec, seq_len: int) -> str | None:
     """Why Megatron-LM cannot train ``model`` at ``seq_len``: chunked attention over a sequence longer than a chunk
     (module docstring); None where it can."""
-    local = model.local_attention_below(seq_len) if model.chunked_attention else None
+    local = local_attention_below(model, seq_len) if model.chunked_attention else None
     if local is None:
         return None
     return (f"{model.name}'s {local}: Megatron-LM's GPT model has no chunked attention, so at seq_len {seq_len} those "

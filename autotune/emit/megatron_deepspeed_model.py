@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.model import ModelSpec
+from autotune.specs.model_parts import local_attention_below
 
 __all__ = ["megatron_deepspeed_model_problems", "rope_theta_flags", "experts_whole_per_tp_rank", "ROPE_THETA_DEFAULT",
            "SOURCE"]
@@ -33,7 +34,7 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
     out = []
     if model.mla is not None:
         out.append(f"{model.name} uses multi-latent attention, which Megatron-DeepSpeed does not implement")
-    if local := model.local_attention_below(seq_len):
+    if local := local_attention_below(model, seq_len):
         out.append(f"{model.name} has {local}, under seq_len {seq_len}; Megatron-DeepSpeed attends over the whole "
                    "sequence")
     if model.attention_sinks:

@@ -128,7 +128,8 @@ def shape_flags(model: ModelSpec, plan: ParallelPlan, problems: list[str]) -> li
                         f"Megatron needs --max-position-embeddings >= --seq-length")
     args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
             "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
-            "--seq-length", str(plan.seq_len), "--max-position-embeddings", str(max(max_pos, plan.seq_len))]
+            "--seq-length", str(plan.seq_len),  # the table's rows, an offset's (OPT's 2) included: the same parameters
+            "--max-position-embeddings", str(max(max_pos + model.position_offset, plan.seq_len))]
     explicit_head_dim = model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size
     if explicit_head_dim and model.mla is None:
         args += ["--kv-channels", str(model.head_dim)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from autotune.specs.gemma_parts import gemma_parts
 from autotune.specs.layout import layer_counts, virtual_layout
 from autotune.specs.model import ModelSpec
+from autotune.specs.model_parts import local_attention_below
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["CP_REFUSED", "window_problem", "built_model_problem", "fsdp_trainer_problem", "deepspeed_trainer_problem",
@@ -28,7 +29,7 @@ def window_problem(model: ModelSpec, seq_len: int) -> str | None:
     """Why the built-in models cannot stand for ``model`` at ``seq_len``: windowed or chunked attention layers that see
     less than the sequence (autotune.workloads.transformer and the transformers Llama / GPT-2 models attend over the
     whole sequence); None where every layer sees all of it."""
-    local = model.local_attention_below(seq_len)
+    local = local_attention_below(model, seq_len)
     if local is None:
         return None
     return (f"model {model.name!r}: {local} is not implemented by the built-in model, whose layers would attend "

@@ -126,7 +126,8 @@ def _deepseek_v3(f: _Fields, out: dict) -> None:
         f.unsupported(f"moe_layer_freq {f.get('moe_layer_freq', 1)} is not modelled (only 1: every layer after "
                       "the first_k_dense_replace dense ones is MoE)")
     if f.get("attention_bias", False):
-        f.unsupported("attention_bias with MLA is not modelled")
+        f.unsupported("attention_bias with MLA is not modelled (biases on q_a_proj, kv_a_proj_with_mqa and o_proj "
+                      "but not q_b_proj / kv_b_proj: DeepseekV3Attention, DeepseekV2Attention)")
     for key in ("qkv_bias", "attention_output_bias", "linear_bias"):
         out.pop(key, None)
     out["num_kv_heads"] = out["num_attention_heads"]  # MLA: every head has its own K and V
@@ -268,7 +269,8 @@ def _falcon(f: _Fields) -> dict:
 
 
 def _opt(f: _Fields) -> dict:
-    """Learned positions with an offset of 2 (max_position_embeddings + 2 rows), biases, tied, ReLU."""
+    """Learned positions from row 2 of a table of max_position_embeddings + 2 rows (OPTLearnedPositionalEmbedding's
+    offset: position_offset 2, the sequence limit max_position_embeddings), biases, tied, ReLU."""
     hidden = f.need("hidden_size", what="model width")
     if f.get_int("word_embed_proj_dim", default=hidden) != hidden:
         f.unsupported(f"word_embed_proj_dim {f.get('word_embed_proj_dim', None)} differs from hidden_size {hidden} "
@@ -280,7 +282,8 @@ def _opt(f: _Fields) -> dict:
         num_attention_heads=f.need("num_attention_heads", what="attention heads"),
         ffn_hidden_size=f.need("ffn_dim", what="MLP width"), vocab_size=f.need("vocab_size", what="vocabulary size"),
         activation=_hf_activation(f, "activation_function", "relu"), norm="layernorm",
-        position_embedding="learned", max_position_embeddings=f.get_int("max_position_embeddings", default=2048) + 2,
+        position_embedding="learned", max_position_embeddings=f.get_int("max_position_embeddings", default=2048),
+        position_offset=2,  # OPTLearnedPositionalEmbedding: max_position_embeddings + 2 rows, positions from row 2
         linear_bias=bool(f.get("enable_bias", True)), tied_embeddings=bool(f.get("tie_word_embeddings", True)),
         dropout=_dropout(f, "dropout", default=0.1),
     )

@@ -35,7 +35,7 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
                  "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None,
-                 "attention_output_bias": False}
+                 "attention_output_bias": False, "position_offset": 0}
 _LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False,
               "shared_expert_gate": False}
 
@@ -65,7 +65,9 @@ class ModelSpec:
     tied_embeddings: bool = False
     position_embedding: PositionEmbedding = "learned"
     max_position_embeddings: int = 2048
-    """Rows of the learned position table (counted only for ``learned``)."""
+    """Positions of the learned position table, the longest sequence it takes (counted only for ``learned``)."""
+    position_offset: int = 0
+    """Rows of the learned table before its first position, counted but never a position (OPT's 2)."""
     rope_theta: float = 10000.0
     """RoPE base frequency (Llama 2: 10,000; Llama 3: 500,000; Mixtral, Qwen2.5: 1,000,000). Only with rope."""
     rotary_fraction: float = 1.0
@@ -235,16 +237,6 @@ class ModelSpec:
             return False
         return not self.chunked_attention or self.is_local_attention_layer(index)
 
-    def local_attention_below(self, seq_len: int) -> str | None:
-        """The local-attention layers that see less than ``seq_len`` tokens, in words ("chunked attention (8192
-        tokens on 36 of 48 layers)"); None where every layer sees the whole sequence (a window no shorter than it is
-        full causal attention)."""
-        if self.sliding_window is None or seq_len <= self.sliding_window:
-            return None
-        kind = "chunked" if self.chunked_attention else "sliding-window"
-        local = len(self.sliding_window_layers) if self.sliding_window_layers is not None else self.num_layers
-        return f"{kind} attention ({self.sliding_window} tokens on {local} of {self.num_layers} layers)"
-
     # ---- parameter counts ---------------------------------------------------------------
     def _norm_params(self, width: int) -> int:
         return width * (2 if self.norm == "layernorm" else 1)
@@ -318,7 +310,7 @@ class ModelSpec:
         """Input side: token embedding (vocab-parallel), learned positions, embedding norm."""
         replicated = 0
         if self.position_embedding == "learned":
-            replicated += self.max_position_embeddings * self.hidden_size
+            replicated += (self.max_position_embeddings + self.position_offset) * self.hidden_size
         if self.embedding_norm:
             replicated += self._norm_params(self.hidden_size)
         return ParamGroups(tp_sharded=self.vocab_size * self.hidden_size, replicated=replicated)

@@ -75,6 +75,11 @@ def layer_variant_problems(spec) -> list[str]:
                             or (spec.attention_head_dim * fraction) % 2):
         out.append(f"rotary_fraction {fraction:g} needs RoPE on an even number of each head's dimensions (head "
                    f"dim {spec.attention_head_dim}), without MLA (whose RoPE has its own head dim)")
+    offset = spec.position_offset
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or (
+            offset and spec.position_embedding != "learned"):
+        out.append(f"position_offset must be a non-negative integer, above 0 only with learned positions; got "
+                   f"{offset!r} with position_embedding {spec.position_embedding!r}")
     if spec.qk_norm == "l2" and spec.position_embedding != "rope":
         out.append(f"qk_norm l2 normalises the rotary layers' Q and K (Llama 4), and position_embedding is "
                    f"{spec.position_embedding!r}: use rope, or qk_norm head")

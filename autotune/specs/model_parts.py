@@ -1,11 +1,12 @@
 """The parts of a model spec: parameter groups by how parallelism splits them, the mixture-of-experts block
-and multi-latent attention (re-exported by :mod:`autotune.specs.model`)."""
+and multi-latent attention (re-exported by :mod:`autotune.specs.model`); which local-attention layers a sequence
+outgrows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ParamGroups", "MoESpec", "MLASpec"]
+__all__ = ["ParamGroups", "MoESpec", "MLASpec", "local_attention_below"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,3 +151,14 @@ class MLASpec:
             for n in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
             if getattr(self, n) < 1
         ] + (["mla.q_lora_rank must be >= 1 or absent"] if self.q_lora_rank is not None and self.q_lora_rank < 1 else [])
+
+
+def local_attention_below(model, seq_len: int) -> str | None:
+    """The local-attention layers of ``model`` (a ModelSpec) that see less than ``seq_len`` tokens, in words
+    ("chunked attention (8192 tokens on 36 of 48 layers)"); None where every layer sees the whole sequence (a window no
+    shorter than it is full causal attention)."""
+    if model.sliding_window is None or seq_len <= model.sliding_window:
+        return None
+    kind = "chunked" if model.chunked_attention else "sliding-window"
+    local = len(model.sliding_window_layers) if model.sliding_window_layers is not None else model.num_layers
+    return f"{kind} attention ({model.sliding_window} tokens on {local} of {model.num_layers} layers)"

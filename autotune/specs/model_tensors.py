@@ -65,7 +65,7 @@ def stage_tensors(model: ModelSpec, first_layer: int, num_layers: int, *, has_em
     if has_embedding:
         out.append((model.vocab_size * h, "tp_sharded"))
         if model.position_embedding == "learned":
-            out.append((model.max_position_embeddings * h, "replicated"))
+            out.append(((model.max_position_embeddings + model.position_offset) * h, "replicated"))
         if model.embedding_norm:
             out += _norm_tensors(model, h)
     for i in range(first_layer, first_layer + num_layers):

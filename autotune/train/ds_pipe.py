@@ -26,7 +26,7 @@ class EmbedPipe(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.pos = nn.Embedding(spec.max_position_embeddings, spec.hidden_size) \
+        self.pos = nn.Embedding(spec.max_position_embeddings + spec.position_offset, spec.hidden_size) \
             if spec.position_embedding == "learned" else None
         self.embed_norm = _norm(spec, spec.hidden_size) if spec.embedding_norm else None
         self.to(dtype)
@@ -34,7 +34,8 @@ class EmbedPipe(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = scale_embeddings(self.spec, self.embed(ids))
         if self.pos is not None:
-            x = x + self.pos.weight[: ids.shape[1]]
+            first = self.spec.position_offset  # OPT's table: positions from row 2
+            x = x + self.pos.weight[first:first + ids.shape[1]]
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         return bool_dropout(x, self.spec.dropout, self.training)

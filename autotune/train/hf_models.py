@@ -151,7 +151,7 @@ def build_hf_model(spec, *, seq_len: int, dtype, recompute: str = "none"):
 
         cfg = GPT2Config(vocab_size=spec.vocab_size, n_embd=spec.hidden_size, n_layer=spec.num_layers,
                          n_head=spec.num_attention_heads, n_inner=spec.ffn_hidden_size,
-                         n_positions=spec.max_position_embeddings, resid_pdrop=spec.dropout,
+                         n_positions=spec.max_position_embeddings + spec.position_offset, resid_pdrop=spec.dropout,
                          embd_pdrop=spec.dropout, attn_pdrop=spec.dropout,
                          activation_function="gelu_new" if spec.activation == "gelu_tanh" else "gelu",
                          bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",

@@ -336,7 +336,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"seq_len {seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
         self.spec, self.seq_len, self.recompute = spec, seq_len, recompute
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.pos = nn.Embedding(spec.max_position_embeddings, spec.hidden_size) \
+        self.pos = nn.Embedding(spec.max_position_embeddings + spec.position_offset, spec.hidden_size) \
             if spec.position_embedding == "learned" else None
         self.embed_norm = _norm(spec, spec.hidden_size) if spec.embedding_norm else None
         self.layers = nn.ModuleList(
@@ -375,7 +375,7 @@ class DecoderLM(nn.Module):
         b, s = input_ids.shape
         x = scale_embeddings(self.spec, self.embed(input_ids))
         if self.pos is not None:
-            x = x + self.pos.weight[:s]
+            x = x + self.pos.weight[self.spec.position_offset:self.spec.position_offset + s]  # OPT: from row 2
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x = bool_dropout(x, self.spec.dropout, self.training)

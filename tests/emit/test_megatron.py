@@ -209,3 +209,18 @@ def test_megatron_deepspeed_splits_experts_over_tp_as_the_plan_does():
     assert "--enable-expert-tensor-parallelism" in megatron_deepspeed_args(mixtral, c, plan, None, "ds.json")
     flat = megatron_deepspeed_args(mixtral, c, plan.with_(tp=1, dp=16), None, "ds.json")
     assert "--enable-expert-tensor-parallelism" not in flat
+
+
+@pytest.mark.parametrize("seq_len, rows", [(2048, "2050"), (4096, "4096")])
+def test_a_position_offset_is_in_the_table_megatron_builds(seq_len, rows):
+    """OPT's table: 2048 positions after 2 offset rows. Megatron's --max-position-embeddings is its table's rows: the
+    offset's included, so the job holds the parameters counted; a sequence past the 2048 positions is refused."""
+    from autotune.emit.megatron_model_flags import shape_flags
+    from autotune.specs.model import ModelSpec
+
+    model = ModelSpec(name="opt-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
+                      vocab_size=128, max_position_embeddings=2048, position_offset=2, linear_bias=True)
+    problems: list[str] = []
+    args = shape_flags(model, ParallelPlan(engine="megatron", seq_len=seq_len), problems)
+    assert args[args.index("--max-position-embeddings") + 1] == rows
+    assert bool([p for p in problems if "exceeds the learned position table (2048 rows)" in p]) is (seq_len > 2048)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import InputError
+from autotune.rules import sequence_problems
 from autotune.specs.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config, read_hf_config
 from autotune.specs.presets import load_model_preset, model_preset_names
 
@@ -80,7 +81,12 @@ def test_family_details():
     neox = model_from_hf_config(FIXTURES / "gpt-neox-20b")
     assert not neox.tied_embeddings and neox.linear_bias and neox.norms_per_layer == 2
     opt = model_from_hf_config(FIXTURES / "opt-175b")
-    assert opt.max_position_embeddings == 2048 + 2 and opt.tied_embeddings and opt.activation == "relu"
+    assert opt.tied_embeddings and opt.activation == "relu"
+    # OPT's table: 2048 positions after an offset of 2 rows; the rows counted, the sequence limit 2048
+    assert (opt.max_position_embeddings, opt.position_offset) == (2048, 2)
+    assert opt.embedding_params().replicated == 2050 * opt.hidden_size
+    assert opt.num_params == load_model_preset("opt-175b").num_params
+    assert sequence_problems(opt, 2048) == [] and "(max_position_embeddings 2048)" in sequence_problems(opt, 2050)[0][1]
     qwen = model_from_hf_config(FIXTURES / "qwen2.5-72b")
     assert qwen.qkv_bias and not qwen.linear_bias
     mixtral = model_from_hf_config(FIXTURES / "mixtral-8x7b")

@@ -168,7 +168,9 @@ def test_model_preset_shapes_of_note():
     bloom = load_model_preset("bloom-176b")
     assert (bloom.position_embedding, bloom.embedding_norm, bloom.tied_embeddings) == ("alibi", True, True)
     assert not load_model_preset("gpt-neox-20b").tied_embeddings
-    assert load_model_preset("opt-175b").max_position_embeddings == 2050  # 2048 + OPT's offset of 2
+    opt = load_model_preset("opt-175b")  # 2048 positions after OPT's offset of 2 rows
+    assert (opt.max_position_embeddings, opt.position_offset, opt.embedding_params().replicated) == (
+        2048, 2, 2050 * opt.hidden_size)
     ds = load_model_preset("deepseek-v3")
     assert ds.mla is not None and ds.moe is not None and ds.moe.num_dense_layers == 3
 

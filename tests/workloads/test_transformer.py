@@ -43,7 +43,10 @@ LLAMA4_LIKE = ModelSpec(name="llama4-like", num_layers=4, hidden_size=64, num_at
 LLAMA_BIASED = ModelSpec(name="llama-attention-bias", num_layers=2, hidden_size=64, num_attention_heads=8,
                          num_kv_heads=2, ffn_hidden_size=176, vocab_size=128, position_embedding="rope",
                          activation="swiglu", norm="rmsnorm", qkv_bias=True, attention_output_bias=True)
-SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE, QWEN3_LIKE, OLMO2_LIKE, LLAMA4_LIKE, LLAMA_BIASED]
+OPT_LIKE = ModelSpec(name="opt-like", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
+                     vocab_size=128, position_embedding="learned", max_position_embeddings=32, position_offset=2,
+                     activation="relu", norm="layernorm", linear_bias=True, tied_embeddings=True)  # 2 + 32 rows
+SPECS = [GPT, LLAMA, MIXTRAL, DEEPSEEK_LIKE, FALCON_LIKE, QWEN3_LIKE, OLMO2_LIKE, LLAMA4_LIKE, LLAMA_BIASED, OPT_LIKE]
 SEQ = 32
 
 
