@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -307,3 +308,11 @@ def test_subcommands_never_import_the_cli_back():
         assert "autotune.cli" not in imported, path.name
     cli = Path(autotune.commands.__file__).parent.parent / "cli.py"
     assert len(cli.read_text(encoding="utf-8").splitlines()) < 80  # it only assembles the parser
+
+
+@pytest.mark.parametrize("fixture, said", [("gemma3-27b", True), ("gemma3-27b-text", False)])
+def test_estimate_says_a_multimodal_config_is_counted_without_its_vision_tower(fixture, said, capsys):
+    code, out, _ = run(["estimate", "--model", str(Path(__file__).parent / "fixtures" / "hf" / fixture),
+                        "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--seq-len", "4096", "--global-batch", "64"], capsys)
+    assert code == 0
+    assert ("model: the language model (text_config) only: the vision tower" in out) is said

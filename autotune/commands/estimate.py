@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"not trained: the checkpoint's {n} multi-token-prediction module{'s' if n > 1 else ''} "
                   f"(--mtp-layers {n} trains {'them' if n > 1 else 'it'} with --engine megatron, as Megatron-Bridge's "
                   "DeepSeek-V3 recipe does)")
+        if model.note:  # what a config.json's count leaves out (a multimodal model's vision tower)
+            print(f"model: {model.note}")
         print(kept.summary())
         if kept.policy.save_memory_note:
             print(f"checkpoint: {kept.policy.save_memory_note}")

@@ -249,7 +249,17 @@ def text_config(f: Fields, text_type: str) -> Fields:
     return g
 
 
+def language_model(f: Fields, text_type: str, read, wrapper: str) -> dict:
+    """A multimodal config's language model (``text_config``) read by ``read``, with a note that its vision tower and
+    multimodal projector (``wrapper``, transformers' model of the whole config, builds them) are not counted."""
+    out = read(text_config(f, text_type))
+    out["note"] = (f"the language model (text_config) only: the vision tower (vision_config) and multimodal projector "
+                   f"of {wrapper} are not counted in its parameters, memory or time")
+    return out
+
+
 DENSE_READERS = {
     "qwen3": _qwen3, "gemma2": lambda f: _gemma(f, "gemma2"), "gemma3_text": lambda f: _gemma(f, "gemma3_text"),
-    "gemma3": lambda f: _gemma(text_config(f, "gemma3_text"), "gemma3_text"), "olmo2": _olmo2, "phi3": _phi3,
+    "gemma3": lambda f: language_model(f, "gemma3_text", lambda g: _gemma(g, "gemma3_text"),
+                                       "Gemma3ForConditionalGeneration"), "olmo2": _olmo2, "phi3": _phi3,
 }

@@ -12,9 +12,9 @@ from autotune.specs.hf_fields import Fields, layer_indices
 from autotune.specs.hf_readers_dense import (
     attention_biases,
     decoder_base,
+    language_model,
     normalised,
     set_local_attention,
-    text_config,
 )
 
 __all__ = ["MOE_READERS"]
@@ -127,5 +127,6 @@ def _olmoe(f: Fields) -> dict:
 
 MOE_READERS = {
     "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "llama4_text": _llama4_text,
-    "llama4": lambda f: _llama4_text(text_config(f, "llama4_text")), "glm4_moe": _glm4_moe, "olmoe": _olmoe,
+    "llama4": lambda f: language_model(f, "llama4_text", _llama4_text, "Llama4ForConditionalGeneration"),
+    "glm4_moe": _glm4_moe, "olmoe": _olmoe,
 }

@@ -35,7 +35,7 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
                  "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None,
-                 "attention_output_bias": False, "position_offset": 0}
+                 "attention_output_bias": False, "position_offset": 0, "note": None}
 _LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False,
               "shared_expert_gate": False}
 
@@ -146,6 +146,8 @@ class ModelSpec:
     num_mtp_layers: int = 0
     """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
     checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
+    note: str | None = None
+    """What the count leaves out of the checkpoint it was read from (Gemma 3's vision tower); estimate prints it."""
     moe: MoESpec | None = None
     mla: MLASpec | None = None
 

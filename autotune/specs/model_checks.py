@@ -20,6 +20,8 @@ def model_problems(spec) -> list[str]:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             out.append(f"{name} must be a positive integer or absent, got {value!r}")
+    if spec.note is not None and not isinstance(spec.note, str):
+        out.append(f"note must be a string or absent, got {spec.note!r}")
     if out:
         return out
     if spec.activation not in ("gelu", "gelu_tanh", "swiglu", "geglu", "relu", "squared_relu"):

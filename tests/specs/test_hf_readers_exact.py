@@ -155,6 +155,10 @@ def test_wrappers_read_their_text_config():
     text = transformers.AutoConfig.for_model("llama4_text", **SMALL["llama4_text"]).to_dict()
     assert model_from_hf_config(llama, name="x").num_params == model_from_hf_config(
         text | {"model_type": "llama4_text"}, name="x").num_params
+    for wrapper, text_type in (("gemma3", "gemma3_text"), ("llama4", "llama4_text")):  # the vision tower is said
+        config = transformers.AutoConfig.for_model(wrapper, text_config=SMALL[text_type]).to_dict()
+        assert "vision tower" in model_from_hf_config(config, name="x").note
+        assert model_from_hf_config(SMALL[text_type] | {"model_type": text_type}, name="x").note is None
     kimi = SMALL["deepseek_v3"] | {"model_type": "kimi_k2"}
     assert model_from_hf_config(kimi, name="x") == model_from_hf_config(kimi | {"model_type": "deepseek_v3"}, name="x")
 
