@@ -234,7 +234,7 @@ def test_opt_relu_mlp_matches_transformers(tmp_path) -> None:
                        attn_implementation="eager")
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     spec = load_model(str(tmp_path / "config.json"))
-    assert spec.activation == "relu" and spec.max_position_embeddings == 66
+    assert spec.activation == "relu" and (spec.max_position_embeddings, spec.position_offset) == (64, 2)
     torch.manual_seed(0)
     theirs = OPTForCausalLM(config).eval()
     with torch.no_grad():  # OPT's init (std 0.02) leaves the logits near uniform: larger weights, so the loss tells
@@ -245,7 +245,7 @@ def test_opt_relu_mlp_matches_transformers(tmp_path) -> None:
     d = theirs.model.decoder
     with torch.no_grad():
         ours.embed.weight.copy_(d.embed_tokens.weight)
-        ours.pos.weight[:64].copy_(d.embed_positions.weight[2:])  # OPT looks up position p at row p + 2
+        ours.pos.weight.copy_(d.embed_positions.weight)  # both look up position p at row p + 2
         ours.final_norm.weight.copy_(d.final_layer_norm.weight)
         ours.final_norm.bias.copy_(d.final_layer_norm.bias)
         for mine, layer in zip(ours.layers, d.layers):
