@@ -22,7 +22,7 @@ protocol, which the tuner reads (:mod:`autotune.tune.logs`, :mod:`autotune.tune.
 - a plan the trainer cannot run prints ``UNSUPPORTED <reason>`` and exits 2 (no traceback);
   :func:`plan_problem` says the same without starting any process (the tuner never launches such a plan);
 - teardown is clean (engine.destroy, barrier, destroy_process_group): gloo jobs that skip it sometimes
-  abort at exit (../shared/reference/cpu-feasibility.md, "Applies to all").
+  abort at exit (a rank's gloo threads outliving the interpreter's shutdown).
 """
 
 from __future__ import annotations

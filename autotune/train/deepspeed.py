@@ -17,7 +17,7 @@ per-rank peak memory and teardown: :mod:`autotune.train`.
   DeepSpeed's sequence-parallel groups (``runtime/sequence_parallel/parallel_state_sp.py``).
 
 On CPU without optimizer offload, AdamW runs as ``torch.optim.AdamW`` (``torch_adam: true``): DeepSpeed's
-CPU FusedAdam is a 68 s JIT build (../shared/reference/cpu-feasibility.md 1(a)) computing the same update.
+CPU FusedAdam is a JIT build of about a minute on a 2-core machine (68 s measured) computing the same update.
 """
 
 from __future__ import annotations
