@@ -73,6 +73,12 @@ class Engine(ABC):
     None where the workload is "command" (Megatron-LM, Megatron-DeepSpeed: their own pretrain_gpt.py)."""
     trainer_takes_deepspeed_config: ClassVar[bool] = False
     """The trainer needs ``--deepspeed-config ds_config.json`` (the tuner passes the trial's)."""
+    accelerate_distributed_type: ClassVar[str | None] = None
+    """The ``distributed_type`` of the accelerate config its plans run from ("DEEPSPEED": the DeepSpeed plugin and
+    its JSON; "FSDP": the FSDP2 plugin, no batch sizes in it); None: accelerate runs none (tune's
+    ``{accelerate_config}`` cannot carry them)."""
+    torchtitan_jobs: ClassVar[bool] = False
+    """Its plans are torchtitan jobs (tune's ``{torchtitan_config}`` can carry them)."""
     uses_deepspeed_ops: ClassVar[bool] = False
     """Its trials run DeepSpeed, which JIT-builds ops (shm_comm on CPU, cpu_adam with optimizer offload) that the
     tuner builds once before the first trial; False: no DeepSpeed in its trials, nothing to build."""

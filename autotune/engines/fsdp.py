@@ -64,6 +64,7 @@ def _root_params(model, plan, stage: int) -> float:
 class FSDPEngine(Engine):
     name = "fsdp"
     title = "PyTorch FSDP2 / torchtitan"
+    accelerate_distributed_type, torchtitan_jobs = "FSDP", True
     version = "torch 2.13 (fully_shard, DTensor, pipelining)"
     versions = EngineVersions("torchtitan", "torchtitan", TORCHTITAN_VERSIONS,
                               companions=(("accelerate", ACCELERATE_RELEASE),))

@@ -30,6 +30,7 @@ HF_DS_CONFIG = "ds_config_hf.json"
 class HFEngine(Engine):
     name = "hf"
     title = "Hugging Face Trainer / accelerate (DeepSpeed backend)"
+    accelerate_distributed_type = "DEEPSPEED"
     version = f"transformers 5.24 / accelerate {ACCELERATE_RELEASE} / DeepSpeed 0.19.8"
     versions = EngineVersions("transformers", "transformers", ("5",),
                               companions=(("accelerate", ACCELERATE_RELEASE), ("deepspeed", "0.19")))

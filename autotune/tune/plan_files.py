@@ -16,6 +16,7 @@ import string
 from pathlib import Path
 
 from autotune.emit.options import EmitOptions
+from autotune.engines import engine_for
 from autotune.errors import InputError
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -40,7 +41,8 @@ def plan_files(name: str, model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                workdir: Path) -> dict[str, str]:
     """The files placeholder ``name`` stands for, the one it names first: {file name: text}. InputError naming
     what of the plan the file cannot say."""
-    if name == "accelerate_config" and plan.engine == "hf":
+    engine = engine_for(plan)
+    if name == "accelerate_config" and engine.accelerate_distributed_type == "DEEPSPEED":
         from autotune.emit.accelerate import (ACCELERATE_DS_CONFIG, accelerate_deepspeed_config,
                                               accelerate_deepspeed_yaml)
         from autotune.engines.hf import ACCELERATE_YAML
@@ -49,7 +51,7 @@ def plan_files(name: str, model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         return {ACCELERATE_YAML: accelerate_deepspeed_yaml(model, cluster, plan, options,
                                                            ds_config_filename=str(workdir / ACCELERATE_DS_CONFIG)),
                 ACCELERATE_DS_CONFIG: ds}
-    if name == "accelerate_config" and plan.engine == "fsdp":
+    if name == "accelerate_config" and engine.accelerate_distributed_type == "FSDP":
         from autotune.emit.accelerate import accelerate_fsdp_yaml
         from autotune.engines.fsdp import ACCELERATE_FSDP_FILE
 
@@ -59,7 +61,7 @@ def plan_files(name: str, model: ModelSpec, cluster: ClusterSpec, plan: Parallel
                           f"{plan.engine}: tune with --engine hf,fsdp"], subject="{accelerate_config}")
     if name != "torchtitan_config":
         raise ValueError(f"{name!r} is no plan-file placeholder")
-    if plan.engine != "fsdp":
+    if not engine.torchtitan_jobs:
         raise InputError([f"torchtitan runs engine fsdp plans, not engine {plan.engine}: tune with --engine fsdp"],
                          subject="{torchtitan_config}")
     if options.torchtitan_version != "0.2":
@@ -84,7 +86,8 @@ def command_plan_problem(command: str | None, model: ModelSpec, cluster: Cluster
             plan_files(name, model, cluster, plan, options or EmitOptions(), Path("."))
         except InputError as err:
             return f"{{{name}}} cannot carry an engine {plan.engine} plan: " + "; ".join(err.problems)
-        if name == "accelerate_config" and plan.engine == "fsdp" and not {"micro_batch", "grad_accum"} <= named:
+        if name == "accelerate_config" and not {"micro_batch", "grad_accum"} <= named and \
+                engine_for(plan).accelerate_distributed_type == "FSDP":
             return ("{accelerate_config} of an engine fsdp plan is accelerate's FSDP2 config, which holds no batch "
                     f"sizes: pass them too, e.g. {_BATCH_PAIR}")
     return None
@@ -96,7 +99,6 @@ def trial_plan_problem(spec) -> str | None:
     why = command_plan_problem(spec.workload.command, spec.trial_model, spec.cluster, spec.plan, spec.emit_options)
     if why is None:
         return None
-    from autotune.engines import engine_for
     from autotune.specs.notation import plan_notation
 
     return f"plan {plan_notation(spec.plan, engine_for(spec.plan).tag(spec.plan))}: {why}"
