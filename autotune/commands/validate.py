@@ -226,7 +226,7 @@ def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, 
         named = config_name(argv)
         match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
         pairs = match or (jsons if len(jsons) == 1 else [])
-        cpu_adam = client_cpu_adam({f.replace("_", "-") for f in flags_given(argv)})
+        cpu_adam = client_cpu_adam(flags_given(argv))
         for ds_path in pairs:
             if cpu_adam:  # in place, in order
                 kept = without_client_optimizer_warning([p for at, p in found if at == ds_path])

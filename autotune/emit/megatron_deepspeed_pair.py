@@ -55,10 +55,15 @@ def _experts(a: ParsedArgs) -> int:
 
 
 def flags_given(argv: Sequence[str]) -> set[str]:
-    """The canonical names of the Megatron-DeepSpeed flags in ``argv``."""
+    """The canonical names of the Megatron-DeepSpeed flags in ``argv``, underscores as dashes (the fork spells
+    ``--cpu_torch_adam`` so): what :func:`client_cpu_adam` and :func:`cpu_optimizer_problem` take."""
     table = megatron_deepspeed_flag_table()
     given, _ = tokenize(list(argv), table, engine="Megatron-DeepSpeed", table_file=MEGATRON_DEEPSPEED_FLAGS_FILE)
-    return {g.flag for g in given}
+    return _dashed(given)
+
+
+def _dashed(given) -> set[str]:
+    return {g.flag.replace("_", "-") for g in given}
 
 
 def without_client_optimizer_warning(problems: list[Problem]) -> list[Problem]:
@@ -126,7 +131,7 @@ def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1
     from autotune.emit.validate import validate_deepspeed_config
 
     found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp)
-    if client_cpu_adam({f.replace("_", "-") for f in flags_given(argv)}):
+    if client_cpu_adam(flags_given(argv)):
         found = without_client_optimizer_warning(found)
     found += pair_problems(argv, written.data, args_name=name, lines=lines)
     return [dataclasses.replace(p, line=written.line, message=f"in {written.what}: {p.message}")
@@ -179,8 +184,7 @@ def pair_problems(argv: Sequence[str], data: dict, *, args_name: str, lines: Seq
             "activation stops the first step (runtime/pipe/engine.py:736)"),
             fix='set "pipeline": {"pipe_partitioned": false, "grad_partitioned": false}'))
 
-    names = {g.flag.replace("_", "-") for g in given}
-    if (found := cpu_optimizer_problem(names, data)) is not None:
+    if (found := cpu_optimizer_problem(_dashed(given), data)) is not None:
         what, fix = found
         out.append(problem_at(("zero_optimization", "offload_optimizer"), key_lines, message=(
             f"with {args_name}: {what}"), fix=fix))
