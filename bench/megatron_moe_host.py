@@ -23,7 +23,9 @@ autotune/cost/launch.py, the unfused permutations counted as Transformer Engine'
 24 + 32) made NVIDIA's Blackwell rows worse, not better (bench/accuracy_nvidia_recipes.py: the token-dropping
 Qwen3-235B GB200 row +5% -> -32%, Qwen3-235B's p90 20% -> 26%), and the dropless small-batch rows it was meant for
 moved 6 points of their +40%: the host-bound MoE rows' gap is not the router's or the dispatcher's Python. Timings
-taken while other jobs load the CPU are not comparable (the unit and the parts drift apart).
+taken while other jobs load the CPU are not comparable (the unit and the parts drift apart); the operator counts
+printed beside them (PyTorch's dispatcher, 2026-12-07: 50 kernels and 99 views beside the experts, forward +
+backward) do not drift.
 """
 
 from __future__ import annotations
@@ -206,6 +208,45 @@ def measure(torch, moe, repeats: int) -> dict[str, float]:
     return out
 
 
+def count_ops(torch, moe) -> dict[str, int]:
+    """PyTorch operators the MoE block issues per call, forward + backward (aten ops but views, each one kernel launch
+    or more on a GPU; and the views), and those of the routed experts alone on the same input: counted by the dispatcher, so unlike the
+    timings they do not drift with the host's load."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = self.views = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.views += func.is_view  # a view launches nothing, though the host dispatches it
+            self.ops += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    hidden = torch.randn(16, 1, 64, requires_grad=True)
+    seen = {}
+    experts_forward = moe.experts.forward
+
+    def keep(*args, **kwargs):
+        seen["args"] = args
+        return experts_forward(*args, **kwargs)
+    moe.experts.forward = keep
+    counts = {}
+    with Count() as layer:
+        out, _ = moe(hidden)
+        out.sum().backward()
+    counts["layer"], counts["layer_views"] = layer.ops, layer.views
+    moe.experts.forward = experts_forward
+    tokens, per_expert, probs = seen["args"][:3]
+    tokens, probs = tokens.detach().requires_grad_(), probs.detach()
+    with Count() as experts:
+        out, _ = experts_forward(tokens, per_expert, probs)
+        out.sum().backward()
+    counts["experts"], counts["experts_views"] = experts.ops, experts.views
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megatron", help="folder holding megatron-core 0.19.2 (default: the test tooling's cache)")
@@ -223,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     _cpu_stand_ins(torch)
     moe = build_layer(torch, args.experts, args.topk, 0).mlp
+    ops = count_ops(torch, moe)
     t = measure(torch, moe, args.repeats)
     unit = t["linear"]
     non_expert = t["layer"] - t["experts"]
@@ -240,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
                         ("the routed experts alone, forward + backward", t["experts"]),
                         ("the MoE block beside the experts, forward + backward", non_expert)):
         print(f"{name:<54}{value:>8.0f}{value / unit:>17.0f}")
+    print(f"{'operators, forward + backward':<54}{'kernels':>8}{'+ views':>17}")
+    for name, key in (("the MoE block beside the experts", "layer"), ("the routed experts", "experts")):
+        real = ops[key] - (ops["experts"] if key == "layer" else 0)
+        views = ops[key + "_views"] - (ops["experts_views"] if key == "layer" else 0)
+        print(f"{name:<54}{real:>8d}{views:>17d}")
     charged = charged_launches(args.experts, args.topk)
     print(f"the model charges (autotune/cost/launch.py layer_kernels, bf16, tp 1): router + pre-processing "
           f"{charged['router_preprocess'][0]} launches forward, {charged['router_preprocess'][1]} backward; the rest "

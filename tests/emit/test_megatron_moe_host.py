@@ -1,5 +1,6 @@
 """bench/megatron_moe_host.py runs Megatron-core 0.19.2's own MoE layer (router, all-to-all dispatcher, experts)
-forward and backward on this CPU and reads its host work in nn.Linear forwards, against what the cost model charges.
+forward and backward on this CPU and counts the operators it issues beside the experts, against the launches the
+cost model charges.
 
 In a subprocess: the bench stands CPU objects in for CUDA streams and devices and opens a one-rank gloo group, which
 must not leak into this test process."""
@@ -21,16 +22,19 @@ def test_megatron_moe_layer_host_work_exceeds_what_the_model_charges(tmp_path):
                           str(bridge_path()), "--repeats", "10"], capture_output=True, text=True, timeout=600,
                          cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = {line[:54].strip(): float(line.split()[-1]) for line in run.stdout.splitlines()
-            if line[:1].isalpha() and line.split()[-1].lstrip("-").replace(".", "").isdigit()}
-    beside_experts = rows["the MoE block beside the experts, forward + backward"]
+    rows = {line[:54].strip(): line[54:].split() for line in run.stdout.splitlines() if line[:1].isalpha()}
+    # operators counted by PyTorch's dispatcher: deterministic, unlike the timings beside them, which drift with the
+    # host's load (a CI run under load read the block beside the experts as 36 Linear forwards, ~120 when idle)
+    kernels, views = map(int, rows["the MoE block beside the experts"])
     # the launches the model charges for the router, the pre-processing and the rest (autotune/cost/launch.py
-    # layer_kernels: 29); Megatron's own code issues several times that (~130 on an idle host)
+    # layer_kernels: 29); Megatron's own code issues more kernels than that (50 with megatron-core 0.19.2) and the
+    # host dispatches as many views again
     charged = int(run.stdout.rsplit(";", 1)[1].split()[0])
     assert charged == 7 + 7 + 8 + 7
-    assert beside_experts > 2 * charged
-    assert rows["router + dispatcher pre-processing, forward"] > 7
-
+    assert kernels > charged and kernels + views > 3 * charged
+    assert int(rows["the routed experts"][0]) > kernels  # 8 experts' GEMMs and activations, one expert at a time
+    assert all(float(rows[part][0]) > 0 for part in ("the MoE block beside the experts, forward + backward",
+                                                      "router + dispatcher pre-processing, forward"))
 
 def test_the_bench_says_where_megatron_core_is_missing(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "megatron_moe_host.py"), "--megatron",
