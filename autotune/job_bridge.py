@@ -4,8 +4,9 @@ or a complete Bridge config (the ``run_config.yaml`` of a Bridge checkpoint), fo
 
 Overrides sit on a base recipe (a ``ConfigContainer`` function): the parallel sizes, batch, sequence, recompute,
 distributed optimizer, precision and run settings are read from the ``model``, ``train``, ``dataset``, ``ddp``,
-``comm_overlap`` and ``mixed_precision`` sections; what the file leaves unsaid is Megatron-core's default (tp 1,
-no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
+``comm_overlap`` and ``mixed_precision`` sections. What the file leaves unsaid is its base recipe's where a
+"# Base recipe: NAME" line names one megatron-bridge ships (``autotune.job_bridge_base``: run_recipe.py merges the
+file onto it), else Megatron-core's default (tp 1, no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
 "Base recipe:" line autotune writes at its top), else the model section's own shape where it states one (a complete
 config: ``autotune.job_bridge_model``), else ``--model``. The world size is not in the file:
 ``--num-gpus`` or a launch script beside it.
@@ -13,27 +14,46 @@ config: ``autotune.job_bridge_model``), else ``--model``. The world size is not 
 
 from __future__ import annotations
 
-import re
-
 from autotune.emit.bridge_peft import LORA_TARGET
-from autotune.emit.megatron_bridge_lint import read_bridge_overrides
+from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, read_bridge_overrides
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
 from autotune.inputs import read_text
+from autotune.job_bridge_base import recipe_base, with_base
 from autotune.job_bridge_model import bridge_model
 from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
 
 __all__ = ["bridge_fields", "cp_comm_type_of", "lora_of", "megatron_dispatcher"]
 
-_BASE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 # Bridge's registered precision names (training/mixed_precision.py @register) -> (precision, fp8_recipe).
 _NAMED = {"bf16_mixed": ("bf16", None), "fp16_mixed": ("fp16", None),
           "bf16_with_fp8_delayed_scaling_mixed": ("fp8", "te-delayed"),
           "bf16_with_fp8_current_scaling_mixed": ("fp8", "te-current"),
           "bf16_with_fp8_subchannel_scaling_mixed": ("fp8", "te-blockwise"),
           "bf16_with_mxfp8_mixed": ("fp8", "te-mxfp8"), "bf16_with_nvfp4_mixed": ("fp4", None)}
+
+
+_NOTED = [("model", k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                  "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                  "expert_model_parallel_size", "sequence_parallel", "recompute_granularity")] + [
+    ("train", "micro_batch_size"), ("train", "global_batch_size"), ("dataset", "seq_length")]
+"""The recipe's values a note names where the file leaves them to it: those that shape the plan."""
+_LAYOUT_LETTERS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+
+
+def layout_text(layout: object) -> str | None:
+    """A pipeline layout as Megatron's string ("Et*8|t*8|...|tmL"): given so, or as the list of stages' layer names
+    a recipe sets (``[["embedding", "decoder", ...], ...]``, pipeline_parallel_layer_layout.py of core 0.19)."""
+    if isinstance(layout, str):
+        return layout
+    if isinstance(layout, list) and all(isinstance(stage, list) for stage in layout):
+        try:
+            return "|".join("".join(_LAYOUT_LETTERS[str(name)] for name in stage) for stage in layout)
+        except KeyError:
+            return None
+    return None
 
 
 def _section(data: dict, name: str) -> dict:
@@ -84,8 +104,20 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     data, problems = read_bridge_overrides(path)
     if problems:
         raise InputError([f"{path}: {p.message}; {p.fix}" for p in problems], subject="job files")
-    m, t, ddp = _section(data, "model"), _section(data, "train"), _section(data, "ddp")
     complete = "_target_" in data  # a run_config.yaml states every field; an override file only what it changes
+    named = BASE_RECIPE_LINE.search(read_text(path, subject="Megatron-Bridge overrides"))
+    recipe = named.group(1) if named else None
+    preset = next((name for name, r in RECIPES.items() if r.name == recipe), None)
+    if recipe is not None and not complete and (base := recipe_base(recipe)) is not None:
+        # run_recipe.py merges the file onto the recipe's ConfigContainer: what the file leaves unsaid is the recipe's
+        taken = [f"{section}.{key} {base[section][key]}" for section, key in _NOTED
+                 if isinstance(base.get(section), dict) and key in base[section]
+                 and key not in _section(data, section)]
+        if taken:
+            notes.append(f"{path}: from its base recipe {recipe} (megatron-bridge 0.6.2), which the file leaves "
+                         f"unsaid: {', '.join(taken)}")
+        data, complete = with_base(base, data), True
+    m, t, ddp = _section(data, "model"), _section(data, "train"), _section(data, "ddp")
     out: dict = {"engine": "megatron", "tp": _size(m, "tensor_model_parallel_size", path),
                  "pp": _size(m, "pipeline_model_parallel_size", path),
                  "vpp": _size(m, "virtual_pipeline_model_parallel_size", path),
@@ -102,7 +134,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         notes.append(f"{path}: the base recipe's ddp {' and '.join(unsaid)} (true in every Megatron-Bridge library "
                      f"recipe, recipes/common.py _pretrain_common); give ddp.{unsaid[0]}: false where yours differs")
     # the split it states (job_files._read_job: the plan's loss_slots, emit.megatron_layout.read_loss_slots)
-    layout = m.get("pipeline_model_parallel_layout")
+    layout = layout_text(m.get("pipeline_model_parallel_layout"))
     out["split_flags"] = {"first": _size(m, "num_layers_in_first_pipeline_stage", path, None),
                           "last": _size(m, "num_layers_in_last_pipeline_stage", path, None),
                           "layout": layout if isinstance(layout, str) else None}
@@ -126,7 +158,10 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     if m.get("mtp_num_layers") != 0 and (mtp := _size(m, "mtp_num_layers", path, None)):
         out["mtp_layers"] = mtp
     impl = m.get("cuda_graph_impl")
-    listed = m.get("cuda_graph_modules") or m.get("cuda_graph_scope") or []
+    # the deprecated cuda_graph_scope, where set, becomes cuda_graph_modules if that is still its default
+    # (TransformerConfig.__post_init__, transformer_config.py:2383-2406 of core 0.19)
+    scope, modules = m.get("cuda_graph_scope"), m.get("cuda_graph_modules")
+    listed = (scope if scope is not None and modules in ("full", None, []) else modules) or []
     names = [_enum_name(x) for x in (listed if isinstance(listed, list) else [listed])]
     if impl == "full_iteration" or (impl == "local" and "full_iteration" in names):  # Bridge 0.6 utils/cuda_graph.py
         out["cuda_graph"] = "full-iteration"  # :121-131 is_full_iteration_cuda_graph
@@ -146,8 +181,6 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["fp8_attention"] = True
     if m.get("fp8_output_proj") is True:  # TransformerConfig.fp8_output_proj: the LM head in MXFP8
         out["fp8_output_proj"] = True
-    base = _BASE.search(read_text(path, subject="Megatron-Bridge overrides"))
-    preset = next((name for name, r in RECIPES.items() if base and r.name == base.group(1)), None)
     # With a CommOverlapConfig (the file's, or its recipe's) its values, False unless set, replace the model's at
     # setup (Bridge 0.6.2 training/comm_overlap.py:438-439, _override_user_cfgs)
     co = _section(data, "comm_overlap")

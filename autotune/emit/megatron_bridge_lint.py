@@ -9,6 +9,7 @@ tests/emit/test_megatron_bridge_applied.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -16,14 +17,18 @@ import yaml
 from autotune.emit.problems import JobSizes, Problem
 from autotune.inputs import read_text
 
-__all__ = ["CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides", "bridge_overrides_problems",
-           "bridge_job_sizes"]
+__all__ = ["BASE_RECIPE_LINE", "CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides",
+           "bridge_overrides_problems", "bridge_job_sizes"]
 
 # dataclasses.fields(ConfigContainer) in megatron-bridge 0.6.2 (the underscore-prefixed internal one left out).
 CONFIG_CONTAINER_SECTIONS = frozenset((
     "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
     "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
     "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart"))
+
+BASE_RECIPE_LINE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
+"""The comment that names an override file's base recipe (the line autotune writes at the top of the files it emits;
+a user's own file may carry it too)."""
 
 
 CONFIG_CONTAINER_TARGET = "megatron.bridge.training.config.ConfigContainer"

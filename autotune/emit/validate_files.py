@@ -19,7 +19,7 @@ from pathlib import Path
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
 from autotune.emit.job_args import launch_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
-from autotune.emit.megatron_bridge_lint import CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
+from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
@@ -68,7 +68,8 @@ def file_kind(path: str | Path) -> str:
         return "plan" if name == "plan.json" else "deepspeed"
     if name.endswith((".yaml", ".yml")):
         head = _head(path, 1 << 16)
-        return "megatron-bridge" if _BRIDGE_CONTAINER.search(head) or _bridge_sections(head) else "accelerate"
+        bridge = _BRIDGE_CONTAINER.search(head) or _bridge_sections(head) or BASE_RECIPE_LINE.search(head)
+        return "megatron-bridge" if bridge else "accelerate"
     if name.endswith(".toml"):
         return "torchtitan"
     if name.endswith(".py"):
