@@ -160,3 +160,23 @@ def test_a_megatron_deepspeed_save_validates_its_arguments_with_its_config(tmp_p
     problems = json.loads(out)
     assert code == 1 and [p["path"] for p in problems] == ["$.train_micro_batch_size_per_gpu"], problems
     assert "--micro-batch-size 1 in the saved arguments" in problems[0]["message"]
+
+
+@pytest.mark.parametrize("torch_adam, warned", [(False, False), (True, True)])
+def test_a_megatron_deepspeed_saves_cpu_optimizer_is_the_client_optimizer(torch_adam, warned, tmp_path, capsys,
+                                                                         monkeypatch):
+    """ZeRO-Offload with no optimizer block: the saved --cpu-optimizer passes DeepSpeedCPUAdam to
+    deepspeed.initialize, so the config's warning is not given; with --cpu_torch_adam (torch's AdamW) it is."""
+    backend = megatron_enums(monkeypatch)
+    args = megatron_args(backend, deepspeed=True, deepspeed_config="ds_config.json", zero_stage=1,
+                         tensor_model_parallel_size=4, pipeline_model_parallel_size=1,
+                         num_layers_per_virtual_pipeline_stage=None, virtual_pipeline_model_parallel_size=None,
+                         use_distributed_optimizer=False, world_size=32, normalization="rmsnorm",
+                         cpu_optimizer=True, cpu_torch_adam=torch_adam)
+    ds = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 64,
+          "bf16": {"enabled": True}, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+    deepspeed_save(tmp_path / "save", {"ds_config": ds, "dp_world_size": 8, "mp_world_size": 4, "args": args})
+    monkeypatch.delitem(sys.modules, ENUMS)
+    code, out, err = validate(capsys, tmp_path / "save", "--json")
+    problems = json.loads(out)
+    assert any(p["message"].startswith("ZeRO-Offload with no optimizer block") for p in problems) == warned, problems

@@ -205,34 +205,47 @@ def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> 
     return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
 
 
-def _pair_problems(inputs: list[tuple[str, str]], world: int, tp: int, pp: int, cp: int,
-                   found: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it names show together
-    (autotune.emit.megatron_deepspeed_pair): each argument file with the JSON its --deepspeed_config names, else with
-    the one JSON given, else with the config the script writes itself (a here-document, a sed template), which is
-    checked for the job's sizes as a given JSON is. ``found``: each file's own problems, of which a JSON's warning
-    that ZeRO-Offload needs DeepSpeedCPUAdam passed in is dropped where the script passes it (--cpu-optimizer)."""
-    from autotune.emit.megatron_deepspeed_pair import (client_cpu_adam, flags_given, megatron_deepspeed_pair_problems,
-                                                       without_client_optimizer_warning, written_pair_problems)
+def _pairs(inputs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The DeepSpeed JSONs given that each Megatron-DeepSpeed argument file runs with: the one its --deepspeed_config
+    names, else the one JSON given, else none (it is checked with the config it writes itself)."""
     from autotune.emit.shell_args import read_megatron_args_file
     from autotune.emit.written_deepspeed_config import config_name
 
     jsons = [path for path, kind in inputs if kind == "deepspeed"]
-    out: list[tuple[str, object]] = []
+    out: dict[str, list[str]] = {}
     for path, kind in inputs:
-        if kind != "megatron-deepspeed":
-            continue
-        argv = read_megatron_args_file(path)
-        named = config_name(argv)
-        match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
-        pairs = match or (jsons if len(jsons) == 1 else [])
-        cpu_adam = client_cpu_adam(flags_given(argv))
-        for ds_path in pairs:
-            if cpu_adam:  # in place, in order
-                kept = without_client_optimizer_warning([p for at, p in found if at == ds_path])
-                found[:] = [(at, p) for at, p in found if at != ds_path or p in kept]
+        if kind == "megatron-deepspeed":
+            named = config_name(read_megatron_args_file(path))
+            match = [j for j in jsons if named is not None and Path(j).name == Path(named).name]
+            out[path] = match or (jsons if len(jsons) == 1 else [])
+    return out
+
+
+def _client_optimizers(pairs: dict[str, list[str]]) -> dict[str, str]:
+    """The optimizer each DeepSpeed JSON's program passes to deepspeed.initialize, where every argument file run with
+    it says the same (``megatron_deepspeed_pair.client_optimizer``: DeepSpeedCPUAdam for --cpu-optimizer), by path."""
+    from autotune.emit.megatron_deepspeed_pair import client_optimizer, flags_given
+    from autotune.emit.shell_args import read_megatron_args_file
+
+    said: dict[str, set] = {}
+    for script, jsons in pairs.items():
+        optimizer = client_optimizer(flags_given(read_megatron_args_file(script)))
+        for ds_path in jsons:
+            said.setdefault(ds_path, set()).add(optimizer)
+    return {ds_path: next(iter(names)) for ds_path, names in said.items() if len(names) == 1 and None not in names}
+
+
+def _pair_problems(pairs: dict[str, list[str]], world: int, tp: int, pp: int, cp: int) -> list[tuple[str, object]]:
+    """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it runs with show together
+    (autotune.emit.megatron_deepspeed_pair; ``pairs``: :func:`_pairs`); an argument file without a JSON given, with
+    the config it writes itself (a here-document, a sed template), checked for the job's sizes as a given JSON is."""
+    from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems, written_pair_problems
+
+    out: list[tuple[str, object]] = []
+    for path, jsons in pairs.items():
+        for ds_path in jsons:
             out += [(ds_path, p) for p in megatron_deepspeed_pair_problems(path, ds_path)]
-        if not pairs:
+        if not jsons:
             problems, checked = written_pair_problems(path, world_size=world, tp=tp, pp=pp, cp=cp)
             out += [(path, p) for p in problems]
             if checked:
@@ -250,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     asked = _asked_versions(args, inputs)
     world, tp, pp, cp = _job(args, inputs)
+    pairs = _pairs(inputs)
+    clients = _client_optimizers(pairs)  # a JSON run by a script that passes DeepSpeedCPUAdam
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
         config = path
@@ -258,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
                                                    megatron_release=asked.get("megatron"))
         else:
             problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
-                                 hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked)
+                                 hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked,
+                                 client_optimizer=clients.get(path))
         if args.model is not None and kind == "deepspeed":  # the JSON's plan ("auto" resolved) with the model
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it
@@ -271,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len, tp=tp, pp=pp, cp=cp,
                                     recompute=args.recompute)
         found += [(path, p) for p in problems]
-    found += _pair_problems(inputs, world, tp, pp, cp, found)
+    found += _pair_problems(pairs, world, tp, pp, cp)
     if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "

@@ -105,10 +105,13 @@ def checkpoint_problems(folder: str, kind: str, *, world_size: int, tp: int, pp:
     if kind == TRAINER_CHECKPOINT_KIND:  # no config file to lint (module docstring)
         return [], None
     if kind == CHECKPOINT_KIND:
+        from autotune.emit.megatron_deepspeed_pair import client_optimizer, flags_given
         from autotune.emit.validate import validate_deepspeed_config
 
         print(f"autotune validate: {folder}: the DeepSpeed config saved in {job.source}", file=sys.stderr)
-        problems = validate_deepspeed_config(job.ds_config, world_size=world_size, tp=tp, pp=pp, cp=cp)
+        client = client_optimizer(flags_given(job.argv)) if job.argv is not None else None  # --cpu-optimizer saved
+        problems = validate_deepspeed_config(job.ds_config, world_size=world_size, tp=tp, pp=pp, cp=cp,
+                                             client_optimizer=client)
         if job.argv is not None:  # a Megatron-DeepSpeed save: its arguments, alone and with the config
             from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
             from autotune.emit.megatron_deepspeed_pair import pair_problems

@@ -32,11 +32,10 @@ from autotune.emit.megatron_flags import MEGATRON_DEEPSPEED_FLAGS_FILE, megatron
 from autotune.emit.problems import Problem, problem_at
 from autotune.emit.shell_args import read_megatron_args_file_with_lines
 from autotune.emit.validate_json import read_deepspeed_config
-from autotune.emit.validate_rules import NO_OPTIMIZER_BLOCK
 from autotune.emit.written_deepspeed_config import config_name, written_deepspeed_config
 
 __all__ = ["megatron_deepspeed_pair_problems", "pair_problems", "written_pair_problems", "cpu_optimizer_problem",
-           "client_cpu_adam", "flags_given", "without_client_optimizer_warning"]
+           "client_cpu_adam", "client_optimizer", "flags_given"]
 
 _FORK = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 
@@ -66,17 +65,19 @@ def _dashed(given) -> set[str]:
     return {g.flag.replace("_", "-") for g in given}
 
 
-def without_client_optimizer_warning(problems: list[Problem]) -> list[Problem]:
-    """``problems`` of a DeepSpeed config but its warning that ZeRO-Offload needs DeepSpeedCPUAdam passed in
-    (``validate_rules.NO_OPTIMIZER_BLOCK``): the script passes it (:func:`client_cpu_adam`)."""
-    return [p for p in problems if not p.message.startswith(NO_OPTIMIZER_BLOCK)]
-
-
 def client_cpu_adam(flags) -> bool:
     """The fork hands deepspeed.initialize DeepSpeedCPUAdam: ``--cpu-optimizer`` without ``--cpu_torch_adam``
     (megatron/optimizer/__init__.py:83-94, megatron/training.py:617-623 at 4efb479d). ``flags``: the flag names
     given (dashes)."""
     return "--cpu-optimizer" in flags and "--cpu-torch-adam" not in flags
+
+
+def client_optimizer(flags) -> str | None:
+    """The optimizer the fork passes to deepspeed.initialize as the DeepSpeed config's checks take it
+    (``client_optimizer`` of ``autotune.emit.validate.validate_deepspeed_config``): "DeepSpeedCPUAdam" where
+    :func:`client_cpu_adam`, else None (another: apex's FusedAdam, torch's Adam or AdamW, none DeepSpeed runs under
+    ZeRO-Offload). ``flags``: the flag names given (dashes)."""
+    return "DeepSpeedCPUAdam" if client_cpu_adam(flags) else None
 
 
 def cpu_optimizer_problem(flags, ds: dict) -> tuple[str, str] | None:
@@ -130,9 +131,8 @@ def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1
             "pipeline engine)"), fix=written.fix or "give the config too")], None
     from autotune.emit.validate import validate_deepspeed_config
 
-    found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp)
-    if client_cpu_adam(flags_given(argv)):
-        found = without_client_optimizer_warning(found)
+    found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp,
+                                      client_optimizer=client_optimizer(flags_given(argv)))
     found += pair_problems(argv, written.data, args_name=name, lines=lines)
     return [dataclasses.replace(p, line=written.line, message=f"in {written.what}: {p.message}")
             for p in found], written.what

@@ -65,13 +65,15 @@ def resolved_config(data: dict, *, world_size: int, tp: int = 1, pp: int = 1, cp
 
 
 def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
-                              hf: bool = False) -> list[Problem]:
+                              hf: bool = False, client_optimizer: str | None = None) -> list[Problem]:
     """Every problem of a DeepSpeed config (a dict or a JSON file) for ``world_size`` ranks.
 
     DeepSpeed's data-parallel size is world / (tp x pp x cp); with ``tp`` 1 and an AutoTP config
     (``tensor_parallel.autotp_size``), that size is the TP degree. ``hf``: the config is for the
     Hugging Face Trainer / accelerate, whose ``"auto"`` values are filled in before checking.
-    Raises InputError for an unusable file or sizes; malformed JSON is a problem with its line.
+    ``client_optimizer``: the optimizer the program passes to deepspeed.initialize, where known
+    (``autotune.emit.validate_rules.rule_problems``). Raises InputError for an unusable file or sizes;
+    malformed JSON is a problem with its line.
     """
     data, lines, problems = read_deepspeed_config(config)
     if data is None:
@@ -84,7 +86,8 @@ def validate_deepspeed_config(config: dict | str | Path, *, world_size: int, tp:
     batch_dp = _batch_data_parallel(data, dp, tp)
     checked = substitute(data, found, batch_dp)
     problems += schema_problems(checked, lines)
-    problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines)
+    problems += rule_problems(checked, world=world_size, tp=tp, pp=pp, cp=cp, dp=batch_dp, lines=lines,
+                              client_optimizer=client_optimizer)
     problems += deepspeed_problems(checked, batch_dp, problems, lines)
     return problems
 

@@ -157,19 +157,23 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
 
 def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
                   kind: str | None = None, hf: bool | None = None,
-                  engine_versions: Mapping[str, str] | None = None) -> list[Problem]:
+                  engine_versions: Mapping[str, str] | None = None,
+                  client_optimizer: str | None = None) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable).
 
     ``kind``: one of :data:`FILE_KINDS` (default: :func:`file_kind`). ``hf`` (DeepSpeed JSON only): fill
     Hugging Face "auto" values first (default: for a file named ``*_hf.json``). ``engine_versions``: the releases
     asked for by engine ({"megatron": "0.16", "fsdp": "0.3"}); a Megatron file is checked against the flag table of
-    the release in use (:func:`autotune.emit.megatron_versions.release_in_use`).
+    the release in use (:func:`autotune.emit.megatron_versions.release_in_use`). ``client_optimizer`` (DeepSpeed
+    JSON only): the optimizer the program run with it passes to deepspeed.initialize, where known (a paired
+    Megatron-DeepSpeed script's: :func:`autotune.emit.validate_rules.rule_problems`).
     """
     asked = dict(engine_versions or {})
     kind = kind or file_kind(path)
     if kind == "deepspeed":
         hf = Path(path).name.lower().endswith("_hf.json") if hf is None else hf
-        return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf)
+        return validate_deepspeed_config(path, world_size=world_size, tp=tp, pp=pp, cp=cp, hf=hf,
+                                         client_optimizer=client_optimizer)
     if kind == "megatron":
         argv, lines, env, script = read_megatron_launch(path)
         declared = header_release(Path(path).read_text(encoding="utf-8", errors="replace"))

@@ -12,7 +12,7 @@ from autotune.emit.validate_deepspeed import removed_keys
 from autotune.emit.validate_json import BATCH_KEYS, Parts, get, is_int, json_path, line_of
 from autotune.emit.validate_schema import close_key
 
-__all__ = ["rule_problems", "NO_OPTIMIZER_BLOCK"]
+__all__ = ["rule_problems", "CLIENT_CPU_OPTIMIZERS"]
 
 # Optimizers ZeRO runs without zero_allow_untested_optimizer (zero/utils.py:45, by config name after
 # config.py:519 lower-cases DeepSpeed's own names); torch's Adam/AdamW/Adagrad map onto these.
@@ -20,9 +20,10 @@ _ZERO_TESTED_OPTIMIZERS = frozenset({"adam", "adamw", "adagrad", "lion", "muon"}
 _DS_OPTIMIZERS = frozenset({"adam", "adamw", "adagrad", "lamb", "lion", "muon", "muadam", "muadamw", "musgd"})
 _DS_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})
 
-NO_OPTIMIZER_BLOCK = "ZeRO-Offload with no optimizer block"
-"""How the warning that ZeRO-Offload needs DeepSpeedCPUAdam passed in begins (a script that passes it drops it:
-``autotune.emit.megatron_deepspeed_pair.without_client_optimizer_warning``)."""
+CLIENT_CPU_OPTIMIZERS = ("DeepSpeedCPUAdam", "DeepSpeedCPULion")
+"""The client optimizers DeepSpeed runs under ZeRO-Offload (0.19.8 runtime/engine.py:2342-2346 checks the type of the
+optimizer passed to deepspeed.initialize): a ``client_optimizer`` of :func:`rule_problems` naming one is known to be
+passed (a Megatron-DeepSpeed script's ``--cpu-optimizer``: ``megatron_deepspeed_pair.client_optimizer``)."""
 
 
 # ---- (c) cross-field rules -------------------------------------------------------------------
@@ -60,7 +61,11 @@ def _batch_problems(cfg: dict, dp: int, sizes: str, bad) -> None:
         "for this world size set " + ", or ".join(fixes))
 
 
-def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, lines: dict) -> list[Problem]:
+def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, lines: dict,
+                  client_optimizer: str | None = None) -> list[Problem]:
+    """The cross-field problems of ``cfg`` for the sizes given. ``client_optimizer``: the class of the optimizer the
+    program passes to deepspeed.initialize, where the caller knows it (one of :data:`CLIENT_CPU_OPTIMIZERS`: no
+    warning that ZeRO-Offload without an optimizer block needs one); None: unknown."""
     import torch
 
     out: list[Problem] = []
@@ -109,9 +114,10 @@ def rule_problems(cfg: dict, *, world: int, tp: int, pp: int, cp: int, dp: int, 
                                                           "builds the swapper (partition_parameters.py:1225)",
                 "set nvme_path to a folder on a local NVMe drive")
     if devices["offload_optimizer"] not in ("none", None) and "optimizer" not in cfg \
-            and cfg.get("zero_force_ds_cpu_optimizer", True) is not False:
+            and cfg.get("zero_force_ds_cpu_optimizer", True) is not False \
+            and client_optimizer not in CLIENT_CPU_OPTIMIZERS:
         bad(("zero_optimization", "offload_optimizer"),
-            f"{NO_OPTIMIZER_BLOCK}: the optimizer passed to deepspeed.initialize must be "
+            "ZeRO-Offload with no optimizer block: the optimizer passed to deepspeed.initialize must be "
             "DeepSpeedCPUAdam (or DeepSpeedCPULion), else DeepSpeed raises ZeRORuntimeException (engine.py:2345)",
             "add an optimizer block (AdamW), pass DeepSpeedCPUAdam, or set zero_force_ds_cpu_optimizer: false",
             "warning")

@@ -56,7 +56,7 @@ def test_the_config_a_fixture_writes_is_checked_as_a_given_one(script, how, line
 
 def test_the_fixtures_say_what_their_written_configs_hold(capsys):
     # run-1t.sh's here-document: an aio key DeepSpeed ignores (its ZeRO-Offload without an optimizer block is fine:
-    # the script's --cpu-optimizer passes DeepSpeedCPUAdam, so the JSON-alone warning is dropped);
+    # the script's --cpu-optimizer passes DeepSpeedCPUAdam, which the rule is told: no JSON-alone warning);
     # the 125M script's template: nothing; the MoE one's: the legacy top-level curriculum_learning DeepSpeed refuses
     said = {s: [p["path"] for p in _validate(capsys, FIXTURES / s)[1]] for s in (
         "azure/run-1t.sh", "rebase/ds_pretrain_gpt_125M.sh", "MoE/ds_pretrain_gpt_1.3B_PR-MoE64or128.sh")}
@@ -171,3 +171,47 @@ def test_the_scripts_optimizer_is_weighed_against_zero_offload(extra, expected, 
         errors = [p for p in offload if p["severity"] == "error"]  # beside the JSON-alone warning
         assert code == 1 and len(errors) == 1 and errors[0]["file"] == str(ds), found
         assert all(text in errors[0]["message"] + errors[0]["fix"] for text in expected), errors
+
+
+OFFLOAD_WARNING = "ZeRO-Offload with no optimizer block"
+
+
+def test_the_no_optimizer_block_warning_knows_the_client_optimizer(tmp_path, capsys):
+    # the rule itself is told the optimizer passed to deepspeed.initialize (engine.py:2342-2346 of 0.19.8 checks its
+    # type): a JSON alone (unknown) is warned; a script passing DeepSpeedCPUAdam (--cpu-optimizer) is not; one
+    # passing torch's AdamW (--cpu-optimizer --cpu_torch_adam) is, beside the pair's error
+    from autotune.emit.validate import validate_deepspeed_config
+
+    written = written_deepspeed_config(str(FIXTURES / "azure" / "run-1t.sh"), _name(FIXTURES / "azure" / "run-1t.sh"))
+    ds = tmp_path / written.name
+    ds.write_text(json.dumps(written.data, indent=2))
+    code, alone, _ = _validate(capsys, ds)
+    assert code == 1 and [p["severity"] for p in alone if p["message"].startswith(OFFLOAD_WARNING)] == ["warning"]
+    said = {c: [p.message for p in validate_deepspeed_config(written.data, world_size=8, client_optimizer=c)]
+            for c in (None, "DeepSpeedCPUAdam", "DeepSpeedCPULion", "AdamW")}
+    assert {c: any(m.startswith(OFFLOAD_WARNING) for m in ms) for c, ms in said.items()} == {
+        None: True, "DeepSpeedCPUAdam": False, "DeepSpeedCPULion": False, "AdamW": True}, said
+    assert not any(OFFLOAD_WARNING in p["message"] for p in _validate(capsys, FIXTURES / "azure" / "run-1t.sh")[1])
+    script = tmp_path / "run-1t.sh"
+    script.write_text((FIXTURES / "azure" / "run-1t.sh").read_text().replace(
+        'CPU_OPTIM=" --cpu-optimizer"', 'CPU_OPTIM=" --cpu-optimizer --cpu_torch_adam"'))
+    code, found, _ = _validate(capsys, script)
+    offload = [(p["severity"], p["message"]) for p in found if p["path"] == "$.zero_optimization.offload_optimizer"]
+    assert [s for s, m in offload if OFFLOAD_WARNING in m] == ["warning"], found
+    assert [s for s, m in offload if "drop --cpu_torch_adam" in m or "refuses any optimizer" in m] == ["error"], found
+
+
+@pytest.mark.parametrize("extra, warned", [("--cpu-optimizer", False), ("--cpu-optimizer --cpu_torch_adam", True)])
+def test_a_given_json_is_warned_unless_its_script_passes_deepspeed_cpu_adam(extra, warned, tmp_path, capsys):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                              "bf16": {"enabled": True}}))
+    script = tmp_path / "run.sh"
+    script.write_text("deepspeed pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                      "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 "
+                      f"--bf16 --deepspeed --deepspeed_config ds.json --zero-stage 2 --no-pipeline-parallel {extra}\n")
+    found = _validate(capsys, script, ds)[1]
+    assert any(p["message"].startswith(OFFLOAD_WARNING) and p["file"] == str(ds) for p in found) == warned, found
+    # the JSON alone: the optimizer passed in is unknown, so it is warned
+    assert any(p["message"].startswith(OFFLOAD_WARNING) for p in _validate(capsys, ds)[1])
