@@ -205,6 +205,24 @@ def _asked_versions(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> 
     return parse_engine_version_flag(args.engine_version, engines, {n: e.versions for n, e in ENGINES.items()})
 
 
+def _templates(inputs: list[tuple[str, str]]) -> dict[str, str]:
+    """The sed template given beside each Megatron-DeepSpeed script that fills it into its --deepspeed_config (a
+    DeepSpeed-kind file of the name the script's sed reads: ``written_deepspeed_config.template_given``), by script:
+    read as that script's config, not linted as a JSON (its placeholders, CONFIG_BATCH_SIZE ..., are not JSON), as
+    ``estimate --from SCRIPT TEMPLATE`` takes it."""
+    from autotune.emit.shell_args import read_megatron_args_file
+    from autotune.emit.written_deepspeed_config import config_name, template_given
+
+    jsons = [path for path, kind in inputs if kind == "deepspeed"]
+    out: dict[str, str] = {}
+    for path, kind in inputs:
+        if kind == "megatron-deepspeed" and jsons:
+            found = template_given(path, config_name(read_megatron_args_file(path)), jsons)
+            if found is not None:
+                out[path] = found
+    return out
+
+
 def _pairs(inputs: list[tuple[str, str]]) -> dict[str, list[str]]:
     """The DeepSpeed JSONs given that each Megatron-DeepSpeed argument file runs with: the one its --deepspeed_config
     names, else the one JSON given, else none (it is checked with the config it writes itself)."""
@@ -235,10 +253,12 @@ def _client_optimizers(pairs: dict[str, list[str]]) -> dict[str, str]:
     return {ds_path: next(iter(names)) for ds_path, names in said.items() if len(names) == 1 and None not in names}
 
 
-def _pair_problems(pairs: dict[str, list[str]], world: int, tp: int, pp: int, cp: int) -> list[tuple[str, object]]:
+def _pair_problems(pairs: dict[str, list[str]], world: int, tp: int, pp: int, cp: int,
+                   templates: dict[str, str]) -> list[tuple[str, object]]:
     """What a Megatron-DeepSpeed argument file and the DeepSpeed JSON it runs with show together
     (autotune.emit.megatron_deepspeed_pair; ``pairs``: :func:`_pairs`); an argument file without a JSON given, with
-    the config it writes itself (a here-document, a sed template), checked for the job's sizes as a given JSON is."""
+    the config it writes itself (a here-document, a sed template: ``templates``, the one given beside it, else the
+    one next to it), checked for the job's sizes as a given JSON is."""
     from autotune.emit.megatron_deepspeed_pair import megatron_deepspeed_pair_problems, written_pair_problems
 
     out: list[tuple[str, object]] = []
@@ -246,7 +266,8 @@ def _pair_problems(pairs: dict[str, list[str]], world: int, tp: int, pp: int, cp
         for ds_path in jsons:
             out += [(ds_path, p) for p in megatron_deepspeed_pair_problems(path, ds_path)]
         if not jsons:
-            problems, checked = written_pair_problems(path, world_size=world, tp=tp, pp=pp, cp=cp)
+            problems, checked = written_pair_problems(path, world_size=world, tp=tp, pp=pp, cp=cp,
+                                                      template=templates.get(path))
             out += [(path, p) for p in problems]
             if checked:
                 print(f"autotune validate: {path}: its flags checked with {checked}", file=sys.stderr)
@@ -261,6 +282,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(["the memory check needs --gpu (and --model for a DeepSpeed JSON or an accelerate config, "
                           "which state no model)"], subject="validate request")
     inputs = _inputs(args)
+    templates = _templates(inputs)
+    for script, template in templates.items():
+        print(f"autotune validate: {template}: the template {script} fills with sed: read as its DeepSpeed config, "
+              "not checked alone", file=sys.stderr)
+    inputs = [(path, kind) for path, kind in inputs if path not in templates.values()]
     asked = _asked_versions(args, inputs)
     world, tp, pp, cp = _job(args, inputs)
     pairs = _pairs(inputs)
@@ -287,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
             problems += _job_memory(args, path, world, problems, seq_len=args.seq_len, tp=tp, pp=pp, cp=cp,
                                     recompute=args.recompute)
         found += [(path, p) for p in problems]
-    found += _pair_problems(pairs, world, tp, pp, cp)
+    found += _pair_problems(pairs, world, tp, pp, cp, templates)
     if args.gpu is not None and not any(kind in (*_JOB_KINDS, *_MODEL_LESS, CHECKPOINT_KIND) for _, kind in inputs):
         raise InputError(["the memory check (--gpu) reads a file that states a job: Megatron-LM or Megatron-DeepSpeed "
                           "arguments, Bridge overrides, a torchtitan config, a checkpoint folder, or a DeepSpeed JSON "

@@ -111,24 +111,29 @@ def megatron_deepspeed_pair_problems(args_path: str | Path, ds_path: str | Path)
     return pair_problems(argv, data, args_name=Path(args_path).name, lines=lines, key_lines=key_lines)
 
 
-def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1,
-                          cp: int = 1) -> tuple[list[Problem], str | None]:
+def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
+                          template: str | None = None) -> tuple[list[Problem], str | None]:
     """What a launch script and the DeepSpeed config it writes and names with ``--deepspeed_config`` show, as a
     given pair is checked: the config's own problems for ``world_size`` ranks, then :func:`pair_problems`; each at
     the script's line that writes the config (none: the script writes none by that name); a warning
-    saying what was not checked where the written config does not read (a template not next to the script, variables
-    the script does not set), and InputError where its filled text is not JSON, as the fork's json.load refuses it;
-    with the config checked (how the script writes it, and where; None: none)."""
+    saying what was not checked where the written config does not read (a sed template neither ``template``, given
+    beside the script, nor next to it; variables the script does not set), and InputError where its filled text is
+    not JSON, as the fork's json.load refuses it; with the config checked (how the script writes it, and where;
+    None: none)."""
     argv, lines, _ = read_megatron_args_file_with_lines(args_path)
     name = Path(args_path).name
-    written = written_deepspeed_config(str(args_path), config_name(argv), templates=False, subject="DeepSpeed config",
+    written = written_deepspeed_config(str(args_path), config_name(argv), template, subject="DeepSpeed config",
                                        give=f"too (autotune validate {args_path} CONFIG.json)")
     if written is None:
         return [], None
     if written.data is None:
+        fix = written.fix or "give the config too"
+        if written.template:  # the sed template, not found: given beside the script it is filled
+            fix = (f"give {written.template} too (autotune validate {args_path} PATH/{written.template}), or the "
+                   f"filled config (autotune validate {args_path} CONFIG.json)")
         return [Problem(path="--deepspeed_config", severity="warning", line=written.line, message=(
             f"{written.unread}: the flags are not checked against it (micro-batch, ZeRO-3's build, MoE under the "
-            "pipeline engine)"), fix=written.fix or "give the config too")], None
+            "pipeline engine)"), fix=fix)], None
     from autotune.emit.validate import validate_deepspeed_config
 
     found = validate_deepspeed_config(written.data, world_size=world_size, tp=tp, pp=pp, cp=cp,

@@ -18,7 +18,7 @@ from pathlib import Path
 from autotune.emit.job_args import FROM_SUBJECT
 from autotune.errors import InputError
 
-__all__ = ["WrittenConfig", "written_deepspeed_config", "config_name"]
+__all__ = ["WrittenConfig", "written_deepspeed_config", "config_name", "template_given"]
 
 _FORK = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 
@@ -26,7 +26,8 @@ _FORK = "deepspeedai/Megatron-DeepSpeed@4efb479d"
 @dataclass(frozen=True)
 class WrittenConfig:
     """The config a script writes to ``name`` from its ``line``: ``data`` where it reads (``what``: how the script
-    writes it, and where), else ``unread`` (why not, a clause naming the file) and ``fix`` (how to have it read)."""
+    writes it, and where), else ``unread`` (why not, a clause naming the file) and ``fix`` (how to have it read);
+    ``template``: the name of the sed template where it is what was not found."""
 
     name: str
     line: int
@@ -34,6 +35,7 @@ class WrittenConfig:
     data: dict | None = None
     unread: str | None = None
     fix: str | None = None
+    template: str | None = None
 
 
 def config_name(argv: Sequence[str]) -> str | None:
@@ -44,6 +46,17 @@ def config_name(argv: Sequence[str]) -> str | None:
         if flag in ("--deepspeed_config", "--deepspeed-config"):
             name = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return name
+
+
+def template_given(path: str, name: str | None, paths: Sequence[str]) -> str | None:
+    """Which of ``paths`` is the template the script at ``path`` fills with sed into ``name`` (its file name the
+    one the sed reads, as :func:`written_deepspeed_config` takes a ``given`` one); None: none is."""
+    from autotune.emit.shell_files import read_written_files
+
+    written = read_written_files(path).get(name) if isinstance(name, str) and Path(path).is_file() else None
+    if written is None or written.text is not None or not written.template:
+        return None
+    return next((p for p in paths if Path(p).name == Path(written.template).name), None)
 
 
 def written_deepspeed_config(path: str, name: str | None, given: str | None = None, *, give: str = "with --from",
@@ -74,7 +87,8 @@ def written_deepspeed_config(path: str, name: str | None, given: str | None = No
         if template is None:
             return WrittenConfig(name, written.line, what, unread=sed + (
                 ", which is neither next to the script nor given" if templates else ", which is not next to the "
-                "script"), fix=f"give {Path(written.template).name if templates else 'the filled config'} {give}")
+                "script"), fix=f"give {Path(written.template).name if templates else 'the filled config'} {give}",
+                template=Path(written.template).name)
         text = substituted(read_text(template, subject="DeepSpeed config template", max_bytes=1 << 20), written.subs)
         what = f"the DeepSpeed config its sed commands write to {name} from {template} ({where})"
     unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))) + (["(...)"] if "$(" in text else [])

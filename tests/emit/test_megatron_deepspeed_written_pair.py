@@ -72,13 +72,39 @@ def test_a_template_not_next_to_the_script_is_a_warning_naming_what_was_not_chec
     code, found, err = _validate(capsys, script)
     assert code == 1 and [(p["path"], p["severity"], p["line"]) for p in found] == \
         [("--deepspeed_config", "warning", 312)], found
-    assert "ds_config_gpt_Zero2_TEMPLATE.json, which is not next to the script" in found[0]["message"]
+    assert "ds_config_gpt_Zero2_TEMPLATE.json, which is neither next to the script nor given" in found[0]["message"]
     assert "the flags are not checked against it" in found[0]["message"]
-    assert f"give the filled config too (autotune validate {script} CONFIG.json)" == found[0]["fix"]
+    assert found[0]["fix"] == (f"give ds_config_gpt_Zero2_TEMPLATE.json too (autotune validate {script} "
+                               f"PATH/ds_config_gpt_Zero2_TEMPLATE.json), or the filled config (autotune validate "
+                               f"{script} CONFIG.json)")
     assert "checked with" not in err
     # given beside it, the filled config is the pair, and the script's own is not read
     code, found, err = _validate(capsys, script, _filled(FIXTURES / "MoE" / script.name, tmp_path))
     assert [p["path"] for p in found] == ["$.curriculum_learning"] and "checked with" not in err, found
+    # the template given beside it is filled, as estimate --from SCRIPT TEMPLATE fills it
+    code, found, err = _validate(capsys, script, FIXTURES / "MoE" / "ds_config_gpt_Zero2_TEMPLATE.json")
+    assert [(p["path"], p["file"], p["line"]) for p in found] == [("$.curriculum_learning", str(script), 312)], found
+    assert "its sed commands write to ds_config_gpt_gpt-1.3B" in err
+
+
+def test_a_sed_template_given_beside_the_script_is_read_as_its_config_not_linted_alone(tmp_path, capsys):
+    # the fork's 125M rebase script away from its template: `validate SCRIPT TEMPLATE` fills the template with the
+    # script's sed commands (CONFIG_BATCH_SIZE ... are not JSON: linted alone it is refused), as `estimate --from
+    # SCRIPT TEMPLATE` reads it
+    script = tmp_path / "ds_pretrain_gpt_125M.sh"
+    shutil.copy(FIXTURES / "rebase" / script.name, script)
+    template = FIXTURES / "rebase" / "ds_config_gpt_TEMPLATE.json"
+    assert main(["validate", str(template), "--world-size", "8"]) == 2 and "not valid JSON" in capsys.readouterr().err
+    code, found, err = _validate(capsys, script, template)
+    assert (code, found) == (0, []), (found, err)
+    assert f"{template}: the template {script} fills with sed: read as its DeepSpeed config, not checked alone" in err
+    assert (f"its flags checked with the DeepSpeed config its sed commands write to "
+            f"ds_config_gbs256_mbs2_log10_zero1.json from {template} ({script}:289)") in err, err
+    # the same as with the template next to the script; a placeholder the script leaves is refused the same way
+    assert _validate(capsys, FIXTURES / "rebase" / script.name)[:2] == (0, [])
+    script.write_text(script.read_text().replace('    | sed "s/ZERO_STAGE/${zero_stage}/" \\\n', ""))
+    code, _, err = _validate(capsys, script, template)
+    assert code == 2 and "placeholders left: ZERO_STAGE" in err and "Traceback" not in err, err
 
 
 SCRIPT = """DS=ds.json
