@@ -115,17 +115,17 @@ def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1
                           template: str | None = None) -> tuple[list[Problem], str | None]:
     """What a launch script and the DeepSpeed config it writes and names with ``--deepspeed_config`` show, as a
     given pair is checked: the config's own problems for ``world_size`` ranks, then :func:`pair_problems`; each at
-    the script's line that writes the config (none: the script writes none by that name); a warning
-    saying what was not checked where the written config does not read (a sed template neither ``template``, given
-    beside the script, nor next to it; variables the script does not set), and InputError where its filled text is
-    not JSON, as the fork's json.load refuses it; with the config checked (how the script writes it, and where;
-    None: none)."""
+    the script's line that writes the config; a warning saying what was not checked where the script writes no
+    config by the name it gives (:func:`_unchecked_config`) or the written config does not read (a sed template
+    neither ``template``, given beside the script, nor next to it; variables the script does not set), and
+    InputError where its filled text is not JSON, as the fork's json.load refuses it; with the config checked (how
+    the script writes it, and where; None: none)."""
     argv, lines, _ = read_megatron_args_file_with_lines(args_path)
     name = Path(args_path).name
     written = written_deepspeed_config(str(args_path), config_name(argv), template, subject="DeepSpeed config",
                                        give=f"too (autotune validate {args_path} CONFIG.json)")
     if written is None:
-        return [], None
+        return _unchecked_config(str(args_path), argv, lines), None
     if written.data is None:
         fix = written.fix or "give the config too"
         if written.template:  # the sed template, not found: given beside the script it is filled
@@ -141,6 +141,26 @@ def written_pair_problems(args_path: str | Path, *, world_size: int, tp: int = 1
     found += pair_problems(argv, written.data, args_name=name, lines=lines)
     return [dataclasses.replace(p, line=written.line, message=f"in {written.what}: {p.message}")
             for p in found], written.what
+
+
+def _unchecked_config(args_path: str, argv: Sequence[str], lines: Sequence[int]) -> list[Problem]:
+    """A warning at ``--deepspeed_config`` naming the config a script runs with but neither writes nor was given with:
+    nothing checks it or the flags against it; none where the script names none."""
+    name = config_name(argv)
+    if name is None:
+        return []
+    at = max((i for i, a in enumerate(argv) if a.partition("=")[0] in ("--deepspeed_config", "--deepspeed-config")),
+             default=None)
+    unset = "$" in name  # a variable the script leaves to the run's environment
+    beside = Path(args_path).parent / name
+    given = str(beside) if not unset and beside.is_file() else "CONFIG.json" if unset else f"PATH/{Path(name).name}"
+    said = (f"--deepspeed_config {name} names a variable the script does not set" if unset else
+            f"--deepspeed_config {name} is neither written by the script (a here-document or sed template) nor given")
+    return [Problem(path="--deepspeed_config", severity="warning",
+                    line=lines[at] if at is not None and at < len(lines) else None, message=(
+        f"{said}: the DeepSpeed config is not checked, nor the flags against it (micro-batch, ZeRO-3's build, "
+        "ZeRO-Offload's optimizer, MoE under the pipeline engine)"),
+        fix=f"give the config too (autotune validate {args_path} {given})")]
 
 
 def pair_problems(argv: Sequence[str], data: dict, *, args_name: str, lines: Sequence[int] | None = None,

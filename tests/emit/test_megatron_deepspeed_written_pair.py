@@ -241,3 +241,33 @@ def test_a_given_json_is_warned_unless_its_script_passes_deepspeed_cpu_adam(extr
     assert any(p["message"].startswith(OFFLOAD_WARNING) and p["file"] == str(ds) for p in found) == warned, found
     # the JSON alone: the optimizer passed in is unknown, so it is warned
     assert any(p["message"].startswith(OFFLOAD_WARNING) for p in _validate(capsys, ds)[1])
+
+
+NAMED = """{set_it}deepspeed --num_gpus 8 pretrain_gpt.py --num-layers 12 --hidden-size 768 --num-attention-heads 12 \\
+  --seq-length 2048 --max-position-embeddings 2048 --vocab-size 50257 --bf16 --use-flash-attn-v2 \\
+  --micro-batch-size 2 --global-batch-size 16 \\
+  --deepspeed --deepspeed_config {name} --zero-stage 1 --no-pipeline-parallel
+"""
+
+
+@pytest.mark.parametrize("set_it, name, said", [
+    ("", "ds_config.json", "--deepspeed_config ds_config.json is neither written by the script"),
+    ("config_json=my_ds.json\n", "$config_json", "--deepspeed_config my_ds.json is neither written by the script"),
+    ("", "$config_json", "--deepspeed_config $config_json names a variable the script does not set")])
+def test_a_config_the_script_names_but_neither_writes_nor_was_given_is_a_warning(set_it, name, said, tmp_path,
+                                                                                 capsys):
+    # before: "no problems", the config and the flags against it unchecked and unsaid
+    script = tmp_path / "run.sh"
+    script.write_text(NAMED.format(set_it=set_it, name=name))
+    code, found, _ = _validate(capsys, script)
+    line = 4 + bool(set_it)
+    assert code == 1 and [(p["path"], p["severity"], p["line"]) for p in found] == \
+        [("--deepspeed_config", "warning", line)], found
+    assert found[0]["message"].startswith(said) and "the DeepSpeed config is not checked" in found[0]["message"]
+    file = "CONFIG.json" if said.endswith("not set") else f"PATH/{Path(said.split()[1]).name}"
+    assert found[0]["fix"] == f"give the config too (autotune validate {script} {file})", found[0]
+    if "$" not in said:  # next to the script: the fix names it; given, it is the pair and the warning goes
+        config = tmp_path / said.split()[1]
+        config.write_text(CONFIG.format(gbs=32, mbs=2, stage=1))
+        assert _validate(capsys, script)[1][0]["fix"] == f"give the config too (autotune validate {script} {config})"
+        assert _validate(capsys, script, config)[:2] == (0, [])
