@@ -145,7 +145,10 @@ def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, 
                           f"x accumulation) x tp x pp x cp of {path})", file=sys.stderr)
                     break
     if not world:
-        raise InputError(["give --world-size: the files do not say it"], subject="validate request")
+        shells = [path for path, kind in inputs if kind in ("megatron", "megatron-deepspeed")]
+        read = (f" ({', '.join(shells)}: no launch line with numeric --nnodes / --nproc-per-node, or the DeepSpeed "
+                "launcher's --num_nodes / --num_gpus or --include HOST:SLOTS)") if shells else ""
+        raise InputError([f"give --world-size N: the files do not say it{read}"], subject="validate request")
     if world % (sizes["tp"] * sizes["pp"] * sizes["cp"]):
         # Degrees read from a file that do not divide the world: that file's own check reports it.
         sizes = {dim: getattr(args, dim) or 1 for dim in sizes}

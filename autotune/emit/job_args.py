@@ -1,5 +1,6 @@
 """What a job's shell files say as ``--flag value`` words, and the world size of their launch line (``torchrun
---nnodes N --nproc-per-node G ... pretrain_gpt.py``, the DeepSpeed launcher's ``--num_nodes`` / ``--num_gpus``):
+--nnodes N --nproc-per-node G ... pretrain_gpt.py``, the DeepSpeed launcher's ``--num_nodes`` / ``--num_gpus`` or
+``--include host:0,1,...``):
 for ``autotune.job_files`` (``estimate --from`` / ``plan --from``). Nothing is run."""
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def _environment_default(text: str, lines: tuple[int, ...]) -> str | None:
     return None
 
 
+def _included(spec: str | None) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the DeepSpeed launcher's ``--include NAME:SLOT,SLOT@NAME:SLOT,...`` where every host
+    lists its slots, as many each (deepspeed 0.19.8 launcher/runner.py:292-352, parse_resource_filter: the listed
+    slots are the ones run; a host without slots runs all of its hostfile's, which the line does not state)."""
+    if not spec:
+        return None
+    counts = []
+    for node in spec.split("@"):
+        _, colon, slots = node.partition(":")
+        if not colon or not all(s.strip().isdigit() for s in slots.split(",")):
+            return None
+        counts.append(len(set(s.strip() for s in slots.split(","))))
+    return (len(counts), counts[0]) if len(set(counts)) == 1 else None
+
+
 def launch_sizes(path: str) -> LaunchSizes:
     """(nodes, GPUs per node, the environment default of the nodes) of the file's launch line (torchrun / deepspeed
     launcher), each None where the line does not state it as a number (or there is no launch line)."""
@@ -106,6 +122,8 @@ def launch_sizes(path: str) -> LaunchSizes:
             "--nnodes", "--num-nodes")), None)
         word = words[named] if named is not None and "=" in texts[named] else (
             words[named + 1] if named is not None and named + 1 < len(words) else None)
+        if (included := _included(f.get("--include"))) is not None:  # the DeepSpeed launcher's hosts and slots
+            return LaunchSizes(*included)
         # A size the shell computes at run time ($SLURM_NNODES, $(nvidia-smi ...)) is not stated: the flags say it.
         return LaunchSizes(int(nodes) if nodes.isdigit() else None,
                            int(per_node) if per_node and per_node.isdigit() else None,

@@ -271,3 +271,32 @@ def test_a_config_the_script_names_but_neither_writes_nor_was_given_is_a_warning
         config.write_text(CONFIG.format(gbs=32, mbs=2, stage=1))
         assert _validate(capsys, script)[1][0]["fix"] == f"give the config too (autotune validate {script} {config})"
         assert _validate(capsys, script, config)[:2] == (0, [])
+
+
+@pytest.mark.parametrize("launcher, world", [
+    ("deepspeed --num_nodes 2 --num_gpus 8", 16), ("torchrun --nnodes 2 --nproc_per_node 8", 16),
+    ("deepspeed --include localhost:0,1,2,3", 4),  # launcher/runner.py:292-352 of 0.19.8: the slots listed run
+    ("deepspeed --include worker-0:0,1@worker-1:2,3", 4)])
+def test_the_world_size_is_the_launch_lines_without_world_size(launcher, world, tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(NAMED.format(set_it="", name="ds_config.json").replace("deepspeed --num_gpus 8", launcher)
+                      .replace("--global-batch-size 16", f"--global-batch-size {2 * world}"))
+    code = main(["validate", str(script), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and f"no --world-size: assuming {world} (as {script} states)" in err, err
+    assert [p["path"] for p in json.loads(out)] == ["--deepspeed_config"], out
+    # the one reader of launch lines: estimate --from reads the same world
+    assert main(["estimate", "--from", str(script), "--gpu", "h100-sxm-80gb", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"]["num_gpus"] == world
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed --hostfile hostfile", "deepspeed --include worker-0@worker-1:0",
+                                      "deepspeed --include worker-0:0,1@worker-1:0"])
+def test_a_launch_line_that_does_not_state_the_world_size_names_what_would(launcher, tmp_path, capsys):
+    # a host without slots runs all of its hostfile's; hosts with different slot counts are no nodes x GPUs
+    script = tmp_path / "run.sh"
+    script.write_text(NAMED.format(set_it="", name="ds_config.json").replace("deepspeed --num_gpus 8", launcher))
+    assert main(["validate", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert f"give --world-size N: the files do not say it ({script}: no launch line with numeric --nnodes" in err
+    assert "--include HOST:SLOTS" in err and "Traceback" not in err
