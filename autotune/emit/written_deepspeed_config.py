@@ -60,11 +60,11 @@ def template_given(path: str, name: str | None, paths: Sequence[str]) -> str | N
 
 
 def written_deepspeed_config(path: str, name: str | None, given: str | None = None, *, give: str = "with --from",
-                             templates: bool = True, subject: str = FROM_SUBJECT) -> WrittenConfig | None:
+                             subject: str = FROM_SUBJECT) -> WrittenConfig | None:
     """The DeepSpeed config the script at ``path`` writes to ``name`` (None: it writes none by that name). A sed
     template is ``given`` (its name matching the script's), else the one next to the script, where the fork's
-    examples keep it. ``give``: how the caller takes a config (in the fixes); ``templates``: whether it takes a
-    template. InputError (of ``subject``) where the filled text is not a JSON object, which the fork's json.load
+    examples keep it (estimate --from and validate take one given). ``give``: how the caller takes a file (in the
+    fixes). InputError (of ``subject``) where the filled text is not a JSON object, which the fork's json.load
     refuses."""
     from autotune.emit.shell_files import read_written_files, substituted
     from autotune.inputs import read_text
@@ -85,10 +85,9 @@ def written_deepspeed_config(path: str, name: str | None, given: str | None = No
         template = given if given and Path(given).name == Path(written.template).name else \
             str(beside) if beside.is_file() else None
         if template is None:
-            return WrittenConfig(name, written.line, what, unread=sed + (
-                ", which is neither next to the script nor given" if templates else ", which is not next to the "
-                "script"), fix=f"give {Path(written.template).name if templates else 'the filled config'} {give}",
-                template=Path(written.template).name)
+            return WrittenConfig(name, written.line, what, unread=f"{sed}, which is neither next to the script nor "
+                                 "given", fix=f"give {Path(written.template).name} {give}",
+                                 template=Path(written.template).name)
         text = substituted(read_text(template, subject="DeepSpeed config template", max_bytes=1 << 20), written.subs)
         what = f"the DeepSpeed config its sed commands write to {name} from {template} ({where})"
     unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))) + (["(...)"] if "$(" in text else [])
