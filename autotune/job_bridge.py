@@ -5,7 +5,7 @@ or a complete Bridge config (the ``run_config.yaml`` of a Bridge checkpoint), fo
 Overrides sit on a base recipe (a ``ConfigContainer`` function): the parallel sizes, batch, sequence, recompute,
 distributed optimizer, precision and run settings are read from the ``model``, ``train``, ``dataset``, ``ddp``,
 ``comm_overlap`` and ``mixed_precision`` sections. What the file leaves unsaid is its base recipe's where a
-"# Base recipe: NAME" line names one megatron-bridge ships (``autotune.job_bridge_base``: run_recipe.py merges the
+"# Base recipe: NAME" line names one megatron-bridge ships (``autotune.emit.bridge_recipe_bases``: run_recipe.py merges the
 file onto it), else Megatron-core's default (tp 1, no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
 "Base recipe:" line autotune writes at its top), else the model section's own shape where it states one (a complete
 config: ``autotune.job_bridge_model``), else ``--model``. The world size is not in the file:
@@ -15,12 +15,11 @@ config: ``autotune.job_bridge_model``), else ``--model``. The world size is not 
 from __future__ import annotations
 
 from autotune.emit.bridge_peft import LORA_TARGET
-from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, read_bridge_overrides
+from autotune.emit.megatron_bridge_lint import base_recipe, read_bridge_overrides
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
-from autotune.inputs import read_text
-from autotune.job_bridge_base import recipe_base, with_base
+from autotune.emit.bridge_recipe_bases import load_bases, recipe_base, with_base
 from autotune.job_bridge_model import bridge_model
 from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
@@ -105,8 +104,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     if problems:
         raise InputError([f"{path}: {p.message}; {p.fix}" for p in problems], subject="job files")
     complete = "_target_" in data  # a run_config.yaml states every field; an override file only what it changes
-    named = BASE_RECIPE_LINE.search(read_text(path, subject="Megatron-Bridge overrides"))
-    recipe = named.group(1) if named else None
+    recipe = base_recipe(path)  # its "# Base recipe:" line, or the recipe its run_recipe.py line loads
     preset = next((name for name, r in RECIPES.items() if r.name == recipe), None)
     if recipe is not None and not complete and (base := recipe_base(recipe)) is not None:
         # run_recipe.py merges the file onto the recipe's ConfigContainer: what the file leaves unsaid is the recipe's
@@ -117,6 +115,10 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
             notes.append(f"{path}: from its base recipe {recipe} (megatron-bridge 0.6.2), which the file leaves "
                          f"unsaid: {', '.join(taken)}")
         data, complete = with_base(base, data), True
+    elif recipe is not None and not complete:
+        notes.append(f"{path}: its base recipe {recipe} is not one whose values autotune holds (megatron-bridge "
+                     f"0.6.2's {', '.join(sorted(load_bases()))}): what it leaves unsaid is read as Megatron-core's "
+                     "defaults (tp 1, no recompute, ...); state the recipe's parallel sizes, batch and precision")
     m, t, ddp = _section(data, "model"), _section(data, "train"), _section(data, "ddp")
     out: dict = {"engine": "megatron", "tp": _size(m, "tensor_model_parallel_size", path),
                  "pp": _size(m, "pipeline_model_parallel_size", path),

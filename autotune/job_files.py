@@ -26,6 +26,7 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
+from autotune.emit.megatron_bridge_lint import SHELL_SUFFIXES
 from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
 from autotune.emit.validate import batch_triple_problem, resolved_config
@@ -263,7 +264,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
 
             world = world or hostfile_job_sizes(path).world_size
     for path, kind in kinds:
-        if kind in ("megatron", "megatron-deepspeed", "launch"):
+        bridge_launch = kind == "megatron-bridge" and path.lower().endswith(SHELL_SUFFIXES)  # run_recipe.py
+        if kind in ("megatron", "megatron-deepspeed", "launch") or bridge_launch:
             nodes, procs, default = _launch_sizes(path)
             if procs and default and num_gpus:  # NNODES=${SLURM_NNODES:-1}: the run's environment says it, the flag here
                 nodes = None

@@ -14,10 +14,14 @@ from pathlib import Path
 
 import yaml
 
+from autotune.emit.bridge_launch import RUN_RECIPE, recipe_command, runs_recipe
+from autotune.emit.bridge_recipe_bases import recipe_base, with_base
+from autotune.emit.job_args import launch_sizes
 from autotune.emit.problems import JobSizes, Problem
+from autotune.emit.shell_args import read_megatron_launch
 from autotune.inputs import read_text
 
-__all__ = ["BASE_RECIPE_LINE", "CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides",
+__all__ = ["BASE_RECIPE_LINE", "SHELL_SUFFIXES", "base_recipe", "nested_overrides", "CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides",
            "bridge_overrides_problems", "bridge_job_sizes"]
 
 # dataclasses.fields(ConfigContainer) in megatron-bridge 0.6.2 (the underscore-prefixed internal one left out).
@@ -25,6 +29,8 @@ CONFIG_CONTAINER_SECTIONS = frozenset((
     "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
     "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
     "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart"))
+
+SHELL_SUFFIXES = (".sh", ".bash", ".sbatch", ".slurm")
 
 BASE_RECIPE_LINE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 """The comment that names an override file's base recipe (the line autotune writes at the top of the files it emits;
@@ -37,26 +43,19 @@ holds it: Megatron-Bridge 0.6 training/checkpointing.py:1468)."""
 
 
 def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
-    """The overrides as a nested dict (a YAML mapping, or ``key=value`` lines nested at the dots)."""
+    """The overrides as a nested dict: a YAML mapping, ``key=value`` lines nested at the dots, or the arguments of a
+    launch line running Bridge's run_recipe.py (``autotune.emit.bridge_launch``)."""
+    if Path(path).suffix.lower() in SHELL_SUFFIXES:
+        return _launch_overrides(path)
     text = read_text(path, subject="Megatron-Bridge overrides")  # a regular file, bounded
     try:
         if Path(path).suffix.lower() in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
         else:
-            data = {}
-            for line in text.splitlines():
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                key, eq, value = line.lstrip("+~").partition("=")
-                if not eq:
-                    return {}, [Problem(path=line, severity="error", source="megatron-bridge",
-                                        message="not a KEY=VALUE override", fix="write one key=value a line")]
-                node = data
-                *parents, leaf = key.split(".")
-                for part in parents:
-                    node = node.setdefault(part, {})
-                node[leaf] = yaml.safe_load(value) if value else None
+            data = nested_overrides(text.splitlines())
+    except _NotOverride as err:
+        return {}, [Problem(path=str(err), severity="error", source="megatron-bridge",
+                            message="not a KEY=VALUE override", fix="write one key=value a line")]
     except (yaml.YAMLError, AttributeError, TypeError) as err:
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=f"does not read: {err}",
                             fix="rewrite the file (autotune emit writes it)")]
@@ -70,15 +69,83 @@ def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     return data, []
 
 
+class _NotOverride(ValueError):
+    pass
+
+
+def nested_overrides(lines) -> dict:
+    """Hydra-style ``KEY=VALUE`` overrides (``+KEY`` / ``~KEY`` as KEY) nested at the dots, the later winning;
+    ``_NotOverride`` (its text) for a line that is none. Blank lines and ``#`` comments are skipped."""
+    data: dict = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.lstrip("+~").partition("=")
+        if not eq:
+            raise _NotOverride(line)
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})  # a value below one that is no mapping: TypeError
+        node[leaf] = yaml.safe_load(value) if value else None
+    return data
+
+
+def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
+    """The overrides of a launch script's run_recipe.py line (none where it runs another program)."""
+    argv, lines, _, script = read_megatron_launch(path)
+    if not runs_recipe(script):
+        return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=(
+            f"its launch line runs {script or 'no training script'}, not Megatron-Bridge's {RUN_RECIPE}"),
+            fix=f"give the override file (bridge_overrides.yaml) or a script that runs scripts/training/{RUN_RECIPE}")]
+    try:
+        return nested_overrides(recipe_command(argv).overrides), []
+    except (TypeError, yaml.YAMLError) as err:
+        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=lines[0] if lines else None,
+                            message=f"its overrides do not read: {err}", fix="one KEY=VALUE a setting")]
+    except ValueError as err:
+        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=lines[0] if lines else None,
+                            message=f"run_recipe.py refuses its arguments: {err}",
+                            fix="give --recipe NAME (or --model STEM with --mode) and KEY=VALUE overrides, as "
+                                "`python scripts/training/run_recipe.py --help` lists them")]
+
+
+def base_recipe(path: str | Path) -> str | None:
+    """The recipe function a file's overrides apply to: the one its launch line's run_recipe.py loads, or the one a
+    "# Base recipe: NAME" comment names (None: neither)."""
+    if Path(path).suffix.lower() in SHELL_SUFFIXES:
+        argv, _, _, script = read_megatron_launch(path)
+        try:
+            return recipe_command(argv).recipe if runs_recipe(script) else None
+        except ValueError:
+            return None
+    found = BASE_RECIPE_LINE.search(read_text(path, subject="Megatron-Bridge overrides"))
+    return found.group(1) if found else None
+
+
 def _int(section: object, key: str, default: int = 1) -> int:
     value = section.get(key) if isinstance(section, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+def on_base(path: str | Path, data: dict) -> dict:
+    """``data`` (the file's overrides) on its base recipe's values where autotune holds them
+    (``autotune.emit.bridge_recipe_bases``): the config the run gets."""
+    recipe = base_recipe(path) if "_target_" not in data else None
+    base = recipe_base(recipe) if recipe is not None else None
+    return with_base(base, data) if base is not None else data
+
+
 def bridge_job_sizes(path: str | Path) -> JobSizes:
     data, _ = read_bridge_overrides(path)
+    data = on_base(path, data)
     model = data.get("model")
-    return JobSizes(tp=_int(model, "tensor_model_parallel_size"), pp=_int(model, "pipeline_model_parallel_size"),
+    world = None
+    if str(path).lower().endswith(SHELL_SUFFIXES):  # a run_recipe.py launch line: its nodes x GPUs per node
+        nodes, per_node, default = launch_sizes(str(path))
+        world = nodes * per_node if nodes and per_node and not default else None
+    return JobSizes(world_size=world, tp=_int(model, "tensor_model_parallel_size"), pp=_int(model, "pipeline_model_parallel_size"),
                     cp=_int(model, "context_parallel_size"))
 
 
@@ -97,7 +164,7 @@ def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Prob
         problems.append(Problem(path="$.model", severity="error", source="megatron-bridge",
                                 message=f"tp x pp x cp = {model_parallel} does not divide the world size {world_size}",
                                 fix="change the parallel sizes or the GPU count"))
-    train = data.get("train")
+    train = on_base(path, data).get("train")  # a batch the file leaves to its recipe is the recipe's
     mbs, gbs = _int(train, "micro_batch_size", 0), _int(train, "global_batch_size", 0)
     dp = world_size // model_parallel if not world_size % model_parallel else 0
     if mbs and gbs and dp and gbs % (mbs * dp):

@@ -19,7 +19,8 @@ from pathlib import Path
 from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate_job_sizes
 from autotune.emit.job_args import launch_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
-from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
+from autotune.emit.bridge_launch import runs_recipe
+from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, SHELL_SUFFIXES, CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
@@ -74,6 +75,8 @@ def file_kind(path: str | Path) -> str:
         return "torchtitan"
     if name.endswith(".py"):
         return "torchtitan-module"  # a torchtitan 0.3 config module (torchtitan_plan.py)
+    if name.endswith(SHELL_SUFFIXES) and runs_recipe(read_megatron_launch(path)[3]):
+        return "megatron-bridge"  # a launch line of Bridge's run_recipe.py: the recipe and its overrides
     if name.endswith((".sh", ".bash", ".sbatch", ".slurm", ".args", ".txt")) or "megatron" in name:
         argv = read_megatron_args_file(path)
         if name.endswith((".sh", ".bash", ".sbatch", ".slurm")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):

@@ -59,7 +59,7 @@ def bridge_bases() -> dict:
     from bridge_probe import run_bridge_probe
 
     from autotune.emit.megatron_bridge_recipes import GENERIC, RECIPES
-    from autotune.job_bridge_base import BASE_KEYS
+    from autotune.emit.bridge_recipe_bases import BASE_KEYS
     with tempfile.TemporaryDirectory() as root:
         data = run_bridge_probe(Path(root), PROBE, json.dumps([[r.module, r.name] for r in (*RECIPES.values(), GENERIC)]),
                                 json.dumps(BASE_KEYS))
@@ -68,7 +68,7 @@ def bridge_bases() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from autotune.job_bridge_base import BASES_FILE, load_bases
+    from autotune.emit.bridge_recipe_bases import BASES_FILE, load_bases
     built = bridge_bases()
     if "--write" in argv:
         BASES_FILE.write_text(json.dumps({"source": "megatron-bridge 0.6.2 (the recipe functions of "

@@ -1,5 +1,5 @@
 """A Megatron-Bridge override file read on its base recipe: what the file leaves unsaid is the recipe's, as
-run_recipe.py merges the file onto the recipe's ConfigContainer (autotune/job_bridge_base.py). The recipes' values
+run_recipe.py merges the file onto the recipe's ConfigContainer (autotune/emit/bridge_recipe_bases.py). The recipes' values
 (autotune/data/bridge_recipe_bases.json) are checked against megatron-bridge 0.6.2 building each recipe
 (tests/emit/bridge_recipe_bases.py; tooling as test_megatron_bridge_applied.py)."""
 
@@ -10,7 +10,7 @@ import pytest
 from autotune.emit.megatron_bridge_recipes import GENERIC, RECIPES
 from autotune.emit.validate_files import file_kind
 from autotune.job_bridge import layout_text
-from autotune.job_bridge_base import load_bases, with_base
+from autotune.emit.bridge_recipe_bases import load_bases, with_base
 from autotune.job_files import read_job
 
 

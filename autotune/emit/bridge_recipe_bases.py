@@ -1,4 +1,5 @@
-"""What a Megatron-Bridge library recipe sets before a file's overrides apply: the base under ``autotune.job_bridge``.
+"""What a Megatron-Bridge library recipe sets before a file's overrides apply: the base its overrides are read on
+(``autotune.job_bridge``, ``autotune.emit.megatron_bridge_lint``).
 
 Bridge's run_recipe.py calls the recipe function, then merges the override file (or the command line's Hydra
 overrides) onto the ConfigContainer it returns (``process_config_with_overrides``): whatever the file leaves unsaid is
@@ -19,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["BASE_KEYS", "BASES_FILE", "load_bases", "recipe_base", "with_base"]
 
-BASES_FILE = Path(__file__).resolve().parent / "data" / "bridge_recipe_bases.json"
+BASES_FILE = Path(__file__).resolve().parents[1] / "data" / "bridge_recipe_bases.json"
 
 BASE_KEYS: dict[str, list[str]] = {
     "model": ["tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
