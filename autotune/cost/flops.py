@@ -45,6 +45,16 @@ def _mlp_gemm_flops(model: ModelSpec, width: int) -> float:
     return 2.0 * matrices * model.hidden_size * width
 
 
+def _router_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of an MoE layer's gating GEMMs: the router (hidden -> experts) and, with
+    ``MoESpec.shared_expert_gate``, Qwen2-MoE's hidden -> 1 sigmoid gate on the shared experts' output (transformers
+    models/qwen2_moe/modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock ``shared_expert_gate``; Megatron-core
+    shared_experts.py SharedExpertMLP ``gate_weight``, a [1, hidden] matmul per token)."""
+    moe = model.moe
+    assert moe is not None
+    return 2.0 * model.hidden_size * (moe.num_experts + (1 if moe.shared_expert_gate else 0))
+
+
 def layer_flops_per_token(model: ModelSpec, seq_len: int, layer_index: int = 0) -> LayerFlops:
     h = model.hidden_size
     if model.mla is not None:
@@ -62,7 +72,7 @@ def layer_flops_per_token(model: ModelSpec, seq_len: int, layer_index: int = 0) 
         assert moe is not None
         mlp = (moe.top_k * _mlp_gemm_flops(model, moe.expert_ffn_hidden_size)
                + moe.num_shared_experts * _mlp_gemm_flops(model, moe.shared_width)
-               + 2.0 * h * moe.num_experts)
+               + _router_flops(model))
     else:
         mlp = _mlp_gemm_flops(model, model.ffn_hidden_size)
     return LayerFlops(gemm=proj + mlp, attention=attention)
@@ -118,7 +128,7 @@ def recompute_flops_per_token(model: ModelSpec, seq_len: int, modules: tuple[str
     (``ParallelPlan.recompute_modules``): core_attn the attention core (Korthikanti et al. 2022 Sec. 4.2); mlp the
     dense MLPs' GEMMs; moe the MoE blocks' (routed and shared experts, router); shared_experts the shared experts';
     mla_up_proj MLA's up-projections; layernorm and moe_act rerun memory-bound kernels only (no GEMM FLOPs)."""
-    h, out = model.hidden_size, 0.0
+    out = 0.0
     for i in range(model.num_layers):
         f = layer_flops_per_token(model, seq_len, i)
         out += f.attention if "core_attn" in modules else 0.0
@@ -126,10 +136,11 @@ def recompute_flops_per_token(model: ModelSpec, seq_len: int, modules: tuple[str
             out += _mlp_gemm_flops(model, model.ffn_hidden_size) if "mlp" in modules else 0.0
         elif "moe" in modules:
             moe = model.moe
-            out += (moe.top_k * _mlp_gemm_flops(model, moe.expert_ffn_hidden_size) + 2.0 * h * moe.num_experts
+            out += (moe.top_k * _mlp_gemm_flops(model, moe.expert_ffn_hidden_size) + _router_flops(model)
                     + moe.num_shared_experts * _mlp_gemm_flops(model, moe.shared_width))
-        elif "shared_experts" in modules:
+        elif "shared_experts" in modules:  # SharedExpertMLP.forward, its gate in it (shared_experts.py:200-204)
             out += model.moe.num_shared_experts * _mlp_gemm_flops(model, model.moe.shared_width)
+            out += 2.0 * model.hidden_size if model.moe.shared_expert_gate else 0.0
         if "mla_up_proj" in modules and model.mla is not None:
             m, a = model.mla, model.num_attention_heads
             out += 2.0 * (m.q_lora_rank or 0) * a * (m.qk_nope_head_dim + m.qk_rope_head_dim)

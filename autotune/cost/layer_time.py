@@ -180,7 +180,8 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
         # one grouped GEMM each over the local experts (Rates.grouped_s: its own curve over the rows per expert)
         fc1 = busiest * r.grouped_s(2 * pairs * padded * h * n_in * f / t, m_rows, h, n_in * f / t)
         fc2 = busiest * r.grouped_s(2 * pairs * padded * f * h / t, m_rows, f / t, h)
-        router = _gemm_s(2 * tokens * h * moe.num_experts, tokens, h, moe.num_experts, bf16_peak, eff)
+        gates = moe.num_experts + moe.shared_expert_gate  # Qwen2-MoE's hidden -> 1 shared gate (flops._router_flops)
+        router = _gemm_s(2 * tokens * h * gates, tokens, h, gates, bf16_peak, eff)
         gemm = gemm + fc1 + fc2 + router  # in this order (the search's golden step times)
         for _ in range(moe.num_shared_experts):
             fs = moe.shared_width

@@ -1,8 +1,12 @@
 """FLOP counts against the closed forms of Narayanan et al. 2021 (Eq. 3) and Korthikanti et al. 2022 (Eq. 7)."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
-from autotune.cost.flops import step_flops
+from autotune.cost.flops import layer_flops_per_token, recompute_flops_per_token, step_flops
+from autotune.specs.hf_config import model_from_hf_config
 from autotune.specs.model import ModelSpec
 
 
@@ -38,3 +42,19 @@ def test_dense_model_flops_are_about_6_n_per_token():
     non_embedding = llama.num_params - llama.vocab_size * llama.hidden_size  # input embedding is a lookup
     attention = 3 * 32 * 2 * 8192 * 2 * 4096
     assert per_token == pytest.approx(6 * non_embedding + attention, rel=0.01)
+
+
+def test_qwen2_moe_shared_expert_gate_flops():
+    """Qwen1.5-MoE-A2.7B's shared expert sits behind a hidden -> 1 sigmoid gate (MoESpec.shared_expert_gate): 2 x
+    hidden forward FLOPs per token and MoE layer, 6 x hidden forward + backward, counted with the router's; the
+    shared_experts selective recompute reruns it (Megatron-core SharedExpertMLP.forward holds the gate)."""
+    spec = model_from_hf_config(Path(__file__).parents[1] / "fixtures" / "hf" / "qwen1.5-moe-a2.7b")
+    ungated = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, shared_expert_gate=False))
+    h, layers, s = spec.hidden_size, spec.num_moe_layers, 4096
+    gate = layer_flops_per_token(spec, s).gemm - layer_flops_per_token(ungated, s).gemm
+    assert gate == 2.0 * h
+    model_gap = step_flops(spec, s, 1, "none").model - step_flops(ungated, s, 1, "none").model
+    assert model_gap == pytest.approx(6.0 * h * layers, rel=1e-9)
+    for modules in (("moe",), ("shared_experts",)):
+        gap = recompute_flops_per_token(spec, s, modules) - recompute_flops_per_token(ungated, s, modules)
+        assert gap == pytest.approx(2.0 * h * layers, rel=1e-9)
