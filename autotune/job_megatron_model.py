@@ -312,4 +312,13 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
                 raise InputError([f"{path}: --window-attn-skip-freq {text!r} is neither an int nor a list of 0 and 1"],
                                  subject=_SUBJECT) from None
             out["sliding_window_layers"] = tuple(windowed)
+    if (nope := f.get("--no-rope-freq")) is not None:  # an int N: every Nth layer has no RoPE; else 1 = no RoPE
+        try:
+            pattern = layer_pattern(str(nope).strip())
+            skipped = ({i for i in range(layers) if (i + 1) % pattern == 0} if isinstance(pattern, int) else
+                       {i for i, v in enumerate(pattern) if v})
+        except (ValueError, ZeroDivisionError):
+            raise InputError([f"{path}: --no-rope-freq {nope!r} is neither an int nor a list of 0 and 1"],
+                             subject=_SUBJECT) from None
+        out["rope_layers"] = tuple(i for i in range(layers) if i not in skipped)
     return out

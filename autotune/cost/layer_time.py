@@ -23,7 +23,7 @@ from autotune.cost.attention_tiles import executed_attention_share, fp8_backward
 from autotune.cost import fp8_attention
 from autotune.cost.lora import adapter_forward_s
 from autotune.cost.kernels import Rates
-from autotune.cost.rope_kernels import rope_bytes
+from autotune.cost.rope_kernels import rope_bytes, rotary_share
 from autotune.cost.tp_pairing import async_tp_reduce_bytes, op_sac_gathers, tp_pair_exposed_s
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -254,9 +254,9 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     biased_fc1 = ffn_width - (routed_width if moe_layer and fused_experts else 0)
     wide_bias_grads = 2 * (qkv + n_in * biased_fc1) if model.linear_bias else 0
     wide_bwd = ffn_width * (swiglu_bwd if n_in == 2 else 6) + wide_bias_grads
-    if model.position_embedding == "rope":
-        wide_fwd += rope_fwd * (model.q_width + model.kv_width)
-        wide_bwd += rope_bwd * (model.q_width + model.kv_width)
+    rotary = rotary_share(model, moe_layer) * (model.q_width + model.kv_width)  # NoPE layers rotate nothing
+    wide_fwd += rope_fwd * rotary
+    wide_bwd += rope_bwd * rotary
     scores_fwd = 0.0
     if not plan.flash_attention:
         scores = model.num_attention_heads * s
@@ -298,7 +298,7 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, moe_l
     # Megatron's selective recompute modules (activations.recompute_module_bytes says what each drops): the forward
     # kernels each reruns in backward. The MoE block's all-to-alls rerun too (layer_passes adds them).
     act = tokens * (swiglu_fwd if n_in == 2 else 4) / t / hbm  # per ffn element
-    rope = tokens * rope_fwd * (model.q_width + model.kv_width) / t / hbm if model.position_embedding == "rope" else 0.0
+    rope = tokens * rope_fwd * rotary / t / hbm
     modules = {"core_attn": attention + scores_s,
                "layernorm": tokens * norm_fwd * h / t_seq / hbm * ((model.mla is not None) + moe_layer)}
     if model.mla is not None:

@@ -21,9 +21,11 @@
 
 from __future__ import annotations
 
+import functools
+
 from autotune.specs.model import ModelSpec
 
-__all__ = ["FUSED_ROPE_BYTES", "UNFUSED_YARN_BYTES", "rope_bytes"]
+__all__ = ["FUSED_ROPE_BYTES", "UNFUSED_YARN_BYTES", "rope_bytes", "rotary_share"]
 
 FUSED_ROPE_BYTES = (4, 4)
 UNFUSED_YARN_BYTES = (24, 26)
@@ -36,3 +38,14 @@ def rope_bytes(model: ModelSpec, kernels: str) -> tuple[int, int]:
     if kernels == "fused" and model.rope_scaling == "yarn" and model.mla is None:
         return UNFUSED_YARN_BYTES
     return FUSED_ROPE_BYTES
+
+
+@functools.lru_cache(maxsize=1024)
+def rotary_share(model: ModelSpec, moe_layer: bool) -> float:
+    """The share of the model's dense (``moe_layer`` False) or MoE layers that run RoPE (``ModelSpec.is_rotary_layer``):
+    position-free (NoPE) layers run no rotary kernel (SmolLM3: 27 of 36; EXAONE 4: its 48 sliding-window layers of
+    64; Llama 4: its chunked layers, three of four; Megatron-core attention.py ``no_rope_freq``: the layer skips
+    ``apply_rotary_pos_emb``). One layer's time stands for each of its kind, so it carries their mean. 0 without
+    RoPE; 1 where the model has no layer of that kind."""
+    kind = [i for i in range(model.num_layers) if model.is_moe_layer(i) == moe_layer]
+    return sum(map(model.is_rotary_layer, kind)) / len(kind) if kind else float(model.position_embedding == "rope")

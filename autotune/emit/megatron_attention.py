@@ -16,9 +16,11 @@ src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:65-98):
 * chunked attention (Llama 4): Megatron-LM's GPT model has none (its SelfAttention passes ``attention_chunk`` 0,
   megatron/core/transformer/attention.py:952 at d98e8a6; Megatron-Bridge's Llama 4 provider chunks in its own
   attention module, llama4_utils.py, with no recipe in 0.6). A sequence no longer than the chunk is one chunk, the
-  same model: :func:`chunked_attention_problem` refuses longer ones. Llama 4's global layers have no RoPE
-  (transformers Llama4TextConfig ``no_rope_layers``: every ``no_rope_layer_interval``-th layer): ``--no-rope-freq``
-  (arguments.py:304-320, 2428: an int N skips RoPE on every Nth layer, 1-indexed, else a 0/1 list, 1 = no RoPE).
+  same model: :func:`chunked_attention_problem` refuses longer ones.
+* rotary-free (NoPE) layers (``ModelSpec.is_rotary_layer``: Llama 4's global layers, transformers Llama4TextConfig
+  ``no_rope_layers``; SmolLM3's every 4th; EXAONE 4's global ones): ``--no-rope-freq`` (arguments.py:304-320, 2428:
+  an int N skips RoPE on every Nth layer, 1-indexed, where N divides the layers, transformer_config.py:3138-3152;
+  else a 0/1 list, 1 = no RoPE; attention.py:1322 reads it per layer).
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ def flag_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def _skip_freq(model: ModelSpec, *, global_ones: bool = False) -> str | None:
-    """--window-attn-skip-freq for the model's windowed layers (``global_ones``: --no-rope-freq for its global
-    layers, 1 marking a global one in the list form); None where every layer is windowed."""
+def _skip_freq(model: ModelSpec) -> str | None:
+    """--window-attn-skip-freq for the model's windowed layers; None where every layer is windowed."""
     windowed = model.sliding_window_layers
     if windowed is None:
         return None
@@ -45,9 +46,18 @@ def _skip_freq(model: ModelSpec, *, global_ones: bool = False) -> str | None:
     for every in range(2, model.num_layers + 1):
         if all(flags[i] == ((i + 1) % every != 0) for i in range(model.num_layers)):
             return str(every)
-    if global_ones:
-        flags = [not f for f in flags]
     return "[" + ",".join("1" if f else "0" for f in flags) + "]"
+
+
+def _no_rope_freq(model: ModelSpec) -> str | None:
+    """--no-rope-freq for the model's rotary-free layers (module docstring); None where every layer rotates."""
+    nope, n = [not model.is_rotary_layer(i) for i in range(model.num_layers)], model.num_layers
+    if not any(nope):
+        return None
+    for every in range(2, n + 1):
+        if n % every == 0 and all(nope[i] == ((i + 1) % every == 0) for i in range(n)):
+            return str(every)
+    return "[" + ",".join("1" if f else "0" for f in nope) + "]"
 
 
 def position_and_attention_flags(model: ModelSpec) -> list[str]:
@@ -83,7 +93,7 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
         freq = _skip_freq(model)
         if freq is not None:
             args += ["--window-attn-skip-freq", freq]
-    if rope and model.chunked_attention and (nope := _skip_freq(model, global_ones=True)) is not None:
+    if rope and (nope := _no_rope_freq(model)) is not None:
         args += ["--no-rope-freq", nope]
     return args
 

@@ -116,6 +116,9 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("attention and MLP side by side (parallel residual)")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
         why.append("sliding-window, chunked or sink attention")
+    if model.rope_layers is not None:
+        why.append("rotary-free (NoPE) layers (SmolLM3, EXAONE 4: Megatron-LM's --no-rope-freq; the generic recipe's "
+                   "overrides leave TransformerConfig.no_rope_freq unset)")
     if model.qk_norm == "full":  # "head" and "l2" are TransformerConfig's qk_layernorm / qk_l2_norm
         why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:

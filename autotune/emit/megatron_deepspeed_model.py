@@ -47,6 +47,8 @@ def megatron_deepspeed_model_problems(model: ModelSpec, seq_len: int) -> list[st
     if model.rope_scaling is not None:
         out.append(f"{model.name} scales RoPE ({model.rope_scaling}); Megatron-DeepSpeed's rotary embedding is "
                    f"unscaled")
+    if model.rope_layers is not None:
+        out.append(f"{model.name} leaves RoPE out of some layers (NoPE); Megatron-DeepSpeed rotates every layer")
     if model.position_embedding == "rope" and model.rope_theta != int(model.rope_theta):
         out.append(f"{model.name}'s RoPE base {model.rope_theta:g} is not an integer, which the fork's "
                    f"--rotary-position-embeddings-theta (an int) cannot take")

@@ -201,6 +201,8 @@ def hf_model_family(spec: ModelSpec) -> str | None:
     transformers model the AutoTP and HF trainers build for ``spec`` (None: none of them). Llama's attention_bias
     would put a bias on o_proj too, so Q/K/V biases alone are Qwen2's; a per-head Q/K RMSNorm is Qwen3's
     (Qwen3Attention q_norm / k_norm, no biases)."""
+    if spec.rope_layers is not None:
+        return None  # rotary-free layers (SmolLM3, EXAONE 4): each of these classes rotates every layer
     if family := _gemma_family(spec) or _sigmoid_router_family(spec):
         return family
     if (spec.mla is not None or spec.norms_per_layer != 2 or spec.embedding_norm or spec.attention_sinks

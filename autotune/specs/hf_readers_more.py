@@ -6,9 +6,9 @@ Each maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments,
 and the defaults written here are that class's (transformers 5.25 ``models/<type>/configuration_<type>.py``), so a
 file read without transformers counts the same. Each reader's docstring names what its modeling file builds.
 
-Not carried, as they change no parameter count: SmolLM3's and EXAONE 4's rotary-free (NoPE) layers, which
-ModelSpec runs as rotary ones (their RoPE kernels are counted on every layer), and residual or embedding dropout
-beside the attention dropout.
+SmolLM3's and EXAONE 4's rotary-free (NoPE) layers are carried as ``ModelSpec.rope_layers`` (the layers that apply
+RoPE), which the RoPE kernels' cost reads. Not carried, as it changes no parameter count: residual or embedding
+dropout beside the attention dropout.
 """
 
 from __future__ import annotations
@@ -83,16 +83,30 @@ def _starcoder2(f: Fields) -> dict:
     return out
 
 
+def _rope_layers(out: dict, layers: list[int]) -> None:
+    """``rope_layers`` where some layers apply no RoPE (left out where every layer does)."""
+    if len(layers) != out["num_layers"]:
+        out["rope_layers"] = tuple(layers)
+
+
 def _smollm3(f: Fields) -> dict:
-    """SmolLM3Config: Llama's layer (q/k/v/o biases with attention_bias, MLP ones with mlp_bias), tied embeddings, RoPE left out of
-    every no_rope_layer_interval-th (4th) layer (not carried); a sliding window, with use_sliding_window, on the
-    rotary-free layers its layer_types name."""
+    """SmolLM3Config: Llama's layer (q/k/v/o biases with attention_bias, MLP ones with mlp_bias), tied embeddings; RoPE
+    on the layers no_rope_layers marks 1 (SmolLM3Attention ``use_rope = config.no_rope_layers[layer_idx]``; the class
+    fills it as every layer but each no_rope_layer_interval-th, 4th); a sliding window, with use_sliding_window, on
+    the rotary-free layers its layer_types name."""
     f = normalised(f, "smollm3")
     out = decoder_base(f, kv_heads=4, head_dim=None, max_positions=32768, theta=2000000.0, tied=True)
     _biases(f, out)
+    layers, every = layer_indices(out["num_layers"]), f.positive("no_rope_layer_interval", 4)
+    marks = f.data.get("no_rope_layers")
+    if marks is None:
+        marks = [int((i + 1) % every != 0) for i in layers]
+    elif not isinstance(marks, list) or len(marks) != len(layers) or any(m not in (0, 1) for m in marks):
+        f.problems.append(f"'no_rope_layers' must mark each layer ({len(layers)}) 1 (RoPE) or 0, got {marks!r}")
+        marks = [1] * len(layers)
+    _rope_layers(out, [i for i in layers if marks[i]])
     if f.get("use_sliding_window", False):
-        every = f.positive("no_rope_layer_interval", 4)
-        fallback = [i for i in layer_indices(out["num_layers"]) if (i + 1) % every == 0]
+        fallback = [i for i in layers if not marks[i]]
         set_local_attention(out, f, f.get_int("sliding_window", default=None), fallback)
     return out
 
@@ -100,7 +114,8 @@ def _smollm3(f: Fields) -> dict:
 def _exaone4(f: Fields) -> dict:
     """Exaone4Config: norms after attention and MLP (post_attention_layernorm, post_feedforward_layernorm: OLMo 2's
     placement), a per-head Q/K RMSNorm, no biases; sliding_window 4096 on the layers layer_types names (the class:
-    all but every sliding_window_pattern-th, 4; "LLLG" as a string), RoPE on those layers only (not carried)."""
+    all but every sliding_window_pattern-th, 4; "LLLG" as a string); with a window, RoPE on those layers only
+    (Exaone4Attention.forward: ``if self.sliding_window is None or self.is_sliding``, the global layers NoPE)."""
     f = normalised(f, "exaone4")
     out = decoder_base(f, kv_heads=32, head_dim=None, max_positions=2048, theta=10000.0, tied=False)
     out.update(qk_norm="head", post_norm=True)
@@ -116,6 +131,9 @@ def _exaone4(f: Fields) -> dict:
         f.unsupported(f"sliding_window_pattern {pattern!r} is not modelled (a positive integer or an L/G string)")
         fallback = []
     set_local_attention(out, f, window, fallback)
+    if window is not None:  # the windowed layers rotate (all of them where sliding_window_layers is None), no other
+        local = out.get("sliding_window_layers")
+        _rope_layers(out, list(local) if local is not None else list(layers) if "sliding_window" in out else [])
     return out
 
 

@@ -35,9 +35,10 @@ _LATER_FIELDS = {"qk_norm": None, "parallel_residual": False, "post_norm": False
                  "yarn_beta_slow": None, "yarn_mscale": None, "yarn_mscale_all_dim": None, "yarn_truncate": None,
                  "attn_logit_softcap": None, "final_logit_softcap": None, "query_pre_attn_scalar": None,
                  "scaled_embeddings": False, "norm_zero_centered": False, "local_rope_theta": None, "norm_eps": None,
-                 "attention_output_bias": False, "position_offset": 0, "note": None}
+                 "attention_output_bias": False, "position_offset": 0, "note": None, "rope_layers": None}
 _LATER_MOE = {"router_probs_on_input": False, "aux_loss_coeff": None, "aux_loss_per_sequence": False,
               "shared_expert_gate": False}
+_LAYER_LISTS = ("sliding_window_layers", "rope_layers")  # tuples of layer indices, lists in YAML
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +144,9 @@ class ModelSpec:
     ``--apply-layernorm-1p``): the same function, another parametrisation (weight decay pulls it to 1)."""
     local_rope_theta: float | None = None
     """RoPE base of the local-attention layers where it is not ``rope_theta`` (Gemma 3: 10,000 beside 1,000,000)."""
+    rope_layers: tuple[int, ...] | None = None
+    """Indices of the layers that rotate Q and K, the rest position-free (NoPE: SmolLM3's ``no_rope_layers``, EXAONE 4's
+    global layers); None: every layer (but Llama 4's global ones: :meth:`is_rotary_layer`). Only with rope."""
     num_mtp_layers: int = 0
     """Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1). Not in :attr:`num_params` (the
     checkpoint's main model and ``transformers`` leave them out); :meth:`mtp_params` counts them."""
@@ -233,10 +237,12 @@ class ModelSpec:
         return self.parallel_residual or self.norms_per_layer == 1
 
     def is_rotary_layer(self, index: int) -> bool:
-        """Whether layer ``index`` rotates Q and K: every layer of a RoPE model, except Llama 4's global layers (the
-        ones outside its chunks: transformers Llama4TextConfig ``no_rope_layers``, Megatron's ``--no-rope-freq``)."""
+        """Whether layer ``index`` rotates Q and K: ``rope_layers``, else every layer but Llama 4's global ones (outside
+        its chunks: transformers Llama4TextConfig ``no_rope_layers``, Megatron's ``--no-rope-freq``)."""
         if self.position_embedding != "rope":
             return False
+        if self.rope_layers is not None:
+            return index in self.rope_layers
         return not self.chunked_attention or self.is_local_attention_layer(index)
 
     # ---- parameter counts ---------------------------------------------------------------
@@ -372,8 +378,7 @@ class ModelSpec:
     def to_dict(self) -> dict:
         out = {f: getattr(self, f) for f in self.__dataclass_fields__
                if f not in ("moe", "mla") and not (f in _LATER_FIELDS and getattr(self, f) == _LATER_FIELDS[f])}
-        if self.sliding_window_layers is not None:
-            out["sliding_window_layers"] = list(self.sliding_window_layers)
+        out.update({f: list(getattr(self, f)) for f in _LAYER_LISTS if getattr(self, f) is not None})
         if self.moe is not None:
             out["moe"] = {f: getattr(self.moe, f) for f in self.moe.__dataclass_fields__
                           if not (f == "moe_layer_step" and self.moe.moe_layer_step == 1)
@@ -388,8 +393,7 @@ class ModelSpec:
         data = dict(data)
         moe = data.pop("moe", None)
         mla = data.pop("mla", None)
-        if isinstance(data.get("sliding_window_layers"), list):
-            data["sliding_window_layers"] = tuple(data["sliding_window_layers"])
+        data.update({f: tuple(data[f]) for f in _LAYER_LISTS if isinstance(data.get(f), list)})
         return cls(
             **data,
             moe=MoESpec(**moe) if moe else None,

@@ -95,6 +95,11 @@ def layer_variant_problems(spec) -> list[str]:
         bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < spec.num_layers]
         if bad:
             out.append(f"sliding_window_layers must be layer indices in [0, {spec.num_layers}), got {bad[:5]}")
+    rope = spec.rope_layers
+    if rope is not None and (spec.position_embedding != "rope" or list(rope) != sorted(set(rope)) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < spec.num_layers for i in rope)):
+        out.append(f"rope_layers must be increasing layer indices in [0, {spec.num_layers}), with rope only; got "
+                   f"{list(rope)[:5]} with position_embedding {spec.position_embedding!r}")
     if spec.chunked_attention and spec.sliding_window is None:
         out.append("chunked_attention needs a sliding_window (the chunk size in tokens)")
     out += gemma_field_problems(spec)
