@@ -54,7 +54,8 @@ HF_DECODER_LAYERS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLay
                      "deepseek_v2": "DeepseekV2DecoderLayer", "olmoe": "OlmoeDecoderLayer",
                      "qwen2_moe": "Qwen2MoeDecoderLayer", "starcoder2": "Starcoder2DecoderLayer",
                      "smollm3": "SmolLM3DecoderLayer", "exaone4": "Exaone4DecoderLayer",
-                     "ernie4_5": "Ernie4_5DecoderLayer", "seed_oss": "SeedOssDecoderLayer", "dots1": "Dots1DecoderLayer",
+                     "ernie4_5": "Ernie4_5DecoderLayer", "ernie4_5_moe": "Ernie4_5_MoeDecoderLayer",
+                     "seed_oss": "SeedOssDecoderLayer", "dots1": "Dots1DecoderLayer",
                      "minimax_m2": "MiniMaxM2DecoderLayer", "hunyuan_v1_moe": "HunYuanMoEV1DecoderLayer",
                      "hunyuan_v1_dense": "HunYuanDenseV1DecoderLayer"}
 """A Hugging Face config's ``model_type`` -> the decoder layer class transformers 5.25 builds for it (its

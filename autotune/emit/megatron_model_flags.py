@@ -14,7 +14,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
-           "router_flags", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS", "fp32_routing"]
+           "router_flags", "router_bias_gap", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS", "fp32_routing"]
 
 
 MEGATRON_NORM_EPS = 1e-5
@@ -187,6 +187,18 @@ def balancing_flags(moe) -> list[str]:
         return []
     kind = ["--moe-router-load-balancing-type", "seq_aux_loss"] if moe.aux_loss_per_sequence else []
     return kind + ["--moe-aux-loss-coeff", _num(moe.aux_loss_coeff)]
+
+
+def router_bias_gap(model: ModelSpec) -> str | None:
+    """What of a softmax router's routing bias Megatron-LM's arguments leave out (None: nothing). A softmax router's
+    bias is its linear layer's, built with --add-bias-linear (GPT-OSS); without linear biases (ERNIE 4.5's
+    selection-only e_score_correction_bias) Megatron-core builds none, and its expert bias
+    (--moe-router-enable-expert-bias) takes sigmoid or sqrtsoftplus scores only (transformer_config.py:2617-2625)."""
+    moe = model.moe
+    if moe is None or not moe.router_bias or moe.router_score != "softmax" or model.linear_bias:
+        return None
+    return (f"megatron_args.sh (and Bridge's overrides) route {model.name}'s experts by the softmax alone, without its per-expert routing bias "
+            f"({moe.num_experts} values per MoE layer; Megatron-core's expert bias takes sigmoid scores only)")
 
 
 def router_flags(moe) -> list[str]:

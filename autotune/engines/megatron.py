@@ -9,6 +9,7 @@ import functools
 
 from autotune.emit.megatron import architecture_problems, megatron_args
 from autotune.emit.megatron_attention import chunked_attention_problem, mla_yarn_gaps
+from autotune.emit.megatron_model_flags import router_bias_gap
 from autotune.emit.megatron_flags import MEGATRON_CORE_RELEASES
 from autotune.emit.megatron_fsdp import sharding_strategy
 from autotune.emit.megatron_versions import HEADER
@@ -299,6 +300,8 @@ class MegatronEngine(Engine):
             needs.append(f"megatron_args.sh leaves {model.name}'s YaRN {', '.join(gaps)} at Megatron-core's values "
                          "(no Megatron-LM flag sets them under MLA): set them in the model provider, or use the "
                          "Megatron-Bridge files")
+        if gap := router_bias_gap(model):
+            needs.append(gap)
         # The same plan for Megatron-Bridge users: overrides of Bridge's recipe (InputError for what it cannot take;
         # a model Bridge has no recipe for and its generic GPT recipe cannot build gets none, and a note).
         unbuildable = bridge_model_problems(model) or bridge_plan_problems(model, plan)

@@ -1,5 +1,5 @@
 """config.json readers for more decoders transformers 5.25 builds: qwen2_moe, starcoder2, smollm3, exaone4, ernie4_5,
-seed_oss, dots1, minimax_m2, hunyuan_v1_dense, hunyuan_v1_moe.
+ernie4_5_moe, seed_oss, dots1, minimax_m2, hunyuan_v1_dense, hunyuan_v1_moe.
 
 Each maps one ``model_type``'s fields onto :class:`ModelSpec` keyword arguments, as ``hf_readers_dense`` and
 ``hf_readers_moe`` do: the config is first normalised through transformers' own config class where it is installed,
@@ -147,6 +147,46 @@ def _ernie4_5(f: Fields) -> dict:
     return out
 
 
+ERNIE_MOE_ROUTER_NOTE = (
+    "ERNIE 4.5 picks each token's experts by softmax plus a per-expert correction bias (moe_statics."
+    "e_score_correction_bias, counted as moe.router_bias) and weights them by the softmax alone, renormalised; "
+    "Megatron-core's expert bias (--moe-router-enable-expert-bias) takes sigmoid or sqrtsoftplus scores only "
+    "(transformer_config.py:2617-2625), so Megatron-LM files route by the softmax alone (the same routing while the "
+    "bias is zero, its initial value)")
+
+
+def _ernie4_5_moe(f: Fields) -> dict:
+    """Ernie4_5_MoeConfig: RMSNorms, SwiGLU, tied embeddings, RoPE; MoE layers where (i + 1) % moe_layer_interval == 0
+    from moe_layer_start_index (1) to moe_layer_end_index (-1: the last), the others dense of intermediate_size:
+    moe_num_experts (64) routed experts of moe_intermediate_size, top moe_k (6), and moe_num_shared_experts (2) as one
+    MLP of their summed width (Ernie4_5_MoeSparseMoeBlock). Its router (Ernie4_5_MoeTopKRouter, fp32, bias-free
+    weight) selects by softmax + e_score_correction_bias, a frozen [1, experts] Parameter (counted as router_bias),
+    and weights by the selected softmax scores renormalised: Megatron-core's softmax over the top-k logits where the
+    bias is zero (ERNIE_MOE_ROUTER_NOTE). use_bias biases attention, dense and shared MLPs and lm_head but not the
+    routed experts (Ernie4_5_MoeExperts' 3-D weights), which ModelSpec's linear_bias cannot say: refused. The MTP
+    layers (num_nextn_predict_layers) transformers does not build are not carried."""
+    f = normalised(f, "ernie4_5_moe", _MOE_SHAPE)
+    out = decoder_base(f, kv_heads=4, head_dim=None, max_positions=131072, theta=500000.0, tied=True)
+    if f.get("use_bias", False):
+        f.unsupported("use_bias is not modelled: Ernie4_5_MoE biases attention, the dense and shared MLPs and lm_head "
+                      "but not its routed experts")
+    layers = out["num_layers"]
+    start, step = f.get_int("moe_layer_start_index", default=1), f.positive("moe_layer_interval", 1)
+    end = f.get_int("moe_layer_end_index", default=-1)
+    if end is not None and -1 < end < layers - 1:
+        f.unsupported(f"moe_layer_end_index {end} is not modelled (dense layers after the MoE ones: -1 or the last)")
+    experts, shared = f.get_int("moe_num_experts", default=64), f.get_int("moe_num_shared_experts", default=2)
+    width = f.need("moe_intermediate_size", what="expert width")
+    if experts and start is not None and start < layers:
+        out["moe"] = dict(num_experts=experts, top_k=f.get_int("moe_k", default=6), expert_ffn_hidden_size=width,
+                          num_shared_experts=1 if shared else 0,
+                          shared_expert_ffn_hidden_size=shared * width if shared else None,
+                          num_dense_layers=max(start, 0), moe_layer_step=step, router_bias=True, router_score="softmax",
+                          **f.aux_loss())
+        out["note"] = ERNIE_MOE_ROUTER_NOTE
+    return out
+
+
 def _seed_oss(f: Fields) -> dict:
     """SeedOssConfig: head_dim 128, 8 KV heads, q/k/v biases (attention_bias True) and none on o_proj
     (attention_out_bias False) or the MLP (mlp_bias False), attention dropout 0.1."""
@@ -256,5 +296,5 @@ def _hunyuan_v1_moe(f: Fields) -> dict:
 
 
 MORE_READERS = {"qwen2_moe": _qwen2_moe, "starcoder2": _starcoder2, "smollm3": _smollm3, "exaone4": _exaone4,
-                "ernie4_5": _ernie4_5, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2,
+                "ernie4_5": _ernie4_5, "ernie4_5_moe": _ernie4_5_moe, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2,
                 "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}

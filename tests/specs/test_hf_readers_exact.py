@@ -69,6 +69,8 @@ SMALL: dict[str, dict] = {
                     eos_token_id=2),
     "exaone4": dict(_DENSE, head_dim=24, num_hidden_layers=5, sliding_window=16, sliding_window_pattern=4),
     "ernie4_5": dict(_DENSE, head_dim=24, use_bias=True),
+    "ernie4_5_moe": dict(_DENSE, num_hidden_layers=6, moe_num_experts=6, moe_k=2, moe_intermediate_size=32,
+                         moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_interval=2),
     "seed_oss": dict(_DENSE, head_dim=24),
     "dots1": dict(_DENSE, head_dim=24, num_hidden_layers=4, n_routed_experts=6, n_shared_experts=2,
                   num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
