@@ -64,7 +64,8 @@ class MoESpec:
     num_dense_layers: int = 0
     """Leading layers with a dense FFN of ``ModelSpec.ffn_hidden_size`` (DeepSeek-V3: 3)."""
     router_bias: bool = False
-    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``, GPT-OSS's router bias)."""
+    """A per-expert routing bias (DeepSeek-V3's ``e_score_correction_bias``, GPT-OSS's router bias; ERNIE 4.5 MoE's
+    ``e_score_correction_bias`` beside a softmax router, on the selection only: ``router_bias_gap`` in emit)."""
     moe_layer_step: int = 1
     """After the dense layers, layer ``i`` is MoE when ``(i + 1) % moe_layer_step == 0`` (Llama 4 Maverick: 2,
     dense and MoE layers alternate; Qwen3-MoE's decoder_sparse_step). 1: every layer after the dense ones."""

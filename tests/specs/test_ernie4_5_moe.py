@@ -5,6 +5,9 @@ Megatron files say so). The exact count against the meta-device model is tests/s
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from autotune.emit.megatron_model_flags import router_bias_gap, router_flags
@@ -17,7 +20,7 @@ from autotune.specs.presets import load_model_preset
 A3B = dict(model_type="ernie4_5_moe", hidden_size=2560, intermediate_size=12288, num_hidden_layers=28,
            num_attention_heads=20, num_key_value_heads=4, vocab_size=103424, moe_intermediate_size=1536, moe_k=6,
            moe_num_experts=64, moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=27,
-           moe_layer_interval=1, tie_word_embeddings=True, rope_theta=500000.0)
+           moe_layer_interval=1, tie_word_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5)
 
 
 def test_ernie4_5_moe_reads_its_layout_router_and_shared_experts():
@@ -34,6 +37,8 @@ def test_ernie4_5_moe_reads_its_layout_router_and_shared_experts():
     wide = model_from_hf_config(A3B | {"moe_layer_start_index": 2, "moe_layer_interval": 2})
     assert [wide.is_moe_layer(i) for i in range(6)] == [False, False, False, True, False, True]
     assert model_from_hf_config(A3B | {"moe_layer_end_index": -1}).num_params == spec.num_params
+    fixture = model_from_hf_config(Path(__file__).parents[1] / "fixtures" / "hf" / "ernie4.5-21b-a3b")
+    assert dataclasses.replace(fixture, name=spec.name) == spec
 
 
 @pytest.mark.parametrize("change, says", [({"use_bias": True}, "use_bias"),

@@ -233,6 +233,8 @@ PUBLISHED_COUNTS = [
     ("qwen1.5-moe-a2.7b", 14.3 * B, 2.7 * B, 0.01, "Qwen/Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B activated"),
     ("seed-oss-36b", 36 * B, None, 0.01, "ByteDance-Seed/Seed-OSS-36B-Base card: 36B"),
     ("ernie4.5-0.3b", 0.36 * B, None, 0.01, "baidu/ERNIE-4.5-0.3B-PT card: 0.36B"),
+    ("ernie4.5-21b-a3b", 21 * B, 3 * B, 0.12, "baidu/ERNIE-4.5-21B-A3B-PT card: 21B total, 3B activated (truncated: "
+     "21.83B / 3.35B)"),
     ("smollm3-3b", 3 * B, None, 0.03, "HuggingFaceTB/SmolLM3-3B card: 3B (3.08B with its tied embedding)"),
     ("dots1-142b", 142 * B, 14 * B, 0.01, "rednote-hilab/dots.llm1.base card: 142B total, 14B activated"),
     ("hunyuan-a13b", 80 * B, 13 * B, 0.025, "tencent/Hunyuan-A13B-Instruct card: 80B total, 13B active (the fixture's "
