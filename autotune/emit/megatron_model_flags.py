@@ -197,8 +197,9 @@ def router_bias_gap(model: ModelSpec) -> str | None:
     moe = model.moe
     if moe is None or not moe.router_bias or moe.router_score != "softmax" or model.linear_bias:
         return None
-    return (f"megatron_args.sh (and Bridge's overrides) route {model.name}'s experts by the softmax alone, without its per-expert routing bias "
-            f"({moe.num_experts} values per MoE layer; Megatron-core's expert bias takes sigmoid scores only)")
+    return (f"megatron_args.sh (and Bridge's overrides) route {model.name}'s experts by the softmax alone, without its "
+            f"per-expert routing bias ({moe.num_experts} values per MoE layer; Megatron-core's expert bias takes sigmoid "
+            "scores only)")
 
 
 def router_flags(moe) -> list[str]:

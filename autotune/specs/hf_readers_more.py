@@ -296,5 +296,5 @@ def _hunyuan_v1_moe(f: Fields) -> dict:
 
 
 MORE_READERS = {"qwen2_moe": _qwen2_moe, "starcoder2": _starcoder2, "smollm3": _smollm3, "exaone4": _exaone4,
-                "ernie4_5": _ernie4_5, "ernie4_5_moe": _ernie4_5_moe, "seed_oss": _seed_oss, "dots1": _dots1, "minimax_m2": _minimax_m2,
-                "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}
+                "ernie4_5": _ernie4_5, "ernie4_5_moe": _ernie4_5_moe, "seed_oss": _seed_oss, "dots1": _dots1,
+                "minimax_m2": _minimax_m2, "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}
