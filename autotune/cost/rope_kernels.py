@@ -40,12 +40,20 @@ def rope_bytes(model: ModelSpec, kernels: str) -> tuple[int, int]:
     return FUSED_ROPE_BYTES
 
 
-@functools.lru_cache(maxsize=1024)
 def rotary_share(model: ModelSpec, moe_layer: bool) -> float:
     """The share of the model's dense (``moe_layer`` False) or MoE layers that run RoPE (``ModelSpec.is_rotary_layer``):
     position-free (NoPE) layers run no rotary kernel (SmolLM3: 27 of 36; EXAONE 4: its 48 sliding-window layers of
     64; Llama 4: its chunked layers, three of four; Megatron-core attention.py ``no_rope_freq``: the layer skips
     ``apply_rotary_pos_emb``). One layer's time stands for each of its kind, so it carries their mean. 0 without
     RoPE; 1 where the model has no layer of that kind."""
+    if model.position_embedding != "rope":
+        return 0.0
+    if model.rope_layers is None and not model.chunked_attention:  # every layer rotates (the search's hot path)
+        return 1.0
+    return _mixed_share(model, moe_layer)
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_share(model: ModelSpec, moe_layer: bool) -> float:
     kind = [i for i in range(model.num_layers) if model.is_moe_layer(i) == moe_layer]
-    return sum(map(model.is_rotary_layer, kind)) / len(kind) if kind else float(model.position_embedding == "rope")
+    return sum(map(model.is_rotary_layer, kind)) / len(kind) if kind else 1.0

@@ -56,7 +56,10 @@ def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     except _NotOverride as err:
         return {}, [Problem(path=str(err), severity="error", source="megatron-bridge",
                             message="not a KEY=VALUE override", fix="write one key=value a line")]
-    except (yaml.YAMLError, AttributeError, TypeError) as err:
+    except TypeError as err:  # nested_overrides' own words
+        return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=f"does not read: {err}",
+                            fix="one KEY=VALUE a setting, a section's fields below it")]
+    except (yaml.YAMLError, AttributeError) as err:
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=f"does not read: {err}",
                             fix="rewrite the file (autotune emit writes it)")]
     except RecursionError:  # a value nested thousands of levels deep (yaml's composer recurses)
@@ -66,7 +69,21 @@ def read_bridge_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     if not isinstance(data, dict):
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message="not a mapping",
                             fix="give ConfigContainer sections (model:, train:, ...)")]
-    return data, []
+    return data, _section_problems(data)
+
+
+_MAPPING_SECTIONS = ("model", "train", "dataset", "ddp", "optimizer", "scheduler", "checkpoint", "dist", "logger")
+"""ConfigContainer sections that are dataclasses: an override sets their fields, never the section to a value."""
+
+
+def _section_problems(data: dict) -> list[Problem]:
+    return [Problem(path=f"$.{name}", severity="error", source="megatron-bridge",
+                    message=f"{name} is set to {data[name]!r}: it is a ConfigContainer section, whose fields an "
+                            "override sets (megatron-bridge 0.6.2's merge puts the value in its place unchecked, and "
+                            "the run fails where it reads the section's fields)",
+                    fix=f"set its fields ({name}.FIELD=VALUE, or {name}: with FIELD: VALUE lines under it)")
+            for name in _MAPPING_SECTIONS if name in data and data[name] is not None
+            and not isinstance(data[name], dict)]
 
 
 class _NotOverride(ValueError):
@@ -86,9 +103,15 @@ def nested_overrides(lines) -> dict:
             raise _NotOverride(line)
         node = data
         *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})  # a value below one that is no mapping: TypeError
-        node[leaf] = yaml.safe_load(value) if value else None
+        for i, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise TypeError(f"{key} sets a field of {'.'.join(parents[:i + 1])}, which an earlier override set "
+                                f"to {node!r}, no mapping")
+        try:
+            node[leaf] = yaml.safe_load(value) if value else None
+        except yaml.YAMLError:
+            raise TypeError(f"{key}: its value {value!r} does not read (YAML)") from None
     return data
 
 
@@ -100,8 +123,9 @@ def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
             f"its launch line runs {script or 'no training script'}, not Megatron-Bridge's {RUN_RECIPE}"),
             fix=f"give the override file (bridge_overrides.yaml) or a script that runs scripts/training/{RUN_RECIPE}")]
     try:
-        return nested_overrides(recipe_command(argv).overrides), []
-    except (TypeError, yaml.YAMLError) as err:
+        data = nested_overrides(recipe_command(argv).overrides)
+        return data, _section_problems(data)
+    except TypeError as err:
         return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=lines[0] if lines else None,
                             message=f"its overrides do not read: {err}", fix="one KEY=VALUE a setting")]
     except ValueError as err:

@@ -113,3 +113,17 @@ def test_a_script_that_runs_another_program_is_no_bridge_file(tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 train.py --lr 1e-4\n")
     assert file_kind(script) != "megatron-bridge"
+
+
+@pytest.mark.parametrize("overrides,said", [
+    ("mixed_precision=bf16_mixed mixed_precision.fp8=hybrid", "mixed_precision.fp8 sets a field of mixed_precision"),
+    ("model.tensor_model_parallel_size=[1", "its value '[1' does not read"),
+    ("model=3", "model is set to 3: it is a ConfigContainer section"),
+])
+def test_overrides_that_do_not_make_a_config_exit_2_naming_the_override(tmp_path, capsys, overrides, said):
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\n" + LAUNCH.format(
+        nodes=1, args=f"--recipe llama3_70b_pretrain_32gpu_h100_bf16_config {overrides}"))
+    assert main(["estimate", "--from", str(script), "--gpu", "h100-sxm-80gb"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
