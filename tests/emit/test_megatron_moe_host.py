@@ -33,8 +33,8 @@ def test_megatron_moe_layer_host_work_exceeds_what_the_model_charges(tmp_path):
     assert charged == 7 + 7 + 8 + 7
     assert kernels > charged and kernels + views > 3 * charged
     assert int(rows["the routed experts"][0]) > kernels  # 8 experts' GEMMs and activations, one expert at a time
-    assert all(float(rows[part][0]) > 0 for part in ("the MoE block beside the experts, forward + backward",
-                                                      "router + dispatcher pre-processing, forward"))
+    assert float(rows["router + dispatcher pre-processing, forward"][0]) > 0  # timed (the differences of timings
+    # beside it, such as the block less the experts, can come out negative when the host is loaded)
 
 def test_the_bench_says_where_megatron_core_is_missing(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "megatron_moe_host.py"), "--megatron",
