@@ -175,20 +175,26 @@ def test_a_written_config_that_is_not_json_is_refused_as_a_given_one_is(tmp_path
     assert said in estimate_err and "give the filled config with --from" in estimate_err
 
 
+def _offload_pair(tmp_path, extra: str):
+    """A DeepSpeed JSON with ZeRO-Offload and no optimizer block, and a fork script running it with ``extra`` flags."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                              "bf16": {"enabled": True}}))
+    script = tmp_path / "run.sh"
+    script.write_text("deepspeed pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                      "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 "
+                      f"--bf16 --deepspeed --deepspeed_config ds.json --zero-stage 2 --no-pipeline-parallel {extra}\n")
+    return ds, script
+
+
 @pytest.mark.parametrize("extra, expected", [
     ("--cpu-optimizer", []),  # DeepSpeedCPUAdam passed in: neither the JSON-alone warning nor a pair problem
     ("", ["refuses any optimizer but DeepSpeedCPUAdam", "add --cpu-optimizer"]),
     ("--cpu-optimizer --cpu_torch_adam", ["refuses any optimizer but DeepSpeedCPUAdam", "drop --cpu_torch_adam"])])
 def test_the_scripts_optimizer_is_weighed_against_zero_offload(extra, expected, tmp_path, capsys):
     # a given pair: ZeRO-Offload with no optimizer block in the JSON, the optimizer the fork builds from the flags
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
-                              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-                              "bf16": {"enabled": True}}))
-    args = tmp_path / "run.sh"
-    args.write_text("deepspeed pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
-                    "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 "
-                    f"--bf16 --deepspeed --deepspeed_config ds.json --zero-stage 2 --no-pipeline-parallel {extra}\n")
+    ds, args = _offload_pair(tmp_path, extra)
     code, found, _ = _validate(capsys, args, ds)
     offload = [p for p in found if p["path"] == "$.zero_optimization.offload_optimizer"]
     if not expected:
@@ -229,14 +235,7 @@ def test_the_no_optimizer_block_warning_knows_the_client_optimizer(tmp_path, cap
 
 @pytest.mark.parametrize("extra, warned", [("--cpu-optimizer", False), ("--cpu-optimizer --cpu_torch_adam", True)])
 def test_a_given_json_is_warned_unless_its_script_passes_deepspeed_cpu_adam(extra, warned, tmp_path, capsys):
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
-                              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-                              "bf16": {"enabled": True}}))
-    script = tmp_path / "run.sh"
-    script.write_text("deepspeed pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
-                      "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 "
-                      f"--bf16 --deepspeed --deepspeed_config ds.json --zero-stage 2 --no-pipeline-parallel {extra}\n")
+    ds, script = _offload_pair(tmp_path, extra)
     found = _validate(capsys, script, ds)[1]
     assert any(p["message"].startswith(OFFLOAD_WARNING) and p["file"] == str(ds) for p in found) == warned, found
     # the JSON alone: the optimizer passed in is unknown, so it is warned
