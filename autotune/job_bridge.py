@@ -4,22 +4,24 @@ or a complete Bridge config (the ``run_config.yaml`` of a Bridge checkpoint), fo
 
 Overrides sit on a base recipe (a ``ConfigContainer`` function): the parallel sizes, batch, sequence, recompute,
 distributed optimizer, precision and run settings are read from the ``model``, ``train``, ``dataset``, ``ddp``,
-``comm_overlap`` and ``mixed_precision`` sections. What the file leaves unsaid is its base recipe's where a
-"# Base recipe: NAME" line names one megatron-bridge ships (``autotune.emit.bridge_recipe_bases``: run_recipe.py merges the
-file onto it), else Megatron-core's default (tp 1, no recompute, ...). The model is the base recipe's where the file names a library recipe autotune knows (the
-"Base recipe:" line autotune writes at its top), else the model section's own shape where it states one (a complete
-config: ``autotune.job_bridge_model``), else ``--model``. The world size is not in the file:
-``--num-gpus`` or a launch script beside it.
+``comm_overlap`` and ``mixed_precision`` sections. The base recipe is the one a "# Base recipe: NAME" line names
+(autotune writes it at the top of its files), or the one a launch script's run_recipe.py line loads, whose
+arguments are the overrides (``autotune.emit.bridge_launch``). What the file leaves unsaid is that recipe's where
+autotune holds its values (``autotune.emit.bridge_recipe_bases``: run_recipe.py merges the file onto it), else
+Megatron-core's default (tp 1, no recompute, ...). The model is the base recipe's where it is a library recipe
+autotune knows, else the model section's own shape where it states one (a complete config:
+``autotune.job_bridge_model``), else ``--model``. The world size is a run_recipe.py launch line's, else
+``--num-gpus`` or a launch script beside the file.
 """
 
 from __future__ import annotations
 
 from autotune.emit.bridge_peft import LORA_TARGET
-from autotune.emit.megatron_bridge_lint import base_recipe, read_bridge_overrides
+from autotune.emit.bridge_recipe_bases import load_bases, recipe_base
+from autotune.emit.megatron_bridge_lint import base_recipe, on_base, read_bridge_overrides
 from autotune.emit.megatron_bridge_recipes import RECIPES
 from autotune.emit.precision import MEGATRON_FP8_RECIPES
 from autotune.errors import InputError
-from autotune.emit.bridge_recipe_bases import load_bases, recipe_base, with_base
 from autotune.job_bridge_model import bridge_model
 from autotune.specs.plan import CP_COMM_TYPES, MOE_DISPATCHERS
 from autotune.specs.presets import load_model_preset
@@ -114,7 +116,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         if taken:
             notes.append(f"{path}: from its base recipe {recipe} (megatron-bridge 0.6.2), which the file leaves "
                          f"unsaid: {', '.join(taken)}")
-        data, complete = with_base(base, data), True
+        data, complete = on_base(path, data), True  # the one merge validate judges too
     elif recipe is not None and not complete:
         notes.append(f"{path}: its base recipe {recipe} is not one whose values autotune holds (megatron-bridge "
                      f"0.6.2's {', '.join(sorted(load_bases()))}): what it leaves unsaid is read as Megatron-core's "

@@ -26,11 +26,10 @@ from autotune.emit.job_args import FROM_SUBJECT as _SUBJECT
 from autotune.emit.job_args import flags_of as _flags
 from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
-from autotune.emit.megatron_bridge_lint import SHELL_SUFFIXES
 from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
 from autotune.emit.validate import batch_triple_problem, resolved_config
-from autotune.emit.shell_args import read_megatron_args_file
+from autotune.emit.shell_args import SHELL_SUFFIXES, read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
 from autotune.job_checkpoint import checkpoint_folder, inspect_path, read_checkpoint

@@ -18,19 +18,17 @@ from autotune.emit.bridge_launch import RUN_RECIPE, recipe_command, runs_recipe
 from autotune.emit.bridge_recipe_bases import recipe_base, with_base
 from autotune.emit.job_args import launch_sizes
 from autotune.emit.problems import JobSizes, Problem
-from autotune.emit.shell_args import read_megatron_launch
+from autotune.emit.shell_args import SHELL_SUFFIXES, read_megatron_launch
 from autotune.inputs import read_text
 
-__all__ = ["BASE_RECIPE_LINE", "SHELL_SUFFIXES", "base_recipe", "nested_overrides", "CONFIG_CONTAINER_SECTIONS", "CONFIG_CONTAINER_TARGET", "read_bridge_overrides",
-           "bridge_overrides_problems", "bridge_job_sizes"]
+__all__ = ["BASE_RECIPE_LINE", "base_recipe", "nested_overrides", "on_base", "CONFIG_CONTAINER_SECTIONS",
+           "CONFIG_CONTAINER_TARGET", "read_bridge_overrides", "bridge_overrides_problems", "bridge_job_sizes"]
 
 # dataclasses.fields(ConfigContainer) in megatron-bridge 0.6.2 (the underscore-prefixed internal one left out).
 CONFIG_CONTAINER_SECTIONS = frozenset((
     "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
     "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
     "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart"))
-
-SHELL_SUFFIXES = (".sh", ".bash", ".sbatch", ".slurm")
 
 BASE_RECIPE_LINE = re.compile(r"^#\s*Base recipe:\s*([A-Za-z0-9_]+)", re.MULTILINE)
 """The comment that names an override file's base recipe (the line autotune writes at the top of the files it emits;
@@ -122,14 +120,15 @@ def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
         return {}, [Problem(path="$", severity="error", source="megatron-bridge", message=(
             f"its launch line runs {script or 'no training script'}, not Megatron-Bridge's {RUN_RECIPE}"),
             fix=f"give the override file (bridge_overrides.yaml) or a script that runs scripts/training/{RUN_RECIPE}")]
+    first = lines[0] if lines else None
     try:
         data = nested_overrides(recipe_command(argv).overrides)
         return data, _section_problems(data)
     except TypeError as err:
-        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=lines[0] if lines else None,
+        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=first,
                             message=f"its overrides do not read: {err}", fix="one KEY=VALUE a setting")]
     except ValueError as err:
-        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=lines[0] if lines else None,
+        return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=first,
                             message=f"run_recipe.py refuses its arguments: {err}",
                             fix="give --recipe NAME (or --model STEM with --mode) and KEY=VALUE overrides, as "
                                 "`python scripts/training/run_recipe.py --help` lists them")]
@@ -169,8 +168,8 @@ def bridge_job_sizes(path: str | Path) -> JobSizes:
     if str(path).lower().endswith(SHELL_SUFFIXES):  # a run_recipe.py launch line: its nodes x GPUs per node
         nodes, per_node, default = launch_sizes(str(path))
         world = nodes * per_node if nodes and per_node and not default else None
-    return JobSizes(world_size=world, tp=_int(model, "tensor_model_parallel_size"), pp=_int(model, "pipeline_model_parallel_size"),
-                    cp=_int(model, "context_parallel_size"))
+    return JobSizes(world_size=world, tp=_int(model, "tensor_model_parallel_size"),
+                    pp=_int(model, "pipeline_model_parallel_size"), cp=_int(model, "context_parallel_size"))
 
 
 def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Problem]:

@@ -14,7 +14,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 
 __all__ = ["activation_flags", "moe_layer_pattern", "layer_norms_problem", "architecture_problems", "shape_flags",
-           "router_flags", "router_bias_gap", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS", "fp32_routing"]
+           "router_flags", "router_bias_gap", "balancing_flags", "norm_eps_flags", "MEGATRON_NORM_EPS",
+           "fp32_routing"]
 
 
 MEGATRON_NORM_EPS = 1e-5
@@ -197,9 +198,9 @@ def router_bias_gap(model: ModelSpec) -> str | None:
     moe = model.moe
     if moe is None or not moe.router_bias or moe.router_score != "softmax" or model.linear_bias:
         return None
-    return (f"megatron_args.sh (and Bridge's overrides) route {model.name}'s experts by the softmax alone, without its "
-            f"per-expert routing bias ({moe.num_experts} values per MoE layer; Megatron-core's expert bias takes sigmoid "
-            "scores only)")
+    return (f"megatron_args.sh (and Bridge's overrides) route {model.name}'s experts by the softmax alone, without "
+            f"its per-expert routing bias ({moe.num_experts} values per MoE layer; Megatron-core's expert bias takes "
+            "sigmoid scores only)")
 
 
 def router_flags(moe) -> list[str]:

@@ -24,9 +24,12 @@ from autotune.emit.megatron_flags import is_flag
 from autotune.emit.shell_source import SourcingReader
 from autotune.inputs import read_text
 
-__all__ = ["parse_shell_args", "parse_shell_args_with_lines", "parse_shell_launch", "read_megatron_launch",
-           "read_megatron_args_file",
-           "read_megatron_args_file_with_env", "read_megatron_args_file_with_lines", "MAX_ARGS_FILE_BYTES"]
+__all__ = ["SHELL_SUFFIXES", "parse_shell_args", "parse_shell_args_with_lines", "parse_shell_launch",
+           "read_megatron_launch", "read_megatron_args_file", "read_megatron_args_file_with_env",
+           "read_megatron_args_file_with_lines", "MAX_ARGS_FILE_BYTES"]
+
+SHELL_SUFFIXES = (".sh", ".bash", ".sbatch", ".slurm")
+"""The names of the shell files a job's launch lives in (scripts, SLURM batch files)."""
 
 _LAUNCHERS = ("torchrun", "python", "python3", "deepspeed", "srun", "mpirun", "exec", "nohup")
 MAX_ARGS_FILE_BYTES = 1 << 20

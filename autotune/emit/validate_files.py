@@ -20,13 +20,15 @@ from autotune.emit.accelerate_lint import accelerate_config_problems, accelerate
 from autotune.emit.job_args import launch_sizes
 from autotune.emit.launch_lint import hostfile_job_sizes, hostfile_problems, launch_script_problems
 from autotune.emit.bridge_launch import runs_recipe
-from autotune.emit.megatron_bridge_lint import BASE_RECIPE_LINE, SHELL_SUFFIXES, CONFIG_CONTAINER_TARGET, bridge_job_sizes, bridge_overrides_problems
+from autotune.emit.megatron_bridge_lint import (BASE_RECIPE_LINE, CONFIG_CONTAINER_TARGET, bridge_job_sizes,
+                                               bridge_overrides_problems)
 from autotune.emit.megatron_flags import is_flag
 from autotune.emit.megatron_deepspeed_lint import megatron_deepspeed_args_problems
 from autotune.emit.megatron_lint import megatron_args_problems
 from autotune.emit.megatron_versions import header_release, release_in_use
 from autotune.emit.problems import JobSizes, Problem
-from autotune.emit.shell_args import read_megatron_args_file, read_megatron_args_file_with_lines, read_megatron_launch
+from autotune.emit.shell_args import (SHELL_SUFFIXES, read_megatron_args_file, read_megatron_args_file_with_lines,
+                                      read_megatron_launch)
 from autotune.emit.torchtitan_lint import torchtitan_config_problems, torchtitan_job_sizes
 from autotune.emit.torchtitan_module_read import module_function, torchtitan_module_problems, torchtitan_module_sizes
 from autotune.emit.validate import read_deepspeed_config, validate_deepspeed_config
@@ -77,9 +79,9 @@ def file_kind(path: str | Path) -> str:
         return "torchtitan-module"  # a torchtitan 0.3 config module (torchtitan_plan.py)
     if name.endswith(SHELL_SUFFIXES) and runs_recipe(read_megatron_launch(path)[3]):
         return "megatron-bridge"  # a launch line of Bridge's run_recipe.py: the recipe and its overrides
-    if name.endswith((".sh", ".bash", ".sbatch", ".slurm", ".args", ".txt")) or "megatron" in name:
+    if name.endswith((*SHELL_SUFFIXES, ".args", ".txt")) or "megatron" in name:
         argv = read_megatron_args_file(path)
-        if name.endswith((".sh", ".bash", ".sbatch", ".slurm")) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
+        if name.endswith(SHELL_SUFFIXES) and not any(is_flag(a.split("=", 1)[0]) for a in argv):
             return "launch"  # it starts a program whose arguments are not Megatron's (or live in another file)
         return megatron_file_kind(argv)
     raise InputError([f"cannot tell what kind of file {str(path)!r} is from its name: give --kind "
