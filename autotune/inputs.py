@@ -142,10 +142,11 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (write a finite number, or null)")
 
 
-def parse_json(text: str, *, subject: str) -> Any:
-    """Standard JSON only: no NaN/Infinity, nesting at most MAX_DEPTH."""
+def parse_json(text: str, *, subject: str, nonfinite: bool = False) -> Any:
+    """Standard JSON only: no NaN/Infinity (``nonfinite``: read as floats, as Python's json module and so
+    transformers' config loader do), nesting at most MAX_DEPTH."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=float if nonfinite else _no_constant)
     except json.JSONDecodeError as err:
         raise InputError([f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"],
                          subject=subject) from None

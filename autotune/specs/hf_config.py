@@ -311,7 +311,10 @@ def read_hf_config(path: str | Path) -> dict:
     if p.is_dir():
         p = p / "config.json"
     subject = f"Hugging Face config {str(p)!r}"
-    data = parse_json(read_text(p, subject="Hugging Face config"), subject=subject)
+    # transformers writes a config's infinite floats as Infinity (json.dumps' default: Mamba-2's time_step_limit,
+    # transformers/models/mamba2/configuration_mamba2.py) and reads them back; a field a reader takes is checked
+    # to be finite where it is read (hf_fields.Fields.get).
+    data = parse_json(read_text(p, subject="Hugging Face config"), subject=subject, nonfinite=True)
     if not isinstance(data, dict):
         raise InputError([f"expected a JSON object, got {type(data).__name__}"], subject=subject)
     return data

@@ -213,11 +213,12 @@ def load_model(ref: str) -> ModelSpec:
     origin = f"model file {str(path)!r}"
     text = read_text(path, subject="model file")
     if path.suffix == ".json":
-        data = parse_json(text, subject=origin)
+        data = parse_json(text, subject=origin, nonfinite=True)  # as transformers writes them (read_hf_config)
         if not isinstance(data, dict):
             raise InputError([f"expected a JSON object, got {_json_type(data)}"], subject=origin)
         if _looks_like_hf(path, data):
             return model_from_hf_config(data, origin=f"Hugging Face config {str(path)!r}")
+        require_no_problems(nonfinite_problems(data), subject=origin)
         return model_from_mapping(data, origin=origin)
     data = parse_yaml(text, subject=origin)
     if not isinstance(data, dict):

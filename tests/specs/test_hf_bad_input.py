@@ -88,3 +88,33 @@ def test_absurd_layer_count_is_refused_not_built(model_type):
            "sliding_window": 16}
     with pytest.raises(InputError, match="num_layers"):
         model_from_hf_config(cfg)
+
+
+def test_a_config_transformers_saved_with_infinity_is_read_as_transformers_reads_it(tmp_path):
+    """transformers saves an infinite float as Infinity (json.dumps' default) and reads it back: Mamba-2 layers'
+    time_step_limit (0.0, inf) is in every nemotron_h / mamba2 config.json it writes. Such a file was refused as
+    "not valid JSON", hiding what the user needed to hear: that its model type is not modelled."""
+    transformers = pytest.importorskip("transformers")
+    transformers.NemotronHConfig().save_pretrained(tmp_path)
+    text = (tmp_path / "config.json").read_text()
+    assert "Infinity" in text  # the premise: this is what transformers writes
+    with pytest.raises(InputError) as err:
+        load_model(str(tmp_path / "config.json"))
+    assert "model_type 'nemotron_h' is not supported" in str(err.value) and "Mamba" in str(err.value)
+    assert "not valid JSON" not in str(err.value)
+
+
+def test_an_infinity_is_refused_where_a_reader_takes_it_and_ignored_where_none_does(tmp_path):
+    base = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+            "intermediate_size": 1024, "vocab_size": 1000}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "rms_norm_eps": float("inf")}))  # json.dumps writes Infinity
+    with pytest.raises(InputError, match="'rms_norm_eps' must be a finite number, got inf"):
+        load_model(str(path))
+    path.write_text(json.dumps({**base, "some_unread_limit": [0.0, float("inf")]}))
+    assert load_model(str(path)).num_layers == 4
+    # autotune's own model JSON stays strict: no field of it may be infinite
+    own = tmp_path / "m.json"
+    own.write_text('{"name": "m", "num_layers": Infinity}')
+    with pytest.raises(InputError, match=r"\$\.num_layers: must be a finite number, got inf"):
+        load_model(str(own))

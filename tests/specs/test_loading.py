@@ -220,7 +220,7 @@ def _hostile_files(tmp_path: Path) -> dict[str, tuple[str, str]]:
         "alias": (_write(tmp_path, "a.yaml", "a: &x [1, 2]\nb: *x\n"), "aliases"),
         "complex key": (_write(tmp_path, "k.yaml", "? [a, b]\n: 1\n"), "plain value"),
         "long name": ("x" * 300 + ".yaml", "not a usable file name|longer than"),
-        "nan json": (_write(tmp_path, "n.json", '{"num_layers": NaN}'), "not a JSON number"),
+        "nan json": (_write(tmp_path, "n.json", '{"num_layers": NaN}'), "must be a finite number, got nan"),
     }
 
 
