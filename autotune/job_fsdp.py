@@ -65,7 +65,9 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
            isinstance(t.get("global_batch_size"), int) and t.get("global_batch_size") > 0 else None,
            "seq_len": t.get("seq_len"), "recompute": mode if mode in ("none", "selective", "full") else "none",
            "zero_stage": stage, "dp_replicate": replicate if stage else 1, "engine": "fsdp",
-           "offload_param": "cpu" if t.get("enable_cpu_offload") else "none",
+           # CPUOffloadPolicy: parameters, gradients and optimizer states on the host together (fsdp2_fields)
+           **{f: "cpu" if t.get("enable_cpu_offload") else "none" for f in ("offload_param",
+                                                                                 "offload_optimizer")},
            "precision": "fp8" if _converter(m, ("float8", "quantize.linear.mx")) else "bf16"}
     compile_on, parts = section("compile").get("enable"), section("compile").get("components")
     if isinstance(compile_on, bool):  # the model compiled only where components keep it (default model and loss:

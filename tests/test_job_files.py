@@ -107,6 +107,9 @@ ROUND_TRIPS = {
                                      "--seq-len", "2048"]),  # what a DeepSpeed config does not hold
     "fsdp": (["--engine", "fsdp", "--tp", "2", "--zero", "3", "--recompute", "full", "--torchtitan-version", "0.2"],
              ["torchtitan_job.toml"], []),
+    # CPUOffloadPolicy (enable_cpu_offload): read as the parameters' offload alone before, which no engine runs
+    "fsdp-cpu-offload": (["--engine", "fsdp", "--zero", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu",
+                          "--torchtitan-version", "0.2"], ["torchtitan_job.toml"], []),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
