@@ -23,15 +23,17 @@ __all__ = ["lint_file", "memory_problems", "job_memory_problems", "engine_rule_p
 
 def lint_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
               kind: str | None = None, hf: bool | None = None,
-              engine_versions: dict[str, str] | None = None, client_optimizer: str | None = None) -> list[Problem]:
+              engine_versions: dict[str, str] | None = None, client_optimizer: str | None = None,
+              launch_options: frozenset[str] = frozenset()) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable); ``kind``,
-    ``hf`` and ``client_optimizer`` as for ``autotune.emit.validate_files.validate_file``, plus "plan" (autotune's
-    plan.json)."""
+    ``hf``, ``client_optimizer`` and ``launch_options`` as for ``autotune.emit.validate_files.validate_file``, plus
+    "plan" (autotune's plan.json)."""
     kind = kind or file_kind(path)
     if kind == "plan":
         return _plan_problems(path, world_size)
     problems = validate_file(path, world_size=world_size, tp=tp, pp=pp, cp=cp, kind=kind, hf=hf,
-                             engine_versions=engine_versions, client_optimizer=client_optimizer)
+                             engine_versions=engine_versions, client_optimizer=client_optimizer,
+                             launch_options=launch_options)
     if kind in RULES_CHECKED_KINDS and not any(p.severity == "error" for p in problems):
         problems += engine_rule_problems(path, world_size)
     return problems

@@ -277,6 +277,22 @@ def _pair_problems(pairs: dict[str, list[str]], world: int, tp: int, pp: int, cp
     return out
 
 
+def _launch_options(inputs: list[tuple[str, str]]) -> dict[str, frozenset[str]]:
+    """The command-line options every launch script given passes to ``accelerate launch`` with each accelerate config
+    given (named by its file name: :mod:`autotune.emit.accelerate_launch`), by config path; configs no script
+    launches are left out."""
+    from autotune.emit.accelerate_launch import accelerate_launches
+
+    launches = [launch for path, kind in inputs if kind == "launch" for launch in accelerate_launches(path)]
+    out: dict[str, frozenset[str]] = {}
+    for path, kind in inputs:
+        named = [launch.options for launch in launches
+                 if kind == "accelerate" and launch.config_name == Path(path).name]
+        if named:
+            out[path] = frozenset.intersection(*named)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune.commands.validate_checkpoint import CHECKPOINT_KIND, CHECKPOINT_KINDS, checkpoint_problems
     from autotune.lint import lint_file
@@ -294,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
     world, tp, pp, cp = _job(args, inputs)
     pairs = _pairs(inputs)
     clients = _client_optimizers(pairs)  # a JSON run by a script that passes DeepSpeedCPUAdam
+    launched = _launch_options(inputs)  # an accelerate config's options on the scripts' launch lines
     found: list[tuple[str, object]] = []
     for path, kind in inputs:
         config = path
@@ -303,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             problems = lint_file(path, world_size=world, tp=tp, pp=pp, cp=cp, kind=kind,
                                  hf=True if args.hf and kind == "deepspeed" else None, engine_versions=asked,
-                                 client_optimizer=clients.get(path))
+                                 client_optimizer=clients.get(path), launch_options=launched.get(path, frozenset()))
         if args.model is not None and kind == "deepspeed":  # the JSON's plan ("auto" resolved) with the model
             problems += _memory(args, config, world, tp, pp, cp, problems)
         elif args.gpu is not None and kind in _JOB_KINDS:  # the job the file states, as estimate --from reads it

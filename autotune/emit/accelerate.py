@@ -107,8 +107,11 @@ def _header(cluster: ClusterSpec, options: EmitOptions, what: str, ds_config_fil
                f"DIR/{ds_config_filename} {script}\n"
                f"#   (deepspeed_config_file below is opened from the folder accelerate runs in, not from this "
                f"file's; launch_accelerate.sh passes both paths)\n")
-    return (f"# accelerate {ACCELERATE_VERSION} config ({what}) written by autotune:\n" + how +
-            f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n")
+    nodes = f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs; set machine_rank per node.\n"
+    if cluster.num_nodes > 1 and not options.launch.master_addr:  # the launch line must say where rank 0 is
+        nodes = (f"# {cluster.num_nodes} machine(s) x {cluster.gpus_per_node} GPUs: on machine i add --machine_rank i "
+                 "--main_process_ip <machine 0's address> (this file names no main_process_ip).\n")
+    return f"# accelerate {ACCELERATE_VERSION} config ({what}) written by autotune:\n" + how + nodes
 
 
 def _deepspeed_block(plan: ParallelPlan, cluster: ClusterSpec, ds_config_filename: str) -> dict:

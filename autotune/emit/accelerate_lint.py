@@ -143,8 +143,11 @@ _LEGACY_TOP = {"dynamo_backend": "dynamo_config: {dynamo_backend: ...}", "fp16":
 """Top-level keys of older configs that accelerate 1.16.0's loader still converts (config_args.py:113-119)."""
 
 
-def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1, cp: int = 1) -> list[Problem]:
-    """Every problem of an accelerate config file for a job of ``world_size`` ranks (tp, cp: the plan's)."""
+def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1, cp: int = 1,
+                               launch_options: frozenset[str] = frozenset()) -> list[Problem]:
+    """Every problem of an accelerate config file for a job of ``world_size`` ranks (tp, cp: the plan's), launched
+    with ``launch_options`` on the command line (autotune.emit.accelerate_launch: they take precedence over the
+    file's keys)."""
     table = accelerate_key_table()
     version = table["version"]
     repeated: list[tuple[str, int]] = []
@@ -194,7 +197,7 @@ def accelerate_config_problems(path: str | Path, *, world_size: int, tp: int = 1
         if key in data and data[key] is not None and not isinstance(data[key], bool) and choices \
                 and str(data[key]) not in choices:
             bad((key,), f"{key} is {data[key]!r}, not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
-    _shape_problems(data, world_size, bad)
+    _shape_problems(data, world_size, bad, launch_options)
     _engine_problems(data, tp, cp, world_size, bad)
     _referenced_problems(path, data, world_size, bad)
     if not any(p.severity == "error" for p in out):
@@ -243,7 +246,7 @@ def _yaml_boolean_problems(data: dict, bad) -> None:
             'write the precision you mean: mixed_precision: "no", fp16, bf16 or fp8')
 
 
-def _shape_problems(data: dict, world_size: int, bad) -> None:
+def _shape_problems(data: dict, world_size: int, bad, launch_options: frozenset[str] = frozenset()) -> None:
     machines, processes, rank = (data.get(k) for k in ("num_machines", "num_processes", "machine_rank"))
     for key, value in (("num_machines", machines), ("num_processes", processes)):
         if value is not None and not (_int(value) and value >= 1):
@@ -256,9 +259,11 @@ def _shape_problems(data: dict, world_size: int, bad) -> None:
             f"use a multiple of {machines}")
     if _int(rank) is not None and _int(machines) and not 0 <= rank < machines:
         bad(("machine_rank",), f"machine_rank {rank} with {machines} machine(s)", f"use 0 to {machines - 1}")
-    if _int(machines) and machines > 1 and not data.get("main_process_ip"):
+    given_ip = data.get("main_process_ip") or "--main_process_ip" in launch_options  # the launch's flag wins
+    if _int(machines) and machines > 1 and not given_ip:
         bad(("main_process_ip",), "several machines and no main_process_ip: the other machines cannot find rank 0",
-            "set main_process_ip to the first node's address", "warning")
+            "set main_process_ip to the first node's address, or pass --main_process_ip on the accelerate launch "
+            "line and validate the launch script with this file", "warning")
 
 
 def _engine_problems(data: dict, tp: int, cp: int, world_size: int, bad) -> None:

@@ -163,7 +163,8 @@ def sizes_from_file(path: str | Path, kind: str) -> JobSizes:
 def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
                   kind: str | None = None, hf: bool | None = None,
                   engine_versions: Mapping[str, str] | None = None,
-                  client_optimizer: str | None = None) -> list[Problem]:
+                  client_optimizer: str | None = None, launch_options: frozenset[str] = frozenset()
+                  ) -> list[Problem]:
     """Every problem of one file for a job of ``world_size`` ranks (InputError: the file is unusable).
 
     ``kind``: one of :data:`FILE_KINDS` (default: :func:`file_kind`). ``hf`` (DeepSpeed JSON only): fill
@@ -171,7 +172,9 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
     asked for by engine ({"megatron": "0.16", "fsdp": "0.3"}); a Megatron file is checked against the flag table of
     the release in use (:func:`autotune.emit.megatron_versions.release_in_use`). ``client_optimizer`` (DeepSpeed
     JSON only): the optimizer the program run with it passes to deepspeed.initialize, where known (a paired
-    Megatron-DeepSpeed script's: :func:`autotune.emit.validate_rules.rule_problems`).
+    Megatron-DeepSpeed script's: :func:`autotune.emit.validate_rules.rule_problems`). ``launch_options``
+    (accelerate config only): the command-line options every script given that launches it passes, which take
+    precedence over the file's keys (:mod:`autotune.emit.accelerate_launch`).
     """
     asked = dict(engine_versions or {})
     kind = kind or file_kind(path)
@@ -189,7 +192,7 @@ def validate_file(path: str | Path, *, world_size: int, tp: int = 1, pp: int = 1
         argv, lines, _ = read_megatron_args_file_with_lines(path)
         return megatron_deepspeed_args_problems(argv, world_size, lines=lines)
     if kind == "accelerate":
-        return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp)
+        return accelerate_config_problems(path, world_size=world_size, tp=tp, cp=cp, launch_options=launch_options)
     if kind == "torchtitan":
         return torchtitan_config_problems(path, world_size=world_size, release=asked.get("fsdp"))
     if kind == "hostfile":
