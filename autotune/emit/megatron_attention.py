@@ -28,7 +28,7 @@ from __future__ import annotations
 from autotune.specs.model import ModelSpec
 from autotune.specs.model_parts import local_attention_below
 
-__all__ = ["flag_number", "position_and_attention_flags", "chunked_attention_problem"]
+__all__ = ["flag_number", "position_and_attention_flags", "chunked_attention_problem", "no_rope_freq"]
 
 
 def flag_number(x: float) -> str:
@@ -49,15 +49,19 @@ def _skip_freq(model: ModelSpec) -> str | None:
     return "[" + ",".join("1" if f else "0" for f in flags) + "]"
 
 
-def _no_rope_freq(model: ModelSpec) -> str | None:
-    """--no-rope-freq for the model's rotary-free layers (module docstring); None where every layer rotates."""
-    nope, n = [not model.is_rotary_layer(i) for i in range(model.num_layers)], model.num_layers
+def no_rope_freq(model: ModelSpec) -> int | list[int] | None:
+    """TransformerConfig.no_rope_freq for the model's rotary-free layers (module docstring): an int N where exactly
+    every Nth layer (1-indexed) skips RoPE, else the per-layer 0/1 list (1 = no RoPE); None where every layer rotates
+    or the model has no RoPE. Megatron-LM's --no-rope-freq and Bridge's model.no_rope_freq both carry it."""
+    if model.position_embedding != "rope":
+        return None
+    nope, n = [int(not model.is_rotary_layer(i)) for i in range(model.num_layers)], model.num_layers
     if not any(nope):
         return None
     for every in range(2, n + 1):
         if n % every == 0 and all(nope[i] == ((i + 1) % every == 0) for i in range(n)):
-            return str(every)
-    return "[" + ",".join("1" if f else "0" for f in nope) + "]"
+            return every
+    return nope
 
 
 def position_and_attention_flags(model: ModelSpec) -> list[str]:
@@ -93,8 +97,8 @@ def position_and_attention_flags(model: ModelSpec) -> list[str]:
         freq = _skip_freq(model)
         if freq is not None:
             args += ["--window-attn-skip-freq", freq]
-    if rope and (nope := _no_rope_freq(model)) is not None:
-        args += ["--no-rope-freq", nope]
+    if (nope := no_rope_freq(model)) is not None:  # an int N, or the 0/1 list as "[0,1,...]"
+        args += ["--no-rope-freq", str(nope) if isinstance(nope, int) else "[" + ",".join(map(str, nope)) + "]"]
     return args
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from autotune.emit.megatron_attention import rope_scaling_problem
+from autotune.emit.megatron_attention import no_rope_freq, rope_scaling_problem
 from autotune.emit.megatron_model_flags import fp32_routing
 from autotune.errors import InputError
 from autotune.specs.gemma_parts import gemma_parts
@@ -116,9 +116,6 @@ def _unexpressible(model: ModelSpec) -> list[str]:
         why.append("attention and MLP side by side (parallel residual)")
     if model.attention_sinks or model.chunked_attention or model.sliding_window is not None:
         why.append("sliding-window, chunked or sink attention")
-    if model.rope_layers is not None:
-        why.append("rotary-free (NoPE) layers (SmolLM3, EXAONE 4: Megatron-LM's --no-rope-freq; the generic recipe's "
-                   "overrides leave TransformerConfig.no_rope_freq unset)")
     if model.qk_norm == "full":  # "head" and "l2" are TransformerConfig's qk_layernorm / qk_l2_norm
         why.append("a Q/K norm over all heads at once (TransformerConfig's qk_layernorm normalises each head)")
     if model.num_mtp_layers:
@@ -159,6 +156,11 @@ def generic_model_fields(model: ModelSpec) -> dict:
         out["seq_len_interpolation_factor"] = model.rope_scaling_factor
     if model.activation in ("gelu", "gelu_tanh", "squared_relu"):  # the named function as it is: no fused bias-GeLU
         out["bias_activation_fusion"] = False
+    if (nope := no_rope_freq(model)) is not None:  # rotary-free (NoPE) layers: the value Megatron-LM's --no-rope-freq
+        # takes, an int N (every Nth layer) or the 0/1 list, 1 = no RoPE (megatron-core core_v0.19.0
+        # transformer_config.py:284, its __post_init__ :2813-2830; attention.py:1321 skips RoPE where it is 1), as
+        # Bridge's own EXAONE bridges fill it (v0.6.2 models/exaone/exaone_moe/exaone_moe_bridge.py:62-69)
+        out["no_rope_freq"] = nope
     if model.norm_zero_centered:  # norms multiplying by (1 + weight)
         out["layernorm_zero_centered_gamma"] = True
     if model.norm_eps is not None:  # TransformerConfig.layernorm_epsilon (default 1e-5)
