@@ -50,7 +50,8 @@ _VALUES = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads"
            "moe_router_topk_scaling_factor", "moe_aux_loss_coeff", "moe_router_load_balancing_type", "kv_lora_rank",
            "v_head_dim", "q_lora_rank", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim",
            "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow", "softmax_type",
-           "window_attn_skip_freq", "activation_func_clamp_value", "rope_scaling_factor", "max_position_embeddings")
+           "window_attn_skip_freq", "activation_func_clamp_value", "rope_scaling_factor", "max_position_embeddings",
+           "no_rope_freq")
 """Fields whose flag takes the value as it is (the name with dashes)."""
 
 
@@ -68,9 +69,9 @@ def _whole(model: dict, path: str, fields: tuple[str, ...]) -> list[str]:
             if model.get(k) is not None and bad(model[k])]
 
 
-_PATTERNS = ("moe_layer_freq", "window_attn_skip_freq")
+_PATTERNS = ("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq")
 """Fields that hold an int or a per-layer list, whose flag takes a Python list expression (arguments.py
-moe_freq_type)."""
+moe_freq_type; --no-rope-freq's no_rope_freq_type, core_v0.19.0 arguments.py:303-324, reads the same forms)."""
 
 
 def _text(value: object, field: str = "") -> str:

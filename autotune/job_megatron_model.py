@@ -320,5 +320,14 @@ def _attention_fields(f: dict, n, layers: int, path: str) -> dict:
         except (ValueError, ZeroDivisionError):
             raise InputError([f"{path}: --no-rope-freq {nope!r} is neither an int nor a list of 0 and 1"],
                              subject=_SUBJECT) from None
+        # what megatron-core asserts (core_v0.19.0 transformer_config.py:2813-2830): an int dividing the layers, or
+        # one entry per layer (1 = no RoPE, attention.py:1321); a Bridge file's model.no_rope_freq comes here too
+        # (job_bridge_model)
+        wrong = (pattern < 1 or layers % pattern) if isinstance(pattern, int) else (
+            len(pattern) != layers or set(pattern) - {0, 1})
+        if wrong:
+            raise InputError([f"{path}: --no-rope-freq (model.no_rope_freq) {nope!r} does not mark the {layers} "
+                              f"layers: give an int that divides {layers} (every Nth layer skips RoPE) or a list of "
+                              f"{layers} 0/1 entries (1 = no RoPE)"], subject=_SUBJECT)
         out["rope_layers"] = tuple(i for i in range(layers) if i not in skipped)
     return out
