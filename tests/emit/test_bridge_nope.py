@@ -4,7 +4,8 @@ core_v0.19.0 transformer_config.py:284, __post_init__ :2813-2830, attention.py:1
 ``--no-rope-freq`` takes (emit/megatron_attention.py ``no_rope_freq``), read back by ``estimate --from`` /
 ``validate`` (job_bridge_model) and built by megatron-bridge 0.6.2 itself (bridge_probe.py: the overrides applied to
 the generic recipe, then ``runtime_config_update``, whose ``ConfigContainer.validate()`` finalizes the
-TransformerConfig and so runs its no_rope_freq checks)."""
+TransformerConfig and so runs its no_rope_freq checks; the checkpoint's run_config.yaml it then writes reads back as
+the same rotary layers)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ for folder in sys.argv[1:]:
         cfg = process_config_with_overrides(recipe(), **how)
         runtime_config_update(cfg)  # ConfigContainer.validate(): model.finalize(), TransformerConfig.__post_init__
         built.append([cfg.model.num_layers, cfg.model.position_embedding_type, list(cfg.model.no_rope_freq)])
+    cfg.to_yaml(os.path.join(folder, "run_config.yaml"))  # what a checkpoint holds (training/checkpointing.py:1468)
     out[os.path.basename(folder)] = built
 print("PROBE-RESULT " + json.dumps(out))
 """
@@ -123,3 +125,6 @@ def test_megatron_bridge_builds_the_nope_layers_autotune_means(tmp_path):
         want = [36, "rope", _no_rope(model)]
         assert built[name] == [want, want], name  # the YAML file and the run_recipe.py arguments alike
     assert sum(built["smol"][0][2]) == 9  # 27 of 36 layers rotate
+    for folder, model in zip(folders, (smol, first)):  # Bridge's own dump: no_rope_freq as the finalized 0/1 list
+        job = read_job([str(folder / "run_config.yaml")], gpu="h100-sxm-80gb", num_gpus=8)
+        assert job.model.rope_layers == model.rope_layers, job.notes
