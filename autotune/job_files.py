@@ -4,7 +4,8 @@ Each file's kind is told as ``autotune validate`` tells it (:func:`autotune.emit
 readers below turn what the files state into the model, cluster and :class:`ParallelPlan` of the job:
 
 - ``deepspeed`` (ds_config.json): ZeRO stage, batch sizes, offload, precision (via
-  :func:`autotune.api.plan_from_deepspeed_config`); the model, world size, tp/pp/cp and seq_len come from flags.
+  :func:`autotune.api.plan_from_deepspeed_config`); the model, tp/pp/cp and seq_len come from flags, the world size
+  from its complete batch triple (``batch_triple_world``), else from --num-gpus.
 - ``megatron`` / ``megatron-deepspeed`` (argument scripts: ``megatron_args.sh``, a ``torchrun ... pretrain_gpt.py
   --flag ...`` command line): the model shape, parallel sizes, batch, seq_len, precision, recompute and the
   distributed optimizer; the world size from ``--nnodes`` x ``--nproc-per-node`` of the launch line.
@@ -28,7 +29,7 @@ from autotune.emit.job_args import launch_sizes as _launch_sizes
 from autotune.emit.job_args import whole as _int
 from autotune.emit.megatron_deepspeed_model import experts_whole_per_tp_rank
 from autotune.emit.megatron_layout import expanded_layout
-from autotune.emit.validate import batch_triple_problem, resolved_config
+from autotune.emit.validate import batch_triple_problem, batch_triple_world, resolved_config
 from autotune.emit.shell_args import SHELL_SUFFIXES, read_megatron_args_file
 from autotune.emit.validate_files import FILE_KINDS, file_kind, megatron_file_kind
 from autotune.errors import InputError
@@ -295,6 +296,11 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     if model_spec is None and not problems:  # a model the files name that no preset is, else none named
         problems += [n for n in notes if "is not a preset autotune knows" in n] or [
             f"the model: {named} not state it: give --model (a preset, a config.json or a model YAML)"]
+    if world is None and ds is not None and "engine" not in fields:  # a DeepSpeed config alone: the size its
+        sp = ds.get("sequence_parallel_size")  # complete batch triple admits (Ulysses ranks: sequence_parallel_size)
+        world = batch_triple_world(ds, tp * pp * (sp if cp == 1 and isinstance(sp, int) and sp > 1 else cp))
+        notes += [f"the world size: {world} GPUs, the only one its batch triple admits (train_batch_size / (micro "
+                  "x accumulation) x tp*pp*cp), as DeepSpeed asserts it"] if world else []
     if num_gpus is not None and world is not None and num_gpus != world:
         problems.append(f"the world size: --num-gpus {num_gpus} but the files state {world} GPUs: drop --num-gpus or "
                         "make them agree (`plan --from`, `emit --from --best` and `tune --from` with --num-gpus "

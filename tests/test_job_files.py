@@ -195,11 +195,10 @@ def test_plan_from_the_best_plan_is_kept(tmp_path, capsys):
 
 # ---- bad inputs: exit 2, the missing field and the flag that supplies it -----------------------------------
 @pytest.mark.parametrize("argv, needles", [
-    (["estimate", "--from", JOBS / "ds_config_zero3.json", *GPU], ["the model", "--model", "the world size",
-                                                                    "--num-gpus"]),
+    (["estimate", "--from", JOBS / "ds_config_zero3.json", *GPU], ["the model", "--model"]),
     (["plan", "--from", JOBS / "megatron_args_llama3_70b.sh"], ["the GPU", "--gpu"]),
     (["estimate", "--from", JOBS / "ds_config_zero3.json", "--model", "llama3-8b", "--num-gpus", "16", *GPU],
-     ["train_batch_size (256)", "--num-gpus 32"]),
+     ["--num-gpus 16 but the files state 32", "`plan --from`"]),  # 256 / (2 x 4) = dp 32, as DeepSpeed asserts
     (["estimate", "--from", JOBS / "megatron_args_llama3_70b.sh", "--num-gpus", "32", *GPU],
      ["--num-gpus 32 but the files state 64"]),
     (["estimate", "--from", JOBS / "nothing_here.json", *GPU], ["no such file"]),
@@ -209,6 +208,25 @@ def test_bad_inputs_exit_2_naming_the_field(argv, needles, capsys):
     assert code == 2 and out == ""
     for needle in needles:
         assert needle in err, (needle, err)
+
+
+def test_a_deepspeed_config_states_its_world_size_by_its_batch_triple_alone(tmp_path, capsys):
+    """DeepSpeed accepts a config with train_batch_size, the micro-batch and the accumulation all given on one world
+    size only (runtime/config.py _batch_assertion), so the config states it: estimate --from needs no --num-gpus,
+    and plan --from --num-gpus N plans the job on N (it refused: 'train_batch_size is not ... x dp')."""
+    model = ["--model", "llama3-8b", "--seq-len", "4096"]
+    code, out, err = run(["estimate", "--from", JOBS / "ds_config_zero3.json", *model, *GPU, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["plan"]["dp"] == 32 and "32 GPUs, the only one its batch triple admits" in err
+    code, out, err = run(["plan", "--from", JOBS / "ds_config_zero3.json", *model, *GPU, "--num-gpus", "64"], capsys)
+    assert code == 0, err
+    assert "planned on 64 GPUs (--num-gpus) instead of its 32" in out
+    # with the triple incomplete ("auto", or a value left out) the size is the user's to give
+    ds = json.loads((JOBS / "ds_config_zero3.json").read_text())
+    ds["train_batch_size"] = "auto"
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    code, _, err = run(["estimate", "--from", tmp_path / "ds.json", *model, *GPU], capsys)
+    assert code == 2 and "the world size" in err and "--num-gpus" in err
 
 
 def test_megatron_args_without_a_launch_line_need_the_world_size(tmp_path, capsys):

@@ -24,7 +24,8 @@ _DIFF_FIELDS = ("tp", "pp", "vpp", "loss_slots", "dp", "cp", "ep", "dp_replicate
 
 def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool = False) -> None:
     p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
-                   help=f"{what} the job these files state: ds_config.json (+ --model, --num-gpus, --tp/--pp), "
+                   help=f"{what} the job these files state: ds_config.json (+ --model, --tp/--pp; --num-gpus where its "
+                        "batch triple leaves the world size open), "
                         "Megatron-LM argument scripts (megatron_args.sh, a torchrun ... pretrain_gpt.py line), "
                         "Megatron-Bridge overrides (bridge_overrides.yaml / .args, + --num-gpus) or a Bridge "
                         "checkpoint's run_config.yaml (its model too), a torchtitan TOML or "

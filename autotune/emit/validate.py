@@ -108,3 +108,18 @@ def batch_triple_problem(ds: dict, world: int, mp: int) -> str | None:
     return (f"the DeepSpeed config's train_batch_size ({batch}) is not train_micro_batch_size_per_gpu ({micro}) x "
             f"gradient_accumulation_steps ({accum}) x dp ({dp} = {world} GPUs / tp*pp*cp {mp}), which DeepSpeed "
             f"refuses{fits}")
+
+
+def batch_triple_world(ds: dict, mp: int) -> int | None:
+    """The world size a DeepSpeed config's complete batch triple admits: train_batch_size / (micro x accumulation)
+    data-parallel ranks x ``mp`` (tp * pp * cp), the only size DeepSpeed's ``_batch_assertion`` accepts with all
+    three given (deepspeed 0.19.8 runtime/config.py:590-605: train_batch == micro * grad_acc * world_size, the
+    world size over the model-parallel ranks); None where one is missing or "auto", the division is not exact, or
+    AutoTP's ``tensor_parallel.autotp_size`` (which :func:`batch_triple_problem` also accepts) makes it ambiguous."""
+    batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                "gradient_accumulation_steps"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, micro, accum)) or mp < 1:
+        return None
+    if ((ds.get("tensor_parallel") or {}).get("autotp_size") or 1) > 1 or batch % (micro * accum):
+        return None
+    return batch // (micro * accum) * mp
