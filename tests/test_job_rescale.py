@@ -129,3 +129,11 @@ def test_seq_len_and_global_batch_are_what_ifs_over_a_plan_json(tmp_path, capsys
     got = json.loads(out)
     assert got["num_gpus"] == {"job": 64, "planned": 128}
     assert got["search"]["candidates"][0]["cluster"]["gpu"] == "h100-sxm-80gb"
+
+
+def test_a_job_planned_on_too_few_gpus_hears_how_many_it_needs(capsys):
+    """The 70B job on 8 GPUs: no plan fits. `plan --from` said only what pruned the plans; it now gives the way out
+    `plan` gives (the GPU count the model needs under the job's engine and precision)."""
+    code, out, err = run(["plan", "--from", ARGS, *GPU, "--num-gpus", "8"], capsys)
+    assert code == 2 and "no plan of the" in err
+    assert "llama3-70b at seq_len 8192 needs at least" in err

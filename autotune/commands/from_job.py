@@ -158,17 +158,12 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, s
     the job leaves at the engine's defaults would gain (``autotune.search.setting_gains``)."""
     from autotune.cost.estimate import estimate
     from autotune.search.planner import search_plans
-    from autotune.search.space import SearchConstraints
 
     plan = job.plan
     policy = job.settings.selective_policy if job.settings is not None else None  # a 0.3 module's SAC save set
     settings = replace(settings, selective_policy=policy) if policy else settings  # the job's, as estimate --from
     current = estimate(job.model, job.cluster, plan, job.settings, settings)
-    kept = {name: getattr(plan, name) for name in RUN_SETTINGS + PEFT_SETTINGS  # a LoRA job's alternatives: LoRA
-            if getattr(plan, name) is not None}
-    limits = {"engines": (plan.engine,), "precisions": (plan.precision,)} | {
-        k: v for k, v in limits.items() if v is not None}
-    constraints = SearchConstraints(**limits, **(kept | (asked or {})))
+    constraints = job_constraints(job, asked, **limits)
     cluster = cluster or job.cluster
     result = search_plans(job.model, cluster, seq_len=plan.seq_len, global_batch_size=plan.global_batch_size,
                           memory_settings=job.settings, time_settings=settings, constraints=constraints,
@@ -178,6 +173,18 @@ def alternatives(job, settings, *, top_k: int = 10, asked: dict | None = None, s
 
         result = with_setting_gains(result, constraints, job.settings, settings)
     return current, result
+
+
+def job_constraints(job, asked: dict | None = None, **limits):
+    """The SearchConstraints of a job's alternatives (:func:`alternatives`): its engine, precision and run settings
+    unless ``limits`` / ``asked`` say otherwise."""
+    from autotune.search.space import SearchConstraints
+
+    kept = {name: getattr(job.plan, name) for name in RUN_SETTINGS + PEFT_SETTINGS  # a LoRA job's alternatives: LoRA
+            if getattr(job.plan, name) is not None}
+    limits = {"engines": (job.plan.engine,), "precisions": (job.plan.precision,)} | {
+        k: v for k, v in limits.items() if v is not None}
+    return SearchConstraints(**limits, **(kept | (asked or {})))
 
 
 def job_and_search_cluster(args: argparse.Namespace):
@@ -279,9 +286,13 @@ def plan_from_job(args: argparse.Namespace) -> int:
         print(f"it is not among the {result.num_feasible:,} feasible plans searched "
               f"({'it does not fit' if not current.memory.fits else _outside(plan, order)})")
     print()
-    if not order:
-        raise InputError([f"no plan of the {result.num_enumerated:,} enumerated is feasible: "
-                          + ", ".join(f"{k} {v:,}" for k, v in result.rejections.items())], subject="request")
+    if not order:  # why, and the way out (the GPU count the job needs, another split), as `plan` says it
+        from autotune.commands.plan import no_plan_problems
+
+        raise InputError(no_plan_problems(result, job.model, target, seq_len=plan.seq_len,
+                                          global_batch=plan.global_batch_size, batch_given=plan.global_batch_size,
+                                          constraints=job_constraints(job, run_setting_args(args), **limits)),
+                         subject="request")
     print(plan_table(result))
     print()
     if rescaled:
