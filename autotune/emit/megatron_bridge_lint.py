@@ -194,7 +194,7 @@ def bridge_overrides_problems(path: str | Path, *, world_size: int) -> list[Prob
         problems.append(Problem(path="$.train.global_batch_size", severity="error", source="megatron-bridge",
                                 message=f"global batch {gbs} is not a multiple of micro batch {mbs} x data "
                                         f"parallel {dp}", fix="change train.global_batch_size"))
-    return problems + _seq_length_problems(data) + _tp_overlap_problems(data)
+    return problems + _seq_length_problems(data) + _tp_overlap_problems(data, on_base(path, data))
 
 
 def _seq_length_problems(data: dict) -> list[Problem]:
@@ -213,14 +213,16 @@ def _seq_length_problems(data: dict) -> list[Problem]:
                     fix=f"set both to the length the run trains (model.seq_length: {b}, as dataset.seq_length)")]
 
 
-def _tp_overlap_problems(data: dict) -> list[Problem]:
-    """TP userbuffers that Bridge turns off at setup, with only a log line (training/comm_overlap.py
-    ``_get_model_comm_overlap_cfgs``: "Disabling tensor parallel communication overlap due to TP size < 2" /
-    "sequence_parallel=False"): the job then runs without the overlap its author meant to have."""
+def _tp_overlap_problems(data: dict, run: dict) -> list[Problem]:
+    """TP userbuffers the file asks for that Bridge turns off at setup, with only a log line
+    (training/comm_overlap.py ``_get_model_comm_overlap_cfgs``: "Disabling tensor parallel communication overlap due
+    to TP size < 2" / "sequence_parallel=False"): the job then runs without the overlap its author meant to have.
+    ``run``: the file on its base recipe (:func:`on_base`), whose tp and sequence parallelism the file may leave
+    to the recipe."""
     overlap = data.get("comm_overlap")
     if not isinstance(overlap, dict) or overlap.get("tp_comm_overlap") is not True:
         return []
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    model = run.get("model") if isinstance(run.get("model"), dict) else {}
     why = ("tensor_model_parallel_size < 2" if _int(model, "tensor_model_parallel_size") < 2
            else "sequence_parallel is not true" if model.get("sequence_parallel") is not True else None)
     if why is None:

@@ -103,3 +103,18 @@ def test_autotunes_own_files_read_as_their_plan(tmp_path, model, flags):
 ])
 def test_merge(base, over, merged):
     assert with_base(base, over) == merged
+
+
+def test_tp_userbuffers_asked_for_are_judged_on_the_recipes_tp_and_sequence_parallelism(tmp_path):
+    """A file that turns on comm_overlap.tp_comm_overlap and leaves tp / sequence parallelism to its recipe: on the
+    70B recipe (tp 4, sequence parallel) Bridge keeps the overlap; it was warned that Bridge turns it off at tp < 2,
+    reading the file's missing tp as 1. On a tp-1 recipe, or with tp 1 in the file, the warning stands."""
+    from autotune.emit.megatron_bridge_lint import bridge_overrides_problems
+
+    def warned(recipe: str, body: str) -> bool:
+        path = _override(tmp_path, recipe, "comm_overlap:\n  tp_comm_overlap: true\n" + body)
+        return any(p.path == "$.comm_overlap.tp_comm_overlap" for p in bridge_overrides_problems(path, world_size=64))
+
+    assert not warned("llama3_70b_pretrain_32gpu_h100_bf16_config", "")
+    assert warned("llama3_8b_pretrain_2gpu_h100_bf16_config", "")
+    assert warned("llama3_70b_pretrain_32gpu_h100_bf16_config", "model:\n  tensor_model_parallel_size: 1\n")
