@@ -298,7 +298,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
             f"the model: {named} not state it: give --model (a preset, a config.json or a model YAML)"]
     if world is None and ds is not None and "engine" not in fields:  # a DeepSpeed config alone: the size its
         sp = ds.get("sequence_parallel_size")  # complete batch triple admits (Ulysses ranks: sequence_parallel_size)
-        world = batch_triple_world(ds, tp * pp * (sp if cp == 1 and isinstance(sp, int) and sp > 1 else cp))
+        world = batch_triple_world(ds, tp, pp, sp if cp == 1 and isinstance(sp, int) and sp > 1 else cp)
         notes += [f"the world size: {world} GPUs, the only one its batch triple admits (train_batch_size / (micro "
                   "x accumulation) x tp*pp*cp), as DeepSpeed asserts it"] if world else []
     if num_gpus is not None and world is not None and num_gpus != world:

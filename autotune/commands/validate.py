@@ -106,19 +106,10 @@ def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def _deepspeed_world_size(path: str, tp: int, pp: int, cp: int) -> int | None:
-    """The world size a DeepSpeed JSON's batch triple implies, or None."""
-    from autotune.emit.validate import read_deepspeed_config
+    """The world size a DeepSpeed JSON's batch triple implies (``batch_triple_world``), or None."""
+    from autotune.emit.validate import batch_triple_world, read_deepspeed_config
 
-    data = read_deepspeed_config(path)[0] or {}
-    t, m, g = (data.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                     "gradient_accumulation_steps"))
-    block = data.get("tensor_parallel")
-    autotp = block.get("autotp_size") if isinstance(block, dict) else 0
-    if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1:
-        tp = 1  # DeepSpeed 0.19.8 counts AutoTP ranks in train_batch_size already (runtime/config.py:466-471)
-    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (t, m, g)) and t % (m * g) == 0:
-        return t // (m * g) * tp * pp * cp
-    return None
+    return batch_triple_world(read_deepspeed_config(path)[0] or {}, tp, pp, cp)
 
 
 def _job(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> tuple[int, int, int, int]:

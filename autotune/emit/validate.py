@@ -110,16 +110,19 @@ def batch_triple_problem(ds: dict, world: int, mp: int) -> str | None:
             f"refuses{fits}")
 
 
-def batch_triple_world(ds: dict, mp: int) -> int | None:
+def batch_triple_world(ds: dict, tp: int, pp: int, cp: int) -> int | None:
     """The world size a DeepSpeed config's complete batch triple admits: train_batch_size / (micro x accumulation)
-    data-parallel ranks x ``mp`` (tp * pp * cp), the only size DeepSpeed's ``_batch_assertion`` accepts with all
-    three given (deepspeed 0.19.8 runtime/config.py:590-605: train_batch == micro * grad_acc * world_size, the
-    world size over the model-parallel ranks); None where one is missing or "auto", the division is not exact, or
-    AutoTP's ``tensor_parallel.autotp_size`` (which :func:`batch_triple_problem` also accepts) makes it ambiguous."""
+    data-parallel ranks x tp * pp * cp, the only size DeepSpeed's ``_batch_assertion`` accepts with all three given
+    (deepspeed 0.19.8 runtime/config.py:590-605: train_batch == micro * grad_acc * world_size, the world size over
+    the model-parallel ranks); AutoTP's ranks (``tensor_parallel.autotp_size``) are in that world size already
+    (runtime/config.py:466-471: no mpu, so every rank), so ``tp`` is not multiplied in then. None where one of the
+    three is missing or "auto", or the division is not exact."""
     batch, micro, accum = (ds.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                                 "gradient_accumulation_steps"))
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, micro, accum)) or mp < 1:
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, micro, accum)):
         return None
-    if ((ds.get("tensor_parallel") or {}).get("autotp_size") or 1) > 1 or batch % (micro * accum):
-        return None
-    return batch // (micro * accum) * mp
+    block = ds.get("tensor_parallel")
+    autotp = block.get("autotp_size") if isinstance(block, dict) else 0
+    if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 1:
+        tp = 1
+    return batch // (micro * accum) * tp * pp * cp if batch % (micro * accum) == 0 else None
