@@ -296,8 +296,8 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     if model_spec is None and not problems:  # a model the files name that no preset is, else none named
         problems += [n for n in notes if "is not a preset autotune knows" in n] or [
             f"the model: {named} not state it: give --model (a preset, a config.json or a model YAML)"]
-    if world is None and ds is not None and "engine" not in fields:  # a DeepSpeed config alone: the size its
-        sp = ds.get("sequence_parallel_size")  # complete batch triple admits (Ulysses ranks: sequence_parallel_size)
+    if world is None and ds is not None and {k for _, k in kinds} == {"deepspeed"}:  # a DeepSpeed config alone (a
+        sp = ds.get("sequence_parallel_size")  # launch line leaves it to run time): the size its batch triple admits
         world = batch_triple_world(ds, tp, pp, sp if cp == 1 and isinstance(sp, int) and sp > 1 else cp)
         notes += [f"the world size: {world} GPUs, the only one its batch triple admits (train_batch_size / (micro "
                   "x accumulation) x tp*pp*cp), as DeepSpeed asserts it"] if world else []
