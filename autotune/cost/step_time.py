@@ -111,18 +111,21 @@ _stage_time_cache: dict[tuple, tuple] = {}
 
 
 def _critical_stage(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, settings: TimeSettings,
-                    engine: Engine) -> tuple[float, tuple, tuple]:
+                    engine: Engine) -> tuple[float, tuple, tuple, tuple]:
     """(HBM bytes/s, the slowest stage's per-micro-batch (compute, comm, tp, cp, moe, fwd, bwd, layers, tp hidden,
     moe exposed when paired: ``autotune.cost.ep_overlap``) seconds, each stage's (stage, layers, compute, comm, moe,
-    moe paired) for ``StepTimeEstimate.stage_times_s``), cached over the plan fields they read
-    (``_STAGE_TIME_FIELDS``)."""
+    moe paired) for ``StepTimeEstimate.stage_times_s``, and each stage's (stage, layers, seconds) unpaired),
+    cached over the plan fields they read (``_STAGE_TIME_FIELDS``)."""
     # ids: the specs hash slowly; what of vpp the split depends on (layout.split_vpp_key)
     key = (id(model), id(cluster), id(settings), _STAGE_TIME_FIELDS(plan), split_vpp_key(plan))
     hit = _stage_time_cache.get(key)
     if hit is None or hit[0] is not model or hit[1] is not cluster or hit[2] is not settings:
         if len(_stage_time_cache) > 65536:
             _stage_time_cache.clear()
-        hit = _stage_time_cache[key] = (model, cluster, settings, _slowest_stage(model, cluster, plan, settings, engine))
+        hbm, worst, stage_times = _slowest_stage(model, cluster, plan, settings, engine)
+        # Where no micro-batches pair (``paired_share`` 0): c + k - 0 * (mc - mp) is c + k exactly (finite terms).
+        unpaired = tuple((s, n, c + k) for s, n, c, k, _, _ in stage_times)
+        hit = _stage_time_cache[key] = (model, cluster, settings, (hbm, worst, stage_times, unpaired))
     return hit[3]
 
 
@@ -216,7 +219,7 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     sched = engine.comm
     t = plan.tp
     tokens = plan.seq_len * plan.micro_batch_size / plan.cp
-    hbm, worst, stage_times = _critical_stage(model, cluster, plan, settings, engine)
+    hbm, worst, stage_times, unpaired = _critical_stage(model, cluster, plan, settings, engine)
     hidden = 0.0  # communication hidden behind compute, per micro-batch (costs overlap_cost of its time)
     assert worst is not None
     compute_mb, comm_mb, tp_c, cp_c, moe_c, fwd_mb, bwd_mb, n_layers, tp_hidden, moe_paired = worst
@@ -357,7 +360,8 @@ def estimate_step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
         step, compute, exposed_comm, bubble, offload, optimizer, tokens_step / step, model_tflops, hardware_tflops,
         model_tflops * 1e12 / peak, hardware_tflops * 1e12 / peak,  # mfu, hfu
         {"tp": m * tp_c, "cp": m * cp_c, "moe": m * moe_c, "pp": pp_comm, "dp": dp_exposed, "zero3": zero3_exposed},
-        tuple((s, n, c + k - share * (mc - mp)) for s, n, c, k, mc, mp in stage_times))  # paired as the worst above
+        unpaired if share == 0 else tuple(  # paired as the worst above
+            (s, n, c + k - share * (mc - mp)) for s, n, c, k, mc, mp in stage_times))
 
 
 def estimate_layer_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
