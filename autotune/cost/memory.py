@@ -117,6 +117,11 @@ def _cluster_facts(cluster: ClusterSpec, settings: MemorySettings) -> tuple[floa
 def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan, settings: MemorySettings) -> float:
     """CUDA context and NCCL buffers: device memory the caching allocator does not see."""
     context, nccl = _cluster_facts(cluster, settings)[:2]
+    return _outside_bytes(context, nccl, plan)
+
+
+def _outside_bytes(context: float, nccl: float, plan: ParallelPlan) -> float:
+    """:func:`_outside_allocator_bytes` of the cluster facts already looked up (the ledger has them)."""
     groups = (plan.tp > 1) + (plan.pp > 1) + (plan.cp > 1) + (plan.dp > 1) + (plan.ep > 1)
     return context + nccl * groups
 
@@ -283,7 +288,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     """
     settings = settings or MemorySettings()
     engine = engine_for(plan)
-    _, _, fp8_any_layout, capacity, host_capacity = _cluster_facts(cluster, settings)
+    context, nccl, fp8_any_layout, capacity, host_capacity = _cluster_facts(cluster, settings)
     parts = _stages_parts(engine, model, plan, settings, _split_node(plan, cluster), fp8_any_layout)
     best = None
     for part, states in zip(parts, _model_states(engine, model, plan, parts)):
@@ -311,7 +316,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         states.optimizer_states,  # optimizer_states
         activations,  # activations
         buffers,  # buffers
-        _held_reserve(reserve, expandable) + _outside_allocator_bytes(cluster, plan, settings),  # overhead
+        _held_reserve(reserve, expandable) + _outside_bytes(context, nccl, plan),  # overhead
         capacity,  # capacity
         stage,  # stage
         host_per_gpu * cluster.gpus_per_node,  # host_per_node
