@@ -3,12 +3,19 @@ as the step is built from them, and the line `autotune estimate` prints about th
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 
 from autotune.cli import build_parser, main
 from autotune.commands.estimate import estimate_from_flags
+from autotune.cost.ep_overlap import paired_share
+from autotune.cost.step_time import TimeSettings, _critical_stage, estimate_step_time
+from autotune.engines import engine_for
+from autotune.rules import plan_problems
+from autotune.specs.loading import load_cluster, load_model
+from autotune.specs.plan import ParallelPlan
 
 QWEN = ["estimate", "--model", "qwen3-235b-a22b", "--gpu", "gb200", "--num-gpus", "256", "--gpus-per-node", "64",
         "--engine", "megatron", "--zero", "1", "--seq-len", "4096", "--global-batch", "8192", "--micro-batch", "1",
@@ -47,3 +54,26 @@ def test_the_estimate_names_the_slowest_stage(capsys):
     assert main([*QWEN, "--pp", "8", "--vpp", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in doc["time"]["stage_times_s"]] == [0, 1, 7]
+
+
+def test_unpaired_stage_times_are_the_paired_formula_at_share_zero():
+    # estimate_step_time takes each stage's time from the critical-stage cache where no micro-batches pair
+    # (paired_share 0): the same floats as c + k - share * (mc - mp) at that share; the paired plans keep the formula.
+    model = load_model("qwen3-30b-a3b")
+    cluster = load_cluster(gpu="h100-sxm-80gb", num_gpus=32)
+    settings = TimeSettings()
+    shares = set()
+    for pp, vpp, overlap, mb in itertools.product((1, 2, 4), (1, 2), (None, "a2a"), (1, 2)):
+        if vpp > pp or (vpp > 1 and pp == 1):
+            continue
+        dp = 32 // pp
+        plan = ParallelPlan(engine="megatron", pp=pp, vpp=vpp, dp=dp, ep=8, seq_len=4096, global_batch_size=256,
+                            micro_batch_size=mb, grad_accum_steps=256 // (mb * dp), ep_overlap=overlap)
+        if plan_problems(model, cluster, plan):
+            continue
+        share = paired_share(plan)
+        shares.add(share > 0)
+        stage_times = _critical_stage(model, cluster, plan, settings, engine_for(plan))[2]
+        assert estimate_step_time(model, cluster, plan, settings).stage_times_s == tuple(
+            (s, n, c + k - share * (mc - mp)) for s, n, c, k, mc, mp in stage_times)
+    assert shares == {False, True}
