@@ -287,7 +287,7 @@ def plan_from_job(args: argparse.Namespace) -> int:
               f"({'it does not fit' if not current.memory.fits else _outside(plan, order)})")
     print()
     if not order:  # why, and the way out (the GPU count the job needs, another split), as `plan` says it
-        from autotune.commands.plan import no_plan_problems
+        from autotune.commands.infeasible import no_plan_problems
 
         raise InputError(no_plan_problems(result, job.model, target, seq_len=plan.seq_len,
                                           global_batch=plan.global_batch_size, batch_given=plan.global_batch_size,
