@@ -253,7 +253,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         elif kind == "deepspeed":
             ds = read_deepspeed_file(path, kinds)  # a template a Megatron-DeepSpeed script fills: its path
         elif kind == "accelerate":
-            got, w, ds_doc = _accelerate(path, notes)  # its processes per machine, and its plan
+            got, w, ds_doc = _accelerate(path, notes, recompute)  # its processes per machine, and its plan
             if gpu and got.get("gpu", gpu) != gpu:  # a SageMaker instance's GPU
                 notes.append(f"{path}: --gpu {gpu} taken, not its instance's {got['gpu']}")
             per_node, gpu = per_node or got.pop("gpus_per_node", None), gpu or got.pop("gpu", None)

@@ -184,7 +184,11 @@ def fsdp2_fields(reshard_after_forward: bool, cpu_offload: bool) -> dict:
             "offload_optimizer": offload}
 
 
-def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, dict | None]:
+def accelerate_fields(path: str, notes: list[str],
+                      recompute: str | None = None) -> tuple[dict, int | None, dict | None]:
+    """An accelerate config's plan fields, world size and DeepSpeed config (if any). ``recompute`` (--recompute): the
+    training script's own activation checkpointing where the file leaves it to the script (FSDP2 without
+    fsdp_activation_checkpointing), as autotune's FSDP bundle asks for torchtitan's selective AC."""
     from autotune.emit.accelerate_lint import read_accelerate_config
 
     data, _ = read_accelerate_config(path)
@@ -224,7 +228,9 @@ def accelerate_fields(path: str, notes: list[str]) -> tuple[dict, int | None, di
     par = data.get("parallelism_config") if isinstance(data.get("parallelism_config"), dict) else {}
     reshard = f.get("fsdp_reshard_after_forward", True)
     out |= fsdp2_fields(reshard in (True, "FULL_SHARD"), bool(f.get("fsdp_offload_params"))) | {
-            "recompute": "full" if f.get("fsdp_activation_checkpointing") else "none",
+            # accelerate 1.16 checkpoints whole blocks only with fsdp_activation_checkpointing (accelerator.py:1668,
+            # utils/fsdp_utils.py:690 fsdp2_apply_ac); without it, the script's own (the bundle's op-level SAC)
+            "recompute": "full" if f.get("fsdp_activation_checkpointing") else (recompute or "none"),
             "tp": int(par.get("parallelism_config_tp_size", 1)), "cp": int(par.get("parallelism_config_cp_size", 1)),
             "dp_replicate": int(par.get("parallelism_config_dp_replicate_size", 1)),
             # accelerate's TP is the model's transformers TP plan: colwise / rowwise linears, no sequence-parallel

@@ -110,6 +110,11 @@ ROUND_TRIPS = {
     # CPUOffloadPolicy (enable_cpu_offload): read as the parameters' offload alone before, which no engine runs
     "fsdp-cpu-offload": (["--engine", "fsdp", "--zero", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu",
                           "--torchtitan-version", "0.2"], ["torchtitan_job.toml"], []),
+    # accelerate's FSDP2 file leaves selective AC to the script (fsdp_activation_checkpointing false): --recompute
+    # says it; read as no recompute before, whatever the flag
+    "fsdp-accelerate-selective": (["--engine", "fsdp", "--zero", "3", "--recompute", "selective"],
+                                  ["accelerate_fsdp.yaml"], ["--model", "llama3-8b", "--seq-len", "2048",
+                                                             "--global-batch", "64", "--recompute", "selective"]),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
