@@ -40,6 +40,7 @@ from autotune.job_megatron_deepspeed import megatron_deepspeed_fields, read_deep
 from autotune.job_megatron_model import megatron_model, refuse_unmodelled, shape_differs
 from autotune.job_plan_json import plan_json_job
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
+from autotune.job_te_fp8 import is_te_fp8_recipe, with_te_fp8_recipe
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.loading import load_cluster, load_model
 from autotune.specs.model import ModelSpec
@@ -375,8 +376,10 @@ def _loss_slots(model: ModelSpec, fields: dict, split: dict, notes: list[str]) -
 def read_job(paths: list[str], **flags) -> JobFiles:
     """The job the files ``paths`` state (flags: :func:`_read_job`'s). InputError names every missing field with the
     flag that supplies it, and a file whose values are not what its kind holds."""
+    te = [str(p) for p in paths if is_te_fp8_recipe(p)]  # te_fp8_recipe.py: the FP8 a DeepSpeed config cannot say
     try:
-        job = _read_job(paths, **flags)
+        job = _read_job([p for p in paths if str(p) not in te], **flags)
+        job = with_te_fp8_recipe(job, te[0]) if te else job
         job = replace(job, plan=without_defaults(job.plan))  # settings the files state that the engine has anyway
     except InputError:
         raise

@@ -105,6 +105,10 @@ ROUND_TRIPS = {
     "deepspeed": (["--engine", "deepspeed", "--zero", "3", "--micro-batch", "2", "--recompute", "full"],
                   ["ds_config.json"], ["--model", "llama3-8b", "--num-gpus", "16", "--recompute", "full",
                                      "--seq-len", "2048"]),  # what a DeepSpeed config does not hold
+    # DeepSpeed has no FP8 key: the bundle's te_fp8_recipe.py says it (read as a torchtitan module before: refused)
+    "deepspeed-fp8": (["--engine", "deepspeed", "--zero", "1", "--precision", "fp8"],
+                      ["ds_config.json", "te_fp8_recipe.py"], ["--model", "llama3-8b", "--num-gpus", "16",
+                                                               "--recompute", "selective", "--seq-len", "2048"]),
     "fsdp": (["--engine", "fsdp", "--tp", "2", "--zero", "3", "--recompute", "full", "--torchtitan-version", "0.2"],
              ["torchtitan_job.toml"], []),
     # CPUOffloadPolicy (enable_cpu_offload): read as the parameters' offload alone before, which no engine runs

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facade", ("autotune.api", "autotune.job_files", "autotune.job_checkpoint", "autotune.job_checkpoint_load",
                 "autotune.job_trainer_args", "autotune.job_plan_json", "autotune.job_megatron_model",
                 "autotune.job_megatron_deepspeed", "autotune.job_bridge_model",
-                "autotune.job_bridge", "autotune.job_fsdp", "autotune.lint",
+                "autotune.job_bridge", "autotune.job_fsdp", "autotune.job_te_fp8", "autotune.lint",
                 "autotune.recipebook")),
     ("applications", ("autotune.tune", "autotune.train", "autotune.workloads", "autotune.commands",
                       "autotune.cli", "autotune.demo", "autotune.__main__", "autotune")),
