@@ -119,6 +119,13 @@ ROUND_TRIPS = {
     "fsdp-accelerate-selective": (["--engine", "fsdp", "--zero", "3", "--recompute", "selective"],
                                   ["accelerate_fsdp.yaml"], ["--model", "llama3-8b", "--seq-len", "2048",
                                                              "--global-batch", "64", "--recompute", "selective"]),
+    # accelerate's TP runs no sequence parallelism (the model's transformers tp_plan): its file is written only for a
+    # plan without it (it was written for an sp plan too, read back as sp off); torchtitan 0.2 always runs sp, so no
+    # TOML for a plan without it
+    "fsdp-accelerate-tp": (["--engine", "fsdp", "--tp", "2", "--zero", "3", "--no-sequence-parallel",
+                            "--torchtitan-version", "0.2"], ["accelerate_fsdp.yaml"],
+                           ["--model", "llama3-8b", "--seq-len", "2048", "--global-batch", "64",
+                            "--recompute", "selective"]),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
@@ -143,6 +150,18 @@ def test_emitted_files_estimate_to_the_same_plan_and_step_time(engine, tmp_path,
     assert after["plan"] == before["plan"]
     assert after["time"]["step_time_s"] == pytest.approx(before["time"]["step_time_s"], rel=1e-9)
     assert after["memory"]["total"] == pytest.approx(before["memory"]["total"], rel=1e-9)
+
+
+@pytest.mark.parametrize("sp, unwritten", [("--sequence-parallel", "accelerate_fsdp.yaml"),
+                                            ("--no-sequence-parallel", "torchtitan_job.toml")])
+def test_an_fsdp_file_that_would_run_tp_otherwise_is_not_written(sp, unwritten, tmp_path, capsys):
+    """accelerate's TP (the model's transformers tp_plan) replicates the norms; torchtitan 0.2's always shards them
+    over the sequence: each file is written only for the plan it runs (both were, the other read back otherwise)."""
+    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--tp", "2", sp, "--torchtitan-version", "0.2",
+                        "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    assert not (tmp_path / "job" / unwritten).exists()
+    assert f"{unwritten} is not written: sequence" in (tmp_path / "job" / "plan.md").read_text()
 
 
 def test_plan_json_reads_back(tmp_path, capsys):
@@ -277,8 +296,9 @@ def test_launch_scripts_and_accelerate_configs(tmp_path, capsys):
     code, _, err = run(["emit", *BASE, "--engine", "deepspeed", "--tp", "2", "--zero", "2", "--out", tmp_path / "ds"],
                        capsys)
     assert code == 0, err
-    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--tp", "2", "--zero", "3", "--out", tmp_path / "fsdp"],
-                       capsys)
+    # accelerate's TP has no sequence parallelism: its file is written for such plans only
+    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--tp", "2", "--zero", "3", "--no-sequence-parallel",
+                        "--out", tmp_path / "fsdp"], capsys)
     assert code == 0, err
     ds = str(tmp_path / "ds" / "ds_config.json")
     for launcher in ("launch_deepspeed.sh", "launch_torchrun.sh"):  # --num_nodes 2 --num_gpus 8 / --nnodes --nproc

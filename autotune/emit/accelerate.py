@@ -208,6 +208,12 @@ def _fsdp_problems(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
                         "Transformer Engine's (TERecipeKwargs.use_mxfp8_block_scaling, utils/dataclasses.py:378; "
                         "--fp8-recipe te-mxfp8 on Megatron): use torchtitan's file, or --fp8-recipe torchao-rowwise / "
                         "torchao-tensorwise")
+    if plan.tp > 1 and plan.sequence_parallel:
+        # accelerate 1.16 tensor-parallelizes with the model's own tp_plan (accelerator.py:1876-1882); transformers
+        # 5.25's are colwise / rowwise linears alone (models/llama/configuration_llama.py:48-56 base_model_tp_plan)
+        problems.append(f"sequence parallelism with tp {plan.tp}: accelerate {ACCELERATE_VERSION}'s TP is the "
+                        "model's transformers tp_plan (colwise / rowwise linears; norms and dropout replicated, no "
+                        "SequenceParallel): use torchtitan's file, or --no-sequence-parallel")
     if plan.zero_stage not in (2, 3):
         problems.append(f"zero_stage {plan.zero_stage}: accelerate's FSDP2 shards parameters and gradients "
                         "(ZeRO-3: fsdp_reshard_after_forward true) or keeps the gathered parameters until backward "

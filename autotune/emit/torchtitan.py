@@ -186,6 +186,11 @@ def torchtitan_job_config(model: ModelSpec, cluster: ClusterSpec, plan: Parallel
         problems.append("torchao-mxfp8 with tp > 1 under torch.compile: torchtitan 0.2's MXLinearConverter asserts "
                         "\"TP not yet supported with torch.compile for mxfp8\" (components/quantization/mx.py:46-52): "
                         "drop --compile (MXFP8 with TP runs eager there), or emit with --engine-version fsdp=0.3")
+    if release == "0.2" and plan.tp > 1 and not plan.sequence_parallel:
+        problems.append("sequence_parallel off with tp > 1: torchtitan 0.2's tensor parallelism always shards the "
+                        "norms over the sequence (SequenceParallel on norm / attention_norm / ffn_norm, "
+                        "models/llama3/infra/parallelize.py:181-233; no TOML key turns it off): emit with "
+                        "--engine-version fsdp=0.3 (its enable_sequence_parallel), or drop --no-sequence-parallel")
     if release == "0.2":
         problems += model_problems_02(name, plan, compiles=torchtitan_compiles(plan),
                                       has_03=preset in TORCHTITAN_03_RECIPES)

@@ -118,7 +118,8 @@ FSDP_CASES = [
 
 
 def test_fsdp2_yaml_loads_with_accelerates_loader(tmp_path):
-    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, global_batch_size=8)
+    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, sequence_parallel=False,
+                          global_batch_size=8)
     path = tmp_path / "accelerate_fsdp.yaml"
     path.write_text(accelerate_fsdp_yaml(MODEL, cluster, plan, layer_cls="LlamaDecoderLayer"))
     loaded = load_config_from_file(str(path))
@@ -185,7 +186,8 @@ def test_linter_says_pure_replication_exactly_where_accelerates_parallelism_conf
         raises = False
     except ValueError as err:
         raises = "pure data parallelism" in str(err)
-    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, global_batch_size=8)
+    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, sequence_parallel=False,
+                          global_batch_size=8)
     data = yaml.safe_load(accelerate_fsdp_yaml(MODEL, cluster, plan))
     data["parallelism_config"] = {f"parallelism_config_{k}_size": v for k, v in
                                   zip(("dp_replicate", "dp_shard", "tp", "cp"), sizes)}
@@ -247,7 +249,8 @@ def test_linter_unknown_keys_with_nearest_key_and_line(tmp_path):
 
 
 def test_linter_contradictions_with_the_world_size(tmp_path):
-    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, global_batch_size=8)
+    cluster, plan = _plan(num_gpus=8, gpu="h100-sxm-80gb", engine="fsdp", zero_stage=3, tp=2, sequence_parallel=False,
+                          global_batch_size=8)
     path = tmp_path / "a.yaml"
     path.write_text(accelerate_fsdp_yaml(MODEL, cluster, plan))
     found = {(p.path, p.severity) for p in accelerate_config_problems(path, world_size=16, tp=4)}
