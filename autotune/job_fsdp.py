@@ -77,6 +77,8 @@ def torchtitan_fields(path: str, notes: list[str]) -> tuple[dict, int | None]:
     if (p.get("enable_async_tensor_parallel") is True or section("compile").get("enable_async_tensor_parallel") is True
             and out.get("torch_compile")) and out["tp"] > 1:
         out["tp_overlap"] = "async-tp"
+    if out["tp"] > 1 and p.get("enable_sequence_parallel") is False:  # 0.3's ParallelismConfig (default True; 0.2's
+        out["sequence_parallel"] = False  # TP always SequenceParallels the norms, llama3/infra/parallelize.py:181-233)
     linear = (section("quantize").get("linear") or {}) if out["precision"] == "fp8" else {}
     linear = linear if isinstance(linear, dict) else {}
     if _converter(m, ("quantize.linear.mx",)):

@@ -126,6 +126,9 @@ ROUND_TRIPS = {
                             "--torchtitan-version", "0.2"], ["accelerate_fsdp.yaml"],
                            ["--model", "llama3-8b", "--seq-len", "2048", "--global-batch", "64",
                             "--recompute", "selective"]),
+    # 0.3's ParallelismConfig(enable_sequence_parallel=False): read as sp on before
+    "fsdp-0.3-tp-no-sp": (["--engine", "fsdp", "--tp", "2", "--zero", "3", "--no-sequence-parallel",
+                           "--torchtitan-version", "0.3"], ["torchtitan_plan.py"], []),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
@@ -137,7 +140,8 @@ ROUND_TRIPS = {
 @pytest.mark.parametrize("engine", sorted(ROUND_TRIPS))
 def test_emitted_files_estimate_to_the_same_plan_and_step_time(engine, tmp_path, capsys):
     plan_flags, files, extra = ROUND_TRIPS[engine]
-    estimate_flags = [f for f in plan_flags if f not in ("--torchtitan-version", "0.2")]
+    estimate_flags = [f for f in plan_flags if f not in ("--torchtitan-version", "0.2", "0.3")]
+    estimate_flags += ["--engine-version", "fsdp=0.3"] if "0.3" in plan_flags else []  # that release's defaults
     code, out, err = run(["estimate", *BASE, *estimate_flags, "--json"], capsys)
     assert code == 0, err
     before = json.loads(out)
