@@ -235,7 +235,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         got = plan_json_job(next(p for p, k in kinds if k == "plan"), model=model, gpu=gpu, num_gpus=num_gpus,
                             gpus_per_node=gpus_per_node, cluster_path=cluster_path, seq_len=seq_len,
                             global_batch=global_batch)
-        return JobFiles(got.model, got.cluster, got.plan, None, tuple(kinds), got.notes)
+        return JobFiles(got.model, got.cluster, got.plan, got.settings, tuple(kinds), got.notes)
     model_spec = load_model(model) if model else None
     world = per_node = None
     problems: list[str] = []

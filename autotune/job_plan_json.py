@@ -8,7 +8,7 @@ plan's world size stays the rescale that ``plan --from`` / ``emit --from --best`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.api import make_plan
 from autotune.cost.estimate import estimate_from_dict
@@ -18,6 +18,7 @@ from autotune.inputs import read_json
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.settings import MemorySettings
 
 __all__ = ["PlanJsonJob", "plan_json_job"]
 
@@ -33,6 +34,7 @@ class PlanJsonJob:
     cluster: ClusterSpec
     plan: ParallelPlan
     notes: tuple[str, ...]
+    settings: MemorySettings | None = None  # the ledger settings of the engine release it was written for
 
 
 def plan_json_job(path: str, *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
@@ -40,7 +42,8 @@ def plan_json_job(path: str, *, model: str | None = None, gpu: str | None = None
                   global_batch: int | None = None):
     """The job ``path`` (an autotune plan.json) states, at ``seq_len`` / ``global_batch`` where given; InputError
     naming each flag that disagrees with the model or cluster it states, or the rules' problems with the what-if."""
-    est = estimate_from_dict(read_json(path, subject="plan JSON"))
+    doc = read_json(path, subject="plan JSON")
+    est = estimate_from_dict(doc)
     c, p = est.cluster, est.plan
     given = {"--gpu": (gpu, c.gpu.name), "--gpus-per-node": (gpus_per_node, c.gpus_per_node)}
     problems = [f"{flag} {value} but {path} states {stated}: drop {flag} (the plan file states its job)"
@@ -62,7 +65,25 @@ def plan_json_job(path: str, *, model: str | None = None, gpu: str | None = None
         problems.append("to plan a model on another GPU, give the flags without --from (`autotune plan --model ...`)")
     if problems:
         raise InputError(problems, subject=FROM_SUBJECT)
-    return _what_if(est.model, c, p, path, seq_len, global_batch)
+    job = _what_if(est.model, c, p, path, seq_len, global_batch)
+    return replace(job, settings=_release_settings(doc, job.plan))
+
+
+def _release_settings(doc: dict, plan: ParallelPlan) -> MemorySettings | None:
+    """The cost settings of the release the file was written for (a bundle's ``engine_version``, ``plan --json``'s
+    ``engine_versions``), as ``estimate --engine-version`` models them: torchtitan 0.3's per-op SAC save set
+    (FSDP engine ``release_cost_settings``); estimated without them, a 0.3 bundle's FP8 plan read back as 0.2's."""
+    one = doc.get("engine_version")
+    releases = dict(doc.get("engine_versions") or {}) if isinstance(doc.get("engine_versions"), dict) else {}
+    if isinstance(one, dict) and isinstance(one.get("engine"), str):
+        releases[one["engine"]] = one.get("release")
+    release = releases.get(plan.engine)
+    if not isinstance(release, str):
+        return None
+    from autotune.engines import engine_for
+
+    cost = engine_for(plan).release_cost_settings(release)
+    return MemorySettings(**cost) if cost else None
 
 
 def _what_if(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, path: str, seq_len: int | None,

@@ -176,6 +176,24 @@ def test_plan_json_reads_back(tmp_path, capsys):
     assert json.loads(out)["plan"]["tp"] == 2
 
 
+def test_a_torchtitan_03_plan_json_reads_back_with_its_release(tmp_path, capsys):
+    """plan.json records the release it was written for: torchtitan 0.3's per-op SAC save set is estimated from it
+    (it was not: a 0.3 FP8 bundle's plan.json read back with 0.2's, another step time and memory)."""
+    flags = [*BASE, "--engine", "fsdp", "--precision", "fp8"]
+    code, _, err = run(["emit", *flags, "--torchtitan-version", "0.3", "--out", tmp_path / "job"], capsys)
+    assert code == 0, err
+    written = json.loads((tmp_path / "job" / "plan.json").read_text())
+    code, out, err = run(["estimate", *flags, "--engine-version", "fsdp=0.3", "--json"], capsys)
+    assert code == 0, err
+    before = json.loads(out)
+    code, out, err = run(["estimate", "--from", tmp_path / "job" / "plan.json", "--json"], capsys)
+    assert code == 0, err
+    after = json.loads(out)
+    for doc in (written, after):
+        assert doc["time"]["step_time_s"] == pytest.approx(before["time"]["step_time_s"], rel=1e-9)
+        assert doc["memory"]["total"] == pytest.approx(before["memory"]["total"], rel=1e-9)
+
+
 @pytest.mark.parametrize("flags", [["--precision", "fp8", "--fp8-recipe", "te-mxfp8"], ["--precision", "fp4"]],
                          ids=["mxfp8", "nvfp4"])
 def test_a_blackwell_recipe_bundle_validates_and_reads_back(flags, tmp_path, capsys):
