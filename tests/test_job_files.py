@@ -156,16 +156,19 @@ def test_emitted_files_estimate_to_the_same_plan_and_step_time(engine, tmp_path,
     assert after["memory"]["total"] == pytest.approx(before["memory"]["total"], rel=1e-9)
 
 
-@pytest.mark.parametrize("sp, unwritten", [("--sequence-parallel", "accelerate_fsdp.yaml"),
-                                            ("--no-sequence-parallel", "torchtitan_job.toml")])
-def test_an_fsdp_file_that_would_run_tp_otherwise_is_not_written(sp, unwritten, tmp_path, capsys):
+@pytest.mark.parametrize("flags, unwritten, why", [
+    (["--tp", "2", "--sequence-parallel"], "accelerate_fsdp.yaml", "sequence"),
+    (["--tp", "2", "--no-sequence-parallel"], "torchtitan_job.toml", "sequence"),
+    (["--optimizer", "sgd"], "torchtitan_job.toml", "optimizer sgd")])
+def test_an_fsdp_file_that_would_run_another_plan_is_not_written(flags, unwritten, why, tmp_path, capsys):
     """accelerate's TP (the model's transformers tp_plan) replicates the norms; torchtitan 0.2's always shards them
-    over the sequence: each file is written only for the plan it runs (both were, the other read back otherwise)."""
-    code, _, err = run(["emit", *BASE, "--engine", "fsdp", "--tp", "2", sp, "--torchtitan-version", "0.2",
+    over the sequence; torchtitan builds AdamW whatever the plan's optimizer: each file is written only for the plan
+    it runs (each was written, and read back as another plan)."""
+    code, _, err = run(["emit", *BASE, "--engine", "fsdp", *flags, "--torchtitan-version", "0.2",
                         "--out", tmp_path / "job"], capsys)
     assert code == 0, err
     assert not (tmp_path / "job" / unwritten).exists()
-    assert f"{unwritten} is not written: sequence" in (tmp_path / "job" / "plan.md").read_text()
+    assert f"{unwritten} is not written: {why}" in (tmp_path / "job" / "plan.md").read_text()
 
 
 def test_plan_json_reads_back(tmp_path, capsys):

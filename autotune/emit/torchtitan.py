@@ -150,6 +150,10 @@ def torchtitan_plan_problems(model: ModelSpec, cluster: ClusterSpec, plan: Paral
         out.append(f"the plan spans {plan.world_size} GPUs (tp*pp*dp*cp) but the cluster has {cluster.num_gpus}")
     if plan.precision == "fp16":
         out.append("torchtitan's mixed_precision_param is bfloat16 or float32 (job_config.py Training): use bf16")
+    if plan.optimizer != "adamw":  # the 0.3 module builds default_adamw as well
+        out.append(f"optimizer {plan.optimizer}: torchtitan builds Adam or AdamW only (v0.2.2 components/optimizer.py:"
+                   f"314-320 optimizer_classes; another name raises NotImplementedError): the file would train with "
+                   f"AdamW, whose states the plan does not hold; use your own script, or --optimizer adamw")
     if plan.zero_stage == 1:
         out.append("torchtitan shards with FSDP2 (ZeRO-2: reshard never, ZeRO-3: always) or replicates (ZeRO-0): "
                    "it has no optimizer-only sharding; use zero_stage 0, 2 or 3")
