@@ -132,7 +132,10 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
                  "seq_len": _size(_section(data, "dataset"), "seq_length", path, None) or _size(m, "seq_length", path,
                                                                                                 None),
                  "zero_stage": 1 if ddp.get("use_distributed_optimizer", not complete) else 0,
-                 "overlap_comm": bool(ddp.get("overlap_grad_reduce", not complete))}
+                 "overlap_comm": bool(ddp.get("overlap_grad_reduce", not complete)),
+                 # OptimizerConfig.optimizer, 'adam' unsaid (megatron/core/optimizer/optimizer_config.py:209), as
+                 # Megatron-LM's --optimizer reads (job_files)
+                 "optimizer": "sgd" if _section(data, "optimizer").get("optimizer") == "sgd" else "adamw"}
     unsaid = [k for k in ("use_distributed_optimizer", "overlap_grad_reduce") if k not in ddp]
     if unsaid and not complete:
         notes.append(f"{path}: the base recipe's ddp {' and '.join(unsaid)} (true in every Megatron-Bridge library "
