@@ -186,11 +186,12 @@ def fsdp2_fields(reshard_after_forward: bool, cpu_offload: bool) -> dict:
             "offload_optimizer": offload}
 
 
-def accelerate_fields(path: str, notes: list[str],
-                      recompute: str | None = None) -> tuple[dict, int | None, dict | None]:
+def accelerate_fields(path: str, notes: list[str], recompute: str | None = None,
+                      micro_batch: int | None = None) -> tuple[dict, int | None, dict | None]:
     """An accelerate config's plan fields, world size and DeepSpeed config (if any). ``recompute`` (--recompute): the
     training script's own activation checkpointing where the file leaves it to the script (FSDP2 without
-    fsdp_activation_checkpointing), as autotune's FSDP bundle asks for torchtitan's selective AC."""
+    fsdp_activation_checkpointing), as autotune's FSDP bundle asks for torchtitan's selective AC; ``micro_batch``
+    (--micro-batch): the script's batch, which an FSDP or DDP config does not hold (a DeepSpeed one does)."""
     from autotune.emit.accelerate_lint import read_accelerate_config
 
     data, _ = read_accelerate_config(path)
@@ -202,6 +203,7 @@ def accelerate_fields(path: str, notes: list[str],
     mixed = str(data.get("mixed_precision", "bf16"))
     out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16",
                  **({"gpu": data["gpu"]} if data.get("gpu") else {})}
+    script = {"micro_batch_size": micro_batch} if micro_batch else {}  # FSDP / DDP: the script's (not DeepSpeed's)
     if mixed == "no":
         notes.append(f"{path}: mixed_precision 'no' trains in fp32 unless the script asks for more (the Trainer's "
                      f"--bf16): estimated in bf16 (autotune models no fp32 training)")
@@ -222,7 +224,8 @@ def accelerate_fields(path: str, notes: list[str],
         notes.append(f"{path}: distributed_type {shown}: DistributedDataParallel, estimated as unsharded data "
                      f"parallelism (FSDP2's replicate: the same bytes a rank, the gradients all-reduced)")
         notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
-        return out | {"engine": "fsdp", "zero_stage": 0, "recompute": "none"}, world if kind != "NO" else 1, None
+        ddp = {"engine": "fsdp", "zero_stage": 0, "recompute": "none"}
+        return out | script | ddp, world if kind != "NO" else 1, None
     if kind != "FSDP":
         raise InputError([f"{path}: distributed_type {kind or 'missing'}: autotune reads FSDP, DeepSpeed and "
                           f"multi-GPU (DDP) accelerate configs; {kind or 'this'} is not modelled"], subject=_SUBJECT)
@@ -245,7 +248,7 @@ def accelerate_fields(path: str, notes: list[str],
     if "dynamo_backend" in dynamo:  # accelerate compiles the prepared model unless the backend is NO
         out["torch_compile"] = str(dynamo["dynamo_backend"]).upper() != "NO"
     notes.append(f"{path}: batch size and sequence length are the training script's: --global-batch, --seq-len")
-    return out, world, None
+    return out | script, world, None
 
 
 def accelerate_refusals(path: str, world_size: int) -> list[str]:

@@ -134,6 +134,10 @@ ROUND_TRIPS = {
                         ["--num-gpus", "16"]),
     "bridge-sgd-args": (["--engine", "megatron", "--tp", "2", "--optimizer", "sgd"], ["bridge_overrides.args"],
                         ["--num-gpus", "16"]),
+    # the micro-batch is the script's: --micro-batch gives it (ignored before, "the files: 1")
+    "fsdp-accelerate-micro-batch": (["--engine", "fsdp", "--zero", "3", "--recompute", "full", "--micro-batch", "2"],
+                                    ["accelerate_fsdp.yaml"], ["--model", "llama3-8b", "--seq-len", "2048",
+                                                               "--global-batch", "64", "--micro-batch", "2"]),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before
