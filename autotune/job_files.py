@@ -210,7 +210,8 @@ def _values(argv: list[str], flag: str) -> list[str]:
 def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = None, num_gpus: int | None = None,
              gpus_per_node: int | None = None, cluster_path: str | None = None, seq_len: int | None = None,
              global_batch: int | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
-             recompute: str | None = None, check: bool = True, micro_batch: int | None = None) -> JobFiles:
+             recompute: str | None = None, check: bool = True, micro_batch: int | None = None,
+             precision: str | None = None) -> JobFiles:
     """The job ``paths`` state; flags fill what the files do not (and say the model, GPU and world size where
     the files do not; ``tp``/``pp``/``cp`` and ``recompute``, None: from its activation_checkpointing block, for a
     DeepSpeed config, which does not hold them; ``check=False``: the Megatron / torchtitan plan as the files state
@@ -254,7 +255,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
         elif kind == "deepspeed":
             ds = read_deepspeed_file(path, kinds)  # a template a Megatron-DeepSpeed script fills: its path
         elif kind == "accelerate":
-            got, w, ds_doc = _accelerate(path, notes, recompute, micro_batch)  # its processes per machine, its plan
+            got, w, ds_doc = _accelerate(path, notes, recompute, micro_batch, precision)  # its world, its plan
             if gpu and got.get("gpu", gpu) != gpu:  # a SageMaker instance's GPU
                 notes.append(f"{path}: --gpu {gpu} taken, not its instance's {got['gpu']}")
             per_node, gpu = per_node or got.pop("gpus_per_node", None), gpu or got.pop("gpu", None)

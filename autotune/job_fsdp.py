@@ -186,12 +186,14 @@ def fsdp2_fields(reshard_after_forward: bool, cpu_offload: bool) -> dict:
             "offload_optimizer": offload}
 
 
-def accelerate_fields(path: str, notes: list[str], recompute: str | None = None,
-                      micro_batch: int | None = None) -> tuple[dict, int | None, dict | None]:
+def accelerate_fields(path: str, notes: list[str], recompute: str | None = None, micro_batch: int | None = None,
+                      precision: str | None = None) -> tuple[dict, int | None, dict | None]:
     """An accelerate config's plan fields, world size and DeepSpeed config (if any). ``recompute`` (--recompute): the
     training script's own activation checkpointing where the file leaves it to the script (FSDP2 without
     fsdp_activation_checkpointing), as autotune's FSDP bundle asks for torchtitan's selective AC; ``micro_batch``
-    (--micro-batch): the script's batch, which an FSDP or DDP config does not hold (a DeepSpeed one does)."""
+    (--micro-batch): the script's batch, which an FSDP or DDP config does not hold (a DeepSpeed one does);
+    ``precision`` fp8 (--precision): the script's FP8 linears over the config's bf16, as the FSDP bundle's file is
+    written (autotune.emit.accelerate: the model code converts them, torchao's Float8 as torchtitan's converters)."""
     from autotune.emit.accelerate_lint import read_accelerate_config
 
     data, _ = read_accelerate_config(path)
@@ -204,6 +206,9 @@ def accelerate_fields(path: str, notes: list[str], recompute: str | None = None,
     out: dict = {"precision": mixed if mixed in ("bf16", "fp16", "fp8") else "bf16",
                  **({"gpu": data["gpu"]} if data.get("gpu") else {})}
     script = {"micro_batch_size": micro_batch} if micro_batch else {}  # FSDP / DDP: the script's (not DeepSpeed's)
+    if precision == "fp8" and out["precision"] == "bf16":
+        script["precision"] = "fp8"
+        notes.append(f"{path}: --precision fp8 taken as the script's FP8 linears over its mixed_precision bf16")
     if mixed == "no":
         notes.append(f"{path}: mixed_precision 'no' trains in fp32 unless the script asks for more (the Trainer's "
                      f"--bf16): estimated in bf16 (autotune models no fp32 training)")

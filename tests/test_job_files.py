@@ -138,6 +138,10 @@ ROUND_TRIPS = {
     "fsdp-accelerate-micro-batch": (["--engine", "fsdp", "--zero", "3", "--recompute", "full", "--micro-batch", "2"],
                                     ["accelerate_fsdp.yaml"], ["--model", "llama3-8b", "--seq-len", "2048",
                                                                "--global-batch", "64", "--micro-batch", "2"]),
+    # FP8 linears are the script's over mixed_precision bf16: --precision fp8 gives them (not applied before)
+    "fsdp-accelerate-fp8": (["--engine", "fsdp", "--zero", "3", "--recompute", "full", "--precision", "fp8"],
+                            ["accelerate_fsdp.yaml"], ["--model", "llama3-8b", "--seq-len", "2048", "--global-batch",
+                                                       "64", "--recompute", "full", "--precision", "fp8"]),
     "megatron-deepspeed": (["--engine", "megatron-deepspeed", "--tp", "2", "--zero", "1"],
                            ["megatron_deepspeed_args.sh", "ds_config.json"], ["--num-gpus", "16"]),
     # the fork's --checkpoint-activations (what emit writes for full recompute): read as no recompute before

@@ -41,7 +41,7 @@ def add_from(p: argparse.ArgumentParser, what: str, *, recompute_default: bool =
 
 
 def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp: int = 1,
-                       recompute: str | None = None, micro_batch: int | None = None):
+                       recompute: str | None = None, micro_batch: int | None = None, precision: str | None = None):
     from autotune.job_files import read_job
 
     problems = flag_problems(args)
@@ -49,7 +49,8 @@ def read_job_from_args(args: argparse.Namespace, *, tp: int = 1, pp: int = 1, cp
         raise InputError(problems, subject="input")
     job = read_job(args.from_files, model=args.model, gpu=args.gpu, num_gpus=args.num_gpus,
                    gpus_per_node=args.gpus_per_node, cluster_path=args.cluster, seq_len=args.seq_len,
-                   global_batch=args.global_batch, tp=tp, pp=pp, cp=cp, recompute=recompute, micro_batch=micro_batch)
+                   global_batch=args.global_batch, tp=tp, pp=pp, cp=cp, recompute=recompute, micro_batch=micro_batch,
+                   precision=precision)
     read = ", ".join(f"{path} ({kind})" for path, kind in job.kinds)  # on stderr: --json keeps stdout the JSON
     print(f"autotune {args.command}: read {read}", file=sys.stderr)
     for note in job.notes:
@@ -72,7 +73,8 @@ def job_estimate(args: argparse.Namespace):
     from autotune.cost.estimate import estimate
 
     job = read_job_from_args(args, tp=args.tp, pp=args.pp, cp=args.cp, recompute=args.recompute,
-                             micro_batch=getattr(args, "micro_batch", None))  # for files that leave it to the script
+                             micro_batch=getattr(args, "micro_batch", None),  # for files that leave them to
+                             precision=getattr(args, "precision", None))  # the script (accelerate FSDP / DDP)
     plan = job.plan
     _say_unapplied(args, plan)
     asked = {k: v for k, v in run_setting_args(args).items() if v != getattr(plan, k)}
