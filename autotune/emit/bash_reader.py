@@ -186,14 +186,18 @@ class BashReader:
             if elements is None:
                 words.add(raw, [line] * len(raw), split=False)
                 return False
+            # In an assignment (`CMD="python pretrain_gpt.py ${ARGS[@]}"`) bash joins the elements with blanks
+            assigning = bool(_ASSIGN_PREFIX.match("".join(words.chars)))
             for n, element in enumerate(elements):
-                if n:
+                if n and assigning:
+                    words.add(" ", [line], split=False)
+                elif n:
                     words.end()
                     words.started = quoted
                 words.add(*element, split=not quoted)
                 if quoted:
                     words.started = True
-            return quoted
+            return quoted and not assigning
         if op:
             value = self.state.variables.get(name)
             if value is None or (op.startswith(":") and not value[0]):

@@ -47,6 +47,19 @@ def _is_launch(words: list[Value]) -> int | None:
     return script if script == 0 or first.startswith("$") or before & set(_LAUNCHERS) else None
 
 
+def _shell_c(words: list[Value]) -> int | None:
+    """The index of the command string of ``bash -c STRING`` / ``bash -x -c STRING`` / ``sh -ec STRING``, or None."""
+    for i, (word, _) in enumerate(words):
+        if word.rsplit("/", 1)[-1] not in ("bash", "sh"):
+            continue
+        j = i + 1
+        while j < len(words) - 1 and re.fullmatch(r"-[a-z]+", words[j][0]):
+            if "c" in words[j][0]:
+                return j + 1
+            j += 1
+    return None
+
+
 _INTEGER_TESTS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
                   "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b}
 
@@ -168,12 +181,14 @@ def parse_shell_launch(text: str, path: str | Path | None = None, written=None
             continue
         if head in ("echo", "printf"):  # prints a command line (`echo $run_cmd; eval $run_cmd`): runs nothing
             continue
-        shell_c = next((i for i in range(len(words) - 2) if words[i][0].rsplit("/", 1)[-1] in ("bash", "sh")
-                        and words[i + 1][0] == "-c"), None)  # `srun ... bash -c "$LAUNCHER $CMD"`: its string
+        shell_c = _shell_c(words)  # `srun ... bash -c "$LAUNCHER $CMD"`: its string
         if (head == "eval" and len(words) > 1) or shell_c is not None:
-            # eval's words joined, or bash -c's string, read again as a command line, as the shell does
-            again = BashReader(" ".join(w for w, _ in words[1:]) if shell_c is None else words[shell_c + 2][0],
-                               state).command() or []
+            # eval's words joined, or bash -c's string, read again as command lines, as the shell does: of
+            # several (`bash -c "cd $DIR; python pretrain_gpt.py ..."`), the launch line
+            sub = BashReader(" ".join(w for w, _ in words[1:]) if shell_c is None else words[shell_c][0], state)
+            commands = [c for c in iter(sub.command, None) if any(not isinstance(w, str) for w in c)]
+            again = next((c for c in commands if _is_launch([w for w in c if not isinstance(w, str)]) is not None),
+                         commands[0] if commands else [])
             line = tuple(words[0][1][:1]) or (0,)  # every word at the eval's line
             words = [(w[0], line * len(w[0])) for w in again if not isinstance(w, str)]
             if not words:
@@ -219,7 +234,9 @@ def parse_shell_launch(text: str, path: str | Path | None = None, written=None
             elements = [t for t in tokens[opened + 1:closed] if not isinstance(t, str)]
             if m.group(2):
                 state.arrays.setdefault(m.group(1), []).extend(elements)
-            else:
+            else:  # a new value (`ARGS=( "${ARGS[@]}" --more )`): the old one is no longer listed
+                old = {id(v) for v in state.arrays.get(m.group(1), ())}
+                listed[:] = [v for v in listed if id(v) not in old]
                 state.arrays[m.group(1)] = list(elements)
             listed.extend(elements)
             continue

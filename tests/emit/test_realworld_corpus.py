@@ -11,11 +11,12 @@ import pytest
 
 from autotune.cli import main
 from autotune.emit.shell_args import parse_shell_args
+from realworld_more import BAD_MORE, GOOD_MORE  # tests/emit/ is on sys.path: the later files
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "realworld"
 
 # file: (the job's flags, warnings the engine itself prints for the file, so expected here)
-GOOD = {
+GOOD = {**GOOD_MORE,
     "megatron_gpt3_175b_distributed.sh": (["--world-size", "128"], []),
     "megatron_llama3_8b_h100_fp8.sh": (["--world-size", "8"], ["--sequence-parallel"]),  # Megatron warns too
     "megatron_pretrain_gpt_distributed_with_mp.sh": (["--world-size", "8"], []),
@@ -53,7 +54,7 @@ GOOD = {
 }
 
 # file: (the job's flags, (JSON path, words of the message) of each problem that must be there)
-BAD = {
+BAD = {**BAD_MORE,
     "megatron_gpt3_175b_distributed_head.sh": (["--world-size", "128"], [
         ("--step-batch-size-schedule", "Cannot specify both --step-batch-size-schedule and --global-batch-size"),
         ("2.4B:320", "unexpected argument '2.4B:320'")]),
