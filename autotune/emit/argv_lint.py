@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +95,13 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
                 if spec.type in ("int", "float") or spec.choices:  # else any text is taken: nothing to check
                     problem(name, f"{name} is {value[:60]!r}, the output of a command run at launch: not checked",
                             "write the value itself if autotune should check it", at, "warning")
+                continue
+            if re.fullmatch(r"\$(\{[A-Za-z_0-9]\w*\}|[0-9]|[A-Za-z_]\w*)", value):  # `--lr $3`: bash_reader keeps
+                # a variable the file does not set as written: the script's argument or the run's environment
+                if spec.type in ("int", "float") or spec.choices:
+                    problem(name, f"{name} is {value!r}, which the file leaves to its launch (a script argument or "
+                                  "the environment): not checked", "write the value itself if autotune should check it",
+                            at, "warning")
                 continue
             why = spec.value_problem(value)
             if why:

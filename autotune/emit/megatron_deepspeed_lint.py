@@ -63,9 +63,9 @@ def _rule_problems(a: ParsedArgs, world_size: int) -> list[Problem]:
         err("--max-position-embeddings", f"--max-position-embeddings ({max_pos}) < --seq-length ({seq})",
             f"use --max-position-embeddings {seq} or more")
     mbs, gbs = a.integer("--micro-batch-size"), a.integer("--global-batch-size")
-    if mbs is None or mbs <= 0:  # MDS validate_args 165
+    if (mbs is None and not a.has("--micro-batch-size")) or (mbs is not None and mbs <= 0):  # MDS validate_args 165
         err("--micro-batch-size", "--micro-batch-size is required and must be > 0", "give --micro-batch-size N")
-    elif gbs is not None and dp and gbs % (mbs * dp):
+    elif mbs is not None and gbs is not None and dp and gbs % (mbs * dp):
         err("--global-batch-size", f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times "
             f"data parallel size ({dp})", f"use a multiple of {mbs * dp}")
     if a.has("--num-layers-per-virtual-pipeline-stage") and pp <= 2:  # MDS validate_args 174

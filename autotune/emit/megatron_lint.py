@@ -87,9 +87,9 @@ def _rule_problems(a: ParsedArgs, world_size: int, env: Mapping[str, str] | None
             err(flag, f"the interleaved schedule needs pipeline-model-parallel size > {need} (got {pp})",
                 "raise pp or drop the virtual-pipeline flag")
     mbs, gbs = a.integer("--micro-batch-size"), a.integer("--global-batch-size")
-    if mbs is None or mbs <= 0:  # 693
+    if (mbs is None and not a.has("--micro-batch-size")) or (mbs is not None and mbs <= 0):  # 693
         err("--micro-batch-size", "--micro-batch-size is required and must be > 0", "give --micro-batch-size N")
-    elif gbs is not None and dp and gbs % (mbs * dp):  # num_microbatches_calculator.py:381
+    elif mbs is not None and gbs is not None and dp and gbs % (mbs * dp):  # num_microbatches_calculator.py:381
         err("--global-batch-size", f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times "
             f"data parallel size ({dp})", f"use a multiple of {mbs * dp}")
     if a.has("--step-batch-size-schedule") and a.has("--global-batch-size"):  # 700

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from autotune.emit.shell_args import parse_shell_args, parse_shell_launch
 
 
@@ -23,3 +25,22 @@ def test_an_array_expanded_in_an_assignment_is_one_string():
         assert (argv, script) == (["--x", "1", "--y", "2"], "pretrain_gpt.py")
     # as command arguments, each element is its own word still
     assert parse_shell_args('A=( "--x 1" --y )\npython pretrain_gpt.py "${A[@]}"\n')[0] == ["--x 1", "--y"]
+
+
+def test_a_value_the_file_leaves_to_its_launch_is_not_checked(tmp_path, capsys):
+    """Megatron-LM core_v0.19.0 examples/academic_paper_scripts/detxoify_lm/finetune_gpt_distributed-1.3b.sh takes
+    `lr=$3`, `bs=$4` from its own arguments: "--lr expects a number, got '$3'" was an error (bash passes the number
+    given at launch); a variable the file never sets is the run's environment likewise."""
+    from autotune.cli import main
+
+    path = tmp_path / "run.sh"
+    path.write_text("#!/bin/bash\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\nlr=$3\n"
+                    "torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 "
+                    "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+                    "--micro-batch-size ${MBS} --global-batch-size 8 --vocab-size 1000 --bf16 --lr $lr "
+                    "--lr-decay-style ${STYLE}\n")
+    assert main(["validate", str(path), "--world-size", "8", "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)
+    assert sorted((p["path"], p["severity"]) for p in problems) == [
+        ("--lr", "warning"), ("--lr-decay-style", "warning"), ("--micro-batch-size", "warning")], problems
+    assert all("leaves to its launch" in p["message"] for p in problems)
