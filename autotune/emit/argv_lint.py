@@ -20,6 +20,9 @@ __all__ = ["Given", "ParsedArgs", "tokenize", "duplicate_problems", "value_probl
 
 _MAX_NAME_FOR_SUGGESTION = 100  # difflib is quadratic: no suggestion for a "flag" longer than this
 
+_LEFT_TO_LAUNCH = re.compile(r"\$(\{[A-Za-z_0-9]\w*\}|[0-9]|[A-Za-z_]\w*)")
+"""A word that is one variable the file does not set (bash_reader keeps it as written)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Given:
@@ -58,6 +61,11 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
     while i < len(argv):
         token, at = argv[i], i
         i += 1
+        if _LEFT_TO_LAUNCH.fullmatch(token):  # `${EXTRA_ARGS}`, unset in the file: bash expands it at launch
+            problem(token, f"{token} is a variable the file leaves to its launch (a script argument or the "
+                    "environment): the words it gives are not checked", "validate the arguments it is given too", at,
+                    "warning")
+            continue
         if not is_flag(token):
             shown = token if len(token) <= 60 else token[:57] + "..."
             problem(shown, f"unexpected argument {shown!r}", "remove it, or put it after the flag it belongs to", at)
@@ -96,8 +104,8 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
                     problem(name, f"{name} is {value[:60]!r}, the output of a command run at launch: not checked",
                             "write the value itself if autotune should check it", at, "warning")
                 continue
-            if re.fullmatch(r"\$(\{[A-Za-z_0-9]\w*\}|[0-9]|[A-Za-z_]\w*)", value):  # `--lr $3`: bash_reader keeps
-                # a variable the file does not set as written: the script's argument or the run's environment
+            if _LEFT_TO_LAUNCH.fullmatch(value):  # `--lr $3`: bash_reader keeps a variable the file does not set
+                # as written: the script's argument or the run's environment
                 if spec.type in ("int", "float") or spec.choices:
                     problem(name, f"{name} is {value!r}, which the file leaves to its launch (a script argument or "
                                   "the environment): not checked", "write the value itself if autotune should check it",

@@ -4,8 +4,9 @@
 arguments.py ``parse_args``). Two of Megatron-LM's own scripts do (tables read from core_v0.19.0 by
 scripts/extract_flag_table.py --provider):
 
-* ``pretrain_gpt.py`` adds Model Optimizer's (megatron/post_training/arguments.py ``add_modelopt_args``) where
-  nvidia-modelopt is installed (pretrain_gpt.py: ``extra_args_provider=add_modelopt_args if has_nvidia_modelopt``):
+* ``pretrain_gpt.py`` and ``pretrain_hybrid.py`` (which ``pretrain_mamba.py`` runs) add Model Optimizer's
+  (megatron/post_training/arguments.py ``add_modelopt_args``) where nvidia-modelopt is installed (pretrain_gpt.py:513,
+  pretrain_hybrid.py:459: ``extra_args_provider=add_modelopt_args if has_nvidia_modelopt``):
   they parse there, and the linter says they need that package;
 * ``examples/multimodal/train.py`` adds its vision-language flags (examples/multimodal/multimodal_args.py
   ``add_multimodal_extra_args``): they parse there.
@@ -24,7 +25,7 @@ from autotune.emit.megatron_flags import FlagSpec, packaged_flag_table
 __all__ = ["ScriptFlags", "script_flags", "GPT_SCRIPTS", "unmodelled_job"]
 
 GPT_SCRIPTS = ("pretrain_gpt.py", "pretrain_mamba.py", "pretrain_hybrid.py")
-"""Megatron-LM's language-model training scripts: Megatron-core's parser alone (and Model Optimizer's on GPT)."""
+"""Megatron-LM's language-model training scripts: Megatron-core's parser and Model Optimizer's (where installed)."""
 
 
 class ScriptFlags:
@@ -48,8 +49,9 @@ def _provider(name: str) -> dict[str, FlagSpec]:
 
 def script_flags(script: str | None) -> ScriptFlags:
     """The flags ``script`` (the launch line's training script; None: no launch line, a bare argument list) adds."""
-    if script is None or PurePosixPath(script).name == "pretrain_gpt.py":
-        return ScriptFlags(_provider("modelopt"), "pretrain_gpt.py adds it only where nvidia-modelopt is installed "
+    name = "pretrain_gpt.py" if script is None else PurePosixPath(script).name
+    if name in GPT_SCRIPTS:  # pretrain_hybrid.py:459 too (pretrain_mamba.py runs it: pretrain_mamba.py:19)
+        return ScriptFlags(_provider("modelopt"), f"{name} adds it only where nvidia-modelopt is installed "
                            "(megatron/post_training/arguments.py add_modelopt_args)", False)
     path = PurePosixPath(script)
     if _multimodal(path):

@@ -5,6 +5,13 @@ GOOD_MORE = {
     # Megatron warns about --sequence-parallel at tp 1 too; its args array re-assigned with "${PRETRAIN_ARGS[@]}" and
     # run inside `sbatch <<EOF ... bash -x -c "${TRAINING_CMD}"`: about 80 "given 3 times" warnings before
     "megatron_fsdp_sbatch_mfsdp_deepseek_v3.sh": (["--world-size", "8"], ["--sequence-parallel"]),
+    # its settings come from the environment and conf/arguments.sh (not here): "not checked" warnings; Model
+    # Optimizer's flags on pretrain_hybrid.py (the branch read) parse where nvidia-modelopt is installed, as on
+    # pretrain_gpt.py (3 "unexpected argument" and 2 "unrecognized argument" errors before)
+    "megatron_modelopt_train.sh": (["--world-size", "8"], [
+        "${MODEL_ARGS}", "${MLM_RESUME_ARGS}", "${MLM_EXTRA_ARGS}", "--modelopt-enabled", "--export-te-mcore-model",
+        "--tensor-model-parallel-size", "--expert-tensor-parallel-size", "--expert-model-parallel-size",
+        "--pipeline-model-parallel-size", "--context-parallel-size"]),
 }
 
 BAD_MORE: dict = {}

@@ -44,3 +44,14 @@ def test_a_value_the_file_leaves_to_its_launch_is_not_checked(tmp_path, capsys):
     assert sorted((p["path"], p["severity"]) for p in problems) == [
         ("--lr", "warning"), ("--lr-decay-style", "warning"), ("--micro-batch-size", "warning")], problems
     assert all("leaves to its launch" in p["message"] for p in problems)
+
+
+def test_model_optimizers_flags_parse_on_the_hybrid_script_too():
+    """pretrain_hybrid.py passes extra_args_provider=add_modelopt_args as pretrain_gpt.py does (core_v0.19.0
+    pretrain_hybrid.py:459; pretrain_mamba.py runs it): its Model Optimizer flags were parser-exit errors."""
+    from autotune.emit.megatron_lint import megatron_args_problems
+
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--modelopt-enabled"]
+    for script in ("pretrain_hybrid.py", "../pretrain_mamba.py", "pretrain_gpt.py"):
+        got = [p for p in megatron_args_problems(argv, 1, script=script) if p.path == "--modelopt-enabled"]
+        assert [p.severity for p in got] == ["warning"] and "nvidia-modelopt is installed" in got[0].message, script
