@@ -72,6 +72,8 @@ def _test(words: list[str], operator: str) -> bool | None:
     inner = words[1:-1]
     negate = bool(inner) and inner[0] == "!"
     inner = inner[1:] if negate else inner
+    # the script's own arguments are none when the file is read (as `$#` is 0): `[ "$1" = "-d" ]` is false
+    inner = [re.sub(r"\$(?:[0-9]|\{[0-9]+\})", "", w) for w in inner]
     if any("$" in w or "`" in w for w in inner):
         return None
     if len(inner) == 3 and inner[1] in ("=", "==", "!="):

@@ -55,3 +55,11 @@ def test_model_optimizers_flags_parse_on_the_hybrid_script_too():
     for script in ("pretrain_hybrid.py", "../pretrain_mamba.py", "pretrain_gpt.py"):
         got = [p for p in megatron_args_problems(argv, 1, script=script) if p.path == "--modelopt-enabled"]
         assert [p.severity for p in got] == ["warning"] and "nvidia-modelopt is installed" in got[0].message, script
+
+
+def test_a_test_of_the_scripts_own_arguments_reads_the_default_run():
+    """examples/mimo/scripts/run_mock_train.sh (core_v0.19.0): `if [ "$1" = "-d" ]` is false when run without
+    arguments (as `$#` is 0 and "$@" gives none): the debug branch was read as an unknown test's first branch."""
+    text = ('MODE=run\nif [ "$1" = "-d" ]; then\n  MODE=debug\nfi\nif [[ -n "${2}" ]]; then MODE=two; fi\n'
+            'torchrun pretrain_gpt.py --mode $MODE\n')
+    assert parse_shell_args(text)[0] == ["--mode", "run"]
