@@ -73,6 +73,9 @@ def unmodelled_job(script: str | None) -> str | None:
     path = PurePosixPath(script)
     if _multimodal(path):
         return "a vision-language model (examples/multimodal: a vision encoder, a projection and a language model)"
+    if path.name == "train.py" and path.parent.name == "mimo":  # examples/mimo/train.py: model_providers/*.py
+        return "a multimodal model (examples/mimo: a MimoModel, modality encoders and projections around a language " \
+            "model)"
     if path.parent.name == "tasks" and path.name == "main.py":  # Megatron's tasks/main.py (GLUE, RACE, zero-shot)
         return "a downstream task (Megatron's tasks/main.py: fine-tuning or evaluation on GLUE, RACE, zero-shot sets)"
     if path.parent.name == "eval_harness":  # Megatron-DeepSpeed's tasks/eval_harness/evaluate.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from autotune.emit.shell_args import parse_shell_args, parse_shell_launch
 
@@ -63,3 +64,13 @@ def test_a_test_of_the_scripts_own_arguments_reads_the_default_run():
     text = ('MODE=run\nif [ "$1" = "-d" ]; then\n  MODE=debug\nfi\nif [[ -n "${2}" ]]; then MODE=two; fi\n'
             'torchrun pretrain_gpt.py --mode $MODE\n')
     assert parse_shell_args(text)[0] == ["--mode", "run"]
+
+
+def test_a_mimo_job_is_not_estimated_as_a_gpt(capsys):
+    """examples/mimo/train.py trains a MimoModel (model_providers/mock.py: encoders, projections, a language model):
+    with --model it was estimated as a GPT job; now refused naming what it trains, as examples/multimodal is."""
+    from autotune.cli import main
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "good" / "megatron_mimo_run_mock_train.sh"
+    assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb"]) == 2
+    assert "train.py: a multimodal model (examples/mimo" in capsys.readouterr().err
