@@ -209,7 +209,7 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
         out["moe_dispatcher"] = f"flex-{backend}"  # ncclep: not modelled, estimated as alltoall
     out |= cp_comm_type_of(m.get("cp_comm_type") if (out["cp"] or 1) > 1 else None, path, notes)
     out |= token_drop_of(m.get("moe_expert_capacity_factor"), m.get("moe_pad_expert_input_to_capacity"))
-    out |= lora_of(data.get("peft"))
+    out |= lora_of(data.get("peft"), path, notes)
     if preset is not None:
         out["model"] = load_model_preset(preset)
     elif (model := bridge_model(m, _section(data, "tokenizer"), path, notes)) is not None:
@@ -217,11 +217,21 @@ def bridge_fields(path: str, notes: list[str]) -> dict:
     return out
 
 
-def lora_of(peft: object) -> dict:
+def lora_of(peft: object, path: str = "", notes: list[str] | None = None) -> dict:
     """The plan's LoRA fields from a file's ``peft`` override (a ``_target_`` mapping of Bridge's
-    ``megatron.bridge.peft.lora.LoRA``: autotune.emit.bridge_peft); the fields it leaves out stay Bridge's defaults."""
-    if not isinstance(peft, dict) or peft.get("_target_") != LORA_TARGET:
+    ``megatron.bridge.peft.lora.LoRA``: autotune.emit.bridge_peft); the fields it leaves out stay Bridge's defaults.
+    A ``peft`` of LoRA fields without ``_target_`` sets them on the base recipe's own PEFT (an omegaconf merge:
+    Bridge r0.6.0 tutorials/recipes/llama/03_finetune_with_yaml.py:89 builds llama32_1b_peft_config(peft_scheme=
+    "lora") under its conf/llama32_1b_finetune.yaml): read as LoRA, said."""
+    if not isinstance(peft, dict):
         return {}
+    if peft.get("_target_") != LORA_TARGET:
+        fields = sorted({"dim", "alpha", "target_modules"} & set(peft))
+        if "_target_" in peft or not fields:
+            return {}
+        if notes is not None:
+            notes.append(f"{path}: its peft block sets {', '.join(fields)} of the base recipe's PEFT: read as LoRA "
+                         "(a DoRA recipe is estimated as LoRA)")
     out: dict = {"peft": "lora"}
     for key, name in (("dim", "lora_rank"), ("alpha", "lora_alpha"), ("target_modules", "lora_targets")):
         if peft.get(key) is not None:

@@ -15,6 +15,7 @@ GOOD_MORE = {
     # `if [ "$1" = "-d" ]` read its debug branch (an unknown test): a `debugpy-run` line no launch, the launcher's
     # --nproc_per_node / --nnodes linted as Megatron's (4 errors); examples/mimo/train.py adds the 2 flags warned of
     "megatron_mimo_run_mock_train.sh": ([], ["--dataset-provider", "--model-provider"]),
+    "bridge_llama32_1b_finetune.yaml": (["--world-size", "8"], []),
 }
 
 BAD_MORE: dict = {}

@@ -74,3 +74,20 @@ def test_a_mimo_job_is_not_estimated_as_a_gpt(capsys):
     path = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "good" / "megatron_mimo_run_mock_train.sh"
     assert main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb"]) == 2
     assert "train.py: a multimodal model (examples/mimo" in capsys.readouterr().err
+
+
+def test_a_bridge_peft_override_without_target_is_the_recipes_lora(capsys):
+    """Bridge's tutorial fine-tune override (`peft: {dim: 8, alpha: 16}`, no `_target_`) sets the LoRA of the recipe
+    it runs on (03_finetune_with_yaml.py:89): it was estimated as full fine-tuning (every weight's gradient and Adam
+    state), in silence."""
+    from autotune.cli import main
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "realworld" / "good" / "bridge_llama32_1b_finetune.yaml"
+    code = main(["estimate", "--from", str(path), "--model", "llama3-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8",
+                 "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert (plan.get("peft"), plan.get("lora_rank"), plan.get("lora_alpha")) == ("lora", 8, 16)
+    assert (plan["micro_batch_size"], plan["grad_accum_steps"], plan["seq_len"]) == (2, 8, 4096)
+    assert "its peft block sets alpha, dim of the base recipe's PEFT: read as LoRA" in err
