@@ -11,6 +11,7 @@ and the trailing ``KEY=VALUE`` words follow them, in order (Hydra's ``+KEY`` / `
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -47,6 +48,9 @@ class RecipeCommand:
     mode: str
     overrides: list[str]
     """``KEY=VALUE`` overrides, in the order run_recipe.py applies them (the convenience flags' first)."""
+    unread: tuple[str, ...] = ()
+    """Words the shell fills at launch (``$(echo "$CLI_OVERRIDES" | tr ...)``, unrun: autotune.emit.bash_reader):
+    the overrides they give are not read."""
 
 
 class _Refused(Exception):
@@ -97,6 +101,8 @@ def recipe_command(argv: Sequence[str]) -> RecipeCommand:
         args, unknown = _parser().parse_known_args(list(argv))
     except _Refused as err:
         raise ValueError(str(err)) from None
+    unread = tuple(w for w in unknown if w.startswith(("$(", "`")) or re.fullmatch(r"\$\{?[A-Za-z_0-9]\w*\}?", w))
+    unknown = [w for w in unknown if w not in unread]
     for word in unknown:  # run_recipe.py:262-271 _collect_overrides
         if word.startswith("-"):
             raise ValueError(f"Unknown option: {word}")
@@ -113,4 +119,4 @@ def recipe_command(argv: Sequence[str]) -> RecipeCommand:
     common = [f"{field}={getattr(args, name)}" for name, field in _COMMON if getattr(args, name) is not None]
     if args.seq_length is not None:  # "Set dataset.seq_length and synchronize the model" (sync_model_dataset_...)
         common.append(f"model.seq_length={args.seq_length}")
-    return RecipeCommand(recipe, mode, [*common, *unknown])
+    return RecipeCommand(recipe, mode, [*common, *unknown], unread)

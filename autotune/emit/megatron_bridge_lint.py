@@ -122,8 +122,12 @@ def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
             fix=f"give the override file (bridge_overrides.yaml) or a script that runs scripts/training/{RUN_RECIPE}")]
     first = lines[0] if lines else None
     try:
-        data = nested_overrides(recipe_command(argv).overrides)
-        return data, _section_problems(data)
+        command = recipe_command(argv)
+        data = nested_overrides(command.overrides)
+        unread = [Problem(path=word[:60], severity="warning", source="megatron-bridge", line=first, message=(
+            f"{word[:60]!r} is filled in by the shell at launch: the overrides it gives are not checked"),
+            fix="write them as KEY=VALUE words if autotune should check them") for word in command.unread]
+        return data, [*unread, *_section_problems(data)]
     except TypeError as err:
         return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=first,
                             message=f"its overrides do not read: {err}", fix="one KEY=VALUE a setting")]
