@@ -261,8 +261,9 @@ def parse_shell_launch(text: str, path: str | Path | None = None, written=None
     # The training script's lines: the first pretrain_*.py's where one runs (a data-preparation or helper script
     # launched beside it is not the job), else the first script's
     scripts = [name for name, _ in runs]
-    script_name = next((n for n in scripts if n.rsplit("/", 1)[-1].startswith("pretrain_")), scripts[0]) \
-        if runs else None
+    # (Bridge's run_recipe.py too: a checkpoint conversion run_conversion.py before it is not the job)
+    script_name = next((n for n in scripts if n.rsplit("/", 1)[-1].startswith("pretrain_")
+                        or n.rsplit("/", 1)[-1] == "run_recipe.py"), scripts[0]) if runs else None
     launched = [w for name, after in runs if name == script_name for w in after]
     kept = launched if runs else listed
     return [w for w, _ in kept], [lines[0] if lines else 0 for _, lines in kept], env, script_name

@@ -20,6 +20,9 @@ GOOD_MORE = {
     # checked" warning (an error before: "Expected override in KEY=VALUE form")
     "bridge_gpt_oss_slurm_peft.sh": (["--world-size", "8"],
                                      ['$(echo "$CLI_OVERRIDES" | tr \'\\n\' \' \' | sed \'s/  \\+/ /g\')']),
+    # a run_conversion.py line (in a function) before its run_recipe.py line was read as the job: "--micro-batch-size
+    # is required" and 6 "no flag of Megatron-core's parser" warnings
+    "bridge_gemma4_slurm_pretrain.sh": (["--world-size", "8"], []),
 }
 
 BAD_MORE: dict = {}
