@@ -101,7 +101,7 @@ def recipe_command(argv: Sequence[str]) -> RecipeCommand:
         args, unknown = _parser().parse_known_args(list(argv))
     except _Refused as err:
         raise ValueError(str(err)) from None
-    unread = tuple(w for w in unknown if w.startswith(("$(", "`")) or re.fullmatch(r"\$\{?[A-Za-z_0-9]\w*\}?", w))
+    unread = tuple(w for w in unknown if w.startswith(("$(", "`")) or re.fullmatch(r"\$(\{\w+(\[[@*]\])?\}|\w+)", w))
     unknown = [w for w in unknown if w not in unread]
     for word in unknown:  # run_recipe.py:262-271 _collect_overrides
         if word.startswith("-"):

@@ -113,6 +113,18 @@ def nested_overrides(lines) -> dict:
     return data
 
 
+def _unset(override: str) -> bool:
+    """A KEY=VALUE whose value does not read for a variable the shell fills at launch
+    (`"dataset.blend=[[${BLEND_PATHS}],null]"` inside a single-quoted script, read unexpanded)."""
+    if "$" not in override.partition("=")[2]:
+        return False
+    try:
+        nested_overrides([override])
+    except (TypeError, ValueError):
+        return True
+    return False
+
+
 def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     """The overrides of a launch script's run_recipe.py line (none where it runs another program)."""
     argv, lines, _, script = read_megatron_launch(path)
@@ -123,10 +135,11 @@ def _launch_overrides(path: str | Path) -> tuple[dict, list[Problem]]:
     first = lines[0] if lines else None
     try:
         command = recipe_command(argv)
-        data = nested_overrides(command.overrides)
+        data = nested_overrides([w for w in command.overrides if not _unset(w)])
         unread = [Problem(path=word[:60], severity="warning", source="megatron-bridge", line=first, message=(
             f"{word[:60]!r} is filled in by the shell at launch: the overrides it gives are not checked"),
-            fix="write them as KEY=VALUE words if autotune should check them") for word in command.unread]
+            fix="write them as KEY=VALUE words if autotune should check them")
+            for word in [*command.unread, *filter(_unset, command.overrides)]]
         return data, [*unread, *_section_problems(data)]
     except TypeError as err:
         return {}, [Problem(path=RUN_RECIPE, severity="error", source="megatron-bridge", line=first,

@@ -23,6 +23,10 @@ GOOD_MORE = {
     # a run_conversion.py line (in a function) before its run_recipe.py line was read as the job: "--micro-batch-size
     # is required" and 6 "no flag of Megatron-core's parser" warnings
     "bridge_gemma4_slurm_pretrain.sh": (["--world-size", "8"], []),
+    # its run_recipe.py line inside a single-quoted script: "${OPTIONAL_OVERRIDES[@]}" and ${BLEND_PATHS} left to
+    # the shell that runs it (run_recipe.py's "Expected override in KEY=VALUE form" before, then "does not read")
+    "bridge_nemotron_3_ultra_slurm_pretrain.sh": (["--world-size", "8"], [
+        "${OPTIONAL_OVERRIDES[@]}", "dataset.blend=[[${BLEND_PATHS}],null]"]),
 }
 
 BAD_MORE: dict = {}
