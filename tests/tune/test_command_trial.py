@@ -10,21 +10,9 @@ import time
 
 import psutil
 import pytest
-from trial_fixtures import SEQ, spec  # tests/tune/ is on sys.path
+from trial_fixtures import SEQ, spec, cluster, model  # noqa: F401 - fixtures; tests/tune/ on sys.path
 
-from autotune.specs.loading import load_cluster
-from autotune.specs.presets import load_model_preset
 from autotune.tune.trial import Workload, run_trial
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model_preset("tiny-gpt")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    return load_cluster(gpu="cpu", num_gpus=2)
 
 
 def group_members(pgid: int) -> list[int]:

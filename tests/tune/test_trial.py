@@ -12,25 +12,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trial_fixtures import SEQ, plan, spec  # tests/tune/ is on sys.path
+from trial_fixtures import SEQ, plan, spec, cluster, model  # noqa: F401 - fixtures; tests/tune/ on sys.path
 
 from autotune.errors import InputError
 from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
-from autotune.specs.presets import load_model_preset
 from autotune.tune.trial import TrialResult, Workload, run_trial, trial_ds_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model_preset("tiny-gpt")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    return load_cluster(gpu="cpu", num_gpus=2)
 
 
 class Before(set):

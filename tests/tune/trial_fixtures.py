@@ -3,10 +3,24 @@ tests/tune/test_command_trial.py)."""
 
 from __future__ import annotations
 
+import pytest
+
+from autotune.specs.loading import load_cluster
 from autotune.specs.plan import ParallelPlan
+from autotune.specs.presets import load_model_preset
 from autotune.tune.trial import TrialSpec
 
 SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model_preset("tiny-gpt")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster(gpu="cpu", num_gpus=2)
 
 
 def plan(**kw) -> ParallelPlan:
