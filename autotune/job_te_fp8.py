@@ -11,6 +11,7 @@ from pathlib import Path
 
 from autotune.emit.precision import TE_RECIPE_CLASSES
 from autotune.errors import InputError
+from autotune.inputs import read_text
 
 __all__ = ["TE_FP8_FILE", "is_te_fp8_recipe", "te_fp8_recipe", "with_te_fp8_recipe"]
 
@@ -26,16 +27,17 @@ def is_te_fp8_recipe(path: str) -> bool:
     if p.suffix != ".py" or not p.is_file():
         return False
     try:
-        return _MARK in p.read_text(errors="replace")[:1 << 16]
-    except OSError:
+        return _MARK in read_text(p, subject="FP8 recipe module")[:1 << 16]
+    except InputError:  # not UTF-8, too large, unreadable: not the module autotune writes
         return False
 
 
 def te_fp8_recipe(path: str) -> str:
     """The te-* recipe whose Transformer Engine class the module's ``RECIPE = "..."`` names; InputError otherwise."""
+    text = read_text(path, subject="FP8 recipe module")  # a regular UTF-8 file (a FIFO named so would block)
     try:
-        tree = ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError, ValueError) as err:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError) as err:
         raise InputError([f"{path}: not a readable Python module ({err})"], subject="--from files") from None
     by_class = {cls: name for name, cls in TE_RECIPE_CLASSES.items()}
     for node in tree.body:

@@ -40,3 +40,17 @@ def test_a_torchtitan_03_plan_json_reads_back_with_its_release(tmp_path, capsys)
     for doc in (written, after):
         assert doc["time"]["step_time_s"] == pytest.approx(before["time"]["step_time_s"], rel=1e-9)
         assert doc["memory"]["total"] == pytest.approx(before["memory"]["total"], rel=1e-9)
+
+
+def test_a_te_fp8_recipe_module_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path, capsys):
+    """te_fp8_recipe.py is read back by its name; a FIFO so named blocked `estimate --from` for ever (read with
+    Path.read_text): it is read as every input file is (autotune.inputs.read_text), and refused by name."""
+    import os
+
+    from test_job_files import GPU, JOBS
+
+    fifo = tmp_path / "te_fp8_recipe.py"
+    os.mkfifo(fifo)
+    code, out, err = run(["estimate", "--from", JOBS / "ds_config_zero3.json", fifo, "--model", "llama3-8b", *GPU],
+                         capsys)
+    assert code == 2 and out == "" and "FIFO" in err and "give a regular file" in err
