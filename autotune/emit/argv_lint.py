@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from autotune.emit.megatron_flags import FlagSpec, is_flag
 from autotune.emit.problems import Problem, Severity
 
-__all__ = ["Given", "ParsedArgs", "tokenize", "duplicate_problems", "value_problems", "nearest_flag"]
+__all__ = ["Given", "ParsedArgs", "tokenize", "duplicate_problems", "value_problems", "nearest_flag",
+           "filled_at_launch", "LEFT_TO_LAUNCH"]
 
 _MAX_NAME_FOR_SUGGESTION = 100  # difflib is quadratic: no suggestion for a "flag" longer than this
 
-_LEFT_TO_LAUNCH = re.compile(r"\$(\{[A-Za-z_0-9]\w*\}|[0-9]|[A-Za-z_]\w*)")
-"""A word that is one variable the file does not set (bash_reader keeps it as written)."""
+LEFT_TO_LAUNCH = re.compile(r"\$(\{\w+(\[[@*]\])?\}|[0-9]|[A-Za-z_]\w*)")
+"""A word that is one variable (or array) the file does not set: bash_reader keeps it as written."""
+_SUBSTITUTION = ("$(", "`")  # a command substitution the shell runs at launch: bash_reader keeps it unrun
+
+
+def filled_at_launch(word: str) -> bool:
+    """Whether bash_reader left ``word`` to the launch: a command substitution, or one variable the file does not
+    set (a script argument, the run's environment)."""
+    return word.startswith(_SUBSTITUTION) or LEFT_TO_LAUNCH.fullmatch(word) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +69,7 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
     while i < len(argv):
         token, at = argv[i], i
         i += 1
-        if _LEFT_TO_LAUNCH.fullmatch(token):  # `${EXTRA_ARGS}`, unset in the file: bash expands it at launch
+        if LEFT_TO_LAUNCH.fullmatch(token):  # `${EXTRA_ARGS}`, unset in the file: bash expands it at launch
             problem(token, f"{token} is a variable the file leaves to its launch (a script argument or the "
                     "environment): the words it gives are not checked", "validate the arguments it is given too", at,
                     "warning")
@@ -99,12 +107,12 @@ def tokenize(argv: Sequence[str], table: Mapping[str, FlagSpec], *, engine: str,
                     f"give {name} its value", at)
             continue
         for value in values:
-            if value.startswith(("$(", "`")):  # a command substitution the shell runs at launch (bash_reader)
+            if value.startswith(_SUBSTITUTION):
                 if spec.type in ("int", "float") or spec.choices:  # else any text is taken: nothing to check
                     problem(name, f"{name} is {value[:60]!r}, the output of a command run at launch: not checked",
                             "write the value itself if autotune should check it", at, "warning")
                 continue
-            if _LEFT_TO_LAUNCH.fullmatch(value):  # `--lr $3`: bash_reader keeps a variable the file does not set
+            if LEFT_TO_LAUNCH.fullmatch(value):  # `--lr $3`: bash_reader keeps a variable the file does not set
                 # as written: the script's argument or the run's environment
                 if spec.type in ("int", "float") or spec.choices:
                     problem(name, f"{name} is {value!r}, which the file leaves to its launch (a script argument or "

@@ -11,10 +11,11 @@ and the trailing ``KEY=VALUE`` words follow them, in order (Hydra's ``+KEY`` / `
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+
+from autotune.emit.argv_lint import filled_at_launch
 
 __all__ = ["RUN_RECIPE", "RecipeCommand", "runs_recipe", "recipe_command"]
 
@@ -101,7 +102,7 @@ def recipe_command(argv: Sequence[str]) -> RecipeCommand:
         args, unknown = _parser().parse_known_args(list(argv))
     except _Refused as err:
         raise ValueError(str(err)) from None
-    unread = tuple(w for w in unknown if w.startswith(("$(", "`")) or re.fullmatch(r"\$(\{\w+(\[[@*]\])?\}|\w+)", w))
+    unread = tuple(w for w in unknown if filled_at_launch(w))
     unknown = [w for w in unknown if w not in unread]
     for word in unknown:  # run_recipe.py:262-271 _collect_overrides
         if word.startswith("-"):
