@@ -38,7 +38,7 @@ from autotune.job_fsdp import accelerate_fields as _accelerate
 from autotune.job_fsdp import accelerate_refusals
 from autotune.job_megatron_deepspeed import megatron_deepspeed_fields, read_deepspeed_file
 from autotune.job_megatron_model import megatron_model, refuse_unmodelled, shape_differs
-from autotune.job_plan_json import plan_json_job
+from autotune.job_plan_json import plan_json_job, release_memory_settings
 from autotune.job_fsdp import torchtitan_fields as _torchtitan
 from autotune.job_te_fp8 import is_te_fp8_recipe, with_te_fp8_recipe
 from autotune.specs.hardware import ClusterSpec
@@ -346,10 +346,7 @@ def _read_job(paths: list[str], *, model: str | None = None, gpu: str | None = N
     else:
         plan = make_plan(model_spec, cluster, global_batch_size=batch, seq_len=seq, check=check, **fields)
         if any(kind == "torchtitan-module" for _, kind in kinds):  # a torchtitan 0.3 module: that release's code
-            from autotune.engines import engine_for
-
-            cost = engine_for(plan).release_cost_settings("0.3")
-            settings = MemorySettings(**cost) if cost else None
+            settings = release_memory_settings(plan, "0.3")
     return JobFiles(model_spec, cluster, plan, settings, tuple(kinds), tuple(notes))
 
 

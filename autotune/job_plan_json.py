@@ -20,7 +20,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import ParallelPlan
 from autotune.specs.settings import MemorySettings
 
-__all__ = ["PlanJsonJob", "plan_json_job"]
+__all__ = ["PlanJsonJob", "plan_json_job", "release_memory_settings"]
 
 # The plan's fields make_plan derives (dp, accumulation) or takes apart (the batch and sequence of a what-if).
 _DERIVED = ("dp", "grad_accum_steps", "global_batch_size", "seq_len")
@@ -78,8 +78,12 @@ def _release_settings(doc: dict, plan: ParallelPlan) -> MemorySettings | None:
     if isinstance(one, dict) and isinstance(one.get("engine"), str):
         releases[one["engine"]] = one.get("release")
     release = releases.get(plan.engine)
-    if not isinstance(release, str):
-        return None
+    return release_memory_settings(plan, release) if isinstance(release, str) else None
+
+
+def release_memory_settings(plan: ParallelPlan, release: str) -> MemorySettings | None:
+    """The ledger settings of what ``release`` of the plan's engine runs that the plan does not say (its
+    ``release_cost_settings``: torchtitan 0.3's SAC save set); None where it has none."""
     from autotune.engines import engine_for
 
     cost = engine_for(plan).release_cost_settings(release)
